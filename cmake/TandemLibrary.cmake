@@ -1,0 +1,59 @@
+# tandem_cc_library(NAME name [HDRS ...] [SRCS ...] [CUDA_SRCS ...] [DEPS ...]
+#                   [PUBLIC_DEFS ...])
+# A library of one concept: public headers under include/tandem/<name>/,
+# private sources beside them, our warnings, and an alias tandem::<name>.
+function(tandem_cc_library)
+  cmake_parse_arguments(T "" "NAME" "HDRS;SRCS;CUDA_SRCS;DEPS;PUBLIC_DEFS" ${ARGN})
+  set(_target tandem_${T_NAME})
+  set(_srcs ${T_SRCS})
+  if(TANDEM_HAVE_CUDA)
+    list(APPEND _srcs ${T_CUDA_SRCS})
+  endif()
+  if(_srcs)
+    add_library(${_target} STATIC ${_srcs} ${T_HDRS})
+    target_include_directories(${_target} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    target_link_libraries(${_target} PUBLIC ${T_DEPS})
+    target_compile_options(${_target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${TANDEM_CXX_WARNINGS}>)
+    target_compile_definitions(${_target} PUBLIC ${T_PUBLIC_DEFS})
+    if(TANDEM_HAVE_CUDA AND T_CUDA_SRCS)
+      set_target_properties(${_target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF
+                                                  POSITION_INDEPENDENT_CODE ON)
+    endif()
+  else()
+    add_library(${_target} INTERFACE ${T_HDRS})
+    target_include_directories(${_target} INTERFACE ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    target_link_libraries(${_target} INTERFACE ${T_DEPS})
+    target_compile_definitions(${_target} INTERFACE ${T_PUBLIC_DEFS})
+  endif()
+  add_library(tandem::${T_NAME} ALIAS ${_target})
+endfunction()
+
+# tandem_cc_test(NAME name SRCS ... DEPS ... [LABELS ...] [TIMEOUT s])
+# A GoogleTest binary registered with CTest. Label "unit" marks tests the
+# sanitizer builds run; "integration" marks multi-process tests.
+function(tandem_cc_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${T_NAME} ${T_SRCS})
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
+  target_compile_options(${T_NAME} PRIVATE ${TANDEM_CXX_WARNINGS})
+  target_compile_definitions(${T_NAME} PRIVATE
+    TANDEM_SHARED_DIR="${TANDEM_SHARED_DIR}"
+    TANDEM_BINARY_DIR="${CMAKE_BINARY_DIR}"
+    TANDEM_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  if(NOT T_LABELS)
+    set(T_LABELS unit)
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT})
+endfunction()
+
+# tandem_cc_binary(NAME name SRCS ... DEPS ...)
+function(tandem_cc_binary)
+  cmake_parse_arguments(T "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_executable(${T_NAME} ${T_SRCS})
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS})
+  target_compile_options(${T_NAME} PRIVATE ${TANDEM_CXX_WARNINGS})
+endfunction()

@@ -1,0 +1,37 @@
+#include "tandem/common/sampling_params.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+absl::Status SamplingParams::Validate(int32_t vocab_size) const {
+  if (!std::isfinite(temperature) || temperature < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be a finite number >= 0, got ", temperature));
+  }
+  if (top_k < 0 || top_k > vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k must be in [0, ", vocab_size, "], got ", top_k));
+  }
+  if (!std::isfinite(top_p) || top_p <= 0.0f || top_p > 1.0f) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
+  }
+  if (max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", max_tokens));
+  }
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_tokens must be in [0, max_tokens=", max_tokens, "], got ", min_tokens));
+  }
+  for (int32_t id : stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,86 @@
+// The plain structs that cross the scheduler <-> worker boundary (DESIGN §4).
+// libs/rpc converts them to and from tandem.v1 protos; nothing here knows
+// about protobuf.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tandem/common/block_hash.h"
+#include "tandem/common/sampling_params.h"
+
+namespace tandem::sched {
+
+// A request the worker has not seen (or must rebuild): sent in full.
+struct NewRequestData {
+  std::string request_id;
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams sampling;
+  std::vector<int32_t> block_ids;   // the whole block table
+  int32_t num_computed_tokens = 0;  // prefix hit: tokens whose KV is already there
+};
+
+// A request the worker already holds: only what changed.
+struct CachedRequestData {
+  std::string request_id;
+  // Resumed after preemption: new_block_ids *replace* the table and
+  // all_token_ids carries every token id the scheduler knows.
+  bool resumed_from_preemption = false;
+  std::vector<int32_t> new_block_ids;
+  std::vector<int32_t> all_token_ids;  // only when resumed_from_preemption
+  int32_t num_computed_tokens = 0;     // before this step
+  // Tokens still placeholders on the scheduler's side (async mode): the
+  // worker feeds them from the tokens it sampled itself.
+  int32_t num_output_placeholders = 0;
+};
+
+struct KvLoad {
+  std::string request_id;
+  std::vector<BlockHash> block_hashes;
+  std::vector<int32_t> block_ids;  // destinations, parallel to block_hashes
+};
+
+struct KvStore {
+  std::string request_id;
+  std::vector<int32_t> block_ids;  // sources
+  std::vector<BlockHash> block_hashes;
+};
+
+struct KvConnectorMetadata {
+  std::vector<KvLoad> loads;
+  std::vector<KvStore> stores;
+  [[nodiscard]] bool empty() const { return loads.empty() && stores.empty(); }
+};
+
+struct SchedulerOutput {
+  uint64_t step_id = 0;
+  std::vector<NewRequestData> scheduled_new_reqs;
+  std::vector<CachedRequestData> scheduled_cached_reqs;
+  // Parallel to scheduled_new_reqs followed by scheduled_cached_reqs.
+  std::vector<int32_t> num_scheduled_tokens;
+  int32_t total_num_scheduled_tokens = 0;
+  // Finished or aborted since the last step: the worker drops their state.
+  std::vector<std::string> finished_req_ids;
+  std::vector<std::string> preempted_req_ids;
+  KvConnectorMetadata kv_connector_metadata;
+};
+
+struct KvConnectorReport {
+  std::vector<std::string> finished_recving;
+  std::vector<std::string> finished_sending;
+  std::vector<int32_t> invalid_block_ids;
+};
+
+struct SampledTokens {
+  std::string request_id;
+  std::vector<int32_t> token_ids;  // empty for a prefill chunk that does not sample
+};
+
+struct ModelRunnerOutput {
+  uint64_t step_id = 0;
+  std::vector<SampledTokens> sampled;
+  KvConnectorReport kv_connector_report;
+};
+
+}  // namespace tandem::sched

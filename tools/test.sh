@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test:
+#   1. installs the Debian packages (tools/install-deps.sh),
+#   2. builds everything (CUDA kernels too when nvcc is present) into build/,
+#      runs all tests with CTest (unit and multi-process integration),
+#   3. builds the libraries' unit tests under AddressSanitizer +
+#      UndefinedBehaviorSanitizer into build-asan/ and runs them,
+#   4. builds the KV-store engine tests under ThreadSanitizer into build-tsan/
+#      and runs them.
+# Usage: tools/test.sh [--no-sanitizers]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+JOBS="${TANDEM_JOBS:-2}"
+SANITIZERS=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-sanitizers) SANITIZERS=0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "unknown flag: $arg" >&2; exit 2 ;;
+  esac
+done
+
+tools/install-deps.sh
+
+status=0
+run_ctest() {  # dir, extra ctest args...
+  local dir="$1"; shift
+  if ! ctest --test-dir "$dir" --output-on-failure -j"$JOBS" "$@"; then status=1; fi
+}
+
+echo "=== build (RelWithDebInfo) ==="
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build build -j"$JOBS"
+echo "=== tests ==="
+run_ctest build
+
+if [ "$SANITIZERS" = 1 ]; then
+  echo "=== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer ==="
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=address \
+        -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
+  cmake --build build-asan -j"$JOBS"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_ctest build-asan -L unit
+
+  echo "=== KV-store and scheduler tests under ThreadSanitizer ==="
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread \
+        -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
+  if cmake --build build-tsan -j"$JOBS" --target tsan_tests 2>/dev/null; then
+    TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan -L tsan
+  else
+    echo "(no tsan_tests target yet)"
+  fi
+fi
+
+if [ "$status" -ne 0 ]; then echo "tools/test.sh: FAILED"; exit 1; fi
+echo "tools/test.sh: all tests passed"
