@@ -46,10 +46,11 @@ if [ "$SANITIZERS" = 1 ]; then
   echo "=== KV-store and scheduler tests under ThreadSanitizer ==="
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread \
         -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
-  if cmake --build build-tsan -j"$JOBS" --target tsan_tests 2>/dev/null; then
-    TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan -L tsan
+  if ninja -C build-tsan -t targets all 2>/dev/null | grep -q '^tsan_tests:'; then
+    cmake --build build-tsan -j"$JOBS" --target tsan_tests
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest build-tsan -L tsan
   else
-    echo "(no tsan_tests target yet)"
+    echo "no tsan_tests target: nothing to run under ThreadSanitizer"
   fi
 fi
 
