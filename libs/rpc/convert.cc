@@ -1,0 +1,206 @@
+#include "tandem/rpc/convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::rpc {
+namespace {
+
+template <typename T>
+std::vector<T> ToVector(const google::protobuf::RepeatedField<T>& r) {
+  return std::vector<T>(r.begin(), r.end());
+}
+
+std::vector<std::string> ToVector(const google::protobuf::RepeatedPtrField<std::string>& r) {
+  return std::vector<std::string>(r.begin(), r.end());
+}
+
+template <typename T>
+void Assign(const std::vector<T>& v, google::protobuf::RepeatedField<T>* out) {
+  out->Assign(v.begin(), v.end());
+}
+
+void Assign(const std::vector<std::string>& v, google::protobuf::RepeatedPtrField<std::string>* out) {
+  out->Reserve(static_cast<int>(v.size()));
+  for (const std::string& s : v) out->Add()->assign(s);
+}
+
+void AssignHashes(const std::vector<BlockHash>& v,
+                  google::protobuf::RepeatedPtrField<std::string>* out) {
+  out->Reserve(static_cast<int>(v.size()));
+  for (const BlockHash& h : v) {
+    out->Add()->assign(reinterpret_cast<const char*>(h.bytes.data()), h.bytes.size());
+  }
+}
+
+absl::Status ReadHashes(const google::protobuf::RepeatedPtrField<std::string>& in,
+                        std::vector<BlockHash>* out) {
+  out->resize(in.size());
+  for (int i = 0; i < in.size(); ++i) {
+    absl::Status s = BlockHash::FromBytes(in.Get(i), &(*out)[i]);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("block hash ", i, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
+  out->set_temperature(in.temperature);
+  out->set_top_k(in.top_k);
+  out->set_top_p(in.top_p);
+  out->set_seed(in.seed);
+  out->set_has_seed(true);
+  out->set_max_tokens(in.max_tokens);
+  out->set_min_tokens(in.min_tokens);
+  out->set_ignore_eos(in.ignore_eos);
+  Assign(in.stop_token_ids, out->mutable_stop_token_ids());
+}
+
+SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
+  SamplingParams out;
+  out.temperature = in.temperature();
+  out.top_k = in.top_k();
+  out.top_p = in.top_p() == 0.0f ? 1.0f : in.top_p();
+  out.seed = in.has_seed() ? in.seed() : default_seed;
+  out.max_tokens = in.max_tokens();
+  out.min_tokens = in.min_tokens();
+  out.ignore_eos = in.ignore_eos();
+  out.stop_token_ids = ToVector(in.stop_token_ids());
+  return out;
+}
+
+void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out) {
+  out->set_step_id(in.step_id);
+  out->mutable_scheduled_new_reqs()->Reserve(static_cast<int>(in.scheduled_new_reqs.size()));
+  for (const sched::NewRequestData& r : in.scheduled_new_reqs) {
+    v1::NewRequestData* p = out->add_scheduled_new_reqs();
+    p->set_request_id(r.request_id);
+    Assign(r.prompt_token_ids, p->mutable_prompt_token_ids());
+    ToProto(r.sampling, p->mutable_sampling());
+    Assign(r.block_ids, p->mutable_block_ids());
+    p->set_num_computed_tokens(r.num_computed_tokens);
+  }
+  out->mutable_scheduled_cached_reqs()->Reserve(
+      static_cast<int>(in.scheduled_cached_reqs.size()));
+  for (const sched::CachedRequestData& r : in.scheduled_cached_reqs) {
+    v1::CachedRequestData* p = out->add_scheduled_cached_reqs();
+    p->set_request_id(r.request_id);
+    p->set_resumed_from_preemption(r.resumed_from_preemption);
+    Assign(r.new_block_ids, p->mutable_new_block_ids());
+    Assign(r.all_token_ids, p->mutable_all_token_ids());
+    p->set_num_computed_tokens(r.num_computed_tokens);
+    p->set_num_output_placeholders(r.num_output_placeholders);
+  }
+  Assign(in.num_scheduled_tokens, out->mutable_num_scheduled_tokens());
+  out->set_total_num_scheduled_tokens(in.total_num_scheduled_tokens);
+  Assign(in.finished_req_ids, out->mutable_finished_req_ids());
+  Assign(in.preempted_req_ids, out->mutable_preempted_req_ids());
+  if (!in.kv_connector_metadata.empty()) {
+    v1::KvConnectorMetadata* meta = out->mutable_kv_connector_metadata();
+    for (const sched::KvLoad& l : in.kv_connector_metadata.loads) {
+      v1::KvLoad* p = meta->add_loads();
+      p->set_request_id(l.request_id);
+      AssignHashes(l.block_hashes, p->mutable_block_hashes());
+      Assign(l.block_ids, p->mutable_block_ids());
+    }
+    for (const sched::KvStore& s : in.kv_connector_metadata.stores) {
+      v1::KvStore* p = meta->add_stores();
+      p->set_request_id(s.request_id);
+      Assign(s.block_ids, p->mutable_block_ids());
+      AssignHashes(s.block_hashes, p->mutable_block_hashes());
+    }
+  }
+}
+
+absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* out) {
+  *out = sched::SchedulerOutput{};
+  out->step_id = in.step_id();
+  out->scheduled_new_reqs.reserve(in.scheduled_new_reqs_size());
+  for (const v1::NewRequestData& p : in.scheduled_new_reqs()) {
+    out->scheduled_new_reqs.push_back({
+        .request_id = p.request_id(),
+        .prompt_token_ids = ToVector(p.prompt_token_ids()),
+        .sampling = FromProto(p.sampling()),
+        .block_ids = ToVector(p.block_ids()),
+        .num_computed_tokens = p.num_computed_tokens(),
+    });
+  }
+  out->scheduled_cached_reqs.reserve(in.scheduled_cached_reqs_size());
+  for (const v1::CachedRequestData& p : in.scheduled_cached_reqs()) {
+    out->scheduled_cached_reqs.push_back({
+        .request_id = p.request_id(),
+        .resumed_from_preemption = p.resumed_from_preemption(),
+        .new_block_ids = ToVector(p.new_block_ids()),
+        .all_token_ids = ToVector(p.all_token_ids()),
+        .num_computed_tokens = p.num_computed_tokens(),
+        .num_output_placeholders = p.num_output_placeholders(),
+    });
+  }
+  out->num_scheduled_tokens = ToVector(in.num_scheduled_tokens());
+  const size_t num_reqs = out->scheduled_new_reqs.size() + out->scheduled_cached_reqs.size();
+  if (out->num_scheduled_tokens.size() != num_reqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SchedulerOutput step ", in.step_id(), ": num_scheduled_tokens has ",
+        out->num_scheduled_tokens.size(), " entries for ", num_reqs, " scheduled requests"));
+  }
+  out->total_num_scheduled_tokens = in.total_num_scheduled_tokens();
+  out->finished_req_ids = ToVector(in.finished_req_ids());
+  out->preempted_req_ids = ToVector(in.preempted_req_ids());
+  for (const v1::KvLoad& p : in.kv_connector_metadata().loads()) {
+    sched::KvLoad l{.request_id = p.request_id(), .block_ids = ToVector(p.block_ids())};
+    absl::Status s = ReadHashes(p.block_hashes(), &l.block_hashes);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("load of ", p.request_id(), ": ", s.message()));
+    if (l.block_hashes.size() != l.block_ids.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("load of ", p.request_id(), ": ",
+                                                     l.block_hashes.size(), " hashes but ",
+                                                     l.block_ids.size(), " block ids"));
+    }
+    out->kv_connector_metadata.loads.push_back(std::move(l));
+  }
+  for (const v1::KvStore& p : in.kv_connector_metadata().stores()) {
+    sched::KvStore st{.request_id = p.request_id(), .block_ids = ToVector(p.block_ids())};
+    absl::Status s = ReadHashes(p.block_hashes(), &st.block_hashes);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("store of ", p.request_id(), ": ", s.message()));
+    if (st.block_hashes.size() != st.block_ids.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("store of ", p.request_id(), ": ",
+                                                     st.block_hashes.size(), " hashes but ",
+                                                     st.block_ids.size(), " block ids"));
+    }
+    out->kv_connector_metadata.stores.push_back(std::move(st));
+  }
+  return absl::OkStatus();
+}
+
+void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out) {
+  out->set_step_id(in.step_id);
+  out->mutable_sampled()->Reserve(static_cast<int>(in.sampled.size()));
+  for (const sched::SampledTokens& s : in.sampled) {
+    v1::SampledTokens* p = out->add_sampled();
+    p->set_request_id(s.request_id);
+    Assign(s.token_ids, p->mutable_token_ids());
+  }
+  const sched::KvConnectorReport& r = in.kv_connector_report;
+  if (!r.finished_recving.empty() || !r.finished_sending.empty() ||
+      !r.invalid_block_ids.empty()) {
+    v1::KvConnectorReport* p = out->mutable_kv_connector_report();
+    Assign(r.finished_recving, p->mutable_finished_recving());
+    Assign(r.finished_sending, p->mutable_finished_sending());
+    Assign(r.invalid_block_ids, p->mutable_invalid_block_ids());
+  }
+}
+
+absl::Status FromProto(const v1::ModelRunnerOutput& in, sched::ModelRunnerOutput* out) {
+  *out = sched::ModelRunnerOutput{};
+  out->step_id = in.step_id();
+  out->sampled.reserve(in.sampled_size());
+  for (const v1::SampledTokens& p : in.sampled()) {
+    out->sampled.push_back({.request_id = p.request_id(), .token_ids = ToVector(p.token_ids())});
+  }
+  const v1::KvConnectorReport& r = in.kv_connector_report();
+  out->kv_connector_report.finished_recving = ToVector(r.finished_recving());
+  out->kv_connector_report.finished_sending = ToVector(r.finished_sending());
+  out->kv_connector_report.invalid_block_ids = ToVector(r.invalid_block_ids());
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::rpc

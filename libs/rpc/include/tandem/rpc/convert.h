@@ -1,0 +1,33 @@
+// Conversion between the plain structs of libs/sched (and common) and the
+// tandem.v1 protos. The only place where both worlds meet (DESIGN §1).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "tandem/common/sampling_params.h"
+#include "tandem/sched/scheduler_output.h"
+#include "tandem/v1/common.pb.h"
+#include "tandem/v1/worker.pb.h"
+
+namespace tandem::rpc {
+
+// Sampling parameters. ToProto always sets has_seed. FromProto reads
+// top_p == 0 as 1 (proto3 default) and uses `default_seed` when has_seed is
+// false; it does not validate (call SamplingParams::Validate).
+void ToProto(const SamplingParams& in, v1::SamplingParams* out);
+[[nodiscard]] SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed = 0);
+
+// Scheduler -> worker, one per step.
+void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out);
+// INVALID_ARGUMENT when a block hash is not 32 bytes or the per-request
+// token counts do not match the request lists.
+[[nodiscard]] absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* out);
+
+// Worker -> scheduler, one per step. (The proto's `error` field is not part
+// of the struct; callers check it.)
+void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out);
+[[nodiscard]] absl::Status FromProto(const v1::ModelRunnerOutput& in,
+                                     sched::ModelRunnerOutput* out);
+
+}  // namespace tandem::rpc

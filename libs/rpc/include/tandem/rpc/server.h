@@ -1,0 +1,57 @@
+// Server and channel helpers shared by every Tandem service: reflection,
+// the standard health service, keepalive, port files, and SIGTERM/SIGINT
+// drain.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+
+namespace tandem::rpc {
+
+struct ServerOptions {
+  // host:port to listen on; port 0 picks a free one (see port_file).
+  std::string listen_address = "127.0.0.1:0";
+  // When set, the bound port is written here (atomically, via rename) once
+  // the server is listening. Tests and scripts read it.
+  std::string port_file;
+  // HTTP/2 keepalive pings, so dead peers are noticed without traffic.
+  int32_t keepalive_time_ms = 10000;
+  int32_t keepalive_timeout_ms = 5000;
+  // Largest message accepted; gRPC's default is 4 MiB.
+  int32_t max_receive_message_bytes = 64 << 20;
+
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+// Turns on reflection and the default health service for every server built
+// afterwards. Call once, before the first ServerBuilder is created.
+void EnableReflectionAndHealth();
+
+// Adds the listening port and channel arguments, builds and starts the server
+// (services must already be registered on `builder`), and writes the port
+// file. UNAVAILABLE when the address cannot be bound.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
+    grpc::ServerBuilder* builder, const ServerOptions& options, int* bound_port);
+
+// Sets the overall ("") and `service` health status.
+void SetServing(grpc::Server* server, const std::string& service, bool serving);
+
+// A channel with keepalive matching ServerOptions' defaults.
+[[nodiscard]] std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target);
+
+// Blocks SIGTERM and SIGINT in the calling thread and every thread it
+// creates afterwards. Call first thing in main().
+void BlockShutdownSignals();
+// Waits until SIGTERM or SIGINT arrives (after BlockShutdownSignals) and
+// returns its number.
+int WaitForShutdownSignal();
+
+}  // namespace tandem::rpc

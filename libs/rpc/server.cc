@@ -1,0 +1,110 @@
+#include "tandem/rpc/server.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+
+namespace tandem::rpc {
+
+absl::Status ServerOptions::Validate() const {
+  if (listen_address.empty()) return absl::InvalidArgumentError("listen_address is empty");
+  if (keepalive_time_ms <= 0 || keepalive_timeout_ms <= 0) {
+    return absl::InvalidArgumentError("keepalive_time_ms and keepalive_timeout_ms must be > 0");
+  }
+  if (max_receive_message_bytes <= 0) {
+    return absl::InvalidArgumentError("max_receive_message_bytes must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+void EnableReflectionAndHealth() {
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::EnableDefaultHealthCheckService(true);
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(grpc::ServerBuilder* builder,
+                                                            const ServerOptions& options,
+                                                            int* bound_port) {
+  absl::Status valid = options.Validate();
+  if (!valid.ok()) return valid;
+  int port = 0;
+  builder->AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder->SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  std::unique_ptr<grpc::Server> server = builder->BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address, " (address in use or invalid?)"));
+  }
+  if (!options.port_file.empty()) {
+    std::string tmp = options.port_file + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << port << "\n";
+      if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+    }
+    if (std::rename(tmp.c_str(), options.port_file.c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", options.port_file));
+    }
+  }
+  if (bound_port != nullptr) *bound_port = port;
+  return server;
+}
+
+void SetServing(grpc::Server* server, const std::string& service, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", serving);
+  if (!service.empty()) health->SetServingStatus(service, serving);
+}
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  // Reconnect quickly after a peer restarts.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+namespace {
+sigset_t ShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+}  // namespace
+
+void BlockShutdownSignals() {
+  sigset_t set = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForShutdownSignal() {
+  sigset_t set = ShutdownSignals();
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  return sig;
+}
+
+}  // namespace tandem::rpc

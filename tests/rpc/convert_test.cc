@@ -1,0 +1,167 @@
+#include "tandem/rpc/convert.h"
+
+#include <gtest/gtest.h>
+
+#include "tandem/rpc/status.h"
+
+namespace tandem::rpc {
+namespace {
+
+BlockHash Hash(uint8_t seed) {
+  BlockHash h;
+  for (size_t i = 0; i < h.bytes.size(); ++i) h.bytes[i] = static_cast<uint8_t>(seed + i);
+  return h;
+}
+
+sched::SchedulerOutput MakeOutput() {
+  sched::SchedulerOutput out;
+  out.step_id = 42;
+  out.scheduled_new_reqs.push_back({
+      .request_id = "a",
+      .prompt_token_ids = {1, 5, 9},
+      .sampling = {.temperature = 0.7f, .top_k = 5, .top_p = 0.9f, .seed = 1234567890123ull,
+                   .max_tokens = 7, .min_tokens = 2, .ignore_eos = true, .stop_token_ids = {3, 4}},
+      .block_ids = {7, 8},
+      .num_computed_tokens = 16,
+  });
+  out.scheduled_cached_reqs.push_back({.request_id = "b", .new_block_ids = {3},
+                                       .num_computed_tokens = 33, .num_output_placeholders = 1});
+  out.scheduled_cached_reqs.push_back({.request_id = "c", .resumed_from_preemption = true,
+                                       .new_block_ids = {1, 2}, .all_token_ids = {1, 2, 3},
+                                       .num_computed_tokens = 0});
+  out.num_scheduled_tokens = {3, 1, 3};
+  out.total_num_scheduled_tokens = 7;
+  out.finished_req_ids = {"x", "y"};
+  out.preempted_req_ids = {"c"};
+  out.kv_connector_metadata.loads.push_back(
+      {.request_id = "a", .block_hashes = {Hash(1)}, .block_ids = {7}});
+  out.kv_connector_metadata.stores.push_back(
+      {.request_id = "b", .block_ids = {2, 3}, .block_hashes = {Hash(2), Hash(3)}});
+  return out;
+}
+
+void ExpectEqual(const SamplingParams& a, const SamplingParams& b) {
+  EXPECT_EQ(a.temperature, b.temperature);
+  EXPECT_EQ(a.top_k, b.top_k);
+  EXPECT_EQ(a.top_p, b.top_p);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.max_tokens, b.max_tokens);
+  EXPECT_EQ(a.min_tokens, b.min_tokens);
+  EXPECT_EQ(a.ignore_eos, b.ignore_eos);
+  EXPECT_EQ(a.stop_token_ids, b.stop_token_ids);
+}
+
+TEST(ConvertTest, SchedulerOutputRoundTripsThroughBytes) {
+  sched::SchedulerOutput in = MakeOutput();
+  v1::SchedulerOutput proto;
+  ToProto(in, &proto);
+  std::string bytes = proto.SerializeAsString();
+  v1::SchedulerOutput parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  sched::SchedulerOutput out;
+  ASSERT_TRUE(FromProto(parsed, &out).ok());
+
+  EXPECT_EQ(out.step_id, 42u);
+  ASSERT_EQ(out.scheduled_new_reqs.size(), 1u);
+  const auto& n = out.scheduled_new_reqs[0];
+  EXPECT_EQ(n.request_id, "a");
+  EXPECT_EQ(n.prompt_token_ids, (std::vector<int32_t>{1, 5, 9}));
+  ExpectEqual(n.sampling, in.scheduled_new_reqs[0].sampling);
+  EXPECT_EQ(n.block_ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(n.num_computed_tokens, 16);
+  ASSERT_EQ(out.scheduled_cached_reqs.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& a = in.scheduled_cached_reqs[i];
+    const auto& b = out.scheduled_cached_reqs[i];
+    EXPECT_EQ(a.request_id, b.request_id);
+    EXPECT_EQ(a.resumed_from_preemption, b.resumed_from_preemption);
+    EXPECT_EQ(a.new_block_ids, b.new_block_ids);
+    EXPECT_EQ(a.all_token_ids, b.all_token_ids);
+    EXPECT_EQ(a.num_computed_tokens, b.num_computed_tokens);
+    EXPECT_EQ(a.num_output_placeholders, b.num_output_placeholders);
+  }
+  EXPECT_EQ(out.num_scheduled_tokens, in.num_scheduled_tokens);
+  EXPECT_EQ(out.total_num_scheduled_tokens, 7);
+  EXPECT_EQ(out.finished_req_ids, in.finished_req_ids);
+  EXPECT_EQ(out.preempted_req_ids, in.preempted_req_ids);
+  ASSERT_EQ(out.kv_connector_metadata.loads.size(), 1u);
+  EXPECT_EQ(out.kv_connector_metadata.loads[0].block_hashes[0], Hash(1));
+  EXPECT_EQ(out.kv_connector_metadata.loads[0].block_ids, (std::vector<int32_t>{7}));
+  ASSERT_EQ(out.kv_connector_metadata.stores.size(), 1u);
+  EXPECT_EQ(out.kv_connector_metadata.stores[0].block_hashes,
+            (std::vector<BlockHash>{Hash(2), Hash(3)}));
+  EXPECT_EQ(out.kv_connector_metadata.stores[0].block_ids, (std::vector<int32_t>{2, 3}));
+}
+
+TEST(ConvertTest, RejectsMismatchedTokenCounts) {
+  sched::SchedulerOutput in = MakeOutput();
+  in.num_scheduled_tokens.pop_back();
+  v1::SchedulerOutput proto;
+  ToProto(in, &proto);
+  sched::SchedulerOutput out;
+  absl::Status s = FromProto(proto, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("num_scheduled_tokens has 2 entries for 3"),
+            std::string::npos)
+      << s;
+}
+
+TEST(ConvertTest, RejectsShortBlockHash) {
+  v1::SchedulerOutput proto;
+  v1::KvLoad* load = proto.mutable_kv_connector_metadata()->add_loads();
+  load->set_request_id("r");
+  load->add_block_hashes("short");
+  load->add_block_ids(1);
+  sched::SchedulerOutput out;
+  EXPECT_EQ(FromProto(proto, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConvertTest, ModelRunnerOutputRoundTrips) {
+  sched::ModelRunnerOutput in{.step_id = 9,
+                              .sampled = {{.request_id = "a", .token_ids = {5}},
+                                          {.request_id = "b", .token_ids = {}}},
+                              .kv_connector_report = {.finished_recving = {"a"},
+                                                      .finished_sending = {"b"},
+                                                      .invalid_block_ids = {4, 5}}};
+  v1::ModelRunnerOutput proto;
+  ToProto(in, &proto);
+  v1::ModelRunnerOutput parsed;
+  ASSERT_TRUE(parsed.ParseFromString(proto.SerializeAsString()));
+  sched::ModelRunnerOutput out;
+  ASSERT_TRUE(FromProto(parsed, &out).ok());
+  EXPECT_EQ(out.step_id, 9u);
+  ASSERT_EQ(out.sampled.size(), 2u);
+  EXPECT_EQ(out.sampled[0].request_id, "a");
+  EXPECT_EQ(out.sampled[0].token_ids, (std::vector<int32_t>{5}));
+  EXPECT_TRUE(out.sampled[1].token_ids.empty());
+  EXPECT_EQ(out.kv_connector_report.finished_recving, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(out.kv_connector_report.finished_sending, (std::vector<std::string>{"b"}));
+  EXPECT_EQ(out.kv_connector_report.invalid_block_ids, (std::vector<int32_t>{4, 5}));
+}
+
+TEST(ConvertTest, SamplingDefaultsFromProto3Zeroes) {
+  v1::SamplingParams p;
+  p.set_max_tokens(3);
+  SamplingParams s = FromProto(p, /*default_seed=*/77);
+  EXPECT_EQ(s.top_p, 1.0f);  // proto3 zero read as "off"
+  EXPECT_EQ(s.seed, 77u);    // no seed given: the server's
+  EXPECT_EQ(s.max_tokens, 3);
+  p.set_has_seed(true);
+  p.set_seed(5);
+  EXPECT_EQ(FromProto(p, 77).seed, 5u);
+}
+
+TEST(StatusTest, CodesAndMessagesSurviveBothWays) {
+  absl::Status a = absl::ResourceExhaustedError("queue full: 10 waiting");
+  grpc::Status g = ToGrpcStatus(a);
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(g.error_message(), "queue full: 10 waiting");
+  EXPECT_EQ(FromGrpcStatus(g), a);
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  absl::Status c = FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "down"), "worker");
+  EXPECT_EQ(c.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c.message(), "worker: down");
+}
+
+}  // namespace
+}  // namespace tandem::rpc

@@ -1,0 +1,75 @@
+#include "tandem/rpc/flags.h"
+
+#include <gtest/gtest.h>
+
+namespace tandem::rpc {
+namespace {
+
+struct Args {
+  explicit Args(std::vector<std::string> a) : strings(std::move(a)) {
+    for (std::string& s : strings) ptrs.push_back(s.data());
+  }
+  int argc() { return static_cast<int>(ptrs.size()); }
+  char** argv() { return ptrs.data(); }
+  std::vector<std::string> strings;
+  std::vector<char*> ptrs;
+};
+
+TEST(FlagSetTest, ParsesEveryFormAndKeepsPositionals) {
+  std::string name = "x";
+  int32_t n = 1;
+  int64_t big = 2;
+  double d = 0.5;
+  bool b = true, c = false;
+  FlagSet flags("prog", "does things");
+  flags.Add("name", &name, "a name");
+  flags.Add("num-seqs", &n, "count");
+  flags.Add("big", &big, "big count");
+  flags.Add("ratio", &d, "ratio");
+  flags.Add("async", &b, "async");
+  flags.Add("cache", &c, "cache");
+  Args args({"prog", "generate", "--name=abc", "--num_seqs", "7", "--big=-9", "--ratio", "1.5",
+             "--noasync", "--cache", "rest"});
+  ASSERT_TRUE(flags.Parse(args.argc(), args.argv()).ok());
+  EXPECT_EQ(name, "abc");
+  EXPECT_EQ(n, 7);
+  EXPECT_EQ(big, -9);
+  EXPECT_EQ(d, 1.5);
+  EXPECT_FALSE(b);
+  EXPECT_TRUE(c);
+  EXPECT_EQ(flags.positional(), (std::vector<std::string>{"generate", "rest"}));
+}
+
+TEST(FlagSetTest, ErrorsNameTheFlag) {
+  int32_t n = 1;
+  FlagSet flags("prog", "");
+  flags.Add("n", &n, "count");
+  Args bad({"prog", "--n=abc"});
+  absl::Status s = flags.Parse(bad.argc(), bad.argv());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "flag --n: 'abc' is not a 32-bit integer");
+  FlagSet flags2("prog", "");
+  flags2.Add("n", &n, "count");
+  Args unknown({"prog", "--m=1"});
+  EXPECT_EQ(flags2.Parse(unknown.argc(), unknown.argv()).message(),
+            "unknown flag --m (see --help)");
+}
+
+TEST(FlagSetTest, HelpListsDefaultsAndDocs) {
+  int32_t n = 128;
+  bool b = true;
+  FlagSet flags("prog", "does things");
+  flags.Add("max-num-seqs", &n, "most running requests");
+  flags.Add("async-scheduling", &b, "one step ahead");
+  Args args({"prog", "--help"});
+  ASSERT_TRUE(flags.Parse(args.argc(), args.argv()).ok());
+  EXPECT_TRUE(flags.help_requested());
+  std::string help = flags.Help();
+  EXPECT_NE(help.find("--max-num-seqs (default: 128)\n      most running requests"),
+            std::string::npos)
+      << help;
+  EXPECT_NE(help.find("--async-scheduling (default: true)"), std::string::npos) << help;
+}
+
+}  // namespace
+}  // namespace tandem::rpc
