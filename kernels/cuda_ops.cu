@@ -1,0 +1,163 @@
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "tandem/kernels/cuda_ops.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int32_t kThreads = 256;
+
+template <typename F>
+__global__ void FunctorKernel(F f) {
+  f(static_cast<int64_t>(blockIdx.x), static_cast<int32_t>(threadIdx.x),
+    static_cast<int32_t>(blockDim.x));
+}
+
+template <typename F>
+int Launch(Grid grid, const F& f) {
+  if (grid.blocks == 0) return cudaSuccess;
+  FunctorKernel<<<static_cast<unsigned>(grid.blocks), grid.threads>>>(f);
+  return cudaGetLastError();
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__global__ void RmsNormKernel(const float* x, const float* w, int32_t rows, int32_t dim,
+                              float eps, float* out) {
+  const int32_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < rows) RmsNormRow(x + int64_t{r} * dim, w, dim, eps, out + int64_t{r} * dim);
+}
+
+__global__ void AttentionKernel(PagedAttentionArgs args, float* scratch, int32_t max_context) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= int64_t{args.num_rows} * args.num_heads) return;
+  const int32_t row = static_cast<int32_t>(i / args.num_heads);
+  const int32_t head = static_cast<int32_t>(i % args.num_heads);
+  AttendRowHead(args, row, head, scratch + i * max_context);
+}
+
+__global__ void SampleKernel(const float* logits, int32_t rows, int32_t vocab,
+                             const SampleArgs* args, int32_t* out, float* probs,
+                             int32_t* idx) {
+  const int32_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const int64_t o = int64_t{r} * vocab;
+  out[r] = SampleRow(logits + o, vocab, args[r], probs + o, idx + o);
+}
+
+}  // namespace
+
+struct BlasHandle {
+  cublasHandle_t handle = nullptr;
+};
+
+int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error
+    return 0;
+  }
+  return n;
+}
+
+const char* ErrorString(int error) {
+  return cudaGetErrorString(static_cast<cudaError_t>(error));
+}
+
+int Malloc(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
+int Free(void* ptr) { return cudaFree(ptr); }
+int Memset(void* ptr, int value, size_t bytes) { return cudaMemset(ptr, value, bytes); }
+int CopyToDevice(void* dst, const void* host_src, size_t bytes) {
+  return cudaMemcpy(dst, host_src, bytes, cudaMemcpyHostToDevice);
+}
+int CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  return cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+int Synchronize() { return cudaDeviceSynchronize(); }
+
+int CreateBlas(BlasHandle** out) {
+  auto* h = new BlasHandle;
+  if (cublasCreate(&h->handle) != CUBLAS_STATUS_SUCCESS) {
+    delete h;
+    return cudaErrorUnknown;
+  }
+  *out = h;
+  return cudaSuccess;
+}
+
+void DestroyBlas(BlasHandle* handle) {
+  if (handle == nullptr) return;
+  cublasDestroy(handle->handle);
+  delete handle;
+}
+
+int EmbeddingGather(const float* table, int32_t dim, const int32_t* tokens, int32_t rows,
+                    float* out) {
+  return Launch(Grid{rows, kThreads}, EmbeddingGatherFn{table, tokens, out, dim});
+}
+
+int RmsNorm(const float* x, const float* w, int32_t rows, int32_t dim, float eps, float* out) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormKernel<<<static_cast<unsigned>(CeilDiv(rows, 64)), 64>>>(x, w, rows, dim, eps, out);
+  return cudaGetLastError();
+}
+
+int Matmul(BlasHandle* blas, const float* w, int32_t out_dim, int32_t in_dim, const float* x,
+           int32_t rows, float* y) {
+  if (rows == 0) return cudaSuccess;
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  // Column-major view: Y (out x rows) = W^T-view (out x in) * X (in x rows).
+  const cublasStatus_t s = cublasSgemm(blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, out_dim, rows,
+                                       in_dim, &alpha, w, in_dim, x, in_dim, &beta, y, out_dim);
+  return s == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
+}
+
+int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads,
+         int32_t head_size, RopeKind kind, float theta) {
+  return Launch(Grid{rows, kThreads},
+                RopeFn{vec, positions, num_heads, head_size, kind, theta});
+}
+
+int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k,
+            const float* v, int32_t rows, const int64_t* slots) {
+  return Launch(Grid{rows, kThreads}, KvWriteFn{cache, shape, layer, k, v, slots});
+}
+
+int PagedAttention(const PagedAttentionArgs& args, float* scratch, int32_t max_context) {
+  const int64_t n = int64_t{args.num_rows} * args.num_heads;
+  if (n == 0) return cudaSuccess;
+  AttentionKernel<<<static_cast<unsigned>(CeilDiv(n, 64)), 64>>>(args, scratch, max_context);
+  return cudaGetLastError();
+}
+
+int SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+  return Launch(Grid{CeilDiv(n, kThreads), kThreads}, SiluMulFn{gate, up, out, n});
+}
+
+int ResidualAdd(float* x, const float* y, int64_t n) {
+  return Launch(Grid{CeilDiv(n, kThreads), kThreads}, ResidualAddFn{x, y, n});
+}
+
+int Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
+           int32_t* out_tokens, float* scratch_probs, int32_t* scratch_idx) {
+  if (rows == 0) return cudaSuccess;
+  SampleKernel<<<static_cast<unsigned>(CeilDiv(rows, 32)), 32>>>(
+      logits, rows, vocab, args, out_tokens, scratch_probs, scratch_idx);
+  return cudaGetLastError();
+}
+
+int BlockGather(const float* cache, int64_t block_floats, const int32_t* block_ids,
+                int32_t num_blocks, float* staging) {
+  return Launch(Grid{num_blocks, kThreads},
+                BlockCopyFn{const_cast<float*>(cache), staging, block_ids, block_floats, true});
+}
+
+int BlockScatter(float* cache, int64_t block_floats, const int32_t* block_ids,
+                 int32_t num_blocks, const float* staging) {
+  return Launch(Grid{num_blocks, kThreads},
+                BlockCopyFn{cache, const_cast<float*>(staging), block_ids, block_floats, false});
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,78 @@
+// CPU implementations of the ops of DESIGN §6. They are the reference: the
+// CUDA ops are tested against them, and they follow llama2.c's order of
+// operations so the CPU backend matches it bit for bit. All tensors are
+// row-major float32; "rows" are tokens.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tandem/kernels/kv_layout.h"
+#include "tandem/kernels/math.h"
+#include "tandem/kernels/sampling.h"
+
+namespace tandem::kernels::cpu {
+
+// out[r][:] = table[tokens[r]][:]. Token ids must be in range.
+void EmbeddingGather(const float* table, int32_t dim, std::span<const int32_t> tokens,
+                     float* out);
+
+// out[r] = rmsnorm(x[r]) * w for `rows` rows of `dim`.
+void RmsNorm(const float* x, const float* w, int32_t rows, int32_t dim, float eps, float* out);
+
+// y[r][i] = sum_j w[i][j] * x[r][j], summed sequentially over j. w is
+// [out_dim][in_dim]. The plain reference; see PackedMatrix for the fast one.
+void Matmul(const float* w, int32_t out_dim, int32_t in_dim, const float* x, int32_t rows,
+            float* y);
+
+// A weight matrix repacked into panels of kPanelRows output rows,
+// [num_panels][in_dim][kPanelRows], so a step reads each weight once for all
+// of its tokens while every output element is still summed sequentially over
+// the input: results equal Matmul() bit for bit.
+class PackedMatrix {
+ public:
+  static constexpr int32_t kPanelRows = 16;
+  PackedMatrix() = default;
+  PackedMatrix(const float* w, int32_t out_dim, int32_t in_dim);
+  int32_t out_dim() const { return out_dim_; }
+  int32_t in_dim() const { return in_dim_; }
+  // y[rows][out_dim] = x[rows][in_dim] * W^T.
+  void Apply(const float* x, int32_t rows, float* y) const;
+
+ private:
+  int32_t out_dim_ = 0;
+  int32_t in_dim_ = 0;
+  std::vector<float> panels_;
+};
+
+// RoPE in place on vec[rows][num_heads][head_size] at positions[r].
+void Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads,
+          int32_t head_size, RopeKind kind, float theta);
+
+// Writes k[r], v[r] ([rows][num_kv_heads][head_size]) into cache slot
+// slots[r] (block_id * block_size + offset) of `layer`; slot < 0 skips a row.
+void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k,
+             const float* v, int32_t rows, const int64_t* slots);
+
+// Causal grouped-query attention over the paged cache (see PagedAttentionArgs).
+void PagedAttention(const PagedAttentionArgs& args);
+
+// out[i] = silu(gate[i]) * up[i].
+void SiluMul(const float* gate, const float* up, int64_t n, float* out);
+
+// x[i] += y[i].
+void ResidualAdd(float* x, const float* y, int64_t n);
+
+// Samples one token per row of logits[rows][vocab] with args[r].
+void Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
+            int32_t* out_tokens);
+
+// Gather: staging[i] = cache block block_ids[i]; scatter: the reverse.
+// block_floats = KvCacheShape::BlockFloats().
+void BlockGather(const float* cache, int64_t block_floats, std::span<const int32_t> block_ids,
+                 float* staging);
+void BlockScatter(float* cache, int64_t block_floats, std::span<const int32_t> block_ids,
+                  const float* staging);
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,62 @@
+// CUDA implementations of the ops (built only when TANDEM_HAVE_CUDA). Every
+// pointer is a device pointer unless named host_*. Each call is enqueued on
+// the default stream and returns a cudaError_t value (0 = success; see
+// ErrorString); the per-element math is the shared TANDEM_HD code of math.h
+// and sampling.h, so the GPU-only part is just the launches.
+#pragma once
+
+#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tandem/kernels/kv_layout.h"
+#include "tandem/kernels/math.h"
+#include "tandem/kernels/sampling.h"
+
+namespace tandem::kernels::cuda {
+
+// Number of CUDA devices; 0 when the runtime or driver reports an error.
+int DeviceCount();
+const char* ErrorString(int error);
+
+int Malloc(void** ptr, size_t bytes);
+int Free(void* ptr);
+int Memset(void* ptr, int value, size_t bytes);
+int CopyToDevice(void* dst, const void* host_src, size_t bytes);
+int CopyToHost(void* host_dst, const void* src, size_t bytes);
+int Synchronize();
+
+// cuBLAS handle for Matmul.
+struct BlasHandle;
+int CreateBlas(BlasHandle** out);
+void DestroyBlas(BlasHandle* handle);
+
+int EmbeddingGather(const float* table, int32_t dim, const int32_t* tokens, int32_t rows,
+                    float* out);
+int RmsNorm(const float* x, const float* w, int32_t rows, int32_t dim, float eps, float* out);
+// y[rows][out_dim] = x[rows][in_dim] * W^T with W [out_dim][in_dim] (cuBLAS SGEMM).
+int Matmul(BlasHandle* blas, const float* w, int32_t out_dim, int32_t in_dim, const float* x,
+           int32_t rows, float* y);
+int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads,
+         int32_t head_size, RopeKind kind, float theta);
+int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k,
+            const float* v, int32_t rows, const int64_t* slots);
+// `args` holds device pointers; scratch holds num_rows * num_heads *
+// max_context floats, max_context > every row_pos.
+int PagedAttention(const PagedAttentionArgs& args, float* scratch, int32_t max_context);
+int SiluMul(const float* gate, const float* up, int64_t n, float* out);
+int ResidualAdd(float* x, const float* y, int64_t n);
+// args: device array of rows SampleArgs; scratch_probs rows * vocab floats,
+// scratch_idx rows * vocab ints.
+int Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
+           int32_t* out_tokens, float* scratch_probs, int32_t* scratch_idx);
+// block_ids is a device array; staging may be device or pinned host memory.
+int BlockGather(const float* cache, int64_t block_floats, const int32_t* block_ids,
+                int32_t num_blocks, float* staging);
+int BlockScatter(float* cache, int64_t block_floats, const int32_t* block_ids,
+                 int32_t num_blocks, const float* staging);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_HAVE_CUDA

@@ -1,0 +1,232 @@
+// Per-element math and kernel functors shared by the CPU and CUDA ops. The
+// order of every floating-point operation follows llama2.c's run.c, so the
+// CPU backend reproduces its logits bit for bit.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "tandem/kernels/hd.h"
+#include "tandem/kernels/kv_layout.h"
+
+namespace tandem::kernels {
+
+enum class RopeKind : int32_t {
+  // llama2.c: rotate pairs (2p, 2p + 1) of each head.
+  kAdjacentPairs = 0,
+  // Hugging Face: rotate pairs (p, p + head_size / 2) of each head.
+  kRotateHalf = 1,
+};
+
+// ---- Row functions (one row = one token) ----------------------------------
+
+// o = w * (x / sqrt(mean(x^2) + eps)), summing x^2 in index order.
+TANDEM_HD inline void RmsNormRow(const float* x, const float* w, int32_t dim, float eps,
+                                 float* o) {
+  float ss = 0.0f;
+  for (int32_t j = 0; j < dim; ++j) ss += x[j] * x[j];
+  ss /= static_cast<float>(dim);
+  ss += eps;
+  ss = 1.0f / sqrtf(ss);
+  for (int32_t j = 0; j < dim; ++j) o[j] = w[j] * (ss * x[j]);
+}
+
+// y = W x for one output row: sequential accumulation over the input.
+TANDEM_HD inline float DotRow(const float* w_row, const float* x, int32_t n) {
+  float val = 0.0f;
+  for (int32_t j = 0; j < n; ++j) val += w_row[j] * x[j];
+  return val;
+}
+
+// silu(g) * u, written as run.c writes it.
+TANDEM_HD inline float SiluMul(float g, float u) {
+  float val = g;
+  val *= (1.0f / (1.0f + expf(-val)));
+  val *= u;
+  return val;
+}
+
+// Rotation angle of pair `pair` (0 .. head_size/2) at position `pos`.
+TANDEM_HD inline void RopeCosSin(int32_t pos, int32_t pair, int32_t head_size, float theta,
+                                 float* c, float* s) {
+  const int32_t head_dim = 2 * pair;
+  const float freq =
+      1.0f / powf(theta, static_cast<float>(head_dim) / static_cast<float>(head_size));
+  const float val = static_cast<float>(pos) * freq;
+  *c = cosf(val);
+  *s = sinf(val);
+}
+
+// Rotates one pair of one head vector in place.
+TANDEM_HD inline void RopePair(float* head_vec, int32_t pair, int32_t head_size, RopeKind kind,
+                               float c, float s) {
+  const int32_t i0 = kind == RopeKind::kAdjacentPairs ? 2 * pair : pair;
+  const int32_t i1 = kind == RopeKind::kAdjacentPairs ? 2 * pair + 1 : pair + head_size / 2;
+  const float v0 = head_vec[i0];
+  const float v1 = head_vec[i1];
+  head_vec[i0] = v0 * c - v1 * s;
+  head_vec[i1] = v0 * s + v1 * c;
+}
+
+// ---- Paged attention ------------------------------------------------------
+
+// Arguments of a paged attention over `num_rows` query rows. Row r attends,
+// causally, to positions 0 .. row_pos[r] of its sequence, whose block table
+// starts at block_tables[row_table_offset[r]]. Query head h reads KV head
+// h / (num_heads / num_kv_heads).
+struct PagedAttentionArgs {
+  const float* q = nullptr;      // [num_rows][num_heads][head_size]
+  float* out = nullptr;          // [num_rows][num_heads][head_size]
+  const float* cache = nullptr;  // the whole cache, KvCacheShape layout
+  KvCacheShape shape;
+  int32_t layer = 0;
+  int32_t num_heads = 0;
+  int32_t num_rows = 0;
+  const int32_t* row_pos = nullptr;
+  const int32_t* row_table_offset = nullptr;
+  const int32_t* block_tables = nullptr;
+};
+
+// One (row, head): scores, softmax and the weighted sum of V exactly as
+// run.c computes them. `scores` holds row_pos[row] + 1 floats.
+TANDEM_HD inline void AttendRowHead(const PagedAttentionArgs& a, int32_t row, int32_t head,
+                                    float* scores) {
+  const KvCacheShape& sh = a.shape;
+  const int32_t hs = sh.head_size;
+  const int32_t pos = a.row_pos[row];
+  const int32_t* table = a.block_tables + a.row_table_offset[row];
+  const int32_t kv_head = head / (a.num_heads / sh.num_kv_heads);
+  const float* q = a.q + (int64_t{row} * a.num_heads + head) * hs;
+  const float scale = sqrtf(static_cast<float>(hs));
+  for (int32_t t = 0; t <= pos; ++t) {
+    const float* k = a.cache + sh.Offset(table[t / sh.block_size], a.layer, 0,
+                                         t % sh.block_size, kv_head);
+    float score = 0.0f;
+    for (int32_t i = 0; i < hs; ++i) score += q[i] * k[i];
+    score /= scale;
+    scores[t] = score;
+  }
+  float max_val = scores[0];
+  for (int32_t t = 1; t <= pos; ++t) {
+    if (scores[t] > max_val) max_val = scores[t];
+  }
+  float sum = 0.0f;
+  for (int32_t t = 0; t <= pos; ++t) {
+    scores[t] = expf(scores[t] - max_val);
+    sum += scores[t];
+  }
+  for (int32_t t = 0; t <= pos; ++t) scores[t] /= sum;
+  float* o = a.out + (int64_t{row} * a.num_heads + head) * hs;
+  for (int32_t i = 0; i < hs; ++i) o[i] = 0.0f;
+  for (int32_t t = 0; t <= pos; ++t) {
+    const float* v = a.cache + sh.Offset(table[t / sh.block_size], a.layer, 1,
+                                         t % sh.block_size, kv_head);
+    const float w = scores[t];
+    for (int32_t i = 0; i < hs; ++i) o[i] += w * v[i];
+  }
+}
+
+// ---- Functors of (block, thread, block_dim) --------------------------------
+
+// out[r] = table[tokens[r]]; one block per row.
+struct EmbeddingGatherFn {
+  const float* table;
+  const int32_t* tokens;
+  float* out;
+  int32_t dim;
+  TANDEM_HD void operator()(int64_t row, int32_t t, int32_t nt) const {
+    const float* src = table + int64_t{tokens[row]} * dim;
+    float* dst = out + row * dim;
+    for (int32_t j = t; j < dim; j += nt) dst[j] = src[j];
+  }
+};
+
+// Elementwise over n values, `per_block` values per block.
+struct SiluMulFn {
+  const float* gate;
+  const float* up;
+  float* out;
+  int64_t n;
+  TANDEM_HD void operator()(int64_t b, int32_t t, int32_t nt) const {
+    const int64_t i = b * nt + t;
+    if (i < n) out[i] = SiluMul(gate[i], up[i]);
+  }
+};
+
+struct ResidualAddFn {
+  float* x;
+  const float* y;
+  int64_t n;
+  TANDEM_HD void operator()(int64_t b, int32_t t, int32_t nt) const {
+    const int64_t i = b * nt + t;
+    if (i < n) x[i] += y[i];
+  }
+};
+
+// RoPE on vec[rows][num_heads][head_size]; one block per row, threads stride
+// over (head, pair).
+struct RopeFn {
+  float* vec;
+  const int32_t* positions;
+  int32_t num_heads;
+  int32_t head_size;
+  RopeKind kind;
+  float theta;
+  TANDEM_HD void operator()(int64_t row, int32_t t, int32_t nt) const {
+    const int32_t half = head_size / 2;
+    for (int32_t i = t; i < num_heads * half; i += nt) {
+      const int32_t head = i / half;
+      const int32_t pair = i % half;
+      float c, s;
+      RopeCosSin(positions[row], pair, head_size, theta, &c, &s);
+      RopePair(vec + (row * num_heads + head) * head_size, pair, head_size, kind, c, s);
+    }
+  }
+};
+
+// Writes K and V of each row into its slot (slot = block_id * block_size +
+// offset in block); one block per row. Rows with slot < 0 are skipped.
+struct KvWriteFn {
+  float* cache;
+  KvCacheShape shape;
+  int32_t layer;
+  const float* k;  // [rows][num_kv_heads][head_size]
+  const float* v;
+  const int64_t* slots;
+  TANDEM_HD void operator()(int64_t row, int32_t t, int32_t nt) const {
+    const int64_t slot = slots[row];
+    if (slot < 0) return;
+    const int64_t block = slot / shape.block_size;
+    const int32_t off = static_cast<int32_t>(slot % shape.block_size);
+    const int32_t width = shape.num_kv_heads * shape.head_size;
+    float* kd = cache + shape.Offset(block, layer, 0, off, 0);
+    float* vd = cache + shape.Offset(block, layer, 1, off, 0);
+    for (int32_t i = t; i < width; i += nt) {
+      kd[i] = k[row * width + i];
+      vd[i] = v[row * width + i];
+    }
+  }
+};
+
+// Copies whole blocks between the cache and a staging buffer: staging block
+// i <-> cache block block_ids[i]. One grid block per copied block.
+struct BlockCopyFn {
+  float* cache;
+  float* staging;
+  const int32_t* block_ids;
+  int64_t block_floats;
+  bool to_staging;  // true: gather (cache -> staging); false: scatter
+  TANDEM_HD void operator()(int64_t i, int32_t t, int32_t nt) const {
+    float* c = cache + int64_t{block_ids[i]} * block_floats;
+    float* s = staging + i * block_floats;
+    for (int64_t j = t; j < block_floats; j += nt) {
+      if (to_staging) {
+        s[j] = c[j];
+      } else {
+        c[j] = s[j];
+      }
+    }
+  }
+};
+
+}  // namespace tandem::kernels

@@ -1,0 +1,168 @@
+// The CPU backend: the kernels' CPU ops composed in llama2.c's order, with
+// every matmul batched over all tokens of the step (PackedMatrix).
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "cpu_runner.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+#include "tandem/kernels/cpu_ops.h"
+
+namespace tandem::model::internal {
+namespace {
+
+namespace kc = ::tandem::kernels::cpu;
+using kernels::KvCacheShape;
+using kernels::PagedAttentionArgs;
+using kernels::RopeKind;
+
+struct PackedLayer {
+  kc::PackedMatrix wq, wk, wv, wo, w1, w2, w3;
+};
+
+RopeKind ToKernel(RopeStyle s) {
+  switch (s) {
+    case RopeStyle::kAdjacentPairs:
+      return RopeKind::kAdjacentPairs;
+    case RopeStyle::kRotateHalf:
+      return RopeKind::kRotateHalf;
+  }
+  return RopeKind::kAdjacentPairs;
+}
+
+class CpuModelRunner final : public ModelRunner {
+ public:
+  CpuModelRunner(const Model* model, KvCacheOptions opts)
+      : ModelRunner(model, opts, Backend::kCpu) {
+    const ModelConfig& c = model->config();
+    const ModelWeights& w = model->weights();
+    shape_ = KvCacheShape{.num_blocks = opts.num_blocks,
+                          .num_layers = c.num_layers,
+                          .block_size = opts.block_size,
+                          .num_kv_heads = c.num_kv_heads,
+                          .head_size = c.head_size};
+    cache_.assign(static_cast<size_t>(shape_.BlockFloats() * opts.num_blocks), 0.0f);
+    for (const LayerWeights& l : w.layers) {
+      layers_.push_back(PackedLayer{
+          .wq = kc::PackedMatrix(l.wq.data(), c.dim, c.dim),
+          .wk = kc::PackedMatrix(l.wk.data(), c.kv_dim(), c.dim),
+          .wv = kc::PackedMatrix(l.wv.data(), c.kv_dim(), c.dim),
+          .wo = kc::PackedMatrix(l.wo.data(), c.dim, c.dim),
+          .w1 = kc::PackedMatrix(l.w1.data(), c.hidden_dim, c.dim),
+          .w2 = kc::PackedMatrix(l.w2.data(), c.dim, c.hidden_dim),
+          .w3 = kc::PackedMatrix(l.w3.data(), c.hidden_dim, c.dim)});
+    }
+    classifier_ = kc::PackedMatrix(w.classifier().data(), c.vocab_size, c.dim);
+  }
+
+  absl::Status Forward(std::span<const SequenceInput> batch,
+                       std::vector<float>* logits) override {
+    TANDEM_RETURN_IF_ERROR(ValidateBatch(batch));
+    const ModelConfig& c = model_->config();
+    const ModelWeights& w = model_->weights();
+    const BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
+    const int32_t T = lay.num_rows;
+    const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
+    x_.resize(static_cast<size_t>(T * dim));
+    xb_.resize(static_cast<size_t>(T * dim));
+    q_.resize(static_cast<size_t>(T * dim));
+    att_.resize(static_cast<size_t>(T * dim));
+    k_.resize(static_cast<size_t>(T * kv));
+    v_.resize(static_cast<size_t>(T * kv));
+    hb_.resize(static_cast<size_t>(T * hidden));
+    hb2_.resize(static_cast<size_t>(T * hidden));
+    const RopeKind rope = ToKernel(c.rope_style);
+
+    kc::EmbeddingGather(w.token_embedding.data(), c.dim, lay.tokens, x_.data());
+    for (int32_t li = 0; li < c.num_layers; ++li) {
+      const LayerWeights& lw = w.layers[static_cast<size_t>(li)];
+      const PackedLayer& pl = layers_[static_cast<size_t>(li)];
+      kc::RmsNorm(x_.data(), lw.rms_att.data(), T, c.dim, c.norm_eps, xb_.data());
+      pl.wq.Apply(xb_.data(), T, q_.data());
+      pl.wk.Apply(xb_.data(), T, k_.data());
+      pl.wv.Apply(xb_.data(), T, v_.data());
+      kc::Rope(q_.data(), T, lay.row_pos.data(), c.num_heads, c.head_size, rope, c.rope_theta);
+      kc::Rope(k_.data(), T, lay.row_pos.data(), c.num_kv_heads, c.head_size, rope,
+               c.rope_theta);
+      // Every token's K/V first: later rows (and other sequences sharing
+      // prefix blocks) read them below.
+      kc::KvWrite(cache_.data(), shape_, li, k_.data(), v_.data(), T, lay.slots.data());
+      kc::PagedAttention(PagedAttentionArgs{.q = q_.data(),
+                                            .out = att_.data(),
+                                            .cache = cache_.data(),
+                                            .shape = shape_,
+                                            .layer = li,
+                                            .num_heads = c.num_heads,
+                                            .num_rows = T,
+                                            .row_pos = lay.row_pos.data(),
+                                            .row_table_offset = lay.row_table_offset.data(),
+                                            .block_tables = lay.block_tables.data()});
+      pl.wo.Apply(att_.data(), T, xb_.data());
+      kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
+      kc::RmsNorm(x_.data(), lw.rms_ffn.data(), T, c.dim, c.norm_eps, xb_.data());
+      pl.w1.Apply(xb_.data(), T, hb_.data());
+      pl.w3.Apply(xb_.data(), T, hb2_.data());
+      kc::SiluMul(hb_.data(), hb2_.data(), T * hidden, hb_.data());
+      pl.w2.Apply(hb_.data(), T, xb_.data());
+      kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
+    }
+    const int32_t B = static_cast<int32_t>(batch.size());
+    last_.resize(static_cast<size_t>(B * dim));
+    for (int32_t i = 0; i < B; ++i) {
+      std::memcpy(&last_[static_cast<size_t>(i * dim)],
+                  &x_[static_cast<size_t>(lay.last_rows[static_cast<size_t>(i)] * dim)],
+                  static_cast<size_t>(dim) * sizeof(float));
+    }
+    xb_.resize(std::max(xb_.size(), last_.size()));
+    kc::RmsNorm(last_.data(), w.rms_final.data(), B, c.dim, c.norm_eps, xb_.data());
+    logits->resize(static_cast<size_t>(B) * c.vocab_size);
+    classifier_.Apply(xb_.data(), B, logits->data());
+    return absl::OkStatus();
+  }
+
+  std::span<std::byte> BlockBytes(int32_t block_id) override {
+    TANDEM_CHECK(block_id >= 0 && block_id < opts_.num_blocks) << "block " << block_id;
+    auto* p = reinterpret_cast<std::byte*>(cache_.data() + block_id * shape_.BlockFloats());
+    return {p, static_cast<size_t>(block_bytes())};
+  }
+
+  absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) override {
+    TANDEM_RETURN_IF_ERROR(CheckCopy(block_id, out.size()));
+    std::memcpy(out.data(), BlockBytes(block_id).data(), out.size());
+    return absl::OkStatus();
+  }
+  absl::Status CopyBlockFromHost(int32_t block_id, std::span<const std::byte> in) override {
+    TANDEM_RETURN_IF_ERROR(CheckCopy(block_id, in.size()));
+    std::memcpy(BlockBytes(block_id).data(), in.data(), in.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status CheckCopy(int32_t block_id, size_t size) const {
+    if (block_id < 0 || block_id >= opts_.num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block id ", block_id, " outside [0, ", opts_.num_blocks, ")"));
+    }
+    if (static_cast<int64_t>(size) != block_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block buffer of ", size, " bytes, want ", block_bytes()));
+    }
+    return absl::OkStatus();
+  }
+
+  KvCacheShape shape_;
+  std::vector<float> cache_;
+  std::vector<PackedLayer> layers_;
+  kc::PackedMatrix classifier_;
+  std::vector<float> x_, xb_, q_, att_, k_, v_, hb_, hb2_, last_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(const Model* model,
+                                                             KvCacheOptions opts,
+                                                             ModelRunnerOptions) {
+  return std::unique_ptr<ModelRunner>(new CpuModelRunner(model, opts));
+}
+
+}  // namespace tandem::model::internal

@@ -1,0 +1,104 @@
+// Runs batches of sequences through a Model over a paged KV cache.
+//
+// Each step is a batch of SequenceInputs; a sequence is a prefill chunk of
+// any length starting at any computed offset, or a decode step (one token).
+// Forward() returns each sequence's next-token logits. The CPU backend
+// follows llama2.c's order of operations, and every output row is a
+// sequential sum, so a sequence's logits are bitwise identical whatever else
+// is in the batch, however its prefill was chunked, and whether its prefix KV
+// was computed by itself or by another sequence.
+//
+// Per layer, K/V of every token of the batch is written before any attention
+// of that layer reads the cache: two sequences of one step may share prefix
+// blocks that only the first computes (DESIGN §6).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tandem/model/model.h"
+
+namespace tandem::model {
+
+enum class Backend { kCpu, kCuda };
+
+struct KvCacheOptions {
+  // Tokens per KV block; > 0.
+  int32_t block_size = 16;
+  // Blocks in the cache; > 0 (0 is rejected: size it for the workload).
+  int32_t num_blocks = 0;
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+// Bytes of one KV block: num_layers * 2 * block_size * num_kv_heads *
+// head_size * sizeof(float).
+int64_t KvBlockBytes(const ModelConfig& config, int32_t block_size);
+// "block-major/L{layers}/KV2/B{block}/H{kv_heads}/D{head}/f32", for
+// HashRootParams.kv_layout.
+std::string KvLayoutString(const ModelConfig& config, int32_t block_size);
+
+struct SequenceInput {
+  std::span<const int32_t> token_ids;    // tokens of this chunk (a decode step has 1)
+  int32_t start_pos = 0;                 // tokens whose KV is already in the cache
+  std::span<const int32_t> block_table;  // block ids covering >= start_pos + token_ids.size()
+};
+
+struct ModelRunnerOptions {
+  // CPU worker threads for the matmuls and attention (1 = the calling thread
+  // only). Results are bitwise identical for any value.
+  int32_t num_threads = 1;
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+class ModelRunner {
+ public:
+  // `model` must outlive the runner. kCuda returns UNAVAILABLE when the build
+  // has no CUDA or no device is present.
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const Model* model,
+                                                             KvCacheOptions opts,
+                                                             Backend backend = Backend::kCpu);
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const Model* model,
+                                                             KvCacheOptions opts,
+                                                             Backend backend,
+                                                             ModelRunnerOptions runner_opts);
+  virtual ~ModelRunner() = default;
+
+  // Runs one batch; writes the next-token logits of sequence i (after its
+  // last chunk token) to (*logits)[i * vocab_size ...], resizing *logits.
+  // Validates every input first (block ids in range, table long enough,
+  // positions < max_seq_len, token ids in vocab, non-empty chunks) and
+  // returns INVALID_ARGUMENT naming the sequence and the problem without
+  // touching the cache.
+  virtual absl::Status Forward(std::span<const SequenceInput> batch,
+                               std::vector<float>* logits) = 0;
+
+  const Model& model() const { return *model_; }
+  Backend backend() const { return backend_; }
+  int32_t num_blocks() const { return opts_.num_blocks; }
+  int32_t block_size() const { return opts_.block_size; }
+  int64_t block_bytes() const { return KvBlockBytes(model_->config(), opts_.block_size); }
+  // Host bytes of one block (CPU backend), for KV-store loads and stores.
+  // Empty for the CUDA backend (use CopyBlockToHost / CopyBlockFromHost).
+  virtual std::span<std::byte> BlockBytes(int32_t block_id) = 0;
+  // Copies one block to or from host memory of block_bytes() (any backend).
+  virtual absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) = 0;
+  virtual absl::Status CopyBlockFromHost(int32_t block_id, std::span<const std::byte> in) = 0;
+
+ protected:
+  ModelRunner(const Model* model, KvCacheOptions opts, Backend backend)
+      : model_(model), opts_(opts), backend_(backend) {}
+  // Checks the batch against the cache and the model (see Forward).
+  absl::Status ValidateBatch(std::span<const SequenceInput> batch) const;
+
+  const Model* model_;
+  KvCacheOptions opts_;
+  Backend backend_;
+};
+
+}  // namespace tandem::model

@@ -1,0 +1,123 @@
+#include "tandem/model/model_runner.h"
+
+#include "absl/strings/str_cat.h"
+#include "cpu_runner.h"
+#include "tandem/common/status.h"
+
+namespace tandem::model {
+
+absl::Status KvCacheOptions::Validate() const {
+  if (block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheOptions.block_size = ", block_size, " must be positive"));
+  }
+  if (num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheOptions.num_blocks = ", num_blocks, " must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunnerOptions::Validate() const {
+  if (num_threads < 1 || num_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelRunnerOptions.num_threads = ", num_threads, " must be in [1, 256]"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t KvBlockBytes(const ModelConfig& c, int32_t block_size) {
+  return int64_t{c.num_layers} * 2 * block_size * c.num_kv_heads * c.head_size *
+         int64_t{sizeof(float)};
+}
+
+std::string KvLayoutString(const ModelConfig& c, int32_t block_size) {
+  return absl::StrCat("block-major/L", c.num_layers, "/KV2/B", block_size, "/H",
+                      c.num_kv_heads, "/D", c.head_size, "/f32");
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* model,
+                                                                 KvCacheOptions opts,
+                                                                 Backend backend) {
+  return Create(model, opts, backend, ModelRunnerOptions{});
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
+    const Model* model, KvCacheOptions opts, Backend backend, ModelRunnerOptions runner_opts) {
+  if (model == nullptr) return absl::InvalidArgumentError("ModelRunner::Create: null model");
+  TANDEM_RETURN_IF_ERROR(opts.Validate());
+  TANDEM_RETURN_IF_ERROR(runner_opts.Validate());
+  switch (backend) {
+    case Backend::kCpu:
+      return internal::CreateCpuRunner(model, opts, runner_opts);
+    case Backend::kCuda:
+      return internal::CreateCudaRunner(model, opts);
+  }
+  return absl::InvalidArgumentError("unknown backend");
+}
+
+absl::Status ModelRunner::ValidateBatch(std::span<const SequenceInput> batch) const {
+  const ModelConfig& c = model_->config();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceInput& s = batch[i];
+    auto bad = [i](const std::string& what) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", what));
+    };
+    const int64_t n = static_cast<int64_t>(s.token_ids.size());
+    if (n == 0) return bad("no tokens");
+    if (s.start_pos < 0) return bad(absl::StrCat("negative start_pos ", s.start_pos));
+    const int64_t end = int64_t{s.start_pos} + n;
+    if (end > c.max_seq_len) {
+      return bad(absl::StrCat("positions up to ", end - 1, " exceed max_seq_len ",
+                              c.max_seq_len));
+    }
+    if (static_cast<int64_t>(s.block_table.size()) * opts_.block_size < end) {
+      return bad(absl::StrCat("block table of ", s.block_table.size(), " blocks covers ",
+                              s.block_table.size() * opts_.block_size, " tokens, need ", end));
+    }
+    for (int32_t b : s.block_table) {
+      if (b < 0 || b >= opts_.num_blocks) {
+        return bad(absl::StrCat("block id ", b, " outside [0, ", opts_.num_blocks, ")"));
+      }
+    }
+    for (int32_t t : s.token_ids) {
+      if (t < 0 || t >= c.vocab_size) {
+        return bad(absl::StrCat("token id ", t, " outside the vocabulary [0, ", c.vocab_size,
+                                ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace internal {
+
+BatchLayout MakeBatchLayout(std::span<const SequenceInput> batch, int32_t block_size) {
+  BatchLayout l;
+  for (const SequenceInput& s : batch) {
+    const int32_t table_offset = static_cast<int32_t>(l.block_tables.size());
+    l.block_tables.insert(l.block_tables.end(), s.block_table.begin(), s.block_table.end());
+    for (size_t j = 0; j < s.token_ids.size(); ++j) {
+      const int32_t pos = s.start_pos + static_cast<int32_t>(j);
+      l.tokens.push_back(s.token_ids[j]);
+      l.row_pos.push_back(pos);
+      l.row_table_offset.push_back(table_offset);
+      l.slots.push_back(int64_t{s.block_table[static_cast<size_t>(pos / block_size)]} *
+                            block_size +
+                        pos % block_size);
+      l.max_context = std::max(l.max_context, pos + 1);
+    }
+    l.last_rows.push_back(static_cast<int32_t>(l.tokens.size()) - 1);
+  }
+  l.num_rows = static_cast<int32_t>(l.tokens.size());
+  return l;
+}
+
+#if !(defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA)
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(const Model*, KvCacheOptions) {
+  return absl::UnavailableError("CUDA backend: this build has no CUDA support");
+}
+#endif
+
+}  // namespace internal
+}  // namespace tandem::model

@@ -1,0 +1,25 @@
+#include "tandem/model/sampler.h"
+
+#include <vector>
+
+#include "tandem/kernels/sampling.h"
+
+namespace tandem::model {
+
+int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
+                    int32_t output_position) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  const kernels::SampleArgs args{.temperature = params.temperature,
+                                 .top_k = params.top_k,
+                                 .top_p = params.top_p,
+                                 .seed = params.seed,
+                                 .position = output_position};
+  if (args.temperature == 0.0f) return kernels::ArgMax(logits.data(), vocab);
+  thread_local std::vector<float> probs;
+  thread_local std::vector<int32_t> idx;
+  probs.resize(logits.size());
+  idx.resize(logits.size());
+  return kernels::SampleRow(logits.data(), vocab, args, probs.data(), idx.data());
+}
+
+}  // namespace tandem::model

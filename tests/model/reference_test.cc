@@ -1,0 +1,70 @@
+// The CPU backend against llama2.c's own outputs on stories260K.
+#include <fstream>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "tandem/model/json.h"
+#include "test_util.h"
+
+namespace tandem::model {
+namespace {
+
+using testing::GenerateGreedy;
+
+struct ReferenceCase {
+  std::vector<int32_t> prompt;
+  int32_t max_tokens = 0;
+  std::vector<int32_t> expected;
+  int32_t decisive_prefix_len = 0;
+  bool stopped_on_token_1 = false;
+};
+
+std::vector<int32_t> Ints(const JsonValue& v) {
+  std::vector<int32_t> out;
+  for (const JsonValue& x : v.array()) out.push_back(static_cast<int32_t>(x.number()));
+  return out;
+}
+
+std::vector<ReferenceCase> LoadCases() {
+  std::ifstream in(testing::ReferencePath());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto doc = JsonValue::Parse(ss.str());
+  EXPECT_TRUE(doc.ok()) << doc.status();
+  std::vector<ReferenceCase> cases;
+  if (!doc.ok()) return cases;
+  for (const JsonValue& c : doc->array()) {
+    cases.push_back(ReferenceCase{
+        .prompt = Ints(*c.Find("prompt_token_ids")),
+        .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),
+        .expected = Ints(*c.Find("expected_output_token_ids")),
+        .decisive_prefix_len = static_cast<int32_t>(c.Find("decisive_prefix_len")->number()),
+        .stopped_on_token_1 = c.Find("stopped_on_token_1")->boolean()});
+  }
+  return cases;
+}
+
+TEST(ReferenceTest, MatchesLlama2cTokenForTokenOnEveryCase) {
+  if (!testing::HaveStories()) GTEST_SKIP() << "no " << testing::StoriesPath();
+  auto model = Model::Load(testing::StoriesPath());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<ReferenceCase> cases = LoadCases();
+  ASSERT_EQ(cases.size(), 5u);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const ReferenceCase& c = cases[i];
+    const std::vector<int32_t> got = GenerateGreedy(**model, c.prompt, c.max_tokens);
+    ASSERT_GE(got.size(), static_cast<size_t>(c.decisive_prefix_len)) << "case " << i;
+    for (int32_t t = 0; t < c.decisive_prefix_len; ++t) {
+      ASSERT_EQ(got[t], c.expected[t]) << "case " << i << " token " << t;
+    }
+    // Following run.c's order of operations, every token matches, including
+    // the near-ties, and generation stops exactly where the reference did.
+    EXPECT_EQ(got, c.expected) << "case " << i;
+    if (c.stopped_on_token_1) {
+      EXPECT_LT(static_cast<int32_t>(got.size()), c.max_tokens) << "case " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::model

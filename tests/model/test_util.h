@@ -1,0 +1,68 @@
+// Helpers shared by the model tests.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tandem/model/checkpoint.h"
+#include "tandem/model/model.h"
+#include "tandem/model/model_runner.h"
+#include "tandem/model/sampler.h"
+
+namespace tandem::model::testing {
+
+inline std::string StoriesPath() { return TANDEM_SHARED_DIR "/models/stories260K.bin"; }
+inline std::string ReferencePath() {
+  return TANDEM_SHARED_DIR "/models/stories260K.reference.json";
+}
+inline bool HaveStories() { return std::filesystem::exists(StoriesPath()); }
+
+// A fresh temporary directory, removed by the destructor.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tandem_model_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Greedy generation for one prompt on a fresh runner: prefill in one chunk,
+// then decode; stops on EOS (not included) or after max_tokens.
+inline std::vector<int32_t> GenerateGreedy(const Model& model, const std::vector<int32_t>& prompt,
+                                           int32_t max_tokens, Backend backend = Backend::kCpu) {
+  const int32_t bs = 16;
+  const int32_t need = static_cast<int32_t>(prompt.size()) + max_tokens;
+  auto runner = ModelRunner::Create(&model, {.block_size = bs, .num_blocks = need / bs + 2},
+                                    backend);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  std::vector<int32_t> table;
+  for (int32_t i = 0; i < need / bs + 1; ++i) table.push_back(i);
+  std::vector<int32_t> out;
+  std::vector<float> logits;
+  std::vector<int32_t> chunk = prompt;
+  int32_t pos = 0;
+  while (static_cast<int32_t>(out.size()) < max_tokens) {
+    SequenceInput in{.token_ids = chunk, .start_pos = pos, .block_table = table};
+    EXPECT_TRUE((*runner)->Forward({&in, 1}, &logits).ok());
+    pos += static_cast<int32_t>(chunk.size());
+    const int32_t next = SampleToken(logits, SamplingParams{}, static_cast<int32_t>(out.size()));
+    if (next == model.config().eos_token_id) break;
+    out.push_back(next);
+    chunk = {next};
+  }
+  return out;
+}
+
+}  // namespace tandem::model::testing
