@@ -1,0 +1,19 @@
+// CRC32C (Castagnoli), the checksum every KV-store block carries. Uses the
+// SSE4.2 crc32 instruction when the CPU has it, a table otherwise; both give
+// the same value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace tandem::kvstore {
+
+// Extends `crc` (0 for a fresh checksum) over `data`.
+[[nodiscard]] uint32_t Crc32cExtend(uint32_t crc, const uint8_t* data, size_t n);
+
+[[nodiscard]] inline uint32_t Crc32c(std::span<const uint8_t> data) {
+  return Crc32cExtend(0, data.data(), data.size());
+}
+
+}  // namespace tandem::kvstore

@@ -1,0 +1,235 @@
+// The KV-store engine (DESIGN §5): blocks of KV cache keyed by
+// (namespace, 32-byte hash), kept in two tiers.
+//
+//  - Hot tier: a pinned host-memory arena (HostArena) cut into fixed-size
+//    slots, least-recently-used eviction. A cache of the cold tier: evicting
+//    a block from it keeps the block in the cold tier.
+//  - Cold tier: RocksDB with blob files. Holds every block (metadata,
+//    payload and checksum, written in one atomic batch before a store is
+//    acknowledged under the store's durability mode) and is read back after a
+//    restart. Least-recently-used eviction by bytes and/or blocks; the access
+//    order lives in memory and is rebuilt from store order on open.
+//
+// Blocks are immutable: storing a block that exists succeeds without
+// rewriting it, also when several writers store the same block at once (one
+// writes, the others wait for it and report `already_present`).
+//
+// Reads verify the block's CRC32C (written by the writer) on every read, from
+// either tier; a mismatch is a miss with reason kChecksum, the block is
+// dropped from both tiers, and no byte of it is returned. Reads of cold blocks
+// promote them to the hot tier.
+//
+// Leases: Lookup() pins its leading hits until Release(), until their load
+// completes (the service releases the lease after a Load), or until the lease
+// expires (time from options.clock). A pinned block is never evicted from
+// either tier.
+//
+// Thread-safe. One mutex guards the index; payload copies, checksums and
+// RocksDB I/O run outside it.
+//
+// Sync points (see sync_point.h), in order of a store and a lookup:
+//   KvStore::Store:BeforeWrite, KvStore::Store:AfterWrite,
+//   KvStore::EvictCold:BeforeSelect, KvStore::EvictCold:AfterSelect,
+//   KvStore::EvictCold:BeforeDelete, KvStore::EvictCold:AfterDelete,
+//   KvStore::Lookup:Start, KvStore::Lookup:AfterPin, KvStore::Lookup:End,
+//   KvStore::Read:AfterVerify.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tandem/common/block_hash.h"
+#include "tandem/common/clock.h"
+#include "tandem/common/ids.h"
+
+namespace tandem::kvstore {
+
+// When a store is acknowledged.
+enum class Durability {
+  // Written to RocksDB's memtable without the write-ahead log: lost on a
+  // crash (flushed on a clean close).
+  kNone,
+  // Written to the write-ahead log (not fsynced): survives kill -9.
+  kWal,
+  // Write-ahead log fsynced before the ack: survives power loss.
+  kFsync,
+};
+// "none" | "wal" | "fsync".
+[[nodiscard]] absl::StatusOr<Durability> ParseDurability(std::string_view name);
+[[nodiscard]] const char* DurabilityName(Durability d);
+
+// Why a block was not served.
+enum class MissReason {
+  kNone,      // served
+  kNotFound,  // not in the store (never stored, evicted, or dropped)
+  kChecksum,  // bytes did not match the writer's checksum; block dropped
+};
+[[nodiscard]] const char* MissReasonName(MissReason r);
+
+// A namespace: every block in it has exactly `block_bytes` bytes laid out as
+// `layout` says (e.g. "block-major/L5/KV2/B16/H4/D8/f32").
+struct NamespaceSpec {
+  // Non-empty, at most 128 bytes.
+  std::string name;
+  // Bytes per block; > 0 and at most 1 GiB.
+  uint64_t block_bytes = 0;
+  // Free-form description of the payload layout; at most 1024 bytes.
+  std::string layout;
+
+  [[nodiscard]] absl::Status Validate() const;
+  bool operator==(const NamespaceSpec&) const = default;
+};
+
+struct KvStoreOptions {
+  // Directory of the RocksDB cold tier; created when missing. Required.
+  std::string data_dir;
+  // Bytes of the hot-tier arena. 0 disables the hot tier. Default 1 GiB.
+  uint64_t hot_capacity_bytes = uint64_t{1} << 30;
+  // Bytes per hot-tier slot; a block uses one slot, so blocks larger than
+  // this are served from the cold tier only. Default 2 MiB.
+  uint64_t hot_slot_bytes = uint64_t{2} << 20;
+  // Payload bytes the cold tier may hold; 0 = unlimited. Default 0.
+  uint64_t cold_capacity_bytes = 0;
+  // Blocks the cold tier may hold; 0 = unlimited. Default 0.
+  uint64_t cold_capacity_blocks = 0;
+  // Durability of a store that does not ask for one. Default kWal.
+  Durability durability = Durability::kWal;
+  // Lease time-to-live when a lookup asks for 0. Default 30 s.
+  int64_t default_lease_ttl_ms = 30'000;
+  // Longest lease a lookup may ask for (longer requests are clamped). 10 min.
+  int64_t max_lease_ttl_ms = 600'000;
+  // Also place newly stored blocks in the hot tier. Default true.
+  bool store_to_hot = true;
+  // Allocate the hot tier with cudaHostAlloc when a CUDA device is present.
+  bool use_cuda_host_alloc = true;
+  // mlock() the hot tier (failure is logged and ignored).
+  bool lock_hot_memory = true;
+  // Time source for lease expiry; nullptr = SystemClock. Not owned.
+  const Clock* clock = nullptr;
+
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+struct LookupOptions {
+  // Pin the leading hits under a lease. Default true.
+  bool take_lease = true;
+  // Lease time-to-live; 0 = KvStoreOptions.default_lease_ttl_ms.
+  int64_t lease_ttl_ms = 0;
+  // Copy cold-tier hits into the hot tier before returning.
+  bool stage_to_hot = false;
+};
+
+struct LookupResult {
+  // Number of leading hashes present (stops at the first miss).
+  int32_t num_hits = 0;
+  // Of those, how many are in the hot tier when Lookup returns.
+  int32_t num_hot_hits = 0;
+  // Lease pinning the hits; LeaseId(0) when none was taken (or no hits).
+  LeaseId lease{0};
+};
+
+struct StoreResult {
+  // The block was already stored (by an earlier or a concurrent writer).
+  bool already_present = false;
+};
+
+struct ReadResult {
+  MissReason miss = MissReason::kNone;
+  // The verified checksum of the served block.
+  uint32_t checksum = 0;
+  // Served from the hot tier.
+  bool from_hot = false;
+  [[nodiscard]] bool ok() const { return miss == MissReason::kNone; }
+};
+
+struct KvStoreStats {
+  uint64_t hot_blocks = 0;
+  uint64_t hot_capacity_blocks = 0;
+  uint64_t hot_slot_bytes = 0;
+  uint64_t cold_blocks = 0;
+  uint64_t cold_bytes = 0;
+  uint64_t cold_capacity_bytes = 0;  // 0 = unlimited
+  uint64_t lookups = 0;
+  uint64_t lookup_hits = 0;          // blocks
+  uint64_t loads = 0;                // block reads
+  uint64_t blocks_loaded = 0;        // block reads served
+  uint64_t load_misses = 0;
+  uint64_t stores = 0;               // blocks written
+  uint64_t stores_already_present = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t active_leases = 0;
+  uint64_t leases_expired = 0;
+  uint64_t evictions_hot = 0;
+  uint64_t evictions_cold = 0;
+  uint64_t promotions = 0;           // cold -> hot copies
+};
+
+class KvStore {
+ public:
+  using Sink = absl::FunctionRef<void(std::span<const uint8_t>)>;
+
+  // Opens (or creates) the store in options.data_dir and rebuilds the index
+  // from the cold tier.
+  static absl::StatusOr<std::unique_ptr<KvStore>> Open(const KvStoreOptions& options);
+  // Flushes the memtable (so kNone stores survive a clean close) and closes.
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  // Registers a namespace (persisted). Returns true when created, false when
+  // it exists with the same spec; ALREADY_EXISTS when it exists with another.
+  absl::StatusOr<bool> CreateNamespace(const NamespaceSpec& spec);
+  // NOT_FOUND for an unknown namespace.
+  [[nodiscard]] absl::StatusOr<NamespaceSpec> GetNamespace(std::string_view name) const;
+
+  // Counts the leading hashes present and (options.take_lease) pins them.
+  // NOT_FOUND for an unknown namespace.
+  absl::StatusOr<LookupResult> Lookup(std::string_view ns, std::span<const BlockHash> hashes,
+                                      const LookupOptions& options = {});
+  // Unpins a lease's blocks. False when the lease is unknown or expired.
+  bool Release(LeaseId lease);
+  // Expires leases past their deadline (also done by every other call).
+  void ExpireLeases();
+
+  // Stores one block. `checksum` is the writer's CRC32C of `payload`.
+  // NOT_FOUND: unknown namespace; INVALID_ARGUMENT: payload size differs from
+  // the namespace's block size; DATA_LOSS: checksum does not match payload.
+  // Nothing is stored on error. `durability` defaults to the store's.
+  absl::StatusOr<StoreResult> Store(std::string_view ns, const BlockHash& hash,
+                                    std::span<const uint8_t> payload, uint32_t checksum,
+                                    std::optional<Durability> durability = std::nullopt);
+
+  // Reads one block: on a hit calls `sink` once with the verified payload
+  // (valid only during the call). A miss is a result, not an error; errors
+  // are NOT_FOUND (unknown namespace) and I/O failures.
+  absl::StatusOr<ReadResult> Read(std::string_view ns, const BlockHash& hash, Sink sink);
+  // Read() into `dst`, which must have the namespace's block size.
+  absl::StatusOr<ReadResult> ReadInto(std::string_view ns, const BlockHash& hash,
+                                      std::span<uint8_t> dst);
+
+  [[nodiscard]] KvStoreStats GetStats() const;
+  [[nodiscard]] const KvStoreOptions& options() const;
+
+  // Tests only. Where a block is, and fault injection: flip one byte of the
+  // block's payload in the hot-tier slot, or rewrite its RocksDB payload
+  // with one byte flipped (as silent media corruption would).
+  [[nodiscard]] bool TEST_InHot(std::string_view ns, const BlockHash& hash) const;
+  [[nodiscard]] bool TEST_InCold(std::string_view ns, const BlockHash& hash) const;
+  absl::Status TEST_CorruptHot(std::string_view ns, const BlockHash& hash, uint64_t offset);
+  absl::Status TEST_CorruptCold(std::string_view ns, const BlockHash& hash, uint64_t offset);
+
+  class Impl;
+
+ private:
+  explicit KvStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::kvstore

@@ -1,0 +1,914 @@
+#include "tandem/kvstore/kv_store.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <list>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+#include "tandem/kvstore/checksum.h"
+#include "tandem/kvstore/host_arena.h"
+#include "tandem/kvstore/sync_point.h"
+
+namespace tandem::kvstore {
+namespace {
+
+// RocksDB key space: 'n' + name -> namespace record; 'm' + ns id + hash ->
+// block metadata (small, inline); 'b' + ns id + hash -> payload (blob file).
+// Metadata and payload of a block are written in one batch.
+constexpr char kBlockPrefix = 'b';
+constexpr char kMetaPrefix = 'm';
+constexpr char kNamespacePrefix = 'n';
+constexpr uint32_t kMetaMagic = 0x3156'4b54;  // "TKV1"
+constexpr size_t kMetaBytes = 24;
+
+struct Key {
+  uint32_t ns = 0;
+  BlockHash hash;
+  bool operator==(const Key&) const = default;
+};
+struct KeyHasher {
+  size_t operator()(const Key& k) const noexcept {
+    return std::hash<BlockHash>{}(k.hash) ^ (uint64_t{k.ns} * 0x9E3779B97F4A7C15ull);
+  }
+};
+
+void PutU32(std::string* s, uint32_t v) { s->append(reinterpret_cast<const char*>(&v), 4); }
+void PutU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }
+uint32_t GetU32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t GetU64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+std::string RocksKey(char prefix, const Key& k) {
+  std::string s;
+  s.reserve(37);
+  s.push_back(prefix);
+  for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>(k.ns >> shift));
+  s.append(reinterpret_cast<const char*>(k.hash.bytes.data()), k.hash.bytes.size());
+  return s;
+}
+bool ParseRocksKey(const rocksdb::Slice& s, Key* k) {
+  if (s.size() != 37) return false;
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  k->ns = (uint32_t{p[1]} << 24) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 8) | p[4];
+  std::memcpy(k->hash.bytes.data(), p + 5, 32);
+  return true;
+}
+
+struct Meta {
+  uint32_t checksum = 0;
+  uint64_t size = 0;
+  uint64_t seq = 0;
+};
+std::string EncodeMeta(const Meta& m) {
+  std::string s;
+  s.reserve(kMetaBytes);
+  PutU32(&s, kMetaMagic);
+  PutU32(&s, m.checksum);
+  PutU64(&s, m.size);
+  PutU64(&s, m.seq);
+  return s;
+}
+bool DecodeMeta(const rocksdb::Slice& s, Meta* m) {
+  if (s.size() != kMetaBytes || GetU32(s.data()) != kMetaMagic) return false;
+  m->checksum = GetU32(s.data() + 4);
+  m->size = GetU64(s.data() + 8);
+  m->seq = GetU64(s.data() + 16);
+  return true;
+}
+
+rocksdb::WriteOptions WriteOptionsFor(Durability d) {
+  rocksdb::WriteOptions wo;
+  switch (d) {
+    case Durability::kNone:
+      wo.disableWAL = true;
+      break;
+    case Durability::kWal:
+      break;
+    case Durability::kFsync:
+      wo.sync = true;
+      break;
+  }
+  return wo;
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": RocksDB: ", s.ToString()));
+}
+
+enum class EntryState { kWriting, kReady, kDeleting };
+
+struct Entry {
+  Key key;
+  EntryState state = EntryState::kWriting;
+  uint64_t size = 0;
+  uint32_t checksum = 0;
+  // Distinguishes this entry from a later one of the same key (leases).
+  uint64_t gen = 0;
+  int64_t hot_slot = -1;
+  int32_t lease_pins = 0;
+  int32_t read_pins = 0;
+  bool promoting = false;
+  bool erase_when_unpinned = false;
+  bool in_hot_lru = false;
+  bool in_cold_lru = false;
+  std::list<Entry*>::iterator hot_it;
+  std::list<Entry*>::iterator cold_it;
+  [[nodiscard]] bool pinned() const { return lease_pins > 0 || read_pins > 0; }
+};
+
+struct Lease {
+  std::vector<std::pair<Key, uint64_t>> blocks;  // key, entry generation
+  int64_t expiry_nanos = 0;
+};
+
+struct NsInfo {
+  NamespaceSpec spec;
+  uint32_t id = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<Durability> ParseDurability(std::string_view name) {
+  if (name == "none") return Durability::kNone;
+  if (name == "wal") return Durability::kWal;
+  if (name == "fsync") return Durability::kFsync;
+  return absl::InvalidArgumentError(
+      absl::StrCat("durability '", std::string(name), "' is not one of none, wal, fsync"));
+}
+
+const char* DurabilityName(Durability d) {
+  switch (d) {
+    case Durability::kNone:
+      return "none";
+    case Durability::kWal:
+      return "wal";
+    case Durability::kFsync:
+      return "fsync";
+  }
+  return "?";
+}
+
+const char* MissReasonName(MissReason r) {
+  switch (r) {
+    case MissReason::kNone:
+      return "none";
+    case MissReason::kNotFound:
+      return "not_found";
+    case MissReason::kChecksum:
+      return "checksum";
+  }
+  return "?";
+}
+
+absl::Status NamespaceSpec::Validate() const {
+  if (name.empty() || name.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace name must have 1 to 128 bytes, has ", name.size()));
+  }
+  if (block_bytes == 0 || block_bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("namespace '", name, "': block_bytes ",
+                                                   block_bytes, " is not in [1, 1 GiB]"));
+  }
+  if (layout.size() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace '", name, "': layout has ", layout.size(), " bytes (max 1024)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStoreOptions::Validate() const {
+  if (data_dir.empty()) return absl::InvalidArgumentError("KvStoreOptions.data_dir is empty");
+  if (hot_capacity_bytes > 0 && hot_slot_bytes == 0) {
+    return absl::InvalidArgumentError("KvStoreOptions.hot_slot_bytes must be > 0");
+  }
+  if (hot_capacity_bytes > 0 && hot_capacity_bytes < hot_slot_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvStoreOptions.hot_capacity_bytes ", hot_capacity_bytes,
+                     " is smaller than one slot (hot_slot_bytes ", hot_slot_bytes, ")"));
+  }
+  if (default_lease_ttl_ms <= 0 || max_lease_ttl_ms < default_lease_ttl_ms) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvStoreOptions: need 0 < default_lease_ttl_ms (", default_lease_ttl_ms,
+        ") <= max_lease_ttl_ms (", max_lease_ttl_ms, ")"));
+  }
+  return absl::OkStatus();
+}
+
+class KvStore::Impl {
+ public:
+  explicit Impl(const KvStoreOptions& options)
+      : opts_(options), clock_(options.clock ? options.clock : SystemClock::Get()) {}
+
+  ~Impl() {
+    if (db_ == nullptr) return;
+    rocksdb::FlushOptions fo;
+    rocksdb::Status s = db_->Flush(fo);
+    if (!s.ok()) TANDEM_LOG(ERROR) << "KV-store: flush on close failed: " << s.ToString();
+    s = db_->Close();
+    if (!s.ok()) TANDEM_LOG(ERROR) << "KV-store: close failed: " << s.ToString();
+  }
+
+  absl::Status Init() {
+    std::error_code ec;
+    std::filesystem::create_directories(opts_.data_dir, ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat("creating KV-store data dir ", opts_.data_dir, ": ", ec.message()));
+    }
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    o.enable_blob_files = true;
+    o.min_blob_size = 4096;
+    o.blob_file_size = uint64_t{256} << 20;
+    o.enable_blob_garbage_collection = true;
+    o.compression = rocksdb::kNoCompression;
+    o.blob_compression_type = rocksdb::kNoCompression;
+    o.write_buffer_size = uint64_t{64} << 20;
+    o.max_background_jobs = 2;
+    o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+    o.keep_log_file_num = 2;
+    rocksdb::DB* db = nullptr;
+    TANDEM_RETURN_IF_ERROR(
+        FromRocks(rocksdb::DB::Open(o, opts_.data_dir, &db), "opening " + opts_.data_dir));
+    db_.reset(db);
+
+    HostArenaOptions ao{.slot_bytes = opts_.hot_slot_bytes,
+                        .num_slots = opts_.hot_capacity_bytes > 0
+                                         ? opts_.hot_capacity_bytes / opts_.hot_slot_bytes
+                                         : 0,
+                        .use_cuda_host_alloc = opts_.use_cuda_host_alloc,
+                        .lock_memory = opts_.lock_hot_memory};
+    TANDEM_ASSIGN_OR_RETURN(arena_, HostArena::Create(ao));
+    for (int64_t i = static_cast<int64_t>(arena_->num_slots()) - 1; i >= 0; --i) {
+      free_slots_.push_back(i);
+    }
+    return Rebuild();
+  }
+
+  // ---- namespaces --------------------------------------------------------
+
+  absl::StatusOr<bool> CreateNamespace(const NamespaceSpec& spec) {
+    TANDEM_RETURN_IF_ERROR(spec.Validate());
+    std::lock_guard<std::mutex> create_lock(ns_create_mu_);
+    uint32_t id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = namespaces_.find(spec.name);
+      if (it != namespaces_.end()) {
+        const NamespaceSpec& have = it->second.spec;
+        if (have == spec) return false;
+        return absl::AlreadyExistsError(absl::StrCat(
+            "namespace '", spec.name, "' exists with block_bytes=", have.block_bytes,
+            " layout='", have.layout, "'; requested block_bytes=", spec.block_bytes,
+            " layout='", spec.layout, "'"));
+      }
+      id = next_ns_id_++;
+    }
+    std::string value;
+    PutU32(&value, id);
+    PutU64(&value, spec.block_bytes);
+    value += spec.layout;
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    TANDEM_RETURN_IF_ERROR(FromRocks(db_->Put(wo, std::string(1, kNamespacePrefix) + spec.name,
+                                              value),
+                                     "writing namespace " + spec.name));
+    std::lock_guard<std::mutex> lock(mu_);
+    namespaces_[spec.name] = NsInfo{spec, id};
+    return true;
+  }
+
+  absl::StatusOr<NsInfo> Resolve(std::string_view ns) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ResolveLocked(ns);
+  }
+
+  absl::StatusOr<NsInfo> ResolveLocked(std::string_view ns) const {
+    auto it = namespaces_.find(std::string(ns));
+    if (it == namespaces_.end()) {
+      return absl::NotFoundError(absl::StrCat("namespace '", std::string(ns),
+                                              "' is not registered; CreateNamespace it first"));
+    }
+    return it->second;
+  }
+
+  // ---- lookups and leases ------------------------------------------------
+
+  absl::StatusOr<LookupResult> Lookup(std::string_view ns, std::span<const BlockHash> hashes,
+                                      const LookupOptions& options) {
+    TANDEM_SYNC_POINT("KvStore::Lookup:Start");
+    LookupResult result;
+    std::vector<std::pair<int32_t, Entry*>> to_stage;
+    std::vector<bool> hot;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      TANDEM_ASSIGN_OR_RETURN(NsInfo info, ResolveLocked(ns));
+      const int64_t now = clock_->NowNanos();
+      ExpireLeasesLocked(now);
+      ++stats_.lookups;
+      std::vector<Entry*> hits;
+      for (const BlockHash& h : hashes) {
+        auto it = index_.find(Key{info.id, h});
+        if (it == index_.end() || it->second.state != EntryState::kReady) break;
+        Entry* e = &it->second;
+        TouchLocked(e);
+        hot.push_back(e->hot_slot >= 0);
+        if (e->hot_slot < 0 && options.stage_to_hot) {
+          ++e->read_pins;
+          to_stage.emplace_back(static_cast<int32_t>(hits.size()), e);
+        }
+        hits.push_back(e);
+      }
+      result.num_hits = static_cast<int32_t>(hits.size());
+      stats_.lookup_hits += hits.size();
+      if (options.take_lease && !hits.empty()) {
+        const uint64_t id = next_lease_++;
+        int64_t ttl = options.lease_ttl_ms > 0 ? options.lease_ttl_ms : opts_.default_lease_ttl_ms;
+        ttl = std::min(ttl, opts_.max_lease_ttl_ms);
+        Lease lease;
+        lease.expiry_nanos = now + ttl * 1'000'000;
+        for (Entry* e : hits) {
+          ++e->lease_pins;
+          lease.blocks.emplace_back(e->key, e->gen);
+        }
+        lease_expiry_.emplace(lease.expiry_nanos, id);
+        leases_.emplace(id, std::move(lease));
+        result.lease = LeaseId(id);
+      }
+    }
+    TANDEM_SYNC_POINT("KvStore::Lookup:AfterPin");
+    for (auto& [pos, e] : to_stage) {
+      if (pos >= result.num_hits) {
+        Unpin(e);
+        continue;
+      }
+      absl::StatusOr<MissReason> staged = Stage(e);
+      if (staged.ok() && *staged == MissReason::kNone) {
+        hot[pos] = true;
+      } else {
+        // The block is gone (or unreadable): the prefix ends before it.
+        result.num_hits = pos;
+      }
+    }
+    for (int32_t i = 0; i < result.num_hits; ++i) result.num_hot_hits += hot[i] ? 1 : 0;
+    TANDEM_SYNC_POINT("KvStore::Lookup:End");
+    return result;
+  }
+
+  bool Release(LeaseId lease) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLeasesLocked(clock_->NowNanos());
+    return ReleaseLocked(lease.value());
+  }
+
+  void ExpireLeases() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLeasesLocked(clock_->NowNanos());
+  }
+
+  // ---- stores ------------------------------------------------------------
+
+  absl::StatusOr<StoreResult> Store(std::string_view ns, const BlockHash& hash,
+                                    std::span<const uint8_t> payload, uint32_t checksum,
+                                    std::optional<Durability> durability) {
+    TANDEM_ASSIGN_OR_RETURN(NsInfo info, Resolve(ns));
+    if (payload.size() != info.spec.block_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block ", hash.ToHex(), ": payload has ", payload.size(), " bytes; blocks of namespace '",
+          info.spec.name, "' have ", info.spec.block_bytes));
+    }
+    const uint32_t actual = Crc32c(payload);
+    if (actual != checksum) {
+      return absl::DataLossError(absl::StrCat("block ", hash.ToHex(), ": writer's checksum ",
+                                              checksum, " does not match the payload's CRC32C ",
+                                              actual));
+    }
+    const Key key{info.id, hash};
+    Entry* e = nullptr;
+    uint64_t seq;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      ExpireLeasesLocked(clock_->NowNanos());
+      for (;;) {
+        auto it = index_.find(key);
+        if (it == index_.end()) {
+          e = &index_[key];
+          e->key = key;
+          e->gen = next_gen_++;
+          break;
+        }
+        if (it->second.state == EntryState::kReady) {
+          TouchLocked(&it->second);
+          ++stats_.stores_already_present;
+          return StoreResult{.already_present = true};
+        }
+        // Another writer (or an eviction) owns the key: wait for it.
+        cv_.wait(lock);
+      }
+      seq = next_seq_++;
+    }
+    TANDEM_SYNC_POINT("KvStore::Store:BeforeWrite");
+    rocksdb::WriteBatch batch;
+    batch.Put(RocksKey(kMetaPrefix, key),
+              EncodeMeta(Meta{.checksum = checksum, .size = payload.size(), .seq = seq}));
+    batch.Put(RocksKey(kBlockPrefix, key),
+              rocksdb::Slice(reinterpret_cast<const char*>(payload.data()), payload.size()));
+    rocksdb::Status s = db_->Write(WriteOptionsFor(durability.value_or(opts_.durability)), &batch);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      EraseLocked(e);
+      return FromRocks(s, absl::StrCat("writing block ", hash.ToHex()));
+    }
+    TANDEM_SYNC_POINT("KvStore::Store:AfterWrite");
+    int64_t slot = -1;
+    if (opts_.store_to_hot && payload.size() <= arena_->slot_bytes()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot = AcquireHotSlotLocked();
+    }
+    if (slot >= 0) std::memcpy(arena_->slot(slot), payload.data(), payload.size());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      e->state = EntryState::kReady;
+      e->size = payload.size();
+      e->checksum = checksum;
+      e->hot_slot = slot;
+      InsertLruLocked(e);
+      ++stats_.stores;
+      cv_.notify_all();
+    }
+    EvictColdIfNeeded(&key);
+    return StoreResult{};
+  }
+
+  // ---- reads -------------------------------------------------------------
+
+  absl::StatusOr<ReadResult> Read(std::string_view ns, const BlockHash& hash, Sink sink) {
+    Entry* e = nullptr;
+    int64_t slot;
+    uint64_t size;
+    uint32_t checksum;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      TANDEM_ASSIGN_OR_RETURN(NsInfo info, ResolveLocked(ns));
+      ExpireLeasesLocked(clock_->NowNanos());
+      ++stats_.loads;
+      auto it = index_.find(Key{info.id, hash});
+      if (it == index_.end() || it->second.state != EntryState::kReady) {
+        ++stats_.load_misses;
+        return ReadResult{.miss = MissReason::kNotFound};
+      }
+      e = &it->second;
+      TouchLocked(e);
+      ++e->read_pins;
+      slot = e->hot_slot;
+      size = e->size;
+      checksum = e->checksum;
+    }
+    ReadResult result{.checksum = checksum};
+    if (slot >= 0) {
+      std::span<const uint8_t> data(arena_->slot(slot), size);
+      if (Crc32c(data) != checksum) return DropCorrupt(e, MissReason::kChecksum);
+      TANDEM_SYNC_POINT("KvStore::Read:AfterVerify");
+      sink(data);
+      result.from_hot = true;
+    } else {
+      rocksdb::PinnableSlice value;
+      rocksdb::Status s =
+          db_->Get(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), RocksKey(kBlockPrefix, e->key),
+                   &value);
+      if (s.IsNotFound()) return DropCorrupt(e, MissReason::kNotFound);
+      if (!s.ok()) {
+        Unpin(e);
+        return FromRocks(s, absl::StrCat("reading block ", hash.ToHex()));
+      }
+      std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(value.data()), value.size());
+      if (data.size() != size || Crc32c(data) != checksum) {
+        return DropCorrupt(e, MissReason::kChecksum);
+      }
+      TANDEM_SYNC_POINT("KvStore::Read:AfterVerify");
+      sink(data);
+      Promote(e, data);
+    }
+    Unpin(e);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.blocks_loaded;
+    return result;
+  }
+
+  // ---- stats and tests ---------------------------------------------------
+
+  KvStoreStats GetStats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    KvStoreStats s = stats_;
+    s.hot_blocks = hot_lru_.size();
+    s.hot_capacity_blocks = arena_->num_slots();
+    s.hot_slot_bytes = arena_->slot_bytes();
+    s.cold_blocks = cold_blocks_;
+    s.cold_bytes = cold_bytes_;
+    s.cold_capacity_bytes = opts_.cold_capacity_bytes;
+    s.active_leases = leases_.size();
+    return s;
+  }
+
+  const KvStoreOptions& options() const { return opts_; }
+
+  bool InTier(std::string_view ns, const BlockHash& hash, bool hot) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::StatusOr<NsInfo> info = ResolveLocked(ns);
+    if (!info.ok()) return false;
+    auto it = index_.find(Key{info->id, hash});
+    if (it == index_.end() || it->second.state != EntryState::kReady) return false;
+    return hot ? it->second.hot_slot >= 0 : true;
+  }
+
+  absl::Status CorruptHot(std::string_view ns, const BlockHash& hash, uint64_t offset) {
+    std::lock_guard<std::mutex> lock(mu_);
+    TANDEM_ASSIGN_OR_RETURN(NsInfo info, ResolveLocked(ns));
+    auto it = index_.find(Key{info.id, hash});
+    if (it == index_.end() || it->second.hot_slot < 0 || offset >= it->second.size) {
+      return absl::FailedPreconditionError("block is not in the hot tier or offset out of range");
+    }
+    arena_->slot(it->second.hot_slot)[offset] ^= 0x5A;
+    return absl::OkStatus();
+  }
+
+  absl::Status CorruptCold(std::string_view ns, const BlockHash& hash, uint64_t offset) {
+    TANDEM_ASSIGN_OR_RETURN(NsInfo info, Resolve(ns));
+    const std::string key = RocksKey(kBlockPrefix, Key{info.id, hash});
+    std::string value;
+    TANDEM_RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), key, &value), "reading"));
+    if (offset >= value.size()) return absl::OutOfRangeError("offset past the payload");
+    value[offset] = static_cast<char>(value[offset] ^ 0x5A);
+    return FromRocks(db_->Put(rocksdb::WriteOptions(), key, value), "rewriting");
+  }
+
+ private:
+  absl::Status Rebuild() {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    const std::string ns_prefix(1, kNamespacePrefix);
+    for (it->Seek(ns_prefix); it->Valid() && it->key().starts_with(ns_prefix); it->Next()) {
+      const rocksdb::Slice v = it->value();
+      if (v.size() < 12) {
+        return absl::DataLossError(absl::StrCat("corrupt namespace record ", it->key().ToString()));
+      }
+      NsInfo info;
+      info.id = GetU32(v.data());
+      info.spec.name = it->key().ToString().substr(1);
+      info.spec.block_bytes = GetU64(v.data() + 4);
+      info.spec.layout.assign(v.data() + 12, v.size() - 12);
+      next_ns_id_ = std::max(next_ns_id_, info.id + 1);
+      namespaces_[info.spec.name] = std::move(info);
+    }
+    std::vector<std::pair<uint64_t, Entry*>> by_seq;
+    const std::string meta_prefix(1, kMetaPrefix);
+    for (it->Seek(meta_prefix); it->Valid() && it->key().starts_with(meta_prefix); it->Next()) {
+      Key key;
+      Meta meta;
+      if (!ParseRocksKey(it->key(), &key) || !DecodeMeta(it->value(), &meta)) {
+        TANDEM_LOG(WARNING) << "KV-store: skipping unreadable metadata record";
+        continue;
+      }
+      Entry& e = index_[key];
+      e.key = key;
+      e.state = EntryState::kReady;
+      e.size = meta.size;
+      e.checksum = meta.checksum;
+      e.gen = next_gen_++;
+      next_seq_ = std::max(next_seq_, meta.seq + 1);
+      by_seq.emplace_back(meta.seq, &e);
+    }
+    TANDEM_RETURN_IF_ERROR(FromRocks(it->status(), "scanning " + opts_.data_dir));
+    std::sort(by_seq.begin(), by_seq.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [seq, e] : by_seq) InsertLruLocked(e);
+    }
+    TANDEM_LOG(INFO) << "KV-store: opened " << opts_.data_dir << " with " << namespaces_.size()
+                     << " namespaces, " << cold_blocks_ << " blocks (" << cold_bytes_
+                     << " bytes); hot tier " << arena_->num_slots() << " slots of "
+                     << arena_->slot_bytes() << " bytes";
+    EvictColdIfNeeded(nullptr);
+    return absl::OkStatus();
+  }
+
+  void InsertLruLocked(Entry* e) {
+    e->cold_it = cold_lru_.insert(cold_lru_.begin(), e);
+    e->in_cold_lru = true;
+    cold_bytes_ += e->size;
+    ++cold_blocks_;
+    if (e->hot_slot >= 0) {
+      e->hot_it = hot_lru_.insert(hot_lru_.begin(), e);
+      e->in_hot_lru = true;
+    }
+  }
+
+  void TouchLocked(Entry* e) {
+    if (e->in_cold_lru) cold_lru_.splice(cold_lru_.begin(), cold_lru_, e->cold_it);
+    if (e->in_hot_lru) hot_lru_.splice(hot_lru_.begin(), hot_lru_, e->hot_it);
+  }
+
+  // A free slot, or the least-recently-used unpinned hot block's; -1 if none.
+  int64_t AcquireHotSlotLocked() {
+    if (!free_slots_.empty()) {
+      const int64_t slot = free_slots_.back();
+      free_slots_.pop_back();
+      return slot;
+    }
+    for (auto it = hot_lru_.rbegin(); it != hot_lru_.rend(); ++it) {
+      Entry* e = *it;
+      if (e->pinned()) continue;
+      const int64_t slot = e->hot_slot;
+      hot_lru_.erase(e->hot_it);
+      e->in_hot_lru = false;
+      e->hot_slot = -1;
+      ++stats_.evictions_hot;
+      return slot;
+    }
+    return -1;
+  }
+
+  // Takes a ready entry out of both tiers' accounting; it stays in the index
+  // (state kDeleting) until EraseLocked.
+  void DoomLocked(Entry* e) {
+    if (e->state != EntryState::kReady) return;
+    e->state = EntryState::kDeleting;
+    cold_bytes_ -= e->size;
+    --cold_blocks_;
+    if (e->in_cold_lru) cold_lru_.erase(e->cold_it);
+    e->in_cold_lru = false;
+    if (e->in_hot_lru) hot_lru_.erase(e->hot_it);
+    e->in_hot_lru = false;
+  }
+
+  void EraseLocked(Entry* e) {
+    if (e->in_cold_lru) cold_lru_.erase(e->cold_it);
+    if (e->in_hot_lru) hot_lru_.erase(e->hot_it);
+    if (e->hot_slot >= 0) free_slots_.push_back(e->hot_slot);
+    index_.erase(e->key);
+    cv_.notify_all();
+  }
+
+  void Unpin(Entry* e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --e->read_pins;
+    if (e->erase_when_unpinned && e->read_pins == 0) EraseLocked(e);
+  }
+
+  void DeleteFromRocks(const std::vector<Key>& keys) {
+    rocksdb::WriteBatch batch;
+    for (const Key& k : keys) {
+      batch.Delete(RocksKey(kMetaPrefix, k));
+      batch.Delete(RocksKey(kBlockPrefix, k));
+    }
+    rocksdb::Status s = db_->Write(WriteOptionsFor(opts_.durability), &batch);
+    // The index no longer has them; a failed delete only means they may come
+    // back (intact) after a restart.
+    if (!s.ok()) TANDEM_LOG(ERROR) << "KV-store: deleting blocks failed: " << s.ToString();
+  }
+
+  // Drops a read-pinned entry whose bytes failed verification (or vanished)
+  // and returns the miss.
+  ReadResult DropCorrupt(Entry* e, MissReason reason) {
+    bool doomed = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reason == MissReason::kChecksum) ++stats_.checksum_failures;
+      ++stats_.load_misses;
+      if (e->state == EntryState::kReady) {
+        DoomLocked(e);
+        doomed = true;
+      }
+    }
+    if (doomed) {
+      TANDEM_LOG(WARNING) << "KV-store: dropping block " << e->key.hash.ToHex() << " ("
+                          << MissReasonName(reason) << ")";
+      DeleteFromRocks({e->key});
+      std::lock_guard<std::mutex> lock(mu_);
+      e->erase_when_unpinned = true;
+    }
+    Unpin(e);
+    return ReadResult{.miss = reason};
+  }
+
+  // Reads a cold block (read-pinned by the caller) and copies it to the hot
+  // tier; unpins it. Returns the miss reason when it could not be read.
+  absl::StatusOr<MissReason> Stage(Entry* e) {
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), db_->DefaultColumnFamily(),
+                                 RocksKey(kBlockPrefix, e->key), &value);
+    if (s.IsNotFound()) return DropCorrupt(e, MissReason::kNotFound).miss;
+    if (!s.ok()) {
+      Unpin(e);
+      return FromRocks(s, "staging a block");
+    }
+    std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(value.data()), value.size());
+    if (data.size() != e->size || Crc32c(data) != e->checksum) {
+      return DropCorrupt(e, MissReason::kChecksum).miss;
+    }
+    const bool promoted = Promote(e, data);
+    Unpin(e);
+    return promoted ? MissReason::kNone : MissReason::kNotFound;
+  }
+
+  // Copies verified bytes of a read-pinned entry into a hot slot. True when
+  // the entry is in the hot tier afterwards.
+  bool Promote(Entry* e, std::span<const uint8_t> data) {
+    int64_t slot;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (e->hot_slot >= 0) return true;
+      if (e->promoting || e->state != EntryState::kReady || data.size() > arena_->slot_bytes()) {
+        return false;
+      }
+      slot = AcquireHotSlotLocked();
+      if (slot < 0) return false;
+      e->promoting = true;
+    }
+    std::memcpy(arena_->slot(slot), data.data(), data.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    e->promoting = false;
+    if (e->state != EntryState::kReady) {
+      free_slots_.push_back(slot);
+      return false;
+    }
+    e->hot_slot = slot;
+    e->hot_it = hot_lru_.insert(hot_lru_.begin(), e);
+    e->in_hot_lru = true;
+    ++stats_.promotions;
+    return true;
+  }
+
+  void EvictColdIfNeeded(const Key* exclude) {
+    if (opts_.cold_capacity_bytes == 0 && opts_.cold_capacity_blocks == 0) return;
+    TANDEM_SYNC_POINT("KvStore::EvictCold:BeforeSelect");
+    std::vector<Key> victims;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto over = [&] {
+        return (opts_.cold_capacity_bytes > 0 && cold_bytes_ > opts_.cold_capacity_bytes) ||
+               (opts_.cold_capacity_blocks > 0 && cold_blocks_ > opts_.cold_capacity_blocks);
+      };
+      auto it = cold_lru_.end();
+      while (over() && it != cold_lru_.begin()) {
+        --it;
+        Entry* e = *it;
+        if (e->pinned() || e->state != EntryState::kReady || (exclude && e->key == *exclude)) {
+          continue;
+        }
+        auto next = std::next(it);  // DoomLocked erases `it`
+        DoomLocked(e);
+        victims.push_back(e->key);
+        it = next;
+      }
+    }
+    if (victims.empty()) return;
+    TANDEM_SYNC_POINT("KvStore::EvictCold:AfterSelect");
+    TANDEM_SYNC_POINT("KvStore::EvictCold:BeforeDelete");
+    DeleteFromRocks(victims);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const Key& k : victims) {
+        auto it = index_.find(k);
+        if (it != index_.end() && it->second.state == EntryState::kDeleting) {
+          EraseLocked(&it->second);
+        }
+      }
+      stats_.evictions_cold += victims.size();
+    }
+    TANDEM_SYNC_POINT("KvStore::EvictCold:AfterDelete");
+  }
+
+  void ExpireLeasesLocked(int64_t now) {
+    while (!lease_expiry_.empty() && lease_expiry_.begin()->first <= now) {
+      const uint64_t id = lease_expiry_.begin()->second;
+      ReleaseLocked(id);
+      ++stats_.leases_expired;
+    }
+  }
+
+  bool ReleaseLocked(uint64_t id) {
+    auto it = leases_.find(id);
+    if (it == leases_.end()) return false;
+    for (const auto& [key, gen] : it->second.blocks) {
+      auto e = index_.find(key);
+      if (e != index_.end() && e->second.gen == gen && e->second.lease_pins > 0) {
+        --e->second.lease_pins;
+      }
+    }
+    lease_expiry_.erase({it->second.expiry_nanos, id});
+    leases_.erase(it);
+    return true;
+  }
+
+  const KvStoreOptions opts_;
+  const Clock* const clock_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::unique_ptr<HostArena> arena_;
+
+  std::mutex ns_create_mu_;  // serializes CreateNamespace
+  mutable std::mutex mu_;    // guards everything below
+  std::condition_variable cv_;
+  std::unordered_map<std::string, NsInfo> namespaces_;
+  uint32_t next_ns_id_ = 1;
+  // Node-based so Entry pointers stay valid while the map grows.
+  std::unordered_map<Key, Entry, KeyHasher> index_;
+  std::list<Entry*> hot_lru_;   // front = most recently used
+  std::list<Entry*> cold_lru_;  // front = most recently used
+  std::vector<int64_t> free_slots_;
+  std::unordered_map<uint64_t, Lease> leases_;
+  std::set<std::pair<int64_t, uint64_t>> lease_expiry_;
+  uint64_t next_lease_ = 1;
+  uint64_t next_seq_ = 1;
+  uint64_t next_gen_ = 1;
+  uint64_t cold_bytes_ = 0;
+  uint64_t cold_blocks_ = 0;
+  KvStoreStats stats_;
+};
+
+// ---- KvStore ---------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& options) {
+  TANDEM_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>(options);
+  TANDEM_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<KvStore>(new KvStore(std::move(impl)));
+}
+
+KvStore::KvStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvStore::~KvStore() = default;
+
+absl::StatusOr<bool> KvStore::CreateNamespace(const NamespaceSpec& spec) {
+  return impl_->CreateNamespace(spec);
+}
+absl::StatusOr<NamespaceSpec> KvStore::GetNamespace(std::string_view name) const {
+  TANDEM_ASSIGN_OR_RETURN(NsInfo info, impl_->Resolve(name));
+  return info.spec;
+}
+absl::StatusOr<LookupResult> KvStore::Lookup(std::string_view ns,
+                                             std::span<const BlockHash> hashes,
+                                             const LookupOptions& options) {
+  return impl_->Lookup(ns, hashes, options);
+}
+bool KvStore::Release(LeaseId lease) { return impl_->Release(lease); }
+void KvStore::ExpireLeases() { impl_->ExpireLeases(); }
+absl::StatusOr<StoreResult> KvStore::Store(std::string_view ns, const BlockHash& hash,
+                                           std::span<const uint8_t> payload, uint32_t checksum,
+                                           std::optional<Durability> durability) {
+  return impl_->Store(ns, hash, payload, checksum, durability);
+}
+absl::StatusOr<ReadResult> KvStore::Read(std::string_view ns, const BlockHash& hash, Sink sink) {
+  return impl_->Read(ns, hash, sink);
+}
+absl::StatusOr<ReadResult> KvStore::ReadInto(std::string_view ns, const BlockHash& hash,
+                                             std::span<uint8_t> dst) {
+  bool size_ok = true;
+  TANDEM_ASSIGN_OR_RETURN(ReadResult r, impl_->Read(ns, hash, [&](std::span<const uint8_t> d) {
+                            if (d.size() != dst.size()) {
+                              size_ok = false;
+                              return;
+                            }
+                            std::memcpy(dst.data(), d.data(), d.size());
+                          }));
+  if (!size_ok) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadInto: destination has ", dst.size(),
+                                                   " bytes, block ", hash.ToHex(), " has more or fewer"));
+  }
+  return r;
+}
+KvStoreStats KvStore::GetStats() const { return impl_->GetStats(); }
+const KvStoreOptions& KvStore::options() const { return impl_->options(); }
+bool KvStore::TEST_InHot(std::string_view ns, const BlockHash& hash) const {
+  return impl_->InTier(ns, hash, /*hot=*/true);
+}
+bool KvStore::TEST_InCold(std::string_view ns, const BlockHash& hash) const {
+  return impl_->InTier(ns, hash, /*hot=*/false);
+}
+absl::Status KvStore::TEST_CorruptHot(std::string_view ns, const BlockHash& hash,
+                                      uint64_t offset) {
+  return impl_->CorruptHot(ns, hash, offset);
+}
+absl::Status KvStore::TEST_CorruptCold(std::string_view ns, const BlockHash& hash,
+                                       uint64_t offset) {
+  return impl_->CorruptCold(ns, hash, offset);
+}
+
+}  // namespace tandem::kvstore
