@@ -1,0 +1,448 @@
+#include "engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/clock.h"
+#include "tandem/common/logging.h"
+#include "tandem/rpc/convert.h"
+
+namespace tandem::scheduler {
+namespace {
+
+v1::FinishReason ToFinishReason(sched::RequestState state) {
+  switch (state) {
+    case sched::RequestState::kFinishedStopped:
+      return v1::FINISH_REASON_STOP;
+    case sched::RequestState::kFinishedLength:
+      return v1::FINISH_REASON_LENGTH;
+    case sched::RequestState::kFinishedAborted:
+      return v1::FINISH_REASON_ABORT;
+    case sched::RequestState::kFinishedError:
+      return v1::FINISH_REASON_ERROR;
+    case sched::RequestState::kWaiting:
+    case sched::RequestState::kWaitingForRemoteKv:
+    case sched::RequestState::kRunning:
+    case sched::RequestState::kPreempted:
+      break;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+const char* ReasonName(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_ABORT:
+      return "abort";
+    case v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "none";
+  }
+}
+
+}  // namespace
+
+absl::Status EngineOptions::Validate() const {
+  if (worker_address.empty()) return absl::InvalidArgumentError("--worker is empty");
+  if (max_model_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-model-len must be >= 0, got ", max_model_len));
+  }
+  // Fill the fields the worker provides with placeholders to check the rest.
+  sched::SchedulerConfig probe = scheduler;
+  probe.num_gpu_blocks = 2;
+  probe.block_size = 16;
+  probe.hash_root.block_size = 16;
+  probe.max_model_len = 512;
+  return probe.Validate();
+}
+
+Engine::Engine(EngineOptions options) : options_(std::move(options)) {
+  stats_.set_async_scheduling(options_.scheduler.async_scheduling);
+  connector_ = std::make_unique<WorkerConnector>(
+      options_.worker_address,
+      [this](uint64_t generation, std::unique_ptr<v1::ModelRunnerOutput> out) {
+        Event e{.kind = Event::kOutput};
+        e.generation = generation;
+        e.output = std::move(out);
+        Post(std::move(e));
+      },
+      [this](uint64_t generation, std::string reason) {
+        Event e{.kind = Event::kBroken};
+        e.generation = generation;
+        e.reason = std::move(reason);
+        Post(std::move(e));
+      },
+      [this](std::unique_ptr<WorkerStream> stream) {
+        Event e{.kind = Event::kConnected};
+        e.stream = std::move(stream);
+        Post(std::move(e));
+      });
+}
+
+Engine::~Engine() { Stop(); }
+
+void Engine::Start() {
+  loop_ = std::thread([this] { Loop(); });
+  connector_->Start();
+}
+
+void Engine::Stop() {
+  if (connector_) connector_->Stop();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+}
+
+void Engine::Post(Event event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+}
+
+void Engine::Submit(std::shared_ptr<GenerateCall> call, sched::RequestSpec spec) {
+  Event e{.kind = Event::kSubmit};
+  e.call = std::move(call);
+  e.spec = std::move(spec);
+  Post(std::move(e));
+}
+
+void Engine::Cancel(std::shared_ptr<GenerateCall> call) {
+  Event e{.kind = Event::kCancel};
+  e.call = std::move(call);
+  Post(std::move(e));
+}
+
+void Engine::Abort(std::string request_id, std::function<void(bool)> done) {
+  Event e{.kind = Event::kAbort};
+  e.request_id = std::move(request_id);
+  e.abort_done = std::move(done);
+  Post(std::move(e));
+}
+
+ModelInfo Engine::model_info() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return model_info_;
+}
+
+v1::GetStatsResponse Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Engine::SetDraining() {
+  draining_.store(true);
+  Post(Event{.kind = Event::kWake});
+}
+
+void Engine::Loop() {
+  std::deque<Event> batch;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      const size_t max_in_flight = options_.scheduler.async_scheduling ? 2 : 1;
+      const bool can_schedule = scheduler_ != nullptr && worker_ != nullptr && schedule_wanted_ &&
+                                in_flight_.size() < max_in_flight &&
+                                scheduler_->HasUnfinishedRequests();
+      if (!can_schedule) cv_.wait(lock, [&] { return stopping_ || !events_.empty(); });
+      if (stopping_) break;
+      batch.swap(events_);
+    }
+    for (Event& e : batch) Handle(e);
+    batch.clear();
+    ScheduleAndSend();
+    PublishStats();
+  }
+  // Shutting down: answer everything still pending.
+  std::deque<Event> rest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rest.swap(events_);
+  }
+  for (Event& e : rest) {
+    if (e.kind == Event::kSubmit) {
+      e.call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the scheduler is shutting down"));
+    } else if (e.kind == Event::kAbort) {
+      e.abort_done(false);
+    }
+  }
+  for (auto& [id, call] : calls_) {
+    call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the scheduler is shutting down"));
+  }
+  calls_.clear();
+  worker_.reset();
+  scheduler_.reset();
+}
+
+void Engine::Handle(Event& e) {
+  switch (e.kind) {
+    case Event::kSubmit: {
+      schedule_wanted_ = true;
+      if (draining_.load()) {
+        e.call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "the scheduler is draining (shutting down); retry elsewhere"));
+        return;
+      }
+      if (scheduler_ == nullptr || worker_ == nullptr) {
+        e.call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    absl::StrCat("no worker is connected (worker address ",
+                                                 options_.worker_address, ")")));
+        return;
+      }
+      const std::string id = e.spec.request_id;
+      if (calls_.contains(id)) {
+        e.call->Finish(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                    absl::StrCat("request id '", id, "' is already running")));
+        return;
+      }
+      absl::Status s = scheduler_->AddRequest(std::move(e.spec), MonotonicNanos());
+      if (!s.ok()) {
+        e.call->Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message())));
+        return;
+      }
+      calls_.emplace(id, std::move(e.call));
+      return;
+    }
+    case Event::kCancel: {
+      auto it = calls_.find(e.call->request_id);
+      if (it == calls_.end() || it->second != e.call) return;
+      schedule_wanted_ = true;
+      std::optional<sched::RequestOutput> out;
+      if (scheduler_ != nullptr) out = scheduler_->AbortRequest(e.call->request_id);
+      FinishCall(e.call->request_id, e.call, v1::FINISH_REASON_ABORT, out ? &*out : nullptr,
+                 grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+      return;
+    }
+    case Event::kAbort: {
+      auto it = calls_.find(e.request_id);
+      if (it == calls_.end()) {
+        e.abort_done(false);
+        return;
+      }
+      schedule_wanted_ = true;
+      std::shared_ptr<GenerateCall> call = it->second;
+      std::optional<sched::RequestOutput> out;
+      if (scheduler_ != nullptr) out = scheduler_->AbortRequest(e.request_id);
+      FinishCall(e.request_id, call, v1::FINISH_REASON_ABORT, out ? &*out : nullptr,
+                 grpc::Status::OK);
+      e.abort_done(true);
+      return;
+    }
+    case Event::kOutput:
+      if (worker_ == nullptr || e.generation != worker_->generation()) return;
+      schedule_wanted_ = true;
+      HandleOutput(*e.output);
+      return;
+    case Event::kBroken:
+      max_broken_generation_ = std::max(max_broken_generation_, e.generation);
+      if (worker_ == nullptr || e.generation != worker_->generation()) return;
+      DropWorker(e.reason);
+      return;
+    case Event::kConnected: {
+      if (e.stream->generation() <= max_broken_generation_) {
+        // It broke before we saw it come up.
+        e.stream.reset();
+        connector_->RequestReconnect();
+        return;
+      }
+      const v1::DescribeResponse& d = e.stream->description();
+      sched::SchedulerConfig config = options_.scheduler;
+      config.block_size = d.block_size();
+      config.num_gpu_blocks = d.num_kv_blocks();
+      config.vocab_size = d.vocab_size();
+      config.eos_token_id = d.eos_token_id();
+      config.max_model_len = options_.max_model_len > 0
+                                 ? std::min(options_.max_model_len, d.max_model_len())
+                                 : d.max_model_len();
+      config.hash_root = HashRootParams{.model_fingerprint = d.model_fingerprint(),
+                                        .kv_layout = d.kv_layout(),
+                                        .block_size = d.block_size(),
+                                        .dtype = "f32"};
+      if (absl::Status s = config.Validate(); !s.ok()) {
+        TANDEM_LOG(ERROR) << "worker " << options_.worker_address
+                          << " described a configuration the scheduler cannot use: " << s;
+        e.stream.reset();
+        connector_->RequestReconnect();
+        return;
+      }
+      scheduler_ = std::make_unique<sched::Scheduler>(config, nullptr);
+      worker_ = std::move(e.stream);
+      in_flight_.clear();
+      schedule_wanted_ = true;
+      num_worker_connects_.fetch_add(1);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        model_info_.ready = true;
+        v1::GetModelInfoResponse& info = model_info_.info;
+        info.set_model_name(d.model_name());
+        info.set_model_fingerprint(d.model_fingerprint());
+        info.set_vocab_size(d.vocab_size());
+        info.set_max_model_len(config.max_model_len);
+        info.set_block_size(d.block_size());
+        info.set_num_kv_blocks(d.num_kv_blocks());
+        info.set_eos_token_id(d.eos_token_id());
+      }
+      TANDEM_LOG(INFO) << "serving: " << scheduler_->num_total_blocks() << " usable KV blocks, "
+                       << "max_model_len " << config.max_model_len << ", async scheduling "
+                       << (config.async_scheduling ? "on" : "off");
+      if (on_serving_changed_) on_serving_changed_(!draining_.load());
+      return;
+    }
+    case Event::kWake:
+      return;
+  }
+}
+
+void Engine::HandleOutput(const v1::ModelRunnerOutput& proto) {
+  if (in_flight_.empty() || in_flight_.front().step_id != proto.step_id()) {
+    DropWorker(absl::StrCat("worker answered step ", proto.step_id(), " but step ",
+                            in_flight_.empty() ? 0 : in_flight_.front().step_id,
+                            " was expected"));
+    return;
+  }
+  sched::SchedulerOutput scheduled = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  sched::ModelRunnerOutput output;
+  if (!proto.error().empty()) {
+    // The step failed on the worker: its requests end with an error, the
+    // others are unaffected.
+    TANDEM_LOG(ERROR) << "worker failed step " << proto.step_id() << ": " << proto.error();
+    output.step_id = proto.step_id();
+    std::vector<std::string> ids;
+    for (const auto& r : scheduled.scheduled_new_reqs) ids.push_back(r.request_id);
+    for (const auto& r : scheduled.scheduled_cached_reqs) ids.push_back(r.request_id);
+    for (const std::string& id : ids) {
+      auto it = calls_.find(id);
+      if (it == calls_.end()) continue;
+      std::shared_ptr<GenerateCall> call = it->second;
+      std::optional<sched::RequestOutput> out = scheduler_->AbortRequest(id);
+      FinishCall(id, call, v1::FINISH_REASON_ERROR, out ? &*out : nullptr,
+                 grpc::Status(grpc::StatusCode::INTERNAL,
+                              absl::StrCat("the worker failed step ", proto.step_id(), ": ",
+                                           proto.error())));
+    }
+  } else if (absl::Status s = rpc::FromProto(proto, &output); !s.ok()) {
+    DropWorker(absl::StrCat("bad ModelRunnerOutput: ", s.message()));
+    return;
+  }
+  scheduler_->UpdateFromOutputInto(scheduled, output, &outputs_scratch_);
+  for (const sched::RequestOutput& out : outputs_scratch_) Deliver(out);
+}
+
+void Engine::ScheduleAndSend() {
+  const size_t max_in_flight = options_.scheduler.async_scheduling ? 2 : 1;
+  while (scheduler_ != nullptr && worker_ != nullptr && schedule_wanted_ &&
+         in_flight_.size() < max_in_flight && scheduler_->HasUnfinishedRequests()) {
+    sched::SchedulerOutput step = scheduler_->Schedule();
+    // An empty step still goes out (it may carry finished ids, and outputs
+    // are processed in step order), but we wait for news before the next.
+    if (step.total_num_scheduled_tokens == 0) schedule_wanted_ = false;
+    step_proto_.Clear();
+    rpc::ToProto(step, &step_proto_);
+    in_flight_.push_back(std::move(step));
+    if (!worker_->Write(step_proto_)) {
+      DropWorker("writing to the worker's Execute stream failed");
+      return;
+    }
+  }
+}
+
+void Engine::Deliver(const sched::RequestOutput& out) {
+  auto it = calls_.find(out.request_id);
+  if (it == calls_.end()) return;
+  if (out.finished.has_value()) {
+    std::shared_ptr<GenerateCall> call = it->second;
+    FinishCall(out.request_id, call, ToFinishReason(*out.finished), &out, grpc::Status::OK);
+    return;
+  }
+  if (out.new_token_ids.empty()) return;
+  v1::GenerateResponse msg;
+  msg.set_request_id(out.request_id);
+  msg.mutable_token_ids()->Assign(out.new_token_ids.begin(), out.new_token_ids.end());
+  it->second->Push(std::move(msg));
+}
+
+void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateCall> call,
+                        v1::FinishReason reason, const sched::RequestOutput* out,
+                        grpc::Status status) {
+  calls_.erase(request_id);
+  const double latency_ms = (MonotonicNanos() - call->start_ns) * 1e-6;
+  if (status.ok()) {
+    v1::GenerateResponse msg;
+    msg.set_request_id(request_id);
+    msg.set_finish_reason(reason);
+    if (out != nullptr) {
+      msg.mutable_token_ids()->Assign(out->new_token_ids.begin(), out->new_token_ids.end());
+      v1::Usage* usage = msg.mutable_usage();
+      usage->set_prompt_tokens(out->num_prompt_tokens);
+      usage->set_output_tokens(out->num_output_tokens);
+      usage->set_cached_tokens_local(out->num_cached_tokens_local);
+      usage->set_cached_tokens_external(out->num_cached_tokens_external);
+    }
+    call->Push(std::move(msg));
+  }
+  call->Finish(status);
+  TANDEM_LOG(INFO) << "request " << request_id << " finished: reason=" << ReasonName(reason)
+                   << " status=" << status.error_code()
+                   << " prompt_tokens=" << (out ? out->num_prompt_tokens : call->num_prompt_tokens)
+                   << " output_tokens=" << (out ? out->num_output_tokens : 0)
+                   << " cached_local=" << (out ? out->num_cached_tokens_local : 0)
+                   << " cached_external=" << (out ? out->num_cached_tokens_external : 0)
+                   << " latency_ms=" << latency_ms;
+}
+
+void Engine::DropWorker(const std::string& reason) {
+  TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason
+                    << "; failing " << calls_.size() << " requests";
+  const grpc::Status status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat("lost the worker (", reason, "); the request was aborted"));
+  auto calls = std::move(calls_);
+  calls_.clear();
+  for (auto& [id, call] : calls) FinishCall(id, call, v1::FINISH_REASON_ERROR, nullptr, status);
+  in_flight_.clear();
+  scheduler_.reset();
+  if (worker_ != nullptr) max_broken_generation_ = std::max(max_broken_generation_, worker_->generation());
+  worker_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    model_info_.ready = false;
+  }
+  if (on_serving_changed_) on_serving_changed_(false);
+  connector_->RequestReconnect();
+}
+
+void Engine::PublishStats() {
+  v1::GetStatsResponse s;
+  s.set_worker_connected(worker_ != nullptr);
+  s.set_draining(draining_.load());
+  s.set_async_scheduling(options_.scheduler.async_scheduling);
+  s.set_num_active_streams(static_cast<int32_t>(calls_.size()));
+  s.set_num_steps_in_flight(static_cast<int32_t>(in_flight_.size()));
+  s.set_num_worker_connects(num_worker_connects_.load());
+  if (scheduler_ != nullptr) {
+    const sched::SchedulerStats& st = scheduler_->stats();
+    s.set_num_running(scheduler_->num_running());
+    s.set_num_waiting(scheduler_->num_waiting());
+    s.set_num_free_blocks(scheduler_->num_free_blocks());
+    s.set_num_total_blocks(scheduler_->num_total_blocks());
+    s.set_num_preemptions(st.num_preemptions_total);
+    s.set_prefix_cache_queries(st.prefix_cache_queries_tokens);
+    s.set_prefix_cache_hits(st.prefix_cache_hits_tokens);
+    s.set_external_cache_queries(st.external_cache_queries_tokens);
+    s.set_external_cache_hits(st.external_cache_hits_tokens);
+    s.set_num_steps(st.num_steps);
+    s.set_num_requests_finished(st.num_requests_finished);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = std::move(s);
+}
+
+}  // namespace tandem::scheduler

@@ -1,0 +1,124 @@
+// The scheduler service's engine: ONE loop thread owns the sched::Scheduler,
+// the worker stream and the table of live Generate calls (DESIGN §2). RPC
+// handlers, the worker reader and the connector only post events here.
+//
+// Per iteration the loop drains its events (new requests, cancels, aborts,
+// worker outputs, worker up/down), then schedules and sends steps while fewer
+// than `max_steps_in_flight` (2 with async scheduling, else 1) are out.
+//
+// Worker failure: every live request ends with UNAVAILABLE, the Scheduler is
+// dropped (a new worker starts with an empty cache), and the connector
+// reconnects; a fresh Scheduler is sized from the new worker's Describe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/status/status.h"
+#include "call.h"
+#include "tandem/sched/scheduler.h"
+#include "tandem/v1/generation.pb.h"
+#include "worker_link.h"
+
+namespace tandem::scheduler {
+
+struct EngineOptions {
+  // host:port of the tandem-worker.
+  std::string worker_address = "127.0.0.1:50061";
+  // Scheduler settings; block size, number of blocks, vocabulary, EOS and the
+  // hash root come from the worker's Describe.
+  sched::SchedulerConfig scheduler;
+  // Upper bound on prompt + output tokens; 0 = the model's max_seq_len.
+  int32_t max_model_len = 0;
+
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+// What validation and GetModelInfo need; valid while `ready`.
+struct ModelInfo {
+  bool ready = false;
+  v1::GetModelInfoResponse info;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineOptions options);
+  ~Engine();
+
+  void Start();
+  // Fails every live call with UNAVAILABLE and joins the threads.
+  void Stop();
+
+  // A validated call. The engine answers through `call`.
+  void Submit(std::shared_ptr<GenerateCall> call, sched::RequestSpec spec);
+  // The client went away or its deadline passed.
+  void Cancel(std::shared_ptr<GenerateCall> call);
+  // The Abort RPC; `done(found)` runs on the engine thread.
+  void Abort(std::string request_id, std::function<void(bool)> done);
+
+  ModelInfo model_info() const;
+  v1::GetStatsResponse stats() const;
+  // New calls get UNAVAILABLE; running ones finish.
+  void SetDraining();
+  // Called on the engine thread when the worker connection goes up or down.
+  void set_on_serving_changed(std::function<void(bool)> fn) { on_serving_changed_ = std::move(fn); }
+
+ private:
+  struct Event {
+    enum Kind { kSubmit, kCancel, kAbort, kOutput, kBroken, kConnected, kWake } kind;
+    std::shared_ptr<GenerateCall> call;
+    sched::RequestSpec spec;
+    std::string request_id;
+    std::function<void(bool)> abort_done;
+    uint64_t generation = 0;
+    std::unique_ptr<v1::ModelRunnerOutput> output;
+    std::unique_ptr<WorkerStream> stream;
+    std::string reason;
+  };
+
+  void Post(Event event);
+  void Loop();
+  void Handle(Event& event);
+  void HandleOutput(const v1::ModelRunnerOutput& proto);
+  void ScheduleAndSend();
+  void Deliver(const sched::RequestOutput& out);
+  void FinishCall(const std::string& request_id, std::shared_ptr<GenerateCall> call,
+                  v1::FinishReason reason, const sched::RequestOutput* out, grpc::Status status);
+  void DropWorker(const std::string& reason);
+  void PublishStats();
+
+  const EngineOptions options_;
+  std::unique_ptr<WorkerConnector> connector_;
+  std::function<void(bool)> on_serving_changed_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+  bool stopping_ = false;
+  ModelInfo model_info_;           // under mu_
+  v1::GetStatsResponse stats_;     // under mu_
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> num_worker_connects_{0};
+
+  // Owned by the loop thread.
+  std::thread loop_;
+  std::unique_ptr<sched::Scheduler> scheduler_;
+  std::unique_ptr<WorkerStream> worker_;
+  uint64_t max_broken_generation_ = 0;
+  std::unordered_map<std::string, std::shared_ptr<GenerateCall>> calls_;
+  std::deque<sched::SchedulerOutput> in_flight_;
+  bool schedule_wanted_ = true;
+  std::vector<sched::RequestOutput> outputs_scratch_;
+  v1::SchedulerOutput step_proto_;
+};
+
+}  // namespace tandem::scheduler

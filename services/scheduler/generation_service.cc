@@ -1,0 +1,148 @@
+#include "generation_service.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/clock.h"
+#include "tandem/rpc/convert.h"
+#include "tandem/rpc/status.h"
+
+namespace tandem::scheduler {
+namespace {
+
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  explicit GenerateReactor(Engine* engine)
+      : engine_(engine), call_(std::make_shared<GenerateCall>(this)) {}
+
+  const std::shared_ptr<GenerateCall>& call() const { return call_; }
+  void set_submitted() { submitted_.store(true); }
+
+  void OnWriteDone(bool ok) override { call_->OnWriteDone(ok); }
+  void OnCancel() override {
+    if (submitted_.load()) engine_->Cancel(call_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Engine* const engine_;
+  std::shared_ptr<GenerateCall> call_;
+  std::atomic<bool> submitted_{false};
+};
+
+uint64_t RandomSeed() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+}  // namespace
+
+absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
+                                     const v1::GetModelInfoResponse& model,
+                                     const GenerationOptions& options) {
+  const int32_t vocab = model.vocab_size();
+  if (request.prompt_token_ids_size() == 0) {
+    return absl::InvalidArgumentError("prompt_token_ids is empty; a prompt needs at least one token");
+  }
+  for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
+    const int32_t id = request.prompt_token_ids(i);
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", id,
+                                                     " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  SamplingParams sampling = rpc::FromProto(request.sampling());
+  if (absl::Status s = sampling.Validate(vocab); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
+  }
+  const int64_t total = static_cast<int64_t>(request.prompt_token_ids_size()) + sampling.max_tokens;
+  if (total > model.max_model_len()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", request.prompt_token_ids_size(), " tokens) + max_tokens (", sampling.max_tokens,
+        ") = ", total, " exceeds max_model_len ", model.max_model_len()));
+  }
+  if (!request.cache_salt().empty() && !options.allow_request_cache_salt) {
+    return absl::InvalidArgumentError(
+        "cache_salt is set by the server; this server does not accept it in requests "
+        "(--allow-request-cache-salt=false)");
+  }
+  return absl::OkStatus();
+}
+
+GenerationService::GenerationService(Engine* engine, GenerationOptions options)
+    : engine_(engine), options_(options) {}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto* reactor = new GenerateReactor(engine_);
+  const std::shared_ptr<GenerateCall>& call = reactor->call();
+  call->start_ns = MonotonicNanos();
+  call->num_prompt_tokens = request->prompt_token_ids_size();
+  if (draining_.load()) {
+    call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              "the scheduler is draining (shutting down); retry elsewhere"));
+    return reactor;
+  }
+  ModelInfo model = engine_->model_info();
+  if (!model.ready) {
+    call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              "no worker is connected yet; the scheduler is not serving"));
+    return reactor;
+  }
+  if (absl::Status s = ValidateGenerateRequest(*request, model.info, options_); !s.ok()) {
+    call->Finish(rpc::ToGrpcStatus(s));
+    return reactor;
+  }
+  sched::RequestSpec spec{
+      .request_id = request->request_id().empty()
+                        ? absl::StrCat("req-", next_id_.fetch_add(1))
+                        : request->request_id(),
+      .prompt_token_ids = {request->prompt_token_ids().begin(), request->prompt_token_ids().end()},
+      .sampling = rpc::FromProto(request->sampling(), RandomSeed()),
+      .priority = request->priority(),
+      .cache_salt = request->cache_salt(),
+  };
+  call->request_id = spec.request_id;
+  reactor->set_submitted();
+  engine_->Submit(call, std::move(spec));
+  // A cancel that raced with set_submitted() is not lost (a second one is
+  // ignored by the engine).
+  if (context->IsCancelled()) engine_->Cancel(call);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* context,
+                                                   const v1::AbortRequest* request,
+                                                   v1::AbortResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->Abort(request->request_id(), [reactor, response](bool found) {
+    response->set_found(found);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                          const v1::GetModelInfoRequest*,
+                                                          v1::GetModelInfoResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ModelInfo model = engine_->model_info();
+  if (!model.ready) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no worker is connected yet"));
+    return reactor;
+  }
+  *response = model.info;
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::GetStats(grpc::CallbackServerContext* context,
+                                                      const v1::GetStatsRequest*,
+                                                      v1::GetStatsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  *response = engine_->stats();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace tandem::scheduler

@@ -1,0 +1,52 @@
+// tandem.v1.Generation on the gRPC callback API: handlers validate (DESIGN
+// §9), post to the Engine and return; no thread blocks per stream.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine.h"
+#include "tandem/v1/generation.grpc.pb.h"
+
+namespace tandem::scheduler {
+
+struct GenerationOptions {
+  // Honour GenerateRequest.cache_salt. Off: a request that sets it is
+  // rejected (the salt isolates tenants and must come from the server).
+  bool allow_request_cache_salt = false;
+};
+
+// Checks a request against the model (vocabulary, max_model_len) and the
+// sampling rules. The message names the field and the bad value.
+[[nodiscard]] absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
+                                                   const v1::GetModelInfoResponse& model,
+                                                   const GenerationOptions& options);
+
+class GenerationService final : public v1::Generation::CallbackService {
+ public:
+  GenerationService(Engine* engine, GenerationOptions options);
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::GetModelInfoResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+
+  void SetDraining() { draining_.store(true); }
+
+ private:
+  Engine* const engine_;
+  const GenerationOptions options_;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_id_{1};
+};
+
+}  // namespace tandem::scheduler

@@ -1,0 +1,103 @@
+// tandem-scheduler: the client API (tandem.v1.Generation) in front of one
+// tandem-worker.
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "engine.h"
+#include "generation_service.h"
+#include "grpcpp/server_builder.h"
+#include "tandem/common/logging.h"
+#include "tandem/rpc/flags.h"
+#include "tandem/rpc/server.h"
+
+int main(int argc, char** argv) {
+  tandem::rpc::BlockShutdownSignals();
+  tandem::SetLogTag("scheduler");
+  tandem::scheduler::EngineOptions engine_options;
+  tandem::sched::SchedulerConfig& sc = engine_options.scheduler;
+  tandem::scheduler::GenerationOptions generation_options;
+  tandem::rpc::ServerOptions server_options{.listen_address = "127.0.0.1:50051"};
+  std::string policy = "fcfs";
+  int32_t drain_timeout_s = 30;
+
+  tandem::rpc::FlagSet flags(
+      "tandem-scheduler",
+      "Serves tandem.v1.Generation: admits requests, batches them continuously and streams one "
+      "step at a time to a tandem-worker. Block size, KV blocks, vocabulary and EOS come from the "
+      "worker's Describe.");
+  flags.Add("listen", &server_options.listen_address, "host:port to serve on (port 0: any free port)");
+  flags.Add("port-file", &server_options.port_file,
+            "write the bound port to this file once listening (empty: don't)");
+  flags.Add("worker", &engine_options.worker_address, "host:port of the tandem-worker");
+  flags.Add("max-num-seqs", &sc.max_num_seqs, "most requests running at once");
+  flags.Add("max-num-batched-tokens", &sc.max_num_batched_tokens, "token budget of one step");
+  flags.Add("max-model-len", &engine_options.max_model_len,
+            "most prompt + output tokens per request; 0 = the model's context length");
+  flags.Add("enable-prefix-caching", &sc.enable_prefix_caching,
+            "reuse KV blocks of identical prompt prefixes");
+  flags.Add("enable-chunked-prefill", &sc.enable_chunked_prefill,
+            "split prompts over several steps when they do not fit the token budget");
+  flags.Add("long-prefill-token-threshold", &sc.long_prefill_token_threshold,
+            "cap on one prefill chunk per step; 0 = off");
+  flags.Add("async-scheduling", &sc.async_scheduling,
+            "schedule step N+1 before step N's output arrives (two steps in flight); "
+            "false = plain schedule-execute-update");
+  flags.Add("policy", &policy, "fcfs | priority (lower priority value first, preempted last)");
+  flags.Add("max-waiting", &sc.max_waiting_requests,
+            "waiting requests at most; beyond it Generate returns RESOURCE_EXHAUSTED");
+  flags.Add("allow-request-cache-salt", &generation_options.allow_request_cache_salt,
+            "accept GenerateRequest.cache_salt from clients (tenant isolation is then the "
+            "client's word)");
+  flags.Add("drain-timeout-s", &drain_timeout_s,
+            "on SIGTERM/SIGINT, how long running requests may take to finish");
+  flags.ParseOrExit(argc, argv);
+  if (policy == "fcfs") {
+    sc.policy = tandem::sched::SchedulingPolicy::kFcfs;
+  } else if (policy == "priority") {
+    sc.policy = tandem::sched::SchedulingPolicy::kPriority;
+  } else {
+    std::cerr << "tandem-scheduler: --policy must be fcfs or priority, got '" << policy << "'\n";
+    return 2;
+  }
+  if (absl::Status s = engine_options.Validate(); !s.ok()) {
+    std::cerr << "tandem-scheduler: " << s.message() << "\n";
+    return 2;
+  }
+
+  tandem::scheduler::Engine engine(engine_options);
+  tandem::scheduler::GenerationService service(&engine, generation_options);
+  tandem::rpc::EnableReflectionAndHealth();
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  int port = 0;
+  auto server = tandem::rpc::BuildAndStart(&builder, server_options, &port);
+  if (!server.ok()) {
+    std::cerr << "tandem-scheduler: " << server.status().message() << "\n";
+    return 1;
+  }
+  grpc::Server* srv = server->get();
+  tandem::rpc::SetServing(srv, "tandem.v1.Generation", false);
+  engine.set_on_serving_changed([srv, &service](bool serving) {
+    (void)service;
+    tandem::rpc::SetServing(srv, "tandem.v1.Generation", serving);
+  });
+  engine.Start();
+  TANDEM_LOG(INFO) << "listening on port " << port << "; worker " << engine_options.worker_address;
+
+  int sig = tandem::rpc::WaitForShutdownSignal();
+  TANDEM_LOG(INFO) << "signal " << sig << ": draining (new calls get UNAVAILABLE)";
+  service.SetDraining();
+  engine.SetDraining();
+  tandem::rpc::SetServing(srv, "tandem.v1.Generation", false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(drain_timeout_s);
+  while (engine.stats().num_active_streams() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // Streams still open here were given their last message; Shutdown waits
+  // for their writes briefly, then cancels.
+  engine.Stop();
+  srv->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  TANDEM_LOG(INFO) << "stopped";
+  return 0;
+}

@@ -1,0 +1,64 @@
+// tandem-worker: loads a model and executes the scheduler's steps.
+#include <chrono>
+#include <iostream>
+
+#include "grpcpp/server_builder.h"
+#include "tandem/common/logging.h"
+#include "tandem/rpc/flags.h"
+#include "tandem/rpc/server.h"
+#include "worker_service.h"
+
+int main(int argc, char** argv) {
+  tandem::rpc::BlockShutdownSignals();
+  tandem::SetLogTag("worker");
+  tandem::worker::WorkerOptions options{.model_path = "../shared/models/stories260K.bin"};
+  tandem::rpc::ServerOptions server_options{.listen_address = "127.0.0.1:50061"};
+  tandem::rpc::FlagSet flags("tandem-worker",
+                             "Loads a model, owns its paged KV cache and executes the steps a "
+                             "tandem-scheduler streams to it (tandem.v1.Worker).");
+  flags.Add("listen", &server_options.listen_address, "host:port to serve on (port 0: any free port)");
+  flags.Add("port-file", &server_options.port_file,
+            "write the bound port to this file once listening (empty: don't)");
+  flags.Add("model", &options.model_path, "llama2.c .bin checkpoint or Hugging Face directory");
+  flags.Add("backend", &options.backend, "cpu | cuda (error without a device) | sim (no math)");
+  flags.Add("block-size", &options.block_size, "tokens per KV block");
+  flags.Add("num-blocks", &options.num_blocks, "KV blocks to allocate; 0 = from --kv-cache-bytes");
+  flags.Add("kv-cache-bytes", &options.kv_cache_bytes,
+            "KV cache memory budget in bytes, used when --num-blocks is 0");
+  flags.Add("threads", &options.num_threads, "CPU threads of the cpu backend");
+  flags.Add("sim-step-us", &options.sim_step_us, "sim backend: delay per step in microseconds");
+  flags.Add("sim-token-us", &options.sim_token_us, "sim backend: extra delay per scheduled token");
+  flags.ParseOrExit(argc, argv);
+  if (absl::Status s = options.Validate(); !s.ok()) {
+    std::cerr << "tandem-worker: " << s.message() << "\n";
+    return 2;
+  }
+
+  tandem::worker::WorkerService service(options);
+  tandem::rpc::EnableReflectionAndHealth();
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  int port = 0;
+  auto server = tandem::rpc::BuildAndStart(&builder, server_options, &port);
+  if (!server.ok()) {
+    std::cerr << "tandem-worker: " << server.status().message() << "\n";
+    return 1;
+  }
+  tandem::rpc::SetServing(server->get(), "tandem.v1.Worker", false);
+  TANDEM_LOG(INFO) << "listening on port " << port << "; loading " << options.model_path;
+  if (absl::Status s = service.Load(); !s.ok()) {
+    TANDEM_LOG(ERROR) << s;
+    (*server)->Shutdown();
+    return 1;
+  }
+  tandem::rpc::SetServing(server->get(), "tandem.v1.Worker", true);
+  TANDEM_LOG(INFO) << "SERVING";
+
+  int sig = tandem::rpc::WaitForShutdownSignal();
+  TANDEM_LOG(INFO) << "signal " << sig << ": draining";
+  tandem::rpc::SetServing(server->get(), "tandem.v1.Worker", false);
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  service.Stop();
+  TANDEM_LOG(INFO) << "stopped";
+  return 0;
+}

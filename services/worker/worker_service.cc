@@ -1,0 +1,284 @@
+#include "worker_service.h"
+
+#include <chrono>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+#include "tandem/model/sampler.h"
+#include "tandem/rpc/convert.h"
+#include "tandem/rpc/status.h"
+
+namespace tandem::worker {
+
+absl::Status WorkerOptions::Validate() const {
+  if (model_path.empty()) return absl::InvalidArgumentError("--model is empty");
+  if (backend != "cpu" && backend != "cuda" && backend != "sim") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend must be cpu, cuda or sim, got '", backend, "'"));
+  }
+  if (block_size <= 0) return absl::InvalidArgumentError("--block-size must be > 0");
+  if (num_blocks < 0) return absl::InvalidArgumentError("--num-blocks must be >= 0");
+  if (num_blocks == 0 && kv_cache_bytes <= 0) {
+    return absl::InvalidArgumentError("--kv-cache-bytes must be > 0 when --num-blocks is 0");
+  }
+  if (num_threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
+  if (sim_step_us < 0 || sim_token_us < 0) {
+    return absl::InvalidArgumentError("--sim-step-us and --sim-token-us must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+WorkerService::WorkerService(WorkerOptions options) : options_(std::move(options)) {
+  loop_ = std::thread([this] { Loop(); });
+}
+
+WorkerService::~WorkerService() { Stop(); }
+
+void WorkerService::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+}
+
+absl::Status WorkerService::Load() {
+  TANDEM_RETURN_IF_ERROR(options_.Validate());
+  auto model = model::Model::Load(options_.model_path);
+  if (!model.ok()) return Annotate(model.status(), absl::StrCat("loading ", options_.model_path));
+  model_ = std::move(model).value();
+  const model::ModelConfig& config = model_->config();
+  num_blocks_ = options_.num_blocks;
+  if (num_blocks_ == 0) {
+    const int64_t block_bytes = model::KvBlockBytes(config, options_.block_size);
+    num_blocks_ = static_cast<int32_t>(std::min<int64_t>(options_.kv_cache_bytes / block_bytes,
+                                                         std::numeric_limits<int32_t>::max()));
+    if (num_blocks_ < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv-cache-bytes=", options_.kv_cache_bytes, " holds no KV block of ", block_bytes,
+          " bytes"));
+    }
+  }
+  model::Backend backend = options_.backend == "cuda" ? model::Backend::kCuda : model::Backend::kCpu;
+  if (options_.backend != "sim") {
+    auto runner = model::ModelRunner::Create(
+        model_.get(), model::KvCacheOptions{.block_size = options_.block_size, .num_blocks = num_blocks_},
+        backend, model::ModelRunnerOptions{.num_threads = options_.num_threads});
+    if (!runner.ok()) return Annotate(runner.status(), "creating the model runner");
+    runner_ = std::move(runner).value();
+  }
+  TANDEM_LOG(INFO) << "loaded " << model_->name() << " (" << config.num_layers << " layers, vocab "
+                   << config.vocab_size << ") backend=" << options_.backend
+                   << " kv_blocks=" << num_blocks_ << " block_size=" << options_.block_size;
+  loaded_.store(true);
+  return absl::OkStatus();
+}
+
+grpc::Status WorkerService::Describe(grpc::ServerContext*, const v1::DescribeRequest*,
+                                     v1::DescribeResponse* response) {
+  if (!loaded_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is still loading");
+  const model::ModelConfig& config = model_->config();
+  response->set_model_name(model_->name());
+  response->set_model_fingerprint(model_->fingerprint());
+  response->set_vocab_size(config.vocab_size);
+  response->set_max_model_len(config.max_seq_len);
+  response->set_num_layers(config.num_layers);
+  response->set_num_kv_heads(config.num_kv_heads);
+  response->set_head_size(config.head_size);
+  response->set_block_size(options_.block_size);
+  response->set_num_kv_blocks(num_blocks_);
+  response->set_backend(options_.backend);
+  response->set_eos_token_id(config.eos_token_id);
+  response->set_num_active_requests(num_active_requests_.load());
+  response->set_block_bytes(model::KvBlockBytes(config, options_.block_size));
+  response->set_kv_layout(model::KvLayoutString(config, options_.block_size));
+  response->set_num_steps(num_steps_.load());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Execute(grpc::ServerContext* context, Stream* stream) {
+  if (!loaded_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is still loading");
+  bool expected = false;
+  if (!stream_attached_.compare_exchange_strong(expected, true)) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "another scheduler stream is attached to this worker");
+  }
+  TANDEM_LOG(INFO) << "scheduler attached from " << context->peer();
+  for (;;) {
+    auto step = std::make_unique<v1::SchedulerOutput>();
+    if (!stream->Read(step.get())) break;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back({std::move(step), stream, nullptr});
+    }
+    cv_.notify_all();
+  }
+  // The loop thread drops the whole batch state: a scheduler that reconnects
+  // starts from scratch.
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({nullptr, stream, done});
+  }
+  cv_.notify_all();
+  finished.wait();
+  TANDEM_LOG(INFO) << "scheduler detached (" << context->peer() << ")";
+  stream_attached_.store(false);
+  return grpc::Status::OK;
+}
+
+void WorkerService::Loop() {
+  for (;;) {
+    Work work;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (work.step == nullptr) {
+      seqs_.clear();
+      num_active_requests_.store(0);
+      work.done->set_value();
+      continue;
+    }
+    v1::ModelRunnerOutput out;
+    absl::Status s = ExecuteStep(*work.step, &out);
+    if (!s.ok()) {
+      TANDEM_LOG(ERROR) << "step " << work.step->step_id() << " failed: " << s;
+      out.Clear();
+      out.set_step_id(work.step->step_id());
+      out.set_error(std::string(s.message()));
+    }
+    num_active_requests_.store(static_cast<int32_t>(seqs_.size()));
+    num_steps_.fetch_add(1);
+    // A failed write means the stream is gone; the reader sees it too and
+    // posts the end marker.
+    work.stream->Write(out);
+  }
+}
+
+absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
+                                        v1::ModelRunnerOutput* out) {
+  sched::SchedulerOutput step;
+  TANDEM_RETURN_IF_ERROR(rpc::FromProto(proto, &step));
+  for (const std::string& id : step.finished_req_ids) seqs_.erase(id);
+  // A preempted request keeps its entry (its prompt length fixes the sampling
+  // positions) but loses its blocks; it comes back resumed_from_preemption.
+  for (const std::string& id : step.preempted_req_ids) {
+    auto it = seqs_.find(id);
+    if (it != seqs_.end()) {
+      it->second.block_table.clear();
+      it->second.num_computed_tokens = 0;
+    }
+  }
+
+  std::vector<SeqState*> batch;
+  std::vector<const std::string*> ids;
+  batch.reserve(step.num_scheduled_tokens.size());
+  for (sched::NewRequestData& r : step.scheduled_new_reqs) {
+    SeqState& s = seqs_[r.request_id];
+    s.num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
+    s.token_ids = std::move(r.prompt_token_ids);
+    s.sampling = std::move(r.sampling);
+    s.block_table = std::move(r.block_ids);
+    s.num_computed_tokens = r.num_computed_tokens;
+    batch.push_back(&s);
+    ids.push_back(&r.request_id);
+  }
+  for (sched::CachedRequestData& r : step.scheduled_cached_reqs) {
+    auto it = seqs_.find(r.request_id);
+    if (it == seqs_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step.step_id, ": cached request ", r.request_id,
+                       " is unknown to this worker"));
+    }
+    SeqState& s = it->second;
+    if (r.resumed_from_preemption) {
+      // Tokens this worker sampled that the scheduler dropped are forgotten.
+      s.token_ids = std::move(r.all_token_ids);
+      s.block_table = std::move(r.new_block_ids);
+    } else {
+      s.block_table.insert(s.block_table.end(), r.new_block_ids.begin(), r.new_block_ids.end());
+    }
+    s.num_computed_tokens = r.num_computed_tokens;
+    batch.push_back(&s);
+    ids.push_back(&r.request_id);
+  }
+
+  std::vector<model::SequenceInput> inputs;
+  inputs.reserve(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    SeqState& s = *batch[i];
+    const int32_t n = step.num_scheduled_tokens[i];
+    // In async mode the last n tokens may be ones this worker sampled itself
+    // (the scheduler's placeholders); they are already in token_ids.
+    if (n <= 0 || s.num_computed_tokens + n > static_cast<int32_t>(s.token_ids.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step.step_id, ": request ", *ids[i], " schedules ", n, " tokens from position ",
+          s.num_computed_tokens, " but the worker knows ", s.token_ids.size(), " tokens"));
+    }
+    inputs.push_back({
+        .token_ids = std::span<const int32_t>(s.token_ids).subspan(s.num_computed_tokens, n),
+        .start_pos = s.num_computed_tokens,
+        .block_table = s.block_table,
+    });
+  }
+
+  std::vector<float> logits;
+  if (!inputs.empty()) {
+    if (runner_ != nullptr) {
+      TANDEM_RETURN_IF_ERROR(runner_->Forward(inputs, &logits));
+    } else {
+      TANDEM_RETURN_IF_ERROR(RunSim(batch, step.num_scheduled_tokens, &logits));
+    }
+  }
+
+  const int32_t vocab = model_->config().vocab_size;
+  out->set_step_id(step.step_id);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    SeqState& s = *batch[i];
+    s.num_computed_tokens += step.num_scheduled_tokens[i];
+    v1::SampledTokens* sampled = out->add_sampled();
+    sampled->set_request_id(*ids[i]);
+    // A prefill chunk that does not reach the last known token samples nothing.
+    if (s.num_computed_tokens < static_cast<int32_t>(s.token_ids.size())) continue;
+    const int32_t output_position = static_cast<int32_t>(s.token_ids.size()) - s.num_prompt_tokens;
+    const int32_t token = model::SampleToken(
+        std::span<const float>(logits).subspan(i * static_cast<size_t>(vocab), vocab), s.sampling,
+        output_position);
+    s.token_ids.push_back(token);
+    sampled->add_token_ids(token);
+  }
+  return absl::OkStatus();
+}
+
+// Deterministic fake logits: one token gets all the mass, chosen from the
+// sequence's last token and length, never EOS.
+absl::Status WorkerService::RunSim(const std::vector<SeqState*>& seqs,
+                                   const std::vector<int32_t>& num_tokens,
+                                   std::vector<float>* logits) {
+  const int32_t vocab = model_->config().vocab_size;
+  int64_t total = 0;
+  for (int32_t n : num_tokens) total += n;
+  std::this_thread::sleep_for(
+      std::chrono::microseconds(options_.sim_step_us + options_.sim_token_us * total));
+  logits->assign(seqs.size() * static_cast<size_t>(vocab), 0.0f);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqState& s = *seqs[i];
+    const int32_t end = s.num_computed_tokens + num_tokens[i];
+    const uint64_t last = static_cast<uint64_t>(s.token_ids[end - 1]);
+    int32_t token = static_cast<int32_t>((last * 2654435761ull + static_cast<uint64_t>(end) * 40503ull) %
+                                         static_cast<uint64_t>(vocab));
+    if (token == model_->config().eos_token_id) token = (token + 1) % vocab;
+    (*logits)[i * vocab + token] = 10.0f;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::worker

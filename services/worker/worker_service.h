@@ -1,0 +1,109 @@
+// The worker service: owns the model and the paged KV cache, and executes the
+// scheduler's steps (DESIGN §2, §4, §6).
+//
+// Threads: gRPC handler threads only read the Execute stream and enqueue the
+// steps; one loop thread owns the ModelRunner and the per-request batch state
+// and executes the steps in order, writing each ModelRunnerOutput back.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tandem/common/sampling_params.h"
+#include "tandem/model/model.h"
+#include "tandem/model/model_runner.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::worker {
+
+struct WorkerOptions {
+  // llama2.c .bin file or Hugging Face directory.
+  std::string model_path;
+  // "cpu", "cuda" (error when no device), or "sim" (no math: deterministic
+  // tokens after sim_step_us per step; for scheduler scale tests).
+  std::string backend = "cpu";
+  // Tokens per KV block.
+  int32_t block_size = 16;
+  // Number of KV blocks; 0 = derive from kv_cache_bytes.
+  int32_t num_blocks = 0;
+  // Memory budget of the KV cache when num_blocks is 0.
+  int64_t kv_cache_bytes = 64ll << 20;
+  // Simulated step time of the sim backend, per step plus per token.
+  int32_t sim_step_us = 5000;
+  int32_t sim_token_us = 0;
+  // CPU threads of the model runner (results are identical for any value).
+  int32_t num_threads = 1;
+
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+class WorkerService final : public v1::Worker::Service {
+ public:
+  explicit WorkerService(WorkerOptions options);
+  ~WorkerService() override;
+
+  // Loads the weights and allocates the KV cache. Describe and Execute answer
+  // UNAVAILABLE until this has succeeded.
+  [[nodiscard]] absl::Status Load();
+
+  grpc::Status Describe(grpc::ServerContext* context, const v1::DescribeRequest* request,
+                        v1::DescribeResponse* response) override;
+  grpc::Status Execute(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::ModelRunnerOutput, v1::SchedulerOutput>* stream) override;
+
+  // Stops the loop thread (after the current step).
+  void Stop();
+
+ private:
+  using Stream = grpc::ServerReaderWriter<v1::ModelRunnerOutput, v1::SchedulerOutput>;
+  struct SeqState {
+    std::vector<int32_t> token_ids;  // prompt + every output token known here
+    int32_t num_prompt_tokens = 0;
+    SamplingParams sampling;
+    std::vector<int32_t> block_table;
+    int32_t num_computed_tokens = 0;
+  };
+  struct Work {
+    std::unique_ptr<v1::SchedulerOutput> step;  // null: the stream ended
+    Stream* stream = nullptr;
+    std::shared_ptr<std::promise<void>> done;  // set for the end marker
+  };
+
+  void Loop();
+  // Applies the diff, runs the model, samples. On error the batch state of
+  // the step's requests may be partly updated; the scheduler fails them.
+  absl::Status ExecuteStep(const v1::SchedulerOutput& step, v1::ModelRunnerOutput* out);
+  absl::Status RunSim(const std::vector<SeqState*>& seqs, const std::vector<int32_t>& num_tokens,
+                      std::vector<float>* logits);
+
+  const WorkerOptions options_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::ModelRunner> runner_;
+  std::atomic<bool> loaded_{false};
+  std::atomic<bool> stream_attached_{false};
+  std::atomic<int32_t> num_active_requests_{0};
+  std::atomic<uint64_t> num_steps_{0};
+  int32_t num_blocks_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Work> queue_;
+  bool stopping_ = false;
+  std::thread loop_;
+
+  // Owned by the loop thread.
+  std::unordered_map<std::string, SeqState> seqs_;
+};
+
+}  // namespace tandem::worker
