@@ -1,0 +1,48 @@
+#include "tandem/sched/config.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::sched {
+namespace {
+absl::Status Positive(const char* name, int32_t v) {
+  if (v > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("SchedulerConfig.", name, " must be > 0, got ", v));
+}
+}  // namespace
+
+absl::Status SchedulerConfig::Validate() const {
+  for (auto [name, v] : {std::pair{"max_num_batched_tokens", max_num_batched_tokens},
+                         std::pair{"max_num_seqs", max_num_seqs},
+                         std::pair{"max_model_len", max_model_len},
+                         std::pair{"block_size", block_size},
+                         std::pair{"max_waiting_requests", max_waiting_requests}}) {
+    if (absl::Status s = Positive(name, v); !s.ok()) return s;
+  }
+  if (num_gpu_blocks < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SchedulerConfig.num_gpu_blocks must be >= 2 (block 0 is the null block), got ",
+        num_gpu_blocks));
+  }
+  if (long_prefill_token_threshold < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SchedulerConfig.long_prefill_token_threshold must be >= 0, got ",
+        long_prefill_token_threshold));
+  }
+  if (vocab_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerConfig.vocab_size must be >= 0, got ", vocab_size));
+  }
+  if (vocab_size > 0 && eos_token_id >= vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("SchedulerConfig.eos_token_id ", eos_token_id,
+                                                   " is outside the vocabulary [0, ", vocab_size,
+                                                   ")"));
+  }
+  if (hash_root.block_size != block_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerConfig.hash_root.block_size (", hash_root.block_size,
+                     ") must equal block_size (", block_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::sched

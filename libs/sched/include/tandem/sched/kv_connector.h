@@ -1,0 +1,104 @@
+// The scheduler role of a KV connector (DESIGN §5). The Scheduler calls it
+// from its single thread; implementations must never block (the KV-store
+// connector polls futures of RPCs it started earlier).
+//
+// Call sequence for one request:
+//   GetNumNewMatchedTokens()  each step it is considered for admission, until
+//                             it returns a value (nullopt = not known yet:
+//                             the request keeps its place and is asked again);
+//   UpdateStateAfterAlloc()   once when it is admitted (also with 0 external
+//                             tokens: release the lookup's lease then);
+//   BuildConnectorMeta()      every step, for the requests of that step;
+//   OnLoadFinished()          when the worker reports its async load done;
+//   RequestFinished()         once when it finishes or is aborted (also while
+//                             waiting or loading: drop a pending lookup).
+// After preemption a request is asked GetNumNewMatchedTokens() again.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "tandem/sched/request.h"
+#include "tandem/sched/scheduler_output.h"
+
+namespace tandem::sched {
+
+struct ExternalMatch {
+  // Tokens beyond the local hit that the store holds, in full blocks. The
+  // scheduler clamps it to whole blocks within the prompt.
+  int32_t num_external_tokens = 0;
+  // The blocks arrive asynchronously: the request waits in
+  // kWaitingForRemoteKv until the worker reports finished_recving. Tandem
+  // treats every load this way (false is accepted and handled the same), so
+  // the worker must report finished_recving for every load it is given.
+  bool load_async = true;
+};
+
+// A request scheduled in the step being built; counters are those *before*
+// the step advances them.
+struct ScheduledRequestView {
+  const Request* request = nullptr;
+  int32_t num_scheduled_tokens = 0;
+  // The step samples a token for it (async: becomes a placeholder).
+  bool will_sample = false;
+
+  // Leading tokens with known ids whose KV exists once this step has run:
+  // (num_computed_tokens + n) - (num_output_placeholders + will_sample),
+  // i.e. DESIGN §5's bound evaluated after the step's increments. Stores may
+  // cover full blocks up to this, never further.
+  [[nodiscard]] int32_t num_storable_tokens() const {
+    return request->num_computed_tokens + num_scheduled_tokens -
+           request->num_output_placeholders - (will_sample ? 1 : 0);
+  }
+};
+
+class KvConnectorScheduler {
+ public:
+  virtual ~KvConnectorScheduler() = default;
+
+  // Tokens the external store can provide beyond `num_local_computed_tokens`
+  // (the local prefix hit, whole blocks), or nullopt when not known yet.
+  virtual std::optional<ExternalMatch> GetNumNewMatchedTokens(
+      const Request& request, int32_t num_local_computed_tokens) = 0;
+
+  // The request was admitted. `block_ids` are the destinations of the
+  // external tokens (parallel to request.block_hashes starting at block
+  // num_local_computed_tokens / block_size); empty when nothing is loaded.
+  virtual void UpdateStateAfterAlloc(const Request& request,
+                                     std::span<const int32_t> block_ids,
+                                     int32_t num_external_tokens) = 0;
+
+  // This step's loads and stores. Called after `output` is complete and
+  // before the counters of `scheduled` advance.
+  virtual KvConnectorMetadata BuildConnectorMeta(
+      const SchedulerOutput& output, std::span<const ScheduledRequestView> scheduled) = 0;
+
+  // The request finished or was aborted; `block_ids` is its table. Returns
+  // true to keep the blocks allocated until the worker reports the request
+  // in finished_sending.
+  virtual bool RequestFinished(const Request& request, std::span<const int32_t> block_ids) = 0;
+
+  // The worker reported the request's load done; `num_loaded_tokens` is what
+  // survived invalid_block_ids (may be less than asked).
+  virtual void OnLoadFinished(const Request& /*request*/, int32_t /*num_loaded_tokens*/) {}
+
+  // Every ModelRunnerOutput's report, before the scheduler acts on it.
+  virtual void OnConnectorReport(const KvConnectorReport& /*report*/) {}
+};
+
+// No external store: every lookup is a miss, nothing is loaded or stored.
+class NoopKvConnector final : public KvConnectorScheduler {
+ public:
+  std::optional<ExternalMatch> GetNumNewMatchedTokens(const Request&, int32_t) override {
+    return ExternalMatch{};
+  }
+  void UpdateStateAfterAlloc(const Request&, std::span<const int32_t>, int32_t) override {}
+  KvConnectorMetadata BuildConnectorMeta(const SchedulerOutput&,
+                                         std::span<const ScheduledRequestView>) override {
+    return {};
+  }
+  bool RequestFinished(const Request&, std::span<const int32_t>) override { return false; }
+};
+
+}  // namespace tandem::sched

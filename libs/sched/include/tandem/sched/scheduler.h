@@ -1,0 +1,207 @@
+// The scheduler core (DESIGN §3): continuous batching with chunked prefill,
+// prefix caching, preemption by recompute, sync and async scheduling, and the
+// scheduler role of a KV connector. Single-threaded and deterministic: no
+// clock (time is an argument), no randomness, no I/O.
+//
+// Engine loop, sync mode:   out = Schedule(); run; UpdateFromOutput(out, r)
+// Engine loop, async mode:  Schedule() for step N+1 before UpdateFromOutput()
+//                           of step N; at most two steps in flight; outputs
+//                           are processed in step order.
+//
+// Block reuse and the worker (DESIGN §5 "Ordering"): the scheduler frees
+// blocks as soon as a request finishes or is preempted, even with a later
+// step in flight that still writes them. The worker therefore executes steps
+// in order and orders a connector load into a block after the previous step's
+// forward pass, and a store's read before the next step's.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "tandem/common/sampling_params.h"
+#include "tandem/sched/config.h"
+#include "tandem/sched/kv_cache_manager.h"
+#include "tandem/sched/kv_connector.h"
+#include "tandem/sched/request.h"
+#include "tandem/sched/scheduler_output.h"
+#include "tandem/sched/waiting_queue.h"
+
+namespace tandem::sched {
+
+struct RequestSpec {
+  std::string request_id;
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams sampling;
+  // Priority policy: smaller is served first and preempted last.
+  int32_t priority = 0;
+  // Tenant salt for the block-hash root, set by the server (DESIGN §3).
+  std::string cache_salt;
+};
+
+// What UpdateFromOutput / AbortRequest produce for one client.
+struct RequestOutput {
+  std::string request_id;
+  // Tokens to stream; never the EOS token that stopped the request.
+  std::vector<int32_t> new_token_ids;
+  // Set when the request finished in this update.
+  std::optional<RequestState> finished;
+  int32_t num_prompt_tokens = 0;
+  int32_t num_output_tokens = 0;
+  int32_t num_cached_tokens_local = 0;
+  int32_t num_cached_tokens_external = 0;
+};
+
+enum class PreemptionReason {
+  // A running request needed blocks and the pool had none.
+  kKvCacheFull = 0,
+};
+inline constexpr int kNumPreemptionReasons = 1;
+
+// Snapshot taken at the end of every Schedule() (gauges) plus running totals
+// (counters, never reset).
+struct SchedulerStats {
+  uint64_t num_steps = 0;
+  // Gauges after the step was scheduled.
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;               // all waiting requests, by reason:
+  int32_t num_waiting_for_capacity = 0;  //   budgets, blocks or queue order
+  int32_t num_waiting_for_lookup = 0;    //   connector lookup deferred
+  int32_t num_waiting_for_load = 0;      //   async KV load in progress
+  int32_t num_scheduled_tokens = 0;      // in this step
+  int32_t num_preemptions_step = 0;      // in this step
+  double kv_cache_usage = 0.0;           // 0-1
+  int32_t num_free_blocks = 0;
+  // Counters.
+  uint64_t num_preemptions_total = 0;
+  uint64_t num_preemptions_by_reason[kNumPreemptionReasons] = {};
+  uint64_t prefix_cache_queries_tokens = 0;  // prompt tokens looked up locally
+  uint64_t prefix_cache_hits_tokens = 0;
+  uint64_t external_cache_queries_tokens = 0;  // tokens asked of the connector
+  uint64_t external_cache_hits_tokens = 0;     // tokens it matched
+  uint64_t external_loaded_tokens = 0;         // tokens whose load succeeded
+  uint64_t num_requests_finished = 0;
+};
+
+class Scheduler {
+ public:
+  // `config` must be valid (checked). `connector` may be null (no external
+  // store); it must outlive the scheduler.
+  Scheduler(SchedulerConfig config, KvConnectorScheduler* connector);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. ALREADY_EXISTS for a live duplicate id;
+  // RESOURCE_EXHAUSTED when max_waiting_requests wait; INVALID_ARGUMENT for an
+  // empty prompt, a token id outside the vocabulary, bad sampling params,
+  // prompt + max_tokens > max_model_len, or a request the KV pool could never
+  // hold.
+  absl::Status AddRequest(RequestSpec spec, int64_t arrival_time_ns);
+
+  // Builds the next step; step ids increase by one from 1.
+  SchedulerOutput Schedule();
+  // Same, reusing `out`'s storage (hot path).
+  void ScheduleInto(SchedulerOutput* out);
+
+  // Processes the oldest step in flight: `scheduled` must be that step's
+  // output, `output` the worker's answer. Output of requests aborted or
+  // preempted since is dropped.
+  std::vector<RequestOutput> UpdateFromOutput(const SchedulerOutput& scheduled,
+                                              const ModelRunnerOutput& output);
+  // Same, overwriting `outputs` (reuses its elements' storage).
+  void UpdateFromOutputInto(const SchedulerOutput& scheduled, const ModelRunnerOutput& output,
+                            std::vector<RequestOutput>* outputs);
+
+  // Aborts a waiting, loading or running request: nullopt when unknown or
+  // already finished. The worker is told in the next step's finished_req_ids.
+  std::optional<RequestOutput> AbortRequest(std::string_view request_id);
+
+  // True while another step is needed: requests waiting or running, finished
+  // ids the worker has not been sent, or blocks held for KV transfers the
+  // worker has not reported.
+  [[nodiscard]] bool HasUnfinishedRequests() const;
+  [[nodiscard]] int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  [[nodiscard]] int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  [[nodiscard]] int32_t num_free_blocks() const { return kv_.pool().num_free_blocks(); }
+  // Usable blocks (the null block excluded).
+  [[nodiscard]] int32_t num_total_blocks() const { return kv_.pool().num_usable_blocks(); }
+  [[nodiscard]] int32_t num_steps_in_flight() const {
+    return static_cast<int32_t>(in_flight_.size());
+  }
+  [[nodiscard]] const SchedulerStats& stats() const { return stats_; }
+  [[nodiscard]] const SchedulerConfig& config() const { return config_; }
+
+  // For tests and connectors: the live request (waiting, loading, running or
+  // held for a KV transfer), or null.
+  [[nodiscard]] const Request* FindRequest(std::string_view request_id) const;
+  [[nodiscard]] const BlockPool& block_pool() const { return kv_.pool(); }
+  // Checks every invariant (counters, budgets, block reference counts, free
+  // queue); the message names the first one broken. For tests.
+  [[nodiscard]] absl::Status CheckInvariants() const;
+
+ private:
+  struct StepEntry {
+    Request* request;
+    uint64_t epoch;
+    int32_t num_scheduled_tokens;
+    bool will_sample;
+  };
+  struct StepRecord {
+    uint64_t step_id = 0;
+    std::vector<StepEntry> entries;
+  };
+
+  Request* NewRequest();
+  void ReleaseRequest(Request* request);
+  bool ScheduleRunning(Request* request, int32_t* token_budget, int32_t* num_preempted);
+  void Preempt(Request* victim);
+  // Returns false to stop admission for this step.
+  enum class Admit { kAdmitted, kSkip, kStop };
+  Admit TryAdmit(Request* request, int32_t* token_budget);
+  bool LoadGateAllows(const Request& request, int32_t num_tokens_to_hold) const;
+  void AppendTokens(Request* request, std::span<const int32_t> tokens, RequestOutput* out);
+  // Ends a request in any live state: frees or holds its blocks.
+  void Finish(Request* request, RequestState state);
+  void MaybeRelease(Request* request);
+  void HandleConnectorReport(const KvConnectorReport& report);
+  void FillOutput(Request* request, RequestOutput* out) const;
+  void ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted);
+
+  SchedulerConfig config_;
+  KvConnectorScheduler* connector_;
+  KvCacheManager kv_;
+  WaitingQueue waiting_;
+  std::vector<Request*> running_;  // admission order
+  // Requests that finished but hold blocks for a KV transfer.
+  std::vector<Request*> held_;
+  int32_t num_loading_ = 0;
+
+  std::vector<std::unique_ptr<Request>> slab_;
+  std::vector<Request*> free_slots_;
+  absl::flat_hash_map<std::string, Request*> live_;
+
+  uint64_t next_step_id_ = 1;
+  uint64_t next_arrival_seq_ = 0;
+  uint64_t next_admit_seq_ = 0;
+  std::deque<StepRecord> in_flight_;
+  std::vector<StepRecord> spare_records_;
+  std::vector<std::string> pending_finished_ids_;
+
+  // Per-step scratch, reused.
+  std::vector<StepEntry> scheduled_;  // in output order
+  std::vector<ScheduledRequestView> views_;
+  std::vector<bool> admitted_mask_;
+  std::vector<Request*> preempted_;
+  PrefixHit hit_scratch_;
+
+  SchedulerStats stats_;
+};
+
+}  // namespace tandem::sched

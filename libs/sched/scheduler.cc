@@ -1,0 +1,734 @@
+#include "tandem/sched/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+#include "tandem/sched/preemption.h"
+
+namespace tandem::sched {
+namespace {
+
+int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+const SchedulerConfig& Checked(const SchedulerConfig& config) {
+  absl::Status s = config.Validate();
+  TANDEM_CHECK(s.ok()) << std::string(s.message());
+  return config;
+}
+
+absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
+
+Scheduler::Scheduler(SchedulerConfig config, KvConnectorScheduler* connector)
+    : config_(Checked(config)),
+      connector_(connector),
+      kv_(config_.num_gpu_blocks, config_.block_size, config_.enable_prefix_caching),
+      waiting_(config_.policy) {}
+
+Scheduler::~Scheduler() = default;
+
+Request* Scheduler::NewRequest() {
+  if (free_slots_.empty()) {
+    slab_.push_back(std::make_unique<Request>());
+    return slab_.back().get();
+  }
+  Request* r = free_slots_.back();
+  free_slots_.pop_back();
+  // Keep the epoch: stale in-flight entries naming this slot must not match.
+  const uint64_t epoch = r->epoch + 1;
+  std::vector<int32_t> tokens = std::move(r->all_token_ids);
+  std::vector<BlockHash> hashes = std::move(r->block_hashes);
+  std::vector<int32_t> blocks = std::move(r->block_ids);
+  *r = Request{};
+  r->epoch = epoch;
+  r->all_token_ids = std::move(tokens);
+  r->all_token_ids.clear();
+  r->block_hashes = std::move(hashes);
+  r->block_hashes.clear();
+  r->block_ids = std::move(blocks);
+  r->block_ids.clear();
+  return r;
+}
+
+void Scheduler::ReleaseRequest(Request* request) {
+  ++request->epoch;
+  free_slots_.push_back(request);
+}
+
+absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
+  if (live_.contains(spec.request_id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request id \"", spec.request_id, "\" is already in use"));
+  }
+  if (num_waiting() >= config_.max_waiting_requests) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "waiting queue is full (", config_.max_waiting_requests, " requests)"));
+  }
+  if (spec.prompt_token_ids.empty()) {
+    return absl::InvalidArgumentError("prompt_token_ids is empty");
+  }
+  for (size_t i = 0; i < spec.prompt_token_ids.size(); ++i) {
+    const int32_t t = spec.prompt_token_ids[i];
+    if (t < 0 || (config_.vocab_size > 0 && t >= config_.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt token id ", t, " at position ", i, " is outside the vocabulary [0, ",
+          config_.vocab_size > 0 ? absl::StrCat(config_.vocab_size) : std::string("inf"), ")"));
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(spec.sampling.Validate(
+      config_.vocab_size > 0 ? config_.vocab_size : std::numeric_limits<int32_t>::max()));
+  const int64_t total =
+      static_cast<int64_t>(spec.prompt_token_ids.size()) + spec.sampling.max_tokens;
+  if (total > config_.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", spec.prompt_token_ids.size(), " tokens) + max_tokens (",
+        spec.sampling.max_tokens, ") = ", total, " exceeds max_model_len ", config_.max_model_len));
+  }
+  // The KV of prompt + max_tokens - 1 tokens must fit the pool on its own.
+  const int32_t blocks_needed = CeilDiv(static_cast<int32_t>(total) - 1, config_.block_size);
+  if (blocks_needed > num_total_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request needs up to ", blocks_needed, " KV blocks but the pool has ",
+        num_total_blocks()));
+  }
+
+  Request* r = NewRequest();
+  r->request_id = std::move(spec.request_id);
+  r->sampling = std::move(spec.sampling);
+  r->priority = spec.priority;
+  r->arrival_time_ns = arrival_time_ns;
+  r->arrival_seq = next_arrival_seq_++;
+  r->all_token_ids = std::move(spec.prompt_token_ids);
+  r->num_prompt_tokens = r->num_tokens();
+  r->state = RequestState::kWaiting;
+  HashRootParams root = config_.hash_root;
+  root.cache_salt = std::move(spec.cache_salt);
+  r->root_hash = ComputeRootHash(root);
+  if (config_.enable_prefix_caching || connector_ != nullptr) {
+    ExtendBlockHashes(r->root_hash, r->all_token_ids, config_.block_size, &r->block_hashes);
+  }
+  live_.emplace(r->request_id, r);
+  waiting_.Add(r);
+  return absl::OkStatus();
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
+  ScheduleInto(&out);
+  return out;
+}
+
+void Scheduler::Preempt(Request* victim) {
+  kv_.FreeBlocks(victim);
+  victim->state = RequestState::kPreempted;
+  victim->num_computed_tokens = 0;
+  victim->num_output_placeholders = 0;
+  victim->num_in_flight_tokens = 0;
+  victim->resumed_pending = true;
+  ++victim->epoch;  // drop its output still in flight
+  ++victim->num_preemptions;
+  waiting_.AddPreempted(victim);
+  preempted_.push_back(victim);
+  ++stats_.num_preemptions_total;
+  ++stats_.num_preemptions_by_reason[static_cast<int>(PreemptionReason::kKvCacheFull)];
+}
+
+bool Scheduler::LoadGateAllows(const Request& request, int32_t num_hit_blocks) const {
+  // Blocks still to be allocated by prefills in progress and loads admitted.
+  int32_t reserved = 0;
+  for (const Request* r : running_) {
+    if (r->num_computed_tokens < r->num_tokens()) {
+      reserved += kv_.NumBlocksToCover(*r, r->num_tokens() + r->num_output_placeholders);
+    }
+  }
+  for (const Request* r : waiting_) {
+    if (r->state == RequestState::kWaitingForRemoteKv) {
+      reserved += kv_.NumBlocksToCover(*r, r->num_tokens());
+    }
+  }
+  const int32_t need = CeilDiv(request.num_tokens(), config_.block_size) - num_hit_blocks;
+  return kv_.pool().num_free_blocks() - reserved >= need;
+}
+
+Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
+  if (r->state == RequestState::kWaitingForRemoteKv) return Admit::kSkip;
+  r->lookup_deferred = false;
+  const bool fresh = r->block_ids.empty();  // new or preempted; else its load finished
+  PrefixHit& hit = hit_scratch_;
+  hit.block_ids.clear();
+  hit.num_tokens = 0;
+  int32_t num_external = 0;
+  if (fresh) {
+    hit = kv_.FindPrefixHit(*r);
+    if (connector_ != nullptr) {
+      std::optional<ExternalMatch> m = connector_->GetNumNewMatchedTokens(*r, hit.num_tokens);
+      if (!m) {
+        r->lookup_deferred = true;
+        return Admit::kSkip;
+      }
+      num_external = std::clamp(m->num_external_tokens, 0, r->num_tokens() - hit.num_tokens);
+      num_external -= num_external % config_.block_size;
+    }
+  }
+
+  if (num_external > 0) {  // async load
+    const int32_t num_hit_blocks = static_cast<int32_t>(hit.block_ids.size());
+    if (!LoadGateAllows(*r, num_hit_blocks)) return Admit::kStop;
+    const SlotRequest slots{.hit = &hit, .num_external_tokens = num_external};
+    if (!kv_.CanAllocateSlots(*r, slots)) return Admit::kStop;
+    const int32_t first = kv_.AllocateSlots(r, slots);
+    r->num_computed_tokens = hit.num_tokens;
+    r->num_pending_external_tokens = num_external;
+    r->load_first_block = first;
+    r->load_num_blocks = num_external / config_.block_size;
+    r->load_num_valid_blocks = r->load_num_blocks;
+    if (r->num_preemptions == 0) r->num_cached_tokens_local = hit.num_tokens;
+    r->state = RequestState::kWaitingForRemoteKv;
+    ++num_loading_;
+    stats_.prefix_cache_queries_tokens += static_cast<uint64_t>(r->num_tokens());
+    stats_.prefix_cache_hits_tokens += static_cast<uint64_t>(hit.num_tokens);
+    stats_.external_cache_queries_tokens +=
+        static_cast<uint64_t>(r->num_tokens() - hit.num_tokens);
+    stats_.external_cache_hits_tokens += static_cast<uint64_t>(num_external);
+    connector_->UpdateStateAfterAlloc(
+        *r, std::span<const int32_t>(r->block_ids).subspan(first, r->load_num_blocks),
+        num_external);
+    if (config_.limit_async_load_admission) *token_budget -= std::min(num_external, *token_budget);
+    return Admit::kSkip;  // keeps its place until the load is reported
+  }
+
+  int32_t n = r->num_tokens() - r->num_computed_tokens - hit.num_tokens;
+  if (config_.long_prefill_token_threshold > 0) {
+    n = std::min(n, config_.long_prefill_token_threshold);
+  }
+  if (!config_.enable_chunked_prefill && n > *token_budget) return Admit::kStop;
+  n = std::min(n, *token_budget);
+  const SlotRequest slots{.num_new_tokens = n, .hit = fresh ? &hit : nullptr};
+  if (!kv_.CanAllocateSlots(*r, slots)) return Admit::kStop;
+  kv_.AllocateSlots(r, slots);
+  if (fresh) {
+    r->num_computed_tokens = hit.num_tokens;
+    if (r->num_preemptions == 0) r->num_cached_tokens_local = hit.num_tokens;
+    stats_.prefix_cache_queries_tokens += static_cast<uint64_t>(r->num_tokens());
+    stats_.prefix_cache_hits_tokens += static_cast<uint64_t>(hit.num_tokens);
+    if (connector_ != nullptr) {
+      stats_.external_cache_queries_tokens +=
+          static_cast<uint64_t>(r->num_tokens() - hit.num_tokens);
+      connector_->UpdateStateAfterAlloc(*r, {}, 0);
+    }
+  }
+  r->state = RequestState::kRunning;
+  r->admit_seq = next_admit_seq_++;
+  running_.push_back(r);
+  const bool will_sample = r->num_computed_tokens + n == r->num_tokens();
+  scheduled_.push_back(StepEntry{r, r->epoch, n, will_sample});
+  // No preemption can follow in this step, so the blocks this step computes
+  // can be published now: a later request of the same step shares them.
+  kv_.CacheBlocks(r, r->num_computed_tokens + n);
+  *token_budget -= n;
+  return Admit::kAdmitted;
+}
+
+void Scheduler::ScheduleInto(SchedulerOutput* out) {
+  TANDEM_CHECK_LT(in_flight_.size(), config_.async_scheduling ? 2u : 1u)
+      << "too many steps in flight: call UpdateFromOutput first";
+  scheduled_.clear();
+  preempted_.clear();
+  int32_t token_budget = config_.max_num_batched_tokens;
+  int32_t num_preempted = 0;
+
+  // ---- running requests first, in admission order ----
+  for (size_t i = 0; i < running_.size() && token_budget > 0;) {
+    Request* r = running_[i];
+    int32_t n = r->num_tokens() + r->num_output_placeholders - r->num_computed_tokens;
+    if (config_.long_prefill_token_threshold > 0) {
+      n = std::min(n, config_.long_prefill_token_threshold);
+    }
+    n = std::min({n, token_budget, config_.max_model_len - 1 - r->num_computed_tokens});
+    // Async: steps in flight already reach max_tokens (or max_model_len).
+    if (r->num_output_placeholders > 0 &&
+        (r->num_output_tokens() + r->num_output_placeholders >= r->sampling.max_tokens ||
+         r->num_tokens() + r->num_output_placeholders >= config_.max_model_len)) {
+      n = 0;
+    }
+    if (n <= 0) {  // nothing to do now; never blocks the ones after it
+      ++i;
+      continue;
+    }
+    const SlotRequest slots{.num_new_tokens = n};
+    bool preempted_self = false;
+    while (!kv_.CanAllocateSlots(*r, slots)) {
+      const size_t v = config_.policy == SchedulingPolicy::kFcfs
+                           ? FcfsPreemption{}(running_)
+                           : PriorityPreemption{}(running_);
+      Request* victim = running_[v];
+      if (v < i) {  // already scheduled in this step: take it back
+        auto it = std::find_if(scheduled_.begin(), scheduled_.end(),
+                               [victim](const StepEntry& e) { return e.request == victim; });
+        if (it != scheduled_.end()) {
+          token_budget += it->num_scheduled_tokens;
+          scheduled_.erase(it);
+        }
+        --i;
+      }
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(v));
+      Preempt(victim);
+      ++num_preempted;
+      if (victim == r) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;
+    kv_.AllocateSlots(r, slots);
+    const bool will_sample =
+        r->num_computed_tokens + n == r->num_tokens() + r->num_output_placeholders;
+    scheduled_.push_back(StepEntry{r, r->epoch, n, will_sample});
+    token_budget -= n;
+    ++i;
+  }
+  // Published only now: a request scheduled above may have been preempted
+  // (and its step taken back) by a later one.
+  for (const StepEntry& e : scheduled_) {
+    kv_.CacheBlocks(e.request, e.request->num_computed_tokens + e.num_scheduled_tokens);
+  }
+
+  // ---- waiting requests, only if nothing was preempted ----
+  if (num_preempted == 0 && !waiting_.empty()) {
+    admitted_mask_.assign(waiting_.size(), false);
+    bool any_admitted = false;
+    for (size_t w = 0; w < waiting_.size() && token_budget > 0; ++w) {
+      const int32_t num_seqs = num_running() + (config_.limit_async_load_admission ? num_loading_ : 0);
+      if (num_seqs >= config_.max_num_seqs) break;
+      const Admit a = TryAdmit(waiting_[w], &token_budget);
+      if (a == Admit::kStop) break;
+      if (a == Admit::kAdmitted) {
+        admitted_mask_[w] = true;
+        any_admitted = true;
+      }
+    }
+    if (any_admitted) waiting_.RemoveMarked(admitted_mask_);
+  }
+
+  // ---- the output: new requests in full, then diffs ----
+  out->step_id = next_step_id_++;
+  StepRecord record;
+  if (!spare_records_.empty()) {
+    record = std::move(spare_records_.back());
+    spare_records_.pop_back();
+  }
+  record.step_id = out->step_id;
+  record.entries.clear();
+  size_t num_new = 0;
+  for (const StepEntry& e : scheduled_) num_new += e.request->known_to_worker ? 0 : 1;
+  out->scheduled_new_reqs.resize(num_new);
+  out->scheduled_cached_reqs.resize(scheduled_.size() - num_new);
+  out->num_scheduled_tokens.resize(scheduled_.size());
+  record.entries.resize(scheduled_.size());
+  int32_t total = 0;
+  size_t next_new = 0;
+  size_t next_cached = 0;
+  for (const StepEntry& e : scheduled_) {
+    Request* r = e.request;
+    size_t slot;
+    if (!r->known_to_worker) {
+      slot = next_new;
+      NewRequestData& d = out->scheduled_new_reqs[next_new++];
+      d.request_id = r->request_id;
+      d.prompt_token_ids.assign(r->all_token_ids.begin(),
+                                r->all_token_ids.begin() + r->num_prompt_tokens);
+      d.sampling = r->sampling;
+      d.block_ids = r->block_ids;
+      d.num_computed_tokens = r->num_computed_tokens;
+      r->known_to_worker = true;
+    } else {
+      slot = num_new + next_cached;
+      CachedRequestData& d = out->scheduled_cached_reqs[next_cached++];
+      d.request_id = r->request_id;
+      d.resumed_from_preemption = r->resumed_pending;
+      const int32_t from = r->resumed_pending ? 0 : r->num_blocks_sent;
+      d.new_block_ids.assign(r->block_ids.begin() + from, r->block_ids.end());
+      if (r->resumed_pending) {
+        d.all_token_ids = r->all_token_ids;
+      } else {
+        d.all_token_ids.clear();
+      }
+      d.num_computed_tokens = r->num_computed_tokens;
+      d.num_output_placeholders = r->num_output_placeholders;
+    }
+    r->resumed_pending = false;
+    r->num_blocks_sent = static_cast<int32_t>(r->block_ids.size());
+    record.entries[slot] = e;
+    out->num_scheduled_tokens[slot] = e.num_scheduled_tokens;
+    total += e.num_scheduled_tokens;
+  }
+  out->total_num_scheduled_tokens = total;
+  out->finished_req_ids.swap(pending_finished_ids_);
+  pending_finished_ids_.clear();
+  out->preempted_req_ids.resize(preempted_.size());
+  for (size_t i = 0; i < preempted_.size(); ++i) {
+    out->preempted_req_ids[i] = preempted_[i]->request_id;
+  }
+
+  if (connector_ != nullptr) {
+    views_.clear();
+    for (const StepEntry& e : record.entries) {
+      views_.push_back(ScheduledRequestView{e.request, e.num_scheduled_tokens, e.will_sample});
+    }
+    out->kv_connector_metadata = connector_->BuildConnectorMeta(*out, views_);
+  } else {
+    out->kv_connector_metadata.loads.clear();
+    out->kv_connector_metadata.stores.clear();
+  }
+
+  // ---- then the counters advance ----
+  for (const StepEntry& e : record.entries) {
+    Request* r = e.request;
+    r->num_computed_tokens += e.num_scheduled_tokens;
+    r->num_in_flight_tokens += e.num_scheduled_tokens;
+    if (config_.async_scheduling && e.will_sample) ++r->num_output_placeholders;
+  }
+  in_flight_.push_back(std::move(record));
+  ComputeStats(total, num_preempted);
+}
+
+void Scheduler::ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted) {
+  ++stats_.num_steps;
+  stats_.num_running = num_running();
+  stats_.num_waiting = num_waiting();
+  stats_.num_waiting_for_load = num_loading_;
+  int32_t deferred = 0;
+  for (const Request* r : waiting_) deferred += r->lookup_deferred ? 1 : 0;
+  stats_.num_waiting_for_lookup = deferred;
+  stats_.num_waiting_for_capacity = stats_.num_waiting - num_loading_ - deferred;
+  stats_.num_scheduled_tokens = num_scheduled_tokens;
+  stats_.num_preemptions_step = num_preempted;
+  stats_.kv_cache_usage = kv_.pool().usage();
+  stats_.num_free_blocks = kv_.pool().num_free_blocks();
+}
+
+std::vector<RequestOutput> Scheduler::UpdateFromOutput(const SchedulerOutput& scheduled,
+                                                       const ModelRunnerOutput& output) {
+  std::vector<RequestOutput> outputs;
+  UpdateFromOutputInto(scheduled, output, &outputs);
+  return outputs;
+}
+
+void Scheduler::FillOutput(Request* r, RequestOutput* o) const {
+  o->request_id = r->request_id;
+  o->finished = r->is_finished() ? std::optional<RequestState>(r->state) : std::nullopt;
+  o->num_prompt_tokens = r->num_prompt_tokens;
+  o->num_output_tokens = r->num_output_tokens();
+  o->num_cached_tokens_local = r->num_cached_tokens_local;
+  o->num_cached_tokens_external = r->num_cached_tokens_external;
+}
+
+void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, RequestOutput* o) {
+  const SamplingParams& sp = r->sampling;
+  for (int32_t t : tokens) {
+    // A token at output index j may stop the request only when j >= min_tokens
+    // (the sampler masks stop tokens before that).
+    const bool may_stop = r->num_output_tokens() >= sp.min_tokens;
+    if (may_stop && !sp.ignore_eos && config_.eos_token_id >= 0 && t == config_.eos_token_id) {
+      Finish(r, RequestState::kFinishedStopped);  // EOS is not part of the output
+      return;
+    }
+    r->all_token_ids.push_back(t);
+    o->new_token_ids.push_back(t);
+    if (may_stop && std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), t) !=
+                        sp.stop_token_ids.end()) {
+      Finish(r, RequestState::kFinishedStopped);
+      return;
+    }
+    if (r->num_output_tokens() >= sp.max_tokens || r->num_tokens() >= config_.max_model_len) {
+      Finish(r, RequestState::kFinishedLength);
+      return;
+    }
+  }
+  if (static_cast<int32_t>(r->block_hashes.size()) < r->num_tokens() / config_.block_size &&
+      (config_.enable_prefix_caching || connector_ != nullptr)) {
+    ExtendBlockHashes(r->root_hash, r->all_token_ids, config_.block_size, &r->block_hashes);
+  }
+}
+
+void Scheduler::Finish(Request* r, RequestState state) {
+  const RequestState prior = r->state;
+  r->state = state;
+  ++r->epoch;  // drop its output still in flight
+  if (prior == RequestState::kWaitingForRemoteKv) {
+    --num_loading_;
+    r->awaiting_recv = true;  // the worker may still write the blocks
+  }
+  if (r->known_to_worker || r->awaiting_recv) pending_finished_ids_.push_back(r->request_id);
+  if (connector_ != nullptr) {
+    r->awaiting_send = connector_->RequestFinished(*r, r->block_ids) && !r->block_ids.empty();
+  }
+  live_.erase(r->request_id);
+  ++stats_.num_requests_finished;
+  MaybeRelease(r);
+}
+
+void Scheduler::MaybeRelease(Request* r) {
+  if (r->awaiting_recv || r->awaiting_send) {
+    if (std::find(held_.begin(), held_.end(), r) == held_.end()) held_.push_back(r);
+    return;
+  }
+  held_.erase(std::remove(held_.begin(), held_.end(), r), held_.end());
+  kv_.FreeBlocks(r);
+  ReleaseRequest(r);
+}
+
+void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
+                                     const ModelRunnerOutput& output,
+                                     std::vector<RequestOutput>* outputs) {
+  TANDEM_CHECK(!in_flight_.empty()) << "UpdateFromOutput without a step in flight";
+  StepRecord& rec = in_flight_.front();
+  TANDEM_CHECK_EQ(rec.step_id, scheduled.step_id)
+      << "outputs must be processed in step order; oldest in flight is " << rec.step_id;
+  const std::vector<SampledTokens>& sampled = output.sampled;
+  absl::flat_hash_map<absl::string_view, size_t> index;  // only if the order differs
+  size_t k = 0;
+  bool any_finished = false;
+  for (size_t i = 0; i < rec.entries.size(); ++i) {
+    const StepEntry& e = rec.entries[i];
+    Request* r = e.request;
+    if (r->epoch != e.epoch) continue;  // aborted, finished or preempted since
+    r->num_in_flight_tokens -= e.num_scheduled_tokens;
+    if (!e.will_sample) continue;
+    if (config_.async_scheduling) {
+      --r->num_output_placeholders;
+      TANDEM_CHECK_GE(r->num_output_placeholders, 0) << r->request_id;
+    }
+    const SampledTokens* st = nullptr;
+    if (i < sampled.size() && sampled[i].request_id == r->request_id) {
+      st = &sampled[i];
+    } else {
+      if (index.empty()) {
+        for (size_t j = 0; j < sampled.size(); ++j) index.emplace(sampled[j].request_id, j);
+      }
+      auto it = index.find(r->request_id);
+      if (it != index.end()) st = &sampled[it->second];
+    }
+    if (k == outputs->size()) outputs->emplace_back();
+    RequestOutput& o = (*outputs)[k++];
+    o.new_token_ids.clear();
+    if (st == nullptr || st->token_ids.empty()) {
+      TANDEM_LOG(ERROR) << "step " << rec.step_id << ": no sampled token for request "
+                        << r->request_id;
+      FillOutput(r, &o);
+      Finish(r, RequestState::kFinishedError);
+      o.finished = RequestState::kFinishedError;
+      any_finished = true;
+      continue;
+    }
+    AppendTokens(r, st->token_ids, &o);
+    FillOutput(r, &o);
+    if (o.finished) {
+      any_finished = true;
+      continue;
+    }
+    kv_.CacheBlocks(r, r->num_computed_tokens);  // blocks whose ids became known
+  }
+  outputs->resize(k);
+  if (any_finished) {
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](const Request* r) { return r->is_finished(); }),
+                   running_.end());
+  }
+  HandleConnectorReport(output.kv_connector_report);
+  spare_records_.push_back(std::move(rec));
+  in_flight_.pop_front();
+}
+
+void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
+  if (connector_ == nullptr) return;
+  connector_->OnConnectorReport(report);
+  auto for_each_loading = [this](auto&& fn) {
+    for (Request* r : waiting_) {
+      if (r->state == RequestState::kWaitingForRemoteKv) fn(r);
+    }
+    for (Request* r : held_) {
+      if (r->awaiting_recv) fn(r);
+    }
+  };
+  if (!report.invalid_block_ids.empty()) {
+    absl::flat_hash_set<int32_t> invalid(report.invalid_block_ids.begin(),
+                                         report.invalid_block_ids.end());
+    for_each_loading([&](Request* r) {
+      for (int32_t j = 0; j < r->load_num_valid_blocks; ++j) {
+        if (invalid.contains(r->block_ids[r->load_first_block + j])) {
+          r->load_num_valid_blocks = j;  // keep only the blocks before it
+          break;
+        }
+      }
+    });
+  }
+  for (const std::string& id : report.finished_recving) {
+    auto it = live_.find(id);
+    if (it != live_.end() && it->second->state == RequestState::kWaitingForRemoteKv) {
+      Request* r = it->second;
+      const int32_t loaded = r->load_num_valid_blocks * config_.block_size;
+      r->num_computed_tokens += loaded;
+      r->num_pending_external_tokens = 0;
+      r->num_cached_tokens_external = loaded;
+      --num_loading_;
+      r->state = r->num_preemptions > 0 ? RequestState::kPreempted : RequestState::kWaiting;
+      // Only the valid loaded blocks are published; the rest is recomputed.
+      kv_.CacheBlocks(r, r->num_computed_tokens);
+      // A full-prompt hit still computes its last token (its logits are needed).
+      if (r->num_computed_tokens == r->num_tokens()) --r->num_computed_tokens;
+      stats_.external_loaded_tokens += static_cast<uint64_t>(loaded);
+      connector_->OnLoadFinished(*r, loaded);
+      continue;
+    }
+    for (Request* r : held_) {
+      if (r->awaiting_recv && r->request_id == id) {
+        r->awaiting_recv = false;
+        MaybeRelease(r);
+        break;
+      }
+    }
+  }
+  for (const std::string& id : report.finished_sending) {
+    for (Request* r : held_) {
+      if (r->awaiting_send && r->request_id == id) {
+        r->awaiting_send = false;
+        MaybeRelease(r);
+        break;
+      }
+    }
+  }
+}
+
+std::optional<RequestOutput> Scheduler::AbortRequest(std::string_view request_id) {
+  auto it = live_.find(AsAbsl(request_id));
+  if (it == live_.end()) return std::nullopt;
+  Request* r = it->second;
+  if (r->state == RequestState::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), r));
+  } else {
+    waiting_.Remove(r);
+  }
+  RequestOutput o;
+  o.request_id = r->request_id;
+  o.finished = RequestState::kFinishedAborted;
+  o.num_prompt_tokens = r->num_prompt_tokens;
+  o.num_output_tokens = r->num_output_tokens();
+  o.num_cached_tokens_local = r->num_cached_tokens_local;
+  o.num_cached_tokens_external = r->num_cached_tokens_external;
+  Finish(r, RequestState::kFinishedAborted);
+  return o;
+}
+
+bool Scheduler::HasUnfinishedRequests() const {
+  return !waiting_.empty() || !running_.empty() || !pending_finished_ids_.empty() ||
+         !held_.empty();
+}
+
+const Request* Scheduler::FindRequest(std::string_view request_id) const {
+  auto it = live_.find(AsAbsl(request_id));
+  if (it != live_.end()) return it->second;
+  for (const Request* r : held_) {
+    if (r->request_id == request_id) return r;
+  }
+  return nullptr;
+}
+
+absl::Status Scheduler::CheckInvariants() const {
+  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
+  const int32_t bs = config_.block_size;
+  if (num_running() > config_.max_num_seqs) {
+    return fail("running ", num_running(), " > max_num_seqs ", config_.max_num_seqs);
+  }
+  int32_t loading = 0;
+  for (const Request* r : waiting_) loading += r->state == RequestState::kWaitingForRemoteKv;
+  if (loading != num_loading_) return fail("num_loading_ ", num_loading_, " != ", loading);
+  if (config_.limit_async_load_admission && num_running() + loading > config_.max_num_seqs) {
+    return fail("running ", num_running(), " + loading ", loading, " > max_num_seqs");
+  }
+  if (!in_flight_.empty()) {
+    int32_t total = 0;
+    for (const StepEntry& e : in_flight_.back().entries) total += e.num_scheduled_tokens;
+    if (total > config_.max_num_batched_tokens) {
+      return fail("step scheduled ", total, " tokens > budget ", config_.max_num_batched_tokens);
+    }
+  }
+  std::vector<int32_t> refs(static_cast<size_t>(kv_.pool().num_blocks()), 0);
+  refs[BlockPool::kNullBlock] = 1;
+  auto check_request = [&](const Request* r, bool live) -> absl::Status {
+    const std::string& id = r->request_id;
+    if (r->num_output_placeholders < 0 || r->num_in_flight_tokens < 0 ||
+        r->num_pending_external_tokens < 0 || r->num_computed_tokens < 0) {
+      return fail(id, ": negative counter C=", r->num_computed_tokens,
+                  " P=", r->num_output_placeholders, " F=", r->num_in_flight_tokens,
+                  " E=", r->num_pending_external_tokens);
+    }
+    if (r->num_output_placeholders > (config_.async_scheduling ? 2 : 0)) {
+      return fail(id, ": ", r->num_output_placeholders, " placeholders");
+    }
+    if (live) {
+      if (r->num_computed_tokens > r->num_tokens() + r->num_output_placeholders) {
+        return fail(id, ": computed ", r->num_computed_tokens, " > tokens ", r->num_tokens(),
+                    " + placeholders ", r->num_output_placeholders);
+      }
+      if (r->num_in_flight_tokens > r->num_computed_tokens) {
+        return fail(id, ": in flight ", r->num_in_flight_tokens, " > computed");
+      }
+      const int32_t covered = r->num_computed_tokens + r->num_pending_external_tokens;
+      if (static_cast<int32_t>(r->block_ids.size()) < CeilDiv(covered, bs)) {
+        return fail(id, ": ", r->block_ids.size(), " blocks do not cover ", covered, " tokens");
+      }
+      if (r->num_cached_blocks * bs > std::min(r->num_computed_tokens, r->num_tokens())) {
+        return fail(id, ": ", r->num_cached_blocks, " cached blocks beyond known computed tokens");
+      }
+    }
+    for (int32_t b : r->block_ids) {
+      if (b <= 0 || b >= kv_.pool().num_blocks()) return fail(id, ": bad block id ", b);
+      ++refs[static_cast<size_t>(b)];
+    }
+    return absl::OkStatus();
+  };
+  for (const Request* r : running_) {
+    if (r->state != RequestState::kRunning) return fail(r->request_id, " in running_ but ", RequestStateName(r->state));
+    TANDEM_RETURN_IF_ERROR(check_request(r, true));
+  }
+  for (const Request* r : waiting_) {
+    if (r->state != RequestState::kWaiting && r->state != RequestState::kPreempted &&
+        r->state != RequestState::kWaitingForRemoteKv) {
+      return fail(r->request_id, " in waiting_ but ", RequestStateName(r->state));
+    }
+    if (r->state != RequestState::kWaitingForRemoteKv && r->num_in_flight_tokens != 0) {
+      return fail(r->request_id, ": waiting with tokens in flight");
+    }
+    TANDEM_RETURN_IF_ERROR(check_request(r, true));
+  }
+  for (const Request* r : held_) TANDEM_RETURN_IF_ERROR(check_request(r, false));
+  if (live_.size() != running_.size() + waiting_.size()) {
+    return fail("live ", live_.size(), " != running ", running_.size(), " + waiting ",
+                waiting_.size());
+  }
+  int32_t num_free = 0;
+  for (int32_t b = 0; b < kv_.pool().num_blocks(); ++b) {
+    if (refs[static_cast<size_t>(b)] != kv_.pool().ref_count(b)) {
+      return fail("block ", b, ": ref count ", kv_.pool().ref_count(b), " but held by ",
+                  refs[static_cast<size_t>(b)]);
+    }
+    num_free += refs[static_cast<size_t>(b)] == 0;
+  }
+  if (num_free != kv_.pool().num_free_blocks() ||
+      static_cast<int32_t>(kv_.pool().FreeQueueForTest().size()) != num_free) {
+    return fail("free blocks ", kv_.pool().num_free_blocks(), " but ", num_free, " unreferenced");
+  }
+  if (live_.empty() && held_.empty() && num_free != num_total_blocks()) {
+    return fail("no requests but only ", num_free, " of ", num_total_blocks(), " blocks free");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::sched
