@@ -66,3 +66,33 @@ inline std::vector<int32_t> GenerateGreedy(const Model& model, const std::vector
 }
 
 }  // namespace tandem::model::testing
+
+namespace tandem::model::testing {
+
+// stories260K when present, else a deterministic random model of the same
+// shape (so the tests that do not need trained weights always run).
+inline std::unique_ptr<Model> LoadTestModel() {
+  if (HaveStories()) {
+    auto m = Model::Load(StoriesPath());
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? std::move(*m) : nullptr;
+  }
+  auto ckpt = MakeRandomCheckpoint(RandomModelOptions{.num_layers = 3, .seed = 7});
+  EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+  auto m = Model::FromWeights(ckpt->config, std::move(ckpt->weights), "random");
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+// Deterministic pseudo-random prompt of `n` tokens starting with BOS.
+inline std::vector<int32_t> MakePrompt(int32_t n, uint32_t salt, int32_t vocab) {
+  std::vector<int32_t> p = {1};
+  uint32_t s = 2654435761u * (salt + 1);
+  while (static_cast<int32_t>(p.size()) < n) {
+    s = s * 1664525u + 1013904223u;
+    p.push_back(2 + static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(vocab - 2)));
+  }
+  return p;
+}
+
+}  // namespace tandem::model::testing

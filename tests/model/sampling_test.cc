@@ -1,0 +1,125 @@
+// Seeded sampling (DESIGN §6): tokens depend only on (seed, output position),
+// never on the batch; different seeds give different tokens.
+#include <map>
+
+#include "gtest/gtest.h"
+#include "tandem/kernels/sampling.h"
+#include "test_util.h"
+
+namespace tandem::model {
+namespace {
+
+using testing::LoadTestModel;
+using testing::MakePrompt;
+
+constexpr int32_t kTokens = 24;
+
+// Generates for every prompt at once (one batch per step) and returns the
+// output tokens of each.
+std::vector<std::vector<int32_t>> GenerateBatch(const Model& model,
+                                                const std::vector<std::vector<int32_t>>& prompts,
+                                                const std::vector<SamplingParams>& params) {
+  const int32_t n = static_cast<int32_t>(prompts.size());
+  auto runner = ModelRunner::Create(&model, {.block_size = 16, .num_blocks = 8 * n});
+  EXPECT_TRUE(runner.ok());
+  std::vector<std::vector<int32_t>> tables(prompts.size()), out(prompts.size()),
+      chunk = prompts;
+  std::vector<int32_t> pos(prompts.size(), 0);
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t b = 0; b < 8; ++b) tables[static_cast<size_t>(i)].push_back(8 * i + b);
+  }
+  std::vector<float> logits;
+  const int32_t vocab = model.config().vocab_size;
+  for (int32_t step = 0; step < kTokens; ++step) {
+    std::vector<SequenceInput> batch;
+    for (int32_t i = 0; i < n; ++i) {
+      batch.push_back({.token_ids = chunk[i], .start_pos = pos[i], .block_table = tables[i]});
+    }
+    EXPECT_TRUE((*runner)->Forward(batch, &logits).ok());
+    for (int32_t i = 0; i < n; ++i) {
+      pos[i] += static_cast<int32_t>(chunk[i].size());
+      const int32_t t = SampleToken(std::span(logits).subspan(i * vocab, vocab), params[i], step);
+      out[i].push_back(t);
+      chunk[i] = {t};
+    }
+  }
+  return out;
+}
+
+TEST(SamplingTest, SameSeedSameTokensInAnyBatchDifferentSeedDifferentTokens) {
+  auto model = LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  const int32_t vocab = model->config().vocab_size;
+  const std::vector<int32_t> prompt = MakePrompt(12, 3, vocab);
+  for (const SamplingParams& base :
+       {SamplingParams{.temperature = 1.0f}, SamplingParams{.temperature = 0.8f, .top_k = 40},
+        SamplingParams{.temperature = 1.2f, .top_p = 0.9f},
+        SamplingParams{.temperature = 1.0f, .top_k = 100, .top_p = 0.95f}}) {
+    SamplingParams seeded = base;
+    seeded.seed = 1234;
+    const auto alone = GenerateBatch(*model, {prompt}, {seeded});
+    // In a batch of 6 with other prompts and seeds, at index 4.
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<SamplingParams> params;
+    for (int32_t i = 0; i < 6; ++i) {
+      prompts.push_back(i == 4 ? prompt : MakePrompt(5 + i, 50 + i, vocab));
+      SamplingParams p = base;
+      p.seed = i == 4 ? 1234 : 77 + i;
+      params.push_back(p);
+    }
+    const auto batched = GenerateBatch(*model, prompts, params);
+    EXPECT_EQ(batched[4], alone[0]) << "temperature " << base.temperature;
+    SamplingParams other = seeded;
+    other.seed = 1235;
+    const auto different = GenerateBatch(*model, {prompt}, {other});
+    EXPECT_NE(different[0], alone[0]) << "temperature " << base.temperature;
+  }
+}
+
+TEST(SamplingTest, GreedyPicksArgmaxLowestIdOnTies) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
+  EXPECT_EQ(SampleToken(logits, SamplingParams{}, 0), 1);
+}
+
+TEST(SamplingTest, TopKOneIsGreedyAndTopKRestrictsTheSupport) {
+  std::vector<float> logits(64);
+  for (int32_t i = 0; i < 64; ++i) logits[i] = static_cast<float>((i * 37) % 64) * 0.1f;
+  const int32_t best = kernels::ArgMax(logits.data(), 64);
+  std::map<int32_t, int> seen;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    EXPECT_EQ(SampleToken(logits, {.temperature = 1.0f, .top_k = 1, .seed = seed}, 0), best);
+    seen[SampleToken(logits, {.temperature = 5.0f, .top_k = 3, .seed = seed}, 2)]++;
+  }
+  // Only the 3 largest logits (6.3, 6.2, 6.1) can be chosen, and all are.
+  ASSERT_EQ(seen.size(), 3u);
+  for (const auto& [tok, count] : seen) EXPECT_GE(logits[tok], 6.05f) << tok;
+}
+
+TEST(SamplingTest, TopPKeepsTheSmallestSetReachingTheMass) {
+  // Probabilities ~ [0.5, 0.3, 0.15, 0.05] at temperature 1.
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
+                                     std::log(0.05f)};
+  std::map<int32_t, int> seen;
+  for (uint64_t seed = 0; seed < 400; ++seed) {
+    seen[SampleToken(logits, {.temperature = 1.0f, .top_p = 0.75f, .seed = seed}, 0)]++;
+  }
+  EXPECT_EQ(seen.size(), 2u);  // 0.5 + 0.3 >= 0.75: tokens 0 and 1 only
+  EXPECT_GT(seen[0], seen[1]);
+}
+
+TEST(SamplingTest, CounterUniformDependsOnSeedAndPositionOnly) {
+  EXPECT_EQ(kernels::CounterUniform(5, 9), kernels::CounterUniform(5, 9));
+  EXPECT_NE(kernels::CounterUniform(5, 9), kernels::CounterUniform(5, 10));
+  EXPECT_NE(kernels::CounterUniform(5, 9), kernels::CounterUniform(6, 9));
+  double sum = 0;
+  for (int32_t i = 0; i < 10000; ++i) {
+    const float u = kernels::CounterUniform(42, i);
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / 10000, 0.5, 0.02);
+}
+
+}  // namespace
+}  // namespace tandem::model
