@@ -1,0 +1,219 @@
+// Bad model inputs give a Status naming the file and the problem; nothing is
+// half-loaded, nothing crashes. Bad batches give INVALID_ARGUMENT naming the
+// sequence and leave the cache untouched.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "test_util.h"
+
+namespace tandem::model {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+void Spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+// A small random checkpoint written as a .bin and as an HF directory.
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto ckpt = MakeRandomCheckpoint(RandomModelOptions{.num_layers = 2, .seed = 5});
+    ASSERT_TRUE(ckpt.ok());
+    ckpt_ = std::move(*ckpt);
+    bin_ = dir_.File("model.bin");
+    hf_ = dir_.File("hf");
+    ASSERT_TRUE(WriteLlama2cCheckpoint(ckpt_.config, ckpt_.weights, bin_).ok());
+    ASSERT_TRUE(WriteHfCheckpoint(ckpt_.config, ckpt_.weights, hf_).ok());
+    ASSERT_TRUE(Model::Load(bin_).ok());
+    ASSERT_TRUE(Model::Load(hf_).ok());
+  }
+  // Replaces `from` with `to` (same length) in the safetensors header.
+  void EditSafetensors(const std::string& from, const std::string& to) {
+    ASSERT_EQ(from.size(), to.size());
+    std::string bytes = Slurp(hf_ + "/model.safetensors");
+    const size_t at = bytes.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    bytes.replace(at, from.size(), to);
+    Spit(hf_ + "/model.safetensors", bytes);
+  }
+  void EditConfig(const std::string& from, const std::string& to) {
+    std::string text = Slurp(hf_ + "/config.json");
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    Spit(hf_ + "/config.json", text);
+  }
+
+  TempDir dir_;
+  LoadedCheckpoint ckpt_;
+  std::string bin_, hf_;
+};
+
+TEST_F(BadInputTest, MissingFileIsNotFoundNamingThePath) {
+  auto m = Model::Load(dir_.File("nope.bin"));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("nope.bin"), HasSubstr("cannot open")));
+  std::filesystem::remove(hf_ + "/model.safetensors");
+  m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()), HasSubstr("model.safetensors: cannot open"));
+}
+
+TEST_F(BadInputTest, TruncatedBinNamesFileAndSizes) {
+  const std::string bytes = Slurp(bin_);
+  for (size_t keep : {size_t{0}, size_t{10}, bytes.size() / 2, bytes.size() - 4}) {
+    Spit(bin_, bytes.substr(0, keep));
+    auto m = Model::Load(bin_);
+    ASSERT_FALSE(m.ok()) << keep;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.bin"), HasSubstr("truncated")))
+        << keep;
+  }
+}
+
+TEST_F(BadInputTest, WrongHeaderIsRejected) {
+  std::string bytes = Slurp(bin_);
+  int32_t bad_heads = 7;  // dim 64 is not a multiple of 7
+  std::memcpy(bytes.data() + 3 * 4, &bad_heads, 4);
+  Spit(bin_, bytes);
+  auto m = Model::Load(bin_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()),
+              AllOf(HasSubstr("model.bin"), HasSubstr("bad llama2.c header"), HasSubstr("n_heads=7")));
+  // A plausible header for a different size: the file size gives it away.
+  bytes = Slurp(bin_);
+  int32_t hidden = 100;
+  int32_t heads = 8;
+  std::memcpy(bytes.data() + 3 * 4, &heads, 4);
+  std::memcpy(bytes.data() + 1 * 4, &hidden, 4);
+  Spit(bin_, bytes);
+  m = Model::Load(bin_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.bin"), HasSubstr("size mismatch")));
+}
+
+TEST_F(BadInputTest, TensorOfWrongDtypeIsRejected) {
+  EditSafetensors("\"model.norm.weight\":{\"dtype\":\"F32\"",
+                  "\"model.norm.weight\":{\"dtype\":\"I32\"");
+  auto m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()),
+              AllOf(HasSubstr("model.safetensors"), HasSubstr("model.norm.weight"),
+                    HasSubstr("unsupported dtype I32")));
+}
+
+TEST_F(BadInputTest, TensorOfWrongShapeIsRejected) {
+  // 64 x 172 stored as 172 x 64: same bytes, wrong shape.
+  EditSafetensors("\"model.layers.0.mlp.down_proj.weight\":{\"dtype\":\"F32\",\"shape\":[64,172]",
+                  "\"model.layers.0.mlp.down_proj.weight\":{\"dtype\":\"F32\",\"shape\":[172,64]");
+  auto m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()),
+              AllOf(HasSubstr("model.safetensors"), HasSubstr("down_proj"),
+                    HasSubstr("shape [172, 64]"), HasSubstr("implies [64, 172]")));
+}
+
+TEST_F(BadInputTest, ConfigDisagreeingWithTensorsIsRejected) {
+  EditConfig("\"intermediate_size\": 172", "\"intermediate_size\": 256");
+  auto m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()),
+              AllOf(HasSubstr("model.safetensors"), HasSubstr("gate_proj"),
+                    HasSubstr("config.json implies [256, 64]")));
+}
+
+TEST_F(BadInputTest, MissingTensorIsRejected) {
+  EditSafetensors("\"model.norm.weight\"", "\"model.norx.weight\"");
+  auto m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()),
+              AllOf(HasSubstr("model.safetensors"), HasSubstr("missing tensor 'model.norm.weight'")));
+}
+
+TEST_F(BadInputTest, TruncatedSafetensorsIsRejected) {
+  const std::string bytes = Slurp(hf_ + "/model.safetensors");
+  for (size_t keep : {size_t{3}, size_t{100}, bytes.size() - 1}) {
+    Spit(hf_ + "/model.safetensors", bytes.substr(0, keep));
+    auto m = Model::Load(hf_);
+    ASSERT_FALSE(m.ok()) << keep;
+    EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.safetensors"), HasSubstr("truncated")))
+        << keep << ": " << m.status();
+  }
+}
+
+TEST_F(BadInputTest, BadConfigJsonIsRejected) {
+  EditConfig("\"hidden_size\": 64,", "\"hidden_size\": 64");
+  auto m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("config.json"), HasSubstr("JSON parse error")));
+  EditConfig("\"hidden_size\": 64", "\"hidden_sizeX\": 64,");
+  m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()),
+              AllOf(HasSubstr("config.json"), HasSubstr("missing \"hidden_size\"")));
+}
+
+TEST_F(BadInputTest, BadBatchIsInvalidArgumentNamingTheSequenceAndLeavesCacheUntouched) {
+  auto model = Model::Load(bin_);
+  ASSERT_TRUE(model.ok());
+  auto runner = ModelRunner::Create(model->get(), {.block_size = 4, .num_blocks = 8});
+  ASSERT_TRUE(runner.ok());
+  const std::vector<std::byte> before((*runner)->BlockBytes(0).begin(),
+                                      (*runner)->BlockBytes(0).end());
+  std::vector<int32_t> ok_tokens = {1, 2, 3}, table = {0, 1};
+  std::vector<int32_t> bad_token = {1, 9999}, bad_table = {0, 8}, short_table = {0};
+  std::vector<int32_t> empty;
+  struct Case {
+    SequenceInput bad;
+    const char* want;
+  } cases[] = {
+      {{.token_ids = bad_token, .start_pos = 0, .block_table = table}, "token id 9999"},
+      {{.token_ids = ok_tokens, .start_pos = 2, .block_table = bad_table}, "block id 8"},
+      {{.token_ids = ok_tokens, .start_pos = 2, .block_table = short_table}, "need 5"},
+      {{.token_ids = ok_tokens, .start_pos = 511, .block_table = table}, "max_seq_len"},
+      {{.token_ids = empty, .start_pos = 0, .block_table = table}, "no tokens"},
+      {{.token_ids = ok_tokens, .start_pos = -1, .block_table = table}, "negative start_pos"},
+  };
+  std::vector<float> logits;
+  for (const Case& c : cases) {
+    const SequenceInput good{.token_ids = ok_tokens, .start_pos = 0, .block_table = table};
+    const SequenceInput batch[] = {good, c.bad};
+    const absl::Status s = (*runner)->Forward(batch, &logits);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.want;
+    EXPECT_THAT(Message(s), AllOf(HasSubstr("sequence 1"), HasSubstr(c.want)));
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), (*runner)->BlockBytes(0).begin()))
+        << "the good sequence must not have been run: " << c.want;
+  }
+  EXPECT_EQ(ModelRunner::Create(model->get(), {.block_size = 4, .num_blocks = 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(BadInputTest, CudaBackendIsUnavailableWithoutADevice) {
+  auto model = Model::Load(bin_);
+  ASSERT_TRUE(model.ok());
+  auto runner = ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4},
+                                    Backend::kCuda);
+#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
+  if (runner.ok()) GTEST_SKIP() << "a CUDA device is present";
+#endif
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kUnavailable) << runner.status();
+}
+
+}  // namespace
+}  // namespace tandem::model
