@@ -1,0 +1,374 @@
+// tandem: command-line client of tandem-scheduler.
+//
+//   tandem generate --server 127.0.0.1:50051 --prompt 1,2,3 [--n K] [--max-tokens M] ...
+//   tandem bench --server ADDR (--concurrency C | --rate R) --num-requests N ...
+//   tandem info|stats --server ADDR
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/grpcpp.h"
+#include "tandem/rpc/flags.h"
+#include "tandem/rpc/server.h"
+#include "tandem/v1/generation.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kUsage[] =
+    "Usage: tandem <command> [flags]\n"
+    "Commands:\n"
+    "  generate  send token ids, stream the generated ids\n"
+    "  bench     load generator: throughput, TTFT and inter-token latency\n"
+    "  info      print the served model (GetModelInfo)\n"
+    "  stats     print the scheduler's stats (GetStats)\n"
+    "Run 'tandem <command> --help' for its flags.\n";
+
+struct SamplingFlags {
+  int32_t max_tokens = 16;
+  double temperature = 0.0;
+  int32_t top_k = 0;
+  double top_p = 1.0;
+  int64_t seed = -1;
+  bool ignore_eos = false;
+  std::string stop_token_ids;
+
+  void Register(tandem::rpc::FlagSet* flags) {
+    flags->Add("max-tokens", &max_tokens, "output tokens at most");
+    flags->Add("temperature", &temperature, "0 = greedy");
+    flags->Add("top-k", &top_k, "0 = off");
+    flags->Add("top-p", &top_p, "1 = off");
+    flags->Add("seed", &seed, "sampling seed; -1 = the server picks one");
+    flags->Add("ignore-eos", &ignore_eos, "keep generating after the EOS token");
+    flags->Add("stop-token-ids", &stop_token_ids, "comma-separated token ids that stop generation");
+  }
+  bool Fill(tandem::v1::SamplingParams* p) const {
+    p->set_max_tokens(max_tokens);
+    p->set_temperature(static_cast<float>(temperature));
+    p->set_top_k(top_k);
+    p->set_top_p(static_cast<float>(top_p));
+    if (seed >= 0) {
+      p->set_seed(static_cast<uint64_t>(seed));
+      p->set_has_seed(true);
+    }
+    p->set_ignore_eos(ignore_eos);
+    for (absl::string_view part : absl::StrSplit(stop_token_ids, ',', absl::SkipEmpty())) {
+      int32_t id;
+      if (!absl::SimpleAtoi(part, &id)) return false;
+      p->add_stop_token_ids(id);
+    }
+    return true;
+  }
+};
+
+bool ParseIds(const std::string& text, std::vector<int32_t>* out) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(part, &id)) return false;
+    out->push_back(id);
+  }
+  return true;
+}
+
+const char* ReasonName(tandem::v1::FinishReason r) {
+  switch (r) {
+    case tandem::v1::FINISH_REASON_STOP:
+      return "stop";
+    case tandem::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case tandem::v1::FINISH_REASON_ABORT:
+      return "abort";
+    case tandem::v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "none";
+  }
+}
+
+int Generate(int argc, char** argv) {
+  std::string server = "127.0.0.1:50051";
+  std::string prompt;
+  int32_t n = 1;
+  double timeout_s = 60;
+  SamplingFlags sampling;
+  tandem::rpc::FlagSet flags("tandem generate", "Streams generated token ids for a prompt.");
+  flags.Add("server", &server, "tandem-scheduler host:port");
+  flags.Add("prompt", &prompt, "comma-separated prompt token ids, e.g. 1,403,407");
+  flags.Add("n", &n, "concurrent copies of the request");
+  flags.Add("timeout-s", &timeout_s, "deadline of each call in seconds");
+  sampling.Register(&flags);
+  flags.ParseOrExit(argc, argv, 2);
+  tandem::v1::GenerateRequest request;
+  std::vector<int32_t> ids;
+  if (!ParseIds(prompt, &ids) || ids.empty()) {
+    std::cerr << "tandem generate: --prompt must be comma-separated token ids\n";
+    return 2;
+  }
+  request.mutable_prompt_token_ids()->Assign(ids.begin(), ids.end());
+  if (!sampling.Fill(request.mutable_sampling())) {
+    std::cerr << "tandem generate: --stop-token-ids must be comma-separated token ids\n";
+    return 2;
+  }
+  auto channel = tandem::rpc::CreateChannel(server);
+  auto stub = tandem::v1::Generation::NewStub(channel);
+  std::mutex out_mu;
+  std::atomic<int> failures{0};
+  auto run = [&](int index) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    auto reader = stub->Generate(&context, request);
+    tandem::v1::GenerateResponse msg;
+    std::vector<int32_t> tokens;
+    std::string id;
+    tandem::v1::GenerateResponse last;
+    while (reader->Read(&msg)) {
+      id = msg.request_id();
+      tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+      if (n == 1) {
+        std::lock_guard<std::mutex> lock(out_mu);
+        for (int32_t t : msg.token_ids()) std::cout << t << " " << std::flush;
+      }
+      if (msg.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) last = msg;
+    }
+    grpc::Status status = reader->Finish();
+    std::lock_guard<std::mutex> lock(out_mu);
+    if (n > 1) {
+      std::cout << "[" << index << "] ";
+      for (int32_t t : tokens) std::cout << t << " ";
+    }
+    if (!status.ok()) {
+      ++failures;
+      std::cout << "\nerror: " << status.error_code() << " " << status.error_message() << "\n";
+      return;
+    }
+    const auto& u = last.usage();
+    std::cout << "\n  (" << id << ": finish=" << ReasonName(last.finish_reason())
+              << " prompt_tokens=" << u.prompt_tokens() << " output_tokens=" << u.output_tokens()
+              << " cached_local=" << u.cached_tokens_local()
+              << " cached_external=" << u.cached_tokens_external() << ")\n";
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back(run, i);
+  for (auto& t : threads) t.join();
+  return failures.load() == 0 ? 0 : 1;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double rank = p / 100.0 * (v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (rank - lo);
+}
+
+int Bench(int argc, char** argv) {
+  std::string server = "127.0.0.1:50051";
+  int32_t concurrency = 32;
+  double rate = 0;
+  int32_t num_requests = 256;
+  int32_t prompt_len = 64;
+  int32_t output_len = 64;
+  int32_t shared_prefix_len = 0;
+  int64_t seed = 0;
+  double temperature = 0;
+  std::string label;
+  tandem::rpc::FlagSet flags("tandem bench",
+                             "Sends synthetic requests and reports output tokens/s, requests/s, "
+                             "time to first token and inter-token latency percentiles.");
+  flags.Add("server", &server, "tandem-scheduler host:port");
+  flags.Add("concurrency", &concurrency, "requests in flight at once (closed loop)");
+  flags.Add("rate", &rate, "open loop: Poisson arrivals per second (0 = use --concurrency)");
+  flags.Add("num-requests", &num_requests, "requests to send");
+  flags.Add("prompt-len", &prompt_len, "prompt tokens per request (including BOS)");
+  flags.Add("output-len", &output_len, "output tokens per request (EOS ignored)");
+  flags.Add("shared-prefix-len", &shared_prefix_len,
+            "leading prompt tokens every request shares (prefix-cache workload)");
+  flags.Add("seed", &seed, "seed of the synthetic prompts");
+  flags.Add("temperature", &temperature, "sampling temperature (0 = greedy)");
+  flags.Add("label", &label, "printed in the result line");
+  flags.ParseOrExit(argc, argv, 2);
+  if (prompt_len < 1 || output_len < 1 || num_requests < 1 || concurrency < 1 ||
+      shared_prefix_len > prompt_len) {
+    std::cerr << "tandem bench: need prompt-len, output-len, num-requests, concurrency >= 1 and "
+                 "shared-prefix-len <= prompt-len\n";
+    return 2;
+  }
+  auto channel = tandem::rpc::CreateChannel(server);
+  auto stub = tandem::v1::Generation::NewStub(channel);
+  int32_t vocab = 512;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    tandem::v1::GetModelInfoResponse info;
+    grpc::Status s = stub->GetModelInfo(&context, {}, &info);
+    if (!s.ok()) {
+      std::cerr << "tandem bench: GetModelInfo: " << s.error_message() << "\n";
+      return 1;
+    }
+    vocab = info.vocab_size();
+  }
+  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  std::uniform_int_distribution<int32_t> token(2, vocab - 1);
+  std::vector<int32_t> prefix{1};
+  while (static_cast<int32_t>(prefix.size()) < std::max(shared_prefix_len, 1)) prefix.push_back(token(rng));
+  std::vector<tandem::v1::GenerateRequest> requests(num_requests);
+  for (int i = 0; i < num_requests; ++i) {
+    std::vector<int32_t> p = prefix;
+    p.resize(std::max(shared_prefix_len, 1));
+    while (static_cast<int32_t>(p.size()) < prompt_len) p.push_back(token(rng));
+    requests[i].mutable_prompt_token_ids()->Assign(p.begin(), p.end());
+    auto* s = requests[i].mutable_sampling();
+    s->set_max_tokens(output_len);
+    s->set_ignore_eos(true);
+    s->set_temperature(static_cast<float>(temperature));
+    s->set_seed(static_cast<uint64_t>(i));
+    s->set_has_seed(true);
+  }
+
+  std::mutex mu;
+  std::vector<double> ttft_ms, itl_ms;
+  std::atomic<int64_t> output_tokens{0};
+  std::atomic<int> done{0}, failed{0};
+  std::string first_error;
+  auto run_one = [&](int i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+    const auto start = Clock::now();
+    auto reader = stub->Generate(&context, requests[i]);
+    tandem::v1::GenerateResponse msg;
+    std::vector<double> itl;
+    double ttft = -1;
+    auto last = start;
+    int64_t tokens = 0;
+    while (reader->Read(&msg)) {
+      const int k = msg.token_ids_size();
+      if (k == 0) continue;
+      const auto now = Clock::now();
+      if (ttft < 0) {
+        ttft = std::chrono::duration<double, std::milli>(now - start).count();
+        for (int j = 1; j < k; ++j) itl.push_back(0);
+      } else {
+        const double gap = std::chrono::duration<double, std::milli>(now - last).count() / k;
+        for (int j = 0; j < k; ++j) itl.push_back(gap);
+      }
+      last = now;
+      tokens += k;
+    }
+    grpc::Status s = reader->Finish();
+    output_tokens += tokens;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!s.ok()) {
+      ++failed;
+      if (first_error.empty()) first_error = s.error_message();
+    } else {
+      if (ttft >= 0) ttft_ms.push_back(ttft);
+      itl_ms.insert(itl_ms.end(), itl.begin(), itl.end());
+    }
+    ++done;
+  };
+
+  const auto bench_start = Clock::now();
+  std::atomic<bool> finished{false};
+  std::thread progress([&] {
+    while (!finished.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      const double t = std::chrono::duration<double>(Clock::now() - bench_start).count();
+      std::fprintf(stderr, "\r[%6.1fs] %d/%d done, %d failed, %.0f output tok/s   ", t, done.load(),
+                   num_requests, failed.load(), output_tokens.load() / std::max(t, 1e-9));
+    }
+    std::fprintf(stderr, "\n");
+  });
+  std::vector<std::thread> threads;
+  if (rate > 0) {
+    std::exponential_distribution<double> gap(rate);
+    auto next = Clock::now();
+    for (int i = 0; i < num_requests; ++i) {
+      std::this_thread::sleep_until(next);
+      threads.emplace_back(run_one, i);
+      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
+    }
+  } else {
+    std::atomic<int> next{0};
+    for (int c = 0; c < std::min(concurrency, num_requests); ++c) {
+      threads.emplace_back([&] {
+        for (int i; (i = next.fetch_add(1)) < num_requests;) run_one(i);
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - bench_start).count();
+  finished.store(true);
+  progress.join();
+
+  std::printf(
+      "%s%s%s concurrency=%s requests=%d failed=%d prompt_len=%d output_len=%d shared_prefix=%d\n"
+      "  duration %.2f s | output %.1f tok/s | %.2f req/s\n"
+      "  TTFT ms  p50 %.2f  p90 %.2f  p99 %.2f\n"
+      "  ITL  ms  p50 %.2f  p90 %.2f  p99 %.2f\n",
+      label.empty() ? "" : "[", label.c_str(), label.empty() ? "" : "]",
+      rate > 0 ? ("rate " + std::to_string(rate)).c_str() : std::to_string(concurrency).c_str(),
+      num_requests, failed.load(), prompt_len, output_len, shared_prefix_len, elapsed,
+      output_tokens.load() / elapsed, (num_requests - failed.load()) / elapsed,
+      Percentile(ttft_ms, 50), Percentile(ttft_ms, 90), Percentile(ttft_ms, 99),
+      Percentile(itl_ms, 50), Percentile(itl_ms, 90), Percentile(itl_ms, 99));
+  if (!first_error.empty()) std::printf("  first error: %s\n", first_error.c_str());
+  return failed.load() == 0 ? 0 : 1;
+}
+
+int InfoOrStats(int argc, char** argv, bool stats) {
+  std::string server = "127.0.0.1:50051";
+  tandem::rpc::FlagSet flags(stats ? "tandem stats" : "tandem info",
+                             stats ? "Prints GetStats." : "Prints GetModelInfo.");
+  flags.Add("server", &server, "tandem-scheduler host:port");
+  flags.ParseOrExit(argc, argv, 2);
+  auto stub = tandem::v1::Generation::NewStub(tandem::rpc::CreateChannel(server));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status s;
+  std::string text;
+  if (stats) {
+    tandem::v1::GetStatsResponse r;
+    s = stub->GetStats(&context, {}, &r);
+    text = r.DebugString();
+  } else {
+    tandem::v1::GetModelInfoResponse r;
+    s = stub->GetModelInfo(&context, {}, &r);
+    text = r.DebugString();
+  }
+  if (!s.ok()) {
+    std::cerr << "error: " << s.error_code() << " " << s.error_message() << "\n";
+    return 1;
+  }
+  std::cout << text;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  if (command == "generate") return Generate(argc, argv);
+  if (command == "bench") return Bench(argc, argv);
+  if (command == "info") return InfoOrStats(argc, argv, false);
+  if (command == "stats") return InfoOrStats(argc, argv, true);
+  std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;
+  return 2;
+}
