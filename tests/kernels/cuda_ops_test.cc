@@ -1,0 +1,198 @@
+// Every CUDA op against the CPU op, with per-dtype tolerance; skipped when
+// the build has no CUDA or no device is present.
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "kernel_test_util.h"
+#include "tandem/kernels/cpu_ops.h"
+#include "tandem/kernels/cuda_ops.h"
+
+#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
+
+namespace tandem::kernels {
+namespace {
+
+using testing::AttentionProblem;
+using testing::ExpectNear;
+using testing::kF32Tol;
+using testing::MakeAttentionProblem;
+using testing::RandomVector;
+
+#define CUDA_OK(expr)                                                   \
+  do {                                                                  \
+    const int _e = (expr);                                              \
+    ASSERT_EQ(_e, 0) << #expr << ": " << cuda::ErrorString(_e);         \
+  } while (0)
+
+// A device copy of a host vector.
+template <typename T>
+class DeviceVector {
+ public:
+  explicit DeviceVector(const std::vector<T>& host) : size_(host.size()) {
+    EXPECT_EQ(cuda::Malloc(reinterpret_cast<void**>(&ptr_), Bytes() + 1), 0);
+    if (!host.empty()) {
+      EXPECT_EQ(cuda::CopyToDevice(ptr_, host.data(), Bytes()), 0);
+    }
+  }
+  explicit DeviceVector(size_t n) : DeviceVector(std::vector<T>(n)) {}
+  ~DeviceVector() { cuda::Free(ptr_); }
+  DeviceVector(const DeviceVector&) = delete;
+  DeviceVector& operator=(const DeviceVector&) = delete;
+  T* get() { return ptr_; }
+  std::vector<T> ToHost() const {
+    std::vector<T> host(size_);
+    EXPECT_EQ(cuda::CopyToHost(host.data(), ptr_, Bytes()), 0);
+    return host;
+  }
+
+ private:
+  size_t Bytes() const { return size_ * sizeof(T); }
+  T* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(CudaOpsTest, EmbeddingGatherMatchesCpu) {
+  const int32_t dim = 300;
+  const auto table = RandomVector(40 * dim, 1);
+  const std::vector<int32_t> tokens = {5, 39, 0, 5};
+  std::vector<float> ref(tokens.size() * dim);
+  cpu::EmbeddingGather(table.data(), dim, tokens, ref.data());
+  DeviceVector<float> d_table(table), d_out(ref.size());
+  DeviceVector<int32_t> d_tokens(tokens);
+  CUDA_OK(cuda::EmbeddingGather(d_table.get(), dim, d_tokens.get(), 4, d_out.get()));
+  EXPECT_EQ(d_out.ToHost(), ref);
+}
+
+TEST_F(CudaOpsTest, RmsNormMatchesCpu) {
+  for (int32_t dim : {8, 64, 4096}) {
+    const auto x = RandomVector(5 * dim, 2, 3.0f), w = RandomVector(dim, 3);
+    std::vector<float> ref(x.size());
+    cpu::RmsNorm(x.data(), w.data(), 5, dim, 1e-5f, ref.data());
+    DeviceVector<float> dx(x), dw(w), dout(x.size());
+    CUDA_OK(cuda::RmsNorm(dx.get(), dw.get(), 5, dim, 1e-5f, dout.get()));
+    ExpectNear(dout.ToHost(), ref, kF32Tol, "rmsnorm");
+  }
+}
+
+TEST_F(CudaOpsTest, MatmulMatchesCpu) {
+  cuda::BlasHandle* blas = nullptr;
+  CUDA_OK(cuda::CreateBlas(&blas));
+  for (auto [out_dim, in_dim, rows] : std::vector<std::tuple<int32_t, int32_t, int32_t>>{
+           {64, 64, 1}, {172, 64, 7}, {512, 64, 32}, {33, 130, 3}}) {
+    const auto w = RandomVector(out_dim * in_dim, 4), x = RandomVector(rows * in_dim, 5);
+    std::vector<float> ref(rows * out_dim);
+    cpu::Matmul(w.data(), out_dim, in_dim, x.data(), rows, ref.data());
+    DeviceVector<float> dw(w), dx(x), dy(ref.size());
+    CUDA_OK(cuda::Matmul(blas, dw.get(), out_dim, in_dim, dx.get(), rows, dy.get()));
+    ExpectNear(dy.ToHost(), ref, {1e-5, 1e-4}, "matmul");
+  }
+  cuda::DestroyBlas(blas);
+}
+
+TEST_F(CudaOpsTest, RopeMatchesCpu) {
+  for (RopeKind kind : {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf}) {
+    for (int32_t hs : {8, 128}) {
+      const std::vector<int32_t> pos = {0, 3, 511};
+      auto v = RandomVector(3 * 4 * hs, 6);
+      DeviceVector<float> dv(v);
+      DeviceVector<int32_t> dpos(pos);
+      cpu::Rope(v.data(), 3, pos.data(), 4, hs, kind, 10000.0f);
+      CUDA_OK(cuda::Rope(dv.get(), 3, dpos.get(), 4, hs, kind, 10000.0f));
+      ExpectNear(dv.ToHost(), v, {1e-4, 1e-4}, "rope");
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, KvWriteAndPagedAttentionMatchCpu) {
+  uint32_t seed = 3;
+  for (auto [heads, kv_heads, hs, block] : std::vector<std::tuple<int, int, int, int>>{
+           {8, 4, 8, 16}, {4, 1, 128, 4}, {6, 2, 64, 8}}) {
+    AttentionProblem p = MakeAttentionProblem(heads, kv_heads, hs, block,
+                                              {{37, 36}, {40, 21}, {16, 0}}, seed++);
+    DeviceVector<float> d_cache(p.cache), d_k(p.all_k), d_v(p.all_v), d_q(p.q),
+        d_out(p.q.size());
+    DeviceVector<int64_t> d_slots(p.slots);
+    const int32_t n = static_cast<int32_t>(p.slots.size());
+    cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(), n, p.slots.data());
+    CUDA_OK(cuda::KvWrite(d_cache.get(), p.shape, 1, d_k.get(), d_v.get(), n, d_slots.get()));
+    EXPECT_EQ(d_cache.ToHost(), p.cache) << "kv write";
+    std::vector<float> ref(p.q.size());
+    cpu::PagedAttention(p.Args(ref.data()));
+    DeviceVector<int32_t> d_pos(p.row_pos), d_off(p.row_table_offset), d_tables(p.block_tables);
+    PagedAttentionArgs args = p.Args(d_out.get());
+    args.q = d_q.get();
+    args.cache = d_cache.get();
+    args.row_pos = d_pos.get();
+    args.row_table_offset = d_off.get();
+    args.block_tables = d_tables.get();
+    const int32_t max_context = 41;
+    DeviceVector<float> scratch(p.row_pos.size() * heads * max_context);
+    CUDA_OK(cuda::PagedAttention(args, scratch.get(), max_context));
+    ExpectNear(d_out.ToHost(), ref, {2e-5, 1e-4}, "attention");
+  }
+}
+
+TEST_F(CudaOpsTest, SiluMulResidualAddMatchCpu) {
+  const int64_t n = 1000;
+  const auto g = RandomVector(n, 7, 6.0f), u = RandomVector(n, 8);
+  std::vector<float> ref(n);
+  cpu::SiluMul(g.data(), u.data(), n, ref.data());
+  DeviceVector<float> dg(g), du(u), dout(n);
+  CUDA_OK(cuda::SiluMul(dg.get(), du.get(), n, dout.get()));
+  ExpectNear(dout.ToHost(), ref, kF32Tol, "silu");
+  auto x = g;
+  cpu::ResidualAdd(x.data(), u.data(), n);
+  CUDA_OK(cuda::ResidualAdd(dg.get(), du.get(), n));
+  ExpectNear(dg.ToHost(), x, {0, 0}, "residual");
+}
+
+TEST_F(CudaOpsTest, SampleMatchesCpu) {
+  const int32_t vocab = 512, rows = 8;
+  const auto logits = RandomVector(rows * vocab, 9, 4.0f);
+  std::vector<SampleArgs> args;
+  for (int32_t r = 0; r < rows; ++r) {
+    args.push_back({.temperature = r == 0 ? 0.0f : 0.9f, .top_k = r % 3 == 1 ? 20 : 0,
+                    .top_p = r % 3 == 2 ? 0.8f : 1.0f, .seed = 5u + r, .position = r});
+  }
+  std::vector<int32_t> ref(rows);
+  cpu::Sample(logits.data(), rows, vocab, args.data(), ref.data());
+  DeviceVector<float> d_logits(logits), probs(rows * vocab);
+  DeviceVector<SampleArgs> d_args(args);
+  DeviceVector<int32_t> d_out(rows), idx(rows * vocab);
+  CUDA_OK(cuda::Sample(d_logits.get(), rows, vocab, d_args.get(), d_out.get(), probs.get(),
+                       idx.get()));
+  EXPECT_EQ(d_out.ToHost(), ref);
+}
+
+TEST_F(CudaOpsTest, BlockGatherScatterMatchCpu) {
+  const int64_t bf = 2048;
+  const auto cache = RandomVector(6 * bf, 10);
+  const std::vector<int32_t> ids = {4, 1, 5};
+  std::vector<float> ref(ids.size() * bf);
+  cpu::BlockGather(cache.data(), bf, ids, ref.data());
+  DeviceVector<float> d_cache(cache), d_staging(ref.size());
+  DeviceVector<int32_t> d_ids(ids);
+  CUDA_OK(cuda::BlockGather(d_cache.get(), bf, d_ids.get(), 3, d_staging.get()));
+  EXPECT_EQ(d_staging.ToHost(), ref);
+  DeviceVector<float> d_cache2(std::vector<float>(cache.size(), 0.0f));
+  std::vector<float> cache2(cache.size(), 0.0f);
+  cpu::BlockScatter(cache2.data(), bf, ids, ref.data());
+  CUDA_OK(cuda::BlockScatter(d_cache2.get(), bf, d_ids.get(), 3, d_staging.get()));
+  EXPECT_EQ(d_cache2.ToHost(), cache2);
+}
+
+}  // namespace
+}  // namespace tandem::kernels
+
+#else
+
+TEST(CudaOpsTest, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif

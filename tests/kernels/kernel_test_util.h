@@ -1,0 +1,142 @@
+// Shapes and naive loops shared by the kernel tests.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tandem/kernels/cpu_ops.h"
+
+namespace tandem::kernels::testing {
+
+inline std::vector<float> RandomVector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// abs_tol + |ref| * rel_tol, per dtype (all ops are fp32 today).
+struct Tolerance {
+  double abs_tol;
+  double rel_tol;
+};
+inline constexpr Tolerance kF32Tol{1e-5, 1e-4};
+
+inline void ExpectNear(const std::vector<float>& got, const std::vector<double>& ref,
+                       Tolerance tol, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::fabs(got[i] - ref[i]), tol.abs_tol + std::fabs(ref[i]) * tol.rel_tol)
+        << what << " at " << i << ": got " << got[i] << " want " << ref[i];
+  }
+}
+inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& ref,
+                       Tolerance tol, const std::string& what) {
+  ExpectNear(got, std::vector<double>(ref.begin(), ref.end()), tol, what);
+}
+
+// One attention problem: sequences with shuffled block tables, query rows
+// that are prefill chunks (possibly starting mid-block) or decode steps.
+struct AttentionProblem {
+  KvCacheShape shape;
+  int32_t num_heads = 0;
+  std::vector<float> cache;
+  // Per sequence: contiguous K and V [pos][kv_heads][head_size] (the naive view).
+  std::vector<std::vector<float>> seq_k, seq_v;
+  std::vector<int32_t> block_tables, row_pos, row_table_offset, row_seq;
+  std::vector<float> q;
+  std::vector<int64_t> slots;  // slot of every cached token (for KvWrite)
+  std::vector<float> all_k, all_v;  // K/V of every cached token, in `slots` order
+  PagedAttentionArgs Args(float* out) const {
+    return PagedAttentionArgs{.q = q.data(),
+                              .out = out,
+                              .cache = cache.data(),
+                              .shape = shape,
+                              .layer = 1,
+                              .num_heads = num_heads,
+                              .num_rows = static_cast<int32_t>(row_pos.size()),
+                              .row_pos = row_pos.data(),
+                              .row_table_offset = row_table_offset.data(),
+                              .block_tables = block_tables.data()};
+  }
+};
+
+// `seqs`: (context length, first query position) per sequence; its rows are
+// positions first .. length-1.
+inline AttentionProblem MakeAttentionProblem(int32_t num_heads, int32_t num_kv_heads,
+                                             int32_t head_size, int32_t block_size,
+                                             const std::vector<std::pair<int32_t, int32_t>>& seqs,
+                                             uint32_t seed) {
+  AttentionProblem p;
+  int32_t total_blocks = 0;
+  for (auto [len, first] : seqs) total_blocks += (len + block_size - 1) / block_size;
+  p.shape = KvCacheShape{.num_blocks = total_blocks + 3, .num_layers = 2,
+                         .block_size = block_size, .num_kv_heads = num_kv_heads,
+                         .head_size = head_size};
+  p.num_heads = num_heads;
+  p.cache = RandomVector(static_cast<size_t>(p.shape.BlockFloats() * p.shape.num_blocks), seed);
+  std::vector<int32_t> ids(static_cast<size_t>(p.shape.num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  size_t next = 0;
+  const int32_t width = num_kv_heads * head_size;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const auto [len, first] = seqs[s];
+    const int32_t offset = static_cast<int32_t>(p.block_tables.size());
+    const int32_t nblocks = (len + block_size - 1) / block_size;
+    for (int32_t b = 0; b < nblocks; ++b) p.block_tables.push_back(ids[next++]);
+    p.seq_k.push_back(RandomVector(static_cast<size_t>(len) * width, seed + 11 + s));
+    p.seq_v.push_back(RandomVector(static_cast<size_t>(len) * width, seed + 97 + s));
+    p.all_k.insert(p.all_k.end(), p.seq_k.back().begin(), p.seq_k.back().end());
+    p.all_v.insert(p.all_v.end(), p.seq_v.back().begin(), p.seq_v.back().end());
+    for (int32_t t = 0; t < len; ++t) {
+      const int32_t block = p.block_tables[static_cast<size_t>(offset + t / block_size)];
+      p.slots.push_back(int64_t{block} * block_size + t % block_size);
+    }
+    for (int32_t t = first; t < len; ++t) {
+      p.row_pos.push_back(t);
+      p.row_table_offset.push_back(offset);
+      p.row_seq.push_back(static_cast<int32_t>(s));
+    }
+  }
+  p.q = RandomVector(p.row_pos.size() * num_heads * head_size, seed + 5);
+  return p;
+}
+
+// Naive causal GQA attention over the contiguous per-sequence K/V, in double.
+inline std::vector<double> NaiveAttention(const AttentionProblem& p) {
+  const int32_t hs = p.shape.head_size, width = p.shape.num_kv_heads * hs;
+  std::vector<double> out(p.q.size(), 0.0);
+  for (size_t r = 0; r < p.row_pos.size(); ++r) {
+    const auto& k = p.seq_k[static_cast<size_t>(p.row_seq[r])];
+    const auto& v = p.seq_v[static_cast<size_t>(p.row_seq[r])];
+    for (int32_t h = 0; h < p.num_heads; ++h) {
+      const int32_t kvh = h / (p.num_heads / p.shape.num_kv_heads);
+      const float* q = &p.q[(r * p.num_heads + h) * hs];
+      std::vector<double> s(static_cast<size_t>(p.row_pos[r]) + 1);
+      double mx = -1e300;
+      for (int32_t t = 0; t <= p.row_pos[r]; ++t) {
+        double d = 0;
+        for (int32_t i = 0; i < hs; ++i) d += double{q[i]} * k[t * width + kvh * hs + i];
+        s[t] = d / std::sqrt(double(hs));
+        mx = std::max(mx, s[t]);
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int32_t t = 0; t <= p.row_pos[r]; ++t) {
+        for (int32_t i = 0; i < hs; ++i) {
+          out[(r * p.num_heads + h) * hs + i] += s[t] / sum * v[t * width + kvh * hs + i];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace tandem::kernels::testing
