@@ -17,7 +17,9 @@ bool IsServing(grpc::Channel* channel, std::string* error) {
   grpc::GenericStub stub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  grpc::ByteBuffer request;  // empty HealthCheckRequest: the whole server
+  // An empty HealthCheckRequest (the whole server) is zero bytes.
+  grpc::Slice empty_slice(std::string{});
+  grpc::ByteBuffer request(&empty_slice, 1);
   grpc::ByteBuffer response;
   std::mutex mu;
   std::condition_variable cv;
