@@ -1,0 +1,254 @@
+#include "harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "grpcpp/generic/generic_stub.h"
+
+extern char** environ;
+
+namespace tandem::testing {
+
+Process& Process::operator=(Process&& other) noexcept {
+  if (this != &other) {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    pid_ = other.pid_;
+    other.pid_ = -1;
+  }
+  return *this;
+}
+
+Process::~Process() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+Process Process::Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  // Children start with default signal handling and no blocked signals.
+  sigset_t empty;
+  sigemptyset(&empty);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  Process p;
+  int rc = posix_spawn(&p.pid_, argv[0].c_str(), &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    ADD_FAILURE() << "posix_spawn " << argv[0] << " failed: " << rc;
+    p.pid_ = -1;
+  }
+  return p;
+}
+
+void Process::Signal(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+std::optional<int> Process::Wait(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return std::nullopt;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+std::string MakeTempDir(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  char* dir = mkdtemp(buf.data());
+  EXPECT_NE(dir, nullptr);
+  return dir == nullptr ? "/tmp" : std::string(dir);
+}
+
+std::string BinaryPath(const std::string& relative) {
+  return std::string(TANDEM_BINARY_DIR) + "/" + relative;
+}
+
+std::string ModelPath() { return std::string(TANDEM_SHARED_DIR) + "/models/stories260K.bin"; }
+
+namespace {
+
+int WaitForPortFile(const std::string& path, Process* process, const std::string& log) {
+  for (int i = 0; i < 3000; ++i) {
+    std::ifstream f(path);
+    int port = 0;
+    if (f >> port && port > 0) return port;
+    if (process->Wait(std::chrono::milliseconds(0)).has_value()) {
+      std::ifstream l(log);
+      std::stringstream ss;
+      ss << l.rdbuf();
+      ADD_FAILURE() << "process exited before listening; log:\n" << ss.str();
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ADD_FAILURE() << "no port file " << path;
+  return 0;
+}
+
+}  // namespace
+
+Service StartWorker(const std::string& dir, const std::string& name,
+                    const std::vector<std::string>& extra_args) {
+  const std::string port_file = dir + "/" + name + ".port";
+  const std::string log = dir + "/" + name + ".log";
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = {BinaryPath("services/worker/tandem-worker"), "--model",
+                                   ModelPath(), "--listen", "127.0.0.1:0", "--port-file",
+                                   port_file};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  Service s;
+  s.process = Process::Spawn(argv, log);
+  s.port = WaitForPortFile(port_file, &s.process, log);
+  EXPECT_TRUE(WaitFor([&] { return HealthStatus(s.address()) == 1; }))
+      << "worker " << name << " never became SERVING (log " << log << ")";
+  return s;
+}
+
+Service StartScheduler(const std::string& dir, const std::string& name,
+                       const std::string& worker_address,
+                       const std::vector<std::string>& extra_args, bool wait_for_worker) {
+  const std::string port_file = dir + "/" + name + ".port";
+  const std::string log = dir + "/" + name + ".log";
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = {BinaryPath("services/scheduler/tandem-scheduler"), "--worker",
+                                   worker_address, "--listen", "127.0.0.1:0", "--port-file",
+                                   port_file};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  Service s;
+  s.process = Process::Spawn(argv, log);
+  s.port = WaitForPortFile(port_file, &s.process, log);
+  if (wait_for_worker) {
+    auto stub = GenerationStub(s.address());
+    EXPECT_TRUE(WaitFor([&] { return GetStats(stub.get()).worker_connected(); }))
+        << "scheduler " << name << " never connected to its worker (log " << log << ")";
+  }
+  return s;
+}
+
+int HealthStatus(const std::string& address) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc::Slice empty_slice(std::string{});
+  grpc::ByteBuffer request(&empty_slice, 1);
+  grpc::ByteBuffer response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                 &response, [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = std::move(s);
+                   done = true;
+                   cv.notify_all();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  if (!status.ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return -1;
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  // HealthCheckResponse{status = N} encodes as 08 N (empty when UNKNOWN).
+  if (bytes.size() == 2 && bytes[0] == 0x08) return bytes[1];
+  return 0;
+}
+
+GenerateResult RunGenerate(v1::Generation::Stub* stub, const v1::GenerateRequest& request,
+                           std::chrono::milliseconds timeout) {
+  GenerateResult result;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    result.tokens.insert(result.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+    if (msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      result.finish_reason = msg.finish_reason();
+      result.usage = msg.usage();
+    }
+  }
+  result.status = reader->Finish();
+  return result;
+}
+
+v1::GenerateRequest MakeRequest(std::vector<int32_t> prompt, int32_t max_tokens, float temperature,
+                                std::optional<uint64_t> seed, bool ignore_eos) {
+  v1::GenerateRequest r;
+  r.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
+  v1::SamplingParams* s = r.mutable_sampling();
+  s->set_max_tokens(max_tokens);
+  s->set_temperature(temperature);
+  if (seed.has_value()) {
+    s->set_seed(*seed);
+    s->set_has_seed(true);
+  }
+  s->set_ignore_eos(ignore_eos);
+  return r;
+}
+
+std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  // Many concurrent streams from one test: don't queue behind the default
+  // per-connection stream limit of the server.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return v1::Generation::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
+  return v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+v1::GetStatsResponse GetStats(v1::Generation::Stub* stub) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::GetStatsResponse r;
+  stub->GetStats(&context, {}, &r).ok();
+  return r;
+}
+
+v1::DescribeResponse Describe(v1::Worker::Stub* stub) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::DescribeResponse r;
+  stub->Describe(&context, {}, &r).ok();
+  return r;
+}
+
+}  // namespace tandem::testing

@@ -1,0 +1,98 @@
+// Multi-process test harness: starts the real tandem-worker and
+// tandem-scheduler binaries on free loopback ports (port 0 + --port-file),
+// waits until they serve, and offers small client helpers.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::testing {
+
+// A child process; killed with SIGKILL on destruction if still running.
+class Process {
+ public:
+  Process() = default;
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+  Process(Process&& other) noexcept : pid_(other.pid_) { other.pid_ = -1; }
+  Process& operator=(Process&& other) noexcept;
+  ~Process();
+
+  // argv[0] is the binary path; stdout and stderr go to `log_path`.
+  static Process Spawn(const std::vector<std::string>& argv, const std::string& log_path);
+  void Signal(int sig);
+  // Waits up to `timeout` for exit; returns the wait status or nullopt.
+  std::optional<int> Wait(std::chrono::milliseconds timeout);
+  bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// A fresh temp directory per test (logs, port files).
+std::string MakeTempDir(const std::string& prefix);
+// Binary path under the build tree, e.g. "services/worker/tandem-worker".
+std::string BinaryPath(const std::string& relative);
+std::string ModelPath();  // ../shared/models/stories260K.bin
+
+struct Service {
+  Process process;
+  int port = 0;
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
+// Starts a worker (extra flags appended, may include --listen) and waits for
+// SERVING. Dies (test failure) after 30 s.
+Service StartWorker(const std::string& dir, const std::string& name,
+                    const std::vector<std::string>& extra_args);
+// Starts a scheduler for `worker_address`; waits until it is listening and,
+// when `wait_for_worker`, until it reports the worker connected.
+Service StartScheduler(const std::string& dir, const std::string& name,
+                       const std::string& worker_address,
+                       const std::vector<std::string>& extra_args, bool wait_for_worker = true);
+
+// grpc.health.v1.Health/Check for the whole server: 1 SERVING, 2 NOT_SERVING,
+// -1 when the call failed.
+int HealthStatus(const std::string& address);
+
+struct GenerateResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+};
+GenerateResult RunGenerate(v1::Generation::Stub* stub, const v1::GenerateRequest& request,
+                           std::chrono::milliseconds timeout = std::chrono::seconds(120));
+v1::GenerateRequest MakeRequest(std::vector<int32_t> prompt, int32_t max_tokens,
+                                float temperature = 0, std::optional<uint64_t> seed = {},
+                                bool ignore_eos = false);
+
+std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& address);
+std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address);
+v1::GetStatsResponse GetStats(v1::Generation::Stub* stub);
+v1::DescribeResponse Describe(v1::Worker::Stub* stub);
+
+// Polls `pred` every 20 ms until true or `timeout`; returns the last value.
+template <typename Pred>
+bool WaitFor(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+}  // namespace tandem::testing
