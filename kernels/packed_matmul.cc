@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu_simd.h"
 #include "tandem/kernels/cpu_ops.h"
 
 namespace tandem::kernels::cpu {
@@ -16,13 +17,7 @@ constexpr int32_t kLanes = PackedMatrix::kPanelRows;
 constexpr int32_t kTokenTile = 4;
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TANDEM_MATMUL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TANDEM_MATMUL_CLONES
-#endif
-
-TANDEM_MATMUL_CLONES
+TANDEM_CPU_CLONES
 void ApplyPanels(const float* panels, int32_t out_dim, int32_t in_dim, const float* x,
                  int32_t rows, float* y) {
   const int32_t num_panels = (out_dim + kLanes - 1) / kLanes;

@@ -189,8 +189,11 @@ TEST(CpuOpsTest, PagedAttentionMatchesNaiveAttention) {
                                               c.block_size, c.seqs, seed++);
     cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(),
                  static_cast<int32_t>(p.slots.size()), p.slots.data());
-    std::vector<float> out(p.q.size());
+    std::vector<float> out(p.q.size()), shared(p.q.size());
     cpu::PagedAttention(p.Args(out.data()));
+    cpu::PagedAttentionReference(p.Args(shared.data()));
+    ASSERT_EQ(std::memcmp(out.data(), shared.data(), out.size() * sizeof(float)), 0)
+        << "the CPU arrangement must equal the shared (GPU) code bit for bit";
     ExpectNear(out, NaiveAttention(p), {2e-5, 1e-4},
                "heads " + std::to_string(c.num_heads) + "/" + std::to_string(c.num_kv_heads) +
                    " hs " + std::to_string(c.head_size) + " block " +

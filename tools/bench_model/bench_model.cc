@@ -9,6 +9,9 @@
 // measured at about 5000 tok/s (it cannot be built here: no network). As an
 // in-run stand-in we also time a straight transcription of run.c's forward
 // pass (one token at a time, scalar loops) compiled with our flags.
+#include <time.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -26,9 +29,17 @@ using namespace tandem::model;
 namespace kc = tandem::kernels::cpu;
 constexpr double kLlama2cAnchorTokS = 5000.0;
 
-double Seconds(std::chrono::steady_clock::time_point a) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-}
+// CPU seconds of this process: on a shared machine other processes' load
+// does not count against us (the runner uses one thread unless --threads).
+struct Timer {
+  static double CpuNow() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  }
+  double start = CpuNow();
+  double Seconds() const { return CpuNow() - start; }
+};
 
 // Decode tokens/s at batch `b` over `steps` positions.
 double DecodeTokS(const Model& m, int32_t b, int32_t steps, int32_t threads) {
@@ -45,7 +56,7 @@ double DecodeTokS(const Model& m, int32_t b, int32_t steps, int32_t threads) {
   }
   std::vector<float> logits;
   const int32_t vocab = m.config().vocab_size;
-  const auto start = std::chrono::steady_clock::now();
+  const Timer timer;
   for (int32_t pos = 0; pos < steps; ++pos) {
     std::vector<SequenceInput> batch;
     for (int32_t i = 0; i < b; ++i) {
@@ -57,7 +68,7 @@ double DecodeTokS(const Model& m, int32_t b, int32_t steps, int32_t threads) {
       tokens[i][0] = static_cast<int32_t>(std::max_element(l, l + vocab) - l);
     }
   }
-  return double(b) * steps / Seconds(start);
+  return double(b) * steps / timer.Seconds();
 }
 
 double PrefillTokS(const Model& m, int32_t n, int32_t threads) {
@@ -69,12 +80,12 @@ double PrefillTokS(const Model& m, int32_t n, int32_t threads) {
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   std::vector<float> logits;
   const int reps = 20;
-  const auto start = std::chrono::steady_clock::now();
+  const Timer timer;
   for (int r = 0; r < reps; ++r) {
     SequenceInput in{.token_ids = tokens, .start_pos = 0, .block_table = table};
     if (!(*runner)->Forward({&in, 1}, &logits).ok()) std::exit(1);
   }
-  return double(n) * reps / Seconds(start);
+  return double(n) * reps / timer.Seconds();
 }
 
 // run.c's forward(), transcribed: one token, scalar loops, contiguous cache.
@@ -86,7 +97,7 @@ double RunCStyleTokS(const Model& m, int32_t steps) {
       att(c.num_heads * steps), logits(c.vocab_size);
   std::vector<float> kc_(size_t(c.num_layers) * steps * kv_dim), vc(kc_.size());
   int32_t token = 1;
-  const auto start = std::chrono::steady_clock::now();
+  const Timer timer;
   for (int32_t pos = 0; pos < steps; ++pos) {
     std::memcpy(x.data(), &w.token_embedding[size_t(token) * dim], dim * sizeof(float));
     for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -137,7 +148,7 @@ double RunCStyleTokS(const Model& m, int32_t steps) {
     token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
                                  logits.begin());
   }
-  return steps / Seconds(start);
+  return steps / timer.Seconds();
 }
 
 }  // namespace
@@ -158,7 +169,7 @@ int main(int argc, char** argv) {
   const int32_t t = static_cast<int32_t>(threads), s = static_cast<int32_t>(steps);
   std::cout << std::fixed << std::setprecision(0);
   std::cout << "model " << (*model)->name() << ", CPU backend, " << t << " thread(s), " << s
-            << " decode positions per sequence\n";
+            << " decode positions per sequence; tok/s per CPU-second of this process\n";
   std::cout << "anchor: llama2.c run.c single stream ~" << kLlama2cAnchorTokS
             << " tok/s (measured on this machine kind; not runnable here)\n";
   const double runc = RunCStyleTokS(**model, s);

@@ -56,7 +56,10 @@ void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float
              const float* v, int32_t rows, const int64_t* slots);
 
 // Causal grouped-query attention over the paged cache (see PagedAttentionArgs).
+// Bitwise equal to PagedAttentionReference, arranged for speed.
 void PagedAttention(const PagedAttentionArgs& args);
+// AttendRowHead (the code the CUDA kernel runs) for every row and head.
+void PagedAttentionReference(const PagedAttentionArgs& args);
 
 // out[i] = silu(gate[i]) * up[i].
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
