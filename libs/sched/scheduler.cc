@@ -379,7 +379,8 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   if (connector_ != nullptr) {
     views_.clear();
     for (const StepEntry& e : record.entries) {
-      views_.push_back(ScheduledRequestView{e.request, e.num_scheduled_tokens, e.will_sample});
+      views_.push_back(ScheduledRequestView{e.request, e.num_scheduled_tokens, e.will_sample,
+                                            config_.async_scheduling && e.will_sample});
     }
     out->kv_connector_metadata = connector_->BuildConnectorMeta(*out, views_);
   } else {
@@ -684,7 +685,12 @@ absl::Status Scheduler::CheckInvariants() const {
       if (static_cast<int32_t>(r->block_ids.size()) < CeilDiv(covered, bs)) {
         return fail(id, ": ", r->block_ids.size(), " blocks do not cover ", covered, " tokens");
       }
-      if (r->num_cached_blocks * bs > std::min(r->num_computed_tokens, r->num_tokens())) {
+      // A full-prompt load keeps its last block cached while recomputing its
+      // last token.
+      const bool full_prompt_load = r->num_cached_tokens_external > 0 &&
+                                    r->num_computed_tokens == r->num_tokens() - 1;
+      if (r->num_cached_blocks * bs > std::min(r->num_computed_tokens, r->num_tokens()) &&
+          !full_prompt_load) {
         return fail(id, ": ", r->num_cached_blocks, " cached blocks beyond known computed tokens");
       }
     }

@@ -40,16 +40,18 @@ struct ExternalMatch {
 struct ScheduledRequestView {
   const Request* request = nullptr;
   int32_t num_scheduled_tokens = 0;
-  // The step samples a token for it (async: becomes a placeholder).
+  // The step samples a token for it.
   bool will_sample = false;
+  // Async mode and will_sample: the sampled token becomes a placeholder.
+  bool adds_placeholder = false;
 
   // Leading tokens with known ids whose KV exists once this step has run:
-  // (num_computed_tokens + n) - (num_output_placeholders + will_sample),
+  // (num_computed_tokens + n) - (num_output_placeholders + adds_placeholder),
   // i.e. DESIGN §5's bound evaluated after the step's increments. Stores may
   // cover full blocks up to this, never further.
   [[nodiscard]] int32_t num_storable_tokens() const {
     return request->num_computed_tokens + num_scheduled_tokens -
-           request->num_output_placeholders - (will_sample ? 1 : 0);
+           request->num_output_placeholders - (adds_placeholder ? 1 : 0);
   }
 };
 

@@ -1,0 +1,277 @@
+// Scheduler-role KV connector semantics (issue 3, "What must hold" 7).
+#include "gtest/gtest.h"
+#include "sched_test_util.h"
+#include "tandem/sched/scheduler.h"
+
+namespace tandem::sched {
+namespace {
+
+using testing::FakeStore;
+using testing::Greedy;
+using testing::Harness;
+using testing::RunAlone;
+using testing::ScriptedKvConnector;
+using testing::TestConfig;
+using testing::Tokens;
+
+// Computes `prompt` once with stores on, so `store` holds its full blocks.
+void FillStore(FakeStore* store, const SchedulerConfig& c, const std::vector<int32_t>& prompt) {
+  ScriptedKvConnector conn(c.block_size, store);
+  Harness h(c, &conn, store);
+  h.Add("warm", prompt, Greedy(1));
+  h.RunToCompletion();
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+void ExpectMatchesReference(const Harness& h, const std::string& id,
+                            const std::vector<int32_t>& prompt, const SamplingParams& sp) {
+  const testing::Reference ref = RunAlone(prompt, sp, h.config);
+  ASSERT_TRUE(h.outputs.count(id)) << id;
+  EXPECT_EQ(h.outputs.at(id), ref.output) << id;
+  EXPECT_EQ(h.reasons.at(id), ref.reason) << id;
+}
+
+TEST(ConnectorTest, DeferredLookupsKeepTheirPlaceInFcfsOrder) {
+  SchedulerConfig c = TestConfig(64);
+  c.max_num_seqs = 2;
+  FakeStore store;
+  ScriptedKvConnector conn(c.block_size, &store);
+  conn.defer_count["A"] = 1;
+  Harness h(c, &conn, &store);
+  h.Add("A", Tokens(6, 1), Greedy(3));
+  h.Add("B", Tokens(6, 2), Greedy(2));
+  h.Add("C", Tokens(6, 3), Greedy(8));
+  h.Step();  // A deferred: B and C go ahead, A keeps the head
+  EXPECT_EQ(conn.admitted, (std::vector<std::string>{"B", "C"}));
+  EXPECT_EQ(h.sched.stats().num_waiting_for_lookup, 1);
+  h.Add("D", Tokens(6, 4), Greedy(2));
+  h.Step();  // B finishes in this step's update
+  EXPECT_EQ(conn.admitted, (std::vector<std::string>{"B", "C"}));
+  h.Step();  // a seat frees: A (ahead of D) gets it
+  EXPECT_EQ(conn.admitted, (std::vector<std::string>{"B", "C", "A"}));
+  h.RunToCompletion();
+  EXPECT_EQ(conn.admitted, (std::vector<std::string>{"B", "C", "A", "D"}));
+  ExpectMatchesReference(h, "A", Tokens(6, 1), Greedy(3));
+}
+
+TEST(ConnectorTest, LoadIsNotScheduledBeforeFinishedRecvingThenStartsFromTheLoadedTokens) {
+  const SchedulerConfig c = TestConfig(64);
+  FakeStore store;
+  const std::vector<int32_t> prefix = Tokens(20, 1);
+  FillStore(&store, c, prefix);
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  h.worker.load_delay_steps = 2;
+  const std::vector<int32_t> prompt = Concat(prefix, Tokens(2, 7));
+  h.Add("P", prompt, Greedy(3));
+  struct Row { RequestState state; int32_t computed, pending, scheduled, loads; };
+  using S = RequestState;
+  const std::vector<Row> expected = {
+      {S::kWaitingForRemoteKv, 0, 20, 0, 1},
+      {S::kWaitingForRemoteKv, 0, 20, 0, 0},
+      {S::kWaiting, 20, 0, 0, 0},  // finished_recving processed at the end of the step
+      {S::kRunning, 22, 0, 2, 0},  // starts from the 20 loaded tokens
+  };
+  for (size_t s = 0; s < expected.size(); ++s) {
+    const SchedulerOutput so = h.Step();
+    const Request* p = h.sched.FindRequest("P");
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->state, expected[s].state) << "step " << s + 1;
+    EXPECT_EQ(p->num_computed_tokens, expected[s].computed) << "step " << s + 1;
+    EXPECT_EQ(p->num_pending_external_tokens, expected[s].pending) << "step " << s + 1;
+    EXPECT_EQ(so.total_num_scheduled_tokens, expected[s].scheduled) << "step " << s + 1;
+    EXPECT_EQ(static_cast<int>(so.kv_connector_metadata.loads.size()), expected[s].loads);
+    if (expected[s].scheduled > 0) {
+      EXPECT_EQ(so.scheduled_new_reqs.at(0).num_computed_tokens, 20);
+    }
+  }
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "P", prompt, Greedy(3));
+  EXPECT_EQ(h.sched.stats().external_cache_hits_tokens, 20u);
+  EXPECT_EQ(h.sched.stats().external_loaded_tokens, 20u);
+}
+
+TEST(ConnectorTest, AFullPromptHitRecomputesTheLastToken) {
+  const SchedulerConfig c = TestConfig(64);
+  FakeStore store;
+  const std::vector<int32_t> prompt = Tokens(16, 3);
+  FillStore(&store, c, prompt);
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  h.keep_history = true;
+  h.Add("P", prompt, Greedy(4));
+  h.RunToCompletion();
+  bool seen = false;
+  for (const SchedulerOutput& so : h.history) {
+    for (size_t i = 0; i < so.scheduled_new_reqs.size(); ++i) {
+      EXPECT_EQ(so.scheduled_new_reqs[i].num_computed_tokens, 15);
+      EXPECT_EQ(so.num_scheduled_tokens[i], 1);
+      seen = true;
+    }
+  }
+  EXPECT_TRUE(seen);
+  ExpectMatchesReference(h, "P", prompt, Greedy(4));
+  EXPECT_EQ(h.sched.stats().external_loaded_tokens, 16u);
+}
+
+TEST(ConnectorTest, InvalidBlocksAreRecomputedAndNeverCached) {
+  const SchedulerConfig c = TestConfig(64);
+  FakeStore store;
+  const std::vector<int32_t> prompt = Tokens(24, 5);
+  FillStore(&store, c, prompt);
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  h.Add("P", prompt, Greedy(4));
+  const std::vector<BlockHash> hashes = h.sched.FindRequest("P")->block_hashes;
+  h.worker.fail_hashes.insert(hashes[2]);  // the third of six loaded blocks fails
+  h.Step();  // load issued, reported in the same step's output
+  const Request* p = h.sched.FindRequest("P");
+  ASSERT_EQ(p->state, RequestState::kWaiting);
+  EXPECT_EQ(p->num_computed_tokens, 8) << "truncated at the first invalid block";
+  EXPECT_EQ(p->num_cached_tokens_external, 8);
+  EXPECT_TRUE(h.sched.block_pool().Lookup(hashes[0]).has_value());
+  EXPECT_TRUE(h.sched.block_pool().Lookup(hashes[1]).has_value());
+  for (int b = 2; b < 6; ++b) {
+    EXPECT_FALSE(h.sched.block_pool().Lookup(hashes[b]).has_value()) << "block " << b;
+  }
+  // Another request looking now only finds the valid prefix locally.
+  h.Add("Q", prompt, Greedy(4));
+  conn.defer_count["Q"] = 1000;  // keep Q waiting: no store lookup
+  const SchedulerOutput s2 = h.Step();
+  ASSERT_EQ(s2.scheduled_new_reqs.size(), 1u);
+  EXPECT_EQ(s2.scheduled_new_reqs[0].request_id, "P");
+  EXPECT_EQ(s2.scheduled_new_reqs[0].num_computed_tokens, 8);
+  EXPECT_EQ(s2.num_scheduled_tokens[0], 16) << "blocks from the invalid one on are recomputed";
+  conn.defer_count["Q"] = 0;
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "P", prompt, Greedy(4));
+  ExpectMatchesReference(h, "Q", prompt, Greedy(4));
+  EXPECT_EQ(h.worker.num_failed_blocks, 1);
+}
+
+TEST(ConnectorTest, AbortDuringALoadKeepsTheBlocksUntilTheLoadReportsFinished) {
+  const SchedulerConfig c = TestConfig(64);
+  FakeStore store;
+  const std::vector<int32_t> prompt = Tokens(20, 2);
+  FillStore(&store, c, prompt);
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  h.worker.load_delay_steps = 3;
+  h.Add("P", prompt, Greedy(2));
+  h.Step();
+  ASSERT_EQ(h.sched.FindRequest("P")->state, RequestState::kWaitingForRemoteKv);
+  const std::vector<BlockHash> hashes = h.sched.FindRequest("P")->block_hashes;
+  h.Abort("P");
+  EXPECT_EQ(h.reasons["P"], RequestState::kFinishedAborted);
+  EXPECT_EQ(h.sched.num_free_blocks(), h.sched.num_total_blocks() - 5) << "blocks held";
+  EXPECT_TRUE(h.sched.HasUnfinishedRequests());
+  const SchedulerOutput s2 = h.Step();
+  EXPECT_EQ(s2.finished_req_ids, std::vector<std::string>{"P"});
+  EXPECT_EQ(h.sched.num_free_blocks(), h.sched.num_total_blocks() - 5);
+  h.Step();
+  EXPECT_EQ(h.sched.num_free_blocks(), h.sched.num_total_blocks() - 5);
+  h.Step();  // the load reports finished
+  EXPECT_EQ(h.sched.num_free_blocks(), h.sched.num_total_blocks());
+  EXPECT_FALSE(h.sched.HasUnfinishedRequests());
+  for (const BlockHash& hash : hashes) EXPECT_FALSE(h.sched.block_pool().Lookup(hash).has_value());
+  h.RunToCompletion();
+}
+
+// Six requests whose 16-token prefix is in the store; returns the number of
+// loads admitted in the first step.
+int32_t LoadsAdmittedInFirstStep(bool limit, int32_t max_num_seqs, int32_t budget,
+                                 int32_t num_blocks) {
+  SchedulerConfig c = TestConfig(num_blocks);
+  c.limit_async_load_admission = limit;
+  c.max_num_seqs = max_num_seqs;
+  c.max_num_batched_tokens = budget;
+  FakeStore store;
+  const std::vector<int32_t> prefix = Tokens(16, 9);
+  FillStore(&store, c, prefix);
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  h.worker.load_delay_steps = 1;
+  for (int i = 0; i < 6; ++i) {
+    h.Add("r" + std::to_string(i), Concat(prefix, Tokens(4, 20 + i)), Greedy(2));
+  }
+  const SchedulerOutput s = h.Step();
+  const int32_t loads = static_cast<int32_t>(s.kv_connector_metadata.loads.size());
+  EXPECT_EQ(h.sched.stats().num_waiting_for_load, loads);
+  h.RunToCompletion();
+  for (int i = 0; i < 6; ++i) {
+    ExpectMatchesReference(h, "r" + std::to_string(i), Concat(prefix, Tokens(4, 20 + i)),
+                           Greedy(2));
+  }
+  return loads;
+}
+
+TEST(ConnectorTest, AsyncLoadsCountAgainstMaxNumSeqsAndTheTokenBudgetWhenLimited) {
+  EXPECT_EQ(LoadsAdmittedInFirstStep(true, 2, 2048, 128), 2) << "max_num_seqs";
+  EXPECT_EQ(LoadsAdmittedInFirstStep(true, 8, 40, 128), 3) << "budget 40 = 16 + 16 + 8";
+  EXPECT_EQ(LoadsAdmittedInFirstStep(false, 2, 40, 128), 6) << "unlimited without the switch";
+}
+
+TEST(ConnectorTest, AsyncLoadsAlwaysPassTheBlockReservationGate) {
+  // 12 usable blocks; each prompt needs 5, loads 4. Second load: 8 free - 1
+  // reserved >= 5; third: 4 free - 2 reserved < 5.
+  EXPECT_EQ(LoadsAdmittedInFirstStep(false, 8, 2048, 13), 2);
+  EXPECT_EQ(LoadsAdmittedInFirstStep(true, 8, 2048, 13), 2);
+}
+
+TEST(ConnectorTest, StoresBuiltInAsyncModeNeverIncludeAPlaceholderBlock) {
+  const SchedulerConfig c = TestConfig(64, /*async=*/true);
+  FakeStore store;
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  int32_t stores_past_prompt = 0;
+  int32_t num_checked = 0;
+  h.after_schedule = [&](const SchedulerOutput& so) {
+    for (const KvStore& st : so.kv_connector_metadata.stores) {
+      const Request* r = h.sched.FindRequest(st.request_id);
+      ASSERT_NE(r, nullptr);
+      for (int32_t block : st.block_ids) {
+        const auto it = std::find(r->block_ids.begin(), r->block_ids.end(), block);
+        ASSERT_NE(it, r->block_ids.end());
+        const int32_t end = static_cast<int32_t>(it - r->block_ids.begin() + 1) * c.block_size;
+        // After the increments: within num_computed_tokens - num_output_placeholders.
+        EXPECT_LE(end, r->num_computed_tokens - r->num_output_placeholders) << st.request_id;
+        // And every token id of the block is known.
+        EXPECT_LE(end, r->num_tokens()) << st.request_id;
+        if (end > r->num_prompt_tokens) ++stores_past_prompt;
+        ++num_checked;
+      }
+    }
+  };
+  for (int i = 0; i < 4; ++i) h.Add("r" + std::to_string(i), Tokens(5 + 3 * i, i), Greedy(20));
+  h.RunToCompletion();
+  EXPECT_EQ(conn.num_store_violations, 0);
+  EXPECT_GT(num_checked, 10);
+  EXPECT_GT(stores_past_prompt, 0) << "output blocks are stored too";
+  // Everything stored is what the tokens say (the worker copied real KV).
+  for (int i = 0; i < 4; ++i) {
+    ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(5 + 3 * i, i), Greedy(20));
+  }
+}
+
+TEST(ConnectorTest, DelayedFreeHoldsBlocksUntilFinishedSending) {
+  const SchedulerConfig c = TestConfig(64);
+  FakeStore store;
+  ScriptedKvConnector conn(c.block_size, &store);
+  conn.delay_free = true;
+  Harness h(c, &conn, &store);
+  h.worker.store_delay_steps = 2;
+  h.Add("P", Tokens(12, 1), Greedy(1));
+  h.Step();  // prefill stores 3 blocks and finishes
+  EXPECT_EQ(h.reasons["P"], RequestState::kFinishedLength);
+  EXPECT_LT(h.sched.num_free_blocks(), h.sched.num_total_blocks());
+  EXPECT_TRUE(h.sched.HasUnfinishedRequests());
+  h.RunToCompletion();
+  EXPECT_EQ(h.sched.num_free_blocks(), h.sched.num_total_blocks());
+}
+
+}  // namespace
+}  // namespace tandem::sched

@@ -1,0 +1,579 @@
+// Scheduler core behaviour (issue 3, "What must hold" 1-6 and 9). Each test
+// drives steps and compares against a table of expected states.
+#include "tandem/sched/scheduler.h"
+
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "sched_test_util.h"
+
+namespace tandem::sched {
+namespace {
+
+using testing::FakeStore;
+using testing::Greedy;
+using testing::Harness;
+using testing::kEos;
+using testing::RunAlone;
+using testing::TestConfig;
+using testing::Tokens;
+
+int32_t NumScheduled(const SchedulerOutput& so, const std::string& id) {
+  for (size_t i = 0; i < so.scheduled_new_reqs.size(); ++i) {
+    if (so.scheduled_new_reqs[i].request_id == id) return so.num_scheduled_tokens[i];
+  }
+  for (size_t i = 0; i < so.scheduled_cached_reqs.size(); ++i) {
+    if (so.scheduled_cached_reqs[i].request_id == id) {
+      return so.num_scheduled_tokens[so.scheduled_new_reqs.size() + i];
+    }
+  }
+  return 0;
+}
+
+void ExpectMatchesReference(const Harness& h, const std::string& id,
+                            const std::vector<int32_t>& prompt, const SamplingParams& sp) {
+  const testing::Reference ref = RunAlone(prompt, sp, h.config);
+  auto it = h.outputs.find(id);
+  ASSERT_NE(it, h.outputs.end()) << id;
+  EXPECT_EQ(it->second, ref.output) << id;
+  EXPECT_EQ(h.reasons.at(id), ref.reason) << id;
+}
+
+// ---- 1. token budget and chunked prefill ----
+
+TEST(SchedulerTest, ChunkedPrefillSplitsPromptsUnderTheTokenBudget) {
+  SchedulerConfig c = TestConfig(64);
+  c.max_num_batched_tokens = 32;
+  FakeStore store;
+  Harness h(c, nullptr, &store);
+  h.Add("A", Tokens(80, 1), Greedy(2));
+  h.Add("B", Tokens(8, 2), Greedy(2));
+  struct Row { int32_t a, b, a_computed; };
+  const std::vector<Row> expected = {{32, 0, 32}, {32, 0, 64}, {16, 8, 80}, {1, 1, 81}};
+  for (size_t s = 0; s < expected.size(); ++s) {
+    const SchedulerOutput& so = h.Step();
+    EXPECT_EQ(NumScheduled(so, "A"), expected[s].a) << "step " << s + 1;
+    EXPECT_EQ(NumScheduled(so, "B"), expected[s].b) << "step " << s + 1;
+    EXPECT_LE(so.total_num_scheduled_tokens, 32);
+    if (const Request* a = h.sched.FindRequest("A")) {
+      EXPECT_EQ(a->num_computed_tokens, expected[s].a_computed) << "step " << s + 1;
+    }
+  }
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "A", Tokens(80, 1), Greedy(2));
+  ExpectMatchesReference(h, "B", Tokens(8, 2), Greedy(2));
+}
+
+TEST(SchedulerTest, WithoutChunkingAPromptOverTheBudgetBlocksTheQueue) {
+  SchedulerConfig c = TestConfig(64);
+  c.max_num_batched_tokens = 32;
+  c.enable_chunked_prefill = false;
+  FakeStore store;
+  Harness h(c, nullptr, &store);
+  h.Add("R", Tokens(8, 1), Greedy(3));
+  EXPECT_EQ(NumScheduled(h.Step(), "R"), 8);
+  h.Add("A", Tokens(32, 2), Greedy(2));  // 32 > 31 left after R's decode
+  h.Add("B", Tokens(4, 3), Greedy(2));   // would fit, but A is ahead
+  struct Row { int32_t r, a, b; };
+  const std::vector<Row> expected = {{1, 0, 0}, {1, 0, 0}, {0, 32, 0}, {0, 1, 4}};
+  for (size_t s = 0; s < expected.size(); ++s) {
+    const SchedulerOutput& so = h.Step();
+    EXPECT_EQ(NumScheduled(so, "R"), expected[s].r) << "step " << s + 2;
+    EXPECT_EQ(NumScheduled(so, "A"), expected[s].a) << "step " << s + 2;
+    EXPECT_EQ(NumScheduled(so, "B"), expected[s].b) << "step " << s + 2;
+  }
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "A", Tokens(32, 2), Greedy(2));
+}
+
+// ---- 2. a running request with nothing to do does not block others ----
+
+TEST(SchedulerTest, RunningRequestWithNothingToScheduleDoesNotBlockTheOnesAfterIt) {
+  FakeStore store;
+  Harness h(TestConfig(64, /*async=*/true), nullptr, &store);
+  h.Add("A", Tokens(4, 1), Greedy(1));  // after its prefill, its one token is in flight
+  h.Add("B", Tokens(4, 2), Greedy(5));
+  const SchedulerOutput s1 = h.Step();
+  EXPECT_EQ(NumScheduled(s1, "A"), 4);
+  EXPECT_EQ(NumScheduled(s1, "B"), 4);
+  const SchedulerOutput s2 = h.Step();  // step 1's output not processed yet
+  EXPECT_EQ(NumScheduled(s2, "A"), 0);
+  EXPECT_EQ(NumScheduled(s2, "B"), 1);
+  EXPECT_EQ(h.sched.FindRequest("B")->num_output_placeholders, 1) << "step 1's output is in";
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "A", Tokens(4, 1), Greedy(1));
+  ExpectMatchesReference(h, "B", Tokens(4, 2), Greedy(5));
+}
+
+// ---- 3. preemption ----
+
+TEST(SchedulerTest, PreemptsTheMostRecentlyAdmittedRequestUnderFcfs) {
+  // 6 usable blocks of 4 tokens; three prompts of 7 tokens take 2 blocks each.
+  FakeStore store;
+  Harness h(TestConfig(7), nullptr, &store);
+  for (const char* id : {"A", "B", "C"}) h.Add(id, Tokens(7, id[0]), Greedy(8));
+  struct Row { std::vector<std::string> preempted; int32_t a, b, c; };
+  const std::vector<Row> expected = {
+      {{}, 7, 7, 7},     // all admitted, pool full
+      {{}, 1, 1, 1},     // position 7 fits the second block
+      {{"C"}, 1, 1, 0},  // A needs a block: C (admitted last) goes
+  };
+  for (size_t s = 0; s < expected.size(); ++s) {
+    const SchedulerOutput& so = h.Step();
+    EXPECT_EQ(so.preempted_req_ids, expected[s].preempted) << "step " << s + 1;
+    EXPECT_EQ(NumScheduled(so, "A"), expected[s].a) << "step " << s + 1;
+    EXPECT_EQ(NumScheduled(so, "B"), expected[s].b) << "step " << s + 1;
+    EXPECT_EQ(NumScheduled(so, "C"), expected[s].c) << "step " << s + 1;
+  }
+  const Request* c = h.sched.FindRequest("C");
+  EXPECT_EQ(c->state, RequestState::kPreempted);
+  EXPECT_EQ(c->num_computed_tokens, 0);
+  EXPECT_TRUE(c->block_ids.empty());
+  EXPECT_EQ(h.sched.stats().num_preemptions_total, 1u);
+  h.RunToCompletion();
+  for (const char* id : {"A", "B", "C"}) ExpectMatchesReference(h, id, Tokens(7, id[0]), Greedy(8));
+}
+
+TEST(SchedulerTest, PreemptsTheLowestPriorityLatestArrivalUnderPriority) {
+  struct Case { std::vector<int32_t> priorities; std::vector<int64_t> arrivals; std::string victim; };
+  const std::vector<Case> cases = {
+      {{5, 9, 1}, {1, 2, 3}, "B"},  // largest priority value
+      {{5, 5, 1}, {1, 2, 3}, "B"},  // equal priority: latest arrival
+      {{5, 5, 1}, {2, 1, 3}, "A"},
+      {{1, 1, 1}, {1, 2, 3}, "C"},
+  };
+  for (const Case& cs : cases) {
+    SchedulerConfig c = TestConfig(7);
+    c.policy = SchedulingPolicy::kPriority;
+    FakeStore store;
+    Harness h(c, nullptr, &store);
+    const char* ids[] = {"A", "B", "C"};
+    for (int i = 0; i < 3; ++i) {
+      h.Add(ids[i], Tokens(7, i), Greedy(8), cs.priorities[i], "", cs.arrivals[i]);
+    }
+    h.Step();
+    h.Step();
+    const SchedulerOutput s3 = h.Step();
+    EXPECT_EQ(s3.preempted_req_ids, std::vector<std::string>{cs.victim}) << cs.victim;
+    h.RunToCompletion();
+    for (int i = 0; i < 3; ++i) ExpectMatchesReference(h, ids[i], Tokens(7, i), Greedy(8));
+  }
+}
+
+TEST(SchedulerTest, NoWaitingRequestIsAdmittedInAStepThatPreempted) {
+  SchedulerConfig c = TestConfig(8);  // 7 usable blocks
+  c.policy = SchedulingPolicy::kPriority;
+  FakeStore store;
+  Harness h(c, nullptr, &store);
+  h.Add("A", Tokens(7, 1), Greedy(8));
+  h.Add("B", Tokens(7, 2), Greedy(8));
+  h.Add("C", Tokens(11, 3), Greedy(8));  // 3 blocks: freeing it leaves one spare block
+  h.Step();
+  h.Step();
+  h.Add("D", Tokens(3, 4), Greedy(2), /*priority=*/-1);  // most important, needs 1 block
+  const SchedulerOutput s3 = h.Step();
+  EXPECT_EQ(s3.preempted_req_ids, std::vector<std::string>{"C"});
+  EXPECT_TRUE(s3.scheduled_new_reqs.empty());
+  EXPECT_EQ(h.sched.num_free_blocks(), 1);  // D would have fit
+  const SchedulerOutput s4 = h.Step();
+  ASSERT_EQ(s4.scheduled_new_reqs.size(), 1u);
+  EXPECT_EQ(s4.scheduled_new_reqs[0].request_id, "D");
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "C", Tokens(11, 3), Greedy(8));
+  ExpectMatchesReference(h, "D", Tokens(3, 4), Greedy(2));
+}
+
+class ModeTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, ModeTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Async" : "Sync"; });
+
+TEST_P(ModeTest, PreemptedRequestResumesAndContinuesWithTheSameTokens) {
+  FakeStore store;
+  Harness h(TestConfig(12, GetParam()), nullptr, &store);
+  h.keep_history = true;
+  for (int i = 0; i < 5; ++i) h.Add("r" + std::to_string(i), Tokens(9 + i, i), Greedy(14));
+  h.RunToCompletion();
+  EXPECT_GT(h.sched.stats().num_preemptions_total, 0u);
+  bool saw_resume = false;
+  for (const SchedulerOutput& so : h.history) {
+    for (const CachedRequestData& d : so.scheduled_cached_reqs) {
+      if (!d.resumed_from_preemption) continue;
+      saw_resume = true;
+      EXPECT_FALSE(d.all_token_ids.empty());
+      EXPECT_FALSE(d.new_block_ids.empty());
+    }
+  }
+  EXPECT_TRUE(saw_resume);
+  for (int i = 0; i < 5; ++i) {
+    ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(9 + i, i), Greedy(14));
+  }
+}
+
+// ---- 4. stop conditions ----
+
+struct StopCase {
+  const char* name;
+  SamplingParams sp;
+  std::vector<int32_t> script;  // tokens the worker samples, in order
+  std::vector<int32_t> output;  // what the client must see
+  RequestState reason;
+};
+
+// A worker that samples scripted tokens; handles sync and async.
+void RunScripted(bool async, const StopCase& sc, int32_t max_model_len = 256,
+                 int32_t prompt_len = 5) {
+  SchedulerConfig c = TestConfig(64, async);
+  c.max_model_len = max_model_len;
+  Scheduler sched(c, nullptr);
+  ASSERT_TRUE(sched.AddRequest({.request_id = "x", .prompt_token_ids = Tokens(prompt_len, 1),
+                                .sampling = sc.sp}, 0).ok());
+  std::deque<std::pair<SchedulerOutput, ModelRunnerOutput>> inflight;
+  size_t next = 0;
+  std::vector<int32_t> got;
+  std::optional<RequestState> reason;
+  auto update = [&] {
+    for (const RequestOutput& o : sched.UpdateFromOutput(inflight.front().first,
+                                                         inflight.front().second)) {
+      got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished) reason = o.finished;
+    }
+    inflight.pop_front();
+    ASSERT_TRUE(sched.CheckInvariants().ok()) << sched.CheckInvariants();
+  };
+  for (int step = 0; step < 100 && (sched.HasUnfinishedRequests() || !inflight.empty()); ++step) {
+    if (sched.HasUnfinishedRequests()) {
+      SchedulerOutput so = sched.Schedule();
+      ModelRunnerOutput mro{.step_id = so.step_id};
+      if (so.total_num_scheduled_tokens > 0) {
+        mro.sampled.push_back({"x", {next < sc.script.size() ? sc.script[next] : 50}});
+        ++next;
+      }
+      inflight.push_back({std::move(so), std::move(mro)});
+      if (!async || inflight.size() == 2) update();
+    } else {
+      update();
+    }
+  }
+  EXPECT_EQ(got, sc.output) << sc.name << (async ? " async" : " sync");
+  EXPECT_EQ(reason, sc.reason) << sc.name << (async ? " async" : " sync");
+  EXPECT_EQ(sched.num_free_blocks(), sched.num_total_blocks());
+}
+
+TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
+  auto sp = [](int32_t max_tokens, bool ignore_eos, int32_t min_tokens,
+               std::vector<int32_t> stop) {
+    SamplingParams p;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = ignore_eos;
+    p.min_tokens = min_tokens;
+    p.stop_token_ids = std::move(stop);
+    return p;
+  };
+  using S = RequestState;
+  const std::vector<StopCase> cases = {
+      {"eos stops and is not emitted", sp(10, false, 0, {}), {5, 6, kEos, 7}, {5, 6}, S::kFinishedStopped},
+      {"eos first: empty output", sp(10, false, 0, {}), {kEos, 7}, {}, S::kFinishedStopped},
+      {"ignore_eos keeps eos as a token", sp(3, true, 0, {}), {5, kEos, 6, 7}, {5, kEos, 6}, S::kFinishedLength},
+      {"stop token is emitted", sp(10, false, 0, {9}), {5, 9, 6}, {5, 9}, S::kFinishedStopped},
+      {"min_tokens holds back eos", sp(10, false, 2, {}), {kEos, 5, kEos, 6}, {kEos, 5}, S::kFinishedStopped},
+      {"min_tokens holds back stop tokens", sp(10, false, 2, {9}), {9, 9, 9, 9}, {9, 9, 9}, S::kFinishedStopped},
+      {"max_tokens", sp(3, false, 0, {}), {5, 6, 7, 8}, {5, 6, 7}, S::kFinishedLength},
+      {"eos on the last allowed token stops", sp(2, false, 0, {}), {5, kEos}, {5}, S::kFinishedStopped},
+      {"stop token on the last allowed token", sp(2, false, 0, {9}), {5, 9}, {5, 9}, S::kFinishedStopped},
+  };
+  for (const StopCase& sc : cases) RunScripted(GetParam(), sc);
+  // max_model_len: prompt 8 + 4 output tokens reach a max_model_len of 12.
+  RunScripted(GetParam(),
+              {"max_model_len", sp(4, false, 0, {}), {5, 6, 7, 8, 9}, {5, 6, 7, 8},
+               S::kFinishedLength},
+              /*max_model_len=*/12, /*prompt_len=*/8);
+}
+
+TEST(SchedulerTest, AddRequestRejectsBadInputWithPreciseStatus) {
+  SchedulerConfig c = TestConfig(8);
+  c.max_model_len = 32;
+  c.max_waiting_requests = 2;
+  Scheduler s(c, nullptr);
+  auto add = [&](std::string id, std::vector<int32_t> prompt, int32_t max_tokens) {
+    return s.AddRequest({.request_id = id, .prompt_token_ids = prompt,
+                         .sampling = Greedy(max_tokens)}, 0);
+  };
+  EXPECT_EQ(add("e", {}, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(add("v", {3, 64}, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(add("n", {3, -1}, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(add("l", Tokens(30, 1), 3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(add("m", Tokens(3, 1), 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(add("big", Tokens(20, 1), 10).code(), absl::StatusCode::kInvalidArgument)
+      << "29 tokens need 8 blocks, the pool has 7";
+  EXPECT_TRUE(add("a", Tokens(3, 1), 4).ok());
+  EXPECT_EQ(add("a", Tokens(3, 1), 4).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(add("b", Tokens(3, 1), 4).ok());
+  EXPECT_EQ(add("c", Tokens(3, 1), 4).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(s.AbortRequest("a").has_value());
+  EXPECT_FALSE(s.AbortRequest("a").has_value());
+  EXPECT_FALSE(s.AbortRequest("nope").has_value());
+  EXPECT_TRUE(add("a", Tokens(3, 1), 4).ok()) << "an id is free again once finished";
+}
+
+// ---- 5. prefix cache ----
+
+TEST(SchedulerTest, SharedPrefixesHitTheCache) {
+  FakeStore store;
+  Harness h(TestConfig(64), nullptr, &store);
+  std::vector<int32_t> a = Tokens(16, 1);
+  std::vector<int32_t> b(a.begin(), a.begin() + 12);
+  for (int32_t t : Tokens(6, 9)) b.push_back(t);
+  h.Add("A", a, Greedy(3));
+  h.RunToCompletion();
+  h.keep_history = true;
+  h.Add("B", b, Greedy(3));
+  const SchedulerOutput s = h.Step();
+  ASSERT_EQ(s.scheduled_new_reqs.size(), 1u);
+  EXPECT_EQ(s.scheduled_new_reqs[0].num_computed_tokens, 12);
+  EXPECT_EQ(NumScheduled(s, "B"), 6);
+  EXPECT_EQ(h.sched.stats().prefix_cache_hits_tokens, 12u);
+  EXPECT_EQ(h.sched.stats().prefix_cache_queries_tokens, 16u + 18u);
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "B", b, Greedy(3));
+}
+
+TEST(SchedulerTest, AtMostNumTokensMinusOneTokensHit) {
+  FakeStore store;
+  Harness h(TestConfig(64), nullptr, &store);
+  h.Add("A", Tokens(16, 1), Greedy(2));
+  h.RunToCompletion();
+  h.Add("B", Tokens(16, 1), Greedy(2));  // all 4 blocks cached; 3 may hit
+  const SchedulerOutput s = h.Step();
+  EXPECT_EQ(s.scheduled_new_reqs.at(0).num_computed_tokens, 12);
+  EXPECT_EQ(NumScheduled(s, "B"), 4);
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "B", Tokens(16, 1), Greedy(2));
+}
+
+TEST(SchedulerTest, FreedBlocksAreEvictedInTheSpecifiedOrder) {
+  FakeStore store;
+  Harness h(TestConfig(9), nullptr, &store);  // blocks 1..8
+  h.Add("A", Tokens(10, 1), Greedy(1));      // blocks 1 2 (full, hashed) 3 (partial)
+  h.RunToCompletion();
+  // Tail first: 3 (no hash) to the head; 2 then 1 to the tail.
+  EXPECT_EQ(h.sched.block_pool().FreeQueueForTest(),
+            (std::vector<int32_t>{3, 4, 5, 6, 7, 8, 2, 1}));
+  h.Add("B", Tokens(27, 2), Greedy(1));  // 7 blocks: pops 3..8 and evicts 2
+  const SchedulerOutput s = h.Step();
+  EXPECT_EQ(s.scheduled_new_reqs.at(0).block_ids, (std::vector<int32_t>{3, 4, 5, 6, 7, 8, 2}));
+  h.RunToCompletion();
+  h.Add("C", Tokens(10, 1), Greedy(1));  // A's prompt: only block 1 survived
+  const SchedulerOutput s2 = h.Step();
+  EXPECT_EQ(s2.scheduled_new_reqs.at(0).num_computed_tokens, 4);
+  EXPECT_EQ(s2.scheduled_new_reqs.at(0).block_ids.at(0), 1);
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "C", Tokens(10, 1), Greedy(1));
+}
+
+TEST(SchedulerTest, TwoIdenticalPromptsInOneStepShareBlocks) {
+  FakeStore store;
+  Harness h(TestConfig(64), nullptr, &store);
+  h.Add("A", Tokens(12, 1), Greedy(4));
+  h.Add("B", Tokens(12, 1), Greedy(4));
+  const SchedulerOutput s = h.Step();
+  ASSERT_EQ(s.scheduled_new_reqs.size(), 2u);
+  const NewRequestData& a = s.scheduled_new_reqs[0];
+  const NewRequestData& b = s.scheduled_new_reqs[1];
+  EXPECT_EQ(NumScheduled(s, "A"), 12);
+  EXPECT_EQ(b.num_computed_tokens, 8);
+  EXPECT_EQ(NumScheduled(s, "B"), 4);
+  EXPECT_EQ(std::vector<int32_t>(a.block_ids.begin(), a.block_ids.begin() + 2),
+            std::vector<int32_t>(b.block_ids.begin(), b.block_ids.begin() + 2));
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "A", Tokens(12, 1), Greedy(4));
+  ExpectMatchesReference(h, "B", Tokens(12, 1), Greedy(4));
+}
+
+TEST(SchedulerTest, SameCacheSaltReusesBlocksAndADifferentSaltDoesNot) {
+  FakeStore store;
+  Harness h(TestConfig(64), nullptr, &store);
+  h.Add("A", Tokens(16, 1), Greedy(2), 0, "tenant-1");
+  h.RunToCompletion();
+  h.Add("same", Tokens(16, 1), Greedy(2), 0, "tenant-1");
+  EXPECT_EQ(h.Step().scheduled_new_reqs.at(0).num_computed_tokens, 12);
+  h.RunToCompletion();
+  h.Add("other", Tokens(16, 1), Greedy(2), 0, "tenant-2");
+  EXPECT_EQ(h.Step().scheduled_new_reqs.at(0).num_computed_tokens, 0);
+  h.RunToCompletion();
+  h.Add("none", Tokens(16, 1), Greedy(2));
+  EXPECT_EQ(h.Step().scheduled_new_reqs.at(0).num_computed_tokens, 0);
+  h.RunToCompletion();
+}
+
+TEST(SchedulerTest, ADifferentModelFingerprintNeverSharesBlocks) {
+  // Two schedulers share one store; only the same fingerprint hits.
+  FakeStore store;
+  auto run = [&](const std::string& fingerprint) {
+    SchedulerConfig c = TestConfig(64);
+    c.hash_root.model_fingerprint = fingerprint;
+    testing::ScriptedKvConnector conn(c.block_size, &store);
+    Harness h(c, &conn, &store);
+    h.Add("p", Tokens(20, 1), Greedy(2));
+    h.RunToCompletion();
+    ExpectMatchesReference(h, "p", Tokens(20, 1), Greedy(2));
+    return h.sched.stats().external_cache_hits_tokens;
+  };
+  EXPECT_EQ(run("model-a"), 0u);
+  EXPECT_GT(run("model-a"), 0u);
+  EXPECT_EQ(run("model-b"), 0u);
+}
+
+// ---- 6. async scheduling ----
+
+TEST(SchedulerTest, PlaceholdersNeverGoNegativeAndStayWithinTwoSteps) {
+  FakeStore store;
+  Harness h(TestConfig(16, /*async=*/true), nullptr, &store);
+  for (int i = 0; i < 6; ++i) {
+    SamplingParams sp = Greedy(5 + 3 * i, /*ignore_eos=*/i % 2 == 0);
+    h.Add("r" + std::to_string(i), Tokens(3 + 5 * i, i), sp);
+  }
+  int32_t max_seen = 0;
+  auto check = [&] {
+    for (int i = 0; i < 6; ++i) {
+      if (const Request* r = h.sched.FindRequest("r" + std::to_string(i))) {
+        ASSERT_GE(r->num_output_placeholders, 0);
+        ASSERT_LE(r->num_output_placeholders, 2);
+        max_seen = std::max(max_seen, r->num_output_placeholders);
+      }
+    }
+  };
+  h.after_schedule = [&](const SchedulerOutput&) { check(); };
+  for (int step = 0; step < 400 && h.sched.HasUnfinishedRequests(); ++step) {
+    h.Step();
+    check();
+  }
+  EXPECT_EQ(max_seen, 2);
+  h.RunToCompletion();
+}
+
+TEST_P(ModeTest, MaxTokensRequestIsScheduledForPromptPlusMaxTokensMinusOneTokens) {
+  FakeStore store;
+  Harness h(TestConfig(64, GetParam()), nullptr, &store);
+  const std::vector<std::pair<int32_t, int32_t>> shapes = {{1, 1}, {5, 1}, {3, 2}, {7, 9}, {40, 5}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    h.Add("r" + std::to_string(i), Tokens(shapes[i].first, static_cast<int32_t>(i)),
+          Greedy(shapes[i].second));
+  }
+  h.RunToCompletion();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const std::string id = "r" + std::to_string(i);
+    EXPECT_EQ(h.scheduled_tokens[id], shapes[i].first + shapes[i].second - 1) << id;
+    EXPECT_EQ(h.outputs[id].size(), static_cast<size_t>(shapes[i].second)) << id;
+  }
+}
+
+TEST(SchedulerTest, AbortWithOutputsInFlightLeavesConsistentCountersAndNoLeakedBlocks) {
+  FakeStore store;
+  Harness h(TestConfig(32, /*async=*/true), nullptr, &store);
+  for (int i = 0; i < 4; ++i) h.Add("r" + std::to_string(i), Tokens(6, i), Greedy(12));
+  h.Step();
+  h.Step();
+  h.Step();
+  ASSERT_EQ(h.in_flight(), 1u);
+  const Request* r1 = h.sched.FindRequest("r1");
+  ASSERT_GT(r1->num_in_flight_tokens, 0);
+  h.Abort("r1");  // with a step in flight
+  EXPECT_EQ(h.sched.FindRequest("r1"), nullptr);
+  EXPECT_EQ(h.reasons["r1"], RequestState::kFinishedAborted);
+  const size_t emitted = h.outputs["r1"].size();
+  const SchedulerOutput s = h.Step();  // tells the worker
+  EXPECT_NE(std::find(s.finished_req_ids.begin(), s.finished_req_ids.end(), "r1"),
+            s.finished_req_ids.end());
+  h.RunToCompletion();
+  EXPECT_EQ(h.outputs["r1"].size(), emitted) << "no output after the abort";
+  const auto ref = RunAlone(Tokens(6, 1), Greedy(12), h.config).output;
+  EXPECT_EQ(h.outputs["r1"], std::vector<int32_t>(ref.begin(), ref.begin() + emitted));
+  for (int i : {0, 2, 3}) ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(6, i), Greedy(12));
+}
+
+TEST(SchedulerTest, PreemptionWithOutputsInFlightLeavesConsistentCounters) {
+  FakeStore store;
+  Harness h(TestConfig(9, /*async=*/true), nullptr, &store);
+  for (int i = 0; i < 4; ++i) h.Add("r" + std::to_string(i), Tokens(5 + i, i), Greedy(16));
+  h.RunToCompletion();
+  EXPECT_GT(h.sched.stats().num_preemptions_total, 0u);
+  for (int i = 0; i < 4; ++i) {
+    ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(5 + i, i), Greedy(16));
+  }
+}
+
+TEST(SchedulerTest, AsyncBlocksAreHashedOnlyOnceTheirTokenIdsAreKnown) {
+  FakeStore store;
+  Harness h(TestConfig(32, /*async=*/true), nullptr, &store);
+  h.Add("r", Tokens(6, 1), Greedy(14));
+  int32_t max_cached = 0;
+  while (h.sched.HasUnfinishedRequests()) {
+    h.Step();
+    const Request* r = h.sched.FindRequest("r");
+    if (r == nullptr) break;
+    for (size_t b = 0; b < r->block_ids.size(); ++b) {
+      if (h.sched.block_pool().is_cached(r->block_ids[b])) {
+        EXPECT_LE(static_cast<int32_t>(b + 1) * 4, r->num_tokens())
+            << "block " << b << " cached before its ids are known";
+        max_cached = std::max(max_cached, static_cast<int32_t>(b + 1));
+      }
+    }
+  }
+  EXPECT_GE(max_cached, 4) << "output blocks get cached once known";
+  h.RunToCompletion();
+}
+
+// ---- 9. determinism ----
+
+std::string Serialize(const SchedulerOutput& so) {
+  std::ostringstream os;
+  os << so.step_id << "|";
+  for (const auto& d : so.scheduled_new_reqs) {
+    os << "N" << d.request_id << ":" << d.num_computed_tokens << ":";
+    for (int32_t b : d.block_ids) os << b << ",";
+  }
+  for (const auto& d : so.scheduled_cached_reqs) {
+    os << "C" << d.request_id << ":" << d.resumed_from_preemption << ":" << d.num_computed_tokens
+       << ":" << d.num_output_placeholders << ":";
+    for (int32_t b : d.new_block_ids) os << b << ",";
+  }
+  for (int32_t n : so.num_scheduled_tokens) os << n << ",";
+  for (const auto& id : so.finished_req_ids) os << "F" << id;
+  for (const auto& id : so.preempted_req_ids) os << "P" << id;
+  for (const auto& l : so.kv_connector_metadata.loads) os << "L" << l.request_id << l.block_ids.size();
+  for (const auto& s : so.kv_connector_metadata.stores) os << "S" << s.request_id << s.block_ids.size();
+  return os.str();
+}
+
+TEST(SchedulerTest, SameInputsGiveTheSameSequenceOfOutputs) {
+  auto run = [] {
+    FakeStore store;
+    SchedulerConfig c = TestConfig(14, /*async=*/true);
+    testing::ScriptedKvConnector conn(c.block_size, &store);
+    std::mt19937_64 rng(42);
+    conn.rng = &rng;
+    Harness h(c, &conn, &store);
+    h.keep_history = true;
+    for (int i = 0; i < 10; ++i) {
+      SamplingParams sp = Greedy(4 + i % 7, i % 3 == 0);
+      h.Add("r" + std::to_string(i), Tokens(4 + (i * 5) % 17, i % 3), sp, 0, "", i);
+      h.Step();
+      if (i == 6) h.Abort("r2");
+    }
+    h.RunToCompletion();
+    std::string all;
+    for (const auto& so : h.history) all += Serialize(so) + "\n";
+    for (const auto& [id, out] : h.outputs) {
+      all += id;
+      for (int32_t t : out) all += "," + std::to_string(t);
+      all += "\n";
+    }
+    return all;
+  };
+  const std::string first = run();
+  EXPECT_EQ(first, run());
+  EXPECT_GT(first.size(), 100u);
+}
+
+}  // namespace
+}  // namespace tandem::sched
