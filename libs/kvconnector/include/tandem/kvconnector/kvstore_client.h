@@ -1,0 +1,157 @@
+// Client of the tandem-kvstore service for the two callers of DESIGN §5.
+//
+// Scheduler: Lookup() never blocks. It sends the RPC with gRPC's callback API
+// and returns a PendingLookup that the scheduler polls once per step:
+//
+//   auto pending = client->Lookup("ns", hashes, {.take_lease = true});
+//   ... every step:
+//   if (std::optional<LookupResult> r = pending->Poll()) { use r->num_hits }
+//
+// A lookup that fails or is not answered by its deadline resolves to zero
+// hits (with the reason in `status`); a lease granted after the caller gave
+// up is released automatically, as is the lease of a PendingLookup destroyed
+// before its result was polled. ReleaseAsync() is fire-and-forget.
+//
+// Worker: Load() and Store() block the calling thread (the worker's transfer
+// thread) and move block bytes between the store and caller-provided
+// buffers. Every loaded block's CRC32C is verified here too; a block that
+// fails it is reported as a kChecksum miss and its destination bytes must not
+// be used.
+//
+// Thread-safe: one client may be shared by many threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tandem/common/block_hash.h"
+#include "tandem/common/ids.h"
+#include "tandem/kvstore/kv_store.h"
+
+namespace tandem::kvconnector {
+
+struct KvStoreClientOptions {
+  // host:port of tandem-kvstore. Required.
+  std::string target;
+  // A lookup unanswered after this long counts as zero hits. Default 50 ms.
+  int64_t lookup_deadline_ms = 50;
+  // Deadline of Load, Store, Release, CreateNamespace and Stats. Default 30 s.
+  int64_t rpc_deadline_ms = 30'000;
+  // Payload bytes per Store stream message (under the server's 4 MiB limit).
+  int64_t store_chunk_bytes = 1 << 20;
+
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+struct LookupOptions {
+  // Pin the leading hits under a lease (release it, or pass it to Load).
+  bool take_lease = true;
+  // Lease time-to-live; 0 = the server's default.
+  uint32_t lease_ttl_ms = 0;
+  // Ask the store to copy cold hits into its hot tier before answering.
+  bool stage_to_hot = false;
+  // Overrides KvStoreClientOptions.lookup_deadline_ms when > 0.
+  int64_t deadline_ms = 0;
+};
+
+struct LookupResult {
+  // Leading hits; 0 when the lookup failed or was late.
+  int32_t num_hits = 0;
+  int32_t num_hot_hits = 0;
+  // LeaseId(0) when none was granted.
+  LeaseId lease{0};
+  // OK, or why this counts as zero hits (DEADLINE_EXCEEDED, UNAVAILABLE, ...).
+  absl::Status status;
+};
+
+// The scheduler's future. Not thread-safe itself; owned by one caller.
+class PendingLookup {
+ public:
+  struct State;
+  explicit PendingLookup(std::shared_ptr<State> state);
+  // Cancels an unfinished RPC; releases a lease the caller never received.
+  ~PendingLookup();
+  PendingLookup(const PendingLookup&) = delete;
+  PendingLookup& operator=(const PendingLookup&) = delete;
+
+  // nullopt while the answer is pending and the deadline has not passed;
+  // afterwards the result (the same one on every later call). Never blocks.
+  [[nodiscard]] std::optional<LookupResult> Poll();
+  // Blocks until Poll() would return a result (tests, tools).
+  [[nodiscard]] LookupResult Wait();
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Why a block was not loaded.
+enum class LoadMiss {
+  kNone,      // loaded and verified
+  kNotFound,  // not in the store
+  kChecksum,  // failed verification (in the store or here)
+  kFailed,    // the RPC failed or ended before this block (see Load's status)
+};
+[[nodiscard]] const char* LoadMissName(LoadMiss m);
+
+struct BlockLoadResult {
+  LoadMiss miss = LoadMiss::kFailed;
+  [[nodiscard]] bool ok() const { return miss == LoadMiss::kNone; }
+};
+
+struct BlockStoreResult {
+  // OK, or the store's reason (INVALID_ARGUMENT for a wrong size, ...).
+  absl::Status status;
+  bool already_present = false;
+};
+
+class KvStoreClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvStoreClient>> Create(
+      const KvStoreClientOptions& options);
+  ~KvStoreClient();
+
+  // Non-blocking; see PendingLookup.
+  [[nodiscard]] std::unique_ptr<PendingLookup> Lookup(std::string_view ns,
+                                                      std::span<const BlockHash> hashes,
+                                                      const LookupOptions& options = {});
+  // Fire-and-forget release. Never blocks.
+  void ReleaseAsync(LeaseId lease);
+  // Blocking release; true when the store knew the lease.
+  absl::StatusOr<bool> Release(LeaseId lease);
+
+  // Loads hashes[i] into dst[i] (each exactly the namespace's block size).
+  // Returns one result per block; an error status only when nothing could be
+  // attempted (unknown namespace, bad hash, store unreachable). When the
+  // stream breaks midway, blocks not completed are kFailed. `lease` (if not
+  // 0) is released by the store when the load completes.
+  absl::StatusOr<std::vector<BlockLoadResult>> Load(std::string_view ns,
+                                                    std::span<const BlockHash> hashes,
+                                                    std::span<const std::span<uint8_t>> dst,
+                                                    LeaseId lease = LeaseId(0));
+
+  // Stores src[i] under hashes[i], computing each block's CRC32C. One
+  // result per block.
+  absl::StatusOr<std::vector<BlockStoreResult>> Store(
+      std::string_view ns, std::span<const BlockHash> hashes,
+      std::span<const std::span<const uint8_t>> src,
+      std::optional<kvstore::Durability> durability = std::nullopt);
+
+  // True when created, false when it existed with the same spec.
+  absl::StatusOr<bool> CreateNamespace(const kvstore::NamespaceSpec& spec);
+  absl::StatusOr<kvstore::KvStoreStats> Stats();
+
+  class Impl;
+
+ private:
+  explicit KvStoreClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::kvconnector

@@ -1,0 +1,384 @@
+#include "tandem/kvconnector/kvstore_client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/client_context.h"
+#include "tandem/common/status.h"
+#include "tandem/kvstore/checksum.h"
+#include "tandem/rpc/kvstore_convert.h"
+#include "tandem/rpc/server.h"
+#include "tandem/rpc/status.h"
+#include "tandem/v1/kvstore.grpc.pb.h"
+
+namespace tandem::kvconnector {
+namespace {
+
+using Stub = v1::KvStore::Stub;
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+std::chrono::system_clock::time_point DeadlineIn(int64_t ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+// Releases a lease nobody will use, without waiting for the answer.
+void ReleaseInBackground(const std::shared_ptr<Stub>& stub, uint64_t lease) {
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::ReleaseRequest req;
+    v1::ReleaseResponse resp;
+  };
+  auto call = std::make_shared<Call>();
+  call->req.set_lease_id(lease);
+  call->ctx.set_deadline(DeadlineIn(5'000));
+  stub->async()->Release(&call->ctx, &call->req, &call->resp, [call](grpc::Status) {});
+}
+
+}  // namespace
+
+absl::Status KvStoreClientOptions::Validate() const {
+  if (target.empty()) return absl::InvalidArgumentError("KvStoreClientOptions.target is empty");
+  if (lookup_deadline_ms <= 0 || rpc_deadline_ms <= 0) {
+    return absl::InvalidArgumentError("KvStoreClientOptions deadlines must be > 0");
+  }
+  if (store_chunk_bytes <= 0 || store_chunk_bytes > (3 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("KvStoreClientOptions.store_chunk_bytes ",
+                                                   store_chunk_bytes, " not in (0, 3 MiB]"));
+  }
+  return absl::OkStatus();
+}
+
+const char* LoadMissName(LoadMiss m) {
+  switch (m) {
+    case LoadMiss::kNone:
+      return "none";
+    case LoadMiss::kNotFound:
+      return "not_found";
+    case LoadMiss::kChecksum:
+      return "checksum";
+    case LoadMiss::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+// ---- PendingLookup -----------------------------------------------------------
+
+struct PendingLookup::State {
+  std::shared_ptr<Stub> stub;  // keeps the channel alive for late releases
+  grpc::ClientContext ctx;
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  SteadyTime deadline;
+  int64_t deadline_ms = 0;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;       // the RPC's callback ran
+  bool resolved = false;   // `result` is final (answered, failed or late)
+  bool delivered = false;  // the caller has seen `result`
+  bool abandoned = false;  // the PendingLookup was destroyed
+  LookupResult result;
+
+  void OnDone(const grpc::Status& s) {
+    uint64_t orphan = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      const uint64_t lease = s.ok() ? resp.lease_id() : 0;
+      if (!resolved) {
+        resolved = true;
+        if (s.ok()) {
+          result.num_hits = resp.num_hits();
+          result.num_hot_hits = resp.num_hot_hits();
+          result.lease = LeaseId(lease);
+        } else {
+          result.status = rpc::FromGrpcStatus(s, "KV-store lookup");
+        }
+        if (abandoned) orphan = lease;
+      } else {
+        orphan = lease;  // answered after the caller counted it as zero hits
+      }
+      cv.notify_all();
+    }
+    if (orphan != 0) ReleaseInBackground(stub, orphan);
+  }
+};
+
+PendingLookup::PendingLookup(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+PendingLookup::~PendingLookup() {
+  bool cancel = false;
+  uint64_t orphan = 0;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->abandoned = true;
+    if (!state_->done) {
+      cancel = true;
+    } else if (!state_->delivered) {
+      orphan = state_->result.lease.value();
+    }
+  }
+  if (cancel) state_->ctx.TryCancel();
+  if (orphan != 0) ReleaseInBackground(state_->stub, orphan);
+}
+
+std::optional<LookupResult> PendingLookup::Poll() {
+  bool cancel = false;
+  LookupResult out;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->resolved) {
+      if (std::chrono::steady_clock::now() < state_->deadline) return std::nullopt;
+      state_->resolved = true;
+      state_->result = LookupResult{
+          .status = absl::DeadlineExceededError(absl::StrCat(
+              "KV-store lookup not answered within ", state_->deadline_ms, " ms"))};
+      cancel = true;
+    }
+    state_->delivered = true;
+    out = state_->result;
+  }
+  if (cancel) state_->ctx.TryCancel();
+  return out;
+}
+
+LookupResult PendingLookup::Wait() {
+  {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->cv.wait_until(lock, state_->deadline, [&] { return state_->resolved; });
+  }
+  for (;;) {
+    if (std::optional<LookupResult> r = Poll()) return *r;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));  // clock granularity
+  }
+}
+
+// ---- KvStoreClient -------------------------------------------------------------
+
+class KvStoreClient::Impl {
+ public:
+  explicit Impl(const KvStoreClientOptions& options)
+      : opts_(options),
+        channel_(rpc::CreateChannel(options.target)),
+        stub_(std::make_shared<Stub>(channel_)) {}
+
+  std::unique_ptr<PendingLookup> Lookup(std::string_view ns, std::span<const BlockHash> hashes,
+                                        const LookupOptions& options) {
+    auto st = std::make_shared<PendingLookup::State>();
+    st->stub = stub_;
+    st->deadline_ms = options.deadline_ms > 0 ? options.deadline_ms : opts_.lookup_deadline_ms;
+    st->deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(st->deadline_ms);
+    st->ctx.set_deadline(DeadlineIn(st->deadline_ms));
+    st->req.set_namespace_(std::string(ns));
+    rpc::AppendBlockHashes(hashes, st->req.mutable_block_hashes());
+    st->req.set_take_lease(options.take_lease);
+    st->req.set_lease_ttl_ms(options.lease_ttl_ms);
+    st->req.set_stage_to_hot(options.stage_to_hot);
+    stub_->async()->Lookup(&st->ctx, &st->req, &st->resp,
+                           [st](grpc::Status s) { st->OnDone(s); });
+    return std::make_unique<PendingLookup>(std::move(st));
+  }
+
+  void ReleaseAsync(LeaseId lease) {
+    if (lease.value() != 0) ReleaseInBackground(stub_, lease.value());
+  }
+
+  absl::StatusOr<bool> Release(LeaseId lease) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(opts_.rpc_deadline_ms));
+    v1::ReleaseRequest req;
+    req.set_lease_id(lease.value());
+    v1::ReleaseResponse resp;
+    grpc::Status s = stub_->Release(&ctx, req, &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, "KV-store release");
+    return resp.found();
+  }
+
+  absl::StatusOr<std::vector<BlockLoadResult>> Load(std::string_view ns,
+                                                    std::span<const BlockHash> hashes,
+                                                    std::span<const std::span<uint8_t>> dst,
+                                                    LeaseId lease) {
+    if (dst.size() != hashes.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("Load: ", hashes.size(), " hashes but ",
+                                                     dst.size(), " destination buffers"));
+    }
+    const size_t n = hashes.size();
+    std::vector<BlockLoadResult> results(n);
+    if (n == 0) return results;
+    v1::LoadRequest req;
+    req.set_namespace_(std::string(ns));
+    rpc::AppendBlockHashes(hashes, req.mutable_block_hashes());
+    req.set_lease_id(lease.value());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(opts_.rpc_deadline_ms));
+    std::unique_ptr<grpc::ClientReader<v1::LoadResponse>> reader = stub_->Load(&ctx, req);
+    std::vector<uint32_t> crc(n, 0);
+    std::vector<uint64_t> received(n, 0);
+    std::vector<bool> bad(n, false);
+    size_t finished = 0;
+    v1::LoadResponse resp;
+    while (reader->Read(&resp)) {
+      for (const v1::LoadChunk& c : resp.chunks()) {
+        const int32_t i = c.block_index();
+        if (i < 0 || static_cast<size_t>(i) >= n) continue;
+        if (!c.ok()) {
+          results[i].miss = c.miss_reason() == v1::MISS_REASON_CHECKSUM ? LoadMiss::kChecksum
+                                                                         : LoadMiss::kNotFound;
+          ++finished;
+          continue;
+        }
+        const std::string& data = c.data();
+        if (c.total_size() != dst[i].size() || c.offset() != received[i] ||
+            received[i] + data.size() > dst[i].size()) {
+          bad[i] = true;
+        } else {
+          std::memcpy(dst[i].data() + received[i], data.data(), data.size());
+          crc[i] = kvstore::Crc32cExtend(crc[i], reinterpret_cast<const uint8_t*>(data.data()),
+                                         data.size());
+          received[i] += data.size();
+        }
+        if (c.last()) {
+          ++finished;
+          if (bad[i]) {
+            results[i].miss = LoadMiss::kFailed;
+          } else if (received[i] != dst[i].size() || crc[i] != c.checksum()) {
+            results[i].miss = LoadMiss::kChecksum;
+          } else {
+            results[i].miss = LoadMiss::kNone;
+          }
+        }
+      }
+    }
+    grpc::Status s = reader->Finish();
+    if (!s.ok() && finished == 0) return rpc::FromGrpcStatus(s, "KV-store load");
+    return results;
+  }
+
+  absl::StatusOr<std::vector<BlockStoreResult>> Store(
+      std::string_view ns, std::span<const BlockHash> hashes,
+      std::span<const std::span<const uint8_t>> src, std::optional<kvstore::Durability> durability) {
+    if (src.size() != hashes.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("Store: ", hashes.size(), " hashes but ",
+                                                     src.size(), " source buffers"));
+    }
+    std::vector<BlockStoreResult> results;
+    if (hashes.empty()) return results;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(opts_.rpc_deadline_ms));
+    v1::StoreResponse resp;
+    std::unique_ptr<grpc::ClientWriter<v1::StoreRequest>> writer = stub_->Store(&ctx, &resp);
+    const size_t limit = static_cast<size_t>(opts_.store_chunk_bytes);
+    v1::StoreRequest msg;
+    msg.set_namespace_(std::string(ns));
+    msg.set_durability(rpc::ToProto(durability));
+    size_t msg_bytes = 0;
+    bool stream_ok = true;
+    auto send = [&] {
+      stream_ok = writer->Write(msg);
+      msg.Clear();
+      msg_bytes = 0;
+    };
+    for (size_t i = 0; i < hashes.size() && stream_ok; ++i) {
+      const std::span<const uint8_t> block = src[i];
+      const uint32_t crc = kvstore::Crc32c(block);
+      size_t off = 0;
+      do {
+        const size_t piece = std::min(limit, block.size() - off);
+        if (msg_bytes > 0 && msg_bytes + piece > limit) send();
+        if (!stream_ok) break;
+        v1::StoreChunk* c = msg.add_chunks();
+        if (off == 0) {
+          c->set_block_hash(hashes[i].ToBytes());
+          c->set_total_size(block.size());
+        }
+        c->set_data(block.data() + off, piece);
+        off += piece;
+        msg_bytes += piece;
+        if (off == block.size()) {
+          c->set_last(true);
+          c->set_checksum(crc);
+        }
+      } while (off < block.size());
+    }
+    if (stream_ok && msg.chunks_size() > 0) send();
+    writer->WritesDone();
+    grpc::Status s = writer->Finish();
+    if (!s.ok()) return rpc::FromGrpcStatus(s, "KV-store store");
+    if (resp.blocks_size() != static_cast<int>(hashes.size())) {
+      return absl::InternalError(absl::StrCat("KV-store store: ", resp.blocks_size(),
+                                              " statuses for ", hashes.size(), " blocks"));
+    }
+    results.reserve(hashes.size());
+    for (const v1::BlockStatus& b : resp.blocks()) {
+      BlockStoreResult r;
+      r.already_present = b.already_present();
+      if (!b.ok()) r.status = absl::Status(static_cast<absl::StatusCode>(b.code()), b.error());
+      results.push_back(std::move(r));
+    }
+    return results;
+  }
+
+  absl::StatusOr<bool> CreateNamespace(const kvstore::NamespaceSpec& spec) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(opts_.rpc_deadline_ms));
+    v1::CreateNamespaceRequest req;
+    rpc::ToProto(spec, req.mutable_info());
+    v1::CreateNamespaceResponse resp;
+    grpc::Status s = stub_->CreateNamespace(&ctx, req, &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, "KV-store CreateNamespace");
+    return resp.created();
+  }
+
+  absl::StatusOr<kvstore::KvStoreStats> Stats() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(opts_.rpc_deadline_ms));
+    v1::StatsResponse resp;
+    grpc::Status s = stub_->Stats(&ctx, v1::StatsRequest(), &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, "KV-store stats");
+    return rpc::FromProto(resp);
+  }
+
+ private:
+  const KvStoreClientOptions opts_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<Stub> stub_;
+};
+
+absl::StatusOr<std::unique_ptr<KvStoreClient>> KvStoreClient::Create(
+    const KvStoreClientOptions& options) {
+  TANDEM_RETURN_IF_ERROR(options.Validate());
+  return std::unique_ptr<KvStoreClient>(new KvStoreClient(std::make_unique<Impl>(options)));
+}
+
+KvStoreClient::KvStoreClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvStoreClient::~KvStoreClient() = default;
+
+std::unique_ptr<PendingLookup> KvStoreClient::Lookup(std::string_view ns,
+                                                     std::span<const BlockHash> hashes,
+                                                     const LookupOptions& options) {
+  return impl_->Lookup(ns, hashes, options);
+}
+void KvStoreClient::ReleaseAsync(LeaseId lease) { impl_->ReleaseAsync(lease); }
+absl::StatusOr<bool> KvStoreClient::Release(LeaseId lease) { return impl_->Release(lease); }
+absl::StatusOr<std::vector<BlockLoadResult>> KvStoreClient::Load(
+    std::string_view ns, std::span<const BlockHash> hashes,
+    std::span<const std::span<uint8_t>> dst, LeaseId lease) {
+  return impl_->Load(ns, hashes, dst, lease);
+}
+absl::StatusOr<std::vector<BlockStoreResult>> KvStoreClient::Store(
+    std::string_view ns, std::span<const BlockHash> hashes,
+    std::span<const std::span<const uint8_t>> src, std::optional<kvstore::Durability> durability) {
+  return impl_->Store(ns, hashes, src, durability);
+}
+absl::StatusOr<bool> KvStoreClient::CreateNamespace(const kvstore::NamespaceSpec& spec) {
+  return impl_->CreateNamespace(spec);
+}
+absl::StatusOr<kvstore::KvStoreStats> KvStoreClient::Stats() { return impl_->Stats(); }
+
+}  // namespace tandem::kvconnector

@@ -1,0 +1,244 @@
+#include "kvstore_service.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/status.h"
+#include "tandem/rpc/kvstore_convert.h"
+#include "tandem/rpc/status.h"
+
+namespace tandem::kvstore_service {
+namespace {
+
+std::string HashForMessage(const std::string& raw) {
+  if (raw.size() == 32) {
+    BlockHash h;
+    std::memcpy(h.bytes.data(), raw.data(), 32);
+    return h.ToHex().substr(0, 16);
+  }
+  return absl::StrCat("<", raw.size(), "-byte hash>");
+}
+
+}  // namespace
+
+absl::Status KvStoreServiceOptions::Validate() const {
+  if (load_chunk_bytes <= 0 || load_chunk_bytes > (3 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "load_chunk_bytes ", load_chunk_bytes, " must be in (0, 3 MiB] to stay under 4 MiB"));
+  }
+  if (max_block_bytes <= 0) return absl::InvalidArgumentError("max_block_bytes must be > 0");
+  return absl::OkStatus();
+}
+
+KvStoreServiceImpl::KvStoreServiceImpl(kvstore::KvStore* store, KvStoreServiceOptions options)
+    : store_(store), options_(options) {}
+
+grpc::Status KvStoreServiceImpl::CreateNamespace(grpc::ServerContext*,
+                                                 const v1::CreateNamespaceRequest* req,
+                                                 v1::CreateNamespaceResponse* resp) {
+  absl::StatusOr<bool> created = store_->CreateNamespace(rpc::FromProto(req->info()));
+  if (!created.ok()) return rpc::ToGrpcStatus(created.status());
+  resp->set_created(*created);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
+                                        v1::LookupResponse* resp) {
+  std::vector<BlockHash> hashes;
+  absl::Status parsed = rpc::ParseBlockHashes(req->block_hashes(), "block_hashes", &hashes);
+  if (!parsed.ok()) return rpc::ToGrpcStatus(parsed);
+  absl::StatusOr<kvstore::LookupResult> r =
+      store_->Lookup(req->namespace_(), hashes,
+                     {.take_lease = req->take_lease(),
+                      .lease_ttl_ms = static_cast<int64_t>(req->lease_ttl_ms()),
+                      .stage_to_hot = req->stage_to_hot()});
+  if (!r.ok()) return rpc::ToGrpcStatus(r.status());
+  if (ctx->IsCancelled()) {
+    // The caller gave up (deadline): nobody will release this lease.
+    if (r->lease.value() != 0) store_->Release(r->lease);
+    return grpc::Status(grpc::StatusCode::CANCELLED, "lookup cancelled by the client");
+  }
+  resp->set_num_hits(r->num_hits);
+  resp->set_num_hot_hits(r->num_hot_hits);
+  resp->set_lease_id(r->lease.value());
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreServiceImpl::Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
+                                      grpc::ServerWriter<v1::LoadResponse>* writer) {
+  const LeaseId lease(req->lease_id());
+  auto release = [&] {
+    if (lease.value() != 0) store_->Release(lease);
+  };
+  absl::StatusOr<kvstore::NamespaceSpec> spec = store_->GetNamespace(req->namespace_());
+  std::vector<BlockHash> hashes;
+  absl::Status parsed = spec.ok() ? rpc::ParseBlockHashes(req->block_hashes(), "block_hashes",
+                                                          &hashes)
+                                  : spec.status();
+  if (!parsed.ok()) {
+    release();
+    return rpc::ToGrpcStatus(parsed);
+  }
+  const size_t chunk_bytes = static_cast<size_t>(options_.load_chunk_bytes);
+  v1::LoadResponse resp;
+  size_t resp_bytes = 0;
+  bool stream_ok = true;
+  auto flush = [&] {
+    if (resp.chunks_size() == 0 || !stream_ok) return;
+    stream_ok = writer->Write(resp);
+    resp.Clear();
+    resp_bytes = 0;
+  };
+  for (size_t i = 0; i < hashes.size() && stream_ok && !ctx->IsCancelled(); ++i) {
+    absl::StatusOr<kvstore::ReadResult> r =
+        store_->Read(req->namespace_(), hashes[i], [&](std::span<const uint8_t> data) {
+          for (size_t off = 0; off < data.size() && stream_ok;) {
+            const size_t n = std::min(chunk_bytes, data.size() - off);
+            if (resp_bytes > 0 && resp_bytes + n > chunk_bytes) flush();
+            v1::LoadChunk* c = resp.add_chunks();
+            c->set_block_index(static_cast<int32_t>(i));
+            c->set_offset(off);
+            c->set_data(data.data() + off, n);
+            c->set_total_size(data.size());
+            c->set_ok(true);
+            off += n;
+            c->set_last(off == data.size());
+            resp_bytes += n;
+          }
+        });
+    if (!r.ok()) {
+      release();
+      return rpc::ToGrpcStatus(Annotate(r.status(), absl::StrCat("loading block ", i)));
+    }
+    if (r->ok()) {
+      // The block's last piece is still in `resp` (flushes happen before a
+      // piece is added): stamp the verified checksum on it.
+      resp.mutable_chunks(resp.chunks_size() - 1)->set_checksum(r->checksum);
+    } else {
+      v1::LoadChunk* c = resp.add_chunks();
+      c->set_block_index(static_cast<int32_t>(i));
+      c->set_last(true);
+      c->set_ok(false);
+      c->set_miss_reason(rpc::ToProto(r->miss));
+    }
+  }
+  flush();
+  release();
+  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "load cancelled");
+  if (!stream_ok) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "load stream broken");
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext*,
+                                       grpc::ServerReader<v1::StoreRequest>* reader,
+                                       v1::StoreResponse* resp) {
+  v1::StoreRequest msg;
+  bool first = true;
+  std::string ns;
+  std::optional<kvstore::Durability> durability;
+  uint64_t block_bytes = 0;
+  // The block being received.
+  bool active = false;
+  int32_t index = -1;
+  std::string raw_hash;
+  uint64_t total = 0;
+  std::string data;
+  absl::Status error;
+  while (reader->Read(&msg)) {
+    if (first) {
+      first = false;
+      ns = msg.namespace_();
+      absl::StatusOr<kvstore::NamespaceSpec> spec = store_->GetNamespace(ns);
+      if (!spec.ok()) return rpc::ToGrpcStatus(spec.status());
+      block_bytes = spec->block_bytes;
+      absl::Status d = rpc::FromProto(msg.durability(), &durability);
+      if (!d.ok()) return rpc::ToGrpcStatus(d);
+    }
+    for (v1::StoreChunk& chunk : *msg.mutable_chunks()) {
+      bool consumed = false;  // the piece was moved in whole
+      if (!active) {
+        active = true;
+        ++index;
+        raw_hash = chunk.block_hash();
+        total = chunk.total_size();
+        data.clear();
+        error = absl::OkStatus();
+        if (raw_hash.size() != 32) {
+          error = absl::InvalidArgumentError(absl::StrCat(
+              "block ", index, ": block_hash has ", raw_hash.size(), " bytes; a block hash has 32"));
+        } else if (total != block_bytes) {
+          error = absl::InvalidArgumentError(absl::StrCat(
+              "block ", index, " (", HashForMessage(raw_hash), "): total_size ", total,
+              " but blocks of namespace '", ns, "' have ", block_bytes, " bytes"));
+        } else if (static_cast<int64_t>(total) > options_.max_block_bytes) {
+          error = absl::InvalidArgumentError(absl::StrCat("block ", index, ": total_size ", total,
+                                                          " over the server's limit"));
+        } else if (chunk.data().size() == total && chunk.last()) {
+          data = std::move(*chunk.mutable_data());  // whole block in one piece
+          consumed = true;
+        } else {
+          data.reserve(total);
+        }
+      }
+      if (error.ok() && !consumed) {
+        if (data.size() + chunk.data().size() > total) {
+          error = absl::InvalidArgumentError(
+              absl::StrCat("block ", index, " (", HashForMessage(raw_hash), "): more than total_size ",
+                           total, " bytes sent"));
+        } else {
+          data.append(chunk.data());
+        }
+      }
+      if (!chunk.last()) continue;
+      active = false;
+      if (error.ok() && data.size() != total) {
+        error = absl::InvalidArgumentError(absl::StrCat("block ", index, " (", HashForMessage(raw_hash),
+                                                        "): ended after ", data.size(), " of ",
+                                                        total, " bytes"));
+      }
+      v1::BlockStatus* st = resp->add_blocks();
+      st->set_block_hash(raw_hash);
+      if (error.ok()) {
+        BlockHash hash;
+        std::memcpy(hash.bytes.data(), raw_hash.data(), 32);
+        absl::StatusOr<kvstore::StoreResult> r = store_->Store(
+            ns, hash,
+            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size()),
+            chunk.checksum(), durability);
+        if (r.ok()) {
+          st->set_ok(true);
+          st->set_already_present(r->already_present);
+          continue;
+        }
+        error = r.status();
+      }
+      st->set_ok(false);
+      st->set_code(static_cast<int32_t>(error.code()));
+      st->set_error(std::string(error.message()));
+    }
+  }
+  if (active) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("Store stream ended in the middle of block ", index, " (",
+                                     HashForMessage(raw_hash), ") after ", data.size(), " of ",
+                                     total, " bytes; that block was not stored"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreServiceImpl::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
+                                         v1::ReleaseResponse* resp) {
+  resp->set_found(store_->Release(LeaseId(req->lease_id())));
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreServiceImpl::Stats(grpc::ServerContext*, const v1::StatsRequest*,
+                                       v1::StatsResponse* resp) {
+  rpc::ToProto(store_->GetStats(), resp);
+  return grpc::Status::OK;
+}
+
+}  // namespace tandem::kvstore_service

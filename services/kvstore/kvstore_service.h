@@ -1,0 +1,56 @@
+// gRPC adapter of the KV-store engine: tandem.v1.KvStore on top of
+// kvstore::KvStore. Handlers run on gRPC's sync thread pool and call the
+// thread-safe engine directly; the engine keeps its lock hold times short and
+// does payload copies and RocksDB I/O outside its lock.
+//
+// Errors: unknown namespace -> NOT_FOUND; a hash that is not 32 bytes ->
+// INVALID_ARGUMENT naming the field and index; per-block store failures
+// (wrong payload size, bad checksum) are BlockStatus entries with the code
+// and message; a Store stream that ends in the middle of a block ->
+// INVALID_ARGUMENT (that block is not stored; blocks completed earlier in the
+// stream were stored, intact).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "tandem/kvstore/kv_store.h"
+#include "tandem/v1/kvstore.grpc.pb.h"
+
+namespace tandem::kvstore_service {
+
+struct KvStoreServiceOptions {
+  // Payload bytes per Load stream message (pieces of several blocks share a
+  // message up to this size). Must stay under the client's 4 MiB receive
+  // limit. Default 1 MiB.
+  int64_t load_chunk_bytes = 1 << 20;
+  // Largest block a Store stream may announce (total_size); protects memory.
+  int64_t max_block_bytes = int64_t{1} << 30;
+
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+class KvStoreServiceImpl final : public v1::KvStore::Service {
+ public:
+  // `store` is not owned and must outlive the service.
+  KvStoreServiceImpl(kvstore::KvStore* store, KvStoreServiceOptions options);
+
+  grpc::Status CreateNamespace(grpc::ServerContext* ctx, const v1::CreateNamespaceRequest* req,
+                               v1::CreateNamespaceResponse* resp) override;
+  grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
+                      v1::LookupResponse* resp) override;
+  grpc::Status Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
+                    grpc::ServerWriter<v1::LoadResponse>* writer) override;
+  grpc::Status Store(grpc::ServerContext* ctx, grpc::ServerReader<v1::StoreRequest>* reader,
+                     v1::StoreResponse* resp) override;
+  grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
+                       v1::ReleaseResponse* resp) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
+                     v1::StatsResponse* resp) override;
+
+ private:
+  kvstore::KvStore* const store_;
+  const KvStoreServiceOptions options_;
+};
+
+}  // namespace tandem::kvstore_service

@@ -1,0 +1,112 @@
+// tandem-kvstore: the KV-store service. See kvstore_service.h and
+// libs/kvstore/include/tandem/kvstore/kv_store.h; `tandem-kvstore --help`
+// lists the flags and their defaults.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "grpcpp/server_builder.h"
+#include "kvstore_service.h"
+#include "tandem/common/logging.h"
+#include "tandem/kvstore/kv_store.h"
+#include "tandem/rpc/flags.h"
+#include "tandem/rpc/server.h"
+
+int main(int argc, char** argv) {
+  using namespace tandem;
+  rpc::BlockShutdownSignals();
+  SetLogTag("kvstore");
+
+  std::string listen = "127.0.0.1:50070";
+  std::string port_file;
+  std::string data_dir = "./tandem-kvstore-data";
+  int64_t hot_capacity_bytes = int64_t{1} << 30;
+  int64_t hot_slot_bytes = int64_t{2} << 20;
+  int64_t cold_capacity_bytes = 0;
+  int64_t cold_capacity_blocks = 0;
+  std::string durability = "wal";
+  int64_t lease_ttl_ms = 30'000;
+  int64_t max_lease_ttl_ms = 600'000;
+  bool store_to_hot = true;
+  int64_t load_chunk_bytes = 1 << 20;
+  int64_t drain_timeout_ms = 10'000;
+
+  rpc::FlagSet flags("tandem-kvstore",
+                     "Stores KV-cache blocks outside the GPU: a pinned host-memory hot tier and a "
+                     "RocksDB cold tier (DESIGN §5).");
+  flags.Add("listen", &listen, "host:port to serve gRPC on (port 0 picks a free port)");
+  flags.Add("port-file", &port_file, "write the bound port to this file once listening");
+  flags.Add("data-dir", &data_dir, "directory of the RocksDB cold tier (created if missing)");
+  flags.Add("hot-capacity-bytes", &hot_capacity_bytes,
+            "bytes of pinned host memory for the hot tier; 0 disables it");
+  flags.Add("hot-slot-bytes", &hot_slot_bytes,
+            "bytes per hot-tier slot; larger blocks are served from the cold tier only");
+  flags.Add("cold-capacity-bytes", &cold_capacity_bytes,
+            "payload bytes the cold tier may hold (LRU eviction); 0 = unlimited");
+  flags.Add("cold-capacity-blocks", &cold_capacity_blocks,
+            "blocks the cold tier may hold (LRU eviction); 0 = unlimited");
+  flags.Add("durability", &durability,
+            "default store durability: none (memtable only), wal (survives kill -9), fsync "
+            "(survives power loss)");
+  flags.Add("lease-ttl-ms", &lease_ttl_ms, "lease time-to-live when a lookup asks for 0");
+  flags.Add("max-lease-ttl-ms", &max_lease_ttl_ms, "longest lease a lookup may ask for");
+  flags.Add("store-to-hot", &store_to_hot, "also place newly stored blocks in the hot tier");
+  flags.Add("load-chunk-bytes", &load_chunk_bytes,
+            "payload bytes per Load stream message (under the 4 MiB gRPC limit)");
+  flags.Add("drain-timeout-ms", &drain_timeout_ms,
+            "on SIGTERM/SIGINT, how long in-flight RPCs may finish before shutdown");
+  flags.ParseOrExit(argc, argv);
+
+  absl::StatusOr<kvstore::Durability> d = kvstore::ParseDurability(durability);
+  if (!d.ok()) {
+    std::fprintf(stderr, "tandem-kvstore: --durability: %s\n", d.status().ToString().c_str());
+    return 2;
+  }
+  kvstore::KvStoreOptions options{
+      .data_dir = data_dir,
+      .hot_capacity_bytes = static_cast<uint64_t>(hot_capacity_bytes),
+      .hot_slot_bytes = static_cast<uint64_t>(hot_slot_bytes),
+      .cold_capacity_bytes = static_cast<uint64_t>(cold_capacity_bytes),
+      .cold_capacity_blocks = static_cast<uint64_t>(cold_capacity_blocks),
+      .durability = *d,
+      .default_lease_ttl_ms = lease_ttl_ms,
+      .max_lease_ttl_ms = max_lease_ttl_ms,
+      .store_to_hot = store_to_hot,
+  };
+  kvstore_service::KvStoreServiceOptions service_options{.load_chunk_bytes = load_chunk_bytes};
+  if (absl::Status s = service_options.Validate(); !s.ok()) {
+    std::fprintf(stderr, "tandem-kvstore: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<kvstore::KvStore>> store = kvstore::KvStore::Open(options);
+  if (!store.ok()) {
+    std::fprintf(stderr, "tandem-kvstore: %s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  kvstore_service::KvStoreServiceImpl service(store->get(), service_options);
+
+  rpc::EnableReflectionAndHealth();
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  int port = 0;
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = rpc::BuildAndStart(
+      &builder, rpc::ServerOptions{.listen_address = listen, .port_file = port_file}, &port);
+  if (!server.ok()) {
+    std::fprintf(stderr, "tandem-kvstore: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  rpc::SetServing(server->get(), "tandem.v1.KvStore", true);
+  TANDEM_LOG(INFO) << "tandem-kvstore serving on port " << port << " (data " << data_dir
+                   << ", durability " << durability << ")";
+
+  const int sig = rpc::WaitForShutdownSignal();
+  TANDEM_LOG(INFO) << "signal " << sig << ": draining for up to " << drain_timeout_ms << " ms";
+  rpc::SetServing(server->get(), "tandem.v1.KvStore", false);
+  (*server)->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(drain_timeout_ms));
+  (*server)->Wait();
+  store->reset();  // flushes the memtable
+  TANDEM_LOG(INFO) << "tandem-kvstore stopped";
+  return 0;
+}

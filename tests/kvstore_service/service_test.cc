@@ -1,0 +1,394 @@
+// tandem.v1.KvStore over loopback gRPC against an in-process server: the
+// client library, and bad input sent with the raw stub (DESIGN §9).
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "../kvstore/test_util.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "kvstore_service.h"
+#include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/kvstore/kv_store.h"
+#include "tandem/kvstore/sync_point.h"
+#include "tandem/v1/kvstore.grpc.pb.h"
+
+namespace tandem {
+namespace {
+
+using kvconnector::KvStoreClient;
+using kvconnector::LoadMiss;
+using kvstore::SyncPoint;
+using kvstore::testing::Crc;
+using kvstore::testing::TempDir;
+using kvstore::testing::TestHash;
+using kvstore::testing::TestPayload;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kBlock = 64 << 10;
+constexpr uint64_t kBigBlock = (5 << 20) / 2;  // 2.5 MiB: several messages per block
+
+class KvStoreServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SyncPoint::Get()->DisableProcessing();
+    SyncPoint::Get()->ClearAll();
+    auto store = kvstore::KvStore::Open({.data_dir = dir_.path(),
+                                         .hot_capacity_bytes = 32 << 20,
+                                         .hot_slot_bytes = 4 << 20,
+                                         .lock_hot_memory = false});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    ASSERT_TRUE(store_->CreateNamespace({.name = "ns", .block_bytes = kBlock}).ok());
+    ASSERT_TRUE(store_->CreateNamespace({.name = "big", .block_bytes = kBigBlock}).ok());
+    service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
+        store_.get(), kvstore_service::KvStoreServiceOptions{});
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    target_ = "127.0.0.1:" + std::to_string(port);
+    auto client = KvStoreClient::Create({.target = target_, .lookup_deadline_ms = 10'000});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+    stub_ = v1::KvStore::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    SyncPoint::Get()->DisableProcessing();
+    SyncPoint::Get()->ClearAll();
+    client_.reset();
+    server_->Shutdown();
+  }
+
+  // Stores blocks `ids` of `size` bytes in `ns` through the client.
+  void StoreBlocks(const std::string& ns, const std::vector<uint64_t>& ids, uint64_t size) {
+    std::vector<BlockHash> hashes;
+    std::vector<std::vector<uint8_t>> payloads;
+    for (uint64_t i : ids) {
+      hashes.push_back(TestHash(i));
+      payloads.push_back(TestPayload(i, size));
+    }
+    std::vector<std::span<const uint8_t>> src(payloads.begin(), payloads.end());
+    auto r = client_->Store(ns, hashes, src);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->size(), ids.size());
+    for (const auto& b : *r) EXPECT_TRUE(b.status.ok()) << b.status;
+  }
+
+  kvstore::KvStoreStats Stats() { return store_->GetStats(); }
+
+  TempDir dir_;
+  std::unique_ptr<kvstore::KvStore> store_;
+  std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string target_;
+  std::unique_ptr<KvStoreClient> client_;
+  std::unique_ptr<v1::KvStore::Stub> stub_;
+};
+
+TEST_F(KvStoreServiceTest, StoreAndLoadRoundTripBlocksSpanningSeveralMessages) {
+  StoreBlocks("big", {1, 2, 3}, kBigBlock);
+  StoreBlocks("ns", {1, 2, 3, 4, 5}, kBlock);
+  for (auto [ns, size, n] : {std::tuple{"big", kBigBlock, 3}, std::tuple{"ns", kBlock, 5}}) {
+    std::vector<BlockHash> hashes;
+    std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(size));
+    for (int i = 1; i <= n; ++i) hashes.push_back(TestHash(i));
+    std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
+    auto r = client_->Load(ns, hashes, dst);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (int i = 0; i < n; ++i) {
+      EXPECT_TRUE((*r)[i].ok()) << ns << " " << i << " " << LoadMissName((*r)[i].miss);
+      EXPECT_EQ(bufs[i], TestPayload(i + 1, size)) << ns << " " << i;
+    }
+  }
+  // Idempotent: storing again reports already_present and writes nothing.
+  auto p = TestPayload(1, kBlock);
+  std::vector<BlockHash> h{TestHash(1)};
+  std::vector<std::span<const uint8_t>> src{p};
+  auto again = client_->Store("ns", h, src);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE((*again)[0].already_present);
+  EXPECT_EQ(Stats().stores, 8u);
+}
+
+TEST_F(KvStoreServiceTest, LookupResolvesByPollingAndTheLoadReleasesItsLease) {
+  StoreBlocks("ns", {0, 1, 2}, kBlock);
+  std::vector<BlockHash> hashes{TestHash(0), TestHash(1), TestHash(2), TestHash(3), TestHash(4)};
+  auto pending = client_->Lookup("ns", hashes, {.take_lease = true});
+  std::optional<kvconnector::LookupResult> r;
+  for (int i = 0; i < 10'000 && !r; ++i) {
+    r = pending->Poll();  // never blocks
+    if (!r) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(r.has_value());
+  ASSERT_TRUE(r->status.ok()) << r->status;
+  EXPECT_EQ(r->num_hits, 3);
+  EXPECT_EQ(r->num_hot_hits, 3);
+  ASSERT_NE(r->lease.value(), 0u);
+  EXPECT_EQ(Stats().active_leases, 1u);
+  // Same answer on every later poll.
+  EXPECT_EQ(pending->Poll()->num_hits, 3);
+
+  std::vector<std::vector<uint8_t>> bufs(3, std::vector<uint8_t>(kBlock));
+  std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
+  auto loaded = client_->Load("ns", std::span(hashes).first(3), dst, r->lease);
+  ASSERT_TRUE(loaded.ok());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(bufs[i], TestPayload(i, kBlock));
+  EXPECT_EQ(Stats().active_leases, 0u);
+  EXPECT_FALSE(*client_->Release(r->lease));
+}
+
+TEST_F(KvStoreServiceTest, ReleaseFreesTheLease) {
+  StoreBlocks("ns", {0}, kBlock);
+  std::vector<BlockHash> hashes{TestHash(0)};
+  auto r = client_->Lookup("ns", hashes)->Wait();
+  ASSERT_EQ(r.num_hits, 1);
+  EXPECT_EQ(Stats().active_leases, 1u);
+  EXPECT_TRUE(*client_->Release(r.lease));
+  EXPECT_EQ(Stats().active_leases, 0u);
+}
+
+// The server holds the lookup (after pinning) until the client has given up:
+// the client sees zero hits with DEADLINE_EXCEEDED and no lease is left over.
+TEST_F(KvStoreServiceTest, LateLookupCountsAsZeroHitsAndLeavesNoLease) {
+  StoreBlocks("ns", {0, 1}, kBlock);
+  SyncPoint::Get()->LoadDependency({{"Test:ClientGaveUp", "KvStore::Lookup:AfterPin"}});
+  SyncPoint::Get()->EnableProcessing();
+  std::vector<BlockHash> hashes{TestHash(0), TestHash(1)};
+  auto pending = client_->Lookup("ns", hashes, {.take_lease = true, .deadline_ms = 30});
+  kvconnector::LookupResult r = pending->Wait();
+  EXPECT_EQ(r.num_hits, 0);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
+  SyncPoint::Get()->Process("Test:ClientGaveUp");
+  uint64_t leases = 1;
+  for (int i = 0; i < 500 && leases != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    leases = Stats().active_leases;
+  }
+  EXPECT_EQ(leases, 0u);
+}
+
+TEST_F(KvStoreServiceTest, LookupOfUnreachableStoreIsZeroHits) {
+  auto client = KvStoreClient::Create({.target = "127.0.0.1:1", .lookup_deadline_ms = 200});
+  ASSERT_TRUE(client.ok());
+  std::vector<BlockHash> hashes{TestHash(0)};
+  kvconnector::LookupResult r = (*client)->Lookup("ns", hashes)->Wait();
+  EXPECT_EQ(r.num_hits, 0);
+  EXPECT_FALSE(r.status.ok());
+}
+
+TEST_F(KvStoreServiceTest, HashOfWrongLengthIsInvalidArgument) {
+  v1::LookupRequest req;
+  req.set_namespace_("ns");
+  req.add_block_hashes(TestHash(0).ToBytes());
+  req.add_block_hashes(std::string(31, 'x'));
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub_->Lookup(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("block_hashes[1] has 31 bytes; a block hash has 32"));
+
+  v1::LoadRequest load;
+  load.set_namespace_("ns");
+  load.add_block_hashes("short");
+  grpc::ClientContext ctx2;
+  auto reader = stub_->Load(&ctx2, load);
+  v1::LoadResponse chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("block_hashes[0] has 5 bytes"));
+}
+
+TEST_F(KvStoreServiceTest, UnknownNamespaceIsNotFoundOnEveryRpc) {
+  std::vector<BlockHash> hashes{TestHash(0)};
+  auto r = client_->Lookup("nope", hashes)->Wait();
+  EXPECT_EQ(r.num_hits, 0);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(r.status.message()), HasSubstr("namespace 'nope' is not registered"));
+
+  std::vector<uint8_t> buf(kBlock);
+  std::vector<std::span<uint8_t>> dst{buf};
+  auto load = client_->Load("nope", hashes, dst);
+  EXPECT_EQ(load.status().code(), absl::StatusCode::kNotFound);
+
+  auto p = TestPayload(0, kBlock);
+  std::vector<std::span<const uint8_t>> src{p};
+  auto store = client_->Store("nope", hashes, src);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("namespace 'nope'"));
+  EXPECT_EQ(Stats().cold_blocks, 0u);
+}
+
+TEST_F(KvStoreServiceTest, BadBlocksGetPreciseStatusesAndNothingPartialIsStored) {
+  auto good = TestPayload(1, kBlock);
+  auto small = TestPayload(2, kBlock - 1);
+  std::vector<BlockHash> hashes{TestHash(1), TestHash(2), TestHash(3)};
+  // Block 3 is sent with a checksum that does not match (via the raw stub).
+  v1::StoreRequest msg;
+  msg.set_namespace_("ns");
+  auto add = [&](const BlockHash& h, const std::vector<uint8_t>& data, uint32_t crc,
+                 std::string raw_hash = "") {
+    v1::StoreChunk* c = msg.add_chunks();
+    c->set_block_hash(raw_hash.empty() ? h.ToBytes() : raw_hash);
+    c->set_total_size(data.size());
+    c->set_data(data.data(), data.size());
+    c->set_last(true);
+    c->set_checksum(crc);
+  };
+  add(TestHash(1), good, Crc(good));
+  add(TestHash(2), small, Crc(small));
+  add(TestHash(3), good, Crc(good) ^ 0xFF);
+  add(TestHash(4), good, Crc(good), std::string(31, 'h'));
+  grpc::ClientContext ctx;
+  v1::StoreResponse resp;
+  auto writer = stub_->Store(&ctx, &resp);
+  ASSERT_TRUE(writer->Write(msg));
+  writer->WritesDone();
+  ASSERT_TRUE(writer->Finish().ok());
+  ASSERT_EQ(resp.blocks_size(), 4);
+  EXPECT_TRUE(resp.blocks(0).ok());
+  EXPECT_FALSE(resp.blocks(1).ok());
+  EXPECT_EQ(resp.blocks(1).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(resp.blocks(1).error(),
+              HasSubstr("total_size 65535 but blocks of namespace 'ns' have 65536 bytes"));
+  EXPECT_EQ(resp.blocks(2).code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(resp.blocks(2).error(), HasSubstr("does not match"));
+  EXPECT_EQ(resp.blocks(3).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(resp.blocks(3).error(), HasSubstr("block_hash has 31 bytes"));
+  auto r = client_->Lookup("ns", hashes, {.take_lease = false})->Wait();
+  EXPECT_EQ(r.num_hits, 1);
+  EXPECT_EQ(Stats().cold_blocks, 1u);
+}
+
+TEST_F(KvStoreServiceTest, StreamEndingMidBlockIsInvalidArgumentAndStoresNoPartialBlock) {
+  auto a = TestPayload(1, kBlock);
+  auto b = TestPayload(2, kBlock);
+  v1::StoreRequest msg;
+  msg.set_namespace_("ns");
+  v1::StoreChunk* c = msg.add_chunks();  // block 0: complete
+  c->set_block_hash(TestHash(1).ToBytes());
+  c->set_total_size(kBlock);
+  c->set_data(a.data(), a.size());
+  c->set_last(true);
+  c->set_checksum(Crc(a));
+  c = msg.add_chunks();  // block 1: half, then the stream ends
+  c->set_block_hash(TestHash(2).ToBytes());
+  c->set_total_size(kBlock);
+  c->set_data(b.data(), kBlock / 2);
+  grpc::ClientContext ctx;
+  v1::StoreResponse resp;
+  auto writer = stub_->Store(&ctx, &resp);
+  ASSERT_TRUE(writer->Write(msg));
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("ended in the middle of block 1"));
+  EXPECT_THAT(s.error_message(), HasSubstr("after 32768 of 65536 bytes"));
+  std::vector<BlockHash> h2{TestHash(2)};
+  EXPECT_EQ(client_->Lookup("ns", h2, {.take_lease = false})->Wait().num_hits, 0);
+  EXPECT_EQ(Stats().cold_blocks, 1u);  // only the complete block
+}
+
+TEST_F(KvStoreServiceTest, OversizedBlockStreamIsRejected) {
+  auto a = TestPayload(1, kBlock);
+  v1::StoreRequest msg;
+  msg.set_namespace_("ns");
+  for (int piece = 0; piece < 3; ++piece) {  // 3 halves of a block
+    v1::StoreChunk* c = msg.add_chunks();
+    if (piece == 0) {
+      c->set_block_hash(TestHash(1).ToBytes());
+      c->set_total_size(kBlock);
+    }
+    c->set_data(a.data(), kBlock / 2);
+    c->set_last(piece == 2);
+  }
+  grpc::ClientContext ctx;
+  v1::StoreResponse resp;
+  auto writer = stub_->Store(&ctx, &resp);
+  ASSERT_TRUE(writer->Write(msg));
+  writer->WritesDone();
+  ASSERT_TRUE(writer->Finish().ok());
+  ASSERT_EQ(resp.blocks_size(), 1);
+  EXPECT_THAT(resp.blocks(0).error(), HasSubstr("more than total_size 65536 bytes"));
+  EXPECT_EQ(Stats().cold_blocks, 0u);
+}
+
+TEST_F(KvStoreServiceTest, LoadOfMissingBlockIsAMissNotAnError) {
+  StoreBlocks("ns", {1}, kBlock);
+  std::vector<BlockHash> hashes{TestHash(1), TestHash(9)};
+  std::vector<std::vector<uint8_t>> bufs(2, std::vector<uint8_t>(kBlock));
+  std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
+  auto r = client_->Load("ns", hashes, dst);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE((*r)[0].ok());
+  EXPECT_EQ((*r)[1].miss, LoadMiss::kNotFound);
+
+  v1::LoadRequest req;
+  req.set_namespace_("ns");
+  req.add_block_hashes(TestHash(9).ToBytes());
+  grpc::ClientContext ctx;
+  auto reader = stub_->Load(&ctx, req);
+  v1::LoadResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  ASSERT_EQ(resp.chunks_size(), 1);
+  EXPECT_FALSE(resp.chunks(0).ok());
+  EXPECT_TRUE(resp.chunks(0).data().empty());
+  EXPECT_EQ(resp.chunks(0).miss_reason(), v1::MISS_REASON_NOT_FOUND);
+  EXPECT_FALSE(reader->Read(&resp));
+  EXPECT_TRUE(reader->Finish().ok());
+}
+
+TEST_F(KvStoreServiceTest, CorruptBlockInEitherTierIsReportedInvalidWithoutBytes) {
+  StoreBlocks("ns", {1, 2}, kBlock);
+  ASSERT_TRUE(store_->TEST_CorruptHot("ns", TestHash(1), 10).ok());
+  ASSERT_TRUE(store_->TEST_CorruptCold("ns", TestHash(2), 10).ok());
+  ASSERT_TRUE(store_->TEST_CorruptHot("ns", TestHash(2), 20).ok());  // hot copy bad too
+  v1::LoadRequest req;
+  req.set_namespace_("ns");
+  req.add_block_hashes(TestHash(1).ToBytes());
+  req.add_block_hashes(TestHash(2).ToBytes());
+  grpc::ClientContext ctx;
+  auto reader = stub_->Load(&ctx, req);
+  v1::LoadResponse resp;
+  int chunks = 0;
+  while (reader->Read(&resp)) {
+    for (const auto& c : resp.chunks()) {
+      ++chunks;
+      EXPECT_FALSE(c.ok());
+      EXPECT_TRUE(c.data().empty());
+      EXPECT_EQ(c.miss_reason(), v1::MISS_REASON_CHECKSUM);
+    }
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(chunks, 2);
+  EXPECT_EQ(Stats().checksum_failures, 2u);
+  std::vector<BlockHash> h{TestHash(1)};
+  EXPECT_EQ(client_->Lookup("ns", h, {.take_lease = false})->Wait().num_hits, 0);
+}
+
+TEST_F(KvStoreServiceTest, CreateNamespaceAndStatsThroughTheClient) {
+  EXPECT_TRUE(*client_->CreateNamespace({.name = "fresh", .block_bytes = 128, .layout = "L"}));
+  EXPECT_FALSE(*client_->CreateNamespace({.name = "fresh", .block_bytes = 128, .layout = "L"}));
+  auto conflict = client_->CreateNamespace({.name = "fresh", .block_bytes = 256});
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
+  auto bad = client_->CreateNamespace({.name = "", .block_bytes = 256});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  StoreBlocks("ns", {1, 2}, kBlock);
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->cold_blocks, 2u);
+  EXPECT_EQ(stats->stores, 2u);
+  EXPECT_EQ(stats->hot_capacity_blocks, 8u);
+}
+
+}  // namespace
+}  // namespace tandem
