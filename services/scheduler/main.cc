@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   // Streams still open here were given their last message; Shutdown waits
   // for their writes briefly, then cancels.
   engine.Stop();
-  srv->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  srv->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   TANDEM_LOG(INFO) << "stopped";
   return 0;
 }
