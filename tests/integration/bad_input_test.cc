@@ -1,0 +1,178 @@
+// DESIGN §9: every bad input gets its status code and a precise message,
+// while a valid request running at the same time finishes unaffected.
+#include <signal.h>
+
+#include <sys/wait.h>
+
+#include <limits>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "harness.h"
+
+namespace tandem::testing {
+namespace {
+
+struct BadCase {
+  const char* name;
+  v1::GenerateRequest request;
+  grpc::StatusCode code;
+  std::string message;  // substring expected in the message
+};
+
+std::vector<BadCase> BadCases() {
+  std::vector<BadCase> cases;
+  auto base = [] { return MakeRequest({1, 5, 9}, 8); };
+  cases.push_back({"empty prompt", MakeRequest({}, 8), grpc::StatusCode::INVALID_ARGUMENT,
+                   "prompt_token_ids is empty"});
+  cases.push_back({"token id == vocab", MakeRequest({1, 512}, 8), grpc::StatusCode::INVALID_ARGUMENT,
+                   "prompt_token_ids[1] = 512 is outside the vocabulary [0, 512)"});
+  cases.push_back({"negative token id", MakeRequest({1, 3, -4}, 8),
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   "prompt_token_ids[2] = -4 is outside the vocabulary [0, 512)"});
+  cases.push_back({"prompt + max_tokens > max_model_len", MakeRequest({1, 2, 3}, 510),
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   "prompt (3 tokens) + max_tokens (510) = 513 exceeds max_model_len 512"});
+  cases.push_back({"max_tokens 0", MakeRequest({1, 2}, 0), grpc::StatusCode::INVALID_ARGUMENT,
+                   "max_tokens must be >= 1, got 0"});
+  cases.push_back({"max_tokens negative", MakeRequest({1, 2}, -3),
+                   grpc::StatusCode::INVALID_ARGUMENT, "max_tokens must be >= 1, got -3"});
+  {
+    auto r = base();
+    r.mutable_sampling()->set_temperature(-0.5f);
+    cases.push_back({"negative temperature", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "temperature must be a finite number >= 0, got -0.5"});
+  }
+  {
+    auto r = base();
+    r.mutable_sampling()->set_temperature(std::numeric_limits<float>::quiet_NaN());
+    cases.push_back({"NaN temperature", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "temperature must be a finite number >= 0"});
+  }
+  {
+    auto r = base();
+    r.mutable_sampling()->set_top_p(1.5f);
+    cases.push_back({"top_p > 1", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "top_p must be in (0, 1], got 1.5"});
+  }
+  {
+    auto r = base();
+    r.mutable_sampling()->set_top_k(513);
+    cases.push_back({"top_k > vocab", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "top_k must be in [0, 512], got 513"});
+  }
+  {
+    auto r = base();
+    r.mutable_sampling()->set_min_tokens(9);
+    cases.push_back({"min_tokens > max_tokens", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "min_tokens must be in [0, max_tokens=8], got 9"});
+  }
+  {
+    auto r = base();
+    r.mutable_sampling()->add_stop_token_ids(600);
+    cases.push_back({"stop token outside vocab", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "stop token id 600 is outside the vocabulary [0, 512)"});
+  }
+  {
+    auto r = base();
+    r.set_cache_salt("tenant-a");
+    cases.push_back({"cache_salt not allowed", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "cache_salt is set by the server"});
+  }
+  return cases;
+}
+
+TEST(BadInputTest, EachRuleHasItsCodeAndMessageWhileAValidRequestRuns) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  Service worker = StartWorker(dir, "worker", {});
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {});
+  auto stub = GenerationStub(scheduler.address());
+
+  const v1::GenerateRequest valid = MakeRequest({1, 300, 301, 302}, 400, 0.0f, {}, true);
+  const GenerateResult alone = RunGenerate(stub.get(), valid);
+  ASSERT_TRUE(alone.status.ok());
+  ASSERT_EQ(alone.tokens.size(), 400u);
+
+  GenerateResult concurrent;
+  std::thread runner([&] { concurrent = RunGenerate(stub.get(), valid); });
+  for (const BadCase& c : BadCases()) {
+    SCOPED_TRACE(c.name);
+    GenerateResult r = RunGenerate(stub.get(), c.request);
+    EXPECT_EQ(r.status.error_code(), c.code) << r.status.error_message();
+    EXPECT_NE(r.status.error_message().find(c.message), std::string::npos)
+        << "message: " << r.status.error_message();
+    EXPECT_TRUE(r.tokens.empty());
+  }
+  // A deadline that passes mid-stream ends the call and frees the request.
+  GenerateResult late = RunGenerate(stub.get(), MakeRequest({1, 7}, 500 - 3, 0.0f, {}, true),
+                                    std::chrono::milliseconds(30));
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  runner.join();
+  ASSERT_TRUE(concurrent.status.ok()) << concurrent.status.error_message();
+  EXPECT_EQ(concurrent.tokens, alone.tokens);
+  EXPECT_TRUE(WaitFor([&] {
+    auto s = GetStats(stub.get());
+    return s.num_active_streams() == 0 && s.num_running() == 0 &&
+           s.num_free_blocks() == s.num_total_blocks();
+  })) << GetStats(stub.get()).DebugString();
+}
+
+TEST(BadInputTest, FullWaitingQueueIsResourceExhausted) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  // A slow sim worker keeps the first request running while we fill the queue.
+  Service worker = StartWorker(dir, "worker", {"--backend", "sim", "--sim-step-us", "20000"});
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(),
+                                     {"--max-num-seqs", "1", "--max-waiting", "1"});
+  auto stub = GenerationStub(scheduler.address());
+  GenerateResult first, second;
+  std::thread t1([&] { first = RunGenerate(stub.get(), MakeRequest({1, 2}, 40, 0, {}, true)); });
+  ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_running() == 1; }));
+  std::thread t2([&] { second = RunGenerate(stub.get(), MakeRequest({1, 3}, 5, 0, {}, true)); });
+  ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_waiting() == 1; }));
+  GenerateResult third = RunGenerate(stub.get(), MakeRequest({1, 4}, 5));
+  EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << third.status.error_message();
+  EXPECT_FALSE(third.status.error_message().empty());
+  t1.join();
+  t2.join();
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.tokens.size(), 40u);
+  EXPECT_TRUE(second.status.ok()) << second.status.error_message();
+}
+
+TEST(BadInputTest, NoWorkerIsUnavailable) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  // Nothing listens on port 1.
+  Service scheduler = StartScheduler(dir, "scheduler", "127.0.0.1:1", {}, /*wait_for_worker=*/false);
+  auto stub = GenerationStub(scheduler.address());
+  GenerateResult r = RunGenerate(stub.get(), MakeRequest({1, 2}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(r.status.error_message().find("no worker is connected"), std::string::npos)
+      << r.status.error_message();
+  EXPECT_EQ(HealthStatus(scheduler.address()), 2);  // NOT_SERVING
+}
+
+TEST(BadInputTest, DrainingRejectsNewCallsAndFinishesRunningOnes) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  Service worker = StartWorker(dir, "worker", {"--backend", "sim", "--sim-step-us", "10000"});
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {});
+  auto stub = GenerationStub(scheduler.address());
+  GenerateResult running;
+  std::thread t([&] { running = RunGenerate(stub.get(), MakeRequest({1, 2}, 60, 0, {}, true)); });
+  ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_running() == 1; }));
+  scheduler.process.Signal(SIGTERM);
+  ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).draining(); }));
+  GenerateResult rejected = RunGenerate(stub.get(), MakeRequest({1, 3}, 4));
+  EXPECT_EQ(rejected.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(rejected.status.error_message().find("draining"), std::string::npos)
+      << rejected.status.error_message();
+  t.join();
+  EXPECT_TRUE(running.status.ok()) << running.status.error_message();
+  EXPECT_EQ(running.tokens.size(), 60u);
+  auto status = scheduler.process.Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value()) << "scheduler did not exit after draining";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+}
+
+}  // namespace
+}  // namespace tandem::testing
