@@ -137,8 +137,12 @@ void AttendRowHeadCpu(const PagedAttentionArgs& a, int32_t row, int32_t head,
 }  // namespace
 
 void PagedAttention(const PagedAttentionArgs& args) {
+  PagedAttentionRows(args, 0, args.num_rows);
+}
+
+void PagedAttentionRows(const PagedAttentionArgs& args, int32_t row_begin, int32_t row_end) {
   std::vector<float> scores, acc(static_cast<size_t>(args.shape.head_size));
-  for (int32_t r = 0; r < args.num_rows; ++r) {
+  for (int32_t r = row_begin; r < row_end; ++r) {
     scores.resize(static_cast<size_t>(args.row_pos[r]) + 1);
     for (int32_t h = 0; h < args.num_heads; ++h) {
       AttendRowHeadCpu(args, r, h, scores.data(), acc.data());

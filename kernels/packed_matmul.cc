@@ -80,4 +80,10 @@ void PackedMatrix::Apply(const float* x, int32_t rows, float* y) const {
   ApplyPanels(panels_.data(), out_dim_, in_dim_, x, rows, y);
 }
 
+void PackedMatrix::ApplyRows(const float* x, int32_t row_begin, int32_t row_end,
+                             float* y) const {
+  ApplyPanels(panels_.data(), out_dim_, in_dim_, x + int64_t{row_begin} * in_dim_,
+              row_end - row_begin, y + int64_t{row_begin} * out_dim_);
+}
+
 }  // namespace tandem::kernels::cpu

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cpu_runner.h"
+#include "thread_pool.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/kernels/cpu_ops.h"
@@ -32,8 +33,8 @@ RopeKind ToKernel(RopeStyle s) {
 
 class CpuModelRunner final : public ModelRunner {
  public:
-  CpuModelRunner(const Model* model, KvCacheOptions opts)
-      : ModelRunner(model, opts, Backend::kCpu) {
+  CpuModelRunner(const Model* model, KvCacheOptions opts, int32_t num_threads)
+      : ModelRunner(model, opts, Backend::kCpu), pool_(num_threads) {
     const ModelConfig& c = model->config();
     const ModelWeights& w = model->weights();
     shape_ = KvCacheShape{.num_blocks = opts.num_blocks,
@@ -53,6 +54,35 @@ class CpuModelRunner final : public ModelRunner {
           .w3 = kc::PackedMatrix(l.w3.data(), c.hidden_dim, c.dim)});
     }
     classifier_ = kc::PackedMatrix(w.classifier().data(), c.vocab_size, c.dim);
+  }
+
+  // y = W x over `rows` tokens, split across the pool by token ranges
+  // (multiples of 4, the kernel's token tile): each output element is
+  // computed by one thread with the same arithmetic.
+  void Matmul(const kc::PackedMatrix& w, const float* x, int32_t rows, float* y) {
+    const int32_t parts = std::min<int32_t>(pool_.num_threads(), (rows + 7) / 8);
+    if (parts <= 1) {
+      w.Apply(x, rows, y);
+      return;
+    }
+    const int32_t per = ((rows + parts - 1) / parts + 3) / 4 * 4;
+    pool_.ParallelFor(parts, [&](int64_t p) {
+      const int32_t begin = static_cast<int32_t>(p) * per;
+      const int32_t end = std::min(rows, begin + per);
+      if (begin < end) w.ApplyRows(x, begin, end, y);
+    });
+  }
+
+  void Attention(const PagedAttentionArgs& args) {
+    const int32_t parts = std::min(pool_.num_threads(), args.num_rows);
+    if (parts <= 1) {
+      kc::PagedAttention(args);
+      return;
+    }
+    pool_.ParallelFor(parts, [&](int64_t p) {
+      kc::PagedAttentionRows(args, static_cast<int32_t>(p * args.num_rows / parts),
+                             static_cast<int32_t>((p + 1) * args.num_rows / parts));
+    });
   }
 
   absl::Status Forward(std::span<const SequenceInput> batch,
@@ -78,16 +108,16 @@ class CpuModelRunner final : public ModelRunner {
       const LayerWeights& lw = w.layers[static_cast<size_t>(li)];
       const PackedLayer& pl = layers_[static_cast<size_t>(li)];
       kc::RmsNorm(x_.data(), lw.rms_att.data(), T, c.dim, c.norm_eps, xb_.data());
-      pl.wq.Apply(xb_.data(), T, q_.data());
-      pl.wk.Apply(xb_.data(), T, k_.data());
-      pl.wv.Apply(xb_.data(), T, v_.data());
+      Matmul(pl.wq, xb_.data(), T, q_.data());
+      Matmul(pl.wk, xb_.data(), T, k_.data());
+      Matmul(pl.wv, xb_.data(), T, v_.data());
       kc::Rope(q_.data(), T, lay.row_pos.data(), c.num_heads, c.head_size, rope, c.rope_theta);
       kc::Rope(k_.data(), T, lay.row_pos.data(), c.num_kv_heads, c.head_size, rope,
                c.rope_theta);
       // Every token's K/V first: later rows (and other sequences sharing
       // prefix blocks) read them below.
       kc::KvWrite(cache_.data(), shape_, li, k_.data(), v_.data(), T, lay.slots.data());
-      kc::PagedAttention(PagedAttentionArgs{.q = q_.data(),
+      Attention(PagedAttentionArgs{.q = q_.data(),
                                             .out = att_.data(),
                                             .cache = cache_.data(),
                                             .shape = shape_,
@@ -97,13 +127,13 @@ class CpuModelRunner final : public ModelRunner {
                                             .row_pos = lay.row_pos.data(),
                                             .row_table_offset = lay.row_table_offset.data(),
                                             .block_tables = lay.block_tables.data()});
-      pl.wo.Apply(att_.data(), T, xb_.data());
+      Matmul(pl.wo, att_.data(), T, xb_.data());
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
       kc::RmsNorm(x_.data(), lw.rms_ffn.data(), T, c.dim, c.norm_eps, xb_.data());
-      pl.w1.Apply(xb_.data(), T, hb_.data());
-      pl.w3.Apply(xb_.data(), T, hb2_.data());
+      Matmul(pl.w1, xb_.data(), T, hb_.data());
+      Matmul(pl.w3, xb_.data(), T, hb2_.data());
       kc::SiluMul(hb_.data(), hb2_.data(), T * hidden, hb_.data());
-      pl.w2.Apply(hb_.data(), T, xb_.data());
+      Matmul(pl.w2, hb_.data(), T, xb_.data());
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
     }
     const int32_t B = static_cast<int32_t>(batch.size());
@@ -116,7 +146,7 @@ class CpuModelRunner final : public ModelRunner {
     xb_.resize(std::max(xb_.size(), last_.size()));
     kc::RmsNorm(last_.data(), w.rms_final.data(), B, c.dim, c.norm_eps, xb_.data());
     logits->resize(static_cast<size_t>(B) * c.vocab_size);
-    classifier_.Apply(xb_.data(), B, logits->data());
+    Matmul(classifier_, xb_.data(), B, logits->data());
     return absl::OkStatus();
   }
 
@@ -150,6 +180,7 @@ class CpuModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
+  ThreadPool pool_;
   KvCacheShape shape_;
   std::vector<float> cache_;
   std::vector<PackedLayer> layers_;
@@ -161,8 +192,8 @@ class CpuModelRunner final : public ModelRunner {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(const Model* model,
                                                              KvCacheOptions opts,
-                                                             ModelRunnerOptions) {
-  return std::unique_ptr<ModelRunner>(new CpuModelRunner(model, opts));
+                                                             ModelRunnerOptions runner_opts) {
+  return std::unique_ptr<ModelRunner>(new CpuModelRunner(model, opts, runner_opts.num_threads));
 }
 
 }  // namespace tandem::model::internal

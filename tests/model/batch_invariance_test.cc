@@ -186,5 +186,32 @@ TEST_F(BatchInvarianceTest, SequenceReadsPrefixAnotherSequenceWritesInTheSameSte
   }
 }
 
+TEST_F(BatchInvarianceTest, WorkerThreadsGiveBitwiseEqualLogits) {
+  auto threaded = ModelRunner::Create(model_.get(), {.block_size = kBlock, .num_blocks = 256},
+                                      Backend::kCpu, {.num_threads = 3});
+  ASSERT_TRUE(threaded.ok()) << threaded.status();
+  // 12 sequences: prefills of varied lengths, then two decode steps.
+  std::vector<std::vector<int32_t>> prompts, tables;
+  for (int32_t i = 0; i < 12; ++i) {
+    prompts.push_back(MakePrompt(3 + 9 * i, 300 + static_cast<uint32_t>(i), vocab_));
+    tables.push_back(Blocks(10 * i, 10));
+  }
+  std::vector<int32_t> pos(12, 0);
+  for (int32_t step = 0; step < 3; ++step) {
+    std::vector<SequenceInput> batch;
+    for (int32_t i = 0; i < 12; ++i) {
+      const int32_t n = step == 0 ? static_cast<int32_t>(prompts[i].size()) - 2 : 1;
+      batch.push_back({.token_ids = std::span(prompts[i]).subspan(pos[i], n),
+                       .start_pos = pos[i],
+                       .block_table = tables[i]});
+      pos[i] += n;
+    }
+    std::vector<float> one, three;
+    ASSERT_TRUE(runner_->Forward(batch, &one).ok());
+    ASSERT_TRUE((*threaded)->Forward(batch, &three).ok());
+    EXPECT_TRUE(BitwiseEqual(one, three)) << "step " << step;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::model

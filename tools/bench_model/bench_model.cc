@@ -37,8 +37,17 @@ struct Timer {
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
   }
+  static double WallNow() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
   double start = CpuNow();
-  double Seconds() const { return CpuNow() - start; }
+  double wall_start = WallNow();
+  double Seconds() const {
+    last_wall_seconds = WallNow() - wall_start;
+    return CpuNow() - start;
+  }
+  static inline double last_wall_seconds = 0;  // of the latest Seconds() call
 };
 
 // Decode tokens/s at batch `b` over `steps` positions.
@@ -180,9 +189,12 @@ int main(int argc, char** argv) {
     const double v = DecodeTokS(**model, b, s, t);
     if (b == 32) at32 = v;
     std::cout << "decode batch " << std::setw(2) << b << ": " << std::setw(8) << v
-              << " tok/s\n";
+              << " tok/s  (wall clock: " << double(b) * s / Timer::last_wall_seconds
+              << " tok/s)\n";
   }
-  std::cout << "prefill 256 tokens: " << PrefillTokS(**model, 256, t) << " tok/s\n";
+  const double prefill = PrefillTokS(**model, 256, t);
+  std::cout << "prefill 256 tokens: " << prefill << " tok/s  (wall clock: "
+            << 256.0 * 20 / Timer::last_wall_seconds << " tok/s)\n";
   std::cout << std::setprecision(2) << "batch 32 vs anchor: " << at32 / kLlama2cAnchorTokS
             << "x (target >= 2x); vs in-run stand-in: " << at32 / runc << "x\n";
   return 0;

@@ -39,6 +39,8 @@ class PackedMatrix {
   int32_t in_dim() const { return in_dim_; }
   // y[rows][out_dim] = x[rows][in_dim] * W^T.
   void Apply(const float* x, int32_t rows, float* y) const;
+  // Apply() for rows [row_begin, row_end) only (x and y are the full arrays).
+  void ApplyRows(const float* x, int32_t row_begin, int32_t row_end, float* y) const;
 
  private:
   int32_t out_dim_ = 0;
@@ -58,6 +60,8 @@ void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float
 // Causal grouped-query attention over the paged cache (see PagedAttentionArgs).
 // Bitwise equal to PagedAttentionReference, arranged for speed.
 void PagedAttention(const PagedAttentionArgs& args);
+// PagedAttention for rows [row_begin, row_end) only.
+void PagedAttentionRows(const PagedAttentionArgs& args, int32_t row_begin, int32_t row_end);
 // AttendRowHead (the code the CUDA kernel runs) for every row and head.
 void PagedAttentionReference(const PagedAttentionArgs& args);
 
