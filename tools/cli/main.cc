@@ -284,8 +284,9 @@ int Bench(int argc, char** argv) {
   const auto bench_start = Clock::now();
   std::atomic<bool> finished{false};
   std::thread progress([&] {
-    while (!finished.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    for (int tick = 1; !finished.load(); ++tick) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (tick % 10 != 0 || finished.load()) continue;
       const double t = std::chrono::duration<double>(Clock::now() - bench_start).count();
       std::fprintf(stderr, "\r[%6.1fs] %d/%d done, %d failed, %.0f output tok/s   ", t, done.load(),
                    num_requests, failed.load(), output_tokens.load() / std::max(t, 1e-9));
