@@ -9,6 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "tandem/common/status.h"
 #include "tandem/kvstore/checksum.h"
 #include "tandem/rpc/kvstore_convert.h"
@@ -37,6 +40,24 @@ void ReleaseInBackground(const std::shared_ptr<Stub>& stub, uint64_t lease) {
   call->req.set_lease_id(lease);
   call->ctx.set_deadline(DeadlineIn(5'000));
   stub->async()->Release(&call->ctx, &call->req, &call->resp, [call](grpc::Status) {});
+}
+
+// Keepalive as rpc::CreateChannel, plus large HTTP/2 frames and windows for
+// bulk block transfer.
+std::shared_ptr<grpc::Channel> CreateKvChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);
+  args.SetMaxReceiveMessageSize(16 << 20);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
 }  // namespace
@@ -165,7 +186,7 @@ class KvStoreClient::Impl {
  public:
   explicit Impl(const KvStoreClientOptions& options)
       : opts_(options),
-        channel_(rpc::CreateChannel(options.target)),
+        channel_(CreateKvChannel(options.target)),
         stub_(std::make_shared<Stub>(channel_)) {}
 
   std::unique_ptr<PendingLookup> Lookup(std::string_view ns, std::span<const BlockHash> hashes,

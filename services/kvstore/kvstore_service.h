@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "tandem/kvstore/kv_store.h"
+#include "grpcpp/server_builder.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem::kvstore_service {
@@ -29,6 +30,10 @@ struct KvStoreServiceOptions {
 
   [[nodiscard]] absl::Status Validate() const;
 };
+
+// Channel arguments for bulk block transfer (large HTTP/2 frames and
+// windows); call on the ServerBuilder that registers the service.
+void ConfigureServerBuilder(grpc::ServerBuilder* builder);
 
 class KvStoreServiceImpl final : public v1::KvStore::Service {
  public:

@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
 
   rpc::EnableReflectionAndHealth();
   grpc::ServerBuilder builder;
+  kvstore_service::ConfigureServerBuilder(&builder);
   builder.RegisterService(&service);
   int port = 0;
   absl::StatusOr<std::unique_ptr<grpc::Server>> server = rpc::BuildAndStart(

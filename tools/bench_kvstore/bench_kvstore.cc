@@ -1,0 +1,430 @@
+// bench_kvstore: the KV-store over loopback gRPC against redis-server.
+//
+// Starts two in-process tandem-kvstore services (the real gRPC service on
+// 127.0.0.1): one with a hot tier big enough for every block, one with no hot
+// tier (every load reads RocksDB). Measures through the KV-store client:
+//   - Lookup latency of a 64-hash prefix (p50, p99), DESIGN §8 target
+//     p50 <= 100 us, p99 <= 1 ms; anchor: 1-2 ms published for Mooncake's
+//     batched existence check.
+//   - Store and Load GB/s for 64 KiB and 2 MiB blocks, per tier.
+// Then starts Debian's redis-server on a loopback port (no persistence) and
+// measures pipelined SET/GET of the same blocks with a small RESP client
+// that, like our Load, copies each value into a caller-provided buffer.
+//
+//   build/tools/bench_kvstore/bench_kvstore [--rounds=5] [--redis-server=/usr/bin/redis-server]
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "kvstore_service.h"
+#include "tandem/common/logging.h"
+#include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/kvstore/kv_store.h"
+#include "tandem/rpc/flags.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+BlockHash MakeHash(uint64_t i, uint8_t tag) {
+  BlockHash h;
+  std::mt19937_64 rng(i * 1315423911u + tag);
+  for (auto& b : h.bytes) b = static_cast<uint8_t>(rng());
+  return h;
+}
+
+// ---- in-process tandem-kvstore -------------------------------------------------
+
+struct Service {
+  std::unique_ptr<kvstore::KvStore> store;
+  std::unique_ptr<kvstore_service::KvStoreServiceImpl> impl;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<kvconnector::KvStoreClient> client;
+};
+
+Service StartService(const std::string& dir, uint64_t hot_bytes) {
+  Service s;
+  auto store = kvstore::KvStore::Open({.data_dir = dir,
+                                       .hot_capacity_bytes = hot_bytes,
+                                       .hot_slot_bytes = 2 << 20,
+                                       .durability = kvstore::Durability::kWal,
+                                       .store_to_hot = hot_bytes > 0});
+  TANDEM_CHECK(store.ok()) << store.status();
+  s.store = std::move(*store);
+  s.impl = std::make_unique<kvstore_service::KvStoreServiceImpl>(
+      s.store.get(), kvstore_service::KvStoreServiceOptions{});
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  kvstore_service::ConfigureServerBuilder(&builder);
+  builder.RegisterService(s.impl.get());
+  s.server = builder.BuildAndStart();
+  TANDEM_CHECK(s.server != nullptr);
+  auto client = kvconnector::KvStoreClient::Create(
+      {.target = "127.0.0.1:" + std::to_string(port), .lookup_deadline_ms = 5000});
+  TANDEM_CHECK(client.ok());
+  s.client = std::move(*client);
+  return s;
+}
+
+// ---- a minimal RESP client ---------------------------------------------------------
+
+class Redis {
+ public:
+  bool Connect(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return true;
+  }
+  ~Redis() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // Pipelined SETs of (key, value) pairs; waits for every +OK.
+  void SetAll(const std::vector<std::string>& keys,
+              const std::vector<std::span<const uint8_t>>& values) {
+    std::vector<std::string> headers;
+    std::vector<iovec> iov;
+    static const char kCrlf[] = "\r\n";
+    for (size_t i = 0; i < keys.size(); ++i) {
+      headers.push_back("*3\r\n$3\r\nSET\r\n$" + std::to_string(keys[i].size()) + "\r\n" + keys[i] +
+                        "\r\n$" + std::to_string(values[i].size()) + "\r\n");
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      iov.push_back({headers[i].data(), headers[i].size()});
+      iov.push_back({const_cast<uint8_t*>(values[i].data()), values[i].size()});
+      iov.push_back({const_cast<char*>(kCrlf), 2});
+    }
+    WriteAll(iov);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::string line = ReadLine();
+      TANDEM_CHECK(line == "+OK") << "redis SET answered " << line;
+    }
+  }
+
+  // Pipelined GETs into `dst` (each the value's size).
+  void GetAll(const std::vector<std::string>& keys, const std::vector<std::span<uint8_t>>& dst) {
+    std::string req;
+    for (const auto& k : keys) {
+      req += "*2\r\n$3\r\nGET\r\n$" + std::to_string(k.size()) + "\r\n" + k + "\r\n";
+    }
+    std::vector<iovec> iov{{req.data(), req.size()}};
+    WriteAll(iov);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::string line = ReadLine();
+      TANDEM_CHECK(!line.empty() && line[0] == '$') << "redis GET answered " << line;
+      const size_t n = std::stoull(line.substr(1));
+      TANDEM_CHECK(n == dst[i].size());
+      ReadExact(dst[i].data(), n);
+      char crlf[2];
+      ReadExact(reinterpret_cast<uint8_t*>(crlf), 2);
+    }
+  }
+
+ private:
+  void WriteAll(std::vector<iovec> iov) {
+    size_t idx = 0;
+    while (idx < iov.size()) {
+      const int cnt = static_cast<int>(std::min<size_t>(iov.size() - idx, 512));
+      ssize_t w = writev(fd_, iov.data() + idx, cnt);
+      TANDEM_CHECK(w > 0) << "writev to redis failed";
+      size_t left = static_cast<size_t>(w);
+      while (idx < iov.size() && left >= iov[idx].iov_len) left -= iov[idx++].iov_len;
+      if (left > 0) {
+        iov[idx].iov_base = static_cast<char*>(iov[idx].iov_base) + left;
+        iov[idx].iov_len -= left;
+      }
+    }
+  }
+  void Fill() {
+    if (pos_ == len_) pos_ = len_ = 0;
+    ssize_t r = read(fd_, buf_.data() + len_, buf_.size() - len_);
+    TANDEM_CHECK(r > 0) << "redis connection closed";
+    len_ += r;
+  }
+  std::string ReadLine() {
+    for (;;) {
+      for (size_t i = pos_; i + 1 < len_; ++i) {
+        if (buf_[i] == '\r' && buf_[i + 1] == '\n') {
+          std::string line(buf_.data() + pos_, i - pos_);
+          pos_ = i + 2;
+          return line;
+        }
+      }
+      if (pos_ > 0) {  // compact
+        std::memmove(buf_.data(), buf_.data() + pos_, len_ - pos_);
+        len_ -= pos_;
+        pos_ = 0;
+      }
+      Fill();
+    }
+  }
+  void ReadExact(uint8_t* dst, size_t n) {
+    const size_t buffered = std::min(n, len_ - pos_);
+    std::memcpy(dst, buf_.data() + pos_, buffered);
+    pos_ += buffered;
+    size_t got = buffered;
+    while (got < n) {
+      ssize_t r = read(fd_, dst + got, n - got);
+      TANDEM_CHECK(r > 0) << "redis connection closed";
+      got += r;
+    }
+  }
+
+  int fd_ = -1;
+  std::vector<char> buf_ = std::vector<char>(1 << 20);
+  size_t pos_ = 0, len_ = 0;
+};
+
+// ---- measurements --------------------------------------------------------------------
+
+struct Case {
+  const char* name;
+  uint64_t block_bytes;
+  uint64_t num_blocks;
+  uint64_t batch;  // blocks per Load/Store call (and per redis pipeline)
+};
+
+struct Figures {
+  double store_gbps = 0, load_hot_gbps = 0, load_cold_gbps = 0, redis_set_gbps = 0,
+         redis_get_gbps = 0;
+};
+
+void RunTandem(Service* s, const Case& c, int rounds, bool hot, Figures* f) {
+  const std::string ns = c.name;
+  TANDEM_CHECK(s->client->CreateNamespace({.name = ns, .block_bytes = c.block_bytes}).ok());
+  std::vector<BlockHash> hashes;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (uint64_t i = 0; i < c.num_blocks; ++i) {
+    hashes.push_back(MakeHash(i, static_cast<uint8_t>(c.block_bytes >> 16)));
+    payloads.emplace_back(c.block_bytes);
+    std::mt19937_64 rng(i);
+    for (auto& b : payloads.back()) b = static_cast<uint8_t>(rng());
+  }
+  // Store: every block once (fresh blocks, durability wal).
+  auto t0 = Clock::now();
+  for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
+    const uint64_t n = std::min(c.batch, c.num_blocks - i);
+    std::vector<std::span<const uint8_t>> src(payloads.begin() + i, payloads.begin() + i + n);
+    auto r = s->client->Store(ns, std::span(hashes).subspan(i, n), src);
+    TANDEM_CHECK(r.ok()) << r.status();
+    for (const auto& b : *r) TANDEM_CHECK(b.status.ok() && !b.already_present) << b.status;
+  }
+  const double store_s = SecondsSince(t0);
+  if (hot) f->store_gbps = c.block_bytes * c.num_blocks / store_s / 1e9;
+  // Load: every block, `rounds` times.
+  std::vector<std::vector<uint8_t>> bufs(c.batch, std::vector<uint8_t>(c.block_bytes));
+  std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
+  t0 = Clock::now();
+  for (int r = 0; r < rounds; ++r) {
+    for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
+      const uint64_t n = std::min(c.batch, c.num_blocks - i);
+      auto res = s->client->Load(ns, std::span(hashes).subspan(i, n), std::span(dst).first(n));
+      TANDEM_CHECK(res.ok()) << res.status();
+      for (const auto& b : *res) TANDEM_CHECK(b.ok()) << LoadMissName(b.miss);
+    }
+  }
+  const double load_s = SecondsSince(t0);
+  TANDEM_CHECK(bufs[0] == payloads[((c.num_blocks - 1) / c.batch) * c.batch]);
+  const double gbps = c.block_bytes * c.num_blocks * rounds / load_s / 1e9;
+  (hot ? f->load_hot_gbps : f->load_cold_gbps) = gbps;
+}
+
+void RunRedis(Redis* redis, const Case& c, int rounds, Figures* f) {
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (uint64_t i = 0; i < c.num_blocks; ++i) {
+    keys.push_back(MakeHash(i, static_cast<uint8_t>(c.block_bytes >> 16)).ToHex());
+    payloads.emplace_back(c.block_bytes);
+    std::mt19937_64 rng(i);
+    for (auto& b : payloads.back()) b = static_cast<uint8_t>(rng());
+  }
+  auto t0 = Clock::now();
+  for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
+    const uint64_t n = std::min(c.batch, c.num_blocks - i);
+    std::vector<std::string> k(keys.begin() + i, keys.begin() + i + n);
+    std::vector<std::span<const uint8_t>> v(payloads.begin() + i, payloads.begin() + i + n);
+    redis->SetAll(k, v);
+  }
+  f->redis_set_gbps = c.block_bytes * c.num_blocks / SecondsSince(t0) / 1e9;
+  std::vector<std::vector<uint8_t>> bufs(c.batch, std::vector<uint8_t>(c.block_bytes));
+  std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
+  t0 = Clock::now();
+  for (int r = 0; r < rounds; ++r) {
+    for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
+      const uint64_t n = std::min(c.batch, c.num_blocks - i);
+      std::vector<std::string> k(keys.begin() + i, keys.begin() + i + n);
+      redis->GetAll(k, std::vector<std::span<uint8_t>>(dst.begin(), dst.begin() + n));
+    }
+  }
+  f->redis_get_gbps = c.block_bytes * c.num_blocks * rounds / SecondsSince(t0) / 1e9;
+  TANDEM_CHECK(bufs[0] == payloads[((c.num_blocks - 1) / c.batch) * c.batch]);
+}
+
+pid_t StartRedis(const std::string& binary, int port) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (freopen("/dev/null", "w", stdout) == nullptr || freopen("/dev/null", "w", stderr) == nullptr) {
+      _exit(126);
+    }
+    const std::string p = std::to_string(port);
+    execl(binary.c_str(), binary.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
+          "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+int Main(int argc, char** argv) {
+  int32_t rounds = 5;
+  int32_t lookups = 3000;
+  std::string redis_server = "/usr/bin/redis-server";
+  int32_t redis_port = 0;
+  std::string data_dir;
+  rpc::FlagSet flags("bench_kvstore",
+                     "KV-store lookup latency and load/store GB/s over loopback gRPC, beside "
+                     "redis-server SET/GET of the same blocks.");
+  flags.Add("rounds", &rounds, "times every block is loaded per case");
+  flags.Add("lookups", &lookups, "64-hash lookups timed for the latency percentiles");
+  flags.Add("redis-server", &redis_server, "redis-server binary; empty skips redis");
+  flags.Add("redis-port", &redis_port, "loopback port for redis-server (0: 16379 + pid % 1000)");
+  flags.Add("data-dir", &data_dir, "scratch directory (default: a fresh one under /tmp)");
+  flags.ParseOrExit(argc, argv);
+  SetMinLogLevel(LogLevel::kWarning);
+
+  if (data_dir.empty()) {
+    char tmpl[] = "/tmp/bench_kvstore_XXXXXX";
+    data_dir = mkdtemp(tmpl);
+  }
+  Service hot = StartService(data_dir + "/hot", uint64_t{1} << 30);
+  Service cold = StartService(data_dir + "/cold", 0);
+
+  // Lookup latency: a 64-block prefix, all hits, with a lease released in
+  // the background (as the scheduler does) and without.
+  const std::string lat_ns = "lookup";
+  TANDEM_CHECK(hot.client->CreateNamespace({.name = lat_ns, .block_bytes = 4096}).ok());
+  std::vector<BlockHash> prefix;
+  std::vector<std::vector<uint8_t>> small(64, std::vector<uint8_t>(4096, 7));
+  for (int i = 0; i < 64; ++i) prefix.push_back(MakeHash(i, 99));
+  {
+    std::vector<std::span<const uint8_t>> src(small.begin(), small.end());
+    TANDEM_CHECK(hot.client->Store(lat_ns, prefix, src).ok());
+  }
+  auto measure = [&](bool lease) {
+    std::vector<double> us;
+    for (int i = 0; i < lookups + 200; ++i) {
+      auto t0 = Clock::now();
+      auto r = hot.client->Lookup(lat_ns, prefix, {.take_lease = lease})->Wait();
+      const double d = SecondsSince(t0) * 1e6;
+      TANDEM_CHECK(r.num_hits == 64) << r.status;
+      if (lease) hot.client->ReleaseAsync(r.lease);
+      if (i >= 200) us.push_back(d);  // after warm-up
+    }
+    std::sort(us.begin(), us.end());
+    return std::pair{us[us.size() / 2], us[us.size() * 99 / 100]};
+  };
+  const auto [p50, p99] = measure(false);
+  const auto [p50_lease, p99_lease] = measure(true);
+
+  const std::vector<Case> cases = {{"64KiB", 64 << 10, 512, 16}, {"2MiB", 2 << 20, 48, 4}};
+  std::vector<Figures> figs(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    RunTandem(&hot, cases[i], rounds, true, &figs[i]);
+    RunTandem(&cold, cases[i], rounds, false, &figs[i]);
+  }
+
+  bool have_redis = false;
+  pid_t redis_pid = -1;
+  if (!redis_server.empty() && std::filesystem::exists(redis_server)) {
+    const int port = redis_port > 0 ? redis_port : 16379 + getpid() % 1000;
+    redis_pid = StartRedis(redis_server, port);
+    Redis redis;
+    for (int i = 0; i < 200 && !have_redis; ++i) {
+      have_redis = redis.Connect(port);
+      if (!have_redis) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (have_redis) {
+      for (size_t i = 0; i < cases.size(); ++i) RunRedis(&redis, cases[i], rounds, &figs[i]);
+    }
+  }
+  if (redis_pid > 0) {
+    kill(redis_pid, SIGTERM);
+    waitpid(redis_pid, nullptr, 0);
+  }
+
+  std::printf("bench_kvstore: tandem-kvstore (in-process gRPC server, loopback) vs redis-server "
+              "(loopback, no persistence), %u CPUs\n\n",
+              std::thread::hardware_concurrency());
+  std::printf("Lookup of a 64-hash prefix (all hits), %d lookups:\n", lookups);
+  std::printf("  no lease:    p50 %7.1f us   p99 %7.1f us\n", p50, p99);
+  std::printf("  with lease:  p50 %7.1f us   p99 %7.1f us\n", p50_lease, p99_lease);
+  std::printf("  target p50 <= 100 us, p99 <= 1000 us; anchor: Mooncake batched existence check "
+              "1-2 ms (published)\n\n");
+  std::printf("Throughput, GB/s (Load/Store: blocks per call = redis pipeline depth):\n");
+  std::printf("  %-6s %6s %6s | %9s %10s %11s | %9s %9s\n", "block", "blocks", "batch",
+              "store wal", "load hot", "load cold", "redis SET", "redis GET");
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Figures& f = figs[i];
+    std::printf("  %-6s %6llu %6llu | %9.2f %10.2f %11.2f |", cases[i].name,
+                static_cast<unsigned long long>(cases[i].num_blocks),
+                static_cast<unsigned long long>(cases[i].batch), f.store_gbps, f.load_hot_gbps,
+                f.load_cold_gbps);
+    if (have_redis) {
+      std::printf(" %9.2f %9.2f\n", f.redis_set_gbps, f.redis_get_gbps);
+    } else {
+      std::printf(" %9s %9s\n", "n/a", "n/a");
+    }
+  }
+  if (have_redis) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      std::printf("  %s: hot-tier load / redis GET = %.2fx (target >= 1x)\n", cases[i].name,
+                  figs[i].load_hot_gbps / figs[i].redis_get_gbps);
+    }
+  }
+  hot.server->Shutdown();
+  cold.server->Shutdown();
+  hot = Service();
+  cold = Service();
+  std::error_code ec;
+  std::filesystem::remove_all(data_dir, ec);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) { return tandem::Main(argc, argv); }
