@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Benchmarks the running services on this machine (DESIGN §8; not a test):
+# output tokens/s, TTFT and inter-token latency at 32 and 64 concurrent
+# requests, sync and async scheduling in the same run, then the per-step
+# SchedulerOutput size and serialize time at 256 running requests.
+# Usage: tools/bench_services.sh [--build-dir DIR] [--backend cpu|sim] [--output-len N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD="$(pwd)/build"
+BACKEND=cpu
+OUTPUT_LEN=128
+PROMPT_LEN=64
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) BUILD="$2"; shift ;;
+    --backend) BACKEND="$2"; shift ;;
+    --output-len) OUTPUT_LEN="$2"; shift ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) echo "unknown flag: $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+MODEL="$(pwd)/../shared/models/stories260K.bin"
+[ -f "$MODEL" ] || { MODEL="$(mktemp -d)/random.bin"; "$BUILD/tools/model/tandem-make-random-model" --out "$MODEL"; }
+DIR="$(mktemp -d /tmp/tandem-bench-XXXXXX)"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+port() { for _ in $(seq 1 600); do [ -s "$1" ] && { cat "$1"; return; }; sleep 0.05; done; echo "no $1" >&2; exit 1; }
+
+declare -A SERVER
+for mode in sync async; do
+  "$BUILD/services/worker/tandem-worker" --model "$MODEL" --backend "$BACKEND" --listen 127.0.0.1:0 \
+    --port-file "$DIR/w-$mode.port" > "$DIR/worker-$mode.log" 2>&1 &
+  PIDS+=($!)
+  wport="$(port "$DIR/w-$mode.port")"
+  async_flag=true; [ "$mode" = sync ] && async_flag=false
+  "$BUILD/services/scheduler/tandem-scheduler" --worker "127.0.0.1:$wport" --listen 127.0.0.1:0 \
+    --port-file "$DIR/s-$mode.port" --async-scheduling=$async_flag > "$DIR/scheduler-$mode.log" 2>&1 &
+  PIDS+=($!)
+  SERVER[$mode]="127.0.0.1:$(port "$DIR/s-$mode.port")"
+  for _ in $(seq 1 300); do "$BUILD/tools/cli/tandem" info --server "${SERVER[$mode]}" >/dev/null 2>&1 && break; sleep 0.1; done
+done
+
+echo "== services: backend $BACKEND, prompt $PROMPT_LEN tokens, output $OUTPUT_LEN tokens (EOS ignored), $(nproc) CPUs"
+for c in 32 64; do
+  for mode in sync async; do
+    # Warm-up, then the measured run.
+    "$BUILD/tools/cli/tandem" bench --server "${SERVER[$mode]}" --concurrency "$c" --num-requests "$c" \
+      --prompt-len "$PROMPT_LEN" --output-len 8 > /dev/null 2>&1 || true
+    "$BUILD/tools/cli/tandem" bench --server "${SERVER[$mode]}" --concurrency "$c" \
+      --num-requests $((c * 4)) --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" \
+      --label "$mode c=$c" 2>/dev/null
+  done
+done
+echo "== per-step wire messages at 256 running requests"
+"$BUILD/tools/cli/tandem-wire-bench" --running 256
