@@ -245,6 +245,7 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
 
   // ---- running requests first, in admission order ----
   for (size_t i = 0; i < running_.size() && token_budget > 0;) {
+    if (i + 8 < running_.size()) __builtin_prefetch(running_[i + 8]);
     Request* r = running_[i];
     int32_t n = r->num_tokens() + r->num_output_placeholders - r->num_computed_tokens;
     if (config_.long_prefill_token_threshold > 0) {
@@ -496,7 +497,15 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
   absl::flat_hash_map<absl::string_view, size_t> index;  // only if the order differs
   size_t k = 0;
   bool any_finished = false;
-  for (size_t i = 0; i < rec.entries.size(); ++i) {
+  const size_t num_entries = rec.entries.size();
+  for (size_t i = 0; i < num_entries; ++i) {
+    // Thousands of requests do not fit the caches: fetch ahead the request
+    // and the tail of its token ids, which this loop appends to.
+    if (i + 8 < num_entries) __builtin_prefetch(rec.entries[i + 8].request);
+    if (i + 4 < num_entries) {
+      const Request* ahead = rec.entries[i + 4].request;
+      __builtin_prefetch(ahead->all_token_ids.data() + ahead->all_token_ids.size(), 1);
+    }
     const StepEntry& e = rec.entries[i];
     Request* r = e.request;
     if (r->epoch != e.epoch) continue;  // aborted, finished or preempted since

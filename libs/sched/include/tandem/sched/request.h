@@ -28,25 +28,9 @@ enum class RequestState {
 [[nodiscard]] bool IsFinished(RequestState state);
 [[nodiscard]] const char* RequestStateName(RequestState state);
 
+// Fields are grouped hot first: a step touches the counters, token ids and
+// block table of every running request.
 struct Request {
-  // ---- identity (fixed at AddRequest) ----
-  std::string request_id;
-  SamplingParams sampling;
-  int32_t priority = 0;
-  int64_t arrival_time_ns = 0;
-  // Order of AddRequest calls: breaks arrival-time ties deterministically.
-  uint64_t arrival_seq = 0;
-  // Root of this request's hash chain (includes its cache salt).
-  BlockHash root_hash;
-
-  // ---- tokens ----
-  // Prompt followed by the output tokens whose ids are known. EOS that stopped
-  // the request is not appended.
-  std::vector<int32_t> all_token_ids;
-  int32_t num_prompt_tokens = 0;
-  // Hashes of the full blocks of all_token_ids (only tokens with known ids).
-  std::vector<BlockHash> block_hashes;
-
   // ---- counters (DESIGN §3) ----
   RequestState state = RequestState::kWaiting;
   // Leading tokens whose KV is in the block table or being computed by a step
@@ -59,40 +43,57 @@ struct Request {
   // Tokens being loaded by an async KV load; not in num_computed_tokens until
   // the worker reports finished_recving.
   int32_t num_pending_external_tokens = 0;
-
-  // ---- KV blocks ----
-  // The block table (ids into the worker's cache), in token order.
-  std::vector<int32_t> block_ids;
+  int32_t num_prompt_tokens = 0;
   // Leading blocks already considered for the prefix cache (hashed and
   // published, or left out as duplicates).
   int32_t num_cached_blocks = 0;
-
-  // ---- accounting for the client ----
-  int32_t num_cached_tokens_local = 0;     // prefix-cache hit at admission
-  int32_t num_cached_tokens_external = 0;  // tokens loaded from the KV-store
-  int32_t num_preemptions = 0;
-
-  // ---- internal bookkeeping of the Scheduler ----
-  // Bumped whenever in-flight output must be dropped (preemption, finish).
-  uint64_t epoch = 0;
-  // Order of admission to the running set (FCFS preemption victim = largest).
-  uint64_t admit_seq = 0;
-  // The worker holds this request's state (it was sent as a new request).
-  bool known_to_worker = false;
-  // Sent as new/resumed: the next CachedRequestData sends the whole table.
-  bool resumed_pending = false;
   // block_ids[0, num_blocks_sent) were already sent to the worker.
   int32_t num_blocks_sent = 0;
-  // Async load: first block of the load and how many leading loaded blocks
-  // are still valid (invalid_block_ids truncate it).
-  int32_t load_first_block = 0;
-  int32_t load_num_blocks = 0;
-  int32_t load_num_valid_blocks = 0;
+  // Bumped whenever in-flight output must be dropped (preemption, finish).
+  uint64_t epoch = 0;
+  // The worker holds this request's state (it was sent as a new request).
+  bool known_to_worker = false;
+  // Resumed after preemption: the next CachedRequestData sends the whole
+  // table and all token ids.
+  bool resumed_pending = false;
   // Finished but its blocks are held for the worker (load or store running).
   bool awaiting_recv = false;
   bool awaiting_send = false;
   // Set when the connector deferred its lookup in the current step.
   bool lookup_deferred = false;
+
+  // ---- tokens and blocks ----
+  // Prompt followed by the output tokens whose ids are known. EOS that stopped
+  // the request is not appended.
+  std::vector<int32_t> all_token_ids;
+  // The block table (ids into the worker's cache), in token order.
+  std::vector<int32_t> block_ids;
+  // Hashes of the full blocks of all_token_ids (only tokens with known ids).
+  std::vector<BlockHash> block_hashes;
+
+  // ---- identity (fixed at AddRequest) ----
+  std::string request_id;
+  SamplingParams sampling;
+  int32_t priority = 0;
+  int64_t arrival_time_ns = 0;
+  // Order of AddRequest calls: breaks arrival-time ties deterministically.
+  uint64_t arrival_seq = 0;
+  // Order of admission to the running set.
+  uint64_t admit_seq = 0;
+  // Root of this request's hash chain (includes its cache salt).
+  BlockHash root_hash;
+
+  // ---- async load ----
+  // First block of the load and how many leading loaded blocks are still
+  // valid (invalid_block_ids truncate it).
+  int32_t load_first_block = 0;
+  int32_t load_num_blocks = 0;
+  int32_t load_num_valid_blocks = 0;
+
+  // ---- accounting for the client ----
+  int32_t num_cached_tokens_local = 0;     // prefix-cache hit at admission
+  int32_t num_cached_tokens_external = 0;  // tokens loaded from the KV-store
+  int32_t num_preemptions = 0;
 
   [[nodiscard]] int32_t num_tokens() const {
     return static_cast<int32_t>(all_token_ids.size());
