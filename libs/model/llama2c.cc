@@ -159,7 +159,6 @@ absl::StatusOr<LoadedCheckpoint> MakeRandomCheckpoint(const RandomModelOptions& 
   const int64_t dim = c.dim, hidden = c.hidden_dim, kv = c.kv_dim();
   ModelWeights& w = out.weights;
   w.token_embedding = matrix(c.vocab_size, dim);
-  for (float& x : w.token_embedding) x *= 8.0f;  // embeddings of unit-ish norm
   w.layers.resize(static_cast<size_t>(c.num_layers));
   for (auto& l : w.layers) {
     l.rms_att = norm(dim);
