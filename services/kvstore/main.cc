@@ -1,6 +1,8 @@
 // tandem-kvstore: the KV-store service. See kvstore_service.h and
 // libs/kvstore/include/tandem/kvstore/kv_store.h; `tandem-kvstore --help`
 // lists the flags and their defaults.
+#include <malloc.h>
+
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -16,6 +18,10 @@
 int main(int argc, char** argv) {
   using namespace tandem;
   rpc::BlockShutdownSignals();
+  // Block-sized buffers (messages of ~1 MiB) come and go at a high rate:
+  // keep them on the heap instead of mmap/munmap (page faults) per message.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   SetLogTag("kvstore");
 
   std::string listen = "127.0.0.1:50070";
