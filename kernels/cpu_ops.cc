@@ -12,8 +12,7 @@ namespace {
 constexpr int32_t kCpuThreads = 64;  // threads of the walked grid
 }  // namespace
 
-void EmbeddingGather(const float* table, int32_t dim, std::span<const int32_t> tokens,
-                     float* out) {
+void EmbeddingGather(const float* table, int32_t dim, std::span<const int32_t> tokens, float* out) {
   LaunchOnCpu(Grid{static_cast<int64_t>(tokens.size()), kCpuThreads},
               EmbeddingGatherFn{table, tokens.data(), out, dim});
 }
@@ -34,14 +33,13 @@ void Matmul(const float* w, int32_t out_dim, int32_t in_dim, const float* x, int
   }
 }
 
-void Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads,
-          int32_t head_size, RopeKind kind, float theta) {
-  LaunchOnCpu(Grid{rows, kCpuThreads},
-              RopeFn{vec, positions, num_heads, head_size, kind, theta});
+void Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
+          RopeKind kind, float theta) {
+  LaunchOnCpu(Grid{rows, kCpuThreads}, RopeFn{vec, positions, num_heads, head_size, kind, theta});
 }
 
-void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k,
-             const float* v, int32_t rows, const int64_t* slots) {
+void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,
+             int32_t rows, const int64_t* slots) {
   LaunchOnCpu(Grid{rows, kCpuThreads}, KvWriteFn{cache, shape, layer, k, v, slots});
 }
 
@@ -136,9 +134,7 @@ void AttendRowHeadCpu(const PagedAttentionArgs& a, int32_t row, int32_t head,
 
 }  // namespace
 
-void PagedAttention(const PagedAttentionArgs& args) {
-  PagedAttentionRows(args, 0, args.num_rows);
-}
+void PagedAttention(const PagedAttentionArgs& args) { PagedAttentionRows(args, 0, args.num_rows); }
 
 void PagedAttentionRows(const PagedAttentionArgs& args, int32_t row_begin, int32_t row_end) {
   std::vector<float> scores, acc(static_cast<size_t>(args.shape.head_size));
@@ -159,13 +155,11 @@ void PagedAttentionReference(const PagedAttentionArgs& args) {
 }
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
-  LaunchOnCpu(Grid{(n + kCpuThreads - 1) / kCpuThreads, kCpuThreads},
-              SiluMulFn{gate, up, out, n});
+  LaunchOnCpu(Grid{(n + kCpuThreads - 1) / kCpuThreads, kCpuThreads}, SiluMulFn{gate, up, out, n});
 }
 
 void ResidualAdd(float* x, const float* y, int64_t n) {
-  LaunchOnCpu(Grid{(n + kCpuThreads - 1) / kCpuThreads, kCpuThreads},
-              ResidualAddFn{x, y, n});
+  LaunchOnCpu(Grid{(n + kCpuThreads - 1) / kCpuThreads, kCpuThreads}, ResidualAddFn{x, y, n});
 }
 
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,

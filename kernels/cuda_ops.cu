@@ -23,8 +23,8 @@ int Launch(Grid grid, const F& f) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-__global__ void RmsNormKernel(const float* x, const float* w, int32_t rows, int32_t dim,
-                              float eps, float* out) {
+__global__ void RmsNormKernel(const float* x, const float* w, int32_t rows, int32_t dim, float eps,
+                              float* out) {
   const int32_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < rows) RmsNormRow(x + int64_t{r} * dim, w, dim, eps, out + int64_t{r} * dim);
 }
@@ -38,8 +38,7 @@ __global__ void AttentionKernel(PagedAttentionArgs args, float* scratch, int32_t
 }
 
 __global__ void SampleKernel(const float* logits, int32_t rows, int32_t vocab,
-                             const SampleArgs* args, int32_t* out, float* probs,
-                             int32_t* idx) {
+                             const SampleArgs* args, int32_t* out, float* probs, int32_t* idx) {
   const int32_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const int64_t o = int64_t{r} * vocab;
@@ -61,9 +60,7 @@ int DeviceCount() {
   return n;
 }
 
-const char* ErrorString(int error) {
-  return cudaGetErrorString(static_cast<cudaError_t>(error));
-}
+const char* ErrorString(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
 
 int Malloc(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
 int Free(void* ptr) { return cudaFree(ptr); }
@@ -114,14 +111,13 @@ int Matmul(BlasHandle* blas, const float* w, int32_t out_dim, int32_t in_dim, co
   return s == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
 }
 
-int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads,
-         int32_t head_size, RopeKind kind, float theta) {
-  return Launch(Grid{rows, kThreads},
-                RopeFn{vec, positions, num_heads, head_size, kind, theta});
+int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
+         RopeKind kind, float theta) {
+  return Launch(Grid{rows, kThreads}, RopeFn{vec, positions, num_heads, head_size, kind, theta});
 }
 
-int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k,
-            const float* v, int32_t rows, const int64_t* slots) {
+int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,
+            int32_t rows, const int64_t* slots) {
   return Launch(Grid{rows, kThreads}, KvWriteFn{cache, shape, layer, k, v, slots});
 }
 
@@ -154,8 +150,8 @@ int BlockGather(const float* cache, int64_t block_floats, const int32_t* block_i
                 BlockCopyFn{const_cast<float*>(cache), staging, block_ids, block_floats, true});
 }
 
-int BlockScatter(float* cache, int64_t block_floats, const int32_t* block_ids,
-                 int32_t num_blocks, const float* staging) {
+int BlockScatter(float* cache, int64_t block_floats, const int32_t* block_ids, int32_t num_blocks,
+                 const float* staging) {
   return Launch(Grid{num_blocks, kThreads},
                 BlockCopyFn{cache, const_cast<float*>(staging), block_ids, block_floats, false});
 }

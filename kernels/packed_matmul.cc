@@ -18,8 +18,8 @@ constexpr int32_t kTokenTile = 4;
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
 TANDEM_CPU_CLONES
-void ApplyPanels(const float* panels, int32_t out_dim, int32_t in_dim, const float* x,
-                 int32_t rows, float* y) {
+void ApplyPanels(const float* panels, int32_t out_dim, int32_t in_dim, const float* x, int32_t rows,
+                 float* y) {
   const int32_t num_panels = (out_dim + kLanes - 1) / kLanes;
   for (int32_t p = 0; p < num_panels; ++p) {
     const float* panel = panels + int64_t{p} * in_dim * kLanes;
@@ -80,8 +80,7 @@ void PackedMatrix::Apply(const float* x, int32_t rows, float* y) const {
   ApplyPanels(panels_.data(), out_dim_, in_dim_, x, rows, y);
 }
 
-void PackedMatrix::ApplyRows(const float* x, int32_t row_begin, int32_t row_end,
-                             float* y) const {
+void PackedMatrix::ApplyRows(const float* x, int32_t row_begin, int32_t row_end, float* y) const {
   ApplyPanels(panels_.data(), out_dim_, in_dim_, x + int64_t{row_begin} * in_dim_,
               row_end - row_begin, y + int64_t{row_begin} * out_dim_);
 }

@@ -1,13 +1,14 @@
 // The CPU backend: the kernels' CPU ops composed in llama2.c's order, with
 // every matmul batched over all tokens of the step (PackedMatrix).
+#include "cpu_runner.h"
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "cpu_runner.h"
-#include "thread_pool.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/kernels/cpu_ops.h"
+#include "thread_pool.h"
 
 namespace tandem::model::internal {
 namespace {
@@ -44,14 +45,13 @@ class CpuModelRunner final : public ModelRunner {
                           .head_size = c.head_size};
     cache_.assign(static_cast<size_t>(shape_.BlockFloats() * opts.num_blocks), 0.0f);
     for (const LayerWeights& l : w.layers) {
-      layers_.push_back(PackedLayer{
-          .wq = kc::PackedMatrix(l.wq.data(), c.dim, c.dim),
-          .wk = kc::PackedMatrix(l.wk.data(), c.kv_dim(), c.dim),
-          .wv = kc::PackedMatrix(l.wv.data(), c.kv_dim(), c.dim),
-          .wo = kc::PackedMatrix(l.wo.data(), c.dim, c.dim),
-          .w1 = kc::PackedMatrix(l.w1.data(), c.hidden_dim, c.dim),
-          .w2 = kc::PackedMatrix(l.w2.data(), c.dim, c.hidden_dim),
-          .w3 = kc::PackedMatrix(l.w3.data(), c.hidden_dim, c.dim)});
+      layers_.push_back(PackedLayer{.wq = kc::PackedMatrix(l.wq.data(), c.dim, c.dim),
+                                    .wk = kc::PackedMatrix(l.wk.data(), c.kv_dim(), c.dim),
+                                    .wv = kc::PackedMatrix(l.wv.data(), c.kv_dim(), c.dim),
+                                    .wo = kc::PackedMatrix(l.wo.data(), c.dim, c.dim),
+                                    .w1 = kc::PackedMatrix(l.w1.data(), c.hidden_dim, c.dim),
+                                    .w2 = kc::PackedMatrix(l.w2.data(), c.dim, c.hidden_dim),
+                                    .w3 = kc::PackedMatrix(l.w3.data(), c.hidden_dim, c.dim)});
     }
     classifier_ = kc::PackedMatrix(w.classifier().data(), c.vocab_size, c.dim);
   }
@@ -85,8 +85,7 @@ class CpuModelRunner final : public ModelRunner {
     });
   }
 
-  absl::Status Forward(std::span<const SequenceInput> batch,
-                       std::vector<float>* logits) override {
+  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override {
     TANDEM_RETURN_IF_ERROR(ValidateBatch(batch));
     const ModelConfig& c = model_->config();
     const ModelWeights& w = model_->weights();
@@ -112,21 +111,20 @@ class CpuModelRunner final : public ModelRunner {
       Matmul(pl.wk, xb_.data(), T, k_.data());
       Matmul(pl.wv, xb_.data(), T, v_.data());
       kc::Rope(q_.data(), T, lay.row_pos.data(), c.num_heads, c.head_size, rope, c.rope_theta);
-      kc::Rope(k_.data(), T, lay.row_pos.data(), c.num_kv_heads, c.head_size, rope,
-               c.rope_theta);
+      kc::Rope(k_.data(), T, lay.row_pos.data(), c.num_kv_heads, c.head_size, rope, c.rope_theta);
       // Every token's K/V first: later rows (and other sequences sharing
       // prefix blocks) read them below.
       kc::KvWrite(cache_.data(), shape_, li, k_.data(), v_.data(), T, lay.slots.data());
       Attention(PagedAttentionArgs{.q = q_.data(),
-                                            .out = att_.data(),
-                                            .cache = cache_.data(),
-                                            .shape = shape_,
-                                            .layer = li,
-                                            .num_heads = c.num_heads,
-                                            .num_rows = T,
-                                            .row_pos = lay.row_pos.data(),
-                                            .row_table_offset = lay.row_table_offset.data(),
-                                            .block_tables = lay.block_tables.data()});
+                                   .out = att_.data(),
+                                   .cache = cache_.data(),
+                                   .shape = shape_,
+                                   .layer = li,
+                                   .num_heads = c.num_heads,
+                                   .num_rows = T,
+                                   .row_pos = lay.row_pos.data(),
+                                   .row_table_offset = lay.row_table_offset.data(),
+                                   .block_tables = lay.block_tables.data()});
       Matmul(pl.wo, att_.data(), T, xb_.data());
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
       kc::RmsNorm(x_.data(), lw.rms_ffn.data(), T, c.dim, c.norm_eps, xb_.data());

@@ -97,8 +97,7 @@ class CudaModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
-  absl::Status Forward(std::span<const SequenceInput> batch,
-                       std::vector<float>* logits) override {
+  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override {
     TANDEM_RETURN_IF_ERROR(ValidateBatch(batch));
     const ModelConfig& c = model_->config();
     const BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
@@ -117,37 +116,37 @@ class CudaModelRunner final : public ModelRunner {
     for (DeviceBuffer* b : {&x_, &xb_, &q_, &att_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * dim * f));
     for (DeviceBuffer* b : {&k_, &v_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * kv * f));
     for (DeviceBuffer* b : {&hb_, &hb2_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * hidden * f));
-    TANDEM_RETURN_IF_ERROR(
-        scratch_.Reserve(size_t{1} * T * c.num_heads * lay.max_context * f));
+    TANDEM_RETURN_IF_ERROR(scratch_.Reserve(size_t{1} * T * c.num_heads * lay.max_context * f));
     TANDEM_RETURN_IF_ERROR(logits_.Reserve(size_t{1} * B * c.vocab_size * f));
     float *x = x_.get<float>(), *xb = xb_.get<float>(), *q = q_.get<float>(),
           *att = att_.get<float>(), *k = k_.get<float>(), *v = v_.get<float>(),
           *hb = hb_.get<float>(), *hb2 = hb2_.get<float>();
-    const RopeKind rope = c.rope_style == RopeStyle::kRotateHalf ? RopeKind::kRotateHalf
-                                                                 : RopeKind::kAdjacentPairs;
+    const RopeKind rope =
+        c.rope_style == RopeStyle::kRotateHalf ? RopeKind::kRotateHalf : RopeKind::kAdjacentPairs;
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
-    TANDEM_RETURN_IF_ERROR(ok(
-        kd::EmbeddingGather(embedding_.get<float>(), c.dim, tokens_.get<int32_t>(), T, x),
-        "embedding"));
+    TANDEM_RETURN_IF_ERROR(
+        ok(kd::EmbeddingGather(embedding_.get<float>(), c.dim, tokens_.get<int32_t>(), T, x),
+           "embedding"));
     for (int32_t li = 0; li < c.num_layers; ++li) {
       const DeviceLayer& l = layers_[static_cast<size_t>(li)];
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RmsNorm(x, l.rms_att.get<float>(), T, c.dim, c.norm_eps, xb), "rmsnorm"));
-      TANDEM_RETURN_IF_ERROR(ok(kd::Matmul(blas_, l.wq.get<float>(), c.dim, c.dim, xb, T, q), "wq"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::Matmul(blas_, l.wq.get<float>(), c.dim, c.dim, xb, T, q), "wq"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::Matmul(blas_, l.wk.get<float>(), c.kv_dim(), c.dim, xb, T, k), "wk"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::Matmul(blas_, l.wv.get<float>(), c.kv_dim(), c.dim, xb, T, v), "wv"));
-      TANDEM_RETURN_IF_ERROR(ok(kd::Rope(q, T, row_pos_.get<int32_t>(), c.num_heads, c.head_size,
-                                         rope, c.rope_theta),
-                                "rope q"));
-      TANDEM_RETURN_IF_ERROR(ok(kd::Rope(k, T, row_pos_.get<int32_t>(), c.num_kv_heads,
-                                         c.head_size, rope, c.rope_theta),
-                                "rope k"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::Rope(q, T, row_pos_.get<int32_t>(), c.num_heads, c.head_size, rope, c.rope_theta),
+             "rope q"));
+      TANDEM_RETURN_IF_ERROR(ok(
+          kd::Rope(k, T, row_pos_.get<int32_t>(), c.num_kv_heads, c.head_size, rope, c.rope_theta),
+          "rope k"));
       // All K/V of the step before any attention of this layer (same stream).
-      TANDEM_RETURN_IF_ERROR(ok(kd::KvWrite(cache_.get<float>(), shape_, li, k, v, T,
-                                            slots_.get<int64_t>()),
-                                "kv write"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::KvWrite(cache_.get<float>(), shape_, li, k, v, T, slots_.get<int64_t>()),
+             "kv write"));
       const PagedAttentionArgs args{.q = q,
                                     .out = att,
                                     .cache = cache_.get<float>(),
@@ -160,7 +159,8 @@ class CudaModelRunner final : public ModelRunner {
                                     .block_tables = tables_.get<int32_t>()};
       TANDEM_RETURN_IF_ERROR(
           ok(kd::PagedAttention(args, scratch_.get<float>(), lay.max_context), "attention"));
-      TANDEM_RETURN_IF_ERROR(ok(kd::Matmul(blas_, l.wo.get<float>(), c.dim, c.dim, att, T, xb), "wo"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::Matmul(blas_, l.wo.get<float>(), c.dim, c.dim, att, T, xb), "wo"));
       TANDEM_RETURN_IF_ERROR(ok(kd::ResidualAdd(x, xb, T * dim), "residual"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RmsNorm(x, l.rms_ffn.get<float>(), T, c.dim, c.norm_eps, xb), "rmsnorm"));
@@ -178,8 +178,8 @@ class CudaModelRunner final : public ModelRunner {
         ok(kd::EmbeddingGather(x, c.dim, last_rows_.get<int32_t>(), B, att), "gather last"));
     TANDEM_RETURN_IF_ERROR(
         ok(kd::RmsNorm(att, rms_final_.get<float>(), B, c.dim, c.norm_eps, xb), "rmsnorm"));
-    TANDEM_RETURN_IF_ERROR(ok(kd::Matmul(blas_, classifier_.get<float>(), c.vocab_size, c.dim,
-                                         xb, B, logits_.get<float>()),
+    TANDEM_RETURN_IF_ERROR(ok(kd::Matmul(blas_, classifier_.get<float>(), c.vocab_size, c.dim, xb,
+                                         B, logits_.get<float>()),
                               "classifier"));
     logits->resize(static_cast<size_t>(B) * c.vocab_size);
     return ok(kd::CopyToHost(logits->data(), logits_.get<float>(), logits->size() * f),

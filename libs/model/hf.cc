@@ -82,16 +82,16 @@ absl::Status IndexSafetensors(const std::string& path, const std::string& bytes,
     const double b = offsets->array()[0].number(), e = offsets->array()[1].number();
     if (!(b >= 0 && e >= b && e <= static_cast<double>(data_len))) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: tensor '%s' data_offsets [%.0f, %.0f] outside the %d data bytes (truncated?)",
-          path, name, b, e, data_len));
+          "%s: tensor '%s' data_offsets [%.0f, %.0f] outside the %d data bytes (truncated?)", path,
+          name, b, e, data_len));
     }
     t.begin = data_start + static_cast<int64_t>(b);
     t.end = data_start + static_cast<int64_t>(e);
     const int64_t esize = DtypeSize(t.dtype);
     if (esize != 0 && t.end - t.begin != numel * esize) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor '", name, "' holds ", t.end - t.begin, " bytes, its shape ",
-          ShapeString(t.shape), " and dtype ", t.dtype, " need ", numel * esize));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", name, "' holds ", t.end - t.begin, " bytes, its shape ",
+                       ShapeString(t.shape), " and dtype ", t.dtype, " need ", numel * esize));
     }
     (*tensors)[name] = std::move(t);
   }
@@ -113,9 +113,9 @@ class TensorReader {
     }
     const TensorInfo& t = it->second;
     if (t.shape != expected) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(t.file, ": tensor '", name, "' has shape ", ShapeString(t.shape),
-                       ", config.json implies ", ShapeString(expected)));
+      return absl::InvalidArgumentError(absl::StrCat(t.file, ": tensor '", name, "' has shape ",
+                                                     ShapeString(t.shape), ", config.json implies ",
+                                                     ShapeString(expected)));
     }
     if (DtypeSize(t.dtype) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(t.file, ": tensor '", name,
@@ -173,8 +173,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& path) {
                           GetInt(*cfg, path, "max_position_embeddings", std::nullopt));
   TANDEM_ASSIGN_OR_RETURN(c.bos_token_id, GetInt(*cfg, path, "bos_token_id", 1));
   const JsonValue* eos = cfg->Find("eos_token_id");
-  if (eos != nullptr && eos->is_array() && !eos->array().empty() &&
-      eos->array()[0].is_number()) {
+  if (eos != nullptr && eos->is_array() && !eos->array().empty() && eos->array()[0].is_number()) {
     c.eos_token_id = static_cast<int32_t>(eos->array()[0].number());
   } else {
     TANDEM_ASSIGN_OR_RETURN(c.eos_token_id, GetInt(*cfg, path, "eos_token_id", 2));
@@ -307,8 +306,8 @@ absl::Status HfWriteOptions::Validate() const {
   return absl::OkStatus();
 }
 
-absl::Status WriteHfCheckpoint(const ModelConfig& c, const ModelWeights& w,
-                               const std::string& dir, const HfWriteOptions& options) {
+absl::Status WriteHfCheckpoint(const ModelConfig& c, const ModelWeights& w, const std::string& dir,
+                               const HfWriteOptions& options) {
   TANDEM_RETURN_IF_ERROR(options.Validate());
   TANDEM_RETURN_IF_ERROR(c.Validate());
   TANDEM_RETURN_IF_ERROR(CheckWeightShapes(c, w));
@@ -331,9 +330,11 @@ absl::Status WriteHfCheckpoint(const ModelConfig& c, const ModelWeights& w,
     const LayerWeights& l = w.layers[static_cast<size_t>(i)];
     const std::string p = absl::StrCat("model.layers.", i, ".");
     entries.push_back({p + "input_layernorm.weight", {dim}, l.rms_att});
-    entries.push_back({p + "self_attn.q_proj.weight", {dim, dim},
+    entries.push_back({p + "self_attn.q_proj.weight",
+                       {dim, dim},
                        PermuteForRotateHalf(l.wq, c.num_heads, c.head_size, c.dim, true)});
-    entries.push_back({p + "self_attn.k_proj.weight", {kv, dim},
+    entries.push_back({p + "self_attn.k_proj.weight",
+                       {kv, dim},
                        PermuteForRotateHalf(l.wk, c.num_kv_heads, c.head_size, c.dim, true)});
     entries.push_back({p + "self_attn.v_proj.weight", {kv, dim}, l.wv});
     entries.push_back({p + "self_attn.o_proj.weight", {dim, dim}, l.wo});
@@ -353,9 +354,9 @@ absl::Status WriteHfCheckpoint(const ModelConfig& c, const ModelWeights& w,
   const int32_t shards = options.num_shards;
   std::vector<std::string> shard_names;
   for (int32_t s = 0; s < shards; ++s) {
-    shard_names.push_back(shards == 1 ? "model.safetensors"
-                                      : absl::StrFormat("model-%05d-of-%05d.safetensors",
-                                                        s + 1, shards));
+    shard_names.push_back(shards == 1
+                              ? "model.safetensors"
+                              : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, shards));
   }
   std::string weight_map;
   for (int32_t s = 0; s < shards; ++s) {
@@ -390,9 +391,9 @@ absl::Status WriteHfCheckpoint(const ModelConfig& c, const ModelWeights& w,
     TANDEM_RETURN_IF_ERROR(internal::WriteFile(JoinPath(dir, shard_names[s]), bytes));
   }
   if (shards > 1) {
-    TANDEM_RETURN_IF_ERROR(internal::WriteFile(
-        JoinPath(dir, "model.safetensors.index.json"),
-        absl::StrCat("{\"metadata\":{},\"weight_map\":{", weight_map, "}}\n")));
+    TANDEM_RETURN_IF_ERROR(
+        internal::WriteFile(JoinPath(dir, "model.safetensors.index.json"),
+                            absl::StrCat("{\"metadata\":{},\"weight_map\":{", weight_map, "}}\n")));
   }
   const std::string config = absl::StrFormat(
       "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
@@ -401,9 +402,8 @@ absl::Status WriteHfCheckpoint(const ModelConfig& c, const ModelWeights& w,
       "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.9g,\n"
       "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n  \"tie_word_embeddings\": %s,\n"
       "  \"hidden_act\": \"silu\",\n  \"torch_dtype\": \"%s\"\n}\n",
-      c.dim, c.hidden_dim, c.num_layers, c.num_heads, c.num_kv_heads, c.vocab_size,
-      c.max_seq_len, c.norm_eps, c.rope_theta, c.bos_token_id, c.eos_token_id,
-      tied ? "true" : "false",
+      c.dim, c.hidden_dim, c.num_layers, c.num_heads, c.num_kv_heads, c.vocab_size, c.max_seq_len,
+      c.norm_eps, c.rope_theta, c.bos_token_id, c.eos_token_id, tied ? "true" : "false",
       options.dtype == TensorDtype::kF32   ? "float32"
       : options.dtype == TensorDtype::kF16 ? "float16"
                                            : "bfloat16");
@@ -449,11 +449,11 @@ uint16_t FloatToHalf(float f) {
   std::memcpy(&bits, &f, 4);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return sign | 0x7E00u;          // NaN
-  if (abs >= 0x477FF000u) return sign | 0x7C00u;         // overflow (rounds to inf)
-  if (abs < 0x38800000u) {                               // subnormal or zero in half
+  if (abs > 0x7F800000u) return sign | 0x7E00u;   // NaN
+  if (abs >= 0x477FF000u) return sign | 0x7C00u;  // overflow (rounds to inf)
+  if (abs < 0x38800000u) {                        // subnormal or zero in half
     const float a = std::fabs(f);
-    const float scaled = a * 16777216.0f;                // 2^24: units of the half LSB
+    const float scaled = a * 16777216.0f;  // 2^24: units of the half LSB
     return sign | static_cast<uint16_t>(std::nearbyint(scaled));
   }
   const uint32_t rounding = 0xFFFu + ((abs >> 13) & 1u);

@@ -17,14 +17,14 @@ constexpr int64_t kHeaderBytes = 7 * sizeof(int32_t);
 // Float count of the arrays after the header, in file order.
 int64_t NumFloats(const ModelConfig& c, bool shared) {
   const int64_t dim = c.dim, hidden = c.hidden_dim, kv = c.kv_dim(), L = c.num_layers;
-  int64_t n = int64_t{c.vocab_size} * dim;                 // token_embedding
-  n += L * dim;                                            // rms_att
-  n += L * dim * dim + 2 * L * kv * dim + L * dim * dim;   // wq wk wv wo
-  n += L * dim;                                            // rms_ffn
-  n += 3 * L * hidden * dim;                               // w1 w2 w3
-  n += dim;                                                // rms_final
-  n += int64_t{c.max_seq_len} * c.head_size;               // two unused RoPE tables
-  if (!shared) n += int64_t{c.vocab_size} * dim;           // wcls
+  int64_t n = int64_t{c.vocab_size} * dim;                // token_embedding
+  n += L * dim;                                           // rms_att
+  n += L * dim * dim + 2 * L * kv * dim + L * dim * dim;  // wq wk wv wo
+  n += L * dim;                                           // rms_ffn
+  n += 3 * L * hidden * dim;                              // w1 w2 w3
+  n += dim;                                               // rms_final
+  n += int64_t{c.max_seq_len} * c.head_size;              // two unused RoPE tables
+  if (!shared) n += int64_t{c.vocab_size} * dim;          // wcls
   return n;
 }
 
@@ -33,8 +33,8 @@ int64_t NumFloats(const ModelConfig& c, bool shared) {
 absl::StatusOr<LoadedCheckpoint> ReadLlama2cCheckpoint(const std::string& path) {
   TANDEM_ASSIGN_OR_RETURN(std::string bytes, internal::ReadFile(path));
   if (static_cast<int64_t>(bytes.size()) < kHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": truncated llama2.c header: ",
-                                                   bytes.size(), " bytes, need 28"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": truncated llama2.c header: ", bytes.size(), " bytes, need 28"));
   }
   int32_t h[7];
   std::memcpy(h, bytes.data(), sizeof(h));
@@ -51,21 +51,20 @@ absl::StatusOr<LoadedCheckpoint> ReadLlama2cCheckpoint(const std::string& path) 
   c.head_size = c.num_heads > 0 ? c.dim / c.num_heads : 0;
   c.rope_style = RopeStyle::kAdjacentPairs;
   if (absl::Status s = c.Validate(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": bad llama2.c header (dim=", h[0], " hidden_dim=", h[1], " n_layers=", h[2],
-        " n_heads=", h[3], " n_kv_heads=", h[4], " vocab_size=", h[5], " seq_len=", h[6],
-        "): ", s.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": bad llama2.c header (dim=", h[0], " hidden_dim=", h[1],
+                     " n_layers=", h[2], " n_heads=", h[3], " n_kv_heads=", h[4],
+                     " vocab_size=", h[5], " seq_len=", h[6], "): ", s.message()));
   }
   const int64_t expected = kHeaderBytes + NumFloats(c, shared) * int64_t{sizeof(float)};
   if (static_cast<int64_t>(bytes.size()) < expected) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": truncated: the header implies ",
-                                                   expected, " bytes, the file has ",
-                                                   bytes.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": truncated: the header implies ", expected, " bytes, the file has ", bytes.size()));
   }
   if (static_cast<int64_t>(bytes.size()) > expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": size mismatch: the header implies ", expected, " bytes, the file has ",
-        bytes.size(), " (wrong header?)"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": size mismatch: the header implies ",
+                                                   expected, " bytes, the file has ", bytes.size(),
+                                                   " (wrong header?)"));
   }
   const char* p = bytes.data() + kHeaderBytes;
   auto take = [&p](std::vector<float>* v, int64_t n) {
@@ -101,8 +100,8 @@ absl::Status WriteLlama2cCheckpoint(const ModelConfig& c, const ModelWeights& w,
   }
   std::string bytes;
   const bool shared = w.wcls.empty();
-  const int32_t h[7] = {c.dim,          c.hidden_dim, c.num_layers, c.num_heads,
-                        c.num_kv_heads, shared ? c.vocab_size : -c.vocab_size,
+  const int32_t h[7] = {c.dim,        c.hidden_dim,   c.num_layers,
+                        c.num_heads,  c.num_kv_heads, shared ? c.vocab_size : -c.vocab_size,
                         c.max_seq_len};
   bytes.append(reinterpret_cast<const char*>(h), sizeof(h));
   auto put = [&bytes](const std::vector<float>& v) {
@@ -125,9 +124,13 @@ absl::Status WriteLlama2cCheckpoint(const ModelConfig& c, const ModelWeights& w,
 }
 
 absl::Status RandomModelOptions::Validate() const {
-  ModelConfig c{.dim = dim, .hidden_dim = hidden_dim, .num_layers = num_layers,
-                .num_heads = num_heads, .num_kv_heads = num_kv_heads,
-                .vocab_size = vocab_size, .max_seq_len = max_seq_len,
+  ModelConfig c{.dim = dim,
+                .hidden_dim = hidden_dim,
+                .num_layers = num_layers,
+                .num_heads = num_heads,
+                .num_kv_heads = num_kv_heads,
+                .vocab_size = vocab_size,
+                .max_seq_len = max_seq_len,
                 .head_size = num_heads > 0 ? dim / num_heads : 0};
   return c.Validate();
 }
@@ -136,9 +139,13 @@ absl::StatusOr<LoadedCheckpoint> MakeRandomCheckpoint(const RandomModelOptions& 
   TANDEM_RETURN_IF_ERROR(o.Validate());
   LoadedCheckpoint out;
   ModelConfig& c = out.config;
-  c = ModelConfig{.dim = o.dim, .hidden_dim = o.hidden_dim, .num_layers = o.num_layers,
-                  .num_heads = o.num_heads, .num_kv_heads = o.num_kv_heads,
-                  .vocab_size = o.vocab_size, .max_seq_len = o.max_seq_len,
+  c = ModelConfig{.dim = o.dim,
+                  .hidden_dim = o.hidden_dim,
+                  .num_layers = o.num_layers,
+                  .num_heads = o.num_heads,
+                  .num_kv_heads = o.num_kv_heads,
+                  .vocab_size = o.vocab_size,
+                  .max_seq_len = o.max_seq_len,
                   .head_size = o.dim / o.num_heads};
   uint64_t counter = 0;
   auto uniform = [&]() {  // [-1, 1)

@@ -15,9 +15,9 @@ namespace {
 std::string Fingerprint(const ModelConfig& c, const ModelWeights& w) {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  const int32_t header[] = {c.dim,        c.hidden_dim, c.num_layers,
-                            c.num_heads,  c.num_kv_heads, c.vocab_size,
-                            c.max_seq_len, static_cast<int32_t>(c.rope_style)};
+  const int32_t header[] = {
+      c.dim,          c.hidden_dim, c.num_layers,  c.num_heads,
+      c.num_kv_heads, c.vocab_size, c.max_seq_len, static_cast<int32_t>(c.rope_style)};
   EVP_DigestUpdate(ctx, header, sizeof(header));
   const float fheader[] = {c.rope_theta, c.norm_eps};
   EVP_DigestUpdate(ctx, fheader, sizeof(fheader));
@@ -28,8 +28,8 @@ std::string Fingerprint(const ModelConfig& c, const ModelWeights& w) {
   };
   add(w.token_embedding);
   for (const LayerWeights& l : w.layers) {
-    for (const auto* t : {&l.rms_att, &l.wq, &l.wk, &l.wv, &l.wo, &l.rms_ffn, &l.w1, &l.w2,
-                          &l.w3}) {
+    for (const auto* t :
+         {&l.rms_att, &l.wq, &l.wk, &l.wv, &l.wo, &l.rms_ffn, &l.w1, &l.w2, &l.w3}) {
       add(*t);
     }
   }
@@ -50,8 +50,8 @@ std::string Fingerprint(const ModelConfig& c, const ModelWeights& w) {
 
 absl::Status CheckSize(const std::string& name, const std::vector<float>& v, int64_t expected) {
   if (static_cast<int64_t>(v.size()) != expected) {
-    return absl::InvalidArgumentError(absl::StrCat("weight ", name, " has ", v.size(),
-                                                   " elements, config implies ", expected));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight ", name, " has ", v.size(), " elements, config implies ", expected));
   }
   return absl::OkStatus();
 }
@@ -61,8 +61,8 @@ absl::Status CheckSize(const std::string& name, const std::vector<float>& v, int
 absl::Status ModelConfig::Validate() const {
   auto positive = [](const char* field, int32_t v) -> absl::Status {
     if (v <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("model config: ", field, " = ", v,
-                                                     " must be positive"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: ", field, " = ", v, " must be positive"));
     }
     return absl::OkStatus();
   };
@@ -83,18 +83,17 @@ absl::Status ModelConfig::Validate() const {
         absl::StrCat("model config: head_size ", head_size, " must be even for RoPE"));
   }
   if (num_heads % num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model config: num_heads ", num_heads,
-                                                   " not a multiple of num_kv_heads ",
-                                                   num_kv_heads));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: num_heads ", num_heads, " not a multiple of num_kv_heads ", num_kv_heads));
   }
   if (!(rope_theta > 0) || !(norm_eps > 0)) {
     return absl::InvalidArgumentError("model config: rope_theta and norm_eps must be positive");
   }
   if (bos_token_id < 0 || bos_token_id >= vocab_size || eos_token_id < 0 ||
       eos_token_id >= vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("model config: bos/eos token ids ",
-                                                   bos_token_id, "/", eos_token_id,
-                                                   " outside vocab of ", vocab_size));
+    return absl::InvalidArgumentError(absl::StrCat("model config: bos/eos token ids ", bos_token_id,
+                                                   "/", eos_token_id, " outside vocab of ",
+                                                   vocab_size));
   }
   return absl::OkStatus();
 }
@@ -103,8 +102,8 @@ absl::Status CheckWeightShapes(const ModelConfig& c, const ModelWeights& w) {
   const int64_t dim = c.dim, hidden = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size;
   TANDEM_RETURN_IF_ERROR(CheckSize("token_embedding", w.token_embedding, vocab * dim));
   if (static_cast<int32_t>(w.layers.size()) != c.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("weights have ", w.layers.size(),
-                                                   " layers, config implies ", c.num_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights have ", w.layers.size(), " layers, config implies ", c.num_layers));
   }
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const LayerWeights& l = w.layers[i];
@@ -124,8 +123,7 @@ absl::Status CheckWeightShapes(const ModelConfig& c, const ModelWeights& w) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::FromWeights(ModelConfig config,
-                                                          ModelWeights weights,
+absl::StatusOr<std::unique_ptr<Model>> Model::FromWeights(ModelConfig config, ModelWeights weights,
                                                           std::string name) {
   TANDEM_RETURN_IF_ERROR(config.Validate());
   TANDEM_RETURN_IF_ERROR(CheckWeightShapes(config, weights));

@@ -32,8 +32,8 @@ int64_t KvBlockBytes(const ModelConfig& c, int32_t block_size) {
 }
 
 std::string KvLayoutString(const ModelConfig& c, int32_t block_size) {
-  return absl::StrCat("block-major/L", c.num_layers, "/KV2/B", block_size, "/H",
-                      c.num_kv_heads, "/D", c.head_size, "/f32");
+  return absl::StrCat("block-major/L", c.num_layers, "/KV2/B", block_size, "/H", c.num_kv_heads,
+                      "/D", c.head_size, "/f32");
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* model,
@@ -42,8 +42,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* mo
   return Create(model, opts, backend, ModelRunnerOptions{});
 }
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
-    const Model* model, KvCacheOptions opts, Backend backend, ModelRunnerOptions runner_opts) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* model,
+                                                                 KvCacheOptions opts,
+                                                                 Backend backend,
+                                                                 ModelRunnerOptions runner_opts) {
   if (model == nullptr) return absl::InvalidArgumentError("ModelRunner::Create: null model");
   TANDEM_RETURN_IF_ERROR(opts.Validate());
   TANDEM_RETURN_IF_ERROR(runner_opts.Validate());
@@ -68,8 +70,7 @@ absl::Status ModelRunner::ValidateBatch(std::span<const SequenceInput> batch) co
     if (s.start_pos < 0) return bad(absl::StrCat("negative start_pos ", s.start_pos));
     const int64_t end = int64_t{s.start_pos} + n;
     if (end > c.max_seq_len) {
-      return bad(absl::StrCat("positions up to ", end - 1, " exceed max_seq_len ",
-                              c.max_seq_len));
+      return bad(absl::StrCat("positions up to ", end - 1, " exceed max_seq_len ", c.max_seq_len));
     }
     if (static_cast<int64_t>(s.block_table.size()) * opts_.block_size < end) {
       return bad(absl::StrCat("block table of ", s.block_table.size(), " blocks covers ",
@@ -82,8 +83,7 @@ absl::Status ModelRunner::ValidateBatch(std::span<const SequenceInput> batch) co
     }
     for (int32_t t : s.token_ids) {
       if (t < 0 || t >= c.vocab_size) {
-        return bad(absl::StrCat("token id ", t, " outside the vocabulary [0, ", c.vocab_size,
-                                ")"));
+        return bad(absl::StrCat("token id ", t, " outside the vocabulary [0, ", c.vocab_size, ")"));
       }
     }
   }
@@ -102,8 +102,7 @@ BatchLayout MakeBatchLayout(std::span<const SequenceInput> batch, int32_t block_
       l.tokens.push_back(s.token_ids[j]);
       l.row_pos.push_back(pos);
       l.row_table_offset.push_back(table_offset);
-      l.slots.push_back(int64_t{s.block_table[static_cast<size_t>(pos / block_size)]} *
-                            block_size +
+      l.slots.push_back(int64_t{s.block_table[static_cast<size_t>(pos / block_size)]} * block_size +
                         pos % block_size);
       l.max_context = std::max(l.max_context, pos + 1);
     }

@@ -1,9 +1,10 @@
 // Every CPU op against a naive loop on varied shapes.
+#include "tandem/kernels/cpu_ops.h"
+
 #include <cstring>
 
 #include "gtest/gtest.h"
 #include "kernel_test_util.h"
-#include "tandem/kernels/cpu_ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -60,8 +61,8 @@ TEST(CpuOpsTest, MatmulMatchesNaiveAndPackedMatchesMatmulBitwise) {
           ref[r * out_dim + i] = d;
         }
       }
-      const std::string what = std::to_string(out_dim) + "x" + std::to_string(in_dim) + " rows " +
-                               std::to_string(rows);
+      const std::string what =
+          std::to_string(out_dim) + "x" + std::to_string(in_dim) + " rows " + std::to_string(rows);
       ExpectNear(y, ref, {1e-5, 1e-4}, what);
       cpu::PackedMatrix packed(w.data(), out_dim, in_dim);
       packed.Apply(x.data(), rows, packed_y.data());
@@ -106,8 +107,7 @@ TEST(CpuOpsTest, RopeMatchesNaiveForBothStyles) {
       const std::vector<int32_t> pos = {0, 1, 17, 200, 511};
       auto v = RandomVector(pos.size() * heads * hs, hs);
       const auto ref = NaiveRope(v, pos, heads, hs, kind, 10000.0);
-      cpu::Rope(v.data(), static_cast<int32_t>(pos.size()), pos.data(), heads, hs, kind,
-                10000.0f);
+      cpu::Rope(v.data(), static_cast<int32_t>(pos.size()), pos.data(), heads, hs, kind, 10000.0f);
       // Angles up to 511 rad: float cos/sin arguments carry ~3e-5 absolute error.
       ExpectNear(v, ref, {1e-4, 1e-4}, "head_size " + std::to_string(hs));
     }
@@ -135,8 +135,8 @@ TEST(CpuOpsTest, RotateHalfOnPermutedVectorEqualsAdjacentPairsBitwise) {
 }
 
 TEST(CpuOpsTest, KvWritePlacesEveryTokenInItsSlot) {
-  const KvCacheShape shape{.num_blocks = 5, .num_layers = 3, .block_size = 4,
-                           .num_kv_heads = 2, .head_size = 8};
+  const KvCacheShape shape{
+      .num_blocks = 5, .num_layers = 3, .block_size = 4, .num_kv_heads = 2, .head_size = 8};
   std::vector<float> cache(shape.BlockFloats() * shape.num_blocks, 0.0f);
   const int32_t width = shape.num_kv_heads * shape.head_size;
   const std::vector<int64_t> slots = {13, 2, -1, 19, 4};  // -1: skipped
@@ -196,8 +196,7 @@ TEST(CpuOpsTest, PagedAttentionMatchesNaiveAttention) {
         << "the CPU arrangement must equal the shared (GPU) code bit for bit";
     ExpectNear(out, NaiveAttention(p), {2e-5, 1e-4},
                "heads " + std::to_string(c.num_heads) + "/" + std::to_string(c.num_kv_heads) +
-                   " hs " + std::to_string(c.head_size) + " block " +
-                   std::to_string(c.block_size));
+                   " hs " + std::to_string(c.head_size) + " block " + std::to_string(c.block_size));
   }
 }
 

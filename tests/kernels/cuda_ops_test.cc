@@ -1,11 +1,12 @@
 // Every CUDA op against the CPU op, with per-dtype tolerance; skipped when
 // the build has no CUDA or no device is present.
+#include "tandem/kernels/cuda_ops.h"
+
 #include <cstring>
 
 #include "gtest/gtest.h"
 #include "kernel_test_util.h"
 #include "tandem/kernels/cpu_ops.h"
-#include "tandem/kernels/cuda_ops.h"
 
 #if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
 
@@ -18,10 +19,10 @@ using testing::kF32Tol;
 using testing::MakeAttentionProblem;
 using testing::RandomVector;
 
-#define CUDA_OK(expr)                                                   \
-  do {                                                                  \
-    const int _e = (expr);                                              \
-    ASSERT_EQ(_e, 0) << #expr << ": " << cuda::ErrorString(_e);         \
+#define CUDA_OK(expr)                                           \
+  do {                                                          \
+    const int _e = (expr);                                      \
+    ASSERT_EQ(_e, 0) << #expr << ": " << cuda::ErrorString(_e); \
   } while (0)
 
 // A device copy of a host vector.
@@ -112,12 +113,11 @@ TEST_F(CudaOpsTest, RopeMatchesCpu) {
 
 TEST_F(CudaOpsTest, KvWriteAndPagedAttentionMatchCpu) {
   uint32_t seed = 3;
-  for (auto [heads, kv_heads, hs, block] : std::vector<std::tuple<int, int, int, int>>{
-           {8, 4, 8, 16}, {4, 1, 128, 4}, {6, 2, 64, 8}}) {
-    AttentionProblem p = MakeAttentionProblem(heads, kv_heads, hs, block,
-                                              {{37, 36}, {40, 21}, {16, 0}}, seed++);
-    DeviceVector<float> d_cache(p.cache), d_k(p.all_k), d_v(p.all_v), d_q(p.q),
-        d_out(p.q.size());
+  for (auto [heads, kv_heads, hs, block] :
+       std::vector<std::tuple<int, int, int, int>>{{8, 4, 8, 16}, {4, 1, 128, 4}, {6, 2, 64, 8}}) {
+    AttentionProblem p =
+        MakeAttentionProblem(heads, kv_heads, hs, block, {{37, 36}, {40, 21}, {16, 0}}, seed++);
+    DeviceVector<float> d_cache(p.cache), d_k(p.all_k), d_v(p.all_v), d_q(p.q), d_out(p.q.size());
     DeviceVector<int64_t> d_slots(p.slots);
     const int32_t n = static_cast<int32_t>(p.slots.size());
     cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(), n, p.slots.data());
@@ -158,16 +158,19 @@ TEST_F(CudaOpsTest, SampleMatchesCpu) {
   const auto logits = RandomVector(rows * vocab, 9, 4.0f);
   std::vector<SampleArgs> args;
   for (int32_t r = 0; r < rows; ++r) {
-    args.push_back({.temperature = r == 0 ? 0.0f : 0.9f, .top_k = r % 3 == 1 ? 20 : 0,
-                    .top_p = r % 3 == 2 ? 0.8f : 1.0f, .seed = 5u + r, .position = r});
+    args.push_back({.temperature = r == 0 ? 0.0f : 0.9f,
+                    .top_k = r % 3 == 1 ? 20 : 0,
+                    .top_p = r % 3 == 2 ? 0.8f : 1.0f,
+                    .seed = 5u + r,
+                    .position = r});
   }
   std::vector<int32_t> ref(rows);
   cpu::Sample(logits.data(), rows, vocab, args.data(), ref.data());
   DeviceVector<float> d_logits(logits), probs(rows * vocab);
   DeviceVector<SampleArgs> d_args(args);
   DeviceVector<int32_t> d_out(rows), idx(rows * vocab);
-  CUDA_OK(cuda::Sample(d_logits.get(), rows, vocab, d_args.get(), d_out.get(), probs.get(),
-                       idx.get()));
+  CUDA_OK(
+      cuda::Sample(d_logits.get(), rows, vocab, d_args.get(), d_out.get(), probs.get(), idx.get()));
   EXPECT_EQ(d_out.ToHost(), ref);
 }
 

@@ -28,16 +28,16 @@ struct Tolerance {
 };
 inline constexpr Tolerance kF32Tol{1e-5, 1e-4};
 
-inline void ExpectNear(const std::vector<float>& got, const std::vector<double>& ref,
-                       Tolerance tol, const std::string& what) {
+inline void ExpectNear(const std::vector<float>& got, const std::vector<double>& ref, Tolerance tol,
+                       const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_LE(std::fabs(got[i] - ref[i]), tol.abs_tol + std::fabs(ref[i]) * tol.rel_tol)
         << what << " at " << i << ": got " << got[i] << " want " << ref[i];
   }
 }
-inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& ref,
-                       Tolerance tol, const std::string& what) {
+inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& ref, Tolerance tol,
+                       const std::string& what) {
   ExpectNear(got, std::vector<double>(ref.begin(), ref.end()), tol, what);
 }
 
@@ -51,7 +51,7 @@ struct AttentionProblem {
   std::vector<std::vector<float>> seq_k, seq_v;
   std::vector<int32_t> block_tables, row_pos, row_table_offset, row_seq;
   std::vector<float> q;
-  std::vector<int64_t> slots;  // slot of every cached token (for KvWrite)
+  std::vector<int64_t> slots;       // slot of every cached token (for KvWrite)
   std::vector<float> all_k, all_v;  // K/V of every cached token, in `slots` order
   PagedAttentionArgs Args(float* out) const {
     return PagedAttentionArgs{.q = q.data(),
@@ -76,8 +76,10 @@ inline AttentionProblem MakeAttentionProblem(int32_t num_heads, int32_t num_kv_h
   AttentionProblem p;
   int32_t total_blocks = 0;
   for (auto [len, first] : seqs) total_blocks += (len + block_size - 1) / block_size;
-  p.shape = KvCacheShape{.num_blocks = total_blocks + 3, .num_layers = 2,
-                         .block_size = block_size, .num_kv_heads = num_kv_heads,
+  p.shape = KvCacheShape{.num_blocks = total_blocks + 3,
+                         .num_layers = 2,
+                         .block_size = block_size,
+                         .num_kv_heads = num_kv_heads,
                          .head_size = head_size};
   p.num_heads = num_heads;
   p.cache = RandomVector(static_cast<size_t>(p.shape.BlockFloats() * p.shape.num_blocks), seed);

@@ -82,8 +82,7 @@ TEST_F(BadInputTest, TruncatedBinNamesFileAndSizes) {
     auto m = Model::Load(bin_);
     ASSERT_FALSE(m.ok()) << keep;
     EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.bin"), HasSubstr("truncated")))
-        << keep;
+    EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.bin"), HasSubstr("truncated"))) << keep;
   }
 }
 
@@ -94,8 +93,8 @@ TEST_F(BadInputTest, WrongHeaderIsRejected) {
   Spit(bin_, bytes);
   auto m = Model::Load(bin_);
   ASSERT_FALSE(m.ok());
-  EXPECT_THAT(Message(m.status()),
-              AllOf(HasSubstr("model.bin"), HasSubstr("bad llama2.c header"), HasSubstr("n_heads=7")));
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.bin"), HasSubstr("bad llama2.c header"),
+                                         HasSubstr("n_heads=7")));
   // A plausible header for a different size: the file size gives it away.
   bytes = Slurp(bin_);
   int32_t hidden = 100;
@@ -133,17 +132,16 @@ TEST_F(BadInputTest, ConfigDisagreeingWithTensorsIsRejected) {
   EditConfig("\"intermediate_size\": 172", "\"intermediate_size\": 256");
   auto m = Model::Load(hf_);
   ASSERT_FALSE(m.ok());
-  EXPECT_THAT(Message(m.status()),
-              AllOf(HasSubstr("model.safetensors"), HasSubstr("gate_proj"),
-                    HasSubstr("config.json implies [256, 64]")));
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.safetensors"), HasSubstr("gate_proj"),
+                                         HasSubstr("config.json implies [256, 64]")));
 }
 
 TEST_F(BadInputTest, MissingTensorIsRejected) {
   EditSafetensors("\"model.norm.weight\"", "\"model.norx.weight\"");
   auto m = Model::Load(hf_);
   ASSERT_FALSE(m.ok());
-  EXPECT_THAT(Message(m.status()),
-              AllOf(HasSubstr("model.safetensors"), HasSubstr("missing tensor 'model.norm.weight'")));
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.safetensors"),
+                                         HasSubstr("missing tensor 'model.norm.weight'")));
 }
 
 TEST_F(BadInputTest, TruncatedSafetensorsIsRejected) {
@@ -207,8 +205,8 @@ TEST_F(BadInputTest, BadBatchIsInvalidArgumentNamingTheSequenceAndLeavesCacheUnt
 TEST_F(BadInputTest, CudaBackendIsUnavailableWithoutADevice) {
   auto model = Model::Load(bin_);
   ASSERT_TRUE(model.ok());
-  auto runner = ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4},
-                                    Backend::kCuda);
+  auto runner =
+      ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4}, Backend::kCuda);
 #if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
   if (runner.ok()) GTEST_SKIP() << "a CUDA device is present";
 #endif

@@ -14,8 +14,8 @@ using testing::LoadTestModel;
 using testing::MakePrompt;
 
 constexpr int32_t kBlock = 16;
-constexpr int32_t kPrompt = 75;   // 4 full blocks + a partial one
-constexpr int32_t kDecode = 4;    // decode steps after the prompt
+constexpr int32_t kPrompt = 75;  // 4 full blocks + a partial one
+constexpr int32_t kDecode = 4;   // decode steps after the prompt
 
 // Block ids [first, first + n).
 std::vector<int32_t> Blocks(int32_t first, int32_t n) {
@@ -50,17 +50,15 @@ class BatchInvarianceTest : public ::testing::Test {
     int32_t pos = 0;
     while (pos < kPrompt) {
       const int32_t n = std::min(chunk, kPrompt - pos);
-      SequenceInput in{.token_ids = std::span(tokens_).subspan(pos, n),
-                       .start_pos = pos,
-                       .block_table = table};
+      SequenceInput in{
+          .token_ids = std::span(tokens_).subspan(pos, n), .start_pos = pos, .block_table = table};
       EXPECT_TRUE(runner_->Forward({&in, 1}, &logits).ok());
       pos += n;
     }
     out.push_back(logits);
     for (int32_t d = 0; d < kDecode; ++d, ++pos) {
-      SequenceInput in{.token_ids = std::span(tokens_).subspan(pos, 1),
-                       .start_pos = pos,
-                       .block_table = table};
+      SequenceInput in{
+          .token_ids = std::span(tokens_).subspan(pos, 1), .start_pos = pos, .block_table = table};
       EXPECT_TRUE(runner_->Forward({&in, 1}, &logits).ok());
       out.push_back(logits);
     }
@@ -157,9 +155,8 @@ TEST_F(BatchInvarianceTest, PrefixFromBlocksAnotherSequenceWroteGivesBitwiseEqua
   EXPECT_TRUE(BitwiseEqual(logits, ref_[0]));
   pos = kPrompt;
   for (int32_t d = 0; d < kDecode; ++d, ++pos) {
-    SequenceInput dec{.token_ids = std::span(tokens_).subspan(pos, 1),
-                      .start_pos = pos,
-                      .block_table = table};
+    SequenceInput dec{
+        .token_ids = std::span(tokens_).subspan(pos, 1), .start_pos = pos, .block_table = table};
     ASSERT_TRUE(runner_->Forward({&dec, 1}, &logits).ok());
     EXPECT_TRUE(BitwiseEqual(logits, ref_[d + 1])) << "decode " << d;
   }

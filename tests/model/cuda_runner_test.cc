@@ -13,8 +13,7 @@ using testing::MakePrompt;
 TEST(CudaRunnerTest, LogitsMatchTheCpuBackendWithinTolerance) {
   auto model = LoadTestModel();
   ASSERT_NE(model, nullptr);
-  auto gpu = ModelRunner::Create(model.get(), {.block_size = 16, .num_blocks = 64},
-                                 Backend::kCuda);
+  auto gpu = ModelRunner::Create(model.get(), {.block_size = 16, .num_blocks = 64}, Backend::kCuda);
   if (absl::IsUnavailable(gpu.status())) GTEST_SKIP() << gpu.status();
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   auto cpu = ModelRunner::Create(model.get(), {.block_size = 16, .num_blocks = 64});
@@ -55,8 +54,8 @@ TEST(CudaRunnerTest, GreedyTokensMatchTheCpuBackendOnClearMargins) {
   if (!testing::HaveStories()) GTEST_SKIP() << "no " << testing::StoriesPath();
   auto model = Model::Load(testing::StoriesPath());
   ASSERT_TRUE(model.ok());
-  auto probe = ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4},
-                                   Backend::kCuda);
+  auto probe =
+      ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4}, Backend::kCuda);
   if (absl::IsUnavailable(probe.status())) GTEST_SKIP() << probe.status();
   // Reference case 0 (prompt [1]) has a decisive prefix of all 128 tokens.
   const std::vector<int32_t> prompt = {1};

@@ -39,9 +39,9 @@ TEST(HfTest, ShardedDirectoryWithUntiedClassifierLoadsTheSameWeights) {
       RandomModelOptions{.num_layers = 2, .shared_classifier = false, .seed = 3});
   ASSERT_TRUE(ckpt.ok());
   TempDir dir;
-  ASSERT_TRUE(WriteHfCheckpoint(ckpt->config, ckpt->weights, dir.path(),
-                                HfWriteOptions{.num_shards = 3})
-                  .ok());
+  ASSERT_TRUE(
+      WriteHfCheckpoint(ckpt->config, ckpt->weights, dir.path(), HfWriteOptions{.num_shards = 3})
+          .ok());
   auto hf = Model::Load(dir.path());
   ASSERT_TRUE(hf.ok()) << hf.status();
   EXPECT_EQ((*hf)->weights().wcls, ckpt->weights.wcls);
@@ -78,8 +78,7 @@ TEST(HfTest, Fp16AndBf16TensorsLoadAsTheNearestValues) {
   ASSERT_TRUE(ckpt.ok());
   for (TensorDtype dtype : {TensorDtype::kF16, TensorDtype::kBF16}) {
     TempDir dir;
-    ASSERT_TRUE(
-        WriteHfCheckpoint(ckpt->config, ckpt->weights, dir.path(), {.dtype = dtype}).ok());
+    ASSERT_TRUE(WriteHfCheckpoint(ckpt->config, ckpt->weights, dir.path(), {.dtype = dtype}).ok());
     auto hf = Model::Load(dir.path());
     ASSERT_TRUE(hf.ok()) << hf.status();
     const std::vector<float>& want = ckpt->weights.layers[0].w1;

@@ -80,8 +80,8 @@ TEST(ReferenceTest, HuggingFaceConversionMatchesLlama2cOnEveryCase) {
     const ReferenceCase& c = cases[i];
     const std::vector<int32_t> got = GenerateGreedy(**hf, c.prompt, c.max_tokens);
     ASSERT_GE(got.size(), static_cast<size_t>(c.decisive_prefix_len)) << "case " << i;
-    EXPECT_TRUE(std::equal(c.expected.begin(), c.expected.begin() + c.decisive_prefix_len,
-                           got.begin()))
+    EXPECT_TRUE(
+        std::equal(c.expected.begin(), c.expected.begin() + c.decisive_prefix_len, got.begin()))
         << "case " << i;
     // Rotate-half permutes the order of q.k terms within a head, so only
     // the last bits of the scores may differ; in practice every token agrees.

@@ -1,9 +1,10 @@
 // Seeded sampling (DESIGN §6): tokens depend only on (seed, output position),
 // never on the batch; different seeds give different tokens.
+#include "tandem/kernels/sampling.h"
+
 #include <map>
 
 #include "gtest/gtest.h"
-#include "tandem/kernels/sampling.h"
 #include "test_util.h"
 
 namespace tandem::model {
@@ -22,8 +23,7 @@ std::vector<std::vector<int32_t>> GenerateBatch(const Model& model,
   const int32_t n = static_cast<int32_t>(prompts.size());
   auto runner = ModelRunner::Create(&model, {.block_size = 16, .num_blocks = 8 * n});
   EXPECT_TRUE(runner.ok());
-  std::vector<std::vector<int32_t>> tables(prompts.size()), out(prompts.size()),
-      chunk = prompts;
+  std::vector<std::vector<int32_t>> tables(prompts.size()), out(prompts.size()), chunk = prompts;
   std::vector<int32_t> pos(prompts.size(), 0);
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t b = 0; b < 8; ++b) tables[static_cast<size_t>(i)].push_back(8 * i + b);

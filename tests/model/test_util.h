@@ -44,8 +44,8 @@ inline std::vector<int32_t> GenerateGreedy(const Model& model, const std::vector
                                            int32_t max_tokens, Backend backend = Backend::kCpu) {
   const int32_t bs = 16;
   const int32_t need = static_cast<int32_t>(prompt.size()) + max_tokens;
-  auto runner = ModelRunner::Create(&model, {.block_size = bs, .num_blocks = need / bs + 2},
-                                    backend);
+  auto runner =
+      ModelRunner::Create(&model, {.block_size = bs, .num_blocks = need / bs + 2}, backend);
   EXPECT_TRUE(runner.ok()) << runner.status();
   std::vector<int32_t> table;
   for (int32_t i = 0; i < need / bs + 1; ++i) table.push_back(i);

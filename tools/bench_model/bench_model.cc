@@ -119,8 +119,7 @@ double RunCStyleTokS(const Model& m, int32_t steps) {
       kc::Matmul(lw.wv.data(), kv_dim, dim, xb.data(), 1, v);
       kc::Rope(q.data(), 1, &pos, c.num_heads, hs, tandem::kernels::RopeKind::kAdjacentPairs,
                10000.0f);
-      kc::Rope(k, 1, &pos, c.num_kv_heads, hs, tandem::kernels::RopeKind::kAdjacentPairs,
-               10000.0f);
+      kc::Rope(k, 1, &pos, c.num_kv_heads, hs, tandem::kernels::RopeKind::kAdjacentPairs, 10000.0f);
       const int32_t mul = c.num_heads / c.num_kv_heads;
       for (int32_t h = 0; h < c.num_heads; ++h) {
         float* a = &att[size_t(h) * steps];
@@ -154,8 +153,7 @@ double RunCStyleTokS(const Model& m, int32_t steps) {
     }
     kc::RmsNorm(x.data(), w.rms_final.data(), 1, dim, 1e-5f, xb.data());
     kc::Matmul(w.classifier().data(), c.vocab_size, dim, xb.data(), 1, logits.data());
-    token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                 logits.begin());
+    token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
   return steps / timer.Seconds();
 }
@@ -182,19 +180,17 @@ int main(int argc, char** argv) {
   std::cout << "anchor: llama2.c run.c single stream ~" << kLlama2cAnchorTokS
             << " tok/s (measured on this machine kind; not runnable here)\n";
   const double runc = RunCStyleTokS(**model, s);
-  std::cout << "in-run stand-in: run.c-style scalar forward, single stream: " << runc
-            << " tok/s\n";
+  std::cout << "in-run stand-in: run.c-style scalar forward, single stream: " << runc << " tok/s\n";
   double at32 = 0;
   for (int32_t b : {1, 8, 32, 64}) {
     const double v = DecodeTokS(**model, b, s, t);
     if (b == 32) at32 = v;
     std::cout << "decode batch " << std::setw(2) << b << ": " << std::setw(8) << v
-              << " tok/s  (wall clock: " << double(b) * s / Timer::last_wall_seconds
-              << " tok/s)\n";
+              << " tok/s  (wall clock: " << double(b) * s / Timer::last_wall_seconds << " tok/s)\n";
   }
   const double prefill = PrefillTokS(**model, 256, t);
-  std::cout << "prefill 256 tokens: " << prefill << " tok/s  (wall clock: "
-            << 256.0 * 20 / Timer::last_wall_seconds << " tok/s)\n";
+  std::cout << "prefill 256 tokens: " << prefill
+            << " tok/s  (wall clock: " << 256.0 * 20 / Timer::last_wall_seconds << " tok/s)\n";
   std::cout << std::setprecision(2) << "batch 32 vs anchor: " << at32 / kLlama2cAnchorTokS
             << "x (target >= 2x); vs in-run stand-in: " << at32 / runc << "x\n";
   return 0;

@@ -119,8 +119,8 @@ int main(int argc, char** argv) {
                 << " tokens, the model's max_seq_len is " << cfg.max_seq_len << "\n";
       return 1;
     }
-    s.max_tokens = static_cast<int32_t>(
-        std::min<int64_t>(max_tokens, cfg.max_seq_len - s.prompt_len));
+    s.max_tokens =
+        static_cast<int32_t>(std::min<int64_t>(max_tokens, cfg.max_seq_len - s.prompt_len));
     s.params = tandem::SamplingParams{.temperature = static_cast<float>(temperature),
                                       .top_k = static_cast<int32_t>(top_k),
                                       .top_p = static_cast<float>(top_p),
@@ -133,10 +133,10 @@ int main(int argc, char** argv) {
     blocks_needed += (s.prompt_len + s.max_tokens + block_size - 1) / block_size;
   }
   if (num_blocks == 0) num_blocks = blocks_needed;
-  auto runner = ModelRunner::Create(
-      model->get(),
-      {.block_size = static_cast<int32_t>(block_size), .num_blocks = static_cast<int32_t>(num_blocks)},
-      backend == "cuda" ? Backend::kCuda : Backend::kCpu);
+  auto runner = ModelRunner::Create(model->get(),
+                                    {.block_size = static_cast<int32_t>(block_size),
+                                     .num_blocks = static_cast<int32_t>(num_blocks)},
+                                    backend == "cuda" ? Backend::kCuda : Backend::kCpu);
   if (!runner.ok()) {
     std::cerr << "error: " << runner.status() << "\n";
     return 1;
@@ -154,8 +154,8 @@ int main(int argc, char** argv) {
     // Admit while there is room: a sequence reserves all its blocks up front.
     while (!waiting.empty() && static_cast<int64_t>(running.size()) < batch) {
       Sequence* s = waiting.front();
-      const size_t need = static_cast<size_t>((s->prompt_len + s->max_tokens + block_size - 1) /
-                                              block_size);
+      const size_t need =
+          static_cast<size_t>((s->prompt_len + s->max_tokens + block_size - 1) / block_size);
       if (need > free_blocks.size()) {
         if (running.empty()) {
           std::cerr << "error: prompt " << s->index << " needs " << need
@@ -222,8 +222,8 @@ int main(int argc, char** argv) {
     std::cout << "\n";
   }
   if (stats) {
-    std::cerr << "steps " << steps << ", sampled tokens " << generated << ", " << secs
-              << " s, " << generated / secs << " tok/s\n";
+    std::cerr << "steps " << steps << ", sampled tokens " << generated << ", " << secs << " s, "
+              << generated / secs << " tok/s\n";
   }
   return 0;
 }

@@ -18,10 +18,14 @@ int main(int argc, char** argv) {
   flags.Parse(argc, argv);
   if (out.empty()) flags.Fail("--out is required");
   HfWriteOptions opts{.num_shards = static_cast<int32_t>(shards)};
-  if (dtype == "f32") opts.dtype = TensorDtype::kF32;
-  else if (dtype == "f16") opts.dtype = TensorDtype::kF16;
-  else if (dtype == "bf16") opts.dtype = TensorDtype::kBF16;
-  else flags.Fail("--dtype must be f32, f16 or bf16");
+  if (dtype == "f32")
+    opts.dtype = TensorDtype::kF32;
+  else if (dtype == "f16")
+    opts.dtype = TensorDtype::kF16;
+  else if (dtype == "bf16")
+    opts.dtype = TensorDtype::kBF16;
+  else
+    flags.Fail("--dtype must be f32, f16 or bf16");
   auto ckpt = ReadLlama2cCheckpoint(in);
   if (!ckpt.ok()) {
     std::cerr << "error: " << ckpt.status() << "\n";

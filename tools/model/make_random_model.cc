@@ -9,8 +9,8 @@
 int main(int argc, char** argv) {
   using namespace tandem::model;
   std::string out = "random.bin";
-  int64_t dim = 64, hidden = 172, layers = 5, heads = 8, kv_heads = 4, vocab = 512,
-          seq_len = 512, seed = 1;
+  int64_t dim = 64, hidden = 172, layers = 5, heads = 8, kv_heads = 4, vocab = 512, seq_len = 512,
+          seed = 1;
   bool unshared = false;
   tandem::tools::SimpleFlags flags(
       "Usage: tandem-make-random-model --out PATH [--dim N ...]\n"

@@ -22,7 +22,10 @@ class SimpleFlags {
     order_.push_back(name);
   }
   void String(const std::string& name, std::string* v, const std::string& help) {
-    Add(name, *v, help, [v](const std::string& s) { *v = s; return true; });
+    Add(name, *v, help, [v](const std::string& s) {
+      *v = s;
+      return true;
+    });
   }
   void Int(const std::string& name, int64_t* v, const std::string& help) {
     Add(name, std::to_string(*v), help, [v](const std::string& s) {
@@ -39,11 +42,15 @@ class SimpleFlags {
     });
   }
   void Bool(const std::string& name, bool* v, const std::string& help) {
-    Add(name, *v ? "true" : "false", help,
+    Add(
+        name, *v ? "true" : "false", help,
         [v](const std::string& s) {
-          if (s.empty() || s == "true" || s == "1") *v = true;
-          else if (s == "false" || s == "0") *v = false;
-          else return false;
+          if (s.empty() || s == "true" || s == "1")
+            *v = true;
+          else if (s == "false" || s == "0")
+            *v = false;
+          else
+            return false;
           return true;
         },
         /*is_bool=*/true);
@@ -79,8 +86,8 @@ class SimpleFlags {
     os << usage_ << "\n\nFlags:\n";
     for (const std::string& n : order_) {
       const Flag& f = flags_.at(n);
-      os << "  --" << n << "  " << f.help << " (default: "
-         << (f.default_text.empty() ? "\"\"" : f.default_text) << ")\n";
+      os << "  --" << n << "  " << f.help
+         << " (default: " << (f.default_text.empty() ? "\"\"" : f.default_text) << ")\n";
     }
   }
 

@@ -15,8 +15,7 @@
 namespace tandem::kernels::cpu {
 
 // out[r][:] = table[tokens[r]][:]. Token ids must be in range.
-void EmbeddingGather(const float* table, int32_t dim, std::span<const int32_t> tokens,
-                     float* out);
+void EmbeddingGather(const float* table, int32_t dim, std::span<const int32_t> tokens, float* out);
 
 // out[r] = rmsnorm(x[r]) * w for `rows` rows of `dim`.
 void RmsNorm(const float* x, const float* w, int32_t rows, int32_t dim, float eps, float* out);
@@ -49,13 +48,13 @@ class PackedMatrix {
 };
 
 // RoPE in place on vec[rows][num_heads][head_size] at positions[r].
-void Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads,
-          int32_t head_size, RopeKind kind, float theta);
+void Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
+          RopeKind kind, float theta);
 
 // Writes k[r], v[r] ([rows][num_kv_heads][head_size]) into cache slot
 // slots[r] (block_id * block_size + offset) of `layer`; slot < 0 skips a row.
-void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k,
-             const float* v, int32_t rows, const int64_t* slots);
+void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,
+             int32_t rows, const int64_t* slots);
 
 // Causal grouped-query attention over the paged cache (see PagedAttentionArgs).
 // Bitwise equal to PagedAttentionReference, arranged for speed.

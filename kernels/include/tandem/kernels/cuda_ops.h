@@ -38,10 +38,10 @@ int RmsNorm(const float* x, const float* w, int32_t rows, int32_t dim, float eps
 // y[rows][out_dim] = x[rows][in_dim] * W^T with W [out_dim][in_dim] (cuBLAS SGEMM).
 int Matmul(BlasHandle* blas, const float* w, int32_t out_dim, int32_t in_dim, const float* x,
            int32_t rows, float* y);
-int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads,
-         int32_t head_size, RopeKind kind, float theta);
-int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k,
-            const float* v, int32_t rows, const int64_t* slots);
+int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
+         RopeKind kind, float theta);
+int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,
+            int32_t rows, const int64_t* slots);
 // `args` holds device pointers; scratch holds num_rows * num_heads *
 // max_context floats, max_context > every row_pos.
 int PagedAttention(const PagedAttentionArgs& args, float* scratch, int32_t max_context);
@@ -54,8 +54,8 @@ int Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* a
 // block_ids is a device array; staging may be device or pinned host memory.
 int BlockGather(const float* cache, int64_t block_floats, const int32_t* block_ids,
                 int32_t num_blocks, float* staging);
-int BlockScatter(float* cache, int64_t block_floats, const int32_t* block_ids,
-                 int32_t num_blocks, const float* staging);
+int BlockScatter(float* cache, int64_t block_floats, const int32_t* block_ids, int32_t num_blocks,
+                 const float* staging);
 
 }  // namespace tandem::kernels::cuda
 

@@ -25,9 +25,7 @@ struct KvCacheShape {
   // Float offset of element 0 of (block, layer, kv (0 = K, 1 = V), slot, head).
   TANDEM_HD int64_t Offset(int64_t block, int32_t layer, int32_t kv, int32_t slot,
                            int32_t head) const {
-    return ((((block * num_layers + layer) * 2 + kv) * block_size + slot) *
-                num_kv_heads +
-            head) *
+    return ((((block * num_layers + layer) * 2 + kv) * block_size + slot) * num_kv_heads + head) *
            int64_t{head_size};
   }
 };

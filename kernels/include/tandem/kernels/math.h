@@ -21,8 +21,7 @@ enum class RopeKind : int32_t {
 // ---- Row functions (one row = one token) ----------------------------------
 
 // o = w * (x / sqrt(mean(x^2) + eps)), summing x^2 in index order.
-TANDEM_HD inline void RmsNormRow(const float* x, const float* w, int32_t dim, float eps,
-                                 float* o) {
+TANDEM_HD inline void RmsNormRow(const float* x, const float* w, int32_t dim, float eps, float* o) {
   float ss = 0.0f;
   for (int32_t j = 0; j < dim; ++j) ss += x[j] * x[j];
   ss /= static_cast<float>(dim);
@@ -99,8 +98,8 @@ TANDEM_HD inline void AttendRowHead(const PagedAttentionArgs& a, int32_t row, in
   const float* q = a.q + (int64_t{row} * a.num_heads + head) * hs;
   const float scale = sqrtf(static_cast<float>(hs));
   for (int32_t t = 0; t <= pos; ++t) {
-    const float* k = a.cache + sh.Offset(table[t / sh.block_size], a.layer, 0,
-                                         t % sh.block_size, kv_head);
+    const float* k =
+        a.cache + sh.Offset(table[t / sh.block_size], a.layer, 0, t % sh.block_size, kv_head);
     float score = 0.0f;
     for (int32_t i = 0; i < hs; ++i) score += q[i] * k[i];
     score /= scale;
@@ -119,8 +118,8 @@ TANDEM_HD inline void AttendRowHead(const PagedAttentionArgs& a, int32_t row, in
   float* o = a.out + (int64_t{row} * a.num_heads + head) * hs;
   for (int32_t i = 0; i < hs; ++i) o[i] = 0.0f;
   for (int32_t t = 0; t <= pos; ++t) {
-    const float* v = a.cache + sh.Offset(table[t / sh.block_size], a.layer, 1,
-                                         t % sh.block_size, kv_head);
+    const float* v =
+        a.cache + sh.Offset(table[t / sh.block_size], a.layer, 1, t % sh.block_size, kv_head);
     const float w = scores[t];
     for (int32_t i = 0; i < hs; ++i) o[i] += w * v[i];
   }

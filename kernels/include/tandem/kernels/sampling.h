@@ -15,7 +15,7 @@ struct SampleArgs {
   int32_t top_k = 0;         // 0 = off
   float top_p = 1.0f;        // 1 = off
   uint64_t seed = 0;
-  int32_t position = 0;      // output position of the token being sampled
+  int32_t position = 0;  // output position of the token being sampled
 };
 
 TANDEM_HD inline uint64_t SplitMix64(uint64_t x) {
@@ -28,8 +28,8 @@ TANDEM_HD inline uint64_t SplitMix64(uint64_t x) {
 // Uniform in [0, 1), a pure function of (seed, position).
 TANDEM_HD inline float CounterUniform(uint64_t seed, int32_t position) {
   const uint64_t h =
-      SplitMix64(SplitMix64(seed) ^ (static_cast<uint64_t>(static_cast<uint32_t>(position)) *
-                                     0xD6E8FEB86659FD93ull));
+      SplitMix64(SplitMix64(seed) ^
+                 (static_cast<uint64_t>(static_cast<uint32_t>(position)) * 0xD6E8FEB86659FD93ull));
   return static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
 }
 

@@ -29,17 +29,17 @@ enum class RopeStyle {
 };
 
 struct ModelConfig {
-  int32_t dim = 0;           // model (residual) width
-  int32_t hidden_dim = 0;    // FFN width
+  int32_t dim = 0;         // model (residual) width
+  int32_t hidden_dim = 0;  // FFN width
   int32_t num_layers = 0;
   int32_t num_heads = 0;     // query heads
   int32_t num_kv_heads = 0;  // KV heads; num_heads % num_kv_heads == 0
   int32_t vocab_size = 0;
-  int32_t max_seq_len = 0;   // longest context the model supports
-  int32_t head_size = 0;     // dim / num_heads; even
+  int32_t max_seq_len = 0;  // longest context the model supports
+  int32_t head_size = 0;    // dim / num_heads; even
   RopeStyle rope_style = RopeStyle::kAdjacentPairs;
   float rope_theta = 10000.0f;
-  float norm_eps = 1e-5f;    // RMSNorm epsilon
+  float norm_eps = 1e-5f;  // RMSNorm epsilon
   int32_t bos_token_id = 1;
   int32_t eos_token_id = 1;
 
@@ -64,8 +64,8 @@ struct LayerWeights {
 struct ModelWeights {
   std::vector<float> token_embedding;  // [vocab][dim]
   std::vector<LayerWeights> layers;
-  std::vector<float> rms_final;        // [dim]
-  std::vector<float> wcls;             // [vocab][dim]; empty = shares token_embedding
+  std::vector<float> rms_final;  // [dim]
+  std::vector<float> wcls;       // [vocab][dim]; empty = shares token_embedding
 
   const std::vector<float>& classifier() const { return wcls.empty() ? token_embedding : wcls; }
 };
@@ -76,8 +76,7 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
   // Builds a model from weights in memory (checks every shape against config).
   static absl::StatusOr<std::unique_ptr<Model>> FromWeights(ModelConfig config,
-                                                            ModelWeights weights,
-                                                            std::string name);
+                                                            ModelWeights weights, std::string name);
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }

@@ -64,8 +64,7 @@ class ModelRunner {
                                                              KvCacheOptions opts,
                                                              Backend backend = Backend::kCpu);
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const Model* model,
-                                                             KvCacheOptions opts,
-                                                             Backend backend,
+                                                             KvCacheOptions opts, Backend backend,
                                                              ModelRunnerOptions runner_opts);
   virtual ~ModelRunner() = default;
 
