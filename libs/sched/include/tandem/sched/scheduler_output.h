@@ -30,8 +30,9 @@ struct CachedRequestData {
   std::vector<int32_t> new_block_ids;
   std::vector<int32_t> all_token_ids;  // only when resumed_from_preemption
   int32_t num_computed_tokens = 0;     // before this step
-  // Tokens still placeholders on the scheduler's side (async mode): the
-  // worker feeds them from the tokens it sampled itself.
+  // Tokens still placeholders on the scheduler's side (async mode), before
+  // this step: sampled by earlier steps whose output the scheduler has not
+  // processed. The worker feeds them from the tokens it sampled itself.
   int32_t num_output_placeholders = 0;
 };
 
