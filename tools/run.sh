@@ -72,6 +72,7 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 echo "== serving on $SERVER"
+grep -ho "metrics on http://[^ ]*" "$RUN_DIR/worker.log" "$RUN_DIR/scheduler.log" | sed 's/^/   /' || true
 sed 's/^/   /' "$RUN_DIR/info.txt"
 
 echo "== tandem generate --prompt 1 --max-tokens 32 (greedy; llama2.c's reference starts 461 461 401 401 401)"
@@ -83,6 +84,8 @@ echo "== tandem bench: 64 requests, 16 concurrent, 32-token shared prefix"
   --shared-prefix-len 32
 echo "== scheduler stats"
 "$CLI" stats --server "$SERVER" | sed 's/^/   /'
+echo "== worth opening while it runs (Prometheus text):"
+grep -ho "http://[^ ]*/metrics" "$RUN_DIR/scheduler.log" "$RUN_DIR/worker.log" | sed 's/^/   /' || true
 echo "== logs: $RUN_DIR/{worker,scheduler}.log"
 echo "   debug with grpcurl: grpcurl -plaintext $SERVER list   (reflection is on)"
 cleanup

@@ -49,6 +49,7 @@ class GenerateCall {
   // Set by the handler before the call reaches the engine.
   std::string request_id;
   int64_t start_ns = 0;
+  int64_t first_token_ns = 0;  // engine thread only
   int32_t num_prompt_tokens = 0;
 
  private:

@@ -60,7 +60,49 @@ absl::Status EngineOptions::Validate() const {
   return probe.Validate();
 }
 
-Engine::Engine(EngineOptions options) : options_(std::move(options)) {
+EngineMetrics::EngineMetrics(prometheus::Registry& r)
+    : num_requests_running(metrics::AddGauge(r, "tandem_scheduler_num_requests_running",
+                                             "Requests running (scheduled in steps).")),
+      num_requests_waiting(metrics::AddGauge(r, "tandem_scheduler_num_requests_waiting",
+                                             "Requests waiting for admission.")),
+      kv_cache_usage(metrics::AddGauge(r, "tandem_scheduler_kv_cache_usage_ratio",
+                                       "Fraction of KV blocks in use (0-1).")),
+      kv_blocks_free(metrics::AddGauge(r, "tandem_scheduler_kv_blocks_free",
+                                       "Free KV blocks (cached-but-unused blocks count as free).")),
+      worker_connected(metrics::AddGauge(r, "tandem_scheduler_worker_connected",
+                                         "1 while a worker is connected and serving.")),
+      steps_in_flight(metrics::AddGauge(r, "tandem_scheduler_steps_in_flight",
+                                        "Steps sent to the worker whose output has not arrived.")),
+      preemptions(&metrics::AddCounter(r, "tandem_scheduler_preemptions_total",
+                                       "Running requests preempted (recompute).")),
+      prefix_cache_queries(&metrics::AddCounter(r, "tandem_scheduler_prefix_cache_queries_tokens_total",
+                                                "Prompt tokens looked up in the local prefix cache.")),
+      prefix_cache_hits(&metrics::AddCounter(r, "tandem_scheduler_prefix_cache_hits_tokens_total",
+                                             "Prompt tokens found in the local prefix cache.")),
+      external_cache_queries(&metrics::AddCounter(
+          r, "tandem_scheduler_external_cache_queries_tokens_total",
+          "Tokens looked up in the external KV-store.")),
+      external_cache_hits(&metrics::AddCounter(r, "tandem_scheduler_external_cache_hits_tokens_total",
+                                               "Tokens found in the external KV-store.")),
+      steps(&metrics::AddCounter(r, "tandem_scheduler_steps_total", "Steps scheduled.")),
+      requests_finished(prometheus::BuildCounter()
+                            .Name("tandem_scheduler_requests_finished_total")
+                            .Help("Requests finished, by reason (stop, length, abort, error).")
+                            .Register(r)),
+      prompt_tokens(metrics::AddCounter(r, "tandem_scheduler_prompt_tokens_total",
+                                        "Prompt tokens of finished requests.")),
+      generation_tokens(metrics::AddCounter(r, "tandem_scheduler_generation_tokens_total",
+                                            "Output tokens streamed to clients.")),
+      request_latency(metrics::AddHistogram(r, "tandem_scheduler_request_latency_seconds",
+                                            "Time from arrival to the end of a request.",
+                                            metrics::LatencyBuckets())),
+      time_to_first_token(metrics::AddHistogram(r, "tandem_scheduler_time_to_first_token_seconds",
+                                                "Time from arrival to the first output token.",
+                                                metrics::LatencyBuckets())) {}
+
+Engine::Engine(EngineOptions options, prometheus::Registry* registry)
+    : options_(std::move(options)) {
+  if (registry != nullptr) metrics_ = std::make_unique<EngineMetrics>(*registry);
   stats_.set_async_scheduling(options_.scheduler.async_scheduling);
   connector_ = std::make_unique<WorkerConnector>(
       options_.worker_address,
@@ -364,6 +406,7 @@ void Engine::Deliver(const sched::RequestOutput& out) {
     return;
   }
   if (out.new_token_ids.empty()) return;
+  NoteTokens(*it->second, out.new_token_ids.size());
   v1::GenerateResponse msg;
   msg.set_request_id(out.request_id);
   msg.mutable_token_ids()->Assign(out.new_token_ids.begin(), out.new_token_ids.end());
@@ -374,7 +417,13 @@ void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateC
                         v1::FinishReason reason, const sched::RequestOutput* out,
                         grpc::Status status) {
   calls_.erase(request_id);
+  if (out != nullptr && !out->new_token_ids.empty()) NoteTokens(*call, out->new_token_ids.size());
   const double latency_ms = (MonotonicNanos() - call->start_ns) * 1e-6;
+  if (metrics_ != nullptr) {
+    metrics_->requests_finished.Add({{"reason", ReasonName(reason)}}).Increment();
+    metrics_->request_latency.Observe(latency_ms * 1e-3);
+    if (out != nullptr) metrics_->prompt_tokens.Increment(out->num_prompt_tokens);
+  }
   if (status.ok()) {
     v1::GenerateResponse msg;
     msg.set_request_id(request_id);
@@ -397,6 +446,15 @@ void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateC
                    << " cached_local=" << (out ? out->num_cached_tokens_local : 0)
                    << " cached_external=" << (out ? out->num_cached_tokens_external : 0)
                    << " latency_ms=" << latency_ms;
+}
+
+void Engine::NoteTokens(GenerateCall& call, size_t num_tokens) {
+  if (metrics_ == nullptr) return;
+  metrics_->generation_tokens.Increment(static_cast<double>(num_tokens));
+  if (call.first_token_ns == 0) {
+    call.first_token_ns = MonotonicNanos();
+    metrics_->time_to_first_token.Observe((call.first_token_ns - call.start_ns) * 1e-9);
+  }
 }
 
 void Engine::DropWorker(const std::string& reason) {
@@ -440,6 +498,22 @@ void Engine::PublishStats() {
     s.set_external_cache_hits(st.external_cache_hits_tokens);
     s.set_num_steps(st.num_steps);
     s.set_num_requests_finished(st.num_requests_finished);
+  }
+  if (metrics_ != nullptr) {
+    metrics_->num_requests_running.Set(s.num_running());
+    metrics_->num_requests_waiting.Set(s.num_waiting());
+    metrics_->kv_blocks_free.Set(s.num_free_blocks());
+    metrics_->kv_cache_usage.Set(scheduler_ != nullptr ? scheduler_->stats().kv_cache_usage : 0.0);
+    metrics_->worker_connected.Set(worker_ != nullptr ? 1 : 0);
+    metrics_->steps_in_flight.Set(s.num_steps_in_flight());
+    if (scheduler_ != nullptr) {
+      metrics_->preemptions.Set(s.num_preemptions());
+      metrics_->prefix_cache_queries.Set(s.prefix_cache_queries());
+      metrics_->prefix_cache_hits.Set(s.prefix_cache_hits());
+      metrics_->external_cache_queries.Set(s.external_cache_queries());
+      metrics_->external_cache_hits.Set(s.external_cache_hits());
+      metrics_->steps.Set(s.num_steps());
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = std::move(s);

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "call.h"
+#include "tandem/metrics/metrics.h"
 #include "tandem/sched/scheduler.h"
 #include "tandem/v1/generation.pb.h"
 #include "worker_link.h"
@@ -49,9 +50,32 @@ struct ModelInfo {
   v1::GetModelInfoResponse info;
 };
 
+// Prometheus series of the engine (DESIGN §7); updated on the loop thread.
+struct EngineMetrics {
+  explicit EngineMetrics(prometheus::Registry& registry);
+  prometheus::Gauge& num_requests_running;
+  prometheus::Gauge& num_requests_waiting;
+  prometheus::Gauge& kv_cache_usage;
+  prometheus::Gauge& kv_blocks_free;
+  prometheus::Gauge& worker_connected;
+  prometheus::Gauge& steps_in_flight;
+  metrics::MirroredCounter preemptions;
+  metrics::MirroredCounter prefix_cache_queries;
+  metrics::MirroredCounter prefix_cache_hits;
+  metrics::MirroredCounter external_cache_queries;
+  metrics::MirroredCounter external_cache_hits;
+  metrics::MirroredCounter steps;
+  prometheus::Family<prometheus::Counter>& requests_finished;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& generation_tokens;
+  prometheus::Histogram& request_latency;
+  prometheus::Histogram& time_to_first_token;
+};
+
 class Engine {
  public:
-  explicit Engine(EngineOptions options);
+  // `registry` receives the engine's metrics; may be null.
+  explicit Engine(EngineOptions options, prometheus::Registry* registry = nullptr);
   ~Engine();
 
   void Start();
@@ -94,11 +118,13 @@ class Engine {
   void FinishCall(const std::string& request_id, std::shared_ptr<GenerateCall> call,
                   v1::FinishReason reason, const sched::RequestOutput* out, grpc::Status status);
   void DropWorker(const std::string& reason);
+  void NoteTokens(GenerateCall& call, size_t num_tokens);
   void PublishStats();
 
   const EngineOptions options_;
   std::unique_ptr<WorkerConnector> connector_;
   std::function<void(bool)> on_serving_changed_;
+  std::unique_ptr<EngineMetrics> metrics_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   tandem::rpc::ServerOptions server_options{.listen_address = "127.0.0.1:50051"};
   std::string policy = "fcfs";
   int32_t drain_timeout_s = 30;
+  tandem::metrics::ExposerOptions metrics_options;
 
   tandem::rpc::FlagSet flags(
       "tandem-scheduler",
@@ -49,6 +50,8 @@ int main(int argc, char** argv) {
   flags.Add("allow-request-cache-salt", &generation_options.allow_request_cache_salt,
             "accept GenerateRequest.cache_salt from clients (tenant isolation is then the "
             "client's word)");
+  flags.Add("metrics-listen", &metrics_options.listen_address,
+            "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
   flags.Add("drain-timeout-s", &drain_timeout_s,
             "on SIGTERM/SIGINT, how long running requests may take to finish");
   flags.ParseOrExit(argc, argv);
@@ -65,7 +68,16 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  tandem::scheduler::Engine engine(engine_options);
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto exposer = tandem::metrics::MetricsServer::Start(metrics_options, registry);
+  if (!exposer.ok()) {
+    std::cerr << "tandem-scheduler: " << exposer.status().message() << "\n";
+    return 1;
+  }
+  if (*exposer != nullptr) {
+    TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
+  }
+  tandem::scheduler::Engine engine(engine_options, registry.get());
   tandem::scheduler::GenerationService service(&engine, generation_options);
   tandem::rpc::EnableReflectionAndHealth();
   grpc::ServerBuilder builder;

@@ -28,13 +28,25 @@ int main(int argc, char** argv) {
   flags.Add("threads", &options.num_threads, "CPU threads of the cpu backend");
   flags.Add("sim-step-us", &options.sim_step_us, "sim backend: delay per step in microseconds");
   flags.Add("sim-token-us", &options.sim_token_us, "sim backend: extra delay per scheduled token");
+  tandem::metrics::ExposerOptions metrics_options;
+  flags.Add("metrics-listen", &metrics_options.listen_address,
+            "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = options.Validate(); !s.ok()) {
     std::cerr << "tandem-worker: " << s.message() << "\n";
     return 2;
   }
 
-  tandem::worker::WorkerService service(options);
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto exposer = tandem::metrics::MetricsServer::Start(metrics_options, registry);
+  if (!exposer.ok()) {
+    std::cerr << "tandem-worker: " << exposer.status().message() << "\n";
+    return 1;
+  }
+  if (*exposer != nullptr) {
+    TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
+  }
+  tandem::worker::WorkerService service(options, registry.get());
   tandem::rpc::EnableReflectionAndHealth();
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);

@@ -4,6 +4,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
+#include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/model/sampler.h"
@@ -30,7 +31,24 @@ absl::Status WorkerOptions::Validate() const {
   return absl::OkStatus();
 }
 
-WorkerService::WorkerService(WorkerOptions options) : options_(std::move(options)) {
+WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* registry)
+    : options_(std::move(options)) {
+  if (registry != nullptr) {
+    prometheus::Registry& r = *registry;
+    metrics_.reset(new Metrics{
+        metrics::AddCounter(r, "tandem_worker_steps_total", "Steps executed."),
+        metrics::AddCounter(r, "tandem_worker_step_errors_total", "Steps that failed."),
+        metrics::AddCounter(r, "tandem_worker_scheduled_tokens_total",
+                            "Tokens run through the model (prefill and decode)."),
+        metrics::AddCounter(r, "tandem_worker_sampled_tokens_total", "Tokens sampled."),
+        metrics::AddHistogram(r, "tandem_worker_step_duration_seconds",
+                              "Time to apply, run and sample one step.",
+                              {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                               0.1, 0.25, 0.5, 1}),
+        metrics::AddGauge(r, "tandem_worker_num_requests_active",
+                          "Requests the worker holds batch state for."),
+    });
+  }
   loop_ = std::thread([this] { Loop(); });
 }
 
@@ -148,7 +166,21 @@ void WorkerService::Loop() {
       continue;
     }
     v1::ModelRunnerOutput out;
+    const int64_t start_ns = MonotonicNanos();
     absl::Status s = ExecuteStep(*work.step, &out);
+    if (metrics_ != nullptr) {
+      metrics_->steps.Increment();
+      metrics_->step_duration.Observe((MonotonicNanos() - start_ns) * 1e-9);
+      metrics_->scheduled_tokens.Increment(work.step->total_num_scheduled_tokens());
+      if (s.ok()) {
+        int64_t sampled = 0;
+        for (const auto& t : out.sampled()) sampled += t.token_ids_size();
+        metrics_->sampled_tokens.Increment(static_cast<double>(sampled));
+      } else {
+        metrics_->step_errors.Increment();
+      }
+      metrics_->active_requests.Set(static_cast<double>(seqs_.size()));
+    }
     if (!s.ok()) {
       TANDEM_LOG(ERROR) << "step " << work.step->step_id() << " failed: " << s;
       out.Clear();

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "tandem/common/sampling_params.h"
+#include "tandem/metrics/metrics.h"
 #include "tandem/model/model.h"
 #include "tandem/model/model_runner.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -49,7 +50,8 @@ struct WorkerOptions {
 
 class WorkerService final : public v1::Worker::Service {
  public:
-  explicit WorkerService(WorkerOptions options);
+  // `registry` receives the worker's metrics; may be null.
+  explicit WorkerService(WorkerOptions options, prometheus::Registry* registry = nullptr);
   ~WorkerService() override;
 
   // Loads the weights and allocates the KV cache. Describe and Execute answer
@@ -101,6 +103,16 @@ class WorkerService final : public v1::Worker::Service {
   std::deque<Work> queue_;
   bool stopping_ = false;
   std::thread loop_;
+
+  struct Metrics {
+    prometheus::Counter& steps;
+    prometheus::Counter& step_errors;
+    prometheus::Counter& scheduled_tokens;
+    prometheus::Counter& sampled_tokens;
+    prometheus::Histogram& step_duration;
+    prometheus::Gauge& active_requests;
+  };
+  std::unique_ptr<Metrics> metrics_;
 
   // Owned by the loop thread.
   std::unordered_map<std::string, SeqState> seqs_;

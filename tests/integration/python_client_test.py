@@ -12,6 +12,8 @@ nothing but grpcio and protoc (grpc_tools):
 Usage: python_client_test.py BUILD_DIR SHARED_DIR
 """
 import json
+import socket
+import urllib.request
 import shutil
 import os
 import subprocess
@@ -88,6 +90,12 @@ def start(argv, log, port_file):
     raise RuntimeError(f"no port file from {argv[0]}")
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_serving(health_pb2, health_pb2_grpc, channel, timeout=30):
     stub = health_pb2_grpc.HealthStub(channel)
     deadline = time.time() + timeout
@@ -117,9 +125,11 @@ def main():
                                "--listen", "127.0.0.1:0", "--port-file", os.path.join(tmp, "w.port")],
                               os.path.join(tmp, "worker.log"), os.path.join(tmp, "w.port"))
         procs.append(worker)
+        metrics_port = free_port()
         sched, sport = start([os.path.join(build_dir, "services/scheduler/tandem-scheduler"),
                               "--worker", f"127.0.0.1:{wport}", "--listen", "127.0.0.1:0",
-                              "--port-file", os.path.join(tmp, "s.port")],
+                              "--port-file", os.path.join(tmp, "s.port"),
+                              "--metrics-listen", f"127.0.0.1:{metrics_port}"],
                              os.path.join(tmp, "scheduler.log"), os.path.join(tmp, "s.port"))
         procs.append(sched)
         channel = grpc.insecure_channel(f"127.0.0.1:{sport}")
@@ -181,6 +191,13 @@ def main():
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
             print("empty prompt:", e.code(), e.details())
+        # 4. Prometheus text on /metrics counts the finished request.
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        finished = [l for l in text.splitlines()
+                    if l.startswith('tandem_scheduler_requests_finished_total{reason="length"}')]
+        assert finished and float(finished[0].split()[-1]) >= 1, text
+        assert "# TYPE tandem_scheduler_time_to_first_token_seconds histogram" in text
+        print("metrics:", finished[0])
         print("PASS")
         return 0
     finally:
