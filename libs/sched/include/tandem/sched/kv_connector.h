@@ -3,9 +3,12 @@
 // connector polls futures of RPCs it started earlier).
 //
 // Call sequence for one request:
-//   GetNumNewMatchedTokens()  each step it is considered for admission, until
-//                             it returns a value (nullopt = not known yet:
-//                             the request keeps its place and is asked again);
+//   GetNumNewMatchedTokens()  each step it is considered for admission until
+//                             it is admitted (nullopt = not known yet: the
+//                             request keeps its place and is asked again; an
+//                             answer may be asked for again when the step had
+//                             no room for the request, so keep it until
+//                             UpdateStateAfterAlloc or RequestFinished);
 //   UpdateStateAfterAlloc()   once when it is admitted (also with 0 external
 //                             tokens: release the lookup's lease then);
 //   BuildConnectorMeta()      every step, for the requests of that step;
