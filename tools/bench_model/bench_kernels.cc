@@ -1,0 +1,93 @@
+// bench_kernels: Google Benchmark of the CPU kernels on stories260K-sized
+// shapes (the CUDA ops are benchmarked only where a device exists).
+//   build-model/tools/bench_model/bench_kernels
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "tandem/kernels/cpu_ops.h"
+
+namespace {
+
+namespace kc = tandem::kernels::cpu;
+using tandem::kernels::KvCacheShape;
+using tandem::kernels::PagedAttentionArgs;
+
+std::vector<float> Random(size_t n) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// y = W x for W 172 x 64 (stories260K's w1) over `rows` tokens.
+void BM_MatmulNaive(benchmark::State& state) {
+  const int32_t rows = static_cast<int32_t>(state.range(0)), out = 172, in = 64;
+  const auto w = Random(out * in), x = Random(rows * in);
+  std::vector<float> y(rows * out);
+  for (auto _ : state) {
+    kc::Matmul(w.data(), out, in, x.data(), rows, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * int64_t{rows} * out * in);  // MACs
+}
+BENCHMARK(BM_MatmulNaive)->Arg(1)->Arg(32)->Arg(256);
+
+void BM_MatmulPacked(benchmark::State& state) {
+  const int32_t rows = static_cast<int32_t>(state.range(0)), out = 172, in = 64;
+  const auto w = Random(out * in), x = Random(rows * in);
+  const kc::PackedMatrix packed(w.data(), out, in);
+  std::vector<float> y(rows * out);
+  for (auto _ : state) {
+    packed.Apply(x.data(), rows, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * int64_t{rows} * out * in);
+}
+BENCHMARK(BM_MatmulPacked)->Arg(1)->Arg(32)->Arg(256);
+
+// Decode attention of 32 sequences at context `range(0)`, 8 heads / 4 KV
+// heads of size 8, block 16. `reference` runs the shared (GPU) code.
+void Attention(benchmark::State& state, bool reference) {
+  const int32_t ctx = static_cast<int32_t>(state.range(0)), seqs = 32, bs = 16;
+  const int32_t per = (ctx + bs - 1) / bs;
+  const KvCacheShape shape{.num_blocks = seqs * per,
+                           .num_layers = 1,
+                           .block_size = bs,
+                           .num_kv_heads = 4,
+                           .head_size = 8};
+  const auto cache = Random(shape.BlockFloats() * shape.num_blocks), q = Random(seqs * 64);
+  std::vector<int32_t> tables(seqs * per), pos(seqs, ctx - 1), off(seqs);
+  for (int32_t i = 0; i < seqs * per; ++i) tables[i] = i;
+  for (int32_t s = 0; s < seqs; ++s) off[s] = s * per;
+  std::vector<float> out(q.size());
+  const PagedAttentionArgs args{.q = q.data(),
+                                .out = out.data(),
+                                .cache = cache.data(),
+                                .shape = shape,
+                                .layer = 0,
+                                .num_heads = 8,
+                                .num_rows = seqs,
+                                .row_pos = pos.data(),
+                                .row_table_offset = off.data(),
+                                .block_tables = tables.data()};
+  for (auto _ : state) {
+    if (reference) {
+      kc::PagedAttentionReference(args);
+    } else {
+      kc::PagedAttention(args);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * seqs);  // query rows
+}
+void BM_PagedAttention(benchmark::State& state) { Attention(state, false); }
+void BM_PagedAttentionSharedCode(benchmark::State& state) { Attention(state, true); }
+BENCHMARK(BM_PagedAttention)->Arg(16)->Arg(128)->Arg(512);
+BENCHMARK(BM_PagedAttentionSharedCode)->Arg(16)->Arg(128)->Arg(512);
+
+}  // namespace
+
+BENCHMARK_MAIN();
