@@ -198,6 +198,10 @@ TEST_F(BadInputTest, BadBatchIsInvalidArgumentNamingTheSequenceAndLeavesCacheUnt
     EXPECT_TRUE(std::equal(before.begin(), before.end(), (*runner)->BlockBytes(0).begin()))
         << "the good sequence must not have been run: " << c.want;
   }
+  EXPECT_TRUE((*runner)->BlockBytes(8).empty()) << "out-of-range block id";
+  EXPECT_TRUE((*runner)->BlockBytes(-1).empty());
+  std::vector<std::byte> wrong_size(3);
+  EXPECT_EQ((*runner)->CopyBlockToHost(0, wrong_size).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ModelRunner::Create(model->get(), {.block_size = 4, .num_blocks = 0}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -56,6 +56,9 @@ struct ModelRunnerOptions {
   [[nodiscard]] absl::Status Validate() const;
 };
 
+// Not thread-safe: one owner thread calls Forward and the block copies
+// (the worker's loop thread). ModelRunnerOptions.num_threads adds helper
+// threads inside Forward only.
 class ModelRunner {
  public:
   // `model` must outlive the runner. kCuda returns UNAVAILABLE when the build
@@ -83,7 +86,8 @@ class ModelRunner {
   int32_t block_size() const { return opts_.block_size; }
   int64_t block_bytes() const { return KvBlockBytes(model_->config(), opts_.block_size); }
   // Host bytes of one block (CPU backend), for KV-store loads and stores.
-  // Empty for the CUDA backend (use CopyBlockToHost / CopyBlockFromHost).
+  // Empty for an id outside [0, num_blocks) and for the CUDA backend (use
+  // CopyBlockToHost / CopyBlockFromHost there).
   virtual std::span<std::byte> BlockBytes(int32_t block_id) = 0;
   // Copies one block to or from host memory of block_bytes() (any backend).
   virtual absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) = 0;
