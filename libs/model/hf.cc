@@ -161,6 +161,16 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& path) {
   if (const JsonValue* rs = cfg->Find("rope_scaling"); rs != nullptr && !rs->is_null()) {
     return absl::UnimplementedError(path + ": rope_scaling is not supported");
   }
+  if (const JsonValue* act = cfg->Find("hidden_act");
+      act != nullptr && act->is_string() && act->str() != "silu") {
+    return absl::UnimplementedError(path + ": hidden_act \"" + act->str() +
+                                    "\" is not supported (only silu)");
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (const JsonValue* v = cfg->Find(key); v != nullptr && v->is_bool() && v->boolean()) {
+      return absl::UnimplementedError(path + ": " + key + " = true is not supported");
+    }
+  }
   ModelConfig c;
   c.rope_style = RopeStyle::kRotateHalf;
   TANDEM_ASSIGN_OR_RETURN(c.dim, GetInt(*cfg, path, "hidden_size", std::nullopt));

@@ -167,6 +167,14 @@ TEST_F(BadInputTest, BadConfigJsonIsRejected) {
               AllOf(HasSubstr("config.json"), HasSubstr("missing \"hidden_size\"")));
 }
 
+TEST_F(BadInputTest, UnsupportedArchitectureFeaturesAreRejected) {
+  EditConfig("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"");
+  auto m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("config.json"), HasSubstr("gelu")));
+}
+
 TEST_F(BadInputTest, BadBatchIsInvalidArgumentNamingTheSequenceAndLeavesCacheUntouched) {
   auto model = Model::Load(bin_);
   ASSERT_TRUE(model.ok());
