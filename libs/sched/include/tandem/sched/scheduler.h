@@ -8,6 +8,13 @@
 //                           of step N; at most two steps in flight; outputs
 //                           are processed in step order.
 //
+// Stop checks, per sampled token, in this order: EOS (unless ignore_eos; not
+// appended, not streamed), a stop token (appended and streamed), then
+// max_tokens / max_model_len. EOS and stop tokens count only for a token at
+// output index >= min_tokens (the sampler masks them before that); an EOS
+// before then is an ordinary output token. EOS on the last allowed token
+// therefore finishes as kFinishedStopped, not kFinishedLength.
+//
 // Block reuse and the worker (DESIGN §5 "Ordering"): the scheduler frees
 // blocks as soon as a request finishes or is preempted, even with a later
 // step in flight that still writes them. The worker therefore executes steps
