@@ -1,5 +1,18 @@
 // tandem.v1.Generation on the gRPC callback API: handlers validate (DESIGN
 // §9), post to the Engine and return; no thread blocks per stream.
+//
+// Decisions where DESIGN is silent:
+// - Generate sends one message per step that produced tokens; the last one
+//   carries finish_reason and usage, and the call ends OK. A request aborted
+//   through the Abort RPC ends the same way with FINISH_REASON_ABORT.
+// - Client cancel and deadline abort the request in the scheduler (the
+//   worker drops it with the next step); the client sees CANCELLED or
+//   DEADLINE_EXCEEDED from gRPC.
+// - A request that sets cache_salt is INVALID_ARGUMENT unless the server runs
+//   with --allow-request-cache-salt (the salt isolates tenants, DESIGN §3).
+// - An empty request_id gets a server-assigned "req-N"; a duplicate of a live
+//   id is ALREADY_EXISTS.
+// - Without has_seed the server draws a random seed per request.
 #pragma once
 
 #include <atomic>

@@ -4,6 +4,18 @@
 // Threads: gRPC handler threads only read the Execute stream and enqueue the
 // steps; one loop thread owns the ModelRunner and the per-request batch state
 // and executes the steps in order, writing each ModelRunnerOutput back.
+// Because steps run strictly in order on one thread, a block the scheduler
+// freed after step N and reused in step N+1 is never written by both at once
+// (DESIGN §5 "Ordering": the worker orders its work after the previous step).
+//
+// Batch state per request: every token id it knows (the prompt, then each
+// token it sampled itself: in async mode the scheduler's placeholders are
+// filled from here), its block table (new_block_ids appended; replaced for a
+// request resumed after preemption, whose token ids are then replaced by the
+// scheduler's all_token_ids), and num_computed_tokens. A step samples for a
+// request when its chunk reaches the last known token; the sampling position
+// is the number of output tokens so far. Only one scheduler stream may be
+// attached; when it ends, all batch state is dropped.
 #pragma once
 
 #include <atomic>
