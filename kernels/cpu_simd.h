@@ -3,7 +3,10 @@
 // time (no FMA: multiply and add round separately, -ffp-contract=off).
 #pragma once
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not in sanitizer builds: ThreadSanitizer crashes in the IFUNC resolvers,
+// which run before its runtime is initialised.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(TANDEM_SANITIZER_BUILD)
 #define TANDEM_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TANDEM_CPU_CLONES
