@@ -1,6 +1,7 @@
 // Helper of kvstore_crash_test: stores blocks START, START+1, ... forever in
 // `wal` mode and writes "<index>\n" to stdout (unbuffered write(2)) after each
-// store is acknowledged. The test SIGKILLs it at random points.
+// store is acknowledged, after an "R" line once the store is open. The test
+// SIGKILLs it at random points.
 //
 //   kvstore_crash_writer DATA_DIR START BLOCK_BYTES
 #include <unistd.h>
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "namespace: %s\n", s.status().ToString().c_str());
     return 1;
   }
+  if (write(STDOUT_FILENO, "R\n", 2) != 2) return 1;  // open and ready to store
   for (uint64_t i = start;; ++i) {
     auto p = testing::TestPayload(i, block);
     auto r = (*store)->Store("crash", testing::TestHash(i), p, Crc32c(p));
