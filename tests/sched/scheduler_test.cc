@@ -86,6 +86,24 @@ TEST(SchedulerTest, WithoutChunkingAPromptOverTheBudgetBlocksTheQueue) {
   ExpectMatchesReference(h, "A", Tokens(32, 2), Greedy(2));
 }
 
+TEST(SchedulerTest, LongPrefillThresholdCapsEveryChunk) {
+  SchedulerConfig c = TestConfig(64);
+  c.long_prefill_token_threshold = 5;
+  FakeStore store;
+  Harness h(c, nullptr, &store);
+  h.Add("A", Tokens(12, 1), Greedy(2));
+  h.Add("B", Tokens(3, 2), Greedy(2));
+  struct Row { int32_t a, b; };
+  const std::vector<Row> expected = {{5, 3}, {5, 1}, {2, 0}, {1, 0}};
+  for (size_t s = 0; s < expected.size(); ++s) {
+    const SchedulerOutput& so = h.Step();
+    EXPECT_EQ(NumScheduled(so, "A"), expected[s].a) << "step " << s + 1;
+    EXPECT_EQ(NumScheduled(so, "B"), expected[s].b) << "step " << s + 1;
+  }
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "A", Tokens(12, 1), Greedy(2));
+}
+
 // ---- 2. a running request with nothing to do does not block others ----
 
 TEST(SchedulerTest, RunningRequestWithNothingToScheduleDoesNotBlockTheOnesAfterIt) {
@@ -521,6 +539,49 @@ TEST(SchedulerTest, AsyncBlocksAreHashedOnlyOnceTheirTokenIdsAreKnown) {
   }
   EXPECT_GE(max_cached, 4) << "output blocks get cached once known";
   h.RunToCompletion();
+}
+
+TEST(SchedulerTest, StatsSnapshotCountsWaitingByReasonPreemptionsAndUsage) {
+  SchedulerConfig c = TestConfig(13);  // 12 usable blocks
+  c.max_num_seqs = 3;
+  FakeStore store;
+  const std::vector<int32_t> prefix = Tokens(16, 4);
+  {
+    testing::ScriptedKvConnector warm(c.block_size, &store);
+    Harness w(c, &warm, &store);
+    w.Add("warm", prefix, Greedy(1));
+    w.RunToCompletion();
+  }
+  testing::ScriptedKvConnector conn(c.block_size, &store);
+  conn.defer_count["deferred"] = 3;
+  Harness h(c, &conn, &store);
+  h.worker.load_delay_steps = 5;
+  h.Add("deferred", Tokens(5, 1), Greedy(4));
+  std::vector<int32_t> loading = prefix;
+  loading.push_back(9);
+  h.Add("loading", loading, Greedy(4));
+  h.Add("run1", Tokens(5, 2), Greedy(20));
+  h.Add("run2", Tokens(5, 3), Greedy(20));
+  h.Add("capacity", Tokens(5, 5), Greedy(4));
+  h.Step();
+  const SchedulerStats& st = h.sched.stats();
+  EXPECT_EQ(st.num_steps, 1u);
+  EXPECT_EQ(st.num_running, 2);
+  EXPECT_EQ(st.num_waiting, 3);
+  EXPECT_EQ(st.num_waiting_for_lookup, 1);
+  EXPECT_EQ(st.num_waiting_for_load, 1);
+  EXPECT_EQ(st.num_waiting_for_capacity, 1);  // max_num_seqs: 2 running + 1 loading
+  EXPECT_EQ(st.num_scheduled_tokens, 10);
+  EXPECT_EQ(st.external_cache_hits_tokens, 16u);
+  EXPECT_EQ(st.num_free_blocks, h.sched.num_free_blocks());
+  EXPECT_DOUBLE_EQ(st.kv_cache_usage,
+                   1.0 - static_cast<double>(h.sched.num_free_blocks()) / h.sched.num_total_blocks());
+  h.RunToCompletion();
+  EXPECT_EQ(h.sched.stats().num_preemptions_total,
+            h.sched.stats().num_preemptions_by_reason[static_cast<int>(PreemptionReason::kKvCacheFull)]);
+  EXPECT_EQ(h.sched.stats().num_requests_finished, 5u);
+  EXPECT_GE(h.sched.stats().external_loaded_tokens, 16u);  // more if "loading" was preempted
+  EXPECT_GT(h.sched.stats().num_steps, 1u);
 }
 
 // ---- 9. determinism ----

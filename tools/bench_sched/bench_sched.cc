@@ -30,6 +30,14 @@ namespace {
 constexpr int32_t kPromptLen = 32;
 constexpr int32_t kStepsPerScheduler = 1000;
 
+// Request ids as long as a UUID (36 characters), as clients send them: no
+// small-string optimisation hides the copies.
+std::string RequestId(int64_t i) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "5f0c2a4e-9b1d-4c3e-8a7f-%012lld", static_cast<long long>(i));
+  return buf;
+}
+
 SchedulerConfig BenchConfig(int32_t n, bool async) {
   SchedulerConfig c;
   c.max_num_seqs = n;
@@ -64,7 +72,7 @@ struct DecodeFixture {
       SamplingParams sp;
       sp.max_tokens = kStepsPerScheduler + 32;
       sp.ignore_eos = true;
-      (void)sched->AddRequest({.request_id = "req-" + std::to_string(i),
+      (void)sched->AddRequest({.request_id = RequestId(i),
                                .prompt_token_ids = std::move(prompt), .sampling = sp}, i);
     }
     // Prefill synchronously (one step in flight at a time) until all decode.
@@ -146,7 +154,7 @@ void BM_Mixed(benchmark::State& state) {
     SamplingParams sp;
     sp.max_tokens = 32 + static_cast<int32_t>(rng() % 224);
     sp.ignore_eos = true;
-    (void)sched.AddRequest({.request_id = "req-" + std::to_string(next_id),
+    (void)sched.AddRequest({.request_id = RequestId(next_id),
                             .prompt_token_ids = std::move(prompt), .sampling = sp}, next_id);
     ++next_id;
   };
