@@ -17,8 +17,14 @@ double BlockPool::usage() const {
 
 void BlockPool::Unlink(int32_t b) {
   Block& blk = blocks_[b];
-  if (blk.prev >= 0) blocks_[blk.prev].next = blk.next; else head_ = blk.next;
-  if (blk.next >= 0) blocks_[blk.next].prev = blk.prev; else tail_ = blk.prev;
+  if (blk.prev >= 0)
+    blocks_[blk.prev].next = blk.next;
+  else
+    head_ = blk.next;
+  if (blk.next >= 0)
+    blocks_[blk.next].prev = blk.prev;
+  else
+    tail_ = blk.prev;
   blk.prev = blk.next = -1;
   --num_free_;
 }
@@ -27,7 +33,10 @@ void BlockPool::PushFront(int32_t b) {
   Block& blk = blocks_[b];
   blk.prev = -1;
   blk.next = head_;
-  if (head_ >= 0) blocks_[head_].prev = b; else tail_ = b;
+  if (head_ >= 0)
+    blocks_[head_].prev = b;
+  else
+    tail_ = b;
   head_ = b;
   ++num_free_;
 }
@@ -36,7 +45,10 @@ void BlockPool::PushBack(int32_t b) {
   Block& blk = blocks_[b];
   blk.next = -1;
   blk.prev = tail_;
-  if (tail_ >= 0) blocks_[tail_].next = b; else head_ = b;
+  if (tail_ >= 0)
+    blocks_[tail_].next = b;
+  else
+    head_ = b;
   tail_ = b;
   ++num_free_;
 }
@@ -68,7 +80,10 @@ void BlockPool::Free(std::span<const int32_t> blocks) {
     TANDEM_CHECK_GT(blk.ref_count, 0) << "double free of block " << b;
     TANDEM_CHECK(b != kNullBlock) << "freeing the null block";
     if (--blk.ref_count == 0) {
-      if (blk.cached) PushBack(b); else PushFront(b);
+      if (blk.cached)
+        PushBack(b);
+      else
+        PushFront(b);
     }
   }
 }

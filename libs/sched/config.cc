@@ -6,16 +6,17 @@ namespace tandem::sched {
 namespace {
 absl::Status Positive(const char* name, int32_t v) {
   if (v > 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("SchedulerConfig.", name, " must be > 0, got ", v));
+  return absl::InvalidArgumentError(
+      absl::StrCat("SchedulerConfig.", name, " must be > 0, got ", v));
 }
 }  // namespace
 
 absl::Status SchedulerConfig::Validate() const {
-  for (auto [name, v] : {std::pair{"max_num_batched_tokens", max_num_batched_tokens},
-                         std::pair{"max_num_seqs", max_num_seqs},
-                         std::pair{"max_model_len", max_model_len},
-                         std::pair{"block_size", block_size},
-                         std::pair{"max_waiting_requests", max_waiting_requests}}) {
+  for (auto [name, v] :
+       {std::pair{"max_num_batched_tokens", max_num_batched_tokens},
+        std::pair{"max_num_seqs", max_num_seqs}, std::pair{"max_model_len", max_model_len},
+        std::pair{"block_size", block_size},
+        std::pair{"max_waiting_requests", max_waiting_requests}}) {
     if (absl::Status s = Positive(name, v); !s.ok()) return s;
   }
   if (num_gpu_blocks < 2) {
@@ -24,9 +25,9 @@ absl::Status SchedulerConfig::Validate() const {
         num_gpu_blocks));
   }
   if (long_prefill_token_threshold < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SchedulerConfig.long_prefill_token_threshold must be >= 0, got ",
-        long_prefill_token_threshold));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerConfig.long_prefill_token_threshold must be >= 0, got ",
+                     long_prefill_token_threshold));
   }
   if (vocab_size < 0) {
     return absl::InvalidArgumentError(
@@ -38,9 +39,9 @@ absl::Status SchedulerConfig::Validate() const {
                                                    ")"));
   }
   if (hash_root.block_size != block_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SchedulerConfig.hash_root.block_size (", hash_root.block_size,
-                     ") must equal block_size (", block_size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("SchedulerConfig.hash_root.block_size (",
+                                                   hash_root.block_size,
+                                                   ") must equal block_size (", block_size, ")"));
   }
   return absl::OkStatus();
 }

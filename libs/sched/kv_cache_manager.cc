@@ -27,8 +27,8 @@ PrefixHit KvCacheManager::FindPrefixHit(const Request& request) const {
 }
 
 int32_t KvCacheManager::NumBlocksToCover(const Request& request, int32_t num_tokens) const {
-  return std::max(0, CeilDiv(num_tokens, block_size_) -
-                         static_cast<int32_t>(request.block_ids.size()));
+  return std::max(
+      0, CeilDiv(num_tokens, block_size_) - static_cast<int32_t>(request.block_ids.size()));
 }
 
 namespace {

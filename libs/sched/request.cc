@@ -20,14 +20,22 @@ bool IsFinished(RequestState state) {
 
 const char* RequestStateName(RequestState state) {
   switch (state) {
-    case RequestState::kWaiting: return "waiting";
-    case RequestState::kWaitingForRemoteKv: return "waiting_for_remote_kv";
-    case RequestState::kRunning: return "running";
-    case RequestState::kPreempted: return "preempted";
-    case RequestState::kFinishedStopped: return "finished_stopped";
-    case RequestState::kFinishedLength: return "finished_length";
-    case RequestState::kFinishedAborted: return "finished_aborted";
-    case RequestState::kFinishedError: return "finished_error";
+    case RequestState::kWaiting:
+      return "waiting";
+    case RequestState::kWaitingForRemoteKv:
+      return "waiting_for_remote_kv";
+    case RequestState::kRunning:
+      return "running";
+    case RequestState::kPreempted:
+      return "preempted";
+    case RequestState::kFinishedStopped:
+      return "finished_stopped";
+    case RequestState::kFinishedLength:
+      return "finished_length";
+    case RequestState::kFinishedAborted:
+      return "finished_aborted";
+    case RequestState::kFinishedError:
+      return "finished_error";
   }
   return "?";
 }

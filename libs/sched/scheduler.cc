@@ -67,8 +67,8 @@ absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
         absl::StrCat("request id \"", spec.request_id, "\" is already in use"));
   }
   if (num_waiting() >= config_.max_waiting_requests) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "waiting queue is full (", config_.max_waiting_requests, " requests)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("waiting queue is full (", config_.max_waiting_requests, " requests)"));
   }
   if (spec.prompt_token_ids.empty()) {
     return absl::InvalidArgumentError("prompt_token_ids is empty");
@@ -94,8 +94,7 @@ absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
   const int32_t blocks_needed = CeilDiv(static_cast<int32_t>(total) - 1, config_.block_size);
   if (blocks_needed > num_total_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "request needs up to ", blocks_needed, " KV blocks but the pool has ",
-        num_total_blocks()));
+        "request needs up to ", blocks_needed, " KV blocks but the pool has ", num_total_blocks()));
   }
 
   Request* r = NewRequest();
@@ -193,8 +192,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
     ++num_loading_;
     stats_.prefix_cache_queries_tokens += static_cast<uint64_t>(r->num_tokens());
     stats_.prefix_cache_hits_tokens += static_cast<uint64_t>(hit.num_tokens);
-    stats_.external_cache_queries_tokens +=
-        static_cast<uint64_t>(r->num_tokens() - hit.num_tokens);
+    stats_.external_cache_queries_tokens += static_cast<uint64_t>(r->num_tokens() - hit.num_tokens);
     stats_.external_cache_hits_tokens += static_cast<uint64_t>(num_external);
     connector_->UpdateStateAfterAlloc(
         *r, std::span<const int32_t>(r->block_ids).subspan(first, r->load_num_blocks),
@@ -265,9 +263,8 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
     const SlotRequest slots{.num_new_tokens = n};
     bool preempted_self = false;
     while (!kv_.CanAllocateSlots(*r, slots)) {
-      const size_t v = config_.policy == SchedulingPolicy::kFcfs
-                           ? FcfsPreemption{}(running_)
-                           : PriorityPreemption{}(running_);
+      const size_t v = config_.policy == SchedulingPolicy::kFcfs ? FcfsPreemption{}(running_)
+                                                                 : PriorityPreemption{}(running_);
       Request* victim = running_[v];
       if (v < i) {  // already scheduled in this step: take it back
         auto it = std::find_if(scheduled_.begin(), scheduled_.end(),
@@ -305,7 +302,8 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
     admitted_mask_.assign(waiting_.size(), false);
     bool any_admitted = false;
     for (size_t w = 0; w < waiting_.size() && token_budget > 0; ++w) {
-      const int32_t num_seqs = num_running() + (config_.limit_async_load_admission ? num_loading_ : 0);
+      const int32_t num_seqs =
+          num_running() + (config_.limit_async_load_admission ? num_loading_ : 0);
       if (num_seqs >= config_.max_num_seqs) break;
       const Admit a = TryAdmit(waiting_[w], &token_budget);
       if (a == Admit::kStop) break;
@@ -637,8 +635,7 @@ std::optional<RequestOutput> Scheduler::AbortRequest(std::string_view request_id
 }
 
 bool Scheduler::HasUnfinishedRequests() const {
-  return !waiting_.empty() || !running_.empty() || !pending_finished_ids_.empty() ||
-         !held_.empty();
+  return !waiting_.empty() || !running_.empty() || !pending_finished_ids_.empty() || !held_.empty();
 }
 
 const Request* Scheduler::FindRequest(std::string_view request_id) const {
@@ -696,8 +693,8 @@ absl::Status Scheduler::CheckInvariants() const {
       }
       // A full-prompt load keeps its last block cached while recomputing its
       // last token.
-      const bool full_prompt_load = r->num_cached_tokens_external > 0 &&
-                                    r->num_computed_tokens == r->num_tokens() - 1;
+      const bool full_prompt_load =
+          r->num_cached_tokens_external > 0 && r->num_computed_tokens == r->num_tokens() - 1;
       if (r->num_cached_blocks * bs > std::min(r->num_computed_tokens, r->num_tokens()) &&
           !full_prompt_load) {
         return fail(id, ": ", r->num_cached_blocks, " cached blocks beyond known computed tokens");
@@ -710,7 +707,8 @@ absl::Status Scheduler::CheckInvariants() const {
     return absl::OkStatus();
   };
   for (const Request* r : running_) {
-    if (r->state != RequestState::kRunning) return fail(r->request_id, " in running_ but ", RequestStateName(r->state));
+    if (r->state != RequestState::kRunning)
+      return fail(r->request_id, " in running_ but ", RequestStateName(r->state));
     TANDEM_RETURN_IF_ERROR(check_request(r, true));
   }
   for (const Request* r : waiting_) {

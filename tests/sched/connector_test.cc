@@ -68,7 +68,10 @@ TEST(ConnectorTest, LoadIsNotScheduledBeforeFinishedRecvingThenStartsFromTheLoad
   h.worker.load_delay_steps = 2;
   const std::vector<int32_t> prompt = Concat(prefix, Tokens(2, 7));
   h.Add("P", prompt, Greedy(3));
-  struct Row { RequestState state; int32_t computed, pending, scheduled, loads; };
+  struct Row {
+    RequestState state;
+    int32_t computed, pending, scheduled, loads;
+  };
   using S = RequestState;
   const std::vector<Row> expected = {
       {S::kWaitingForRemoteKv, 0, 20, 0, 1},
@@ -128,7 +131,7 @@ TEST(ConnectorTest, InvalidBlocksAreRecomputedAndNeverCached) {
   h.Add("P", prompt, Greedy(4));
   const std::vector<BlockHash> hashes = h.sched.FindRequest("P")->block_hashes;
   h.worker.fail_hashes.insert(hashes[2]);  // the third of six loaded blocks fails
-  h.Step();  // load issued, reported in the same step's output
+  h.Step();                                // load issued, reported in the same step's output
   const Request* p = h.sched.FindRequest("P");
   ASSERT_EQ(p->state, RequestState::kWaiting);
   EXPECT_EQ(p->num_computed_tokens, 8) << "truncated at the first invalid block";

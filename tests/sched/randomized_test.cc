@@ -31,7 +31,8 @@ void RunWorkload(uint64_t seed, bool async, Stats* totals) {
   SchedulerConfig c = TestConfig(uniform(11, 40), async);  // >= 10: the largest request
   c.max_model_len = 64;
   c.enable_chunked_prefill = uniform(0, 3) != 0;
-  c.max_num_batched_tokens = c.enable_chunked_prefill ? std::vector<int>{6, 16, 64}[uniform(0, 2)] : 64;
+  c.max_num_batched_tokens =
+      c.enable_chunked_prefill ? std::vector<int>{6, 16, 64}[uniform(0, 2)] : 64;
   c.max_num_seqs = std::vector<int>{1, 3, 8}[uniform(0, 2)];
   c.long_prefill_token_threshold = uniform(0, 2) == 0 ? 5 : 0;
   c.enable_prefix_caching = uniform(0, 3) != 0;
@@ -57,7 +58,11 @@ void RunWorkload(uint64_t seed, bool async, Stats* totals) {
   for (auto& b : bases) {
     for (int i = 0; i < 24; ++i) b.push_back(uniform(2, 63));
   }
-  struct Spec { std::string id; std::vector<int32_t> prompt; SamplingParams sp; };
+  struct Spec {
+    std::string id;
+    std::vector<int32_t> prompt;
+    SamplingParams sp;
+  };
   std::vector<Spec> specs;
   const int n = uniform(2, 10);
   for (int i = 0; i < n; ++i) {
@@ -77,7 +82,8 @@ void RunWorkload(uint64_t seed, bool async, Stats* totals) {
   size_t next = 0;
   int steps = 0;
   while ((next < specs.size() || h.sched.HasUnfinishedRequests() || h.in_flight() > 0 ||
-          !h.worker.idle()) && steps < 5000) {
+          !h.worker.idle()) &&
+         steps < 5000) {
     ++steps;
     while (next < specs.size() && uniform(0, 2) != 0) {
       const Spec& s = specs[next++];

@@ -35,8 +35,8 @@ inline SchedulerConfig TestConfig(int32_t num_blocks = 64, bool async = false) {
   c.async_scheduling = async;
   c.eos_token_id = kEos;
   c.vocab_size = 64;
-  c.hash_root = HashRootParams{.model_fingerprint = "test-model", .kv_layout = "test",
-                               .block_size = 4, .dtype = "f32"};
+  c.hash_root = HashRootParams{
+      .model_fingerprint = "test-model", .kv_layout = "test", .block_size = 4, .dtype = "f32"};
   return c;
 }
 
@@ -74,7 +74,8 @@ inline Reference RunAlone(const std::vector<int32_t>& prompt, const SamplingPara
   std::vector<int32_t> tokens = prompt;
   for (;;) {
     std::vector<int64_t> kv;
-    for (size_t p = 0; p < tokens.size(); ++p) kv.push_back(SlotValue(tokens[p], static_cast<int32_t>(p)));
+    for (size_t p = 0; p < tokens.size(); ++p)
+      kv.push_back(SlotValue(tokens[p], static_cast<int32_t>(p)));
     const int32_t t = NextToken(kv, c.vocab_size);
     const bool may_stop = static_cast<int32_t>(ref.output.size()) >= sp.min_tokens;
     if (may_stop && !sp.ignore_eos && t == c.eos_token_id) {
@@ -103,7 +104,8 @@ using FakeStore = std::map<BlockHash, std::vector<int64_t>>;
 class FakeWorker {
  public:
   FakeWorker(const SchedulerConfig& c, FakeStore* store)
-      : c_(c), store_(store),
+      : c_(c),
+        store_(store),
         kv_(static_cast<size_t>(c.num_gpu_blocks), std::vector<int64_t>(c.block_size, -1)) {}
 
   // Loads of these hashes fail (garbage written, block reported invalid).
@@ -156,7 +158,12 @@ class FakeWorker {
       }
     }
     // Every KV write of the step before any read (DESIGN §6).
-    struct Item { Req* req; const std::string* id; int32_t begin; int32_t n; };
+    struct Item {
+      Req* req;
+      const std::string* id;
+      int32_t begin;
+      int32_t n;
+    };
     std::vector<Item> items;
     size_t idx = 0;
     for (const NewRequestData& d : so.scheduled_new_reqs) {
@@ -195,14 +202,18 @@ class FakeWorker {
     }
     // Stores read the blocks after the step.
     for (const KvStore& s : meta.stores) {
-      for (size_t i = 0; i < s.block_ids.size(); ++i) (*store_)[s.block_hashes[i]] = kv_[s.block_ids[i]];
+      for (size_t i = 0; i < s.block_ids.size(); ++i)
+        (*store_)[s.block_hashes[i]] = kv_[s.block_ids[i]];
       sending_.push_back({store_delay_steps, s.request_id});
     }
     // Reports that are due.
     auto due = [](std::vector<std::pair<int32_t, std::string>>* q, std::vector<std::string>* dst) {
       std::vector<std::pair<int32_t, std::string>> keep;
       for (auto& [d, id] : *q) {
-        if (d <= 0) dst->push_back(id); else keep.push_back({d - 1, id});
+        if (d <= 0)
+          dst->push_back(id);
+        else
+          keep.push_back({d - 1, id});
       }
       *q = std::move(keep);
     };
@@ -246,9 +257,13 @@ class ScriptedKvConnector : public KvConnectorScheduler {
   std::vector<std::string> answered;  // ids in the order lookups were answered
   std::vector<std::string> admitted;  // ids in UpdateStateAfterAlloc order
   std::vector<std::string> finished;
-  int32_t num_store_violations = 0;   // store block beyond the known tokens
+  int32_t num_store_violations = 0;  // store block beyond the known tokens
   // (request id, step id, tokens covered by stores) for every store emitted.
-  struct StoreRecord { std::string id; uint64_t step; int32_t end_token; };
+  struct StoreRecord {
+    std::string id;
+    uint64_t step;
+    int32_t end_token;
+  };
   std::vector<StoreRecord> stores;
 
   std::optional<ExternalMatch> GetNumNewMatchedTokens(const Request& r, int32_t local) override {
@@ -368,9 +383,10 @@ class Harness {
     SchedulerOutput& so = pending_.back().first;
     if (after_schedule) after_schedule(so);
     for (size_t i = 0; i < so.num_scheduled_tokens.size(); ++i) {
-      const std::string& id = i < so.scheduled_new_reqs.size()
-                                  ? so.scheduled_new_reqs[i].request_id
-                                  : so.scheduled_cached_reqs[i - so.scheduled_new_reqs.size()].request_id;
+      const std::string& id =
+          i < so.scheduled_new_reqs.size()
+              ? so.scheduled_new_reqs[i].request_id
+              : so.scheduled_cached_reqs[i - so.scheduled_new_reqs.size()].request_id;
       scheduled_tokens[id] += so.num_scheduled_tokens[i];
     }
     pending_.back().second = worker.Execute(so);

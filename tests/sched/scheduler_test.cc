@@ -48,7 +48,9 @@ TEST(SchedulerTest, ChunkedPrefillSplitsPromptsUnderTheTokenBudget) {
   Harness h(c, nullptr, &store);
   h.Add("A", Tokens(80, 1), Greedy(2));
   h.Add("B", Tokens(8, 2), Greedy(2));
-  struct Row { int32_t a, b, a_computed; };
+  struct Row {
+    int32_t a, b, a_computed;
+  };
   const std::vector<Row> expected = {{32, 0, 32}, {32, 0, 64}, {16, 8, 80}, {1, 1, 81}};
   for (size_t s = 0; s < expected.size(); ++s) {
     const SchedulerOutput& so = h.Step();
@@ -74,7 +76,9 @@ TEST(SchedulerTest, WithoutChunkingAPromptOverTheBudgetBlocksTheQueue) {
   EXPECT_EQ(NumScheduled(h.Step(), "R"), 8);
   h.Add("A", Tokens(32, 2), Greedy(2));  // 32 > 31 left after R's decode
   h.Add("B", Tokens(4, 3), Greedy(2));   // would fit, but A is ahead
-  struct Row { int32_t r, a, b; };
+  struct Row {
+    int32_t r, a, b;
+  };
   const std::vector<Row> expected = {{1, 0, 0}, {1, 0, 0}, {0, 32, 0}, {0, 1, 4}};
   for (size_t s = 0; s < expected.size(); ++s) {
     const SchedulerOutput& so = h.Step();
@@ -93,7 +97,9 @@ TEST(SchedulerTest, LongPrefillThresholdCapsEveryChunk) {
   Harness h(c, nullptr, &store);
   h.Add("A", Tokens(12, 1), Greedy(2));
   h.Add("B", Tokens(3, 2), Greedy(2));
-  struct Row { int32_t a, b; };
+  struct Row {
+    int32_t a, b;
+  };
   const std::vector<Row> expected = {{5, 3}, {5, 1}, {2, 0}, {1, 0}};
   for (size_t s = 0; s < expected.size(); ++s) {
     const SchedulerOutput& so = h.Step();
@@ -130,7 +136,10 @@ TEST(SchedulerTest, PreemptsTheMostRecentlyAdmittedRequestUnderFcfs) {
   FakeStore store;
   Harness h(TestConfig(7), nullptr, &store);
   for (const char* id : {"A", "B", "C"}) h.Add(id, Tokens(7, id[0]), Greedy(8));
-  struct Row { std::vector<std::string> preempted; int32_t a, b, c; };
+  struct Row {
+    std::vector<std::string> preempted;
+    int32_t a, b, c;
+  };
   const std::vector<Row> expected = {
       {{}, 7, 7, 7},     // all admitted, pool full
       {{}, 1, 1, 1},     // position 7 fits the second block
@@ -153,7 +162,11 @@ TEST(SchedulerTest, PreemptsTheMostRecentlyAdmittedRequestUnderFcfs) {
 }
 
 TEST(SchedulerTest, PreemptsTheLowestPriorityLatestArrivalUnderPriority) {
-  struct Case { std::vector<int32_t> priorities; std::vector<int64_t> arrivals; std::string victim; };
+  struct Case {
+    std::vector<int32_t> priorities;
+    std::vector<int64_t> arrivals;
+    std::string victim;
+  };
   const std::vector<Case> cases = {
       {{5, 9, 1}, {1, 2, 3}, "B"},  // largest priority value
       {{5, 5, 1}, {1, 2, 3}, "B"},  // equal priority: latest arrival
@@ -243,15 +256,18 @@ void RunScripted(bool async, const StopCase& sc, int32_t max_model_len = 256,
   SchedulerConfig c = TestConfig(64, async);
   c.max_model_len = max_model_len;
   Scheduler sched(c, nullptr);
-  ASSERT_TRUE(sched.AddRequest({.request_id = "x", .prompt_token_ids = Tokens(prompt_len, 1),
-                                .sampling = sc.sp}, 0).ok());
+  ASSERT_TRUE(
+      sched
+          .AddRequest(
+              {.request_id = "x", .prompt_token_ids = Tokens(prompt_len, 1), .sampling = sc.sp}, 0)
+          .ok());
   std::deque<std::pair<SchedulerOutput, ModelRunnerOutput>> inflight;
   size_t next = 0;
   std::vector<int32_t> got;
   std::optional<RequestState> reason;
   auto update = [&] {
-    for (const RequestOutput& o : sched.UpdateFromOutput(inflight.front().first,
-                                                         inflight.front().second)) {
+    for (const RequestOutput& o :
+         sched.UpdateFromOutput(inflight.front().first, inflight.front().second)) {
       got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end());
       if (o.finished) reason = o.finished;
     }
@@ -278,8 +294,7 @@ void RunScripted(bool async, const StopCase& sc, int32_t max_model_len = 256,
 }
 
 TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
-  auto sp = [](int32_t max_tokens, bool ignore_eos, int32_t min_tokens,
-               std::vector<int32_t> stop) {
+  auto sp = [](int32_t max_tokens, bool ignore_eos, int32_t min_tokens, std::vector<int32_t> stop) {
     SamplingParams p;
     p.max_tokens = max_tokens;
     p.ignore_eos = ignore_eos;
@@ -289,22 +304,46 @@ TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
   };
   using S = RequestState;
   const std::vector<StopCase> cases = {
-      {"eos stops and is not emitted", sp(10, false, 0, {}), {5, 6, kEos, 7}, {5, 6}, S::kFinishedStopped},
+      {"eos stops and is not emitted",
+       sp(10, false, 0, {}),
+       {5, 6, kEos, 7},
+       {5, 6},
+       S::kFinishedStopped},
       {"eos first: empty output", sp(10, false, 0, {}), {kEos, 7}, {}, S::kFinishedStopped},
-      {"ignore_eos keeps eos as a token", sp(3, true, 0, {}), {5, kEos, 6, 7}, {5, kEos, 6}, S::kFinishedLength},
+      {"ignore_eos keeps eos as a token",
+       sp(3, true, 0, {}),
+       {5, kEos, 6, 7},
+       {5, kEos, 6},
+       S::kFinishedLength},
       {"stop token is emitted", sp(10, false, 0, {9}), {5, 9, 6}, {5, 9}, S::kFinishedStopped},
-      {"min_tokens holds back eos", sp(10, false, 2, {}), {kEos, 5, kEos, 6}, {kEos, 5}, S::kFinishedStopped},
-      {"min_tokens holds back stop tokens", sp(10, false, 2, {9}), {9, 9, 9, 9}, {9, 9, 9}, S::kFinishedStopped},
+      {"min_tokens holds back eos",
+       sp(10, false, 2, {}),
+       {kEos, 5, kEos, 6},
+       {kEos, 5},
+       S::kFinishedStopped},
+      {"min_tokens holds back stop tokens",
+       sp(10, false, 2, {9}),
+       {9, 9, 9, 9},
+       {9, 9, 9},
+       S::kFinishedStopped},
       {"max_tokens", sp(3, false, 0, {}), {5, 6, 7, 8}, {5, 6, 7}, S::kFinishedLength},
-      {"eos on the last allowed token stops", sp(2, false, 0, {}), {5, kEos}, {5}, S::kFinishedStopped},
-      {"stop token on the last allowed token", sp(2, false, 0, {9}), {5, 9}, {5, 9}, S::kFinishedStopped},
+      {"eos on the last allowed token stops",
+       sp(2, false, 0, {}),
+       {5, kEos},
+       {5},
+       S::kFinishedStopped},
+      {"stop token on the last allowed token",
+       sp(2, false, 0, {9}),
+       {5, 9},
+       {5, 9},
+       S::kFinishedStopped},
   };
   for (const StopCase& sc : cases) RunScripted(GetParam(), sc);
   // max_model_len: prompt 8 + 4 output tokens reach a max_model_len of 12.
-  RunScripted(GetParam(),
-              {"max_model_len", sp(4, false, 0, {}), {5, 6, 7, 8, 9}, {5, 6, 7, 8},
-               S::kFinishedLength},
-              /*max_model_len=*/12, /*prompt_len=*/8);
+  RunScripted(
+      GetParam(),
+      {"max_model_len", sp(4, false, 0, {}), {5, 6, 7, 8, 9}, {5, 6, 7, 8}, S::kFinishedLength},
+      /*max_model_len=*/12, /*prompt_len=*/8);
 }
 
 TEST(SchedulerTest, AddRequestRejectsBadInputWithPreciseStatus) {
@@ -313,8 +352,8 @@ TEST(SchedulerTest, AddRequestRejectsBadInputWithPreciseStatus) {
   c.max_waiting_requests = 2;
   Scheduler s(c, nullptr);
   auto add = [&](std::string id, std::vector<int32_t> prompt, int32_t max_tokens) {
-    return s.AddRequest({.request_id = id, .prompt_token_ids = prompt,
-                         .sampling = Greedy(max_tokens)}, 0);
+    return s.AddRequest(
+        {.request_id = id, .prompt_token_ids = prompt, .sampling = Greedy(max_tokens)}, 0);
   };
   EXPECT_EQ(add("e", {}, 4).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(add("v", {3, 64}, 4).code(), absl::StatusCode::kInvalidArgument);
@@ -371,7 +410,7 @@ TEST(SchedulerTest, AtMostNumTokensMinusOneTokensHit) {
 TEST(SchedulerTest, FreedBlocksAreEvictedInTheSpecifiedOrder) {
   FakeStore store;
   Harness h(TestConfig(9), nullptr, &store);  // blocks 1..8
-  h.Add("A", Tokens(10, 1), Greedy(1));      // blocks 1 2 (full, hashed) 3 (partial)
+  h.Add("A", Tokens(10, 1), Greedy(1));       // blocks 1 2 (full, hashed) 3 (partial)
   h.RunToCompletion();
   // Tail first: 3 (no hash) to the head; 2 then 1 to the tail.
   EXPECT_EQ(h.sched.block_pool().FreeQueueForTest(),
@@ -506,7 +545,8 @@ TEST(SchedulerTest, AbortWithOutputsInFlightLeavesConsistentCountersAndNoLeakedB
   EXPECT_EQ(h.outputs["r1"].size(), emitted) << "no output after the abort";
   const auto ref = RunAlone(Tokens(6, 1), Greedy(12), h.config).output;
   EXPECT_EQ(h.outputs["r1"], std::vector<int32_t>(ref.begin(), ref.begin() + emitted));
-  for (int i : {0, 2, 3}) ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(6, i), Greedy(12));
+  for (int i : {0, 2, 3})
+    ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(6, i), Greedy(12));
 }
 
 TEST(SchedulerTest, PreemptionWithOutputsInFlightLeavesConsistentCounters) {
@@ -574,11 +614,12 @@ TEST(SchedulerTest, StatsSnapshotCountsWaitingByReasonPreemptionsAndUsage) {
   EXPECT_EQ(st.num_scheduled_tokens, 10);
   EXPECT_EQ(st.external_cache_hits_tokens, 16u);
   EXPECT_EQ(st.num_free_blocks, h.sched.num_free_blocks());
-  EXPECT_DOUBLE_EQ(st.kv_cache_usage,
-                   1.0 - static_cast<double>(h.sched.num_free_blocks()) / h.sched.num_total_blocks());
+  EXPECT_DOUBLE_EQ(st.kv_cache_usage, 1.0 - static_cast<double>(h.sched.num_free_blocks()) /
+                                                h.sched.num_total_blocks());
   h.RunToCompletion();
-  EXPECT_EQ(h.sched.stats().num_preemptions_total,
-            h.sched.stats().num_preemptions_by_reason[static_cast<int>(PreemptionReason::kKvCacheFull)]);
+  EXPECT_EQ(
+      h.sched.stats().num_preemptions_total,
+      h.sched.stats().num_preemptions_by_reason[static_cast<int>(PreemptionReason::kKvCacheFull)]);
   EXPECT_EQ(h.sched.stats().num_requests_finished, 5u);
   EXPECT_GE(h.sched.stats().external_loaded_tokens, 16u);  // more if "loading" was preempted
   EXPECT_GT(h.sched.stats().num_steps, 1u);
@@ -601,8 +642,10 @@ std::string Serialize(const SchedulerOutput& so) {
   for (int32_t n : so.num_scheduled_tokens) os << n << ",";
   for (const auto& id : so.finished_req_ids) os << "F" << id;
   for (const auto& id : so.preempted_req_ids) os << "P" << id;
-  for (const auto& l : so.kv_connector_metadata.loads) os << "L" << l.request_id << l.block_ids.size();
-  for (const auto& s : so.kv_connector_metadata.stores) os << "S" << s.request_id << s.block_ids.size();
+  for (const auto& l : so.kv_connector_metadata.loads)
+    os << "L" << l.request_id << l.block_ids.size();
+  for (const auto& s : so.kv_connector_metadata.stores)
+    os << "S" << s.request_id << s.block_ids.size();
   return os.str();
 }
 

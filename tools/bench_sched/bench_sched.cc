@@ -49,7 +49,8 @@ SchedulerConfig BenchConfig(int32_t n, bool async) {
   c.async_scheduling = async;
   c.eos_token_id = 1;
   c.vocab_size = 32000;
-  c.hash_root = HashRootParams{.model_fingerprint = "bench", .kv_layout = "bench", .block_size = 16};
+  c.hash_root =
+      HashRootParams{.model_fingerprint = "bench", .kv_layout = "bench", .block_size = 16};
   return c;
 }
 
@@ -72,8 +73,8 @@ struct DecodeFixture {
       SamplingParams sp;
       sp.max_tokens = kStepsPerScheduler + 32;
       sp.ignore_eos = true;
-      (void)sched->AddRequest({.request_id = RequestId(i),
-                               .prompt_token_ids = std::move(prompt), .sampling = sp}, i);
+      (void)sched->AddRequest(
+          {.request_id = RequestId(i), .prompt_token_ids = std::move(prompt), .sampling = sp}, i);
     }
     // Prefill synchronously (one step in flight at a time) until all decode.
     mro = {};
@@ -130,9 +131,9 @@ void BM_Decode(benchmark::State& state) {
   }
   if (f.sched->num_running() != n) state.SkipWithError("requests stopped decoding");
   state.counters["requests"] = n;
-  state.counters["ns_per_request"] = benchmark::Counter(
-      static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate |
-                                  benchmark::Counter::kInvert);
+  state.counters["ns_per_request"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate |
+                                                     benchmark::Counter::kInvert);
   state.SetLabel(async ? "async" : "sync");
 }
 
@@ -154,8 +155,9 @@ void BM_Mixed(benchmark::State& state) {
     SamplingParams sp;
     sp.max_tokens = 32 + static_cast<int32_t>(rng() % 224);
     sp.ignore_eos = true;
-    (void)sched.AddRequest({.request_id = RequestId(next_id),
-                            .prompt_token_ids = std::move(prompt), .sampling = sp}, next_id);
+    (void)sched.AddRequest(
+        {.request_id = RequestId(next_id), .prompt_token_ids = std::move(prompt), .sampling = sp},
+        next_id);
     ++next_id;
   };
   for (int32_t i = 0; i < n; ++i) add();

@@ -54,9 +54,7 @@ class BlockPool {
   bool CacheBlock(int32_t block, const BlockHash& hash);
   [[nodiscard]] bool is_cached(int32_t block) const { return blocks_[block].cached; }
   [[nodiscard]] int32_t ref_count(int32_t block) const { return blocks_[block].ref_count; }
-  [[nodiscard]] int32_t num_cached_blocks() const {
-    return static_cast<int32_t>(cached_.size());
-  }
+  [[nodiscard]] int32_t num_cached_blocks() const { return static_cast<int32_t>(cached_.size()); }
   // The free queue from head (next allocated) to tail; for tests.
   [[nodiscard]] std::vector<int32_t> FreeQueueForTest() const;
 

@@ -53,8 +53,8 @@ struct ScheduledRequestView {
   // i.e. DESIGN §5's bound evaluated after the step's increments. Stores may
   // cover full blocks up to this, never further.
   [[nodiscard]] int32_t num_storable_tokens() const {
-    return request->num_computed_tokens + num_scheduled_tokens -
-           request->num_output_placeholders - (adds_placeholder ? 1 : 0);
+    return request->num_computed_tokens + num_scheduled_tokens - request->num_output_placeholders -
+           (adds_placeholder ? 1 : 0);
   }
 };
 
@@ -70,8 +70,7 @@ class KvConnectorScheduler {
   // The request was admitted. `block_ids` are the destinations of the
   // external tokens (parallel to request.block_hashes starting at block
   // num_local_computed_tokens / block_size); empty when nothing is loaded.
-  virtual void UpdateStateAfterAlloc(const Request& request,
-                                     std::span<const int32_t> block_ids,
+  virtual void UpdateStateAfterAlloc(const Request& request, std::span<const int32_t> block_ids,
                                      int32_t num_external_tokens) = 0;
 
   // This step's loads and stores. Called after `output` is complete and

@@ -95,12 +95,8 @@ struct Request {
   int32_t num_cached_tokens_external = 0;  // tokens loaded from the KV-store
   int32_t num_preemptions = 0;
 
-  [[nodiscard]] int32_t num_tokens() const {
-    return static_cast<int32_t>(all_token_ids.size());
-  }
-  [[nodiscard]] int32_t num_output_tokens() const {
-    return num_tokens() - num_prompt_tokens;
-  }
+  [[nodiscard]] int32_t num_tokens() const { return static_cast<int32_t>(all_token_ids.size()); }
+  [[nodiscard]] int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
   [[nodiscard]] std::span<const int32_t> prompt_token_ids() const {
     return std::span<const int32_t>(all_token_ids).first(num_prompt_tokens);
   }
