@@ -105,6 +105,10 @@ absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
   r->arrival_seq = next_arrival_seq_++;
   r->all_token_ids = std::move(spec.prompt_token_ids);
   r->num_prompt_tokens = r->num_tokens();
+  // Grown once: no reallocation on the hot path (total <= max_model_len).
+  r->all_token_ids.reserve(static_cast<size_t>(total));
+  r->block_ids.reserve(static_cast<size_t>(blocks_needed));
+  r->block_hashes.reserve(static_cast<size_t>(total / config_.block_size));
   r->state = RequestState::kWaiting;
   HashRootParams root = config_.hash_root;
   root.cache_salt = std::move(spec.cache_salt);

@@ -15,14 +15,29 @@
 // the published figure is printed beside ours. Target: <= 25 us at 256.
 #include <benchmark/benchmark.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "tandem/sched/scheduler.h"
+
+// Counts heap allocations so the benchmark can report them per step. (GCC
+// sees the replaced operator new inlined next to free() and warns.)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+static std::atomic<uint64_t> g_num_allocs{0};
+void* operator new(size_t n) {
+  g_num_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace tandem::sched {
 namespace {
@@ -119,16 +134,23 @@ void BM_Decode(benchmark::State& state) {
   DecodeFixture f;
   f.Build(n, async);
   int steps = 0;
+  uint64_t setup_allocs = 0;
+  const uint64_t allocs_before = g_num_allocs.load();
   for (auto _ : state) {
     if (++steps == kStepsPerScheduler) {  // requests near max_tokens: start over
       state.PauseTiming();
+      const uint64_t a = g_num_allocs.load();
       f.Build(n, async);
+      setup_allocs += g_num_allocs.load() - a;
       steps = 0;
       state.ResumeTiming();
     }
     f.Step();
     benchmark::DoNotOptimize(f.results.data());
   }
+  const uint64_t step_allocs = g_num_allocs.load() - allocs_before - setup_allocs;
+  state.counters["allocs_per_step"] =
+      static_cast<double>(step_allocs) / static_cast<double>(state.iterations());
   if (f.sched->num_running() != n) state.SkipWithError("requests stopped decoding");
   state.counters["requests"] = n;
   state.counters["ns_per_request"] =
