@@ -35,8 +35,7 @@ Scheduler::~Scheduler() = default;
 
 Request* Scheduler::NewRequest() {
   if (free_slots_.empty()) {
-    slab_.push_back(std::make_unique<Request>());
-    return slab_.back().get();
+    return &slab_.emplace_back();
   }
   Request* r = free_slots_.back();
   free_slots_.pop_back();

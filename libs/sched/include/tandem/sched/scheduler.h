@@ -190,7 +190,9 @@ class Scheduler {
   std::vector<Request*> held_;
   int32_t num_loading_ = 0;
 
-  std::vector<std::unique_ptr<Request>> slab_;
+  // Requests live in chunks (stable addresses, hot fields close together);
+  // finished ones are reused from free_slots_.
+  std::deque<Request> slab_;
   std::vector<Request*> free_slots_;
   absl::flat_hash_map<std::string, Request*> live_;
 
