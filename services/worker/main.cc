@@ -28,6 +28,11 @@ int main(int argc, char** argv) {
   flags.Add("threads", &options.num_threads, "CPU threads of the cpu backend");
   flags.Add("sim-step-us", &options.sim_step_us, "sim backend: delay per step in microseconds");
   flags.Add("sim-token-us", &options.sim_token_us, "sim backend: extra delay per scheduled token");
+  flags.Add("kvstore", &options.kvstore_target,
+            "host:port of tandem-kvstore: load cached prefixes from it and store computed blocks "
+            "(empty: off)");
+  flags.Add("kvstore-transfer-deadline-ms", &options.kvstore_transfer_deadline_ms,
+            "deadline of one step's KV-store load and of one store, in milliseconds");
   tandem::metrics::ExposerOptions metrics_options;
   flags.Add("metrics-listen", &metrics_options.listen_address,
             "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");

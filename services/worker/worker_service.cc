@@ -25,6 +25,12 @@ absl::Status WorkerOptions::Validate() const {
     return absl::InvalidArgumentError("--kv-cache-bytes must be > 0 when --num-blocks is 0");
   }
   if (num_threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
+  if (!kvstore_target.empty() && backend == "sim") {
+    return absl::InvalidArgumentError("--kvstore needs --backend=cpu or cuda (sim has no KV bytes)");
+  }
+  if (kvstore_transfer_deadline_ms <= 0) {
+    return absl::InvalidArgumentError("--kvstore-transfer-deadline-ms must be > 0");
+  }
   if (sim_step_us < 0 || sim_token_us < 0) {
     return absl::InvalidArgumentError("--sim-step-us and --sim-token-us must be >= 0");
   }
@@ -87,6 +93,24 @@ absl::Status WorkerService::Load() {
         backend, model::ModelRunnerOptions{.num_threads = options_.num_threads});
     if (!runner.ok()) return Annotate(runner.status(), "creating the model runner");
     runner_ = std::move(runner).value();
+  }
+  if (!options_.kvstore_target.empty()) {
+    model::ModelRunner* runner = runner_.get();
+    auto kvc = kvconnector::KvStoreConnectorWorker::Create(
+        kvconnector::KvStoreConnectorOptions{
+            .target = options_.kvstore_target,
+            .transfer_deadline_ms = options_.kvstore_transfer_deadline_ms},
+        model_->fingerprint(), model::KvLayoutString(config, options_.block_size),
+        model::KvBlockBytes(config, options_.block_size),
+        [runner](int32_t block, std::span<std::byte> out) {
+          return runner->CopyBlockToHost(block, out);
+        },
+        [runner](int32_t block, std::span<const std::byte> in) {
+          return runner->CopyBlockFromHost(block, in);
+        });
+    if (!kvc.ok()) return Annotate(kvc.status(), "creating the KV-store connector");
+    kv_connector_ = std::move(kvc).value();
+    TANDEM_LOG(INFO) << "KV-store connector to " << options_.kvstore_target;
   }
   TANDEM_LOG(INFO) << "loaded " << model_->name() << " (" << config.num_layers << " layers, vocab "
                    << config.vocab_size << ") backend=" << options_.backend
@@ -262,6 +286,12 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
     });
   }
 
+  // KV-store loads of this step, before its forward pass (and after every
+  // earlier step's: steps run in order on this thread). Reported in this
+  // step's output, failed blocks as invalid_block_ids.
+  sched::KvConnectorReport report;
+  if (kv_connector_ != nullptr) kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
+
   std::vector<float> logits;
   if (!inputs.empty()) {
     if (runner_ != nullptr) {
@@ -269,6 +299,15 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
     } else {
       TANDEM_RETURN_IF_ERROR(RunSim(batch, step.num_scheduled_tokens, &logits));
     }
+  }
+  // Stores read their blocks now, before the next step can overwrite them.
+  if (kv_connector_ != nullptr) {
+    kv_connector_->SnapshotStores(step.kv_connector_metadata);
+    kv_connector_->TakeFinishedSending(&report);
+    v1::KvConnectorReport* pr = out->mutable_kv_connector_report();
+    for (const std::string& id : report.finished_recving) pr->add_finished_recving(id);
+    for (const std::string& id : report.finished_sending) pr->add_finished_sending(id);
+    for (int32_t b : report.invalid_block_ids) pr->add_invalid_block_ids(b);
   }
 
   const int32_t vocab = model_->config().vocab_size;

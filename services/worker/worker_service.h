@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "tandem/common/sampling_params.h"
+#include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/metrics/metrics.h"
 #include "tandem/model/model.h"
 #include "tandem/model/model_runner.h"
@@ -56,6 +57,11 @@ struct WorkerOptions {
   int32_t sim_token_us = 0;
   // CPU threads of the model runner (results are identical for any value).
   int32_t num_threads = 1;
+  // host:port of tandem-kvstore; empty = no KV-store connector. Needs the
+  // cpu or cuda backend (the sim backend has no KV bytes).
+  std::string kvstore_target;
+  // Deadline of one step's KV-store Load and of one Store, milliseconds.
+  int64_t kvstore_transfer_deadline_ms = 5000;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -125,6 +131,11 @@ class WorkerService final : public v1::Worker::Service {
     prometheus::Gauge& active_requests;
   };
   std::unique_ptr<Metrics> metrics_;
+  // The KV connector's worker role (null without --kvstore). Its loads run
+  // on the loop thread before a step's forward pass and its stores copy
+  // their blocks out right after it, so both are ordered against the
+  // neighbouring steps (DESIGN §5 "Ordering").
+  std::unique_ptr<kvconnector::KvStoreConnectorWorker> kv_connector_;
 
   // Owned by the loop thread.
   std::unordered_map<std::string, SeqState> seqs_;

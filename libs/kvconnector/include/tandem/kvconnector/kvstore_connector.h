@@ -1,0 +1,237 @@
+// The KV-store connector (DESIGN §5): the scheduler role
+// (KvStoreConnectorScheduler, a sched::KvConnectorScheduler) and the worker
+// role (KvStoreConnectorWorker), both talking to tandem-kvstore through
+// KvStoreClient.
+//
+// Namespace: both roles derive the same KV-store namespace from the model
+// fingerprint and the KV layout (NamespaceFor), and create it at start-up
+// with the block byte size (CreateNamespace is idempotent). Block keys are
+// the scheduler's chained block hashes, whose root already covers the model,
+// layout, block size, dtype and cache salt (tenant), so tenants never share
+// blocks even within one namespace.
+//
+// Ordering (DESIGN §5 "Ordering"): Tandem takes the first option. The worker
+// executes steps strictly in order on one thread; a step's loads are copied
+// into the cache *before* its forward pass (so after every earlier step's
+// forward pass, which may still have written a block the scheduler freed and
+// reused), and a step's stores copy their blocks out of the cache right
+// *after* its forward pass, before the next step runs (so a later step never
+// overwrites a block before it is read). The bytes then travel to the store
+// on a background thread. Hence the scheduler never has to hold blocks back
+// for a store: RequestFinished() returns false, and finished_sending is only
+// bookkeeping (stores in flight).
+//
+// Loads complete within the step that carries them: the worker reports
+// finished_recving for every load of step N in step N's output, with the
+// blocks that failed (missing, checksum, timeout/RPC failure) in
+// invalid_block_ids; the scheduler then keeps only the blocks before the
+// first invalid one and recomputes the rest (outputs are unchanged).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tandem/common/block_hash.h"
+#include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/sched/kv_connector.h"
+#include "tandem/sched/scheduler_output.h"
+
+namespace tandem::kvconnector {
+
+// "tandem-" + 32 hex digits of SHA-256 over (model fingerprint, KV layout).
+[[nodiscard]] std::string NamespaceFor(const std::string& model_fingerprint,
+                                       const std::string& kv_layout);
+
+struct KvStoreConnectorOptions {
+  // host:port of tandem-kvstore. Required.
+  std::string target;
+  // A lookup unanswered after this long counts as zero hits. Default 50 ms.
+  int64_t lookup_deadline_ms = 50;
+  // Ask the store to stage cold-tier hits into its hot tier before the
+  // lookup answers, so the worker's load never waits on disk. Default true.
+  bool stage_to_hot = true;
+  // Lease time-to-live of a lookup's hits (released earlier when the load
+  // finishes or the request ends); 0 = the store's default. Default 30 s.
+  uint32_t lease_ttl_ms = 30'000;
+  // Worker: deadline of one step's Load / one Store RPC. Default 5 s.
+  int64_t transfer_deadline_ms = 5'000;
+  // Worker: block bytes queued for the background store thread at most;
+  // stores beyond it are dropped (counted). Default 256 MiB.
+  int64_t max_pending_store_bytes = int64_t{256} << 20;
+  // Scheduler: hashes remembered as held by the store (stored or seen in a
+  // lookup), so they are not stored again. Default 1,000,000.
+  int64_t max_known_hashes = 1'000'000;
+
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+// Running totals and gauges of the scheduler role (read on its thread).
+struct KvConnectorSchedulerStats {
+  uint64_t lookups = 0;               // Lookup RPCs answered (or given up on)
+  uint64_t lookups_with_hits = 0;     // ... with at least one leading hit
+  uint64_t lookups_failed = 0;        // late (deadline) or failed: zero hits
+  uint64_t lookup_hit_tokens = 0;     // tokens found beyond the local hit
+  uint64_t lookup_latency_ns_sum = 0; // send -> first poll that saw the answer
+  uint64_t lookup_latency_ns_max = 0;
+  uint64_t loads_started = 0;         // requests whose prefix is being loaded
+  uint64_t loaded_tokens = 0;         // tokens that arrived valid
+  uint64_t invalid_blocks = 0;        // blocks the worker could not load
+  uint64_t stored_blocks = 0;         // store entries emitted (blocks)
+  int32_t lookups_pending = 0;        // gauges
+  int32_t loads_in_flight = 0;
+  int32_t stores_in_flight = 0;       // KvStore entries not yet reported sent
+};
+
+class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
+ public:
+  // Creates the namespace (with `block_bytes`) and the client. Fails when
+  // the options are invalid; an unreachable store is not an error (lookups
+  // then miss until it comes up; the namespace is created again lazily).
+  static absl::StatusOr<std::unique_ptr<KvStoreConnectorScheduler>> Create(
+      const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
+      const std::string& kv_layout, int64_t block_bytes, int32_t block_size);
+  ~KvStoreConnectorScheduler() override;
+
+  std::optional<sched::ExternalMatch> GetNumNewMatchedTokens(
+      const sched::Request& request, int32_t num_local_computed_tokens) override;
+  void UpdateStateAfterAlloc(const sched::Request& request, std::span<const int32_t> block_ids,
+                             int32_t num_external_tokens) override;
+  sched::KvConnectorMetadata BuildConnectorMeta(
+      const sched::SchedulerOutput& output,
+      std::span<const sched::ScheduledRequestView> scheduled) override;
+  bool RequestFinished(const sched::Request& request, std::span<const int32_t> block_ids) override;
+  void OnLoadFinished(const sched::Request& request, int32_t num_loaded_tokens) override;
+  void OnConnectorReport(const sched::KvConnectorReport& report) override;
+
+  // Totals plus the gauges as of now.
+  [[nodiscard]] KvConnectorSchedulerStats stats() const;
+  [[nodiscard]] const std::string& ns() const { return ns_; }
+
+ private:
+  struct Lookup {
+    std::unique_ptr<PendingLookup> pending;
+    int32_t first_block = 0;  // index of the first hash asked
+    int32_t num_asked = 0;
+    int64_t sent_ns = 0;
+    std::optional<LookupResult> result;
+  };
+  struct Load {
+    LeaseId lease{0};
+    std::vector<BlockHash> hashes;
+    std::vector<int32_t> block_ids;
+    bool emitted = false;
+  };
+  struct StoreCursor {
+    uint64_t epoch = 0;
+    int32_t next_block = 0;  // blocks below were stored or skipped
+  };
+
+  KvStoreConnectorScheduler(const KvStoreConnectorOptions& options,
+                            std::unique_ptr<KvStoreClient> client, std::string ns,
+                            int32_t block_size);
+  void NoteKnown(const BlockHash& h);
+  void ReleaseLease(LeaseId lease);
+
+  const KvStoreConnectorOptions options_;
+  std::unique_ptr<KvStoreClient> client_;
+  const std::string ns_;
+  const int32_t block_size_;
+
+  absl::flat_hash_map<std::string, Lookup> lookups_;
+  absl::flat_hash_map<std::string, Load> loads_;
+  absl::flat_hash_map<std::string, StoreCursor> cursors_;
+  absl::flat_hash_map<std::string, int32_t> stores_pending_;  // request -> entries
+  // Hashes the store holds (stored by us or seen as lookup hits).
+  absl::flat_hash_set<BlockHash> known_;
+  KvConnectorSchedulerStats stats_;
+};
+
+// Reasons a block failed to load (worker stats).
+struct KvConnectorWorkerStats {
+  uint64_t loads = 0;                 // load entries (requests) executed
+  uint64_t blocks_loaded = 0;
+  uint64_t load_failed_not_found = 0; // blocks
+  uint64_t load_failed_checksum = 0;
+  uint64_t load_failed_rpc = 0;       // timeout, store down, stream broken
+  uint64_t blocks_stored = 0;         // acknowledged by the store
+  uint64_t blocks_store_failed = 0;
+  uint64_t blocks_store_dropped = 0;  // queue full
+  int64_t stores_in_flight = 0;       // store entries queued or sending
+};
+
+// The worker role. LoadBlocks and SnapshotStores run on the worker's loop
+// thread; a background thread sends the snapshots.
+class KvStoreConnectorWorker {
+ public:
+  // Copies one block between the KV cache and host memory of block_bytes.
+  using CopyToHost = std::function<absl::Status(int32_t block_id, std::span<std::byte> out)>;
+  using CopyFromHost =
+      std::function<absl::Status(int32_t block_id, std::span<const std::byte> in)>;
+
+  static absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> Create(
+      const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
+      const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host,
+      CopyFromHost from_host);
+  ~KvStoreConnectorWorker();
+
+  // Before the forward pass: loads every block of `meta.loads` into the
+  // cache (via staging memory). Appends each load's request id to
+  // report->finished_recving and each failed block id to
+  // report->invalid_block_ids.
+  void LoadBlocks(const sched::KvConnectorMetadata& meta, sched::KvConnectorReport* report);
+  // After the forward pass: copies every block of `meta.stores` out of the
+  // cache and queues it for the store.
+  void SnapshotStores(const sched::KvConnectorMetadata& meta);
+  // Request ids whose store entries completed since the last call (one id
+  // per entry).
+  void TakeFinishedSending(sched::KvConnectorReport* report);
+
+  [[nodiscard]] KvConnectorWorkerStats stats() const;
+
+ private:
+  struct StoreJob {
+    std::string request_id;
+    std::vector<BlockHash> hashes;
+    std::vector<std::byte> bytes;  // hashes.size() * block_bytes
+  };
+  KvStoreConnectorWorker(const KvStoreConnectorOptions& options,
+                         std::unique_ptr<KvStoreClient> client, std::string ns,
+                         kvstore::NamespaceSpec spec, CopyToHost to_host, CopyFromHost from_host);
+  void StoreLoop();
+  void EnsureNamespace();
+
+  const KvStoreConnectorOptions options_;
+  std::unique_ptr<KvStoreClient> client_;
+  const std::string ns_;
+  const kvstore::NamespaceSpec spec_;
+  const int64_t block_bytes_;
+  CopyToHost to_host_;
+  CopyFromHost from_host_;
+  std::vector<std::byte> staging_;  // loop thread only
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StoreJob> jobs_;
+  int64_t pending_bytes_ = 0;
+  std::vector<std::string> finished_sending_;
+  bool stopping_ = false;
+  std::atomic<bool> namespace_ok_{false};
+  KvConnectorWorkerStats stats_;  // under mu_
+  std::thread store_thread_;
+};
+
+}  // namespace tandem::kvconnector

@@ -1,0 +1,267 @@
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/clock.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+#include "tandem/kvconnector/kvstore_connector.h"
+
+namespace tandem::kvconnector {
+
+std::string NamespaceFor(const std::string& model_fingerprint, const std::string& kv_layout) {
+  // The hash-root function is SHA-256 over length-prefixed fields; reuse it
+  // with block size 0 and no salt as a plain digest of (fingerprint, layout).
+  const BlockHash h = ComputeRootHash(HashRootParams{.model_fingerprint = model_fingerprint,
+                                                     .kv_layout = kv_layout,
+                                                     .block_size = 0,
+                                                     .dtype = "",
+                                                     .cache_salt = ""});
+  return "tandem-" + h.ToHex().substr(0, 32);
+}
+
+absl::Status KvStoreConnectorOptions::Validate() const {
+  if (target.empty()) return absl::InvalidArgumentError("--kvstore (host:port) is empty");
+  if (lookup_deadline_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lookup_deadline_ms must be > 0, got ", lookup_deadline_ms));
+  }
+  if (transfer_deadline_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer_deadline_ms must be > 0, got ", transfer_deadline_ms));
+  }
+  if (max_pending_store_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_pending_store_bytes must be > 0, got ", max_pending_store_bytes));
+  }
+  if (max_known_hashes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_known_hashes must be > 0, got ", max_known_hashes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KvStoreConnectorScheduler>> KvStoreConnectorScheduler::Create(
+    const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
+    const std::string& kv_layout, int64_t block_bytes, int32_t block_size) {
+  TANDEM_RETURN_IF_ERROR(options.Validate());
+  if (block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("block_size must be > 0, got ", block_size));
+  }
+  TANDEM_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvStoreClient> client,
+      KvStoreClient::Create(KvStoreClientOptions{.target = options.target,
+                                                 .lookup_deadline_ms = options.lookup_deadline_ms,
+                                                 .rpc_deadline_ms = 1000}));
+  const std::string ns = NamespaceFor(model_fingerprint, kv_layout);
+  const kvstore::NamespaceSpec spec{
+      .name = ns, .block_bytes = static_cast<uint64_t>(block_bytes), .layout = kv_layout};
+  TANDEM_RETURN_IF_ERROR(spec.Validate());
+  // Best effort: the worker creates it too (and again after a store restart).
+  absl::StatusOr<bool> created = client->CreateNamespace(spec);
+  if (!created.ok()) {
+    TANDEM_LOG(WARNING) << "KV-store " << options.target << ": creating namespace " << ns
+                        << " failed (" << created.status()
+                        << "); lookups miss until the store is up";
+  } else {
+    TANDEM_LOG(INFO) << "KV-store " << options.target << " namespace " << ns
+                     << (*created ? " created" : " exists") << " (block " << block_bytes
+                     << " bytes, " << kv_layout << ")";
+  }
+  return std::unique_ptr<KvStoreConnectorScheduler>(
+      new KvStoreConnectorScheduler(options, std::move(client), ns, block_size));
+}
+
+KvStoreConnectorScheduler::KvStoreConnectorScheduler(const KvStoreConnectorOptions& options,
+                                                     std::unique_ptr<KvStoreClient> client,
+                                                     std::string ns, int32_t block_size)
+    : options_(options), client_(std::move(client)), ns_(std::move(ns)), block_size_(block_size) {}
+
+KvStoreConnectorScheduler::~KvStoreConnectorScheduler() {
+  lookups_.clear();  // PendingLookup releases leases it never handed out
+  for (auto& [id, load] : loads_) ReleaseLease(load.lease);
+}
+
+void KvStoreConnectorScheduler::ReleaseLease(LeaseId lease) {
+  if (lease.value() != 0) client_->ReleaseAsync(lease);
+}
+
+void KvStoreConnectorScheduler::NoteKnown(const BlockHash& h) {
+  if (static_cast<int64_t>(known_.size()) >= options_.max_known_hashes) {
+    // Forgetting only costs idempotent re-stores.
+    known_.clear();
+  }
+  known_.insert(h);
+}
+
+std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedTokens(
+    const sched::Request& request, int32_t num_local_computed_tokens) {
+  const int32_t local_blocks = num_local_computed_tokens / block_size_;
+  const int32_t num_hashes = static_cast<int32_t>(request.block_hashes.size());
+  if (local_blocks >= num_hashes) return sched::ExternalMatch{};
+
+  auto it = lookups_.find(request.request_id);
+  if (it != lookups_.end() && local_blocks < it->second.first_block) {
+    // The local hit shrank since we asked (blocks evicted): ask again.
+    lookups_.erase(it);
+    it = lookups_.end();
+  }
+  if (it == lookups_.end()) {
+    Lookup l;
+    l.first_block = local_blocks;
+    l.num_asked = num_hashes - local_blocks;
+    l.sent_ns = MonotonicNanos();
+    l.pending = client_->Lookup(
+        ns_, std::span<const BlockHash>(request.block_hashes).subspan(local_blocks),
+        LookupOptions{.take_lease = true,
+                      .lease_ttl_ms = options_.lease_ttl_ms,
+                      .stage_to_hot = options_.stage_to_hot,
+                      .deadline_ms = options_.lookup_deadline_ms});
+    lookups_.emplace(request.request_id, std::move(l));
+    return std::nullopt;
+  }
+  Lookup& l = it->second;
+  if (!l.result.has_value()) {
+    std::optional<LookupResult> r = l.pending->Poll();
+    if (!r.has_value()) return std::nullopt;
+    l.result = std::move(r);
+    const uint64_t latency = static_cast<uint64_t>(std::max<int64_t>(0, MonotonicNanos() - l.sent_ns));
+    ++stats_.lookups;
+    stats_.lookup_latency_ns_sum += latency;
+    stats_.lookup_latency_ns_max = std::max(stats_.lookup_latency_ns_max, latency);
+    if (!l.result->status.ok()) {
+      ++stats_.lookups_failed;
+      l.result->num_hits = 0;
+    } else {
+      const int32_t hits = std::clamp(l.result->num_hits, 0, l.num_asked);
+      l.result->num_hits = hits;
+      if (hits > 0) ++stats_.lookups_with_hits;
+      stats_.lookup_hit_tokens += static_cast<uint64_t>(hits) * block_size_;
+      for (int32_t i = 0; i < l.num_asked; ++i) {
+        const BlockHash& h = request.block_hashes[l.first_block + i];
+        if (i < hits) {
+          NoteKnown(h);
+        } else {
+          known_.erase(h);  // the store does not hold it (evicted, restarted): store again
+        }
+      }
+    }
+  }
+  const int32_t end_block = l.first_block + l.result->num_hits;
+  const int32_t external_blocks = std::max(0, end_block - local_blocks);
+  return sched::ExternalMatch{.num_external_tokens = external_blocks * block_size_,
+                              .load_async = true};
+}
+
+void KvStoreConnectorScheduler::UpdateStateAfterAlloc(const sched::Request& request,
+                                                      std::span<const int32_t> block_ids,
+                                                      int32_t num_external_tokens) {
+  LeaseId lease{0};
+  if (auto it = lookups_.find(request.request_id); it != lookups_.end()) {
+    if (it->second.result.has_value()) lease = it->second.result->lease;
+    lookups_.erase(it);  // an unanswered lookup's lease is released on destruction
+  }
+  const int32_t num_blocks = num_external_tokens / block_size_;
+  if (num_blocks <= 0 || block_ids.empty()) {
+    ReleaseLease(lease);
+    return;
+  }
+  const int32_t first = request.num_computed_tokens / block_size_;
+  Load load;
+  load.lease = lease;
+  load.block_ids.assign(block_ids.begin(), block_ids.begin() + std::min<size_t>(block_ids.size(), num_blocks));
+  load.hashes.assign(request.block_hashes.begin() + first,
+                     request.block_hashes.begin() + first + static_cast<int32_t>(load.block_ids.size()));
+  ++stats_.loads_started;
+  if (auto old = loads_.find(request.request_id); old != loads_.end()) ReleaseLease(old->second.lease);
+  loads_[request.request_id] = std::move(load);
+}
+
+sched::KvConnectorMetadata KvStoreConnectorScheduler::BuildConnectorMeta(
+    const sched::SchedulerOutput& /*output*/,
+    std::span<const sched::ScheduledRequestView> scheduled) {
+  sched::KvConnectorMetadata meta;
+  for (auto& [id, load] : loads_) {
+    if (load.emitted) continue;
+    load.emitted = true;
+    meta.loads.push_back(
+        sched::KvLoad{.request_id = id, .block_hashes = load.hashes, .block_ids = load.block_ids});
+  }
+  for (const sched::ScheduledRequestView& v : scheduled) {
+    const sched::Request& r = *v.request;
+    const int32_t storable =
+        std::min({v.num_storable_tokens() / block_size_, static_cast<int32_t>(r.block_hashes.size()),
+                  static_cast<int32_t>(r.block_ids.size())});
+    StoreCursor& c = cursors_[r.request_id];
+    if (c.epoch != r.epoch) c = StoreCursor{.epoch = r.epoch, .next_block = 0};
+    if (c.next_block >= storable) continue;
+    sched::KvStore store{.request_id = r.request_id};
+    for (int32_t b = c.next_block; b < storable; ++b) {
+      if (known_.contains(r.block_hashes[b])) continue;
+      store.block_ids.push_back(r.block_ids[b]);
+      store.block_hashes.push_back(r.block_hashes[b]);
+      NoteKnown(r.block_hashes[b]);
+    }
+    c.next_block = storable;
+    if (store.block_ids.empty()) continue;
+    stats_.stored_blocks += store.block_ids.size();
+    ++stores_pending_[r.request_id];
+    meta.stores.push_back(std::move(store));
+  }
+  return meta;
+}
+
+bool KvStoreConnectorScheduler::RequestFinished(const sched::Request& request,
+                                                std::span<const int32_t> /*block_ids*/) {
+  lookups_.erase(request.request_id);
+  if (auto it = loads_.find(request.request_id); it != loads_.end()) {
+    ReleaseLease(it->second.lease);
+    loads_.erase(it);
+  }
+  cursors_.erase(request.request_id);
+  // The worker copies a step's store blocks out of the cache before it runs
+  // the next step (see the header), so the blocks may be reused at once.
+  return false;
+}
+
+void KvStoreConnectorScheduler::OnLoadFinished(const sched::Request& request,
+                                               int32_t num_loaded_tokens) {
+  stats_.loaded_tokens += static_cast<uint64_t>(std::max(0, num_loaded_tokens));
+  if (auto it = loads_.find(request.request_id); it != loads_.end()) {
+    ReleaseLease(it->second.lease);
+    loads_.erase(it);
+  }
+}
+
+void KvStoreConnectorScheduler::OnConnectorReport(const sched::KvConnectorReport& report) {
+  if (!report.invalid_block_ids.empty()) {
+    stats_.invalid_blocks += report.invalid_block_ids.size();
+    const absl::flat_hash_set<int32_t> invalid(report.invalid_block_ids.begin(),
+                                               report.invalid_block_ids.end());
+    // The blocks from the first invalid one on are recomputed; the store
+    // does not hold them usably, so they must be stored again.
+    for (auto& [id, load] : loads_) {
+      for (size_t i = 0; i < load.block_ids.size(); ++i) {
+        if (!invalid.contains(load.block_ids[i])) continue;
+        for (size_t j = i; j < load.hashes.size(); ++j) known_.erase(load.hashes[j]);
+        break;
+      }
+    }
+  }
+  for (const std::string& id : report.finished_sending) {
+    auto it = stores_pending_.find(id);
+    if (it == stores_pending_.end()) continue;
+    if (--it->second <= 0) stores_pending_.erase(it);
+  }
+}
+
+KvConnectorSchedulerStats KvStoreConnectorScheduler::stats() const {
+  KvConnectorSchedulerStats s = stats_;
+  s.lookups_pending = 0;
+  for (const auto& [id, l] : lookups_) s.lookups_pending += !l.result.has_value();
+  s.loads_in_flight = static_cast<int32_t>(loads_.size());
+  s.stores_in_flight = 0;
+  for (const auto& [id, n] : stores_pending_) s.stores_in_flight += n;
+  return s;
+}
+
+}  // namespace tandem::kvconnector

@@ -1,0 +1,214 @@
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+#include "tandem/kvconnector/kvstore_connector.h"
+
+namespace tandem::kvconnector {
+
+absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::Create(
+    const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
+    const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host,
+    CopyFromHost from_host) {
+  TANDEM_RETURN_IF_ERROR(options.Validate());
+  if (block_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("block_bytes must be > 0, got ", block_bytes));
+  }
+  TANDEM_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvStoreClient> client,
+      KvStoreClient::Create(KvStoreClientOptions{.target = options.target,
+                                                 .lookup_deadline_ms = options.lookup_deadline_ms,
+                                                 .rpc_deadline_ms = options.transfer_deadline_ms}));
+  const std::string ns = NamespaceFor(model_fingerprint, kv_layout);
+  kvstore::NamespaceSpec spec{
+      .name = ns, .block_bytes = static_cast<uint64_t>(block_bytes), .layout = kv_layout};
+  TANDEM_RETURN_IF_ERROR(spec.Validate());
+  auto w = std::unique_ptr<KvStoreConnectorWorker>(new KvStoreConnectorWorker(
+      options, std::move(client), ns, std::move(spec), std::move(to_host), std::move(from_host)));
+  w->EnsureNamespace();
+  return w;
+}
+
+KvStoreConnectorWorker::KvStoreConnectorWorker(const KvStoreConnectorOptions& options,
+                                               std::unique_ptr<KvStoreClient> client,
+                                               std::string ns, kvstore::NamespaceSpec spec,
+                                               CopyToHost to_host, CopyFromHost from_host)
+    : options_(options),
+      client_(std::move(client)),
+      ns_(std::move(ns)),
+      spec_(std::move(spec)),
+      block_bytes_(static_cast<int64_t>(spec_.block_bytes)),
+      to_host_(std::move(to_host)),
+      from_host_(std::move(from_host)) {
+  store_thread_ = std::thread([this] { StoreLoop(); });
+}
+
+KvStoreConnectorWorker::~KvStoreConnectorWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (store_thread_.joinable()) store_thread_.join();
+}
+
+void KvStoreConnectorWorker::EnsureNamespace() {
+  if (namespace_ok_.load()) return;
+  absl::StatusOr<bool> created = client_->CreateNamespace(spec_);
+  if (created.ok()) {
+    namespace_ok_.store(true);
+    TANDEM_LOG(INFO) << "KV-store " << options_.target << " namespace " << ns_
+                     << (*created ? " created" : " exists");
+  } else {
+    TANDEM_LOG(WARNING) << "KV-store " << options_.target << ": namespace " << ns_ << ": "
+                        << created.status();
+  }
+}
+
+void KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
+                                        sched::KvConnectorReport* report) {
+  if (meta.loads.empty()) return;
+  std::vector<BlockHash> hashes;
+  std::vector<int32_t> block_ids;
+  for (const sched::KvLoad& l : meta.loads) {
+    const size_t n = std::min(l.block_hashes.size(), l.block_ids.size());
+    hashes.insert(hashes.end(), l.block_hashes.begin(), l.block_hashes.begin() + n);
+    block_ids.insert(block_ids.end(), l.block_ids.begin(), l.block_ids.begin() + n);
+  }
+  // Staging memory: the store's payloads land here first (and are verified
+  // by their checksum), then one copy per block goes into the cache.
+  staging_.resize(hashes.size() * static_cast<size_t>(block_bytes_));
+  std::vector<std::span<uint8_t>> dst;
+  dst.reserve(hashes.size());
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    dst.emplace_back(reinterpret_cast<uint8_t*>(staging_.data()) + i * block_bytes_,
+                     static_cast<size_t>(block_bytes_));
+  }
+  absl::StatusOr<std::vector<BlockLoadResult>> results =
+      hashes.empty() ? std::vector<BlockLoadResult>{}
+                     : client_->Load(ns_, hashes, std::span<const std::span<uint8_t>>(dst));
+  if (!results.ok()) {
+    if (results.status().code() == absl::StatusCode::kNotFound) namespace_ok_.store(false);
+    TANDEM_LOG(WARNING) << "KV-store load of " << hashes.size()
+                        << " blocks failed (recomputed): " << results.status();
+  }
+  uint64_t ok = 0, not_found = 0, checksum = 0, failed = 0;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    LoadMiss miss = results.ok() && i < results->size() ? (*results)[i].miss : LoadMiss::kFailed;
+    if (miss == LoadMiss::kNone) {
+      const std::span<const std::byte> src(staging_.data() + i * block_bytes_,
+                                           static_cast<size_t>(block_bytes_));
+      if (!from_host_(block_ids[i], src).ok()) miss = LoadMiss::kFailed;
+    }
+    switch (miss) {
+      case LoadMiss::kNone:
+        ++ok;
+        continue;
+      case LoadMiss::kNotFound:
+        ++not_found;
+        break;
+      case LoadMiss::kChecksum:
+        ++checksum;
+        break;
+      case LoadMiss::kFailed:
+        ++failed;
+        break;
+    }
+    report->invalid_block_ids.push_back(block_ids[i]);
+  }
+  if (checksum > 0) {
+    TANDEM_LOG(WARNING) << "KV-store: " << checksum
+                        << " loaded block(s) failed their checksum; recomputing them";
+  }
+  for (const sched::KvLoad& l : meta.loads) report->finished_recving.push_back(l.request_id);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.loads += meta.loads.size();
+  stats_.blocks_loaded += ok;
+  stats_.load_failed_not_found += not_found;
+  stats_.load_failed_checksum += checksum;
+  stats_.load_failed_rpc += failed;
+}
+
+void KvStoreConnectorWorker::SnapshotStores(const sched::KvConnectorMetadata& meta) {
+  for (const sched::KvStore& s : meta.stores) {
+    StoreJob job;
+    job.request_id = s.request_id;
+    const size_t n = std::min(s.block_ids.size(), s.block_hashes.size());
+    job.bytes.resize(n * static_cast<size_t>(block_bytes_));
+    size_t kept = 0;
+    for (size_t i = 0; i < n; ++i) {
+      std::span<std::byte> out(job.bytes.data() + kept * block_bytes_,
+                               static_cast<size_t>(block_bytes_));
+      if (!to_host_(s.block_ids[i], out).ok()) continue;
+      job.hashes.push_back(s.block_hashes[i]);
+      ++kept;
+    }
+    job.bytes.resize(kept * static_cast<size_t>(block_bytes_));
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t size = static_cast<int64_t>(job.bytes.size());
+    if (pending_bytes_ + size > options_.max_pending_store_bytes) {
+      stats_.blocks_store_dropped += kept;
+      finished_sending_.push_back(std::move(job.request_id));
+      continue;
+    }
+    pending_bytes_ += size;
+    ++stats_.stores_in_flight;
+    jobs_.push_back(std::move(job));
+    cv_.notify_all();
+  }
+}
+
+void KvStoreConnectorWorker::StoreLoop() {
+  for (;;) {
+    StoreJob job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    uint64_t stored = 0, failed = 0;
+    if (!job.hashes.empty()) {
+      std::vector<std::span<const uint8_t>> src;
+      for (size_t i = 0; i < job.hashes.size(); ++i) {
+        src.emplace_back(reinterpret_cast<const uint8_t*>(job.bytes.data()) + i * block_bytes_,
+                         static_cast<size_t>(block_bytes_));
+      }
+      absl::StatusOr<std::vector<BlockStoreResult>> r;
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        EnsureNamespace();
+        r = client_->Store(ns_, job.hashes, std::span<const std::span<const uint8_t>>(src));
+        if (r.ok() || r.status().code() != absl::StatusCode::kNotFound) break;
+        namespace_ok_.store(false);  // the store lost it (restarted empty): create it again
+      }
+      if (r.ok()) {
+        for (const BlockStoreResult& b : *r) (b.status.ok() ? stored : failed) += 1;
+      } else {
+        failed = job.hashes.size();
+        TANDEM_LOG(WARNING) << "KV-store store of " << job.hashes.size()
+                            << " blocks failed: " << r.status();
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_bytes_ -= static_cast<int64_t>(job.bytes.size());
+    --stats_.stores_in_flight;
+    stats_.blocks_stored += stored;
+    stats_.blocks_store_failed += failed;
+    finished_sending_.push_back(std::move(job.request_id));
+  }
+}
+
+void KvStoreConnectorWorker::TakeFinishedSending(sched::KvConnectorReport* report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::string& id : finished_sending_) report->finished_sending.push_back(std::move(id));
+  finished_sending_.clear();
+}
+
+KvConnectorWorkerStats KvStoreConnectorWorker::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace tandem::kvconnector
