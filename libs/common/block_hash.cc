@@ -22,9 +22,21 @@ void AppendField(std::string* out, std::string_view field) {
   out->append(field);
 }
 
+// OpenSSL 3's one-shot SHA256() fetches the algorithm (taking a global lock)
+// on every call; a per-thread context over a pre-fetched EVP_MD does not.
 BlockHash Sha256(const void* data, size_t size) {
+  static EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  struct Ctx {
+    EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+    ~Ctx() { EVP_MD_CTX_free(ctx); }
+  };
+  thread_local Ctx ctx;
   BlockHash h;
-  SHA256(static_cast<const unsigned char*>(data), size, h.bytes.data());
+  unsigned int len = 0;
+  TANDEM_CHECK(EVP_DigestInit_ex(ctx.ctx, md, nullptr) == 1 &&
+               EVP_DigestUpdate(ctx.ctx, data, size) == 1 &&
+               EVP_DigestFinal_ex(ctx.ctx, h.bytes.data(), &len) == 1 && len == 32)
+      << "SHA-256 failed";
   return h;
 }
 
