@@ -1,6 +1,8 @@
 #include "kvstore_service.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -30,6 +32,9 @@ absl::Status KvStoreServiceOptions::Validate() const {
         "load_chunk_bytes ", load_chunk_bytes, " must be in (0, 3 MiB] to stay under 4 MiB"));
   }
   if (max_block_bytes <= 0) return absl::InvalidArgumentError("max_block_bytes must be > 0");
+  if (debug_lookup_delay_ms < 0 || debug_corrupt_hot_every < 0 || debug_corrupt_cold_every < 0) {
+    return absl::InvalidArgumentError("the --debug-* fault-injection settings must be >= 0");
+  }
   return absl::OkStatus();
 }
 
@@ -57,6 +62,9 @@ grpc::Status KvStoreServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::Look
   std::vector<BlockHash> hashes;
   absl::Status parsed = rpc::ParseBlockHashes(req->block_hashes(), "block_hashes", &hashes);
   if (!parsed.ok()) return rpc::ToGrpcStatus(parsed);
+  if (options_.debug_lookup_delay_ms > 0) {  // tests only: a slow store
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_lookup_delay_ms));
+  }
   absl::StatusOr<kvstore::LookupResult> r =
       store_->Lookup(req->namespace_(), hashes,
                      {.take_lease = req->take_lease(),
@@ -218,6 +226,18 @@ grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext*,
         if (r.ok()) {
           st->set_ok(true);
           st->set_already_present(r->already_present);
+          if (!r->already_present &&
+              (options_.debug_corrupt_hot_every > 0 || options_.debug_corrupt_cold_every > 0)) {
+            // Tests only: fault injection after the block was acknowledged.
+            const int64_t n = debug_new_blocks_.fetch_add(1) + 1;
+            if (options_.debug_corrupt_hot_every > 0 && n % options_.debug_corrupt_hot_every == 0) {
+              (void)store_->TEST_CorruptHot(ns, hash, total / 2);
+            }
+            if (options_.debug_corrupt_cold_every > 0 &&
+                n % options_.debug_corrupt_cold_every == 0) {
+              (void)store_->TEST_CorruptCold(ns, hash, total / 2);
+            }
+          }
           continue;
         }
         error = r.status();

@@ -11,6 +11,7 @@
 // stream were stored, intact).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -27,6 +28,17 @@ struct KvStoreServiceOptions {
   int64_t load_chunk_bytes = 1 << 20;
   // Largest block a Store stream may announce (total_size); protects memory.
   int64_t max_block_bytes = int64_t{1} << 30;
+
+  // ---- TESTS ONLY: fault injection for the KV connector's integration
+  // tests (tests/integration/kv_*). Never set these in production. ----
+  // Every Lookup answers this many milliseconds late (a slow store).
+  int64_t debug_lookup_delay_ms = 0;
+  // Every Nth newly stored block gets one payload byte flipped in its
+  // hot-tier slot (memory corruption); 0 = off.
+  int32_t debug_corrupt_hot_every = 0;
+  // Every Nth newly stored block gets its RocksDB payload rewritten with one
+  // byte flipped (media corruption); 0 = off.
+  int32_t debug_corrupt_cold_every = 0;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -56,6 +68,7 @@ class KvStoreServiceImpl final : public v1::KvStore::Service {
  private:
   kvstore::KvStore* const store_;
   const KvStoreServiceOptions options_;
+  std::atomic<int64_t> debug_new_blocks_{0};  // tests only
 };
 
 }  // namespace tandem::kvstore_service

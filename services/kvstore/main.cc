@@ -62,6 +62,15 @@ int main(int argc, char** argv) {
             "payload bytes per Load stream message (under the 4 MiB gRPC limit)");
   flags.Add("drain-timeout-ms", &drain_timeout_ms,
             "on SIGTERM/SIGINT, how long in-flight RPCs may finish before shutdown");
+  int64_t debug_lookup_delay_ms = 0;
+  int32_t debug_corrupt_hot_every = 0;
+  int32_t debug_corrupt_cold_every = 0;
+  flags.Add("debug-lookup-delay-ms", &debug_lookup_delay_ms,
+            "TESTS ONLY: answer every Lookup this many milliseconds late");
+  flags.Add("debug-corrupt-hot-every", &debug_corrupt_hot_every,
+            "TESTS ONLY: flip a byte in the hot-tier copy of every Nth newly stored block (0: off)");
+  flags.Add("debug-corrupt-cold-every", &debug_corrupt_cold_every,
+            "TESTS ONLY: flip a byte in the RocksDB copy of every Nth newly stored block (0: off)");
   flags.ParseOrExit(argc, argv);
 
   absl::StatusOr<kvstore::Durability> d = kvstore::ParseDurability(durability);
@@ -80,7 +89,14 @@ int main(int argc, char** argv) {
       .max_lease_ttl_ms = max_lease_ttl_ms,
       .store_to_hot = store_to_hot,
   };
-  kvstore_service::KvStoreServiceOptions service_options{.load_chunk_bytes = load_chunk_bytes};
+  kvstore_service::KvStoreServiceOptions service_options{
+      .load_chunk_bytes = load_chunk_bytes,
+      .debug_lookup_delay_ms = debug_lookup_delay_ms,
+      .debug_corrupt_hot_every = debug_corrupt_hot_every,
+      .debug_corrupt_cold_every = debug_corrupt_cold_every};
+  if (debug_lookup_delay_ms > 0 || debug_corrupt_hot_every > 0 || debug_corrupt_cold_every > 0) {
+    TANDEM_LOG(WARNING) << "TEST-ONLY fault injection is on (--debug-*)";
+  }
   if (absl::Status s = service_options.Validate(); !s.ok()) {
     std::fprintf(stderr, "tandem-kvstore: %s\n", s.ToString().c_str());
     return 2;
