@@ -71,7 +71,10 @@ grpc::Status KvStoreServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::Look
                       .lease_ttl_ms = static_cast<int64_t>(req->lease_ttl_ms()),
                       .stage_to_hot = req->stage_to_hot()});
   if (!r.ok()) return rpc::ToGrpcStatus(r.status());
-  if (ctx->IsCancelled()) {
+  // The cancellation of a caller that gave up at its deadline may not have
+  // reached us yet, so check the deadline too: nobody would release a lease
+  // granted after it (the client drops late answers).
+  if (ctx->IsCancelled() || std::chrono::system_clock::now() > ctx->deadline()) {
     // The caller gave up (deadline): nobody will release this lease.
     if (r->lease.value() != 0) store_->Release(r->lease);
     return grpc::Status(grpc::StatusCode::CANCELLED, "lookup cancelled by the client");

@@ -228,26 +228,26 @@ void Engine::Handle(Event& e) {
   switch (e.kind) {
     case Event::kSubmit: {
       schedule_wanted_ = true;
-      if (draining_.load()) {
-        e.call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                    "the scheduler is draining (shutting down); retry elsewhere"));
-        return;
-      }
-      if (scheduler_ == nullptr || worker_ == nullptr) {
-        e.call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                    absl::StrCat("no worker is connected (worker address ",
-                                                 options_.worker_address, ")")));
-        return;
-      }
       const std::string id = e.spec.request_id;
-      if (calls_.contains(id)) {
-        e.call->Finish(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                                    absl::StrCat("request id '", id, "' is already running")));
-        return;
+      grpc::Status rejected;
+      if (draining_.load()) {
+        rejected = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                "the scheduler is draining (shutting down); retry elsewhere");
+      } else if (scheduler_ == nullptr || worker_ == nullptr) {
+        rejected = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                absl::StrCat("no worker is connected (worker address ",
+                                             options_.worker_address, ")"));
+      } else if (calls_.contains(id)) {
+        rejected = grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                absl::StrCat("request id '", id, "' is already running"));
+      } else if (absl::Status s = scheduler_->AddRequest(std::move(e.spec), MonotonicNanos());
+                 !s.ok()) {
+        rejected = grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
       }
-      absl::Status s = scheduler_->AddRequest(std::move(e.spec), MonotonicNanos());
-      if (!s.ok()) {
-        e.call->Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message())));
+      if (!rejected.ok()) {
+        TANDEM_LOG(INFO) << "request " << id << " rejected: status=" << rejected.error_code() << " "
+                         << rejected.error_message();
+        e.call->Finish(std::move(rejected));
         return;
       }
       calls_.emplace(id, std::move(e.call));

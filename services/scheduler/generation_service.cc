@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tandem/common/clock.h"
+#include "tandem/common/logging.h"
 #include "tandem/rpc/convert.h"
 #include "tandem/rpc/status.h"
 
@@ -29,6 +30,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::shared_ptr<GenerateCall> call_;
   std::atomic<bool> submitted_{false};
 };
+
+// The one log line of a request that never reached the engine.
+void Reject(GenerateCall& call, const std::string& request_id, grpc::Status status) {
+  TANDEM_LOG(INFO) << "request " << (request_id.empty() ? "(no id)" : request_id)
+                   << " rejected: status=" << status.error_code() << " "
+                   << status.error_message();
+  call.Finish(std::move(status));
+}
 
 uint64_t RandomSeed() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -79,18 +88,20 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   call->start_ns = MonotonicNanos();
   call->num_prompt_tokens = request->prompt_token_ids_size();
   if (draining_.load()) {
-    call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              "the scheduler is draining (shutting down); retry elsewhere"));
+    Reject(*call, request->request_id(),
+           grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the scheduler is draining (shutting down); retry elsewhere"));
     return reactor;
   }
   ModelInfo model = engine_->model_info();
   if (!model.ready) {
-    call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              "no worker is connected yet; the scheduler is not serving"));
+    Reject(*call, request->request_id(),
+           grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "no worker is connected yet; the scheduler is not serving"));
     return reactor;
   }
   if (absl::Status s = ValidateGenerateRequest(*request, model.info, options_); !s.ok()) {
-    call->Finish(rpc::ToGrpcStatus(s));
+    Reject(*call, request->request_id(), rpc::ToGrpcStatus(s));
     return reactor;
   }
   sched::RequestSpec spec{
