@@ -194,8 +194,10 @@ class KvStoreClient::Impl {
     auto st = std::make_shared<PendingLookup::State>();
     st->stub = stub_;
     st->deadline_ms = options.deadline_ms > 0 ? options.deadline_ms : opts_.lookup_deadline_ms;
-    st->deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(st->deadline_ms);
+    // The RPC's deadline first, so that when Poll() calls the lookup late
+    // the server's deadline has passed too (it then releases what it pinned).
     st->ctx.set_deadline(DeadlineIn(st->deadline_ms));
+    st->deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(st->deadline_ms);
     st->req.set_namespace_(std::string(ns));
     rpc::AppendBlockHashes(hashes, st->req.mutable_block_hashes());
     st->req.set_take_lease(options.take_lease);
@@ -259,9 +261,15 @@ class KvStoreClient::Impl {
             received[i] + data.size() > dst[i].size()) {
           bad[i] = true;
         } else {
-          std::memcpy(dst[i].data() + received[i], data.data(), data.size());
-          crc[i] = kvstore::Crc32cExtend(crc[i], reinterpret_cast<const uint8_t*>(data.data()),
-                                         data.size());
+          // Copy and checksum the copy in cache-sized pieces: one pass over
+          // memory, and it verifies exactly the bytes the caller gets.
+          constexpr size_t kPiece = 64 << 10;
+          for (size_t off = 0; off < data.size(); off += kPiece) {
+            const size_t len = std::min(kPiece, data.size() - off);
+            uint8_t* out = dst[i].data() + received[i] + off;
+            std::memcpy(out, data.data() + off, len);
+            crc[i] = kvstore::Crc32cExtend(crc[i], out, len);
+          }
           received[i] += data.size();
         }
         if (c.last()) {

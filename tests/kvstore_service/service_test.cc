@@ -1,5 +1,6 @@
 // tandem.v1.KvStore over loopback gRPC against an in-process server: the
 // client library, and bad input sent with the raw stub (DESIGN §9).
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -41,7 +42,8 @@ class KvStoreServiceTest : public ::testing::Test {
     auto store = kvstore::KvStore::Open({.data_dir = dir_.path(),
                                          .hot_capacity_bytes = 32 << 20,
                                          .hot_slot_bytes = 4 << 20,
-                                         .lock_hot_memory = false});
+                                         .lock_hot_memory = false,
+                                         .clock = &clock_});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     ASSERT_TRUE(store_->CreateNamespace({.name = "ns", .block_bytes = kBlock}).ok());
@@ -85,6 +87,7 @@ class KvStoreServiceTest : public ::testing::Test {
   kvstore::KvStoreStats Stats() { return store_->GetStats(); }
 
   TempDir dir_;
+  FakeClock clock_{1'000'000'000};  // lease expiry only
   std::unique_ptr<kvstore::KvStore> store_;
   std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -156,23 +159,32 @@ TEST_F(KvStoreServiceTest, ReleaseFreesTheLease) {
 }
 
 // The server holds the lookup (after pinning) until the client has given up:
-// the client sees zero hits with DEADLINE_EXCEEDED and no lease is left over.
+// the client sees zero hits with DEADLINE_EXCEEDED. The server notices the
+// passed deadline and releases what it pinned; should the cancellation race
+// that check, the lease still ends at its expiry. Either way none is left.
 TEST_F(KvStoreServiceTest, LateLookupCountsAsZeroHitsAndLeavesNoLease) {
   StoreBlocks("ns", {0, 1}, kBlock);
+  std::atomic<bool> server_done{false};
   SyncPoint::Get()->LoadDependency({{"Test:ClientGaveUp", "KvStore::Lookup:AfterPin"}});
+  SyncPoint::Get()->SetCallBack("KvStore::Lookup:End", [&] { server_done = true; });
   SyncPoint::Get()->EnableProcessing();
   std::vector<BlockHash> hashes{TestHash(0), TestHash(1)};
   auto pending = client_->Lookup("ns", hashes, {.take_lease = true, .deadline_ms = 30});
   kvconnector::LookupResult r = pending->Wait();
   EXPECT_EQ(r.num_hits, 0);
+  EXPECT_EQ(r.lease.value(), 0u);
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
   SyncPoint::Get()->Process("Test:ClientGaveUp");
-  uint64_t leases = 1;
-  for (int i = 0; i < 500 && leases != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    leases = Stats().active_leases;
+  for (int i = 0; i < 5000 && !server_done; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  EXPECT_EQ(leases, 0u);
+  ASSERT_TRUE(server_done);
+  SyncPoint::Get()->DisableProcessing();
+  // (The handler may release its lease after this; releasing an expired
+  // lease is a no-op.)
+  clock_.AdvanceNanos(int64_t{31} * 1'000'000'000);  // past the default lease TTL
+  store_->ExpireLeases();
+  EXPECT_EQ(Stats().active_leases, 0u);
 }
 
 TEST_F(KvStoreServiceTest, LookupOfUnreachableStoreIsZeroHits) {
