@@ -1,4 +1,10 @@
 #include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "tandem/v1/kvstore.grpc.pb.h"
 
 #include "absl/strings/str_cat.h"
 #include "tandem/common/clock.h"
@@ -8,13 +14,36 @@
 
 namespace tandem::kvconnector {
 
+void PinGrpcCallbackQueue() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // gRPC 1.51 shares one "callback alternative" completion queue among the
+    // channels that made callback calls and shuts it down when the last such
+    // channel goes; a channel created right then (a connector rebuilt after a
+    // worker reconnect) races that shutdown and aborts in
+    // grpc_cq_internal_unref. A channel that made one callback call and is
+    // never destroyed keeps the queue alive for the life of the process.
+    auto* channel = new std::shared_ptr<grpc::Channel>(
+        grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()));
+    auto* stub = new std::unique_ptr<v1::KvStore::Stub>(v1::KvStore::NewStub(*channel));
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::ReleaseRequest req;
+      v1::ReleaseResponse resp;
+    };
+    auto call = std::make_shared<Call>();
+    call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1));
+    (*stub)->async()->Release(&call->ctx, &call->req, &call->resp, [call](grpc::Status) {});
+  });
+}
+
 std::string NamespaceFor(const std::string& model_fingerprint, const std::string& kv_layout) {
   // The hash-root function is SHA-256 over length-prefixed fields; reuse it
-  // with block size 0 and no salt as a plain digest of (fingerprint, layout).
+  // with a marker dtype and no salt as a plain digest of (fingerprint, layout).
   const BlockHash h = ComputeRootHash(HashRootParams{.model_fingerprint = model_fingerprint,
                                                      .kv_layout = kv_layout,
-                                                     .block_size = 0,
-                                                     .dtype = "",
+                                                     .block_size = 1,
+                                                     .dtype = "kvstore-namespace",
                                                      .cache_salt = ""});
   return "tandem-" + h.ToHex().substr(0, 32);
 }
@@ -44,6 +73,7 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorScheduler>> KvStoreConnectorSched
     const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
     const std::string& kv_layout, int64_t block_bytes, int32_t block_size) {
   TANDEM_RETURN_IF_ERROR(options.Validate());
+  PinGrpcCallbackQueue();
   if (block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("block_size must be > 0, got ", block_size));
   }

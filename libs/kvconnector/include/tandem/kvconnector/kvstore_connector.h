@@ -52,6 +52,11 @@
 
 namespace tandem::kvconnector {
 
+// Keeps gRPC's shared callback completion queue alive for the life of the
+// process (works around a gRPC 1.51 shutdown race; see the .cc). Called by
+// the connectors' Create; idempotent.
+void PinGrpcCallbackQueue();
+
 // "tandem-" + 32 hex digits of SHA-256 over (model fingerprint, KV layout).
 [[nodiscard]] std::string NamespaceFor(const std::string& model_fingerprint,
                                        const std::string& kv_layout);

@@ -1,0 +1,346 @@
+// KvStoreConnectorScheduler and KvStoreConnectorWorker against a real
+// tandem.v1.KvStore server in-process: asynchronous lookups (never blocking,
+// late = zero hits), stores bounded by known token ids and never repeated,
+// loads through staging into the cache, and every load failure (checksum,
+// missing, store down) reported as an invalid block with the load finished.
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "../kvstore/test_util.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "kvstore_service.h"
+#include "tandem/kvconnector/kvstore_connector.h"
+#include "tandem/kvstore/kv_store.h"
+
+namespace tandem::kvconnector {
+namespace {
+
+using kvstore::testing::TempDir;
+
+constexpr int32_t kBlockSize = 4;
+constexpr int64_t kBlockBytes = 256;
+constexpr int32_t kCacheBlocks = 32;
+
+// A fake block-major KV cache.
+struct FakeCache {
+  std::vector<std::vector<std::byte>> blocks =
+      std::vector<std::vector<std::byte>>(kCacheBlocks, std::vector<std::byte>(kBlockBytes));
+  void Fill(int32_t block, int seed) {
+    for (int64_t i = 0; i < kBlockBytes; ++i) {
+      blocks[block][i] = static_cast<std::byte>((seed * 131 + i * 7) & 0xff);
+    }
+  }
+  KvStoreConnectorWorker::CopyToHost ToHost() {
+    return [this](int32_t b, std::span<std::byte> out) {
+      std::memcpy(out.data(), blocks.at(b).data(), kBlockBytes);
+      return absl::OkStatus();
+    };
+  }
+  KvStoreConnectorWorker::CopyFromHost FromHost() {
+    return [this](int32_t b, std::span<const std::byte> in) {
+      std::memcpy(blocks.at(b).data(), in.data(), kBlockBytes);
+      return absl::OkStatus();
+    };
+  }
+};
+
+class ConnectorTest : public ::testing::Test {
+ protected:
+  void StartStore(int64_t lookup_delay_ms = 0) {
+    auto store = kvstore::KvStore::Open(
+        {.data_dir = dir_.path(), .hot_capacity_bytes = 1 << 20, .hot_slot_bytes = 4096,
+         .lock_hot_memory = false});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
+        store_.get(),
+        kvstore_service::KvStoreServiceOptions{.debug_lookup_delay_ms = lookup_delay_ms});
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    target_ = "127.0.0.1:" + std::to_string(port);
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+
+  std::unique_ptr<KvStoreConnectorScheduler> MakeScheduler(int64_t deadline_ms = 2000) {
+    auto c = KvStoreConnectorScheduler::Create(
+        {.target = target_, .lookup_deadline_ms = deadline_ms}, "fp", "layout", kBlockBytes,
+        kBlockSize);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  std::unique_ptr<KvStoreConnectorWorker> MakeWorker() {
+    auto w = KvStoreConnectorWorker::Create({.target = target_, .transfer_deadline_ms = 2000},
+                                            "fp", "layout", kBlockBytes, cache_.ToHost(),
+                                            cache_.FromHost());
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? std::move(*w) : nullptr;
+  }
+
+  // A request whose prompt is `tokens`, with the hashes the scheduler keeps.
+  static sched::Request MakeRequest(const std::string& id, std::vector<int32_t> tokens,
+                                    std::vector<int32_t> block_ids, const std::string& salt = "") {
+    sched::Request r;
+    r.request_id = id;
+    r.num_prompt_tokens = static_cast<int32_t>(tokens.size());
+    r.all_token_ids = std::move(tokens);
+    r.block_ids = std::move(block_ids);
+    r.root_hash = ComputeRootHash(HashRootParams{.model_fingerprint = "fp",
+                                                 .kv_layout = "layout",
+                                                 .block_size = kBlockSize,
+                                                 .cache_salt = salt});
+    ExtendBlockHashes(r.root_hash, r.all_token_ids, kBlockSize, &r.block_hashes);
+    return r;
+  }
+
+  // Polls like the scheduler does once per step, until an answer arrives.
+  static sched::ExternalMatch PollMatch(KvStoreConnectorScheduler* c, const sched::Request& r,
+                                        int32_t local, int* num_polls = nullptr) {
+    for (int i = 0; i < 5000; ++i) {
+      std::optional<sched::ExternalMatch> m = c->GetNumNewMatchedTokens(r, local);
+      if (m.has_value()) {
+        if (num_polls) *num_polls = i + 1;
+        return *m;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ADD_FAILURE() << "lookup never resolved";
+    return {};
+  }
+
+  static void WaitSent(KvStoreConnectorWorker* w, size_t n, sched::KvConnectorReport* report) {
+    for (int i = 0; i < 5000 && report->finished_sending.size() < n; ++i) {
+      w->TakeFinishedSending(report);
+      if (report->finished_sending.size() < n) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    ASSERT_EQ(report->finished_sending.size(), n);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<kvstore::KvStore> store_;
+  std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string target_;
+  FakeCache cache_;
+};
+
+std::vector<int32_t> Tokens(int n, int base = 100) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(base + i);
+  return t;
+}
+
+TEST_F(ConnectorTest, StoreThenLoadRoundTripsThroughStaging) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+
+  // Request a: 18 prompt tokens = 4 full blocks + 2; a miss, then stored.
+  sched::Request a = MakeRequest("a", Tokens(18), {1, 2, 3, 4, 5});
+  int polls = 0;
+  EXPECT_FALSE(sc->GetNumNewMatchedTokens(a, 0).has_value()) << "the first call must not block";
+  EXPECT_EQ(PollMatch(sc.get(), a, 0, &polls).num_external_tokens, 0);
+  sc->UpdateStateAfterAlloc(a, {}, 0);
+  for (int b = 1; b <= 5; ++b) cache_.Fill(b, b);
+
+  // Sync step computing the whole prompt: 18 known tokens -> 4 full blocks.
+  sched::ScheduledRequestView view{.request = &a, .num_scheduled_tokens = 18, .will_sample = true};
+  sched::SchedulerOutput out;
+  sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, {&view, 1});
+  ASSERT_EQ(meta.stores.size(), 1u);
+  EXPECT_EQ(meta.stores[0].block_ids, (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(meta.stores[0].block_hashes,
+            std::vector<BlockHash>(a.block_hashes.begin(), a.block_hashes.begin() + 4));
+  wk->SnapshotStores(meta);
+  // Overwriting the cache after the snapshot must not change what is stored.
+  for (int b = 1; b <= 4; ++b) cache_.Fill(b, 99);
+  for (int b = 1; b <= 4; ++b) cache_.Fill(b, b);  // (restore for the comparison below)
+  sched::KvConnectorReport sent;
+  WaitSent(wk.get(), 1, &sent);
+  EXPECT_EQ(sent.finished_sending[0], "a");
+  sc->OnConnectorReport(sent);
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  // Same step again (next decode): nothing new to store.
+  a.num_computed_tokens = 18;
+  view.num_scheduled_tokens = 1;
+  EXPECT_TRUE(sc->BuildConnectorMeta(out, {&view, 1}).stores.empty());
+
+  // Request b shares the 4 blocks: an external hit of 16 tokens.
+  sched::Request b = MakeRequest("b", Tokens(18), {10, 11, 12, 13, 14});
+  EXPECT_EQ(PollMatch(sc.get(), b, 0).num_external_tokens, 16);
+  sc->UpdateStateAfterAlloc(b, std::span<const int32_t>(b.block_ids).first(4), 16);
+  meta = sc->BuildConnectorMeta(out, {});
+  ASSERT_EQ(meta.loads.size(), 1u);
+  EXPECT_EQ(meta.loads[0].block_ids, (std::vector<int32_t>{10, 11, 12, 13}));
+  EXPECT_TRUE(meta.stores.empty());
+  EXPECT_EQ(sc->stats().loads_in_flight, 1);
+  sched::KvConnectorReport report;
+  wk->LoadBlocks(meta, &report);
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"b"});
+  EXPECT_TRUE(report.invalid_block_ids.empty());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(cache_.blocks[10 + i], cache_.blocks[1 + i]) << i;
+  sc->OnConnectorReport(report);
+  sc->OnLoadFinished(b, 16);
+  // A load is emitted once.
+  EXPECT_TRUE(sc->BuildConnectorMeta(out, {}).loads.empty());
+
+  const KvConnectorSchedulerStats s = sc->stats();
+  EXPECT_EQ(s.lookups, 2u);
+  EXPECT_EQ(s.lookups_with_hits, 1u);
+  EXPECT_EQ(s.lookup_hit_tokens, 16u);
+  EXPECT_EQ(s.loaded_tokens, 16u);
+  EXPECT_EQ(s.loads_in_flight, 0);
+  EXPECT_EQ(s.stored_blocks, 4u);
+  EXPECT_EQ(wk->stats().blocks_loaded, 4u);
+  EXPECT_EQ(wk->stats().blocks_stored, 4u);
+}
+
+TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
+  StartStore();
+  auto sc = MakeScheduler();
+  ASSERT_TRUE(sc);
+  sched::Request a = MakeRequest("a", Tokens(16), {1, 2, 3, 4});
+  (void)PollMatch(sc.get(), a, 0);
+  sc->UpdateStateAfterAlloc(a, {}, 0);
+  // The step computes all 16 prompt tokens and samples a placeholder: the
+  // storable bound is num_computed + n - placeholders - 1 = 15 (the
+  // contract of ScheduledRequestView: conservative by one token) -> 3 blocks.
+  sched::ScheduledRequestView v{.request = &a, .num_scheduled_tokens = 16, .will_sample = true,
+                                .adds_placeholder = true};
+  sched::SchedulerOutput out;
+  EXPECT_EQ(sc->BuildConnectorMeta(out, {&v, 1}).stores.at(0).block_ids.size(), 3u);
+
+  // A decode request with 3 placeholder tokens in flight: its block made of
+  // tokens 16..19 contains placeholders and must not be stored.
+  sched::Request d = MakeRequest("d", Tokens(17, 500), {5, 6, 7, 8, 9});
+  (void)PollMatch(sc.get(), d, 0);
+  sc->UpdateStateAfterAlloc(d, {}, 0);
+  d.num_computed_tokens = 19;  // 17 known + 2 placeholders
+  d.num_output_placeholders = 2;
+  sched::ScheduledRequestView dv{.request = &d, .num_scheduled_tokens = 1, .will_sample = true,
+                                 .adds_placeholder = true};
+  ASSERT_EQ(dv.num_storable_tokens(), 17);
+  auto meta = sc->BuildConnectorMeta(out, {&dv, 1});
+  ASSERT_EQ(meta.stores.size(), 1u);
+  EXPECT_EQ(meta.stores[0].block_ids, (std::vector<int32_t>{5, 6, 7, 8}));
+}
+
+TEST_F(ConnectorTest, CorruptBlockIsReportedInvalidAndStoredAgain) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  (void)PollMatch(sc.get(), a, 0);
+  sc->UpdateStateAfterAlloc(a, {}, 0);
+  for (int b = 1; b <= 4; ++b) cache_.Fill(b, b);
+  sched::ScheduledRequestView v{.request = &a, .num_scheduled_tokens = 17, .will_sample = true};
+  sched::SchedulerOutput out;
+  wk->SnapshotStores(sc->BuildConnectorMeta(out, {&v, 1}));
+  sched::KvConnectorReport sent;
+  WaitSent(wk.get(), 1, &sent);
+  // Flip a byte of block 2 (index 1) wherever the store keeps it.
+  const std::string ns = NamespaceFor("fp", "layout");
+  if (store_->TEST_InHot(ns, a.block_hashes[1])) {
+    ASSERT_TRUE(store_->TEST_CorruptHot(ns, a.block_hashes[1], 7).ok());
+  }
+  ASSERT_TRUE(store_->TEST_CorruptCold(ns, a.block_hashes[1], 7).ok());
+
+  sched::Request b = MakeRequest("b", Tokens(17), {20, 21, 22, 23, 24});
+  EXPECT_EQ(PollMatch(sc.get(), b, 0).num_external_tokens, 16);
+  sc->UpdateStateAfterAlloc(b, std::span<const int32_t>(b.block_ids).first(4), 16);
+  auto meta = sc->BuildConnectorMeta(out, {});
+  sched::KvConnectorReport report;
+  wk->LoadBlocks(meta, &report);
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"b"});
+  ASSERT_EQ(report.invalid_block_ids, std::vector<int32_t>{21});
+  EXPECT_EQ(wk->stats().load_failed_checksum, 1u);
+  sc->OnConnectorReport(report);
+  sc->OnLoadFinished(b, 4);
+  // b recomputes blocks 1..3; the store lost the bad one, so it is stored again.
+  b.num_computed_tokens = 4;
+  sched::ScheduledRequestView bv{.request = &b, .num_scheduled_tokens = 13, .will_sample = true};
+  auto again = sc->BuildConnectorMeta(out, {&bv, 1});
+  ASSERT_EQ(again.stores.size(), 1u);
+  EXPECT_EQ(again.stores[0].block_ids, (std::vector<int32_t>{21, 22, 23}));
+}
+
+TEST_F(ConnectorTest, LateLookupCountsAsZeroHits) {
+  StartStore(/*lookup_delay_ms=*/400);
+  auto wk = MakeWorker();
+  auto sc = MakeScheduler(/*deadline_ms=*/30);
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(9), {1, 2, 3});
+  sched::SchedulerOutput out;
+  (void)PollMatch(sc.get(), a, 0);
+  sc->UpdateStateAfterAlloc(a, {}, 0);
+  sched::ScheduledRequestView v{.request = &a, .num_scheduled_tokens = 9, .will_sample = true};
+  wk->SnapshotStores(sc->BuildConnectorMeta(out, {&v, 1}));
+  sched::KvConnectorReport sent;
+  WaitSent(wk.get(), 1, &sent);
+  ASSERT_EQ(wk->stats().blocks_stored, 2u);
+
+  sched::Request b = MakeRequest("b", Tokens(9), {4, 5, 6});
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(PollMatch(sc.get(), b, 0).num_external_tokens, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(350))
+      << "the lookup waited for the late answer";
+  EXPECT_EQ(sc->stats().lookups_failed, 2u);
+}
+
+TEST_F(ConnectorTest, SaltsDoNotShareBlocks) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(9), {1, 2, 3}, "tenant-1");
+  (void)PollMatch(sc.get(), a, 0);
+  sc->UpdateStateAfterAlloc(a, {}, 0);
+  sched::ScheduledRequestView v{.request = &a, .num_scheduled_tokens = 9, .will_sample = true};
+  sched::SchedulerOutput out;
+  wk->SnapshotStores(sc->BuildConnectorMeta(out, {&v, 1}));
+  sched::KvConnectorReport sent;
+  WaitSent(wk.get(), 1, &sent);
+  EXPECT_EQ(PollMatch(sc.get(), MakeRequest("b", Tokens(9), {4, 5, 6}, "tenant-2"), 0)
+                .num_external_tokens,
+            0);
+  EXPECT_EQ(PollMatch(sc.get(), MakeRequest("c", Tokens(9), {4, 5, 6}, "tenant-1"), 0)
+                .num_external_tokens,
+            8);
+}
+
+TEST_F(ConnectorTest, StoreDownMeansMissesAndFailedLoadsNotHangs) {
+  // A port nothing listens on.
+  target_ = "127.0.0.1:1";
+  auto sc = MakeScheduler(/*deadline_ms=*/200);
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(9), {1, 2, 3});
+  EXPECT_EQ(PollMatch(sc.get(), a, 0).num_external_tokens, 0);
+  sched::KvConnectorMetadata meta;
+  meta.loads.push_back(
+      {.request_id = "x", .block_hashes = {a.block_hashes[0], a.block_hashes[1]}, .block_ids = {7, 8}});
+  sched::KvConnectorReport report;
+  wk->LoadBlocks(meta, &report);
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"x"});
+  EXPECT_EQ(report.invalid_block_ids, (std::vector<int32_t>{7, 8}));
+}
+
+}  // namespace
+}  // namespace tandem::kvconnector
