@@ -51,6 +51,10 @@ absl::Status EngineOptions::Validate() const {
   if (max_model_len < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--max-model-len must be >= 0, got ", max_model_len));
   }
+  if (!kvstore_target.empty() && kvstore_lookup_deadline_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kvstore-lookup-deadline-ms must be > 0, got ", kvstore_lookup_deadline_ms));
+  }
   // Fill the fields the worker provides with placeholders to check the rest.
   sched::SchedulerConfig probe = scheduler;
   probe.num_gpu_blocks = 2;
@@ -222,6 +226,7 @@ void Engine::Loop() {
   calls_.clear();
   worker_.reset();
   scheduler_.reset();
+  kv_connector_.reset();
 }
 
 void Engine::Handle(Event& e) {
@@ -315,7 +320,21 @@ void Engine::Handle(Event& e) {
         connector_->RequestReconnect();
         return;
       }
-      scheduler_ = std::make_unique<sched::Scheduler>(config, nullptr);
+      scheduler_.reset();
+      kv_connector_.reset();
+      if (!options_.kvstore_target.empty()) {
+        auto kvc = kvconnector::KvStoreConnectorScheduler::Create(
+            kvconnector::KvStoreConnectorOptions{
+                .target = options_.kvstore_target,
+                .lookup_deadline_ms = options_.kvstore_lookup_deadline_ms},
+            d.model_fingerprint(), d.kv_layout(), d.block_bytes(), d.block_size());
+        if (kvc.ok()) {
+          kv_connector_ = std::move(kvc).value();
+        } else {
+          TANDEM_LOG(ERROR) << "KV-store connector disabled: " << kvc.status();
+        }
+      }
+      scheduler_ = std::make_unique<sched::Scheduler>(config, kv_connector_.get());
       worker_ = std::move(e.stream);
       in_flight_.clear();
       schedule_wanted_ = true;
@@ -384,6 +403,9 @@ void Engine::ScheduleAndSend() {
   while (scheduler_ != nullptr && worker_ != nullptr && schedule_wanted_ &&
          in_flight_.size() < max_in_flight && scheduler_->HasUnfinishedRequests()) {
     sched::SchedulerOutput step = scheduler_->Schedule();
+    max_running_plus_loading_ =
+        std::max(max_running_plus_loading_,
+                 scheduler_->num_running() + scheduler_->stats().num_waiting_for_load);
     // An empty step still goes out (it may carry finished ids, and outputs
     // are processed in step order), but we wait for news before the next.
     if (step.total_num_scheduled_tokens == 0) schedule_wanted_ = false;
@@ -467,6 +489,7 @@ void Engine::DropWorker(const std::string& reason) {
   for (auto& [id, call] : calls) FinishCall(id, call, v1::FINISH_REASON_ERROR, nullptr, status);
   in_flight_.clear();
   scheduler_.reset();
+  kv_connector_.reset();
   if (worker_ != nullptr) max_broken_generation_ = std::max(max_broken_generation_, worker_->generation());
   worker_.reset();
   {
@@ -498,6 +521,24 @@ void Engine::PublishStats() {
     s.set_external_cache_hits(st.external_cache_hits_tokens);
     s.set_num_steps(st.num_steps);
     s.set_num_requests_finished(st.num_requests_finished);
+    s.set_num_waiting_for_lookup(st.num_waiting_for_lookup);
+    s.set_num_waiting_for_load(st.num_waiting_for_load);
+    s.set_external_loaded_tokens(st.external_loaded_tokens);
+  }
+  s.set_max_running_plus_loading(max_running_plus_loading_);
+  if (kv_connector_ != nullptr) {
+    const kvconnector::KvConnectorSchedulerStats k = kv_connector_->stats();
+    s.set_external_lookups(k.lookups);
+    s.set_external_lookups_with_hits(k.lookups_with_hits);
+    s.set_external_lookups_failed(k.lookups_failed);
+    s.set_external_lookup_hit_tokens(k.lookup_hit_tokens);
+    s.set_external_lookup_latency_seconds_sum(static_cast<double>(k.lookup_latency_ns_sum) * 1e-9);
+    s.set_external_lookup_latency_seconds_max(static_cast<double>(k.lookup_latency_ns_max) * 1e-9);
+    s.set_external_invalid_blocks(k.invalid_blocks);
+    s.set_external_stored_blocks(k.stored_blocks);
+    s.set_num_lookups_pending(k.lookups_pending);
+    s.set_num_loads_in_flight(k.loads_in_flight);
+    s.set_num_stores_in_flight(k.stores_in_flight);
   }
   if (metrics_ != nullptr) {
     metrics_->num_requests_running.Set(s.num_running());

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "call.h"
+#include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/metrics/metrics.h"
 #include "tandem/sched/scheduler.h"
 #include "tandem/v1/generation.pb.h"
@@ -40,6 +41,10 @@ struct EngineOptions {
   sched::SchedulerConfig scheduler;
   // Upper bound on prompt + output tokens; 0 = the model's max_seq_len.
   int32_t max_model_len = 0;
+  // host:port of tandem-kvstore; empty = no KV-store connector (DESIGN §5).
+  std::string kvstore_target;
+  // A KV-store lookup unanswered after this long counts as zero hits.
+  int64_t kvstore_lookup_deadline_ms = 50;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -137,7 +142,11 @@ class Engine {
 
   // Owned by the loop thread.
   std::thread loop_;
+  // Declared before scheduler_ so it outlives it; rebuilt with it on every
+  // worker connect (the namespace follows the worker's model and layout).
+  std::unique_ptr<kvconnector::KvStoreConnectorScheduler> kv_connector_;
   std::unique_ptr<sched::Scheduler> scheduler_;
+  int32_t max_running_plus_loading_ = 0;
   std::unique_ptr<WorkerStream> worker_;
   uint64_t max_broken_generation_ = 0;
   std::unordered_map<std::string, std::shared_ptr<GenerateCall>> calls_;

@@ -50,6 +50,11 @@ int main(int argc, char** argv) {
   flags.Add("allow-request-cache-salt", &generation_options.allow_request_cache_salt,
             "accept GenerateRequest.cache_salt from clients (tenant isolation is then the "
             "client's word)");
+  flags.Add("kvstore", &engine_options.kvstore_target,
+            "host:port of tandem-kvstore: look prompt prefixes up there and load them instead of "
+            "recomputing; computed blocks are stored (empty: off)");
+  flags.Add("kvstore-lookup-deadline-ms", &engine_options.kvstore_lookup_deadline_ms,
+            "a KV-store lookup unanswered after this long counts as a miss");
   flags.Add("metrics-listen", &metrics_options.listen_address,
             "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
   flags.Add("drain-timeout-s", &drain_timeout_s,
