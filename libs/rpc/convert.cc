@@ -104,7 +104,7 @@ void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out) {
       Assign(l.block_ids, p->mutable_block_ids());
     }
     for (const sched::KvStore& s : in.kv_connector_metadata.stores) {
-      v1::KvStore* p = meta->add_stores();
+      v1::KvStoreOp* p = meta->add_stores();
       p->set_request_id(s.request_id);
       Assign(s.block_ids, p->mutable_block_ids());
       AssignHashes(s.block_hashes, p->mutable_block_hashes());
@@ -157,7 +157,7 @@ absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* ou
     }
     out->kv_connector_metadata.loads.push_back(std::move(l));
   }
-  for (const v1::KvStore& p : in.kv_connector_metadata().stores()) {
+  for (const v1::KvStoreOp& p : in.kv_connector_metadata().stores()) {
     sched::KvStore st{.request_id = p.request_id(), .block_ids = ToVector(p.block_ids())};
     absl::Status s = ReadHashes(p.block_hashes(), &st.block_hashes);
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("store of ", p.request_id(), ": ", s.message()));
