@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -27,19 +28,6 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 
 std::chrono::system_clock::time_point DeadlineIn(int64_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
-}
-
-// Releases a lease nobody will use, without waiting for the answer.
-void ReleaseInBackground(const std::shared_ptr<Stub>& stub, uint64_t lease) {
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::ReleaseRequest req;
-    v1::ReleaseResponse resp;
-  };
-  auto call = std::make_shared<Call>();
-  call->req.set_lease_id(lease);
-  call->ctx.set_deadline(DeadlineIn(5'000));
-  stub->async()->Release(&call->ctx, &call->req, &call->resp, [call](grpc::Status) {});
 }
 
 // Keepalive as rpc::CreateChannel, plus large HTTP/2 frames and windows for
@@ -90,8 +78,10 @@ const char* LoadMissName(LoadMiss m) {
 
 // ---- PendingLookup -----------------------------------------------------------
 
+void ReleaseLeaseInBackground(KvStoreClient::Impl* impl, uint64_t lease);
+
 struct PendingLookup::State {
-  std::shared_ptr<Stub> stub;  // keeps the channel alive for late releases
+  KvStoreClient::Impl* impl = nullptr;  // for releases of unwanted leases
   grpc::ClientContext ctx;
   v1::LookupRequest req;
   v1::LookupResponse resp;
@@ -127,7 +117,7 @@ struct PendingLookup::State {
       }
       cv.notify_all();
     }
-    if (orphan != 0) ReleaseInBackground(stub, orphan);
+    if (orphan != 0) ReleaseLeaseInBackground(impl, orphan);
   }
 };
 
@@ -146,7 +136,7 @@ PendingLookup::~PendingLookup() {
     }
   }
   if (cancel) state_->ctx.TryCancel();
-  if (orphan != 0) ReleaseInBackground(state_->stub, orphan);
+  if (orphan != 0) ReleaseLeaseInBackground(state_->impl, orphan);
 }
 
 std::optional<LookupResult> PendingLookup::Poll() {
@@ -189,10 +179,42 @@ class KvStoreClient::Impl {
         channel_(CreateKvChannel(options.target)),
         stub_(std::make_shared<Stub>(channel_)) {}
 
+  // Waits for callbacks still to come (bounded by the RPC deadlines), then
+  // frees their state here rather than on gRPC's callback threads.
+  ~Impl() {
+    std::unique_lock<std::mutex> lock(calls_mu_);
+    calls_cv_.wait(lock, [&] { return inflight_.empty(); });
+    graveyard_.clear();
+  }
+
+  // Callback-API calls: their state (ClientContext, messages) is owned here
+  // while in flight and never freed inside a gRPC callback; a finished call's
+  // state is freed by the next caller (or the destructor).
+  void Track(std::shared_ptr<void> call) {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    void* key = call.get();
+    inflight_.emplace(key, std::move(call));
+  }
+  void Retire(void* key) {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    auto it = inflight_.find(key);
+    if (it == inflight_.end()) return;
+    graveyard_.push_back(std::move(it->second));
+    inflight_.erase(it);
+    calls_cv_.notify_all();
+  }
+  void Sweep() {
+    std::vector<std::shared_ptr<void>> dead;
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    dead.swap(graveyard_);
+    // `dead` is destroyed after the lock is released (declared first).
+  }
+
   std::unique_ptr<PendingLookup> Lookup(std::string_view ns, std::span<const BlockHash> hashes,
                                         const LookupOptions& options) {
+    Sweep();
     auto st = std::make_shared<PendingLookup::State>();
-    st->stub = stub_;
+    st->impl = this;
     st->deadline_ms = options.deadline_ms > 0 ? options.deadline_ms : opts_.lookup_deadline_ms;
     // The RPC's deadline first, so that when Poll() calls the lookup late
     // the server's deadline has passed too (it then releases what it pinned).
@@ -203,13 +225,29 @@ class KvStoreClient::Impl {
     st->req.set_take_lease(options.take_lease);
     st->req.set_lease_ttl_ms(options.lease_ttl_ms);
     st->req.set_stage_to_hot(options.stage_to_hot);
-    stub_->async()->Lookup(&st->ctx, &st->req, &st->resp,
-                           [st](grpc::Status s) { st->OnDone(s); });
+    Track(st);
+    PendingLookup::State* raw = st.get();
+    stub_->async()->Lookup(&raw->ctx, &raw->req, &raw->resp, [this, raw](grpc::Status s) {
+      raw->OnDone(s);
+      Retire(raw);
+    });
     return std::make_unique<PendingLookup>(std::move(st));
   }
 
   void ReleaseAsync(LeaseId lease) {
-    if (lease.value() != 0) ReleaseInBackground(stub_, lease.value());
+    if (lease.value() == 0) return;
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::ReleaseRequest req;
+      v1::ReleaseResponse resp;
+    };
+    auto call = std::make_shared<Call>();
+    call->req.set_lease_id(lease.value());
+    call->ctx.set_deadline(DeadlineIn(5'000));
+    Track(call);
+    Call* raw = call.get();
+    stub_->async()->Release(&raw->ctx, &raw->req, &raw->resp,
+                            [this, raw](grpc::Status) { Retire(raw); });
   }
 
   absl::StatusOr<bool> Release(LeaseId lease) {
@@ -377,7 +415,15 @@ class KvStoreClient::Impl {
   const KvStoreClientOptions opts_;
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<Stub> stub_;
+  std::mutex calls_mu_;
+  std::condition_variable calls_cv_;
+  std::unordered_map<void*, std::shared_ptr<void>> inflight_;
+  std::vector<std::shared_ptr<void>> graveyard_;
 };
+
+void ReleaseLeaseInBackground(KvStoreClient::Impl* impl, uint64_t lease) {
+  impl->ReleaseAsync(LeaseId(lease));
+}
 
 absl::StatusOr<std::unique_ptr<KvStoreClient>> KvStoreClient::Create(
     const KvStoreClientOptions& options) {

@@ -18,7 +18,9 @@
 // fails it is reported as a kChecksum miss and its destination bytes must not
 // be used.
 //
-// Thread-safe: one client may be shared by many threads.
+// Thread-safe: one client may be shared by many threads. Destroy every
+// PendingLookup before its client; the client's destructor waits for its
+// callback-API calls still in flight (bounded by their deadlines).
 #pragma once
 
 #include <cstdint>
