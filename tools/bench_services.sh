@@ -3,6 +3,8 @@
 # output tokens/s, TTFT and inter-token latency at 32 and 64 concurrent
 # requests, sync and async scheduling in the same run, then the per-step
 # SchedulerOutput size and serialize time at 256 running requests.
+# With --backend sim (5 ms steps, no math) the worker-idle figure is the
+# DESIGN §8 "GPU idle between steps" measure.
 # Usage: tools/bench_services.sh [--build-dir DIR] [--backend cpu|sim] [--output-len N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,15 +44,24 @@ for mode in sync async; do
   for _ in $(seq 1 300); do "$BUILD/tools/cli/tandem" info --server "${SERVER[$mode]}" >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
+worker_busy() {  # seconds the worker spent executing steps so far
+  local url; url="$(grep -ho "http://[^ ]*/metrics" "$DIR/worker-$1.log" | head -1)"
+  curl -s "$url" | awk '/^tandem_worker_step_duration_seconds_sum/ {print $2}'
+}
 echo "== services: backend $BACKEND, prompt $PROMPT_LEN tokens, output $OUTPUT_LEN tokens (EOS ignored), $(nproc) CPUs"
 for c in 32 64; do
   for mode in sync async; do
     # Warm-up, then the measured run.
     "$BUILD/tools/cli/tandem" bench --server "${SERVER[$mode]}" --concurrency "$c" --num-requests "$c" \
       --prompt-len "$PROMPT_LEN" --output-len 8 > /dev/null 2>&1 || true
+    busy0="$(worker_busy "$mode")"; t0="$(date +%s.%N)"
     "$BUILD/tools/cli/tandem" bench --server "${SERVER[$mode]}" --concurrency "$c" \
       --num-requests $((c * 4)) --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" \
       --label "$mode c=$c" 2>/dev/null
+    busy1="$(worker_busy "$mode")"; t1="$(date +%s.%N)"
+    awk -v b0="$busy0" -v b1="$busy1" -v t0="$t0" -v t1="$t1" 'BEGIN {
+      printf "  worker busy %.1f%% of the run (idle between steps %.1f%%, includes ramp-up/down)\n",
+             100*(b1-b0)/(t1-t0), 100*(1-(b1-b0)/(t1-t0)) }'
   done
 done
 echo "== per-step wire messages at 256 running requests"
