@@ -62,6 +62,10 @@ absl::Status KvStoreConnectorOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("max_pending_store_bytes must be > 0, got ", max_pending_store_bytes));
   }
+  if (lookup_refresh_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lookup_refresh_ms must be > 0, got ", lookup_refresh_ms));
+  }
   if (max_known_hashes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_known_hashes must be > 0, got ", max_known_hashes));
@@ -130,10 +134,17 @@ std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedT
   if (local_blocks >= num_hashes) return sched::ExternalMatch{};
 
   auto it = lookups_.find(request.request_id);
-  if (it != lookups_.end() && local_blocks < it->second.first_block) {
-    // The local hit shrank since we asked (blocks evicted): ask again.
-    lookups_.erase(it);
-    it = lookups_.end();
+  if (it != lookups_.end()) {
+    const Lookup& l = it->second;
+    // Ask again when the local hit shrank since we asked (blocks evicted), or
+    // when a partial answer has grown stale (the store may hold more now).
+    const bool stale = l.result.has_value() && l.result->num_hits < l.num_asked &&
+                       MonotonicNanos() - l.answered_ns > options_.lookup_refresh_ms * 1'000'000;
+    if (local_blocks < l.first_block || stale) {
+      if (l.result.has_value()) ReleaseLease(l.result->lease);
+      lookups_.erase(it);
+      it = lookups_.end();
+    }
   }
   if (it == lookups_.end()) {
     Lookup l;
@@ -154,6 +165,7 @@ std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedT
     std::optional<LookupResult> r = l.pending->Poll();
     if (!r.has_value()) return std::nullopt;
     l.result = std::move(r);
+    l.answered_ns = MonotonicNanos();
     const uint64_t latency = static_cast<uint64_t>(std::max<int64_t>(0, MonotonicNanos() - l.sent_ns));
     ++stats_.lookups;
     stats_.lookup_latency_ns_sum += latency;

@@ -69,6 +69,11 @@ struct KvStoreConnectorOptions {
   // Ask the store to stage cold-tier hits into its hot tier before the
   // lookup answers, so the worker's load never waits on disk. Default true.
   bool stage_to_hot = true;
+  // A lookup answer that missed some blocks is asked again when the request
+  // is still waiting this long after the answer (the blocks may have been
+  // stored meanwhile, e.g. by an earlier request of the same burst).
+  // Default 100 ms.
+  int64_t lookup_refresh_ms = 100;
   // Lease time-to-live of a lookup's hits (released earlier when the load
   // finishes or the request ends); 0 = the store's default. Default 30 s.
   uint32_t lease_ttl_ms = 30'000;
@@ -132,6 +137,7 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
     int32_t first_block = 0;  // index of the first hash asked
     int32_t num_asked = 0;
     int64_t sent_ns = 0;
+    int64_t answered_ns = 0;
     std::optional<LookupResult> result;
   };
   struct Load {

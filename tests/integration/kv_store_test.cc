@@ -1,0 +1,250 @@
+// The KV connector end to end (DESIGN §5, issue 6) with the real
+// tandem-kvstore, tandem-worker and tandem-scheduler binaries:
+//  - store on/off differential in sync and async mode with a worker cache
+//    too small to keep the prefixes (later requests load them);
+//  - cross-replica reuse and the async-load admission limit under a burst;
+//  - no stored block was computed from a placeholder token;
+//  - tenant isolation by cache salt;
+//  - a restarted store still serves the prefixes.
+#include <set>
+
+#include "kv_util.h"
+#include "tandem/common/block_hash.h"
+#include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/kvconnector/kvstore_connector.h"
+
+namespace tandem::testing {
+namespace {
+
+std::vector<std::string> Mode(bool async) {
+  return {"--async-scheduling=" + std::string(async ? "true" : "false")};
+}
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(KvStoreTest, DifferentialStoreOnOffSyncAndAsync) {
+  const std::string dir = MakeTempDir("tandem-kv-diff");
+  // 16 prefixes of 6-7 blocks, 4 uses each; 40 blocks hold about five
+  // requests, so a prefix's blocks are long evicted when it comes back.
+  const std::vector<v1::GenerateRequest> requests = SharedPrefixWorkload(64, 16, 96);
+  Service kv = StartKvStore(dir, "kv", {});
+  Service plain = StartWorker(dir, "worker-plain", {"--num-blocks", "40"});
+  Service worker = StartWorker(dir, "worker-kv", {"--num-blocks", "40", "--kvstore", kv.address()});
+  std::vector<GenerateResult> baseline;
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    Service off = StartScheduler(dir, std::string("sched-off-") + (async ? "a" : "s"),
+                                 plain.address(), Mode(async));
+    std::vector<GenerateResult> ref = RunAll(off.address(), requests, 16);
+    if (baseline.empty()) {
+      baseline = ref;
+    } else {
+      ExpectSameOutputs(ref, baseline);  // sync == async without the store
+    }
+    Stop(off);
+    Service on = StartScheduler(dir, std::string("sched-on-") + (async ? "a" : "s"),
+                                worker.address(),
+                                Concat(Mode(async), {"--kvstore", kv.address()}));
+    // Waves of 16 (the later users of a prefix arrive after it was stored).
+    ExpectSameOutputs(RunAll(on.address(), requests, 16), baseline);
+    const v1::GetStatsResponse st = IdleStats(on.address());
+    const int64_t prompt_tokens = TotalPromptTokens(requests);
+    std::printf("[%s] external lookups %lu (with hits %lu), loaded %lu of %ld prompt tokens, "
+                "local hits %lu, invalid %lu, stored blocks %lu\n",
+                async ? "async" : "sync", static_cast<unsigned long>(st.external_lookups()),
+                static_cast<unsigned long>(st.external_lookups_with_hits()),
+                static_cast<unsigned long>(st.external_loaded_tokens()),
+                static_cast<long>(prompt_tokens),
+                static_cast<unsigned long>(st.prefix_cache_hits()),
+                static_cast<unsigned long>(st.external_invalid_blocks()),
+                static_cast<unsigned long>(st.external_stored_blocks()));
+    EXPECT_GT(st.external_lookups_with_hits(), 0u);
+    // Loads made up a real share of the prompt tokens (>= 20%).
+    EXPECT_GE(static_cast<int64_t>(st.external_loaded_tokens()) * 5, prompt_tokens)
+        << st.DebugString();
+    EXPECT_EQ(st.external_invalid_blocks(), 0u);
+    Stop(on);
+  }
+}
+
+TEST(KvStoreTest, CrossReplicaHitAndLoadAdmissionLimitUnderBurst) {
+  const std::string dir = MakeTempDir("tandem-kv-burst");
+  Service kv = StartKvStore(dir, "kv", {});
+  Service worker_a = StartWorker(dir, "worker-a", {"--kvstore", kv.address()});
+  Service worker_b = StartWorker(dir, "worker-b", {"--kvstore", kv.address()});
+  Service sched_a = StartScheduler(dir, "sched-a", worker_a.address(), {"--kvstore", kv.address()});
+  constexpr int kMaxSeqs = 16;
+  Service sched_b = StartScheduler(
+      dir, "sched-b", worker_b.address(),
+      {"--kvstore", kv.address(), "--max-num-seqs", std::to_string(kMaxSeqs)});
+
+  // Replica A computes 8 prefixes (one request each).
+  const std::vector<v1::GenerateRequest> seed_requests = SharedPrefixWorkload(8, 8, 128, 99);
+  for (const GenerateResult& r : RunAll(sched_a.address(), seed_requests)) {
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  // Replica B gets 200 requests at once, all on those prefixes.
+  std::vector<v1::GenerateRequest> burst = SharedPrefixWorkload(200, 8, 128, 99);
+  for (auto& r : burst) r.mutable_sampling()->set_max_tokens(3);
+  // Let A's stores land first (they are sent in the background).
+  auto client = kvconnector::KvStoreClient::Create({.target = kv.address()});
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE(WaitFor([&] {
+    auto s = (*client)->Stats();
+    return s.ok() && s->cold_blocks >= 8 * 8;
+  })) << "replica A's blocks never reached the store";
+  std::vector<GenerateResult> results = RunAll(sched_b.address(), burst);
+  const v1::GetStatsResponse st = IdleStats(sched_b.address());
+  std::printf("burst: external lookups with hits %lu, loaded tokens %lu, max running+loading %d\n",
+              static_cast<unsigned long>(st.external_lookups_with_hits()),
+              static_cast<unsigned long>(st.external_loaded_tokens()),
+              st.max_running_plus_loading());
+  EXPECT_GT(st.external_lookups_with_hits(), 0u) << "no cross-replica hit";
+  EXPECT_GT(st.external_loaded_tokens(), 0u);
+  EXPECT_LE(st.max_running_plus_loading(), kMaxSeqs);
+  EXPECT_GT(st.max_running_plus_loading(), 1);
+
+  // Same tokens as a scheduler without the store (on A's worker: one
+  // scheduler stream per worker).
+  Stop(sched_a);
+  Service plain = StartScheduler(dir, "sched-plain", worker_a.address(), {});
+  ExpectSameOutputs(results, RunAll(plain.address(), burst, 50));
+}
+
+// Every stored block's hash is a block of some request's final token ids:
+// no block whose KV (or key) came from a placeholder was ever stored. Blocks
+// holding output tokens are among them (the async path was exercised).
+TEST(KvStoreTest, AsyncStoresOnlyBlocksOfFinalTokens) {
+  const std::string dir = MakeTempDir("tandem-kv-placeholder");
+  Service kv = StartKvStore(dir, "kv", {});
+  Service worker = StartWorker(dir, "worker", {"--kvstore", kv.address()});
+  Service sched = StartScheduler(dir, "sched", worker.address(),
+                                 {"--kvstore", kv.address(), "--async-scheduling=true"});
+  std::vector<v1::GenerateRequest> requests = SharedPrefixWorkload(24, 6, 40, 3);
+  for (auto& r : requests) {
+    r.mutable_sampling()->set_max_tokens(45);
+    r.mutable_sampling()->set_ignore_eos(true);
+  }
+  std::vector<GenerateResult> results = RunAll(sched.address(), requests);
+  auto wstub = WorkerStub(worker.address());
+  const v1::DescribeResponse d = Describe(wstub.get());
+  const BlockHash root = ComputeRootHash({.model_fingerprint = d.model_fingerprint(),
+                                          .kv_layout = d.kv_layout(),
+                                          .block_size = d.block_size(),
+                                          .dtype = "f32"});
+  std::set<BlockHash> prompt_only, with_output;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok());
+    std::vector<int32_t> tokens(requests[i].prompt_token_ids().begin(),
+                                requests[i].prompt_token_ids().end());
+    const size_t num_prompt = tokens.size();
+    tokens.insert(tokens.end(), results[i].tokens.begin(), results[i].tokens.end());
+    std::vector<BlockHash> hashes;
+    ExtendBlockHashes(root, tokens, d.block_size(), &hashes);
+    for (size_t b = 0; b < hashes.size(); ++b) {
+      ((b + 1) * d.block_size() <= num_prompt ? prompt_only : with_output).insert(hashes[b]);
+    }
+  }
+  auto client = kvconnector::KvStoreClient::Create({.target = kv.address()});
+  ASSERT_TRUE(client.ok());
+  // Stores travel in the background: wait until the count settles.
+  uint64_t stored = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    auto s = (*client)->Stats();
+    if (!s.ok()) return false;
+    const bool settled = s->cold_blocks == stored && stored > 0;
+    stored = s->cold_blocks;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return settled;
+  }));
+  const std::string ns = kvconnector::NamespaceFor(d.model_fingerprint(), d.kv_layout());
+  auto present = [&](const std::set<BlockHash>& set) {
+    uint64_t n = 0;
+    for (const BlockHash& h : set) {
+      const BlockHash one[] = {h};
+      n += (*client)->Lookup(ns, one, {.take_lease = false, .deadline_ms = 5000})->Wait().num_hits;
+    }
+    return n;
+  };
+  const uint64_t n_prompt = present(prompt_only), n_output = present(with_output);
+  std::printf("stored %lu blocks: %lu of prompt tokens, %lu holding output tokens\n",
+              static_cast<unsigned long>(stored), static_cast<unsigned long>(n_prompt),
+              static_cast<unsigned long>(n_output));
+  EXPECT_EQ(n_prompt + n_output, stored) << "the store holds blocks of no final token sequence";
+  EXPECT_GT(n_output, 0u) << "no block with output tokens was stored";
+}
+
+TEST(KvStoreTest, CacheSaltsIsolateTenants) {
+  const std::string dir = MakeTempDir("tandem-kv-salt");
+  Service kv = StartKvStore(dir, "kv", {});
+  Service worker = StartWorker(dir, "worker", {"--kvstore", kv.address()});
+  const std::vector<std::string> flags = {"--kvstore", kv.address(), "--allow-request-cache-salt"};
+  v1::GenerateRequest req = SharedPrefixWorkload(1, 1, 100, 5)[0];
+  req.mutable_sampling()->set_max_tokens(4);
+  {
+    Service a = StartScheduler(dir, "sched-a", worker.address(), flags);
+    req.set_cache_salt("tenant-1");
+    auto stub = GenerationStub(a.address());
+    ASSERT_TRUE(RunGenerate(stub.get(), req).status.ok());
+    IdleStats(a.address());
+    Stop(a);
+  }
+  auto client = kvconnector::KvStoreClient::Create({.target = kv.address()});
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE(WaitFor([&] {
+    auto s = (*client)->Stats();
+    return s.ok() && s->cold_blocks >= 6;
+  }));
+  // A fresh scheduler (empty local cache): tenant 2 misses, tenant 1 hits.
+  Service b = StartScheduler(dir, "sched-b", worker.address(), flags);
+  auto stub = GenerationStub(b.address());
+  req.set_cache_salt("tenant-2");
+  const GenerateResult other = RunGenerate(stub.get(), req);
+  ASSERT_TRUE(other.status.ok());
+  EXPECT_EQ(other.usage.cached_tokens_external(), 0);
+  req.set_cache_salt("tenant-1");
+  req.set_request_id("again");
+  const GenerateResult same = RunGenerate(stub.get(), req);
+  ASSERT_TRUE(same.status.ok());
+  EXPECT_GE(same.usage.cached_tokens_external(), 96);
+  EXPECT_EQ(same.tokens, other.tokens);
+}
+
+TEST(KvStoreTest, RestartedStoreServesPrefixes) {
+  const std::string dir = MakeTempDir("tandem-kv-restart");
+  Service kv = StartKvStore(dir, "kv", {"--durability", "wal"});
+  const std::string kv_address = kv.address();
+  Service worker = StartWorker(dir, "worker", {"--kvstore", kv_address});
+  const std::vector<v1::GenerateRequest> requests = SharedPrefixWorkload(24, 6, 80, 11);
+  std::vector<GenerateResult> first;
+  {
+    Service s = StartScheduler(dir, "sched-1", worker.address(), {"--kvstore", kv_address});
+    first = RunAll(s.address(), requests);
+    IdleStats(s.address());
+    Stop(s);
+  }
+  // Let the background stores land, then restart the store on its port.
+  auto client = kvconnector::KvStoreClient::Create({.target = kv_address});
+  ASSERT_TRUE(client.ok());
+  uint64_t stored = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    auto st = (*client)->Stats();
+    const bool settled = st.ok() && st->cold_blocks == stored && stored > 0;
+    if (st.ok()) stored = st->cold_blocks;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return settled;
+  }));
+  Stop(kv);
+  kv = StartKvStore(dir, "kv", {"--durability", "wal"}, kv_address);
+  Service s = StartScheduler(dir, "sched-2", worker.address(), {"--kvstore", kv_address});
+  ExpectSameOutputs(RunAll(s.address(), requests), first);
+  const v1::GetStatsResponse st = IdleStats(s.address());
+  EXPECT_GT(st.external_lookups_with_hits(), 0u);
+  EXPECT_GT(st.external_loaded_tokens(), 0u);
+}
+
+}  // namespace
+}  // namespace tandem::testing
