@@ -1,0 +1,121 @@
+// KV-store faults (DESIGN §9, issue 6 item 4): whatever the store does, the
+// outputs equal a run without it and no request hangs.
+//  - the store is killed (SIGKILL) mid-run: lookups miss, loads fail over;
+//  - a block corrupted in the hot tier (memory) and one in RocksDB (disk):
+//    the checksum catches it, the request recomputes, the bad block is never
+//    cached (later requests that share it still match);
+//  - lookups answered after their deadline count as misses.
+// Faults come from tandem-kvstore's TEST-ONLY --debug-* flags.
+#include "kv_util.h"
+#include "tandem/kvconnector/kvstore_client.h"
+
+namespace tandem::testing {
+namespace {
+
+class KvFaultsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(MakeTempDir("tandem-kv-faults"));
+    requests_ = new std::vector<v1::GenerateRequest>(SharedPrefixWorkload(40, 8, 96, 21));
+    Service plain = StartWorker(*dir_, "worker-plain", {"--num-blocks", "48"});
+    Service s = StartScheduler(*dir_, "sched-plain", plain.address(), {});
+    baseline_ = new std::vector<GenerateResult>(RunAll(s.address(), *requests_, 10));
+    for (const auto& r : *baseline_) ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+
+  // Runs the workload twice against `kv` through one worker: the first
+  // scheduler fills the store, the second (empty local cache) loads from it.
+  // Both must match the baseline. Returns the second scheduler's stats.
+  v1::GetStatsResponse RunTwice(const std::string& name, Service& kv,
+                                const std::vector<std::string>& sched_flags = {}) {
+    Service worker =
+        StartWorker(*dir_, name + "-worker", {"--num-blocks", "48", "--kvstore", kv.address()});
+    std::vector<std::string> flags = {"--kvstore", kv.address()};
+    flags.insert(flags.end(), sched_flags.begin(), sched_flags.end());
+    {
+      Service s = StartScheduler(*dir_, name + "-sched-1", worker.address(), flags);
+      ExpectSameOutputs(RunAll(s.address(), *requests_, 10), *baseline_);
+      IdleStats(s.address());
+      Stop(s);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // background stores land
+    Service s = StartScheduler(*dir_, name + "-sched-2", worker.address(), flags);
+    ExpectSameOutputs(RunAll(s.address(), *requests_, 10), *baseline_);
+    v1::GetStatsResponse st = IdleStats(s.address());
+    std::printf("[%s] lookups %lu (hits %lu, failed %lu), loaded %lu tokens, invalid blocks %lu\n",
+                name.c_str(), static_cast<unsigned long>(st.external_lookups()),
+                static_cast<unsigned long>(st.external_lookups_with_hits()),
+                static_cast<unsigned long>(st.external_lookups_failed()),
+                static_cast<unsigned long>(st.external_loaded_tokens()),
+                static_cast<unsigned long>(st.external_invalid_blocks()));
+    return st;
+  }
+
+  static std::string* dir_;
+  static std::vector<v1::GenerateRequest>* requests_;
+  static std::vector<GenerateResult>* baseline_;
+};
+std::string* KvFaultsTest::dir_ = nullptr;
+std::vector<v1::GenerateRequest>* KvFaultsTest::requests_ = nullptr;
+std::vector<GenerateResult>* KvFaultsTest::baseline_ = nullptr;
+
+TEST_F(KvFaultsTest, StoreKilledMidRun) {
+  Service kv = StartKvStore(*dir_, "kv-killed", {});
+  Service worker =
+      StartWorker(*dir_, "killed-worker", {"--num-blocks", "48", "--kvstore", kv.address()});
+  Service s = StartScheduler(*dir_, "killed-sched", worker.address(), {"--kvstore", kv.address()});
+  auto stub = GenerationStub(s.address());
+  std::vector<GenerateResult> results(requests_->size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests_->size(); ++i) {
+    threads.emplace_back([&, i] {
+      // A deadline well above the run time: a hang fails the test.
+      results[i] = RunGenerate(stub.get(), (*requests_)[i], std::chrono::seconds(60));
+    });
+    if (i == 10) {
+      ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_requests_finished() >= 5; }));
+      kv.process.Signal(SIGKILL);
+      kv.process.Wait(std::chrono::seconds(10));
+    }
+  }
+  for (auto& t : threads) t.join();
+  ExpectSameOutputs(results, *baseline_);
+  const v1::GetStatsResponse st = IdleStats(s.address());
+  EXPECT_GT(st.external_lookups_failed(), 0u) << "no lookup saw the store gone";
+}
+
+TEST_F(KvFaultsTest, BlockCorruptedInMemory) {
+  // Every 3rd new block gets a byte flipped in its hot-tier slot.
+  Service kv = StartKvStore(*dir_, "kv-hot", {"--debug-corrupt-hot-every", "3"});
+  const v1::GetStatsResponse st = RunTwice("hot", kv);
+  EXPECT_GT(st.external_invalid_blocks(), 0u) << "no corrupted block was caught";
+  EXPECT_GT(st.external_loaded_tokens(), 0u);
+}
+
+TEST_F(KvFaultsTest, BlockCorruptedOnDisk) {
+  // New blocks go to RocksDB only, every 3rd with a byte flipped; a lookup
+  // stages cold hits into the hot tier, verifying them on the way, so the
+  // store's checksum (or, for a block read directly, the worker's) catches
+  // each bad block and the request recomputes it.
+  Service kv = StartKvStore(*dir_, "kv-cold",
+                            {"--store-to-hot=false", "--debug-corrupt-cold-every", "3"});
+  const v1::GetStatsResponse st = RunTwice("cold", kv);
+  auto client = kvconnector::KvStoreClient::Create({.target = kv.address()});
+  ASSERT_TRUE(client.ok());
+  auto store_stats = (*client)->Stats();
+  ASSERT_TRUE(store_stats.ok());
+  EXPECT_GT(store_stats->checksum_failures + st.external_invalid_blocks(), 0u)
+      << "no corrupted block was caught";
+  EXPECT_GT(st.external_loaded_tokens(), 0u) << "the intact blocks were not loaded";
+}
+
+TEST_F(KvFaultsTest, LookupsAnsweredAfterTheirDeadline) {
+  Service kv = StartKvStore(*dir_, "kv-slow", {"--debug-lookup-delay-ms", "300"});
+  const v1::GetStatsResponse st =
+      RunTwice("slow", kv, {"--kvstore-lookup-deadline-ms", "20"});
+  EXPECT_GT(st.external_lookups_failed(), 0u);
+  EXPECT_EQ(st.external_loaded_tokens(), 0u);
+}
+
+}  // namespace
+}  // namespace tandem::testing
