@@ -207,9 +207,14 @@ void WorkerService::Loop() {
     }
     if (!s.ok()) {
       TANDEM_LOG(ERROR) << "step " << work.step->step_id() << " failed: " << s;
+      // Loads already done are still reported: the scheduler must learn
+      // that those requests' blocks arrived (or failed), or they would wait
+      // for them forever.
+      v1::KvConnectorReport report = std::move(*out.mutable_kv_connector_report());
       out.Clear();
       out.set_step_id(work.step->step_id());
       out.set_error(std::string(s.message()));
+      if (report.ByteSizeLong() > 0) *out.mutable_kv_connector_report() = std::move(report);
     }
     num_active_requests_.store(static_cast<int32_t>(seqs_.size()));
     num_steps_.fetch_add(1);
@@ -224,6 +229,18 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
   sched::SchedulerOutput step;
   TANDEM_RETURN_IF_ERROR(rpc::FromProto(proto, &step));
   for (const std::string& id : step.finished_req_ids) seqs_.erase(id);
+  // KV-store loads of this step, before its forward pass (and after every
+  // earlier step's: steps run in order on this thread). Reported in this
+  // step's output (even if the step then fails), failed blocks as
+  // invalid_block_ids. Loads need no batch state, so they come first.
+  sched::KvConnectorReport report;
+  if (kv_connector_ != nullptr) {
+    kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
+    v1::KvConnectorReport* pr = out->mutable_kv_connector_report();
+    for (const std::string& id : report.finished_recving) pr->add_finished_recving(id);
+    for (int32_t b : report.invalid_block_ids) pr->add_invalid_block_ids(b);
+  }
+
   // A preempted request keeps its entry (its prompt length fixes the sampling
   // positions) but loses its blocks; it comes back resumed_from_preemption.
   for (const std::string& id : step.preempted_req_ids) {
@@ -286,12 +303,6 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
     });
   }
 
-  // KV-store loads of this step, before its forward pass (and after every
-  // earlier step's: steps run in order on this thread). Reported in this
-  // step's output, failed blocks as invalid_block_ids.
-  sched::KvConnectorReport report;
-  if (kv_connector_ != nullptr) kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
-
   std::vector<float> logits;
   if (!inputs.empty()) {
     if (runner_ != nullptr) {
@@ -303,11 +314,10 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
   // Stores read their blocks now, before the next step can overwrite them.
   if (kv_connector_ != nullptr) {
     kv_connector_->SnapshotStores(step.kv_connector_metadata);
+    report.finished_sending.clear();
     kv_connector_->TakeFinishedSending(&report);
     v1::KvConnectorReport* pr = out->mutable_kv_connector_report();
-    for (const std::string& id : report.finished_recving) pr->add_finished_recving(id);
     for (const std::string& id : report.finished_sending) pr->add_finished_sending(id);
-    for (int32_t b : report.invalid_block_ids) pr->add_invalid_block_ids(b);
   }
 
   const int32_t vocab = model_->config().vocab_size;
