@@ -315,13 +315,16 @@ int Bench(int argc, char** argv) {
   finished.store(true);
   progress.join();
 
+  char rate_text[64];
+  std::snprintf(rate_text, sizeof(rate_text), "rate=%.1f/s", rate);
+  const std::string load = rate > 0 ? rate_text : "concurrency=" + std::to_string(concurrency);
   std::printf(
-      "%s%s%s concurrency=%s requests=%d failed=%d prompt_len=%d output_len=%d shared_prefix=%d\n"
+      "%s%s%s %s requests=%d failed=%d prompt_len=%d output_len=%d shared_prefix=%d\n"
       "  duration %.2f s | output %.1f tok/s | %.2f req/s\n"
       "  TTFT ms  p50 %.2f  p90 %.2f  p99 %.2f\n"
       "  ITL  ms  p50 %.2f  p90 %.2f  p99 %.2f\n",
       label.empty() ? "" : "[", label.c_str(), label.empty() ? "" : "]",
-      rate > 0 ? ("rate " + std::to_string(rate)).c_str() : std::to_string(concurrency).c_str(),
+      load.c_str(),
       num_requests, failed.load(), prompt_len, output_len, shared_prefix_len, elapsed,
       output_tokens.load() / elapsed, (num_requests - failed.load()) / elapsed,
       Percentile(ttft_ms, 50), Percentile(ttft_ms, 90), Percentile(ttft_ms, 99),
