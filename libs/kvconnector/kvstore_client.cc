@@ -123,19 +123,15 @@ struct PendingLookup::State {
 
 PendingLookup::PendingLookup(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
+// An unfinished RPC is not cancelled: it ends by its deadline, and a lease in
+// its answer is released then (OnDone), so none is left behind.
 PendingLookup::~PendingLookup() {
-  bool cancel = false;
   uint64_t orphan = 0;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->abandoned = true;
-    if (!state_->done) {
-      cancel = true;
-    } else if (!state_->delivered) {
-      orphan = state_->result.lease.value();
-    }
+    if (state_->done && !state_->delivered) orphan = state_->result.lease.value();
   }
-  if (cancel) state_->ctx.TryCancel();
   if (orphan != 0) ReleaseLeaseInBackground(state_->impl, orphan);
 }
 

@@ -78,7 +78,8 @@ class PendingLookup {
  public:
   struct State;
   explicit PendingLookup(std::shared_ptr<State> state);
-  // Cancels an unfinished RPC; releases a lease the caller never received.
+  // Releases a lease the caller never received (now, or when the answer of
+  // an unfinished RPC arrives).
   ~PendingLookup();
   PendingLookup(const PendingLookup&) = delete;
   PendingLookup& operator=(const PendingLookup&) = delete;
