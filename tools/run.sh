@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: builds (if needed), starts tandem-worker and tandem-scheduler
-# on loopback, waits until they serve, sends a few requests with the
-# `tandem` client, prints the results, and stops the processes cleanly.
+# The main job: builds (if needed), starts tandem-kvstore, tandem-worker and
+# tandem-scheduler on loopback, waits until they serve, sends a few requests
+# with the `tandem` client, prints the results, shows a second replica
+# getting a long shared prefix from the KV-store instead of recomputing it,
+# and stops the processes cleanly.
 #
 # Model: ../shared/models/stories260K.bin when present, otherwise a small
 # random model generated with tandem-make-random-model.
@@ -26,10 +28,11 @@ JOBS="${TANDEM_JOBS:-2}"
 if [ "$DO_BUILD" = 1 ]; then
   if [ "${TANDEM_SKIP_DEPS:-0}" != 1 ] && [ -x tools/install-deps.sh ]; then tools/install-deps.sh; fi
   [ -f "$BUILD/build.ninja" ] || [ -f "$BUILD/Makefile" ] || cmake -S . -B "$BUILD" -G Ninja
-  cmake --build "$BUILD" -j"$JOBS" --target tandem-worker tandem-scheduler tandem tandem-make-random-model
+  cmake --build "$BUILD" -j"$JOBS" --target tandem-worker tandem-scheduler tandem-kvstore tandem tandem-make-random-model
 fi
 WORKER="$BUILD/services/worker/tandem-worker"
 SCHEDULER="$BUILD/services/scheduler/tandem-scheduler"
+KVSTORE="$BUILD/services/kvstore/tandem-kvstore"
 CLI="$BUILD/tools/cli/tandem"
 
 RUN_DIR="$(mktemp -d /tmp/tandem-run-XXXXXX)"
@@ -56,16 +59,21 @@ wait_port() {  # file pid name
   echo "$3 did not start listening" >&2; return 1
 }
 
-echo "== starting tandem-worker ($MODEL)"
+echo "== starting tandem-kvstore (data $RUN_DIR/kvstore)"
+"$KVSTORE" --data-dir "$RUN_DIR/kvstore" --listen 127.0.0.1:0 --port-file "$RUN_DIR/kvstore.port" \
+  > "$RUN_DIR/kvstore.log" 2>&1 &
+PIDS+=($!)
+KVADDR="127.0.0.1:$(wait_port "$RUN_DIR/kvstore.port" "${PIDS[0]}" kvstore)"
+echo "== starting tandem-worker ($MODEL, --kvstore $KVADDR)"
 "$WORKER" --model "$MODEL" --listen 127.0.0.1:0 --port-file "$RUN_DIR/worker.port" \
-  > "$RUN_DIR/worker.log" 2>&1 &
+  --kvstore "$KVADDR" > "$RUN_DIR/worker.log" 2>&1 &
 PIDS+=($!)
-WPORT="$(wait_port "$RUN_DIR/worker.port" "${PIDS[0]}" worker)"
-echo "== starting tandem-scheduler (worker 127.0.0.1:$WPORT)"
+WPORT="$(wait_port "$RUN_DIR/worker.port" "${PIDS[1]}" worker)"
+echo "== starting tandem-scheduler (worker 127.0.0.1:$WPORT, --kvstore $KVADDR)"
 "$SCHEDULER" --worker "127.0.0.1:$WPORT" --listen 127.0.0.1:0 --port-file "$RUN_DIR/scheduler.port" \
-  > "$RUN_DIR/scheduler.log" 2>&1 &
+  --kvstore "$KVADDR" > "$RUN_DIR/scheduler.log" 2>&1 &
 PIDS+=($!)
-SPORT="$(wait_port "$RUN_DIR/scheduler.port" "${PIDS[1]}" scheduler)"
+SPORT="$(wait_port "$RUN_DIR/scheduler.port" "${PIDS[2]}" scheduler)"
 SERVER="127.0.0.1:$SPORT"
 for _ in $(seq 1 300); do
   "$CLI" info --server "$SERVER" > "$RUN_DIR/info.txt" 2>/dev/null && break
@@ -82,11 +90,27 @@ echo "== tandem generate --prompt 1,403,407,261 --n 3 --temperature 0.8 --seed 7
 echo "== tandem bench: 64 requests, 16 concurrent, 32-token shared prefix"
 "$CLI" bench --server "$SERVER" --concurrency 16 --num-requests 64 --prompt-len 48 --output-len 32 \
   --shared-prefix-len 32
+echo "== KV-store: a 200-token prompt on this replica computes its blocks and stores them"
+PREFIX="1$(for i in $(seq 2 192); do printf ',%d' $(( (i * 37) % 509 + 2 )); done)"
+"$CLI" generate --server "$SERVER" --prompt "$PREFIX,11,12,13,14,15,16,17,18" --max-tokens 8
+echo "== a second replica (its own worker and scheduler, same KV-store) gets the same 192-token"
+echo "   prefix with another suffix: cached_external=192 means it was loaded, not recomputed"
+"$WORKER" --model "$MODEL" --listen 127.0.0.1:0 --port-file "$RUN_DIR/worker2.port" \
+  --kvstore "$KVADDR" > "$RUN_DIR/worker2.log" 2>&1 &
+PIDS+=($!)
+W2PORT="$(wait_port "$RUN_DIR/worker2.port" "${PIDS[3]}" worker2)"
+"$SCHEDULER" --worker "127.0.0.1:$W2PORT" --listen 127.0.0.1:0 --port-file "$RUN_DIR/scheduler2.port" \
+  --kvstore "$KVADDR" > "$RUN_DIR/scheduler2.log" 2>&1 &
+PIDS+=($!)
+SERVER2="127.0.0.1:$(wait_port "$RUN_DIR/scheduler2.port" "${PIDS[4]}" scheduler2)"
+for _ in $(seq 1 300); do "$CLI" info --server "$SERVER2" > /dev/null 2>&1 && break; sleep 0.1; done
+"$CLI" generate --server "$SERVER2" --prompt "$PREFIX,21,22,23,24,25,26,27,28" --max-tokens 8
+"$CLI" stats --server "$SERVER2" | grep -E 'external' | sed 's/^/   /'
 echo "== scheduler stats"
 "$CLI" stats --server "$SERVER" | sed 's/^/   /'
 echo "== worth opening while it runs (Prometheus text):"
 grep -ho "http://[^ ]*/metrics" "$RUN_DIR/scheduler.log" "$RUN_DIR/worker.log" | sed 's/^/   /' || true
-echo "== logs: $RUN_DIR/{worker,scheduler}.log"
+echo "== logs: $RUN_DIR/{kvstore,worker,scheduler,worker2,scheduler2}.log"
 echo "   debug with grpcurl: grpcurl -plaintext $SERVER list   (reflection is on)"
 cleanup
 PIDS=()
