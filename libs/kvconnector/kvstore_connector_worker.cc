@@ -66,9 +66,9 @@ void KvStoreConnectorWorker::EnsureNamespace() {
   }
 }
 
-void KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
-                                        sched::KvConnectorReport* report) {
-  if (meta.loads.empty()) return;
+KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
+                                                  sched::KvConnectorReport* report) {
+  if (meta.loads.empty()) return {};
   std::vector<BlockHash> hashes;
   std::vector<int32_t> block_ids;
   for (const sched::KvLoad& l : meta.loads) {
@@ -128,6 +128,9 @@ void KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
   stats_.load_failed_not_found += not_found;
   stats_.load_failed_checksum += checksum;
   stats_.load_failed_rpc += failed;
+  return KvLoadFailures{.not_found = static_cast<int32_t>(not_found),
+                        .checksum = static_cast<int32_t>(checksum),
+                        .rpc = static_cast<int32_t>(failed)};
 }
 
 void KvStoreConnectorWorker::SnapshotStores(const sched::KvConnectorMetadata& meta) {

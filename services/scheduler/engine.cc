@@ -369,6 +369,10 @@ void Engine::HandleOutput(const v1::ModelRunnerOutput& proto) {
                             " was expected"));
     return;
   }
+  const v1::KvConnectorReport& kv_report = proto.kv_connector_report();
+  load_failed_not_found_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_not_found()));
+  load_failed_checksum_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_checksum()));
+  load_failed_rpc_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_rpc()));
   sched::SchedulerOutput scheduled = std::move(in_flight_.front());
   in_flight_.pop_front();
   sched::ModelRunnerOutput output;
@@ -535,6 +539,9 @@ void Engine::PublishStats() {
     s.set_external_loaded_tokens(st.external_loaded_tokens);
   }
   s.set_max_running_plus_loading(max_running_plus_loading_);
+  s.set_external_load_failed_not_found(load_failed_not_found_);
+  s.set_external_load_failed_checksum(load_failed_checksum_);
+  s.set_external_load_failed_rpc(load_failed_rpc_);
   if (kv_connector_ != nullptr) {
     const kvconnector::KvConnectorSchedulerStats k = kv_connector_->stats();
     s.set_external_lookups(k.lookups);

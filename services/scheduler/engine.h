@@ -147,6 +147,10 @@ class Engine {
   std::unique_ptr<kvconnector::KvStoreConnectorScheduler> kv_connector_;
   std::unique_ptr<sched::Scheduler> scheduler_;
   int32_t max_running_plus_loading_ = 0;
+  // KV-store load failures by reason, summed over the worker's reports.
+  uint64_t load_failed_not_found_ = 0;
+  uint64_t load_failed_checksum_ = 0;
+  uint64_t load_failed_rpc_ = 0;
   std::unique_ptr<WorkerStream> worker_;
   uint64_t max_broken_generation_ = 0;
   std::unordered_map<std::string, std::shared_ptr<GenerateCall>> calls_;

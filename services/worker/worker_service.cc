@@ -235,8 +235,12 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
   // invalid_block_ids. Loads need no batch state, so they come first.
   sched::KvConnectorReport report;
   if (kv_connector_ != nullptr) {
-    kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
+    const kvconnector::KvLoadFailures failed =
+        kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
     v1::KvConnectorReport* pr = out->mutable_kv_connector_report();
+    pr->set_num_load_failed_not_found(failed.not_found);
+    pr->set_num_load_failed_checksum(failed.checksum);
+    pr->set_num_load_failed_rpc(failed.rpc);
     for (const std::string& id : report.finished_recving) pr->add_finished_recving(id);
     for (int32_t b : report.invalid_block_ids) pr->add_invalid_block_ids(b);
   }

@@ -184,6 +184,13 @@ struct KvConnectorWorkerStats {
   int64_t stores_in_flight = 0;       // store entries queued or sending
 };
 
+// Blocks of one LoadBlocks call that failed, by reason.
+struct KvLoadFailures {
+  int32_t not_found = 0;
+  int32_t checksum = 0;
+  int32_t rpc = 0;  // timeout, store down, stream broken
+};
+
 // The worker role. LoadBlocks and SnapshotStores run on the worker's loop
 // thread; a background thread sends the snapshots.
 class KvStoreConnectorWorker {
@@ -202,8 +209,9 @@ class KvStoreConnectorWorker {
   // Before the forward pass: loads every block of `meta.loads` into the
   // cache (via staging memory). Appends each load's request id to
   // report->finished_recving and each failed block id to
-  // report->invalid_block_ids.
-  void LoadBlocks(const sched::KvConnectorMetadata& meta, sched::KvConnectorReport* report);
+  // report->invalid_block_ids; returns those failures by reason.
+  KvLoadFailures LoadBlocks(const sched::KvConnectorMetadata& meta,
+                            sched::KvConnectorReport* report);
   // After the forward pass: copies every block of `meta.stores` out of the
   // cache and queues it for the store.
   void SnapshotStores(const sched::KvConnectorMetadata& meta);
