@@ -111,7 +111,11 @@ KvStoreConnectorScheduler::KvStoreConnectorScheduler(const KvStoreConnectorOptio
     : options_(options), client_(std::move(client)), ns_(std::move(ns)), block_size_(block_size) {}
 
 KvStoreConnectorScheduler::~KvStoreConnectorScheduler() {
-  lookups_.clear();  // PendingLookup releases leases it never handed out
+  // A PendingLookup releases a lease it never handed out; those it did are ours.
+  for (auto& [id, l] : lookups_) {
+    if (l.result.has_value()) ReleaseLease(l.result->lease);
+  }
+  lookups_.clear();
   for (auto& [id, load] : loads_) ReleaseLease(load.lease);
 }
 
@@ -254,7 +258,10 @@ sched::KvConnectorMetadata KvStoreConnectorScheduler::BuildConnectorMeta(
 
 bool KvStoreConnectorScheduler::RequestFinished(const sched::Request& request,
                                                 std::span<const int32_t> /*block_ids*/) {
-  lookups_.erase(request.request_id);
+  if (auto it = lookups_.find(request.request_id); it != lookups_.end()) {
+    if (it->second.result.has_value()) ReleaseLease(it->second.result->lease);
+    lookups_.erase(it);
+  }
   if (auto it = loads_.find(request.request_id); it != loads_.end()) {
     ReleaseLease(it->second.lease);
     loads_.erase(it);

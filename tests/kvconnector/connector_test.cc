@@ -131,6 +131,14 @@ class ConnectorTest : public ::testing::Test {
     ASSERT_EQ(report->finished_sending.size(), n);
   }
 
+  bool WaitActiveLeases(uint64_t n) {
+    for (int i = 0; i < 2000; ++i) {
+      if (store_->GetStats().active_leases == n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+
   TempDir dir_;
   std::unique_ptr<kvstore::KvStore> store_;
   std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
@@ -209,6 +217,16 @@ TEST_F(ConnectorTest, StoreThenLoadRoundTripsThroughStaging) {
   EXPECT_EQ(s.stored_blocks, 4u);
   EXPECT_EQ(wk->stats().blocks_loaded, 4u);
   EXPECT_EQ(wk->stats().blocks_stored, 4u);
+  // b's lease was released when its load finished.
+  EXPECT_TRUE(WaitActiveLeases(0)) << store_->GetStats().active_leases;
+
+  // A request that finishes while its answered lookup waits for admission
+  // releases the lease too.
+  sched::Request c = MakeRequest("c", Tokens(18), {20, 21, 22, 23, 24});
+  EXPECT_EQ(PollMatch(sc.get(), c, 0).num_external_tokens, 16);
+  EXPECT_TRUE(WaitActiveLeases(1));
+  EXPECT_FALSE(sc->RequestFinished(c, c.block_ids));
+  EXPECT_TRUE(WaitActiveLeases(0)) << store_->GetStats().active_leases;
 }
 
 TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
