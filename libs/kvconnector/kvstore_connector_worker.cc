@@ -1,3 +1,7 @@
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -53,6 +57,28 @@ KvStoreConnectorWorker::~KvStoreConnectorWorker() {
   if (store_thread_.joinable()) store_thread_.join();
 }
 
+KvStoreConnectorWorker::Staging::~Staging() {
+  if (data_ == nullptr) return;
+  if (locked_) munlock(data_, capacity_);
+  std::free(data_);
+}
+
+std::byte* KvStoreConnectorWorker::Staging::Reserve(size_t bytes) {
+  if (bytes <= capacity_) return data_;
+  constexpr size_t kPage = 4096;
+  const size_t cap = (std::max(bytes, capacity_ * 2) + kPage - 1) / kPage * kPage;
+  auto* fresh = static_cast<std::byte*>(std::aligned_alloc(kPage, cap));
+  TANDEM_CHECK(fresh != nullptr) << "KV staging: cannot allocate " << cap << " bytes";
+  if (data_ != nullptr) {
+    if (locked_) munlock(data_, capacity_);
+    std::free(data_);
+  }
+  data_ = fresh;
+  capacity_ = cap;
+  locked_ = mlock(data_, capacity_) == 0;  // best effort (RLIMIT_MEMLOCK)
+  return data_;
+}
+
 void KvStoreConnectorWorker::EnsureNamespace() {
   if (namespace_ok_.load()) return;
   absl::StatusOr<bool> created = client_->CreateNamespace(spec_);
@@ -78,11 +104,11 @@ KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetada
   }
   // Staging memory: the store's payloads land here first (and are verified
   // by their checksum), then one copy per block goes into the cache.
-  staging_.resize(hashes.size() * static_cast<size_t>(block_bytes_));
+  std::byte* const staging = staging_.Reserve(hashes.size() * static_cast<size_t>(block_bytes_));
   std::vector<std::span<uint8_t>> dst;
   dst.reserve(hashes.size());
   for (size_t i = 0; i < hashes.size(); ++i) {
-    dst.emplace_back(reinterpret_cast<uint8_t*>(staging_.data()) + i * block_bytes_,
+    dst.emplace_back(reinterpret_cast<uint8_t*>(staging) + i * block_bytes_,
                      static_cast<size_t>(block_bytes_));
   }
   absl::StatusOr<std::vector<BlockLoadResult>> results =
@@ -97,7 +123,7 @@ KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetada
   for (size_t i = 0; i < hashes.size(); ++i) {
     LoadMiss miss = results.ok() && i < results->size() ? (*results)[i].miss : LoadMiss::kFailed;
     if (miss == LoadMiss::kNone) {
-      const std::span<const std::byte> src(staging_.data() + i * block_bytes_,
+      const std::span<const std::byte> src(staging + i * block_bytes_,
                                            static_cast<size_t>(block_bytes_));
       if (!from_host_(block_ids[i], src).ok()) miss = LoadMiss::kFailed;
     }

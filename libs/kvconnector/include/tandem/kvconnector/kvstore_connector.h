@@ -240,7 +240,23 @@ class KvStoreConnectorWorker {
   const int64_t block_bytes_;
   CopyToHost to_host_;
   CopyFromHost from_host_;
-  std::vector<std::byte> staging_;  // loop thread only
+  // Staging memory of loads (loop thread only): page-aligned and locked
+  // where the OS allows, so a device backend copies from pinned-like pages.
+  class Staging {
+   public:
+    Staging() = default;
+    Staging(const Staging&) = delete;
+    Staging& operator=(const Staging&) = delete;
+    ~Staging();
+    // At least `bytes` bytes; previous contents are not kept.
+    std::byte* Reserve(size_t bytes);
+
+   private:
+    std::byte* data_ = nullptr;
+    size_t capacity_ = 0;
+    bool locked_ = false;
+  };
+  Staging staging_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
