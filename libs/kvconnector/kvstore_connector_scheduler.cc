@@ -2,15 +2,14 @@
 #include <chrono>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "tandem/v1/kvstore.grpc.pb.h"
-
-#include "absl/strings/str_cat.h"
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/kvconnector/kvstore_connector.h"
+#include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem::kvconnector {
 
@@ -155,12 +154,12 @@ std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedT
     l.first_block = local_blocks;
     l.num_asked = num_hashes - local_blocks;
     l.sent_ns = MonotonicNanos();
-    l.pending = client_->Lookup(
-        ns_, std::span<const BlockHash>(request.block_hashes).subspan(local_blocks),
-        LookupOptions{.take_lease = true,
-                      .lease_ttl_ms = options_.lease_ttl_ms,
-                      .stage_to_hot = options_.stage_to_hot,
-                      .deadline_ms = options_.lookup_deadline_ms});
+    l.pending =
+        client_->Lookup(ns_, std::span<const BlockHash>(request.block_hashes).subspan(local_blocks),
+                        LookupOptions{.take_lease = true,
+                                      .lease_ttl_ms = options_.lease_ttl_ms,
+                                      .stage_to_hot = options_.stage_to_hot,
+                                      .deadline_ms = options_.lookup_deadline_ms});
     lookups_.emplace(request.request_id, std::move(l));
     return std::nullopt;
   }
@@ -170,7 +169,8 @@ std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedT
     if (!r.has_value()) return std::nullopt;
     l.result = std::move(r);
     l.answered_ns = MonotonicNanos();
-    const uint64_t latency = static_cast<uint64_t>(std::max<int64_t>(0, MonotonicNanos() - l.sent_ns));
+    const uint64_t latency =
+        static_cast<uint64_t>(std::max<int64_t>(0, MonotonicNanos() - l.sent_ns));
     ++stats_.lookups;
     stats_.lookup_latency_ns_sum += latency;
     stats_.lookup_latency_ns_max = std::max(stats_.lookup_latency_ns_max, latency);
@@ -214,11 +214,14 @@ void KvStoreConnectorScheduler::UpdateStateAfterAlloc(const sched::Request& requ
   const int32_t first = request.num_computed_tokens / block_size_;
   Load load;
   load.lease = lease;
-  load.block_ids.assign(block_ids.begin(), block_ids.begin() + std::min<size_t>(block_ids.size(), num_blocks));
-  load.hashes.assign(request.block_hashes.begin() + first,
-                     request.block_hashes.begin() + first + static_cast<int32_t>(load.block_ids.size()));
+  load.block_ids.assign(block_ids.begin(),
+                        block_ids.begin() + std::min<size_t>(block_ids.size(), num_blocks));
+  load.hashes.assign(
+      request.block_hashes.begin() + first,
+      request.block_hashes.begin() + first + static_cast<int32_t>(load.block_ids.size()));
   ++stats_.loads_started;
-  if (auto old = loads_.find(request.request_id); old != loads_.end()) ReleaseLease(old->second.lease);
+  if (auto old = loads_.find(request.request_id); old != loads_.end())
+    ReleaseLease(old->second.lease);
   loads_[request.request_id] = std::move(load);
 }
 
@@ -234,9 +237,9 @@ sched::KvConnectorMetadata KvStoreConnectorScheduler::BuildConnectorMeta(
   }
   for (const sched::ScheduledRequestView& v : scheduled) {
     const sched::Request& r = *v.request;
-    const int32_t storable =
-        std::min({v.num_storable_tokens() / block_size_, static_cast<int32_t>(r.block_hashes.size()),
-                  static_cast<int32_t>(r.block_ids.size())});
+    const int32_t storable = std::min({v.num_storable_tokens() / block_size_,
+                                       static_cast<int32_t>(r.block_hashes.size()),
+                                       static_cast<int32_t>(r.block_ids.size())});
     StoreCursor& c = cursors_[r.request_id];
     if (c.epoch != r.epoch) c = StoreCursor{.epoch = r.epoch, .next_block = 0};
     if (c.next_block >= storable) continue;

@@ -13,8 +13,7 @@ namespace tandem::kvconnector {
 
 absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::Create(
     const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
-    const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host,
-    CopyFromHost from_host) {
+    const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host, CopyFromHost from_host) {
   TANDEM_RETURN_IF_ERROR(options.Validate());
   if (block_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("block_bytes must be > 0, got ", block_bytes));

@@ -98,8 +98,8 @@ TEST_F(KvFaultsTest, BlockCorruptedOnDisk) {
   // stages cold hits into the hot tier, verifying them on the way, so the
   // store's checksum (or, for a block read directly, the worker's) catches
   // each bad block and the request recomputes it.
-  Service kv = StartKvStore(*dir_, "kv-cold",
-                            {"--store-to-hot=false", "--debug-corrupt-cold-every", "3"});
+  Service kv =
+      StartKvStore(*dir_, "kv-cold", {"--store-to-hot=false", "--debug-corrupt-cold-every", "3"});
   const v1::GetStatsResponse st = RunTwice("cold", kv);
   auto client = kvconnector::KvStoreClient::Create({.target = kv.address()});
   ASSERT_TRUE(client.ok());
@@ -112,8 +112,7 @@ TEST_F(KvFaultsTest, BlockCorruptedOnDisk) {
 
 TEST_F(KvFaultsTest, LookupsAnsweredAfterTheirDeadline) {
   Service kv = StartKvStore(*dir_, "kv-slow", {"--debug-lookup-delay-ms", "300"});
-  const v1::GetStatsResponse st =
-      RunTwice("slow", kv, {"--kvstore-lookup-deadline-ms", "20"});
+  const v1::GetStatsResponse st = RunTwice("slow", kv, {"--kvstore-lookup-deadline-ms", "20"});
   EXPECT_GT(st.external_lookups_failed(), 0u);
   EXPECT_EQ(st.external_loaded_tokens(), 0u);
 }

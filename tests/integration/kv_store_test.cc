@@ -46,21 +46,20 @@ TEST(KvStoreTest, DifferentialStoreOnOffSyncAndAsync) {
     }
     Stop(off);
     Service on = StartScheduler(dir, std::string("sched-on-") + (async ? "a" : "s"),
-                                worker.address(),
-                                Concat(Mode(async), {"--kvstore", kv.address()}));
+                                worker.address(), Concat(Mode(async), {"--kvstore", kv.address()}));
     // Waves of 16 (the later users of a prefix arrive after it was stored).
     ExpectSameOutputs(RunAll(on.address(), requests, 16), baseline);
     const v1::GetStatsResponse st = IdleStats(on.address());
     const int64_t prompt_tokens = TotalPromptTokens(requests);
-    std::printf("[%s] external lookups %lu (with hits %lu), loaded %lu of %ld prompt tokens, "
-                "local hits %lu, invalid %lu, stored blocks %lu\n",
-                async ? "async" : "sync", static_cast<unsigned long>(st.external_lookups()),
-                static_cast<unsigned long>(st.external_lookups_with_hits()),
-                static_cast<unsigned long>(st.external_loaded_tokens()),
-                static_cast<long>(prompt_tokens),
-                static_cast<unsigned long>(st.prefix_cache_hits()),
-                static_cast<unsigned long>(st.external_invalid_blocks()),
-                static_cast<unsigned long>(st.external_stored_blocks()));
+    std::printf(
+        "[%s] external lookups %lu (with hits %lu), loaded %lu of %ld prompt tokens, "
+        "local hits %lu, invalid %lu, stored blocks %lu\n",
+        async ? "async" : "sync", static_cast<unsigned long>(st.external_lookups()),
+        static_cast<unsigned long>(st.external_lookups_with_hits()),
+        static_cast<unsigned long>(st.external_loaded_tokens()), static_cast<long>(prompt_tokens),
+        static_cast<unsigned long>(st.prefix_cache_hits()),
+        static_cast<unsigned long>(st.external_invalid_blocks()),
+        static_cast<unsigned long>(st.external_stored_blocks()));
     EXPECT_GT(st.external_lookups_with_hits(), 0u);
     // Loads made up a real share of the prompt tokens (>= 20%).
     EXPECT_GE(static_cast<int64_t>(st.external_loaded_tokens()) * 5, prompt_tokens)
@@ -77,9 +76,9 @@ TEST(KvStoreTest, CrossReplicaHitAndLoadAdmissionLimitUnderBurst) {
   Service worker_b = StartWorker(dir, "worker-b", {"--kvstore", kv.address()});
   Service sched_a = StartScheduler(dir, "sched-a", worker_a.address(), {"--kvstore", kv.address()});
   constexpr int kMaxSeqs = 16;
-  Service sched_b = StartScheduler(
-      dir, "sched-b", worker_b.address(),
-      {"--kvstore", kv.address(), "--max-num-seqs", std::to_string(kMaxSeqs)});
+  Service sched_b =
+      StartScheduler(dir, "sched-b", worker_b.address(),
+                     {"--kvstore", kv.address(), "--max-num-seqs", std::to_string(kMaxSeqs)});
 
   // Replica A computes 8 prefixes (one request each).
   const std::vector<v1::GenerateRequest> seed_requests = SharedPrefixWorkload(8, 8, 128, 99);

@@ -26,17 +26,25 @@ inline Service StartKvStore(const std::string& dir, const std::string& name,
   const std::string port_file = dir + "/" + name + ".port";
   const std::string log = dir + "/" + name + ".log";
   std::remove(port_file.c_str());
-  std::vector<std::string> argv = {BinaryPath("services/kvstore/tandem-kvstore"), "--listen",
-                                   listen, "--port-file", port_file, "--data-dir",
-                                   dir + "/" + name + ".data", "--hot-slot-bytes", "65536",
-                                   "--hot-capacity-bytes", std::to_string(64 << 20)};
+  std::vector<std::string> argv = {BinaryPath("services/kvstore/tandem-kvstore"),
+                                   "--listen",
+                                   listen,
+                                   "--port-file",
+                                   port_file,
+                                   "--data-dir",
+                                   dir + "/" + name + ".data",
+                                   "--hot-slot-bytes",
+                                   "65536",
+                                   "--hot-capacity-bytes",
+                                   std::to_string(64 << 20)};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   Service s;
   s.process = Process::Spawn(argv, log);
   EXPECT_TRUE(WaitFor([&] {
     std::ifstream f(port_file);
     return static_cast<bool>(f >> s.port) && s.port > 0;
-  })) << "tandem-kvstore " << name << " never listened (log " << log << ")";
+  })) << "tandem-kvstore "
+      << name << " never listened (log " << log << ")";
   return s;
 }
 
@@ -96,8 +104,8 @@ inline void ExpectSameOutputs(const std::vector<GenerateResult>& results,
                               const std::vector<GenerateResult>& baseline) {
   ASSERT_EQ(results.size(), baseline.size());
   for (size_t i = 0; i < results.size(); ++i) {
-    ASSERT_TRUE(results[i].status.ok()) << "request " << i << ": "
-                                        << results[i].status.error_message();
+    ASSERT_TRUE(results[i].status.ok())
+        << "request " << i << ": " << results[i].status.error_message();
     EXPECT_EQ(results[i].tokens, baseline[i].tokens) << "request " << i;
     EXPECT_EQ(results[i].finish_reason, baseline[i].finish_reason) << "request " << i;
   }

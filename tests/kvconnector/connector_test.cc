@@ -55,9 +55,10 @@ struct FakeCache {
 class ConnectorTest : public ::testing::Test {
  protected:
   void StartStore(int64_t lookup_delay_ms = 0) {
-    auto store = kvstore::KvStore::Open(
-        {.data_dir = dir_.path(), .hot_capacity_bytes = 1 << 20, .hot_slot_bytes = 4096,
-         .lock_hot_memory = false});
+    auto store = kvstore::KvStore::Open({.data_dir = dir_.path(),
+                                         .hot_capacity_bytes = 1 << 20,
+                                         .hot_slot_bytes = 4096,
+                                         .lock_hot_memory = false});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
@@ -76,16 +77,16 @@ class ConnectorTest : public ::testing::Test {
   }
 
   std::unique_ptr<KvStoreConnectorScheduler> MakeScheduler(int64_t deadline_ms = 2000) {
-    auto c = KvStoreConnectorScheduler::Create(
-        {.target = target_, .lookup_deadline_ms = deadline_ms}, "fp", "layout", kBlockBytes,
-        kBlockSize);
+    auto c =
+        KvStoreConnectorScheduler::Create({.target = target_, .lookup_deadline_ms = deadline_ms},
+                                          "fp", "layout", kBlockBytes, kBlockSize);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
   std::unique_ptr<KvStoreConnectorWorker> MakeWorker() {
-    auto w = KvStoreConnectorWorker::Create({.target = target_, .transfer_deadline_ms = 2000},
-                                            "fp", "layout", kBlockBytes, cache_.ToHost(),
-                                            cache_.FromHost());
+    auto w =
+        KvStoreConnectorWorker::Create({.target = target_, .transfer_deadline_ms = 2000}, "fp",
+                                       "layout", kBlockBytes, cache_.ToHost(), cache_.FromHost());
     EXPECT_TRUE(w.ok()) << w.status();
     return w.ok() ? std::move(*w) : nullptr;
   }
@@ -239,8 +240,8 @@ TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
   // The step computes all 16 prompt tokens and samples a placeholder: the
   // storable bound is num_computed + n - placeholders - 1 = 15 (the
   // contract of ScheduledRequestView: conservative by one token) -> 3 blocks.
-  sched::ScheduledRequestView v{.request = &a, .num_scheduled_tokens = 16, .will_sample = true,
-                                .adds_placeholder = true};
+  sched::ScheduledRequestView v{
+      .request = &a, .num_scheduled_tokens = 16, .will_sample = true, .adds_placeholder = true};
   sched::SchedulerOutput out;
   EXPECT_EQ(sc->BuildConnectorMeta(out, {&v, 1}).stores.at(0).block_ids.size(), 3u);
 
@@ -251,8 +252,8 @@ TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
   sc->UpdateStateAfterAlloc(d, {}, 0);
   d.num_computed_tokens = 19;  // 17 known + 2 placeholders
   d.num_output_placeholders = 2;
-  sched::ScheduledRequestView dv{.request = &d, .num_scheduled_tokens = 1, .will_sample = true,
-                                 .adds_placeholder = true};
+  sched::ScheduledRequestView dv{
+      .request = &d, .num_scheduled_tokens = 1, .will_sample = true, .adds_placeholder = true};
   ASSERT_EQ(dv.num_storable_tokens(), 17);
   auto meta = sc->BuildConnectorMeta(out, {&dv, 1});
   ASSERT_EQ(meta.stores.size(), 1u);
@@ -352,8 +353,9 @@ TEST_F(ConnectorTest, StoreDownMeansMissesAndFailedLoadsNotHangs) {
   sched::Request a = MakeRequest("a", Tokens(9), {1, 2, 3});
   EXPECT_EQ(PollMatch(sc.get(), a, 0).num_external_tokens, 0);
   sched::KvConnectorMetadata meta;
-  meta.loads.push_back(
-      {.request_id = "x", .block_hashes = {a.block_hashes[0], a.block_hashes[1]}, .block_ids = {7, 8}});
+  meta.loads.push_back({.request_id = "x",
+                        .block_hashes = {a.block_hashes[0], a.block_hashes[1]},
+                        .block_ids = {7, 8}});
   sched::KvConnectorReport report;
   wk->LoadBlocks(meta, &report);
   EXPECT_EQ(report.finished_recving, std::vector<std::string>{"x"});

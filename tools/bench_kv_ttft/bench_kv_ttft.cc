@@ -94,9 +94,8 @@ struct Throughput {
   int failed = 0;
 };
 
-Throughput RunWorkload(const std::string& address,
-                       const std::vector<std::vector<int32_t>>& prompts, int output_len,
-                       int concurrency) {
+Throughput RunWorkload(const std::string& address, const std::vector<std::vector<int32_t>>& prompts,
+                       int output_len, int concurrency) {
   auto stub = Stub(address);
   std::vector<Result> results(prompts.size());
   std::atomic<size_t> next{0};
@@ -132,7 +131,8 @@ int main(int argc, char** argv) {
   int32_t num_prefixes = 16, per_prefix = 8, output_len = 16, concurrency = 8;
   tandem::rpc::FlagSet flags("tandem-bench-kv-ttft",
                              "KV-store TTFT and shared-prefix throughput (see run.sh).");
-  flags.Add("replica-a", &replica_a, "scheduler (with --kvstore) that computes and stores prefixes");
+  flags.Add("replica-a", &replica_a,
+            "scheduler (with --kvstore) that computes and stores prefixes");
   flags.Add("replica-b", &replica_b, "scheduler (with --kvstore) whose TTFT is measured");
   flags.Add("plain", &plain, "scheduler without a KV-store (throughput baseline)");
   flags.Add("kvstore", &kvstore, "tandem-kvstore host:port (to wait for stores)");
@@ -181,9 +181,10 @@ int main(int argc, char** argv) {
     min_external = std::min(min_external, h.cached_external);
   }
   std::printf("TTFT, %d-token prompt, %d trials (CPU backend, stories260K):\n", prompt_len, trials);
-  std::printf("  first %d tokens from the KV-store : p50 %.2f ms  p90 %.2f ms  (external cached "
-              "tokens >= %d)\n",
-              cached_len, Percentile(hit_ms, 0.5), Percentile(hit_ms, 0.9), min_external);
+  std::printf(
+      "  first %d tokens from the KV-store : p50 %.2f ms  p90 %.2f ms  (external cached "
+      "tokens >= %d)\n",
+      cached_len, Percentile(hit_ms, 0.5), Percentile(hit_ms, 0.9), min_external);
   std::printf("  computed from scratch            : p50 %.2f ms  p90 %.2f ms\n",
               Percentile(miss_ms, 0.5), Percentile(miss_ms, 0.9));
   std::printf("  speed-up p50 %.2fx   (anchor: vLLM 2-22x loading KV from CPU memory)\n",
@@ -203,13 +204,15 @@ int main(int argc, char** argv) {
     std::shuffle(prompts.begin(), prompts.end(), rng);
     const Throughput off = RunWorkload(plain, prompts, output_len, concurrency);
     const Throughput on = RunWorkload(replica_b, prompts, output_len, concurrency);
-    std::printf("Shared-prefix workload: %d prefixes x %d requests, %d-token prompts, %d output "
-                "tokens, concurrency %d, small worker KV caches:\n",
-                num_prefixes, per_prefix, prompt_len, output_len, concurrency);
+    std::printf(
+        "Shared-prefix workload: %d prefixes x %d requests, %d-token prompts, %d output "
+        "tokens, concurrency %d, small worker KV caches:\n",
+        num_prefixes, per_prefix, prompt_len, output_len, concurrency);
     for (const auto& [name, t] : {std::pair{"store off", off}, std::pair{"store on ", on}}) {
-      std::printf("  %s: %.2f s, %.1f output tok/s, mean TTFT %.1f ms, cached tokens local %ld "
-                  "external %ld, failed %d\n",
-                  name, t.seconds, t.output_tok_s, t.mean_ttft_ms, t.local, t.external, t.failed);
+      std::printf(
+          "  %s: %.2f s, %.1f output tok/s, mean TTFT %.1f ms, cached tokens local %ld "
+          "external %ld, failed %d\n",
+          name, t.seconds, t.output_tok_s, t.mean_ttft_ms, t.local, t.external, t.failed);
     }
     std::printf("  throughput ratio on/off: %.2fx\n", on.output_tok_s / off.output_tok_s);
   }

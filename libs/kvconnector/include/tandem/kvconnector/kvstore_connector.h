@@ -91,19 +91,19 @@ struct KvStoreConnectorOptions {
 
 // Running totals and gauges of the scheduler role (read on its thread).
 struct KvConnectorSchedulerStats {
-  uint64_t lookups = 0;               // Lookup RPCs answered (or given up on)
-  uint64_t lookups_with_hits = 0;     // ... with at least one leading hit
-  uint64_t lookups_failed = 0;        // late (deadline) or failed: zero hits
-  uint64_t lookup_hit_tokens = 0;     // tokens found beyond the local hit
-  uint64_t lookup_latency_ns_sum = 0; // send -> first poll that saw the answer
+  uint64_t lookups = 0;                // Lookup RPCs answered (or given up on)
+  uint64_t lookups_with_hits = 0;      // ... with at least one leading hit
+  uint64_t lookups_failed = 0;         // late (deadline) or failed: zero hits
+  uint64_t lookup_hit_tokens = 0;      // tokens found beyond the local hit
+  uint64_t lookup_latency_ns_sum = 0;  // send -> first poll that saw the answer
   uint64_t lookup_latency_ns_max = 0;
-  uint64_t loads_started = 0;         // requests whose prefix is being loaded
-  uint64_t loaded_tokens = 0;         // tokens that arrived valid
-  uint64_t invalid_blocks = 0;        // blocks the worker could not load
-  uint64_t stored_blocks = 0;         // store entries emitted (blocks)
-  int32_t lookups_pending = 0;        // gauges
+  uint64_t loads_started = 0;   // requests whose prefix is being loaded
+  uint64_t loaded_tokens = 0;   // tokens that arrived valid
+  uint64_t invalid_blocks = 0;  // blocks the worker could not load
+  uint64_t stored_blocks = 0;   // store entries emitted (blocks)
+  int32_t lookups_pending = 0;  // gauges
   int32_t loads_in_flight = 0;
-  int32_t stores_in_flight = 0;       // KvStore entries not yet reported sent
+  int32_t stores_in_flight = 0;  // KvStore entries not yet reported sent
 };
 
 class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
@@ -173,12 +173,12 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
 
 // Reasons a block failed to load (worker stats).
 struct KvConnectorWorkerStats {
-  uint64_t loads = 0;                 // load entries (requests) executed
+  uint64_t loads = 0;  // load entries (requests) executed
   uint64_t blocks_loaded = 0;
-  uint64_t load_failed_not_found = 0; // blocks
+  uint64_t load_failed_not_found = 0;  // blocks
   uint64_t load_failed_checksum = 0;
-  uint64_t load_failed_rpc = 0;       // timeout, store down, stream broken
-  uint64_t blocks_stored = 0;         // acknowledged by the store
+  uint64_t load_failed_rpc = 0;  // timeout, store down, stream broken
+  uint64_t blocks_stored = 0;    // acknowledged by the store
   uint64_t blocks_store_failed = 0;
   uint64_t blocks_store_dropped = 0;  // queue full
   int64_t stores_in_flight = 0;       // store entries queued or sending
@@ -197,8 +197,7 @@ class KvStoreConnectorWorker {
  public:
   // Copies one block between the KV cache and host memory of block_bytes.
   using CopyToHost = std::function<absl::Status(int32_t block_id, std::span<std::byte> out)>;
-  using CopyFromHost =
-      std::function<absl::Status(int32_t block_id, std::span<const std::byte> in)>;
+  using CopyFromHost = std::function<absl::Status(int32_t block_id, std::span<const std::byte> in)>;
 
   static absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> Create(
       const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
