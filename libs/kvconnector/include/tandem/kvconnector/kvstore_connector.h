@@ -26,6 +26,26 @@
 // blocks that failed (missing, checksum, timeout/RPC failure) in
 // invalid_block_ids; the scheduler then keeps only the blocks before the
 // first invalid one and recomputes the rest (outputs are unchanged).
+//
+// Lookups and leases (scheduler role): a lookup asks for the request's block
+// hashes beyond its local hit, with a lease and stage_to_hot. The answer is
+// kept (the scheduler may ask again when a step had no room) and refreshed
+// when it missed blocks and is older than lookup_refresh_ms. The lease is
+// released when the request is admitted without a load, when its load is
+// reported finished (held until then so the store cannot evict the blocks
+// before the worker reads them), or when the request finishes or is aborted.
+//
+// What is stored (scheduler role): per scheduled request, the full blocks
+// below ScheduledRequestView::num_storable_tokens() (never a placeholder)
+// that the store is not known to hold. "Known" = emitted for storing or seen
+// as a lookup hit; a lookup miss or a failed load forgets the hash so the
+// block is stored again.
+//
+// Known limits: while a lookup is pending and nothing else can run, the
+// engine keeps sending empty steps to the worker (it polls once per step),
+// so it spins at the worker's round-trip rate for at most the lookup
+// deadline; finished_sending only arrives with a later step, so
+// stores_in_flight may stay above 0 while the system is idle.
 #pragma once
 
 #include <atomic>
