@@ -22,9 +22,11 @@ struct ServerOptions {
   // When set, the bound port is written here (atomically, via rename) once
   // the server is listening. Tests and scripts read it.
   std::string port_file;
-  // HTTP/2 keepalive pings, so dead peers are noticed without traffic.
+  // HTTP/2 keepalive pings, so dead peers are noticed without traffic. The
+  // timeout is gRPC's default: a busy (not dead) client must not lose its
+  // streams because one ping answer was late.
   int32_t keepalive_time_ms = 10000;
-  int32_t keepalive_timeout_ms = 5000;
+  int32_t keepalive_timeout_ms = 20000;
   // Largest message accepted; gRPC's default is 4 MiB.
   int32_t max_receive_message_bytes = 64 << 20;
 
