@@ -189,12 +189,12 @@ const char* MissReasonName(MissReason r) {
 
 absl::Status NamespaceSpec::Validate() const {
   if (name.empty() || name.size() > 128) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "namespace name must have 1 to 128 bytes, has ", name.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace name must have 1 to 128 bytes, has ", name.size()));
   }
   if (block_bytes == 0 || block_bytes > (uint64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat("namespace '", name, "': block_bytes ",
-                                                   block_bytes, " is not in [1, 1 GiB]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace '", name, "': block_bytes ", block_bytes, " is not in [1, 1 GiB]"));
   }
   if (layout.size() > 1024) {
     return absl::InvalidArgumentError(
@@ -214,9 +214,9 @@ absl::Status KvStoreOptions::Validate() const {
                      " is smaller than one slot (hot_slot_bytes ", hot_slot_bytes, ")"));
   }
   if (default_lease_ttl_ms <= 0 || max_lease_ttl_ms < default_lease_ttl_ms) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KvStoreOptions: need 0 < default_lease_ttl_ms (", default_lease_ttl_ms,
-        ") <= max_lease_ttl_ms (", max_lease_ttl_ms, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvStoreOptions: need 0 < default_lease_ttl_ms (", default_lease_ttl_ms,
+                     ") <= max_lease_ttl_ms (", max_lease_ttl_ms, ")"));
   }
   return absl::OkStatus();
 }
@@ -284,10 +284,10 @@ class KvStore::Impl {
       if (it != namespaces_.end()) {
         const NamespaceSpec& have = it->second.spec;
         if (have == spec) return false;
-        return absl::AlreadyExistsError(absl::StrCat(
-            "namespace '", spec.name, "' exists with block_bytes=", have.block_bytes,
-            " layout='", have.layout, "'; requested block_bytes=", spec.block_bytes,
-            " layout='", spec.layout, "'"));
+        return absl::AlreadyExistsError(
+            absl::StrCat("namespace '", spec.name, "' exists with block_bytes=", have.block_bytes,
+                         " layout='", have.layout, "'; requested block_bytes=", spec.block_bytes,
+                         " layout='", spec.layout, "'"));
       }
       id = next_ns_id_++;
     }
@@ -297,9 +297,9 @@ class KvStore::Impl {
     value += spec.layout;
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    TANDEM_RETURN_IF_ERROR(FromRocks(db_->Put(wo, std::string(1, kNamespacePrefix) + spec.name,
-                                              value),
-                                     "writing namespace " + spec.name));
+    TANDEM_RETURN_IF_ERROR(
+        FromRocks(db_->Put(wo, std::string(1, kNamespacePrefix) + spec.name, value),
+                  "writing namespace " + spec.name));
     std::lock_guard<std::mutex> lock(mu_);
     namespaces_[spec.name] = NsInfo{spec, id};
     return true;
@@ -500,9 +500,8 @@ class KvStore::Impl {
       result.from_hot = true;
     } else {
       rocksdb::PinnableSlice value;
-      rocksdb::Status s =
-          db_->Get(PayloadReadOptions(), db_->DefaultColumnFamily(), RocksKey(kBlockPrefix, e->key),
-                   &value);
+      rocksdb::Status s = db_->Get(PayloadReadOptions(), db_->DefaultColumnFamily(),
+                                   RocksKey(kBlockPrefix, e->key), &value);
       if (s.IsNotFound()) return DropCorrupt(e, MissReason::kNotFound);
       if (!s.ok()) {
         Unpin(e);
@@ -872,8 +871,7 @@ absl::StatusOr<NamespaceSpec> KvStore::GetNamespace(std::string_view name) const
   TANDEM_ASSIGN_OR_RETURN(NsInfo info, impl_->Resolve(name));
   return info.spec;
 }
-absl::StatusOr<LookupResult> KvStore::Lookup(std::string_view ns,
-                                             std::span<const BlockHash> hashes,
+absl::StatusOr<LookupResult> KvStore::Lookup(std::string_view ns, std::span<const BlockHash> hashes,
                                              const LookupOptions& options) {
   return impl_->Lookup(ns, hashes, options);
 }
@@ -891,15 +889,16 @@ absl::StatusOr<ReadResult> KvStore::ReadInto(std::string_view ns, const BlockHas
                                              std::span<uint8_t> dst) {
   bool size_ok = true;
   TANDEM_ASSIGN_OR_RETURN(ReadResult r, impl_->Read(ns, hash, [&](std::span<const uint8_t> d) {
-                            if (d.size() != dst.size()) {
-                              size_ok = false;
-                              return;
-                            }
-                            std::memcpy(dst.data(), d.data(), d.size());
-                          }));
+    if (d.size() != dst.size()) {
+      size_ok = false;
+      return;
+    }
+    std::memcpy(dst.data(), d.data(), d.size());
+  }));
   if (!size_ok) {
     return absl::InvalidArgumentError(absl::StrCat("ReadInto: destination has ", dst.size(),
-                                                   " bytes, block ", hash.ToHex(), " has more or fewer"));
+                                                   " bytes, block ", hash.ToHex(),
+                                                   " has more or fewer"));
   }
   return r;
 }
@@ -911,8 +910,7 @@ bool KvStore::TEST_InHot(std::string_view ns, const BlockHash& hash) const {
 bool KvStore::TEST_InCold(std::string_view ns, const BlockHash& hash) const {
   return impl_->InTier(ns, hash, /*hot=*/false);
 }
-absl::Status KvStore::TEST_CorruptHot(std::string_view ns, const BlockHash& hash,
-                                      uint64_t offset) {
+absl::Status KvStore::TEST_CorruptHot(std::string_view ns, const BlockHash& hash, uint64_t offset) {
   return impl_->CorruptHot(ns, hash, offset);
 }
 absl::Status KvStore::TEST_CorruptCold(std::string_view ns, const BlockHash& hash,

@@ -33,7 +33,8 @@ class KvStoreTest : public ::testing::Test {
     auto s = KvStore::Open(options);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
-    ASSERT_TRUE(store_->CreateNamespace({.name = kNs, .block_bytes = kBlock, .layout = "test"}).ok());
+    ASSERT_TRUE(
+        store_->CreateNamespace({.name = kNs, .block_bytes = kBlock, .layout = "test"}).ok());
   }
   void Put(uint64_t i, const char* ns = kNs, uint8_t tag = 0) {
     auto p = TestPayload(i, kBlock, tag);
@@ -306,8 +307,7 @@ TEST_F(KvStoreTest, StagedLookupPutsColdHitsInTheHotTier) {
   EXPECT_TRUE(Get(2).from_hot);
 }
 
-class KvStoreRestartTest : public KvStoreTest,
-                           public ::testing::WithParamInterface<Durability> {};
+class KvStoreRestartTest : public KvStoreTest, public ::testing::WithParamInterface<Durability> {};
 
 TEST_P(KvStoreRestartTest, CleanRestartServesTheSameLookups) {
   KvStoreOptions o = Options();
@@ -331,8 +331,7 @@ TEST_P(KvStoreRestartTest, CleanRestartServesTheSameLookups) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDurabilities, KvStoreRestartTest,
-                         ::testing::Values(Durability::kNone, Durability::kWal,
-                                           Durability::kFsync),
+                         ::testing::Values(Durability::kNone, Durability::kWal, Durability::kFsync),
                          [](const auto& info) { return std::string(DurabilityName(info.param)); });
 
 TEST_F(KvStoreTest, ColdLruOrderIsRebuiltFromStoreOrderOnOpen) {

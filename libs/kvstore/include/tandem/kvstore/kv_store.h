@@ -157,18 +157,18 @@ struct KvStoreStats {
   uint64_t cold_bytes = 0;
   uint64_t cold_capacity_bytes = 0;  // 0 = unlimited
   uint64_t lookups = 0;
-  uint64_t lookup_hits = 0;          // blocks
-  uint64_t loads = 0;                // block reads
-  uint64_t blocks_loaded = 0;        // block reads served
+  uint64_t lookup_hits = 0;    // blocks
+  uint64_t loads = 0;          // block reads
+  uint64_t blocks_loaded = 0;  // block reads served
   uint64_t load_misses = 0;
-  uint64_t stores = 0;               // blocks written
+  uint64_t stores = 0;  // blocks written
   uint64_t stores_already_present = 0;
   uint64_t checksum_failures = 0;
   uint64_t active_leases = 0;
   uint64_t leases_expired = 0;
   uint64_t evictions_hot = 0;
   uint64_t evictions_cold = 0;
-  uint64_t promotions = 0;           // cold -> hot copies
+  uint64_t promotions = 0;  // cold -> hot copies
 };
 
 class KvStore {
