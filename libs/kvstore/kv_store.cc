@@ -369,9 +369,12 @@ class KvStore::Impl {
         Unpin(e);
         continue;
       }
-      absl::StatusOr<MissReason> staged = Stage(e);
-      if (staged.ok() && *staged == MissReason::kNone) {
-        hot[pos] = true;
+      absl::StatusOr<ReadResult> staged = Stage(e);
+      if (staged.ok() && staged->ok()) {
+        // Intact; when it could not be promoted (no hot tier, too large for
+        // a slot, every slot pinned, or another thread promoting it) it is
+        // still a hit, and its load reads it from the cold tier.
+        hot[pos] = staged->from_hot;
       } else {
         // The block is gone (or unreadable): the prefix ends before it.
         result.num_hits = pos;
@@ -717,24 +720,25 @@ class KvStore::Impl {
     return ReadResult{.miss = reason};
   }
 
-  // Reads a cold block (read-pinned by the caller) and copies it to the hot
-  // tier; unpins it. Returns the miss reason when it could not be read.
-  absl::StatusOr<MissReason> Stage(Entry* e) {
+  // Reads a cold block (read-pinned by the caller), verifies it and copies it
+  // to the hot tier when it can; unpins it. A served result means the block
+  // is intact; from_hot says whether it is in the hot tier now.
+  absl::StatusOr<ReadResult> Stage(Entry* e) {
     rocksdb::PinnableSlice value;
     rocksdb::Status s = db_->Get(PayloadReadOptions(), db_->DefaultColumnFamily(),
                                  RocksKey(kBlockPrefix, e->key), &value);
-    if (s.IsNotFound()) return DropCorrupt(e, MissReason::kNotFound).miss;
+    if (s.IsNotFound()) return DropCorrupt(e, MissReason::kNotFound);
     if (!s.ok()) {
       Unpin(e);
       return FromRocks(s, "staging a block");
     }
     std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(value.data()), value.size());
     if (data.size() != e->size || Crc32c(data) != e->checksum) {
-      return DropCorrupt(e, MissReason::kChecksum).miss;
+      return DropCorrupt(e, MissReason::kChecksum);
     }
-    const bool promoted = Promote(e, data);
+    ReadResult result{.checksum = e->checksum, .from_hot = Promote(e, data)};
     Unpin(e);
-    return promoted ? MissReason::kNone : MissReason::kNotFound;
+    return result;
   }
 
   // Copies verified bytes of a read-pinned entry into a hot slot. True when
@@ -751,7 +755,9 @@ class KvStore::Impl {
       if (slot < 0) return false;
       e->promoting = true;
     }
+    TANDEM_SYNC_POINT("KvStore::Promote:AfterClaim");
     std::memcpy(arena_->slot(slot), data.data(), data.size());
+    TANDEM_SYNC_POINT("KvStore::Promote:BeforeInstall");
     std::lock_guard<std::mutex> lock(mu_);
     e->promoting = false;
     if (e->state != EntryState::kReady) {

@@ -144,6 +144,35 @@ TEST_F(KvStoreConcurrencyTest, ConcurrentDuplicateStoresLeaveOneIntactBlock) {
   EXPECT_EQ(out, TestPayload(42, kBlock));
 }
 
+// A staged lookup finds its cold hit being promoted by a concurrent read: the
+// block is intact in RocksDB, so it is a hit (not yet hot), under the lease.
+TEST_F(KvStoreConcurrencyTest, StagedLookupDuringAnotherPromotionStillHits) {
+  Open({.hot_capacity_bytes = 4 * kBlock, .hot_slot_bytes = kBlock, .store_to_hot = false});
+  ASSERT_TRUE(Put(1).ok());
+  SyncPoint::Get()->LoadDependency({{"KvStore::Promote:AfterClaim", "KvStore::Lookup:AfterPin"},
+                                    {"KvStore::Lookup:End", "KvStore::Promote:BeforeInstall"}});
+  SyncPoint::Get()->EnableProcessing();
+  LookupResult result;
+  std::vector<uint8_t> out(kBlock);
+  ReadResult read;
+  std::thread reader([&] { read = *store_->ReadInto(kNs, TestHash(1), out); });
+  std::thread looker([&] {
+    std::vector<BlockHash> h{TestHash(1)};
+    result = *store_->Lookup(kNs, h, {.take_lease = true, .stage_to_hot = true});
+  });
+  reader.join();
+  looker.join();
+  SyncPoint::Get()->DisableProcessing();
+  EXPECT_TRUE(read.ok());
+  EXPECT_EQ(out, TestPayload(1, kBlock));
+  EXPECT_EQ(result.num_hits, 1);
+  EXPECT_EQ(result.num_hot_hits, 0);
+  EXPECT_NE(result.lease.value(), 0u);
+  EXPECT_EQ(store_->GetStats().promotions, 1u);
+  EXPECT_TRUE(store_->TEST_InHot(kNs, TestHash(1)));
+  EXPECT_TRUE(store_->Release(result.lease));
+}
+
 // Several threads look up, load, store and release on a small key space with
 // both tiers far smaller than it, for a bounded number of operations. Every
 // served block must have its own bytes, leased blocks must stay readable,

@@ -307,6 +307,78 @@ TEST_F(KvStoreTest, StagedLookupPutsColdHitsInTheHotTier) {
   EXPECT_TRUE(Get(2).from_hot);
 }
 
+// A cold hit that cannot be promoted is intact in RocksDB: it stays a hit,
+// under the lookup's lease, and its load reads it from the cold tier.
+TEST_F(KvStoreTest, StagedLookupWithoutAHotTierKeepsColdHitsUnderTheLease) {
+  KvStoreOptions o = Options();
+  o.hot_capacity_bytes = 0;
+  o.cold_capacity_blocks = 2;
+  Open(o);
+  Put(1);
+  Put(2);
+  auto r = store_->Lookup(kNs, std::vector<BlockHash>{TestHash(1), TestHash(2)},
+                          {.take_lease = true, .stage_to_hot = true});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->num_hits, 2);
+  EXPECT_EQ(r->num_hot_hits, 0);
+  ASSERT_NE(r->lease.value(), 0u);
+  Put(3);  // over capacity, but 1 and 2 are leased
+  Put(4);
+  for (int i : {1, 2}) {
+    ReadResult read = Get(i);
+    EXPECT_TRUE(read.ok()) << i;
+    EXPECT_FALSE(read.from_hot) << i;
+  }
+  EXPECT_TRUE(store_->Release(r->lease));
+}
+
+TEST_F(KvStoreTest, StagedLookupOfABlockLargerThanASlotStillHits) {
+  KvStoreOptions o = Options();
+  o.store_to_hot = false;
+  Open(o);
+  constexpr uint64_t kBig = 2 * kBlock;
+  ASSERT_TRUE(store_->CreateNamespace({.name = "big", .block_bytes = kBig, .layout = "x"}).ok());
+  for (uint64_t i : {1, 2}) {
+    auto p = TestPayload(i, kBig);
+    ASSERT_TRUE(store_->Store("big", TestHash(i), p, Crc(p)).ok());
+  }
+  auto r = store_->Lookup("big", std::vector<BlockHash>{TestHash(1), TestHash(2), TestHash(3)},
+                          {.take_lease = true, .stage_to_hot = true});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->num_hits, 2);
+  EXPECT_EQ(r->num_hot_hits, 0);
+  EXPECT_EQ(store_->GetStats().active_leases, 1u);
+  std::vector<uint8_t> out(kBig);
+  auto read = store_->ReadInto("big", TestHash(2), out);
+  ASSERT_TRUE(read.ok() && read->ok());
+  EXPECT_FALSE(read->from_hot);
+  EXPECT_EQ(out, TestPayload(2, kBig));
+}
+
+TEST_F(KvStoreTest, StagedLookupWhenEveryHotSlotIsLeasedStillHits) {
+  KvStoreOptions o = Options();
+  o.hot_capacity_bytes = kBlock;  // one slot
+  Open(o);
+  Put(1);  // takes the slot
+  auto pin = store_->Lookup(kNs, std::vector<BlockHash>{TestHash(1)}, {.take_lease = true});
+  ASSERT_TRUE(pin.ok());
+  ASSERT_EQ(pin->num_hot_hits, 1);
+  Put(2);  // the only slot is leased: cold only
+  ASSERT_FALSE(store_->TEST_InHot(kNs, TestHash(2)));
+  auto r = store_->Lookup(kNs, std::vector<BlockHash>{TestHash(2)},
+                          {.take_lease = true, .stage_to_hot = true});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->num_hits, 1);
+  EXPECT_EQ(r->num_hot_hits, 0);
+  EXPECT_NE(r->lease.value(), 0u);
+  EXPECT_TRUE(Get(2).ok());
+  // Once the slot is free again, staging promotes.
+  EXPECT_TRUE(store_->Release(pin->lease));
+  auto again = store_->Lookup(kNs, std::vector<BlockHash>{TestHash(2)},
+                              {.take_lease = false, .stage_to_hot = true});
+  EXPECT_EQ(again->num_hot_hits, 1);
+}
+
 class KvStoreRestartTest : public KvStoreTest, public ::testing::WithParamInterface<Durability> {};
 
 TEST_P(KvStoreRestartTest, CleanRestartServesTheSameLookups) {

@@ -17,7 +17,10 @@
 // Reads verify the block's CRC32C (written by the writer) on every read, from
 // either tier; a mismatch is a miss with reason kChecksum, the block is
 // dropped from both tiers, and no byte of it is returned. Reads of cold blocks
-// promote them to the hot tier.
+// promote them to the hot tier, as do lookups that ask to stage their hits; a
+// block that cannot be promoted (hot tier off, block larger than a slot,
+// every slot pinned, another thread promoting it) is still a hit and is
+// served from the cold tier.
 //
 // Leases: Lookup() pins its leading hits until Release(), until their load
 // completes (the service releases the lease after a Load), or until the lease
@@ -32,7 +35,8 @@
 //   KvStore::EvictCold:BeforeSelect, KvStore::EvictCold:AfterSelect,
 //   KvStore::EvictCold:BeforeDelete, KvStore::EvictCold:AfterDelete,
 //   KvStore::Lookup:Start, KvStore::Lookup:AfterPin, KvStore::Lookup:End,
-//   KvStore::Read:AfterVerify.
+//   KvStore::Read:AfterVerify, KvStore::Promote:AfterClaim (a cold block's
+//   promotion has claimed a hot slot), KvStore::Promote:BeforeInstall.
 #pragma once
 
 #include <cstdint>
