@@ -6,6 +6,8 @@
 #include <map>
 #include <optional>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -73,8 +75,13 @@ absl::Status IndexSafetensors(const std::string& path, const std::string& bytes,
     t.dtype = dtype->str();
     int64_t numel = 1;
     for (const JsonValue& d : shape->array()) {
-      if (!d.is_number() || d.number() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' bad shape"));
+      // Bounded so that numel * element size cannot overflow (2^40 elements
+      // is far past any tensor this loader reads into memory).
+      constexpr double kMaxElements = 1099511627776.0;  // 2^40
+      if (!d.is_number() || d.number() < 0 || d.number() != std::floor(d.number()) ||
+          d.number() * static_cast<double>(numel) > kMaxElements) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": tensor '", name, "' bad shape (negative, fractional, or over 2^40 elements)"));
       }
       t.shape.push_back(static_cast<int64_t>(d.number()));
       numel *= t.shape.back();
@@ -92,6 +99,10 @@ absl::Status IndexSafetensors(const std::string& path, const std::string& bytes,
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor '", name, "' holds ", t.end - t.begin, " bytes, its shape ",
                        ShapeString(t.shape), " and dtype ", t.dtype, " need ", numel * esize));
+    }
+    if (tensors->count(name) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", name, "' also appears in ", tensors->at(name).file));
     }
     (*tensors)[name] = std::move(t);
   }
@@ -228,6 +239,50 @@ std::vector<float> PermuteForRotateHalf(const std::vector<float>& w, int32_t hea
   return out;
 }
 
+// With a sharded index, every tensor must sit in the shard its weight_map
+// entry names, and every entry must name a tensor that exists.
+absl::Status CheckIndexMatchesShards(const std::string& dir, const std::string& index_path,
+                                     const std::map<std::string, TensorInfo>& tensors) {
+  std::error_code ec;
+  if (!std::filesystem::exists(index_path, ec)) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(std::string text, internal::ReadFile(index_path));
+  absl::StatusOr<JsonValue> index = JsonValue::Parse(text);
+  if (!index.ok()) return Annotate(index.status(), index_path);
+  for (const auto& [name, file] : index->Find("weight_map")->object()) {
+    auto it = tensors.find(name);
+    const std::string want = JoinPath(dir, file.str());
+    if (it == tensors.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map names tensor '",
+                                                     name, "' in ", want, ", which lacks it"));
+    }
+    if (it->second.file != want) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map puts '", name,
+                                                     "' in ", want, " but it is in ",
+                                                     it->second.file));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A checkpoint holding more layers than config.json declares disagrees with
+// it: loading the first num_hidden_layers would silently run another model.
+absl::Status CheckNoLayersBeyondConfig(const std::string& dir, const ModelConfig& c,
+                                       const std::map<std::string, TensorInfo>& tensors) {
+  const std::string prefix = "model.layers.";
+  for (const auto& [name, info] : tensors) {
+    if (!absl::StartsWith(name, prefix)) continue;
+    const std::string rest = name.substr(prefix.size());
+    int64_t layer = 0;
+    if (!absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer)) continue;
+    if (layer >= c.num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": ", info.file, " holds tensor '", name, "' of layer ", layer,
+                       " but config.json has num_hidden_layers = ", c.num_layers));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<LoadedCheckpoint> ReadHfCheckpoint(const std::string& dir) {
@@ -268,6 +323,8 @@ absl::StatusOr<LoadedCheckpoint> ReadHfCheckpoint(const std::string& dir) {
     TANDEM_RETURN_IF_ERROR(IndexSafetensors(p, bytes, &reader.tensors));
     reader.files[p] = std::move(bytes);
   }
+  TANDEM_RETURN_IF_ERROR(CheckIndexMatchesShards(dir, index_path, reader.tensors));
+  TANDEM_RETURN_IF_ERROR(CheckNoLayersBeyondConfig(dir, c, reader.tensors));
 
   const int64_t dim = c.dim, hidden = c.hidden_dim, kv = int64_t{c.num_kv_heads} * c.head_size,
                 q = int64_t{c.num_heads} * c.head_size, vocab = c.vocab_size;

@@ -74,6 +74,20 @@ absl::Status ModelConfig::Validate() const {
   TANDEM_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
   TANDEM_RETURN_IF_ERROR(positive("max_seq_len", max_seq_len));
   TANDEM_RETURN_IF_ERROR(positive("head_size", head_size));
+  // Upper bounds far past any real model, so that size arithmetic on a
+  // corrupt header cannot overflow int64.
+  auto at_most = [](const char* field, int32_t v, int32_t max) -> absl::Status {
+    if (v > max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: ", field, " = ", v, " exceeds the limit of ", max));
+    }
+    return absl::OkStatus();
+  };
+  TANDEM_RETURN_IF_ERROR(at_most("dim", dim, 1 << 20));
+  TANDEM_RETURN_IF_ERROR(at_most("hidden_dim", hidden_dim, 1 << 20));
+  TANDEM_RETURN_IF_ERROR(at_most("num_layers", num_layers, 1 << 12));
+  TANDEM_RETURN_IF_ERROR(at_most("vocab_size", vocab_size, 1 << 24));
+  TANDEM_RETURN_IF_ERROR(at_most("max_seq_len", max_seq_len, 1 << 24));
   if (dim % num_heads != 0 || head_size != dim / num_heads) {
     return absl::InvalidArgumentError(absl::StrCat("model config: head_size ", head_size,
                                                    " != dim ", dim, " / num_heads ", num_heads));

@@ -136,6 +136,59 @@ TEST_F(BadInputTest, ConfigDisagreeingWithTensorsIsRejected) {
                                          HasSubstr("config.json implies [256, 64]")));
 }
 
+TEST_F(BadInputTest, ConfigWithFewerLayersThanTheTensorsIsRejected) {
+  // The checkpoint has 2 layers; a config declaring 1 would run another model.
+  EditConfig("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
+  auto m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.safetensors"), HasSubstr("of layer 1"),
+                                         HasSubstr("num_hidden_layers = 1")));
+}
+
+TEST_F(BadInputTest, HugeHeaderValuesAreRejectedWithoutOverflow) {
+  std::string bytes = Slurp(bin_);
+  const int32_t huge = 1 << 30;  // dim: size arithmetic would overflow int64
+  std::memcpy(bytes.data(), &huge, 4);
+  Spit(bin_, bytes);
+  auto m = Model::Load(bin_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.bin"), HasSubstr("dim = 1073741824"),
+                                         HasSubstr("exceeds the limit")));
+  EditSafetensors("\"model.layers.0.mlp.down_proj.weight\":{\"dtype\":\"F32\",\"shape\":[64,172]",
+                  "\"model.layers.0.mlp.down_proj.weight\":{\"dtype\":\"F32\",\"shape\":[9e99,1]");
+  m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.safetensors"), HasSubstr("down_proj"),
+                                         HasSubstr("bad shape")));
+}
+
+TEST_F(BadInputTest, ShardedIndexThatDisagreesWithItsShardsIsRejected) {
+  const std::string dir = dir_.File("sharded");
+  ASSERT_TRUE(
+      WriteHfCheckpoint(ckpt_.config, ckpt_.weights, dir, HfWriteOptions{.num_shards = 2}).ok());
+  ASSERT_TRUE(Model::Load(dir).ok());
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  const std::string index = Slurp(index_path);
+  // model.norm.weight is written last, so it sits in the second shard.
+  const std::string entry = "\"model.norm.weight\":\"model-00002-of-00002.safetensors\"";
+  ASSERT_NE(index.find(entry), std::string::npos) << index;
+  std::string moved = index;
+  moved.replace(moved.find(entry), entry.size(),
+                "\"model.norm.weight\":\"model-00001-of-00002.safetensors\"");
+  Spit(index_path, moved);
+  auto m = Model::Load(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()),
+              AllOf(HasSubstr("model.safetensors.index.json"), HasSubstr("model.norm.weight"),
+                    HasSubstr("but it is in"), HasSubstr("model-00002-of-00002")));
+  // A missing shard names its path.
+  Spit(index_path, index);
+  std::filesystem::remove(dir + "/model-00002-of-00002.safetensors");
+  m = Model::Load(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()), HasSubstr("model-00002-of-00002.safetensors"));
+}
+
 TEST_F(BadInputTest, MissingTensorIsRejected) {
   EditSafetensors("\"model.norm.weight\"", "\"model.norx.weight\"");
   auto m = Model::Load(hf_);

@@ -81,7 +81,7 @@ TEST(RandomModelTest, Llama2cWriterRoundTripsWithAndWithoutSharedClassifier) {
 }
 
 TEST(RandomModelTest, KvLayoutStringAndBlockBytesDescribeTheCache) {
-  if (!testing::HaveStories()) GTEST_SKIP() << "no " << testing::StoriesPath();
+  TANDEM_REQUIRE_STORIES();
   auto m = Model::Load(testing::StoriesPath());
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(KvLayoutString((*m)->config(), 16), "block-major/L5/KV2/B16/H4/D8/f32");

@@ -51,7 +51,7 @@ TEST(CudaRunnerTest, LogitsMatchTheCpuBackendWithinTolerance) {
 }
 
 TEST(CudaRunnerTest, GreedyTokensMatchTheCpuBackendOnClearMargins) {
-  if (!testing::HaveStories()) GTEST_SKIP() << "no " << testing::StoriesPath();
+  TANDEM_REQUIRE_STORIES();
   auto model = Model::Load(testing::StoriesPath());
   ASSERT_TRUE(model.ok());
   auto probe =

@@ -16,7 +16,7 @@ using testing::MakePrompt;
 using testing::TempDir;
 
 TEST(HfTest, ConvertedStoriesGeneratesSameTokensAsBin) {
-  if (!testing::HaveStories()) GTEST_SKIP() << "no " << testing::StoriesPath();
+  TANDEM_REQUIRE_STORIES();
   auto bin = Model::Load(testing::StoriesPath());
   ASSERT_TRUE(bin.ok()) << bin.status();
   TempDir dir;

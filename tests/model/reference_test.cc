@@ -46,7 +46,7 @@ std::vector<ReferenceCase> LoadCases() {
 }
 
 TEST(ReferenceTest, MatchesLlama2cTokenForTokenOnEveryCase) {
-  if (!testing::HaveStories()) GTEST_SKIP() << "no " << testing::StoriesPath();
+  TANDEM_REQUIRE_STORIES();
   auto model = Model::Load(testing::StoriesPath());
   ASSERT_TRUE(model.ok()) << model.status();
   const std::vector<ReferenceCase> cases = LoadCases();
@@ -68,7 +68,7 @@ TEST(ReferenceTest, MatchesLlama2cTokenForTokenOnEveryCase) {
 }
 
 TEST(ReferenceTest, HuggingFaceConversionMatchesLlama2cOnEveryCase) {
-  if (!testing::HaveStories()) GTEST_SKIP() << "no " << testing::StoriesPath();
+  TANDEM_REQUIRE_STORIES();
   auto bin = Model::Load(testing::StoriesPath());
   ASSERT_TRUE(bin.ok()) << bin.status();
   testing::TempDir dir;

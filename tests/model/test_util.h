@@ -1,6 +1,7 @@
 // Helpers shared by the model tests.
 #pragma once
 
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -19,6 +20,20 @@ inline std::string ReferencePath() {
   return TANDEM_SHARED_DIR "/models/stories260K.reference.json";
 }
 inline bool HaveStories() { return std::filesystem::exists(StoriesPath()); }
+
+// Skips a test that needs stories260K when the checkpoint is absent, except in
+// CI (CI=true), which always has ../shared beside the checkout: there a
+// missing model is a failure, not a silent skip.
+#define TANDEM_REQUIRE_STORIES()                                              \
+  do {                                                                        \
+    if (!::tandem::model::testing::HaveStories()) {                           \
+      if (std::getenv("CI") != nullptr) {                                     \
+        FAIL() << "CI is set but " << ::tandem::model::testing::StoriesPath() \
+               << " is missing (TANDEM_SHARED_DIR=" TANDEM_SHARED_DIR ")";    \
+      }                                                                       \
+      GTEST_SKIP() << "no " << ::tandem::model::testing::StoriesPath();       \
+    }                                                                         \
+  } while (0)
 
 // A fresh temporary directory, removed by the destructor.
 class TempDir {
