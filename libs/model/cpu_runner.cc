@@ -154,29 +154,17 @@ class CpuModelRunner final : public ModelRunner {
   }
 
   absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) override {
-    TANDEM_RETURN_IF_ERROR(CheckCopy(block_id, out.size()));
+    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, out.size()));
     std::memcpy(out.data(), BlockBytes(block_id).data(), out.size());
     return absl::OkStatus();
   }
   absl::Status CopyBlockFromHost(int32_t block_id, std::span<const std::byte> in) override {
-    TANDEM_RETURN_IF_ERROR(CheckCopy(block_id, in.size()));
+    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, in.size()));
     std::memcpy(BlockBytes(block_id).data(), in.data(), in.size());
     return absl::OkStatus();
   }
 
  private:
-  absl::Status CheckCopy(int32_t block_id, size_t size) const {
-    if (block_id < 0 || block_id >= opts_.num_blocks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("block id ", block_id, " outside [0, ", opts_.num_blocks, ")"));
-    }
-    if (static_cast<int64_t>(size) != block_bytes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("block buffer of ", size, " bytes, want ", block_bytes()));
-    }
-    return absl::OkStatus();
-  }
-
   ThreadPool pool_;
   KvCacheShape shape_;
   std::vector<float> cache_;

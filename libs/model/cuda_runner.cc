@@ -189,28 +189,17 @@ class CudaModelRunner final : public ModelRunner {
   std::span<std::byte> BlockBytes(int32_t) override { return {}; }
 
   absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) override {
-    TANDEM_RETURN_IF_ERROR(CheckCopy(block_id, out.size()));
+    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, out.size()));
     return CudaStatus(kd::CopyToHost(out.data(), BlockPtr(block_id), out.size()), "block copy");
   }
   absl::Status CopyBlockFromHost(int32_t block_id, std::span<const std::byte> in) override {
-    TANDEM_RETURN_IF_ERROR(CheckCopy(block_id, in.size()));
+    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, in.size()));
     return CudaStatus(kd::CopyToDevice(BlockPtr(block_id), in.data(), in.size()), "block copy");
   }
 
  private:
   float* BlockPtr(int32_t block_id) const {
     return cache_.get<float>() + int64_t{block_id} * shape_.BlockFloats();
-  }
-  absl::Status CheckCopy(int32_t block_id, size_t size) const {
-    if (block_id < 0 || block_id >= opts_.num_blocks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("block id ", block_id, " outside [0, ", opts_.num_blocks, ")"));
-    }
-    if (static_cast<int64_t>(size) != block_bytes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("block buffer of ", size, " bytes, want ", block_bytes()));
-    }
-    return absl::OkStatus();
   }
 
   KvCacheShape shape_;

@@ -58,6 +58,18 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* mo
   return absl::InvalidArgumentError("unknown backend");
 }
 
+absl::Status ModelRunner::ValidateBlockCopy(int32_t block_id, size_t size) const {
+  if (block_id < 0 || block_id >= opts_.num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block id ", block_id, " outside [0, ", opts_.num_blocks, ")"));
+  }
+  if (static_cast<int64_t>(size) != block_bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block buffer of ", size, " bytes, want ", block_bytes()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ModelRunner::ValidateBatch(std::span<const SequenceInput> batch) const {
   const ModelConfig& c = model_->config();
   for (size_t i = 0; i < batch.size(); ++i) {

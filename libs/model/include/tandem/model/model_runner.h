@@ -98,6 +98,8 @@ class ModelRunner {
       : model_(model), opts_(opts), backend_(backend) {}
   // Checks the batch against the cache and the model (see Forward).
   absl::Status ValidateBatch(std::span<const SequenceInput> batch) const;
+  // Checks a block copy's id and host buffer size (CopyBlockToHost/FromHost).
+  absl::Status ValidateBlockCopy(int32_t block_id, size_t size) const;
 
   const Model* model_;
   KvCacheOptions opts_;
