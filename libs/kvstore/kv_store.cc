@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
@@ -561,6 +562,70 @@ class KvStore::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status CheckColdTier() const {
+    std::vector<std::string> problems;
+    auto problem = [&](const Key& k, absl::string_view what) {
+      if (problems.size() < 5) {
+        problems.push_back(absl::StrCat("ns ", k.ns, " block ", k.hash.ToHex(), ": ", what));
+      }
+    };
+    std::set<std::pair<uint32_t, std::string>> with_meta;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    const std::string meta_prefix(1, kMetaPrefix);
+    for (it->Seek(meta_prefix); it->Valid() && it->key().starts_with(meta_prefix); it->Next()) {
+      Key key;
+      Meta meta;
+      if (!ParseRocksKey(it->key(), &key) || !DecodeMeta(it->value(), &meta)) {
+        problems.push_back("unreadable metadata record");
+        continue;
+      }
+      with_meta.emplace(key.ns, std::string(reinterpret_cast<const char*>(key.hash.bytes.data()),
+                                            key.hash.bytes.size()));
+      std::string value;
+      rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), RocksKey(kBlockPrefix, key), &value);
+      if (s.IsNotFound()) {
+        problem(key, "metadata without a payload");
+      } else if (!s.ok()) {
+        problem(key, s.ToString());
+      } else if (value.size() != meta.size ||
+                 Crc32cExtend(0, reinterpret_cast<const uint8_t*>(value.data()), value.size()) !=
+                     meta.checksum) {
+        problem(key, "payload does not match its metadata");
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      auto e = index_.find(key);
+      if (e == index_.end() || e->second.state != EntryState::kReady) {
+        problem(key, "in RocksDB but not in the index");
+      }
+    }
+    TANDEM_RETURN_IF_ERROR(FromRocks(it->status(), "scanning metadata"));
+    const std::string block_prefix(1, kBlockPrefix);
+    for (it->Seek(block_prefix); it->Valid() && it->key().starts_with(block_prefix); it->Next()) {
+      Key key;
+      if (!ParseRocksKey(it->key(), &key)) {
+        problems.push_back("unreadable payload key");
+        continue;
+      }
+      if (!with_meta.contains(
+              {key.ns, std::string(reinterpret_cast<const char*>(key.hash.bytes.data()),
+                                   key.hash.bytes.size())})) {
+        problem(key, "payload without metadata");
+      }
+    }
+    TANDEM_RETURN_IF_ERROR(FromRocks(it->status(), "scanning payloads"));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      uint64_t ready = 0;
+      for (const auto& [key, e] : index_) ready += e.state == EntryState::kReady ? 1 : 0;
+      if (ready != with_meta.size()) {
+        problems.push_back(
+            absl::StrCat("index has ", ready, " blocks, RocksDB ", with_meta.size()));
+      }
+    }
+    if (problems.empty()) return absl::OkStatus();
+    return absl::DataLossError(absl::StrJoin(problems, "; "));
+  }
+
   absl::Status CorruptCold(std::string_view ns, const BlockHash& hash, uint64_t offset) {
     TANDEM_ASSIGN_OR_RETURN(NsInfo info, Resolve(ns));
     const std::string key = RocksKey(kBlockPrefix, Key{info.id, hash});
@@ -919,6 +984,7 @@ bool KvStore::TEST_InCold(std::string_view ns, const BlockHash& hash) const {
 absl::Status KvStore::TEST_CorruptHot(std::string_view ns, const BlockHash& hash, uint64_t offset) {
   return impl_->CorruptHot(ns, hash, offset);
 }
+absl::Status KvStore::TEST_CheckColdTier() const { return impl_->CheckColdTier(); }
 absl::Status KvStore::TEST_CorruptCold(std::string_view ns, const BlockHash& hash,
                                        uint64_t offset) {
   return impl_->CorruptCold(ns, hash, offset);

@@ -1,14 +1,19 @@
 // Crash safety (DESIGN §9: nothing acknowledged is lost). A child process
 // stores blocks in `wal` mode and reports each acknowledged block on a pipe;
-// the test SIGKILLs it at a random point, reopens the store, and checks that
-// every acknowledged block is present and intact and that every other block
-// it may have been writing is either absent or intact (never half there).
+// the test SIGKILLs it at a random point and reopens the store. Then:
+//  - every acknowledged block is present and intact;
+//  - no block is half there: for every block, Lookup and Read agree (a hit
+//    reads back the exact bytes written, a miss reads NotFound), and RocksDB
+//    holds no metadata record without its payload nor the reverse;
+//  - only the one block the child may have been writing when killed can be
+//    present without an ack.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -113,32 +118,64 @@ TEST(KvStoreCrashTest, AcknowledgedBlocksSurviveSigkillAndNothingIsHalfThere) {
     close(child.fd);
     if (acked.size() > acked_before) ++cycles_with_acks;
 
-    auto store = KvStore::Open({.data_dir = dir.path(), .hot_capacity_bytes = 0,
-                                .lock_hot_memory = false});
+    auto store =
+        KvStore::Open({.data_dir = dir.path(), .hot_capacity_bytes = 0, .lock_hot_memory = false});
     ASSERT_TRUE(store.ok()) << store.status();
     if (!(*store)->GetNamespace("crash").ok()) {
       ASSERT_TRUE(acked.empty());  // killed before it registered the namespace
       continue;
     }
+    KvStore& kv = **store;
+    const absl::Status cold = kv.TEST_CheckColdTier();
+    ASSERT_TRUE(cold.ok()) << "cycle " << cycle << ": " << cold;
+    // The child stores blocks in order, so nothing past the first block after
+    // the last ack (the one it may have been writing) can exist.
     const uint64_t max_acked = acked.empty() ? 0 : *acked.rbegin();
+    const uint64_t end = max_acked + 4;
+    std::vector<BlockHash> prefix;
+    std::vector<bool> hit(end + 1);
+    for (uint64_t i = 0; i <= end; ++i) {
+      const BlockHash h = TestHash(i);
+      prefix.push_back(h);
+      auto l = kv.Lookup("crash", std::span<const BlockHash>(&h, 1), {.take_lease = false});
+      ASSERT_TRUE(l.ok()) << l.status();
+      hit[i] = l->num_hits == 1;
+    }
+    int32_t leading = 0;
+    while (leading <= static_cast<int32_t>(end) && hit[leading]) ++leading;
+    auto whole = kv.Lookup("crash", prefix, {.take_lease = false});
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(whole->num_hits, leading) << "cycle " << cycle;
     std::vector<uint8_t> out(kBlock);
-    for (uint64_t i = 0; i <= max_acked + 4; ++i) {
+    for (uint64_t i = 0; i <= end; ++i) {
       const bool was_acked = acked.contains(i);
-      auto r = (*store)->ReadInto("crash", TestHash(i), out);
-      ASSERT_TRUE(r.ok()) << r.status();
       if (was_acked) {
-        ASSERT_TRUE(r->ok()) << "acknowledged block " << i << " lost in cycle " << cycle
-                             << " (" << MissReasonName(r->miss) << ")";
+        ASSERT_TRUE(hit[i]) << "acknowledged block " << i << " lost in cycle " << cycle;
       }
-      ASSERT_NE(r->miss, MissReason::kChecksum) << "block " << i << " half there, cycle "
-                                                << cycle;
-      if (r->ok()) {
+      if (!was_acked && i != max_acked + 1) {
+        ASSERT_FALSE(hit[i]) << "block " << i << " was never written, cycle " << cycle;
+      }
+      std::fill(out.begin(), out.end(), 0);
+      auto r = kv.ReadInto("crash", TestHash(i), out);
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (hit[i]) {
+        ASSERT_TRUE(r->ok()) << "block " << i << " is a Lookup hit but its Read is "
+                             << MissReasonName(r->miss) << " (half there), cycle " << cycle;
         // Compare by CRC32C of the expected bytes (computed once per block).
         auto [it, fresh] = expected_crc.try_emplace(i, 0);
         if (fresh) it->second = Crc32c(TestPayload(i, kBlock));
         ASSERT_EQ(Crc32c(out), it->second) << "block " << i << " has wrong bytes, cycle " << cycle;
+        ASSERT_EQ(r->checksum, it->second) << "block " << i << ", cycle " << cycle;
+      } else {
+        ASSERT_EQ(r->miss, MissReason::kNotFound)
+            << "block " << i << " is a Lookup miss but its Read is "
+            << (r->ok() ? "served" : MissReasonName(r->miss)) << ", cycle " << cycle;
       }
     }
+    // Reads dropped nothing: the tiers still agree with the first scan.
+    EXPECT_EQ(kv.GetStats().load_misses, end + 1 - std::count(hit.begin(), hit.end(), true))
+        << "cycle " << cycle;
+    EXPECT_EQ(kv.GetStats().checksum_failures, 0u) << "cycle " << cycle;
     next = acked.empty() ? 0 : max_acked + 1;
   }
   EXPECT_GT(acked.size(), 100u);

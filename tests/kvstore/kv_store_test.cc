@@ -278,6 +278,16 @@ TEST_F(KvStoreTest, FlippedByteInRocksDbIsAMissAndDropsTheBlock) {
   EXPECT_EQ(Hits({1}), 0);
 }
 
+TEST_F(KvStoreTest, ColdTierCheckFindsAPayloadThatDoesNotMatchItsMetadata) {
+  Open(Options());
+  for (int i = 0; i < 3; ++i) Put(i);
+  EXPECT_TRUE(store_->TEST_CheckColdTier().ok());
+  ASSERT_TRUE(store_->TEST_CorruptCold(kNs, TestHash(1), 7).ok());
+  const absl::Status s = store_->TEST_CheckColdTier();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr(TestHash(1).ToHex()));
+}
+
 TEST_F(KvStoreTest, CorruptColdBlockEndsAStagedLookupPrefix) {
   KvStoreOptions o = Options();
   o.store_to_hot = false;
