@@ -5,8 +5,8 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <unordered_map>
 #include <thread>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/client_context.h"
@@ -143,9 +143,9 @@ std::optional<LookupResult> PendingLookup::Poll() {
     if (!state_->resolved) {
       if (std::chrono::steady_clock::now() < state_->deadline) return std::nullopt;
       state_->resolved = true;
-      state_->result = LookupResult{
-          .status = absl::DeadlineExceededError(absl::StrCat(
-              "KV-store lookup not answered within ", state_->deadline_ms, " ms"))};
+      state_->result =
+          LookupResult{.status = absl::DeadlineExceededError(absl::StrCat(
+                           "KV-store lookup not answered within ", state_->deadline_ms, " ms"))};
       cancel = true;
     }
     state_->delivered = true;
@@ -286,7 +286,7 @@ class KvStoreClient::Impl {
         if (i < 0 || static_cast<size_t>(i) >= n) continue;
         if (!c.ok()) {
           results[i].miss = c.miss_reason() == v1::MISS_REASON_CHECKSUM ? LoadMiss::kChecksum
-                                                                         : LoadMiss::kNotFound;
+                                                                        : LoadMiss::kNotFound;
           ++finished;
           continue;
         }
@@ -325,10 +325,11 @@ class KvStoreClient::Impl {
 
   absl::StatusOr<std::vector<BlockStoreResult>> Store(
       std::string_view ns, std::span<const BlockHash> hashes,
-      std::span<const std::span<const uint8_t>> src, std::optional<kvstore::Durability> durability) {
+      std::span<const std::span<const uint8_t>> src,
+      std::optional<kvstore::Durability> durability) {
     if (src.size() != hashes.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("Store: ", hashes.size(), " hashes but ",
-                                                     src.size(), " source buffers"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Store: ", hashes.size(), " hashes but ", src.size(), " source buffers"));
     }
     std::vector<BlockStoreResult> results;
     if (hashes.empty()) return results;
@@ -438,8 +439,8 @@ std::unique_ptr<PendingLookup> KvStoreClient::Lookup(std::string_view ns,
 void KvStoreClient::ReleaseAsync(LeaseId lease) { impl_->ReleaseAsync(lease); }
 absl::StatusOr<bool> KvStoreClient::Release(LeaseId lease) { return impl_->Release(lease); }
 absl::StatusOr<std::vector<BlockLoadResult>> KvStoreClient::Load(
-    std::string_view ns, std::span<const BlockHash> hashes,
-    std::span<const std::span<uint8_t>> dst, LeaseId lease) {
+    std::string_view ns, std::span<const BlockHash> hashes, std::span<const std::span<uint8_t>> dst,
+    LeaseId lease) {
   return impl_->Load(ns, hashes, dst, lease);
 }
 absl::StatusOr<std::vector<BlockStoreResult>> KvStoreClient::Store(

@@ -116,8 +116,7 @@ struct BlockStoreResult {
 
 class KvStoreClient {
  public:
-  static absl::StatusOr<std::unique_ptr<KvStoreClient>> Create(
-      const KvStoreClientOptions& options);
+  static absl::StatusOr<std::unique_ptr<KvStoreClient>> Create(const KvStoreClientOptions& options);
   ~KvStoreClient();
 
   // Non-blocking; see PendingLookup.
