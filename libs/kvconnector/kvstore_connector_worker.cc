@@ -1,6 +1,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -91,8 +92,29 @@ void KvStoreConnectorWorker::EnsureNamespace() {
   }
 }
 
+void KvStoreConnectorWorker::EnqueueLocked(StoreJob job) {
+  pending_bytes_ += static_cast<int64_t>(job.bytes.size());
+  ++stats_.stores_in_flight;
+  jobs_.push_back(std::move(job));
+  cv_.notify_all();
+}
+
+void KvStoreConnectorWorker::AbandonUnsnapshotted() {
+  if (unsnapshotted_.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (sched::KvStore& s : unsnapshotted_) {
+    stats_.blocks_store_dropped += std::min(s.block_ids.size(), s.block_hashes.size());
+    EnqueueLocked(StoreJob{.request_id = std::move(s.request_id), .dropped = true});
+  }
+  unsnapshotted_.clear();
+}
+
 KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
                                                   sched::KvConnectorReport* report) {
+  // A step whose stores were never snapshotted failed before its forward
+  // pass ended: its store entries still finish (as dropped).
+  AbandonUnsnapshotted();
+  unsnapshotted_ = meta.stores;
   if (meta.loads.empty()) return {};
   std::vector<BlockHash> hashes;
   std::vector<int32_t> block_ids;
@@ -159,73 +181,108 @@ KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetada
 }
 
 void KvStoreConnectorWorker::SnapshotStores(const sched::KvConnectorMetadata& meta) {
+  unsnapshotted_.clear();
   for (const sched::KvStore& s : meta.stores) {
     StoreJob job;
     job.request_id = s.request_id;
     const size_t n = std::min(s.block_ids.size(), s.block_hashes.size());
+    uint64_t copy_failed = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pending_bytes_ + static_cast<int64_t>(n) * block_bytes_ >
+          options_.max_pending_store_bytes) {
+        // Queue full: the entry still finishes (in order, behind the queued
+        // ones), and the scheduler learns the blocks are not in the store.
+        stats_.blocks_store_dropped += n;
+        job.dropped = true;
+        EnqueueLocked(std::move(job));
+        continue;
+      }
+    }
     job.bytes.resize(n * static_cast<size_t>(block_bytes_));
     size_t kept = 0;
     for (size_t i = 0; i < n; ++i) {
       std::span<std::byte> out(job.bytes.data() + kept * block_bytes_,
                                static_cast<size_t>(block_bytes_));
-      if (!to_host_(s.block_ids[i], out).ok()) continue;
+      if (!to_host_(s.block_ids[i], out).ok()) {
+        ++copy_failed;
+        continue;
+      }
       job.hashes.push_back(s.block_hashes[i]);
       ++kept;
     }
     job.bytes.resize(kept * static_cast<size_t>(block_bytes_));
     std::lock_guard<std::mutex> lock(mu_);
-    const int64_t size = static_cast<int64_t>(job.bytes.size());
-    if (pending_bytes_ + size > options_.max_pending_store_bytes) {
-      stats_.blocks_store_dropped += kept;
-      finished_sending_.push_back(std::move(job.request_id));
-      continue;
-    }
-    pending_bytes_ += size;
-    ++stats_.stores_in_flight;
-    jobs_.push_back(std::move(job));
-    cv_.notify_all();
+    stats_.blocks_store_failed += copy_failed;
+    EnqueueLocked(std::move(job));
   }
 }
 
 void KvStoreConnectorWorker::StoreLoop() {
   for (;;) {
-    StoreJob job;
+    // Every queued job up to kMaxBatchBytes goes in one Store RPC (a stream
+    // per job would cost a round trip each and let the queue back up).
+    constexpr int64_t kMaxBatchBytes = int64_t{64} << 20;
+    std::vector<StoreJob> batch;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
       if (jobs_.empty()) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
+      int64_t bytes = 0;
+      while (!jobs_.empty() &&
+             (batch.empty() ||
+              bytes + static_cast<int64_t>(jobs_.front().bytes.size()) <= kMaxBatchBytes)) {
+        bytes += static_cast<int64_t>(jobs_.front().bytes.size());
+        batch.push_back(std::move(jobs_.front()));
+        jobs_.pop_front();
+      }
+      sending_ = true;
     }
-    uint64_t stored = 0, failed = 0;
-    if (!job.hashes.empty()) {
-      std::vector<std::span<const uint8_t>> src;
+    std::vector<BlockHash> hashes;
+    std::vector<std::span<const uint8_t>> src;
+    for (const StoreJob& job : batch) {
       for (size_t i = 0; i < job.hashes.size(); ++i) {
+        hashes.push_back(job.hashes[i]);
         src.emplace_back(reinterpret_cast<const uint8_t*>(job.bytes.data()) + i * block_bytes_,
                          static_cast<size_t>(block_bytes_));
       }
+    }
+    uint64_t stored = 0, failed = 0;
+    if (!hashes.empty()) {
       absl::StatusOr<std::vector<BlockStoreResult>> r;
       for (int attempt = 0; attempt < 2; ++attempt) {
         EnsureNamespace();
-        r = client_->Store(ns_, job.hashes, std::span<const std::span<const uint8_t>>(src));
+        r = client_->Store(ns_, hashes, std::span<const std::span<const uint8_t>>(src));
         if (r.ok() || r.status().code() != absl::StatusCode::kNotFound) break;
         namespace_ok_.store(false);  // the store lost it (restarted empty): create it again
       }
       if (r.ok()) {
-        for (const BlockStoreResult& b : *r) (b.status.ok() ? stored : failed) += 1;
+        for (size_t i = 0; i < hashes.size(); ++i) {
+          (i < r->size() && (*r)[i].status.ok() ? stored : failed) += 1;
+        }
       } else {
-        failed = job.hashes.size();
-        TANDEM_LOG(WARNING) << "KV-store store of " << job.hashes.size()
+        failed = hashes.size();
+        TANDEM_LOG(WARNING) << "KV-store store of " << hashes.size()
                             << " blocks failed: " << r.status();
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
-    pending_bytes_ -= static_cast<int64_t>(job.bytes.size());
-    --stats_.stores_in_flight;
+    for (StoreJob& job : batch) {
+      pending_bytes_ -= static_cast<int64_t>(job.bytes.size());
+      --stats_.stores_in_flight;
+      finished_sending_.push_back(std::move(job.request_id));
+    }
     stats_.blocks_stored += stored;
     stats_.blocks_store_failed += failed;
-    finished_sending_.push_back(std::move(job.request_id));
+    sending_ = false;
+    cv_.notify_all();
   }
+}
+
+bool KvStoreConnectorWorker::WaitForStores(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                      [&] { return jobs_.empty() && !sending_; });
 }
 
 void KvStoreConnectorWorker::TakeFinishedSending(sched::KvConnectorReport* report) {

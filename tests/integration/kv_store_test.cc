@@ -65,6 +65,13 @@ TEST(KvStoreTest, DifferentialStoreOnOffSyncAndAsync) {
     EXPECT_GE(static_cast<int64_t>(st.external_loaded_tokens()) * 5, prompt_tokens)
         << st.DebugString();
     EXPECT_EQ(st.external_invalid_blocks(), 0u);
+    std::printf("[%s] stores in flight when idle: %d\n", async ? "async" : "sync",
+                st.num_stores_in_flight());
+    // Every store entry is accounted for: none leaks in flight.
+    const v1::GetStatsResponse settled = StatsAfterStoresSettle(on.address());
+    EXPECT_EQ(settled.num_stores_in_flight(), 0) << settled.DebugString();
+    EXPECT_EQ(settled.num_loads_in_flight(), 0);
+    EXPECT_EQ(settled.num_lookups_pending(), 0);
     Stop(on);
   }
 }

@@ -52,6 +52,12 @@ struct FakeCache {
   }
 };
 
+std::vector<int32_t> Tokens(int n, int base = 100) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(base + i);
+  return t;
+}
+
 class ConnectorTest : public ::testing::Test {
  protected:
   void StartStore(int64_t lookup_delay_ms = 0) {
@@ -83,10 +89,14 @@ class ConnectorTest : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
-  std::unique_ptr<KvStoreConnectorWorker> MakeWorker() {
-    auto w =
-        KvStoreConnectorWorker::Create({.target = target_, .transfer_deadline_ms = 2000}, "fp",
-                                       "layout", kBlockBytes, cache_.ToHost(), cache_.FromHost());
+  std::unique_ptr<KvStoreConnectorWorker> MakeWorker(int64_t max_pending_store_bytes = int64_t{256}
+                                                                                       << 20,
+                                                     std::string target = "") {
+    auto w = KvStoreConnectorWorker::Create({.target = target.empty() ? target_ : target,
+                                             .transfer_deadline_ms = 2000,
+                                             .max_pending_store_bytes = max_pending_store_bytes},
+                                            "fp", "layout", kBlockBytes, cache_.ToHost(),
+                                            cache_.FromHost());
     EXPECT_TRUE(w.ok()) << w.status();
     return w.ok() ? std::move(*w) : nullptr;
   }
@@ -132,6 +142,42 @@ class ConnectorTest : public ::testing::Test {
     ASSERT_EQ(report->finished_sending.size(), n);
   }
 
+  // Polls the scheduler role until its store checks are answered.
+  static bool WaitStoreChecks(KvStoreConnectorScheduler* c) {
+    sched::SchedulerOutput out;
+    for (int i = 0; i < 5000; ++i) {
+      (void)c->BuildConnectorMeta(out, {});
+      if (c->stats().stores_verifying == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+
+  // Request `id` (17 tokens: 4 full blocks in cache blocks 1..4) computes its
+  // prompt in one step; returns the step's metadata (one store entry).
+  sched::KvConnectorMetadata ComputeStep(KvStoreConnectorScheduler* sc, sched::Request* r) {
+    (void)PollMatch(sc, *r, 0);
+    sc->UpdateStateAfterAlloc(*r, {}, 0);
+    for (int b = 1; b <= 4; ++b) cache_.Fill(b, b);
+    sched::ScheduledRequestView v{.request = r, .num_scheduled_tokens = 17, .will_sample = true};
+    sched::SchedulerOutput out;
+    return sc->BuildConnectorMeta(out, {&v, 1});
+  }
+
+  // The blocks the scheduler emits for request `id` whose 4 full blocks are
+  // a local prefix hit (no lookup asks the store about them).
+  static std::vector<int32_t> StoredOnLocalHit(KvStoreConnectorScheduler* sc,
+                                               const std::string& id) {
+    sched::Request b = MakeRequest(id, Tokens(17), {1, 2, 3, 4, 5});
+    EXPECT_EQ(sc->GetNumNewMatchedTokens(b, 16)->num_external_tokens, 0);
+    sc->UpdateStateAfterAlloc(b, {}, 0);
+    b.num_computed_tokens = 16;
+    sched::ScheduledRequestView v{.request = &b, .num_scheduled_tokens = 1, .will_sample = true};
+    sched::SchedulerOutput out;
+    sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, {&v, 1});
+    return meta.stores.empty() ? std::vector<int32_t>{} : meta.stores[0].block_ids;
+  }
+
   bool WaitActiveLeases(uint64_t n) {
     for (int i = 0; i < 2000; ++i) {
       if (store_->GetStats().active_leases == n) return true;
@@ -147,12 +193,6 @@ class ConnectorTest : public ::testing::Test {
   std::string target_;
   FakeCache cache_;
 };
-
-std::vector<int32_t> Tokens(int n, int base = 100) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back(base + i);
-  return t;
-}
 
 TEST_F(ConnectorTest, StoreThenLoadRoundTripsThroughStaging) {
   StartStore();
@@ -360,6 +400,108 @@ TEST_F(ConnectorTest, StoreDownMeansMissesAndFailedLoadsNotHangs) {
   wk->LoadBlocks(meta, &report);
   EXPECT_EQ(report.finished_recving, std::vector<std::string>{"x"});
   EXPECT_EQ(report.invalid_block_ids, (std::vector<int32_t>{7, 8}));
+}
+
+// A store entry dropped because the worker's queue was full still finishes;
+// the scheduler learns the store lacks its blocks and forgets them, so the
+// next request holding them (here as a local prefix hit, which asks the
+// store nothing) stores them again.
+TEST_F(ConnectorTest, DroppedStoreIsForgottenAndStoredAgain) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker(/*max_pending_store_bytes=*/kBlockBytes);  // 4 blocks never fit
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  const sched::KvConnectorMetadata meta = ComputeStep(sc.get(), &a);
+  ASSERT_EQ(meta.stores.size(), 1u);
+  wk->SnapshotStores(meta);
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  sched::KvConnectorReport sent;
+  wk->TakeFinishedSending(&sent);
+  EXPECT_EQ(sent.finished_sending, std::vector<std::string>{"a"});
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 4u);
+  EXPECT_EQ(wk->stats().stores_in_flight, 0);
+  sc->OnConnectorReport(sent);
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  ASSERT_TRUE(WaitStoreChecks(sc.get()));
+  EXPECT_EQ(sc->stats().stored_blocks_lost, 4u);
+  EXPECT_EQ(StoredOnLocalHit(sc.get(), "b"), (std::vector<int32_t>{1, 2, 3, 4}));
+}
+
+// A step that fails on the worker after LoadBlocks and before SnapshotStores:
+// its store entries are reported finished with the next step (not never),
+// and their blocks are stored again later.
+TEST_F(ConnectorTest, StoresOfAStepThatFailedBeforeItsSnapshotFinish) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  const sched::KvConnectorMetadata failed_step = ComputeStep(sc.get(), &a);
+  ASSERT_EQ(failed_step.stores.size(), 1u);
+  sched::KvConnectorReport report;
+  wk->LoadBlocks(failed_step, &report);  // ... and the forward pass fails
+  EXPECT_EQ(sc->stats().stores_in_flight, 1);
+  const sched::KvConnectorMetadata next_step;
+  wk->LoadBlocks(next_step, &report);
+  wk->SnapshotStores(next_step);
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  wk->TakeFinishedSending(&report);
+  EXPECT_EQ(report.finished_sending, std::vector<std::string>{"a"});
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 4u);
+  sc->OnConnectorReport(report);
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  ASSERT_TRUE(WaitStoreChecks(sc.get()));
+  EXPECT_EQ(StoredOnLocalHit(sc.get(), "b"), (std::vector<int32_t>{1, 2, 3, 4}));
+}
+
+// The worker cannot reach the store (the scheduler can): its Store RPC fails,
+// the entry finishes, and the scheduler forgets the blocks.
+TEST_F(ConnectorTest, FailedStoreIsForgottenAndStoredAgain) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker(int64_t{256} << 20, /*target=*/"127.0.0.1:1");
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  wk->SnapshotStores(ComputeStep(sc.get(), &a));
+  ASSERT_TRUE(wk->WaitForStores(10'000));
+  sched::KvConnectorReport sent;
+  wk->TakeFinishedSending(&sent);
+  EXPECT_EQ(sent.finished_sending, std::vector<std::string>{"a"});
+  EXPECT_EQ(wk->stats().blocks_store_failed, 4u);
+  sc->OnConnectorReport(sent);
+  ASSERT_TRUE(WaitStoreChecks(sc.get()));
+  EXPECT_EQ(sc->stats().stored_blocks_lost, 4u);
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  EXPECT_EQ(StoredOnLocalHit(sc.get(), "b"), (std::vector<int32_t>{1, 2, 3, 4}));
+}
+
+// A store that succeeded keeps its blocks known: a local hit stores nothing,
+// and many entries queued at once all finish (in one batched RPC or more).
+TEST_F(ConnectorTest, SucceededStoresStayKnownAndEveryEntryFinishes) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  wk->SnapshotStores(ComputeStep(sc.get(), &a));
+  for (int i = 0; i < 20; ++i) {
+    sched::Request r =
+        MakeRequest("r" + std::to_string(i), Tokens(17, 1000 * (i + 1)), {1, 2, 3, 4, 5});
+    wk->SnapshotStores(ComputeStep(sc.get(), &r));
+  }
+  EXPECT_EQ(sc->stats().stores_in_flight, 21);
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  sched::KvConnectorReport sent;
+  wk->TakeFinishedSending(&sent);
+  EXPECT_EQ(sent.finished_sending.size(), 21u);
+  EXPECT_EQ(sent.finished_sending[0], "a");
+  sc->OnConnectorReport(sent);
+  ASSERT_TRUE(WaitStoreChecks(sc.get()));
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  EXPECT_EQ(sc->stats().stored_blocks_lost, 0u);
+  EXPECT_EQ(wk->stats().blocks_stored, 21u * 4);
+  EXPECT_TRUE(StoredOnLocalHit(sc.get(), "b").empty());
 }
 
 }  // namespace

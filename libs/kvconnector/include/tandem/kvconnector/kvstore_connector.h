@@ -39,13 +39,19 @@
 // below ScheduledRequestView::num_storable_tokens() (never a placeholder)
 // that the store is not known to hold. "Known" = emitted for storing or seen
 // as a lookup hit; a lookup miss or a failed load forgets the hash so the
-// block is stored again.
+// block is stored again. The worker reports every store entry in
+// finished_sending once it is done (stored, failed, or dropped when its
+// queue was full or its step failed); the scheduler role then looks the
+// entry's hashes up (no lease) and forgets those the store does not hold,
+// so a lost store is retried by a later request instead of never.
 //
 // Known limits: while a lookup is pending and nothing else can run, the
 // engine keeps sending empty steps to the worker (it polls once per step),
 // so it spins at the worker's round-trip rate for at most the lookup
-// deadline; finished_sending only arrives with a later step, so
-// stores_in_flight may stay above 0 while the system is idle.
+// deadline. finished_sending only arrives with a step: stores that complete
+// after the last step of a busy period are counted in stores_in_flight until
+// the next step, unless the worker waits for them in an idle step
+// (KvStoreConnectorWorker::WaitForStores).
 #pragma once
 
 #include <atomic>
@@ -121,9 +127,13 @@ struct KvConnectorSchedulerStats {
   uint64_t loaded_tokens = 0;   // tokens that arrived valid
   uint64_t invalid_blocks = 0;  // blocks the worker could not load
   uint64_t stored_blocks = 0;   // store entries emitted (blocks)
+  // Blocks of finished store entries that the store did not hold afterwards
+  // (failed, dropped): forgotten, so a later request stores them again.
+  uint64_t stored_blocks_lost = 0;
   int32_t lookups_pending = 0;  // gauges
   int32_t loads_in_flight = 0;
   int32_t stores_in_flight = 0;  // KvStore entries not yet reported sent
+  int32_t stores_verifying = 0;  // finished entries whose check lookup is out
 };
 
 class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
@@ -170,12 +180,19 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
     uint64_t epoch = 0;
     int32_t next_block = 0;  // blocks below were stored or skipped
   };
+  // A finished store entry whose blocks are being looked up.
+  struct StoreCheck {
+    std::unique_ptr<PendingLookup> pending;
+    std::vector<BlockHash> hashes;
+  };
 
   KvStoreConnectorScheduler(const KvStoreConnectorOptions& options,
                             std::unique_ptr<KvStoreClient> client, std::string ns,
                             int32_t block_size);
   void NoteKnown(const BlockHash& h);
   void ReleaseLease(LeaseId lease);
+  // Forgets the hashes of answered store checks that the store lacks.
+  void PollStoreChecks();
 
   const KvStoreConnectorOptions options_;
   std::unique_ptr<KvStoreClient> client_;
@@ -185,7 +202,10 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
   absl::flat_hash_map<std::string, Lookup> lookups_;
   absl::flat_hash_map<std::string, Load> loads_;
   absl::flat_hash_map<std::string, StoreCursor> cursors_;
-  absl::flat_hash_map<std::string, int32_t> stores_pending_;  // request -> entries
+  // Request -> hashes of its store entries not yet reported finished, in
+  // the order emitted (the worker reports them in that order).
+  absl::flat_hash_map<std::string, std::deque<std::vector<BlockHash>>> stores_pending_;
+  std::vector<StoreCheck> store_checks_;
   // Hashes the store holds (stored by us or seen as lookup hits).
   absl::flat_hash_set<BlockHash> known_;
   KvConnectorSchedulerStats stats_;
@@ -197,10 +217,10 @@ struct KvConnectorWorkerStats {
   uint64_t blocks_loaded = 0;
   uint64_t load_failed_not_found = 0;  // blocks
   uint64_t load_failed_checksum = 0;
-  uint64_t load_failed_rpc = 0;  // timeout, store down, stream broken
-  uint64_t blocks_stored = 0;    // acknowledged by the store
-  uint64_t blocks_store_failed = 0;
-  uint64_t blocks_store_dropped = 0;  // queue full
+  uint64_t load_failed_rpc = 0;       // timeout, store down, stream broken
+  uint64_t blocks_stored = 0;         // acknowledged by the store
+  uint64_t blocks_store_failed = 0;   // rejected, RPC failed, or not copied out of the cache
+  uint64_t blocks_store_dropped = 0;  // queue full, or the step failed before its snapshot
   int64_t stores_in_flight = 0;       // store entries queued or sending
 };
 
@@ -228,15 +248,26 @@ class KvStoreConnectorWorker {
   // Before the forward pass: loads every block of `meta.loads` into the
   // cache (via staging memory). Appends each load's request id to
   // report->finished_recving and each failed block id to
-  // report->invalid_block_ids; returns those failures by reason.
+  // report->invalid_block_ids; returns those failures by reason. Call it
+  // for every step, also one without loads: it notes the step's stores, so
+  // that when the step fails before SnapshotStores they are reported
+  // finished (as dropped, at the next step) instead of never.
   KvLoadFailures LoadBlocks(const sched::KvConnectorMetadata& meta,
                             sched::KvConnectorReport* report);
   // After the forward pass: copies every block of `meta.stores` out of the
-  // cache and queues it for the store.
+  // cache and queues it for the store. An entry that does not fit in the
+  // queue (max_pending_store_bytes) is dropped, but still reported finished.
   void SnapshotStores(const sched::KvConnectorMetadata& meta);
   // Request ids whose store entries completed since the last call (one id
-  // per entry).
+  // per entry, in the order the entries were given to SnapshotStores):
+  // stored, failed or dropped alike. The scheduler role checks which blocks
+  // the store really holds.
   void TakeFinishedSending(sched::KvConnectorReport* report);
+  // Blocks until every queued store entry has completed, or `timeout_ms`
+  // passed; true when none is left. Lets an idle step (nothing scheduled)
+  // report every store finished, so the scheduler's stores_in_flight
+  // returns to zero when the system is idle.
+  bool WaitForStores(int64_t timeout_ms);
 
   [[nodiscard]] KvConnectorWorkerStats stats() const;
 
@@ -245,12 +276,17 @@ class KvStoreConnectorWorker {
     std::string request_id;
     std::vector<BlockHash> hashes;
     std::vector<std::byte> bytes;  // hashes.size() * block_bytes
+    // Not sent (queue full, or its step failed before the snapshot); only
+    // reported finished, in order.
+    bool dropped = false;
   };
   KvStoreConnectorWorker(const KvStoreConnectorOptions& options,
                          std::unique_ptr<KvStoreClient> client, std::string ns,
                          kvstore::NamespaceSpec spec, CopyToHost to_host, CopyFromHost from_host);
   void StoreLoop();
   void EnsureNamespace();
+  void EnqueueLocked(StoreJob job);
+  void AbandonUnsnapshotted();
 
   const KvStoreConnectorOptions options_;
   std::unique_ptr<KvStoreClient> client_;
@@ -276,12 +312,16 @@ class KvStoreConnectorWorker {
     bool locked_ = false;
   };
   Staging staging_;
+  // The stores of the step whose LoadBlocks ran and SnapshotStores did not
+  // yet (loop thread only).
+  std::vector<sched::KvStore> unsnapshotted_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<StoreJob> jobs_;
   int64_t pending_bytes_ = 0;
   std::vector<std::string> finished_sending_;
+  bool sending_ = false;  // the store thread has a batch out
   bool stopping_ = false;
   std::atomic<bool> namespace_ok_{false};
   KvConnectorWorkerStats stats_;  // under mu_
