@@ -1,6 +1,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
+#include "tandem/kernels/cuda_ops.h"
 #include "tandem/kvconnector/kvstore_connector.h"
 
 namespace tandem::kvconnector {
@@ -44,7 +46,8 @@ KvStoreConnectorWorker::KvStoreConnectorWorker(const KvStoreConnectorOptions& op
       spec_(std::move(spec)),
       block_bytes_(static_cast<int64_t>(spec_.block_bytes)),
       to_host_(std::move(to_host)),
-      from_host_(std::move(from_host)) {
+      from_host_(std::move(from_host)),
+      staging_(options.use_cuda_host_alloc) {
   store_thread_ = std::thread([this] { StoreLoop(); });
 }
 
@@ -57,25 +60,74 @@ KvStoreConnectorWorker::~KvStoreConnectorWorker() {
   if (store_thread_.joinable()) store_thread_.join();
 }
 
-KvStoreConnectorWorker::Staging::~Staging() {
+const char* StagingMemoryName(StagingMemory m) {
+  switch (m) {
+    case StagingMemory::kNone:
+      return "none";
+    case StagingMemory::kCudaPinned:
+      return "cuda-pinned";
+    case StagingMemory::kLocked:
+      return "locked";
+    case StagingMemory::kPageable:
+      return "pageable";
+  }
+  return "?";
+}
+
+void KvStoreConnectorWorker::Staging::Free() {
   if (data_ == nullptr) return;
-  if (locked_) munlock(data_, capacity_);
-  std::free(data_);
+  switch (kind_) {
+    case StagingMemory::kCudaPinned:
+#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
+      kernels::cuda::HostFree(data_);
+#endif
+      break;
+    case StagingMemory::kLocked:
+      munlock(data_, capacity_);
+      std::free(data_);
+      break;
+    case StagingMemory::kPageable:
+    case StagingMemory::kNone:
+      std::free(data_);
+      break;
+  }
+  data_ = nullptr;
+  capacity_ = 0;
+  kind_ = StagingMemory::kNone;
 }
 
 std::byte* KvStoreConnectorWorker::Staging::Reserve(size_t bytes) {
   if (bytes <= capacity_) return data_;
   constexpr size_t kPage = 4096;
   const size_t cap = (std::max(bytes, capacity_ * 2) + kPage - 1) / kPage * kPage;
-  auto* fresh = static_cast<std::byte*>(std::aligned_alloc(kPage, cap));
-  TANDEM_CHECK(fresh != nullptr) << "KV staging: cannot allocate " << cap << " bytes";
-  if (data_ != nullptr) {
-    if (locked_) munlock(data_, capacity_);
-    std::free(data_);
+  Free();
+#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
+  if (use_cuda_host_alloc_ && kernels::cuda::DeviceCount() > 0) {
+    void* p = nullptr;
+    const int err = kernels::cuda::HostAlloc(&p, cap);
+    if (err == 0) {
+      data_ = static_cast<std::byte*>(p);
+      capacity_ = cap;
+      kind_ = StagingMemory::kCudaPinned;
+      TANDEM_LOG(INFO) << "KV load staging: " << cap << " bytes pinned with cudaHostAlloc";
+      return data_;
+    }
+    TANDEM_LOG(WARNING) << "KV load staging: cudaHostAlloc(" << cap
+                        << ") failed: " << kernels::cuda::ErrorString(err)
+                        << "; using page-aligned host memory";
   }
-  data_ = fresh;
+#endif
+  data_ = static_cast<std::byte*>(std::aligned_alloc(kPage, cap));
+  TANDEM_CHECK(data_ != nullptr) << "KV load staging: cannot allocate " << cap << " bytes";
   capacity_ = cap;
-  locked_ = mlock(data_, capacity_) == 0;  // best effort (RLIMIT_MEMLOCK)
+  if (mlock(data_, capacity_) == 0) {  // best effort (RLIMIT_MEMLOCK)
+    kind_ = StagingMemory::kLocked;
+    TANDEM_LOG(INFO) << "KV load staging: " << cap << " bytes, page-aligned and mlock()ed";
+  } else {
+    kind_ = StagingMemory::kPageable;
+    TANDEM_LOG(INFO) << "KV load staging: " << cap
+                     << " bytes, page-aligned, not locked (mlock: " << std::strerror(errno) << ")";
+  }
   return data_;
 }
 
@@ -125,7 +177,13 @@ KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetada
   }
   // Staging memory: the store's payloads land here first (and are verified
   // by their checksum), then one copy per block goes into the cache.
+  const size_t staging_capacity = staging_.capacity();
   std::byte* const staging = staging_.Reserve(hashes.size() * static_cast<size_t>(block_bytes_));
+  if (staging_.capacity() != staging_capacity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.staging = staging_.kind();
+    stats_.staging_bytes = static_cast<int64_t>(staging_.capacity());
+  }
   std::vector<std::span<uint8_t>> dst;
   dst.reserve(hashes.size());
   for (size_t i = 0; i < hashes.size(); ++i) {

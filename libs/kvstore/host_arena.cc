@@ -19,9 +19,8 @@ absl::Status HostArenaOptions::Validate() const {
     return absl::InvalidArgumentError("HostArenaOptions.slot_bytes must be > 0");
   }
   if (num_slots > 0 && slot_bytes > (uint64_t{1} << 40) / num_slots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("HostArenaOptions: ", num_slots, " slots of ", slot_bytes,
-                     " bytes exceed 1 TiB"));
+    return absl::InvalidArgumentError(absl::StrCat("HostArenaOptions: ", num_slots, " slots of ",
+                                                   slot_bytes, " bytes exceed 1 TiB"));
   }
   return absl::OkStatus();
 }
@@ -35,8 +34,11 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOpti
   if (bytes == 0) return arena;
 #ifdef TANDEM_HAVE_CUDA
   int devices = 0;
-  if (options.use_cuda_host_alloc && cudaGetDeviceCount(&devices) == cudaSuccess &&
-      devices > 0) {
+  if (options.use_cuda_host_alloc && cudaGetDeviceCount(&devices) != cudaSuccess) {
+    devices = 0;
+    cudaGetLastError();  // no device or driver: clear the error it leaves behind
+  }
+  if (devices > 0) {
     void* p = nullptr;
     cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (err == cudaSuccess) {

@@ -17,6 +17,7 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "kvstore_service.h"
+#include "tandem/kernels/cuda_ops.h"
 #include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/kvstore/kv_store.h"
 
@@ -58,6 +59,13 @@ std::vector<int32_t> Tokens(int n, int base = 100) {
   return t;
 }
 
+// Options of the worker role beside the store address.
+struct WorkerOptions {
+  int64_t max_pending_store_bytes = int64_t{256} << 20;
+  std::string target;  // empty: the test's store
+  bool use_cuda_host_alloc = true;
+};
+
 class ConnectorTest : public ::testing::Test {
  protected:
   void StartStore(int64_t lookup_delay_ms = 0) {
@@ -89,12 +97,11 @@ class ConnectorTest : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
-  std::unique_ptr<KvStoreConnectorWorker> MakeWorker(int64_t max_pending_store_bytes = int64_t{256}
-                                                                                       << 20,
-                                                     std::string target = "") {
-    auto w = KvStoreConnectorWorker::Create({.target = target.empty() ? target_ : target,
+  std::unique_ptr<KvStoreConnectorWorker> MakeWorker(const WorkerOptions& o = {}) {
+    auto w = KvStoreConnectorWorker::Create({.target = o.target.empty() ? target_ : o.target,
                                              .transfer_deadline_ms = 2000,
-                                             .max_pending_store_bytes = max_pending_store_bytes},
+                                             .max_pending_store_bytes = o.max_pending_store_bytes,
+                                             .use_cuda_host_alloc = o.use_cuda_host_alloc},
                                             "fp", "layout", kBlockBytes, cache_.ToHost(),
                                             cache_.FromHost());
     EXPECT_TRUE(w.ok()) << w.status();
@@ -409,7 +416,7 @@ TEST_F(ConnectorTest, StoreDownMeansMissesAndFailedLoadsNotHangs) {
 TEST_F(ConnectorTest, DroppedStoreIsForgottenAndStoredAgain) {
   StartStore();
   auto sc = MakeScheduler();
-  auto wk = MakeWorker(/*max_pending_store_bytes=*/kBlockBytes);  // 4 blocks never fit
+  auto wk = MakeWorker({.max_pending_store_bytes = kBlockBytes});  // 4 blocks never fit
   ASSERT_TRUE(sc && wk);
   sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
   const sched::KvConnectorMetadata meta = ComputeStep(sc.get(), &a);
@@ -460,7 +467,7 @@ TEST_F(ConnectorTest, StoresOfAStepThatFailedBeforeItsSnapshotFinish) {
 TEST_F(ConnectorTest, FailedStoreIsForgottenAndStoredAgain) {
   StartStore();
   auto sc = MakeScheduler();
-  auto wk = MakeWorker(int64_t{256} << 20, /*target=*/"127.0.0.1:1");
+  auto wk = MakeWorker({.target = "127.0.0.1:1"});
   ASSERT_TRUE(sc && wk);
   sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
   wk->SnapshotStores(ComputeStep(sc.get(), &a));
@@ -503,6 +510,71 @@ TEST_F(ConnectorTest, SucceededStoresStayKnownAndEveryEntryFinishes) {
   EXPECT_EQ(wk->stats().blocks_stored, 21u * 4);
   EXPECT_TRUE(StoredOnLocalHit(sc.get(), "b").empty());
 }
+
+bool HaveCudaDevice() {
+#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
+  return kernels::cuda::DeviceCount() > 0;
+#else
+  return false;
+#endif
+}
+
+// Loads land in staging memory first: CUDA-pinned (cudaHostAlloc) when a
+// device is present, so the copies into a GPU cache are DMA; page-aligned
+// (locked where allowed) otherwise, or when the option is off.
+TEST_F(ConnectorTest, LoadStagingIsCudaPinnedWhenADeviceIsPresent) {
+  StartStore();
+  auto sc = MakeScheduler();
+  ASSERT_TRUE(sc);
+  for (bool use_cuda : {true, false}) {
+    SCOPED_TRACE(use_cuda ? "use_cuda_host_alloc" : "no cudaHostAlloc");
+    auto wk = MakeWorker({.use_cuda_host_alloc = use_cuda});
+    ASSERT_TRUE(wk);
+    EXPECT_EQ(wk->stats().staging, StagingMemory::kNone);
+    sched::Request a =
+        MakeRequest(use_cuda ? "a" : "b", Tokens(17, use_cuda ? 100 : 900), {1, 2, 3, 4, 5});
+    wk->SnapshotStores(ComputeStep(sc.get(), &a));
+    ASSERT_TRUE(wk->WaitForStores(5000));
+    sched::KvConnectorMetadata meta;
+    meta.loads.push_back({.request_id = "l",
+                          .block_hashes = {a.block_hashes.begin(), a.block_hashes.begin() + 4},
+                          .block_ids = {10, 11, 12, 13}});
+    sched::KvConnectorReport report;
+    wk->LoadBlocks(meta, &report);
+    EXPECT_TRUE(report.invalid_block_ids.empty());
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(cache_.blocks[10 + i], cache_.blocks[1 + i]) << i;
+    const KvConnectorWorkerStats st = wk->stats();
+    EXPECT_GE(st.staging_bytes, 4 * kBlockBytes);
+    if (use_cuda && HaveCudaDevice()) {
+      EXPECT_EQ(st.staging, StagingMemory::kCudaPinned) << StagingMemoryName(st.staging);
+    } else {
+      EXPECT_TRUE(st.staging == StagingMemory::kLocked || st.staging == StagingMemory::kPageable)
+          << StagingMemoryName(st.staging);
+    }
+  }
+}
+
+#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
+// The host-allocation wrappers: pinned memory round-trips through the device.
+TEST(CudaHostAllocTest, PinnedMemoryRoundTripsThroughTheDevice) {
+  if (kernels::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  constexpr size_t kBytes = 3 << 20;
+  void* host = nullptr;
+  ASSERT_EQ(kernels::cuda::HostAlloc(&host, kBytes), 0);
+  auto* bytes = static_cast<uint8_t*>(host);
+  for (size_t i = 0; i < kBytes; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
+  void* device = nullptr;
+  ASSERT_EQ(kernels::cuda::Malloc(&device, kBytes), 0);
+  ASSERT_EQ(kernels::cuda::CopyToDevice(device, host, kBytes), 0);
+  std::memset(host, 0, kBytes);
+  ASSERT_EQ(kernels::cuda::CopyToHost(host, device, kBytes), 0);
+  for (size_t i = 0; i < kBytes; ++i) {
+    ASSERT_EQ(bytes[i], static_cast<uint8_t>(i * 31 + 7)) << "byte " << i;
+  }
+  EXPECT_EQ(kernels::cuda::Free(device), 0);
+  EXPECT_EQ(kernels::cuda::HostFree(host), 0);
+}
+#endif
 
 }  // namespace
 }  // namespace tandem::kvconnector

@@ -111,6 +111,12 @@ struct KvStoreConnectorOptions {
   // Scheduler: hashes remembered as held by the store (stored or seen in a
   // lookup), so they are not stored again. Default 1,000,000.
   int64_t max_known_hashes = 1'000'000;
+  // Worker: allocate the loads' staging memory with cudaHostAlloc (pinned,
+  // so its copies into a GPU cache are DMA) when built with CUDA and a
+  // device is present; otherwise it is page-aligned and mlock()ed where the
+  // OS allows. Set false for a CPU backend on a machine with a GPU.
+  // Default true.
+  bool use_cuda_host_alloc = true;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -211,6 +217,15 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
   KvConnectorSchedulerStats stats_;
 };
 
+// What the worker's load staging memory is.
+enum class StagingMemory {
+  kNone,        // not allocated yet (no load so far)
+  kCudaPinned,  // cudaHostAlloc
+  kLocked,      // page-aligned, mlock()ed
+  kPageable,    // page-aligned; mlock() not allowed (RLIMIT_MEMLOCK)
+};
+[[nodiscard]] const char* StagingMemoryName(StagingMemory m);
+
 // Reasons a block failed to load (worker stats).
 struct KvConnectorWorkerStats {
   uint64_t loads = 0;  // load entries (requests) executed
@@ -222,6 +237,8 @@ struct KvConnectorWorkerStats {
   uint64_t blocks_store_failed = 0;   // rejected, RPC failed, or not copied out of the cache
   uint64_t blocks_store_dropped = 0;  // queue full, or the step failed before its snapshot
   int64_t stores_in_flight = 0;       // store entries queued or sending
+  StagingMemory staging = StagingMemory::kNone;
+  int64_t staging_bytes = 0;
 };
 
 // Blocks of one LoadBlocks call that failed, by reason.
@@ -295,21 +312,26 @@ class KvStoreConnectorWorker {
   const int64_t block_bytes_;
   CopyToHost to_host_;
   CopyFromHost from_host_;
-  // Staging memory of loads (loop thread only): page-aligned and locked
-  // where the OS allows, so a device backend copies from pinned-like pages.
+  // Staging memory of loads (loop thread only): CUDA-pinned when a device is
+  // present (options.use_cuda_host_alloc), else page-aligned and locked where
+  // the OS allows.
   class Staging {
    public:
-    Staging() = default;
+    explicit Staging(bool use_cuda_host_alloc) : use_cuda_host_alloc_(use_cuda_host_alloc) {}
     Staging(const Staging&) = delete;
     Staging& operator=(const Staging&) = delete;
-    ~Staging();
+    ~Staging() { Free(); }
     // At least `bytes` bytes; previous contents are not kept.
     std::byte* Reserve(size_t bytes);
+    [[nodiscard]] StagingMemory kind() const { return kind_; }
+    [[nodiscard]] size_t capacity() const { return capacity_; }
 
    private:
+    void Free();
+    const bool use_cuda_host_alloc_;
     std::byte* data_ = nullptr;
     size_t capacity_ = 0;
-    bool locked_ = false;
+    StagingMemory kind_ = StagingMemory::kNone;
   };
   Staging staging_;
   // The stores of the step whose LoadBlocks ran and SnapshotStores did not
