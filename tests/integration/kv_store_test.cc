@@ -122,7 +122,10 @@ TEST(KvStoreTest, CrossReplicaHitAndLoadAdmissionLimitUnderBurst) {
 
 // Every stored block's hash is a block of some request's final token ids:
 // no block whose KV (or key) came from a placeholder was ever stored. Blocks
-// holding output tokens are among them (the async path was exercised).
+// holding output tokens are among them (the async path was exercised). And
+// every stored block's bytes are the KV of those tokens: the same workload
+// run in sync mode into a second store holds each block under the same hash
+// with identical bytes (the CPU backend is batch invariant).
 TEST(KvStoreTest, AsyncStoresOnlyBlocksOfFinalTokens) {
   const std::string dir = MakeTempDir("tandem-kv-placeholder");
   Service kv = StartKvStore(dir, "kv", {});
@@ -156,22 +159,21 @@ TEST(KvStoreTest, AsyncStoresOnlyBlocksOfFinalTokens) {
   }
   auto client = kvconnector::KvStoreClient::Create({.target = kv.address()});
   ASSERT_TRUE(client.ok());
-  // Stores travel in the background: wait until the count settles.
-  uint64_t stored = 0;
-  ASSERT_TRUE(WaitFor([&] {
-    auto s = (*client)->Stats();
-    if (!s.ok()) return false;
-    const bool settled = s->cold_blocks == stored && stored > 0;
-    stored = s->cold_blocks;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    return settled;
-  }));
+  // Every store entry has finished once the scheduler counts none in flight.
+  ASSERT_EQ(StatsAfterStoresSettle(sched.address()).num_stores_in_flight(), 0);
+  auto stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  const uint64_t stored = stats->cold_blocks;
   const std::string ns = kvconnector::NamespaceFor(d.model_fingerprint(), d.kv_layout());
+  std::vector<BlockHash> in_store;
   auto present = [&](const std::set<BlockHash>& set) {
     uint64_t n = 0;
     for (const BlockHash& h : set) {
       const BlockHash one[] = {h};
-      n += (*client)->Lookup(ns, one, {.take_lease = false, .deadline_ms = 5000})->Wait().num_hits;
+      if ((*client)->Lookup(ns, one, {.take_lease = false, .deadline_ms = 5000})->Wait().num_hits) {
+        in_store.push_back(h);
+        ++n;
+      }
     }
     return n;
   };
@@ -181,6 +183,43 @@ TEST(KvStoreTest, AsyncStoresOnlyBlocksOfFinalTokens) {
               static_cast<unsigned long>(n_output));
   EXPECT_EQ(n_prompt + n_output, stored) << "the store holds blocks of no final token sequence";
   EXPECT_GT(n_output, 0u) << "no block with output tokens was stored";
+
+  // The same workload in sync mode, into a second store.
+  Service kv_sync = StartKvStore(dir, "kv-sync", {});
+  Service worker_sync = StartWorker(dir, "worker-sync", {"--kvstore", kv_sync.address()});
+  Service sched_sync = StartScheduler(dir, "sched-sync", worker_sync.address(),
+                                      {"--kvstore", kv_sync.address(), "--async-scheduling=false"});
+  ExpectSameOutputs(RunAll(sched_sync.address(), requests), results);
+  ASSERT_EQ(StatsAfterStoresSettle(sched_sync.address()).num_stores_in_flight(), 0);
+  auto client_sync = kvconnector::KvStoreClient::Create({.target = kv_sync.address()});
+  ASSERT_TRUE(client_sync.ok());
+
+  // Load every block of the async store from both stores and compare.
+  const size_t block_bytes = static_cast<size_t>(d.block_bytes());
+  ASSERT_GT(block_bytes, 0u);
+  auto load_all = [&](kvconnector::KvStoreClient* c, std::vector<std::vector<uint8_t>>* bytes) {
+    bytes->assign(in_store.size(), std::vector<uint8_t>(block_bytes));
+    std::vector<std::span<uint8_t>> dst(bytes->begin(), bytes->end());
+    auto r = c->Load(ns, in_store, std::span<const std::span<uint8_t>>(dst));
+    EXPECT_TRUE(r.ok()) << r.status();
+    std::vector<bool> ok;
+    for (size_t i = 0; i < in_store.size(); ++i) ok.push_back(r.ok() && (*r)[i].ok());
+    return ok;
+  };
+  std::vector<std::vector<uint8_t>> async_bytes, sync_bytes;
+  const std::vector<bool> async_ok = load_all(client->get(), &async_bytes);
+  const std::vector<bool> sync_ok = load_all(client_sync->get(), &sync_bytes);
+  size_t compared = 0;
+  for (size_t i = 0; i < in_store.size(); ++i) {
+    ASSERT_TRUE(async_ok[i]) << "block " << in_store[i].ToHex() << " did not load";
+    // Sync mode stores a superset: its bound on known tokens is one higher.
+    ASSERT_TRUE(sync_ok[i]) << "block " << in_store[i].ToHex() << " is not in the sync store";
+    EXPECT_EQ(async_bytes[i], sync_bytes[i])
+        << "block " << in_store[i].ToHex() << ": the async run stored other KV bytes";
+    ++compared;
+  }
+  std::printf("compared %zu blocks byte for byte with the sync run\n", compared);
+  EXPECT_EQ(compared, stored);
 }
 
 TEST(KvStoreTest, CacheSaltsIsolateTenants) {
