@@ -2,10 +2,14 @@
 // services started by tools/bench_kv_ttft/run.sh:
 //
 //  1. TTFT of a 448-token prompt whose first 432 tokens are in the KV-store
-//     (computed by replica A, loaded by replica B) against a 448-token
-//     prompt computed from scratch on the same replica B, interleaved, in
-//     the same run. Each trial uses fresh random prompts, so B's local
-//     prefix cache never has them.
+//     (computed by replica A, loaded by replica B) against the SAME prompt
+//     computed from scratch on the same replica B, in the same run: the
+//     from-scratch request carries a cache salt of its own (B runs with
+//     --allow-request-cache-salt), so neither B's prefix cache nor the store
+//     has its blocks; it still pays B's store lookup (a miss). The same
+//     prompt on the replica without a store (--plain) is printed too. Each
+//     trial uses a fresh random prompt; the order of the two B requests
+//     alternates between trials.
 //  2. End-to-end throughput of a shared-prefix workload (P distinct 432-token
 //     prefixes, R requests each, shuffled; workers with small KV caches) on
 //     a replica with the store and one without.
@@ -47,9 +51,10 @@ std::unique_ptr<tandem::v1::Generation::Stub> Stub(const std::string& address) {
 }
 
 Result Generate(tandem::v1::Generation::Stub* stub, const std::vector<int32_t>& prompt,
-                int max_tokens) {
+                int max_tokens, const std::string& cache_salt = "") {
   tandem::v1::GenerateRequest req;
   req.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
+  req.set_cache_salt(cache_salt);
   req.mutable_sampling()->set_max_tokens(max_tokens);
   req.mutable_sampling()->set_ignore_eos(true);
   grpc::ClientContext ctx;
@@ -133,7 +138,8 @@ int main(int argc, char** argv) {
                              "KV-store TTFT and shared-prefix throughput (see run.sh).");
   flags.Add("replica-a", &replica_a,
             "scheduler (with --kvstore) that computes and stores prefixes");
-  flags.Add("replica-b", &replica_b, "scheduler (with --kvstore) whose TTFT is measured");
+  flags.Add("replica-b", &replica_b,
+            "scheduler (with --kvstore and --allow-request-cache-salt) whose TTFT is measured");
   flags.Add("plain", &plain, "scheduler without a KV-store (throughput baseline)");
   flags.Add("kvstore", &kvstore, "tandem-kvstore host:port (to wait for stores)");
   flags.Add("trials", &trials, "TTFT trials");
@@ -162,31 +168,57 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(2026);
   auto stub_a = Stub(replica_a), stub_b = Stub(replica_b);
+  auto stub_plain = plain.empty() ? nullptr : Stub(plain);
   // Warm-up (connections, code paths).
   (void)Generate(stub_b.get(), RandomTokens(rng, prompt_len, true), 1);
-  std::vector<double> hit_ms, miss_ms;
-  int min_external = prompt_len;
+  if (stub_plain) (void)Generate(stub_plain.get(), RandomTokens(rng, prompt_len, true), 1);
+  std::vector<double> hit_ms, miss_ms, plain_ms;
+  int min_external = prompt_len, max_scratch_cached = 0;
   for (int t = 0; t < trials; ++t) {
     std::vector<int32_t> prefix = RandomTokens(rng, cached_len, true);
-    std::vector<int32_t> warm = prefix, hit = prefix;
+    std::vector<int32_t> warm = prefix, prompt = prefix;
     for (int i = cached_len; i < prompt_len; ++i) warm.push_back(2 + rng() % 510);
-    for (int i = cached_len; i < prompt_len; ++i) hit.push_back(2 + rng() % 510);
+    for (int i = cached_len; i < prompt_len; ++i) prompt.push_back(2 + rng() % 510);
     if (!Generate(stub_a.get(), warm, 1).ok) return 1;
     wait_stores();
-    const Result miss = Generate(stub_b.get(), RandomTokens(rng, prompt_len, true), 1);
-    const Result h = Generate(stub_b.get(), hit, 1);
-    if (!miss.ok || !h.ok) return 1;
+    // The same prompt from scratch: a salt of its own hashes every block
+    // differently, so B finds none of them locally or in the store.
+    const std::string scratch_salt = "bench-scratch-" + std::to_string(t);
+    Result miss, h;
+    if (t % 2 == 0) {
+      miss = Generate(stub_b.get(), prompt, 1, scratch_salt);
+      h = Generate(stub_b.get(), prompt, 1);
+    } else {
+      h = Generate(stub_b.get(), prompt, 1);
+      miss = Generate(stub_b.get(), prompt, 1, scratch_salt);
+    }
+    if (!miss.ok || !h.ok) {
+      std::fprintf(stderr, "trial %d failed (replica B needs --allow-request-cache-salt)\n", t);
+      return 1;
+    }
     hit_ms.push_back(h.ttft_ms);
     miss_ms.push_back(miss.ttft_ms);
     min_external = std::min(min_external, h.cached_external);
+    max_scratch_cached = std::max({max_scratch_cached, miss.cached_external, miss.cached_local});
+    if (stub_plain) {
+      const Result p = Generate(stub_plain.get(), prompt, 1);
+      if (!p.ok) return 1;
+      plain_ms.push_back(p.ttft_ms);
+    }
   }
-  std::printf("TTFT, %d-token prompt, %d trials (CPU backend, stories260K):\n", prompt_len, trials);
+  std::printf("TTFT, the same %d-token prompt per trial, %d trials (CPU backend, stories260K):\n",
+              prompt_len, trials);
   std::printf(
       "  first %d tokens from the KV-store : p50 %.2f ms  p90 %.2f ms  (external cached "
       "tokens >= %d)\n",
       cached_len, Percentile(hit_ms, 0.5), Percentile(hit_ms, 0.9), min_external);
-  std::printf("  computed from scratch            : p50 %.2f ms  p90 %.2f ms\n",
-              Percentile(miss_ms, 0.5), Percentile(miss_ms, 0.9));
+  std::printf(
+      "  from scratch, same replica       : p50 %.2f ms  p90 %.2f ms  (cached tokens <= %d)\n",
+      Percentile(miss_ms, 0.5), Percentile(miss_ms, 0.9), max_scratch_cached);
+  if (!plain_ms.empty()) {
+    std::printf("  from scratch, replica w/o store  : p50 %.2f ms  p90 %.2f ms\n",
+                Percentile(plain_ms, 0.5), Percentile(plain_ms, 0.9));
+  }
   std::printf("  speed-up p50 %.2fx   (anchor: vLLM 2-22x loading KV from CPU memory)\n",
               Percentile(miss_ms, 0.5) / Percentile(hit_ms, 0.5));
 
@@ -215,6 +247,26 @@ int main(int argc, char** argv) {
           name, t.seconds, t.output_tok_s, t.mean_ttft_ms, t.local, t.external, t.failed);
     }
     std::printf("  throughput ratio on/off: %.2fx\n", on.output_tok_s / off.output_tok_s);
+  }
+  // Store entries are reported finished with a later step: what each
+  // replica counts in flight when idle, and after one more (storeless)
+  // request.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (auto& [name, stub] : {std::pair{"A", stub_a.get()}, std::pair{"B", stub_b.get()}}) {
+    auto stats = [&] {
+      grpc::ClientContext ctx;
+      tandem::v1::GetStatsResponse st;
+      (void)stub->GetStats(&ctx, tandem::v1::GetStatsRequest(), &st);
+      return st;
+    };
+    const tandem::v1::GetStatsResponse idle = stats();
+    (void)Generate(stub, {1}, 1);
+    const tandem::v1::GetStatsResponse after = stats();
+    std::printf(
+        "Replica %s when idle: stores in flight %d (after one more request: %d), stored blocks "
+        "%lu\n",
+        name, idle.num_stores_in_flight(), after.num_stores_in_flight(),
+        static_cast<unsigned long>(after.external_stored_blocks()));
   }
   return 0;
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # KV connector benchmark (issue 6): starts a tandem-kvstore, two
 # scheduler+worker replicas sharing it (A computes prefixes, B is measured)
-# and one replica without a store, then runs tandem-bench-kv-ttft.
+# and one replica without a store, then runs tandem-bench-kv-ttft. B accepts
+# request cache salts: the bench computes the same prompt from scratch on B
+# under a salt of its own.
 # Usage: tools/bench_kv_ttft/run.sh [BUILD_DIR] [extra tandem-bench-kv-ttft flags]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,7 +29,7 @@ WA=$(start wa "$W" --model "$MODEL" --kvstore "$KV")
 WB=$(start wb "$W" --model "$MODEL" --kvstore "$KV" --num-blocks 120)
 WC=$(start wc "$W" --model "$MODEL" --num-blocks 120)
 SA=$(start sa "$S" --worker "$WA" --kvstore "$KV")
-SB=$(start sb "$S" --worker "$WB" --kvstore "$KV")
+SB=$(start sb "$S" --worker "$WB" --kvstore "$KV" --allow-request-cache-salt)
 SC=$(start sc "$S" --worker "$WC")
 sleep 1
 "$BUILD/tools/bench_kv_ttft/tandem-bench-kv-ttft" --replica-a "$SA" --replica-b "$SB" --plain "$SC" \
