@@ -16,21 +16,22 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 port() { for _ in $(seq 1 600); do [ -s "$RUN/$1.port" ] && { cat "$RUN/$1.port"; return; }; sleep 0.05; done; echo "$1 did not start" >&2; exit 1; }
+# Runs in this shell (not in $(...)), so that PIDS reaches cleanup; sets ADDR.
 start() {  # name binary args...
   local name=$1; shift
   "$@" --listen 127.0.0.1:0 --port-file "$RUN/$name.port" > "$RUN/$name.log" 2>&1 &
   PIDS+=($!)
-  echo "127.0.0.1:$(port "$name")"
+  ADDR="127.0.0.1:$(port "$name")"
 }
-KV=$(start kv "$BUILD/services/kvstore/tandem-kvstore" --data-dir "$RUN/kvdata")
+start kv "$BUILD/services/kvstore/tandem-kvstore" --data-dir "$RUN/kvdata"; KV=$ADDR
 W="$BUILD/services/worker/tandem-worker"; S="$BUILD/services/scheduler/tandem-scheduler"
 # Small KV caches (120 blocks of 16 tokens: about four 448-token requests).
-WA=$(start wa "$W" --model "$MODEL" --kvstore "$KV")
-WB=$(start wb "$W" --model "$MODEL" --kvstore "$KV" --num-blocks 120)
-WC=$(start wc "$W" --model "$MODEL" --num-blocks 120)
-SA=$(start sa "$S" --worker "$WA" --kvstore "$KV")
-SB=$(start sb "$S" --worker "$WB" --kvstore "$KV" --allow-request-cache-salt)
-SC=$(start sc "$S" --worker "$WC")
+start wa "$W" --model "$MODEL" --kvstore "$KV"; WA=$ADDR
+start wb "$W" --model "$MODEL" --kvstore "$KV" --num-blocks 120; WB=$ADDR
+start wc "$W" --model "$MODEL" --num-blocks 120; WC=$ADDR
+start sa "$S" --worker "$WA" --kvstore "$KV"; SA=$ADDR
+start sb "$S" --worker "$WB" --kvstore "$KV" --allow-request-cache-salt; SB=$ADDR
+start sc "$S" --worker "$WC"; SC=$ADDR
 sleep 1
 "$BUILD/tools/bench_kv_ttft/tandem-bench-kv-ttft" --replica-a "$SA" --replica-b "$SB" --plain "$SC" \
   --kvstore "$KV" "$@"
