@@ -13,6 +13,7 @@
 //
 //   build/tools/bench_kvstore/bench_kvstore [--rounds=5] [--redis-server=/usr/bin/redis-server]
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -22,8 +23,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <malloc.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -236,8 +235,8 @@ struct Case {
 };
 
 struct Figures {
-  double store_none_gbps = 0, store_gbps = 0, load_hot_gbps = 0, load_cold_gbps = 0, redis_set_gbps = 0,
-         redis_get_gbps = 0;
+  double store_none_gbps = 0, store_gbps = 0, load_hot_gbps = 0, load_cold_gbps = 0,
+         redis_set_gbps = 0, redis_get_gbps = 0;
 };
 
 void RunTandem(Service* s, const Case& c, int rounds, bool hot, Figures* f) {
@@ -324,7 +323,8 @@ void RunRedis(Redis* redis, const Case& c, int rounds, Figures* f) {
 pid_t StartRedis(const std::string& binary, int port) {
   pid_t pid = fork();
   if (pid == 0) {
-    if (freopen("/dev/null", "w", stdout) == nullptr || freopen("/dev/null", "w", stderr) == nullptr) {
+    if (freopen("/dev/null", "w", stdout) == nullptr ||
+        freopen("/dev/null", "w", stderr) == nullptr) {
       _exit(126);
     }
     const std::string p = std::to_string(port);
@@ -399,8 +399,8 @@ int Main(int argc, char** argv) {
   }
   std::sort(rtt.begin(), rtt.end());
   // The same lookup as a blocking unary call (no callback thread hand-off).
-  auto stub = v1::KvStore::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(hot.port), grpc::InsecureChannelCredentials()));
+  auto stub = v1::KvStore::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(hot.port),
+                                                       grpc::InsecureChannelCredentials()));
   v1::LookupRequest sync_req;
   sync_req.set_namespace_(lat_ns);
   for (const BlockHash& h : prefix) sync_req.add_block_hashes(h.ToBytes());
@@ -442,18 +442,21 @@ int Main(int argc, char** argv) {
     waitpid(redis_pid, nullptr, 0);
   }
 
-  std::printf("bench_kvstore: tandem-kvstore (in-process gRPC server, loopback) vs redis-server "
-              "(loopback, no persistence), %u CPUs\n\n",
-              std::thread::hardware_concurrency());
+  std::printf(
+      "bench_kvstore: tandem-kvstore (in-process gRPC server, loopback) vs redis-server "
+      "(loopback, no persistence), %u CPUs\n\n",
+      std::thread::hardware_concurrency());
   std::printf("Lookup of a 64-hash prefix (all hits), %d lookups:\n", lookups);
   std::printf("  no lease:    p50 %7.1f us   p99 %7.1f us\n", p50, p99);
   std::printf("  with lease:  p50 %7.1f us   p99 %7.1f us\n", p50_lease, p99_lease);
-  std::printf("  (same lookup as a blocking unary call: p50 %.1f us, p99 %.1f us; floor, an empty "
-              "Stats RPC: p50 %.1f us, p99 %.1f us)\n",
-              sync_us[sync_us.size() / 2], sync_us[sync_us.size() * 99 / 100], rtt[rtt.size() / 2],
-              rtt[rtt.size() * 99 / 100]);
-  std::printf("  target p50 <= 100 us, p99 <= 1000 us; anchor: Mooncake batched existence check "
-              "1-2 ms (published)\n\n");
+  std::printf(
+      "  (same lookup as a blocking unary call: p50 %.1f us, p99 %.1f us; floor, an empty "
+      "Stats RPC: p50 %.1f us, p99 %.1f us)\n",
+      sync_us[sync_us.size() / 2], sync_us[sync_us.size() * 99 / 100], rtt[rtt.size() / 2],
+      rtt[rtt.size() * 99 / 100]);
+  std::printf(
+      "  target p50 <= 100 us, p99 <= 1000 us; anchor: Mooncake batched existence check "
+      "1-2 ms (published)\n\n");
   std::printf("Throughput, GB/s (Load/Store: blocks per call = redis pipeline depth):\n");
   std::printf("  %-6s %6s %6s | %10s %9s %10s %11s | %9s %9s\n", "block", "blocks", "batch",
               "store none", "store wal", "load hot", "load cold", "redis SET", "redis GET");
