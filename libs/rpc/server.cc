@@ -7,10 +7,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
+#include "health_service.h"
 
 namespace tandem::rpc {
 
@@ -25,9 +27,13 @@ absl::Status ServerOptions::Validate() const {
   return absl::OkStatus();
 }
 
+namespace {
+bool health_enabled = false;
+}  // namespace
+
 void EnableReflectionAndHealth() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::EnableDefaultHealthCheckService(true);
+  health_enabled = true;
 }
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(grpc::ServerBuilder* builder,
@@ -43,6 +49,13 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(grpc::ServerBuilder*
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  if (health_enabled) {
+    // Ours, not gRPC's default: that one says SERVING from Start() on.
+    auto health = std::make_unique<HealthService>();
+    builder->RegisterService(health.get());
+    builder->SetOption(
+        std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(std::move(health)));
+  }
   std::unique_ptr<grpc::Server> server = builder->BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(
@@ -68,6 +81,11 @@ void SetServing(grpc::Server* server, const std::string& service, bool serving) 
   if (health == nullptr) return;
   health->SetServingStatus("", serving);
   if (!service.empty()) health->SetServingStatus(service, serving);
+}
+
+void ShutdownHealth(grpc::Server* server) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health != nullptr) health->Shutdown();
 }
 
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target) {

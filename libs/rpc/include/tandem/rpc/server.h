@@ -33,8 +33,13 @@ struct ServerOptions {
   [[nodiscard]] absl::Status Validate() const;
 };
 
-// Turns on reflection and the default health service for every server built
-// afterwards. Call once, before the first ServerBuilder is created.
+// Turns on reflection and the standard health service (grpc.health.v1) for
+// every server BuildAndStart builds afterwards. Call once, before the first
+// ServerBuilder is created. Health starts NOT_SERVING for "" and every
+// service name (unlike gRPC's default health service, which reports ""
+// SERVING from Start() on) and changes only through SetServing; it is served
+// by Tandem's own implementation, installed as the server's
+// HealthCheckServiceInterface.
 void EnableReflectionAndHealth();
 
 // Adds the listening port and channel arguments, builds and starts the server
@@ -45,6 +50,9 @@ void EnableReflectionAndHealth();
 
 // Sets the overall ("") and `service` health status.
 void SetServing(grpc::Server* server, const std::string& service, bool serving);
+// Health NOT_SERVING for good and open Watch calls ended, so they do not hold
+// up the server's Shutdown. Call before Shutdown().
+void ShutdownHealth(grpc::Server* server);
 
 // A channel with keepalive matching ServerOptions' defaults.
 [[nodiscard]] std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target);
