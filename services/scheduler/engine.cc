@@ -1,6 +1,8 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "tandem/common/clock.h"
@@ -29,6 +31,14 @@ v1::FinishReason ToFinishReason(sched::RequestState state) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+// One step in this many has its SchedulerOutput serialized a second time to
+// time it (gRPC's own serialization happens inside Write()).
+constexpr uint64_t kSerializeSampleEvery = 8;
+
+std::string StatusName(const grpc::Status& status) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));
+}
+
 const char* ReasonName(v1::FinishReason reason) {
   switch (reason) {
     case v1::FINISH_REASON_STOP:
@@ -49,11 +59,16 @@ const char* ReasonName(v1::FinishReason reason) {
 absl::Status EngineOptions::Validate() const {
   if (worker_address.empty()) return absl::InvalidArgumentError("--worker is empty");
   if (max_model_len < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-model-len must be >= 0, got ", max_model_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-model-len must be >= 0, got ", max_model_len));
+  }
+  if (debug_submit_delay_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--debug-submit-delay-ms must be >= 0, got ", debug_submit_delay_ms));
   }
   if (!kvstore_target.empty() && kvstore_lookup_deadline_ms <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kvstore-lookup-deadline-ms must be > 0, got ", kvstore_lookup_deadline_ms));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kvstore-lookup-deadline-ms must be > 0, got ", kvstore_lookup_deadline_ms));
   }
   // Fill the fields the worker provides with placeholders to check the rest.
   sched::SchedulerConfig probe = scheduler;
@@ -79,14 +94,16 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                                         "Steps sent to the worker whose output has not arrived.")),
       preemptions(&metrics::AddCounter(r, "tandem_scheduler_preemptions_total",
                                        "Running requests preempted (recompute).")),
-      prefix_cache_queries(&metrics::AddCounter(r, "tandem_scheduler_prefix_cache_queries_tokens_total",
-                                                "Prompt tokens looked up in the local prefix cache.")),
+      prefix_cache_queries(
+          &metrics::AddCounter(r, "tandem_scheduler_prefix_cache_queries_tokens_total",
+                               "Prompt tokens looked up in the local prefix cache.")),
       prefix_cache_hits(&metrics::AddCounter(r, "tandem_scheduler_prefix_cache_hits_tokens_total",
                                              "Prompt tokens found in the local prefix cache.")),
-      external_cache_queries(&metrics::AddCounter(
-          r, "tandem_scheduler_external_cache_queries_tokens_total",
-          "Tokens looked up in the external KV-store.")),
-      external_cache_hits(&metrics::AddCounter(r, "tandem_scheduler_external_cache_hits_tokens_total",
+      external_cache_queries(
+          &metrics::AddCounter(r, "tandem_scheduler_external_cache_queries_tokens_total",
+                               "Tokens looked up in the external KV-store.")),
+      external_cache_hits(&metrics::AddCounter(r,
+                                               "tandem_scheduler_external_cache_hits_tokens_total",
                                                "Tokens found in the external KV-store.")),
       steps(&metrics::AddCounter(r, "tandem_scheduler_steps_total", "Steps scheduled.")),
       requests_finished(prometheus::BuildCounter()
@@ -161,9 +178,22 @@ void Engine::Submit(std::shared_ptr<GenerateCall> call, sched::RequestSpec spec)
   Post(std::move(e));
 }
 
-void Engine::Cancel(std::shared_ptr<GenerateCall> call) {
+bool Engine::TryAccept() {
+  // Count first, then look at the flag (both seq_cst): a call that saw
+  // draining_ == false is already counted when SetDraining()'s caller reads
+  // num_calls_open().
+  num_calls_open_.fetch_add(1);
+  if (draining_.load()) {
+    num_calls_open_.fetch_sub(1);
+    return false;
+  }
+  return true;
+}
+
+void Engine::Cancel(std::shared_ptr<GenerateCall> call, CancelCause cause) {
   Event e{.kind = Event::kCancel};
   e.call = std::move(call);
+  e.cancel_cause = cause;
   Post(std::move(e));
 }
 
@@ -213,15 +243,18 @@ void Engine::Loop() {
     std::lock_guard<std::mutex> lock(mu_);
     rest.swap(events_);
   }
+  // Only reached when the drain timed out (or without a drain).
   for (Event& e : rest) {
     if (e.kind == Event::kSubmit) {
       e.call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the scheduler is shutting down"));
+      num_calls_open_.fetch_sub(1);
     } else if (e.kind == Event::kAbort) {
       e.abort_done(false);
     }
   }
   for (auto& [id, call] : calls_) {
     call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the scheduler is shutting down"));
+    num_calls_open_.fetch_sub(1);
   }
   calls_.clear();
   worker_.reset();
@@ -232,16 +265,18 @@ void Engine::Loop() {
 void Engine::Handle(Event& e) {
   switch (e.kind) {
     case Event::kSubmit: {
+      if (options_.debug_submit_delay_ms > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_submit_delay_ms));
+      }
       schedule_wanted_ = true;
       const std::string id = e.spec.request_id;
+      // No draining check here: TryAccept() let this call in before the
+      // drain began, so it runs to the end.
       grpc::Status rejected;
-      if (draining_.load()) {
-        rejected = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                "the scheduler is draining (shutting down); retry elsewhere");
-      } else if (scheduler_ == nullptr || worker_ == nullptr) {
-        rejected = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                absl::StrCat("no worker is connected (worker address ",
-                                             options_.worker_address, ")"));
+      if (scheduler_ == nullptr || worker_ == nullptr) {
+        rejected = grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            absl::StrCat("no worker is connected (worker address ", options_.worker_address, ")"));
       } else if (calls_.contains(id)) {
         rejected = grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                                 absl::StrCat("request id '", id, "' is already running"));
@@ -250,9 +285,10 @@ void Engine::Handle(Event& e) {
         rejected = grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
       }
       if (!rejected.ok()) {
-        TANDEM_LOG(INFO) << "request " << id << " rejected: status=" << rejected.error_code() << " "
+        TANDEM_LOG(INFO) << "request " << id << " rejected: status=" << StatusName(rejected) << " "
                          << rejected.error_message();
         e.call->Finish(std::move(rejected));
+        num_calls_open_.fetch_sub(1);
         return;
       }
       calls_.emplace(id, std::move(e.call));
@@ -264,8 +300,11 @@ void Engine::Handle(Event& e) {
       schedule_wanted_ = true;
       std::optional<sched::RequestOutput> out;
       if (scheduler_ != nullptr) out = scheduler_->AbortRequest(e.call->request_id);
-      FinishCall(e.call->request_id, e.call, v1::FINISH_REASON_ABORT, out ? &*out : nullptr,
-                 grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+      FinishCall(
+          e.call->request_id, e.call, v1::FINISH_REASON_ABORT, out ? &*out : nullptr,
+          e.cancel_cause == CancelCause::kDeadline
+              ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the client's deadline passed")
+              : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
       return;
     }
     case Event::kAbort: {
@@ -337,6 +376,7 @@ void Engine::Handle(Event& e) {
       scheduler_ = std::make_unique<sched::Scheduler>(config, kv_connector_.get());
       worker_ = std::move(e.stream);
       in_flight_.clear();
+      last_processed_step_id_ = 0;
       schedule_wanted_ = true;
       num_worker_connects_.fetch_add(1);
       {
@@ -365,16 +405,17 @@ void Engine::Handle(Event& e) {
 void Engine::HandleOutput(const v1::ModelRunnerOutput& proto) {
   if (in_flight_.empty() || in_flight_.front().step_id != proto.step_id()) {
     DropWorker(absl::StrCat("worker answered step ", proto.step_id(), " but step ",
-                            in_flight_.empty() ? 0 : in_flight_.front().step_id,
-                            " was expected"));
+                            in_flight_.empty() ? 0 : in_flight_.front().step_id, " was expected"));
     return;
   }
   const v1::KvConnectorReport& kv_report = proto.kv_connector_report();
-  load_failed_not_found_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_not_found()));
+  load_failed_not_found_ +=
+      static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_not_found()));
   load_failed_checksum_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_checksum()));
   load_failed_rpc_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_rpc()));
   sched::SchedulerOutput scheduled = std::move(in_flight_.front());
   in_flight_.pop_front();
+  last_processed_step_id_ = proto.step_id();
   sched::ModelRunnerOutput output;
   if (!proto.error().empty()) {
     // The step failed on the worker: its requests end with an error, the
@@ -422,14 +463,33 @@ void Engine::ScheduleAndSend() {
     // An empty step still goes out (it may carry finished ids, and outputs
     // are processed in step order), but we wait for news before the next.
     if (step.total_num_scheduled_tokens == 0) schedule_wanted_ = false;
-    step_proto_.Clear();
-    rpc::ToProto(step, &step_proto_);
-    in_flight_.push_back(std::move(step));
-    if (!worker_->Write(step_proto_)) {
+    if (!SendStep(step)) {
       DropWorker("writing to the worker's Execute stream failed");
       return;
     }
+    in_flight_.push_back(std::move(step));
+    max_steps_in_flight_ = std::max(max_steps_in_flight_, static_cast<int32_t>(in_flight_.size()));
   }
+}
+
+bool Engine::SendStep(const sched::SchedulerOutput& step) {
+  const int64_t t0 = MonotonicNanos();
+  step_proto_.Clear();
+  rpc::ToProto(step, &step_proto_);
+  step_proto_.set_last_processed_step_id(last_processed_step_id_);
+  const int64_t t1 = MonotonicNanos();
+  ++num_steps_sent_;
+  step_to_proto_ns_sum_ += t1 - t0;
+  step_scheduled_reqs_sum_ += step.num_scheduled_tokens.size();
+  step_message_bytes_sum_ += step_proto_.ByteSizeLong();
+  if (num_steps_sent_ % kSerializeSampleEvery == 0) {
+    const int64_t s0 = MonotonicNanos();
+    serialize_scratch_.clear();
+    step_proto_.SerializeToString(&serialize_scratch_);
+    step_serialize_ns_sum_ += MonotonicNanos() - s0;
+    ++step_serialize_samples_;
+  }
+  return worker_->Write(step_proto_);
 }
 
 void Engine::Deliver(const sched::RequestOutput& out) {
@@ -452,6 +512,7 @@ void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateC
                         v1::FinishReason reason, const sched::RequestOutput* out,
                         grpc::Status status) {
   calls_.erase(request_id);
+  num_calls_open_.fetch_sub(1);
   if (out != nullptr && !out->new_token_ids.empty()) NoteTokens(*call, out->new_token_ids.size());
   const double latency_ms = (MonotonicNanos() - call->start_ns) * 1e-6;
   if (metrics_ != nullptr) {
@@ -475,7 +536,7 @@ void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateC
   }
   call->Finish(status);
   TANDEM_LOG(INFO) << "request " << request_id << " finished: reason=" << ReasonName(reason)
-                   << " status=" << status.error_code()
+                   << " status=" << StatusName(status)
                    << " prompt_tokens=" << (out ? out->num_prompt_tokens : call->num_prompt_tokens)
                    << " output_tokens=" << (out ? out->num_output_tokens : 0)
                    << " cached_local=" << (out ? out->num_cached_tokens_local : 0)
@@ -493,17 +554,19 @@ void Engine::NoteTokens(GenerateCall& call, size_t num_tokens) {
 }
 
 void Engine::DropWorker(const std::string& reason) {
-  TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason
-                    << "; failing " << calls_.size() << " requests";
-  const grpc::Status status(grpc::StatusCode::UNAVAILABLE,
-                            absl::StrCat("lost the worker (", reason, "); the request was aborted"));
+  TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; failing "
+                    << calls_.size() << " requests";
+  const grpc::Status status(
+      grpc::StatusCode::UNAVAILABLE,
+      absl::StrCat("lost the worker (", reason, "); the request was aborted"));
   auto calls = std::move(calls_);
   calls_.clear();
   for (auto& [id, call] : calls) FinishCall(id, call, v1::FINISH_REASON_ERROR, nullptr, status);
   in_flight_.clear();
   scheduler_.reset();
   kv_connector_.reset();
-  if (worker_ != nullptr) max_broken_generation_ = std::max(max_broken_generation_, worker_->generation());
+  if (worker_ != nullptr)
+    max_broken_generation_ = std::max(max_broken_generation_, worker_->generation());
   worker_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -539,6 +602,13 @@ void Engine::PublishStats() {
     s.set_external_loaded_tokens(st.external_loaded_tokens);
   }
   s.set_max_running_plus_loading(max_running_plus_loading_);
+  s.set_max_steps_in_flight(max_steps_in_flight_);
+  s.set_num_steps_sent(num_steps_sent_);
+  s.set_step_scheduled_reqs_sum(step_scheduled_reqs_sum_);
+  s.set_step_message_bytes_sum(step_message_bytes_sum_);
+  s.set_step_to_proto_seconds_sum(static_cast<double>(step_to_proto_ns_sum_) * 1e-9);
+  s.set_step_serialize_samples(step_serialize_samples_);
+  s.set_step_serialize_seconds_sum(static_cast<double>(step_serialize_ns_sum_) * 1e-9);
   s.set_external_load_failed_not_found(load_failed_not_found_);
   s.set_external_load_failed_checksum(load_failed_checksum_);
   s.set_external_load_failed_rpc(load_failed_rpc_);

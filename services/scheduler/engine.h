@@ -9,6 +9,11 @@
 // Worker failure: every live request ends with UNAVAILABLE, the Scheduler is
 // dropped (a new worker starts with an empty cache), and the connector
 // reconnects; a fresh Scheduler is sized from the new worker's Describe.
+//
+// Drain: TryAccept() is the one gate for new Generate calls. A call it let in
+// counts as open until the engine finishes it, whether or not the engine has
+// seen it yet, so SetDraining() + waiting for num_calls_open() == 0 lets every
+// accepted call finish while every later one gets UNAVAILABLE.
 #pragma once
 
 #include <atomic>
@@ -45,6 +50,9 @@ struct EngineOptions {
   std::string kvstore_target;
   // A KV-store lookup unanswered after this long counts as zero hits.
   int64_t kvstore_lookup_deadline_ms = 50;
+  // TEST-ONLY: the loop sleeps this long before taking each new request, so
+  // tests can hold accepted calls in the queue (the drain test). 0 = off.
+  int32_t debug_submit_delay_ms = 0;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -87,17 +95,25 @@ class Engine {
   // Fails every live call with UNAVAILABLE and joins the threads.
   void Stop();
 
-  // A validated call. The engine answers through `call`.
+  // Admits a new call unless draining: true = the call is open and must be
+  // Submit()ted; false = answer UNAVAILABLE. Never blocks.
+  [[nodiscard]] bool TryAccept();
+  // Calls TryAccept() let in that have not finished yet.
+  int32_t num_calls_open() const { return num_calls_open_.load(); }
+  // A validated, accepted call. The engine answers through `call`.
   void Submit(std::shared_ptr<GenerateCall> call, sched::RequestSpec spec);
-  // The client went away or its deadline passed.
-  void Cancel(std::shared_ptr<GenerateCall> call);
+  // Why a call went away before it finished.
+  enum class CancelCause { kClient, kDeadline };
+  // The client cancelled or its deadline passed.
+  void Cancel(std::shared_ptr<GenerateCall> call, CancelCause cause);
   // The Abort RPC; `done(found)` runs on the engine thread.
   void Abort(std::string request_id, std::function<void(bool)> done);
 
   ModelInfo model_info() const;
   v1::GetStatsResponse stats() const;
-  // New calls get UNAVAILABLE; running ones finish.
+  // New calls get UNAVAILABLE; accepted ones finish.
   void SetDraining();
+  bool draining() const { return draining_.load(); }
   // Called on the engine thread when the worker connection goes up or down.
   void set_on_serving_changed(std::function<void(bool)> fn) { on_serving_changed_ = std::move(fn); }
 
@@ -112,6 +128,7 @@ class Engine {
     std::unique_ptr<v1::ModelRunnerOutput> output;
     std::unique_ptr<WorkerStream> stream;
     std::string reason;
+    CancelCause cancel_cause = CancelCause::kClient;
   };
 
   void Post(Event event);
@@ -123,6 +140,8 @@ class Engine {
   void FinishCall(const std::string& request_id, std::shared_ptr<GenerateCall> call,
                   v1::FinishReason reason, const sched::RequestOutput* out, grpc::Status status);
   void DropWorker(const std::string& reason);
+  // Converts and writes one step; false when the stream broke.
+  bool SendStep(const sched::SchedulerOutput& step);
   void NoteTokens(GenerateCall& call, size_t num_tokens);
   void PublishStats();
 
@@ -135,9 +154,10 @@ class Engine {
   std::condition_variable cv_;
   std::deque<Event> events_;
   bool stopping_ = false;
-  ModelInfo model_info_;           // under mu_
-  v1::GetStatsResponse stats_;     // under mu_
+  ModelInfo model_info_;        // under mu_
+  v1::GetStatsResponse stats_;  // under mu_
   std::atomic<bool> draining_{false};
+  std::atomic<int32_t> num_calls_open_{0};
   std::atomic<uint64_t> num_worker_connects_{0};
 
   // Owned by the loop thread.
@@ -155,6 +175,17 @@ class Engine {
   uint64_t max_broken_generation_ = 0;
   std::unordered_map<std::string, std::shared_ptr<GenerateCall>> calls_;
   std::deque<sched::SchedulerOutput> in_flight_;
+  // Of the current worker's steps (ids restart with every Scheduler).
+  uint64_t last_processed_step_id_ = 0;
+  int32_t max_steps_in_flight_ = 0;
+  // Per-step SchedulerOutput cost, summed (GetStats).
+  uint64_t num_steps_sent_ = 0;
+  uint64_t step_scheduled_reqs_sum_ = 0;
+  uint64_t step_message_bytes_sum_ = 0;
+  int64_t step_to_proto_ns_sum_ = 0;
+  uint64_t step_serialize_samples_ = 0;
+  int64_t step_serialize_ns_sum_ = 0;
+  std::string serialize_scratch_;
   bool schedule_wanted_ = true;
   std::vector<sched::RequestOutput> outputs_scratch_;
   v1::SchedulerOutput step_proto_;

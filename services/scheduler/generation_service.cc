@@ -1,5 +1,6 @@
 #include "generation_service.h"
 
+#include <chrono>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -11,22 +12,30 @@
 namespace tandem::scheduler {
 namespace {
 
+// gRPC reports a client cancel and a passed deadline the same way (OnCancel,
+// IsCancelled); the deadline tells them apart.
+Engine::CancelCause CauseOf(const grpc::CallbackServerContext& context) {
+  return context.deadline() <= std::chrono::system_clock::now() ? Engine::CancelCause::kDeadline
+                                                                : Engine::CancelCause::kClient;
+}
+
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  explicit GenerateReactor(Engine* engine)
-      : engine_(engine), call_(std::make_shared<GenerateCall>(this)) {}
+  GenerateReactor(Engine* engine, const grpc::CallbackServerContext* context)
+      : engine_(engine), context_(context), call_(std::make_shared<GenerateCall>(this)) {}
 
   const std::shared_ptr<GenerateCall>& call() const { return call_; }
   void set_submitted() { submitted_.store(true); }
 
   void OnWriteDone(bool ok) override { call_->OnWriteDone(ok); }
   void OnCancel() override {
-    if (submitted_.load()) engine_->Cancel(call_);
+    if (submitted_.load()) engine_->Cancel(call_, CauseOf(*context_));
   }
   void OnDone() override { delete this; }
 
  private:
   Engine* const engine_;
+  const grpc::CallbackServerContext* const context_;
   std::shared_ptr<GenerateCall> call_;
   std::atomic<bool> submitted_{false};
 };
@@ -34,8 +43,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 // The one log line of a request that never reached the engine.
 void Reject(GenerateCall& call, const std::string& request_id, grpc::Status status) {
   TANDEM_LOG(INFO) << "request " << (request_id.empty() ? "(no id)" : request_id)
-                   << " rejected: status=" << status.error_code() << " "
-                   << status.error_message();
+                   << " rejected: status="
+                   << absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))
+                   << " " << status.error_message();
   call.Finish(std::move(status));
 }
 
@@ -51,13 +61,14 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
                                      const GenerationOptions& options) {
   const int32_t vocab = model.vocab_size();
   if (request.prompt_token_ids_size() == 0) {
-    return absl::InvalidArgumentError("prompt_token_ids is empty; a prompt needs at least one token");
+    return absl::InvalidArgumentError(
+        "prompt_token_ids is empty; a prompt needs at least one token");
   }
   for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
     const int32_t id = request.prompt_token_ids(i);
     if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", id,
-                                                     " is outside the vocabulary [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_token_ids[", i, "] = ", id, " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
   SamplingParams sampling = rpc::FromProto(request.sampling());
@@ -83,14 +94,14 @@ GenerationService::GenerationService(Engine* engine, GenerationOptions options)
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto* reactor = new GenerateReactor(engine_);
+  auto* reactor = new GenerateReactor(engine_, context);
   const std::shared_ptr<GenerateCall>& call = reactor->call();
   call->start_ns = MonotonicNanos();
   call->num_prompt_tokens = request->prompt_token_ids_size();
-  if (draining_.load()) {
-    Reject(*call, request->request_id(),
-           grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "the scheduler is draining (shutting down); retry elsewhere"));
+  const grpc::Status draining(grpc::StatusCode::UNAVAILABLE,
+                              "the scheduler is draining (shutting down); retry elsewhere");
+  if (engine_->draining()) {
+    Reject(*call, request->request_id(), draining);
     return reactor;
   }
   ModelInfo model = engine_->model_info();
@@ -105,20 +116,24 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     return reactor;
   }
   sched::RequestSpec spec{
-      .request_id = request->request_id().empty()
-                        ? absl::StrCat("req-", next_id_.fetch_add(1))
-                        : request->request_id(),
+      .request_id = request->request_id().empty() ? absl::StrCat("req-", next_id_.fetch_add(1))
+                                                  : request->request_id(),
       .prompt_token_ids = {request->prompt_token_ids().begin(), request->prompt_token_ids().end()},
       .sampling = rpc::FromProto(request->sampling(), RandomSeed()),
       .priority = request->priority(),
       .cache_salt = request->cache_salt(),
   };
+  // The drain gate: from here on the call is the engine's and finishes there.
+  if (!engine_->TryAccept()) {
+    Reject(*call, request->request_id(), draining);
+    return reactor;
+  }
   call->request_id = spec.request_id;
   reactor->set_submitted();
   engine_->Submit(call, std::move(spec));
   // A cancel that raced with set_submitted() is not lost (a second one is
   // ignored by the engine).
-  if (context->IsCancelled()) engine_->Cancel(call);
+  if (context->IsCancelled()) engine_->Cancel(call, CauseOf(*context));
   return reactor;
 }
 

@@ -7,7 +7,9 @@
 //   through the Abort RPC ends the same way with FINISH_REASON_ABORT.
 // - Client cancel and deadline abort the request in the scheduler (the
 //   worker drops it with the next step); the client sees CANCELLED or
-//   DEADLINE_EXCEEDED from gRPC.
+//   DEADLINE_EXCEEDED from gRPC, and the request's log line says which.
+// - Drain: a call that passed Engine::TryAccept() before SIGTERM finishes;
+//   later ones get UNAVAILABLE.
 // - A request that sets cache_salt is INVALID_ARGUMENT unless the server runs
 //   with --allow-request-cache-salt (the salt isolates tenants, DESIGN §3).
 // - An empty request_id gets a server-assigned "req-N"; a duplicate of a live
@@ -53,12 +55,9 @@ class GenerationService final : public v1::Generation::CallbackService {
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
 
-  void SetDraining() { draining_.store(true); }
-
  private:
   Engine* const engine_;
   const GenerationOptions options_;
-  std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
 };
 

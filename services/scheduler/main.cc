@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
       "Serves tandem.v1.Generation: admits requests, batches them continuously and streams one "
       "step at a time to a tandem-worker. Block size, KV blocks, vocabulary and EOS come from the "
       "worker's Describe.");
-  flags.Add("listen", &server_options.listen_address, "host:port to serve on (port 0: any free port)");
+  flags.Add("listen", &server_options.listen_address,
+            "host:port to serve on (port 0: any free port)");
   flags.Add("port-file", &server_options.port_file,
             "write the bound port to this file once listening (empty: don't)");
   flags.Add("worker", &engine_options.worker_address, "host:port of the tandem-worker");
@@ -58,7 +59,10 @@ int main(int argc, char** argv) {
   flags.Add("metrics-listen", &metrics_options.listen_address,
             "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
   flags.Add("drain-timeout-s", &drain_timeout_s,
-            "on SIGTERM/SIGINT, how long running requests may take to finish");
+            "on SIGTERM/SIGINT, how long accepted requests may take to finish");
+  flags.Add("debug-submit-delay-ms", &engine_options.debug_submit_delay_ms,
+            "TESTS ONLY: the engine sleeps this long before taking each new request (holds "
+            "accepted calls in its queue; 0: off)");
   flags.ParseOrExit(argc, argv);
   if (policy == "fcfs") {
     sc.policy = tandem::sched::SchedulingPolicy::kFcfs;
@@ -94,26 +98,36 @@ int main(int argc, char** argv) {
     return 1;
   }
   grpc::Server* srv = server->get();
+  // Health starts NOT_SERVING (rpc::EnableReflectionAndHealth); this names
+  // the service too.
   tandem::rpc::SetServing(srv, "tandem.v1.Generation", false);
-  engine.set_on_serving_changed([srv, &service](bool serving) {
-    (void)service;
-    tandem::rpc::SetServing(srv, "tandem.v1.Generation", serving);
-  });
+  engine.set_on_serving_changed(
+      [srv](bool serving) { tandem::rpc::SetServing(srv, "tandem.v1.Generation", serving); });
+  if (engine_options.debug_submit_delay_ms > 0) {
+    TANDEM_LOG(WARNING) << "TEST-ONLY --debug-submit-delay-ms="
+                        << engine_options.debug_submit_delay_ms << " is on";
+  }
   engine.Start();
   TANDEM_LOG(INFO) << "listening on port " << port << "; worker " << engine_options.worker_address;
 
   int sig = tandem::rpc::WaitForShutdownSignal();
   TANDEM_LOG(INFO) << "signal " << sig << ": draining (new calls get UNAVAILABLE)";
-  service.SetDraining();
   engine.SetDraining();
   tandem::rpc::SetServing(srv, "tandem.v1.Generation", false);
+  // Every call accepted before SetDraining() counts here until the engine
+  // has finished it, including those it has not taken from its queue yet.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(drain_timeout_s);
-  while (engine.stats().num_active_streams() > 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (engine.num_calls_open() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // Streams still open here were given their last message; Shutdown waits
-  // for their writes briefly, then cancels.
+  if (engine.num_calls_open() > 0) {
+    TANDEM_LOG(WARNING) << "drain timeout: failing " << engine.num_calls_open()
+                        << " calls with UNAVAILABLE";
+  }
+  // Finished calls were given their last message; Shutdown waits for their
+  // writes briefly, then cancels.
   engine.Stop();
+  tandem::rpc::ShutdownHealth(srv);
   srv->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   TANDEM_LOG(INFO) << "stopped";
   return 0;
