@@ -1,6 +1,7 @@
 // tandem-worker: loads a model and executes the scheduler's steps.
 #include <chrono>
 #include <iostream>
+#include <thread>
 
 #include "grpcpp/server_builder.h"
 #include "tandem/common/logging.h"
@@ -16,7 +17,8 @@ int main(int argc, char** argv) {
   tandem::rpc::FlagSet flags("tandem-worker",
                              "Loads a model, owns its paged KV cache and executes the steps a "
                              "tandem-scheduler streams to it (tandem.v1.Worker).");
-  flags.Add("listen", &server_options.listen_address, "host:port to serve on (port 0: any free port)");
+  flags.Add("listen", &server_options.listen_address,
+            "host:port to serve on (port 0: any free port)");
   flags.Add("port-file", &server_options.port_file,
             "write the bound port to this file once listening (empty: don't)");
   flags.Add("model", &options.model_path, "llama2.c .bin checkpoint or Hugging Face directory");
@@ -36,6 +38,10 @@ int main(int argc, char** argv) {
   tandem::metrics::ExposerOptions metrics_options;
   flags.Add("metrics-listen", &metrics_options.listen_address,
             "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
+  int32_t debug_load_delay_ms = 0;
+  flags.Add(
+      "debug-load-delay-ms", &debug_load_delay_ms,
+      "TESTS ONLY: wait this long (listening, NOT_SERVING) before loading the model (0: off)");
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = options.Validate(); !s.ok()) {
     std::cerr << "tandem-worker: " << s.message() << "\n";
@@ -61,8 +67,14 @@ int main(int argc, char** argv) {
     std::cerr << "tandem-worker: " << server.status().message() << "\n";
     return 1;
   }
+  // Health is NOT_SERVING from the start (rpc::EnableReflectionAndHealth);
+  // this names the service too.
   tandem::rpc::SetServing(server->get(), "tandem.v1.Worker", false);
   TANDEM_LOG(INFO) << "listening on port " << port << "; loading " << options.model_path;
+  if (debug_load_delay_ms > 0) {
+    TANDEM_LOG(WARNING) << "TEST-ONLY --debug-load-delay-ms=" << debug_load_delay_ms;
+    std::this_thread::sleep_for(std::chrono::milliseconds(debug_load_delay_ms));
+  }
   if (absl::Status s = service.Load(); !s.ok()) {
     TANDEM_LOG(ERROR) << s;
     (*server)->Shutdown();
@@ -73,7 +85,7 @@ int main(int argc, char** argv) {
 
   int sig = tandem::rpc::WaitForShutdownSignal();
   TANDEM_LOG(INFO) << "signal " << sig << ": draining";
-  tandem::rpc::SetServing(server->get(), "tandem.v1.Worker", false);
+  tandem::rpc::ShutdownHealth(server->get());
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   service.Stop();
   TANDEM_LOG(INFO) << "stopped";

@@ -26,7 +26,8 @@ absl::Status WorkerOptions::Validate() const {
   }
   if (num_threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
   if (!kvstore_target.empty() && backend == "sim") {
-    return absl::InvalidArgumentError("--kvstore needs --backend=cpu or cuda (sim has no KV bytes)");
+    return absl::InvalidArgumentError(
+        "--kvstore needs --backend=cpu or cuda (sim has no KV bytes)");
   }
   if (kvstore_transfer_deadline_ms <= 0) {
     return absl::InvalidArgumentError("--kvstore-transfer-deadline-ms must be > 0");
@@ -47,10 +48,9 @@ WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* regist
         metrics::AddCounter(r, "tandem_worker_scheduled_tokens_total",
                             "Tokens run through the model (prefill and decode)."),
         metrics::AddCounter(r, "tandem_worker_sampled_tokens_total", "Tokens sampled."),
-        metrics::AddHistogram(r, "tandem_worker_step_duration_seconds",
-                              "Time to apply, run and sample one step.",
-                              {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                               0.1, 0.25, 0.5, 1}),
+        metrics::AddHistogram(
+            r, "tandem_worker_step_duration_seconds", "Time to apply, run and sample one step.",
+            {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
         metrics::AddGauge(r, "tandem_worker_num_requests_active",
                           "Requests the worker holds batch state for."),
     });
@@ -81,15 +81,17 @@ absl::Status WorkerService::Load() {
     num_blocks_ = static_cast<int32_t>(std::min<int64_t>(options_.kv_cache_bytes / block_bytes,
                                                          std::numeric_limits<int32_t>::max()));
     if (num_blocks_ < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--kv-cache-bytes=", options_.kv_cache_bytes, " holds no KV block of ", block_bytes,
-          " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("--kv-cache-bytes=", options_.kv_cache_bytes,
+                                                     " holds no KV block of ", block_bytes,
+                                                     " bytes"));
     }
   }
-  model::Backend backend = options_.backend == "cuda" ? model::Backend::kCuda : model::Backend::kCpu;
+  model::Backend backend =
+      options_.backend == "cuda" ? model::Backend::kCuda : model::Backend::kCpu;
   if (options_.backend != "sim") {
     auto runner = model::ModelRunner::Create(
-        model_.get(), model::KvCacheOptions{.block_size = options_.block_size, .num_blocks = num_blocks_},
+        model_.get(),
+        model::KvCacheOptions{.block_size = options_.block_size, .num_blocks = num_blocks_},
         backend, model::ModelRunnerOptions{.num_threads = options_.num_threads});
     if (!runner.ok()) return Annotate(runner.status(), "creating the model runner");
     runner_ = std::move(runner).value();
@@ -184,7 +186,7 @@ void WorkerService::Loop() {
       queue_.pop_front();
     }
     if (work.step == nullptr) {
-      seqs_.clear();
+      while (!seqs_.empty()) DropSeq(seqs_.begin(), "scheduler-detached");
       num_active_requests_.store(0);
       work.done->set_value();
       continue;
@@ -228,7 +230,10 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
                                         v1::ModelRunnerOutput* out) {
   sched::SchedulerOutput step;
   TANDEM_RETURN_IF_ERROR(rpc::FromProto(proto, &step));
-  for (const std::string& id : step.finished_req_ids) seqs_.erase(id);
+  for (const std::string& id : step.finished_req_ids) {
+    auto it = seqs_.find(id);
+    if (it != seqs_.end()) DropSeq(it, "finished");
+  }
   // KV-store loads of this step, before its forward pass (and after every
   // earlier step's: steps run in order on this thread). Reported in this
   // step's output (even if the step then fails), failed blocks as
@@ -252,14 +257,18 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
     if (it != seqs_.end()) {
       it->second.block_table.clear();
       it->second.num_computed_tokens = 0;
+      ++it->second.num_preemptions;
     }
   }
 
   std::vector<SeqState*> batch;
   std::vector<const std::string*> ids;
   batch.reserve(step.num_scheduled_tokens.size());
+  const int64_t now_ns = MonotonicNanos();
   for (sched::NewRequestData& r : step.scheduled_new_reqs) {
     SeqState& s = seqs_[r.request_id];
+    if (s.first_step_ns == 0) s.first_step_ns = now_ns;
+    s.unconfirmed_sample_steps.clear();
     s.num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
     s.token_ids = std::move(r.prompt_token_ids);
     s.sampling = std::move(r.sampling);
@@ -271,17 +280,28 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
   for (sched::CachedRequestData& r : step.scheduled_cached_reqs) {
     auto it = seqs_.find(r.request_id);
     if (it == seqs_.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("step ", step.step_id, ": cached request ", r.request_id,
-                       " is unknown to this worker"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step.step_id, ": cached request ", r.request_id, " is unknown to this worker"));
     }
     SeqState& s = it->second;
     if (r.resumed_from_preemption) {
       // Tokens this worker sampled that the scheduler dropped are forgotten.
       s.token_ids = std::move(r.all_token_ids);
       s.block_table = std::move(r.new_block_ids);
+      s.unconfirmed_sample_steps.clear();
     } else {
       s.block_table.insert(s.block_table.end(), r.new_block_ids.begin(), r.new_block_ids.end());
+    }
+    while (!s.unconfirmed_sample_steps.empty() &&
+           s.unconfirmed_sample_steps.front() <= proto.last_processed_step_id()) {
+      s.unconfirmed_sample_steps.pop_front();
+    }
+    if (static_cast<int32_t>(s.unconfirmed_sample_steps.size()) != r.num_output_placeholders) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step.step_id, ": request ", r.request_id, " has ", r.num_output_placeholders,
+          " output placeholders on the scheduler, but this worker sampled ",
+          s.unconfirmed_sample_steps.size(), " tokens for it after step ",
+          proto.last_processed_step_id(), ", the last step the scheduler had processed"));
     }
     s.num_computed_tokens = r.num_computed_tokens;
     batch.push_back(&s);
@@ -338,9 +358,24 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
         std::span<const float>(logits).subspan(i * static_cast<size_t>(vocab), vocab), s.sampling,
         output_position);
     s.token_ids.push_back(token);
+    s.unconfirmed_sample_steps.push_back(step.step_id);
+    ++s.num_sampled;
     sampled->add_token_ids(token);
   }
+  for (SeqState* s : batch) ++s->num_steps;
   return absl::OkStatus();
+}
+
+void WorkerService::DropSeq(std::unordered_map<std::string, SeqState>::iterator it,
+                            const char* why) {
+  const SeqState& s = it->second;
+  TANDEM_LOG(INFO) << "request " << it->first << " dropped: reason=" << why
+                   << " prompt_tokens=" << s.num_prompt_tokens
+                   << " computed_tokens=" << s.num_computed_tokens
+                   << " sampled_tokens=" << s.num_sampled << " steps=" << s.num_steps
+                   << " preemptions=" << s.num_preemptions << " held_ms="
+                   << (s.first_step_ns > 0 ? (MonotonicNanos() - s.first_step_ns) * 1e-6 : 0.0);
+  seqs_.erase(it);
 }
 
 // Deterministic fake logits: one token gets all the mass, chosen from the
@@ -358,8 +393,9 @@ absl::Status WorkerService::RunSim(const std::vector<SeqState*>& seqs,
     const SeqState& s = *seqs[i];
     const int32_t end = s.num_computed_tokens + num_tokens[i];
     const uint64_t last = static_cast<uint64_t>(s.token_ids[end - 1]);
-    int32_t token = static_cast<int32_t>((last * 2654435761ull + static_cast<uint64_t>(end) * 40503ull) %
-                                         static_cast<uint64_t>(vocab));
+    int32_t token =
+        static_cast<int32_t>((last * 2654435761ull + static_cast<uint64_t>(end) * 40503ull) %
+                             static_cast<uint64_t>(vocab));
     if (token == model_->config().eos_token_id) token = (token + 1) % vocab;
     (*logits)[i * vocab + token] = 10.0f;
   }

@@ -16,6 +16,15 @@
 // request when its chunk reaches the last known token; the sampling position
 // is the number of output tokens so far. Only one scheduler stream may be
 // attached; when it ends, all batch state is dropped.
+//
+// Placeholder check (async scheduling): per request the worker remembers the
+// steps in which it sampled a token. Those after the step's
+// last_processed_step_id are tokens the scheduler has not seen yet, so their
+// number must equal the step's num_output_placeholders for the request; a
+// mismatch fails the step (the two sides would feed different tokens).
+//
+// Each request's batch state ends with one log line (id, why, prompt and
+// computed tokens, tokens sampled here, steps, preemptions, time held).
 #pragma once
 
 #include <atomic>
@@ -93,6 +102,14 @@ class WorkerService final : public v1::Worker::Service {
     SamplingParams sampling;
     std::vector<int32_t> block_table;
     int32_t num_computed_tokens = 0;
+    // Steps that sampled a token the scheduler may not have processed yet
+    // (oldest first; at most two with async scheduling).
+    std::deque<uint64_t> unconfirmed_sample_steps;
+    // For the log line when the state is dropped.
+    int64_t first_step_ns = 0;
+    int32_t num_steps = 0;
+    int32_t num_sampled = 0;
+    int32_t num_preemptions = 0;
   };
   struct Work {
     std::unique_ptr<v1::SchedulerOutput> step;  // null: the stream ended
@@ -104,6 +121,8 @@ class WorkerService final : public v1::Worker::Service {
   // Applies the diff, runs the model, samples. On error the batch state of
   // the step's requests may be partly updated; the scheduler fails them.
   absl::Status ExecuteStep(const v1::SchedulerOutput& step, v1::ModelRunnerOutput* out);
+  // Drops a request's batch state with its log line.
+  void DropSeq(std::unordered_map<std::string, SeqState>::iterator it, const char* why);
   absl::Status RunSim(const std::vector<SeqState*>& seqs, const std::vector<int32_t>& num_tokens,
                       std::vector<float>* logits);
 
