@@ -2,10 +2,13 @@
 // lengths, greedy and seeded sampling) give identical tokens per request
 // under every combination of {sync, async} x {prefix caching on, off} x
 // {token budget 32, 2048} x {ample KV blocks, so few that requests are
-// preempted}. The stats prove preemption and prefix hits really happened.
+// preempted}. The stats prove preemption and prefix hits really happened,
+// that async runs really had two steps in flight (sync runs one), and the
+// usage of each response reports local prefix-cache hits only with caching.
+#include <signal.h>
+
 #include <map>
 #include <random>
-#include <signal.h>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -73,16 +76,16 @@ TEST(DifferentialTest, EveryConfigurationGivesIdenticalTokens) {
     for (bool async : {false, true}) {
       for (bool caching : {false, true}) {
         for (int budget : {2048, 32}) {
-          const std::string name = std::string(async ? "async" : "sync") +
-                                   (caching ? "/caching" : "/no-caching") + "/budget" +
-                                   std::to_string(budget) + (small_cache ? "/few-blocks" : "/ample");
+          const std::string name =
+              std::string(async ? "async" : "sync") + (caching ? "/caching" : "/no-caching") +
+              "/budget" + std::to_string(budget) + (small_cache ? "/few-blocks" : "/ample");
           SCOPED_TRACE(name);
-          Service scheduler = StartScheduler(
-              dir, "scheduler-" + std::to_string(run++),
-              small_cache ? small.address() : ample.address(),
-              {"--async-scheduling=" + std::string(async ? "true" : "false"),
-               "--enable-prefix-caching=" + std::string(caching ? "true" : "false"),
-               "--max-num-batched-tokens=" + std::to_string(budget)});
+          Service scheduler =
+              StartScheduler(dir, "scheduler-" + std::to_string(run++),
+                             small_cache ? small.address() : ample.address(),
+                             {"--async-scheduling=" + std::string(async ? "true" : "false"),
+                              "--enable-prefix-caching=" + std::string(caching ? "true" : "false"),
+                              "--max-num-batched-tokens=" + std::to_string(budget)});
           std::vector<GenerateResult> results = RunAll(scheduler.address(), requests);
           auto stub = GenerationStub(scheduler.address());
           // Stats are published after each engine iteration: wait for the
@@ -115,6 +118,24 @@ TEST(DifferentialTest, EveryConfigurationGivesIdenticalTokens) {
             EXPECT_GT(stats.prefix_cache_hits(), 0u) << "no prefix-cache hits with caching on";
           } else {
             EXPECT_EQ(stats.prefix_cache_hits(), 0u);
+          }
+          EXPECT_EQ(stats.max_steps_in_flight(), async ? 2 : 1)
+              << "async scheduling must keep two steps in flight, sync one";
+          int64_t cached_local = 0;
+          for (size_t i = 0; i < results.size(); ++i) {
+            const v1::Usage& u = results[i].usage;
+            EXPECT_EQ(u.prompt_tokens(), requests[i].prompt_token_ids_size()) << "request " << i;
+            EXPECT_EQ(u.output_tokens(), static_cast<int32_t>(results[i].tokens.size()))
+                << "request " << i;
+            // The last prompt token is always computed.
+            EXPECT_LT(u.cached_tokens_local(), u.prompt_tokens()) << "request " << i;
+            EXPECT_EQ(u.cached_tokens_external(), 0) << "request " << i;
+            cached_local += u.cached_tokens_local();
+          }
+          if (caching) {
+            EXPECT_GT(cached_local, 0) << "no response reports usage.cached_tokens_local";
+          } else {
+            EXPECT_EQ(cached_local, 0);
           }
           scheduler.process.Signal(SIGTERM);
           EXPECT_TRUE(scheduler.process.Wait(std::chrono::seconds(30)).has_value());

@@ -11,8 +11,8 @@
 #include <sstream>
 #include <thread>
 
-#include "gtest/gtest.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
 
 extern char** environ;
 
@@ -25,9 +25,20 @@ Process& Process::operator=(Process&& other) noexcept {
       ::waitpid(pid_, nullptr, 0);
     }
     pid_ = other.pid_;
+    exit_status_ = other.exit_status_;
     other.pid_ = -1;
   }
   return *this;
+}
+
+bool Process::running() {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == 0) return true;
+  if (r == pid_) exit_status_ = status;
+  pid_ = -1;  // exited (or not our child any more)
+  return false;
 }
 
 Process::~Process() {
@@ -76,11 +87,37 @@ std::optional<int> Process::Wait(std::chrono::milliseconds timeout) {
     pid_t r = ::waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       pid_ = -1;
+      exit_status_ = status;
       return status;
     }
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int RunCommand(const std::vector<std::string>& argv, std::string* output,
+               std::chrono::milliseconds timeout) {
+  char path[] = "/tmp/tandem-command-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) {
+    ADD_FAILURE() << "mkstemp failed";
+    return -1;
+  }
+  ::close(fd);
+  Process p = Process::Spawn(argv, path);
+  std::optional<int> status = p.Wait(timeout);
+  if (!status.has_value()) ADD_FAILURE() << argv[0] << " did not exit within the timeout";
+  *output = ReadFile(path);
+  std::remove(path);
+  if (!status.has_value() || !WIFEXITED(*status)) return -1;
+  return WEXITSTATUS(*status);
 }
 
 std::string MakeTempDir(const std::string& prefix) {
@@ -121,19 +158,26 @@ int WaitForPortFile(const std::string& path, Process* process, const std::string
 }  // namespace
 
 Service StartWorker(const std::string& dir, const std::string& name,
-                    const std::vector<std::string>& extra_args) {
+                    const std::vector<std::string>& extra_args, bool wait_for_serving) {
   const std::string port_file = dir + "/" + name + ".port";
   const std::string log = dir + "/" + name + ".log";
   std::remove(port_file.c_str());
-  std::vector<std::string> argv = {BinaryPath("services/worker/tandem-worker"), "--model",
-                                   ModelPath(), "--listen", "127.0.0.1:0", "--port-file",
+  std::vector<std::string> argv = {BinaryPath("services/worker/tandem-worker"),
+                                   "--model",
+                                   ModelPath(),
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--port-file",
                                    port_file};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   Service s;
+  s.log_path = log;
   s.process = Process::Spawn(argv, log);
   s.port = WaitForPortFile(port_file, &s.process, log);
-  EXPECT_TRUE(WaitFor([&] { return HealthStatus(s.address()) == 1; }))
-      << "worker " << name << " never became SERVING (log " << log << ")";
+  if (wait_for_serving) {
+    EXPECT_TRUE(WaitFor([&] { return HealthStatus(s.address()) == 1; }))
+        << "worker " << name << " never became SERVING (log " << log << ")";
+  }
   return s;
 }
 
@@ -143,11 +187,16 @@ Service StartScheduler(const std::string& dir, const std::string& name,
   const std::string port_file = dir + "/" + name + ".port";
   const std::string log = dir + "/" + name + ".log";
   std::remove(port_file.c_str());
-  std::vector<std::string> argv = {BinaryPath("services/scheduler/tandem-scheduler"), "--worker",
-                                   worker_address, "--listen", "127.0.0.1:0", "--port-file",
+  std::vector<std::string> argv = {BinaryPath("services/scheduler/tandem-scheduler"),
+                                   "--worker",
+                                   worker_address,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--port-file",
                                    port_file};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   Service s;
+  s.log_path = log;
   s.process = Process::Spawn(argv, log);
   s.port = WaitForPortFile(port_file, &s.process, log);
   if (wait_for_worker) {
@@ -170,8 +219,8 @@ int HealthStatus(const std::string& address) {
   std::condition_variable cv;
   bool done = false;
   grpc::Status status;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&](grpc::Status s) {
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
                    std::lock_guard<std::mutex> lock(mu);
                    status = std::move(s);
                    done = true;
@@ -183,7 +232,8 @@ int HealthStatus(const std::string& address) {
   std::vector<grpc::Slice> slices;
   if (!response.Dump(&slices).ok()) return -1;
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   // HealthCheckResponse{status = N} encodes as 08 N (empty when UNKNOWN).
   if (bytes.size() == 2 && bytes[0] == 0x08) return bytes[1];
   return 0;

@@ -34,11 +34,15 @@ class Process {
   void Signal(int sig);
   // Waits up to `timeout` for exit; returns the wait status or nullopt.
   std::optional<int> Wait(std::chrono::milliseconds timeout);
-  bool running() const { return pid_ > 0; }
+  // True while the child is alive (waitpid WNOHANG; a child that exited is
+  // reaped here and its status kept in exit_status()).
+  bool running();
+  std::optional<int> exit_status() const { return exit_status_; }
   pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;
+  std::optional<int> exit_status_;
 };
 
 // A fresh temp directory per test (logs, port files).
@@ -50,13 +54,23 @@ std::string ModelPath();  // ../shared/models/stories260K.bin
 struct Service {
   Process process;
   int port = 0;
+  std::string log_path;  // its stdout and stderr
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 };
 
-// Starts a worker (extra flags appended, may include --listen) and waits for
-// SERVING. Dies (test failure) after 30 s.
+// The whole content of a file ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
+
+// Runs a binary to completion (killed after `timeout`) with stdout and stderr
+// in `output`; returns its exit code, or -1 when it did not exit normally.
+int RunCommand(const std::vector<std::string>& argv, std::string* output,
+               std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// Starts a worker (extra flags appended, may include --listen); waits until it
+// listens and, when `wait_for_serving`, until its health says SERVING.
+// Dies (test failure) after 30 s.
 Service StartWorker(const std::string& dir, const std::string& name,
-                    const std::vector<std::string>& extra_args);
+                    const std::vector<std::string>& extra_args, bool wait_for_serving = true);
 // Starts a scheduler for `worker_address`; waits until it is listening and,
 // when `wait_for_worker`, until it reports the worker connected.
 Service StartScheduler(const std::string& dir, const std::string& name,

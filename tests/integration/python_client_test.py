@@ -3,11 +3,14 @@
 
 Starts tandem-worker and tandem-scheduler on free loopback ports, then, with
 nothing but grpcio and protoc (grpc_tools):
-  1. lists the scheduler's services through server reflection (v1alpha),
-  2. checks grpc.health.v1 health (SERVING),
+  1. lists the scheduler's and the worker's services through server
+     reflection (v1alpha),
+  2. checks grpc.health.v1 health of both (SERVING, overall and per service;
+     NOT_FOUND for a service neither serves),
   3. fetches tandem.v1.Generation's descriptors through reflection, builds
      the message classes dynamically and runs a Generate stream, whose
-     greedy tokens must match llama2.c's reference for the same prompt.
+     greedy tokens must match llama2.c's reference for the same prompt;
+     does the same for the worker's Describe.
 
 Usage: python_client_test.py BUILD_DIR SHARED_DIR
 """
@@ -110,6 +113,41 @@ def wait_serving(health_pb2, health_pb2_grpc, channel, timeout=30):
     return False
 
 
+def reflect(reflection_pb2, reflection_pb2_grpc, channel, symbol):
+    """Returns (listed service names, a DescriptorPool holding `symbol`)."""
+    refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+    reqs = [reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)]
+    responses = list(refl.ServerReflectionInfo(iter(reqs), timeout=10))
+    services = sorted(s.name for s in responses[0].list_services_response.service)
+    assert not responses[1].HasField("error_response"), responses[1].error_response
+    pool = descriptor_pool.DescriptorPool()
+    files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+             for b in responses[1].file_descriptor_response.file_descriptor_proto]
+    added = set()
+    while len(added) < len(files):  # add dependencies first
+        progress = False
+        for fd in files:
+            if fd.name not in added and all(d in added for d in fd.dependency):
+                pool.Add(fd)
+                added.add(fd.name)
+                progress = True
+        assert progress, "reflection returned an incomplete dependency set"
+    return services, pool
+
+
+def check_health(health_pb2, health_pb2_grpc, channel, service):
+    stub = health_pb2_grpc.HealthStub(channel)
+    for name in ("", service):
+        r = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+        assert r.status == health_pb2.HealthCheckResponse.SERVING, (name, r)
+    try:
+        stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+        raise AssertionError("health of an unknown service did not fail")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e
+
+
 def main():
     build_dir, shared_dir = sys.argv[1], sys.argv[2]
     model = os.path.join(shared_dir, "models", "stories260K.bin")
@@ -138,27 +176,14 @@ def main():
         assert wait_serving(health_pb2, health_pb2_grpc, channel), "scheduler never SERVING"
         print("health: SERVING")
 
+        check_health(health_pb2, health_pb2_grpc, channel, "tandem.v1.Generation")
+
         # 1. Reflection: list services, then fetch the Generation descriptors.
-        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
-        reqs = [reflection_pb2.ServerReflectionRequest(list_services=""),
-                reflection_pb2.ServerReflectionRequest(file_containing_symbol="tandem.v1.Generation")]
-        responses = list(refl.ServerReflectionInfo(iter(reqs), timeout=10))
-        services = sorted(s.name for s in responses[0].list_services_response.service)
+        services, pool = reflect(reflection_pb2, reflection_pb2_grpc, channel, "tandem.v1.Generation")
         print("services:", services)
-        for want in ("tandem.v1.Generation", "grpc.health.v1.Health"):
+        for want in ("tandem.v1.Generation", "grpc.health.v1.Health",
+                     "grpc.reflection.v1alpha.ServerReflection"):
             assert want in services, f"{want} not listed by reflection: {services}"
-        pool = descriptor_pool.DescriptorPool()
-        files = [descriptor_pb2.FileDescriptorProto.FromString(b)
-                 for b in responses[1].file_descriptor_response.file_descriptor_proto]
-        added = set()
-        while len(added) < len(files):  # add dependencies first
-            progress = False
-            for fd in files:
-                if fd.name not in added and all(d in added for d in fd.dependency):
-                    pool.Add(fd)
-                    added.add(fd.name)
-                    progress = True
-            assert progress, "reflection returned an incomplete dependency set"
         factory = message_factory.MessageFactory(pool)
         req_cls = factory.GetPrototype(pool.FindMessageTypeByName("tandem.v1.GenerateRequest"))
         resp_cls = factory.GetPrototype(pool.FindMessageTypeByName("tandem.v1.GenerateResponse"))
@@ -191,6 +216,28 @@ def main():
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
             print("empty prompt:", e.code(), e.details())
+        # The worker: health, reflection, and Describe with reflected types.
+        wchannel = grpc.insecure_channel(f"127.0.0.1:{wport}")
+        assert wait_serving(health_pb2, health_pb2_grpc, wchannel), "worker never SERVING"
+        check_health(health_pb2, health_pb2_grpc, wchannel, "tandem.v1.Worker")
+        wservices, wpool = reflect(reflection_pb2, reflection_pb2_grpc, wchannel, "tandem.v1.Worker")
+        print("worker services:", wservices)
+        for want in ("tandem.v1.Worker", "grpc.health.v1.Health"):
+            assert want in wservices, f"{want} not listed by the worker's reflection: {wservices}"
+        assert "tandem.v1.Generation" not in wservices, wservices
+        wfactory = message_factory.MessageFactory(wpool)
+        dreq = wfactory.GetPrototype(wpool.FindMessageTypeByName("tandem.v1.DescribeRequest"))
+        dresp = wfactory.GetPrototype(wpool.FindMessageTypeByName("tandem.v1.DescribeResponse"))
+        describe = wchannel.unary_unary("/tandem.v1.Worker/Describe",
+                                        request_serializer=lambda m: m.SerializeToString(),
+                                        response_deserializer=dresp.FromString)
+        d = describe(dreq(), timeout=10)
+        assert d.vocab_size == 512 and d.block_size == 16 and d.num_kv_blocks > 0, d
+        print("worker describe:", d.model_name, d.backend, d.num_kv_blocks, "blocks")
+        # The health service's own descriptors are reflected too.
+        _, hpool = reflect(reflection_pb2, reflection_pb2_grpc, wchannel, "grpc.health.v1.Health")
+        assert hpool.FindServiceByName("grpc.health.v1.Health").FindMethodByName("Watch")
+
         # 4. Prometheus text on /metrics counts the finished request.
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
         finished = [l for l in text.splitlines()

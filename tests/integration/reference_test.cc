@@ -32,21 +32,23 @@ std::vector<Case> LoadCases() {
     return out;
   };
   for (const model::JsonValue& c : json->array()) {
-    cases.push_back({.prompt = ids(c.Find("prompt_token_ids")),
-                     .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),
-                     .expected = ids(c.Find("expected_output_token_ids")),
-                     .decisive_prefix_len =
-                         static_cast<size_t>(c.Find("decisive_prefix_len")->number())});
+    cases.push_back(
+        {.prompt = ids(c.Find("prompt_token_ids")),
+         .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),
+         .expected = ids(c.Find("expected_output_token_ids")),
+         .decisive_prefix_len = static_cast<size_t>(c.Find("decisive_prefix_len")->number())});
   }
   return cases;
 }
 
-void RunReferenceCases(const std::vector<std::string>& scheduler_flags) {
+void RunReferenceCases(bool async) {
   std::vector<Case> cases = LoadCases();
   ASSERT_FALSE(cases.empty());
   const std::string dir = MakeTempDir("tandem-reference");
   Service worker = StartWorker(dir, "worker", {});
-  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), scheduler_flags);
+  Service scheduler =
+      StartScheduler(dir, "scheduler", worker.address(),
+                     {async ? "--async-scheduling=true" : "--async-scheduling=false"});
   auto stub = GenerationStub(scheduler.address());
 
   std::vector<GenerateResult> results(cases.size());
@@ -70,20 +72,23 @@ void RunReferenceCases(const std::vector<std::string>& scheduler_flags) {
     // The CPU backend follows the reference's order of operations: every
     // token is expected, including the stop on token 1.
     EXPECT_EQ(got, want);
-    EXPECT_EQ(results[i].finish_reason,
-              want.size() < static_cast<size_t>(cases[i].max_tokens) ? v1::FINISH_REASON_STOP
-                                                                      : v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(results[i].finish_reason, want.size() < static_cast<size_t>(cases[i].max_tokens)
+                                            ? v1::FINISH_REASON_STOP
+                                            : v1::FINISH_REASON_LENGTH);
     EXPECT_EQ(results[i].usage.prompt_tokens(), static_cast<int32_t>(cases[i].prompt.size()));
     EXPECT_EQ(results[i].usage.output_tokens(), static_cast<int32_t>(got.size()));
   }
+  const v1::GetStatsResponse stats = GetStats(stub.get());
+  EXPECT_EQ(stats.async_scheduling(), async);
+  EXPECT_EQ(stats.max_steps_in_flight(), async ? 2 : 1);
 }
 
 TEST(ReferenceTest, AllCasesMatchConcurrentlyWithAsyncScheduling) {
-  RunReferenceCases({"--async-scheduling=true"});
+  RunReferenceCases(/*async=*/true);
 }
 
 TEST(ReferenceTest, AllCasesMatchConcurrentlyWithSyncScheduling) {
-  RunReferenceCases({"--async-scheduling=false"});
+  RunReferenceCases(/*async=*/false);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // kill -9 of the worker mid-stream: every affected client gets UNAVAILABLE
-// promptly; the scheduler stays up, reports NOT_SERVING, and serves again
-// once a worker is back on the same address.
+// within a few seconds (bound: kUnavailableWithin); the scheduler process
+// stays alive, reports NOT_SERVING, and serves again once a worker is back on
+// the same address.
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <thread>
 
@@ -11,6 +13,11 @@
 namespace tandem::testing {
 namespace {
 
+// Issue 4: "every affected client gets UNAVAILABLE within a few seconds".
+// Generous for a loaded CI machine; a stream that only ended through its 60 s
+// deadline or the keepalive timeout (20 s) would exceed it.
+constexpr double kUnavailableWithin = 10.0;
+
 TEST(WorkerFailureTest, KillNineMidStreamThenRecover) {
   const std::string dir = MakeTempDir("tandem-worker-failure");
   // The sim backend makes each step last 20 ms: streams are surely mid-way.
@@ -19,6 +26,7 @@ TEST(WorkerFailureTest, KillNineMidStreamThenRecover) {
   Service scheduler = StartScheduler(dir, "scheduler", worker_address, {});
   auto stub = GenerationStub(scheduler.address());
   EXPECT_EQ(HealthStatus(scheduler.address()), 1);
+  ASSERT_TRUE(scheduler.process.running());
 
   constexpr int kStreams = 8;
   std::vector<GenerateResult> results(kStreams);
@@ -37,6 +45,8 @@ TEST(WorkerFailureTest, KillNineMidStreamThenRecover) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const auto killed_at = std::chrono::steady_clock::now();
   worker.process.Signal(SIGKILL);
+  ASSERT_TRUE(worker.process.Wait(std::chrono::seconds(5)).has_value());
+  EXPECT_FALSE(worker.process.running());
   for (auto& t : threads) t.join();
   for (int i = 0; i < kStreams; ++i) {
     SCOPED_TRACE("stream " + std::to_string(i));
@@ -48,23 +58,38 @@ TEST(WorkerFailureTest, KillNineMidStreamThenRecover) {
     const double seconds = std::chrono::duration<double>(ended[i] - killed_at).count();
     std::printf("stream %d ended %.3f s after the kill with %zu tokens\n", i, seconds,
                 results[i].tokens.size());
+    EXPECT_LT(seconds, kUnavailableWithin) << "UNAVAILABLE came too late";
   }
-  // The scheduler is up, reports NOT_SERVING and refuses new work clearly.
+  // The scheduler process is alive, reports NOT_SERVING and refuses new work
+  // clearly.
+  EXPECT_TRUE(scheduler.process.running()) << "the scheduler died with its worker";
   EXPECT_TRUE(WaitFor([&] { return HealthStatus(scheduler.address()) == 2; }));
   GenerateResult refused = RunGenerate(stub.get(), MakeRequest({1, 2}, 4));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_FALSE(GetStats(stub.get()).worker_connected());
+  EXPECT_NE(refused.status.error_message().find("no worker is connected"), std::string::npos)
+      << refused.status.error_message();
+  const v1::GetStatsResponse down = GetStats(stub.get());
+  EXPECT_FALSE(down.worker_connected());
+  EXPECT_EQ(down.num_active_streams(), 0);
+  EXPECT_TRUE(scheduler.process.running());
 
   // A new worker on the same address: the scheduler reconnects and serves.
-  Service again = StartWorker(dir, "worker-again",
-                              {"--listen", worker_address, "--backend", "sim", "--sim-step-us", "1000"});
+  Service again =
+      StartWorker(dir, "worker-again",
+                  {"--listen", worker_address, "--backend", "sim", "--sim-step-us", "1000"});
   ASSERT_TRUE(WaitFor([&] { return HealthStatus(scheduler.address()) == 1; }));
   GenerateResult ok = RunGenerate(stub.get(), MakeRequest({1, 2}, 12, 0, {}, true));
   ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
   EXPECT_EQ(ok.tokens.size(), 12u);
   const v1::GetStatsResponse stats = GetStats(stub.get());
   EXPECT_EQ(stats.num_worker_connects(), 2u);
+  EXPECT_TRUE(stats.worker_connected());
   EXPECT_TRUE(scheduler.process.running());
+  // And it still drains and exits cleanly.
+  scheduler.process.Signal(SIGTERM);
+  auto status = scheduler.process.Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value()) << "scheduler did not exit after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
 }
 
 }  // namespace

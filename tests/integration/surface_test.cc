@@ -1,0 +1,186 @@
+// What an operator or a client sees of the services besides Generate:
+// GetModelInfo against the model itself, --help of every binary, and the
+// `tandem` command-line client against running services.
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "harness.h"
+#include "tandem/model/model.h"
+
+namespace tandem::testing {
+namespace {
+
+TEST(SurfaceTest, GetModelInfoDescribesTheWorkersModel) {
+  auto model = model::Model::Load(ModelPath());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const model::ModelConfig& config = (*model)->config();
+
+  const std::string dir = MakeTempDir("tandem-surface");
+  Service worker = StartWorker(dir, "worker", {"--num-blocks", "100", "--block-size", "32"});
+  // No worker yet: GetModelInfo says so.
+  Service lonely = StartScheduler(dir, "lonely", "127.0.0.1:1", {}, /*wait_for_worker=*/false);
+  {
+    auto stub = GenerationStub(lonely.address());
+    grpc::ClientContext context;
+    v1::GetModelInfoResponse info;
+    grpc::Status s = stub->GetModelInfo(&context, {}, &info);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+
+  for (int32_t max_model_len : {0, 300}) {
+    SCOPED_TRACE("--max-model-len " + std::to_string(max_model_len));
+    Service scheduler =
+        StartScheduler(dir, "scheduler-" + std::to_string(max_model_len), worker.address(),
+                       {"--max-model-len", std::to_string(max_model_len)});
+    auto stub = GenerationStub(scheduler.address());
+    grpc::ClientContext context;
+    v1::GetModelInfoResponse info;
+    ASSERT_TRUE(stub->GetModelInfo(&context, {}, &info).ok());
+    EXPECT_EQ(info.model_name(), (*model)->name());
+    EXPECT_FALSE(info.model_fingerprint().empty());
+    EXPECT_EQ(info.model_fingerprint(), (*model)->fingerprint());
+    EXPECT_EQ(info.vocab_size(), config.vocab_size);
+    EXPECT_EQ(info.max_model_len(), max_model_len > 0 ? max_model_len : config.max_seq_len);
+    EXPECT_EQ(info.block_size(), 32);
+    EXPECT_EQ(info.num_kv_blocks(), 100);
+    EXPECT_EQ(info.eos_token_id(), config.eos_token_id);
+    // Validation uses the same numbers.
+    GenerateResult too_long = RunGenerate(
+        stub.get(), MakeRequest({1, 2}, info.max_model_len() - 1, 0, {}, /*ignore_eos=*/true));
+    EXPECT_EQ(too_long.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(too_long.status.error_message().find("exceeds max_model_len " +
+                                                   std::to_string(info.max_model_len())),
+              std::string::npos)
+        << too_long.status.error_message();
+  }
+}
+
+// `--help` exits 0 and documents every flag main.cc registers, each with its
+// default and a description.
+void CheckHelp(const std::string& binary, const std::string& main_cc,
+               const std::map<std::string, std::string>& expected_defaults) {
+  SCOPED_TRACE(binary);
+  std::string out;
+  ASSERT_EQ(RunCommand({BinaryPath(binary), "--help"}, &out), 0) << out;
+  const std::string program = binary.substr(binary.rfind('/') + 1);
+  EXPECT_EQ(out.rfind("Usage: " + program, 0), 0u) << out;
+
+  // "  --name (default: value)\n      doc\n"
+  std::map<std::string, std::string> documented;
+  std::regex entry(R"(\n  --([a-z0-9-]+) \(default: ([^\n]*)\)\n      (\S[^\n]*))");
+  for (std::sregex_iterator it(out.begin(), out.end(), entry), end; it != end; ++it) {
+    documented[(*it)[1]] = (*it)[2];
+  }
+  // Every flag the source registers.
+  const std::string source = ReadFile(std::string(TANDEM_SOURCE_DIR) + "/" + main_cc);
+  ASSERT_FALSE(source.empty()) << main_cc;
+  std::regex add(R"re(flags\.Add\(\s*"([a-z0-9-]+)")re");
+  std::set<std::string> registered;
+  for (std::sregex_iterator it(source.begin(), source.end(), add), end; it != end; ++it) {
+    registered.insert((*it)[1]);
+  }
+  EXPECT_GT(registered.size(), 3u);
+  for (const std::string& name : registered) {
+    EXPECT_TRUE(documented.contains(name)) << "--" << name << " has no default or doc in --help";
+  }
+  for (const auto& [name, value] : expected_defaults) {
+    ASSERT_TRUE(documented.contains(name)) << "--" << name;
+    EXPECT_EQ(documented[name], value) << "--" << name;
+  }
+  // Test-only flags say so.
+  for (const auto& [name, value] : documented) {
+    if (name.rfind("debug-", 0) != 0) continue;
+    EXPECT_NE(out.find("--" + name + " (default: " + value + ")\n      TESTS ONLY"),
+              std::string::npos)
+        << "--" << name << " must be marked TESTS ONLY";
+  }
+}
+
+TEST(SurfaceTest, HelpDocumentsEveryFlagWithItsDefault) {
+  CheckHelp("services/worker/tandem-worker", "services/worker/main.cc",
+            {{"listen", "\"127.0.0.1:50061\""},
+             {"backend", "\"cpu\""},
+             {"block-size", "16"},
+             {"num-blocks", "0"},
+             {"kv-cache-bytes", std::to_string(64ll << 20)},
+             {"debug-load-delay-ms", "0"}});
+  CheckHelp("services/scheduler/tandem-scheduler", "services/scheduler/main.cc",
+            {{"listen", "\"127.0.0.1:50051\""},
+             {"worker", "\"127.0.0.1:50061\""},
+             {"max-num-seqs", "128"},
+             {"max-num-batched-tokens", "2048"},
+             {"async-scheduling", "true"},
+             {"policy", "\"fcfs\""},
+             {"drain-timeout-s", "30"},
+             {"debug-submit-delay-ms", "0"}});
+  if (!ReadFile(BinaryPath("services/kvstore/tandem-kvstore")).empty()) {
+    CheckHelp("services/kvstore/tandem-kvstore", "services/kvstore/main.cc", {});
+  }
+}
+
+TEST(SurfaceTest, CommandLineClientGeneratesAndBenchmarks) {
+  const std::string dir = MakeTempDir("tandem-surface");
+  Service worker = StartWorker(dir, "worker", {});
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {});
+  auto stub = GenerationStub(scheduler.address());
+  const std::string tandem = BinaryPath("tools/cli/tandem");
+
+  // generate: the same greedy tokens as a direct call, then the usage line.
+  GenerateResult direct = RunGenerate(stub.get(), MakeRequest({1, 5, 9}, 8, 0, {}, true));
+  ASSERT_TRUE(direct.status.ok());
+  std::string expected_tokens;
+  for (int32_t t : direct.tokens) expected_tokens += std::to_string(t) + " ";
+  std::string out;
+  ASSERT_EQ(RunCommand({tandem, "generate", "--server", scheduler.address(), "--prompt", "1,5,9",
+                        "--max-tokens", "8", "--ignore-eos"},
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find(expected_tokens), std::string::npos) << out;
+  EXPECT_NE(out.find("finish=length prompt_tokens=3 output_tokens=8 cached_local=0"),
+            std::string::npos)
+      << out;
+
+  // --n copies run concurrently; the later ones hit the prefix cache.
+  ASSERT_EQ(RunCommand({tandem, "generate", "--server", scheduler.address(), "--prompt",
+                        "1,5,9,11,13,15,17,19,21,23,25,27,29,31,33,35,37,39,41", "--max-tokens",
+                        "4", "--ignore-eos", "--n", "3"},
+                       &out),
+            0)
+      << out;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NE(out.find("[" + std::to_string(i) + "] "), std::string::npos) << out;
+  }
+  EXPECT_EQ(std::count(out.begin(), out.end(), '('), 3) << out;
+
+  // A bad request: the client prints the status and exits 1.
+  EXPECT_EQ(
+      RunCommand({tandem, "generate", "--server", scheduler.address(), "--prompt", "1,999"}, &out),
+      1)
+      << out;
+  EXPECT_NE(out.find("is outside the vocabulary"), std::string::npos) << out;
+
+  // bench: every request succeeds and the report has its figures.
+  ASSERT_EQ(RunCommand({tandem, "bench", "--server", scheduler.address(), "--concurrency", "4",
+                        "--num-requests", "8", "--prompt-len", "20", "--output-len", "6",
+                        "--shared-prefix-len", "16", "--label", "cli-test"},
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("[cli-test] concurrency=4 requests=8 failed=0 prompt_len=20 output_len=6 "
+                     "shared_prefix=16"),
+            std::string::npos)
+      << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(output ([0-9.]+) tok/s)"))) << out;
+  EXPECT_GT(std::stod(m[1]), 0.0);
+  EXPECT_NE(out.find("TTFT ms  p50"), std::string::npos) << out;
+  EXPECT_NE(out.find("ITL  ms  p50"), std::string::npos) << out;
+  EXPECT_GE(GetStats(stub.get()).num_requests_finished(), 1u + 3u + 8u);
+}
+
+}  // namespace
+}  // namespace tandem::testing

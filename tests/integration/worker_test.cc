@@ -1,0 +1,151 @@
+// tandem-worker on its own: health during a slow model load, the placeholder
+// check on hand-built Execute streams, and the per-request log line.
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "harness.h"
+
+namespace tandem::testing {
+namespace {
+
+// Health is NOT_SERVING from the moment the port is known until the model is
+// loaded (gRPC's default health service would say SERVING in between), and
+// Describe refuses until then.
+TEST(WorkerTest, NotServingWhileTheModelLoads) {
+  const std::string dir = MakeTempDir("tandem-worker");
+  const auto started = std::chrono::steady_clock::now();
+  Service worker = StartWorker(dir, "worker", {"--debug-load-delay-ms", "3000"},
+                               /*wait_for_serving=*/false);
+  ASSERT_GT(worker.port, 0);
+  // The port file appears before the load delay starts, so there are ~3 s.
+  EXPECT_EQ(HealthStatus(worker.address()), 2) << "SERVING before the model is loaded";
+  auto stub = WorkerStub(worker.address());
+  {
+    grpc::ClientContext context;
+    v1::DescribeResponse d;
+    grpc::Status s = stub->Describe(&context, {}, &d);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(s.error_message(), "model is still loading");
+  }
+  EXPECT_EQ(HealthStatus(worker.address()), 2);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(2500))
+      << "too slow to be inside the load delay; the checks above prove nothing";
+  ASSERT_TRUE(WaitFor([&] { return HealthStatus(worker.address()) == 1; }));
+  EXPECT_GT(Describe(stub.get()).vocab_size(), 0);
+}
+
+class ExecuteStream {
+ public:
+  explicit ExecuteStream(v1::Worker::Stub* stub) {
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    stream_ = stub->Execute(&context_);
+  }
+  v1::ModelRunnerOutput Run(const v1::SchedulerOutput& step) {
+    EXPECT_TRUE(stream_->Write(step));
+    v1::ModelRunnerOutput out;
+    EXPECT_TRUE(stream_->Read(&out));
+    EXPECT_EQ(out.step_id(), step.step_id());
+    return out;
+  }
+  grpc::Status Close() {
+    stream_->WritesDone();
+    return stream_->Finish();
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SchedulerOutput, v1::ModelRunnerOutput>> stream_;
+};
+
+v1::SchedulerOutput DecodeStep(uint64_t step_id, const std::string& id, int32_t computed,
+                               int32_t placeholders, uint64_t last_processed) {
+  v1::SchedulerOutput step;
+  step.set_step_id(step_id);
+  v1::CachedRequestData* r = step.add_scheduled_cached_reqs();
+  r->set_request_id(id);
+  r->set_num_computed_tokens(computed);
+  r->set_num_output_placeholders(placeholders);
+  step.add_num_scheduled_tokens(1);
+  step.set_total_num_scheduled_tokens(1);
+  step.set_last_processed_step_id(last_processed);
+  return step;
+}
+
+// The async pipeline as the scheduler drives it, then a step whose
+// num_output_placeholders disagrees with what the worker sampled: the step
+// fails with a precise error instead of feeding a wrong token.
+TEST(WorkerTest, PlaceholderCountMustMatchTheTokensTheWorkerSampled) {
+  const std::string dir = MakeTempDir("tandem-worker");
+  Service worker = StartWorker(dir, "worker", {"--num-blocks", "8"});
+  auto stub = WorkerStub(worker.address());
+  ExecuteStream stream(stub.get());
+
+  v1::SchedulerOutput prefill;
+  prefill.set_step_id(1);
+  v1::NewRequestData* r = prefill.add_scheduled_new_reqs();
+  r->set_request_id("p");
+  for (int32_t t : {1, 5, 9}) r->add_prompt_token_ids(t);
+  r->mutable_sampling()->set_max_tokens(10);
+  r->mutable_sampling()->set_ignore_eos(true);
+  r->mutable_sampling()->set_has_seed(true);
+  r->add_block_ids(1);
+  prefill.add_num_scheduled_tokens(3);
+  prefill.set_total_num_scheduled_tokens(3);
+  v1::ModelRunnerOutput out = stream.Run(prefill);
+  ASSERT_TRUE(out.error().empty()) << out.error();
+  ASSERT_EQ(out.sampled_size(), 1);
+  ASSERT_EQ(out.sampled(0).token_ids_size(), 1);
+
+  // Step 2 was built before step 1's output: one placeholder.
+  out = stream.Run(DecodeStep(2, "p", 3, 1, 0));
+  ASSERT_TRUE(out.error().empty()) << out.error();
+  // Step 3 was built after step 1's output, before step 2's: one placeholder.
+  out = stream.Run(DecodeStep(3, "p", 4, 1, 1));
+  ASSERT_TRUE(out.error().empty()) << out.error();
+  // Step 4 claims no placeholder though step 3's token was not processed.
+  out = stream.Run(DecodeStep(4, "p", 5, 0, 2));
+  EXPECT_EQ(out.error(),
+            "step 4: request p has 0 output placeholders on the scheduler, but this worker "
+            "sampled 1 tokens for it after step 2, the last step the scheduler had processed");
+  EXPECT_EQ(out.sampled_size(), 0);
+  // And one that claims too many.
+  out = stream.Run(DecodeStep(5, "p", 5, 2, 3));
+  EXPECT_EQ(out.error(),
+            "step 5: request p has 2 output placeholders on the scheduler, but this worker "
+            "sampled 0 tokens for it after step 3, the last step the scheduler had processed");
+  EXPECT_TRUE(stream.Close().ok());
+  // Closing the stream drops the request, with its log line.
+  EXPECT_TRUE(WaitFor([&] {
+    return ReadFile(worker.log_path).find("request p dropped: reason=scheduler-detached") !=
+           std::string::npos;
+  })) << ReadFile(worker.log_path);
+}
+
+// One log line per request when the worker drops its state: id, reason,
+// tokens computed and sampled, steps, preemptions, time held.
+TEST(WorkerTest, LogsEachRequestWhenItDropsItsState) {
+  const std::string dir = MakeTempDir("tandem-worker");
+  Service worker = StartWorker(dir, "worker", {});
+  Service scheduler =
+      StartScheduler(dir, "scheduler", worker.address(), {"--async-scheduling=false"});
+  auto stub = GenerationStub(scheduler.address());
+  v1::GenerateRequest request = MakeRequest({1, 5, 9}, 12, 0, {}, /*ignore_eos=*/true);
+  request.set_request_id("log-me");
+  GenerateResult result = RunGenerate(stub.get(), request);
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  ASSERT_EQ(result.tokens.size(), 12u);
+  std::string log;
+  ASSERT_TRUE(WaitFor([&] {
+    log = ReadFile(worker.log_path);
+    return log.find("request log-me dropped") != std::string::npos;
+  })) << log;
+  // Sync scheduling: one prefill step and 11 decode steps; the 12th token's
+  // KV is never computed.
+  EXPECT_NE(log.find("request log-me dropped: reason=finished prompt_tokens=3 computed_tokens=14 "
+                     "sampled_tokens=12 steps=12 preemptions=0 held_ms="),
+            std::string::npos)
+      << log;
+}
+
+}  // namespace
+}  // namespace tandem::testing
