@@ -2,10 +2,13 @@
 # Benchmarks the running services on this machine (DESIGN §8; not a test):
 # output tokens/s, TTFT and inter-token latency at 32 and 64 concurrent
 # requests, sync and async scheduling in the same run, then the per-step
-# SchedulerOutput size and serialize time at 256 running requests.
+# SchedulerOutput size and serialize time at 256 running requests, measured
+# inside the running scheduler (GetStats) under a 256-concurrency bench, with
+# tandem-wire-bench's offline figure beside it.
 # With --backend sim (5 ms steps, no math) the worker-idle figure is the
 # DESIGN §8 "GPU idle between steps" measure.
 # Usage: tools/bench_services.sh [--build-dir DIR] [--backend cpu|sim] [--output-len N]
+#        (DIR defaults to ./build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="$(pwd)/build"
@@ -17,7 +20,7 @@ while [ $# -gt 0 ]; do
     --build-dir) BUILD="$2"; shift ;;
     --backend) BACKEND="$2"; shift ;;
     --output-len) OUTPUT_LEN="$2"; shift ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "unknown flag: $1" >&2; exit 2 ;;
   esac
   shift
@@ -64,5 +67,36 @@ for c in 32 64; do
              100*(b1-b0)/(t1-t0), 100*(1-(b1-b0)/(t1-t0)) }'
   done
 done
-echo "== per-step wire messages at 256 running requests"
+
+# 256 running requests: a worker with room for all of them and a scheduler
+# that admits them all (async scheduling).
+"$BUILD/services/worker/tandem-worker" --model "$MODEL" --backend "$BACKEND" --listen 127.0.0.1:0 \
+  --kv-cache-bytes $((1024 << 20)) --port-file "$DIR/w-256.port" > "$DIR/worker-256.log" 2>&1 &
+PIDS+=($!)
+wport="$(port "$DIR/w-256.port")"
+"$BUILD/services/scheduler/tandem-scheduler" --worker "127.0.0.1:$wport" --listen 127.0.0.1:0 \
+  --port-file "$DIR/s-256.port" --max-num-seqs 256 > "$DIR/scheduler-256.log" 2>&1 &
+PIDS+=($!)
+S256="127.0.0.1:$(port "$DIR/s-256.port")"
+for _ in $(seq 1 300); do "$BUILD/tools/cli/tandem" info --server "$S256" >/dev/null 2>&1 && break; sleep 0.1; done
+stats() { "$BUILD/tools/cli/tandem" stats --server "$S256"; }
+echo "== per-step SchedulerOutput in the running scheduler, 256 concurrent requests (async)"
+stats > "$DIR/stats0.txt"
+"$BUILD/tools/cli/tandem" bench --server "$S256" --concurrency 256 --num-requests 256 \
+  --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --label "async c=256" 2>/dev/null
+stats > "$DIR/stats1.txt"
+awk 'FNR == 1 { f++ } { v[f, $1] = $2 }
+  END {
+    n = v[2, "num_steps_sent:"] - v[1, "num_steps_sent:"]
+    k = v[2, "step_serialize_samples:"] - v[1, "step_serialize_samples:"]
+    if (n <= 0) { print "  no steps sent"; exit 1 }
+    printf "  %d steps, %.1f requests/step (max_steps_in_flight %d)\n", n,
+      (v[2, "step_scheduled_reqs_sum:"] - v[1, "step_scheduled_reqs_sum:"]) / n, v[2, "max_steps_in_flight:"]
+    ser = 0
+    if (k > 0) ser = 1e6 * (v[2, "step_serialize_seconds_sum:"] - v[1, "step_serialize_seconds_sum:"]) / k
+    printf "  SchedulerOutput %.0f bytes/step | struct->proto %.2f us/step | serialize %.2f us/step (%d sampled steps)\n",
+      (v[2, "step_message_bytes_sum:"] - v[1, "step_message_bytes_sum:"]) / n,
+      1e6 * (v[2, "step_to_proto_seconds_sum:"] - v[1, "step_to_proto_seconds_sum:"]) / n, ser, k
+  }' "$DIR/stats0.txt" "$DIR/stats1.txt"
+echo "== per-step wire messages at 256 running decodes, offline (tandem-wire-bench)"
 "$BUILD/tools/cli/tandem-wire-bench" --running 256
