@@ -65,6 +65,12 @@ absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
     return absl::AlreadyExistsError(
         absl::StrCat("request id \"", spec.request_id, "\" is already in use"));
   }
+  if (auto it = held_.find(spec.request_id); it != held_.end()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "request id \"", spec.request_id,
+        "\" is still in use: the worker has not yet reported the KV ",
+        it->second->awaiting_recv ? "load" : "store", " of the finished request with that id"));
+  }
   if (num_waiting() >= config_.max_waiting_requests) {
     return absl::ResourceExhaustedError(
         absl::StrCat("waiting queue is full (", config_.max_waiting_requests, " requests)"));
@@ -479,10 +485,10 @@ void Scheduler::Finish(Request* r, RequestState state) {
 
 void Scheduler::MaybeRelease(Request* r) {
   if (r->awaiting_recv || r->awaiting_send) {
-    if (std::find(held_.begin(), held_.end(), r) == held_.end()) held_.push_back(r);
+    held_.try_emplace(r->request_id, r);
     return;
   }
-  held_.erase(std::remove(held_.begin(), held_.end(), r), held_.end());
+  if (!held_.empty()) held_.erase(r->request_id);
   kv_.FreeBlocks(r);
   ReleaseRequest(r);
 }
@@ -564,7 +570,7 @@ void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
     for (Request* r : waiting_) {
       if (r->state == RequestState::kWaitingForRemoteKv) fn(r);
     }
-    for (Request* r : held_) {
+    for (const auto& [id, r] : held_) {
       if (r->awaiting_recv) fn(r);
     }
   };
@@ -598,21 +604,17 @@ void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
       connector_->OnLoadFinished(*r, loaded);
       continue;
     }
-    for (Request* r : held_) {
-      if (r->awaiting_recv && r->request_id == id) {
-        r->awaiting_recv = false;
-        MaybeRelease(r);
-        break;
-      }
+    if (auto h = held_.find(id); h != held_.end() && h->second->awaiting_recv) {
+      Request* r = h->second;
+      r->awaiting_recv = false;
+      MaybeRelease(r);
     }
   }
   for (const std::string& id : report.finished_sending) {
-    for (Request* r : held_) {
-      if (r->awaiting_send && r->request_id == id) {
-        r->awaiting_send = false;
-        MaybeRelease(r);
-        break;
-      }
+    if (auto h = held_.find(id); h != held_.end() && h->second->awaiting_send) {
+      Request* r = h->second;
+      r->awaiting_send = false;
+      MaybeRelease(r);
     }
   }
 }
@@ -644,10 +646,8 @@ bool Scheduler::HasUnfinishedRequests() const {
 const Request* Scheduler::FindRequest(std::string_view request_id) const {
   auto it = live_.find(AsAbsl(request_id));
   if (it != live_.end()) return it->second;
-  for (const Request* r : held_) {
-    if (r->request_id == request_id) return r;
-  }
-  return nullptr;
+  auto h = held_.find(AsAbsl(request_id));
+  return h != held_.end() ? h->second : nullptr;
 }
 
 absl::Status Scheduler::CheckInvariants() const {
@@ -724,7 +724,13 @@ absl::Status Scheduler::CheckInvariants() const {
     }
     TANDEM_RETURN_IF_ERROR(check_request(r, true));
   }
-  for (const Request* r : held_) TANDEM_RETURN_IF_ERROR(check_request(r, false));
+  for (const auto& [id, r] : held_) {
+    if (id != r->request_id || !(r->awaiting_recv || r->awaiting_send) || !r->is_finished()) {
+      return fail(id, ": held but not a finished request awaiting a KV transfer");
+    }
+    if (live_.contains(id)) return fail(id, ": both live and held");
+    TANDEM_RETURN_IF_ERROR(check_request(r, false));
+  }
   if (live_.size() != running_.size() + waiting_.size()) {
     return fail("live ", live_.size(), " != running ", running_.size(), " + waiting ",
                 waiting_.size());

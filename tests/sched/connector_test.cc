@@ -184,6 +184,52 @@ TEST(ConnectorTest, AbortDuringALoadKeepsTheBlocksUntilTheLoadReportsFinished) {
   h.RunToCompletion();
 }
 
+TEST(ConnectorTest, AnIdHeldForAKvTransferIsRejectedUntilTheWorkerReportsIt) {
+  const SchedulerConfig c = TestConfig(64);
+  FakeStore store;
+  const std::vector<int32_t> prompt = Tokens(20, 2);
+  FillStore(&store, c, prompt);
+  ScriptedKvConnector conn(c.block_size, &store);
+  conn.delay_free = true;
+  Harness h(c, &conn, &store);
+  h.worker.load_delay_steps = 2;
+  h.worker.store_delay_steps = 2;
+  auto add = [&](const std::string& id, const std::vector<int32_t>& p) {
+    return h.sched.AddRequest({.request_id = id, .prompt_token_ids = p, .sampling = Greedy(2)}, 0);
+  };
+  // Aborted during its load: the old load's finished_recving must never
+  // reach a new request with the same id.
+  ASSERT_TRUE(add("P", prompt).ok());
+  h.Step();
+  ASSERT_EQ(h.sched.FindRequest("P")->state, RequestState::kWaitingForRemoteKv);
+  h.Abort("P");
+  const absl::Status s = add("P", prompt);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_EQ(s.message(),
+            "request id \"P\" is still in use: the worker has not yet reported the KV load of the "
+            "finished request with that id");
+  h.Step();
+  h.Step();
+  EXPECT_EQ(h.sched.FindRequest("P"), nullptr) << "the load reported: the blocks are free";
+  ASSERT_TRUE(add("P", prompt).ok()) << "an id is free again once the worker reported";
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "P", prompt, Greedy(2));
+
+  // Finished with its stores still running (the connector delays the free).
+  const std::vector<int32_t> other = Tokens(12, 8);
+  ASSERT_TRUE(add("S", other).ok());
+  while (h.sched.FindRequest("S") != nullptr && !h.reasons.count("S")) h.Step();
+  ASSERT_NE(h.sched.FindRequest("S"), nullptr) << "held while its stores run";
+  const absl::Status s2 = add("S", other);
+  EXPECT_EQ(s2.code(), absl::StatusCode::kAlreadyExists) << s2;
+  EXPECT_EQ(s2.message(),
+            "request id \"S\" is still in use: the worker has not yet reported the KV store of the "
+            "finished request with that id");
+  h.RunToCompletion();
+  EXPECT_TRUE(add("S", other).ok());
+  h.RunToCompletion();
+}
+
 // Six requests whose 16-token prefix is in the store; returns the number of
 // loads admitted in the first step.
 int32_t LoadsAdmittedInFirstStep(bool limit, int32_t max_num_seqs, int32_t budget,

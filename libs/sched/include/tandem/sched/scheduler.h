@@ -105,7 +105,10 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request. ALREADY_EXISTS for a live duplicate id;
+  // Queues a request. ALREADY_EXISTS for the id of a live request, or of a
+  // finished one whose blocks are still held for a KV transfer the worker
+  // has not reported (its report names the id, so the id cannot be reused
+  // before);
   // RESOURCE_EXHAUSTED when max_waiting_requests wait; INVALID_ARGUMENT for an
   // empty prompt, a token id outside the vocabulary, bad sampling params,
   // prompt + max_tokens > max_model_len, or a request the KV pool could never
@@ -186,8 +189,9 @@ class Scheduler {
   KvCacheManager kv_;
   WaitingQueue waiting_;
   std::vector<Request*> running_;  // admission order
-  // Requests that finished but hold blocks for a KV transfer.
-  std::vector<Request*> held_;
+  // Requests that finished but hold blocks for a KV transfer, by id. Ids are
+  // unique across live_ and held_.
+  absl::flat_hash_map<std::string, Request*> held_;
   int32_t num_loading_ = 0;
 
   // Requests live in chunks (stable addresses, hot fields close together);
