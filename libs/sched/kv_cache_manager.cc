@@ -38,7 +38,8 @@ int32_t TotalTokens(const Request& request, const SlotRequest& slots) {
 }
 }  // namespace
 
-bool KvCacheManager::CanAllocateSlots(const Request& request, const SlotRequest& slots) const {
+int32_t KvCacheManager::NumFreeBlocksNeeded(const Request& request,
+                                            const SlotRequest& slots) const {
   int32_t num_hit_blocks = 0;
   int32_t num_evictable = 0;
   if (slots.hit) {
@@ -47,7 +48,7 @@ bool KvCacheManager::CanAllocateSlots(const Request& request, const SlotRequest&
   }
   const int32_t num_new_blocks =
       NumBlocksToCover(request, TotalTokens(request, slots)) - num_hit_blocks;
-  return std::max(0, num_new_blocks) + num_evictable <= pool_.num_free_blocks();
+  return std::max(0, num_new_blocks) + num_evictable;
 }
 
 int32_t KvCacheManager::AllocateSlots(Request* request, const SlotRequest& slots) {

@@ -147,8 +147,11 @@ void Scheduler::Preempt(Request* victim) {
   ++stats_.num_preemptions_by_reason[static_cast<int>(PreemptionReason::kKvCacheFull)];
 }
 
-bool Scheduler::LoadGateAllows(const Request& request, int32_t num_hit_blocks) const {
-  // Blocks still to be allocated by prefills in progress and loads admitted.
+bool Scheduler::LoadGateAllows(const Request& request, const PrefixHit& hit) const {
+  // Blocks still to be allocated by prefills in progress and by the rest of
+  // the prompts of waiting requests that hold a load, running or finished.
+  // So the loads' whole prompts stay within the pool: once nothing runs,
+  // every finished load fits (and is admitted first).
   int32_t reserved = 0;
   for (const Request* r : running_) {
     if (r->num_computed_tokens < r->num_tokens()) {
@@ -156,12 +159,11 @@ bool Scheduler::LoadGateAllows(const Request& request, int32_t num_hit_blocks) c
     }
   }
   for (const Request* r : waiting_) {
-    if (r->state == RequestState::kWaitingForRemoteKv) {
-      reserved += kv_.NumBlocksToCover(*r, r->num_tokens());
-    }
+    if (!r->block_ids.empty()) reserved += kv_.NumBlocksToCover(*r, r->num_tokens());
   }
-  const int32_t need = CeilDiv(request.num_tokens(), config_.block_size) - num_hit_blocks;
-  return kv_.pool().num_free_blocks() - reserved >= need;
+  const SlotRequest whole_prompt{.num_new_tokens = request.num_tokens() - hit.num_tokens,
+                                 .hit = &hit};
+  return kv_.pool().num_free_blocks() - reserved >= kv_.NumFreeBlocksNeeded(request, whole_prompt);
 }
 
 Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
@@ -186,10 +188,9 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   }
 
   if (num_external > 0) {  // async load
-    const int32_t num_hit_blocks = static_cast<int32_t>(hit.block_ids.size());
-    if (!LoadGateAllows(*r, num_hit_blocks)) return Admit::kStop;
+    if (!LoadGateAllows(*r, hit)) return Admit::kNoBlocks;
     const SlotRequest slots{.hit = &hit, .num_external_tokens = num_external};
-    if (!kv_.CanAllocateSlots(*r, slots)) return Admit::kStop;
+    if (!kv_.CanAllocateSlots(*r, slots)) return Admit::kNoBlocks;
     const int32_t first = kv_.AllocateSlots(r, slots);
     r->num_computed_tokens = hit.num_tokens;
     r->num_pending_external_tokens = num_external;
@@ -217,7 +218,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   if (!config_.enable_chunked_prefill && n > *token_budget) return Admit::kStop;
   n = std::min(n, *token_budget);
   const SlotRequest slots{.num_new_tokens = n, .hit = fresh ? &hit : nullptr};
-  if (!kv_.CanAllocateSlots(*r, slots)) return Admit::kStop;
+  if (!kv_.CanAllocateSlots(*r, slots)) return Admit::kNoBlocks;
   kv_.AllocateSlots(r, slots);
   if (fresh) {
     r->num_computed_tokens = hit.num_tokens;
@@ -229,6 +230,8 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
           static_cast<uint64_t>(r->num_tokens() - hit.num_tokens);
       connector_->UpdateStateAfterAlloc(*r, {}, 0);
     }
+  } else {
+    --num_loaded_;  // its load finished
   }
   r->state = RequestState::kRunning;
   r->admit_seq = next_admit_seq_++;
@@ -307,18 +310,36 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   }
 
   // ---- waiting requests, only if nothing was preempted ----
+  // Requests whose async load has finished go first, in queue order: they
+  // hold blocks that only their admission frees, so a request ahead of them
+  // must not keep them waiting while it waits for blocks (maybe theirs).
+  // Then the others in queue order, until one does not fit.
   if (num_preempted == 0 && !waiting_.empty()) {
     admitted_mask_.assign(waiting_.size(), false);
     bool any_admitted = false;
-    for (size_t w = 0; w < waiting_.size() && token_budget > 0; ++w) {
-      const int32_t num_seqs =
-          num_running() + (config_.limit_async_load_admission ? num_loading_ : 0);
-      if (num_seqs >= config_.max_num_seqs) break;
-      const Admit a = TryAdmit(waiting_[w], &token_budget);
-      if (a == Admit::kStop) break;
-      if (a == Admit::kAdmitted) {
-        admitted_mask_[w] = true;
-        any_admitted = true;
+    bool stop = false;
+    for (int pass = num_loaded_ > 0 ? 0 : 1; pass < 2 && !stop; ++pass) {
+      const bool loaded_pass = pass == 0;
+      int32_t num_loaded_left = num_loaded_;
+      for (size_t w = 0; w < waiting_.size() && token_budget > 0; ++w) {
+        Request* r = waiting_[w];
+        if (admitted_mask_[w] || HoldsLoadedKv(*r) != loaded_pass) continue;
+        const int32_t num_seqs =
+            num_running() + (config_.limit_async_load_admission ? num_loading_ : 0);
+        if (num_seqs >= config_.max_num_seqs) {
+          stop = true;
+          break;
+        }
+        const Admit a = TryAdmit(r, &token_budget);
+        if (a == Admit::kStop || (a == Admit::kNoBlocks && !loaded_pass)) {
+          stop = true;
+          break;
+        }
+        if (a == Admit::kAdmitted) {
+          admitted_mask_[w] = true;
+          any_admitted = true;
+        }
+        if (loaded_pass && --num_loaded_left == 0) break;
       }
     }
     if (any_admitted) waiting_.RemoveMarked(admitted_mask_);
@@ -468,6 +489,7 @@ void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, Reques
 
 void Scheduler::Finish(Request* r, RequestState state) {
   const RequestState prior = r->state;
+  if (HoldsLoadedKv(*r)) --num_loaded_;
   r->state = state;
   ++r->epoch;  // drop its output still in flight
   if (prior == RequestState::kWaitingForRemoteKv) {
@@ -595,6 +617,7 @@ void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
       r->num_pending_external_tokens = 0;
       r->num_cached_tokens_external = loaded;
       --num_loading_;
+      ++num_loaded_;
       r->state = r->num_preemptions > 0 ? RequestState::kPreempted : RequestState::kWaiting;
       // Only the valid loaded blocks are published; the rest is recomputed.
       kv_.CacheBlocks(r, r->num_computed_tokens);
@@ -657,8 +680,13 @@ absl::Status Scheduler::CheckInvariants() const {
     return fail("running ", num_running(), " > max_num_seqs ", config_.max_num_seqs);
   }
   int32_t loading = 0;
-  for (const Request* r : waiting_) loading += r->state == RequestState::kWaitingForRemoteKv;
+  int32_t loaded = 0;
+  for (const Request* r : waiting_) {
+    loading += r->state == RequestState::kWaitingForRemoteKv;
+    loaded += HoldsLoadedKv(*r);
+  }
   if (loading != num_loading_) return fail("num_loading_ ", num_loading_, " != ", loading);
+  if (loaded != num_loaded_) return fail("num_loaded_ ", num_loaded_, " != ", loaded);
   if (config_.limit_async_load_admission && num_running() + loading > config_.max_num_seqs) {
     return fail("running ", num_running(), " + loading ", loading, " > max_num_seqs");
   }

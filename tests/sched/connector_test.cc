@@ -15,7 +15,9 @@ using testing::TestConfig;
 using testing::Tokens;
 
 // Computes `prompt` once with stores on, so `store` holds its full blocks.
-void FillStore(FakeStore* store, const SchedulerConfig& c, const std::vector<int32_t>& prompt) {
+// (In sync mode: async stores of a one-token request stop one token short.)
+void FillStore(FakeStore* store, SchedulerConfig c, const std::vector<int32_t>& prompt) {
+  c.async_scheduling = false;
   ScriptedKvConnector conn(c.block_size, store);
   Harness h(c, &conn, store);
   h.Add("warm", prompt, Greedy(1));
@@ -34,6 +36,10 @@ void ExpectMatchesReference(const Harness& h, const std::string& id,
   EXPECT_EQ(h.outputs.at(id), ref.output) << id;
   EXPECT_EQ(h.reasons.at(id), ref.reason) << id;
 }
+
+class ConnectorModeTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, ConnectorModeTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Async" : "Sync"; });
 
 TEST(ConnectorTest, DeferredLookupsKeepTheirPlaceInFcfsOrder) {
   SchedulerConfig c = TestConfig(64);
@@ -230,29 +236,58 @@ TEST(ConnectorTest, AnIdHeldForAKvTransferIsRejectedUntilTheWorkerReportsIt) {
   h.RunToCompletion();
 }
 
-// Six requests whose 16-token prefix is in the store; returns the number of
-// loads admitted in the first step.
+// 10 usable blocks of 4 tokens. A (4-token prompt, 36 output tokens: 10
+// blocks at most) runs alone; L's 16-token prefix (4 blocks) loads slowly.
+// A fills the rest of the pool, preempts itself and, at the head of the
+// waiting queue, needs 7 blocks with 6 free. L's load finishes behind it and
+// L needs one more block: admitting L (or giving its blocks back) is the only
+// way forward.
+TEST_P(ConnectorModeTest, ALoadedRequestBehindABlockedPreemptedHeadDoesNotStallTheQueue) {
+  const SchedulerConfig c = TestConfig(11, GetParam());
+  FakeStore store;
+  const std::vector<int32_t> prefix = Tokens(16, 6);
+  FillStore(&store, c, prefix);
+  ScriptedKvConnector conn(c.block_size, &store);
+  conn.enable_stores = false;  // A's own blocks are never loaded back
+  Harness h(c, &conn, &store);
+  h.worker.load_delay_steps = 30;
+  const std::vector<int32_t> l_prompt = Concat(prefix, {5});
+  h.Add("A", Tokens(4, 1), Greedy(36));
+  h.Add("L", l_prompt, Greedy(3));
+  h.Step();
+  ASSERT_EQ(h.sched.FindRequest("L")->state, RequestState::kWaitingForRemoteKv);
+  h.RunToCompletion(/*max_steps=*/400);
+  EXPECT_GE(h.sched.stats().num_preemptions_total, 1u);
+  EXPECT_EQ(conn.loads_finished, std::vector<std::string>{"L"});
+  ExpectMatchesReference(h, "A", Tokens(4, 1), Greedy(36));
+  ExpectMatchesReference(h, "L", l_prompt, Greedy(3));
+}
+
+// Six requests whose `prefix_len`-token prefix is in the store, followed by
+// `tail_len` tokens of their own; returns the number of loads admitted in the
+// first step.
 int32_t LoadsAdmittedInFirstStep(bool limit, int32_t max_num_seqs, int32_t budget,
-                                 int32_t num_blocks) {
+                                 int32_t num_blocks, int32_t prefix_len = 16,
+                                 int32_t tail_len = 4) {
   SchedulerConfig c = TestConfig(num_blocks);
   c.limit_async_load_admission = limit;
   c.max_num_seqs = max_num_seqs;
   c.max_num_batched_tokens = budget;
   FakeStore store;
-  const std::vector<int32_t> prefix = Tokens(16, 9);
+  const std::vector<int32_t> prefix = Tokens(prefix_len, 9);
   FillStore(&store, c, prefix);
   ScriptedKvConnector conn(c.block_size, &store);
   Harness h(c, &conn, &store);
   h.worker.load_delay_steps = 1;
   for (int i = 0; i < 6; ++i) {
-    h.Add("r" + std::to_string(i), Concat(prefix, Tokens(4, 20 + i)), Greedy(2));
+    h.Add("r" + std::to_string(i), Concat(prefix, Tokens(tail_len, 20 + i)), Greedy(2));
   }
   const SchedulerOutput s = h.Step();
   const int32_t loads = static_cast<int32_t>(s.kv_connector_metadata.loads.size());
   EXPECT_EQ(h.sched.stats().num_waiting_for_load, loads);
   h.RunToCompletion();
   for (int i = 0; i < 6; ++i) {
-    ExpectMatchesReference(h, "r" + std::to_string(i), Concat(prefix, Tokens(4, 20 + i)),
+    ExpectMatchesReference(h, "r" + std::to_string(i), Concat(prefix, Tokens(tail_len, 20 + i)),
                            Greedy(2));
   }
   return loads;
@@ -264,11 +299,82 @@ TEST(ConnectorTest, AsyncLoadsCountAgainstMaxNumSeqsAndTheTokenBudgetWhenLimited
   EXPECT_EQ(LoadsAdmittedInFirstStep(false, 2, 40, 128), 6) << "unlimited without the switch";
 }
 
-TEST(ConnectorTest, AsyncLoadsAlwaysPassTheBlockReservationGate) {
-  // 12 usable blocks; each prompt needs 5, loads 4. Second load: 8 free - 1
-  // reserved >= 5; third: 4 free - 2 reserved < 5.
-  EXPECT_EQ(LoadsAdmittedInFirstStep(false, 8, 2048, 13), 2);
-  EXPECT_EQ(LoadsAdmittedInFirstStep(true, 8, 2048, 13), 2);
+// The block gate: a load is admitted only when the free blocks, less the
+// rest of every prompt already admitted (prefills in progress, loads running
+// or finished), hold its whole prompt. A gate that only compares the free
+// blocks with the prompt admits more in each of these tests.
+TEST(ConnectorTest, TheBlockGateReservesTheRestOfThePromptsOfOtherLoads) {
+  for (bool limit : {false, true}) {
+    // 12 usable blocks; each 20-token prompt needs 5 and loads 2. Load 1:
+    // 12 free; load 2: 10 free - 3 reserved >= 5; load 3: 8 free - 6 < 5
+    // (free blocks alone would admit four: 12, 10, 8, 6 >= 5).
+    EXPECT_EQ(LoadsAdmittedInFirstStep(limit, 8, 2048, 13, /*prefix_len=*/8, /*tail_len=*/12), 2)
+        << limit;
+    // Loads of 4 of 5 blocks: 12; 8 - 1 >= 5; 4 - 2 < 5.
+    EXPECT_EQ(LoadsAdmittedInFirstStep(limit, 8, 2048, 13), 2) << limit;
+  }
+}
+
+TEST(ConnectorTest, TheBlockGateReservesTheRestOfAPrefillInProgress) {
+  // 12 usable blocks. R's 40-token prompt (10 blocks) is prefilled 8 tokens
+  // a step; L's 12-token prompt (3 blocks) has 8 tokens in the store. While R
+  // prefills, free - R's rest stays 2 < 3; free alone would be 10, 8, 6, 4.
+  SchedulerConfig c = TestConfig(13);
+  c.max_num_batched_tokens = 10;
+  c.long_prefill_token_threshold = 8;
+  FakeStore store;
+  const std::vector<int32_t> prefix = Tokens(8, 12);
+  FillStore(&store, c, prefix);
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  const std::vector<int32_t> l_prompt = Concat(prefix, Tokens(4, 13));
+  h.Add("R", Tokens(40, 11), Greedy(1));
+  h.Add("L", l_prompt, Greedy(2));
+  for (int step = 1; step <= 5; ++step) {
+    const SchedulerOutput so = h.Step();
+    EXPECT_TRUE(so.kv_connector_metadata.loads.empty()) << "step " << step;
+    EXPECT_EQ(h.sched.FindRequest("L")->state, RequestState::kWaiting) << "step " << step;
+  }
+  EXPECT_EQ(h.reasons["R"], RequestState::kFinishedLength) << "R's prefill is done";
+  EXPECT_EQ(h.Step().kv_connector_metadata.loads.size(), 1u) << "now L's load goes";
+  h.RunToCompletion();
+  ExpectMatchesReference(h, "R", Tokens(40, 11), Greedy(1));
+  ExpectMatchesReference(h, "L", l_prompt, Greedy(2));
+}
+
+TEST(ConnectorTest, TheBlockGateReservesTheRestOfALoadedRequestNotYetAdmitted) {
+  // 12 usable blocks. L1 loads 2 of its 8 blocks, then R takes 6. L1's load
+  // finishes but its other 6 blocks do not fit beside R, so it waits holding
+  // 2. L2 (3 blocks, 2 in the store) arrives: 3 free - L1's 6 reserved < 3
+  // (free alone: 3 >= 3).
+  const SchedulerConfig c = TestConfig(13);
+  FakeStore store;
+  const std::vector<int32_t> prefix1 = Tokens(8, 31);
+  const std::vector<int32_t> prefix2 = Tokens(8, 33);
+  FillStore(&store, c, prefix1);
+  FillStore(&store, c, prefix2);
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  const std::vector<int32_t> l1_prompt = Concat(prefix1, Tokens(24, 32));
+  const std::vector<int32_t> l2_prompt = Concat(prefix2, Tokens(4, 34));
+  h.Add("L1", l1_prompt, Greedy(2));
+  h.Add("R", Tokens(24, 35), Greedy(8));
+  EXPECT_EQ(h.Step().kv_connector_metadata.loads.size(), 1u);
+  ASSERT_EQ(conn.loads_finished, std::vector<std::string>{"L1"});
+  h.Add("L2", l2_prompt, Greedy(2));
+  int32_t steps_l1_waited = 0;
+  for (;;) {
+    const SchedulerOutput so = h.Step();
+    if (h.sched.FindRequest("L1")->state != RequestState::kWaiting) break;
+    EXPECT_TRUE(so.kv_connector_metadata.loads.empty()) << "step " << so.step_id;
+    ASSERT_LT(++steps_l1_waited, 20);
+  }
+  EXPECT_GE(steps_l1_waited, 7) << "L1 waited for R";
+  h.RunToCompletion();
+  EXPECT_EQ(conn.loads_finished, (std::vector<std::string>{"L1", "L2"}));
+  ExpectMatchesReference(h, "L1", l1_prompt, Greedy(2));
+  ExpectMatchesReference(h, "L2", l2_prompt, Greedy(2));
+  ExpectMatchesReference(h, "R", Tokens(24, 35), Greedy(8));
 }
 
 TEST(ConnectorTest, StoresBuiltInAsyncModeNeverIncludeAPlaceholderBlock) {

@@ -257,7 +257,8 @@ class ScriptedKvConnector : public KvConnectorScheduler {
   std::vector<std::string> answered;  // ids in the order lookups were answered
   std::vector<std::string> admitted;  // ids in UpdateStateAfterAlloc order
   std::vector<std::string> finished;
-  int32_t num_store_violations = 0;  // store block beyond the known tokens
+  std::vector<std::string> loads_finished;  // OnLoadFinished order
+  int32_t num_store_violations = 0;         // store block beyond the known tokens
   // (request id, step id, tokens covered by stores) for every store emitted.
   struct StoreRecord {
     std::string id;
@@ -329,6 +330,10 @@ class ScriptedKvConnector : public KvConnectorScheduler {
     calls_.erase(r.request_id);
     stored_blocks_.erase(r.request_id);
     return delay_free && stores_in_flight_[r.request_id] > 0;
+  }
+
+  void OnLoadFinished(const Request& r, int32_t) override {
+    loads_finished.push_back(r.request_id);
   }
 
   void OnConnectorReport(const KvConnectorReport& report) override {

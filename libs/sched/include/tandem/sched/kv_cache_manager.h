@@ -37,8 +37,13 @@ class KvCacheManager {
   // at most num_tokens - 1 tokens (the last token is always computed).
   [[nodiscard]] PrefixHit FindPrefixHit(const Request& request) const;
 
+  // Blocks that `slots` would take out of the free queue: new blocks plus
+  // the hit's cached blocks that sit there unreferenced.
+  [[nodiscard]] int32_t NumFreeBlocksNeeded(const Request& request, const SlotRequest& slots) const;
   // Can: whether the pool can give what `slots` needs now.
-  [[nodiscard]] bool CanAllocateSlots(const Request& request, const SlotRequest& slots) const;
+  [[nodiscard]] bool CanAllocateSlots(const Request& request, const SlotRequest& slots) const {
+    return NumFreeBlocksNeeded(request, slots) <= pool_.num_free_blocks();
+  }
   // Do: takes the hit's blocks and new blocks; requires CanAllocateSlots.
   // Returns the index in request->block_ids of the first new block.
   int32_t AllocateSlots(Request* request, const SlotRequest& slots);

@@ -15,6 +15,15 @@
 // before then is an ordinary output token. EOS on the last allowed token
 // therefore finishes as kFinishedStopped, not kFinishedLength.
 //
+// Admission order (DESIGN §3, plus one rule of Tandem's): requests whose
+// async KV load has finished are admitted first, in queue order, skipping
+// those that do not fit; then the waiting queue in order, until a request
+// does not fit the budget or the pool. A finished load holds its blocks until
+// its request runs, so letting the queue head (e.g. a request preempted for
+// want of blocks) wait in front of it could stall the queue for good. The
+// block gate for new loads reserves the rest of the prompt of every request
+// holding a load, so once nothing runs every finished load fits.
+//
 // Block reuse and the worker (DESIGN §5 "Ordering"): the scheduler frees
 // blocks as soon as a request finishes or is preempted, even with a later
 // step in flight that still writes them. The worker therefore executes steps
@@ -172,10 +181,18 @@ class Scheduler {
   void ReleaseRequest(Request* request);
   bool ScheduleRunning(Request* request, int32_t* token_budget, int32_t* num_preempted);
   void Preempt(Request* victim);
-  // Returns false to stop admission for this step.
-  enum class Admit { kAdmitted, kSkip, kStop };
+  // kSkip: not decidable now (lookup not known yet, its load runs, or was
+  // just admitted); kStop: the budget cannot hold it; kNoBlocks: the pool
+  // cannot hold it.
+  enum class Admit { kAdmitted, kSkip, kStop, kNoBlocks };
   Admit TryAdmit(Request* request, int32_t* token_budget);
-  bool LoadGateAllows(const Request& request, int32_t num_tokens_to_hold) const;
+  bool LoadGateAllows(const Request& request, const PrefixHit& hit) const;
+  // A waiting request whose async load has finished: it holds blocks that
+  // only its admission (or its end) frees.
+  [[nodiscard]] static bool HoldsLoadedKv(const Request& request) {
+    return (request.state == RequestState::kWaiting || request.state == RequestState::kPreempted) &&
+           !request.block_ids.empty();
+  }
   void AppendTokens(Request* request, std::span<const int32_t> tokens, RequestOutput* out);
   // Ends a request in any live state: frees or holds its blocks.
   void Finish(Request* request, RequestState state);
@@ -192,7 +209,8 @@ class Scheduler {
   // Requests that finished but hold blocks for a KV transfer, by id. Ids are
   // unique across live_ and held_.
   absl::flat_hash_map<std::string, Request*> held_;
-  int32_t num_loading_ = 0;
+  int32_t num_loading_ = 0;  // waiting requests in kWaitingForRemoteKv
+  int32_t num_loaded_ = 0;   // waiting requests for which HoldsLoadedKv()
 
   // Requests live in chunks (stable addresses, hot fields close together);
   // finished ones are reused from free_slots_.
