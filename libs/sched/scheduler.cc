@@ -168,7 +168,6 @@ bool Scheduler::LoadGateAllows(const Request& request, const PrefixHit& hit) con
 
 Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   if (r->state == RequestState::kWaitingForRemoteKv) return Admit::kSkip;
-  r->lookup_deferred = false;
   const bool fresh = r->block_ids.empty();  // new or preempted; else its load finished
   PrefixHit& hit = hit_scratch_;
   hit.block_ids.clear();
@@ -178,10 +177,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
     hit = kv_.FindPrefixHit(*r);
     if (connector_ != nullptr) {
       std::optional<ExternalMatch> m = connector_->GetNumNewMatchedTokens(*r, hit.num_tokens);
-      if (!m) {
-        r->lookup_deferred = true;
-        return Admit::kSkip;
-      }
+      if (!m) return Admit::kDeferred;
       num_external = std::clamp(m->num_external_tokens, 0, r->num_tokens() - hit.num_tokens);
       num_external -= num_external % config_.block_size;
     }
@@ -314,6 +310,7 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   // hold blocks that only their admission frees, so a request ahead of them
   // must not keep them waiting while it waits for blocks (maybe theirs).
   // Then the others in queue order, until one does not fit.
+  int32_t num_deferred = 0;
   if (num_preempted == 0 && !waiting_.empty()) {
     admitted_mask_.assign(waiting_.size(), false);
     bool any_admitted = false;
@@ -339,6 +336,7 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
           admitted_mask_[w] = true;
           any_admitted = true;
         }
+        num_deferred += a == Admit::kDeferred ? 1 : 0;
         if (loaded_pass && --num_loaded_left == 0) break;
       }
     }
@@ -425,18 +423,17 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
     if (config_.async_scheduling && e.will_sample) ++r->num_output_placeholders;
   }
   in_flight_.push_back(std::move(record));
-  ComputeStats(total, num_preempted);
+  ComputeStats(total, num_preempted, num_deferred);
 }
 
-void Scheduler::ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted) {
+void Scheduler::ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted,
+                             int32_t num_deferred) {
   ++stats_.num_steps;
   stats_.num_running = num_running();
   stats_.num_waiting = num_waiting();
   stats_.num_waiting_for_load = num_loading_;
-  int32_t deferred = 0;
-  for (const Request* r : waiting_) deferred += r->lookup_deferred ? 1 : 0;
-  stats_.num_waiting_for_lookup = deferred;
-  stats_.num_waiting_for_capacity = stats_.num_waiting - num_loading_ - deferred;
+  stats_.num_waiting_for_lookup = num_deferred;
+  stats_.num_waiting_for_capacity = stats_.num_waiting - num_loading_ - num_deferred;
   stats_.num_scheduled_tokens = num_scheduled_tokens;
   stats_.num_preemptions_step = num_preempted;
   stats_.kv_cache_usage = kv_.pool().usage();

@@ -625,6 +625,90 @@ TEST(SchedulerTest, StatsSnapshotCountsWaitingByReasonPreemptionsAndUsage) {
   EXPECT_GT(h.sched.stats().num_steps, 1u);
 }
 
+TEST(SchedulerTest, StatsCountPreemptionsPerStepAndInTotal) {
+  // 6 usable blocks. R prefills 8 tokens (2 blocks) a step; X and Y hold one
+  // block each. In step 3 R needs 2 blocks with none free: Y, then X go.
+  SchedulerConfig c = TestConfig(7);
+  c.max_num_batched_tokens = 12;
+  c.long_prefill_token_threshold = 8;
+  FakeStore store;
+  Harness h(c, nullptr, &store);
+  h.Add("R", Tokens(24, 1), Greedy(1));
+  h.Add("X", Tokens(2, 2), Greedy(6));
+  h.Add("Y", Tokens(2, 3), Greedy(6));
+  struct Row {
+    std::vector<std::string> preempted;
+    int32_t step_preemptions;
+    uint64_t total;
+  };
+  const std::vector<Row> expected = {{{}, 0, 0}, {{}, 0, 0}, {{"Y", "X"}, 2, 2}, {{}, 0, 2}};
+  for (size_t s = 0; s < expected.size(); ++s) {
+    const SchedulerOutput so = h.Step();
+    EXPECT_EQ(so.preempted_req_ids, expected[s].preempted) << "step " << s + 1;
+    EXPECT_EQ(h.sched.stats().num_preemptions_step, expected[s].step_preemptions)
+        << "step " << s + 1;
+    EXPECT_EQ(h.sched.stats().num_preemptions_total, expected[s].total) << "step " << s + 1;
+  }
+  h.RunToCompletion();
+  EXPECT_EQ(h.sched.stats().num_preemptions_total, 2u);
+  EXPECT_EQ(
+      h.sched.stats().num_preemptions_by_reason[static_cast<int>(PreemptionReason::kKvCacheFull)],
+      2u);
+  ExpectMatchesReference(h, "X", Tokens(2, 2), Greedy(6));
+  ExpectMatchesReference(h, "Y", Tokens(2, 3), Greedy(6));
+}
+
+TEST(SchedulerTest, StatsCountALookupAsDeferredOnlyInTheStepThatDeferredIt) {
+  SchedulerConfig c = TestConfig(64);
+  c.max_num_seqs = 2;
+  FakeStore store;
+  testing::ScriptedKvConnector conn(c.block_size, &store);
+  conn.defer_count["D"] = 1;
+  Harness h(c, &conn, &store);
+  h.Add("A", Tokens(5, 1), Greedy(6));
+  h.Add("D", Tokens(5, 2), Greedy(2));
+  h.Add("B", Tokens(5, 3), Greedy(6));
+  h.Step();  // A and B admitted; D's lookup deferred
+  EXPECT_EQ(h.sched.stats().num_waiting, 1);
+  EXPECT_EQ(h.sched.stats().num_waiting_for_lookup, 1);
+  EXPECT_EQ(h.sched.stats().num_waiting_for_capacity, 0);
+  h.Step();  // no seat: D is not asked again, it waits for capacity
+  EXPECT_EQ(h.sched.stats().num_waiting, 1);
+  EXPECT_EQ(h.sched.stats().num_waiting_for_lookup, 0);
+  EXPECT_EQ(h.sched.stats().num_waiting_for_capacity, 1);
+  h.RunToCompletion();
+  EXPECT_EQ(h.sched.stats().num_waiting_for_lookup, 0);
+}
+
+TEST(SchedulerTest, StatsCountExternalCacheQueriesOncePerAdmissionBeyondTheLocalHit) {
+  const SchedulerConfig c = TestConfig(64);
+  FakeStore store;
+  const std::vector<int32_t> prefix = Tokens(16, 7);
+  {
+    testing::ScriptedKvConnector warm(c.block_size, &store);
+    Harness w(c, &warm, &store);
+    w.Add("warm", prefix, Greedy(1));
+    w.RunToCompletion();
+  }
+  testing::ScriptedKvConnector conn(c.block_size, &store);
+  conn.enable_stores = false;
+  conn.defer_count["P"] = 2;  // deferred lookups are not queries
+  Harness h(c, &conn, &store);
+  std::vector<int32_t> p = prefix;
+  for (int32_t t : Tokens(4, 8)) p.push_back(t);
+  h.Add("A", Tokens(10, 9), Greedy(2));  // 10 tokens asked, none hit
+  h.Add("P", p, Greedy(2));              // 20 asked, 16 hit and loaded
+  h.RunToCompletion();
+  EXPECT_EQ(h.sched.stats().external_cache_queries_tokens, 30u);
+  EXPECT_EQ(h.sched.stats().external_cache_hits_tokens, 16u);
+  EXPECT_EQ(h.sched.stats().external_loaded_tokens, 16u);
+  h.Add("Q", p, Greedy(2));  // P's loaded blocks hit locally: 4 tokens asked
+  h.RunToCompletion();
+  EXPECT_EQ(h.sched.stats().prefix_cache_hits_tokens, 16u);
+  EXPECT_EQ(h.sched.stats().external_cache_queries_tokens, 34u);
+  EXPECT_EQ(h.sched.stats().external_cache_hits_tokens, 16u);
+}
+
 // ---- 9. determinism ----
 
 std::string Serialize(const SchedulerOutput& so) {

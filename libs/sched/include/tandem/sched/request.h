@@ -59,8 +59,6 @@ struct Request {
   // Finished but its blocks are held for the worker (load or store running).
   bool awaiting_recv = false;
   bool awaiting_send = false;
-  // Set when the connector deferred its lookup in the current step.
-  bool lookup_deferred = false;
 
   // ---- tokens and blocks ----
   // Prompt followed by the output tokens whose ids are known. EOS that stopped

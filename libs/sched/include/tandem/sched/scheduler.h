@@ -88,7 +88,7 @@ struct SchedulerStats {
   int32_t num_running = 0;
   int32_t num_waiting = 0;               // all waiting requests, by reason:
   int32_t num_waiting_for_capacity = 0;  //   budgets, blocks or queue order
-  int32_t num_waiting_for_lookup = 0;    //   connector lookup deferred
+  int32_t num_waiting_for_lookup = 0;    //   connector lookup deferred in this step
   int32_t num_waiting_for_load = 0;      //   async KV load in progress
   int32_t num_scheduled_tokens = 0;      // in this step
   int32_t num_preemptions_step = 0;      // in this step
@@ -181,10 +181,10 @@ class Scheduler {
   void ReleaseRequest(Request* request);
   bool ScheduleRunning(Request* request, int32_t* token_budget, int32_t* num_preempted);
   void Preempt(Request* victim);
-  // kSkip: not decidable now (lookup not known yet, its load runs, or was
-  // just admitted); kStop: the budget cannot hold it; kNoBlocks: the pool
-  // cannot hold it.
-  enum class Admit { kAdmitted, kSkip, kStop, kNoBlocks };
+  // kSkip: not decidable now (its load runs, or was just admitted);
+  // kDeferred: the connector's lookup is not known yet; kStop: the budget
+  // cannot hold it; kNoBlocks: the pool cannot hold it.
+  enum class Admit { kAdmitted, kSkip, kDeferred, kStop, kNoBlocks };
   Admit TryAdmit(Request* request, int32_t* token_budget);
   bool LoadGateAllows(const Request& request, const PrefixHit& hit) const;
   // A waiting request whose async load has finished: it holds blocks that
@@ -199,7 +199,7 @@ class Scheduler {
   void MaybeRelease(Request* request);
   void HandleConnectorReport(const KvConnectorReport& report);
   void FillOutput(Request* request, RequestOutput* out) const;
-  void ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted);
+  void ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted, int32_t num_deferred);
 
   SchedulerConfig config_;
   KvConnectorScheduler* connector_;
