@@ -1,4 +1,8 @@
 // Scheduler-role KV connector semantics (issue 3, "What must hold" 7).
+#include <map>
+#include <optional>
+#include <utility>
+
 #include "gtest/gtest.h"
 #include "sched_test_util.h"
 #include "tandem/sched/scheduler.h"
@@ -35,6 +39,24 @@ void ExpectMatchesReference(const Harness& h, const std::string& id,
   ASSERT_TRUE(h.outputs.count(id)) << id;
   EXPECT_EQ(h.outputs.at(id), ref.output) << id;
   EXPECT_EQ(h.reasons.at(id), ref.reason) << id;
+}
+
+// The request's entry in a step: (num_computed_tokens sent, tokens
+// scheduled), or nullopt when it is not in the step.
+std::optional<std::pair<int32_t, int32_t>> Scheduled(const SchedulerOutput& so,
+                                                     const std::string& id) {
+  for (size_t i = 0; i < so.scheduled_new_reqs.size(); ++i) {
+    if (so.scheduled_new_reqs[i].request_id == id) {
+      return std::pair{so.scheduled_new_reqs[i].num_computed_tokens, so.num_scheduled_tokens[i]};
+    }
+  }
+  for (size_t i = 0; i < so.scheduled_cached_reqs.size(); ++i) {
+    if (so.scheduled_cached_reqs[i].request_id == id) {
+      return std::pair{so.scheduled_cached_reqs[i].num_computed_tokens,
+                       so.num_scheduled_tokens[so.scheduled_new_reqs.size() + i]};
+    }
+  }
+  return std::nullopt;
 }
 
 class ConnectorModeTest : public ::testing::TestWithParam<bool> {};
@@ -104,8 +126,35 @@ TEST(ConnectorTest, LoadIsNotScheduledBeforeFinishedRecvingThenStartsFromTheLoad
   EXPECT_EQ(h.sched.stats().external_loaded_tokens, 20u);
 }
 
-TEST(ConnectorTest, AFullPromptHitRecomputesTheLastToken) {
-  const SchedulerConfig c = TestConfig(64);
+TEST_P(ConnectorModeTest, ALoadIsScheduledOnlyAfterItsFinishedRecvingFromTheLoadedTokens) {
+  const SchedulerConfig c = TestConfig(64, GetParam());
+  FakeStore store;
+  const std::vector<int32_t> prefix = Tokens(20, 1);
+  FillStore(&store, c, prefix);
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  h.worker.load_delay_steps = 2;  // issued in step 1, reported in step 3's output
+  const std::vector<int32_t> prompt = Concat(prefix, Tokens(2, 7));
+  h.Add("P", prompt, Greedy(3));
+  uint64_t first_step = 0;
+  h.after_schedule = [&](const SchedulerOutput& so) {
+    const auto p = Scheduled(so, "P");
+    if (!p || first_step != 0) return;
+    first_step = so.step_id;
+    EXPECT_EQ(conn.loads_finished, std::vector<std::string>{"P"})
+        << "scheduled before its finished_recving was processed";
+    EXPECT_EQ(*p, (std::pair<int32_t, int32_t>{20, 2})) << "starts from the loaded tokens";
+  };
+  h.RunToCompletion();
+  // Sync: step 3's output is processed before step 4 is scheduled; async:
+  // before step 5.
+  EXPECT_EQ(first_step, GetParam() ? 5u : 4u);
+  ExpectMatchesReference(h, "P", prompt, Greedy(3));
+  EXPECT_EQ(h.sched.stats().external_loaded_tokens, 20u);
+}
+
+TEST_P(ConnectorModeTest, AFullPromptHitRecomputesTheLastToken) {
+  const SchedulerConfig c = TestConfig(64, GetParam());
   FakeStore store;
   const std::vector<int32_t> prompt = Tokens(16, 3);
   FillStore(&store, c, prompt);
@@ -127,8 +176,8 @@ TEST(ConnectorTest, AFullPromptHitRecomputesTheLastToken) {
   EXPECT_EQ(h.sched.stats().external_loaded_tokens, 16u);
 }
 
-TEST(ConnectorTest, InvalidBlocksAreRecomputedAndNeverCached) {
-  const SchedulerConfig c = TestConfig(64);
+TEST_P(ConnectorModeTest, InvalidBlocksAreRecomputedAndNeverCached) {
+  const SchedulerConfig c = TestConfig(64, GetParam());
   FakeStore store;
   const std::vector<int32_t> prompt = Tokens(24, 5);
   FillStore(&store, c, prompt);
@@ -137,7 +186,10 @@ TEST(ConnectorTest, InvalidBlocksAreRecomputedAndNeverCached) {
   h.Add("P", prompt, Greedy(4));
   const std::vector<BlockHash> hashes = h.sched.FindRequest("P")->block_hashes;
   h.worker.fail_hashes.insert(hashes[2]);  // the third of six loaded blocks fails
-  h.Step();                                // load issued, reported in the same step's output
+  while (conn.loads_finished.empty()) {    // reported in the output of the load's step
+    ASSERT_EQ(h.Step().total_num_scheduled_tokens, 0);
+    ASSERT_LT(h.sched.stats().num_steps, 5u);
+  }
   const Request* p = h.sched.FindRequest("P");
   ASSERT_EQ(p->state, RequestState::kWaiting);
   EXPECT_EQ(p->num_computed_tokens, 8) << "truncated at the first invalid block";
@@ -377,24 +429,71 @@ TEST(ConnectorTest, TheBlockGateReservesTheRestOfALoadedRequestNotYetAdmitted) {
   ExpectMatchesReference(h, "R", Tokens(24, 35), Greedy(8));
 }
 
+// Remembers what BuildConnectorMeta saw: each request's counters before the
+// step advances them and the store bound it was given.
+class CounterRecordingConnector : public ScriptedKvConnector {
+ public:
+  using ScriptedKvConnector::ScriptedKvConnector;
+  struct Seen {
+    std::string id;
+    int32_t num_computed_tokens, num_output_placeholders, num_scheduled_tokens;
+    bool adds_placeholder;
+    int32_t num_storable_tokens;
+  };
+  std::vector<Seen> seen;
+
+  KvConnectorMetadata BuildConnectorMeta(const SchedulerOutput& out,
+                                         std::span<const ScheduledRequestView> views) override {
+    seen.clear();
+    for (const ScheduledRequestView& v : views) {
+      seen.push_back({v.request->request_id, v.request->num_computed_tokens,
+                      v.request->num_output_placeholders, v.num_scheduled_tokens,
+                      v.adds_placeholder, v.num_storable_tokens()});
+    }
+    return ScriptedKvConnector::BuildConnectorMeta(out, views);
+  }
+};
+
+// The store bound built from the counters before the placeholder increment
+// (in BuildConnectorMeta) equals the one built from the counters after it
+// (num_computed_tokens - num_output_placeholders), no full block under it
+// holds a placeholder (a position at or past num_tokens, whose id is not
+// known), and every block stored lies under it.
 TEST(ConnectorTest, StoresBuiltInAsyncModeNeverIncludeAPlaceholderBlock) {
   const SchedulerConfig c = TestConfig(64, /*async=*/true);
+  const int32_t bs = c.block_size;
   FakeStore store;
-  ScriptedKvConnector conn(c.block_size, &store);
+  CounterRecordingConnector conn(bs, &store);
   Harness h(c, &conn, &store);
-  int32_t stores_past_prompt = 0;
   int32_t num_checked = 0;
+  int32_t stores_past_prompt = 0;
+  int32_t steps_with_placeholder_blocks = 0;
   h.after_schedule = [&](const SchedulerOutput& so) {
+    std::map<std::string, int32_t> bound;
+    for (const CounterRecordingConnector::Seen& s : conn.seen) {
+      const Request* r = h.sched.FindRequest(s.id);
+      ASSERT_NE(r, nullptr);
+      const int32_t increment = s.adds_placeholder ? 1 : 0;
+      ASSERT_EQ(r->num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens);
+      ASSERT_EQ(r->num_output_placeholders, s.num_output_placeholders + increment);
+      const int32_t before = (s.num_computed_tokens + s.num_scheduled_tokens) -
+                             (s.num_output_placeholders + increment);
+      const int32_t after = r->num_computed_tokens - r->num_output_placeholders;
+      EXPECT_EQ(before, after) << s.id;
+      EXPECT_EQ(s.num_storable_tokens, after) << s.id;
+      EXPECT_LE(after / bs * bs, r->num_tokens()) << s.id << ": a stored block holds a placeholder";
+      // Counting num_computed_tokens alone would store a placeholder block.
+      if (r->num_computed_tokens / bs * bs > r->num_tokens()) ++steps_with_placeholder_blocks;
+      bound[s.id] = after;
+    }
     for (const KvStore& st : so.kv_connector_metadata.stores) {
       const Request* r = h.sched.FindRequest(st.request_id);
       ASSERT_NE(r, nullptr);
       for (int32_t block : st.block_ids) {
         const auto it = std::find(r->block_ids.begin(), r->block_ids.end(), block);
         ASSERT_NE(it, r->block_ids.end());
-        const int32_t end = static_cast<int32_t>(it - r->block_ids.begin() + 1) * c.block_size;
-        // After the increments: within num_computed_tokens - num_output_placeholders.
-        EXPECT_LE(end, r->num_computed_tokens - r->num_output_placeholders) << st.request_id;
-        // And every token id of the block is known.
+        const int32_t end = static_cast<int32_t>(it - r->block_ids.begin() + 1) * bs;
+        EXPECT_LE(end, bound.at(st.request_id)) << st.request_id;
         EXPECT_LE(end, r->num_tokens()) << st.request_id;
         if (end > r->num_prompt_tokens) ++stores_past_prompt;
         ++num_checked;
@@ -406,6 +505,7 @@ TEST(ConnectorTest, StoresBuiltInAsyncModeNeverIncludeAPlaceholderBlock) {
   EXPECT_EQ(conn.num_store_violations, 0);
   EXPECT_GT(num_checked, 10);
   EXPECT_GT(stores_past_prompt, 0) << "output blocks are stored too";
+  EXPECT_GT(steps_with_placeholder_blocks, 0) << "the test never met a block with a placeholder";
   // Everything stored is what the tokens say (the worker copied real KV).
   for (int i = 0; i < 4; ++i) {
     ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(5 + 3 * i, i), Greedy(20));
