@@ -25,7 +25,9 @@ struct SlotRequest {
   const PrefixHit* hit = nullptr;
   // Tokens to be loaded by the connector, after the hit.
   int32_t num_external_tokens = 0;
-  // Extra slots beyond the new tokens (e.g. speculative tokens).
+  // Extra slots beyond the new tokens, for tokens a worker writes ahead of
+  // the scheduler (speculative decoding). They are never cached. The
+  // Scheduler asks for none: Tandem has no speculative decoding yet.
   int32_t num_lookahead_tokens = 0;
 };
 
