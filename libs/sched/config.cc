@@ -24,6 +24,14 @@ absl::Status SchedulerConfig::Validate() const {
         "SchedulerConfig.num_gpu_blocks must be >= 2 (block 0 is the null block), got ",
         num_gpu_blocks));
   }
+  if (!enable_chunked_prefill && max_num_batched_tokens < max_model_len) {
+    // A prompt (or a preempted request) longer than the budget could never be
+    // scheduled and would block the waiting queue for good.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SchedulerConfig.max_num_batched_tokens (", max_num_batched_tokens,
+        ") must be >= max_model_len (", max_model_len,
+        ") when enable_chunked_prefill is off: a longer request could never be scheduled"));
+  }
   if (long_prefill_token_threshold < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("SchedulerConfig.long_prefill_token_threshold must be >= 0, got ",

@@ -69,25 +69,41 @@ TEST(SchedulerTest, ChunkedPrefillSplitsPromptsUnderTheTokenBudget) {
 TEST(SchedulerTest, WithoutChunkingAPromptOverTheBudgetBlocksTheQueue) {
   SchedulerConfig c = TestConfig(64);
   c.max_num_batched_tokens = 32;
+  c.max_model_len = 32;
   c.enable_chunked_prefill = false;
   FakeStore store;
   Harness h(c, nullptr, &store);
-  h.Add("R", Tokens(8, 1), Greedy(3));
-  EXPECT_EQ(NumScheduled(h.Step(), "R"), 8);
-  h.Add("A", Tokens(32, 2), Greedy(2));  // 32 > 31 left after R's decode
+  h.Add("R1", Tokens(8, 1), Greedy(3));
+  h.Add("R2", Tokens(8, 5), Greedy(3));
+  EXPECT_EQ(h.Step().total_num_scheduled_tokens, 16);
+  h.Add("A", Tokens(31, 2), Greedy(1));  // 31 > 30 left after the two decodes
   h.Add("B", Tokens(4, 3), Greedy(2));   // would fit, but A is ahead
   struct Row {
-    int32_t r, a, b;
+    int32_t r1, r2, a, b;
   };
-  const std::vector<Row> expected = {{1, 0, 0}, {1, 0, 0}, {0, 32, 0}, {0, 1, 4}};
+  const std::vector<Row> expected = {{1, 1, 0, 0}, {1, 1, 0, 0}, {0, 0, 31, 0}, {0, 0, 0, 4}};
   for (size_t s = 0; s < expected.size(); ++s) {
     const SchedulerOutput& so = h.Step();
-    EXPECT_EQ(NumScheduled(so, "R"), expected[s].r) << "step " << s + 2;
+    EXPECT_EQ(NumScheduled(so, "R1"), expected[s].r1) << "step " << s + 2;
+    EXPECT_EQ(NumScheduled(so, "R2"), expected[s].r2) << "step " << s + 2;
     EXPECT_EQ(NumScheduled(so, "A"), expected[s].a) << "step " << s + 2;
     EXPECT_EQ(NumScheduled(so, "B"), expected[s].b) << "step " << s + 2;
   }
   h.RunToCompletion();
-  ExpectMatchesReference(h, "A", Tokens(32, 2), Greedy(2));
+  ExpectMatchesReference(h, "A", Tokens(31, 2), Greedy(1));
+  ExpectMatchesReference(h, "B", Tokens(4, 3), Greedy(2));
+}
+
+TEST(SchedulerTest, WithoutChunkingTheBudgetMustHoldTheLongestRequest) {
+  SchedulerConfig c = TestConfig(64);
+  c.max_num_batched_tokens = 32;
+  c.max_model_len = 33;
+  c.enable_chunked_prefill = false;
+  EXPECT_EQ(c.Validate().message(),
+            "SchedulerConfig.max_num_batched_tokens (32) must be >= max_model_len (33) when "
+            "enable_chunked_prefill is off: a longer request could never be scheduled");
+  c.enable_chunked_prefill = true;
+  EXPECT_TRUE(c.Validate().ok());
 }
 
 TEST(SchedulerTest, LongPrefillThresholdCapsEveryChunk) {

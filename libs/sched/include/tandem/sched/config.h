@@ -36,7 +36,8 @@ struct SchedulerConfig {
   // Look up and cache full blocks by their chained hash (DESIGN §3).
   bool enable_prefix_caching = true;
   // Split a prompt over several steps when it does not fit the token budget.
-  // Off: a prompt over the remaining budget blocks the waiting queue.
+  // Off: a prompt over the remaining budget blocks the waiting queue, and
+  // max_num_batched_tokens must be >= max_model_len.
   bool enable_chunked_prefill = true;
   // Cap on the tokens one prefill chunk may take in a step; 0 = off.
   int32_t long_prefill_token_threshold = 0;
