@@ -1,18 +1,22 @@
-// Schedule() + UpdateFromOutput() CPU time per step (DESIGN §8).
+// bench_scheduler: Schedule() + UpdateFromOutput() CPU time per step
+// (DESIGN §8, issue 3).
 //
-//   build-sched/tools/bench_sched/bench_sched [--benchmark_filter=...]
+//   cmake --build build --target bench_scheduler
+//   build/tools/bench_scheduler/bench_scheduler [--benchmark_filter=...]
 //
 // Decode: N requests all decoding (prefix caching on, 16-token blocks), one
 // iteration = one Schedule() plus one UpdateFromOutput() (async: the update of
 // the previous step, two steps in flight). The worker's output is prepared
 // outside the timed region, as the worker would produce it.
-// Mixed: 256 running requests of random lengths; finished ones are replaced
-// by new 200-token prompts (half share a 128-token prefix), so every step has
-// prefill chunks, decodes, finishes and admissions.
+// Mixed: N running requests of random lengths (async); finished ones are
+// replaced by new 200-token prompts (half share a 128-token prefix), so every
+// step has prefill chunks, decodes, finishes and admissions.
 //
-// Anchor: vLLM's Python scheduler takes about 95 us per schedule() call at
-// ~100 requests (vllm-project/vllm#19057); it cannot run on this machine, so
-// the published figure is printed beside ours. Target: <= 25 us at 256.
+// The summary prints us per step and ns per running request for every
+// workload beside the anchor: vLLM's Python scheduler takes about 95 us per
+// schedule() call at ~100 requests (vllm-project/vllm#19057); it cannot run
+// on this machine, so the published figure is printed. Target: <= 25 us per
+// step at 256 decodes, growing linearly to 4096.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -189,9 +193,11 @@ void BM_Mixed(benchmark::State& state) {
   int cur = 0;
   bool have_prev = false;
   int64_t tokens = 0;
+  int64_t running = 0;
   for (auto _ : state) {
     sched.ScheduleInto(&outs[cur]);
     tokens += outs[cur].total_num_scheduled_tokens;
+    running += sched.num_running();
     if (have_prev) {
       const SchedulerOutput& prev = outs[cur ^ 1];
       state.PauseTiming();  // the worker's part
@@ -209,49 +215,77 @@ void BM_Mixed(benchmark::State& state) {
   }
   state.counters["tokens_per_step"] =
       benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kAvgIterations);
-  state.counters["running"] = sched.num_running();
+  state.counters["requests"] =
+      benchmark::Counter(static_cast<double>(running), benchmark::Counter::kAvgIterations);
+  state.counters["ns_per_request"] = benchmark::Counter(
+      static_cast<double>(running), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.SetLabel("async");
 }
 
 BENCHMARK(BM_Decode)
     ->ArgNames({"requests", "async"})
     ->ArgsProduct({{16, 256, 512, 1024, 2048, 4096}, {1, 0}})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_Mixed)->Arg(256)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Mixed)->ArgName("requests")->Arg(256)->Arg(1024)->Unit(benchmark::kMicrosecond);
 
-// Prints the anchor beside our figure at 256 requests.
+constexpr double kAnchorUs = 95.0;  // vLLM schedule() at ~100 requests
+
+// After Google Benchmark's own table, one line per workload: us per step, ns
+// per running request, and how the step compares with the anchor.
 class AnchorReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
+    // One repetition's figures, or the median of several
+    // (--benchmark_repetitions=n).
     for (const Run& r : runs) {
-      if (r.run_type == Run::RT_Iteration) {
-        us_[r.benchmark_name()] = r.GetAdjustedCPUTime();  // in the run's unit (us)
-      }
+      if (r.error_occurred) continue;
+      const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
+      if (r.run_type != Run::RT_Iteration && !median) continue;
+      Row& row = rows_[r.run_name.function_name + "/" + r.run_name.args];
+      if (row.from_median && !median) continue;
+      row.from_median = median;
+      row.us = r.GetAdjustedCPUTime();  // in the run's unit (us)
+      auto it = r.counters.find("requests");
+      row.requests = it == r.counters.end() ? 0.0 : static_cast<double>(it->second);
     }
     ConsoleReporter::ReportRuns(runs);
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
-    std::printf("\nSchedule()+UpdateFromOutput() CPU time per step, decode (us):\n");
-    std::printf("  %-8s %10s %10s %14s\n", "requests", "async", "sync", "ns/req async");
-    for (int n : {16, 256, 512, 1024, 2048, 4096}) {
-      const double a = Get("BM_Decode/requests:" + std::to_string(n) + "/async:1");
-      const double s = Get("BM_Decode/requests:" + std::to_string(n) + "/async:0");
-      std::printf("  %-8d %10.2f %10.2f %14.1f\n", n, a, s, a * 1000.0 / n);
-    }
-    const double ours = Get("BM_Decode/requests:256/async:1");
     std::printf(
-        "\nanchor: vLLM Python scheduler ~95 us per schedule() at ~100 requests "
-        "(vllm-project/vllm#19057, published; not runnable here)\n"
-        "ours:   %.2f us per Schedule()+UpdateFromOutput() at 256 decodes (target <= 25 us)\n",
-        ours);
+        "\nSchedule() + UpdateFromOutput() CPU time per step\n"
+        "anchor: vLLM's Python scheduler, ~%.0f us per schedule() at ~100 requests "
+        "(vllm-project/vllm#19057; published figure, vLLM cannot run here)\n"
+        "target: <= 25 us per step at 256 decodes, linear up to 4096\n\n",
+        kAnchorUs);
+    std::printf("  %-22s %8s %6s %10s %8s %10s\n", "workload", "requests", "mode", "us/step",
+                "ns/req", "anchor/ours");
+    for (int n : {16, 256, 512, 1024, 2048, 4096}) {
+      for (int async : {1, 0}) {
+        Print("decode",
+              "BM_Decode/requests:" + std::to_string(n) + "/async:" + std::to_string(async),
+              async ? "async" : "sync");
+      }
+    }
+    for (int n : {256, 1024}) {
+      Print("mixed prefill/decode", "BM_Mixed/requests:" + std::to_string(n), "async");
+    }
   }
 
  private:
-  double Get(const std::string& name) const {
-    auto it = us_.find(name);
-    return it == us_.end() ? -1.0 : it->second;
+  struct Row {
+    double us = 0.0;
+    double requests = 0.0;
+    bool from_median = false;
+  };
+  void Print(const char* workload, const std::string& name, const char* mode) const {
+    auto it = rows_.find(name);
+    if (it == rows_.end()) return;  // filtered out
+    const Row& r = it->second;
+    std::printf("  %-22s %8.0f %6s %10.2f %8.1f %9.1fx\n", workload, r.requests, mode, r.us,
+                r.requests > 0 ? r.us * 1000.0 / r.requests : 0.0, kAnchorUs / r.us);
   }
-  std::map<std::string, double> us_;
+  std::map<std::string, Row> rows_;
 };
 
 }  // namespace
