@@ -113,10 +113,10 @@ TEST(BadInputTest, EachRuleHasItsCodeAndMessageWhileAValidRequestRuns) {
   Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {});
   auto stub = GenerationStub(scheduler.address());
 
-  const v1::GenerateRequest valid = MakeRequest({1, 300, 301, 302}, 400, 0.0f, {}, true);
+  const v1::GenerateRequest valid = MakeRequest({1, 300, 301, 302}, 500, 0.0f, {}, true);
   const GenerateResult alone = RunGenerate(stub.get(), valid);
   ASSERT_TRUE(alone.status.ok());
-  ASSERT_EQ(alone.tokens.size(), 400u);
+  ASSERT_EQ(alone.tokens.size(), 500u);
 
   // The valid request is running (has streamed a token) before the first bad
   // request is sent, and is still running after the last one.
