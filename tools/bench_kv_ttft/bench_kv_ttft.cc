@@ -156,12 +156,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
     return 1;
   }
-  auto wait_stores = [&] {
-    uint64_t last = ~0ull;
+  auto cold_blocks = [&]() -> uint64_t {
+    auto s = (*client)->Stats();
+    return s.ok() ? s->cold_blocks : 0;
+  };
+  // Waits until the store holds more than `before` blocks and the count has
+  // stopped growing (replica A stores in the background), at most 5 s.
+  auto wait_stores = [&](uint64_t before) {
+    uint64_t last = before;
     for (int i = 0; i < 100; ++i) {
-      auto s = (*client)->Stats();
-      if (s.ok() && s->cold_blocks == last) return;
-      if (s.ok()) last = s->cold_blocks;
+      const uint64_t now = cold_blocks();
+      if (now > before && now == last) return;
+      last = now;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   };
@@ -173,14 +179,15 @@ int main(int argc, char** argv) {
   (void)Generate(stub_b.get(), RandomTokens(rng, prompt_len, true), 1);
   if (stub_plain) (void)Generate(stub_plain.get(), RandomTokens(rng, prompt_len, true), 1);
   std::vector<double> hit_ms, miss_ms, plain_ms;
-  int min_external = prompt_len, max_scratch_cached = 0;
+  int min_external = prompt_len, max_scratch_cached = 0, short_hits = 0;
   for (int t = 0; t < trials; ++t) {
     std::vector<int32_t> prefix = RandomTokens(rng, cached_len, true);
     std::vector<int32_t> warm = prefix, prompt = prefix;
     for (int i = cached_len; i < prompt_len; ++i) warm.push_back(2 + rng() % 510);
     for (int i = cached_len; i < prompt_len; ++i) prompt.push_back(2 + rng() % 510);
+    const uint64_t stored_before = cold_blocks();
     if (!Generate(stub_a.get(), warm, 1).ok) return 1;
-    wait_stores();
+    wait_stores(stored_before);
     // The same prompt from scratch: a salt of its own hashes every block
     // differently, so B finds none of them locally or in the store.
     const std::string scratch_salt = "bench-scratch-" + std::to_string(t);
@@ -199,6 +206,11 @@ int main(int argc, char** argv) {
     hit_ms.push_back(h.ttft_ms);
     miss_ms.push_back(miss.ttft_ms);
     min_external = std::min(min_external, h.cached_external);
+    if (h.cached_external < cached_len) {
+      ++short_hits;
+      std::fprintf(stderr, "trial %d: %d tokens from the store (TTFT %.2f ms)\n", t,
+                   h.cached_external, h.ttft_ms);
+    }
     max_scratch_cached = std::max({max_scratch_cached, miss.cached_external, miss.cached_local});
     if (stub_plain) {
       const Result p = Generate(stub_plain.get(), prompt, 1);
@@ -210,14 +222,25 @@ int main(int argc, char** argv) {
               prompt_len, trials);
   std::printf(
       "  first %d tokens from the KV-store : p50 %.2f ms  p90 %.2f ms  (external cached "
-      "tokens >= %d)\n",
-      cached_len, Percentile(hit_ms, 0.5), Percentile(hit_ms, 0.9), min_external);
+      "tokens >= %d; %d trials got fewer than %d)\n",
+      cached_len, Percentile(hit_ms, 0.5), Percentile(hit_ms, 0.9), min_external, short_hits,
+      cached_len);
   std::printf(
       "  from scratch, same replica       : p50 %.2f ms  p90 %.2f ms  (cached tokens <= %d)\n",
       Percentile(miss_ms, 0.5), Percentile(miss_ms, 0.9), max_scratch_cached);
   if (!plain_ms.empty()) {
     std::printf("  from scratch, replica w/o store  : p50 %.2f ms  p90 %.2f ms\n",
                 Percentile(plain_ms, 0.5), Percentile(plain_ms, 0.9));
+  }
+  {
+    grpc::ClientContext ctx;
+    tandem::v1::GetStatsResponse st;
+    (void)stub_b->GetStats(&ctx, tandem::v1::GetStatsRequest(), &st);
+    std::printf(
+        "  replica B: %lu store lookups, %lu late or failed (zero hits), %lu invalid blocks\n",
+        static_cast<unsigned long>(st.external_lookups()),
+        static_cast<unsigned long>(st.external_lookups_failed()),
+        static_cast<unsigned long>(st.external_invalid_blocks()));
   }
   std::printf("  speed-up p50 %.2fx   (anchor: vLLM 2-22x loading KV from CPU memory)\n",
               Percentile(miss_ms, 0.5) / Percentile(hit_ms, 0.5));
