@@ -221,6 +221,7 @@ void Engine::SetDraining() {
 
 void Engine::Loop() {
   std::deque<Event> batch;
+  bool flush_stores = false;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -228,12 +229,23 @@ void Engine::Loop() {
       const bool can_schedule = scheduler_ != nullptr && worker_ != nullptr && schedule_wanted_ &&
                                 in_flight_.size() < max_in_flight &&
                                 scheduler_->HasUnfinishedRequests();
-      if (!can_schedule) cv_.wait(lock, [&] { return stopping_ || !events_.empty(); });
+      if (!can_schedule) {
+        const auto woken = [&] { return stopping_ || !events_.empty(); };
+        if (StoresToCollectWhileIdle()) {
+          // finished_sending only comes back with a step: while idle, send
+          // an empty one now and then so stores_in_flight settles at zero.
+          flush_stores = !cv_.wait_for(lock, kIdleStoreFlushPeriod, woken);
+        } else {
+          cv_.wait(lock, woken);
+        }
+      }
       if (stopping_) break;
       batch.swap(events_);
     }
     for (Event& e : batch) Handle(e);
     batch.clear();
+    if (flush_stores && StoresToCollectWhileIdle()) SendIdleStep();
+    flush_stores = false;
     ScheduleAndSend();
     PublishStats();
   }
@@ -470,6 +482,23 @@ void Engine::ScheduleAndSend() {
     in_flight_.push_back(std::move(step));
     max_steps_in_flight_ = std::max(max_steps_in_flight_, static_cast<int32_t>(in_flight_.size()));
   }
+}
+
+bool Engine::StoresToCollectWhileIdle() const {
+  return kv_connector_ != nullptr && scheduler_ != nullptr && worker_ != nullptr &&
+         in_flight_.empty() && !scheduler_->HasUnfinishedRequests() &&
+         kv_connector_->stats().stores_in_flight > 0;
+}
+
+void Engine::SendIdleStep() {
+  // Nothing is scheduled: the step carries no request; its output brings
+  // back the store entries the worker finished since the last step.
+  sched::SchedulerOutput step = scheduler_->Schedule();
+  if (!SendStep(step)) {
+    DropWorker("writing to the worker's Execute stream failed");
+    return;
+  }
+  in_flight_.push_back(std::move(step));
 }
 
 bool Engine::SendStep(const sched::SchedulerOutput& step) {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -142,6 +143,10 @@ class Engine {
   void DropWorker(const std::string& reason);
   // Converts and writes one step; false when the stream broke.
   bool SendStep(const sched::SchedulerOutput& step);
+  // Idle (nothing to schedule, no step in flight) but the KV connector still
+  // counts store entries the worker has not reported sent.
+  bool StoresToCollectWhileIdle() const;
+  void SendIdleStep();
   void NoteTokens(GenerateCall& call, size_t num_tokens);
   void PublishStats();
 
@@ -187,6 +192,9 @@ class Engine {
   int64_t step_serialize_ns_sum_ = 0;
   std::string serialize_scratch_;
   bool schedule_wanted_ = true;
+  // While idle with KV-store entries not yet reported sent, an empty step
+  // goes to the worker this often to collect them.
+  static constexpr std::chrono::milliseconds kIdleStoreFlushPeriod{100};
   std::vector<sched::RequestOutput> outputs_scratch_;
   v1::SchedulerOutput step_proto_;
 };

@@ -48,10 +48,9 @@
 // Known limits: while a lookup is pending and nothing else can run, the
 // engine keeps sending empty steps to the worker (it polls once per step),
 // so it spins at the worker's round-trip rate for at most the lookup
-// deadline. finished_sending only arrives with a step: stores that complete
-// after the last step of a busy period are counted in stores_in_flight until
-// the next step, unless the worker waits for them in an idle step
-// (KvStoreConnectorWorker::WaitForStores).
+// deadline. finished_sending only arrives with a step: while idle with store
+// entries not reported, the scheduler's engine sends an empty step every
+// 100 ms to collect them, so stores_in_flight settles at zero.
 #pragma once
 
 #include <atomic>
