@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/support/method_handler.h"
+#include "load_wire.h"
 #include "tandem/common/status.h"
 #include "tandem/rpc/kvstore_convert.h"
 #include "tandem/rpc/status.h"
@@ -28,8 +30,8 @@ std::string HashForMessage(const std::string& raw) {
 
 absl::Status KvStoreServiceOptions::Validate() const {
   if (load_chunk_bytes <= 0 || load_chunk_bytes > (3 << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "load_chunk_bytes ", load_chunk_bytes, " must be in (0, 3 MiB] to stay under 4 MiB"));
+    return absl::InvalidArgumentError(absl::StrCat("load_chunk_bytes ", load_chunk_bytes,
+                                                   " must be in (0, 3 MiB] to stay under 4 MiB"));
   }
   if (max_block_bytes <= 0) return absl::InvalidArgumentError("max_block_bytes must be > 0");
   if (debug_lookup_delay_ms < 0 || debug_corrupt_hot_every < 0 || debug_corrupt_cold_every < 0) {
@@ -46,7 +48,18 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
 }
 
 KvStoreServiceImpl::KvStoreServiceImpl(kvstore::KvStore* store, KvStoreServiceOptions options)
-    : store_(store), options_(options) {}
+    : store_(store), options_(options) {
+  // Load (method 2 of tandem.v1.KvStore, as the generated
+  // WithSplitStreamingMethod_Load uses) answers with raw ByteBuffers. A split
+  // server stream is still a sync handler on gRPC's thread pool and, on the
+  // wire, the same server-streaming call.
+  MarkMethodStreamed(
+      2, new grpc::internal::SplitServerStreamingHandler<v1::LoadRequest, grpc::ByteBuffer>(
+             [this](grpc::ServerContext* ctx,
+                    grpc::ServerSplitStreamer<v1::LoadRequest, grpc::ByteBuffer>* stream) {
+               return LoadRaw(ctx, stream);
+             }));
+}
 
 grpc::Status KvStoreServiceImpl::CreateNamespace(grpc::ServerContext*,
                                                  const v1::CreateNamespaceRequest* req,
@@ -85,48 +98,46 @@ grpc::Status KvStoreServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::Look
   return grpc::Status::OK;
 }
 
-grpc::Status KvStoreServiceImpl::Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
-                                      grpc::ServerWriter<v1::LoadResponse>* writer) {
+grpc::Status KvStoreServiceImpl::LoadRaw(
+    grpc::ServerContext*, grpc::ServerSplitStreamer<v1::LoadRequest, grpc::ByteBuffer>* stream) {
+  v1::LoadRequest request;
+  if (!stream->Read(&request)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Load: no LoadRequest received");
+  }
+  const v1::LoadRequest* req = &request;
   const LeaseId lease(req->lease_id());
   auto release = [&] {
     if (lease.value() != 0) store_->Release(lease);
   };
   absl::StatusOr<kvstore::NamespaceSpec> spec = store_->GetNamespace(req->namespace_());
   std::vector<BlockHash> hashes;
-  absl::Status parsed = spec.ok() ? rpc::ParseBlockHashes(req->block_hashes(), "block_hashes",
-                                                          &hashes)
-                                  : spec.status();
+  absl::Status parsed = spec.ok()
+                            ? rpc::ParseBlockHashes(req->block_hashes(), "block_hashes", &hashes)
+                            : spec.status();
   if (!parsed.ok()) {
     release();
     return rpc::ToGrpcStatus(parsed);
   }
   const size_t chunk_bytes = static_cast<size_t>(options_.load_chunk_bytes);
-  v1::LoadResponse resp;
-  size_t resp_bytes = 0;
+  LoadResponseEncoder resp;
   bool stream_ok = true;
   auto flush = [&] {
-    if (resp.chunks_size() == 0 || !stream_ok) return;
-    stream_ok = writer->Write(resp);
-    resp.Clear();
-    resp_bytes = 0;
+    if (resp.num_chunks() == 0 || !stream_ok) return;
+    stream_ok = stream->Write(resp.Finish());
   };
   // A broken or cancelled stream shows as a failed Write (stream_ok); no
   // per-block IsCancelled(), which polls the completion queue.
   for (size_t i = 0; i < hashes.size() && stream_ok; ++i) {
+    // The engine verified the block's checksum before calling the sink; the
+    // sink's copy into the message is the one copy of the payload here.
     absl::StatusOr<kvstore::ReadResult> r =
         store_->Read(req->namespace_(), hashes[i], [&](std::span<const uint8_t> data) {
           for (size_t off = 0; off < data.size() && stream_ok;) {
             const size_t n = std::min(chunk_bytes, data.size() - off);
-            if (resp_bytes > 0 && resp_bytes + n > chunk_bytes) flush();
-            v1::LoadChunk* c = resp.add_chunks();
-            c->set_block_index(static_cast<int32_t>(i));
-            c->set_offset(off);
-            c->set_data(data.data() + off, n);
-            c->set_total_size(data.size());
-            c->set_ok(true);
+            if (resp.payload_bytes() > 0 && resp.payload_bytes() + n > chunk_bytes) flush();
+            resp.AddPiece(static_cast<int32_t>(i), off, data.size(), data.subspan(off, n),
+                          off + n == data.size());
             off += n;
-            c->set_last(off == data.size());
-            resp_bytes += n;
           }
         });
     if (!r.ok()) {
@@ -136,13 +147,9 @@ grpc::Status KvStoreServiceImpl::Load(grpc::ServerContext* ctx, const v1::LoadRe
     if (r->ok()) {
       // The block's last piece is still in `resp` (flushes happen before a
       // piece is added): stamp the verified checksum on it.
-      resp.mutable_chunks(resp.chunks_size() - 1)->set_checksum(r->checksum);
+      resp.SetLastPieceChecksum(r->checksum);
     } else {
-      v1::LoadChunk* c = resp.add_chunks();
-      c->set_block_index(static_cast<int32_t>(i));
-      c->set_last(true);
-      c->set_ok(false);
-      c->set_miss_reason(rpc::ToProto(r->miss));
+      resp.AddMiss(static_cast<int32_t>(i), static_cast<int32_t>(rpc::ToProto(r->miss)));
     }
   }
   flush();
@@ -188,15 +195,16 @@ grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext*,
         data.clear();
         error = absl::OkStatus();
         if (raw_hash.size() != 32) {
-          error = absl::InvalidArgumentError(absl::StrCat(
-              "block ", index, ": block_hash has ", raw_hash.size(), " bytes; a block hash has 32"));
+          error = absl::InvalidArgumentError(absl::StrCat("block ", index, ": block_hash has ",
+                                                          raw_hash.size(),
+                                                          " bytes; a block hash has 32"));
         } else if (total != block_bytes) {
-          error = absl::InvalidArgumentError(absl::StrCat(
-              "block ", index, " (", HashForMessage(raw_hash), "): total_size ", total,
-              " but blocks of namespace '", ns, "' have ", block_bytes, " bytes"));
+          error = absl::InvalidArgumentError(
+              absl::StrCat("block ", index, " (", HashForMessage(raw_hash), "): total_size ", total,
+                           " but blocks of namespace '", ns, "' have ", block_bytes, " bytes"));
         } else if (static_cast<int64_t>(total) > options_.max_block_bytes) {
-          error = absl::InvalidArgumentError(absl::StrCat("block ", index, ": total_size ", total,
-                                                          " over the server's limit"));
+          error = absl::InvalidArgumentError(
+              absl::StrCat("block ", index, ": total_size ", total, " over the server's limit"));
         } else if (chunk.data().size() == total && chunk.last()) {
           data = std::move(*chunk.mutable_data());  // whole block in one piece
           consumed = true;
@@ -207,8 +215,8 @@ grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext*,
       if (error.ok() && !consumed) {
         if (data.size() + chunk.data().size() > total) {
           error = absl::InvalidArgumentError(
-              absl::StrCat("block ", index, " (", HashForMessage(raw_hash), "): more than total_size ",
-                           total, " bytes sent"));
+              absl::StrCat("block ", index, " (", HashForMessage(raw_hash),
+                           "): more than total_size ", total, " bytes sent"));
         } else {
           data.append(chunk.data());
         }
@@ -216,9 +224,9 @@ grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext*,
       if (!chunk.last()) continue;
       active = false;
       if (error.ok() && data.size() != total) {
-        error = absl::InvalidArgumentError(absl::StrCat("block ", index, " (", HashForMessage(raw_hash),
-                                                        "): ended after ", data.size(), " of ",
-                                                        total, " bytes"));
+        error = absl::InvalidArgumentError(absl::StrCat("block ", index, " (",
+                                                        HashForMessage(raw_hash), "): ended after ",
+                                                        data.size(), " of ", total, " bytes"));
       }
       v1::BlockStatus* st = resp->add_blocks();
       st->set_block_hash(raw_hash);

@@ -9,14 +9,20 @@
 // and message; a Store stream that ends in the middle of a block ->
 // INVALID_ARGUMENT (that block is not stored; blocks completed earlier in the
 // stream were stored, intact).
+//
+// Load is served with hand-encoded LoadResponse messages (load_wire.h): the
+// generated LoadResponse would copy each payload byte twice more (into the
+// message, then into the serialized buffer). On the wire nothing changes.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "tandem/kvstore/kv_store.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
+#include "tandem/kvstore/kv_store.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem::kvstore_service {
@@ -56,8 +62,11 @@ class KvStoreServiceImpl final : public v1::KvStore::Service {
                                v1::CreateNamespaceResponse* resp) override;
   grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
                       v1::LookupResponse* resp) override;
-  grpc::Status Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
-                    grpc::ServerWriter<v1::LoadResponse>* writer) override;
+  // Load's handler (registered in the constructor in place of the typed
+  // Load(), which is not used): reads the one LoadRequest and streams
+  // hand-encoded LoadResponse messages.
+  grpc::Status LoadRaw(grpc::ServerContext* ctx,
+                       grpc::ServerSplitStreamer<v1::LoadRequest, grpc::ByteBuffer>* stream);
   grpc::Status Store(grpc::ServerContext* ctx, grpc::ServerReader<v1::StoreRequest>* reader,
                      v1::StoreResponse* resp) override;
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,

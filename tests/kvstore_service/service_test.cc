@@ -302,8 +302,7 @@ TEST_F(KvStoreServiceTest, StreamEndingMidBlockIsInvalidArgumentAndStoresNoParti
   writer->WritesDone();
   grpc::Status s = writer->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(),
-              HasSubstr("ended in the middle of block 1"));
+  EXPECT_THAT(s.error_message(), HasSubstr("ended in the middle of block 1"));
   EXPECT_THAT(s.error_message(), HasSubstr("after 32768 of 65536 bytes"));
   std::vector<BlockHash> h2{TestHash(2)};
   EXPECT_EQ(client_->Lookup("ns", h2, {.take_lease = false})->Wait().num_hits, 0);
@@ -385,6 +384,76 @@ TEST_F(KvStoreServiceTest, CorruptBlockInEitherTierIsReportedInvalidWithoutBytes
   EXPECT_EQ(Stats().checksum_failures, 2u);
   std::vector<BlockHash> h{TestHash(1)};
   EXPECT_EQ(client_->Lookup("ns", h, {.take_lease = false})->Wait().num_hits, 0);
+}
+
+// Load's messages are hand-encoded (load_wire.h): a client using the
+// generated types reads the chunked blocks, every message under the 4 MiB
+// limit and at most load_chunk_bytes of payload, pieces in order, the
+// verified checksum on each block's last piece.
+TEST_F(KvStoreServiceTest, GeneratedStubReadsTheHandEncodedChunkedLoad) {
+  StoreBlocks("big", {1, 2}, kBigBlock);
+  v1::LoadRequest req;
+  req.set_namespace_("big");
+  req.add_block_hashes(TestHash(1).ToBytes());
+  req.add_block_hashes(TestHash(9).ToBytes());  // a miss between two hits
+  req.add_block_hashes(TestHash(2).ToBytes());
+  grpc::ClientContext ctx;
+  auto reader = stub_->Load(&ctx, req);
+  v1::LoadResponse resp;
+  std::vector<std::string> got(3);
+  std::vector<uint32_t> checksum(3, 0);
+  std::vector<bool> last(3, false);
+  int messages = 0;
+  while (reader->Read(&resp)) {
+    ++messages;
+    EXPECT_LT(resp.ByteSizeLong(), 4u << 20);
+    size_t payload = 0;
+    for (const v1::LoadChunk& c : resp.chunks()) {
+      ASSERT_GE(c.block_index(), 0);
+      ASSERT_LT(c.block_index(), 3);
+      const int i = c.block_index();
+      EXPECT_FALSE(last[i]) << "piece after the last one of block " << i;
+      if (i == 1) {
+        EXPECT_FALSE(c.ok());
+        EXPECT_EQ(c.miss_reason(), v1::MISS_REASON_NOT_FOUND);
+      } else {
+        EXPECT_TRUE(c.ok());
+        EXPECT_EQ(c.offset(), got[i].size());
+        EXPECT_EQ(c.total_size(), kBigBlock);
+        got[i] += c.data();
+        payload += c.data().size();
+        if (c.last()) checksum[i] = c.checksum();
+      }
+      last[i] = c.last();
+    }
+    EXPECT_LE(payload,
+              static_cast<size_t>(kvstore_service::KvStoreServiceOptions{}.load_chunk_bytes));
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_GE(messages, 5);  // 5 MiB of payload in messages of at most 1 MiB
+  for (int i : {0, 2}) {
+    const auto want = TestPayload(i == 0 ? 1 : 2, kBigBlock);
+    EXPECT_TRUE(last[i]);
+    EXPECT_EQ(got[i], std::string(want.begin(), want.end())) << i;
+    EXPECT_EQ(checksum[i], Crc(want)) << i;
+  }
+  EXPECT_TRUE(last[1]);
+}
+
+TEST_F(KvStoreServiceTest, ClientReportsCorruptBlocksAsChecksumMissesBesideGoodOnes) {
+  StoreBlocks("ns", {1, 2, 3}, kBlock);
+  ASSERT_TRUE(store_->TEST_CorruptHot("ns", TestHash(2), 100).ok());
+  std::vector<BlockHash> hashes{TestHash(1), TestHash(2), TestHash(3)};
+  std::vector<std::vector<uint8_t>> bufs(3, std::vector<uint8_t>(kBlock));
+  std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
+  auto r = client_->Load("ns", hashes, dst);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE((*r)[0].ok());
+  EXPECT_EQ((*r)[1].miss, LoadMiss::kChecksum);
+  EXPECT_TRUE((*r)[2].ok());
+  EXPECT_EQ(bufs[0], TestPayload(1, kBlock));
+  EXPECT_EQ(bufs[1], std::vector<uint8_t>(kBlock, 0));  // no byte of the bad block
+  EXPECT_EQ(bufs[2], TestPayload(3, kBlock));
 }
 
 TEST_F(KvStoreServiceTest, CreateNamespaceAndStatsThroughTheClient) {
