@@ -11,8 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/sync_stream.h"
+#include "kvstore_client_wire.h"
 #include "tandem/common/status.h"
 #include "tandem/kvstore/checksum.h"
 #include "tandem/rpc/kvstore_convert.h"
@@ -173,7 +177,9 @@ class KvStoreClient::Impl {
   explicit Impl(const KvStoreClientOptions& options)
       : opts_(options),
         channel_(CreateKvChannel(options.target)),
-        stub_(std::make_shared<Stub>(channel_)) {}
+        stub_(std::make_shared<Stub>(channel_)),
+        load_method_("/tandem.v1.KvStore/Load", grpc::internal::RpcMethod::SERVER_STREAMING,
+                     channel_) {}
 
   // Waits for callbacks still to come (bounded by the RPC deadlines), then
   // frees their state here rather than on gRPC's callback threads.
@@ -274,43 +280,58 @@ class KvStoreClient::Impl {
     req.set_lease_id(lease.value());
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineIn(opts_.rpc_deadline_ms));
-    std::unique_ptr<grpc::ClientReader<v1::LoadResponse>> reader = stub_->Load(&ctx, req);
+    // The response stream is read as raw ByteBuffers and parsed in place
+    // (kvstore_client_wire.h): each payload byte is copied once, from gRPC's
+    // receive slices into dst, and checksummed during that copy.
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), load_method_,
+                                                                      &ctx, req));
     std::vector<uint32_t> crc(n, 0);
     std::vector<uint64_t> received(n, 0);
     std::vector<bool> bad(n, false);
     size_t finished = 0;
-    v1::LoadResponse resp;
-    while (reader->Read(&resp)) {
-      for (const v1::LoadChunk& c : resp.chunks()) {
-        const int32_t i = c.block_index();
+    grpc::ByteBuffer buffer;
+    std::vector<grpc::Slice> slices;
+    std::vector<std::span<const uint8_t>> segments;
+    std::vector<wire::LoadChunkView> chunks;
+    absl::Status parse_error;
+    while (reader->Read(&buffer)) {
+      slices.clear();
+      segments.clear();
+      grpc::Status dumped = buffer.Dump(&slices);  // references, no copy
+      if (dumped.ok()) {
+        for (const grpc::Slice& sl : slices) segments.emplace_back(sl.begin(), sl.size());
+        parse_error = wire::ParseLoadResponse(segments, &chunks);
+      } else {
+        parse_error = rpc::FromGrpcStatus(dumped, "reading a LoadResponse");
+      }
+      if (!parse_error.ok()) {
+        // As a message the generated parser rejects: the call fails; blocks
+        // not completed before it stay kFailed.
+        ctx.TryCancel();
+        break;
+      }
+      for (const wire::LoadChunkView& c : chunks) {
+        const int32_t i = c.block_index;
         if (i < 0 || static_cast<size_t>(i) >= n) continue;
-        if (!c.ok()) {
-          results[i].miss = c.miss_reason() == v1::MISS_REASON_CHECKSUM ? LoadMiss::kChecksum
-                                                                        : LoadMiss::kNotFound;
+        if (!c.ok) {
+          results[i].miss =
+              c.miss_reason == v1::MISS_REASON_CHECKSUM ? LoadMiss::kChecksum : LoadMiss::kNotFound;
           ++finished;
           continue;
         }
-        const std::string& data = c.data();
-        if (c.total_size() != dst[i].size() || c.offset() != received[i] ||
-            received[i] + data.size() > dst[i].size()) {
+        if (c.total_size != dst[i].size() || c.offset != received[i] ||
+            received[i] + c.data.size > dst[i].size()) {
           bad[i] = true;
         } else {
-          // Copy and checksum the copy in cache-sized pieces: one pass over
-          // memory, and it verifies exactly the bytes the caller gets.
-          constexpr size_t kPiece = 64 << 10;
-          for (size_t off = 0; off < data.size(); off += kPiece) {
-            const size_t len = std::min(kPiece, data.size() - off);
-            uint8_t* out = dst[i].data() + received[i] + off;
-            std::memcpy(out, data.data() + off, len);
-            crc[i] = kvstore::Crc32cExtend(crc[i], out, len);
-          }
-          received[i] += data.size();
+          wire::CopyLoadPayload(segments, c.data, dst[i].data() + received[i], &crc[i]);
+          received[i] += c.data.size;
         }
-        if (c.last()) {
+        if (c.last) {
           ++finished;
           if (bad[i]) {
             results[i].miss = LoadMiss::kFailed;
-          } else if (received[i] != dst[i].size() || crc[i] != c.checksum()) {
+          } else if (received[i] != dst[i].size() || crc[i] != c.checksum) {
             results[i].miss = LoadMiss::kChecksum;
           } else {
             results[i].miss = LoadMiss::kNone;
@@ -319,6 +340,9 @@ class KvStoreClient::Impl {
       }
     }
     grpc::Status s = reader->Finish();
+    if (!parse_error.ok() && finished == 0) {
+      return Annotate(parse_error, "KV-store load");
+    }
     if (!s.ok() && finished == 0) return rpc::FromGrpcStatus(s, "KV-store load");
     return results;
   }
@@ -412,6 +436,7 @@ class KvStoreClient::Impl {
   const KvStoreClientOptions opts_;
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<Stub> stub_;
+  const grpc::internal::RpcMethod load_method_;  // Load, read as raw ByteBuffers
   std::mutex calls_mu_;
   std::condition_variable calls_cv_;
   std::unordered_map<void*, std::shared_ptr<void>> inflight_;
