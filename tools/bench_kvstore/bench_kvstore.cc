@@ -81,7 +81,7 @@ struct Service {
   int port = 0;
 };
 
-Service StartService(const std::string& dir, uint64_t hot_bytes) {
+Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_chunk_bytes) {
   Service s;
   auto store = kvstore::KvStore::Open({.data_dir = dir,
                                        .hot_capacity_bytes = hot_bytes,
@@ -91,7 +91,7 @@ Service StartService(const std::string& dir, uint64_t hot_bytes) {
   TANDEM_CHECK(store.ok()) << store.status();
   s.store = std::move(*store);
   s.impl = std::make_unique<kvstore_service::KvStoreServiceImpl>(
-      s.store.get(), kvstore_service::KvStoreServiceOptions{});
+      s.store.get(), kvstore_service::KvStoreServiceOptions{.load_chunk_bytes = load_chunk_bytes});
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -353,6 +353,7 @@ int Main(int argc, char** argv) {
   std::string redis_server = "/usr/bin/redis-server";
   int32_t redis_port = 0;
   std::string data_dir;
+  int64_t load_chunk_bytes = kvstore_service::KvStoreServiceOptions{}.load_chunk_bytes;
   rpc::FlagSet flags("bench_kvstore",
                      "KV-store lookup latency and load/store GB/s over loopback gRPC, beside "
                      "redis-server SET/GET of the same blocks.");
@@ -361,6 +362,8 @@ int Main(int argc, char** argv) {
   flags.Add("redis-server", &redis_server, "redis-server binary; empty skips redis");
   flags.Add("redis-port", &redis_port, "loopback port for redis-server (0: 16379 + pid % 1000)");
   flags.Add("data-dir", &data_dir, "scratch directory (default: a fresh one under /tmp)");
+  flags.Add("load-chunk-bytes", &load_chunk_bytes,
+            "payload bytes per Load stream message (the service's option; at most 3 MiB)");
   flags.ParseOrExit(argc, argv);
   SetMinLogLevel(LogLevel::kWarning);
 
@@ -368,8 +371,8 @@ int Main(int argc, char** argv) {
     char tmpl[] = "/tmp/bench_kvstore_XXXXXX";
     data_dir = mkdtemp(tmpl);
   }
-  Service hot = StartService(data_dir + "/hot", uint64_t{1} << 30);
-  Service cold = StartService(data_dir + "/cold", 0);
+  Service hot = StartService(data_dir + "/hot", uint64_t{1} << 30, load_chunk_bytes);
+  Service cold = StartService(data_dir + "/cold", 0, load_chunk_bytes);
 
   // Lookup latency: a 64-block prefix, all hits, with a lease released in
   // the background (as the scheduler does) and without.
