@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <immintrin.h>
 #include <nmmintrin.h>
 #endif
 
@@ -33,9 +34,8 @@ uint32_t ExtendPortable(uint32_t crc, const uint8_t* p, size_t n) {
     uint64_t v;
     std::memcpy(&v, p, 8);
     v ^= crc;
-    crc = t[7][v & 0xFF] ^ t[6][(v >> 8) & 0xFF] ^ t[5][(v >> 16) & 0xFF] ^
-          t[4][(v >> 24) & 0xFF] ^ t[3][(v >> 32) & 0xFF] ^ t[2][(v >> 40) & 0xFF] ^
-          t[1][(v >> 48) & 0xFF] ^ t[0][v >> 56];
+    crc = t[7][v & 0xFF] ^ t[6][(v >> 8) & 0xFF] ^ t[5][(v >> 16) & 0xFF] ^ t[4][(v >> 24) & 0xFF] ^
+          t[3][(v >> 32) & 0xFF] ^ t[2][(v >> 40) & 0xFF] ^ t[1][(v >> 48) & 0xFF] ^ t[0][v >> 56];
     p += 8;
     n -= 8;
   }
@@ -78,8 +78,7 @@ constexpr uint32_t ShiftOperator(uint64_t bytes) {
 constexpr size_t kStripe = 4096;
 constexpr uint32_t kStripeShift = ShiftOperator(kStripe);
 
-__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const uint8_t* p,
-                                                        size_t n) {
+__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const uint8_t* p, size_t n) {
   uint64_t c = crc;
   while (n >= 3 * kStripe) {
     uint64_t c1 = 0, c2 = 0;
@@ -110,9 +109,100 @@ __attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const uint8
 }
 #endif
 
+#if defined(__x86_64__)
+// x^n mod P (reflected).
+constexpr uint32_t XPowMod(uint64_t n) {
+  uint32_t x2k = 1u << 30;  // x^1, squared to x^(2^k) as k grows
+  uint32_t p = 1u << 31;    // x^0
+  while (n) {
+    if (n & 1) p = MultModP(x2k, p);
+    x2k = MultModP(x2k, x2k);
+    n >>= 1;
+  }
+  return p;
+}
+
+// Folding constants for moving a 16-byte block `bytes` forward (see
+// ExtendVpclmul): the low qword (earlier bytes, higher degree) multiplies
+// x^(8 bytes + 64), the high qword x^(8 bytes). A carry-less product of two
+// reflected operands comes out one bit short (times x^-1), hence the "- 1";
+// a 32-bit reflected constant sits in the top half of its qword.
+constexpr uint64_t FoldConstant(uint64_t bits) { return uint64_t{XPowMod(bits - 1)} << 32; }
+struct Fold {
+  uint64_t lo, hi;
+};
+constexpr Fold FoldBy(uint64_t bytes) {
+  return {FoldConstant(8 * bytes + 64), FoldConstant(8 * bytes)};
+}
+constexpr Fold kFold256 = FoldBy(256), kFold64 = FoldBy(64), kFold48 = FoldBy(48),
+               kFold32 = FoldBy(32), kFold16 = FoldBy(16);
+
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) inline __m512i Fold512(__m512i acc,
+                                                                                   __m512i k,
+                                                                                   __m512i next) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(acc, k, 0x00),
+                                   _mm512_clmulepi64_epi128(acc, k, 0x11), next, 0x96);
+}
+__attribute__((target("avx512f"))) inline __m512i Broadcast(Fold k) {
+  const auto lo = static_cast<int64_t>(k.lo), hi = static_cast<int64_t>(k.hi);
+  return _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo);
+}
+__attribute__((target("pclmul,sse4.2"))) inline __m128i Fold128(__m128i acc, Fold k) {
+  const __m128i kk = _mm_set_epi64x(static_cast<int64_t>(k.hi), static_cast<int64_t>(k.lo));
+  return _mm_xor_si128(_mm_clmulepi64_si128(acc, kk, 0x00), _mm_clmulepi64_si128(acc, kk, 0x11));
+}
+
+// CRC32C by carry-less multiplication, 256 bytes per step in four 512-bit
+// accumulators (each 128-bit lane a 16-byte block of the message). Folding
+// keeps the accumulated blocks congruent (mod P) to the message read so far,
+// aligned at its end, so the raw CRC of the message equals the raw CRC of
+// the final 16-byte block, which the crc32 instruction then computes. The
+// starting register enters as an XOR into the first 4 bytes (for a raw
+// reflected CRC the two are the same). The tail (< 256 bytes) goes to the
+// crc32 instruction.
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t ExtendVpclmul(uint32_t crc,
+                                                                                   const uint8_t* p,
+                                                                                   size_t n) {
+  if (n < 1024) return ExtendSse42(crc, p, n);
+  const __m512i k256 = Broadcast(kFold256);
+  __m512i a0 = _mm512_xor_si512(
+      _mm512_loadu_si512(p),
+      _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, static_cast<int>(crc)));
+  __m512i a1 = _mm512_loadu_si512(p + 64);
+  __m512i a2 = _mm512_loadu_si512(p + 128);
+  __m512i a3 = _mm512_loadu_si512(p + 192);
+  p += 256;
+  n -= 256;
+  while (n >= 256) {
+    a0 = Fold512(a0, k256, _mm512_loadu_si512(p));
+    a1 = Fold512(a1, k256, _mm512_loadu_si512(p + 64));
+    a2 = Fold512(a2, k256, _mm512_loadu_si512(p + 128));
+    a3 = Fold512(a3, k256, _mm512_loadu_si512(p + 192));
+    p += 256;
+    n -= 256;
+  }
+  const __m512i k64 = Broadcast(kFold64);
+  a1 = Fold512(a0, k64, a1);
+  a2 = Fold512(a1, k64, a2);
+  a3 = Fold512(a2, k64, a3);
+  // The four lanes of a3: fold lanes 0-2 forward onto lane 3.
+  __m128i r = _mm512_maskz_extracti32x4_epi32(0xF, a3, 3);
+  r = _mm_xor_si128(r, Fold128(_mm512_maskz_extracti32x4_epi32(0xF, a3, 0), kFold48));
+  r = _mm_xor_si128(r, Fold128(_mm512_maskz_extracti32x4_epi32(0xF, a3, 1), kFold32));
+  r = _mm_xor_si128(r, Fold128(_mm512_maskz_extracti32x4_epi32(0xF, a3, 2), kFold16));
+  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(r)));
+  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(r, 1)));
+  return ExtendSse42(static_cast<uint32_t>(c), p, n);
+}
+#endif
+
 using ExtendFn = uint32_t (*)(uint32_t, const uint8_t*, size_t);
 ExtendFn PickExtend() {
 #if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") &&
+      __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.2")) {
+    return &ExtendVpclmul;
+  }
   if (__builtin_cpu_supports("sse4.2")) return &ExtendSse42;
 #endif
   return &ExtendPortable;

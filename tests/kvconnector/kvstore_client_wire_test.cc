@@ -265,6 +265,44 @@ TEST(LoadWireParserTest, MalformedMessagesGetAPreciseErrorAsTheGeneratedParserRe
   }
 }
 
+// The bitwise definition of CRC32C (reflected Castagnoli polynomial).
+uint32_t ReferenceCrc32c(uint32_t crc, const uint8_t* p, size_t n) {
+  crc = ~crc;
+  while (n--) {
+    crc ^= *p++;
+    for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;
+  }
+  return ~crc;
+}
+
+// The copy's checksum (Crc32cExtend: crc32 instruction or carry-less
+// multiplication folding, by CPU and length) equals the definition, for
+// lengths around the fast paths' thresholds, unaligned data, pieces split
+// across segments, and a nonzero starting value.
+TEST(LoadWireParserTest, CopyChecksumMatchesTheCrc32cDefinition) {
+  EXPECT_EQ(kvstore::Crc32cExtend(0, reinterpret_cast<const uint8_t*>("123456789"), 9),
+            0xE3069283u);
+  const std::string data = Bytes((1 << 20) + 64, 11);
+  for (size_t n : {0ul, 1ul, 255ul, 256ul, 1023ul, 1024ul, 1025ul, 1279ul, 1280ul, 4096ul, 65536ul,
+                   100003ul, (size_t{1} << 20) + 17}) {
+    for (size_t off : {0ul, 1ul, 13ul}) {
+      const auto* src = reinterpret_cast<const uint8_t*>(data.data()) + off;
+      for (uint32_t init : {0u, 0xDEADBEEFu}) {
+        EXPECT_EQ(kvstore::Crc32cExtend(init, src, n), ReferenceCrc32c(init, src, n))
+            << n << " " << off << " " << init;
+      }
+      // Through CopyLoadPayload with the bytes in three segments.
+      const std::string bytes = data.substr(off, n);
+      Split s(bytes, {n / 3, n / 3 + n / 5});
+      std::string copy(n, '\0');
+      uint32_t crc = 0;
+      wire::CopyLoadPayload(s.segments, {0, 0, n}, reinterpret_cast<uint8_t*>(copy.data()), &crc);
+      EXPECT_EQ(copy, bytes);
+      EXPECT_EQ(crc, ReferenceCrc32c(0, src, n)) << n << " " << off;
+    }
+  }
+}
+
 // A fake tandem.v1.KvStore whose Load answers with fixed raw messages.
 class FakeLoadService final : public v1::KvStore::Service {
  public:
