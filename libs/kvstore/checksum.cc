@@ -215,4 +215,25 @@ uint32_t Crc32cExtend(uint32_t crc, const uint8_t* data, size_t n) {
   return ~fn(~crc, data, n);
 }
 
+std::vector<Crc32cImplementation> Crc32cImplementationsForTest() {
+  std::vector<Crc32cImplementation> out;
+  out.push_back({"portable", [](uint32_t crc, const uint8_t* p, size_t n) {
+                   return ~ExtendPortable(~crc, p, n);
+                 }});
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("sse4.2")) {
+    out.push_back({"sse4.2", [](uint32_t crc, const uint8_t* p, size_t n) {
+                     return ~ExtendSse42(~crc, p, n);
+                   }});
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") &&
+      __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.2")) {
+    out.push_back({"vpclmulqdq", [](uint32_t crc, const uint8_t* p, size_t n) {
+                     return ~ExtendVpclmul(~crc, p, n);
+                   }});
+  }
+#endif
+  return out;
+}
+
 }  // namespace tandem::kvstore

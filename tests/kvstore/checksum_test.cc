@@ -37,13 +37,32 @@ TEST(Crc32cTest, MatchesBitwiseDefinitionAtEveryLengthAndAlignment) {
 TEST(Crc32cTest, MatchesBitwiseDefinitionOnLongBuffers) {
   std::vector<uint8_t> buf(3 * 4096 * 5 + 1000);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
-  for (size_t n : {size_t{3 * 4096}, size_t{3 * 4096 + 1}, size_t{3 * 4096 * 2 - 1},
-                   size_t{40000}, buf.size() - 3}) {
+  for (size_t n : {size_t{3 * 4096}, size_t{3 * 4096 + 1}, size_t{3 * 4096 * 2 - 1}, size_t{40000},
+                   buf.size() - 3}) {
     EXPECT_EQ(Crc32cExtend(0, buf.data() + 3, n), NaiveCrc32c(buf.data() + 3, n)) << n;
   }
   // Extending an existing CRC through the striped path.
   const uint32_t head = Crc32cExtend(0, buf.data(), 5);
   EXPECT_EQ(Crc32cExtend(head, buf.data() + 5, 30000), NaiveCrc32c(buf.data(), 30005));
+}
+
+TEST(Crc32cTest, EveryImplementationMatchesTheBitwiseDefinition) {
+  std::vector<uint8_t> buf(3 * 4096 * 5 + 1000);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  const auto impls = Crc32cImplementationsForTest();
+  ASSERT_GE(impls.size(), 1u);
+  for (const Crc32cImplementation& impl : impls) {
+    for (size_t off : {size_t{0}, size_t{3}}) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{63}, size_t{64}, size_t{257},
+                       size_t{4096}, size_t{3 * 4096 + 1}, size_t{40000}, buf.size() - 3}) {
+        EXPECT_EQ(impl.extend(0, buf.data() + off, n), NaiveCrc32c(buf.data() + off, n))
+            << impl.name << " offset " << off << " length " << n;
+      }
+    }
+    const uint32_t head = impl.extend(0, buf.data(), 5);
+    EXPECT_EQ(impl.extend(head, buf.data() + 5, 30000), NaiveCrc32c(buf.data(), 30005))
+        << impl.name;
+  }
 }
 
 TEST(Crc32cTest, ExtendEqualsOneShot) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace tandem::kvstore {
 
@@ -16,5 +17,14 @@ namespace tandem::kvstore {
 [[nodiscard]] inline uint32_t Crc32c(std::span<const uint8_t> data) {
   return Crc32cExtend(0, data.data(), data.size());
 }
+
+// Every implementation this CPU can run (the table one always), so tests
+// check each, not only the one Crc32cExtend picks here: CI machines may
+// lack the instructions this one has.
+struct Crc32cImplementation {
+  const char* name;
+  uint32_t (*extend)(uint32_t crc, const uint8_t* data, size_t n);
+};
+[[nodiscard]] std::vector<Crc32cImplementation> Crc32cImplementationsForTest();
 
 }  // namespace tandem::kvstore
