@@ -7,7 +7,7 @@
 # tandem-wire-bench's offline figure beside it.
 # With --backend sim (5 ms steps, no math) the worker-idle figure is the
 # DESIGN §8 "GPU idle between steps" measure.
-# Usage: tools/bench_services.sh [--build-dir DIR] [--backend cpu|sim] [--output-len N]
+# Usage: tools/bench_services.sh [--build-dir DIR] [--backend cpu|cuda|sim] [--output-len N]
 #        (DIR defaults to ./build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
