@@ -60,11 +60,25 @@ for c in 32 64; do
     busy0="$(worker_busy "$mode")"; t0="$(date +%s.%N)"
     "$BUILD/tools/cli/tandem" bench --server "${SERVER[$mode]}" --concurrency "$c" \
       --num-requests $((c * 4)) --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" \
-      --label "$mode c=$c" 2>/dev/null
+      --label "$mode c=$c" 2>/dev/null > "$DIR/bench.out" &
+    bench_pid=$!
+    # Steady state: a window in the middle of the run, after the ramp-up.
+    sleep 0.6; busy_a="$(worker_busy "$mode")"; ta="$(date +%s.%N)"
+    sleep 0.8; busy_b="$(worker_busy "$mode")"; tb="$(date +%s.%N)"
+    kill -0 "$bench_pid" 2>/dev/null && steady=1 || steady=0
+    wait "$bench_pid" || true
     busy1="$(worker_busy "$mode")"; t1="$(date +%s.%N)"
+    cat "$DIR/bench.out"
     awk -v b0="$busy0" -v b1="$busy1" -v t0="$t0" -v t1="$t1" 'BEGIN {
       printf "  worker busy %.1f%% of the run (idle between steps %.1f%%, includes ramp-up/down)\n",
              100*(b1-b0)/(t1-t0), 100*(1-(b1-b0)/(t1-t0)) }'
+    if [ "$steady" = 1 ]; then
+      awk -v b0="$busy_a" -v b1="$busy_b" -v t0="$ta" -v t1="$tb" 'BEGIN {
+        printf "  steady state (0.6-1.4 s into the run): worker idle between steps %.2f%%\n",
+               100*(1-(b1-b0)/(t1-t0)) }'
+    else
+      echo "  (run shorter than 1.4 s: no steady-state window)"
+    fi
   done
 done
 
