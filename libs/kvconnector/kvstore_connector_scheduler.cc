@@ -115,7 +115,6 @@ KvStoreConnectorScheduler::~KvStoreConnectorScheduler() {
     if (l.result.has_value()) ReleaseLease(l.result->lease);
   }
   lookups_.clear();
-  store_checks_.clear();
   for (auto& [id, load] : loads_) ReleaseLease(load.lease);
 }
 
@@ -129,20 +128,6 @@ void KvStoreConnectorScheduler::NoteKnown(const BlockHash& h) {
     known_.clear();
   }
   known_.insert(h);
-}
-
-void KvStoreConnectorScheduler::PollStoreChecks() {
-  std::erase_if(store_checks_, [&](StoreCheck& c) {
-    std::optional<LookupResult> r = c.pending->Poll();
-    if (!r.has_value()) return false;
-    // A failed or late check counts as zero hits: forgetting a block the
-    // store does hold only costs an idempotent store.
-    const int32_t hits =
-        r->status.ok() ? std::clamp(r->num_hits, 0, static_cast<int32_t>(c.hashes.size())) : 0;
-    stats_.stored_blocks_lost += c.hashes.size() - hits;
-    for (size_t i = hits; i < c.hashes.size(); ++i) known_.erase(c.hashes[i]);
-    return true;
-  });
 }
 
 std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedTokens(
@@ -243,7 +228,6 @@ void KvStoreConnectorScheduler::UpdateStateAfterAlloc(const sched::Request& requ
 sched::KvConnectorMetadata KvStoreConnectorScheduler::BuildConnectorMeta(
     const sched::SchedulerOutput& /*output*/,
     std::span<const sched::ScheduledRequestView> scheduled) {
-  PollStoreChecks();
   sched::KvConnectorMetadata meta;
   for (auto& [id, load] : loads_) {
     if (load.emitted) continue;
@@ -315,21 +299,23 @@ void KvStoreConnectorScheduler::OnConnectorReport(const sched::KvConnectorReport
       }
     }
   }
-  // A finished entry may have failed or been dropped on the worker: check
-  // which of its blocks the store holds (see PollStoreChecks).
+  // Entries arrive in the order they were emitted. Every entry of a request
+  // named in failed_sending that finished in this report is forgotten (a
+  // request rarely has two), so a later request stores its blocks again;
+  // forgetting a block the store does hold costs only an idempotent store.
   for (const std::string& id : report.finished_sending) {
     auto it = stores_pending_.find(id);
     if (it == stores_pending_.end()) continue;
     std::vector<BlockHash> hashes = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) stores_pending_.erase(it);
-    StoreCheck check{.hashes = std::move(hashes)};
-    check.pending = client_->Lookup(
-        ns_, check.hashes,
-        LookupOptions{.take_lease = false, .deadline_ms = options_.transfer_deadline_ms});
-    store_checks_.push_back(std::move(check));
+    if (std::find(report.failed_sending.begin(), report.failed_sending.end(), id) ==
+        report.failed_sending.end()) {
+      continue;
+    }
+    stats_.stored_blocks_lost += hashes.size();
+    for (const BlockHash& h : hashes) known_.erase(h);
   }
-  PollStoreChecks();
 }
 
 KvConnectorSchedulerStats KvStoreConnectorScheduler::stats() const {
@@ -341,7 +327,6 @@ KvConnectorSchedulerStats KvStoreConnectorScheduler::stats() const {
   for (const auto& [id, entries] : stores_pending_) {
     s.stores_in_flight += static_cast<int32_t>(entries.size());
   }
-  s.stores_verifying = static_cast<int32_t>(store_checks_.size());
   return s;
 }
 

@@ -154,9 +154,9 @@ void KvStoreConnectorWorker::EnqueueLocked(StoreJob job) {
 void KvStoreConnectorWorker::AbandonUnsnapshotted() {
   if (unsnapshotted_.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  for (sched::KvStore& s : unsnapshotted_) {
-    stats_.blocks_store_dropped += std::min(s.block_ids.size(), s.block_hashes.size());
-    EnqueueLocked(StoreJob{.request_id = std::move(s.request_id), .dropped = true});
+  for (auto& [request_id, num_blocks] : unsnapshotted_) {
+    stats_.blocks_store_dropped += num_blocks;
+    EnqueueLocked(StoreJob{.request_id = std::move(request_id), .dropped = true, .failed = true});
   }
   unsnapshotted_.clear();
 }
@@ -166,7 +166,9 @@ KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetada
   // A step whose stores were never snapshotted failed before its forward
   // pass ended: its store entries still finish (as dropped).
   AbandonUnsnapshotted();
-  unsnapshotted_ = meta.stores;
+  for (const sched::KvStore& s : meta.stores) {
+    unsnapshotted_.emplace_back(s.request_id, std::min(s.block_ids.size(), s.block_hashes.size()));
+  }
   if (meta.loads.empty()) return {};
   std::vector<BlockHash> hashes;
   std::vector<int32_t> block_ids;
@@ -253,6 +255,7 @@ void KvStoreConnectorWorker::SnapshotStores(const sched::KvConnectorMetadata& me
         // ones), and the scheduler learns the blocks are not in the store.
         stats_.blocks_store_dropped += n;
         job.dropped = true;
+        job.failed = true;
         EnqueueLocked(std::move(job));
         continue;
       }
@@ -270,6 +273,7 @@ void KvStoreConnectorWorker::SnapshotStores(const sched::KvConnectorMetadata& me
       ++kept;
     }
     job.bytes.resize(kept * static_cast<size_t>(block_bytes_));
+    job.failed = copy_failed > 0;
     std::lock_guard<std::mutex> lock(mu_);
     stats_.blocks_store_failed += copy_failed;
     EnqueueLocked(std::move(job));
@@ -314,20 +318,25 @@ void KvStoreConnectorWorker::StoreLoop() {
         if (r.ok() || r.status().code() != absl::StatusCode::kNotFound) break;
         namespace_ok_.store(false);  // the store lost it (restarted empty): create it again
       }
-      if (r.ok()) {
-        for (size_t i = 0; i < hashes.size(); ++i) {
-          (i < r->size() && (*r)[i].status.ok() ? stored : failed) += 1;
-        }
-      } else {
-        failed = hashes.size();
+      if (!r.ok()) {
         TANDEM_LOG(WARNING) << "KV-store store of " << hashes.size()
                             << " blocks failed: " << r.status();
+      }
+      // The batch's blocks are its jobs' blocks, in job order.
+      size_t i = 0;
+      for (StoreJob& job : batch) {
+        for (size_t k = 0; k < job.hashes.size(); ++k, ++i) {
+          const bool ok = r.ok() && i < r->size() && (*r)[i].status.ok();
+          (ok ? stored : failed) += 1;
+          if (!ok) job.failed = true;
+        }
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (StoreJob& job : batch) {
       pending_bytes_ -= static_cast<int64_t>(job.bytes.size());
       --stats_.stores_in_flight;
+      if (job.failed) failed_sending_.push_back(job.request_id);
       finished_sending_.push_back(std::move(job.request_id));
     }
     stats_.blocks_stored += stored;
@@ -347,6 +356,8 @@ void KvStoreConnectorWorker::TakeFinishedSending(sched::KvConnectorReport* repor
   std::lock_guard<std::mutex> lock(mu_);
   for (std::string& id : finished_sending_) report->finished_sending.push_back(std::move(id));
   finished_sending_.clear();
+  for (std::string& id : failed_sending_) report->failed_sending.push_back(std::move(id));
+  failed_sending_.clear();
 }
 
 KvConnectorWorkerStats KvStoreConnectorWorker::stats() const {

@@ -185,6 +185,7 @@ void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out) {
     v1::KvConnectorReport* p = out->mutable_kv_connector_report();
     Assign(r.finished_recving, p->mutable_finished_recving());
     Assign(r.finished_sending, p->mutable_finished_sending());
+    Assign(r.failed_sending, p->mutable_failed_sending());
     Assign(r.invalid_block_ids, p->mutable_invalid_block_ids());
   }
 }
@@ -196,11 +197,15 @@ absl::Status FromProto(const v1::ModelRunnerOutput& in, sched::ModelRunnerOutput
   for (const v1::SampledTokens& p : in.sampled()) {
     out->sampled.push_back({.request_id = p.request_id(), .token_ids = ToVector(p.token_ids())});
   }
-  const v1::KvConnectorReport& r = in.kv_connector_report();
-  out->kv_connector_report.finished_recving = ToVector(r.finished_recving());
-  out->kv_connector_report.finished_sending = ToVector(r.finished_sending());
-  out->kv_connector_report.invalid_block_ids = ToVector(r.invalid_block_ids());
+  out->kv_connector_report = FromProto(in.kv_connector_report());
   return absl::OkStatus();
+}
+
+sched::KvConnectorReport FromProto(const v1::KvConnectorReport& in) {
+  return sched::KvConnectorReport{.finished_recving = ToVector(in.finished_recving()),
+                                  .finished_sending = ToVector(in.finished_sending()),
+                                  .failed_sending = ToVector(in.failed_sending()),
+                                  .invalid_block_ids = ToVector(in.invalid_block_ids())};
 }
 
 }  // namespace tandem::rpc

@@ -436,13 +436,7 @@ void Engine::HandleOutput(const v1::ModelRunnerOutput& proto) {
     output.step_id = proto.step_id();
     // KV loads the worker finished before the failure still count (requests
     // waiting for them are not in the step and would wait forever).
-    const v1::KvConnectorReport& kv = proto.kv_connector_report();
-    output.kv_connector_report.finished_recving.assign(kv.finished_recving().begin(),
-                                                       kv.finished_recving().end());
-    output.kv_connector_report.finished_sending.assign(kv.finished_sending().begin(),
-                                                       kv.finished_sending().end());
-    output.kv_connector_report.invalid_block_ids.assign(kv.invalid_block_ids().begin(),
-                                                        kv.invalid_block_ids().end());
+    output.kv_connector_report = rpc::FromProto(proto.kv_connector_report());
     std::vector<std::string> ids;
     for (const auto& r : scheduled.scheduled_new_reqs) ids.push_back(r.request_id);
     for (const auto& r : scheduled.scheduled_cached_reqs) ids.push_back(r.request_id);

@@ -101,7 +101,9 @@ absl::Status WorkerService::Load() {
     auto kvc = kvconnector::KvStoreConnectorWorker::Create(
         kvconnector::KvStoreConnectorOptions{
             .target = options_.kvstore_target,
-            .transfer_deadline_ms = options_.kvstore_transfer_deadline_ms},
+            .transfer_deadline_ms = options_.kvstore_transfer_deadline_ms,
+            // Pinned staging only pays off when the cache is on the GPU.
+            .use_cuda_host_alloc = options_.backend == "cuda"},
         model_->fingerprint(), model::KvLayoutString(config, options_.block_size),
         model::KvBlockBytes(config, options_.block_size),
         [runner](int32_t block, std::span<std::byte> out) {
@@ -339,9 +341,11 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
   if (kv_connector_ != nullptr) {
     kv_connector_->SnapshotStores(step.kv_connector_metadata);
     report.finished_sending.clear();
+    report.failed_sending.clear();
     kv_connector_->TakeFinishedSending(&report);
     v1::KvConnectorReport* pr = out->mutable_kv_connector_report();
     for (const std::string& id : report.finished_sending) pr->add_finished_sending(id);
+    for (const std::string& id : report.failed_sending) pr->add_failed_sending(id);
   }
 
   const int32_t vocab = model_->config().vocab_size;

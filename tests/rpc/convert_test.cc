@@ -121,7 +121,8 @@ TEST(ConvertTest, ModelRunnerOutputRoundTrips) {
                               .sampled = {{.request_id = "a", .token_ids = {5}},
                                           {.request_id = "b", .token_ids = {}}},
                               .kv_connector_report = {.finished_recving = {"a"},
-                                                      .finished_sending = {"b"},
+                                                      .finished_sending = {"b", "c"},
+                                                      .failed_sending = {"c"},
                                                       .invalid_block_ids = {4, 5}}};
   v1::ModelRunnerOutput proto;
   ToProto(in, &proto);
@@ -135,7 +136,8 @@ TEST(ConvertTest, ModelRunnerOutputRoundTrips) {
   EXPECT_EQ(out.sampled[0].token_ids, (std::vector<int32_t>{5}));
   EXPECT_TRUE(out.sampled[1].token_ids.empty());
   EXPECT_EQ(out.kv_connector_report.finished_recving, (std::vector<std::string>{"a"}));
-  EXPECT_EQ(out.kv_connector_report.finished_sending, (std::vector<std::string>{"b"}));
+  EXPECT_EQ(out.kv_connector_report.finished_sending, (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(out.kv_connector_report.failed_sending, (std::vector<std::string>{"c"}));
   EXPECT_EQ(out.kv_connector_report.invalid_block_ids, (std::vector<int32_t>{4, 5}));
 }
 

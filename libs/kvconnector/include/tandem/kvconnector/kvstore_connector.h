@@ -41,9 +41,10 @@
 // as a lookup hit; a lookup miss or a failed load forgets the hash so the
 // block is stored again. The worker reports every store entry in
 // finished_sending once it is done (stored, failed, or dropped when its
-// queue was full or its step failed); the scheduler role then looks the
-// entry's hashes up (no lease) and forgets those the store does not hold,
-// so a lost store is retried by a later request instead of never.
+// queue was full or its step failed), and an entry that did not store all
+// its blocks in failed_sending as well; the scheduler role forgets the
+// hashes of that request's entries, so a lost store is retried by a later
+// request instead of never.
 //
 // Known limits: while a lookup is pending and nothing else can run, the
 // engine keeps sending empty steps to the worker (it polls once per step),
@@ -132,13 +133,13 @@ struct KvConnectorSchedulerStats {
   uint64_t loaded_tokens = 0;   // tokens that arrived valid
   uint64_t invalid_blocks = 0;  // blocks the worker could not load
   uint64_t stored_blocks = 0;   // store entries emitted (blocks)
-  // Blocks of finished store entries that the store did not hold afterwards
-  // (failed, dropped): forgotten, so a later request stores them again.
+  // Blocks of finished store entries that the worker reported failed
+  // (dropped, not copied, rejected, RPC failed): forgotten, so a later
+  // request stores them again.
   uint64_t stored_blocks_lost = 0;
   int32_t lookups_pending = 0;  // gauges
   int32_t loads_in_flight = 0;
   int32_t stores_in_flight = 0;  // KvStore entries not yet reported sent
-  int32_t stores_verifying = 0;  // finished entries whose check lookup is out
 };
 
 class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
@@ -185,19 +186,12 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
     uint64_t epoch = 0;
     int32_t next_block = 0;  // blocks below were stored or skipped
   };
-  // A finished store entry whose blocks are being looked up.
-  struct StoreCheck {
-    std::unique_ptr<PendingLookup> pending;
-    std::vector<BlockHash> hashes;
-  };
 
   KvStoreConnectorScheduler(const KvStoreConnectorOptions& options,
                             std::unique_ptr<KvStoreClient> client, std::string ns,
                             int32_t block_size);
   void NoteKnown(const BlockHash& h);
   void ReleaseLease(LeaseId lease);
-  // Forgets the hashes of answered store checks that the store lacks.
-  void PollStoreChecks();
 
   const KvStoreConnectorOptions options_;
   std::unique_ptr<KvStoreClient> client_;
@@ -210,7 +204,6 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
   // Request -> hashes of its store entries not yet reported finished, in
   // the order emitted (the worker reports them in that order).
   absl::flat_hash_map<std::string, std::deque<std::vector<BlockHash>>> stores_pending_;
-  std::vector<StoreCheck> store_checks_;
   // Hashes the store holds (stored by us or seen as lookup hits).
   absl::flat_hash_set<BlockHash> known_;
   KvConnectorSchedulerStats stats_;
@@ -276,13 +269,11 @@ class KvStoreConnectorWorker {
   void SnapshotStores(const sched::KvConnectorMetadata& meta);
   // Request ids whose store entries completed since the last call (one id
   // per entry, in the order the entries were given to SnapshotStores):
-  // stored, failed or dropped alike. The scheduler role checks which blocks
-  // the store really holds.
+  // stored, failed or dropped alike in finished_sending, and those that did
+  // not store every block also in failed_sending.
   void TakeFinishedSending(sched::KvConnectorReport* report);
   // Blocks until every queued store entry has completed, or `timeout_ms`
-  // passed; true when none is left. Lets an idle step (nothing scheduled)
-  // report every store finished, so the scheduler's stores_in_flight
-  // returns to zero when the system is idle.
+  // passed; true when none is left (tests).
   bool WaitForStores(int64_t timeout_ms);
 
   [[nodiscard]] KvConnectorWorkerStats stats() const;
@@ -295,6 +286,10 @@ class KvStoreConnectorWorker {
     // Not sent (queue full, or its step failed before the snapshot); only
     // reported finished, in order.
     bool dropped = false;
+    // Some block of the entry will not be in the store (dropped, not copied
+    // out of the cache, rejected, or the RPC failed): reported in
+    // failed_sending too.
+    bool failed = false;
   };
   KvStoreConnectorWorker(const KvStoreConnectorOptions& options,
                          std::unique_ptr<KvStoreClient> client, std::string ns,
@@ -333,15 +328,16 @@ class KvStoreConnectorWorker {
     StagingMemory kind_ = StagingMemory::kNone;
   };
   Staging staging_;
-  // The stores of the step whose LoadBlocks ran and SnapshotStores did not
-  // yet (loop thread only).
-  std::vector<sched::KvStore> unsnapshotted_;
+  // The stores (request id, blocks) of the step whose LoadBlocks ran and
+  // SnapshotStores did not yet (loop thread only).
+  std::vector<std::pair<std::string, size_t>> unsnapshotted_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<StoreJob> jobs_;
   int64_t pending_bytes_ = 0;
   std::vector<std::string> finished_sending_;
+  std::vector<std::string> failed_sending_;
   bool sending_ = false;  // the store thread has a batch out
   bool stopping_ = false;
   std::atomic<bool> namespace_ok_{false};

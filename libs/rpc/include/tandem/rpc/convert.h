@@ -29,5 +29,7 @@ void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out);
 void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out);
 [[nodiscard]] absl::Status FromProto(const v1::ModelRunnerOutput& in,
                                      sched::ModelRunnerOutput* out);
+// The connector report alone (also of a step the worker failed).
+[[nodiscard]] sched::KvConnectorReport FromProto(const v1::KvConnectorReport& in);
 
 }  // namespace tandem::rpc

@@ -70,6 +70,9 @@ struct SchedulerOutput {
 struct KvConnectorReport {
   std::vector<std::string> finished_recving;
   std::vector<std::string> finished_sending;
+  // Of finished_sending, the ids of store entries that did not store all
+  // their blocks (dropped, not copied out, rejected or the RPC failed).
+  std::vector<std::string> failed_sending;
   std::vector<int32_t> invalid_block_ids;
 };
 
