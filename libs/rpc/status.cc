@@ -20,4 +20,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& conte
                       absl::StrCat(context, ": ", status.error_message()));
 }
 
+std::string StatusCodeName(const grpc::Status& status) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));
+}
+
 }  // namespace tandem::rpc

@@ -8,6 +8,7 @@
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/convert.h"
+#include "tandem/rpc/status.h"
 
 namespace tandem::scheduler {
 namespace {
@@ -34,10 +35,6 @@ v1::FinishReason ToFinishReason(sched::RequestState state) {
 // One step in this many has its SchedulerOutput serialized a second time to
 // time it (gRPC's own serialization happens inside Write()).
 constexpr uint64_t kSerializeSampleEvery = 8;
-
-std::string StatusName(const grpc::Status& status) {
-  return absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));
-}
 
 const char* ReasonName(v1::FinishReason reason) {
   switch (reason) {
@@ -244,7 +241,9 @@ void Engine::Loop() {
     }
     for (Event& e : batch) Handle(e);
     batch.clear();
-    if (flush_stores && StoresToCollectWhileIdle()) SendIdleStep();
+    // Nothing to schedule: the step carries no request; its output brings
+    // back the store entries the worker finished since the last step.
+    if (flush_stores && StoresToCollectWhileIdle()) SendStep(scheduler_->Schedule());
     flush_stores = false;
     ScheduleAndSend();
     PublishStats();
@@ -297,7 +296,8 @@ void Engine::Handle(Event& e) {
         rejected = grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
       }
       if (!rejected.ok()) {
-        TANDEM_LOG(INFO) << "request " << id << " rejected: status=" << StatusName(rejected) << " "
+        TANDEM_LOG(INFO) << "request " << id
+                         << " rejected: status=" << rpc::StatusCodeName(rejected) << " "
                          << rejected.error_message();
         e.call->Finish(std::move(rejected));
         num_calls_open_.fetch_sub(1);
@@ -469,12 +469,7 @@ void Engine::ScheduleAndSend() {
     // An empty step still goes out (it may carry finished ids, and outputs
     // are processed in step order), but we wait for news before the next.
     if (step.total_num_scheduled_tokens == 0) schedule_wanted_ = false;
-    if (!SendStep(step)) {
-      DropWorker("writing to the worker's Execute stream failed");
-      return;
-    }
-    in_flight_.push_back(std::move(step));
-    max_steps_in_flight_ = std::max(max_steps_in_flight_, static_cast<int32_t>(in_flight_.size()));
+    if (!SendStep(std::move(step))) return;
   }
 }
 
@@ -484,18 +479,7 @@ bool Engine::StoresToCollectWhileIdle() const {
          kv_connector_->stats().stores_in_flight > 0;
 }
 
-void Engine::SendIdleStep() {
-  // Nothing is scheduled: the step carries no request; its output brings
-  // back the store entries the worker finished since the last step.
-  sched::SchedulerOutput step = scheduler_->Schedule();
-  if (!SendStep(step)) {
-    DropWorker("writing to the worker's Execute stream failed");
-    return;
-  }
-  in_flight_.push_back(std::move(step));
-}
-
-bool Engine::SendStep(const sched::SchedulerOutput& step) {
+bool Engine::SendStep(sched::SchedulerOutput step) {
   const int64_t t0 = MonotonicNanos();
   step_proto_.Clear();
   rpc::ToProto(step, &step_proto_);
@@ -512,7 +496,13 @@ bool Engine::SendStep(const sched::SchedulerOutput& step) {
     step_serialize_ns_sum_ += MonotonicNanos() - s0;
     ++step_serialize_samples_;
   }
-  return worker_->Write(step_proto_);
+  if (!worker_->Write(step_proto_)) {
+    DropWorker("writing to the worker's Execute stream failed");
+    return false;
+  }
+  in_flight_.push_back(std::move(step));
+  max_steps_in_flight_ = std::max(max_steps_in_flight_, static_cast<int32_t>(in_flight_.size()));
+  return true;
 }
 
 void Engine::Deliver(const sched::RequestOutput& out) {
@@ -559,7 +549,7 @@ void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateC
   }
   call->Finish(status);
   TANDEM_LOG(INFO) << "request " << request_id << " finished: reason=" << ReasonName(reason)
-                   << " status=" << StatusName(status)
+                   << " status=" << rpc::StatusCodeName(status)
                    << " prompt_tokens=" << (out ? out->num_prompt_tokens : call->num_prompt_tokens)
                    << " output_tokens=" << (out ? out->num_output_tokens : 0)
                    << " cached_local=" << (out ? out->num_cached_tokens_local : 0)

@@ -141,12 +141,12 @@ class Engine {
   void FinishCall(const std::string& request_id, std::shared_ptr<GenerateCall> call,
                   v1::FinishReason reason, const sched::RequestOutput* out, grpc::Status status);
   void DropWorker(const std::string& reason);
-  // Converts and writes one step; false when the stream broke.
-  bool SendStep(const sched::SchedulerOutput& step);
+  // Converts and writes one step and keeps it in flight; false when the
+  // stream broke (the worker is dropped then).
+  bool SendStep(sched::SchedulerOutput step);
   // Idle (nothing to schedule, no step in flight) but the KV connector still
   // counts store entries the worker has not reported sent.
   bool StoresToCollectWhileIdle() const;
-  void SendIdleStep();
   void NoteTokens(GenerateCall& call, size_t num_tokens);
   void PublishStats();
 

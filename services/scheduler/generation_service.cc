@@ -43,9 +43,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 // The one log line of a request that never reached the engine.
 void Reject(GenerateCall& call, const std::string& request_id, grpc::Status status) {
   TANDEM_LOG(INFO) << "request " << (request_id.empty() ? "(no id)" : request_id)
-                   << " rejected: status="
-                   << absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))
-                   << " " << status.error_message();
+                   << " rejected: status=" << rpc::StatusCodeName(status) << " "
+                   << status.error_message();
   call.Finish(std::move(status));
 }
 

@@ -13,5 +13,7 @@ namespace tandem::rpc {
 [[nodiscard]] absl::Status FromGrpcStatus(const grpc::Status& status);
 // Prefixes the message with `context: ` and keeps the code.
 [[nodiscard]] absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& context);
+// The code's canonical name ("DEADLINE_EXCEEDED"), for log lines.
+[[nodiscard]] std::string StatusCodeName(const grpc::Status& status);
 
 }  // namespace tandem::rpc
