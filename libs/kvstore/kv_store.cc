@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -569,7 +570,7 @@ class KvStore::Impl {
         problems.push_back(absl::StrCat("ns ", k.ns, " block ", k.hash.ToHex(), ": ", what));
       }
     };
-    std::set<std::pair<uint32_t, std::string>> with_meta;
+    std::unordered_set<Key, KeyHasher> with_meta;
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
     const std::string meta_prefix(1, kMetaPrefix);
     for (it->Seek(meta_prefix); it->Valid() && it->key().starts_with(meta_prefix); it->Next()) {
@@ -579,8 +580,7 @@ class KvStore::Impl {
         problems.push_back("unreadable metadata record");
         continue;
       }
-      with_meta.emplace(key.ns, std::string(reinterpret_cast<const char*>(key.hash.bytes.data()),
-                                            key.hash.bytes.size()));
+      with_meta.insert(key);
       std::string value;
       rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), RocksKey(kBlockPrefix, key), &value);
       if (s.IsNotFound()) {
@@ -606,11 +606,7 @@ class KvStore::Impl {
         problems.push_back("unreadable payload key");
         continue;
       }
-      if (!with_meta.contains(
-              {key.ns, std::string(reinterpret_cast<const char*>(key.hash.bytes.data()),
-                                   key.hash.bytes.size())})) {
-        problem(key, "payload without metadata");
-      }
+      if (!with_meta.contains(key)) problem(key, "payload without metadata");
     }
     TANDEM_RETURN_IF_ERROR(FromRocks(it->status(), "scanning payloads"));
     {

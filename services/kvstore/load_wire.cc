@@ -79,29 +79,30 @@ grpc::ByteBuffer LoadResponseEncoder::Finish() {
   slices.reserve(2 * chunks_.size() + 1);
   std::string small;  // field bytes between two payload slices
   small.reserve(64);
+  std::string head, tail;  // a chunk's fields before and after `data`
   for (const Chunk& c : chunks_) {
+    // Fields in number order, default values omitted: 1-2, then data (3),
+    // then 4-8.
+    head.clear();
+    tail.clear();
+    auto varint_field = [](std::string* out, uint8_t tag, uint64_t v) {
+      if (v == 0) return;
+      out->push_back(static_cast<char>(tag));
+      PutVarint(out, v);
+    };
+    varint_field(&head, kTagBlockIndex, Int32Wire(c.block_index));
+    varint_field(&head, kTagOffset, c.offset);
+    varint_field(&tail, kTagLast, c.last ? 1 : 0);
+    varint_field(&tail, kTagOk, c.ok ? 1 : 0);
+    varint_field(&tail, kTagMissReason, Int32Wire(c.miss_reason));
+    varint_field(&tail, kTagTotalSize, c.total_size);
+    varint_field(&tail, kTagChecksum, c.checksum);
     const uint64_t data_len = c.data.size();
-    // Body size of the LoadChunk, fields with default values omitted.
-    size_t body = 0;
-    if (c.block_index != 0) body += 1 + VarintSize(Int32Wire(c.block_index));
-    if (c.offset != 0) body += 1 + VarintSize(c.offset);
-    if (data_len != 0) body += 1 + VarintSize(data_len) + data_len;
-    if (c.last) body += 2;
-    if (c.ok) body += 2;
-    if (c.miss_reason != 0) body += 1 + VarintSize(Int32Wire(c.miss_reason));
-    if (c.total_size != 0) body += 1 + VarintSize(c.total_size);
-    if (c.checksum != 0) body += 1 + VarintSize(c.checksum);
+    const uint64_t data_field = data_len == 0 ? 0 : 1 + VarintSize(data_len) + data_len;
 
     small.push_back(static_cast<char>(kTagChunks));
-    PutVarint(&small, body);
-    if (c.block_index != 0) {
-      small.push_back(static_cast<char>(kTagBlockIndex));
-      PutVarint(&small, Int32Wire(c.block_index));
-    }
-    if (c.offset != 0) {
-      small.push_back(static_cast<char>(kTagOffset));
-      PutVarint(&small, c.offset);
-    }
+    PutVarint(&small, head.size() + data_field + tail.size());
+    small += head;
     if (data_len != 0) {
       small.push_back(static_cast<char>(kTagData));
       PutVarint(&small, data_len);
@@ -109,26 +110,7 @@ grpc::ByteBuffer LoadResponseEncoder::Finish() {
       small.clear();
       slices.push_back(c.data);  // a reference, not a copy
     }
-    if (c.last) {
-      small.push_back(static_cast<char>(kTagLast));
-      small.push_back(1);
-    }
-    if (c.ok) {
-      small.push_back(static_cast<char>(kTagOk));
-      small.push_back(1);
-    }
-    if (c.miss_reason != 0) {
-      small.push_back(static_cast<char>(kTagMissReason));
-      PutVarint(&small, Int32Wire(c.miss_reason));
-    }
-    if (c.total_size != 0) {
-      small.push_back(static_cast<char>(kTagTotalSize));
-      PutVarint(&small, c.total_size);
-    }
-    if (c.checksum != 0) {
-      small.push_back(static_cast<char>(kTagChecksum));
-      PutVarint(&small, c.checksum);
-    }
+    small += tail;
   }
   if (!small.empty()) slices.emplace_back(small.data(), small.size());
   chunks_.clear();
