@@ -16,9 +16,11 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/sync_stream.h"
+#include "bulk_load_client.h"
 #include "kvstore_client_wire.h"
 #include "tandem/common/status.h"
 #include "tandem/kvstore/checksum.h"
+#include "tandem/rpc/framed_socket.h"
 #include "tandem/rpc/kvstore_convert.h"
 #include "tandem/rpc/server.h"
 #include "tandem/rpc/status.h"
@@ -62,6 +64,11 @@ absl::Status KvStoreClientOptions::Validate() const {
   if (store_chunk_bytes <= 0 || store_chunk_bytes > (3 << 20)) {
     return absl::InvalidArgumentError(absl::StrCat("KvStoreClientOptions.store_chunk_bytes ",
                                                    store_chunk_bytes, " not in (0, 3 MiB]"));
+  }
+  if (!bulk_load_target.empty()) {
+    if (absl::Status s = rpc::SplitHostPort(bulk_load_target).status(); !s.ok()) {
+      return Annotate(s, "KvStoreClientOptions.bulk_load_target");
+    }
   }
   return absl::OkStatus();
 }
@@ -179,7 +186,8 @@ class KvStoreClient::Impl {
         channel_(CreateKvChannel(options.target)),
         stub_(std::make_shared<Stub>(channel_)),
         load_method_("/tandem.v1.KvStore/Load", grpc::internal::RpcMethod::SERVER_STREAMING,
-                     channel_) {}
+                     channel_),
+        bulk_(options, [this] { return BulkLoadPort(); }) {}
 
   // Waits for callbacks still to come (bounded by the RPC deadlines), then
   // frees their state here rather than on gRPC's callback threads.
@@ -274,6 +282,9 @@ class KvStoreClient::Impl {
     const size_t n = hashes.size();
     std::vector<BlockLoadResult> results(n);
     if (n == 0) return results;
+    if (opts_.bulk_load) {
+      if (auto r = bulk_.Load(ns, hashes, dst, lease)) return *std::move(r);
+    }
     v1::LoadRequest req;
     req.set_namespace_(std::string(ns));
     rpc::AppendBlockHashes(hashes, req.mutable_block_hashes());
@@ -432,7 +443,19 @@ class KvStoreClient::Impl {
     return rpc::FromProto(resp);
   }
 
+  [[nodiscard]] uint64_t bulk_loads() const { return bulk_.loads(); }
+
  private:
+  // The store's advertised bulk load port (0: off).
+  absl::StatusOr<uint32_t> BulkLoadPort() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(std::min<int64_t>(opts_.rpc_deadline_ms, 5'000)));
+    v1::StatsResponse resp;
+    grpc::Status s = stub_->Stats(&ctx, v1::StatsRequest(), &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, "KV-store stats");
+    return resp.bulk_load_port();
+  }
+
   const KvStoreClientOptions opts_;
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<Stub> stub_;
@@ -441,6 +464,7 @@ class KvStoreClient::Impl {
   std::condition_variable calls_cv_;
   std::unordered_map<void*, std::shared_ptr<void>> inflight_;
   std::vector<std::shared_ptr<void>> graveyard_;
+  BulkLoadClient bulk_;
 };
 
 void ReleaseLeaseInBackground(KvStoreClient::Impl* impl, uint64_t lease) {
@@ -477,5 +501,6 @@ absl::StatusOr<bool> KvStoreClient::CreateNamespace(const kvstore::NamespaceSpec
   return impl_->CreateNamespace(spec);
 }
 absl::StatusOr<kvstore::KvStoreStats> KvStoreClient::Stats() { return impl_->Stats(); }
+uint64_t KvStoreClient::bulk_loads() const { return impl_->bulk_loads(); }
 
 }  // namespace tandem::kvconnector

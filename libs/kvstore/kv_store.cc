@@ -501,7 +501,7 @@ class KvStore::Impl {
       std::span<const uint8_t> data(arena_->slot(slot), size);
       if (Crc32c(data) != checksum) return DropCorrupt(e, MissReason::kChecksum);
       TANDEM_SYNC_POINT("KvStore::Read:AfterVerify");
-      sink(data);
+      sink(data, checksum);
       result.from_hot = true;
     } else {
       rocksdb::PinnableSlice value;
@@ -517,7 +517,7 @@ class KvStore::Impl {
         return DropCorrupt(e, MissReason::kChecksum);
       }
       TANDEM_SYNC_POINT("KvStore::Read:AfterVerify");
-      sink(data);
+      sink(data, checksum);
       Promote(e, data);
     }
     Unpin(e);
@@ -955,7 +955,7 @@ absl::StatusOr<ReadResult> KvStore::Read(std::string_view ns, const BlockHash& h
 absl::StatusOr<ReadResult> KvStore::ReadInto(std::string_view ns, const BlockHash& hash,
                                              std::span<uint8_t> dst) {
   bool size_ok = true;
-  TANDEM_ASSIGN_OR_RETURN(ReadResult r, impl_->Read(ns, hash, [&](std::span<const uint8_t> d) {
+  TANDEM_ASSIGN_OR_RETURN(ReadResult r, impl_->Read(ns, hash, [&](std::span<const uint8_t> d, uint32_t) {
     if (d.size() != dst.size()) {
       size_ok = false;
       return;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/method_handler.h"
+#include "load_scope.h"
 #include "load_wire.h"
 #include "tandem/common/status.h"
 #include "tandem/rpc/kvstore_convert.h"
@@ -34,6 +35,10 @@ absl::Status KvStoreServiceOptions::Validate() const {
                                                    " must be in (0, 3 MiB] to stay under 4 MiB"));
   }
   if (max_block_bytes <= 0) return absl::InvalidArgumentError("max_block_bytes must be > 0");
+  if (bulk_load_port < 0 || bulk_load_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("bulk_load_port ", bulk_load_port,
+                                                   " is not a TCP port"));
+  }
   if (debug_lookup_delay_ms < 0 || debug_corrupt_hot_every < 0 || debug_corrupt_cold_every < 0) {
     return absl::InvalidArgumentError("the --debug-* fault-injection settings must be >= 0");
   }
@@ -104,20 +109,9 @@ grpc::Status KvStoreServiceImpl::LoadRaw(
   if (!stream->Read(&request)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Load: no LoadRequest received");
   }
-  const v1::LoadRequest* req = &request;
-  const LeaseId lease(req->lease_id());
-  auto release = [&] {
-    if (lease.value() != 0) store_->Release(lease);
-  };
-  absl::StatusOr<kvstore::NamespaceSpec> spec = store_->GetNamespace(req->namespace_());
-  std::vector<BlockHash> hashes;
-  absl::Status parsed = spec.ok()
-                            ? rpc::ParseBlockHashes(req->block_hashes(), "block_hashes", &hashes)
-                            : spec.status();
-  if (!parsed.ok()) {
-    release();
-    return rpc::ToGrpcStatus(parsed);
-  }
+  LoadScope scope(store_, request);  // releases the lease however the load ends
+  if (!scope.status().ok()) return rpc::ToGrpcStatus(scope.status());
+  const std::vector<BlockHash>& hashes = scope.hashes();
   const size_t chunk_bytes = static_cast<size_t>(options_.load_chunk_bytes);
   LoadResponseEncoder resp;
   bool stream_ok = true;
@@ -131,7 +125,7 @@ grpc::Status KvStoreServiceImpl::LoadRaw(
     // The engine verified the block's checksum before calling the sink; the
     // sink's copy into the message is the one copy of the payload here.
     absl::StatusOr<kvstore::ReadResult> r =
-        store_->Read(req->namespace_(), hashes[i], [&](std::span<const uint8_t> data) {
+        store_->Read(request.namespace_(), hashes[i], [&](std::span<const uint8_t> data, uint32_t) {
           for (size_t off = 0; off < data.size() && stream_ok;) {
             const size_t n = std::min(chunk_bytes, data.size() - off);
             if (resp.payload_bytes() > 0 && resp.payload_bytes() + n > chunk_bytes) flush();
@@ -141,7 +135,6 @@ grpc::Status KvStoreServiceImpl::LoadRaw(
           }
         });
     if (!r.ok()) {
-      release();
       return rpc::ToGrpcStatus(Annotate(r.status(), absl::StrCat("loading block ", i)));
     }
     if (r->ok()) {
@@ -153,7 +146,6 @@ grpc::Status KvStoreServiceImpl::LoadRaw(
     }
   }
   flush();
-  release();
   if (!stream_ok) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "load stream cancelled or broken");
   }
@@ -279,6 +271,7 @@ grpc::Status KvStoreServiceImpl::Release(grpc::ServerContext*, const v1::Release
 grpc::Status KvStoreServiceImpl::Stats(grpc::ServerContext*, const v1::StatsRequest*,
                                        v1::StatsResponse* resp) {
   rpc::ToProto(store_->GetStats(), resp);
+  resp->set_bulk_load_port(static_cast<uint32_t>(options_.bulk_load_port));
   return grpc::Status::OK;
 }
 

@@ -10,6 +10,9 @@
 // INVALID_ARGUMENT (that block is not stored; blocks completed earlier in the
 // stream were stored, intact).
 //
+// Stats advertises the bulk load port (bulk_load_server.h), the faster
+// path clients use for Load when it is on.
+//
 // Load is served with hand-encoded LoadResponse messages (load_wire.h): the
 // generated LoadResponse would copy each payload byte twice more (into the
 // message, then into the serialized buffer). On the wire nothing changes.
@@ -34,6 +37,8 @@ struct KvStoreServiceOptions {
   int64_t load_chunk_bytes = 1 << 20;
   // Largest block a Store stream may announce (total_size); protects memory.
   int64_t max_block_bytes = int64_t{1} << 30;
+  // The bulk load port (bulk_load_server.h) to advertise in Stats; 0 = off.
+  int32_t bulk_load_port = 0;
 
   // ---- TESTS ONLY: fault injection for the KV connector's integration
   // tests (tests/integration/kv_*). Never set these in production. ----

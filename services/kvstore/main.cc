@@ -7,12 +7,15 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "grpcpp/server_builder.h"
+#include "bulk_load_server.h"
 #include "kvstore_service.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvstore/kv_store.h"
 #include "tandem/rpc/flags.h"
+#include "tandem/rpc/framed_socket.h"
 #include "tandem/rpc/server.h"
 
 int main(int argc, char** argv) {
@@ -37,6 +40,8 @@ int main(int argc, char** argv) {
   bool store_to_hot = true;
   int64_t load_chunk_bytes = 1 << 20;
   int64_t drain_timeout_ms = 10'000;
+  std::string bulk_load_listen = "auto";
+  kvstore_service::BulkLoadServerOptions bulk_options;
 
   rpc::FlagSet flags("tandem-kvstore",
                      "Stores KV-cache blocks outside the GPU: a pinned host-memory hot tier and a "
@@ -60,6 +65,15 @@ int main(int argc, char** argv) {
   flags.Add("store-to-hot", &store_to_hot, "also place newly stored blocks in the hot tier");
   flags.Add("load-chunk-bytes", &load_chunk_bytes,
             "payload bytes per Load stream message (under the 4 MiB gRPC limit)");
+  flags.Add("bulk-load-listen", &bulk_load_listen,
+            "the bulk load port, Load over plain TCP beside gRPC (see bulk_load_server.h): "
+            "host:port, 'auto' (the --listen host, a free port, advertised in Stats) or 'off'");
+  flags.Add("bulk-load-max-connections", &bulk_options.max_connections,
+            "bulk load connections served at once; more are refused (clients then use gRPC)");
+  flags.Add("bulk-load-io-timeout-ms", &bulk_options.io_timeout_ms,
+            "a bulk load send making no progress this long closes its connection");
+  flags.Add("bulk-load-idle-timeout-ms", &bulk_options.idle_timeout_ms,
+            "a bulk load connection idle this long between loads is closed");
   flags.Add("drain-timeout-ms", &drain_timeout_ms,
             "on SIGTERM/SIGINT, how long in-flight RPCs may finish before shutdown");
   int64_t debug_lookup_delay_ms = 0;
@@ -101,10 +115,37 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tandem-kvstore: %s\n", s.ToString().c_str());
     return 2;
   }
+  if (bulk_load_listen != "off") {
+    absl::StatusOr<std::pair<std::string, std::string>> addr =
+        rpc::SplitHostPort(bulk_load_listen == "auto" ? listen : bulk_load_listen);
+    if (!addr.ok()) {
+      std::fprintf(stderr, "tandem-kvstore: --%s: %s\n",
+                   bulk_load_listen == "auto" ? "listen" : "bulk-load-listen",
+                   addr.status().ToString().c_str());
+      return 2;
+    }
+    bulk_options.host = addr->first;
+    bulk_options.port = bulk_load_listen == "auto" ? 0 : std::stoi(addr->second);
+    if (absl::Status s = bulk_options.Validate(); !s.ok()) {
+      std::fprintf(stderr, "tandem-kvstore: %s\n", s.ToString().c_str());
+      return 2;
+    }
+  }
   absl::StatusOr<std::unique_ptr<kvstore::KvStore>> store = kvstore::KvStore::Open(options);
   if (!store.ok()) {
     std::fprintf(stderr, "tandem-kvstore: %s\n", store.status().ToString().c_str());
     return 1;
+  }
+  std::unique_ptr<kvstore_service::BulkLoadServer> bulk;
+  if (bulk_load_listen != "off") {
+    absl::StatusOr<std::unique_ptr<kvstore_service::BulkLoadServer>> started =
+        kvstore_service::BulkLoadServer::Start(store->get(), bulk_options);
+    if (!started.ok()) {
+      std::fprintf(stderr, "tandem-kvstore: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    bulk = std::move(*started);
+    service_options.bulk_load_port = bulk->port();
   }
   kvstore_service::KvStoreServiceImpl service(store->get(), service_options);
 
@@ -121,7 +162,8 @@ int main(int argc, char** argv) {
   }
   rpc::SetServing(server->get(), "tandem.v1.KvStore", true);
   TANDEM_LOG(INFO) << "tandem-kvstore serving on port " << port << " (data " << data_dir
-                   << ", durability " << durability << ")";
+                   << ", durability " << durability << ", bulk load port "
+                   << (bulk ? std::to_string(bulk->port()) : std::string("off")) << ")";
 
   const int sig = rpc::WaitForShutdownSignal();
   TANDEM_LOG(INFO) << "signal " << sig << ": draining for up to " << drain_timeout_ms << " ms";
@@ -129,6 +171,7 @@ int main(int argc, char** argv) {
   (*server)->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::milliseconds(drain_timeout_ms));
   (*server)->Wait();
+  if (bulk) bulk->Shutdown();
   store->reset();  // flushes the memtable
   TANDEM_LOG(INFO) << "tandem-kvstore stopped";
   return 0;

@@ -251,7 +251,7 @@ TEST_F(KvStoreTest, FlippedByteInHotTierIsAMissAndDropsTheBlock) {
   Put(1);
   ASSERT_TRUE(store_->TEST_CorruptHot(kNs, TestHash(1), 100).ok());
   bool sink_called = false;
-  auto r = store_->Read(kNs, TestHash(1), [&](std::span<const uint8_t>) { sink_called = true; });
+  auto r = store_->Read(kNs, TestHash(1), [&](std::span<const uint8_t>, uint32_t) { sink_called = true; });
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->miss, MissReason::kChecksum);
   EXPECT_FALSE(sink_called);
@@ -269,7 +269,7 @@ TEST_F(KvStoreTest, FlippedByteInRocksDbIsAMissAndDropsTheBlock) {
   Put(1);
   ASSERT_TRUE(store_->TEST_CorruptCold(kNs, TestHash(1), kBlock - 1).ok());
   bool sink_called = false;
-  auto r = store_->Read(kNs, TestHash(1), [&](std::span<const uint8_t>) { sink_called = true; });
+  auto r = store_->Read(kNs, TestHash(1), [&](std::span<const uint8_t>, uint32_t) { sink_called = true; });
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->miss, MissReason::kChecksum);
   EXPECT_FALSE(sink_called);

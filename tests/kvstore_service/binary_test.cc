@@ -38,7 +38,8 @@ std::string RunForOutput(const std::string& cmd) {
 
 class Server {
  public:
-  explicit Server(const std::string& dir) : dir_(dir) {
+  explicit Server(const std::string& dir, const std::string& extra_flag = "--durability=wal")
+      : dir_(dir) {
     std::remove((dir_ + "/port").c_str());
     pid_ = fork();
     if (pid_ == 0) {
@@ -46,7 +47,8 @@ class Server {
       const std::string data = "--data-dir=" + dir_ + "/data";
       execl(TANDEM_KVSTORE_BINARY, TANDEM_KVSTORE_BINARY, "--listen=127.0.0.1:0",
             port_file.c_str(), data.c_str(), "--hot-capacity-bytes=4194304",
-            "--hot-slot-bytes=65536", "--durability=wal", static_cast<char*>(nullptr));
+            "--hot-slot-bytes=65536", "--durability=wal", extra_flag.c_str(),
+            static_cast<char*>(nullptr));
       _exit(127);
     }
     for (int i = 0; i < 1000 && port_.empty(); ++i) {
@@ -114,7 +116,8 @@ void ExpectBlocks(kvconnector::KvStoreClient* c, uint64_t n) {
 TEST(KvStoreBinaryTest, HelpDocumentsFlagsAndDefaults) {
   const std::string out = RunForOutput(std::string(TANDEM_KVSTORE_BINARY) + " --help 2>&1");
   for (const char* s : {"--listen", "127.0.0.1:50070", "--data-dir", "--hot-capacity-bytes",
-                        "--cold-capacity-bytes", "--durability", "wal", "--lease-ttl-ms"}) {
+                        "--cold-capacity-bytes", "--durability", "wal", "--lease-ttl-ms",
+                        "--bulk-load-listen", "--bulk-load-max-connections"}) {
     EXPECT_THAT(out, HasSubstr(s));
   }
 }
@@ -127,6 +130,7 @@ TEST(KvStoreBinaryTest, ServesAcrossCleanRestartAndKill9) {
     ASSERT_TRUE(c->CreateNamespace({.name = "ns", .block_bytes = kBlock}).ok());
     StoreRange(c.get(), 0, 20);
     ExpectBlocks(c.get(), 20);
+    EXPECT_EQ(c->bulk_loads(), 1u);  // the bulk load port is on by default
     const int status = server.Stop(SIGTERM);  // drains and exits cleanly
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   }
@@ -142,6 +146,24 @@ TEST(KvStoreBinaryTest, ServesAcrossCleanRestartAndKill9) {
     auto c = Connect(server);
     ExpectBlocks(c.get(), 40);
   }
+}
+
+TEST(KvStoreBinaryTest, WithTheBulkLoadPortOffLoadsGoOverGrpc) {
+  TempDir dir;
+  Server server(dir.path(), "--bulk-load-listen=off");
+  auto c = Connect(server);
+  ASSERT_TRUE(c->CreateNamespace({.name = "ns", .block_bytes = kBlock}).ok());
+  StoreRange(c.get(), 0, 5);
+  ExpectBlocks(c.get(), 5);
+  EXPECT_EQ(c->bulk_loads(), 0u);
+}
+
+TEST(KvStoreBinaryTest, ABadBulkLoadAddressIsRefusedAtStartup) {
+  TempDir dir;
+  const std::string out = RunForOutput(std::string(TANDEM_KVSTORE_BINARY) + " --data-dir=" +
+                                       dir.path() + " --bulk-load-listen=nohostport 2>&1; echo rc=$?");
+  EXPECT_THAT(out, HasSubstr("--bulk-load-listen"));
+  EXPECT_THAT(out, HasSubstr("rc=2"));
 }
 
 }  // namespace

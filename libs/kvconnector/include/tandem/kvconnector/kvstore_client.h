@@ -14,7 +14,9 @@
 //
 // Worker: Load() and Store() block the calling thread (the worker's transfer
 // thread) and move block bytes between the store and caller-provided
-// buffers. Every loaded block's CRC32C is verified here too; a block that
+// buffers. Load() uses the store's bulk load port when it has one (each
+// payload byte is received straight into the caller's buffer), the gRPC
+// stream otherwise; the results are the same. Every loaded block's CRC32C is verified here too; a block that
 // fails it is reported as a kChecksum miss and its destination bytes must not
 // be used.
 //
@@ -48,6 +50,13 @@ struct KvStoreClientOptions {
   int64_t rpc_deadline_ms = 30'000;
   // Payload bytes per Store stream message (under the server's 4 MiB limit).
   int64_t store_chunk_bytes = 1 << 20;
+  // Load through the store's bulk load port (plain TCP beside gRPC, see
+  // services/kvstore/bulk_load_server.h) when the store advertises one;
+  // over the gRPC stream otherwise, or when the port cannot be reached.
+  bool bulk_load = true;
+  // host:port of the bulk load port, overriding the advertised port and the
+  // target's host (for a proxy or a Kubernetes Service that maps ports).
+  std::string bulk_load_target;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -148,6 +157,8 @@ class KvStoreClient {
   // True when created, false when it existed with the same spec.
   absl::StatusOr<bool> CreateNamespace(const kvstore::NamespaceSpec& spec);
   absl::StatusOr<kvstore::KvStoreStats> Stats();
+  // Loads served through the bulk load port so far (the rest went over gRPC).
+  [[nodiscard]] uint64_t bulk_loads() const;
 
   class Impl;
 

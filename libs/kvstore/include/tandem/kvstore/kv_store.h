@@ -177,7 +177,9 @@ struct KvStoreStats {
 
 class KvStore {
  public:
-  using Sink = absl::FunctionRef<void(std::span<const uint8_t>)>;
+  // Receives a verified block: its payload (valid only during the call) and
+  // its CRC32C, so a caller can send the checksum ahead of the bytes.
+  using Sink = absl::FunctionRef<void(std::span<const uint8_t> payload, uint32_t checksum)>;
 
   // Opens (or creates) the store in options.data_dir and rebuilds the index
   // from the cold tier.
@@ -211,7 +213,8 @@ class KvStore {
                                     std::optional<Durability> durability = std::nullopt);
 
   // Reads one block: on a hit calls `sink` once with the verified payload
-  // (valid only during the call). A miss is a result, not an error; errors
+  // (valid only during the call; the block stays pinned, so the sink may
+  // block, e.g. on a socket send, without the block being evicted). A miss is a result, not an error; errors
   // are NOT_FOUND (unknown namespace) and I/O failures.
   absl::StatusOr<ReadResult> Read(std::string_view ns, const BlockHash& hash, Sink sink);
   // Read() into `dst`, which must have the namespace's block size.

@@ -1,0 +1,180 @@
+#include "bulk_load_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+#include "tandem/kvstore/checksum.h"
+#include "tandem/rpc/kvstore_convert.h"
+#include "tandem/v1/kvstore.pb.h"
+
+namespace tandem::kvconnector {
+namespace {
+
+constexpr auto kLookupAgainAfter = std::chrono::seconds(10);
+constexpr size_t kMaxIdleConnections = 16;
+constexpr uint32_t kMaxFrameBytes = 1 << 20;  // answer frames carry no payload
+
+}  // namespace
+
+BulkLoadClient::BulkLoadClient(const KvStoreClientOptions& options,
+                               std::function<absl::StatusOr<uint32_t>()> discover_port)
+    : opts_(options), discover_port_(std::move(discover_port)) {}
+
+uint64_t BulkLoadClient::loads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loads_;
+}
+
+std::optional<BulkLoadClient::Address> BulkLoadClient::FindAddress() {
+  auto due = [&]() -> std::optional<std::optional<Address>> {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (address_) return address_;
+    if (std::chrono::steady_clock::now() < next_lookup_) return std::optional<Address>();
+    return std::nullopt;  // look it up
+  };
+  if (auto known = due()) return *known;
+  // One lookup at a time; loads arriving meanwhile wait for its answer.
+  std::lock_guard<std::mutex> lookup(lookup_mu_);
+  if (auto known = due()) return *known;
+  std::optional<Address> addr;
+  if (!opts_.bulk_load_target.empty()) {
+    absl::StatusOr<Address> a = rpc::SplitHostPort(opts_.bulk_load_target);
+    if (a.ok()) addr = *a;  // Validate() rejects a bad one before
+  } else if (absl::StatusOr<uint32_t> port = discover_port_(); port.ok() && *port != 0) {
+    // The target's host (a unix: target has none: gRPC only).
+    if (absl::StatusOr<Address> target = rpc::SplitHostPort(opts_.target); target.ok()) {
+      addr = Address{target->first, std::to_string(*port)};
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  address_ = addr;
+  if (!addr) next_lookup_ = std::chrono::steady_clock::now() + kLookupAgainAfter;
+  return addr;
+}
+
+void BulkLoadClient::MarkUnreachable() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (address_) {
+    TANDEM_LOG(WARNING) << "KV-store bulk load port " << address_->first << ":"
+                        << address_->second << " unreachable; loading over gRPC";
+  }
+  address_.reset();
+  idle_.clear();
+  next_lookup_ = std::chrono::steady_clock::now() + kLookupAgainAfter;
+}
+
+std::unique_ptr<rpc::FramedSocket> BulkLoadClient::Connection(const Address& addr, bool* pooled) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      std::unique_ptr<rpc::FramedSocket> sock = std::move(idle_.back());
+      idle_.pop_back();
+      *pooled = true;
+      return sock;
+    }
+  }
+  *pooled = false;
+  absl::StatusOr<std::unique_ptr<rpc::FramedSocket>> sock = rpc::FramedSocket::Connect(
+      addr.first, addr.second, std::min<int64_t>(opts_.rpc_deadline_ms, 5'000));
+  if (!sock.ok()) return nullptr;
+  (*sock)->SetTimeouts(opts_.rpc_deadline_ms, opts_.rpc_deadline_ms);
+  const auto* preface = reinterpret_cast<const uint8_t*>(rpc::kKvBulkLoadPreface.data());
+  if (!(*sock)->WriteRaw(std::span(preface, rpc::kKvBulkLoadPreface.size())).ok()) return nullptr;
+  return std::move(*sock);
+}
+
+std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load(
+    std::string_view ns, std::span<const BlockHash> hashes,
+    std::span<const std::span<uint8_t>> dst, LeaseId lease) {
+  std::optional<Address> addr = FindAddress();
+  if (!addr) return std::nullopt;
+  v1::LoadRequest req;
+  req.set_namespace_(std::string(ns));
+  rpc::AppendBlockHashes(hashes, req.mutable_block_hashes());
+  req.set_lease_id(lease.value());
+  if (req.ByteSizeLong() > rpc::kKvBulkLoadMaxRequestBytes) return std::nullopt;
+  const size_t n = hashes.size();
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool pooled = false;
+    std::unique_ptr<rpc::FramedSocket> sock = Connection(*addr, &pooled);
+    if (sock == nullptr) {
+      MarkUnreachable();
+      return std::nullopt;
+    }
+    const uint64_t received_before = sock->bytes_received();
+    std::vector<BlockLoadResult> results(n);  // kFailed until answered
+    std::vector<bool> answered(n, false);
+    size_t finished = 0;
+    bool done = false;
+    absl::Status done_status;
+    absl::Status io = sock->Write(req);
+    v1::BulkLoadFrame frame;
+    while (io.ok() && !done) {
+      io = sock->Read(&frame, kMaxFrameBytes);
+      if (!io.ok()) break;
+      if (frame.done()) {
+        done = true;
+        done_status = absl::Status(static_cast<absl::StatusCode>(frame.status_code()),
+                                   frame.status_message());
+        break;
+      }
+      const v1::LoadChunk& c = frame.chunk();
+      const int64_t i = c.block_index();
+      const bool valid = i >= 0 && static_cast<size_t>(i) < n && !answered[i];
+      if (valid) {
+        answered[i] = true;
+        ++finished;
+      }
+      if (!c.ok()) {
+        if (valid) {
+          results[i].miss = c.miss_reason() == v1::MISS_REASON_CHECKSUM ? LoadMiss::kChecksum
+                                                                          : LoadMiss::kNotFound;
+        }
+        continue;
+      }
+      if (!valid || c.total_size() != dst[i].size()) {
+        io = sock->Skip(c.total_size());  // kFailed; the framing survives
+        continue;
+      }
+      // Checksummed piece by piece as it arrives, while in cache.
+      uint32_t crc = 0;
+      io = sock->ReadRaw(dst[i], [&](std::span<const uint8_t> piece) {
+        crc = kvstore::Crc32cExtend(crc, piece.data(), piece.size());
+      });
+      if (!io.ok()) break;
+      results[i].miss = crc == c.checksum() ? LoadMiss::kNone : LoadMiss::kChecksum;
+    }
+    if (done) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++loads_;
+        if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(sock));
+      }
+      if (!done_status.ok() && finished == 0) return Annotate(done_status, "KV-store load");
+      return results;
+    }
+    if (sock->bytes_received() == received_before) {
+      // No answer at all. A pooled connection the store closed meanwhile:
+      // every pooled one is suspect, try a new one. A new one: the port is
+      // not serving (refused over its connection limit, shutting down).
+      if (pooled) {
+        std::lock_guard<std::mutex> lock(mu_);
+        idle_.clear();
+        continue;
+      }
+      MarkUnreachable();
+      return std::nullopt;
+    }
+    if (finished == 0) {
+      return absl::Status(io.code(), absl::StrCat("KV-store load (bulk load port): ", io.message()));
+    }
+    return results;  // blocks not completed stay kFailed
+  }
+  return std::nullopt;
+}
+
+}  // namespace tandem::kvconnector

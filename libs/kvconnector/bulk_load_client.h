@@ -1,0 +1,73 @@
+// The client side of the KV-store's bulk load port
+// (services/kvstore/bulk_load_server.h has the protocol and why it exists).
+// Private to KvStoreClient, which tries it first for every Load and uses the
+// gRPC stream when it answers nullopt.
+//
+// Finding the port: the store advertises it in StatsResponse.bulk_load_port;
+// the host is the client's target's. KvStoreClientOptions.bulk_load_target
+// overrides both (a proxy or a Kubernetes Service that maps ports).
+// When the store advertises no port, or the port cannot be reached, loads go
+// over gRPC and the port is looked up again 10 s later.
+//
+// Connections are pooled: a load takes an idle one (or opens one), and
+// gives it back after the load's final frame. A pooled connection the store
+// has closed in the meantime (idle timeout, restart) fails before any byte
+// of its answer; the load is then retried once on a new connection.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tandem/common/block_hash.h"
+#include "tandem/common/ids.h"
+#include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/rpc/framed_socket.h"
+
+namespace tandem::kvconnector {
+
+class BulkLoadClient {
+ public:
+  // `discover_port` asks the store for its bulk load port (0 = off); it is
+  // called with no lock of this class held.
+  BulkLoadClient(const KvStoreClientOptions& options,
+                 std::function<absl::StatusOr<uint32_t>()> discover_port);
+
+  // Loads as KvStoreClient::Load does. nullopt when the bulk port is off or
+  // unreachable and nothing was loaded: use the gRPC stream.
+  std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> Load(
+      std::string_view ns, std::span<const BlockHash> hashes,
+      std::span<const std::span<uint8_t>> dst, LeaseId lease);
+
+  // Loads served over the port so far (tests).
+  [[nodiscard]] uint64_t loads() const;
+
+ private:
+  using Address = std::pair<std::string, std::string>;  // host, port
+  // The port's address, looking it up when due; nullopt when off.
+  std::optional<Address> FindAddress();
+  // An idle pooled connection (sets *pooled) or a new one; null on failure.
+  std::unique_ptr<rpc::FramedSocket> Connection(const Address& addr, bool* pooled);
+  // Forgets the address (and the pool) until the next lookup is due.
+  void MarkUnreachable();
+
+  const KvStoreClientOptions opts_;
+  const std::function<absl::StatusOr<uint32_t>()> discover_port_;
+
+  std::mutex lookup_mu_;  // held while looking the port up
+  mutable std::mutex mu_;
+  std::optional<Address> address_;
+  std::chrono::steady_clock::time_point next_lookup_{};
+  std::vector<std::unique_ptr<rpc::FramedSocket>> idle_;
+  uint64_t loads_ = 0;
+};
+
+}  // namespace tandem::kvconnector

@@ -1,0 +1,113 @@
+// A blocking TCP connection that carries length-prefixed protobuf frames,
+// each optionally followed by raw payload bytes: the transport of the
+// KV-store's bulk load port (services/kvstore/bulk_load_server.h), where a
+// block's bytes go from the store's memory to the socket and from the socket
+// into the caller's buffer with no copy in between.
+//
+// A frame on the wire: a 4-byte little-endian length N, then N bytes of a
+// serialized message. Payload bytes that follow a frame are not framed; the
+// frame says how many there are.
+//
+// Reads go through a small lookahead buffer, so a frame header costs no
+// syscall of its own: ReadPayload() receives straight into the destination
+// and lets the same readv() pick up the next frame into the buffer.
+//
+// Errors: UNAVAILABLE when the peer closed or reset the connection (see
+// closed_cleanly()), DEADLINE_EXCEEDED when a send or receive made no
+// progress within the socket's timeout, INVALID_ARGUMENT for a frame longer
+// than the caller's limit or one that does not parse. After any error the
+// connection is not usable (the framing is lost); close it.
+//
+// Not thread-safe; one owner at a time.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "google/protobuf/message_lite.h"
+
+namespace tandem::rpc {
+
+// The KV-store's bulk load port (services/kvstore/bulk_load_server.h has
+// the protocol): the preface a client sends first on each connection, and
+// the largest LoadRequest frame the server accepts.
+inline constexpr std::string_view kKvBulkLoadPreface = "TKVBULK1";
+inline constexpr uint32_t kKvBulkLoadMaxRequestBytes = 16 << 20;
+
+// Splits a gRPC-style address into host and port: "host:port",
+// "[v6addr]:port", and the target forms "dns:///host:port", "ipv4:h:p",
+// "ipv6:[h]:p". INVALID_ARGUMENT for anything else (unix sockets, a missing
+// port).
+[[nodiscard]] absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
+    std::string_view address);
+
+class FramedSocket {
+ public:
+  // Takes ownership of a connected stream socket; sets TCP_NODELAY.
+  explicit FramedSocket(int fd);
+  ~FramedSocket();  // closes the socket
+  FramedSocket(const FramedSocket&) = delete;
+  FramedSocket& operator=(const FramedSocket&) = delete;
+
+  // Connects to host:port (numeric or a name getaddrinfo resolves), waiting
+  // at most `timeout_ms`, and sets that as the send and receive timeout.
+  static absl::StatusOr<std::unique_ptr<FramedSocket>> Connect(const std::string& host,
+                                                               const std::string& port,
+                                                               int64_t timeout_ms);
+
+  // Send and receive timeouts (SO_SNDTIMEO / SO_RCVTIMEO): how long one
+  // send or receive may make no progress. 0 = wait forever.
+  void SetTimeouts(int64_t send_ms, int64_t receive_ms);
+
+  // Sends the frame, then `payload`, in as few syscalls as the kernel takes.
+  absl::Status Write(const google::protobuf::MessageLite& frame,
+                     std::span<const uint8_t> payload = {});
+  // Sends bytes as they are (a connection preface).
+  absl::Status WriteRaw(std::span<const uint8_t> bytes);
+
+  // Reads the next frame into `frame` (a frame longer than
+  // `max_frame_bytes` is an error).
+  absl::Status Read(google::protobuf::MessageLite* frame, uint32_t max_frame_bytes);
+  // Reads exactly dst.size() bytes (payload, or a preface) into `dst`.
+  // `on_piece`, when given, sees each piece of dst as it arrives, in order,
+  // while it is still in cache (e.g. to checksum it).
+  absl::Status ReadRaw(std::span<uint8_t> dst,
+                       absl::FunctionRef<void(std::span<const uint8_t>)> on_piece =
+                           [](std::span<const uint8_t>) {});
+  // Receives `n` bytes and drops them (a payload nobody has room for).
+  absl::Status Skip(uint64_t n);
+
+  // After an UNAVAILABLE from Read(): true when the peer closed the
+  // connection between frames (an orderly end), not in the middle of one.
+  [[nodiscard]] bool closed_cleanly() const { return closed_cleanly_; }
+  // Bytes received so far (frames and payload): whether the peer answered
+  // anything at all.
+  [[nodiscard]] uint64_t bytes_received() const { return bytes_received_; }
+  [[nodiscard]] int fd() const { return fd_; }
+
+ private:
+  // Receives into buf_ until it holds at least `n` unread bytes.
+  absl::Status Fill(size_t n);
+  absl::Status RecvError(ssize_t r, const char* what, bool between_frames);
+
+  int fd_;
+  std::vector<uint8_t> buf_;
+  size_t pos_ = 0;  // next unread byte of buf_
+  size_t len_ = 0;  // bytes of buf_ filled
+  bool closed_cleanly_ = false;
+  uint64_t bytes_received_ = 0;
+  std::string scratch_;  // serialized outgoing frame
+};
+
+}  // namespace tandem::rpc

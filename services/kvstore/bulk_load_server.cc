@@ -1,0 +1,265 @@
+#include "bulk_load_server.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "load_scope.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+#include "tandem/rpc/kvstore_convert.h"
+
+namespace tandem::kvstore_service {
+namespace {
+
+// Binds and listens on host:port; returns the socket and the bound port.
+absl::StatusOr<std::pair<int, int>> Listen(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* addrs = nullptr;
+  const std::string port_str = std::to_string(port);
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port_str.c_str(), &hints, &addrs);
+      rc != 0) {
+    return absl::UnavailableError(absl::StrCat("bulk load port: resolving ", host, ": ",
+                                               gai_strerror(rc)));
+  }
+  std::string error = "no address";
+  for (addrinfo* a = addrs; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+      sockaddr_storage bound{};
+      socklen_t len = sizeof bound;
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+      const int bound_port =
+          bound.ss_family == AF_INET6
+              ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      freeaddrinfo(addrs);
+      return std::pair{fd, bound_port};
+    }
+    error = std::strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(addrs);
+  return absl::UnavailableError(
+      absl::StrCat("bulk load port: cannot listen on ", host, ":", port, ": ", error));
+}
+
+}  // namespace
+
+absl::Status BulkLoadServerOptions::Validate() const {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("bulk load port ", port, " is not a TCP port"));
+  }
+  if (max_connections <= 0) {
+    return absl::InvalidArgumentError("bulk load max_connections must be > 0");
+  }
+  if (io_timeout_ms <= 0 || idle_timeout_ms <= 0) {
+    return absl::InvalidArgumentError("bulk load io and idle timeouts must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+struct BulkLoadServer::Connection {
+  std::unique_ptr<rpc::FramedSocket> sock;
+  std::thread thread;
+  std::atomic<bool> finished{false};
+};
+
+absl::StatusOr<std::unique_ptr<BulkLoadServer>> BulkLoadServer::Start(
+    kvstore::KvStore* store, const BulkLoadServerOptions& options) {
+  TANDEM_RETURN_IF_ERROR(options.Validate());
+  TANDEM_ASSIGN_OR_RETURN(auto bound, Listen(options.host, options.port));
+  std::unique_ptr<BulkLoadServer> server(
+      new BulkLoadServer(store, options, bound.first, bound.second));
+  if (pipe2(server->wake_pipe_, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("bulk load port: pipe: ", std::strerror(errno)));
+  }
+  server->acceptor_ = std::thread([s = server.get()] {
+    pthread_setname_np(pthread_self(), "kv-bulk-accept");
+    s->AcceptLoop();
+  });
+  return server;
+}
+
+BulkLoadServer::BulkLoadServer(kvstore::KvStore* store, BulkLoadServerOptions options,
+                               int listen_fd, int port)
+    : store_(store), options_(std::move(options)), listen_fd_(listen_fd), port_(port) {}
+
+BulkLoadServer::~BulkLoadServer() {
+  Shutdown();
+  for (int fd : wake_pipe_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+void BulkLoadServer::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    // Wakes every connection thread out of its recv/send.
+    for (auto& c : connections_) shutdown(c->sock->fd(), SHUT_RDWR);
+  }
+  if (wake_pipe_[1] >= 0) {
+    const char b = 1;
+    (void)!write(wake_pipe_[1], &b, 1);
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  // New connections are refused from here on (clients then use gRPC).
+  close(listen_fd_);
+  std::list<std::unique_ptr<Connection>> conns;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns.swap(connections_);
+  }
+  for (auto& c : conns) c->thread.join();
+}
+
+void BulkLoadServer::ReapLocked() {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if ((*it)->finished.load()) {
+      (*it)->thread.join();
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+BulkLoadServerStats BulkLoadServer::GetStats() const {
+  BulkLoadServerStats s;
+  s.connections_accepted = accepted_.load();
+  s.connections_rejected = rejected_.load();
+  s.bad_prefaces = bad_prefaces_.load();
+  s.loads = loads_.load();
+  s.blocks_sent = blocks_sent_.load();
+  s.bytes_sent = bytes_sent_.load();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& c : connections_) s.connections_open += c->finished.load() ? 0 : 1;
+  return s;
+}
+
+void BulkLoadServer::AcceptLoop() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_pipe_[0], POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      TANDEM_LOG(ERROR) << "bulk load port: poll: " << std::strerror(errno);
+      return;
+    }
+    if (fds[1].revents != 0) return;  // Shutdown()
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        TANDEM_LOG(WARNING) << "bulk load port: accept: " << std::strerror(errno);
+      }
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ReapLocked();
+    if (shut_down_ || connections_.size() >= static_cast<size_t>(options_.max_connections)) {
+      close(fd);  // the client falls back to gRPC Load
+      ++rejected_;
+      continue;
+    }
+    ++accepted_;
+    auto conn = std::make_unique<Connection>();
+    conn->sock = std::make_unique<rpc::FramedSocket>(fd);
+    conn->sock->SetTimeouts(options_.io_timeout_ms, options_.idle_timeout_ms);
+    Connection* raw = conn.get();
+    connections_.push_back(std::move(conn));
+    raw->thread = std::thread([this, raw] {
+      pthread_setname_np(pthread_self(), "kv-bulk-conn");
+      Serve(raw);
+      // The peer sees the end now; the socket is closed when reaped.
+      shutdown(raw->sock->fd(), SHUT_RDWR);
+      raw->finished.store(true);
+    });
+  }
+}
+
+void BulkLoadServer::Serve(Connection* conn) {
+  rpc::FramedSocket* sock = conn->sock.get();
+  uint8_t preface[rpc::kKvBulkLoadPreface.size()];
+  if (!sock->ReadRaw(preface).ok()) return;
+  if (std::memcmp(preface, rpc::kKvBulkLoadPreface.data(), sizeof preface) != 0) {
+    ++bad_prefaces_;
+    TANDEM_LOG(WARNING) << "bulk load port: a connection did not start with the bulk load "
+                           "preface (a gRPC or HTTP client on the wrong port?); closed";
+    return;
+  }
+  for (;;) {
+    v1::LoadRequest request;
+    absl::Status s = sock->Read(&request, rpc::kKvBulkLoadMaxRequestBytes);
+    if (s.code() == absl::StatusCode::kInvalidArgument) {
+      v1::BulkLoadFrame done;
+      done.set_done(true);
+      done.set_status_code(static_cast<int32_t>(s.code()));
+      done.set_status_message(absl::StrCat("bulk load: ", s.message()));
+      (void)sock->Write(done);
+      return;
+    }
+    if (!s.ok()) return;  // closed, reset, or idle past the timeout
+    if (!ServeLoad(sock, request)) return;
+  }
+}
+
+bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request) {
+  ++loads_;
+  LoadScope scope(store_, request);  // releases the lease however the load ends
+  auto send_done = [&](const absl::Status& status) {
+    v1::BulkLoadFrame done;
+    done.set_done(true);
+    done.set_status_code(static_cast<int32_t>(status.code()));
+    done.set_status_message(std::string(status.message()));
+    return sock->Write(done).ok();
+  };
+  if (!scope.status().ok()) return send_done(scope.status());
+  const std::vector<BlockHash>& hashes = scope.hashes();
+  v1::BulkLoadFrame frame;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    frame.Clear();
+    v1::LoadChunk* chunk = frame.mutable_chunk();
+    chunk->set_block_index(static_cast<int32_t>(i));
+    chunk->set_last(true);
+    absl::Status sent;
+    // The sink runs while the engine keeps the verified block pinned: its
+    // bytes go from the store's memory to the socket.
+    absl::StatusOr<kvstore::ReadResult> r = store_->Read(
+        request.namespace_(), hashes[i], [&](std::span<const uint8_t> data, uint32_t checksum) {
+          chunk->set_ok(true);
+          chunk->set_total_size(data.size());
+          chunk->set_checksum(checksum);
+          sent = sock->Write(frame, data);
+          if (sent.ok()) {
+            ++blocks_sent_;
+            bytes_sent_ += data.size();
+          }
+        });
+    if (!sent.ok()) return false;  // the connection broke mid-block
+    if (!r.ok()) return send_done(Annotate(r.status(), absl::StrCat("loading block ", i)));
+    if (!r->ok()) {
+      chunk->set_ok(false);
+      chunk->set_miss_reason(rpc::ToProto(r->miss));
+      if (!sock->Write(frame).ok()) return false;
+    }
+  }
+  return send_done(absl::OkStatus());
+}
+
+}  // namespace tandem::kvstore_service

@@ -1,0 +1,135 @@
+// The bulk load port: the KV-store's Load served over plain TCP beside gRPC.
+//
+// DESIGN CHANGE (DESIGN §5 specifies Load as a gRPC server stream only).
+// The gRPC Load stays, unchanged, for every client (grpcurl, Python, the
+// worker when this port is off or unreachable). This port exists because
+// gRPC cannot meet DESIGN §8's load target (>= redis-server's GB/s): over
+// HTTP/2 each payload byte is copied into a gRPC slice on the server and out
+// of gRPC's receive slices on the client, and every message crosses gRPC's
+// thread hand-offs; measured on loopback, gRPC Load reached 0.4-0.6x of
+// redis GET. Here the server sends a block from the store's memory (the
+// pinned hot-tier slot, or RocksDB's pinned read buffer) straight to the
+// socket, and the client receives it straight into the caller's buffer:
+// one kernel copy on each side, as with redis.
+//
+// The service advertises the port in StatsResponse.bulk_load_port; the KV
+// client (libs/kvconnector) finds it there and uses it for Load, falling
+// back to the gRPC stream when the port is off or cannot be reached.
+//
+// Protocol (frames: rpc::FramedSocket, a 4-byte little-endian length and a
+// serialized message; all messages are in protos/tandem/v1/kvstore.proto):
+//   1. The client sends the 8-byte preface "TKVBULK1" (rpc::kKvBulkLoadPreface)
+//      once per connection
+//      (the server closes a connection that starts with anything else, so a
+//      misdirected HTTP/2 or HTTP client fails fast).
+//   2. Any number of loads, one at a time. The client sends a LoadRequest
+//      frame (as for gRPC Load). The server answers, for each hash in
+//      request order, a BulkLoadFrame whose `chunk` is the whole block
+//      (block_index, last = true, ok = true, total_size, checksum) followed
+//      by total_size raw payload bytes, or a miss (ok = false,
+//      miss_reason); then a BulkLoadFrame with done = true and the load's
+//      status (status_code 0 = OK). A load that cannot start (unknown
+//      namespace -> NOT_FOUND, a hash that is not 32 bytes ->
+//      INVALID_ARGUMENT) answers only the done frame, with its error; an I/O
+//      error midway ends the blocks early and the done frame carries it.
+//      Blocks are verified against their checksum before a byte is sent.
+//   3. The request's lease (if not 0) is released when the load ends, as
+//      for gRPC Load.
+// A frame that is not a LoadRequest, or is over 16 MiB
+// (rpc::kKvBulkLoadMaxRequestBytes, about 470,000 hashes), is answered with a
+// done frame carrying INVALID_ARGUMENT, and the connection is closed.
+//
+// Threads: one acceptor, and one thread per connection (a connection
+// serves one load at a time; the worker keeps one connection per transfer
+// thread). Connections beyond max_connections are closed on accept, and the
+// client then uses gRPC. A send that makes no progress for io_timeout_ms
+// closes the connection, which bounds how long a stalled client keeps a
+// block pinned; a connection idle for idle_timeout_ms between loads is
+// closed.
+//
+// Not encrypted, like the rest of the service (no TLS anywhere yet).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tandem/kvstore/kv_store.h"
+#include "tandem/rpc/framed_socket.h"
+#include "tandem/v1/kvstore.pb.h"
+
+namespace tandem::kvstore_service {
+
+struct BulkLoadServerOptions {
+  // Address to listen on; port 0 picks a free one (see BulkLoadServer::port).
+  std::string host = "127.0.0.1";
+  int port = 0;
+  int32_t max_connections = 64;
+  int64_t io_timeout_ms = 30'000;
+  int64_t idle_timeout_ms = 300'000;
+
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+struct BulkLoadServerStats {
+  uint64_t connections_accepted = 0;
+  uint64_t connections_rejected = 0;  // over max_connections
+  uint64_t connections_open = 0;
+  uint64_t bad_prefaces = 0;
+  uint64_t loads = 0;        // LoadRequests answered
+  uint64_t blocks_sent = 0;  // payloads sent
+  uint64_t bytes_sent = 0;   // payload bytes
+};
+
+class BulkLoadServer {
+ public:
+  // Binds and starts accepting. `store` is not owned and must outlive the
+  // server. UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<BulkLoadServer>> Start(kvstore::KvStore* store,
+                                                               const BulkLoadServerOptions& options);
+  // Shutdown(), then frees.
+  ~BulkLoadServer();
+  BulkLoadServer(const BulkLoadServer&) = delete;
+  BulkLoadServer& operator=(const BulkLoadServer&) = delete;
+
+  // The bound port.
+  [[nodiscard]] int port() const { return port_; }
+  // Stops accepting (closes the port), closes every connection (a load in progress ends with
+  // a broken connection, which its client reports as failed blocks) and
+  // joins the threads. Idempotent.
+  void Shutdown();
+  [[nodiscard]] BulkLoadServerStats GetStats() const;
+
+ private:
+  struct Connection;
+  BulkLoadServer(kvstore::KvStore* store, BulkLoadServerOptions options, int listen_fd, int port);
+
+  void AcceptLoop();
+  void Serve(Connection* conn);
+  // Answers one request; false when the connection must be closed.
+  bool ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request);
+  // Joins and frees finished connections. Requires mu_.
+  void ReapLocked();
+
+  kvstore::KvStore* const store_;
+  const BulkLoadServerOptions options_;
+  const int listen_fd_;
+  const int port_;
+  int wake_pipe_[2] = {-1, -1};  // Shutdown() wakes the acceptor through it
+  std::thread acceptor_;
+
+  mutable std::mutex mu_;
+  bool shut_down_ = false;
+  std::list<std::unique_ptr<Connection>> connections_;
+
+  std::atomic<uint64_t> accepted_{0}, rejected_{0}, bad_prefaces_{0}, loads_{0}, blocks_sent_{0},
+      bytes_sent_{0};
+};
+
+}  // namespace tandem::kvstore_service

@@ -1,0 +1,36 @@
+// What both Load paths (the gRPC stream and the bulk load port) do around
+// the blocks: check the request's namespace and hashes, and release the
+// request's lease when the load ends, however it ends.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tandem/common/block_hash.h"
+#include "tandem/kvstore/kv_store.h"
+#include "tandem/v1/kvstore.pb.h"
+
+namespace tandem::kvstore_service {
+
+class LoadScope {
+ public:
+  // `store` and `request` must outlive the scope.
+  LoadScope(kvstore::KvStore* store, const v1::LoadRequest& request);
+  // Releases the request's lease (if any).
+  ~LoadScope();
+  LoadScope(const LoadScope&) = delete;
+  LoadScope& operator=(const LoadScope&) = delete;
+
+  // OK, NOT_FOUND (unknown namespace) or INVALID_ARGUMENT (a hash that is
+  // not 32 bytes, naming its index).
+  [[nodiscard]] const absl::Status& status() const { return status_; }
+  [[nodiscard]] const std::vector<BlockHash>& hashes() const { return hashes_; }
+
+ private:
+  kvstore::KvStore* const store_;
+  const v1::LoadRequest& request_;
+  absl::Status status_;
+  std::vector<BlockHash> hashes_;
+};
+
+}  // namespace tandem::kvstore_service

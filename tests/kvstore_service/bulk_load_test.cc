@@ -1,0 +1,428 @@
+// The bulk load port (services/kvstore/bulk_load_server.h): the KV client's
+// Load over plain TCP against an in-process server, its fallback to the
+// gRPC stream, and bad input sent with a raw FramedSocket (DESIGN §9).
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../kvstore/test_util.h"
+#include "bulk_load_server.h"
+#include "gmock/gmock.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "kvstore_service.h"
+#include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/kvstore/kv_store.h"
+#include "tandem/rpc/framed_socket.h"
+#include "tandem/rpc/kvstore_convert.h"
+#include "tandem/v1/kvstore.pb.h"
+
+namespace tandem {
+namespace {
+
+using kvconnector::KvStoreClient;
+using kvconnector::LoadMiss;
+using kvstore::testing::TempDir;
+using kvstore::testing::TestHash;
+using kvstore::testing::TestPayload;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kBlock = 64 << 10;
+constexpr uint64_t kBigBlock = (5 << 20) / 2;  // 2.5 MiB: many socket reads per block
+
+std::span<const uint8_t> Preface() {
+  return {reinterpret_cast<const uint8_t*>(rpc::kKvBulkLoadPreface.data()),
+          rpc::kKvBulkLoadPreface.size()};
+}
+
+class BulkLoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = kvstore::KvStore::Open({.data_dir = dir_.path(),
+                                         .hot_capacity_bytes = 32 << 20,
+                                         .hot_slot_bytes = 4 << 20,
+                                         .lock_hot_memory = false});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    ASSERT_TRUE(store_->CreateNamespace({.name = "ns", .block_bytes = kBlock}).ok());
+    ASSERT_TRUE(store_->CreateNamespace({.name = "big", .block_bytes = kBigBlock}).ok());
+  }
+  void TearDown() override {
+    clients_.clear();
+    if (server_) server_->Shutdown();
+    if (bulk_) bulk_->Shutdown();
+  }
+
+  // Starts the bulk load port (unless `with_bulk` is false) and the gRPC
+  // service advertising it.
+  void Start(bool with_bulk = true, kvstore_service::BulkLoadServerOptions bulk_options = {}) {
+    if (with_bulk) {
+      auto bulk = kvstore_service::BulkLoadServer::Start(store_.get(), bulk_options);
+      ASSERT_TRUE(bulk.ok()) << bulk.status();
+      bulk_ = std::move(*bulk);
+    }
+    service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
+        store_.get(),
+        kvstore_service::KvStoreServiceOptions{.bulk_load_port = bulk_ ? bulk_->port() : 0});
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    target_ = "127.0.0.1:" + std::to_string(port);
+  }
+
+  KvStoreClient* Client(kvconnector::KvStoreClientOptions o = {}) {
+    o.target = target_;
+    auto client = KvStoreClient::Create(o);
+    EXPECT_TRUE(client.ok()) << client.status();
+    clients_.push_back(std::move(*client));
+    return clients_.back().get();
+  }
+
+  void Put(const std::string& ns, uint64_t id, uint64_t size) {
+    const std::vector<uint8_t> p = TestPayload(id, size);
+    ASSERT_TRUE(store_->Store(ns, TestHash(id), p, kvstore::Crc32c(p)).ok());
+  }
+
+  // Loads `ids` of `size` bytes; buffers start filled with 0xEE.
+  struct Loaded {
+    absl::StatusOr<std::vector<kvconnector::BlockLoadResult>> results;
+    std::vector<std::vector<uint8_t>> bufs;
+  };
+  Loaded Load(KvStoreClient* client, const std::string& ns, const std::vector<uint64_t>& ids,
+              uint64_t size, LeaseId lease = LeaseId(0)) {
+    Loaded out;
+    std::vector<BlockHash> hashes;
+    for (uint64_t id : ids) hashes.push_back(TestHash(id));
+    out.bufs.assign(ids.size(), std::vector<uint8_t>(size, 0xEE));
+    std::vector<std::span<uint8_t>> dst(out.bufs.begin(), out.bufs.end());
+    out.results = client->Load(ns, hashes, dst, lease);
+    return out;
+  }
+
+  // A raw connection to the bulk load port.
+  std::unique_ptr<rpc::FramedSocket> Raw() {
+    auto sock = rpc::FramedSocket::Connect("127.0.0.1", std::to_string(bulk_->port()), 5'000);
+    EXPECT_TRUE(sock.ok()) << sock.status();
+    return std::move(*sock);
+  }
+
+  template <typename Pred>
+  bool Eventually(Pred pred) {
+    for (int i = 0; i < 2000; ++i) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return pred();
+  }
+
+  TempDir dir_;
+  std::unique_ptr<kvstore::KvStore> store_;
+  std::unique_ptr<kvstore_service::BulkLoadServer> bulk_;
+  std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string target_;
+  std::vector<std::unique_ptr<KvStoreClient>> clients_;
+};
+
+TEST_F(BulkLoadTest, LoadGoesOverTheBulkPortAndAnswersAsTheGrpcStream) {
+  Start();
+  for (uint64_t id : {1, 2, 3}) Put("ns", id, kBlock);
+  KvStoreClient* bulk = Client();
+  KvStoreClient* grpc = Client({.bulk_load = false});
+  const std::vector<uint64_t> ids = {1, 2, 99, 3};  // 99 was never stored
+  Loaded a = Load(bulk, "ns", ids, kBlock);
+  Loaded b = Load(grpc, "ns", ids, kBlock);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  ASSERT_TRUE(b.results.ok()) << b.results.status();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const LoadMiss want = ids[i] == 99 ? LoadMiss::kNotFound : LoadMiss::kNone;
+    EXPECT_EQ((*a.results)[i].miss, want) << i;
+    EXPECT_EQ((*b.results)[i].miss, want) << i;
+    if (want == LoadMiss::kNone) {
+      EXPECT_EQ(a.bufs[i], TestPayload(ids[i], kBlock)) << i;
+    }
+    EXPECT_EQ(a.bufs[i], b.bufs[i]) << i;
+  }
+  EXPECT_EQ(bulk->bulk_loads(), 1u);
+  EXPECT_EQ(grpc->bulk_loads(), 0u);
+  const auto stats = bulk_->GetStats();
+  EXPECT_EQ(stats.loads, 1u);
+  EXPECT_EQ(stats.blocks_sent, 3u);
+  EXPECT_EQ(stats.bytes_sent, 3 * kBlock);
+}
+
+TEST_F(BulkLoadTest, BlocksLargerThanTheSocketBuffersArriveWhole) {
+  Start();
+  for (uint64_t id : {1, 2, 3}) Put("big", id, kBigBlock);
+  KvStoreClient* client = Client();
+  Loaded a = Load(client, "big", {3, 1, 2}, kBigBlock);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE((*a.results)[i].ok()) << i;
+  EXPECT_EQ(a.bufs[0], TestPayload(3, kBigBlock));
+  EXPECT_EQ(a.bufs[1], TestPayload(1, kBigBlock));
+  EXPECT_EQ(a.bufs[2], TestPayload(2, kBigBlock));
+  EXPECT_EQ(client->bulk_loads(), 1u);
+}
+
+TEST_F(BulkLoadTest, AFlippedByteIsAChecksumMissAndItsBytesAreNeverSent) {
+  Start();
+  for (uint64_t id : {1, 2, 3}) Put("ns", id, kBlock);
+  ASSERT_TRUE(store_->TEST_CorruptHot("ns", TestHash(2), 100).ok());
+  KvStoreClient* client = Client();
+  Loaded a = Load(client, "ns", {1, 2, 3}, kBlock);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  EXPECT_TRUE((*a.results)[0].ok());
+  EXPECT_EQ((*a.results)[1].miss, LoadMiss::kChecksum);
+  EXPECT_TRUE((*a.results)[2].ok());
+  EXPECT_EQ(a.bufs[1], std::vector<uint8_t>(kBlock, 0xEE)) << "bytes of a corrupt block arrived";
+  EXPECT_EQ(a.bufs[2], TestPayload(3, kBlock));
+  EXPECT_EQ(bulk_->GetStats().blocks_sent, 2u);
+  EXPECT_EQ(client->bulk_loads(), 1u);
+}
+
+TEST_F(BulkLoadTest, UnknownNamespaceIsNotFoundAndTheConnectionServesTheNextLoad) {
+  Start();
+  Put("ns", 1, kBlock);
+  KvStoreClient* client = Client();
+  Loaded bad = Load(client, "nope", {1}, kBlock);
+  ASSERT_FALSE(bad.results.ok());
+  EXPECT_EQ(bad.results.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(bad.results.status().message(), HasSubstr("nope"));
+  Loaded good = Load(client, "ns", {1}, kBlock);
+  ASSERT_TRUE(good.results.ok()) << good.results.status();
+  EXPECT_TRUE((*good.results)[0].ok());
+  EXPECT_EQ(client->bulk_loads(), 2u);
+  EXPECT_EQ(bulk_->GetStats().connections_accepted, 1u);  // the pooled connection
+}
+
+TEST_F(BulkLoadTest, TheLoadReleasesItsLease) {
+  Start();
+  for (uint64_t id : {1, 2}) Put("ns", id, kBlock);
+  KvStoreClient* client = Client();
+  std::vector<BlockHash> hashes{TestHash(1), TestHash(2)};
+  kvconnector::LookupResult r = client->Lookup("ns", hashes, {.take_lease = true})->Wait();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_NE(r.lease.value(), 0u);
+  EXPECT_EQ(store_->GetStats().active_leases, 1u);
+  Loaded a = Load(client, "ns", {1, 2}, kBlock, r.lease);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  EXPECT_EQ(client->bulk_loads(), 1u);
+  EXPECT_EQ(store_->GetStats().active_leases, 0u);
+}
+
+TEST_F(BulkLoadTest, UsesGrpcWhenTheStoreHasNoBulkPort) {
+  Start(/*with_bulk=*/false);
+  Put("ns", 1, kBlock);
+  KvStoreClient* client = Client();
+  Loaded a = Load(client, "ns", {1}, kBlock);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  EXPECT_TRUE((*a.results)[0].ok());
+  EXPECT_EQ(a.bufs[0], TestPayload(1, kBlock));
+  EXPECT_EQ(client->bulk_loads(), 0u);
+}
+
+TEST_F(BulkLoadTest, UsesGrpcWhenTheBulkPortCannotBeReached) {
+  Start();
+  Put("ns", 1, kBlock);
+  // A port nothing listens on (bound, then closed).
+  int unused_port = 0;
+  {
+    auto probe = kvstore_service::BulkLoadServer::Start(store_.get(), {});
+    ASSERT_TRUE(probe.ok());
+    unused_port = (*probe)->port();
+  }
+  KvStoreClient* client =
+      Client({.bulk_load_target = "127.0.0.1:" + std::to_string(unused_port)});
+  Loaded a = Load(client, "ns", {1}, kBlock);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  EXPECT_TRUE((*a.results)[0].ok());
+  EXPECT_EQ(a.bufs[0], TestPayload(1, kBlock));
+  EXPECT_EQ(client->bulk_loads(), 0u);
+  EXPECT_EQ(bulk_->GetStats().loads, 0u);
+}
+
+TEST_F(BulkLoadTest, AfterTheServerClosesAnIdleConnectionTheNextLoadReconnects) {
+  Start(true, {.idle_timeout_ms = 50});
+  Put("ns", 1, kBlock);
+  KvStoreClient* client = Client();
+  ASSERT_TRUE(Load(client, "ns", {1}, kBlock).results.ok());
+  ASSERT_TRUE(Eventually([&] { return bulk_->GetStats().connections_open == 0; }));
+  Loaded a = Load(client, "ns", {1}, kBlock);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  EXPECT_TRUE((*a.results)[0].ok());
+  EXPECT_EQ(client->bulk_loads(), 2u);  // both over the port, the second on a new connection
+  EXPECT_EQ(bulk_->GetStats().connections_accepted, 2u);
+}
+
+TEST_F(BulkLoadTest, AfterTheBulkPortShutsDownLoadsGoOverGrpc) {
+  Start();
+  Put("ns", 1, kBlock);
+  KvStoreClient* client = Client();
+  ASSERT_TRUE(Load(client, "ns", {1}, kBlock).results.ok());
+  bulk_->Shutdown();
+  Loaded a = Load(client, "ns", {1}, kBlock);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  EXPECT_TRUE((*a.results)[0].ok());
+  EXPECT_EQ(a.bufs[0], TestPayload(1, kBlock));
+  EXPECT_EQ(client->bulk_loads(), 1u);
+}
+
+TEST_F(BulkLoadTest, ConcurrentLoadsThroughOneClientEachGetTheirBlocks) {
+  Start();
+  for (uint64_t id = 0; id < 16; ++id) Put("ns", id, kBlock);
+  KvStoreClient* client = Client();
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        std::vector<uint64_t> ids;
+        for (int k = 0; k < 4; ++k) ids.push_back((t * 4 + k + round) % 16);
+        Loaded a = Load(client, "ns", ids, kBlock);
+        if (!a.results.ok()) {
+          ++wrong;
+          continue;
+        }
+        for (size_t k = 0; k < ids.size(); ++k) {
+          if (!(*a.results)[k].ok() || a.bufs[k] != TestPayload(ids[k], kBlock)) ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(client->bulk_loads(), 80u);
+  EXPECT_LE(bulk_->GetStats().connections_accepted, 4u);  // pooled, one per thread at most
+}
+
+// ---- bad input on the raw port ---------------------------------------------------------
+
+TEST_F(BulkLoadTest, AConnectionWithoutThePrefaceIsClosedAndOthersAreServed) {
+  Start();
+  Put("ns", 1, kBlock);
+  auto sock = Raw();
+  const std::string http2 = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  ASSERT_TRUE(sock->WriteRaw({reinterpret_cast<const uint8_t*>(http2.data()), http2.size()}).ok());
+  v1::BulkLoadFrame frame;
+  absl::Status s = sock->Read(&frame, 1 << 20);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;  // closed, nothing answered
+  EXPECT_EQ(sock->bytes_received(), 0u);
+  EXPECT_EQ(bulk_->GetStats().bad_prefaces, 1u);
+  KvStoreClient* client = Client();
+  Loaded a = Load(client, "ns", {1}, kBlock);
+  ASSERT_TRUE(a.results.ok());
+  EXPECT_TRUE((*a.results)[0].ok());
+  EXPECT_EQ(client->bulk_loads(), 1u);
+}
+
+TEST_F(BulkLoadTest, AFrameThatIsNotALoadRequestGetsInvalidArgumentAndTheConnectionCloses) {
+  Start();
+  auto sock = Raw();
+  ASSERT_TRUE(sock->WriteRaw(Preface()).ok());
+  // Length 4, then bytes that are no valid protobuf (field 0 is illegal).
+  const uint8_t junk[] = {4, 0, 0, 0, 0x00, 0xff, 0xff, 0xff};
+  ASSERT_TRUE(sock->WriteRaw(junk).ok());
+  v1::BulkLoadFrame frame;
+  ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
+  EXPECT_TRUE(frame.done());
+  EXPECT_EQ(frame.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(frame.status_message(), HasSubstr("LoadRequest"));
+  EXPECT_FALSE(sock->Read(&frame, 1 << 20).ok());  // closed
+  EXPECT_TRUE(sock->closed_cleanly());
+}
+
+TEST_F(BulkLoadTest, AnOversizedFrameIsRefusedBeforeItIsRead) {
+  Start();
+  auto sock = Raw();
+  ASSERT_TRUE(sock->WriteRaw(Preface()).ok());
+  const uint8_t header[] = {0xff, 0xff, 0xff, 0x7f};  // ~2 GiB announced, none sent
+  ASSERT_TRUE(sock->WriteRaw(header).ok());
+  v1::BulkLoadFrame frame;
+  ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
+  EXPECT_TRUE(frame.done());
+  EXPECT_EQ(frame.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(frame.status_message(), HasSubstr("2147483647 bytes"));
+}
+
+TEST_F(BulkLoadTest, ABadHashIsInvalidArgumentNamingItAndTheConnectionStaysUsable) {
+  Start();
+  Put("ns", 1, kBlock);
+  auto sock = Raw();
+  ASSERT_TRUE(sock->WriteRaw(Preface()).ok());
+  v1::LoadRequest req;
+  req.set_namespace_("ns");
+  rpc::AppendBlockHashes(std::vector<BlockHash>{TestHash(1)}, req.mutable_block_hashes());
+  req.add_block_hashes(std::string(31, 'x'));
+  ASSERT_TRUE(sock->Write(req).ok());
+  v1::BulkLoadFrame frame;
+  ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
+  EXPECT_TRUE(frame.done());  // nothing of the request was served
+  EXPECT_EQ(frame.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(frame.status_message(), HasSubstr("block_hashes[1]"));
+  EXPECT_EQ(bulk_->GetStats().blocks_sent, 0u);
+  // The same connection then serves a valid request.
+  req.mutable_block_hashes()->RemoveLast();
+  ASSERT_TRUE(sock->Write(req).ok());
+  ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
+  ASSERT_TRUE(frame.has_chunk());
+  EXPECT_TRUE(frame.chunk().ok());
+  ASSERT_EQ(frame.chunk().total_size(), kBlock);
+  std::vector<uint8_t> payload(kBlock);
+  ASSERT_TRUE(sock->ReadRaw(payload).ok());
+  EXPECT_EQ(payload, TestPayload(1, kBlock));
+  EXPECT_EQ(frame.chunk().checksum(), kvstore::Crc32c(payload));
+  ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
+  EXPECT_TRUE(frame.done());
+  EXPECT_EQ(frame.status_code(), 0);
+}
+
+TEST_F(BulkLoadTest, AClientThatHangsUpMidLoadLeavesNoLeaseAndNoStuckThread) {
+  Start();
+  for (uint64_t id = 0; id < 8; ++id) Put("big", id, kBigBlock);
+  KvStoreClient* client = Client();
+  std::vector<BlockHash> hashes;
+  for (uint64_t id = 0; id < 8; ++id) hashes.push_back(TestHash(id));
+  kvconnector::LookupResult r = client->Lookup("big", hashes, {.take_lease = true})->Wait();
+  ASSERT_EQ(r.num_hits, 8);
+  {
+    auto sock = Raw();
+    ASSERT_TRUE(sock->WriteRaw(Preface()).ok());
+    v1::LoadRequest req;
+    req.set_namespace_("big");
+    rpc::AppendBlockHashes(hashes, req.mutable_block_hashes());
+    req.set_lease_id(r.lease.value());
+    ASSERT_TRUE(sock->Write(req).ok());
+    v1::BulkLoadFrame frame;
+    ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());  // the first block's header, then hang up
+  }
+  EXPECT_TRUE(Eventually([&] { return store_->GetStats().active_leases == 0; }));
+  EXPECT_TRUE(Eventually([&] { return bulk_->GetStats().connections_open == 0; }));
+  Loaded a = Load(client, "big", {7}, kBigBlock);  // still serving
+  ASSERT_TRUE(a.results.ok());
+  EXPECT_TRUE((*a.results)[0].ok());
+}
+
+TEST(SplitHostPort, AcceptsTheAddressFormsGrpcTakes) {
+  using P = std::pair<std::string, std::string>;
+  EXPECT_EQ(*rpc::SplitHostPort("127.0.0.1:50070"), P("127.0.0.1", "50070"));
+  EXPECT_EQ(*rpc::SplitHostPort("kvstore.default.svc:50070"), P("kvstore.default.svc", "50070"));
+  EXPECT_EQ(*rpc::SplitHostPort("dns:///kvstore:1"), P("kvstore", "1"));
+  EXPECT_EQ(*rpc::SplitHostPort("ipv4:10.0.0.1:2"), P("10.0.0.1", "2"));
+  EXPECT_EQ(*rpc::SplitHostPort("[::1]:3"), P("::1", "3"));
+  EXPECT_EQ(*rpc::SplitHostPort("ipv6:[::1]:4"), P("::1", "4"));
+  for (const char* bad : {"", "host", "host:", ":80", "host:http", "::1:80", "unix:/tmp/s",
+                          "[::1]80", "host:123456"}) {
+    EXPECT_EQ(rpc::SplitHostPort(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace tandem
