@@ -9,6 +9,7 @@
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/kvconnector/kvstore_connector.h"
+#include "tandem/rpc/framed_socket.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem::kvconnector {
@@ -49,6 +50,11 @@ std::string NamespaceFor(const std::string& model_fingerprint, const std::string
 
 absl::Status KvStoreConnectorOptions::Validate() const {
   if (target.empty()) return absl::InvalidArgumentError("--kvstore (host:port) is empty");
+  if (bulk_load != "auto" && bulk_load != "off") {
+    if (absl::Status s = rpc::SplitHostPort(bulk_load).status(); !s.ok()) {
+      return Annotate(s, "bulk_load must be auto, off or host:port");
+    }
+  }
   if (lookup_deadline_ms <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lookup_deadline_ms must be > 0, got ", lookup_deadline_ms));

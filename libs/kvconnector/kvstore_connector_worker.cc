@@ -23,9 +23,13 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::
   }
   TANDEM_ASSIGN_OR_RETURN(
       std::unique_ptr<KvStoreClient> client,
-      KvStoreClient::Create(KvStoreClientOptions{.target = options.target,
-                                                 .lookup_deadline_ms = options.lookup_deadline_ms,
-                                                 .rpc_deadline_ms = options.transfer_deadline_ms}));
+      KvStoreClient::Create(KvStoreClientOptions{
+          .target = options.target,
+          .lookup_deadline_ms = options.lookup_deadline_ms,
+          .rpc_deadline_ms = options.transfer_deadline_ms,
+          .bulk_load = options.bulk_load != "off",
+          .bulk_load_target =
+              options.bulk_load == "auto" || options.bulk_load == "off" ? "" : options.bulk_load}));
   const std::string ns = NamespaceFor(model_fingerprint, kv_layout);
   kvstore::NamespaceSpec spec{
       .name = ns, .block_bytes = static_cast<uint64_t>(block_bytes), .layout = kv_layout};

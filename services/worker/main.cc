@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
             "(empty: off)");
   flags.Add("kvstore-transfer-deadline-ms", &options.kvstore_transfer_deadline_ms,
             "deadline of one step's KV-store load and of one store, in milliseconds");
+  flags.Add("kvstore-bulk-load", &options.kvstore_bulk_load,
+            "how KV-store loads travel: auto (the store's bulk load port, plain TCP, when it "
+            "advertises one; else gRPC), off (gRPC only), or host:port of the bulk load port");
   tandem::metrics::ExposerOptions metrics_options;
   flags.Add("metrics-listen", &metrics_options.listen_address,
             "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");

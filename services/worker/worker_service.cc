@@ -103,7 +103,8 @@ absl::Status WorkerService::Load() {
             .target = options_.kvstore_target,
             .transfer_deadline_ms = options_.kvstore_transfer_deadline_ms,
             // Pinned staging only pays off when the cache is on the GPU.
-            .use_cuda_host_alloc = options_.backend == "cuda"},
+            .use_cuda_host_alloc = options_.backend == "cuda",
+            .bulk_load = options_.kvstore_bulk_load},
         model_->fingerprint(), model::KvLayoutString(config, options_.block_size),
         model::KvBlockBytes(config, options_.block_size),
         [runner](int32_t block, std::span<std::byte> out) {

@@ -71,6 +71,8 @@ struct WorkerOptions {
   std::string kvstore_target;
   // Deadline of one step's KV-store Load and of one Store, milliseconds.
   int64_t kvstore_transfer_deadline_ms = 5000;
+  // auto | off | host:port: how KV-store loads travel (KvStoreConnectorOptions::bulk_load).
+  std::string kvstore_bulk_load = "auto";
 
   [[nodiscard]] absl::Status Validate() const;
 };

@@ -561,5 +561,18 @@ TEST(CudaHostAllocTest, PinnedMemoryRoundTripsThroughTheDevice) {
 }
 #endif
 
+TEST(KvStoreConnectorOptionsTest, BulkLoadIsAutoOffOrAnAddress) {
+  for (const char* ok : {"auto", "off", "kvstore:50071", "[::1]:7"}) {
+    const KvStoreConnectorOptions o{.target = "h:1", .bulk_load = ok};
+    EXPECT_TRUE(o.Validate().ok()) << ok;
+  }
+  for (const char* bad : {"", "on", "kvstore", "kvstore:port"}) {
+    const KvStoreConnectorOptions o{.target = "h:1", .bulk_load = bad};
+    absl::Status s = o.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("bulk_load"), absl::string_view::npos) << bad << ": " << s;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kvconnector

@@ -117,6 +117,11 @@ struct KvStoreConnectorOptions {
   // OS allows. Set false for a CPU backend on a machine with a GPU.
   // Default true.
   bool use_cuda_host_alloc = true;
+  // Worker: how loads reach the store. "auto": the store's bulk load port
+  // (plain TCP, see services/kvstore/bulk_load_server.h) when it advertises
+  // one, else gRPC; "off": gRPC only; host:port: the bulk load port at this
+  // address (when a proxy or a Kubernetes Service maps ports). Default auto.
+  std::string bulk_load = "auto";
 
   [[nodiscard]] absl::Status Validate() const;
 };
