@@ -7,7 +7,8 @@
 //     p50 <= 100 us, p99 <= 1 ms; anchor: 1-2 ms published for Mooncake's
 //     batched existence check.
 //   - Store and Load GB/s for 64 KiB and 2 MiB blocks, per tier (loads
-//     after one untimed pass over the blocks, as redis GETs).
+//     after one untimed pass over the blocks, as redis GETs), Load both over
+//     the bulk load port (the client's default) and over the gRPC stream.
 // Then starts Debian's redis-server on a loopback port (no persistence) and
 // measures pipelined SET/GET of the same blocks with a small RESP client
 // that, like our Load, copies each value into a caller-provided buffer.
@@ -29,6 +30,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -38,6 +40,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "bulk_load_server.h"
 #include "kvstore_service.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvconnector/kvstore_client.h"
@@ -75,9 +78,11 @@ std::vector<uint8_t> RandomBytes(uint64_t n, uint64_t seed) {
 
 struct Service {
   std::unique_ptr<kvstore::KvStore> store;
+  std::unique_ptr<kvstore_service::BulkLoadServer> bulk;
   std::unique_ptr<kvstore_service::KvStoreServiceImpl> impl;
   std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<kvconnector::KvStoreClient> client;
+  std::unique_ptr<kvconnector::KvStoreClient> client;       // loads over the bulk load port
+  std::unique_ptr<kvconnector::KvStoreClient> grpc_client;  // loads over the gRPC stream
   int port = 0;
 };
 
@@ -90,8 +95,12 @@ Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_ch
                                        .store_to_hot = hot_bytes > 0});
   TANDEM_CHECK(store.ok()) << store.status();
   s.store = std::move(*store);
+  auto bulk = kvstore_service::BulkLoadServer::Start(s.store.get(), {});
+  TANDEM_CHECK(bulk.ok()) << bulk.status();
+  s.bulk = std::move(*bulk);
   s.impl = std::make_unique<kvstore_service::KvStoreServiceImpl>(
-      s.store.get(), kvstore_service::KvStoreServiceOptions{.load_chunk_bytes = load_chunk_bytes});
+      s.store.get(), kvstore_service::KvStoreServiceOptions{.load_chunk_bytes = load_chunk_bytes,
+                                                            .bulk_load_port = s.bulk->port()});
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -100,10 +109,13 @@ Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_ch
   s.server = builder.BuildAndStart();
   TANDEM_CHECK(s.server != nullptr);
   s.port = port;
-  auto client = kvconnector::KvStoreClient::Create(
-      {.target = "127.0.0.1:" + std::to_string(port), .lookup_deadline_ms = 5000});
-  TANDEM_CHECK(client.ok());
-  s.client = std::move(*client);
+  for (bool bulk_load : {true, false}) {
+    auto client = kvconnector::KvStoreClient::Create({.target = "127.0.0.1:" + std::to_string(port),
+                                                      .lookup_deadline_ms = 5000,
+                                                      .bulk_load = bulk_load});
+    TANDEM_CHECK(client.ok());
+    (bulk_load ? s.client : s.grpc_client) = std::move(*client);
+  }
   return s;
 }
 
@@ -235,96 +247,147 @@ struct Case {
   uint64_t batch;  // blocks per Load/Store call (and per redis pipeline)
 };
 
-struct Figures {
-  double store_none_gbps = 0, store_gbps = 0, load_hot_gbps = 0, load_cold_gbps = 0,
-         redis_set_gbps = 0, redis_get_gbps = 0;
+// The blocks of one case, the same bytes for the KV-store and for redis.
+struct Blocks {
+  std::vector<BlockHash> hashes;
+  std::vector<std::string> keys;  // redis keys: the hashes in hex
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<std::vector<uint8_t>> bufs;  // one batch of destination buffers
+  std::vector<std::span<uint8_t>> dst;
+
+  Blocks(const Case& c) {
+    for (uint64_t i = 0; i < c.num_blocks; ++i) {
+      hashes.push_back(MakeHash(i, static_cast<uint8_t>(c.block_bytes >> 16)));
+      keys.push_back(hashes.back().ToHex());
+      payloads.push_back(RandomBytes(c.block_bytes, i));
+    }
+    bufs.assign(c.batch, std::vector<uint8_t>(c.block_bytes));
+    dst.assign(bufs.begin(), bufs.end());
+  }
+  // The last batch's first block is in bufs[0] after a full pass.
+  void CheckLastBatch(const Case& c) const {
+    TANDEM_CHECK(bufs[0] == payloads[((c.num_blocks - 1) / c.batch) * c.batch]);
+  }
 };
 
-void RunTandem(Service* s, const Case& c, int rounds, bool hot, Figures* f) {
-  const std::string ns = c.name;
-  TANDEM_CHECK(s->client->CreateNamespace({.name = ns, .block_bytes = c.block_bytes}).ok());
-  std::vector<BlockHash> hashes;
-  std::vector<std::vector<uint8_t>> payloads;
-  for (uint64_t i = 0; i < c.num_blocks; ++i) {
-    hashes.push_back(MakeHash(i, static_cast<uint8_t>(c.block_bytes >> 16)));
-    payloads.push_back(RandomBytes(c.block_bytes, i));
-  }
-  // Store: every block once (fresh blocks, durability wal).
-  auto t0 = Clock::now();
+// Stores every block once (fresh blocks) through `client` into `ns`; GB/s.
+double StoreAll(kvconnector::KvStoreClient* client, const std::string& ns, const Case& c,
+                const Blocks& b, std::optional<kvstore::Durability> durability) {
+  TANDEM_CHECK(client->CreateNamespace({.name = ns, .block_bytes = c.block_bytes}).ok());
+  const auto t0 = Clock::now();
   for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
     const uint64_t n = std::min(c.batch, c.num_blocks - i);
-    std::vector<std::span<const uint8_t>> src(payloads.begin() + i, payloads.begin() + i + n);
-    auto r = s->client->Store(ns, std::span(hashes).subspan(i, n), src);
+    std::vector<std::span<const uint8_t>> src(b.payloads.begin() + i, b.payloads.begin() + i + n);
+    auto r = client->Store(ns, std::span(b.hashes).subspan(i, n), src, durability);
     TANDEM_CHECK(r.ok()) << r.status();
-    for (const auto& b : *r) TANDEM_CHECK(b.status.ok() && !b.already_present) << b.status;
+    for (const auto& br : *r) TANDEM_CHECK(br.status.ok() && !br.already_present) << br.status;
   }
-  const double store_s = SecondsSince(t0);
-  if (hot) f->store_gbps = c.block_bytes * c.num_blocks / store_s / 1e9;
-  if (hot) {
-    // The same blocks into a second namespace, durability none (no WAL).
-    const std::string ns_none = ns + "-none";
-    TANDEM_CHECK(s->client->CreateNamespace({.name = ns_none, .block_bytes = c.block_bytes}).ok());
-    t0 = Clock::now();
-    for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
-      const uint64_t n = std::min(c.batch, c.num_blocks - i);
-      std::vector<std::span<const uint8_t>> src(payloads.begin() + i, payloads.begin() + i + n);
-      auto r = s->client->Store(ns_none, std::span(hashes).subspan(i, n), src,
-                                kvstore::Durability::kNone);
-      TANDEM_CHECK(r.ok()) << r.status();
-    }
-    f->store_none_gbps = c.block_bytes * c.num_blocks / SecondsSince(t0) / 1e9;
-  }
-  // Load: every block once untimed (the connection's flow-control windows
-  // grow and the buffers are faulted in, as for redis after its SETs), then
-  // `rounds` times.
-  std::vector<std::vector<uint8_t>> bufs(c.batch, std::vector<uint8_t>(c.block_bytes));
-  std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
-  auto load_all = [&] {
-    for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
-      const uint64_t n = std::min(c.batch, c.num_blocks - i);
-      auto res = s->client->Load(ns, std::span(hashes).subspan(i, n), std::span(dst).first(n));
-      TANDEM_CHECK(res.ok()) << res.status();
-      for (const auto& b : *res) TANDEM_CHECK(b.ok()) << LoadMissName(b.miss);
-    }
-  };
-  load_all();
-  t0 = Clock::now();
-  for (int r = 0; r < rounds; ++r) load_all();
-  const double load_s = SecondsSince(t0);
-  TANDEM_CHECK(bufs[0] == payloads[((c.num_blocks - 1) / c.batch) * c.batch]);
-  const double gbps = c.block_bytes * c.num_blocks * rounds / load_s / 1e9;
-  (hot ? f->load_hot_gbps : f->load_cold_gbps) = gbps;
+  return c.block_bytes * c.num_blocks / SecondsSince(t0) / 1e9;
 }
 
-void RunRedis(Redis* redis, const Case& c, int rounds, Figures* f) {
-  std::vector<std::string> keys;
-  std::vector<std::vector<uint8_t>> payloads;
-  for (uint64_t i = 0; i < c.num_blocks; ++i) {
-    keys.push_back(MakeHash(i, static_cast<uint8_t>(c.block_bytes >> 16)).ToHex());
-    payloads.push_back(RandomBytes(c.block_bytes, i));
+// `rounds` passes of Load over every block; GB/s. Checks each load went the
+// way it is labelled (bulk load port or gRPC stream).
+double LoadAll(kvconnector::KvStoreClient* client, bool bulk, const std::string& ns,
+               const Case& c, int rounds, Blocks* b) {
+  const uint64_t bulk_before = client->bulk_loads();
+  uint64_t calls = 0;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < rounds; ++r) {
+    for (uint64_t i = 0; i < c.num_blocks; i += c.batch, ++calls) {
+      const uint64_t n = std::min(c.batch, c.num_blocks - i);
+      auto res = client->Load(ns, std::span(b->hashes).subspan(i, n), std::span(b->dst).first(n));
+      TANDEM_CHECK(res.ok()) << res.status();
+      for (const auto& br : *res) TANDEM_CHECK(br.ok()) << LoadMissName(br.miss);
+    }
   }
-  auto t0 = Clock::now();
+  const double gbps = c.block_bytes * c.num_blocks * rounds / SecondsSince(t0) / 1e9;
+  b->CheckLastBatch(c);
+  TANDEM_CHECK(client->bulk_loads() - bulk_before == (bulk ? calls : 0));
+  return gbps;
+}
+
+double RedisSetAll(Redis* redis, const Case& c, const Blocks& b) {
+  const auto t0 = Clock::now();
   for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
     const uint64_t n = std::min(c.batch, c.num_blocks - i);
-    std::vector<std::string> k(keys.begin() + i, keys.begin() + i + n);
-    std::vector<std::span<const uint8_t>> v(payloads.begin() + i, payloads.begin() + i + n);
+    std::vector<std::string> k(b.keys.begin() + i, b.keys.begin() + i + n);
+    std::vector<std::span<const uint8_t>> v(b.payloads.begin() + i, b.payloads.begin() + i + n);
     redis->SetAll(k, v);
   }
-  f->redis_set_gbps = c.block_bytes * c.num_blocks / SecondsSince(t0) / 1e9;
-  std::vector<std::vector<uint8_t>> bufs(c.batch, std::vector<uint8_t>(c.block_bytes));
-  std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
-  auto get_all = [&] {
+  return c.block_bytes * c.num_blocks / SecondsSince(t0) / 1e9;
+}
+
+double RedisGetAll(Redis* redis, const Case& c, int rounds, Blocks* b) {
+  const auto t0 = Clock::now();
+  for (int r = 0; r < rounds; ++r) {
     for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
       const uint64_t n = std::min(c.batch, c.num_blocks - i);
-      std::vector<std::string> k(keys.begin() + i, keys.begin() + i + n);
-      redis->GetAll(k, std::vector<std::span<uint8_t>>(dst.begin(), dst.begin() + n));
+      std::vector<std::string> k(b->keys.begin() + i, b->keys.begin() + i + n);
+      redis->GetAll(k, std::vector<std::span<uint8_t>>(b->dst.begin(), b->dst.begin() + n));
+    }
+  }
+  const double gbps = c.block_bytes * c.num_blocks * rounds / SecondsSince(t0) / 1e9;
+  b->CheckLastBatch(c);
+  return gbps;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The load paths measured against each other, in the order of a trial.
+enum Path { kHotBulk, kHotGrpc, kColdBulk, kColdGrpc, kRedisGet, kNumPaths };
+const char* const kPathNames[kNumPaths] = {"load hot", "hot gRPC", "load cold", "cold gRPC",
+                                           "redis GET"};
+
+struct Figures {
+  double store_none_gbps = 0, store_gbps = 0, redis_set_gbps = 0;
+  double load_gbps[kNumPaths] = {};  // median over the trials
+  double load_min[kNumPaths] = {}, load_max[kNumPaths] = {};
+};
+
+// One case: stores (KV-store hot and cold services, redis SET), then
+// `trials` interleaved trials of every load path, each `rounds` passes over
+// the blocks after one untimed pass (flow-control windows grow, buffers are
+// faulted in). Interleaving keeps a noisy neighbour from favouring one side.
+Figures RunCase(Service* hot, Service* cold, Redis* redis, const Case& c, int rounds, int trials) {
+  Figures f;
+  Blocks b(c);
+  const std::string ns = c.name;
+  f.store_gbps = StoreAll(hot->client.get(), ns, c, b, std::nullopt);  // the store's wal
+  f.store_none_gbps = StoreAll(hot->client.get(), ns + "-none", c, b, kvstore::Durability::kNone);
+  StoreAll(cold->client.get(), ns, c, b, std::nullopt);
+  if (redis != nullptr) f.redis_set_gbps = RedisSetAll(redis, c, b);
+  auto run = [&](int path, int r) {
+    switch (path) {
+      case kHotBulk:
+        return LoadAll(hot->client.get(), true, ns, c, r, &b);
+      case kHotGrpc:
+        return LoadAll(hot->grpc_client.get(), false, ns, c, r, &b);
+      case kColdBulk:
+        return LoadAll(cold->client.get(), true, ns, c, r, &b);
+      case kColdGrpc:
+        return LoadAll(cold->grpc_client.get(), false, ns, c, r, &b);
+      default:
+        return RedisGetAll(redis, c, r, &b);
     }
   };
-  get_all();  // untimed, as for the KV-store
-  t0 = Clock::now();
-  for (int r = 0; r < rounds; ++r) get_all();
-  f->redis_get_gbps = c.block_bytes * c.num_blocks * rounds / SecondsSince(t0) / 1e9;
-  TANDEM_CHECK(bufs[0] == payloads[((c.num_blocks - 1) / c.batch) * c.batch]);
+  const int paths = redis != nullptr ? kNumPaths : kRedisGet;
+  for (int p = 0; p < paths; ++p) run(p, 1);  // untimed
+  std::vector<double> gbps[kNumPaths];
+  for (int t = 0; t < trials; ++t) {
+    for (int k = 0; k < paths; ++k) {
+      const int p = (k + t) % paths;  // rotate who goes first
+      gbps[p].push_back(run(p, rounds));
+    }
+  }
+  for (int p = 0; p < paths; ++p) {
+    f.load_gbps[p] = Median(gbps[p]);
+    f.load_min[p] = *std::min_element(gbps[p].begin(), gbps[p].end());
+    f.load_max[p] = *std::max_element(gbps[p].begin(), gbps[p].end());
+  }
+  return f;
 }
 
 pid_t StartRedis(const std::string& binary, int port) {
@@ -357,7 +420,9 @@ int Main(int argc, char** argv) {
   rpc::FlagSet flags("bench_kvstore",
                      "KV-store lookup latency and load/store GB/s over loopback gRPC, beside "
                      "redis-server SET/GET of the same blocks.");
-  flags.Add("rounds", &rounds, "times every block is loaded per case");
+  int32_t trials = 5;
+  flags.Add("rounds", &rounds, "passes over every block per load trial");
+  flags.Add("trials", &trials, "interleaved trials per load path (the median is reported)");
   flags.Add("lookups", &lookups, "64-hash lookups timed for the latency percentiles");
   flags.Add("redis-server", &redis_server, "redis-server binary; empty skips redis");
   flags.Add("redis-port", &redis_port, "loopback port for redis-server (0: 16379 + pid % 1000)");
@@ -426,26 +491,21 @@ int Main(int argc, char** argv) {
   const auto [p50, p99] = measure(false);
   const auto [p50_lease, p99_lease] = measure(true);
 
-  const std::vector<Case> cases = {{"64KiB", 64 << 10, 512, 16}, {"2MiB", 2 << 20, 48, 4}};
-  std::vector<Figures> figs(cases.size());
-  for (size_t i = 0; i < cases.size(); ++i) {
-    RunTandem(&hot, cases[i], rounds, true, &figs[i]);
-    RunTandem(&cold, cases[i], rounds, false, &figs[i]);
-  }
-
   bool have_redis = false;
   pid_t redis_pid = -1;
+  Redis redis;
   if (!redis_server.empty() && std::filesystem::exists(redis_server)) {
     const int port = redis_port > 0 ? redis_port : 16379 + getpid() % 1000;
     redis_pid = StartRedis(redis_server, port);
-    Redis redis;
     for (int i = 0; i < 200 && !have_redis; ++i) {
       have_redis = redis.Connect(port);
       if (!have_redis) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (have_redis) {
-      for (size_t i = 0; i < cases.size(); ++i) RunRedis(&redis, cases[i], rounds, &figs[i]);
-    }
+  }
+  const std::vector<Case> cases = {{"64KiB", 64 << 10, 512, 16}, {"2MiB", 2 << 20, 48, 4}};
+  std::vector<Figures> figs;
+  for (const Case& c : cases) {
+    figs.push_back(RunCase(&hot, &cold, have_redis ? &redis : nullptr, c, rounds, trials));
   }
   if (redis_pid > 0) {
     kill(redis_pid, SIGTERM);
@@ -467,29 +527,49 @@ int Main(int argc, char** argv) {
   std::printf(
       "  target p50 <= 100 us, p99 <= 1000 us; anchor: Mooncake batched existence check "
       "1-2 ms (published)\n\n");
-  std::printf("Throughput, GB/s (Load/Store: blocks per call = redis pipeline depth):\n");
-  std::printf("  %-6s %6s %6s | %10s %9s %10s %11s | %9s %9s\n", "block", "blocks", "batch",
-              "store none", "store wal", "load hot", "load cold", "redis SET", "redis GET");
+  std::printf(
+      "Throughput, GB/s. Blocks per Load/Store call = redis pipeline depth. Loads: median of %d "
+      "interleaved trials of %d passes each, over the bulk load port (the client's default) and "
+      "over the gRPC stream:\n",
+      trials, rounds);
+  std::printf("  %-6s %6s %6s | %10s %9s %9s |", "block", "blocks", "batch", "store none",
+              "store wal", "redis SET");
+  for (const char* name : kPathNames) std::printf(" %9s", name);
+  std::printf("\n");
+  const int paths = have_redis ? kNumPaths : kRedisGet;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Figures& f = figs[i];
-    std::printf("  %-6s %6llu %6llu | %10.2f %9.2f %10.2f %11.2f |", cases[i].name,
+    std::printf("  %-6s %6llu %6llu | %10.2f %9.2f ", cases[i].name,
                 static_cast<unsigned long long>(cases[i].num_blocks),
-                static_cast<unsigned long long>(cases[i].batch), f.store_none_gbps, f.store_gbps,
-                f.load_hot_gbps, f.load_cold_gbps);
+                static_cast<unsigned long long>(cases[i].batch), f.store_none_gbps, f.store_gbps);
     if (have_redis) {
-      std::printf(" %9.2f %9.2f\n", f.redis_set_gbps, f.redis_get_gbps);
+      std::printf("%9.2f |", f.redis_set_gbps);
     } else {
-      std::printf(" %9s %9s\n", "n/a", "n/a");
+      std::printf("%9s |", "n/a");
     }
+    for (int p = 0; p < kNumPaths; ++p) {
+      if (p < paths) {
+        std::printf(" %9.2f", f.load_gbps[p]);
+      } else {
+        std::printf(" %9s", "n/a");
+      }
+    }
+    std::printf("\n%55s |", "(min-max)");
+    for (int p = 0; p < paths; ++p) std::printf(" %4.1f-%-4.1f", f.load_min[p], f.load_max[p]);
+    std::printf("\n");
   }
   if (have_redis) {
     for (size_t i = 0; i < cases.size(); ++i) {
-      std::printf("  %s: hot-tier load / redis GET = %.2fx (target >= 1x)\n", cases[i].name,
-                  figs[i].load_hot_gbps / figs[i].redis_get_gbps);
+      std::printf(
+          "  %s: hot-tier load / redis GET = %.2fx (target >= 1x); over the gRPC stream %.2fx\n",
+          cases[i].name, figs[i].load_gbps[kHotBulk] / figs[i].load_gbps[kRedisGet],
+          figs[i].load_gbps[kHotGrpc] / figs[i].load_gbps[kRedisGet]);
     }
   }
   hot.server->Shutdown();
   cold.server->Shutdown();
+  hot.bulk->Shutdown();
+  cold.bulk->Shutdown();
   hot = Service();
   cold = Service();
   std::error_code ec;
