@@ -61,6 +61,9 @@ absl::Status KvStoreClientOptions::Validate() const {
   if (lookup_deadline_ms <= 0 || rpc_deadline_ms <= 0) {
     return absl::InvalidArgumentError("KvStoreClientOptions deadlines must be > 0");
   }
+  if (release_batch_ms < 0) {
+    return absl::InvalidArgumentError("KvStoreClientOptions.release_batch_ms must be >= 0");
+  }
   if (store_chunk_bytes <= 0 || store_chunk_bytes > (3 << 20)) {
     return absl::InvalidArgumentError(absl::StrCat("KvStoreClientOptions.store_chunk_bytes ",
                                                    store_chunk_bytes, " not in (0, 3 MiB]"));
@@ -97,6 +100,7 @@ struct PendingLookup::State {
   v1::LookupRequest req;
   v1::LookupResponse resp;
   SteadyTime deadline;
+  SteadyTime started;
   int64_t deadline_ms = 0;
 
   std::mutex mu;
@@ -119,6 +123,9 @@ struct PendingLookup::State {
           result.num_hits = resp.num_hits();
           result.num_hot_hits = resp.num_hot_hits();
           result.lease = LeaseId(lease);
+          result.answered_after_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                         std::chrono::steady_clock::now() - started)
+                                         .count();
         } else {
           result.status = rpc::FromGrpcStatus(s, "KV-store lookup");
         }
@@ -187,11 +194,20 @@ class KvStoreClient::Impl {
         stub_(std::make_shared<Stub>(channel_)),
         load_method_("/tandem.v1.KvStore/Load", grpc::internal::RpcMethod::SERVER_STREAMING,
                      channel_),
-        bulk_(options, [this] { return BulkLoadPort(); }) {}
+        bulk_(options, [this] { return BulkLoadPort(); }) {
+    if (opts_.release_batch_ms > 0) release_flusher_ = std::thread([this] { FlushReleases(); });
+  }
 
-  // Waits for callbacks still to come (bounded by the RPC deadlines), then
-  // frees their state here rather than on gRPC's callback threads.
+  // Sends the releases still batched, waits for callbacks still to come
+  // (bounded by the RPC deadlines), then frees their state here rather than
+  // on gRPC's callback threads.
   ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      release_stopping_ = true;  // from here on ReleaseAsync sends at once
+    }
+    release_cv_.notify_all();
+    if (release_flusher_.joinable()) release_flusher_.join();
     std::unique_lock<std::mutex> lock(calls_mu_);
     calls_cv_.wait(lock, [&] { return inflight_.empty(); });
     graveyard_.clear();
@@ -229,12 +245,14 @@ class KvStoreClient::Impl {
     // The RPC's deadline first, so that when Poll() calls the lookup late
     // the server's deadline has passed too (it then releases what it pinned).
     st->ctx.set_deadline(DeadlineIn(st->deadline_ms));
-    st->deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(st->deadline_ms);
+    st->started = std::chrono::steady_clock::now();
+    st->deadline = st->started + std::chrono::milliseconds(st->deadline_ms);
     st->req.set_namespace_(std::string(ns));
     rpc::AppendBlockHashes(hashes, st->req.mutable_block_hashes());
     st->req.set_take_lease(options.take_lease);
     st->req.set_lease_ttl_ms(options.lease_ttl_ms);
     st->req.set_stage_to_hot(options.stage_to_hot);
+    for (uint64_t id : TakeBatchedReleases()) st->req.add_release_lease_ids(id);
     Track(st);
     PendingLookup::State* raw = st.get();
     stub_->async()->Lookup(&raw->ctx, &raw->req, &raw->resp, [this, raw](grpc::Status s) {
@@ -246,18 +264,62 @@ class KvStoreClient::Impl {
 
   void ReleaseAsync(LeaseId lease) {
     if (lease.value() == 0) return;
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      if (opts_.release_batch_ms > 0 && !release_stopping_) {
+        if (batched_releases_.empty()) {
+          release_due_ = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(opts_.release_batch_ms);
+          release_cv_.notify_one();
+        }
+        batched_releases_.push_back(lease.value());
+        return;
+      }
+    }
+    SendReleases({lease.value()});
+  }
+
+  // One fire-and-forget Release RPC for `ids` (not empty).
+  void SendReleases(const std::vector<uint64_t>& ids) {
     struct Call {
       grpc::ClientContext ctx;
       v1::ReleaseRequest req;
       v1::ReleaseResponse resp;
     };
     auto call = std::make_shared<Call>();
-    call->req.set_lease_id(lease.value());
+    call->req.set_lease_id(ids[0]);
+    for (size_t i = 1; i < ids.size(); ++i) call->req.add_more_lease_ids(ids[i]);
     call->ctx.set_deadline(DeadlineIn(5'000));
     Track(call);
     Call* raw = call.get();
     stub_->async()->Release(&raw->ctx, &raw->req, &raw->resp,
                             [this, raw](grpc::Status) { Retire(raw); });
+  }
+
+  std::vector<uint64_t> TakeBatchedReleases() {
+    std::vector<uint64_t> ids;
+    std::lock_guard<std::mutex> lock(release_mu_);
+    ids.swap(batched_releases_);
+    return ids;
+  }
+
+  // The release flusher thread: batched releases no Lookup carried within
+  // release_batch_ms go in one Release RPC; at shutdown, whatever is left.
+  void FlushReleases() {
+    std::unique_lock<std::mutex> lock(release_mu_);
+    while (!release_stopping_) {
+      release_cv_.wait(lock, [&] { return release_stopping_ || !batched_releases_.empty(); });
+      const bool taken = release_cv_.wait_until(lock, release_due_, [&] {
+        return release_stopping_ || batched_releases_.empty();
+      });
+      if (taken && !release_stopping_) continue;  // a Lookup carried them
+      std::vector<uint64_t> ids;
+      ids.swap(batched_releases_);
+      if (ids.empty()) continue;
+      lock.unlock();
+      SendReleases(ids);
+      lock.lock();
+    }
   }
 
   absl::StatusOr<bool> Release(LeaseId lease) {
@@ -465,6 +527,13 @@ class KvStoreClient::Impl {
   std::unordered_map<void*, std::shared_ptr<void>> inflight_;
   std::vector<std::shared_ptr<void>> graveyard_;
   BulkLoadClient bulk_;
+  // ReleaseAsync batching (release_batch_ms).
+  std::mutex release_mu_;
+  std::condition_variable release_cv_;
+  std::vector<uint64_t> batched_releases_;
+  std::chrono::steady_clock::time_point release_due_;
+  bool release_stopping_ = false;
+  std::thread release_flusher_;
 };
 
 void ReleaseLeaseInBackground(KvStoreClient::Impl* impl, uint64_t lease) {

@@ -80,6 +80,8 @@ grpc::Status KvStoreServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::Look
   std::vector<BlockHash> hashes;
   absl::Status parsed = rpc::ParseBlockHashes(req->block_hashes(), "block_hashes", &hashes);
   if (!parsed.ok()) return rpc::ToGrpcStatus(parsed);
+  // The client's batched releases, whatever becomes of the lookup.
+  for (uint64_t id : req->release_lease_ids()) store_->Release(LeaseId(id));
   if (options_.debug_lookup_delay_ms > 0) {  // tests only: a slow store
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_lookup_delay_ms));
   }
@@ -265,6 +267,7 @@ grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext*,
 grpc::Status KvStoreServiceImpl::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
                                          v1::ReleaseResponse* resp) {
   resp->set_found(store_->Release(LeaseId(req->lease_id())));
+  for (uint64_t id : req->more_lease_ids()) store_->Release(LeaseId(id));
   return grpc::Status::OK;
 }
 

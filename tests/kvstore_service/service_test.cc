@@ -158,6 +158,79 @@ TEST_F(KvStoreServiceTest, ReleaseFreesTheLease) {
   EXPECT_EQ(Stats().active_leases, 0u);
 }
 
+// ReleaseAsync batching (KvStoreClientOptions.release_batch_ms).
+class BatchedReleaseTest : public KvStoreServiceTest {
+ protected:
+  std::unique_ptr<KvStoreClient> Client(int64_t release_batch_ms) {
+    auto c = KvStoreClient::Create({.target = target_,
+                                    .lookup_deadline_ms = 10'000,
+                                    .release_batch_ms = release_batch_ms});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(*c);
+  }
+  LeaseId Leased(KvStoreClient* c, uint64_t id) {
+    std::vector<BlockHash> hashes{TestHash(id)};
+    kvconnector::LookupResult r = c->Lookup("ns", hashes, {.take_lease = true})->Wait();
+    EXPECT_EQ(r.num_hits, 1);
+    return r.lease;
+  }
+  bool EventuallyNoLeases() {
+    for (int i = 0; i < 5000 && Stats().active_leases != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return Stats().active_leases == 0;
+  }
+};
+
+TEST_F(BatchedReleaseTest, AReleasedLeaseRidesOnTheNextLookup) {
+  StoreBlocks("ns", {0, 1}, kBlock);
+  auto c = Client(/*release_batch_ms=*/600'000);  // the timer never sends it
+  const LeaseId a = Leased(c.get(), 0), b = Leased(c.get(), 1);
+  c->ReleaseAsync(a);
+  c->ReleaseAsync(b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(Stats().active_leases, 2u);  // still batched in the client
+  std::vector<BlockHash> hashes{TestHash(0)};
+  kvconnector::LookupResult r = c->Lookup("ns", hashes, {.take_lease = false})->Wait();
+  EXPECT_EQ(r.num_hits, 1);
+  EXPECT_EQ(Stats().active_leases, 0u);  // released before the lookup answered
+}
+
+TEST_F(BatchedReleaseTest, WithoutALookupTheBatchGoesInOneReleaseAfterTheWindow) {
+  StoreBlocks("ns", {0, 1}, kBlock);
+  auto c = Client(/*release_batch_ms=*/20);
+  const LeaseId a = Leased(c.get(), 0), b = Leased(c.get(), 1);
+  EXPECT_EQ(Stats().active_leases, 2u);
+  c->ReleaseAsync(a);
+  c->ReleaseAsync(b);
+  EXPECT_TRUE(EventuallyNoLeases());
+}
+
+TEST_F(BatchedReleaseTest, DestroyingTheClientSendsItsBatchedReleases) {
+  StoreBlocks("ns", {0}, kBlock);
+  auto c = Client(/*release_batch_ms=*/600'000);
+  c->ReleaseAsync(Leased(c.get(), 0));
+  EXPECT_EQ(Stats().active_leases, 1u);
+  c.reset();
+  EXPECT_TRUE(EventuallyNoLeases());
+}
+
+TEST_F(BatchedReleaseTest, ReleaseRpcFreesEveryLeaseOfTheBatch) {
+  StoreBlocks("ns", {0, 1, 2}, kBlock);
+  const LeaseId a = Leased(client_.get(), 0), b = Leased(client_.get(), 1),
+                d = Leased(client_.get(), 2);
+  v1::ReleaseRequest req;
+  req.set_lease_id(a.value());
+  req.add_more_lease_ids(b.value());
+  req.add_more_lease_ids(987654321);  // unknown: ignored
+  req.add_more_lease_ids(d.value());
+  v1::ReleaseResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->Release(&ctx, req, &resp).ok());
+  EXPECT_TRUE(resp.found());
+  EXPECT_EQ(Stats().active_leases, 0u);
+}
+
 // The server holds the lookup (after pinning) until the client has given up:
 // the client sees zero hits with DEADLINE_EXCEEDED. The server notices the
 // passed deadline and releases what it pinned; should the cancellation race

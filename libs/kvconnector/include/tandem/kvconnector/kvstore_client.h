@@ -10,7 +10,10 @@
 // A lookup that fails or is not answered by its deadline resolves to zero
 // hits (with the reason in `status`); a lease granted after the caller gave
 // up is released automatically, as is the lease of a PendingLookup destroyed
-// before its result was polled. ReleaseAsync() is fire-and-forget.
+// before its result was polled. ReleaseAsync() is fire-and-forget, and
+// batched: released leases ride on the next Lookup, or go in one Release RPC
+// after release_batch_ms (a lease whose carrying Lookup fails is freed by its
+// TTL instead).
 //
 // Worker: Load() and Store() block the calling thread (the worker's transfer
 // thread) and move block bytes between the store and caller-provided
@@ -50,6 +53,12 @@ struct KvStoreClientOptions {
   int64_t rpc_deadline_ms = 30'000;
   // Payload bytes per Store stream message (under the server's 4 MiB limit).
   int64_t store_chunk_bytes = 1 << 20;
+  // ReleaseAsync() batching: a released lease waits up to this long for the
+  // next Lookup to carry it to the store (LookupRequest.release_lease_ids),
+  // then goes in one Release RPC with every other waiting lease. Saves an RPC
+  // per lookup for a scheduler that releases as often as it looks up. 0 = a
+  // Release RPC per lease, at once. Default 5 ms.
+  int64_t release_batch_ms = 5;
   // Load through the store's bulk load port (plain TCP beside gRPC, see
   // services/kvstore/bulk_load_server.h) when the store advertises one;
   // over the gRPC stream otherwise, or when the port cannot be reached.
@@ -80,6 +89,9 @@ struct LookupResult {
   LeaseId lease{0};
   // OK, or why this counts as zero hits (DEADLINE_EXCEEDED, UNAVAILABLE, ...).
   absl::Status status;
+  // Microseconds from Lookup() until the answer arrived (when Poll() could
+  // first return it); 0 when it never did (failed or late).
+  int64_t answered_after_us = 0;
 };
 
 // The scheduler's future. Not thread-safe itself; owned by one caller.
@@ -132,7 +144,7 @@ class KvStoreClient {
   [[nodiscard]] std::unique_ptr<PendingLookup> Lookup(std::string_view ns,
                                                       std::span<const BlockHash> hashes,
                                                       const LookupOptions& options = {});
-  // Fire-and-forget release. Never blocks.
+  // Fire-and-forget release (batched, see release_batch_ms). Never blocks.
   void ReleaseAsync(LeaseId lease);
   // Blocking release; true when the store knew the lease.
   absl::StatusOr<bool> Release(LeaseId lease);
