@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../kvstore/test_util.h"
+#include "../kvstore_service/loopback_server.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
@@ -78,13 +79,10 @@ class ConnectorTest : public ::testing::Test {
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
         store_.get(),
         kvstore_service::KvStoreServiceOptions{.debug_lookup_delay_ms = lookup_delay_ms});
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    target_ = "127.0.0.1:" + std::to_string(port);
+    testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
+    ASSERT_NE(s.server, nullptr);
+    server_ = std::move(s.server);
+    target_ = s.target;
   }
   void TearDown() override {
     if (server_) server_->Shutdown();

@@ -16,6 +16,7 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/method_handler.h"
 #include "gtest/gtest.h"
+#include "../kvstore_service/loopback_server.h"
 #include "tandem/kvconnector/kvstore_client.h"
 #include "tandem/kvstore/checksum.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
@@ -327,12 +328,9 @@ class FakeLoadService final : public v1::KvStore::Service {
 
 struct FakeServer {
   explicit FakeServer(std::vector<std::string> messages) : service(std::move(messages)) {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service);
-    server = builder.BuildAndStart();
-    auto c = KvStoreClient::Create({.target = "127.0.0.1:" + std::to_string(port)});
+    testutil::LoopbackServer s = testutil::StartOnLoopback(&service);
+    server = std::move(s.server);
+    auto c = KvStoreClient::Create({.target = s.target});
     EXPECT_TRUE(c.ok());
     client = std::move(*c);
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../kvstore/test_util.h"
+#include "loopback_server.h"
 #include "bulk_load_server.h"
 #include "gmock/gmock.h"
 #include "grpcpp/security/server_credentials.h"
@@ -69,13 +70,10 @@ class BulkLoadTest : public ::testing::Test {
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
         store_.get(),
         kvstore_service::KvStoreServiceOptions{.bulk_load_port = bulk_ ? bulk_->port() : 0});
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    target_ = "127.0.0.1:" + std::to_string(port);
+    testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
+    ASSERT_NE(s.server, nullptr);
+    server_ = std::move(s.server);
+    target_ = s.target;
   }
 
   KvStoreClient* Client(kvconnector::KvStoreClientOptions o = {}) {

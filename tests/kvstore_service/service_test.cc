@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../kvstore/test_util.h"
+#include "loopback_server.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -50,13 +51,10 @@ class KvStoreServiceTest : public ::testing::Test {
     ASSERT_TRUE(store_->CreateNamespace({.name = "big", .block_bytes = kBigBlock}).ok());
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
         store_.get(), kvstore_service::KvStoreServiceOptions{});
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    target_ = "127.0.0.1:" + std::to_string(port);
+    testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
+    ASSERT_NE(s.server, nullptr);
+    server_ = std::move(s.server);
+    target_ = s.target;
     auto client = KvStoreClient::Create({.target = target_, .lookup_deadline_ms = 10'000});
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
