@@ -223,6 +223,7 @@ bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& r
   ++loads_;
   LoadScope scope(store_, request);  // releases the lease however the load ends
   auto send_done = [&](const absl::Status& status) {
+    scope.ReleaseLease();  // before the client can see the end
     v1::BulkLoadFrame done;
     done.set_done(true);
     done.set_status_code(static_cast<int32_t>(status.code()));

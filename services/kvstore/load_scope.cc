@@ -12,7 +12,11 @@ LoadScope::LoadScope(kvstore::KvStore* store, const v1::LoadRequest& request)
                       : spec.status();
 }
 
-LoadScope::~LoadScope() {
+LoadScope::~LoadScope() { ReleaseLease(); }
+
+void LoadScope::ReleaseLease() {
+  if (released_) return;
+  released_ = true;
   if (request_.lease_id() != 0) store_->Release(LeaseId(request_.lease_id()));
 }
 

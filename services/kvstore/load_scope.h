@@ -16,7 +16,7 @@ class LoadScope {
  public:
   // `store` and `request` must outlive the scope.
   LoadScope(kvstore::KvStore* store, const v1::LoadRequest& request);
-  // Releases the request's lease (if any).
+  // Releases the request's lease (if any, and not released yet).
   ~LoadScope();
   LoadScope(const LoadScope&) = delete;
   LoadScope& operator=(const LoadScope&) = delete;
@@ -25,11 +25,15 @@ class LoadScope {
   // not 32 bytes, naming its index).
   [[nodiscard]] const absl::Status& status() const { return status_; }
   [[nodiscard]] const std::vector<BlockHash>& hashes() const { return hashes_; }
+  // Releases the lease now: call it before telling the client the load is
+  // over, so a client that sees the end also sees the lease gone.
+  void ReleaseLease();
 
  private:
   kvstore::KvStore* const store_;
   const v1::LoadRequest& request_;
   absl::Status status_;
+  bool released_ = false;
   std::vector<BlockHash> hashes_;
 };
 
