@@ -102,6 +102,7 @@ struct PendingLookup::State {
   SteadyTime deadline;
   SteadyTime started;
   int64_t deadline_ms = 0;
+  std::function<void()> on_answer;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -136,6 +137,7 @@ struct PendingLookup::State {
       cv.notify_all();
     }
     if (orphan != 0) ReleaseLeaseInBackground(impl, orphan);
+    if (s.ok() && on_answer) on_answer();
   }
 };
 
@@ -242,6 +244,7 @@ class KvStoreClient::Impl {
     auto st = std::make_shared<PendingLookup::State>();
     st->impl = this;
     st->deadline_ms = options.deadline_ms > 0 ? options.deadline_ms : opts_.lookup_deadline_ms;
+    st->on_answer = options.on_answer;
     // The RPC's deadline first, so that when Poll() calls the lookup late
     // the server's deadline has passed too (it then releases what it pinned).
     st->ctx.set_deadline(DeadlineIn(st->deadline_ms));

@@ -165,7 +165,8 @@ std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedT
                         LookupOptions{.take_lease = true,
                                       .lease_ttl_ms = options_.lease_ttl_ms,
                                       .stage_to_hot = options_.stage_to_hot,
-                                      .deadline_ms = options_.lookup_deadline_ms});
+                                      .deadline_ms = options_.lookup_deadline_ms,
+                                      .on_answer = options_.on_lookup_answer});
     lookups_.emplace(request.request_id, std::move(l));
     return std::nullopt;
   }

@@ -226,9 +226,12 @@ void Engine::Loop() {
       const bool can_schedule = scheduler_ != nullptr && worker_ != nullptr && schedule_wanted_ &&
                                 in_flight_.size() < max_in_flight &&
                                 scheduler_->HasUnfinishedRequests();
-      if (!can_schedule) {
+      const bool paced = std::chrono::steady_clock::now() < pace_until_;
+      if (!can_schedule || paced) {
         const auto woken = [&] { return stopping_ || !events_.empty(); };
-        if (StoresToCollectWhileIdle()) {
+        if (can_schedule) {
+          cv_.wait_until(lock, pace_until_, woken);  // see kEmptyStepPace
+        } else if (StoresToCollectWhileIdle()) {
           // finished_sending only comes back with a step: while idle, send
           // an empty one now and then so stores_in_flight settles at zero.
           flush_stores = !cv_.wait_for(lock, kIdleStoreFlushPeriod, woken);
@@ -276,6 +279,7 @@ void Engine::Loop() {
 void Engine::Handle(Event& e) {
   switch (e.kind) {
     case Event::kSubmit: {
+      pace_until_ = {};  // new work: schedule now
       if (options_.debug_submit_delay_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_submit_delay_ms));
       }
@@ -307,6 +311,7 @@ void Engine::Handle(Event& e) {
       return;
     }
     case Event::kCancel: {
+      pace_until_ = {};  // new work: schedule now
       auto it = calls_.find(e.call->request_id);
       if (it == calls_.end() || it->second != e.call) return;
       schedule_wanted_ = true;
@@ -320,6 +325,7 @@ void Engine::Handle(Event& e) {
       return;
     }
     case Event::kAbort: {
+      pace_until_ = {};  // new work: schedule now
       auto it = calls_.find(e.request_id);
       if (it == calls_.end()) {
         e.abort_done(false);
@@ -377,7 +383,8 @@ void Engine::Handle(Event& e) {
         auto kvc = kvconnector::KvStoreConnectorScheduler::Create(
             kvconnector::KvStoreConnectorOptions{
                 .target = options_.kvstore_target,
-                .lookup_deadline_ms = options_.kvstore_lookup_deadline_ms},
+                .lookup_deadline_ms = options_.kvstore_lookup_deadline_ms,
+                .on_lookup_answer = [this] { Post(Event{.kind = Event::kWake}); }},
             d.model_fingerprint(), d.kv_layout(), d.block_bytes(), d.block_size());
         if (kvc.ok()) {
           kv_connector_ = std::move(kvc).value();
@@ -409,7 +416,8 @@ void Engine::Handle(Event& e) {
       if (on_serving_changed_) on_serving_changed_(!draining_.load());
       return;
     }
-    case Event::kWake:
+    case Event::kWake:  // a lookup's answer arrived, or the drain began
+      pace_until_ = {};
       return;
   }
 }
@@ -460,6 +468,7 @@ void Engine::HandleOutput(const v1::ModelRunnerOutput& proto) {
 
 void Engine::ScheduleAndSend() {
   const size_t max_in_flight = options_.scheduler.async_scheduling ? 2 : 1;
+  if (std::chrono::steady_clock::now() < pace_until_) return;
   while (scheduler_ != nullptr && worker_ != nullptr && schedule_wanted_ &&
          in_flight_.size() < max_in_flight && scheduler_->HasUnfinishedRequests()) {
     sched::SchedulerOutput step = scheduler_->Schedule();
@@ -468,7 +477,12 @@ void Engine::ScheduleAndSend() {
                  scheduler_->num_running() + scheduler_->stats().num_waiting_for_load);
     // An empty step still goes out (it may carry finished ids, and outputs
     // are processed in step order), but we wait for news before the next.
-    if (step.total_num_scheduled_tokens == 0) schedule_wanted_ = false;
+    if (step.total_num_scheduled_tokens == 0) {
+      schedule_wanted_ = false;
+      if (scheduler_->stats().num_waiting_for_load == 0) {
+        pace_until_ = std::chrono::steady_clock::now() + kEmptyStepPace;
+      }
+    }
     if (!SendStep(std::move(step))) return;
   }
 }

@@ -195,6 +195,14 @@ class Engine {
   // While idle with KV-store entries not yet reported sent, an empty step
   // goes to the worker this often to collect them.
   static constexpr std::chrono::milliseconds kIdleStoreFlushPeriod{100};
+  // An empty step while no KV load is in flight means every unfinished
+  // request waits for something outside the worker (a KV-store lookup, or
+  // memory): the next step waits for an event (a submit, a cancel, a lookup
+  // answer) or this long, instead of the loop sending empty steps as fast
+  // as the worker answers them (which burned a core on each side and
+  // starved the lookups themselves on small machines).
+  static constexpr std::chrono::milliseconds kEmptyStepPace{1};
+  std::chrono::steady_clock::time_point pace_until_{};
   std::vector<sched::RequestOutput> outputs_scratch_;
   v1::SchedulerOutput step_proto_;
 };

@@ -122,5 +122,29 @@ TEST_F(KvFaultsTest, LookupsAnsweredAfterTheirDeadline) {
   EXPECT_EQ(st.external_loaded_tokens(), 0u);
 }
 
+// While a request waits for a slow lookup, the scheduler waits for the
+// answer (it wakes the engine) instead of streaming empty steps to the
+// worker as fast as they come back: one 4-token request whose lookup takes
+// 150 ms costs a handful of steps plus at most one empty step per
+// millisecond (Engine::kEmptyStepPace), not one per worker round trip.
+TEST_F(KvFaultsTest, WaitingForALookupDoesNotSpinEmptySteps) {
+  Service kv = StartKvStore(*dir_, "kv-pace", {"--debug-lookup-delay-ms", "150"});
+  Service worker = StartWorker(*dir_, "pace-worker", {"--kvstore", kv.address()});
+  Service s = StartScheduler(*dir_, "pace-sched", worker.address(),
+                             {"--kvstore", kv.address(), "--kvstore-lookup-deadline-ms", "2000"});
+  v1::GenerateRequest r = requests_->front();
+  r.mutable_sampling()->set_max_tokens(4);
+  const std::vector<GenerateResult> out = RunAll(s.address(), {r}, 1);
+  ASSERT_TRUE(out[0].status.ok()) << out[0].status.error_message();
+  const v1::GetStatsResponse st = IdleStats(s.address());
+  EXPECT_EQ(st.external_lookups(), 1u);
+  EXPECT_EQ(st.external_lookups_failed(), 0u);
+  std::printf("steps sent for one request behind a 150 ms lookup: %lu\n",
+              static_cast<unsigned long>(st.num_steps_sent()));
+  // Paced: <= 150 empty steps + the request's own + idle store flushes.
+  // Unpaced, a worker round trip of 100-300 us gives 500-1500.
+  EXPECT_LT(st.num_steps_sent(), 400u);
+}
+
 }  // namespace
 }  // namespace tandem::testing

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -79,6 +80,10 @@ struct LookupOptions {
   bool stage_to_hot = false;
   // Overrides KvStoreClientOptions.lookup_deadline_ms when > 0.
   int64_t deadline_ms = 0;
+  // Called (on a gRPC thread, no lock held) when the answer arrives, so a
+  // caller that polls can sleep until then instead of polling in a loop.
+  // Not called for a lookup that fails or is never answered.
+  std::function<void()> on_answer;
 };
 
 struct LookupResult {

@@ -117,6 +117,10 @@ struct KvStoreConnectorOptions {
   // OS allows. Set false for a CPU backend on a machine with a GPU.
   // Default true.
   bool use_cuda_host_alloc = true;
+  // Scheduler: called (on a gRPC thread) whenever a lookup's answer
+  // arrives; the engine wakes its loop with it instead of sending empty
+  // steps to poll the lookup. May be empty.
+  std::function<void()> on_lookup_answer;
   // Worker: how loads reach the store. "auto": the store's bulk load port
   // (plain TCP, see services/kvstore/bulk_load_server.h) when it advertises
   // one, else gRPC; "off": gRPC only; host:port: the bulk load port at this
