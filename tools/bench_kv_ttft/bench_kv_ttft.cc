@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
       plain_ms.push_back(p.ttft_ms);
     }
   }
-  std::printf("TTFT, the same %d-token prompt per trial, %d trials (CPU backend, stories260K):\n",
+  std::printf("TTFT, the same %d-token prompt per trial, %d trials (on the workers' --backend):\n",
               prompt_len, trials);
   std::printf(
       "  first %d tokens from the KV-store : p50 %.2f ms  p90 %.2f ms  (external cached "
