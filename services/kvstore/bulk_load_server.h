@@ -34,7 +34,8 @@
 //      error midway ends the blocks early and the done frame carries it.
 //      Blocks are verified against their checksum before a byte is sent.
 //   3. The request's lease (if not 0) is released when the load ends, as
-//      for gRPC Load.
+//      for gRPC Load: before the done frame goes out (a client that sees the
+//      end sees the lease gone), or when the connection breaks.
 // A frame that is not a LoadRequest, or is over 16 MiB
 // (rpc::kKvBulkLoadMaxRequestBytes, about 470,000 hashes), is answered with a
 // done frame carrying INVALID_ARGUMENT, and the connection is closed.
