@@ -29,16 +29,12 @@ uint64_t BulkLoadClient::loads() const {
 }
 
 std::optional<BulkLoadClient::Address> BulkLoadClient::FindAddress() {
-  auto due = [&]() -> std::optional<std::optional<Address>> {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (address_) return address_;
-    if (std::chrono::steady_clock::now() < next_lookup_) return std::optional<Address>();
-    return std::nullopt;  // look it up
-  };
-  if (auto known = due()) return *known;
   // One lookup at a time; loads arriving meanwhile wait for its answer.
   std::lock_guard<std::mutex> lookup(lookup_mu_);
-  if (auto known = due()) return *known;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (address_ || std::chrono::steady_clock::now() < next_lookup_) return address_;
+  }
   std::optional<Address> addr;
   if (!opts_.bulk_load_target.empty()) {
     absl::StatusOr<Address> a = rpc::SplitHostPort(opts_.bulk_load_target);

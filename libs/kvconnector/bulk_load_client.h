@@ -62,7 +62,7 @@ class BulkLoadClient {
   const KvStoreClientOptions opts_;
   const std::function<absl::StatusOr<uint32_t>()> discover_port_;
 
-  std::mutex lookup_mu_;  // held while looking the port up
+  std::mutex lookup_mu_;  // serializes FindAddress: one lookup of the port at a time
   mutable std::mutex mu_;
   std::optional<Address> address_;
   std::chrono::steady_clock::time_point next_lookup_{};

@@ -500,24 +500,25 @@ class KvStoreClient::Impl {
   }
 
   absl::StatusOr<kvstore::KvStoreStats> Stats() {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(opts_.rpc_deadline_ms));
-    v1::StatsResponse resp;
-    grpc::Status s = stub_->Stats(&ctx, v1::StatsRequest(), &resp);
-    if (!s.ok()) return rpc::FromGrpcStatus(s, "KV-store stats");
+    TANDEM_ASSIGN_OR_RETURN(v1::StatsResponse resp, StatsRpc(opts_.rpc_deadline_ms));
     return rpc::FromProto(resp);
   }
 
   [[nodiscard]] uint64_t bulk_loads() const { return bulk_.loads(); }
 
  private:
-  // The store's advertised bulk load port (0: off).
-  absl::StatusOr<uint32_t> BulkLoadPort() {
+  absl::StatusOr<v1::StatsResponse> StatsRpc(int64_t deadline_ms) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(std::min<int64_t>(opts_.rpc_deadline_ms, 5'000)));
+    ctx.set_deadline(DeadlineIn(deadline_ms));
     v1::StatsResponse resp;
     grpc::Status s = stub_->Stats(&ctx, v1::StatsRequest(), &resp);
     if (!s.ok()) return rpc::FromGrpcStatus(s, "KV-store stats");
+    return resp;
+  }
+  // The store's advertised bulk load port (0: off).
+  absl::StatusOr<uint32_t> BulkLoadPort() {
+    TANDEM_ASSIGN_OR_RETURN(v1::StatsResponse resp,
+                            StatsRpc(std::min<int64_t>(opts_.rpc_deadline_ms, 5'000)));
     return resp.bulk_load_port();
   }
 

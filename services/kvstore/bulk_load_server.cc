@@ -59,6 +59,16 @@ absl::StatusOr<std::pair<int, int>> Listen(const std::string& host, int port) {
       absl::StrCat("bulk load port: cannot listen on ", host, ":", port, ": ", error));
 }
 
+// Sends a load's final frame carrying `status`; false when the connection
+// broke.
+bool SendDone(rpc::FramedSocket* sock, const absl::Status& status) {
+  v1::BulkLoadFrame done;
+  done.set_done(true);
+  done.set_status_code(static_cast<int32_t>(status.code()));
+  done.set_status_message(std::string(status.message()));
+  return sock->Write(done).ok();
+}
+
 }  // namespace
 
 absl::Status BulkLoadServerOptions::Validate() const {
@@ -207,11 +217,7 @@ void BulkLoadServer::Serve(Connection* conn) {
     v1::LoadRequest request;
     absl::Status s = sock->Read(&request, rpc::kKvBulkLoadMaxRequestBytes);
     if (s.code() == absl::StatusCode::kInvalidArgument) {
-      v1::BulkLoadFrame done;
-      done.set_done(true);
-      done.set_status_code(static_cast<int32_t>(s.code()));
-      done.set_status_message(absl::StrCat("bulk load: ", s.message()));
-      (void)sock->Write(done);
+      SendDone(sock, Annotate(s, "bulk load"));
       return;
     }
     if (!s.ok()) return;  // closed, reset, or idle past the timeout
@@ -224,11 +230,7 @@ bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& r
   LoadScope scope(store_, request);  // releases the lease however the load ends
   auto send_done = [&](const absl::Status& status) {
     scope.ReleaseLease();  // before the client can see the end
-    v1::BulkLoadFrame done;
-    done.set_done(true);
-    done.set_status_code(static_cast<int32_t>(status.code()));
-    done.set_status_message(std::string(status.message()));
-    return sock->Write(done).ok();
+    return SendDone(sock, status);
   };
   if (!scope.status().ok()) return send_done(scope.status());
   const std::vector<BlockHash>& hashes = scope.hashes();

@@ -173,11 +173,8 @@ class ConnectorTest : public ::testing::Test {
   }
 
   bool WaitActiveLeases(uint64_t n) {
-    for (int i = 0; i < 2000; ++i) {
-      if (store_->GetStats().active_leases == n) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
+    return kvstore::testing::WaitFor([&] { return store_->GetStats().active_leases == n; },
+                                     std::chrono::seconds(2));
   }
 
   TempDir dir_;

@@ -31,6 +31,7 @@ using kvconnector::LoadMiss;
 using kvstore::testing::TempDir;
 using kvstore::testing::TestHash;
 using kvstore::testing::TestPayload;
+using kvstore::testing::WaitFor;
 using ::testing::HasSubstr;
 
 constexpr uint64_t kBlock = 64 << 10;
@@ -110,15 +111,6 @@ class BulkLoadTest : public ::testing::Test {
     auto sock = rpc::FramedSocket::Connect("127.0.0.1", std::to_string(bulk_->port()), 5'000);
     EXPECT_TRUE(sock.ok()) << sock.status();
     return std::move(*sock);
-  }
-
-  template <typename Pred>
-  bool Eventually(Pred pred) {
-    for (int i = 0; i < 2000; ++i) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return pred();
   }
 
   TempDir dir_;
@@ -252,7 +244,7 @@ TEST_F(BulkLoadTest, AfterTheServerClosesAnIdleConnectionTheNextLoadReconnects) 
   Put("ns", 1, kBlock);
   KvStoreClient* client = Client();
   ASSERT_TRUE(Load(client, "ns", {1}, kBlock).results.ok());
-  ASSERT_TRUE(Eventually([&] { return bulk_->GetStats().connections_open == 0; }));
+  ASSERT_TRUE(WaitFor([&] { return bulk_->GetStats().connections_open == 0; }));
   Loaded a = Load(client, "ns", {1}, kBlock);
   ASSERT_TRUE(a.results.ok()) << a.results.status();
   EXPECT_TRUE((*a.results)[0].ok());
@@ -401,8 +393,8 @@ TEST_F(BulkLoadTest, AClientThatHangsUpMidLoadLeavesNoLeaseAndNoStuckThread) {
     v1::BulkLoadFrame frame;
     ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());  // the first block's header, then hang up
   }
-  EXPECT_TRUE(Eventually([&] { return store_->GetStats().active_leases == 0; }));
-  EXPECT_TRUE(Eventually([&] { return bulk_->GetStats().connections_open == 0; }));
+  EXPECT_TRUE(WaitFor([&] { return store_->GetStats().active_leases == 0; }));
+  EXPECT_TRUE(WaitFor([&] { return bulk_->GetStats().connections_open == 0; }));
   Loaded a = Load(client, "big", {7}, kBigBlock);  // still serving
   ASSERT_TRUE(a.results.ok());
   EXPECT_TRUE((*a.results)[0].ok());

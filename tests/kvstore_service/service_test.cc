@@ -173,10 +173,7 @@ class BatchedReleaseTest : public KvStoreServiceTest {
     return r.lease;
   }
   bool EventuallyNoLeases() {
-    for (int i = 0; i < 5000 && Stats().active_leases != 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return Stats().active_leases == 0;
+    return kvstore::testing::WaitFor([&] { return Stats().active_leases == 0; });
   }
 };
 
@@ -246,10 +243,7 @@ TEST_F(KvStoreServiceTest, LateLookupCountsAsZeroHitsAndLeavesNoLease) {
   EXPECT_EQ(r.lease.value(), 0u);
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
   SyncPoint::Get()->Process("Test:ClientGaveUp");
-  for (int i = 0; i < 5000 && !server_done; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_TRUE(server_done);
+  ASSERT_TRUE(kvstore::testing::WaitFor([&] { return server_done.load(); }));
   SyncPoint::Get()->DisableProcessing();
   // (The handler may release its lease after this; releasing an expired
   // lease is a no-op.)
