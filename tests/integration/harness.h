@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "../wait_for.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -98,15 +99,5 @@ std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address);
 v1::GetStatsResponse GetStats(v1::Generation::Stub* stub);
 v1::DescribeResponse Describe(v1::Worker::Stub* stub);
 
-// Polls `pred` every 20 ms until true or `timeout`; returns the last value.
-template <typename Pred>
-bool WaitFor(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pred();
-}
 
 }  // namespace tandem::testing

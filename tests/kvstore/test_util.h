@@ -3,13 +3,12 @@
 
 #include <stdlib.h>
 
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "../wait_for.h"
 #include "tandem/common/block_hash.h"
 #include "tandem/kvstore/checksum.h"
 
@@ -55,16 +54,6 @@ inline std::vector<uint8_t> TestPayload(uint64_t i, size_t size, uint8_t tag = 0
 
 inline uint32_t Crc(const std::vector<uint8_t>& v) { return Crc32c(v); }
 
-// Polls `pred` every millisecond until it holds or `timeout` passes; returns
-// its last value. For state another thread or process settles.
-template <typename Pred>
-bool WaitFor(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return pred();
-}
+using tandem::testing::WaitFor;  // ../wait_for.h
 
 }  // namespace tandem::kvstore::testing
