@@ -1,6 +1,7 @@
 #include "bulk_load_client.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -103,6 +104,7 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
     }
     const uint64_t received_before = sock->bytes_received();
     std::vector<BlockLoadResult> results(n);  // kFailed until answered
+    v1::LoadRequest report;                   // blocks that failed our checksum
     std::vector<bool> answered(n, false);
     size_t finished = 0;
     bool done = false;
@@ -142,7 +144,31 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
         crc = kvstore::Crc32cExtend(crc, piece.data(), piece.size());
       });
       if (!io.ok()) break;
-      results[i].miss = crc == c.checksum() ? LoadMiss::kNone : LoadMiss::kChecksum;
+      if (crc == c.checksum()) {
+        results[i].miss = LoadMiss::kNone;
+      } else {
+        // The store sent the bytes unverified: they are not handed out, and
+        // the store is told, so it checks the block and drops it.
+        results[i].miss = LoadMiss::kChecksum;
+        std::memset(dst[i].data(), 0, dst[i].size());
+        *report.add_corrupt_block_hashes() = req.block_hashes(static_cast<int>(i));
+      }
+    }
+    if (done && report.corrupt_block_hashes_size() > 0) {
+      TANDEM_LOG(WARNING) << "KV-store load: " << report.corrupt_block_hashes_size()
+                          << " block(s) failed their checksum; reported to the store";
+      report.set_namespace_(std::string(ns));
+      io = sock->Write(report);
+      while (io.ok() && (io = sock->Read(&frame, kMaxFrameBytes)).ok() && !frame.done()) {
+      }
+      if (!io.ok()) {
+        TANDEM_LOG(WARNING) << "KV-store load: reporting corrupt blocks failed: " << io;
+        return results;  // the connection is not reused
+      }
+      if (frame.status_code() != 0) {
+        TANDEM_LOG(WARNING) << "KV-store load: the store refused the corrupt-block report: "
+                            << frame.status_message();
+      }
     }
     if (done) {
       {

@@ -474,7 +474,8 @@ class KvStore::Impl {
 
   // ---- reads -------------------------------------------------------------
 
-  absl::StatusOr<ReadResult> Read(std::string_view ns, const BlockHash& hash, Sink sink) {
+  absl::StatusOr<ReadResult> Read(std::string_view ns, const BlockHash& hash, Sink sink,
+                                  ReadVerify verify) {
     Entry* e = nullptr;
     int64_t slot;
     uint64_t size;
@@ -496,10 +497,11 @@ class KvStore::Impl {
       size = e->size;
       checksum = e->checksum;
     }
+    const bool check = verify == ReadVerify::kStore;
     ReadResult result{.checksum = checksum};
     if (slot >= 0) {
       std::span<const uint8_t> data(arena_->slot(slot), size);
-      if (Crc32c(data) != checksum) return DropCorrupt(e, MissReason::kChecksum);
+      if (check && Crc32c(data) != checksum) return DropCorrupt(e, MissReason::kChecksum);
       TANDEM_SYNC_POINT("KvStore::Read:AfterVerify");
       sink(data, checksum);
       result.from_hot = true;
@@ -513,7 +515,7 @@ class KvStore::Impl {
         return FromRocks(s, absl::StrCat("reading block ", hash.ToHex()));
       }
       std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(value.data()), value.size());
-      if (data.size() != size || Crc32c(data) != checksum) {
+      if (data.size() != size || (check && Crc32c(data) != checksum)) {
         return DropCorrupt(e, MissReason::kChecksum);
       }
       TANDEM_SYNC_POINT("KvStore::Read:AfterVerify");
@@ -524,6 +526,48 @@ class KvStore::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.blocks_loaded;
     return result;
+  }
+
+  absl::StatusOr<bool> ReportCorrupt(std::string_view ns, const BlockHash& hash) {
+    Entry* e = nullptr;
+    int64_t slot;
+    uint64_t size;
+    uint32_t checksum;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      TANDEM_ASSIGN_OR_RETURN(NsInfo info, ResolveLocked(ns));
+      ++stats_.corrupt_reports;
+      auto it = index_.find(Key{info.id, hash});
+      if (it == index_.end() || it->second.state != EntryState::kReady) return false;
+      e = &it->second;
+      ++e->read_pins;
+      slot = e->hot_slot;
+      size = e->size;
+      checksum = e->checksum;
+    }
+    bool intact;
+    if (slot >= 0) {
+      intact = Crc32c(std::span<const uint8_t>(arena_->slot(slot), size)) == checksum;
+    } else {
+      rocksdb::PinnableSlice value;
+      rocksdb::Status s = db_->Get(PayloadReadOptions(), db_->DefaultColumnFamily(),
+                                   RocksKey(kBlockPrefix, e->key), &value);
+      if (!s.ok() && !s.IsNotFound()) {
+        Unpin(e);
+        return FromRocks(s, absl::StrCat("verifying reported block ", hash.ToHex()));
+      }
+      intact = s.ok() && value.size() == size &&
+               Crc32c(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(value.data()),
+                                               value.size())) == checksum;
+    }
+    if (intact) {
+      TANDEM_LOG(WARNING) << "KV-store: a reader reported block " << hash.ToHex()
+                          << " corrupt, but it verifies here; kept";
+      Unpin(e);
+      return false;
+    }
+    DropCorrupt(e, MissReason::kChecksum);
+    return true;
   }
 
   // ---- stats and tests ---------------------------------------------------
@@ -949,8 +993,12 @@ absl::StatusOr<StoreResult> KvStore::Store(std::string_view ns, const BlockHash&
                                            std::optional<Durability> durability) {
   return impl_->Store(ns, hash, payload, checksum, durability);
 }
-absl::StatusOr<ReadResult> KvStore::Read(std::string_view ns, const BlockHash& hash, Sink sink) {
-  return impl_->Read(ns, hash, sink);
+absl::StatusOr<ReadResult> KvStore::Read(std::string_view ns, const BlockHash& hash, Sink sink,
+                                         ReadVerify verify) {
+  return impl_->Read(ns, hash, sink, verify);
+}
+absl::StatusOr<bool> KvStore::ReportCorrupt(std::string_view ns, const BlockHash& hash) {
+  return impl_->ReportCorrupt(ns, hash);
 }
 absl::StatusOr<ReadResult> KvStore::ReadInto(std::string_view ns, const BlockHash& hash,
                                              std::span<uint8_t> dst) {
@@ -961,7 +1009,7 @@ absl::StatusOr<ReadResult> KvStore::ReadInto(std::string_view ns, const BlockHas
       return;
     }
     std::memcpy(dst.data(), d.data(), d.size());
-  }));
+  }, ReadVerify::kStore));
   if (!size_ok) {
     return absl::InvalidArgumentError(absl::StrCat("ReadInto: destination has ", dst.size(),
                                                    " bytes, block ", hash.ToHex(),

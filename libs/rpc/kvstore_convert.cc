@@ -21,6 +21,7 @@ void ToProto(const kvstore::KvStoreStats& in, v1::StatsResponse* out) {
   out->set_stores(in.stores);
   out->set_stores_already_present(in.stores_already_present);
   out->set_checksum_failures(in.checksum_failures);
+  out->set_corrupt_reports(in.corrupt_reports);
   out->set_active_leases(in.active_leases);
   out->set_leases_expired(in.leases_expired);
   out->set_evictions_hot(in.evictions_hot);
@@ -44,6 +45,7 @@ kvstore::KvStoreStats FromProto(const v1::StatsResponse& in) {
       .stores = in.stores(),
       .stores_already_present = in.stores_already_present(),
       .checksum_failures = in.checksum_failures(),
+      .corrupt_reports = in.corrupt_reports(),
       .active_leases = in.active_leases(),
       .leases_expired = in.leases_expired(),
       .evictions_hot = in.evictions_hot(),

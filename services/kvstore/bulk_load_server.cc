@@ -241,8 +241,10 @@ bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& r
     chunk->set_block_index(static_cast<int32_t>(i));
     chunk->set_last(true);
     absl::Status sent;
-    // The sink runs while the engine keeps the verified block pinned: its
-    // bytes go from the store's memory to the socket.
+    // The sink runs while the engine keeps the block pinned: its bytes go
+    // from the store's memory to the socket. The reader verifies them against
+    // the checksum written with them (sent ahead of them) and reports a
+    // mismatch, so the store does not make a second pass over every block.
     absl::StatusOr<kvstore::ReadResult> r = store_->Read(
         request.namespace_(), hashes[i], [&](std::span<const uint8_t> data, uint32_t checksum) {
           chunk->set_ok(true);
@@ -253,7 +255,8 @@ bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& r
             ++blocks_sent_;
             bytes_sent_ += data.size();
           }
-        });
+        },
+        kvstore::ReadVerify::kReader);
     if (!sent.ok()) return false;  // the connection broke mid-block
     if (!r.ok()) return send_done(Annotate(r.status(), absl::StrCat("loading block ", i)));
     if (!r->ok()) {

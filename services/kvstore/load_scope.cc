@@ -8,8 +8,18 @@ namespace tandem::kvstore_service {
 LoadScope::LoadScope(kvstore::KvStore* store, const v1::LoadRequest& request)
     : store_(store), request_(request) {
   absl::StatusOr<kvstore::NamespaceSpec> spec = store_->GetNamespace(request_.namespace_());
-  status_ = spec.ok() ? rpc::ParseBlockHashes(request_.block_hashes(), "block_hashes", &hashes_)
-                      : spec.status();
+  std::vector<BlockHash> corrupt;
+  status_ = spec.status();
+  if (status_.ok()) {
+    status_ = rpc::ParseBlockHashes(request_.corrupt_block_hashes(), "corrupt_block_hashes",
+                                    &corrupt);
+  }
+  if (status_.ok()) {
+    status_ = rpc::ParseBlockHashes(request_.block_hashes(), "block_hashes", &hashes_);
+  }
+  for (size_t i = 0; status_.ok() && i < corrupt.size(); ++i) {
+    status_ = store_->ReportCorrupt(request_.namespace_(), corrupt[i]).status();
+  }
 }
 
 LoadScope::~LoadScope() { ReleaseLease(); }

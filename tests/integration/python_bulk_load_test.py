@@ -11,7 +11,8 @@ protos/tandem/v1/kvstore.proto):
      block's bytes and checksum, a miss, and the final status,
   3. checks that the gRPC Load stream answers the same bytes,
   4. checks the errors: an unknown namespace, a hash of the wrong length, a
-     connection without the preface.
+     connection without the preface; and that a corrupt-block report of an
+     intact block is checked and the block kept.
 
 Usage: python_bulk_load_test.py BUILD_DIR SOURCE_DIR
 """
@@ -160,11 +161,21 @@ def main():
         assert "block_hashes[1]" in done.status_message, done
         got, done = bulk_load(sock, pb2, "py", [block_hash(2)])  # still usable
         assert done.status_code == 0 and got[0] == payload(2)
+        # A corrupt-block report of an intact block: the store checks it and
+        # keeps it (the report is answered like a load with no blocks).
+        send_frame(sock, pb2.LoadRequest(namespace="py", corrupt_block_hashes=[block_hash(2)]))
+        done = read_frame(sock, pb2)
+        assert done.done and done.status_code == 0, done
+        got, done = bulk_load(sock, pb2, "py", [block_hash(2)])
+        assert done.status_code == 0 and got[0] == payload(2), "an intact reported block was dropped"
+        stats = stub.Stats(pb2.StatsRequest(), timeout=10)
+        assert stats.corrupt_reports == 1 and stats.checksum_failures == 0, stats
         sock.close()
         bad = socket.create_connection(("127.0.0.1", bulk_port), timeout=10)
         bad.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
         assert bad.recv(1) == b"", "a connection without the preface was answered"
-        print("errors: NOT_FOUND, INVALID_ARGUMENT naming the hash, a bad preface closed")
+        print("errors: NOT_FOUND, INVALID_ARGUMENT naming the hash, a bad preface closed; "
+              "a report of an intact block refuted")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

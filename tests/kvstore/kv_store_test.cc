@@ -278,6 +278,58 @@ TEST_F(KvStoreTest, FlippedByteInRocksDbIsAMissAndDropsTheBlock) {
   EXPECT_EQ(Hits({1}), 0);
 }
 
+// ReadVerify::kReader: the sink gets the bytes with the checksum written with
+// them; a reader that finds a mismatch reports it, and the store checks the
+// block itself before it drops it.
+class KvStoreReaderVerifyTest : public KvStoreTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(KvStoreReaderVerifyTest, AReportedCorruptBlockIsCheckedAndDroppedAnIntactOneKept) {
+  const bool hot = GetParam();
+  KvStoreOptions o = Options();
+  o.store_to_hot = hot;
+  Open(o);
+  Put(1);
+  Put(2);
+  ASSERT_EQ(store_->TEST_InHot(kNs, TestHash(1)), hot);
+  ASSERT_TRUE((hot ? store_->TEST_CorruptHot(kNs, TestHash(1), 5)
+                   : store_->TEST_CorruptCold(kNs, TestHash(1), 5))
+                  .ok());
+  // The reader sees the bytes as stored, corrupt ones included.
+  uint32_t reader_crc = 0, written_crc = 0;
+  auto r = store_->Read(
+      kNs, TestHash(1),
+      [&](std::span<const uint8_t> data, uint32_t checksum) {
+        reader_crc = Crc32c(data);
+        written_crc = checksum;
+      },
+      ReadVerify::kReader);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(written_crc, Crc32c(TestPayload(1, kBlock)));
+  EXPECT_NE(reader_crc, written_crc);
+  EXPECT_EQ(store_->GetStats().checksum_failures, 0u);  // nobody has checked yet
+  // A report of an intact block is checked and refuted; of a corrupt one, acted on.
+  auto report = [&](uint64_t id) {
+    absl::StatusOr<bool> dropped = store_->ReportCorrupt(kNs, TestHash(id));
+    EXPECT_TRUE(dropped.ok()) << dropped.status();
+    return dropped.value_or(false);
+  };
+  EXPECT_FALSE(report(2));
+  EXPECT_TRUE(report(1));
+  EXPECT_FALSE(report(1));  // gone
+  EXPECT_EQ(store_->ReportCorrupt("nope", TestHash(1)).status().code(),
+            absl::StatusCode::kNotFound);
+  const KvStoreStats stats = store_->GetStats();
+  EXPECT_EQ(stats.corrupt_reports, 3u);
+  EXPECT_EQ(stats.checksum_failures, 1u);
+  EXPECT_EQ(Hits({1}), 0);
+  EXPECT_FALSE(store_->TEST_InCold(kNs, TestHash(1)));
+  EXPECT_EQ(Hits({2}), 1);
+  EXPECT_TRUE(Get(2).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, KvStoreReaderVerifyTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Hot" : "Cold"; });
+
 TEST_F(KvStoreTest, ColdTierCheckFindsAPayloadThatDoesNotMatchItsMetadata) {
   Open(Options());
   for (int i = 0; i < 3; ++i) Put(i);

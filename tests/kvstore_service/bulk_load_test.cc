@@ -162,20 +162,82 @@ TEST_F(BulkLoadTest, BlocksLargerThanTheSocketBuffersArriveWhole) {
   EXPECT_EQ(client->bulk_loads(), 1u);
 }
 
-TEST_F(BulkLoadTest, AFlippedByteIsAChecksumMissAndItsBytesAreNeverSent) {
+// Over the bulk port the reader verifies: a flipped byte (in either tier) is
+// a checksum miss, the load hands out none of the block's bytes, and the
+// store, told by the client, checks the block and drops it.
+class BulkLoadCorruptTest : public BulkLoadTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(BulkLoadCorruptTest, AFlippedByteIsAChecksumMissItsBytesAreNotHandedOutAndTheBlockIsDropped) {
+  const bool in_hot = GetParam();
+  if (!in_hot) {
+    // Cold only: a store whose hot tier holds no block of this size.
+    store_.reset();
+    auto store = kvstore::KvStore::Open({.data_dir = dir_.path(),
+                                         .hot_capacity_bytes = 0,
+                                         .lock_hot_memory = false});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
   Start();
   for (uint64_t id : {1, 2, 3}) Put("ns", id, kBlock);
-  ASSERT_TRUE(store_->TEST_CorruptHot("ns", TestHash(2), 100).ok());
+  ASSERT_EQ(store_->TEST_InHot("ns", TestHash(2)), in_hot);
+  ASSERT_TRUE((in_hot ? store_->TEST_CorruptHot("ns", TestHash(2), 100)
+                      : store_->TEST_CorruptCold("ns", TestHash(2), 100))
+                  .ok());
   KvStoreClient* client = Client();
   Loaded a = Load(client, "ns", {1, 2, 3}, kBlock);
   ASSERT_TRUE(a.results.ok()) << a.results.status();
   EXPECT_TRUE((*a.results)[0].ok());
   EXPECT_EQ((*a.results)[1].miss, LoadMiss::kChecksum);
   EXPECT_TRUE((*a.results)[2].ok());
-  EXPECT_EQ(a.bufs[1], std::vector<uint8_t>(kBlock, 0xEE)) << "bytes of a corrupt block arrived";
+  EXPECT_EQ(a.bufs[0], TestPayload(1, kBlock));
+  EXPECT_EQ(a.bufs[1], std::vector<uint8_t>(kBlock, 0)) << "bytes of a corrupt block handed out";
   EXPECT_EQ(a.bufs[2], TestPayload(3, kBlock));
-  EXPECT_EQ(bulk_->GetStats().blocks_sent, 2u);
   EXPECT_EQ(client->bulk_loads(), 1u);
+  // The client's report reached the store before Load returned.
+  const kvstore::KvStoreStats stats = store_->GetStats();
+  EXPECT_EQ(stats.corrupt_reports, 1u);
+  EXPECT_EQ(stats.checksum_failures, 1u);
+  EXPECT_FALSE(store_->TEST_InHot("ns", TestHash(2)));
+  EXPECT_FALSE(store_->TEST_InCold("ns", TestHash(2)));
+  EXPECT_TRUE(store_->TEST_InCold("ns", TestHash(1)));
+  // The next load of it is an honest miss.
+  Loaded again = Load(client, "ns", {2}, kBlock);
+  ASSERT_TRUE(again.results.ok()) << again.results.status();
+  EXPECT_EQ((*again.results)[0].miss, LoadMiss::kNotFound);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, BulkLoadCorruptTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Hot" : "Cold"; });
+
+TEST_F(BulkLoadTest, AReportOfAnIntactBlockIsCheckedAndTheBlockKept) {
+  Start();
+  Put("ns", 1, kBlock);
+  auto sock = Raw();
+  ASSERT_TRUE(sock->WriteRaw(Preface()).ok());
+  v1::LoadRequest report;
+  report.set_namespace_("ns");
+  rpc::AppendBlockHashes(std::vector<BlockHash>{TestHash(1), TestHash(9)},
+                         report.mutable_corrupt_block_hashes());
+  ASSERT_TRUE(sock->Write(report).ok());
+  v1::BulkLoadFrame frame;
+  ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
+  EXPECT_TRUE(frame.done());
+  EXPECT_EQ(frame.status_code(), 0) << frame.status_message();
+  EXPECT_EQ(store_->GetStats().corrupt_reports, 2u);
+  EXPECT_EQ(store_->GetStats().checksum_failures, 0u);
+  EXPECT_TRUE(store_->TEST_InCold("ns", TestHash(1)));
+  Loaded a = Load(Client(), "ns", {1}, kBlock);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  EXPECT_EQ(a.bufs[0], TestPayload(1, kBlock));
+  // A malformed report is refused as a whole, naming the field.
+  report.add_corrupt_block_hashes("short");
+  ASSERT_TRUE(sock->Write(report).ok());
+  ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
+  EXPECT_TRUE(frame.done());
+  EXPECT_EQ(frame.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(frame.status_message(), HasSubstr("corrupt_block_hashes[2]"));
+  EXPECT_EQ(store_->GetStats().corrupt_reports, 2u);
 }
 
 TEST_F(BulkLoadTest, UnknownNamespaceIsNotFoundAndTheConnectionServesTheNextLoad) {

@@ -19,9 +19,12 @@
 // thread) and move block bytes between the store and caller-provided
 // buffers. Load() uses the store's bulk load port when it has one (each
 // payload byte is received straight into the caller's buffer), the gRPC
-// stream otherwise; the results are the same. Every loaded block's CRC32C is verified here too; a block that
-// fails it is reported as a kChecksum miss and its destination bytes must not
-// be used.
+// stream otherwise; the results are the same. Every loaded block's CRC32C is
+// verified here too; a block that fails it is a kChecksum miss, and its
+// destination bytes must not be used. Over the bulk port this check is the
+// read's verification (the store sends without checking): the destination
+// is zeroed, and the block is reported to the store, which checks it and
+// drops it, before Load() returns.
 //
 // Thread-safe: one client may be shared by many threads. Destroy every
 // PendingLookup before its client; the client's destructor waits for its
