@@ -52,6 +52,12 @@ std::optional<BulkLoadClient::Address> BulkLoadClient::FindAddress() {
   return addr;
 }
 
+void BulkLoadClient::ForgetAddress() {
+  std::lock_guard<std::mutex> lock(mu_);
+  address_.reset();
+  next_lookup_ = {};
+}
+
 void BulkLoadClient::MarkUnreachable() {
   std::lock_guard<std::mutex> lock(mu_);
   if (address_) {

@@ -50,10 +50,16 @@ class BulkLoadClient {
   // Loads served over the port so far (tests).
   [[nodiscard]] uint64_t loads() const;
 
- private:
   using Address = std::pair<std::string, std::string>;  // host, port
-  // The port's address, looking it up when due; nullopt when off.
+  // The port's address, looking it up when due; nullopt when off or not
+  // found (looked up again 10 s later).
   std::optional<Address> FindAddress();
+  // Forgets the address, so that the next FindAddress() asks the store again
+  // at once (the port refused a connection: the store may have restarted on
+  // another one).
+  void ForgetAddress();
+
+ private:
   // An idle pooled connection (sets *pooled) or a new one; null on failure.
   std::unique_ptr<rpc::FramedSocket> Connection(const Address& addr, bool* pooled);
   // Forgets the address (and the pool) until the next lookup is due.

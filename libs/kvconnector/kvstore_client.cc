@@ -17,6 +17,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/sync_stream.h"
 #include "bulk_load_client.h"
+#include "bulk_lookup_client.h"
 #include "kvstore_client_wire.h"
 #include "tandem/common/status.h"
 #include "tandem/kvstore/checksum.h"
@@ -112,7 +113,8 @@ struct PendingLookup::State {
   bool abandoned = false;  // the PendingLookup was destroyed
   LookupResult result;
 
-  void OnDone(const grpc::Status& s) {
+  // The answer (in `resp` when `s` is OK), over gRPC or the bulk port.
+  void OnDone(const absl::Status& s) {
     uint64_t orphan = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -128,7 +130,7 @@ struct PendingLookup::State {
                                          std::chrono::steady_clock::now() - started)
                                          .count();
         } else {
-          result.status = rpc::FromGrpcStatus(s, "KV-store lookup");
+          result.status = s;
         }
         if (abandoned) orphan = lease;
       } else {
@@ -198,12 +200,19 @@ class KvStoreClient::Impl {
                      channel_),
         bulk_(options, [this] { return BulkLoadPort(); }) {
     if (opts_.release_batch_ms > 0) release_flusher_ = std::thread([this] { FlushReleases(); });
+    if (opts_.bulk_lookup) {
+      bulk_lookup_ = std::make_unique<BulkLookupClient>(
+          [this] { return bulk_.FindAddress(); }, [this] { bulk_.ForgetAddress(); },
+          std::min<int64_t>(opts_.rpc_deadline_ms, 5'000));
+    }
   }
 
   // Sends the releases still batched, waits for callbacks still to come
   // (bounded by the RPC deadlines), then frees their state here rather than
   // on gRPC's callback threads.
   ~Impl() {
+    // First: its answer handlers may release leases (ReleaseAsync).
+    bulk_lookup_.reset();
     {
       std::lock_guard<std::mutex> lock(release_mu_);
       release_stopping_ = true;  // from here on ReleaseAsync sends at once
@@ -256,10 +265,17 @@ class KvStoreClient::Impl {
     st->req.set_lease_ttl_ms(options.lease_ttl_ms);
     st->req.set_stage_to_hot(options.stage_to_hot);
     for (uint64_t id : TakeBatchedReleases()) st->req.add_release_lease_ids(id);
+    if (bulk_lookup_ != nullptr &&
+        bulk_lookup_->Send(st->req, [st](const absl::Status& s, const v1::LookupResponse& resp) {
+          st->resp = resp;
+          st->OnDone(s);
+        })) {
+      return std::make_unique<PendingLookup>(std::move(st));
+    }
     Track(st);
     PendingLookup::State* raw = st.get();
     stub_->async()->Lookup(&raw->ctx, &raw->req, &raw->resp, [this, raw](grpc::Status s) {
-      raw->OnDone(s);
+      raw->OnDone(rpc::FromGrpcStatus(s, "KV-store lookup"));
       Retire(raw);
     });
     return std::make_unique<PendingLookup>(std::move(st));
@@ -505,6 +521,12 @@ class KvStoreClient::Impl {
   }
 
   [[nodiscard]] uint64_t bulk_loads() const { return bulk_.loads(); }
+  [[nodiscard]] uint64_t bulk_lookups() const {
+    return bulk_lookup_ ? bulk_lookup_->answered() : 0;
+  }
+  [[nodiscard]] bool bulk_lookup_connected() const {
+    return bulk_lookup_ && bulk_lookup_->connected();
+  }
 
  private:
   absl::StatusOr<v1::StatsResponse> StatsRpc(int64_t deadline_ms) {
@@ -538,6 +560,7 @@ class KvStoreClient::Impl {
   std::chrono::steady_clock::time_point release_due_;
   bool release_stopping_ = false;
   std::thread release_flusher_;
+  std::unique_ptr<BulkLookupClient> bulk_lookup_;  // null when opts_.bulk_lookup is off
 };
 
 void ReleaseLeaseInBackground(KvStoreClient::Impl* impl, uint64_t lease) {
@@ -575,5 +598,7 @@ absl::StatusOr<bool> KvStoreClient::CreateNamespace(const kvstore::NamespaceSpec
 }
 absl::StatusOr<kvstore::KvStoreStats> KvStoreClient::Stats() { return impl_->Stats(); }
 uint64_t KvStoreClient::bulk_loads() const { return impl_->bulk_loads(); }
+uint64_t KvStoreClient::bulk_lookups() const { return impl_->bulk_lookups(); }
+bool KvStoreClient::bulk_lookup_connected() const { return impl_->bulk_lookup_connected(); }
 
 }  // namespace tandem::kvconnector

@@ -28,8 +28,8 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::
           .lookup_deadline_ms = options.lookup_deadline_ms,
           .rpc_deadline_ms = options.transfer_deadline_ms,
           .bulk_load = options.bulk_load != "off",
-          .bulk_load_target =
-              options.bulk_load == "auto" || options.bulk_load == "off" ? "" : options.bulk_load}));
+          .bulk_lookup = false,  // the worker does not look up
+          .bulk_load_target = options.BulkPortTarget()}));
   const std::string ns = NamespaceFor(model_fingerprint, kv_layout);
   kvstore::NamespaceSpec spec{
       .name = ns, .block_bytes = static_cast<uint64_t>(block_bytes), .layout = kv_layout};

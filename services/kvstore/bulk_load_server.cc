@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "load_scope.h"
+#include "lookup_answer.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/rpc/kvstore_convert.h"
@@ -157,6 +158,7 @@ BulkLoadServerStats BulkLoadServer::GetStats() const {
   s.connections_rejected = rejected_.load();
   s.bad_prefaces = bad_prefaces_.load();
   s.loads = loads_.load();
+  s.lookups = lookups_.load();
   s.blocks_sent = blocks_sent_.load();
   s.bytes_sent = bytes_sent_.load();
   std::lock_guard<std::mutex> lock(mu_);
@@ -207,10 +209,14 @@ void BulkLoadServer::Serve(Connection* conn) {
   rpc::FramedSocket* sock = conn->sock.get();
   uint8_t preface[rpc::kKvBulkLoadPreface.size()];
   if (!sock->ReadRaw(preface).ok()) return;
+  if (std::memcmp(preface, rpc::kKvBulkLookupPreface.data(), sizeof preface) == 0) {
+    ServeLookups(sock);
+    return;
+  }
   if (std::memcmp(preface, rpc::kKvBulkLoadPreface.data(), sizeof preface) != 0) {
     ++bad_prefaces_;
-    TANDEM_LOG(WARNING) << "bulk load port: a connection did not start with the bulk load "
-                           "preface (a gRPC or HTTP client on the wrong port?); closed";
+    TANDEM_LOG(WARNING) << "bulk load port: a connection did not start with a bulk load or "
+                           "lookup preface (a gRPC or HTTP client on the wrong port?); closed";
     return;
   }
   for (;;) {
@@ -222,6 +228,32 @@ void BulkLoadServer::Serve(Connection* conn) {
     }
     if (!s.ok()) return;  // closed, reset, or idle past the timeout
     if (!ServeLoad(sock, request)) return;
+  }
+}
+
+void BulkLoadServer::ServeLookups(rpc::FramedSocket* sock) {
+  // A scheduler's lookup connection stays open while it is idle: closing it
+  // could lose a lookup sent just then.
+  sock->SetTimeouts(options_.io_timeout_ms, 0);
+  v1::LookupRequest request;
+  v1::BulkLookupAnswer answer;
+  for (;;) {
+    absl::Status s = sock->Read(&request, rpc::kKvBulkLoadMaxRequestBytes);
+    // A frame that is not a LookupRequest (or too long) is answered, and
+    // then the connection is closed: the stream cannot be trusted.
+    const bool bad_frame = s.code() == absl::StatusCode::kInvalidArgument;
+    if (!s.ok() && !bad_frame) return;  // closed or reset
+    answer.Clear();
+    if (s.ok()) {
+      ++lookups_;
+      s = AnswerLookup(store_, request, {.debug_delay_ms = options_.debug_lookup_delay_ms},
+                       answer.mutable_response());
+      if (!s.ok()) answer.clear_response();
+    }
+    s = Annotate(s, "bulk lookup");
+    answer.set_status_code(static_cast<int32_t>(s.code()));
+    answer.set_status_message(std::string(s.message()));
+    if (!sock->Write(answer).ok() || bad_frame) return;
   }
 }
 

@@ -1,4 +1,5 @@
-// The bulk load port: the KV-store's Load served over plain TCP beside gRPC.
+// The bulk load port: the KV-store's Load, and Lookup, served over plain TCP
+// beside gRPC.
 //
 // DESIGN CHANGE (DESIGN §5 specifies Load as a gRPC server stream only).
 // The gRPC Load stays, unchanged, for every client (grpcurl, Python, the
@@ -53,9 +54,26 @@
 // (rpc::kKvBulkLoadMaxRequestBytes, about 470,000 hashes), is answered with a
 // done frame carrying INVALID_ARGUMENT, and the connection is closed.
 //
+// Lookup connections. THIRD DESIGN CHANGE (DESIGN §5 has Lookup as a gRPC
+// call): a connection that opens with the preface "TKVLOOK1"
+// (rpc::kKvBulkLookupPreface) carries lookups. The client sends LookupRequest
+// frames (as for gRPC Lookup, release_lease_ids included) without waiting
+// for answers; the server answers each, in order, with a BulkLookupAnswer
+// (status_code 0 and the LookupResponse, or the lookup's error: NOT_FOUND for
+// an unknown namespace, INVALID_ARGUMENT naming a hash that is not 32
+// bytes). A frame that does not parse is answered with INVALID_ARGUMENT and
+// the connection is closed. There is no deadline on the wire: a client that
+// gave up on a lookup still reads its answer and releases its lease. Lookup
+// connections are not closed for being idle. Why: over gRPC an empty call
+// costs 72-135 us on the 2-core benchmark VM (about five thread hand-offs),
+// over DESIGN §8's 100 us p50 lookup target in its slow phases; here a
+// 64-hash lookup is answered in about 45 us (two hand-offs). The scheduler's
+// KV client keeps one such connection (libs/kvconnector/bulk_lookup_client.h)
+// and falls back to gRPC whenever it is down.
+//
 // Threads: one acceptor, and one thread per connection (a connection
-// serves one load at a time; the worker keeps one connection per transfer
-// thread). Connections beyond max_connections are closed on accept, and the
+// serves one load or lookup at a time; the worker keeps one connection per
+// transfer thread, a scheduler one lookup connection). Connections beyond max_connections are closed on accept, and the
 // client then uses gRPC. A send that makes no progress for io_timeout_ms
 // closes the connection, which bounds how long a stalled client keeps a
 // block pinned; a connection idle for idle_timeout_ms between loads is
@@ -87,6 +105,9 @@ struct BulkLoadServerOptions {
   int32_t max_connections = 64;
   int64_t io_timeout_ms = 30'000;
   int64_t idle_timeout_ms = 300'000;
+  // Tests only: each lookup sleeps this long first (a slow store), as
+  // KvStoreServiceOptions::debug_lookup_delay_ms does for gRPC lookups.
+  int64_t debug_lookup_delay_ms = 0;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -97,6 +118,7 @@ struct BulkLoadServerStats {
   uint64_t connections_open = 0;
   uint64_t bad_prefaces = 0;
   uint64_t loads = 0;        // LoadRequests answered
+  uint64_t lookups = 0;      // LookupRequests answered on lookup connections
   uint64_t blocks_sent = 0;  // payloads sent
   uint64_t bytes_sent = 0;   // payload bytes
 };
@@ -126,6 +148,8 @@ class BulkLoadServer {
 
   void AcceptLoop();
   void Serve(Connection* conn);
+  // A lookup connection: answers LookupRequests until the client closes.
+  void ServeLookups(rpc::FramedSocket* sock);
   // Answers one request; false when the connection must be closed.
   bool ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request);
   // Joins and frees finished connections. Requires mu_.
@@ -142,7 +166,7 @@ class BulkLoadServer {
   bool shut_down_ = false;
   std::list<std::unique_ptr<Connection>> connections_;
 
-  std::atomic<uint64_t> accepted_{0}, rejected_{0}, bad_prefaces_{0}, loads_{0}, blocks_sent_{0},
+  std::atomic<uint64_t> accepted_{0}, rejected_{0}, bad_prefaces_{0}, loads_{0}, lookups_{0}, blocks_sent_{0},
       bytes_sent_{0};
 };
 

@@ -11,6 +11,7 @@
 #include "grpcpp/support/method_handler.h"
 #include "load_scope.h"
 #include "load_wire.h"
+#include "lookup_answer.h"
 #include "tandem/common/status.h"
 #include "tandem/rpc/kvstore_convert.h"
 #include "tandem/rpc/status.h"
@@ -77,32 +78,13 @@ grpc::Status KvStoreServiceImpl::CreateNamespace(grpc::ServerContext*,
 
 grpc::Status KvStoreServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
                                         v1::LookupResponse* resp) {
-  std::vector<BlockHash> hashes;
-  absl::Status parsed = rpc::ParseBlockHashes(req->block_hashes(), "block_hashes", &hashes);
-  if (!parsed.ok()) return rpc::ToGrpcStatus(parsed);
-  // The client's batched releases, whatever becomes of the lookup.
-  for (uint64_t id : req->release_lease_ids()) store_->Release(LeaseId(id));
-  if (options_.debug_lookup_delay_ms > 0) {  // tests only: a slow store
-    std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_lookup_delay_ms));
-  }
-  absl::StatusOr<kvstore::LookupResult> r =
-      store_->Lookup(req->namespace_(), hashes,
-                     {.take_lease = req->take_lease(),
-                      .lease_ttl_ms = static_cast<int64_t>(req->lease_ttl_ms()),
-                      .stage_to_hot = req->stage_to_hot()});
-  if (!r.ok()) return rpc::ToGrpcStatus(r.status());
   // A caller past its deadline has given up and drops the answer: nobody
   // would release a lease granted now. (The deadline, not IsCancelled(): on
   // the sync API that polls the completion queue, tens of microseconds, and
   // the client never cancels a lookup before its deadline.)
-  if (std::chrono::system_clock::now() > ctx->deadline()) {
-    if (r->lease.value() != 0) store_->Release(r->lease);
-    return grpc::Status(grpc::StatusCode::CANCELLED, "lookup cancelled by the client");
-  }
-  resp->set_num_hits(r->num_hits);
-  resp->set_num_hot_hits(r->num_hot_hits);
-  resp->set_lease_id(r->lease.value());
-  return grpc::Status::OK;
+  return rpc::ToGrpcStatus(AnswerLookup(
+      store_, *req,
+      {.debug_delay_ms = options_.debug_lookup_delay_ms, .deadline = ctx->deadline()}, resp));
 }
 
 grpc::Status KvStoreServiceImpl::LoadRaw(
@@ -275,6 +257,12 @@ grpc::Status KvStoreServiceImpl::Stats(grpc::ServerContext*, const v1::StatsRequ
                                        v1::StatsResponse* resp) {
   rpc::ToProto(store_->GetStats(), resp);
   resp->set_bulk_load_port(static_cast<uint32_t>(options_.bulk_load_port));
+  if (options_.bulk_load_stats) {
+    const BulkLoadServerStats b = options_.bulk_load_stats();
+    resp->set_bulk_loads(b.loads);
+    resp->set_bulk_lookups(b.lookups);
+    resp->set_bulk_connections_open(b.connections_open);
+  }
   return grpc::Status::OK;
 }
 

@@ -10,8 +10,8 @@
 // INVALID_ARGUMENT (that block is not stored; blocks completed earlier in the
 // stream were stored, intact).
 //
-// Stats advertises the bulk load port (bulk_load_server.h), the faster
-// path clients use for Load when it is on.
+// Stats advertises the bulk port (bulk_load_server.h), the faster path
+// clients use for Load and Lookup when it is on, and reports its counters.
 //
 // Load is served with hand-encoded LoadResponse messages (load_wire.h): the
 // generated LoadResponse would copy each payload byte twice more (into the
@@ -20,8 +20,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
+#include "bulk_load_server.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
@@ -39,6 +41,8 @@ struct KvStoreServiceOptions {
   int64_t max_block_bytes = int64_t{1} << 30;
   // The bulk load port (bulk_load_server.h) to advertise in Stats; 0 = off.
   int32_t bulk_load_port = 0;
+  // Its counters, reported in Stats; empty = none.
+  std::function<BulkLoadServerStats()> bulk_load_stats;
 
   // ---- TESTS ONLY: fault injection for the KV connector's integration
   // tests (tests/integration/kv_*). Never set these in production. ----

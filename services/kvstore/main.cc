@@ -66,14 +66,16 @@ int main(int argc, char** argv) {
   flags.Add("load-chunk-bytes", &load_chunk_bytes,
             "payload bytes per Load stream message (under the 4 MiB gRPC limit)");
   flags.Add("bulk-load-listen", &bulk_load_listen,
-            "the bulk load port, Load over plain TCP beside gRPC (see bulk_load_server.h): "
-            "host:port, 'auto' (the --listen host, a free port, advertised in Stats) or 'off'");
+            "the bulk load port, Load and Lookup over plain TCP beside gRPC (see "
+            "bulk_load_server.h): host:port, 'auto' (the --listen host, a free port, advertised "
+            "in Stats) or 'off'");
   flags.Add("bulk-load-max-connections", &bulk_options.max_connections,
             "bulk load connections served at once; more are refused (clients then use gRPC)");
   flags.Add("bulk-load-io-timeout-ms", &bulk_options.io_timeout_ms,
             "a bulk load send making no progress this long closes its connection");
   flags.Add("bulk-load-idle-timeout-ms", &bulk_options.idle_timeout_ms,
-            "a bulk load connection idle this long between loads is closed");
+            "a bulk load connection idle this long between loads is closed (lookup connections "
+            "stay open)");
   flags.Add("drain-timeout-ms", &drain_timeout_ms,
             "on SIGTERM/SIGINT, how long in-flight RPCs may finish before shutdown");
   int64_t debug_lookup_delay_ms = 0;
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
       .debug_lookup_delay_ms = debug_lookup_delay_ms,
       .debug_corrupt_hot_every = debug_corrupt_hot_every,
       .debug_corrupt_cold_every = debug_corrupt_cold_every};
+  bulk_options.debug_lookup_delay_ms = debug_lookup_delay_ms;
   if (debug_lookup_delay_ms > 0 || debug_corrupt_hot_every > 0 || debug_corrupt_cold_every > 0) {
     TANDEM_LOG(WARNING) << "TEST-ONLY fault injection is on (--debug-*)";
   }
@@ -146,6 +149,7 @@ int main(int argc, char** argv) {
     }
     bulk = std::move(*started);
     service_options.bulk_load_port = bulk->port();
+    service_options.bulk_load_stats = [b = bulk.get()] { return b->GetStats(); };
   }
   kvstore_service::KvStoreServiceImpl service(store->get(), service_options);
 

@@ -7,7 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
+#include "tandem/common/status.h"
 #include "tandem/rpc/convert.h"
+#include "tandem/rpc/framed_socket.h"
 #include "tandem/rpc/status.h"
 
 namespace tandem::scheduler {
@@ -66,6 +68,11 @@ absl::Status EngineOptions::Validate() const {
   if (!kvstore_target.empty() && kvstore_lookup_deadline_ms <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--kvstore-lookup-deadline-ms must be > 0, got ", kvstore_lookup_deadline_ms));
+  }
+  if (!kvstore_target.empty() && kvstore_bulk_port != "auto" && kvstore_bulk_port != "off") {
+    if (absl::Status s = rpc::SplitHostPort(kvstore_bulk_port).status(); !s.ok()) {
+      return Annotate(s, "--kvstore-bulk-port must be auto, off or host:port");
+    }
   }
   // Fill the fields the worker provides with placeholders to check the rest.
   sched::SchedulerConfig probe = scheduler;
@@ -384,7 +391,8 @@ void Engine::Handle(Event& e) {
             kvconnector::KvStoreConnectorOptions{
                 .target = options_.kvstore_target,
                 .lookup_deadline_ms = options_.kvstore_lookup_deadline_ms,
-                .on_lookup_answer = [this] { Post(Event{.kind = Event::kWake}); }},
+                .on_lookup_answer = [this] { Post(Event{.kind = Event::kWake}); },
+                .bulk_load = options_.kvstore_bulk_port},
             d.model_fingerprint(), d.kv_layout(), d.block_bytes(), d.block_size());
         if (kvc.ok()) {
           kv_connector_ = std::move(kvc).value();

@@ -51,6 +51,10 @@ struct EngineOptions {
   std::string kvstore_target;
   // A KV-store lookup unanswered after this long counts as zero hits.
   int64_t kvstore_lookup_deadline_ms = 50;
+  // How lookups reach the store: "auto" (the store's bulk port lookup
+  // connection when it advertises one, else gRPC), "off" (gRPC only) or
+  // host:port of the bulk port. See KvStoreConnectorOptions::bulk_load.
+  std::string kvstore_bulk_port = "auto";
   // TEST-ONLY: the loop sleeps this long before taking each new request, so
   // tests can hold accepted calls in the queue (the drain test). 0 = off.
   int32_t debug_submit_delay_ms = 0;

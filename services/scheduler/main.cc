@@ -56,6 +56,10 @@ int main(int argc, char** argv) {
             "recomputing; computed blocks are stored (empty: off)");
   flags.Add("kvstore-lookup-deadline-ms", &engine_options.kvstore_lookup_deadline_ms,
             "a KV-store lookup unanswered after this long counts as a miss");
+  flags.Add("kvstore-bulk-port", &engine_options.kvstore_bulk_port,
+            "how KV-store lookups travel: auto (a connection to the store's bulk port, plain "
+            "TCP, when it advertises one; else gRPC), off (gRPC only), or host:port of the bulk "
+            "port");
   flags.Add("metrics-listen", &metrics_options.listen_address,
             "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
   flags.Add("drain-timeout-s", &drain_timeout_s,

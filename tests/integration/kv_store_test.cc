@@ -110,6 +110,11 @@ TEST(KvStoreTest, CrossReplicaHitAndLoadAdmissionLimitUnderBurst) {
               st.max_running_plus_loading());
   EXPECT_GT(st.external_lookups_with_hits(), 0u) << "no cross-replica hit";
   EXPECT_GT(st.external_loaded_tokens(), 0u);
+  // By default the schedulers look up, and the workers load, over the
+  // store's bulk port.
+  const v1::StatsResponse store_stats = KvStoreStatsRpc(kv.address());
+  EXPECT_GT(store_stats.bulk_lookups(), 0u);
+  EXPECT_GT(store_stats.bulk_loads(), 0u);
   EXPECT_LE(st.max_running_plus_loading(), kMaxSeqs);
   EXPECT_GT(st.max_running_plus_loading(), 1);
 

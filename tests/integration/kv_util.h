@@ -13,8 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "harness.h"
+#include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem::testing {
 
@@ -46,6 +49,19 @@ inline Service StartKvStore(const std::string& dir, const std::string& name,
   })) << "tandem-kvstore "
       << name << " never listened (log " << log << ")";
   return s;
+}
+
+// The store's Stats, as grpcurl would see them (the bulk port's counters
+// included).
+inline v1::StatsResponse KvStoreStatsRpc(const std::string& address) {
+  auto stub = v1::KvStore::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StatsResponse resp;
+  const grpc::Status s = stub->Stats(&ctx, v1::StatsRequest(), &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return resp;
 }
 
 inline void Stop(Service& s) {

@@ -77,7 +77,9 @@ class BulkLoadTest : public ::testing::Test {
     target_ = s.target;
   }
 
-  KvStoreClient* Client(kvconnector::KvStoreClientOptions o = {}) {
+  // Clients for the load tests open no lookup connection (so the server's
+  // connection counts are the loads'); the lookup tests ask for one.
+  KvStoreClient* Client(kvconnector::KvStoreClientOptions o = {.bulk_lookup = false}) {
     o.target = target_;
     auto client = KvStoreClient::Create(o);
     EXPECT_TRUE(client.ok()) << client.status();
@@ -126,7 +128,7 @@ TEST_F(BulkLoadTest, LoadGoesOverTheBulkPortAndAnswersAsTheGrpcStream) {
   Start();
   for (uint64_t id : {1, 2, 3}) Put("ns", id, kBlock);
   KvStoreClient* bulk = Client();
-  KvStoreClient* grpc = Client({.bulk_load = false});
+  KvStoreClient* grpc = Client({.bulk_load = false, .bulk_lookup = false});
   const std::vector<uint64_t> ids = {1, 2, 99, 3};  // 99 was never stored
   Loaded a = Load(bulk, "ns", ids, kBlock);
   Loaded b = Load(grpc, "ns", ids, kBlock);
@@ -292,7 +294,7 @@ TEST_F(BulkLoadTest, UsesGrpcWhenTheBulkPortCannotBeReached) {
     unused_port = (*probe)->port();
   }
   KvStoreClient* client =
-      Client({.bulk_load_target = "127.0.0.1:" + std::to_string(unused_port)});
+      Client({.bulk_lookup = false, .bulk_load_target = "127.0.0.1:" + std::to_string(unused_port)});
   Loaded a = Load(client, "ns", {1}, kBlock);
   ASSERT_TRUE(a.results.ok()) << a.results.status();
   EXPECT_TRUE((*a.results)[0].ok());
@@ -460,6 +462,109 @@ TEST_F(BulkLoadTest, AClientThatHangsUpMidLoadLeavesNoLeaseAndNoStuckThread) {
   Loaded a = Load(client, "big", {7}, kBigBlock);  // still serving
   ASSERT_TRUE(a.results.ok());
   EXPECT_TRUE((*a.results)[0].ok());
+}
+
+// ---- lookups over the bulk port's lookup connection ----
+
+TEST_F(BulkLoadTest, LookupsGoOverTheLookupConnectionAndAnswerAsGrpc) {
+  Start();
+  for (uint64_t id : {1, 2, 3}) Put("ns", id, kBlock);
+  KvStoreClient* fast = Client(kvconnector::KvStoreClientOptions{});
+  KvStoreClient* grpc = Client();
+  ASSERT_TRUE(WaitFor([&] { return fast->bulk_lookup_connected(); }));
+  const std::vector<BlockHash> hashes{TestHash(1), TestHash(2), TestHash(9), TestHash(3)};
+  kvconnector::LookupResult a = fast->Lookup("ns", hashes, {.lease_ttl_ms = 60'000})->Wait();
+  kvconnector::LookupResult b = grpc->Lookup("ns", hashes, {.take_lease = false})->Wait();
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  EXPECT_EQ(a.num_hits, 2);
+  EXPECT_EQ(a.num_hits, b.num_hits);
+  EXPECT_EQ(a.num_hot_hits, b.num_hot_hits);
+  EXPECT_GT(a.answered_after_us, 0);
+  EXPECT_EQ(fast->bulk_lookups(), 1u);
+  EXPECT_EQ(grpc->bulk_lookups(), 0u);
+  EXPECT_EQ(bulk_->GetStats().lookups, 1u);
+  // The lease is the store's, as over gRPC.
+  ASSERT_NE(a.lease.value(), 0u);
+  EXPECT_EQ(store_->GetStats().active_leases, 1u);
+  absl::StatusOr<bool> released = grpc->Release(a.lease);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_TRUE(*released);
+  // An unknown namespace: that lookup's error, and the connection goes on.
+  kvconnector::LookupResult bad = fast->Lookup("nope", hashes)->Wait();
+  EXPECT_EQ(bad.status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(bad.status.message(), HasSubstr("nope"));
+  EXPECT_EQ(fast->Lookup("ns", hashes, {.take_lease = false})->Wait().num_hits, 2);
+  EXPECT_EQ(fast->bulk_lookups(), 3u);
+  EXPECT_EQ(bulk_->GetStats().connections_accepted, 1u);
+}
+
+TEST_F(BulkLoadTest, ALateAnswersLeaseIsReleasedByTheClient) {
+  Start(true, {.debug_lookup_delay_ms = 200});
+  Put("ns", 1, kBlock);
+  KvStoreClient* fast = Client(kvconnector::KvStoreClientOptions{});
+  ASSERT_TRUE(WaitFor([&] { return fast->bulk_lookup_connected(); }));
+  kvconnector::LookupResult r =
+      fast->Lookup("ns", std::vector<BlockHash>{TestHash(1)},
+                   {.lease_ttl_ms = 600'000, .deadline_ms = 20})
+          ->Wait();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(r.num_hits, 0);
+  // The store granted a lease (for 10 minutes) after the caller gave up; the
+  // client releases it.
+  ASSERT_TRUE(WaitFor([&] { return fast->bulk_lookups() == 1; }));
+  EXPECT_TRUE(WaitFor([&] { return store_->GetStats().active_leases == 0; }));
+  EXPECT_EQ(store_->GetStats().leases_expired, 0u);
+}
+
+TEST_F(BulkLoadTest, WhenTheLookupConnectionBreaksItsLookupsFailAndLaterOnesGoOverGrpc) {
+  Start(true, {.debug_lookup_delay_ms = 300});
+  Put("ns", 1, kBlock);
+  KvStoreClient* fast = Client(kvconnector::KvStoreClientOptions{});
+  ASSERT_TRUE(WaitFor([&] { return fast->bulk_lookup_connected(); }));
+  const std::vector<BlockHash> hashes{TestHash(1)};
+  auto inflight = fast->Lookup("ns", hashes, {.take_lease = false, .deadline_ms = 10'000});
+  bulk_->Shutdown();  // closes the connection under the sleeping lookup
+  kvconnector::LookupResult lost = inflight->Wait();
+  EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable) << lost.status;
+  EXPECT_EQ(lost.num_hits, 0);
+  ASSERT_TRUE(WaitFor([&] { return !fast->bulk_lookup_connected(); }));
+  kvconnector::LookupResult next = fast->Lookup("ns", hashes, {.take_lease = false})->Wait();
+  ASSERT_TRUE(next.status.ok()) << next.status;  // over gRPC (no delay there)
+  EXPECT_EQ(next.num_hits, 1);
+  EXPECT_EQ(fast->bulk_lookups(), 0u);
+}
+
+TEST_F(BulkLoadTest, ABadLookupFrameIsAnsweredWithItsErrorAndAGarbledOneClosesTheConnection) {
+  Start();
+  Put("ns", 1, kBlock);
+  auto sock = Raw();
+  ASSERT_TRUE(sock->WriteRaw({reinterpret_cast<const uint8_t*>(rpc::kKvBulkLookupPreface.data()),
+                              rpc::kKvBulkLookupPreface.size()})
+                  .ok());
+  v1::LookupRequest req;
+  req.set_namespace_("ns");
+  rpc::AppendBlockHashes(std::vector<BlockHash>{TestHash(1)}, req.mutable_block_hashes());
+  req.add_block_hashes(std::string(31, 'x'));
+  ASSERT_TRUE(sock->Write(req).ok());
+  v1::BulkLookupAnswer answer;
+  ASSERT_TRUE(sock->Read(&answer, 1 << 20).ok());
+  EXPECT_EQ(answer.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(answer.status_message(), HasSubstr("block_hashes[1]"));
+  EXPECT_EQ(store_->GetStats().active_leases, 0u);
+  req.mutable_block_hashes()->RemoveLast();
+  req.set_take_lease(true);
+  ASSERT_TRUE(sock->Write(req).ok());
+  ASSERT_TRUE(sock->Read(&answer, 1 << 20).ok());
+  EXPECT_EQ(answer.status_code(), 0) << answer.status_message();
+  EXPECT_EQ(answer.response().num_hits(), 1);
+  EXPECT_NE(answer.response().lease_id(), 0u);
+  // Bytes that do not parse as a LookupRequest: answered, then closed.
+  const uint8_t garbage[] = {4, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF};
+  ASSERT_TRUE(sock->WriteRaw(garbage).ok());
+  ASSERT_TRUE(sock->Read(&answer, 1 << 20).ok());
+  EXPECT_EQ(answer.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_FALSE(sock->Read(&answer, 1 << 20).ok());
 }
 
 TEST(SplitHostPort, AcceptsTheAddressFormsGrpcTakes) {

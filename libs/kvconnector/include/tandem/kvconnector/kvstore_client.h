@@ -1,7 +1,9 @@
 // Client of the tandem-kvstore service for the two callers of DESIGN §5.
 //
-// Scheduler: Lookup() never blocks. It sends the RPC with gRPC's callback API
-// and returns a PendingLookup that the scheduler polls once per step:
+// Scheduler: Lookup() never blocks. It sends the lookup on the client's
+// connection to the store's bulk port when that is up (bulk_lookup,
+// bulk_lookup_client.h), otherwise as a gRPC call with the callback API, and
+// returns a PendingLookup that the scheduler polls once per step:
 //
 //   auto pending = client->Lookup("ns", hashes, {.take_lease = true});
 //   ... every step:
@@ -67,6 +69,11 @@ struct KvStoreClientOptions {
   // services/kvstore/bulk_load_server.h) when the store advertises one;
   // over the gRPC stream otherwise, or when the port cannot be reached.
   bool bulk_load = true;
+  // Look up over a connection to the same port when the store advertises
+  // one (libs/kvconnector/bulk_lookup_client.h): two thread wake-ups per
+  // lookup instead of gRPC's five or so. Over gRPC until it is connected,
+  // and whenever it is not.
+  bool bulk_lookup = true;
   // host:port of the bulk load port, overriding the advertised port and the
   // target's host (for a proxy or a Kubernetes Service that maps ports).
   std::string bulk_load_target;
@@ -179,6 +186,10 @@ class KvStoreClient {
   absl::StatusOr<kvstore::KvStoreStats> Stats();
   // Loads served through the bulk load port so far (the rest went over gRPC).
   [[nodiscard]] uint64_t bulk_loads() const;
+  // Lookups answered over the bulk port's lookup connection so far, and
+  // whether it is connected now (tests, tools).
+  [[nodiscard]] uint64_t bulk_lookups() const;
+  [[nodiscard]] bool bulk_lookup_connected() const;
 
   class Impl;
 

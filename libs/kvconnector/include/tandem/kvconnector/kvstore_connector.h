@@ -121,13 +121,18 @@ struct KvStoreConnectorOptions {
   // arrives; the engine wakes its loop with it instead of sending empty
   // steps to poll the lookup. May be empty.
   std::function<void()> on_lookup_answer;
-  // Worker: how loads reach the store. "auto": the store's bulk load port
-  // (plain TCP, see services/kvstore/bulk_load_server.h) when it advertises
-  // one, else gRPC; "off": gRPC only; host:port: the bulk load port at this
-  // address (when a proxy or a Kubernetes Service maps ports). Default auto.
+  // Worker: how loads reach the store; scheduler: how lookups do. "auto":
+  // the store's bulk port (plain TCP, see services/kvstore/bulk_load_server.h)
+  // when it advertises one, else gRPC; "off": gRPC only; host:port: the bulk
+  // port at this address (when a proxy or a Kubernetes Service maps ports).
+  // Default auto.
   std::string bulk_load = "auto";
 
   [[nodiscard]] absl::Status Validate() const;
+  // bulk_load's host:port, or empty for auto and off.
+  [[nodiscard]] std::string BulkPortTarget() const {
+    return bulk_load == "auto" || bulk_load == "off" ? "" : bulk_load;
+  }
 };
 
 // Running totals and gauges of the scheduler role (read on its thread).

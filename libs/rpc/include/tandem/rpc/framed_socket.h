@@ -40,9 +40,11 @@
 namespace tandem::rpc {
 
 // The KV-store's bulk load port (services/kvstore/bulk_load_server.h has
-// the protocol): the preface a client sends first on each connection, and
-// the largest LoadRequest frame the server accepts.
+// the protocol): the prefaces a client sends first on each connection (one
+// for loads, one for lookups), and the largest request frame the server
+// accepts.
 inline constexpr std::string_view kKvBulkLoadPreface = "TKVBULK1";
+inline constexpr std::string_view kKvBulkLookupPreface = "TKVLOOK1";
 inline constexpr uint32_t kKvBulkLoadMaxRequestBytes = 16 << 20;
 
 // Splits a gRPC-style address into host and port: "host:port",

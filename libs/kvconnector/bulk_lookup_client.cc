@@ -1,0 +1,142 @@
+#include "bulk_lookup_client.h"
+
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/logging.h"
+
+namespace tandem::kvconnector {
+namespace {
+
+constexpr auto kFirstRetry = std::chrono::seconds(1);
+constexpr auto kMaxRetry = std::chrono::seconds(10);
+constexpr uint32_t kMaxAnswerBytes = 1 << 20;
+
+}  // namespace
+
+BulkLookupClient::BulkLookupClient(
+    std::function<std::optional<BulkLoadClient::Address>()> find_address,
+    std::function<void()> forget_address, int64_t io_timeout_ms)
+    : find_address_(std::move(find_address)),
+      forget_address_(std::move(forget_address)),
+      io_timeout_ms_(io_timeout_ms) {
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "kv-lookup-conn");
+    Run();
+  });
+}
+
+BulkLookupClient::~BulkLookupClient() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    if (sock_) shutdown(sock_->fd(), SHUT_RDWR);  // wakes the thread's recv
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+bool BulkLookupClient::Send(const v1::LookupRequest& req, OnAnswer on_answer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sock_ || stopping_ || unanswered_.size() >= kMaxUnanswered) return false;
+  // Under the lock, so the queue's order is the order on the wire.
+  if (!sock_->Write(req).ok()) {
+    shutdown(sock_->fd(), SHUT_RDWR);  // the thread sees it, fails the rest, reconnects
+    return false;
+  }
+  unanswered_.push_back(std::move(on_answer));
+  return true;
+}
+
+uint64_t BulkLookupClient::answered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return answered_;
+}
+
+bool BulkLookupClient::connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sock_ != nullptr;
+}
+
+void BulkLookupClient::Run() {
+  auto retry = kFirstRetry;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    std::unique_ptr<rpc::FramedSocket> sock;
+    if (std::optional<BulkLoadClient::Address> addr = find_address_()) {
+      absl::StatusOr<std::unique_ptr<rpc::FramedSocket>> s =
+          rpc::FramedSocket::Connect(addr->first, addr->second, std::min<int64_t>(io_timeout_ms_, 5'000));
+      const auto* preface = reinterpret_cast<const uint8_t*>(rpc::kKvBulkLookupPreface.data());
+      if (s.ok() &&
+          (*s)->WriteRaw(std::span(preface, rpc::kKvBulkLookupPreface.size())).ok()) {
+        sock = std::move(*s);
+        // Sends are bounded; the wait for an answer is not (the connection
+        // is idle between lookups).
+        sock->SetTimeouts(io_timeout_ms_, 0);
+      } else {
+        forget_address_();
+      }
+    }
+    if (sock) {
+      rpc::FramedSocket* raw = sock.get();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) return;
+        sock_ = std::move(sock);
+      }
+      retry = kFirstRetry;
+      ServeConnection(raw);
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, retry, [&] { return stopping_; });
+    retry = std::min<std::chrono::seconds>(retry * 2, kMaxRetry);
+  }
+}
+
+void BulkLookupClient::ServeConnection(rpc::FramedSocket* sock) {
+  v1::BulkLookupAnswer answer;
+  absl::Status io;
+  for (;;) {
+    io = sock->Read(&answer, kMaxAnswerBytes);
+    if (!io.ok()) break;
+    OnAnswer done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (unanswered_.empty()) {
+        io = absl::InternalError("an answer to no lookup");
+        break;
+      }
+      done = std::move(unanswered_.front());
+      unanswered_.pop_front();
+      ++answered_;
+    }
+    done(absl::Status(static_cast<absl::StatusCode>(answer.status_code()), answer.status_message()),
+         answer.response());
+  }
+  std::unique_ptr<rpc::FramedSocket> closed;
+  std::deque<OnAnswer> failed;
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed = std::move(sock_);
+    failed.swap(unanswered_);
+    stopping = stopping_;
+  }
+  if (!stopping) {
+    TANDEM_LOG(WARNING) << "KV-store lookup connection (bulk port) lost: " << io
+                        << "; lookups go over gRPC until it reconnects";
+  }
+  const absl::Status lost = absl::UnavailableError(
+      absl::StrCat("KV-store lookup connection lost: ", io.message()));
+  for (OnAnswer& f : failed) f(lost, v1::LookupResponse());
+}
+
+}  // namespace tandem::kvconnector
