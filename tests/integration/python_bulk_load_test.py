@@ -9,7 +9,8 @@ protos/tandem/v1/kvstore.proto):
   2. finds the bulk load port in Stats, follows the protocol as
      services/kvstore/bulk_load_server.h documents it, and checks every
      block's bytes and checksum, a miss, and the final status,
-  3. checks that the gRPC Load stream answers the same bytes,
+  3. checks that the gRPC Load stream answers the same bytes, and that
+     lookups on a lookup connection answer as gRPC Lookup does,
   4. checks the errors: an unknown namespace, a hash of the wrong length, a
      connection without the preface; and that a corrupt-block report of an
      intact block is checked and the block kept.
@@ -29,6 +30,7 @@ from grpc_tools import protoc
 
 BLOCK = 64 << 10
 PREFACE = b"TKVBULK1"
+LOOKUP_PREFACE = b"TKVLOOK1"
 
 
 def crc32c_table():
@@ -75,9 +77,9 @@ def send_frame(sock, msg):
     sock.sendall(struct.pack("<I", len(body)) + body)
 
 
-def read_frame(sock, pb2):
+def read_frame(sock, pb2, cls=None):
     (n,) = struct.unpack("<I", recv_exact(sock, 4))
-    return pb2.BulkLoadFrame.FromString(recv_exact(sock, n))
+    return (cls or pb2.BulkLoadFrame).FromString(recv_exact(sock, n))
 
 
 def bulk_load(sock, pb2, ns, hashes):
@@ -152,6 +154,37 @@ def main():
                     grpc_got[c.block_index] = c.miss_reason
         assert grpc_got == got, "the gRPC Load stream answered differently"
         print("gRPC Load stream: the same answer")
+
+        # 3b. Lookups on a lookup connection: several sent before any answer
+        # is read, answered in order, as the gRPC Lookup answers them.
+        look = socket.create_connection(("127.0.0.1", bulk_port), timeout=10)
+        look.sendall(LOOKUP_PREFACE)
+        asks = [([block_hash(1), block_hash(2), block_hash(9), block_hash(3)], False),
+                ([block_hash(3), block_hash(1)], True),
+                ([block_hash(9)], False)]
+        for hashes_i, lease in asks:
+            send_frame(look, pb2.LookupRequest(namespace="py", block_hashes=hashes_i,
+                                               take_lease=lease))
+        answers = [read_frame(look, pb2, pb2.BulkLookupAnswer) for _ in asks]
+        for (hashes_i, lease), a in zip(asks, answers):
+            assert a.status_code == 0, a
+            want = stub.Lookup(pb2.LookupRequest(namespace="py", block_hashes=hashes_i),
+                               timeout=10)
+            assert a.response.num_hits == want.num_hits, (a, want)
+            assert (a.response.lease_id != 0) == (lease and want.num_hits > 0), a
+        assert [a.response.num_hits for a in answers] == [2, 2, 0], answers
+        # The lease rides back on the next lookup, as over gRPC.
+        send_frame(look, pb2.LookupRequest(namespace="nope", block_hashes=[block_hash(1)],
+                                           release_lease_ids=[answers[1].response.lease_id]))
+        a = read_frame(look, pb2, pb2.BulkLookupAnswer)
+        assert a.status_code == 5 and "nope" in a.status_message, a
+        assert stub.Stats(pb2.StatsRequest(), timeout=10).active_leases == 0
+        send_frame(look, pb2.LookupRequest(namespace="py", block_hashes=[b"short"]))
+        a = read_frame(look, pb2, pb2.BulkLookupAnswer)
+        assert a.status_code == 3 and "block_hashes[0]" in a.status_message, a
+        look.close()
+        print("lookup connection: 3 pipelined lookups answered in order as gRPC answers them; "
+              "a lease released; NOT_FOUND and INVALID_ARGUMENT")
 
         # 4. Errors. The same connection: an unknown namespace, then a bad hash.
         got, done = bulk_load(sock, pb2, "nope", [block_hash(1)])
