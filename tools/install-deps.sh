@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-grpcio python3-grpc-tools
   redis-server redis-tools
+  prometheus  # promtool, for tests/integration/metrics_test.py
 )
 
 missing=()

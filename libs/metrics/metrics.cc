@@ -30,7 +30,8 @@ absl::Status ExposerOptions::Validate() const {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const ExposerOptions& options, std::shared_ptr<prometheus::Registry> registry) {
+    const ExposerOptions& options, std::shared_ptr<prometheus::Registry> registry,
+    std::function<void()> on_scrape) {
   if (options.listen_address.empty()) return std::unique_ptr<MetricsServer>();
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   const size_t colon = options.listen_address.rfind(':');
@@ -50,6 +51,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->registry_ = std::move(registry);
+  server->on_scrape_ = std::move(on_scrape);
   server->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(server->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -115,6 +117,7 @@ void MetricsServer::Serve(int fd) {
   std::string body;
   std::string type = "text/plain; version=0.0.4; charset=utf-8";
   if (request.rfind("GET /metrics", 0) == 0) {
+    if (on_scrape_) on_scrape_();
     body = prometheus::TextSerializer().Serialize(registry_->Collect());
   } else if (request.rfind("GET / ", 0) == 0) {
     body = "see /metrics\n";

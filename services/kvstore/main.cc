@@ -11,9 +11,11 @@
 
 #include "grpcpp/server_builder.h"
 #include "bulk_load_server.h"
+#include "kvstore_metrics.h"
 #include "kvstore_service.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvstore/kv_store.h"
+#include "tandem/metrics/metrics.h"
 #include "tandem/rpc/flags.h"
 #include "tandem/rpc/framed_socket.h"
 #include "tandem/rpc/server.h"
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   int64_t drain_timeout_ms = 10'000;
   std::string bulk_load_listen = "auto";
   kvstore_service::BulkLoadServerOptions bulk_options;
+  metrics::ExposerOptions metrics_options;
 
   rpc::FlagSet flags("tandem-kvstore",
                      "Stores KV-cache blocks outside the GPU: a pinned host-memory hot tier and a "
@@ -76,6 +79,8 @@ int main(int argc, char** argv) {
   flags.Add("bulk-load-idle-timeout-ms", &bulk_options.idle_timeout_ms,
             "a bulk load connection idle this long between loads is closed (lookup connections "
             "stay open)");
+  flags.Add("metrics-listen", &metrics_options.listen_address,
+            "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
   flags.Add("drain-timeout-ms", &drain_timeout_ms,
             "on SIGTERM/SIGINT, how long in-flight RPCs may finish before shutdown");
   int64_t debug_lookup_delay_ms = 0;
@@ -153,6 +158,16 @@ int main(int argc, char** argv) {
   }
   kvstore_service::KvStoreServiceImpl service(store->get(), service_options);
 
+  auto registry = std::make_shared<prometheus::Registry>();
+  kvstore_service::KvStoreMetrics kv_metrics(*registry, store->get(), bulk.get());
+  absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> exposer =
+      metrics::MetricsServer::Start(metrics_options, registry, [&] { kv_metrics.Update(); });
+  if (!exposer.ok()) {
+    std::fprintf(stderr, "tandem-kvstore: %s\n", exposer.status().ToString().c_str());
+    return 1;
+  }
+  if (*exposer != nullptr) TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
+
   rpc::EnableReflectionAndHealth();
   grpc::ServerBuilder builder;
   kvstore_service::ConfigureServerBuilder(&builder);
@@ -176,7 +191,8 @@ int main(int argc, char** argv) {
                       std::chrono::milliseconds(drain_timeout_ms));
   (*server)->Wait();
   if (bulk) bulk->Shutdown();
-  store->reset();  // flushes the memtable
+  exposer->reset();  // its scrapes read the store
+  store->reset();    // flushes the memtable
   TANDEM_LOG(INFO) << "tandem-kvstore stopped";
   return 0;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,8 +38,12 @@ class MetricsServer {
   ~MetricsServer();
   // Serves `registry` at http://listen_address/metrics. Returns null when
   // options.listen_address is empty; UNAVAILABLE when it cannot be bound.
+  // `on_scrape`, when given, runs (on the server's thread) before each
+  // scrape is serialized: for series mirrored from another component's
+  // counters, so a scrape sees them as they are now.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const ExposerOptions& options, std::shared_ptr<prometheus::Registry> registry);
+      const ExposerOptions& options, std::shared_ptr<prometheus::Registry> registry,
+      std::function<void()> on_scrape = {});
   [[nodiscard]] int port() const { return port_; }
   // "http://host:port/metrics".
   [[nodiscard]] std::string url() const { return url_; }
@@ -49,6 +54,7 @@ class MetricsServer {
   void Serve(int fd);
 
   std::shared_ptr<prometheus::Registry> registry_;
+  std::function<void()> on_scrape_;
   int listen_fd_ = -1;
   int wake_pipe_[2] = {-1, -1};
   int port_ = 0;
