@@ -79,8 +79,11 @@ class BulkLoadTest : public ::testing::Test {
 
   // Clients for the load tests open no lookup connection (so the server's
   // connection counts are the loads'); the lookup tests ask for one.
+  // Lookups get 10 s (a slow, e.g. sanitized, build must not make them late)
+  // unless a test asks for less per lookup.
   KvStoreClient* Client(kvconnector::KvStoreClientOptions o = {.bulk_lookup = false}) {
     o.target = target_;
+    o.lookup_deadline_ms = 10'000;
     auto client = KvStoreClient::Create(o);
     EXPECT_TRUE(client.ok()) << client.status();
     clients_.push_back(std::move(*client));
