@@ -474,12 +474,21 @@ class KvStore::Impl {
 
   // ---- reads -------------------------------------------------------------
 
-  absl::StatusOr<ReadResult> Read(std::string_view ns, const BlockHash& hash, Sink sink,
-                                  ReadVerify verify) {
-    Entry* e = nullptr;
+  // A read-pinned entry and what a reader needs of it, copied under mu_.
+  struct Pinned {
+    Entry* e;
     int64_t slot;
     uint64_t size;
     uint32_t checksum;
+  };
+  Pinned PinLocked(Entry* e) {
+    ++e->read_pins;
+    return Pinned{e, e->hot_slot, e->size, e->checksum};
+  }
+
+  absl::StatusOr<ReadResult> Read(std::string_view ns, const BlockHash& hash, Sink sink,
+                                  ReadVerify verify) {
+    Pinned p;
     {
       std::lock_guard<std::mutex> lock(mu_);
       TANDEM_ASSIGN_OR_RETURN(NsInfo info, ResolveLocked(ns));
@@ -490,13 +499,10 @@ class KvStore::Impl {
         ++stats_.load_misses;
         return ReadResult{.miss = MissReason::kNotFound};
       }
-      e = &it->second;
-      TouchLocked(e);
-      ++e->read_pins;
-      slot = e->hot_slot;
-      size = e->size;
-      checksum = e->checksum;
+      TouchLocked(&it->second);
+      p = PinLocked(&it->second);
     }
+    auto [e, slot, size, checksum] = p;
     const bool check = verify == ReadVerify::kStore;
     ReadResult result{.checksum = checksum};
     if (slot >= 0) {
@@ -529,22 +535,16 @@ class KvStore::Impl {
   }
 
   absl::StatusOr<bool> ReportCorrupt(std::string_view ns, const BlockHash& hash) {
-    Entry* e = nullptr;
-    int64_t slot;
-    uint64_t size;
-    uint32_t checksum;
+    Pinned p;
     {
       std::lock_guard<std::mutex> lock(mu_);
       TANDEM_ASSIGN_OR_RETURN(NsInfo info, ResolveLocked(ns));
       ++stats_.corrupt_reports;
       auto it = index_.find(Key{info.id, hash});
       if (it == index_.end() || it->second.state != EntryState::kReady) return false;
-      e = &it->second;
-      ++e->read_pins;
-      slot = e->hot_slot;
-      size = e->size;
-      checksum = e->checksum;
+      p = PinLocked(&it->second);
     }
+    auto [e, slot, size, checksum] = p;
     bool intact;
     if (slot >= 0) {
       intact = Crc32c(std::span<const uint8_t>(arena_->slot(slot), size)) == checksum;

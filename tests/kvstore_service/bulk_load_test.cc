@@ -90,6 +90,13 @@ class BulkLoadTest : public ::testing::Test {
     return clients_.back().get();
   }
 
+  // A client that looks up over the bulk port, once its lookup connection
+  // is up; null if it never comes up.
+  KvStoreClient* LookupClient() {
+    KvStoreClient* c = Client(kvconnector::KvStoreClientOptions{});
+    return WaitFor([&] { return c->bulk_lookup_connected(); }) ? c : nullptr;
+  }
+
   void Put(const std::string& ns, uint64_t id, uint64_t size) {
     const std::vector<uint8_t> p = TestPayload(id, size);
     ASSERT_TRUE(store_->Store(ns, TestHash(id), p, kvstore::Crc32c(p)).ok());
@@ -472,9 +479,9 @@ TEST_F(BulkLoadTest, AClientThatHangsUpMidLoadLeavesNoLeaseAndNoStuckThread) {
 TEST_F(BulkLoadTest, LookupsGoOverTheLookupConnectionAndAnswerAsGrpc) {
   Start();
   for (uint64_t id : {1, 2, 3}) Put("ns", id, kBlock);
-  KvStoreClient* fast = Client(kvconnector::KvStoreClientOptions{});
+  KvStoreClient* fast = LookupClient();
+  ASSERT_NE(fast, nullptr);
   KvStoreClient* grpc = Client();
-  ASSERT_TRUE(WaitFor([&] { return fast->bulk_lookup_connected(); }));
   const std::vector<BlockHash> hashes{TestHash(1), TestHash(2), TestHash(9), TestHash(3)};
   kvconnector::LookupResult a = fast->Lookup("ns", hashes, {.lease_ttl_ms = 60'000})->Wait();
   kvconnector::LookupResult b = grpc->Lookup("ns", hashes, {.take_lease = false})->Wait();
@@ -505,8 +512,8 @@ TEST_F(BulkLoadTest, LookupsGoOverTheLookupConnectionAndAnswerAsGrpc) {
 TEST_F(BulkLoadTest, ALateAnswersLeaseIsReleasedByTheClient) {
   Start(true, {.debug_lookup_delay_ms = 200});
   Put("ns", 1, kBlock);
-  KvStoreClient* fast = Client(kvconnector::KvStoreClientOptions{});
-  ASSERT_TRUE(WaitFor([&] { return fast->bulk_lookup_connected(); }));
+  KvStoreClient* fast = LookupClient();
+  ASSERT_NE(fast, nullptr);
   kvconnector::LookupResult r =
       fast->Lookup("ns", std::vector<BlockHash>{TestHash(1)},
                    {.lease_ttl_ms = 600'000, .deadline_ms = 20})
@@ -523,8 +530,8 @@ TEST_F(BulkLoadTest, ALateAnswersLeaseIsReleasedByTheClient) {
 TEST_F(BulkLoadTest, WhenTheLookupConnectionBreaksItsLookupsFailAndLaterOnesGoOverGrpc) {
   Start(true, {.debug_lookup_delay_ms = 300});
   Put("ns", 1, kBlock);
-  KvStoreClient* fast = Client(kvconnector::KvStoreClientOptions{});
-  ASSERT_TRUE(WaitFor([&] { return fast->bulk_lookup_connected(); }));
+  KvStoreClient* fast = LookupClient();
+  ASSERT_NE(fast, nullptr);
   const std::vector<BlockHash> hashes{TestHash(1)};
   auto inflight = fast->Lookup("ns", hashes, {.take_lease = false, .deadline_ms = 10'000});
   bulk_->Shutdown();  // closes the connection under the sleeping lookup
