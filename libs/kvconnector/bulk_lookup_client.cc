@@ -42,14 +42,18 @@ BulkLookupClient::~BulkLookupClient() {
 }
 
 bool BulkLookupClient::Send(const v1::LookupRequest& req, OnAnswer on_answer) {
+  const size_t bytes = req.ByteSizeLong() + 4;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!sock_ || stopping_ || unanswered_.size() >= kMaxUnanswered) return false;
+  if (!sock_ || stopping_) return false;
+  // One lookup of any size may go when none waits (the store is reading).
+  if (!unanswered_.empty() && unanswered_bytes_ + bytes > kMaxUnansweredBytes) return false;
   // Under the lock, so the queue's order is the order on the wire.
   if (!sock_->Write(req).ok()) {
     shutdown(sock_->fd(), SHUT_RDWR);  // the thread sees it, fails the rest, reconnects
     return false;
   }
-  unanswered_.push_back(std::move(on_answer));
+  unanswered_.push_back({std::move(on_answer), bytes});
+  unanswered_bytes_ += bytes;
   return true;
 }
 
@@ -114,7 +118,8 @@ void BulkLookupClient::ServeConnection(rpc::FramedSocket* sock) {
         io = absl::InternalError("an answer to no lookup");
         break;
       }
-      done = std::move(unanswered_.front());
+      done = std::move(unanswered_.front().on_answer);
+      unanswered_bytes_ -= unanswered_.front().bytes;
       unanswered_.pop_front();
       ++answered_;
     }
@@ -122,12 +127,13 @@ void BulkLookupClient::ServeConnection(rpc::FramedSocket* sock) {
          answer.response());
   }
   std::unique_ptr<rpc::FramedSocket> closed;
-  std::deque<OnAnswer> failed;
+  std::deque<Unanswered> failed;
   bool stopping;
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed = std::move(sock_);
     failed.swap(unanswered_);
+    unanswered_bytes_ = 0;
     stopping = stopping_;
   }
   if (!stopping) {
@@ -136,7 +142,7 @@ void BulkLookupClient::ServeConnection(rpc::FramedSocket* sock) {
   }
   const absl::Status lost = absl::UnavailableError(
       absl::StrCat("KV-store lookup connection lost: ", io.message()));
-  for (OnAnswer& f : failed) f(lost, v1::LookupResponse());
+  for (Unanswered& f : failed) f.on_answer(lost, v1::LookupResponse());
 }
 
 }  // namespace tandem::kvconnector

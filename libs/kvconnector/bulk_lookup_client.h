@@ -52,9 +52,11 @@ class BulkLookupClient {
   BulkLookupClient(const BulkLookupClient&) = delete;
   BulkLookupClient& operator=(const BulkLookupClient&) = delete;
 
-  // Sends `req` and returns true when the connection is up and fewer than
-  // kMaxUnanswered lookups wait on it; false otherwise (nothing sent: use
-  // gRPC). Never waits for the connection.
+  // Sends `req` and returns true when the connection is up and the lookups
+  // waiting on it hold fewer than kMaxUnansweredBytes; false otherwise
+  // (nothing sent: use gRPC). Never waits for the connection, and the bound
+  // keeps what is unanswered within the sockets' buffers, so the send does
+  // not wait on a store that has stopped reading either.
   bool Send(const v1::LookupRequest& req, OnAnswer on_answer);
 
   // Lookups answered over the connection so far (tests).
@@ -62,7 +64,7 @@ class BulkLookupClient {
   // True while connected (tests).
   [[nodiscard]] bool connected() const;
 
-  static constexpr size_t kMaxUnanswered = 256;
+  static constexpr size_t kMaxUnansweredBytes = 64 << 10;
 
  private:
   void Run();
@@ -77,7 +79,12 @@ class BulkLookupClient {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::unique_ptr<rpc::FramedSocket> sock_;  // set while connected
-  std::deque<OnAnswer> unanswered_;          // in send order
+  struct Unanswered {
+    OnAnswer on_answer;
+    size_t bytes;
+  };
+  std::deque<Unanswered> unanswered_;  // in send order
+  size_t unanswered_bytes_ = 0;
   uint64_t answered_ = 0;
   std::thread thread_;
 };

@@ -545,6 +545,31 @@ TEST_F(BulkLoadTest, WhenTheLookupConnectionBreaksItsLookupsFailAndLaterOnesGoOv
   EXPECT_EQ(fast->bulk_lookups(), 0u);
 }
 
+TEST_F(BulkLoadTest, LookupsBeyondWhatTheConnectionHoldsUnansweredGoOverGrpc) {
+  // A slow store on the bulk port only: while the loop below sends, hardly
+  // any answer frees room.
+  Start(true, {.debug_lookup_delay_ms = 100});
+  Put("ns", 1, kBlock);
+  KvStoreClient* fast = LookupClient();
+  ASSERT_NE(fast, nullptr);
+  // 64 hashes: about 2.2 KB a lookup, so about 30 fill the 64 KiB bound.
+  std::vector<BlockHash> hashes{TestHash(1)};
+  for (uint64_t i = 100; i < 163; ++i) hashes.push_back(TestHash(i));
+  constexpr int kLookups = 60;
+  std::vector<std::unique_ptr<kvconnector::PendingLookup>> pending;
+  for (int i = 0; i < kLookups; ++i) {
+    pending.push_back(fast->Lookup("ns", hashes, {.take_lease = false}));
+  }
+  for (auto& p : pending) {
+    kvconnector::LookupResult r = p->Wait();
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.num_hits, 1);
+  }
+  const uint64_t over_bulk = fast->bulk_lookups();
+  EXPECT_GT(over_bulk, 0u);
+  EXPECT_LT(over_bulk, static_cast<uint64_t>(kLookups)) << "no lookup fell back to gRPC";
+}
+
 TEST_F(BulkLoadTest, ABadLookupFrameIsAnsweredWithItsErrorAndAGarbledOneClosesTheConnection) {
   Start();
   Put("ns", 1, kBlock);
