@@ -80,7 +80,8 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 echo "== serving on $SERVER"
-grep -ho "metrics on http://[^ ]*" "$RUN_DIR/worker.log" "$RUN_DIR/scheduler.log" | sed 's/^/   /' || true
+grep -ho "metrics on http://[^ ]*" "$RUN_DIR/kvstore.log" "$RUN_DIR/worker.log" "$RUN_DIR/scheduler.log" \
+  | sed 's/^/   /' || true
 sed 's/^/   /' "$RUN_DIR/info.txt"
 
 echo "== tandem generate --prompt 1 --max-tokens 32 (greedy; llama2.c's reference starts 461 461 401 401 401)"
@@ -106,10 +107,15 @@ SERVER2="127.0.0.1:$(wait_port "$RUN_DIR/scheduler2.port" "${PIDS[4]}" scheduler
 for _ in $(seq 1 300); do "$CLI" info --server "$SERVER2" > /dev/null 2>&1 && break; sleep 0.1; done
 "$CLI" generate --server "$SERVER2" --prompt "$PREFIX,21,22,23,24,25,26,27,28" --max-tokens 8
 "$CLI" stats --server "$SERVER2" | grep -E 'external' | sed 's/^/   /'
+echo "== KV-store counters from its /metrics (lookups and loads over its bulk port)"
+KVMETRICS="$(grep -ho "http://[^ ]*/metrics" "$RUN_DIR/kvstore.log" | head -1)"
+curl -s "$KVMETRICS" | grep -E '^tandem_kvstore_(lookups|bulk_lookups|bulk_loads|blocks_stored|blocks_loaded)_total' \
+  | sed 's/^/   /' || true
 echo "== scheduler stats"
 "$CLI" stats --server "$SERVER" | sed 's/^/   /'
 echo "== worth opening while it runs (Prometheus text):"
-grep -ho "http://[^ ]*/metrics" "$RUN_DIR/scheduler.log" "$RUN_DIR/worker.log" | sed 's/^/   /' || true
+grep -ho "http://[^ ]*/metrics" "$RUN_DIR/scheduler.log" "$RUN_DIR/worker.log" "$RUN_DIR/kvstore.log" \
+  | sed 's/^/   /' || true
 echo "== logs: $RUN_DIR/{kvstore,worker,scheduler,worker2,scheduler2}.log"
 echo "   debug with grpcurl: grpcurl -plaintext $SERVER list   (reflection is on)"
 cleanup
