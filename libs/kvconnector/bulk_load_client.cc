@@ -101,10 +101,23 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
   if (req.ByteSizeLong() > rpc::kKvBulkLoadMaxRequestBytes) return std::nullopt;
   const size_t n = hashes.size();
 
+  bool asked_again = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool pooled = false;
     std::unique_ptr<rpc::FramedSocket> sock = Connection(*addr, &pooled);
     if (sock == nullptr) {
+      // The port refused: the store may have restarted on another one. Ask
+      // it once; a new port gets this load's attempt.
+      if (!asked_again && opts_.bulk_load_target.empty()) {
+        asked_again = true;
+        ForgetAddress();
+        std::optional<Address> now = FindAddress();
+        if (now && *now != *addr) {
+          addr = now;
+          --attempt;
+          continue;
+        }
+      }
       MarkUnreachable();
       return std::nullopt;
     }

@@ -7,7 +7,9 @@
 // the host is the client's target's. KvStoreClientOptions.bulk_load_target
 // overrides both (a proxy or a Kubernetes Service that maps ports).
 // When the store advertises no port, or the port cannot be reached, loads go
-// over gRPC and the port is looked up again 10 s later.
+// over gRPC and the port is looked up again 10 s later. A port that refuses a
+// connection is looked up again at once, first: a store that restarted on a
+// new port is used again from the next load on.
 //
 // Connections are pooled: a load takes an idle one (or opens one), and
 // gives it back after the load's final frame. A pooled connection the store

@@ -294,6 +294,8 @@ TEST(KvStoreTest, RestartedStoreServesPrefixes) {
   const v1::GetStatsResponse st = IdleStats(s.address());
   EXPECT_GT(st.external_lookups_with_hits(), 0u);
   EXPECT_GT(st.external_loaded_tokens(), 0u);
+  // The worker, which outlived the store, found its new bulk port.
+  EXPECT_GT(KvStoreStatsRpc(kv_address).bulk_loads(), 0u);
 }
 
 }  // namespace

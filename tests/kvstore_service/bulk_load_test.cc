@@ -61,8 +61,9 @@ class BulkLoadTest : public ::testing::Test {
   }
 
   // Starts the bulk load port (unless `with_bulk` is false) and the gRPC
-  // service advertising it.
-  void Start(bool with_bulk = true, kvstore_service::BulkLoadServerOptions bulk_options = {}) {
+  // service advertising it, on `grpc_port` (0: a free one).
+  void Start(bool with_bulk = true, kvstore_service::BulkLoadServerOptions bulk_options = {},
+             int grpc_port = 0) {
     if (with_bulk) {
       auto bulk = kvstore_service::BulkLoadServer::Start(store_.get(), bulk_options);
       ASSERT_TRUE(bulk.ok()) << bulk.status();
@@ -71,7 +72,7 @@ class BulkLoadTest : public ::testing::Test {
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
         store_.get(),
         kvstore_service::KvStoreServiceOptions{.bulk_load_port = bulk_ ? bulk_->port() : 0});
-    testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
+    testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get(), grpc_port);
     ASSERT_NE(s.server, nullptr);
     server_ = std::move(s.server);
     target_ = s.target;
@@ -324,6 +325,27 @@ TEST_F(BulkLoadTest, AfterTheServerClosesAnIdleConnectionTheNextLoadReconnects) 
   EXPECT_TRUE((*a.results)[0].ok());
   EXPECT_EQ(client->bulk_loads(), 2u);  // both over the port, the second on a new connection
   EXPECT_EQ(bulk_->GetStats().connections_accepted, 2u);
+}
+
+TEST_F(BulkLoadTest, AfterTheStoreRestartsOnANewBulkPortTheNextLoadUsesIt) {
+  Start();
+  Put("ns", 1, kBlock);
+  KvStoreClient* client = Client();
+  ASSERT_TRUE(Load(client, "ns", {1}, kBlock).results.ok());
+  ASSERT_EQ(client->bulk_loads(), 1u);
+  // Restart on the same gRPC address; the new bulk port is another one.
+  const int grpc_port = std::stoi(target_.substr(target_.rfind(':') + 1));
+  const int old_bulk_port = bulk_->port();
+  server_->Shutdown();
+  server_.reset();  // before Start() replaces the service it serves
+  bulk_->Shutdown();
+  Start(true, {}, grpc_port);
+  ASSERT_NE(server_, nullptr);
+  if (bulk_->port() == old_bulk_port) GTEST_SKIP() << "the kernel gave the same port again";
+  Loaded a = Load(client, "ns", {1}, kBlock);
+  ASSERT_TRUE(a.results.ok()) << a.results.status();
+  EXPECT_EQ(a.bufs[0], TestPayload(1, kBlock));
+  EXPECT_EQ(client->bulk_loads(), 2u) << "the load after the restart went over gRPC";
 }
 
 TEST_F(BulkLoadTest, AfterTheBulkPortShutsDownLoadsGoOverGrpc) {

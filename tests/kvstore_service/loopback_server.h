@@ -16,11 +16,12 @@ struct LoopbackServer {
   std::string target;                    // "127.0.0.1:<port>"
 };
 
-// `service` is not owned and must outlive the server.
-inline LoopbackServer StartOnLoopback(grpc::Service* service) {
+// `service` is not owned and must outlive the server. `port` 0 picks a free
+// one; another binds that one (a restart on the same address).
+inline LoopbackServer StartOnLoopback(grpc::Service* service, int port = 0) {
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
+                           &port);
   builder.RegisterService(service);
   LoopbackServer s;
   s.server = builder.BuildAndStart();
