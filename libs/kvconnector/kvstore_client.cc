@@ -339,6 +339,12 @@ class KvStoreClient::Impl {
       SendReleases(ids);
       lock.lock();
     }
+    // Stopping: whatever is left, also when this thread first ran after the
+    // destructor had already set release_stopping_ (a busy machine).
+    std::vector<uint64_t> ids;
+    ids.swap(batched_releases_);
+    lock.unlock();
+    if (!ids.empty()) SendReleases(ids);
   }
 
   absl::StatusOr<bool> Release(LeaseId lease) {
