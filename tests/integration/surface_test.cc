@@ -116,10 +116,22 @@ TEST(SurfaceTest, HelpDocumentsEveryFlagWithItsDefault) {
              {"async-scheduling", "true"},
              {"policy", "\"fcfs\""},
              {"drain-timeout-s", "30"},
+             {"kvstore-bulk-port", "\"auto\""},
              {"debug-submit-delay-ms", "0"}});
   if (std::filesystem::exists(BinaryPath("services/kvstore/tandem-kvstore"))) {
-    CheckHelp("services/kvstore/tandem-kvstore", "services/kvstore/main.cc", {});
+    CheckHelp("services/kvstore/tandem-kvstore", "services/kvstore/main.cc",
+              {{"bulk-load-listen", "\"auto\""}, {"metrics-listen", "\"127.0.0.1:0\""}});
   }
+}
+
+TEST(SurfaceTest, ABadKvStoreBulkPortIsRefusedAtStartup) {
+  std::string out;
+  EXPECT_EQ(RunCommand({BinaryPath("services/scheduler/tandem-scheduler"), "--kvstore",
+                        "127.0.0.1:1", "--kvstore-bulk-port", "nonsense"},
+                       &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--kvstore-bulk-port"), std::string::npos) << out;
 }
 
 TEST(SurfaceTest, CommandLineClientGeneratesAndBenchmarks) {
