@@ -53,6 +53,18 @@ if [ "$SANITIZERS" = 1 ]; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan -L unit
 
+  echo "=== KV-store service, bulk port, KV client and rpc tests under ASan + UBSan ==="
+  # gRPC-linked tests need the full build (TANDEM_UNIT_TESTS_ONLY leaves them
+  # out); only these targets are built.
+  SVC_TESTS=(kvconnector_test kvstore_client_wire_test kvstore_service_test kvstore_load_wire_test
+             kvstore_bulk_load_test rpc_convert_test rpc_flags_test rpc_server_test
+             rpc_framed_socket_test)
+  cmake -S . -B build-asan-svc -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=address \
+        -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
+  cmake --build build-asan-svc -j"$JOBS" --target "${SVC_TESTS[@]}"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_ctest build-asan-svc -R "^($(IFS='|'; echo "${SVC_TESTS[*]}"))\$"
+
   echo "=== KV-store engine tests under ThreadSanitizer ==="
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread \
         -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
