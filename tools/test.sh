@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test:
-#   1. installs the Debian packages (tools/install-deps.sh),
+#   1. installs the Debian packages and helm (tools/install-deps.sh),
 #   2. builds everything (CUDA kernels too when nvcc is present) into build/,
-#      runs all tests with CTest (unit and multi-process integration),
+#      runs all tests with CTest (unit, multi-process integration, deploy/),
 #   3. builds the libraries' unit tests under AddressSanitizer +
-#      UndefinedBehaviorSanitizer into build-asan/ and runs them,
+#      UndefinedBehaviorSanitizer into build-asan/ and runs them, and the
+#      KV-store service, bulk port, KV client and rpc tests into
+#      build-asan-svc/,
 #   4. builds the KV-store engine tests under ThreadSanitizer into build-tsan/
 #      and runs them.
 # Usage: tools/test.sh [--no-sanitizers]
@@ -16,7 +18,7 @@ SANITIZERS=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitizers) SANITIZERS=0 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "unknown flag: $arg" >&2; exit 2 ;;
   esac
 done
