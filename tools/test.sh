@@ -18,7 +18,7 @@ SANITIZERS=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitizers) SANITIZERS=0 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "unknown flag: $arg" >&2; exit 2 ;;
   esac
 done
