@@ -7,8 +7,9 @@
 #      UndefinedBehaviorSanitizer into build-asan/ and runs them, and the
 #      KV-store service, bulk port, KV client and rpc tests into
 #      build-asan-svc/,
-#   4. builds the KV-store engine tests under ThreadSanitizer into build-tsan/
-#      and runs them.
+#   4. builds the KV-store engine tests under ThreadSanitizer into build-tsan/,
+#      and the KV-store service, bulk port and KV client tests into
+#      build-tsan-svc/, and runs them.
 # Usage: tools/test.sh [--no-sanitizers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ SANITIZERS=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitizers) SANITIZERS=0 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "unknown flag: $arg" >&2; exit 2 ;;
   esac
 done
@@ -72,6 +73,22 @@ if [ "$SANITIZERS" = 1 ]; then
         -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
   cmake --build build-tsan -j"$JOBS" --target tsan_tests
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest build-tsan -L tsan
+
+  echo "=== KV-store service, bulk port and KV client tests under ThreadSanitizer ==="
+  # gRPC, abseil and protobuf come uninstrumented from Debian: their races are
+  # suppressed by library (tools/tsan-uninstrumented.supp, plus one
+  # called_from_lib line per such library the tests load).
+  TSAN_SVC_TESTS=(kvconnector_test kvstore_service_test kvstore_bulk_load_test)
+  cmake -S . -B build-tsan-svc -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread \
+        -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
+  cmake --build build-tsan-svc -j"$JOBS" --target "${TSAN_SVC_TESTS[@]}"
+  SUPP="$PWD/build-tsan-svc/tsan.supp"
+  cp tools/tsan-uninstrumented.supp "$SUPP"
+  for t in "${TSAN_SVC_TESTS[@]}"; do ldd "$(find build-tsan-svc/tests -type f -name "$t")"; done \
+    | awk '{print $1}' | grep -E '^lib(grpc|gpr|absl_|protobuf|upb|re2|cares|address_sorting)' \
+    | sort -u | sed 's/^/called_from_lib:/' >> "$SUPP"
+  TSAN_OPTIONS="suppressions=$SUPP:halt_on_error=1:second_deadlock_stack=1" \
+    run_ctest build-tsan-svc -R "^($(IFS='|'; echo "${TSAN_SVC_TESTS[*]}"))\$"
 fi
 
 if [ "$status" -ne 0 ]; then echo "tools/test.sh: FAILED"; exit 1; fi
