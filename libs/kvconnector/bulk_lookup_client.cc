@@ -76,11 +76,10 @@ void BulkLookupClient::Run() {
     }
     std::unique_ptr<rpc::FramedSocket> sock;
     if (std::optional<BulkLoadClient::Address> addr = find_address_()) {
-      absl::StatusOr<std::unique_ptr<rpc::FramedSocket>> s =
-          rpc::FramedSocket::Connect(addr->first, addr->second, std::min<int64_t>(io_timeout_ms_, 5'000));
+      absl::StatusOr<std::unique_ptr<rpc::FramedSocket>> s = rpc::FramedSocket::Connect(
+          addr->first, addr->second, std::min<int64_t>(io_timeout_ms_, 5'000));
       const auto* preface = reinterpret_cast<const uint8_t*>(rpc::kKvBulkLookupPreface.data());
-      if (s.ok() &&
-          (*s)->WriteRaw(std::span(preface, rpc::kKvBulkLookupPreface.size())).ok()) {
+      if (s.ok() && (*s)->WriteRaw(std::span(preface, rpc::kKvBulkLookupPreface.size())).ok()) {
         sock = std::move(*s);
         // Sends are bounded; the wait for an answer is not (the connection
         // is idle between lookups).
@@ -140,8 +139,8 @@ void BulkLookupClient::ServeConnection(rpc::FramedSocket* sock) {
     TANDEM_LOG(WARNING) << "KV-store lookup connection (bulk port) lost: " << io
                         << "; lookups go over gRPC until it reconnects";
   }
-  const absl::Status lost = absl::UnavailableError(
-      absl::StrCat("KV-store lookup connection lost: ", io.message()));
+  const absl::Status lost =
+      absl::UnavailableError(absl::StrCat("KV-store lookup connection lost: ", io.message()));
   for (Unanswered& f : failed) f.on_answer(lost, v1::LookupResponse());
 }
 

@@ -9,6 +9,8 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "bulk_load_client.h"
+#include "bulk_lookup_client.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/impl/rpc_method.h"
@@ -16,8 +18,6 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/sync_stream.h"
-#include "bulk_load_client.h"
-#include "bulk_lookup_client.h"
 #include "kvstore_client_wire.h"
 #include "tandem/common/status.h"
 #include "tandem/kvstore/checksum.h"

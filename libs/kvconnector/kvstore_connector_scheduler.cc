@@ -89,13 +89,12 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorScheduler>> KvStoreConnectorSched
   }
   TANDEM_ASSIGN_OR_RETURN(
       std::unique_ptr<KvStoreClient> client,
-      KvStoreClient::Create(KvStoreClientOptions{
-          .target = options.target,
-          .lookup_deadline_ms = options.lookup_deadline_ms,
-          .rpc_deadline_ms = 1000,
-          .bulk_load = false,  // the scheduler does not load
-          .bulk_lookup = options.bulk_load != "off",
-          .bulk_load_target = options.BulkPortTarget()}));
+      KvStoreClient::Create(KvStoreClientOptions{.target = options.target,
+                                                 .lookup_deadline_ms = options.lookup_deadline_ms,
+                                                 .rpc_deadline_ms = 1000,
+                                                 .bulk_load = false,  // the scheduler does not load
+                                                 .bulk_lookup = options.bulk_load != "off",
+                                                 .bulk_load_target = options.BulkPortTarget()}));
   const std::string ns = NamespaceFor(model_fingerprint, kv_layout);
   const kvstore::NamespaceSpec spec{
       .name = ns, .block_bytes = static_cast<uint64_t>(block_bytes), .layout = kv_layout};

@@ -21,15 +21,14 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::
   if (block_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("block_bytes must be > 0, got ", block_bytes));
   }
-  TANDEM_ASSIGN_OR_RETURN(
-      std::unique_ptr<KvStoreClient> client,
-      KvStoreClient::Create(KvStoreClientOptions{
-          .target = options.target,
-          .lookup_deadline_ms = options.lookup_deadline_ms,
-          .rpc_deadline_ms = options.transfer_deadline_ms,
-          .bulk_load = options.bulk_load != "off",
-          .bulk_lookup = false,  // the worker does not look up
-          .bulk_load_target = options.BulkPortTarget()}));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvStoreClient> client,
+                          KvStoreClient::Create(KvStoreClientOptions{
+                              .target = options.target,
+                              .lookup_deadline_ms = options.lookup_deadline_ms,
+                              .rpc_deadline_ms = options.transfer_deadline_ms,
+                              .bulk_load = options.bulk_load != "off",
+                              .bulk_lookup = false,  // the worker does not look up
+                              .bulk_load_target = options.BulkPortTarget()}));
   const std::string ns = NamespaceFor(model_fingerprint, kv_layout);
   kvstore::NamespaceSpec spec{
       .name = ns, .block_bytes = static_cast<uint64_t>(block_bytes), .layout = kv_layout};

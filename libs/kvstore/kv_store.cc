@@ -1003,13 +1003,14 @@ absl::StatusOr<bool> KvStore::ReportCorrupt(std::string_view ns, const BlockHash
 absl::StatusOr<ReadResult> KvStore::ReadInto(std::string_view ns, const BlockHash& hash,
                                              std::span<uint8_t> dst) {
   bool size_ok = true;
-  TANDEM_ASSIGN_OR_RETURN(ReadResult r, impl_->Read(ns, hash, [&](std::span<const uint8_t> d, uint32_t) {
+  auto copy = [&](std::span<const uint8_t> d, uint32_t) {
     if (d.size() != dst.size()) {
       size_ok = false;
       return;
     }
     std::memcpy(dst.data(), d.data(), d.size());
-  }, ReadVerify::kStore));
+  };
+  TANDEM_ASSIGN_OR_RETURN(ReadResult r, impl_->Read(ns, hash, copy, ReadVerify::kStore));
   if (!size_ok) {
     return absl::InvalidArgumentError(absl::StrCat("ReadInto: destination has ", dst.size(),
                                                    " bytes, block ", hash.ToHex(),

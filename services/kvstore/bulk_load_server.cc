@@ -278,7 +278,8 @@ bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& r
     // the checksum written with them (sent ahead of them) and reports a
     // mismatch, so the store does not make a second pass over every block.
     absl::StatusOr<kvstore::ReadResult> r = store_->Read(
-        request.namespace_(), hashes[i], [&](std::span<const uint8_t> data, uint32_t checksum) {
+        request.namespace_(), hashes[i],
+        [&](std::span<const uint8_t> data, uint32_t checksum) {
           chunk->set_ok(true);
           chunk->set_total_size(data.size());
           chunk->set_checksum(checksum);

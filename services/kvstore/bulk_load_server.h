@@ -73,8 +73,8 @@
 //
 // Threads: one acceptor, and one thread per connection (a connection
 // serves one load or lookup at a time; the worker keeps one connection per
-// transfer thread, a scheduler one lookup connection). Connections beyond max_connections are closed on accept, and the
-// client then uses gRPC. A send that makes no progress for io_timeout_ms
+// transfer thread, a scheduler one lookup connection). Connections beyond max_connections are
+// closed on accept, and the client then uses gRPC. A send that makes no progress for io_timeout_ms
 // closes the connection, which bounds how long a stalled client keeps a
 // block pinned; a connection idle for idle_timeout_ms between loads is
 // closed.
@@ -166,8 +166,8 @@ class BulkLoadServer {
   bool shut_down_ = false;
   std::list<std::unique_ptr<Connection>> connections_;
 
-  std::atomic<uint64_t> accepted_{0}, rejected_{0}, bad_prefaces_{0}, loads_{0}, lookups_{0}, blocks_sent_{0},
-      bytes_sent_{0};
+  std::atomic<uint64_t> accepted_{0}, rejected_{0}, bad_prefaces_{0}, loads_{0}, lookups_{0},
+      blocks_sent_{0}, bytes_sent_{0};
 };
 
 }  // namespace tandem::kvstore_service

@@ -12,8 +12,8 @@ struct KvStoreMetrics::Series {
   explicit Series(prometheus::Registry& r)
       : hot_blocks(AddGauge(r, "tandem_kvstore_hot_blocks",
                             "Blocks in the hot tier (pinned host memory)")),
-        hot_capacity_blocks(AddGauge(r, "tandem_kvstore_hot_capacity_blocks",
-                                     "Slots of the hot tier")),
+        hot_capacity_blocks(
+            AddGauge(r, "tandem_kvstore_hot_capacity_blocks", "Slots of the hot tier")),
         hot_usage(AddGauge(r, "tandem_kvstore_hot_usage_ratio",
                            "Fraction of the hot tier's slots holding a block (0-1)")),
         cold_blocks(AddGauge(r, "tandem_kvstore_cold_blocks", "Blocks in the cold tier (RocksDB)")),
@@ -28,10 +28,10 @@ struct KvStoreMetrics::Series {
         lookups(&AddCounter(r, "tandem_kvstore_lookups_total", "Lookups answered")),
         lookup_hit_blocks(&AddCounter(r, "tandem_kvstore_lookup_hit_blocks_total",
                                       "Leading blocks found by lookups")),
-        block_reads(&AddCounter(r, "tandem_kvstore_block_reads_total",
-                                "Blocks asked for by loads")),
-        blocks_loaded(&AddCounter(r, "tandem_kvstore_blocks_loaded_total",
-                                  "Blocks served by loads")),
+        block_reads(
+            &AddCounter(r, "tandem_kvstore_block_reads_total", "Blocks asked for by loads")),
+        blocks_loaded(
+            &AddCounter(r, "tandem_kvstore_blocks_loaded_total", "Blocks served by loads")),
         load_misses(&AddCounter(r, "tandem_kvstore_load_misses_total",
                                 "Blocks asked for by loads and not served (absent or corrupt)")),
         blocks_stored(&AddCounter(r, "tandem_kvstore_blocks_stored_total", "Blocks written")),
@@ -51,8 +51,8 @@ struct KvStoreMetrics::Series {
                              .Register(r)),
         evictions_hot(&evictions_family.Add({{"tier", "hot"}})),
         evictions_cold(&evictions_family.Add({{"tier", "cold"}})),
-        bulk_loads(&AddCounter(r, "tandem_kvstore_bulk_loads_total",
-                               "Loads answered on the bulk port")),
+        bulk_loads(
+            &AddCounter(r, "tandem_kvstore_bulk_loads_total", "Loads answered on the bulk port")),
         bulk_lookups(&AddCounter(r, "tandem_kvstore_bulk_lookups_total",
                                  "Lookups answered on the bulk port's lookup connections")),
         bulk_sent_bytes(&AddCounter(r, "tandem_kvstore_bulk_sent_bytes_total",

@@ -83,8 +83,8 @@ grpc::Status KvStoreServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::Look
   // the sync API that polls the completion queue, tens of microseconds, and
   // the client never cancels a lookup before its deadline.)
   return rpc::ToGrpcStatus(AnswerLookup(
-      store_, *req,
-      {.debug_delay_ms = options_.debug_lookup_delay_ms, .deadline = ctx->deadline()}, resp));
+      store_, *req, {.debug_delay_ms = options_.debug_lookup_delay_ms, .deadline = ctx->deadline()},
+      resp));
 }
 
 grpc::Status KvStoreServiceImpl::LoadRaw(

@@ -11,8 +11,8 @@ LoadScope::LoadScope(kvstore::KvStore* store, const v1::LoadRequest& request)
   std::vector<BlockHash> corrupt;
   status_ = spec.status();
   if (status_.ok()) {
-    status_ = rpc::ParseBlockHashes(request_.corrupt_block_hashes(), "corrupt_block_hashes",
-                                    &corrupt);
+    status_ =
+        rpc::ParseBlockHashes(request_.corrupt_block_hashes(), "corrupt_block_hashes", &corrupt);
   }
   if (status_.ok()) {
     status_ = rpc::ParseBlockHashes(request_.block_hashes(), "block_hashes", &hashes_);

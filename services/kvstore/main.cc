@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "grpcpp/server_builder.h"
 #include "bulk_load_server.h"
+#include "grpcpp/server_builder.h"
 #include "kvstore_metrics.h"
 #include "kvstore_service.h"
 #include "tandem/common/logging.h"

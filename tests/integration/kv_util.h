@@ -54,8 +54,8 @@ inline Service StartKvStore(const std::string& dir, const std::string& name,
 // The store's Stats, as grpcurl would see them (the bulk port's counters
 // included).
 inline v1::StatsResponse KvStoreStatsRpc(const std::string& address) {
-  auto stub = v1::KvStore::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::KvStore::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::StatsResponse resp;

@@ -180,14 +180,14 @@ TEST_F(BulkLoadTest, BlocksLargerThanTheSocketBuffersArriveWhole) {
 // store, told by the client, checks the block and drops it.
 class BulkLoadCorruptTest : public BulkLoadTest, public ::testing::WithParamInterface<bool> {};
 
-TEST_P(BulkLoadCorruptTest, AFlippedByteIsAChecksumMissItsBytesAreNotHandedOutAndTheBlockIsDropped) {
+TEST_P(BulkLoadCorruptTest,
+       AFlippedByteIsAChecksumMissItsBytesAreNotHandedOutAndTheBlockIsDropped) {
   const bool in_hot = GetParam();
   if (!in_hot) {
     // Cold only: a store whose hot tier holds no block of this size.
     store_.reset();
-    auto store = kvstore::KvStore::Open({.data_dir = dir_.path(),
-                                         .hot_capacity_bytes = 0,
-                                         .lock_hot_memory = false});
+    auto store = kvstore::KvStore::Open(
+        {.data_dir = dir_.path(), .hot_capacity_bytes = 0, .lock_hot_memory = false});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
   }
@@ -304,8 +304,8 @@ TEST_F(BulkLoadTest, UsesGrpcWhenTheBulkPortCannotBeReached) {
     ASSERT_TRUE(probe.ok());
     unused_port = (*probe)->port();
   }
-  KvStoreClient* client =
-      Client({.bulk_lookup = false, .bulk_load_target = "127.0.0.1:" + std::to_string(unused_port)});
+  KvStoreClient* client = Client(
+      {.bulk_lookup = false, .bulk_load_target = "127.0.0.1:" + std::to_string(unused_port)});
   Loaded a = Load(client, "ns", {1}, kBlock);
   ASSERT_TRUE(a.results.ok()) << a.results.status();
   EXPECT_TRUE((*a.results)[0].ok());
@@ -536,10 +536,9 @@ TEST_F(BulkLoadTest, ALateAnswersLeaseIsReleasedByTheClient) {
   Put("ns", 1, kBlock);
   KvStoreClient* fast = LookupClient();
   ASSERT_NE(fast, nullptr);
-  kvconnector::LookupResult r =
-      fast->Lookup("ns", std::vector<BlockHash>{TestHash(1)},
-                   {.lease_ttl_ms = 600'000, .deadline_ms = 20})
-          ->Wait();
+  kvconnector::LookupResult r = fast->Lookup("ns", std::vector<BlockHash>{TestHash(1)},
+                                             {.lease_ttl_ms = 600'000, .deadline_ms = 20})
+                                    ->Wait();
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(r.num_hits, 0);
   // The store granted a lease (for 10 minutes) after the caller gave up; the

@@ -437,9 +437,10 @@ int Main(int argc, char** argv) {
   int32_t redis_port = 0;
   std::string data_dir;
   int64_t load_chunk_bytes = kvstore_service::KvStoreServiceOptions{}.load_chunk_bytes;
-  rpc::FlagSet flags("bench_kvstore",
-                     "KV-store lookup latency and load/store GB/s over loopback (gRPC and the bulk port), beside "
-                     "redis-server SET/GET of the same blocks.");
+  rpc::FlagSet flags(
+      "bench_kvstore",
+      "KV-store lookup latency and load/store GB/s over loopback (gRPC and the bulk port), beside "
+      "redis-server SET/GET of the same blocks.");
   int32_t trials = 5;
   flags.Add("rounds", &rounds, "passes over every block per load trial");
   flags.Add("trials", &trials, "interleaved trials per load path (the median is reported)");
@@ -504,7 +505,15 @@ int Main(int argc, char** argv) {
   sync_req.set_namespace_(lat_ns);
   for (const BlockHash& h : prefix) sync_req.add_block_hashes(h.ToBytes());
   enum {
-    kBulk, kBulkLease, kBulkWait, kBulkLeaseWait, kGrpc, kGrpcLease, kSync, kFloor, kRedisExists,
+    kBulk,
+    kBulkLease,
+    kBulkWait,
+    kBulkLeaseWait,
+    kGrpc,
+    kGrpcLease,
+    kSync,
+    kFloor,
+    kRedisExists,
     kNumMeasures
   };
   std::vector<double> us[kNumMeasures];
@@ -571,23 +580,27 @@ int Main(int argc, char** argv) {
   std::printf("Lookup of a 64-hash prefix (all hits), %d lookups of each kind, interleaved:\n",
               lookups);
   std::printf("  client Lookup, answer arrived (what the scheduler's Poll() sees):\n");
-  std::printf("    bulk port lookup connection (default): no lease p50 %6.1f us  p99 %6.1f us | "
-              "with lease p50 %6.1f us  p99 %6.1f us\n",
-              p50(kBulk), p99(kBulk), p50(kBulkLease), p99(kBulkLease));
-  std::printf("    gRPC (the fallback):                   no lease p50 %6.1f us  p99 %6.1f us | "
-              "with lease p50 %6.1f us  p99 %6.1f us\n",
-              p50(kGrpc), p99(kGrpc), p50(kGrpcLease), p99(kGrpcLease));
-  std::printf("  client Lookup over the bulk port, Wait() returned (+1 thread wake-up): no lease "
-              "p50 %6.1f us  p99 %6.1f us | with lease p50 %6.1f us  p99 %6.1f us\n",
-              p50(kBulkWait), p99(kBulkWait), p50(kBulkLeaseWait), p99(kBulkLeaseWait));
+  std::printf(
+      "    bulk port lookup connection (default): no lease p50 %6.1f us  p99 %6.1f us | "
+      "with lease p50 %6.1f us  p99 %6.1f us\n",
+      p50(kBulk), p99(kBulk), p50(kBulkLease), p99(kBulkLease));
+  std::printf(
+      "    gRPC (the fallback):                   no lease p50 %6.1f us  p99 %6.1f us | "
+      "with lease p50 %6.1f us  p99 %6.1f us\n",
+      p50(kGrpc), p99(kGrpc), p50(kGrpcLease), p99(kGrpcLease));
+  std::printf(
+      "  client Lookup over the bulk port, Wait() returned (+1 thread wake-up): no lease "
+      "p50 %6.1f us  p99 %6.1f us | with lease p50 %6.1f us  p99 %6.1f us\n",
+      p50(kBulkWait), p99(kBulkWait), p50(kBulkLeaseWait), p99(kBulkLeaseWait));
   std::printf(
       "  gRPC: the same lookup as a blocking unary call p50 %.1f us, p99 %.1f us; its floor, an "
       "empty Stats RPC, p50 %.1f us, p99 %.1f us\n",
       p50(kSync), p99(kSync), p50(kFloor), p99(kFloor));
   if (have_redis) {
-    std::printf("  redis-server EXISTS of the same 64 keys (one round trip): p50 %.1f us, p99 %.1f "
-                "us\n",
-                p50(kRedisExists), p99(kRedisExists));
+    std::printf(
+        "  redis-server EXISTS of the same 64 keys (one round trip): p50 %.1f us, p99 %.1f "
+        "us\n",
+        p50(kRedisExists), p99(kRedisExists));
   }
   std::printf(
       "  target p50 <= 100 us, p99 <= 1000 us; anchor: Mooncake batched existence check "

@@ -5,15 +5,14 @@
 // counters, `_seconds` / `_bytes` units, ratios 0-1.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include "absl/status/statusor.h"
-#include <atomic>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
