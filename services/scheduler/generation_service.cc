@@ -13,10 +13,16 @@ namespace tandem::scheduler {
 namespace {
 
 // gRPC reports a client cancel and a passed deadline the same way (OnCancel,
-// IsCancelled); the deadline tells them apart.
+// IsCancelled); the deadline tells them apart. The server's deadline is the
+// client's timeout counted from when the call arrived, so it falls a little
+// after the client's own; a client whose deadline passes first cancels the
+// call (RST_STREAM) just before the server's deadline. A cancel within
+// kDeadlineSlack of the deadline is therefore the deadline's.
+constexpr auto kDeadlineSlack = std::chrono::milliseconds(100);
 Engine::CancelCause CauseOf(const grpc::CallbackServerContext& context) {
-  return context.deadline() <= std::chrono::system_clock::now() ? Engine::CancelCause::kDeadline
-                                                                : Engine::CancelCause::kClient;
+  return context.deadline() <= std::chrono::system_clock::now() + kDeadlineSlack
+             ? Engine::CancelCause::kDeadline
+             : Engine::CancelCause::kClient;
 }
 
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
