@@ -36,10 +36,6 @@ absl::Status KvStoreServiceOptions::Validate() const {
                                                    " must be in (0, 3 MiB] to stay under 4 MiB"));
   }
   if (max_block_bytes <= 0) return absl::InvalidArgumentError("max_block_bytes must be > 0");
-  if (bulk_load_port < 0 || bulk_load_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("bulk_load_port ", bulk_load_port,
-                                                   " is not a TCP port"));
-  }
   if (debug_lookup_delay_ms < 0 || debug_corrupt_hot_every < 0 || debug_corrupt_cold_every < 0) {
     return absl::InvalidArgumentError("the --debug-* fault-injection settings must be >= 0");
   }
@@ -256,9 +252,9 @@ grpc::Status KvStoreServiceImpl::Release(grpc::ServerContext*, const v1::Release
 grpc::Status KvStoreServiceImpl::Stats(grpc::ServerContext*, const v1::StatsRequest*,
                                        v1::StatsResponse* resp) {
   rpc::ToProto(store_->GetStats(), resp);
-  resp->set_bulk_load_port(static_cast<uint32_t>(options_.bulk_load_port));
-  if (options_.bulk_load_stats) {
-    const BulkLoadServerStats b = options_.bulk_load_stats();
+  if (options_.bulk_load != nullptr) {
+    resp->set_bulk_load_port(static_cast<uint32_t>(options_.bulk_load->port()));
+    const BulkLoadServerStats b = options_.bulk_load->GetStats();
     resp->set_bulk_loads(b.loads);
     resp->set_bulk_lookups(b.lookups);
     resp->set_bulk_connections_open(b.connections_open);

@@ -20,7 +20,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 
 #include "absl/status/status.h"
 #include "bulk_load_server.h"
@@ -39,10 +38,9 @@ struct KvStoreServiceOptions {
   int64_t load_chunk_bytes = 1 << 20;
   // Largest block a Store stream may announce (total_size); protects memory.
   int64_t max_block_bytes = int64_t{1} << 30;
-  // The bulk load port (bulk_load_server.h) to advertise in Stats; 0 = off.
-  int32_t bulk_load_port = 0;
-  // Its counters, reported in Stats; empty = none.
-  std::function<BulkLoadServerStats()> bulk_load_stats;
+  // The bulk port (bulk_load_server.h) whose port Stats advertises and whose
+  // counters it reports; not owned; null = off.
+  const BulkLoadServer* bulk_load = nullptr;
 
   // ---- TESTS ONLY: fault injection for the KV connector's integration
   // tests (tests/integration/kv_*). Never set these in production. ----

@@ -153,8 +153,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     bulk = std::move(*started);
-    service_options.bulk_load_port = bulk->port();
-    service_options.bulk_load_stats = [b = bulk.get()] { return b->GetStats(); };
+    service_options.bulk_load = bulk.get();
   }
   kvstore_service::KvStoreServiceImpl service(store->get(), service_options);
 

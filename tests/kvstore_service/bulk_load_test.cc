@@ -71,7 +71,7 @@ class BulkLoadTest : public ::testing::Test {
     }
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
         store_.get(),
-        kvstore_service::KvStoreServiceOptions{.bulk_load_port = bulk_ ? bulk_->port() : 0});
+        kvstore_service::KvStoreServiceOptions{.bulk_load = bulk_.get()});
     testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get(), grpc_port);
     ASSERT_NE(s.server, nullptr);
     server_ = std::move(s.server);

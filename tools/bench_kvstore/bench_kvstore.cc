@@ -103,7 +103,7 @@ Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_ch
   s.bulk = std::move(*bulk);
   s.impl = std::make_unique<kvstore_service::KvStoreServiceImpl>(
       s.store.get(), kvstore_service::KvStoreServiceOptions{.load_chunk_bytes = load_chunk_bytes,
-                                                            .bulk_load_port = s.bulk->port()});
+                                                            .bulk_load = s.bulk.get()});
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
