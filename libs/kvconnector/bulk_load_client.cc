@@ -80,12 +80,20 @@ std::unique_ptr<rpc::FramedSocket> BulkLoadClient::Connection(const Address& add
     }
   }
   *pooled = false;
-  absl::StatusOr<std::unique_ptr<rpc::FramedSocket>> sock = rpc::FramedSocket::Connect(
-      addr.first, addr.second, std::min<int64_t>(opts_.rpc_deadline_ms, 5'000));
+  std::unique_ptr<rpc::FramedSocket> sock =
+      Dial(addr, rpc::kKvBulkLoadPreface, std::min<int64_t>(opts_.rpc_deadline_ms, 5'000));
+  if (sock != nullptr) sock->SetTimeouts(opts_.rpc_deadline_ms, opts_.rpc_deadline_ms);
+  return sock;
+}
+
+std::unique_ptr<rpc::FramedSocket> BulkLoadClient::Dial(const Address& addr,
+                                                        std::string_view preface,
+                                                        int64_t timeout_ms) {
+  absl::StatusOr<std::unique_ptr<rpc::FramedSocket>> sock =
+      rpc::FramedSocket::Connect(addr.first, addr.second, timeout_ms);
   if (!sock.ok()) return nullptr;
-  (*sock)->SetTimeouts(opts_.rpc_deadline_ms, opts_.rpc_deadline_ms);
-  const auto* preface = reinterpret_cast<const uint8_t*>(rpc::kKvBulkLoadPreface.data());
-  if (!(*sock)->WriteRaw(std::span(preface, rpc::kKvBulkLoadPreface.size())).ok()) return nullptr;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(preface.data());
+  if (!(*sock)->WriteRaw(std::span(bytes, preface.size())).ok()) return nullptr;
   return std::move(*sock);
 }
 

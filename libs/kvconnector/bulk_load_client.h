@@ -25,6 +25,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,11 @@ class BulkLoadClient {
   // at once (the port refused a connection: the store may have restarted on
   // another one).
   void ForgetAddress();
+  // Connects to the port (waiting at most `timeout_ms`, which also becomes
+  // the socket's send and receive timeout) and sends `preface`; null on
+  // failure.
+  static std::unique_ptr<rpc::FramedSocket> Dial(const Address& addr, std::string_view preface,
+                                                 int64_t timeout_ms);
 
  private:
   // An idle pooled connection (sets *pooled) or a new one; null on failure.

@@ -19,12 +19,8 @@ constexpr uint32_t kMaxAnswerBytes = 1 << 20;
 
 }  // namespace
 
-BulkLookupClient::BulkLookupClient(
-    std::function<std::optional<BulkLoadClient::Address>()> find_address,
-    std::function<void()> forget_address, int64_t io_timeout_ms)
-    : find_address_(std::move(find_address)),
-      forget_address_(std::move(forget_address)),
-      io_timeout_ms_(io_timeout_ms) {
+BulkLookupClient::BulkLookupClient(BulkLoadClient* ports, int64_t io_timeout_ms)
+    : ports_(ports), io_timeout_ms_(io_timeout_ms) {
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "kv-lookup-conn");
     Run();
@@ -75,17 +71,15 @@ void BulkLookupClient::Run() {
       if (stopping_) return;
     }
     std::unique_ptr<rpc::FramedSocket> sock;
-    if (std::optional<BulkLoadClient::Address> addr = find_address_()) {
-      absl::StatusOr<std::unique_ptr<rpc::FramedSocket>> s = rpc::FramedSocket::Connect(
-          addr->first, addr->second, std::min<int64_t>(io_timeout_ms_, 5'000));
-      const auto* preface = reinterpret_cast<const uint8_t*>(rpc::kKvBulkLookupPreface.data());
-      if (s.ok() && (*s)->WriteRaw(std::span(preface, rpc::kKvBulkLookupPreface.size())).ok()) {
-        sock = std::move(*s);
+    if (std::optional<BulkLoadClient::Address> addr = ports_->FindAddress()) {
+      sock = BulkLoadClient::Dial(*addr, rpc::kKvBulkLookupPreface,
+                                  std::min<int64_t>(io_timeout_ms_, 5'000));
+      if (sock != nullptr) {
         // Sends are bounded; the wait for an answer is not (the connection
         // is idle between lookups).
         sock->SetTimeouts(io_timeout_ms_, 0);
       } else {
-        forget_address_();
+        ports_->ForgetAddress();
       }
     }
     if (sock) {

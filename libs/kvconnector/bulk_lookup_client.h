@@ -42,11 +42,9 @@ class BulkLookupClient {
   // when the connection broke first or the client is being destroyed.
   using OnAnswer = std::function<void(const absl::Status&, const v1::LookupResponse&)>;
 
-  // `find_address` (the port's address, nullopt when there is none) and
-  // `forget_address` (it refused a connection) are called on the
-  // connection's thread.
-  BulkLookupClient(std::function<std::optional<BulkLoadClient::Address>()> find_address,
-                   std::function<void()> forget_address, int64_t io_timeout_ms);
+  // Finds the port through `ports` (on the connection's thread; not owned,
+  // must outlive this client).
+  BulkLookupClient(BulkLoadClient* ports, int64_t io_timeout_ms);
   // Closes the connection (unanswered lookups get UNAVAILABLE) and joins.
   ~BulkLookupClient();
   BulkLookupClient(const BulkLookupClient&) = delete;
@@ -71,8 +69,7 @@ class BulkLookupClient {
   // Reads answers until the connection breaks or Shutdown.
   void ServeConnection(rpc::FramedSocket* sock);
 
-  const std::function<std::optional<BulkLoadClient::Address>()> find_address_;
-  const std::function<void()> forget_address_;
+  BulkLoadClient* const ports_;
   const int64_t io_timeout_ms_;
 
   mutable std::mutex mu_;

@@ -201,9 +201,8 @@ class KvStoreClient::Impl {
         bulk_(options, [this] { return BulkLoadPort(); }) {
     if (opts_.release_batch_ms > 0) release_flusher_ = std::thread([this] { FlushReleases(); });
     if (opts_.bulk_lookup) {
-      bulk_lookup_ = std::make_unique<BulkLookupClient>(
-          [this] { return bulk_.FindAddress(); }, [this] { bulk_.ForgetAddress(); },
-          std::min<int64_t>(opts_.rpc_deadline_ms, 5'000));
+      bulk_lookup_ =
+          std::make_unique<BulkLookupClient>(&bulk_, std::min<int64_t>(opts_.rpc_deadline_ms, 5'000));
     }
   }
 
