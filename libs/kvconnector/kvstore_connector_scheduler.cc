@@ -49,13 +49,18 @@ std::string NamespaceFor(const std::string& model_fingerprint, const std::string
   return "tandem-" + h.ToHex().substr(0, 32);
 }
 
+absl::Status KvStoreConnectorOptions::ValidateBulkLoad(std::string_view value,
+                                                       const char* what) {
+  if (value == "auto" || value == "off") return absl::OkStatus();
+  if (absl::Status s = rpc::SplitHostPort(value).status(); !s.ok()) {
+    return Annotate(s, absl::StrCat(what, " must be auto, off or host:port"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvStoreConnectorOptions::Validate() const {
   if (target.empty()) return absl::InvalidArgumentError("--kvstore (host:port) is empty");
-  if (bulk_load != "auto" && bulk_load != "off") {
-    if (absl::Status s = rpc::SplitHostPort(bulk_load).status(); !s.ok()) {
-      return Annotate(s, "bulk_load must be auto, off or host:port");
-    }
-  }
+  TANDEM_RETURN_IF_ERROR(ValidateBulkLoad(bulk_load, "bulk_load"));
   if (lookup_deadline_ms <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lookup_deadline_ms must be > 0, got ", lookup_deadline_ms));

@@ -9,7 +9,6 @@
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/rpc/convert.h"
-#include "tandem/rpc/framed_socket.h"
 #include "tandem/rpc/status.h"
 
 namespace tandem::scheduler {
@@ -69,10 +68,9 @@ absl::Status EngineOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("--kvstore-lookup-deadline-ms must be > 0, got ", kvstore_lookup_deadline_ms));
   }
-  if (!kvstore_target.empty() && kvstore_bulk_port != "auto" && kvstore_bulk_port != "off") {
-    if (absl::Status s = rpc::SplitHostPort(kvstore_bulk_port).status(); !s.ok()) {
-      return Annotate(s, "--kvstore-bulk-port must be auto, off or host:port");
-    }
+  if (!kvstore_target.empty()) {
+    TANDEM_RETURN_IF_ERROR(kvconnector::KvStoreConnectorOptions::ValidateBulkLoad(
+        kvstore_bulk_port, "--kvstore-bulk-port"));
   }
   // Fill the fields the worker provides with placeholders to check the rest.
   sched::SchedulerConfig probe = scheduler;

@@ -64,6 +64,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -129,6 +130,9 @@ struct KvStoreConnectorOptions {
   std::string bulk_load = "auto";
 
   [[nodiscard]] absl::Status Validate() const;
+  // Checks a bulk-port setting like bulk_load ("auto", "off" or host:port);
+  // `what` names the setting in the error.
+  [[nodiscard]] static absl::Status ValidateBulkLoad(std::string_view value, const char* what);
   // bulk_load's host:port, or empty for auto and off.
   [[nodiscard]] std::string BulkPortTarget() const {
     return bulk_load == "auto" || bulk_load == "off" ? "" : bulk_load;
