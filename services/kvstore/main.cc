@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
             "a bulk load connection idle this long between loads is closed (lookup connections "
             "stay open)");
   flags.Add("metrics-listen", &metrics_options.listen_address,
-            "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
+            tandem::metrics::ExposerOptions::kListenHelp);
   flags.Add("drain-timeout-ms", &drain_timeout_ms,
             "on SIGTERM/SIGINT, how long in-flight RPCs may finish before shutdown");
   int64_t debug_lookup_delay_ms = 0;

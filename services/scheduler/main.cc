@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
             "TCP, when it advertises one; else gRPC), off (gRPC only), or host:port of the bulk "
             "port");
   flags.Add("metrics-listen", &metrics_options.listen_address,
-            "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
+            tandem::metrics::ExposerOptions::kListenHelp);
   flags.Add("drain-timeout-s", &drain_timeout_s,
             "on SIGTERM/SIGINT, how long accepted requests may take to finish");
   flags.Add("debug-submit-delay-ms", &engine_options.debug_submit_delay_ms,

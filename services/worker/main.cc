@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
             "advertises one; else gRPC), off (gRPC only), or host:port of the bulk load port");
   tandem::metrics::ExposerOptions metrics_options;
   flags.Add("metrics-listen", &metrics_options.listen_address,
-            "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
+            tandem::metrics::ExposerOptions::kListenHelp);
   int32_t debug_load_delay_ms = 0;
   flags.Add(
       "debug-load-delay-ms", &debug_load_delay_ms,

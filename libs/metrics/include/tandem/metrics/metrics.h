@@ -25,6 +25,9 @@ struct ExposerOptions {
   // host:port of the /metrics HTTP endpoint; port 0 picks a free one; empty
   // turns the endpoint off.
   std::string listen_address = "127.0.0.1:0";
+  // The services' --metrics-listen help text.
+  static constexpr const char* kListenHelp =
+      "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)";
   [[nodiscard]] absl::Status Validate() const;
 };
 
