@@ -32,6 +32,17 @@ run_ctest() {  # dir, extra ctest args...
   if ! ctest --test-dir "$dir" --output-on-failure -j"$JOBS" "$@"; then status=1; fi
 }
 
+# Configures DIR as a full Debug build under SANITIZER (the gRPC-linked tests
+# need it: TANDEM_UNIT_TESTS_ONLY leaves them out), builds only the given test
+# targets, and sets ONLY to a ctest -R pattern matching just them.
+build_only() {  # dir, sanitizer, test targets...
+  local dir="$1" sanitizer="$2"; shift 2
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE="$sanitizer" \
+        -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
+  cmake --build "$dir" -j"$JOBS" --target "$@"
+  ONLY="^($(IFS='|'; echo "$*"))\$"
+}
+
 # The CUDA kernels must compile wherever the toolkit is installed (CI has it
 # at /usr/local/cuda): ask for them explicitly so that a broken detection
 # fails the build instead of silently leaving the .cu files out.
@@ -57,16 +68,11 @@ if [ "$SANITIZERS" = 1 ]; then
     run_ctest build-asan -L unit
 
   echo "=== KV-store service, bulk port, KV client and rpc tests under ASan + UBSan ==="
-  # gRPC-linked tests need the full build (TANDEM_UNIT_TESTS_ONLY leaves them
-  # out); only these targets are built.
-  SVC_TESTS=(kvconnector_test kvstore_client_wire_test kvstore_service_test kvstore_load_wire_test
-             kvstore_bulk_load_test rpc_convert_test rpc_flags_test rpc_server_test
-             rpc_framed_socket_test)
-  cmake -S . -B build-asan-svc -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=address \
-        -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
-  cmake --build build-asan-svc -j"$JOBS" --target "${SVC_TESTS[@]}"
+  build_only build-asan-svc address kvconnector_test kvstore_client_wire_test \
+    kvstore_service_test kvstore_load_wire_test kvstore_bulk_load_test rpc_convert_test \
+    rpc_flags_test rpc_server_test rpc_framed_socket_test
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_ctest build-asan-svc -R "^($(IFS='|'; echo "${SVC_TESTS[*]}"))\$"
+    run_ctest build-asan-svc -R "$ONLY"
 
   echo "=== KV-store engine tests under ThreadSanitizer ==="
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread \
@@ -79,16 +85,14 @@ if [ "$SANITIZERS" = 1 ]; then
   # suppressed by library (tools/tsan-uninstrumented.supp, plus one
   # called_from_lib line per such library the tests load).
   TSAN_SVC_TESTS=(kvconnector_test kvstore_service_test kvstore_bulk_load_test)
-  cmake -S . -B build-tsan-svc -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread \
-        -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
-  cmake --build build-tsan-svc -j"$JOBS" --target "${TSAN_SVC_TESTS[@]}"
+  build_only build-tsan-svc thread "${TSAN_SVC_TESTS[@]}"
   SUPP="$PWD/build-tsan-svc/tsan.supp"
   cp tools/tsan-uninstrumented.supp "$SUPP"
   for t in "${TSAN_SVC_TESTS[@]}"; do ldd "$(find build-tsan-svc/tests -type f -name "$t")"; done \
     | awk '{print $1}' | grep -E '^lib(grpc|gpr|absl_|protobuf|upb|re2|cares|address_sorting)' \
     | sort -u | sed 's/^/called_from_lib:/' >> "$SUPP"
   TSAN_OPTIONS="suppressions=$SUPP:halt_on_error=1:second_deadlock_stack=1" \
-    run_ctest build-tsan-svc -R "^($(IFS='|'; echo "${TSAN_SVC_TESTS[*]}"))\$"
+    run_ctest build-tsan-svc -R "$ONLY"
 fi
 
 if [ "$status" -ne 0 ]; then echo "tools/test.sh: FAILED"; exit 1; fi
