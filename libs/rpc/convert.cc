@@ -108,6 +108,7 @@ void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out) {
       p->set_request_id(s.request_id);
       Assign(s.block_ids, p->mutable_block_ids());
       AssignHashes(s.block_hashes, p->mutable_block_hashes());
+      p->set_before_forward(s.before_forward);
     }
   }
 }
@@ -158,7 +159,9 @@ absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* ou
     out->kv_connector_metadata.loads.push_back(std::move(l));
   }
   for (const v1::KvStoreOp& p : in.kv_connector_metadata().stores()) {
-    sched::KvStore st{.request_id = p.request_id(), .block_ids = ToVector(p.block_ids())};
+    sched::KvStore st{.request_id = p.request_id(),
+                      .block_ids = ToVector(p.block_ids()),
+                      .before_forward = p.before_forward()};
     absl::Status s = ReadHashes(p.block_hashes(), &st.block_hashes);
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("store of ", p.request_id(), ": ", s.message()));
     if (st.block_hashes.size() != st.block_ids.size()) {

@@ -132,7 +132,30 @@ SchedulerOutput Scheduler::Schedule() {
   return out;
 }
 
-void Scheduler::Preempt(Request* victim) {
+const char* PreemptionReasonName(PreemptionReason reason) {
+  switch (reason) {
+    case PreemptionReason::kKvCacheFull:
+      return "kv_cache_full";
+    case PreemptionReason::kStepFailed:
+      return "step_failed";
+    case PreemptionReason::kWorkerLost:
+      return "worker_lost";
+  }
+  return "unknown";
+}
+
+void Scheduler::Preempt(Request* victim, const Request* preemptor, PreemptionReason reason) {
+  const bool was_running = victim->state == RequestState::kRunning;
+  if (!was_running) {
+    TANDEM_CHECK(HoldsLoadedKv(*victim)) << victim->request_id << " is not preemptable";
+    --num_loaded_;  // keeps its place in the queue
+  }
+  preemption_events_.push_back(
+      PreemptionEvent{.victim_id = victim->request_id,
+                      .preemptor_id = preemptor != nullptr ? preemptor->request_id : std::string(),
+                      .reason = reason,
+                      .num_computed_tokens = victim->num_computed_tokens});
+  stats_.num_recomputed_tokens += static_cast<uint64_t>(victim->num_computed_tokens);
   kv_.FreeBlocks(victim);
   victim->state = RequestState::kPreempted;
   victim->num_computed_tokens = 0;
@@ -141,10 +164,50 @@ void Scheduler::Preempt(Request* victim) {
   victim->resumed_pending = true;
   ++victim->epoch;  // drop its output still in flight
   ++victim->num_preemptions;
-  waiting_.AddPreempted(victim);
-  preempted_.push_back(victim);
+  if (was_running) waiting_.AddPreempted(victim);
+  if (victim->known_to_worker) preempted_.push_back(victim);
   ++stats_.num_preemptions_total;
-  ++stats_.num_preemptions_by_reason[static_cast<int>(PreemptionReason::kKvCacheFull)];
+  ++stats_.num_preemptions_by_reason[static_cast<int>(reason)];
+}
+
+bool Scheduler::KeepsBlocksBefore(const Request& a, const Request& b) const {
+  return config_.policy == SchedulingPolicy::kPriority ? PriorityPreemptionOrder{}(a, b)
+                                                       : FcfsPreemptionOrder{}(a, b);
+}
+
+Scheduler::Victim Scheduler::PickVictim(const Request* r) const {
+  Victim v;
+  auto consider = [&](Request* c, bool running, size_t index) {
+    if (v.request == nullptr || KeepsBlocksBefore(*v.request, *c)) {
+      v = Victim{.request = c, .running = running, .index = index};
+    }
+  };
+  for (size_t i = 0; i < running_.size(); ++i) consider(running_[i], true, i);
+  if (num_loaded_ > 0) {
+    for (Request* w : waiting_) {
+      if (HoldsLoadedKv(*w)) consider(w, false, 0);
+    }
+  }
+  if (v.request != r) return v;
+  // Nobody after r: wait when blocks come back by themselves.
+  for (const auto& [id, h] : held_) {
+    if (!h->block_ids.empty()) return Victim{};
+  }
+  if (num_loading_ > 0) {
+    for (const Request* w : waiting_) {
+      if (w->state == RequestState::kWaitingForRemoteKv && KeepsBlocksBefore(*r, *w)) {
+        return Victim{};
+      }
+    }
+  }
+  return v;  // r itself
+}
+
+bool Scheduler::LocalCacheHoldsWholePrompt(const Request& r, const PrefixHit& hit) const {
+  const int32_t bs = config_.block_size;
+  const size_t num_hit = hit.block_ids.size();
+  return r.num_tokens() % bs == 0 && static_cast<int32_t>(num_hit + 1) * bs == r.num_tokens() &&
+         num_hit < r.block_hashes.size() && kv_.pool().Lookup(r.block_hashes[num_hit]).has_value();
 }
 
 bool Scheduler::LoadGateAllows(const Request& request, const PrefixHit& hit) const {
@@ -175,7 +238,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   int32_t num_external = 0;
   if (fresh) {
     hit = kv_.FindPrefixHit(*r);
-    if (connector_ != nullptr) {
+    if (connector_ != nullptr && !LocalCacheHoldsWholePrompt(*r, hit)) {
       std::optional<ExternalMatch> m = connector_->GetNumNewMatchedTokens(*r, hit.num_tokens);
       if (!m) return Admit::kDeferred;
       num_external = std::clamp(m->num_external_tokens, 0, r->num_tokens() - hit.num_tokens);
@@ -246,8 +309,10 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
       << "too many steps in flight: call UpdateFromOutput first";
   scheduled_.clear();
   preempted_.clear();
+  preemption_events_.clear();
   int32_t token_budget = config_.max_num_batched_tokens;
   int32_t num_preempted = 0;
+  bool short_of_blocks = false;  // a running request waits for blocks
 
   // ---- running requests first, in admission order ----
   for (size_t i = 0; i < running_.size() && token_budget > 0;) {
@@ -270,21 +335,27 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
     }
     const SlotRequest slots{.num_new_tokens = n};
     bool preempted_self = false;
+    bool wait = false;
     while (!kv_.CanAllocateSlots(*r, slots)) {
-      const size_t v = config_.policy == SchedulingPolicy::kFcfs ? FcfsPreemption{}(running_)
-                                                                 : PriorityPreemption{}(running_);
-      Request* victim = running_[v];
-      if (v < i) {  // already scheduled in this step: take it back
-        auto it = std::find_if(scheduled_.begin(), scheduled_.end(),
-                               [victim](const StepEntry& e) { return e.request == victim; });
-        if (it != scheduled_.end()) {
-          token_budget += it->num_scheduled_tokens;
-          scheduled_.erase(it);
-        }
-        --i;
+      const Victim v = PickVictim(r);
+      if (v.request == nullptr) {
+        wait = true;
+        break;
       }
-      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(v));
-      Preempt(victim);
+      Request* victim = v.request;
+      if (v.running) {
+        if (v.index < i) {  // already scheduled in this step: take it back
+          auto it = std::find_if(scheduled_.begin(), scheduled_.end(),
+                                 [victim](const StepEntry& e) { return e.request == victim; });
+          if (it != scheduled_.end()) {
+            token_budget += it->num_scheduled_tokens;
+            scheduled_.erase(it);
+          }
+          --i;
+        }
+        running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(v.index));
+      }
+      Preempt(victim, r, PreemptionReason::kKvCacheFull);
       ++num_preempted;
       if (victim == r) {
         preempted_self = true;
@@ -292,6 +363,11 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
       }
     }
     if (preempted_self) break;
+    if (wait) {  // rule 2: no admission either in this step
+      short_of_blocks = true;
+      ++i;
+      continue;
+    }
     kv_.AllocateSlots(r, slots);
     const bool will_sample =
         r->num_computed_tokens + n == r->num_tokens() + r->num_output_placeholders;
@@ -311,7 +387,7 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   // must not keep them waiting while it waits for blocks (maybe theirs).
   // Then the others in queue order, until one does not fit.
   int32_t num_deferred = 0;
-  if (num_preempted == 0 && !waiting_.empty()) {
+  if (num_preempted == 0 && !short_of_blocks && !waiting_.empty()) {
     admitted_mask_.assign(waiting_.size(), false);
     bool any_admitted = false;
     bool stop = false;
@@ -458,23 +534,27 @@ void Scheduler::FillOutput(Request* r, RequestOutput* o) const {
 
 void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, RequestOutput* o) {
   const SamplingParams& sp = r->sampling;
+  // What a sync run has computed when this output ends the request: the
+  // tokens known before it (see KvConnectorScheduler::RequestFinished).
+  const int32_t num_storable = r->num_known_computed_tokens();
   for (int32_t t : tokens) {
     // A token at output index j may stop the request only when j >= min_tokens
     // (the sampler masks stop tokens before that).
     const bool may_stop = r->num_output_tokens() >= sp.min_tokens;
     if (may_stop && !sp.ignore_eos && config_.eos_token_id >= 0 && t == config_.eos_token_id) {
-      Finish(r, RequestState::kFinishedStopped);  // EOS is not part of the output
+      // EOS is not part of the output.
+      Finish(r, RequestState::kFinishedStopped, num_storable);
       return;
     }
     r->all_token_ids.push_back(t);
     o->new_token_ids.push_back(t);
     if (may_stop && std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), t) !=
                         sp.stop_token_ids.end()) {
-      Finish(r, RequestState::kFinishedStopped);
+      Finish(r, RequestState::kFinishedStopped, num_storable);
       return;
     }
     if (r->num_output_tokens() >= sp.max_tokens || r->num_tokens() >= config_.max_model_len) {
-      Finish(r, RequestState::kFinishedLength);
+      Finish(r, RequestState::kFinishedLength, num_storable);
       return;
     }
   }
@@ -484,7 +564,7 @@ void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, Reques
   }
 }
 
-void Scheduler::Finish(Request* r, RequestState state) {
+void Scheduler::Finish(Request* r, RequestState state, int32_t num_storable_tokens) {
   const RequestState prior = r->state;
   if (HoldsLoadedKv(*r)) --num_loaded_;
   r->state = state;
@@ -495,7 +575,8 @@ void Scheduler::Finish(Request* r, RequestState state) {
   }
   if (r->known_to_worker || r->awaiting_recv) pending_finished_ids_.push_back(r->request_id);
   if (connector_ != nullptr) {
-    r->awaiting_send = connector_->RequestFinished(*r, r->block_ids) && !r->block_ids.empty();
+    r->awaiting_send =
+        connector_->RequestFinished(*r, r->block_ids, num_storable_tokens) && !r->block_ids.empty();
   }
   live_.erase(r->request_id);
   ++stats_.num_requests_finished;

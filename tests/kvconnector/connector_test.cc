@@ -257,7 +257,7 @@ TEST_F(ConnectorTest, StoreThenLoadRoundTripsThroughStaging) {
   sched::Request c = MakeRequest("c", Tokens(18), {20, 21, 22, 23, 24});
   EXPECT_EQ(PollMatch(sc.get(), c, 0).num_external_tokens, 16);
   EXPECT_TRUE(WaitActiveLeases(1));
-  EXPECT_FALSE(sc->RequestFinished(c, c.block_ids));
+  EXPECT_FALSE(sc->RequestFinished(c, c.block_ids, 0));
   EXPECT_TRUE(WaitActiveLeases(0)) << store_->GetStats().active_leases;
 }
 
@@ -269,19 +269,21 @@ TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
   (void)PollMatch(sc.get(), a, 0);
   sc->UpdateStateAfterAlloc(a, {}, 0);
   // The step computes all 16 prompt tokens and samples a placeholder: the
-  // storable bound is num_computed + n - placeholders - 1 = 15 (the
-  // contract of ScheduledRequestView: conservative by one token) -> 3 blocks.
+  // storable bound is min(num_computed + n, num_tokens) = 16 (exact: the
+  // placeholder is not among the computed tokens) -> 4 blocks.
   sched::ScheduledRequestView v{
       .request = &a, .num_scheduled_tokens = 16, .will_sample = true, .adds_placeholder = true};
   sched::SchedulerOutput out;
-  EXPECT_EQ(sc->BuildConnectorMeta(out, {&v, 1}).stores.at(0).block_ids.size(), 3u);
+  EXPECT_EQ(sc->BuildConnectorMeta(out, {&v, 1}).stores.at(0).block_ids.size(), 4u);
 
-  // A decode request with 3 placeholder tokens in flight: its block made of
-  // tokens 16..19 contains placeholders and must not be stored.
+  // A decode request with 17 known tokens and 2 placeholders, the older of
+  // which a step in flight computes: this step computes the newer one. Its
+  // block made of tokens 16..19 contains placeholders and must not be
+  // stored.
   sched::Request d = MakeRequest("d", Tokens(17, 500), {5, 6, 7, 8, 9});
   (void)PollMatch(sc.get(), d, 0);
   sc->UpdateStateAfterAlloc(d, {}, 0);
-  d.num_computed_tokens = 19;  // 17 known + 2 placeholders
+  d.num_computed_tokens = 18;  // 17 known + the older placeholder
   d.num_output_placeholders = 2;
   sched::ScheduledRequestView dv{
       .request = &d, .num_scheduled_tokens = 1, .will_sample = true, .adds_placeholder = true};

@@ -46,6 +46,11 @@ struct KvStore {
   std::string request_id;
   std::vector<int32_t> block_ids;  // sources
   std::vector<BlockHash> block_hashes;
+  // The worker reads the blocks before this step's loads and forward pass
+  // (instead of after its forward pass): they hold KV of a request that
+  // finished before the step was built, whose blocks the scheduler has
+  // already freed, so this step may reuse them. Such entries come first.
+  bool before_forward = false;
 };
 
 struct KvConnectorMetadata {
