@@ -256,7 +256,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
     r->load_first_block = first;
     r->load_num_blocks = num_external / config_.block_size;
     r->load_num_valid_blocks = r->load_num_blocks;
-    if (r->num_preemptions == 0) r->num_cached_tokens_local = hit.num_tokens;
+    NoteCachedTokens(r, hit.num_tokens, 0);
     r->state = RequestState::kWaitingForRemoteKv;
     ++num_loading_;
     stats_.prefix_cache_queries_tokens += static_cast<uint64_t>(r->num_tokens());
@@ -281,7 +281,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   kv_.AllocateSlots(r, slots);
   if (fresh) {
     r->num_computed_tokens = hit.num_tokens;
-    if (r->num_preemptions == 0) r->num_cached_tokens_local = hit.num_tokens;
+    NoteCachedTokens(r, hit.num_tokens, 0);
     stats_.prefix_cache_queries_tokens += static_cast<uint64_t>(r->num_tokens());
     stats_.prefix_cache_hits_tokens += static_cast<uint64_t>(hit.num_tokens);
     if (connector_ != nullptr) {
@@ -299,7 +299,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   scheduled_.push_back(StepEntry{r, r->epoch, n, will_sample});
   // No preemption can follow in this step, so the blocks this step computes
   // can be published now: a later request of the same step shares them.
-  kv_.CacheBlocks(r, r->num_computed_tokens + n);
+  kv_.CacheBlocks(r, r->num_computed_tokens + n, &published_);
   *token_budget -= n;
   return Admit::kAdmitted;
 }
@@ -308,7 +308,7 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   TANDEM_CHECK_LT(in_flight_.size(), config_.async_scheduling ? 2u : 1u)
       << "too many steps in flight: call UpdateFromOutput first";
   scheduled_.clear();
-  preempted_.clear();
+  published_.clear();
   preemption_events_.clear();
   int32_t token_budget = config_.max_num_batched_tokens;
   int32_t num_preempted = 0;
@@ -378,7 +378,8 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   // Published only now: a request scheduled above may have been preempted
   // (and its step taken back) by a later one.
   for (const StepEntry& e : scheduled_) {
-    kv_.CacheBlocks(e.request, e.request->num_computed_tokens + e.num_scheduled_tokens);
+    kv_.CacheBlocks(e.request, e.request->num_computed_tokens + e.num_scheduled_tokens,
+                    &published_);
   }
 
   // ---- waiting requests, only if nothing was preempted ----
@@ -426,8 +427,11 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
     record = std::move(spare_records_.back());
     spare_records_.pop_back();
   }
+  out->last_processed_step_id = last_processed_step_id_;
   record.step_id = out->step_id;
   record.entries.clear();
+  record.published.swap(published_);
+  record.failed = false;
   size_t num_new = 0;
   for (const StepEntry& e : scheduled_) num_new += e.request->known_to_worker ? 0 : 1;
   out->scheduled_new_reqs.resize(num_new);
@@ -474,10 +478,12 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   out->total_num_scheduled_tokens = total;
   out->finished_req_ids.swap(pending_finished_ids_);
   pending_finished_ids_.clear();
+  // Preempted since the last step (here or by a failed step's output).
   out->preempted_req_ids.resize(preempted_.size());
   for (size_t i = 0; i < preempted_.size(); ++i) {
     out->preempted_req_ids[i] = preempted_[i]->request_id;
   }
+  preempted_.clear();
 
   if (connector_ != nullptr) {
     views_.clear();
@@ -525,6 +531,7 @@ std::vector<RequestOutput> Scheduler::UpdateFromOutput(const SchedulerOutput& sc
 
 void Scheduler::FillOutput(Request* r, RequestOutput* o) const {
   o->request_id = r->request_id;
+  o->error.clear();
   o->finished = r->is_finished() ? std::optional<RequestState>(r->state) : std::nullopt;
   o->num_prompt_tokens = r->num_prompt_tokens;
   o->num_output_tokens = r->num_output_tokens();
@@ -600,6 +607,22 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
   StepRecord& rec = in_flight_.front();
   TANDEM_CHECK_EQ(rec.step_id, scheduled.step_id)
       << "outputs must be processed in step order; oldest in flight is " << rec.step_id;
+  preemption_events_.clear();
+  last_processed_step_id_ = rec.step_id;
+  if (rec.failed || !output.error.empty()) {
+    size_t num_outputs = 0;
+    // A step that failed with an earlier one was handled with it.
+    if (!rec.failed) FailSteps(output.error, outputs, &num_outputs);
+    outputs->resize(num_outputs);
+    HandleConnectorReport(output.kv_connector_report);
+    spare_records_.push_back(std::move(rec));
+    in_flight_.pop_front();
+    return;
+  }
+  // Blocks that become known below and that a later step in flight writes
+  // are that step's to un-publish if it fails.
+  std::vector<int32_t>* later_published =
+      in_flight_.size() > 1 ? &in_flight_.back().published : nullptr;
   const std::vector<SampledTokens>& sampled = output.sampled;
   absl::flat_hash_map<absl::string_view, size_t> index;  // only if the order differs
   size_t k = 0;
@@ -641,6 +664,7 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
       FillOutput(r, &o);
       Finish(r, RequestState::kFinishedError);
       o.finished = RequestState::kFinishedError;
+      o.error = absl::StrCat("the worker sampled no token for the request in step ", rec.step_id);
       any_finished = true;
       continue;
     }
@@ -650,7 +674,10 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
       any_finished = true;
       continue;
     }
-    kv_.CacheBlocks(r, r->num_computed_tokens);  // blocks whose ids became known
+    // Blocks whose ids became known: written ones, then those a later step
+    // in flight writes.
+    kv_.CacheBlocks(r, r->num_written_tokens());
+    kv_.CacheBlocks(r, r->num_computed_tokens, later_published);
   }
   outputs->resize(k);
   if (any_finished) {
@@ -661,6 +688,73 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
   HandleConnectorReport(output.kv_connector_report);
   spare_records_.push_back(std::move(rec));
   in_flight_.pop_front();
+}
+
+void Scheduler::NoteCachedTokens(Request* r, int32_t num_local, int32_t num_external) {
+  if (r->num_output_tokens() > 0) return;  // fixed by the prefill of the first token
+  r->num_cached_tokens_local = std::min(num_local, r->num_prompt_tokens);
+  r->num_cached_tokens_external =
+      std::min(num_local + num_external, r->num_prompt_tokens) - r->num_cached_tokens_local;
+}
+
+void Scheduler::FailSteps(const std::string& error, std::vector<RequestOutput>* outputs,
+                          size_t* num_outputs) {
+  // The oldest step in flight failed; the later ones were built before that
+  // was known and build on it: they fail with it, now (their outputs are
+  // only read for their connector reports). The blocks whose KV these steps
+  // were to write are not in the cache.
+  absl::flat_hash_set<int32_t> unwritten;
+  std::vector<Request*> affected;
+  absl::flat_hash_set<const Request*> seen;
+  absl::flat_hash_set<const Request*> in_failed_step;  // of the step that failed itself
+  for (StepRecord& rec : in_flight_) {
+    rec.failed = true;
+    for (int32_t b : rec.published) {
+      kv_.pool().Uncache(b);
+      unwritten.insert(b);
+    }
+    for (const StepEntry& e : rec.entries) {
+      if (e.request->epoch != e.epoch) continue;  // aborted, finished or preempted since
+      if (&rec == &in_flight_.front()) in_failed_step.insert(e.request);
+      if (seen.insert(e.request).second) affected.push_back(e.request);
+    }
+  }
+  auto holds_unwritten = [&](const Request* r) {
+    if (unwritten.empty()) return false;
+    return std::any_of(r->block_ids.begin(), r->block_ids.end(),
+                       [&](int32_t b) { return unwritten.contains(b); });
+  };
+  // A running request can hold such a block only through a step in flight:
+  // it got it as a hit when it was admitted, in one of them.
+  for (const Request* r : running_) {
+    TANDEM_DCHECK(seen.contains(r) || !holds_unwritten(r)) << r->request_id;
+  }
+  for (Request* r : waiting_) {
+    if (!holds_unwritten(r)) continue;
+    if (r->state == RequestState::kWaitingForRemoteKv) {
+      r->preempt_when_loaded = true;  // its load writes the blocks now
+    } else {
+      affected.push_back(r);  // holds KV of a finished load
+    }
+  }
+  for (Request* r : affected) {
+    if (r->state == RequestState::kRunning) {
+      running_.erase(std::find(running_.begin(), running_.end(), r));
+    }
+    // Only the step that failed counts against a request, not the later
+    // ones that fail with it.
+    if (in_failed_step.contains(r) && ++r->num_step_failures >= config_.max_step_failures) {
+      if (*num_outputs == outputs->size()) outputs->emplace_back();
+      RequestOutput& o = (*outputs)[(*num_outputs)++];
+      o.new_token_ids.clear();
+      Finish(r, RequestState::kFinishedError);
+      FillOutput(r, &o);
+      o.error = absl::StrCat("the worker failed ", r->num_step_failures,
+                             " steps that ran this request; the last: ", error);
+      continue;
+    }
+    Preempt(r, nullptr, PreemptionReason::kStepFailed);
+  }
 }
 
 void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
@@ -691,9 +785,9 @@ void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
     if (it != live_.end() && it->second->state == RequestState::kWaitingForRemoteKv) {
       Request* r = it->second;
       const int32_t loaded = r->load_num_valid_blocks * config_.block_size;
+      const int32_t local = r->num_computed_tokens;
       r->num_computed_tokens += loaded;
       r->num_pending_external_tokens = 0;
-      r->num_cached_tokens_external = loaded;
       --num_loading_;
       ++num_loaded_;
       r->state = r->num_preemptions > 0 ? RequestState::kPreempted : RequestState::kWaiting;
@@ -701,8 +795,13 @@ void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
       kv_.CacheBlocks(r, r->num_computed_tokens);
       // A full-prompt hit still computes its last token (its logits are needed).
       if (r->num_computed_tokens == r->num_tokens()) --r->num_computed_tokens;
+      NoteCachedTokens(r, local, r->num_computed_tokens - local);
       stats_.external_loaded_tokens += static_cast<uint64_t>(loaded);
       connector_->OnLoadFinished(*r, loaded);
+      if (r->preempt_when_loaded) {  // it holds a block a failed step never wrote
+        r->preempt_when_loaded = false;
+        Preempt(r, nullptr, PreemptionReason::kStepFailed);
+      }
       continue;
     }
     if (auto h = held_.find(id); h != held_.end() && h->second->awaiting_recv) {
@@ -802,8 +901,8 @@ absl::Status Scheduler::CheckInvariants() const {
       }
       // A full-prompt load keeps its last block cached while recomputing its
       // last token.
-      const bool full_prompt_load =
-          r->num_cached_tokens_external > 0 && r->num_computed_tokens == r->num_tokens() - 1;
+      const bool full_prompt_load = r->num_computed_tokens == r->num_tokens() - 1 &&
+                                    r->num_cached_blocks * bs == r->num_tokens();
       if (r->num_cached_blocks * bs > std::min(r->num_computed_tokens, r->num_tokens()) &&
           !full_prompt_load) {
         return fail(id, ": ", r->num_cached_blocks, " cached blocks beyond known computed tokens");
@@ -853,6 +952,7 @@ absl::Status Scheduler::CheckInvariants() const {
       static_cast<int32_t>(kv_.pool().FreeQueueForTest().size()) != num_free) {
     return fail("free blocks ", kv_.pool().num_free_blocks(), " but ", num_free, " unreferenced");
   }
+  TANDEM_RETURN_IF_ERROR(kv_.pool().CheckCacheConsistency());
   if (live_.empty() && held_.empty() && num_free != num_total_blocks()) {
     return fail("no requests but only ", num_free, " of ", num_total_blocks(), " blocks free");
   }

@@ -87,6 +87,47 @@ TEST(ConnectorTest, DeferredLookupsKeepTheirPlaceInFcfsOrder) {
   ExpectMatchesReference(h, "A", Tokens(6, 1), Greedy(3));
 }
 
+// A deferred request keeps its place by priority too. Its lookup is polled
+// when it is considered (a seat is free): the first poll defers it and B,
+// behind it, takes the seat; at the next free seat A's answer is known and
+// A goes before C, which arrived before that seat freed.
+TEST(ConnectorTest, ADeferredRequestKeepsItsPlaceUnderPriority) {
+  SchedulerConfig c = TestConfig(64);
+  c.max_num_seqs = 1;
+  c.policy = SchedulingPolicy::kPriority;
+  FakeStore store;
+  ScriptedKvConnector conn(c.block_size, &store);
+  conn.defer_count["A"] = 1;
+  Harness h(c, &conn, &store);
+  h.Add("R", Tokens(6, 9), Greedy(6), /*priority=*/0, "", /*t=*/0);
+  h.Add("A", Tokens(6, 1), Greedy(2), /*priority=*/1, "", /*t=*/1);
+  h.Step();  // R runs; A is deferred
+  h.Add("B", Tokens(6, 2), Greedy(2), /*priority=*/1, "", /*t=*/2);
+  h.Add("C", Tokens(6, 3), Greedy(2), /*priority=*/2, "", /*t=*/3);
+  h.RunToCompletion();
+  EXPECT_EQ(conn.admitted, (std::vector<std::string>{"R", "B", "A", "C"}));
+  ExpectMatchesReference(h, "A", Tokens(6, 1), Greedy(2));
+}
+
+// FCFS, one seat: the head A is deferred and B takes the seat; once A's
+// answer is known A gets the next seat, before C and D, which were behind it
+// (a deferred request that lost its place would go after them).
+TEST(ConnectorTest, ADeferredHeadGetsTheNextSeatBeforeTheRequestsBehindIt) {
+  SchedulerConfig c = TestConfig(64);
+  c.max_num_seqs = 1;
+  FakeStore store;
+  ScriptedKvConnector conn(c.block_size, &store);
+  conn.defer_count["A"] = 1;
+  Harness h(c, &conn, &store);
+  h.Add("A", Tokens(6, 1), Greedy(2));
+  h.Add("B", Tokens(6, 2), Greedy(5));
+  h.Add("C", Tokens(6, 3), Greedy(2));
+  h.Add("D", Tokens(6, 4), Greedy(2));
+  h.RunToCompletion();
+  EXPECT_EQ(conn.admitted, (std::vector<std::string>{"B", "A", "C", "D"}));
+  ExpectMatchesReference(h, "A", Tokens(6, 1), Greedy(2));
+}
+
 TEST(ConnectorTest, LoadIsNotScheduledBeforeFinishedRecvingThenStartsFromTheLoadedTokens) {
   const SchedulerConfig c = TestConfig(64);
   FakeStore store;
@@ -335,6 +376,60 @@ TEST_P(ConnectorModeTest, ARunningRequestWaitsForALaterLoadThenPreemptsTheLoaded
   EXPECT_EQ(conn.loads_finished.front(), "L");
   ExpectMatchesReference(h, "A", Tokens(4, 1), Greedy(36));
   ExpectMatchesReference(h, "L", l_prompt, Greedy(3));
+}
+
+// Usage's cached-token counts (RequestOutput): both describe the admission
+// whose prefill produced the first output token. A full-prompt load counts
+// every prompt token but the last (always computed) as external; a local
+// hit and a load add up; and a preemption after the first token changes
+// neither (a re-admission then hits the request's own blocks).
+TEST_P(ConnectorModeTest, CachedTokenCountsDescribeTheAdmissionOfTheFirstToken) {
+  SchedulerConfig c = TestConfig(64, GetParam());
+  FakeStore store;
+  const std::vector<int32_t> prompt = Tokens(12, 8);
+  FillStore(&store, c, prompt);
+  {
+    ScriptedKvConnector conn(c.block_size, &store);
+    Harness h(c, &conn, &store);
+    h.Add("full", prompt, Greedy(3));
+    h.RunToCompletion();
+    EXPECT_EQ(h.usage.at("full").num_cached_tokens_local, 0);
+    EXPECT_EQ(h.usage.at("full").num_cached_tokens_external, 11);
+  }
+  {
+    // A local hit on the first two blocks (a request loaded them), the
+    // store has the third.
+    ScriptedKvConnector conn(c.block_size, &store);
+    Harness h(c, &conn, &store);
+    std::vector<int32_t> two_blocks(prompt.begin(), prompt.begin() + 8);
+    two_blocks.push_back(3);
+    h.Add("pre", two_blocks, Greedy(1));
+    h.RunToCompletion();
+    std::vector<int32_t> longer = prompt;
+    longer.push_back(3);
+    h.Add("mixed", longer, Greedy(3));
+    h.RunToCompletion();
+    EXPECT_EQ(h.usage.at("mixed").num_cached_tokens_local, 8);
+    EXPECT_EQ(h.usage.at("mixed").num_cached_tokens_external, 4);
+    ExpectMatchesReference(h, "mixed", longer, Greedy(3));
+  }
+  // A (priority 1), admitted with nothing cached, preempts itself after its
+  // first tokens when B (priority 0) runs beside it and the pool is full; it
+  // is re-admitted on a hit of its own blocks: its counts stay those of its
+  // first admission.
+  c = TestConfig(9, GetParam());
+  c.policy = SchedulingPolicy::kPriority;
+  Harness h(c, nullptr, nullptr);
+  h.Add("A", Tokens(9, 1), Greedy(12), /*priority=*/1);
+  for (int i = 0; i < 3; ++i) h.Step();
+  h.Add("B", Tokens(8, 2), Greedy(8), /*priority=*/0);
+  h.RunToCompletion();
+  bool a_preempted = false;
+  for (const PreemptionEvent& e : h.preemptions) a_preempted |= e.victim_id == "A";
+  ASSERT_TRUE(a_preempted);
+  EXPECT_EQ(h.usage.at("A").num_cached_tokens_local, 0);
+  EXPECT_EQ(h.usage.at("A").num_cached_tokens_external, 0);
+  ExpectMatchesReference(h, "A", Tokens(9, 1), Greedy(12));
 }
 
 // A prompt whose every full block the local cache holds, the last one

@@ -127,6 +127,13 @@ class FakeWorker {
   std::mt19937_64* rng = nullptr;  // if set: random extra delays and failures
   int32_t num_loaded_blocks = 0;
   int32_t num_failed_blocks = 0;
+  // These steps fail: loads and the stores of ended requests still run (as
+  // a real worker's do, before its forward pass), the batch diff is applied,
+  // no KV is written, nothing is sampled, the step's stores are dropped.
+  std::set<uint64_t> fail_steps;
+  // One step in this many fails at random (needs rng; 0 = never).
+  int32_t fail_one_step_in = 0;
+  int32_t num_failed_steps = 0;
 
   ModelRunnerOutput Execute(const SchedulerOutput& so) {
     ModelRunnerOutput out;
@@ -168,6 +175,21 @@ class FakeWorker {
         it->second.table.insert(it->second.table.end(), d.new_block_ids.begin(),
                                 d.new_block_ids.end());
       }
+    }
+    // A step built before the scheduler had processed a failed step's
+    // output builds on it: it fails too (SchedulerOutput's contract).
+    const bool built_on_failed = so.last_processed_step_id < last_failed_step_;
+    const bool fail = built_on_failed || fail_steps.count(so.step_id) > 0 ||
+                      (fail_one_step_in > 0 && rng && (*rng)() % fail_one_step_in == 0);
+    if (fail) {
+      if (!built_on_failed) last_failed_step_ = so.step_id;
+      ++num_failed_steps;
+      out.error = "injected failure of step " + std::to_string(so.step_id);
+      for (const KvStore& st : meta.stores) {
+        if (!st.before_forward) sending_.push_back({0, st.request_id});
+      }
+      ReportDue(&out);
+      return out;
     }
     // Every KV write of the step before any read (DESIGN §6).
     struct Item {
@@ -214,21 +236,7 @@ class FakeWorker {
     }
     // The other stores read the blocks after the step.
     Snapshot(meta, /*before_forward=*/false);
-    // Reports that are due.
-    auto due = [](std::vector<std::pair<int32_t, std::string>>* q, std::vector<std::string>* dst) {
-      std::vector<std::pair<int32_t, std::string>> keep;
-      for (auto& [d, id] : *q) {
-        if (d <= 0)
-          dst->push_back(id);
-        else
-          keep.push_back({d - 1, id});
-      }
-      *q = std::move(keep);
-    };
-    out.kv_connector_report.invalid_block_ids = std::move(invalid_);
-    invalid_.clear();
-    due(&recving_, &out.kv_connector_report.finished_recving);
-    due(&sending_, &out.kv_connector_report.finished_sending);
+    ReportDue(&out);
     return out;
   }
 
@@ -244,6 +252,23 @@ class FakeWorker {
     std::vector<int32_t> tokens;
     std::vector<int32_t> table;
   };
+  // Reports that are due.
+  void ReportDue(ModelRunnerOutput* out) {
+    auto due = [](std::vector<std::pair<int32_t, std::string>>* q, std::vector<std::string>* dst) {
+      std::vector<std::pair<int32_t, std::string>> keep;
+      for (auto& [d, id] : *q) {
+        if (d <= 0)
+          dst->push_back(id);
+        else
+          keep.push_back({d - 1, id});
+      }
+      *q = std::move(keep);
+    };
+    out->kv_connector_report.invalid_block_ids = std::move(invalid_);
+    invalid_.clear();
+    due(&recving_, &out->kv_connector_report.finished_recving);
+    due(&sending_, &out->kv_connector_report.finished_sending);
+  }
   void Snapshot(const KvConnectorMetadata& meta, bool before_forward) {
     for (const KvStore& s : meta.stores) {
       if (s.before_forward != before_forward) continue;
@@ -261,6 +286,7 @@ class FakeWorker {
   std::vector<int32_t> invalid_;
   std::vector<std::pair<int32_t, std::string>> recving_;
   std::vector<std::pair<int32_t, std::string>> sending_;
+  uint64_t last_failed_step_ = 0;
 };
 
 // Scheduler-role connector over a FakeStore, with scripted deferrals.
@@ -410,10 +436,12 @@ class Harness {
   FakeWorker worker;
   std::map<std::string, std::vector<int32_t>> outputs;
   std::map<std::string, RequestState> reasons;
+  std::map<std::string, RequestOutput> usage;       // the final output of each request
   std::map<std::string, int32_t> scheduled_tokens;  // total per request
   // Preemptions of one request by another (self-preemptions left out):
   // (victim, preemptor) -> count.
   std::map<std::pair<std::string, std::string>, int32_t> preempted_by;
+  std::vector<PreemptionEvent> preemptions;  // every one, in order
   std::vector<SchedulerOutput> history;
   bool keep_history = false;
   bool check_invariants = true;
@@ -437,6 +465,7 @@ class Harness {
     pending_.push_back({sched.Schedule(), {}});
     SchedulerOutput& so = pending_.back().first;
     for (const PreemptionEvent& e : sched.last_preemptions()) {
+      preemptions.push_back(e);
       if (e.reason == PreemptionReason::kKvCacheFull && e.victim_id != e.preemptor_id) {
         ++preempted_by[{e.victim_id, e.preemptor_id}];
       }
@@ -462,13 +491,17 @@ class Harness {
     auto [so, mro] = std::move(pending_.front());
     pending_.pop_front();
     for (const RequestOutput& o : sched.UpdateFromOutput(so, mro)) Record(o);
+    for (const PreemptionEvent& e : sched.last_preemptions()) preemptions.push_back(e);
     if (check_invariants) Check("after UpdateFromOutput");
   }
 
   void Record(const RequestOutput& o) {
     auto& v = outputs[o.request_id];
     v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    if (o.finished) reasons[o.request_id] = *o.finished;
+    if (o.finished) {
+      reasons[o.request_id] = *o.finished;
+      usage[o.request_id] = o;
+    }
   }
 
   void Abort(const std::string& id) {

@@ -86,6 +86,11 @@ struct Request {
   // Finished but its blocks are held for the worker (load or store running).
   bool awaiting_recv = false;
   bool awaiting_send = false;
+  // Its load runs, but a block it holds from the prefix cache turned out
+  // never written (a failed step): preempted once the load is reported.
+  bool preempt_when_loaded = false;
+  // Failed worker steps it was in (Scheduler::FailStep).
+  int32_t num_step_failures = 0;
 
   // ---- tokens and blocks ----
   // Prompt followed by the output tokens whose ids are known. EOS that stopped
@@ -115,9 +120,9 @@ struct Request {
   int32_t load_num_blocks = 0;
   int32_t load_num_valid_blocks = 0;
 
-  // ---- accounting for the client ----
-  int32_t num_cached_tokens_local = 0;     // prefix-cache hit at admission
-  int32_t num_cached_tokens_external = 0;  // tokens loaded from the KV-store
+  // ---- accounting for the client (RequestOutput) ----
+  int32_t num_cached_tokens_local = 0;
+  int32_t num_cached_tokens_external = 0;
   int32_t num_preemptions = 0;
 
   [[nodiscard]] int32_t num_tokens() const { return static_cast<int32_t>(all_token_ids.size()); }

@@ -103,8 +103,17 @@ struct RequestOutput {
   std::vector<int32_t> new_token_ids;
   // Set when the request finished in this update.
   std::optional<RequestState> finished;
+  // Why, when finished is kFinishedError.
+  std::string error;
   int32_t num_prompt_tokens = 0;
   int32_t num_output_tokens = 0;
+  // Prompt tokens not computed for this request, of the admission whose
+  // prefill produced its first output token (fixed from then on; an
+  // admission before it, whose work a preemption or a failed step threw
+  // away, does not count): found in this scheduler's prefix cache (local),
+  // and loaded from the KV-store (external: valid blocks only, and never the
+  // last prompt token, which is always computed). local + external <=
+  // num_prompt_tokens - 1 for a request that had no output before.
   int32_t num_cached_tokens_local = 0;
   int32_t num_cached_tokens_external = 0;
 };
@@ -184,6 +193,18 @@ class Scheduler {
   // Processes the oldest step in flight: `scheduled` must be that step's
   // output, `output` the worker's answer. Output of requests aborted or
   // preempted since is dropped.
+  //
+  // A failed step (output.error set) is the worker's loss of the step's KV
+  // writes, not the requests' fault (DESIGN §9; the reliability rules of
+  // issue 16): the blocks whose hashes the step published lose them, here
+  // and for good (a later request never "hits" KV that was never written),
+  // and every live request that was in the step or holds such a block is
+  // preempted for recompute (PreemptionReason::kStepFailed; a request whose
+  // load is still running, once the load is reported). Every later step in
+  // flight counts as failed too: it was built on the failed one (the worker
+  // does not run it either, see SchedulerOutput::last_processed_step_id). A
+  // request in config.max_step_failures failed steps ends with
+  // kFinishedError (RequestOutput::error says why).
   std::vector<RequestOutput> UpdateFromOutput(const SchedulerOutput& scheduled,
                                               const ModelRunnerOutput& output);
   // Same, overwriting `outputs` (reuses its elements' storage).
@@ -207,7 +228,7 @@ class Scheduler {
     return static_cast<int32_t>(in_flight_.size());
   }
   [[nodiscard]] const SchedulerStats& stats() const { return stats_; }
-  // The preemptions of the last Schedule().
+  // The preemptions of the last Schedule() or UpdateFromOutput().
   [[nodiscard]] const std::vector<PreemptionEvent>& last_preemptions() const {
     return preemption_events_;
   }
@@ -231,7 +252,16 @@ class Scheduler {
   struct StepRecord {
     uint64_t step_id = 0;
     std::vector<StepEntry> entries;
+    // Blocks hashed in the prefix cache because this step writes their KV.
+    std::vector<int32_t> published;
+    // An earlier step failed: this one is handled as failed too.
+    bool failed = false;
   };
+  // The oldest step in flight failed (see UpdateFromOutput): it and every
+  // later step in flight fail. Appends outputs of the requests that end
+  // with an error.
+  void FailSteps(const std::string& error, std::vector<RequestOutput>* outputs,
+                 size_t* num_outputs);
 
   Request* NewRequest();
   void ReleaseRequest(Request* request);
@@ -269,6 +299,9 @@ class Scheduler {
   void Finish(Request* request, RequestState state, int32_t num_storable_tokens = 0);
   void MaybeRelease(Request* request);
   void HandleConnectorReport(const KvConnectorReport& report);
+  // Sets the cached-token counts of an admission (RequestOutput); a no-op
+  // once the request has output.
+  static void NoteCachedTokens(Request* r, int32_t num_local, int32_t num_external);
   void FillOutput(Request* request, RequestOutput* out) const;
   void ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted, int32_t num_deferred);
 
@@ -290,6 +323,7 @@ class Scheduler {
   absl::flat_hash_map<std::string, Request*> live_;
 
   uint64_t next_step_id_ = 1;
+  uint64_t last_processed_step_id_ = 0;
   uint64_t next_arrival_seq_ = 0;
   uint64_t next_admit_seq_ = 0;
   std::deque<StepRecord> in_flight_;
@@ -302,6 +336,7 @@ class Scheduler {
   std::vector<bool> admitted_mask_;
   std::vector<Request*> preempted_;
   std::vector<PreemptionEvent> preemption_events_;
+  std::vector<int32_t> published_;  // blocks this step's Schedule() published
   PrefixHit hit_scratch_;
 
   SchedulerStats stats_;
