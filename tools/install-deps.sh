@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git curl ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev librocksdb-dev prometheus-cpp-dev libssl-dev
+  libcpp-httplib-dev  # the /metrics endpoint (libs/metrics)
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-grpcio python3-grpc-tools
   redis-server redis-tools

@@ -190,6 +190,7 @@ std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedT
     ++stats_.lookups;
     stats_.lookup_latency_ns_sum += latency;
     stats_.lookup_latency_ns_max = std::max(stats_.lookup_latency_ns_max, latency);
+    if (options_.on_lookup_latency) options_.on_lookup_latency(static_cast<double>(latency) * 1e-9);
     if (!l.result->status.ok()) {
       ++stats_.lookups_failed;
       l.result->num_hits = 0;

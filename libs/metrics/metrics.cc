@@ -1,139 +1,100 @@
 #include "tandem/metrics/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <fcntl.h>
-
-#include <cstring>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "httplib.h"
 #include "prometheus/text_serializer.h"
 
 namespace tandem::metrics {
 
+namespace {
+
+// "host:port", "[v6]:port", ":port". Empty host: every address.
+bool SplitHostPort(const std::string& address, std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return false;
+  *host = address.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  } else if (host->find(':') != std::string::npos) {
+    return false;  // a bare IPv6 address needs brackets
+  }
+  return absl::SimpleAtoi(address.substr(colon + 1), port) && *port >= 0 && *port <= 65535;
+}
+
+}  // namespace
+
 absl::Status ExposerOptions::Validate() const {
   if (listen_address.empty()) return absl::OkStatus();
-  const size_t colon = listen_address.rfind(':');
+  std::string host;
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen_address.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address '", listen_address, "' is not host:port"));
+  if (!SplitHostPort(listen_address, &host, &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", listen_address,
+                                                   "' is not host:port (IPv6: [addr]:port)"));
   }
   return absl::OkStatus();
 }
+
+MetricsServer::MetricsServer() : http_(std::make_unique<httplib::Server>()) {}
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const ExposerOptions& options, std::shared_ptr<prometheus::Registry> registry,
     std::function<void()> on_scrape) {
   if (options.listen_address.empty()) return std::unique_ptr<MetricsServer>();
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  const size_t colon = options.listen_address.rfind(':');
-  std::string host = options.listen_address.substr(0, colon);
+  std::string host;
   int port = 0;
-  (void)absl::SimpleAtoi(options.listen_address.substr(colon + 1), &port);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (host.empty() || host == "0.0.0.0" || host == "*") {
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (host.empty() || host == "*") host = "0.0.0.0";
-  } else if (host == "localhost") {
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  } else if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics host '", host, "' is not an IPv4 address"));
-  }
+  SplitHostPort(options.listen_address, &host, &port);
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->registry_ = std::move(registry);
   server->on_scrape_ = std::move(on_scrape);
-  server->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  setsockopt(server->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (server->listen_fd_ < 0 ||
-      bind(server->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(server->listen_fd_, 16) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", options.listen_address,
-                                               ": ", std::strerror(errno)));
-  }
-  socklen_t len = sizeof(addr);
-  getsockname(server->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-  server->port_ = ntohs(addr.sin_port);
-  server->url_ = absl::StrCat("http://", host, ":", server->port_, "/metrics");
-  if (pipe2(server->wake_pipe_, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
+  httplib::Server& http = *server->http_;
+  http.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
+  http.set_read_timeout(kReadTimeoutS, 0);
+  http.set_keep_alive_timeout(kReadTimeoutS);
   MetricsServer* raw = server.get();
-  server->thread_ = std::thread([raw] { raw->Loop(); });
+  http.Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
+    std::string body;
+    {
+      std::lock_guard<std::mutex> lock(raw->scrape_mu_);
+      if (raw->on_scrape_) raw->on_scrape_();
+      body = prometheus::TextSerializer().Serialize(raw->registry_->Collect());
+    }
+    res.set_content(std::move(body), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("see /metrics\n", "text/plain");
+  });
+  // Empty or "*": every address, IPv6 and IPv4 (a dual-stack socket), or
+  // IPv4 only where the host has no IPv6.
+  std::vector<std::string> hosts = {host};
+  if (host.empty() || host == "*") hosts = {"::", "0.0.0.0"};
+  bool bound = false;
+  for (const std::string& h : hosts) {
+    const int got = port == 0 ? http.bind_to_any_port(h) : (http.bind_to_port(h, port) ? port : -1);
+    if (got > 0) {
+      host = h;
+      server->port_ = got;
+      bound = true;
+      break;
+    }
+  }
+  if (!bound) {
+    return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", options.listen_address,
+                                               " (address in use or not local?)"));
+  }
+  const std::string url_host =
+      host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host;
+  server->url_ = absl::StrCat("http://", url_host, ":", server->port_, "/metrics");
+  server->thread_ = std::thread([raw] { raw->http_->listen_after_bind(); });
   return server;
 }
 
 MetricsServer::~MetricsServer() {
-  if (wake_pipe_[1] >= 0) {
-    char c = 0;
-    (void)!write(wake_pipe_[1], &c, 1);
-  }
+  http_->stop();
   if (thread_.joinable()) thread_.join();
-  for (int fd : {listen_fd_, wake_pipe_[0], wake_pipe_[1]}) {
-    if (fd >= 0) close(fd);
-  }
-}
-
-void MetricsServer::Loop() {
-  for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_pipe_[0], POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (fds[1].revents != 0) return;
-    if (fds[0].revents & POLLIN) {
-      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) {
-        Serve(fd);
-        close(fd);
-      }
-    }
-  }
-}
-
-void MetricsServer::Serve(int fd) {
-  // Read the request head (bounded size and time).
-  std::string request;
-  char buf[1024];
-  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 16384) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 2000) <= 0) return;
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    request.append(buf, static_cast<size_t>(n));
-  }
-  std::string status = "200 OK";
-  std::string body;
-  std::string type = "text/plain; version=0.0.4; charset=utf-8";
-  if (request.rfind("GET /metrics", 0) == 0) {
-    if (on_scrape_) on_scrape_();
-    body = prometheus::TextSerializer().Serialize(registry_->Collect());
-  } else if (request.rfind("GET / ", 0) == 0) {
-    body = "see /metrics\n";
-  } else {
-    status = "404 Not Found";
-    body = "not found; try /metrics\n";
-  }
-  std::string response = absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
-                                       "\r\nContent-Length: ", body.size(),
-                                       "\r\nConnection: close\r\n\r\n", body);
-  size_t off = 0;
-  while (off < response.size()) {
-    ssize_t n = write(fd, response.data() + off, response.size() - off);
-    if (n <= 0) return;
-    off += static_cast<size_t>(n);
-  }
 }
 
 prometheus::Counter& AddCounter(prometheus::Registry& registry, const std::string& name,
@@ -154,6 +115,21 @@ prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::s
 
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
+prometheus::Histogram::BucketBoundaries TimeToFirstTokenBuckets() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+}
+
+prometheus::Histogram::BucketBoundaries InterTokenLatencyBuckets() {
+  return {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+          0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+}
+
+prometheus::Histogram::BucketBoundaries RequestLatencyBuckets() {
+  return {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+          30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 }
 
 }  // namespace tandem::metrics

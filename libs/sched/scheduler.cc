@@ -144,6 +144,20 @@ const char* PreemptionReasonName(PreemptionReason reason) {
   return "unknown";
 }
 
+const char* AdmissionLimitName(AdmissionLimit limit) {
+  switch (limit) {
+    case AdmissionLimit::kMaxNumSeqs:
+      return "max_num_seqs";
+    case AdmissionLimit::kTokenBudget:
+      return "token_budget";
+    case AdmissionLimit::kKvBlocks:
+      return "kv_blocks";
+    case AdmissionLimit::kAsyncLoadGate:
+      return "async_load_gate";
+  }
+  return "unknown";
+}
+
 void Scheduler::Preempt(Request* victim, const Request* preemptor, PreemptionReason reason) {
   const bool was_running = victim->state == RequestState::kRunning;
   if (!was_running) {
@@ -247,7 +261,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   }
 
   if (num_external > 0) {  // async load
-    if (!LoadGateAllows(*r, hit)) return Admit::kNoBlocks;
+    if (!LoadGateAllows(*r, hit)) return Admit::kLoadGated;
     const SlotRequest slots{.hit = &hit, .num_external_tokens = num_external};
     if (!kv_.CanAllocateSlots(*r, slots)) return Admit::kNoBlocks;
     const int32_t first = kv_.AllocateSlots(r, slots);
@@ -388,6 +402,10 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   // must not keep them waiting while it waits for blocks (maybe theirs).
   // Then the others in queue order, until one does not fit.
   int32_t num_deferred = 0;
+  std::optional<AdmissionLimit> blocked_by;
+  if ((num_preempted > 0 || short_of_blocks) && !waiting_.empty()) {
+    blocked_by = AdmissionLimit::kKvBlocks;
+  }
   if (num_preempted == 0 && !short_of_blocks && !waiting_.empty()) {
     admitted_mask_.assign(waiting_.size(), false);
     bool any_admitted = false;
@@ -401,24 +419,36 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
         const int32_t num_seqs =
             num_running() + (config_.limit_async_load_admission ? num_loading_ : 0);
         if (num_seqs >= config_.max_num_seqs) {
+          blocked_by = num_running() >= config_.max_num_seqs ? AdmissionLimit::kMaxNumSeqs
+                                                             : AdmissionLimit::kAsyncLoadGate;
           stop = true;
           break;
         }
         const Admit a = TryAdmit(r, &token_budget);
-        if (a == Admit::kStop || (a == Admit::kNoBlocks && !loaded_pass)) {
+        const bool out_of_blocks = a == Admit::kNoBlocks || a == Admit::kLoadGated;
+        if (a == Admit::kStop || (out_of_blocks && !loaded_pass)) {
+          blocked_by = a == Admit::kStop       ? AdmissionLimit::kTokenBudget
+                       : a == Admit::kNoBlocks ? AdmissionLimit::kKvBlocks
+                                               : AdmissionLimit::kAsyncLoadGate;
           stop = true;
           break;
         }
         if (a == Admit::kAdmitted) {
           admitted_mask_[w] = true;
           any_admitted = true;
+          ++stats_.num_requests_admitted;
         }
         num_deferred += a == Admit::kDeferred ? 1 : 0;
         if (loaded_pass && --num_loaded_left == 0) break;
       }
     }
     if (any_admitted) waiting_.RemoveMarked(admitted_mask_);
+    // Ran out of budget with requests left that could have been admitted.
+    if (!blocked_by && token_budget <= 0 && num_waiting() > num_loading_ + num_deferred) {
+      blocked_by = AdmissionLimit::kTokenBudget;
+    }
   }
+  if (blocked_by) ++stats_.num_admission_blocked_steps[static_cast<int>(*blocked_by)];
 
   // ---- the output: new requests in full, then diffs ----
   out->step_id = next_step_id_++;

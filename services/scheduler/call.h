@@ -50,6 +50,7 @@ class GenerateCall {
   std::string request_id;
   int64_t start_ns = 0;
   int64_t first_token_ns = 0;  // engine thread only
+  int64_t last_token_ns = 0;   // engine thread only
   int32_t num_prompt_tokens = 0;
 
  private:

@@ -105,51 +105,135 @@ absl::Status EngineOptions::Validate() const {
   return absl::OkStatus();
 }
 
-EngineMetrics::EngineMetrics(prometheus::Registry& r)
-    : num_requests_running(metrics::AddGauge(r, "tandem_scheduler_num_requests_running",
-                                             "Requests running (scheduled in steps).")),
-      num_requests_waiting(metrics::AddGauge(r, "tandem_scheduler_num_requests_waiting",
-                                             "Requests waiting for admission.")),
-      kv_cache_usage(metrics::AddGauge(r, "tandem_scheduler_kv_cache_usage_ratio",
-                                       "Fraction of KV blocks in use (0-1).")),
-      kv_blocks_free(metrics::AddGauge(r, "tandem_scheduler_kv_blocks_free",
-                                       "Free KV blocks (cached-but-unused blocks count as free).")),
-      worker_connected(metrics::AddGauge(r, "tandem_scheduler_worker_connected",
-                                         "1 while a worker is connected and serving.")),
-      steps_in_flight(metrics::AddGauge(r, "tandem_scheduler_steps_in_flight",
-                                        "Steps sent to the worker whose output has not arrived.")),
-      preemptions(&metrics::AddCounter(r, "tandem_scheduler_preemptions_total",
-                                       "Running requests preempted (recompute).")),
-      prefix_cache_queries(
-          &metrics::AddCounter(r, "tandem_scheduler_prefix_cache_queries_tokens_total",
-                               "Prompt tokens looked up in the local prefix cache.")),
-      prefix_cache_hits(&metrics::AddCounter(r, "tandem_scheduler_prefix_cache_hits_tokens_total",
-                                             "Prompt tokens found in the local prefix cache.")),
-      external_cache_queries(
-          &metrics::AddCounter(r, "tandem_scheduler_external_cache_queries_tokens_total",
-                               "Tokens looked up in the external KV-store.")),
-      external_cache_hits(&metrics::AddCounter(r,
-                                               "tandem_scheduler_external_cache_hits_tokens_total",
-                                               "Tokens found in the external KV-store.")),
-      steps(&metrics::AddCounter(r, "tandem_scheduler_steps_total", "Steps scheduled.")),
+// Single-series families labelled with the model, and labelled children.
+struct SeriesMaker {
+  prometheus::Registry& r;
+  std::map<std::string, std::string> labels;
+
+  prometheus::Gauge& Gauge(const std::string& name, const std::string& help) {
+    return prometheus::BuildGauge().Name(name).Help(help).Labels(labels).Register(r).Add({});
+  }
+  prometheus::Counter& Counter(const std::string& name, const std::string& help) {
+    return prometheus::BuildCounter().Name(name).Help(help).Labels(labels).Register(r).Add({});
+  }
+  prometheus::Histogram& Histogram(const std::string& name, const std::string& help,
+                                   const prometheus::Histogram::BucketBoundaries& buckets) {
+    return prometheus::BuildHistogram().Name(name).Help(help).Labels(labels).Register(r).Add(
+        {}, buckets);
+  }
+  // One counter per value of `label`, mirrored from cumulative values.
+  template <typename NameOf>
+  std::vector<metrics::MirroredCounter> Mirrored(const std::string& name, const std::string& help,
+                                                 const std::string& label, int n, NameOf name_of) {
+    auto& family = prometheus::BuildCounter().Name(name).Help(help).Labels(labels).Register(r);
+    std::vector<metrics::MirroredCounter> out;
+    for (int i = 0; i < n; ++i) out.emplace_back(&family.Add({{label, name_of(i)}}));
+    return out;
+  }
+};
+
+namespace {
+
+// Schedule() takes microseconds: 10 us .. 250 ms.
+prometheus::Histogram::BucketBoundaries ScheduleBuckets() {
+  return {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.25};
+}
+
+}  // namespace
+
+EngineMetrics::EngineMetrics(prometheus::Registry& r, const std::string& model_name)
+    : EngineMetrics(SeriesMaker{r, {{"model_name", model_name}}}) {}
+
+EngineMetrics::EngineMetrics(SeriesMaker m)
+    : num_requests_running(m.Gauge("tandem_scheduler_num_requests_running",
+                                   "Requests running (scheduled in steps).")),
+      num_requests_waiting(
+          m.Gauge("tandem_scheduler_num_requests_waiting", "Requests waiting for admission.")),
+      num_requests_waiting_by_reason{},
+      kv_cache_usage(
+          m.Gauge("tandem_scheduler_kv_cache_usage_ratio", "Fraction of KV blocks in use (0-1).")),
+      kv_blocks_free(m.Gauge("tandem_scheduler_kv_blocks_free",
+                             "Free KV blocks (cached-but-unused blocks count as free).")),
+      worker_connected(m.Gauge("tandem_scheduler_worker_connected",
+                               "1 while a worker is connected and serving.")),
+      num_steps_in_flight(m.Gauge("tandem_scheduler_num_steps_in_flight",
+                                  "Steps sent to the worker whose output has not arrived.")),
+      num_async_loads_in_flight(
+          m.Gauge("tandem_scheduler_num_async_loads_in_flight",
+                  "Requests whose prompt prefix is being loaded from the KV-store.")),
+      num_lookups_pending(m.Gauge("tandem_scheduler_num_lookups_pending",
+                                  "KV-store lookups sent and not yet answered.")),
+      preemptions(m.Mirrored(
+          "tandem_scheduler_preemptions_total", "Requests preempted for recompute, by cause.",
+          "cause", sched::kNumPreemptionReasons,
+          [](int i) {
+            return sched::PreemptionReasonName(static_cast<sched::PreemptionReason>(i));
+          })),
+      admission_blocked_steps(m.Mirrored(
+          "tandem_scheduler_admission_blocked_steps_total",
+          "Steps in which admission stopped with requests waiting, by the limit that stopped it.",
+          "limit", sched::kNumAdmissionLimits,
+          [](int i) { return sched::AdmissionLimitName(static_cast<sched::AdmissionLimit>(i)); })),
+      requests_admitted(&m.Counter(
+          "tandem_scheduler_requests_admitted_total",
+          "Waiting requests that started running (new, resumed, or after their KV load).")),
+      recomputed_tokens(&m.Counter("tandem_scheduler_recomputed_tokens_total",
+                                   "Computed tokens that preemptions threw away.")),
+      prefix_cache_queries(&m.Counter("tandem_scheduler_prefix_cache_queries_tokens_total",
+                                      "Prompt tokens looked up in the local prefix cache.")),
+      prefix_cache_hits(&m.Counter("tandem_scheduler_prefix_cache_hits_tokens_total",
+                                   "Prompt tokens found in the local prefix cache.")),
+      external_cache_queries(&m.Counter("tandem_scheduler_external_cache_queries_tokens_total",
+                                        "Tokens looked up in the external KV-store.")),
+      external_cache_hits(&m.Counter("tandem_scheduler_external_cache_hits_tokens_total",
+                                     "Tokens found in the external KV-store.")),
+      steps(&m.Counter("tandem_scheduler_steps_total", "Steps scheduled.")),
       requests_finished(prometheus::BuildCounter()
                             .Name("tandem_scheduler_requests_finished_total")
                             .Help("Requests finished, by reason (stop, length, abort, error).")
-                            .Register(r)),
-      prompt_tokens(metrics::AddCounter(r, "tandem_scheduler_prompt_tokens_total",
-                                        "Prompt tokens of finished requests.")),
-      generation_tokens(metrics::AddCounter(r, "tandem_scheduler_generation_tokens_total",
-                                            "Output tokens streamed to clients.")),
-      request_latency(metrics::AddHistogram(r, "tandem_scheduler_request_latency_seconds",
-                                            "Time from arrival to the end of a request.",
-                                            metrics::LatencyBuckets())),
-      time_to_first_token(metrics::AddHistogram(r, "tandem_scheduler_time_to_first_token_seconds",
-                                                "Time from arrival to the first output token.",
-                                                metrics::LatencyBuckets())) {}
+                            .Labels(m.labels)
+                            .Register(m.r)),
+      prompt_tokens(
+          m.Counter("tandem_scheduler_prompt_tokens_total", "Prompt tokens of finished requests.")),
+      generation_tokens(m.Counter("tandem_scheduler_generation_tokens_total",
+                                  "Output tokens streamed to clients.")),
+      request_latency(m.Histogram("tandem_scheduler_request_latency_seconds",
+                                  "Time from arrival to the end of a request.",
+                                  metrics::RequestLatencyBuckets())),
+      time_to_first_token(m.Histogram("tandem_scheduler_time_to_first_token_seconds",
+                                      "Time from arrival to the first output token.",
+                                      metrics::TimeToFirstTokenBuckets())),
+      inter_token_latency(m.Histogram("tandem_scheduler_inter_token_latency_seconds",
+                                      "Time between successive outputs of a request.",
+                                      metrics::InterTokenLatencyBuckets())),
+      time_per_output_token(
+          m.Histogram("tandem_scheduler_time_per_output_token_seconds",
+                      "Per request: (latency - time to first token) / (output tokens - 1).",
+                      metrics::InterTokenLatencyBuckets())),
+      schedule_duration(m.Histogram("tandem_scheduler_schedule_duration_seconds",
+                                    "Time one Schedule() call takes.", ScheduleBuckets())),
+      kv_lookup_duration(m.Histogram("tandem_scheduler_kv_lookup_duration_seconds",
+                                     "KV-store lookup latency (sent to answered or given up).",
+                                     metrics::LatencyBuckets())) {
+  static const char* kWaitingReasons[] = {"capacity", "lookup", "load"};
+  auto& by_reason = prometheus::BuildGauge()
+                        .Name("tandem_scheduler_num_requests_waiting_by_reason")
+                        .Help(
+                            "Waiting requests by what they wait for: capacity (budgets, "
+                            "blocks or queue order), lookup (a KV-store lookup), load (a "
+                            "KV-store load).")
+                        .Labels(m.labels)
+                        .Register(m.r);
+  for (int i = 0; i < 3; ++i) {
+    num_requests_waiting_by_reason[i] = &by_reason.Add({{"reason", kWaitingReasons[i]}});
+  }
+}
 
 Engine::Engine(EngineOptions options, prometheus::Registry* registry)
-    : options_(std::move(options)) {
-  if (registry != nullptr) metrics_ = std::make_unique<EngineMetrics>(*registry);
+    : options_(std::move(options)), registry_(registry) {
+  if (registry_ != nullptr && !options_.served_model_name.empty()) {
+    metrics_ = std::make_unique<EngineMetrics>(*registry_, options_.served_model_name);
+  }
   stats_.set_async_scheduling(options_.scheduler.async_scheduling);
   connector_ = std::make_unique<WorkerConnector>(
       options_.worker_address,
@@ -387,6 +471,9 @@ void Engine::Handle(Event& e) {
         return;
       }
       const v1::DescribeResponse& d = e.stream->description();
+      if (metrics_ == nullptr && registry_ != nullptr) {
+        metrics_ = std::make_unique<EngineMetrics>(*registry_, d.model_name());
+      }
       sched::SchedulerConfig config = options_.scheduler;
       config.block_size = d.block_size();
       config.num_gpu_blocks = d.num_kv_blocks();
@@ -414,6 +501,10 @@ void Engine::Handle(Event& e) {
                 .target = options_.kvstore_target,
                 .lookup_deadline_ms = options_.kvstore_lookup_deadline_ms,
                 .on_lookup_answer = [this] { Post(Event{.kind = Event::kWake}); },
+                .on_lookup_latency =
+                    [this](double seconds) {
+                      if (metrics_ != nullptr) metrics_->kv_lookup_duration.Observe(seconds);
+                    },
                 .bulk_load = options_.kvstore_bulk_port},
             d.model_fingerprint(), d.kv_layout(), d.block_bytes(), d.block_size());
         if (kvc.ok()) {
@@ -431,7 +522,8 @@ void Engine::Handle(Event& e) {
         std::lock_guard<std::mutex> lock(mu_);
         model_info_.ready = true;
         v1::GetModelInfoResponse& info = model_info_.info;
-        info.set_model_name(d.model_name());
+        info.set_model_name(options_.served_model_name.empty() ? d.model_name()
+                                                               : options_.served_model_name);
         info.set_model_fingerprint(d.model_fingerprint());
         info.set_vocab_size(d.vocab_size());
         info.set_max_model_len(config.max_model_len);
@@ -483,7 +575,11 @@ void Engine::ScheduleAndSend() {
   if (std::chrono::steady_clock::now() < pace_until_) return;
   while (scheduler_ != nullptr && worker_ != nullptr && schedule_wanted_ &&
          in_flight_.size() < max_in_flight && scheduler_->HasUnfinishedRequests()) {
+    const int64_t schedule_start_ns = MonotonicNanos();
     sched::SchedulerOutput step = scheduler_->Schedule();
+    if (metrics_ != nullptr) {
+      metrics_->schedule_duration.Observe((MonotonicNanos() - schedule_start_ns) * 1e-9);
+    }
     max_running_plus_loading_ =
         std::max(max_running_plus_loading_,
                  scheduler_->num_running() + scheduler_->stats().num_waiting_for_load);
@@ -559,7 +655,13 @@ void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateC
   if (metrics_ != nullptr) {
     metrics_->requests_finished.Add({{"reason", ReasonName(reason)}}).Increment();
     metrics_->request_latency.Observe(latency_ms * 1e-3);
-    if (out != nullptr) metrics_->prompt_tokens.Increment(out->num_prompt_tokens);
+    if (out != nullptr) {
+      metrics_->prompt_tokens.Increment(out->num_prompt_tokens);
+      if (out->num_output_tokens > 1 && call->first_token_ns > 0) {
+        metrics_->time_per_output_token.Observe((call->last_token_ns - call->first_token_ns) *
+                                                1e-9 / (out->num_output_tokens - 1));
+      }
+    }
   }
   if (status.ok()) {
     v1::GenerateResponse msg;
@@ -588,10 +690,14 @@ void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateC
 void Engine::NoteTokens(GenerateCall& call, size_t num_tokens) {
   if (metrics_ == nullptr) return;
   metrics_->generation_tokens.Increment(static_cast<double>(num_tokens));
+  const int64_t now = MonotonicNanos();
   if (call.first_token_ns == 0) {
-    call.first_token_ns = MonotonicNanos();
-    metrics_->time_to_first_token.Observe((call.first_token_ns - call.start_ns) * 1e-9);
+    call.first_token_ns = now;
+    metrics_->time_to_first_token.Observe((now - call.start_ns) * 1e-9);
+  } else {
+    metrics_->inter_token_latency.Observe((now - call.last_token_ns) * 1e-9);
   }
+  call.last_token_ns = now;
 }
 
 void Engine::DropWorker(const std::string& reason) {
@@ -673,9 +779,22 @@ void Engine::PublishStats() {
     metrics_->kv_blocks_free.Set(s.num_free_blocks());
     metrics_->kv_cache_usage.Set(scheduler_ != nullptr ? scheduler_->stats().kv_cache_usage : 0.0);
     metrics_->worker_connected.Set(worker_ != nullptr ? 1 : 0);
-    metrics_->steps_in_flight.Set(s.num_steps_in_flight());
+    metrics_->num_steps_in_flight.Set(s.num_steps_in_flight());
+    metrics_->num_async_loads_in_flight.Set(s.num_waiting_for_load());
+    metrics_->num_lookups_pending.Set(s.num_lookups_pending());
     if (scheduler_ != nullptr) {
-      metrics_->preemptions.Set(s.num_preemptions());
+      const sched::SchedulerStats& st = scheduler_->stats();
+      metrics_->num_requests_waiting_by_reason[0]->Set(st.num_waiting_for_capacity);
+      metrics_->num_requests_waiting_by_reason[1]->Set(st.num_waiting_for_lookup);
+      metrics_->num_requests_waiting_by_reason[2]->Set(st.num_waiting_for_load);
+      for (int i = 0; i < sched::kNumPreemptionReasons; ++i) {
+        metrics_->preemptions[i].Set(st.num_preemptions_by_reason[i]);
+      }
+      for (int i = 0; i < sched::kNumAdmissionLimits; ++i) {
+        metrics_->admission_blocked_steps[i].Set(st.num_admission_blocked_steps[i]);
+      }
+      metrics_->requests_admitted.Set(st.num_requests_admitted);
+      metrics_->recomputed_tokens.Set(st.num_recomputed_tokens);
       metrics_->prefix_cache_queries.Set(s.prefix_cache_queries());
       metrics_->prefix_cache_hits.Set(s.prefix_cache_hits());
       metrics_->external_cache_queries.Set(s.external_cache_queries());

@@ -55,6 +55,9 @@ struct EngineOptions {
   // connection when it advertises one, else gRPC), "off" (gRPC only) or
   // host:port of the bulk port. See KvStoreConnectorOptions::bulk_load.
   std::string kvstore_bulk_port = "auto";
+  // The model's name in GetModelInfo and the model_name label of the
+  // metrics (vLLM's --served-model-name); empty: the worker's model name.
+  std::string served_model_name;
   // TEST-ONLY: the loop sleeps this long before taking each new request, so
   // tests can hold accepted calls in the queue (the drain test). 0 = off.
   int32_t debug_submit_delay_ms = 0;
@@ -69,15 +72,27 @@ struct ModelInfo {
 };
 
 // Prometheus series of the engine (DESIGN §7); updated on the loop thread.
+// Every series carries model_name (vLLM's label): --served-model-name, or
+// else the model name the first worker describes (no series before it).
+// Latency histograms use vLLM's buckets.
+struct SeriesMaker;
 struct EngineMetrics {
-  explicit EngineMetrics(prometheus::Registry& registry);
+  EngineMetrics(prometheus::Registry& registry, const std::string& model_name);
+  explicit EngineMetrics(SeriesMaker maker);
   prometheus::Gauge& num_requests_running;
   prometheus::Gauge& num_requests_waiting;
+  // Waiting requests by reason: capacity, lookup, load.
+  prometheus::Gauge* num_requests_waiting_by_reason[3];
   prometheus::Gauge& kv_cache_usage;
   prometheus::Gauge& kv_blocks_free;
   prometheus::Gauge& worker_connected;
-  prometheus::Gauge& steps_in_flight;
-  metrics::MirroredCounter preemptions;
+  prometheus::Gauge& num_steps_in_flight;
+  prometheus::Gauge& num_async_loads_in_flight;
+  prometheus::Gauge& num_lookups_pending;
+  std::vector<metrics::MirroredCounter> preemptions;              // by sched::PreemptionReason
+  std::vector<metrics::MirroredCounter> admission_blocked_steps;  // by sched::AdmissionLimit
+  metrics::MirroredCounter requests_admitted;
+  metrics::MirroredCounter recomputed_tokens;
   metrics::MirroredCounter prefix_cache_queries;
   metrics::MirroredCounter prefix_cache_hits;
   metrics::MirroredCounter external_cache_queries;
@@ -88,6 +103,12 @@ struct EngineMetrics {
   prometheus::Counter& generation_tokens;
   prometheus::Histogram& request_latency;
   prometheus::Histogram& time_to_first_token;
+  // The gap between successive outputs of a request (one per step that
+  // streamed tokens), and per request (latency - TTFT) / (outputs - 1).
+  prometheus::Histogram& inter_token_latency;
+  prometheus::Histogram& time_per_output_token;
+  prometheus::Histogram& schedule_duration;   // one Schedule() call
+  prometheus::Histogram& kv_lookup_duration;  // one KV-store lookup
 };
 
 class Engine {
@@ -157,7 +178,8 @@ class Engine {
   const EngineOptions options_;
   std::unique_ptr<WorkerConnector> connector_;
   std::function<void(bool)> on_serving_changed_;
-  std::unique_ptr<EngineMetrics> metrics_;
+  prometheus::Registry* const registry_;
+  std::unique_ptr<EngineMetrics> metrics_;  // null until the model name is known
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

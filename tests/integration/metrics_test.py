@@ -11,16 +11,22 @@ the worker stores its blocks), then for each service:
      requests, and the store's lookups (over the bulk port's lookup
      connection) and stored blocks,
   3. checks that every tandem_* series the Prometheus rules and Grafana
-     dashboards in deploy/ query is one the services export.
+     dashboards in deploy/ query is one the services export,
+  4. checks the scheduler's admission/preemption series and that each of its
+     series carries model_name (vLLM's label),
+  5. scrapes with idle connections open and many scrapes at once (the
+     endpoint serves concurrently), over IPv6 too where the host has it.
 
 Usage: metrics_test.py BUILD_DIR SOURCE_DIR SHARED_DIR
 """
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -31,8 +37,81 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from python_client_test import free_port, start  # noqa: E402
 
 
-def scrape(port):
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+def scrape(port, host="127.0.0.1", timeout=10):
+    return urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout).read().decode()
+
+
+def has_ipv6():
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+SCHEDULER_SERIES = (
+    "tandem_scheduler_num_requests_waiting_by_reason", "tandem_scheduler_requests_admitted_total",
+    "tandem_scheduler_admission_blocked_steps_total", "tandem_scheduler_num_async_loads_in_flight",
+    "tandem_scheduler_num_lookups_pending", "tandem_scheduler_kv_lookup_duration_seconds",
+    "tandem_scheduler_preemptions_total", "tandem_scheduler_recomputed_tokens_total",
+    "tandem_scheduler_num_steps_in_flight", "tandem_scheduler_schedule_duration_seconds",
+    "tandem_scheduler_inter_token_latency_seconds",
+    "tandem_scheduler_time_per_output_token_seconds",
+    "tandem_scheduler_time_to_first_token_seconds", "tandem_scheduler_request_latency_seconds")
+
+
+def check_scheduler_series(text):
+    families = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+    missing = [n for n in SCHEDULER_SERIES if n not in families]
+    assert not missing, f"scheduler does not export {missing}"
+    samples = [l for l in text.splitlines() if l.startswith("tandem_scheduler_")]
+    unlabelled = [l for l in samples if 'model_name="stories260K.bin"' not in l]
+    assert samples and not unlabelled, f"series without model_name: {unlabelled[:5]}"
+    for label in ('cause="kv_cache_full"', 'cause="step_failed"', 'cause="worker_lost"'):
+        assert re.search(rf"^tandem_scheduler_preemptions_total{{[^}}]*{label}", text, re.M), label
+    for label in ("max_num_seqs", "token_budget", "kv_blocks", "async_load_gate"):
+        assert f'limit="{label}"' in text, label
+    for reason in ("capacity", "lookup", "load"):
+        assert f'reason="{reason}"' in text, reason
+    # vLLM's buckets: a 120 s request is not read as 60 s.
+    assert re.search(r'tandem_scheduler_request_latency_seconds_bucket{[^}]*le="7680"', text), \
+        "E2E buckets end before 7680 s"
+    assert re.search(r'tandem_scheduler_time_to_first_token_seconds_bucket{[^}]*le="2560"', text)
+    assert (value(text, "tandem_scheduler_requests_admitted_total") or 0) >= 2
+    assert (value(text, "tandem_scheduler_kv_lookup_duration_seconds_count") or 0) >= 1
+    assert (value(text, "tandem_scheduler_inter_token_latency_seconds_count") or 0) >= 1
+    assert (value(text, "tandem_scheduler_time_per_output_token_seconds_count") or 0) >= 2
+    assert (value(text, "tandem_scheduler_schedule_duration_seconds_count") or 0) >= 1
+    print(f"scheduler: {len(SCHEDULER_SERIES)} admission/latency families, all with model_name")
+
+
+def check_concurrent_scrapes(port, hosts):
+    """Idle connections do not hold scrapes up, and scrapes run at once."""
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    try:
+        start_time = time.time()
+        scrape(port, timeout=4)  # one connection at a time would wait out each idle one
+        took = time.time() - start_time
+        errors = []
+
+        def one(host):
+            try:
+                assert "tandem_scheduler_steps_total" in scrape(port, host, timeout=10)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"{host}: {e!r}")
+
+        threads = [threading.Thread(target=one, args=(hosts[i % len(hosts)],)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+    finally:
+        for c in idle:
+            c.close()
+    print(f"scheduler /metrics: scrape with 3 idle connections open took {took * 1000:.0f} ms; "
+          f"16 concurrent scrapes over {hosts} fine")
 
 
 def value(text, name):
@@ -79,6 +158,10 @@ def main():
     from tandem.v1 import generation_pb2 as gen, generation_pb2_grpc as gen_grpc
 
     ports = {name: free_port() for name in ("kvstore", "worker", "scheduler")}
+    # "[::]" serves IPv6 and IPv4 (a dual-stack socket).
+    ipv6 = has_ipv6()
+    metrics_host = "[::]" if ipv6 else "127.0.0.1"
+    scrape_hosts = ["127.0.0.1", "[::1]"] if ipv6 else ["127.0.0.1"]
     procs = []
     try:
         kv, kport = start([os.path.join(build_dir, "services/kvstore/tandem-kvstore"),
@@ -98,7 +181,7 @@ def main():
                               "--worker", f"127.0.0.1:{wport}", "--listen", "127.0.0.1:0",
                               "--port-file", os.path.join(tmp, "s.port"),
                               "--kvstore", f"127.0.0.1:{kport}",
-                              "--metrics-listen", f"127.0.0.1:{ports['scheduler']}"],
+                              "--metrics-listen", f"{metrics_host}:{ports['scheduler']}"],
                              os.path.join(tmp, "scheduler.log"), os.path.join(tmp, "s.port"))
         procs.append(sched)
         stub = gen_grpc.GenerationStub(grpc.insecure_channel(f"127.0.0.1:{sport}"))
@@ -131,6 +214,8 @@ def main():
         for series in ("tandem_kvstore_lookups_total", "tandem_kvstore_bulk_lookups_total",
                        "tandem_kvstore_blocks_stored_total", "tandem_kvstore_cold_blocks"):
             assert (value(kv_text, series) or 0) > 0, f"{series} did not move:\n{kv_text}"
+        check_scheduler_series(scrape(ports["scheduler"]))
+        check_concurrent_scrapes(ports["scheduler"], scrape_hosts)
         finished = value(scrape(ports["scheduler"]), "tandem_scheduler_requests_finished_total")
         assert finished is not None and finished >= 2, f"requests finished: {finished}"
         print("kvstore: lookups %d (bulk port %d), blocks stored %d; scheduler: %d finished" % (

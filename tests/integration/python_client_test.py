@@ -241,7 +241,8 @@ def main():
         # 4. Prometheus text on /metrics counts the finished request.
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
         finished = [l for l in text.splitlines()
-                    if l.startswith('tandem_scheduler_requests_finished_total{reason="length"}')]
+                    if l.startswith('tandem_scheduler_requests_finished_total{')
+                    and 'reason="length"' in l and 'model_name="' in l]
         assert finished and float(finished[0].split()[-1]) >= 1, text
         assert "# TYPE tandem_scheduler_time_to_first_token_seconds histogram" in text
         print("metrics:", finished[0])

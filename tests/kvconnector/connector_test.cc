@@ -88,10 +88,14 @@ class ConnectorTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
+  std::vector<double> lookup_latencies_;  // seconds, from on_lookup_latency
   std::unique_ptr<KvStoreConnectorScheduler> MakeScheduler(int64_t deadline_ms = 2000,
                                                            int64_t refresh_ms = 100) {
     auto c = KvStoreConnectorScheduler::Create(
-        {.target = target_, .lookup_deadline_ms = deadline_ms, .lookup_refresh_ms = refresh_ms},
+        {.target = target_,
+         .lookup_deadline_ms = deadline_ms,
+         .lookup_refresh_ms = refresh_ms,
+         .on_lookup_latency = [this](double s) { lookup_latencies_.push_back(s); }},
         "fp", "layout", kBlockBytes, kBlockSize);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
@@ -346,6 +350,15 @@ TEST_F(ConnectorTest, ALookupIsAskedAgainWhenTheLocalHitShrinks) {
   EXPECT_FALSE(sc->GetNumNewMatchedTokens(r, 0).has_value()) << "not asked again";
   EXPECT_EQ(PollMatch(sc.get(), r, 0).num_external_tokens, 0);
   EXPECT_EQ(sc->stats().lookups, 2u);
+  // Each answered lookup's latency reaches the observer (the histogram).
+  ASSERT_EQ(lookup_latencies_.size(), 2u);
+  double sum = 0;
+  for (double l : lookup_latencies_) {
+    EXPECT_GT(l, 0.0);
+    EXPECT_LT(l, 2.0);
+    sum += l;
+  }
+  EXPECT_NEAR(sum, static_cast<double>(sc->stats().lookup_latency_ns_sum) * 1e-9, 1e-9);
 }
 
 // An answer that missed blocks is asked again once it is older than

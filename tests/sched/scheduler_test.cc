@@ -809,3 +809,69 @@ TEST(SchedulerTest, SameInputsGiveTheSameSequenceOfOutputs) {
 
 }  // namespace
 }  // namespace tandem::sched
+
+namespace tandem::sched {
+namespace {
+
+// The admission counters say which limit held a waiting request back, once
+// per step, and count each admission to running.
+TEST(SchedulerTest, AdmissionStatsNameTheLimitThatBlocked) {
+  auto blocked = [](const Harness& h, AdmissionLimit l) {
+    return h.sched.stats().num_admission_blocked_steps[static_cast<int>(l)];
+  };
+  {  // max_num_seqs
+    SchedulerConfig c = TestConfig(64);
+    c.max_num_seqs = 1;
+    FakeStore store;
+    Harness h(c, nullptr, &store);
+    h.Add("A", Tokens(8, 1), Greedy(3));
+    h.Add("B", Tokens(8, 2), Greedy(3));
+    h.Step();
+    EXPECT_EQ(blocked(h, AdmissionLimit::kMaxNumSeqs), 1u);
+    EXPECT_EQ(blocked(h, AdmissionLimit::kTokenBudget), 0u);
+    EXPECT_EQ(h.sched.stats().num_requests_admitted, 1u);
+    h.RunToCompletion();
+    EXPECT_EQ(blocked(h, AdmissionLimit::kMaxNumSeqs), 3u);  // A's three steps
+    EXPECT_EQ(h.sched.stats().num_requests_admitted, 2u);
+  }
+  {  // token budget: A's prefill takes all of it
+    SchedulerConfig c = TestConfig(64);
+    c.max_num_batched_tokens = 8;
+    FakeStore store;
+    Harness h(c, nullptr, &store);
+    h.Add("A", Tokens(8, 1), Greedy(2));
+    h.Add("B", Tokens(4, 2), Greedy(2));
+    h.Step();
+    EXPECT_EQ(blocked(h, AdmissionLimit::kTokenBudget), 1u);
+    EXPECT_EQ(blocked(h, AdmissionLimit::kKvBlocks), 0u);
+    h.Step();  // A decodes one token; B fits in the rest
+    EXPECT_EQ(blocked(h, AdmissionLimit::kTokenBudget), 1u);
+    EXPECT_EQ(h.sched.stats().num_requests_admitted, 2u);
+  }
+  {  // KV blocks: B's prompt needs more blocks than A leaves
+    SchedulerConfig c = TestConfig(6);
+    FakeStore store;
+    Harness h(c, nullptr, &store);
+    h.Add("A", Tokens(12, 1), Greedy(2));
+    h.Add("B", Tokens(12, 2), Greedy(2));
+    h.Step();
+    EXPECT_EQ(blocked(h, AdmissionLimit::kKvBlocks), 1u);
+    EXPECT_EQ(blocked(h, AdmissionLimit::kMaxNumSeqs) + blocked(h, AdmissionLimit::kTokenBudget) +
+                  blocked(h, AdmissionLimit::kAsyncLoadGate),
+              0u);
+    h.RunToCompletion();
+    EXPECT_EQ(h.sched.stats().num_requests_admitted, 2u);
+  }
+  {  // nothing waits: nothing is blocked
+    FakeStore store;
+    Harness h(TestConfig(64), nullptr, &store);
+    h.Add("A", Tokens(8, 1), Greedy(4));
+    h.RunToCompletion();
+    for (int l = 0; l < kNumAdmissionLimits; ++l) {
+      EXPECT_EQ(h.sched.stats().num_admission_blocked_steps[l], 0u) << l;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::sched

@@ -129,6 +129,10 @@ struct KvStoreConnectorOptions {
   // arrives; the engine wakes its loop with it instead of sending empty
   // steps to poll the lookup. May be empty.
   std::function<void()> on_lookup_answer;
+  // Scheduler: called on the scheduler's thread with each lookup's latency
+  // (sent -> answer seen, seconds; late or failed ones too), for a
+  // histogram. May be empty.
+  std::function<void(double)> on_lookup_latency;
   // Worker: how loads reach the store; scheduler: how lookups do. "auto":
   // the store's bulk port (plain TCP, see services/kvstore/bulk_load_server.h)
   // when it advertises one, else gRPC; "off": gRPC only; host:port: the bulk

@@ -129,6 +129,17 @@ enum class PreemptionReason {
 inline constexpr int kNumPreemptionReasons = 3;
 [[nodiscard]] const char* PreemptionReasonName(PreemptionReason reason);
 
+// What stopped admission in a step while requests still waited (metrics:
+// which limit to raise). One per step at most: the first one hit.
+enum class AdmissionLimit {
+  kMaxNumSeqs = 0,     // running (+ loading, with limit_async_load_admission) = max_num_seqs
+  kTokenBudget = 1,    // max_num_batched_tokens spent (or a whole prompt did not fit it)
+  kKvBlocks = 2,       // no free blocks for the next request, or a running one waits for blocks
+  kAsyncLoadGate = 3,  // a load would take blocks that running requests need (LoadGateAllows)
+};
+inline constexpr int kNumAdmissionLimits = 4;
+[[nodiscard]] const char* AdmissionLimitName(AdmissionLimit limit);
+
 // One preemption of the last Schedule() or FailSteps() (tests, logs).
 struct PreemptionEvent {
   std::string victim_id;
@@ -164,6 +175,11 @@ struct SchedulerStats {
   uint64_t external_cache_hits_tokens = 0;     // tokens it matched
   uint64_t external_loaded_tokens = 0;         // tokens whose load succeeded
   uint64_t num_requests_finished = 0;
+  // Waiting requests that became running (new, resumed after a preemption,
+  // or after their KV load); a load's start is not an admission.
+  uint64_t num_requests_admitted = 0;
+  // Steps in which admission stopped with requests still waiting, by limit.
+  uint64_t num_admission_blocked_steps[kNumAdmissionLimits] = {};
 };
 
 class Scheduler {
@@ -280,7 +296,8 @@ class Scheduler {
   // kSkip: not decidable now (its load runs, or was just admitted);
   // kDeferred: the connector's lookup is not known yet; kStop: the budget
   // cannot hold it; kNoBlocks: the pool cannot hold it.
-  enum class Admit { kAdmitted, kSkip, kDeferred, kStop, kNoBlocks };
+  // kStop: the token budget; kNoBlocks: the pool; kLoadGated: the load gate.
+  enum class Admit { kAdmitted, kSkip, kDeferred, kStop, kNoBlocks, kLoadGated };
   Admit TryAdmit(Request* request, int32_t* token_budget);
   bool LoadGateAllows(const Request& request, const PrefixHit& hit) const;
   // The hit stops one block short of the whole prompt (the cap of
