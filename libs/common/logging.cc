@@ -58,22 +58,28 @@ void SetLogTag(std::string_view tag) {
 
 namespace internal {
 
+std::string FormatLogTime(int64_t unix_seconds, int64_t nanos) {
+  const time_t secs = static_cast<time_t>(unix_seconds);
+  tm tm_utc;
+  gmtime_r(&secs, &tm_utc);
+  char when[32];
+  const size_t n = strftime(when, sizeof(when), "%m%d %H:%M:%S", &tm_utc);
+  // Zero-padded: .033994, not .33994.
+  std::snprintf(when + n, sizeof(when) - n, ".%06ld", static_cast<long>(nanos / 1000));
+  return when;
+}
+
 LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(level) {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  tm tm_utc;
-  gmtime_r(&ts.tv_sec, &tm_utc);
-  char when[32];
-  strftime(when, sizeof(when), "%m%d %H:%M:%S", &tm_utc);
   const char* base = std::strrchr(file, '/');
   std::string tag;
   {
     std::lock_guard<std::mutex> lock(TagMutex());
     tag = Tag();
   }
-  stream_ << LevelChar(level) << when << '.' << (ts.tv_nsec / 1000) << ' '
-          << (tag.empty() ? "" : tag + " ") << (base ? base + 1 : file) << ':'
-          << line << "] ";
+  stream_ << LevelChar(level) << FormatLogTime(ts.tv_sec, ts.tv_nsec) << ' '
+          << (tag.empty() ? "" : tag + " ") << (base ? base + 1 : file) << ':' << line << "] ";
 }
 
 LogMessage::~LogMessage() {

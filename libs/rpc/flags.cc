@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "tandem/common/logging.h"
 
 namespace tandem::rpc {
 namespace {
@@ -74,9 +75,26 @@ void FlagSet::Add(const std::string& name, bool* value, const std::string& doc) 
                     }});
 }
 
+void FlagSet::Alias(const std::string& alias, const std::string& name) {
+  Flag* flag = Find(name);
+  TANDEM_CHECK(flag != nullptr) << "alias --" << alias << " of unknown flag --" << name;
+  flag->aliases.push_back(alias);
+}
+
+void FlagSet::MirrorsVllm(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    Flag* flag = Find(name);
+    TANDEM_CHECK(flag != nullptr) << "unknown flag --" << name;
+    flag->mirrors_vllm = true;
+  }
+}
+
 FlagSet::Flag* FlagSet::Find(const std::string& name) {
   for (Flag& f : flags_) {
     if (f.name == name) return &f;
+    for (const std::string& a : f.aliases) {
+      if (a == name) return &f;
+    }
   }
   return nullptr;
 }
@@ -110,7 +128,7 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
     }
     Flag* flag = Find(name);
     if (flag == nullptr && !has_value && name.rfind("no", 0) == 0) {
-      Flag* negated = Find(name.substr(2));
+      Flag* negated = Find(name.substr(name.rfind("no-", 0) == 0 ? 3 : 2));
       if (negated != nullptr && negated->is_bool) {
         absl::Status s = negated->set("false");
         if (!s.ok()) return s;
@@ -151,11 +169,21 @@ void FlagSet::ParseOrExit(int argc, char** argv, int first) {
 std::string FlagSet::Help() const {
   std::ostringstream out;
   out << "Usage: " << program_ << " [flags]\n" << description_ << "\n\nFlags:\n";
+  bool any_vllm = false;
   for (const Flag& f : flags_) {
-    out << "  --" << f.name << " (default: " << f.default_value << ")\n      " << f.doc
-        << "\n";
+    out << "  --" << f.name;
+    if (f.is_bool) out << ", --no-" << f.name;
+    for (const std::string& a : f.aliases) out << ", --" << a;
+    out << " (default: " << f.default_value << ")";
+    if (f.mirrors_vllm) out << " [vLLM]";
+    out << "\n      " << f.doc << "\n";
+    any_vllm |= f.mirrors_vllm;
   }
   out << "  --help\n      Print this text and exit.\n";
+  if (any_vllm) {
+    out << "\nFlags marked [vLLM] take the same name, values and meaning as vLLM's (`vllm serve "
+           "--help`).\n";
+  }
   return out.str();
 }
 

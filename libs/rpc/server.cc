@@ -83,6 +83,11 @@ void SetServing(grpc::Server* server, const std::string& service, bool serving) 
   if (!service.empty()) health->SetServingStatus(service, serving);
 }
 
+void MarkLive(grpc::Server* server) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(kLivenessService, true);
+}
+
 void ShutdownHealth(grpc::Server* server) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health != nullptr) health->Shutdown();

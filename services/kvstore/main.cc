@@ -179,6 +179,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   rpc::SetServing(server->get(), "tandem.v1.KvStore", true);
+  rpc::MarkLive(server->get());
   TANDEM_LOG(INFO) << "tandem-kvstore serving on port " << port << " (data " << data_dir
                    << ", durability " << durability << ", bulk load port "
                    << (bulk ? std::to_string(bulk->port()) : std::string("off")) << ")";

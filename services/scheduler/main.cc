@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
             "schedule step N+1 before step N's output arrives (two steps in flight); "
             "false = plain schedule-execute-update");
   flags.Add("policy", &policy, "fcfs | priority (lower priority value first, preempted last)");
+  flags.Alias("scheduling-policy", "policy");
   flags.Add("limit-async-load-admission", &sc.limit_async_load_admission,
             "a request whose prefix is being loaded from the KV-store counts against "
             "--max-num-seqs and the token budget of the step that admits the load (false: only "
@@ -67,6 +68,9 @@ int main(int argc, char** argv) {
             "how KV-store lookups travel: auto (a connection to the store's bulk port, plain "
             "TCP, when it advertises one; else gRPC), off (gRPC only), or host:port of the bulk "
             "port");
+  flags.Add("served-model-name", &engine_options.served_model_name,
+            "the model's name in GetModelInfo and the model_name label of every metric (empty: "
+            "the name the worker describes; the metrics appear once it has)");
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);
   flags.Add("drain-timeout-s", &drain_timeout_s,
@@ -74,6 +78,10 @@ int main(int argc, char** argv) {
   flags.Add("debug-submit-delay-ms", &engine_options.debug_submit_delay_ms,
             "TESTS ONLY: the engine sleeps this long before taking each new request (holds "
             "accepted calls in its queue; 0: off)");
+  flags.MirrorsVllm({"max-num-seqs", "max-num-batched-tokens", "max-model-len",
+                     "enable-prefix-caching", "enable-chunked-prefill",
+                     "long-prefill-token-threshold", "async-scheduling", "scheduling-policy",
+                     "served-model-name"});
   flags.ParseOrExit(argc, argv);
   if (policy == "fcfs") {
     sc.policy = tandem::sched::SchedulingPolicy::kFcfs;
@@ -112,6 +120,8 @@ int main(int argc, char** argv) {
   // Health starts NOT_SERVING (rpc::EnableReflectionAndHealth); this names
   // the service too.
   tandem::rpc::SetServing(srv, "tandem.v1.Generation", false);
+  // Live (for the liveness and startup probes) whether a worker serves or not.
+  tandem::rpc::MarkLive(srv);
   engine.set_on_serving_changed(
       [srv](bool serving) { tandem::rpc::SetServing(srv, "tandem.v1.Generation", serving); });
   if (engine_options.debug_submit_delay_ms > 0) {

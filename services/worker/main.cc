@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   flags.Add(
       "debug-load-delay-ms", &debug_load_delay_ms,
       "TESTS ONLY: wait this long (listening, NOT_SERVING) before loading the model (0: off)");
+  flags.MirrorsVllm({"model", "block-size"});
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = options.Validate(); !s.ok()) {
     std::cerr << "tandem-worker: " << s.message() << "\n";
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   // Health is NOT_SERVING from the start (rpc::EnableReflectionAndHealth);
   // this names the service too.
   tandem::rpc::SetServing(server->get(), "tandem.v1.Worker", false);
+  tandem::rpc::MarkLive(server->get());  // while loading too
   TANDEM_LOG(INFO) << "listening on port " << port << "; loading " << options.model_path;
   if (debug_load_delay_ms > 0) {
     TANDEM_LOG(WARNING) << "TEST-ONLY --debug-load-delay-ms=" << debug_load_delay_ms;

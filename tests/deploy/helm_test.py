@@ -57,7 +57,11 @@ def flags_of(build_dir, binary):
     out = subprocess.run([os.path.join(build_dir, binary), "--help"], capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr
-    return set(re.findall(r"^  --([a-z0-9-]+) ", out.stdout, re.M))
+    # "  --name[, --no-name][, --alias] (default: ...)": every spelling.
+    names = set()
+    for head in re.findall(r"^  (--[a-z0-9-]+(?:, --[a-z0-9-]+)*) ", out.stdout, re.M):
+        names |= set(re.findall(r"--([a-z0-9-]+)", head))
+    return names
 
 
 def arg(c, flag):

@@ -236,6 +236,9 @@ TEST(BadInputTest, NoWorkerIsUnavailable) {
   EXPECT_NE(r.status.error_message().find("no worker is connected"), std::string::npos)
       << r.status.error_message();
   EXPECT_EQ(HealthStatus(scheduler.address()), 2);  // NOT_SERVING
+  // Not ready, but alive: the liveness probe must not restart it.
+  EXPECT_EQ(HealthStatus(scheduler.address(), "tandem.v1.Generation"), 2);
+  EXPECT_EQ(HealthStatus(scheduler.address(), "tandem.liveness"), 1);
 }
 
 TEST(BadInputTest, DrainingRejectsNewCallsAndFinishesRunningOnes) {
@@ -284,6 +287,9 @@ TEST(BadInputTest, DrainFinishesCallsAcceptedBeforeTheSignal) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   scheduler.process.Signal(SIGTERM);
   ASSERT_TRUE(WaitFor([&] { return HealthStatus(scheduler.address()) == 2; }));
+  // Draining: not ready, still alive.
+  EXPECT_EQ(HealthStatus(scheduler.address(), "tandem.v1.Generation"), 2);
+  EXPECT_EQ(HealthStatus(scheduler.address(), "tandem.liveness"), 1);
   GenerateResult rejected = RunGenerate(stub.get(), MakeRequest({1, 4}, 4));
   EXPECT_EQ(rejected.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(rejected.status.error_message().find("draining"), std::string::npos)

@@ -78,9 +78,9 @@ Service StartScheduler(const std::string& dir, const std::string& name,
                        const std::string& worker_address,
                        const std::vector<std::string>& extra_args, bool wait_for_worker = true);
 
-// grpc.health.v1.Health/Check for the whole server: 1 SERVING, 2 NOT_SERVING,
-// -1 when the call failed.
-int HealthStatus(const std::string& address);
+// grpc.health.v1.Health/Check of `service` ("" = the whole server):
+// 1 SERVING, 2 NOT_SERVING, -1 when the call failed (NOT_FOUND included).
+int HealthStatus(const std::string& address, const std::string& service = "");
 
 struct GenerateResult {
   grpc::Status status;

@@ -69,11 +69,14 @@ void CheckHelp(const std::string& binary, const std::string& main_cc,
   const std::string program = binary.substr(binary.rfind('/') + 1);
   EXPECT_EQ(out.rfind("Usage: " + program, 0), 0u) << out;
 
-  // "  --name (default: value)\n      doc\n"
+  // "  --name[, --no-name][, --alias] (default: value)[ [vLLM]]\n      doc\n"
   std::map<std::string, std::string> documented;
-  std::regex entry(R"(\n  --([a-z0-9-]+) \(default: ([^\n]*)\)\n      (\S[^\n]*))");
+  std::map<std::string, std::string> docs;
+  std::regex entry(
+      R"(\n  --([a-z0-9-]+)((?:, --[a-z0-9-]+)*) \(default: ([^\n]*)\)( \[vLLM\])?\n      (\S[^\n]*))");
   for (std::sregex_iterator it(out.begin(), out.end(), entry), end; it != end; ++it) {
-    documented[(*it)[1]] = (*it)[2];
+    documented[(*it)[1]] = (*it)[3];
+    docs[(*it)[1]] = (*it)[5];
   }
   // Every flag the source registers.
   const std::string source = ReadFile(std::string(TANDEM_SOURCE_DIR) + "/" + main_cc);
@@ -92,11 +95,9 @@ void CheckHelp(const std::string& binary, const std::string& main_cc,
     EXPECT_EQ(documented[name], value) << "--" << name;
   }
   // Test-only flags say so.
-  for (const auto& [name, value] : documented) {
+  for (const auto& [name, doc] : docs) {
     if (name.rfind("debug-", 0) != 0) continue;
-    EXPECT_NE(out.find("--" + name + " (default: " + value + ")\n      TESTS ONLY"),
-              std::string::npos)
-        << "--" << name << " must be marked TESTS ONLY";
+    EXPECT_EQ(doc.rfind("TESTS ONLY", 0), 0u) << "--" << name << " must be marked TESTS ONLY";
   }
 }
 
@@ -120,6 +121,18 @@ TEST(SurfaceTest, HelpDocumentsEveryFlagWithItsDefault) {
              {"limit-async-load-admission", "true"},
              {"max-step-failures", "3"},
              {"debug-submit-delay-ms", "0"}});
+  // vLLM's spellings: --no-<flag> negations, --scheduling-policy, and the
+  // flags that mirror vLLM's say so.
+  std::string out;
+  ASSERT_EQ(RunCommand({BinaryPath("services/scheduler/tandem-scheduler"), "--help"}, &out), 0);
+  for (const char* line :
+       {"--policy, --scheduling-policy (default: \"fcfs\") [vLLM]",
+        "--enable-prefix-caching, --no-enable-prefix-caching (default: true) [vLLM]",
+        "--max-num-seqs (default: 128) [vLLM]", "--served-model-name (default: \"\") [vLLM]",
+        "Flags marked [vLLM] take the same name"}) {
+    EXPECT_NE(out.find(line), std::string::npos) << line << "\n" << out;
+  }
+  EXPECT_EQ(out.find("--worker (default: \"127.0.0.1:50061\") [vLLM]"), std::string::npos);
   if (std::filesystem::exists(BinaryPath("services/kvstore/tandem-kvstore"))) {
     CheckHelp("services/kvstore/tandem-kvstore", "services/kvstore/main.cc",
               {{"bulk-load-listen", "\"auto\""}, {"metrics-listen", "\"127.0.0.1:0\""}});
@@ -199,20 +212,59 @@ TEST(SurfaceTest, CommandLineClientGeneratesAndBenchmarks) {
   }
   EXPECT_EQ(std::count(out.begin(), out.end(), '('), 3) << out;
 
-  // A bad request: the client prints the status and exits 1.
-  EXPECT_EQ(
-      RunCommand({tandem, "generate", "--server", scheduler.address(), "--prompt", "1,999"}, &out),
-      1)
-      << out;
+  // A bad request: the client prints the status by name on stderr (not
+  // stdout) and exits 1.
+  const std::string bad = tandem + " generate --server " + scheduler.address() + " --prompt 1,999";
+  EXPECT_EQ(RunCommand({"/bin/sh", "-c", bad + " 2>/dev/null"}, &out), 1) << out;
+  EXPECT_EQ(out.find("outside the vocabulary"), std::string::npos) << "error on stdout: " << out;
+  EXPECT_EQ(RunCommand({"/bin/sh", "-c", bad + " 2>&1 >/dev/null"}, &out), 1) << out;
+  EXPECT_NE(out.find("tandem generate: INVALID_ARGUMENT: "), std::string::npos) << out;
   EXPECT_NE(out.find("is outside the vocabulary"), std::string::npos) << out;
+  // Usage errors exit 2; a server that is not there is a server error (1).
+  EXPECT_EQ(
+      RunCommand({tandem, "generate", "--server", scheduler.address(), "--prompt", "x"}, &out), 2)
+      << out;
+  EXPECT_EQ(RunCommand({tandem, "stats", "--bogus"}, &out), 2) << out;
+  EXPECT_EQ(RunCommand({tandem, "stats", "--server", "127.0.0.1:1"}, &out), 1) << out;
+  EXPECT_NE(out.find("tandem stats: UNAVAILABLE: "), std::string::npos) << out;
+
+  // stats prints every field, zeros included; info every field too.
+  ASSERT_EQ(RunCommand({tandem, "stats", "--server", scheduler.address()}, &out), 0) << out;
+  const google::protobuf::Descriptor* stats_fields = v1::GetStatsResponse::descriptor();
+  for (int i = 0; i < stats_fields->field_count(); ++i) {
+    EXPECT_NE(("\n" + out).find("\n" + stats_fields->field(i)->name() + ": "), std::string::npos)
+        << stats_fields->field(i)->name() << " missing:\n"
+        << out;
+  }
+  EXPECT_NE(out.find("\nnum_preemptions: 0\n"), std::string::npos) << out;
+  ASSERT_EQ(RunCommand({tandem, "info", "--server", scheduler.address()}, &out), 0) << out;
+  EXPECT_EQ(out.rfind("model_name: \"", 0), 0u) << out;
 
   // bench: every request succeeds and the report has its figures.
+  const std::string json_path = dir + "/bench.json";
   ASSERT_EQ(RunCommand({tandem, "bench", "--server", scheduler.address(), "--concurrency", "4",
                         "--num-requests", "8", "--prompt-len", "20", "--output-len", "6",
-                        "--shared-prefix-len", "16", "--label", "cli-test"},
+                        "--shared-prefix-len", "16", "--label", "cli-test", "--json", json_path},
                        &out),
             0)
       << out;
+  for (const char* row : {"TTFT  ms", "ITL   ms", "TPOT  ms", "E2E   ms"}) {
+    EXPECT_NE(out.find(row), std::string::npos) << row << "\n" << out;
+  }
+  EXPECT_NE(out.find("mean        p50        p90        p99"), std::string::npos) << out;
+  // The JSON file has the same figures, and is JSON (a real parser reads it).
+  std::string json_out;
+  ASSERT_EQ(
+      RunCommand({"/usr/bin/python3", "-c",
+                  "import json,sys; d=json.load(open(sys.argv[1])); "
+                  "print(d['label'], d['num_requests'], d['failed'], "
+                  "all(d[s+'_'+m+'_ms'] >= 0 for s in ('mean','p50','p90','p99') "
+                  "for m in ('ttft','itl','tpot','e2e')), d['p99_e2e_ms'] >= d['p50_e2e_ms'] > 0)",
+                  json_path},
+                 &json_out),
+      0)
+      << json_out;
+  EXPECT_EQ(json_out, "cli-test 8 0 True True\n");
   EXPECT_NE(out.find("[cli-test] concurrency=4 requests=8 failed=0 prompt_len=20 output_len=6 "
                      "shared_prefix=16"),
             std::string::npos)
@@ -220,8 +272,6 @@ TEST(SurfaceTest, CommandLineClientGeneratesAndBenchmarks) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(output ([0-9.]+) tok/s)"))) << out;
   EXPECT_GT(std::stod(m[1]), 0.0);
-  EXPECT_NE(out.find("TTFT ms  p50"), std::string::npos) << out;
-  EXPECT_NE(out.find("ITL  ms  p50"), std::string::npos) << out;
   EXPECT_GE(GetStats(stub.get()).num_requests_finished(), 1u + 3u + 8u);
 }
 

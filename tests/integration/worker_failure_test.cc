@@ -64,6 +64,8 @@ TEST(WorkerFailureTest, KillNineMidStreamThenRecover) {
   // clearly.
   EXPECT_TRUE(scheduler.process.running()) << "the scheduler died with its worker";
   EXPECT_TRUE(WaitFor([&] { return HealthStatus(scheduler.address()) == 2; }));
+  EXPECT_EQ(HealthStatus(scheduler.address(), "tandem.v1.Generation"), 2);
+  EXPECT_EQ(HealthStatus(scheduler.address(), "tandem.liveness"), 1) << "worker dead, not us";
   GenerateResult refused = RunGenerate(stub.get(), MakeRequest({1, 2}, 4));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(refused.status.error_message().find("no worker is connected"), std::string::npos)

@@ -19,6 +19,8 @@ TEST(WorkerTest, NotServingWhileTheModelLoads) {
   ASSERT_GT(worker.port, 0);
   // The port file appears before the load delay starts, so there are ~5 s.
   EXPECT_EQ(HealthStatus(worker.address()), 2) << "SERVING before the model is loaded";
+  EXPECT_EQ(HealthStatus(worker.address(), "tandem.v1.Worker"), 2);
+  EXPECT_EQ(HealthStatus(worker.address(), "tandem.liveness"), 1) << "loading is alive";
   auto stub = WorkerStub(worker.address());
   {
     grpc::ClientContext context;

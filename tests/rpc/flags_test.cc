@@ -68,7 +68,50 @@ TEST(FlagSetTest, HelpListsDefaultsAndDocs) {
   EXPECT_NE(help.find("--max-num-seqs (default: 128)\n      most running requests"),
             std::string::npos)
       << help;
-  EXPECT_NE(help.find("--async-scheduling (default: true)"), std::string::npos) << help;
+  EXPECT_NE(help.find("--async-scheduling, --no-async-scheduling (default: true)"),
+            std::string::npos)
+      << help;
+}
+
+// vLLM spells a boolean's negation --no-<name> (argparse's
+// BooleanOptionalAction): --no-enable-prefix-caching.
+TEST(FlagSetTest, AcceptsVllmStyleNegations) {
+  bool prefix = true, chunked = true;
+  int32_t no_limit = 3;
+  FlagSet flags("prog", "");
+  flags.Add("enable-prefix-caching", &prefix, "reuse prefixes");
+  flags.Add("enable-chunked-prefill", &chunked, "chunk");
+  flags.Add("no-limit", &no_limit, "a flag whose name starts with no");
+  Args args({"prog", "--no-enable-prefix-caching", "--noenable-chunked-prefill", "--no-limit=5"});
+  ASSERT_TRUE(flags.Parse(args.argc(), args.argv()).ok());
+  EXPECT_FALSE(prefix);
+  EXPECT_FALSE(chunked);
+  EXPECT_EQ(no_limit, 5);
+  // A negation takes no value, and only booleans have one.
+  FlagSet flags2("prog", "");
+  flags2.Add("enable-prefix-caching", &prefix, "reuse prefixes");
+  flags2.Add("n", &no_limit, "count");
+  Args bad({"prog", "--no-n"});
+  EXPECT_EQ(flags2.Parse(bad.argc(), bad.argv()).message(), "unknown flag --no-n (see --help)");
+}
+
+TEST(FlagSetTest, AliasesSetTheSameVariableAndHelpNamesThem) {
+  std::string policy = "fcfs";
+  int32_t n = 1;
+  FlagSet flags("prog", "");
+  flags.Add("policy", &policy, "fcfs | priority");
+  flags.Add("max-num-seqs", &n, "most running");
+  flags.Alias("scheduling-policy", "policy");
+  flags.MirrorsVllm({"max-num-seqs", "scheduling-policy"});
+  Args args({"prog", "--scheduling-policy", "priority"});
+  ASSERT_TRUE(flags.Parse(args.argc(), args.argv()).ok());
+  EXPECT_EQ(policy, "priority");
+  const std::string help = flags.Help();
+  EXPECT_NE(help.find("--policy, --scheduling-policy (default: \"fcfs\") [vLLM]"),
+            std::string::npos)
+      << help;
+  EXPECT_NE(help.find("--max-num-seqs (default: 1) [vLLM]"), std::string::npos) << help;
+  EXPECT_NE(help.find("Flags marked [vLLM]"), std::string::npos) << help;
 }
 
 }  // namespace

@@ -3,13 +3,19 @@
 //   tandem generate --server 127.0.0.1:50051 --prompt 1,2,3 [--n K] [--max-tokens M] ...
 //   tandem bench --server ADDR (--concurrency C | --rate R) --num-requests N ...
 //   tandem info|stats --server ADDR
+//
+// Output goes to stdout, errors to stderr as "CODE: message" (gRPC status
+// names). Exit codes: 0 success, 1 the server (or the connection) failed a
+// call, 2 bad usage (flags, malformed ids).
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -18,9 +24,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/rpc/flags.h"
 #include "tandem/rpc/server.h"
+#include "tandem/rpc/status.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace {
@@ -151,7 +159,9 @@ int Generate(int argc, char** argv) {
     }
     if (!status.ok()) {
       ++failures;
-      std::cout << "\nerror: " << status.error_code() << " " << status.error_message() << "\n";
+      std::cout << "\n" << std::flush;
+      std::cerr << "tandem generate: " << (n > 1 ? "[" + std::to_string(index) + "] " : "")
+                << tandem::rpc::StatusCodeName(status) << ": " << status.error_message() << "\n";
       return;
     }
     const auto& u = last.usage();
@@ -186,9 +196,12 @@ int Bench(int argc, char** argv) {
   int64_t seed = 0;
   double temperature = 0;
   std::string label;
-  tandem::rpc::FlagSet flags("tandem bench",
-                             "Sends synthetic requests and reports output tokens/s, requests/s, "
-                             "time to first token and inter-token latency percentiles.");
+  std::string json_path;
+  tandem::rpc::FlagSet flags(
+      "tandem bench",
+      "Sends synthetic requests and reports output tokens/s, requests/s, and the mean, p50, p90 "
+      "and p99 of time to first token (TTFT), inter-token latency (ITL), time per output token "
+      "(TPOT: per request, (E2E - TTFT) / (output tokens - 1)) and end-to-end latency (E2E).");
   flags.Add("server", &server, "tandem-scheduler host:port");
   flags.Add("concurrency", &concurrency, "requests in flight at once (closed loop)");
   flags.Add("rate", &rate, "open loop: Poisson arrivals per second (0 = use --concurrency)");
@@ -200,6 +213,7 @@ int Bench(int argc, char** argv) {
   flags.Add("seed", &seed, "seed of the synthetic prompts");
   flags.Add("temperature", &temperature, "sampling temperature (0 = greedy)");
   flags.Add("label", &label, "printed in the result line");
+  flags.Add("json", &json_path, "also write the results to this file as JSON (empty: don't)");
   flags.ParseOrExit(argc, argv, 2);
   if (prompt_len < 1 || output_len < 1 || num_requests < 1 || concurrency < 1 ||
       shared_prefix_len > prompt_len) {
@@ -216,7 +230,8 @@ int Bench(int argc, char** argv) {
     tandem::v1::GetModelInfoResponse info;
     grpc::Status s = stub->GetModelInfo(&context, {}, &info);
     if (!s.ok()) {
-      std::cerr << "tandem bench: GetModelInfo: " << s.error_message() << "\n";
+      std::cerr << "tandem bench: GetModelInfo: " << tandem::rpc::StatusCodeName(s) << ": "
+                << s.error_message() << "\n";
       return 1;
     }
     vocab = info.vocab_size();
@@ -240,7 +255,7 @@ int Bench(int argc, char** argv) {
   }
 
   std::mutex mu;
-  std::vector<double> ttft_ms, itl_ms;
+  std::vector<double> ttft_ms, itl_ms, tpot_ms, e2e_ms;
   std::atomic<int64_t> output_tokens{0};
   std::atomic<int> done{0}, failed{0};
   std::string first_error;
@@ -269,13 +284,19 @@ int Bench(int argc, char** argv) {
       tokens += k;
     }
     grpc::Status s = reader->Finish();
+    const double e2e = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     output_tokens += tokens;
     std::lock_guard<std::mutex> lock(mu);
     if (!s.ok()) {
       ++failed;
-      if (first_error.empty()) first_error = s.error_message();
+      if (first_error.empty()) {
+        first_error = tandem::rpc::StatusCodeName(s) + ": " + s.error_message();
+      }
     } else {
       if (ttft >= 0) ttft_ms.push_back(ttft);
+      if (ttft >= 0 && tokens > 1)
+        tpot_ms.push_back((e2e - ttft) / static_cast<double>(tokens - 1));
+      e2e_ms.push_back(e2e);
       itl_ms.insert(itl_ms.end(), itl.begin(), itl.end());
     }
     ++done;
@@ -321,16 +342,82 @@ int Bench(int argc, char** argv) {
   std::printf(
       "%s%s%s %s requests=%d failed=%d prompt_len=%d output_len=%d shared_prefix=%d\n"
       "  duration %.2f s | output %.1f tok/s | %.2f req/s\n"
-      "  TTFT ms  p50 %.2f  p90 %.2f  p99 %.2f\n"
-      "  ITL  ms  p50 %.2f  p90 %.2f  p99 %.2f\n",
-      label.empty() ? "" : "[", label.c_str(), label.empty() ? "" : "]",
-      load.c_str(),
-      num_requests, failed.load(), prompt_len, output_len, shared_prefix_len, elapsed,
-      output_tokens.load() / elapsed, (num_requests - failed.load()) / elapsed,
-      Percentile(ttft_ms, 50), Percentile(ttft_ms, 90), Percentile(ttft_ms, 99),
-      Percentile(itl_ms, 50), Percentile(itl_ms, 90), Percentile(itl_ms, 99));
+      "  %-8s %10s %10s %10s %10s\n",
+      label.empty() ? "" : "[", label.c_str(), label.empty() ? "" : "]", load.c_str(), num_requests,
+      failed.load(), prompt_len, output_len, shared_prefix_len, elapsed,
+      output_tokens.load() / elapsed, (num_requests - failed.load()) / elapsed, "", "mean", "p50",
+      "p90", "p99");
+  struct Series {
+    const char* name;
+    const std::vector<double>* values;
+  };
+  const Series series[] = {
+      {"ttft", &ttft_ms}, {"itl", &itl_ms}, {"tpot", &tpot_ms}, {"e2e", &e2e_ms}};
+  std::string label_json;
+  for (char c : label) {
+    if (c == '"' || c == '\\') label_json += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) label_json += c;
+  }
+  std::ostringstream json;
+  json << "{\"label\": \"" << label_json << "\", \"load\": \"" << load
+       << "\", \"num_requests\": " << num_requests << ", \"failed\": " << failed.load()
+       << ", \"prompt_len\": " << prompt_len << ", \"output_len\": " << output_len
+       << ", \"shared_prefix_len\": " << shared_prefix_len << ", \"duration_s\": " << elapsed
+       << ", \"output_tokens_per_s\": " << output_tokens.load() / elapsed
+       << ", \"requests_per_s\": " << (num_requests - failed.load()) / elapsed;
+  for (const Series& x : series) {
+    const std::vector<double>& v = *x.values;
+    const double mean =
+        v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+    std::string upper = x.name;
+    for (char& c : upper) c = static_cast<char>(std::toupper(c));
+    std::printf("  %-5s ms %10.2f %10.2f %10.2f %10.2f\n", upper.c_str(), mean, Percentile(v, 50),
+                Percentile(v, 90), Percentile(v, 99));
+    for (const char* stat : {"mean", "p50", "p90", "p99"}) {
+      const double value = std::string(stat) == "mean"  ? mean
+                           : std::string(stat) == "p50" ? Percentile(v, 50)
+                           : std::string(stat) == "p90" ? Percentile(v, 90)
+                                                        : Percentile(v, 99);
+      json << ", \"" << stat << "_" << x.name << "_ms\": " << value;
+    }
+  }
+  json << "}\n";
   if (!first_error.empty()) std::printf("  first error: %s\n", first_error.c_str());
+  if (!json_path.empty()) {
+    std::FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f == nullptr || std::fputs(json.str().c_str(), f) < 0 || std::fclose(f) != 0) {
+      std::cerr << "tandem bench: cannot write " << json_path << "\n";
+      return 1;
+    }
+  }
   return failed.load() == 0 ? 0 : 1;
+}
+
+// "name: value" for every field, in declaration order, zeros and empty
+// strings included (DebugString leaves them out).
+std::string EveryField(const google::protobuf::Message& m) {
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::string out;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) {
+      for (int j = 0; j < r->FieldSize(m, f); ++j) {
+        std::string v;
+        google::protobuf::TextFormat::PrintFieldValueToString(m, f, j, &v);
+        out += f->name() + ": " + v + "\n";
+      }
+    } else if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+      std::string v;
+      google::protobuf::TextFormat::PrintToString(r->GetMessage(m, f), &v);
+      out += f->name() + " {\n" + v + "}\n";
+    } else {
+      std::string v;
+      google::protobuf::TextFormat::PrintFieldValueToString(m, f, -1, &v);
+      out += f->name() + ": " + v + "\n";
+    }
+  }
+  return out;
 }
 
 int InfoOrStats(int argc, char** argv, bool stats) {
@@ -347,14 +434,15 @@ int InfoOrStats(int argc, char** argv, bool stats) {
   if (stats) {
     tandem::v1::GetStatsResponse r;
     s = stub->GetStats(&context, {}, &r);
-    text = r.DebugString();
+    text = EveryField(r);
   } else {
     tandem::v1::GetModelInfoResponse r;
     s = stub->GetModelInfo(&context, {}, &r);
-    text = r.DebugString();
+    text = EveryField(r);
   }
   if (!s.ok()) {
-    std::cerr << "error: " << s.error_code() << " " << s.error_message() << "\n";
+    std::cerr << (stats ? "tandem stats: " : "tandem info: ") << tandem::rpc::StatusCodeName(s)
+              << ": " << s.error_message() << "\n";
     return 1;
   }
   std::cout << text;

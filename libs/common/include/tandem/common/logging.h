@@ -5,7 +5,9 @@
 //   TANDEM_CHECK(ptr != nullptr) << "pool not initialised";
 #pragma once
 
+#include <cstdint>
 #include <sstream>
+#include <string>
 #include <string_view>
 
 namespace tandem {
@@ -20,6 +22,9 @@ LogLevel MinLogLevel();
 void SetLogTag(std::string_view tag);
 
 namespace internal {
+// A log line's time: "MMDD HH:MM:SS.uuuuuu" in UTC, microseconds zero-padded.
+std::string FormatLogTime(int64_t unix_seconds, int64_t nanos);
+
 class LogMessage {
  public:
   LogMessage(LogLevel level, const char* file, int line);

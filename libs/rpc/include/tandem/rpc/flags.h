@@ -6,13 +6,14 @@
 //   flags.ParseOrExit(argc, argv);   // --help prints every flag, its default and doc
 //
 // Accepted forms: --name=value, --name value, and for booleans --name,
-// --noname, --name=true|false|1|0. The default printed by --help is the value
-// the variable holds when it is registered. "--" ends flag parsing; other
-// arguments are returned as positionals.
+// --no-name (vLLM's spelling), --noname, --name=true|false|1|0. The default printed by --help is
+// the value the variable holds when it is registered. "--" ends flag parsing; other arguments are
+// returned as positionals.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ class FlagSet {
   void Add(const std::string& name, int64_t* value, const std::string& doc);
   void Add(const std::string& name, double* value, const std::string& doc);
   void Add(const std::string& name, bool* value, const std::string& doc);
+  // Makes --alias another name of the registered flag --name.
+  void Alias(const std::string& alias, const std::string& name);
+  // Marks registered flags as mirroring vLLM's flags of the same name and
+  // meaning; --help says so.
+  void MirrorsVllm(std::initializer_list<const char*> names);
 
   // Parses argv[first..argc). Unknown flags and malformed values are
   // INVALID_ARGUMENT naming the flag. Sets help_requested() on --help / -h.
@@ -49,6 +55,8 @@ class FlagSet {
     std::string default_value;
     bool is_bool = false;
     std::function<absl::Status(const std::string&)> set;
+    bool mirrors_vllm = false;
+    std::vector<std::string> aliases;
   };
   Flag* Find(const std::string& name);
 

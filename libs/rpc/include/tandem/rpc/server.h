@@ -48,8 +48,17 @@ void EnableReflectionAndHealth();
 [[nodiscard]] absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
     grpc::ServerBuilder* builder, const ServerOptions& options, int* bound_port);
 
-// Sets the overall ("") and `service` health status.
+// Sets the overall ("") and `service` health status: readiness ("can serve
+// now"; NOT_SERVING while the worker is away or loading, and while draining).
 void SetServing(grpc::Server* server, const std::string& service, bool serving);
+
+// The health name of liveness ("this process runs and answers"): SERVING
+// from MarkLive() until ShutdownHealth(), whatever readiness says, draining
+// included; so a liveness probe does not restart a scheduler whose worker is
+// loading weights or gone. Kubernetes probes: liveness and startup on
+// kLivenessService, readiness on the service's own name.
+inline constexpr char kLivenessService[] = "tandem.liveness";
+void MarkLive(grpc::Server* server);
 // Health NOT_SERVING for good and open Watch calls ended, so they do not hold
 // up the server's Shutdown. Call before Shutdown().
 void ShutdownHealth(grpc::Server* server);
