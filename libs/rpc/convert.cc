@@ -77,6 +77,7 @@ void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out) {
     v1::NewRequestData* p = out->add_scheduled_new_reqs();
     p->set_request_id(r.request_id);
     Assign(r.prompt_token_ids, p->mutable_prompt_token_ids());
+    Assign(r.output_token_ids, p->mutable_output_token_ids());
     ToProto(r.sampling, p->mutable_sampling());
     Assign(r.block_ids, p->mutable_block_ids());
     p->set_num_computed_tokens(r.num_computed_tokens);
@@ -123,6 +124,7 @@ absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* ou
     out->scheduled_new_reqs.push_back({
         .request_id = p.request_id(),
         .prompt_token_ids = ToVector(p.prompt_token_ids()),
+        .output_token_ids = ToVector(p.output_token_ids()),
         .sampling = FromProto(p.sampling()),
         .block_ids = ToVector(p.block_ids()),
         .num_computed_tokens = p.num_computed_tokens(),

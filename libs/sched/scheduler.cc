@@ -88,6 +88,17 @@ absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
   }
   TANDEM_RETURN_IF_ERROR(spec.sampling.Validate(
       config_.vocab_size > 0 ? config_.vocab_size : std::numeric_limits<int32_t>::max()));
+  for (const int32_t t : spec.resumed_output_token_ids) {
+    if (t < 0 || (config_.vocab_size > 0 && t >= config_.vocab_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resumed output token id ", t, " is outside the vocabulary"));
+    }
+  }
+  if (static_cast<int64_t>(spec.resumed_output_token_ids.size()) >= spec.sampling.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a resumed request with ", spec.resumed_output_token_ids.size(),
+        " output tokens has nothing left to generate (max_tokens ", spec.sampling.max_tokens, ")"));
+  }
   const int64_t total =
       static_cast<int64_t>(spec.prompt_token_ids.size()) + spec.sampling.max_tokens;
   if (total > config_.max_model_len) {
@@ -110,6 +121,8 @@ absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
   r->arrival_seq = next_arrival_seq_++;
   r->all_token_ids = std::move(spec.prompt_token_ids);
   r->num_prompt_tokens = r->num_tokens();
+  r->all_token_ids.insert(r->all_token_ids.end(), spec.resumed_output_token_ids.begin(),
+                          spec.resumed_output_token_ids.end());
   // Grown once: no reallocation on the hot path (total <= max_model_len).
   r->all_token_ids.reserve(static_cast<size_t>(total));
   r->block_ids.reserve(static_cast<size_t>(blocks_needed));
@@ -480,6 +493,8 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
       d.request_id = r->request_id;
       d.prompt_token_ids.assign(r->all_token_ids.begin(),
                                 r->all_token_ids.begin() + r->num_prompt_tokens);
+      d.output_token_ids.assign(r->all_token_ids.begin() + r->num_prompt_tokens,
+                                r->all_token_ids.end());
       d.sampling = r->sampling;
       d.block_ids = r->block_ids;
       d.num_computed_tokens = r->num_computed_tokens;

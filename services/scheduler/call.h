@@ -15,6 +15,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_callback.h"
+#include "tandem/sched/scheduler.h"
 #include "tandem/v1/generation.pb.h"
 
 namespace tandem::scheduler {
@@ -52,6 +53,11 @@ class GenerateCall {
   int64_t first_token_ns = 0;  // engine thread only
   int64_t last_token_ns = 0;   // engine thread only
   int32_t num_prompt_tokens = 0;
+  // Engine thread only, kept while --worker-loss-grace-s > 0: the request as
+  // submitted and the tokens streamed so far, to resume it on the next
+  // worker if this one is lost.
+  sched::RequestSpec spec;
+  std::vector<int32_t> streamed_token_ids;
 
  private:
   void MaybeStart(std::unique_lock<std::mutex>& lock) {

@@ -73,6 +73,10 @@ static std::string FlagNames(absl::string_view message) {
 }
 
 absl::Status EngineOptions::Validate() const {
+  if (!(worker_loss_grace_s >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker-loss-grace-s must be >= 0, got ", worker_loss_grace_s));
+  }
   if (worker_address.empty()) return absl::InvalidArgumentError("--worker is empty");
   if (max_model_len < 0) {
     return absl::InvalidArgumentError(
@@ -344,6 +348,8 @@ void Engine::Loop() {
         const auto woken = [&] { return stopping_ || !events_.empty(); };
         if (can_schedule) {
           cv_.wait_until(lock, pace_until_, woken);  // see kEmptyStepPace
+        } else if (worker_lost_at_) {
+          cv_.wait_until(lock, WorkerLossDeadline(), woken);  // the grace's end
         } else if (StoresToCollectWhileIdle()) {
           // finished_sending only comes back with a step: while idle, send
           // an empty one now and then so stores_in_flight settles at zero.
@@ -357,6 +363,7 @@ void Engine::Loop() {
     }
     for (Event& e : batch) Handle(e);
     batch.clear();
+    ExpireWorkerLossGrace();
     // Nothing to schedule: the step carries no request; its output brings
     // back the store entries the worker finished since the last step.
     if (flush_stores && StoresToCollectWhileIdle()) SendStep(scheduler_->Schedule());
@@ -401,6 +408,8 @@ void Engine::Handle(Event& e) {
       // No draining check here: TryAccept() let this call in before the
       // drain began, so it runs to the end.
       grpc::Status rejected;
+      // Kept to resume the request if the worker is lost.
+      if (options_.worker_loss_grace_s > 0) e.call->spec = e.spec;
       if (scheduler_ == nullptr || worker_ == nullptr) {
         rejected = grpc::Status(
             grpc::StatusCode::UNAVAILABLE,
@@ -534,6 +543,7 @@ void Engine::Handle(Event& e) {
       TANDEM_LOG(INFO) << "serving: " << scheduler_->num_total_blocks() << " usable KV blocks, "
                        << "max_model_len " << config.max_model_len << ", async scheduling "
                        << (config.async_scheduling ? "on" : "off");
+      ResumeCalls();
       if (on_serving_changed_) on_serving_changed_(!draining_.load());
       return;
     }
@@ -639,6 +649,10 @@ void Engine::Deliver(const sched::RequestOutput& out) {
   }
   if (out.new_token_ids.empty()) return;
   NoteTokens(*it->second, out.new_token_ids.size());
+  if (options_.worker_loss_grace_s > 0) {
+    std::vector<int32_t>& streamed = it->second->streamed_token_ids;
+    streamed.insert(streamed.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+  }
   v1::GenerateResponse msg;
   msg.set_request_id(out.request_id);
   msg.mutable_token_ids()->Assign(out.new_token_ids.begin(), out.new_token_ids.end());
@@ -701,14 +715,27 @@ void Engine::NoteTokens(GenerateCall& call, size_t num_tokens) {
 }
 
 void Engine::DropWorker(const std::string& reason) {
-  TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; failing "
-                    << calls_.size() << " requests";
-  const grpc::Status status(
-      grpc::StatusCode::UNAVAILABLE,
-      absl::StrCat("lost the worker (", reason, "); the request was aborted"));
-  auto calls = std::move(calls_);
-  calls_.clear();
-  for (auto& [id, call] : calls) FinishCall(id, call, v1::FINISH_REASON_ERROR, nullptr, status);
+  if (options_.worker_loss_grace_s > 0 && !calls_.empty()) {
+    // Every live request keeps its call and resumes on the next worker; the
+    // KV on the lost one is gone, so all of it recomputes.
+    TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; "
+                      << calls_.size() << " requests wait up to " << options_.worker_loss_grace_s
+                      << " s for a worker to resume on";
+    if (!worker_lost_at_) {
+      worker_lost_at_ = std::chrono::steady_clock::now();
+      worker_lost_reason_ = reason;
+    }
+    num_worker_lost_preemptions_ += calls_.size();
+  } else {
+    TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; failing "
+                      << calls_.size() << " requests";
+    const grpc::Status status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("lost the worker (", reason, "); the request was aborted"));
+    auto calls = std::move(calls_);
+    calls_.clear();
+    for (auto& [id, call] : calls) FinishCall(id, call, v1::FINISH_REASON_ERROR, nullptr, status);
+  }
   in_flight_.clear();
   scheduler_.reset();
   kv_connector_.reset();
@@ -721,6 +748,49 @@ void Engine::DropWorker(const std::string& reason) {
   }
   if (on_serving_changed_) on_serving_changed_(false);
   connector_->RequestReconnect();
+}
+
+std::chrono::steady_clock::time_point Engine::WorkerLossDeadline() const {
+  return *worker_lost_at_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(options_.worker_loss_grace_s));
+}
+
+void Engine::ExpireWorkerLossGrace() {
+  if (!worker_lost_at_ || std::chrono::steady_clock::now() < WorkerLossDeadline()) return;
+  TANDEM_LOG(ERROR) << "no worker came back within " << options_.worker_loss_grace_s
+                    << " s: failing " << calls_.size() << " requests";
+  const grpc::Status status(
+      grpc::StatusCode::UNAVAILABLE,
+      absl::StrCat("lost the worker (", worker_lost_reason_, ") and none came back within ",
+                   options_.worker_loss_grace_s, " s (--worker-loss-grace-s)"));
+  worker_lost_at_.reset();
+  auto calls = std::move(calls_);
+  calls_.clear();
+  for (auto& [id, call] : calls) FinishCall(id, call, v1::FINISH_REASON_ERROR, nullptr, status);
+}
+
+void Engine::ResumeCalls() {
+  if (!worker_lost_at_) return;
+  worker_lost_at_.reset();
+  std::vector<std::shared_ptr<GenerateCall>> order;
+  for (auto& [id, call] : calls_) order.push_back(call);
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a->start_ns < b->start_ns; });
+  int resumed = 0;
+  for (const std::shared_ptr<GenerateCall>& call : order) {
+    sched::RequestSpec spec = call->spec;
+    spec.resumed_output_token_ids = call->streamed_token_ids;
+    if (absl::Status s = scheduler_->AddRequest(std::move(spec), call->start_ns); !s.ok()) {
+      // E.g. the new worker's context is shorter than this request.
+      FinishCall(
+          call->request_id, call, v1::FINISH_REASON_ERROR, nullptr,
+          grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                       absl::StrCat("cannot resume after the worker was lost: ", s.message())));
+      continue;
+    }
+    ++resumed;
+  }
+  TANDEM_LOG(INFO) << "resumed " << resumed << " requests on the new worker";
 }
 
 void Engine::PublishStats() {
@@ -788,7 +858,10 @@ void Engine::PublishStats() {
       metrics_->num_requests_waiting_by_reason[1]->Set(st.num_waiting_for_lookup);
       metrics_->num_requests_waiting_by_reason[2]->Set(st.num_waiting_for_load);
       for (int i = 0; i < sched::kNumPreemptionReasons; ++i) {
-        metrics_->preemptions[i].Set(st.num_preemptions_by_reason[i]);
+        // The scheduler is rebuilt after a worker loss: the engine counts those.
+        metrics_->preemptions[i].Set(i == static_cast<int>(sched::PreemptionReason::kWorkerLost)
+                                         ? num_worker_lost_preemptions_
+                                         : st.num_preemptions_by_reason[i]);
       }
       for (int i = 0; i < sched::kNumAdmissionLimits; ++i) {
         metrics_->admission_blocked_steps[i].Set(st.num_admission_blocked_steps[i]);

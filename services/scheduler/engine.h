@@ -55,6 +55,11 @@ struct EngineOptions {
   // connection when it advertises one, else gRPC), "off" (gRPC only) or
   // host:port of the bulk port. See KvStoreConnectorOptions::bulk_load.
   std::string kvstore_bulk_port = "auto";
+  // When the worker is lost, live requests wait this long for a worker to
+  // serve again and then resume where they stopped (the tokens a run without
+  // the loss gives: greedy, or seeded by the server); after it they end with
+  // UNAVAILABLE. 0: they end at once.
+  double worker_loss_grace_s = 30;
   // The model's name in GetModelInfo and the model_name label of the
   // metrics (vLLM's --served-model-name); empty: the worker's model name.
   std::string served_model_name;
@@ -166,6 +171,12 @@ class Engine {
   void FinishCall(const std::string& request_id, std::shared_ptr<GenerateCall> call,
                   v1::FinishReason reason, const sched::RequestOutput* out, grpc::Status status);
   void DropWorker(const std::string& reason);
+  // A worker serves again: every call kept since the loss resumes on the new
+  // scheduler, in arrival order.
+  void ResumeCalls();
+  // The grace after a worker loss ran out: the kept calls end UNAVAILABLE.
+  void ExpireWorkerLossGrace();
+  [[nodiscard]] std::chrono::steady_clock::time_point WorkerLossDeadline() const;
   // Converts and writes one step and keeps it in flight; false when the
   // stream broke (the worker is dropped then).
   bool SendStep(sched::SchedulerOutput step);
@@ -204,6 +215,10 @@ class Engine {
   uint64_t load_failed_rpc_ = 0;
   std::unique_ptr<WorkerStream> worker_;
   uint64_t max_broken_generation_ = 0;
+  // Set while calls wait for a worker after a loss (worker_loss_grace_s).
+  std::optional<std::chrono::steady_clock::time_point> worker_lost_at_;
+  std::string worker_lost_reason_;
+  uint64_t num_worker_lost_preemptions_ = 0;  // requests kept through a loss
   std::unordered_map<std::string, std::shared_ptr<GenerateCall>> calls_;
   std::deque<sched::SchedulerOutput> in_flight_;
   int32_t max_steps_in_flight_ = 0;

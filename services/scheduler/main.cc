@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
   flags.Add("max-step-failures", &sc.max_step_failures,
             "a request in this many failed worker steps ends with INTERNAL; before that each "
             "failure recomputes it");
+  flags.Add("worker-loss-grace-s", &engine_options.worker_loss_grace_s,
+            "when the worker is lost, live requests wait this long for a worker to serve again "
+            "and resume where they stopped (same tokens; their KV recomputes); then they end "
+            "with UNAVAILABLE. 0: they end at once");
   flags.Add("max-waiting", &sc.max_waiting_requests,
             "waiting requests at most; beyond it Generate returns RESOURCE_EXHAUSTED");
   flags.Add("allow-request-cache-salt", &generation_options.allow_request_cache_salt,

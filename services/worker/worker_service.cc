@@ -34,6 +34,9 @@ absl::Status WorkerOptions::Validate() const {
   if (kvstore_transfer_deadline_ms <= 0) {
     return absl::InvalidArgumentError("--kvstore-transfer-deadline-ms must be > 0");
   }
+  if (debug_step_delay_us < 0) {
+    return absl::InvalidArgumentError("--debug-step-delay-us must be >= 0");
+  }
   if (sim_step_us < 0 || sim_token_us < 0) {
     return absl::InvalidArgumentError("--sim-step-us and --sim-token-us must be >= 0");
   }
@@ -295,6 +298,7 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
     s.unconfirmed_sample_steps.clear();
     s.num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
     s.token_ids = std::move(r.prompt_token_ids);
+    s.token_ids.insert(s.token_ids.end(), r.output_token_ids.begin(), r.output_token_ids.end());
     s.sampling = std::move(r.sampling);
     s.block_table = std::move(r.block_ids);
     s.num_computed_tokens = r.num_computed_tokens;
@@ -340,6 +344,9 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
       debug_fail_steps_.end()) {
     return absl::InternalError(
         absl::StrCat("step ", step.step_id, " failed (TEST-ONLY --debug-fail-steps)"));
+  }
+  if (options_.debug_step_delay_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(options_.debug_step_delay_us));
   }
 
   std::vector<model::SequenceInput> inputs;

@@ -85,6 +85,9 @@ struct WorkerOptions {
   // that fail after their loads and batch diff, before the forward pass
   // (their KV is not written). Empty: none.
   std::string debug_fail_steps;
+  // TEST-ONLY: every step sleeps this long before its forward pass, so a
+  // test can act while streams are surely mid-way (any backend). 0: off.
+  int32_t debug_step_delay_us = 0;
 
   // debug_fail_steps parsed (Validate checks it).
   [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> DebugFailSteps() const;

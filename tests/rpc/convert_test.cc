@@ -19,8 +19,15 @@ sched::SchedulerOutput MakeOutput() {
   out.scheduled_new_reqs.push_back({
       .request_id = "a",
       .prompt_token_ids = {1, 5, 9},
-      .sampling = {.temperature = 0.7f, .top_k = 5, .top_p = 0.9f, .seed = 1234567890123ull,
-                   .max_tokens = 7, .min_tokens = 2, .ignore_eos = true, .stop_token_ids = {3, 4}},
+      .output_token_ids = {11, 12},
+      .sampling = {.temperature = 0.7f,
+                   .top_k = 5,
+                   .top_p = 0.9f,
+                   .seed = 1234567890123ull,
+                   .max_tokens = 7,
+                   .min_tokens = 2,
+                   .ignore_eos = true,
+                   .stop_token_ids = {3, 4}},
       .block_ids = {7, 8},
       .num_computed_tokens = 16,
   });
@@ -66,6 +73,7 @@ TEST(ConvertTest, SchedulerOutputRoundTripsThroughBytes) {
   const auto& n = out.scheduled_new_reqs[0];
   EXPECT_EQ(n.request_id, "a");
   EXPECT_EQ(n.prompt_token_ids, (std::vector<int32_t>{1, 5, 9}));
+  EXPECT_EQ(n.output_token_ids, (std::vector<int32_t>{11, 12}));
   ExpectEqual(n.sampling, in.scheduled_new_reqs[0].sampling);
   EXPECT_EQ(n.block_ids, (std::vector<int32_t>{7, 8}));
   EXPECT_EQ(n.num_computed_tokens, 16);

@@ -234,3 +234,54 @@ TEST_P(FailureTest, RandomStepFailuresNeverChangeTokensOrLeakBlocks) {
 
 }  // namespace
 }  // namespace tandem::sched
+
+namespace tandem::sched {
+namespace {
+
+// A request resumed on a new scheduler after its worker was lost (issue 16):
+// added with the output tokens already streamed, it streams exactly the rest
+// of a run without the loss, and its usage counts every output token.
+TEST_P(FailureTest, AResumedRequestStreamsTheRestOfTheUninterruptedRun) {
+  const SchedulerConfig c = TestConfig(64, GetParam());
+  const std::vector<int32_t> prompt = Tokens(13, 3);
+  const testing::Reference ref = RunAlone(prompt, Greedy(10), c);
+  ASSERT_EQ(ref.output.size(), 10u);
+  for (size_t streamed : {1u, 4u, 9u}) {
+    SCOPED_TRACE(streamed);
+    Harness h(c, nullptr, nullptr);
+    const std::vector<int32_t> done(ref.output.begin(), ref.output.begin() + streamed);
+    ASSERT_TRUE(h.sched
+                    .AddRequest(RequestSpec{.request_id = "R",
+                                            .prompt_token_ids = prompt,
+                                            .sampling = Greedy(10),
+                                            .resumed_output_token_ids = done},
+                                0)
+                    .ok());
+    h.RunToCompletion();
+    EXPECT_EQ(h.outputs.at("R"),
+              std::vector<int32_t>(ref.output.begin() + static_cast<std::ptrdiff_t>(streamed),
+                                   ref.output.end()));
+    EXPECT_EQ(h.reasons.at("R"), ref.reason);
+    EXPECT_EQ(h.usage.at("R").num_prompt_tokens, 13);
+    EXPECT_EQ(h.usage.at("R").num_output_tokens, 10);
+  }
+  // Nothing left to generate, or a token outside the vocabulary: refused.
+  Scheduler s(c, nullptr);
+  EXPECT_EQ(s.AddRequest({.request_id = "full",
+                          .prompt_token_ids = prompt,
+                          .sampling = Greedy(2),
+                          .resumed_output_token_ids = {5, 6}},
+                         0)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.AddRequest({.request_id = "bad",
+                          .prompt_token_ids = prompt,
+                          .sampling = Greedy(4),
+                          .resumed_output_token_ids = {c.vocab_size}},
+                         0)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem::sched

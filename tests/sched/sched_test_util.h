@@ -163,6 +163,8 @@ class FakeWorker {
     for (const NewRequestData& d : so.scheduled_new_reqs) {
       EXPECT_EQ(reqs_.count(d.request_id), 0u) << d.request_id << " sent as new twice";
       reqs_[d.request_id] = Req{d.prompt_token_ids, d.block_ids};
+      reqs_[d.request_id].tokens.insert(reqs_[d.request_id].tokens.end(),
+                                        d.output_token_ids.begin(), d.output_token_ids.end());
     }
     for (const CachedRequestData& d : so.scheduled_cached_reqs) {
       auto it = reqs_.find(d.request_id);

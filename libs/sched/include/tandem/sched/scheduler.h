@@ -94,6 +94,13 @@ struct RequestSpec {
   int32_t priority = 0;
   // Tenant salt for the block-hash root, set by the server (DESIGN §3).
   std::string cache_salt;
+  // Output tokens an earlier scheduler already streamed for this request,
+  // whose worker was lost (issue 16: a worker's death costs a pause). The
+  // request continues after them, as after a preemption: they count against
+  // max_tokens, the worker recomputes their KV, and sampling continues at
+  // output position size() (the counter-based RNG gives the tokens a run
+  // without the loss would have given). Fewer than max_tokens.
+  std::vector<int32_t> resumed_output_token_ids;
 };
 
 // What UpdateFromOutput / AbortRequest produce for one client.

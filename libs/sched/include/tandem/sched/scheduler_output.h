@@ -16,6 +16,9 @@ namespace tandem::sched {
 struct NewRequestData {
   std::string request_id;
   std::vector<int32_t> prompt_token_ids;
+  // Output tokens it already has: a request resumed on this worker after
+  // another was lost (RequestSpec::resumed_output_token_ids); usually empty.
+  std::vector<int32_t> output_token_ids;
   SamplingParams sampling;
   std::vector<int32_t> block_ids;   // the whole block table
   int32_t num_computed_tokens = 0;  // prefix hit: tokens whose KV is already there
