@@ -93,7 +93,7 @@ void ShutdownHealth(grpc::Server* server) {
   if (health != nullptr) health->Shutdown();
 }
 
-std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target) {
+grpc::ChannelArguments DefaultChannelArguments() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
@@ -104,7 +104,12 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target) {
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                   DefaultChannelArguments());
 }
 
 namespace {

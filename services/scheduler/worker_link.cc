@@ -3,47 +3,27 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "grpcpp/generic/generic_stub.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/server.h"
 
 namespace tandem::scheduler {
 namespace {
 
-// Health check over the generic stub: grpc.health.v1.Health/Check with the
-// request and response encoded by hand (field 1 = service name / status), so
-// we need no generated health protos.
-bool IsServing(grpc::Channel* channel, std::string* error) {
-  grpc::GenericStub stub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
+// The worker's readiness (grpc.health.v1, service tandem.v1.Worker).
+bool IsServing(const std::shared_ptr<grpc::Channel>& channel, std::string* error) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  // An empty HealthCheckRequest (the whole server) is zero bytes.
-  grpc::Slice empty_slice(std::string{});
-  grpc::ByteBuffer request(&empty_slice, 1);
-  grpc::ByteBuffer response;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   status = std::move(s);
-                   done = true;
-                   cv.notify_all();
-                 });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("tandem.v1.Worker");
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) {
     *error = absl::StrCat("health check: ", status.error_message());
     return false;
   }
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return false;
-  std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  // HealthCheckResponse{status = SERVING (1)} encodes as 08 01.
-  if (bytes.size() == 2 && bytes[0] == 0x08 && bytes[1] == 0x01) return true;
+  if (response.status() == grpc::health::v1::HealthCheckResponse::SERVING) return true;
   *error = "worker is not SERVING yet";
   return false;
 }
@@ -112,7 +92,7 @@ void WorkerConnector::Stop() {
 }
 
 std::unique_ptr<WorkerStream> WorkerConnector::TryConnect(std::string* error) {
-  if (!IsServing(channel_.get(), error)) return nullptr;
+  if (!IsServing(channel_, error)) return nullptr;
   auto stub = v1::Worker::NewStub(channel_);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

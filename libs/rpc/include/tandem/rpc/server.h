@@ -13,6 +13,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/channel_arguments.h"
 
 namespace tandem::rpc {
 
@@ -65,6 +66,10 @@ void ShutdownHealth(grpc::Server* server);
 
 // A channel with keepalive matching ServerOptions' defaults.
 [[nodiscard]] std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target);
+// The channel arguments CreateChannel uses (keepalive, reconnect backoff,
+// receive limit), the one definition for every Tandem client; a client that
+// needs more (the KV-store's bulk transfers) adds to them.
+[[nodiscard]] grpc::ChannelArguments DefaultChannelArguments();
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it
 // creates afterwards. Call first thing in main().
