@@ -1,50 +1,63 @@
 #!/usr/bin/python3
-"""The Helm chart (deploy/helm/tandem), checked with the real helm and promtool.
+"""The Helm chart (deploy/helm/tandem), checked with the real helm.
 
-  1. `helm lint --strict` passes.
-  2. `helm template` with the defaults renders the KV-store as a StatefulSet
-     with a volume, the scheduler+worker replica as one Deployment, and
-     their Services; every flag the chart passes is one the built binary's
-     --help lists; the worker's GPU requests equal its limits; every
-     container has gRPC probes on the health service names the binaries
-     set; the scheduler reaches its worker on the pod's loopback and both
-     reach the KV-store through its Service, whose bulk port keeps its
-     number (clients use the advertised one).
-  3. Other values: the cpu backend asks for no GPU; without the KV-store
-     nothing refers to it; the ServiceMonitor scrapes ports the Services
-     name; the PrometheusRule carries files/rules.yaml, which promtool
-     accepts.
+  1. `helm lint --strict` passes, with the defaults and with every option on
+     (golden/all-on.values.yaml).
+  2. Golden renders: `helm template` with the defaults and with all options
+     on equals golden/default.yaml and golden/all-on.yaml. After a deliberate
+     change, regenerate them with
+         TANDEM_UPDATE_GOLDEN=1 tests/deploy/helm_test.py BUILD_DIR SOURCE_DIR
+     and review the diff.
+  3. values.schema.json: every object in it says which keys it takes
+     (additionalProperties), and each bad value fails `helm template` with a
+     schema error: replicas=-1, worker.backend=tpu, kvstore.durability=never,
+     scheduler.maxNumSeqss=4 (a typo), worker.gpus=2.
+  4. Flags: every flag the chart passes (defaults and all-on, extraArgs
+     included) is one the built binary's --help lists.
+  5. Probes: liveness and startup on "tandem.liveness", readiness on the
+     service's own name, every probe on the port the container listens on.
+  6. Security: the defaults pass Pod Security "restricted" (checked here,
+     rule by rule); the pods run as the image's user (deploy/docker/Dockerfile
+     USER), with fsGroup so the KV-store can write its volume, and a /tmp
+     emptyDir under the read-only root file system.
+  7. The rest of the defaults: StatefulSet + volume for the KV-store, GPU
+     requests = limits, the scheduler reaches its worker on loopback and the
+     store through its Service (bulk port under its own number), no surge
+     of GPU pods, the drain fits the grace period.
+  8. Other values: cpu backend, no KV-store, ServiceMonitor ports,
+     PrometheusRule = files/rules.yaml, KEDA and HPA on queue depth (the
+     query parses), NetworkPolicies (only replicas reach the store, only the
+     frontend reaches the schedulers, metrics from the monitoring peers).
 
 Usage: helm_test.py BUILD_DIR SOURCE_DIR
 """
+import difflib
 import os
 import re
-import shutil
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from deploy_common import (NAMESPACE, RELEASE, all_containers, by_kind_name, chart_dir,  # noqa: E402
+                           find_helm, find_promtool, helm_template, objects, pod_specs,
+                           render_text)
 
-def find_helm(source_dir):
-    local = os.path.join(source_dir, ".cache", "tools", "helm")
-    helm = local if os.access(local, os.X_OK) else shutil.which("helm")
-    assert helm, "helm not found: run tools/install-deps.sh (it puts helm in .cache/tools)"
-    return helm
-
-
-def render(helm, chart, *sets):
-    args = [helm, "template", "t", chart]
-    for s in sets:
-        args += ["--set", s]
-    out = subprocess.run(args, capture_output=True, text=True)
-    assert out.returncode == 0, f"helm template {sets}: {out.stderr}"
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+HERE = os.path.dirname(os.path.abspath(__file__))
+GOLDEN = os.path.join(HERE, "golden")
+ALL_ON = os.path.join(GOLDEN, "all-on.values.yaml")
+BINARIES = {"kvstore": "services/kvstore/tandem-kvstore",
+            "scheduler": "services/scheduler/tandem-scheduler",
+            "worker": "services/worker/tandem-worker"}
+READINESS = {"kvstore": "tandem.v1.KvStore", "scheduler": "tandem.v1.Generation",
+             "worker": "tandem.v1.Worker"}
+LIVENESS = "tandem.liveness"
 
 
 def one(objs, kind):
-    found = [o for (k, _), o in objs.items() if k == kind]
+    found = [o for o in objs if o["kind"] == kind]
     assert len(found) == 1, f"{len(found)} {kind} objects"
     return found[0]
 
@@ -71,48 +84,248 @@ def arg(c, flag):
     return None
 
 
-def main():
-    build_dir, source_dir = sys.argv[1], sys.argv[2]
-    chart = os.path.join(source_dir, "deploy", "helm", "tandem")
-    helm = find_helm(source_dir)
+# 1. ------------------------------------------------------------------------
+def check_lint(helm, chart):
+    for extra in ([], ["-f", ALL_ON]):
+        lint = subprocess.run([helm, "lint", "--strict", chart] + extra, capture_output=True,
+                              text=True)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+    print("helm lint --strict: clean (defaults, all options on)")
 
-    # 1. Lint.
-    lint = subprocess.run([helm, "lint", "--strict", chart], capture_output=True, text=True)
-    assert lint.returncode == 0, lint.stdout + lint.stderr
-    print("helm lint --strict: clean")
 
-    # 2. Defaults.
-    objs = render(helm, chart)
-    kinds = sorted(k for k, _ in objs)
-    assert kinds == ["ConfigMap", "Deployment", "Service", "Service", "StatefulSet"], kinds
-    sts, dep = one(objs, "StatefulSet"), one(objs, "Deployment")
-    binaries = {"kvstore": "services/kvstore/tandem-kvstore",
-                "scheduler": "services/scheduler/tandem-scheduler",
-                "worker": "services/worker/tandem-worker"}
-    pods = {**containers(sts), **containers(dep)}
-    assert sorted(pods) == ["kvstore", "scheduler", "worker"], sorted(pods)
-    health = {"kvstore": "tandem.v1.KvStore", "scheduler": "tandem.v1.Generation",
-              "worker": "tandem.v1.Worker"}
+# 2. ------------------------------------------------------------------------
+def check_golden(helm, chart):
+    update = os.environ.get("TANDEM_UPDATE_GOLDEN") == "1"
+    for name, files in (("default", []), ("all-on", [ALL_ON])):
+        got = render_text(helm, chart, files)
+        path = os.path.join(GOLDEN, f"{name}.yaml")
+        if update:
+            with open(path, "w") as f:
+                f.write(got)
+            print(f"golden: wrote {os.path.relpath(path, HERE)}")
+            continue
+        with open(path) as f:
+            want = f.read()
+        if got != want:
+            diff = "".join(list(difflib.unified_diff(
+                want.splitlines(True), got.splitlines(True), f"golden/{name}.yaml",
+                "helm template"))[:80])
+            raise AssertionError(
+                f"the {name} render differs from golden/{name}.yaml (if intended, regenerate "
+                f"with TANDEM_UPDATE_GOLDEN=1 and review):\n{diff}")
+    if not update:
+        print("golden: the default and all-on renders equal golden/default.yaml, "
+              "golden/all-on.yaml")
+
+
+# 3. ------------------------------------------------------------------------
+def open_objects(node, path="$"):
+    """Paths of object schemas that do not say which keys they take."""
+    found = []
+    if isinstance(node, dict):
+        if node.get("type") == "object" and "additionalProperties" not in node:
+            found.append(path)
+        for k, v in node.items():
+            found += open_objects(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found += open_objects(v, f"{path}[{i}]")
+    return found
+
+
+def closed_everywhere(schema):
+    """Every object with properties is closed (additionalProperties false);
+    the open ones are maps of a typed value or Kubernetes types passed through
+    to the API server, each saying so in its description."""
+    missing = open_objects(schema)
+    assert not missing, f"schema objects without additionalProperties: {missing}"
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node and path != "$.properties.global":
+                assert node["additionalProperties"] is False, f"{path}: takes unknown keys"
+            if node.get("additionalProperties") is True and path != "$.properties.global":
+                assert "Kubernetes" in node.get("description", ""), \
+                    f"{path}: open object that is not a Kubernetes pass-through"
+            for k, v in node.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+    walk(schema, "$")
+
+
+BAD_VALUES = {
+    "replicas=-1": "/replicas",
+    "worker.backend=tpu": "/worker/backend",
+    "kvstore.durability=never": "/kvstore/durability",
+    "scheduler.maxNumSeqss=4": "maxNumSeqss",
+    "worker.gpus=2": "/worker/gpus",
+}
+
+
+def check_schema(helm, chart):
+    import json
+    with open(os.path.join(chart, "values.schema.json")) as f:
+        schema = json.load(f)
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#", schema["$schema"]
+    closed_everywhere(schema)
+    for bad, where in BAD_VALUES.items():
+        out = helm_template(helm, chart, sets=[bad])
+        assert out.returncode != 0 and "don't meet the specifications of the schema" in out.stderr \
+            and where in out.stderr, f"--set {bad}: expected a schema error at {where}: " \
+            f"rc={out.returncode} {out.stderr.strip()}"
+    # The description of worker.gpus says why.
+    gpus = schema["properties"]["worker"]["properties"]["gpus"]
+    assert gpus["maximum"] == 1 and "tensor parallelism" in gpus["description"], gpus
+    print(f"values.schema.json: draft-07, closed objects; {len(BAD_VALUES)} bad values fail "
+          f"with schema errors ({', '.join(BAD_VALUES)})")
+
+
+# 4 and 5. ------------------------------------------------------------------
+def check_flags_and_probes(build_dir, objs, label):
+    known = {name: flags_of(build_dir, path) for name, path in BINARIES.items()}
+    pods = {}
+    for _, spec in pod_specs(objs):
+        pods.update({c["name"]: c for c in spec["containers"]})
+    assert sorted(pods) == sorted(BINARIES), sorted(pods)
     for name, c in pods.items():
-        assert c["command"] == [os.path.basename(binaries[name])], c["command"]
-        known = flags_of(build_dir, binaries[name])
+        assert c["command"] == [os.path.basename(BINARIES[name])], c["command"]
         for a in c["args"]:
             flag = a.split("=", 1)[0].lstrip("-")
-            assert flag in known, f"{name}: the chart passes --{flag}, which --help does not list"
-        ready = c["readinessProbe"]["grpc"]
-        assert ready["service"] == health[name], (name, ready)
-        assert "grpc" in c["livenessProbe"], name
+            assert flag in known[name], \
+                f"{label}: {name}: the chart passes --{flag}, which --help does not list"
+        listen_port = int(arg(c, "listen").rsplit(":", 1)[1])
+        assert arg(c, "listen") == f"0.0.0.0:{listen_port}", name
         assert arg(c, "metrics-listen").startswith("0.0.0.0:"), name
-        # A probe's port is one the container listens on.
-        assert ready["port"] in [p["containerPort"] for p in c["ports"]], name
-        assert arg(c, "listen") == f"0.0.0.0:{ready['port']}", name
+        assert listen_port in [p["containerPort"] for p in c["ports"]], name
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert probe in c, f"{label}: {name} has no {probe}"
+            grpc = c[probe]["grpc"]
+            assert grpc["port"] == listen_port, (name, probe, grpc)
+            want = READINESS[name] if probe == "readinessProbe" else LIVENESS
+            assert grpc.get("service") == want, f"{label}: {name} {probe} on {grpc}, want {want}"
+    return pods
+
+
+# 6. ------------------------------------------------------------------------
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
+SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range",
+                "net.ipv4.ip_unprivileged_port_start", "net.ipv4.tcp_syncookies",
+                "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout",
+                "net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes"}
+
+
+def pod_security_restricted(owner, spec):
+    """The Pod Security Standards' baseline and restricted rules
+    (kubernetes.io/docs/concepts/security/pod-security-standards), as a list
+    of violations."""
+    bad = []
+    psc = spec.get("securityContext") or {}
+    # baseline
+    for host in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(host):
+            bad.append(f"{host}: true")
+    for vol in spec.get("volumes", []):
+        kinds = set(vol) - {"name"}
+        if "hostPath" in kinds:
+            bad.append(f"volume {vol['name']}: hostPath")
+        if not kinds <= RESTRICTED_VOLUMES:
+            bad.append(f"volume {vol['name']}: {sorted(kinds - RESTRICTED_VOLUMES)} not allowed")
+    for s in psc.get("sysctls", []):
+        if s["name"] not in SAFE_SYSCTLS:
+            bad.append(f"sysctl {s['name']}")
+    if (psc.get("windowsOptions") or {}).get("hostProcess"):
+        bad.append("pod hostProcess")
+    pod_non_root = psc.get("runAsNonRoot") is True
+    pod_seccomp = (psc.get("seccompProfile") or {}).get("type")
+    if psc.get("runAsUser") == 0:
+        bad.append("pod runAsUser 0")
+    if pod_seccomp not in (None, "RuntimeDefault", "Localhost"):
+        bad.append(f"pod seccomp {pod_seccomp}")
+    if (psc.get("appArmorProfile") or {}).get("type") == "Unconfined":
+        bad.append("pod AppArmor Unconfined")
+    if (psc.get("seLinuxOptions") or {}).get("type") not in (
+            None, "", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"):
+        bad.append("pod SELinux type")
+    for c in all_containers(spec):
+        sc = c.get("securityContext") or {}
+        n = c["name"]
+        if sc.get("privileged"):
+            bad.append(f"{n}: privileged")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            bad.append(f"{n}: hostPort")
+        if sc.get("procMount", "Default") != "Default":
+            bad.append(f"{n}: procMount")
+        if (sc.get("appArmorProfile") or {}).get("type") == "Unconfined":
+            bad.append(f"{n}: AppArmor Unconfined")
+        if (sc.get("windowsOptions") or {}).get("hostProcess"):
+            bad.append(f"{n}: hostProcess")
+        # restricted
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{n}: allowPrivilegeEscalation is not false")
+        if sc.get("runAsNonRoot") is False or (not pod_non_root and sc.get("runAsNonRoot") is not True):
+            bad.append(f"{n}: runAsNonRoot not set")
+        if sc.get("runAsUser") == 0:
+            bad.append(f"{n}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or {}).get("type") or pod_seccomp
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{n}: seccomp profile {seccomp}")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in caps.get("drop", []):
+            bad.append(f"{n}: capabilities do not drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{n}: adds capabilities {caps['add']}")
+    return [f"{owner}: {b}" for b in bad]
+
+
+def dockerfile_user(source_dir):
+    with open(os.path.join(source_dir, "deploy", "docker", "Dockerfile")) as f:
+        users = re.findall(r"^USER\s+(\d+):(\d+)\s*$", f.read(), re.M)
+    assert len(users) == 1, f"the Dockerfile should set one numeric USER uid:gid, found {users}"
+    return int(users[0][0]), int(users[0][1])
+
+
+def check_security(source_dir, objs, label):
+    violations = [v for owner, spec in pod_specs(objs) for v in pod_security_restricted(owner, spec)]
+    assert not violations, f"{label}: Pod Security restricted: {violations}"
+    uid, gid = dockerfile_user(source_dir)
+    for owner, spec in pod_specs(objs):
+        psc = spec["securityContext"]
+        assert (psc["runAsUser"], psc["runAsGroup"], psc["fsGroup"]) == (uid, gid, gid), \
+            f"{owner}: runs as {psc}, the image's user is {uid}:{gid}"
+        assert psc["fsGroupChangePolicy"] == "OnRootMismatch", owner
+        tmp = [v for v in spec["volumes"] if v["name"] == "tmp"]
+        assert tmp and "emptyDir" in tmp[0], f"{owner}: no /tmp emptyDir"
+        for c in spec["containers"]:
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True, (owner, c["name"])
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert mounts.get("/tmp") == "tmp", f"{owner}/{c['name']}: /tmp not on the emptyDir"
+    print(f"{label}: Pod Security restricted holds for {len(pod_specs(objs))} pod templates; "
+          f"they run as the image's user {uid}:{gid} (fsGroup {gid}, OnRootMismatch), read-only "
+          "root with /tmp on an emptyDir")
+
+
+# 7. ------------------------------------------------------------------------
+def check_defaults(build_dir, source_dir, objs):
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "Service",
+                     "StatefulSet"], kinds
+    pods = check_flags_and_probes(build_dir, objs, "defaults")
+    named = by_kind_name(objs)
+    sts, dep = one(objs, "StatefulSet"), one(objs, "Deployment")
     w, s, kv = pods["worker"], pods["scheduler"], pods["kvstore"]
     res = w["resources"]
+    assert arg(w, "backend") == "cuda", "the default image is the CUDA one (deploy/README.md)"
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == 1, res
-    assert "startupProbe" in w, "the worker loads weights before it is SERVING"
+    # A GPU replica must not surge onto a second GPU.
+    strategy = dep["spec"]["strategy"]
+    assert strategy["type"] == "Recreate" or strategy["rollingUpdate"]["maxSurge"] == 0, strategy
     assert arg(s, "worker") == f"127.0.0.1:{arg(w, 'listen').split(':')[1]}"
-    kv_svc = objs[("Service", "t-tandem-kvstore")]
-    kv_addr = f"t-tandem-kvstore:{kv_svc['spec']['ports'][0]['port']}"
+    kv_svc = named[("Service", f"{RELEASE}-kvstore")]
+    kv_addr = f"{RELEASE}-kvstore:{kv_svc['spec']['ports'][0]['port']}"
     assert arg(s, "kvstore") == kv_addr and arg(w, "kvstore") == kv_addr, (kv_addr, s, w)
     bulk = {p["name"]: p for p in kv_svc["spec"]["ports"]}["bulk"]
     bulk_listen = int(arg(kv, "bulk-load-listen").split(":")[1])
@@ -125,34 +338,113 @@ def main():
     assert grace > int(arg(s, "drain-timeout-s")), "pods killed before the scheduler drains"
     model = {m["name"]: m["mountPath"] for m in w["volumeMounts"]}["model"]
     assert arg(w, "model").startswith(model + "/"), (model, arg(w, "model"))
+    assert arg(s, "served-model-name") == os.path.basename(arg(w, "model")), \
+        "model_name should default to the model's base name"
+    pdb = one(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"], pdb
     dash = one(objs, "ConfigMap")
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert all(v.lstrip().startswith("{") for v in dash["data"].values())
-    print("defaults: StatefulSet + volume, one Deployment (scheduler + worker), flags all known "
-          "to the binaries, GPU requests = limits, gRPC probes on the services' health names")
+    print("defaults: StatefulSet + volume, one Deployment (scheduler + worker) that does not "
+          "surge, flags all known to the binaries, GPU requests = limits, probes on "
+          "tandem.liveness and the services' names, a PodDisruptionBudget")
 
-    # 3. Other values.
-    cpu = render(helm, chart, "worker.backend=cpu", "worker.gpus=0")
+
+# 8. ------------------------------------------------------------------------
+def promql_parses(promtool, exprs):
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump({"groups": [{"name": "q", "rules": [
+            {"record": f"q:{i}", "expr": e} for i, e in enumerate(exprs)]}]}, f)
+        f.flush()
+        r = subprocess.run([promtool, "check", "rules", f.name], capture_output=True, text=True)
+    assert r.returncode == 0, f"{exprs}: {r.stdout}{r.stderr}"
+
+
+def check_other_values(build_dir, helm, chart):
+    promtool = find_promtool()
+    cpu = objects(render_text(helm, chart, sets=["worker.backend=cpu", "worker.gpus=0"]))
     wc = containers(one(cpu, "Deployment"))["worker"]
     assert "nvidia.com/gpu" not in str(wc["resources"]) and arg(wc, "backend") == "cpu"
-    nokv = render(helm, chart, "kvstore.enabled=false")
-    assert "StatefulSet" not in [k for k, _ in nokv]
+    nokv = objects(render_text(helm, chart, sets=["kvstore.enabled=false",
+                                                  "networkPolicy.enabled=true"]))
+    assert "StatefulSet" not in [o["kind"] for o in nokv]
     assert "--kvstore" not in str(containers(one(nokv, "Deployment"))), "refers to a store"
-    mon = render(helm, chart, "serviceMonitor.enabled=true", "prometheusRule.enabled=true")
+    assert [o["metadata"]["name"] for o in nokv if o["kind"] == "NetworkPolicy"] == [RELEASE]
+    mon = objects(render_text(helm, chart, sets=["serviceMonitor.enabled=true",
+                                                 "prometheusRule.enabled=true"]))
     sm, pr = one(mon, "ServiceMonitor"), one(mon, "PrometheusRule")
-    port_names = {p["name"] for (k, _), o in mon.items() if k == "Service"
-                  for p in o["spec"]["ports"]}
+    port_names = {p["name"] for o in mon if o["kind"] == "Service" for p in o["spec"]["ports"]}
     for ep in sm["spec"]["endpoints"]:
         assert ep["port"] in port_names, (ep, port_names)
-    rules_file = os.path.join(chart, "files", "rules.yaml")
-    with open(rules_file) as f:
+    with open(os.path.join(chart, "files", "rules.yaml")) as f:
         assert pr["spec"] == yaml.safe_load(f), "the PrometheusRule differs from files/rules.yaml"
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool not found (Debian package prometheus)"
-    check = subprocess.run([promtool, "check", "rules", rules_file], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    print("values: cpu backend without GPUs, no KV-store, ServiceMonitor ports, PrometheusRule = "
-          "files/rules.yaml; " + check.stdout.strip().splitlines()[-1].strip())
+
+    # Autoscaling on queue depth; the Deployment then leaves replicas to it.
+    keda = objects(render_text(helm, chart, sets=["autoscaling.keda.enabled=true"]))
+    so = one(keda, "ScaledObject")
+    trig = so["spec"]["triggers"][0]
+    assert trig["type"] == "prometheus" and so["spec"]["scaleTargetRef"]["name"] == RELEASE
+    query = trig["metadata"]["query"]
+    assert query.startswith("sum(tandem_scheduler_num_requests_waiting{"), query
+    assert f'namespace="{NAMESPACE}"' in query, query
+    assert isinstance(trig["metadata"]["threshold"], str), "KEDA takes the threshold as a string"
+    promql_parses(promtool, [query])
+    assert "replicas" not in one(keda, "Deployment")["spec"], "helm upgrade would reset replicas"
+    hpa = one(objects(render_text(helm, chart, sets=["autoscaling.hpa.enabled=true"])),
+              "HorizontalPodAutoscaler")
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == \
+        "tandem_scheduler_num_requests_waiting", hpa
+    both = helm_template(helm, chart, sets=["autoscaling.hpa.enabled=true",
+                                            "autoscaling.keda.enabled=true"])
+    assert both.returncode != 0 and "not both" in both.stderr, both.stderr
+
+    # All options on: NetworkPolicies say who reaches what.
+    objs = objects(render_text(helm, chart, [ALL_ON]))
+    check_flags_and_probes(build_dir, objs, "all-on")
+    with open(ALL_ON) as f:
+        values = yaml.safe_load(f)
+    pols = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "NetworkPolicy"}
+    kv_pol, rep_pol = pols[f"{RELEASE}-kvstore"], pols[RELEASE]
+    kv_ports = {values["kvstore"].get("port", 50070), values["kvstore"].get("bulkPort", 50071)}
+
+    def rules_for(pol, port):
+        return [r for r in pol["ingress"] if port in [p["port"] for p in r["ports"]]]
+
+    for port in kv_ports:
+        (rule,) = rules_for(kv_pol, port)
+        assert rule["from"] == [{"podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "tandem", "app.kubernetes.io/instance": RELEASE,
+            "app.kubernetes.io/component": "replica"}}}], rule
+    (rule,) = rules_for(rep_pol, 50051)
+    frontend = {"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "tandem", "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": "frontend"}}}
+    assert rule["from"] == [frontend] + values["networkPolicy"]["schedulerClients"], rule
+    assert not rules_for(rep_pol, 50061), "the worker's port is reached over loopback only"
+    for pol, port in ((rep_pol, 9091), (rep_pol, 9092), (kv_pol, 9093)):
+        (rule,) = rules_for(pol, port)
+        assert rule["from"] == values["networkPolicy"]["metricsFrom"], rule
+    dep = one(objs, "Deployment")
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}, dep["spec"]["strategy"]
+    spread = dep["spec"]["template"]["spec"]["topologySpreadConstraints"][0]
+    assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "replica"
+    print("values: cpu backend without GPUs, no KV-store, ServiceMonitor ports, PrometheusRule "
+          "= files/rules.yaml, KEDA/HPA on queue depth (query parses), NetworkPolicies "
+          "(store from replicas only, schedulers from the frontend, metrics from monitoring)")
+
+
+def main():
+    build_dir, source_dir = sys.argv[1], sys.argv[2]
+    chart = chart_dir(source_dir)
+    helm = find_helm(source_dir)
+    check_lint(helm, chart)
+    check_golden(helm, chart)
+    check_schema(helm, chart)
+    defaults = objects(render_text(helm, chart))
+    check_defaults(build_dir, source_dir, defaults)
+    check_security(source_dir, defaults, "defaults")
+    check_security(source_dir, objects(render_text(helm, chart, [ALL_ON])), "all-on")
+    check_other_values(build_dir, helm, chart)
     print("helm_test: OK")
 
 

@@ -26,3 +26,75 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "tandem.kvstoreAddress" -}}
 {{ include "tandem.fullname" . }}-kvstore:{{ .Values.kvstore.port }}
 {{- end -}}
+
+{{- define "tandem.servedModelName" -}}
+{{ .Values.model.servedModelName | default (base .Values.model.path) }}
+{{- end -}}
+
+{{/*
+The pod-level fields every pod of the chart shares. Call with
+(dict "root" $ "pod" <replica or kvstore values> "component" <name>).
+*/}}
+{{- define "tandem.podSpec" -}}
+{{- $root := .root -}}
+{{- $pod := .pod -}}
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.podSecurityContext }}
+securityContext: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $pod.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $pod.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with $pod.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $pod.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $pod.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $pod.topologySpreadConstraints }}
+{{- $list := list }}
+{{- range . }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $sel := include "tandem.selector" $root | fromYaml }}
+{{- $_ := set $sel "app.kubernetes.io/component" $.component }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" $sel) }}
+{{- end }}
+{{- $list = append $list $c }}
+{{- end }}
+topologySpreadConstraints: {{- toYaml $list | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod metadata: selector labels, the component, extra labels and annotations. */}}
+{{- define "tandem.podMetadata" -}}
+labels:
+  {{- include "tandem.selector" .root | nindent 2 }}
+  app.kubernetes.io/component: {{ .component }}
+  {{- with .pod.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .pod.podAnnotations }}
+annotations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.tmpVolume" -}}
+{{- $e := dict }}
+{{- with .Values.tmpVolume.medium }}{{ $_ := set $e "medium" . }}{{ end }}
+{{- with .Values.tmpVolume.sizeLimit }}{{ $_ := set $e "sizeLimit" . }}{{ end }}
+- name: tmp
+  {{- if $e }}
+  emptyDir: {{- toYaml $e | nindent 4 }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+{{- end -}}
