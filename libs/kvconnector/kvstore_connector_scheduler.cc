@@ -245,6 +245,8 @@ sched::KvConnectorMetadata KvStoreConnectorScheduler::BuildConnectorMeta(
     const sched::SchedulerOutput& /*output*/,
     std::span<const sched::ScheduledRequestView> scheduled) {
   sched::KvConnectorMetadata meta;
+  meta.stores = std::move(final_stores_);  // before_forward entries come first
+  final_stores_.clear();
   for (auto& [id, load] : loads_) {
     if (load.emitted) continue;
     load.emitted = true;
@@ -253,30 +255,49 @@ sched::KvConnectorMetadata KvStoreConnectorScheduler::BuildConnectorMeta(
   }
   for (const sched::ScheduledRequestView& v : scheduled) {
     const sched::Request& r = *v.request;
-    const int32_t storable = std::min({v.num_storable_tokens() / block_size_,
-                                       static_cast<int32_t>(r.block_hashes.size()),
-                                       static_cast<int32_t>(r.block_ids.size())});
     StoreCursor& c = cursors_[r.request_id];
     if (c.epoch != r.epoch) c = StoreCursor{.epoch = r.epoch, .next_block = 0};
-    if (c.next_block >= storable) continue;
-    sched::KvStore store{.request_id = r.request_id};
-    for (int32_t b = c.next_block; b < storable; ++b) {
-      if (known_.contains(r.block_hashes[b])) continue;
-      store.block_ids.push_back(r.block_ids[b]);
-      store.block_hashes.push_back(r.block_hashes[b]);
-      NoteKnown(r.block_hashes[b]);
-    }
-    c.next_block = storable;
-    if (store.block_ids.empty()) continue;
-    stats_.stored_blocks += store.block_ids.size();
-    stores_pending_[r.request_id].push_back(store.block_hashes);
-    meta.stores.push_back(std::move(store));
+    sched::KvStore store = StoreFrom(r, r.block_ids, &c, v.num_storable_tokens());
+    if (!store.block_ids.empty()) meta.stores.push_back(std::move(store));
   }
   return meta;
 }
 
+sched::KvStore KvStoreConnectorScheduler::StoreFrom(const sched::Request& r,
+                                                    std::span<const int32_t> block_ids,
+                                                    StoreCursor* c, int32_t num_storable_tokens) {
+  const int32_t storable =
+      std::min({num_storable_tokens / block_size_, static_cast<int32_t>(r.block_hashes.size()),
+                static_cast<int32_t>(block_ids.size())});
+  sched::KvStore store{.request_id = r.request_id};
+  for (int32_t b = c->next_block; b < storable; ++b) {
+    if (known_.contains(r.block_hashes[b])) continue;
+    store.block_ids.push_back(block_ids[b]);
+    store.block_hashes.push_back(r.block_hashes[b]);
+    NoteKnown(r.block_hashes[b]);
+  }
+  c->next_block = std::max(c->next_block, storable);
+  if (!store.block_ids.empty()) {
+    stats_.stored_blocks += store.block_ids.size();
+    stores_pending_[r.request_id].push_back(store.block_hashes);
+  }
+  return store;
+}
+
 bool KvStoreConnectorScheduler::RequestFinished(const sched::Request& request,
-                                                std::span<const int32_t> /*block_ids*/) {
+                                                std::span<const int32_t> block_ids,
+                                                int32_t num_storable_tokens) {
+  if (num_storable_tokens > 0) {
+    // The cursor is of the request's last scheduled step (its epoch moved on
+    // when it finished); blocks it covered are not stored twice.
+    auto it = cursors_.find(request.request_id);
+    StoreCursor c = it != cursors_.end() ? it->second : StoreCursor{};
+    sched::KvStore store = StoreFrom(request, block_ids, &c, num_storable_tokens);
+    if (!store.block_ids.empty()) {
+      store.before_forward = true;  // the blocks are freed now
+      final_stores_.push_back(std::move(store));
+    }
+  }
   if (auto it = lookups_.find(request.request_id); it != lookups_.end()) {
     if (it->second.result.has_value()) ReleaseLease(it->second.result->lease);
     lookups_.erase(it);
@@ -287,7 +308,8 @@ bool KvStoreConnectorScheduler::RequestFinished(const sched::Request& request,
   }
   cursors_.erase(request.request_id);
   // The worker copies a step's store blocks out of the cache before it runs
-  // the next step (see the header), so the blocks may be reused at once.
+  // the next step, and a final store's before that step's loads and forward
+  // pass (see the header), so the blocks may be reused at once.
   return false;
 }
 

@@ -170,7 +170,12 @@ KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetada
   // pass ended: its store entries still finish (as dropped).
   AbandonUnsnapshotted();
   for (const sched::KvStore& s : meta.stores) {
-    unsnapshotted_.emplace_back(s.request_id, std::min(s.block_ids.size(), s.block_hashes.size()));
+    if (s.before_forward) {
+      SnapshotStore(s);
+    } else {
+      unsnapshotted_.emplace_back(s.request_id,
+                                  std::min(s.block_ids.size(), s.block_hashes.size()));
+    }
   }
   if (meta.loads.empty()) return {};
   std::vector<BlockHash> hashes;
@@ -246,41 +251,45 @@ KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetada
 void KvStoreConnectorWorker::SnapshotStores(const sched::KvConnectorMetadata& meta) {
   unsnapshotted_.clear();
   for (const sched::KvStore& s : meta.stores) {
-    StoreJob job;
-    job.request_id = s.request_id;
-    const size_t n = std::min(s.block_ids.size(), s.block_hashes.size());
-    uint64_t copy_failed = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (pending_bytes_ + static_cast<int64_t>(n) * block_bytes_ >
-          options_.max_pending_store_bytes) {
-        // Queue full: the entry still finishes (in order, behind the queued
-        // ones), and the scheduler learns the blocks are not in the store.
-        stats_.blocks_store_dropped += n;
-        job.dropped = true;
-        job.failed = true;
-        EnqueueLocked(std::move(job));
-        continue;
-      }
-    }
-    job.bytes.resize(n * static_cast<size_t>(block_bytes_));
-    size_t kept = 0;
-    for (size_t i = 0; i < n; ++i) {
-      std::span<std::byte> out(job.bytes.data() + kept * block_bytes_,
-                               static_cast<size_t>(block_bytes_));
-      if (!to_host_(s.block_ids[i], out).ok()) {
-        ++copy_failed;
-        continue;
-      }
-      job.hashes.push_back(s.block_hashes[i]);
-      ++kept;
-    }
-    job.bytes.resize(kept * static_cast<size_t>(block_bytes_));
-    job.failed = copy_failed > 0;
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.blocks_store_failed += copy_failed;
-    EnqueueLocked(std::move(job));
+    if (!s.before_forward) SnapshotStore(s);
   }
+}
+
+void KvStoreConnectorWorker::SnapshotStore(const sched::KvStore& s) {
+  StoreJob job;
+  job.request_id = s.request_id;
+  const size_t n = std::min(s.block_ids.size(), s.block_hashes.size());
+  uint64_t copy_failed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_bytes_ + static_cast<int64_t>(n) * block_bytes_ >
+        options_.max_pending_store_bytes) {
+      // Queue full: the entry still finishes (in order, behind the queued
+      // ones), and the scheduler learns the blocks are not in the store.
+      stats_.blocks_store_dropped += n;
+      job.dropped = true;
+      job.failed = true;
+      EnqueueLocked(std::move(job));
+      return;
+    }
+  }
+  job.bytes.resize(n * static_cast<size_t>(block_bytes_));
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    std::span<std::byte> out(job.bytes.data() + kept * block_bytes_,
+                             static_cast<size_t>(block_bytes_));
+    if (!to_host_(s.block_ids[i], out).ok()) {
+      ++copy_failed;
+      continue;
+    }
+    job.hashes.push_back(s.block_hashes[i]);
+    ++kept;
+  }
+  job.bytes.resize(kept * static_cast<size_t>(block_bytes_));
+  job.failed = copy_failed > 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.blocks_store_failed += copy_failed;
+  EnqueueLocked(std::move(job));
 }
 
 void KvStoreConnectorWorker::StoreLoop() {

@@ -71,6 +71,7 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
 
 void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out) {
   out->set_step_id(in.step_id);
+  out->set_last_processed_step_id(in.last_processed_step_id);
   out->mutable_scheduled_new_reqs()->Reserve(static_cast<int>(in.scheduled_new_reqs.size()));
   for (const sched::NewRequestData& r : in.scheduled_new_reqs) {
     v1::NewRequestData* p = out->add_scheduled_new_reqs();
@@ -108,6 +109,7 @@ void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out) {
       p->set_request_id(s.request_id);
       Assign(s.block_ids, p->mutable_block_ids());
       AssignHashes(s.block_hashes, p->mutable_block_hashes());
+      p->set_before_forward(s.before_forward);
     }
   }
 }
@@ -115,6 +117,7 @@ void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out) {
 absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* out) {
   *out = sched::SchedulerOutput{};
   out->step_id = in.step_id();
+  out->last_processed_step_id = in.last_processed_step_id();
   out->scheduled_new_reqs.reserve(in.scheduled_new_reqs_size());
   for (const v1::NewRequestData& p : in.scheduled_new_reqs()) {
     out->scheduled_new_reqs.push_back({
@@ -158,7 +161,9 @@ absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* ou
     out->kv_connector_metadata.loads.push_back(std::move(l));
   }
   for (const v1::KvStoreOp& p : in.kv_connector_metadata().stores()) {
-    sched::KvStore st{.request_id = p.request_id(), .block_ids = ToVector(p.block_ids())};
+    sched::KvStore st{.request_id = p.request_id(),
+                      .block_ids = ToVector(p.block_ids()),
+                      .before_forward = p.before_forward()};
     absl::Status s = ReadHashes(p.block_hashes(), &st.block_hashes);
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("store of ", p.request_id(), ": ", s.message()));
     if (st.block_hashes.size() != st.block_ids.size()) {
@@ -173,6 +178,7 @@ absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* ou
 
 void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out) {
   out->set_step_id(in.step_id);
+  out->set_error(in.error);
   out->mutable_sampled()->Reserve(static_cast<int>(in.sampled.size()));
   for (const sched::SampledTokens& s : in.sampled) {
     v1::SampledTokens* p = out->add_sampled();
@@ -198,6 +204,7 @@ absl::Status FromProto(const v1::ModelRunnerOutput& in, sched::ModelRunnerOutput
     out->sampled.push_back({.request_id = p.request_id(), .token_ids = ToVector(p.token_ids())});
   }
   out->kv_connector_report = FromProto(in.kv_connector_report());
+  out->error = in.error();
   return absl::OkStatus();
 }
 

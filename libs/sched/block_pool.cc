@@ -1,5 +1,6 @@
 #include "tandem/sched/block_pool.h"
 
+#include "absl/strings/str_cat.h"
 #include "tandem/common/logging.h"
 
 namespace tandem::sched {
@@ -109,6 +110,37 @@ bool BlockPool::CacheBlock(int32_t b, const BlockHash& hash) {
   blk.cached = true;
   blk.hash = hash;
   return true;
+}
+
+void BlockPool::Uncache(int32_t b) {
+  Block& blk = blocks_[b];
+  if (!blk.cached) return;
+  cached_.erase(blk.hash);
+  blk.cached = false;
+  if (blk.ref_count == 0) {  // reused first, as any free unhashed block
+    Unlink(b);
+    PushFront(b);
+  }
+}
+
+absl::Status BlockPool::CheckCacheConsistency() const {
+  size_t num_cached = 0;
+  for (int32_t b = 0; b < num_blocks(); ++b) {
+    const Block& blk = blocks_[b];
+    if (!blk.cached) continue;
+    ++num_cached;
+    auto it = cached_.find(blk.hash);
+    if (it == cached_.end() || it->second != b) {
+      return absl::InternalError(absl::StrCat("block ", b,
+                                              " is flagged cached but its hash maps to ",
+                                              it == cached_.end() ? -1 : it->second));
+    }
+  }
+  if (num_cached != cached_.size()) {
+    return absl::InternalError(
+        absl::StrCat(cached_.size(), " cached hashes but ", num_cached, " blocks flagged cached"));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<int32_t> BlockPool::FreeQueueForTest() const {

@@ -16,7 +16,8 @@ absl::Status SchedulerConfig::Validate() const {
        {std::pair{"max_num_batched_tokens", max_num_batched_tokens},
         std::pair{"max_num_seqs", max_num_seqs}, std::pair{"max_model_len", max_model_len},
         std::pair{"block_size", block_size},
-        std::pair{"max_waiting_requests", max_waiting_requests}}) {
+        std::pair{"max_waiting_requests", max_waiting_requests},
+        std::pair{"max_step_failures", max_step_failures}}) {
     if (absl::Status s = Positive(name, v); !s.ok()) return s;
   }
   if (num_gpu_blocks < 2) {

@@ -67,7 +67,8 @@ int32_t KvCacheManager::AllocateSlots(Request* request, const SlotRequest& slots
   return first_new;
 }
 
-void KvCacheManager::CacheBlocks(Request* request, int32_t num_tokens) {
+void KvCacheManager::CacheBlocks(Request* request, int32_t num_tokens,
+                                 std::vector<int32_t>* published) {
   if (!enable_caching_) return;
   num_tokens = std::min(num_tokens, request->num_tokens());
   const int32_t num_full =
@@ -78,7 +79,11 @@ void KvCacheManager::CacheBlocks(Request* request, int32_t num_tokens) {
                       &request->block_hashes);
   }
   for (int32_t i = request->num_cached_blocks; i < num_full; ++i) {
-    pool_.CacheBlock(request->block_ids[i], request->block_hashes[i]);
+    const int32_t b = request->block_ids[i];
+    if (!pool_.is_cached(b) && pool_.CacheBlock(b, request->block_hashes[i]) &&
+        published != nullptr) {
+      published->push_back(b);
+    }
   }
   request->num_cached_blocks = num_full;
 }

@@ -132,7 +132,30 @@ SchedulerOutput Scheduler::Schedule() {
   return out;
 }
 
-void Scheduler::Preempt(Request* victim) {
+const char* PreemptionReasonName(PreemptionReason reason) {
+  switch (reason) {
+    case PreemptionReason::kKvCacheFull:
+      return "kv_cache_full";
+    case PreemptionReason::kStepFailed:
+      return "step_failed";
+    case PreemptionReason::kWorkerLost:
+      return "worker_lost";
+  }
+  return "unknown";
+}
+
+void Scheduler::Preempt(Request* victim, const Request* preemptor, PreemptionReason reason) {
+  const bool was_running = victim->state == RequestState::kRunning;
+  if (!was_running) {
+    TANDEM_CHECK(HoldsLoadedKv(*victim)) << victim->request_id << " is not preemptable";
+    --num_loaded_;  // keeps its place in the queue
+  }
+  preemption_events_.push_back(
+      PreemptionEvent{.victim_id = victim->request_id,
+                      .preemptor_id = preemptor != nullptr ? preemptor->request_id : std::string(),
+                      .reason = reason,
+                      .num_computed_tokens = victim->num_computed_tokens});
+  stats_.num_recomputed_tokens += static_cast<uint64_t>(victim->num_computed_tokens);
   kv_.FreeBlocks(victim);
   victim->state = RequestState::kPreempted;
   victim->num_computed_tokens = 0;
@@ -141,10 +164,50 @@ void Scheduler::Preempt(Request* victim) {
   victim->resumed_pending = true;
   ++victim->epoch;  // drop its output still in flight
   ++victim->num_preemptions;
-  waiting_.AddPreempted(victim);
-  preempted_.push_back(victim);
+  if (was_running) waiting_.AddPreempted(victim);
+  if (victim->known_to_worker) preempted_.push_back(victim);
   ++stats_.num_preemptions_total;
-  ++stats_.num_preemptions_by_reason[static_cast<int>(PreemptionReason::kKvCacheFull)];
+  ++stats_.num_preemptions_by_reason[static_cast<int>(reason)];
+}
+
+bool Scheduler::KeepsBlocksBefore(const Request& a, const Request& b) const {
+  return config_.policy == SchedulingPolicy::kPriority ? PriorityPreemptionOrder{}(a, b)
+                                                       : FcfsPreemptionOrder{}(a, b);
+}
+
+Scheduler::Victim Scheduler::PickVictim(const Request* r) const {
+  Victim v;
+  auto consider = [&](Request* c, bool running, size_t index) {
+    if (v.request == nullptr || KeepsBlocksBefore(*v.request, *c)) {
+      v = Victim{.request = c, .running = running, .index = index};
+    }
+  };
+  for (size_t i = 0; i < running_.size(); ++i) consider(running_[i], true, i);
+  if (num_loaded_ > 0) {
+    for (Request* w : waiting_) {
+      if (HoldsLoadedKv(*w)) consider(w, false, 0);
+    }
+  }
+  if (v.request != r) return v;
+  // Nobody after r: wait when blocks come back by themselves.
+  for (const auto& [id, h] : held_) {
+    if (!h->block_ids.empty()) return Victim{};
+  }
+  if (num_loading_ > 0) {
+    for (const Request* w : waiting_) {
+      if (w->state == RequestState::kWaitingForRemoteKv && KeepsBlocksBefore(*r, *w)) {
+        return Victim{};
+      }
+    }
+  }
+  return v;  // r itself
+}
+
+bool Scheduler::LocalCacheHoldsWholePrompt(const Request& r, const PrefixHit& hit) const {
+  const int32_t bs = config_.block_size;
+  const size_t num_hit = hit.block_ids.size();
+  return r.num_tokens() % bs == 0 && static_cast<int32_t>(num_hit + 1) * bs == r.num_tokens() &&
+         num_hit < r.block_hashes.size() && kv_.pool().Lookup(r.block_hashes[num_hit]).has_value();
 }
 
 bool Scheduler::LoadGateAllows(const Request& request, const PrefixHit& hit) const {
@@ -175,7 +238,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   int32_t num_external = 0;
   if (fresh) {
     hit = kv_.FindPrefixHit(*r);
-    if (connector_ != nullptr) {
+    if (connector_ != nullptr && !LocalCacheHoldsWholePrompt(*r, hit)) {
       std::optional<ExternalMatch> m = connector_->GetNumNewMatchedTokens(*r, hit.num_tokens);
       if (!m) return Admit::kDeferred;
       num_external = std::clamp(m->num_external_tokens, 0, r->num_tokens() - hit.num_tokens);
@@ -193,7 +256,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
     r->load_first_block = first;
     r->load_num_blocks = num_external / config_.block_size;
     r->load_num_valid_blocks = r->load_num_blocks;
-    if (r->num_preemptions == 0) r->num_cached_tokens_local = hit.num_tokens;
+    NoteCachedTokens(r, hit.num_tokens, 0);
     r->state = RequestState::kWaitingForRemoteKv;
     ++num_loading_;
     stats_.prefix_cache_queries_tokens += static_cast<uint64_t>(r->num_tokens());
@@ -218,7 +281,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   kv_.AllocateSlots(r, slots);
   if (fresh) {
     r->num_computed_tokens = hit.num_tokens;
-    if (r->num_preemptions == 0) r->num_cached_tokens_local = hit.num_tokens;
+    NoteCachedTokens(r, hit.num_tokens, 0);
     stats_.prefix_cache_queries_tokens += static_cast<uint64_t>(r->num_tokens());
     stats_.prefix_cache_hits_tokens += static_cast<uint64_t>(hit.num_tokens);
     if (connector_ != nullptr) {
@@ -236,7 +299,7 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   scheduled_.push_back(StepEntry{r, r->epoch, n, will_sample});
   // No preemption can follow in this step, so the blocks this step computes
   // can be published now: a later request of the same step shares them.
-  kv_.CacheBlocks(r, r->num_computed_tokens + n);
+  kv_.CacheBlocks(r, r->num_computed_tokens + n, &published_);
   *token_budget -= n;
   return Admit::kAdmitted;
 }
@@ -245,9 +308,11 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   TANDEM_CHECK_LT(in_flight_.size(), config_.async_scheduling ? 2u : 1u)
       << "too many steps in flight: call UpdateFromOutput first";
   scheduled_.clear();
-  preempted_.clear();
+  published_.clear();
+  preemption_events_.clear();
   int32_t token_budget = config_.max_num_batched_tokens;
   int32_t num_preempted = 0;
+  bool short_of_blocks = false;  // a running request waits for blocks
 
   // ---- running requests first, in admission order ----
   for (size_t i = 0; i < running_.size() && token_budget > 0;) {
@@ -270,21 +335,27 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
     }
     const SlotRequest slots{.num_new_tokens = n};
     bool preempted_self = false;
+    bool wait = false;
     while (!kv_.CanAllocateSlots(*r, slots)) {
-      const size_t v = config_.policy == SchedulingPolicy::kFcfs ? FcfsPreemption{}(running_)
-                                                                 : PriorityPreemption{}(running_);
-      Request* victim = running_[v];
-      if (v < i) {  // already scheduled in this step: take it back
-        auto it = std::find_if(scheduled_.begin(), scheduled_.end(),
-                               [victim](const StepEntry& e) { return e.request == victim; });
-        if (it != scheduled_.end()) {
-          token_budget += it->num_scheduled_tokens;
-          scheduled_.erase(it);
-        }
-        --i;
+      const Victim v = PickVictim(r);
+      if (v.request == nullptr) {
+        wait = true;
+        break;
       }
-      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(v));
-      Preempt(victim);
+      Request* victim = v.request;
+      if (v.running) {
+        if (v.index < i) {  // already scheduled in this step: take it back
+          auto it = std::find_if(scheduled_.begin(), scheduled_.end(),
+                                 [victim](const StepEntry& e) { return e.request == victim; });
+          if (it != scheduled_.end()) {
+            token_budget += it->num_scheduled_tokens;
+            scheduled_.erase(it);
+          }
+          --i;
+        }
+        running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(v.index));
+      }
+      Preempt(victim, r, PreemptionReason::kKvCacheFull);
       ++num_preempted;
       if (victim == r) {
         preempted_self = true;
@@ -292,6 +363,11 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
       }
     }
     if (preempted_self) break;
+    if (wait) {  // rule 2: no admission either in this step
+      short_of_blocks = true;
+      ++i;
+      continue;
+    }
     kv_.AllocateSlots(r, slots);
     const bool will_sample =
         r->num_computed_tokens + n == r->num_tokens() + r->num_output_placeholders;
@@ -302,7 +378,8 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   // Published only now: a request scheduled above may have been preempted
   // (and its step taken back) by a later one.
   for (const StepEntry& e : scheduled_) {
-    kv_.CacheBlocks(e.request, e.request->num_computed_tokens + e.num_scheduled_tokens);
+    kv_.CacheBlocks(e.request, e.request->num_computed_tokens + e.num_scheduled_tokens,
+                    &published_);
   }
 
   // ---- waiting requests, only if nothing was preempted ----
@@ -311,7 +388,7 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   // must not keep them waiting while it waits for blocks (maybe theirs).
   // Then the others in queue order, until one does not fit.
   int32_t num_deferred = 0;
-  if (num_preempted == 0 && !waiting_.empty()) {
+  if (num_preempted == 0 && !short_of_blocks && !waiting_.empty()) {
     admitted_mask_.assign(waiting_.size(), false);
     bool any_admitted = false;
     bool stop = false;
@@ -350,8 +427,11 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
     record = std::move(spare_records_.back());
     spare_records_.pop_back();
   }
+  out->last_processed_step_id = last_processed_step_id_;
   record.step_id = out->step_id;
   record.entries.clear();
+  record.published.swap(published_);
+  record.failed = false;
   size_t num_new = 0;
   for (const StepEntry& e : scheduled_) num_new += e.request->known_to_worker ? 0 : 1;
   out->scheduled_new_reqs.resize(num_new);
@@ -398,10 +478,12 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   out->total_num_scheduled_tokens = total;
   out->finished_req_ids.swap(pending_finished_ids_);
   pending_finished_ids_.clear();
+  // Preempted since the last step (here or by a failed step's output).
   out->preempted_req_ids.resize(preempted_.size());
   for (size_t i = 0; i < preempted_.size(); ++i) {
     out->preempted_req_ids[i] = preempted_[i]->request_id;
   }
+  preempted_.clear();
 
   if (connector_ != nullptr) {
     views_.clear();
@@ -449,6 +531,7 @@ std::vector<RequestOutput> Scheduler::UpdateFromOutput(const SchedulerOutput& sc
 
 void Scheduler::FillOutput(Request* r, RequestOutput* o) const {
   o->request_id = r->request_id;
+  o->error.clear();
   o->finished = r->is_finished() ? std::optional<RequestState>(r->state) : std::nullopt;
   o->num_prompt_tokens = r->num_prompt_tokens;
   o->num_output_tokens = r->num_output_tokens();
@@ -458,23 +541,27 @@ void Scheduler::FillOutput(Request* r, RequestOutput* o) const {
 
 void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, RequestOutput* o) {
   const SamplingParams& sp = r->sampling;
+  // What a sync run has computed when this output ends the request: the
+  // tokens known before it (see KvConnectorScheduler::RequestFinished).
+  const int32_t num_storable = r->num_known_computed_tokens();
   for (int32_t t : tokens) {
     // A token at output index j may stop the request only when j >= min_tokens
     // (the sampler masks stop tokens before that).
     const bool may_stop = r->num_output_tokens() >= sp.min_tokens;
     if (may_stop && !sp.ignore_eos && config_.eos_token_id >= 0 && t == config_.eos_token_id) {
-      Finish(r, RequestState::kFinishedStopped);  // EOS is not part of the output
+      // EOS is not part of the output.
+      Finish(r, RequestState::kFinishedStopped, num_storable);
       return;
     }
     r->all_token_ids.push_back(t);
     o->new_token_ids.push_back(t);
     if (may_stop && std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), t) !=
                         sp.stop_token_ids.end()) {
-      Finish(r, RequestState::kFinishedStopped);
+      Finish(r, RequestState::kFinishedStopped, num_storable);
       return;
     }
     if (r->num_output_tokens() >= sp.max_tokens || r->num_tokens() >= config_.max_model_len) {
-      Finish(r, RequestState::kFinishedLength);
+      Finish(r, RequestState::kFinishedLength, num_storable);
       return;
     }
   }
@@ -484,7 +571,7 @@ void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, Reques
   }
 }
 
-void Scheduler::Finish(Request* r, RequestState state) {
+void Scheduler::Finish(Request* r, RequestState state, int32_t num_storable_tokens) {
   const RequestState prior = r->state;
   if (HoldsLoadedKv(*r)) --num_loaded_;
   r->state = state;
@@ -495,7 +582,8 @@ void Scheduler::Finish(Request* r, RequestState state) {
   }
   if (r->known_to_worker || r->awaiting_recv) pending_finished_ids_.push_back(r->request_id);
   if (connector_ != nullptr) {
-    r->awaiting_send = connector_->RequestFinished(*r, r->block_ids) && !r->block_ids.empty();
+    r->awaiting_send =
+        connector_->RequestFinished(*r, r->block_ids, num_storable_tokens) && !r->block_ids.empty();
   }
   live_.erase(r->request_id);
   ++stats_.num_requests_finished;
@@ -519,6 +607,22 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
   StepRecord& rec = in_flight_.front();
   TANDEM_CHECK_EQ(rec.step_id, scheduled.step_id)
       << "outputs must be processed in step order; oldest in flight is " << rec.step_id;
+  preemption_events_.clear();
+  last_processed_step_id_ = rec.step_id;
+  if (rec.failed || !output.error.empty()) {
+    size_t num_outputs = 0;
+    // A step that failed with an earlier one was handled with it.
+    if (!rec.failed) FailSteps(output.error, outputs, &num_outputs);
+    outputs->resize(num_outputs);
+    HandleConnectorReport(output.kv_connector_report);
+    spare_records_.push_back(std::move(rec));
+    in_flight_.pop_front();
+    return;
+  }
+  // Blocks that become known below and that a later step in flight writes
+  // are that step's to un-publish if it fails.
+  std::vector<int32_t>* later_published =
+      in_flight_.size() > 1 ? &in_flight_.back().published : nullptr;
   const std::vector<SampledTokens>& sampled = output.sampled;
   absl::flat_hash_map<absl::string_view, size_t> index;  // only if the order differs
   size_t k = 0;
@@ -560,6 +664,7 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
       FillOutput(r, &o);
       Finish(r, RequestState::kFinishedError);
       o.finished = RequestState::kFinishedError;
+      o.error = absl::StrCat("the worker sampled no token for the request in step ", rec.step_id);
       any_finished = true;
       continue;
     }
@@ -569,7 +674,10 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
       any_finished = true;
       continue;
     }
-    kv_.CacheBlocks(r, r->num_computed_tokens);  // blocks whose ids became known
+    // Blocks whose ids became known: written ones, then those a later step
+    // in flight writes.
+    kv_.CacheBlocks(r, r->num_written_tokens());
+    kv_.CacheBlocks(r, r->num_computed_tokens, later_published);
   }
   outputs->resize(k);
   if (any_finished) {
@@ -580,6 +688,73 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
   HandleConnectorReport(output.kv_connector_report);
   spare_records_.push_back(std::move(rec));
   in_flight_.pop_front();
+}
+
+void Scheduler::NoteCachedTokens(Request* r, int32_t num_local, int32_t num_external) {
+  if (r->num_output_tokens() > 0) return;  // fixed by the prefill of the first token
+  r->num_cached_tokens_local = std::min(num_local, r->num_prompt_tokens);
+  r->num_cached_tokens_external =
+      std::min(num_local + num_external, r->num_prompt_tokens) - r->num_cached_tokens_local;
+}
+
+void Scheduler::FailSteps(const std::string& error, std::vector<RequestOutput>* outputs,
+                          size_t* num_outputs) {
+  // The oldest step in flight failed; the later ones were built before that
+  // was known and build on it: they fail with it, now (their outputs are
+  // only read for their connector reports). The blocks whose KV these steps
+  // were to write are not in the cache.
+  absl::flat_hash_set<int32_t> unwritten;
+  std::vector<Request*> affected;
+  absl::flat_hash_set<const Request*> seen;
+  absl::flat_hash_set<const Request*> in_failed_step;  // of the step that failed itself
+  for (StepRecord& rec : in_flight_) {
+    rec.failed = true;
+    for (int32_t b : rec.published) {
+      kv_.pool().Uncache(b);
+      unwritten.insert(b);
+    }
+    for (const StepEntry& e : rec.entries) {
+      if (e.request->epoch != e.epoch) continue;  // aborted, finished or preempted since
+      if (&rec == &in_flight_.front()) in_failed_step.insert(e.request);
+      if (seen.insert(e.request).second) affected.push_back(e.request);
+    }
+  }
+  auto holds_unwritten = [&](const Request* r) {
+    if (unwritten.empty()) return false;
+    return std::any_of(r->block_ids.begin(), r->block_ids.end(),
+                       [&](int32_t b) { return unwritten.contains(b); });
+  };
+  // A running request can hold such a block only through a step in flight:
+  // it got it as a hit when it was admitted, in one of them.
+  for (const Request* r : running_) {
+    TANDEM_DCHECK(seen.contains(r) || !holds_unwritten(r)) << r->request_id;
+  }
+  for (Request* r : waiting_) {
+    if (!holds_unwritten(r)) continue;
+    if (r->state == RequestState::kWaitingForRemoteKv) {
+      r->preempt_when_loaded = true;  // its load writes the blocks now
+    } else {
+      affected.push_back(r);  // holds KV of a finished load
+    }
+  }
+  for (Request* r : affected) {
+    if (r->state == RequestState::kRunning) {
+      running_.erase(std::find(running_.begin(), running_.end(), r));
+    }
+    // Only the step that failed counts against a request, not the later
+    // ones that fail with it.
+    if (in_failed_step.contains(r) && ++r->num_step_failures >= config_.max_step_failures) {
+      if (*num_outputs == outputs->size()) outputs->emplace_back();
+      RequestOutput& o = (*outputs)[(*num_outputs)++];
+      o.new_token_ids.clear();
+      Finish(r, RequestState::kFinishedError);
+      FillOutput(r, &o);
+      o.error = absl::StrCat("the worker failed ", r->num_step_failures,
+                             " steps that ran this request; the last: ", error);
+      continue;
+    }
+    Preempt(r, nullptr, PreemptionReason::kStepFailed);
+  }
 }
 
 void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
@@ -610,9 +785,9 @@ void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
     if (it != live_.end() && it->second->state == RequestState::kWaitingForRemoteKv) {
       Request* r = it->second;
       const int32_t loaded = r->load_num_valid_blocks * config_.block_size;
+      const int32_t local = r->num_computed_tokens;
       r->num_computed_tokens += loaded;
       r->num_pending_external_tokens = 0;
-      r->num_cached_tokens_external = loaded;
       --num_loading_;
       ++num_loaded_;
       r->state = r->num_preemptions > 0 ? RequestState::kPreempted : RequestState::kWaiting;
@@ -620,8 +795,13 @@ void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {
       kv_.CacheBlocks(r, r->num_computed_tokens);
       // A full-prompt hit still computes its last token (its logits are needed).
       if (r->num_computed_tokens == r->num_tokens()) --r->num_computed_tokens;
+      NoteCachedTokens(r, local, r->num_computed_tokens - local);
       stats_.external_loaded_tokens += static_cast<uint64_t>(loaded);
       connector_->OnLoadFinished(*r, loaded);
+      if (r->preempt_when_loaded) {  // it holds a block a failed step never wrote
+        r->preempt_when_loaded = false;
+        Preempt(r, nullptr, PreemptionReason::kStepFailed);
+      }
       continue;
     }
     if (auto h = held_.find(id); h != held_.end() && h->second->awaiting_recv) {
@@ -721,8 +901,8 @@ absl::Status Scheduler::CheckInvariants() const {
       }
       // A full-prompt load keeps its last block cached while recomputing its
       // last token.
-      const bool full_prompt_load =
-          r->num_cached_tokens_external > 0 && r->num_computed_tokens == r->num_tokens() - 1;
+      const bool full_prompt_load = r->num_computed_tokens == r->num_tokens() - 1 &&
+                                    r->num_cached_blocks * bs == r->num_tokens();
       if (r->num_cached_blocks * bs > std::min(r->num_computed_tokens, r->num_tokens()) &&
           !full_prompt_load) {
         return fail(id, ": ", r->num_cached_blocks, " cached blocks beyond known computed tokens");
@@ -772,6 +952,7 @@ absl::Status Scheduler::CheckInvariants() const {
       static_cast<int32_t>(kv_.pool().FreeQueueForTest().size()) != num_free) {
     return fail("free blocks ", kv_.pool().num_free_blocks(), " but ", num_free, " unreferenced");
   }
+  TANDEM_RETURN_IF_ERROR(kv_.pool().CheckCacheConsistency());
   if (live_.empty() && held_.empty() && num_free != num_total_blocks()) {
     return fail("no requests but only ", num_free, " of ", num_total_blocks(), " blocks free");
   }

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
@@ -54,6 +55,23 @@ const char* ReasonName(v1::FinishReason reason) {
 
 }  // namespace
 
+// SchedulerConfig's messages name its fields; the user set them by flags.
+static std::string FlagNames(absl::string_view message) {
+  std::string out(message);
+  for (auto [field, flag] :
+       {std::pair{"SchedulerConfig.max_num_batched_tokens", "--max-num-batched-tokens"},
+        std::pair{"SchedulerConfig.max_num_seqs", "--max-num-seqs"},
+        std::pair{"SchedulerConfig.max_model_len", "--max-model-len"},
+        std::pair{"SchedulerConfig.max_waiting_requests", "--max-waiting"},
+        std::pair{"SchedulerConfig.max_step_failures", "--max-step-failures"},
+        std::pair{"SchedulerConfig.long_prefill_token_threshold", "--long-prefill-token-threshold"},
+        std::pair{"enable_chunked_prefill", "--enable-chunked-prefill"},
+        std::pair{"max_model_len (", "--max-model-len ("}}) {
+    out = absl::StrReplaceAll(out, {{field, flag}});
+  }
+  return out;
+}
+
 absl::Status EngineOptions::Validate() const {
   if (worker_address.empty()) return absl::InvalidArgumentError("--worker is empty");
   if (max_model_len < 0) {
@@ -73,12 +91,18 @@ absl::Status EngineOptions::Validate() const {
         kvstore_bulk_port, "--kvstore-bulk-port"));
   }
   // Fill the fields the worker provides with placeholders to check the rest.
+  // max_model_len is the flag's when given; else the model's, unknown until
+  // the worker connects (then the whole config is checked again), so the
+  // budget stands in for it: the check that needs it passes.
   sched::SchedulerConfig probe = scheduler;
   probe.num_gpu_blocks = 2;
   probe.block_size = 16;
   probe.hash_root.block_size = 16;
-  probe.max_model_len = 512;
-  return probe.Validate();
+  probe.max_model_len = max_model_len > 0 ? max_model_len : scheduler.max_num_batched_tokens;
+  if (absl::Status s = probe.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(FlagNames(s.message()));
+  }
+  return absl::OkStatus();
 }
 
 EngineMetrics::EngineMetrics(prometheus::Registry& r)
@@ -401,7 +425,6 @@ void Engine::Handle(Event& e) {
       scheduler_ = std::make_unique<sched::Scheduler>(config, kv_connector_.get());
       worker_ = std::move(e.stream);
       in_flight_.clear();
-      last_processed_step_id_ = 0;
       schedule_wanted_ = true;
       num_worker_connects_.fetch_add(1);
       {
@@ -441,32 +464,15 @@ void Engine::HandleOutput(const v1::ModelRunnerOutput& proto) {
   load_failed_rpc_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_rpc()));
   sched::SchedulerOutput scheduled = std::move(in_flight_.front());
   in_flight_.pop_front();
-  last_processed_step_id_ = proto.step_id();
   sched::ModelRunnerOutput output;
-  if (!proto.error().empty()) {
-    // The step failed on the worker: its requests end with an error, the
-    // others are unaffected.
-    TANDEM_LOG(ERROR) << "worker failed step " << proto.step_id() << ": " << proto.error();
-    output.step_id = proto.step_id();
-    // KV loads the worker finished before the failure still count (requests
-    // waiting for them are not in the step and would wait forever).
-    output.kv_connector_report = rpc::FromProto(proto.kv_connector_report());
-    std::vector<std::string> ids;
-    for (const auto& r : scheduled.scheduled_new_reqs) ids.push_back(r.request_id);
-    for (const auto& r : scheduled.scheduled_cached_reqs) ids.push_back(r.request_id);
-    for (const std::string& id : ids) {
-      auto it = calls_.find(id);
-      if (it == calls_.end()) continue;
-      std::shared_ptr<GenerateCall> call = it->second;
-      std::optional<sched::RequestOutput> out = scheduler_->AbortRequest(id);
-      FinishCall(id, call, v1::FINISH_REASON_ERROR, out ? &*out : nullptr,
-                 grpc::Status(grpc::StatusCode::INTERNAL,
-                              absl::StrCat("the worker failed step ", proto.step_id(), ": ",
-                                           proto.error())));
-    }
-  } else if (absl::Status s = rpc::FromProto(proto, &output); !s.ok()) {
+  if (absl::Status s = rpc::FromProto(proto, &output); !s.ok()) {
     DropWorker(absl::StrCat("bad ModelRunnerOutput: ", s.message()));
     return;
+  }
+  if (!output.error.empty()) {
+    // The scheduler recomputes the step's requests (and un-publishes the
+    // blocks it was to write); the others are unaffected.
+    TANDEM_LOG(ERROR) << "worker failed step " << proto.step_id() << ": " << output.error;
   }
   scheduler_->UpdateFromOutputInto(scheduled, output, &outputs_scratch_);
   for (const sched::RequestOutput& out : outputs_scratch_) Deliver(out);
@@ -503,7 +509,6 @@ bool Engine::SendStep(sched::SchedulerOutput step) {
   const int64_t t0 = MonotonicNanos();
   step_proto_.Clear();
   rpc::ToProto(step, &step_proto_);
-  step_proto_.set_last_processed_step_id(last_processed_step_id_);
   const int64_t t1 = MonotonicNanos();
   ++num_steps_sent_;
   step_to_proto_ns_sum_ += t1 - t0;
@@ -530,7 +535,10 @@ void Engine::Deliver(const sched::RequestOutput& out) {
   if (it == calls_.end()) return;
   if (out.finished.has_value()) {
     std::shared_ptr<GenerateCall> call = it->second;
-    FinishCall(out.request_id, call, ToFinishReason(*out.finished), &out, grpc::Status::OK);
+    FinishCall(out.request_id, call, ToFinishReason(*out.finished), &out,
+               *out.finished == sched::RequestState::kFinishedError
+                   ? grpc::Status(grpc::StatusCode::INTERNAL, out.error)
+                   : grpc::Status::OK);
     return;
   }
   if (out.new_token_ids.empty()) return;

@@ -184,8 +184,6 @@ class Engine {
   uint64_t max_broken_generation_ = 0;
   std::unordered_map<std::string, std::shared_ptr<GenerateCall>> calls_;
   std::deque<sched::SchedulerOutput> in_flight_;
-  // Of the current worker's steps (ids restart with every Scheduler).
-  uint64_t last_processed_step_id_ = 0;
   int32_t max_steps_in_flight_ = 0;
   // Per-step SchedulerOutput cost, summed (GetStats).
   uint64_t num_steps_sent_ = 0;

@@ -46,6 +46,13 @@ int main(int argc, char** argv) {
             "schedule step N+1 before step N's output arrives (two steps in flight); "
             "false = plain schedule-execute-update");
   flags.Add("policy", &policy, "fcfs | priority (lower priority value first, preempted last)");
+  flags.Add("limit-async-load-admission", &sc.limit_async_load_admission,
+            "a request whose prefix is being loaded from the KV-store counts against "
+            "--max-num-seqs and the token budget of the step that admits the load (false: only "
+            "the KV block reservation gates loads, as in vLLM)");
+  flags.Add("max-step-failures", &sc.max_step_failures,
+            "a request in this many failed worker steps ends with INTERNAL; before that each "
+            "failure recomputes it");
   flags.Add("max-waiting", &sc.max_waiting_requests,
             "waiting requests at most; beyond it Generate returns RESOURCE_EXHAUSTED");
   flags.Add("allow-request-cache-salt", &generation_options.allow_request_cache_salt,

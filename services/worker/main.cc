@@ -41,6 +41,9 @@ int main(int argc, char** argv) {
   tandem::metrics::ExposerOptions metrics_options;
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);
+  flags.Add("debug-fail-steps", &options.debug_fail_steps,
+            "TESTS ONLY: comma-separated step ids (per scheduler stream) that fail before their "
+            "forward pass (empty: none)");
   int32_t debug_load_delay_ms = 0;
   flags.Add(
       "debug-load-delay-ms", &debug_load_delay_ms,

@@ -3,7 +3,9 @@
 #include <chrono>
 #include <span>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
@@ -35,7 +37,21 @@ absl::Status WorkerOptions::Validate() const {
   if (sim_step_us < 0 || sim_token_us < 0) {
     return absl::InvalidArgumentError("--sim-step-us and --sim-token-us must be >= 0");
   }
-  return absl::OkStatus();
+  return DebugFailSteps().status();
+}
+
+absl::StatusOr<std::vector<uint64_t>> WorkerOptions::DebugFailSteps() const {
+  std::vector<uint64_t> steps;
+  for (absl::string_view part : absl::StrSplit(debug_fail_steps, ',', absl::SkipEmpty())) {
+    uint64_t id = 0;
+    if (!absl::SimpleAtoi(part, &id) || id == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--debug-fail-steps must be a comma-separated list of step ids >= 1, got '",
+                       debug_fail_steps, "'"));
+    }
+    steps.push_back(id);
+  }
+  return steps;
 }
 
 WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* registry)
@@ -71,6 +87,7 @@ void WorkerService::Stop() {
 
 absl::Status WorkerService::Load() {
   TANDEM_RETURN_IF_ERROR(options_.Validate());
+  debug_fail_steps_ = *options_.DebugFailSteps();
   auto model = model::Model::Load(options_.model_path);
   if (!model.ok()) return Annotate(model.status(), absl::StrCat("loading ", options_.model_path));
   model_ = std::move(model).value();
@@ -190,6 +207,7 @@ void WorkerService::Loop() {
     }
     if (work.step == nullptr) {
       while (!seqs_.empty()) DropSeq(seqs_.begin(), "scheduler-detached");
+      last_failed_step_id_ = 0;  // step ids restart with the next stream
       num_active_requests_.store(0);
       work.done->set_value();
       continue;
@@ -212,6 +230,9 @@ void WorkerService::Loop() {
     }
     if (!s.ok()) {
       TANDEM_LOG(ERROR) << "step " << work.step->step_id() << " failed: " << s;
+      if (work.step->last_processed_step_id() >= last_failed_step_id_) {
+        last_failed_step_id_ = work.step->step_id();  // failed by itself
+      }
       // Loads already done are still reported: the scheduler must learn
       // that those requests' blocks arrived (or failed), or they would wait
       // for them forever.
@@ -296,7 +317,7 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
       s.block_table.insert(s.block_table.end(), r.new_block_ids.begin(), r.new_block_ids.end());
     }
     while (!s.unconfirmed_sample_steps.empty() &&
-           s.unconfirmed_sample_steps.front() <= proto.last_processed_step_id()) {
+           s.unconfirmed_sample_steps.front() <= step.last_processed_step_id) {
       s.unconfirmed_sample_steps.pop_front();
     }
     if (static_cast<int32_t>(s.unconfirmed_sample_steps.size()) != r.num_output_placeholders) {
@@ -304,11 +325,21 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
           "step ", step.step_id, ": request ", r.request_id, " has ", r.num_output_placeholders,
           " output placeholders on the scheduler, but this worker sampled ",
           s.unconfirmed_sample_steps.size(), " tokens for it after step ",
-          proto.last_processed_step_id(), ", the last step the scheduler had processed"));
+          step.last_processed_step_id, ", the last step the scheduler had processed"));
     }
     s.num_computed_tokens = r.num_computed_tokens;
     batch.push_back(&s);
     ids.push_back(&r.request_id);
+  }
+
+  if (step.last_processed_step_id < last_failed_step_id_) {
+    return absl::AbortedError(absl::StrCat("step ", step.step_id, " was built on step ",
+                                           last_failed_step_id_, ", which failed; it is not run"));
+  }
+  if (std::find(debug_fail_steps_.begin(), debug_fail_steps_.end(), step.step_id) !=
+      debug_fail_steps_.end()) {
+    return absl::InternalError(
+        absl::StrCat("step ", step.step_id, " failed (TEST-ONLY --debug-fail-steps)"));
   }
 
   std::vector<model::SequenceInput> inputs;

@@ -23,6 +23,13 @@
 // number must equal the step's num_output_placeholders for the request; a
 // mismatch fails the step (the two sides would feed different tokens).
 //
+// A failed step: its loads are reported, its stores dropped, nothing is
+// sampled. A step built before the scheduler had processed a failed step's
+// output (its last_processed_step_id is older) builds on that step's
+// samples and KV: it is failed too, after its loads and before its forward
+// pass, so it never computes (or stores in the KV-store) KV from a context
+// that was never written. The scheduler recomputes those requests.
+//
 // Each request's batch state ends with one log line (id, why, prompt and
 // computed tokens, tokens sampled here, steps, preemptions, time held).
 #pragma once
@@ -40,6 +47,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "tandem/common/sampling_params.h"
 #include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/metrics/metrics.h"
@@ -73,6 +81,13 @@ struct WorkerOptions {
   int64_t kvstore_transfer_deadline_ms = 5000;
   // auto | off | host:port: how KV-store loads travel (KvStoreConnectorOptions::bulk_load).
   std::string kvstore_bulk_load = "auto";
+  // TEST-ONLY: comma-separated step ids (of each attached scheduler stream)
+  // that fail after their loads and batch diff, before the forward pass
+  // (their KV is not written). Empty: none.
+  std::string debug_fail_steps;
+
+  // debug_fail_steps parsed (Validate checks it).
+  [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> DebugFailSteps() const;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -157,9 +172,13 @@ class WorkerService final : public v1::Worker::Service {
   // their blocks out right after it, so both are ordered against the
   // neighbouring steps (DESIGN §5 "Ordering").
   std::unique_ptr<kvconnector::KvStoreConnectorWorker> kv_connector_;
+  std::vector<uint64_t> debug_fail_steps_;
 
   // Owned by the loop thread.
   std::unordered_map<std::string, SeqState> seqs_;
+  // The last step of this stream that failed by itself (not because it was
+  // built on a failed one); 0: none.
+  uint64_t last_failed_step_id_ = 0;
 };
 
 }  // namespace tandem::worker

@@ -118,6 +118,24 @@ TEST(KvStoreTest, CrossReplicaHitAndLoadAdmissionLimitUnderBurst) {
   EXPECT_LE(st.max_running_plus_loading(), kMaxSeqs);
   EXPECT_GT(st.max_running_plus_loading(), 1);
 
+  // --limit-async-load-admission=false (vLLM's behaviour): loads count
+  // against the blocks only, so the same burst runs more than max_num_seqs
+  // requests and loads at once (a fresh scheduler: its prefix cache is
+  // empty, the prefixes come from the store again).
+  Stop(sched_b);
+  Service unlimited =
+      StartScheduler(dir, "sched-unlimited", worker_b.address(),
+                     {"--kvstore", kv.address(), "--max-num-seqs", std::to_string(kMaxSeqs),
+                      "--limit-async-load-admission=false"});
+  const std::vector<GenerateResult> unlimited_results = RunAll(unlimited.address(), burst);
+  const v1::GetStatsResponse ust = IdleStats(unlimited.address());
+  std::printf("burst without the limit: loaded tokens %lu, max running+loading %d\n",
+              static_cast<unsigned long>(ust.external_loaded_tokens()),
+              ust.max_running_plus_loading());
+  EXPECT_GT(ust.external_loaded_tokens(), 0u);
+  EXPECT_GT(ust.max_running_plus_loading(), kMaxSeqs);
+  ExpectSameOutputs(results, unlimited_results);
+
   // Same tokens as a scheduler without the store (on A's worker: one
   // scheduler stream per worker).
   Stop(sched_a);

@@ -1,48 +1,16 @@
 // Every case of stories260K.reference.json (llama2.c's own greedy outputs),
 // sent concurrently through tandem-scheduler and tandem-worker.
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
 #include "harness.h"
-#include "tandem/model/json.h"
+#include "reference_cases.h"
 
 namespace tandem::testing {
 namespace {
 
-struct Case {
-  std::vector<int32_t> prompt;
-  int32_t max_tokens = 0;
-  std::vector<int32_t> expected;
-  size_t decisive_prefix_len = 0;
-};
-
-std::vector<Case> LoadCases() {
-  std::ifstream f(std::string(TANDEM_SHARED_DIR) + "/models/stories260K.reference.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  auto json = model::JsonValue::Parse(ss.str());
-  EXPECT_TRUE(json.ok()) << json.status();
-  std::vector<Case> cases;
-  if (!json.ok()) return cases;
-  auto ids = [](const model::JsonValue* v) {
-    std::vector<int32_t> out;
-    for (const auto& x : v->array()) out.push_back(static_cast<int32_t>(x.number()));
-    return out;
-  };
-  for (const model::JsonValue& c : json->array()) {
-    cases.push_back(
-        {.prompt = ids(c.Find("prompt_token_ids")),
-         .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),
-         .expected = ids(c.Find("expected_output_token_ids")),
-         .decisive_prefix_len = static_cast<size_t>(c.Find("decisive_prefix_len")->number())});
-  }
-  return cases;
-}
-
 void RunReferenceCases(bool async) {
-  std::vector<Case> cases = LoadCases();
+  std::vector<ReferenceCase> cases = LoadReferenceCases();
   ASSERT_FALSE(cases.empty());
   const std::string dir = MakeTempDir("tandem-reference");
   Service worker = StartWorker(dir, "worker", {});

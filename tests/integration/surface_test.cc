@@ -117,11 +117,41 @@ TEST(SurfaceTest, HelpDocumentsEveryFlagWithItsDefault) {
              {"policy", "\"fcfs\""},
              {"drain-timeout-s", "30"},
              {"kvstore-bulk-port", "\"auto\""},
+             {"limit-async-load-admission", "true"},
+             {"max-step-failures", "3"},
              {"debug-submit-delay-ms", "0"}});
   if (std::filesystem::exists(BinaryPath("services/kvstore/tandem-kvstore"))) {
     CheckHelp("services/kvstore/tandem-kvstore", "services/kvstore/main.cc",
               {{"bulk-load-listen", "\"auto\""}, {"metrics-listen", "\"127.0.0.1:0\""}});
   }
+}
+
+// Flags are checked at startup against each other with the --max-model-len
+// given (not a made-up one): without chunked prefill the budget must hold
+// the longest request.
+TEST(SurfaceTest, StartupChecksTheBudgetAgainstTheGivenMaxModelLen) {
+  const std::string dir = MakeTempDir("tandem-surface");
+  Service ok = StartScheduler(
+      dir, "budget-ok", "127.0.0.1:1",
+      {"--max-model-len", "64", "--enable-chunked-prefill=false", "--max-num-batched-tokens", "64"},
+      /*wait_for_worker=*/false);
+  EXPECT_TRUE(ok.process.running());
+  std::string out;
+  EXPECT_EQ(RunCommand({BinaryPath("services/scheduler/tandem-scheduler"), "--max-model-len", "64",
+                        "--enable-chunked-prefill=false", "--max-num-batched-tokens", "32"},
+                       &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--max-num-batched-tokens (32) must be >= --max-model-len (64)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("512"), std::string::npos) << out;
+  EXPECT_EQ(
+      RunCommand({BinaryPath("services/scheduler/tandem-scheduler"), "--max-step-failures", "0"},
+                 &out),
+      2)
+      << out;
+  EXPECT_NE(out.find("--max-step-failures must be > 0"), std::string::npos) << out;
 }
 
 TEST(SurfaceTest, ABadKvStoreBulkPortIsRefusedAtStartup) {

@@ -88,10 +88,11 @@ class ConnectorTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
-  std::unique_ptr<KvStoreConnectorScheduler> MakeScheduler(int64_t deadline_ms = 2000) {
-    auto c =
-        KvStoreConnectorScheduler::Create({.target = target_, .lookup_deadline_ms = deadline_ms},
-                                          "fp", "layout", kBlockBytes, kBlockSize);
+  std::unique_ptr<KvStoreConnectorScheduler> MakeScheduler(int64_t deadline_ms = 2000,
+                                                           int64_t refresh_ms = 100) {
+    auto c = KvStoreConnectorScheduler::Create(
+        {.target = target_, .lookup_deadline_ms = deadline_ms, .lookup_refresh_ms = refresh_ms},
+        "fp", "layout", kBlockBytes, kBlockSize);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
@@ -257,7 +258,7 @@ TEST_F(ConnectorTest, StoreThenLoadRoundTripsThroughStaging) {
   sched::Request c = MakeRequest("c", Tokens(18), {20, 21, 22, 23, 24});
   EXPECT_EQ(PollMatch(sc.get(), c, 0).num_external_tokens, 16);
   EXPECT_TRUE(WaitActiveLeases(1));
-  EXPECT_FALSE(sc->RequestFinished(c, c.block_ids));
+  EXPECT_FALSE(sc->RequestFinished(c, c.block_ids, 0));
   EXPECT_TRUE(WaitActiveLeases(0)) << store_->GetStats().active_leases;
 }
 
@@ -269,19 +270,21 @@ TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
   (void)PollMatch(sc.get(), a, 0);
   sc->UpdateStateAfterAlloc(a, {}, 0);
   // The step computes all 16 prompt tokens and samples a placeholder: the
-  // storable bound is num_computed + n - placeholders - 1 = 15 (the
-  // contract of ScheduledRequestView: conservative by one token) -> 3 blocks.
+  // storable bound is min(num_computed + n, num_tokens) = 16 (exact: the
+  // placeholder is not among the computed tokens) -> 4 blocks.
   sched::ScheduledRequestView v{
       .request = &a, .num_scheduled_tokens = 16, .will_sample = true, .adds_placeholder = true};
   sched::SchedulerOutput out;
-  EXPECT_EQ(sc->BuildConnectorMeta(out, {&v, 1}).stores.at(0).block_ids.size(), 3u);
+  EXPECT_EQ(sc->BuildConnectorMeta(out, {&v, 1}).stores.at(0).block_ids.size(), 4u);
 
-  // A decode request with 3 placeholder tokens in flight: its block made of
-  // tokens 16..19 contains placeholders and must not be stored.
+  // A decode request with 17 known tokens and 2 placeholders, the older of
+  // which a step in flight computes: this step computes the newer one. Its
+  // block made of tokens 16..19 contains placeholders and must not be
+  // stored.
   sched::Request d = MakeRequest("d", Tokens(17, 500), {5, 6, 7, 8, 9});
   (void)PollMatch(sc.get(), d, 0);
   sc->UpdateStateAfterAlloc(d, {}, 0);
-  d.num_computed_tokens = 19;  // 17 known + 2 placeholders
+  d.num_computed_tokens = 18;  // 17 known + the older placeholder
   d.num_output_placeholders = 2;
   sched::ScheduledRequestView dv{
       .request = &d, .num_scheduled_tokens = 1, .will_sample = true, .adds_placeholder = true};
@@ -289,6 +292,154 @@ TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
   auto meta = sc->BuildConnectorMeta(out, {&dv, 1});
   ASSERT_EQ(meta.stores.size(), 1u);
   EXPECT_EQ(meta.stores[0].block_ids, (std::vector<int32_t>{5, 6, 7, 8}));
+}
+
+// Puts blocks `first..last` (inclusive) of `tokens`' chain in the store,
+// from cache blocks 10.. (filled with seed = block index), through the
+// worker role.
+void StoreBlocks(KvStoreConnectorWorker* wk, FakeCache* cache, const sched::Request& r, int first,
+                 int last) {
+  sched::KvConnectorMetadata meta;
+  sched::KvStore st{.request_id = "filler"};
+  for (int b = first; b <= last; ++b) {
+    cache->Fill(10 + b, b);
+    st.block_ids.push_back(10 + b);
+    st.block_hashes.push_back(r.block_hashes[static_cast<size_t>(b)]);
+  }
+  meta.stores.push_back(std::move(st));
+  wk->SnapshotStores(meta);
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  sched::KvConnectorReport sent;
+  wk->TakeFinishedSending(&sent);
+}
+
+// A lookup answered for a request that then finished (here: aborted while
+// it waited) is never served to a later request with the same id: that one
+// is looked up afresh.
+TEST_F(ConnectorTest, ALookupAnswerOfAFinishedRequestIsNotServedToItsIdsNextRequest) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request first = MakeRequest("x", Tokens(17), {1, 2, 3, 4, 5});
+  StoreBlocks(wk.get(), &cache_, first, 0, 3);
+  EXPECT_EQ(PollMatch(sc.get(), first, 0).num_external_tokens, 16);
+  EXPECT_FALSE(sc->RequestFinished(first, {}, 0));
+  sched::Request next = MakeRequest("x", Tokens(17, 700), {1, 2, 3, 4, 5});
+  EXPECT_FALSE(sc->GetNumNewMatchedTokens(next, 0).has_value()) << "not asked afresh";
+  EXPECT_EQ(PollMatch(sc.get(), next, 0).num_external_tokens, 0);
+}
+
+// An answer is about the hashes after the local hit at the time it was
+// asked. When the local hit shrinks (its blocks were evicted meanwhile), the
+// store is asked again from the new hit: here it holds blocks 2-3 only, so
+// from block 0 nothing matches (the old answer, read from block 0, would
+// have claimed blocks 0-3).
+TEST_F(ConnectorTest, ALookupIsAskedAgainWhenTheLocalHitShrinks) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request r = MakeRequest("r", Tokens(17), {1, 2, 3, 4, 5});
+  StoreBlocks(wk.get(), &cache_, r, 2, 3);
+  EXPECT_EQ(PollMatch(sc.get(), r, 8).num_external_tokens, 8) << "blocks 2-3 after a local 0-1";
+  EXPECT_FALSE(sc->GetNumNewMatchedTokens(r, 0).has_value()) << "not asked again";
+  EXPECT_EQ(PollMatch(sc.get(), r, 0).num_external_tokens, 0);
+  EXPECT_EQ(sc->stats().lookups, 2u);
+}
+
+// An answer that missed blocks is asked again once it is older than
+// lookup_refresh_ms (the store may hold more by then); a younger one is
+// kept.
+TEST_F(ConnectorTest, AStalePartialAnswerIsRefreshed) {
+  StartStore();
+  auto sc = MakeScheduler(/*deadline_ms=*/2000, /*refresh_ms=*/100);
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request r = MakeRequest("r", Tokens(17), {1, 2, 3, 4, 5});
+  StoreBlocks(wk.get(), &cache_, r, 0, 1);
+  EXPECT_EQ(PollMatch(sc.get(), r, 0).num_external_tokens, 8);
+  StoreBlocks(wk.get(), &cache_, r, 2, 3);
+  std::optional<sched::ExternalMatch> young = sc->GetNumNewMatchedTokens(r, 0);
+  ASSERT_TRUE(young.has_value());
+  EXPECT_EQ(young->num_external_tokens, 8) << "kept while fresh";
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_FALSE(sc->GetNumNewMatchedTokens(r, 0).has_value()) << "a stale partial answer is kept";
+  EXPECT_EQ(PollMatch(sc.get(), r, 0).num_external_tokens, 16);
+}
+
+// Two requests of one step (async: each samples a placeholder) with the same
+// prompt store each block once: the second finds the first's entry known.
+TEST_F(ConnectorTest, BlocksOfTwoRequestsOfOneStepAreStoredOnce) {
+  StartStore();
+  auto sc = MakeScheduler();
+  ASSERT_TRUE(sc);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  sched::Request b = MakeRequest("b", Tokens(17), {6, 7, 8, 9, 10});
+  for (sched::Request* r : {&a, &b}) {
+    (void)PollMatch(sc.get(), *r, 0);
+    sc->UpdateStateAfterAlloc(*r, {}, 0);
+  }
+  const sched::ScheduledRequestView views[] = {
+      {.request = &a, .num_scheduled_tokens = 17, .will_sample = true, .adds_placeholder = true},
+      {.request = &b, .num_scheduled_tokens = 17, .will_sample = true, .adds_placeholder = true}};
+  sched::SchedulerOutput out;
+  const sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, views);
+  ASSERT_EQ(meta.stores.size(), 1u);
+  EXPECT_EQ(meta.stores[0].request_id, "a");
+  EXPECT_EQ(meta.stores[0].block_ids, (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(sc->stats().stored_blocks, 4u);
+}
+
+// A request that ends before a step covered its last full block: its final
+// store (RequestFinished) goes out in the next step's metadata, flagged
+// before_forward, and the worker copies it out in LoadBlocks, before that
+// step's loads write the (freed and reused) block.
+TEST_F(ConnectorTest, AFinalStoreIsReadBeforeTheNextStepsLoadsReuseItsBlocks) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  // "a" (8 tokens) ran a step that stored block 0 (1 of its 2 full blocks
+  // known then), and ends with its block 1 (cache block 2) complete.
+  sched::Request a = MakeRequest("a", Tokens(8), {1, 2});
+  (void)PollMatch(sc.get(), a, 0);
+  sc->UpdateStateAfterAlloc(a, {}, 0);
+  a.num_computed_tokens = 0;
+  sched::ScheduledRequestView v{.request = &a, .num_scheduled_tokens = 4};
+  sched::SchedulerOutput out;
+  const sched::KvConnectorMetadata first = sc->BuildConnectorMeta(out, {&v, 1});
+  ASSERT_EQ(first.stores.at(0).block_ids, std::vector<int32_t>{1});
+  cache_.Fill(1, 41);
+  sched::KvConnectorReport ignored;
+  wk->LoadBlocks(first, &ignored);
+  wk->SnapshotStores(first);
+  cache_.Fill(2, 42);
+  const std::vector<std::byte> a_block = cache_.blocks[2];
+  EXPECT_FALSE(sc->RequestFinished(a, a.block_ids, 8)) << "its blocks are freed at once";
+  // The next step reuses cache block 2 as the destination of b's load.
+  sched::Request b = MakeRequest("b", Tokens(9, 300), {2, 3, 4});
+  StoreBlocks(wk.get(), &cache_, b, 0, 0);
+  ASSERT_EQ(PollMatch(sc.get(), b, 0).num_external_tokens, 4);
+  sc->UpdateStateAfterAlloc(b, std::vector<int32_t>{2}, 4);
+  sched::KvConnectorMetadata next = sc->BuildConnectorMeta(out, {});
+  ASSERT_EQ(next.stores.size(), 1u);
+  EXPECT_TRUE(next.stores[0].before_forward);
+  EXPECT_EQ(next.stores[0].block_ids, std::vector<int32_t>{2});
+  ASSERT_EQ(next.loads.size(), 1u);
+  sched::KvConnectorReport report;
+  wk->LoadBlocks(next, &report);
+  EXPECT_NE(cache_.blocks[2], a_block) << "b's load wrote block 2";
+  wk->SnapshotStores(next);
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  // The store holds a's block as it was before the load.
+  sched::Request probe = MakeRequest("probe", Tokens(8), {5, 6});
+  ASSERT_EQ(PollMatch(sc.get(), probe, 0).num_external_tokens, 8);
+  sc->UpdateStateAfterAlloc(probe, std::vector<int32_t>{5, 6}, 8);
+  sched::KvConnectorReport loaded;
+  wk->LoadBlocks(sc->BuildConnectorMeta(out, {}), &loaded);
+  EXPECT_TRUE(loaded.invalid_block_ids.empty());
+  EXPECT_EQ(cache_.blocks[6], a_block);
 }
 
 TEST_F(ConnectorTest, CorruptBlockIsReportedInvalidAndStoredAgain) {

@@ -462,6 +462,34 @@ TEST(SchedulerTest, TwoIdenticalPromptsInOneStepShareBlocks) {
   ExpectMatchesReference(h, "B", Tokens(12, 1), Greedy(4));
 }
 
+// Async mode: two identical requests decode in lockstep, so each output
+// block becomes known for both in the same update. The first publishes it;
+// the second's copy is left out (a duplicate, never hashed), so the prefix
+// cache keeps one block per hash (CheckInvariants checks the map both
+// ways). A later request on prompt + output hits those blocks and still
+// gives the reference tokens.
+TEST(SchedulerTest, AsyncIdenticalRequestsPublishEachOutputBlockOnce) {
+  const SchedulerConfig c = TestConfig(64, /*async=*/true);
+  Harness h(c, nullptr, nullptr);
+  const std::vector<int32_t> prompt = Tokens(6, 3);
+  h.Add("A", prompt, Greedy(12));
+  h.Add("B", prompt, Greedy(12));
+  h.RunToCompletion();
+  ASSERT_EQ(h.outputs["A"], h.outputs["B"]);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), h.outputs["A"].begin(), h.outputs["A"].end());
+  std::vector<BlockHash> hashes;
+  ExtendBlockHashes(ComputeRootHash(c.hash_root), all, c.block_size, &hashes);
+  ASSERT_EQ(hashes.size(), 4u);
+  for (const BlockHash& hash : hashes) EXPECT_TRUE(h.sched.block_pool().Lookup(hash).has_value());
+  EXPECT_EQ(h.sched.block_pool().num_cached_blocks(), 4);
+  std::vector<int32_t> longer(all.begin(), all.begin() + 17);
+  h.Add("C", longer, Greedy(4));
+  h.RunToCompletion();
+  EXPECT_EQ(h.usage.at("C").num_cached_tokens_local, 16);
+  ExpectMatchesReference(h, "C", longer, Greedy(4));
+}
+
 TEST(SchedulerTest, SameCacheSaltReusesBlocksAndADifferentSaltDoesNot) {
   FakeStore store;
   Harness h(TestConfig(64), nullptr, &store);

@@ -19,7 +19,9 @@
 // overwrites a block before it is read). The bytes then travel to the store
 // on a background thread. Hence the scheduler never has to hold blocks back
 // for a store: RequestFinished() returns false, and finished_sending is only
-// bookkeeping (stores in flight).
+// bookkeeping (stores in flight). A store of a request that had ended when
+// the step was built (KvStore::before_forward) is copied out before the
+// step's loads and forward pass, which may reuse its blocks.
 //
 // Loads complete within the step that carries them: the worker reports
 // finished_recving for every load of step N in step N's output, with the
@@ -37,7 +39,12 @@
 //
 // What is stored (scheduler role): per scheduled request, the full blocks
 // below ScheduledRequestView::num_storable_tokens() (never a placeholder)
-// that the store is not known to hold. "Known" = emitted for storing or seen
+// that the store is not known to hold; and when a request ends, the full
+// blocks below RequestFinished's num_storable_tokens that no step covered
+// (in async mode the outputs that end a request often complete its last
+// block), as a KvStore with before_forward set: the worker reads those
+// blocks before the next step's loads and forward pass, since the
+// scheduler has freed them. "Known" = emitted for storing or seen
 // as a lookup hit; a lookup miss or a failed load forgets the hash so the
 // block is stored again. The worker reports every store entry in
 // finished_sending once it is done (stored, failed, or dropped when its
@@ -177,7 +184,8 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
   sched::KvConnectorMetadata BuildConnectorMeta(
       const sched::SchedulerOutput& output,
       std::span<const sched::ScheduledRequestView> scheduled) override;
-  bool RequestFinished(const sched::Request& request, std::span<const int32_t> block_ids) override;
+  bool RequestFinished(const sched::Request& request, std::span<const int32_t> block_ids,
+                       int32_t num_storable_tokens) override;
   void OnLoadFinished(const sched::Request& request, int32_t num_loaded_tokens) override;
   void OnConnectorReport(const sched::KvConnectorReport& report) override;
 
@@ -209,6 +217,11 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
                             std::unique_ptr<KvStoreClient> client, std::string ns,
                             int32_t block_size);
   void NoteKnown(const BlockHash& h);
+  // The store entry for the request's full blocks from c->next_block up to
+  // `num_storable_tokens` that the store is not known to hold; advances the
+  // cursor and records the entry as pending.
+  sched::KvStore StoreFrom(const sched::Request& r, std::span<const int32_t> block_ids,
+                           StoreCursor* c, int32_t num_storable_tokens);
   void ReleaseLease(LeaseId lease);
 
   const KvStoreConnectorOptions options_;
@@ -219,6 +232,8 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
   absl::flat_hash_map<std::string, Lookup> lookups_;
   absl::flat_hash_map<std::string, Load> loads_;
   absl::flat_hash_map<std::string, StoreCursor> cursors_;
+  // Stores queued by RequestFinished for the next step (before_forward).
+  std::vector<sched::KvStore> final_stores_;
   // Request -> hashes of its store entries not yet reported finished, in
   // the order emitted (the worker reports them in that order).
   absl::flat_hash_map<std::string, std::deque<std::vector<BlockHash>>> stores_pending_;
@@ -272,8 +287,10 @@ class KvStoreConnectorWorker {
       CopyFromHost from_host);
   ~KvStoreConnectorWorker();
 
-  // Before the forward pass: loads every block of `meta.loads` into the
-  // cache (via staging memory). Appends each load's request id to
+  // Before the forward pass: first copies out the blocks of the stores with
+  // before_forward set (ended requests' blocks, which this step's loads or
+  // forward pass may overwrite), then loads every block of `meta.loads`
+  // into the cache (via staging memory). Appends each load's request id to
   // report->finished_recving and each failed block id to
   // report->invalid_block_ids; returns those failures by reason. Call it
   // for every step, also one without loads: it notes the step's stores, so
@@ -281,9 +298,10 @@ class KvStoreConnectorWorker {
   // finished (as dropped, at the next step) instead of never.
   KvLoadFailures LoadBlocks(const sched::KvConnectorMetadata& meta,
                             sched::KvConnectorReport* report);
-  // After the forward pass: copies every block of `meta.stores` out of the
-  // cache and queues it for the store. An entry that does not fit in the
-  // queue (max_pending_store_bytes) is dropped, but still reported finished.
+  // After the forward pass: copies every block of the other `meta.stores`
+  // out of the cache and queues it for the store. An entry that does not
+  // fit in the queue (max_pending_store_bytes) is dropped, but still
+  // reported finished.
   void SnapshotStores(const sched::KvConnectorMetadata& meta);
   // Request ids whose store entries completed since the last call (one id
   // per entry, in the order the entries were given to SnapshotStores):
@@ -316,6 +334,8 @@ class KvStoreConnectorWorker {
   void EnsureNamespace();
   void EnqueueLocked(StoreJob job);
   void AbandonUnsnapshotted();
+  // Copies one store entry's blocks out of the cache and queues it.
+  void SnapshotStore(const sched::KvStore& s);
 
   const KvStoreConnectorOptions options_;
   std::unique_ptr<KvStoreClient> client_;

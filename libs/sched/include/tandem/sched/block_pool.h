@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "tandem/common/block_hash.h"
 
 namespace tandem::sched {
@@ -52,11 +53,17 @@ class BlockPool {
   // Publishes `block` (referenced, unhashed) under `hash`. Returns false and
   // leaves it unhashed when another block already holds that hash.
   bool CacheBlock(int32_t block, const BlockHash& hash);
+  // Removes `block`'s hash (its KV was never written): later lookups miss it.
+  // A free block moves to the head of the free queue. No-op when unhashed.
+  void Uncache(int32_t block);
   [[nodiscard]] bool is_cached(int32_t block) const { return blocks_[block].cached; }
   [[nodiscard]] int32_t ref_count(int32_t block) const { return blocks_[block].ref_count; }
   [[nodiscard]] int32_t num_cached_blocks() const { return static_cast<int32_t>(cached_.size()); }
   // The free queue from head (next allocated) to tail; for tests.
   [[nodiscard]] std::vector<int32_t> FreeQueueForTest() const;
+  // The prefix cache maps each hash to the one block flagged with it, and
+  // back; the message names the first block that breaks it. For tests.
+  [[nodiscard]] absl::Status CheckCacheConsistency() const;
 
  private:
   struct Block {

@@ -56,6 +56,9 @@ struct SchedulerConfig {
   // The model's end-of-sequence token; it stops a request (unless
   // ignore_eos) and is never part of the output. < 0 = the model has none.
   int32_t eos_token_id = 1;
+  // A request in this many failed worker steps ends with kFinishedError;
+  // before that each failure preempts it for recompute. > 0.
+  int32_t max_step_failures = 3;
   // Token ids must be in [0, vocab_size); 0 = unknown, only ids >= 0 are
   // checked.
   int32_t vocab_size = 0;

@@ -53,8 +53,9 @@ class KvCacheManager {
   [[nodiscard]] int32_t NumBlocksToCover(const Request& request, int32_t num_tokens) const;
 
   // Publishes the request's full blocks among its first `num_tokens` tokens
-  // (whose ids must be known) in the prefix cache.
-  void CacheBlocks(Request* request, int32_t num_tokens);
+  // (whose ids must be known) in the prefix cache. Appends the blocks this
+  // call published to `published` when given.
+  void CacheBlocks(Request* request, int32_t num_tokens, std::vector<int32_t>* published = nullptr);
   // Releases the whole table, tail first; hashed blocks stay cached.
   void FreeBlocks(Request* request);
 

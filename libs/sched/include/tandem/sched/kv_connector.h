@@ -14,7 +14,8 @@
 //   BuildConnectorMeta()      every step, for the requests of that step;
 //   OnLoadFinished()          when the worker reports its async load done;
 //   RequestFinished()         once when it finishes or is aborted (also while
-//                             waiting or loading: drop a pending lookup).
+//                             waiting or loading: drop a pending lookup);
+//                             may queue a last store (see there).
 // After preemption a request is asked GetNumNewMatchedTokens() again.
 #pragma once
 
@@ -48,13 +49,13 @@ struct ScheduledRequestView {
   // Async mode and will_sample: the sampled token becomes a placeholder.
   bool adds_placeholder = false;
 
-  // Leading tokens with known ids whose KV exists once this step has run:
-  // (num_computed_tokens + n) - (num_output_placeholders + adds_placeholder),
-  // i.e. DESIGN §5's bound evaluated after the step's increments. Stores may
-  // cover full blocks up to this, never further.
+  // Known computed tokens once this step has run (KnownComputedTokens in
+  // request.h): min(num_computed_tokens + n, num_tokens), from the counters
+  // before the step's increments and equal to the bound after them. Stores
+  // may cover full blocks up to this, never further.
   [[nodiscard]] int32_t num_storable_tokens() const {
-    return request->num_computed_tokens + num_scheduled_tokens - request->num_output_placeholders -
-           (adds_placeholder ? 1 : 0);
+    return KnownComputedTokens(request->num_computed_tokens + num_scheduled_tokens,
+                               request->num_tokens());
   }
 };
 
@@ -81,7 +82,19 @@ class KvConnectorScheduler {
   // The request finished or was aborted; `block_ids` is its table. Returns
   // true to keep the blocks allocated until the worker reports the request
   // in finished_sending.
-  virtual bool RequestFinished(const Request& request, std::span<const int32_t> block_ids) = 0;
+  //
+  // `num_storable_tokens`: the full blocks below it (of request.block_hashes
+  // and `block_ids`) hold KV of known tokens that is written by the time the
+  // next step runs; a connector may store the ones its earlier stores did
+  // not cover, in the next step's metadata with KvStore::before_forward set
+  // (the scheduler frees the blocks now, so that step may reuse them). In
+  // async mode a request often ends before any step covers its last full
+  // block: its last tokens become known only with the outputs that end it.
+  // It is the known computed tokens before the ending output's tokens were
+  // appended (so sync and async runs store the same blocks), and 0 for an
+  // abort or an error.
+  virtual bool RequestFinished(const Request& request, std::span<const int32_t> block_ids,
+                               int32_t num_storable_tokens) = 0;
 
   // The worker reported the request's load done; `num_loaded_tokens` is what
   // survived invalid_block_ids (may be less than asked).
@@ -102,7 +115,7 @@ class NoopKvConnector final : public KvConnectorScheduler {
                                          std::span<const ScheduledRequestView>) override {
     return {};
   }
-  bool RequestFinished(const Request&, std::span<const int32_t>) override { return false; }
+  bool RequestFinished(const Request&, std::span<const int32_t>, int32_t) override { return false; }
 };
 
 }  // namespace tandem::sched

@@ -26,6 +26,33 @@ enum class RequestState {
 };
 
 [[nodiscard]] bool IsFinished(RequestState state);
+
+// Known computed tokens (DESIGN §3), the one definition: the leading tokens
+// whose ids are known and whose KV is written or being written by a sent
+// step, given `num_computed_tokens` (C) and `num_tokens` (T, known ids).
+//
+// Positions [T, T + P) are the P output placeholders. Every placeholder but
+// the newest may already be in C (a later step computes its KV, fed by the
+// worker's own sample); the newest never is. So C <= T + P - 1 when P > 0,
+// and the known computed tokens are exactly min(C, T): never a placeholder,
+// never one short. In sync mode P == 0 and C <= T, so it is C.
+//
+// Tandem's earlier bound, C - P, was one token short whenever P > 0: it
+// subtracted the newest placeholder, which C never counts (measured: C=8,
+// P=1, T=8 gave 7). In async mode the last full block of a request that
+// ended within about two steps of filling it was never stored.
+//
+// The review of the upstream (vLLM) change got one thing wrong: it called
+// the connector building its metadata from counters snapshotted *before*
+// the step's increments a bug. Under these counter rules it is not: the
+// bound for a scheduled request is evaluated as min(C + n, T) from the
+// snapshot (ScheduledRequestView::num_storable_tokens), which equals the
+// bound after the increments, since the increments add n to C and at most
+// one placeholder that is never a known token. The error was the
+// subtraction, not the snapshot.
+[[nodiscard]] inline int32_t KnownComputedTokens(int32_t num_computed_tokens, int32_t num_tokens) {
+  return num_computed_tokens < num_tokens ? num_computed_tokens : num_tokens;
+}
 [[nodiscard]] const char* RequestStateName(RequestState state);
 
 // Fields are grouped hot first: a step touches the counters, token ids and
@@ -59,6 +86,11 @@ struct Request {
   // Finished but its blocks are held for the worker (load or store running).
   bool awaiting_recv = false;
   bool awaiting_send = false;
+  // Its load runs, but a block it holds from the prefix cache turned out
+  // never written (a failed step): preempted once the load is reported.
+  bool preempt_when_loaded = false;
+  // Failed worker steps it was in (Scheduler::FailStep).
+  int32_t num_step_failures = 0;
 
   // ---- tokens and blocks ----
   // Prompt followed by the output tokens whose ids are known. EOS that stopped
@@ -88,9 +120,9 @@ struct Request {
   int32_t load_num_blocks = 0;
   int32_t load_num_valid_blocks = 0;
 
-  // ---- accounting for the client ----
-  int32_t num_cached_tokens_local = 0;     // prefix-cache hit at admission
-  int32_t num_cached_tokens_external = 0;  // tokens loaded from the KV-store
+  // ---- accounting for the client (RequestOutput) ----
+  int32_t num_cached_tokens_local = 0;
+  int32_t num_cached_tokens_external = 0;
   int32_t num_preemptions = 0;
 
   [[nodiscard]] int32_t num_tokens() const { return static_cast<int32_t>(all_token_ids.size()); }
@@ -98,10 +130,11 @@ struct Request {
   [[nodiscard]] std::span<const int32_t> prompt_token_ids() const {
     return std::span<const int32_t>(all_token_ids).first(num_prompt_tokens);
   }
-  // Tokens with known ids whose KV is computed or being computed: the bound
-  // for hashing and storing (DESIGN §3 derived quantities).
+  // Tokens with known ids whose KV is computed or being computed by a sent
+  // step: the bound for hashing and storing (DESIGN §3 "known computed
+  // tokens"). See KnownComputedTokens().
   [[nodiscard]] int32_t num_known_computed_tokens() const {
-    return num_computed_tokens - num_output_placeholders;
+    return KnownComputedTokens(num_computed_tokens, num_tokens());
   }
   // Tokens whose KV has really been written.
   [[nodiscard]] int32_t num_written_tokens() const {

@@ -15,6 +15,41 @@
 // before then is an ordinary output token. EOS on the last allowed token
 // therefore finishes as kFinishedStopped, not kFinishedLength.
 //
+// Preemption and progress (DESIGN §3, plus rules of Tandem's that make every
+// workload that fits the cache drain). A running request R short of blocks
+// frees them, in this order:
+//   1. it preempts the request that comes last in the policy's order of who
+//      keeps blocks, among the running requests after R and the waiting
+//      requests that hold KV of a finished load (never one before R). FCFS:
+//      the most recently admitted; every request holding a load counts as
+//      admitted after every running one, so those go first. Priority: the
+//      largest priority value, latest arrival. A preempted loaded request
+//      frees its blocks (they stay in the prefix cache) and keeps its place;
+//   2. if nobody is after R but blocks will come back by themselves (a load
+//      in flight after R in that order, or a finished request whose KV
+//      transfer the worker has not reported), R waits: it skips this step
+//      and no waiting request is admitted in it. A load in flight cannot be
+//      preempted (the worker writes its blocks); once it has finished, its
+//      request is preemptable under rule 1;
+//   3. otherwise R preempts itself (it is last in the order).
+// Progress: a request is never the victim of one after it in the order, so
+// the first request in the order never loses its blocks and finishes (it
+// fits the pool alone, AddRequest checks that). The livelock this rules
+// out: R, alone, preempted itself for a full-prompt load of a request Q
+// admitted after it; Q ran, R came back as a load and Q preempted itself
+// for it, and so on, for ever. Now R waits for Q's load and then preempts
+// Q, which cannot come back before blocks free up: once R has preempted Q,
+// Q is admitted again only when the pool holds all of Q's blocks again,
+// which R alone (growing) never brings about. So a request is preempted by
+// the same other one only as often as third requests free blocks for it in
+// between (as in vLLM); tests/sched/ asserts a small bound on that
+// (kMaxPreemptionsBySameRequest, measured) over randomized workloads with
+// warm and cold stores, tiny pools and slow loads, in both modes.
+// A request whose blocks the local prefix cache holds up to its last,
+// full block (the hit is capped at num_tokens - 1) is not sent to the
+// connector: it recomputes the last block instead of loading a copy of
+// what the cache has.
+//
 // Admission order (DESIGN §3, plus one rule of Tandem's): requests whose
 // async KV load has finished are admitted first, in queue order, skipping
 // those that do not fit; then the waiting queue in order, until a request
@@ -68,8 +103,17 @@ struct RequestOutput {
   std::vector<int32_t> new_token_ids;
   // Set when the request finished in this update.
   std::optional<RequestState> finished;
+  // Why, when finished is kFinishedError.
+  std::string error;
   int32_t num_prompt_tokens = 0;
   int32_t num_output_tokens = 0;
+  // Prompt tokens not computed for this request, of the admission whose
+  // prefill produced its first output token (fixed from then on; an
+  // admission before it, whose work a preemption or a failed step threw
+  // away, does not count): found in this scheduler's prefix cache (local),
+  // and loaded from the KV-store (external: valid blocks only, and never the
+  // last prompt token, which is always computed). local + external <=
+  // num_prompt_tokens - 1 for a request that had no output before.
   int32_t num_cached_tokens_local = 0;
   int32_t num_cached_tokens_external = 0;
 };
@@ -77,8 +121,24 @@ struct RequestOutput {
 enum class PreemptionReason {
   // A running request needed blocks and the pool had none.
   kKvCacheFull = 0,
+  // The worker failed a step the request was in; it recomputes.
+  kStepFailed = 1,
+  // The worker was lost with the request's steps in flight; it recomputes.
+  kWorkerLost = 2,
 };
-inline constexpr int kNumPreemptionReasons = 1;
+inline constexpr int kNumPreemptionReasons = 3;
+[[nodiscard]] const char* PreemptionReasonName(PreemptionReason reason);
+
+// One preemption of the last Schedule() or FailSteps() (tests, logs).
+struct PreemptionEvent {
+  std::string victim_id;
+  // The running request that needed the blocks (the victim itself when it
+  // preempted itself); empty for kStepFailed and kWorkerLost.
+  std::string preemptor_id;
+  PreemptionReason reason = PreemptionReason::kKvCacheFull;
+  // Computed tokens it loses (recomputed when it runs again).
+  int32_t num_computed_tokens = 0;
+};
 
 // Snapshot taken at the end of every Schedule() (gauges) plus running totals
 // (counters, never reset).
@@ -97,6 +157,7 @@ struct SchedulerStats {
   // Counters.
   uint64_t num_preemptions_total = 0;
   uint64_t num_preemptions_by_reason[kNumPreemptionReasons] = {};
+  uint64_t num_recomputed_tokens = 0;        // computed tokens lost to preemption
   uint64_t prefix_cache_queries_tokens = 0;  // prompt tokens looked up locally
   uint64_t prefix_cache_hits_tokens = 0;
   uint64_t external_cache_queries_tokens = 0;  // tokens asked of the connector
@@ -132,6 +193,18 @@ class Scheduler {
   // Processes the oldest step in flight: `scheduled` must be that step's
   // output, `output` the worker's answer. Output of requests aborted or
   // preempted since is dropped.
+  //
+  // A failed step (output.error set) is the worker's loss of the step's KV
+  // writes, not the requests' fault (DESIGN §9; the reliability rules of
+  // issue 16): the blocks whose hashes the step published lose them, here
+  // and for good (a later request never "hits" KV that was never written),
+  // and every live request that was in the step or holds such a block is
+  // preempted for recompute (PreemptionReason::kStepFailed; a request whose
+  // load is still running, once the load is reported). Every later step in
+  // flight counts as failed too: it was built on the failed one (the worker
+  // does not run it either, see SchedulerOutput::last_processed_step_id). A
+  // request in config.max_step_failures failed steps ends with
+  // kFinishedError (RequestOutput::error says why).
   std::vector<RequestOutput> UpdateFromOutput(const SchedulerOutput& scheduled,
                                               const ModelRunnerOutput& output);
   // Same, overwriting `outputs` (reuses its elements' storage).
@@ -155,6 +228,10 @@ class Scheduler {
     return static_cast<int32_t>(in_flight_.size());
   }
   [[nodiscard]] const SchedulerStats& stats() const { return stats_; }
+  // The preemptions of the last Schedule() or UpdateFromOutput().
+  [[nodiscard]] const std::vector<PreemptionEvent>& last_preemptions() const {
+    return preemption_events_;
+  }
   [[nodiscard]] const SchedulerConfig& config() const { return config_; }
 
   // For tests and connectors: the live request (waiting, loading, running or
@@ -175,18 +252,41 @@ class Scheduler {
   struct StepRecord {
     uint64_t step_id = 0;
     std::vector<StepEntry> entries;
+    // Blocks hashed in the prefix cache because this step writes their KV.
+    std::vector<int32_t> published;
+    // An earlier step failed: this one is handled as failed too.
+    bool failed = false;
   };
+  // The oldest step in flight failed (see UpdateFromOutput): it and every
+  // later step in flight fail. Appends outputs of the requests that end
+  // with an error.
+  void FailSteps(const std::string& error, std::vector<RequestOutput>* outputs,
+                 size_t* num_outputs);
 
   Request* NewRequest();
   void ReleaseRequest(Request* request);
-  bool ScheduleRunning(Request* request, int32_t* token_budget, int32_t* num_preempted);
-  void Preempt(Request* victim);
+  // What a running request that is short of blocks does (see the header).
+  struct Victim {
+    Request* request = nullptr;  // null: wait for a transfer to free blocks
+    bool running = false;        // else a waiting request holding loaded KV
+    size_t index = 0;            // in running_ when running
+  };
+  [[nodiscard]] Victim PickVictim(const Request* r) const;
+  // Whether `a` goes before `b` in the policy's order of who keeps blocks.
+  [[nodiscard]] bool KeepsBlocksBefore(const Request& a, const Request& b) const;
+  // Preempts a running request (its caller removes it from running_) or a
+  // waiting request holding loaded KV.
+  void Preempt(Request* victim, const Request* preemptor, PreemptionReason reason);
   // kSkip: not decidable now (its load runs, or was just admitted);
   // kDeferred: the connector's lookup is not known yet; kStop: the budget
   // cannot hold it; kNoBlocks: the pool cannot hold it.
   enum class Admit { kAdmitted, kSkip, kDeferred, kStop, kNoBlocks };
   Admit TryAdmit(Request* request, int32_t* token_budget);
   bool LoadGateAllows(const Request& request, const PrefixHit& hit) const;
+  // The hit stops one block short of the whole prompt (the cap of
+  // num_tokens - 1) and the cache holds that last block too: recompute it
+  // rather than load a copy from the connector.
+  [[nodiscard]] bool LocalCacheHoldsWholePrompt(const Request& request, const PrefixHit& hit) const;
   // A waiting request whose async load has finished: it holds blocks that
   // only its admission (or its end) frees.
   [[nodiscard]] static bool HoldsLoadedKv(const Request& request) {
@@ -195,9 +295,13 @@ class Scheduler {
   }
   void AppendTokens(Request* request, std::span<const int32_t> tokens, RequestOutput* out);
   // Ends a request in any live state: frees or holds its blocks.
-  void Finish(Request* request, RequestState state);
+  // `num_storable_tokens`: see KvConnectorScheduler::RequestFinished.
+  void Finish(Request* request, RequestState state, int32_t num_storable_tokens = 0);
   void MaybeRelease(Request* request);
   void HandleConnectorReport(const KvConnectorReport& report);
+  // Sets the cached-token counts of an admission (RequestOutput); a no-op
+  // once the request has output.
+  static void NoteCachedTokens(Request* r, int32_t num_local, int32_t num_external);
   void FillOutput(Request* request, RequestOutput* out) const;
   void ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted, int32_t num_deferred);
 
@@ -219,6 +323,7 @@ class Scheduler {
   absl::flat_hash_map<std::string, Request*> live_;
 
   uint64_t next_step_id_ = 1;
+  uint64_t last_processed_step_id_ = 0;
   uint64_t next_arrival_seq_ = 0;
   uint64_t next_admit_seq_ = 0;
   std::deque<StepRecord> in_flight_;
@@ -230,6 +335,8 @@ class Scheduler {
   std::vector<ScheduledRequestView> views_;
   std::vector<bool> admitted_mask_;
   std::vector<Request*> preempted_;
+  std::vector<PreemptionEvent> preemption_events_;
+  std::vector<int32_t> published_;  // blocks this step's Schedule() published
   PrefixHit hit_scratch_;
 
   SchedulerStats stats_;

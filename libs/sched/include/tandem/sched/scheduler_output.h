@@ -46,6 +46,11 @@ struct KvStore {
   std::string request_id;
   std::vector<int32_t> block_ids;  // sources
   std::vector<BlockHash> block_hashes;
+  // The worker reads the blocks before this step's loads and forward pass
+  // (instead of after its forward pass): they hold KV of a request that
+  // finished before the step was built, whose blocks the scheduler has
+  // already freed, so this step may reuse them. Such entries come first.
+  bool before_forward = false;
 };
 
 struct KvConnectorMetadata {
@@ -56,6 +61,12 @@ struct KvConnectorMetadata {
 
 struct SchedulerOutput {
   uint64_t step_id = 0;
+  // The step_id of the last ModelRunnerOutput the scheduler had processed
+  // when it built this step (0: none). Tokens the worker sampled in later
+  // steps are exactly the scheduler's placeholders (the worker checks it),
+  // and a step built before the scheduler processed a failed step's output
+  // must not run (it builds on the failed one).
+  uint64_t last_processed_step_id = 0;
   std::vector<NewRequestData> scheduled_new_reqs;
   std::vector<CachedRequestData> scheduled_cached_reqs;
   // Parallel to scheduled_new_reqs followed by scheduled_cached_reqs.
@@ -85,6 +96,10 @@ struct ModelRunnerOutput {
   uint64_t step_id = 0;
   std::vector<SampledTokens> sampled;
   KvConnectorReport kv_connector_report;
+  // Non-empty: the step failed on the worker. Its KV may not have been
+  // written and nothing was sampled; its connector report still counts
+  // (loads done before the failure).
+  std::string error;
 };
 
 }  // namespace tandem::sched
