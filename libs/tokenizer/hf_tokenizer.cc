@@ -237,7 +237,7 @@ class HfTokenizer final : public Tokenizer {
   std::vector<bool> has_token_;
   std::vector<bool> is_added_content_;
   std::vector<bool> is_special_;
-  bool clean_up_ = true;
+  bool clean_up_ = false;
 };
 
 class HfDecodeStream final : public DecodeStream {

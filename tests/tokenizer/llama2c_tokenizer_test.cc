@@ -3,21 +3,19 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "tandem/tokenizer/tokenizer.h"
+#include "test_util.h"
 
-namespace tandem::tokenizer {
+namespace tandem::tokenizer::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string SharedModel(const std::string& name) {
-  return std::string(TANDEM_SHARED_DIR) + "/models/" + name;
-}
 
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -81,6 +79,47 @@ TEST_F(Llama2cTokenizerTest, DecodesReferenceConversationsAsSentencePiece) {
     ASSERT_TRUE(sentencepiece.ok()) << sentencepiece.status();
     EXPECT_EQ(*ours, *sentencepiece) << c["prompt_text"];
   }
+}
+
+// run.c's encode() over the whole corpus (tools/runc_references.py).
+TEST_F(Llama2cTokenizerTest, EncodesTheCorpusAsRunC) {
+  const nlohmann::json ref = ReadJson(TestData("runc_encode.json"));
+  const std::vector<std::string> texts = CorpusTexts();
+  ASSERT_EQ(ref["cases"].size(), texts.size());
+  int failures = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto ids = bin_->Encode(texts[i]);
+    ASSERT_TRUE(ids.ok());
+    const auto want = ref["cases"][i].get<std::vector<int32_t>>();
+    if (*ids != want && ++failures <= 5) {
+      ADD_FAILURE() << Quote(texts[i]) << ": ours " << nlohmann::json(*ids).dump() << ", run.c "
+                    << nlohmann::json(want).dump();
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+// Random ids after BOS (byte tokens half the time, so runs of bytes that are
+// not UTF-8 are common) decode as libsentencepiece decodes them.
+TEST_F(Llama2cTokenizerTest, DecodesRandomIdsAsSentencePiece) {
+  std::mt19937 rng(7);
+  int failures = 0;
+  for (int n = 0; n < 2000; ++n) {
+    std::vector<int32_t> ids = {1};
+    const int len = 1 + static_cast<int>(rng() % 12);
+    for (int i = 0; i < len; ++i) {
+      ids.push_back(rng() % 2 ? 3 + static_cast<int32_t>(rng() % 256)
+                              : 3 + static_cast<int32_t>(rng() % (32000 - 3)));
+    }
+    const auto ours = bin_->Decode(ids, {.skip_special_tokens = true});
+    const auto sentencepiece = sp_->Decode(ids);
+    ASSERT_TRUE(ours.ok() && sentencepiece.ok());
+    if (*ours != *sentencepiece && ++failures <= 5) {
+      ADD_FAILURE() << nlohmann::json(ids).dump() << ": ours " << Quote(*ours)
+                    << ", sentencepiece " << Quote(*sentencepiece);
+    }
+  }
+  EXPECT_EQ(failures, 0);
 }
 
 TEST_F(Llama2cTokenizerTest, StripsTheLeadingSpaceOnlyAfterBos) {
@@ -166,4 +205,4 @@ TEST(LoadTokenizerTest, NamesAMissingPath) {
 }
 
 }  // namespace
-}  // namespace tandem::tokenizer
+}  // namespace tandem::tokenizer::testing

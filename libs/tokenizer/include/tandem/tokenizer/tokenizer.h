@@ -66,10 +66,11 @@ struct DecodeOptions {
   // libsentencepiece decodes them.
   bool skip_special_tokens = false;
   // tokenizer.json only: transformers' clean_up_tokenization (" ." -> ".",
-  // " n't" -> "n't", ...). nullopt: what tokenizer_config.json says, true
-  // when it says nothing (Hugging Face's default; GPT-2 and Llama 3 say true).
-  // A server streaming text usually wants false: the cleanup rewrites text the
-  // model wrote (`x .y` in code).
+  // " n't" -> "n't", ...). nullopt: what tokenizer_config.json says (GPT-2 and
+  // Llama 3 say true), false when it says nothing: the Rust crate never cleans
+  // up, transformers is moving its default to false (tokenizers.js still
+  // defaults to true). A server streaming text usually wants false: the
+  // cleanup rewrites text the model wrote (`x .y` in code).
   std::optional<bool> clean_up_tokenization_spaces;
 };
 
