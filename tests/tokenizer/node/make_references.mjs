@@ -151,8 +151,20 @@ for (const name of HF_TOKENIZERS) hfReference(name);
 
 // llama-tokenizer-js (Llama 2's vocabulary; BOS and the dummy prefix space).
 // It has no added-token matching: "<s>" in text is text, as in SentencePiece.
-writeJson("llama_tokenizer_js.json", { reference: version("llama-tokenizer-js") },
-          { cases: corpus.texts.map((text) => llamaTokenizer.encode(text)) });
+// Decodes: of each text's ids (null where it gives the text back), and of BOS
+// followed by each corpus byte sequence as <0xXX> tokens (ill-formed UTF-8).
+// Its decoder was made before the TextDecoder above, so it would strip a
+// leading U+FEFF (libsentencepiece keeps it); it gets one that keeps it.
+llamaTokenizer.utf8Decoder = new TextDecoder();
+const llamaCases = corpus.texts.map((text) => llamaTokenizer.encode(text));
+writeJson("llama_tokenizer_js.json", { reference: version("llama-tokenizer-js") }, {
+  cases: llamaCases,
+  decodes: llamaCases.map((ids, i) => {
+    const text = ids.length === 0 ? "" : llamaTokenizer.decode(ids);
+    return text === corpus.texts[i] ? null : text;
+  }),
+  byte_decodes: corpus.byte_sequences.map((bytes) => llamaTokenizer.decode([1, ...bytes.map((b) => 3 + b)])),
+});
 // llama3-tokenizer-js (Llama 3's vocabulary; BOS, no EOS).
 writeJson("llama3_tokenizer_js.json", { reference: version("llama3-tokenizer-js") },
           { cases: corpus.texts.map((text) => llama3Tokenizer.encode(text, { bos: true, eos: false })) });
