@@ -14,7 +14,7 @@
 3. regenerates the references with node/make_references.mjs into
    BUILD_DIR/tokenizer_npm/references and fails unless they equal the
    committed tests/tokenizer/data/references/*.json.
-The C++ side (tokenizer_reference_test, tokenizer_chat_template_test) then
+The C++ side (tokenizer_reference_test) then
 compares our outputs with those references, reading the models from
 BUILD_DIR/tokenizer_npm/models.
 

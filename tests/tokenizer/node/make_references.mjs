@@ -9,6 +9,7 @@
 // which must equal the committed tests/tokenizer/data/references/*.json.
 import fs from "fs";
 import path from "path";
+import { Template } from "@huggingface/jinja";
 import { Tokenizer } from "@huggingface/tokenizers";
 import llamaTokenizer from "llama-tokenizer-js";
 import llama3Tokenizer from "llama3-tokenizer-js";
@@ -168,4 +169,43 @@ writeJson("llama_tokenizer_js.json", { reference: version("llama-tokenizer-js") 
 // llama3-tokenizer-js (Llama 3's vocabulary; BOS, no EOS).
 writeJson("llama3_tokenizer_js.json", { reference: version("llama3-tokenizer-js") },
           { cases: corpus.texts.map((text) => llama3Tokenizer.encode(text, { bos: true, eos: false })) });
+// Chat templates: each model's chat_template (tokenizer_config.json) and the
+// built-in templates (data/chat_templates/*.jinja, which must equal
+// ChatTemplate::BuiltinSource) rendered by @huggingface/jinja on every
+// conversation, with add_generation_prompt false and true; {"error": message}
+// where the template raises.
+const CHAT_MODELS = ["llama3", "llama3_0", "qwen2", "mistral_nemo"];
+const chat = JSON.parse(fs.readFileSync(path.join(dataDir, "chat_conversations.json"), "utf8"));
+const tokenText = (t) => (t == null ? "" : typeof t === "string" ? t : t.content);
+const chatTemplates = [
+  ...CHAT_MODELS.map((name) => {
+    const config = JSON.parse(fs.readFileSync(path.join(modelsDir, name, "tokenizer_config.json"), "utf8"));
+    return { template: name, source: config.chat_template, bos_token: tokenText(config.bos_token),
+             eos_token: tokenText(config.eos_token) };
+  }),
+  ...Object.entries(chat.builtin_tokens).map(([name, tokens]) => ({
+    template: `builtin:${name}`,
+    source: fs.readFileSync(path.join(dataDir, "chat_templates", `${name}.jinja`), "utf8"),
+    ...tokens,
+  })),
+];
+const chatCases = [];
+for (const t of chatTemplates) {
+  const template = new Template(t.source);
+  for (const conversation of chat.conversations) {
+    for (const add_generation_prompt of [false, true]) {
+      const context = { messages: conversation.messages, add_generation_prompt,
+                        bos_token: t.bos_token, eos_token: t.eos_token };
+      if (conversation.tools) context.tools = conversation.tools;
+      const c = { template: t.template, conversation: conversation.name, add_generation_prompt };
+      try {
+        c.text = template.render(context);
+      } catch (e) {
+        c.error = e.message;
+      }
+      chatCases.push(c);
+    }
+  }
+}
+writeJson("chat_templates.json", { reference: version("@huggingface/jinja") }, { cases: chatCases });
 console.log(`references written to ${outDir}`);
