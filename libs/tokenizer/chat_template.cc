@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -1349,6 +1350,35 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Builtin(std::string_view name) {
                                             "' (llama-2, llama-3, chatml)"));
   }
   return Parse(source);
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::Select(std::string_view choice,
+                                                  const Tokenizer& tokenizer) {
+  constexpr char kHint[] =
+      "; pass --chat-template llama-2|llama-3|chatml or a Jinja file";
+  if (!BuiltinSource(choice).empty()) return Builtin(choice);
+  std::string source, where;
+  if (!choice.empty()) {
+    std::ifstream in{std::string(choice), std::ios::binary};
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat("--chat-template ", std::string(choice),
+                                              ": neither a built-in template (llama-2, llama-3, "
+                                              "chatml) nor a readable file"));
+    }
+    source.assign(std::istreambuf_iterator<char>(in), {});
+    where = std::string(choice);
+  } else if (tokenizer.chat_template()) {
+    source = *tokenizer.chat_template();
+    where = "tokenizer_config.json chat_template";
+  } else {
+    return absl::FailedPreconditionError(absl::StrCat("the tokenizer has no chat_template", kHint));
+  }
+  absl::StatusOr<ChatTemplate> t = Parse(source);
+  if (!t.ok()) {
+    return absl::Status(t.status().code(), absl::StrCat(where, ": ", t.status().message(),
+                                                        choice.empty() ? kHint : ""));
+  }
+  return t;
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const ChatTemplateInputs& inputs) const {

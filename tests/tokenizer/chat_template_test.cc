@@ -122,5 +122,32 @@ TEST(ChatTemplateTest, NamesWhatIsNotSupportedAndWhereSyntaxIsWrong) {
   }
 }
 
+TEST(ChatTemplateTest, SelectsABuiltinAFileOrTheTokenizersOwnTemplate) {
+  // tokenizer.model has no tokenizer_config.json, so no chat_template.
+  auto tok = LoadTokenizer(SharedModel("tokenizer.model"));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const Json user = Json::parse(R"([{"role": "user", "content": "x"}])");
+  auto none = ChatTemplate::Select("", **tok);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("--chat-template"));
+
+  auto builtin = ChatTemplate::Select("chatml", **tok);
+  ASSERT_TRUE(builtin.ok()) << builtin.status();
+  EXPECT_EQ(*builtin->Render({.messages = user}), "<|im_start|>user\nx<|im_end|>\n");
+
+  const std::string path = ::testing::TempDir() + "/chat_template_test.jinja";
+  std::ofstream(path) << "{% for m in messages %}[{{ m.content }}]{% endfor %}\n";
+  auto file = ChatTemplate::Select(path, **tok);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(*file->Render({.messages = user}), "[x]");
+
+  std::ofstream(path) << "{% macro m() %}{% endmacro %}";
+  auto unsupported = ChatTemplate::Select(path, **tok);
+  EXPECT_EQ(unsupported.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(unsupported.status().message(), HasSubstr(path));
+  EXPECT_EQ(ChatTemplate::Select("/nonexistent/t.jinja", **tok).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace tandem::tokenizer::testing

@@ -38,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tandem/tokenizer/tokenizer.h"
 
 namespace tandem::tokenizer {
 
@@ -66,6 +67,13 @@ class ChatTemplate {
   // "llama-3" (Llama 3 instruct headers), "chatml" (<|im_start|>, as Qwen
   // writes it without a default system prompt). NOT_FOUND otherwise.
   [[nodiscard]] static absl::StatusOr<ChatTemplate> Builtin(std::string_view name);
+  // What a server's --chat-template flag selects: a built-in name, else a
+  // path to a Jinja file; empty: the tokenizer's own chat_template.
+  // FAILED_PRECONDITION when it is empty and the tokenizer has none, and
+  // Parse's errors (naming the file or the tokenizer's template), each
+  // suggesting the flag.
+  [[nodiscard]] static absl::StatusOr<ChatTemplate> Select(std::string_view choice,
+                                                           const Tokenizer& tokenizer);
   // The source of a built-in template (empty for an unknown name).
   static std::string_view BuiltinSource(std::string_view name);
 
