@@ -921,14 +921,14 @@ class Renderer {
     switch (e.kind) {
       case Expr::kLiteral:
         return Value{e.value};
-      case Expr::kName: {
-        const Value* v = Lookup(e.name);
-        return v ? *v : Value::Undefined();
-      }
+      case Expr::kName:
       case Expr::kAttr:
-        return GetItem(Eval(*e.args[0]), Json(e.name), e.line);
-      case Expr::kIndex:
-        return GetItem(Eval(*e.args[0]), Eval(*e.args[1]).json, e.line);
+      case Expr::kIndex: {
+        if (const Ref r = Resolve(e); r.resolved)
+          return r.json ? Value{*r.json} : Value::Undefined();
+        const Value base = Eval(*e.args[0]);
+        return GetItem(base, e.kind == Expr::kAttr ? Json(e.name) : Eval(*e.args[1]).json, e.line);
+      }
       case Expr::kSlice:
         return Slice(e);
       case Expr::kCall:
@@ -977,26 +977,57 @@ class Renderer {
     Fail(e.line, "bad expression");
   }
 
-  static Value GetItem(const Value& v, const Json& key, int line) {
-    if (v.undefined || v.json.is_null()) return Value::Undefined();
-    const Json& j = v.json;
-    if (j.is_object() && key.is_string()) {
+  // j[key] (or j.key) in place; nullptr when undefined. Not for strings.
+  static const Json* Item(const Json& j, const Json& key, int line) {
+    if (j.is_null()) return nullptr;
+    if (j.is_object()) {
+      if (!key.is_string()) return nullptr;
       auto it = j.find(key.get<std::string>());
-      return it == j.end() ? Value::Undefined() : Value{*it};
+      return it == j.end() ? nullptr : &*it;
     }
-    if ((j.is_array() || j.is_string()) && IsInt(key)) {
-      const int64_t size = j.is_array()
-                               ? static_cast<int64_t>(j.size())
-                               : static_cast<int64_t>(j.get_ref<const std::string&>().size());
+    if (j.is_array() && IsInt(key)) {
       int64_t k = key.get<int64_t>();
-      if (k < 0) k += size;
-      if (k < 0 || k >= size) return Value::Undefined();
-      if (j.is_array()) return Value{j[static_cast<size_t>(k)]};
-      return Value{std::string(1, j.get_ref<const std::string&>()[static_cast<size_t>(k)])};
+      if (k < 0) k += static_cast<int64_t>(j.size());
+      if (k < 0 || k >= static_cast<int64_t>(j.size())) return nullptr;
+      return &j[static_cast<size_t>(k)];
     }
-    if (key.is_string() && (j.is_array() || j.is_string())) return Value::Undefined();
-    if (j.is_object()) return Value::Undefined();
+    if (j.is_array() && key.is_string()) return nullptr;
     Fail(line, absl::StrCat("cannot index ", ToJson(j), " with ", ToJson(key)));
+  }
+
+  static Value GetItem(const Value& v, const Json& key, int line) {
+    if (v.undefined) return Value::Undefined();
+    const Json& j = v.json;
+    if (j.is_string()) {
+      if (!IsInt(key)) return Value::Undefined();
+      const std::string& s = j.get_ref<const std::string&>();
+      int64_t k = key.get<int64_t>();
+      if (k < 0) k += static_cast<int64_t>(s.size());
+      if (k < 0 || k >= static_cast<int64_t>(s.size())) return Value::Undefined();
+      return Value{std::string(1, s[static_cast<size_t>(k)])};
+    }
+    const Json* item = Item(j, key, line);
+    return item ? Value{*item} : Value::Undefined();
+  }
+
+  // A chain of names, attributes and items resolved in place, so that
+  // `messages[i].content` copies the content, not `messages`.
+  struct Ref {
+    bool resolved = false;       // false: not such a chain (or a string index)
+    const Json* json = nullptr;  // nullptr: undefined
+  };
+  Ref Resolve(const Expr& e) {
+    if (e.kind == Expr::kName) {
+      const Value* v = Lookup(e.name);
+      return {true, v && !v->undefined ? &v->json : nullptr};
+    }
+    if (e.kind != Expr::kAttr && e.kind != Expr::kIndex) return {};
+    const Ref base = Resolve(*e.args[0]);
+    if (!base.resolved || (base.json && base.json->is_string())) return {};
+    if (!base.json) return {true, nullptr};
+    const Json key = e.kind == Expr::kAttr ? Json(e.name) : Eval(*e.args[1]).json;
+    if (e.kind == Expr::kIndex && base.json->is_array() && key.is_string()) return {};
+    return {true, Item(*base.json, key, e.line)};
   }
 
   Value Slice(const Expr& e) {
@@ -1354,8 +1385,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Builtin(std::string_view name) {
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Select(std::string_view choice,
                                                   const Tokenizer& tokenizer) {
-  constexpr char kHint[] =
-      "; pass --chat-template llama-2|llama-3|chatml or a Jinja file";
+  constexpr char kHint[] = "; pass --chat-template llama-2|llama-3|chatml or a Jinja file";
   if (!BuiltinSource(choice).empty()) return Builtin(choice);
   std::string source, where;
   if (!choice.empty()) {
