@@ -750,21 +750,29 @@ bool Truthy(const Value& v) {
   }
 }
 
-// Python's json.dumps (", " and ": " separators, non-ASCII kept), as both
-// transformers' and @huggingface/jinja's tojson write it.
-std::string ToJson(const Json& j) {
+// Python's json.dumps (", " and ": " separators, or "," and ": " with one
+// item a line when indented; non-ASCII kept), as both transformers' and
+// @huggingface/jinja's tojson write it.
+std::string ToJson(const Json& j, int indent = -1, bool sort_keys = false, int depth = 0) {
+  if (!j.is_array() && !j.is_object()) return j.dump();
+  if (j.empty()) return j.is_array() ? "[]" : "{}";
+  std::vector<std::string> parts;
   if (j.is_array()) {
-    std::vector<std::string> parts;
-    for (const Json& x : j) parts.push_back(ToJson(x));
-    return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+    for (const Json& x : j) parts.push_back(ToJson(x, indent, sort_keys, depth + 1));
+  } else {
+    std::vector<std::pair<std::string, const Json*>> items;
+    for (const auto& [k, x] : j.items()) items.emplace_back(k, &x);
+    if (sort_keys) std::sort(items.begin(), items.end());
+    for (const auto& [k, x] : items) {
+      parts.push_back(absl::StrCat(Json(k).dump(), ": ", ToJson(*x, indent, sort_keys, depth + 1)));
+    }
   }
-  if (j.is_object()) {
-    std::vector<std::string> parts;
-    for (const auto& [k, x] : j.items())
-      parts.push_back(absl::StrCat(Json(k).dump(), ": ", ToJson(x)));
-    return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
-  }
-  return j.dump();
+  const char* open = j.is_array() ? "[" : "{";
+  const char* close = j.is_array() ? "]" : "}";
+  if (indent < 0) return absl::StrCat(open, absl::StrJoin(parts, ", "), close);
+  const std::string inner = "\n" + std::string(static_cast<size_t>(indent * (depth + 1)), ' ');
+  const std::string outer = "\n" + std::string(static_cast<size_t>(indent * depth), ' ');
+  return absl::StrCat(open, inner, absl::StrJoin(parts, "," + inner), outer, close);
 }
 
 std::string ToString(const Value& v) {
@@ -774,6 +782,19 @@ std::string ToString(const Value& v) {
   if (j.is_boolean()) return j.get<bool>() ? "true" : "false";
   if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
   return ToJson(j);
+}
+
+// The characters (code points) of UTF-8 text, as Python's str indexes,
+// slices and measures it.
+std::vector<std::string> Chars(const std::string& s) {
+  std::vector<std::string> chars;
+  for (size_t i = 0; i < s.size();) {
+    size_t n = 1;
+    while (i + n < s.size() && (static_cast<unsigned char>(s[i + n]) & 0xC0) == 0x80) ++n;
+    chars.push_back(s.substr(i, n));
+    i += n;
+  }
+  return chars;
 }
 
 bool IsInt(const Json& j) { return j.is_number_integer() || j.is_number_unsigned(); }
@@ -871,7 +892,7 @@ class Renderer {
     }
     if (v.json.is_string()) {
       std::vector<Json> chars;
-      for (char c : v.json.get<std::string>()) chars.push_back(std::string(1, c));
+      for (std::string& c : Chars(v.json.get<std::string>())) chars.push_back(std::move(c));
       return chars;
     }
     Fail(line, absl::StrCat("cannot iterate over ", ToJson(v.json)));
@@ -1000,11 +1021,11 @@ class Renderer {
     const Json& j = v.json;
     if (j.is_string()) {
       if (!IsInt(key)) return Value::Undefined();
-      const std::string& s = j.get_ref<const std::string&>();
+      const std::vector<std::string> chars = Chars(j.get<std::string>());
       int64_t k = key.get<int64_t>();
-      if (k < 0) k += static_cast<int64_t>(s.size());
-      if (k < 0 || k >= static_cast<int64_t>(s.size())) return Value::Undefined();
-      return Value{std::string(1, s[static_cast<size_t>(k)])};
+      if (k < 0) k += static_cast<int64_t>(chars.size());
+      if (k < 0 || k >= static_cast<int64_t>(chars.size())) return Value::Undefined();
+      return Value{chars[static_cast<size_t>(k)]};
     }
     const Json* item = Item(j, key, line);
     return item ? Value{*item} : Value::Undefined();
@@ -1045,9 +1066,9 @@ class Renderer {
     const bool is_string = v.json.is_string();
     if (!is_string && !v.json.is_array())
       Fail(e.line, "cannot slice a value that is not a list or string");
-    const int64_t size = is_string
-                             ? static_cast<int64_t>(v.json.get_ref<const std::string&>().size())
-                             : static_cast<int64_t>(v.json.size());
+    const std::vector<std::string> chars =
+        is_string ? Chars(v.json.get<std::string>()) : std::vector<std::string>();
+    const int64_t size = static_cast<int64_t>(is_string ? chars.size() : v.json.size());
     // Python's slice.indices().
     auto clamp = [&](std::optional<int64_t> x, int64_t dflt) {
       if (!x) return dflt;
@@ -1061,7 +1082,7 @@ class Renderer {
     std::string s;
     for (int64_t k = lo; step > 0 ? k < hi : k > hi; k += step) {
       if (is_string) {
-        s += v.json.get_ref<const std::string&>()[static_cast<size_t>(k)];
+        s += chars[static_cast<size_t>(k)];
       } else {
         out.push_back(v.json[static_cast<size_t>(k)]);
       }
@@ -1168,13 +1189,25 @@ class Renderer {
     }
     if (f == "length" || f == "count") {
       if (v.json.is_string())
-        return Value{static_cast<int64_t>(v.json.get_ref<const std::string&>().size())};
+        return Value{static_cast<int64_t>(Chars(v.json.get<std::string>()).size())};
       if (v.json.is_array() || v.json.is_object())
         return Value{static_cast<int64_t>(v.json.size())};
       Fail(e.line, "length of a value that is neither a string nor a collection");
     }
     if (f == "string") return Value{ToString(v)};
-    if (f == "tojson") return Value{ToJson(v.json)};
+    if (f == "tojson") {
+      for (const auto& [k, x] : e.kwargs) {
+        if (k != "indent" && k != "sort_keys")
+          Unsupported(e.line, absl::StrCat("tojson(", k, "=)"));
+      }
+      const std::optional<Value> indent = args.empty() ? kwarg("indent") : args[0];
+      if (indent && !indent->undefined && !indent->json.is_null() && !IsInt(indent->json)) {
+        Fail(e.line, "tojson indent is not an integer");
+      }
+      const std::optional<Value> sort_keys = kwarg("sort_keys");
+      return Value{ToJson(v.json, indent && IsInt(indent->json) ? indent->json.get<int>() : -1,
+                          sort_keys && Truthy(*sort_keys))};
+    }
     if (f == "trim") return Value{Strip(ToString(v), true, true, std::nullopt)};
     if (f == "lower") return Value{absl::AsciiStrToLower(ToString(v))};
     if (f == "upper") return Value{absl::AsciiStrToUpper(ToString(v))};
@@ -1205,9 +1238,9 @@ class Renderer {
     if (f == "last") return items.empty() ? Value::Undefined() : Value{items.back()};
     if (f == "reverse") {
       if (v.json.is_string()) {
-        std::string s = v.json.get<std::string>();
-        std::reverse(s.begin(), s.end());
-        return Value{s};
+        std::vector<std::string> chars = Chars(v.json.get<std::string>());
+        std::reverse(chars.begin(), chars.end());
+        return Value{absl::StrJoin(chars, "")};
       }
       std::reverse(items.begin(), items.end());
       return Value{Json(items)};

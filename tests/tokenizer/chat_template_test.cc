@@ -87,6 +87,13 @@ TEST(ChatTemplateTest, EvaluatesLoopsNamespacesSlicesAndFilters) {
             "a=[1, \"é\"];b={\"c\": null};");
 }
 
+// Python's str: code points, not bytes (nor JavaScript's UTF-16 units).
+TEST(ChatTemplateTest, MeasuresIndexesAndSlicesStringsByCharacter) {
+  EXPECT_EQ(*Render("{{ '😀é' | length }}{{ '😀é'[0] }}{{ 'a😀é'[1:] }}{{ '😀é' | reverse }}"
+                    "{{ 'a😀é'[-1] }}{% for c in 'é😀' %}<{{ c }}>{% endfor %}"),
+            "2😀😀éé😀é<é><😀>");
+}
+
 TEST(ChatTemplateTest, RaiseExceptionFailsTheRender) {
   const auto s =
       Render("{% if messages | length == 0 %}{{ raise_exception('no messages') }}{% endif %}");

@@ -5,11 +5,11 @@
 // fixture (npm_references.py) installs them, checks the tokenizer files'
 // sha256, regenerates the references and checks they equal the committed
 // ones, before this test runs.
-#include <map>
-#include <set>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "tandem/tokenizer/chat_template.h"
@@ -52,7 +52,8 @@ class HfReferenceTest : public ::testing::TestWithParam<std::string> {
     const DecodeOptions skip{.skip_special_tokens = true, .clean_up_tokenization_spaces = false};
     const DecodeOptions cleanup{.skip_special_tokens = false};
     for (const auto& [options, expected, name] :
-         {std::tuple{plain, want.plain, "plain"}, std::tuple{skip, want.skip, "skip_special_tokens"},
+         {std::tuple{plain, want.plain, "plain"},
+          std::tuple{skip, want.skip, "skip_special_tokens"},
           std::tuple{cleanup, want.cleanup, "config's clean_up"}}) {
       const auto got = tok_->Decode(ids, options);
       ASSERT_TRUE(got.ok()) << what << ": " << got.status();
@@ -217,7 +218,8 @@ TEST(IndependentReferenceTest, Llama3MatchesLlama3TokenizerJs) {
   for (size_t i = 0; i < texts.size(); ++i) {
     const std::string& t = texts[i];
     if (t.find("\u0085") != std::string::npos || t.find("\uFEFF") != std::string::npos ||
-        t.find("<|python_tag|>") != std::string::npos || t.find("<|eom_id|>") != std::string::npos ||
+        t.find("<|python_tag|>") != std::string::npos ||
+        t.find("<|eom_id|>") != std::string::npos ||
         t.find("<|finetune_right_pad_id|>") != std::string::npos) {
       continue;
     }
@@ -235,25 +237,34 @@ TEST(IndependentReferenceTest, Llama3MatchesLlama3TokenizerJs) {
 }
 
 // Chat templates: the models' own (tokenizer_config.json, through
-// LoadTokenizer) and the built-in ones, rendered by @huggingface/jinja on
+// LoadTokenizer), the built-in ones and the feature templates of the
+// conversations file, rendered by @huggingface/jinja on
 // data/chat_conversations.json.
 TEST(ChatTemplateReferenceTest, RendersEveryConversationAsHuggingFaceJinja) {
   const nlohmann::json ref = ReadJson(TestData("references/chat_templates.json"));
-  const nlohmann::ordered_json chat = nlohmann::ordered_json::parse(
-      std::ifstream(TestData("chat_conversations.json")));
+  const nlohmann::ordered_json chat =
+      nlohmann::ordered_json::parse(std::ifstream(TestData("chat_conversations.json")));
   // @huggingface/jinja 0.5.11's selectattr/rejectattr fail every test on an
   // item that lacks the attribute, `undefined` included, so Mistral Nemo's
   // role-alternation check sees no messages there and never raises;
   // Jinja (transformers) and we raise.
   const std::set<std::pair<std::string, std::string>> kRaisesUnlikeTheReference = {
       {"mistral_nemo", "not_alternating"}, {"mistral_nemo", "assistant_first"}};
+  // @huggingface/jinja measures a string in UTF-16 code units (an emoji is
+  // 2); Jinja (Python) and we in code points (chat_template_test checks).
+  const std::set<std::pair<std::string, std::string>> kLengthInUtf16 = {
+      {"feature:loops", "unicode"}};
   std::map<std::string, std::pair<ChatTemplate, ChatTemplateInputs>> templates;
   auto get = [&](const std::string& name) -> std::pair<ChatTemplate, ChatTemplateInputs>& {
     auto it = templates.find(name);
     if (it != templates.end()) return it->second;
     ChatTemplateInputs inputs;
     absl::StatusOr<ChatTemplate> t = absl::UnknownError("");
-    if (name.starts_with("builtin:")) {
+    if (name.starts_with("feature:")) {
+      t = ChatTemplate::Parse(chat["feature_templates"][name.substr(8)].get<std::string>());
+      inputs.bos_token = "<s>";
+      inputs.eos_token = "</s>";
+    } else if (name.starts_with("builtin:")) {
       const std::string builtin = name.substr(8);
       t = ChatTemplate::Builtin(builtin);
       inputs.bos_token = chat["builtin_tokens"][builtin]["bos_token"];
@@ -281,12 +292,14 @@ TEST(ChatTemplateReferenceTest, RendersEveryConversationAsHuggingFaceJinja) {
     inputs.add_generation_prompt = c["add_generation_prompt"];
     if (conv.contains("tools")) inputs.extra_context = {{"tools", conv["tools"]}};
     const absl::StatusOr<std::string> got = t.Render(inputs);
-    const std::string what = absl::StrCat(name, " / ", conversation, " / add_generation_prompt=",
-                                          inputs.add_generation_prompt ? "true" : "false");
+    const std::string what =
+        absl::StrCat(name, " / ", conversation,
+                     " / add_generation_prompt=", inputs.add_generation_prompt ? "true" : "false");
     if (kRaisesUnlikeTheReference.contains({name, conversation})) {
       EXPECT_THAT(got.status().message(), HasSubstr("roles must alternate")) << what;
       continue;
     }
+    if (kLengthInUtf16.contains({name, conversation})) continue;
     ++rendered;
     if (c.contains("error")) {
       if (got.ok() && ++failures <= kMaxReported) {
@@ -300,7 +313,7 @@ TEST(ChatTemplateReferenceTest, RendersEveryConversationAsHuggingFaceJinja) {
     }
   }
   EXPECT_EQ(failures, 0) << "of " << rendered;
-  EXPECT_GE(rendered, 200);
+  EXPECT_GE(rendered, 290);
 }
 
 }  // namespace

@@ -183,6 +183,10 @@ const chatTemplates = [
     return { template: name, source: config.chat_template, bos_token: tokenText(config.bos_token),
              eos_token: tokenText(config.eos_token) };
   }),
+  // Templates written to exercise the Jinja subset feature by feature.
+  ...Object.entries(chat.feature_templates).map(([name, source]) => ({
+    template: `feature:${name}`, source, bos_token: "<s>", eos_token: "</s>",
+  })),
   ...Object.entries(chat.builtin_tokens).map(([name, tokens]) => ({
     template: `builtin:${name}`,
     source: fs.readFileSync(path.join(dataDir, "chat_templates", `${name}.jinja`), "utf8"),

@@ -28,8 +28,15 @@
 // (macros, {% call %}, blocks, unknown filters) makes Parse fail with a
 // message naming it: use a built-in template then.
 //
-// Checked against @huggingface/jinja rendering the same templates
-// (tests/tokenizer/chat_template_test.cc).
+// Values print as @huggingface/jinja prints them (true/false, none and
+// undefined as nothing; Python would print True/False/None); strings are
+// measured, indexed and sliced by code point, as in Python; tojson writes
+// Python's json.dumps (indent= and sort_keys= supported).
+//
+// Checked against @huggingface/jinja rendering the models' templates, the
+// built-ins and feature-by-feature templates on a set of conversations
+// (tests/tokenizer/reference_test.cc, data/chat_conversations.json), and on
+// hand-checked cases (tests/tokenizer/chat_template_test.cc).
 #pragma once
 
 #include <memory>
