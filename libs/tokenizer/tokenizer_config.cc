@@ -1,0 +1,72 @@
+#include "tokenizer_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "hf_components.h"
+
+namespace tandem::tokenizer::internal {
+namespace {
+
+// A token given as "text" or {"content": "text", ...}; nullopt for null.
+absl::StatusOr<std::optional<std::string>> TokenText(const Json& json, const std::string& where) {
+  if (json.is_null()) return std::nullopt;
+  if (json.is_string()) return json.get<std::string>();
+  if (json.is_object() && json.contains("content") && json["content"].is_string()) {
+    return json["content"].get<std::string>();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, " is neither a string nor {\"content\": string}"));
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& name,
+                                                     const std::string& text) {
+  Json json;
+  try {
+    json = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": not valid JSON at byte ", e.byte, ": ", e.what()));
+  }
+  if (!json.is_object()) return absl::InvalidArgumentError(absl::StrCat(name, ": not an object"));
+  TokenizerConfig config;
+  for (const auto& [key, target] :
+       {std::pair{"bos_token", &config.bos_token}, std::pair{"eos_token", &config.eos_token},
+        std::pair{"unk_token", &config.unk_token}, std::pair{"pad_token", &config.pad_token}}) {
+    if (!json.contains(key)) continue;
+    absl::StatusOr<std::optional<std::string>> t = TokenText(json[key], absl::StrCat(name, ": ", key));
+    if (!t.ok()) return t.status();
+    *target = *t;
+  }
+  if (const auto it = json.find("additional_special_tokens");
+      it != json.end() && it->is_array()) {
+    for (size_t i = 0; i < it->size(); ++i) {
+      absl::StatusOr<std::optional<std::string>> t =
+          TokenText((*it)[i], absl::StrCat(name, ": additional_special_tokens[", i, "]"));
+      if (!t.ok()) return t.status();
+      if (*t) config.additional_special_tokens.push_back(**t);
+    }
+  }
+  if (const auto it = json.find("chat_template"); it != json.end() && !it->is_null()) {
+    if (it->is_string()) {
+      config.chat_template = it->get<std::string>();
+    } else if (it->is_array()) {
+      for (const Json& entry : *it) {
+        if (entry.is_object() && entry.value("name", "") == "default" &&
+            entry.contains("template") && entry["template"].is_string()) {
+          config.chat_template = entry["template"].get<std::string>();
+        }
+      }
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": chat_template is neither a string nor a list of templates"));
+    }
+  }
+  if (const auto it = json.find("clean_up_tokenization_spaces");
+      it != json.end() && it->is_boolean()) {
+    config.clean_up_tokenization_spaces = it->get<bool>();
+  }
+  return config;
+}
+
+}  // namespace tandem::tokenizer::internal

@@ -1,0 +1,28 @@
+// What tokenizer_config.json contributes (private).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::tokenizer::internal {
+
+struct TokenizerConfig {
+  // Token texts; a {"content": ...} object counts by its content.
+  std::optional<std::string> bos_token;
+  std::optional<std::string> eos_token;
+  std::optional<std::string> unk_token;
+  std::optional<std::string> pad_token;
+  std::vector<std::string> additional_special_tokens;
+  // A string, or from a list of named templates the one named "default".
+  std::optional<std::string> chat_template;
+  std::optional<bool> clean_up_tokenization_spaces;
+};
+
+// Parses the file's text; `name` names it in errors.
+absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& name,
+                                                     const std::string& text);
+
+}  // namespace tandem::tokenizer::internal

@@ -1,0 +1,160 @@
+// ChatTemplate on hand-checked cases; reference_test.cc compares it with
+// @huggingface/jinja on the models' templates.
+#include "tandem/tokenizer/chat_template.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "test_util.h"
+
+namespace tandem::tokenizer::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::ordered_json;
+
+absl::StatusOr<std::string> Render(std::string_view source, Json messages = Json::array(),
+                                   bool add_generation_prompt = false, Json extra = nullptr) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
+  if (!t.ok()) return t.status();
+  return t->Render({.messages = std::move(messages),
+                    .add_generation_prompt = add_generation_prompt,
+                    .bos_token = "<s>",
+                    .eos_token = "</s>",
+                    .extra_context = std::move(extra)});
+}
+
+const Json kChat = Json::parse(R"([{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": " hi "},
+                                   {"role": "assistant", "content": "hello"}])");
+
+// make_references.mjs renders data/chat_templates/*.jinja as the built-ins.
+TEST(ChatTemplateTest, BuiltinSourcesEqualTheFilesTheReferenceRenders) {
+  for (const char* name : {"llama-2", "llama-3", "chatml"}) {
+    std::ifstream in(TestData(std::string("chat_templates/") + name + ".jinja"), std::ios::binary);
+    const std::string file(std::istreambuf_iterator<char>(in), {});
+    EXPECT_EQ(ChatTemplate::BuiltinSource(name), file) << name;
+    EXPECT_TRUE(ChatTemplate::Builtin(name).ok()) << name;
+  }
+  const auto unknown = ChatTemplate::Builtin("vicuna");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("llama-2, llama-3, chatml"));
+}
+
+TEST(ChatTemplateTest, RendersLlama2WithTheSystemPromptInTheFirstTurn) {
+  auto t = ChatTemplate::Builtin("llama-2");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(
+      *t->Render({.messages = kChat, .bos_token = "<s>", .eos_token = "</s>"}),
+      "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n hi [/INST] hello </s>");  // strip() sees the
+                                                                            // whole content
+}
+
+TEST(ChatTemplateTest, AddsTheGenerationPromptOnlyWhenAsked) {
+  auto t = ChatTemplate::Builtin("chatml");
+  ASSERT_TRUE(t.ok());
+  const Json user = Json::parse(R"([{"role": "user", "content": "x"}])");
+  EXPECT_EQ(*t->Render({.messages = user}), "<|im_start|>user\nx<|im_end|>\n");
+  EXPECT_EQ(*t->Render({.messages = user, .add_generation_prompt = true}),
+            "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTest, TrimsBlocksAndHonoursWhitespaceControl) {
+  // trim_blocks, lstrip_blocks, and one trailing newline of the source dropped.
+  EXPECT_EQ(*Render("{% if true %}\n  a\n    {% endif %}\nb\n"), "  a\nb");
+  EXPECT_EQ(*Render("x  {{- ' y ' -}}  \n z"), "x y z");
+  EXPECT_EQ(*Render("a {#- comment -#} b"), "ab");
+}
+
+TEST(ChatTemplateTest, EvaluatesLoopsNamespacesSlicesAndFilters) {
+  EXPECT_EQ(*Render("{% for m in messages[1:] %}{{ loop.index }}/{{ loop.length }}:{{ m.role }}"
+                    "{{ ',' if not loop.last }}{% endfor %}",
+                    kChat),
+            "1/2:user,2/2:assistant");
+  EXPECT_EQ(*Render("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+                    "{% set leaked = 1 %}{% endfor %}{{ ns.n }}{{ leaked is defined }}",
+                    kChat),
+            "3false");
+  EXPECT_EQ(*Render("{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content')"
+                    " | join('|') }}{{ messages[-1]['content'] | upper }}{{ (7 // 2) ~ (-7 % 3) }}",
+                    kChat),
+            " hi HELLO32");
+  EXPECT_EQ(*Render("{% for k, v in tools[0].items() %}{{ k }}={{ v | tojson }};{% endfor %}",
+                    Json::array(), false,
+                    Json::parse(R"({"tools": [{"a": [1, "é"], "b": {"c": null}}]})")),
+            "a=[1, \"é\"];b={\"c\": null};");
+}
+
+// Python's str: code points, not bytes (nor JavaScript's UTF-16 units).
+TEST(ChatTemplateTest, MeasuresIndexesAndSlicesStringsByCharacter) {
+  EXPECT_EQ(*Render("{{ '😀é' | length }}{{ '😀é'[0] }}{{ 'a😀é'[1:] }}{{ '😀é' | reverse }}"
+                    "{{ 'a😀é'[-1] }}{% for c in 'é😀' %}<{{ c }}>{% endfor %}"),
+            "2😀😀éé😀é<é><😀>");
+}
+
+TEST(ChatTemplateTest, RaiseExceptionFailsTheRender) {
+  const auto s =
+      Render("{% if messages | length == 0 %}{{ raise_exception('no messages') }}{% endif %}");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("no messages"));
+  EXPECT_FALSE(
+      ChatTemplate::Builtin("llama-2")
+          ->Render({.messages = Json::parse(
+                        R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])")})
+          .ok());
+}
+
+TEST(ChatTemplateTest, NamesWhatIsNotSupportedAndWhereSyntaxIsWrong) {
+  struct Case {
+    const char* source;
+    absl::StatusCode code;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{"{% macro f() %}{% endmacro %}", absl::StatusCode::kUnimplemented, "{% macro %}"},
+           Case{"a\n{{ x | wordcount }}", absl::StatusCode::kUnimplemented,
+                "line 2: the filter 'wordcount'"},
+           Case{"{{ x is divisibleby(3) }}", absl::StatusCode::kUnimplemented,
+                "the test 'divisibleby'"},
+           Case{"{% if x %}a", absl::StatusCode::kInvalidArgument, "missing {% endif %}"},
+           Case{"{{ x ", absl::StatusCode::kInvalidArgument, "unterminated tag"},
+           Case{"{% endfor %}", absl::StatusCode::kInvalidArgument, "unexpected {% endfor %}"},
+           Case{"{{ 'a' 'b' ) }}", absl::StatusCode::kInvalidArgument, "unexpected at ')'"},
+       }) {
+    const auto t = ChatTemplate::Parse(c.source);
+    EXPECT_EQ(t.status().code(), c.code) << c.source << ": " << t.status();
+    EXPECT_THAT(t.status().message(), HasSubstr(c.message)) << c.source;
+  }
+}
+
+TEST(ChatTemplateTest, SelectsABuiltinAFileOrTheTokenizersOwnTemplate) {
+  // tokenizer.model has no tokenizer_config.json, so no chat_template.
+  auto tok = LoadTokenizer(SharedModel("tokenizer.model"));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const Json user = Json::parse(R"([{"role": "user", "content": "x"}])");
+  auto none = ChatTemplate::Select("", **tok);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("--chat-template"));
+
+  auto builtin = ChatTemplate::Select("chatml", **tok);
+  ASSERT_TRUE(builtin.ok()) << builtin.status();
+  EXPECT_EQ(*builtin->Render({.messages = user}), "<|im_start|>user\nx<|im_end|>\n");
+
+  const std::string path = ::testing::TempDir() + "/chat_template_test.jinja";
+  std::ofstream(path) << "{% for m in messages %}[{{ m.content }}]{% endfor %}\n";
+  auto file = ChatTemplate::Select(path, **tok);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(*file->Render({.messages = user}), "[x]");
+
+  std::ofstream(path) << "{% macro m() %}{% endmacro %}";
+  auto unsupported = ChatTemplate::Select(path, **tok);
+  EXPECT_EQ(unsupported.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(unsupported.status().message(), HasSubstr(path));
+  EXPECT_EQ(ChatTemplate::Select("/nonexistent/t.jinja", **tok).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tandem::tokenizer::testing

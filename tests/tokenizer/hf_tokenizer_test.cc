@@ -1,0 +1,279 @@
+// tokenizer.json behaviour on small synthetic files (no npm needed, so these
+// also run under the sanitizers): BPE ranks, added tokens, post-processor,
+// decoders, and the errors for what is not supported.
+#include <filesystem>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace tandem::tokenizer::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// GPT-2's bytes_to_unicode(), written out again here.
+std::string ByteChar(int b) {
+  const auto printable = [](int x) {
+    return (x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE;
+  };
+  int cp = b;
+  if (!printable(b)) {
+    cp = 256;
+    for (int x = 0; x < b; ++x) cp += !printable(x);
+  }
+  if (cp < 0x80) return std::string(1, static_cast<char>(cp));
+  return {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+}
+
+std::string WriteTokenizer(const std::string& name, const Json& json) {
+  const std::string dir = std::string(TANDEM_BINARY_DIR) + "/hf_tokenizer_test/" + name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << json.dump();
+  return dir + "/tokenizer.json";
+}
+
+constexpr const char* kLlama3Pattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+// Byte-level BPE in Llama 3's shape: ids 0-255 are the byte characters.
+Json ByteLevelJson() {
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
+  vocab["\xC4\xA0t"] = 256;    // Ġt
+  vocab["he"] = 257;
+  vocab["\xC4\xA0the"] = 258;  // Ġthe
+  vocab["\xC4\xA0\xC4\xA0"] = 259;
+  auto added = [](int id, const char* content, bool special) {
+    return Json{{"id", id}, {"content", content}, {"special", special}, {"normalized", false},
+                {"lstrip", false}, {"rstrip", false}, {"single_word", false}};
+  };
+  return Json{
+      {"added_tokens", {added(260, "<|eot|>", true), added(261, "<tool>", false),
+                        added(262, "<|bos|>", true)}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Pattern}}}, {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}},
+                    {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens", {{"<|bos|>", {{"id", "<|bos|>"}, {"ids", {262}}, {"tokens", {"<|bos|>"}}}}}}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"ignore_merges", true},
+        {"merges", {"\xC4\xA0 t", "h e", "\xC4\xA0t he", "\xC4\xA0 \xC4\xA0"}}}}};
+}
+
+class HfByteLevelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tok = LoadTokenizer(WriteTokenizer("bytelevel", ByteLevelJson()));
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = *std::move(tok);
+  }
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_F(HfByteLevelTest, MergesLowestRankFirstAndMatchesAddedTokensBeforeSplitting) {
+  // "the" -> t + he (rank 1; "Ġt he" needs Ġt); " the" -> Ġt (0), he (1), Ġthe (2).
+  EXPECT_EQ(*tok_->Encode("the the<|eot|>"), (std::vector<int32_t>{262, 't', 257, 258, 260}));
+  EXPECT_EQ(*tok_->Encode("the", {.add_special_tokens = false}), (std::vector<int32_t>{'t', 257}));
+  EXPECT_EQ(tok_->bos_id(), 262) << "from the post-processor when there is no config";
+  EXPECT_EQ(tok_->vocab_size(), 263);
+}
+
+TEST_F(HfByteLevelTest, TokenizesSpecialTokensAsTextWhenAskedButKeepsPlainAddedTokens) {
+  const auto ids = tok_->Encode("<|eot|><tool>", {.add_special_tokens = false,
+                                                  .parse_special_tokens = false});
+  ASSERT_TRUE(ids.ok());
+  EXPECT_THAT(*ids, ::testing::Not(::testing::Contains(260)));
+  EXPECT_EQ(ids->back(), 261);
+  EXPECT_EQ(*tok_->Decode(*ids), "<|eot|><tool>");
+}
+
+TEST_F(HfByteLevelTest, SkipsOnlySpecialTokensAndKeepsAddedTokenTextApart) {
+  const std::vector<int32_t> ids = {262, 258, 260, 261, 0xC3, 0xA9};  // é as two byte chars
+  EXPECT_EQ(*tok_->Decode(ids), "<|bos|> the<|eot|><tool>\xC3\xA9");
+  EXPECT_EQ(*tok_->Decode(ids, {.skip_special_tokens = true}), " the<tool>\xC3\xA9");
+  EXPECT_TRUE(tok_->IsSpecial(260));
+  EXPECT_FALSE(tok_->IsSpecial(261));
+}
+
+TEST_F(HfByteLevelTest, ReplacesIllFormedBytesPerMaximalSubpart) {
+  // E6 97 then 'A': one U+FFFD for the truncated character (WHATWG, Rust's
+  // from_utf8_lossy); an added token ends the byte run.
+  EXPECT_EQ(*tok_->Decode({0xE6, 0x97, 'A', 0xE6, 260, 0x97}),
+            "\xEF\xBF\xBD" "A\xEF\xBF\xBD<|eot|>\xEF\xBF\xBD");
+}
+
+TEST_F(HfByteLevelTest, StreamsBytesOfACharacterAsOneDelta) {
+  IncrementalDetokenizer detok(*tok_);
+  EXPECT_EQ(*detok.Push(0xF0), "");
+  EXPECT_EQ(*detok.Push(0x9F), "");
+  EXPECT_EQ(*detok.Push(0x98), "");
+  EXPECT_EQ(*detok.Push(0x80), "\xF0\x9F\x98\x80");
+  EXPECT_EQ(*detok.Push(0xF0), "");
+  EXPECT_EQ(*detok.Push(260), "\xEF\xBF\xBD<|eot|>");
+  EXPECT_EQ(detok.Finish(), "");
+}
+
+TEST_F(HfByteLevelTest, RejectsTextThatIsNotUtf8AndIdsWithoutAnEntry) {
+  const auto ids = tok_->Encode("ok\xFF");
+  ASSERT_FALSE(ids.ok());
+  EXPECT_THAT(ids.status().message(), HasSubstr("byte offset 2"));
+  const auto text = tok_->Decode({258, 263});
+  ASSERT_FALSE(text.ok());
+  EXPECT_THAT(text.status().message(), HasSubstr("263"));
+}
+
+// Llama 2's shape: Prepend + Replace normalizers, byte fallback, and the
+// Replace/ByteFallback/Fuse/Strip decoder.
+Json MetaspaceJson() {
+  Json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    vocab[name] = 3 + b;
+  }
+  vocab["\xE2\x96\x81"] = 259;  // ▁
+  vocab["H"] = 260;
+  vocab["i"] = 261;
+  vocab["\xE2\x96\x81H"] = 262;
+  vocab["\xE2\x96\x81Hi"] = 263;
+  auto special = [](int id, const char* content) {
+    return Json{{"id", id}, {"content", content}, {"special", true}, {"normalized", false}};
+  };
+  return Json{
+      {"added_tokens", {special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")}},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers", {{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
+                         {{"type", "Replace"}, {"pattern", {{"String", " "}}},
+                          {"content", "\xE2\x96\x81"}}}}}},
+      {"pre_tokenizer", nullptr},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                    {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+                      {{"type", "ByteFallback"}},
+                      {{"type", "Fuse"}},
+                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"unk_token", "<unk>"}, {"byte_fallback", true},
+        {"fuse_unk", true}, {"merges", {"\xE2\x96\x81 H", "\xE2\x96\x81H i"}}}}};
+}
+
+class HfMetaspaceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tok = LoadTokenizer(WriteTokenizer("metaspace", MetaspaceJson()));
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = *std::move(tok);
+  }
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_F(HfMetaspaceTest, PrependsTheDummySpaceAndFallsBackToBytes) {
+  // é is not in the vocabulary: C3 A9 as byte tokens.
+  EXPECT_EQ(*tok_->Encode("Hi Hi\xC3\xA9"),
+            (std::vector<int32_t>{1, 263, 263, 3 + 0xC3, 3 + 0xA9}));
+}
+
+TEST_F(HfMetaspaceTest, StripsOneLeadingSpaceOfTheWholeTextOnly) {
+  EXPECT_EQ(*tok_->Decode({1, 263, 263}, {.skip_special_tokens = true}), "Hi Hi");
+  EXPECT_EQ(*tok_->Decode({1, 263, 263}), "<s> Hi Hi");
+  EXPECT_EQ(*tok_->Decode({259, 259, 263}, {.skip_special_tokens = true}), "  Hi");
+  IncrementalDetokenizer detok(*tok_, {.skip_special_tokens = true});
+  EXPECT_EQ(*detok.Push(1), "");
+  EXPECT_EQ(*detok.Push(2), "");
+  EXPECT_EQ(*detok.Push(263), "Hi");
+  EXPECT_EQ(*detok.Push(263), " Hi");
+}
+
+TEST_F(HfMetaspaceTest, DecodesAnIllFormedByteRunAsOneWhatwgSequence) {
+  // E6 97 41 in one run: U+FFFD for E6 97, then A (TextDecoder's rule).
+  EXPECT_EQ(*tok_->Decode({3 + 0xE6, 3 + 0x97, 3 + 0x41, 261}), "\xEF\xBF\xBD" "Ai");
+}
+
+TEST(HfTokenizerErrorsTest, NamesWhatIsNotSupported) {
+  struct Case {
+    std::string name;
+    std::function<void(Json&)> edit;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"unigram", [](Json& j) { j["model"]["type"] = "Unigram"; },
+       "tokenizer.json: model.type 'Unigram' is not supported"},
+      {"bert_normalizer", [](Json& j) { j["normalizer"] = {{"type", "BertNormalizer"}}; },
+       "normalizer: normalizer type 'BertNormalizer' is not supported"},
+      {"lookbehind",
+       [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?<=a)b"; },
+       "regex construct (?<... at offset 0"},
+      {"possessive",
+       [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "a++"; },
+       "possessive quantifier at offset 2"},
+      {"wordpiece_decoder", [](Json& j) { j["decoder"] = {{"type", "WordPiece"}}; },
+       "decoder type 'WordPiece' is not supported"},
+      {"bad_merge", [](Json& j) { j["model"]["merges"].push_back("x yz"); },
+       "merges[4] (\"x\", \"yz\") uses a token not in the vocab"},
+      {"single_word", [](Json& j) { j["added_tokens"][0]["single_word"] = true; },
+       "added_tokens[0]: single_word is not supported"},
+      {"dropout", [](Json& j) { j["model"]["dropout"] = 0.1; }, "BPE dropout is not supported"},
+  };
+  for (const Case& c : cases) {
+    Json json = ByteLevelJson();
+    c.edit(json);
+    const auto tok = LoadTokenizer(WriteTokenizer("error_" + c.name, json));
+    ASSERT_FALSE(tok.ok()) << c.name;
+    EXPECT_THAT(tok.status().message(), HasSubstr(c.message)) << c.name;
+  }
+}
+
+TEST(HfTokenizerErrorsTest, NamesTheByteOfBadJsonAndAConfigPassedAsTokenizer) {
+  const std::string dir = std::string(TANDEM_BINARY_DIR) + "/hf_tokenizer_test/bad_json";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << "{\"model\": {\"type\": \"BPE\",, }";
+  auto tok = LoadTokenizer(dir);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_THAT(tok.status().message(), HasSubstr("not valid JSON at byte"));
+  std::ofstream(dir + "/tokenizer.json") << "{\"bos_token\": \"<s>\"}";
+  tok = LoadTokenizer(dir + "/tokenizer.json");
+  ASSERT_FALSE(tok.ok());
+  EXPECT_THAT(tok.status().message(), HasSubstr("has no 'model' object"));
+}
+
+TEST(HfTokenizerConfigTest, TakesBosEosAndTheChatTemplateFromTokenizerConfig) {
+  const std::string path = WriteTokenizer("with_config", ByteLevelJson());
+  const std::string dir = std::filesystem::path(path).parent_path();
+  std::ofstream(dir + "/tokenizer_config.json")
+      << Json{{"bos_token", {{"content", "<|bos|>"}}}, {"eos_token", "<|eot|>"},
+              {"chat_template", {{{"name", "tool_use"}, {"template", "T"}},
+                                 {{"name", "default"}, {"template", "D"}}}},
+              {"clean_up_tokenization_spaces", true}}
+             .dump();
+  auto tok = LoadTokenizer(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->bos_id(), 262);
+  EXPECT_EQ((*tok)->eos_id(), 260);
+  EXPECT_EQ((*tok)->eos_token(), "<|eot|>");
+  EXPECT_EQ((*tok)->chat_template(), "D");
+  // clean_up_tokenization_spaces from the config, unless the caller says.
+  const std::vector<int32_t> ids = *(*tok)->Encode("x .", {.add_special_tokens = false});
+  EXPECT_EQ(*(*tok)->Decode(ids), "x.");
+  EXPECT_EQ(*(*tok)->Decode(ids, {.clean_up_tokenization_spaces = false}), "x .");
+}
+
+}  // namespace
+}  // namespace tandem::tokenizer::testing
