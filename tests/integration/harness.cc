@@ -208,6 +208,20 @@ Service StartScheduler(const std::string& dir, const std::string& name,
   return s;
 }
 
+std::vector<GenerateResult> RunConcurrently(v1::Generation::Stub* stub,
+                                            const std::vector<v1::GenerateRequest>& requests,
+                                            const std::function<void()>& meanwhile,
+                                            std::chrono::milliseconds timeout) {
+  std::vector<GenerateResult> results(requests.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = RunGenerate(stub, requests[i], timeout); });
+  }
+  if (meanwhile) meanwhile();
+  for (auto& t : threads) t.join();
+  return results;
+}
+
 int HealthStatus(const std::string& address, const std::string& service) {
   auto stub = grpc::health::v1::Health::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));

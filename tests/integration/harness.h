@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -88,6 +89,12 @@ struct GenerateResult {
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage;
 };
+// Runs every request at once, one thread each; `meanwhile` (when given) runs
+// on the calling thread while they stream. Results in request order.
+std::vector<GenerateResult> RunConcurrently(
+    v1::Generation::Stub* stub, const std::vector<v1::GenerateRequest>& requests,
+    const std::function<void()>& meanwhile = {},
+    std::chrono::milliseconds timeout = std::chrono::seconds(120));
 GenerateResult RunGenerate(v1::Generation::Stub* stub, const v1::GenerateRequest& request,
                            std::chrono::milliseconds timeout = std::chrono::seconds(120));
 v1::GenerateRequest MakeRequest(std::vector<int32_t> prompt, int32_t max_tokens,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "harness.h"
 #include "tandem/model/json.h"
 
 namespace tandem::testing {
@@ -19,6 +20,13 @@ struct ReferenceCase {
   std::vector<int32_t> expected;
   size_t decisive_prefix_len = 0;
 };
+
+// One greedy request per case, as the reference ran it.
+inline std::vector<v1::GenerateRequest> ReferenceRequests(const std::vector<ReferenceCase>& cases) {
+  std::vector<v1::GenerateRequest> requests;
+  for (const ReferenceCase& c : cases) requests.push_back(MakeRequest(c.prompt, c.max_tokens));
+  return requests;
+}
 
 inline std::vector<ReferenceCase> LoadReferenceCases() {
   std::ifstream f(std::string(TANDEM_SHARED_DIR) + "/models/stories260K.reference.json");

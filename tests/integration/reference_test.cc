@@ -19,14 +19,7 @@ void RunReferenceCases(bool async) {
                      {async ? "--async-scheduling=true" : "--async-scheduling=false"});
   auto stub = GenerationStub(scheduler.address());
 
-  std::vector<GenerateResult> results(cases.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    threads.emplace_back([&, i] {
-      results[i] = RunGenerate(stub.get(), MakeRequest(cases[i].prompt, cases[i].max_tokens));
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<GenerateResult> results = RunConcurrently(stub.get(), ReferenceRequests(cases));
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();

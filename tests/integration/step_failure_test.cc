@@ -61,14 +61,7 @@ TEST_P(StepFailureTest, RequestsOfFailedStepsRecomputeToTheReferenceTokens) {
   Service worker = StartWorker(dir, "worker", {"--debug-fail-steps", "2,5"});
   Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {Mode()});
   auto stub = GenerationStub(scheduler.address());
-  std::vector<GenerateResult> results(cases.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    threads.emplace_back([&, i] {
-      results[i] = RunGenerate(stub.get(), MakeRequest(cases[i].prompt, cases[i].max_tokens));
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<GenerateResult> results = RunConcurrently(stub.get(), ReferenceRequests(cases));
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();

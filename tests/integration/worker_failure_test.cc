@@ -114,20 +114,6 @@ std::vector<v1::GenerateRequest> MixedRequests() {
   return requests;
 }
 
-std::vector<GenerateResult> RunAll(v1::Generation::Stub* stub,
-                                   const std::vector<v1::GenerateRequest>& requests,
-                                   const std::function<void()>& meanwhile = {}) {
-  std::vector<GenerateResult> results(requests.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    threads.emplace_back(
-        [&, i] { results[i] = RunGenerate(stub, requests[i], std::chrono::seconds(120)); });
-  }
-  if (meanwhile) meanwhile();
-  for (auto& t : threads) t.join();
-  return results;
-}
-
 TEST(WorkerFailureTest, AWorkerDeathIsAPauseWithTheSameTokens) {
   const std::string dir = MakeTempDir("tandem-worker-loss");
   // 4 ms per step: 120 tokens take ~0.5 s, so the kill lands mid-stream.
@@ -138,14 +124,14 @@ TEST(WorkerFailureTest, AWorkerDeathIsAPauseWithTheSameTokens) {
   auto stub = GenerationStub(scheduler.address());
   const std::vector<v1::GenerateRequest> requests = MixedRequests();
 
-  const std::vector<GenerateResult> reference = RunAll(stub.get(), requests);
+  const std::vector<GenerateResult> reference = RunConcurrently(stub.get(), requests);
   for (const GenerateResult& r : reference) {
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
     ASSERT_EQ(r.tokens.size(), 120u);
   }
 
   std::unique_ptr<Service> again;
-  const std::vector<GenerateResult> results = RunAll(stub.get(), requests, [&] {
+  const std::vector<GenerateResult> results = RunConcurrently(stub.get(), requests, [&] {
     ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_running() == 8; }));
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     worker.process.Signal(SIGKILL);
@@ -179,7 +165,7 @@ TEST(WorkerFailureTest, WithoutAWorkerWithinTheGraceStreamsEndUnavailable) {
       StartScheduler(dir, "scheduler", worker.address(), {"--worker-loss-grace-s", "1"});
   auto stub = GenerationStub(scheduler.address());
   std::chrono::steady_clock::time_point killed_at;
-  const std::vector<GenerateResult> results = RunAll(stub.get(), MixedRequests(), [&] {
+  const std::vector<GenerateResult> results = RunConcurrently(stub.get(), MixedRequests(), [&] {
     ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_running() == 8; }));
     killed_at = std::chrono::steady_clock::now();
     worker.process.Signal(SIGKILL);
