@@ -432,7 +432,14 @@ class KvStore::Impl {
         if (it->second.state == EntryState::kReady) {
           TouchLocked(&it->second);
           ++stats_.stores_already_present;
-          return StoreResult{.already_present = true};
+          if (it->second.checksum == checksum) return StoreResult{.already_present = true};
+          ++stats_.stores_mismatched;
+          const uint32_t kept = it->second.checksum;
+          lock.unlock();
+          TANDEM_LOG(WARNING) << "store of block " << hash.ToHex() << " in namespace '"
+                              << info.spec.name << "' with other bytes (CRC32C " << checksum
+                              << ", stored " << kept << "): kept the first write";
+          return StoreResult{.already_present = true, .mismatched = true};
         }
         // Another writer (or an eviction) owns the key: wait for it.
         cv_.wait(lock);

@@ -13,6 +13,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "health_service.h"
+#include "tandem/common/logging.h"
 
 namespace tandem::rpc {
 
@@ -31,6 +32,15 @@ namespace {
 bool health_enabled = false;
 }  // namespace
 
+bool IsLoopbackAddress(std::string_view listen_address) {
+  const size_t colon = listen_address.rfind(':');
+  std::string_view host = listen_address.substr(0, colon == std::string_view::npos ? 0 : colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 void EnableReflectionAndHealth() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   health_enabled = true;
@@ -42,6 +52,13 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(grpc::ServerBuilder*
   absl::Status valid = options.Validate();
   if (!valid.ok()) return valid;
   int port = 0;
+  if (!IsLoopbackAddress(options.listen_address)) {
+    TANDEM_LOG(WARNING) << "serving " << options.listen_address
+                        << " without TLS: any process that reaches this address can call every "
+                           "method unauthenticated, in plain text (Tandem has no TLS yet). Keep "
+                           "it on a private network (the Helm chart's NetworkPolicy), or bind "
+                           "loopback.";
+  }
   builder->AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
   builder->SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);

@@ -37,6 +37,9 @@ struct KvStoreMetrics::Series {
         blocks_stored(&AddCounter(r, "tandem_kvstore_blocks_stored_total", "Blocks written")),
         stores_already_present(&AddCounter(r, "tandem_kvstore_stores_already_present_total",
                                            "Stores of a block that was already there")),
+        stores_mismatched(&AddCounter(
+            r, "tandem_kvstore_stores_mismatched_total",
+            "Stores of a block already there with other bytes (the first write was kept)")),
         checksum_failures(&AddCounter(r, "tandem_kvstore_checksum_failures_total",
                                       "Blocks found corrupt and dropped")),
         corrupt_reports(&AddCounter(r, "tandem_kvstore_corrupt_reports_total",
@@ -69,8 +72,8 @@ struct KvStoreMetrics::Series {
   prometheus::Gauge& active_leases;
   prometheus::Gauge& bulk_connections_open;
   MirroredCounter lookups, lookup_hit_blocks, block_reads, blocks_loaded, load_misses,
-      blocks_stored, stores_already_present, checksum_failures, corrupt_reports, leases_expired,
-      promotions;
+      blocks_stored, stores_already_present, stores_mismatched, checksum_failures, corrupt_reports,
+      leases_expired, promotions;
   prometheus::Family<prometheus::Counter>& evictions_family;
   MirroredCounter evictions_hot, evictions_cold, bulk_loads, bulk_lookups, bulk_sent_bytes,
       bulk_rejected;
@@ -106,6 +109,7 @@ void KvStoreMetrics::Update() {
   s_->load_misses.Set(st.load_misses);
   s_->blocks_stored.Set(st.stores);
   s_->stores_already_present.Set(st.stores_already_present);
+  s_->stores_mismatched.Set(st.stores_mismatched);
   s_->checksum_failures.Set(st.checksum_failures);
   s_->corrupt_reports.Set(st.corrupt_reports);
   s_->leases_expired.Set(st.leases_expired);

@@ -127,9 +127,21 @@ TEST_F(KvStoreTest, StoringAnExistingBlockKeepsTheOriginal) {
   auto r = store_->Store(kNs, TestHash(3), other, Crc(other));
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->already_present);
+  EXPECT_TRUE(r->mismatched) << "other bytes under the same hash";
   EXPECT_TRUE(Get(3).ok());  // still block 3's bytes
   EXPECT_EQ(store_->GetStats().stores, 1u);
   EXPECT_EQ(store_->GetStats().stores_already_present, 1u);
+  EXPECT_EQ(store_->GetStats().stores_mismatched, 1u);
+  // The same bytes again: present, not a mismatch.
+  auto same = TestPayload(3, kBlock);
+  r = store_->Store(kNs, TestHash(3), same, Crc(same));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->already_present);
+  EXPECT_FALSE(r->mismatched);
+  EXPECT_EQ(store_->GetStats().stores_mismatched, 1u);
+  // Still the first write after a reopen (RocksDB was not overwritten).
+  Open(Options());
+  EXPECT_TRUE(Get(3).ok());
 }
 
 TEST_F(KvStoreTest, LookupCountsOnlyLeadingHits) {

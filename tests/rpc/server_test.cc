@@ -113,5 +113,15 @@ TEST_F(HealthTest, CancelledWatchEnds) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+TEST(ServerTest, OnlyLoopbackAddressesCountAsLoopback) {
+  for (const char* a : {"127.0.0.1:50051", "127.0.0.2:0", "[::1]:9000", "localhost:1"}) {
+    EXPECT_TRUE(IsLoopbackAddress(a)) << a;
+  }
+  for (const char* a :
+       {"0.0.0.0:50051", "[::]:50051", "10.0.0.5:1", ":50051", "example.com:1", "128.0.0.1:1"}) {
+    EXPECT_FALSE(IsLoopbackAddress(a)) << a;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::rpc

@@ -149,6 +149,10 @@ struct LookupResult {
 struct StoreResult {
   // The block was already stored (by an earlier or a concurrent writer).
   bool already_present = false;
+  // ... with different bytes (CRC32C differs): the first write wins, never
+  // overwritten; counted (stores_mismatched) and logged. A hash names its
+  // bytes, so this is a writer's bug or an attack, never a refresh.
+  bool mismatched = false;
 };
 
 // Who checks a read's bytes against the checksum written with them.
@@ -186,6 +190,7 @@ struct KvStoreStats {
   uint64_t load_misses = 0;
   uint64_t stores = 0;  // blocks written
   uint64_t stores_already_present = 0;
+  uint64_t stores_mismatched = 0;  // ... of those, with other bytes (kept the first)
   uint64_t checksum_failures = 0;  // blocks found corrupt and dropped
   uint64_t corrupt_reports = 0;    // ReportCorrupt() calls (readers' mismatches)
   uint64_t active_leases = 0;

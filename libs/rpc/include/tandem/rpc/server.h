@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,6 +53,11 @@ void EnableReflectionAndHealth();
 // Sets the overall ("") and `service` health status: readiness ("can serve
 // now"; NOT_SERVING while the worker is away or loading, and while draining).
 void SetServing(grpc::Server* server, const std::string& service, bool serving);
+
+// True for 127.x.x.x, [::1] and localhost listen addresses (host:port).
+// BuildAndStart warns, naming the risk, when it serves any other address:
+// there is no TLS or authentication yet (issue 16).
+[[nodiscard]] bool IsLoopbackAddress(std::string_view listen_address);
 
 // The health name of liveness ("this process runs and answers"): SERVING
 // from MarkLive() until ShutdownHealth(), whatever readiness says, draining
