@@ -410,6 +410,11 @@ void Engine::Handle(Event& e) {
       grpc::Status rejected;
       // Kept to resume the request if the worker is lost.
       if (options_.worker_loss_grace_s > 0) e.call->spec = e.spec;
+      if (worker_lost_at_ && !calls_.contains(id)) {
+        // Within the grace after a worker loss: it waits with the others.
+        calls_.emplace(id, std::move(e.call));
+        return;
+      }
       if (scheduler_ == nullptr || worker_ == nullptr) {
         rejected = grpc::Status(
             grpc::StatusCode::UNAVAILABLE,
@@ -715,7 +720,7 @@ void Engine::NoteTokens(GenerateCall& call, size_t num_tokens) {
 }
 
 void Engine::DropWorker(const std::string& reason) {
-  if (options_.worker_loss_grace_s > 0 && !calls_.empty()) {
+  if (options_.worker_loss_grace_s > 0) {
     // Every live request keeps its call and resumes on the next worker; the
     // KV on the lost one is gone, so all of it recomputes.
     TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; "
@@ -742,10 +747,10 @@ void Engine::DropWorker(const std::string& reason) {
   if (worker_ != nullptr)
     max_broken_generation_ = std::max(max_broken_generation_, worker_->generation());
   worker_.reset();
-  {
+  if (!worker_lost_at_) {
     std::lock_guard<std::mutex> lock(mu_);
     model_info_.ready = false;
-  }
+  }  // else: calls validate against the lost worker's model while they may wait
   if (on_serving_changed_) on_serving_changed_(false);
   connector_->RequestReconnect();
 }
@@ -764,6 +769,10 @@ void Engine::ExpireWorkerLossGrace() {
       absl::StrCat("lost the worker (", worker_lost_reason_, ") and none came back within ",
                    options_.worker_loss_grace_s, " s (--worker-loss-grace-s)"));
   worker_lost_at_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    model_info_.ready = false;
+  }
   auto calls = std::move(calls_);
   calls_.clear();
   for (auto& [id, call] : calls) FinishCall(id, call, v1::FINISH_REASON_ERROR, nullptr, status);
@@ -785,7 +794,8 @@ void Engine::ResumeCalls() {
       FinishCall(
           call->request_id, call, v1::FINISH_REASON_ERROR, nullptr,
           grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                       absl::StrCat("cannot resume after the worker was lost: ", s.message())));
+                       absl::StrCat("after the worker was lost, the new worker cannot take it: ",
+                                    s.message())));
       continue;
     }
     ++resumed;

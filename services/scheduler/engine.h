@@ -58,7 +58,8 @@ struct EngineOptions {
   // When the worker is lost, live requests wait this long for a worker to
   // serve again and then resume where they stopped (the tokens a run without
   // the loss gives: greedy, or seeded by the server); after it they end with
-  // UNAVAILABLE. 0: they end at once.
+  // UNAVAILABLE. Requests that arrive meanwhile wait with them (validated when
+  // they start). 0: they end at once.
   double worker_loss_grace_s = 30;
   // The model's name in GetModelInfo and the model_name label of the
   // metrics (vLLM's --served-model-name); empty: the worker's model name.

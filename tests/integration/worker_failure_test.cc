@@ -131,6 +131,8 @@ TEST(WorkerFailureTest, AWorkerDeathIsAPauseWithTheSameTokens) {
   }
 
   std::unique_ptr<Service> again;
+  std::thread late;
+  GenerateResult late_result;
   const std::vector<GenerateResult> results = RunConcurrently(stub.get(), requests, [&] {
     ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_running() == 8; }));
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
@@ -140,9 +142,15 @@ TEST(WorkerFailureTest, AWorkerDeathIsAPauseWithTheSameTokens) {
     ASSERT_TRUE(WaitFor([&] { return HealthStatus(scheduler.address()) == 2; }));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     EXPECT_EQ(GetStats(stub.get()).num_active_streams(), 8);
+    // A request that arrives during the pause waits with the others.
+    late = std::thread([&] { late_result = RunGenerate(stub.get(), requests[3]); });
+    ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_active_streams() == 9; }));
     again =
         std::make_unique<Service>(StartWorker(dir, "worker-again", {"--listen", worker_address}));
   });
+  if (late.joinable()) late.join();
+  ASSERT_TRUE(late_result.status.ok()) << late_result.status.error_message();
+  EXPECT_EQ(late_result.tokens, reference[3].tokens);
   for (size_t i = 0; i < requests.size(); ++i) {
     SCOPED_TRACE("stream " + std::to_string(i));
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
