@@ -95,6 +95,17 @@ TEST(FlagSetTest, AcceptsVllmStyleNegations) {
   EXPECT_EQ(flags2.Parse(bad.argc(), bad.argv()).message(), "unknown flag --no-n (see --help)");
 }
 
+TEST(FlagSetTest, RepeatableFlagsKeepEveryValueInOrder) {
+  std::vector<std::string> prompts;
+  FlagSet flags("prog", "");
+  flags.Add("prompt", &prompts, "token ids (repeatable)");
+  Args args({"prog", "--prompt", "1,2", "--prompt=3"});
+  ASSERT_TRUE(flags.Parse(args.argc(), args.argv()).ok());
+  EXPECT_EQ(prompts, (std::vector<std::string>{"1,2", "3"}));
+  EXPECT_NE(flags.Help().find("--prompt (default: none (repeatable))"), std::string::npos)
+      << flags.Help();
+}
+
 TEST(FlagSetTest, AliasesSetTheSameVariableAndHelpNamesThem) {
   std::string policy = "fcfs";
   int32_t n = 1;

@@ -18,7 +18,7 @@
 #include <iomanip>
 #include <iostream>
 
-#include "../model/simple_flags.h"
+#include "tandem/common/flags.h"
 #include "tandem/kernels/cpu_ops.h"
 #include "tandem/model/model.h"
 #include "tandem/model/model_runner.h"
@@ -163,11 +163,13 @@ double RunCStyleTokS(const Model& m, int32_t steps) {
 int main(int argc, char** argv) {
   std::string model_path = "../shared/models/stories260K.bin";
   int64_t threads = 1, steps = 256;
-  tandem::tools::SimpleFlags flags("Usage: bench_model [--model PATH] [--threads N]");
-  flags.String("model", &model_path, "llama2.c .bin or Hugging Face directory");
-  flags.Int("threads", &threads, "CPU threads of the runner");
-  flags.Int("steps", &steps, "decode positions per sequence (from BOS)");
-  flags.Parse(argc, argv);
+  tandem::FlagSet flags("bench_model", "Forward-pass throughput of the CPU runner.");
+  flags.Add("model", &model_path, "llama2.c .bin or Hugging Face directory");
+  flags.Add("threads", &threads, "CPU threads of the runner");
+  flags.Add("steps", &steps, "decode positions per sequence (from BOS)");
+  flags.ParseOrExit(argc, argv);
+  if (!flags.positional().empty())
+    flags.Fail("unexpected argument '" + flags.positional()[0] + "'");
   auto model = Model::Load(model_path);
   if (!model.ok()) {
     std::cerr << "error: " << model.status() << "\n";

@@ -11,7 +11,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "../model/simple_flags.h"
+#include "tandem/common/flags.h"
 #include "tandem/common/sampling_params.h"
 #include "tandem/model/model.h"
 #include "tandem/model/model_runner.h"
@@ -58,32 +58,34 @@ int main(int argc, char** argv) {
           block_size = 16;
   double temperature = 0.0, top_p = 1.0;
   bool stats = false;
-  tandem::tools::SimpleFlags flags(
-      "Usage: tandem-generate --prompt 1,2,3 [--prompt ...] [flags]\n"
-      "Offline generation for prompts given as token ids; prints '<index>: <ids>' per prompt.\n"
-      "Prompt i samples with seed --seed + i (same seed and prompt -> same tokens, in any\n"
-      "batch).");
-  flags.String("model", &model_path, "llama2.c .bin or Hugging Face directory");
-  flags.Add("prompt", "", "prompt token ids, comma separated (repeatable)",
-            [&prompts](const std::string& s) {
-              std::vector<int32_t> ids;
-              if (!ParseIds(s, &ids)) return false;
-              prompts.push_back(std::move(ids));
-              return true;
-            });
-  flags.String("prompts-file", &prompts_file, "file with one prompt of token ids per line");
-  flags.Int("max-tokens", &max_tokens, "max generated tokens per prompt");
-  flags.Float("temperature", &temperature, "sampling temperature; 0 = greedy");
-  flags.Int("top-k", &top_k, "top-k filter; 0 = off");
-  flags.Float("top-p", &top_p, "top-p (nucleus) filter; 1 = off");
-  flags.Int("seed", &seed, "sampling seed of prompt 0 (prompt i uses seed + i)");
-  flags.Int("batch", &batch, "max sequences per step");
-  flags.Int("chunk", &chunk, "prefill chunk size in tokens");
-  flags.Int("block-size", &block_size, "KV cache block size in tokens");
-  flags.Int("num-blocks", &num_blocks, "KV cache blocks; 0 = enough for every prompt at once");
-  flags.String("backend", &backend, "cpu or cuda");
-  flags.Bool("stats", &stats, "print steps and tokens/s to stderr");
-  flags.Parse(argc, argv);
+  tandem::FlagSet flags(
+      "tandem-generate",
+      "Offline generation for prompts given as token ids (--prompt 1,2,3, repeatable); prints "
+      "'<index>: <ids>' per prompt. Prompt i samples with seed --seed + i (same seed and "
+      "prompt -> same tokens, in any batch).");
+  flags.Add("model", &model_path, "llama2.c .bin or Hugging Face directory");
+  std::vector<std::string> prompt_flags;
+  flags.Add("prompt", &prompt_flags, "prompt token ids, comma separated (repeatable)");
+  flags.Add("prompts-file", &prompts_file, "file with one prompt of token ids per line");
+  flags.Add("max-tokens", &max_tokens, "max generated tokens per prompt");
+  flags.Add("temperature", &temperature, "sampling temperature; 0 = greedy");
+  flags.Add("top-k", &top_k, "top-k filter; 0 = off");
+  flags.Add("top-p", &top_p, "top-p (nucleus) filter; 1 = off");
+  flags.Add("seed", &seed, "sampling seed of prompt 0 (prompt i uses seed + i)");
+  flags.Add("batch", &batch, "max sequences per step");
+  flags.Add("chunk", &chunk, "prefill chunk size in tokens");
+  flags.Add("block-size", &block_size, "KV cache block size in tokens");
+  flags.Add("num-blocks", &num_blocks, "KV cache blocks; 0 = enough for every prompt at once");
+  flags.Add("backend", &backend, "cpu or cuda");
+  flags.Add("stats", &stats, "print steps and tokens/s to stderr");
+  flags.ParseOrExit(argc, argv);
+  if (!flags.positional().empty())
+    flags.Fail("unexpected argument '" + flags.positional()[0] + "'");
+  for (const std::string& p : prompt_flags) {
+    std::vector<int32_t> ids;
+    if (!ParseIds(p, &ids)) flags.Fail("--prompt '" + p + "' is not comma-separated token ids");
+    prompts.push_back(std::move(ids));
+  }
 
   if (!prompts_file.empty()) {
     std::ifstream in(prompts_file);

@@ -2,20 +2,24 @@
 // directory (config.json + safetensors), permuting wq/wk for rotate-half RoPE.
 #include <iostream>
 
-#include "simple_flags.h"
+#include "tandem/common/flags.h"
 #include "tandem/model/checkpoint.h"
 
 int main(int argc, char** argv) {
   using namespace tandem::model;
   std::string in = "../shared/models/stories260K.bin", out, dtype = "f32";
   int64_t shards = 1;
-  tandem::tools::SimpleFlags flags(
-      "Usage: tandem-convert-hf --in MODEL.bin --out DIR [--dtype f32|f16|bf16] [--shards N]");
-  flags.String("in", &in, "llama2.c .bin checkpoint");
-  flags.String("out", &out, "output directory (created)");
-  flags.String("dtype", &dtype, "tensor dtype: f32, f16 or bf16");
-  flags.Int("shards", &shards, "number of safetensors shards (>1 writes an index)");
-  flags.Parse(argc, argv);
+  tandem::FlagSet flags(
+      "tandem-convert-hf",
+      "Writes a llama2.c checkpoint as a Hugging Face Llama directory (config.json + "
+      "safetensors).");
+  flags.Add("in", &in, "llama2.c .bin checkpoint");
+  flags.Add("out", &out, "output directory (created)");
+  flags.Add("dtype", &dtype, "tensor dtype: f32, f16 or bf16");
+  flags.Add("shards", &shards, "number of safetensors shards (>1 writes an index)");
+  flags.ParseOrExit(argc, argv);
+  if (!flags.positional().empty())
+    flags.Fail("unexpected argument '" + flags.positional()[0] + "'");
   if (out.empty()) flags.Fail("--out is required");
   HfWriteOptions opts{.num_shards = static_cast<int32_t>(shards)};
   if (dtype == "f32")

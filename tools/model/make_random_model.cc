@@ -3,7 +3,7 @@
 // and for benchmarks of larger shapes).
 #include <iostream>
 
-#include "simple_flags.h"
+#include "tandem/common/flags.h"
 #include "tandem/model/checkpoint.h"
 
 int main(int argc, char** argv) {
@@ -12,21 +12,23 @@ int main(int argc, char** argv) {
   int64_t dim = 64, hidden = 172, layers = 5, heads = 8, kv_heads = 4, vocab = 512, seq_len = 512,
           seed = 1;
   bool unshared = false;
-  tandem::tools::SimpleFlags flags(
-      "Usage: tandem-make-random-model --out PATH [--dim N ...]\n"
-      "Writes a llama2.c .bin with deterministic random weights (a pure function of the\n"
+  tandem::FlagSet flags(
+      "tandem-make-random-model",
+      "Writes a llama2.c .bin with deterministic random weights (a pure function of the "
       "sizes and --seed).");
-  flags.String("out", &out, "output .bin path");
-  flags.Int("dim", &dim, "model width");
-  flags.Int("hidden-dim", &hidden, "FFN width");
-  flags.Int("layers", &layers, "number of layers");
-  flags.Int("heads", &heads, "query heads");
-  flags.Int("kv-heads", &kv_heads, "KV heads");
-  flags.Int("vocab", &vocab, "vocabulary size");
-  flags.Int("seq-len", &seq_len, "max sequence length");
-  flags.Int("seed", &seed, "weight seed");
-  flags.Bool("unshared-classifier", &unshared, "write a separate classifier (negative vocab)");
-  flags.Parse(argc, argv);
+  flags.Add("out", &out, "output .bin path");
+  flags.Add("dim", &dim, "model width");
+  flags.Add("hidden-dim", &hidden, "FFN width");
+  flags.Add("layers", &layers, "number of layers");
+  flags.Add("heads", &heads, "query heads");
+  flags.Add("kv-heads", &kv_heads, "KV heads");
+  flags.Add("vocab", &vocab, "vocabulary size");
+  flags.Add("seq-len", &seq_len, "max sequence length");
+  flags.Add("seed", &seed, "weight seed");
+  flags.Add("unshared-classifier", &unshared, "write a separate classifier (negative vocab)");
+  flags.ParseOrExit(argc, argv);
+  if (!flags.positional().empty())
+    flags.Fail("unexpected argument '" + flags.positional()[0] + "'");
   const RandomModelOptions opts{.dim = static_cast<int32_t>(dim),
                                 .hidden_dim = static_cast<int32_t>(hidden),
                                 .num_layers = static_cast<int32_t>(layers),

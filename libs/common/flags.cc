@@ -1,4 +1,4 @@
-#include "tandem/rpc/flags.h"
+#include "tandem/common/flags.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -10,12 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "tandem/common/logging.h"
 
-namespace tandem::rpc {
+namespace tandem {
 namespace {
 
 absl::Status BadValue(const std::string& name, const std::string& value, const char* want) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("flag --", name, ": '", value, "' is not ", want));
+  return absl::InvalidArgumentError(absl::StrCat("flag --", name, ": '", value, "' is not ", want));
 }
 
 }  // namespace
@@ -31,8 +30,7 @@ void FlagSet::Add(const std::string& name, std::string* value, const std::string
 }
 
 void FlagSet::Add(const std::string& name, int32_t* value, const std::string& doc) {
-  flags_.push_back({name, doc, std::to_string(*value), false,
-                    [name, value](const std::string& v) {
+  flags_.push_back({name, doc, std::to_string(*value), false, [name, value](const std::string& v) {
                       int32_t x;
                       if (!absl::SimpleAtoi(v, &x)) return BadValue(name, v, "a 32-bit integer");
                       *value = x;
@@ -41,8 +39,7 @@ void FlagSet::Add(const std::string& name, int32_t* value, const std::string& do
 }
 
 void FlagSet::Add(const std::string& name, int64_t* value, const std::string& doc) {
-  flags_.push_back({name, doc, std::to_string(*value), false,
-                    [name, value](const std::string& v) {
+  flags_.push_back({name, doc, std::to_string(*value), false, [name, value](const std::string& v) {
                       int64_t x;
                       if (!absl::SimpleAtoi(v, &x)) return BadValue(name, v, "an integer");
                       *value = x;
@@ -62,17 +59,17 @@ void FlagSet::Add(const std::string& name, double* value, const std::string& doc
 }
 
 void FlagSet::Add(const std::string& name, bool* value, const std::string& doc) {
-  flags_.push_back({name, doc, *value ? "true" : "false", true,
-                    [name, value](const std::string& v) {
-                      if (v == "true" || v == "1" || v == "yes") {
-                        *value = true;
-                      } else if (v == "false" || v == "0" || v == "no") {
-                        *value = false;
-                      } else {
-                        return BadValue(name, v, "true or false");
-                      }
-                      return absl::OkStatus();
-                    }});
+  flags_.push_back(
+      {name, doc, *value ? "true" : "false", true, [name, value](const std::string& v) {
+         if (v == "true" || v == "1" || v == "yes") {
+           *value = true;
+         } else if (v == "false" || v == "0" || v == "no") {
+           *value = false;
+         } else {
+           return BadValue(name, v, "true or false");
+         }
+         return absl::OkStatus();
+       }});
 }
 
 void FlagSet::Alias(const std::string& alias, const std::string& name) {
@@ -87,6 +84,14 @@ void FlagSet::MirrorsVllm(std::initializer_list<const char*> names) {
     TANDEM_CHECK(flag != nullptr) << "unknown flag --" << name;
     flag->mirrors_vllm = true;
   }
+}
+
+void FlagSet::Add(const std::string& name, std::vector<std::string>* values,
+                  const std::string& doc) {
+  flags_.push_back({name, doc, "none (repeatable)", false, [values](const std::string& v) {
+                      values->push_back(v);
+                      return absl::OkStatus();
+                    }});
 }
 
 FlagSet::Flag* FlagSet::Find(const std::string& name) {
@@ -136,8 +141,7 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
       }
     }
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag --", name, " (see --help)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
     }
     if (!has_value) {
       if (flag->is_bool) {
@@ -160,10 +164,12 @@ void FlagSet::ParseOrExit(int argc, char** argv, int first) {
     std::cout << Help();
     std::exit(0);
   }
-  if (!s.ok()) {
-    std::cerr << program_ << ": " << s.message() << "\n";
-    std::exit(2);
-  }
+  if (!s.ok()) Fail(std::string(s.message()));
+}
+
+void FlagSet::Fail(const std::string& message) const {
+  std::cerr << program_ << ": " << message << " (see --help)\n";
+  std::exit(2);
 }
 
 std::string FlagSet::Help() const {
@@ -187,4 +193,4 @@ std::string FlagSet::Help() const {
   return out.str();
 }
 
-}  // namespace tandem::rpc
+}  // namespace tandem
