@@ -9,17 +9,20 @@
 #      build-asan-svc/,
 #   4. builds the KV-store engine tests under ThreadSanitizer into build-tsan/,
 #      and the KV-store service, bulk port and KV client tests into
-#      build-tsan-svc/, and runs them.
+#      build-tsan-svc/, and runs them,
+#   5. builds the libFuzzer targets (tests/fuzz) with clang into build-fuzz/
+#      and runs each for TANDEM_FUZZ_SECONDS (default 30) on its seed corpus.
 # Usage: tools/test.sh [--no-sanitizers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 JOBS="${TANDEM_JOBS:-2}"
+FUZZ_SECONDS="${TANDEM_FUZZ_SECONDS:-30}"  # per fuzz target
 SANITIZERS=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitizers) SANITIZERS=0 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "unknown flag: $arg" >&2; exit 2 ;;
   esac
 done
@@ -93,6 +96,29 @@ if [ "$SANITIZERS" = 1 ]; then
     | sort -u | sed 's/^/called_from_lib:/' >> "$SUPP"
   TSAN_OPTIONS="suppressions=$SUPP:halt_on_error=1:second_deadlock_stack=1" \
     run_ctest build-tsan-svc -R "$ONLY"
+
+  echo "=== fuzzers (libFuzzer, clang, ASan + UBSan): ${FUZZ_SECONDS}s each ==="
+  # On a copy of each seed corpus (tests/fuzz/corpus/<target>); a crash leaves
+  # its input in build-fuzz/artifacts/ (add it to the corpus as a regression).
+  CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTANDEM_FUZZ=ON -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_BUILD_TESTS=OFF \
+    -DTANDEM_BUILD_BENCHMARKS=OFF -DTANDEM_CUDA=OFF
+  cmake --build build-fuzz -j"$JOBS" --target fuzzers
+  mkdir -p build-fuzz/artifacts
+  for dir in tests/fuzz/corpus/*/; do
+    target="$(basename "$dir")"
+    work="build-fuzz/corpus-$target"
+    rm -rf "$work" && cp -r "$dir" "$work"
+    if ! "build-fuzz/tests/fuzz/fuzz_$target" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 \
+         -timeout=10 -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/ "$work" \
+         > "build-fuzz/fuzz_$target.log" 2>&1; then
+      tail -40 "build-fuzz/fuzz_$target.log"
+      echo "fuzz_$target: FAILED (input in build-fuzz/artifacts/)"
+      status=1
+    else
+      echo "fuzz_$target: $(grep -m1 -o 'Done [0-9]* runs in [0-9]* second(s)' "build-fuzz/fuzz_$target.log")"
+    fi
+  done
 fi
 
 if [ "$status" -ne 0 ]; then echo "tools/test.sh: FAILED"; exit 1; fi
