@@ -100,9 +100,11 @@ void SetServing(grpc::Server* server, const std::string& service, bool serving) 
   if (!service.empty()) health->SetServingStatus(service, serving);
 }
 
-void MarkLive(grpc::Server* server) {
+void MarkLive(grpc::Server* server) { SetLive(server, true); }
+
+void SetLive(grpc::Server* server, bool live) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  if (health != nullptr) health->SetServingStatus(kLivenessService, true);
+  if (health != nullptr) health->SetServingStatus(kLivenessService, live);
 }
 
 void ShutdownHealth(grpc::Server* server) {

@@ -263,6 +263,7 @@ Engine::Engine(EngineOptions options, prometheus::Registry* registry)
 Engine::~Engine() { Stop(); }
 
 void Engine::Start() {
+  last_loop_ns_.store(MonotonicNanos());
   loop_ = std::thread([this] { Loop(); });
   connector_->Start();
 }
@@ -355,12 +356,14 @@ void Engine::Loop() {
           // an empty one now and then so stores_in_flight settles at zero.
           flush_stores = !cv_.wait_for(lock, kIdleStoreFlushPeriod, woken);
         } else {
-          cv_.wait(lock, woken);
+          // Bounded, so that an idle loop still beats (last_loop_ns()).
+          cv_.wait_for(lock, kIdleHeartbeat, woken);
         }
       }
       if (stopping_) break;
       batch.swap(events_);
     }
+    last_loop_ns_.store(MonotonicNanos());
     for (Event& e : batch) Handle(e);
     batch.clear();
     ExpireWorkerLossGrace();

@@ -132,6 +132,10 @@ class Engine {
   [[nodiscard]] bool TryAccept();
   // Calls TryAccept() let in that have not finished yet.
   int32_t num_calls_open() const { return num_calls_open_.load(); }
+  // When the engine loop last went round (MonotonicNanos); it goes round at
+  // least every kIdleHeartbeat while idle. The liveness watchdog reads it.
+  int64_t last_loop_ns() const { return last_loop_ns_.load(); }
+  static constexpr std::chrono::milliseconds kIdleHeartbeat{500};
   // A validated, accepted call. The engine answers through `call`.
   void Submit(std::shared_ptr<GenerateCall> call, sched::RequestSpec spec);
   // Why a call went away before it finished.
@@ -201,6 +205,7 @@ class Engine {
   v1::GetStatsResponse stats_;  // under mu_
   std::atomic<bool> draining_{false};
   std::atomic<int32_t> num_calls_open_{0};
+  std::atomic<int64_t> last_loop_ns_{0};
   std::atomic<uint64_t> num_worker_connects_{0};
 
   // Owned by the loop thread.

@@ -1,5 +1,6 @@
 // tandem-scheduler: the client API (tandem.v1.Generation) in front of one
 // tandem-worker.
+#include <atomic>
 #include <chrono>
 #include <iostream>
 #include <thread>
@@ -7,6 +8,7 @@
 #include "engine.h"
 #include "generation_service.h"
 #include "grpcpp/server_builder.h"
+#include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/flags.h"
 #include "tandem/rpc/server.h"
@@ -77,6 +79,10 @@ int main(int argc, char** argv) {
             "the name the worker describes; the metrics appear once it has)");
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);
+  double liveness_stall_s = 60;
+  flags.Add("liveness-stall-s", &liveness_stall_s,
+            "tandem.liveness reads NOT_SERVING while the engine loop has not gone round for this "
+            "long (a stuck scheduler; the kubelet then restarts it); 0: off");
   flags.Add("drain-timeout-s", &drain_timeout_s,
             "on SIGTERM/SIGINT, how long accepted requests may take to finish");
   flags.Add("debug-submit-delay-ms", &engine_options.debug_submit_delay_ms,
@@ -93,6 +99,11 @@ int main(int argc, char** argv) {
     sc.policy = tandem::sched::SchedulingPolicy::kPriority;
   } else {
     std::cerr << "tandem-scheduler: --policy must be fcfs or priority, got '" << policy << "'\n";
+    return 2;
+  }
+  if (liveness_stall_s != 0 && !(liveness_stall_s >= 1)) {
+    std::cerr << "tandem-scheduler: --liveness-stall-s must be 0 (off) or >= 1, got "
+              << liveness_stall_s << "\n";
     return 2;
   }
   if (absl::Status s = engine_options.Validate(); !s.ok()) {
@@ -133,6 +144,27 @@ int main(int argc, char** argv) {
                         << engine_options.debug_submit_delay_ms << " is on";
   }
   engine.Start();
+  // The liveness watchdog: the engine loop goes round at least every
+  // Engine::kIdleHeartbeat, so a longer silence is a stall.
+  std::atomic<bool> watchdog_stop{false};
+  std::thread watchdog([&] {
+    bool live = true;
+    while (!watchdog_stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (liveness_stall_s <= 0) continue;
+      const double silent_s = (tandem::MonotonicNanos() - engine.last_loop_ns()) * 1e-9;
+      const bool now_live = silent_s < liveness_stall_s;
+      if (now_live == live) continue;
+      live = now_live;
+      if (live) {
+        TANDEM_LOG(WARNING) << "engine loop goes round again: liveness SERVING";
+      } else {
+        TANDEM_LOG(ERROR) << "engine loop silent for " << silent_s
+                          << " s (--liveness-stall-s): liveness NOT_SERVING";
+      }
+      tandem::rpc::SetLive(srv, live);
+    }
+  });
   TANDEM_LOG(INFO) << "listening on port " << port << "; worker " << engine_options.worker_address;
 
   int sig = tandem::rpc::WaitForShutdownSignal();
@@ -151,6 +183,8 @@ int main(int argc, char** argv) {
   }
   // Finished calls were given their last message; Shutdown waits for their
   // writes briefly, then cancels.
+  watchdog_stop.store(true);
+  watchdog.join();
   engine.Stop();
   tandem::rpc::ShutdownHealth(srv);
   srv->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));

@@ -308,3 +308,31 @@ TEST(BadInputTest, DrainFinishesCallsAcceptedBeforeTheSignal) {
 
 }  // namespace
 }  // namespace tandem::testing
+
+namespace tandem::testing {
+namespace {
+
+// The liveness watchdog: while the engine loop is stuck (here: held by the
+// TEST-ONLY submit delay) tandem.liveness reads NOT_SERVING, so the kubelet
+// would restart the process; once it goes round again, SERVING. An idle
+// loop is not a stall.
+TEST(BadInputTest, LivenessFollowsTheEngineLoop) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  Service worker = StartWorker(dir, "worker", {"--backend", "sim", "--sim-step-us", "1000"});
+  Service scheduler =
+      StartScheduler(dir, "scheduler", worker.address(),
+                     {"--debug-submit-delay-ms", "3000", "--liveness-stall-s", "1"});
+  auto stub = GenerationStub(scheduler.address());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // idle for longer than 1 s
+  EXPECT_EQ(HealthStatus(scheduler.address(), "tandem.liveness"), 1) << "idle is not stuck";
+  GenerateResult r;
+  std::thread t([&] { r = RunGenerate(stub.get(), MakeRequest({1, 2}, 4, 0, {}, true)); });
+  EXPECT_TRUE(WaitFor([&] { return HealthStatus(scheduler.address(), "tandem.liveness") == 2; }))
+      << "a stuck loop must read NOT_SERVING";
+  t.join();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_TRUE(WaitFor([&] { return HealthStatus(scheduler.address(), "tandem.liveness") == 1; }));
+}
+
+}  // namespace
+}  // namespace tandem::testing

@@ -66,6 +66,8 @@ void SetServing(grpc::Server* server, const std::string& service, bool serving);
 // kLivenessService, readiness on the service's own name.
 inline constexpr char kLivenessService[] = "tandem.liveness";
 void MarkLive(grpc::Server* server);
+// Liveness SERVING or NOT_SERVING (a watchdog that sees the main loop stall).
+void SetLive(grpc::Server* server, bool live);
 // Health NOT_SERVING for good and open Watch calls ended, so they do not hold
 // up the server's Shutdown. Call before Shutdown().
 void ShutdownHealth(grpc::Server* server);
