@@ -91,17 +91,8 @@ std::optional<uint8_t> ByteToken(const DecoderPart& part) {
   }
   int value = 0;
   for (int i = 3; i < 5; ++i) {
-    const char c = t[i];
-    int d;
-    if (c >= '0' && c <= '9') {
-      d = c - '0';
-    } else if (c >= 'A' && c <= 'F') {
-      d = c - 'A' + 10;
-    } else if (c >= 'a' && c <= 'f') {
-      d = c - 'a' + 10;
-    } else {
-      return std::nullopt;
-    }
+    const int d = HexDigitValue(t[i]);
+    if (d < 0) return std::nullopt;
     value = value * 16 + d;
   }
   return static_cast<uint8_t>(value);

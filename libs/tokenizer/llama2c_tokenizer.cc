@@ -24,17 +24,8 @@ std::optional<uint8_t> ParseByteToken(std::string_view piece) {
   if (piece.size() < 4 || piece.substr(0, 3) != "<0x") return std::nullopt;
   int value = 0, digits = 0;
   for (size_t i = 3; i < piece.size() && digits < 2; ++i, ++digits) {
-    const char c = piece[i];
-    int d;
-    if (c >= '0' && c <= '9') {
-      d = c - '0';
-    } else if (c >= 'A' && c <= 'F') {
-      d = c - 'A' + 10;
-    } else if (c >= 'a' && c <= 'f') {
-      d = c - 'a' + 10;
-    } else {
-      break;
-    }
+    const int d = HexDigitValue(piece[i]);
+    if (d < 0) break;
     value = value * 16 + d;
   }
   if (digits == 0) return std::nullopt;

@@ -63,4 +63,12 @@ class Utf8Repairer {
   std::string pending_;  // at most 3 bytes: an incomplete character
 };
 
+// The value of a hex digit (0-9, A-F, a-f), or -1: for "<0xAB>" byte tokens.
+inline int HexDigitValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
 }  // namespace tandem::tokenizer::internal
