@@ -505,6 +505,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& na
   } catch (const Json::parse_error& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": not valid JSON at byte ", e.byte, ": ", e.what()));
+  } catch (const Json::exception& e) {  // e.g. out_of_range: a number beyond double
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not valid JSON: ", e.what()));
   }
   auto tok = std::make_unique<HfTokenizer>();
   TANDEM_RETURN_IF_ERROR(tok->Init(name, json, config));

@@ -27,6 +27,8 @@ absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& name,
   } catch (const Json::parse_error& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": not valid JSON at byte ", e.byte, ": ", e.what()));
+  } catch (const Json::exception& e) {  // e.g. out_of_range: a number beyond double
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not valid JSON: ", e.what()));
   }
   if (!json.is_object()) return absl::InvalidArgumentError(absl::StrCat(name, ": not an object"));
   TokenizerConfig config;

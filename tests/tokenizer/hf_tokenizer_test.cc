@@ -252,6 +252,13 @@ TEST(HfTokenizerErrorsTest, NamesTheByteOfBadJsonAndAConfigPassedAsTokenizer) {
   tok = LoadTokenizer(dir + "/tokenizer.json");
   ASSERT_FALSE(tok.ok());
   EXPECT_THAT(tok.status().message(), HasSubstr("has no 'model' object"));
+  // A number beyond a double's range makes nlohmann throw out_of_range, not
+  // parse_error (found by fuzz_hf_tokenizer_json): still a clear error.
+  std::ofstream(dir + "/tokenizer.json") << "{\"version\": 1e999999}";
+  tok = LoadTokenizer(dir + "/tokenizer.json");
+  ASSERT_FALSE(tok.ok());
+  EXPECT_THAT(tok.status().message(), HasSubstr("not valid JSON"));
+  EXPECT_THAT(tok.status().message(), HasSubstr("number overflow"));
 }
 
 TEST(HfTokenizerConfigTest, TakesBosEosAndTheChatTemplateFromTokenizerConfig) {
