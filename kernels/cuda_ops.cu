@@ -1,6 +1,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "cuda_blas_handle.h"
 #include "tandem/kernels/cuda_ops.h"
 
 namespace tandem::kernels::cuda {
@@ -47,10 +48,6 @@ __global__ void SampleKernel(const float* logits, int32_t rows, int32_t vocab,
 
 }  // namespace
 
-struct BlasHandle {
-  cublasHandle_t handle = nullptr;
-};
-
 int DeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -76,6 +73,7 @@ int CopyToHost(void* host_dst, const void* src, size_t bytes) {
   return cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 int Synchronize() { return cudaDeviceSynchronize(); }
+int SetDevice(int device) { return cudaSetDevice(device); }
 
 int CreateBlas(BlasHandle** out) {
   auto* h = new BlasHandle;

@@ -12,7 +12,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(const Model* model,
                                                              KvCacheOptions opts,
                                                              ModelRunnerOptions runner_opts);
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(const Model* model,
-                                                              KvCacheOptions opts);
+                                                              KvCacheOptions opts,
+                                                              ModelRunnerOptions runner_opts);
 
 // Per-token metadata of one batch, shared by the backends.
 struct BatchLayout {

@@ -1,11 +1,19 @@
-// The CUDA backend: a thin composition of the kernels' CUDA ops in the CPU
-// backend's order (matmuls through cuBLAS). Built only with TANDEM_HAVE_CUDA.
+// The CUDA backend (built only with TANDEM_HAVE_CUDA), in two modes:
+//  - float32: a thin composition of cuda_ops.h in the CPU backend's order
+//    (matmuls through cuBLAS SGEMM), for exactness against the CPU backend;
+//  - bfloat16: the fast path of cuda_bf16_ops.h (see DType).
+// Both upload a step's inputs in one pinned host-to-device copy, run on one
+// stream, and sample greedy rows on the GPU (ForwardSample).
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "cpu_runner.h"
 #include "tandem/common/status.h"
+#include "tandem/kernels/cuda_bf16_ops.h"
 #include "tandem/kernels/cuda_ops.h"
+#include "tandem/model/checkpoint.h"
+#include "tandem/model/sampler.h"
 
 namespace tandem::model::internal {
 namespace {
@@ -54,29 +62,226 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-struct DeviceLayer {
-  DeviceBuffer rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3;
+// Pinned host memory that only grows.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (ptr_ != nullptr) kd::HostFree(ptr_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_ != nullptr) kd::HostFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::HostAlloc(&ptr_, bytes), "pinned alloc"));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  std::byte* get() const { return static_cast<std::byte*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
 };
 
-class CudaModelRunner final : public ModelRunner {
- public:
-  CudaModelRunner(const Model* model, KvCacheOptions opts)
-      : ModelRunner(model, opts, Backend::kCuda) {}
-  ~CudaModelRunner() override { kd::DestroyBlas(blas_); }
+std::vector<kd::Bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<kd::Bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBFloat16(v[i]);
+  return out;
+}
 
-  absl::Status Init() {
+// Rows of several [rows][cols] matrices, stacked: one fused GEMM's weight.
+std::vector<float> Stack(std::initializer_list<const std::vector<float>*> parts) {
+  std::vector<float> out;
+  for (const std::vector<float>* p : parts) out.insert(out.end(), p->begin(), p->end());
+  return out;
+}
+
+RopeKind ToKernel(RopeStyle style) {
+  return style == RopeStyle::kRotateHalf ? RopeKind::kRotateHalf : RopeKind::kAdjacentPairs;
+}
+
+// Device pointers of one step's metadata, all in one buffer uploaded by one
+// copy from pinned memory.
+struct StepInputs {
+  const int32_t* tokens = nullptr;
+  const int32_t* row_pos = nullptr;
+  const int32_t* row_off = nullptr;
+  const int32_t* tables = nullptr;
+  const int64_t* slots = nullptr;
+  const int32_t* last_rows = nullptr;
+};
+
+// What both modes share: the step upload, the logits, sampling and block
+// copies. A mode implements Init() and RunLayers(), which leaves the logits of
+// the batch's last rows in logits_.
+class CudaRunnerBase : public ModelRunner {
+ public:
+  CudaRunnerBase(const Model* model, KvCacheOptions opts, ModelRunnerOptions runner_opts)
+      : ModelRunner(model, opts, Backend::kCuda), device_(runner_opts.cuda_device) {}
+  ~CudaRunnerBase() override { kd::DestroyBlas(blas_); }
+
+  virtual absl::Status Init() = 0;
+
+  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override {
+    int32_t rows = 0;
+    TANDEM_RETURN_IF_ERROR(Run(batch, &rows));
+    logits->resize(static_cast<size_t>(rows) * model_->config().vocab_size);
+    return CudaStatus(kd::CopyToHost(logits->data(), logits_.get<float>(),
+                                     logits->size() * sizeof(float)),
+                      "logits download");
+  }
+
+  absl::Status ForwardSample(std::span<const SequenceInput> batch,
+                             std::span<const SampleRequest> sample,
+                             std::vector<int32_t>* tokens) override {
+    if (sample.size() != batch.size()) return ModelRunner::ForwardSample(batch, sample, tokens);
+    int32_t rows = 0;
+    TANDEM_RETURN_IF_ERROR(Run(batch, &rows));
+    tokens->assign(batch.size(), -1);
+    if (rows == 0) return absl::OkStatus();
+    const int32_t vocab = model_->config().vocab_size;
+    TANDEM_RETURN_IF_ERROR(argmax_.Reserve(sizeof(int32_t) * rows));
+    TANDEM_RETURN_IF_ERROR(CudaStatus(
+        kd::ArgMaxRows(logits_.get<float>(), rows, vocab, argmax_.get<int32_t>(), nullptr),
+        "argmax"));
+    std::vector<int32_t> greedy(static_cast<size_t>(rows));
+    TANDEM_RETURN_IF_ERROR(CudaStatus(
+        kd::CopyToHost(greedy.data(), argmax_.get<int32_t>(), greedy.size() * sizeof(int32_t)),
+        "token download"));
+    std::vector<float> row_logits;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const SampleRequest& r = sample[i];
+      if (r.params == nullptr) continue;
+      if (r.params->temperature == 0.0f) {
+        (*tokens)[i] = greedy[i];
+        continue;
+      }
+      // Temperature rows: the CPU sampler over this row's logits.
+      row_logits.resize(static_cast<size_t>(vocab));
+      TANDEM_RETURN_IF_ERROR(
+          CudaStatus(kd::CopyToHost(row_logits.data(), logits_.get<float>() + i * vocab,
+                                    row_logits.size() * sizeof(float)),
+                     "logits download"));
+      (*tokens)[i] = SampleToken(row_logits, *r.params, r.output_position);
+    }
+    return absl::OkStatus();
+  }
+
+  std::span<std::byte> BlockBytes(int32_t) override { return {}; }
+
+  absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) override {
+    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, out.size()));
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+    return CudaStatus(kd::CopyToHost(out.data(), BlockPtr(block_id), out.size()), "block copy");
+  }
+  absl::Status CopyBlockFromHost(int32_t block_id, std::span<const std::byte> in) override {
+    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, in.size()));
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+    return CudaStatus(kd::CopyToDevice(BlockPtr(block_id), in.data(), in.size()), "block copy");
+  }
+
+ protected:
+  // Shared part of Init: device, cuBLAS, the zeroed cache.
+  absl::Status InitCommon() {
     const ModelConfig& c = model_->config();
-    const ModelWeights& w = model_->weights();
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
     shape_ = KvCacheShape{.num_blocks = opts_.num_blocks,
                           .num_layers = c.num_layers,
                           .block_size = opts_.block_size,
                           .num_kv_heads = c.num_kv_heads,
                           .head_size = c.head_size};
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::CreateBlas(&blas_), "cublasCreate"));
-    const size_t cache_bytes =
-        static_cast<size_t>(shape_.BlockFloats()) * opts_.num_blocks * sizeof(float);
+    const size_t cache_bytes = static_cast<size_t>(block_bytes()) * opts_.num_blocks;
     TANDEM_RETURN_IF_ERROR(cache_.Reserve(cache_bytes));
-    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::Memset(cache_.get<void>(), 0, cache_bytes), "memset"));
+    return CudaStatus(kd::Memset(cache_.get<void>(), 0, cache_bytes), "memset");
+  }
+
+  // Runs the layers of one validated, non-empty batch.
+  virtual absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t rows) = 0;
+
+  KvCacheShape shape_;
+  kd::BlasHandle* blas_ = nullptr;
+  DeviceBuffer cache_, logits_;
+
+ private:
+  absl::Status Run(std::span<const SequenceInput> batch, int32_t* rows) {
+    TANDEM_RETURN_IF_ERROR(ValidateBatch(batch));
+    *rows = static_cast<int32_t>(batch.size());
+    if (batch.empty()) return absl::OkStatus();
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+    const BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
+    StepInputs in;
+    TANDEM_RETURN_IF_ERROR(Upload(lay, &in));
+    TANDEM_RETURN_IF_ERROR(
+        logits_.Reserve(sizeof(float) * batch.size() * model_->config().vocab_size));
+    return RunLayers(lay, in, *rows);
+  }
+
+  // Packs the layout into pinned memory and copies it in one transfer.
+  absl::Status Upload(const BatchLayout& lay, StepInputs* in) {
+    size_t offset = 0;
+    std::vector<std::pair<const void*, size_t>> parts;
+    std::vector<size_t> offsets;
+    auto add = [&](const void* p, size_t bytes) {
+      offset = (offset + 7) / 8 * 8;
+      offsets.push_back(offset);
+      parts.emplace_back(p, bytes);
+      offset += bytes;
+    };
+    add(lay.slots.data(), lay.slots.size() * sizeof(int64_t));
+    add(lay.tokens.data(), lay.tokens.size() * sizeof(int32_t));
+    add(lay.row_pos.data(), lay.row_pos.size() * sizeof(int32_t));
+    add(lay.row_table_offset.data(), lay.row_table_offset.size() * sizeof(int32_t));
+    add(lay.block_tables.data(), lay.block_tables.size() * sizeof(int32_t));
+    add(lay.last_rows.data(), lay.last_rows.size() * sizeof(int32_t));
+    TANDEM_RETURN_IF_ERROR(staging_.Reserve(offset));
+    TANDEM_RETURN_IF_ERROR(inputs_.Reserve(offset));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].second > 0) {
+        std::memcpy(staging_.get() + offsets[i], parts[i].first, parts[i].second);
+      }
+    }
+    // The previous step's kernels may still read inputs_: the copy is on the
+    // same stream, so it waits for them; the host waits for the copy before
+    // the next step rewrites staging_ (Forward ends with a synchronous copy).
+    TANDEM_RETURN_IF_ERROR(
+        CudaStatus(kd::CopyAsync(inputs_.get<std::byte>(), staging_.get(), offset, nullptr),
+                   "input upload"));
+    const std::byte* base = inputs_.get<std::byte>();
+    in->slots = reinterpret_cast<const int64_t*>(base + offsets[0]);
+    in->tokens = reinterpret_cast<const int32_t*>(base + offsets[1]);
+    in->row_pos = reinterpret_cast<const int32_t*>(base + offsets[2]);
+    in->row_off = reinterpret_cast<const int32_t*>(base + offsets[3]);
+    in->tables = reinterpret_cast<const int32_t*>(base + offsets[4]);
+    in->last_rows = reinterpret_cast<const int32_t*>(base + offsets[5]);
+    return absl::OkStatus();
+  }
+
+  std::byte* BlockPtr(int32_t block_id) const {
+    return cache_.get<std::byte>() + int64_t{block_id} * block_bytes();
+  }
+
+  int32_t device_;
+  PinnedBuffer staging_;
+  DeviceBuffer inputs_, argmax_;
+};
+
+struct DeviceLayer {
+  DeviceBuffer rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3;
+};
+
+// float32: the CPU backend's order of operations.
+class CudaF32Runner final : public CudaRunnerBase {
+ public:
+  using CudaRunnerBase::CudaRunnerBase;
+
+  absl::Status Init() override {
+    TANDEM_RETURN_IF_ERROR(InitCommon());
+    const ModelWeights& w = model_->weights();
     TANDEM_RETURN_IF_ERROR(embedding_.Upload(w.token_embedding));
     TANDEM_RETURN_IF_ERROR(rms_final_.Upload(w.rms_final));
     TANDEM_RETURN_IF_ERROR(classifier_.Upload(w.classifier()));
@@ -97,36 +302,22 @@ class CudaModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
-  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override {
-    TANDEM_RETURN_IF_ERROR(ValidateBatch(batch));
+ private:
+  absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t B) override {
     const ModelConfig& c = model_->config();
-    const BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
-    const int32_t T = lay.num_rows, B = static_cast<int32_t>(batch.size());
-    if (B == 0) {
-      logits->clear();
-      return absl::OkStatus();
-    }
+    const int32_t T = lay.num_rows;
     const size_t f = sizeof(float), dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
-    TANDEM_RETURN_IF_ERROR(tokens_.Upload(lay.tokens));
-    TANDEM_RETURN_IF_ERROR(row_pos_.Upload(lay.row_pos));
-    TANDEM_RETURN_IF_ERROR(row_off_.Upload(lay.row_table_offset));
-    TANDEM_RETURN_IF_ERROR(tables_.Upload(lay.block_tables));
-    TANDEM_RETURN_IF_ERROR(slots_.Upload(lay.slots));
-    TANDEM_RETURN_IF_ERROR(last_rows_.Upload(lay.last_rows));
     for (DeviceBuffer* b : {&x_, &xb_, &q_, &att_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * dim * f));
     for (DeviceBuffer* b : {&k_, &v_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * kv * f));
     for (DeviceBuffer* b : {&hb_, &hb2_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * hidden * f));
     TANDEM_RETURN_IF_ERROR(scratch_.Reserve(size_t{1} * T * c.num_heads * lay.max_context * f));
-    TANDEM_RETURN_IF_ERROR(logits_.Reserve(size_t{1} * B * c.vocab_size * f));
     float *x = x_.get<float>(), *xb = xb_.get<float>(), *q = q_.get<float>(),
           *att = att_.get<float>(), *k = k_.get<float>(), *v = v_.get<float>(),
           *hb = hb_.get<float>(), *hb2 = hb2_.get<float>();
-    const RopeKind rope =
-        c.rope_style == RopeStyle::kRotateHalf ? RopeKind::kRotateHalf : RopeKind::kAdjacentPairs;
+    const RopeKind rope = ToKernel(c.rope_style);
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
     TANDEM_RETURN_IF_ERROR(
-        ok(kd::EmbeddingGather(embedding_.get<float>(), c.dim, tokens_.get<int32_t>(), T, x),
-           "embedding"));
+        ok(kd::EmbeddingGather(embedding_.get<float>(), c.dim, in.tokens, T, x), "embedding"));
     for (int32_t li = 0; li < c.num_layers; ++li) {
       const DeviceLayer& l = layers_[static_cast<size_t>(li)];
       TANDEM_RETURN_IF_ERROR(
@@ -137,16 +328,13 @@ class CudaModelRunner final : public ModelRunner {
           ok(kd::Matmul(blas_, l.wk.get<float>(), c.kv_dim(), c.dim, xb, T, k), "wk"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::Matmul(blas_, l.wv.get<float>(), c.kv_dim(), c.dim, xb, T, v), "wv"));
-      TANDEM_RETURN_IF_ERROR(
-          ok(kd::Rope(q, T, row_pos_.get<int32_t>(), c.num_heads, c.head_size, rope, c.rope_theta),
-             "rope q"));
       TANDEM_RETURN_IF_ERROR(ok(
-          kd::Rope(k, T, row_pos_.get<int32_t>(), c.num_kv_heads, c.head_size, rope, c.rope_theta),
-          "rope k"));
+          kd::Rope(q, T, in.row_pos, c.num_heads, c.head_size, rope, c.rope_theta), "rope q"));
+      TANDEM_RETURN_IF_ERROR(ok(
+          kd::Rope(k, T, in.row_pos, c.num_kv_heads, c.head_size, rope, c.rope_theta), "rope k"));
       // All K/V of the step before any attention of this layer (same stream).
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::KvWrite(cache_.get<float>(), shape_, li, k, v, T, slots_.get<int64_t>()),
-             "kv write"));
+          ok(kd::KvWrite(cache_.get<float>(), shape_, li, k, v, T, in.slots), "kv write"));
       const PagedAttentionArgs args{.q = q,
                                     .out = att,
                                     .cache = cache_.get<float>(),
@@ -154,9 +342,9 @@ class CudaModelRunner final : public ModelRunner {
                                     .layer = li,
                                     .num_heads = c.num_heads,
                                     .num_rows = T,
-                                    .row_pos = row_pos_.get<int32_t>(),
-                                    .row_table_offset = row_off_.get<int32_t>(),
-                                    .block_tables = tables_.get<int32_t>()};
+                                    .row_pos = in.row_pos,
+                                    .row_table_offset = in.row_off,
+                                    .block_tables = in.tables};
       TANDEM_RETURN_IF_ERROR(
           ok(kd::PagedAttention(args, scratch_.get<float>(), lay.max_context), "attention"));
       TANDEM_RETURN_IF_ERROR(
@@ -174,50 +362,151 @@ class CudaModelRunner final : public ModelRunner {
       TANDEM_RETURN_IF_ERROR(ok(kd::ResidualAdd(x, xb, T * dim), "residual"));
     }
     // Last token of each sequence: gather its row (an embedding gather over x).
-    TANDEM_RETURN_IF_ERROR(
-        ok(kd::EmbeddingGather(x, c.dim, last_rows_.get<int32_t>(), B, att), "gather last"));
+    TANDEM_RETURN_IF_ERROR(ok(kd::EmbeddingGather(x, c.dim, in.last_rows, B, att), "gather last"));
     TANDEM_RETURN_IF_ERROR(
         ok(kd::RmsNorm(att, rms_final_.get<float>(), B, c.dim, c.norm_eps, xb), "rmsnorm"));
-    TANDEM_RETURN_IF_ERROR(ok(kd::Matmul(blas_, classifier_.get<float>(), c.vocab_size, c.dim, xb,
-                                         B, logits_.get<float>()),
-                              "classifier"));
-    logits->resize(static_cast<size_t>(B) * c.vocab_size);
-    return ok(kd::CopyToHost(logits->data(), logits_.get<float>(), logits->size() * f),
-              "logits download");
+    return ok(kd::Matmul(blas_, classifier_.get<float>(), c.vocab_size, c.dim, xb, B,
+                         logits_.get<float>()),
+              "classifier");
   }
 
-  std::span<std::byte> BlockBytes(int32_t) override { return {}; }
+  DeviceBuffer embedding_, rms_final_, classifier_;
+  std::vector<DeviceLayer> layers_;
+  DeviceBuffer x_, xb_, q_, att_, k_, v_, hb_, hb2_, scratch_;
+};
 
-  absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) override {
-    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, out.size()));
-    return CudaStatus(kd::CopyToHost(out.data(), BlockPtr(block_id), out.size()), "block copy");
-  }
-  absl::Status CopyBlockFromHost(int32_t block_id, std::span<const std::byte> in) override {
-    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, in.size()));
-    return CudaStatus(kd::CopyToDevice(BlockPtr(block_id), in.data(), in.size()), "block copy");
+struct Bf16Layer {
+  DeviceBuffer rms_att, wqkv, wo, rms_ffn, w13, w2;
+};
+
+// bfloat16: fused GEMMs, split-K attention; see DType.
+class CudaBf16Runner final : public CudaRunnerBase {
+ public:
+  using CudaRunnerBase::CudaRunnerBase;
+
+  absl::Status Init() override {
+    TANDEM_RETURN_IF_ERROR(InitCommon());
+    const ModelConfig& c = model_->config();
+    if (c.head_size > kd::kMaxAttentionHeadSize) {
+      return absl::InvalidArgumentError(absl::StrCat("dtype bfloat16: head size ", c.head_size,
+                                                     " exceeds the attention kernel's ",
+                                                     kd::kMaxAttentionHeadSize));
+    }
+    const ModelWeights& w = model_->weights();
+    TANDEM_RETURN_IF_ERROR(embedding_.Upload(ToBf16(w.token_embedding)));
+    TANDEM_RETURN_IF_ERROR(rms_final_.Upload(w.rms_final));
+    TANDEM_RETURN_IF_ERROR(classifier_.Upload(ToBf16(w.classifier())));
+    layers_ = std::vector<Bf16Layer>(w.layers.size());
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+      const LayerWeights& l = w.layers[i];
+      Bf16Layer& d = layers_[i];
+      TANDEM_RETURN_IF_ERROR(d.rms_att.Upload(l.rms_att));
+      TANDEM_RETURN_IF_ERROR(d.wqkv.Upload(ToBf16(Stack({&l.wq, &l.wk, &l.wv}))));
+      TANDEM_RETURN_IF_ERROR(d.wo.Upload(ToBf16(l.wo)));
+      TANDEM_RETURN_IF_ERROR(d.rms_ffn.Upload(l.rms_ffn));
+      TANDEM_RETURN_IF_ERROR(d.w13.Upload(ToBf16(Stack({&l.w1, &l.w3}))));
+      TANDEM_RETURN_IF_ERROR(d.w2.Upload(ToBf16(l.w2)));
+    }
+    return absl::OkStatus();
   }
 
  private:
-  float* BlockPtr(int32_t block_id) const {
-    return cache_.get<float>() + int64_t{block_id} * shape_.BlockFloats();
+  absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t B) override {
+    const ModelConfig& c = model_->config();
+    const int32_t T = lay.num_rows;
+    const int32_t qkv_width = c.dim + 2 * c.kv_dim();
+    const size_t f = sizeof(float), h = sizeof(kd::Bf16);
+    TANDEM_RETURN_IF_ERROR(x_.Reserve(f * T * c.dim));
+    TANDEM_RETURN_IF_ERROR(xn_.Reserve(h * T * std::max(c.dim, c.hidden_dim)));
+    TANDEM_RETURN_IF_ERROR(qkv_.Reserve(f * T * std::max(qkv_width, 2 * c.hidden_dim)));
+    TANDEM_RETURN_IF_ERROR(att_.Reserve(h * T * c.dim));
+    TANDEM_RETURN_IF_ERROR(scratch_.Reserve(
+        f * std::max<int64_t>(1, kd::AttentionScratchFloats(T, c.num_heads, c.head_size,
+                                                            lay.max_context))));
+    float* x = x_.get<float>();
+    float* qkv = qkv_.get<float>();  // also the gate/up output
+    kd::Bf16* xn = xn_.get<kd::Bf16>();
+    kd::Bf16* att = att_.get<kd::Bf16>();
+    kd::Bf16* cache = cache_.get<kd::Bf16>();
+    const RopeKind rope = ToKernel(c.rope_style);
+    auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
+    TANDEM_RETURN_IF_ERROR(ok(kd::SetBlasStream(blas_, nullptr), "cublas stream"));
+    TANDEM_RETURN_IF_ERROR(ok(
+        kd::EmbeddingGatherBf16(embedding_.get<kd::Bf16>(), c.dim, in.tokens, T, x, nullptr),
+        "embedding"));
+    for (int32_t li = 0; li < c.num_layers; ++li) {
+      const Bf16Layer& l = layers_[static_cast<size_t>(li)];
+      TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormBf16(x, nullptr, l.rms_att.get<float>(), T, c.dim,
+                                                c.norm_eps, xn, nullptr),
+                                "rmsnorm"));
+      TANDEM_RETURN_IF_ERROR(ok(
+          kd::MatmulBf16(blas_, l.wqkv.get<kd::Bf16>(), qkv_width, c.dim, xn, T, qkv, 0.0f),
+          "wqkv"));
+      // All K/V of the step before any attention of this layer (same stream).
+      TANDEM_RETURN_IF_ERROR(ok(kd::RopeKvWriteBf16(qkv, qkv_width, T, in.row_pos, c.num_heads,
+                                                    shape_, rope, c.rope_theta, cache, li,
+                                                    in.slots, nullptr),
+                                "rope + kv write"));
+      const kd::Bf16AttentionArgs args{.q = qkv,
+                                       .q_stride = qkv_width,
+                                       .out = att,
+                                       .cache = cache,
+                                       .shape = shape_,
+                                       .layer = li,
+                                       .num_heads = c.num_heads,
+                                       .num_rows = T,
+                                       .row_pos = in.row_pos,
+                                       .row_table_offset = in.row_off,
+                                       .block_tables = in.tables};
+      TANDEM_RETURN_IF_ERROR(ok(
+          kd::PagedAttentionBf16(args, lay.max_context, scratch_.get<float>(), nullptr),
+          "attention"));
+      // x += att * Wo^T: the residual add is the GEMM's beta = 1.
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, c.dim, att, T, x, 1.0f), "wo"));
+      TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormBf16(x, nullptr, l.rms_ffn.get<float>(), T, c.dim,
+                                                c.norm_eps, xn, nullptr),
+                                "rmsnorm"));
+      TANDEM_RETURN_IF_ERROR(ok(
+          kd::MatmulBf16(blas_, l.w13.get<kd::Bf16>(), 2 * c.hidden_dim, c.dim, xn, T, qkv, 0.0f),
+          "w13"));
+      TANDEM_RETURN_IF_ERROR(ok(kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, nullptr), "silu"));
+      TANDEM_RETURN_IF_ERROR(ok(
+          kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn, T, x, 1.0f), "w2"));
+    }
+    TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormBf16(x, in.last_rows, rms_final_.get<float>(), B, c.dim,
+                                              c.norm_eps, xn, nullptr),
+                              "rmsnorm"));
+    return ok(kd::MatmulBf16(blas_, classifier_.get<kd::Bf16>(), c.vocab_size, c.dim, xn, B,
+                             logits_.get<float>(), 0.0f),
+              "classifier");
   }
 
-  KvCacheShape shape_;
-  kd::BlasHandle* blas_ = nullptr;
-  DeviceBuffer cache_, embedding_, rms_final_, classifier_;
-  std::vector<DeviceLayer> layers_;
-  DeviceBuffer tokens_, row_pos_, row_off_, tables_, slots_, last_rows_;
-  DeviceBuffer x_, xb_, q_, att_, k_, v_, hb_, hb2_, scratch_, logits_;
+  DeviceBuffer embedding_, rms_final_, classifier_;
+  std::vector<Bf16Layer> layers_;
+  DeviceBuffer x_, xn_, qkv_, att_, scratch_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(const Model* model,
-                                                              KvCacheOptions opts) {
-  if (kd::DeviceCount() == 0) {
+                                                              KvCacheOptions opts,
+                                                              ModelRunnerOptions runner_opts) {
+  const int devices = kd::DeviceCount();
+  if (devices == 0) {
     return absl::UnavailableError("CUDA backend: no CUDA device is present");
   }
-  auto runner = std::make_unique<CudaModelRunner>(model, opts);
+  if (runner_opts.cuda_device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", runner_opts.cuda_device,
+                                                   " does not exist: ", devices,
+                                                   " device(s) present"));
+  }
+  std::unique_ptr<CudaRunnerBase> runner;
+  if (opts.dtype == DType::kBFloat16) {
+    runner = std::make_unique<CudaBf16Runner>(model, opts, runner_opts);
+  } else {
+    runner = std::make_unique<CudaF32Runner>(model, opts, runner_opts);
+  }
   TANDEM_RETURN_IF_ERROR(runner->Init());
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "cpu_runner.h"
 #include "tandem/common/status.h"
+#include "tandem/model/sampler.h"
 
 namespace tandem::model {
 
@@ -18,22 +19,61 @@ absl::Status KvCacheOptions::Validate() const {
   return absl::OkStatus();
 }
 
+const char* DTypeName(DType dtype) {
+  return dtype == DType::kBFloat16 ? "bfloat16" : "float32";
+}
+
+absl::StatusOr<DType> ParseDType(std::string_view name) {
+  if (name == "float32" || name == "fp32" || name == "f32" || name == "float") {
+    return DType::kFloat32;
+  }
+  if (name == "bfloat16" || name == "bf16") return DType::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype '", std::string(name), "' (want float32 or bfloat16)"));
+}
+
+int32_t DTypeBytes(DType dtype) { return dtype == DType::kBFloat16 ? 2 : 4; }
+
 absl::Status ModelRunnerOptions::Validate() const {
   if (num_threads < 1 || num_threads > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("ModelRunnerOptions.num_threads = ", num_threads, " must be in [1, 256]"));
   }
+  if (cuda_device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelRunnerOptions.cuda_device = ", cuda_device, " must be >= 0"));
+  }
   return absl::OkStatus();
 }
 
-int64_t KvBlockBytes(const ModelConfig& c, int32_t block_size) {
+int64_t KvBlockBytes(const ModelConfig& c, int32_t block_size, DType dtype) {
   return int64_t{c.num_layers} * 2 * block_size * c.num_kv_heads * c.head_size *
-         int64_t{sizeof(float)};
+         DTypeBytes(dtype);
 }
 
-std::string KvLayoutString(const ModelConfig& c, int32_t block_size) {
+std::string KvLayoutString(const ModelConfig& c, int32_t block_size, DType dtype) {
   return absl::StrCat("block-major/L", c.num_layers, "/KV2/B", block_size, "/H", c.num_kv_heads,
-                      "/D", c.head_size, "/f32");
+                      "/D", c.head_size, dtype == DType::kBFloat16 ? "/bf16" : "/f32");
+}
+
+absl::Status ModelRunner::ForwardSample(std::span<const SequenceInput> batch,
+                                        std::span<const SampleRequest> sample,
+                                        std::vector<int32_t>* tokens) {
+  if (sample.size() != batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardSample: ", sample.size(),
+                                                   " sample requests for ", batch.size(),
+                                                   " sequences"));
+  }
+  std::vector<float> logits;
+  TANDEM_RETURN_IF_ERROR(Forward(batch, &logits));
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  tokens->assign(batch.size(), -1);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (sample[i].params == nullptr) continue;
+    (*tokens)[i] = SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab),
+                               *sample[i].params, sample[i].output_position);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* model,
@@ -51,9 +91,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* mo
   TANDEM_RETURN_IF_ERROR(runner_opts.Validate());
   switch (backend) {
     case Backend::kCpu:
+      if (opts.dtype != DType::kFloat32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "dtype ", DTypeName(opts.dtype), " needs the cuda backend; the cpu backend is float32"));
+      }
       return internal::CreateCpuRunner(model, opts, runner_opts);
     case Backend::kCuda:
-      return internal::CreateCudaRunner(model, opts);
+      return internal::CreateCudaRunner(model, opts, runner_opts);
   }
   return absl::InvalidArgumentError("unknown backend");
 }
@@ -125,7 +169,8 @@ BatchLayout MakeBatchLayout(std::span<const SequenceInput> batch, int32_t block_
 }
 
 #if !(defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA)
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(const Model*, KvCacheOptions) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(const Model*, KvCacheOptions,
+                                                              ModelRunnerOptions) {
   return absl::UnavailableError("CUDA backend: this build has no CUDA support");
 }
 #endif

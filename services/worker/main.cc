@@ -28,6 +28,11 @@ int main(int argc, char** argv) {
   flags.Add("kv-cache-bytes", &options.kv_cache_bytes,
             "KV cache memory budget in bytes, used when --num-blocks is 0");
   flags.Add("threads", &options.num_threads, "CPU threads of the cpu backend");
+  flags.Add("dtype", &options.dtype,
+            "[vLLM] float32 | bfloat16: KV cache and (cuda) weight dtype; bfloat16 needs "
+            "--backend=cuda (fast kernels), float32 matches the cpu backend");
+  flags.Add("device", &options.device, "CUDA device ordinal of the cuda backend");
+  flags.Add("gpus", &options.gpus, "GPUs per worker; only 1 (no tensor parallelism yet)");
   flags.Add("sim-step-us", &options.sim_step_us, "sim backend: delay per step in microseconds");
   flags.Add("sim-token-us", &options.sim_token_us, "sim backend: extra delay per scheduled token");
   flags.Add("kvstore", &options.kvstore_target,

@@ -27,6 +27,20 @@ absl::Status WorkerOptions::Validate() const {
     return absl::InvalidArgumentError("--kv-cache-bytes must be > 0 when --num-blocks is 0");
   }
   if (num_threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
+  const absl::StatusOr<model::DType> kv_dtype = model::ParseDType(dtype);
+  if (!kv_dtype.ok()) return Annotate(kv_dtype.status(), "--dtype");
+  if (*kv_dtype != model::DType::kFloat32 && backend != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("--dtype=", dtype,
+                                                   " needs --backend=cuda (the ", backend,
+                                                   " backend is float32)"));
+  }
+  if (device < 0) return absl::InvalidArgumentError("--device must be >= 0");
+  if (gpus != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpus=", gpus,
+                     ": a worker drives exactly one GPU (no tensor parallelism yet); run one "
+                     "worker per GPU and pick it with --device"));
+  }
   if (!kvstore_target.empty() && backend == "sim") {
     return absl::InvalidArgumentError(
         "--kvstore needs --backend=cpu or cuda (sim has no KV bytes)");
@@ -95,9 +109,10 @@ absl::Status WorkerService::Load() {
   if (!model.ok()) return Annotate(model.status(), absl::StrCat("loading ", options_.model_path));
   model_ = std::move(model).value();
   const model::ModelConfig& config = model_->config();
+  dtype_ = *model::ParseDType(options_.dtype);  // Validate checked it
   num_blocks_ = options_.num_blocks;
   if (num_blocks_ == 0) {
-    const int64_t block_bytes = model::KvBlockBytes(config, options_.block_size);
+    const int64_t block_bytes = model::KvBlockBytes(config, options_.block_size, dtype_);
     num_blocks_ = static_cast<int32_t>(std::min<int64_t>(options_.kv_cache_bytes / block_bytes,
                                                          std::numeric_limits<int32_t>::max()));
     if (num_blocks_ < 1) {
@@ -111,8 +126,11 @@ absl::Status WorkerService::Load() {
   if (options_.backend != "sim") {
     auto runner = model::ModelRunner::Create(
         model_.get(),
-        model::KvCacheOptions{.block_size = options_.block_size, .num_blocks = num_blocks_},
-        backend, model::ModelRunnerOptions{.num_threads = options_.num_threads});
+        model::KvCacheOptions{
+            .block_size = options_.block_size, .num_blocks = num_blocks_, .dtype = dtype_},
+        backend,
+        model::ModelRunnerOptions{.num_threads = options_.num_threads,
+                                  .cuda_device = options_.device});
     if (!runner.ok()) return Annotate(runner.status(), "creating the model runner");
     runner_ = std::move(runner).value();
   }
@@ -125,8 +143,8 @@ absl::Status WorkerService::Load() {
             // Pinned staging only pays off when the cache is on the GPU.
             .use_cuda_host_alloc = options_.backend == "cuda",
             .bulk_load = options_.kvstore_bulk_load},
-        model_->fingerprint(), model::KvLayoutString(config, options_.block_size),
-        model::KvBlockBytes(config, options_.block_size),
+        model_->fingerprint(), model::KvLayoutString(config, options_.block_size, dtype_),
+        model::KvBlockBytes(config, options_.block_size, dtype_),
         [runner](int32_t block, std::span<std::byte> out) {
           return runner->CopyBlockToHost(block, out);
         },
@@ -160,8 +178,8 @@ grpc::Status WorkerService::Describe(grpc::ServerContext*, const v1::DescribeReq
   response->set_backend(options_.backend);
   response->set_eos_token_id(config.eos_token_id);
   response->set_num_active_requests(num_active_requests_.load());
-  response->set_block_bytes(model::KvBlockBytes(config, options_.block_size));
-  response->set_kv_layout(model::KvLayoutString(config, options_.block_size));
+  response->set_block_bytes(model::KvBlockBytes(config, options_.block_size, dtype_));
+  response->set_kv_layout(model::KvLayoutString(config, options_.block_size, dtype_));
   response->set_num_steps(num_steps_.load());
   return grpc::Status::OK;
 }
@@ -368,12 +386,28 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
     });
   }
 
-  std::vector<float> logits;
+  // A prefill chunk that does not reach the last known token samples nothing.
+  std::vector<model::SampleRequest> sample(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqState& s = *batch[i];
+    const int32_t known = static_cast<int32_t>(s.token_ids.size());
+    if (s.num_computed_tokens + step.num_scheduled_tokens[i] < known) continue;
+    sample[i] = {.params = &s.sampling, .output_position = known - s.num_prompt_tokens};
+  }
+  std::vector<int32_t> tokens;
   if (!inputs.empty()) {
     if (runner_ != nullptr) {
-      TANDEM_RETURN_IF_ERROR(runner_->Forward(inputs, &logits));
+      TANDEM_RETURN_IF_ERROR(runner_->ForwardSample(inputs, sample, &tokens));
     } else {
+      std::vector<float> logits;
       TANDEM_RETURN_IF_ERROR(RunSim(batch, step.num_scheduled_tokens, &logits));
+      const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+      tokens.assign(batch.size(), -1);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (sample[i].params == nullptr) continue;
+        tokens[i] = model::SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab),
+                                       *sample[i].params, sample[i].output_position);
+      }
     }
   }
   // Stores read their blocks now, before the next step can overwrite them.
@@ -387,19 +421,14 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
     for (const std::string& id : report.failed_sending) pr->add_failed_sending(id);
   }
 
-  const int32_t vocab = model_->config().vocab_size;
   out->set_step_id(step.step_id);
   for (size_t i = 0; i < batch.size(); ++i) {
     SeqState& s = *batch[i];
     s.num_computed_tokens += step.num_scheduled_tokens[i];
     v1::SampledTokens* sampled = out->add_sampled();
     sampled->set_request_id(*ids[i]);
-    // A prefill chunk that does not reach the last known token samples nothing.
-    if (s.num_computed_tokens < static_cast<int32_t>(s.token_ids.size())) continue;
-    const int32_t output_position = static_cast<int32_t>(s.token_ids.size()) - s.num_prompt_tokens;
-    const int32_t token = model::SampleToken(
-        std::span<const float>(logits).subspan(i * static_cast<size_t>(vocab), vocab), s.sampling,
-        output_position);
+    if (sample[i].params == nullptr) continue;
+    const int32_t token = tokens[i];
     s.token_ids.push_back(token);
     s.unconfirmed_sample_steps.push_back(step.step_id);
     ++s.num_sampled;

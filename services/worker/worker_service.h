@@ -74,6 +74,13 @@ struct WorkerOptions {
   int32_t sim_token_us = 0;
   // CPU threads of the model runner (results are identical for any value).
   int32_t num_threads = 1;
+  // float32 | bfloat16 (model::ParseDType): the KV cache's and, on the cuda
+  // backend, the weights' dtype. bfloat16 needs --backend=cuda.
+  std::string dtype = "float32";
+  // CUDA device ordinal of the cuda backend.
+  int32_t device = 0;
+  // GPUs per worker. Only 1: there is no tensor parallelism yet.
+  int32_t gpus = 1;
   // host:port of tandem-kvstore; empty = no KV-store connector. Needs the
   // cpu or cuda backend (the sim backend has no KV bytes).
   std::string kvstore_target;
@@ -154,6 +161,7 @@ class WorkerService final : public v1::Worker::Service {
   std::atomic<int32_t> num_active_requests_{0};
   std::atomic<uint64_t> num_steps_{0};
   int32_t num_blocks_ = 0;
+  model::DType dtype_ = model::DType::kFloat32;
 
   std::mutex mu_;
   std::condition_variable cv_;

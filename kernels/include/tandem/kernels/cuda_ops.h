@@ -31,6 +31,8 @@ int Memset(void* ptr, int value, size_t bytes);
 int CopyToDevice(void* dst, const void* host_src, size_t bytes);
 int CopyToHost(void* host_dst, const void* src, size_t bytes);
 int Synchronize();
+// Makes `device` current for the calling thread (cudaSetDevice).
+int SetDevice(int device);
 
 // cuBLAS handle for Matmul.
 struct BlasHandle;

@@ -18,30 +18,52 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tandem/common/sampling_params.h"
 #include "tandem/model/model.h"
 
 namespace tandem::model {
 
 enum class Backend { kCpu, kCuda };
 
+// Element type of the KV cache and, on the CUDA backend, of the weights and
+// the GEMM inputs.
+//  - kFloat32: every backend; the CUDA backend's simple fp32 kernels follow
+//    the CPU backend's order of operations (the exactness mode).
+//  - kBFloat16: CUDA only. Weights and KV cache in bf16, converted from the
+//    checkpoint at load; cuBLAS GEMMs with fp32 accumulation; fused QKV and
+//    gate/up GEMMs; split-K paged attention; argmax on the GPU. The residual
+//    stream, norms, softmax and logits stay fp32.
+enum class DType { kFloat32, kBFloat16 };
+// "float32" / "bfloat16" (vLLM's --dtype names); Parse also takes "fp32",
+// "f32", "bf16".
+const char* DTypeName(DType dtype);
+absl::StatusOr<DType> ParseDType(std::string_view name);
+int32_t DTypeBytes(DType dtype);
+
 struct KvCacheOptions {
   // Tokens per KV block; > 0.
   int32_t block_size = 16;
   // Blocks in the cache; > 0 (0 is rejected: size it for the workload).
   int32_t num_blocks = 0;
+  // See DType. Part of the KV layout string, so a KV-store never hands
+  // blocks of one dtype to a worker of another.
+  DType dtype = DType::kFloat32;
   [[nodiscard]] absl::Status Validate() const;
 };
 
 // Bytes of one KV block: num_layers * 2 * block_size * num_kv_heads *
-// head_size * sizeof(float).
-int64_t KvBlockBytes(const ModelConfig& config, int32_t block_size);
-// "block-major/L{layers}/KV2/B{block}/H{kv_heads}/D{head}/f32", for
+// head_size * DTypeBytes(dtype).
+int64_t KvBlockBytes(const ModelConfig& config, int32_t block_size,
+                     DType dtype = DType::kFloat32);
+// "block-major/L{layers}/KV2/B{block}/H{kv_heads}/D{head}/{f32|bf16}", for
 // HashRootParams.kv_layout.
-std::string KvLayoutString(const ModelConfig& config, int32_t block_size);
+std::string KvLayoutString(const ModelConfig& config, int32_t block_size,
+                           DType dtype = DType::kFloat32);
 
 struct SequenceInput {
   std::span<const int32_t> token_ids;    // tokens of this chunk (a decode step has 1)
@@ -53,7 +75,15 @@ struct ModelRunnerOptions {
   // CPU worker threads for the matmuls and attention (1 = the calling thread
   // only). Results are bitwise identical for any value.
   int32_t num_threads = 1;
+  // CUDA device ordinal (CUDA backend); must be < the number of devices.
+  int32_t cuda_device = 0;
   [[nodiscard]] absl::Status Validate() const;
+};
+
+// Which sequences of a batch sample a token, and how (ForwardSample).
+struct SampleRequest {
+  const SamplingParams* params = nullptr;  // nullptr: this sequence samples nothing
+  int32_t output_position = 0;             // see SampleToken
 };
 
 // Not thread-safe: one owner thread calls Forward and the block copies
@@ -80,11 +110,23 @@ class ModelRunner {
   virtual absl::Status Forward(std::span<const SequenceInput> batch,
                                std::vector<float>* logits) = 0;
 
+  // Forward, then one token per sequence whose sample[i].params is set, with
+  // SampleToken's semantics (tokens[i] = -1 for the others). The CUDA
+  // backend takes greedy argmaxes on the GPU and copies back only the token
+  // ids (and the logits of rows that sample at a temperature), instead of
+  // batch * vocab logits.
+  virtual absl::Status ForwardSample(std::span<const SequenceInput> batch,
+                                     std::span<const SampleRequest> sample,
+                                     std::vector<int32_t>* tokens);
+
   const Model& model() const { return *model_; }
   Backend backend() const { return backend_; }
   int32_t num_blocks() const { return opts_.num_blocks; }
   int32_t block_size() const { return opts_.block_size; }
-  int64_t block_bytes() const { return KvBlockBytes(model_->config(), opts_.block_size); }
+  DType dtype() const { return opts_.dtype; }
+  int64_t block_bytes() const {
+    return KvBlockBytes(model_->config(), opts_.block_size, opts_.dtype);
+  }
   // Host bytes of one block (CPU backend), for KV-store loads and stores.
   // Empty for an id outside [0, num_blocks) and for the CUDA backend (use
   // CopyBlockToHost / CopyBlockFromHost there).

@@ -1,0 +1,107 @@
+// The CUDA backend's bf16 path (DESIGN §6; issue 15): weights, GEMM inputs
+// and the KV cache in bf16, accumulation and the residual stream in fp32.
+// Built only when TANDEM_HAVE_CUDA. Every pointer is a device pointer; each
+// call enqueues on `stream` (a cudaStream_t, nullptr = the legacy default
+// stream) and returns a cudaError_t value (0 = success, see
+// cuda::ErrorString).
+//
+// Unlike the fp32 ops of cuda_ops.h, these kernels reduce in parallel (block
+// and warp reductions, flash-decoding split-K), so they match the CPU
+// reference within a tolerance, not bitwise. Each still has a fixed
+// reduction order for a given shape: a row's result never depends on the
+// other rows of the batch (attention splits are a fixed number of tokens),
+// only the cuBLAS GEMMs may pick a different algorithm per batch size.
+#pragma once
+
+#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
+
+#include <cstdint>
+
+#include "tandem/kernels/cuda_ops.h"
+#include "tandem/kernels/kv_layout.h"
+#include "tandem/kernels/math.h"
+
+namespace tandem::kernels::cuda {
+
+// Storage of one bf16 value (the bits of __nv_bfloat16; model::FloatToBFloat16
+// converts).
+using Bf16 = uint16_t;
+
+// Tokens per attention split (flash-decoding): a row whose context is longer
+// is computed in ceil(context / kAttentionSplitTokens) independent parts that
+// a second kernel combines. Fixed, so the split of a row never depends on the
+// batch.
+inline constexpr int32_t kAttentionSplitTokens = 128;
+// Largest head size and query heads per KV head the attention kernel takes.
+inline constexpr int32_t kMaxAttentionHeadSize = 256;
+
+inline int32_t AttentionSplits(int32_t max_context) {
+  return (max_context + kAttentionSplitTokens - 1) / kAttentionSplitTokens;
+}
+
+int SetBlasStream(BlasHandle* blas, void* stream);
+
+// out[r] = float(table[tokens[r]]).
+int EmbeddingGatherBf16(const Bf16* table, int32_t dim, const int32_t* tokens, int32_t rows,
+                        float* out, void* stream);
+
+// out[r] = bf16(w * x[src] / rms(x[src])), src = row_index ? row_index[r] : r;
+// one block per row, fp32 sums.
+int RmsNormBf16(const float* x, const int32_t* row_index, const float* w, int32_t rows,
+                int32_t dim, float eps, Bf16* out, void* stream);
+
+// y[rows][out_dim] = x[rows][in_dim] * W^T + beta * y, W [out_dim][in_dim]:
+// bf16 inputs, fp32 accumulation and output (cublasGemmEx, compute 32F).
+// beta = 1 folds a residual add into the GEMM.
+int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
+               int32_t rows, float* y, float beta);
+
+// qkv[rows][q_stride] holds each row's q (num_heads * head_size), then k and
+// v (num_kv_heads * head_size each). Applies RoPE to q in place and to k, and
+// writes k and v into the bf16 cache at slots[r] (slot < 0: not written).
+int RopeKvWriteBf16(float* qkv, int32_t q_stride, int32_t rows, const int32_t* positions,
+                    int32_t num_heads, const KvCacheShape& shape, RopeKind kind, float theta,
+                    Bf16* cache, int32_t layer, const int64_t* slots, void* stream);
+
+struct Bf16AttentionArgs {
+  const float* q = nullptr;  // head h of row r at q + r * q_stride + h * head_size
+  int32_t q_stride = 0;
+  Bf16* out = nullptr;  // [num_rows][num_heads][head_size]
+  const Bf16* cache = nullptr;
+  KvCacheShape shape;
+  int32_t layer = 0;
+  int32_t num_heads = 0;
+  int32_t num_rows = 0;
+  const int32_t* row_pos = nullptr;  // row r attends to positions 0 .. row_pos[r]
+  const int32_t* row_table_offset = nullptr;
+  const int32_t* block_tables = nullptr;
+};
+
+// Floats of the split-K scratch for `rows` rows of `num_heads` heads.
+inline int64_t AttentionScratchFloats(int32_t rows, int32_t num_heads, int32_t head_size,
+                                      int32_t max_context) {
+  return int64_t{rows} * num_heads * AttentionSplits(max_context) * (head_size + 2);
+}
+
+// Causal paged attention for decode and prefill rows alike. One block per
+// (row, KV head, split): it loads each K/V row once for all the query heads
+// that share it (GQA), lanes split the head dimension, warps split the
+// tokens, online softmax in fp32. max_context >= every row_pos + 1; scratch
+// holds AttentionScratchFloats(...). head_size <= kMaxAttentionHeadSize.
+int PagedAttentionBf16(const Bf16AttentionArgs& args, int32_t max_context, float* scratch,
+                       void* stream);
+
+// out[r][i] = bf16(silu(gu[r][i]) * gu[r][hidden + i]).
+int SiluMulBf16(const float* gate_up, int32_t rows, int32_t hidden, Bf16* out, void* stream);
+
+// out[r] = argmax of logits[r][0 .. vocab), the lowest index on ties (as
+// kernels::ArgMax). One block per row.
+int ArgMaxRows(const float* logits, int32_t rows, int32_t vocab, int32_t* out, void* stream);
+
+// Raw bytes, asynchronously on `stream`.
+int CopyAsync(void* dst, const void* src, size_t bytes, void* stream);
+int StreamSynchronize(void* stream);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_HAVE_CUDA
