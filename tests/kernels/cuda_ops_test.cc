@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "gtest/gtest.h"
+#include "cuda_test_util.h"
 #include "kernel_test_util.h"
 #include "tandem/kernels/cpu_ops.h"
 
@@ -13,51 +14,13 @@
 namespace tandem::kernels {
 namespace {
 
+using CudaOpsTest = testing::CudaTest;
 using testing::AttentionProblem;
+using testing::DeviceVector;
 using testing::ExpectNear;
 using testing::kF32Tol;
 using testing::MakeAttentionProblem;
 using testing::RandomVector;
-
-#define CUDA_OK(expr)                                           \
-  do {                                                          \
-    const int _e = (expr);                                      \
-    ASSERT_EQ(_e, 0) << #expr << ": " << cuda::ErrorString(_e); \
-  } while (0)
-
-// A device copy of a host vector.
-template <typename T>
-class DeviceVector {
- public:
-  explicit DeviceVector(const std::vector<T>& host) : size_(host.size()) {
-    EXPECT_EQ(cuda::Malloc(reinterpret_cast<void**>(&ptr_), Bytes() + 1), 0);
-    if (!host.empty()) {
-      EXPECT_EQ(cuda::CopyToDevice(ptr_, host.data(), Bytes()), 0);
-    }
-  }
-  explicit DeviceVector(size_t n) : DeviceVector(std::vector<T>(n)) {}
-  ~DeviceVector() { cuda::Free(ptr_); }
-  DeviceVector(const DeviceVector&) = delete;
-  DeviceVector& operator=(const DeviceVector&) = delete;
-  T* get() { return ptr_; }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(size_);
-    EXPECT_EQ(cuda::CopyToHost(host.data(), ptr_, Bytes()), 0);
-    return host;
-  }
-
- private:
-  size_t Bytes() const { return size_ * sizeof(T); }
-  T* ptr_ = nullptr;
-  size_t size_ = 0;
-};
-
-class CudaOpsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
 
 TEST_F(CudaOpsTest, EmbeddingGatherMatchesCpu) {
   const int32_t dim = 300;

@@ -1,5 +1,6 @@
 // The CUDA backend against the CPU backend (skipped without a device).
 #include <cmath>
+#include <iostream>
 
 #include "gtest/gtest.h"
 #include "test_util.h"
@@ -61,6 +62,268 @@ TEST(CudaRunnerTest, GreedyTokensMatchTheCpuBackendOnClearMargins) {
   const std::vector<int32_t> prompt = {1};
   EXPECT_EQ(testing::GenerateGreedy(**model, prompt, 128, Backend::kCuda),
             testing::GenerateGreedy(**model, prompt, 128, Backend::kCpu));
+}
+
+// fp32 mode follows the CPU backend's order of operations: every reference
+// case of llama2.c matches token for token, near-ties included.
+TEST(CudaRunnerTest, Fp32ModeMatchesEveryReferenceCase) {
+  TANDEM_REQUIRE_STORIES();
+  auto model = Model::Load(testing::StoriesPath());
+  ASSERT_TRUE(model.ok());
+  auto probe =
+      ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4}, Backend::kCuda);
+  if (absl::IsUnavailable(probe.status())) GTEST_SKIP() << probe.status();
+  const std::vector<testing::ReferenceCase> cases = testing::LoadCases();
+  ASSERT_EQ(cases.size(), 5u);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(testing::GenerateGreedy(**model, cases[i].prompt, cases[i].max_tokens,
+                                      Backend::kCuda, DType::kFloat32),
+              cases[i].expected)
+        << "case " << i;
+  }
+}
+
+// Greedy tokens with the top-2 logit margin of each step.
+struct GreedyRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> margins;
+};
+GreedyRun GreedyWithMargins(const Model& model, const std::vector<int32_t>& prompt,
+                            int32_t max_tokens, Backend backend, DType dtype) {
+  const int32_t bs = 16, need = static_cast<int32_t>(prompt.size()) + max_tokens;
+  auto runner = ModelRunner::Create(
+      &model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype}, backend);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  std::vector<int32_t> table(need / bs + 1), chunk = prompt;
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  GreedyRun run;
+  std::vector<float> logits;
+  int32_t pos = 0;
+  while (static_cast<int32_t>(run.tokens.size()) < max_tokens) {
+    const SequenceInput in{.token_ids = chunk, .start_pos = pos, .block_table = table};
+    EXPECT_TRUE((*runner)->Forward({&in, 1}, &logits).ok());
+    pos += static_cast<int32_t>(chunk.size());
+    const int32_t next = SampleToken(logits, SamplingParams{}, 0);
+    float second = -INFINITY;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (static_cast<int32_t>(i) != next) second = std::max(second, logits[i]);
+    }
+    if (next == model.config().eos_token_id) break;
+    run.tokens.push_back(next);
+    run.margins.push_back(logits[next] - second);
+    chunk = {next};
+  }
+  return run;
+}
+
+std::unique_ptr<Model> RoundedToBf16(const Model& model) {
+  ModelWeights w = model.weights();
+  auto round = [](std::vector<float>& v) {
+    for (float& x : v) x = BFloat16ToFloat(FloatToBFloat16(x));
+  };
+  round(w.token_embedding);
+  round(w.wcls);
+  for (LayerWeights& l : w.layers) {
+    for (auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3}) round(*m);
+  }
+  auto rounded = Model::FromWeights(model.config(), std::move(w), model.name() + "-bf16");
+  EXPECT_TRUE(rounded.ok()) << rounded.status();
+  return rounded.ok() ? std::move(*rounded) : nullptr;
+}
+
+// Teacher-forced greedy steps: after the prompt and each of `tokens` but the
+// last, the argmax and top-2 margin of the next-token logits.
+GreedyRun TeacherForced(const Model& model, const std::vector<int32_t>& prompt,
+                        const std::vector<int32_t>& tokens, Backend backend, DType dtype) {
+  const int32_t bs = 16, need = static_cast<int32_t>(prompt.size() + tokens.size()) + 1;
+  auto runner = ModelRunner::Create(
+      &model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype}, backend);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  std::vector<int32_t> table(need / bs + 1), chunk = prompt;
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  GreedyRun run;
+  std::vector<float> logits;
+  int32_t pos = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const SequenceInput in{.token_ids = chunk, .start_pos = pos, .block_table = table};
+    EXPECT_TRUE((*runner)->Forward({&in, 1}, &logits).ok());
+    pos += static_cast<int32_t>(chunk.size());
+    const int32_t next = SampleToken(logits, SamplingParams{}, 0);
+    float second = -INFINITY;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (static_cast<int32_t>(i) != next) second = std::max(second, logits[i]);
+    }
+    run.tokens.push_back(next);
+    run.margins.push_back(logits[next] - second);
+    chunk = {tokens[t]};
+  }
+  return run;
+}
+
+// bf16 mode on stories260K's reference prompts. Rounding the weights to bf16
+// changes the model itself: measured on an H100, the fp32 CPU backend on
+// bf16-rounded weights leaves llama2.c's tokens after 54, 53 and 52 tokens
+// on cases 0, 1 and 3, inside their decisive prefixes (128, 64, 65), whose
+// margin is only 1e-3 logits, far below bf16's resolution. So "every decisive
+// prefix matches" cannot hold for real bf16 weights; the reference of the
+// bf16 path is the CPU backend (bitwise equal to llama2.c) on the rounded
+// weights. Free-running, one flipped near-tie sends the two down different
+// stories, so the check is teacher-forced: both see the CPU's tokens, and
+// at every step whose CPU top-2 margin is at least kBf16DecisiveMargin logits
+// (twice bf16 activations' measured logit error of about 0.34, see the next
+// test) the GPU must pick the same token.
+TEST(CudaRunnerTest, Bf16ModeAgreesWithTheCpuOnBf16WeightsWhereMarginsAreClear) {
+  TANDEM_REQUIRE_STORIES();
+  constexpr float kBf16DecisiveMargin = 0.7f;
+  auto model = Model::Load(testing::StoriesPath());
+  ASSERT_TRUE(model.ok());
+  auto probe =
+      ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4}, Backend::kCuda);
+  if (absl::IsUnavailable(probe.status())) GTEST_SKIP() << probe.status();
+  const std::unique_ptr<Model> rounded = RoundedToBf16(**model);
+  ASSERT_NE(rounded, nullptr);
+  const std::vector<testing::ReferenceCase> cases = testing::LoadCases();
+  ASSERT_EQ(cases.size(), 5u);
+  int32_t compared = 0, steps = 0, agree_all = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const testing::ReferenceCase& c = cases[i];
+    const GreedyRun want =
+        GreedyWithMargins(*rounded, c.prompt, c.max_tokens, Backend::kCpu, DType::kFloat32);
+    const GreedyRun got =
+        TeacherForced(**model, c.prompt, want.tokens, Backend::kCuda, DType::kBFloat16);
+    ASSERT_EQ(got.tokens.size(), want.tokens.size());
+    size_t vs_llama2c = 0;
+    while (vs_llama2c < want.tokens.size() && vs_llama2c < c.expected.size() &&
+           want.tokens[vs_llama2c] == c.expected[vs_llama2c]) {
+      ++vs_llama2c;
+    }
+    int32_t clear = 0, agree = 0;
+    for (size_t t = 0; t < want.tokens.size(); ++t) {
+      agree += got.tokens[t] == want.tokens[t];
+      if (want.margins[t] < kBf16DecisiveMargin) continue;
+      ++clear;
+      EXPECT_EQ(got.tokens[t], want.tokens[t])
+          << "case " << i << " step " << t << " (CPU margin " << want.margins[t] << ")";
+    }
+    std::cout << "case " << i << ": bf16-rounded weights follow llama2.c for " << vs_llama2c
+                << " tokens (decisive prefix " << c.decisive_prefix_len << "); GPU bf16 agrees at "
+                << agree << " of " << want.tokens.size() << " steps, " << clear
+                << " with margin >= " << kBf16DecisiveMargin << "\n";
+    compared += clear;
+    steps += static_cast<int32_t>(want.tokens.size());
+    agree_all += agree;
+  }
+  EXPECT_GE(compared, 30) << "too few clear-margin steps to say anything";
+  EXPECT_GE(agree_all, steps * 9 / 10) << "bf16 disagrees at more than 10% of all steps";
+}
+
+// bf16 logits against the CPU backend run on the same bf16-rounded weights:
+// what differs is the bf16 activations and KV cache, and the sums' order.
+TEST(CudaRunnerTest, Bf16LogitsTrackTheCpuBackendOnRoundedWeights) {
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  const std::unique_ptr<Model> rounded = RoundedToBf16(*model);
+  ASSERT_NE(rounded, nullptr);
+  auto gpu = ModelRunner::Create(rounded.get(),
+                                 {.block_size = 16, .num_blocks = 64, .dtype = DType::kBFloat16},
+                                 Backend::kCuda);
+  if (absl::IsUnavailable(gpu.status())) GTEST_SKIP() << gpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ((*gpu)->block_bytes() * 2, KvBlockBytes(model->config(), 16));
+  auto cpu = ModelRunner::Create(rounded.get(), {.block_size = 16, .num_blocks = 64});
+  ASSERT_TRUE(cpu.ok());
+  const int32_t vocab = model->config().vocab_size;
+  const std::vector<int32_t> a = MakePrompt(300, 1, vocab), b = MakePrompt(40, 2, vocab);
+  std::vector<int32_t> ta(20), tb = {40, 41, 42};
+  for (int32_t i = 0; i < 20; ++i) ta[i] = i;
+  const std::vector<SequenceInput> prefill = {{.token_ids = a, .start_pos = 0, .block_table = ta},
+                                              {.token_ids = b, .start_pos = 0, .block_table = tb}};
+  const std::vector<int32_t> da = {7}, db = {9};
+  const std::vector<SequenceInput> decode = {
+      {.token_ids = da, .start_pos = 300, .block_table = ta},
+      {.token_ids = db, .start_pos = 40, .block_table = tb}};
+  for (const auto* step : {&prefill, &decode}) {
+    std::vector<float> want, got;
+    ASSERT_TRUE((*cpu)->Forward(*step, &want).ok());
+    ASSERT_TRUE((*gpu)->Forward(*step, &got).ok());
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < step->size(); ++s) {
+      double max_abs = 0, max_err = 0;
+      for (int32_t i = 0; i < vocab; ++i) {
+        max_abs = std::max<double>(max_abs, std::fabs(want[s * vocab + i]));
+        max_err = std::max<double>(max_err, std::fabs(got[s * vocab + i] - want[s * vocab + i]));
+      }
+      std::cout << "sequence " << s << ": max |logit| " << max_abs << ", max error " << max_err
+                << "\n";
+      EXPECT_LE(max_err, 0.05 * max_abs) << "sequence " << s;
+    }
+  }
+}
+
+// ForwardSample on the GPU (argmax on the device, temperature rows on the
+// host) picks exactly the tokens SampleToken picks from Forward's logits.
+TEST(CudaRunnerTest, ForwardSampleEqualsForwardThenSampleToken) {
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    auto gpu = ModelRunner::Create(model.get(), {.block_size = 16, .num_blocks = 64, .dtype = dtype},
+                                   Backend::kCuda);
+    if (absl::IsUnavailable(gpu.status())) GTEST_SKIP() << gpu.status();
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    const int32_t vocab = model->config().vocab_size;
+    std::vector<std::vector<int32_t>> prompts, tables;
+    std::vector<SequenceInput> batch;
+    std::vector<SamplingParams> params(6);
+    std::vector<SampleRequest> sample;
+    for (int32_t i = 0; i < 6; ++i) {
+      prompts.push_back(MakePrompt(5 + 7 * i, 10 + i, vocab));
+      tables.push_back({i * 4, i * 4 + 1, i * 4 + 2, i * 4 + 3});
+      params[i].temperature = i % 2 == 0 ? 0.0f : 0.8f;
+      params[i].top_k = i == 3 ? 5 : 0;
+      params[i].seed = 100 + i;
+    }
+    for (int32_t i = 0; i < 6; ++i) {
+      batch.push_back({.token_ids = prompts[i], .start_pos = 0, .block_table = tables[i]});
+      sample.push_back({.params = i == 4 ? nullptr : &params[i], .output_position = i});
+    }
+    std::vector<float> logits;
+    ASSERT_TRUE((*gpu)->Forward(batch, &logits).ok());
+    std::vector<int32_t> tokens;
+    ASSERT_TRUE((*gpu)->ForwardSample(batch, sample, &tokens).ok());
+    ASSERT_EQ(tokens.size(), 6u);
+    for (int32_t i = 0; i < 6; ++i) {
+      if (sample[i].params == nullptr) {
+        EXPECT_EQ(tokens[i], -1);
+        continue;
+      }
+      EXPECT_EQ(tokens[i],
+                SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab), params[i], i))
+          << DTypeName(dtype) << " sequence " << i;
+    }
+  }
+}
+
+TEST(CudaRunnerTest, Bf16BlocksRoundTripThroughHostMemory) {
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  auto gpu = ModelRunner::Create(model.get(),
+                                 {.block_size = 16, .num_blocks = 8, .dtype = DType::kBFloat16},
+                                 Backend::kCuda);
+  if (absl::IsUnavailable(gpu.status())) GTEST_SKIP() << gpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const std::vector<int32_t> prompt = MakePrompt(20, 3, model->config().vocab_size);
+  const std::vector<int32_t> table = {3, 5};
+  const SequenceInput in{.token_ids = prompt, .start_pos = 0, .block_table = table};
+  std::vector<float> logits;
+  ASSERT_TRUE((*gpu)->Forward({&in, 1}, &logits).ok());
+  std::vector<std::byte> host(static_cast<size_t>((*gpu)->block_bytes())), back(host.size());
+  ASSERT_TRUE((*gpu)->CopyBlockToHost(3, host).ok());
+  EXPECT_NE(host, std::vector<std::byte>(host.size()));  // the prefill wrote it
+  ASSERT_TRUE((*gpu)->CopyBlockFromHost(6, host).ok());
+  ASSERT_TRUE((*gpu)->CopyBlockToHost(6, back).ok());
+  EXPECT_EQ(back, host);
+  std::vector<std::byte> wrong_size(host.size() * 2);
+  EXPECT_FALSE((*gpu)->CopyBlockToHost(3, wrong_size).ok());
 }
 
 }  // namespace

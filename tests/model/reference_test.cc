@@ -1,10 +1,7 @@
 // The CPU backend against llama2.c's own outputs on stories260K.
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "gtest/gtest.h"
-#include "tandem/model/json.h"
 #include "test_util.h"
 
 namespace tandem::model {
@@ -12,38 +9,8 @@ namespace {
 
 using testing::GenerateGreedy;
 
-struct ReferenceCase {
-  std::vector<int32_t> prompt;
-  int32_t max_tokens = 0;
-  std::vector<int32_t> expected;
-  int32_t decisive_prefix_len = 0;
-  bool stopped_on_token_1 = false;
-};
-
-std::vector<int32_t> Ints(const JsonValue& v) {
-  std::vector<int32_t> out;
-  for (const JsonValue& x : v.array()) out.push_back(static_cast<int32_t>(x.number()));
-  return out;
-}
-
-std::vector<ReferenceCase> LoadCases() {
-  std::ifstream in(testing::ReferencePath());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto doc = JsonValue::Parse(ss.str());
-  EXPECT_TRUE(doc.ok()) << doc.status();
-  std::vector<ReferenceCase> cases;
-  if (!doc.ok()) return cases;
-  for (const JsonValue& c : doc->array()) {
-    cases.push_back(ReferenceCase{
-        .prompt = Ints(*c.Find("prompt_token_ids")),
-        .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),
-        .expected = Ints(*c.Find("expected_output_token_ids")),
-        .decisive_prefix_len = static_cast<int32_t>(c.Find("decisive_prefix_len")->number()),
-        .stopped_on_token_1 = c.Find("stopped_on_token_1")->boolean()});
-  }
-  return cases;
-}
+using testing::LoadCases;
+using testing::ReferenceCase;
 
 TEST(ReferenceTest, MatchesLlama2cTokenForTokenOnEveryCase) {
   TANDEM_REQUIRE_STORIES();

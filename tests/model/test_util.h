@@ -3,22 +3,29 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tandem/model/checkpoint.h"
+#include "tandem/model/json.h"
 #include "tandem/model/model.h"
 #include "tandem/model/model_runner.h"
 #include "tandem/model/sampler.h"
 
 namespace tandem::model::testing {
 
-inline std::string StoriesPath() { return TANDEM_SHARED_DIR "/models/stories260K.bin"; }
-inline std::string ReferencePath() {
-  return TANDEM_SHARED_DIR "/models/stories260K.reference.json";
+// The shared/ directory: $TANDEM_SHARED_DIR when set (a test binary run on
+// another machine, e.g. the GPU box), else the one configured at build time.
+inline std::string SharedDir() {
+  const char* env = std::getenv("TANDEM_SHARED_DIR");
+  return env != nullptr && *env != '\0' ? env : TANDEM_SHARED_DIR;
 }
+inline std::string StoriesPath() { return SharedDir() + "/models/stories260K.bin"; }
+inline std::string ReferencePath() { return SharedDir() + "/models/stories260K.reference.json"; }
 inline bool HaveStories() { return std::filesystem::exists(StoriesPath()); }
 
 // Skips a test that needs stories260K when the checkpoint is absent, except in
@@ -56,11 +63,12 @@ class TempDir {
 // Greedy generation for one prompt on a fresh runner: prefill in one chunk,
 // then decode; stops on EOS (not included) or after max_tokens.
 inline std::vector<int32_t> GenerateGreedy(const Model& model, const std::vector<int32_t>& prompt,
-                                           int32_t max_tokens, Backend backend = Backend::kCpu) {
+                                           int32_t max_tokens, Backend backend = Backend::kCpu,
+                                           DType dtype = DType::kFloat32) {
   const int32_t bs = 16;
   const int32_t need = static_cast<int32_t>(prompt.size()) + max_tokens;
-  auto runner =
-      ModelRunner::Create(&model, {.block_size = bs, .num_blocks = need / bs + 2}, backend);
+  auto runner = ModelRunner::Create(
+      &model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype}, backend);
   EXPECT_TRUE(runner.ok()) << runner.status();
   std::vector<int32_t> table;
   for (int32_t i = 0; i < need / bs + 1; ++i) table.push_back(i);
@@ -108,6 +116,40 @@ inline std::vector<int32_t> MakePrompt(int32_t n, uint32_t salt, int32_t vocab) 
     p.push_back(2 + static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(vocab - 2)));
   }
   return p;
+}
+
+struct ReferenceCase {
+  std::vector<int32_t> prompt;
+  int32_t max_tokens = 0;
+  std::vector<int32_t> expected;
+  int32_t decisive_prefix_len = 0;
+  bool stopped_on_token_1 = false;
+};
+
+inline std::vector<int32_t> Ints(const JsonValue& v) {
+  std::vector<int32_t> out;
+  for (const JsonValue& x : v.array()) out.push_back(static_cast<int32_t>(x.number()));
+  return out;
+}
+
+// The cases of stories260K.reference.json (llama2.c run.c's greedy outputs).
+inline std::vector<ReferenceCase> LoadCases() {
+  std::ifstream in(ReferencePath());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto doc = JsonValue::Parse(ss.str());
+  EXPECT_TRUE(doc.ok()) << doc.status();
+  std::vector<ReferenceCase> cases;
+  if (!doc.ok()) return cases;
+  for (const JsonValue& c : doc->array()) {
+    cases.push_back(ReferenceCase{
+        .prompt = Ints(*c.Find("prompt_token_ids")),
+        .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),
+        .expected = Ints(*c.Find("expected_output_token_ids")),
+        .decisive_prefix_len = static_cast<int32_t>(c.Find("decisive_prefix_len")->number()),
+        .stopped_on_token_1 = c.Find("stopped_on_token_1")->boolean()});
+  }
+  return cases;
 }
 
 }  // namespace tandem::model::testing

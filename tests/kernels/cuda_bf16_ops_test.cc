@@ -1,0 +1,267 @@
+// The bf16 CUDA ops (cuda_bf16_ops.h) against CPU references computed in
+// double or fp32 on the same bf16-rounded inputs, so the tolerances below
+// cover accumulation order and the final bf16 rounding only (bf16 has an
+// 8-bit mantissa: relative steps of 2^-8). Skipped without a device.
+#include "tandem/kernels/cuda_bf16_ops.h"
+
+#include <cmath>
+#include <random>
+
+#include "cuda_test_util.h"
+#include "gtest/gtest.h"
+#include "kernel_test_util.h"
+#include "tandem/kernels/cpu_ops.h"
+#include "tandem/kernels/sampling.h"
+#include "tandem/model/checkpoint.h"
+
+#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
+
+namespace tandem::kernels {
+namespace {
+
+using cuda::Bf16;
+using model::BFloat16ToFloat;
+using model::FloatToBFloat16;
+using testing::AttentionProblem;
+using testing::DeviceVector;
+using testing::ExpectNear;
+using testing::MakeAttentionProblem;
+using testing::RandomVector;
+using CudaBf16Test = testing::CudaTest;
+
+// One bf16 rounding step of a result, plus accumulation-order noise.
+constexpr testing::Tolerance kBf16OutTol{2e-3, 1.0 / 128};
+
+std::vector<Bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<Bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBFloat16(v[i]);
+  return out;
+}
+std::vector<float> ToFloat(const std::vector<Bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = BFloat16ToFloat(v[i]);
+  return out;
+}
+std::vector<float> RoundToBf16(const std::vector<float>& v) { return ToFloat(ToBf16(v)); }
+
+TEST_F(CudaBf16Test, EmbeddingGatherIsExact) {
+  const int32_t dim = 300;
+  const auto table = ToBf16(RandomVector(40 * dim, 1));
+  const std::vector<int32_t> tokens = {5, 39, 0, 5};
+  std::vector<float> ref;
+  for (int32_t t : tokens) {
+    for (int32_t j = 0; j < dim; ++j) ref.push_back(BFloat16ToFloat(table[t * dim + j]));
+  }
+  DeviceVector<Bf16> d_table(table);
+  DeviceVector<int32_t> d_tokens(tokens);
+  DeviceVector<float> d_out(ref.size());
+  CUDA_OK(cuda::EmbeddingGatherBf16(d_table.get(), dim, d_tokens.get(), 4, d_out.get(), nullptr));
+  EXPECT_EQ(d_out.ToHost(), ref);
+}
+
+TEST_F(CudaBf16Test, RmsNormMatchesCpuWithAndWithoutRowIndex) {
+  for (int32_t dim : {8, 64, 300, 2048, 4096}) {
+    const int32_t rows = 5;
+    const auto x = RandomVector(rows * dim, 2, 3.0f), w = RandomVector(dim, 3);
+    std::vector<float> ref(x.size());
+    cpu::RmsNorm(x.data(), w.data(), rows, dim, 1e-5f, ref.data());
+    DeviceVector<float> dx(x), dw(w);
+    DeviceVector<Bf16> dout(x.size());
+    CUDA_OK(cuda::RmsNormBf16(dx.get(), nullptr, dw.get(), rows, dim, 1e-5f, dout.get(), nullptr));
+    ExpectNear(ToFloat(dout.ToHost()), ref, kBf16OutTol, "rmsnorm dim " + std::to_string(dim));
+    // Gathered rows 4 and 1.
+    const std::vector<int32_t> index = {4, 1};
+    DeviceVector<int32_t> dindex(index);
+    DeviceVector<Bf16> dgather(2 * dim);
+    CUDA_OK(
+        cuda::RmsNormBf16(dx.get(), dindex.get(), dw.get(), 2, dim, 1e-5f, dgather.get(), nullptr));
+    std::vector<float> want(ref.begin() + 4 * dim, ref.begin() + 5 * dim);
+    want.insert(want.end(), ref.begin() + 1 * dim, ref.begin() + 2 * dim);
+    ExpectNear(ToFloat(dgather.ToHost()), want, kBf16OutTol, "gathered rmsnorm");
+  }
+}
+
+TEST_F(CudaBf16Test, MatmulAccumulatesInFp32AndFoldsTheResidual) {
+  cuda::BlasHandle* blas = nullptr;
+  CUDA_OK(cuda::CreateBlas(&blas));
+  for (auto [out_dim, in_dim, rows] : std::vector<std::tuple<int32_t, int32_t, int32_t>>{
+           {64, 64, 1}, {172, 64, 7}, {512, 2048, 32}, {33, 130, 3}, {1000, 256, 256}}) {
+    const auto w = RoundToBf16(RandomVector(out_dim * in_dim, 4));
+    const auto x = RoundToBf16(RandomVector(rows * in_dim, 5));
+    const auto y0 = RandomVector(rows * out_dim, 6);
+    std::vector<double> ref(static_cast<size_t>(rows) * out_dim);
+    for (int32_t r = 0; r < rows; ++r) {
+      for (int32_t o = 0; o < out_dim; ++o) {
+        double acc = 0;
+        for (int32_t i = 0; i < in_dim; ++i) acc += double{w[o * in_dim + i]} * x[r * in_dim + i];
+        ref[r * out_dim + o] = acc + y0[r * out_dim + o];
+      }
+    }
+    DeviceVector<Bf16> dw(ToBf16(w)), dx(ToBf16(x));
+    DeviceVector<float> dy(y0);
+    CUDA_OK(cuda::MatmulBf16(blas, dw.get(), out_dim, in_dim, dx.get(), rows, dy.get(), 1.0f));
+    // fp32 accumulation of in_dim products of magnitude <= 1.
+    ExpectNear(dy.ToHost(), ref, {1e-4 * std::sqrt(double(in_dim)), 1e-5}, "matmul");
+  }
+  cuda::DestroyBlas(blas);
+}
+
+TEST_F(CudaBf16Test, RopeAndKvWriteMatchCpu) {
+  for (RopeKind kind : {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf}) {
+    for (auto [heads, kv_heads, hs] :
+         std::vector<std::tuple<int32_t, int32_t, int32_t>>{{8, 4, 8}, {7, 7, 64}, {32, 8, 128}}) {
+      const KvCacheShape shape{.num_blocks = 6,
+                               .num_layers = 2,
+                               .block_size = 16,
+                               .num_kv_heads = kv_heads,
+                               .head_size = hs};
+      const int32_t rows = 3, stride = (heads + 2 * kv_heads) * hs;
+      const std::vector<int32_t> pos = {0, 17, 511};
+      const std::vector<int64_t> slots = {5 * 16 + 3, -1, 2 * 16 + 15};
+      const auto qkv = RandomVector(rows * stride, 7);
+      // CPU: rope on q and k, k/v into an fp32 cache.
+      std::vector<float> q, k, v;
+      for (int32_t r = 0; r < rows; ++r) {
+        const float* row = &qkv[r * stride];
+        q.insert(q.end(), row, row + heads * hs);
+        k.insert(k.end(), row + heads * hs, row + (heads + kv_heads) * hs);
+        v.insert(v.end(), row + (heads + kv_heads) * hs, row + stride);
+      }
+      cpu::Rope(q.data(), rows, pos.data(), heads, hs, kind, 10000.0f);
+      cpu::Rope(k.data(), rows, pos.data(), kv_heads, hs, kind, 10000.0f);
+      std::vector<float> cache(shape.BlockFloats() * shape.num_blocks, 0.0f);
+      cpu::KvWrite(cache.data(), shape, 1, k.data(), v.data(), rows, slots.data());
+
+      DeviceVector<float> dqkv(qkv);
+      DeviceVector<int32_t> dpos(pos);
+      DeviceVector<int64_t> dslots(slots);
+      DeviceVector<Bf16> dcache(cache.size());  // zeros
+      CUDA_OK(cuda::RopeKvWriteBf16(dqkv.get(), stride, rows, dpos.get(), heads, shape, kind,
+                                    10000.0f, dcache.get(), 1, dslots.get(), nullptr));
+      const std::vector<float> got_qkv = dqkv.ToHost();
+      std::vector<float> got_q;
+      for (int32_t r = 0; r < rows; ++r) {
+        got_q.insert(got_q.end(), got_qkv.begin() + r * stride,
+                     got_qkv.begin() + r * stride + heads * hs);
+      }
+      ExpectNear(got_q, q, {1e-4, 1e-4}, "rope q");
+      ExpectNear(ToFloat(dcache.ToHost()), cache, kBf16OutTol, "kv cache");
+    }
+  }
+}
+
+// Odd head counts, GQA ratios 1/4/8 (and 16: two blocks per KV head), block
+// sizes 16/32, head sizes 8..256, contexts that cross block and split
+// boundaries, prefill chunks starting mid-block, and decode batches of 1..256.
+TEST_F(CudaBf16Test, PagedAttentionMatchesNaiveAttention) {
+  struct Case {
+    int32_t heads, kv_heads, hs, block;
+    std::vector<std::pair<int32_t, int32_t>> seqs;  // (context, first query position)
+  };
+  std::vector<Case> cases = {
+      {8, 4, 8, 16, {{37, 36}, {40, 21}, {16, 0}}},           // stories260K's shape
+      {7, 7, 64, 16, {{1, 0}, {300, 299}, {17, 3}}},          // odd heads, GQA 1
+      {12, 3, 64, 32, {{257, 250}, {513, 512}, {33, 32}}},    // GQA 4, split edges
+      {32, 4, 128, 16, {{1000, 990}, {256, 255}, {90, 60}}},  // GQA 8, 4 splits
+      {16, 1, 256, 32, {{70, 0}, {600, 599}}},                // GQA 16, head 256
+      {5, 5, 40, 16, {{45, 44}}},                             // head size not / 32
+  };
+  for (int32_t batch : {1, 64, 256}) {  // decode batches of mixed lengths
+    Case c{32, 8, 64, 16, {}};
+    std::mt19937 rng(batch);
+    for (int32_t i = 0; i < batch; ++i) {
+      const int32_t len = 1 + static_cast<int32_t>(rng() % 700);
+      c.seqs.push_back({len, len - 1});
+    }
+    cases.push_back(c);
+  }
+  uint32_t seed = 11;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " hs " +
+                 std::to_string(c.hs) + " block " + std::to_string(c.block) + " seqs " +
+                 std::to_string(c.seqs.size()));
+    AttentionProblem p = MakeAttentionProblem(c.heads, c.kv_heads, c.hs, c.block, c.seqs, seed++);
+    // The reference sees what the GPU sees: bf16 K/V.
+    for (auto* kv : {&p.seq_k, &p.seq_v}) {
+      for (auto& s : *kv) s = RoundToBf16(s);
+    }
+    p.all_k = RoundToBf16(p.all_k);
+    p.all_v = RoundToBf16(p.all_v);
+    const std::vector<double> ref = testing::NaiveAttention(p);
+    // Write the cache through cpu::KvWrite (fp32), then convert it.
+    const int32_t n = static_cast<int32_t>(p.slots.size());
+    cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(), n, p.slots.data());
+    DeviceVector<Bf16> d_cache(ToBf16(p.cache)), d_out(p.q.size());
+    DeviceVector<float> d_q(p.q);
+    DeviceVector<int32_t> d_pos(p.row_pos), d_off(p.row_table_offset), d_tables(p.block_tables);
+    int32_t max_context = 0;
+    for (int32_t pos : p.row_pos) max_context = std::max(max_context, pos + 1);
+    const int32_t rows = static_cast<int32_t>(p.row_pos.size());
+    DeviceVector<float> scratch(static_cast<size_t>(
+        std::max<int64_t>(1, cuda::AttentionScratchFloats(rows, c.heads, c.hs, max_context))));
+    const cuda::Bf16AttentionArgs args{.q = d_q.get(),
+                                       .q_stride = c.heads * c.hs,
+                                       .out = d_out.get(),
+                                       .cache = d_cache.get(),
+                                       .shape = p.shape,
+                                       .layer = 1,
+                                       .num_heads = c.heads,
+                                       .num_rows = rows,
+                                       .row_pos = d_pos.get(),
+                                       .row_table_offset = d_off.get(),
+                                       .block_tables = d_tables.get()};
+    CUDA_OK(cuda::PagedAttentionBf16(args, max_context, scratch.get(), nullptr));
+    ExpectNear(ToFloat(d_out.ToHost()), ref, kBf16OutTol, "attention");
+  }
+}
+
+TEST_F(CudaBf16Test, PagedAttentionRejectsHeadSizesItCannotHold) {
+  const cuda::Bf16AttentionArgs args{
+      .shape = KvCacheShape{.num_blocks = 1, .num_layers = 1, .block_size = 16,
+                            .num_kv_heads = 1, .head_size = 512},
+      .num_heads = 1,
+      .num_rows = 1};
+  EXPECT_NE(cuda::PagedAttentionBf16(args, 1, nullptr, nullptr), 0);
+}
+
+TEST_F(CudaBf16Test, SiluMulMatchesCpu) {
+  const int32_t rows = 3, hidden = 700;
+  const auto gu = RandomVector(rows * 2 * hidden, 7, 6.0f);
+  std::vector<float> ref;
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t i = 0; i < hidden; ++i) {
+      ref.push_back(SiluMul(gu[r * 2 * hidden + i], gu[r * 2 * hidden + hidden + i]));
+    }
+  }
+  DeviceVector<float> dgu(gu);
+  DeviceVector<Bf16> dout(ref.size());
+  CUDA_OK(cuda::SiluMulBf16(dgu.get(), rows, hidden, dout.get(), nullptr));
+  ExpectNear(ToFloat(dout.ToHost()), ref, kBf16OutTol, "silu");
+}
+
+// Greedy sampling on the GPU must pick exactly kernels::ArgMax's token,
+// including the lowest index among ties.
+TEST_F(CudaBf16Test, ArgMaxIsExactlyTheCpuArgMax) {
+  const int32_t vocab = 128256, rows = 9;
+  auto logits = RandomVector(size_t{rows} * vocab, 9, 4.0f);
+  logits[1 * vocab + 70000] = logits[1 * vocab + 5] = logits[1 * vocab + 128255] = 9.0f;  // tie
+  logits[2 * vocab + 128255] = 9.0f;                                                   // last
+  logits[3 * vocab + 0] = 9.0f;                                                        // first
+  for (int32_t i = 0; i < vocab; ++i) logits[4 * vocab + i] = -1.0f;                   // all equal
+  std::vector<int32_t> ref;
+  for (int32_t r = 0; r < rows; ++r) ref.push_back(ArgMax(&logits[static_cast<size_t>(r) * vocab], vocab));
+  ASSERT_EQ(ref[1], 5);
+  DeviceVector<float> d_logits(logits);
+  DeviceVector<int32_t> d_out(rows);
+  CUDA_OK(cuda::ArgMaxRows(d_logits.get(), rows, vocab, d_out.get(), nullptr));
+  EXPECT_EQ(d_out.ToHost(), ref);
+}
+
+}  // namespace
+}  // namespace tandem::kernels
+
+#else
+
+TEST(CudaBf16Test, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif

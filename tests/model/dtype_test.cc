@@ -1,0 +1,47 @@
+// DType: names, block sizes and layout strings, and the CPU backend's
+// refusal of bf16 (these run without a GPU).
+#include "gtest/gtest.h"
+#include "test_util.h"
+
+namespace tandem::model {
+namespace {
+
+TEST(DTypeTest, ParsesVllmNamesAndRejectsOthers) {
+  EXPECT_EQ(*ParseDType("float32"), DType::kFloat32);
+  EXPECT_EQ(*ParseDType("fp32"), DType::kFloat32);
+  EXPECT_EQ(*ParseDType("bfloat16"), DType::kBFloat16);
+  EXPECT_EQ(*ParseDType("bf16"), DType::kBFloat16);
+  const auto bad = ParseDType("float16");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("float16"), std::string::npos) << bad.status();
+  EXPECT_STREQ(DTypeName(DType::kBFloat16), "bfloat16");
+  EXPECT_STREQ(DTypeName(DType::kFloat32), "float32");
+}
+
+// The dtype is part of the block's size and of the layout string that keys
+// KV-store blocks, so bf16 blocks are never read as fp32 ones.
+TEST(DTypeTest, BlockBytesAndLayoutStringCarryTheDtype) {
+  ModelConfig c{.dim = 64, .hidden_dim = 172, .num_layers = 5, .num_heads = 8,
+                .num_kv_heads = 4, .vocab_size = 512, .max_seq_len = 512, .head_size = 8};
+  EXPECT_EQ(KvBlockBytes(c, 16), 5 * 2 * 16 * 4 * 8 * 4);
+  EXPECT_EQ(KvBlockBytes(c, 16, DType::kBFloat16), 5 * 2 * 16 * 4 * 8 * 2);
+  EXPECT_EQ(KvLayoutString(c, 16), "block-major/L5/KV2/B16/H4/D8/f32");
+  EXPECT_EQ(KvLayoutString(c, 16, DType::kBFloat16), "block-major/L5/KV2/B16/H4/D8/bf16");
+}
+
+TEST(DTypeTest, CpuBackendRejectsBf16WithAClearError) {
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  auto r = ModelRunner::Create(model.get(),
+                               {.block_size = 16, .num_blocks = 4, .dtype = DType::kBFloat16});
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("cuda"), std::string::npos) << r.status();
+}
+
+TEST(DTypeTest, CudaDeviceOrdinalIsValidated) {
+  EXPECT_FALSE((ModelRunnerOptions{.cuda_device = -1}).Validate().ok());
+  EXPECT_TRUE((ModelRunnerOptions{.cuda_device = 3}).Validate().ok());
+}
+
+}  // namespace
+}  // namespace tandem::model

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs a bundle made by tools/gpu/bundle.sh on a GPU machine.
+#   bash run.sh tests   # the CUDA kernel and runner tests
+#   bash run.sh bench   # bench_cuda on the issue-15 shapes
+#   bash run.sh all
+# Results go to $OUT (or ./gpu-out) as text files.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${OUT:-$here/../gpu-out}"
+mkdir -p "$out"
+cuda_libs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+  2>/dev/null | tr '\n' ':')
+py_libs=$(python3 -c 'import nvidia, os; print(":".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="$here/lib:${cuda_libs}${py_libs}:${LD_LIBRARY_PATH:-}"
+export TANDEM_SHARED_DIR="$here/shared"
+export CI=true
+what="${1:-all}"
+rc=0
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  for t in kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test; do
+    echo "=== $t" | tee -a "$out/tests.txt"
+    "$here/bin/$t" 2>&1 | grep -vE '^\[ +(RUN|OK) +\]' | tee -a "$out/tests.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  for args in "--shape llama-3.2-1b" "--shape tinyllama-1.1b --prefill 2048" \
+              "--shape $here/shared/models/stories260K.bin --context 128 --prefill 256 --batches 1,32,256" \
+              "--shape llama-3.2-1b --dtype float32 --batches 1,32 --prefill 512"; do
+    echo "=== bench_cuda $args" | tee -a "$out/bench.txt"
+    # shellcheck disable=SC2086
+    "$here/bin/bench_cuda" $args 2>&1 | tee -a "$out/bench.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
+fi
+exit $rc
