@@ -276,6 +276,18 @@ __device__ __forceinline__ bool Better(float v, int32_t i, float bv, int32_t bi)
   return v > bv || (v == bv && i < bi);
 }
 
+// Reduces (bv, bi) across the warp with Better; every lane gets the result.
+__device__ __forceinline__ void WarpArgMax(float& bv, int32_t& bi) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (Better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+}
+
 __global__ void ArgMaxKernel(const float* logits, int32_t vocab, int32_t* out) {
   const float* x = logits + int64_t{blockIdx.x} * vocab;
   float bv = -FLT_MAX;
@@ -287,14 +299,7 @@ __global__ void ArgMaxKernel(const float* logits, int32_t vocab, int32_t* out) {
       bi = i;
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (Better(ov, oi, bv, bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+  WarpArgMax(bv, bi);
   __shared__ float sv[32];
   __shared__ int32_t si[32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -307,14 +312,7 @@ __global__ void ArgMaxKernel(const float* logits, int32_t vocab, int32_t* out) {
   const int warps = blockDim.x / 32;
   bv = lane < warps ? sv[lane] : -FLT_MAX;
   bi = lane < warps ? si[lane] : INT32_MAX;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (Better(ov, oi, bv, bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+  WarpArgMax(bv, bi);
   // All -inf or NaN logits: kernels::ArgMax answers 0.
   if (lane == 0) out[blockIdx.x] = bi == INT32_MAX ? 0 : bi;
 }

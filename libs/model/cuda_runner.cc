@@ -28,24 +28,27 @@ absl::Status CudaStatus(int err, const char* what) {
   return absl::InternalError(absl::StrCat("CUDA ", what, ": ", kd::ErrorString(err)));
 }
 
-// Device memory that only grows.
-class DeviceBuffer {
+// Memory that only grows: device memory (kd::Malloc) or pinned host memory
+// (kd::HostAlloc).
+template <int (*kAlloc)(void**, size_t), int (*kFree)(void*)>
+class GrowOnlyBuffer {
  public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) kd::Free(ptr_);
+  GrowOnlyBuffer() = default;
+  ~GrowOnlyBuffer() {
+    if (ptr_ != nullptr) kFree(ptr_);
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  GrowOnlyBuffer(const GrowOnlyBuffer&) = delete;
+  GrowOnlyBuffer& operator=(const GrowOnlyBuffer&) = delete;
   absl::Status Reserve(size_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
-    if (ptr_ != nullptr) kd::Free(ptr_);
+    if (ptr_ != nullptr) kFree(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
-    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::Malloc(&ptr_, bytes), "malloc"));
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kAlloc(&ptr_, bytes), "alloc"));
     bytes_ = bytes;
     return absl::OkStatus();
   }
+  // Device buffers only.
   template <typename T>
   absl::Status Upload(const std::vector<T>& host) {
     TANDEM_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size() * sizeof(T), 1)));
@@ -61,31 +64,8 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
-
-// Pinned host memory that only grows.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer() {
-    if (ptr_ != nullptr) kd::HostFree(ptr_);
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= bytes_) return absl::OkStatus();
-    if (ptr_ != nullptr) kd::HostFree(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::HostAlloc(&ptr_, bytes), "pinned alloc"));
-    bytes_ = bytes;
-    return absl::OkStatus();
-  }
-  std::byte* get() const { return static_cast<std::byte*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using DeviceBuffer = GrowOnlyBuffer<kd::Malloc, kd::Free>;
+using PinnedBuffer = GrowOnlyBuffer<kd::HostAlloc, kd::HostFree>;
 
 std::vector<kd::Bf16> ToBf16(const std::vector<float>& v) {
   std::vector<kd::Bf16> out(v.size());
@@ -242,14 +222,14 @@ class CudaRunnerBase : public ModelRunner {
     TANDEM_RETURN_IF_ERROR(inputs_.Reserve(offset));
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].second > 0) {
-        std::memcpy(staging_.get() + offsets[i], parts[i].first, parts[i].second);
+        std::memcpy(staging_.get<std::byte>() + offsets[i], parts[i].first, parts[i].second);
       }
     }
     // The previous step's kernels may still read inputs_: the copy is on the
     // same stream, so it waits for them; the host waits for the copy before
     // the next step rewrites staging_ (Forward ends with a synchronous copy).
     TANDEM_RETURN_IF_ERROR(
-        CudaStatus(kd::CopyAsync(inputs_.get<std::byte>(), staging_.get(), offset, nullptr),
+        CudaStatus(kd::CopyAsync(inputs_.get<std::byte>(), staging_.get<std::byte>(), offset, nullptr),
                    "input upload"));
     const std::byte* base = inputs_.get<std::byte>();
     in->slots = reinterpret_cast<const int64_t*>(base + offsets[0]);

@@ -83,14 +83,17 @@ TEST(CudaRunnerTest, Fp32ModeMatchesEveryReferenceCase) {
   }
 }
 
-// Greedy tokens with the top-2 logit margin of each step.
+// Greedy steps with the top-2 logit margin of each. Free-running (stops at
+// EOS, not included) when `forced` is null; else teacher-forced: step t
+// predicts after the prompt and forced[0 .. t), whatever it picked.
 struct GreedyRun {
   std::vector<int32_t> tokens;
   std::vector<float> margins;
 };
-GreedyRun GreedyWithMargins(const Model& model, const std::vector<int32_t>& prompt,
-                            int32_t max_tokens, Backend backend, DType dtype) {
-  const int32_t bs = 16, need = static_cast<int32_t>(prompt.size()) + max_tokens;
+GreedyRun Greedy(const Model& model, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                 Backend backend, DType dtype, const std::vector<int32_t>* forced = nullptr) {
+  if (forced != nullptr) max_tokens = static_cast<int32_t>(forced->size());
+  const int32_t bs = 16, need = static_cast<int32_t>(prompt.size()) + max_tokens + 1;
   auto runner = ModelRunner::Create(
       &model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype}, backend);
   EXPECT_TRUE(runner.ok()) << runner.status();
@@ -108,10 +111,10 @@ GreedyRun GreedyWithMargins(const Model& model, const std::vector<int32_t>& prom
     for (size_t i = 0; i < logits.size(); ++i) {
       if (static_cast<int32_t>(i) != next) second = std::max(second, logits[i]);
     }
-    if (next == model.config().eos_token_id) break;
-    run.tokens.push_back(next);
+    if (forced == nullptr && next == model.config().eos_token_id) break;
     run.margins.push_back(logits[next] - second);
-    chunk = {next};
+    run.tokens.push_back(next);
+    chunk = {forced != nullptr ? (*forced)[run.tokens.size() - 1] : next};
   }
   return run;
 }
@@ -129,35 +132,6 @@ std::unique_ptr<Model> RoundedToBf16(const Model& model) {
   auto rounded = Model::FromWeights(model.config(), std::move(w), model.name() + "-bf16");
   EXPECT_TRUE(rounded.ok()) << rounded.status();
   return rounded.ok() ? std::move(*rounded) : nullptr;
-}
-
-// Teacher-forced greedy steps: after the prompt and each of `tokens` but the
-// last, the argmax and top-2 margin of the next-token logits.
-GreedyRun TeacherForced(const Model& model, const std::vector<int32_t>& prompt,
-                        const std::vector<int32_t>& tokens, Backend backend, DType dtype) {
-  const int32_t bs = 16, need = static_cast<int32_t>(prompt.size() + tokens.size()) + 1;
-  auto runner = ModelRunner::Create(
-      &model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype}, backend);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  std::vector<int32_t> table(need / bs + 1), chunk = prompt;
-  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-  GreedyRun run;
-  std::vector<float> logits;
-  int32_t pos = 0;
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    const SequenceInput in{.token_ids = chunk, .start_pos = pos, .block_table = table};
-    EXPECT_TRUE((*runner)->Forward({&in, 1}, &logits).ok());
-    pos += static_cast<int32_t>(chunk.size());
-    const int32_t next = SampleToken(logits, SamplingParams{}, 0);
-    float second = -INFINITY;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      if (static_cast<int32_t>(i) != next) second = std::max(second, logits[i]);
-    }
-    run.tokens.push_back(next);
-    run.margins.push_back(logits[next] - second);
-    chunk = {tokens[t]};
-  }
-  return run;
 }
 
 // bf16 mode on stories260K's reference prompts. Rounding the weights to bf16
@@ -188,9 +162,9 @@ TEST(CudaRunnerTest, Bf16ModeAgreesWithTheCpuOnBf16WeightsWhereMarginsAreClear) 
   for (size_t i = 0; i < cases.size(); ++i) {
     const testing::ReferenceCase& c = cases[i];
     const GreedyRun want =
-        GreedyWithMargins(*rounded, c.prompt, c.max_tokens, Backend::kCpu, DType::kFloat32);
+        Greedy(*rounded, c.prompt, c.max_tokens, Backend::kCpu, DType::kFloat32);
     const GreedyRun got =
-        TeacherForced(**model, c.prompt, want.tokens, Backend::kCuda, DType::kBFloat16);
+        Greedy(**model, c.prompt, 0, Backend::kCuda, DType::kBFloat16, &want.tokens);
     ASSERT_EQ(got.tokens.size(), want.tokens.size());
     size_t vs_llama2c = 0;
     while (vs_llama2c < want.tokens.size() && vs_llama2c < c.expected.size() &&
