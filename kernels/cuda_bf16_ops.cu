@@ -343,11 +343,6 @@ int LaunchAttentionForGroup(const Bf16AttentionArgs& a, int32_t splits, float* s
 
 }  // namespace
 
-int SetBlasStream(BlasHandle* blas, void* stream) {
-  return cublasSetStream(blas->handle, S(stream)) == CUBLAS_STATUS_SUCCESS ? cudaSuccess
-                                                                           : cudaErrorUnknown;
-}
-
 int EmbeddingGatherBf16(const Bf16* table, int32_t dim, const int32_t* tokens, int32_t rows,
                         float* out, void* stream) {
   if (rows == 0) return cudaSuccess;

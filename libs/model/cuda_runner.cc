@@ -410,7 +410,6 @@ class CudaBf16Runner final : public CudaRunnerBase {
     kd::Bf16* cache = cache_.get<kd::Bf16>();
     const RopeKind rope = ToKernel(c.rope_style);
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
-    TANDEM_RETURN_IF_ERROR(ok(kd::SetBlasStream(blas_, nullptr), "cublas stream"));
     TANDEM_RETURN_IF_ERROR(ok(
         kd::EmbeddingGatherBf16(embedding_.get<kd::Bf16>(), c.dim, in.tokens, T, x, nullptr),
         "embedding"));

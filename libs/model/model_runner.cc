@@ -66,13 +66,7 @@ absl::Status ModelRunner::ForwardSample(std::span<const SequenceInput> batch,
   }
   std::vector<float> logits;
   TANDEM_RETURN_IF_ERROR(Forward(batch, &logits));
-  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
-  tokens->assign(batch.size(), -1);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (sample[i].params == nullptr) continue;
-    (*tokens)[i] = SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab),
-                               *sample[i].params, sample[i].output_position);
-  }
+  SampleRows(logits, model_->config().vocab_size, sample, tokens);
   return absl::OkStatus();
 }
 

@@ -22,4 +22,15 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
   return kernels::SampleRow(logits.data(), vocab, args, probs.data(), idx.data());
 }
 
+void SampleRows(std::span<const float> logits, int32_t vocab,
+                std::span<const SampleRequest> sample, std::vector<int32_t>* tokens) {
+  const size_t v = static_cast<size_t>(vocab);
+  tokens->assign(sample.size(), -1);
+  for (size_t i = 0; i < sample.size(); ++i) {
+    if (sample[i].params == nullptr) continue;
+    (*tokens)[i] = SampleToken(logits.subspan(i * v, v), *sample[i].params,
+                               sample[i].output_position);
+  }
+}
+
 }  // namespace tandem::model

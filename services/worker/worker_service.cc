@@ -401,13 +401,7 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
     } else {
       std::vector<float> logits;
       TANDEM_RETURN_IF_ERROR(RunSim(batch, step.num_scheduled_tokens, &logits));
-      const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
-      tokens.assign(batch.size(), -1);
-      for (size_t i = 0; i < batch.size(); ++i) {
-        if (sample[i].params == nullptr) continue;
-        tokens[i] = model::SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab),
-                                       *sample[i].params, sample[i].output_position);
-      }
+      model::SampleRows(logits, model_->config().vocab_size, sample, &tokens);
     }
   }
   // Stores read their blocks now, before the next step can overwrite them.

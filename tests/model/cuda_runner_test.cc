@@ -8,6 +8,14 @@
 namespace tandem::model {
 namespace {
 
+// Skips the test when the build or the machine has no CUDA device.
+#define TANDEM_REQUIRE_CUDA(model)                                                      \
+  do {                                                                                  \
+    auto _probe =                                                                       \
+        ModelRunner::Create((model), {.block_size = 16, .num_blocks = 4}, Backend::kCuda); \
+    if (absl::IsUnavailable(_probe.status())) GTEST_SKIP() << _probe.status();          \
+  } while (0)
+
 using testing::LoadTestModel;
 using testing::MakePrompt;
 
@@ -55,9 +63,7 @@ TEST(CudaRunnerTest, GreedyTokensMatchTheCpuBackendOnClearMargins) {
   TANDEM_REQUIRE_STORIES();
   auto model = Model::Load(testing::StoriesPath());
   ASSERT_TRUE(model.ok());
-  auto probe =
-      ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4}, Backend::kCuda);
-  if (absl::IsUnavailable(probe.status())) GTEST_SKIP() << probe.status();
+  TANDEM_REQUIRE_CUDA(model->get());
   // Reference case 0 (prompt [1]) has a decisive prefix of all 128 tokens.
   const std::vector<int32_t> prompt = {1};
   EXPECT_EQ(testing::GenerateGreedy(**model, prompt, 128, Backend::kCuda),
@@ -70,9 +76,7 @@ TEST(CudaRunnerTest, Fp32ModeMatchesEveryReferenceCase) {
   TANDEM_REQUIRE_STORIES();
   auto model = Model::Load(testing::StoriesPath());
   ASSERT_TRUE(model.ok());
-  auto probe =
-      ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4}, Backend::kCuda);
-  if (absl::IsUnavailable(probe.status())) GTEST_SKIP() << probe.status();
+  TANDEM_REQUIRE_CUDA(model->get());
   const std::vector<testing::ReferenceCase> cases = testing::LoadCases();
   ASSERT_EQ(cases.size(), 5u);
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -81,42 +85,6 @@ TEST(CudaRunnerTest, Fp32ModeMatchesEveryReferenceCase) {
               cases[i].expected)
         << "case " << i;
   }
-}
-
-// Greedy steps with the top-2 logit margin of each. Free-running (stops at
-// EOS, not included) when `forced` is null; else teacher-forced: step t
-// predicts after the prompt and forced[0 .. t), whatever it picked.
-struct GreedyRun {
-  std::vector<int32_t> tokens;
-  std::vector<float> margins;
-};
-GreedyRun Greedy(const Model& model, const std::vector<int32_t>& prompt, int32_t max_tokens,
-                 Backend backend, DType dtype, const std::vector<int32_t>* forced = nullptr) {
-  if (forced != nullptr) max_tokens = static_cast<int32_t>(forced->size());
-  const int32_t bs = 16, need = static_cast<int32_t>(prompt.size()) + max_tokens + 1;
-  auto runner = ModelRunner::Create(
-      &model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype}, backend);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  std::vector<int32_t> table(need / bs + 1), chunk = prompt;
-  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-  GreedyRun run;
-  std::vector<float> logits;
-  int32_t pos = 0;
-  while (static_cast<int32_t>(run.tokens.size()) < max_tokens) {
-    const SequenceInput in{.token_ids = chunk, .start_pos = pos, .block_table = table};
-    EXPECT_TRUE((*runner)->Forward({&in, 1}, &logits).ok());
-    pos += static_cast<int32_t>(chunk.size());
-    const int32_t next = SampleToken(logits, SamplingParams{}, 0);
-    float second = -INFINITY;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      if (static_cast<int32_t>(i) != next) second = std::max(second, logits[i]);
-    }
-    if (forced == nullptr && next == model.config().eos_token_id) break;
-    run.margins.push_back(logits[next] - second);
-    run.tokens.push_back(next);
-    chunk = {forced != nullptr ? (*forced)[run.tokens.size() - 1] : next};
-  }
-  return run;
 }
 
 std::unique_ptr<Model> RoundedToBf16(const Model& model) {
@@ -151,9 +119,7 @@ TEST(CudaRunnerTest, Bf16ModeAgreesWithTheCpuOnBf16WeightsWhereMarginsAreClear) 
   constexpr float kBf16DecisiveMargin = 0.7f;
   auto model = Model::Load(testing::StoriesPath());
   ASSERT_TRUE(model.ok());
-  auto probe =
-      ModelRunner::Create(model->get(), {.block_size = 16, .num_blocks = 4}, Backend::kCuda);
-  if (absl::IsUnavailable(probe.status())) GTEST_SKIP() << probe.status();
+  TANDEM_REQUIRE_CUDA(model->get());
   const std::unique_ptr<Model> rounded = RoundedToBf16(**model);
   ASSERT_NE(rounded, nullptr);
   const std::vector<testing::ReferenceCase> cases = testing::LoadCases();
@@ -161,10 +127,10 @@ TEST(CudaRunnerTest, Bf16ModeAgreesWithTheCpuOnBf16WeightsWhereMarginsAreClear) 
   int32_t compared = 0, steps = 0, agree_all = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const testing::ReferenceCase& c = cases[i];
-    const GreedyRun want =
-        Greedy(*rounded, c.prompt, c.max_tokens, Backend::kCpu, DType::kFloat32);
-    const GreedyRun got =
-        Greedy(**model, c.prompt, 0, Backend::kCuda, DType::kBFloat16, &want.tokens);
+    const testing::GreedyRun want =
+        testing::Greedy(*rounded, c.prompt, c.max_tokens, Backend::kCpu, DType::kFloat32);
+    const testing::GreedyRun got =
+        testing::Greedy(**model, c.prompt, 0, Backend::kCuda, DType::kBFloat16, &want.tokens);
     ASSERT_EQ(got.tokens.size(), want.tokens.size());
     size_t vs_llama2c = 0;
     while (vs_llama2c < want.tokens.size() && vs_llama2c < c.expected.size() &&

@@ -1,6 +1,8 @@
 // Helpers shared by the model tests.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -60,32 +62,49 @@ class TempDir {
   std::string path_;
 };
 
+// Greedy steps with the top-2 logit margin of each. Free-running (stops at
+// EOS, not included) when `forced` is null; else teacher-forced: step t
+// predicts after the prompt and forced[0 .. t), whatever it picked.
+struct GreedyRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> margins;
+};
+inline GreedyRun Greedy(const Model& model, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                        Backend backend, DType dtype,
+                        const std::vector<int32_t>* forced = nullptr) {
+  if (forced != nullptr) max_tokens = static_cast<int32_t>(forced->size());
+  const int32_t bs = 16, need = static_cast<int32_t>(prompt.size()) + max_tokens + 1;
+  auto runner = ModelRunner::Create(
+      &model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype}, backend);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  std::vector<int32_t> table(need / bs + 1), chunk = prompt;
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  GreedyRun run;
+  std::vector<float> logits;
+  int32_t pos = 0;
+  while (static_cast<int32_t>(run.tokens.size()) < max_tokens) {
+    const SequenceInput in{.token_ids = chunk, .start_pos = pos, .block_table = table};
+    EXPECT_TRUE((*runner)->Forward({&in, 1}, &logits).ok());
+    pos += static_cast<int32_t>(chunk.size());
+    const int32_t next = SampleToken(logits, SamplingParams{}, 0);
+    float second = -INFINITY;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (static_cast<int32_t>(i) != next) second = std::max(second, logits[i]);
+    }
+    if (forced == nullptr && next == model.config().eos_token_id) break;
+    run.margins.push_back(logits[next] - second);
+    run.tokens.push_back(next);
+    chunk = {forced != nullptr ? (*forced)[run.tokens.size() - 1] : next};
+  }
+  return run;
+}
+
 // Greedy generation for one prompt on a fresh runner: prefill in one chunk,
 // then decode; stops on EOS (not included) or after max_tokens.
 inline std::vector<int32_t> GenerateGreedy(const Model& model, const std::vector<int32_t>& prompt,
                                            int32_t max_tokens, Backend backend = Backend::kCpu,
                                            DType dtype = DType::kFloat32) {
-  const int32_t bs = 16;
-  const int32_t need = static_cast<int32_t>(prompt.size()) + max_tokens;
-  auto runner = ModelRunner::Create(
-      &model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype}, backend);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  std::vector<int32_t> table;
-  for (int32_t i = 0; i < need / bs + 1; ++i) table.push_back(i);
-  std::vector<int32_t> out;
-  std::vector<float> logits;
-  std::vector<int32_t> chunk = prompt;
-  int32_t pos = 0;
-  while (static_cast<int32_t>(out.size()) < max_tokens) {
-    SequenceInput in{.token_ids = chunk, .start_pos = pos, .block_table = table};
-    EXPECT_TRUE((*runner)->Forward({&in, 1}, &logits).ok());
-    pos += static_cast<int32_t>(chunk.size());
-    const int32_t next = SampleToken(logits, SamplingParams{}, static_cast<int32_t>(out.size()));
-    if (next == model.config().eos_token_id) break;
-    out.push_back(next);
-    chunk = {next};
-  }
-  return out;
+  return Greedy(model, prompt, max_tokens, backend, dtype).tokens;
 }
 
 }  // namespace tandem::model::testing

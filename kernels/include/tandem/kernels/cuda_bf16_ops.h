@@ -39,8 +39,6 @@ inline int32_t AttentionSplits(int32_t max_context) {
   return (max_context + kAttentionSplitTokens - 1) / kAttentionSplitTokens;
 }
 
-int SetBlasStream(BlasHandle* blas, void* stream);
-
 // out[r] = float(table[tokens[r]]).
 int EmbeddingGatherBf16(const Bf16* table, int32_t dim, const int32_t* tokens, int32_t rows,
                         float* out, void* stream);
@@ -51,7 +49,8 @@ int RmsNormBf16(const float* x, const int32_t* row_index, const float* w, int32_
                 int32_t dim, float eps, Bf16* out, void* stream);
 
 // y[rows][out_dim] = x[rows][in_dim] * W^T + beta * y, W [out_dim][in_dim]:
-// bf16 inputs, fp32 accumulation and output (cublasGemmEx, compute 32F).
+// bf16 inputs, fp32 accumulation and output (cublasGemmEx, compute 32F), on
+// the handle's stream (the default one).
 // beta = 1 folds a residual add into the GEMM.
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
                int32_t rows, float* y, float beta);

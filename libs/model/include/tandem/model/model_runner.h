@@ -23,8 +23,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tandem/common/sampling_params.h"
 #include "tandem/model/model.h"
+#include "tandem/model/sampler.h"
 
 namespace tandem::model {
 
@@ -80,11 +80,7 @@ struct ModelRunnerOptions {
   [[nodiscard]] absl::Status Validate() const;
 };
 
-// Which sequences of a batch sample a token, and how (ForwardSample).
-struct SampleRequest {
-  const SamplingParams* params = nullptr;  // nullptr: this sequence samples nothing
-  int32_t output_position = 0;             // see SampleToken
-};
+
 
 // Not thread-safe: one owner thread calls Forward and the block copies
 // (the worker's loop thread). ModelRunnerOptions.num_threads adds helper

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "tandem/common/sampling_params.h"
 
@@ -15,5 +16,16 @@ namespace tandem::model {
 // output tokens (0 for the first). Greedy ties go to the lowest id.
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position);
+
+// Which sequences of a batch sample a token, and how.
+struct SampleRequest {
+  const SamplingParams* params = nullptr;  // nullptr: this sequence samples nothing
+  int32_t output_position = 0;             // see SampleToken
+};
+
+// tokens[i] = SampleToken(row i of logits [rows][vocab], ...) for each
+// request with params, -1 for the others; tokens gets sample.size() entries.
+void SampleRows(std::span<const float> logits, int32_t vocab,
+                std::span<const SampleRequest> sample, std::vector<int32_t>* tokens);
 
 }  // namespace tandem::model
