@@ -177,6 +177,28 @@ TEST(SurfaceTest, ABadKvStoreBulkPortIsRefusedAtStartup) {
   EXPECT_NE(out.find("--kvstore-bulk-port"), std::string::npos) << out;
 }
 
+// The worker's device flags: bf16 needs the cuda backend, a worker drives one
+// GPU, and device ordinals are not negative. Each is a usage error (exit 2)
+// that names the flag.
+TEST(SurfaceTest, WorkerRefusesDeviceFlagsItCannotHonour) {
+  const std::string worker = BinaryPath("services/worker/tandem-worker");
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--dtype", "bfloat16"}, "--dtype=bfloat16 needs --backend=cuda"},
+           {{"--dtype", "float16"}, "unknown dtype 'float16'"},
+           {{"--gpus", "2"}, "--gpus=2: a worker drives exactly one GPU"},
+           {{"--device", "-1"}, "--device must be >= 0"}}) {
+    std::vector<std::string> argv = {worker, "--model", "no-such-model.bin"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    std::string out;
+    EXPECT_EQ(RunCommand(argv, &out), 2) << c.message << "\n" << out;
+    EXPECT_NE(out.find(c.message), std::string::npos) << out;
+  }
+}
+
 TEST(SurfaceTest, CommandLineClientGeneratesAndBenchmarks) {
   const std::string dir = MakeTempDir("tandem-surface");
   Service worker = StartWorker(dir, "worker", {});

@@ -248,9 +248,15 @@ TEST_F(CudaBf16Test, ArgMaxIsExactlyTheCpuArgMax) {
   logits[2 * vocab + 128255] = 9.0f;                                                   // last
   logits[3 * vocab + 0] = 9.0f;                                                        // first
   for (int32_t i = 0; i < vocab; ++i) logits[4 * vocab + i] = -1.0f;                   // all equal
+  // Ties whose lowest index is not held by the lowest thread (1024 threads
+  // stride the row: thread 0 holds 1024, thread 1 holds 1, thread 40 holds 40).
+  logits[5 * vocab + 1024] = logits[5 * vocab + 1] = 9.0f;
+  logits[6 * vocab + 1024] = logits[6 * vocab + 40] = 9.0f;
   std::vector<int32_t> ref;
   for (int32_t r = 0; r < rows; ++r) ref.push_back(ArgMax(&logits[static_cast<size_t>(r) * vocab], vocab));
   ASSERT_EQ(ref[1], 5);
+  ASSERT_EQ(ref[5], 1);
+  ASSERT_EQ(ref[6], 40);
   DeviceVector<float> d_logits(logits);
   DeviceVector<int32_t> d_out(rows);
   CUDA_OK(cuda::ArgMaxRows(d_logits.get(), rows, vocab, d_out.get(), nullptr));
