@@ -4,67 +4,72 @@
 
 namespace tandem::tokenizer::internal {
 
-struct SentencePieceModel::Impl {
+namespace {
+
+class SentencePieceModelImpl final : public SentencePieceModel {
+ public:
+  bool Load(const std::string& path, std::string* error) {
+    const sentencepiece::util::Status status = sp.Load(path);
+    if (!status.ok()) *error = status.ToString();
+    return status.ok();
+  }
+
+  bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const override {
+    const sentencepiece::util::Status status = sp.Encode(text, ids);
+    if (!status.ok()) *error = status.ToString();
+    return status.ok();
+  }
+
+  bool Decode(const std::vector<int>& ids, std::string* text, std::string* error) const override {
+    const sentencepiece::util::Status status = sp.Decode(ids, text);
+    if (!status.ok()) *error = status.ToString();
+    return status.ok();
+  }
+
+  bool DecodeSurfaces(const std::vector<int>& ids, std::vector<std::string>* surfaces,
+                      std::string* error) const override {
+    // The immutable-proto API reports no status: an empty result for ids
+    // that are not empty means it failed.
+    const sentencepiece::ImmutableSentencePieceText spt = sp.DecodeIdsAsImmutableProto(ids);
+    if (spt.pieces_size() != ids.size()) {
+      *error = "libsentencepiece could not decode the ids";
+      return false;
+    }
+    surfaces->clear();
+    for (int i = 0; i < static_cast<int>(spt.pieces_size()); ++i) {
+      surfaces->push_back(spt.pieces(i).surface());
+    }
+    return true;
+  }
+
+  int size() const override { return sp.GetPieceSize(); }
+  const std::string& IdToPiece(int id) const override { return sp.IdToPiece(id); }
+  int PieceToId(std::string_view piece) const override {
+    const int id = sp.PieceToId(piece);
+    // PieceToId answers unk_id for a piece it does not know.
+    return sp.IdToPiece(id) == piece ? id : -1;
+  }
+  bool IsControl(int id) const override { return sp.IsControl(id); }
+  bool IsUnknown(int id) const override { return sp.IsUnknown(id); }
+  bool IsUnused(int id) const override { return sp.IsUnused(id); }
+  bool IsByte(int id) const override { return sp.IsByte(id); }
+  int bos_id() const override { return sp.bos_id(); }
+  int eos_id() const override { return sp.eos_id(); }
+  int unk_id() const override { return sp.unk_id(); }
+  int pad_id() const override { return sp.pad_id(); }
+
+ private:
   sentencepiece::SentencePieceProcessor sp;
 };
 
-SentencePieceModel::SentencePieceModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-SentencePieceModel::~SentencePieceModel() = default;
-
-std::unique_ptr<SentencePieceModel> SentencePieceModel::Load(const std::string& path,
-                                                             std::string* error) {
-  auto impl = std::make_unique<Impl>();
-  const sentencepiece::util::Status status = impl->sp.Load(path);
-  if (!status.ok()) {
-    *error = status.ToString();
-    return nullptr;
-  }
-  return std::unique_ptr<SentencePieceModel>(new SentencePieceModel(std::move(impl)));
-}
-
-bool SentencePieceModel::Encode(std::string_view text, std::vector<int>* ids,
-                                std::string* error) const {
-  const sentencepiece::util::Status status = impl_->sp.Encode(text, ids);
-  if (!status.ok()) *error = status.ToString();
-  return status.ok();
-}
-
-bool SentencePieceModel::Decode(const std::vector<int>& ids, std::string* text,
-                                std::string* error) const {
-  const sentencepiece::util::Status status = impl_->sp.Decode(ids, text);
-  if (!status.ok()) *error = status.ToString();
-  return status.ok();
-}
-
-bool SentencePieceModel::DecodeSurfaces(const std::vector<int>& ids,
-                                        std::vector<std::string>* surfaces,
-                                        std::string* error) const {
-  // The immutable-proto API reports no status: an empty result for ids that
-  // are not empty means it failed.
-  const sentencepiece::ImmutableSentencePieceText spt = impl_->sp.DecodeIdsAsImmutableProto(ids);
-  if (spt.pieces_size() != ids.size()) {
-    *error = "libsentencepiece could not decode the ids";
-    return false;
-  }
-  surfaces->clear();
-  for (int i = 0; i < static_cast<int>(spt.pieces_size()); ++i) surfaces->push_back(spt.pieces(i).surface());
-  return true;
-}
-
-int SentencePieceModel::size() const { return impl_->sp.GetPieceSize(); }
-const std::string& SentencePieceModel::IdToPiece(int id) const { return impl_->sp.IdToPiece(id); }
-int SentencePieceModel::PieceToId(std::string_view piece) const {
-  const int id = impl_->sp.PieceToId(piece);
-  // PieceToId answers unk_id for a piece it does not know.
-  return impl_->sp.IdToPiece(id) == piece ? id : -1;
-}
-bool SentencePieceModel::IsControl(int id) const { return impl_->sp.IsControl(id); }
-bool SentencePieceModel::IsUnknown(int id) const { return impl_->sp.IsUnknown(id); }
-bool SentencePieceModel::IsUnused(int id) const { return impl_->sp.IsUnused(id); }
-bool SentencePieceModel::IsByte(int id) const { return impl_->sp.IsByte(id); }
-int SentencePieceModel::bos_id() const { return impl_->sp.bos_id(); }
-int SentencePieceModel::eos_id() const { return impl_->sp.eos_id(); }
-int SentencePieceModel::unk_id() const { return impl_->sp.unk_id(); }
-int SentencePieceModel::pad_id() const { return impl_->sp.pad_id(); }
+}  // namespace
 
 }  // namespace tandem::tokenizer::internal
+
+extern "C" __attribute__((visibility("default")))
+tandem::tokenizer::internal::SentencePieceModel* tandem_sentencepiece_load(
+    const std::string& path, std::string* error) {
+  auto model = std::make_unique<tandem::tokenizer::internal::SentencePieceModelImpl>();
+  if (!model->Load(path, error)) return nullptr;
+  return model.release();
+}
