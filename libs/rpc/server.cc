@@ -14,6 +14,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "health_service.h"
 #include "tandem/common/logging.h"
+#include "tandem/common/status.h"
 
 namespace tandem::rpc {
 
@@ -79,18 +80,23 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(grpc::ServerBuilder*
         absl::StrCat("cannot listen on ", options.listen_address, " (address in use or invalid?)"));
   }
   if (!options.port_file.empty()) {
-    std::string tmp = options.port_file + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << port << "\n";
-      if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-    }
-    if (std::rename(tmp.c_str(), options.port_file.c_str()) != 0) {
-      return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", options.port_file));
-    }
+    TANDEM_RETURN_IF_ERROR(WritePortFile(options.port_file, port));
   }
   if (bound_port != nullptr) *bound_port = port;
   return server;
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << port << "\n";
+    if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
 }
 
 void SetServing(grpc::Server* server, const std::string& service, bool serving) {

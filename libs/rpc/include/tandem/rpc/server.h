@@ -50,6 +50,11 @@ void EnableReflectionAndHealth();
 [[nodiscard]] absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
     grpc::ServerBuilder* builder, const ServerOptions& options, int* bound_port);
 
+// Writes `port` and a newline to `path` atomically (a temporary file, then
+// rename), so that a reader never sees a partial number. BuildAndStart uses
+// it for ServerOptions::port_file; servers that are not gRPC use it too.
+[[nodiscard]] absl::Status WritePortFile(const std::string& path, int port);
+
 // Sets the overall ("") and `service` health status: readiness ("can serve
 // now"; NOT_SERVING while the worker is away or loading, and while draining).
 void SetServing(grpc::Server* server, const std::string& service, bool serving);
