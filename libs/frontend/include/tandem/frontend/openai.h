@@ -1,0 +1,160 @@
+// The OpenAI HTTP API of tandem-frontend, as plain data: request bodies
+// parsed and validated into CompletionRequest, errors as OpenAI's error
+// object, and the JSON of responses and stream chunks. No sockets, no gRPC
+// (services/frontend is the adapter), so every rule here has an in-process
+// test (tests/frontend/openai_test.cc).
+//
+// Field by field it follows OpenAI's documented API and vLLM's extensions
+// (https://platform.openai.com/docs/api-reference/completions,
+// vLLM's protocol.py):
+//   /v1/completions       prompt: string | [string] | [int] | [[int]]
+//   /v1/chat/completions  messages (rendered by the model's chat template)
+//   both: model, max_tokens / max_completion_tokens, temperature, top_p,
+//   top_k, min_tokens, seed, n, stop (string or list, matched on text, left
+//   out of the output), stop_token_ids, ignore_eos, stream,
+//   stream_options.include_usage, user, echo (completions),
+//   add_special_tokens, skip_special_tokens, and vLLM's return_token_ids
+//   (choices carry `token_ids`, the response `prompt_token_ids`: the
+//   documented way to see the ids).
+// Unsupported features are refused with a 400 that names the field instead
+// of being silently ignored: logprobs / top_logprobs (the worker returns no
+// log-probabilities), non-zero presence/frequency penalties, repetition
+// penalty other than 1, best_of > 1, suffix, tools with tool_choice other
+// than "none", response_format other than text. Unknown fields are ignored,
+// as OpenAI's SDKs send fields a server may not know.
+//
+// Choice i of n with a seed s uses seed s + i, so that n > 1 gives n
+// different samples that are each reproducible alone (vLLM seeds them from
+// one generator; its exact sequences are not reproducible here).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace tandem::frontend {
+
+// An error the way OpenAI returns it: HTTP status plus
+// {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the request field at fault; "" = null
+  std::string code;   // e.g. "model_not_found"; "" = null
+
+  [[nodiscard]] std::string ToJson() const;
+};
+
+[[nodiscard]] ApiError BadRequest(std::string message, std::string param = "");
+
+enum class Endpoint { kCompletions, kChat };
+
+// One prompt of a completions request: text, or token ids as given.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> token_ids;  // when !text
+};
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                      // "" when the client sent none
+  std::vector<PromptInput> prompts;       // completions: one or more
+  nlohmann::ordered_json messages;        // chat: the conversation
+  bool add_generation_prompt = true;      // chat
+  std::optional<int32_t> max_tokens;      // nullopt: up to max_model_len
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;                      // 0 = off (vLLM's -1 accepted too)
+  int32_t min_tokens = 0;
+  std::optional<int64_t> seed;
+  int32_t n = 1;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool stream = false;
+  bool include_usage = false;             // stream_options.include_usage
+  std::string user;
+  bool echo = false;                      // completions only
+  std::optional<bool> add_special_tokens; // nullopt: true (completions), false (chat)
+  bool skip_special_tokens = true;
+  bool return_token_ids = false;
+};
+
+// Limits the parser enforces.
+inline constexpr int32_t kMaxN = 16;
+inline constexpr int32_t kMaxPrompts = 64;     // prompts in one completions request
+inline constexpr int32_t kMaxStopStrings = 16;
+
+// Parses and validates a request body. On error returns the 400 that names
+// the field; `out` is then unspecified.
+[[nodiscard]] std::optional<ApiError> ParseCompletionRequest(std::string_view body,
+                                                             Endpoint endpoint,
+                                                             CompletionRequest* out);
+
+// The error for a gRPC status from a scheduler (absl/gRPC code numbers are
+// the same): INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503,
+// DEADLINE_EXCEEDED 504, everything else 500.
+[[nodiscard]] ApiError FromStatus(int code, std::string_view message);
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+[[nodiscard]] const char* FinishReasonName(FinishReason reason);  // "stop", "length", ...
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // local + external prefix-cache tokens
+  [[nodiscard]] nlohmann::ordered_json ToJson() const;
+};
+
+// One finished choice of a non-streaming response.
+struct Choice {
+  int32_t index = 0;
+  std::string text;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string stop_reason;             // the stop string that ended it, if any
+  std::optional<int32_t> stop_token;   // or the stop token id
+  std::vector<int32_t> token_ids;      // when return_token_ids
+};
+
+// Identity shared by a response and its chunks.
+struct ResponseHead {
+  std::string id;        // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;   // unix seconds
+  std::string model;
+};
+
+[[nodiscard]] nlohmann::ordered_json CompletionResponse(
+    const CompletionRequest& request, const ResponseHead& head, const std::vector<Choice>& choices,
+    const Usage& usage, const std::vector<std::vector<int32_t>>& prompt_token_ids);
+
+// One SSE event ("data: {...}\n\n") of a stream: a text delta of choice
+// `index`, with finish_reason when it is the choice's last. Chat streams
+// start each choice with a delta carrying the role (first = true).
+struct ChunkDelta {
+  int32_t index = 0;
+  std::string text;
+  bool first = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string stop_reason;
+  std::optional<int32_t> stop_token;
+  std::vector<int32_t> token_ids;  // when return_token_ids
+};
+[[nodiscard]] std::string StreamChunk(const CompletionRequest& request, const ResponseHead& head,
+                                      const ChunkDelta& delta);
+// The usage chunk (choices: []) sent before [DONE] with include_usage.
+[[nodiscard]] std::string StreamUsageChunk(const CompletionRequest& request,
+                                           const ResponseHead& head, const Usage& usage);
+// An error inside a stream that has already started (HTTP status 200 is
+// gone): an event carrying the error object, as vLLM sends it.
+[[nodiscard]] std::string StreamErrorEvent(const ApiError& error);
+inline constexpr std::string_view kStreamDone = "data: [DONE]\n\n";
+
+// A fresh response id: prefix + 32 hex digits.
+[[nodiscard]] std::string NewResponseId(std::string_view prefix);
+
+}  // namespace tandem::frontend

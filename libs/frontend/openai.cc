@@ -1,0 +1,502 @@
+#include "tandem/frontend/openai.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem::frontend {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+// Field readers: absent and null mean "keep the default"; a value of the
+// wrong type or range is a 400 naming the field.
+class Reader {
+ public:
+  explicit Reader(const Json& body) : body_(body) {}
+
+  const Json* Find(const char* name) const {
+    auto it = body_.find(name);
+    if (it == body_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  std::optional<ApiError> Bool(const char* name, bool* out) const {
+    const Json* v = Find(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) return BadRequest(absl::StrCat("'", name, "' must be a boolean"), name);
+    *out = v->get<bool>();
+    return std::nullopt;
+  }
+
+  std::optional<ApiError> Int(const char* name, int64_t min, int64_t max,
+                              std::optional<int64_t>* out) const {
+    const Json* v = Find(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number_integer()) {
+      return BadRequest(absl::StrCat("'", name, "' must be an integer"), name);
+    }
+    // Unsigned values above int64 are out of every range here.
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX}) {
+      return OutOfRange(name, min, max);
+    }
+    const int64_t x = v->get<int64_t>();
+    if (x < min || x > max) return OutOfRange(name, min, max);
+    *out = x;
+    return std::nullopt;
+  }
+
+  std::optional<ApiError> Number(const char* name, double min, double max, bool min_open,
+                                 float* out) const {
+    const Json* v = Find(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number()) return BadRequest(absl::StrCat("'", name, "' must be a number"), name);
+    const double x = v->get<double>();
+    if (!std::isfinite(x) || x < min || (min_open && x == min) || x > max) {
+      return BadRequest(absl::StrFormat("'%s' must be in %c%g, %g], got %g", name,
+                                        min_open ? '(' : '[', min, max, x),
+                        name);
+    }
+    *out = static_cast<float>(x);
+    return std::nullopt;
+  }
+
+  // A field we do not implement: accepted only at its neutral value.
+  std::optional<ApiError> OnlyNeutral(const char* name, const Json& neutral,
+                                      std::string_view why) const {
+    const Json* v = Find(name);
+    if (v == nullptr || *v == neutral) return std::nullopt;
+    return BadRequest(absl::StrCat("'", name, "' is not supported: ", std::string(why)), name);
+  }
+
+ private:
+  static ApiError OutOfRange(const char* name, int64_t min, int64_t max) {
+    return BadRequest(max == INT64_MAX ? absl::StrCat("'", name, "' must be >= ", min)
+                                       : absl::StrCat("'", name, "' must be in [", min, ", ",
+                                                      max, "]"),
+                      name);
+  }
+
+  const Json& body_;
+};
+
+bool IsTokenList(const Json& v) {
+  if (!v.is_array() || v.empty()) return false;
+  for (const Json& x : v) {
+    if (!x.is_number_integer()) return false;
+  }
+  return true;
+}
+
+std::optional<ApiError> ParseTokenList(const Json& v, std::vector<int32_t>* out) {
+  for (const Json& x : v) {
+    if (x.is_number_unsigned() ? x.get<uint64_t>() > uint64_t{INT32_MAX}
+                               : (x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)) {
+      return BadRequest(absl::StrCat("prompt token id ", x.dump(), " is out of range"), "prompt");
+    }
+    out->push_back(x.get<int32_t>());
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParsePrompt(const Json* prompt, CompletionRequest* out) {
+  const char* kShapes = "a string, a list of strings, a list of token ids or a list of lists";
+  if (prompt == nullptr) return BadRequest("'prompt' is required", "prompt");
+  if (prompt->is_string()) {
+    out->prompts.push_back({.text = prompt->get<std::string>()});
+    return std::nullopt;
+  }
+  if (!prompt->is_array() || prompt->empty()) {
+    return BadRequest(absl::StrCat("'prompt' must be ", kShapes, ", non-empty"), "prompt");
+  }
+  if (IsTokenList(*prompt)) {
+    PromptInput& p = out->prompts.emplace_back();
+    return ParseTokenList(*prompt, &p.token_ids);
+  }
+  if (prompt->size() > static_cast<size_t>(kMaxPrompts)) {
+    return BadRequest(absl::StrCat("at most ", kMaxPrompts, " prompts per request"), "prompt");
+  }
+  for (const Json& item : *prompt) {
+    if (item.is_string()) {
+      out->prompts.push_back({.text = item.get<std::string>()});
+    } else if (IsTokenList(item)) {
+      PromptInput& p = out->prompts.emplace_back();
+      if (auto e = ParseTokenList(item, &p.token_ids)) return e;
+    } else {
+      return BadRequest(absl::StrCat("'prompt' must be ", kShapes,
+                                     "; an element is neither a string nor a non-empty list of "
+                                     "integers"),
+                        "prompt");
+    }
+  }
+  return std::nullopt;
+}
+
+// Chat content: a string, or a list of {"type": "text", "text": ...} parts
+// (joined with "\n" as vLLM joins them); null for an assistant turn that
+// only called tools.
+std::optional<ApiError> NormalizeContent(Json* content, size_t index) {
+  const std::string param = absl::StrCat("messages[", index, "].content");
+  if (content->is_null() || content->is_string()) return std::nullopt;
+  if (!content->is_array()) {
+    return BadRequest(param + " must be a string or a list of content parts", param);
+  }
+  std::string text;
+  for (const Json& part : *content) {
+    auto type = part.find("type");
+    auto t = part.find("text");
+    if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() ||
+        !t->is_string()) {
+      return BadRequest(param + ": only parts of type \"text\" are supported", param);
+    }
+    if (!text.empty()) text += "\n";
+    text += t->get<std::string>();
+  }
+  *content = text;
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* out) {
+  if (messages == nullptr || !messages->is_array() || messages->empty()) {
+    return BadRequest("'messages' must be a non-empty list of messages", "messages");
+  }
+  Json copy = *messages;
+  for (size_t i = 0; i < copy.size(); ++i) {
+    Json& m = copy[i];
+    auto role = m.is_object() ? m.find("role") : m.end();
+    if (!m.is_object() || role == m.end() || !role->is_string()) {
+      return BadRequest(absl::StrCat("messages[", i, "] must be an object with a string 'role'"),
+                        "messages");
+    }
+    if (auto content = m.find("content"); content != m.end()) {
+      if (auto e = NormalizeContent(&*content, i)) return e;
+    }
+  }
+  out->messages = OrderedJson::parse(copy.dump());
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseStop(const Json* stop, CompletionRequest* out) {
+  if (stop == nullptr) return std::nullopt;
+  std::vector<std::string> list;
+  if (stop->is_string()) {
+    list.push_back(stop->get<std::string>());
+  } else if (stop->is_array()) {
+    for (const Json& s : *stop) {
+      if (!s.is_string()) return BadRequest("'stop' must be a string or a list of strings", "stop");
+      list.push_back(s.get<std::string>());
+    }
+  } else {
+    return BadRequest("'stop' must be a string or a list of strings", "stop");
+  }
+  if (list.size() > static_cast<size_t>(kMaxStopStrings)) {
+    return BadRequest(absl::StrCat("at most ", kMaxStopStrings, " stop strings"), "stop");
+  }
+  for (std::string& s : list) {
+    if (s.empty()) return BadRequest("stop strings must not be empty", "stop");
+    out->stop.push_back(std::move(s));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseUnsupported(const Reader& r, Endpoint endpoint) {
+  const std::string_view no_logprobs = "the worker does not return log-probabilities";
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto e = r.OnlyNeutral("logprobs", Json(false), no_logprobs)) return e;
+    if (auto e = r.OnlyNeutral("suffix", Json(""), "no insertion models are served")) return e;
+  } else {
+    if (auto e = r.OnlyNeutral("logprobs", Json(false), no_logprobs)) return e;
+    if (auto e = r.OnlyNeutral("top_logprobs", Json(0), no_logprobs)) return e;
+  }
+  if (auto e = r.OnlyNeutral("best_of", Json(1), "use n")) return e;
+  if (auto e = r.OnlyNeutral("presence_penalty", Json(0), "penalties are not implemented")) {
+    return e;
+  }
+  if (auto e = r.OnlyNeutral("frequency_penalty", Json(0), "penalties are not implemented")) {
+    return e;
+  }
+  if (auto e = r.OnlyNeutral("repetition_penalty", Json(1), "penalties are not implemented")) {
+    return e;
+  }
+  if (auto e = r.OnlyNeutral("logit_bias", Json::object(), "not implemented")) return e;
+  if (const Json* tools = r.Find("tools"); tools != nullptr && !(tools->is_array() &&
+                                                                  tools->empty())) {
+    const Json* choice = r.Find("tool_choice");
+    if (choice == nullptr || *choice != "none") {
+      return BadRequest("'tools' is not supported (tool calling is not implemented); send "
+                        "tool_choice \"none\" to render the tools into the prompt only",
+                        "tools");
+    }
+  }
+  if (const Json* format = r.Find("response_format"); format != nullptr) {
+    auto type = format->is_object() ? format->find("type") : format->end();
+    if (!format->is_object() || type == format->end() || *type != "text") {
+      return BadRequest("'response_format' other than {\"type\": \"text\"} is not supported",
+                        "response_format");
+    }
+  }
+  return std::nullopt;
+}
+
+const char* ChunkObject(Endpoint e) {
+  return e == Endpoint::kChat ? "chat.completion.chunk" : "text_completion";
+}
+
+void AddFinish(OrderedJson* choice, FinishReason reason, const std::string& stop_reason,
+               std::optional<int32_t> stop_token) {
+  (*choice)["finish_reason"] =
+      reason == FinishReason::kNone ? OrderedJson() : OrderedJson(FinishReasonName(reason));
+  // vLLM's stop_reason: the stop string or stop token that ended the
+  // choice; null for EOS and length.
+  if (!stop_reason.empty()) {
+    (*choice)["stop_reason"] = stop_reason;
+  } else if (stop_token) {
+    (*choice)["stop_reason"] = *stop_token;
+  } else {
+    (*choice)["stop_reason"] = nullptr;
+  }
+}
+
+std::string Event(const OrderedJson& j) {
+  return absl::StrCat("data: ", j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace),
+                      "\n\n");
+}
+
+}  // namespace
+
+std::string ApiError::ToJson() const {
+  OrderedJson e;
+  e["message"] = message;
+  e["type"] = type;
+  e["param"] = param.empty() ? OrderedJson() : OrderedJson(param);
+  e["code"] = code.empty() ? OrderedJson() : OrderedJson(code);
+  OrderedJson j;
+  j["error"] = std::move(e);
+  return j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+}
+
+ApiError BadRequest(std::string message, std::string param) {
+  return ApiError{.http_status = 400, .message = std::move(message), .param = std::move(param)};
+}
+
+std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint endpoint,
+                                               CompletionRequest* out) {
+  *out = CompletionRequest{};
+  out->endpoint = endpoint;
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return BadRequest("the request body is not valid JSON");
+  if (!j.is_object()) return BadRequest("the request body must be a JSON object");
+  const Reader r(j);
+  if (const Json* model = r.Find("model")) {
+    if (!model->is_string()) return BadRequest("'model' must be a string", "model");
+    out->model = model->get<std::string>();
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto e = ParsePrompt(r.Find("prompt"), out)) return e;
+    if (auto e = r.Bool("echo", &out->echo)) return e;
+  } else {
+    if (auto e = ParseMessages(r.Find("messages"), out)) return e;
+    if (auto e = r.Bool("add_generation_prompt", &out->add_generation_prompt)) return e;
+  }
+  if (auto e = ParseUnsupported(r, endpoint)) return e;
+
+  std::optional<int64_t> v;
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    v.reset();
+    if (auto e = r.Int(name, 1, INT32_MAX, &v)) return e;
+    if (v) out->max_tokens = static_cast<int32_t>(*v);
+  }
+  if (auto e = r.Number("temperature", 0, 1e6, false, &out->temperature)) return e;
+  if (auto e = r.Number("top_p", 0, 1, true, &out->top_p)) return e;
+  v.reset();
+  if (auto e = r.Int("top_k", -1, INT32_MAX, &v)) return e;
+  out->top_k = v && *v > 0 ? static_cast<int32_t>(*v) : 0;
+  v.reset();
+  if (auto e = r.Int("min_tokens", 0, INT32_MAX, &v)) return e;
+  out->min_tokens = static_cast<int32_t>(v.value_or(0));
+  if (out->max_tokens && out->min_tokens > *out->max_tokens) {
+    return BadRequest(absl::StrCat("'min_tokens' (", out->min_tokens,
+                                   ") must not exceed 'max_tokens' (", *out->max_tokens, ")"),
+                      "min_tokens");
+  }
+  if (auto e = r.Int("seed", INT64_MIN, INT64_MAX, &out->seed)) return e;
+  v.reset();
+  if (auto e = r.Int("n", 1, kMaxN, &v)) return e;
+  out->n = static_cast<int32_t>(v.value_or(1));
+  if (auto e = ParseStop(r.Find("stop"), out)) return e;
+  if (const Json* ids = r.Find("stop_token_ids")) {
+    if (!ids->is_array()) {
+      return BadRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids");
+    }
+    for (const Json& id : *ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+        return BadRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids");
+      }
+      out->stop_token_ids.push_back(id.get<int32_t>());
+    }
+  }
+  if (auto e = r.Bool("ignore_eos", &out->ignore_eos)) return e;
+  if (auto e = r.Bool("stream", &out->stream)) return e;
+  if (const Json* options = r.Find("stream_options")) {
+    if (!out->stream) {
+      return BadRequest("'stream_options' is allowed only with stream: true", "stream_options");
+    }
+    if (!options->is_object()) {
+      return BadRequest("'stream_options' must be an object", "stream_options");
+    }
+    if (const Reader o(*options); auto e = o.Bool("include_usage", &out->include_usage)) return e;
+  }
+  if (const Json* user = r.Find("user")) {
+    if (!user->is_string()) return BadRequest("'user' must be a string", "user");
+    out->user = user->get<std::string>();
+  }
+  bool add_special = false;
+  if (r.Find("add_special_tokens") != nullptr) {
+    if (auto e = r.Bool("add_special_tokens", &add_special)) return e;
+    out->add_special_tokens = add_special;
+  }
+  if (auto e = r.Bool("skip_special_tokens", &out->skip_special_tokens)) return e;
+  if (auto e = r.Bool("return_token_ids", &out->return_token_ids)) return e;
+  return std::nullopt;
+}
+
+ApiError FromStatus(int code, std::string_view message) {
+  ApiError e{.message = std::string(message)};
+  switch (code) {
+    case 3:  // INVALID_ARGUMENT
+    case 11:  // OUT_OF_RANGE
+      e.http_status = 400;
+      break;
+    case 8:  // RESOURCE_EXHAUSTED
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      e.code = "rate_limit_exceeded";
+      break;
+    case 14:  // UNAVAILABLE
+      e.http_status = 503;
+      e.type = "server_error";
+      e.code = "service_unavailable";
+      break;
+    case 4:  // DEADLINE_EXCEEDED
+      e.http_status = 504;
+      e.type = "server_error";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+      break;
+  }
+  return e;
+}
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kNone:
+      break;
+  }
+  return "";
+}
+
+OrderedJson Usage::ToJson() const {
+  OrderedJson u;
+  u["prompt_tokens"] = prompt_tokens;
+  u["completion_tokens"] = completion_tokens;
+  u["total_tokens"] = prompt_tokens + completion_tokens;
+  u["prompt_tokens_details"] = {{"cached_tokens", cached_tokens}};
+  return u;
+}
+
+OrderedJson CompletionResponse(const CompletionRequest& request, const ResponseHead& head,
+                               const std::vector<Choice>& choices, const Usage& usage,
+                               const std::vector<std::vector<int32_t>>& prompt_token_ids) {
+  const bool chat = request.endpoint == Endpoint::kChat;
+  OrderedJson j;
+  j["id"] = head.id;
+  j["object"] = chat ? "chat.completion" : "text_completion";
+  j["created"] = head.created;
+  j["model"] = head.model;
+  OrderedJson list = OrderedJson::array();
+  for (const Choice& c : choices) {
+    OrderedJson choice;
+    choice["index"] = c.index;
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = nullptr;
+    AddFinish(&choice, c.finish_reason, c.stop_reason, c.stop_token);
+    if (request.return_token_ids) choice["token_ids"] = c.token_ids;
+    list.push_back(std::move(choice));
+  }
+  j["choices"] = std::move(list);
+  j["usage"] = usage.ToJson();
+  if (request.return_token_ids) {
+    // One prompt (chat, or a single completions prompt): a flat list, as
+    // vLLM returns it; several: one list per prompt.
+    j["prompt_token_ids"] = prompt_token_ids.size() == 1 ? OrderedJson(prompt_token_ids[0])
+                                                         : OrderedJson(prompt_token_ids);
+  }
+  return j;
+}
+
+std::string StreamChunk(const CompletionRequest& request, const ResponseHead& head,
+                        const ChunkDelta& delta) {
+  const bool chat = request.endpoint == Endpoint::kChat;
+  OrderedJson j;
+  j["id"] = head.id;
+  j["object"] = ChunkObject(request.endpoint);
+  j["created"] = head.created;
+  j["model"] = head.model;
+  OrderedJson choice;
+  choice["index"] = delta.index;
+  if (chat) {
+    OrderedJson d = OrderedJson::object();
+    if (delta.first) d["role"] = "assistant";
+    if (delta.first || !delta.text.empty()) d["content"] = delta.text;
+    choice["delta"] = std::move(d);
+  } else {
+    choice["text"] = delta.text;
+  }
+  choice["logprobs"] = nullptr;
+  AddFinish(&choice, delta.finish_reason, delta.stop_reason, delta.stop_token);
+  if (request.return_token_ids) choice["token_ids"] = delta.token_ids;
+  j["choices"] = OrderedJson::array({std::move(choice)});
+  if (request.include_usage) j["usage"] = nullptr;
+  return Event(j);
+}
+
+std::string StreamUsageChunk(const CompletionRequest& request, const ResponseHead& head,
+                             const Usage& usage) {
+  OrderedJson j;
+  j["id"] = head.id;
+  j["object"] = ChunkObject(request.endpoint);
+  j["created"] = head.created;
+  j["model"] = head.model;
+  j["choices"] = OrderedJson::array();
+  j["usage"] = usage.ToJson();
+  return Event(j);
+}
+
+std::string StreamErrorEvent(const ApiError& error) {
+  return absl::StrCat("data: ", error.ToJson(), "\n\n");
+}
+
+std::string NewResponseId(std::string_view prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return absl::StrFormat("%s%016x%016x", prefix, rng(), rng());
+}
+
+}  // namespace tandem::frontend

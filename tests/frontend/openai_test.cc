@@ -1,0 +1,191 @@
+#include "tandem/frontend/openai.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::frontend {
+namespace {
+
+using Json = nlohmann::json;
+
+std::optional<ApiError> Parse(const std::string& body, Endpoint e, CompletionRequest* out) {
+  return ParseCompletionRequest(body, e, out);
+}
+
+// The error a body gets, or "" when it parses.
+std::string ErrorParam(const std::string& body, Endpoint e = Endpoint::kCompletions) {
+  CompletionRequest r;
+  auto error = Parse(body, e, &r);
+  if (!error) return "";
+  EXPECT_EQ(error->http_status, 400);
+  EXPECT_EQ(error->type, "invalid_request_error");
+  return error->param.empty() ? "<none>" : error->param;
+}
+
+TEST(OpenAiParseTest, CompletionFieldsAndDefaults) {
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(R"({"model":"m","prompt":"Once upon"})", Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "Once upon");
+  EXPECT_FALSE(r.max_tokens);
+  EXPECT_FLOAT_EQ(r.temperature, 1.0f);  // OpenAI's default
+  EXPECT_EQ(r.n, 1);
+  EXPECT_FALSE(r.stream);
+
+  ASSERT_FALSE(Parse(R"({"prompt":[1,2,3],"max_tokens":7,"temperature":0,"top_p":0.5,"top_k":-1,
+      "min_tokens":2,"seed":-5,"n":3,"stop":"\n","stop_token_ids":[13],"ignore_eos":true,
+      "stream":true,"stream_options":{"include_usage":true},"user":"u","echo":true,
+      "return_token_ids":true,"logprobs":null,"presence_penalty":0})",
+                     Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.prompts[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_EQ(r.temperature, 0);
+  EXPECT_FLOAT_EQ(r.top_p, 0.5f);
+  EXPECT_EQ(r.top_k, 0);  // vLLM's -1 = off
+  EXPECT_EQ(r.min_tokens, 2);
+  EXPECT_EQ(r.seed, -5);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n"}));
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{13}));
+  EXPECT_TRUE(r.ignore_eos && r.stream && r.include_usage && r.echo && r.return_token_ids);
+}
+
+TEST(OpenAiParseTest, EveryPromptShape) {
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(R"({"prompt":["a","b"]})", Endpoint::kCompletions, &r));
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[1].text, "b");
+  ASSERT_FALSE(Parse(R"({"prompt":[[1,2],[3]]})", Endpoint::kCompletions, &r));
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[1].token_ids, (std::vector<int32_t>{3}));
+  EXPECT_EQ(ErrorParam(R"({"prompt":[]})"), "prompt");
+  EXPECT_EQ(ErrorParam(R"({"prompt":["a",[1]]})"), "");  // mixed lists are fine
+  EXPECT_EQ(ErrorParam(R"({"prompt":[[]]})"), "prompt");
+  EXPECT_EQ(ErrorParam(R"({"prompt":[1,"a"]})"), "prompt");
+  EXPECT_EQ(ErrorParam(R"({"prompt":[-1]})"), "prompt");
+  EXPECT_EQ(ErrorParam(R"({"prompt":[4294967296]})"), "prompt");
+  EXPECT_EQ(ErrorParam(R"({"prompt":5})"), "prompt");
+  EXPECT_EQ(ErrorParam(R"({"max_tokens":5})"), "prompt");  // missing
+}
+
+TEST(OpenAiParseTest, BadParametersNameTheField) {
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","max_tokens":0})"), "max_tokens");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","max_tokens":"5"})"), "max_tokens");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","max_completion_tokens":-2})"), "max_completion_tokens");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","temperature":-0.1})"), "temperature");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","top_p":0})"), "top_p");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","top_p":1.5})"), "top_p");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","top_k":-2})"), "top_k");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","n":0})"), "n");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","n":17})"), "n");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","seed":1.5})"), "seed");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","min_tokens":5,"max_tokens":4})"), "min_tokens");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","stop":[""]})"), "stop");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","stop":[1]})"), "stop");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","stop_token_ids":[-1]})"), "stop_token_ids");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","stream":"yes"})"), "stream");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","stream_options":{"include_usage":true}})"),
+            "stream_options");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","model":3})"), "model");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","user":3})"), "user");
+  EXPECT_EQ(ErrorParam(R"(not json)"), "<none>");
+  EXPECT_EQ(ErrorParam(R"([1,2])"), "<none>");
+}
+
+TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","logprobs":1})"), "logprobs");
+  EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})",
+                       Endpoint::kChat),
+            "logprobs");
+  EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})",
+                       Endpoint::kChat),
+            "top_logprobs");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","presence_penalty":0.5})"), "presence_penalty");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","frequency_penalty":1})"), "frequency_penalty");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","best_of":2})"), "best_of");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","suffix":"y"})"), "suffix");
+  EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],
+      "tools":[{"type":"function"}]})", Endpoint::kChat), "tools");
+  EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],
+      "response_format":{"type":"json_object"}})", Endpoint::kChat), "response_format");
+  // Neutral values and unknown fields pass.
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","presence_penalty":0,"best_of":1,"logprobs":null,
+      "some_future_field":{"a":1}})"), "");
+}
+
+TEST(OpenAiParseTest, ChatMessages) {
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(R"({"messages":[{"role":"system","content":"be brief"},
+      {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
+      "max_completion_tokens":9})",
+                     Endpoint::kChat, &r));
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1]["content"], "a\nb");  // parts joined as vLLM joins them
+  EXPECT_EQ(r.max_tokens, 9);
+  EXPECT_TRUE(r.add_generation_prompt);
+  EXPECT_EQ(ErrorParam(R"({"messages":[]})", Endpoint::kChat), "messages");
+  EXPECT_EQ(ErrorParam(R"({"messages":[{"content":"x"}]})", Endpoint::kChat), "messages");
+  EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+                       Endpoint::kChat),
+            "messages[0].content");
+}
+
+TEST(OpenAiErrorTest, StatusMappingAndBody) {
+  EXPECT_EQ(FromStatus(3, "bad").http_status, 400);
+  EXPECT_EQ(FromStatus(8, "full").http_status, 429);
+  EXPECT_EQ(FromStatus(14, "down").http_status, 503);
+  EXPECT_EQ(FromStatus(13, "bug").http_status, 500);
+  const Json body = Json::parse(BadRequest("'n' must be >= 1", "n").ToJson());
+  EXPECT_EQ(body["error"]["message"], "'n' must be >= 1");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "n");
+  EXPECT_TRUE(body["error"]["code"].is_null());
+}
+
+TEST(OpenAiRenderTest, ResponsesAndChunksHaveOpenAiShapes) {
+  CompletionRequest chat;
+  chat.endpoint = Endpoint::kChat;
+  chat.return_token_ids = true;
+  const ResponseHead head{.id = "chatcmpl-1", .created = 10, .model = "m"};
+  Usage usage{.prompt_tokens = 5, .completion_tokens = 2, .cached_tokens = 4};
+  const auto full = CompletionResponse(
+      chat, head, {Choice{.text = "hi", .finish_reason = FinishReason::kLength, .token_ids = {7, 8}}},
+      usage, {{1, 2, 3, 4, 5}});
+  EXPECT_EQ(full["object"], "chat.completion");
+  EXPECT_EQ(full["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(full["choices"][0]["message"]["content"], "hi");
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(full["choices"][0]["token_ids"], Json({7, 8}));
+  EXPECT_EQ(full["usage"]["total_tokens"], 7);
+  EXPECT_EQ(full["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+  EXPECT_EQ(full["prompt_token_ids"], Json({1, 2, 3, 4, 5}));
+
+  const std::string first = StreamChunk(chat, head, {.text = "", .first = true});
+  ASSERT_EQ(first.substr(0, 6), "data: ");
+  ASSERT_EQ(first.substr(first.size() - 2), "\n\n");
+  const Json c = Json::parse(first.substr(6));
+  EXPECT_EQ(c["object"], "chat.completion.chunk");
+  EXPECT_EQ(c["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
+
+  CompletionRequest text;
+  text.include_usage = true;
+  const Json last = Json::parse(
+      StreamChunk(text, head, {.index = 2, .text = "x", .finish_reason = FinishReason::kStop,
+                               .stop_reason = "\n"})
+          .substr(6));
+  EXPECT_EQ(last["object"], "text_completion");
+  EXPECT_EQ(last["choices"][0]["index"], 2);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(last["choices"][0]["stop_reason"], "\n");
+  EXPECT_TRUE(last["usage"].is_null());
+  const Json u = Json::parse(StreamUsageChunk(text, head, usage).substr(6));
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["completion_tokens"], 2);
+}
+
+}  // namespace
+}  // namespace tandem::frontend
