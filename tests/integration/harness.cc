@@ -1,11 +1,15 @@
 #include "harness.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -206,6 +210,58 @@ Service StartScheduler(const std::string& dir, const std::string& name,
         << "scheduler " << name << " never connected to its worker (log " << log << ")";
   }
   return s;
+}
+
+Service StartFrontend(const std::string& dir, const std::string& name,
+                      const std::vector<std::string>& scheduler_targets,
+                      const std::vector<std::string>& extra_args, bool wait_for_serving) {
+  const std::string port_file = dir + "/" + name + ".port";
+  const std::string log = dir + "/" + name + ".log";
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = {BinaryPath("services/frontend/tandem-frontend"), "--listen",
+                                   "127.0.0.1:0", "--port-file", port_file};
+  for (const std::string& t : scheduler_targets) {
+    argv.push_back("--scheduler");
+    argv.push_back(t);
+  }
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  Service s;
+  s.log_path = log;
+  s.process = Process::Spawn(argv, log);
+  s.port = WaitForPortFile(port_file, &s.process, log);
+  if (wait_for_serving) {
+    EXPECT_TRUE(WaitFor([&] { return HttpGetStatus(s.address(), "/health") == 200; }))
+        << "frontend " << name << " never served (log " << log << ")";
+  }
+  return s;
+}
+
+int HttpGetStatus(const std::string& address, const std::string& path) {
+  // A plain HTTP/1.1 GET over a socket: the harness needs no HTTP library.
+  const size_t colon = address.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval tv{.tv_sec = 5, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) < 0) {
+    close(fd);
+    return -1;
+  }
+  char buf[64] = {};
+  const ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
+  close(fd);
+  int status = -1;
+  if (n > 12 && std::sscanf(buf, "HTTP/1.1 %d", &status) == 1) return status;
+  return -1;
 }
 
 std::vector<GenerateResult> RunConcurrently(v1::Generation::Stub* stub,

@@ -79,6 +79,14 @@ Service StartScheduler(const std::string& dir, const std::string& name,
                        const std::string& worker_address,
                        const std::vector<std::string>& extra_args, bool wait_for_worker = true);
 
+// Starts a tandem-frontend (HTTP) for the scheduler targets; waits until it
+// listens and, when `wait_for_serving`, until its /health answers 200.
+Service StartFrontend(const std::string& dir, const std::string& name,
+                      const std::vector<std::string>& scheduler_targets,
+                      const std::vector<std::string>& extra_args, bool wait_for_serving = true);
+// The HTTP status of GET http://address/path, or -1 when it cannot connect.
+int HttpGetStatus(const std::string& address, const std::string& path);
+
 // grpc.health.v1.Health/Check of `service` ("" = the whole server):
 // 1 SERVING, 2 NOT_SERVING, -1 when the call failed (NOT_FOUND included).
 int HealthStatus(const std::string& address, const std::string& service = "");

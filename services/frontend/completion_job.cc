@@ -1,0 +1,518 @@
+#include "completion_job.h"
+
+#include <chrono>
+#include <ctime>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "tandem/common/logging.h"
+#include "tandem/frontend/stop_strings.h"
+#include "tandem/tokenizer/incremental_detokenizer.h"
+
+namespace tandem::frontend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ApiError ContextLengthError(const std::string& message, const std::string& param) {
+  ApiError e = BadRequest(message, param);
+  e.code = "context_length_exceeded";
+  return e;
+}
+
+FinishReason FromProto(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_STOP:
+      return FinishReason::kStop;
+    case v1::FINISH_REASON_LENGTH:
+      return FinishReason::kLength;
+    case v1::FINISH_REASON_ABORT:
+      return FinishReason::kAbort;
+    case v1::FINISH_REASON_ERROR:
+      return FinishReason::kError;
+    default:
+      return FinishReason::kNone;
+  }
+}
+
+struct ChoiceState {
+  int32_t index = 0;
+  int32_t prompt = 0;  // which prompt
+  v1::GenerateRequest request;
+  std::vector<std::string> tried;  // replicas, in order
+  std::shared_ptr<grpc::ClientContext> context;  // of the call running, if any
+  int32_t attempt = 0;
+  std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
+  std::unique_ptr<StopStringMatcher> stops;
+  std::vector<int32_t> token_ids;
+  std::string text;        // the whole text (non-streaming responses)
+  bool produced = false;   // a token arrived: no retry elsewhere after this
+  bool done = false;
+  bool chunk_sent = false;
+  FinishReason finish = FinishReason::kNone;
+  std::string stop_reason;
+  std::optional<int32_t> stop_token;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+};
+
+class Job;
+
+// One Generate call. Its callbacks run on gRPC's threads: they only post to
+// the job's strand. Deletes itself after OnDone.
+class CallReactor final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  CallReactor(std::shared_ptr<Job> job, std::shared_ptr<HttpExchange> exchange, Router* router,
+              int32_t choice, int32_t attempt, std::shared_ptr<Replica> replica,
+              std::shared_ptr<grpc::ClientContext> context, const v1::GenerateRequest& request)
+      : job_(std::move(job)),
+        exchange_(std::move(exchange)),
+        router_(router),
+        choice_(choice),
+        attempt_(attempt),
+        replica_(std::move(replica)),
+        context_(std::move(context)),
+        request_(request) {}
+
+  void Start() {
+    replica_->stub()->async()->Generate(context_.get(), &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  std::shared_ptr<Job> job_;
+  std::shared_ptr<HttpExchange> exchange_;
+  Router* router_;
+  int32_t choice_;
+  int32_t attempt_;
+  std::shared_ptr<Replica> replica_;
+  std::shared_ptr<grpc::ClientContext> context_;
+  v1::GenerateRequest request_;
+  v1::GenerateResponse response_;
+};
+
+class Job : public std::enable_shared_from_this<Job> {
+ public:
+  Job(Frontend* frontend, std::shared_ptr<HttpExchange> exchange, CompletionRequest request,
+      std::string endpoint)
+      : frontend_(frontend),
+        exchange_(std::move(exchange)),
+        request_(std::move(request)),
+        endpoint_(std::move(endpoint)),
+        start_(Clock::now()) {
+    frontend_->JobStarted();
+  }
+  ~Job() {
+    frontend_->JobFinished();
+    frontend_->metrics().duration.Observe(
+        std::chrono::duration<double>(Clock::now() - start_).count());
+  }
+
+  // On the strand.
+  void Start();
+  void OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse& msg);
+  void OnCallDone(int32_t choice, int32_t attempt, const std::string& replica,
+                  const grpc::Status& status);
+  void ClientGone();
+
+ private:
+  bool StartCall(ChoiceState& c);
+  void Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids);
+  void StartStream();
+  void MaybeComplete();
+  void Fail(const ApiError& error);
+  void CancelAll();
+  void Count(int http_status) { frontend_->CountResponse(endpoint_, http_status); }
+
+  Frontend* frontend_;
+  std::shared_ptr<HttpExchange> exchange_;
+  CompletionRequest request_;
+  std::string endpoint_;
+  Clock::time_point start_;
+  ResponseHead head_;
+  PreparedPrompts prompts_;
+  std::vector<ChoiceState> choices_;
+  bool stream_started_ = false;
+  bool first_token_ = false;
+  bool finished_ = false;  // the response is complete or failed
+};
+
+void CallReactor::OnReadDone(bool ok) {
+  if (!ok) return;
+  exchange_->Post([job = job_, choice = choice_, attempt = attempt_, msg = response_] {
+    job->OnMessage(choice, attempt, msg);
+  });
+  response_.Clear();
+  StartRead(&response_);
+}
+
+void CallReactor::OnDone(const grpc::Status& status) {
+  router_->Release(replica_.get());
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    router_->MarkUnavailable(replica_.get());
+  }
+  exchange_->Post([job = job_, choice = choice_, attempt = attempt_, name = replica_->name(),
+                   status] { job->OnCallDone(choice, attempt, name, status); });
+  delete this;
+}
+
+void Job::Start() {
+  const std::optional<ModelInfo> model = frontend_->router().model();
+  const std::optional<std::string> name = frontend_->ModelName();
+  if (!model || !name) {
+    Fail(FromStatus(14, "no scheduler replica has described its model yet"));
+    return;
+  }
+  if (!request_.model.empty() && request_.model != *name) {
+    ApiError e{.http_status = 404,
+               .message = absl::StrCat("The model '", request_.model,
+                                       "' does not exist; this server serves '", *name, "'"),
+               .param = "model",
+               .code = "model_not_found"};
+    Fail(e);
+    return;
+  }
+  if (auto e = PreparePrompts(*frontend_, request_, *model, &prompts_)) {
+    Fail(*e);
+    return;
+  }
+  head_ = {.id = NewResponseId(request_.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
+           .created = static_cast<int64_t>(std::time(nullptr)),
+           .model = *name};
+  tokenizer::DecodeOptions decode{.skip_special_tokens = request_.skip_special_tokens};
+  const int32_t n = request_.n;
+  choices_.resize(prompts_.ids.size() * n);
+  for (size_t p = 0; p < prompts_.ids.size(); ++p) {
+    const int32_t prompt_len = static_cast<int32_t>(prompts_.ids[p].size());
+    int32_t max_tokens = model->max_model_len - prompt_len;
+    if (request_.max_tokens) {
+      if (static_cast<int64_t>(prompt_len) + *request_.max_tokens > model->max_model_len) {
+        Fail(ContextLengthError(
+            absl::StrCat("This model's maximum context length is ", model->max_model_len,
+                         " tokens. However, you requested ",
+                         static_cast<int64_t>(prompt_len) + *request_.max_tokens, " tokens (",
+                         prompt_len, " in the prompt, ", *request_.max_tokens,
+                         " in the completion)."),
+            "max_tokens"));
+        return;
+      }
+      max_tokens = *request_.max_tokens;
+    }
+    for (int32_t j = 0; j < n; ++j) {
+      ChoiceState& c = choices_[p * n + j];
+      c.index = static_cast<int32_t>(p) * n + j;
+      c.prompt = static_cast<int32_t>(p);
+      v1::GenerateRequest& r = c.request;
+      r.set_request_id(absl::StrCat(head_.id, "-", c.index));
+      r.mutable_prompt_token_ids()->Assign(prompts_.ids[p].begin(), prompts_.ids[p].end());
+      v1::SamplingParams* s = r.mutable_sampling();
+      s->set_temperature(request_.temperature);
+      s->set_top_k(request_.top_k);
+      s->set_top_p(request_.top_p);
+      if (request_.seed) {
+        s->set_seed(static_cast<uint64_t>(*request_.seed) + static_cast<uint64_t>(j));
+        s->set_has_seed(true);
+      }
+      s->set_max_tokens(max_tokens);
+      s->set_min_tokens(std::min(request_.min_tokens, max_tokens));
+      s->set_ignore_eos(request_.ignore_eos);
+      s->mutable_stop_token_ids()->Assign(request_.stop_token_ids.begin(),
+                                          request_.stop_token_ids.end());
+      c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(frontend_->tokenizer(), decode);
+      c.stops = std::make_unique<StopStringMatcher>(request_.stop);
+      if (request_.echo) c.text = prompts_.texts[p];
+    }
+  }
+  for (ChoiceState& c : choices_) {
+    frontend_->metrics().prompt_tokens.Increment(static_cast<double>(c.request.prompt_token_ids_size()));
+  }
+  std::weak_ptr<Job> weak = weak_from_this();
+  exchange_->SetOnClientGone([weak] {
+    if (auto job = weak.lock()) job->ClientGone();
+  });
+  for (ChoiceState& c : choices_) {
+    if (!StartCall(c)) {
+      Fail(FromStatus(14, "no scheduler replica is serving"));
+      return;
+    }
+  }
+}
+
+bool Job::StartCall(ChoiceState& c) {
+  const auto& prompt = prompts_.ids[c.prompt];
+  std::shared_ptr<Replica> replica = frontend_->router().Pick(prompt, c.tried);
+  if (replica == nullptr) return false;
+  c.tried.push_back(replica->name());
+  ++c.attempt;
+  c.context = std::make_shared<grpc::ClientContext>();
+  (new CallReactor(shared_from_this(), exchange_, &frontend_->router(), c.index, c.attempt,
+                   std::move(replica), c.context, c.request))
+      ->Start();
+  return true;
+}
+
+void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse& msg) {
+  ChoiceState& c = choices_[choice];
+  if (finished_ || c.done || attempt != c.attempt) return;
+  if (!first_token_ && msg.token_ids_size() > 0) {
+    first_token_ = true;
+    frontend_->metrics().ttft.Observe(std::chrono::duration<double>(Clock::now() - start_).count());
+  }
+  std::string delta;
+  std::vector<int32_t> ids;
+  const bool final = msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  for (int k = 0; k < msg.token_ids_size() && !c.done; ++k) {
+    const int32_t t = msg.token_ids(k);
+    c.produced = true;
+    c.token_ids.push_back(t);
+    ids.push_back(t);
+    ++c.completion_tokens;
+    const bool last = k + 1 == msg.token_ids_size();
+    if (final && last && msg.finish_reason() == v1::FINISH_REASON_STOP &&
+        std::find(request_.stop_token_ids.begin(), request_.stop_token_ids.end(), t) !=
+            request_.stop_token_ids.end()) {
+      c.stop_token = t;  // counted and returned, its text left out
+      continue;
+    }
+    absl::StatusOr<std::string> piece = c.detok->Push(t);
+    if (!piece.ok()) continue;  // outside the tokenizer's vocabulary: no text
+    StopStringMatcher::Step step = c.stops->Push(*piece);
+    delta += step.text;
+    if (step.stopped) {
+      c.finish = FinishReason::kStop;
+      c.stop_reason = step.matched;
+      c.stop_token.reset();
+      c.done = true;
+      if (c.context) c.context->TryCancel();  // the scheduler frees its blocks
+    }
+  }
+  if (final && !c.done) {
+    StopStringMatcher::Step step = c.stops->Push(c.detok->Finish());
+    delta += step.text;
+    if (step.stopped) {
+      c.finish = FinishReason::kStop;
+      c.stop_reason = step.matched;
+      c.stop_token.reset();
+    } else {
+      delta += c.stops->Finish();
+      c.finish = FromProto(msg.finish_reason());
+    }
+    c.done = true;
+    c.completion_tokens = msg.usage().output_tokens();
+    c.cached_tokens = msg.usage().cached_tokens_local() + msg.usage().cached_tokens_external();
+  }
+  frontend_->metrics().generation_tokens.Increment(static_cast<double>(ids.size()));
+  Emit(c, std::move(delta), std::move(ids));
+  if (c.done) MaybeComplete();
+}
+
+void Job::Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids) {
+  if (!request_.stream) {
+    c.text += delta;
+    return;
+  }
+  const bool first = !c.chunk_sent;
+  if (first && request_.echo) delta = c.text + delta;  // c.text holds the prompt
+  if (!first && !c.done && delta.empty() && (!request_.return_token_ids || ids.empty())) return;
+  StartStream();
+  ChunkDelta chunk{.index = c.index,
+                   .text = std::move(delta),
+                   .first = first && request_.endpoint == Endpoint::kChat,
+                   .finish_reason = c.done ? c.finish : FinishReason::kNone,
+                   .stop_reason = c.done ? c.stop_reason : std::string(),
+                   .stop_token = c.done ? c.stop_token : std::nullopt,
+                   .token_ids = std::move(ids)};
+  exchange_->Write(StreamChunk(request_, head_, chunk));
+  c.chunk_sent = true;
+}
+
+void Job::StartStream() {
+  if (stream_started_) return;
+  stream_started_ = true;
+  exchange_->StartStream(200, "text/event-stream; charset=utf-8");
+}
+
+void Job::OnCallDone(int32_t choice, int32_t attempt, const std::string& replica,
+                     const grpc::Status& status) {
+  ChoiceState& c = choices_[choice];
+  if (attempt != c.attempt) return;
+  c.context.reset();
+  if (finished_ || c.done) return;
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !c.produced) {
+    TANDEM_LOG(WARNING) << "request " << c.request.request_id() << ": replica " << replica
+                        << " is unavailable (" << status.error_message()
+                        << "); trying another";
+    frontend_->metrics().retries.Increment();
+    if (StartCall(c)) return;
+    Fail(FromStatus(14, absl::StrCat("no scheduler replica is serving (last: ", replica, ": ",
+                                     status.error_message(), ")")));
+    return;
+  }
+  if (status.ok()) {
+    Fail(FromStatus(13, "the scheduler ended the stream without a finish reason"));
+    return;
+  }
+  Fail(FromStatus(static_cast<int>(status.error_code()), status.error_message()));
+}
+
+void Job::MaybeComplete() {
+  if (finished_) return;
+  for (const ChoiceState& c : choices_) {
+    if (!c.done) return;
+  }
+  finished_ = true;
+  Usage usage;
+  for (size_t p = 0; p < prompts_.ids.size(); ++p) {
+    usage.prompt_tokens += static_cast<int64_t>(prompts_.ids[p].size());
+    int64_t cached = 0;
+    for (int32_t j = 0; j < request_.n; ++j) {
+      cached = std::max(cached, choices_[p * request_.n + j].cached_tokens);
+    }
+    usage.cached_tokens += cached;
+  }
+  for (const ChoiceState& c : choices_) usage.completion_tokens += c.completion_tokens;
+  Count(200);
+  if (request_.stream) {
+    StartStream();
+    if (request_.include_usage) exchange_->Write(StreamUsageChunk(request_, head_, usage));
+    exchange_->Write(std::string(kStreamDone));
+    exchange_->End();
+    return;
+  }
+  std::vector<Choice> choices;
+  for (ChoiceState& c : choices_) {
+    choices.push_back({.index = c.index,
+                       .text = std::move(c.text),
+                       .finish_reason = c.finish,
+                       .stop_reason = c.stop_reason,
+                       .stop_token = c.stop_token,
+                       .token_ids = c.token_ids});
+  }
+  exchange_->Respond(200, "application/json",
+                     CompletionResponse(request_, head_, choices, usage, prompts_.ids)
+                         .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+}
+
+void Job::Fail(const ApiError& error) {
+  if (finished_) return;
+  finished_ = true;
+  CancelAll();
+  if (!stream_started_) {
+    RespondError(*exchange_, error);
+    Count(error.http_status);
+    return;
+  }
+  Count(error.http_status);
+  exchange_->Write(StreamErrorEvent(error));
+  exchange_->Write(std::string(kStreamDone));
+  exchange_->End();
+}
+
+void Job::CancelAll() {
+  for (ChoiceState& c : choices_) {
+    if (c.context) c.context->TryCancel();
+  }
+}
+
+void Job::ClientGone() {
+  if (finished_) return;
+  finished_ = true;
+  frontend_->metrics().client_disconnects.Increment();
+  Count(499);  // nginx's "client closed request"
+  CancelAll();
+}
+
+// Strips a leading BOS text a chat template wrote, for tokenizers that
+// cannot read special tokens from text (llama2.c, SentencePiece): the
+// tokenizer adds the BOS id instead.
+bool StripBosText(const tokenizer::Tokenizer& tok, std::string* text) {
+  const std::string& bos = tok.bos_token();
+  if (bos.empty() || tok.kind() == tokenizer::TokenizerKind::kHuggingFace ||
+      !absl::StartsWith(*text, bos)) {
+    return false;
+  }
+  text->erase(0, bos.size());
+  return true;
+}
+
+}  // namespace
+
+std::optional<ApiError> PreparePrompts(const Frontend& frontend, const CompletionRequest& request,
+                                       const ModelInfo& model, PreparedPrompts* out) {
+  const tokenizer::Tokenizer& tok = frontend.tokenizer();
+  const char* param = request.endpoint == Endpoint::kChat ? "messages" : "prompt";
+  if (request.endpoint == Endpoint::kChat) {
+    if (!frontend.chat_template()) {
+      return BadRequest("this server has no chat template for its model; start tandem-frontend "
+                        "with --chat-template",
+                        "messages");
+    }
+    tokenizer::ChatTemplateInputs inputs{.messages = request.messages,
+                                         .add_generation_prompt = request.add_generation_prompt,
+                                         .bos_token = tok.bos_token(),
+                                         .eos_token = tok.eos_token()};
+    absl::StatusOr<std::string> rendered = frontend.chat_template()->Render(inputs);
+    if (!rendered.ok()) {
+      return BadRequest(absl::StrCat("chat template: ", rendered.status().message()), "messages");
+    }
+    std::string text = *std::move(rendered);
+    bool add_special = request.add_special_tokens.value_or(false);
+    if (StripBosText(tok, &text)) add_special = true;
+    absl::StatusOr<std::vector<int32_t>> ids =
+        tok.Encode(text, {.add_special_tokens = add_special});
+    if (!ids.ok()) return BadRequest(std::string(ids.status().message()), "messages");
+    out->ids.push_back(*std::move(ids));
+    out->texts.push_back(std::move(text));
+  } else {
+    for (const PromptInput& p : request.prompts) {
+      if (p.text) {
+        absl::StatusOr<std::vector<int32_t>> ids =
+            tok.Encode(*p.text, {.add_special_tokens = request.add_special_tokens.value_or(true)});
+        if (!ids.ok()) return BadRequest(std::string(ids.status().message()), "prompt");
+        out->ids.push_back(*std::move(ids));
+        out->texts.push_back(*p.text);
+        continue;
+      }
+      for (size_t i = 0; i < p.token_ids.size(); ++i) {
+        if (p.token_ids[i] >= model.vocab_size) {
+          return BadRequest(absl::StrCat("prompt token id ", p.token_ids[i], " at position ", i,
+                                         " is outside the vocabulary (size ", model.vocab_size,
+                                         ")"),
+                            "prompt");
+        }
+      }
+      out->ids.push_back(p.token_ids);
+      std::string text;
+      if (request.echo) {
+        absl::StatusOr<std::string> decoded = tok.Decode(p.token_ids);
+        if (decoded.ok()) text = *std::move(decoded);
+      }
+      out->texts.push_back(std::move(text));
+    }
+  }
+  for (const std::vector<int32_t>& ids : out->ids) {
+    if (ids.empty()) return BadRequest("the prompt is empty (it has no tokens)", param);
+    if (static_cast<int64_t>(ids.size()) >= model.max_model_len) {
+      return ContextLengthError(
+          absl::StrCat("This model's maximum context length is ", model.max_model_len,
+                       " tokens. However, your prompt has ", ids.size(),
+                       " tokens, which leaves no room for a completion."),
+          param);
+    }
+  }
+  return std::nullopt;
+}
+
+void StartCompletionJob(Frontend* frontend, std::shared_ptr<HttpExchange> exchange,
+                        CompletionRequest request, std::string endpoint) {
+  auto job = std::make_shared<Job>(frontend, std::move(exchange), std::move(request),
+                                   std::move(endpoint));
+  job->Start();
+}
+
+}  // namespace tandem::frontend

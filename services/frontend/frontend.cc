@@ -1,0 +1,262 @@
+#include "frontend.h"
+
+#include <ctime>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "completion_job.h"
+#include "nlohmann/json.hpp"
+#include "prometheus/text_serializer.h"
+#include "tandem/frontend/openai.h"
+
+namespace tandem::frontend {
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+std::string Dump(const OrderedJson& j) {
+  return j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+}
+
+// Seconds; TTFT through the frontend starts near a millisecond.
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+}
+
+}  // namespace
+
+FrontendMetrics::FrontendMetrics(prometheus::Registry* registry)
+    : requests(prometheus::BuildCounter()
+                   .Name("tandem_frontend_requests_total")
+                   .Help("HTTP requests answered, by endpoint and status code (499: the client "
+                         "closed the connection first).")
+                   .Register(*registry)),
+      ttft(prometheus::BuildHistogram()
+               .Name("tandem_frontend_time_to_first_token_seconds")
+               .Help("From the request's arrival to its first generated token.")
+               .Register(*registry)
+               .Add({}, LatencyBuckets())),
+      duration(prometheus::BuildHistogram()
+                   .Name("tandem_frontend_request_duration_seconds")
+                   .Help("From a completion request's arrival to its last byte.")
+                   .Register(*registry)
+                   .Add({}, LatencyBuckets())),
+      prompt_tokens(prometheus::BuildCounter()
+                        .Name("tandem_frontend_prompt_tokens_total")
+                        .Help("Prompt tokens sent to the schedulers (once per choice).")
+                        .Register(*registry)
+                        .Add({})),
+      generation_tokens(prometheus::BuildCounter()
+                            .Name("tandem_frontend_generation_tokens_total")
+                            .Help("Generated tokens received from the schedulers.")
+                            .Register(*registry)
+                            .Add({})),
+      client_disconnects(prometheus::BuildCounter()
+                             .Name("tandem_frontend_client_disconnects_total")
+                             .Help("Completion requests whose client closed the connection "
+                                   "before the response ended (their generations aborted).")
+                             .Register(*registry)
+                             .Add({})),
+      retries(prometheus::BuildCounter()
+                  .Name("tandem_frontend_retries_total")
+                  .Help("Choices sent to another replica after one answered UNAVAILABLE before "
+                        "the first token.")
+                  .Register(*registry)
+                  .Add({})),
+      in_flight(prometheus::BuildGauge()
+                    .Name("tandem_frontend_requests_in_flight")
+                    .Help("Completion requests being answered.")
+                    .Register(*registry)
+                    .Add({})),
+      open_connections(prometheus::BuildGauge()
+                           .Name("tandem_frontend_open_connections")
+                           .Help("HTTP connections open.")
+                           .Register(*registry)
+                           .Add({})) {}
+
+Frontend::Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
+                   std::optional<tokenizer::ChatTemplate> chat_template, Router* router,
+                   std::shared_ptr<prometheus::Registry> registry)
+    : options_(std::move(options)),
+      tokenizer_(std::move(tokenizer)),
+      chat_template_(std::move(chat_template)),
+      router_(router),
+      registry_(std::move(registry)),
+      metrics_(registry_.get()) {}
+
+void RespondError(HttpExchange& exchange, const ApiError& error) {
+  exchange.Respond(error.http_status, "application/json", error.ToJson());
+}
+
+std::optional<std::string> Frontend::ModelName() const {
+  if (!options_.served_model_name.empty()) return options_.served_model_name;
+  std::optional<ModelInfo> model = router_->model();
+  if (!model) return std::nullopt;
+  return model->name;
+}
+
+void Frontend::CountResponse(const std::string& endpoint, int http_status) {
+  metrics_.requests.Add({{"endpoint", endpoint}, {"code", std::to_string(http_status)}})
+      .Increment();
+}
+
+bool Frontend::Authorized(const HttpExchange& exchange) const {
+  if (options_.api_key.empty()) return true;
+  return exchange.request().Header("authorization") == "Bearer " + options_.api_key;
+}
+
+void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
+  const HttpRequest& req = exchange->request();
+  const std::string& path = req.path;
+  auto method_is = [&](const char* method) {
+    if (req.method == method) return true;
+    ApiError e{.http_status = 405,
+               .message = absl::StrCat(path, " takes ", method, ", not ", req.method)};
+    RespondError(*exchange, e);
+    CountResponse(path, 405);
+    return false;
+  };
+  if (path == "/health") {
+    if (!method_is("GET")) return;
+    const bool live_only = absl::StrContains(req.query, "live=1");
+    const bool ok = live_only || (!draining_.load() && router_->any_serving());
+    exchange->Respond(ok ? 200 : 503, "application/json",
+                      ok ? "{}"
+                         : (draining_.load() ? R"({"status":"draining"})"
+                                             : R"({"status":"no scheduler replica is serving"})"));
+    return;
+  }
+  if (path == "/metrics") {
+    if (method_is("GET")) Metrics(*exchange);
+    return;
+  }
+  const bool v1 = absl::StartsWith(path, "/v1/");
+  if (v1 && !Authorized(*exchange)) {
+    ApiError e{.http_status = 401,
+               .message = "a valid API key is needed: send 'Authorization: Bearer <key>'",
+               .type = "authentication_error",
+               .code = "invalid_api_key"};
+    RespondError(*exchange, e);
+    CountResponse(path, 401);
+    return;
+  }
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (!method_is("POST")) return;
+    const Endpoint endpoint =
+        path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat;
+    CompletionRequest request;
+    if (auto e = ParseCompletionRequest(req.body, endpoint, &request)) {
+      RespondError(*exchange, *e);
+      CountResponse(path, e->http_status);
+      return;
+    }
+    StartCompletionJob(this, std::move(exchange), std::move(request), path);
+    return;
+  }
+  if (path == "/v1/models") {
+    if (method_is("GET")) Models(*exchange);
+    return;
+  }
+  if (path == "/tokenize") {
+    if (method_is("POST")) Tokenize(*exchange);
+    return;
+  }
+  if (path == "/detokenize") {
+    if (method_is("POST")) Detokenize(*exchange);
+    return;
+  }
+  ApiError e{.http_status = 404, .message = absl::StrCat("no route for ", req.method, " ", path)};
+  RespondError(*exchange, e);
+  CountResponse("other", 404);
+}
+
+void Frontend::Models(HttpExchange& exchange) {
+  std::optional<std::string> name = ModelName();
+  std::optional<ModelInfo> model = router_->model();
+  if (!name || !model) {
+    RespondError(exchange, FromStatus(14, "no scheduler replica has described its model yet"));
+    CountResponse("/v1/models", 503);
+    return;
+  }
+  OrderedJson card;
+  card["id"] = *name;
+  card["object"] = "model";
+  card["created"] = static_cast<int64_t>(std::time(nullptr));
+  card["owned_by"] = "tandem";
+  card["root"] = model->name;
+  card["max_model_len"] = model->max_model_len;
+  OrderedJson body;
+  body["object"] = "list";
+  body["data"] = OrderedJson::array({card});
+  exchange.Respond(200, "application/json", Dump(body));
+  CountResponse("/v1/models", 200);
+}
+
+// vLLM's /tokenize: {"prompt": text} or {"messages": [...]}, plus
+// add_special_tokens; answers {"count", "max_model_len", "tokens"}.
+void Frontend::Tokenize(HttpExchange& exchange) {
+  auto fail = [&](const ApiError& e) {
+    RespondError(exchange, e);
+    CountResponse("/tokenize", e.http_status);
+  };
+  const nlohmann::json body = nlohmann::json::parse(exchange.request().body, nullptr, false);
+  if (!body.is_object()) return fail(BadRequest("the request body must be a JSON object"));
+  const bool chat = body.contains("messages");
+  if (!chat && !(body.contains("prompt") && body["prompt"].is_string())) {
+    return fail(BadRequest("'prompt' (a string) or 'messages' is required", "prompt"));
+  }
+  CompletionRequest request;
+  if (auto e = ParseCompletionRequest(exchange.request().body,
+                                      chat ? Endpoint::kChat : Endpoint::kCompletions, &request)) {
+    return fail(*e);
+  }
+  std::optional<ModelInfo> model = router_->model();
+  ModelInfo limits = model.value_or(ModelInfo{.vocab_size = tokenizer_->vocab_size(),
+                                              .max_model_len = INT32_MAX});
+  PreparedPrompts prompts;
+  if (auto e = PreparePrompts(*this, request, limits, &prompts)) return fail(*e);
+  OrderedJson out;
+  out["count"] = prompts.ids[0].size();
+  out["max_model_len"] = model ? OrderedJson(model->max_model_len) : OrderedJson();
+  out["tokens"] = prompts.ids[0];
+  exchange.Respond(200, "application/json", Dump(out));
+  CountResponse("/tokenize", 200);
+}
+
+// vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": text}.
+void Frontend::Detokenize(HttpExchange& exchange) {
+  auto fail = [&](const ApiError& e) {
+    RespondError(exchange, e);
+    CountResponse("/detokenize", e.http_status);
+  };
+  const nlohmann::json body = nlohmann::json::parse(exchange.request().body, nullptr, false);
+  auto tokens = body.is_object() ? body.find("tokens") : body.end();
+  if (!body.is_object() || tokens == body.end() || !tokens->is_array()) {
+    return fail(BadRequest("'tokens' (a list of token ids) is required", "tokens"));
+  }
+  std::vector<int32_t> ids;
+  for (const auto& t : *tokens) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+      return fail(BadRequest("'tokens' must be a list of token ids", "tokens"));
+    }
+    ids.push_back(t.get<int32_t>());
+  }
+  absl::StatusOr<std::string> text = tokenizer_->Decode(ids);
+  if (!text.ok()) return fail(BadRequest(std::string(text.status().message()), "tokens"));
+  OrderedJson out;
+  out["prompt"] = *text;
+  exchange.Respond(200, "application/json", Dump(out));
+  CountResponse("/detokenize", 200);
+}
+
+void Frontend::Metrics(HttpExchange& exchange) {
+  router_->UpdateMetrics();
+  metrics_.in_flight.Set(static_cast<double>(in_flight_.load()));
+  if (server_ != nullptr) {
+    metrics_.open_connections.Set(static_cast<double>(server_->open_connections()));
+  }
+  exchange.Respond(200, "text/plain; version=0.0.4; charset=utf-8",
+                   prometheus::TextSerializer().Serialize(registry_->Collect()));
+}
+
+}  // namespace tandem::frontend

@@ -1,0 +1,103 @@
+// tandem-frontend's HTTP routes: the OpenAI API (libs/frontend/openai.h)
+// over the schedulers' tandem.v1.Generation gRPC API.
+//
+//   POST /v1/completions, /v1/chat/completions   (JSON or SSE)
+//   GET  /v1/models
+//   POST /tokenize, /detokenize                  (as vLLM has them)
+//   GET  /health        200 while a replica serves and we are not draining,
+//                       else 503; /health?live=1: 200 while the process runs
+//   GET  /metrics       Prometheus text
+//
+// One request = one CompletionJob (completion_job.h): it tokenizes, routes
+// each choice to a replica, streams tokens back as text, and aborts the
+// generation on the scheduler when the client goes away.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "http_server.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "router.h"
+#include "tandem/frontend/openai.h"
+#include "tandem/tokenizer/chat_template.h"
+#include "tandem/tokenizer/tokenizer.h"
+
+namespace tandem::frontend {
+
+struct FrontendOptions {
+  // The model's name in /v1/models and responses; requests naming another
+  // get 404. Empty: the name the schedulers describe.
+  std::string served_model_name;
+  // With a key, /v1/* demands "Authorization: Bearer <key>" (401 otherwise).
+  std::string api_key;
+};
+
+struct FrontendMetrics {
+  explicit FrontendMetrics(prometheus::Registry* registry);
+  prometheus::Family<prometheus::Counter>& requests;  // {endpoint, code}
+  prometheus::Histogram& ttft;
+  prometheus::Histogram& duration;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& generation_tokens;
+  prometheus::Counter& client_disconnects;
+  prometheus::Counter& retries;
+  prometheus::Gauge& in_flight;
+  prometheus::Gauge& open_connections;
+};
+
+class Frontend {
+ public:
+  Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
+           std::optional<tokenizer::ChatTemplate> chat_template, Router* router,
+           std::shared_ptr<prometheus::Registry> registry);
+
+  // The HttpServer's handler.
+  void Handle(std::shared_ptr<HttpExchange> exchange);
+
+  // /health answers 503 from now on (Kubernetes stops sending traffic);
+  // requests already accepted go on.
+  void SetDraining() { draining_.store(true); }
+  int64_t in_flight() const { return in_flight_.load(); }
+  void set_server(const HttpServer* server) { server_ = server; }
+
+  // What CompletionJob needs.
+  const FrontendOptions& options() const { return options_; }
+  const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const std::optional<tokenizer::ChatTemplate>& chat_template() const { return chat_template_; }
+  Router& router() { return *router_; }
+  FrontendMetrics& metrics() { return metrics_; }
+  // The served name, or nullopt while no replica has described the model.
+  std::optional<std::string> ModelName() const;
+  void CountResponse(const std::string& endpoint, int http_status);
+  void JobStarted() { in_flight_.fetch_add(1); }
+  void JobFinished() { in_flight_.fetch_sub(1); }
+
+ private:
+  bool Authorized(const HttpExchange& exchange) const;
+  void Models(HttpExchange& exchange);
+  void Tokenize(HttpExchange& exchange);
+  void Detokenize(HttpExchange& exchange);
+  void Metrics(HttpExchange& exchange);
+
+  FrontendOptions options_;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
+  std::optional<tokenizer::ChatTemplate> chat_template_;
+  Router* router_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  FrontendMetrics metrics_;
+  const HttpServer* server_ = nullptr;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
+};
+
+// Sends an OpenAI error object with its status.
+void RespondError(HttpExchange& exchange, const ApiError& error);
+
+}  // namespace tandem::frontend

@@ -1,0 +1,376 @@
+#include "http_server.h"
+
+#include <deque>
+#include <mutex>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "boost/asio.hpp"
+#include "boost/beast/core.hpp"
+#include "boost/beast/http.hpp"
+#include "tandem/common/logging.h"
+
+namespace tandem::frontend {
+
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+struct HttpServer::Impl {
+  explicit Impl(HttpServerOptions o, Handler h) : options(std::move(o)), handler(std::move(h)) {}
+  void Accept();
+
+  HttpServerOptions options;
+  Handler handler;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::atomic<int64_t> open{0};
+};
+
+// One connection. Every member is touched only on the connection's strand
+// (the executor of its socket).
+class HttpSession : public std::enable_shared_from_this<HttpSession> {
+ public:
+  HttpSession(tcp::socket socket, HttpServer::Impl* server)
+      : stream_(std::move(socket)), server_(server) {
+    server_->open.fetch_add(1);
+  }
+  ~HttpSession() { server_->open.fetch_sub(1); }
+
+  void Run() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
+  }
+  void Post(std::function<void()> fn) { net::post(stream_.get_executor(), std::move(fn)); }
+
+  // The exchange API, on the strand.
+  // `seq` names the exchange: calls for an exchange that is over are
+  // ignored, so a late call never lands on the next request of the
+  // connection.
+  void Respond(uint64_t seq, int status, const std::string& content_type, const std::string& body,
+               const std::vector<std::pair<std::string, std::string>>& headers) {
+    if (seq != seq_ || !active_ || started_) return;
+    started_ = true;
+    std::string out = Head(status, content_type);
+    for (const auto& [name, value] : headers) absl::StrAppend(&out, name, ": ", value, "\r\n");
+    absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n", body);
+    Queue(std::move(out));
+    complete_ = true;
+    Flush();
+  }
+  void StartStream(uint64_t seq, int status, const std::string& content_type) {
+    if (seq != seq_ || !active_ || started_) return;
+    started_ = true;
+    Queue(absl::StrCat(Head(status, content_type),
+                       "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"));
+    Flush();
+  }
+  void Write(uint64_t seq, const std::string& data) {
+    if (seq != seq_ || !active_ || !started_ || complete_ || data.empty()) return;
+    Queue(absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n"));
+    Flush();
+  }
+  void End(uint64_t seq) {
+    if (seq != seq_ || !active_ || !started_ || complete_) return;
+    Queue("0\r\n\r\n");
+    complete_ = true;
+    Flush();
+  }
+  void SetOnClientGone(uint64_t seq, std::function<void()> fn) {
+    if (seq == seq_ && active_) on_gone_ = std::move(fn);
+  }
+  bool gone() const { return gone_.load(); }
+  uint64_t seq() const { return seq_; }
+
+ private:
+  std::string Head(int status, const std::string& content_type) const {
+    const auto reason = http::obsolete_reason(static_cast<http::status>(status));
+    return absl::StrCat("HTTP/1.1 ", status, " ", std::string(reason.data(), reason.size()),
+                        "\r\nServer: tandem-frontend\r\nContent-Type: ", content_type,
+                        "\r\nConnection: ", keep_alive_ ? "keep-alive" : "close", "\r\n");
+  }
+
+  void DoRead() {
+    parser_.emplace();
+    parser_->body_limit(server_->options.max_body_bytes);
+    parser_->header_limit(64 << 10);
+    stream_.expires_after(server_->options.read_timeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->OnRead(ec);
+                     });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == http::error::body_limit || ec == http::error::header_limit) {
+      keep_alive_ = false;
+      BeginExchange(HttpRequest{});
+      Respond(seq_, 413, "application/json",
+              absl::StrCat(R"({"error":{"message":"the request is larger than )",
+                           server_->options.max_body_bytes,
+                           R"( bytes","type":"invalid_request_error","param":null,"code":null}})"),
+              {});
+      return;
+    }
+    if (ec) {
+      Close();
+      return;
+    }
+    http::request<http::string_body> msg = parser_->release();
+    HttpRequest request;
+    request.method = std::string(msg.method_string());
+    const std::string_view target(msg.target().data(), msg.target().size());
+    const size_t q = target.find('?');
+    request.path = std::string(target.substr(0, q));
+    if (q != std::string_view::npos) request.query = std::string(target.substr(q + 1));
+    for (const auto& field : msg) {
+      request.headers[absl::AsciiStrToLower(
+          std::string(field.name_string().data(), field.name_string().size()))] =
+          std::string(field.value());
+    }
+    request.body = std::move(msg.body());
+    keep_alive_ = msg.keep_alive();
+    stream_.expires_never();
+    BeginExchange(std::move(request));
+  }
+
+  void BeginExchange(HttpRequest request) {
+    ++seq_;
+    active_ = true;
+    started_ = complete_ = false;
+    on_gone_ = nullptr;
+    auto exchange = std::make_shared<HttpExchange>(shared_from_this(), std::move(request));
+    Watch();
+    if (!exchange->request().method.empty()) server_->handler(std::move(exchange));
+  }
+
+  // Notices a client that closes the connection while we answer.
+  void Watch() {
+    if (watching_) return;
+    watching_ = true;
+    stream_.socket().async_wait(tcp::socket::wait_read,
+                                [self = shared_from_this()](beast::error_code ec) {
+                                  self->OnWatch(ec);
+                                });
+  }
+
+  void OnWatch(beast::error_code ec) {
+    watching_ = false;
+    if (read_after_watch_) {
+      read_after_watch_ = false;
+      DoRead();
+      return;
+    }
+    if (ec || !active_) return;
+    // The peek must not block: a wait can complete with nothing to read
+    // (epoll reports readiness by edges, and an old edge may arrive late);
+    // a blocking peek would then hold this strand, and the response, until
+    // the client gives up.
+    char byte;
+    beast::error_code peek_ec;
+    stream_.socket().non_blocking(true, peek_ec);
+    const size_t n = stream_.socket().receive(net::buffer(&byte, 1),
+                                              tcp::socket::message_peek, peek_ec);
+    if (peek_ec == net::error::would_block || peek_ec == net::error::try_again) {
+      Watch();  // nothing there after all: keep watching
+      return;
+    }
+    if (peek_ec || n == 0) {
+      ClientGone();
+    }
+    // Else: a pipelined request waits in the socket; it is read after this
+    // response (and a close behind it is noticed then).
+  }
+
+  void ClientGone() {
+    if (gone_.exchange(true)) return;
+    if (on_gone_) {
+      auto fn = std::move(on_gone_);
+      on_gone_ = nullptr;
+      fn();
+    }
+    Close();
+  }
+
+  void Queue(std::string data) { outbox_ += data; }
+
+  void Flush() {
+    if (writing_ || gone_) return;
+    if (outbox_.empty()) {
+      if (complete_) FinishExchange();
+      return;
+    }
+    writing_ = true;
+    inflight_.swap(outbox_);
+    outbox_.clear();
+    net::async_write(stream_, net::buffer(inflight_),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->writing_ = false;
+                       self->inflight_.clear();
+                       if (ec) {
+                         self->ClientGone();
+                         return;
+                       }
+                       self->Flush();
+                     });
+  }
+
+  void FinishExchange() {
+    active_ = false;
+    on_gone_ = nullptr;
+    if (!keep_alive_) {
+      Close();
+      return;
+    }
+    if (watching_) {
+      // OnWatch reads the next request once the wait completes.
+      read_after_watch_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+    } else {
+      DoRead();
+    }
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  beast::tcp_stream stream_;
+  HttpServer::Impl* server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  bool keep_alive_ = true;
+  bool active_ = false;    // an exchange is being answered
+  bool started_ = false;   // its status line is queued
+  bool complete_ = false;  // its last byte is queued
+  std::atomic<bool> gone_{false};
+  uint64_t seq_ = 0;  // of the current (or last) exchange
+  bool watching_ = false;
+  bool read_after_watch_ = false;
+  bool writing_ = false;
+  std::string outbox_;
+  std::string inflight_;
+  std::function<void()> on_gone_;
+};
+
+std::string HttpRequest::Header(const std::string& lower_name) const {
+  auto it = headers.find(lower_name);
+  return it == headers.end() ? "" : it->second;
+}
+
+// Made on the strand (BeginExchange), so seq() is the new exchange's.
+HttpExchange::HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request)
+    : session_(std::move(session)), seq_(session_->seq()), request_(std::move(request)) {}
+
+HttpExchange::~HttpExchange() {
+  // A handler that drops an exchange unanswered must not hang the client:
+  // a 500, or the end of a stream it started.
+  session_->Post([s = session_, seq = seq_] {
+    s->Respond(seq, 500, "application/json",
+               R"({"error":{"message":"the request was dropped without a response",)"
+               R"("type":"server_error","param":null,"code":null}})",
+               {});
+    s->End(seq);
+  });
+}
+
+void HttpExchange::Respond(int status, std::string content_type, std::string body,
+                           std::vector<std::pair<std::string, std::string>> headers) {
+  session_->Post([s = session_, seq = seq_, status, ct = std::move(content_type),
+                  b = std::move(body), h = std::move(headers)] { s->Respond(seq, status, ct, b, h); });
+}
+void HttpExchange::StartStream(int status, std::string content_type) {
+  session_->Post([s = session_, seq = seq_, status, ct = std::move(content_type)] {
+    s->StartStream(seq, status, ct);
+  });
+}
+void HttpExchange::Write(std::string data) {
+  session_->Post([s = session_, seq = seq_, d = std::move(data)] { s->Write(seq, d); });
+}
+void HttpExchange::End() {
+  session_->Post([s = session_, seq = seq_] { s->End(seq); });
+}
+void HttpExchange::Post(std::function<void()> fn) { session_->Post(std::move(fn)); }
+void HttpExchange::SetOnClientGone(std::function<void()> fn) {
+  session_->SetOnClientGone(seq_, std::move(fn));
+}
+bool HttpExchange::client_gone() const { return session_->gone(); }
+
+void HttpServer::Impl::Accept() {
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+    if (!ec) {
+      beast::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<HttpSession>(std::move(socket), this)->Run();
+    }
+    Accept();
+  });
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                              Handler handler) {
+  const std::string& address = options.listen_address;
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address '", address, "' is not host:port"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty() || host == "*") host = "0.0.0.0";
+  if (host == "localhost") host = "127.0.0.1";
+  beast::error_code ec;
+  const net::ip::address ip = net::ip::make_address(host, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address '", address, "': '", host, "' is not an IP address"));
+  }
+  auto server = std::unique_ptr<HttpServer>(new HttpServer());
+  server->impl_ = std::make_shared<Impl>(options, std::move(handler));
+  Impl& impl = *server->impl_;
+  const tcp::endpoint endpoint(ip, static_cast<unsigned short>(port));
+  impl.acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl.acceptor.bind(endpoint, ec);
+  if (!ec) impl.acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", ec.message()));
+  }
+  server->port_ = impl.acceptor.local_endpoint().port();
+  impl.Accept();
+  for (int i = 0; i < std::max(1, options.threads); ++i) {
+    server->threads_.emplace_back([&impl] { impl.ioc.run(); });
+  }
+  return server;
+}
+
+int64_t HttpServer::open_connections() const { return impl_->open.load(); }
+
+void HttpServer::StopAccepting() {
+  net::post(impl_->ioc, [impl = impl_] {
+    beast::error_code ignored;
+    impl->acceptor.close(ignored);
+  });
+}
+
+void HttpServer::Stop() {
+  if (threads_.empty()) return;
+  impl_->ioc.stop();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+}  // namespace tandem::frontend

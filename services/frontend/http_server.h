@@ -1,0 +1,111 @@
+// The HTTP/1.1 server of tandem-frontend, on Boost.Beast and Asio (Debian's
+// libboost-dev): a fixed pool of I/O threads runs every connection
+// asynchronously, so 1,000 open SSE streams cost 1,000 sockets and small
+// buffers, not 1,000 threads.
+//
+// A connection reads one request at a time (keep-alive; pipelined requests
+// wait their turn) and hands it to the handler as an HttpExchange on the
+// connection's strand. The handler answers at once (Respond) or later from
+// any thread (Respond, or StartStream + Write + End for chunked streams
+// such as SSE). While a request is being answered the connection watches its
+// socket: a client that closes it fires the exchange's on-client-gone
+// callback once (the frontend aborts the generation then).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::frontend {
+
+class HttpSession;
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST", ...
+  std::string path;    // without the query
+  std::string query;   // after '?', "" when none
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string body;
+
+  // The header's value, or "".
+  [[nodiscard]] std::string Header(const std::string& lower_name) const;
+};
+
+class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
+ public:
+  HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request);
+  ~HttpExchange();
+
+  const HttpRequest& request() const { return request_; }
+
+  // Every method below is safe from any thread; the work runs on the
+  // connection's strand in call order.
+
+  // A complete response with Content-Length. Once per exchange; ignored
+  // after the client is gone.
+  void Respond(int status, std::string content_type, std::string body,
+               std::vector<std::pair<std::string, std::string>> headers = {});
+  // Starts a chunked response (SSE: "text/event-stream"). Then Write any
+  // number of times and End once.
+  void StartStream(int status, std::string content_type);
+  void Write(std::string data);
+  void End();
+  // Runs `fn` on the connection's strand (the handler's own state machine
+  // uses it to stay single-threaded).
+  void Post(std::function<void()> fn);
+  // `fn` runs once, on the strand, if the client closes the connection
+  // before the response is complete. Set it on the strand.
+  void SetOnClientGone(std::function<void()> fn);
+  bool client_gone() const;
+
+ private:
+  friend class HttpSession;
+  std::shared_ptr<HttpSession> session_;
+  uint64_t seq_;  // which exchange of the connection this is
+  HttpRequest request_;
+};
+
+struct HttpServerOptions {
+  std::string listen_address = "127.0.0.1:8000";  // host:port; port 0 = any free one
+  int threads = 2;
+  size_t max_body_bytes = 32 << 20;
+  // A request's headers and body must arrive within this; an idle
+  // keep-alive connection is closed after it.
+  std::chrono::seconds read_timeout{60};
+};
+
+class HttpServer {
+ public:
+  using Handler = std::function<void(std::shared_ptr<HttpExchange>)>;
+
+  ~HttpServer();
+  // Binds, listens and starts the I/O threads. UNAVAILABLE when the address
+  // cannot be bound, INVALID_ARGUMENT when it does not parse.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      const HttpServerOptions& options, Handler handler);
+  int port() const { return port_; }
+  // Connections open now (a gauge for /metrics).
+  int64_t open_connections() const;
+  // Stops taking new connections; open ones go on.
+  void StopAccepting();
+  // Closes every connection and joins the threads.
+  void Stop();
+
+  struct Impl;
+
+ private:
+  HttpServer() = default;
+  std::shared_ptr<Impl> impl_;
+  std::vector<std::thread> threads_;
+  int port_ = 0;
+};
+
+}  // namespace tandem::frontend

@@ -1,0 +1,144 @@
+// tandem-frontend: the OpenAI-compatible HTTP front door. Owns the tokenizer
+// and routes requests across scheduler replicas (tandem.v1.Generation).
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "frontend.h"
+#include "http_server.h"
+#include "router.h"
+#include "tandem/common/logging.h"
+#include "tandem/rpc/flags.h"
+#include "tandem/rpc/server.h"
+
+namespace {
+
+int Fail(const std::string& message, int code = 2) {
+  std::cerr << "tandem-frontend: " << message << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tandem::rpc::BlockShutdownSignals();
+  tandem::SetLogTag("frontend");
+  tandem::frontend::HttpServerOptions http{.listen_address = "127.0.0.1:8000",
+                                           .threads = static_cast<int>(std::max(
+                                               2u, std::thread::hardware_concurrency()))};
+  tandem::frontend::RouterOptions router_options;
+  tandem::frontend::FrontendOptions options;
+  std::string port_file, tokenizer_path, chat_template, api_key_file, routing = "affinity";
+  int32_t threads = http.threads, drain_timeout_s = 30;
+
+  tandem::rpc::FlagSet flags(
+      "tandem-frontend",
+      "Serves the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
+      "/tokenize, /detokenize, /health, /metrics) and routes each request to a tandem-scheduler "
+      "replica over gRPC.");
+  flags.Add("listen", &http.listen_address, "host:port of the HTTP server (port 0: any free port)");
+  flags.Add("port-file", &port_file, "write the bound port to this file once listening");
+  flags.Add("scheduler", &router_options.targets,
+            "a scheduler replica: host:port, or dns:///name:port for every address the name "
+            "resolves to (a headless Service); repeatable");
+  flags.Add("resolve-interval-s", &router_options.resolve_interval_s,
+            "how often dns:/// targets are resolved again");
+  flags.Add("health-interval-s", &router_options.health_interval_s,
+            "how often each replica's gRPC health is checked (a call that fails UNAVAILABLE "
+            "takes its replica out at once, whatever this says)");
+  flags.Add("tokenizer", &tokenizer_path,
+            "tokenizer.model, tokenizer.bin, tokenizer.json or a directory holding one "
+            "(with tokenizer_config.json)");
+  flags.Add("chat-template", &chat_template,
+            "for /v1/chat/completions: a built-in template (llama-2, llama-3, chatml) or a Jinja "
+            "file; empty: the tokenizer's own chat_template");
+  flags.Add("served-model-name", &options.served_model_name,
+            "the model's name in the API (empty: the name the schedulers describe)");
+  flags.Add("api-key", &options.api_key,
+            "demand 'Authorization: Bearer <key>' on /v1/* (prefer --api-key-file: argv is "
+            "visible to other processes)");
+  flags.Add("api-key-file", &api_key_file, "read the API key from this file (trimmed)");
+  flags.Add("routing", &routing,
+            "affinity (same prompt prefix, same replica, unless overloaded), least-loaded or "
+            "round-robin");
+  flags.Add("affinity-blocks", &router_options.affinity_blocks,
+            "KV blocks of the prompt's start that choose the replica under --routing affinity");
+  flags.Add("threads", &threads, "HTTP I/O threads (default: the machine's cores)");
+  flags.Add("drain-timeout-s", &drain_timeout_s,
+            "on SIGTERM/SIGINT, how long accepted requests may take to finish");
+  flags.MirrorsVllm({"served-model-name", "api-key", "chat-template", "tokenizer"});
+  flags.ParseOrExit(argc, argv);
+
+  auto policy = tandem::frontend::ParseRoutingPolicy(routing);
+  if (!policy) return Fail("--routing must be affinity, least-loaded or round-robin, got '" + routing + "'");
+  router_options.policy = *policy;
+  if (threads < 1) return Fail("--threads must be >= 1");
+  http.threads = threads;
+  if (tokenizer_path.empty()) return Fail("--tokenizer is required");
+  if (!api_key_file.empty()) {
+    std::ifstream f(api_key_file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (!f) return Fail("cannot read --api-key-file " + api_key_file);
+    options.api_key = std::string(absl::StripAsciiWhitespace(ss.str()));
+    if (options.api_key.empty()) return Fail("--api-key-file " + api_key_file + " is empty");
+  }
+
+  auto tokenizer = tandem::tokenizer::LoadTokenizer(tokenizer_path);
+  if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
+  std::shared_ptr<const tandem::tokenizer::Tokenizer> tok = *std::move(tokenizer);
+  std::optional<tandem::tokenizer::ChatTemplate> chat;
+  if (auto t = tandem::tokenizer::ChatTemplate::Select(chat_template, *tok); t.ok()) {
+    chat = *std::move(t);
+  } else if (!chat_template.empty() || tok->chat_template()) {
+    return Fail(std::string(t.status().message()));
+  } else {
+    TANDEM_LOG(WARNING) << "the tokenizer has no chat template and --chat-template is empty: "
+                           "/v1/chat/completions answers 400";
+  }
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  tandem::frontend::Router router(router_options, registry.get());
+  if (absl::Status s = router.Start(); !s.ok()) return Fail(std::string(s.message()));
+  tandem::frontend::Frontend frontend(options, tok, std::move(chat), &router, registry);
+  auto server = tandem::frontend::HttpServer::Start(
+      http, [&frontend](std::shared_ptr<tandem::frontend::HttpExchange> exchange) {
+        frontend.Handle(std::move(exchange));
+      });
+  if (!server.ok()) return Fail(std::string(server.status().message()), 1);
+  frontend.set_server(server->get());
+  if (!port_file.empty()) {
+    if (absl::Status s = tandem::rpc::WritePortFile(port_file, (*server)->port()); !s.ok()) {
+      return Fail(std::string(s.message()), 1);
+    }
+  }
+  if (!tandem::rpc::IsLoopbackAddress(http.listen_address) && options.api_key.empty()) {
+    TANDEM_LOG(WARNING) << "serving " << http.listen_address
+                        << " beyond loopback without an API key and without TLS: anyone who "
+                           "reaches the port can generate (set --api-key-file)";
+  }
+  TANDEM_LOG(INFO) << "listening on port " << (*server)->port() << " (HTTP, " << http.threads
+                   << " threads); " << router_options.targets.size() << " scheduler target(s), "
+                   << "routing " << routing;
+
+  const int sig = tandem::rpc::WaitForShutdownSignal();
+  TANDEM_LOG(INFO) << "signal " << sig << ": draining (/health answers 503)";
+  frontend.SetDraining();
+  (*server)->StopAccepting();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(drain_timeout_s);
+  while (frontend.in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (frontend.in_flight() > 0) {
+    TANDEM_LOG(WARNING) << "drain timeout: " << frontend.in_flight()
+                        << " requests still open are cut off";
+  }
+  (*server)->Stop();
+  router.Stop();
+  TANDEM_LOG(INFO) << "stopped";
+  // Calls cut off by the drain timeout may still hold the server's
+  // connections; leave without running their destructors.
+  std::quick_exit(0);
+}

@@ -1,0 +1,122 @@
+// The scheduler replicas behind tandem-frontend and the choice among them.
+//
+// Targets (--scheduler, repeatable):
+//   host:port          one replica; gRPC resolves the name itself.
+//   dns:///name:port   every address the name resolves to is a replica (a
+//                      headless Kubernetes Service lists the pods); resolved
+//                      again every resolve_interval_s, so replicas that come
+//                      and go are added and dropped.
+// A background thread checks each replica's gRPC health
+// ("tandem.v1.Generation") every health_interval_s and asks a SERVING one
+// for its model (GetModelInfo) once. Requests go only to SERVING replicas;
+// a call that fails with UNAVAILABLE marks its replica not serving until the
+// next health check says otherwise. The first model described is the
+// frontend's; a replica that describes another fingerprint is never used
+// (logged).
+//
+// The policy is tandem::frontend::PickReplica (libs/frontend/routing.h).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+#include "tandem/frontend/routing.h"
+#include "tandem/v1/generation.grpc.pb.h"
+
+namespace tandem::frontend {
+
+struct ModelInfo {
+  std::string name;
+  std::string fingerprint;
+  int32_t vocab_size = 0;
+  int32_t max_model_len = 0;
+  int32_t block_size = 0;
+  int32_t eos_token_id = -1;
+};
+
+class Replica {
+ public:
+  explicit Replica(std::string name);
+  const std::string& name() const { return name_; }
+  v1::Generation::Stub* stub() const { return stub_.get(); }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  bool serving() const { return serving_.load() && !wrong_model_.load(); }
+  int64_t outstanding() const { return outstanding_.load(); }
+
+ private:
+  friend class Router;
+  std::string name_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+  std::atomic<bool> serving_{false};
+  std::atomic<bool> wrong_model_{false};
+  std::atomic<bool> described_{false};
+  std::atomic<int64_t> outstanding_{0};
+  std::string from_target_;  // the --scheduler target it came from
+};
+
+struct RouterOptions {
+  std::vector<std::string> targets;
+  RoutingPolicy policy = RoutingPolicy::kAffinity;
+  int32_t affinity_blocks = 4;
+  double resolve_interval_s = 5;
+  double health_interval_s = 1;
+};
+
+class Router {
+ public:
+  Router(RouterOptions options, prometheus::Registry* registry);
+  ~Router();
+
+  // Checks the targets (INVALID_ARGUMENT names a bad one), resolves them
+  // once and starts the health thread.
+  [[nodiscard]] absl::Status Start();
+  void Stop();
+
+  // A serving replica for `prompt`, not one of `exclude` (names); its
+  // outstanding count is raised until Release. nullptr when none serves.
+  std::shared_ptr<Replica> Pick(std::span<const int32_t> prompt,
+                                std::span<const std::string> exclude);
+  void Release(Replica* replica);
+  // A call saw UNAVAILABLE: no new requests until health says SERVING.
+  void MarkUnavailable(Replica* replica);
+
+  // The model the replicas serve, once one has described it.
+  std::optional<ModelInfo> model() const;
+  bool any_serving() const;
+  // Brings the per-replica gauges up to date (before a scrape).
+  void UpdateMetrics();
+
+ private:
+  void Loop();
+  void Resolve();
+  void CheckHealth();
+  std::vector<std::shared_ptr<Replica>> Snapshot() const;
+
+  RouterOptions options_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<Replica>> replicas_;
+  std::optional<ModelInfo> model_;
+  uint64_t turn_ = 0;
+  bool stop_ = false;
+  std::condition_variable cv_;
+  std::thread thread_;
+
+  prometheus::Family<prometheus::Counter>* decisions_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* outstanding_gauge_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* serving_gauge_ = nullptr;
+};
+
+}  // namespace tandem::frontend

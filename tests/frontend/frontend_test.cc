@@ -1,0 +1,402 @@
+// tandem-frontend end to end: the real worker, scheduler and frontend
+// binaries on loopback, driven by the npm `openai` SDK (a client we did not
+// write) and by plain HTTP.
+//   - random32k with the Llama 2 tokenizer: every reference case, streamed
+//     and not, gives the reference ids and SentencePiece's text of them,
+//     and the same ids as the gRPC path;
+//   - every error case has its status and OpenAI error body, and a stream
+//     running beside them is unaffected;
+//   - a client that disconnects mid-stream frees its request on the
+//     scheduler;
+//   - three replicas: prefix affinity hits the local prefix cache at least
+//     twice as often as round-robin, and a replica killed with SIGKILL loses
+//     no request that had not started streaming.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "../integration/harness.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tandem/tokenizer/tokenizer.h"
+
+namespace tandem::testing {
+namespace {
+
+using Json = nlohmann::json;
+
+const std::string kShared = TANDEM_SHARED_DIR;
+const std::string kModels = kShared + "/models";
+
+Json ReadJson(const std::string& path) {
+  std::ifstream f(path);
+  return Json::parse(f);
+}
+
+struct HttpResult {
+  int status = -1;
+  Json body;
+  std::string raw;
+};
+
+HttpResult Post(const std::string& address, const std::string& path, const Json& body,
+                const httplib::Headers& headers = {}) {
+  httplib::Client client("http://" + address);
+  client.set_read_timeout(120, 0);
+  auto res = client.Post(path, headers, body.dump(), "application/json");
+  HttpResult out;
+  if (!res) return out;
+  out.status = res->status;
+  out.raw = res->body;
+  out.body = Json::parse(res->body, nullptr, false);
+  return out;
+}
+
+std::string Get(const std::string& address, const std::string& path) {
+  httplib::Client client("http://" + address);
+  auto res = client.Get(path);
+  return res ? res->body : "";
+}
+
+// The value of an unlabelled Prometheus series, or -1.
+double Metric(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+// The ids and text of an SSE completion stream's body.
+struct Streamed {
+  std::vector<int32_t> ids;
+  std::string text;
+  std::string finish_reason;
+  bool done = false;
+};
+Streamed ParseSse(const std::string& body) {
+  Streamed out;
+  std::istringstream in(body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    const std::string data = line.substr(6);
+    if (data == "[DONE]") {
+      out.done = true;
+      continue;
+    }
+    const Json chunk = Json::parse(data);
+    for (const Json& c : chunk["choices"]) {
+      out.text += c.value("text", "");
+      for (const Json& id : c.value("token_ids", Json::array())) out.ids.push_back(id);
+      if (!c["finish_reason"].is_null()) out.finish_reason = c["finish_reason"];
+    }
+  }
+  return out;
+}
+
+class FrontendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("frontend");
+    worker_ = StartWorker(dir_, "worker", {"--model", kModels + "/random32k.bin"});
+    scheduler_ = StartScheduler(dir_, "scheduler", worker_.address(), {});
+    frontend_ = StartFrontend(dir_, "frontend", {scheduler_.address()},
+                              {"--tokenizer", kModels + "/tokenizer.model", "--chat-template",
+                               "llama-2"});
+    reference_ = ReadJson(kModels + "/random32k.reference.json");
+  }
+
+  std::string dir_;
+  Service worker_, scheduler_, frontend_;
+  Json reference_;
+};
+
+TEST_F(FrontendTest, OpenAiSdkGetsTheReferenceTokensAndTextStreamedOrNot) {
+  const std::string npm = std::string(TANDEM_BINARY_DIR) + "/frontend_npm";
+  const std::string out = dir_ + "/openai_cases.json";
+  std::string log;
+  const int rc = RunCommand({"/usr/bin/env", "NODE_PATH=" + npm + "/node_modules", "node",
+                             npm + "/openai_cases.mjs", "http://" + frontend_.address() + "/v1",
+                             kModels + "/random32k.reference.json", out},
+                            &log, std::chrono::seconds(300));
+  ASSERT_EQ(rc, 0) << log << "\nfrontend log: " << frontend_.log_path;
+  const Json got = ReadJson(out);
+  auto tok = tokenizer::LoadTokenizer(kModels + "/tokenizer.model");  // libsentencepiece
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto stub = GenerationStub(scheduler_.address());
+  ASSERT_EQ(got["cases"].size(), reference_.size());
+  for (size_t i = 0; i < reference_.size(); ++i) {
+    const Json& ref = reference_[i];
+    const Json& c = got["cases"][i];
+    const std::vector<int32_t> expected = ref["expected_output_token_ids"];
+    const std::string text = tok.value()->Decode(expected, {.skip_special_tokens = true}).value();
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + ref["prompt_text"].get<std::string>());
+    EXPECT_EQ(c["nonstream"]["prompt_token_ids"], ref["prompt_token_ids"]);
+    EXPECT_EQ(c["nonstream"]["token_ids"].get<std::vector<int32_t>>(), expected);
+    EXPECT_EQ(c["stream"]["token_ids"].get<std::vector<int32_t>>(), expected);
+    EXPECT_EQ(c["nonstream"]["text"], text);
+    EXPECT_EQ(c["stream"]["text"], text);
+    EXPECT_EQ(c["nonstream"]["usage"]["completion_tokens"], expected.size());
+    EXPECT_EQ(c["stream"]["usage"]["completion_tokens"], expected.size());
+    EXPECT_EQ(c["nonstream"]["usage"]["prompt_tokens"], ref["prompt_token_ids"].size());
+    // The gRPC path gives the same ids.
+    const GenerateResult direct =
+        RunGenerate(stub.get(), MakeRequest(ref["prompt_token_ids"], ref["max_tokens"]));
+    ASSERT_TRUE(direct.status.ok()) << direct.status.error_message();
+    EXPECT_EQ(direct.tokens, expected);
+  }
+  const Json& chat = got["chat"];
+  EXPECT_EQ(chat["nonstream"]["role"], "assistant");
+  EXPECT_EQ(chat["stream"]["roles"], Json::array({"assistant"}));
+  EXPECT_EQ(chat["stream"]["token_ids"], chat["nonstream"]["token_ids"]);
+  EXPECT_EQ(chat["stream"]["text"], chat["nonstream"]["text"]);
+  const std::vector<int32_t> chat_ids = chat["nonstream"]["token_ids"];
+  EXPECT_EQ(chat["nonstream"]["text"],
+            tok.value()->Decode(chat_ids, {.skip_special_tokens = true}).value());
+  // Llama 2's template: "<s>[INST] prompt [/INST]", BOS as the id.
+  const std::vector<int32_t> prompt = chat["nonstream"]["prompt_token_ids"];
+  const std::vector<int32_t> rendered =
+      tok.value()->Encode("[INST] " + reference_[0]["prompt_text"].get<std::string>() + " [/INST]")
+          .value();
+  EXPECT_EQ(prompt, rendered);
+}
+
+TEST_F(FrontendTest, ErrorsHaveTheirStatusAndBodyAndLeaveAConcurrentStreamAlone) {
+  const Json& ref = reference_[0];
+  Streamed stream;
+  std::thread streamer([&] {
+    const HttpResult r = Post(frontend_.address(), "/v1/completions",
+                              {{"prompt", ref["prompt_text"]},
+                               {"max_tokens", ref["max_tokens"]},
+                               {"temperature", 0},
+                               {"stream", true},
+                               {"return_token_ids", true}});
+    EXPECT_EQ(r.status, 200);
+    stream = ParseSse(r.raw);
+  });
+  struct Case {
+    Json body;
+    int status;
+    std::string param;
+    std::string code;
+  };
+  Json too_long = Json::array();
+  for (int i = 0; i < 300; ++i) too_long.push_back(100);
+  const std::vector<Case> cases = {
+      {{{"prompt", "x"}, {"n", 0}}, 400, "n", ""},
+      {{{"prompt", "x"}, {"temperature", -1}}, 400, "temperature", ""},
+      {{{"prompt", "x"}, {"model", "no-such-model"}}, 404, "model", "model_not_found"},
+      {{{"prompt", too_long}}, 400, "prompt", "context_length_exceeded"},
+      {{{"prompt", "x"}, {"max_tokens", 100000}}, 400, "max_tokens", "context_length_exceeded"},
+      {{{"prompt", {1, 99999}}}, 400, "prompt", ""},
+      {{{"prompt", "x"}, {"logprobs", 2}}, 400, "logprobs", ""},
+      {{{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}, 400, "stream_options",
+       ""},
+  };
+  for (const Case& c : cases) {
+    const HttpResult r = Post(frontend_.address(), "/v1/completions", c.body);
+    SCOPED_TRACE(c.body.dump());
+    EXPECT_EQ(r.status, c.status) << r.raw;
+    ASSERT_TRUE(r.body.contains("error")) << r.raw;
+    EXPECT_FALSE(r.body["error"]["message"].get<std::string>().empty());
+    EXPECT_EQ(r.body["error"]["param"], c.param.empty() ? Json() : Json(c.param));
+    EXPECT_EQ(r.body["error"]["code"], c.code.empty() ? Json() : Json(c.code));
+  }
+  httplib::Client client("http://" + frontend_.address());
+  auto bad_json = client.Post("/v1/chat/completions", "{not json", "application/json");
+  ASSERT_TRUE(bad_json);
+  EXPECT_EQ(bad_json->status, 400);
+  auto wrong_method = client.Get("/v1/completions");
+  ASSERT_TRUE(wrong_method);
+  EXPECT_EQ(wrong_method->status, 405);
+  auto no_route = client.Get("/v2/nothing");
+  ASSERT_TRUE(no_route);
+  EXPECT_EQ(no_route->status, 404);
+  streamer.join();
+  EXPECT_TRUE(stream.done);
+  EXPECT_EQ(stream.ids, ref["expected_output_token_ids"].get<std::vector<int32_t>>());
+  EXPECT_EQ(stream.finish_reason, "length");
+}
+
+TEST_F(FrontendTest, ApiKeyAndNoReplica) {
+  const std::string key_file = dir_ + "/key";
+  std::ofstream(key_file) << "sk-test-123\n";
+  Service keyed = StartFrontend(dir_, "keyed", {scheduler_.address()},
+                                {"--tokenizer", kModels + "/tokenizer.model", "--api-key-file",
+                                 key_file});
+  const Json body = {{"prompt", "Once"}, {"max_tokens", 2}, {"temperature", 0}};
+  HttpResult r = Post(keyed.address(), "/v1/completions", body);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.body["error"]["code"], "invalid_api_key");
+  r = Post(keyed.address(), "/v1/completions", body, {{"Authorization", "Bearer wrong"}});
+  EXPECT_EQ(r.status, 401);
+  r = Post(keyed.address(), "/v1/completions", body, {{"Authorization", "Bearer sk-test-123"}});
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(HttpGetStatus(keyed.address(), "/health"), 200);  // not behind the key
+
+  // A frontend whose only replica is not there: 503 and /health 503.
+  Service lonely = StartFrontend(dir_, "lonely", {"127.0.0.1:1"},
+                                 {"--tokenizer", kModels + "/tokenizer.model"},
+                                 /*wait_for_serving=*/false);
+  EXPECT_EQ(HttpGetStatus(lonely.address(), "/health"), 503);
+  EXPECT_EQ(HttpGetStatus(lonely.address(), "/health?live=1"), 200);
+  r = Post(lonely.address(), "/v1/completions", body);
+  EXPECT_EQ(r.status, 503) << r.raw;
+  EXPECT_EQ(r.body["error"]["type"], "server_error");
+}
+
+TEST_F(FrontendTest, ClientDisconnectMidStreamFreesTheRequestOnTheScheduler) {
+  auto stub = GenerationStub(scheduler_.address());
+  const v1::GetStatsResponse before = GetStats(stub.get());
+  // A raw socket, so that we can hang up after the first event.
+  const size_t colon = frontend_.address().rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(frontend_.address().substr(colon + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body =
+      Json({{"prompt", "Once upon a time"}, {"max_tokens", 250}, {"ignore_eos", true},
+            {"temperature", 0}, {"stream", true}})
+          .dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                              "application/json\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  std::string received;
+  char buf[4096];
+  while (received.find("data: ") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    received.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(GetStats(stub.get()).num_running(), 1);
+  close(fd);
+  // The scheduler aborts it: nothing running, every block free again.
+  EXPECT_TRUE(WaitFor([&] {
+    const v1::GetStatsResponse s = GetStats(stub.get());
+    return s.num_running() == 0 && s.num_waiting() == 0 &&
+           s.num_free_blocks() == s.num_total_blocks();
+  }));
+  const v1::GetStatsResponse after = GetStats(stub.get());
+  EXPECT_EQ(after.num_requests_finished(), before.num_requests_finished() + 1);
+  EXPECT_EQ(Metric(Get(frontend_.address(), "/metrics"),
+                   "tandem_frontend_client_disconnects_total"),
+            1);
+}
+
+// Three replicas of stories260K (scheduler + worker each) behind frontends.
+class ReplicasTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("frontend_replicas");
+    for (int i = 0; i < 3; ++i) {
+      const std::string n = std::to_string(i);
+      workers_.push_back(StartWorker(dir_, "worker" + n, {"--model", kModels + "/stories260K.bin"}));
+      schedulers_.push_back(StartScheduler(dir_, "scheduler" + n, workers_.back().address(), {}));
+      targets_.push_back(schedulers_.back().address());
+    }
+  }
+
+  uint64_t PrefixCacheHits() {
+    uint64_t hits = 0;
+    for (Service& s : schedulers_) {
+      if (!s.process.running()) continue;
+      hits += GetStats(GenerationStub(s.address()).get()).prefix_cache_hits();
+    }
+    return hits;
+  }
+
+  // `groups` prompts of a 64-token prefix (4 blocks) each sent 4 times in a
+  // row with different 8-token suffixes; returns the prefix-cache hit tokens
+  // this added over every replica.
+  uint64_t SharedPrefixWorkload(const std::string& frontend, int32_t first_token, int groups) {
+    const uint64_t before = PrefixCacheHits();
+    for (int g = 0; g < groups; ++g) {
+      for (int r = 0; r < 4; ++r) {
+        // The second token tells the workloads apart (block hashes chain).
+        std::vector<int32_t> prompt = {1, first_token};
+        for (int i = 2; i < 64; ++i) prompt.push_back(2 + (g * 64 + i) % 500);
+        for (int i = 0; i < 8; ++i) prompt.push_back(2 + (r * 8 + i) % 500);
+        const HttpResult res = Post(frontend, "/v1/completions",
+                                    {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}});
+        EXPECT_EQ(res.status, 200) << res.raw;
+      }
+    }
+    return PrefixCacheHits() - before;
+  }
+
+  std::string dir_;
+  std::vector<Service> workers_, schedulers_;
+  std::vector<std::string> targets_;
+};
+
+TEST_F(ReplicasTest, AffinityHitsThePrefixCacheAtLeastTwiceAsOftenAsRoundRobin) {
+  const std::vector<std::string> common = {"--tokenizer", kModels + "/tokenizer.bin"};
+  std::vector<std::string> affinity_args = common, rr_args = common;
+  affinity_args.insert(affinity_args.end(), {"--routing", "affinity"});
+  rr_args.insert(rr_args.end(), {"--routing", "round-robin"});
+  Service affinity = StartFrontend(dir_, "affinity", targets_, affinity_args);
+  Service rr = StartFrontend(dir_, "rr", targets_, rr_args);
+  // Different prefixes for each, so that neither finds the other's blocks.
+  const uint64_t with_affinity = SharedPrefixWorkload(affinity.address(), 3, 8);
+  const uint64_t with_rr = SharedPrefixWorkload(rr.address(), 4, 8);
+  std::cout << "prefix-cache hit tokens: affinity " << with_affinity << ", round-robin "
+            << with_rr << "\n";
+  EXPECT_GT(with_rr, 0u);  // the workload does share prefixes
+  EXPECT_GE(with_affinity, 2 * with_rr);
+  const std::string metrics = Get(affinity.address(), "/metrics");
+  EXPECT_NE(metrics.find("tandem_frontend_route_decisions_total{reason=\"affinity\""),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("tandem_frontend_replica_outstanding_requests{replica=\""),
+            std::string::npos);
+}
+
+TEST_F(ReplicasTest, AKilledReplicaLosesNoRequestThatHadNotStartedStreaming) {
+  // Health checks far apart: the frontend learns of the death only from the
+  // calls that fail, which must then go to another replica.
+  Service frontend = StartFrontend(dir_, "frontend", targets_,
+                                   {"--tokenizer", kModels + "/tokenizer.bin",
+                                    "--health-interval-s", "60"});
+  schedulers_[1].process.Signal(SIGKILL);
+  ASSERT_TRUE(schedulers_[1].process.Wait(std::chrono::seconds(10)).has_value());
+  std::vector<HttpResult> results(24);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 24; ++i) {
+    threads.emplace_back([&, i] {
+      std::vector<int32_t> prompt = {1};
+      for (int k = 1; k < 40; ++k) prompt.push_back(2 + (i * 131 + k * 7) % 500);
+      results[i] = Post(frontend.address(), "/v1/completions",
+                        {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0},
+                         {"ignore_eos", true}, {"stream", i % 2 == 0}});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 24; ++i) {
+    EXPECT_EQ(results[i].status, 200) << "request " << i << ": " << results[i].raw;
+    if (i % 2 == 0) {
+      const Streamed s = ParseSse(results[i].raw);
+      EXPECT_TRUE(s.done);
+      EXPECT_EQ(s.finish_reason, "length");
+    } else {
+      EXPECT_EQ(results[i].body["usage"]["completion_tokens"], 4) << results[i].raw;
+    }
+  }
+  const double retries =
+      Metric(Get(frontend.address(), "/metrics"), "tandem_frontend_retries_total");
+  std::cout << "retries after the kill: " << retries << "\n";
+  EXPECT_GE(retries, 1);  // some requests did go to the dead replica first
+}
+
+}  // namespace
+}  // namespace tandem::testing

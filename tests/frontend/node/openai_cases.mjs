@@ -1,0 +1,63 @@
+// Drives tandem-frontend with the npm `openai` SDK (a client we did not
+// write) and prints what it got as JSON, for tests/frontend/frontend_test.cc
+// to check against the reference outputs and the gRPC path.
+//
+//   node openai_cases.mjs BASE_URL REFERENCE_JSON OUT_JSON [API_KEY]
+//
+// For every case of the reference file: a greedy completion of its prompt
+// text, non-streaming and streaming (vLLM's return_token_ids extension for
+// the ids), and one chat completion each way.
+import fs from "node:fs";
+import OpenAI from "openai";
+
+const [baseURL, referencePath, outPath, apiKey] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey: apiKey || "unused", maxRetries: 0 });
+const cases = JSON.parse(fs.readFileSync(referencePath, "utf8"));
+const models = await client.models.list();
+const model = models.data[0].id;
+
+async function streamed(params, kind) {
+  const stream = await (kind === "chat"
+    ? client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } })
+    : client.completions.create({ ...params, stream: true, stream_options: { include_usage: true } }));
+  const out = { text: "", token_ids: [], finish_reason: null, usage: null, chunks: 0, roles: [] };
+  for await (const chunk of stream) {
+    out.chunks += 1;
+    if (chunk.usage) out.usage = chunk.usage;
+    for (const c of chunk.choices) {
+      if (kind === "chat") {
+        if (c.delta.role) out.roles.push(c.delta.role);
+        out.text += c.delta.content ?? "";
+      } else {
+        out.text += c.text;
+      }
+      out.token_ids.push(...(c.token_ids ?? []));
+      if (c.finish_reason) out.finish_reason = c.finish_reason;
+    }
+  }
+  return out;
+}
+
+const results = { model, cases: [] };
+for (const c of cases) {
+  const params = { model, prompt: c.prompt_text, max_tokens: c.max_tokens, temperature: 0,
+                   return_token_ids: true };
+  const full = await client.completions.create(params);
+  const choice = full.choices[0];
+  results.cases.push({
+    nonstream: { text: choice.text, token_ids: choice.token_ids, finish_reason: choice.finish_reason,
+                 prompt_token_ids: full.prompt_token_ids, usage: full.usage },
+    stream: await streamed(params, "completion"),
+  });
+}
+const chatParams = { model, messages: [{ role: "user", content: cases[0].prompt_text }],
+                     max_tokens: 16, temperature: 0, return_token_ids: true };
+const chat = await client.chat.completions.create(chatParams);
+results.chat = {
+  nonstream: { text: chat.choices[0].message.content, role: chat.choices[0].message.role,
+               token_ids: chat.choices[0].token_ids, prompt_token_ids: chat.prompt_token_ids,
+               finish_reason: chat.choices[0].finish_reason, usage: chat.usage },
+  stream: await streamed(chatParams, "chat"),
+};
+fs.writeFileSync(outPath, JSON.stringify(results, null, 1));
+console.log(`openai_cases: ${cases.length} cases, model ${model}`);
