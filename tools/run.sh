@@ -3,7 +3,9 @@
 # tandem-scheduler on loopback, waits until they serve, sends a few requests
 # with the `tandem` client, prints the results, shows a second replica
 # getting a long shared prefix from the KV-store instead of recomputing it,
-# and stops the processes cleanly.
+# then puts tandem-frontend (OpenAI HTTP) in front of a text model's replica
+# and shows a curl completion and a streamed chat completion, and stops the
+# processes cleanly.
 #
 # Model: ../shared/models/stories260K.bin when present, otherwise a small
 # random model generated with tandem-make-random-model.
@@ -28,11 +30,12 @@ JOBS="${TANDEM_JOBS:-2}"
 if [ "$DO_BUILD" = 1 ]; then
   if [ "${TANDEM_SKIP_DEPS:-0}" != 1 ] && [ -x tools/install-deps.sh ]; then tools/install-deps.sh; fi
   [ -f "$BUILD/build.ninja" ] || [ -f "$BUILD/Makefile" ] || cmake -S . -B "$BUILD" -G Ninja
-  cmake --build "$BUILD" -j"$JOBS" --target tandem-worker tandem-scheduler tandem-kvstore tandem tandem-make-random-model
+  cmake --build "$BUILD" -j"$JOBS" --target tandem-worker tandem-scheduler tandem-kvstore tandem-frontend tandem tandem-make-random-model
 fi
 WORKER="$BUILD/services/worker/tandem-worker"
 SCHEDULER="$BUILD/services/scheduler/tandem-scheduler"
 KVSTORE="$BUILD/services/kvstore/tandem-kvstore"
+FRONTEND="$BUILD/services/frontend/tandem-frontend"
 CLI="$BUILD/tools/cli/tandem"
 
 RUN_DIR="$(mktemp -d /tmp/tandem-run-XXXXXX)"
@@ -111,6 +114,40 @@ echo "== KV-store counters from its /metrics (lookups and loads over its bulk po
 KVMETRICS="$(grep -ho "http://[^ ]*/metrics" "$RUN_DIR/kvstore.log" | head -1)"
 curl -s "$KVMETRICS" | grep -E '^tandem_kvstore_(lookups|bulk_lookups|bulk_loads|blocks_stored|blocks_loaded)_total' \
   | sed 's/^/   /' || true
+# The OpenAI front door. stories260K has no tokenizer, so this part serves
+# random32k (random weights, Llama 2's 32k vocabulary and tokenizer): the
+# text is gibberish, but every byte of it went through the real path.
+TEXT_MODEL="$ROOT/../shared/models/random32k.bin"
+TOKENIZER="$ROOT/../shared/models/tokenizer.model"
+if [ -f "$TEXT_MODEL" ] && [ -f "$TOKENIZER" ]; then
+  echo "== tandem-frontend (OpenAI HTTP) in front of a replica serving random32k.bin"
+  "$WORKER" --model "$TEXT_MODEL" --listen 127.0.0.1:0 --port-file "$RUN_DIR/worker3.port" \
+    > "$RUN_DIR/worker3.log" 2>&1 &
+  PIDS+=($!)
+  W3PORT="$(wait_port "$RUN_DIR/worker3.port" "${PIDS[5]}" worker3)"
+  "$SCHEDULER" --worker "127.0.0.1:$W3PORT" --listen 127.0.0.1:0 \
+    --port-file "$RUN_DIR/scheduler3.port" > "$RUN_DIR/scheduler3.log" 2>&1 &
+  PIDS+=($!)
+  SERVER3="127.0.0.1:$(wait_port "$RUN_DIR/scheduler3.port" "${PIDS[6]}" scheduler3)"
+  "$FRONTEND" --scheduler "$SERVER3" --tokenizer "$TOKENIZER" --chat-template llama-2 \
+    --listen 127.0.0.1:0 --port-file "$RUN_DIR/frontend.port" > "$RUN_DIR/frontend.log" 2>&1 &
+  PIDS+=($!)
+  HTTP="http://127.0.0.1:$(wait_port "$RUN_DIR/frontend.port" "${PIDS[7]}" frontend)"
+  for _ in $(seq 1 300); do curl -sf "$HTTP/health" > /dev/null && break; sleep 0.1; done
+  echo "   curl $HTTP/v1/completions -d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 12, \"temperature\": 0}'"
+  curl -s "$HTTP/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}' | sed 's/^/   /'
+  echo
+  echo "   a streamed chat completion (SSE; the text deltas joined):"
+  curl -sN "$HTTP/v1/chat/completions" -H 'Content-Type: application/json' \
+    -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12,
+         "temperature": 0, "stream": true}' \
+    | sed -n 's/^data: //p' | grep -v '^\[DONE\]' \
+    | python3 -c 'import json,sys; print("   " + "".join(json.loads(l)["choices"][0]["delta"].get("content","") for l in sys.stdin if json.loads(l)["choices"]))'
+  echo "   (the frontend log: $RUN_DIR/frontend.log; its metrics: $HTTP/metrics)"
+else
+  echo "== (../shared/models/random32k.bin or tokenizer.model missing: no frontend demo)"
+fi
 echo "== scheduler stats"
 "$CLI" stats --server "$SERVER" | sed 's/^/   /'
 echo "== worth opening while it runs (Prometheus text):"
