@@ -160,28 +160,31 @@ int WaitForPortFile(const std::string& path, Process* process, const std::string
   return 0;
 }
 
+// Spawns `binary` with `args` plus --listen 127.0.0.1:0 --port-file and
+// waits until it listens.
+Service SpawnService(const std::string& dir, const std::string& name, const std::string& binary,
+                     std::vector<std::string> args, const std::vector<std::string>& extra_args) {
+  const std::string port_file = dir + "/" + name + ".port";
+  std::remove(port_file.c_str());
+  args.insert(args.begin(), BinaryPath(binary));
+  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port-file", port_file});
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  Service s;
+  s.log_path = dir + "/" + name + ".log";
+  s.process = Process::Spawn(args, s.log_path);
+  s.port = WaitForPortFile(port_file, &s.process, s.log_path);
+  return s;
+}
+
 }  // namespace
 
 Service StartWorker(const std::string& dir, const std::string& name,
                     const std::vector<std::string>& extra_args, bool wait_for_serving) {
-  const std::string port_file = dir + "/" + name + ".port";
-  const std::string log = dir + "/" + name + ".log";
-  std::remove(port_file.c_str());
-  std::vector<std::string> argv = {BinaryPath("services/worker/tandem-worker"),
-                                   "--model",
-                                   ModelPath(),
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--port-file",
-                                   port_file};
-  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  Service s;
-  s.log_path = log;
-  s.process = Process::Spawn(argv, log);
-  s.port = WaitForPortFile(port_file, &s.process, log);
+  Service s = SpawnService(dir, name, "services/worker/tandem-worker", {"--model", ModelPath()},
+                           extra_args);
   if (wait_for_serving) {
     EXPECT_TRUE(WaitFor([&] { return HealthStatus(s.address()) == 1; }))
-        << "worker " << name << " never became SERVING (log " << log << ")";
+        << "worker " << name << " never became SERVING (log " << s.log_path << ")";
   }
   return s;
 }
@@ -189,25 +192,12 @@ Service StartWorker(const std::string& dir, const std::string& name,
 Service StartScheduler(const std::string& dir, const std::string& name,
                        const std::string& worker_address,
                        const std::vector<std::string>& extra_args, bool wait_for_worker) {
-  const std::string port_file = dir + "/" + name + ".port";
-  const std::string log = dir + "/" + name + ".log";
-  std::remove(port_file.c_str());
-  std::vector<std::string> argv = {BinaryPath("services/scheduler/tandem-scheduler"),
-                                   "--worker",
-                                   worker_address,
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--port-file",
-                                   port_file};
-  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  Service s;
-  s.log_path = log;
-  s.process = Process::Spawn(argv, log);
-  s.port = WaitForPortFile(port_file, &s.process, log);
+  Service s = SpawnService(dir, name, "services/scheduler/tandem-scheduler",
+                           {"--worker", worker_address}, extra_args);
   if (wait_for_worker) {
     auto stub = GenerationStub(s.address());
     EXPECT_TRUE(WaitFor([&] { return GetStats(stub.get()).worker_connected(); }))
-        << "scheduler " << name << " never connected to its worker (log " << log << ")";
+        << "scheduler " << name << " never connected to its worker (log " << s.log_path << ")";
   }
   return s;
 }
@@ -215,23 +205,12 @@ Service StartScheduler(const std::string& dir, const std::string& name,
 Service StartFrontend(const std::string& dir, const std::string& name,
                       const std::vector<std::string>& scheduler_targets,
                       const std::vector<std::string>& extra_args, bool wait_for_serving) {
-  const std::string port_file = dir + "/" + name + ".port";
-  const std::string log = dir + "/" + name + ".log";
-  std::remove(port_file.c_str());
-  std::vector<std::string> argv = {BinaryPath("services/frontend/tandem-frontend"), "--listen",
-                                   "127.0.0.1:0", "--port-file", port_file};
-  for (const std::string& t : scheduler_targets) {
-    argv.push_back("--scheduler");
-    argv.push_back(t);
-  }
-  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  Service s;
-  s.log_path = log;
-  s.process = Process::Spawn(argv, log);
-  s.port = WaitForPortFile(port_file, &s.process, log);
+  std::vector<std::string> args;
+  for (const std::string& t : scheduler_targets) args.insert(args.end(), {"--scheduler", t});
+  Service s = SpawnService(dir, name, "services/frontend/tandem-frontend", args, extra_args);
   if (wait_for_serving) {
     EXPECT_TRUE(WaitFor([&] { return HttpGetStatus(s.address(), "/health") == 200; }))
-        << "frontend " << name << " never served (log " << log << ")";
+        << "frontend " << name << " never served (log " << s.log_path << ")";
   }
   return s;
 }

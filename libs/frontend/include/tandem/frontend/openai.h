@@ -4,6 +4,11 @@
 // (services/frontend is the adapter), so every rule here has an in-process
 // test (tests/frontend/openai_test.cc).
 //
+// A change to DESIGN §1: libs/frontend is a library the table there does not
+// list (frontend protocol and routing policy, depending on Abseil and
+// nlohmann_json only); services/frontend is the HTTP + gRPC adapter, the way
+// the other services adapt their libraries.
+//
 // Field by field it follows OpenAI's documented API and vLLM's extensions
 // (https://platform.openai.com/docs/api-reference/completions,
 // vLLM's protocol.py):
