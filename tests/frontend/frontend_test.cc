@@ -226,7 +226,7 @@ TEST_F(FrontendTest, ErrorsHaveTheirStatusAndBodyAndLeaveAConcurrentStreamAlone)
   EXPECT_EQ(stream.finish_reason, "length");
 }
 
-TEST_F(FrontendTest, ApiKeyAndNoReplica) {
+TEST_F(FrontendTest, ApiKeyDnsTargetsAndNoReplica) {
   const std::string key_file = dir_ + "/key";
   std::ofstream(key_file) << "sk-test-123\n";
   Service keyed = StartFrontend(dir_, "keyed", {scheduler_.address()},
@@ -241,6 +241,18 @@ TEST_F(FrontendTest, ApiKeyAndNoReplica) {
   r = Post(keyed.address(), "/v1/completions", body, {{"Authorization", "Bearer sk-test-123"}});
   EXPECT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(HttpGetStatus(keyed.address(), "/health"), 200);  // not behind the key
+
+  // dns:///name:port: every address the name resolves to is a replica
+  // (localhost: 127.0.0.1, and ::1 where the host has it, which stays not
+  // serving: the scheduler listens on 127.0.0.1 only).
+  Service by_dns = StartFrontend(dir_, "by_dns", {"dns:///localhost:" + std::to_string(scheduler_.port)},
+                                 {"--tokenizer", kModels + "/tokenizer.model"});
+  r = Post(by_dns.address(), "/v1/completions", body);
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_NE(Get(by_dns.address(), "/metrics")
+                .find("tandem_frontend_replica_serving{replica=\"127.0.0.1:" +
+                      std::to_string(scheduler_.port) + "\"} 1"),
+            std::string::npos);
 
   // A frontend whose only replica is not there: 503 and /health 503.
   Service lonely = StartFrontend(dir_, "lonely", {"127.0.0.1:1"},
