@@ -50,7 +50,10 @@ GOLDEN = os.path.join(HERE, "golden")
 ALL_ON = os.path.join(GOLDEN, "all-on.values.yaml")
 BINARIES = {"kvstore": "services/kvstore/tandem-kvstore",
             "scheduler": "services/scheduler/tandem-scheduler",
-            "worker": "services/worker/tandem-worker"}
+            "worker": "services/worker/tandem-worker",
+            "frontend": "services/frontend/tandem-frontend"}
+# The frontend speaks HTTP: its probes are HTTP GETs of these paths.
+FRONTEND_PROBES = {"livenessProbe": "/health?live=1", "readinessProbe": "/health"}
 READINESS = {"kvstore": "tandem.v1.KvStore", "scheduler": "tandem.v1.Generation",
              "worker": "tandem.v1.Worker"}
 LIVENESS = "tandem.liveness"
@@ -188,7 +191,7 @@ def check_flags_and_probes(build_dir, objs, label):
     pods = {}
     for _, spec in pod_specs(objs):
         pods.update({c["name"]: c for c in spec["containers"]})
-    assert sorted(pods) == sorted(BINARIES), sorted(pods)
+    assert {"kvstore", "scheduler", "worker"} <= set(pods) <= set(BINARIES), sorted(pods)
     for name, c in pods.items():
         assert c["command"] == [os.path.basename(BINARIES[name])], c["command"]
         for a in c["args"]:
@@ -197,8 +200,15 @@ def check_flags_and_probes(build_dir, objs, label):
                 f"{label}: {name}: the chart passes --{flag}, which --help does not list"
         listen_port = int(arg(c, "listen").rsplit(":", 1)[1])
         assert arg(c, "listen") == f"0.0.0.0:{listen_port}", name
-        assert arg(c, "metrics-listen").startswith("0.0.0.0:"), name
         assert listen_port in [p["containerPort"] for p in c["ports"]], name
+        if name == "frontend":  # HTTP: /metrics and the probes on its one port
+            port_name = {p["containerPort"]: p["name"] for p in c["ports"]}[listen_port]
+            for probe, path in FRONTEND_PROBES.items():
+                get = c[probe]["httpGet"]
+                assert get["path"] == path and get["port"] in (listen_port, port_name), \
+                    f"{label}: frontend {probe} is {get}, want GET {path} on {listen_port}"
+            continue
+        assert arg(c, "metrics-listen").startswith("0.0.0.0:"), name
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert probe in c, f"{label}: {name} has no {probe}"
             grpc = c[probe]["grpc"]
@@ -424,13 +434,44 @@ def check_other_values(build_dir, helm, chart):
     for pol, port in ((rep_pol, 9091), (rep_pol, 9092), (kv_pol, 9093)):
         (rule,) = rules_for(pol, port)
         assert rule["from"] == values["networkPolicy"]["metricsFrom"], rule
-    dep = one(objs, "Deployment")
+    check_frontend(objs, values)
+    dep = by_kind_name(objs)[("Deployment", RELEASE)]
     assert dep["spec"]["strategy"] == {"type": "Recreate"}, dep["spec"]["strategy"]
     spread = dep["spec"]["template"]["spec"]["topologySpreadConstraints"][0]
     assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "replica"
     print("values: cpu backend without GPUs, no KV-store, ServiceMonitor ports, PrometheusRule "
           "= files/rules.yaml, KEDA/HPA on queue depth (query parses), NetworkPolicies "
           "(store from replicas only, schedulers from the frontend, metrics from monitoring)")
+
+
+def check_frontend(objs, values):
+    """frontend.enabled: a Deployment on 8000 behind a Service, a headless
+    Service listing the replicas that the frontend resolves (dns:///), the
+    API key from the Secret, and a CPU HPA."""
+    fe = values["frontend"]
+    named = by_kind_name(objs)
+    svc = named[("Service", f"{RELEASE}-frontend")]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http"}], svc
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "frontend"
+    headless = named[("Service", f"{RELEASE}-replicas")]
+    assert headless["spec"]["clusterIP"] == "None", headless
+    assert headless["spec"]["selector"]["app.kubernetes.io/component"] == "replica"
+    port = headless["spec"]["ports"][0]["port"]
+    dep = named[("Deployment", f"{RELEASE}-frontend")]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert arg(c, "scheduler") == \
+        f"dns:///{RELEASE}-replicas.{NAMESPACE}.svc.cluster.local:{port}", arg(c, "scheduler")
+    key = fe["apiKey"]
+    assert arg(c, "api-key-file") == f"/etc/tandem/api-key/{key['key']}", c["args"]
+    vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert vols["api-key"]["secret"]["secretName"] == key["existingSecret"], vols
+    assert c["resources"]["requests"]["cpu"], "an HPA on CPU needs CPU requests"
+    hpa = named[("HorizontalPodAutoscaler", f"{RELEASE}-frontend")]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == f"{RELEASE}-frontend", hpa
+    assert hpa["spec"]["maxReplicas"] == fe["autoscaling"]["maxReplicas"], hpa
+    assert "replicas" not in dep["spec"], "the HPA owns the frontend's replica count"
+    print("frontend: Deployment + Service on 8000, headless Service for the replicas "
+          "(dns:/// target), API key from its Secret, CPU HPA")
 
 
 def main():
