@@ -14,6 +14,7 @@ PACKAGES=(
   prometheus  # promtool, for tests/integration/metrics_test.py and the deploy test
   python3-yaml unzip  # the deploy test; unzip unpacks helm (below)
   libsentencepiece-dev libre2-dev libicu-dev nlohmann-json3-dev  # libs/tokenizer
+  libboost-dev  # Boost.Beast/Asio: the frontend's HTTP server (services/frontend)
   clang-14 libclang-rt-14-dev  # tests/fuzz: clang and its libFuzzer runtime
 )
 
