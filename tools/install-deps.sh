@@ -13,6 +13,7 @@ PACKAGES=(
   redis-server redis-tools
   prometheus  # promtool, for tests/integration/metrics_test.py and the deploy test
   python3-yaml unzip  # the deploy test; unzip unpacks helm (below)
+  openssl  # tests/integration/tls_test.py makes its certificates with the CLI
   libsentencepiece-dev libre2-dev libicu-dev nlohmann-json3-dev  # libs/tokenizer
   libboost-dev  # Boost.Beast/Asio: the frontend's HTTP server (services/frontend)
   clang-14 libclang-rt-14-dev  # tests/fuzz: clang and its libFuzzer runtime

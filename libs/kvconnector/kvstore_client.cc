@@ -45,7 +45,18 @@ std::shared_ptr<grpc::Channel> CreateKvChannel(const std::string& target) {
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
   args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);
   args.SetMaxReceiveMessageSize(16 << 20);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, rpc::ChannelCredentialsFor(rpc::ClientTls()), args);
+}
+
+// The bulk load port is plain TCP: under TLS every load and lookup goes over
+// gRPC instead (a TLS store does not open the port either).
+KvStoreClientOptions WithoutBulkUnderTls(KvStoreClientOptions options) {
+  if (rpc::ClientTls().enabled()) {
+    options.bulk_load = false;
+    options.bulk_lookup = false;
+    options.bulk_load_target.clear();
+  }
+  return options;
 }
 
 }  // namespace
@@ -186,12 +197,12 @@ LookupResult PendingLookup::Wait() {
 class KvStoreClient::Impl {
  public:
   explicit Impl(const KvStoreClientOptions& options)
-      : opts_(options),
+      : opts_(WithoutBulkUnderTls(options)),
         channel_(CreateKvChannel(options.target)),
         stub_(std::make_shared<Stub>(channel_)),
         load_method_("/tandem.v1.KvStore/Load", grpc::internal::RpcMethod::SERVER_STREAMING,
                      channel_),
-        bulk_(options, [this] { return BulkLoadPort(); }) {
+        bulk_(opts_, [this] { return BulkLoadPort(); }) {
     if (opts_.release_batch_ms > 0) release_flusher_ = std::thread([this] { FlushReleases(); });
     if (opts_.bulk_lookup) {
       bulk_lookup_ =

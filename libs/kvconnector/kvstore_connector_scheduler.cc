@@ -10,6 +10,7 @@
 #include "tandem/common/status.h"
 #include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/rpc/framed_socket.h"
+#include "tandem/rpc/tls.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem::kvconnector {
@@ -61,6 +62,11 @@ absl::Status KvStoreConnectorOptions::ValidateBulkLoad(std::string_view value,
 absl::Status KvStoreConnectorOptions::Validate() const {
   if (target.empty()) return absl::InvalidArgumentError("--kvstore (host:port) is empty");
   TANDEM_RETURN_IF_ERROR(ValidateBulkLoad(bulk_load, "bulk_load"));
+  if (bulk_load != "auto" && bulk_load != "off" && rpc::ClientTls().enabled()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the KV-store's bulk port ", bulk_load,
+        " is plain TCP and TLS is on: use auto or off (loads and lookups then go over gRPC)"));
+  }
   if (lookup_deadline_ms <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lookup_deadline_ms must be > 0, got ", lookup_deadline_ms));

@@ -26,7 +26,7 @@ absl::Status ServerOptions::Validate() const {
   if (max_receive_message_bytes <= 0) {
     return absl::InvalidArgumentError("max_receive_message_bytes must be > 0");
   }
-  return absl::OkStatus();
+  return tls.Validate(/*server=*/true);
 }
 
 namespace {
@@ -53,14 +53,14 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(grpc::ServerBuilder*
   absl::Status valid = options.Validate();
   if (!valid.ok()) return valid;
   int port = 0;
-  if (!IsLoopbackAddress(options.listen_address)) {
+  if (!options.tls.enabled() && !IsLoopbackAddress(options.listen_address)) {
     TANDEM_LOG(WARNING) << "serving " << options.listen_address
                         << " without TLS: any process that reaches this address can call every "
-                           "method unauthenticated, in plain text (Tandem has no TLS yet). Keep "
-                           "it on a private network (the Helm chart's NetworkPolicy), or bind "
-                           "loopback.";
+                           "method unauthenticated, in plain text. Set --tls-cert/--tls-key "
+                           "(and --tls-ca for mutual TLS), keep it on a private network (the Helm "
+                           "chart's NetworkPolicy), or bind loopback.";
   }
-  builder->AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder->AddListeningPort(options.listen_address, ServerCredentialsFor(options.tls), &port);
   builder->SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
@@ -133,7 +133,7 @@ grpc::ChannelArguments DefaultChannelArguments() {
 }
 
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target) {
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+  return grpc::CreateCustomChannel(target, ChannelCredentialsFor(ClientTls()),
                                    DefaultChannelArguments());
 }
 

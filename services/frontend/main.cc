@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
   flags.Add("scheduler", &router_options.targets,
             "a scheduler replica: host:port, or dns:///name:port for every address the name "
             "resolves to (a headless Service); repeatable");
+  tandem::rpc::TlsOptions tls;
+  tandem::rpc::AddTlsFlags(&flags, &tls);
   flags.Add("resolve-interval-s", &router_options.resolve_interval_s,
             "how often dns:/// targets are resolved again");
   flags.Add("health-interval-s", &router_options.health_interval_s,
@@ -70,6 +72,10 @@ int main(int argc, char** argv) {
             "on SIGTERM/SIGINT, how long accepted requests may take to finish");
   flags.MirrorsVllm({"served-model-name", "api-key", "chat-template", "tokenizer"});
   flags.ParseOrExit(argc, argv);
+  if (absl::Status s = tls.Validate(/*server=*/false); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  tandem::rpc::SetClientTls(tls);  // to the schedulers (the HTTP port itself is plain)
 
   auto policy = tandem::frontend::ParseRoutingPolicy(routing);
   if (!policy) return Fail("--routing must be affinity, least-loaded or round-robin, got '" + routing + "'");

@@ -46,11 +46,13 @@ int main(int argc, char** argv) {
   kvstore_service::BulkLoadServerOptions bulk_options;
   metrics::ExposerOptions metrics_options;
 
+  rpc::TlsOptions tls;
   rpc::FlagSet flags("tandem-kvstore",
                      "Stores KV-cache blocks outside the GPU: a pinned host-memory hot tier and a "
                      "RocksDB cold tier (DESIGN §5).");
   flags.Add("listen", &listen, "host:port to serve gRPC on (port 0 picks a free port)");
   flags.Add("port-file", &port_file, "write the bound port to this file once listening");
+  rpc::AddTlsFlags(&flags, &tls);
   flags.Add("data-dir", &data_dir, "directory of the RocksDB cold tier (created if missing)");
   flags.Add("hot-capacity-bytes", &hot_capacity_bytes,
             "bytes of pinned host memory for the hot tier; 0 disables it");
@@ -93,6 +95,22 @@ int main(int argc, char** argv) {
   flags.Add("debug-corrupt-cold-every", &debug_corrupt_cold_every,
             "TESTS ONLY: flip a byte in the RocksDB copy of every Nth newly stored block (0: off)");
   flags.ParseOrExit(argc, argv);
+  if (absl::Status s = tls.Validate(/*server=*/true); !s.ok()) {
+    std::fprintf(stderr, "tandem-kvstore: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (tls.enabled()) {
+    // The bulk port is plain TCP: under TLS it stays shut and clients load
+    // over gRPC (which they do whenever the store advertises no bulk port).
+    if (bulk_load_listen != "auto" && bulk_load_listen != "off") {
+      std::fprintf(stderr,
+                   "tandem-kvstore: --bulk-load-listen=%s: the bulk load port has no TLS; with "
+                   "--tls-cert use auto or off (loads then go over gRPC)\n",
+                   bulk_load_listen.c_str());
+      return 2;
+    }
+    bulk_load_listen = "off";
+  }
 
   absl::StatusOr<kvstore::Durability> d = kvstore::ParseDurability(durability);
   if (!d.ok()) {
@@ -173,7 +191,8 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   int port = 0;
   absl::StatusOr<std::unique_ptr<grpc::Server>> server = rpc::BuildAndStart(
-      &builder, rpc::ServerOptions{.listen_address = listen, .port_file = port_file}, &port);
+      &builder, rpc::ServerOptions{.listen_address = listen, .port_file = port_file, .tls = tls},
+      &port);
   if (!server.ok()) {
     std::fprintf(stderr, "tandem-kvstore: %s\n", server.status().ToString().c_str());
     return 1;
@@ -182,7 +201,11 @@ int main(int argc, char** argv) {
   rpc::MarkLive(server->get());
   TANDEM_LOG(INFO) << "tandem-kvstore serving on port " << port << " (data " << data_dir
                    << ", durability " << durability << ", bulk load port "
-                   << (bulk ? std::to_string(bulk->port()) : std::string("off")) << ")";
+                   << (bulk ? std::to_string(bulk->port()) : std::string("off")) << ", "
+                   << (tls.mutual() ? "mutual TLS: roles enforced"
+                       : tls.enabled() ? "TLS without client certificates: roles NOT enforced"
+                                       : "plain text")
+                   << ")";
 
   const int sig = rpc::WaitForShutdownSignal();
   TANDEM_LOG(INFO) << "signal " << sig << ": draining for up to " << drain_timeout_ms << " ms";

@@ -8,6 +8,7 @@
 #include "tandem/common/logging.h"
 #include "tandem/rpc/convert.h"
 #include "tandem/rpc/status.h"
+#include "tandem/rpc/tls.h"
 
 namespace tandem::scheduler {
 namespace {
@@ -116,7 +117,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
                         "no worker is connected yet; the scheduler is not serving"));
     return reactor;
   }
-  if (absl::Status s = ValidateGenerateRequest(*request, model.info, options_); !s.ok()) {
+  GenerationOptions options = options_;
+  // The frontend (its role proven by a client certificate under mutual TLS)
+  // sets the salt from the tenant its API key maps to.
+  if (rpc::RoleOf(*context) == rpc::CallerRole::kFrontend) options.allow_request_cache_salt = true;
+  if (absl::Status s = ValidateGenerateRequest(*request, model.info, options); !s.ok()) {
     Reject(*call, request->request_id(), rpc::ToGrpcStatus(s));
     return reactor;
   }

@@ -11,7 +11,9 @@
 // - Drain: a call that passed Engine::TryAccept() before SIGTERM finishes;
 //   later ones get UNAVAILABLE.
 // - A request that sets cache_salt is INVALID_ARGUMENT unless the server runs
-//   with --allow-request-cache-salt (the salt isolates tenants, DESIGN §3).
+//   with --allow-request-cache-salt (the salt isolates tenants, DESIGN §3) or
+//   the caller proved the frontend role with its client certificate (mutual
+//   TLS, rpc/tls.h): the tenant then comes from the authenticated frontend.
 // - An empty request_id gets a server-assigned "req-N"; a duplicate of a live
 //   id is ALREADY_EXISTS.
 // - Without has_seed the server draws a random seed per request.

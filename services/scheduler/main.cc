@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
             "host:port to serve on (port 0: any free port)");
   flags.Add("port-file", &server_options.port_file,
             "write the bound port to this file once listening (empty: don't)");
+  tandem::rpc::AddTlsFlags(&flags, &server_options.tls);
   flags.Add("worker", &engine_options.worker_address, "host:port of the tandem-worker");
   flags.Add("max-num-seqs", &sc.max_num_seqs, "most requests running at once");
   flags.Add("max-num-batched-tokens", &sc.max_num_batched_tokens, "token budget of one step");
@@ -93,6 +94,11 @@ int main(int argc, char** argv) {
                      "long-prefill-token-threshold", "async-scheduling", "scheduling-policy",
                      "served-model-name"});
   flags.ParseOrExit(argc, argv);
+  if (absl::Status s = server_options.Validate(); !s.ok()) {
+    std::cerr << "tandem-scheduler: " << s.message() << "\n";
+    return 2;
+  }
+  tandem::rpc::SetClientTls(server_options.tls);  // to the worker and the KV-store too
   if (policy == "fcfs") {
     sc.policy = tandem::sched::SchedulingPolicy::kFcfs;
   } else if (policy == "priority") {

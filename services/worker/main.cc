@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
             "host:port to serve on (port 0: any free port)");
   flags.Add("port-file", &server_options.port_file,
             "write the bound port to this file once listening (empty: don't)");
+  tandem::rpc::AddTlsFlags(&flags, &server_options.tls);
   flags.Add("model", &options.model_path, "llama2.c .bin checkpoint or Hugging Face directory");
   flags.Add("backend", &options.backend, "cpu | cuda (error without a device) | sim (no math)");
   flags.Add("block-size", &options.block_size, "tokens per KV block");
@@ -57,6 +58,11 @@ int main(int argc, char** argv) {
       "TESTS ONLY: wait this long (listening, NOT_SERVING) before loading the model (0: off)");
   flags.MirrorsVllm({"model", "block-size"});
   flags.ParseOrExit(argc, argv);
+  if (absl::Status s = server_options.Validate(); !s.ok()) {
+    std::cerr << "tandem-worker: " << s.message() << "\n";
+    return 2;
+  }
+  tandem::rpc::SetClientTls(server_options.tls);  // its KV-store client too
   if (absl::Status s = options.Validate(); !s.ok()) {
     std::cerr << "tandem-worker: " << s.message() << "\n";
     return 2;

@@ -105,6 +105,21 @@ const char* ReasonName(tandem::v1::FinishReason r) {
   }
 }
 
+// --tls-cert, --tls-key and --tls-ca of a subcommand that dials the
+// scheduler; false (after printing why) when they are unusable.
+struct ClientTlsFlags {
+  tandem::rpc::TlsOptions tls;
+  void Register(tandem::rpc::FlagSet* flags) { tandem::rpc::AddTlsFlags(flags, &tls); }
+  bool Apply(const char* command) {
+    if (absl::Status s = tls.Validate(/*server=*/false); !s.ok()) {
+      std::cerr << command << ": " << s.message() << "\n";
+      return false;
+    }
+    tandem::rpc::SetClientTls(tls);
+    return true;
+  }
+};
+
 int Generate(int argc, char** argv) {
   std::string server = "127.0.0.1:50051";
   std::string prompt;
@@ -117,7 +132,10 @@ int Generate(int argc, char** argv) {
   flags.Add("n", &n, "concurrent copies of the request");
   flags.Add("timeout-s", &timeout_s, "deadline of each call in seconds");
   sampling.Register(&flags);
+  ClientTlsFlags tls;
+  tls.Register(&flags);
   flags.ParseOrExit(argc, argv, 2);
+  if (!tls.Apply("tandem generate")) return 2;
   tandem::v1::GenerateRequest request;
   std::vector<int32_t> ids;
   if (!ParseIds(prompt, &ids) || ids.empty()) {
@@ -214,7 +232,10 @@ int Bench(int argc, char** argv) {
   flags.Add("temperature", &temperature, "sampling temperature (0 = greedy)");
   flags.Add("label", &label, "printed in the result line");
   flags.Add("json", &json_path, "also write the results to this file as JSON (empty: don't)");
+  ClientTlsFlags tls;
+  tls.Register(&flags);
   flags.ParseOrExit(argc, argv, 2);
+  if (!tls.Apply("tandem bench")) return 2;
   if (prompt_len < 1 || output_len < 1 || num_requests < 1 || concurrency < 1 ||
       shared_prefix_len > prompt_len) {
     std::cerr << "tandem bench: need prompt-len, output-len, num-requests, concurrency >= 1 and "
@@ -425,7 +446,10 @@ int InfoOrStats(int argc, char** argv, bool stats) {
   tandem::rpc::FlagSet flags(stats ? "tandem stats" : "tandem info",
                              stats ? "Prints GetStats." : "Prints GetModelInfo.");
   flags.Add("server", &server, "tandem-scheduler host:port");
+  ClientTlsFlags tls;
+  tls.Register(&flags);
   flags.ParseOrExit(argc, argv, 2);
+  if (!tls.Apply(stats ? "tandem stats" : "tandem info")) return 2;
   auto stub = tandem::v1::Generation::NewStub(tandem::rpc::CreateChannel(server));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

@@ -15,6 +15,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "tandem/rpc/tls.h"
 
 namespace tandem::rpc {
 
@@ -31,6 +32,8 @@ struct ServerOptions {
   int32_t keepalive_timeout_ms = 20000;
   // Largest message accepted; gRPC's default is 4 MiB.
   int32_t max_receive_message_bytes = 64 << 20;
+  // TLS, and mutual TLS with tls.ca_file (tls.h); off by default.
+  TlsOptions tls;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -60,8 +63,8 @@ void EnableReflectionAndHealth();
 void SetServing(grpc::Server* server, const std::string& service, bool serving);
 
 // True for 127.x.x.x, [::1] and localhost listen addresses (host:port).
-// BuildAndStart warns, naming the risk, when it serves any other address:
-// there is no TLS or authentication yet (issue 16).
+// BuildAndStart warns, naming the risk, when it serves any other address
+// without TLS.
 [[nodiscard]] bool IsLoopbackAddress(std::string_view listen_address);
 
 // The health name of liveness ("this process runs and answers"): SERVING
@@ -77,7 +80,8 @@ void SetLive(grpc::Server* server, bool live);
 // up the server's Shutdown. Call before Shutdown().
 void ShutdownHealth(grpc::Server* server);
 
-// A channel with keepalive matching ServerOptions' defaults.
+// A channel with keepalive matching ServerOptions' defaults, dialling with
+// this process's client TLS settings (SetClientTls).
 [[nodiscard]] std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target);
 // The channel arguments CreateChannel uses (keepalive, reconnect backoff,
 // receive limit), the one definition for every Tandem client; a client that

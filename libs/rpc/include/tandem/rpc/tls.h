@@ -1,0 +1,80 @@
+// TLS and mutual TLS for every gRPC port and client (issue 16).
+//
+// One set of flags on every binary: --tls-cert and --tls-key are this
+// process's identity, presented by its servers and, for mutual TLS, by its
+// clients; --tls-ca is the CA bundle it verifies peers with. On a server,
+// --tls-ca also DEMANDS a client certificate that the CA signed (mutual TLS);
+// without it the server takes any client (TLS for privacy only). A process
+// with none of the flags serves and dials in plain text, as before.
+//
+// The files are watched (gRPC's FileWatcherCertificateProvider) every
+// --tls-reload-interval-s and new contents take effect for new connections
+// without a restart: Kubernetes rewrites a mounted Secret in place when
+// cert-manager rotates it.
+//
+// Roles (CallerRole) come from the verified client certificate: a URI SAN
+// whose path ends in /tandem/<role>, e.g. spiffe://cluster.local/tandem/worker.
+// Only a server with --tls-ca knows its callers; without it every caller has
+// kUnverified and the services do not enforce roles.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_context.h"
+#include "tandem/common/flags.h"
+
+namespace tandem::rpc {
+
+struct TlsOptions {
+  std::string cert_file;  // PEM certificate chain of this process
+  std::string key_file;   // PEM private key of cert_file
+  std::string ca_file;    // PEM CA bundle that verifies peers (and demands client certs)
+  int32_t reload_interval_s = 10;
+
+  // TLS is on when a certificate or a CA is given.
+  [[nodiscard]] bool enabled() const { return !cert_file.empty() || !ca_file.empty(); }
+  // Mutual TLS on a server: client certificates are demanded and verified.
+  [[nodiscard]] bool mutual() const { return !cert_file.empty() && !ca_file.empty(); }
+  // The files exist and are readable; cert and key come together. With
+  // `server`, TLS needs a certificate (a CA alone is a client's setting).
+  [[nodiscard]] absl::Status Validate(bool server) const;
+};
+
+// --tls-cert, --tls-key, --tls-ca and --tls-reload-interval-s.
+void AddTlsFlags(FlagSet* flags, TlsOptions* options);
+
+// Credentials for a server's listening port (insecure when TLS is off).
+[[nodiscard]] std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(
+    const TlsOptions& options);
+// Credentials a client dials with (insecure when TLS is off): verifies the
+// server against ca_file (the system roots when empty) and presents
+// cert_file when given.
+[[nodiscard]] std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
+    const TlsOptions& options);
+
+// The TLS settings of this process's clients: every rpc::CreateChannel and
+// the KV-store client dial with them. Set once in main(), before the first
+// channel; plain text until then.
+void SetClientTls(const TlsOptions& options);
+[[nodiscard]] TlsOptions ClientTls();
+
+// Who called, from the verified client certificate.
+enum class CallerRole {
+  kUnverified,  // the server does not verify clients (no --tls-ca): roles are not enforced
+  kNone,        // a verified certificate without a Tandem role
+  kWorker,
+  kScheduler,
+  kFrontend,
+};
+[[nodiscard]] const char* CallerRoleName(CallerRole role);
+// The role of the caller of `context` (the first /tandem/<role> URI SAN).
+[[nodiscard]] CallerRole RoleOf(const grpc::ServerContextBase& context);
+// The URI SANs of the caller's certificate, for error messages.
+[[nodiscard]] std::string PeerIdentity(const grpc::ServerContextBase& context);
+
+}  // namespace tandem::rpc

@@ -1,0 +1,320 @@
+#!/usr/bin/python3
+"""TLS, mutual TLS and the KV-store's roles (issue 16), checked with code we
+did not write: certificates from the openssl CLI, calls from Python grpcio.
+
+  1. A KV-store with TLS refuses an explicit bulk load port (plain TCP) and
+     advertises none with `auto`.
+  2. KV-store, worker and scheduler run with mutual TLS, each with its own
+     certificate (a /tandem/<role> URI SAN). A Generate over TLS gives
+     llama2.c's reference tokens; the worker stored blocks and the scheduler
+     looked them up, so both roles passed the store's checks.
+  3. Roles: a visitor's certificate (same CA, no Tandem role) and the wrong
+     role get PERMISSION_DENIED from Store, Lookup and Stats, and nothing is
+     written. A worker's certificate stores.
+  4. The scheduler takes cache_salt from the frontend role only.
+  5. No client certificate, a certificate of another CA, and plain text are
+     refused at the handshake; `tandem info` works with the flags and fails
+     without them.
+  6. Rotation: the store's certificate, key and CA files are replaced (a new
+     CA); within a few reload intervals new connections use them, with no
+     restart: the new CA's client gets in, the old one's is refused.
+
+Usage: tls_test.py BUILD_DIR SOURCE_DIR SHARED_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+from grpc_tools import protoc
+
+BLOCK = 4096
+
+
+def run(cmd, **kw):
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+
+
+def make_ca(d, name):
+    key, pem = os.path.join(d, f"{name}.key"), os.path.join(d, f"{name}.pem")
+    run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", key, "-out", pem, "-days", "2", "-subj", f"/CN={name}"])
+    return key, pem
+
+
+def make_cert(d, ca, name, role):
+    """A leaf for 127.0.0.1 with URI SAN spiffe://tandem.test/tandem/<role>."""
+    key, csr, pem = (os.path.join(d, f"{name}.{e}") for e in ("key", "csr", "pem"))
+    ext = os.path.join(d, f"{name}.ext")
+    with open(ext, "w") as f:
+        f.write("basicConstraints=CA:FALSE\n"
+                "keyUsage=digitalSignature,keyEncipherment\n"
+                "extendedKeyUsage=serverAuth,clientAuth\n"
+                f"subjectAltName=IP:127.0.0.1,DNS:localhost,URI:spiffe://tandem.test/tandem/{role}\n")
+    run(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", key, "-out", csr, "-subj", f"/CN={name}"])
+    run(["openssl", "x509", "-req", "-in", csr, "-CA", ca[1], "-CAkey", ca[0], "-CAcreateserial",
+         "-out", pem, "-days", "2", "-extfile", ext])
+    return {"cert": pem, "key": key, "ca": ca[1]}
+
+
+def flags(c):
+    return ["--tls-cert", c["cert"], "--tls-key", c["key"], "--tls-ca", c["ca"],
+            "--tls-reload-interval-s", "1"]
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def channel(port, c=None, ca=None, plain=False):
+    if plain:
+        return grpc.insecure_channel(f"127.0.0.1:{port}")
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read(ca or c["ca"]),
+        private_key=read(c["key"]) if c else None,
+        certificate_chain=read(c["cert"]) if c else None)
+    return grpc.secure_channel(f"127.0.0.1:{port}", creds)
+
+
+def expect_code(code, fn, what):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        assert e.code() == code, f"{what}: {e.code()} {e.details()}"
+        return e.details()
+    raise AssertionError(f"{what}: succeeded, expected {code}")
+
+
+class Procs:
+    def __init__(self, tmp):
+        self.tmp, self.procs = tmp, []
+
+    def start(self, name, cmd):
+        port_file = os.path.join(self.tmp, f"{name}.port")
+        log = open(os.path.join(self.tmp, f"{name}.log"), "w")
+        p = subprocess.Popen(cmd + ["--listen", "127.0.0.1:0", "--port-file", port_file],
+                             stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append((name, p))
+        for _ in range(6000):
+            if os.path.exists(port_file) and open(port_file).read().strip():
+                return int(open(port_file).read())
+            if p.poll() is not None:
+                raise AssertionError(f"{name} exited: " + open(log.name).read()[-2000:])
+            time.sleep(0.01)
+        raise AssertionError(f"{name}: no port file")
+
+    def stop(self):
+        for _, p in reversed(self.procs):
+            p.terminate()
+        for _, p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def dump(self):
+        for name, _ in self.procs:
+            sys.stderr.write(f"---- {name}.log\n")
+            sys.stderr.write(open(os.path.join(self.tmp, f"{name}.log")).read()[-3000:])
+
+
+def main():
+    build_dir, source_dir, shared_dir = sys.argv[1:4]
+    if shutil.which("openssl") is None:
+        raise SystemExit("openssl CLI missing (tools/install-deps.sh installs it)")
+    tmp = tempfile.mkdtemp(prefix="tandem_tls_")
+    rc = protoc.main(["protoc", f"-I{source_dir}/protos", f"--python_out={tmp}",
+                      f"--grpc_python_out={tmp}"] +
+                     [f"{source_dir}/protos/tandem/v1/{p}.proto"
+                      for p in ("common", "generation", "kvstore")])
+    assert rc == 0, "protoc failed"
+    sys.path.insert(0, tmp)
+    from tandem.v1 import common_pb2, generation_pb2 as gen, generation_pb2_grpc as gen_grpc
+    from tandem.v1 import kvstore_pb2 as kv, kvstore_pb2_grpc as kv_grpc
+
+    certs = os.path.join(tmp, "certs")
+    os.makedirs(certs)
+    ca, ca2 = make_ca(certs, "ca"), make_ca(certs, "ca2")
+    c = {role: make_cert(certs, ca, role, role)
+         for role in ("kvstore", "worker", "scheduler", "frontend", "visitor")}
+    rogue = make_cert(certs, ca2, "rogue", "scheduler")      # the right role, another CA
+    kvstore2 = make_cert(certs, ca2, "kvstore2", "kvstore")  # the rotation's new identity
+    scheduler2 = make_cert(certs, ca2, "scheduler2", "scheduler")
+    # The store reads its files from here; step 6 replaces them in place.
+    live = {"cert": os.path.join(tmp, "kv.pem"), "key": os.path.join(tmp, "kv.key"),
+            "ca": os.path.join(tmp, "kv-ca.pem")}
+    for k in live:
+        shutil.copy(c["kvstore"][k], live[k])
+
+    bin_kv = os.path.join(build_dir, "services/kvstore/tandem-kvstore")
+    procs = Procs(tmp)
+    try:
+        # 1. The bulk port is plain TCP: refused explicitly, off under auto.
+        r = subprocess.run([bin_kv, "--listen", "127.0.0.1:0", "--data-dir",
+                            os.path.join(tmp, "refused"), "--bulk-load-listen", "127.0.0.1:0"] +
+                           flags(c["kvstore"]), capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and "no TLS" in r.stderr, (r.returncode, r.stderr)
+        print("KV-store: TLS with an explicit bulk port exits 2:", r.stderr.strip())
+
+        kv_port = procs.start("kvstore", [bin_kv, "--data-dir", os.path.join(tmp, "data")] +
+                              flags(live))
+        w_port = procs.start("worker", [
+            os.path.join(build_dir, "services/worker/tandem-worker"),
+            "--model", os.path.join(shared_dir, "models/stories260K.bin"),
+            "--kvstore", f"127.0.0.1:{kv_port}"] + flags(c["worker"]))
+        s_port = procs.start("scheduler", [
+            os.path.join(build_dir, "services/scheduler/tandem-scheduler"),
+            "--worker", f"127.0.0.1:{w_port}", "--kvstore", f"127.0.0.1:{kv_port}"] +
+            flags(c["scheduler"]))
+
+        # 2. Generate over mutual TLS: the reference tokens.
+        with open(os.path.join(shared_dir, "models", "stories260K.reference.json")) as f:
+            ref = json.load(f)[0]
+        n = 40
+        gen_stub = gen_grpc.GenerationStub(channel(s_port, c["frontend"]))
+
+        def generate(stub, salt="", n=n):
+            req = gen.GenerateRequest(
+                prompt_token_ids=ref["prompt_token_ids"], cache_salt=salt,
+                sampling=common_pb2.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+            out = []
+            for m in stub.Generate(req, timeout=30):
+                out.extend(m.token_ids)
+            return out
+
+        deadline = time.time() + 60
+        while True:
+            try:
+                got = generate(gen_stub)
+                break
+            except grpc.RpcError as e:  # the scheduler waits for the worker's model
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert got == ref["expected_output_token_ids"][:n], (got, ref["expected_output_token_ids"][:n])
+        print(f"Generate over mutual TLS: {n} tokens equal llama2.c's reference")
+
+        kv_sched = kv_grpc.KvStoreStub(channel(kv_port, c["scheduler"]))
+        # A new prompt of whole blocks makes the scheduler look its prefix up.
+        req = gen.GenerateRequest(prompt_token_ids=[1] + list(range(100, 132)),
+                                  sampling=common_pb2.SamplingParams(max_tokens=2))
+        for _ in range(500):
+            st = kv_sched.Stats(kv.StatsRequest(), timeout=10)
+            if st.stores > 0 and st.lookups > 0:
+                break
+            list(gen_stub.Generate(req, timeout=30))
+            time.sleep(0.02)
+        assert st.stores > 0 and st.lookups > 0, st
+        assert st.bulk_load_port == 0, "a TLS store advertises its plain-TCP bulk port"
+        print(f"KV-store over mutual TLS: the worker stored {st.stores} blocks, the scheduler "
+              f"made {st.lookups} lookups; no bulk port advertised")
+
+        # 3. Roles.
+        kv_visitor = kv_grpc.KvStoreStub(channel(kv_port, c["visitor"]))
+        kv_worker = kv_grpc.KvStoreStub(channel(kv_port, c["worker"]))
+        block = bytes(range(256)) * (BLOCK // 256)
+        crc = crc32c(block)
+        chunk = kv.StoreChunk(block_hash=b"\x07" * 32, total_size=BLOCK, data=block, last=True,
+                              checksum=crc)
+
+        def store(stub, ns):
+            return stub.Store(iter([kv.StoreRequest(namespace=ns, chunks=[chunk])]), timeout=10)
+
+        PD = grpc.StatusCode.PERMISSION_DENIED
+        expect_code(PD, lambda: kv_visitor.CreateNamespace(kv.CreateNamespaceRequest(
+            info=kv.NamespaceInfo(name="tls", block_bytes=BLOCK)), timeout=10),
+            "visitor CreateNamespace")
+        kv_worker.CreateNamespace(kv.CreateNamespaceRequest(
+            info=kv.NamespaceInfo(name="tls", block_bytes=BLOCK)), timeout=10)
+        msg = expect_code(PD, lambda: store(kv_visitor, "tls"), "visitor Store")
+        assert "worker role" in msg and "visitor" in msg, msg
+        expect_code(PD, lambda: store(kv_sched, "tls"), "scheduler Store")
+        expect_code(PD, lambda: kv_visitor.Stats(kv.StatsRequest(), timeout=10), "visitor Stats")
+        lookup = kv.LookupRequest(namespace="tls", block_hashes=[b"\x07" * 32])
+        expect_code(PD, lambda: kv_worker.Lookup(lookup, timeout=10), "worker Lookup")
+        expect_code(PD, lambda: kv_visitor.Lookup(lookup, timeout=10), "visitor Lookup")
+        hits = kv_sched.Lookup(lookup, timeout=10).num_hits
+        assert hits == 0, "a denied Store wrote the block"
+        resp = store(kv_worker, "tls")
+        assert len(resp.blocks) == 1 and resp.blocks[0].ok, resp
+        hits = kv_sched.Lookup(lookup, timeout=10).num_hits
+        assert hits == 1, hits
+        print("roles: visitor and wrong-role calls PERMISSION_DENIED with nothing written; the "
+              "worker role stores, the scheduler role looks up")
+
+        # 4. cache_salt from the frontend role only.
+        salted = generate(gen_stub, salt="tenant-a", n=8)
+        assert salted == ref["expected_output_token_ids"][:8], salted
+        gen_visitor = gen_grpc.GenerationStub(channel(s_port, c["visitor"]))
+        msg = expect_code(grpc.StatusCode.INVALID_ARGUMENT,
+                          lambda: generate(gen_visitor, salt="tenant-a", n=8), "visitor salt")
+        assert "cache_salt" in msg, msg
+        assert generate(gen_visitor, n=8) == salted  # unsalted: allowed
+        print("cache_salt: taken from the frontend role, INVALID_ARGUMENT from a visitor")
+
+        # 5. Refused at the handshake.
+        UN = grpc.StatusCode.UNAVAILABLE
+        stats_req = kv.StatsRequest()
+        expect_code(UN, lambda: kv_grpc.KvStoreStub(channel(kv_port, ca=c["worker"]["ca"]))
+                    .Stats(stats_req, timeout=5), "no client certificate")
+        expect_code(UN, lambda: kv_grpc.KvStoreStub(channel(kv_port, rogue, ca=ca[1]))
+                    .Stats(stats_req, timeout=5), "another CA's certificate")
+        expect_code(UN, lambda: kv_grpc.KvStoreStub(channel(kv_port, plain=True))
+                    .Stats(stats_req, timeout=5), "plain text")
+        cli = os.path.join(build_dir, "tools/cli/tandem")
+        r = subprocess.run([cli, "info", "--server", f"127.0.0.1:{s_port}"] + flags(c["frontend"]),
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and "vocab_size" in r.stdout, (r.returncode, r.stdout, r.stderr)
+        r = subprocess.run([cli, "info", "--server", f"127.0.0.1:{s_port}"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0, "tandem info over plain text reached a TLS scheduler"
+        print("handshake: no certificate, another CA and plain text refused; `tandem info` with "
+              "--tls-* works, without them fails")
+
+        # 6. Rotation without a restart: a new CA, and the store's new identity.
+        for k, src in (("ca", ca2[1]), ("key", kvstore2["key"]), ("cert", kvstore2["cert"])):
+            shutil.copy(src, live[k] + ".new")
+            os.replace(live[k] + ".new", live[k])
+        t0 = time.time()
+        while True:
+            try:
+                kv_grpc.KvStoreStub(channel(kv_port, scheduler2)).Stats(stats_req, timeout=5)
+                break
+            except grpc.RpcError:
+                assert time.time() - t0 < 30, "the rotated certificates never took effect"
+                time.sleep(0.2)
+        expect_code(UN, lambda: kv_grpc.KvStoreStub(channel(kv_port, c["scheduler"]))
+                    .Stats(stats_req, timeout=5), "the old CA after rotation")
+        assert procs.procs[0][1].poll() is None, "the store restarted"
+        print(f"rotation: new CA and identity in effect after {time.time() - t0:.1f} s without a "
+              f"restart; the old CA's client is refused")
+    except BaseException:
+        procs.dump()
+        raise
+    finally:
+        procs.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS")
+
+
+def crc32c(data):
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+if __name__ == "__main__":
+    main()
