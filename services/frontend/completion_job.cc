@@ -209,6 +209,7 @@ void Job::Start() {
       c.prompt = static_cast<int32_t>(p);
       v1::GenerateRequest& r = c.request;
       r.set_request_id(absl::StrCat(head_.id, "-", c.index));
+      r.set_cache_salt(request_.cache_salt);
       r.mutable_prompt_token_ids()->Assign(prompts_.ids[p].begin(), prompts_.ids[p].end());
       v1::SamplingParams* s = r.mutable_sampling();
       s->set_temperature(request_.temperature);

@@ -100,9 +100,15 @@ void Frontend::CountResponse(const std::string& endpoint, int http_status) {
       .Increment();
 }
 
-bool Frontend::Authorized(const HttpExchange& exchange) const {
-  if (options_.api_key.empty()) return true;
-  return exchange.request().Header("authorization") == "Bearer " + options_.api_key;
+std::optional<std::string> Frontend::TenantOf(const HttpExchange& exchange) const {
+  if (options_.api_key.empty() && options_.tenants.empty()) return std::string();
+  const std::string header = exchange.request().Header("authorization");
+  if (header.rfind("Bearer ", 0) != 0) return std::nullopt;
+  const std::string key = header.substr(7);
+  if (!options_.api_key.empty() && key == options_.api_key) return std::string();
+  auto it = options_.tenants.find(key);
+  if (it == options_.tenants.end()) return std::nullopt;
+  return it->second;
 }
 
 void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
@@ -131,7 +137,8 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
     return;
   }
   const bool v1 = absl::StartsWith(path, "/v1/");
-  if (v1 && !Authorized(*exchange)) {
+  const std::optional<std::string> tenant = TenantOf(*exchange);
+  if (v1 && !tenant) {
     ApiError e{.http_status = 401,
                .message = "a valid API key is needed: send 'Authorization: Bearer <key>'",
                .type = "authentication_error",
@@ -150,6 +157,7 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
       CountResponse(path, e->http_status);
       return;
     }
+    if (!tenant->empty()) request.cache_salt = "tenant:" + *tenant;
     StartCompletionJob(this, std::move(exchange), std::move(request), path);
     return;
   }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,13 @@ struct FrontendOptions {
   std::string served_model_name;
   // With a key, /v1/* demands "Authorization: Bearer <key>" (401 otherwise).
   std::string api_key;
+  // API key -> tenant (--api-keys-file); /v1/* then takes these keys too. A
+  // tenant's requests carry cache_salt "tenant:<name>", so tenants never
+  // share a prefix-cache block, locally or in the KV-store, and one tenant's
+  // TTFT cannot tell whether another's prompt is cached. The schedulers must
+  // take the salt: --allow-request-cache-salt, or mutual TLS with this
+  // frontend's certificate in the frontend role (rpc/tls.h).
+  std::map<std::string, std::string> tenants;
 };
 
 struct FrontendMetrics {
@@ -80,7 +88,9 @@ class Frontend {
   void JobFinished() { in_flight_.fetch_sub(1); }
 
  private:
-  bool Authorized(const HttpExchange& exchange) const;
+  // The caller's tenant ("" for --api-key or no key at all), or nullopt when
+  // a key is needed and the request has no valid one.
+  std::optional<std::string> TenantOf(const HttpExchange& exchange) const;
   void Models(HttpExchange& exchange);
   void Tokenize(HttpExchange& exchange);
   void Detokenize(HttpExchange& exchange);

@@ -1,11 +1,15 @@
 // tandem-frontend: the OpenAI-compatible HTTP front door. Owns the tokenizer
 // and routes requests across scheduler replicas (tandem.v1.Generation).
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "frontend.h"
 #include "http_server.h"
 #include "router.h"
@@ -18,6 +22,34 @@ namespace {
 int Fail(const std::string& message, int code = 2) {
   std::cerr << "tandem-frontend: " << message << "\n";
   return code;
+}
+
+// --api-keys-file: one "<key> <tenant>" a line; blank lines and lines that
+// start with # are skipped.
+absl::Status ReadTenantKeys(const std::string& path, std::map<std::string, std::string>* out) {
+  std::ifstream f(path);
+  if (!f) return absl::InvalidArgumentError("cannot read --api-keys-file " + path);
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    const std::string text(absl::StripAsciiWhitespace(line));
+    if (text.empty() || text.front() == '#') continue;
+    std::vector<std::string> fields = absl::StrSplit(text, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    const std::string where = absl::StrCat("--api-keys-file ", path, " line ", n);
+    if (fields.size() != 2) {
+      return absl::InvalidArgumentError(where + ": want '<key> <tenant>'");
+    }
+    const bool name_ok = std::all_of(fields[1].begin(), fields[1].end(), [](char c) {
+      return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+    });
+    if (!name_ok) {
+      return absl::InvalidArgumentError(where + ": a tenant is letters, digits, '-', '_' or '.'");
+    }
+    if (!out->emplace(fields[0], fields[1]).second) {
+      return absl::InvalidArgumentError(where + ": the key appears twice");
+    }
+  }
+  if (out->empty()) return absl::InvalidArgumentError("--api-keys-file " + path + " has no keys");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -62,6 +94,11 @@ int main(int argc, char** argv) {
             "demand 'Authorization: Bearer <key>' on /v1/* (prefer --api-key-file: argv is "
             "visible to other processes)");
   flags.Add("api-key-file", &api_key_file, "read the API key from this file (trimmed)");
+  std::string api_keys_file;
+  flags.Add("api-keys-file", &api_keys_file,
+            "tenants: a file of '<key> <tenant>' lines. /v1/* takes these keys, and each "
+            "tenant's prefix cache is its own (cache_salt; the schedulers must accept it: "
+            "--allow-request-cache-salt, or mutual TLS with the frontend role)");
   flags.Add("routing", &routing,
             "affinity (same prompt prefix, same replica, unless overloaded), least-loaded or "
             "round-robin");
@@ -92,6 +129,17 @@ int main(int argc, char** argv) {
     if (options.api_key.empty()) return Fail("--api-key-file " + api_key_file + " is empty");
   }
 
+  if (!api_keys_file.empty()) {
+    if (absl::Status s = ReadTenantKeys(api_keys_file, &options.tenants); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+    if (options.tenants.count(options.api_key) > 0) {
+      return Fail("the --api-key is also in --api-keys-file");
+    }
+    TANDEM_LOG(INFO) << options.tenants.size() << " tenant API keys; each tenant's requests carry "
+                     << "its own cache_salt";
+  }
+
   auto tokenizer = tandem::tokenizer::LoadTokenizer(tokenizer_path);
   if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
   std::shared_ptr<const tandem::tokenizer::Tokenizer> tok = *std::move(tokenizer);
@@ -120,7 +168,8 @@ int main(int argc, char** argv) {
       return Fail(std::string(s.message()), 1);
     }
   }
-  if (!tandem::rpc::IsLoopbackAddress(http.listen_address) && options.api_key.empty()) {
+  if (!tandem::rpc::IsLoopbackAddress(http.listen_address) && options.api_key.empty() &&
+      options.tenants.empty()) {
     TANDEM_LOG(WARNING) << "serving " << http.listen_address
                         << " beyond loopback without an API key and without TLS: anyone who "
                            "reaches the port can generate (set --api-key-file)";

@@ -11,7 +11,10 @@ did not write: certificates from the openssl CLI, calls from Python grpcio.
   3. Roles: a visitor's certificate (same CA, no Tandem role) and the wrong
      role get PERMISSION_DENIED from Store, Lookup and Stats, and nothing is
      written. A worker's certificate stores.
-  4. The scheduler takes cache_salt from the frontend role only.
+  4. The scheduler takes cache_salt from the frontend role only; so
+     tandem-frontend with the frontend certificate and tenant API keys
+     (--api-keys-file) serves each tenant its own prefix cache: the same
+     prompt from another tenant has no cached tokens, and the same tokens.
   5. No client certificate, a certificate of another CA, and plain text are
      refused at the handshake; `tandem info` works with the flags and fails
      without them.
@@ -28,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 from grpc_tools import protoc
@@ -166,7 +171,7 @@ def main():
                               flags(live))
         w_port = procs.start("worker", [
             os.path.join(build_dir, "services/worker/tandem-worker"),
-            "--model", os.path.join(shared_dir, "models/stories260K.bin"),
+            "--model", os.path.join(shared_dir, "models/random32k.bin"),
             "--kvstore", f"127.0.0.1:{kv_port}"] + flags(c["worker"]))
         s_port = procs.start("scheduler", [
             os.path.join(build_dir, "services/scheduler/tandem-scheduler"),
@@ -174,9 +179,10 @@ def main():
             flags(c["scheduler"]))
 
         # 2. Generate over mutual TLS: the reference tokens.
-        with open(os.path.join(shared_dir, "models", "stories260K.reference.json")) as f:
+        with open(os.path.join(shared_dir, "models", "random32k.reference.json")) as f:
             ref = json.load(f)[0]
         n = 40
+        assert len(ref["expected_output_token_ids"]) >= n
         gen_stub = gen_grpc.GenerationStub(channel(s_port, c["frontend"]))
 
         def generate(stub, salt="", n=n):
@@ -258,6 +264,35 @@ def main():
         assert generate(gen_visitor, n=8) == salted  # unsalted: allowed
         print("cache_salt: taken from the frontend role, INVALID_ARGUMENT from a visitor")
 
+        keys = os.path.join(tmp, "keys")
+        with open(keys, "w") as f:
+            f.write("# key tenant\nsk-a tenant-a\n\nsk-b tenant-b\n")
+        f_port = procs.start("frontend", [
+            os.path.join(build_dir, "services/frontend/tandem-frontend"),
+            "--scheduler", f"127.0.0.1:{s_port}", "--api-keys-file", keys,
+            "--tokenizer", os.path.join(shared_dir, "models/tokenizer.model")] +
+            flags(c["frontend"]))
+        for _ in range(3000):
+            if http(f_port, "/health")[0] == 200:
+                break
+            time.sleep(0.02)
+        prompt = "Once upon a time there was a little girl who loved to play in the park. " * 3
+        body = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
+
+        def cached(key):
+            status, r = http(f_port, "/v1/completions", body, key)
+            assert status == 200, (status, r)
+            return r["usage"]["prompt_tokens_details"]["cached_tokens"], r["choices"][0]["text"]
+
+        a1, a2, b1, b2 = cached("sk-a"), cached("sk-a"), cached("sk-b"), cached("sk-b")
+        assert a1[0] == 0 and a2[0] > 0, (a1, a2)
+        assert b1[0] == 0 and b2[0] > 0, ("tenant b saw tenant a's cache", b1, b2)
+        assert a1[1] == a2[1] == b1[1] == b2[1]
+        assert http(f_port, "/v1/completions", body)[0] == 401
+        assert http(f_port, "/v1/completions", body, "sk-c")[0] == 401
+        print(f"tenants through tandem-frontend (frontend role): tenant a cached {a2[0]} tokens "
+              f"on its second request, tenant b 0 on its first; the same text")
+
         # 5. Refused at the handshake.
         UN = grpc.StatusCode.UNAVAILABLE
         stats_req = kv.StatsRequest()
@@ -301,6 +336,21 @@ def main():
         procs.stop()
     shutil.rmtree(tmp, ignore_errors=True)
     print("PASS")
+
+
+def http(port, path, body=None, key=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+    except (urllib.error.URLError, ConnectionError):
+        return -1, None
 
 
 def crc32c(data):

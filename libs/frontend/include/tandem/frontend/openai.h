@@ -72,6 +72,9 @@ struct CompletionRequest {
   nlohmann::ordered_json messages;        // chat: the conversation
   bool add_generation_prompt = true;      // chat
   std::optional<int32_t> max_tokens;      // nullopt: up to max_model_len
+  // The prefix-cache salt of the caller's tenant. Set by the frontend from
+  // the API key (FrontendOptions::tenants), never from the body.
+  std::string cache_salt;
   float temperature = 1.0f;
   float top_p = 1.0f;
   int32_t top_k = 0;                      // 0 = off (vLLM's -1 accepted too)
