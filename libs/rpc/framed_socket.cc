@@ -213,9 +213,11 @@ absl::Status FramedSocket::Read(google::protobuf::MessageLite* frame, uint32_t m
 absl::Status FramedSocket::ReadRaw(std::span<uint8_t> dst,
                                    absl::FunctionRef<void(std::span<const uint8_t>)> on_piece) {
   const size_t buffered = std::min(dst.size(), len_ - pos_);
-  std::memcpy(dst.data(), buf_.data() + pos_, buffered);
-  pos_ += buffered;
-  if (buffered > 0) on_piece(dst.first(buffered));
+  if (buffered > 0) {  // an empty dst may have no data() at all (memcpy's null is UB)
+    std::memcpy(dst.data(), buf_.data() + pos_, buffered);
+    pos_ += buffered;
+    on_piece(dst.first(buffered));
+  }
   size_t got = buffered;
   while (got < dst.size()) {
     // The buffer is empty here: receive the rest straight into dst and let
