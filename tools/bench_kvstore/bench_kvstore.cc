@@ -11,7 +11,10 @@
 //     keys measured in the same run.
 //   - Store and Load GB/s for 64 KiB and 2 MiB blocks, per tier (loads
 //     after one untimed pass over the blocks, as redis GETs), Load both over
-//     the bulk load port (the client's default) and over the gRPC stream.
+//     the bulk load port (the client's default) and over the gRPC stream,
+//     and (hot tier) over the gRPC stream with mutual TLS: what TLS costs a
+//     load, since a store with TLS keeps the plain-TCP bulk port shut.
+//     Certificates come from the openssl CLI.
 // Then starts Debian's redis-server on a loopback port (no persistence) and
 // measures pipelined SET/GET of the same blocks with a small RESP client
 // that, like our Load, copies each value into a caller-provided buffer.
@@ -49,6 +52,7 @@
 #include "tandem/kvconnector/kvstore_client.h"
 #include "tandem/kvstore/kv_store.h"
 #include "tandem/rpc/flags.h"
+#include "tandem/rpc/tls.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem {
@@ -87,7 +91,47 @@ struct Service {
   std::unique_ptr<kvconnector::KvStoreClient> client;       // loads and lookups over the bulk port
   std::unique_ptr<kvconnector::KvStoreClient> grpc_client;  // loads and lookups over gRPC
   int port = 0;
+  // The same store behind a second gRPC server with mutual TLS.
+  std::unique_ptr<kvstore_service::KvStoreServiceImpl> tls_impl;
+  std::unique_ptr<grpc::Server> tls_server;
+  std::unique_ptr<kvconnector::KvStoreClient> tls_client;
 };
+
+// A CA and one certificate for 127.0.0.1 with the worker role, made with the
+// openssl CLI in `dir`; the options present it on both ends.
+rpc::TlsOptions MakeCertificates(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
+  const std::string cmd =
+      "cd " + dir + " && openssl req -x509" + ec + "-keyout ca.key -out ca.pem -days 1 " +
+      "-subj /CN=bench-ca && openssl req" + ec + "-keyout leaf.key -out leaf.csr -subj /CN=bench " +
+      "&& printf 'subjectAltName=IP:127.0.0.1,URI:spiffe://bench/tandem/worker\n' > leaf.ext " +
+      "&& openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out leaf.pem " +
+      "-days 1 -extfile leaf.ext > /dev/null 2>&1";
+  TANDEM_CHECK(std::system(cmd.c_str()) == 0) << "openssl could not make the TLS certificates";
+  return rpc::TlsOptions{.cert_file = dir + "/leaf.pem", .key_file = dir + "/leaf.key",
+                         .ca_file = dir + "/ca.pem"};
+}
+
+void StartTls(Service* s, const std::string& dir, int64_t load_chunk_bytes) {
+  const rpc::TlsOptions tls = MakeCertificates(dir);
+  s->tls_impl = std::make_unique<kvstore_service::KvStoreServiceImpl>(
+      s->store.get(), kvstore_service::KvStoreServiceOptions{.load_chunk_bytes = load_chunk_bytes});
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", rpc::ServerCredentialsFor(tls), &port);
+  kvstore_service::ConfigureServerBuilder(&builder);
+  builder.RegisterService(s->tls_impl.get());
+  s->tls_server = builder.BuildAndStart();
+  TANDEM_CHECK(s->tls_server != nullptr);
+  // The client dials with the process's client TLS settings.
+  rpc::SetClientTls(tls);
+  auto client = kvconnector::KvStoreClient::Create(
+      {.target = "127.0.0.1:" + std::to_string(port), .lookup_deadline_ms = 5000});
+  rpc::SetClientTls(rpc::TlsOptions{});
+  TANDEM_CHECK(client.ok());
+  s->tls_client = std::move(*client);
+}
 
 Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_chunk_bytes) {
   Service s;
@@ -357,9 +401,9 @@ double Median(std::vector<double> v) {
 }
 
 // The load paths measured against each other, in the order of a trial.
-enum Path { kHotBulk, kHotGrpc, kColdBulk, kColdGrpc, kRedisGet, kNumPaths };
-const char* const kPathNames[kNumPaths] = {"load hot", "hot gRPC", "load cold", "cold gRPC",
-                                           "redis GET"};
+enum Path { kHotBulk, kHotGrpc, kHotTls, kColdBulk, kColdGrpc, kRedisGet, kNumPaths };
+const char* const kPathNames[kNumPaths] = {"load hot", "hot gRPC", "gRPC+mTLS", "load cold",
+                                           "cold gRPC", "redis GET"};
 
 struct Figures {
   double store_none_gbps = 0, store_gbps = 0, redis_set_gbps = 0;
@@ -385,6 +429,8 @@ Figures RunCase(Service* hot, Service* cold, Redis* redis, const Case& c, int ro
         return LoadAll(hot->client.get(), true, ns, c, r, &b);
       case kHotGrpc:
         return LoadAll(hot->grpc_client.get(), false, ns, c, r, &b);
+      case kHotTls:
+        return LoadAll(hot->tls_client.get(), false, ns, c, r, &b);
       case kColdBulk:
         return LoadAll(cold->client.get(), true, ns, c, r, &b);
       case kColdGrpc:
@@ -459,6 +505,7 @@ int Main(int argc, char** argv) {
   }
   Service hot = StartService(data_dir + "/hot", uint64_t{1} << 30, load_chunk_bytes);
   Service cold = StartService(data_dir + "/cold", 0, load_chunk_bytes);
+  StartTls(&hot, data_dir + "/tls", load_chunk_bytes);
 
   // redis-server first: it is an anchor for lookups too.
   bool have_redis = false;
@@ -647,7 +694,15 @@ int Main(int argc, char** argv) {
           figs[i].load_gbps[kHotGrpc] / figs[i].load_gbps[kRedisGet]);
     }
   }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::printf(
+        "  %s: TLS costs a hot-tier load %.0f%% against plain gRPC, %.0f%% against the bulk port "
+        "(which TLS shuts)\n",
+        cases[i].name, 100 * (1 - figs[i].load_gbps[kHotTls] / figs[i].load_gbps[kHotGrpc]),
+        100 * (1 - figs[i].load_gbps[kHotTls] / figs[i].load_gbps[kHotBulk]));
+  }
   hot.server->Shutdown();
+  hot.tls_server->Shutdown();
   cold.server->Shutdown();
   hot.bulk->Shutdown();
   cold.bulk->Shutdown();
