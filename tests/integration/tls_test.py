@@ -309,8 +309,19 @@ def main():
         r = subprocess.run([cli, "info", "--server", f"127.0.0.1:{s_port}"],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode != 0, "tandem info over plain text reached a TLS scheduler"
-        print("handshake: no certificate, another CA and plain text refused; `tandem info` with "
-              "--tls-* works, without them fails")
+        # `tandem health`: the Helm chart's probes under TLS (the kubelet's
+        # gRPC probe cannot speak it), with the part's own certificate.
+        for port, service in ((kv_port, "tandem.v1.KvStore"), (w_port, "tandem.liveness"),
+                              (s_port, "tandem.v1.Generation")):
+            r = subprocess.run([cli, "health", "--server", f"127.0.0.1:{port}", "--service",
+                                service] + flags(c["kvstore"]),
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0 and r.stdout.strip() == "SERVING", (service, r.stdout, r.stderr)
+        r = subprocess.run([cli, "health", "--server", f"127.0.0.1:{kv_port}"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1, ("tandem health over plain text", r.returncode, r.stderr)
+        print("handshake: no certificate, another CA and plain text refused; `tandem info` and "
+              "`tandem health` (the chart's TLS probes) work with --tls-*, fail without")
 
         # 6. Rotation without a restart: a new CA, and the store's new identity.
         for k, src in (("ca", ca2[1]), ("key", kvstore2["key"]), ("cert", kvstore2["cert"])):

@@ -3,6 +3,7 @@
 //   tandem generate --server 127.0.0.1:50051 --prompt 1,2,3 [--n K] [--max-tokens M] ...
 //   tandem bench --server ADDR (--concurrency C | --rate R) --num-requests N ...
 //   tandem info|stats --server ADDR
+//   tandem health --server ADDR [--service NAME]
 //
 // Output goes to stdout, errors to stderr as "CODE: message" (gRPC status
 // names). Exit codes: 0 success, 1 the server (or the connection) failed a
@@ -25,6 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/text_format.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/rpc/flags.h"
 #include "tandem/rpc/server.h"
@@ -42,6 +44,7 @@ constexpr char kUsage[] =
     "  bench     load generator: throughput, TTFT and inter-token latency\n"
     "  info      print the served model (GetModelInfo)\n"
     "  stats     print the scheduler's stats (GetStats)\n"
+    "  health    check any Tandem server's grpc.health.v1 status (exit 0: SERVING)\n"
     "Run 'tandem <command> --help' for its flags.\n";
 
 struct SamplingFlags {
@@ -473,6 +476,43 @@ int InfoOrStats(int argc, char** argv, bool stats) {
   return 0;
 }
 
+// grpc.health.v1 Check of any Tandem server, with the --tls-* flags: the
+// Helm chart's probes under TLS, which the kubelet's gRPC probe cannot
+// speak. Prints the status; exit 0 only for SERVING.
+int Health(int argc, char** argv) {
+  std::string server = "127.0.0.1:50051";
+  std::string service;
+  double timeout_s = 5;
+  tandem::rpc::FlagSet flags("tandem health",
+                             "Checks a server's grpc.health.v1 status; exit 0 when SERVING, 1 "
+                             "otherwise (NOT_SERVING, unknown service, unreachable).");
+  flags.Add("server", &server, "host:port of any Tandem gRPC server");
+  flags.Add("service", &service,
+            "health name: '' (overall), tandem.liveness, or the service's own (e.g. "
+            "tandem.v1.Generation)");
+  flags.Add("timeout-s", &timeout_s, "deadline of the check in seconds");
+  ClientTlsFlags tls;
+  tls.Register(&flags);
+  flags.ParseOrExit(argc, argv, 2);
+  if (!tls.Apply("tandem health")) return 2;
+  auto stub = grpc::health::v1::Health::NewStub(tandem::rpc::CreateChannel(server));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status s = stub->Check(&context, request, &response);
+  if (!s.ok()) {
+    std::cerr << "tandem health: " << tandem::rpc::StatusCodeName(s) << ": " << s.error_message()
+              << "\n";
+    return 1;
+  }
+  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())
+            << "\n";
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -485,6 +525,7 @@ int main(int argc, char** argv) {
   if (command == "bench") return Bench(argc, argv);
   if (command == "info") return InfoOrStats(argc, argv, false);
   if (command == "stats") return InfoOrStats(argc, argv, true);
+  if (command == "health") return Health(argc, argv);
   std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;
   return 2;
 }
