@@ -69,9 +69,9 @@ def containers(obj):
     return {c["name"]: c for c in obj["spec"]["template"]["spec"]["containers"]}
 
 
-def flags_of(build_dir, binary):
-    out = subprocess.run([os.path.join(build_dir, binary), "--help"], capture_output=True,
-                         text=True)
+def flags_of(build_dir, binary, *subcommand):
+    out = subprocess.run([os.path.join(build_dir, binary), *subcommand, "--help"],
+                         capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     # "  --name[, --no-name][, --alias] (default: ...)": every spelling.
     names = set()
@@ -211,11 +211,28 @@ def check_flags_and_probes(build_dir, objs, label):
         assert arg(c, "metrics-listen").startswith("0.0.0.0:"), name
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert probe in c, f"{label}: {name} has no {probe}"
-            grpc = c[probe]["grpc"]
-            assert grpc["port"] == listen_port, (name, probe, grpc)
+            port, service = probe_target(build_dir, c, c[probe], f"{label}: {name} {probe}")
+            assert port == listen_port, (name, probe, c[probe])
             want = READINESS[name] if probe == "readinessProbe" else LIVENESS
-            assert grpc.get("service") == want, f"{label}: {name} {probe} on {grpc}, want {want}"
+            assert service == want, f"{label}: {name} {probe} on {service}, want {want}"
     return pods
+
+
+def probe_target(build_dir, c, handler, what):
+    """(port, health name) of a probe: the kubelet's gRPC probe, or under TLS
+    `tandem health` with the container's own --tls-* files."""
+    if "grpc" in handler:
+        return handler["grpc"]["port"], handler["grpc"].get("service")
+    cmd = handler["exec"]["command"]
+    assert cmd[:2] == ["tandem", "health"], f"{what}: {cmd}"
+    known = flags_of(build_dir, "tools/cli/tandem", "health")
+    opts = dict(a[2:].split("=", 1) for a in cmd[2:])
+    assert set(opts) <= known, f"{what}: `tandem health --help` lacks {set(opts) - known}"
+    for f in ("tls-cert", "tls-key", "tls-ca"):
+        assert opts[f] == arg(c, f), f"{what}: --{f}={opts[f]} but the container has {arg(c, f)}"
+    host, port = opts["server"].rsplit(":", 1)
+    assert host == "127.0.0.1", f"{what}: {opts['server']}"
+    return int(port), opts.get("service", "")
 
 
 # 6. ------------------------------------------------------------------------
@@ -474,6 +491,50 @@ def check_frontend(objs, values):
           "(dns:/// target), API key from its Secret, CPU HPA")
 
 
+def check_tls(build_dir, source_dir, helm, chart):
+    """tls.enabled: every part gets --tls-* from its own Secret, the probes
+    run `tandem health`, the KV-store's plain-TCP bulk port is shut, and
+    cert-manager's Certificates give each part its role's URI SAN and the
+    names the others dial it by."""
+    sets = ["tls.enabled=true", "tls.source=certManager", "tls.certManager.issuerRef.name=ca",
+            "kvstore.enabled=true", "frontend.enabled=true", "networkPolicy.enabled=true"]
+    objs = objects(render_text(helm, chart, sets=sets))
+    pods = check_flags_and_probes(build_dir, objs, "tls")
+    check_security(source_dir, objs, "tls")
+    certs = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]
+             for o in objs if o["kind"] == "Certificate"}
+    assert set(certs) == {"kvstore", "scheduler", "worker", "frontend"}, sorted(certs)
+    volumes = {}
+    for _, spec in pod_specs(objs):
+        volumes.update({v["name"]: v for v in spec.get("volumes", [])})
+    for name, c in pods.items():
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert arg(c, "tls-cert") == "/etc/tandem/tls/tls.crt" and arg(c, "tls-ca"), c["args"]
+        secret = volumes[mounts["/etc/tandem/tls"]]["secret"]["secretName"]
+        assert secret == certs[name]["secretName"], (name, secret)
+        assert certs[name]["uris"] == [f"spiffe://cluster.local/tandem/{name}"], certs[name]
+        assert "127.0.0.1" in certs[name]["ipAddresses"], certs[name]
+    kv_host = arg(pods["scheduler"], "kvstore").rsplit(":", 1)[0]
+    assert kv_host == arg(pods["worker"], "kvstore").rsplit(":", 1)[0]
+    assert kv_host in certs["kvstore"]["dnsNames"], (kv_host, certs["kvstore"])
+    sched_host = arg(pods["frontend"], "scheduler").removeprefix("dns:///").rsplit(":", 1)[0]
+    assert sched_host in certs["scheduler"]["dnsNames"], (sched_host, certs["scheduler"])
+    assert arg(pods["kvstore"], "bulk-load-listen") == "off"
+    assert "bulk" not in [p["name"] for p in pods["kvstore"]["ports"]]
+    kv_svc = by_kind_name(objs)[("Service", f"{RELEASE}-kvstore")]
+    assert "bulk" not in [p["name"] for p in kv_svc["spec"]["ports"]], kv_svc
+    # Secrets you make: no Certificate, the names given.
+    mine = objects(render_text(helm, chart, sets=["tls.enabled=true", "tls.secrets.worker=w-tls"]))
+    assert "Certificate" not in [o["kind"] for o in mine]
+    vols = {v["name"]: v for _, s in pod_specs(mine) for v in s.get("volumes", [])}
+    assert vols["tls-worker"]["secret"]["secretName"] == "w-tls", vols["tls-worker"]
+    assert vols["tls-scheduler"]["secret"]["secretName"] == f"{RELEASE}-scheduler-tls"
+    bad = helm_template(helm, chart, sets=["tls.enabled=true", "tls.source=certManager"])
+    assert bad.returncode != 0 and "issuerRef.name" in bad.stderr, bad.stderr
+    print("tls: --tls-* from each part's own Secret, `tandem health` probes, bulk port shut, "
+          "Certificates with the role URI SAN and the names the parts dial")
+
+
 def main():
     build_dir, source_dir = sys.argv[1], sys.argv[2]
     chart = chart_dir(source_dir)
@@ -486,6 +547,7 @@ def main():
     check_security(source_dir, defaults, "defaults")
     check_security(source_dir, objects(render_text(helm, chart, [ALL_ON])), "all-on")
     check_other_values(build_dir, helm, chart)
+    check_tls(build_dir, source_dir, helm, chart)
     print("helm_test: OK")
 
 

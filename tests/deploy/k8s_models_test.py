@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Every object the chart renders (defaults, all options on, and the HPA
 variant) validated against the Kubernetes and CRD schemas of the npm
-packages kubernetes-models, @kubernetes-models/prometheus-operator and
-@kubernetes-models/keda (Node.js).
+packages kubernetes-models, @kubernetes-models/prometheus-operator,
+@kubernetes-models/keda and @kubernetes-models/cert-manager (Node.js).
 
 The packages are installed with `npm install --prefix` into
 BUILD_DIR/deploy-npm (kept between runs; needs the npm registry the first
@@ -24,7 +24,8 @@ from deploy_common import chart_dir, find_helm, objects, render_text  # noqa: E4
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGES = {"kubernetes-models": "5.1.0",
             "@kubernetes-models/prometheus-operator": "6.0.0",
-            "@kubernetes-models/keda": "2.0.0"}
+            "@kubernetes-models/keda": "2.0.0",
+            "@kubernetes-models/cert-manager": "6.0.0"}
 
 
 def install(prefix):
@@ -67,7 +68,9 @@ def main():
                             "worker.backend=cpu", "worker.gpus=0",
                             "kvstore.enabled=false"]),
                "hpa-external": ([], ["autoscaling.hpa.enabled=true",
-                                     "autoscaling.hpa.metricType=External"])}
+                                     "autoscaling.hpa.metricType=External"]),
+               "tls": ([all_on], ["tls.enabled=true", "tls.source=certManager",
+                                  "tls.certManager.issuerRef.name=ca"])}
     items = []
     for label, (files, sets) in renders.items():
         items += [{"source": label, "object": o}

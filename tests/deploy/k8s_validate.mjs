@@ -12,6 +12,7 @@ const [nodeModules, objectsFile] = process.argv.slice(2);
 const PACKAGES = {
   "monitoring.coreos.com": "@kubernetes-models/prometheus-operator",
   "keda.sh": "@kubernetes-models/keda",
+  "cert-manager.io": "@kubernetes-models/cert-manager",
 };
 
 let failed = 0, unknown = 0;

@@ -98,3 +98,51 @@ annotations: {{- toYaml . | nindent 2 }}
   emptyDir: {}
   {{- end }}
 {{- end -}}
+
+{{/*
+TLS (values tls). The Secret holding a part's certificate; call with
+(dict "root" $ "part" "kvstore|scheduler|worker|frontend").
+*/}}
+{{- define "tandem.tlsSecret" -}}
+{{- get .root.Values.tls.secrets .part | default (printf "%s-%s-tls" (include "tandem.fullname" .root) .part) -}}
+{{- end -}}
+
+{{/* The --tls-* flags of a container whose certificate is mounted at /etc/tandem/tls. */}}
+{{- define "tandem.tlsArgs" -}}
+{{- if .Values.tls.enabled }}
+- --tls-cert=/etc/tandem/tls/tls.crt
+- --tls-key=/etc/tandem/tls/tls.key
+- --tls-ca=/etc/tandem/tls/ca.crt
+- --tls-reload-interval-s={{ .Values.tls.reloadIntervalSeconds }}
+{{- end }}
+{{- end -}}
+
+{{/* A container's mount of its part's certificate; (dict "root" $ "part" ...). */}}
+{{- define "tandem.tlsMount" -}}
+{{- if .root.Values.tls.enabled }}
+- {name: tls-{{ .part }}, mountPath: /etc/tandem/tls, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{/* The pod volume of a part's certificate; (dict "root" $ "part" ...). */}}
+{{- define "tandem.tlsVolume" -}}
+{{- if .root.Values.tls.enabled }}
+- name: tls-{{ .part }}
+  secret: {secretName: {{ include "tandem.tlsSecret" . }}}
+{{- end }}
+{{- end -}}
+
+{{/*
+A probe's handler on a gRPC health name: the kubelet's gRPC probe, or under
+TLS (which that probe cannot speak) `tandem health` in the container, with
+the container's own certificate. (dict "root" $ "port" N "service" NAME)
+*/}}
+{{- define "tandem.healthProbe" -}}
+{{- if .root.Values.tls.enabled -}}
+exec:
+  command: [tandem, health, --server=127.0.0.1:{{ .port }}, --service={{ .service }}, --tls-cert=/etc/tandem/tls/tls.crt, --tls-key=/etc/tandem/tls/tls.key, --tls-ca=/etc/tandem/tls/ca.crt]
+timeoutSeconds: 5
+{{- else -}}
+grpc: {port: {{ .port }}, service: {{ .service }}}
+{{- end -}}
+{{- end -}}
