@@ -1,6 +1,10 @@
 #include "tandem/kvstore/kv_store.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -215,6 +219,10 @@ absl::Status KvStoreOptions::Validate() const {
         absl::StrCat("KvStoreOptions.hot_capacity_bytes ", hot_capacity_bytes,
                      " is smaller than one slot (hot_slot_bytes ", hot_slot_bytes, ")"));
   }
+  if (write_buffer_bytes < (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvStoreOptions.write_buffer_bytes ", write_buffer_bytes, " is under 1 MiB"));
+  }
   if (default_lease_ttl_ms <= 0 || max_lease_ttl_ms < default_lease_ttl_ms) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvStoreOptions: need 0 < default_lease_ttl_ms (", default_lease_ttl_ms,
@@ -252,7 +260,12 @@ class KvStore::Impl {
     o.enable_blob_garbage_collection = true;
     o.compression = rocksdb::kNoCompression;
     o.blob_compression_type = rocksdb::kNoCompression;
-    o.write_buffer_size = uint64_t{64} << 20;
+    o.write_buffer_size = opts_.write_buffer_bytes;
+    // No automatic recovery from a background error: during it RocksDB let
+    // our writes reach the failed WAL writer and Debian's build (assertions
+    // on) aborted the process on a full disk. Writes now stop at the error
+    // and WriteToRocks calls Resume() itself.
+    o.max_bgerror_resume_count = 0;
     o.max_background_jobs = 2;
     o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
     o.keep_log_file_num = 2;
@@ -409,6 +422,7 @@ class KvStore::Impl {
           "block ", hash.ToHex(), ": payload has ", payload.size(), " bytes; blocks of namespace '",
           info.spec.name, "' have ", info.spec.block_bytes));
     }
+    TANDEM_RETURN_IF_ERROR(CheckDiskRoom());
     const uint32_t actual = Crc32c(payload);
     if (actual != checksum) {
       return absl::DataLossError(absl::StrCat("block ", hash.ToHex(), ": writer's checksum ",
@@ -452,7 +466,7 @@ class KvStore::Impl {
               EncodeMeta(Meta{.checksum = checksum, .size = payload.size(), .seq = seq}));
     batch.Put(RocksKey(kBlockPrefix, key),
               rocksdb::Slice(reinterpret_cast<const char*>(payload.data()), payload.size()));
-    rocksdb::Status s = db_->Write(WriteOptionsFor(durability.value_or(opts_.durability)), &batch);
+    rocksdb::Status s = WriteToRocks(WriteOptionsFor(durability.value_or(opts_.durability)), &batch);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       EraseLocked(e);
@@ -802,7 +816,7 @@ class KvStore::Impl {
       batch.Delete(RocksKey(kMetaPrefix, k));
       batch.Delete(RocksKey(kBlockPrefix, k));
     }
-    rocksdb::Status s = db_->Write(WriteOptionsFor(opts_.durability), &batch);
+    rocksdb::Status s = WriteToRocks(WriteOptionsFor(opts_.durability), &batch);
     // The index no longer has them; a failed delete only means they may come
     // back (intact) after a restart.
     if (!s.ok()) TANDEM_LOG(ERROR) << "KV-store: deleting blocks failed: " << s.ToString();
@@ -945,9 +959,73 @@ class KvStore::Impl {
     return true;
   }
 
+  // db_->Write, and the way out of RocksDB's stopped state. After a write
+  // error (a full disk, a failed WAL or flush write) RocksDB 7.8 still lets
+  // later writes reach the WAL writer that failed, and Debian's build (its
+  // assertions on) then aborts the process (RocksDB fixed it in 2024, PR
+  // 12448). So after an I/O error no write goes to RocksDB until Resume()
+  // succeeds: writes fail at once with the error, and one writer at a time,
+  // at most once a second, tries Resume() (a flush to a new WAL) and then
+  // its own write again. The store takes writes again as soon as the disk
+  // has room, without a restart; reads never stop.
+  rocksdb::Status WriteToRocks(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch) {
+    if (!write_stopped_.load()) {
+      rocksdb::Status s = db_->Write(wo, batch);
+      if (s.ok() || !s.IsIOError()) return s;
+      std::lock_guard<std::mutex> lock(write_error_mu_);
+      if (!write_stopped_.load()) {
+        write_error_ = s;
+        write_stopped_.store(true);
+        last_resume_ns_ = NowSteadyNs();
+        TANDEM_LOG(ERROR) << "KV-store: RocksDB write failed (" << s.ToString()
+                          << "); stores are refused until it resumes";
+      }
+      return s;
+    }
+    std::unique_lock<std::mutex> lock(write_error_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || !write_stopped_.load()) return write_error_copy();
+    if (NowSteadyNs() - last_resume_ns_ < 1'000'000'000) return write_error_;
+    last_resume_ns_ = NowSteadyNs();
+    const rocksdb::Status r = db_->Resume();
+    if (!r.ok()) return write_error_;
+    TANDEM_LOG(WARNING) << "KV-store: RocksDB resumed writes after: " << write_error_.ToString();
+    write_stopped_.store(false);
+    lock.unlock();
+    return WriteToRocks(wo, batch);
+  }
+  // RESOURCE_EXHAUSTED while the data directory has less than
+  // min_free_disk_bytes free. A statvfs per store: about a microsecond, next
+  // to a block write of 64 KiB and more.
+  absl::Status CheckDiskRoom() {
+    if (opts_.min_free_disk_bytes == 0) return absl::OkStatus();
+    struct statvfs st {};
+    if (statvfs(opts_.data_dir.c_str(), &st) != 0) return absl::OkStatus();
+    const uint64_t free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    if (free >= opts_.min_free_disk_bytes) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the KV-store's disk is full: ", free >> 20, " MiB free under ", opts_.data_dir,
+        ", below --min-free-disk-bytes (", opts_.min_free_disk_bytes >> 20,
+        " MiB); stores are refused until there is room"));
+  }
+
+  rocksdb::Status write_error_copy() {
+    std::lock_guard<std::mutex> lock(write_error_mu_);
+    return write_stopped_.load() ? write_error_ : rocksdb::Status::Busy("retry the write");
+  }
+  static int64_t NowSteadyNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
   const KvStoreOptions opts_;
   const Clock* const clock_;
   std::unique_ptr<rocksdb::DB> db_;
+  // WriteToRocks' stop after a write error.
+  std::atomic<bool> write_stopped_{false};
+  std::mutex write_error_mu_;     // guards the two below
+  rocksdb::Status write_error_;   // the error that stopped writes
+  int64_t last_resume_ns_ = 0;    // when Resume() was last tried
   std::unique_ptr<HostArena> arena_;
 
   std::mutex ns_create_mu_;  // serializes CreateNamespace

@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   int64_t lease_ttl_ms = 30'000;
   int64_t max_lease_ttl_ms = 600'000;
   bool store_to_hot = true;
+  int64_t write_buffer_bytes = int64_t{64} << 20;
+  int64_t min_free_disk_bytes = int64_t{256} << 20;
   int64_t load_chunk_bytes = 1 << 20;
   int64_t drain_timeout_ms = 10'000;
   std::string bulk_load_listen = "auto";
@@ -68,6 +70,12 @@ int main(int argc, char** argv) {
   flags.Add("lease-ttl-ms", &lease_ttl_ms, "lease time-to-live when a lookup asks for 0");
   flags.Add("max-lease-ttl-ms", &max_lease_ttl_ms, "longest lease a lookup may ask for");
   flags.Add("store-to-hot", &store_to_hot, "also place newly stored blocks in the hot tier");
+  flags.Add("write-buffer-bytes", &write_buffer_bytes,
+            "RocksDB's memtable: the WAL grows to about this before a flush, and a restart "
+            "after a crash flushes it, so keep twice this free on the disk beyond the blocks");
+  flags.Add("min-free-disk-bytes", &min_free_disk_bytes,
+            "stores are refused (RESOURCE_EXHAUSTED) while the data directory's disk has less "
+            "free than this (RocksDB must not meet a full disk); 0: never");
   flags.Add("load-chunk-bytes", &load_chunk_bytes,
             "payload bytes per Load stream message (under the 4 MiB gRPC limit)");
   flags.Add("bulk-load-listen", &bulk_load_listen,
@@ -127,7 +135,14 @@ int main(int argc, char** argv) {
       .default_lease_ttl_ms = lease_ttl_ms,
       .max_lease_ttl_ms = max_lease_ttl_ms,
       .store_to_hot = store_to_hot,
+      .write_buffer_bytes = static_cast<uint64_t>(std::max<int64_t>(write_buffer_bytes, 0)),
+      .min_free_disk_bytes = static_cast<uint64_t>(std::max<int64_t>(min_free_disk_bytes, 0)),
   };
+  if (absl::Status s = options.Validate(); !s.ok()) {
+    std::fprintf(stderr, "tandem-kvstore: %s\n",
+                 std::string(s.message()).c_str());
+    return 2;
+  }
   kvstore_service::KvStoreServiceOptions service_options{
       .load_chunk_bytes = load_chunk_bytes,
       .debug_lookup_delay_ms = debug_lookup_delay_ms,

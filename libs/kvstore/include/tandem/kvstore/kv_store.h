@@ -118,6 +118,15 @@ struct KvStoreOptions {
   int64_t max_lease_ttl_ms = 600'000;
   // Also place newly stored blocks in the hot tier. Default true.
   bool store_to_hot = true;
+  // RocksDB's memtable (write buffer) size: the WAL grows to about this
+  // before a flush, and reopening after a crash flushes it, so the disk needs
+  // about twice this free beyond the blocks. Default 64 MiB; at least 1 MiB.
+  uint64_t write_buffer_bytes = uint64_t{64} << 20;
+  // Stores are refused (RESOURCE_EXHAUSTED, nothing written) while the data
+  // directory's file system has less than this free: RocksDB itself must
+  // never meet a full disk, since Debian's RocksDB 7.8 can abort the process
+  // on a write after a failed WAL append. 0 = never refuse. Default 256 MiB.
+  uint64_t min_free_disk_bytes = uint64_t{256} << 20;
   // Allocate the hot tier with cudaHostAlloc when a CUDA device is present.
   bool use_cuda_host_alloc = true;
   // mlock() the hot tier (failure is logged and ignored).
