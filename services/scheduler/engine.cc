@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -334,6 +336,18 @@ void Engine::SetDraining() {
   Post(Event{.kind = Event::kWake});
 }
 
+void Engine::TrimHeapWhenIdle() {
+  const auto now = std::chrono::steady_clock::now();
+  if (!calls_.empty()) {
+    busy_since_trim_ = true;
+    return;
+  }
+  if (!busy_since_trim_ || now - last_trim_ < kTrimPeriod) return;
+  busy_since_trim_ = false;
+  last_trim_ = now;
+  malloc_trim(0);
+}
+
 void Engine::Loop() {
   std::deque<Event> batch;
   bool flush_stores = false;
@@ -373,6 +387,7 @@ void Engine::Loop() {
     flush_stores = false;
     ScheduleAndSend();
     PublishStats();
+    TrimHeapWhenIdle();
   }
   // Shutting down: answer everything still pending.
   std::deque<Event> rest;

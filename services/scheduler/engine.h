@@ -189,6 +189,12 @@ class Engine {
   // counts store entries the worker has not reported sent.
   bool StoresToCollectWhileIdle() const;
   void NoteTokens(GenerateCall& call, size_t num_tokens);
+  // Idle after work: hands the heap's free pages back to the OS
+  // (malloc_trim). glibc keeps what gRPC's threads freed in their arenas: a
+  // round of 1,000 streams, half cancelled, left the scheduler ~30 MB above
+  // its idle RSS for good (tests/integration/load_cancel_test.cc). At most
+  // once per kTrimPeriod, and only on the loop thread while no call is open.
+  void TrimHeapWhenIdle();
   void PublishStats();
 
   const EngineOptions options_;
@@ -248,6 +254,9 @@ class Engine {
   // starved the lookups themselves on small machines).
   static constexpr std::chrono::milliseconds kEmptyStepPace{1};
   std::chrono::steady_clock::time_point pace_until_{};
+  static constexpr std::chrono::seconds kTrimPeriod{2};
+  bool busy_since_trim_ = false;
+  std::chrono::steady_clock::time_point last_trim_{};
   std::vector<sched::RequestOutput> outputs_scratch_;
   v1::SchedulerOutput step_proto_;
 };
