@@ -2,7 +2,7 @@
 // and a scheduler each) and tandem-frontend on loopback. Client threads send
 // OpenAI completions (prompt token ids, greedy and seeded sampling,
 // return_token_ids) through the frontend for TANDEM_CHAOS_SECONDS (default
-// 90): two thirds from a pool whose tokens a clean run gave first, one third
+// 120): two thirds from a pool whose tokens a clean run gave first, one third
 // with fresh prompts (new blocks for the store to write), whose tokens are
 // checked against a clean run after the chaos. Meanwhile a chaos thread, at
 // random times, does one of:
@@ -57,7 +57,7 @@ constexpr int kDeadlineS = 60;  // the client's deadline of one request
 
 int ChaosSeconds() {
   const char* s = std::getenv("TANDEM_CHAOS_SECONDS");
-  return s != nullptr ? std::max(10, std::atoi(s)) : 90;
+  return s != nullptr ? std::max(10, std::atoi(s)) : 120;
 }
 
 // 32 requests: 8 prompt prefixes of 40+ tokens, 4 suffixes each; greedy and
