@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "bulk_load_server.h"
 #include "grpcpp/server_builder.h"
 #include "kvstore_metrics.h"
@@ -18,19 +19,16 @@
 #include "tandem/metrics/metrics.h"
 #include "tandem/rpc/flags.h"
 #include "tandem/rpc/framed_socket.h"
-#include "tandem/rpc/server.h"
+#include "tandem/rpc/service_main.h"
 
 int main(int argc, char** argv) {
   using namespace tandem;
-  rpc::BlockShutdownSignals();
+  rpc::ServiceMain boot("tandem-kvstore", "kvstore", "tandem.v1.KvStore", "127.0.0.1:50070");
   // Block-sized buffers (messages of ~1 MiB) come and go at a high rate:
   // keep them on the heap instead of mmap/munmap (page faults) per message.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  SetLogTag("kvstore");
 
-  std::string listen = "127.0.0.1:50070";
-  std::string port_file;
   std::string data_dir = "./tandem-kvstore-data";
   int64_t hot_capacity_bytes = int64_t{1} << 30;
   int64_t hot_slot_bytes = int64_t{2} << 20;
@@ -48,13 +46,10 @@ int main(int argc, char** argv) {
   kvstore_service::BulkLoadServerOptions bulk_options;
   metrics::ExposerOptions metrics_options;
 
-  rpc::TlsOptions tls;
   rpc::FlagSet flags("tandem-kvstore",
                      "Stores KV-cache blocks outside the GPU: a pinned host-memory hot tier and a "
                      "RocksDB cold tier (DESIGN §5).");
-  flags.Add("listen", &listen, "host:port to serve gRPC on (port 0 picks a free port)");
-  flags.Add("port-file", &port_file, "write the bound port to this file once listening");
-  rpc::AddTlsFlags(&flags, &tls);
+  boot.AddServerFlags(&flags);
   flags.Add("data-dir", &data_dir, "directory of the RocksDB cold tier (created if missing)");
   flags.Add("hot-capacity-bytes", &hot_capacity_bytes,
             "bytes of pinned host memory for the hot tier; 0 disables it");
@@ -103,28 +98,22 @@ int main(int argc, char** argv) {
   flags.Add("debug-corrupt-cold-every", &debug_corrupt_cold_every,
             "TESTS ONLY: flip a byte in the RocksDB copy of every Nth newly stored block (0: off)");
   flags.ParseOrExit(argc, argv);
-  if (absl::Status s = tls.Validate(/*server=*/true); !s.ok()) {
-    std::fprintf(stderr, "tandem-kvstore: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
+  if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);
+  const rpc::TlsOptions& tls = boot.options().tls;
+  const std::string& listen = boot.options().listen_address;
   if (tls.enabled()) {
     // The bulk port is plain TCP: under TLS it stays shut and clients load
     // over gRPC (which they do whenever the store advertises no bulk port).
     if (bulk_load_listen != "auto" && bulk_load_listen != "off") {
-      std::fprintf(stderr,
-                   "tandem-kvstore: --bulk-load-listen=%s: the bulk load port has no TLS; with "
-                   "--tls-cert use auto or off (loads then go over gRPC)\n",
-                   bulk_load_listen.c_str());
-      return 2;
+      return boot.Fail("--bulk-load-listen=" + bulk_load_listen +
+                       ": the bulk load port has no TLS; with --tls-cert use auto or off (loads "
+                       "then go over gRPC)");
     }
     bulk_load_listen = "off";
   }
 
   absl::StatusOr<kvstore::Durability> d = kvstore::ParseDurability(durability);
-  if (!d.ok()) {
-    std::fprintf(stderr, "tandem-kvstore: --durability: %s\n", d.status().ToString().c_str());
-    return 2;
-  }
+  if (!d.ok()) return boot.Fail("--durability: " + d.status().ToString());
   kvstore::KvStoreOptions options{
       .data_dir = data_dir,
       .hot_capacity_bytes = static_cast<uint64_t>(hot_capacity_bytes),
@@ -138,11 +127,7 @@ int main(int argc, char** argv) {
       .write_buffer_bytes = static_cast<uint64_t>(std::max<int64_t>(write_buffer_bytes, 0)),
       .min_free_disk_bytes = static_cast<uint64_t>(std::max<int64_t>(min_free_disk_bytes, 0)),
   };
-  if (absl::Status s = options.Validate(); !s.ok()) {
-    std::fprintf(stderr, "tandem-kvstore: %s\n",
-                 std::string(s.message()).c_str());
-    return 2;
-  }
+  if (absl::Status s = options.Validate(); !s.ok()) return boot.Fail(s);
   kvstore_service::KvStoreServiceOptions service_options{
       .load_chunk_bytes = load_chunk_bytes,
       .debug_lookup_delay_ms = debug_lookup_delay_ms,
@@ -152,39 +137,25 @@ int main(int argc, char** argv) {
   if (debug_lookup_delay_ms > 0 || debug_corrupt_hot_every > 0 || debug_corrupt_cold_every > 0) {
     TANDEM_LOG(WARNING) << "TEST-ONLY fault injection is on (--debug-*)";
   }
-  if (absl::Status s = service_options.Validate(); !s.ok()) {
-    std::fprintf(stderr, "tandem-kvstore: %s\n", s.ToString().c_str());
-    return 2;
-  }
+  if (absl::Status s = service_options.Validate(); !s.ok()) return boot.Fail(s.ToString());
   if (bulk_load_listen != "off") {
     absl::StatusOr<std::pair<std::string, std::string>> addr =
         rpc::SplitHostPort(bulk_load_listen == "auto" ? listen : bulk_load_listen);
     if (!addr.ok()) {
-      std::fprintf(stderr, "tandem-kvstore: --%s: %s\n",
-                   bulk_load_listen == "auto" ? "listen" : "bulk-load-listen",
-                   addr.status().ToString().c_str());
-      return 2;
+      return boot.Fail(absl::StrCat("--", bulk_load_listen == "auto" ? "listen" : "bulk-load-listen",
+                                    ": ", addr.status().ToString()));
     }
     bulk_options.host = addr->first;
     bulk_options.port = bulk_load_listen == "auto" ? 0 : std::stoi(addr->second);
-    if (absl::Status s = bulk_options.Validate(); !s.ok()) {
-      std::fprintf(stderr, "tandem-kvstore: %s\n", s.ToString().c_str());
-      return 2;
-    }
+    if (absl::Status s = bulk_options.Validate(); !s.ok()) return boot.Fail(s.ToString());
   }
   absl::StatusOr<std::unique_ptr<kvstore::KvStore>> store = kvstore::KvStore::Open(options);
-  if (!store.ok()) {
-    std::fprintf(stderr, "tandem-kvstore: %s\n", store.status().ToString().c_str());
-    return 1;
-  }
+  if (!store.ok()) return boot.Fail(store.status().ToString(), 1);
   std::unique_ptr<kvstore_service::BulkLoadServer> bulk;
   if (bulk_load_listen != "off") {
     absl::StatusOr<std::unique_ptr<kvstore_service::BulkLoadServer>> started =
         kvstore_service::BulkLoadServer::Start(store->get(), bulk_options);
-    if (!started.ok()) {
-      std::fprintf(stderr, "tandem-kvstore: %s\n", started.status().ToString().c_str());
-      return 1;
-    }
+    if (!started.ok()) return boot.Fail(started.status().ToString(), 1);
     bulk = std::move(*started);
     service_options.bulk_load = bulk.get();
   }
@@ -194,26 +165,15 @@ int main(int argc, char** argv) {
   kvstore_service::KvStoreMetrics kv_metrics(*registry, store->get(), bulk.get());
   absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> exposer =
       metrics::MetricsServer::Start(metrics_options, registry, [&] { kv_metrics.Update(); });
-  if (!exposer.ok()) {
-    std::fprintf(stderr, "tandem-kvstore: %s\n", exposer.status().ToString().c_str());
-    return 1;
-  }
+  if (!exposer.ok()) return boot.Fail(exposer.status().ToString(), 1);
   if (*exposer != nullptr) TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
 
-  rpc::EnableReflectionAndHealth();
   grpc::ServerBuilder builder;
   kvstore_service::ConfigureServerBuilder(&builder);
   builder.RegisterService(&service);
-  int port = 0;
-  absl::StatusOr<std::unique_ptr<grpc::Server>> server = rpc::BuildAndStart(
-      &builder, rpc::ServerOptions{.listen_address = listen, .port_file = port_file, .tls = tls},
-      &port);
-  if (!server.ok()) {
-    std::fprintf(stderr, "tandem-kvstore: %s\n", server.status().ToString().c_str());
-    return 1;
-  }
-  rpc::SetServing(server->get(), "tandem.v1.KvStore", true);
-  rpc::MarkLive(server->get());
+  if (absl::Status s = boot.Serve(&builder); !s.ok()) return boot.Fail(s.ToString(), 1);
+  boot.SetServing(true);
+  const int port = boot.port();
   TANDEM_LOG(INFO) << "tandem-kvstore serving on port " << port << " (data " << data_dir
                    << ", durability " << durability << ", bulk load port "
                    << (bulk ? std::to_string(bulk->port()) : std::string("off")) << ", "
@@ -222,12 +182,8 @@ int main(int argc, char** argv) {
                                        : "plain text")
                    << ")";
 
-  const int sig = rpc::WaitForShutdownSignal();
-  TANDEM_LOG(INFO) << "signal " << sig << ": draining for up to " << drain_timeout_ms << " ms";
-  rpc::SetServing(server->get(), "tandem.v1.KvStore", false);
-  (*server)->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::milliseconds(drain_timeout_ms));
-  (*server)->Wait();
+  boot.WaitForShutdown(absl::StrCat("draining for up to ", drain_timeout_ms, " ms"));
+  boot.Shutdown(std::chrono::milliseconds(drain_timeout_ms));
   if (bulk) bulk->Shutdown();
   exposer->reset();  // its scrapes read the store
   store->reset();    // flushes the memtable

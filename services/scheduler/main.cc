@@ -11,15 +11,14 @@
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/flags.h"
-#include "tandem/rpc/server.h"
+#include "tandem/rpc/service_main.h"
 
 int main(int argc, char** argv) {
-  tandem::rpc::BlockShutdownSignals();
-  tandem::SetLogTag("scheduler");
+  tandem::rpc::ServiceMain boot("tandem-scheduler", "scheduler", "tandem.v1.Generation",
+                               "127.0.0.1:50051");
   tandem::scheduler::EngineOptions engine_options;
   tandem::sched::SchedulerConfig& sc = engine_options.scheduler;
   tandem::scheduler::GenerationOptions generation_options;
-  tandem::rpc::ServerOptions server_options{.listen_address = "127.0.0.1:50051"};
   std::string policy = "fcfs";
   int32_t drain_timeout_s = 30;
   tandem::metrics::ExposerOptions metrics_options;
@@ -29,11 +28,7 @@ int main(int argc, char** argv) {
       "Serves tandem.v1.Generation: admits requests, batches them continuously and streams one "
       "step at a time to a tandem-worker. Block size, KV blocks, vocabulary and EOS come from the "
       "worker's Describe.");
-  flags.Add("listen", &server_options.listen_address,
-            "host:port to serve on (port 0: any free port)");
-  flags.Add("port-file", &server_options.port_file,
-            "write the bound port to this file once listening (empty: don't)");
-  tandem::rpc::AddTlsFlags(&flags, &server_options.tls);
+  boot.AddServerFlags(&flags);
   flags.Add("worker", &engine_options.worker_address, "host:port of the tandem-worker");
   flags.Add("max-num-seqs", &sc.max_num_seqs, "most requests running at once");
   flags.Add("max-num-batched-tokens", &sc.max_num_batched_tokens, "token budget of one step");
@@ -94,57 +89,33 @@ int main(int argc, char** argv) {
                      "long-prefill-token-threshold", "async-scheduling", "scheduling-policy",
                      "served-model-name"});
   flags.ParseOrExit(argc, argv);
-  if (absl::Status s = server_options.Validate(); !s.ok()) {
-    std::cerr << "tandem-scheduler: " << s.message() << "\n";
-    return 2;
-  }
-  tandem::rpc::SetClientTls(server_options.tls);  // to the worker and the KV-store too
+  // Sets the client TLS too: to the worker and the KV-store.
+  if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);
   if (policy == "fcfs") {
     sc.policy = tandem::sched::SchedulingPolicy::kFcfs;
   } else if (policy == "priority") {
     sc.policy = tandem::sched::SchedulingPolicy::kPriority;
   } else {
-    std::cerr << "tandem-scheduler: --policy must be fcfs or priority, got '" << policy << "'\n";
-    return 2;
+    return boot.Fail("--policy must be fcfs or priority, got '" + policy + "'");
   }
   if (liveness_stall_s != 0 && !(liveness_stall_s >= 1)) {
-    std::cerr << "tandem-scheduler: --liveness-stall-s must be 0 (off) or >= 1, got "
-              << liveness_stall_s << "\n";
-    return 2;
+    return boot.Fail("--liveness-stall-s must be 0 (off) or >= 1, got " +
+                     std::to_string(liveness_stall_s));
   }
-  if (absl::Status s = engine_options.Validate(); !s.ok()) {
-    std::cerr << "tandem-scheduler: " << s.message() << "\n";
-    return 2;
-  }
+  if (absl::Status s = engine_options.Validate(); !s.ok()) return boot.Fail(s);
 
   auto registry = std::make_shared<prometheus::Registry>();
   auto exposer = tandem::metrics::MetricsServer::Start(metrics_options, registry);
-  if (!exposer.ok()) {
-    std::cerr << "tandem-scheduler: " << exposer.status().message() << "\n";
-    return 1;
-  }
-  if (*exposer != nullptr) {
-    TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
-  }
+  if (!exposer.ok()) return boot.Fail(exposer.status(), 1);
+  if (*exposer != nullptr) TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
   tandem::scheduler::Engine engine(engine_options, registry.get());
   tandem::scheduler::GenerationService service(&engine, generation_options);
-  tandem::rpc::EnableReflectionAndHealth();
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  int port = 0;
-  auto server = tandem::rpc::BuildAndStart(&builder, server_options, &port);
-  if (!server.ok()) {
-    std::cerr << "tandem-scheduler: " << server.status().message() << "\n";
-    return 1;
-  }
-  grpc::Server* srv = server->get();
-  // Health starts NOT_SERVING (rpc::EnableReflectionAndHealth); this names
-  // the service too.
-  tandem::rpc::SetServing(srv, "tandem.v1.Generation", false);
   // Live (for the liveness and startup probes) whether a worker serves or not.
-  tandem::rpc::MarkLive(srv);
-  engine.set_on_serving_changed(
-      [srv](bool serving) { tandem::rpc::SetServing(srv, "tandem.v1.Generation", serving); });
+  if (absl::Status s = boot.Serve(&builder); !s.ok()) return boot.Fail(s, 1);
+  grpc::Server* srv = boot.server();
+  engine.set_on_serving_changed([&boot](bool serving) { boot.SetServing(serving); });
   if (engine_options.debug_submit_delay_ms > 0) {
     TANDEM_LOG(WARNING) << "TEST-ONLY --debug-submit-delay-ms="
                         << engine_options.debug_submit_delay_ms << " is on";
@@ -171,29 +142,22 @@ int main(int argc, char** argv) {
       tandem::rpc::SetLive(srv, live);
     }
   });
-  TANDEM_LOG(INFO) << "listening on port " << port << "; worker " << engine_options.worker_address;
+  TANDEM_LOG(INFO) << "listening on port " << boot.port() << "; worker "
+                   << engine_options.worker_address;
 
-  int sig = tandem::rpc::WaitForShutdownSignal();
-  TANDEM_LOG(INFO) << "signal " << sig << ": draining (new calls get UNAVAILABLE)";
+  boot.WaitForShutdown("draining (new calls get UNAVAILABLE)");
   engine.SetDraining();
-  tandem::rpc::SetServing(srv, "tandem.v1.Generation", false);
   // Every call accepted before SetDraining() counts here until the engine
   // has finished it, including those it has not taken from its queue yet.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(drain_timeout_s);
-  while (engine.num_calls_open() > 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (engine.num_calls_open() > 0) {
-    TANDEM_LOG(WARNING) << "drain timeout: failing " << engine.num_calls_open()
-                        << " calls with UNAVAILABLE";
-  }
+  tandem::rpc::ServiceMain::Drain([&] { return engine.num_calls_open(); },
+                                  std::chrono::seconds(drain_timeout_s),
+                                  "calls fail with UNAVAILABLE");
   // Finished calls were given their last message; Shutdown waits for their
   // writes briefly, then cancels.
   watchdog_stop.store(true);
   watchdog.join();
   engine.Stop();
-  tandem::rpc::ShutdownHealth(srv);
-  srv->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  boot.Shutdown(std::chrono::milliseconds(500));
   TANDEM_LOG(INFO) << "stopped";
   return 0;
 }

@@ -6,22 +6,16 @@
 #include "grpcpp/server_builder.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/flags.h"
-#include "tandem/rpc/server.h"
+#include "tandem/rpc/service_main.h"
 #include "worker_service.h"
 
 int main(int argc, char** argv) {
-  tandem::rpc::BlockShutdownSignals();
-  tandem::SetLogTag("worker");
+  tandem::rpc::ServiceMain boot("tandem-worker", "worker", "tandem.v1.Worker", "127.0.0.1:50061");
   tandem::worker::WorkerOptions options{.model_path = "../shared/models/stories260K.bin"};
-  tandem::rpc::ServerOptions server_options{.listen_address = "127.0.0.1:50061"};
   tandem::rpc::FlagSet flags("tandem-worker",
                              "Loads a model, owns its paged KV cache and executes the steps a "
                              "tandem-scheduler streams to it (tandem.v1.Worker).");
-  flags.Add("listen", &server_options.listen_address,
-            "host:port to serve on (port 0: any free port)");
-  flags.Add("port-file", &server_options.port_file,
-            "write the bound port to this file once listening (empty: don't)");
-  tandem::rpc::AddTlsFlags(&flags, &server_options.tls);
+  boot.AddServerFlags(&flags);
   flags.Add("model", &options.model_path, "llama2.c .bin checkpoint or Hugging Face directory");
   flags.Add("backend", &options.backend, "cpu | cuda (error without a device) | sim (no math)");
   flags.Add("block-size", &options.block_size, "tokens per KV block");
@@ -58,56 +52,32 @@ int main(int argc, char** argv) {
       "TESTS ONLY: wait this long (listening, NOT_SERVING) before loading the model (0: off)");
   flags.MirrorsVllm({"model", "block-size"});
   flags.ParseOrExit(argc, argv);
-  if (absl::Status s = server_options.Validate(); !s.ok()) {
-    std::cerr << "tandem-worker: " << s.message() << "\n";
-    return 2;
-  }
-  tandem::rpc::SetClientTls(server_options.tls);  // its KV-store client too
-  if (absl::Status s = options.Validate(); !s.ok()) {
-    std::cerr << "tandem-worker: " << s.message() << "\n";
-    return 2;
-  }
+  if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);  // its KV-store client too
+  if (absl::Status s = options.Validate(); !s.ok()) return boot.Fail(s);
 
   auto registry = std::make_shared<prometheus::Registry>();
   auto exposer = tandem::metrics::MetricsServer::Start(metrics_options, registry);
-  if (!exposer.ok()) {
-    std::cerr << "tandem-worker: " << exposer.status().message() << "\n";
-    return 1;
-  }
-  if (*exposer != nullptr) {
-    TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
-  }
+  if (!exposer.ok()) return boot.Fail(exposer.status(), 1);
+  if (*exposer != nullptr) TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
   tandem::worker::WorkerService service(options, registry.get());
-  tandem::rpc::EnableReflectionAndHealth();
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  int port = 0;
-  auto server = tandem::rpc::BuildAndStart(&builder, server_options, &port);
-  if (!server.ok()) {
-    std::cerr << "tandem-worker: " << server.status().message() << "\n";
-    return 1;
-  }
-  // Health is NOT_SERVING from the start (rpc::EnableReflectionAndHealth);
-  // this names the service too.
-  tandem::rpc::SetServing(server->get(), "tandem.v1.Worker", false);
-  tandem::rpc::MarkLive(server->get());  // while loading too
-  TANDEM_LOG(INFO) << "listening on port " << port << "; loading " << options.model_path;
+  if (absl::Status s = boot.Serve(&builder); !s.ok()) return boot.Fail(s, 1);
+  TANDEM_LOG(INFO) << "listening on port " << boot.port() << "; loading " << options.model_path;
   if (debug_load_delay_ms > 0) {
     TANDEM_LOG(WARNING) << "TEST-ONLY --debug-load-delay-ms=" << debug_load_delay_ms;
     std::this_thread::sleep_for(std::chrono::milliseconds(debug_load_delay_ms));
   }
   if (absl::Status s = service.Load(); !s.ok()) {
     TANDEM_LOG(ERROR) << s;
-    (*server)->Shutdown();
+    boot.server()->Shutdown();
     return 1;
   }
-  tandem::rpc::SetServing(server->get(), "tandem.v1.Worker", true);
+  boot.SetServing(true);
   TANDEM_LOG(INFO) << "SERVING";
 
-  int sig = tandem::rpc::WaitForShutdownSignal();
-  TANDEM_LOG(INFO) << "signal " << sig << ": draining";
-  tandem::rpc::ShutdownHealth(server->get());
-  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  boot.WaitForShutdown("draining");
+  boot.Shutdown(std::chrono::seconds(5));
   service.Stop();
   TANDEM_LOG(INFO) << "stopped";
   return 0;
