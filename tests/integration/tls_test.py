@@ -37,6 +37,9 @@ import urllib.request
 import grpc
 from grpc_tools import protoc
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from python_bulk_load_test import crc32c  # noqa: E402  (the CRC32C the store checks)
+
 BLOCK = 4096
 
 
@@ -362,19 +365,6 @@ def http(port, path, body=None, key=None):
         return e.code, json.loads(e.read() or b"null")
     except (urllib.error.URLError, ConnectionError):
         return -1, None
-
-
-def crc32c(data):
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
 
 
 if __name__ == "__main__":
