@@ -312,9 +312,10 @@ class KvStore::Impl {
     value += spec.layout;
     rocksdb::WriteOptions wo;
     wo.sync = true;
+    rocksdb::WriteBatch batch;
+    batch.Put(std::string(1, kNamespacePrefix) + spec.name, value);
     TANDEM_RETURN_IF_ERROR(
-        FromRocks(db_->Put(wo, std::string(1, kNamespacePrefix) + spec.name, value),
-                  "writing namespace " + spec.name));
+        FromRocks(WriteToRocks(wo, &batch), "writing namespace " + spec.name));
     std::lock_guard<std::mutex> lock(mu_);
     namespaces_[spec.name] = NsInfo{spec, id};
     return true;
@@ -694,7 +695,11 @@ class KvStore::Impl {
     TANDEM_RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), key, &value), "reading"));
     if (offset >= value.size()) return absl::OutOfRangeError("offset past the payload");
     value[offset] = static_cast<char>(value[offset] ^ 0x5A);
-    return FromRocks(db_->Put(rocksdb::WriteOptions(), key, value), "rewriting");
+    // Through WriteToRocks like every write: a plain Put after a failed WAL
+    // write aborts the process (see there).
+    rocksdb::WriteBatch batch;
+    batch.Put(key, value);
+    return FromRocks(WriteToRocks(rocksdb::WriteOptions(), &batch), "rewriting");
   }
 
  private:

@@ -42,6 +42,7 @@ inline Service StartKvStore(const std::string& dir, const std::string& name,
                                    std::to_string(64 << 20)};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   Service s;
+  s.log_path = log;
   s.process = Process::Spawn(argv, log);
   EXPECT_TRUE(WaitFor([&] {
     std::ifstream f(port_file);
