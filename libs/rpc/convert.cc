@@ -188,13 +188,15 @@ void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out) {
     Assign(s.token_ids, p->mutable_token_ids());
   }
   const sched::KvConnectorReport& r = in.kv_connector_report;
-  if (!r.finished_recving.empty() || !r.finished_sending.empty() ||
-      !r.invalid_block_ids.empty()) {
+  if (!r.empty()) {
     v1::KvConnectorReport* p = out->mutable_kv_connector_report();
     Assign(r.finished_recving, p->mutable_finished_recving());
     Assign(r.finished_sending, p->mutable_finished_sending());
     Assign(r.failed_sending, p->mutable_failed_sending());
     Assign(r.invalid_block_ids, p->mutable_invalid_block_ids());
+    p->set_num_load_failed_not_found(r.num_load_failed_not_found);
+    p->set_num_load_failed_checksum(r.num_load_failed_checksum);
+    p->set_num_load_failed_rpc(r.num_load_failed_rpc);
   }
 }
 
@@ -214,7 +216,10 @@ sched::KvConnectorReport FromProto(const v1::KvConnectorReport& in) {
   return sched::KvConnectorReport{.finished_recving = ToVector(in.finished_recving()),
                                   .finished_sending = ToVector(in.finished_sending()),
                                   .failed_sending = ToVector(in.failed_sending()),
-                                  .invalid_block_ids = ToVector(in.invalid_block_ids())};
+                                  .invalid_block_ids = ToVector(in.invalid_block_ids()),
+                                  .num_load_failed_not_found = in.num_load_failed_not_found(),
+                                  .num_load_failed_checksum = in.num_load_failed_checksum(),
+                                  .num_load_failed_rpc = in.num_load_failed_rpc()};
 }
 
 }  // namespace tandem::rpc

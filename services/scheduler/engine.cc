@@ -582,11 +582,6 @@ void Engine::HandleOutput(const v1::ModelRunnerOutput& proto) {
                             in_flight_.empty() ? 0 : in_flight_.front().step_id, " was expected"));
     return;
   }
-  const v1::KvConnectorReport& kv_report = proto.kv_connector_report();
-  load_failed_not_found_ +=
-      static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_not_found()));
-  load_failed_checksum_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_checksum()));
-  load_failed_rpc_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_rpc()));
   sched::SchedulerOutput scheduled = std::move(in_flight_.front());
   in_flight_.pop_front();
   sched::ModelRunnerOutput output;
@@ -594,6 +589,10 @@ void Engine::HandleOutput(const v1::ModelRunnerOutput& proto) {
     DropWorker(absl::StrCat("bad ModelRunnerOutput: ", s.message()));
     return;
   }
+  const sched::KvConnectorReport& kv_report = output.kv_connector_report;
+  load_failed_not_found_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_not_found));
+  load_failed_checksum_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_checksum));
+  load_failed_rpc_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_rpc));
   if (!output.error.empty()) {
     // The scheduler recomputes the step's requests (and un-publishes the
     // blocks it was to write); the others are unaffected.

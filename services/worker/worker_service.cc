@@ -217,6 +217,7 @@ grpc::Status WorkerService::Execute(grpc::ServerContext* context, Stream* stream
 }
 
 void WorkerService::Loop() {
+  v1::ModelRunnerOutput out_proto;  // reused: its repeated fields keep their room
   for (;;) {
     Work work;
     {
@@ -233,7 +234,7 @@ void WorkerService::Loop() {
       work.done->set_value();
       continue;
     }
-    v1::ModelRunnerOutput out;
+    sched::ModelRunnerOutput out;
     const int64_t start_ns = MonotonicNanos();
     absl::Status s = ExecuteStep(*work.step, &out);
     if (metrics_ != nullptr) {
@@ -242,7 +243,7 @@ void WorkerService::Loop() {
       metrics_->scheduled_tokens.Increment(work.step->total_num_scheduled_tokens());
       if (s.ok()) {
         int64_t sampled = 0;
-        for (const auto& t : out.sampled()) sampled += t.token_ids_size();
+        for (const sched::SampledTokens& t : out.sampled) sampled += std::ssize(t.token_ids);
         metrics_->sampled_tokens.Increment(static_cast<double>(sampled));
       } else {
         metrics_->step_errors.Increment();
@@ -257,22 +258,23 @@ void WorkerService::Loop() {
       // Loads already done are still reported: the scheduler must learn
       // that those requests' blocks arrived (or failed), or they would wait
       // for them forever.
-      v1::KvConnectorReport report = std::move(*out.mutable_kv_connector_report());
-      out.Clear();
-      out.set_step_id(work.step->step_id());
-      out.set_error(std::string(s.message()));
-      if (report.ByteSizeLong() > 0) *out.mutable_kv_connector_report() = std::move(report);
+      sched::KvConnectorReport report = std::move(out.kv_connector_report);
+      out = sched::ModelRunnerOutput{.step_id = work.step->step_id(),
+                                     .kv_connector_report = std::move(report),
+                                     .error = std::string(s.message())};
     }
     num_active_requests_.store(static_cast<int32_t>(seqs_.size()));
     num_steps_.fetch_add(1);
     // A failed write means the stream is gone; the reader sees it too and
     // posts the end marker.
-    work.stream->Write(out);
+    out_proto.Clear();
+    rpc::ToProto(out, &out_proto);
+    work.stream->Write(out_proto);
   }
 }
 
 absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
-                                        v1::ModelRunnerOutput* out) {
+                                        sched::ModelRunnerOutput* out) {
   sched::SchedulerOutput step;
   TANDEM_RETURN_IF_ERROR(rpc::FromProto(proto, &step));
   for (const std::string& id : step.finished_req_ids) {
@@ -283,16 +285,13 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
   // earlier step's: steps run in order on this thread). Reported in this
   // step's output (even if the step then fails), failed blocks as
   // invalid_block_ids. Loads need no batch state, so they come first.
-  sched::KvConnectorReport report;
+  sched::KvConnectorReport& report = out->kv_connector_report;
   if (kv_connector_ != nullptr) {
     const kvconnector::KvLoadFailures failed =
         kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
-    v1::KvConnectorReport* pr = out->mutable_kv_connector_report();
-    pr->set_num_load_failed_not_found(failed.not_found);
-    pr->set_num_load_failed_checksum(failed.checksum);
-    pr->set_num_load_failed_rpc(failed.rpc);
-    for (const std::string& id : report.finished_recving) pr->add_finished_recving(id);
-    for (int32_t b : report.invalid_block_ids) pr->add_invalid_block_ids(b);
+    report.num_load_failed_not_found = failed.not_found;
+    report.num_load_failed_checksum = failed.checksum;
+    report.num_load_failed_rpc = failed.rpc;
   }
 
   // A preempted request keeps its entry (its prompt length fixes the sampling
@@ -410,23 +409,21 @@ absl::Status WorkerService::ExecuteStep(const v1::SchedulerOutput& proto,
     report.finished_sending.clear();
     report.failed_sending.clear();
     kv_connector_->TakeFinishedSending(&report);
-    v1::KvConnectorReport* pr = out->mutable_kv_connector_report();
-    for (const std::string& id : report.finished_sending) pr->add_finished_sending(id);
-    for (const std::string& id : report.failed_sending) pr->add_failed_sending(id);
   }
 
-  out->set_step_id(step.step_id);
+  out->step_id = step.step_id;
+  out->sampled.reserve(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     SeqState& s = *batch[i];
     s.num_computed_tokens += step.num_scheduled_tokens[i];
-    v1::SampledTokens* sampled = out->add_sampled();
-    sampled->set_request_id(*ids[i]);
+    sched::SampledTokens& sampled = out->sampled.emplace_back();
+    sampled.request_id = *ids[i];
     if (sample[i].params == nullptr) continue;
     const int32_t token = tokens[i];
     s.token_ids.push_back(token);
     s.unconfirmed_sample_steps.push_back(step.step_id);
     ++s.num_sampled;
-    sampled->add_token_ids(token);
+    sampled.token_ids.push_back(token);
   }
   for (SeqState* s : batch) ++s->num_steps;
   return absl::OkStatus();

@@ -147,7 +147,7 @@ class WorkerService final : public v1::Worker::Service {
   void Loop();
   // Applies the diff, runs the model, samples. On error the batch state of
   // the step's requests may be partly updated; the scheduler fails them.
-  absl::Status ExecuteStep(const v1::SchedulerOutput& step, v1::ModelRunnerOutput* out);
+  absl::Status ExecuteStep(const v1::SchedulerOutput& step, sched::ModelRunnerOutput* out);
   // Drops a request's batch state with its log line.
   void DropSeq(std::unordered_map<std::string, SeqState>::iterator it, const char* why);
   absl::Status RunSim(const std::vector<SeqState*>& seqs, const std::vector<int32_t>& num_tokens,

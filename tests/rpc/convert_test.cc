@@ -131,7 +131,11 @@ TEST(ConvertTest, ModelRunnerOutputRoundTrips) {
                               .kv_connector_report = {.finished_recving = {"a"},
                                                       .finished_sending = {"b", "c"},
                                                       .failed_sending = {"c"},
-                                                      .invalid_block_ids = {4, 5}}};
+                                                      .invalid_block_ids = {4, 5},
+                                                      .num_load_failed_not_found = 1,
+                                                      .num_load_failed_checksum = 2,
+                                                      .num_load_failed_rpc = 3},
+                              .error = "step 9 failed"};
   v1::ModelRunnerOutput proto;
   ToProto(in, &proto);
   v1::ModelRunnerOutput parsed;
@@ -147,6 +151,20 @@ TEST(ConvertTest, ModelRunnerOutputRoundTrips) {
   EXPECT_EQ(out.kv_connector_report.finished_sending, (std::vector<std::string>{"b", "c"}));
   EXPECT_EQ(out.kv_connector_report.failed_sending, (std::vector<std::string>{"c"}));
   EXPECT_EQ(out.kv_connector_report.invalid_block_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(out.kv_connector_report.num_load_failed_not_found, 1);
+  EXPECT_EQ(out.kv_connector_report.num_load_failed_checksum, 2);
+  EXPECT_EQ(out.kv_connector_report.num_load_failed_rpc, 3);
+  EXPECT_EQ(out.error, "step 9 failed");
+
+  // A report of counts alone still travels; an empty one adds nothing.
+  sched::ModelRunnerOutput counts_only{.step_id = 10,
+                                       .kv_connector_report = {.num_load_failed_rpc = 4}};
+  proto.Clear();
+  ToProto(counts_only, &proto);
+  EXPECT_EQ(proto.kv_connector_report().num_load_failed_rpc(), 4);
+  proto.Clear();
+  ToProto(sched::ModelRunnerOutput{.step_id = 11}, &proto);
+  EXPECT_FALSE(proto.has_kv_connector_report());
 }
 
 TEST(ConvertTest, SamplingDefaultsFromProto3Zeroes) {

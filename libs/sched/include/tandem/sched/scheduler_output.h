@@ -88,6 +88,15 @@ struct KvConnectorReport {
   // their blocks (dropped, not copied out, rejected or the RPC failed).
   std::vector<std::string> failed_sending;
   std::vector<int32_t> invalid_block_ids;
+  // Of invalid_block_ids, by reason (for the scheduler's stats).
+  int32_t num_load_failed_not_found = 0;  // the store did not have the block
+  int32_t num_load_failed_checksum = 0;   // it failed verification
+  int32_t num_load_failed_rpc = 0;        // timeout, store down, stream broken
+  [[nodiscard]] bool empty() const {
+    return finished_recving.empty() && finished_sending.empty() && failed_sending.empty() &&
+           invalid_block_ids.empty() && num_load_failed_not_found == 0 &&
+           num_load_failed_checksum == 0 && num_load_failed_rpc == 0;
+  }
 };
 
 struct SampledTokens {
