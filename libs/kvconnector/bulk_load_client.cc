@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
-#include "tandem/kvstore/checksum.h"
+#include "tandem/kvtypes/checksum.h"
 #include "tandem/rpc/kvstore_convert.h"
 #include "tandem/v1/kvstore.pb.h"
 

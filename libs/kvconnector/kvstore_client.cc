@@ -20,7 +20,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "kvstore_client_wire.h"
 #include "tandem/common/status.h"
-#include "tandem/kvstore/checksum.h"
+#include "tandem/kvtypes/checksum.h"
 #include "tandem/rpc/framed_socket.h"
 #include "tandem/rpc/kvstore_convert.h"
 #include "tandem/rpc/server.h"
@@ -115,7 +115,7 @@ struct PendingLookup::State {
   bool resolved = false;   // `result` is final (answered, failed or late)
   bool delivered = false;  // the caller has seen `result`
   bool abandoned = false;  // the PendingLookup was destroyed
-  LookupResult result;
+  RemoteLookupResult result;
 
   // The answer (in `resp` when `s` is OK), over gRPC or the bulk port.
   void OnDone(const absl::Status& s) {
@@ -161,16 +161,16 @@ PendingLookup::~PendingLookup() {
   if (orphan != 0) ReleaseLeaseInBackground(state_->impl, orphan);
 }
 
-std::optional<LookupResult> PendingLookup::Poll() {
+std::optional<RemoteLookupResult> PendingLookup::Poll() {
   bool cancel = false;
-  LookupResult out;
+  RemoteLookupResult out;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (!state_->resolved) {
       if (std::chrono::steady_clock::now() < state_->deadline) return std::nullopt;
       state_->resolved = true;
       state_->result =
-          LookupResult{.status = absl::DeadlineExceededError(absl::StrCat(
+          RemoteLookupResult{.status = absl::DeadlineExceededError(absl::StrCat(
                            "KV-store lookup not answered within ", state_->deadline_ms, " ms"))};
       cancel = true;
     }
@@ -181,13 +181,13 @@ std::optional<LookupResult> PendingLookup::Poll() {
   return out;
 }
 
-LookupResult PendingLookup::Wait() {
+RemoteLookupResult PendingLookup::Wait() {
   {
     std::unique_lock<std::mutex> lock(state_->mu);
     state_->cv.wait_until(lock, state_->deadline, [&] { return state_->resolved; });
   }
   for (;;) {
-    if (std::optional<LookupResult> r = Poll()) return *r;
+    if (std::optional<RemoteLookupResult> r = Poll()) return *r;
     std::this_thread::sleep_for(std::chrono::microseconds(100));  // clock granularity
   }
 }
@@ -251,7 +251,7 @@ class KvStoreClient::Impl {
   }
 
   std::unique_ptr<PendingLookup> Lookup(std::string_view ns, std::span<const BlockHash> hashes,
-                                        const LookupOptions& options) {
+                                        const RemoteLookupOptions& options) {
     Sweep();
     auto st = std::make_shared<PendingLookup::State>();
     st->impl = this;
@@ -587,7 +587,7 @@ KvStoreClient::~KvStoreClient() = default;
 
 std::unique_ptr<PendingLookup> KvStoreClient::Lookup(std::string_view ns,
                                                      std::span<const BlockHash> hashes,
-                                                     const LookupOptions& options) {
+                                                     const RemoteLookupOptions& options) {
   return impl_->Lookup(ns, hashes, options);
 }
 void KvStoreClient::ReleaseAsync(LeaseId lease) { impl_->ReleaseAsync(lease); }

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "tandem/kvstore/checksum.h"
+#include "tandem/kvtypes/checksum.h"
 
 namespace tandem::kvconnector::wire {
 namespace {

@@ -177,7 +177,7 @@ std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedT
     l.sent_ns = MonotonicNanos();
     l.pending =
         client_->Lookup(ns_, std::span<const BlockHash>(request.block_hashes).subspan(local_blocks),
-                        LookupOptions{.take_lease = true,
+                        RemoteLookupOptions{.take_lease = true,
                                       .lease_ttl_ms = options_.lease_ttl_ms,
                                       .stage_to_hot = options_.stage_to_hot,
                                       .deadline_ms = options_.lookup_deadline_ms,
@@ -187,7 +187,7 @@ std::optional<sched::ExternalMatch> KvStoreConnectorScheduler::GetNumNewMatchedT
   }
   Lookup& l = it->second;
   if (!l.result.has_value()) {
-    std::optional<LookupResult> r = l.pending->Poll();
+    std::optional<RemoteLookupResult> r = l.pending->Poll();
     if (!r.has_value()) return std::nullopt;
     l.result = std::move(r);
     l.answered_ns = MonotonicNanos();
@@ -264,19 +264,19 @@ sched::KvConnectorMetadata KvStoreConnectorScheduler::BuildConnectorMeta(
     const sched::Request& r = *v.request;
     StoreCursor& c = cursors_[r.request_id];
     if (c.epoch != r.epoch) c = StoreCursor{.epoch = r.epoch, .next_block = 0};
-    sched::KvStore store = StoreFrom(r, r.block_ids, &c, v.num_storable_tokens());
+    sched::KvStoreOp store = StoreFrom(r, r.block_ids, &c, v.num_storable_tokens());
     if (!store.block_ids.empty()) meta.stores.push_back(std::move(store));
   }
   return meta;
 }
 
-sched::KvStore KvStoreConnectorScheduler::StoreFrom(const sched::Request& r,
+sched::KvStoreOp KvStoreConnectorScheduler::StoreFrom(const sched::Request& r,
                                                     std::span<const int32_t> block_ids,
                                                     StoreCursor* c, int32_t num_storable_tokens) {
   const int32_t storable =
       std::min({num_storable_tokens / block_size_, static_cast<int32_t>(r.block_hashes.size()),
                 static_cast<int32_t>(block_ids.size())});
-  sched::KvStore store{.request_id = r.request_id};
+  sched::KvStoreOp store{.request_id = r.request_id};
   for (int32_t b = c->next_block; b < storable; ++b) {
     if (known_.contains(r.block_hashes[b])) continue;
     store.block_ids.push_back(block_ids[b]);
@@ -299,7 +299,7 @@ bool KvStoreConnectorScheduler::RequestFinished(const sched::Request& request,
     // when it finished); blocks it covered are not stored twice.
     auto it = cursors_.find(request.request_id);
     StoreCursor c = it != cursors_.end() ? it->second : StoreCursor{};
-    sched::KvStore store = StoreFrom(request, block_ids, &c, num_storable_tokens);
+    sched::KvStoreOp store = StoreFrom(request, block_ids, &c, num_storable_tokens);
     if (!store.block_ids.empty()) {
       store.before_forward = true;  // the blocks are freed now
       final_stores_.push_back(std::move(store));

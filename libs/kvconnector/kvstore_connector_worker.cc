@@ -164,12 +164,12 @@ void KvStoreConnectorWorker::AbandonUnsnapshotted() {
   unsnapshotted_.clear();
 }
 
-KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
-                                                  sched::KvConnectorReport* report) {
+void KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
+                                        sched::KvConnectorReport* report) {
   // A step whose stores were never snapshotted failed before its forward
   // pass ended: its store entries still finish (as dropped).
   AbandonUnsnapshotted();
-  for (const sched::KvStore& s : meta.stores) {
+  for (const sched::KvStoreOp& s : meta.stores) {
     if (s.before_forward) {
       SnapshotStore(s);
     } else {
@@ -177,7 +177,7 @@ KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetada
                                   std::min(s.block_ids.size(), s.block_hashes.size()));
     }
   }
-  if (meta.loads.empty()) return {};
+  if (meta.loads.empty()) return;
   std::vector<BlockHash> hashes;
   std::vector<int32_t> block_ids;
   for (const sched::KvLoad& l : meta.loads) {
@@ -243,19 +243,19 @@ KvLoadFailures KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetada
   stats_.load_failed_not_found += not_found;
   stats_.load_failed_checksum += checksum;
   stats_.load_failed_rpc += failed;
-  return KvLoadFailures{.not_found = static_cast<int32_t>(not_found),
-                        .checksum = static_cast<int32_t>(checksum),
-                        .rpc = static_cast<int32_t>(failed)};
+  report->num_load_failed_not_found += static_cast<int32_t>(not_found);
+  report->num_load_failed_checksum += static_cast<int32_t>(checksum);
+  report->num_load_failed_rpc += static_cast<int32_t>(failed);
 }
 
 void KvStoreConnectorWorker::SnapshotStores(const sched::KvConnectorMetadata& meta) {
   unsnapshotted_.clear();
-  for (const sched::KvStore& s : meta.stores) {
+  for (const sched::KvStoreOp& s : meta.stores) {
     if (!s.before_forward) SnapshotStore(s);
   }
 }
 
-void KvStoreConnectorWorker::SnapshotStore(const sched::KvStore& s) {
+void KvStoreConnectorWorker::SnapshotStore(const sched::KvStoreOp& s) {
   StoreJob job;
   job.request_id = s.request_id;
   const size_t n = std::min(s.block_ids.size(), s.block_hashes.size());

@@ -21,7 +21,7 @@
 #include "rocksdb/write_batch.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
-#include "tandem/kvstore/checksum.h"
+#include "tandem/kvtypes/checksum.h"
 #include "tandem/kvstore/host_arena.h"
 #include "tandem/kvstore/sync_point.h"
 
@@ -161,54 +161,6 @@ struct NsInfo {
 
 }  // namespace
 
-absl::StatusOr<Durability> ParseDurability(std::string_view name) {
-  if (name == "none") return Durability::kNone;
-  if (name == "wal") return Durability::kWal;
-  if (name == "fsync") return Durability::kFsync;
-  return absl::InvalidArgumentError(
-      absl::StrCat("durability '", std::string(name), "' is not one of none, wal, fsync"));
-}
-
-const char* DurabilityName(Durability d) {
-  switch (d) {
-    case Durability::kNone:
-      return "none";
-    case Durability::kWal:
-      return "wal";
-    case Durability::kFsync:
-      return "fsync";
-  }
-  return "?";
-}
-
-const char* MissReasonName(MissReason r) {
-  switch (r) {
-    case MissReason::kNone:
-      return "none";
-    case MissReason::kNotFound:
-      return "not_found";
-    case MissReason::kChecksum:
-      return "checksum";
-  }
-  return "?";
-}
-
-absl::Status NamespaceSpec::Validate() const {
-  if (name.empty() || name.size() > 128) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("namespace name must have 1 to 128 bytes, has ", name.size()));
-  }
-  if (block_bytes == 0 || block_bytes > (uint64_t{1} << 30)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("namespace '", name, "': block_bytes ", block_bytes, " is not in [1, 1 GiB]"));
-  }
-  if (layout.size() > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("namespace '", name, "': layout has ", layout.size(), " bytes (max 1024)"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status KvStoreOptions::Validate() const {
   if (data_dir.empty()) return absl::InvalidArgumentError("KvStoreOptions.data_dir is empty");
   if (hot_capacity_bytes > 0 && hot_slot_bytes == 0) {
@@ -231,7 +183,7 @@ absl::Status KvStoreOptions::Validate() const {
   return absl::OkStatus();
 }
 
-class KvStore::Impl {
+class KvStoreEngine::Impl {
  public:
   explicit Impl(const KvStoreOptions& options)
       : opts_(options), clock_(options.clock ? options.clock : SystemClock::Get()) {}
@@ -339,7 +291,7 @@ class KvStore::Impl {
 
   absl::StatusOr<LookupResult> Lookup(std::string_view ns, std::span<const BlockHash> hashes,
                                       const LookupOptions& options) {
-    TANDEM_SYNC_POINT("KvStore::Lookup:Start");
+    TANDEM_SYNC_POINT("KvStoreEngine::Lookup:Start");
     LookupResult result;
     std::vector<std::pair<int32_t, Entry*>> to_stage;
     std::vector<bool> hot;
@@ -379,7 +331,7 @@ class KvStore::Impl {
         result.lease = LeaseId(id);
       }
     }
-    TANDEM_SYNC_POINT("KvStore::Lookup:AfterPin");
+    TANDEM_SYNC_POINT("KvStoreEngine::Lookup:AfterPin");
     for (auto& [pos, e] : to_stage) {
       if (pos >= result.num_hits) {
         Unpin(e);
@@ -397,7 +349,7 @@ class KvStore::Impl {
       }
     }
     for (int32_t i = 0; i < result.num_hits; ++i) result.num_hot_hits += hot[i] ? 1 : 0;
-    TANDEM_SYNC_POINT("KvStore::Lookup:End");
+    TANDEM_SYNC_POINT("KvStoreEngine::Lookup:End");
     return result;
   }
 
@@ -461,7 +413,7 @@ class KvStore::Impl {
       }
       seq = next_seq_++;
     }
-    TANDEM_SYNC_POINT("KvStore::Store:BeforeWrite");
+    TANDEM_SYNC_POINT("KvStoreEngine::Store:BeforeWrite");
     rocksdb::WriteBatch batch;
     batch.Put(RocksKey(kMetaPrefix, key),
               EncodeMeta(Meta{.checksum = checksum, .size = payload.size(), .seq = seq}));
@@ -473,7 +425,7 @@ class KvStore::Impl {
       EraseLocked(e);
       return FromRocks(s, absl::StrCat("writing block ", hash.ToHex()));
     }
-    TANDEM_SYNC_POINT("KvStore::Store:AfterWrite");
+    TANDEM_SYNC_POINT("KvStoreEngine::Store:AfterWrite");
     int64_t slot = -1;
     if (opts_.store_to_hot && payload.size() <= arena_->slot_bytes()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -530,7 +482,7 @@ class KvStore::Impl {
     if (slot >= 0) {
       std::span<const uint8_t> data(arena_->slot(slot), size);
       if (check && Crc32c(data) != checksum) return DropCorrupt(e, MissReason::kChecksum);
-      TANDEM_SYNC_POINT("KvStore::Read:AfterVerify");
+      TANDEM_SYNC_POINT("KvStoreEngine::Read:AfterVerify");
       sink(data, checksum);
       result.from_hot = true;
     } else {
@@ -546,7 +498,7 @@ class KvStore::Impl {
       if (data.size() != size || (check && Crc32c(data) != checksum)) {
         return DropCorrupt(e, MissReason::kChecksum);
       }
-      TANDEM_SYNC_POINT("KvStore::Read:AfterVerify");
+      TANDEM_SYNC_POINT("KvStoreEngine::Read:AfterVerify");
       sink(data, checksum);
       Promote(e, data);
     }
@@ -886,9 +838,9 @@ class KvStore::Impl {
       if (slot < 0) return false;
       e->promoting = true;
     }
-    TANDEM_SYNC_POINT("KvStore::Promote:AfterClaim");
+    TANDEM_SYNC_POINT("KvStoreEngine::Promote:AfterClaim");
     std::memcpy(arena_->slot(slot), data.data(), data.size());
-    TANDEM_SYNC_POINT("KvStore::Promote:BeforeInstall");
+    TANDEM_SYNC_POINT("KvStoreEngine::Promote:BeforeInstall");
     std::lock_guard<std::mutex> lock(mu_);
     e->promoting = false;
     if (e->state != EntryState::kReady) {
@@ -904,7 +856,7 @@ class KvStore::Impl {
 
   void EvictColdIfNeeded(const Key* exclude) {
     if (opts_.cold_capacity_bytes == 0 && opts_.cold_capacity_blocks == 0) return;
-    TANDEM_SYNC_POINT("KvStore::EvictCold:BeforeSelect");
+    TANDEM_SYNC_POINT("KvStoreEngine::EvictCold:BeforeSelect");
     std::vector<Key> victims;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -926,8 +878,8 @@ class KvStore::Impl {
       }
     }
     if (victims.empty()) return;
-    TANDEM_SYNC_POINT("KvStore::EvictCold:AfterSelect");
-    TANDEM_SYNC_POINT("KvStore::EvictCold:BeforeDelete");
+    TANDEM_SYNC_POINT("KvStoreEngine::EvictCold:AfterSelect");
+    TANDEM_SYNC_POINT("KvStoreEngine::EvictCold:BeforeDelete");
     DeleteFromRocks(victims);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -939,7 +891,7 @@ class KvStore::Impl {
       }
       stats_.evictions_cold += victims.size();
     }
-    TANDEM_SYNC_POINT("KvStore::EvictCold:AfterDelete");
+    TANDEM_SYNC_POINT("KvStoreEngine::EvictCold:AfterDelete");
   }
 
   void ExpireLeasesLocked(int64_t now) {
@@ -1053,44 +1005,44 @@ class KvStore::Impl {
   KvStoreStats stats_;
 };
 
-// ---- KvStore ---------------------------------------------------------------
+// ---- KvStoreEngine -------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& options) {
+absl::StatusOr<std::unique_ptr<KvStoreEngine>> KvStoreEngine::Open(const KvStoreOptions& options) {
   TANDEM_RETURN_IF_ERROR(options.Validate());
   auto impl = std::make_unique<Impl>(options);
   TANDEM_RETURN_IF_ERROR(impl->Init());
-  return std::unique_ptr<KvStore>(new KvStore(std::move(impl)));
+  return std::unique_ptr<KvStoreEngine>(new KvStoreEngine(std::move(impl)));
 }
 
-KvStore::KvStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-KvStore::~KvStore() = default;
+KvStoreEngine::KvStoreEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvStoreEngine::~KvStoreEngine() = default;
 
-absl::StatusOr<bool> KvStore::CreateNamespace(const NamespaceSpec& spec) {
+absl::StatusOr<bool> KvStoreEngine::CreateNamespace(const NamespaceSpec& spec) {
   return impl_->CreateNamespace(spec);
 }
-absl::StatusOr<NamespaceSpec> KvStore::GetNamespace(std::string_view name) const {
+absl::StatusOr<NamespaceSpec> KvStoreEngine::GetNamespace(std::string_view name) const {
   TANDEM_ASSIGN_OR_RETURN(NsInfo info, impl_->Resolve(name));
   return info.spec;
 }
-absl::StatusOr<LookupResult> KvStore::Lookup(std::string_view ns, std::span<const BlockHash> hashes,
+absl::StatusOr<LookupResult> KvStoreEngine::Lookup(std::string_view ns, std::span<const BlockHash> hashes,
                                              const LookupOptions& options) {
   return impl_->Lookup(ns, hashes, options);
 }
-bool KvStore::Release(LeaseId lease) { return impl_->Release(lease); }
-void KvStore::ExpireLeases() { impl_->ExpireLeases(); }
-absl::StatusOr<StoreResult> KvStore::Store(std::string_view ns, const BlockHash& hash,
+bool KvStoreEngine::Release(LeaseId lease) { return impl_->Release(lease); }
+void KvStoreEngine::ExpireLeases() { impl_->ExpireLeases(); }
+absl::StatusOr<StoreResult> KvStoreEngine::Store(std::string_view ns, const BlockHash& hash,
                                            std::span<const uint8_t> payload, uint32_t checksum,
                                            std::optional<Durability> durability) {
   return impl_->Store(ns, hash, payload, checksum, durability);
 }
-absl::StatusOr<ReadResult> KvStore::Read(std::string_view ns, const BlockHash& hash, Sink sink,
+absl::StatusOr<ReadResult> KvStoreEngine::Read(std::string_view ns, const BlockHash& hash, Sink sink,
                                          ReadVerify verify) {
   return impl_->Read(ns, hash, sink, verify);
 }
-absl::StatusOr<bool> KvStore::ReportCorrupt(std::string_view ns, const BlockHash& hash) {
+absl::StatusOr<bool> KvStoreEngine::ReportCorrupt(std::string_view ns, const BlockHash& hash) {
   return impl_->ReportCorrupt(ns, hash);
 }
-absl::StatusOr<ReadResult> KvStore::ReadInto(std::string_view ns, const BlockHash& hash,
+absl::StatusOr<ReadResult> KvStoreEngine::ReadInto(std::string_view ns, const BlockHash& hash,
                                              std::span<uint8_t> dst) {
   bool size_ok = true;
   auto copy = [&](std::span<const uint8_t> d, uint32_t) {
@@ -1108,19 +1060,19 @@ absl::StatusOr<ReadResult> KvStore::ReadInto(std::string_view ns, const BlockHas
   }
   return r;
 }
-KvStoreStats KvStore::GetStats() const { return impl_->GetStats(); }
-const KvStoreOptions& KvStore::options() const { return impl_->options(); }
-bool KvStore::TEST_InHot(std::string_view ns, const BlockHash& hash) const {
+KvStoreStats KvStoreEngine::GetStats() const { return impl_->GetStats(); }
+const KvStoreOptions& KvStoreEngine::options() const { return impl_->options(); }
+bool KvStoreEngine::TEST_InHot(std::string_view ns, const BlockHash& hash) const {
   return impl_->InTier(ns, hash, /*hot=*/true);
 }
-bool KvStore::TEST_InCold(std::string_view ns, const BlockHash& hash) const {
+bool KvStoreEngine::TEST_InCold(std::string_view ns, const BlockHash& hash) const {
   return impl_->InTier(ns, hash, /*hot=*/false);
 }
-absl::Status KvStore::TEST_CorruptHot(std::string_view ns, const BlockHash& hash, uint64_t offset) {
+absl::Status KvStoreEngine::TEST_CorruptHot(std::string_view ns, const BlockHash& hash, uint64_t offset) {
   return impl_->CorruptHot(ns, hash, offset);
 }
-absl::Status KvStore::TEST_CheckColdTier() const { return impl_->CheckColdTier(); }
-absl::Status KvStore::TEST_CorruptCold(std::string_view ns, const BlockHash& hash,
+absl::Status KvStoreEngine::TEST_CheckColdTier() const { return impl_->CheckColdTier(); }
+absl::Status KvStoreEngine::TEST_CorruptCold(std::string_view ns, const BlockHash& hash,
                                        uint64_t offset) {
   return impl_->CorruptCold(ns, hash, offset);
 }

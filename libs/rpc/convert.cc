@@ -105,7 +105,7 @@ void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out) {
       AssignHashes(l.block_hashes, p->mutable_block_hashes());
       Assign(l.block_ids, p->mutable_block_ids());
     }
-    for (const sched::KvStore& s : in.kv_connector_metadata.stores) {
+    for (const sched::KvStoreOp& s : in.kv_connector_metadata.stores) {
       v1::KvStoreOp* p = meta->add_stores();
       p->set_request_id(s.request_id);
       Assign(s.block_ids, p->mutable_block_ids());
@@ -163,7 +163,7 @@ absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* ou
     out->kv_connector_metadata.loads.push_back(std::move(l));
   }
   for (const v1::KvStoreOp& p : in.kv_connector_metadata().stores()) {
-    sched::KvStore st{.request_id = p.request_id(),
+    sched::KvStoreOp st{.request_id = p.request_id(),
                       .block_ids = ToVector(p.block_ids()),
                       .before_forward = p.before_forward()};
     absl::Status s = ReadHashes(p.block_hashes(), &st.block_hashes);

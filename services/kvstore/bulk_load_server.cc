@@ -92,7 +92,7 @@ struct BulkLoadServer::Connection {
 };
 
 absl::StatusOr<std::unique_ptr<BulkLoadServer>> BulkLoadServer::Start(
-    kvstore::KvStore* store, const BulkLoadServerOptions& options) {
+    kvstore::KvStoreEngine* store, const BulkLoadServerOptions& options) {
   TANDEM_RETURN_IF_ERROR(options.Validate());
   TANDEM_ASSIGN_OR_RETURN(auto bound, Listen(options.host, options.port));
   std::unique_ptr<BulkLoadServer> server(
@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<BulkLoadServer>> BulkLoadServer::Start(
   return server;
 }
 
-BulkLoadServer::BulkLoadServer(kvstore::KvStore* store, BulkLoadServerOptions options,
+BulkLoadServer::BulkLoadServer(kvstore::KvStoreEngine* store, BulkLoadServerOptions options,
                                int listen_fd, int port)
     : store_(store), options_(std::move(options)), listen_fd_(listen_fd), port_(port) {}
 

@@ -127,7 +127,7 @@ class BulkLoadServer {
  public:
   // Binds and starts accepting. `store` is not owned and must outlive the
   // server. UNAVAILABLE when the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<BulkLoadServer>> Start(kvstore::KvStore* store,
+  static absl::StatusOr<std::unique_ptr<BulkLoadServer>> Start(kvstore::KvStoreEngine* store,
                                                                const BulkLoadServerOptions& options);
   // Shutdown(), then frees.
   ~BulkLoadServer();
@@ -144,7 +144,7 @@ class BulkLoadServer {
 
  private:
   struct Connection;
-  BulkLoadServer(kvstore::KvStore* store, BulkLoadServerOptions options, int listen_fd, int port);
+  BulkLoadServer(kvstore::KvStoreEngine* store, BulkLoadServerOptions options, int listen_fd, int port);
 
   void AcceptLoop();
   void Serve(Connection* conn);
@@ -155,7 +155,7 @@ class BulkLoadServer {
   // Joins and frees finished connections. Requires mu_.
   void ReapLocked();
 
-  kvstore::KvStore* const store_;
+  kvstore::KvStoreEngine* const store_;
   const BulkLoadServerOptions options_;
   const int listen_fd_;
   const int port_;

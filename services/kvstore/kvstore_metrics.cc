@@ -80,7 +80,7 @@ struct KvStoreMetrics::Series {
   std::mutex mu;  // Update() may race with itself (two scrapes at once)
 };
 
-KvStoreMetrics::KvStoreMetrics(prometheus::Registry& registry, const kvstore::KvStore* store,
+KvStoreMetrics::KvStoreMetrics(prometheus::Registry& registry, const kvstore::KvStoreEngine* store,
                                const BulkLoadServer* bulk)
     : store_(store), bulk_(bulk), s_(std::make_unique<Series>(registry)) {
   Update();

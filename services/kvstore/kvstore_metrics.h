@@ -14,7 +14,7 @@ namespace tandem::kvstore_service {
 class KvStoreMetrics {
  public:
   // Registers the series in `registry`. `bulk` may be null (port off).
-  KvStoreMetrics(prometheus::Registry& registry, const kvstore::KvStore* store,
+  KvStoreMetrics(prometheus::Registry& registry, const kvstore::KvStoreEngine* store,
                  const BulkLoadServer* bulk);
   ~KvStoreMetrics();
   // Copies the current counters into the series (MetricsServer's on_scrape).
@@ -22,7 +22,7 @@ class KvStoreMetrics {
 
  private:
   struct Series;
-  const kvstore::KvStore* const store_;
+  const kvstore::KvStoreEngine* const store_;
   const BulkLoadServer* const bulk_;
   std::unique_ptr<Series> s_;
 };

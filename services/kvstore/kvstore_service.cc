@@ -80,7 +80,7 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
   builder->SetMaxReceiveMessageSize(16 << 20);
 }
 
-KvStoreServiceImpl::KvStoreServiceImpl(kvstore::KvStore* store, KvStoreServiceOptions options)
+KvStoreServiceImpl::KvStoreServiceImpl(kvstore::KvStoreEngine* store, KvStoreServiceOptions options)
     : store_(store), options_(options) {
   // Load (method 2 of tandem.v1.KvStore, as the generated
   // WithSplitStreamingMethod_Load uses) answers with raw ByteBuffers. A split

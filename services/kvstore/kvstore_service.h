@@ -1,5 +1,5 @@
 // gRPC adapter of the KV-store engine: tandem.v1.KvStore on top of
-// kvstore::KvStore. Handlers run on gRPC's sync thread pool and call the
+// kvstore::KvStoreEngine. Handlers run on gRPC's sync thread pool and call the
 // thread-safe engine directly; the engine keeps its lock hold times short and
 // does payload copies and RocksDB I/O outside its lock.
 //
@@ -63,7 +63,7 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder);
 class KvStoreServiceImpl final : public v1::KvStore::Service {
  public:
   // `store` is not owned and must outlive the service.
-  KvStoreServiceImpl(kvstore::KvStore* store, KvStoreServiceOptions options);
+  KvStoreServiceImpl(kvstore::KvStoreEngine* store, KvStoreServiceOptions options);
 
   grpc::Status CreateNamespace(grpc::ServerContext* ctx, const v1::CreateNamespaceRequest* req,
                                v1::CreateNamespaceResponse* resp) override;
@@ -82,7 +82,7 @@ class KvStoreServiceImpl final : public v1::KvStore::Service {
                      v1::StatsResponse* resp) override;
 
  private:
-  kvstore::KvStore* const store_;
+  kvstore::KvStoreEngine* const store_;
   const KvStoreServiceOptions options_;
   std::atomic<int64_t> debug_new_blocks_{0};  // tests only
 };

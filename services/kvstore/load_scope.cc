@@ -5,7 +5,7 @@
 
 namespace tandem::kvstore_service {
 
-LoadScope::LoadScope(kvstore::KvStore* store, const v1::LoadRequest& request)
+LoadScope::LoadScope(kvstore::KvStoreEngine* store, const v1::LoadRequest& request)
     : store_(store), request_(request) {
   absl::StatusOr<kvstore::NamespaceSpec> spec = store_->GetNamespace(request_.namespace_());
   std::vector<BlockHash> corrupt;

@@ -17,7 +17,7 @@ class LoadScope {
  public:
   // `store` and `request` must outlive the scope. Verifies (and drops when
   // corrupt) the blocks in request.corrupt_block_hashes.
-  LoadScope(kvstore::KvStore* store, const v1::LoadRequest& request);
+  LoadScope(kvstore::KvStoreEngine* store, const v1::LoadRequest& request);
   // Releases the request's lease (if any, and not released yet).
   ~LoadScope();
   LoadScope(const LoadScope&) = delete;
@@ -33,7 +33,7 @@ class LoadScope {
   void ReleaseLease();
 
  private:
-  kvstore::KvStore* const store_;
+  kvstore::KvStoreEngine* const store_;
   const v1::LoadRequest& request_;
   absl::Status status_;
   bool released_ = false;

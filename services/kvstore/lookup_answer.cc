@@ -8,7 +8,7 @@
 
 namespace tandem::kvstore_service {
 
-absl::Status AnswerLookup(kvstore::KvStore* store, const v1::LookupRequest& req,
+absl::Status AnswerLookup(kvstore::KvStoreEngine* store, const v1::LookupRequest& req,
                           const LookupAnswerOptions& options, v1::LookupResponse* resp) {
   std::vector<BlockHash> hashes;
   if (absl::Status s = rpc::ParseBlockHashes(req.block_hashes(), "block_hashes", &hashes);

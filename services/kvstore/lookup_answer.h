@@ -25,7 +25,7 @@ struct LookupAnswerOptions {
 // becomes of the lookup), then counts the leading hits and pins them when
 // asked. INVALID_ARGUMENT for a hash that is not 32 bytes, NOT_FOUND for an
 // unknown namespace.
-absl::Status AnswerLookup(kvstore::KvStore* store, const v1::LookupRequest& req,
+absl::Status AnswerLookup(kvstore::KvStoreEngine* store, const v1::LookupRequest& req,
                           const LookupAnswerOptions& options, v1::LookupResponse* resp);
 
 }  // namespace tandem::kvstore_service

@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
     bulk_options.port = bulk_load_listen == "auto" ? 0 : std::stoi(addr->second);
     if (absl::Status s = bulk_options.Validate(); !s.ok()) return boot.Fail(s.ToString());
   }
-  absl::StatusOr<std::unique_ptr<kvstore::KvStore>> store = kvstore::KvStore::Open(options);
+  absl::StatusOr<std::unique_ptr<kvstore::KvStoreEngine>> store = kvstore::KvStoreEngine::Open(options);
   if (!store.ok()) return boot.Fail(store.status().ToString(), 1);
   std::unique_ptr<kvstore_service::BulkLoadServer> bulk;
   if (bulk_load_listen != "off") {

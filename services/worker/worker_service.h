@@ -8,30 +8,10 @@
 // freed after step N and reused in step N+1 is never written by both at once
 // (DESIGN §5 "Ordering": the worker orders its work after the previous step).
 //
-// Batch state per request: every token id it knows (the prompt, then each
-// token it sampled itself: in async mode the scheduler's placeholders are
-// filled from here), its block table (new_block_ids appended; replaced for a
-// request resumed after preemption, whose token ids are then replaced by the
-// scheduler's all_token_ids), and num_computed_tokens. A step samples for a
-// request when its chunk reaches the last known token; the sampling position
-// is the number of output tokens so far. Only one scheduler stream may be
-// attached; when it ends, all batch state is dropped.
-//
-// Placeholder check (async scheduling): per request the worker remembers the
-// steps in which it sampled a token. Those after the step's
-// last_processed_step_id are tokens the scheduler has not seen yet, so their
-// number must equal the step's num_output_placeholders for the request; a
-// mismatch fails the step (the two sides would feed different tokens).
-//
-// A failed step: its loads are reported, its stores dropped, nothing is
-// sampled. A step built before the scheduler had processed a failed step's
-// output (its last_processed_step_id is older) builds on that step's
-// samples and KV: it is failed too, after its loads and before its forward
-// pass, so it never computes (or stores in the KV-store) KV from a context
-// that was never written. The scheduler recomputes those requests.
-//
-// Each request's batch state ends with one log line (id, why, prompt and
-// computed tokens, tokens sampled here, steps, preemptions, time held).
+// The step itself (batch state, placeholder check, KV loads and stores,
+// forward pass, sampling, failed steps) is worker::StepExecutor in
+// libs/worker; this adapter converts the protos, keeps one scheduler stream
+// attached at a time (its end drops all batch state) and exports metrics.
 #pragma once
 
 #include <atomic>
@@ -54,6 +34,7 @@
 #include "tandem/model/model.h"
 #include "tandem/model/model_runner.h"
 #include "tandem/v1/worker.grpc.pb.h"
+#include "tandem/worker/step_executor.h"
 
 namespace tandem::worker {
 
@@ -123,21 +104,6 @@ class WorkerService final : public v1::Worker::Service {
 
  private:
   using Stream = grpc::ServerReaderWriter<v1::ModelRunnerOutput, v1::SchedulerOutput>;
-  struct SeqState {
-    std::vector<int32_t> token_ids;  // prompt + every output token known here
-    int32_t num_prompt_tokens = 0;
-    SamplingParams sampling;
-    std::vector<int32_t> block_table;
-    int32_t num_computed_tokens = 0;
-    // Steps that sampled a token the scheduler may not have processed yet
-    // (oldest first; at most two with async scheduling).
-    std::deque<uint64_t> unconfirmed_sample_steps;
-    // For the log line when the state is dropped.
-    int64_t first_step_ns = 0;
-    int32_t num_steps = 0;
-    int32_t num_sampled = 0;
-    int32_t num_preemptions = 0;
-  };
   struct Work {
     std::unique_ptr<v1::SchedulerOutput> step;  // null: the stream ended
     Stream* stream = nullptr;
@@ -145,17 +111,11 @@ class WorkerService final : public v1::Worker::Service {
   };
 
   void Loop();
-  // Applies the diff, runs the model, samples. On error the batch state of
-  // the step's requests may be partly updated; the scheduler fails them.
-  absl::Status ExecuteStep(const v1::SchedulerOutput& step, sched::ModelRunnerOutput* out);
-  // Drops a request's batch state with its log line.
-  void DropSeq(std::unordered_map<std::string, SeqState>::iterator it, const char* why);
-  absl::Status RunSim(const std::vector<SeqState*>& seqs, const std::vector<int32_t>& num_tokens,
-                      std::vector<float>* logits);
 
   const WorkerOptions options_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::ModelRunner> runner_;
+  std::unique_ptr<StepBackend> backend_;  // runner_'s, or the sim backend
   std::atomic<bool> loaded_{false};
   std::atomic<bool> stream_attached_{false};
   std::atomic<int32_t> num_active_requests_{0};
@@ -183,13 +143,8 @@ class WorkerService final : public v1::Worker::Service {
   // their blocks out right after it, so both are ordered against the
   // neighbouring steps (DESIGN §5 "Ordering").
   std::unique_ptr<kvconnector::KvStoreConnectorWorker> kv_connector_;
-  std::vector<uint64_t> debug_fail_steps_;
-
-  // Owned by the loop thread.
-  std::unordered_map<std::string, SeqState> seqs_;
-  // The last step of this stream that failed by itself (not because it was
-  // built on a failed one); 0: none.
-  uint64_t last_failed_step_id_ = 0;
+  // Owned by the loop thread once Load() has made it.
+  std::unique_ptr<StepExecutor> executor_;
 };
 
 }  // namespace tandem::worker

@@ -70,7 +70,7 @@ struct WorkerOptions {
 class ConnectorTest : public ::testing::Test {
  protected:
   void StartStore(int64_t lookup_delay_ms = 0) {
-    auto store = kvstore::KvStore::Open({.data_dir = dir_.path(),
+    auto store = kvstore::KvStoreEngine::Open({.data_dir = dir_.path(),
                                          .hot_capacity_bytes = 1 << 20,
                                          .hot_slot_bytes = 4096,
                                          .lock_hot_memory = false});
@@ -183,7 +183,7 @@ class ConnectorTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  std::unique_ptr<kvstore::KvStore> store_;
+  std::unique_ptr<kvstore::KvStoreEngine> store_;
   std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string target_;
@@ -304,7 +304,7 @@ TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
 void StoreBlocks(KvStoreConnectorWorker* wk, FakeCache* cache, const sched::Request& r, int first,
                  int last) {
   sched::KvConnectorMetadata meta;
-  sched::KvStore st{.request_id = "filler"};
+  sched::KvStoreOp st{.request_id = "filler"};
   for (int b = first; b <= last; ++b) {
     cache->Fill(10 + b, b);
     st.block_ids.push_back(10 + b);

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "../kvstore_service/loopback_server.h"
 #include "tandem/kvconnector/kvstore_client.h"
-#include "tandem/kvstore/checksum.h"
+#include "tandem/kvtypes/checksum.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem::kvconnector {

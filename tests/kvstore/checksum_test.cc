@@ -1,4 +1,4 @@
-#include "tandem/kvstore/checksum.h"
+#include "tandem/kvtypes/checksum.h"
 
 #include <string>
 #include <vector>

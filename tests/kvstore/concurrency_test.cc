@@ -36,7 +36,7 @@ class KvStoreConcurrencyTest : public ::testing::Test {
   void Open(KvStoreOptions o) {
     o.data_dir = dir_.path();
     o.lock_hot_memory = false;
-    auto s = KvStore::Open(o);
+    auto s = KvStoreEngine::Open(o);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(store_->CreateNamespace({.name = kNs, .block_bytes = kBlock}).ok());
@@ -51,7 +51,7 @@ class KvStoreConcurrencyTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<KvStoreEngine> store_;
 };
 
 // The lookup pins block 1 before the store's eviction selects victims: the
@@ -60,7 +60,7 @@ TEST_F(KvStoreConcurrencyTest, LeasedBlockSurvivesAConcurrentEviction) {
   Open({.hot_capacity_bytes = 0, .cold_capacity_blocks = 1});
   ASSERT_TRUE(Put(1).ok());
   SyncPoint::Get()->LoadDependency(
-      {{"KvStore::Lookup:AfterPin", "KvStore::EvictCold:BeforeSelect"}});
+      {{"KvStoreEngine::Lookup:AfterPin", "KvStoreEngine::EvictCold:BeforeSelect"}});
   SyncPoint::Get()->EnableProcessing();
   LookupResult lease;
   std::thread writer([&] { ASSERT_TRUE(Put(2).ok()); });
@@ -88,8 +88,8 @@ TEST_F(KvStoreConcurrencyTest, LeasedBlockSurvivesAConcurrentEviction) {
 TEST_F(KvStoreConcurrencyTest, LookupDuringEvictionOfItsBlockIsAMiss) {
   Open({.hot_capacity_bytes = 0, .cold_capacity_blocks = 1});
   ASSERT_TRUE(Put(1).ok());
-  SyncPoint::Get()->LoadDependency({{"KvStore::EvictCold:AfterSelect", "KvStore::Lookup:Start"},
-                                    {"KvStore::Lookup:End", "KvStore::EvictCold:BeforeDelete"}});
+  SyncPoint::Get()->LoadDependency({{"KvStoreEngine::EvictCold:AfterSelect", "KvStoreEngine::Lookup:Start"},
+                                    {"KvStoreEngine::Lookup:End", "KvStoreEngine::EvictCold:BeforeDelete"}});
   SyncPoint::Get()->EnableProcessing();
   LookupResult result;
   std::thread writer([&] { ASSERT_TRUE(Put(2).ok()); });
@@ -117,7 +117,7 @@ TEST_F(KvStoreConcurrencyTest, ConcurrentDuplicateStoresLeaveOneIntactBlock) {
   constexpr int kWriters = 6;
   std::atomic<int> entered{0};
   // Hold the first writer before its write until every writer has started.
-  SyncPoint::Get()->SetCallBack("KvStore::Store:BeforeWrite", [&] {
+  SyncPoint::Get()->SetCallBack("KvStoreEngine::Store:BeforeWrite", [&] {
     while (entered.load() < kWriters) std::this_thread::yield();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   });
@@ -149,8 +149,8 @@ TEST_F(KvStoreConcurrencyTest, ConcurrentDuplicateStoresLeaveOneIntactBlock) {
 TEST_F(KvStoreConcurrencyTest, StagedLookupDuringAnotherPromotionStillHits) {
   Open({.hot_capacity_bytes = 4 * kBlock, .hot_slot_bytes = kBlock, .store_to_hot = false});
   ASSERT_TRUE(Put(1).ok());
-  SyncPoint::Get()->LoadDependency({{"KvStore::Promote:AfterClaim", "KvStore::Lookup:AfterPin"},
-                                    {"KvStore::Lookup:End", "KvStore::Promote:BeforeInstall"}});
+  SyncPoint::Get()->LoadDependency({{"KvStoreEngine::Promote:AfterClaim", "KvStoreEngine::Lookup:AfterPin"},
+                                    {"KvStoreEngine::Lookup:End", "KvStoreEngine::Promote:BeforeInstall"}});
   SyncPoint::Get()->EnableProcessing();
   LookupResult result;
   std::vector<uint8_t> out(kBlock);

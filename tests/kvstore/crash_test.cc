@@ -22,7 +22,7 @@
 
 #include "gtest/gtest.h"
 #include "tandem/common/clock.h"
-#include "tandem/kvstore/checksum.h"
+#include "tandem/kvtypes/checksum.h"
 #include "tandem/kvstore/kv_store.h"
 #include "test_util.h"
 
@@ -119,13 +119,13 @@ TEST(KvStoreCrashTest, AcknowledgedBlocksSurviveSigkillAndNothingIsHalfThere) {
     if (acked.size() > acked_before) ++cycles_with_acks;
 
     auto store =
-        KvStore::Open({.data_dir = dir.path(), .hot_capacity_bytes = 0, .lock_hot_memory = false});
+        KvStoreEngine::Open({.data_dir = dir.path(), .hot_capacity_bytes = 0, .lock_hot_memory = false});
     ASSERT_TRUE(store.ok()) << store.status();
     if (!(*store)->GetNamespace("crash").ok()) {
       ASSERT_TRUE(acked.empty());  // killed before it registered the namespace
       continue;
     }
-    KvStore& kv = **store;
+    KvStoreEngine& kv = **store;
     const absl::Status cold = kv.TEST_CheckColdTier();
     ASSERT_TRUE(cold.ok()) << "cycle " << cycle << ": " << cold;
     // The child stores blocks in order, so nothing past the first block after

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "tandem/common/block_hash.h"
-#include "tandem/kvstore/checksum.h"
+#include "tandem/kvtypes/checksum.h"
 #include "tandem/kvstore/kv_store.h"
 #include "test_util.h"
 
@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   }
   const uint64_t start = std::strtoull(argv[2], nullptr, 10);
   const uint64_t block = std::strtoull(argv[3], nullptr, 10);
-  auto store = KvStore::Open({.data_dir = argv[1],
+  auto store = KvStoreEngine::Open({.data_dir = argv[1],
                               .hot_capacity_bytes = 0,
                               .durability = Durability::kWal,
                               .lock_hot_memory = false});

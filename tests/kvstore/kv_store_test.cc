@@ -30,7 +30,7 @@ class KvStoreTest : public ::testing::Test {
   }
   void Open(const KvStoreOptions& options) {
     store_.reset();
-    auto s = KvStore::Open(options);
+    auto s = KvStoreEngine::Open(options);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(
@@ -61,7 +61,7 @@ class KvStoreTest : public ::testing::Test {
 
   TempDir dir_;
   FakeClock clock_{1'000'000'000};
-  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<KvStoreEngine> store_;
 };
 
 TEST_F(KvStoreTest, OptionsValidateRejectsNonsense) {

@@ -10,7 +10,7 @@
 
 #include "../wait_for.h"
 #include "tandem/common/block_hash.h"
-#include "tandem/kvstore/checksum.h"
+#include "tandem/kvtypes/checksum.h"
 
 namespace tandem::kvstore::testing {
 

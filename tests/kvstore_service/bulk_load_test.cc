@@ -45,7 +45,7 @@ std::span<const uint8_t> Preface() {
 class BulkLoadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto store = kvstore::KvStore::Open({.data_dir = dir_.path(),
+    auto store = kvstore::KvStoreEngine::Open({.data_dir = dir_.path(),
                                          .hot_capacity_bytes = 32 << 20,
                                          .hot_slot_bytes = 4 << 20,
                                          .lock_hot_memory = false});
@@ -127,7 +127,7 @@ class BulkLoadTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  std::unique_ptr<kvstore::KvStore> store_;
+  std::unique_ptr<kvstore::KvStoreEngine> store_;
   std::unique_ptr<kvstore_service::BulkLoadServer> bulk_;
   std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -186,7 +186,7 @@ TEST_P(BulkLoadCorruptTest,
   if (!in_hot) {
     // Cold only: a store whose hot tier holds no block of this size.
     store_.reset();
-    auto store = kvstore::KvStore::Open(
+    auto store = kvstore::KvStoreEngine::Open(
         {.data_dir = dir_.path(), .hot_capacity_bytes = 0, .lock_hot_memory = false});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
@@ -273,7 +273,7 @@ TEST_F(BulkLoadTest, TheLoadReleasesItsLease) {
   for (uint64_t id : {1, 2}) Put("ns", id, kBlock);
   KvStoreClient* client = Client();
   std::vector<BlockHash> hashes{TestHash(1), TestHash(2)};
-  kvconnector::LookupResult r = client->Lookup("ns", hashes, {.take_lease = true})->Wait();
+  kvconnector::RemoteLookupResult r = client->Lookup("ns", hashes, {.take_lease = true})->Wait();
   ASSERT_TRUE(r.status.ok()) << r.status;
   ASSERT_NE(r.lease.value(), 0u);
   EXPECT_EQ(store_->GetStats().active_leases, 1u);
@@ -476,7 +476,7 @@ TEST_F(BulkLoadTest, AClientThatHangsUpMidLoadLeavesNoLeaseAndNoStuckThread) {
   KvStoreClient* client = Client();
   std::vector<BlockHash> hashes;
   for (uint64_t id = 0; id < 8; ++id) hashes.push_back(TestHash(id));
-  kvconnector::LookupResult r = client->Lookup("big", hashes, {.take_lease = true})->Wait();
+  kvconnector::RemoteLookupResult r = client->Lookup("big", hashes, {.take_lease = true})->Wait();
   ASSERT_EQ(r.num_hits, 8);
   {
     auto sock = Raw();
@@ -505,8 +505,8 @@ TEST_F(BulkLoadTest, LookupsGoOverTheLookupConnectionAndAnswerAsGrpc) {
   ASSERT_NE(fast, nullptr);
   KvStoreClient* grpc = Client();
   const std::vector<BlockHash> hashes{TestHash(1), TestHash(2), TestHash(9), TestHash(3)};
-  kvconnector::LookupResult a = fast->Lookup("ns", hashes, {.lease_ttl_ms = 60'000})->Wait();
-  kvconnector::LookupResult b = grpc->Lookup("ns", hashes, {.take_lease = false})->Wait();
+  kvconnector::RemoteLookupResult a = fast->Lookup("ns", hashes, {.lease_ttl_ms = 60'000})->Wait();
+  kvconnector::RemoteLookupResult b = grpc->Lookup("ns", hashes, {.take_lease = false})->Wait();
   ASSERT_TRUE(a.status.ok()) << a.status;
   ASSERT_TRUE(b.status.ok()) << b.status;
   EXPECT_EQ(a.num_hits, 2);
@@ -523,7 +523,7 @@ TEST_F(BulkLoadTest, LookupsGoOverTheLookupConnectionAndAnswerAsGrpc) {
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_TRUE(*released);
   // An unknown namespace: that lookup's error, and the connection goes on.
-  kvconnector::LookupResult bad = fast->Lookup("nope", hashes)->Wait();
+  kvconnector::RemoteLookupResult bad = fast->Lookup("nope", hashes)->Wait();
   EXPECT_EQ(bad.status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(bad.status.message(), HasSubstr("nope"));
   EXPECT_EQ(fast->Lookup("ns", hashes, {.take_lease = false})->Wait().num_hits, 2);
@@ -536,7 +536,7 @@ TEST_F(BulkLoadTest, ALateAnswersLeaseIsReleasedByTheClient) {
   Put("ns", 1, kBlock);
   KvStoreClient* fast = LookupClient();
   ASSERT_NE(fast, nullptr);
-  kvconnector::LookupResult r = fast->Lookup("ns", std::vector<BlockHash>{TestHash(1)},
+  kvconnector::RemoteLookupResult r = fast->Lookup("ns", std::vector<BlockHash>{TestHash(1)},
                                              {.lease_ttl_ms = 600'000, .deadline_ms = 20})
                                     ->Wait();
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded);
@@ -556,11 +556,11 @@ TEST_F(BulkLoadTest, WhenTheLookupConnectionBreaksItsLookupsFailAndLaterOnesGoOv
   const std::vector<BlockHash> hashes{TestHash(1)};
   auto inflight = fast->Lookup("ns", hashes, {.take_lease = false, .deadline_ms = 10'000});
   bulk_->Shutdown();  // closes the connection under the sleeping lookup
-  kvconnector::LookupResult lost = inflight->Wait();
+  kvconnector::RemoteLookupResult lost = inflight->Wait();
   EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable) << lost.status;
   EXPECT_EQ(lost.num_hits, 0);
   ASSERT_TRUE(WaitFor([&] { return !fast->bulk_lookup_connected(); }));
-  kvconnector::LookupResult next = fast->Lookup("ns", hashes, {.take_lease = false})->Wait();
+  kvconnector::RemoteLookupResult next = fast->Lookup("ns", hashes, {.take_lease = false})->Wait();
   ASSERT_TRUE(next.status.ok()) << next.status;  // over gRPC (no delay there)
   EXPECT_EQ(next.num_hits, 1);
   EXPECT_EQ(fast->bulk_lookups(), 0u);
@@ -582,7 +582,7 @@ TEST_F(BulkLoadTest, LookupsBeyondWhatTheConnectionHoldsUnansweredGoOverGrpc) {
     pending.push_back(fast->Lookup("ns", hashes, {.take_lease = false}));
   }
   for (auto& p : pending) {
-    kvconnector::LookupResult r = p->Wait();
+    kvconnector::RemoteLookupResult r = p->Wait();
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.num_hits, 1);
   }

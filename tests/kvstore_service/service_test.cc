@@ -40,7 +40,7 @@ class KvStoreServiceTest : public ::testing::Test {
   void SetUp() override {
     SyncPoint::Get()->DisableProcessing();
     SyncPoint::Get()->ClearAll();
-    auto store = kvstore::KvStore::Open({.data_dir = dir_.path(),
+    auto store = kvstore::KvStoreEngine::Open({.data_dir = dir_.path(),
                                          .hot_capacity_bytes = 32 << 20,
                                          .hot_slot_bytes = 4 << 20,
                                          .lock_hot_memory = false,
@@ -86,7 +86,7 @@ class KvStoreServiceTest : public ::testing::Test {
 
   TempDir dir_;
   FakeClock clock_{1'000'000'000};  // lease expiry only
-  std::unique_ptr<kvstore::KvStore> store_;
+  std::unique_ptr<kvstore::KvStoreEngine> store_;
   std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string target_;
@@ -123,7 +123,7 @@ TEST_F(KvStoreServiceTest, LookupResolvesByPollingAndTheLoadReleasesItsLease) {
   StoreBlocks("ns", {0, 1, 2}, kBlock);
   std::vector<BlockHash> hashes{TestHash(0), TestHash(1), TestHash(2), TestHash(3), TestHash(4)};
   auto pending = client_->Lookup("ns", hashes, {.take_lease = true});
-  std::optional<kvconnector::LookupResult> r;
+  std::optional<kvconnector::RemoteLookupResult> r;
   for (int i = 0; i < 10'000 && !r; ++i) {
     r = pending->Poll();  // never blocks
     if (!r) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -168,7 +168,7 @@ class BatchedReleaseTest : public KvStoreServiceTest {
   }
   LeaseId Leased(KvStoreClient* c, uint64_t id) {
     std::vector<BlockHash> hashes{TestHash(id)};
-    kvconnector::LookupResult r = c->Lookup("ns", hashes, {.take_lease = true})->Wait();
+    kvconnector::RemoteLookupResult r = c->Lookup("ns", hashes, {.take_lease = true})->Wait();
     EXPECT_EQ(r.num_hits, 1);
     return r.lease;
   }
@@ -186,7 +186,7 @@ TEST_F(BatchedReleaseTest, AReleasedLeaseRidesOnTheNextLookup) {
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   EXPECT_EQ(Stats().active_leases, 2u);  // still batched in the client
   std::vector<BlockHash> hashes{TestHash(0)};
-  kvconnector::LookupResult r = c->Lookup("ns", hashes, {.take_lease = false})->Wait();
+  kvconnector::RemoteLookupResult r = c->Lookup("ns", hashes, {.take_lease = false})->Wait();
   EXPECT_EQ(r.num_hits, 1);
   EXPECT_EQ(Stats().active_leases, 0u);  // released before the lookup answered
 }
@@ -233,12 +233,12 @@ TEST_F(BatchedReleaseTest, ReleaseRpcFreesEveryLeaseOfTheBatch) {
 TEST_F(KvStoreServiceTest, LateLookupCountsAsZeroHitsAndLeavesNoLease) {
   StoreBlocks("ns", {0, 1}, kBlock);
   std::atomic<bool> server_done{false};
-  SyncPoint::Get()->LoadDependency({{"Test:ClientGaveUp", "KvStore::Lookup:AfterPin"}});
-  SyncPoint::Get()->SetCallBack("KvStore::Lookup:End", [&] { server_done = true; });
+  SyncPoint::Get()->LoadDependency({{"Test:ClientGaveUp", "KvStoreEngine::Lookup:AfterPin"}});
+  SyncPoint::Get()->SetCallBack("KvStoreEngine::Lookup:End", [&] { server_done = true; });
   SyncPoint::Get()->EnableProcessing();
   std::vector<BlockHash> hashes{TestHash(0), TestHash(1)};
   auto pending = client_->Lookup("ns", hashes, {.take_lease = true, .deadline_ms = 30});
-  kvconnector::LookupResult r = pending->Wait();
+  kvconnector::RemoteLookupResult r = pending->Wait();
   EXPECT_EQ(r.num_hits, 0);
   EXPECT_EQ(r.lease.value(), 0u);
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
@@ -256,7 +256,7 @@ TEST_F(KvStoreServiceTest, LookupOfUnreachableStoreIsZeroHits) {
   auto client = KvStoreClient::Create({.target = "127.0.0.1:1", .lookup_deadline_ms = 200});
   ASSERT_TRUE(client.ok());
   std::vector<BlockHash> hashes{TestHash(0)};
-  kvconnector::LookupResult r = (*client)->Lookup("ns", hashes)->Wait();
+  kvconnector::RemoteLookupResult r = (*client)->Lookup("ns", hashes)->Wait();
   EXPECT_EQ(r.num_hits, 0);
   EXPECT_FALSE(r.status.ok());
 }

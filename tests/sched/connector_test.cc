@@ -678,7 +678,7 @@ TEST(ConnectorTest, StoresBuiltInAsyncModeNeverIncludeAPlaceholderBlock) {
       if (r->num_computed_tokens / bs * bs > r->num_tokens()) ++steps_with_placeholder_blocks;
       bound[s.id] = after;
     }
-    for (const KvStore& st : so.kv_connector_metadata.stores) {
+    for (const KvStoreOp& st : so.kv_connector_metadata.stores) {
       if (st.before_forward) {  // a finished request's: checked by the store's content
         ++num_final_stores;
         continue;

@@ -187,7 +187,7 @@ class FakeWorker {
       if (!built_on_failed) last_failed_step_ = so.step_id;
       ++num_failed_steps;
       out.error = "injected failure of step " + std::to_string(so.step_id);
-      for (const KvStore& st : meta.stores) {
+      for (const KvStoreOp& st : meta.stores) {
         if (!st.before_forward) sending_.push_back({0, st.request_id});
       }
       ReportDue(&out);
@@ -272,7 +272,7 @@ class FakeWorker {
     due(&sending_, &out->kv_connector_report.finished_sending);
   }
   void Snapshot(const KvConnectorMetadata& meta, bool before_forward) {
-    for (const KvStore& s : meta.stores) {
+    for (const KvStoreOp& s : meta.stores) {
       if (s.before_forward != before_forward) continue;
       for (size_t i = 0; i < s.block_ids.size(); ++i) {
         (*store_)[s.block_hashes[i]] = kv_[s.block_ids[i]];
@@ -301,7 +301,7 @@ class ScriptedKvConnector : public KvConnectorScheduler {
   std::mt19937_64* rng = nullptr;  // if set: random deferrals
   bool delay_free = false;         // RequestFinished returns true while stores run
   bool enable_stores = true;
-  // RequestFinished stores what no step covered (KvStore::before_forward).
+  // RequestFinished stores what no step covered (KvStoreOp::before_forward).
   bool final_stores = true;
 
   // Observations.
@@ -360,7 +360,7 @@ class ScriptedKvConnector : public KvConnectorScheduler {
       int32_t& done = stored_blocks_[r.request_id];
       const int32_t num_full = v.num_storable_tokens() / bs_;
       if (done > num_full) done = 0;  // preempted and recomputing
-      KvStore s = StoreFrom(r, r.block_ids, &done, num_full);
+      KvStoreOp s = StoreFrom(r, r.block_ids, &done, num_full);
       if (!s.block_ids.empty()) {
         stores.push_back({r.request_id, out.step_id, num_full * bs_});
         meta.stores.push_back(std::move(s));
@@ -377,7 +377,7 @@ class ScriptedKvConnector : public KvConnectorScheduler {
       int32_t done = stored_blocks_[r.request_id];
       const int32_t num_full = num_storable_tokens / bs_;
       if (done > num_full) done = 0;
-      KvStore s = StoreFrom(r, block_ids, &done, num_full);
+      KvStoreOp s = StoreFrom(r, block_ids, &done, num_full);
       if (!s.block_ids.empty()) {
         s.before_forward = true;
         final_stores_.push_back(std::move(s));
@@ -403,9 +403,9 @@ class ScriptedKvConnector : public KvConnectorScheduler {
   std::map<std::string, int32_t> calls_;
   std::map<std::string, int32_t> stored_blocks_;
   // The store entry for blocks [*done, num_full) the FakeStore lacks.
-  KvStore StoreFrom(const Request& r, std::span<const int32_t> block_ids, int32_t* done,
+  KvStoreOp StoreFrom(const Request& r, std::span<const int32_t> block_ids, int32_t* done,
                     int32_t num_full) {
-    KvStore s{.request_id = r.request_id};
+    KvStoreOp s{.request_id = r.request_id};
     for (int32_t b = *done; b < num_full; ++b) {
       if ((b + 1) * bs_ > r.num_tokens()) ++num_store_violations;
       if (static_cast<size_t>(b) >= r.block_hashes.size() ||
@@ -423,7 +423,7 @@ class ScriptedKvConnector : public KvConnectorScheduler {
 
   std::map<std::string, int32_t> stores_in_flight_;
   std::vector<KvLoad> loads_;
-  std::vector<KvStore> final_stores_;
+  std::vector<KvStoreOp> final_stores_;
 };
 
 // The engine loop of the scheduler service, sync or async, with checks after

@@ -84,7 +84,7 @@ std::vector<uint8_t> RandomBytes(uint64_t n, uint64_t seed) {
 // ---- in-process tandem-kvstore -------------------------------------------------
 
 struct Service {
-  std::unique_ptr<kvstore::KvStore> store;
+  std::unique_ptr<kvstore::KvStoreEngine> store;
   std::unique_ptr<kvstore_service::BulkLoadServer> bulk;
   std::unique_ptr<kvstore_service::KvStoreServiceImpl> impl;
   std::unique_ptr<grpc::Server> server;
@@ -135,7 +135,7 @@ void StartTls(Service* s, const std::string& dir, int64_t load_chunk_bytes) {
 
 Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_chunk_bytes) {
   Service s;
-  auto store = kvstore::KvStore::Open({.data_dir = dir,
+  auto store = kvstore::KvStoreEngine::Open({.data_dir = dir,
                                        .hot_capacity_bytes = hot_bytes,
                                        .hot_slot_bytes = 2 << 20,
                                        .durability = kvstore::Durability::kWal,

@@ -7,7 +7,7 @@
 //
 //   auto pending = client->Lookup("ns", hashes, {.take_lease = true});
 //   ... every step:
-//   if (std::optional<LookupResult> r = pending->Poll()) { use r->num_hits }
+//   if (std::optional<RemoteLookupResult> r = pending->Poll()) { use r->num_hits }
 //
 // A lookup that fails or is not answered by its deadline resolves to zero
 // hits (with the reason in `status`); a lease granted after the caller gave
@@ -46,7 +46,8 @@
 #include "absl/status/statusor.h"
 #include "tandem/common/block_hash.h"
 #include "tandem/common/ids.h"
-#include "tandem/kvstore/kv_store.h"
+#include "tandem/common/ids.h"
+#include "tandem/kvtypes/kv_types.h"
 
 namespace tandem::kvconnector {
 
@@ -81,7 +82,7 @@ struct KvStoreClientOptions {
   [[nodiscard]] absl::Status Validate() const;
 };
 
-struct LookupOptions {
+struct RemoteLookupOptions {
   // Pin the leading hits under a lease (release it, or pass it to Load).
   bool take_lease = true;
   // Lease time-to-live; 0 = the server's default.
@@ -96,7 +97,7 @@ struct LookupOptions {
   std::function<void()> on_answer;
 };
 
-struct LookupResult {
+struct RemoteLookupResult {
   // Leading hits; 0 when the lookup failed or was late.
   int32_t num_hits = 0;
   int32_t num_hot_hits = 0;
@@ -122,9 +123,9 @@ class PendingLookup {
 
   // nullopt while the answer is pending and the deadline has not passed;
   // afterwards the result (the same one on every later call). Never blocks.
-  [[nodiscard]] std::optional<LookupResult> Poll();
+  [[nodiscard]] std::optional<RemoteLookupResult> Poll();
   // Blocks until Poll() would return a result (tests, tools).
-  [[nodiscard]] LookupResult Wait();
+  [[nodiscard]] RemoteLookupResult Wait();
 
  private:
   std::shared_ptr<State> state_;
@@ -158,7 +159,7 @@ class KvStoreClient {
   // Non-blocking; see PendingLookup.
   [[nodiscard]] std::unique_ptr<PendingLookup> Lookup(std::string_view ns,
                                                       std::span<const BlockHash> hashes,
-                                                      const LookupOptions& options = {});
+                                                      const RemoteLookupOptions& options = {});
   // Fire-and-forget release (batched, see release_batch_ms). Never blocks.
   void ReleaseAsync(LeaseId lease);
   // Blocking release; true when the store knew the lease.

@@ -20,7 +20,7 @@
 // on a background thread. Hence the scheduler never has to hold blocks back
 // for a store: RequestFinished() returns false, and finished_sending is only
 // bookkeeping (stores in flight). A store of a request that had ended when
-// the step was built (KvStore::before_forward) is copied out before the
+// the step was built (KvStoreOp::before_forward) is copied out before the
 // step's loads and forward pass, which may reuse its blocks.
 //
 // Loads complete within the step that carries them: the worker reports
@@ -42,7 +42,7 @@
 // that the store is not known to hold; and when a request ends, the full
 // blocks below RequestFinished's num_storable_tokens that no step covered
 // (in async mode the outputs that end a request often complete its last
-// block), as a KvStore with before_forward set: the worker reads those
+// block), as a KvStoreOp with before_forward set: the worker reads those
 // blocks before the next step's loads and forward pass, since the
 // scheduler has freed them. "Known" = emitted for storing or seen
 // as a lookup hit; a lookup miss or a failed load forgets the hash so the
@@ -168,7 +168,7 @@ struct KvConnectorSchedulerStats {
   uint64_t stored_blocks_lost = 0;
   int32_t lookups_pending = 0;  // gauges
   int32_t loads_in_flight = 0;
-  int32_t stores_in_flight = 0;  // KvStore entries not yet reported sent
+  int32_t stores_in_flight = 0;  // KvStoreOp entries not yet reported sent
 };
 
 class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
@@ -204,7 +204,7 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
     int32_t num_asked = 0;
     int64_t sent_ns = 0;
     int64_t answered_ns = 0;
-    std::optional<LookupResult> result;
+    std::optional<RemoteLookupResult> result;
   };
   struct Load {
     LeaseId lease{0};
@@ -224,7 +224,7 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
   // The store entry for the request's full blocks from c->next_block up to
   // `num_storable_tokens` that the store is not known to hold; advances the
   // cursor and records the entry as pending.
-  sched::KvStore StoreFrom(const sched::Request& r, std::span<const int32_t> block_ids,
+  sched::KvStoreOp StoreFrom(const sched::Request& r, std::span<const int32_t> block_ids,
                            StoreCursor* c, int32_t num_storable_tokens);
   void ReleaseLease(LeaseId lease);
 
@@ -237,7 +237,7 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
   absl::flat_hash_map<std::string, Load> loads_;
   absl::flat_hash_map<std::string, StoreCursor> cursors_;
   // Stores queued by RequestFinished for the next step (before_forward).
-  std::vector<sched::KvStore> final_stores_;
+  std::vector<sched::KvStoreOp> final_stores_;
   // Request -> hashes of its store entries not yet reported finished, in
   // the order emitted (the worker reports them in that order).
   absl::flat_hash_map<std::string, std::deque<std::vector<BlockHash>>> stores_pending_;
@@ -270,16 +270,9 @@ struct KvConnectorWorkerStats {
   int64_t staging_bytes = 0;
 };
 
-// Blocks of one LoadBlocks call that failed, by reason.
-struct KvLoadFailures {
-  int32_t not_found = 0;
-  int32_t checksum = 0;
-  int32_t rpc = 0;  // timeout, store down, stream broken
-};
-
 // The worker role. LoadBlocks and SnapshotStores run on the worker's loop
 // thread; a background thread sends the snapshots.
-class KvStoreConnectorWorker {
+class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
  public:
   // Copies one block between the KV cache and host memory of block_bytes.
   using CopyToHost = std::function<absl::Status(int32_t block_id, std::span<std::byte> out)>;
@@ -296,22 +289,22 @@ class KvStoreConnectorWorker {
   // forward pass may overwrite), then loads every block of `meta.loads`
   // into the cache (via staging memory). Appends each load's request id to
   // report->finished_recving and each failed block id to
-  // report->invalid_block_ids; returns those failures by reason. Call it
+  // report->invalid_block_ids, and adds their counts by reason. Call it
   // for every step, also one without loads: it notes the step's stores, so
   // that when the step fails before SnapshotStores they are reported
   // finished (as dropped, at the next step) instead of never.
-  KvLoadFailures LoadBlocks(const sched::KvConnectorMetadata& meta,
-                            sched::KvConnectorReport* report);
+  void LoadBlocks(const sched::KvConnectorMetadata& meta,
+                  sched::KvConnectorReport* report) override;
   // After the forward pass: copies every block of the other `meta.stores`
   // out of the cache and queues it for the store. An entry that does not
   // fit in the queue (max_pending_store_bytes) is dropped, but still
   // reported finished.
-  void SnapshotStores(const sched::KvConnectorMetadata& meta);
+  void SnapshotStores(const sched::KvConnectorMetadata& meta) override;
   // Request ids whose store entries completed since the last call (one id
   // per entry, in the order the entries were given to SnapshotStores):
   // stored, failed or dropped alike in finished_sending, and those that did
   // not store every block also in failed_sending.
-  void TakeFinishedSending(sched::KvConnectorReport* report);
+  void TakeFinishedSending(sched::KvConnectorReport* report) override;
   // Blocks until every queued store entry has completed, or `timeout_ms`
   // passed; true when none is left (tests).
   bool WaitForStores(int64_t timeout_ms);
@@ -339,7 +332,7 @@ class KvStoreConnectorWorker {
   void EnqueueLocked(StoreJob job);
   void AbandonUnsnapshotted();
   // Copies one store entry's blocks out of the cache and queues it.
-  void SnapshotStore(const sched::KvStore& s);
+  void SnapshotStore(const sched::KvStoreOp& s);
 
   const KvStoreConnectorOptions options_;
   std::unique_ptr<KvStoreClient> client_;

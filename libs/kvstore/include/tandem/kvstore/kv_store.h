@@ -38,12 +38,12 @@
 // RocksDB I/O run outside it.
 //
 // Sync points (see sync_point.h), in order of a store and a lookup:
-//   KvStore::Store:BeforeWrite, KvStore::Store:AfterWrite,
-//   KvStore::EvictCold:BeforeSelect, KvStore::EvictCold:AfterSelect,
-//   KvStore::EvictCold:BeforeDelete, KvStore::EvictCold:AfterDelete,
-//   KvStore::Lookup:Start, KvStore::Lookup:AfterPin, KvStore::Lookup:End,
-//   KvStore::Read:AfterVerify, KvStore::Promote:AfterClaim (a cold block's
-//   promotion has claimed a hot slot), KvStore::Promote:BeforeInstall.
+//   KvStoreEngine::Store:BeforeWrite, KvStoreEngine::Store:AfterWrite,
+//   KvStoreEngine::EvictCold:BeforeSelect, KvStoreEngine::EvictCold:AfterSelect,
+//   KvStoreEngine::EvictCold:BeforeDelete, KvStoreEngine::EvictCold:AfterDelete,
+//   KvStoreEngine::Lookup:Start, KvStoreEngine::Lookup:AfterPin, KvStoreEngine::Lookup:End,
+//   KvStoreEngine::Read:AfterVerify, KvStoreEngine::Promote:AfterClaim (a cold block's
+//   promotion has claimed a hot slot), KvStoreEngine::Promote:BeforeInstall.
 #pragma once
 
 #include <cstdint>
@@ -59,44 +59,9 @@
 #include "tandem/common/block_hash.h"
 #include "tandem/common/clock.h"
 #include "tandem/common/ids.h"
+#include "tandem/kvtypes/kv_types.h"
 
 namespace tandem::kvstore {
-
-// When a store is acknowledged.
-enum class Durability {
-  // Written to RocksDB's memtable without the write-ahead log: lost on a
-  // crash (flushed on a clean close).
-  kNone,
-  // Written to the write-ahead log (not fsynced): survives kill -9.
-  kWal,
-  // Write-ahead log fsynced before the ack: survives power loss.
-  kFsync,
-};
-// "none" | "wal" | "fsync".
-[[nodiscard]] absl::StatusOr<Durability> ParseDurability(std::string_view name);
-[[nodiscard]] const char* DurabilityName(Durability d);
-
-// Why a block was not served.
-enum class MissReason {
-  kNone,      // served
-  kNotFound,  // not in the store (never stored, evicted, or dropped)
-  kChecksum,  // bytes did not match the writer's checksum; block dropped
-};
-[[nodiscard]] const char* MissReasonName(MissReason r);
-
-// A namespace: every block in it has exactly `block_bytes` bytes laid out as
-// `layout` says (e.g. "block-major/L5/KV2/B16/H4/D8/f32").
-struct NamespaceSpec {
-  // Non-empty, at most 128 bytes.
-  std::string name;
-  // Bytes per block; > 0 and at most 1 GiB.
-  uint64_t block_bytes = 0;
-  // Free-form description of the payload layout; at most 1024 bytes.
-  std::string layout;
-
-  [[nodiscard]] absl::Status Validate() const;
-  bool operator==(const NamespaceSpec&) const = default;
-};
 
 struct KvStoreOptions {
   // Directory of the RocksDB cold tier; created when missing. Required.
@@ -185,31 +150,7 @@ struct ReadResult {
   [[nodiscard]] bool ok() const { return miss == MissReason::kNone; }
 };
 
-struct KvStoreStats {
-  uint64_t hot_blocks = 0;
-  uint64_t hot_capacity_blocks = 0;
-  uint64_t hot_slot_bytes = 0;
-  uint64_t cold_blocks = 0;
-  uint64_t cold_bytes = 0;
-  uint64_t cold_capacity_bytes = 0;  // 0 = unlimited
-  uint64_t lookups = 0;
-  uint64_t lookup_hits = 0;    // blocks
-  uint64_t loads = 0;          // block reads
-  uint64_t blocks_loaded = 0;  // block reads served
-  uint64_t load_misses = 0;
-  uint64_t stores = 0;  // blocks written
-  uint64_t stores_already_present = 0;
-  uint64_t stores_mismatched = 0;  // ... of those, with other bytes (kept the first)
-  uint64_t checksum_failures = 0;  // blocks found corrupt and dropped
-  uint64_t corrupt_reports = 0;    // ReportCorrupt() calls (readers' mismatches)
-  uint64_t active_leases = 0;
-  uint64_t leases_expired = 0;
-  uint64_t evictions_hot = 0;
-  uint64_t evictions_cold = 0;
-  uint64_t promotions = 0;  // cold -> hot copies
-};
-
-class KvStore {
+class KvStoreEngine {
  public:
   // Receives a verified block: its payload (valid only during the call) and
   // its CRC32C, so a caller can send the checksum ahead of the bytes.
@@ -217,11 +158,11 @@ class KvStore {
 
   // Opens (or creates) the store in options.data_dir and rebuilds the index
   // from the cold tier.
-  static absl::StatusOr<std::unique_ptr<KvStore>> Open(const KvStoreOptions& options);
+  static absl::StatusOr<std::unique_ptr<KvStoreEngine>> Open(const KvStoreOptions& options);
   // Flushes the memtable (so kNone stores survive a clean close) and closes.
-  ~KvStore();
-  KvStore(const KvStore&) = delete;
-  KvStore& operator=(const KvStore&) = delete;
+  ~KvStoreEngine();
+  KvStoreEngine(const KvStoreEngine&) = delete;
+  KvStoreEngine& operator=(const KvStoreEngine&) = delete;
 
   // Registers a namespace (persisted). Returns true when created, false when
   // it exists with the same spec; ALREADY_EXISTS when it exists with another.
@@ -281,7 +222,7 @@ class KvStore {
   class Impl;
 
  private:
-  explicit KvStore(std::unique_ptr<Impl> impl);
+  explicit KvStoreEngine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

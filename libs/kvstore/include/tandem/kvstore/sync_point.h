@@ -6,7 +6,7 @@
 // default, and always outside tests) a point costs one relaxed atomic load.
 //
 //   auto* sp = SyncPoint::Get();
-//   sp->LoadDependency({{"KvStore::Lookup:AfterPin", "KvStore::EvictCold:BeforeSelect"}});
+//   sp->LoadDependency({{"KvStoreEngine::Lookup:AfterPin", "KvStoreEngine::EvictCold:BeforeSelect"}});
 //   sp->EnableProcessing();
 //   ... threads run; a thread reaching EvictCold:BeforeSelect waits until some
 //   thread has passed Lookup:AfterPin ...

@@ -11,7 +11,8 @@
 #include "absl/status/status.h"
 #include "google/protobuf/repeated_field.h"
 #include "tandem/common/block_hash.h"
-#include "tandem/kvstore/kv_store.h"
+#include "tandem/common/ids.h"
+#include "tandem/kvtypes/kv_types.h"
 #include "tandem/v1/kvstore.pb.h"
 
 namespace tandem::rpc {

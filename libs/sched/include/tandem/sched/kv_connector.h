@@ -86,7 +86,7 @@ class KvConnectorScheduler {
   // `num_storable_tokens`: the full blocks below it (of request.block_hashes
   // and `block_ids`) hold KV of known tokens that is written by the time the
   // next step runs; a connector may store the ones its earlier stores did
-  // not cover, in the next step's metadata with KvStore::before_forward set
+  // not cover, in the next step's metadata with KvStoreOp::before_forward set
   // (the scheduler frees the blocks now, so that step may reuse them). In
   // async mode a request often ends before any step covers its last full
   // block: its last tokens become known only with the outputs that end it.
@@ -102,6 +102,27 @@ class KvConnectorScheduler {
 
   // Every ModelRunnerOutput's report, before the scheduler acts on it.
   virtual void OnConnectorReport(const KvConnectorReport& /*report*/) {}
+};
+
+// The worker role (DESIGN §5). Runs on the worker's one step thread, around
+// each step's forward pass, so its copies are ordered against the
+// neighbouring steps.
+class KvConnectorWorker {
+ public:
+  virtual ~KvConnectorWorker() = default;
+
+  // Before the forward pass: copies out the store entries marked
+  // before_forward and loads the step's blocks into the KV cache. Appends to
+  // `report` each load's request id (finished_recving), the blocks that did
+  // not arrive (invalid_block_ids) and adds their counts by reason.
+  virtual void LoadBlocks(const KvConnectorMetadata& meta, KvConnectorReport* report) = 0;
+  // After the forward pass: reads the step's other store entries' blocks
+  // (before a later step can overwrite them). A step that failed before
+  // this never calls it; its entries finish as failed.
+  virtual void SnapshotStores(const KvConnectorMetadata& meta) = 0;
+  // Appends the store entries that completed since the last call
+  // (finished_sending; failed_sending for those that did not store all).
+  virtual void TakeFinishedSending(KvConnectorReport* report) = 0;
 };
 
 // No external store: every lookup is a miss, nothing is loaded or stored.

@@ -45,7 +45,7 @@ struct KvLoad {
   std::vector<int32_t> block_ids;  // destinations, parallel to block_hashes
 };
 
-struct KvStore {
+struct KvStoreOp {
   std::string request_id;
   std::vector<int32_t> block_ids;  // sources
   std::vector<BlockHash> block_hashes;
@@ -58,7 +58,7 @@ struct KvStore {
 
 struct KvConnectorMetadata {
   std::vector<KvLoad> loads;
-  std::vector<KvStore> stores;
+  std::vector<KvStoreOp> stores;
   [[nodiscard]] bool empty() const { return loads.empty() && stores.empty(); }
 };
 

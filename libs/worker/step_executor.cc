@@ -1,0 +1,227 @@
+#include "tandem/worker/step_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/clock.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+
+namespace tandem::worker {
+
+absl::Status SimBackend::ForwardSample(std::span<const model::SequenceInput> batch,
+                                       std::span<const model::SampleRequest> sample,
+                                       std::vector<int32_t>* tokens) {
+  int64_t total = 0;
+  for (const model::SequenceInput& in : batch) total += std::ssize(in.token_ids);
+  std::this_thread::sleep_for(std::chrono::microseconds(step_us_ + token_us_ * total));
+  std::vector<float> logits(batch.size() * static_cast<size_t>(vocab_size_), 0.0f);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t end = batch[i].start_pos + std::ssize(batch[i].token_ids);
+    const uint64_t last = static_cast<uint64_t>(batch[i].token_ids.back());
+    int32_t token =
+        static_cast<int32_t>((last * 2654435761ull + static_cast<uint64_t>(end) * 40503ull) %
+                             static_cast<uint64_t>(vocab_size_));
+    if (token == eos_token_id_) token = (token + 1) % vocab_size_;
+    logits[i * vocab_size_ + token] = 10.0f;
+  }
+  model::SampleRows(logits, vocab_size_, sample, tokens);
+  return absl::OkStatus();
+}
+
+StepExecutor::StepExecutor(StepBackend* backend, sched::KvConnectorWorker* kv_connector,
+                           StepExecutorOptions options)
+    : backend_(backend), kv_connector_(kv_connector), options_(std::move(options)) {}
+
+sched::ModelRunnerOutput StepExecutor::Execute(sched::SchedulerOutput step) {
+  sched::ModelRunnerOutput out;
+  const absl::Status s = Run(step, &out);
+  if (s.ok()) return out;
+  TANDEM_LOG(ERROR) << "step " << step.step_id << " failed: " << s;
+  // Loads already done are still reported: the scheduler must learn that
+  // those requests' blocks arrived (or failed), or they would wait for them
+  // forever.
+  return Failed(step.step_id, step.last_processed_step_id, s, std::move(out.kv_connector_report));
+}
+
+sched::ModelRunnerOutput StepExecutor::Reject(uint64_t step_id, uint64_t last_processed_step_id,
+                                              const absl::Status& why) {
+  TANDEM_LOG(ERROR) << "step " << step_id << " rejected: " << why;
+  return Failed(step_id, last_processed_step_id, why, {});
+}
+
+sched::ModelRunnerOutput StepExecutor::Failed(uint64_t step_id, uint64_t last_processed_step_id,
+                                              const absl::Status& why,
+                                              sched::KvConnectorReport report) {
+  if (last_processed_step_id >= last_failed_step_id_) {
+    last_failed_step_id_ = step_id;  // failed by itself
+  }
+  return sched::ModelRunnerOutput{.step_id = step_id,
+                                  .kv_connector_report = std::move(report),
+                                  .error = std::string(why.message())};
+}
+
+void StepExecutor::Reset(const char* why) {
+  while (!seqs_.empty()) DropSeq(seqs_.begin(), why);
+  last_failed_step_id_ = 0;
+}
+
+absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerOutput* out) {
+  for (const std::string& id : step.finished_req_ids) {
+    auto it = seqs_.find(id);
+    if (it != seqs_.end()) DropSeq(it, "finished");
+  }
+  // KV-store loads of this step, before its forward pass (and after every
+  // earlier step's: steps run in order on this thread). Reported in this
+  // step's output (even if the step then fails), failed blocks as
+  // invalid_block_ids. Loads need no batch state, so they come first.
+  sched::KvConnectorReport& report = out->kv_connector_report;
+  if (kv_connector_ != nullptr) kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
+
+  // A preempted request keeps its entry (its prompt length fixes the sampling
+  // positions) but loses its blocks; it comes back resumed_from_preemption.
+  for (const std::string& id : step.preempted_req_ids) {
+    auto it = seqs_.find(id);
+    if (it != seqs_.end()) {
+      it->second.block_table.clear();
+      it->second.num_computed_tokens = 0;
+      ++it->second.num_preemptions;
+    }
+  }
+
+  std::vector<SeqState*> batch;
+  std::vector<const std::string*> ids;
+  batch.reserve(step.num_scheduled_tokens.size());
+  const int64_t now_ns = MonotonicNanos();
+  for (sched::NewRequestData& r : step.scheduled_new_reqs) {
+    SeqState& s = seqs_[r.request_id];
+    if (s.first_step_ns == 0) s.first_step_ns = now_ns;
+    s.unconfirmed_sample_steps.clear();
+    s.num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
+    s.token_ids = std::move(r.prompt_token_ids);
+    s.token_ids.insert(s.token_ids.end(), r.output_token_ids.begin(), r.output_token_ids.end());
+    s.sampling = std::move(r.sampling);
+    s.block_table = std::move(r.block_ids);
+    s.num_computed_tokens = r.num_computed_tokens;
+    batch.push_back(&s);
+    ids.push_back(&r.request_id);
+  }
+  for (sched::CachedRequestData& r : step.scheduled_cached_reqs) {
+    auto it = seqs_.find(r.request_id);
+    if (it == seqs_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step.step_id, ": cached request ", r.request_id, " is unknown to this worker"));
+    }
+    SeqState& s = it->second;
+    if (r.resumed_from_preemption) {
+      // Tokens this worker sampled that the scheduler dropped are forgotten.
+      s.token_ids = std::move(r.all_token_ids);
+      s.block_table = std::move(r.new_block_ids);
+      s.unconfirmed_sample_steps.clear();
+    } else {
+      s.block_table.insert(s.block_table.end(), r.new_block_ids.begin(), r.new_block_ids.end());
+    }
+    while (!s.unconfirmed_sample_steps.empty() &&
+           s.unconfirmed_sample_steps.front() <= step.last_processed_step_id) {
+      s.unconfirmed_sample_steps.pop_front();
+    }
+    if (static_cast<int32_t>(s.unconfirmed_sample_steps.size()) != r.num_output_placeholders) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step.step_id, ": request ", r.request_id, " has ", r.num_output_placeholders,
+          " output placeholders on the scheduler, but this worker sampled ",
+          s.unconfirmed_sample_steps.size(), " tokens for it after step ",
+          step.last_processed_step_id, ", the last step the scheduler had processed"));
+    }
+    s.num_computed_tokens = r.num_computed_tokens;
+    batch.push_back(&s);
+    ids.push_back(&r.request_id);
+  }
+  if (batch.size() != step.num_scheduled_tokens.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", step.step_id, " schedules ", batch.size(), " requests but has ",
+                     step.num_scheduled_tokens.size(), " token counts"));
+  }
+
+  if (step.last_processed_step_id < last_failed_step_id_) {
+    return absl::AbortedError(absl::StrCat("step ", step.step_id, " was built on step ",
+                                           last_failed_step_id_, ", which failed; it is not run"));
+  }
+  if (std::find(options_.debug_fail_steps.begin(), options_.debug_fail_steps.end(),
+                step.step_id) != options_.debug_fail_steps.end()) {
+    return absl::InternalError(
+        absl::StrCat("step ", step.step_id, " failed (TEST-ONLY --debug-fail-steps)"));
+  }
+  if (options_.debug_step_delay_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(options_.debug_step_delay_us));
+  }
+
+  std::vector<model::SequenceInput> inputs;
+  inputs.reserve(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    SeqState& s = *batch[i];
+    const int32_t n = step.num_scheduled_tokens[i];
+    // In async mode the last n tokens may be ones this worker sampled itself
+    // (the scheduler's placeholders); they are already in token_ids.
+    if (n <= 0 || s.num_computed_tokens + n > static_cast<int32_t>(s.token_ids.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step.step_id, ": request ", *ids[i], " schedules ", n, " tokens from position ",
+          s.num_computed_tokens, " but the worker knows ", s.token_ids.size(), " tokens"));
+    }
+    inputs.push_back({
+        .token_ids = std::span<const int32_t>(s.token_ids).subspan(s.num_computed_tokens, n),
+        .start_pos = s.num_computed_tokens,
+        .block_table = s.block_table,
+    });
+  }
+
+  // A prefill chunk that does not reach the last known token samples nothing.
+  std::vector<model::SampleRequest> sample(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqState& s = *batch[i];
+    const int32_t known = static_cast<int32_t>(s.token_ids.size());
+    if (s.num_computed_tokens + step.num_scheduled_tokens[i] < known) continue;
+    sample[i] = {.params = &s.sampling, .output_position = known - s.num_prompt_tokens};
+  }
+  std::vector<int32_t> tokens;
+  if (!inputs.empty()) TANDEM_RETURN_IF_ERROR(backend_->ForwardSample(inputs, sample, &tokens));
+  // Stores read their blocks now, before the next step can overwrite them.
+  if (kv_connector_ != nullptr) {
+    kv_connector_->SnapshotStores(step.kv_connector_metadata);
+    report.finished_sending.clear();
+    report.failed_sending.clear();
+    kv_connector_->TakeFinishedSending(&report);
+  }
+
+  out->step_id = step.step_id;
+  out->sampled.reserve(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    SeqState& s = *batch[i];
+    s.num_computed_tokens += step.num_scheduled_tokens[i];
+    ++s.num_steps;
+    sched::SampledTokens& sampled = out->sampled.emplace_back();
+    sampled.request_id = *ids[i];
+    if (sample[i].params == nullptr) continue;
+    const int32_t token = tokens[i];
+    s.token_ids.push_back(token);
+    s.unconfirmed_sample_steps.push_back(step.step_id);
+    ++s.num_sampled;
+    sampled.token_ids.push_back(token);
+  }
+  return absl::OkStatus();
+}
+
+void StepExecutor::DropSeq(SeqMap::iterator it, const char* why) {
+  const SeqState& s = it->second;
+  TANDEM_LOG(INFO) << "request " << it->first << " dropped: reason=" << why
+                   << " prompt_tokens=" << s.num_prompt_tokens
+                   << " computed_tokens=" << s.num_computed_tokens
+                   << " sampled_tokens=" << s.num_sampled << " steps=" << s.num_steps
+                   << " preemptions=" << s.num_preemptions << " held_ms="
+                   << (s.first_step_ns > 0 ? (MonotonicNanos() - s.first_step_ns) * 1e-6 : 0.0);
+  seqs_.erase(it);
+}
+
+}  // namespace tandem::worker

@@ -1,0 +1,207 @@
+// StepExecutor in process (issue 13): the worker's step logic without gRPC,
+// with a fake backend (records what it was fed, samples a token from the
+// position) and a fake KV connector (records the order of its calls). These
+// run under ASan/UBSan in CI, which the multi-process tests cannot.
+#include "tandem/worker/step_executor.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem::worker {
+namespace {
+
+using sched::CachedRequestData;
+using sched::ModelRunnerOutput;
+using sched::NewRequestData;
+using sched::SchedulerOutput;
+
+// Token = 100 + the position it is sampled for; remembers every batch.
+class FakeBackend final : public StepBackend {
+ public:
+  absl::Status ForwardSample(std::span<const model::SequenceInput> batch,
+                             std::span<const model::SampleRequest> sample,
+                             std::vector<int32_t>* tokens) override {
+    calls.push_back("forward");
+    if (!fail_with.ok()) return fail_with;
+    fed.emplace_back();
+    tokens->assign(batch.size(), -1);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      fed.back().emplace_back(batch[i].token_ids.begin(), batch[i].token_ids.end());
+      if (sample[i].params != nullptr) {
+        (*tokens)[i] = 100 + batch[i].start_pos + static_cast<int32_t>(batch[i].token_ids.size());
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::string>& calls;
+  absl::Status fail_with;
+  std::vector<std::vector<std::vector<int32_t>>> fed;  // per step, per request
+  explicit FakeBackend(std::vector<std::string>& c) : calls(c) {}
+};
+
+class FakeConnector final : public sched::KvConnectorWorker {
+ public:
+  explicit FakeConnector(std::vector<std::string>& c) : calls(c) {}
+  void LoadBlocks(const sched::KvConnectorMetadata& meta,
+                  sched::KvConnectorReport* report) override {
+    calls.push_back("load");
+    for (const sched::KvLoad& l : meta.loads) {
+      report->finished_recving.push_back(l.request_id);
+      report->invalid_block_ids.push_back(l.block_ids.front());  // the first never arrives
+      ++report->num_load_failed_rpc;
+    }
+  }
+  void SnapshotStores(const sched::KvConnectorMetadata& meta) override {
+    calls.push_back("snapshot");
+    for (const sched::KvStoreOp& s : meta.stores) done.push_back(s.request_id);
+  }
+  void TakeFinishedSending(sched::KvConnectorReport* report) override {
+    report->finished_sending.insert(report->finished_sending.end(), done.begin(), done.end());
+    done.clear();
+  }
+  std::vector<std::string>& calls;
+  std::vector<std::string> done;
+};
+
+SchedulerOutput NewStep(uint64_t id, uint64_t last_processed, const std::string& req,
+                        std::vector<int32_t> prompt) {
+  SchedulerOutput s{.step_id = id, .last_processed_step_id = last_processed};
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  s.scheduled_new_reqs.push_back(NewRequestData{.request_id = req,
+                                                .prompt_token_ids = std::move(prompt),
+                                                .block_ids = {0, 1}});
+  s.num_scheduled_tokens = {n};
+  s.total_num_scheduled_tokens = n;
+  return s;
+}
+
+SchedulerOutput DecodeStep(uint64_t id, uint64_t last_processed, const std::string& req,
+                           int32_t num_computed, int32_t placeholders) {
+  SchedulerOutput s{.step_id = id, .last_processed_step_id = last_processed};
+  s.scheduled_cached_reqs.push_back(CachedRequestData{.request_id = req,
+                                                      .num_computed_tokens = num_computed,
+                                                      .num_output_placeholders = placeholders});
+  s.num_scheduled_tokens = {1};
+  s.total_num_scheduled_tokens = 1;
+  return s;
+}
+
+class StepExecutorTest : public ::testing::Test {
+ protected:
+  std::vector<std::string> calls_;
+  FakeBackend backend_{calls_};
+  FakeConnector connector_{calls_};
+};
+
+TEST_F(StepExecutorTest, AsyncStepsFeedTheirOwnSamplesAndCheckThePlaceholders) {
+  StepExecutor ex(&backend_, nullptr);
+  ModelRunnerOutput o1 = ex.Execute(NewStep(1, 0, "a", {1, 2, 3}));
+  ASSERT_TRUE(o1.error.empty()) << o1.error;
+  ASSERT_EQ(o1.sampled.size(), 1u);
+  EXPECT_EQ(o1.sampled[0].token_ids, std::vector<int32_t>{103});
+  // Built before step 1's output was processed: one placeholder, which the
+  // worker fills with the token it sampled.
+  ModelRunnerOutput o2 = ex.Execute(DecodeStep(2, 0, "a", 3, 1));
+  ASSERT_TRUE(o2.error.empty()) << o2.error;
+  EXPECT_EQ(backend_.fed[1][0], std::vector<int32_t>{103});
+  EXPECT_EQ(o2.sampled[0].token_ids, std::vector<int32_t>{104});
+  ModelRunnerOutput o3 = ex.Execute(DecodeStep(3, 1, "a", 4, 1));  // step 2's token unseen
+  ASSERT_TRUE(o3.error.empty()) << o3.error;
+  // The scheduler processed step 3, so nothing is a placeholder, but it
+  // claims one: the two sides would feed different tokens.
+  ModelRunnerOutput o4 = ex.Execute(DecodeStep(4, 3, "a", 5, 1));
+  EXPECT_NE(o4.error.find("1 output placeholders on the scheduler, but this worker sampled 0"),
+            std::string::npos)
+      << o4.error;
+  EXPECT_TRUE(o4.sampled.empty());
+  EXPECT_EQ(backend_.fed.size(), 3u) << "a step failing the check must not run";
+}
+
+TEST_F(StepExecutorTest, AFailedStepReportsItsLoadsAndTheStepsBuiltOnItDoNotRun) {
+  StepExecutor ex(&backend_, &connector_, {.debug_fail_steps = {2}});
+  ASSERT_TRUE(ex.Execute(NewStep(1, 0, "a", {1, 2, 3})).error.empty());
+  SchedulerOutput step2 = NewStep(2, 0, "b", {5, 6});
+  step2.kv_connector_metadata.loads.push_back({.request_id = "b", .block_ids = {7}});
+  step2.kv_connector_metadata.stores.push_back({.request_id = "b", .block_ids = {7}});
+  calls_.clear();
+  ModelRunnerOutput o2 = ex.Execute(std::move(step2));
+  EXPECT_NE(o2.error.find("TEST-ONLY"), std::string::npos) << o2.error;
+  EXPECT_EQ(o2.step_id, 2u);
+  EXPECT_TRUE(o2.sampled.empty());
+  EXPECT_EQ(o2.kv_connector_report.finished_recving, std::vector<std::string>{"b"});
+  EXPECT_EQ(o2.kv_connector_report.invalid_block_ids, std::vector<int32_t>{7});
+  EXPECT_EQ(o2.kv_connector_report.num_load_failed_rpc, 1);
+  EXPECT_EQ(calls_, std::vector<std::string>{"load"}) << "no forward pass, no store snapshot";
+  // Step 3 was built before the scheduler saw step 2 fail: it must not run.
+  ModelRunnerOutput o3 = ex.Execute(DecodeStep(3, 1, "a", 3, 0));
+  EXPECT_NE(o3.error.find("was built on step 2, which failed"), std::string::npos) << o3.error;
+  // Once the scheduler has processed the failure, steps run again.
+  ModelRunnerOutput o4 = ex.Execute(NewStep(4, 3, "c", {9}));
+  EXPECT_TRUE(o4.error.empty()) << o4.error;
+  EXPECT_EQ(o4.sampled[0].token_ids, std::vector<int32_t>{101});
+}
+
+TEST_F(StepExecutorTest, AForwardErrorFailsTheStepAndItsStoresAreNotSnapshotted) {
+  StepExecutor ex(&backend_, &connector_);
+  backend_.fail_with = absl::InternalError("device lost");
+  SchedulerOutput step = NewStep(1, 0, "a", {1, 2});
+  step.kv_connector_metadata.stores.push_back({.request_id = "a", .block_ids = {0}});
+  ModelRunnerOutput o = ex.Execute(std::move(step));
+  EXPECT_EQ(o.error, "device lost");
+  EXPECT_EQ(calls_, (std::vector<std::string>{"load", "forward"}));
+  backend_.fail_with = absl::OkStatus();
+  // A later, independent step runs; stores come after the forward pass.
+  SchedulerOutput next = NewStep(2, 1, "b", {3});
+  next.kv_connector_metadata.stores.push_back({.request_id = "b", .block_ids = {1}});
+  calls_.clear();
+  ModelRunnerOutput o2 = ex.Execute(std::move(next));
+  EXPECT_TRUE(o2.error.empty()) << o2.error;
+  EXPECT_EQ(calls_, (std::vector<std::string>{"load", "forward", "snapshot"}));
+  EXPECT_EQ(o2.kv_connector_report.finished_sending, std::vector<std::string>{"b"});
+}
+
+TEST_F(StepExecutorTest, BadStepsFailWithAPreciseErrorAndResetForgetsEverything) {
+  StepExecutor ex(&backend_, nullptr);
+  ModelRunnerOutput unknown = ex.Execute(DecodeStep(1, 0, "nobody", 0, 0));
+  EXPECT_NE(unknown.error.find("cached request nobody is unknown to this worker"),
+            std::string::npos)
+      << unknown.error;
+  ASSERT_TRUE(ex.Execute(NewStep(2, 1, "a", {1, 2, 3})).error.empty());
+  // Schedules more tokens than the worker knows.
+  SchedulerOutput too_far = DecodeStep(3, 2, "a", 3, 0);
+  too_far.num_scheduled_tokens = {5};
+  EXPECT_NE(ex.Execute(std::move(too_far)).error.find("schedules 5 tokens from position 3"),
+            std::string::npos);
+  EXPECT_EQ(ex.num_requests(), 1);
+  ex.Reset("scheduler-detached");
+  EXPECT_EQ(ex.num_requests(), 0);
+  EXPECT_NE(ex.Execute(DecodeStep(1, 0, "a", 4, 0)).error.find("unknown"), std::string::npos);
+  // A step the adapter could not read fails like any other.
+  ModelRunnerOutput rejected = ex.Reject(2, 1, absl::InvalidArgumentError("bad hash"));
+  EXPECT_EQ(rejected.error, "bad hash");
+  EXPECT_NE(ex.Execute(NewStep(3, 1, "b", {1})).error.find("was built on step 2"),
+            std::string::npos);
+}
+
+TEST(SimBackendTest, DeterministicAndNeverEos) {
+  SimBackend sim(/*vocab_size=*/8, /*eos_token_id=*/2, 0, 0);
+  const std::vector<int32_t> a = {1, 5, 7}, b = {3};
+  SamplingParams greedy;
+  std::vector<model::SequenceInput> batch = {{.token_ids = a, .start_pos = 0},
+                                             {.token_ids = b, .start_pos = 9}};
+  std::vector<model::SampleRequest> sample = {{.params = &greedy}, {.params = &greedy}};
+  std::vector<int32_t> t1, t2;
+  ASSERT_TRUE(sim.ForwardSample(batch, sample, &t1).ok());
+  ASSERT_TRUE(sim.ForwardSample(batch, sample, &t2).ok());
+  EXPECT_EQ(t1, t2);
+  for (int32_t t : t1) {
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, 8);
+    EXPECT_NE(t, 2);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::worker
