@@ -1,6 +1,7 @@
 #include "http_server.h"
 
 #include <deque>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 
@@ -11,6 +12,7 @@
 #include "boost/asio.hpp"
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
+#include "boost/beast/ssl.hpp"
 #include "tandem/common/logging.h"
 
 namespace tandem::frontend {
@@ -20,31 +22,130 @@ namespace http = boost::beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
+namespace {
+
+// A server context from the PEM files; the error names the file at fault.
+absl::StatusOr<std::shared_ptr<net::ssl::context>> LoadTlsContext(const HttpServerOptions& o) {
+  auto ctx = std::make_shared<net::ssl::context>(net::ssl::context::tls_server);
+  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                   net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
+                   net::ssl::context::no_tlsv1_1 | net::ssl::context::single_dh_use);
+  beast::error_code ec;
+  ctx->use_certificate_chain_file(o.tls_cert_file, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--https-cert ", o.tls_cert_file, ": ", ec.message()));
+  }
+  ctx->use_private_key_file(o.tls_key_file, net::ssl::context::pem, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--https-key ", o.tls_key_file, ": ", ec.message()));
+  }
+  if (!o.tls_ca_file.empty()) {
+    ctx->load_verify_file(o.tls_ca_file, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--https-ca ", o.tls_ca_file, ": ", ec.message()));
+    }
+    ctx->set_verify_mode(net::ssl::verify_peer | net::ssl::verify_fail_if_no_peer_cert);
+  }
+  return ctx;
+}
+
+// The TLS files' modification times, folded into one value that changes
+// when any of them does (0 when one is missing). (libstdc++'s file clock
+// counts from 2174: the times are negative.)
+int64_t TlsFilesStamp(const HttpServerOptions& o) {
+  uint64_t stamp = 1;
+  for (const std::string& f : {o.tls_cert_file, o.tls_key_file, o.tls_ca_file}) {
+    if (f.empty()) continue;
+    std::error_code ec;
+    const auto t = std::filesystem::last_write_time(f, ec);
+    if (ec) return 0;
+    stamp = stamp * 1000003u + static_cast<uint64_t>(t.time_since_epoch().count());
+  }
+  return stamp == 0 ? 1 : static_cast<int64_t>(stamp);
+}
+
+}  // namespace
+
 struct HttpServer::Impl {
   explicit Impl(HttpServerOptions o, Handler h) : options(std::move(o)), handler(std::move(h)) {}
   void Accept();
+  // Rereads the TLS files when they changed; then again after the interval.
+  void ReloadTlsLater();
+
+  std::shared_ptr<net::ssl::context> tls() {
+    std::lock_guard<std::mutex> lock(tls_mu);
+    return tls_ctx;
+  }
 
   HttpServerOptions options;
   Handler handler;
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::atomic<int64_t> open{0};
+  std::mutex tls_mu;
+  std::shared_ptr<net::ssl::context> tls_ctx;  // null: plain HTTP
+  int64_t tls_stamp = 0;
+  std::unique_ptr<net::steady_timer> tls_timer;
 };
+
+void HttpServer::Impl::ReloadTlsLater() {
+  tls_timer->expires_after(std::chrono::seconds(std::max(1, options.tls_reload_interval_s)));
+  tls_timer->async_wait([this](beast::error_code ec) {
+    if (ec) return;
+    const int64_t stamp = TlsFilesStamp(options);
+    if (stamp != 0 && stamp != tls_stamp) {
+      absl::StatusOr<std::shared_ptr<net::ssl::context>> ctx = LoadTlsContext(options);
+      if (ctx.ok()) {
+        std::lock_guard<std::mutex> lock(tls_mu);
+        tls_ctx = *std::move(ctx);
+        tls_stamp = stamp;
+        TANDEM_LOG(INFO) << "HTTPS: reloaded " << options.tls_cert_file;
+      } else {
+        TANDEM_LOG(WARNING) << "HTTPS: keeping the old certificate: " << ctx.status();
+      }
+    }
+    ReloadTlsLater();
+  });
+}
 
 // One connection. Every member is touched only on the connection's strand
 // (the executor of its socket).
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(tcp::socket socket, HttpServer::Impl* server)
-      : stream_(std::move(socket)), server_(server) {
+  // `tls`: the server's context (null: plain HTTP).
+  HttpSession(tcp::socket socket, HttpServer::Impl* server,
+              std::shared_ptr<net::ssl::context> tls)
+      : server_(server), tls_ctx_(std::move(tls)) {
+    if (tls_ctx_ != nullptr) {
+      tls_.emplace(std::move(socket), *tls_ctx_);
+    } else {
+      plain_.emplace(std::move(socket));
+    }
     server_->open.fetch_add(1);
   }
   ~HttpSession() { server_->open.fetch_sub(1); }
 
   void Run() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
+    net::dispatch(transport().get_executor(), [self = shared_from_this()] {
+      if (!self->tls_) {
+        self->DoRead();
+        return;
+      }
+      self->transport().expires_after(self->server_->options.read_timeout);
+      self->tls_->async_handshake(net::ssl::stream_base::server,
+                                  [self](beast::error_code ec) {
+                                    if (ec) {
+                                      self->Close();  // not TLS, or a certificate refused
+                                      return;
+                                    }
+                                    self->DoRead();
+                                  });
+    });
   }
-  void Post(std::function<void()> fn) { net::post(stream_.get_executor(), std::move(fn)); }
+  void Post(std::function<void()> fn) { net::post(transport().get_executor(), std::move(fn)); }
 
   // The exchange API, on the strand.
   // `seq` names the exchange: calls for an exchange that is over are
@@ -97,11 +198,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
     parser_->header_limit(64 << 10);
-    stream_.expires_after(server_->options.read_timeout);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->OnRead(ec);
-                     });
+    transport().expires_after(server_->options.read_timeout);
+    WithStream([&](auto& stream) {
+      http::async_read(stream, buffer_, *parser_,
+                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                         self->OnRead(ec);
+                       });
+    });
   }
 
   void OnRead(beast::error_code ec) {
@@ -133,7 +236,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     }
     request.body = std::move(msg.body());
     keep_alive_ = msg.keep_alive();
-    stream_.expires_never();
+    transport().expires_never();
     BeginExchange(std::move(request));
   }
 
@@ -151,7 +254,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void Watch() {
     if (watching_) return;
     watching_ = true;
-    stream_.socket().async_wait(tcp::socket::wait_read,
+    transport().socket().async_wait(tcp::socket::wait_read,
                                 [self = shared_from_this()](beast::error_code ec) {
                                   self->OnWatch(ec);
                                 });
@@ -171,8 +274,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     // the client gives up.
     char byte;
     beast::error_code peek_ec;
-    stream_.socket().non_blocking(true, peek_ec);
-    const size_t n = stream_.socket().receive(net::buffer(&byte, 1),
+    transport().socket().non_blocking(true, peek_ec);
+    const size_t n = transport().socket().receive(net::buffer(&byte, 1),
                                               tcp::socket::message_peek, peek_ec);
     if (peek_ec == net::error::would_block || peek_ec == net::error::try_again) {
       Watch();  // nothing there after all: keep watching
@@ -206,16 +309,18 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     writing_ = true;
     inflight_.swap(outbox_);
     outbox_.clear();
-    net::async_write(stream_, net::buffer(inflight_),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->writing_ = false;
-                       self->inflight_.clear();
-                       if (ec) {
-                         self->ClientGone();
-                         return;
-                       }
-                       self->Flush();
-                     });
+    WithStream([&](auto& stream) {
+      net::async_write(stream, net::buffer(inflight_),
+                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                         self->writing_ = false;
+                         self->inflight_.clear();
+                         if (ec) {
+                           self->ClientGone();
+                           return;
+                         }
+                         self->Flush();
+                       });
+    });
   }
 
   void FinishExchange() {
@@ -229,7 +334,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       // OnWatch reads the next request once the wait completes.
       read_after_watch_ = true;
       beast::error_code ignored;
-      stream_.socket().cancel(ignored);
+      transport().socket().cancel(ignored);
     } else {
       DoRead();
     }
@@ -237,12 +342,26 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   void Close() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
+    transport().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    transport().socket().close(ignored);
   }
 
-  beast::tcp_stream stream_;
+  // The TCP layer (under TLS, the ssl stream's next layer).
+  beast::tcp_stream& transport() { return tls_ ? tls_->next_layer() : *plain_; }
+  // Runs `fn` with the stream HTTP reads and writes: TLS or plain.
+  template <class Fn>
+  void WithStream(Fn&& fn) {
+    if (tls_) {
+      fn(*tls_);
+    } else {
+      fn(*plain_);
+    }
+  }
+
   HttpServer::Impl* server_;
+  std::shared_ptr<net::ssl::context> tls_ctx_;  // kept alive for tls_
+  std::optional<beast::tcp_stream> plain_;
+  std::optional<beast::ssl_stream<beast::tcp_stream>> tls_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool keep_alive_ = true;
@@ -308,7 +427,7 @@ void HttpServer::Impl::Accept() {
     if (!ec) {
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<HttpSession>(std::move(socket), this)->Run();
+      std::make_shared<HttpSession>(std::move(socket), this, tls())->Run();
     }
     Accept();
   });
@@ -336,9 +455,23 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
     return absl::InvalidArgumentError(
         absl::StrCat("listen address '", address, "': '", host, "' is not an IP address"));
   }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--https-cert and --https-key come together");
+  }
+  if (options.tls_cert_file.empty() && !options.tls_ca_file.empty()) {
+    return absl::InvalidArgumentError("--https-ca needs --https-cert and --https-key");
+  }
   auto server = std::unique_ptr<HttpServer>(new HttpServer());
   server->impl_ = std::make_shared<Impl>(options, std::move(handler));
   Impl& impl = *server->impl_;
+  if (!options.tls_cert_file.empty()) {
+    impl.tls_stamp = TlsFilesStamp(options);
+    absl::StatusOr<std::shared_ptr<net::ssl::context>> ctx = LoadTlsContext(options);
+    if (!ctx.ok()) return ctx.status();
+    impl.tls_ctx = *std::move(ctx);
+    impl.tls_timer = std::make_unique<net::steady_timer>(impl.ioc);
+    impl.ReloadTlsLater();
+  }
   const tcp::endpoint endpoint(ip, static_cast<unsigned short>(port));
   impl.acceptor.open(endpoint.protocol(), ec);
   if (!ec) impl.acceptor.set_option(net::socket_base::reuse_address(true), ec);
@@ -363,6 +496,8 @@ void HttpServer::StopAccepting() {
     impl->acceptor.close(ignored);
   });
 }
+
+bool HttpServer::tls() const { return impl_->tls_ctx != nullptr; }
 
 void HttpServer::Stop() {
   if (threads_.empty()) return;

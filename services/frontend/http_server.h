@@ -10,6 +10,15 @@
 // such as SSE). While a request is being answered the connection watches its
 // socket: a client that closes it fires the exchange's on-client-gone
 // callback once (the frontend aborts the generation then).
+//
+// HTTPS (issue 16): with a certificate the port speaks TLS only (OpenSSL
+// through Asio's ssl::stream). The files are reread every
+// reload_interval_s when their modification time changes (Kubernetes
+// rotates mounted Secrets that way): new connections get the new
+// certificate, open ones keep theirs; a pair that does not load is logged
+// and the old one kept. With a CA, clients must present a certificate it
+// signed. Under TLS a client's close is noticed by the next failed write
+// rather than by the socket watch (its close_notify reads as data).
 #pragma once
 
 #include <atomic>
@@ -80,6 +89,13 @@ struct HttpServerOptions {
   // A request's headers and body must arrive within this; an idle
   // keep-alive connection is closed after it.
   std::chrono::seconds read_timeout{60};
+  // HTTPS: PEM certificate chain and key of the port (both, or neither:
+  // plain HTTP), and optionally a CA bundle that client certificates must
+  // chain to.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
+  int32_t tls_reload_interval_s = 10;
 };
 
 class HttpServer {
@@ -92,6 +108,8 @@ class HttpServer {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       const HttpServerOptions& options, Handler handler);
   int port() const { return port_; }
+  // The port speaks HTTPS.
+  bool tls() const;
   // Connections open now (a gauge for /metrics).
   int64_t open_connections() const;
   // Stops taking new connections; open ones go on.

@@ -77,6 +77,13 @@ int main(int argc, char** argv) {
             "resolves to (a headless Service); repeatable");
   tandem::rpc::TlsOptions tls;
   tandem::rpc::AddTlsFlags(&flags, &tls);
+  flags.Add("https-cert", &http.tls_cert_file,
+            "PEM certificate chain of the HTTP port: it then speaks HTTPS only (the --tls-* "
+            "flags are the frontend's identity towards the schedulers, this is the one clients "
+            "see); reread when the file changes, every --tls-reload-interval-s");
+  flags.Add("https-key", &http.tls_key_file, "PEM private key of --https-cert");
+  flags.Add("https-ca", &http.tls_ca_file,
+            "PEM CA bundle: HTTPS clients must present a certificate it signed");
   flags.Add("resolve-interval-s", &router_options.resolve_interval_s,
             "how often dns:/// targets are resolved again");
   flags.Add("health-interval-s", &router_options.health_interval_s,
@@ -112,7 +119,8 @@ int main(int argc, char** argv) {
   if (absl::Status s = tls.Validate(/*server=*/false); !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  tandem::rpc::SetClientTls(tls);  // to the schedulers (the HTTP port itself is plain)
+  tandem::rpc::SetClientTls(tls);  // to the schedulers (the HTTP port: --https-*)
+  http.tls_reload_interval_s = tls.reload_interval_s;
 
   auto policy = tandem::frontend::ParseRoutingPolicy(routing);
   if (!policy) return Fail("--routing must be affinity, least-loaded or round-robin, got '" + routing + "'");
@@ -171,10 +179,17 @@ int main(int argc, char** argv) {
   if (!tandem::rpc::IsLoopbackAddress(http.listen_address) && options.api_key.empty() &&
       options.tenants.empty()) {
     TANDEM_LOG(WARNING) << "serving " << http.listen_address
-                        << " beyond loopback without an API key and without TLS: anyone who "
-                           "reaches the port can generate (set --api-key-file)";
+                        << " beyond loopback without an API key: anyone who reaches the port "
+                           "can generate (set --api-key-file)";
   }
-  TANDEM_LOG(INFO) << "listening on port " << (*server)->port() << " (HTTP, " << http.threads
+  if (!tandem::rpc::IsLoopbackAddress(http.listen_address) && !(*server)->tls()) {
+    TANDEM_LOG(WARNING) << "serving " << http.listen_address
+                        << " beyond loopback in plain HTTP: prompts, completions and API keys "
+                           "cross the network readable by anyone on the path (set --https-cert "
+                           "and --https-key, or terminate TLS in front of the frontend)";
+  }
+  TANDEM_LOG(INFO) << "listening on port " << (*server)->port() << " ("
+                   << ((*server)->tls() ? "HTTPS" : "HTTP") << ", " << http.threads
                    << " threads); " << router_options.targets.size() << " scheduler target(s), "
                    << "routing " << routing;
 

@@ -529,10 +529,21 @@ def check_tls(build_dir, source_dir, helm, chart):
     vols = {v["name"]: v for _, s in pod_specs(mine) for v in s.get("volumes", [])}
     assert vols["tls-worker"]["secret"]["secretName"] == "w-tls", vols["tls-worker"]
     assert vols["tls-scheduler"]["secret"]["secretName"] == f"{RELEASE}-scheduler-tls"
+    # HTTPS on the frontend's own port, from its Secret; the probes speak it.
+    web = objects(render_text(helm, chart, sets=["frontend.enabled=true",
+                                                  "frontend.https.existingSecret=web-tls"]))
+    fe_pods = check_flags_and_probes(build_dir, web, "https")
+    fe = fe_pods["frontend"]
+    assert arg(fe, "https-cert") == "/etc/tandem/https/tls.crt", fe["args"]
+    assert arg(fe, "https-key") == "/etc/tandem/https/tls.key", fe["args"]
+    assert {fe[p]["httpGet"].get("scheme") for p in FRONTEND_PROBES} == {"HTTPS"}, fe
+    web_vols = {v["name"]: v for _, s in pod_specs(web) for v in s.get("volumes", [])}
+    assert web_vols["https"]["secret"]["secretName"] == "web-tls", web_vols
     bad = helm_template(helm, chart, sets=["tls.enabled=true", "tls.source=certManager"])
     assert bad.returncode != 0 and "issuerRef.name" in bad.stderr, bad.stderr
     print("tls: --tls-* from each part's own Secret, `tandem health` probes, bulk port shut, "
-          "Certificates with the role URI SAN and the names the parts dial")
+          "Certificates with the role URI SAN and the names the parts dial; the frontend's "
+          "HTTPS from its Secret with HTTPS probes")
 
 
 def main():

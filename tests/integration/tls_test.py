@@ -21,12 +21,20 @@ did not write: certificates from the openssl CLI, calls from Python grpcio.
   6. Rotation: the store's certificate, key and CA files are replaced (a new
      CA); within a few reload intervals new connections use them, with no
      restart: the new CA's client gets in, the old one's is refused.
+  7. The frontend's HTTP port over HTTPS (--https-cert/--https-key, client
+     certificates demanded with --https-ca), checked with Python's ssl and
+     http.client: a completion and an SSE stream give the same text as over
+     the plain port; plain HTTP, a client without a certificate and a client
+     that does not trust the server's CA are refused; the certificate
+     rotates without a restart.
 
 Usage: tls_test.py BUILD_DIR SOURCE_DIR SHARED_DIR
 """
 import json
 import os
+import http.client as httpclient
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -343,6 +351,47 @@ def main():
         assert procs.procs[0][1].poll() is None, "the store restarted"
         print(f"rotation: new CA and identity in effect after {time.time() - t0:.1f} s without a "
               f"restart; the old CA's client is refused")
+
+        # 7. HTTPS on the frontend's own port.
+        web = {"cert": os.path.join(tmp, "web.pem"), "key": os.path.join(tmp, "web.key")}
+        for k in web:
+            shutil.copy(c["frontend"][k], web[k])
+        h_port = procs.start("frontend-https", [
+            os.path.join(build_dir, "services/frontend/tandem-frontend"),
+            "--scheduler", f"127.0.0.1:{s_port}", "--api-keys-file", keys,
+            "--tokenizer", os.path.join(shared_dir, "models/tokenizer.model"),
+            "--https-cert", web["cert"], "--https-key", web["key"],
+            "--https-ca", ca[1]] + flags(c["frontend"]))
+        trusting = ssl.create_default_context(cafile=ca[1])
+        trusting.load_cert_chain(c["visitor"]["cert"], c["visitor"]["key"])
+        for _ in range(3000):
+            if https(h_port, "/health", trusting)[0] == 200:
+                break
+            time.sleep(0.02)
+        status, r = https(h_port, "/v1/completions", trusting, body, "sk-a")
+        assert status == 200 and r["choices"][0]["text"] == a1[1], (status, r)
+        streamed = https_stream(h_port, trusting, dict(body, stream=True), "sk-a")
+        assert streamed == a1[1], (streamed, a1[1])
+        assert http(h_port, "/health")[0] == -1, "plain HTTP reached the HTTPS port"
+        no_cert = ssl.create_default_context(cafile=ca[1])
+        assert https(h_port, "/health", no_cert)[0] == -1, "HTTPS without a client certificate"
+        other_ca = ssl.create_default_context(cafile=ca2[1])
+        other_ca.load_cert_chain(c["visitor"]["cert"], c["visitor"]["key"])
+        assert https(h_port, "/health", other_ca)[0] == -1, "a client trusted an unknown CA"
+        # Rotation: a certificate from ca2 replaces the port's; a client that
+        # trusts only ca2 gets in once it is reread, without a restart.
+        web2 = make_cert(certs, ca2, "web2", "frontend")
+        for k in ("key", "cert"):
+            shutil.copy(web2[k], web[k] + ".new")
+            os.replace(web[k] + ".new", web[k])
+        t0 = time.time()
+        while https(h_port, "/health", other_ca)[0] != 200:
+            assert time.time() - t0 < 30, "the rotated HTTPS certificate never took effect"
+            time.sleep(0.2)
+        assert https(h_port, "/health", trusting)[0] == -1, "the old certificate is still served"
+        assert procs.procs[-1][1].poll() is None, "the frontend restarted"
+        print(f"HTTPS: completion and SSE stream as over HTTP; plain HTTP, no client certificate "
+              f"and an unknown CA refused; rotated in {time.time() - t0:.1f} s without a restart")
     except BaseException:
         procs.dump()
         raise
@@ -365,6 +414,43 @@ def http(port, path, body=None, key=None):
         return e.code, json.loads(e.read() or b"null")
     except (urllib.error.URLError, ConnectionError):
         return -1, None
+
+
+def https(port, path, ctx, body=None, key=None):
+    """(status, JSON) over HTTPS with `ctx`; (-1, None) when the handshake fails."""
+    conn = httpclient.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        conn.request("POST" if body is not None else "GET", path,
+                     json.dumps(body) if body is not None else None, headers)
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    except (ssl.SSLError, ConnectionError, OSError):
+        return -1, None
+    finally:
+        conn.close()
+
+
+def https_stream(port, ctx, body, key):
+    """The text of an SSE completion stream over HTTPS."""
+    conn = httpclient.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps(body),
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    r = conn.getresponse()
+    assert r.status == 200, r.status
+    text, done = "", False
+    for line in r:
+        line = line.decode().strip()
+        if line == "data: [DONE]":
+            done = True
+            break
+        if line.startswith("data: "):
+            text += json.loads(line[6:])["choices"][0]["text"]
+    conn.close()
+    assert done, "the stream ended without [DONE]"
+    return text
 
 
 if __name__ == "__main__":
