@@ -241,8 +241,22 @@ class KvStoreEngine::Impl {
     o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
     o.keep_log_file_num = 2;
     rocksdb::DB* db = nullptr;
-    TANDEM_RETURN_IF_ERROR(
-        FromRocks(rocksdb::DB::Open(o, opts_.data_dir, &db), "opening " + opts_.data_dir));
+    rocksdb::Status opened = rocksdb::DB::Open(o, opts_.data_dir, &db);
+    if (opened.IsCorruption()) {
+      // A damaged file (a flipped bit in a table's metadata is enough) stops
+      // RocksDB from opening at all. The store is a cache: RocksDB's repair
+      // keeps what it can still read, and reads check every block's CRC32C.
+      TANDEM_LOG(ERROR) << "KV-store: " << opts_.data_dir << " is corrupt ("
+                        << opened.ToString()
+                        << "); repairing it: blocks that cannot be read are dropped";
+      const rocksdb::Status repaired = rocksdb::RepairDB(opts_.data_dir, o);
+      if (!repaired.ok()) {
+        TANDEM_LOG(ERROR) << "KV-store: repair of " << opts_.data_dir
+                          << " failed: " << repaired.ToString();
+      }
+      opened = rocksdb::DB::Open(o, opts_.data_dir, &db);
+    }
+    TANDEM_RETURN_IF_ERROR(FromRocks(opened, "opening " + opts_.data_dir));
     db_.reset(db);
 
     HostArenaOptions ao{.slot_bytes = opts_.hot_slot_bytes,
