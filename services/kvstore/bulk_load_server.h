@@ -1,17 +1,10 @@
 // The bulk load port: the KV-store's Load, and Lookup, served over plain TCP
 // beside gRPC.
 //
-// DESIGN CHANGE (DESIGN §5 specifies Load as a gRPC server stream only).
-// The gRPC Load stays, unchanged, for every client (grpcurl, Python, the
-// worker when this port is off or unreachable). This port exists because
-// gRPC cannot meet DESIGN §8's load target (>= redis-server's GB/s): over
-// HTTP/2 each payload byte is copied into a gRPC slice on the server and out
-// of gRPC's receive slices on the client, and every message crosses gRPC's
-// thread hand-offs; measured on loopback, gRPC Load reached 0.4-0.6x of
-// redis GET. Here the server sends a block from the store's memory (the
-// pinned hot-tier slot, or RocksDB's pinned read buffer) straight to the
-// socket, and the client receives it straight into the caller's buffer:
-// one kernel copy on each side, as with redis.
+// It changes DESIGN §5 three ways (Load beside gRPC, the reader verifies,
+// Lookup beside gRPC); why, with the measurements, is in DESIGN-NOTES.md
+// ("The KV-store's bulk port"). The gRPC Load and Lookup stay, unchanged,
+// for every client (grpcurl, Python, ours when this port is off or down).
 //
 // The service advertises the port in StatsResponse.bulk_load_port; the KV
 // client (libs/kvconnector) finds it there and uses it for Load, falling
@@ -39,14 +32,8 @@
 //      corrupt_block_hashes (with the namespace; block_hashes may be empty),
 //      answered like any load. The server verifies each reported block
 //      itself and drops it when it is corrupt; an intact one is kept.
-//      SECOND DESIGN CHANGE (DESIGN §5 has the store verify every read): on
-//      this port the store does not verify before sending. The reader
-//      checksums the bytes as they arrive anyway, so a second pass in the
-//      server only cost a core's time on every load (2 MiB blocks: about 10%
-//      of load throughput on the 2-core benchmark machine); the check is end
-//      to end instead, and also catches what breaks between store and
-//      reader. HDFS reads work the same way (clients verify, and report bad
-//      replicas). The gRPC Load still verifies in the store before it sends.
+//      On this port the store does not verify before sending (the gRPC
+//      Load does).
 //   4. The request's lease (if not 0) is released when the load ends, as
 //      for gRPC Load: before the done frame goes out (a client that sees the
 //      end sees the lease gone), or when the connection breaks.
@@ -54,8 +41,7 @@
 // (rpc::kKvBulkLoadMaxRequestBytes, about 470,000 hashes), is answered with a
 // done frame carrying INVALID_ARGUMENT, and the connection is closed.
 //
-// Lookup connections. THIRD DESIGN CHANGE (DESIGN §5 has Lookup as a gRPC
-// call): a connection that opens with the preface "TKVLOOK1"
+// Lookup connections: a connection that opens with the preface "TKVLOOK1"
 // (rpc::kKvBulkLookupPreface) carries lookups. The client sends LookupRequest
 // frames (as for gRPC Lookup, release_lease_ids included) without waiting
 // for answers; the server answers each, in order, with a BulkLookupAnswer
@@ -64,10 +50,7 @@
 // bytes). A frame that does not parse is answered with INVALID_ARGUMENT and
 // the connection is closed. There is no deadline on the wire: a client that
 // gave up on a lookup still reads its answer and releases its lease. Lookup
-// connections are not closed for being idle. Why: over gRPC an empty call
-// costs 72-135 us on the 2-core benchmark VM (about five thread hand-offs),
-// over DESIGN §8's 100 us p50 lookup target in its slow phases; here a
-// 64-hash lookup is answered in about 45 us (two hand-offs). The scheduler's
+// connections are not closed for being idle. The scheduler's
 // KV client keeps one such connection (libs/kvconnector/bulk_lookup_client.h)
 // and falls back to gRPC whenever it is down.
 //
@@ -79,7 +62,8 @@
 // block pinned; a connection idle for idle_timeout_ms between loads is
 // closed.
 //
-// Not encrypted, like the rest of the service (no TLS anywhere yet).
+// Plain TCP: a store with TLS (--tls-cert) keeps this port shut, and
+// loads and lookups go over gRPC.
 #pragma once
 
 #include <atomic>

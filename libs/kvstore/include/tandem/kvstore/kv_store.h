@@ -20,10 +20,8 @@
 // the store verifies before the reader sees a byte. A reader that checksums
 // the bytes anyway may verify them itself, end to end (ReadVerify::kReader):
 // it then reports a mismatch with ReportCorrupt(), and the store checks the
-// block again and drops it. (A change to DESIGN §5, which has the store
-// verify every read: the bulk load port reads this way, as HDFS clients
-// verify the blocks they read and report bad replicas, so the store's pass
-// over a 2 MiB block does not cost a core on every load.) Reads of cold blocks
+// block again and drops it (a change to DESIGN §5: DESIGN-NOTES.md, "The
+// KV-store's bulk port"). Reads of cold blocks
 // promote them to the hot tier, as do lookups that ask to stage their hits; a
 // block that cannot be promoted (hot tier off, block larger than a slot,
 // every slot pinned, another thread promoting it) is still a hit and is
