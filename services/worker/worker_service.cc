@@ -9,7 +9,6 @@
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
-#include "tandem/model/sampler.h"
 #include "tandem/rpc/convert.h"
 #include "tandem/rpc/status.h"
 

@@ -23,12 +23,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tandem/common/sampling_params.h"
 #include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/metrics/metrics.h"
 #include "tandem/model/model.h"

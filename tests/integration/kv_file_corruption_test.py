@@ -27,10 +27,10 @@ import tempfile
 import time
 
 import grpc
-from grpc_tools import protoc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_bulk_load_test import BLOCK, block_hash, crc32c, payload  # noqa: E402
+from python_bulk_load_test import (  # noqa: E402
+    BLOCK, block_hash, compile_protos, crc32c, payload)
 
 N = 16
 
@@ -88,10 +88,7 @@ def flip(path, rng, count):
 def main():
     build_dir, source_dir = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix="tandem_kvfile_")
-    rc = protoc.main(["protoc", f"-I{source_dir}/protos", f"--python_out={tmp}",
-                      f"--grpc_python_out={tmp}", f"{source_dir}/protos/tandem/v1/kvstore.proto"])
-    assert rc == 0, "protoc failed on kvstore.proto"
-    sys.path.insert(0, tmp)
+    compile_protos(source_dir, tmp, ["kvstore"])
     from tandem.v1 import kvstore_pb2 as pb2, kvstore_pb2_grpc as pb2_grpc
 
     proc, port = start(build_dir, tmp, "kv-0")

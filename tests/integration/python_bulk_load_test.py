@@ -33,6 +33,16 @@ PREFACE = b"TKVBULK1"
 LOOKUP_PREFACE = b"TKVLOOK1"
 
 
+def compile_protos(source_dir, out_dir, names):
+    """Python message and gRPC classes of protos/tandem/v1/<name>.proto into
+    out_dir (grpc_tools' protoc), importable as tandem.v1.*."""
+    rc = protoc.main(["protoc", f"-I{source_dir}/protos", f"--python_out={out_dir}",
+                      f"--grpc_python_out={out_dir}"] +
+                     [f"{source_dir}/protos/tandem/v1/{n}.proto" for n in names])
+    assert rc == 0, f"protoc failed on {names}"
+    sys.path.insert(0, out_dir)
+
+
 def crc32c_table():
     table = []
     for n in range(256):
@@ -103,10 +113,7 @@ def bulk_load(sock, pb2, ns, hashes):
 def main():
     build_dir, source_dir = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix="tandem_pybulk_")
-    rc = protoc.main(["protoc", f"-I{source_dir}/protos", f"--python_out={tmp}",
-                      f"--grpc_python_out={tmp}", f"{source_dir}/protos/tandem/v1/kvstore.proto"])
-    assert rc == 0, "protoc failed on kvstore.proto"
-    sys.path.insert(0, tmp)
+    compile_protos(source_dir, tmp, ["kvstore"])
     from tandem.v1 import kvstore_pb2 as pb2, kvstore_pb2_grpc as pb2_grpc
 
     port_file = os.path.join(tmp, "port")

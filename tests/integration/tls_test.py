@@ -43,10 +43,9 @@ import urllib.error
 import urllib.request
 
 import grpc
-from grpc_tools import protoc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_bulk_load_test import crc32c  # noqa: E402  (the CRC32C the store checks)
+from python_bulk_load_test import compile_protos, crc32c  # noqa: E402
 
 BLOCK = 4096
 
@@ -145,12 +144,7 @@ def main():
     if shutil.which("openssl") is None:
         raise SystemExit("openssl CLI missing (tools/install-deps.sh installs it)")
     tmp = tempfile.mkdtemp(prefix="tandem_tls_")
-    rc = protoc.main(["protoc", f"-I{source_dir}/protos", f"--python_out={tmp}",
-                      f"--grpc_python_out={tmp}"] +
-                     [f"{source_dir}/protos/tandem/v1/{p}.proto"
-                      for p in ("common", "generation", "kvstore")])
-    assert rc == 0, "protoc failed"
-    sys.path.insert(0, tmp)
+    compile_protos(source_dir, tmp, ["common", "generation", "kvstore"])
     from tandem.v1 import common_pb2, generation_pb2 as gen, generation_pb2_grpc as gen_grpc
     from tandem.v1 import kvstore_pb2 as kv, kvstore_pb2_grpc as kv_grpc
 

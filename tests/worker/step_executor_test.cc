@@ -175,6 +175,12 @@ TEST_F(StepExecutorTest, BadStepsFailWithAPreciseErrorAndResetForgetsEverything)
   EXPECT_NE(ex.Execute(std::move(too_far)).error.find("schedules 5 tokens from position 3"),
             std::string::npos);
   EXPECT_EQ(ex.num_requests(), 1);
+  // A step built in process (no FromProto to check it) whose token counts
+  // are not parallel to its requests: refused before anything is indexed.
+  SchedulerOutput unparallel = DecodeStep(4, 2, "a", 3, 0);
+  unparallel.num_scheduled_tokens.clear();
+  EXPECT_NE(ex.Execute(std::move(unparallel)).error.find("schedules 1 requests but has 0"),
+            std::string::npos);
   ex.Reset("scheduler-detached");
   EXPECT_EQ(ex.num_requests(), 0);
   EXPECT_NE(ex.Execute(DecodeStep(1, 0, "a", 4, 0)).error.find("unknown"), std::string::npos);
