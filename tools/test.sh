@@ -77,7 +77,7 @@ if [ "$SANITIZERS" = 1 ]; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan-svc -R "$ONLY"
 
-  echo "=== KV-store engine tests under ThreadSanitizer ==="
+  echo "=== KV-store engine, EngineCore and StepExecutor tests under ThreadSanitizer ==="
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread \
         -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
   cmake --build build-tsan -j"$JOBS" --target tsan_tests

@@ -60,7 +60,60 @@ void Scheduler::ReleaseRequest(Request* request) {
   free_slots_.push_back(request);
 }
 
+absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const SchedulerConfig& config,
+                                        int32_t num_total_blocks) {
+  // The one validation of a request's content (the services only convert);
+  // the messages name the GenerateRequest's fields.
+  if (spec.prompt_token_ids.empty()) {
+    return absl::InvalidArgumentError(
+        "prompt_token_ids is empty; a prompt needs at least one token");
+  }
+  const std::string vocab_range =
+      absl::StrCat("[0, ", config.vocab_size > 0 ? absl::StrCat(config.vocab_size) : "inf", ")");
+  for (size_t i = 0; i < spec.prompt_token_ids.size(); ++i) {
+    const int32_t t = spec.prompt_token_ids[i];
+    if (t < 0 || (config.vocab_size > 0 && t >= config.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_token_ids[", i, "] = ", t, " is outside the vocabulary ", vocab_range));
+    }
+  }
+  if (absl::Status s = spec.sampling.Validate(
+          config.vocab_size > 0 ? config.vocab_size : std::numeric_limits<int32_t>::max());
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
+  }
+  for (const int32_t t : spec.resumed_output_token_ids) {
+    if (t < 0 || (config.vocab_size > 0 && t >= config.vocab_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resumed output token id ", t, " is outside the vocabulary"));
+    }
+  }
+  if (static_cast<int64_t>(spec.resumed_output_token_ids.size()) >= spec.sampling.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a resumed request with ", spec.resumed_output_token_ids.size(),
+        " output tokens has nothing left to generate (max_tokens ", spec.sampling.max_tokens, ")"));
+  }
+  const int64_t total =
+      static_cast<int64_t>(spec.prompt_token_ids.size()) + spec.sampling.max_tokens;
+  if (total > config.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", spec.prompt_token_ids.size(), " tokens) + max_tokens (",
+        spec.sampling.max_tokens, ") = ", total, " exceeds max_model_len ", config.max_model_len));
+  }
+  // The KV of prompt + max_tokens - 1 tokens must fit the pool on its own.
+  const int32_t blocks_needed = CeilDiv(static_cast<int32_t>(total) - 1, config.block_size);
+  if (blocks_needed > num_total_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request needs up to ", blocks_needed, " KV blocks but the pool has ", num_total_blocks));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
+  TANDEM_RETURN_IF_ERROR(ValidateRequest(spec, config_, num_total_blocks()));
+  const int64_t total =
+      static_cast<int64_t>(spec.prompt_token_ids.size()) + spec.sampling.max_tokens;
+  const int32_t blocks_needed = CeilDiv(static_cast<int32_t>(total) - 1, config_.block_size);
   if (live_.contains(spec.request_id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("request id \"", spec.request_id, "\" is already in use"));
@@ -74,43 +127,6 @@ absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
   if (num_waiting() >= config_.max_waiting_requests) {
     return absl::ResourceExhaustedError(
         absl::StrCat("waiting queue is full (", config_.max_waiting_requests, " requests)"));
-  }
-  if (spec.prompt_token_ids.empty()) {
-    return absl::InvalidArgumentError("prompt_token_ids is empty");
-  }
-  for (size_t i = 0; i < spec.prompt_token_ids.size(); ++i) {
-    const int32_t t = spec.prompt_token_ids[i];
-    if (t < 0 || (config_.vocab_size > 0 && t >= config_.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt token id ", t, " at position ", i, " is outside the vocabulary [0, ",
-          config_.vocab_size > 0 ? absl::StrCat(config_.vocab_size) : std::string("inf"), ")"));
-    }
-  }
-  TANDEM_RETURN_IF_ERROR(spec.sampling.Validate(
-      config_.vocab_size > 0 ? config_.vocab_size : std::numeric_limits<int32_t>::max()));
-  for (const int32_t t : spec.resumed_output_token_ids) {
-    if (t < 0 || (config_.vocab_size > 0 && t >= config_.vocab_size)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("resumed output token id ", t, " is outside the vocabulary"));
-    }
-  }
-  if (static_cast<int64_t>(spec.resumed_output_token_ids.size()) >= spec.sampling.max_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a resumed request with ", spec.resumed_output_token_ids.size(),
-        " output tokens has nothing left to generate (max_tokens ", spec.sampling.max_tokens, ")"));
-  }
-  const int64_t total =
-      static_cast<int64_t>(spec.prompt_token_ids.size()) + spec.sampling.max_tokens;
-  if (total > config_.max_model_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt (", spec.prompt_token_ids.size(), " tokens) + max_tokens (",
-        spec.sampling.max_tokens, ") = ", total, " exceeds max_model_len ", config_.max_model_len));
-  }
-  // The KV of prompt + max_tokens - 1 tokens must fit the pool on its own.
-  const int32_t blocks_needed = CeilDiv(static_cast<int32_t>(total) - 1, config_.block_size);
-  if (blocks_needed > num_total_blocks()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request needs up to ", blocks_needed, " KV blocks but the pool has ", num_total_blocks()));
   }
 
   Request* r = NewRequest();
@@ -649,9 +665,16 @@ void Scheduler::UpdateFromOutputInto(const SchedulerOutput& scheduled,
                                      const ModelRunnerOutput& output,
                                      std::vector<RequestOutput>* outputs) {
   TANDEM_CHECK(!in_flight_.empty()) << "UpdateFromOutput without a step in flight";
+  TANDEM_CHECK_EQ(in_flight_.front().step_id, scheduled.step_id)
+      << "outputs must be processed in step order; oldest in flight is "
+      << in_flight_.front().step_id;
+  UpdateOldestStepInto(output, outputs);
+}
+
+void Scheduler::UpdateOldestStepInto(const ModelRunnerOutput& output,
+                                     std::vector<RequestOutput>* outputs) {
+  TANDEM_CHECK(!in_flight_.empty()) << "UpdateFromOutput without a step in flight";
   StepRecord& rec = in_flight_.front();
-  TANDEM_CHECK_EQ(rec.step_id, scheduled.step_id)
-      << "outputs must be processed in step order; oldest in flight is " << rec.step_id;
   preemption_events_.clear();
   last_processed_step_id_ = rec.step_id;
   if (rec.failed || !output.error.empty()) {

@@ -1,29 +1,40 @@
-// One Generate stream as the engine sees it: a thread-safe sink for response
-// messages and the final status, in front of a gRPC ServerWriteReactor.
+// One Generate stream as the engine sees it: the request's
+// engine::RequestSink, and a thread-safe queue of response messages and the
+// final status in front of a gRPC ServerWriteReactor.
 //
-// The engine thread (and validation in the handler) push messages and call
-// Finish(); the reactor writes them one at a time. No thread ever blocks on a
-// slow client: messages queue here.
+// The engine thread (and the handler, for a call it refuses) push messages
+// and call Finish(); the reactor writes them one at a time. No thread ever
+// blocks on a slow client: messages queue here.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <optional>
+#include <span>
 #include <string>
 
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_callback.h"
+#include "tandem/engine/engine_core.h"
 #include "tandem/sched/scheduler.h"
 #include "tandem/v1/generation.pb.h"
 
 namespace tandem::scheduler {
 
-class GenerateCall {
+class Engine;
+
+class GenerateCall final : public engine::RequestSink {
  public:
-  explicit GenerateCall(grpc::ServerWriteReactor<v1::GenerateResponse>* reactor)
-      : reactor_(reactor) {}
+  GenerateCall(grpc::ServerWriteReactor<v1::GenerateResponse>* reactor, Engine* engine)
+      : reactor_(reactor), engine_(engine) {}
+
+  // engine::RequestSink, on the engine thread (defined in engine.cc: metrics,
+  // the log line, the drain count).
+  void OnTokens(std::span<const int32_t> token_ids) override;
+  void OnFinished(engine::FinishReason reason, const sched::RequestOutput* out,
+                  const absl::Status& status) override;
+  void OnRejected(const absl::Status& status) override;
 
   // Queues a message (dropped after Finish was requested).
   void Push(v1::GenerateResponse message) {
@@ -53,11 +64,6 @@ class GenerateCall {
   int64_t first_token_ns = 0;  // engine thread only
   int64_t last_token_ns = 0;   // engine thread only
   int32_t num_prompt_tokens = 0;
-  // Engine thread only, kept while --worker-loss-grace-s > 0: the request as
-  // submitted and the tokens streamed so far, to resume it on the next
-  // worker if this one is lost.
-  sched::RequestSpec spec;
-  std::vector<int32_t> streamed_token_ids;
 
  private:
   void MaybeStart(std::unique_lock<std::mutex>& lock) {
@@ -80,6 +86,7 @@ class GenerateCall {
   }
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* const reactor_;
+  Engine* const engine_;
   std::mutex mu_;
   std::deque<v1::GenerateResponse> pending_;
   v1::GenerateResponse current_;

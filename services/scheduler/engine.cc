@@ -11,49 +11,16 @@
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
+#include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/rpc/convert.h"
 #include "tandem/rpc/status.h"
 
 namespace tandem::scheduler {
 namespace {
 
-v1::FinishReason ToFinishReason(sched::RequestState state) {
-  switch (state) {
-    case sched::RequestState::kFinishedStopped:
-      return v1::FINISH_REASON_STOP;
-    case sched::RequestState::kFinishedLength:
-      return v1::FINISH_REASON_LENGTH;
-    case sched::RequestState::kFinishedAborted:
-      return v1::FINISH_REASON_ABORT;
-    case sched::RequestState::kFinishedError:
-      return v1::FINISH_REASON_ERROR;
-    case sched::RequestState::kWaiting:
-    case sched::RequestState::kWaitingForRemoteKv:
-    case sched::RequestState::kRunning:
-    case sched::RequestState::kPreempted:
-      break;
-  }
-  return v1::FINISH_REASON_UNSPECIFIED;
-}
-
 // One step in this many has its SchedulerOutput serialized a second time to
 // time it (gRPC's own serialization happens inside Write()).
 constexpr uint64_t kSerializeSampleEvery = 8;
-
-const char* ReasonName(v1::FinishReason reason) {
-  switch (reason) {
-    case v1::FINISH_REASON_STOP:
-      return "stop";
-    case v1::FINISH_REASON_LENGTH:
-      return "length";
-    case v1::FINISH_REASON_ABORT:
-      return "abort";
-    case v1::FINISH_REASON_ERROR:
-      return "error";
-    default:
-      return "none";
-  }
-}
 
 }  // namespace
 
@@ -235,12 +202,70 @@ EngineMetrics::EngineMetrics(SeriesMaker m)
   }
 }
 
+
+namespace {
+
+v1::FinishReason ToProto(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case engine::FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kAbort:
+      return v1::FINISH_REASON_ABORT;
+    case engine::FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+engine::WorkerDescription FromProto(const v1::DescribeResponse& d) {
+  return engine::WorkerDescription{
+      .model_name = d.model_name(),
+      .model_fingerprint = d.model_fingerprint(),
+      .kv_layout = d.kv_layout(),
+      .block_size = d.block_size(),
+      .num_kv_blocks = d.num_kv_blocks(),
+      .vocab_size = d.vocab_size(),
+      .eos_token_id = d.eos_token_id(),
+      .max_model_len = d.max_model_len(),
+      .block_bytes = d.block_bytes(),
+  };
+}
+
+}  // namespace
+
+// ---- GenerateCall's RequestSink: back to the engine (its thread) ----
+
+void GenerateCall::OnTokens(std::span<const int32_t> token_ids) {
+  engine_->CallTokens(*this, token_ids);
+}
+void GenerateCall::OnFinished(engine::FinishReason reason, const sched::RequestOutput* out,
+                              const absl::Status& status) {
+  engine_->CallFinished(*this, reason, out, status);
+}
+void GenerateCall::OnRejected(const absl::Status& status) { engine_->CallRejected(*this, status); }
+
 Engine::Engine(EngineOptions options, prometheus::Registry* registry)
     : options_(std::move(options)), registry_(registry) {
   if (registry_ != nullptr && !options_.served_model_name.empty()) {
     metrics_ = std::make_unique<EngineMetrics>(*registry_, options_.served_model_name);
   }
-  stats_.set_async_scheduling(options_.scheduler.async_scheduling);
+  core_ = std::make_unique<engine::EngineCore>(engine::EngineCoreOptions{
+      .scheduler = options_.scheduler,
+      .max_model_len = options_.max_model_len,
+      .worker_loss_grace_s = options_.worker_loss_grace_s,
+      .served_model_name = options_.served_model_name,
+      .worker_address = options_.worker_address,
+      .make_kv_connector =
+          [this](const engine::WorkerDescription& worker) { return MakeKvConnector(worker); },
+      .on_schedule_duration =
+          [this](double seconds) {
+            if (metrics_ != nullptr) metrics_->schedule_duration.Observe(seconds);
+          },
+      .on_worker_lost = [this](const std::string&) { OnWorkerLost(); },
+  });
+  stats_.engine = core_->stats();
   connector_ = std::make_unique<WorkerConnector>(
       options_.worker_address,
       [this](uint64_t generation, std::unique_ptr<v1::ModelRunnerOutput> out) {
@@ -321,12 +346,12 @@ void Engine::Abort(std::string request_id, std::function<void(bool)> done) {
   Post(std::move(e));
 }
 
-ModelInfo Engine::model_info() const {
+engine::ModelInfo Engine::model_info() const {
   std::lock_guard<std::mutex> lock(mu_);
   return model_info_;
 }
 
-v1::GetStatsResponse Engine::stats() const {
+ServiceStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
 }
@@ -338,7 +363,7 @@ void Engine::SetDraining() {
 
 void Engine::TrimHeapWhenIdle() {
   const auto now = std::chrono::steady_clock::now();
-  if (!calls_.empty()) {
+  if (core_->num_requests() > 0) {
     busy_since_trim_ = true;
     return;
   }
@@ -354,18 +379,15 @@ void Engine::Loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      const size_t max_in_flight = options_.scheduler.async_scheduling ? 2 : 1;
-      const bool can_schedule = scheduler_ != nullptr && worker_ != nullptr && schedule_wanted_ &&
-                                in_flight_.size() < max_in_flight &&
-                                scheduler_->HasUnfinishedRequests();
-      const bool paced = std::chrono::steady_clock::now() < pace_until_;
-      if (!can_schedule || paced) {
+      const bool can_schedule = core_->CanSchedule();
+      const auto pace_until = core_->pace_until();
+      if (!can_schedule || std::chrono::steady_clock::now() < pace_until) {
         const auto woken = [&] { return stopping_ || !events_.empty(); };
         if (can_schedule) {
-          cv_.wait_until(lock, pace_until_, woken);  // see kEmptyStepPace
-        } else if (worker_lost_at_) {
-          cv_.wait_until(lock, WorkerLossDeadline(), woken);  // the grace's end
-        } else if (StoresToCollectWhileIdle()) {
+          cv_.wait_until(lock, pace_until, woken);  // see EngineCore::kEmptyStepPace
+        } else if (auto deadline = core_->worker_loss_deadline()) {
+          cv_.wait_until(lock, *deadline, woken);  // the grace's end
+        } else if (core_->StoresToCollectWhileIdle()) {
           // finished_sending only comes back with a step: while idle, send
           // an empty one now and then so stores_in_flight settles at zero.
           flush_stores = !cv_.wait_for(lock, kIdleStoreFlushPeriod, woken);
@@ -380,12 +402,10 @@ void Engine::Loop() {
     last_loop_ns_.store(MonotonicNanos());
     for (Event& e : batch) Handle(e);
     batch.clear();
-    ExpireWorkerLossGrace();
-    // Nothing to schedule: the step carries no request; its output brings
-    // back the store entries the worker finished since the last step.
-    if (flush_stores && StoresToCollectWhileIdle()) SendStep(scheduler_->Schedule());
+    core_->ExpireWorkerLossGrace(std::chrono::steady_clock::now());
+    if (flush_stores) core_->CollectStores();
     flush_stores = false;
-    ScheduleAndSend();
+    core_->Step();
     PublishStats();
     TrimHeapWhenIdle();
   }
@@ -396,313 +416,161 @@ void Engine::Loop() {
     rest.swap(events_);
   }
   // Only reached when the drain timed out (or without a drain).
+  const absl::Status shutting_down = absl::UnavailableError("the scheduler is shutting down");
   for (Event& e : rest) {
     if (e.kind == Event::kSubmit) {
-      e.call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the scheduler is shutting down"));
-      num_calls_open_.fetch_sub(1);
+      e.call->OnRejected(shutting_down);
     } else if (e.kind == Event::kAbort) {
       e.abort_done(false);
     }
   }
-  for (auto& [id, call] : calls_) {
-    call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the scheduler is shutting down"));
-    num_calls_open_.fetch_sub(1);
-  }
-  calls_.clear();
+  core_->FailAll(shutting_down);
+  core_.reset();
   worker_.reset();
-  scheduler_.reset();
-  kv_connector_.reset();
 }
 
 void Engine::Handle(Event& e) {
   switch (e.kind) {
-    case Event::kSubmit: {
-      pace_until_ = {};  // new work: schedule now
+    case Event::kSubmit:
       if (options_.debug_submit_delay_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_submit_delay_ms));
       }
-      schedule_wanted_ = true;
-      const std::string id = e.spec.request_id;
       // No draining check here: TryAccept() let this call in before the
       // drain began, so it runs to the end.
-      grpc::Status rejected;
-      // Kept to resume the request if the worker is lost.
-      if (options_.worker_loss_grace_s > 0) e.call->spec = e.spec;
-      if (worker_lost_at_ && !calls_.contains(id)) {
-        // Within the grace after a worker loss: it waits with the others.
-        calls_.emplace(id, std::move(e.call));
-        return;
-      }
-      if (scheduler_ == nullptr || worker_ == nullptr) {
-        rejected = grpc::Status(
-            grpc::StatusCode::UNAVAILABLE,
-            absl::StrCat("no worker is connected (worker address ", options_.worker_address, ")"));
-      } else if (calls_.contains(id)) {
-        rejected = grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                                absl::StrCat("request id '", id, "' is already running"));
-      } else if (absl::Status s = scheduler_->AddRequest(std::move(e.spec), MonotonicNanos());
-                 !s.ok()) {
-        rejected = grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-      }
-      if (!rejected.ok()) {
-        TANDEM_LOG(INFO) << "request " << id
-                         << " rejected: status=" << rpc::StatusCodeName(rejected) << " "
-                         << rejected.error_message();
-        e.call->Finish(std::move(rejected));
-        num_calls_open_.fetch_sub(1);
-        return;
-      }
-      calls_.emplace(id, std::move(e.call));
+      core_->AddRequest(std::move(e.spec), e.call, e.call->start_ns);
       return;
-    }
-    case Event::kCancel: {
-      pace_until_ = {};  // new work: schedule now
-      auto it = calls_.find(e.call->request_id);
-      if (it == calls_.end() || it->second != e.call) return;
-      schedule_wanted_ = true;
-      std::optional<sched::RequestOutput> out;
-      if (scheduler_ != nullptr) out = scheduler_->AbortRequest(e.call->request_id);
-      FinishCall(
-          e.call->request_id, e.call, v1::FINISH_REASON_ABORT, out ? &*out : nullptr,
-          e.cancel_cause == CancelCause::kDeadline
-              ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the client's deadline passed")
-              : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+    case Event::kCancel:
+      core_->Abort(e.call->request_id, e.call.get(),
+                   e.cancel_cause == CancelCause::kDeadline
+                       ? absl::DeadlineExceededError("the client's deadline passed")
+                       : absl::CancelledError("cancelled by the client"));
       return;
-    }
-    case Event::kAbort: {
-      pace_until_ = {};  // new work: schedule now
-      auto it = calls_.find(e.request_id);
-      if (it == calls_.end()) {
-        e.abort_done(false);
-        return;
-      }
-      schedule_wanted_ = true;
-      std::shared_ptr<GenerateCall> call = it->second;
-      std::optional<sched::RequestOutput> out;
-      if (scheduler_ != nullptr) out = scheduler_->AbortRequest(e.request_id);
-      FinishCall(e.request_id, call, v1::FINISH_REASON_ABORT, out ? &*out : nullptr,
-                 grpc::Status::OK);
-      e.abort_done(true);
+    case Event::kAbort:
+      e.abort_done(core_->Abort(e.request_id, nullptr, absl::OkStatus()));
       return;
-    }
-    case Event::kOutput:
+    case Event::kOutput: {
       if (worker_ == nullptr || e.generation != worker_->generation()) return;
-      schedule_wanted_ = true;
-      HandleOutput(*e.output);
+      sched::ModelRunnerOutput output;
+      if (absl::Status s = rpc::FromProto(*e.output, &output); !s.ok()) {
+        core_->DropWorker(absl::StrCat("bad ModelRunnerOutput: ", s.message()));
+        return;
+      }
+      core_->ProcessOutput(output);
       return;
+    }
     case Event::kBroken:
       max_broken_generation_ = std::max(max_broken_generation_, e.generation);
       if (worker_ == nullptr || e.generation != worker_->generation()) return;
-      DropWorker(e.reason);
+      core_->DropWorker(e.reason);
       return;
-    case Event::kConnected: {
-      if (e.stream->generation() <= max_broken_generation_) {
-        // It broke before we saw it come up.
-        e.stream.reset();
-        connector_->RequestReconnect();
-        return;
-      }
-      const v1::DescribeResponse& d = e.stream->description();
-      if (metrics_ == nullptr && registry_ != nullptr) {
-        metrics_ = std::make_unique<EngineMetrics>(*registry_, d.model_name());
-      }
-      sched::SchedulerConfig config = options_.scheduler;
-      config.block_size = d.block_size();
-      config.num_gpu_blocks = d.num_kv_blocks();
-      config.vocab_size = d.vocab_size();
-      config.eos_token_id = d.eos_token_id();
-      config.max_model_len = options_.max_model_len > 0
-                                 ? std::min(options_.max_model_len, d.max_model_len())
-                                 : d.max_model_len();
-      config.hash_root = HashRootParams{.model_fingerprint = d.model_fingerprint(),
-                                        .kv_layout = d.kv_layout(),
-                                        .block_size = d.block_size(),
-                                        .dtype = "f32"};
-      if (absl::Status s = config.Validate(); !s.ok()) {
-        TANDEM_LOG(ERROR) << "worker " << options_.worker_address
-                          << " described a configuration the scheduler cannot use: " << s;
-        e.stream.reset();
-        connector_->RequestReconnect();
-        return;
-      }
-      scheduler_.reset();
-      kv_connector_.reset();
-      if (!options_.kvstore_target.empty()) {
-        auto kvc = kvconnector::KvStoreConnectorScheduler::Create(
-            kvconnector::KvStoreConnectorOptions{
-                .target = options_.kvstore_target,
-                .lookup_deadline_ms = options_.kvstore_lookup_deadline_ms,
-                .on_lookup_answer = [this] { Post(Event{.kind = Event::kWake}); },
-                .on_lookup_latency =
-                    [this](double seconds) {
-                      if (metrics_ != nullptr) metrics_->kv_lookup_duration.Observe(seconds);
-                    },
-                .bulk_load = options_.kvstore_bulk_port},
-            d.model_fingerprint(), d.kv_layout(), d.block_bytes(), d.block_size());
-        if (kvc.ok()) {
-          kv_connector_ = std::move(kvc).value();
-        } else {
-          TANDEM_LOG(ERROR) << "KV-store connector disabled: " << kvc.status();
-        }
-      }
-      scheduler_ = std::make_unique<sched::Scheduler>(config, kv_connector_.get());
-      worker_ = std::move(e.stream);
-      in_flight_.clear();
-      schedule_wanted_ = true;
-      num_worker_connects_.fetch_add(1);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        model_info_.ready = true;
-        v1::GetModelInfoResponse& info = model_info_.info;
-        info.set_model_name(options_.served_model_name.empty() ? d.model_name()
-                                                               : options_.served_model_name);
-        info.set_model_fingerprint(d.model_fingerprint());
-        info.set_vocab_size(d.vocab_size());
-        info.set_max_model_len(config.max_model_len);
-        info.set_block_size(d.block_size());
-        info.set_num_kv_blocks(d.num_kv_blocks());
-        info.set_eos_token_id(d.eos_token_id());
-      }
-      TANDEM_LOG(INFO) << "serving: " << scheduler_->num_total_blocks() << " usable KV blocks, "
-                       << "max_model_len " << config.max_model_len << ", async scheduling "
-                       << (config.async_scheduling ? "on" : "off");
-      ResumeCalls();
-      if (on_serving_changed_) on_serving_changed_(!draining_.load());
+    case Event::kConnected:
+      Connect(std::move(e.stream));
       return;
-    }
     case Event::kWake:  // a lookup's answer arrived, or the drain began
-      pace_until_ = {};
+      core_->Wake();
       return;
   }
 }
 
-void Engine::HandleOutput(const v1::ModelRunnerOutput& proto) {
-  if (in_flight_.empty() || in_flight_.front().step_id != proto.step_id()) {
-    DropWorker(absl::StrCat("worker answered step ", proto.step_id(), " but step ",
-                            in_flight_.empty() ? 0 : in_flight_.front().step_id, " was expected"));
+void Engine::Connect(std::unique_ptr<WorkerStream> stream) {
+  if (stream->generation() <= max_broken_generation_) {
+    // It broke before we saw it come up.
+    stream.reset();
+    connector_->RequestReconnect();
     return;
   }
-  sched::SchedulerOutput scheduled = std::move(in_flight_.front());
-  in_flight_.pop_front();
-  sched::ModelRunnerOutput output;
-  if (absl::Status s = rpc::FromProto(proto, &output); !s.ok()) {
-    DropWorker(absl::StrCat("bad ModelRunnerOutput: ", s.message()));
+  const engine::WorkerDescription worker = FromProto(stream->description());
+  if (metrics_ == nullptr && registry_ != nullptr) {
+    metrics_ = std::make_unique<EngineMetrics>(*registry_, worker.model_name);
+  }
+  // The core's transport is this class, writing to worker_: set it first.
+  std::unique_ptr<WorkerStream> previous = std::exchange(worker_, std::move(stream));
+  if (absl::Status s = core_->ConnectWorker(worker, this); !s.ok()) {
+    TANDEM_LOG(ERROR) << "worker " << options_.worker_address
+                      << " described a configuration the scheduler cannot use: " << s;
+    worker_ = std::move(previous);
+    connector_->RequestReconnect();
     return;
   }
-  const sched::KvConnectorReport& kv_report = output.kv_connector_report;
-  load_failed_not_found_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_not_found));
-  load_failed_checksum_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_checksum));
-  load_failed_rpc_ += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_rpc));
-  if (!output.error.empty()) {
-    // The scheduler recomputes the step's requests (and un-publishes the
-    // blocks it was to write); the others are unaffected.
-    TANDEM_LOG(ERROR) << "worker failed step " << proto.step_id() << ": " << output.error;
+  previous.reset();
+  if (on_serving_changed_) on_serving_changed_(!draining_.load());
+}
+
+std::unique_ptr<sched::KvConnectorScheduler> Engine::MakeKvConnector(
+    const engine::WorkerDescription& worker) {
+  if (options_.kvstore_target.empty()) return nullptr;
+  auto kvc = kvconnector::KvStoreConnectorScheduler::Create(
+      kvconnector::KvStoreConnectorOptions{
+          .target = options_.kvstore_target,
+          .lookup_deadline_ms = options_.kvstore_lookup_deadline_ms,
+          .on_lookup_answer = [this] { Post(Event{.kind = Event::kWake}); },
+          .on_lookup_latency =
+              [this](double seconds) {
+                if (metrics_ != nullptr) metrics_->kv_lookup_duration.Observe(seconds);
+              },
+          .bulk_load = options_.kvstore_bulk_port},
+      worker.model_fingerprint, worker.kv_layout, worker.block_bytes, worker.block_size);
+  if (!kvc.ok()) {
+    TANDEM_LOG(ERROR) << "KV-store connector disabled: " << kvc.status();
+    return nullptr;
   }
-  scheduler_->UpdateFromOutputInto(scheduled, output, &outputs_scratch_);
-  for (const sched::RequestOutput& out : outputs_scratch_) Deliver(out);
+  return std::move(kvc).value();
 }
 
-void Engine::ScheduleAndSend() {
-  const size_t max_in_flight = options_.scheduler.async_scheduling ? 2 : 1;
-  if (std::chrono::steady_clock::now() < pace_until_) return;
-  while (scheduler_ != nullptr && worker_ != nullptr && schedule_wanted_ &&
-         in_flight_.size() < max_in_flight && scheduler_->HasUnfinishedRequests()) {
-    const int64_t schedule_start_ns = MonotonicNanos();
-    sched::SchedulerOutput step = scheduler_->Schedule();
-    if (metrics_ != nullptr) {
-      metrics_->schedule_duration.Observe((MonotonicNanos() - schedule_start_ns) * 1e-9);
-    }
-    max_running_plus_loading_ =
-        std::max(max_running_plus_loading_,
-                 scheduler_->num_running() + scheduler_->stats().num_waiting_for_load);
-    // An empty step still goes out (it may carry finished ids, and outputs
-    // are processed in step order), but we wait for news before the next.
-    if (step.total_num_scheduled_tokens == 0) {
-      schedule_wanted_ = false;
-      if (scheduler_->stats().num_waiting_for_load == 0) {
-        pace_until_ = std::chrono::steady_clock::now() + kEmptyStepPace;
-      }
-    }
-    if (!SendStep(std::move(step))) return;
-  }
-}
-
-bool Engine::StoresToCollectWhileIdle() const {
-  return kv_connector_ != nullptr && scheduler_ != nullptr && worker_ != nullptr &&
-         in_flight_.empty() && !scheduler_->HasUnfinishedRequests() &&
-         kv_connector_->stats().stores_in_flight > 0;
-}
-
-bool Engine::SendStep(sched::SchedulerOutput step) {
+bool Engine::Send(const sched::SchedulerOutput& step) {
   const int64_t t0 = MonotonicNanos();
   step_proto_.Clear();
   rpc::ToProto(step, &step_proto_);
-  const int64_t t1 = MonotonicNanos();
-  ++num_steps_sent_;
-  step_to_proto_ns_sum_ += t1 - t0;
-  step_scheduled_reqs_sum_ += step.num_scheduled_tokens.size();
-  step_message_bytes_sum_ += step_proto_.ByteSizeLong();
-  if (num_steps_sent_ % kSerializeSampleEvery == 0) {
+  wire_.step_to_proto_ns_sum += MonotonicNanos() - t0;
+  wire_.step_message_bytes_sum += step_proto_.ByteSizeLong();
+  if (step.step_id % kSerializeSampleEvery == 0) {
     const int64_t s0 = MonotonicNanos();
     serialize_scratch_.clear();
     step_proto_.SerializeToString(&serialize_scratch_);
-    step_serialize_ns_sum_ += MonotonicNanos() - s0;
-    ++step_serialize_samples_;
+    wire_.step_serialize_ns_sum += MonotonicNanos() - s0;
+    ++wire_.step_serialize_samples;
   }
-  if (!worker_->Write(step_proto_)) {
-    DropWorker("writing to the worker's Execute stream failed");
-    return false;
-  }
-  in_flight_.push_back(std::move(step));
-  max_steps_in_flight_ = std::max(max_steps_in_flight_, static_cast<int32_t>(in_flight_.size()));
-  return true;
+  return worker_->Write(step_proto_);
 }
 
-void Engine::Deliver(const sched::RequestOutput& out) {
-  auto it = calls_.find(out.request_id);
-  if (it == calls_.end()) return;
-  if (out.finished.has_value()) {
-    std::shared_ptr<GenerateCall> call = it->second;
-    FinishCall(out.request_id, call, ToFinishReason(*out.finished), &out,
-               *out.finished == sched::RequestState::kFinishedError
-                   ? grpc::Status(grpc::StatusCode::INTERNAL, out.error)
-                   : grpc::Status::OK);
-    return;
+void Engine::OnWorkerLost() {
+  if (worker_ != nullptr) {
+    max_broken_generation_ = std::max(max_broken_generation_, worker_->generation());
   }
-  if (out.new_token_ids.empty()) return;
-  NoteTokens(*it->second, out.new_token_ids.size());
-  if (options_.worker_loss_grace_s > 0) {
-    std::vector<int32_t>& streamed = it->second->streamed_token_ids;
-    streamed.insert(streamed.end(), out.new_token_ids.begin(), out.new_token_ids.end());
-  }
+  worker_.reset();
+  if (on_serving_changed_) on_serving_changed_(false);
+  connector_->RequestReconnect();
+}
+
+void Engine::CallTokens(GenerateCall& call, std::span<const int32_t> token_ids) {
+  NoteTokens(call, token_ids.size());
   v1::GenerateResponse msg;
-  msg.set_request_id(out.request_id);
-  msg.mutable_token_ids()->Assign(out.new_token_ids.begin(), out.new_token_ids.end());
-  it->second->Push(std::move(msg));
+  msg.set_request_id(call.request_id);
+  msg.mutable_token_ids()->Assign(token_ids.begin(), token_ids.end());
+  call.Push(std::move(msg));
 }
 
-void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateCall> call,
-                        v1::FinishReason reason, const sched::RequestOutput* out,
-                        grpc::Status status) {
-  calls_.erase(request_id);
+void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
+                          const sched::RequestOutput* out, const absl::Status& status) {
   num_calls_open_.fetch_sub(1);
-  if (out != nullptr && !out->new_token_ids.empty()) NoteTokens(*call, out->new_token_ids.size());
-  const double latency_ms = (MonotonicNanos() - call->start_ns) * 1e-6;
+  if (out != nullptr && !out->new_token_ids.empty()) NoteTokens(call, out->new_token_ids.size());
+  const double latency_ms = (MonotonicNanos() - call.start_ns) * 1e-6;
   if (metrics_ != nullptr) {
-    metrics_->requests_finished.Add({{"reason", ReasonName(reason)}}).Increment();
+    metrics_->requests_finished.Add({{"reason", engine::FinishReasonName(reason)}}).Increment();
     metrics_->request_latency.Observe(latency_ms * 1e-3);
     if (out != nullptr) {
       metrics_->prompt_tokens.Increment(out->num_prompt_tokens);
-      if (out->num_output_tokens > 1 && call->first_token_ns > 0) {
-        metrics_->time_per_output_token.Observe((call->last_token_ns - call->first_token_ns) *
+      if (out->num_output_tokens > 1 && call.first_token_ns > 0) {
+        metrics_->time_per_output_token.Observe((call.last_token_ns - call.first_token_ns) *
                                                 1e-9 / (out->num_output_tokens - 1));
       }
     }
   }
+  const grpc::Status grpc_status = rpc::ToGrpcStatus(status);
   if (status.ok()) {
     v1::GenerateResponse msg;
-    msg.set_request_id(request_id);
-    msg.set_finish_reason(reason);
+    msg.set_request_id(call.request_id);
+    msg.set_finish_reason(ToProto(reason));
     if (out != nullptr) {
       msg.mutable_token_ids()->Assign(out->new_token_ids.begin(), out->new_token_ids.end());
       v1::Usage* usage = msg.mutable_usage();
@@ -711,16 +579,26 @@ void Engine::FinishCall(const std::string& request_id, std::shared_ptr<GenerateC
       usage->set_cached_tokens_local(out->num_cached_tokens_local);
       usage->set_cached_tokens_external(out->num_cached_tokens_external);
     }
-    call->Push(std::move(msg));
+    call.Push(std::move(msg));
   }
-  call->Finish(status);
-  TANDEM_LOG(INFO) << "request " << request_id << " finished: reason=" << ReasonName(reason)
-                   << " status=" << rpc::StatusCodeName(status)
-                   << " prompt_tokens=" << (out ? out->num_prompt_tokens : call->num_prompt_tokens)
+  call.Finish(grpc_status);
+  TANDEM_LOG(INFO) << "request " << call.request_id
+                   << " finished: reason=" << engine::FinishReasonName(reason)
+                   << " status=" << rpc::StatusCodeName(grpc_status)
+                   << " prompt_tokens=" << (out ? out->num_prompt_tokens : call.num_prompt_tokens)
                    << " output_tokens=" << (out ? out->num_output_tokens : 0)
                    << " cached_local=" << (out ? out->num_cached_tokens_local : 0)
                    << " cached_external=" << (out ? out->num_cached_tokens_external : 0)
                    << " latency_ms=" << latency_ms;
+}
+
+void Engine::CallRejected(GenerateCall& call, const absl::Status& status) {
+  num_calls_open_.fetch_sub(1);
+  const grpc::Status grpc_status = rpc::ToGrpcStatus(status);
+  TANDEM_LOG(INFO) << "request " << call.request_id
+                   << " rejected: status=" << rpc::StatusCodeName(grpc_status) << " "
+                   << grpc_status.error_message();
+  call.Finish(grpc_status);
 }
 
 void Engine::NoteTokens(GenerateCall& call, size_t num_tokens) {
@@ -736,158 +614,29 @@ void Engine::NoteTokens(GenerateCall& call, size_t num_tokens) {
   call.last_token_ns = now;
 }
 
-void Engine::DropWorker(const std::string& reason) {
-  if (options_.worker_loss_grace_s > 0) {
-    // Every live request keeps its call and resumes on the next worker; the
-    // KV on the lost one is gone, so all of it recomputes.
-    TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; "
-                      << calls_.size() << " requests wait up to " << options_.worker_loss_grace_s
-                      << " s for a worker to resume on";
-    if (!worker_lost_at_) {
-      worker_lost_at_ = std::chrono::steady_clock::now();
-      worker_lost_reason_ = reason;
-    }
-    num_worker_lost_preemptions_ += calls_.size();
-  } else {
-    TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; failing "
-                      << calls_.size() << " requests";
-    const grpc::Status status(
-        grpc::StatusCode::UNAVAILABLE,
-        absl::StrCat("lost the worker (", reason, "); the request was aborted"));
-    auto calls = std::move(calls_);
-    calls_.clear();
-    for (auto& [id, call] : calls) FinishCall(id, call, v1::FINISH_REASON_ERROR, nullptr, status);
-  }
-  in_flight_.clear();
-  scheduler_.reset();
-  kv_connector_.reset();
-  if (worker_ != nullptr)
-    max_broken_generation_ = std::max(max_broken_generation_, worker_->generation());
-  worker_.reset();
-  if (!worker_lost_at_) {
-    std::lock_guard<std::mutex> lock(mu_);
-    model_info_.ready = false;
-  }  // else: calls validate against the lost worker's model while they may wait
-  if (on_serving_changed_) on_serving_changed_(false);
-  connector_->RequestReconnect();
-}
-
-std::chrono::steady_clock::time_point Engine::WorkerLossDeadline() const {
-  return *worker_lost_at_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                std::chrono::duration<double>(options_.worker_loss_grace_s));
-}
-
-void Engine::ExpireWorkerLossGrace() {
-  if (!worker_lost_at_ || std::chrono::steady_clock::now() < WorkerLossDeadline()) return;
-  TANDEM_LOG(ERROR) << "no worker came back within " << options_.worker_loss_grace_s
-                    << " s: failing " << calls_.size() << " requests";
-  const grpc::Status status(
-      grpc::StatusCode::UNAVAILABLE,
-      absl::StrCat("lost the worker (", worker_lost_reason_, ") and none came back within ",
-                   options_.worker_loss_grace_s, " s (--worker-loss-grace-s)"));
-  worker_lost_at_.reset();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    model_info_.ready = false;
-  }
-  auto calls = std::move(calls_);
-  calls_.clear();
-  for (auto& [id, call] : calls) FinishCall(id, call, v1::FINISH_REASON_ERROR, nullptr, status);
-}
-
-void Engine::ResumeCalls() {
-  if (!worker_lost_at_) return;
-  worker_lost_at_.reset();
-  std::vector<std::shared_ptr<GenerateCall>> order;
-  for (auto& [id, call] : calls_) order.push_back(call);
-  std::sort(order.begin(), order.end(),
-            [](const auto& a, const auto& b) { return a->start_ns < b->start_ns; });
-  int resumed = 0;
-  for (const std::shared_ptr<GenerateCall>& call : order) {
-    sched::RequestSpec spec = call->spec;
-    spec.resumed_output_token_ids = call->streamed_token_ids;
-    if (absl::Status s = scheduler_->AddRequest(std::move(spec), call->start_ns); !s.ok()) {
-      // E.g. the new worker's context is shorter than this request.
-      FinishCall(
-          call->request_id, call, v1::FINISH_REASON_ERROR, nullptr,
-          grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                       absl::StrCat("after the worker was lost, the new worker cannot take it: ",
-                                    s.message())));
-      continue;
-    }
-    ++resumed;
-  }
-  TANDEM_LOG(INFO) << "resumed " << resumed << " requests on the new worker";
-}
-
 void Engine::PublishStats() {
-  v1::GetStatsResponse s;
-  s.set_worker_connected(worker_ != nullptr);
-  s.set_draining(draining_.load());
-  s.set_async_scheduling(options_.scheduler.async_scheduling);
-  s.set_num_active_streams(static_cast<int32_t>(calls_.size()));
-  s.set_num_steps_in_flight(static_cast<int32_t>(in_flight_.size()));
-  s.set_num_worker_connects(num_worker_connects_.load());
-  if (scheduler_ != nullptr) {
-    const sched::SchedulerStats& st = scheduler_->stats();
-    s.set_num_running(scheduler_->num_running());
-    s.set_num_waiting(scheduler_->num_waiting());
-    s.set_num_free_blocks(scheduler_->num_free_blocks());
-    s.set_num_total_blocks(scheduler_->num_total_blocks());
-    s.set_num_preemptions(st.num_preemptions_total);
-    s.set_prefix_cache_queries(st.prefix_cache_queries_tokens);
-    s.set_prefix_cache_hits(st.prefix_cache_hits_tokens);
-    s.set_external_cache_queries(st.external_cache_queries_tokens);
-    s.set_external_cache_hits(st.external_cache_hits_tokens);
-    s.set_num_steps(st.num_steps);
-    s.set_num_requests_finished(st.num_requests_finished);
-    s.set_num_waiting_for_lookup(st.num_waiting_for_lookup);
-    s.set_num_waiting_for_load(st.num_waiting_for_load);
-    s.set_external_loaded_tokens(st.external_loaded_tokens);
-  }
-  s.set_max_running_plus_loading(max_running_plus_loading_);
-  s.set_max_steps_in_flight(max_steps_in_flight_);
-  s.set_num_steps_sent(num_steps_sent_);
-  s.set_step_scheduled_reqs_sum(step_scheduled_reqs_sum_);
-  s.set_step_message_bytes_sum(step_message_bytes_sum_);
-  s.set_step_to_proto_seconds_sum(static_cast<double>(step_to_proto_ns_sum_) * 1e-9);
-  s.set_step_serialize_samples(step_serialize_samples_);
-  s.set_step_serialize_seconds_sum(static_cast<double>(step_serialize_ns_sum_) * 1e-9);
-  s.set_external_load_failed_not_found(load_failed_not_found_);
-  s.set_external_load_failed_checksum(load_failed_checksum_);
-  s.set_external_load_failed_rpc(load_failed_rpc_);
-  if (kv_connector_ != nullptr) {
-    const kvconnector::KvConnectorSchedulerStats k = kv_connector_->stats();
-    s.set_external_lookups(k.lookups);
-    s.set_external_lookups_with_hits(k.lookups_with_hits);
-    s.set_external_lookups_failed(k.lookups_failed);
-    s.set_external_lookup_hit_tokens(k.lookup_hit_tokens);
-    s.set_external_lookup_latency_seconds_sum(static_cast<double>(k.lookup_latency_ns_sum) * 1e-9);
-    s.set_external_lookup_latency_seconds_max(static_cast<double>(k.lookup_latency_ns_max) * 1e-9);
-    s.set_external_invalid_blocks(k.invalid_blocks);
-    s.set_external_stored_blocks(k.stored_blocks);
-    s.set_num_lookups_pending(k.lookups_pending);
-    s.set_num_loads_in_flight(k.loads_in_flight);
-    s.set_num_stores_in_flight(k.stores_in_flight);
-  }
+  ServiceStats s = wire_;
+  s.engine = core_->stats();
+  s.draining = draining_.load();
+  const engine::EngineStats& e = s.engine;
   if (metrics_ != nullptr) {
-    metrics_->num_requests_running.Set(s.num_running());
-    metrics_->num_requests_waiting.Set(s.num_waiting());
-    metrics_->kv_blocks_free.Set(s.num_free_blocks());
-    metrics_->kv_cache_usage.Set(scheduler_ != nullptr ? scheduler_->stats().kv_cache_usage : 0.0);
-    metrics_->worker_connected.Set(worker_ != nullptr ? 1 : 0);
-    metrics_->num_steps_in_flight.Set(s.num_steps_in_flight());
-    metrics_->num_async_loads_in_flight.Set(s.num_waiting_for_load());
-    metrics_->num_lookups_pending.Set(s.num_lookups_pending());
-    if (scheduler_ != nullptr) {
-      const sched::SchedulerStats& st = scheduler_->stats();
+    metrics_->num_requests_running.Set(e.num_running);
+    metrics_->num_requests_waiting.Set(e.num_waiting);
+    metrics_->kv_blocks_free.Set(e.num_free_blocks);
+    metrics_->kv_cache_usage.Set(e.has_scheduler ? e.scheduler.kv_cache_usage : 0.0);
+    metrics_->worker_connected.Set(e.worker_connected ? 1 : 0);
+    metrics_->num_steps_in_flight.Set(e.num_steps_in_flight);
+    metrics_->num_async_loads_in_flight.Set(e.scheduler.num_waiting_for_load);
+    metrics_->num_lookups_pending.Set(e.kv_connector.lookups_pending);
+    if (e.has_scheduler) {
+      const sched::SchedulerStats& st = e.scheduler;
       metrics_->num_requests_waiting_by_reason[0]->Set(st.num_waiting_for_capacity);
       metrics_->num_requests_waiting_by_reason[1]->Set(st.num_waiting_for_lookup);
       metrics_->num_requests_waiting_by_reason[2]->Set(st.num_waiting_for_load);
       for (int i = 0; i < sched::kNumPreemptionReasons; ++i) {
-        // The scheduler is rebuilt after a worker loss: the engine counts those.
+        // The scheduler is rebuilt after a worker loss: the core counts those.
         metrics_->preemptions[i].Set(i == static_cast<int>(sched::PreemptionReason::kWorkerLost)
-                                         ? num_worker_lost_preemptions_
+                                         ? e.num_worker_lost_preemptions
                                          : st.num_preemptions_by_reason[i]);
       }
       for (int i = 0; i < sched::kNumAdmissionLimits; ++i) {
@@ -895,14 +644,15 @@ void Engine::PublishStats() {
       }
       metrics_->requests_admitted.Set(st.num_requests_admitted);
       metrics_->recomputed_tokens.Set(st.num_recomputed_tokens);
-      metrics_->prefix_cache_queries.Set(s.prefix_cache_queries());
-      metrics_->prefix_cache_hits.Set(s.prefix_cache_hits());
-      metrics_->external_cache_queries.Set(s.external_cache_queries());
-      metrics_->external_cache_hits.Set(s.external_cache_hits());
-      metrics_->steps.Set(s.num_steps());
+      metrics_->prefix_cache_queries.Set(st.prefix_cache_queries_tokens);
+      metrics_->prefix_cache_hits.Set(st.prefix_cache_hits_tokens);
+      metrics_->external_cache_queries.Set(st.external_cache_queries_tokens);
+      metrics_->external_cache_hits.Set(st.external_cache_hits_tokens);
+      metrics_->steps.Set(st.num_steps);
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  model_info_ = core_->model_info();
   stats_ = std::move(s);
 }
 

@@ -1,14 +1,17 @@
-// The scheduler service's engine: ONE loop thread owns the sched::Scheduler,
-// the worker stream and the table of live Generate calls (DESIGN §2). RPC
-// handlers, the worker reader and the connector only post events here.
+// The scheduler service's engine: the gRPC adapter around engine::EngineCore
+// (libs/engine), which owns the scheduler, the KV connector's scheduler role,
+// the live requests and the steps in flight. ONE loop thread drives the core
+// (DESIGN §2); RPC handlers, the worker reader and the connector only post
+// events here.
 //
 // Per iteration the loop drains its events (new requests, cancels, aborts,
-// worker outputs, worker up/down), then schedules and sends steps while fewer
-// than `max_steps_in_flight` (2 with async scheduling, else 1) are out.
+// worker outputs, worker up/down) into the core, then lets it schedule and
+// send (EngineCore::Step) through the worker's Execute stream, which this
+// class is the StepTransport of.
 //
-// Worker failure: every live request ends with UNAVAILABLE, the Scheduler is
-// dropped (a new worker starts with an empty cache), and the connector
-// reconnects; a fresh Scheduler is sized from the new worker's Describe.
+// Worker failure: the core keeps or fails the live requests (see
+// EngineCore); the connector reconnects, and a fresh scheduler is sized from
+// the new worker's Describe.
 //
 // Drain: TryAccept() is the one gate for new Generate calls. A call it let in
 // counts as open until the engine finishes it, whether or not the engine has
@@ -24,14 +27,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
+#include <span>
 
 #include "absl/status/status.h"
 #include "call.h"
-#include "tandem/kvconnector/kvstore_connector.h"
+#include "tandem/engine/engine_core.h"
 #include "tandem/metrics/metrics.h"
 #include "tandem/sched/scheduler.h"
 #include "tandem/v1/generation.pb.h"
@@ -71,10 +73,17 @@ struct EngineOptions {
   [[nodiscard]] absl::Status Validate() const;
 };
 
-// What validation and GetModelInfo need; valid while `ready`.
-struct ModelInfo {
-  bool ready = false;
-  v1::GetModelInfoResponse info;
+// What GetStats reports (GenerationService converts it to the proto).
+struct ServiceStats {
+  engine::EngineStats engine;
+  bool draining = false;
+  // The cost of putting steps on the wire, summed over the steps sent.
+  uint64_t step_message_bytes_sum = 0;  // serialized SchedulerOutput bytes
+  int64_t step_to_proto_ns_sum = 0;     // struct -> proto conversion
+  // One step in kSerializeSampleEvery is serialized a second time to time it
+  // (gRPC's own serialization happens inside Write()).
+  uint64_t step_serialize_samples = 0;
+  int64_t step_serialize_ns_sum = 0;
 };
 
 // Prometheus series of the engine (DESIGN §7); updated on the loop thread.
@@ -117,11 +126,11 @@ struct EngineMetrics {
   prometheus::Histogram& kv_lookup_duration;  // one KV-store lookup
 };
 
-class Engine {
+class Engine final : private engine::StepTransport {
  public:
   // `registry` receives the engine's metrics; may be null.
   explicit Engine(EngineOptions options, prometheus::Registry* registry = nullptr);
-  ~Engine();
+  ~Engine() override;
 
   void Start();
   // Fails every live call with UNAVAILABLE and joins the threads.
@@ -136,7 +145,8 @@ class Engine {
   // least every kIdleHeartbeat while idle. The liveness watchdog reads it.
   int64_t last_loop_ns() const { return last_loop_ns_.load(); }
   static constexpr std::chrono::milliseconds kIdleHeartbeat{500};
-  // A validated, accepted call. The engine answers through `call`.
+  // An accepted call; the core validates the request. The engine answers
+  // through `call`.
   void Submit(std::shared_ptr<GenerateCall> call, sched::RequestSpec spec);
   // Why a call went away before it finished.
   enum class CancelCause { kClient, kDeadline };
@@ -145,8 +155,9 @@ class Engine {
   // The Abort RPC; `done(found)` runs on the engine thread.
   void Abort(std::string request_id, std::function<void(bool)> done);
 
-  ModelInfo model_info() const;
-  v1::GetStatsResponse stats() const;
+  // As of the loop's last turn.
+  engine::ModelInfo model_info() const;
+  ServiceStats stats() const;
   // New calls get UNAVAILABLE; accepted ones finish.
   void SetDraining();
   bool draining() const { return draining_.load(); }
@@ -154,6 +165,8 @@ class Engine {
   void set_on_serving_changed(std::function<void(bool)> fn) { on_serving_changed_ = std::move(fn); }
 
  private:
+  friend class GenerateCall;  // its RequestSink methods report back here
+
   struct Event {
     enum Kind { kSubmit, kCancel, kAbort, kOutput, kBroken, kConnected, kWake } kind;
     std::shared_ptr<GenerateCall> call;
@@ -170,24 +183,18 @@ class Engine {
   void Post(Event event);
   void Loop();
   void Handle(Event& event);
-  void HandleOutput(const v1::ModelRunnerOutput& proto);
-  void ScheduleAndSend();
-  void Deliver(const sched::RequestOutput& out);
-  void FinishCall(const std::string& request_id, std::shared_ptr<GenerateCall> call,
-                  v1::FinishReason reason, const sched::RequestOutput* out, grpc::Status status);
-  void DropWorker(const std::string& reason);
-  // A worker serves again: every call kept since the loss resumes on the new
-  // scheduler, in arrival order.
-  void ResumeCalls();
-  // The grace after a worker loss ran out: the kept calls end UNAVAILABLE.
-  void ExpireWorkerLossGrace();
-  [[nodiscard]] std::chrono::steady_clock::time_point WorkerLossDeadline() const;
-  // Converts and writes one step and keeps it in flight; false when the
-  // stream broke (the worker is dropped then).
-  bool SendStep(sched::SchedulerOutput step);
-  // Idle (nothing to schedule, no step in flight) but the KV connector still
-  // counts store entries the worker has not reported sent.
-  bool StoresToCollectWhileIdle() const;
+  void Connect(std::unique_ptr<WorkerStream> stream);
+  // engine::StepTransport: converts and writes one step.
+  bool Send(const sched::SchedulerOutput& step) override;
+  // The core dropped the worker.
+  void OnWorkerLost();
+  std::unique_ptr<sched::KvConnectorScheduler> MakeKvConnector(
+      const engine::WorkerDescription& worker);
+  // GenerateCall's RequestSink methods (engine thread).
+  void CallTokens(GenerateCall& call, std::span<const int32_t> token_ids);
+  void CallFinished(GenerateCall& call, engine::FinishReason reason,
+                    const sched::RequestOutput* out, const absl::Status& status);
+  void CallRejected(GenerateCall& call, const absl::Status& status);
   void NoteTokens(GenerateCall& call, size_t num_tokens);
   // Idle after work: hands the heap's free pages back to the OS
   // (malloc_trim). glibc keeps what gRPC's threads freed in their arenas: a
@@ -207,58 +214,26 @@ class Engine {
   std::condition_variable cv_;
   std::deque<Event> events_;
   bool stopping_ = false;
-  ModelInfo model_info_;        // under mu_
-  v1::GetStatsResponse stats_;  // under mu_
+  engine::ModelInfo model_info_;  // under mu_
+  ServiceStats stats_;            // under mu_
   std::atomic<bool> draining_{false};
   std::atomic<int32_t> num_calls_open_{0};
   std::atomic<int64_t> last_loop_ns_{0};
-  std::atomic<uint64_t> num_worker_connects_{0};
 
   // Owned by the loop thread.
   std::thread loop_;
-  // Declared before scheduler_ so it outlives it; rebuilt with it on every
-  // worker connect (the namespace follows the worker's model and layout).
-  std::unique_ptr<kvconnector::KvStoreConnectorScheduler> kv_connector_;
-  std::unique_ptr<sched::Scheduler> scheduler_;
-  int32_t max_running_plus_loading_ = 0;
-  // KV-store load failures by reason, summed over the worker's reports.
-  uint64_t load_failed_not_found_ = 0;
-  uint64_t load_failed_checksum_ = 0;
-  uint64_t load_failed_rpc_ = 0;
-  std::unique_ptr<WorkerStream> worker_;
+  std::unique_ptr<engine::EngineCore> core_;
+  std::unique_ptr<WorkerStream> worker_;  // the core's transport while set
   uint64_t max_broken_generation_ = 0;
-  // Set while calls wait for a worker after a loss (worker_loss_grace_s).
-  std::optional<std::chrono::steady_clock::time_point> worker_lost_at_;
-  std::string worker_lost_reason_;
-  uint64_t num_worker_lost_preemptions_ = 0;  // requests kept through a loss
-  std::unordered_map<std::string, std::shared_ptr<GenerateCall>> calls_;
-  std::deque<sched::SchedulerOutput> in_flight_;
-  int32_t max_steps_in_flight_ = 0;
-  // Per-step SchedulerOutput cost, summed (GetStats).
-  uint64_t num_steps_sent_ = 0;
-  uint64_t step_scheduled_reqs_sum_ = 0;
-  uint64_t step_message_bytes_sum_ = 0;
-  int64_t step_to_proto_ns_sum_ = 0;
-  uint64_t step_serialize_samples_ = 0;
-  int64_t step_serialize_ns_sum_ = 0;
+  ServiceStats wire_;  // the step_* sums
   std::string serialize_scratch_;
-  bool schedule_wanted_ = true;
+  v1::SchedulerOutput step_proto_;
   // While idle with KV-store entries not yet reported sent, an empty step
   // goes to the worker this often to collect them.
   static constexpr std::chrono::milliseconds kIdleStoreFlushPeriod{100};
-  // An empty step while no KV load is in flight means every unfinished
-  // request waits for something outside the worker (a KV-store lookup, or
-  // memory): the next step waits for an event (a submit, a cancel, a lookup
-  // answer) or this long, instead of the loop sending empty steps as fast
-  // as the worker answers them (which burned a core on each side and
-  // starved the lookups themselves on small machines).
-  static constexpr std::chrono::milliseconds kEmptyStepPace{1};
-  std::chrono::steady_clock::time_point pace_until_{};
   static constexpr std::chrono::seconds kTrimPeriod{2};
   bool busy_since_trim_ = false;
   std::chrono::steady_clock::time_point last_trim_{};
-  std::vector<sched::RequestOutput> outputs_scratch_;
-  v1::SchedulerOutput step_proto_;
 };
 
 }  // namespace tandem::scheduler

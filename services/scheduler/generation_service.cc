@@ -29,7 +29,7 @@ Engine::CancelCause CauseOf(const grpc::CallbackServerContext& context) {
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(Engine* engine, const grpc::CallbackServerContext* context)
-      : engine_(engine), context_(context), call_(std::make_shared<GenerateCall>(this)) {}
+      : engine_(engine), context_(context), call_(std::make_shared<GenerateCall>(this, engine)) {}
 
   const std::shared_ptr<GenerateCall>& call() const { return call_; }
   void set_submitted() { submitted_.store(true); }
@@ -60,40 +60,71 @@ uint64_t RandomSeed() {
   return rng();
 }
 
-}  // namespace
-
-absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
-                                     const v1::GetModelInfoResponse& model,
-                                     const GenerationOptions& options) {
-  const int32_t vocab = model.vocab_size();
-  if (request.prompt_token_ids_size() == 0) {
-    return absl::InvalidArgumentError(
-        "prompt_token_ids is empty; a prompt needs at least one token");
-  }
-  for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
-    const int32_t id = request.prompt_token_ids(i);
-    if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt_token_ids[", i, "] = ", id, " is outside the vocabulary [0, ", vocab, ")"));
-    }
-  }
-  SamplingParams sampling = rpc::FromProto(request.sampling());
-  if (absl::Status s = sampling.Validate(vocab); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
-  }
-  const int64_t total = static_cast<int64_t>(request.prompt_token_ids_size()) + sampling.max_tokens;
-  if (total > model.max_model_len()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt (", request.prompt_token_ids_size(), " tokens) + max_tokens (", sampling.max_tokens,
-        ") = ", total, " exceeds max_model_len ", model.max_model_len()));
-  }
-  if (!request.cache_salt().empty() && !options.allow_request_cache_salt) {
-    return absl::InvalidArgumentError(
-        "cache_salt is set by the server; this server does not accept it in requests "
-        "(--allow-request-cache-salt=false)");
-  }
-  return absl::OkStatus();
+void ToProto(const engine::ModelInfo& m, v1::GetModelInfoResponse* out) {
+  out->set_model_name(m.model_name);
+  out->set_model_fingerprint(m.model_fingerprint);
+  out->set_vocab_size(m.vocab_size);
+  out->set_max_model_len(m.max_model_len);
+  out->set_block_size(m.block_size);
+  out->set_num_kv_blocks(m.num_kv_blocks);
+  out->set_eos_token_id(m.eos_token_id);
 }
+
+void ToProto(const ServiceStats& stats, v1::GetStatsResponse* s) {
+  const engine::EngineStats& e = stats.engine;
+  s->set_worker_connected(e.worker_connected);
+  s->set_draining(stats.draining);
+  s->set_async_scheduling(e.async_scheduling);
+  s->set_num_active_streams(e.num_requests);
+  s->set_num_steps_in_flight(e.num_steps_in_flight);
+  s->set_num_worker_connects(e.num_worker_connects);
+  if (e.has_scheduler) {
+    const sched::SchedulerStats& st = e.scheduler;
+    s->set_num_running(e.num_running);
+    s->set_num_waiting(e.num_waiting);
+    s->set_num_free_blocks(e.num_free_blocks);
+    s->set_num_total_blocks(e.num_total_blocks);
+    s->set_num_preemptions(st.num_preemptions_total);
+    s->set_prefix_cache_queries(st.prefix_cache_queries_tokens);
+    s->set_prefix_cache_hits(st.prefix_cache_hits_tokens);
+    s->set_external_cache_queries(st.external_cache_queries_tokens);
+    s->set_external_cache_hits(st.external_cache_hits_tokens);
+    s->set_num_steps(st.num_steps);
+    s->set_num_requests_finished(st.num_requests_finished);
+    s->set_num_waiting_for_lookup(st.num_waiting_for_lookup);
+    s->set_num_waiting_for_load(st.num_waiting_for_load);
+    s->set_external_loaded_tokens(st.external_loaded_tokens);
+  }
+  s->set_max_running_plus_loading(e.max_running_plus_loading);
+  s->set_max_steps_in_flight(e.max_steps_in_flight);
+  s->set_num_steps_sent(e.num_steps_sent);
+  s->set_step_scheduled_reqs_sum(e.step_scheduled_reqs_sum);
+  s->set_step_message_bytes_sum(stats.step_message_bytes_sum);
+  s->set_step_to_proto_seconds_sum(static_cast<double>(stats.step_to_proto_ns_sum) * 1e-9);
+  s->set_step_serialize_samples(stats.step_serialize_samples);
+  s->set_step_serialize_seconds_sum(static_cast<double>(stats.step_serialize_ns_sum) * 1e-9);
+  s->set_external_load_failed_not_found(e.load_failed_not_found);
+  s->set_external_load_failed_checksum(e.load_failed_checksum);
+  s->set_external_load_failed_rpc(e.load_failed_rpc);
+  if (e.has_kv_connector) {
+    const sched::KvConnectorSchedulerStats& k = e.kv_connector;
+    s->set_external_lookups(k.lookups);
+    s->set_external_lookups_with_hits(k.lookups_with_hits);
+    s->set_external_lookups_failed(k.lookups_failed);
+    s->set_external_lookup_hit_tokens(k.lookup_hit_tokens);
+    s->set_external_lookup_latency_seconds_sum(static_cast<double>(k.lookup_latency_ns_sum) *
+                                               1e-9);
+    s->set_external_lookup_latency_seconds_max(static_cast<double>(k.lookup_latency_ns_max) *
+                                               1e-9);
+    s->set_external_invalid_blocks(k.invalid_blocks);
+    s->set_external_stored_blocks(k.stored_blocks);
+    s->set_num_lookups_pending(k.lookups_pending);
+    s->set_num_loads_in_flight(k.loads_in_flight);
+    s->set_num_stores_in_flight(k.stores_in_flight);
+  }
+}
+
+}  // namespace
 
 GenerationService::GenerationService(Engine* engine, GenerationOptions options)
     : engine_(engine), options_(options) {}
@@ -110,19 +141,21 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     Reject(*call, request->request_id(), draining);
     return reactor;
   }
-  ModelInfo model = engine_->model_info();
-  if (!model.ready) {
+  if (!engine_->model_info().ready) {
     Reject(*call, request->request_id(),
            grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "no worker is connected yet; the scheduler is not serving"));
     return reactor;
   }
-  GenerationOptions options = options_;
   // The frontend (its role proven by a client certificate under mutual TLS)
-  // sets the salt from the tenant its API key maps to.
-  if (rpc::RoleOf(*context) == rpc::CallerRole::kFrontend) options.allow_request_cache_salt = true;
-  if (absl::Status s = ValidateGenerateRequest(*request, model.info, options); !s.ok()) {
-    Reject(*call, request->request_id(), rpc::ToGrpcStatus(s));
+  // sets the salt from the tenant its API key maps to. The request's content
+  // is validated once, by the scheduler (sched::Scheduler::AddRequest).
+  if (!request->cache_salt().empty() && !options_.allow_request_cache_salt &&
+      rpc::RoleOf(*context) != rpc::CallerRole::kFrontend) {
+    Reject(*call, request->request_id(),
+           grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "cache_salt is set by the server; this server does not accept it in "
+                        "requests (--allow-request-cache-salt=false)"));
     return reactor;
   }
   sched::RequestSpec spec{
@@ -162,12 +195,12 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
                                                           const v1::GetModelInfoRequest*,
                                                           v1::GetModelInfoResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  ModelInfo model = engine_->model_info();
+  const engine::ModelInfo model = engine_->model_info();
   if (!model.ready) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no worker is connected yet"));
     return reactor;
   }
-  *response = model.info;
+  ToProto(model, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -176,7 +209,7 @@ grpc::ServerUnaryReactor* GenerationService::GetStats(grpc::CallbackServerContex
                                                       const v1::GetStatsRequest*,
                                                       v1::GetStatsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  *response = engine_->stats();
+  ToProto(engine_->stats(), response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

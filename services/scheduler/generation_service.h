@@ -1,5 +1,6 @@
-// tandem.v1.Generation on the gRPC callback API: handlers validate (DESIGN
-// §9), post to the Engine and return; no thread blocks per stream.
+// tandem.v1.Generation on the gRPC callback API: handlers convert, post to the
+// Engine and return; no thread blocks per stream. A request's content is
+// validated once, by sched::Scheduler::AddRequest (DESIGN §9).
 //
 // Decisions where DESIGN is silent:
 // - Generate sends one message per step that produced tokens; the last one
@@ -34,12 +35,6 @@ struct GenerationOptions {
   // rejected (the salt isolates tenants and must come from the server).
   bool allow_request_cache_salt = false;
 };
-
-// Checks a request against the model (vocabulary, max_model_len) and the
-// sampling rules. The message names the field and the bad value.
-[[nodiscard]] absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
-                                                   const v1::GetModelInfoResponse& model,
-                                                   const GenerationOptions& options);
 
 class GenerationService final : public v1::Generation::CallbackService {
  public:

@@ -150,26 +150,8 @@ struct KvStoreConnectorOptions {
   }
 };
 
-// Running totals and gauges of the scheduler role (read on its thread).
-struct KvConnectorSchedulerStats {
-  uint64_t lookups = 0;                // Lookup RPCs answered (or given up on)
-  uint64_t lookups_with_hits = 0;      // ... with at least one leading hit
-  uint64_t lookups_failed = 0;         // late (deadline) or failed: zero hits
-  uint64_t lookup_hit_tokens = 0;      // tokens found beyond the local hit
-  uint64_t lookup_latency_ns_sum = 0;  // send -> first poll that saw the answer
-  uint64_t lookup_latency_ns_max = 0;
-  uint64_t loads_started = 0;   // requests whose prefix is being loaded
-  uint64_t loaded_tokens = 0;   // tokens that arrived valid
-  uint64_t invalid_blocks = 0;  // blocks the worker could not load
-  uint64_t stored_blocks = 0;   // store entries emitted (blocks)
-  // Blocks of finished store entries that the worker reported failed
-  // (dropped, not copied, rejected, RPC failed): forgotten, so a later
-  // request stores them again.
-  uint64_t stored_blocks_lost = 0;
-  int32_t lookups_pending = 0;  // gauges
-  int32_t loads_in_flight = 0;
-  int32_t stores_in_flight = 0;  // KvStoreOp entries not yet reported sent
-};
+// The scheduler role's totals and gauges (sched::KvConnectorScheduler::stats).
+using KvConnectorSchedulerStats = sched::KvConnectorSchedulerStats;
 
 class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
  public:
@@ -194,7 +176,7 @@ class KvStoreConnectorScheduler final : public sched::KvConnectorScheduler {
   void OnConnectorReport(const sched::KvConnectorReport& report) override;
 
   // Totals plus the gauges as of now.
-  [[nodiscard]] KvConnectorSchedulerStats stats() const;
+  [[nodiscard]] KvConnectorSchedulerStats stats() const override;
   [[nodiscard]] const std::string& ns() const { return ns_; }
 
  private:

@@ -59,6 +59,27 @@ struct ScheduledRequestView {
   }
 };
 
+// Running totals and gauges of a scheduler role (read on its thread).
+struct KvConnectorSchedulerStats {
+  uint64_t lookups = 0;                // Lookup RPCs answered (or given up on)
+  uint64_t lookups_with_hits = 0;      // ... with at least one leading hit
+  uint64_t lookups_failed = 0;         // late (deadline) or failed: zero hits
+  uint64_t lookup_hit_tokens = 0;      // tokens found beyond the local hit
+  uint64_t lookup_latency_ns_sum = 0;  // send -> first poll that saw the answer
+  uint64_t lookup_latency_ns_max = 0;
+  uint64_t loads_started = 0;   // requests whose prefix is being loaded
+  uint64_t loaded_tokens = 0;   // tokens that arrived valid
+  uint64_t invalid_blocks = 0;  // blocks the worker could not load
+  uint64_t stored_blocks = 0;   // store entries emitted (blocks)
+  // Blocks of finished store entries that the worker reported failed
+  // (dropped, not copied, rejected, RPC failed): forgotten, so a later
+  // request stores them again.
+  uint64_t stored_blocks_lost = 0;
+  int32_t lookups_pending = 0;  // gauges
+  int32_t loads_in_flight = 0;
+  int32_t stores_in_flight = 0;  // KvStoreOp entries not yet reported sent
+};
+
 class KvConnectorScheduler {
  public:
   virtual ~KvConnectorScheduler() = default;
@@ -102,6 +123,11 @@ class KvConnectorScheduler {
 
   // Every ModelRunnerOutput's report, before the scheduler acts on it.
   virtual void OnConnectorReport(const KvConnectorReport& /*report*/) {}
+
+  // Totals plus the gauges as of now. The engine reads stores_in_flight:
+  // while it is above zero with nothing scheduled, an empty step now and then
+  // collects the worker's finished stores.
+  [[nodiscard]] virtual KvConnectorSchedulerStats stats() const { return {}; }
 };
 
 // The worker role (DESIGN §5). Runs on the worker's one step thread, around

@@ -198,15 +198,21 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request. ALREADY_EXISTS for the id of a live request, or of a
+  // Queues a request: the one place a request's content is validated (the
+  // services only convert). INVALID_ARGUMENT first, for an empty prompt, a
+  // token id outside the vocabulary, bad sampling params, prompt +
+  // max_tokens > max_model_len, or a request the KV pool could never hold;
+  // then ALREADY_EXISTS for the id of a live request, or of a
   // finished one whose blocks are still held for a KV transfer the worker
   // has not reported (its report names the id, so the id cannot be reused
   // before);
-  // RESOURCE_EXHAUSTED when max_waiting_requests wait; INVALID_ARGUMENT for an
-  // empty prompt, a token id outside the vocabulary, bad sampling params,
-  // prompt + max_tokens > max_model_len, or a request the KV pool could never
-  // hold.
+  // RESOURCE_EXHAUSTED when max_waiting_requests wait.
   absl::Status AddRequest(RequestSpec spec, int64_t arrival_time_ns);
+  // AddRequest's content checks (the INVALID_ARGUMENT ones) for a scheduler
+  // with `config` and `num_total_blocks` usable KV blocks.
+  [[nodiscard]] static absl::Status ValidateRequest(const RequestSpec& spec,
+                                                    const SchedulerConfig& config,
+                                                    int32_t num_total_blocks);
 
   // Builds the next step; step ids increase by one from 1.
   SchedulerOutput Schedule();
@@ -233,6 +239,14 @@ class Scheduler {
   // Same, overwriting `outputs` (reuses its elements' storage).
   void UpdateFromOutputInto(const SchedulerOutput& scheduled, const ModelRunnerOutput& output,
                             std::vector<RequestOutput>* outputs);
+  // Same, for the oldest step in flight: the scheduler keeps every step it
+  // built until its output is processed, so an engine need not keep them too
+  // (EngineCore checks output.step_id against oldest_step_in_flight()).
+  void UpdateOldestStepInto(const ModelRunnerOutput& output, std::vector<RequestOutput>* outputs);
+  // The step the next output must answer; 0 when none is in flight.
+  [[nodiscard]] uint64_t oldest_step_in_flight() const {
+    return in_flight_.empty() ? 0 : in_flight_.front().step_id;
+  }
 
   // Aborts a waiting, loading or running request: nullopt when unknown or
   // already finished. The worker is told in the next step's finished_req_ids.

@@ -1,0 +1,342 @@
+#include "tandem/engine/engine_core.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/clock.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+
+namespace tandem::engine {
+namespace {
+
+FinishReason ReasonOf(sched::RequestState state) {
+  switch (state) {
+    case sched::RequestState::kFinishedStopped:
+      return FinishReason::kStop;
+    case sched::RequestState::kFinishedLength:
+      return FinishReason::kLength;
+    case sched::RequestState::kFinishedAborted:
+      return FinishReason::kAbort;
+    default:
+      return FinishReason::kError;
+  }
+}
+
+}  // namespace
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "none";
+}
+
+EngineCore::EngineCore(EngineCoreOptions options) : options_(std::move(options)) {
+  counters_.async_scheduling = options_.scheduler.async_scheduling;
+}
+
+EngineCore::~EngineCore() {
+  scheduler_.reset();
+  kv_connector_.reset();
+}
+
+size_t EngineCore::window() const { return options_.scheduler.async_scheduling ? 2 : 1; }
+
+absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport* transport) {
+  sched::SchedulerConfig config = options_.scheduler;
+  config.block_size = d.block_size;
+  config.num_gpu_blocks = d.num_kv_blocks;
+  config.vocab_size = d.vocab_size;
+  config.eos_token_id = d.eos_token_id;
+  config.max_model_len = options_.max_model_len > 0
+                             ? std::min(options_.max_model_len, d.max_model_len)
+                             : d.max_model_len;
+  config.hash_root = HashRootParams{.model_fingerprint = d.model_fingerprint,
+                                    .kv_layout = d.kv_layout,
+                                    .block_size = d.block_size,
+                                    .dtype = "f32"};
+  TANDEM_RETURN_IF_ERROR(config.Validate());
+  scheduler_.reset();
+  kv_connector_.reset();
+  if (options_.make_kv_connector) kv_connector_ = options_.make_kv_connector(d);
+  scheduler_ = std::make_unique<sched::Scheduler>(config, kv_connector_.get());
+  transport_ = transport;
+  last_config_ = config;
+  last_num_total_blocks_ = scheduler_->num_total_blocks();
+  schedule_wanted_ = true;
+  pace_until_ = {};
+  ++counters_.num_worker_connects;
+  model_info_ = ModelInfo{
+      .ready = true,
+      .model_name = options_.served_model_name.empty() ? d.model_name : options_.served_model_name,
+      .model_fingerprint = d.model_fingerprint,
+      .vocab_size = d.vocab_size,
+      .max_model_len = config.max_model_len,
+      .block_size = d.block_size,
+      .num_kv_blocks = d.num_kv_blocks,
+      .eos_token_id = d.eos_token_id,
+  };
+  TANDEM_LOG(INFO) << "serving: " << scheduler_->num_total_blocks() << " usable KV blocks, "
+                   << "max_model_len " << config.max_model_len << ", async scheduling "
+                   << (config.async_scheduling ? "on" : "off");
+  ResumeRequests();
+  return absl::OkStatus();
+}
+
+void EngineCore::DropWorker(std::string_view reason) {
+  if (options_.worker_loss_grace_s > 0) {
+    // Every live request is kept and resumes on the next worker; the KV on
+    // the lost one is gone, so all of it recomputes.
+    TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; "
+                      << requests_.size() << " requests wait up to "
+                      << options_.worker_loss_grace_s << " s for a worker to resume on";
+    if (!worker_lost_at_) {
+      worker_lost_at_ = Clock::now();
+      worker_lost_reason_ = std::string(reason);
+    }
+    counters_.num_worker_lost_preemptions += requests_.size();
+  } else {
+    TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason
+                      << "; failing " << requests_.size() << " requests";
+    FailAll(absl::UnavailableError(
+        absl::StrCat("lost the worker (", std::string(reason), "); the request was aborted")));
+  }
+  scheduler_.reset();
+  kv_connector_.reset();
+  transport_ = nullptr;
+  // While requests wait out the grace they validate against the lost
+  // worker's model.
+  if (!worker_lost_at_) model_info_.ready = false;
+  if (options_.on_worker_lost) options_.on_worker_lost(std::string(reason));
+}
+
+void EngineCore::AddRequest(sched::RequestSpec spec, std::shared_ptr<RequestSink> sink,
+                            int64_t arrival_ns) {
+  pace_until_ = {};  // new work: schedule now
+  schedule_wanted_ = true;
+  const std::string id = spec.request_id;
+  absl::Status status;
+  if (requests_.contains(id)) {
+    status = absl::AlreadyExistsError(absl::StrCat("request id '", id, "' is already running"));
+  } else if (scheduler_ != nullptr) {
+    sched::RequestSpec kept;
+    if (options_.worker_loss_grace_s > 0) kept = spec;
+    status = scheduler_->AddRequest(std::move(spec), arrival_ns);
+    if (status.ok()) {
+      requests_.emplace(id, Entry{.sink = std::move(sink),
+                                  .arrival_ns = arrival_ns,
+                                  .spec = std::move(kept),
+                                  .started = true});
+      return;
+    }
+  } else if (worker_lost_at_) {
+    // Within the grace after a worker loss: it waits with the others,
+    // checked against the lost worker's model now and the next one's then.
+    status = sched::Scheduler::ValidateRequest(spec, *last_config_, last_num_total_blocks_);
+    if (status.ok()) {
+      requests_.emplace(id, Entry{.sink = std::move(sink),
+                                  .arrival_ns = arrival_ns,
+                                  .spec = std::move(spec)});
+      return;
+    }
+  } else {
+    status = absl::UnavailableError(absl::StrCat("no worker is connected (worker address ",
+                                                 options_.worker_address, ")"));
+  }
+  sink->OnRejected(status);
+}
+
+bool EngineCore::Abort(const std::string& request_id, const RequestSink* sink,
+                       const absl::Status& status) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end() || (sink != nullptr && it->second.sink.get() != sink)) return false;
+  pace_until_ = {};
+  schedule_wanted_ = true;
+  std::optional<sched::RequestOutput> out;
+  if (scheduler_ != nullptr) out = scheduler_->AbortRequest(request_id);
+  Finish(request_id, FinishReason::kAbort, out ? &*out : nullptr, status);
+  return true;
+}
+
+void EngineCore::FailAll(const absl::Status& status) {
+  auto requests = std::move(requests_);
+  requests_.clear();
+  for (auto& [id, entry] : requests) entry.sink->OnFinished(FinishReason::kError, nullptr, status);
+}
+
+void EngineCore::ProcessOutput(const sched::ModelRunnerOutput& output) {
+  if (scheduler_ == nullptr) return;  // from a worker already dropped
+  if (output.step_id == 0 || output.step_id != scheduler_->oldest_step_in_flight()) {
+    DropWorker(absl::StrCat("worker answered step ", output.step_id, " but step ",
+                            scheduler_->oldest_step_in_flight(), " was expected"));
+    return;
+  }
+  schedule_wanted_ = true;
+  const sched::KvConnectorReport& kv_report = output.kv_connector_report;
+  counters_.load_failed_not_found +=
+      static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_not_found));
+  counters_.load_failed_checksum +=
+      static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_checksum));
+  counters_.load_failed_rpc += static_cast<uint64_t>(std::max(0, kv_report.num_load_failed_rpc));
+  if (!output.error.empty()) {
+    // The scheduler recomputes the step's requests (and un-publishes the
+    // blocks it was to write); the others are unaffected.
+    TANDEM_LOG(ERROR) << "worker failed step " << output.step_id << ": " << output.error;
+  }
+  scheduler_->UpdateOldestStepInto(output, &outputs_scratch_);
+  for (const sched::RequestOutput& out : outputs_scratch_) Deliver(out);
+}
+
+bool EngineCore::CanSchedule() const {
+  return scheduler_ != nullptr && transport_ != nullptr && schedule_wanted_ &&
+         static_cast<size_t>(scheduler_->num_steps_in_flight()) < window() &&
+         scheduler_->HasUnfinishedRequests();
+}
+
+void EngineCore::Step() {
+  if (Clock::now() < pace_until_) return;
+  while (CanSchedule()) {
+    const int64_t schedule_start_ns = MonotonicNanos();
+    sched::SchedulerOutput step = scheduler_->Schedule();
+    if (options_.on_schedule_duration) {
+      options_.on_schedule_duration((MonotonicNanos() - schedule_start_ns) * 1e-9);
+    }
+    counters_.max_running_plus_loading =
+        std::max(counters_.max_running_plus_loading,
+                 scheduler_->num_running() + scheduler_->stats().num_waiting_for_load);
+    // An empty step still goes out (it may carry finished ids, and outputs
+    // are processed in step order), but we wait for news before the next.
+    if (step.total_num_scheduled_tokens == 0) {
+      schedule_wanted_ = false;
+      if (scheduler_->stats().num_waiting_for_load == 0) pace_until_ = Clock::now() + kEmptyStepPace;
+    }
+    if (!SendStep(std::move(step))) return;
+  }
+}
+
+void EngineCore::Wake() { pace_until_ = {}; }
+
+bool EngineCore::StoresToCollectWhileIdle() const {
+  return kv_connector_ != nullptr && scheduler_ != nullptr && transport_ != nullptr &&
+         scheduler_->num_steps_in_flight() == 0 && !scheduler_->HasUnfinishedRequests() &&
+         kv_connector_->stats().stores_in_flight > 0;
+}
+
+void EngineCore::CollectStores() {
+  // Nothing to schedule: the step carries no request; its output brings back
+  // the store entries the worker finished since the last step.
+  if (StoresToCollectWhileIdle()) SendStep(scheduler_->Schedule());
+}
+
+bool EngineCore::SendStep(sched::SchedulerOutput step) {
+  ++counters_.num_steps_sent;
+  counters_.step_scheduled_reqs_sum += step.num_scheduled_tokens.size();
+  if (!transport_->Send(step)) {
+    DropWorker("writing to the worker's Execute stream failed");
+    return false;
+  }
+  counters_.max_steps_in_flight =
+      std::max(counters_.max_steps_in_flight, scheduler_->num_steps_in_flight());
+  return true;
+}
+
+void EngineCore::Deliver(const sched::RequestOutput& out) {
+  auto it = requests_.find(out.request_id);
+  if (it == requests_.end()) return;
+  if (out.finished.has_value()) {
+    Finish(out.request_id, ReasonOf(*out.finished), &out,
+           *out.finished == sched::RequestState::kFinishedError ? absl::InternalError(out.error)
+                                                                : absl::OkStatus());
+    return;
+  }
+  if (out.new_token_ids.empty()) return;
+  if (options_.worker_loss_grace_s > 0) {
+    std::vector<int32_t>& streamed = it->second.streamed_token_ids;
+    streamed.insert(streamed.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+  }
+  it->second.sink->OnTokens(out.new_token_ids);
+}
+
+void EngineCore::Finish(const std::string& request_id, FinishReason reason,
+                        const sched::RequestOutput* out, const absl::Status& status) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  std::shared_ptr<RequestSink> sink = std::move(it->second.sink);
+  requests_.erase(it);
+  sink->OnFinished(reason, out, status);
+}
+
+std::optional<EngineCore::Clock::time_point> EngineCore::worker_loss_deadline() const {
+  if (!worker_lost_at_) return std::nullopt;
+  return *worker_lost_at_ + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(options_.worker_loss_grace_s));
+}
+
+void EngineCore::ExpireWorkerLossGrace(Clock::time_point now) {
+  const std::optional<Clock::time_point> deadline = worker_loss_deadline();
+  if (!deadline || now < *deadline) return;
+  TANDEM_LOG(ERROR) << "no worker came back within " << options_.worker_loss_grace_s
+                    << " s: failing " << requests_.size() << " requests";
+  worker_lost_at_.reset();
+  model_info_.ready = false;
+  FailAll(absl::UnavailableError(
+      absl::StrCat("lost the worker (", worker_lost_reason_, ") and none came back within ",
+                   options_.worker_loss_grace_s, " s (--worker-loss-grace-s)")));
+}
+
+void EngineCore::ResumeRequests() {
+  if (!worker_lost_at_) return;
+  worker_lost_at_.reset();
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& [id, entry] : requests_) order.emplace_back(entry.arrival_ns, id);
+  std::sort(order.begin(), order.end());
+  int resumed = 0;
+  for (const auto& [arrival_ns, id] : order) {
+    Entry& entry = requests_.at(id);
+    sched::RequestSpec spec = entry.spec;
+    spec.resumed_output_token_ids = entry.streamed_token_ids;
+    if (absl::Status s = scheduler_->AddRequest(std::move(spec), arrival_ns); !s.ok()) {
+      // E.g. the new worker's context is shorter than this request.
+      Finish(id, FinishReason::kError, nullptr,
+             absl::Status(s.code(), entry.started
+                                        ? absl::StrCat("after the worker was lost, the new "
+                                                       "worker cannot take it: ",
+                                                       s.message())
+                                        : s.message()));
+      continue;
+    }
+    entry.started = true;
+    ++resumed;
+  }
+  TANDEM_LOG(INFO) << "resumed " << resumed << " requests on the new worker";
+}
+
+EngineStats EngineCore::stats() const {
+  EngineStats s = counters_;
+  s.worker_connected = transport_ != nullptr;
+  s.num_requests = static_cast<int32_t>(requests_.size());
+  if (scheduler_ != nullptr) {
+    s.num_steps_in_flight = scheduler_->num_steps_in_flight();
+    s.has_scheduler = true;
+    s.num_running = scheduler_->num_running();
+    s.num_waiting = scheduler_->num_waiting();
+    s.num_free_blocks = scheduler_->num_free_blocks();
+    s.num_total_blocks = scheduler_->num_total_blocks();
+    s.scheduler = scheduler_->stats();
+  }
+  if (kv_connector_ != nullptr) {
+    s.has_kv_connector = true;
+    s.kv_connector = kv_connector_->stats();
+  }
+  return s;
+}
+
+}  // namespace tandem::engine

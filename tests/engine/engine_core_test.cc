@@ -1,0 +1,521 @@
+// EngineCore in process: the scheduler's engine and the worker's
+// StepExecutor, joined by a loopback transport instead of gRPC, running the
+// real stories260K model. Greedy tokens are checked against llama2.c's
+// (../shared/models/stories260K.reference.json), so a step lost, run twice,
+// run out of order or fed the wrong placeholders shows up as a wrong token.
+// Runs under ASan and TSan in CI (tools/test.sh), which the multi-process
+// tests cannot do cheaply.
+#include "tandem/engine/engine_core.h"
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../model/test_util.h"
+#include "gtest/gtest.h"
+#include "tandem/common/clock.h"
+#include "tandem/worker/step_executor.h"
+
+namespace tandem::engine {
+namespace {
+
+using model::testing::LoadCases;
+using model::testing::ReferenceCase;
+
+// One worker in process: steps queue here when the engine sends them and run
+// through a StepExecutor when the test says so.
+class LoopbackWorker final : public StepTransport {
+ public:
+  LoopbackWorker(const model::Model* model, int32_t num_blocks,
+                 worker::StepExecutorOptions options = {}) {
+    auto runner = model::ModelRunner::Create(model, {.block_size = kBlockSize,
+                                                     .num_blocks = num_blocks});
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    runner_ = std::move(runner).value();
+    backend_ = std::make_unique<worker::RunnerBackend>(runner_.get());
+    executor_ = std::make_unique<worker::StepExecutor>(backend_.get(), nullptr, options);
+    const model::ModelConfig& c = model->config();
+    description = WorkerDescription{
+        .model_name = "stories260K",
+        .model_fingerprint = model->fingerprint(),
+        .kv_layout = model::KvLayoutString(c, kBlockSize, model::DType::kFloat32),
+        .block_size = kBlockSize,
+        .num_kv_blocks = num_blocks,
+        .vocab_size = c.vocab_size,
+        .eos_token_id = c.eos_token_id,
+        .max_model_len = c.max_seq_len,
+        .block_bytes = model::KvBlockBytes(c, kBlockSize, model::DType::kFloat32),
+    };
+  }
+
+  bool Send(const sched::SchedulerOutput& step) override {
+    if (broken) return false;
+    sent.push_back(step);
+    if (on_send) on_send(sent.back());
+    ++num_sent;
+    return true;
+  }
+
+  // Runs the oldest step sent; its output, with `finished_sending` added.
+  sched::ModelRunnerOutput RunOldest() {
+    sched::ModelRunnerOutput out = executor_->Execute(std::move(sent.front()));
+    sent.pop_front();
+    for (const std::string& id : finished_sending) {
+      out.kv_connector_report.finished_sending.push_back(id);
+    }
+    finished_sending.clear();
+    return out;
+  }
+
+  static constexpr int32_t kBlockSize = 16;
+  WorkerDescription description;
+  std::deque<sched::SchedulerOutput> sent;
+  int num_sent = 0;
+  bool broken = false;                          // Send() fails
+  std::function<void(sched::SchedulerOutput&)> on_send;  // may alter a step
+  std::vector<std::string> finished_sending;   // reported with the next output
+
+ private:
+  std::unique_ptr<model::ModelRunner> runner_;
+  std::unique_ptr<worker::RunnerBackend> backend_;
+  std::unique_ptr<worker::StepExecutor> executor_;
+};
+
+// Records what one request heard; checks it hears exactly one ending.
+struct Recorder final : RequestSink {
+  void OnTokens(std::span<const int32_t> ids) override {
+    EXPECT_FALSE(ended) << "tokens after the end";
+    EXPECT_FALSE(ids.empty());
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+  }
+  void OnFinished(FinishReason r, const sched::RequestOutput* out,
+                  const absl::Status& s) override {
+    EXPECT_FALSE(ended) << "ended twice";
+    ended = true;
+    reason = r;
+    status = s;
+    if (out != nullptr) {
+      tokens.insert(tokens.end(), out->new_token_ids.begin(), out->new_token_ids.end());
+      num_output_tokens = out->num_output_tokens;
+    }
+  }
+  void OnRejected(const absl::Status& s) override {
+    EXPECT_FALSE(ended) << "ended twice";
+    ended = true;
+    rejected = true;
+    status = s;
+  }
+  std::vector<int32_t> tokens;
+  bool ended = false;
+  bool rejected = false;
+  FinishReason reason = FinishReason::kError;
+  absl::Status status;
+  int32_t num_output_tokens = -1;
+};
+
+sched::RequestSpec Greedy(const std::string& id, const ReferenceCase& c) {
+  sched::RequestSpec spec{.request_id = id, .prompt_token_ids = c.prompt};
+  spec.sampling.temperature = 0;
+  spec.sampling.max_tokens = c.max_tokens;
+  return spec;
+}
+
+class EngineCoreTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (!model::testing::HaveStories()) {
+      if (std::getenv("CI") != nullptr) FAIL() << "CI is set but the model is missing";
+      GTEST_SKIP() << "no " << model::testing::StoriesPath();
+    }
+    auto m = model::Model::Load(model::testing::StoriesPath());
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(m).value();
+    cases_ = LoadCases();
+    ASSERT_FALSE(cases_.empty());
+  }
+
+  bool async() const { return GetParam(); }
+
+  EngineCoreOptions Options(double grace_s = 0) {
+    EngineCoreOptions o;
+    o.scheduler.async_scheduling = async();
+    o.scheduler.max_num_batched_tokens = 64;  // chunked prefills
+    o.scheduler.max_num_seqs = 8;
+    o.worker_loss_grace_s = grace_s;
+    o.worker_address = "loopback";
+    o.on_worker_lost = [this](const std::string& reason) { lost_reasons_.push_back(reason); };
+    return o;
+  }
+
+  // Submits every reference case.
+  std::vector<std::shared_ptr<Recorder>> SubmitAll(EngineCore& core,
+                                                   const std::string& prefix = "case-") {
+    std::vector<std::shared_ptr<Recorder>> sinks;
+    for (size_t i = 0; i < cases_.size(); ++i) {
+      sinks.push_back(std::make_shared<Recorder>());
+      core.AddRequest(Greedy(prefix + std::to_string(i), cases_[i]), sinks.back(),
+                      MonotonicNanos());
+    }
+    return sinks;
+  }
+
+  // The loop of tandem-scheduler without threads: schedule and send, run
+  // the oldest step, hand its output back, until every request ended (or
+  // `max_turns`, or `stop` says so).
+  void Run(EngineCore& core, LoopbackWorker& worker, int max_turns = 100000,
+           const std::function<bool()>& stop = {}) {
+    for (int turn = 0; turn < max_turns && core.num_requests() > 0; ++turn) {
+      if (stop && stop()) return;
+      core.Wake();  // no pacing in a test: the worker is never busy
+      core.Step();
+      if (!core.has_worker() || worker.sent.empty()) return;
+      core.ProcessOutput(worker.RunOldest());
+    }
+  }
+
+  void ExpectReference(const std::vector<std::shared_ptr<Recorder>>& sinks) {
+    ASSERT_EQ(sinks.size(), cases_.size());
+    for (size_t i = 0; i < cases_.size(); ++i) {
+      SCOPED_TRACE("case " + std::to_string(i));
+      EXPECT_TRUE(sinks[i]->ended);
+      EXPECT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
+      EXPECT_EQ(sinks[i]->tokens, cases_[i].expected);
+      EXPECT_EQ(sinks[i]->reason,
+                cases_[i].stopped_on_token_1 ? FinishReason::kStop : FinishReason::kLength);
+    }
+  }
+
+  std::unique_ptr<model::Model> model_;
+  std::vector<ReferenceCase> cases_;
+  std::vector<std::string> lost_reasons_;
+};
+
+TEST_P(EngineCoreTest, GreedyTokensMatchLlama2cWithLargeAndTinyKvCaches) {
+  // 30 blocks of 16 tokens (the longest case needs 29 on its own): requests
+  // wait for blocks or are preempted and recomputed; 256: they all run at
+  // once.
+  for (int32_t num_blocks : {256, 30}) {
+    SCOPED_TRACE("num_blocks " + std::to_string(num_blocks));
+    EngineCore core(Options());
+    LoopbackWorker worker(model_.get(), num_blocks);
+    ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+    // Every case twice: 10 requests at once.
+    auto sinks = SubmitAll(core);
+    auto again = SubmitAll(core, "again-");
+    Run(core, worker);
+    ExpectReference(sinks);
+    ExpectReference(again);
+    const EngineStats stats = core.stats();
+    EXPECT_EQ(stats.max_steps_in_flight, async() ? 2 : 1);
+    if (num_blocks == 30) {  // the pool held requests back (or preempted them)
+      EXPECT_GT(stats.scheduler.num_preemptions_total +
+                    stats.scheduler.num_admission_blocked_steps[static_cast<int>(
+                        sched::AdmissionLimit::kKvBlocks)],
+                0u);
+    }
+    EXPECT_EQ(stats.num_requests, 0);
+  }
+}
+
+TEST_P(EngineCoreTest, AFailedStepIsRecomputedAndEveryRequestStillMatches) {
+  EngineCore core(Options());
+  // Step 3 fails on the worker (after its loads, before its forward pass);
+  // in async mode step 4, built on it, fails with it.
+  LoopbackWorker worker(model_.get(), 256, {.debug_fail_steps = {3}});
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  auto sinks = SubmitAll(core);
+  Run(core, worker);
+  ExpectReference(sinks);
+  EXPECT_GT(core.stats().scheduler.num_preemptions_total, 0u);
+  EXPECT_TRUE(lost_reasons_.empty()) << "a failed step is not a lost worker";
+}
+
+TEST_P(EngineCoreTest, WrongPlaceholderCountsFailTheStepAndAreRecomputed) {
+  if (!async()) GTEST_SKIP() << "placeholders exist only with async scheduling";
+  EngineCore core(Options());
+  LoopbackWorker worker(model_.get(), 256);
+  // One step claims a placeholder more than the worker sampled: the worker
+  // must refuse it rather than feed a token the scheduler never saw.
+  int corrupted = 0;
+  worker.on_send = [&](sched::SchedulerOutput& step) {
+    if (corrupted == 0 && step.step_id >= 4) {
+      for (sched::CachedRequestData& c : step.scheduled_cached_reqs) {
+        ++c.num_output_placeholders;
+        ++corrupted;
+        break;
+      }
+    }
+  };
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  auto sinks = SubmitAll(core);
+  Run(core, worker);
+  ASSERT_EQ(corrupted, 1);
+  ExpectReference(sinks);
+  EXPECT_GT(core.stats().scheduler.num_preemptions_by_reason[static_cast<int>(
+                sched::PreemptionReason::kStepFailed)],
+            0u);
+}
+
+TEST_P(EngineCoreTest, AnOutputForTheWrongStepDropsTheWorker) {
+  EngineCore core(Options());
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  auto sinks = SubmitAll(core);
+  core.Step();
+  sched::ModelRunnerOutput out = worker.RunOldest();
+  out.step_id += 7;
+  core.ProcessOutput(out);
+  EXPECT_FALSE(core.has_worker());
+  ASSERT_EQ(lost_reasons_.size(), 1u);
+  EXPECT_NE(lost_reasons_[0].find("but step 1 was expected"), std::string::npos)
+      << lost_reasons_[0];
+  for (const auto& s : sinks) {
+    EXPECT_TRUE(s->ended);
+    EXPECT_EQ(s->status.code(), absl::StatusCode::kUnavailable) << s->status;
+  }
+  EXPECT_EQ(core.num_requests(), 0u);
+}
+
+TEST_P(EngineCoreTest, AWorkerLostWithTwoStepsInFlightFailsEveryRequestOnceWithoutGrace) {
+  EngineCore core(Options(/*grace_s=*/0));
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  auto sinks = SubmitAll(core);
+  // Run a few steps so requests have streamed tokens, then stop with the
+  // window full.
+  Run(core, worker, 6);
+  core.Step();
+  ASSERT_EQ(worker.sent.size(), async() ? 2u : 1u);
+  core.DropWorker("the test pulled the plug");
+  EXPECT_FALSE(core.has_worker());
+  EXPECT_FALSE(core.model_info().ready);
+  for (const auto& s : sinks) {
+    EXPECT_TRUE(s->ended);
+    EXPECT_EQ(s->reason, FinishReason::kError);
+    EXPECT_EQ(s->status.code(), absl::StatusCode::kUnavailable) << s->status;
+    EXPECT_NE(s->status.message().find("the test pulled the plug"), std::string::npos);
+  }
+  // Outputs of the lost worker's steps arrive late: ignored.
+  core.ProcessOutput(worker.RunOldest());
+  EXPECT_EQ(core.num_requests(), 0u);
+  // A new request without a worker is refused at once.
+  auto late = std::make_shared<Recorder>();
+  core.AddRequest(Greedy("late", cases_[0]), late, MonotonicNanos());
+  EXPECT_TRUE(late->rejected);
+  EXPECT_EQ(late->status.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_P(EngineCoreTest, AWorkerLostWithTwoStepsInFlightResumesOnTheNextWithTheSameTokens) {
+  EngineCore core(Options(/*grace_s=*/60));
+  auto first = std::make_unique<LoopbackWorker>(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(first->description, first.get()).ok());
+  auto sinks = SubmitAll(core);
+  Run(core, *first, 6);
+  core.Step();
+  ASSERT_EQ(first->sent.size(), async() ? 2u : 1u);
+  // The stream breaks with the window full; one step even ran, but its
+  // output never comes back.
+  first->RunOldest();
+  core.DropWorker("stream broke");
+  EXPECT_FALSE(core.has_worker());
+  ASSERT_EQ(lost_reasons_.size(), 1u);
+  EXPECT_TRUE(core.model_info().ready) << "requests still validate against its model";
+  for (const auto& s : sinks) EXPECT_FALSE(s->ended);
+  // A request that arrives meanwhile waits too; an invalid one is refused now.
+  auto waiting = std::make_shared<Recorder>();
+  core.AddRequest(Greedy("arrived-during-loss", cases_[1]), waiting, MonotonicNanos());
+  EXPECT_FALSE(waiting->ended);
+  auto invalid = std::make_shared<Recorder>();
+  sched::RequestSpec bad = Greedy("bad", cases_[0]);
+  bad.prompt_token_ids.push_back(1 << 20);
+  core.AddRequest(bad, invalid, MonotonicNanos());
+  EXPECT_TRUE(invalid->rejected);
+  EXPECT_EQ(invalid->status.code(), absl::StatusCode::kInvalidArgument) << invalid->status;
+  ASSERT_TRUE(core.worker_loss_deadline().has_value());
+
+  LoopbackWorker second(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(second.description, &second).ok());
+  EXPECT_FALSE(core.worker_loss_deadline().has_value());
+  Run(core, second);
+  ExpectReference(sinks);
+  EXPECT_TRUE(waiting->ended);
+  EXPECT_EQ(waiting->tokens, cases_[1].expected);
+  EXPECT_EQ(core.stats().num_worker_lost_preemptions, cases_.size());
+}
+
+TEST_P(EngineCoreTest, AFailedSendDropsTheWorker) {
+  EngineCore core(Options(/*grace_s=*/0));
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  auto sinks = SubmitAll(core);
+  Run(core, worker, 3);
+  worker.broken = true;
+  Run(core, worker, 3);
+  EXPECT_FALSE(core.has_worker());
+  ASSERT_EQ(lost_reasons_.size(), 1u);
+  EXPECT_NE(lost_reasons_[0].find("Execute stream failed"), std::string::npos);
+  for (const auto& s : sinks) EXPECT_EQ(s->status.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_P(EngineCoreTest, TheGraceRunsOutAndTheKeptRequestsEndUnavailable) {
+  EngineCore core(Options(/*grace_s=*/30));
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  auto sinks = SubmitAll(core);
+  core.Step();
+  core.DropWorker("gone");
+  const auto deadline = core.worker_loss_deadline();
+  ASSERT_TRUE(deadline.has_value());
+  core.ExpireWorkerLossGrace(*deadline - std::chrono::seconds(1));
+  for (const auto& s : sinks) EXPECT_FALSE(s->ended);
+  core.ExpireWorkerLossGrace(*deadline);
+  for (const auto& s : sinks) {
+    EXPECT_TRUE(s->ended);
+    EXPECT_EQ(s->status.code(), absl::StatusCode::kUnavailable) << s->status;
+    EXPECT_NE(s->status.message().find("--worker-loss-grace-s"), std::string::npos);
+  }
+  EXPECT_FALSE(core.model_info().ready);
+}
+
+TEST_P(EngineCoreTest, AbortAndCancelEndOnlyTheirRequest) {
+  EngineCore core(Options());
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  auto sinks = SubmitAll(core);
+  Run(core, worker, 4);
+  // A cancel from a sink that is not the request's changes nothing.
+  Recorder stranger;
+  EXPECT_FALSE(core.Abort("case-0", &stranger, absl::CancelledError("stale")));
+  EXPECT_TRUE(core.Abort("case-0", sinks[0].get(), absl::CancelledError("cancelled")));
+  EXPECT_TRUE(core.Abort("case-1", nullptr, absl::OkStatus()));
+  EXPECT_FALSE(core.Abort("case-1", nullptr, absl::OkStatus()));
+  EXPECT_EQ(sinks[0]->status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(sinks[1]->reason, FinishReason::kAbort);
+  EXPECT_TRUE(sinks[1]->status.ok());
+  // A duplicate id of a live request is refused; the live one is unaffected.
+  auto dup = std::make_shared<Recorder>();
+  core.AddRequest(Greedy("case-2", cases_[2]), dup, MonotonicNanos());
+  EXPECT_TRUE(dup->rejected);
+  EXPECT_EQ(dup->status.code(), absl::StatusCode::kAlreadyExists);
+  Run(core, worker);
+  for (size_t i = 2; i < cases_.size(); ++i) EXPECT_EQ(sinks[i]->tokens, cases_[i].expected);
+  // The streamed part of an aborted request is a prefix of its reference.
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_LE(sinks[i]->tokens.size(), cases_[i].expected.size());
+    EXPECT_TRUE(std::equal(sinks[i]->tokens.begin(), sinks[i]->tokens.end(),
+                           cases_[i].expected.begin()));
+  }
+}
+
+TEST_P(EngineCoreTest, BadRequestsAreRefusedWithThePreciseError) {
+  EngineCore core(Options());
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  const int32_t vocab = worker.description.vocab_size;
+  struct Bad {
+    sched::RequestSpec spec;
+    std::string message;
+  };
+  std::vector<Bad> bad;
+  bad.push_back({Greedy("empty", cases_[0]), "prompt_token_ids is empty"});
+  bad.back().spec.prompt_token_ids.clear();
+  bad.push_back({Greedy("oov", cases_[0]), "prompt_token_ids[1] = " + std::to_string(vocab) +
+                                               " is outside the vocabulary [0, " +
+                                               std::to_string(vocab) + ")"});
+  bad.back().spec.prompt_token_ids = {1, vocab};
+  bad.push_back({Greedy("long", cases_[0]), "exceeds max_model_len " +
+                                                std::to_string(worker.description.max_model_len)});
+  bad.back().spec.sampling.max_tokens = worker.description.max_model_len;
+  bad.push_back({Greedy("topk", cases_[0]), "sampling: "});
+  bad.back().spec.sampling.top_k = -5;
+  for (Bad& b : bad) {
+    auto sink = std::make_shared<Recorder>();
+    core.AddRequest(b.spec, sink, MonotonicNanos());
+    ASSERT_TRUE(sink->rejected) << b.spec.request_id;
+    EXPECT_EQ(sink->status.code(), absl::StatusCode::kInvalidArgument) << sink->status;
+    EXPECT_NE(sink->status.message().find(b.message), std::string::npos)
+        << sink->status << " lacks " << b.message;
+  }
+  EXPECT_EQ(core.num_requests(), 0u);
+  EXPECT_FALSE(core.CanSchedule());
+}
+
+// A scheduler-role connector that only counts store entries: each finished
+// request leaves one until the worker reports it in finished_sending.
+class CountingStoreConnector final : public sched::KvConnectorScheduler {
+ public:
+  std::optional<sched::ExternalMatch> GetNumNewMatchedTokens(const sched::Request&,
+                                                             int32_t) override {
+    return sched::ExternalMatch{};
+  }
+  void UpdateStateAfterAlloc(const sched::Request&, std::span<const int32_t>, int32_t) override {}
+  sched::KvConnectorMetadata BuildConnectorMeta(
+      const sched::SchedulerOutput&, std::span<const sched::ScheduledRequestView>) override {
+    return {};
+  }
+  bool RequestFinished(const sched::Request& r, std::span<const int32_t>, int32_t) override {
+    storing->insert(r.request_id);
+    return false;
+  }
+  void OnConnectorReport(const sched::KvConnectorReport& report) override {
+    for (const std::string& id : report.finished_sending) storing->erase(id);
+  }
+  sched::KvConnectorSchedulerStats stats() const override {
+    return {.stores_in_flight = static_cast<int32_t>(storing->size())};
+  }
+  std::set<std::string>* storing = nullptr;
+};
+
+TEST_P(EngineCoreTest, AnIdleStepCollectsTheStoresThatFinishedAfterTheLastRequest) {
+  std::set<std::string> storing;
+  EngineCoreOptions options = Options();
+  options.make_kv_connector = [&storing](const WorkerDescription&) {
+    auto c = std::make_unique<CountingStoreConnector>();
+    c->storing = &storing;
+    return c;
+  };
+  EngineCore core(options);
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  auto sink = std::make_shared<Recorder>();
+  core.AddRequest(Greedy("only", cases_[0]), sink, MonotonicNanos());
+  Run(core, worker);
+  // The finished id still goes to the worker with one more step.
+  while (core.CanSchedule() || !worker.sent.empty()) {
+    core.Wake();
+    core.Step();
+    if (!worker.sent.empty()) core.ProcessOutput(worker.RunOldest());
+  }
+  ASSERT_TRUE(sink->ended);
+  EXPECT_EQ(sink->tokens, cases_[0].expected);
+  ASSERT_EQ(storing, std::set<std::string>{"only"});
+  // Idle: nothing to schedule, so Step() sends nothing...
+  EXPECT_FALSE(core.CanSchedule());
+  const int sent_before = worker.num_sent;
+  core.Wake();
+  core.Step();
+  EXPECT_EQ(worker.num_sent, sent_before);
+  // ...but the store is still out: the loop asks for an empty step.
+  ASSERT_TRUE(core.StoresToCollectWhileIdle());
+  worker.finished_sending = {"only"};  // the worker finished it meanwhile
+  core.CollectStores();
+  ASSERT_EQ(worker.num_sent, sent_before + 1);
+  EXPECT_EQ(worker.sent.front().total_num_scheduled_tokens, 0);
+  EXPECT_TRUE(worker.sent.front().num_scheduled_tokens.empty());
+  core.ProcessOutput(worker.RunOldest());
+  EXPECT_TRUE(storing.empty());
+  EXPECT_FALSE(core.StoresToCollectWhileIdle());
+  core.CollectStores();  // nothing left: no step
+  EXPECT_EQ(worker.num_sent, sent_before + 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, EngineCoreTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Async" : "Sync";
+                         });
+
+}  // namespace
+}  // namespace tandem::engine
