@@ -1,15 +1,9 @@
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
-#include "tandem/kernels/cuda_ops.h"
 #include "tandem/kvconnector/kvstore_connector.h"
 
 namespace tandem::kvconnector {
@@ -77,61 +71,29 @@ const char* StagingMemoryName(StagingMemory m) {
   return "?";
 }
 
-void KvStoreConnectorWorker::Staging::Free() {
-  if (data_ == nullptr) return;
-  switch (kind_) {
-    case StagingMemory::kCudaPinned:
-#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
-      kernels::cuda::HostFree(data_);
-#endif
-      break;
-    case StagingMemory::kLocked:
-      munlock(data_, capacity_);
-      std::free(data_);
-      break;
-    case StagingMemory::kPageable:
-    case StagingMemory::kNone:
-      std::free(data_);
-      break;
-  }
-  data_ = nullptr;
-  capacity_ = 0;
-  kind_ = StagingMemory::kNone;
+std::byte* KvStoreConnectorWorker::Staging::Reserve(size_t bytes) {
+  if (bytes <= memory_.size()) return memory_.data();
+  constexpr size_t kPage = 4096;
+  const size_t cap = (std::max(bytes, memory_.size() * 2) + kPage - 1) / kPage * kPage;
+  memory_ = PinnedBuffer();  // the old one goes first: no peak of both
+  absl::StatusOr<PinnedBuffer> memory = PinnedBuffer::Allocate(
+      cap, {.use_cuda_host_alloc = use_cuda_host_alloc_, .what = "KV load staging"});
+  TANDEM_CHECK(memory.ok()) << memory.status();
+  memory_ = std::move(memory).value();
+  return memory_.data();
 }
 
-std::byte* KvStoreConnectorWorker::Staging::Reserve(size_t bytes) {
-  if (bytes <= capacity_) return data_;
-  constexpr size_t kPage = 4096;
-  const size_t cap = (std::max(bytes, capacity_ * 2) + kPage - 1) / kPage * kPage;
-  Free();
-#if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
-  if (use_cuda_host_alloc_ && kernels::cuda::DeviceCount() > 0) {
-    void* p = nullptr;
-    const int err = kernels::cuda::HostAlloc(&p, cap);
-    if (err == 0) {
-      data_ = static_cast<std::byte*>(p);
-      capacity_ = cap;
-      kind_ = StagingMemory::kCudaPinned;
-      TANDEM_LOG(INFO) << "KV load staging: " << cap << " bytes pinned with cudaHostAlloc";
-      return data_;
-    }
-    TANDEM_LOG(WARNING) << "KV load staging: cudaHostAlloc(" << cap
-                        << ") failed: " << kernels::cuda::ErrorString(err)
-                        << "; using page-aligned host memory";
+StagingMemory KvStoreConnectorWorker::Staging::kind() const {
+  if (memory_.size() == 0) return StagingMemory::kNone;
+  switch (memory_.kind()) {
+    case PinnedKind::kCudaPinned:
+      return StagingMemory::kCudaPinned;
+    case PinnedKind::kLocked:
+      return StagingMemory::kLocked;
+    case PinnedKind::kPageable:
+      return StagingMemory::kPageable;
   }
-#endif
-  data_ = static_cast<std::byte*>(std::aligned_alloc(kPage, cap));
-  TANDEM_CHECK(data_ != nullptr) << "KV load staging: cannot allocate " << cap << " bytes";
-  capacity_ = cap;
-  if (mlock(data_, capacity_) == 0) {  // best effort (RLIMIT_MEMLOCK)
-    kind_ = StagingMemory::kLocked;
-    TANDEM_LOG(INFO) << "KV load staging: " << cap << " bytes, page-aligned and mlock()ed";
-  } else {
-    kind_ = StagingMemory::kPageable;
-    TANDEM_LOG(INFO) << "KV load staging: " << cap
-                     << " bytes, page-aligned, not locked (mlock: " << std::strerror(errno) << ")";
-  }
-  return data_;
+  return StagingMemory::kNone;
 }
 
 void KvStoreConnectorWorker::EnsureNamespace() {

@@ -1,16 +1,7 @@
 #include "tandem/kvstore/host_arena.h"
 
-#include <sys/mman.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
-#include "tandem/common/logging.h"
-
-#ifdef TANDEM_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "tandem/common/status.h"
 
 namespace tandem::kvstore {
 
@@ -30,56 +21,13 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOpti
   std::unique_ptr<HostArena> arena(new HostArena());
   arena->slot_bytes_ = (options.slot_bytes + 63) / 64 * 64;
   arena->num_slots_ = options.num_slots;
-  const uint64_t bytes = arena->slot_bytes_ * arena->num_slots_;
-  if (bytes == 0) return arena;
-#ifdef TANDEM_HAVE_CUDA
-  int devices = 0;
-  if (options.use_cuda_host_alloc && cudaGetDeviceCount(&devices) != cudaSuccess) {
-    devices = 0;
-    cudaGetLastError();  // no device or driver: clear the error it leaves behind
-  }
-  if (devices > 0) {
-    void* p = nullptr;
-    cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-    if (err == cudaSuccess) {
-      arena->base_ = static_cast<uint8_t*>(p);
-      arena->cuda_pinned_ = true;
-      arena->locked_ = true;
-      TANDEM_LOG(INFO) << "hot tier: " << bytes << " bytes pinned with cudaHostAlloc";
-      return arena;
-    }
-    TANDEM_LOG(WARNING) << "cudaHostAlloc(" << bytes << ") failed: " << cudaGetErrorString(err)
-                        << "; falling back to page-aligned host memory";
-  }
-#endif
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("hot tier: mmap of ", bytes, " bytes failed: ", std::strerror(errno)));
-  }
-  arena->base_ = static_cast<uint8_t*>(p);
-  arena->mapped_bytes_ = bytes;
-  if (options.lock_memory) {
-    if (mlock(p, bytes) == 0) {
-      arena->locked_ = true;
-    } else {
-      TANDEM_LOG(INFO) << "hot tier: mlock of " << bytes << " bytes not allowed ("
-                       << std::strerror(errno) << "); using unlocked page-aligned memory";
-    }
-  }
+  TANDEM_ASSIGN_OR_RETURN(
+      arena->memory_,
+      PinnedBuffer::Allocate(arena->slot_bytes_ * arena->num_slots_,
+                             {.use_cuda_host_alloc = options.use_cuda_host_alloc,
+                              .lock = options.lock_memory,
+                              .what = "hot tier"}));
   return arena;
-}
-
-HostArena::~HostArena() {
-  if (base_ == nullptr) return;
-#ifdef TANDEM_HAVE_CUDA
-  if (cuda_pinned_) {
-    cudaFreeHost(base_);
-    return;
-  }
-#endif
-  if (locked_) munlock(base_, mapped_bytes_);
-  munmap(base_, mapped_bytes_);
 }
 
 }  // namespace tandem::kvstore

@@ -80,6 +80,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "tandem/common/block_hash.h"
+#include "tandem/common/pinned_memory.h"
 #include "tandem/kvconnector/kvstore_client.h"
 #include "tandem/sched/kv_connector.h"
 #include "tandem/sched/scheduler_output.h"
@@ -323,26 +324,20 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   const int64_t block_bytes_;
   CopyToHost to_host_;
   CopyFromHost from_host_;
-  // Staging memory of loads (loop thread only): CUDA-pinned when a device is
-  // present (options.use_cuda_host_alloc), else page-aligned and locked where
-  // the OS allows.
+  // Staging memory of loads (loop thread only): a tandem::PinnedBuffer
+  // (CUDA-pinned when a device is present and options.use_cuda_host_alloc,
+  // else page-aligned and locked where the OS allows), grown on demand.
   class Staging {
    public:
     explicit Staging(bool use_cuda_host_alloc) : use_cuda_host_alloc_(use_cuda_host_alloc) {}
-    Staging(const Staging&) = delete;
-    Staging& operator=(const Staging&) = delete;
-    ~Staging() { Free(); }
     // At least `bytes` bytes; previous contents are not kept.
     std::byte* Reserve(size_t bytes);
-    [[nodiscard]] StagingMemory kind() const { return kind_; }
-    [[nodiscard]] size_t capacity() const { return capacity_; }
+    [[nodiscard]] StagingMemory kind() const;
+    [[nodiscard]] size_t capacity() const { return memory_.size(); }
 
    private:
-    void Free();
     const bool use_cuda_host_alloc_;
-    std::byte* data_ = nullptr;
-    size_t capacity_ = 0;
-    StagingMemory kind_ = StagingMemory::kNone;
+    PinnedBuffer memory_;
   };
   Staging staging_;
   // The stores (request id, blocks) of the step whose LoadBlocks ran and

@@ -1,9 +1,6 @@
-// The hot tier's memory: one pinned host allocation cut into fixed-size slots.
-//
-// With a CUDA device present (built with TANDEM_HAVE_CUDA and a device found
-// at run time) the arena comes from cudaHostAlloc, so copies to the GPU run
-// at full PCIe speed. Otherwise it is page-aligned anonymous memory, mlock()ed
-// where the OS allows it (a failed mlock is logged and ignored).
+// The hot tier's memory: one pinned host allocation (tandem::PinnedBuffer:
+// cudaHostAlloc with a CUDA device, else page-aligned and mlock()ed where the
+// OS allows) cut into fixed-size slots.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +9,7 @@
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "tandem/common/pinned_memory.h"
 
 namespace tandem::kvstore {
 
@@ -31,25 +29,27 @@ struct HostArenaOptions {
 class HostArena {
  public:
   static absl::StatusOr<std::unique_ptr<HostArena>> Create(const HostArenaOptions& options);
-  ~HostArena();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
   [[nodiscard]] uint64_t slot_bytes() const { return slot_bytes_; }
   [[nodiscard]] uint64_t num_slots() const { return num_slots_; }
-  [[nodiscard]] uint8_t* slot(uint64_t index) const { return base_ + index * slot_bytes_; }
-  // True when the memory is CUDA-pinned, or mlock()ed.
-  [[nodiscard]] bool cuda_pinned() const { return cuda_pinned_; }
-  [[nodiscard]] bool locked() const { return locked_; }
+  [[nodiscard]] uint8_t* slot(uint64_t index) const {
+    return reinterpret_cast<uint8_t*>(memory_.data()) + index * slot_bytes_;
+  }
+  // True when the memory is CUDA-pinned, or locked (CUDA-pinned or mlock()ed).
+  [[nodiscard]] bool cuda_pinned() const {
+    return memory_.size() > 0 && memory_.kind() == PinnedKind::kCudaPinned;
+  }
+  [[nodiscard]] bool locked() const {
+    return memory_.size() > 0 && memory_.kind() != PinnedKind::kPageable;
+  }
 
  private:
   HostArena() = default;
-  uint8_t* base_ = nullptr;
+  PinnedBuffer memory_;
   uint64_t slot_bytes_ = 0;
   uint64_t num_slots_ = 0;
-  uint64_t mapped_bytes_ = 0;
-  bool cuda_pinned_ = false;
-  bool locked_ = false;
 };
 
 }  // namespace tandem::kvstore
