@@ -53,12 +53,12 @@
 // hashes of that request's entries, so a lost store is retried by a later
 // request instead of never.
 //
-// Known limits: while a lookup is pending and nothing else can run, the
-// engine keeps sending empty steps to the worker (it polls once per step),
-// so it spins at the worker's round-trip rate for at most the lookup
-// deadline. finished_sending only arrives with a step: while idle with store
-// entries not reported, the scheduler's engine sends an empty step every
-// 100 ms to collect them, so stores_in_flight settles at zero.
+// The engine's side (engine::EngineCore): while a lookup is pending and
+// nothing else can run, it sends an empty step at most every
+// EngineCore::kEmptyStepPace, or at once when the answer arrives
+// (on_lookup_answer). finished_sending only arrives with a step: while idle
+// with store entries not reported (stats().stores_in_flight), it sends an
+// empty step every 100 ms to collect them, so stores_in_flight settles at 0.
 #pragma once
 
 #include <atomic>

@@ -34,17 +34,10 @@
 //   3. otherwise R preempts itself (it is last in the order).
 // Progress: a request is never the victim of one after it in the order, so
 // the first request in the order never loses its blocks and finishes (it
-// fits the pool alone, AddRequest checks that). The livelock this rules
-// out: R, alone, preempted itself for a full-prompt load of a request Q
-// admitted after it; Q ran, R came back as a load and Q preempted itself
-// for it, and so on, for ever. Now R waits for Q's load and then preempts
-// Q, which cannot come back before blocks free up: once R has preempted Q,
-// Q is admitted again only when the pool holds all of Q's blocks again,
-// which R alone (growing) never brings about. So a request is preempted by
-// the same other one only as often as third requests free blocks for it in
-// between (as in vLLM); tests/sched/ asserts a small bound on that
-// (kMaxPreemptionsBySameRequest, measured) over randomized workloads with
-// warm and cold stores, tiny pools and slow loads, in both modes.
+// fits the pool alone, AddRequest checks that). tests/sched/ asserts a small
+// bound on how often the same request preempts another
+// (kMaxPreemptionsBySameRequest) over randomized workloads. The livelock
+// these rules remove: DESIGN-NOTES.md, "The scheduler's progress rules".
 // A request whose blocks the local prefix cache holds up to its last,
 // full block (the hit is capped at num_tokens - 1) is not sent to the
 // connector: it recomputes the last block instead of loading a copy of
