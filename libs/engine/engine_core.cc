@@ -305,12 +305,11 @@ void EngineCore::ResumeRequests() {
     spec.resumed_output_token_ids = entry.streamed_token_ids;
     if (absl::Status s = scheduler_->AddRequest(std::move(spec), arrival_ns); !s.ok()) {
       // E.g. the new worker's context is shorter than this request.
-      Finish(id, FinishReason::kError, nullptr,
-             absl::Status(s.code(), entry.started
-                                        ? absl::StrCat("after the worker was lost, the new "
-                                                       "worker cannot take it: ",
-                                                       s.message())
-                                        : s.message()));
+      const std::string message =
+          entry.started ? absl::StrCat("after the worker was lost, the new worker cannot take it: ",
+                                       s.message())
+                        : std::string(s.message());
+      Finish(id, FinishReason::kError, nullptr, absl::Status(s.code(), message));
       continue;
     }
     entry.started = true;
