@@ -54,8 +54,8 @@ absl::StatusOr<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes,
 #endif
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat(options.what, ": mmap of ", bytes,
-                                                     " bytes failed: ", std::strerror(errno)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(options.what, ": mmap of ", bytes, " bytes failed: ", std::strerror(errno)));
   }
   buf.data_ = static_cast<std::byte*>(p);
   buf.size_ = bytes;

@@ -96,16 +96,16 @@ void EngineCore::DropWorker(std::string_view reason) {
     // Every live request is kept and resumes on the next worker; the KV on
     // the lost one is gone, so all of it recomputes.
     TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; "
-                      << requests_.size() << " requests wait up to "
-                      << options_.worker_loss_grace_s << " s for a worker to resume on";
+                      << requests_.size() << " requests wait up to " << options_.worker_loss_grace_s
+                      << " s for a worker to resume on";
     if (!worker_lost_at_) {
       worker_lost_at_ = Clock::now();
       worker_lost_reason_ = std::string(reason);
     }
     counters_.num_worker_lost_preemptions += requests_.size();
   } else {
-    TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason
-                      << "; failing " << requests_.size() << " requests";
+    TANDEM_LOG(ERROR) << "lost worker " << options_.worker_address << ": " << reason << "; failing "
+                      << requests_.size() << " requests";
     FailAll(absl::UnavailableError(
         absl::StrCat("lost the worker (", std::string(reason), "); the request was aborted")));
   }
@@ -142,14 +142,13 @@ void EngineCore::AddRequest(sched::RequestSpec spec, std::shared_ptr<RequestSink
     // checked against the lost worker's model now and the next one's then.
     status = sched::Scheduler::ValidateRequest(spec, *last_config_, last_num_total_blocks_);
     if (status.ok()) {
-      requests_.emplace(id, Entry{.sink = std::move(sink),
-                                  .arrival_ns = arrival_ns,
-                                  .spec = std::move(spec)});
+      requests_.emplace(
+          id, Entry{.sink = std::move(sink), .arrival_ns = arrival_ns, .spec = std::move(spec)});
       return;
     }
   } else {
-    status = absl::UnavailableError(absl::StrCat("no worker is connected (worker address ",
-                                                 options_.worker_address, ")"));
+    status = absl::UnavailableError(
+        absl::StrCat("no worker is connected (worker address ", options_.worker_address, ")"));
   }
   sink->OnRejected(status);
 }
@@ -216,7 +215,8 @@ void EngineCore::Step() {
     // are processed in step order), but we wait for news before the next.
     if (step.total_num_scheduled_tokens == 0) {
       schedule_wanted_ = false;
-      if (scheduler_->stats().num_waiting_for_load == 0) pace_until_ = Clock::now() + kEmptyStepPace;
+      if (scheduler_->stats().num_waiting_for_load == 0)
+        pace_until_ = Clock::now() + kEmptyStepPace;
     }
     if (!SendStep(std::move(step))) return;
   }

@@ -22,11 +22,10 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOpti
   arena->slot_bytes_ = (options.slot_bytes + 63) / 64 * 64;
   arena->num_slots_ = options.num_slots;
   TANDEM_ASSIGN_OR_RETURN(
-      arena->memory_,
-      PinnedBuffer::Allocate(arena->slot_bytes_ * arena->num_slots_,
-                             {.use_cuda_host_alloc = options.use_cuda_host_alloc,
-                              .lock = options.lock_memory,
-                              .what = "hot tier"}));
+      arena->memory_, PinnedBuffer::Allocate(arena->slot_bytes_ * arena->num_slots_,
+                                             {.use_cuda_host_alloc = options.use_cuda_host_alloc,
+                                              .lock = options.lock_memory,
+                                              .what = "hot tier"}));
   return arena;
 }
 

@@ -73,8 +73,8 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
   for (size_t i = 0; i < spec.prompt_token_ids.size(); ++i) {
     const int32_t t = spec.prompt_token_ids[i];
     if (t < 0 || (config.vocab_size > 0 && t >= config.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt_token_ids[", i, "] = ", t, " is outside the vocabulary ", vocab_range));
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", t,
+                                                     " is outside the vocabulary ", vocab_range));
     }
   }
   if (absl::Status s = spec.sampling.Validate(

@@ -202,7 +202,6 @@ EngineMetrics::EngineMetrics(SeriesMaker m)
   }
 }
 
-
 namespace {
 
 v1::FinishReason ToProto(engine::FinishReason reason) {
@@ -561,8 +560,8 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
     if (out != nullptr) {
       metrics_->prompt_tokens.Increment(out->num_prompt_tokens);
       if (out->num_output_tokens > 1 && call.first_token_ns > 0) {
-        metrics_->time_per_output_token.Observe((call.last_token_ns - call.first_token_ns) *
-                                                1e-9 / (out->num_output_tokens - 1));
+        metrics_->time_per_output_token.Observe((call.last_token_ns - call.first_token_ns) * 1e-9 /
+                                                (out->num_output_tokens - 1));
       }
     }
   }

@@ -27,9 +27,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
-#include <span>
 
 #include "absl/status/status.h"
 #include "call.h"

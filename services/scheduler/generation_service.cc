@@ -112,10 +112,8 @@ void ToProto(const ServiceStats& stats, v1::GetStatsResponse* s) {
     s->set_external_lookups_with_hits(k.lookups_with_hits);
     s->set_external_lookups_failed(k.lookups_failed);
     s->set_external_lookup_hit_tokens(k.lookup_hit_tokens);
-    s->set_external_lookup_latency_seconds_sum(static_cast<double>(k.lookup_latency_ns_sum) *
-                                               1e-9);
-    s->set_external_lookup_latency_seconds_max(static_cast<double>(k.lookup_latency_ns_max) *
-                                               1e-9);
+    s->set_external_lookup_latency_seconds_sum(static_cast<double>(k.lookup_latency_ns_sum) * 1e-9);
+    s->set_external_lookup_latency_seconds_max(static_cast<double>(k.lookup_latency_ns_max) * 1e-9);
     s->set_external_invalid_blocks(k.invalid_blocks);
     s->set_external_stored_blocks(k.stored_blocks);
     s->set_num_lookups_pending(k.lookups_pending);

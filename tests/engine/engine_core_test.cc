@@ -31,8 +31,8 @@ class LoopbackWorker final : public StepTransport {
  public:
   LoopbackWorker(const model::Model* model, int32_t num_blocks,
                  worker::StepExecutorOptions options = {}) {
-    auto runner = model::ModelRunner::Create(model, {.block_size = kBlockSize,
-                                                     .num_blocks = num_blocks});
+    auto runner =
+        model::ModelRunner::Create(model, {.block_size = kBlockSize, .num_blocks = num_blocks});
     EXPECT_TRUE(runner.ok()) << runner.status();
     runner_ = std::move(runner).value();
     backend_ = std::make_unique<worker::RunnerBackend>(runner_.get());
@@ -74,9 +74,9 @@ class LoopbackWorker final : public StepTransport {
   WorkerDescription description;
   std::deque<sched::SchedulerOutput> sent;
   int num_sent = 0;
-  bool broken = false;                          // Send() fails
+  bool broken = false;                                   // Send() fails
   std::function<void(sched::SchedulerOutput&)> on_send;  // may alter a step
-  std::vector<std::string> finished_sending;   // reported with the next output
+  std::vector<std::string> finished_sending;             // reported with the next output
 
  private:
   std::unique_ptr<model::ModelRunner> runner_;
@@ -91,8 +91,7 @@ struct Recorder final : RequestSink {
     EXPECT_FALSE(ids.empty());
     tokens.insert(tokens.end(), ids.begin(), ids.end());
   }
-  void OnFinished(FinishReason r, const sched::RequestOutput* out,
-                  const absl::Status& s) override {
+  void OnFinished(FinishReason r, const sched::RequestOutput* out, const absl::Status& s) override {
     EXPECT_FALSE(ended) << "ended twice";
     ended = true;
     reason = r;
@@ -211,10 +210,11 @@ TEST_P(EngineCoreTest, GreedyTokensMatchLlama2cWithLargeAndTinyKvCaches) {
     const EngineStats stats = core.stats();
     EXPECT_EQ(stats.max_steps_in_flight, async() ? 2 : 1);
     if (num_blocks == 30) {  // the pool held requests back (or preempted them)
-      EXPECT_GT(stats.scheduler.num_preemptions_total +
-                    stats.scheduler.num_admission_blocked_steps[static_cast<int>(
-                        sched::AdmissionLimit::kKvBlocks)],
-                0u);
+      EXPECT_GT(
+          stats.scheduler.num_preemptions_total +
+              stats.scheduler
+                  .num_admission_blocked_steps[static_cast<int>(sched::AdmissionLimit::kKvBlocks)],
+          0u);
     }
     EXPECT_EQ(stats.num_requests, 0);
   }
@@ -405,8 +405,8 @@ TEST_P(EngineCoreTest, AbortAndCancelEndOnlyTheirRequest) {
   // The streamed part of an aborted request is a prefix of its reference.
   for (size_t i = 0; i < 2; ++i) {
     ASSERT_LE(sinks[i]->tokens.size(), cases_[i].expected.size());
-    EXPECT_TRUE(std::equal(sinks[i]->tokens.begin(), sinks[i]->tokens.end(),
-                           cases_[i].expected.begin()));
+    EXPECT_TRUE(
+        std::equal(sinks[i]->tokens.begin(), sinks[i]->tokens.end(), cases_[i].expected.begin()));
   }
 }
 
@@ -426,8 +426,8 @@ TEST_P(EngineCoreTest, BadRequestsAreRefusedWithThePreciseError) {
                                                " is outside the vocabulary [0, " +
                                                std::to_string(vocab) + ")"});
   bad.back().spec.prompt_token_ids = {1, vocab};
-  bad.push_back({Greedy("long", cases_[0]), "exceeds max_model_len " +
-                                                std::to_string(worker.description.max_model_len)});
+  bad.push_back({Greedy("long", cases_[0]),
+                 "exceeds max_model_len " + std::to_string(worker.description.max_model_len)});
   bad.back().spec.sampling.max_tokens = worker.description.max_model_len;
   bad.push_back({Greedy("topk", cases_[0]), "sampling: "});
   bad.back().spec.sampling.top_k = -5;

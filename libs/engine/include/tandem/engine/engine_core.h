@@ -184,8 +184,7 @@ class EngineCore {
 
   // --- Requests ---
   // Takes a request; the sink hears of it until OnFinished or OnRejected.
-  void AddRequest(sched::RequestSpec spec, std::shared_ptr<RequestSink> sink,
-                  int64_t arrival_ns);
+  void AddRequest(sched::RequestSpec spec, std::shared_ptr<RequestSink> sink, int64_t arrival_ns);
   // Ends a live request with FinishReason::kAbort and `status` (OK for the
   // Abort API, CANCELLED or DEADLINE_EXCEEDED for the client's cancel).
   // When `sink` is not null it must be the request's (a late cancel of a
