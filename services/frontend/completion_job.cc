@@ -40,14 +40,14 @@ struct ChoiceState {
   int32_t index = 0;
   int32_t prompt = 0;  // which prompt
   v1::GenerateRequest request;
-  std::vector<std::string> tried;  // replicas, in order
+  std::vector<std::string> tried;                // replicas, in order
   std::shared_ptr<grpc::ClientContext> context;  // of the call running, if any
   int32_t attempt = 0;
   std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
   std::unique_ptr<StopStringMatcher> stops;
   std::vector<int32_t> token_ids;
-  std::string text;        // the whole text (non-streaming responses)
-  bool produced = false;   // a token arrived: no retry elsewhere after this
+  std::string text;       // the whole text (non-streaming responses)
+  bool produced = false;  // a token arrived: no retry elsewhere after this
   bool done = false;
   bool chunk_sent = false;
   FinishReason finish = FinishReason::kNone;
@@ -144,7 +144,9 @@ class Job : public std::enable_shared_from_this<Job> {
 
 void CallReactor::OnReadDone(bool ok) {
   if (!ok) return;
-  exchange_->Post([job = job_, choice = choice_, attempt = attempt_, msg = response_] {
+  // Moved, not copied: the message's storage goes with it (a fresh one is
+  // read into next).
+  exchange_->Post([job = job_, choice = choice_, attempt = attempt_, msg = std::move(response_)] {
     job->OnMessage(choice, attempt, msg);
   });
   response_.Clear();
@@ -230,7 +232,8 @@ void Job::Start() {
     }
   }
   for (ChoiceState& c : choices_) {
-    frontend_->metrics().prompt_tokens.Increment(static_cast<double>(c.request.prompt_token_ids_size()));
+    frontend_->metrics().prompt_tokens.Increment(
+        static_cast<double>(c.request.prompt_token_ids_size()));
   }
   std::weak_ptr<Job> weak = weak_from_this();
   exchange_->SetOnClientGone([weak] {
@@ -346,8 +349,7 @@ void Job::OnCallDone(int32_t choice, int32_t attempt, const std::string& replica
   if (finished_ || c.done) return;
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !c.produced) {
     TANDEM_LOG(WARNING) << "request " << c.request.request_id() << ": replica " << replica
-                        << " is unavailable (" << status.error_message()
-                        << "); trying another";
+                        << " is unavailable (" << status.error_message() << "); trying another";
     frontend_->metrics().retries.Increment();
     if (StartCall(c)) return;
     Fail(FromStatus(14, absl::StrCat("no scheduler replica is serving (last: ", replica, ": ",
@@ -449,9 +451,10 @@ std::optional<ApiError> PreparePrompts(const Frontend& frontend, const Completio
   const char* param = request.endpoint == Endpoint::kChat ? "messages" : "prompt";
   if (request.endpoint == Endpoint::kChat) {
     if (!frontend.chat_template()) {
-      return BadRequest("this server has no chat template for its model; start tandem-frontend "
-                        "with --chat-template",
-                        "messages");
+      return BadRequest(
+          "this server has no chat template for its model; start tandem-frontend "
+          "with --chat-template",
+          "messages");
     }
     tokenizer::ChatTemplateInputs inputs{.messages = request.messages,
                                          .add_generation_prompt = request.add_generation_prompt,
@@ -481,10 +484,10 @@ std::optional<ApiError> PreparePrompts(const Frontend& frontend, const Completio
       }
       for (size_t i = 0; i < p.token_ids.size(); ++i) {
         if (p.token_ids[i] >= model.vocab_size) {
-          return BadRequest(absl::StrCat("prompt token id ", p.token_ids[i], " at position ", i,
-                                         " is outside the vocabulary (size ", model.vocab_size,
-                                         ")"),
-                            "prompt");
+          return BadRequest(
+              absl::StrCat("prompt token id ", p.token_ids[i], " at position ", i,
+                           " is outside the vocabulary (size ", model.vocab_size, ")"),
+              "prompt");
         }
       }
       out->ids.push_back(p.token_ids);
@@ -511,8 +514,8 @@ std::optional<ApiError> PreparePrompts(const Frontend& frontend, const Completio
 
 void StartCompletionJob(Frontend* frontend, std::shared_ptr<HttpExchange> exchange,
                         CompletionRequest request, std::string endpoint) {
-  auto job = std::make_shared<Job>(frontend, std::move(exchange), std::move(request),
-                                   std::move(endpoint));
+  auto job =
+      std::make_shared<Job>(frontend, std::move(exchange), std::move(request), std::move(endpoint));
   job->Start();
 }
 

@@ -116,8 +116,7 @@ void HttpServer::Impl::ReloadTlsLater() {
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
   // `tls`: the server's context (null: plain HTTP).
-  HttpSession(tcp::socket socket, HttpServer::Impl* server,
-              std::shared_ptr<net::ssl::context> tls)
+  HttpSession(tcp::socket socket, HttpServer::Impl* server, std::shared_ptr<net::ssl::context> tls)
       : server_(server), tls_ctx_(std::move(tls)) {
     if (tls_ctx_ != nullptr) {
       tls_.emplace(std::move(socket), *tls_ctx_);
@@ -135,17 +134,21 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         return;
       }
       self->transport().expires_after(self->server_->options.read_timeout);
-      self->tls_->async_handshake(net::ssl::stream_base::server,
-                                  [self](beast::error_code ec) {
-                                    if (ec) {
-                                      self->Close();  // not TLS, or a certificate refused
-                                      return;
-                                    }
-                                    self->DoRead();
-                                  });
+      self->tls_->async_handshake(net::ssl::stream_base::server, [self](beast::error_code ec) {
+        if (ec) {
+          self->Close();  // not TLS, or a certificate refused
+          return;
+        }
+        self->DoRead();
+      });
     });
   }
   void Post(std::function<void()> fn) { net::post(transport().get_executor(), std::move(fn)); }
+  // Runs `fn` at once when called on the strand, else queues it there.
+  template <class Fn>
+  void Dispatch(Fn&& fn) {
+    net::dispatch(transport().get_executor(), std::forward<Fn>(fn));
+  }
 
   // The exchange API, on the strand.
   // `seq` names the exchange: calls for an exchange that is over are
@@ -200,10 +203,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     parser_->header_limit(64 << 10);
     transport().expires_after(server_->options.read_timeout);
     WithStream([&](auto& stream) {
-      http::async_read(stream, buffer_, *parser_,
-                       [self = shared_from_this()](beast::error_code ec, size_t) {
-                         self->OnRead(ec);
-                       });
+      http::async_read(
+          stream, buffer_, *parser_,
+          [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
     });
   }
 
@@ -230,9 +232,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     request.path = std::string(target.substr(0, q));
     if (q != std::string_view::npos) request.query = std::string(target.substr(q + 1));
     for (const auto& field : msg) {
-      request.headers[absl::AsciiStrToLower(
-          std::string(field.name_string().data(), field.name_string().size()))] =
-          std::string(field.value());
+      request.headers[absl::AsciiStrToLower(std::string(
+          field.name_string().data(), field.name_string().size()))] = std::string(field.value());
     }
     request.body = std::move(msg.body());
     keep_alive_ = msg.keep_alive();
@@ -254,10 +255,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void Watch() {
     if (watching_) return;
     watching_ = true;
-    transport().socket().async_wait(tcp::socket::wait_read,
-                                [self = shared_from_this()](beast::error_code ec) {
-                                  self->OnWatch(ec);
-                                });
+    transport().socket().async_wait(
+        tcp::socket::wait_read,
+        [self = shared_from_this()](beast::error_code ec) { self->OnWatch(ec); });
   }
 
   void OnWatch(beast::error_code ec) {
@@ -275,8 +275,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     char byte;
     beast::error_code peek_ec;
     transport().socket().non_blocking(true, peek_ec);
-    const size_t n = transport().socket().receive(net::buffer(&byte, 1),
-                                              tcp::socket::message_peek, peek_ec);
+    const size_t n =
+        transport().socket().receive(net::buffer(&byte, 1), tcp::socket::message_peek, peek_ec);
     if (peek_ec == net::error::would_block || peek_ec == net::error::try_again) {
       Watch();  // nothing there after all: keep watching
       return;
@@ -401,19 +401,20 @@ HttpExchange::~HttpExchange() {
 
 void HttpExchange::Respond(int status, std::string content_type, std::string body,
                            std::vector<std::pair<std::string, std::string>> headers) {
-  session_->Post([s = session_, seq = seq_, status, ct = std::move(content_type),
-                  b = std::move(body), h = std::move(headers)] { s->Respond(seq, status, ct, b, h); });
+  session_->Dispatch([s = session_, seq = seq_, status, ct = std::move(content_type),
+                      b = std::move(body),
+                      h = std::move(headers)] { s->Respond(seq, status, ct, b, h); });
 }
 void HttpExchange::StartStream(int status, std::string content_type) {
-  session_->Post([s = session_, seq = seq_, status, ct = std::move(content_type)] {
+  session_->Dispatch([s = session_, seq = seq_, status, ct = std::move(content_type)] {
     s->StartStream(seq, status, ct);
   });
 }
 void HttpExchange::Write(std::string data) {
-  session_->Post([s = session_, seq = seq_, d = std::move(data)] { s->Write(seq, d); });
+  session_->Dispatch([s = session_, seq = seq_, d = std::move(data)] { s->Write(seq, d); });
 }
 void HttpExchange::End() {
-  session_->Post([s = session_, seq = seq_] { s->End(seq); });
+  session_->Dispatch([s = session_, seq = seq_] { s->End(seq); });
 }
 void HttpExchange::Post(std::function<void()> fn) { session_->Post(std::move(fn)); }
 void HttpExchange::SetOnClientGone(std::function<void()> fn) {

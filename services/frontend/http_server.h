@@ -38,9 +38,9 @@ namespace tandem::frontend {
 class HttpSession;
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // without the query
-  std::string query;   // after '?', "" when none
+  std::string method;                          // "GET", "POST", ...
+  std::string path;                            // without the query
+  std::string query;                           // after '?', "" when none
   std::map<std::string, std::string> headers;  // names lower-cased
   std::string body;
 
@@ -56,7 +56,10 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   const HttpRequest& request() const { return request_; }
 
   // Every method below is safe from any thread; the work runs on the
-  // connection's strand in call order.
+  // connection's strand. Called on the strand (the handler, and whatever it
+  // runs through Post) it runs at once, so a stream's per-token Write costs
+  // no second trip through the strand's queue; called from another thread
+  // it is queued, in call order. Post always queues.
 
   // A complete response with Content-Length. Once per exchange; ignored
   // after the client is gone.

@@ -1,5 +1,6 @@
 #include "tandem/frontend/openai.h"
 
+#include <random>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -108,12 +109,17 @@ TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","best_of":2})"), "best_of");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","suffix":"y"})"), "suffix");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],
-      "tools":[{"type":"function"}]})", Endpoint::kChat), "tools");
+      "tools":[{"type":"function"}]})",
+                       Endpoint::kChat),
+            "tools");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],
-      "response_format":{"type":"json_object"}})", Endpoint::kChat), "response_format");
+      "response_format":{"type":"json_object"}})",
+                       Endpoint::kChat),
+            "response_format");
   // Neutral values and unknown fields pass.
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","presence_penalty":0,"best_of":1,"logprobs":null,
-      "some_future_field":{"a":1}})"), "");
+      "some_future_field":{"a":1}})"),
+            "");
 }
 
 TEST(OpenAiParseTest, ChatMessages) {
@@ -152,8 +158,9 @@ TEST(OpenAiRenderTest, ResponsesAndChunksHaveOpenAiShapes) {
   const ResponseHead head{.id = "chatcmpl-1", .created = 10, .model = "m"};
   Usage usage{.prompt_tokens = 5, .completion_tokens = 2, .cached_tokens = 4};
   const auto full = CompletionResponse(
-      chat, head, {Choice{.text = "hi", .finish_reason = FinishReason::kLength, .token_ids = {7, 8}}},
-      usage, {{1, 2, 3, 4, 5}});
+      chat, head,
+      {Choice{.text = "hi", .finish_reason = FinishReason::kLength, .token_ids = {7, 8}}}, usage,
+      {{1, 2, 3, 4, 5}});
   EXPECT_EQ(full["object"], "chat.completion");
   EXPECT_EQ(full["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(full["choices"][0]["message"]["content"], "hi");
@@ -174,8 +181,9 @@ TEST(OpenAiRenderTest, ResponsesAndChunksHaveOpenAiShapes) {
   CompletionRequest text;
   text.include_usage = true;
   const Json last = Json::parse(
-      StreamChunk(text, head, {.index = 2, .text = "x", .finish_reason = FinishReason::kStop,
-                               .stop_reason = "\n"})
+      StreamChunk(
+          text, head,
+          {.index = 2, .text = "x", .finish_reason = FinishReason::kStop, .stop_reason = "\n"})
           .substr(6));
   EXPECT_EQ(last["object"], "text_completion");
   EXPECT_EQ(last["choices"][0]["index"], 2);
@@ -185,6 +193,120 @@ TEST(OpenAiRenderTest, ResponsesAndChunksHaveOpenAiShapes) {
   const Json u = Json::parse(StreamUsageChunk(text, head, usage).substr(6));
   EXPECT_TRUE(u["choices"].empty());
   EXPECT_EQ(u["usage"]["completion_tokens"], 2);
+}
+
+// What StreamChunk wrote when it built a tree: the chunk as an ordered JSON
+// object dumped by nlohmann (invalid UTF-8 replaced), framed as an event.
+std::string TreeChunk(const CompletionRequest& request, const ResponseHead& head,
+                      const ChunkDelta& delta) {
+  using OrderedJson = nlohmann::ordered_json;
+  const bool chat = request.endpoint == Endpoint::kChat;
+  OrderedJson j;
+  j["id"] = head.id;
+  j["object"] = chat ? "chat.completion.chunk" : "text_completion";
+  j["created"] = head.created;
+  j["model"] = head.model;
+  OrderedJson choice;
+  choice["index"] = delta.index;
+  if (chat) {
+    OrderedJson d = OrderedJson::object();
+    if (delta.first) d["role"] = "assistant";
+    if (delta.first || !delta.text.empty()) d["content"] = delta.text;
+    choice["delta"] = std::move(d);
+  } else {
+    choice["text"] = delta.text;
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = delta.finish_reason == FinishReason::kNone
+                                ? OrderedJson()
+                                : OrderedJson(FinishReasonName(delta.finish_reason));
+  if (!delta.stop_reason.empty()) {
+    choice["stop_reason"] = delta.stop_reason;
+  } else if (delta.stop_token) {
+    choice["stop_reason"] = *delta.stop_token;
+  } else {
+    choice["stop_reason"] = nullptr;
+  }
+  if (request.return_token_ids) choice["token_ids"] = delta.token_ids;
+  j["choices"] = OrderedJson::array({std::move(choice)});
+  if (request.include_usage) j["usage"] = nullptr;
+  return "data: " + j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace) + "\n\n";
+}
+
+// Random text from pieces that stress escaping: plain ASCII, JSON's escapes,
+// other control bytes, DEL, 2-4 byte UTF-8, and invalid or cut sequences.
+std::string RandomText(std::mt19937& rng) {
+  static const char* const kPieces[] = {"Once",
+                                        " upon",
+                                        "a time",
+                                        "\"",
+                                        "\\",
+                                        "/",
+                                        "\n",
+                                        "\r",
+                                        "\t",
+                                        "\b",
+                                        "\f",
+                                        "\x01",
+                                        "\x1f",
+                                        "\x7f",
+                                        "\xc3\xa9",
+                                        "\xe4\xb8\xad",
+                                        "\xf0\x9f\x98\x80",
+                                        "\xcc\x81",
+                                        "\xe2\x96\x81",
+                                        "\xff",
+                                        "\xc3",
+                                        "\xe4\xb8",
+                                        "\xf0\x9f\x98",
+                                        "\x80",
+                                        "<s>",
+                                        "</s>",
+                                        "{\"x\":1}",
+                                        " "};
+  std::string out;
+  const int n = std::uniform_int_distribution<int>(0, 6)(rng);
+  for (int i = 0; i < n; ++i) {
+    out += kPieces[std::uniform_int_distribution<size_t>(0, std::size(kPieces) - 1)(rng)];
+  }
+  return out;
+}
+
+TEST(OpenAiRenderTest, ChunksAreTheBytesATreeWouldDump) {
+  std::mt19937 rng(17);
+  auto coin = [&] { return std::uniform_int_distribution<int>(0, 1)(rng) == 1; };
+  const FinishReason kReasons[] = {FinishReason::kNone, FinishReason::kStop, FinishReason::kLength,
+                                   FinishReason::kAbort, FinishReason::kError};
+  for (int i = 0; i < 5000; ++i) {
+    CompletionRequest request;
+    request.endpoint = coin() ? Endpoint::kChat : Endpoint::kCompletions;
+    request.return_token_ids = coin();
+    request.include_usage = coin();
+    const ResponseHead head{.id = coin() ? "cmpl-0123456789abcdef" : RandomText(rng),
+                            .created = std::uniform_int_distribution<int64_t>(0, 1LL << 40)(rng),
+                            .model = coin() ? "stories260K" : RandomText(rng)};
+    ChunkDelta delta{.index = std::uniform_int_distribution<int32_t>(0, 1000)(rng),
+                     .text = RandomText(rng),
+                     .first = coin(),
+                     .finish_reason = kReasons[std::uniform_int_distribution<int>(0, 4)(rng)]};
+    switch (std::uniform_int_distribution<int>(0, 2)(rng)) {
+      case 0:
+        delta.stop_reason = RandomText(rng);
+        break;
+      case 1:
+        delta.stop_token = std::uniform_int_distribution<int32_t>(-5, 40000)(rng);
+        break;
+      default:
+        break;
+    }
+    const int ids = std::uniform_int_distribution<int>(0, 3)(rng);
+    for (int k = 0; k < ids; ++k) {
+      delta.token_ids.push_back(std::uniform_int_distribution<int32_t>(0, 32000)(rng));
+    }
+    const std::string chunk = StreamChunk(request, head, delta);
+    ASSERT_EQ(chunk, TreeChunk(request, head, delta)) << "case " << i;
+    ASSERT_TRUE(Json::accept(chunk.substr(6))) << chunk;
+  }
 }
 
 }  // namespace
