@@ -174,7 +174,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
   void Write(uint64_t seq, const std::string& data) {
     if (seq != seq_ || !active_ || !started_ || complete_ || data.empty()) return;
-    Queue(absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n"));
+    // Framed straight into the outbox: one copy of the chunk per token.
+    absl::StrAppend(&outbox_, absl::Hex(data.size()), "\r\n", data, "\r\n");
     Flush();
   }
   void End(uint64_t seq) {

@@ -201,6 +201,19 @@ TEST_F(FrontendTest, BenchOverHttpCountsEveryStreamedTokenAndReportsErrors) {
       << out;
   EXPECT_NE(out.find("failed=2"), std::string::npos) << out;
   EXPECT_NE(out.find("first error: HTTP 404: {\"error\""), std::string::npos) << out;
+
+  // --vocab-size: the prompts need no scheduler; without it the bench asks one.
+  const std::vector<std::string> no_scheduler = {tandem,           "bench",
+                                                 "--server",       "127.0.0.1:1",
+                                                 "--http",         "http://" + frontend_.address(),
+                                                 "--concurrency",  "1",
+                                                 "--num-requests", "1",
+                                                 "--output-len",   "2"};
+  EXPECT_EQ(RunCommand(no_scheduler, &out), 1) << out;
+  EXPECT_NE(out.find("GetModelInfo"), std::string::npos) << out;
+  std::vector<std::string> with_vocab = no_scheduler;
+  with_vocab.insert(with_vocab.end(), {"--vocab-size", "512"});
+  EXPECT_EQ(RunCommand(with_vocab, &out), 0) << out;
 }
 
 TEST_F(FrontendTest, ErrorsHaveTheirStatusAndBodyAndLeaveAConcurrentStreamAlone) {
@@ -268,6 +281,25 @@ TEST_F(FrontendTest, ApiKeyDnsTargetsAndNoReplica) {
   const Json body = {{"prompt", "Once"}, {"max_tokens", 2}, {"temperature", 0}};
   HttpResult r = Post(keyed.address(), "/v1/completions", body);
   EXPECT_EQ(r.status, 401);
+  // tandem bench --http sends --api-key as the Bearer token.
+  std::string out;
+  const std::vector<std::string> bench = {BinaryPath("tools/cli/tandem"),
+                                          "bench",
+                                          "--server",
+                                          scheduler_.address(),
+                                          "--http",
+                                          "http://" + keyed.address(),
+                                          "--concurrency",
+                                          "1",
+                                          "--num-requests",
+                                          "1",
+                                          "--output-len",
+                                          "2"};
+  EXPECT_EQ(RunCommand(bench, &out), 1) << out;
+  EXPECT_NE(out.find("first error: HTTP 401"), std::string::npos) << out;
+  std::vector<std::string> keyed_bench = bench;
+  keyed_bench.insert(keyed_bench.end(), {"--api-key", "sk-test-123"});
+  EXPECT_EQ(RunCommand(keyed_bench, &out), 0) << out;
   EXPECT_EQ(r.body["error"]["code"], "invalid_api_key");
   r = Post(keyed.address(), "/v1/completions", body, {{"Authorization", "Bearer wrong"}});
   EXPECT_EQ(r.status, 401);

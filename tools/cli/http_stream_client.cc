@@ -22,9 +22,9 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-// Feeds one `data:` payload to `out`; false once the stream is over ([DONE]).
-bool OnPayload(std::string_view payload, Clock::time_point start, Clock::time_point now,
-               Clock::time_point* last, StreamResult* out) {
+// Feeds one `data:` payload read at `now` to `out`; false once the stream
+// is over ([DONE]).
+bool OnPayload(std::string_view payload, Clock::time_point now, StreamResult* out) {
   if (payload == "[DONE]") return false;
   const nlohmann::json msg = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
   if (msg.is_discarded()) {
@@ -40,22 +40,25 @@ bool OnPayload(std::string_view payload, Clock::time_point start, Clock::time_po
   auto choices = msg.find("choices");
   if (choices == msg.end() || !choices->is_array() || choices->empty()) return true;
   auto ids = (*choices)[0].find("token_ids");
-  const int64_t k =
-      ids == (*choices)[0].end() || !ids->is_array() ? 0 : static_cast<int64_t>(ids->size());
-  if (k == 0) return true;
-  if (out->ttft_ms < 0) {
-    out->ttft_ms = std::chrono::duration<double, std::milli>(now - start).count();
-    for (int64_t j = 1; j < k; ++j) out->itl_ms.push_back(0);
-  } else {
-    const double gap = std::chrono::duration<double, std::milli>(now - *last).count() / k;
-    for (int64_t j = 0; j < k; ++j) out->itl_ms.push_back(gap);
+  if (ids != (*choices)[0].end() && ids->is_array() && !ids->empty()) {
+    out->AddTokens(static_cast<int64_t>(ids->size()), now);
   }
-  *last = now;
-  out->tokens += k;
   return true;
 }
 
 }  // namespace
+
+void StreamResult::AddTokens(int64_t k, Clock::time_point now) {
+  if (ttft_ms < 0) {
+    ttft_ms = std::chrono::duration<double, std::milli>(now - start).count();
+    for (int64_t j = 1; j < k; ++j) itl_ms.push_back(0);
+  } else {
+    const double gap = std::chrono::duration<double, std::milli>(now - last).count() / k;
+    for (int64_t j = 0; j < k; ++j) itl_ms.push_back(gap);
+  }
+  last = now;
+  tokens += k;
+}
 
 absl::StatusOr<HttpTarget> ParseHttpUrl(std::string_view url) {
   constexpr std::string_view kScheme = "http://";
@@ -87,7 +90,7 @@ HttpStreamClient::HttpStreamClient(HttpTarget target) : target_(std::move(target
 HttpStreamClient::~HttpStreamClient() = default;
 
 StreamResult HttpStreamClient::Complete(const std::string& body, Clock::time_point start) {
-  StreamResult out;
+  StreamResult out(start);
   try {
     if (conn_ == nullptr) {
       auto conn = std::make_unique<Connection>();
@@ -113,7 +116,6 @@ StreamResult HttpStreamClient::Complete(const std::string& body, Clock::time_poi
     const int status = parser.get().result_int();
     std::string pending;  // body bytes not yet split into events
     char chunk[16384];
-    Clock::time_point last = start;
     bool done = false;
     while (!parser.is_done()) {
       parser.get().body().data = chunk;
@@ -138,7 +140,7 @@ StreamResult HttpStreamClient::Complete(const std::string& body, Clock::time_poi
             line.remove_prefix(1);
           while (!line.empty() && (line.back() == ' ' || line.back() == '\r'))
             line.remove_suffix(1);
-          if (!OnPayload(line, start, now, &last, &out)) done = true;
+          if (!OnPayload(line, now, &out)) done = true;
         }
         pending.erase(0, end + 2);
       }

@@ -28,13 +28,20 @@ struct HttpTarget {
 // INVALID_ARGUMENT for anything else (https is not spoken here).
 [[nodiscard]] absl::StatusOr<HttpTarget> ParseHttpUrl(std::string_view url);
 
-// What one stream gave: token counts come from each chunk's token_ids (the
-// request asks for return_token_ids), times from when its event was read.
+// What one stream gave (the gRPC and the HTTP side of the bench alike).
 struct StreamResult {
-  std::string error;  // empty: the stream ended with [DONE] and no error event
+  explicit StreamResult(std::chrono::steady_clock::time_point start) : start(start), last(start) {}
+
+  // `k` > 0 tokens arrived at `now`: the first sets TTFT, and each token
+  // after it gets an equal share of the gap since the last arrival as ITL.
+  void AddTokens(int64_t k, std::chrono::steady_clock::time_point now);
+
+  std::string error;  // empty: the stream ended normally
   double ttft_ms = -1;
   std::vector<double> itl_ms;  // one per token after the first
   int64_t tokens = 0;
+  std::chrono::steady_clock::time_point start;  // when the request was sent
+  std::chrono::steady_clock::time_point last;   // the last arrival
 };
 
 class HttpStreamClient {
@@ -46,6 +53,8 @@ class HttpStreamClient {
 
   // Sends `body` (a JSON completions request with "stream": true) and reads
   // the stream to its end; `start` is when the caller began the request.
+  // Token counts come from each chunk's token_ids (the request asks for
+  // return_token_ids), times from when its event was read.
   // Connects (again) when there is no open connection.
   StreamResult Complete(const std::string& body, std::chrono::steady_clock::time_point start);
 

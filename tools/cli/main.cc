@@ -287,7 +287,9 @@ int Bench(int argc, char** argv) {
   std::mt19937_64 rng(static_cast<uint64_t>(seed));
   std::uniform_int_distribution<int32_t> token(2, vocab - 1);
   std::vector<int32_t> prefix{1};
-  while (static_cast<int32_t>(prefix.size()) < std::max(shared_prefix_len, 1)) prefix.push_back(token(rng));
+  while (static_cast<int32_t>(prefix.size()) < std::max(shared_prefix_len, 1)) {
+    prefix.push_back(token(rng));
+  }
   std::vector<tandem::v1::GenerateRequest> requests(num_requests);
   for (int i = 0; i < num_requests; ++i) {
     std::vector<int32_t> p = prefix;
@@ -307,11 +309,13 @@ int Bench(int argc, char** argv) {
   if (http_target) {
     for (const tandem::v1::GenerateRequest& r : requests) {
       std::string prompt;
-      for (int32_t id : r.prompt_token_ids()) absl::StrAppend(&prompt, prompt.empty() ? "" : ",", id);
-      http_bodies.push_back(absl::StrCat(
-          R"({"prompt":[)", prompt, R"(],"max_tokens":)", output_len, R"(,"temperature":)",
-          temperature, R"(,"seed":)", r.sampling().seed(),
-          R"(,"ignore_eos":true,"stream":true,"return_token_ids":true})"));
+      for (int32_t id : r.prompt_token_ids()) {
+        absl::StrAppend(&prompt, prompt.empty() ? "" : ",", id);
+      }
+      http_bodies.push_back(
+          absl::StrCat(R"({"prompt":[)", prompt, R"(],"max_tokens":)", output_len,
+                       R"(,"temperature":)", temperature, R"(,"seed":)", r.sampling().seed(),
+                       R"(,"ignore_eos":true,"stream":true,"return_token_ids":true})"));
     }
   }
 
@@ -322,25 +326,13 @@ int Bench(int argc, char** argv) {
   std::string first_error;
   // One request over gRPC: what its stream gave.
   auto run_grpc = [&](int i, Clock::time_point start) {
-    tandem::cli::StreamResult r;
+    tandem::cli::StreamResult r(start);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
     auto reader = stub->Generate(&context, requests[i]);
     tandem::v1::GenerateResponse msg;
-    auto last = start;
     while (reader->Read(&msg)) {
-      const int k = msg.token_ids_size();
-      if (k == 0) continue;
-      const auto now = Clock::now();
-      if (r.ttft_ms < 0) {
-        r.ttft_ms = std::chrono::duration<double, std::milli>(now - start).count();
-        for (int j = 1; j < k; ++j) r.itl_ms.push_back(0);
-      } else {
-        const double gap = std::chrono::duration<double, std::milli>(now - last).count() / k;
-        for (int j = 0; j < k; ++j) r.itl_ms.push_back(gap);
-      }
-      last = now;
-      r.tokens += k;
+      if (msg.token_ids_size() > 0) r.AddTokens(msg.token_ids_size(), Clock::now());
     }
     grpc::Status s = reader->Finish();
     if (!s.ok()) r.error = tandem::rpc::StatusCodeName(s) + ": " + s.error_message();
@@ -418,9 +410,8 @@ int Bench(int argc, char** argv) {
       "  %-8s %10s %10s %10s %10s\n",
       label.empty() ? "" : "[", label.c_str(), label.empty() ? "" : "]", load.c_str(), num_requests,
       failed.load(), prompt_len, output_len, shared_prefix_len, wrong_token_count.load(),
-      http_target ? "http" : "grpc", elapsed,
-      output_tokens.load() / elapsed, (num_requests - failed.load()) / elapsed, "", "mean", "p50",
-      "p90", "p99");
+      http_target ? "http" : "grpc", elapsed, output_tokens.load() / elapsed,
+      (num_requests - failed.load()) / elapsed, "", "mean", "p50", "p90", "p99");
   struct Series {
     const char* name;
     const std::vector<double>* values;
@@ -438,10 +429,10 @@ int Bench(int argc, char** argv) {
   };
   std::ostringstream json;
   json << "{\"label\": \"" << escape(label) << "\", \"via\": \"" << (http_target ? "http" : "grpc")
-       << "\", \"load\": \"" << load
-       << "\", \"num_requests\": " << num_requests << ", \"failed\": " << failed.load()
-       << ", \"prompt_len\": " << prompt_len << ", \"output_len\": " << output_len
-       << ", \"shared_prefix_len\": " << shared_prefix_len << ", \"duration_s\": " << elapsed
+       << "\", \"load\": \"" << load << "\", \"num_requests\": " << num_requests
+       << ", \"failed\": " << failed.load() << ", \"prompt_len\": " << prompt_len
+       << ", \"output_len\": " << output_len << ", \"shared_prefix_len\": " << shared_prefix_len
+       << ", \"duration_s\": " << elapsed
        << ", \"output_tokens_per_s\": " << output_tokens.load() / elapsed
        << ", \"requests_per_s\": " << (num_requests - failed.load()) / elapsed
        << ", \"output_tokens\": " << output_tokens.load()
@@ -566,8 +557,7 @@ int Health(int argc, char** argv) {
               << "\n";
     return 1;
   }
-  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())
-            << "\n";
+  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()) << "\n";
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
