@@ -960,19 +960,26 @@ class KvStoreEngine::Impl {
   // at most once a second, tries Resume() (a flush to a new WAL) and then
   // its own write again. The store takes writes again as soon as the disk
   // has room, without a restart; reads never stop.
+  //
+  // Writes go to RocksDB one at a time (write_mu_), and the stop is set
+  // before the next one may start: with concurrent writers, a second write
+  // that had passed the check while the first one's WAL append failed
+  // reached the failed writer and aborted the store (chaos_test, full disk,
+  // about one CI run in five).
   rocksdb::Status WriteToRocks(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch) {
     if (!write_stopped_.load()) {
-      rocksdb::Status s = db_->Write(wo, batch);
-      if (s.ok() || !s.IsIOError()) return s;
-      std::lock_guard<std::mutex> lock(write_error_mu_);
+      std::lock_guard<std::mutex> write_lock(write_mu_);
       if (!write_stopped_.load()) {
+        rocksdb::Status s = db_->Write(wo, batch);
+        if (s.ok() || !s.IsIOError()) return s;
+        std::lock_guard<std::mutex> lock(write_error_mu_);
         write_error_ = s;
         write_stopped_.store(true);
         last_resume_ns_ = NowSteadyNs();
         TANDEM_LOG(ERROR) << "KV-store: RocksDB write failed (" << s.ToString()
                           << "); stores are refused until it resumes";
+        return s;
       }
-      return s;
     }
     std::unique_lock<std::mutex> lock(write_error_mu_, std::try_to_lock);
     if (!lock.owns_lock() || !write_stopped_.load()) return write_error_copy();
@@ -1017,6 +1024,7 @@ class KvStoreEngine::Impl {
   std::unique_ptr<rocksdb::DB> db_;
   // WriteToRocks' stop after a write error.
   std::atomic<bool> write_stopped_{false};
+  std::mutex write_mu_;           // held across each db_->Write
   std::mutex write_error_mu_;     // guards the two below
   rocksdb::Status write_error_;   // the error that stopped writes
   int64_t last_resume_ns_ = 0;    // when Resume() was last tried
