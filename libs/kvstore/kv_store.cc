@@ -6,14 +6,19 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rocksdb/db.h"
@@ -155,14 +160,46 @@ struct Lease {
   int64_t expiry_nanos = 0;
 };
 
-// Turns off RocksDB's automatic recovery from background errors (see Open).
-class NoAutoRecovery final : public rocksdb::EventListener {
+// Turns off RocksDB's automatic recovery from background errors, and stops
+// the store's writes at any background error (a failed flush, compaction or
+// WAL write) through `on_error`, which must not call into RocksDB: RocksDB
+// holds its mutex while it calls. See WriteToRocks.
+class OnRocksError final : public rocksdb::EventListener {
  public:
-  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status bg_error,
+  explicit OnRocksError(std::function<void(const rocksdb::Status&)> on_error)
+      : on_error_(std::move(on_error)) {}
+  void OnBackgroundError(rocksdb::BackgroundErrorReason, rocksdb::Status* bg_error) override {
+    if (bg_error != nullptr && !bg_error->ok()) on_error_(*bg_error);
+  }
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status,
                             bool* auto_recovery) override {
     *auto_recovery = false;
-    TANDEM_LOG(WARNING) << "KV-store: RocksDB stopped writes (" << bg_error.ToString()
-                        << "); they resume once the disk has room";
+  }
+
+ private:
+  const std::function<void(const rocksdb::Status&)> on_error_;
+};
+
+// RocksDB's own log lines (warnings and worse) go to the process's log, not
+// to a LOG file in the data directory: on a full disk RocksDB 7.8's file
+// logger goes on appending to the file writer that failed, and Debian's
+// build (its assertions on) aborts the process there, from whichever thread
+// logs next (chaos_test and kvstore_disk_full_test saw it, issue 16).
+class RocksLogger final : public rocksdb::Logger {
+ public:
+  RocksLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel() || level == rocksdb::InfoLogLevel::HEADER_LEVEL) return;
+    char line[1024];
+    std::vsnprintf(line, sizeof line, format, ap);
+    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL) {
+      TANDEM_LOG(ERROR) << "RocksDB: " << line;
+    } else {
+      TANDEM_LOG(WARNING) << "RocksDB: " << line;
+    }
   }
 };
 
@@ -202,6 +239,7 @@ class KvStoreEngine::Impl {
 
   ~Impl() {
     if (db_ == nullptr) return;
+    if (write_stopped_.load()) return;  // db_'s destructor closes it; a flush would fail
     rocksdb::FlushOptions fo;
     rocksdb::Status s = db_->Flush(fo);
     if (!s.ok()) TANDEM_LOG(ERROR) << "KV-store: flush on close failed: " << s.ToString();
@@ -209,13 +247,7 @@ class KvStoreEngine::Impl {
     if (!s.ok()) TANDEM_LOG(ERROR) << "KV-store: close failed: " << s.ToString();
   }
 
-  absl::Status Init() {
-    std::error_code ec;
-    std::filesystem::create_directories(opts_.data_dir, ec);
-    if (ec) {
-      return absl::InternalError(
-          absl::StrCat("creating KV-store data dir ", opts_.data_dir, ": ", ec.message()));
-    }
+  rocksdb::Options RocksOptions() {
     rocksdb::Options o;
     o.create_if_missing = true;
     o.enable_blob_files = true;
@@ -225,23 +257,34 @@ class KvStoreEngine::Impl {
     o.compression = rocksdb::kNoCompression;
     o.blob_compression_type = rocksdb::kNoCompression;
     o.write_buffer_size = opts_.write_buffer_bytes;
-    // No automatic recovery from a background error: during it RocksDB let
-    // our writes reach the failed WAL writer and Debian's build (assertions
-    // on) aborted the process on a full disk. Writes now stop at the error
-    // and WriteToRocks calls Resume() itself.
+    // No automatic recovery from a background error, and no Resume(): after
+    // a failed write RocksDB 7.8 may keep the failed WAL writer (Resume()
+    // switches to a new WAL only when the memtable has data), and the next
+    // write or sync reaches it; Debian's build (its assertions on) then
+    // aborts the process. RocksDB itself has since made WAL write errors
+    // fatal (its PR 12995). WriteToRocks reopens the database instead.
     o.max_bgerror_resume_count = 0;
     // Nor RocksDB's other automatic recovery: after a "no space" error its
     // SstFileManager resumes the DB from a background thread as soon as it
-    // sees any room, and a resume that meets the full disk again syncs the
-    // failed WAL writer, which Debian's build asserts on (seen in
-    // kv_disk_full_test). WriteToRocks resumes only once the disk has
-    // min_free_disk_bytes free.
-    o.listeners.push_back(std::make_shared<NoAutoRecovery>());
+    // sees any room.
+    o.listeners.push_back(
+        std::make_shared<OnRocksError>([this](const rocksdb::Status& e) { StopWrites(e); }));
     o.max_background_jobs = 2;
+    o.info_log = std::make_shared<RocksLogger>();
     o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-    o.keep_log_file_num = 2;
+    return o;
+  }
+
+  absl::Status Init() {
+    std::error_code ec;
+    std::filesystem::create_directories(opts_.data_dir, ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat("creating KV-store data dir ", opts_.data_dir, ": ", ec.message()));
+    }
+    rocks_options_ = RocksOptions();
     rocksdb::DB* db = nullptr;
-    rocksdb::Status opened = rocksdb::DB::Open(o, opts_.data_dir, &db);
+    rocksdb::Status opened = rocksdb::DB::Open(rocks_options_, opts_.data_dir, &db);
     if (opened.IsCorruption()) {
       // A damaged file (a flipped bit in a table's metadata is enough) stops
       // RocksDB from opening at all. The store is a cache: RocksDB's repair
@@ -249,12 +292,12 @@ class KvStoreEngine::Impl {
       TANDEM_LOG(ERROR) << "KV-store: " << opts_.data_dir << " is corrupt ("
                         << opened.ToString()
                         << "); repairing it: blocks that cannot be read are dropped";
-      const rocksdb::Status repaired = rocksdb::RepairDB(opts_.data_dir, o);
+      const rocksdb::Status repaired = rocksdb::RepairDB(opts_.data_dir, rocks_options_);
       if (!repaired.ok()) {
         TANDEM_LOG(ERROR) << "KV-store: repair of " << opts_.data_dir
                           << " failed: " << repaired.ToString();
       }
-      opened = rocksdb::DB::Open(o, opts_.data_dir, &db);
+      opened = rocksdb::DB::Open(rocks_options_, opts_.data_dir, &db);
     }
     TANDEM_RETURN_IF_ERROR(FromRocks(opened, "opening " + opts_.data_dir));
     db_.reset(db);
@@ -520,21 +563,22 @@ class KvStoreEngine::Impl {
       sink(data, checksum);
       result.from_hot = true;
     } else {
-      rocksdb::PinnableSlice value;
-      rocksdb::Status s = db_->Get(PayloadReadOptions(), db_->DefaultColumnFamily(),
-                                   RocksKey(kBlockPrefix, e->key), &value);
+      bool corrupt = false;
+      rocksdb::Status s = GetPayload(e->key, [&](std::span<const uint8_t> data) {
+        if (data.size() != size || (check && Crc32c(data) != checksum)) {
+          corrupt = true;
+          return;
+        }
+        TANDEM_SYNC_POINT("KvStoreEngine::Read:AfterVerify");
+        sink(data, checksum);
+        Promote(e, data);
+      });
       if (s.IsNotFound()) return DropCorrupt(e, MissReason::kNotFound);
       if (!s.ok()) {
         Unpin(e);
         return FromRocks(s, absl::StrCat("reading block ", hash.ToHex()));
       }
-      std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(value.data()), value.size());
-      if (data.size() != size || (check && Crc32c(data) != checksum)) {
-        return DropCorrupt(e, MissReason::kChecksum);
-      }
-      TANDEM_SYNC_POINT("KvStoreEngine::Read:AfterVerify");
-      sink(data, checksum);
-      Promote(e, data);
+      if (corrupt) return DropCorrupt(e, MissReason::kChecksum);
     }
     Unpin(e);
     std::lock_guard<std::mutex> lock(mu_);
@@ -557,16 +601,14 @@ class KvStoreEngine::Impl {
     if (slot >= 0) {
       intact = Crc32c(std::span<const uint8_t>(arena_->slot(slot), size)) == checksum;
     } else {
-      rocksdb::PinnableSlice value;
-      rocksdb::Status s = db_->Get(PayloadReadOptions(), db_->DefaultColumnFamily(),
-                                   RocksKey(kBlockPrefix, e->key), &value);
+      intact = false;
+      rocksdb::Status s = GetPayload(e->key, [&](std::span<const uint8_t> data) {
+        intact = data.size() == size && Crc32c(data) == checksum;
+      });
       if (!s.ok() && !s.IsNotFound()) {
         Unpin(e);
         return FromRocks(s, absl::StrCat("verifying reported block ", hash.ToHex()));
       }
-      intact = s.ok() && value.size() == size &&
-               Crc32c(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(value.data()),
-                                               value.size())) == checksum;
     }
     if (intact) {
       TANDEM_LOG(WARNING) << "KV-store: a reader reported block " << hash.ToHex()
@@ -623,6 +665,8 @@ class KvStoreEngine::Impl {
       }
     };
     std::unordered_set<Key, KeyHasher> with_meta;
+    std::shared_lock<std::shared_mutex> db_lock(db_mu_);
+    if (db_ == nullptr) return FromRocks(ClosedStatus(), "checking the cold tier");
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
     const std::string meta_prefix(1, kMetaPrefix);
     for (it->Seek(meta_prefix); it->Valid() && it->key().starts_with(meta_prefix); it->Next()) {
@@ -678,7 +722,10 @@ class KvStoreEngine::Impl {
     TANDEM_ASSIGN_OR_RETURN(NsInfo info, Resolve(ns));
     const std::string key = RocksKey(kBlockPrefix, Key{info.id, hash});
     std::string value;
-    TANDEM_RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), key, &value), "reading"));
+    TANDEM_RETURN_IF_ERROR(FromRocks(
+        GetPayload(Key{info.id, hash},
+                   [&](std::span<const uint8_t> data) { value.assign(data.begin(), data.end()); }),
+        "reading"));
     if (offset >= value.size()) return absl::OutOfRangeError("offset past the payload");
     value[offset] = static_cast<char>(value[offset] ^ 0x5A);
     // Through WriteToRocks like every write: a plain Put after a failed WAL
@@ -842,21 +889,40 @@ class KvStoreEngine::Impl {
   // to the hot tier when it can; unpins it. A served result means the block
   // is intact; from_hot says whether it is in the hot tier now.
   absl::StatusOr<ReadResult> Stage(Entry* e) {
-    rocksdb::PinnableSlice value;
-    rocksdb::Status s = db_->Get(PayloadReadOptions(), db_->DefaultColumnFamily(),
-                                 RocksKey(kBlockPrefix, e->key), &value);
+    bool corrupt = false;
+    ReadResult result{.checksum = e->checksum};
+    rocksdb::Status s = GetPayload(e->key, [&](std::span<const uint8_t> data) {
+      corrupt = data.size() != e->size || Crc32c(data) != e->checksum;
+      if (!corrupt) result.from_hot = Promote(e, data);
+    });
     if (s.IsNotFound()) return DropCorrupt(e, MissReason::kNotFound);
     if (!s.ok()) {
       Unpin(e);
       return FromRocks(s, "staging a block");
     }
-    std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(value.data()), value.size());
-    if (data.size() != e->size || Crc32c(data) != e->checksum) {
-      return DropCorrupt(e, MissReason::kChecksum);
-    }
-    ReadResult result{.checksum = e->checksum, .from_hot = Promote(e, data)};
+    if (corrupt) return DropCorrupt(e, MissReason::kChecksum);
     Unpin(e);
     return result;
+  }
+
+  // Calls `use` with block `key`'s payload in RocksDB (valid only during the
+  // call, which holds the database open: a reopen waits for it). NotFound
+  // when RocksDB has no payload; Incomplete while a reopen has failed.
+  rocksdb::Status GetPayload(const Key& key,
+                             absl::FunctionRef<void(std::span<const uint8_t>)> use) {
+    std::shared_lock<std::shared_mutex> db_lock(db_mu_);
+    if (db_ == nullptr) return ClosedStatus();
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s = db_->Get(PayloadReadOptions(), db_->DefaultColumnFamily(),
+                                 RocksKey(kBlockPrefix, key), &value);
+    if (s.ok()) {
+      use(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(value.data()), value.size()));
+    }
+    return s;
+  }
+  static rocksdb::Status ClosedStatus() {
+    return rocksdb::Status::Incomplete(
+        "RocksDB is closed: reopening it after a write error failed; retried on the next store");
   }
 
   // Copies verified bytes of a read-pinned entry into a hot slot. True when
@@ -952,67 +1018,159 @@ class KvStoreEngine::Impl {
   }
 
   // db_->Write, and the way out of RocksDB's stopped state. After a write
-  // error (a full disk, a failed WAL or flush write) RocksDB 7.8 still lets
-  // later writes reach the WAL writer that failed, and Debian's build (its
-  // assertions on) then aborts the process (RocksDB fixed it in 2024, PR
-  // 12448). So after an I/O error no write goes to RocksDB until Resume()
-  // succeeds: writes fail at once with the error, and one writer at a time,
-  // at most once a second, tries Resume() (a flush to a new WAL) and then
-  // its own write again. The store takes writes again as soon as the disk
-  // has room, without a restart; reads never stop.
+  // error (a full disk, a failed WAL write, flush or compaction) no write
+  // goes to RocksDB until the database has been closed and opened again:
+  // RocksDB 7.8 keeps using a WAL writer that failed (its Resume() included,
+  // see RocksOptions), and Debian's build (its assertions on) aborts the
+  // process there. Writes fail at once with the error meanwhile, and
+  // TryReopen, called by every write and every disk-room check, reopens the
+  // database once the disk has room for it. The store takes writes again
+  // without a restart; reads wait only for the reopen itself.
   //
   // Writes go to RocksDB one at a time (write_mu_), and the stop is set
-  // before the next one may start: with concurrent writers, a second write
-  // that had passed the check while the first one's WAL append failed
-  // reached the failed writer and aborted the store (chaos_test, full disk,
-  // about one CI run in five).
+  // before the next one may start: no write reaches a writer that failed.
   rocksdb::Status WriteToRocks(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch) {
-    if (!write_stopped_.load()) {
-      std::lock_guard<std::mutex> write_lock(write_mu_);
-      if (!write_stopped_.load()) {
-        rocksdb::Status s = db_->Write(wo, batch);
-        if (s.ok() || !s.IsIOError()) return s;
-        std::lock_guard<std::mutex> lock(write_error_mu_);
-        write_error_ = s;
-        write_stopped_.store(true);
-        last_resume_ns_ = NowSteadyNs();
-        TANDEM_LOG(ERROR) << "KV-store: RocksDB write failed (" << s.ToString()
-                          << "); stores are refused until it resumes";
-        return s;
+    if (write_stopped_.load()) TryReopen();
+    std::lock_guard<std::mutex> write_lock(write_mu_);
+    if (write_stopped_.load()) return WriteError();
+    rocksdb::Status s;
+    {
+      std::shared_lock<std::shared_mutex> db_lock(db_mu_);
+      s = db_->Write(wo, batch);  // db_ is open while writes run
+    }
+    if (!s.ok() && s.IsIOError()) StopWrites(s);
+    return s;
+  }
+
+  // Stops writes after `error` (the first one is kept and reported). Called
+  // by WriteToRocks and by RocksDB's background threads (OnRocksError).
+  void StopWrites(const rocksdb::Status& error) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (write_stopped_.load()) return;
+    write_error_ = error;
+    write_stopped_.store(true);
+    TANDEM_LOG(ERROR) << "KV-store: RocksDB failed to write (" << error.ToString()
+                      << "); stores are refused until it is reopened, once the disk has room";
+  }
+  rocksdb::Status WriteError() const {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    return write_stopped_.load() ? write_error_ : rocksdb::Status::OK();
+  }
+
+  // Reopens RocksDB while writes are stopped: by one thread at a time, at
+  // most once a second, and once the disk has room for the reopen, which
+  // flushes what the WAL holds (twice the write buffer, and no more than
+  // min_free_disk_bytes): a store that filled its own disk with garbage that
+  // only compactions reclaim gets them back this way, while its stores are
+  // still refused below min_free_disk_bytes.
+  void TryReopen() {
+    std::unique_lock<std::mutex> reopen_lock(reopen_mu_, std::try_to_lock);
+    if (!reopen_lock.owns_lock() || !write_stopped_.load()) return;
+    const int64_t now = NowSteadyNs();
+    if (now - last_reopen_ns_ < 1'000'000'000) return;
+    last_reopen_ns_ = now;
+    const uint64_t room =
+        std::min<uint64_t>(opts_.min_free_disk_bytes, 2 * opts_.write_buffer_bytes);
+    if (FreeDiskBytes() < room) return;
+    std::lock_guard<std::mutex> write_lock(write_mu_);  // the write that failed has returned
+    const rocksdb::Status r = Reopen();
+    if (!r.ok()) {
+      TANDEM_LOG(ERROR) << "KV-store: reopening RocksDB after a write error failed ("
+                        << r.ToString() << "); tried again in a second or more";
+      // A write error while reopening was the new database's, not ours: a
+      // reopen that opened the database but failed after it closes it again.
+      std::unique_lock<std::shared_mutex> db_lock(db_mu_);
+      if (db_ != nullptr) {
+        (void)db_->Close();
+        db_.reset();
+      }
+      return;
+    }
+    std::lock_guard<std::mutex> lock(error_mu_);
+    TANDEM_LOG(WARNING) << "KV-store: RocksDB reopened; stores resume after: "
+                        << write_error_.ToString();
+    write_stopped_.store(false);
+  }
+
+  // Closes and opens the database (writes are stopped: no write is in
+  // flight), then makes the index and RocksDB agree again: blocks RocksDB
+  // has that the index does not (a delete that failed, a write that landed
+  // although it reported an error) are deleted, and blocks the index has
+  // that RocksDB lost (durability kNone writes in the memtable that could
+  // not be flushed) are forgotten. Reads wait while it runs.
+  rocksdb::Status Reopen() {
+    std::unique_lock<std::shared_mutex> db_lock(db_mu_);
+    if (db_ != nullptr) {
+      const rocksdb::Status closed = db_->Close();
+      if (!closed.ok()) TANDEM_LOG(WARNING) << "KV-store: closing RocksDB: " << closed.ToString();
+      db_.reset();
+    }
+    rocksdb::DB* db = nullptr;
+    rocksdb::Status s = rocksdb::DB::Open(rocks_options_, opts_.data_dir, &db);
+    if (!s.ok()) return s;
+    db_.reset(db);
+    std::unordered_set<Key, KeyHasher> in_rocks;
+    rocksdb::WriteBatch orphans;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    const std::string meta_prefix(1, kMetaPrefix);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (it->Seek(meta_prefix); it->Valid() && it->key().starts_with(meta_prefix); it->Next()) {
+        Key key;
+        if (!ParseRocksKey(it->key(), &key)) continue;
+        auto e = index_.find(key);
+        if (e != index_.end() && e->second.state == EntryState::kReady) {
+          in_rocks.insert(key);
+        } else {
+          orphans.Delete(RocksKey(kMetaPrefix, key));
+          orphans.Delete(RocksKey(kBlockPrefix, key));
+        }
+      }
+      if (!it->status().ok()) return it->status();
+      uint64_t lost = 0;
+      for (auto& [key, e] : index_) {
+        if (e.state != EntryState::kReady || in_rocks.contains(key)) continue;
+        DoomLocked(&e);
+        e.erase_when_unpinned = true;
+        ++lost;
+      }
+      // Erased outside the loop: EraseLocked changes index_.
+      std::vector<Entry*> unpinned;
+      for (auto& [key, e] : index_) {
+        if (e.erase_when_unpinned && e.read_pins == 0) unpinned.push_back(&e);
+      }
+      for (Entry* e : unpinned) EraseLocked(e);
+      if (lost > 0 || orphans.Count() > 0) {
+        TANDEM_LOG(WARNING) << "KV-store: after reopening RocksDB, " << lost
+                            << " blocks it no longer has were forgotten and "
+                            << orphans.Count() / 2 << " it had that were not indexed are deleted";
       }
     }
-    std::unique_lock<std::mutex> lock(write_error_mu_, std::try_to_lock);
-    if (!lock.owns_lock() || !write_stopped_.load()) return write_error_copy();
-    if (NowSteadyNs() - last_resume_ns_ < 1'000'000'000) return write_error_;
-    last_resume_ns_ = NowSteadyNs();
-    // A resume that meets a full disk again aborts the process (see Open).
-    if (!CheckDiskRoom().ok()) return write_error_;
-    const rocksdb::Status r = db_->Resume();
-    if (!r.ok()) return write_error_;
-    TANDEM_LOG(WARNING) << "KV-store: RocksDB resumed writes after: " << write_error_.ToString();
-    write_stopped_.store(false);
-    lock.unlock();
-    return WriteToRocks(wo, batch);
+    it.reset();
+    if (orphans.Count() == 0) return rocksdb::Status::OK();
+    return db_->Write(WriteOptionsFor(opts_.durability), &orphans);
   }
+
   // RESOURCE_EXHAUSTED while the data directory has less than
   // min_free_disk_bytes free. A statvfs per store: about a microsecond, next
-  // to a block write of 64 KiB and more.
+  // to a block write of 64 KiB and more. Tries the reopen first while
+  // writes are stopped (see TryReopen).
   absl::Status CheckDiskRoom() {
+    if (write_stopped_.load()) TryReopen();
     if (opts_.min_free_disk_bytes == 0) return absl::OkStatus();
-    struct statvfs st {};
-    if (statvfs(opts_.data_dir.c_str(), &st) != 0) return absl::OkStatus();
-    const uint64_t free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    const uint64_t free = FreeDiskBytes();
     if (free >= opts_.min_free_disk_bytes) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(
         "the KV-store's disk is full: ", free >> 20, " MiB free under ", opts_.data_dir,
         ", below --min-free-disk-bytes (", opts_.min_free_disk_bytes >> 20,
         " MiB); stores are refused until there is room"));
   }
-
-  rocksdb::Status write_error_copy() {
-    std::lock_guard<std::mutex> lock(write_error_mu_);
-    return write_stopped_.load() ? write_error_ : rocksdb::Status::Busy("retry the write");
+  uint64_t FreeDiskBytes() const {
+    struct statvfs st {};
+    if (statvfs(opts_.data_dir.c_str(), &st) != 0) return UINT64_MAX;
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
   }
+
   static int64_t NowSteadyNs() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
@@ -1021,13 +1179,18 @@ class KvStoreEngine::Impl {
 
   const KvStoreOptions opts_;
   const Clock* const clock_;
+  rocksdb::Options rocks_options_;
+  // Shared by every use of db_, exclusive while Reopen replaces it.
+  mutable std::shared_mutex db_mu_;
   std::unique_ptr<rocksdb::DB> db_;
-  // WriteToRocks' stop after a write error.
+  // WriteToRocks' stop after a write error. Lock order: reopen_mu_,
+  // write_mu_, db_mu_, mu_; error_mu_ is a leaf.
   std::atomic<bool> write_stopped_{false};
+  std::mutex reopen_mu_;          // one TryReopen at a time; guards the one below
+  int64_t last_reopen_ns_ = 0;    // when a reopen was last tried
   std::mutex write_mu_;           // held across each db_->Write
-  std::mutex write_error_mu_;     // guards the two below
+  mutable std::mutex error_mu_;   // guards the one below
   rocksdb::Status write_error_;   // the error that stopped writes
-  int64_t last_resume_ns_ = 0;    // when Resume() was last tried
   std::unique_ptr<HostArena> arena_;
 
   std::mutex ns_create_mu_;  // serializes CreateNamespace
