@@ -553,7 +553,12 @@ class KvStoreEngine::Impl {
       TouchLocked(&it->second);
       p = PinLocked(&it->second);
     }
-    auto [e, slot, size, checksum] = p;
+    // Plain names, not a structured binding: lambdas below use them, and
+    // clang 14 (the fuzz build) cannot capture bindings.
+    Entry* const e = p.e;
+    const int64_t slot = p.slot;
+    const uint64_t size = p.size;
+    const uint32_t checksum = p.checksum;
     const bool check = verify == ReadVerify::kStore;
     ReadResult result{.checksum = checksum};
     if (slot >= 0) {
@@ -596,7 +601,12 @@ class KvStoreEngine::Impl {
       if (it == index_.end() || it->second.state != EntryState::kReady) return false;
       p = PinLocked(&it->second);
     }
-    auto [e, slot, size, checksum] = p;
+    // Plain names, not a structured binding: lambdas below use them, and
+    // clang 14 (the fuzz build) cannot capture bindings.
+    Entry* const e = p.e;
+    const int64_t slot = p.slot;
+    const uint64_t size = p.size;
+    const uint32_t checksum = p.checksum;
     bool intact;
     if (slot >= 0) {
       intact = Crc32c(std::span<const uint8_t>(arena_->slot(slot), size)) == checksum;
