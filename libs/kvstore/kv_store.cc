@@ -275,14 +275,8 @@ class KvStoreEngine::Impl {
     return o;
   }
 
-  absl::Status Init() {
-    std::error_code ec;
-    std::filesystem::create_directories(opts_.data_dir, ec);
-    if (ec) {
-      return absl::InternalError(
-          absl::StrCat("creating KV-store data dir ", opts_.data_dir, ": ", ec.message()));
-    }
-    rocks_options_ = RocksOptions();
+  // Opens RocksDB into db_ (null before), repairing a corrupt directory.
+  rocksdb::Status OpenDb() {
     rocksdb::DB* db = nullptr;
     rocksdb::Status opened = rocksdb::DB::Open(rocks_options_, opts_.data_dir, &db);
     if (opened.IsCorruption()) {
@@ -299,8 +293,19 @@ class KvStoreEngine::Impl {
       }
       opened = rocksdb::DB::Open(rocks_options_, opts_.data_dir, &db);
     }
-    TANDEM_RETURN_IF_ERROR(FromRocks(opened, "opening " + opts_.data_dir));
-    db_.reset(db);
+    if (opened.ok()) db_.reset(db);
+    return opened;
+  }
+
+  absl::Status Init() {
+    std::error_code ec;
+    std::filesystem::create_directories(opts_.data_dir, ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat("creating KV-store data dir ", opts_.data_dir, ": ", ec.message()));
+    }
+    rocks_options_ = RocksOptions();
+    TANDEM_RETURN_IF_ERROR(FromRocks(OpenDb(), "opening " + opts_.data_dir));
 
     HostArenaOptions ao{.slot_bytes = opts_.hot_slot_bytes,
                         .num_slots = opts_.hot_capacity_bytes > 0
@@ -1127,13 +1132,6 @@ class KvStoreEngine::Impl {
     if (!r.ok()) {
       TANDEM_LOG(ERROR) << "KV-store: reopening RocksDB after a write error failed ("
                         << r.ToString() << "); tried again in a second or more";
-      // A write error while reopening was the new database's, not ours: a
-      // reopen that opened the database but failed after it closes it again.
-      ExclusiveDb db_lock(this);
-      if (db_ != nullptr) {
-        (void)db_->Close();
-        db_.reset();
-      }
       return;
     }
     std::lock_guard<std::mutex> lock(error_mu_);
@@ -1146,9 +1144,9 @@ class KvStoreEngine::Impl {
   // waits for those in flight), then makes the index and RocksDB agree
   // again: blocks RocksDB has that the index does not (a delete that failed,
   // a write that landed although it reported an error) are deleted, and
-  // blocks the index has
-  // that RocksDB lost (durability kNone writes in the memtable that could
-  // not be flushed) are forgotten. Reads wait while it runs.
+  // blocks the index has that RocksDB lost (durability kNone writes in the
+  // memtable that could not be flushed) are forgotten. Reads wait while it
+  // runs. A directory found corrupt is repaired, as at startup.
   rocksdb::Status Reopen() {
     ExclusiveDb db_lock(this);
     if (db_ != nullptr) {
@@ -1156,15 +1154,22 @@ class KvStoreEngine::Impl {
       if (!closed.ok()) TANDEM_LOG(WARNING) << "KV-store: closing RocksDB: " << closed.ToString();
       db_.reset();
     }
-    rocksdb::DB* db = nullptr;
-    rocksdb::Status s = rocksdb::DB::Open(rocks_options_, opts_.data_dir, &db);
-    if (!s.ok()) return s;
-    db_.reset(db);
+    rocksdb::Status s = OpenDb();
+    if (s.ok()) s = ReconcileIndex();
+    if (!s.ok() && db_ != nullptr) {  // the new database failed: closed until the next try
+      (void)db_->Close();
+      db_.reset();
+    }
+    return s;
+  }
+
+  // Reopen's second half, with db_ held exclusively.
+  rocksdb::Status ReconcileIndex() {
     std::unordered_set<Key, KeyHasher> in_rocks;
     rocksdb::WriteBatch orphans;
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-    const std::string meta_prefix(1, kMetaPrefix);
     {
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+      const std::string meta_prefix(1, kMetaPrefix);
       std::lock_guard<std::mutex> lock(mu_);
       for (it->Seek(meta_prefix); it->Valid() && it->key().starts_with(meta_prefix); it->Next()) {
         Key key;
@@ -1181,26 +1186,24 @@ class KvStoreEngine::Impl {
         }
       }
       if (!it->status().ok()) return it->status();
-      uint64_t lost = 0;
+      std::vector<Entry*> lost;
       for (auto& [key, e] : index_) {
-        if (e.state != EntryState::kReady || in_rocks.contains(key)) continue;
-        DoomLocked(&e);
-        e.erase_when_unpinned = true;
-        ++lost;
+        if (e.state == EntryState::kReady && !in_rocks.contains(key)) lost.push_back(&e);
       }
-      // Erased outside the loop: EraseLocked changes index_.
-      std::vector<Entry*> unpinned;
-      for (auto& [key, e] : index_) {
-        if (e.erase_when_unpinned && e.read_pins == 0) unpinned.push_back(&e);
+      for (Entry* e : lost) {  // as DropCorrupt: erased now, or by the last reader
+        DoomLocked(e);
+        if (e->read_pins == 0) {
+          EraseLocked(e);
+        } else {
+          e->erase_when_unpinned = true;
+        }
       }
-      for (Entry* e : unpinned) EraseLocked(e);
-      if (lost > 0 || orphans.Count() > 0) {
-        TANDEM_LOG(WARNING) << "KV-store: after reopening RocksDB, " << lost
+      if (!lost.empty() || orphans.Count() > 0) {
+        TANDEM_LOG(WARNING) << "KV-store: after reopening RocksDB, " << lost.size()
                             << " blocks it no longer has were forgotten and "
                             << orphans.Count() / 2 << " it had that were not indexed are deleted";
       }
     }
-    it.reset();
     if (orphans.Count() == 0) return rocksdb::Status::OK();
     return db_->Write(WriteOptionsFor(opts_.durability), &orphans);
   }
