@@ -185,6 +185,10 @@ EngineMetrics::EngineMetrics(SeriesMaker m)
                       metrics::InterTokenLatencyBuckets())),
       schedule_duration(m.Histogram("tandem_scheduler_schedule_duration_seconds",
                                     "Time one Schedule() call takes.", ScheduleBuckets())),
+      output_duration(m.Histogram("tandem_scheduler_output_duration_seconds",
+                                  "Time the engine loop spends on one worker output: updating "
+                                  "its requests and handing their tokens to the callers' streams.",
+                                  ScheduleBuckets())),
       kv_lookup_duration(m.Histogram("tandem_scheduler_kv_lookup_duration_seconds",
                                      "KV-store lookup latency (sent to answered or given up).",
                                      metrics::LatencyBuckets())) {
@@ -454,7 +458,9 @@ void Engine::Handle(Event& e) {
         core_->DropWorker(absl::StrCat("bad ModelRunnerOutput: ", s.message()));
         return;
       }
+      const int64_t start_ns = MonotonicNanos();
       core_->ProcessOutput(output);
+      if (metrics_ != nullptr) metrics_->output_duration.Observe((MonotonicNanos() - start_ns) * 1e-9);
       return;
     }
     case Event::kBroken:

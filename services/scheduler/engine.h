@@ -123,6 +123,7 @@ struct EngineMetrics {
   prometheus::Histogram& inter_token_latency;
   prometheus::Histogram& time_per_output_token;
   prometheus::Histogram& schedule_duration;   // one Schedule() call
+  prometheus::Histogram& output_duration;     // one worker output, its tokens streamed
   prometheus::Histogram& kv_lookup_duration;  // one KV-store lookup
 };
 

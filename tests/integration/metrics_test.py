@@ -56,6 +56,7 @@ SCHEDULER_SERIES = (
     "tandem_scheduler_num_lookups_pending", "tandem_scheduler_kv_lookup_duration_seconds",
     "tandem_scheduler_preemptions_total", "tandem_scheduler_recomputed_tokens_total",
     "tandem_scheduler_num_steps_in_flight", "tandem_scheduler_schedule_duration_seconds",
+    "tandem_scheduler_output_duration_seconds",
     "tandem_scheduler_inter_token_latency_seconds",
     "tandem_scheduler_time_per_output_token_seconds",
     "tandem_scheduler_time_to_first_token_seconds", "tandem_scheduler_request_latency_seconds")
@@ -83,6 +84,7 @@ def check_scheduler_series(text):
     assert (value(text, "tandem_scheduler_inter_token_latency_seconds_count") or 0) >= 1
     assert (value(text, "tandem_scheduler_time_per_output_token_seconds_count") or 0) >= 2
     assert (value(text, "tandem_scheduler_schedule_duration_seconds_count") or 0) >= 1
+    assert (value(text, "tandem_scheduler_output_duration_seconds_count") or 0) >= 1
     print(f"scheduler: {len(SCHEDULER_SERIES)} admission/latency families, all with model_name")
 
 

@@ -91,16 +91,28 @@ const usageRow = (r, p) => {
           f(cores("frontend_cpu_s")), f(cores("client_cpu_s")), f(m((u) => ours(u) / u.wall_s)),
           f(m((u) => Math.max(0, u.machine_busy_s - ours(u)) / u.wall_s)), f(m((u) => u.worker_steps), 0),
           f(m((u) => (u.worker_steps ? (1e3 * u.worker_busy_s) / u.worker_steps : 0))),
-          f(m((u) => (100 * u.worker_busy_s) / u.wall_s), 1)];
+          f(m((u) => (100 * u.worker_busy_s) / u.wall_s), 1),
+          f(m((u) => (u.scheduler_outputs ? (1e3 * u.scheduler_output_sum_s) / u.scheduler_outputs : NaN)), 3),
+          f(m((u) => (u.scheduler_schedules ? (1e3 * u.scheduler_schedule_sum_s) / u.scheduler_schedules : NaN)), 3)];
 };
+// "out ms": the scheduler's loop per worker output (its tokens handed to the
+// streams); "sched ms": per Schedule(). With async scheduling the worker
+// idles when these two and the send outlast its step.
 table([["run", 10], ["wall s", 7], ["worker", 7], ["sched", 6], ["frontend", 9], ["client", 7], ["ours", 5],
-       ["other", 6], ["steps", 6], ["step ms", 8], ["busy %", 7]],
+       ["other", 6], ["steps", 6], ["step ms", 8], ["busy %", 7], ["out ms", 7], ["sched ms", 9]],
       rows.flatMap((r) => [usageRow(r, "grpc"), usageRow(r, "http")]));
 const busy = rows.flatMap((r) => r.runs.flatMap((x) => [x.usage.grpc, x.usage.http].map((u) =>
   Math.max(0, u.machine_busy_s - u.worker_cpu_s - u.scheduler_cpu_s - u.frontend_cpu_s - u.client_cpu_s) / u.wall_s)));
 if (Math.max(...busy) > 0.3) {
   console.log(`  WARNING: other processes used up to ${f(Math.max(...busy))} cores during the runs: figures are disturbed`);
 }
+
+// The frontend's threads and resident memory at their peak during the HTTP
+// runs (sampled every 0.1 s): bounded, whatever the number of streams.
+console.log("== tandem-frontend at its peak during the HTTP runs (largest over the repeats)");
+table([["C", 5], ["threads", 8], ["RSS MiB", 8]],
+      rows.map((r) => [r.concurrency, Math.max(...r.runs.map((x) => x.usage.http.frontend_peak_threads ?? NaN)),
+                       f(Math.max(...r.runs.map((x) => (x.usage.http.frontend_peak_rss_kib ?? NaN) / 1024)), 1)]));
 
 // Mean TTFT seen by the client, the frontend and the scheduler (their
 // /metrics histograms, summed over each run): the differences split the added

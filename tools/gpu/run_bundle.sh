@@ -3,6 +3,8 @@
 #   bash run.sh tests   # the CUDA kernel and runner tests
 #   bash run.sh bench   # bench_cuda on the issue-15 shapes
 #   bash run.sh all
+#   bash run.sh frontend [flags]   # a --services bundle in the checkout's
+#                                  # root: tools/bench_frontend/run.sh
 # Results go to $OUT (or ./gpu-out) as text files.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -16,6 +18,10 @@ export TANDEM_SHARED_DIR="$here/shared"
 export CI=true
 what="${1:-all}"
 rc=0
+if [ "$what" = frontend ]; then
+  shift
+  exec bash "$here/../tools/bench_frontend/run.sh" --build-dir "$here/build" "$@"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for t in kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test; do
