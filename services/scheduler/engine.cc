@@ -306,6 +306,7 @@ void Engine::Stop() {
   }
   cv_.notify_all();
   if (loop_.joinable()) loop_.join();
+  writer_.Stop();  // after the loop: its last finishes go out first
 }
 
 void Engine::Post(Event event) {
@@ -405,10 +406,12 @@ void Engine::Loop() {
     last_loop_ns_.store(MonotonicNanos());
     for (Event& e : batch) Handle(e);
     batch.clear();
+    HandOffWrites();  // the tokens of the outputs just handled go out now
     core_->ExpireWorkerLossGrace(std::chrono::steady_clock::now());
     if (flush_stores) core_->CollectStores();
     flush_stores = false;
     core_->Step();
+    HandOffWrites();
     PublishStats();
     TrimHeapWhenIdle();
   }
@@ -430,6 +433,7 @@ void Engine::Loop() {
   core_->FailAll(shutting_down);
   core_.reset();
   worker_.reset();
+  HandOffWrites();
 }
 
 void Engine::Handle(Event& e) {
@@ -552,7 +556,7 @@ void Engine::CallTokens(GenerateCall& call, std::span<const int32_t> token_ids) 
   v1::GenerateResponse msg;
   msg.set_request_id(call.request_id);
   msg.mutable_token_ids()->Assign(token_ids.begin(), token_ids.end());
-  call.Push(std::move(msg));
+  if (call.Queue(std::move(msg))) writes_.push_back(call.shared_from_this());
 }
 
 void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
@@ -584,9 +588,9 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
       usage->set_cached_tokens_local(out->num_cached_tokens_local);
       usage->set_cached_tokens_external(out->num_cached_tokens_external);
     }
-    call.Push(std::move(msg));
+    if (call.Queue(std::move(msg))) writes_.push_back(call.shared_from_this());
   }
-  call.Finish(grpc_status);
+  if (call.QueueFinish(grpc_status)) writes_.push_back(call.shared_from_this());
   TANDEM_LOG(INFO) << "request " << call.request_id
                    << " finished: reason=" << engine::FinishReasonName(reason)
                    << " status=" << rpc::StatusCodeName(grpc_status)
@@ -603,7 +607,51 @@ void Engine::CallRejected(GenerateCall& call, const absl::Status& status) {
   TANDEM_LOG(INFO) << "request " << call.request_id
                    << " rejected: status=" << rpc::StatusCodeName(grpc_status) << " "
                    << grpc_status.error_message();
-  call.Finish(grpc_status);
+  if (call.QueueFinish(grpc_status)) writes_.push_back(call.shared_from_this());
+}
+
+void Engine::HandOffWrites() {
+  if (!writes_.empty()) writer_.Submit(writes_);
+}
+
+StreamWriter::StreamWriter() : thread_([this] { Run(); }) {}
+StreamWriter::~StreamWriter() { Stop(); }
+
+void StreamWriter::Submit(std::vector<std::shared_ptr<GenerateCall>>& calls) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.empty()) {
+      queue_.swap(calls);
+    } else {
+      queue_.insert(queue_.end(), std::make_move_iterator(calls.begin()),
+                    std::make_move_iterator(calls.end()));
+    }
+  }
+  calls.clear();
+  cv_.notify_one();
+}
+
+void StreamWriter::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StreamWriter::Run() {
+  std::vector<std::shared_ptr<GenerateCall>> batch;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything flushed
+      batch.swap(queue_);
+    }
+    for (const std::shared_ptr<GenerateCall>& call : batch) call->Flush();
+    batch.clear();
+  }
 }
 
 void Engine::NoteTokens(GenerateCall& call, size_t num_tokens) {

@@ -197,6 +197,8 @@ class Engine final : private engine::StepTransport {
                     const sched::RequestOutput* out, const absl::Status& status);
   void CallRejected(GenerateCall& call, const absl::Status& status);
   void NoteTokens(GenerateCall& call, size_t num_tokens);
+  // Hands writes_ to writer_ (engine thread).
+  void HandOffWrites();
   // Idle after work: hands the heap's free pages back to the OS
   // (malloc_trim). glibc keeps what gRPC's threads freed in their arenas: a
   // round of 1,000 streams, half cancelled, left the scheduler ~30 MB above
@@ -223,6 +225,10 @@ class Engine final : private engine::StepTransport {
 
   // Owned by the loop thread.
   std::thread loop_;
+  // Calls whose writes this loop turn queued (engine thread), handed to
+  // writer_ after the turn's events and after its Step (see call.h).
+  std::vector<std::shared_ptr<GenerateCall>> writes_;
+  StreamWriter writer_;
   std::unique_ptr<engine::EngineCore> core_;
   std::unique_ptr<WorkerStream> worker_;  // the core's transport while set
   uint64_t max_broken_generation_ = 0;
