@@ -57,9 +57,13 @@ absl::Status ReadTenantKeys(const std::string& path, std::map<std::string, std::
 int main(int argc, char** argv) {
   tandem::rpc::BlockShutdownSignals();
   tandem::SetLogTag("frontend");
-  tandem::frontend::HttpServerOptions http{.listen_address = "127.0.0.1:8000",
-                                           .threads = static_cast<int>(std::max(
-                                               2u, std::thread::hardware_concurrency()))};
+  // A quarter of the cores, 2 to 8: on a 16-core H100 host 4 I/O threads
+  // served 112k tokens/s to 256 streams at 37 us of frontend CPU per token
+  // where 16 took 59-68 us (idle threads woken per token) and added more to
+  // the p50 TTFT (tools/bench_frontend/run.sh; DESIGN-NOTES.md).
+  tandem::frontend::HttpServerOptions http{
+      .listen_address = "127.0.0.1:8000",
+      .threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 2, 8)};
   tandem::frontend::RouterOptions router_options;
   tandem::frontend::FrontendOptions options;
   std::string port_file, tokenizer_path, chat_template, api_key_file, routing = "affinity";
@@ -111,7 +115,7 @@ int main(int argc, char** argv) {
             "round-robin");
   flags.Add("affinity-blocks", &router_options.affinity_blocks,
             "KV blocks of the prompt's start that choose the replica under --routing affinity");
-  flags.Add("threads", &threads, "HTTP I/O threads (default: the machine's cores)");
+  flags.Add("threads", &threads, "HTTP I/O threads (default: a quarter of the cores, 2 to 8)");
   flags.Add("drain-timeout-s", &drain_timeout_s,
             "on SIGTERM/SIGINT, how long accepted requests may take to finish");
   flags.MirrorsVllm({"served-model-name", "api-key", "chat-template", "tokenizer"});
