@@ -263,6 +263,32 @@ TEST(BadInputTest, DrainingRejectsNewCallsAndFinishesRunningOnes) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
 }
 
+// A drain that times out: the stream still running gets the engine's own
+// UNAVAILABLE (its last write goes out after the engine loop has stopped,
+// through the stream writer's final flush), not a cut connection.
+TEST(BadInputTest, ADrainThatTimesOutEndsRunningStreamsWithUnavailable) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  Service worker = StartWorker(dir, "worker", {"--backend", "sim", "--sim-step-us", "10000"});
+  Service scheduler =
+      StartScheduler(dir, "scheduler", worker.address(), {"--drain-timeout-s", "1"});
+  auto stub = GenerationStub(scheduler.address());
+  GenerateResult running;
+  std::thread t([&] { running = RunGenerate(stub.get(), MakeRequest({1, 2}, 400, 0, {}, true)); });
+  ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_running() == 1; }));
+  scheduler.process.Signal(SIGTERM);
+  t.join();
+  EXPECT_EQ(running.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << running.status.error_message();
+  EXPECT_NE(running.status.error_message().find("the scheduler is shutting down"),
+            std::string::npos)
+      << running.status.error_message();
+  EXPECT_GT(running.tokens.size(), 0u);
+  EXPECT_LT(running.tokens.size(), 400u);
+  auto status = scheduler.process.Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value()) << "scheduler did not exit after its drain timed out";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+}
+
 }  // namespace
 }  // namespace tandem::testing
 
