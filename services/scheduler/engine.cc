@@ -464,7 +464,9 @@ void Engine::Handle(Event& e) {
       }
       const int64_t start_ns = MonotonicNanos();
       core_->ProcessOutput(output);
-      if (metrics_ != nullptr) metrics_->output_duration.Observe((MonotonicNanos() - start_ns) * 1e-9);
+      if (metrics_ != nullptr) {
+        metrics_->output_duration.Observe((MonotonicNanos() - start_ns) * 1e-9);
+      }
       return;
     }
     case Event::kBroken:
@@ -620,14 +622,10 @@ StreamWriter::~StreamWriter() { Stop(); }
 void StreamWriter::Submit(std::vector<std::shared_ptr<GenerateCall>>& calls) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queue_.empty()) {
-      queue_.swap(calls);
-    } else {
-      queue_.insert(queue_.end(), std::make_move_iterator(calls.begin()),
-                    std::make_move_iterator(calls.end()));
-    }
+    queue_.insert(queue_.end(), std::make_move_iterator(calls.begin()),
+                  std::make_move_iterator(calls.end()));
   }
-  calls.clear();
+  calls.clear();  // keeps its capacity for the engine's next turn
   cv_.notify_one();
 }
 

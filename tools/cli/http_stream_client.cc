@@ -3,7 +3,6 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -90,16 +89,19 @@ struct HttpStreamClient::Connection {
 HttpStreamClient::HttpStreamClient(HttpTarget target) : target_(std::move(target)) {}
 HttpStreamClient::~HttpStreamClient() = default;
 
+void HttpStreamClient::Open() {
+  auto conn = std::make_unique<Connection>();
+  tcp::resolver resolver(conn->ioc);
+  conn->stream.connect(resolver.resolve(target_.host, target_.port));
+  conn->stream.socket().set_option(tcp::no_delay(true));
+  conn_ = std::move(conn);
+}
+
 std::string HttpStreamClient::Connect() {
   try {
-    auto conn = std::make_unique<Connection>();
-    tcp::resolver resolver(conn->ioc);
-    conn->stream.connect(resolver.resolve(target_.host, target_.port));
-    conn->stream.socket().set_option(tcp::no_delay(true));
-    conn_ = std::move(conn);
+    Open();
     return "";
   } catch (const std::exception& e) {
-    conn_.reset();
     return e.what();
   }
 }
@@ -107,9 +109,7 @@ std::string HttpStreamClient::Connect() {
 StreamResult HttpStreamClient::Complete(const std::string& body, Clock::time_point start) {
   StreamResult out(start);
   try {
-    if (conn_ == nullptr) {
-      if (std::string error = Connect(); !error.empty()) throw std::runtime_error(error);
-    }
+    if (conn_ == nullptr) Open();
     http::request<http::string_body> req{http::verb::post, target_.path, 11};
     req.set(http::field::host, target_.host);
     req.set(http::field::content_type, "application/json");

@@ -64,6 +64,8 @@ class HttpStreamClient {
 
  private:
   struct Connection;
+  // Connects, or throws what failed (conn_ stays as it was).
+  void Open();
   HttpTarget target_;
   std::unique_ptr<Connection> conn_;
 };

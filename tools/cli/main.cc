@@ -365,11 +365,11 @@ int Bench(int argc, char** argv) {
     return http_target ? std::make_unique<tandem::cli::HttpStreamClient>(*http_target) : nullptr;
   };
 
-  // Closed loop: every thread has its connection open before the clock
-  // starts (the gRPC channel, on the gRPC side), so that neither path counts a connection
-  // set-up in its first requests' TTFT: 256 connects at once took ~80 ms of
-  // the first wave's TTFT on the HTTP side, where the gRPC side connects one
-  // channel. A Poisson run's thread opens its own connection per request.
+  // Closed loop: every thread has its connection open (on the gRPC side, the
+  // channel) before the clock starts, so that neither path counts a
+  // connection set-up in its first requests' TTFT: 256 connects at once took
+  // ~80 ms of the first wave's TTFT on the HTTP side, where the gRPC side
+  // connects one channel. A Poisson run's thread connects per request.
   std::vector<std::unique_ptr<tandem::cli::HttpStreamClient>> clients;
   if (rate <= 0) {
     if (!http_target &&
