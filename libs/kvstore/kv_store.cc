@@ -501,7 +501,12 @@ class KvStoreEngine::Impl {
               EncodeMeta(Meta{.checksum = checksum, .size = payload.size(), .seq = seq}));
     batch.Put(RocksKey(kBlockPrefix, key),
               rocksdb::Slice(reinterpret_cast<const char*>(payload.data()), payload.size()));
-    rocksdb::Status s = WriteToRocks(WriteOptionsFor(durability.value_or(opts_.durability)), &batch);
+    // The database stays open (no reopen) until the entry is ready or gone:
+    // a reopen in between could lose a write without the WAL and still see
+    // the entry writing (see ReconcileIndex).
+    std::shared_lock<std::shared_mutex> db_held;
+    rocksdb::Status s =
+        WriteToRocks(WriteOptionsFor(durability.value_or(opts_.durability)), &batch, &db_held);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       EraseLocked(e);
@@ -524,6 +529,7 @@ class KvStoreEngine::Impl {
       ++stats_.stores;
       cv_.notify_all();
     }
+    db_held.unlock();
     EvictColdIfNeeded(&key);
     return StoreResult{};
   }
@@ -1083,17 +1089,19 @@ class KvStoreEngine::Impl {
   // 24 had serialized the writes on a wrong diagnosis; the abort it chased
   // was the LOG file's, see RocksLogger. Serialized, fsync stores from 4-8
   // threads were about 20% slower: bench_kvstore_engine.)
-  rocksdb::Status WriteToRocks(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch) {
+  //
+  // With `held`, the database's shared lock comes back in it, still held,
+  // so that no reopen runs until the caller has recorded what it wrote.
+  rocksdb::Status WriteToRocks(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch,
+                               std::shared_lock<std::shared_mutex>* held = nullptr) {
     if (write_stopped_.load()) {
       TryReopen();
       if (write_stopped_.load()) return WriteError();
     }
-    rocksdb::Status s;
-    {
-      std::shared_lock<std::shared_mutex> db_lock = ReadLock();
-      if (db_ == nullptr) return WriteError();  // a reopen failed after our check
-      s = db_->Write(wo, batch);
-    }
+    std::shared_lock<std::shared_mutex> db_lock = ReadLock();
+    if (db_ == nullptr) return WriteError();  // a reopen failed after our check
+    const rocksdb::Status s = db_->Write(wo, batch);
+    if (held != nullptr) *held = std::move(db_lock);
     if (!s.ok() && s.IsIOError()) StopWrites(s);
     return s;
   }
@@ -1128,6 +1136,7 @@ class KvStoreEngine::Impl {
     const uint64_t room =
         std::min<uint64_t>(opts_.min_free_disk_bytes, 2 * opts_.write_buffer_bytes);
     if (FreeDiskBytes() < room) return;
+    TANDEM_SYNC_POINT("KvStoreEngine::Reopen:Start");
     const rocksdb::Status r = Reopen();  // waits for the writes in flight
     if (!r.ok()) {
       TANDEM_LOG(ERROR) << "KV-store: reopening RocksDB after a write error failed ("
@@ -1138,10 +1147,12 @@ class KvStoreEngine::Impl {
     TANDEM_LOG(WARNING) << "KV-store: RocksDB reopened; stores resume after: "
                         << write_error_.ToString();
     write_stopped_.store(false);
+    TANDEM_SYNC_POINT("KvStoreEngine::Reopen:End");
   }
 
   // Closes and opens the database (writes are stopped; the exclusive lock
-  // waits for those in flight), then makes the index and RocksDB agree
+  // waits for those in flight, and for stores that wrote but have not yet
+  // marked their entry ready or erased it), then makes the index and RocksDB agree
   // again: blocks RocksDB has that the index does not (a delete that failed,
   // a write that landed although it reported an error) are deleted, and
   // blocks the index has that RocksDB lost (durability kNone writes in the
@@ -1177,10 +1188,11 @@ class KvStoreEngine::Impl {
         auto e = index_.find(key);
         if (e != index_.end() && e->second.state == EntryState::kReady) {
           in_rocks.insert(key);
-        } else if (e != index_.end() && e->second.state == EntryState::kWriting) {
-          // A store whose write finished before the reopen: it is about to
-          // mark the entry ready.
         } else {
+          // Not indexed, being deleted, or being written: a store holds the
+          // database from its write until its entry is ready or erased, so
+          // a writing entry's store has not written yet, and what RocksDB
+          // has under its key is left from an earlier write that failed.
           orphans.Delete(RocksKey(kMetaPrefix, key));
           orphans.Delete(RocksKey(kBlockPrefix, key));
         }
