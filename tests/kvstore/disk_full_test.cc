@@ -8,6 +8,8 @@
 // store takes writes again; and every block it said it kept reads back
 // intact. Skipped where tmpfs cannot be mounted (not root, no
 // CAP_SYS_ADMIN). TANDEM_DISK_FULL_SECONDS sets the length (default 20).
+// A second test orders one race of that run with sync points: a reopen
+// against a store that has written but not yet marked its block ready.
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <unistd.h>
