@@ -72,6 +72,18 @@ class SmallDisk {
   }
   [[nodiscard]] bool mounted() const { return mounted_; }
   [[nodiscard]] const std::string& path() const { return data_; }
+  // The engine's options both tests share: a small hot tier (reads reach
+  // RocksDB) and a flush every 16 blocks.
+  [[nodiscard]] KvStoreOptions Options() const {
+    KvStoreOptions o;
+    o.data_dir = data_;
+    o.hot_capacity_bytes = 4 << 20;
+    o.hot_slot_bytes = kBlock;
+    o.write_buffer_bytes = 1 << 20;
+    o.lock_hot_memory = false;
+    o.use_cuda_host_alloc = false;
+    return o;
+  }
 
  private:
   TempDir dir_;
@@ -79,20 +91,31 @@ class SmallDisk {
   bool mounted_ = false;
 };
 
+// The engine on `o` with namespace kNs; null, after a test failure, when
+// either fails.
+std::unique_ptr<KvStoreEngine> OpenWithNamespace(const KvStoreOptions& o) {
+  auto opened = KvStoreEngine::Open(o);
+  if (!opened.ok()) {
+    ADD_FAILURE() << opened.status();
+    return nullptr;
+  }
+  const absl::StatusOr<bool> created =
+      (*opened)->CreateNamespace({.name = kNs, .block_bytes = kBlock});
+  if (!created.ok()) {
+    ADD_FAILURE() << created.status();
+    return nullptr;
+  }
+  return std::move(*opened);
+}
+
 TEST(KvStoreDiskFullTest, FillingAndFreeingTheDiskUnderLoadNeverAbortsOrLosesABlock) {
   SmallDisk disk("64m");
   if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)";
   const std::string& data = disk.path();
 
-  KvStoreOptions o;
-  o.data_dir = data;
-  o.hot_capacity_bytes = 4 << 20;  // small: reads reach RocksDB
-  o.hot_slot_bytes = kBlock;
+  KvStoreOptions o = disk.Options();
   o.cold_capacity_bytes = 24 << 20;  // eviction deletes
-  o.write_buffer_bytes = 1 << 20;    // a flush every 16 blocks
   o.min_free_disk_bytes = 8 << 20;
-  o.lock_hot_memory = false;
-  o.use_cuda_host_alloc = false;
   // The store logs each of its hundreds of refusals and reopens; quiet, so
   // that a failure shows first in the test's output (CI shows its head).
   struct Quiet {
@@ -100,10 +123,8 @@ TEST(KvStoreDiskFullTest, FillingAndFreeingTheDiskUnderLoadNeverAbortsOrLosesABl
     Quiet() { SetMinLogLevel(LogLevel::kFatal); }
     ~Quiet() { SetMinLogLevel(was); }
   } quiet;
-  auto opened = KvStoreEngine::Open(o);
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  std::unique_ptr<KvStoreEngine> store = std::move(*opened);
-  ASSERT_TRUE(store->CreateNamespace({.name = kNs, .block_bytes = kBlock}).ok());
+  std::unique_ptr<KvStoreEngine> store = OpenWithNamespace(o);
+  ASSERT_NE(store, nullptr);
 
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> next_block{0};
@@ -213,18 +234,10 @@ TEST(KvStoreDiskFullTest, FillingAndFreeingTheDiskUnderLoadNeverAbortsOrLosesABl
 TEST(KvStoreDiskFullTest, AReopenWaitsForAStoreBetweenItsWriteAndItsEntry) {
   SmallDisk disk("16m");
   if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)";
-  KvStoreOptions o;
-  o.data_dir = disk.path();
-  o.hot_capacity_bytes = 4 << 20;
-  o.hot_slot_bytes = kBlock;
-  o.write_buffer_bytes = 1 << 20;  // a flush every 16 blocks
-  o.min_free_disk_bytes = 0;       // stores reach RocksDB on the full disk
-  o.lock_hot_memory = false;
-  o.use_cuda_host_alloc = false;
-  auto opened = KvStoreEngine::Open(o);
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  std::unique_ptr<KvStoreEngine> store = std::move(*opened);
-  ASSERT_TRUE(store->CreateNamespace({.name = kNs, .block_bytes = kBlock}).ok());
+  KvStoreOptions o = disk.Options();
+  o.min_free_disk_bytes = 0;  // stores reach RocksDB on the full disk
+  std::unique_ptr<KvStoreEngine> store = OpenWithNamespace(o);
+  ASSERT_NE(store, nullptr);
   auto put = [&](uint64_t i, Durability d) {
     const std::vector<uint8_t> p = TestPayload(i, kBlock);
     return store->Store(kNs, TestHash(i), p, Crc(p), d).status();
