@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/server.h"
+#include "tandem/rpc/tls.h"
 
 namespace tandem::frontend {
 namespace {
@@ -74,10 +75,21 @@ grpc::Status CallWithDeadline(double seconds, Fn fn, const Request& request, Res
 
 }  // namespace
 
-Replica::Replica(std::string name)
-    : name_(std::move(name)),
-      channel_(rpc::CreateChannel(name_)),
-      stub_(v1::Generation::NewStub(channel_)) {}
+Replica::Replica(std::string name, int32_t connections) : name_(std::move(name)) {
+  for (int32_t i = 0; i < connections; ++i) {
+    grpc::ChannelArguments args = rpc::DefaultChannelArguments();
+    // A subchannel pool of its own: channels with equal arguments would
+    // otherwise share one connection.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    channels_.push_back(
+        grpc::CreateCustomChannel(name_, rpc::ChannelCredentialsFor(rpc::ClientTls()), args));
+    stubs_.push_back(v1::Generation::NewStub(channels_.back()));
+  }
+}
+
+v1::Generation::Stub* Replica::stub() const {
+  return stubs_[next_stub_.fetch_add(1, std::memory_order_relaxed) % stubs_.size()].get();
+}
 
 Router::Router(RouterOptions options, prometheus::Registry* registry)
     : options_(std::move(options)) {
@@ -112,6 +124,9 @@ absl::Status Router::Start() {
   }
   if (options_.affinity_blocks < 1) {
     return absl::InvalidArgumentError("--affinity-blocks must be >= 1");
+  }
+  if (options_.connections_per_replica < 1 || options_.connections_per_replica > 64) {
+    return absl::InvalidArgumentError("--connections-per-replica must be 1 to 64");
   }
   if (!(options_.resolve_interval_s > 0) || !(options_.health_interval_s > 0)) {
     return absl::InvalidArgumentError("--resolve-interval-s must be > 0");
@@ -178,7 +193,7 @@ void Router::Resolve() {
       }
       continue;
     }
-    auto replica = std::make_shared<Replica>(name);
+    auto replica = std::make_shared<Replica>(name, options_.connections_per_replica);
     replica->from_target_ = target;
     TANDEM_LOG(INFO) << "replica " << name << " added (from " << target << ")";
     next.push_back(std::move(replica));
@@ -227,7 +242,7 @@ void Router::CheckHealth() {
       const grpc::Status s = CallWithDeadline(
           2.0,
           [&](grpc::ClientContext* c, const auto& q, auto* a) {
-            return r->stub()->GetModelInfo(c, q, a);
+            return r->control_stub()->GetModelInfo(c, q, a);
           },
           v1::GetModelInfoRequest(), &info);
       if (!s.ok()) {

@@ -15,6 +15,14 @@
 // (logged).
 //
 // The policy is tandem::frontend::PickReplica (libs/frontend/routing.h).
+//
+// Each replica is reached over `connections_per_replica` HTTP/2
+// connections (channels that share no subchannel), the calls spread over
+// them in turn. One connection's reads are parsed by one thread at a time,
+// so with every stream on one connection a burst of first tokens (256
+// streams finishing a step together) is read one message after another
+// before any reaches its HTTP connection; direct gRPC clients, each on its
+// own connection, are read in parallel.
 #pragma once
 
 #include <atomic>
@@ -48,18 +56,23 @@ struct ModelInfo {
 
 class Replica {
  public:
-  explicit Replica(std::string name);
+  // `connections` >= 1.
+  Replica(std::string name, int32_t connections);
   const std::string& name() const { return name_; }
-  v1::Generation::Stub* stub() const { return stub_.get(); }
-  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  // The stub of the next connection in turn (for a Generate call).
+  v1::Generation::Stub* stub() const;
+  // The first connection's (health checks and model info).
+  v1::Generation::Stub* control_stub() const { return stubs_.front().get(); }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channels_.front(); }
   bool serving() const { return serving_.load() && !wrong_model_.load(); }
   int64_t outstanding() const { return outstanding_.load(); }
 
  private:
   friend class Router;
   std::string name_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Generation::Stub> stub_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<v1::Generation::Stub>> stubs_;
+  mutable std::atomic<uint64_t> next_stub_{0};
   std::atomic<bool> serving_{false};
   std::atomic<bool> wrong_model_{false};
   std::atomic<bool> described_{false};
@@ -71,6 +84,7 @@ struct RouterOptions {
   std::vector<std::string> targets;
   RoutingPolicy policy = RoutingPolicy::kAffinity;
   int32_t affinity_blocks = 4;
+  int32_t connections_per_replica = 1;
   double resolve_interval_s = 5;
   double health_interval_s = 1;
 };

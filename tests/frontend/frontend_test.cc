@@ -8,6 +8,7 @@
 //     running beside them is unaffected;
 //   - a client that disconnects mid-stream frees its request on the
 //     scheduler;
+//   - calls to a replica spread over --connections-per-replica connections;
 //   - three replicas: prefix affinity hits the local prefix cache at least
 //     twice as often as round-robin, and a replica killed with SIGKILL loses
 //     no request that had not started streaming.
@@ -17,7 +18,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "../integration/harness.h"
@@ -372,6 +376,64 @@ TEST_F(FrontendTest, ClientDisconnectMidStreamFreesTheRequestOnTheScheduler) {
   EXPECT_EQ(after.num_requests_finished(), before.num_requests_finished() + 1);
   EXPECT_EQ(
       Metric(Get(frontend_.address(), "/metrics"), "tandem_frontend_client_disconnects_total"), 1);
+}
+
+// The established TCP connections of process `pid` to local port
+// `remote_port`: its sockets' inodes, looked up in /proc/net/tcp and tcp6
+// (gRPC dials IPv4 through an IPv6 socket where it can).
+int ConnectionsTo(pid_t pid, int remote_port) {
+  std::set<std::string> inodes;
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& entry : std::filesystem::directory_iterator(fd_dir)) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0) {
+      inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  int count = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream tcp(table);
+    std::string line;
+    std::getline(tcp, line);  // the header
+    while (std::getline(tcp, line)) {
+      // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+      std::istringstream fields(line);
+      std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      const int port = std::stoi(remote.substr(remote.find(':') + 1), nullptr, 16);
+      if (state == "01" && port == remote_port && inodes.count(inode) > 0) ++count;
+    }
+  }
+  return count;
+}
+
+TEST_F(FrontendTest, CallsSpreadOverTheConfiguredConnectionsToAReplica) {
+  Service pooled =
+      StartFrontend(dir_, "pooled", {scheduler_.address()},
+                    {"--tokenizer", kModels + "/tokenizer.model", "--connections-per-replica", "3"});
+  Service single =
+      StartFrontend(dir_, "single", {scheduler_.address()},
+                    {"--tokenizer", kModels + "/tokenizer.model", "--connections-per-replica", "1"});
+  const Json body = {{"prompt", "Once"}, {"max_tokens", 2}, {"temperature", 0}};
+  for (int i = 0; i < 6; ++i) {
+    for (const Service* f : {&pooled, &single}) {
+      const HttpResult r = Post(f->address(), "/v1/completions", body);
+      ASSERT_EQ(r.status, 200) << r.raw;
+    }
+  }
+  // Calls take the connections in turn; health checks use the first.
+  EXPECT_EQ(ConnectionsTo(pooled.process.pid(), scheduler_.port), 3);
+  EXPECT_EQ(ConnectionsTo(single.process.pid(), scheduler_.port), 1);
+
+  std::string out;
+  EXPECT_NE(RunCommand({BinaryPath("services/frontend/tandem-frontend"), "--scheduler",
+                        scheduler_.address(), "--tokenizer", kModels + "/tokenizer.model",
+                        "--listen", "127.0.0.1:0", "--connections-per-replica", "0"},
+                       &out),
+            0);
+  EXPECT_NE(out.find("--connections-per-replica must be 1 to 64"), std::string::npos) << out;
 }
 
 // Three replicas of stories260K (scheduler + worker each) behind frontends.
