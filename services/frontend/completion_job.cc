@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <ctime>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -59,8 +60,10 @@ struct ChoiceState {
 
 class Job;
 
-// One Generate call. Its callbacks run on gRPC's threads: they only post to
-// the job's strand. Deletes itself after OnDone.
+// One Generate call. Its callbacks run on gRPC's threads: a message goes
+// straight to the job (under its lock, and from there to the client's
+// socket); the call's end is posted to the connection's strand, after every
+// message. Deletes itself after OnDone.
 class CallReactor final : public grpc::ClientReadReactor<v1::GenerateResponse> {
  public:
   CallReactor(std::shared_ptr<Job> job, std::shared_ptr<HttpExchange> exchange, Router* router,
@@ -113,7 +116,7 @@ class Job : public std::enable_shared_from_this<Job> {
         std::chrono::duration<double>(Clock::now() - start_).count());
   }
 
-  // On the strand.
+  // Each takes the job's lock; any thread.
   void Start();
   void OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse& msg);
   void OnCallDone(int32_t choice, int32_t attempt, const std::string& replica,
@@ -121,6 +124,24 @@ class Job : public std::enable_shared_from_this<Job> {
   void ClientGone();
 
  private:
+  // Holds the job's lock; on leaving, lets it go and only then cancels the
+  // calls queued in to_cancel_: a cancel can run gRPC's callbacks inline,
+  // and OnMessage takes the lock.
+  class Locked {
+   public:
+    explicit Locked(Job* job) : job_(job), lock_(job->mu_) {}
+    ~Locked() {
+      std::vector<std::shared_ptr<grpc::ClientContext>> cancel;
+      cancel.swap(job_->to_cancel_);
+      lock_.unlock();
+      for (const auto& context : cancel) context->TryCancel();
+    }
+
+   private:
+    Job* job_;
+    std::unique_lock<std::mutex> lock_;
+  };
+
   bool StartCall(ChoiceState& c);
   void Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids);
   void StartStream();
@@ -129,6 +150,8 @@ class Job : public std::enable_shared_from_this<Job> {
   void CancelAll();
   void Count(int http_status) { frontend_->CountResponse(endpoint_, http_status); }
 
+  std::mutex mu_;  // every member below, once Start runs
+  std::vector<std::shared_ptr<grpc::ClientContext>> to_cancel_;
   Frontend* frontend_;
   std::shared_ptr<HttpExchange> exchange_;
   CompletionRequest request_;
@@ -144,11 +167,7 @@ class Job : public std::enable_shared_from_this<Job> {
 
 void CallReactor::OnReadDone(bool ok) {
   if (!ok) return;
-  // Moved, not copied: the message's storage goes with it (a fresh one is
-  // read into next).
-  exchange_->Post([job = job_, choice = choice_, attempt = attempt_, msg = std::move(response_)] {
-    job->OnMessage(choice, attempt, msg);
-  });
+  job_->OnMessage(choice_, attempt_, response_);
   response_.Clear();
   StartRead(&response_);
 }
@@ -164,6 +183,7 @@ void CallReactor::OnDone(const grpc::Status& status) {
 }
 
 void Job::Start() {
+  Locked locked(this);
   const std::optional<ModelInfo> model = frontend_->router().model();
   const std::optional<std::string> name = frontend_->ModelName();
   if (!model || !name) {
@@ -261,6 +281,7 @@ bool Job::StartCall(ChoiceState& c) {
 }
 
 void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse& msg) {
+  Locked locked(this);
   ChoiceState& c = choices_[choice];
   if (finished_ || c.done || attempt != c.attempt) return;
   if (!first_token_ && msg.token_ids_size() > 0) {
@@ -292,7 +313,7 @@ void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse&
       c.stop_reason = step.matched;
       c.stop_token.reset();
       c.done = true;
-      if (c.context) c.context->TryCancel();  // the scheduler frees its blocks
+      if (c.context) to_cancel_.push_back(c.context);  // the scheduler frees its blocks
     }
   }
   if (final && !c.done) {
@@ -343,6 +364,7 @@ void Job::StartStream() {
 
 void Job::OnCallDone(int32_t choice, int32_t attempt, const std::string& replica,
                      const grpc::Status& status) {
+  Locked locked(this);
   ChoiceState& c = choices_[choice];
   if (attempt != c.attempt) return;
   c.context.reset();
@@ -418,11 +440,12 @@ void Job::Fail(const ApiError& error) {
 
 void Job::CancelAll() {
   for (ChoiceState& c : choices_) {
-    if (c.context) c.context->TryCancel();
+    if (c.context) to_cancel_.push_back(c.context);
   }
 }
 
 void Job::ClientGone() {
+  Locked locked(this);
   if (finished_) return;
   finished_ = true;
   frontend_->metrics().client_disconnects.Increment();

@@ -3,8 +3,11 @@
 //
 // Each choice (prompt i, sample j of n: index i * n + j) is one Generate
 // call to a replica the Router picks. The calls' callbacks run on gRPC's
-// threads and only post their messages to the HTTP connection's strand;
-// all of the job's state lives on that strand, so the job needs no lock.
+// threads: a message is handled there, under the job's lock, and its SSE
+// chunk written to the client's socket from that thread (HttpExchange), so
+// a token costs no wake-up of an HTTP I/O thread; a call's end is posted to
+// the HTTP connection's strand. Cancels wait until the lock is let go (they
+// may run gRPC callbacks inline).
 //
 // Text: generated ids go through an IncrementalDetokenizer (deltas are whole
 // UTF-8 characters) and a StopStringMatcher; a matched stop string ends the

@@ -1,5 +1,8 @@
 #include "http_server.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <deque>
 #include <filesystem>
 #include <mutex>
@@ -111,8 +114,15 @@ void HttpServer::Impl::ReloadTlsLater() {
   });
 }
 
-// One connection. Every member is touched only on the connection's strand
-// (the executor of its socket).
+// One connection. Reading requests, the socket watch, TLS and the async
+// writes run on the connection's strand (the executor of its socket). The
+// exchange's state and the bytes to send are under `mu_`, so the exchange
+// API runs on whatever thread calls it: a stream's token goes out with a
+// non-blocking send() from the thread that has it (the gRPC thread that read
+// it), not after a hop to an I/O thread that must first be woken. Only when
+// the socket is full, under TLS, or at the end of an exchange does work go
+// to the strand. Lock order: a caller's own lock (the frontend's job) ->
+// `mu_`; nothing here calls out while holding `mu_`.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
   // `tls`: the server's context (null: plain HTTP).
@@ -144,58 +154,108 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     });
   }
   void Post(std::function<void()> fn) { net::post(transport().get_executor(), std::move(fn)); }
-  // Runs `fn` at once when called on the strand, else queues it there.
-  template <class Fn>
-  void Dispatch(Fn&& fn) {
-    net::dispatch(transport().get_executor(), std::forward<Fn>(fn));
-  }
 
-  // The exchange API, on the strand.
+  // The exchange API, from any thread.
   // `seq` names the exchange: calls for an exchange that is over are
   // ignored, so a late call never lands on the next request of the
   // connection.
   void Respond(uint64_t seq, int status, const std::string& content_type, const std::string& body,
                const std::vector<std::pair<std::string, std::string>>& headers) {
+    std::unique_lock<std::mutex> lock(mu_);
     if (seq != seq_ || !active_ || started_) return;
     started_ = true;
-    std::string out = Head(status, content_type);
-    for (const auto& [name, value] : headers) absl::StrAppend(&out, name, ": ", value, "\r\n");
-    absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n", body);
-    Queue(std::move(out));
+    AppendHead(status, content_type);
+    for (const auto& [name, value] : headers) absl::StrAppend(&outbox_, name, ": ", value, "\r\n");
+    absl::StrAppend(&outbox_, "Content-Length: ", body.size(), "\r\n\r\n", body);
     complete_ = true;
-    Flush();
+    Kick(lock);
   }
   void StartStream(uint64_t seq, int status, const std::string& content_type) {
+    std::unique_lock<std::mutex> lock(mu_);
     if (seq != seq_ || !active_ || started_) return;
     started_ = true;
-    Queue(absl::StrCat(Head(status, content_type),
-                       "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"));
-    Flush();
+    AppendHead(status, content_type);
+    outbox_ += "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+    Kick(lock);
   }
   void Write(uint64_t seq, const std::string& data) {
+    std::unique_lock<std::mutex> lock(mu_);
     if (seq != seq_ || !active_ || !started_ || complete_ || data.empty()) return;
     // Framed straight into the outbox: one copy of the chunk per token.
     absl::StrAppend(&outbox_, absl::Hex(data.size()), "\r\n", data, "\r\n");
-    Flush();
+    Kick(lock);
   }
   void End(uint64_t seq) {
+    std::unique_lock<std::mutex> lock(mu_);
     if (seq != seq_ || !active_ || !started_ || complete_) return;
-    Queue("0\r\n\r\n");
+    outbox_ += "0\r\n\r\n";
     complete_ = true;
-    Flush();
+    Kick(lock);
   }
   void SetOnClientGone(uint64_t seq, std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
     if (seq == seq_ && active_) on_gone_ = std::move(fn);
   }
   bool gone() const { return gone_.load(); }
-  uint64_t seq() const { return seq_; }
 
  private:
-  std::string Head(int status, const std::string& content_type) const {
+  // Under mu_.
+  void AppendHead(int status, const std::string& content_type) {
     const auto reason = http::obsolete_reason(static_cast<http::status>(status));
-    return absl::StrCat("HTTP/1.1 ", status, " ", std::string(reason.data(), reason.size()),
-                        "\r\nServer: tandem-frontend\r\nContent-Type: ", content_type,
-                        "\r\nConnection: ", keep_alive_ ? "keep-alive" : "close", "\r\n");
+    absl::StrAppend(&outbox_, "HTTP/1.1 ", status, " ", std::string(reason.data(), reason.size()),
+                    "\r\nServer: tandem-frontend\r\nContent-Type: ", content_type,
+                    "\r\nConnection: ", keep_alive_ ? "keep-alive" : "close", "\r\n");
+  }
+
+  // Under mu_ (held by `lock`; may let it go): sends what the outbox holds.
+  // Plain HTTP tries a non-blocking send() here first; what it leaves
+  // (a full socket, or TLS) goes to the strand as one async write, and an
+  // exchange whose last byte is out is finished there. `busy_` keeps any
+  // other thread out until the strand is done.
+  void Kick(std::unique_lock<std::mutex>& lock) {
+    if (busy_ || closed_) return;
+    if (!outbox_.empty() && plain_) {
+      const ssize_t n = ::send(plain_->socket().native_handle(), outbox_.data(), outbox_.size(),
+                               MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        outbox_.erase(0, static_cast<size_t>(n));
+      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        busy_ = true;  // nothing more goes out: the client is gone
+        lock.unlock();
+        Post([self = shared_from_this()] { self->ClientGone(); });
+        return;
+      }
+    }
+    if (outbox_.empty()) {
+      if (!complete_) return;
+      busy_ = true;
+      lock.unlock();
+      Post([self = shared_from_this()] { self->FinishExchange(); });
+      return;
+    }
+    busy_ = true;
+    inflight_.swap(outbox_);
+    outbox_.clear();
+    lock.unlock();
+    Post([self = shared_from_this()] { self->WriteInflight(); });
+  }
+
+  // On the strand, with busy_ set: the async write of inflight_.
+  void WriteInflight() {
+    WithStream([&](auto& stream) {
+      net::async_write(stream, net::buffer(inflight_),
+                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                         std::unique_lock<std::mutex> lock(self->mu_);
+                         self->inflight_.clear();
+                         if (ec) {
+                           lock.unlock();
+                           self->ClientGone();  // busy_ stays set: nothing more goes out
+                           return;
+                         }
+                         self->busy_ = false;
+                         self->Kick(lock);
+                       });
+    });
   }
 
   void DoRead() {
@@ -212,9 +272,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   void OnRead(beast::error_code ec) {
     if (ec == http::error::body_limit || ec == http::error::header_limit) {
-      keep_alive_ = false;
-      BeginExchange(HttpRequest{});
-      Respond(seq_, 413, "application/json",
+      const uint64_t seq = BeginExchange(HttpRequest{}, /*keep_alive=*/false);
+      Respond(seq, 413, "application/json",
               absl::StrCat(R"({"error":{"message":"the request is larger than )",
                            server_->options.max_body_bytes,
                            R"( bytes","type":"invalid_request_error","param":null,"code":null}})"),
@@ -237,19 +296,27 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
           field.name_string().data(), field.name_string().size()))] = std::string(field.value());
     }
     request.body = std::move(msg.body());
-    keep_alive_ = msg.keep_alive();
     transport().expires_never();
-    BeginExchange(std::move(request));
+    BeginExchange(std::move(request), msg.keep_alive());
   }
 
-  void BeginExchange(HttpRequest request) {
-    ++seq_;
-    active_ = true;
-    started_ = complete_ = false;
-    on_gone_ = nullptr;
-    auto exchange = std::make_shared<HttpExchange>(shared_from_this(), std::move(request));
+  // Starts the next exchange and hands it to the handler (not for a request
+  // without a method: the caller answers that itself). Returns its seq.
+  uint64_t BeginExchange(HttpRequest request, bool keep_alive) {
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seq = ++seq_;
+      active_ = true;
+      started_ = complete_ = busy_ = false;
+      keep_alive_ = keep_alive;
+      on_gone_ = nullptr;
+    }
     Watch();
-    if (!exchange->request().method.empty()) server_->handler(std::move(exchange));
+    if (!request.method.empty()) {
+      server_->handler(std::make_shared<HttpExchange>(shared_from_this(), seq, std::move(request)));
+    }
+    return seq;
   }
 
   // Notices a client that closes the connection while we answer.
@@ -268,7 +335,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       DoRead();
       return;
     }
-    if (ec || !active_) return;
+    bool active;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active = active_;
+    }
+    if (ec || !active) return;
     // The peek must not block: a wait can complete with nothing to read
     // (epoll reports readiness by edges, and an old edge may arrive late);
     // a blocking peek would then hold this strand, and the response, until
@@ -289,45 +361,29 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     // response (and a close behind it is noticed then).
   }
 
+  // On the strand.
   void ClientGone() {
     if (gone_.exchange(true)) return;
-    if (on_gone_) {
-      auto fn = std::move(on_gone_);
+    std::function<void()> fn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn = std::move(on_gone_);
       on_gone_ = nullptr;
-      fn();
     }
+    if (fn) fn();
     Close();
   }
 
-  void Queue(std::string data) { outbox_ += data; }
-
-  void Flush() {
-    if (writing_ || gone_) return;
-    if (outbox_.empty()) {
-      if (complete_) FinishExchange();
-      return;
-    }
-    writing_ = true;
-    inflight_.swap(outbox_);
-    outbox_.clear();
-    WithStream([&](auto& stream) {
-      net::async_write(stream, net::buffer(inflight_),
-                       [self = shared_from_this()](beast::error_code ec, size_t) {
-                         self->writing_ = false;
-                         self->inflight_.clear();
-                         if (ec) {
-                           self->ClientGone();
-                           return;
-                         }
-                         self->Flush();
-                       });
-    });
-  }
-
+  // On the strand, once the exchange's last byte is out (busy_ set).
   void FinishExchange() {
-    active_ = false;
-    on_gone_ = nullptr;
-    if (!keep_alive_) {
+    bool keep_alive;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active_ = false;
+      on_gone_ = nullptr;
+      keep_alive = keep_alive_;
+    }
+    if (!keep_alive) {
       Close();
       return;
     }
@@ -341,7 +397,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     }
   }
 
+  // On the strand. Under mu_, so no send() runs on the descriptor as it
+  // closes (and no later one on a number the system has reused).
   void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
     beast::error_code ignored;
     transport().socket().shutdown(tcp::socket::shutdown_both, ignored);
     transport().socket().close(ignored);
@@ -363,19 +423,23 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::shared_ptr<net::ssl::context> tls_ctx_;  // kept alive for tls_
   std::optional<beast::tcp_stream> plain_;
   std::optional<beast::ssl_stream<beast::tcp_stream>> tls_;
+  std::atomic<bool> gone_{false};
+  // The strand's alone.
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  bool keep_alive_ = true;
-  bool active_ = false;    // an exchange is being answered
-  bool started_ = false;   // its status line is queued
-  bool complete_ = false;  // its last byte is queued
-  std::atomic<bool> gone_{false};
-  uint64_t seq_ = 0;  // of the current (or last) exchange
   bool watching_ = false;
   bool read_after_watch_ = false;
-  bool writing_ = false;
+  std::string inflight_;  // while busy_ with a write
+
+  std::mutex mu_;
+  uint64_t seq_ = 0;        // of the current (or last) exchange
+  bool keep_alive_ = true;  // the current exchange's
+  bool active_ = false;     // an exchange is being answered
+  bool started_ = false;    // its status line is queued
+  bool complete_ = false;   // its last byte is queued
+  bool busy_ = false;       // the strand writes inflight_ or finishes the exchange
+  bool closed_ = false;
   std::string outbox_;
-  std::string inflight_;
   std::function<void()> on_gone_;
 };
 
@@ -384,9 +448,9 @@ std::string HttpRequest::Header(const std::string& lower_name) const {
   return it == headers.end() ? "" : it->second;
 }
 
-// Made on the strand (BeginExchange), so seq() is the new exchange's.
-HttpExchange::HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request)
-    : session_(std::move(session)), seq_(session_->seq()), request_(std::move(request)) {}
+HttpExchange::HttpExchange(std::shared_ptr<HttpSession> session, uint64_t seq,
+                           HttpRequest request)
+    : session_(std::move(session)), seq_(seq), request_(std::move(request)) {}
 
 HttpExchange::~HttpExchange() {
   // A handler that drops an exchange unanswered must not hang the client:
@@ -402,21 +466,13 @@ HttpExchange::~HttpExchange() {
 
 void HttpExchange::Respond(int status, std::string content_type, std::string body,
                            std::vector<std::pair<std::string, std::string>> headers) {
-  session_->Dispatch([s = session_, seq = seq_, status, ct = std::move(content_type),
-                      b = std::move(body),
-                      h = std::move(headers)] { s->Respond(seq, status, ct, b, h); });
+  session_->Respond(seq_, status, content_type, body, headers);
 }
 void HttpExchange::StartStream(int status, std::string content_type) {
-  session_->Dispatch([s = session_, seq = seq_, status, ct = std::move(content_type)] {
-    s->StartStream(seq, status, ct);
-  });
+  session_->StartStream(seq_, status, content_type);
 }
-void HttpExchange::Write(std::string data) {
-  session_->Dispatch([s = session_, seq = seq_, d = std::move(data)] { s->Write(seq, d); });
-}
-void HttpExchange::End() {
-  session_->Dispatch([s = session_, seq = seq_] { s->End(seq); });
-}
+void HttpExchange::Write(std::string data) { session_->Write(seq_, data); }
+void HttpExchange::End() { session_->End(seq_); }
 void HttpExchange::Post(std::function<void()> fn) { session_->Post(std::move(fn)); }
 void HttpExchange::SetOnClientGone(std::function<void()> fn) {
   session_->SetOnClientGone(seq_, std::move(fn));

@@ -7,7 +7,7 @@
 // wait their turn) and hands it to the handler as an HttpExchange on the
 // connection's strand. The handler answers at once (Respond) or later from
 // any thread (Respond, or StartStream + Write + End for chunked streams
-// such as SSE). While a request is being answered the connection watches its
+// such as SSE), without a trip through the strand. While a request is being answered the connection watches its
 // socket: a client that closes it fires the exchange's on-client-gone
 // callback once (the frontend aborts the generation then).
 //
@@ -50,16 +50,18 @@ struct HttpRequest {
 
 class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
  public:
-  HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request);
+  // `seq`: which exchange of the session's connection this is.
+  HttpExchange(std::shared_ptr<HttpSession> session, uint64_t seq, HttpRequest request);
   ~HttpExchange();
 
   const HttpRequest& request() const { return request_; }
 
-  // Every method below is safe from any thread; the work runs on the
-  // connection's strand. Called on the strand (the handler, and whatever it
-  // runs through Post) it runs at once, so a stream's per-token Write costs
-  // no second trip through the strand's queue; called from another thread
-  // it is queued, in call order. Post always queues.
+  // Every method below is safe from any thread and takes effect at once,
+  // in call order: the bytes go to the socket from the calling thread when
+  // it takes them without blocking (plain HTTP), else to the connection's
+  // strand, which writes them asynchronously. A stream's per-token Write
+  // from a gRPC thread therefore costs no hop to an I/O thread. Calls for an
+  // exchange that is over, or whose client is gone, are ignored.
 
   // A complete response with Content-Length. Once per exchange; ignored
   // after the client is gone.
