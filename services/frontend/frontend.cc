@@ -260,8 +260,8 @@ void Frontend::Detokenize(HttpExchange& exchange) {
 void Frontend::Metrics(HttpExchange& exchange) {
   router_->UpdateMetrics();
   metrics_.in_flight.Set(static_cast<double>(in_flight_.load()));
-  if (server_ != nullptr) {
-    metrics_.open_connections.Set(static_cast<double>(server_->open_connections()));
+  if (const HttpServer* server = server_.load(); server != nullptr) {
+    metrics_.open_connections.Set(static_cast<double>(server->open_connections()));
   }
   exchange.Respond(200, "text/plain; version=0.0.4; charset=utf-8",
                    prometheus::TextSerializer().Serialize(registry_->Collect()));

@@ -73,7 +73,8 @@ class Frontend {
   // requests already accepted go on.
   void SetDraining() { draining_.store(true); }
   int64_t in_flight() const { return in_flight_.load(); }
-  void set_server(const HttpServer* server) { server_ = server; }
+  // Set once the server runs (its I/O threads may already serve /metrics).
+  void set_server(const HttpServer* server) { server_.store(server); }
 
   // What CompletionJob needs.
   const FrontendOptions& options() const { return options_; }
@@ -102,7 +103,7 @@ class Frontend {
   Router* router_;
   std::shared_ptr<prometheus::Registry> registry_;
   FrontendMetrics metrics_;
-  const HttpServer* server_ = nullptr;
+  std::atomic<const HttpServer*> server_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
 };

@@ -8,12 +8,14 @@
 //     running beside them is unaffected;
 //   - a client that disconnects mid-stream frees its request on the
 //     scheduler;
+//   - a client that reads late still gets the whole stream, in order;
 //   - calls to a replica spread over --connections-per-replica connections;
 //   - three replicas: prefix affinity hits the local prefix cache at least
 //     twice as often as round-robin, and a replica killed with SIGKILL loses
 //     no request that had not started streaming.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -104,6 +106,37 @@ Streamed ParseSse(const std::string& body) {
     }
   }
   return out;
+}
+
+// A TCP connection to host:port (an IPv4 address), -1 on failure;
+// `small` shrinks its receive buffer and segment size first (SO_RCVBUF,
+// TCP_MAXSEG: on loopback the peer's send buffer grows with the segment
+// size), so that a peer's sends fill it soon.
+int ConnectTo(const std::string& address, bool small = false) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  if (small) {
+    const int receive_buffer = 2048, segment = 536;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
+    setsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &segment, sizeof(segment));
+  }
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// An HTTP/1.1 POST of `body` as JSON.
+std::string PostRequest(const std::string& path, const Json& body) {
+  const std::string text = body.dump();
+  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+         "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
 }
 
 class FrontendTest : public ::testing::Test {
@@ -339,23 +372,13 @@ TEST_F(FrontendTest, ClientDisconnectMidStreamFreesTheRequestOnTheScheduler) {
   auto stub = GenerationStub(scheduler_.address());
   const v1::GetStatsResponse before = GetStats(stub.get());
   // A raw socket, so that we can hang up after the first event.
-  const size_t colon = frontend_.address().rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(frontend_.address().substr(colon + 1))));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string body = Json({{"prompt", "Once upon a time"},
-                                 {"max_tokens", 250},
-                                 {"ignore_eos", true},
-                                 {"temperature", 0},
-                                 {"stream", true}})
-                               .dump();
-  const std::string request =
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-      "application/json\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
+  const int fd = ConnectTo(frontend_.address());
+  ASSERT_GE(fd, 0);
+  const std::string request = PostRequest("/v1/completions", Json({{"prompt", "Once upon a time"},
+                                                                    {"max_tokens", 250},
+                                                                    {"ignore_eos", true},
+                                                                    {"temperature", 0},
+                                                                    {"stream", true}}));
   ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
   std::string received;
   char buf[4096];
@@ -376,6 +399,55 @@ TEST_F(FrontendTest, ClientDisconnectMidStreamFreesTheRequestOnTheScheduler) {
   EXPECT_EQ(after.num_requests_finished(), before.num_requests_finished() + 1);
   EXPECT_EQ(
       Metric(Get(frontend_.address(), "/metrics"), "tandem_frontend_client_disconnects_total"), 1);
+}
+
+// A client that does not read fills its socket: the frontend's non-blocking
+// sends stop short, the rest goes out asynchronously and later chunks queue
+// behind it. Every chunk still arrives, whole and in order.
+TEST_F(FrontendTest, AClientThatReadsLateGetsTheWholeStreamInOrder) {
+  const Json body = {{"prompt", "Once upon a time"},
+                     {"max_tokens", 250},
+                     {"ignore_eos", true},
+                     {"temperature", 0},
+                     {"return_token_ids", true}};
+  const HttpResult whole = Post(frontend_.address(), "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  const std::vector<int32_t> want = whole.body["choices"][0]["token_ids"];
+  ASSERT_EQ(want.size(), 250u);
+
+  const int fd = ConnectTo(frontend_.address(), /*small=*/true);
+  ASSERT_GE(fd, 0);
+  Json streamed_body = body;
+  streamed_body["stream"] = true;
+  const std::string request = PostRequest("/v1/completions", streamed_body);
+  ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  // Let the whole stream be generated while nothing is read.
+  auto stub = GenerationStub(scheduler_.address());
+  EXPECT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_requests_finished() >= 2; }));
+  std::string received;
+  char buf[4096];
+  while (received.find("data: [DONE]") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0) << received.size() << " bytes before the connection ended";
+    received.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  // Undo the chunked framing, then read the events.
+  const size_t head_end = received.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos);
+  std::string events;
+  for (size_t at = head_end + 4; at < received.size();) {
+    const size_t eol = received.find("\r\n", at);
+    ASSERT_NE(eol, std::string::npos);
+    const size_t size = std::stoul(received.substr(at, eol - at), nullptr, 16);
+    if (size == 0) break;
+    events += received.substr(eol + 2, size);
+    at = eol + 2 + size + 2;
+  }
+  const Streamed got = ParseSse(events);
+  EXPECT_TRUE(got.done);
+  EXPECT_EQ(got.ids, want);
+  EXPECT_EQ(got.text, whole.body["choices"][0]["text"]);
 }
 
 // The established TCP connections of process `pid` to local port
