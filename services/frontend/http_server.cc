@@ -176,7 +176,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     started_ = true;
     AppendHead(status, content_type);
     outbox_ += "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
-    Kick(lock);
+    // No send yet: the head goes out with the first chunk (or the end), in
+    // one send() and one wake-up of the client.
   }
   void Write(uint64_t seq, const std::string& data) {
     std::unique_lock<std::mutex> lock(mu_);

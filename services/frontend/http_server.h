@@ -68,7 +68,8 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   void Respond(int status, std::string content_type, std::string body,
                std::vector<std::pair<std::string, std::string>> headers = {});
   // Starts a chunked response (SSE: "text/event-stream"). Then Write any
-  // number of times and End once.
+  // number of times and End once. The head is sent with the first Write
+  // (or End).
   void StartStream(int status, std::string content_type);
   void Write(std::string data);
   void End();
