@@ -13,7 +13,6 @@
 //   - three replicas: prefix affinity hits the local prefix cache at least
 //     twice as often as round-robin, and a replica killed with SIGKILL loses
 //     no request that had not started streaming.
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -108,28 +107,13 @@ Streamed ParseSse(const std::string& body) {
   return out;
 }
 
-// A TCP connection to host:port (an IPv4 address), -1 on failure;
-// `small` shrinks its receive buffer and segment size first (SO_RCVBUF,
+// Shrinks a socket's receive buffer and segment size (SO_RCVBUF,
 // TCP_MAXSEG: on loopback the peer's send buffer grows with the segment
 // size), so that a peer's sends fill it soon.
-int ConnectTo(const std::string& address, bool small = false) {
-  const size_t colon = address.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  if (small) {
-    const int receive_buffer = 2048, segment = 536;
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
-    setsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &segment, sizeof(segment));
-  }
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
+void SmallBuffers(int fd) {
+  const int receive_buffer = 2048, segment = 536;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
+  setsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &segment, sizeof(segment));
 }
 
 // An HTTP/1.1 POST of `body` as JSON.
@@ -372,7 +356,7 @@ TEST_F(FrontendTest, ClientDisconnectMidStreamFreesTheRequestOnTheScheduler) {
   auto stub = GenerationStub(scheduler_.address());
   const v1::GetStatsResponse before = GetStats(stub.get());
   // A raw socket, so that we can hang up after the first event.
-  const int fd = ConnectTo(frontend_.address());
+  const int fd = ConnectTcp(frontend_.address());
   ASSERT_GE(fd, 0);
   const std::string request = PostRequest("/v1/completions", Json({{"prompt", "Once upon a time"},
                                                                     {"max_tokens", 250},
@@ -415,7 +399,7 @@ TEST_F(FrontendTest, AClientThatReadsLateGetsTheWholeStreamInOrder) {
   const std::vector<int32_t> want = whole.body["choices"][0]["token_ids"];
   ASSERT_EQ(want.size(), 250u);
 
-  const int fd = ConnectTo(frontend_.address(), /*small=*/true);
+  const int fd = ConnectTcp(frontend_.address(), SmallBuffers);
   ASSERT_GE(fd, 0);
   Json streamed_body = body;
   streamed_body["stream"] = true;

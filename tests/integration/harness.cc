@@ -215,8 +215,7 @@ Service StartFrontend(const std::string& dir, const std::string& name,
   return s;
 }
 
-int HttpGetStatus(const std::string& address, const std::string& path) {
-  // A plain HTTP/1.1 GET over a socket: the harness needs no HTTP library.
+int ConnectTcp(const std::string& address, const std::function<void(int fd)>& before_connect) {
   const size_t colon = address.rfind(':');
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -224,12 +223,21 @@ int HttpGetStatus(const std::string& address, const std::string& path) {
   inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
-  timeval tv{.tv_sec = 5, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (before_connect) before_connect(fd);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
     return -1;
   }
+  return fd;
+}
+
+int HttpGetStatus(const std::string& address, const std::string& path) {
+  // A plain HTTP/1.1 GET over a socket: the harness needs no HTTP library.
+  const int fd = ConnectTcp(address, [](int fd) {
+    timeval tv{.tv_sec = 5, .tv_usec = 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  });
+  if (fd < 0) return -1;
   const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) < 0) {
     close(fd);

@@ -84,6 +84,9 @@ Service StartScheduler(const std::string& dir, const std::string& name,
 Service StartFrontend(const std::string& dir, const std::string& name,
                       const std::vector<std::string>& scheduler_targets,
                       const std::vector<std::string>& extra_args, bool wait_for_serving = true);
+// A connected TCP socket to "ipv4:port", or -1; `before_connect` may set
+// socket options first.
+int ConnectTcp(const std::string& address, const std::function<void(int fd)>& before_connect = {});
 // The HTTP status of GET http://address/path, or -1 when it cannot connect.
 int HttpGetStatus(const std::string& address, const std::string& path);
 
