@@ -181,7 +181,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
   void Write(uint64_t seq, const std::string& data) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (seq != seq_ || !active_ || !started_ || complete_ || data.empty()) return;
+    if (seq != seq_ || !active_ || !started_ || complete_ || closed_ || data.empty()) return;
     // Framed straight into the outbox: one copy of the chunk per token.
     absl::StrAppend(&outbox_, absl::Hex(data.size()), "\r\n", data, "\r\n");
     Kick(lock);
