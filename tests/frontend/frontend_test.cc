@@ -9,6 +9,8 @@
 //   - a client that disconnects mid-stream frees its request on the
 //     scheduler;
 //   - a client that reads late still gets the whole stream, in order;
+//   - randomized concurrent clients (hang-ups, slow readers, pipelining,
+//     bad bodies) get whole answers and leave nothing behind;
 //   - calls to a replica spread over --connections-per-replica connections;
 //   - three replicas: prefix affinity hits the local prefix cache at least
 //     twice as often as round-robin, and a replica killed with SIGKILL loses
@@ -20,6 +22,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -121,6 +127,44 @@ std::string PostRequest(const std::string& path, const Json& body) {
   const std::string text = body.dump();
   return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
          "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
+}
+
+// The body of a chunked HTTP response (`response` from its status line
+// on); nullopt when the framing is broken or cut short.
+std::optional<std::string> Dechunk(const std::string& response) {
+  const size_t head_end = response.find("\r\n\r\n");
+  if (head_end == std::string::npos) return std::nullopt;
+  std::string body;
+  for (size_t at = head_end + 4; at < response.size();) {
+    const size_t eol = response.find("\r\n", at);
+    if (eol == std::string::npos) return std::nullopt;
+    size_t size = 0;
+    try {
+      size = std::stoul(response.substr(at, eol - at), nullptr, 16);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    if (size == 0) return body;
+    if (eol + 2 + size + 2 > response.size()) return std::nullopt;
+    body += response.substr(eol + 2, size);
+    at = eol + 2 + size + 2;
+  }
+  return std::nullopt;
+}
+
+// Reads until the peer closes, the text holds `until` (when not empty) or
+// `limit` bytes arrived; `pause` sleeps before each read (a slow client).
+std::string ReadFrom(int fd, const std::string& until = "", size_t limit = SIZE_MAX,
+                     std::chrono::microseconds pause = {}) {
+  std::string received;
+  char buf[4096];
+  while (received.size() < limit && (until.empty() || received.find(until) == std::string::npos)) {
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
+    const ssize_t n = recv(fd, buf, pause.count() > 0 ? 512 : sizeof(buf), 0);
+    if (n <= 0) break;
+    received.append(buf, static_cast<size_t>(n));
+  }
+  return received;
 }
 
 class FrontendTest : public ::testing::Test {
@@ -408,30 +452,125 @@ TEST_F(FrontendTest, AClientThatReadsLateGetsTheWholeStreamInOrder) {
   // Let the whole stream be generated while nothing is read.
   auto stub = GenerationStub(scheduler_.address());
   EXPECT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_requests_finished() >= 2; }));
-  std::string received;
-  char buf[4096];
-  while (received.find("data: [DONE]") == std::string::npos) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    ASSERT_GT(n, 0) << received.size() << " bytes before the connection ended";
-    received.append(buf, static_cast<size_t>(n));
-  }
+  const std::string received = ReadFrom(fd, "0\r\n\r\n");
   close(fd);
-  // Undo the chunked framing, then read the events.
-  const size_t head_end = received.find("\r\n\r\n");
-  ASSERT_NE(head_end, std::string::npos);
-  std::string events;
-  for (size_t at = head_end + 4; at < received.size();) {
-    const size_t eol = received.find("\r\n", at);
-    ASSERT_NE(eol, std::string::npos);
-    const size_t size = std::stoul(received.substr(at, eol - at), nullptr, 16);
-    if (size == 0) break;
-    events += received.substr(eol + 2, size);
-    at = eol + 2 + size + 2;
-  }
-  const Streamed got = ParseSse(events);
+  const std::optional<std::string> events = Dechunk(received);
+  ASSERT_TRUE(events.has_value()) << received.size() << " bytes: " << received.substr(0, 300);
+  const Streamed got = ParseSse(*events);
   EXPECT_TRUE(got.done);
   EXPECT_EQ(got.ids, want);
   EXPECT_EQ(got.text, whole.body["choices"][0]["text"]);
+}
+
+// Randomized: rounds of concurrent clients over raw sockets, each one of:
+// reads its stream to the end; hangs up after a random number of bytes;
+// reads slowly through small buffers; pipelines a stream and a plain
+// request; sends a body that is not JSON. Prompts, lengths and n are
+// random. Every stream that is read to the end is whole (n * max_tokens
+// ids, [DONE], the chunked end), every pipelined pair is answered in order,
+// and afterwards nothing is left: no request running or waiting on the
+// scheduler, every KV block free, none in flight in the frontend.
+TEST_F(FrontendTest, ConcurrentClientsThatHangUpReadSlowlyOrPipelineLeaveNothingBehind) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  enum Mode { kFull, kHangUp, kSlow, kPipeline, kGarbage };
+  std::mutex mu;
+  std::map<std::string, int> outcomes;
+  std::vector<std::string> failures;
+  auto note = [&](const std::string& outcome, const std::string& failure = "") {
+    std::lock_guard<std::mutex> lock(mu);
+    ++outcomes[outcome];
+    if (!failure.empty()) failures.push_back(outcome + ": " + failure);
+  };
+  auto client = [&](uint32_t client_seed) {
+    std::mt19937 rng(client_seed);
+    auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    const Mode mode = static_cast<Mode>(pick(0, 4));
+    Json prompt = Json::array({1});
+    for (int i = pick(1, 30); i > 0; --i) prompt.push_back(pick(2, 31999));
+    // A slow reader's stream is long enough to fill its small socket.
+    const int max_tokens = mode == kSlow ? pick(150, 200) : pick(1, 60);
+    const int n = pick(1, 3) == 3 ? 2 : 1;
+    Json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true},
+                 {"temperature", 0},  {"n", n},                  {"stream", true},
+                 {"return_token_ids", true}};
+    const int fd = ConnectTcp(frontend_.address(), mode == kSlow ? SmallBuffers : nullptr);
+    if (fd < 0) return note("connect", "failed");
+    std::string request;
+    if (mode == kGarbage) {
+      request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                "Content-Length: 5\r\n\r\n{bad}";
+    } else {
+      request = PostRequest("/v1/completions", body);
+      if (mode != kHangUp) request.insert(request.find("\r\n") + 2, "Connection: close\r\n");
+      if (mode == kPipeline) {
+        body["stream"] = false;
+        const std::string second = PostRequest("/v1/completions", body);
+        // The first request keeps the connection; the second closes it.
+        request.erase(request.find("Connection: close\r\n"), 19);
+        request += second.substr(0, second.find("\r\n") + 2) + "Connection: close\r\n" +
+                   second.substr(second.find("\r\n") + 2);
+      }
+    }
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    std::string received;
+    if (mode == kHangUp) {
+      // (Or at the stream's end: the connection is kept alive.)
+      received = ReadFrom(fd, "0\r\n\r\n", static_cast<size_t>(pick(1, 4000)));
+    } else {
+      if (mode == kSlow) std::this_thread::sleep_for(std::chrono::milliseconds(pick(0, 300)));
+      received = ReadFrom(fd, "", SIZE_MAX,
+                          mode == kSlow ? std::chrono::microseconds(2000) : std::chrono::microseconds{});
+    }
+    close(fd);
+    const size_t want_ids = static_cast<size_t>(max_tokens) * n;
+    switch (mode) {
+      case kHangUp:
+        return note("hang up");
+      case kGarbage:
+        return note("garbage", received.rfind("HTTP/1.1 400 ", 0) == 0 ? "" : received.substr(0, 80));
+      case kFull:
+      case kSlow: {
+        const std::optional<std::string> events = Dechunk(received);
+        const Streamed got = events ? ParseSse(*events) : Streamed{};
+        const bool ok = events && got.done && got.ids.size() == want_ids;
+        return note(mode == kFull ? "full" : "slow",
+                    ok ? "" : absl::StrCat(received.size(), " bytes, ", got.ids.size(), " of ",
+                                           want_ids, " ids"));
+      }
+      case kPipeline: {
+        const size_t second = received.find("HTTP/1.1 200", 1);
+        const std::optional<std::string> events =
+            Dechunk(received.substr(0, second == std::string::npos ? received.size() : second));
+        const Streamed got = events ? ParseSse(*events) : Streamed{};
+        const size_t json_at =
+            second == std::string::npos ? std::string::npos : received.find("\r\n\r\n", second);
+        const Json plain = json_at == std::string::npos
+                               ? Json()
+                               : Json::parse(received.substr(json_at + 4), nullptr, false);
+        const bool ok = got.done && got.ids.size() == want_ids && plain.is_object() &&
+                        plain["usage"]["completion_tokens"] == static_cast<int>(want_ids);
+        return note("pipeline", ok ? "" : received.substr(0, 200));
+      }
+    }
+  };
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::thread> threads;
+    for (uint32_t i = 0; i < 48; ++i) threads.emplace_back(client, seed + round * 1000 + i);
+    for (std::thread& t : threads) t.join();
+  }
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  for (const auto& [outcome, count] : outcomes) std::cout << outcome << ": " << count << "\n";
+  auto stub = GenerationStub(scheduler_.address());
+  EXPECT_TRUE(WaitFor([&] {
+    const v1::GetStatsResponse stats = GetStats(stub.get());
+    return stats.num_running() == 0 && stats.num_waiting() == 0 &&
+           stats.num_free_blocks() == stats.num_total_blocks();
+  })) << GetStats(stub.get()).DebugString();
+  EXPECT_TRUE(WaitFor([&] {
+    return Metric(Get(frontend_.address(), "/metrics"), "tandem_frontend_requests_in_flight") == 0;
+  }));
+  EXPECT_TRUE(frontend_.process.running());
 }
 
 // The established TCP connections of process `pid` to local port
