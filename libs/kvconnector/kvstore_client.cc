@@ -45,7 +45,7 @@ std::shared_ptr<grpc::Channel> CreateKvChannel(const std::string& target) {
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
   args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);
   args.SetMaxReceiveMessageSize(16 << 20);
-  return grpc::CreateCustomChannel(target, rpc::ChannelCredentialsFor(rpc::ClientTls()), args);
+  return rpc::CreateChannel(target, args);
 }
 
 // The bulk load port is plain TCP: under TLS every load and lookup goes over

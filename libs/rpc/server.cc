@@ -133,8 +133,12 @@ grpc::ChannelArguments DefaultChannelArguments() {
 }
 
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target) {
-  return grpc::CreateCustomChannel(target, ChannelCredentialsFor(ClientTls()),
-                                   DefaultChannelArguments());
+  return CreateChannel(target, DefaultChannelArguments());
+}
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
+                                             const grpc::ChannelArguments& args) {
+  return grpc::CreateCustomChannel(target, ChannelCredentialsFor(ClientTls()), args);
 }
 
 namespace {

@@ -125,8 +125,10 @@ class Job : public std::enable_shared_from_this<Job> {
 
  private:
   // Holds the job's lock; on leaving, lets it go and only then cancels the
-  // calls queued in to_cancel_: a cancel can run gRPC's callbacks inline,
-  // and OnMessage takes the lock.
+  // calls queued in to_cancel_: OnMessage takes the lock, and a cancel may
+  // run gRPC's callbacks inline (a callback completion queue runs them at
+  // the end of the API call; gRPC 1.51 here hands them to its nexting
+  // threads instead, so no test can make one run inline).
   class Locked {
    public:
     explicit Locked(Job* job) : job_(job), lock_(job->mu_) {}

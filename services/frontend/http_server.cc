@@ -465,14 +465,14 @@ HttpExchange::~HttpExchange() {
   });
 }
 
-void HttpExchange::Respond(int status, std::string content_type, std::string body,
-                           std::vector<std::pair<std::string, std::string>> headers) {
+void HttpExchange::Respond(int status, const std::string& content_type, const std::string& body,
+                           const std::vector<std::pair<std::string, std::string>>& headers) {
   session_->Respond(seq_, status, content_type, body, headers);
 }
-void HttpExchange::StartStream(int status, std::string content_type) {
+void HttpExchange::StartStream(int status, const std::string& content_type) {
   session_->StartStream(seq_, status, content_type);
 }
-void HttpExchange::Write(std::string data) { session_->Write(seq_, data); }
+void HttpExchange::Write(const std::string& data) { session_->Write(seq_, data); }
 void HttpExchange::End() { session_->End(seq_); }
 void HttpExchange::Post(std::function<void()> fn) { session_->Post(std::move(fn)); }
 void HttpExchange::SetOnClientGone(std::function<void()> fn) {

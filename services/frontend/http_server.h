@@ -65,13 +65,13 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
 
   // A complete response with Content-Length. Once per exchange; ignored
   // after the client is gone.
-  void Respond(int status, std::string content_type, std::string body,
-               std::vector<std::pair<std::string, std::string>> headers = {});
+  void Respond(int status, const std::string& content_type, const std::string& body,
+               const std::vector<std::pair<std::string, std::string>>& headers = {});
   // Starts a chunked response (SSE: "text/event-stream"). Then Write any
   // number of times and End once. The head is sent with the first Write
   // (or End).
-  void StartStream(int status, std::string content_type);
-  void Write(std::string data);
+  void StartStream(int status, const std::string& content_type);
+  void Write(const std::string& data);
   void End();
   // Runs `fn` on the connection's strand (the handler's own state machine
   // uses it to stay single-threaded).

@@ -12,7 +12,6 @@
 #include "grpcpp/grpcpp.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/server.h"
-#include "tandem/rpc/tls.h"
 
 namespace tandem::frontend {
 namespace {
@@ -81,8 +80,7 @@ Replica::Replica(std::string name, int32_t connections) : name_(std::move(name))
     // A subchannel pool of its own: channels with equal arguments would
     // otherwise share one connection.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channels_.push_back(
-        grpc::CreateCustomChannel(name_, rpc::ChannelCredentialsFor(rpc::ClientTls()), args));
+    channels_.push_back(rpc::CreateChannel(name_, args));
     stubs_.push_back(v1::Generation::NewStub(channels_.back()));
   }
 }

@@ -83,6 +83,9 @@ void ShutdownHealth(grpc::Server* server);
 // A channel with keepalive matching ServerOptions' defaults, dialling with
 // this process's client TLS settings (SetClientTls).
 [[nodiscard]] std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target);
+// The same with the caller's arguments (start from DefaultChannelArguments).
+[[nodiscard]] std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
+                                                           const grpc::ChannelArguments& args);
 // The channel arguments CreateChannel uses (keepalive, reconnect backoff,
 // receive limit), the one definition for every Tandem client; a client that
 // needs more (the KV-store's bulk transfers) adds to them.
