@@ -15,6 +15,9 @@
 #
 #   tools/gpu/bundle.sh --services [OUT_DIR=.gpu]   # then, there:
 #   bash .gpu/run.sh frontend [run.sh flags]        # tools/bench_frontend/run.sh
+# PACK=1 also writes OUT_DIR.tar.xz (17 MB against the folder's 62 MB: the
+# device tool carries at most 64 MiB with the tree); tools/gpu/frontend_sets.sh
+# unpacks it there and runs several benchmark configurations in one call.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 services=0
@@ -55,3 +58,7 @@ if [ -d "$shared/models" ]; then
 fi
 cp tools/gpu/run_bundle.sh "$out/run.sh"
 du -sh "$out"
+if [ "${PACK:-0}" = 1 ]; then
+  tar -cf - "$out" | xz -T"${JOBS:-2}" -6 > "$out.tar.xz"
+  du -sh "$out.tar.xz"
+fi
