@@ -22,7 +22,9 @@
 // so with every stream on one connection a burst of first tokens (256
 // streams finishing a step together) is read one message after another
 // before any reaches its HTTP connection; direct gRPC clients, each on its
-// own connection, are read in parallel.
+// own connection, are read in parallel. Measured (DESIGN-NOTES.md): on 16
+// cores 4 connections put the p50 TTFT at 256 streams 0.4-0.9 ms below
+// direct gRPC's, where 1 put it 0.3-0.8 ms above; on 2 cores 1 is best.
 #pragma once
 
 #include <atomic>
