@@ -88,43 +88,40 @@ if [ "$SANITIZERS" = 1 ]; then
   echo "=== KV-store service, bulk port and KV client tests under ThreadSanitizer ==="
   # gRPC, abseil and protobuf come uninstrumented from Debian: their races are
   # suppressed by library (tools/tsan-uninstrumented.supp, plus one
-  # called_from_lib line per such library the tests load).
+  # called_from_lib line per such library the tree's binaries load).
   # Not prometheus-cpp: ignoring its lock but seeing its unlock (a tail call
   # from the library, so the caller's frame is ours) reports "unlock of an
   # unlocked mutex" at every Histogram::Observe.
-  tsan_suppressions() {  # binaries...: writes build-tsan-svc/tsan.supp, sets SUPP
-    SUPP="$PWD/build-tsan-svc/tsan.supp"
-    cp tools/tsan-uninstrumented.supp "$SUPP"
-    for b in "$@"; do ldd "$b"; done \
+  # A report in any process stops it (halt_on_error, inherited by the
+  # services a test starts) and is written to tsan-reports/ (log_path): any
+  # file there fails the stage, also when a test took a service's end for
+  # a replica dying.
+  run_tsan_svc() {  # ctest args...
+    local supp="$PWD/build-tsan-svc/tsan.supp" reports="$PWD/build-tsan-svc/tsan-reports"
+    cp tools/tsan-uninstrumented.supp "$supp"
+    find build-tsan-svc/tests build-tsan-svc/services build-tsan-svc/tools -type f -perm -u+x \
+      -exec ldd {} \; 2>/dev/null \
       | awk '{print $1}' | grep -E '^lib(grpc|gpr|absl_|protobuf|upb|re2|cares|address_sorting)' \
-      | sort -u | sed 's/^/called_from_lib:/' >> "$SUPP"
+      | sort -u | sed 's/^/called_from_lib:/' >> "$supp" || true
+    rm -rf "$reports" && mkdir -p "$reports"
+    TSAN_OPTIONS="suppressions=$supp:halt_on_error=1:second_deadlock_stack=1:log_path=$reports/report" \
+      run_ctest build-tsan-svc "$@"
+    if [ -n "$(ls -A "$reports")" ]; then
+      for f in "$reports"/*; do echo "--- $f"; head -60 "$f"; done
+      echo "ThreadSanitizer reported in the processes above"
+      status=1
+    fi
   }
-  TSAN_SVC_TESTS=(kvconnector_test kvstore_service_test kvstore_bulk_load_test)
-  build_only build-tsan-svc thread "${TSAN_SVC_TESTS[@]}"
-  tsan_suppressions $(for t in "${TSAN_SVC_TESTS[@]}"; do find build-tsan-svc/tests -type f -name "$t"; done)
-  TSAN_OPTIONS="suppressions=$SUPP:halt_on_error=1:second_deadlock_stack=1" \
-    run_ctest build-tsan-svc -R "$ONLY"
+  build_only build-tsan-svc thread kvconnector_test kvstore_service_test kvstore_bulk_load_test
+  run_tsan_svc -R "$ONLY"
 
   echo "=== frontend, scheduler and worker end to end under ThreadSanitizer ==="
-  # frontend_test starts the TSan binaries of this tree. A report in any of
-  # them stops that process (halt_on_error, inherited) and is written to
-  # tsan-reports/ (log_path): any file there fails the stage, also when the
-  # test took the process's end for a replica dying. Its tests read
+  # frontend_test starts the TSan binaries of this tree. Its tests read
   # tokenizer.bin here and skip the npm openai SDK's (it compares with
   # libsentencepiece, which a sanitizer build cannot load), so the npm
   # fixture is left out.
   build_only build-tsan-svc thread tandem-worker tandem-scheduler tandem-frontend tandem frontend_test
-  tsan_suppressions build-tsan-svc/tests/frontend/frontend_test build-tsan-svc/services/*/tandem-* \
-    build-tsan-svc/tools/cli/tandem
-  reports="$PWD/build-tsan-svc/tsan-reports"
-  rm -rf "$reports" && mkdir -p "$reports"
-  TSAN_OPTIONS="suppressions=$SUPP:halt_on_error=1:second_deadlock_stack=1:log_path=$reports/report" \
-    run_ctest build-tsan-svc -R '^frontend_test$' -FA frontend_npm
-  if [ -n "$(ls -A "$reports")" ]; then
-    for f in "$reports"/*; do echo "--- $f"; head -60 "$f"; done
-    echo "ThreadSanitizer reported in the services above"
-    status=1
-  fi
+  run_tsan_svc -R '^frontend_test$' -FA frontend_npm
 
   echo "=== fuzzers (libFuzzer, clang, ASan + UBSan): ${FUZZ_SECONDS}s each ==="
   # On a copy of each seed corpus (tests/fuzz/corpus/<target>); a crash leaves

@@ -136,11 +136,13 @@ void SmallBuffers(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &segment, sizeof(segment));
 }
 
-// An HTTP/1.1 POST of `body` as JSON.
-std::string PostRequest(const std::string& path, const Json& body) {
+// An HTTP/1.1 POST of `body` as JSON; `headers` ("Name: value\r\n" lines)
+// are added to the head.
+std::string PostRequest(const std::string& path, const Json& body,
+                        const std::string& headers = "") {
   const std::string text = body.dump();
   return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
-         "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
+         headers + "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
 }
 
 // The body of a chunked HTTP response (`response` from its status line
@@ -436,13 +438,7 @@ TEST_F(FrontendTest, ClientDisconnectMidStreamFreesTheRequestOnTheScheduler) {
                                                                     {"temperature", 0},
                                                                     {"stream", true}}));
   ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
-  std::string received;
-  char buf[4096];
-  while (received.find("data: ") == std::string::npos) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    ASSERT_GT(n, 0);
-    received.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_NE(ReadFrom(fd, "data: ").find("data: "), std::string::npos);
   EXPECT_EQ(GetStats(stub.get()).num_running(), 1);
   close(fd);
   // The scheduler aborts it: nothing running, every block free again, and
@@ -522,7 +518,7 @@ TEST_F(FrontendTest, ConcurrentClientsThatHangUpReadSlowlyOrPipelineLeaveNothing
     // A slow reader's stream is long enough to fill its small socket.
     const int max_tokens = mode == kSlow ? pick(150, 200) : pick(1, 60);
     const int n = pick(1, 3) == 3 ? 2 : 1;
-    Json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true},
+    const Json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true},
                  {"temperature", 0},  {"n", n},                  {"stream", true},
                  {"return_token_ids", true}};
     const int fd = ConnectTcp(frontend_.address(), mode == kSlow ? SmallBuffers : nullptr);
@@ -531,17 +527,16 @@ TEST_F(FrontendTest, ConcurrentClientsThatHangUpReadSlowlyOrPipelineLeaveNothing
     if (mode == kGarbage) {
       request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                 "Content-Length: 5\r\n\r\n{bad}";
+    } else if (mode == kPipeline) {
+      // The first request keeps the connection; the second closes it.
+      Json plain_body = body;
+      plain_body["stream"] = false;
+      request = PostRequest("/v1/completions", body) +
+                PostRequest("/v1/completions", plain_body, "Connection: close\r\n");
     } else {
-      request = PostRequest("/v1/completions", body);
-      if (mode != kHangUp) request.insert(request.find("\r\n") + 2, "Connection: close\r\n");
-      if (mode == kPipeline) {
-        body["stream"] = false;
-        const std::string second = PostRequest("/v1/completions", body);
-        // The first request keeps the connection; the second closes it.
-        request.erase(request.find("Connection: close\r\n"), 19);
-        request += second.substr(0, second.find("\r\n") + 2) + "Connection: close\r\n" +
-                   second.substr(second.find("\r\n") + 2);
-      }
+      // A client that hangs up keeps the connection alive.
+      request = PostRequest("/v1/completions", body,
+                            mode == kHangUp ? "" : "Connection: close\r\n");
     }
     send(fd, request.data(), request.size(), MSG_NOSIGNAL);
     std::string received;
@@ -592,7 +587,9 @@ TEST_F(FrontendTest, ConcurrentClientsThatHangUpReadSlowlyOrPipelineLeaveNothing
 #endif
   for (int round = 0; round < rounds; ++round) {
     std::vector<std::thread> threads;
-    for (int i = 0; i < clients; ++i) threads.emplace_back(client, seed + static_cast<uint32_t>(round * 1000 + i));
+    for (int i = 0; i < clients; ++i) {
+      threads.emplace_back(client, seed + static_cast<uint32_t>(round * 1000 + i));
+    }
     for (std::thread& t : threads) t.join();
   }
   for (const std::string& f : failures) ADD_FAILURE() << f;

@@ -21,7 +21,6 @@ set -u
 start=$(date +%s)
 bundle="${BUNDLE:-.gpu.tar.xz}"
 [ -d .gpu ] || tar -xJf "$bundle" || { echo "no bundle: $bundle (run from the checkout's root)" >&2; exit 1; }
-export TANDEM_SHARED_DIR="$PWD/.gpu/shared"
 out="${OUT:-$PWD/gpu-out}"
 mkdir -p /tmp/res "$out"
 lscpu > /tmp/res/lscpu.txt 2>&1
