@@ -23,14 +23,16 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const Json& model,
   }
   int32_t max_id = -1;
   bpe->vocab_.reserve(vocab->size());
+  const int64_t id_limit = static_cast<int64_t>(vocab->size()) + kTokenIdSlack;
   for (const auto& [token, id] : vocab->items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1 << 30)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": vocab entry \"", token, "\" has no valid id"));
+    const std::optional<int32_t> value = ValidTokenId(id, id_limit);
+    if (!value) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": vocab entry \"", token, "\" has no valid id (an integer from 0 to ",
+          id_limit - 1, ": the entries' count plus ", kTokenIdSlack, ")"));
     }
-    const auto value = id.get<int32_t>();
-    bpe->vocab_[token] = value;
-    max_id = std::max(max_id, value);
+    bpe->vocab_[token] = *value;
+    max_id = std::max(max_id, *value);
   }
   bpe->tokens_.resize(max_id + 1);
   bpe->has_token_.resize(max_id + 1, false);

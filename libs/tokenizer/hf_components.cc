@@ -306,6 +306,14 @@ absl::StatusOr<bool> JsonBool(const Json& object, const char* key, bool fallback
   return it->get<bool>();
 }
 
+std::optional<int32_t> ValidTokenId(const Json& id, int64_t limit) {
+  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= limit ||
+      id.get<int64_t>() > INT32_MAX) {
+    return std::nullopt;
+  }
+  return id.get<int32_t>();
+}
+
 absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const Json& json,
                                                             const std::string& where) {
   if (json.is_null()) return nullptr;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,13 @@ absl::StatusOr<std::string> JsonString(const Json& object, const char* key,
 // A missing or null member gives `fallback`.
 absl::StatusOr<bool> JsonBool(const Json& object, const char* key, bool fallback,
                               const std::string& where);
+
+// Token ids index dense tables (id -> token), so an id must be an integer
+// in [0, limit), where callers pass the number of tokens the file defines
+// plus kTokenIdSlack: a file may leave gaps in its ids, but one token with id
+// 622222222 must not make a table of 622 million entries (the fuzzer's OOM).
+inline constexpr int64_t kTokenIdSlack = int64_t{1} << 16;
+std::optional<int32_t> ValidTokenId(const Json& id, int64_t limit);
 
 class Normalizer {
  public:

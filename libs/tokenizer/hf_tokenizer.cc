@@ -404,15 +404,22 @@ absl::Status HfTokenizer::Init(const std::string& name, const Json& json,
   if (!added.is_null() && !added.is_array()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": 'added_tokens' is not an array"));
   }
+  const int64_t id_limit = static_cast<int64_t>(tokens_.size()) +
+                           static_cast<int64_t>(added.is_null() ? 0 : added.size()) +
+                           kTokenIdSlack;
   for (size_t i = 0; !added.is_null() && i < added.size(); ++i) {
     const std::string where = absl::StrCat(name, ": added_tokens[", i, "]");
     const Json& a = added[i];
     AddedToken token;
-    if (!a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
-        a["id"].get<int64_t>() >= (1 << 30)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": has no valid 'id'"));
+    const std::optional<int32_t> id =
+        a.contains("id") ? ValidTokenId(a["id"], id_limit) : std::nullopt;
+    if (!id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": has no valid 'id' (an integer from 0 to ", id_limit - 1,
+                       ": the model's ids and the added tokens' count plus ", kTokenIdSlack,
+                       ")"));
     }
-    token.id = a["id"].get<int32_t>();
+    token.id = *id;
     absl::StatusOr<std::string> content = JsonString(a, "content", where);
     if (!content.ok()) return content.status();
     token.content = *content;

@@ -231,6 +231,11 @@ TEST(HfTokenizerErrorsTest, NamesWhatIsNotSupported) {
       {"single_word", [](Json& j) { j["added_tokens"][0]["single_word"] = true; },
        "added_tokens[0]: single_word is not supported"},
       {"dropout", [](Json& j) { j["model"]["dropout"] = 0.1; }, "BPE dropout is not supported"},
+      // Ids index dense tables: one far-off id would allocate a huge one.
+      {"far_vocab_id", [](Json& j) { j["model"]["vocab"]["far"] = 1 << 22; },
+       "vocab entry \"far\" has no valid id"},
+      {"far_added_id", [](Json& j) { j["added_tokens"][0]["id"] = 1 << 22; },
+       "added_tokens[0]: has no valid 'id'"},
   };
   for (const Case& c : cases) {
     Json json = ByteLevelJson();
