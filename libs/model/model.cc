@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +23,17 @@ std::string Fingerprint(const ModelConfig& c, const ModelWeights& w) {
   EVP_DigestUpdate(ctx, header, sizeof(header));
   const float fheader[] = {c.rope_theta, c.norm_eps};
   EVP_DigestUpdate(ctx, fheader, sizeof(fheader));
+  // What the Hugging Face families added; llama2.c models hash as before.
+  if (c.family != ModelFamily::kLlama2c) {
+    const int32_t family[] = {static_cast<int32_t>(c.family), static_cast<int32_t>(c.activation),
+                              static_cast<int32_t>(c.rope_scaling.type), c.head_size,
+                              c.qkv_bias, c.o_bias, c.qk_norm,
+                              c.rope_scaling.original_max_position_embeddings};
+    EVP_DigestUpdate(ctx, family, sizeof(family));
+    const float ffamily[] = {c.embedding_scale, c.rope_scaling.factor,
+                             c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor};
+    EVP_DigestUpdate(ctx, ffamily, sizeof(ffamily));
+  }
   auto add = [&](const std::vector<float>& v) {
     const uint64_t n = v.size();
     EVP_DigestUpdate(ctx, &n, sizeof(n));
@@ -31,6 +44,9 @@ std::string Fingerprint(const ModelConfig& c, const ModelWeights& w) {
     for (const auto* t :
          {&l.rms_att, &l.wq, &l.wk, &l.wv, &l.wo, &l.rms_ffn, &l.w1, &l.w2, &l.w3}) {
       add(*t);
+    }
+    if (c.family != ModelFamily::kLlama2c) {
+      for (const auto* t : {&l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm}) add(*t);
     }
   }
   add(w.rms_final);
@@ -88,7 +104,9 @@ absl::Status ModelConfig::Validate() const {
   TANDEM_RETURN_IF_ERROR(at_most("num_layers", num_layers, 1 << 12));
   TANDEM_RETURN_IF_ERROR(at_most("vocab_size", vocab_size, 1 << 24));
   TANDEM_RETURN_IF_ERROR(at_most("max_seq_len", max_seq_len, 1 << 24));
-  if (dim % num_heads != 0 || head_size != dim / num_heads) {
+  TANDEM_RETURN_IF_ERROR(at_most("head_size", head_size, 1 << 12));
+  TANDEM_RETURN_IF_ERROR(at_most("num_heads", num_heads, 1 << 12));
+  if (family == ModelFamily::kLlama2c && (dim % num_heads != 0 || head_size != dim / num_heads)) {
     return absl::InvalidArgumentError(absl::StrCat("model config: head_size ", head_size,
                                                    " != dim ", dim, " / num_heads ", num_heads));
   }
@@ -100,20 +118,106 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: num_heads ", num_heads, " not a multiple of num_kv_heads ", num_kv_heads));
   }
-  if (!(rope_theta > 0) || !(norm_eps > 0)) {
+  if (!(rope_theta > 0) || !(norm_eps > 0) || !std::isfinite(rope_theta)) {
     return absl::InvalidArgumentError("model config: rope_theta and norm_eps must be positive");
   }
-  if (bos_token_id < 0 || bos_token_id >= vocab_size || eos_token_id < 0 ||
-      eos_token_id >= vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("model config: bos/eos token ids ", bos_token_id,
-                                                   "/", eos_token_id, " outside vocab of ",
-                                                   vocab_size));
+  if (!(embedding_scale > 0) || !std::isfinite(embedding_scale)) {
+    return absl::InvalidArgumentError("model config: embedding_scale must be positive");
+  }
+  if (rope_scaling.type != RopeScaling::Type::kNone &&
+      (!(rope_scaling.factor > 0) || !std::isfinite(rope_scaling.factor))) {
+    return absl::InvalidArgumentError("model config: rope scaling factor must be positive");
+  }
+  if (rope_scaling.type == RopeScaling::Type::kLlama3 &&
+      (rope_scaling.original_max_position_embeddings <= 0 ||
+       !(rope_scaling.low_freq_factor > 0) ||
+       !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor))) {
+    return absl::InvalidArgumentError(
+        "model config: llama3 rope scaling needs original_max_position_embeddings > 0 and "
+        "0 < low_freq_factor < high_freq_factor");
+  }
+  if (bos_token_id < 0 || bos_token_id >= vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: bos token id ", bos_token_id,
+                                                   " outside vocab of ", vocab_size));
+  }
+  for (int32_t id : EosTokenIds()) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("model config: eos token id ", id,
+                                                     " outside vocab of ", vocab_size));
+    }
   }
   return absl::OkStatus();
 }
 
+const char* ModelFamilyName(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kLlama2c:
+      return "llama2.c";
+    case ModelFamily::kLlama:
+      return "llama";
+    case ModelFamily::kMistral:
+      return "mistral";
+    case ModelFamily::kQwen2:
+      return "qwen2";
+    case ModelFamily::kQwen3:
+      return "qwen3";
+    case ModelFamily::kPhi3:
+      return "phi3";
+    case ModelFamily::kGemma:
+      return "gemma";
+  }
+  return "?";
+}
+
+std::vector<int32_t> ModelConfig::EosTokenIds() const {
+  std::vector<int32_t> ids = {eos_token_id};
+  for (int32_t id : extra_eos_token_ids) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  return ids;
+}
+
+std::vector<float> ModelConfig::RopeInverseFrequencies() const {
+  const int32_t half = head_size / 2;
+  std::vector<float> inv(static_cast<size_t>(half));
+  for (int32_t p = 0; p < half; ++p) {
+    // The expression llama2.c's run.c evaluates per element (fp32 powf).
+    inv[static_cast<size_t>(p)] =
+        1.0f / powf(rope_theta, static_cast<float>(2 * p) / static_cast<float>(head_size));
+  }
+  const RopeScaling& rs = rope_scaling;
+  switch (rs.type) {
+    case RopeScaling::Type::kNone:
+      break;
+    case RopeScaling::Type::kLinear:
+      for (float& f : inv) f /= rs.factor;
+      break;
+    case RopeScaling::Type::kLlama3: {
+      // transformers' _compute_llama3_parameters, in fp32 as torch runs it.
+      const float old_len = static_cast<float>(rs.original_max_position_embeddings);
+      const float low_wavelen = old_len / rs.low_freq_factor;
+      const float high_wavelen = old_len / rs.high_freq_factor;
+      const float two_pi = static_cast<float>(2.0 * M_PI);
+      for (float& f : inv) {
+        const float wavelen = two_pi / f;
+        if (wavelen > low_wavelen) {
+          f = f / rs.factor;  // low frequencies: scaled
+        } else if (!(wavelen < high_wavelen)) {
+          // Medium: interpolate between scaled and unscaled.
+          const float smooth =
+              (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+          f = (1.0f - smooth) * f / rs.factor + smooth * f;
+        }
+      }
+      break;
+    }
+  }
+  return inv;
+}
+
 absl::Status CheckWeightShapes(const ModelConfig& c, const ModelWeights& w) {
-  const int64_t dim = c.dim, hidden = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size;
+  const int64_t dim = c.dim, hidden = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size,
+                q = c.q_dim(), hs = c.head_size;
   TANDEM_RETURN_IF_ERROR(CheckSize("token_embedding", w.token_embedding, vocab * dim));
   if (static_cast<int32_t>(w.layers.size()) != c.num_layers) {
     return absl::InvalidArgumentError(
@@ -123,10 +227,16 @@ absl::Status CheckWeightShapes(const ModelConfig& c, const ModelWeights& w) {
     const LayerWeights& l = w.layers[i];
     const std::string p = absl::StrCat("layers.", i, ".");
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "rms_att", l.rms_att, dim));
-    TANDEM_RETURN_IF_ERROR(CheckSize(p + "wq", l.wq, dim * dim));
+    TANDEM_RETURN_IF_ERROR(CheckSize(p + "wq", l.wq, q * dim));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "wk", l.wk, kv * dim));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "wv", l.wv, kv * dim));
-    TANDEM_RETURN_IF_ERROR(CheckSize(p + "wo", l.wo, dim * dim));
+    TANDEM_RETURN_IF_ERROR(CheckSize(p + "wo", l.wo, dim * q));
+    TANDEM_RETURN_IF_ERROR(CheckSize(p + "bq", l.bq, c.qkv_bias ? q : 0));
+    TANDEM_RETURN_IF_ERROR(CheckSize(p + "bk", l.bk, c.qkv_bias ? kv : 0));
+    TANDEM_RETURN_IF_ERROR(CheckSize(p + "bv", l.bv, c.qkv_bias ? kv : 0));
+    TANDEM_RETURN_IF_ERROR(CheckSize(p + "bo", l.bo, c.o_bias ? dim : 0));
+    TANDEM_RETURN_IF_ERROR(CheckSize(p + "q_norm", l.q_norm, c.qk_norm ? hs : 0));
+    TANDEM_RETURN_IF_ERROR(CheckSize(p + "k_norm", l.k_norm, c.qk_norm ? hs : 0));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "rms_ffn", l.rms_ffn, dim));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "w1", l.w1, hidden * dim));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "w2", l.w2, dim * hidden));

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,52 @@ enum class RopeStyle {
   kRotateHalf,
 };
 
+// The model families the loader knows (hf.cc dispatches on config.json's
+// "architectures" / "model_type" and refuses any other by name). They differ
+// only in the ModelConfig switches below and in tensor names.
+enum class ModelFamily {
+  kLlama2c,  // llama2.c .bin
+  kLlama,    // LlamaForCausalLM
+  kMistral,  // MistralForCausalLM
+  kQwen2,    // Qwen2ForCausalLM: q/k/v biases
+  kQwen3,    // Qwen3ForCausalLM: per-head RMSNorm of q and k
+  kPhi3,     // Phi3ForCausalLM: fused qkv_proj and gate_up_proj, split at load
+  kGemma,    // GemmaForCausalLM: (1 + w) norms folded at load, scaled embeddings, GeLU
+};
+const char* ModelFamilyName(ModelFamily family);
+
+// The MLP's activation: act(gate) * up.
+enum class Activation {
+  kSilu,      // x * sigmoid(x)
+  kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ("gelu_pytorch_tanh")
+};
+
+// RoPE frequency scaling, as transformers' rope_init_functions compute it.
+// Types whose frequencies depend on the sequence length ("dynamic") or that
+// rescale attention ("yarn", "longrope") are refused by the loader.
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;                // llama3
+  float high_freq_factor = 4.0f;               // llama3
+  int32_t original_max_position_embeddings = 0;  // llama3
+};
+
+// Sampling defaults from generation_config.json; a request's own value wins.
+struct GenerationDefaults {
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+  bool empty() const {
+    return !temperature && !top_p && !top_k && !min_p && !repetition_penalty;
+  }
+};
+
 struct ModelConfig {
+  ModelFamily family = ModelFamily::kLlama2c;
   int32_t dim = 0;         // model (residual) width
   int32_t hidden_dim = 0;  // FFN width
   int32_t num_layers = 0;
@@ -36,25 +82,54 @@ struct ModelConfig {
   int32_t num_kv_heads = 0;  // KV heads; num_heads % num_kv_heads == 0
   int32_t vocab_size = 0;
   int32_t max_seq_len = 0;  // longest context the model supports
-  int32_t head_size = 0;    // dim / num_heads; even
+  // Per head; even. dim / num_heads for llama2.c; Hugging Face's head_dim may
+  // differ (Qwen3, Gemma): q is num_heads * head_size wide (q_dim()).
+  int32_t head_size = 0;
   RopeStyle rope_style = RopeStyle::kAdjacentPairs;
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
   float norm_eps = 1e-5f;  // RMSNorm epsilon
+  Activation activation = Activation::kSilu;
+  // The embedding rows are multiplied by this before the first layer (Gemma:
+  // sqrt(dim) rounded to fp32); 1 = no multiply.
+  float embedding_scale = 1.0f;
+  // Biases on the q/k/v projections (Qwen2; Llama's attention_bias) and on
+  // o_proj (Llama's attention_bias).
+  bool qkv_bias = false;
+  bool o_bias = false;
+  // Qwen3: RMSNorm over each head of q and k (weights [head_size]) before RoPE.
+  bool qk_norm = false;
   int32_t bos_token_id = 1;
+  // The end-of-sequence id, and any others: config.json's "eos_token_id" may
+  // be a list (the first is eos_token_id), and generation_config.json's adds
+  // to it. Any of EosTokenIds() ends a request.
   int32_t eos_token_id = 1;
+  std::vector<int32_t> extra_eos_token_ids;
+  GenerationDefaults generation;
 
   int32_t kv_dim() const { return num_kv_heads * head_size; }
+  int32_t q_dim() const { return num_heads * head_size; }
+  // eos_token_id, then extra_eos_token_ids (no duplicates).
+  std::vector<int32_t> EosTokenIds() const;
+  // RoPE's inverse frequency of each pair p < head_size / 2:
+  // 1 / theta^(2p / head_size), then rope_scaling. Computed on the host, so
+  // every backend rotates by the same angles.
+  std::vector<float> RopeInverseFrequencies() const;
   // Checks positivity and the divisibility rules above.
   [[nodiscard]] absl::Status Validate() const;
 };
 
 // Weights in llama2.c's layout: every matrix W[out][in] row-major, y = W x.
+// Optional tensors are empty when the config's switch is off.
 struct LayerWeights {
   std::vector<float> rms_att;  // [dim]
-  std::vector<float> wq;       // [dim][dim]
+  std::vector<float> wq;       // [q_dim][dim]
   std::vector<float> wk;       // [kv_dim][dim]
   std::vector<float> wv;       // [kv_dim][dim]
-  std::vector<float> wo;       // [dim][dim]
+  std::vector<float> wo;       // [dim][q_dim]
+  std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim] when qkv_bias
+  std::vector<float> bo;          // [dim] when o_bias
+  std::vector<float> q_norm, k_norm;  // [head_size] when qk_norm
   std::vector<float> rms_ffn;  // [dim]
   std::vector<float> w1;       // [hidden][dim] (gate)
   std::vector<float> w2;       // [dim][hidden] (down)
