@@ -34,8 +34,9 @@ void Matmul(const float* w, int32_t out_dim, int32_t in_dim, const float* x, int
 }
 
 void Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
-          RopeKind kind, float theta) {
-  LaunchOnCpu(Grid{rows, kCpuThreads}, RopeFn{vec, positions, num_heads, head_size, kind, theta});
+          RopeKind kind, float theta, const float* inv_freq) {
+  LaunchOnCpu(Grid{rows, kCpuThreads},
+              RopeFn{vec, positions, num_heads, head_size, kind, theta, inv_freq});
 }
 
 void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,
@@ -154,8 +155,17 @@ void PagedAttentionReference(const PagedAttentionArgs& args) {
   }
 }
 
-void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
-  LaunchOnCpu(Grid{(n + kCpuThreads - 1) / kCpuThreads, kCpuThreads}, SiluMulFn{gate, up, out, n});
+void SiluMul(const float* gate, const float* up, int64_t n, float* out, ActKind kind) {
+  LaunchOnCpu(Grid{(n + kCpuThreads - 1) / kCpuThreads, kCpuThreads},
+              SiluMulFn{gate, up, out, n, kind});
+}
+
+void AddBias(float* x, const float* bias, int32_t rows, int32_t width) {
+  LaunchOnCpu(Grid{rows, kCpuThreads}, AddBiasFn{x, bias, width, width});
+}
+
+void Scale(float* x, int64_t n, float scale) {
+  LaunchOnCpu(Grid{(n + kCpuThreads - 1) / kCpuThreads, kCpuThreads}, ScaleFn{x, scale, n});
 }
 
 void ResidualAdd(float* x, const float* y, int64_t n) {

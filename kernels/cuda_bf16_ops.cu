@@ -58,7 +58,8 @@ __global__ void RmsNormKernel(const float* x, const int32_t* row_index, const fl
 // into the cache.
 __global__ void RopeKvWriteKernel(float* qkv, int32_t q_stride, const int32_t* positions,
                                   int32_t num_heads, KvCacheShape shape, RopeKind kind,
-                                  float theta, Bf16* cache, int32_t layer, const int64_t* slots) {
+                                  float theta, const float* inv_freq, Bf16* cache, int32_t layer,
+                                  const int64_t* slots) {
   const int64_t row = blockIdx.x;
   const int32_t hs = shape.head_size, half = hs / 2, kvh = shape.num_kv_heads;
   float* q = qkv + row * q_stride;
@@ -68,7 +69,7 @@ __global__ void RopeKvWriteKernel(float* qkv, int32_t q_stride, const int32_t* p
   for (int32_t i = threadIdx.x; i < (num_heads + kvh) * half; i += blockDim.x) {
     const int32_t head = i / half, pair = i % half;
     float c, s;
-    RopeCosSin(pos, pair, hs, theta, &c, &s);
+    RopeCosSin(pos, pair, hs, theta, inv_freq, &c, &s);
     RopePair(q + head * hs, pair, hs, kind, c, s);  // heads past num_heads are k's
   }
   __syncthreads();
@@ -263,12 +264,13 @@ __global__ void CombineSplitsKernel(Bf16AttentionArgs a, int32_t num_splits,
   }
 }
 
-__global__ void SiluMulKernel(const float* gu, int32_t hidden, int64_t n, Bf16* out) {
+__global__ void SiluMulKernel(const float* gu, int32_t hidden, int64_t n, Bf16* out,
+                              ActKind kind) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t r = i / hidden, c = i % hidden;
   const float g = gu[r * 2 * hidden + c], u = gu[r * 2 * hidden + hidden + c];
-  out[i] = Store(g / (1.0f + __expf(-g)) * u);
+  out[i] = Store(kind == ActKind::kGeluTanh ? GeluTanhMul(g, u) : g / (1.0f + __expf(-g)) * u);
 }
 
 // (value, index) pair ordering: larger value first, then lower index.
@@ -372,10 +374,11 @@ int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim,
 
 int RopeKvWriteBf16(float* qkv, int32_t q_stride, int32_t rows, const int32_t* positions,
                     int32_t num_heads, const KvCacheShape& shape, RopeKind kind, float theta,
-                    Bf16* cache, int32_t layer, const int64_t* slots, void* stream) {
+                    Bf16* cache, int32_t layer, const int64_t* slots, void* stream,
+                    const float* inv_freq) {
   if (rows == 0) return cudaSuccess;
   RopeKvWriteKernel<<<rows, 128, 0, S(stream)>>>(qkv, q_stride, positions, num_heads, shape, kind,
-                                                 theta, cache, layer, slots);
+                                                 theta, inv_freq, cache, layer, slots);
   return cudaGetLastError();
 }
 
@@ -404,11 +407,12 @@ int PagedAttentionBf16(const Bf16AttentionArgs& a, int32_t max_context, float* s
   return cudaGetLastError();
 }
 
-int SiluMulBf16(const float* gate_up, int32_t rows, int32_t hidden, Bf16* out, void* stream) {
+int SiluMulBf16(const float* gate_up, int32_t rows, int32_t hidden, Bf16* out, void* stream,
+                ActKind kind) {
   const int64_t n = int64_t{rows} * hidden;
   if (n == 0) return cudaSuccess;
   SiluMulKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, S(stream)>>>(gate_up, hidden,
-                                                                               n, out);
+                                                                               n, out, kind);
   return cudaGetLastError();
 }
 

@@ -114,8 +114,9 @@ int Matmul(BlasHandle* blas, const float* w, int32_t out_dim, int32_t in_dim, co
 }
 
 int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
-         RopeKind kind, float theta) {
-  return Launch(Grid{rows, kThreads}, RopeFn{vec, positions, num_heads, head_size, kind, theta});
+         RopeKind kind, float theta, const float* inv_freq) {
+  return Launch(Grid{rows, kThreads},
+                RopeFn{vec, positions, num_heads, head_size, kind, theta, inv_freq});
 }
 
 int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,
@@ -130,8 +131,22 @@ int PagedAttention(const PagedAttentionArgs& args, float* scratch, int32_t max_c
   return cudaGetLastError();
 }
 
-int SiluMul(const float* gate, const float* up, int64_t n, float* out) {
-  return Launch(Grid{CeilDiv(n, kThreads), kThreads}, SiluMulFn{gate, up, out, n});
+int SiluMul(const float* gate, const float* up, int64_t n, float* out, ActKind kind) {
+  return Launch(Grid{CeilDiv(n, kThreads), kThreads}, SiluMulFn{gate, up, out, n, kind});
+}
+
+int AddBias(float* x, const float* bias, int32_t rows, int32_t width, int64_t stride) {
+  return Launch(Grid{rows, kThreads}, AddBiasFn{x, bias, width, stride});
+}
+
+int Scale(float* x, int64_t n, float scale) {
+  return Launch(Grid{CeilDiv(n, kThreads), kThreads}, ScaleFn{x, scale, n});
+}
+
+int HeadRmsNorm(float* x, const float* w, int32_t rows, int32_t heads, int32_t head_size,
+                int64_t stride, float eps) {
+  const int64_t n = int64_t{rows} * heads;
+  return Launch(Grid{CeilDiv(n, 64), 64}, HeadRmsNormFn{x, w, rows, heads, head_size, stride, eps});
 }
 
 int ResidualAdd(float* x, const float* y, int64_t n) {

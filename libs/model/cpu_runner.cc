@@ -21,6 +21,10 @@ struct PackedLayer {
   kc::PackedMatrix wq, wk, wv, wo, w1, w2, w3;
 };
 
+kernels::ActKind ToKernel(Activation a) {
+  return a == Activation::kGeluTanh ? kernels::ActKind::kGeluTanh : kernels::ActKind::kSilu;
+}
+
 RopeKind ToKernel(RopeStyle s) {
   switch (s) {
     case RopeStyle::kAdjacentPairs:
@@ -43,11 +47,12 @@ class CpuModelRunner final : public ModelRunner {
                           .num_kv_heads = c.num_kv_heads,
                           .head_size = c.head_size};
     cache_.assign(static_cast<size_t>(shape_.BlockFloats() * opts.num_blocks), 0.0f);
+    inv_freq_ = c.RopeInverseFrequencies();
     for (const LayerWeights& l : w.layers) {
-      layers_.push_back(PackedLayer{.wq = kc::PackedMatrix(l.wq.data(), c.dim, c.dim),
+      layers_.push_back(PackedLayer{.wq = kc::PackedMatrix(l.wq.data(), c.q_dim(), c.dim),
                                     .wk = kc::PackedMatrix(l.wk.data(), c.kv_dim(), c.dim),
                                     .wv = kc::PackedMatrix(l.wv.data(), c.kv_dim(), c.dim),
-                                    .wo = kc::PackedMatrix(l.wo.data(), c.dim, c.dim),
+                                    .wo = kc::PackedMatrix(l.wo.data(), c.dim, c.q_dim()),
                                     .w1 = kc::PackedMatrix(l.w1.data(), c.hidden_dim, c.dim),
                                     .w2 = kc::PackedMatrix(l.w2.data(), c.dim, c.hidden_dim),
                                     .w3 = kc::PackedMatrix(l.w3.data(), c.hidden_dim, c.dim)});
@@ -90,11 +95,11 @@ class CpuModelRunner final : public ModelRunner {
     const ModelWeights& w = model_->weights();
     const BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
     const int32_t T = lay.num_rows;
-    const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
+    const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim, qd = c.q_dim();
     x_.resize(static_cast<size_t>(T * dim));
     xb_.resize(static_cast<size_t>(T * dim));
-    q_.resize(static_cast<size_t>(T * dim));
-    att_.resize(static_cast<size_t>(T * dim));
+    q_.resize(static_cast<size_t>(T * qd));
+    att_.resize(static_cast<size_t>(T * qd));
     k_.resize(static_cast<size_t>(T * kv));
     v_.resize(static_cast<size_t>(T * kv));
     hb_.resize(static_cast<size_t>(T * hidden));
@@ -102,6 +107,7 @@ class CpuModelRunner final : public ModelRunner {
     const RopeKind rope = ToKernel(c.rope_style);
 
     kc::EmbeddingGather(w.token_embedding.data(), c.dim, lay.tokens, x_.data());
+    if (c.embedding_scale != 1.0f) kc::Scale(x_.data(), T * dim, c.embedding_scale);
     for (int32_t li = 0; li < c.num_layers; ++li) {
       const LayerWeights& lw = w.layers[static_cast<size_t>(li)];
       const PackedLayer& pl = layers_[static_cast<size_t>(li)];
@@ -109,8 +115,21 @@ class CpuModelRunner final : public ModelRunner {
       Matmul(pl.wq, xb_.data(), T, q_.data());
       Matmul(pl.wk, xb_.data(), T, k_.data());
       Matmul(pl.wv, xb_.data(), T, v_.data());
-      kc::Rope(q_.data(), T, lay.row_pos.data(), c.num_heads, c.head_size, rope, c.rope_theta);
-      kc::Rope(k_.data(), T, lay.row_pos.data(), c.num_kv_heads, c.head_size, rope, c.rope_theta);
+      if (c.qkv_bias) {
+        kc::AddBias(q_.data(), lw.bq.data(), T, c.q_dim());
+        kc::AddBias(k_.data(), lw.bk.data(), T, c.kv_dim());
+        kc::AddBias(v_.data(), lw.bv.data(), T, c.kv_dim());
+      }
+      if (c.qk_norm) {  // per head, in place
+        kc::RmsNorm(q_.data(), lw.q_norm.data(), T * c.num_heads, c.head_size, c.norm_eps,
+                    q_.data());
+        kc::RmsNorm(k_.data(), lw.k_norm.data(), T * c.num_kv_heads, c.head_size, c.norm_eps,
+                    k_.data());
+      }
+      kc::Rope(q_.data(), T, lay.row_pos.data(), c.num_heads, c.head_size, rope, c.rope_theta,
+               inv_freq_.data());
+      kc::Rope(k_.data(), T, lay.row_pos.data(), c.num_kv_heads, c.head_size, rope, c.rope_theta,
+               inv_freq_.data());
       // Every token's K/V first: later rows (and other sequences sharing
       // prefix blocks) read them below.
       kc::KvWrite(cache_.data(), shape_, li, k_.data(), v_.data(), T, lay.slots.data());
@@ -125,11 +144,12 @@ class CpuModelRunner final : public ModelRunner {
                                    .row_table_offset = lay.row_table_offset.data(),
                                    .block_tables = lay.block_tables.data()});
       Matmul(pl.wo, att_.data(), T, xb_.data());
+      if (c.o_bias) kc::AddBias(xb_.data(), lw.bo.data(), T, c.dim);
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
       kc::RmsNorm(x_.data(), lw.rms_ffn.data(), T, c.dim, c.norm_eps, xb_.data());
       Matmul(pl.w1, xb_.data(), T, hb_.data());
       Matmul(pl.w3, xb_.data(), T, hb2_.data());
-      kc::SiluMul(hb_.data(), hb2_.data(), T * hidden, hb_.data());
+      kc::SiluMul(hb_.data(), hb2_.data(), T * hidden, hb_.data(), ToKernel(c.activation));
       Matmul(pl.w2, hb_.data(), T, xb_.data());
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
     }
@@ -170,6 +190,7 @@ class CpuModelRunner final : public ModelRunner {
   std::vector<float> cache_;
   std::vector<PackedLayer> layers_;
   kc::PackedMatrix classifier_;
+  std::vector<float> inv_freq_;  // RoPE's, [head_size / 2]
   std::vector<float> x_, xb_, q_, att_, k_, v_, hb_, hb2_, last_;
 };
 

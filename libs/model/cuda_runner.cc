@@ -84,6 +84,10 @@ RopeKind ToKernel(RopeStyle style) {
   return style == RopeStyle::kRotateHalf ? RopeKind::kRotateHalf : RopeKind::kAdjacentPairs;
 }
 
+kernels::ActKind ToKernel(Activation a) {
+  return a == Activation::kGeluTanh ? kernels::ActKind::kGeluTanh : kernels::ActKind::kSilu;
+}
+
 // Device pointers of one step's metadata, all in one buffer uploaded by one
 // copy from pinned memory.
 struct StepInputs {
@@ -175,6 +179,7 @@ class CudaRunnerBase : public ModelRunner {
                           .num_kv_heads = c.num_kv_heads,
                           .head_size = c.head_size};
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::CreateBlas(&blas_), "cublasCreate"));
+    TANDEM_RETURN_IF_ERROR(inv_freq_.Upload(c.RopeInverseFrequencies()));
     const size_t cache_bytes = static_cast<size_t>(block_bytes()) * opts_.num_blocks;
     TANDEM_RETURN_IF_ERROR(cache_.Reserve(cache_bytes));
     return CudaStatus(kd::Memset(cache_.get<void>(), 0, cache_bytes), "memset");
@@ -186,6 +191,7 @@ class CudaRunnerBase : public ModelRunner {
   KvCacheShape shape_;
   kd::BlasHandle* blas_ = nullptr;
   DeviceBuffer cache_, logits_;
+  DeviceBuffer inv_freq_;  // RoPE's inverse frequencies, [head_size / 2]
 
  private:
   absl::Status Run(std::span<const SequenceInput> batch, int32_t* rows) {
@@ -252,6 +258,7 @@ class CudaRunnerBase : public ModelRunner {
 
 struct DeviceLayer {
   DeviceBuffer rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3;
+  DeviceBuffer bq, bk, bv, bo, q_norm, k_norm;  // when the config has them
 };
 
 // float32: the CPU backend's order of operations.
@@ -278,6 +285,12 @@ class CudaF32Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(d.w1.Upload(l.w1));
       TANDEM_RETURN_IF_ERROR(d.w2.Upload(l.w2));
       TANDEM_RETURN_IF_ERROR(d.w3.Upload(l.w3));
+      using Optional = std::pair<DeviceBuffer*, const std::vector<float>*>;
+      for (const Optional& o : {Optional{&d.bq, &l.bq}, Optional{&d.bk, &l.bk},
+                                Optional{&d.bv, &l.bv}, Optional{&d.bo, &l.bo},
+                                Optional{&d.q_norm, &l.q_norm}, Optional{&d.k_norm, &l.k_norm}}) {
+        if (!o.second->empty()) TANDEM_RETURN_IF_ERROR(o.first->Upload(*o.second));
+      }
     }
     return absl::OkStatus();
   }
@@ -286,8 +299,12 @@ class CudaF32Runner final : public CudaRunnerBase {
   absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t B) override {
     const ModelConfig& c = model_->config();
     const int32_t T = lay.num_rows;
-    const size_t f = sizeof(float), dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
-    for (DeviceBuffer* b : {&x_, &xb_, &q_, &att_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * dim * f));
+    const size_t f = sizeof(float), dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim,
+                 qd = c.q_dim();
+    for (DeviceBuffer* b : {&x_, &xb_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * dim * f));
+    for (DeviceBuffer* b : {&q_, &att_}) {
+      TANDEM_RETURN_IF_ERROR(b->Reserve(T * std::max(dim, qd) * f));
+    }
     for (DeviceBuffer* b : {&k_, &v_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * kv * f));
     for (DeviceBuffer* b : {&hb_, &hb2_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * hidden * f));
     TANDEM_RETURN_IF_ERROR(scratch_.Reserve(size_t{1} * T * c.num_heads * lay.max_context * f));
@@ -298,20 +315,42 @@ class CudaF32Runner final : public CudaRunnerBase {
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
     TANDEM_RETURN_IF_ERROR(
         ok(kd::EmbeddingGather(embedding_.get<float>(), c.dim, in.tokens, T, x), "embedding"));
+    if (c.embedding_scale != 1.0f) {
+      TANDEM_RETURN_IF_ERROR(ok(kd::Scale(x, T * dim, c.embedding_scale), "embedding scale"));
+    }
     for (int32_t li = 0; li < c.num_layers; ++li) {
       const DeviceLayer& l = layers_[static_cast<size_t>(li)];
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RmsNorm(x, l.rms_att.get<float>(), T, c.dim, c.norm_eps, xb), "rmsnorm"));
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::Matmul(blas_, l.wq.get<float>(), c.dim, c.dim, xb, T, q), "wq"));
+          ok(kd::Matmul(blas_, l.wq.get<float>(), c.q_dim(), c.dim, xb, T, q), "wq"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::Matmul(blas_, l.wk.get<float>(), c.kv_dim(), c.dim, xb, T, k), "wk"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::Matmul(blas_, l.wv.get<float>(), c.kv_dim(), c.dim, xb, T, v), "wv"));
+      if (c.qkv_bias) {
+        TANDEM_RETURN_IF_ERROR(
+            ok(kd::AddBias(q, l.bq.get<float>(), T, c.q_dim(), c.q_dim()), "q bias"));
+        TANDEM_RETURN_IF_ERROR(
+            ok(kd::AddBias(k, l.bk.get<float>(), T, c.kv_dim(), c.kv_dim()), "k bias"));
+        TANDEM_RETURN_IF_ERROR(
+            ok(kd::AddBias(v, l.bv.get<float>(), T, c.kv_dim(), c.kv_dim()), "v bias"));
+      }
+      if (c.qk_norm) {  // per head, in place, as the CPU backend
+        TANDEM_RETURN_IF_ERROR(ok(kd::RmsNorm(q, l.q_norm.get<float>(), T * c.num_heads,
+                                              c.head_size, c.norm_eps, q),
+                                  "q norm"));
+        TANDEM_RETURN_IF_ERROR(ok(kd::RmsNorm(k, l.k_norm.get<float>(), T * c.num_kv_heads,
+                                              c.head_size, c.norm_eps, k),
+                                  "k norm"));
+      }
+      const float* inv_freq = inv_freq_.get<float>();
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::Rope(q, T, in.row_pos, c.num_heads, c.head_size, rope, c.rope_theta, inv_freq),
+             "rope q"));
       TANDEM_RETURN_IF_ERROR(ok(
-          kd::Rope(q, T, in.row_pos, c.num_heads, c.head_size, rope, c.rope_theta), "rope q"));
-      TANDEM_RETURN_IF_ERROR(ok(
-          kd::Rope(k, T, in.row_pos, c.num_kv_heads, c.head_size, rope, c.rope_theta), "rope k"));
+          kd::Rope(k, T, in.row_pos, c.num_kv_heads, c.head_size, rope, c.rope_theta, inv_freq),
+          "rope k"));
       // All K/V of the step before any attention of this layer (same stream).
       TANDEM_RETURN_IF_ERROR(
           ok(kd::KvWrite(cache_.get<float>(), shape_, li, k, v, T, in.slots), "kv write"));
@@ -328,7 +367,10 @@ class CudaF32Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(
           ok(kd::PagedAttention(args, scratch_.get<float>(), lay.max_context), "attention"));
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::Matmul(blas_, l.wo.get<float>(), c.dim, c.dim, att, T, xb), "wo"));
+          ok(kd::Matmul(blas_, l.wo.get<float>(), c.dim, c.q_dim(), att, T, xb), "wo"));
+      if (c.o_bias) {
+        TANDEM_RETURN_IF_ERROR(ok(kd::AddBias(xb, l.bo.get<float>(), T, c.dim, c.dim), "o bias"));
+      }
       TANDEM_RETURN_IF_ERROR(ok(kd::ResidualAdd(x, xb, T * dim), "residual"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RmsNorm(x, l.rms_ffn.get<float>(), T, c.dim, c.norm_eps, xb), "rmsnorm"));
@@ -336,7 +378,8 @@ class CudaF32Runner final : public CudaRunnerBase {
           ok(kd::Matmul(blas_, l.w1.get<float>(), c.hidden_dim, c.dim, xb, T, hb), "w1"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::Matmul(blas_, l.w3.get<float>(), c.hidden_dim, c.dim, xb, T, hb2), "w3"));
-      TANDEM_RETURN_IF_ERROR(ok(kd::SiluMul(hb, hb2, T * hidden, hb), "silu"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::SiluMul(hb, hb2, T * hidden, hb, ToKernel(c.activation)), "activation"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::Matmul(blas_, l.w2.get<float>(), c.dim, c.hidden_dim, hb, T, xb), "w2"));
       TANDEM_RETURN_IF_ERROR(ok(kd::ResidualAdd(x, xb, T * dim), "residual"));
@@ -357,6 +400,7 @@ class CudaF32Runner final : public CudaRunnerBase {
 
 struct Bf16Layer {
   DeviceBuffer rms_att, wqkv, wo, rms_ffn, w13, w2;
+  DeviceBuffer bqkv, bo, q_norm, k_norm;  // fp32, when the config has them
 };
 
 // bfloat16: fused GEMMs, split-K attention; see DType.
@@ -386,6 +430,12 @@ class CudaBf16Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(d.rms_ffn.Upload(l.rms_ffn));
       TANDEM_RETURN_IF_ERROR(d.w13.Upload(ToBf16(Stack({&l.w1, &l.w3}))));
       TANDEM_RETURN_IF_ERROR(d.w2.Upload(ToBf16(l.w2)));
+      if (c.qkv_bias) TANDEM_RETURN_IF_ERROR(d.bqkv.Upload(Stack({&l.bq, &l.bk, &l.bv})));
+      if (c.o_bias) TANDEM_RETURN_IF_ERROR(d.bo.Upload(l.bo));
+      if (c.qk_norm) {
+        TANDEM_RETURN_IF_ERROR(d.q_norm.Upload(l.q_norm));
+        TANDEM_RETURN_IF_ERROR(d.k_norm.Upload(l.k_norm));
+      }
     }
     return absl::OkStatus();
   }
@@ -394,12 +444,13 @@ class CudaBf16Runner final : public CudaRunnerBase {
   absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t B) override {
     const ModelConfig& c = model_->config();
     const int32_t T = lay.num_rows;
-    const int32_t qkv_width = c.dim + 2 * c.kv_dim();
+    const int32_t qd = c.q_dim();
+    const int32_t qkv_width = qd + 2 * c.kv_dim();
     const size_t f = sizeof(float), h = sizeof(kd::Bf16);
     TANDEM_RETURN_IF_ERROR(x_.Reserve(f * T * c.dim));
     TANDEM_RETURN_IF_ERROR(xn_.Reserve(h * T * std::max(c.dim, c.hidden_dim)));
     TANDEM_RETURN_IF_ERROR(qkv_.Reserve(f * T * std::max(qkv_width, 2 * c.hidden_dim)));
-    TANDEM_RETURN_IF_ERROR(att_.Reserve(h * T * c.dim));
+    TANDEM_RETURN_IF_ERROR(att_.Reserve(h * T * qd));
     TANDEM_RETURN_IF_ERROR(scratch_.Reserve(
         f * std::max<int64_t>(1, kd::AttentionScratchFloats(T, c.num_heads, c.head_size,
                                                             lay.max_context))));
@@ -413,6 +464,10 @@ class CudaBf16Runner final : public CudaRunnerBase {
     TANDEM_RETURN_IF_ERROR(ok(
         kd::EmbeddingGatherBf16(embedding_.get<kd::Bf16>(), c.dim, in.tokens, T, x, nullptr),
         "embedding"));
+    if (c.embedding_scale != 1.0f) {
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::Scale(x, int64_t{T} * c.dim, c.embedding_scale), "embedding scale"));
+    }
     for (int32_t li = 0; li < c.num_layers; ++li) {
       const Bf16Layer& l = layers_[static_cast<size_t>(li)];
       TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormBf16(x, nullptr, l.rms_att.get<float>(), T, c.dim,
@@ -421,10 +476,23 @@ class CudaBf16Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(ok(
           kd::MatmulBf16(blas_, l.wqkv.get<kd::Bf16>(), qkv_width, c.dim, xn, T, qkv, 0.0f),
           "wqkv"));
+      if (c.qkv_bias) {
+        TANDEM_RETURN_IF_ERROR(
+            ok(kd::AddBias(qkv, l.bqkv.get<float>(), T, qkv_width, qkv_width), "qkv bias"));
+      }
+      if (c.qk_norm) {
+        TANDEM_RETURN_IF_ERROR(ok(kd::HeadRmsNorm(qkv, l.q_norm.get<float>(), T, c.num_heads,
+                                                  c.head_size, qkv_width, c.norm_eps),
+                                  "q norm"));
+        TANDEM_RETURN_IF_ERROR(ok(kd::HeadRmsNorm(qkv + qd, l.k_norm.get<float>(), T,
+                                                  c.num_kv_heads, c.head_size, qkv_width,
+                                                  c.norm_eps),
+                                  "k norm"));
+      }
       // All K/V of the step before any attention of this layer (same stream).
       TANDEM_RETURN_IF_ERROR(ok(kd::RopeKvWriteBf16(qkv, qkv_width, T, in.row_pos, c.num_heads,
                                                     shape_, rope, c.rope_theta, cache, li,
-                                                    in.slots, nullptr),
+                                                    in.slots, nullptr, inv_freq_.get<float>()),
                                 "rope + kv write"));
       const kd::Bf16AttentionArgs args{.q = qkv,
                                        .q_stride = qkv_width,
@@ -442,14 +510,19 @@ class CudaBf16Runner final : public CudaRunnerBase {
           "attention"));
       // x += att * Wo^T: the residual add is the GEMM's beta = 1.
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, c.dim, att, T, x, 1.0f), "wo"));
+          ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, qd, att, T, x, 1.0f), "wo"));
+      if (c.o_bias) {
+        TANDEM_RETURN_IF_ERROR(ok(kd::AddBias(x, l.bo.get<float>(), T, c.dim, c.dim), "o bias"));
+      }
       TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormBf16(x, nullptr, l.rms_ffn.get<float>(), T, c.dim,
                                                 c.norm_eps, xn, nullptr),
                                 "rmsnorm"));
       TANDEM_RETURN_IF_ERROR(ok(
           kd::MatmulBf16(blas_, l.w13.get<kd::Bf16>(), 2 * c.hidden_dim, c.dim, xn, T, qkv, 0.0f),
           "w13"));
-      TANDEM_RETURN_IF_ERROR(ok(kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, nullptr), "silu"));
+      TANDEM_RETURN_IF_ERROR(ok(
+          kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, nullptr, ToKernel(c.activation)),
+          "activation"));
       TANDEM_RETURN_IF_ERROR(ok(
           kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn, T, x, 1.0f), "w2"));
     }

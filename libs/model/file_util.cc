@@ -1,5 +1,10 @@
 #include "file_util.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -8,6 +13,44 @@
 #include "absl/strings/str_cat.h"
 
 namespace tandem::model::internal {
+
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": cannot stat: ", std::strerror(err)));
+  }
+  std::unique_ptr<MappedFile> f(new MappedFile());
+  f->size_ = static_cast<size_t>(st.st_size);
+  if (f->size_ > 0) {
+    void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat(path, ": cannot map: ", std::strerror(err)));
+    }
+    f->data_ = static_cast<const char*>(p);
+  }
+  ::close(fd);
+  return f;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+}
+
+void MappedFile::Release(int64_t begin, int64_t end) const {
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t first = (begin + page - 1) / page * page;  // whole pages inside the range
+  const int64_t last = end / page * page;
+  if (data_ == nullptr || last <= first) return;
+  ::madvise(const_cast<char*>(data_) + first, static_cast<size_t>(last - first), MADV_DONTNEED);
+}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -1,12 +1,35 @@
 // Private file helpers of the model library.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace tandem::model::internal {
+
+// A whole file mapped read-only (mmap), so a checkpoint is read in place
+// instead of copied onto the heap. Release(begin, end) tells the kernel the
+// pages of a byte range are no longer needed (they leave the process's RSS).
+class MappedFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+  std::string_view view() const { return {data_, size_}; }
+  void Release(int64_t begin, int64_t end) const;
+
+ private:
+  MappedFile() = default;
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 // The whole file; NOT_FOUND naming the path when it cannot be opened.
 absl::StatusOr<std::string> ReadFile(const std::string& path);

@@ -1,10 +1,14 @@
-// Hugging Face Llama directories: config.json + safetensors (single file or
-// sharded with model.safetensors.index.json).
+// Hugging Face directories: config.json (hf_config.h) + safetensors (single
+// file or sharded with model.safetensors.index.json), mapped, every tensor
+// read or the load fails naming it.
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -12,6 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "file_util.h"
+#include "hf_config.h"
+#include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/model/checkpoint.h"
 #include "tandem/model/json.h"
@@ -40,7 +46,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }
 
 // Parses one safetensors header and adds its tensors to `tensors`.
-absl::Status IndexSafetensors(const std::string& path, const std::string& bytes,
+absl::Status IndexSafetensors(const std::string& path, std::string_view bytes,
                               std::map<std::string, TensorInfo>* tensors) {
   if (bytes.size() < 8) {
     return absl::InvalidArgumentError(
@@ -53,7 +59,7 @@ absl::Status IndexSafetensors(const std::string& path, const std::string& bytes,
                                                    " exceeds the file (", bytes.size(),
                                                    " bytes): truncated or not safetensors"));
   }
-  absl::StatusOr<JsonValue> header = JsonValue::Parse(bytes.substr(8, header_len));
+  absl::StatusOr<JsonValue> header = JsonValue::Parse(std::string(bytes.substr(8, header_len)));
   if (!header.ok()) return Annotate(header.status(), absl::StrCat(path, ": header"));
   if (!header->is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": header is not a JSON object"));
@@ -109,15 +115,19 @@ absl::Status IndexSafetensors(const std::string& path, const std::string& bytes,
   return absl::OkStatus();
 }
 
+// Reads tensors from the mapped shards, converting to fp32, and remembers
+// which it read: a tensor left unread at the end fails the load.
 class TensorReader {
  public:
   std::map<std::string, TensorInfo> tensors;
-  std::map<std::string, std::string> files;  // path -> bytes
+  std::map<std::string, std::unique_ptr<internal::MappedFile>> files;  // by path
+  std::set<std::string> consumed;
+  int64_t bytes_read = 0;
 
   bool Has(const std::string& name) const { return tensors.count(name) != 0; }
 
   absl::StatusOr<std::vector<float>> Read(const std::string& name,
-                                          std::vector<int64_t> expected) const {
+                                          std::vector<int64_t> expected) {
     auto it = tensors.find(name);
     if (it == tensors.end()) {
       return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
@@ -133,7 +143,8 @@ class TensorReader {
                                                      "' has unsupported dtype ", t.dtype,
                                                      " (want F32, F16 or BF16)"));
     }
-    const char* p = files.at(t.file).data() + t.begin;
+    const internal::MappedFile& file = *files.at(t.file);
+    const char* p = file.data() + t.begin;
     const int64_t n = (t.end - t.begin) / DtypeSize(t.dtype);
     std::vector<float> out(static_cast<size_t>(n));
     if (t.dtype == "F32") {
@@ -146,77 +157,22 @@ class TensorReader {
         out[static_cast<size_t>(i)] = half ? HalfToFloat(h) : BFloat16ToFloat(h);
       }
     }
+    // The mapped pages are not needed again: out of the RSS.
+    file.Release(t.begin, t.end);
+    consumed.insert(name);
+    bytes_read += t.end - t.begin;
     return out;
   }
-};
 
-absl::StatusOr<int32_t> GetInt(const JsonValue& cfg, const std::string& path,
-                               const std::string& key, std::optional<int32_t> fallback) {
-  const JsonValue* v = cfg.Find(key);
-  if (v == nullptr || v->is_null()) {
-    if (fallback) return *fallback;
-    return absl::InvalidArgumentError(absl::StrCat(path, ": missing \"", key, "\""));
-  }
-  if (!v->is_number() || v->number() != std::floor(v->number()) || v->number() > INT32_MAX ||
-      v->number() < INT32_MIN) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" is not an integer"));
-  }
-  return static_cast<int32_t>(v->number());
-}
-
-absl::StatusOr<ModelConfig> ParseConfig(const std::string& path) {
-  TANDEM_ASSIGN_OR_RETURN(std::string text, internal::ReadFile(path));
-  absl::StatusOr<JsonValue> cfg = JsonValue::Parse(text);
-  if (!cfg.ok()) return Annotate(cfg.status(), path);
-  if (!cfg->is_object()) return absl::InvalidArgumentError(path + ": not a JSON object");
-  if (const JsonValue* rs = cfg->Find("rope_scaling"); rs != nullptr && !rs->is_null()) {
-    return absl::UnimplementedError(path + ": rope_scaling is not supported");
-  }
-  if (const JsonValue* act = cfg->Find("hidden_act");
-      act != nullptr && act->is_string() && act->str() != "silu") {
-    return absl::UnimplementedError(path + ": hidden_act \"" + act->str() +
-                                    "\" is not supported (only silu)");
-  }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (const JsonValue* v = cfg->Find(key); v != nullptr && v->is_bool() && v->boolean()) {
-      return absl::UnimplementedError(path + ": " + key + " = true is not supported");
+  // Tensors no Read() took, sorted.
+  std::vector<std::string> Unread() const {
+    std::vector<std::string> names;
+    for (const auto& [name, info] : tensors) {
+      if (consumed.count(name) == 0) names.push_back(name);
     }
+    return names;
   }
-  ModelConfig c;
-  c.rope_style = RopeStyle::kRotateHalf;
-  TANDEM_ASSIGN_OR_RETURN(c.dim, GetInt(*cfg, path, "hidden_size", std::nullopt));
-  TANDEM_ASSIGN_OR_RETURN(c.hidden_dim, GetInt(*cfg, path, "intermediate_size", std::nullopt));
-  TANDEM_ASSIGN_OR_RETURN(c.num_layers, GetInt(*cfg, path, "num_hidden_layers", std::nullopt));
-  TANDEM_ASSIGN_OR_RETURN(c.num_heads, GetInt(*cfg, path, "num_attention_heads", std::nullopt));
-  TANDEM_ASSIGN_OR_RETURN(c.num_kv_heads, GetInt(*cfg, path, "num_key_value_heads", c.num_heads));
-  TANDEM_ASSIGN_OR_RETURN(c.vocab_size, GetInt(*cfg, path, "vocab_size", std::nullopt));
-  TANDEM_ASSIGN_OR_RETURN(c.max_seq_len,
-                          GetInt(*cfg, path, "max_position_embeddings", std::nullopt));
-  TANDEM_ASSIGN_OR_RETURN(c.bos_token_id, GetInt(*cfg, path, "bos_token_id", 1));
-  const JsonValue* eos = cfg->Find("eos_token_id");
-  if (eos != nullptr && eos->is_array() && !eos->array().empty() && eos->array()[0].is_number()) {
-    c.eos_token_id = static_cast<int32_t>(eos->array()[0].number());
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(c.eos_token_id, GetInt(*cfg, path, "eos_token_id", 2));
-  }
-  const int32_t default_head = c.num_heads > 0 ? c.dim / c.num_heads : 0;
-  TANDEM_ASSIGN_OR_RETURN(c.head_size, GetInt(*cfg, path, "head_dim", default_head));
-  if (const JsonValue* v = cfg->Find("rope_theta"); v != nullptr && v->is_number()) {
-    c.rope_theta = static_cast<float>(v->number());
-  }
-  if (const JsonValue* v = cfg->Find("rms_norm_eps"); v != nullptr && v->is_number()) {
-    c.norm_eps = static_cast<float>(v->number());
-  }
-  if (absl::Status s = c.Validate(); !s.ok()) return Annotate(s, path);
-  return c;
-}
-
-bool TiedEmbeddings(const std::string& config_text) {
-  absl::StatusOr<JsonValue> cfg = JsonValue::Parse(config_text);
-  if (!cfg.ok()) return false;
-  const JsonValue* v = cfg->Find("tie_word_embeddings");
-  return v != nullptr && v->is_bool() && v->boolean();
-}
+};
 
 // Row permutation between llama2.c's adjacent pairs and HF's halves, per head:
 // hf_row(h, half * hs/2 + p) = llama_row(h, 2p + half).
@@ -286,11 +242,16 @@ absl::Status CheckNoLayersBeyondConfig(const std::string& dir, const ModelConfig
 }  // namespace
 
 absl::StatusOr<LoadedCheckpoint> ReadHfCheckpoint(const std::string& dir) {
-  const std::string config_path = JoinPath(dir, "config.json");
+  const auto start = std::chrono::steady_clock::now();
   LoadedCheckpoint out;
-  TANDEM_ASSIGN_OR_RETURN(out.config, ParseConfig(config_path));
-  TANDEM_ASSIGN_OR_RETURN(std::string config_text, internal::ReadFile(config_path));
+  TANDEM_ASSIGN_OR_RETURN(internal::HfConfig hf, internal::ReadHfConfig(dir));
+  out.config = hf.config;
   const ModelConfig& c = out.config;
+  if (hf.sliding_window_cap > 0) {
+    TANDEM_LOG(WARNING) << dir << ": sliding-window attention is not implemented; serving "
+                        << "contexts of at most the window, " << hf.sliding_window_cap
+                        << " tokens, where it changes nothing";
+  }
 
   TensorReader reader;
   const std::string single = JoinPath(dir, "model.safetensors");
@@ -318,16 +279,24 @@ absl::StatusOr<LoadedCheckpoint> ReadHfCheckpoint(const std::string& dir) {
   } else {
     shard_paths.push_back(single);
   }
+  int64_t total_bytes = 0;
   for (const std::string& p : shard_paths) {
-    TANDEM_ASSIGN_OR_RETURN(std::string bytes, internal::ReadFile(p));
-    TANDEM_RETURN_IF_ERROR(IndexSafetensors(p, bytes, &reader.tensors));
-    reader.files[p] = std::move(bytes);
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<internal::MappedFile> file,
+                            internal::MappedFile::Open(p));
+    TANDEM_RETURN_IF_ERROR(IndexSafetensors(p, file->view(), &reader.tensors));
+    total_bytes += static_cast<int64_t>(file->size());
+    reader.files[p] = std::move(file);
   }
   TANDEM_RETURN_IF_ERROR(CheckIndexMatchesShards(dir, index_path, reader.tensors));
   TANDEM_RETURN_IF_ERROR(CheckNoLayersBeyondConfig(dir, c, reader.tensors));
+  TANDEM_LOG(INFO) << "loading " << dir << ": " << hf.architecture << " ("
+                   << ModelFamilyName(c.family) << "), " << c.num_layers << " layers, "
+                   << reader.tensors.size() << " tensors, " << total_bytes / (1 << 20)
+                   << " MiB in " << shard_paths.size() << " file(s)"
+                   << (hf.torch_dtype.empty() ? "" : ", " + hf.torch_dtype);
 
-  const int64_t dim = c.dim, hidden = c.hidden_dim, kv = int64_t{c.num_kv_heads} * c.head_size,
-                q = int64_t{c.num_heads} * c.head_size, vocab = c.vocab_size;
+  const int64_t dim = c.dim, hidden = c.hidden_dim, kv = c.kv_dim(), q = c.q_dim(),
+                hs = c.head_size, vocab = c.vocab_size;
   auto where = [&](const absl::Status& s) {
     return Annotate(s, absl::StrCat(dir, " (", absl::StrJoin(shard_paths, ", "), ")"));
   };
@@ -339,29 +308,100 @@ absl::StatusOr<LoadedCheckpoint> ReadHfCheckpoint(const std::string& dir) {
     *dst = std::move(*v);
     return absl::OkStatus();
   };
+  // Gemma's RMSNorm scales by (1 + w), in fp32 as transformers computes it:
+  // folded into the weight once.
+  auto read_norm = [&](std::vector<float>* dst, const std::string& name) -> absl::Status {
+    TANDEM_RETURN_IF_ERROR(read(dst, name, {dim}));
+    if (c.family == ModelFamily::kGemma) {
+      for (float& x : *dst) x = 1.0f + x;
+    }
+    return absl::OkStatus();
+  };
+  // Rows [begin, begin + rows) of a fused [total][dim] projection.
+  auto rows_of = [](const std::vector<float>& fused, int64_t begin, int64_t rows, int64_t cols) {
+    return std::vector<float>(fused.begin() + begin * cols, fused.begin() + (begin + rows) * cols);
+  };
+  auto last_log = std::chrono::steady_clock::now();
   TANDEM_RETURN_IF_ERROR(read(&w.token_embedding, "model.embed_tokens.weight", {vocab, dim}));
   w.layers.resize(static_cast<size_t>(c.num_layers));
   for (int32_t i = 0; i < c.num_layers; ++i) {
     LayerWeights& l = w.layers[static_cast<size_t>(i)];
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    TANDEM_RETURN_IF_ERROR(read(&l.rms_att, p + "input_layernorm.weight", {dim}));
-    TANDEM_RETURN_IF_ERROR(read(&l.wq, p + "self_attn.q_proj.weight", {q, dim}));
-    TANDEM_RETURN_IF_ERROR(read(&l.wk, p + "self_attn.k_proj.weight", {kv, dim}));
-    TANDEM_RETURN_IF_ERROR(read(&l.wv, p + "self_attn.v_proj.weight", {kv, dim}));
+    TANDEM_RETURN_IF_ERROR(read_norm(&l.rms_att, p + "input_layernorm.weight"));
+    if (c.family == ModelFamily::kPhi3) {
+      std::vector<float> qkv, gate_up;
+      TANDEM_RETURN_IF_ERROR(read(&qkv, p + "self_attn.qkv_proj.weight", {q + 2 * kv, dim}));
+      l.wq = rows_of(qkv, 0, q, dim);
+      l.wk = rows_of(qkv, q, kv, dim);
+      l.wv = rows_of(qkv, q + kv, kv, dim);
+      TANDEM_RETURN_IF_ERROR(read(&gate_up, p + "mlp.gate_up_proj.weight", {2 * hidden, dim}));
+      l.w1 = rows_of(gate_up, 0, hidden, dim);
+      l.w3 = rows_of(gate_up, hidden, hidden, dim);
+    } else {
+      TANDEM_RETURN_IF_ERROR(read(&l.wq, p + "self_attn.q_proj.weight", {q, dim}));
+      TANDEM_RETURN_IF_ERROR(read(&l.wk, p + "self_attn.k_proj.weight", {kv, dim}));
+      TANDEM_RETURN_IF_ERROR(read(&l.wv, p + "self_attn.v_proj.weight", {kv, dim}));
+      TANDEM_RETURN_IF_ERROR(read(&l.w1, p + "mlp.gate_proj.weight", {hidden, dim}));
+      TANDEM_RETURN_IF_ERROR(read(&l.w3, p + "mlp.up_proj.weight", {hidden, dim}));
+    }
     TANDEM_RETURN_IF_ERROR(read(&l.wo, p + "self_attn.o_proj.weight", {dim, q}));
-    TANDEM_RETURN_IF_ERROR(read(&l.rms_ffn, p + "post_attention_layernorm.weight", {dim}));
-    TANDEM_RETURN_IF_ERROR(read(&l.w1, p + "mlp.gate_proj.weight", {hidden, dim}));
+    if (c.qkv_bias) {
+      TANDEM_RETURN_IF_ERROR(read(&l.bq, p + "self_attn.q_proj.bias", {q}));
+      TANDEM_RETURN_IF_ERROR(read(&l.bk, p + "self_attn.k_proj.bias", {kv}));
+      TANDEM_RETURN_IF_ERROR(read(&l.bv, p + "self_attn.v_proj.bias", {kv}));
+    }
+    if (c.o_bias) TANDEM_RETURN_IF_ERROR(read(&l.bo, p + "self_attn.o_proj.bias", {dim}));
+    if (c.qk_norm) {
+      TANDEM_RETURN_IF_ERROR(read(&l.q_norm, p + "self_attn.q_norm.weight", {hs}));
+      TANDEM_RETURN_IF_ERROR(read(&l.k_norm, p + "self_attn.k_norm.weight", {hs}));
+    }
+    TANDEM_RETURN_IF_ERROR(read_norm(&l.rms_ffn, p + "post_attention_layernorm.weight"));
     TANDEM_RETURN_IF_ERROR(read(&l.w2, p + "mlp.down_proj.weight", {dim, hidden}));
-    TANDEM_RETURN_IF_ERROR(read(&l.w3, p + "mlp.up_proj.weight", {hidden, dim}));
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_log > std::chrono::seconds(5) || i + 1 == c.num_layers) {
+      last_log = now;
+      TANDEM_LOG(INFO) << "loading " << dir << ": layer " << i + 1 << "/" << c.num_layers << ", "
+                       << reader.consumed.size() << "/" << reader.tensors.size() << " tensors, "
+                       << reader.bytes_read / (1 << 20) << "/" << total_bytes / (1 << 20)
+                       << " MiB, "
+                       << std::chrono::duration<double>(now - start).count() << " s";
+    }
   }
-  TANDEM_RETURN_IF_ERROR(read(&w.rms_final, "model.norm.weight", {dim}));
-  if (!TiedEmbeddings(config_text)) {
+  TANDEM_RETURN_IF_ERROR(read_norm(&w.rms_final, "model.norm.weight"));
+  if (!hf.tied_embeddings) {
     if (!reader.Has("lm_head.weight")) {
       return where(absl::InvalidArgumentError(
           "missing tensor 'lm_head.weight' and config.json does not set tie_word_embeddings"));
     }
     TANDEM_RETURN_IF_ERROR(read(&w.wcls, "lm_head.weight", {vocab, dim}));
+  } else if (reader.Has("lm_head.weight")) {
+    // Tied, yet stored: transformers would use the embedding; a different
+    // table means the config and the weights disagree.
+    std::vector<float> head;
+    TANDEM_RETURN_IF_ERROR(read(&head, "lm_head.weight", {vocab, dim}));
+    if (head != w.token_embedding) {
+      return where(absl::InvalidArgumentError(
+          "config.json ties the embeddings (tie_word_embeddings) but lm_head.weight differs "
+          "from model.embed_tokens.weight"));
+    }
   }
+  // Old checkpoints store RoPE's inverse frequencies as buffers: derived from
+  // config.json, not weights.
+  for (const std::string& name : reader.Unread()) {
+    if (absl::EndsWith(name, ".rotary_emb.inv_freq")) reader.consumed.insert(name);
+  }
+  if (const std::vector<std::string> unread = reader.Unread(); !unread.empty()) {
+    const size_t shown = std::min<size_t>(unread.size(), 5);
+    return where(absl::InvalidArgumentError(absl::StrCat(
+        unread.size(), " tensor(s) that a ", hf.architecture,
+        " with this config.json does not use, e.g. '",
+        absl::StrJoin(unread.begin(), unread.begin() + static_cast<std::ptrdiff_t>(shown), "', '"),
+        "': config.json and the weights disagree (refusing rather than running another model)")));
+  }
+  TANDEM_LOG(INFO) << "loaded " << dir << ": " << reader.tensors.size() << " tensors, "
+                   << reader.bytes_read / (1 << 20) << " MiB in "
+                   << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                   << " s";
   return out;
 }
 

@@ -71,7 +71,7 @@ struct GreedyRun {
 };
 inline GreedyRun Greedy(const Model& model, const std::vector<int32_t>& prompt, int32_t max_tokens,
                         Backend backend, DType dtype,
-                        const std::vector<int32_t>* forced = nullptr) {
+                        const std::vector<int32_t>* forced = nullptr, bool stop_on_eos = true) {
   if (forced != nullptr) max_tokens = static_cast<int32_t>(forced->size());
   const int32_t bs = 16, need = static_cast<int32_t>(prompt.size()) + max_tokens + 1;
   auto runner = ModelRunner::Create(
@@ -91,7 +91,7 @@ inline GreedyRun Greedy(const Model& model, const std::vector<int32_t>& prompt, 
     for (size_t i = 0; i < logits.size(); ++i) {
       if (static_cast<int32_t>(i) != next) second = std::max(second, logits[i]);
     }
-    if (forced == nullptr && next == model.config().eos_token_id) break;
+    if (forced == nullptr && stop_on_eos && next == model.config().eos_token_id) break;
     run.margins.push_back(logits[next] - second);
     run.tokens.push_back(next);
     chunk = {forced != nullptr ? (*forced)[run.tokens.size() - 1] : next};

@@ -47,9 +47,10 @@ class PackedMatrix {
   std::vector<float> panels_;
 };
 
-// RoPE in place on vec[rows][num_heads][head_size] at positions[r].
+// RoPE in place on vec[rows][num_heads][head_size] at positions[r], by the
+// inverse frequencies inv_freq[head_size / 2] when given, else theta's.
 void Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
-          RopeKind kind, float theta);
+          RopeKind kind, float theta, const float* inv_freq = nullptr);
 
 // Writes k[r], v[r] ([rows][num_kv_heads][head_size]) into cache slot
 // slots[r] (block_id * block_size + offset) of `layer`; slot < 0 skips a row.
@@ -64,8 +65,15 @@ void PagedAttentionRows(const PagedAttentionArgs& args, int32_t row_begin, int32
 // AttendRowHead (the code the CUDA kernel runs) for every row and head.
 void PagedAttentionReference(const PagedAttentionArgs& args);
 
-// out[i] = silu(gate[i]) * up[i].
-void SiluMul(const float* gate, const float* up, int64_t n, float* out);
+// out[i] = silu(gate[i]) * up[i] (or another activation of the gate).
+void SiluMul(const float* gate, const float* up, int64_t n, float* out,
+             ActKind kind = ActKind::kSilu);
+
+// x[r][:width] += bias for `rows` rows of `width` (contiguous).
+void AddBias(float* x, const float* bias, int32_t rows, int32_t width);
+
+// x[i] *= scale.
+void Scale(float* x, int64_t n, float scale);
 
 // x[i] += y[i].
 void ResidualAdd(float* x, const float* y, int64_t n);

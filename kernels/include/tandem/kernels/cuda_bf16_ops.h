@@ -58,9 +58,11 @@ int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim,
 // qkv[rows][q_stride] holds each row's q (num_heads * head_size), then k and
 // v (num_kv_heads * head_size each). Applies RoPE to q in place and to k, and
 // writes k and v into the bf16 cache at slots[r] (slot < 0: not written).
+// inv_freq: device array [head_size / 2], or nullptr for theta's frequencies.
 int RopeKvWriteBf16(float* qkv, int32_t q_stride, int32_t rows, const int32_t* positions,
                     int32_t num_heads, const KvCacheShape& shape, RopeKind kind, float theta,
-                    Bf16* cache, int32_t layer, const int64_t* slots, void* stream);
+                    Bf16* cache, int32_t layer, const int64_t* slots, void* stream,
+                    const float* inv_freq = nullptr);
 
 struct Bf16AttentionArgs {
   const float* q = nullptr;  // head h of row r at q + r * q_stride + h * head_size
@@ -90,8 +92,9 @@ inline int64_t AttentionScratchFloats(int32_t rows, int32_t num_heads, int32_t h
 int PagedAttentionBf16(const Bf16AttentionArgs& args, int32_t max_context, float* scratch,
                        void* stream);
 
-// out[r][i] = bf16(silu(gu[r][i]) * gu[r][hidden + i]).
-int SiluMulBf16(const float* gate_up, int32_t rows, int32_t hidden, Bf16* out, void* stream);
+// out[r][i] = bf16(act(gu[r][i]) * gu[r][hidden + i]), act silu or GeLU-tanh.
+int SiluMulBf16(const float* gate_up, int32_t rows, int32_t hidden, Bf16* out, void* stream,
+                ActKind kind = ActKind::kSilu);
 
 // out[r] = argmax of logits[r][0 .. vocab), the lowest index on ties (as
 // kernels::ArgMax). One block per row.

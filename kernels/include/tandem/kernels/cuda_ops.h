@@ -45,14 +45,24 @@ int RmsNorm(const float* x, const float* w, int32_t rows, int32_t dim, float eps
 // y[rows][out_dim] = x[rows][in_dim] * W^T with W [out_dim][in_dim] (cuBLAS SGEMM).
 int Matmul(BlasHandle* blas, const float* w, int32_t out_dim, int32_t in_dim, const float* x,
            int32_t rows, float* y);
+// inv_freq: device array [head_size / 2], or nullptr for theta's frequencies.
 int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
-         RopeKind kind, float theta);
+         RopeKind kind, float theta, const float* inv_freq = nullptr);
 int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,
             int32_t rows, const int64_t* slots);
 // `args` holds device pointers; scratch holds num_rows * num_heads *
 // max_context floats, max_context > every row_pos.
 int PagedAttention(const PagedAttentionArgs& args, float* scratch, int32_t max_context);
-int SiluMul(const float* gate, const float* up, int64_t n, float* out);
+int SiluMul(const float* gate, const float* up, int64_t n, float* out,
+            ActKind kind = ActKind::kSilu);
+// x[r * stride + i] += bias[i], i < width, for `rows` rows.
+int AddBias(float* x, const float* bias, int32_t rows, int32_t width, int64_t stride);
+// x[i] *= scale.
+int Scale(float* x, int64_t n, float scale);
+// RMSNorm in place over `heads` head vectors per row (HeadRmsNormFn): row r's
+// first head at x + r * stride.
+int HeadRmsNorm(float* x, const float* w, int32_t rows, int32_t heads, int32_t head_size,
+                int64_t stride, float eps);
 int ResidualAdd(float* x, const float* y, int64_t n);
 // args: device array of rows SampleArgs; scratch_probs rows * vocab floats,
 // scratch_idx rows * vocab ints.

@@ -18,6 +18,13 @@ enum class RopeKind : int32_t {
   kRotateHalf = 1,
 };
 
+// The MLP's activation of the gate: act(gate) * up.
+enum class ActKind : int32_t {
+  kSilu = 0,
+  // PyTorch's gelu(approximate="tanh") ("gelu_pytorch_tanh").
+  kGeluTanh = 1,
+};
+
 // ---- Row functions (one row = one token) ----------------------------------
 
 // o = w * (x / sqrt(mean(x^2) + eps)), summing x^2 in index order.
@@ -45,12 +52,30 @@ TANDEM_HD inline float SiluMul(float g, float u) {
   return val;
 }
 
-// Rotation angle of pair `pair` (0 .. head_size/2) at position `pos`.
+// gelu_tanh(g) * u, in the order of PyTorch's scalar CPU kernel.
+TANDEM_HD inline float GeluTanhMul(float g, float u) {
+  const float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  const float kKappa = 0.044715f;
+  const float cube = g * g * g;
+  const float inner = kBeta * (g + kKappa * cube);
+  const float act = 0.5f * g * (1.0f + tanhf(inner));
+  return act * u;
+}
+
+TANDEM_HD inline float ActMul(ActKind kind, float g, float u) {
+  return kind == ActKind::kGeluTanh ? GeluTanhMul(g, u) : SiluMul(g, u);
+}
+
+// Rotation angle of pair `pair` (0 .. head_size/2) at position `pos`: from
+// the table of inverse frequencies when given (the model's, with any RoPE
+// scaling), else 1 / theta^(2 pair / head_size) as llama2.c computes it.
 TANDEM_HD inline void RopeCosSin(int32_t pos, int32_t pair, int32_t head_size, float theta,
-                                 float* c, float* s) {
+                                 const float* inv_freq, float* c, float* s) {
   const int32_t head_dim = 2 * pair;
   const float freq =
-      1.0f / powf(theta, static_cast<float>(head_dim) / static_cast<float>(head_size));
+      inv_freq != nullptr
+          ? inv_freq[pair]
+          : 1.0f / powf(theta, static_cast<float>(head_dim) / static_cast<float>(head_size));
   const float val = static_cast<float>(pos) * freq;
   *c = cosf(val);
   *s = sinf(val);
@@ -146,9 +171,52 @@ struct SiluMulFn {
   const float* up;
   float* out;
   int64_t n;
+  ActKind kind = ActKind::kSilu;
   TANDEM_HD void operator()(int64_t b, int32_t t, int32_t nt) const {
     const int64_t i = b * nt + t;
-    if (i < n) out[i] = SiluMul(gate[i], up[i]);
+    if (i < n) out[i] = ActMul(kind, gate[i], up[i]);
+  }
+};
+
+// x[r][i] += bias[i] for `rows` rows of `width`, row r at x + r * stride;
+// one block per row.
+struct AddBiasFn {
+  float* x;
+  const float* bias;
+  int32_t width;
+  int64_t stride;
+  TANDEM_HD void operator()(int64_t row, int32_t t, int32_t nt) const {
+    for (int32_t i = t; i < width; i += nt) x[row * stride + i] += bias[i];
+  }
+};
+
+// x[i] *= scale.
+struct ScaleFn {
+  float* x;
+  float scale;
+  int64_t n;
+  TANDEM_HD void operator()(int64_t b, int32_t t, int32_t nt) const {
+    const int64_t i = b * nt + t;
+    if (i < n) x[i] *= scale;
+  }
+};
+
+// RMSNorm in place over each of `heads` vectors of `head_size` per row (row
+// r's heads start at x + r * stride), weights w[head_size], summed in index
+// order as RmsNormRow; one thread per (row, head).
+struct HeadRmsNormFn {
+  float* x;
+  const float* w;
+  int32_t rows;
+  int32_t heads;
+  int32_t head_size;
+  int64_t stride;
+  float eps;
+  TANDEM_HD void operator()(int64_t b, int32_t t, int32_t nt) const {
+    const int64_t i = b * nt + t;
+    if (i >= int64_t{rows} * heads) return;
+    float* v = x + (i / heads) * stride + (i % heads) * head_size;
+    RmsNormRow(v, w, head_size, eps, v);
   }
 };
 
@@ -171,13 +239,14 @@ struct RopeFn {
   int32_t head_size;
   RopeKind kind;
   float theta;
+  const float* inv_freq = nullptr;  // [head_size / 2]; nullptr: from theta
   TANDEM_HD void operator()(int64_t row, int32_t t, int32_t nt) const {
     const int32_t half = head_size / 2;
     for (int32_t i = t; i < num_heads * half; i += nt) {
       const int32_t head = i / half;
       const int32_t pair = i % half;
       float c, s;
-      RopeCosSin(positions[row], pair, head_size, theta, &c, &s);
+      RopeCosSin(positions[row], pair, head_size, theta, inv_freq, &c, &s);
       RopePair(vec + (row * num_heads + head) * head_size, pair, head_size, kind, c, s);
     }
   }

@@ -1,0 +1,453 @@
+#include "hf_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "file_util.h"
+#include "tandem/common/status.h"
+#include "tandem/model/json.h"
+
+namespace tandem::model::internal {
+namespace {
+
+struct FamilyInfo {
+  ModelFamily family;
+  const char* architecture;
+  const char* model_type;
+  // The config class's defaults (transformers 5) for keys a config.json may
+  // leave out. 0 head_dim = hidden_size / num_attention_heads; 0 kv heads =
+  // num_attention_heads.
+  int32_t default_head_dim;
+  int32_t default_kv_heads;
+  float default_eps;
+  bool default_tied;
+};
+
+constexpr FamilyInfo kFamilies[] = {
+    {ModelFamily::kLlama, "LlamaForCausalLM", "llama", 0, 0, 1e-6f, false},
+    {ModelFamily::kMistral, "MistralForCausalLM", "mistral", 0, 8, 1e-6f, false},
+    {ModelFamily::kQwen2, "Qwen2ForCausalLM", "qwen2", 0, 32, 1e-6f, false},
+    {ModelFamily::kQwen3, "Qwen3ForCausalLM", "qwen3", 128, 32, 1e-6f, false},
+    {ModelFamily::kPhi3, "Phi3ForCausalLM", "phi3", 0, 0, 1e-5f, false},
+    {ModelFamily::kGemma, "GemmaForCausalLM", "gemma", 256, 16, 1e-6f, true},
+};
+
+std::string SupportedArchitectures() {
+  std::vector<std::string> names;
+  for (const FamilyInfo& f : kFamilies) names.push_back(f.architecture);
+  return absl::StrJoin(names, ", ");
+}
+
+// Keys that do not change the forward pass (training-only settings,
+// bookkeeping, generation settings that generation_config.json supersedes).
+const std::set<std::string>& HarmlessKeys() {
+  static const std::set<std::string> keys = {
+      "_name_or_path", "transformers_version", "use_cache", "initializer_range", "pad_token_id",
+      "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop", "dropout",
+      "output_attentions", "output_hidden_states", "return_dict", "torchscript",
+      "use_return_dict", "tokenizer_class", "id2label", "label2id", "problem_type",
+      "finetuning_task", "task_specific_params", "chunk_size_feed_forward", "prefix",
+      "sep_token_id", "decoder_start_token_id", "is_decoder", "is_encoder_decoder",
+      "add_cross_attention", "tie_encoder_decoder", "cross_attention_hidden_size",
+      "pruned_heads", "auto_map", "torch_dtype", "dtype", "architectures", "model_type",
+      // pretraining_tp > 1 slices the projections in training; the sum is the same.
+      "pretraining_tp",
+      // Generation settings of older configs (generation_config.json wins).
+      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+      "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+      "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+      "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate",
+      "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+      "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+      "cache_implementation"};
+  return keys;
+}
+
+// Keys a family reads below; anything else not harmless is refused.
+const std::set<std::string>& ReadKeys() {
+  static const std::set<std::string> keys = {
+      "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+      "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+      "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_act",
+      "hidden_activation", "bos_token_id", "eos_token_id", "tie_word_embeddings",
+      "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window", "max_window_layers",
+      "layer_types", "partial_rotary_factor", "original_max_position_embeddings",
+      "quantization_config"};
+  return keys;
+}
+
+absl::Status Refuse(const std::string& path, const std::string& what) {
+  return absl::UnimplementedError(absl::StrCat(path, ": ", what));
+}
+absl::Status Bad(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+bool IsSet(const JsonValue* v) { return v != nullptr && !v->is_null(); }
+
+absl::StatusOr<std::optional<double>> GetNumber(const JsonValue& obj, const std::string& path,
+                                                const std::string& key) {
+  const JsonValue* v = obj.Find(key);
+  if (!IsSet(v)) return std::optional<double>();
+  if (!v->is_number()) return Bad(path, absl::StrCat("\"", key, "\" is not a number"));
+  return std::optional<double>(v->number());
+}
+
+absl::StatusOr<int32_t> GetInt(const JsonValue& obj, const std::string& path,
+                               const std::string& key, std::optional<int32_t> fallback) {
+  const JsonValue* v = obj.Find(key);
+  if (!IsSet(v)) {
+    if (fallback) return *fallback;
+    return Bad(path, absl::StrCat("missing \"", key, "\""));
+  }
+  if (!v->is_number() || v->number() != std::floor(v->number()) || v->number() > INT32_MAX ||
+      v->number() < INT32_MIN) {
+    return Bad(path, absl::StrCat("\"", key, "\" is not an integer"));
+  }
+  return static_cast<int32_t>(v->number());
+}
+
+absl::StatusOr<float> GetFloat(const JsonValue& obj, const std::string& path,
+                               const std::string& key, float fallback) {
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> v, GetNumber(obj, path, key));
+  return v ? static_cast<float>(*v) : fallback;
+}
+
+absl::StatusOr<bool> GetBool(const JsonValue& obj, const std::string& path, const std::string& key,
+                             bool fallback) {
+  const JsonValue* v = obj.Find(key);
+  if (!IsSet(v)) return fallback;
+  if (!v->is_bool()) return Bad(path, absl::StrCat("\"", key, "\" is not true or false"));
+  return v->boolean();
+}
+
+// An int or a list of ints (eos_token_id).
+absl::StatusOr<std::vector<int32_t>> GetIds(const JsonValue& obj, const std::string& path,
+                                            const std::string& key) {
+  const JsonValue* v = obj.Find(key);
+  std::vector<int32_t> ids;
+  if (!IsSet(v)) return ids;
+  if (v->is_array()) {
+    for (const JsonValue& x : v->array()) {
+      if (!x.is_number() || x.number() != std::floor(x.number()) || x.number() < 0 ||
+          x.number() > INT32_MAX) {
+        return Bad(path, absl::StrCat("\"", key, "\" holds a value that is not a token id"));
+      }
+      ids.push_back(static_cast<int32_t>(x.number()));
+    }
+    return ids;
+  }
+  TANDEM_ASSIGN_OR_RETURN(int32_t id, GetInt(obj, path, key, std::nullopt));
+  ids.push_back(id);
+  return ids;
+}
+
+absl::StatusOr<const FamilyInfo*> PickFamily(const JsonValue& cfg, const std::string& path,
+                                             std::string* architecture) {
+  const JsonValue* archs = cfg.Find("architectures");
+  const JsonValue* type = cfg.Find("model_type");
+  const FamilyInfo* by_arch = nullptr;
+  const FamilyInfo* by_type = nullptr;
+  if (IsSet(archs)) {
+    if (!archs->is_array() || archs->array().size() != 1 || !archs->array()[0].is_string()) {
+      return Bad(path, "\"architectures\" must be a list of one class name");
+    }
+    *architecture = archs->array()[0].str();
+    for (const FamilyInfo& f : kFamilies) {
+      if (*architecture == f.architecture) by_arch = &f;
+    }
+    if (by_arch == nullptr) {
+      return Refuse(path, absl::StrCat("architecture \"", *architecture,
+                                       "\" is not supported (supported: ",
+                                       SupportedArchitectures(), ")"));
+    }
+  }
+  if (IsSet(type)) {
+    if (!type->is_string()) return Bad(path, "\"model_type\" is not a string");
+    for (const FamilyInfo& f : kFamilies) {
+      if (type->str() == f.model_type) by_type = &f;
+    }
+    if (by_type == nullptr) {
+      return Refuse(path, absl::StrCat("model_type \"", type->str(),
+                                       "\" is not supported (supported architectures: ",
+                                       SupportedArchitectures(), ")"));
+    }
+  }
+  if (by_arch == nullptr && by_type == nullptr) {
+    return Bad(path, "neither \"architectures\" nor \"model_type\" says which model this is");
+  }
+  if (by_arch != nullptr && by_type != nullptr && by_arch != by_type) {
+    return Bad(path, absl::StrCat("architecture \"", *architecture, "\" disagrees with model_type \"",
+                                  type->str(), "\""));
+  }
+  const FamilyInfo* f = by_arch != nullptr ? by_arch : by_type;
+  *architecture = f->architecture;
+  return f;
+}
+
+// RoPE: rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x).
+absl::Status ReadRope(const JsonValue& cfg, const std::string& path, ModelConfig* c) {
+  const JsonValue* params = cfg.Find("rope_parameters");
+  const JsonValue* scaling = cfg.Find("rope_scaling");
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> top_theta, GetNumber(cfg, path, "rope_theta"));
+  const JsonValue* rope = nullptr;
+  const char* rope_key = "";
+  if (IsSet(params)) {
+    if (IsSet(scaling)) {
+      return Bad(path, "both \"rope_parameters\" and \"rope_scaling\" are set: which one holds?");
+    }
+    rope = params;
+    rope_key = "rope_parameters";
+  } else if (IsSet(scaling)) {
+    rope = scaling;
+    rope_key = "rope_scaling";
+  }
+  if (top_theta) c->rope_theta = static_cast<float>(*top_theta);
+  if (rope == nullptr) return absl::OkStatus();
+  if (!rope->is_object()) return Bad(path, absl::StrCat("\"", rope_key, "\" is not an object"));
+  const std::string where = absl::StrCat(path, " ", rope_key);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> theta, GetNumber(*rope, where, "rope_theta"));
+  if (theta) {
+    if (top_theta && static_cast<float>(*top_theta) != static_cast<float>(*theta)) {
+      return Bad(path, absl::StrCat("rope_theta ", *top_theta, " disagrees with ", rope_key,
+                                    ".rope_theta ", *theta));
+    }
+    c->rope_theta = static_cast<float>(*theta);
+  }
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    if (const JsonValue* t = rope->Find(key); IsSet(t)) {
+      if (!t->is_string()) return Bad(where, absl::StrCat("\"", key, "\" is not a string"));
+      type = t->str();
+    }
+  }
+  std::set<std::string> allowed = {"rope_type", "type", "rope_theta"};
+  RopeScaling& rs = c->rope_scaling;
+  if (type == "default") {
+    rs.type = RopeScaling::Type::kNone;
+  } else if (type == "linear") {
+    rs.type = RopeScaling::Type::kLinear;
+    TANDEM_ASSIGN_OR_RETURN(rs.factor, GetFloat(*rope, where, "factor", 0.0f));
+    allowed.insert("factor");
+  } else if (type == "llama3") {
+    rs.type = RopeScaling::Type::kLlama3;
+    TANDEM_ASSIGN_OR_RETURN(rs.factor, GetFloat(*rope, where, "factor", 0.0f));
+    TANDEM_ASSIGN_OR_RETURN(rs.low_freq_factor, GetFloat(*rope, where, "low_freq_factor", 0.0f));
+    TANDEM_ASSIGN_OR_RETURN(rs.high_freq_factor,
+                            GetFloat(*rope, where, "high_freq_factor", 0.0f));
+    TANDEM_ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
+                            GetInt(*rope, where, "original_max_position_embeddings", 0));
+    allowed.insert({"factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings"});
+  } else {
+    // dynamic (NTK, frequencies depend on the sequence length), yarn and
+    // longrope (attention rescaling, per-frequency factors) are not implemented.
+    return Refuse(path, absl::StrCat(rope_key, " rope_type \"", type,
+                                     "\" is not supported (supported: default, linear, llama3)"));
+  }
+  for (const auto& [key, value] : rope->object()) {
+    if (key == "partial_rotary_factor") {
+      if (!value.is_null() && !(value.is_number() && value.number() == 1.0)) {
+        return Refuse(path, absl::StrCat(rope_key, ".partial_rotary_factor != 1 is not supported"));
+      }
+      continue;
+    }
+    if (allowed.count(key) == 0 && !value.is_null()) {
+      return Refuse(path, absl::StrCat(rope_key, " key \"", key, "\" is not supported for rope_type \"",
+                                       type, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Sliding-window attention: not implemented; see the header. Returns the
+// window when some layer slides, 0 when none does.
+absl::StatusOr<int32_t> SlidingWindow(const JsonValue& cfg, const std::string& path,
+                                      const FamilyInfo& f, int32_t num_layers) {
+  TANDEM_ASSIGN_OR_RETURN(int32_t window, GetInt(cfg, path, "sliding_window", 0));
+  if (window < 0) return Bad(path, "\"sliding_window\" is negative");
+  bool slides = window > 0;
+  if (f.family == ModelFamily::kQwen2 || f.family == ModelFamily::kQwen3) {
+    // transformers: layers i >= max_window_layers slide, when use_sliding_window.
+    TANDEM_ASSIGN_OR_RETURN(bool use, GetBool(cfg, path, "use_sliding_window", false));
+    TANDEM_ASSIGN_OR_RETURN(int32_t max_window_layers,
+                            GetInt(cfg, path, "max_window_layers", num_layers));
+    slides = use && window > 0 && max_window_layers < num_layers;
+  } else if (IsSet(cfg.Find("use_sliding_window")) || IsSet(cfg.Find("max_window_layers"))) {
+    return Refuse(path, "use_sliding_window / max_window_layers are Qwen keys, not this family's");
+  }
+  if (const JsonValue* types = cfg.Find("layer_types"); IsSet(types)) {
+    if (!types->is_array() || static_cast<int32_t>(types->array().size()) != num_layers) {
+      return Bad(path, "\"layer_types\" must list one type per layer");
+    }
+    bool any_sliding = false;
+    for (const JsonValue& t : types->array()) {
+      if (t.is_string() && t.str() == "full_attention") continue;
+      if (t.is_string() && t.str() == "sliding_attention") {
+        any_sliding = true;
+        continue;
+      }
+      return Refuse(path, "layer_types: only full_attention and sliding_attention are supported");
+    }
+    if (any_sliding && window <= 0) return Bad(path, "sliding_attention layers without a window");
+    slides = any_sliding;
+  }
+  return slides ? window : 0;
+}
+
+absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
+  const std::string path = JoinPath(dir, "generation_config.json");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  absl::StatusOr<JsonValue> gen = JsonValue::Parse(text);
+  if (!gen.ok()) return Annotate(gen.status(), path);
+  if (!gen->is_object()) return Bad(path, "not a JSON object");
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> eos, GetIds(*gen, path, "eos_token_id"));
+  for (int32_t id : eos) c->extra_eos_token_ids.push_back(id);
+  GenerationDefaults& g = c->generation;
+  auto opt_float = [&](const char* key, std::optional<float>* out) -> absl::Status {
+    TANDEM_ASSIGN_OR_RETURN(std::optional<double> v, GetNumber(*gen, path, key));
+    if (v) *out = static_cast<float>(*v);
+    return absl::OkStatus();
+  };
+  TANDEM_RETURN_IF_ERROR(opt_float("temperature", &g.temperature));
+  TANDEM_RETURN_IF_ERROR(opt_float("top_p", &g.top_p));
+  TANDEM_RETURN_IF_ERROR(opt_float("min_p", &g.min_p));
+  TANDEM_RETURN_IF_ERROR(opt_float("repetition_penalty", &g.repetition_penalty));
+  if (IsSet(gen->Find("top_k"))) {
+    TANDEM_ASSIGN_OR_RETURN(int32_t k, GetInt(*gen, path, "top_k", std::nullopt));
+    g.top_k = k;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir) {
+  const std::string path = JoinPath(dir, "config.json");
+  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  absl::StatusOr<JsonValue> parsed = JsonValue::Parse(text);
+  if (!parsed.ok()) return Annotate(parsed.status(), path);
+  const JsonValue& cfg = *parsed;
+  if (!cfg.is_object()) return Bad(path, "not a JSON object");
+
+  HfConfig out;
+  TANDEM_ASSIGN_OR_RETURN(const FamilyInfo* f, PickFamily(cfg, path, &out.architecture));
+  for (const auto& [key, value] : cfg.object()) {
+    if (ReadKeys().count(key) == 0 && HarmlessKeys().count(key) == 0) {
+      return Refuse(path, absl::StrCat("config key \"", key,
+                                       "\" is not supported (it may change the model's math; "
+                                       "Tandem refuses what it cannot honour exactly)"));
+    }
+  }
+  if (const JsonValue* q = cfg.Find("quantization_config"); IsSet(q)) {
+    const JsonValue* method = q->is_object() ? q->Find("quant_method") : nullptr;
+    return Refuse(path, absl::StrCat("quantization_config",
+                                     method != nullptr && method->is_string()
+                                         ? " (quant_method \"" + method->str() + "\")"
+                                         : "",
+                                     " is not supported: Tandem serves unquantized checkpoints"));
+  }
+  if (const JsonValue* d = cfg.Find("torch_dtype"); d != nullptr && d->is_string()) {
+    out.torch_dtype = d->str();
+  } else if (const JsonValue* d2 = cfg.Find("dtype"); d2 != nullptr && d2->is_string()) {
+    out.torch_dtype = d2->str();
+  }
+
+  ModelConfig& c = out.config;
+  c.family = f->family;
+  c.rope_style = RopeStyle::kRotateHalf;
+  TANDEM_ASSIGN_OR_RETURN(c.dim, GetInt(cfg, path, "hidden_size", std::nullopt));
+  TANDEM_ASSIGN_OR_RETURN(c.hidden_dim, GetInt(cfg, path, "intermediate_size", std::nullopt));
+  TANDEM_ASSIGN_OR_RETURN(c.num_layers, GetInt(cfg, path, "num_hidden_layers", std::nullopt));
+  TANDEM_ASSIGN_OR_RETURN(c.num_heads, GetInt(cfg, path, "num_attention_heads", std::nullopt));
+  TANDEM_ASSIGN_OR_RETURN(
+      c.num_kv_heads,
+      GetInt(cfg, path, "num_key_value_heads",
+             f->default_kv_heads > 0 ? f->default_kv_heads : c.num_heads));
+  TANDEM_ASSIGN_OR_RETURN(c.vocab_size, GetInt(cfg, path, "vocab_size", std::nullopt));
+  TANDEM_ASSIGN_OR_RETURN(c.max_seq_len,
+                          GetInt(cfg, path, "max_position_embeddings", std::nullopt));
+  TANDEM_ASSIGN_OR_RETURN(c.bos_token_id, GetInt(cfg, path, "bos_token_id", 1));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> eos, GetIds(cfg, path, "eos_token_id"));
+  c.eos_token_id = eos.empty() ? 2 : eos.front();
+  if (eos.size() > 1) c.extra_eos_token_ids.assign(eos.begin() + 1, eos.end());
+  if (c.num_heads <= 0) return Bad(path, "\"num_attention_heads\" must be positive");
+  const int32_t default_head =
+      f->default_head_dim > 0 ? f->default_head_dim : c.dim / c.num_heads;
+  if (f->default_head_dim == 0 && !IsSet(cfg.Find("head_dim")) && c.dim % c.num_heads != 0) {
+    return Bad(path, absl::StrCat("hidden_size ", c.dim, " is not a multiple of ",
+                                  "num_attention_heads ", c.num_heads, " and head_dim is not set"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(c.head_size, GetInt(cfg, path, "head_dim", default_head));
+  TANDEM_ASSIGN_OR_RETURN(c.norm_eps, GetFloat(cfg, path, "rms_norm_eps", f->default_eps));
+  TANDEM_ASSIGN_OR_RETURN(out.tied_embeddings,
+                          GetBool(cfg, path, "tie_word_embeddings", f->default_tied));
+  TANDEM_RETURN_IF_ERROR(ReadRope(cfg, path, &c));
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> partial,
+                          GetNumber(cfg, path, "partial_rotary_factor"));
+  if (partial && *partial != 1.0) {
+    return Refuse(path, absl::StrCat("partial_rotary_factor ", *partial,
+                                     " is not supported (RoPE over the whole head only)"));
+  }
+
+  // The activation: Gemma's MLP reads hidden_activation (its hidden_act is
+  // a leftover that transformers ignores); the others read hidden_act.
+  const char* act_key = f->family == ModelFamily::kGemma ? "hidden_activation" : "hidden_act";
+  std::string act = f->family == ModelFamily::kGemma ? "gelu_pytorch_tanh" : "silu";
+  if (const JsonValue* a = cfg.Find(act_key); IsSet(a)) {
+    if (!a->is_string()) return Bad(path, absl::StrCat("\"", act_key, "\" is not a string"));
+    act = a->str();
+  }
+  if (act == "silu" || act == "swish") {
+    c.activation = Activation::kSilu;
+  } else if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast") {
+    // gelu_new and gelu_fast are the same tanh formula (fast in another order).
+    c.activation = Activation::kGeluTanh;
+  } else {
+    return Refuse(path, absl::StrCat(act_key, " \"", act,
+                                     "\" is not supported (supported: silu, gelu_pytorch_tanh)"));
+  }
+
+  // Biases, per family as transformers builds the modules.
+  TANDEM_ASSIGN_OR_RETURN(bool attention_bias, GetBool(cfg, path, "attention_bias", false));
+  TANDEM_ASSIGN_OR_RETURN(bool mlp_bias, GetBool(cfg, path, "mlp_bias", false));
+  if (mlp_bias) return Refuse(path, "mlp_bias = true is not supported");
+  switch (f->family) {
+    case ModelFamily::kQwen2:
+      c.qkv_bias = true;  // always, whatever attention_bias says
+      break;
+    case ModelFamily::kMistral:
+    case ModelFamily::kPhi3:
+      if (attention_bias) {
+        return Refuse(path, absl::StrCat("attention_bias = true is not part of ",
+                                         f->architecture));
+      }
+      break;
+    default:
+      c.qkv_bias = c.o_bias = attention_bias;
+      break;
+  }
+  c.qk_norm = f->family == ModelFamily::kQwen3;
+  if (f->family == ModelFamily::kGemma) {
+    // transformers: inputs_embeds * tensor(hidden_size ** 0.5, dtype) (fp32 here).
+    c.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
+  }
+
+  TANDEM_ASSIGN_OR_RETURN(int32_t window, SlidingWindow(cfg, path, *f, c.num_layers));
+  if (window > 0 && window < c.max_seq_len) {
+    c.max_seq_len = window;
+    out.sliding_window_cap = window;
+  }
+  TANDEM_RETURN_IF_ERROR(ReadGenerationConfig(dir, &c));
+  if (absl::Status s = c.Validate(); !s.ok()) return Annotate(s, path);
+  return out;
+}
+
+}  // namespace tandem::model::internal

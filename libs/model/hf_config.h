@@ -1,0 +1,36 @@
+// Private: a Hugging Face config.json (+ generation_config.json) read into a
+// ModelConfig, never silently wrong:
+//  - "architectures" / "model_type" pick a family the loader knows; any other
+//    is refused by name;
+//  - every key either is implemented, is on an explicit list of keys known
+//    not to change the math, or is refused by name;
+//  - both layouts: transformers 4.x (rope_theta + rope_scaling) and 5.x
+//    (rope_parameters holding rope_theta, rope_type and the scaling fields);
+//  - defaults that config.json leaves out are the family's config class's
+//    (transformers 5), e.g. Gemma's head_dim 256 and tied embeddings.
+// A sliding window is not implemented: a model whose attention slides (set
+// sliding_window, or use_sliding_window / layer_types saying so) is served
+// with its context capped at the window, where sliding changes nothing (what
+// vLLM's --disable-sliding-window does); the cap is logged.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tandem/model/model.h"
+
+namespace tandem::model::internal {
+
+struct HfConfig {
+  ModelConfig config;
+  bool tied_embeddings = false;
+  std::string architecture;  // e.g. "LlamaForCausalLM"
+  std::string torch_dtype;   // as config.json names it ("" when absent)
+  // Set when a sliding window capped max_seq_len (for the log).
+  int32_t sliding_window_cap = 0;
+};
+
+// Reads dir/config.json and, when present, dir/generation_config.json.
+absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir);
+
+}  // namespace tandem::model::internal
