@@ -17,8 +17,12 @@ using kernels::KvCacheShape;
 using kernels::PagedAttentionArgs;
 using kernels::RopeKind;
 
+// A layer's weights as this backend holds them: the matrices packed, the
+// vectors borrowed from the model's host weights or owned (a model loaded
+// without them).
 struct PackedLayer {
   kc::PackedMatrix wq, wk, wv, wo, w1, w2, w3;
+  WeightView<float> rms_att, rms_ffn, bq, bk, bv, bo, q_norm, k_norm;
 };
 
 kernels::ActKind ToKernel(Activation a) {
@@ -38,26 +42,46 @@ RopeKind ToKernel(RopeStyle s) {
 class CpuModelRunner final : public ModelRunner {
  public:
   CpuModelRunner(const Model* model, KvCacheOptions opts, int32_t num_threads)
-      : ModelRunner(model, opts, Backend::kCpu), pool_(num_threads) {
-    const ModelConfig& c = model->config();
-    const ModelWeights& w = model->weights();
-    shape_ = KvCacheShape{.num_blocks = opts.num_blocks,
+      : ModelRunner(model, opts, Backend::kCpu), pool_(num_threads) {}
+
+  // Reads the weights one tensor at a time: a matrix is packed and its fp32
+  // conversion (for a model without host weights) dropped before the next.
+  absl::Status Init() {
+    const ModelConfig& c = model_->config();
+    shape_ = KvCacheShape{.num_blocks = opts_.num_blocks,
                           .num_layers = c.num_layers,
-                          .block_size = opts.block_size,
+                          .block_size = opts_.block_size,
                           .num_kv_heads = c.num_kv_heads,
                           .head_size = c.head_size};
-    cache_.assign(static_cast<size_t>(shape_.BlockFloats() * opts.num_blocks), 0.0f);
+    cache_.assign(static_cast<size_t>(shape_.BlockFloats() * opts_.num_blocks), 0.0f);
     inv_freq_ = c.RopeInverseFrequencies();
-    for (const LayerWeights& l : w.layers) {
-      layers_.push_back(PackedLayer{.wq = kc::PackedMatrix(l.wq.data(), c.q_dim(), c.dim),
-                                    .wk = kc::PackedMatrix(l.wk.data(), c.kv_dim(), c.dim),
-                                    .wv = kc::PackedMatrix(l.wv.data(), c.kv_dim(), c.dim),
-                                    .wo = kc::PackedMatrix(l.wo.data(), c.dim, c.q_dim()),
-                                    .w1 = kc::PackedMatrix(l.w1.data(), c.hidden_dim, c.dim),
-                                    .w2 = kc::PackedMatrix(l.w2.data(), c.dim, c.hidden_dim),
-                                    .w3 = kc::PackedMatrix(l.w3.data(), c.hidden_dim, c.dim)});
+    auto pack = [&](WeightKind kind, int32_t layer, int32_t out_dim, int32_t in_dim,
+                    kc::PackedMatrix* m) -> absl::Status {
+      TANDEM_ASSIGN_OR_RETURN(WeightView<float> w, model_->Fp32({kind, layer}));
+      *m = kc::PackedMatrix(w.data(), out_dim, in_dim);
+      return absl::OkStatus();
+    };
+    layers_.resize(static_cast<size_t>(c.num_layers));
+    for (int32_t i = 0; i < c.num_layers; ++i) {
+      PackedLayer& l = layers_[static_cast<size_t>(i)];
+      TANDEM_RETURN_IF_ERROR(pack(WeightKind::kWq, i, c.q_dim(), c.dim, &l.wq));
+      TANDEM_RETURN_IF_ERROR(pack(WeightKind::kWk, i, c.kv_dim(), c.dim, &l.wk));
+      TANDEM_RETURN_IF_ERROR(pack(WeightKind::kWv, i, c.kv_dim(), c.dim, &l.wv));
+      TANDEM_RETURN_IF_ERROR(pack(WeightKind::kWo, i, c.dim, c.q_dim(), &l.wo));
+      TANDEM_RETURN_IF_ERROR(pack(WeightKind::kW1, i, c.hidden_dim, c.dim, &l.w1));
+      TANDEM_RETURN_IF_ERROR(pack(WeightKind::kW2, i, c.dim, c.hidden_dim, &l.w2));
+      TANDEM_RETURN_IF_ERROR(pack(WeightKind::kW3, i, c.hidden_dim, c.dim, &l.w3));
+      for (auto [view, kind] : std::initializer_list<std::pair<WeightView<float>*, WeightKind>>{
+               {&l.rms_att, WeightKind::kRmsAtt}, {&l.rms_ffn, WeightKind::kRmsFfn},
+               {&l.bq, WeightKind::kBq},          {&l.bk, WeightKind::kBk},
+               {&l.bv, WeightKind::kBv},          {&l.bo, WeightKind::kBo},
+               {&l.q_norm, WeightKind::kQNorm},   {&l.k_norm, WeightKind::kKNorm}}) {
+        TANDEM_ASSIGN_OR_RETURN(*view, model_->Fp32({kind, i}));
+      }
     }
-    classifier_ = kc::PackedMatrix(w.classifier().data(), c.vocab_size, c.dim);
+    TANDEM_ASSIGN_OR_RETURN(embedding_, model_->Fp32({WeightKind::kEmbedding}));
+    TANDEM_ASSIGN_OR_RETURN(rms_final_, model_->Fp32({WeightKind::kRmsFinal}));
+    return pack(WeightKind::kClassifier, 0, c.vocab_size, c.dim, &classifier_);
   }
 
   // y = W x over `rows` tokens, split across the pool by token ranges
@@ -92,7 +116,6 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override {
     TANDEM_RETURN_IF_ERROR(ValidateBatch(batch));
     const ModelConfig& c = model_->config();
-    const ModelWeights& w = model_->weights();
     const BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
     const int32_t T = lay.num_rows;
     const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim, qd = c.q_dim();
@@ -106,24 +129,23 @@ class CpuModelRunner final : public ModelRunner {
     hb2_.resize(static_cast<size_t>(T * hidden));
     const RopeKind rope = ToKernel(c.rope_style);
 
-    kc::EmbeddingGather(w.token_embedding.data(), c.dim, lay.tokens, x_.data());
+    kc::EmbeddingGather(embedding_.data(), c.dim, lay.tokens, x_.data());
     if (c.embedding_scale != 1.0f) kc::Scale(x_.data(), T * dim, c.embedding_scale);
     for (int32_t li = 0; li < c.num_layers; ++li) {
-      const LayerWeights& lw = w.layers[static_cast<size_t>(li)];
       const PackedLayer& pl = layers_[static_cast<size_t>(li)];
-      kc::RmsNorm(x_.data(), lw.rms_att.data(), T, c.dim, c.norm_eps, xb_.data());
+      kc::RmsNorm(x_.data(), pl.rms_att.data(), T, c.dim, c.norm_eps, xb_.data());
       Matmul(pl.wq, xb_.data(), T, q_.data());
       Matmul(pl.wk, xb_.data(), T, k_.data());
       Matmul(pl.wv, xb_.data(), T, v_.data());
       if (c.qkv_bias) {
-        kc::AddBias(q_.data(), lw.bq.data(), T, c.q_dim());
-        kc::AddBias(k_.data(), lw.bk.data(), T, c.kv_dim());
-        kc::AddBias(v_.data(), lw.bv.data(), T, c.kv_dim());
+        kc::AddBias(q_.data(), pl.bq.data(), T, c.q_dim());
+        kc::AddBias(k_.data(), pl.bk.data(), T, c.kv_dim());
+        kc::AddBias(v_.data(), pl.bv.data(), T, c.kv_dim());
       }
       if (c.qk_norm) {  // per head, in place
-        kc::RmsNorm(q_.data(), lw.q_norm.data(), T * c.num_heads, c.head_size, c.norm_eps,
+        kc::RmsNorm(q_.data(), pl.q_norm.data(), T * c.num_heads, c.head_size, c.norm_eps,
                     q_.data());
-        kc::RmsNorm(k_.data(), lw.k_norm.data(), T * c.num_kv_heads, c.head_size, c.norm_eps,
+        kc::RmsNorm(k_.data(), pl.k_norm.data(), T * c.num_kv_heads, c.head_size, c.norm_eps,
                     k_.data());
       }
       kc::Rope(q_.data(), T, lay.row_pos.data(), c.num_heads, c.head_size, rope, c.rope_theta,
@@ -144,9 +166,9 @@ class CpuModelRunner final : public ModelRunner {
                                    .row_table_offset = lay.row_table_offset.data(),
                                    .block_tables = lay.block_tables.data()});
       Matmul(pl.wo, att_.data(), T, xb_.data());
-      if (c.o_bias) kc::AddBias(xb_.data(), lw.bo.data(), T, c.dim);
+      if (c.o_bias) kc::AddBias(xb_.data(), pl.bo.data(), T, c.dim);
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
-      kc::RmsNorm(x_.data(), lw.rms_ffn.data(), T, c.dim, c.norm_eps, xb_.data());
+      kc::RmsNorm(x_.data(), pl.rms_ffn.data(), T, c.dim, c.norm_eps, xb_.data());
       Matmul(pl.w1, xb_.data(), T, hb_.data());
       Matmul(pl.w3, xb_.data(), T, hb2_.data());
       kc::SiluMul(hb_.data(), hb2_.data(), T * hidden, hb_.data(), ToKernel(c.activation));
@@ -161,7 +183,7 @@ class CpuModelRunner final : public ModelRunner {
                   static_cast<size_t>(dim) * sizeof(float));
     }
     xb_.resize(std::max(xb_.size(), last_.size()));
-    kc::RmsNorm(last_.data(), w.rms_final.data(), B, c.dim, c.norm_eps, xb_.data());
+    kc::RmsNorm(last_.data(), rms_final_.data(), B, c.dim, c.norm_eps, xb_.data());
     logits->resize(static_cast<size_t>(B) * c.vocab_size);
     Matmul(classifier_, xb_.data(), B, logits->data());
     return absl::OkStatus();
@@ -190,6 +212,7 @@ class CpuModelRunner final : public ModelRunner {
   std::vector<float> cache_;
   std::vector<PackedLayer> layers_;
   kc::PackedMatrix classifier_;
+  WeightView<float> embedding_, rms_final_;
   std::vector<float> inv_freq_;  // RoPE's, [head_size / 2]
   std::vector<float> x_, xb_, q_, att_, k_, v_, hb_, hb2_, last_;
 };
@@ -199,7 +222,9 @@ class CpuModelRunner final : public ModelRunner {
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(const Model* model,
                                                              KvCacheOptions opts,
                                                              ModelRunnerOptions runner_opts) {
-  return std::unique_ptr<ModelRunner>(new CpuModelRunner(model, opts, runner_opts.num_threads));
+  auto runner = std::make_unique<CpuModelRunner>(model, opts, runner_opts.num_threads);
+  TANDEM_RETURN_IF_ERROR(runner->Init());
+  return std::unique_ptr<ModelRunner>(std::move(runner));
 }
 
 }  // namespace tandem::model::internal

@@ -6,6 +6,8 @@
 // stream, and sample greedy rows on the GPU (ForwardSample).
 #include <algorithm>
 #include <cstring>
+#include <span>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "cpu_runner.h"
@@ -51,9 +53,23 @@ class GrowOnlyBuffer {
   // Device buffers only.
   template <typename T>
   absl::Status Upload(const std::vector<T>& host) {
-    TANDEM_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size() * sizeof(T), 1)));
-    if (host.empty()) return absl::OkStatus();
-    return CudaStatus(kd::CopyToDevice(ptr_, host.data(), host.size() * sizeof(T)), "upload");
+    return UploadParts<T>({std::span<const T>(host)});
+  }
+  // The parts one after another (a fused GEMM's stacked weights).
+  template <typename T>
+  absl::Status UploadParts(std::initializer_list<std::span<const T>> parts) {
+    size_t total = 0;
+    for (const std::span<const T>& p : parts) total += p.size();
+    TANDEM_RETURN_IF_ERROR(Reserve(std::max<size_t>(total * sizeof(T), 1)));
+    size_t offset = 0;
+    for (const std::span<const T>& p : parts) {
+      if (p.empty()) continue;
+      TANDEM_RETURN_IF_ERROR(CudaStatus(
+          kd::CopyToDevice(static_cast<T*>(ptr_) + offset, p.data(), p.size() * sizeof(T)),
+          "upload"));
+      offset += p.size();
+    }
+    return absl::OkStatus();
   }
   template <typename T>
   T* get() const {
@@ -67,17 +83,28 @@ class GrowOnlyBuffer {
 using DeviceBuffer = GrowOnlyBuffer<kd::Malloc, kd::Free>;
 using PinnedBuffer = GrowOnlyBuffer<kd::HostAlloc, kd::HostFree>;
 
-std::vector<kd::Bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<kd::Bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBFloat16(v[i]);
-  return out;
-}
-
-// Rows of several [rows][cols] matrices, stacked: one fused GEMM's weight.
-std::vector<float> Stack(std::initializer_list<const std::vector<float>*> parts) {
-  std::vector<float> out;
-  for (const std::vector<float>* p : parts) out.insert(out.end(), p->begin(), p->end());
-  return out;
+// Uploads the weights `kinds` of `layer`, stacked by rows (one fused GEMM's
+// weight when several), as fp32 or bf16 (the model's Fp32 / Bf16 views: a
+// tensor converted on the host lives only until its upload). An absent
+// optional weight uploads nothing.
+template <typename T>
+absl::Status UploadWeights(const Model& model, DeviceBuffer* dst,
+                           std::initializer_list<WeightKind> kinds, int32_t layer) {
+  std::vector<WeightView<T>> views;
+  for (WeightKind kind : kinds) {
+    absl::StatusOr<WeightView<T>> v;
+    if constexpr (std::is_same_v<T, float>) {
+      v = model.Fp32({kind, layer});
+    } else {
+      v = model.Bf16({kind, layer});
+    }
+    if (!v.ok()) return v.status();
+    views.push_back(std::move(*v));
+  }
+  if (views.front().empty()) return absl::OkStatus();
+  if (views.size() == 1) return dst->UploadParts<T>({views[0].span()});
+  if (views.size() == 2) return dst->UploadParts<T>({views[0].span(), views[1].span()});
+  return dst->UploadParts<T>({views[0].span(), views[1].span(), views[2].span()});
 }
 
 RopeKind ToKernel(RopeStyle style) {
@@ -268,28 +295,21 @@ class CudaF32Runner final : public CudaRunnerBase {
 
   absl::Status Init() override {
     TANDEM_RETURN_IF_ERROR(InitCommon());
-    const ModelWeights& w = model_->weights();
-    TANDEM_RETURN_IF_ERROR(embedding_.Upload(w.token_embedding));
-    TANDEM_RETURN_IF_ERROR(rms_final_.Upload(w.rms_final));
-    TANDEM_RETURN_IF_ERROR(classifier_.Upload(w.classifier()));
-    layers_ = std::vector<DeviceLayer>(w.layers.size());
-    for (size_t i = 0; i < w.layers.size(); ++i) {
-      const LayerWeights& l = w.layers[i];
-      DeviceLayer& d = layers_[i];
-      TANDEM_RETURN_IF_ERROR(d.rms_att.Upload(l.rms_att));
-      TANDEM_RETURN_IF_ERROR(d.wq.Upload(l.wq));
-      TANDEM_RETURN_IF_ERROR(d.wk.Upload(l.wk));
-      TANDEM_RETURN_IF_ERROR(d.wv.Upload(l.wv));
-      TANDEM_RETURN_IF_ERROR(d.wo.Upload(l.wo));
-      TANDEM_RETURN_IF_ERROR(d.rms_ffn.Upload(l.rms_ffn));
-      TANDEM_RETURN_IF_ERROR(d.w1.Upload(l.w1));
-      TANDEM_RETURN_IF_ERROR(d.w2.Upload(l.w2));
-      TANDEM_RETURN_IF_ERROR(d.w3.Upload(l.w3));
-      using Optional = std::pair<DeviceBuffer*, const std::vector<float>*>;
-      for (const Optional& o : {Optional{&d.bq, &l.bq}, Optional{&d.bk, &l.bk},
-                                Optional{&d.bv, &l.bv}, Optional{&d.bo, &l.bo},
-                                Optional{&d.q_norm, &l.q_norm}, Optional{&d.k_norm, &l.k_norm}}) {
-        if (!o.second->empty()) TANDEM_RETURN_IF_ERROR(o.first->Upload(*o.second));
+    const Model& m = *model_;
+    using K = WeightKind;
+    TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &embedding_, {K::kEmbedding}, 0));
+    TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &rms_final_, {K::kRmsFinal}, 0));
+    TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &classifier_, {K::kClassifier}, 0));
+    layers_ = std::vector<DeviceLayer>(static_cast<size_t>(m.config().num_layers));
+    for (int32_t i = 0; i < m.config().num_layers; ++i) {
+      DeviceLayer& d = layers_[static_cast<size_t>(i)];
+      for (auto [buffer, kind] : std::initializer_list<std::pair<DeviceBuffer*, WeightKind>>{
+               {&d.rms_att, K::kRmsAtt}, {&d.wq, K::kWq},         {&d.wk, K::kWk},
+               {&d.wv, K::kWv},          {&d.wo, K::kWo},         {&d.rms_ffn, K::kRmsFfn},
+               {&d.w1, K::kW1},          {&d.w2, K::kW2},         {&d.w3, K::kW3},
+               {&d.bq, K::kBq},          {&d.bk, K::kBk},         {&d.bv, K::kBv},
+               {&d.bo, K::kBo},          {&d.q_norm, K::kQNorm},  {&d.k_norm, K::kKNorm}}) {
+        TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, buffer, {kind}, i));
       }
     }
     return absl::OkStatus();
@@ -416,26 +436,26 @@ class CudaBf16Runner final : public CudaRunnerBase {
                                                      " exceeds the attention kernel's ",
                                                      kd::kMaxAttentionHeadSize));
     }
-    const ModelWeights& w = model_->weights();
-    TANDEM_RETURN_IF_ERROR(embedding_.Upload(ToBf16(w.token_embedding)));
-    TANDEM_RETURN_IF_ERROR(rms_final_.Upload(w.rms_final));
-    TANDEM_RETURN_IF_ERROR(classifier_.Upload(ToBf16(w.classifier())));
-    layers_ = std::vector<Bf16Layer>(w.layers.size());
-    for (size_t i = 0; i < w.layers.size(); ++i) {
-      const LayerWeights& l = w.layers[i];
-      Bf16Layer& d = layers_[i];
-      TANDEM_RETURN_IF_ERROR(d.rms_att.Upload(l.rms_att));
-      TANDEM_RETURN_IF_ERROR(d.wqkv.Upload(ToBf16(Stack({&l.wq, &l.wk, &l.wv}))));
-      TANDEM_RETURN_IF_ERROR(d.wo.Upload(ToBf16(l.wo)));
-      TANDEM_RETURN_IF_ERROR(d.rms_ffn.Upload(l.rms_ffn));
-      TANDEM_RETURN_IF_ERROR(d.w13.Upload(ToBf16(Stack({&l.w1, &l.w3}))));
-      TANDEM_RETURN_IF_ERROR(d.w2.Upload(ToBf16(l.w2)));
-      if (c.qkv_bias) TANDEM_RETURN_IF_ERROR(d.bqkv.Upload(Stack({&l.bq, &l.bk, &l.bv})));
-      if (c.o_bias) TANDEM_RETURN_IF_ERROR(d.bo.Upload(l.bo));
-      if (c.qk_norm) {
-        TANDEM_RETURN_IF_ERROR(d.q_norm.Upload(l.q_norm));
-        TANDEM_RETURN_IF_ERROR(d.k_norm.Upload(l.k_norm));
-      }
+    // bf16 tensors go from the mapped checkpoint straight to the device;
+    // others are converted one at a time.
+    const Model& m = *model_;
+    using K = WeightKind;
+    TANDEM_RETURN_IF_ERROR(UploadWeights<kd::Bf16>(m, &embedding_, {K::kEmbedding}, 0));
+    TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &rms_final_, {K::kRmsFinal}, 0));
+    TANDEM_RETURN_IF_ERROR(UploadWeights<kd::Bf16>(m, &classifier_, {K::kClassifier}, 0));
+    layers_ = std::vector<Bf16Layer>(static_cast<size_t>(c.num_layers));
+    for (int32_t i = 0; i < c.num_layers; ++i) {
+      Bf16Layer& d = layers_[static_cast<size_t>(i)];
+      TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.rms_att, {K::kRmsAtt}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<kd::Bf16>(m, &d.wqkv, {K::kWq, K::kWk, K::kWv}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<kd::Bf16>(m, &d.wo, {K::kWo}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.rms_ffn, {K::kRmsFfn}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<kd::Bf16>(m, &d.w13, {K::kW1, K::kW3}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<kd::Bf16>(m, &d.w2, {K::kW2}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.bqkv, {K::kBq, K::kBk, K::kBv}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.bo, {K::kBo}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.q_norm, {K::kQNorm}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.k_norm, {K::kKNorm}, i));
     }
     return absl::OkStatus();
   }

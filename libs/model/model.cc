@@ -4,12 +4,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "file_util.h"
 #include "tandem/common/status.h"
 #include "tandem/model/checkpoint.h"
+#include "hf_config.h"
+#include "hf_weights.h"
+#include "tandem/common/logging.h"
 
 namespace tandem::model {
 namespace {
@@ -259,16 +263,110 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromWeights(ModelConfig config, Mo
   return m;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+Model::~Model() = default;
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
+                                                   const LoadOptions& options) {
   std::error_code ec;
-  const bool is_dir = std::filesystem::is_directory(path, ec);
-  absl::StatusOr<LoadedCheckpoint> ckpt =
-      is_dir ? ReadHfCheckpoint(path) : ReadLlama2cCheckpoint(path);
-  if (!ckpt.ok()) return ckpt.status();
-  absl::StatusOr<std::unique_ptr<Model>> m =
-      FromWeights(ckpt->config, std::move(ckpt->weights), internal::BaseName(path));
-  if (!m.ok()) return Annotate(m.status(), path);
+  if (!std::filesystem::is_directory(path, ec)) {
+    TANDEM_ASSIGN_OR_RETURN(LoadedCheckpoint ckpt, ReadLlama2cCheckpoint(path));
+    absl::StatusOr<std::unique_ptr<Model>> m =
+        FromWeights(ckpt.config, std::move(ckpt.weights), internal::BaseName(path));
+    if (!m.ok()) return Annotate(m.status(), path);
+    return m;
+  }
+  TANDEM_ASSIGN_OR_RETURN(internal::HfConfig hf, internal::ReadHfConfig(path));
+  if (hf.sliding_window_cap > 0) {
+    TANDEM_LOG(WARNING) << path << ": sliding-window attention is not implemented; serving "
+                        << "contexts of at most the window, " << hf.sliding_window_cap
+                        << " tokens, where it changes nothing";
+  }
+  const auto start = std::chrono::steady_clock::now();
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<internal::HfWeights> source,
+                          internal::HfWeights::Open(path, hf));
+  std::unique_ptr<Model> m(new Model());
+  m->config_ = hf.config;
+  m->name_ = internal::BaseName(path);
+  m->fingerprint_ = source->Fingerprint(hf.config);
+  if (options.host_weights) {
+    TANDEM_ASSIGN_OR_RETURN(m->weights_, internal::MaterializeWeights(*source, hf.config, path));
+    if (absl::Status s = CheckWeightShapes(m->config_, m->weights_); !s.ok()) {
+      return Annotate(s, path);
+    }
+  } else {
+    m->checkpoint_ = std::move(source);
+  }
+  TANDEM_LOG(INFO) << "loaded " << path << " (" << (options.host_weights ? "fp32 on the host" : "mapped")
+                   << ") in "
+                   << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                   << " s";
   return m;
+}
+
+namespace {
+
+// The host weight `id` names (empty for an absent optional one).
+const std::vector<float>* HostWeight(const ModelWeights& w, WeightId id) {
+  static const std::vector<float> kEmpty;
+  switch (id.kind) {
+    case WeightKind::kEmbedding:
+      return &w.token_embedding;
+    case WeightKind::kRmsFinal:
+      return &w.rms_final;
+    case WeightKind::kClassifier:
+      return &w.classifier();
+    default:
+      break;
+  }
+  if (id.layer < 0 || id.layer >= static_cast<int32_t>(w.layers.size())) return &kEmpty;
+  const LayerWeights& l = w.layers[static_cast<size_t>(id.layer)];
+  switch (id.kind) {
+    case WeightKind::kRmsAtt: return &l.rms_att;
+    case WeightKind::kWq: return &l.wq;
+    case WeightKind::kWk: return &l.wk;
+    case WeightKind::kWv: return &l.wv;
+    case WeightKind::kWo: return &l.wo;
+    case WeightKind::kBq: return &l.bq;
+    case WeightKind::kBk: return &l.bk;
+    case WeightKind::kBv: return &l.bv;
+    case WeightKind::kBo: return &l.bo;
+    case WeightKind::kQNorm: return &l.q_norm;
+    case WeightKind::kKNorm: return &l.k_norm;
+    case WeightKind::kRmsFfn: return &l.rms_ffn;
+    case WeightKind::kW1: return &l.w1;
+    case WeightKind::kW2: return &l.w2;
+    case WeightKind::kW3: return &l.w3;
+    default: return &kEmpty;
+  }
+}
+
+absl::Status Released(const std::string& name) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("model ", name, ": the checkpoint was released (ReleaseCheckpoint)"));
+}
+
+}  // namespace
+
+absl::StatusOr<WeightView<float>> Model::Fp32(WeightId id) const {
+  if (released_) return Released(name_);
+  if (checkpoint_ == nullptr) return WeightView<float>::Borrow(*HostWeight(weights_, id));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<float> v, checkpoint_->Fp32(id));
+  return WeightView<float>::Own(std::move(v));
+}
+
+absl::StatusOr<WeightView<uint16_t>> Model::Bf16(WeightId id) const {
+  if (released_) return Released(name_);
+  if (checkpoint_ != nullptr) return checkpoint_->Bf16(id);
+  const std::vector<float>& f = *HostWeight(weights_, id);
+  std::vector<uint16_t> out(f.size());
+  for (size_t i = 0; i < f.size(); ++i) out[i] = FloatToBFloat16(f[i]);
+  return WeightView<uint16_t>::Own(std::move(out));
+}
+
+void Model::ReleaseCheckpoint() {
+  if (checkpoint_ == nullptr) return;
+  checkpoint_.reset();
+  released_ = true;
 }
 
 }  // namespace tandem::model

@@ -213,7 +213,14 @@ TEST_F(BadInputTest, BadConfigJsonIsRejected) {
   auto m = Model::Load(hf_);
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("config.json"), HasSubstr("JSON parse error")));
+  // A misspelt key is refused by name (it might change the math) ...
   EditConfig("\"hidden_size\": 64", "\"hidden_sizeX\": 64,");
+  m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()),
+              AllOf(HasSubstr("config.json"), HasSubstr("\"hidden_sizeX\" is not supported")));
+  // ... and a missing one named.
+  EditConfig("\"hidden_sizeX\": 64,", "\"pad_token_id\": 0,");
   m = Model::Load(hf_);
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(Message(m.status()),

@@ -193,6 +193,51 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfFixtureTest, ::testing::ValuesIn(kFixtures)
                            return n;
                          });
 
+// The worker's load: no fp32 host weights; the runner reads each tensor
+// from the mapped checkpoint and keeps what it needs.
+TEST_P(HfFixtureTest, MappedLoadComputesTheSameLogits) {
+  TANDEM_REQUIRE_HF();
+  auto host = Model::Load(FixtureDir(GetParam()));
+  auto mapped = Model::Load(FixtureDir(GetParam()), {.host_weights = false});
+  ASSERT_TRUE(host.ok() && mapped.ok()) << mapped.status();
+  EXPECT_TRUE((*host)->has_host_weights());
+  EXPECT_FALSE((*mapped)->has_host_weights());
+  EXPECT_TRUE((*mapped)->weights().layers.empty());
+  EXPECT_EQ((*mapped)->fingerprint(), (*host)->fingerprint());
+  const ModelConfig& c = (*host)->config();
+  // Every weight agrees, in fp32 and as bf16 (a BF16-stored tensor's bits
+  // are the checkpoint's own).
+  for (int32_t layer = 0; layer < c.num_layers; ++layer) {
+    for (WeightKind kind : {WeightKind::kWq, WeightKind::kWv, WeightKind::kW3, WeightKind::kRmsAtt,
+                            WeightKind::kBq, WeightKind::kQNorm, WeightKind::kClassifier}) {
+      auto a = (*host)->Fp32({kind, layer});
+      auto b = (*mapped)->Fp32({kind, layer});
+      ASSERT_TRUE(a.ok() && b.ok());
+      ASSERT_TRUE(std::equal(a->span().begin(), a->span().end(), b->span().begin(),
+                             b->span().end()))
+          << "weight " << static_cast<int>(kind) << " layer " << layer;
+      auto ha = (*host)->Bf16({kind, layer});
+      auto hb = (*mapped)->Bf16({kind, layer});
+      ASSERT_TRUE(ha.ok() && hb.ok());
+      ASSERT_TRUE(std::equal(ha->span().begin(), ha->span().end(), hb->span().begin(),
+                             hb->span().end()));
+    }
+  }
+  std::vector<int32_t> prompt = LoadHfCases(GetParam())[1].prompt, table = {0, 1, 2, 3};
+  const SequenceInput in{.token_ids = prompt, .start_pos = 0, .block_table = table};
+  auto r1 = ModelRunner::Create(host->get(), {.block_size = 16, .num_blocks = 4});
+  auto r2 = ModelRunner::Create(mapped->get(), {.block_size = 16, .num_blocks = 4});
+  ASSERT_TRUE(r1.ok() && r2.ok()) << r2.status();
+  // The runner holds its own copy: the mapping can go.
+  (*mapped)->ReleaseCheckpoint();
+  EXPECT_EQ((*mapped)->Fp32({WeightKind::kWq, 0}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<float> l1, l2;
+  ASSERT_TRUE((*r1)->Forward({&in, 1}, &l1).ok());
+  ASSERT_TRUE((*r2)->Forward({&in, 1}, &l2).ok());
+  EXPECT_EQ(l1, l2);
+}
+
 TEST(HfFamiliesTest, ConfigsReadAsTheirFamilies) {
   TANDEM_REQUIRE_HF();
   struct Want {

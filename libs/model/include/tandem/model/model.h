@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -145,19 +146,89 @@ struct ModelWeights {
   const std::vector<float>& classifier() const { return wcls.empty() ? token_embedding : wcls; }
 };
 
+// Names one weight of the model (ModelWeights' fields; layer for per-layer ones).
+enum class WeightKind : int32_t {
+  kEmbedding, kRmsFinal, kClassifier,  // model-wide (kClassifier: the embedding when tied)
+  kRmsAtt, kWq, kWk, kWv, kWo, kBq, kBk, kBv, kBo, kQNorm, kKNorm, kRmsFfn, kW1, kW2, kW3,
+};
+struct WeightId {
+  WeightKind kind;
+  int32_t layer = 0;
+};
+
+// A weight's values, borrowed (from the Model's host weights or its mapped
+// checkpoint, valid while the Model holds them) or owned.
+template <typename T>
+class WeightView {
+ public:
+  WeightView() = default;
+  static WeightView Borrow(std::span<const T> s) {
+    WeightView v;
+    v.borrowed_ = s;
+    return v;
+  }
+  static WeightView Own(std::vector<T> values) {
+    WeightView v;
+    v.owned_ = std::move(values);
+    v.is_owned_ = true;
+    return v;
+  }
+  std::span<const T> span() const { return is_owned_ ? std::span<const T>(owned_) : borrowed_; }
+  const T* data() const { return span().data(); }
+  size_t size() const { return span().size(); }
+  bool empty() const { return span().empty(); }
+
+ private:
+  std::span<const T> borrowed_;
+  std::vector<T> owned_;
+  bool is_owned_ = false;
+};
+
+struct LoadOptions {
+  // true: weights() holds every tensor in fp32 (what the tools and tests
+  // read). false, for a Hugging Face directory: weights() stays empty and a
+  // runner reads each tensor from the mapped checkpoint, in its own dtype,
+  // through Fp32() / Bf16(); ReleaseCheckpoint() unmaps it once the runner
+  // holds its copy. This is how the worker loads: no fp32 copy of a bf16
+  // checkpoint on the host, nothing kept after a GPU upload.
+  bool host_weights = true;
+};
+
+namespace internal {
+class HfWeights;
+}
+
 class Model {
  public:
   // `path`: a llama2.c .bin file or a Hugging Face directory.
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                                     const LoadOptions& options = {});
   // Builds a model from weights in memory (checks every shape against config).
   static absl::StatusOr<std::unique_ptr<Model>> FromWeights(ModelConfig config,
                                                             ModelWeights weights, std::string name);
+  ~Model();
 
   const ModelConfig& config() const { return config_; }
+  // Empty (no layers) unless has_host_weights(); runners read Fp32()/Bf16().
   const ModelWeights& weights() const { return weights_; }
+  bool has_host_weights() const { return checkpoint_ == nullptr && !released_; }
+  // One weight in fp32: borrowed from weights() when the model holds them,
+  // else converted from the checkpoint. Empty for an optional weight the
+  // config does not have (biases, q/k norms). FAILED_PRECONDITION after
+  // ReleaseCheckpoint().
+  absl::StatusOr<WeightView<float>> Fp32(WeightId id) const;
+  // One weight as bf16 bits (round to nearest even): borrowed from the mapped
+  // checkpoint when it stores the tensor as BF16, else converted.
+  absl::StatusOr<WeightView<uint16_t>> Bf16(WeightId id) const;
+  // Unmaps the checkpoint of a model loaded without host weights (a no-op
+  // otherwise); Fp32()/Bf16() fail afterwards.
+  void ReleaseCheckpoint();
   // File or directory base name.
   const std::string& name() const { return name_; }
-  // SHA-256 hex over the config and the fp32 weights (for block hashing).
+  // SHA-256 hex over the config and the weights (for block hashing): the
+  // fp32 values for llama2.c and in-memory models, the stored tensors
+  // (name, dtype, shape, bytes) for a Hugging Face directory, so both load
+  // modes agree.
   const std::string& fingerprint() const { return fingerprint_; }
 
  private:
@@ -166,6 +237,8 @@ class Model {
   ModelWeights weights_;
   std::string name_;
   std::string fingerprint_;
+  std::shared_ptr<const internal::HfWeights> checkpoint_;  // lazy Hugging Face models
+  bool released_ = false;
 };
 
 // Checks that every weight has the size `config` implies; the message names
