@@ -1432,7 +1432,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Select(std::string_view choice,
     where = std::string(choice);
   } else if (tokenizer.chat_template()) {
     source = *tokenizer.chat_template();
-    where = "tokenizer_config.json chat_template";
+    where = "the tokenizer's chat template (chat_template.jinja or tokenizer_config.json)";
   } else {
     return absl::FailedPreconditionError(absl::StrCat("the tokenizer has no chat_template", kHint));
   }

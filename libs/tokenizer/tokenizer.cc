@@ -25,14 +25,29 @@ absl::StatusOr<std::string> ReadFile(const fs::path& path) {
   return std::move(bytes).str();
 }
 
-// tokenizer_config.json in `dir`, when there is one.
+// What `dir` says beside the tokenizer: tokenizer_config.json, and
+// chat_template.jinja, where transformers >= 4.43 saves the chat template
+// instead of in tokenizer_config.json. nullopt when it holds neither.
+//
+// When both carry a template, chat_template.jinja wins, as in transformers
+// (4.x and 5): PreTrainedTokenizerBase._from_pretrained() reads
+// tokenizer_config.json first and then sets init_kwargs["chat_template"]
+// from chat_template.jinja ("If independent chat template file(s) exist,
+// they take priority over template entries in the tokenizer config"), and
+// save_pretrained() writes the file and drops the config's key. vLLM takes
+// the template from that tokenizer, so `vllm serve DIR` renders the file's.
 absl::StatusOr<std::optional<internal::TokenizerConfig>> ReadConfigIn(const fs::path& dir) {
-  const fs::path path = dir / "tokenizer_config.json";
+  std::optional<internal::TokenizerConfig> config;
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return std::nullopt;
-  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  TANDEM_ASSIGN_OR_RETURN(internal::TokenizerConfig config,
-                          internal::ParseTokenizerConfig(path.string(), text));
+  if (const fs::path path = dir / "tokenizer_config.json"; fs::is_regular_file(path, ec)) {
+    TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+    TANDEM_ASSIGN_OR_RETURN(config, internal::ParseTokenizerConfig(path.string(), text));
+  }
+  if (const fs::path path = dir / "chat_template.jinja"; fs::is_regular_file(path, ec)) {
+    TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+    if (!config) config.emplace();
+    config->chat_template = std::move(text);
+  }
   return config;
 }
 
@@ -131,7 +146,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path
         absl::StrCat(path, ": holds no tokenizer.json, tokenizer.model or tokenizer.bin"));
   }
   if (!fs::exists(p, ec)) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  // A file: its tokenizer_config.json sits beside it, if anywhere.
+  // A file: its tokenizer_config.json and chat_template.jinja sit beside it,
+  // if anywhere.
   std::optional<internal::TokenizerConfig> config;
   if (p.filename() == "tokenizer.json" || p.filename() == "tokenizer.model") {
     TANDEM_ASSIGN_OR_RETURN(config, ReadConfigIn(p.parent_path().empty() ? "." : p.parent_path()));

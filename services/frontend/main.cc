@@ -1,6 +1,7 @@
 // tandem-frontend: the OpenAI-compatible HTTP front door. Owns the tokenizer
 // and routes requests across scheduler replicas (tandem.v1.Generation).
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <iostream>
@@ -73,7 +74,8 @@ int main(int argc, char** argv) {
   // part of the TTFT already fell by ~0.35 ms with 4.
   router_options.connections_per_replica = std::clamp(cores / 4, 1, 8);
   tandem::frontend::FrontendOptions options;
-  std::string port_file, tokenizer_path, chat_template, api_key_file, routing = "affinity";
+  std::string port_file, model_dir, tokenizer_path, chat_template, api_key_file,
+      routing = "affinity";
   int32_t threads = http.threads, drain_timeout_s = 30;
 
   tandem::rpc::FlagSet flags(
@@ -100,12 +102,17 @@ int main(int argc, char** argv) {
   flags.Add("health-interval-s", &router_options.health_interval_s,
             "how often each replica's gRPC health is checked (a call that fails UNAVAILABLE "
             "takes its replica out at once, whatever this says)");
+  flags.Add("model", &model_dir,
+            "the model directory the workers serve: its tokenizer and chat template are the "
+            "defaults (a Hugging Face directory: tokenizer.json or tokenizer.model, "
+            "tokenizer_config.json, chat_template.jinja)");
   flags.Add("tokenizer", &tokenizer_path,
             "tokenizer.model, tokenizer.bin, tokenizer.json or a directory holding one "
-            "(with tokenizer_config.json)");
+            "(with tokenizer_config.json and chat_template.jinja); empty: --model's");
   flags.Add("chat-template", &chat_template,
             "for /v1/chat/completions: a built-in template (llama-2, llama-3, chatml) or a Jinja "
-            "file; empty: the tokenizer's own chat_template");
+            "file; empty: the tokenizer's own (chat_template.jinja, else tokenizer_config.json's "
+            "chat_template)");
   flags.Add("served-model-name", &options.served_model_name,
             "the model's name in the API (empty: the name the schedulers describe)");
   flags.Add("api-key", &options.api_key,
@@ -129,7 +136,7 @@ int main(int argc, char** argv) {
   flags.Add("threads", &threads, "HTTP I/O threads (default: a quarter of the cores, 2 to 8)");
   flags.Add("drain-timeout-s", &drain_timeout_s,
             "on SIGTERM/SIGINT, how long accepted requests may take to finish");
-  flags.MirrorsVllm({"served-model-name", "api-key", "chat-template", "tokenizer"});
+  flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer"});
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = tls.Validate(/*server=*/false); !s.ok()) {
     return Fail(std::string(s.message()));
@@ -142,7 +149,17 @@ int main(int argc, char** argv) {
   router_options.policy = *policy;
   if (threads < 1) return Fail("--threads must be >= 1");
   http.threads = threads;
-  if (tokenizer_path.empty()) return Fail("--tokenizer is required");
+  // As `vllm serve MODEL`: the model directory's tokenizer unless --tokenizer
+  // names another. --model must be a directory whenever it is given.
+  if (std::error_code ec; !model_dir.empty() && !std::filesystem::is_directory(model_dir, ec)) {
+    return Fail("--model " + model_dir + " is not a directory (a Hugging Face model "
+                "directory; for other models give --tokenizer)");
+  }
+  const bool tokenizer_from_model = tokenizer_path.empty() && !model_dir.empty();
+  if (tokenizer_from_model) tokenizer_path = model_dir;
+  if (tokenizer_path.empty()) {
+    return Fail("--model (a Hugging Face model directory) or --tokenizer is required");
+  }
   if (!api_key_file.empty()) {
     std::ifstream f(api_key_file);
     std::stringstream ss;
@@ -164,7 +181,11 @@ int main(int argc, char** argv) {
   }
 
   auto tokenizer = tandem::tokenizer::LoadTokenizer(tokenizer_path);
-  if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
+  if (!tokenizer.ok()) {
+    // The message names the path ("DIR: holds no tokenizer.json, ...").
+    return Fail(absl::StrCat(tokenizer_from_model ? "--model: " : "--tokenizer: ",
+                             tokenizer.status().message()));
+  }
   std::shared_ptr<const tandem::tokenizer::Tokenizer> tok = *std::move(tokenizer);
   std::optional<tandem::tokenizer::ChatTemplate> chat;
   if (auto t = tandem::tokenizer::ChatTemplate::Select(chat_template, *tok); t.ok()) {

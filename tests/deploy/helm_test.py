@@ -452,6 +452,7 @@ def check_other_values(build_dir, helm, chart):
         (rule,) = rules_for(pol, port)
         assert rule["from"] == values["networkPolicy"]["metricsFrom"], rule
     check_frontend(objs, values)
+    check_frontend_model_dir(build_dir, helm, chart)
     dep = by_kind_name(objs)[("Deployment", RELEASE)]
     assert dep["spec"]["strategy"] == {"type": "Recreate"}, dep["spec"]["strategy"]
     spread = dep["spec"]["template"]["spec"]["topologySpreadConstraints"][0]
@@ -489,6 +490,25 @@ def check_frontend(objs, values):
     assert "replicas" not in dep["spec"], "the HPA owns the frontend's replica count"
     print("frontend: Deployment + Service on 8000, headless Service for the replicas "
           "(dns:/// target), API key from its Secret, CPU HPA")
+
+
+def check_frontend_model_dir(build_dir, helm, chart):
+    """frontend.tokenizerPath "": the frontend gets --model=<model.path> (a
+    Hugging Face directory: its tokenizer and chat template, as `vllm serve
+    DIR`) and no --tokenizer; set, --tokenizer as before."""
+    hf = "/models/Llama-3.2-1B-Instruct"
+    objs = objects(render_text(helm, chart, sets=["frontend.enabled=true",
+                                                  "frontend.tokenizerPath=", f"model.path={hf}"]))
+    fe = check_flags_and_probes(build_dir, objs, "model-dir")["frontend"]
+    assert arg(fe, "model") == hf and arg(fe, "tokenizer") is None, fe["args"]
+    worker = containers(by_kind_name(objs)[("Deployment", RELEASE)])["worker"]
+    assert arg(worker, "model") == hf, worker["args"]
+    named = objects(render_text(helm, chart, sets=["frontend.enabled=true"]))
+    fe = containers(by_kind_name(named)[("Deployment", f"{RELEASE}-frontend")])["frontend"]
+    assert arg(fe, "tokenizer") == "/models/tokenizer.model" and arg(fe, "model") is None, \
+        fe["args"]
+    print("frontend: tokenizerPath \"\" passes --model=<model.path> (the directory's tokenizer "
+          "and chat template), else --tokenizer")
 
 
 def check_tls(build_dir, source_dir, helm, chart):

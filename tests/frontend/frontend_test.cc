@@ -12,6 +12,8 @@
 //   - randomized concurrent clients (hang-ups, slow readers, pipelining,
 //     bad bodies) get whole answers and leave nothing behind;
 //   - calls to a replica spread over --connections-per-replica connections;
+//   - --model DIR alone gives the tokenizer and chat template
+//     (chat_template.jinja) of the directory; --chat-template overrides;
 //   - three replicas: prefix affinity hits the local prefix cache at least
 //     twice as often as round-robin, and a replica killed with SIGKILL loses
 //     no request that had not started streaming.
@@ -413,6 +415,69 @@ TEST_F(FrontendTest, ApiKeyDnsTargetsAndNoReplica) {
   r = Post(lonely.address(), "/v1/completions", body);
   EXPECT_EQ(r.status, 503) << r.raw;
   EXPECT_EQ(r.body["error"]["type"], "server_error");
+}
+
+// `vllm serve DIR`'s defaults: with --model DIR and no --tokenizer, the
+// tokenizer and the chat template are the directory's (here a
+// chat_template.jinja, as transformers >= 4.43 saves it, and no
+// tokenizer_config.json); --chat-template still overrides the template.
+TEST_F(FrontendTest, ModelDirectoryGivesTheTokenizerAndTheChatTemplate) {
+  const std::string model_dir = dir_ + "/hf_model";
+  std::filesystem::create_directories(model_dir);
+  const std::filesystem::path tokenizer(kLlama2Tokenizer);
+  std::filesystem::copy_file(tokenizer, model_dir + "/" + tokenizer.filename().string());
+  std::filesystem::copy_file(
+      std::string(TANDEM_SOURCE_DIR) + "/tests/tokenizer/data/chat_templates/chatml.jinja",
+      model_dir + "/chat_template.jinja");
+  Service from_model =
+      StartFrontend(dir_, "from_model", {scheduler_.address()}, {"--model", model_dir});
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                     {"max_tokens", 2},
+                     {"temperature", 0},
+                     {"return_token_ids", true}};
+  const HttpResult chatml = Post(from_model.address(), "/v1/chat/completions", chat);
+  ASSERT_EQ(chatml.status, 200) << chatml.raw;
+  ASSERT_FALSE(chatml.body["prompt_token_ids"].empty()) << chatml.raw;
+  // chatml.jinja's rendering, tokenized as the chat prompt is (no BOS added).
+  const HttpResult want =
+      Post(from_model.address(), "/tokenize",
+           {{"prompt", "<|im_start|>user\nOnce upon a time<|im_end|>\n<|im_start|>assistant\n"},
+            {"add_special_tokens", false}});
+  ASSERT_EQ(want.status, 200) << want.raw;
+  EXPECT_EQ(chatml.body["prompt_token_ids"], want.body["tokens"]);
+  EXPECT_EQ(chatml.body["usage"]["prompt_tokens"], want.body["count"]);
+
+  // --chat-template overrides: llama-2 renders as on the fixture's frontend
+  // (--tokenizer, --chat-template llama-2).
+  Service overridden = StartFrontend(dir_, "overridden", {scheduler_.address()},
+                                     {"--model", model_dir, "--chat-template", "llama-2"});
+  const HttpResult llama2 = Post(overridden.address(), "/v1/chat/completions", chat);
+  ASSERT_EQ(llama2.status, 200) << llama2.raw;
+  const HttpResult fixture = Post(frontend_.address(), "/v1/chat/completions", chat);
+  ASSERT_EQ(fixture.status, 200) << fixture.raw;
+  EXPECT_EQ(llama2.body["prompt_token_ids"], fixture.body["prompt_token_ids"]);
+  EXPECT_NE(llama2.body["prompt_token_ids"], chatml.body["prompt_token_ids"]);
+
+  // A --model that is no directory, or holds no tokenizer, stops the start
+  // with its path; neither flag at all names both.
+  const std::string binary = BinaryPath("services/frontend/tandem-frontend");
+  const std::string not_a_dir = model_dir + "/chat_template.jinja";
+  const std::string no_tokenizer = dir_ + "/no_tokenizer";
+  std::filesystem::create_directories(no_tokenizer);
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--model", not_a_dir}, "--model " + not_a_dir + " is not a directory"},
+           {{"--model", no_tokenizer}, no_tokenizer + ": holds no tokenizer.json"},
+           {{}, "--model (a Hugging Face model directory) or --tokenizer is required"}}) {
+    std::vector<std::string> argv = {binary, "--scheduler", scheduler_.address()};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    std::string out;
+    EXPECT_EQ(RunCommand(argv, &out), 2) << out;
+    EXPECT_NE(out.find(c.message), std::string::npos) << out;
+  }
 }
 
 // The worker here sleeps 20 ms before each step, so that the 250 tokens

@@ -2,6 +2,8 @@
 // also run under the sanitizers): BPE ranks, added tokens, post-processor,
 // decoders, and the errors for what is not supported.
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -285,6 +287,57 @@ TEST(HfTokenizerConfigTest, TakesBosEosAndTheChatTemplateFromTokenizerConfig) {
   const std::vector<int32_t> ids = *(*tok)->Encode("x .", {.add_special_tokens = false});
   EXPECT_EQ(*(*tok)->Decode(ids), "x.");
   EXPECT_EQ(*(*tok)->Decode(ids, {.clean_up_tokenization_spaces = false}), "x .");
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// transformers >= 4.43 saves the template as chat_template.jinja beside
+// tokenizer_config.json, which then has none; a directory may also have no
+// tokenizer_config.json at all.
+TEST(HfTokenizerConfigTest, TakesTheChatTemplateFromChatTemplateJinja) {
+  const std::string chatml = ReadText(TestData("chat_templates/chatml.jinja"));
+  const std::string path = WriteTokenizer("with_jinja", ByteLevelJson());
+  const std::string dir = std::filesystem::path(path).parent_path();
+  std::ofstream(dir + "/chat_template.jinja") << chatml;
+  for (const std::string& where : {dir, path}) {
+    auto tok = LoadTokenizer(where);
+    ASSERT_TRUE(tok.ok()) << where << ": " << tok.status();
+    EXPECT_EQ((*tok)->chat_template(), chatml) << where;
+    EXPECT_EQ((*tok)->bos_id(), 262) << where << ": the post-processor's BOS as without it";
+  }
+  // llama2.c and SentencePiece tokenizers take it the same way.
+  const std::string bin_dir = std::string(TANDEM_BINARY_DIR) + "/hf_tokenizer_test/bin_with_jinja";
+  std::filesystem::create_directories(bin_dir);
+  std::filesystem::copy_file(SharedModel("tokenizer.bin"), bin_dir + "/tokenizer.bin",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(bin_dir + "/chat_template.jinja") << chatml;
+  auto bin = LoadTokenizer(bin_dir);
+  ASSERT_TRUE(bin.ok()) << bin.status();
+  EXPECT_EQ((*bin)->chat_template(), chatml);
+  EXPECT_EQ((*bin)->bos_id(), 1);
+}
+
+// As in transformers (PreTrainedTokenizerBase._from_pretrained: "If
+// independent chat template file(s) exist, they take priority over template
+// entries in the tokenizer config").
+TEST(HfTokenizerConfigTest, ChatTemplateJinjaWinsOverTokenizerConfigsTemplate) {
+  const std::string path = WriteTokenizer("config_and_jinja", ByteLevelJson());
+  const std::string dir = std::filesystem::path(path).parent_path();
+  std::ofstream(dir + "/tokenizer_config.json")
+      << Json{{"eos_token", "<|eot|>"}, {"chat_template", "from the config"}}.dump();
+  std::ofstream(dir + "/chat_template.jinja") << "from the file";
+  auto tok = LoadTokenizer(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->chat_template(), std::string("from the file"));
+  EXPECT_EQ((*tok)->eos_id(), 260) << "the rest of tokenizer_config.json still counts";
+  std::filesystem::remove(dir + "/chat_template.jinja");
+  tok = LoadTokenizer(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->chat_template(), std::string("from the config"));
 }
 
 }  // namespace

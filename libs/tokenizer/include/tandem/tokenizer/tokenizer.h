@@ -12,9 +12,12 @@
 //   - a Hugging Face `tokenizer.json` (BPE models: byte-level like GPT-2,
 //     Llama 3 and Qwen2, or Metaspace/byte-fallback like Llama 2, Mistral and
 //     Gemma); a `tokenizer_config.json` beside it supplies bos/eos tokens, the
-//     chat template and clean_up_tokenization_spaces,
+//     chat template and clean_up_tokenization_spaces, and a
+//     `chat_template.jinja` beside it (as transformers >= 4.43 saves one) is
+//     the chat template, before tokenizer_config.json's, as in transformers,
 //   - a directory holding `tokenizer.json` (preferred) or `tokenizer.model`,
-//     plus `tokenizer_config.json` when present.
+//     plus `tokenizer_config.json` and `chat_template.jinja` when present: a
+//     Hugging Face model directory.
 // The format is chosen by content, not by name. Anything it cannot load is a
 // Status that names the file and the problem ("tokenizer.json: model.type
 // 'Unigram' is not supported", "tokenizer.bin: truncated at offset 1234 in
@@ -128,8 +131,9 @@ class Tokenizer {
   // empty when there is none.
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
+  // chat_template.jinja's text when the tokenizer's directory has one, else
   // tokenizer_config.json's chat_template (the default one when it lists
-  // several by name), or nullopt.
+  // several by name), else nullopt.
   const std::optional<std::string>& chat_template() const { return chat_template_; }
 
   // A streaming decoder over this tokenizer; IncrementalDetokenizer is the
