@@ -34,4 +34,29 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
   return absl::OkStatus();
 }
 
+absl::Status GenerationDefaults::Validate(int32_t vocab_size) const {
+  if (temperature && (!std::isfinite(*temperature) || *temperature < 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generation default temperature must be a finite number >= 0, got ", *temperature));
+  }
+  if (top_p && (!std::isfinite(*top_p) || *top_p <= 0.0f || *top_p > 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation default top_p must be in (0, 1], got ", *top_p));
+  }
+  if (top_k && *top_k > vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generation default top_k must be <= the vocabulary size ", vocab_size, ", got ", *top_k));
+  }
+  if (min_p && (!std::isfinite(*min_p) || *min_p < 0.0f || *min_p > 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation default min_p must be in [0, 1], got ", *min_p));
+  }
+  if (repetition_penalty && (!std::isfinite(*repetition_penalty) || *repetition_penalty <= 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation default repetition_penalty must be a finite number > 0, got ",
+                     *repetition_penalty));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem

@@ -56,6 +56,7 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
   config.num_gpu_blocks = d.num_kv_blocks;
   config.vocab_size = d.vocab_size;
   config.eos_token_id = d.eos_token_id;
+  config.extra_eos_token_ids = d.extra_eos_token_ids;
   config.max_model_len = options_.max_model_len > 0
                              ? std::min(options_.max_model_len, d.max_model_len)
                              : d.max_model_len;
@@ -64,6 +65,7 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
                                     .block_size = d.block_size,
                                     .dtype = "f32"};
   TANDEM_RETURN_IF_ERROR(config.Validate());
+  TANDEM_RETURN_IF_ERROR(d.generation.Validate(d.vocab_size));
   scheduler_.reset();
   kv_connector_.reset();
   if (options_.make_kv_connector) kv_connector_ = options_.make_kv_connector(d);
@@ -83,6 +85,8 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
       .block_size = d.block_size,
       .num_kv_blocks = d.num_kv_blocks,
       .eos_token_id = d.eos_token_id,
+      .extra_eos_token_ids = d.extra_eos_token_ids,
+      .generation = d.generation,
   };
   TANDEM_LOG(INFO) << "serving: " << scheduler_->num_total_blocks() << " usable KV blocks, "
                    << "max_model_len " << config.max_model_len << ", async scheduling "

@@ -52,7 +52,7 @@ class Reader {
   }
 
   std::optional<ApiError> Number(const char* name, double min, double max, bool min_open,
-                                 float* out) const {
+                                 std::optional<float>* out) const {
     const Json* v = Find(name);
     if (v == nullptr) return std::nullopt;
     if (!v->is_number()) return BadRequest(absl::StrCat("'", name, "' must be a number"), name);
@@ -333,7 +333,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   if (auto e = r.Number("top_p", 0, 1, true, &out->top_p)) return e;
   v.reset();
   if (auto e = r.Int("top_k", -1, INT32_MAX, &v)) return e;
-  out->top_k = v && *v > 0 ? static_cast<int32_t>(*v) : 0;
+  if (v) out->top_k = *v > 0 ? static_cast<int32_t>(*v) : 0;
   v.reset();
   if (auto e = r.Int("min_tokens", 0, INT32_MAX, &v)) return e;
   out->min_tokens = static_cast<int32_t>(v.value_or(0));
@@ -381,6 +381,17 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   if (auto e = r.Bool("skip_special_tokens", &out->skip_special_tokens)) return e;
   if (auto e = r.Bool("return_token_ids", &out->return_token_ids)) return e;
   return std::nullopt;
+}
+
+RequestSampling EffectiveSampling(const CompletionRequest& request,
+                                  const GenerationDefaults& model_defaults) {
+  RequestSampling out;
+  if (auto t = request.temperature ? request.temperature : model_defaults.temperature) {
+    out.temperature = *t;
+  }
+  if (auto p = request.top_p ? request.top_p : model_defaults.top_p) out.top_p = *p;
+  if (auto k = request.top_k ? request.top_k : model_defaults.top_k) out.top_k = std::max(*k, 0);
+  return out;
 }
 
 ApiError FromStatus(int code, std::string_view message) {

@@ -1,6 +1,8 @@
 // Private file helpers of the model library.
 #pragma once
 
+#include <openssl/evp.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,6 +36,8 @@ class MappedFile {
 // The whole file; NOT_FOUND naming the path when it cannot be opened.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 absl::Status WriteFile(const std::string& path, const std::string& bytes);
+// Finishes a SHA-256 digest, frees `ctx` and returns the digest in hex.
+std::string FinishSha256Hex(EVP_MD_CTX* ctx);
 std::string JoinPath(const std::string& dir, const std::string& name);
 std::string BaseName(const std::string& path);
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <string_view>
 
 #include "absl/strings/match.h"
@@ -124,10 +125,18 @@ absl::Status WriteHfCheckpoint(const ModelConfig& c, const ModelWeights& w, cons
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(dir + ": cannot create: " + ec.message());
 
+  // A tensor to write: the weight itself, or (permuted q/k) a copy. Borrowed,
+  // so writing a large model does not double it in memory.
   struct Entry {
     std::string name;
     std::vector<int64_t> shape;
-    std::vector<float> data;
+    std::span<const float> data;
+  };
+  std::vector<std::vector<float>> permuted;
+  permuted.reserve(static_cast<size_t>(2 * c.num_layers));
+  auto keep = [&](std::vector<float> v) -> std::span<const float> {
+    permuted.push_back(std::move(v));
+    return permuted.back();
   };
   std::vector<Entry> entries;
   const int64_t dim = c.dim, hidden = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size;
@@ -138,10 +147,10 @@ absl::Status WriteHfCheckpoint(const ModelConfig& c, const ModelWeights& w, cons
     entries.push_back({p + "input_layernorm.weight", {dim}, l.rms_att});
     entries.push_back({p + "self_attn.q_proj.weight",
                        {dim, dim},
-                       PermuteForRotateHalf(l.wq, c.num_heads, c.head_size, c.dim, true)});
+                       keep(PermuteForRotateHalf(l.wq, c.num_heads, c.head_size, c.dim, true))});
     entries.push_back({p + "self_attn.k_proj.weight",
                        {kv, dim},
-                       PermuteForRotateHalf(l.wk, c.num_kv_heads, c.head_size, c.dim, true)});
+                       keep(PermuteForRotateHalf(l.wk, c.num_kv_heads, c.head_size, c.dim, true))});
     entries.push_back({p + "self_attn.v_proj.weight", {kv, dim}, l.wv});
     entries.push_back({p + "self_attn.o_proj.weight", {dim, dim}, l.wo});
     entries.push_back({p + "post_attention_layernorm.weight", {dim}, l.rms_ffn});

@@ -324,6 +324,7 @@ absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
     TANDEM_ASSIGN_OR_RETURN(int32_t k, GetInt(*gen, path, "top_k", std::nullopt));
     g.top_k = k;
   }
+  if (absl::Status s = g.Validate(c->vocab_size); !s.ok()) return Annotate(s, path);
   return absl::OkStatus();
 }
 

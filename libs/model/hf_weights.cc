@@ -427,17 +427,7 @@ std::string HfWeights::Fingerprint(const ModelConfig& c) const {
                        << std::chrono::duration<double>(now - start).count() << " s";
     }
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, digest, &len);
-  EVP_MD_CTX_free(ctx);
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 15]);
-  }
-  return hex;
+  return internal::FinishSha256Hex(ctx);
 }
 
 }  // namespace tandem::model::internal

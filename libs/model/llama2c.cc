@@ -31,7 +31,10 @@ int64_t NumFloats(const ModelConfig& c, bool shared) {
 }  // namespace
 
 absl::StatusOr<LoadedCheckpoint> ReadLlama2cCheckpoint(const std::string& path) {
-  TANDEM_ASSIGN_OR_RETURN(std::string bytes, internal::ReadFile(path));
+  // Mapped, not read: the weights are copied out once, straight from the file.
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<internal::MappedFile> file,
+                          internal::MappedFile::Open(path));
+  const std::string_view bytes = file->view();
   if (static_cast<int64_t>(bytes.size()) < kHeaderBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": truncated llama2.c header: ", bytes.size(), " bytes, need 28"));

@@ -69,6 +69,40 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
   return out;
 }
 
+void ToProto(const GenerationDefaults& in, v1::GenerationDefaults* out) {
+  out->Clear();
+  if (in.temperature) {
+    out->set_temperature(*in.temperature);
+    out->set_has_temperature(true);
+  }
+  if (in.top_p) {
+    out->set_top_p(*in.top_p);
+    out->set_has_top_p(true);
+  }
+  if (in.top_k) {
+    out->set_top_k(*in.top_k);
+    out->set_has_top_k(true);
+  }
+  if (in.min_p) {
+    out->set_min_p(*in.min_p);
+    out->set_has_min_p(true);
+  }
+  if (in.repetition_penalty) {
+    out->set_repetition_penalty(*in.repetition_penalty);
+    out->set_has_repetition_penalty(true);
+  }
+}
+
+GenerationDefaults FromProto(const v1::GenerationDefaults& in) {
+  GenerationDefaults out;
+  if (in.has_temperature()) out.temperature = in.temperature();
+  if (in.has_top_p()) out.top_p = in.top_p();
+  if (in.has_top_k()) out.top_k = in.top_k();
+  if (in.has_min_p()) out.min_p = in.min_p();
+  if (in.has_repetition_penalty()) out.repetition_penalty = in.repetition_penalty();
+  return out;
+}
+
 void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out) {
   out->set_step_id(in.step_id);
   out->set_last_processed_step_id(in.last_processed_step_id);

@@ -47,6 +47,17 @@ absl::Status SchedulerConfig::Validate() const {
                                                    " is outside the vocabulary [0, ", vocab_size,
                                                    ")"));
   }
+  for (int32_t id : extra_eos_token_ids) {
+    if (id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SchedulerConfig.extra_eos_token_ids holds ", id, ", a negative id"));
+    }
+    if (vocab_size > 0 && id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("SchedulerConfig.extra_eos_token_ids holds ",
+                                                     id, ", outside the vocabulary [0, ",
+                                                     vocab_size, ")"));
+    }
+  }
   if (hash_root.block_size != block_size) {
     return absl::InvalidArgumentError(absl::StrCat("SchedulerConfig.hash_root.block_size (",
                                                    hash_root.block_size,

@@ -600,6 +600,12 @@ void Scheduler::FillOutput(Request* r, RequestOutput* o) const {
   o->num_cached_tokens_external = r->num_cached_tokens_external;
 }
 
+bool Scheduler::IsEos(int32_t token) const {
+  return (config_.eos_token_id >= 0 && token == config_.eos_token_id) ||
+         std::find(config_.extra_eos_token_ids.begin(), config_.extra_eos_token_ids.end(), token) !=
+             config_.extra_eos_token_ids.end();
+}
+
 void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, RequestOutput* o) {
   const SamplingParams& sp = r->sampling;
   // What a sync run has computed when this output ends the request: the
@@ -607,9 +613,9 @@ void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, Reques
   const int32_t num_storable = r->num_known_computed_tokens();
   for (int32_t t : tokens) {
     // A token at output index j may stop the request only when j >= min_tokens
-    // (the sampler masks stop tokens before that).
+    // (no sampler masks stop tokens before that yet: see the header).
     const bool may_stop = r->num_output_tokens() >= sp.min_tokens;
-    if (may_stop && !sp.ignore_eos && config_.eos_token_id >= 0 && t == config_.eos_token_id) {
+    if (may_stop && !sp.ignore_eos && IsEos(t)) {
       // EOS is not part of the output.
       Finish(r, RequestState::kFinishedStopped, num_storable);
       return;

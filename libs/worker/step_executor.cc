@@ -12,6 +12,10 @@
 
 namespace tandem::worker {
 
+bool SimBackend::IsEos(int32_t token) const {
+  return std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end();
+}
+
 absl::Status SimBackend::ForwardSample(std::span<const model::SequenceInput> batch,
                                        std::span<const model::SampleRequest> sample,
                                        std::vector<int32_t>* tokens) {
@@ -25,7 +29,9 @@ absl::Status SimBackend::ForwardSample(std::span<const model::SequenceInput> bat
     int32_t token =
         static_cast<int32_t>((last * 2654435761ull + static_cast<uint64_t>(end) * 40503ull) %
                              static_cast<uint64_t>(vocab_size_));
-    if (token == eos_token_id_) token = (token + 1) % vocab_size_;
+    for (int32_t tries = 1; IsEos(token) && tries < vocab_size_; ++tries) {
+      token = (token + 1) % vocab_size_;
+    }
     logits[i * vocab_size_ + token] = 10.0f;
   }
   model::SampleRows(logits, vocab_size_, sample, tokens);

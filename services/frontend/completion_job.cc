@@ -209,6 +209,7 @@ void Job::Start() {
            .created = static_cast<int64_t>(std::time(nullptr)),
            .model = *name};
   tokenizer::DecodeOptions decode{.skip_special_tokens = request_.skip_special_tokens};
+  const RequestSampling sampling = EffectiveSampling(request_, model->generation);
   const int32_t n = request_.n;
   choices_.resize(prompts_.ids.size() * n);
   for (size_t p = 0; p < prompts_.ids.size(); ++p) {
@@ -236,9 +237,9 @@ void Job::Start() {
       r.set_cache_salt(request_.cache_salt);
       r.mutable_prompt_token_ids()->Assign(prompts_.ids[p].begin(), prompts_.ids[p].end());
       v1::SamplingParams* s = r.mutable_sampling();
-      s->set_temperature(request_.temperature);
-      s->set_top_k(request_.top_k);
-      s->set_top_p(request_.top_p);
+      s->set_temperature(sampling.temperature);
+      s->set_top_k(sampling.top_k);
+      s->set_top_p(sampling.top_p);
       if (request_.seed) {
         s->set_seed(static_cast<uint64_t>(*request_.seed) + static_cast<uint64_t>(j));
         s->set_has_seed(true);

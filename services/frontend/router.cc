@@ -11,6 +11,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/common/logging.h"
+#include "tandem/rpc/convert.h"
 #include "tandem/rpc/server.h"
 
 namespace tandem::frontend {
@@ -70,6 +71,29 @@ grpc::Status CallWithDeadline(double seconds, Fn fn, const Request& request, Res
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
   return fn(&context, request, response);
+}
+
+// Says which sampling defaults of the model the OpenAI requests get, and
+// which they cannot.
+void LogGenerationDefaults(const GenerationDefaults& d) {
+  if (d.empty()) return;
+  std::string applied;
+  if (d.temperature) absl::StrAppend(&applied, " temperature=", *d.temperature);
+  if (d.top_p) absl::StrAppend(&applied, " top_p=", *d.top_p);
+  if (d.top_k) absl::StrAppend(&applied, " top_k=", *d.top_k);
+  if (!applied.empty()) {
+    TANDEM_LOG(INFO) << "the model's sampling defaults, for requests that leave them unset:"
+                     << applied;
+  }
+  if (d.min_p && *d.min_p != 0.0f) {
+    TANDEM_LOG(WARNING) << "the model's generation config sets min_p=" << *d.min_p
+                        << ", which Tandem does not implement: requests sample without it";
+  }
+  if (d.repetition_penalty && *d.repetition_penalty != 1.0f) {
+    TANDEM_LOG(WARNING) << "the model's generation config sets repetition_penalty="
+                        << *d.repetition_penalty
+                        << ", which Tandem does not implement: requests sample without it";
+  }
 }
 
 }  // namespace
@@ -254,10 +278,14 @@ void Router::CheckHealth() {
                            .vocab_size = info.vocab_size(),
                            .max_model_len = info.max_model_len(),
                            .block_size = info.block_size(),
-                           .eos_token_id = info.eos_token_id()};
+                           .eos_token_id = info.eos_token_id(),
+                           .extra_eos_token_ids = {info.extra_eos_token_ids().begin(),
+                                                   info.extra_eos_token_ids().end()},
+                           .generation = rpc::FromProto(info.generation())};
         TANDEM_LOG(INFO) << "model " << model_->name << " (vocab " << model_->vocab_size
                          << ", max_model_len " << model_->max_model_len << ", block_size "
                          << model_->block_size << ") described by " << r->name();
+        LogGenerationDefaults(model_->generation);
       } else if (info.model_fingerprint() != model_->fingerprint ||
                  info.block_size() != model_->block_size) {
         TANDEM_LOG(ERROR) << "replica " << r->name() << " serves model "

@@ -8,11 +8,11 @@
 //                      and go are added and dropped.
 // A background thread checks each replica's gRPC health
 // ("tandem.v1.Generation") every health_interval_s and asks a SERVING one
-// for its model (GetModelInfo) once. Requests go only to SERVING replicas;
-// a call that fails with UNAVAILABLE marks its replica not serving until the
-// next health check says otherwise. The first model described is the
-// frontend's; a replica that describes another fingerprint is never used
-// (logged).
+// for its model (GetModelInfo) once: its limits, EOS ids and sampling
+// defaults. Requests go only to SERVING replicas; a call that fails with
+// UNAVAILABLE marks its replica not serving until the next health check says
+// otherwise. The first model described is the frontend's; a replica that
+// describes another fingerprint is never used (logged).
 //
 // The policy is tandem::frontend::PickReplica (libs/frontend/routing.h).
 //
@@ -42,6 +42,7 @@
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
+#include "tandem/common/sampling_params.h"
 #include "tandem/frontend/routing.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
@@ -54,6 +55,10 @@ struct ModelInfo {
   int32_t max_model_len = 0;
   int32_t block_size = 0;
   int32_t eos_token_id = -1;
+  std::vector<int32_t> extra_eos_token_ids;  // end a request as eos_token_id does
+  // The model's sampling defaults (generation_config.json), for the OpenAI
+  // requests that leave a field unset (frontend::EffectiveSampling).
+  GenerationDefaults generation;
 };
 
 class Replica {

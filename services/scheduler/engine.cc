@@ -231,8 +231,10 @@ engine::WorkerDescription FromProto(const v1::DescribeResponse& d) {
       .num_kv_blocks = d.num_kv_blocks(),
       .vocab_size = d.vocab_size(),
       .eos_token_id = d.eos_token_id(),
+      .extra_eos_token_ids = {d.extra_eos_token_ids().begin(), d.extra_eos_token_ids().end()},
       .max_model_len = d.max_model_len(),
       .block_bytes = d.block_bytes(),
+      .generation = rpc::FromProto(d.generation()),
   };
 }
 

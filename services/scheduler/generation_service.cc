@@ -68,6 +68,9 @@ void ToProto(const engine::ModelInfo& m, v1::GetModelInfoResponse* out) {
   out->set_block_size(m.block_size);
   out->set_num_kv_blocks(m.num_kv_blocks);
   out->set_eos_token_id(m.eos_token_id);
+  out->mutable_extra_eos_token_ids()->Assign(m.extra_eos_token_ids.begin(),
+                                             m.extra_eos_token_ids.end());
+  rpc::ToProto(m.generation, out->mutable_generation());
 }
 
 void ToProto(const ServiceStats& stats, v1::GetStatsResponse* s) {

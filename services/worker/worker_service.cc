@@ -103,7 +103,10 @@ void WorkerService::Stop() {
 
 absl::Status WorkerService::Load() {
   TANDEM_RETURN_IF_ERROR(options_.Validate());
-  auto model = model::Model::Load(options_.model_path);
+  // The runner reads each tensor from the mapped checkpoint in its own dtype
+  // (a Hugging Face directory is never expanded into fp32 host weights) and
+  // keeps what it needs; the mapping is dropped once it has.
+  auto model = model::Model::Load(options_.model_path, {.host_weights = false});
   if (!model.ok()) return Annotate(model.status(), absl::StrCat("loading ", options_.model_path));
   model_ = std::move(model).value();
   const model::ModelConfig& config = model_->config();
@@ -131,9 +134,10 @@ absl::Status WorkerService::Load() {
                                   .cuda_device = options_.device});
     if (!runner.ok()) return Annotate(runner.status(), "creating the model runner");
     runner_ = std::move(runner).value();
+    model_->ReleaseCheckpoint();
     backend_ = std::make_unique<RunnerBackend>(runner_.get());
   } else {
-    backend_ = std::make_unique<SimBackend>(config.vocab_size, config.eos_token_id,
+    backend_ = std::make_unique<SimBackend>(config.vocab_size, config.EosTokenIds(),
                                             options_.sim_step_us, options_.sim_token_us);
   }
   if (!options_.kvstore_target.empty()) {
@@ -182,7 +186,11 @@ grpc::Status WorkerService::Describe(grpc::ServerContext*, const v1::DescribeReq
   response->set_block_size(options_.block_size);
   response->set_num_kv_blocks(num_blocks_);
   response->set_backend(options_.backend);
-  response->set_eos_token_id(config.eos_token_id);
+  // EosTokenIds() starts with eos_token_id and repeats none.
+  const std::vector<int32_t> eos = config.EosTokenIds();
+  response->set_eos_token_id(eos.front());
+  response->mutable_extra_eos_token_ids()->Assign(eos.begin() + 1, eos.end());
+  rpc::ToProto(config.generation, response->mutable_generation());
   response->set_num_active_requests(num_active_requests_.load());
   response->set_block_bytes(model::KvBlockBytes(config, options_.block_size, dtype_));
   response->set_kv_layout(model::KvLayoutString(config, options_.block_size, dtype_));

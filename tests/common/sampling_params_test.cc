@@ -1,5 +1,7 @@
 #include "tandem/common/sampling_params.h"
 
+#include <limits>
+
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -22,6 +24,36 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.max_tokens = 4, .min_tokens = 5}, "min_tokens");
   ExpectInvalid({.stop_token_ids = {512}}, "stop token id 512");
   ExpectInvalid({.stop_token_ids = {-1}}, "stop token id -1");
+}
+
+TEST(GenerationDefaultsTest, NoneAndLlama3sAreValid) {
+  EXPECT_TRUE(GenerationDefaults{}.empty());
+  EXPECT_TRUE(GenerationDefaults{}.Validate(512).ok());
+  const GenerationDefaults llama3{.temperature = 0.6f, .top_p = 0.9f};
+  EXPECT_FALSE(llama3.empty());
+  EXPECT_TRUE(llama3.Validate(512).ok());
+  // Hugging Face's top_k 0 and vLLM's -1 both mean off.
+  for (int32_t off : {0, -1}) {
+    const GenerationDefaults d{.top_k = off};
+    EXPECT_TRUE(d.Validate(512).ok()) << off;
+  }
+  const GenerationDefaults gemma{.top_k = 512, .min_p = 0.0f, .repetition_penalty = 1.1f};
+  EXPECT_TRUE(gemma.Validate(512).ok());
+}
+
+TEST(GenerationDefaultsTest, EachBadFieldIsNamed) {
+  auto expect_invalid = [](const GenerationDefaults& d, absl::string_view needle) {
+    absl::Status s = d.Validate(512);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(s.message().find(needle), absl::string_view::npos) << s.message();
+  };
+  expect_invalid({.temperature = -0.5f}, "temperature");
+  expect_invalid({.temperature = std::numeric_limits<float>::infinity()}, "temperature");
+  expect_invalid({.top_p = 0.0f}, "top_p");
+  expect_invalid({.top_p = 1.01f}, "top_p");
+  expect_invalid({.top_k = 513}, "top_k");
+  expect_invalid({.min_p = 1.5f}, "min_p");
+  expect_invalid({.repetition_penalty = 0.0f}, "repetition_penalty");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 // tests cannot do cheaply.
 #include "tandem/engine/engine_core.h"
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
@@ -408,6 +409,77 @@ TEST_P(EngineCoreTest, AbortAndCancelEndOnlyTheirRequest) {
     EXPECT_TRUE(
         std::equal(sinks[i]->tokens.begin(), sinks[i]->tokens.end(), cases_[i].expected.begin()));
   }
+}
+
+// The worker's description: each of its extra EOS ids ends a request (and
+// is not streamed) unless ignore_eos, and ModelInfo carries them and the
+// model's sampling defaults; a description with a bad one is refused.
+TEST_P(EngineCoreTest, ExtraEosIdsOfTheWorkerEndRequestsAndReachModelInfoWithTheDefaults) {
+  // The first reference token, at index >= 2, that is new in its sequence
+  // becomes the model's third EOS id (the second one is never sampled).
+  const ReferenceCase* ref = nullptr;
+  size_t stop_at = 0;
+  for (const ReferenceCase& c : cases_) {
+    for (size_t k = 2; k < c.expected.size() && ref == nullptr; ++k) {
+      if (std::find(c.expected.begin(), c.expected.begin() + k, c.expected[k]) ==
+          c.expected.begin() + k) {
+        ref = &c;
+        stop_at = k;
+      }
+    }
+  }
+  ASSERT_NE(ref, nullptr);
+  const int32_t extra_eos = ref->expected[stop_at];
+  const int32_t unused_eos = [&] {
+    int32_t id = 2;
+    while (std::count(ref->expected.begin(), ref->expected.end(), id) > 0) ++id;
+    return id;
+  }();
+
+  EngineCore core(Options());
+  LoopbackWorker worker(model_.get(), 256);
+  worker.description.extra_eos_token_ids = {unused_eos, extra_eos};
+  worker.description.generation = {.temperature = 0.6f, .top_p = 0.9f, .top_k = 40};
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  EXPECT_EQ(core.model_info().eos_token_id, worker.description.eos_token_id);
+  EXPECT_EQ(core.model_info().extra_eos_token_ids, (std::vector<int32_t>{unused_eos, extra_eos}));
+  EXPECT_EQ(core.model_info().generation.temperature, 0.6f);
+  EXPECT_EQ(core.model_info().generation.top_p, 0.9f);
+  EXPECT_EQ(core.model_info().generation.top_k, 40);
+  EXPECT_FALSE(core.model_info().generation.min_p);
+
+  auto stops = std::make_shared<Recorder>();
+  auto ignores = std::make_shared<Recorder>();
+  sched::RequestSpec ignoring = Greedy("ignores", *ref);
+  ignoring.sampling.ignore_eos = true;
+  ignoring.sampling.max_tokens = static_cast<int32_t>(stop_at) + 1;
+  core.AddRequest(Greedy("stops", *ref), stops, MonotonicNanos());
+  core.AddRequest(ignoring, ignores, MonotonicNanos());
+  Run(core, worker);
+  EXPECT_EQ(stops->tokens,
+            std::vector<int32_t>(ref->expected.begin(), ref->expected.begin() + stop_at));
+  EXPECT_EQ(stops->reason, FinishReason::kStop);
+  EXPECT_EQ(ignores->tokens,
+            std::vector<int32_t>(ref->expected.begin(), ref->expected.begin() + stop_at + 1));
+  EXPECT_EQ(ignores->reason, FinishReason::kLength);
+
+  // Unusable descriptions: nothing changes.
+  const int32_t vocab = worker.description.vocab_size;
+  WorkerDescription bad_eos = worker.description;
+  bad_eos.extra_eos_token_ids = {vocab};
+  EngineCore refused(Options());
+  absl::Status s = refused.ConnectWorker(bad_eos, &worker);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("extra_eos_token_ids holds " + std::to_string(vocab)),
+            std::string::npos)
+      << s;
+  WorkerDescription bad_default = worker.description;
+  bad_default.generation.top_p = 1.5f;
+  s = refused.ConnectWorker(bad_default, &worker);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("top_p"), std::string::npos) << s;
+  EXPECT_FALSE(refused.has_worker());
+  EXPECT_FALSE(refused.model_info().ready);
 }
 
 TEST_P(EngineCoreTest, BadRequestsAreRefusedWithThePreciseError) {

@@ -2,6 +2,7 @@
 
 #include <random>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -32,7 +33,10 @@ TEST(OpenAiParseTest, CompletionFieldsAndDefaults) {
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(r.prompts[0].text, "Once upon");
   EXPECT_FALSE(r.max_tokens);
-  EXPECT_FLOAT_EQ(r.temperature, 1.0f);  // OpenAI's default
+  // Sampling fields left unset: the model's defaults or OpenAI's apply later.
+  EXPECT_FALSE(r.temperature);
+  EXPECT_FALSE(r.top_p);
+  EXPECT_FALSE(r.top_k);
   EXPECT_EQ(r.n, 1);
   EXPECT_FALSE(r.stream);
 
@@ -43,15 +47,68 @@ TEST(OpenAiParseTest, CompletionFieldsAndDefaults) {
                      Endpoint::kCompletions, &r));
   EXPECT_EQ(r.prompts[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(r.max_tokens, 7);
-  EXPECT_EQ(r.temperature, 0);
-  EXPECT_FLOAT_EQ(r.top_p, 0.5f);
-  EXPECT_EQ(r.top_k, 0);  // vLLM's -1 = off
+  EXPECT_EQ(r.temperature, 0.0f);
+  EXPECT_EQ(r.top_p, 0.5f);
+  EXPECT_EQ(r.top_k, 0);  // vLLM's -1 = off, and set
   EXPECT_EQ(r.min_tokens, 2);
   EXPECT_EQ(r.seed, -5);
   EXPECT_EQ(r.n, 3);
   EXPECT_EQ(r.stop, (std::vector<std::string>{"\n"}));
   EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{13}));
   EXPECT_TRUE(r.ignore_eos && r.stream && r.include_usage && r.echo && r.return_token_ids);
+}
+
+// vLLM's --generation-config auto: the model's generation_config.json gives
+// the default of each sampling field a request leaves unset (absent or
+// null); a value the request sends wins, even one equal to OpenAI's default
+// or to proto3's zero.
+TEST(OpenAiParseTest, ModelSamplingDefaultsApplyOnlyToFieldsTheRequestLeavesUnset) {
+  const GenerationDefaults llama3{.temperature = 0.6f, .top_p = 0.9f, .top_k = 40};
+  auto effective = [](const std::string& body, const GenerationDefaults& d,
+                      Endpoint e = Endpoint::kCompletions) {
+    CompletionRequest r;
+    EXPECT_FALSE(Parse(body, e, &r)) << body;
+    return EffectiveSampling(r, d);
+  };
+  struct Case {
+    std::string body;
+    float temperature, top_p;
+    int32_t top_k;
+  };
+  const std::vector<Case> cases = {
+      {R"({"prompt":"x"})", 0.6f, 0.9f, 40},
+      {R"({"prompt":"x","temperature":null,"top_p":null,"top_k":null})", 0.6f, 0.9f, 40},
+      {R"({"prompt":"x","temperature":1.5})", 1.5f, 0.9f, 40},
+      {R"({"prompt":"x","top_p":0.5})", 0.6f, 0.5f, 40},
+      {R"({"prompt":"x","top_k":3})", 0.6f, 0.9f, 3},
+      // Explicit values that equal OpenAI's defaults or "off".
+      {R"({"prompt":"x","temperature":1,"top_p":1,"top_k":-1})", 1.0f, 1.0f, 0},
+      {R"({"prompt":"x","temperature":0,"top_k":0})", 0.0f, 0.9f, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    const RequestSampling s = effective(c.body, llama3);
+    EXPECT_EQ(s.temperature, c.temperature);
+    EXPECT_EQ(s.top_p, c.top_p);
+    EXPECT_EQ(s.top_k, c.top_k);
+  }
+  // Chat requests too.
+  const RequestSampling chat = effective(
+      R"({"messages":[{"role":"user","content":"hi"}],"top_p":0.3})", llama3, Endpoint::kChat);
+  EXPECT_EQ(chat.temperature, 0.6f);
+  EXPECT_EQ(chat.top_p, 0.3f);
+  EXPECT_EQ(chat.top_k, 40);
+  // A model without defaults: today's (OpenAI's) temperature 1, top_p 1, top_k off.
+  const RequestSampling none = effective(R"({"prompt":"x"})", {});
+  EXPECT_EQ(none.temperature, 1.0f);
+  EXPECT_EQ(none.top_p, 1.0f);
+  EXPECT_EQ(none.top_k, 0);
+  // Only some defaults; Hugging Face's top_k 0 and vLLM's -1 mean off.
+  const RequestSampling partial =
+      effective(R"({"prompt":"x"})", {.temperature = 0.0f, .top_k = -1});
+  EXPECT_EQ(partial.temperature, 0.0f);
+  EXPECT_EQ(partial.top_p, 1.0f);
+  EXPECT_EQ(partial.top_k, 0);
 }
 
 TEST(OpenAiParseTest, EveryPromptShape) {

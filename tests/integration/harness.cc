@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "harness.h"
 
 #include <arpa/inet.h>
@@ -180,7 +181,12 @@ Service SpawnService(const std::string& dir, const std::string& name, const std:
 
 Service StartWorker(const std::string& dir, const std::string& name,
                     const std::vector<std::string>& extra_args, bool wait_for_serving) {
-  Service s = SpawnService(dir, name, "services/worker/tandem-worker", {"--model", ModelPath()},
+  // stories260K unless extra_args names another --model.
+  const bool own_model =
+      std::find(extra_args.begin(), extra_args.end(), "--model") != extra_args.end();
+  Service s = SpawnService(dir, name, "services/worker/tandem-worker",
+                           own_model ? std::vector<std::string>{}
+                                     : std::vector<std::string>{"--model", ModelPath()},
                            extra_args);
   if (wait_for_serving) {
     EXPECT_TRUE(WaitFor([&] { return HealthStatus(s.address()) == 1; }))

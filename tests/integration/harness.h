@@ -68,7 +68,8 @@ std::string ReadFile(const std::string& path);
 int RunCommand(const std::vector<std::string>& argv, std::string* output,
                std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
-// Starts a worker (extra flags appended, may include --listen); waits until it
+// Starts a worker (extra flags appended, may include --listen; the model is
+// stories260K unless they name a --model); waits until it
 // listens and, when `wait_for_serving`, until its health says SERVING.
 // Dies (test failure) after 30 s.
 Service StartWorker(const std::string& dir, const std::string& name,

@@ -28,8 +28,12 @@ inline std::vector<v1::GenerateRequest> ReferenceRequests(const std::vector<Refe
   return requests;
 }
 
-inline std::vector<ReferenceCase> LoadReferenceCases() {
-  std::ifstream f(std::string(TANDEM_SHARED_DIR) + "/models/stories260K.reference.json");
+// stories260K.reference.json by default; also reads the Hugging Face
+// fixtures' reference.json (an object whose "cases" hold the same fields).
+inline std::vector<ReferenceCase> LoadReferenceCases(
+    const std::string& path = std::string(TANDEM_SHARED_DIR) +
+                              "/models/stories260K.reference.json") {
+  std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
   auto json = model::JsonValue::Parse(ss.str());
@@ -41,7 +45,8 @@ inline std::vector<ReferenceCase> LoadReferenceCases() {
     for (const auto& x : v->array()) out.push_back(static_cast<int32_t>(x.number()));
     return out;
   };
-  for (const model::JsonValue& c : json->array()) {
+  const model::JsonValue& list = json->is_object() ? *json->Find("cases") : *json;
+  for (const model::JsonValue& c : list.array()) {
     cases.push_back(
         {.prompt = ids(c.Find("prompt_token_ids")),
          .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),

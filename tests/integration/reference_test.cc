@@ -52,5 +52,51 @@ TEST(ReferenceTest, AllCasesMatchConcurrentlyWithSyncScheduling) {
   RunReferenceCases(/*async=*/false);
 }
 
+// Each Hugging Face fixture of ../shared/models/hf through a worker and a
+// scheduler: transformers' greedy tokens (reference.json, EOS ignored as the
+// reference ran) within each case's decisive prefix, all cases of a fixture
+// sent concurrently, so they share steps.
+TEST(ReferenceTest, HuggingFaceFixturesMatchTransformersThroughTheServices) {
+  const std::string root = std::string(TANDEM_SHARED_DIR) + "/models/hf";
+  for (const char* fixture : {"llama2-bf16", "llama3.2", "llama3.2-tf5", "llama-linear-sharded",
+                              "mistral", "qwen2.5", "qwen3", "phi3", "gemma"}) {
+    SCOPED_TRACE(fixture);
+    const std::vector<ReferenceCase> cases =
+        LoadReferenceCases(root + "/" + fixture + "/reference.json");
+    ASSERT_EQ(cases.size(), 6u);
+    const std::string dir = MakeTempDir("tandem-hf-reference");
+    Service worker =
+        StartWorker(dir, "worker", {"--model", root + "/" + fixture, "--num-blocks", "64"});
+    Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {});
+    auto stub = GenerationStub(scheduler.address());
+    std::vector<v1::GenerateRequest> requests;
+    for (const ReferenceCase& c : cases) {
+      requests.push_back(MakeRequest(c.prompt, c.max_tokens, 0.0f, std::nullopt,
+                                     /*ignore_eos=*/true));
+    }
+    if (std::string(fixture) == "llama3.2") {
+      // Its eos_token_id is a list: the worker describes all of them.
+      grpc::ClientContext context;
+      v1::GetModelInfoResponse info;
+      ASSERT_TRUE(stub->GetModelInfo(&context, {}, &info).ok());
+      EXPECT_EQ(info.eos_token_id(), 2);
+      EXPECT_EQ(std::vector<int32_t>(info.extra_eos_token_ids().begin(),
+                                     info.extra_eos_token_ids().end()),
+                (std::vector<int32_t>{5, 7}));
+    }
+    const std::vector<GenerateResult> results = RunConcurrently(stub.get(), requests);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      SCOPED_TRACE("case " + std::to_string(i));
+      ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+      const auto& got = results[i].tokens;
+      const auto& want = cases[i].expected;
+      const size_t decisive = cases[i].decisive_prefix_len;
+      ASSERT_GE(got.size(), decisive);
+      EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + decisive),
+                std::vector<int32_t>(want.begin(), want.begin() + decisive));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::testing

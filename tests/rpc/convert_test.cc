@@ -179,6 +179,39 @@ TEST(ConvertTest, SamplingDefaultsFromProto3Zeroes) {
   EXPECT_EQ(FromProto(p, 77).seed, 5u);
 }
 
+TEST(ConvertTest, GenerationDefaultsKeepUnsetFieldsUnsetThroughBytes) {
+  auto round_trip = [](const GenerationDefaults& in) {
+    v1::GenerationDefaults proto;
+    ToProto(in, &proto);
+    v1::GenerationDefaults parsed;
+    EXPECT_TRUE(parsed.ParseFromString(proto.SerializeAsString()));
+    return FromProto(parsed);
+  };
+  // A default equal to proto3's zero is still a default (temperature 0 =
+  // greedy, top_k 0 = off): presence, not the value, says "set".
+  GenerationDefaults zeroes = round_trip({.temperature = 0.0f, .top_k = 0});
+  EXPECT_EQ(zeroes.temperature, 0.0f);
+  EXPECT_EQ(zeroes.top_k, 0);
+  EXPECT_FALSE(zeroes.top_p);
+  EXPECT_FALSE(zeroes.min_p);
+  EXPECT_FALSE(zeroes.repetition_penalty);
+  GenerationDefaults all = round_trip({.temperature = 0.6f,
+                                       .top_p = 0.9f,
+                                       .top_k = 64,
+                                       .min_p = 0.05f,
+                                       .repetition_penalty = 1.1f});
+  EXPECT_EQ(all.temperature, 0.6f);
+  EXPECT_EQ(all.top_p, 0.9f);
+  EXPECT_EQ(all.top_k, 64);
+  EXPECT_EQ(all.min_p, 0.05f);
+  EXPECT_EQ(all.repetition_penalty, 1.1f);
+  EXPECT_TRUE(round_trip({}).empty());
+  v1::GenerationDefaults reused;
+  ToProto(all, &reused);
+  ToProto({.top_p = 0.5f}, &reused);  // overwrites, never merges
+  EXPECT_FALSE(FromProto(reused).temperature);
+}
+
 TEST(StatusTest, CodesAndMessagesSurviveBothWays) {
   absl::Status a = absl::ResourceExhaustedError("queue full: 10 waiting");
   grpc::Status g = ToGrpcStatus(a);

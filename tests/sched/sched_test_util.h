@@ -24,6 +24,10 @@
 namespace tandem::sched::testing {
 
 inline constexpr int32_t kEos = 1;
+// Extra EOS ids (SchedulerConfig::extra_eos_token_ids) for the tests that set
+// them; Tokens() never produces them.
+inline constexpr int32_t kEos2 = 62;
+inline constexpr int32_t kEos3 = 63;
 
 // How often one request may be preempted by the same other request, which
 // the randomized tests assert. The progress rules of scheduler.h guarantee
@@ -88,7 +92,9 @@ inline Reference RunAlone(const std::vector<int32_t>& prompt, const SamplingPara
       kv.push_back(SlotValue(tokens[p], static_cast<int32_t>(p)));
     const int32_t t = NextToken(kv, c.vocab_size);
     const bool may_stop = static_cast<int32_t>(ref.output.size()) >= sp.min_tokens;
-    if (may_stop && !sp.ignore_eos && t == c.eos_token_id) {
+    const bool eos = t == c.eos_token_id ||
+                     std::count(c.extra_eos_token_ids.begin(), c.extra_eos_token_ids.end(), t) > 0;
+    if (may_stop && !sp.ignore_eos && eos) {
       ref.reason = RequestState::kFinishedStopped;
       return ref;
     }

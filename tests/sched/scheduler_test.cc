@@ -14,6 +14,8 @@ using testing::FakeStore;
 using testing::Greedy;
 using testing::Harness;
 using testing::kEos;
+using testing::kEos2;
+using testing::kEos3;
 using testing::RunAlone;
 using testing::TestConfig;
 using testing::Tokens;
@@ -271,6 +273,7 @@ void RunScripted(bool async, const StopCase& sc, int32_t max_model_len = 256,
                  int32_t prompt_len = 5) {
   SchedulerConfig c = TestConfig(64, async);
   c.max_model_len = max_model_len;
+  c.extra_eos_token_ids = {kEos2, kEos3};  // as Llama 3's three
   Scheduler sched(c, nullptr);
   ASSERT_TRUE(
       sched
@@ -331,11 +334,31 @@ TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
        {5, kEos, 6, 7},
        {5, kEos, 6},
        S::kFinishedLength},
+      {"a second eos id stops and is not emitted",
+       sp(10, false, 0, {}),
+       {5, kEos2, 7},
+       {5},
+       S::kFinishedStopped},
+      {"a third eos id stops and is not emitted",
+       sp(10, false, 0, {}),
+       {5, 6, kEos3, 7},
+       {5, 6},
+       S::kFinishedStopped},
+      {"ignore_eos keeps every eos id as a token",
+       sp(4, true, 0, {}),
+       {kEos3, kEos2, kEos, 6, 7},
+       {kEos3, kEos2, kEos, 6},
+       S::kFinishedLength},
       {"stop token is emitted", sp(10, false, 0, {9}), {5, 9, 6}, {5, 9}, S::kFinishedStopped},
       {"min_tokens holds back eos",
        sp(10, false, 2, {}),
        {kEos, 5, kEos, 6},
        {kEos, 5},
+       S::kFinishedStopped},
+      {"min_tokens holds back every eos id",
+       sp(10, false, 3, {}),
+       {kEos2, kEos3, kEos, 5, kEos3, 6},
+       {kEos2, kEos3, kEos, 5},
        S::kFinishedStopped},
       {"min_tokens holds back stop tokens",
        sp(10, false, 2, {9}),
@@ -360,6 +383,22 @@ TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
       GetParam(),
       {"max_model_len", sp(4, false, 0, {}), {5, 6, 7, 8, 9}, {5, 6, 7, 8}, S::kFinishedLength},
       /*max_model_len=*/12, /*prompt_len=*/8);
+}
+
+TEST(SchedulerTest, ConfigRefusesAnExtraEosIdOutsideTheVocabulary) {
+  SchedulerConfig c = TestConfig(64);
+  c.extra_eos_token_ids = {kEos2, 64};
+  EXPECT_EQ(c.Validate().message(),
+            "SchedulerConfig.extra_eos_token_ids holds 64, outside the vocabulary [0, 64)");
+  c.extra_eos_token_ids = {-1};
+  EXPECT_EQ(c.Validate().message(), "SchedulerConfig.extra_eos_token_ids holds -1, a negative id");
+  c.vocab_size = 0;  // unknown: only negative ids are refused
+  EXPECT_FALSE(c.Validate().ok());
+  c.extra_eos_token_ids = {1000};
+  EXPECT_TRUE(c.Validate().ok());
+  c.vocab_size = 64;
+  c.extra_eos_token_ids = {kEos2, kEos3};
+  EXPECT_TRUE(c.Validate().ok());
 }
 
 TEST(SchedulerTest, AddRequestRejectsBadInputWithPreciseStatus) {

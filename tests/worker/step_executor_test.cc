@@ -4,6 +4,7 @@
 // run under ASan/UBSan in CI, which the multi-process tests cannot.
 #include "tandem/worker/step_executor.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -191,22 +192,38 @@ TEST_F(StepExecutorTest, BadStepsFailWithAPreciseErrorAndResetForgetsEverything)
             std::string::npos);
 }
 
-TEST(SimBackendTest, DeterministicAndNeverEos) {
-  SimBackend sim(/*vocab_size=*/8, /*eos_token_id=*/2, 0, 0);
-  const std::vector<int32_t> a = {1, 5, 7}, b = {3};
+TEST(SimBackendTest, DeterministicAndNeverAnyEos) {
+  const std::vector<int32_t> eos = {2, 5, 6};  // three, as Llama 3's
+  SimBackend sim(/*vocab_size=*/8, eos, 0, 0);
   SamplingParams greedy;
-  std::vector<model::SequenceInput> batch = {{.token_ids = a, .start_pos = 0},
-                                             {.token_ids = b, .start_pos = 9}};
-  std::vector<model::SampleRequest> sample = {{.params = &greedy}, {.params = &greedy}};
+  // One-token sequences: last token x at position p for every x and p < 8.
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<model::SequenceInput> batch;
+  int num_raw_on_extra_eos = 0;  // the hash alone would give 5 or 6
+  for (int32_t x = 0; x < 8; ++x) tokens.push_back({x});
+  for (int32_t x = 0; x < 8; ++x) {
+    for (int32_t p = 0; p < 8; ++p) {
+      batch.push_back({.token_ids = tokens[x], .start_pos = p});
+      const uint64_t raw =
+          (static_cast<uint64_t>(x) * 2654435761ull + static_cast<uint64_t>(p + 1) * 40503ull) % 8;
+      num_raw_on_extra_eos += raw == 5 || raw == 6;
+    }
+  }
+  ASSERT_GT(num_raw_on_extra_eos, 0) << "the inputs must reach the extra EOS ids";
+  std::vector<model::SampleRequest> sample(batch.size(), {.params = &greedy});
   std::vector<int32_t> t1, t2;
   ASSERT_TRUE(sim.ForwardSample(batch, sample, &t1).ok());
   ASSERT_TRUE(sim.ForwardSample(batch, sample, &t2).ok());
   EXPECT_EQ(t1, t2);
+  ASSERT_EQ(t1.size(), batch.size());
   for (int32_t t : t1) {
     EXPECT_GE(t, 0);
     EXPECT_LT(t, 8);
-    EXPECT_NE(t, 2);
+    EXPECT_EQ(std::count(eos.begin(), eos.end(), t), 0) << t;
   }
+  // Every id an EOS: it samples one anyway instead of looping.
+  SimBackend all_eos(/*vocab_size=*/2, {0, 1}, 0, 0);
+  ASSERT_TRUE(all_eos.ForwardSample(batch, sample, &t1).ok());
 }
 
 }  // namespace

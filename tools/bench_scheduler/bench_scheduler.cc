@@ -7,7 +7,8 @@
 // Decode: N requests all decoding (prefix caching on, 16-token blocks), one
 // iteration = one Schedule() plus one UpdateFromOutput() (async: the update of
 // the previous step, two steps in flight). The worker's output is prepared
-// outside the timed region, as the worker would produce it.
+// outside the timed region, as the worker would produce it. Its token is
+// never EOS, but each one is checked against the three EOS ids.
 // Mixed: N running requests of random lengths (async); finished ones are
 // replaced by new 200-token prompts (half share a 128-token prefix), so every
 // step has prefill chunks, decodes, finishes and admissions.
@@ -66,7 +67,9 @@ SchedulerConfig BenchConfig(int32_t n, bool async) {
   c.block_size = 16;
   c.num_gpu_blocks = n * ((c.max_model_len + 15) / 16) + 1;
   c.async_scheduling = async;
+  // Three EOS ids, as Llama 3 has; the sampled token (7) is none of them.
   c.eos_token_id = 1;
+  c.extra_eos_token_ids = {2, 3};
   c.vocab_size = 32000;
   c.hash_root =
       HashRootParams{.model_fingerprint = "bench", .kv_layout = "bench", .block_size = 16};
@@ -91,7 +94,7 @@ struct DecodeFixture {
       for (int32_t t = 0; t < kPromptLen; ++t) prompt[t] = 2 + (i * 31 + t * 7) % 30000;
       SamplingParams sp;
       sp.max_tokens = kStepsPerScheduler + 32;
-      sp.ignore_eos = true;
+      sp.ignore_eos = false;  // every sampled token goes through the EOS check
       (void)sched->AddRequest(
           {.request_id = RequestId(i), .prompt_token_ids = std::move(prompt), .sampling = sp}, i);
     }

@@ -3,8 +3,10 @@
 // sequences per step, prefill in --chunk-token pieces) and prints the
 // generated ids of each prompt, one line per prompt:
 //   <prompt index>: <id> <id> ...
-// Generation of a prompt stops at --max-tokens or on the model's EOS token
-// (llama2.c's BOS = 1), which is not printed.
+// Generation of a prompt stops at --max-tokens or on any of the model's EOS
+// ids (ModelConfig::EosTokenIds; llama2.c's is BOS = 1, Llama 3 has three),
+// which is not printed.
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <fstream>
@@ -103,12 +105,13 @@ int main(int argc, char** argv) {
     flags.Fail("--batch, --chunk, --max-tokens and --block-size must be >= 1");
   }
 
-  auto model = Model::Load(model_path);
+  auto model = Model::Load(model_path, {.host_weights = false});
   if (!model.ok()) {
     std::cerr << "error: " << model.status() << "\n";
     return 1;
   }
   const ModelConfig& cfg = (*model)->config();
+  const std::vector<int32_t> eos = cfg.EosTokenIds();
   std::vector<Sequence> seqs(prompts.size());
   int64_t blocks_needed = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -199,7 +202,7 @@ int main(int argc, char** argv) {
           std::span(logits).subspan(i * cfg.vocab_size, static_cast<size_t>(cfg.vocab_size)),
           s->params, s->num_output());
       ++generated;
-      if (tok == cfg.eos_token_id) {
+      if (std::find(eos.begin(), eos.end(), tok) != eos.end()) {
         s->done = true;
       } else {
         s->tokens.push_back(tok);

@@ -28,7 +28,8 @@ if [ "$services" = 1 ]; then
   targets=(tandem-worker tandem-scheduler tandem-frontend tandem)
 else
   build="${BUILD_DIR:-build-gpu}"
-  targets=(kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test bench_cuda)
+  targets=(kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test
+           model_hf_families_test bench_cuda)
 fi
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON \
@@ -55,6 +56,9 @@ shared="${TANDEM_SHARED:-../shared}"
 if [ -d "$shared/models" ]; then
   cp "$shared/models/stories260K.bin" "$shared/models/stories260K.reference.json" "$out/shared/models/"
   [ "$services" = 0 ] || cp "$shared/models/tokenizer.bin" "$out/shared/models/"
+  # The Hugging Face fixtures (about 25 MB) for model_hf_families_test's
+  # both CUDA modes.
+  [ "$services" = 1 ] || cp -r "$shared/models/hf" "$out/shared/models/"
 fi
 cp tools/gpu/run_bundle.sh "$out/run.sh"
 du -sh "$out"

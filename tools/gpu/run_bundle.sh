@@ -24,7 +24,8 @@ if [ "$what" = frontend ]; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test; do
+  for t in kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test \
+           model_hf_families_test; do
     echo "=== $t" | tee -a "$out/tests.txt"
     "$here/bin/$t" 2>&1 | grep -vE '^\[ +(RUN|OK) +\]' | tee -a "$out/tests.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,6 +33,30 @@ struct SamplingParams {
 
   // Checks every field; `vocab_size` bounds top_k and stop tokens. The message
   // names the field and the bad value.
+  [[nodiscard]] absl::Status Validate(int32_t vocab_size) const;
+};
+
+// A model's sampling defaults (its generation_config.json, which the worker
+// reads with the model and the scheduler reports in GetModelInfo). As with
+// vLLM's `--generation-config auto`, tandem-frontend gives an OpenAI request
+// that leaves temperature, top_p or top_k unset the model's value, and only
+// without one OpenAI's default (frontend::EffectiveSampling); a request's own
+// value always wins. gRPC Generate callers send every field and get none.
+// nullopt = the model gives no default for the field.
+struct GenerationDefaults {
+  std::optional<float> temperature;  // >= 0, finite; 0 = greedy
+  std::optional<float> top_p;        // (0, 1]
+  std::optional<int32_t> top_k;      // <= vocab_size; <= 0 = off
+  // Not implemented by the sampler: carried so that the frontend can log
+  // that it does not apply them.
+  std::optional<float> min_p;               // [0, 1]
+  std::optional<float> repetition_penalty;  // > 0, finite; 1 = off
+
+  [[nodiscard]] bool empty() const {
+    return !temperature && !top_p && !top_k && !min_p && !repetition_penalty;
+  }
+  // Checks the ranges above (`vocab_size` bounds top_k); the message names
+  // the field and the bad value.
   [[nodiscard]] absl::Status Validate(int32_t vocab_size) const;
 };
 

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "tandem/common/sampling_params.h"
 #include "tandem/sched/kv_connector.h"
 #include "tandem/sched/scheduler.h"
 
@@ -90,8 +91,12 @@ struct WorkerDescription {
   int32_t num_kv_blocks = 0;
   int32_t vocab_size = 0;
   int32_t eos_token_id = -1;
+  // More ids that end a request as eos_token_id does (Llama 3's list).
+  std::vector<int32_t> extra_eos_token_ids;
   int32_t max_model_len = 0;
   int64_t block_bytes = 0;  // one block of every layer's K and V
+  // The model's sampling defaults; ConnectWorker refuses invalid ones.
+  GenerationDefaults generation;
 };
 
 // What clients may ask about the served model; `ready` once a worker served.
@@ -104,6 +109,10 @@ struct ModelInfo {
   int32_t block_size = 0;
   int32_t num_kv_blocks = 0;
   int32_t eos_token_id = -1;
+  std::vector<int32_t> extra_eos_token_ids;
+  // Not applied here (a gRPC request cannot leave a field unset): the
+  // frontend applies them to OpenAI requests.
+  GenerationDefaults generation;
 };
 
 // The engine's state as plain numbers (the service maps them onto

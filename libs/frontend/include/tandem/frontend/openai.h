@@ -5,9 +5,9 @@
 // test (tests/frontend/openai_test.cc).
 //
 // A change to DESIGN §1: libs/frontend is a library the table there does not
-// list (frontend protocol and routing policy, depending on Abseil and
-// nlohmann_json only); services/frontend is the HTTP + gRPC adapter, the way
-// the other services adapt their libraries.
+// list (frontend protocol and routing policy, depending on Abseil,
+// nlohmann_json and tandem::common's plain types only); services/frontend is
+// the HTTP + gRPC adapter, the way the other services adapt their libraries.
 //
 // Field by field it follows OpenAI's documented API and vLLM's extensions
 // (https://platform.openai.com/docs/api-reference/completions,
@@ -28,6 +28,12 @@
 // than "none", response_format other than text. Unknown fields are ignored,
 // as OpenAI's SDKs send fields a server may not know.
 //
+// temperature, top_p and top_k a request leaves unset (absent or null) take
+// the served model's default from its generation_config.json, as vLLM's
+// --generation-config auto does, and only without one OpenAI's default
+// (EffectiveSampling). The model's min_p and repetition_penalty are not
+// applied: the sampler has neither.
+//
 // Choice i of n with a seed s uses seed s + i, so that n > 1 gives n
 // different samples that are each reproducible alone (vLLM seeds them from
 // one generator; its exact sequences are not reproducible here).
@@ -40,6 +46,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tandem/common/sampling_params.h"
 
 namespace tandem::frontend {
 
@@ -75,9 +82,10 @@ struct CompletionRequest {
   // The prefix-cache salt of the caller's tenant. Set by the frontend from
   // the API key (FrontendOptions::tenants), never from the body.
   std::string cache_salt;
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;                      // 0 = off (vLLM's -1 accepted too)
+  // nullopt: the request left it unset (see EffectiveSampling).
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;  // 0 = off (vLLM's -1 accepted too)
   int32_t min_tokens = 0;
   std::optional<int64_t> seed;
   int32_t n = 1;
@@ -103,6 +111,19 @@ inline constexpr int32_t kMaxStopStrings = 16;
 [[nodiscard]] std::optional<ApiError> ParseCompletionRequest(std::string_view body,
                                                              Endpoint endpoint,
                                                              CompletionRequest* out);
+
+// The sampling a request runs with.
+struct RequestSampling {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;  // 0 = off
+};
+// Each field: the request's own value, else `model_defaults`' (the served
+// model's generation_config.json; its top_k <= 0 = off), else OpenAI's
+// (temperature 1, top_p 1, top_k off). min_p and repetition_penalty of
+// `model_defaults` are not read (not implemented).
+[[nodiscard]] RequestSampling EffectiveSampling(const CompletionRequest& request,
+                                                const GenerationDefaults& model_defaults);
 
 // The error for a gRPC status from a scheduler (absl/gRPC code numbers are
 // the same): INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503,

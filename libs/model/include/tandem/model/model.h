@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tandem/common/sampling_params.h"
 
 namespace tandem::model {
 
@@ -62,17 +63,9 @@ struct RopeScaling {
   int32_t original_max_position_embeddings = 0;  // llama3
 };
 
-// Sampling defaults from generation_config.json; a request's own value wins.
-struct GenerationDefaults {
-  std::optional<float> temperature;
-  std::optional<float> top_p;
-  std::optional<int32_t> top_k;
-  std::optional<float> min_p;
-  std::optional<float> repetition_penalty;
-  bool empty() const {
-    return !temperature && !top_p && !top_k && !min_p && !repetition_penalty;
-  }
-};
+// Sampling defaults from generation_config.json (see tandem/common); a
+// request's own value wins.
+using GenerationDefaults = ::tandem::GenerationDefaults;
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama2c;

@@ -18,6 +18,11 @@ namespace tandem::rpc {
 void ToProto(const SamplingParams& in, v1::SamplingParams* out);
 [[nodiscard]] SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed = 0);
 
+// A model's sampling defaults: a field unset in one is unset in the other.
+// FromProto does not validate (call GenerationDefaults::Validate).
+void ToProto(const GenerationDefaults& in, v1::GenerationDefaults* out);
+[[nodiscard]] GenerationDefaults FromProto(const v1::GenerationDefaults& in);
+
 // Scheduler -> worker, one per step.
 void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out);
 // INVALID_ARGUMENT when a block hash is not 32 bytes or the per-request

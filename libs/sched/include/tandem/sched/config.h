@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "tandem/common/block_hash.h"
@@ -56,6 +57,9 @@ struct SchedulerConfig {
   // The model's end-of-sequence token; it stops a request (unless
   // ignore_eos) and is never part of the output. < 0 = the model has none.
   int32_t eos_token_id = 1;
+  // More end-of-sequence tokens, each acting exactly as eos_token_id (Llama 3
+  // ends a turn with any of 128001, 128008, 128009). Each in [0, vocab_size).
+  std::vector<int32_t> extra_eos_token_ids;
   // A request in this many failed worker steps ends with kFinishedError;
   // before that each failure preempts it for recompute. > 0.
   int32_t max_step_failures = 3;

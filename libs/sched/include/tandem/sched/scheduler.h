@@ -8,11 +8,13 @@
 //                           of step N; at most two steps in flight; outputs
 //                           are processed in step order.
 //
-// Stop checks, per sampled token, in this order: EOS (unless ignore_eos; not
-// appended, not streamed), a stop token (appended and streamed), then
+// Stop checks, per sampled token, in this order: EOS, i.e. eos_token_id or
+// any of extra_eos_token_ids (unless ignore_eos; not appended, not
+// streamed), a stop token (appended and streamed), then
 // max_tokens / max_model_len. EOS and stop tokens count only for a token at
-// output index >= min_tokens (the sampler masks them before that); an EOS
-// before then is an ordinary output token. EOS on the last allowed token
+// output index >= min_tokens; an EOS before then is an ordinary output
+// token (the samplers do not mask EOS and stop tokens below min_tokens as
+// vLLM's does: a known gap). EOS on the last allowed token
 // therefore finishes as kFinishedStopped, not kFinishedLength.
 //
 // Preemption and progress (DESIGN §3, plus rules of Tandem's that make every
@@ -324,6 +326,8 @@ class Scheduler {
     return (request.state == RequestState::kWaiting || request.state == RequestState::kPreempted) &&
            !request.block_ids.empty();
   }
+  // eos_token_id or one of extra_eos_token_ids.
+  [[nodiscard]] bool IsEos(int32_t token) const;
   void AppendTokens(Request* request, std::span<const int32_t> tokens, RequestOutput* out);
   // Ends a request in any live state: frees or holds its blocks.
   // `num_storable_tokens`: see KvConnectorScheduler::RequestFinished.

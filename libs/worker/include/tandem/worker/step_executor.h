@@ -37,6 +37,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -75,19 +76,27 @@ class RunnerBackend final : public StepBackend {
 };
 
 // No math: deterministic fake logits (one token gets all the mass, chosen
-// from the sequence's last token and length, never EOS) after step_us per
-// step plus token_us per token; for scheduler scale tests.
+// from the sequence's last token and length, never one of `eos_token_ids`
+// unless every id is one) after step_us per step plus token_us per token;
+// for scheduler scale tests.
 class SimBackend final : public StepBackend {
  public:
-  SimBackend(int32_t vocab_size, int32_t eos_token_id, int32_t step_us, int32_t token_us)
-      : vocab_size_(vocab_size), eos_token_id_(eos_token_id), step_us_(step_us),
+  SimBackend(int32_t vocab_size, std::vector<int32_t> eos_token_ids, int32_t step_us,
+             int32_t token_us)
+      : vocab_size_(vocab_size),
+        eos_token_ids_(std::move(eos_token_ids)),
+        step_us_(step_us),
         token_us_(token_us) {}
   absl::Status ForwardSample(std::span<const model::SequenceInput> batch,
                              std::span<const model::SampleRequest> sample,
                              std::vector<int32_t>* tokens) override;
 
  private:
-  const int32_t vocab_size_, eos_token_id_, step_us_, token_us_;
+  [[nodiscard]] bool IsEos(int32_t token) const;
+
+  const int32_t vocab_size_;
+  const std::vector<int32_t> eos_token_ids_;
+  const int32_t step_us_, token_us_;
 };
 
 struct StepExecutorOptions {

@@ -1,0 +1,200 @@
+// tandem-frontend applies the served model's sampling defaults (its
+// generation_config.json, as the scheduler's GetModelInfo reports them) to
+// the OpenAI requests that leave a field unset, as vLLM's
+// --generation-config auto does; a field the request sends is its own.
+// The real frontend binary talks to an in-process fake scheduler that
+// describes a model with (or without) defaults and records the sampling
+// parameters of every Generate call it gets.
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../integration/harness.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tandem/rpc/server.h"
+
+namespace tandem::testing {
+namespace {
+
+using Json = nlohmann::json;
+
+const std::string kTokenizer = std::string(TANDEM_SHARED_DIR) + "/models/tokenizer.bin";
+
+// Answers GetModelInfo with `info`; each Generate call is recorded by
+// request id and answered with one token and FINISH_REASON_STOP.
+class FakeScheduler final : public v1::Generation::Service {
+ public:
+  explicit FakeScheduler(v1::GetModelInfoResponse info) : info_(std::move(info)) {
+    static const bool health = (rpc::EnableReflectionAndHealth(), true);  // once per process
+    (void)health;
+    grpc::ServerBuilder builder;
+    builder.RegisterService(this);
+    auto server = rpc::BuildAndStart(&builder, {.listen_address = "127.0.0.1:0"}, &port_);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) {
+      server_ = std::move(server).value();
+      rpc::SetServing(server_.get(), "tandem.v1.Generation", true);
+    }
+  }
+  ~FakeScheduler() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  // The sampling parameters of every Generate call, in arrival order.
+  std::vector<v1::SamplingParams> sampled() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sampled_;
+  }
+
+  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
+                            v1::GetModelInfoResponse* response) override {
+    *response = info_;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sampled_.push_back(request->sampling());
+    }
+    v1::GenerateResponse response;
+    response.set_request_id(request->request_id());
+    response.add_token_ids(100);
+    response.set_finish_reason(v1::FINISH_REASON_STOP);
+    response.mutable_usage()->set_prompt_tokens(request->prompt_token_ids_size());
+    response.mutable_usage()->set_output_tokens(1);
+    writer->Write(response);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const v1::GetModelInfoResponse info_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::mutex mu_;
+  std::vector<v1::SamplingParams> sampled_;
+};
+
+v1::GetModelInfoResponse ModelInfo(const std::string& fingerprint) {
+  v1::GetModelInfoResponse info;
+  info.set_model_name("fake");
+  info.set_model_fingerprint(fingerprint);
+  info.set_vocab_size(32000);
+  info.set_max_model_len(256);
+  info.set_block_size(16);
+  info.set_num_kv_blocks(64);
+  info.set_eos_token_id(2);
+  return info;
+}
+
+struct Sampling {
+  float temperature = 0, top_p = 0;
+  int32_t top_k = 0;
+  bool operator==(const Sampling&) const = default;
+};
+std::ostream& operator<<(std::ostream& os, const Sampling& s) {
+  return os << "{temperature " << s.temperature << ", top_p " << s.top_p << ", top_k " << s.top_k
+            << "}";
+}
+
+// Posts `body` to the frontend; the sampling the fake scheduler got for it.
+Sampling Send(const Service& frontend, FakeScheduler& scheduler, const std::string& path,
+              const Json& body) {
+  const size_t before = scheduler.sampled().size();
+  httplib::Client client("http://" + frontend.address());
+  client.set_read_timeout(30, 0);
+  auto res = client.Post(path, body.dump(), "application/json");
+  EXPECT_TRUE(res) << body.dump();
+  if (!res) return {};
+  EXPECT_EQ(res->status, 200) << body.dump() << ": " << res->body;
+  const std::vector<v1::SamplingParams> got = scheduler.sampled();
+  EXPECT_EQ(got.size(), before + 1) << body.dump();
+  if (got.size() != before + 1) return {};
+  return {got.back().temperature(), got.back().top_p(), got.back().top_k()};
+}
+
+TEST(FrontendSamplingDefaultsTest, TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset) {
+  const std::string dir = MakeTempDir("frontend-sampling");
+  // Llama 3's generation_config.json (temperature 0.6, top_p 0.9), plus a
+  // top_k, and a min_p the frontend cannot apply (it only logs that).
+  v1::GetModelInfoResponse with = ModelInfo("with-defaults");
+  with.add_extra_eos_token_ids(5);
+  v1::GenerationDefaults* g = with.mutable_generation();
+  g->set_temperature(0.6f);
+  g->set_has_temperature(true);
+  g->set_top_p(0.9f);
+  g->set_has_top_p(true);
+  g->set_top_k(40);
+  g->set_has_top_k(true);
+  g->set_min_p(0.05f);
+  g->set_has_min_p(true);
+  FakeScheduler scheduler(with);
+  Service frontend = StartFrontend(dir, "frontend", {scheduler.address()},
+                                   {"--tokenizer", kTokenizer, "--chat-template", "llama-2"});
+
+  const Json prompt = Json::array({1, 450, 4996});
+  struct Case {
+    Json fields;
+    Sampling expected;
+  };
+  const std::vector<Case> cases = {
+      {Json::object(), {0.6f, 0.9f, 40}},
+      {{{"temperature", nullptr}, {"top_p", nullptr}, {"top_k", nullptr}}, {0.6f, 0.9f, 40}},
+      {{{"temperature", 1.2}}, {1.2f, 0.9f, 40}},
+      {{{"top_p", 0.5}}, {0.6f, 0.5f, 40}},
+      {{{"top_k", 3}}, {0.6f, 0.9f, 3}},
+      // Values equal to OpenAI's defaults, "off" and proto3's zero are the
+      // request's own too.
+      {{{"temperature", 1}, {"top_p", 1}, {"top_k", -1}}, {1.0f, 1.0f, 0}},
+      {{{"temperature", 0}, {"top_k", 0}}, {0.0f, 0.9f, 0}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.fields.dump());
+    Json body = {{"prompt", prompt}, {"max_tokens", 4}};
+    body.update(c.fields);
+    EXPECT_EQ(Send(frontend, scheduler, "/v1/completions", body), c.expected);
+    Json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 4}};
+    chat.update(c.fields);
+    EXPECT_EQ(Send(frontend, scheduler, "/v1/chat/completions", chat), c.expected);
+  }
+  // n = 3: every choice samples with the defaults.
+  const size_t before = scheduler.sampled().size();
+  httplib::Client client("http://" + frontend.address());
+  auto res =
+      client.Post("/v1/completions", Json({{"prompt", prompt}, {"max_tokens", 4}, {"n", 3}}).dump(),
+                  "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const std::vector<v1::SamplingParams> got = scheduler.sampled();
+  ASSERT_EQ(got.size(), before + 3);
+  for (size_t i = before; i < got.size(); ++i) {
+    EXPECT_EQ((Sampling{got[i].temperature(), got[i].top_p(), got[i].top_k()}),
+              (Sampling{0.6f, 0.9f, 40}));
+  }
+  EXPECT_NE(ReadFile(frontend.log_path).find("min_p=0.05, which Tandem does not implement"),
+            std::string::npos)
+      << "frontend log: " << frontend.log_path;
+}
+
+TEST(FrontendSamplingDefaultsTest, WithoutDefaultsRequestsGetOpenAisDefaults) {
+  const std::string dir = MakeTempDir("frontend-sampling");
+  FakeScheduler scheduler(ModelInfo("no-defaults"));
+  Service frontend =
+      StartFrontend(dir, "frontend", {scheduler.address()}, {"--tokenizer", kTokenizer});
+  const Json prompt = Json::array({1, 450, 4996});
+  EXPECT_EQ(Send(frontend, scheduler, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 4}}),
+            (Sampling{1.0f, 1.0f, 0}));
+  EXPECT_EQ(Send(frontend, scheduler, "/v1/completions",
+                 {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"top_k", 5}}),
+            (Sampling{0.0f, 1.0f, 5}));
+}
+
+}  // namespace
+}  // namespace tandem::testing
