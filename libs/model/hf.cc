@@ -6,13 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <optional>
-#include <set>
 #include <span>
-#include <string_view>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -67,16 +62,10 @@ absl::StatusOr<ModelWeights> MaterializeWeights(const HfWeights& source, const M
   w.layers.resize(static_cast<size_t>(c.num_layers));
   for (int32_t i = 0; i < c.num_layers; ++i) {
     LayerWeights& l = w.layers[static_cast<size_t>(i)];
-    for (auto [dst, kind] : std::initializer_list<std::pair<std::vector<float>*, WeightKind>>{
-             {&l.rms_att, WeightKind::kRmsAtt}, {&l.wq, WeightKind::kWq},
-             {&l.wk, WeightKind::kWk},          {&l.wv, WeightKind::kWv},
-             {&l.wo, WeightKind::kWo},          {&l.bq, WeightKind::kBq},
-             {&l.bk, WeightKind::kBk},          {&l.bv, WeightKind::kBv},
-             {&l.bo, WeightKind::kBo},          {&l.q_norm, WeightKind::kQNorm},
-             {&l.k_norm, WeightKind::kKNorm},   {&l.rms_ffn, WeightKind::kRmsFfn},
-             {&l.w1, WeightKind::kW1},          {&l.w2, WeightKind::kW2},
-             {&l.w3, WeightKind::kW3}}) {
-      TANDEM_RETURN_IF_ERROR(get(dst, kind, i));
+    for (int32_t k = static_cast<int32_t>(WeightKind::kRmsAtt);
+         k <= static_cast<int32_t>(WeightKind::kW3); ++k) {
+      const auto kind = static_cast<WeightKind>(k);
+      TANDEM_RETURN_IF_ERROR(get(LayerWeight(l, kind), kind, i));
     }
     const auto now = std::chrono::steady_clock::now();
     if (now - last_log > std::chrono::seconds(5) || i + 1 == c.num_layers) {

@@ -63,6 +63,10 @@ class HfWeights {
   std::vector<std::map<WeightKind, Ref>> layers_;
 };
 
+// The field of `l` that a per-layer kind (kRmsAtt .. kW3) names; nullptr
+// for the model-wide kinds.
+std::vector<float>* LayerWeight(LayerWeights& l, WeightKind kind);
+
 // Every weight of `source` in fp32 (Model::Load with host weights), with
 // per-layer progress in the log.
 absl::StatusOr<ModelWeights> MaterializeWeights(const HfWeights& source, const ModelConfig& c,

@@ -293,6 +293,31 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   return m;
 }
 
+namespace internal {
+
+std::vector<float>* LayerWeight(LayerWeights& l, WeightKind kind) {
+  switch (kind) {
+    case WeightKind::kRmsAtt: return &l.rms_att;
+    case WeightKind::kWq: return &l.wq;
+    case WeightKind::kWk: return &l.wk;
+    case WeightKind::kWv: return &l.wv;
+    case WeightKind::kWo: return &l.wo;
+    case WeightKind::kBq: return &l.bq;
+    case WeightKind::kBk: return &l.bk;
+    case WeightKind::kBv: return &l.bv;
+    case WeightKind::kBo: return &l.bo;
+    case WeightKind::kQNorm: return &l.q_norm;
+    case WeightKind::kKNorm: return &l.k_norm;
+    case WeightKind::kRmsFfn: return &l.rms_ffn;
+    case WeightKind::kW1: return &l.w1;
+    case WeightKind::kW2: return &l.w2;
+    case WeightKind::kW3: return &l.w3;
+    default: return nullptr;
+  }
+}
+
+}  // namespace internal
+
 namespace {
 
 // The host weight `id` names (empty for an absent optional one).
@@ -309,25 +334,10 @@ const std::vector<float>* HostWeight(const ModelWeights& w, WeightId id) {
       break;
   }
   if (id.layer < 0 || id.layer >= static_cast<int32_t>(w.layers.size())) return &kEmpty;
-  const LayerWeights& l = w.layers[static_cast<size_t>(id.layer)];
-  switch (id.kind) {
-    case WeightKind::kRmsAtt: return &l.rms_att;
-    case WeightKind::kWq: return &l.wq;
-    case WeightKind::kWk: return &l.wk;
-    case WeightKind::kWv: return &l.wv;
-    case WeightKind::kWo: return &l.wo;
-    case WeightKind::kBq: return &l.bq;
-    case WeightKind::kBk: return &l.bk;
-    case WeightKind::kBv: return &l.bv;
-    case WeightKind::kBo: return &l.bo;
-    case WeightKind::kQNorm: return &l.q_norm;
-    case WeightKind::kKNorm: return &l.k_norm;
-    case WeightKind::kRmsFfn: return &l.rms_ffn;
-    case WeightKind::kW1: return &l.w1;
-    case WeightKind::kW2: return &l.w2;
-    case WeightKind::kW3: return &l.w3;
-    default: return &kEmpty;
-  }
+  // LayerWeight only hands out the field; nothing is written through it.
+  const std::vector<float>* v = internal::LayerWeight(
+      const_cast<LayerWeights&>(w.layers[static_cast<size_t>(id.layer)]), id.kind);
+  return v != nullptr ? v : &kEmpty;
 }
 
 absl::Status Released(const std::string& name) {

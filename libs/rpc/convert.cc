@@ -70,27 +70,17 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
 }
 
 void ToProto(const GenerationDefaults& in, v1::GenerationDefaults* out) {
-  out->Clear();
-  if (in.temperature) {
-    out->set_temperature(*in.temperature);
-    out->set_has_temperature(true);
-  }
-  if (in.top_p) {
-    out->set_top_p(*in.top_p);
-    out->set_has_top_p(true);
-  }
-  if (in.top_k) {
-    out->set_top_k(*in.top_k);
-    out->set_has_top_k(true);
-  }
-  if (in.min_p) {
-    out->set_min_p(*in.min_p);
-    out->set_has_min_p(true);
-  }
-  if (in.repetition_penalty) {
-    out->set_repetition_penalty(*in.repetition_penalty);
-    out->set_has_repetition_penalty(true);
-  }
+  // An unset field: value 0 (proto3's default) and its has_ flag false.
+  out->set_temperature(in.temperature.value_or(0.0f));
+  out->set_has_temperature(in.temperature.has_value());
+  out->set_top_p(in.top_p.value_or(0.0f));
+  out->set_has_top_p(in.top_p.has_value());
+  out->set_top_k(in.top_k.value_or(0));
+  out->set_has_top_k(in.top_k.has_value());
+  out->set_min_p(in.min_p.value_or(0.0f));
+  out->set_has_min_p(in.min_p.has_value());
+  out->set_repetition_penalty(in.repetition_penalty.value_or(0.0f));
+  out->set_has_repetition_penalty(in.repetition_penalty.has_value());
 }
 
 GenerationDefaults FromProto(const v1::GenerationDefaults& in) {

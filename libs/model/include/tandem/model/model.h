@@ -142,6 +142,7 @@ struct ModelWeights {
 // Names one weight of the model (ModelWeights' fields; layer for per-layer ones).
 enum class WeightKind : int32_t {
   kEmbedding, kRmsFinal, kClassifier,  // model-wide (kClassifier: the embedding when tied)
+  // Per layer, contiguous from kRmsAtt to kW3 (loops walk them in order).
   kRmsAtt, kWq, kWk, kWv, kWo, kBq, kBk, kBv, kBo, kQNorm, kKNorm, kRmsFfn, kW1, kW2, kW3,
 };
 struct WeightId {
