@@ -205,6 +205,7 @@ absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* ou
 void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out) {
   out->set_step_id(in.step_id);
   out->set_error(in.error);
+  out->set_rejected(in.rejected);
   out->mutable_sampled()->Reserve(static_cast<int>(in.sampled.size()));
   for (const sched::SampledTokens& s : in.sampled) {
     v1::SampledTokens* p = out->add_sampled();
@@ -233,6 +234,11 @@ absl::Status FromProto(const v1::ModelRunnerOutput& in, sched::ModelRunnerOutput
   }
   out->kv_connector_report = FromProto(in.kv_connector_report());
   out->error = in.error();
+  out->rejected = in.rejected();
+  if (out->rejected && out->error.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", in.step_id(), ": a rejected step's output carries no error"));
+  }
   return absl::OkStatus();
 }
 

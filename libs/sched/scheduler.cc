@@ -9,6 +9,7 @@
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/sched/preemption.h"
+#include "tandem/sched/request_id.h"
 
 namespace tandem::sched {
 namespace {
@@ -64,6 +65,7 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
                                         int32_t num_total_blocks) {
   // The one validation of a request's content (the services only convert);
   // the messages name the GenerateRequest's fields.
+  TANDEM_RETURN_IF_ERROR(ValidateRequestId(spec.request_id));
   if (spec.prompt_token_ids.empty()) {
     return absl::InvalidArgumentError(
         "prompt_token_ids is empty; a prompt needs at least one token");
@@ -139,6 +141,7 @@ absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
   r->num_prompt_tokens = r->num_tokens();
   r->all_token_ids.insert(r->all_token_ids.end(), spec.resumed_output_token_ids.begin(),
                           spec.resumed_output_token_ids.end());
+  r->num_resumed_output_tokens = static_cast<int32_t>(spec.resumed_output_token_ids.size());
   // Grown once: no reallocation on the hot path (total <= max_model_len).
   r->all_token_ids.reserve(static_cast<size_t>(total));
   r->block_ids.reserve(static_cast<size_t>(blocks_needed));
@@ -515,6 +518,7 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
       d.block_ids = r->block_ids;
       d.num_computed_tokens = r->num_computed_tokens;
       r->known_to_worker = true;
+      r->new_in_step = out->step_id;
     } else {
       slot = num_new + next_cached;
       CachedRequestData& d = out->scheduled_cached_reqs[next_cached++];
@@ -539,6 +543,7 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   out->total_num_scheduled_tokens = total;
   out->finished_req_ids.swap(pending_finished_ids_);
   pending_finished_ids_.clear();
+  record.finished_ids.assign(out->finished_req_ids.begin(), out->finished_req_ids.end());
   // Preempted since the last step (here or by a failed step's output).
   out->preempted_req_ids.resize(preempted_.size());
   for (size_t i = 0; i < preempted_.size(); ++i) {
@@ -553,6 +558,17 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
                                             config_.async_scheduling && e.will_sample});
     }
     out->kv_connector_metadata = connector_->BuildConnectorMeta(*out, views_);
+    record.load_ids.clear();
+    record.load_block_ids.clear();
+    record.store_ids.clear();
+    for (const KvLoad& load : out->kv_connector_metadata.loads) {
+      record.load_ids.push_back(load.request_id);
+      record.load_block_ids.insert(record.load_block_ids.end(), load.block_ids.begin(),
+                                   load.block_ids.end());
+    }
+    for (const KvStoreOp& store : out->kv_connector_metadata.stores) {
+      record.store_ids.push_back(store.request_id);
+    }
   } else {
     out->kv_connector_metadata.loads.clear();
     out->kv_connector_metadata.stores.clear();
@@ -685,10 +701,21 @@ void Scheduler::UpdateOldestStepInto(const ModelRunnerOutput& output,
   last_processed_step_id_ = rec.step_id;
   if (rec.failed || !output.error.empty()) {
     size_t num_outputs = 0;
-    // A step that failed with an earlier one was handled with it.
-    if (!rec.failed) FailSteps(output.error, outputs, &num_outputs);
-    outputs->resize(num_outputs);
-    HandleConnectorReport(output.kv_connector_report);
+    if (output.rejected) {
+      // Even when it had failed with an earlier step: the worker fails every
+      // later step built before this output, which it could not when it
+      // skipped this one's new requests.
+      KvConnectorReport report = output.kv_connector_report;
+      UndoRejectedStep(rec, &report);
+      FailSteps(output.error, outputs, &num_outputs);
+      outputs->resize(num_outputs);
+      HandleConnectorReport(report);
+    } else {
+      // A step that failed with an earlier one was handled with it.
+      if (!rec.failed) FailSteps(output.error, outputs, &num_outputs);
+      outputs->resize(num_outputs);
+      HandleConnectorReport(output.kv_connector_report);
+    }
     spare_records_.push_back(std::move(rec));
     in_flight_.pop_front();
     return;
@@ -765,7 +792,8 @@ void Scheduler::UpdateOldestStepInto(const ModelRunnerOutput& output,
 }
 
 void Scheduler::NoteCachedTokens(Request* r, int32_t num_local, int32_t num_external) {
-  if (r->num_output_tokens() > 0) return;  // fixed by the prefill of the first token
+  // Fixed by the prefill of the first token it samples here.
+  if (r->num_output_tokens() > r->num_resumed_output_tokens) return;
   r->num_cached_tokens_local = std::min(num_local, r->num_prompt_tokens);
   r->num_cached_tokens_external =
       std::min(num_local + num_external, r->num_prompt_tokens) - r->num_cached_tokens_local;
@@ -782,6 +810,7 @@ void Scheduler::FailSteps(const std::string& error, std::vector<RequestOutput>* 
   absl::flat_hash_set<const Request*> seen;
   absl::flat_hash_set<const Request*> in_failed_step;  // of the step that failed itself
   for (StepRecord& rec : in_flight_) {
+    if (rec.failed) continue;  // failed with an earlier step: handled then
     rec.failed = true;
     for (int32_t b : rec.published) {
       kv_.pool().Uncache(b);
@@ -811,6 +840,10 @@ void Scheduler::FailSteps(const std::string& error, std::vector<RequestOutput>* 
       affected.push_back(r);  // holds KV of a finished load
     }
   }
+  // Preempted requests go to the front of the queue one by one: the latest
+  // arrival first, so that they line up in arrival order (FCFS).
+  std::sort(affected.begin(), affected.end(),
+            [](const Request* a, const Request* b) { return a->arrival_seq > b->arrival_seq; });
   for (Request* r : affected) {
     if (r->state == RequestState::kRunning) {
       running_.erase(std::find(running_.begin(), running_.end(), r));
@@ -829,6 +862,34 @@ void Scheduler::FailSteps(const std::string& error, std::vector<RequestOutput>* 
     }
     Preempt(r, nullptr, PreemptionReason::kStepFailed);
   }
+}
+
+void Scheduler::UndoRejectedStep(const StepRecord& rec, KvConnectorReport* report) {
+  for (const StepEntry& e : rec.entries) {
+    // Whatever happened to it since (slots are reused, but a reused one was
+    // sent as new in a later step, if at all).
+    if (e.request->new_in_step == rec.step_id) e.request->known_to_worker = false;
+  }
+  // The worker never dropped them. An id live again that the worker knows
+  // names a new request a later step sent, whose state replaced the old.
+  for (const std::string& id : rec.finished_ids) {
+    auto it = live_.find(id);
+    if (it == live_.end() || !it->second->known_to_worker) pending_finished_ids_.push_back(id);
+  }
+  if (!rec.load_ids.empty() || !rec.store_ids.empty()) {
+    TANDEM_LOG(WARNING) << "step " << rec.step_id << " was rejected by the worker: its "
+                        << rec.load_ids.size() << " KV-store loads are recomputed and its "
+                        << rec.store_ids.size() << " stores dropped";
+  }
+  // Every block of its loads is invalid: the requests recompute them.
+  report->finished_recving.insert(report->finished_recving.end(), rec.load_ids.begin(),
+                                  rec.load_ids.end());
+  report->invalid_block_ids.insert(report->invalid_block_ids.end(), rec.load_block_ids.begin(),
+                                   rec.load_block_ids.end());
+  report->finished_sending.insert(report->finished_sending.end(), rec.store_ids.begin(),
+                                  rec.store_ids.end());
+  report->failed_sending.insert(report->failed_sending.end(), rec.store_ids.begin(),
+                                rec.store_ids.end());
 }
 
 void Scheduler::HandleConnectorReport(const KvConnectorReport& report) {

@@ -49,14 +49,27 @@ sched::ModelRunnerOutput StepExecutor::Execute(sched::SchedulerOutput step) {
   TANDEM_LOG(ERROR) << "step " << step.step_id << " failed: " << s;
   // Loads already done are still reported: the scheduler must learn that
   // those requests' blocks arrived (or failed), or they would wait for them
-  // forever.
+  // forever. Its stores after the forward pass never ran: reported as
+  // failed, so the scheduler forgets them instead of counting them stored.
+  if (kv_connector_ != nullptr) {
+    for (const sched::KvStoreOp& st : step.kv_connector_metadata.stores) {
+      if (st.before_forward) continue;
+      out.kv_connector_report.finished_sending.push_back(st.request_id);
+      out.kv_connector_report.failed_sending.push_back(st.request_id);
+    }
+  }
   return Failed(step.step_id, step.last_processed_step_id, s, std::move(out.kv_connector_report));
 }
 
-sched::ModelRunnerOutput StepExecutor::Reject(uint64_t step_id, uint64_t last_processed_step_id,
-                                              const absl::Status& why) {
+sched::ModelRunnerOutput StepExecutor::Reject(uint64_t step_id, const absl::Status& why) {
   TANDEM_LOG(ERROR) << "step " << step_id << " rejected: " << why;
-  return Failed(step_id, last_processed_step_id, why, {});
+  // Nothing of it was applied, so whatever the scheduler built on it before
+  // it learns of the rejection cannot run, even when this step was itself
+  // built on an earlier failed one (the scheduler fails them all with it).
+  last_failed_step_id_ = std::max(last_failed_step_id_, step_id);
+  sched::ModelRunnerOutput out{.step_id = step_id, .error = std::string(why.message())};
+  out.rejected = true;
+  return out;
 }
 
 sched::ModelRunnerOutput StepExecutor::Failed(uint64_t step_id, uint64_t last_processed_step_id,
@@ -115,6 +128,13 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     batch.push_back(&s);
     ids.push_back(&r.request_id);
   }
+  // New requests are registered even in a step that does not run (the
+  // scheduler knows them as sent), but a step built on a failed one stops
+  // here, before its diffs are checked against state the failure left.
+  if (step.last_processed_step_id < last_failed_step_id_) {
+    return absl::AbortedError(absl::StrCat("step ", step.step_id, " was built on step ",
+                                           last_failed_step_id_, ", which failed; it is not run"));
+  }
   for (sched::CachedRequestData& r : step.scheduled_cached_reqs) {
     auto it = seqs_.find(r.request_id);
     if (it == seqs_.end()) {
@@ -151,12 +171,8 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
                      step.num_scheduled_tokens.size(), " token counts"));
   }
 
-  if (step.last_processed_step_id < last_failed_step_id_) {
-    return absl::AbortedError(absl::StrCat("step ", step.step_id, " was built on step ",
-                                           last_failed_step_id_, ", which failed; it is not run"));
-  }
-  if (std::find(options_.debug_fail_steps.begin(), options_.debug_fail_steps.end(),
-                step.step_id) != options_.debug_fail_steps.end()) {
+  if (std::find(options_.debug_fail_steps.begin(), options_.debug_fail_steps.end(), step.step_id) !=
+      options_.debug_fail_steps.end()) {
     return absl::InternalError(
         absl::StrCat("step ", step.step_id, " failed (TEST-ONLY --debug-fail-steps)"));
   }

@@ -9,6 +9,7 @@
 #include "tandem/rpc/convert.h"
 #include "tandem/rpc/status.h"
 #include "tandem/rpc/tls.h"
+#include "tandem/sched/request_id.h"
 
 namespace tandem::scheduler {
 namespace {
@@ -49,7 +50,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
 // The one log line of a request that never reached the engine.
 void Reject(GenerateCall& call, const std::string& request_id, grpc::Status status) {
-  TANDEM_LOG(INFO) << "request " << (request_id.empty() ? "(no id)" : request_id)
+  TANDEM_LOG(INFO) << "request "
+                   << (request_id.empty() ? "(no id)" : sched::LoggableRequestId(request_id))
                    << " rejected: status=" << rpc::StatusCodeName(status) << " "
                    << status.error_message();
   call.Finish(std::move(status));
@@ -142,6 +144,14 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     Reject(*call, request->request_id(), draining);
     return reactor;
   }
+  // Before anything logs it or keys a map with it (empty: the server names it).
+  if (!request->request_id().empty()) {
+    if (absl::Status s = sched::ValidateRequestId(request->request_id()); !s.ok()) {
+      Reject(*call, request->request_id(),
+             grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(s.message())));
+      return reactor;
+    }
+  }
   if (!engine_->model_info().ready) {
     Reject(*call, request->request_id(),
            grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -185,6 +195,11 @@ grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* 
                                                    const v1::AbortRequest* request,
                                                    v1::AbortResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!sched::ValidateRequestId(request->request_id()).ok()) {  // no request has such an id
+    response->set_found(false);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
   engine_->Abort(request->request_id(), [reactor, response](bool found) {
     response->set_found(found);
     reactor->Finish(grpc::Status::OK);

@@ -1,7 +1,10 @@
 // tandem-scheduler: the client API (tandem.v1.Generation) in front of one
 // tandem-worker.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <iostream>
 #include <thread>
 
@@ -15,7 +18,7 @@
 
 int main(int argc, char** argv) {
   tandem::rpc::ServiceMain boot("tandem-scheduler", "scheduler", "tandem.v1.Generation",
-                               "127.0.0.1:50051");
+                                "127.0.0.1:50051");
   tandem::scheduler::EngineOptions engine_options;
   tandem::sched::SchedulerConfig& sc = engine_options.scheduler;
   tandem::scheduler::GenerationOptions generation_options;
@@ -110,6 +113,14 @@ int main(int argc, char** argv) {
   if (*exposer != nullptr) TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
   tandem::scheduler::Engine engine(engine_options, registry.get());
   tandem::scheduler::GenerationService service(&engine, generation_options);
+  // A Generate message holds at most max_model_len prompt tokens (at most 5
+  // bytes each) and a few short fields; gRPC refuses anything bigger before
+  // parsing it (57 MB messages once peaked at 764 MB here). Without
+  // --max-model-len the worker's is not known yet: 8 MiB, 1.6M tokens.
+  boot.options().max_receive_message_bytes = static_cast<int32_t>(
+      engine_options.max_model_len > 0
+          ? std::min<int64_t>(5LL * engine_options.max_model_len + (1 << 20), INT32_MAX)
+          : 8 << 20);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   // Live (for the liveness and startup probes) whether a worker serves or not.

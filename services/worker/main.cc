@@ -44,6 +44,9 @@ int main(int argc, char** argv) {
   flags.Add("debug-fail-steps", &options.debug_fail_steps,
             "TESTS ONLY: comma-separated step ids (per scheduler stream) that fail before their "
             "forward pass (empty: none)");
+  flags.Add("debug-reject-steps", &options.debug_reject_steps,
+            "TESTS ONLY: comma-separated step ids (per scheduler stream) answered as if they "
+            "could not be read (empty: none)");
   flags.Add("debug-step-delay-us", &options.debug_step_delay_us,
             "TESTS ONLY: every step sleeps this long before its forward pass (0: off)");
   int32_t debug_load_delay_ms = 0;

@@ -29,9 +29,8 @@ absl::Status WorkerOptions::Validate() const {
   const absl::StatusOr<model::DType> kv_dtype = model::ParseDType(dtype);
   if (!kv_dtype.ok()) return Annotate(kv_dtype.status(), "--dtype");
   if (*kv_dtype != model::DType::kFloat32 && backend != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("--dtype=", dtype,
-                                                   " needs --backend=cuda (the ", backend,
-                                                   " backend is float32)"));
+    return absl::InvalidArgumentError(absl::StrCat("--dtype=", dtype, " needs --backend=cuda (the ",
+                                                   backend, " backend is float32)"));
   }
   if (device < 0) return absl::InvalidArgumentError("--device must be >= 0");
   if (gpus != 1) {
@@ -53,21 +52,31 @@ absl::Status WorkerOptions::Validate() const {
   if (sim_step_us < 0 || sim_token_us < 0) {
     return absl::InvalidArgumentError("--sim-step-us and --sim-token-us must be >= 0");
   }
-  return DebugFailSteps().status();
+  TANDEM_RETURN_IF_ERROR(DebugFailSteps().status());
+  return DebugRejectSteps().status();
 }
 
-absl::StatusOr<std::vector<uint64_t>> WorkerOptions::DebugFailSteps() const {
+namespace {
+absl::StatusOr<std::vector<uint64_t>> ParseStepIds(const char* flag, const std::string& value) {
   std::vector<uint64_t> steps;
-  for (absl::string_view part : absl::StrSplit(debug_fail_steps, ',', absl::SkipEmpty())) {
+  for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
     uint64_t id = 0;
     if (!absl::SimpleAtoi(part, &id) || id == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--debug-fail-steps must be a comma-separated list of step ids >= 1, got '",
-                       debug_fail_steps, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " must be a comma-separated list of step ids >= 1, got '", value, "'"));
     }
     steps.push_back(id);
   }
   return steps;
+}
+}  // namespace
+
+absl::StatusOr<std::vector<uint64_t>> WorkerOptions::DebugFailSteps() const {
+  return ParseStepIds("debug-fail-steps", debug_fail_steps);
+}
+
+absl::StatusOr<std::vector<uint64_t>> WorkerOptions::DebugRejectSteps() const {
+  return ParseStepIds("debug-reject-steps", debug_reject_steps);
 }
 
 WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* registry)
@@ -161,6 +170,7 @@ absl::Status WorkerService::Load() {
     kv_connector_ = std::move(kvc).value();
     TANDEM_LOG(INFO) << "KV-store connector to " << options_.kvstore_target;
   }
+  debug_reject_steps_ = *options_.DebugRejectSteps();
   executor_ = std::make_unique<StepExecutor>(
       backend_.get(), kv_connector_.get(),
       StepExecutorOptions{.debug_fail_steps = *options_.DebugFailSteps(),
@@ -249,11 +259,14 @@ void WorkerService::Loop() {
     }
     const int64_t start_ns = MonotonicNanos();
     sched::SchedulerOutput step;
-    const absl::Status read = rpc::FromProto(*work.step, &step);
-    sched::ModelRunnerOutput out =
-        read.ok() ? executor_->Execute(std::move(step))
-                  : executor_->Reject(work.step->step_id(), work.step->last_processed_step_id(),
-                                      read);
+    absl::Status read = rpc::FromProto(*work.step, &step);
+    if (std::find(debug_reject_steps_.begin(), debug_reject_steps_.end(), work.step->step_id()) !=
+        debug_reject_steps_.end()) {
+      read = absl::InvalidArgumentError(absl::StrCat(
+          "step ", work.step->step_id(), " could not be read (TEST-ONLY --debug-reject-steps)"));
+    }
+    sched::ModelRunnerOutput out = read.ok() ? executor_->Execute(std::move(step))
+                                             : executor_->Reject(work.step->step_id(), read);
     if (metrics_ != nullptr) {
       metrics_->steps.Increment();
       metrics_->step_duration.Observe((MonotonicNanos() - start_ns) * 1e-9);

@@ -75,8 +75,13 @@ struct WorkerOptions {
   // test can act while streams are surely mid-way (any backend). 0: off.
   int32_t debug_step_delay_us = 0;
 
-  // debug_fail_steps parsed (Validate checks it).
+  // TEST-ONLY: comma-separated step ids that the worker answers as if it
+  // could not read them (StepExecutor::Reject). Empty: none.
+  std::string debug_reject_steps;
+
+  // debug_fail_steps and debug_reject_steps parsed (Validate checks them).
   [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> DebugFailSteps() const;
+  [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> DebugRejectSteps() const;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -143,6 +148,7 @@ class WorkerService final : public v1::Worker::Service {
   std::unique_ptr<kvconnector::KvStoreConnectorWorker> kv_connector_;
   // Owned by the loop thread once Load() has made it.
   std::unique_ptr<StepExecutor> executor_;
+  std::vector<uint64_t> debug_reject_steps_;  // TEST-ONLY (--debug-reject-steps)
 };
 
 }  // namespace tandem::worker

@@ -13,7 +13,9 @@
 //     file fills for a while (skipped, and said so, where tmpfs cannot be
 //     mounted);
 // and the store corrupts the hot copy of every 7th and the RocksDB copy of
-// every 11th block it stores (its TEST-ONLY --debug-corrupt-*-every flags).
+// every 11th block it stores (its TEST-ONLY --debug-corrupt-*-every flags),
+// and each worker answers steps 5, 40, 120, 300 and 700 of every scheduler
+// stream as unreadable (--debug-reject-steps).
 //
 // Invariants, checked throughout and at the end:
 //   - no process dies but by the chaos thread's hand;
@@ -161,7 +163,10 @@ TEST(ChaosTest, TheSystemSurvivesKillsStallsCorruptionAndAFullDisk) {
   const std::string kv_address = kv.address();
   Service workers[2], schedulers[2];
   std::string worker_addresses[2];
-  const std::vector<std::string> worker_args = {"--kvstore", kv_address};
+  // Every worker (and every restarted one) also answers a few steps as
+  // unreadable (issue 29), loads and new requests in them included.
+  const std::vector<std::string> worker_args = {"--kvstore", kv_address, "--debug-reject-steps",
+                                                "5,40,120,300,700"};
   for (int i = 0; i < 2; ++i) {
     workers[i] = StartWorker(dir, "w" + std::to_string(i), worker_args);
     worker_addresses[i] = workers[i].address();

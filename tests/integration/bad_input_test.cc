@@ -100,6 +100,18 @@ std::vector<BadCase> BadCases() {
   }
   {
     auto r = base();
+    r.set_request_id("a\nforged log line");
+    cases.push_back({"request_id with a newline", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "request_id byte 1 is 0x0a"});
+  }
+  {
+    auto r = base();
+    r.set_request_id(std::string(300, 'i'));
+    cases.push_back({"request_id too long", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "request_id is 300 bytes long; at most 256"});
+  }
+  {
+    auto r = base();
     r.set_cache_salt("tenant-a");
     cases.push_back({"cache_salt not allowed", r, grpc::StatusCode::INVALID_ARGUMENT,
                      "cache_salt is set by the server"});
@@ -157,6 +169,23 @@ TEST(BadInputTest, EachRuleHasItsCodeAndMessageWhileAValidRequestRuns) {
     return s.num_active_streams() == 0 && s.num_running() == 0 &&
            s.num_free_blocks() == s.num_total_blocks();
   })) << GetStats(stub.get()).DebugString();
+}
+
+// No valid request is this big (8 MiB without --max-model-len): gRPC
+// refuses it before it is parsed, instead of holding hundreds of MB (issue
+// 29), and the scheduler serves the next request.
+TEST(BadInputTest, AMessageLargerThanAnyValidRequestIsRefusedUnparsed) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  Service worker = StartWorker(dir, "worker", {});
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {});
+  auto stub = GenerationStub(scheduler.address());
+  v1::GenerateRequest huge = MakeRequest({1, 5, 9}, 8);
+  for (int i = 0; i < 5'000'000; ++i) huge.add_prompt_token_ids(300);
+  const GenerateResult refused = RunGenerate(stub.get(), huge);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.status.error_message();
+  const GenerateResult fine = RunGenerate(stub.get(), MakeRequest({1, 5, 9}, 8));
+  EXPECT_TRUE(fine.status.ok()) << fine.status.error_message();
 }
 
 TEST(BadInputTest, FullWaitingQueueIsResourceExhausted) {

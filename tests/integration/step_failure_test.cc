@@ -2,7 +2,7 @@
 // the blocks the failed step was to write are not served to anyone, and the
 // step's requests recompute to the reference tokens
 // (stories260K.reference.json, llama2.c's own outputs). Failures come from
-// tandem-worker's TEST-ONLY --debug-fail-steps.
+// tandem-worker's TEST-ONLY --debug-fail-steps and --debug-reject-steps.
 #include <algorithm>
 #include <thread>
 
@@ -69,6 +69,26 @@ TEST_P(StepFailureTest, RequestsOfFailedStepsRecomputeToTheReferenceTokens) {
   }
   const v1::GetStatsResponse stats = GetStats(stub.get());
   EXPECT_GE(stats.num_preemptions(), 1u) << "the failed steps' requests were recomputed";
+}
+
+// Steps the worker cannot read (issue 29; TEST-ONLY --debug-reject-steps):
+// nothing of them is applied, so their new requests must be sent as new
+// again and every step built on them fails with them. Every reference case,
+// sent concurrently while steps 1 and 3 are rejected, gives llama2.c's
+// tokens and no client sees an error.
+TEST_P(StepFailureTest, RequestsOfRejectedStepsAreSentAgainAndGiveTheReferenceTokens) {
+  const std::vector<ReferenceCase> cases = LoadReferenceCases();
+  ASSERT_FALSE(cases.empty());
+  const std::string dir = MakeTempDir("tandem-step-reject");
+  Service worker = StartWorker(dir, "worker", {"--debug-reject-steps", "1,3"});
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {Mode()});
+  auto stub = GenerationStub(scheduler.address());
+  const std::vector<GenerateResult> results = RunConcurrently(stub.get(), ReferenceRequests(cases));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens, cases[i].expected);
+  }
 }
 
 }  // namespace

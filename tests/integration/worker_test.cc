@@ -110,11 +110,15 @@ TEST(WorkerTest, PlaceholderCountMustMatchTheTokensTheWorkerSampled) {
             "step 4: request p has 0 output placeholders on the scheduler, but this worker "
             "sampled 1 tokens for it after step 2, the last step the scheduler had processed");
   EXPECT_EQ(out.sampled_size(), 0);
-  // And one that claims too many.
+  // Built before step 4's failure was processed: it names step 4, not its
+  // placeholders.
   out = stream.Run(DecodeStep(5, "p", 5, 2, 3));
+  EXPECT_EQ(out.error(), "step 5 was built on step 4, which failed; it is not run");
+  // And one built after it that claims too many.
+  out = stream.Run(DecodeStep(6, "p", 5, 2, 5));
   EXPECT_EQ(out.error(),
-            "step 5: request p has 2 output placeholders on the scheduler, but this worker "
-            "sampled 0 tokens for it after step 3, the last step the scheduler had processed");
+            "step 6: request p has 2 output placeholders on the scheduler, but this worker "
+            "sampled 0 tokens for it after step 5, the last step the scheduler had processed");
   EXPECT_TRUE(stream.Close().ok());
   // Closing the stream drops the request, with its log line.
   EXPECT_TRUE(WaitFor([&] {

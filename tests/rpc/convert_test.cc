@@ -135,7 +135,8 @@ TEST(ConvertTest, ModelRunnerOutputRoundTrips) {
                                                       .num_load_failed_not_found = 1,
                                                       .num_load_failed_checksum = 2,
                                                       .num_load_failed_rpc = 3},
-                              .error = "step 9 failed"};
+                              .error = "step 9 failed",
+                              .rejected = true};
   v1::ModelRunnerOutput proto;
   ToProto(in, &proto);
   v1::ModelRunnerOutput parsed;
@@ -155,6 +156,12 @@ TEST(ConvertTest, ModelRunnerOutputRoundTrips) {
   EXPECT_EQ(out.kv_connector_report.num_load_failed_checksum, 2);
   EXPECT_EQ(out.kv_connector_report.num_load_failed_rpc, 3);
   EXPECT_EQ(out.error, "step 9 failed");
+  EXPECT_TRUE(out.rejected);
+  // A rejection must say why.
+  v1::ModelRunnerOutput silent;
+  silent.set_step_id(9);
+  silent.set_rejected(true);
+  EXPECT_EQ(FromProto(silent, &out).code(), absl::StatusCode::kInvalidArgument);
 
   // A report of counts alone still travels; an empty one adds nothing.
   sched::ModelRunnerOutput counts_only{.step_id = 10,

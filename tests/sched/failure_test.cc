@@ -176,15 +176,88 @@ TEST_P(FailureTest, ARequestEndsWithAnErrorAfterMaxStepFailures) {
   ExpectReference(h, "R", Tokens(9, 2), Greedy(4));
 }
 
-// Randomized: steps fail at random (one in 6) among loads, stores, warm
-// stores, preemption and prefix hits; every request that does not end with
-// an error produces exactly what it produces alone, and nothing leaks.
+// A step the worker could not read (issue 29): nothing of it was applied.
+// Its load must not leave the request waiting for a report that never
+// comes, and its new requests are sent as new again (not as requests the
+// worker knows, which failed every later step carrying them).
+TEST_P(FailureTest, ARejectedStepsLoadsRecomputeAndItsNewRequestsAreSentAgain) {
+  const SchedulerConfig c = TestConfig(64, GetParam());
+  FakeStore store;
+  const std::vector<int32_t> prompt = Tokens(13, 5);
+  {
+    const std::vector<BlockHash> hashes = HashesOf(c, prompt);
+    for (int b = 0; b < 3; ++b) {
+      std::vector<int64_t>& kv = store[hashes[static_cast<size_t>(b)]];
+      for (int p = b * 4; p < b * 4 + 4; ++p) kv.push_back(testing::SlotValue(prompt[p], p));
+    }
+  }
+  ScriptedKvConnector conn(c.block_size, &store);
+  Harness h(c, &conn, &store);
+  h.keep_history = true;
+  h.Add("P", Tokens(9, 2), Greedy(5));
+  h.Add("Q", prompt, Greedy(5));
+  h.worker.reject_steps = {1, 2};
+  h.RunToCompletion(/*max_steps=*/200);
+  ASSERT_FALSE(HasFailure());
+  ExpectReference(h, "P", Tokens(9, 2), Greedy(5));
+  ExpectReference(h, "Q", prompt, Greedy(5));
+  EXPECT_EQ(h.worker.num_rejected_steps, 2);
+  ASSERT_GE(h.history.size(), 3u);
+  ASSERT_EQ(h.history[0].kv_connector_metadata.loads.size(), 1u) << "Q's load is in step 1";
+  int sent_new = 0;
+  for (const SchedulerOutput& so : h.history) {
+    for (const NewRequestData& d : so.scheduled_new_reqs) sent_new += d.request_id == "P";
+  }
+  EXPECT_GE(sent_new, 2) << "P was sent as new again after its step was rejected";
+}
+
+// After a failed step its requests come back in the order they arrived.
+TEST(FailureTest, RequestsOfAFailedStepComeBackInArrivalOrder) {
+  SchedulerConfig c = TestConfig(64, /*async=*/false);
+  Harness h(c, nullptr, nullptr);
+  h.worker.fail_steps = {3};
+  for (const char* id : {"A", "B", "C"}) h.Add(id, Tokens(5, id[0]), Greedy(8));
+  h.keep_history = true;
+  for (int i = 0; i < 4; ++i) h.Step();
+  const SchedulerOutput& after = h.history[3];
+  std::vector<std::string> order;
+  for (const NewRequestData& d : after.scheduled_new_reqs) order.push_back(d.request_id);
+  for (const CachedRequestData& d : after.scheduled_cached_reqs) order.push_back(d.request_id);
+  EXPECT_EQ(order, (std::vector<std::string>{"A", "B", "C"}));
+  h.RunToCompletion();
+  for (const char* id : {"A", "B", "C"}) ExpectReference(h, id, Tokens(5, id[0]), Greedy(8));
+}
+
+// A request resumed after a worker loss that hits its prefix reports the
+// cached tokens it did not compute (they were counted as 0).
+TEST_P(FailureTest, AResumedRequestReportsTheCachedTokensOfItsPrefix) {
+  const SchedulerConfig c = TestConfig(64, GetParam());
+  const std::vector<int32_t> prompt = Tokens(13, 3);
+  const testing::Reference ref = RunAlone(prompt, Greedy(10), c);
+  Harness h(c, nullptr, nullptr);
+  h.Add("warm", prompt, Greedy(1));
+  h.RunToCompletion();
+  ASSERT_TRUE(h.sched
+                  .AddRequest(RequestSpec{.request_id = "R",
+                                          .prompt_token_ids = prompt,
+                                          .sampling = Greedy(10),
+                                          .resumed_output_token_ids = {ref.output[0]}},
+                              0)
+                  .ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.outputs.at("R"), std::vector<int32_t>(ref.output.begin() + 1, ref.output.end()));
+  EXPECT_EQ(h.usage.at("R").num_cached_tokens_local, 12);
+}
+
+// Randomized: steps fail at random (one in 6) and are rejected unread (one
+// in 9) among loads, stores, warm stores, preemption and prefix hits; every request that does not
+// end with an error produces exactly what it produces alone, and nothing leaks.
 TEST_P(FailureTest, RandomStepFailuresNeverChangeTokensOrLeakBlocks) {
   std::mt19937_64 rng(GetParam() ? 77 : 78);
   auto uniform = [&](int lo, int hi) {
     return lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo + 1));
   };
-  int32_t num_failed_steps = 0, num_errors = 0, num_checked = 0;
+  int32_t num_failed_steps = 0, num_rejected_steps = 0, num_errors = 0, num_checked = 0;
   for (int seed = 0; seed < 400; ++seed) {
     SchedulerConfig c = TestConfig(uniform(12, 40), GetParam());
     c.max_model_len = 64;
@@ -198,6 +271,7 @@ TEST_P(FailureTest, RandomStepFailuresNeverChangeTokensOrLeakBlocks) {
     Harness h(c, with_store ? &conn : nullptr, &store);
     h.worker.rng = &worker_rng;
     h.worker.fail_one_step_in = 6;
+    h.worker.reject_one_step_in = 9;
     h.worker.load_delay_steps = uniform(0, 3);
     struct Spec {
       std::string id;
@@ -225,10 +299,14 @@ TEST_P(FailureTest, RandomStepFailuresNeverChangeTokensOrLeakBlocks) {
       ++num_checked;
     }
     num_failed_steps += h.worker.num_failed_steps;
+    num_rejected_steps += h.worker.num_rejected_steps;
   }
-  std::printf("%d failed steps, %d requests ended with an error, %d matched running alone\n",
-              num_failed_steps, num_errors, num_checked);
+  std::printf(
+      "%d failed and %d rejected steps, %d requests ended with an error, %d matched running "
+      "alone\n",
+      num_failed_steps, num_rejected_steps, num_errors, num_checked);
   EXPECT_GT(num_failed_steps, 500);
+  EXPECT_GT(num_rejected_steps, 300);
   EXPECT_GT(num_checked, 800);
 }
 

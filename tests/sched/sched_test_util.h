@@ -140,10 +140,26 @@ class FakeWorker {
   // One step in this many fails at random (needs rng; 0 = never).
   int32_t fail_one_step_in = 0;
   int32_t num_failed_steps = 0;
+  // These steps are rejected unread, as a real worker answers a step it
+  // cannot convert (StepExecutor::Reject): nothing of them is applied (no
+  // finished ids dropped, no loads, no diff, no stores), and every step
+  // built before the scheduler processed that answer fails.
+  std::set<uint64_t> reject_steps;
+  // One step in this many is rejected at random (needs rng; 0 = never).
+  int32_t reject_one_step_in = 0;
+  int32_t num_rejected_steps = 0;
 
   ModelRunnerOutput Execute(const SchedulerOutput& so) {
     ModelRunnerOutput out;
     out.step_id = so.step_id;
+    if (reject_steps.count(so.step_id) > 0 ||
+        (reject_one_step_in > 0 && rng && (*rng)() % reject_one_step_in == 0)) {
+      last_failed_step_ = std::max(last_failed_step_, so.step_id);
+      ++num_rejected_steps;
+      out.error = "injected rejection of step " + std::to_string(so.step_id);
+      out.rejected = true;
+      return out;
+    }
     for (const std::string& id : so.finished_req_ids) reqs_.erase(id);
     const KvConnectorMetadata& meta = so.kv_connector_metadata;
     // Stores of finished requests read their (freed) blocks first.
@@ -172,21 +188,24 @@ class FakeWorker {
       reqs_[d.request_id].tokens.insert(reqs_[d.request_id].tokens.end(),
                                         d.output_token_ids.begin(), d.output_token_ids.end());
     }
-    for (const CachedRequestData& d : so.scheduled_cached_reqs) {
-      auto it = reqs_.find(d.request_id);
-      EXPECT_NE(it, reqs_.end()) << d.request_id << " unknown to the worker";
-      if (it == reqs_.end()) continue;
-      if (d.resumed_from_preemption) {
-        it->second.tokens = d.all_token_ids;
-        it->second.table = d.new_block_ids;
-      } else {
-        it->second.table.insert(it->second.table.end(), d.new_block_ids.begin(),
-                                d.new_block_ids.end());
+    // A step built before the scheduler had processed a failed step's
+    // output builds on it: it fails too (SchedulerOutput's contract), before
+    // its cached requests' diffs are looked at.
+    const bool built_on_failed = so.last_processed_step_id < last_failed_step_;
+    if (!built_on_failed) {
+      for (const CachedRequestData& d : so.scheduled_cached_reqs) {
+        auto it = reqs_.find(d.request_id);
+        EXPECT_NE(it, reqs_.end()) << d.request_id << " unknown to the worker";
+        if (it == reqs_.end()) continue;
+        if (d.resumed_from_preemption) {
+          it->second.tokens = d.all_token_ids;
+          it->second.table = d.new_block_ids;
+        } else {
+          it->second.table.insert(it->second.table.end(), d.new_block_ids.begin(),
+                                  d.new_block_ids.end());
+        }
       }
     }
-    // A step built before the scheduler had processed a failed step's
-    // output builds on it: it fails too (SchedulerOutput's contract).
-    const bool built_on_failed = so.last_processed_step_id < last_failed_step_;
     const bool fail = built_on_failed || fail_steps.count(so.step_id) > 0 ||
                       (fail_one_step_in > 0 && rng && (*rng)() % fail_one_step_in == 0);
     if (fail) {
@@ -410,7 +429,7 @@ class ScriptedKvConnector : public KvConnectorScheduler {
   std::map<std::string, int32_t> stored_blocks_;
   // The store entry for blocks [*done, num_full) the FakeStore lacks.
   KvStoreOp StoreFrom(const Request& r, std::span<const int32_t> block_ids, int32_t* done,
-                    int32_t num_full) {
+                      int32_t num_full) {
     KvStoreOp s{.request_id = r.request_id};
     for (int32_t b = *done; b < num_full; ++b) {
       if ((b + 1) * bs_ > r.num_tokens()) ++num_store_violations;

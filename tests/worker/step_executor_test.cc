@@ -70,9 +70,8 @@ SchedulerOutput NewStep(uint64_t id, uint64_t last_processed, const std::string&
                         std::vector<int32_t> prompt) {
   SchedulerOutput s{.step_id = id, .last_processed_step_id = last_processed};
   const int32_t n = static_cast<int32_t>(prompt.size());
-  s.scheduled_new_reqs.push_back(NewRequestData{.request_id = req,
-                                                .prompt_token_ids = std::move(prompt),
-                                                .block_ids = {0, 1}});
+  s.scheduled_new_reqs.push_back(NewRequestData{
+      .request_id = req, .prompt_token_ids = std::move(prompt), .block_ids = {0, 1}});
   s.num_scheduled_tokens = {n};
   s.total_num_scheduled_tokens = n;
   return s;
@@ -135,6 +134,9 @@ TEST_F(StepExecutorTest, AFailedStepReportsItsLoadsAndTheStepsBuiltOnItDoNotRun)
   EXPECT_EQ(o2.kv_connector_report.invalid_block_ids, std::vector<int32_t>{7});
   EXPECT_EQ(o2.kv_connector_report.num_load_failed_rpc, 1);
   EXPECT_EQ(calls_, std::vector<std::string>{"load"}) << "no forward pass, no store snapshot";
+  // Its store never ran: reported failed, so the scheduler forgets it.
+  EXPECT_EQ(o2.kv_connector_report.finished_sending, std::vector<std::string>{"b"});
+  EXPECT_EQ(o2.kv_connector_report.failed_sending, std::vector<std::string>{"b"});
   // Step 3 was built before the scheduler saw step 2 fail: it must not run.
   ModelRunnerOutput o3 = ex.Execute(DecodeStep(3, 1, "a", 3, 0));
   EXPECT_NE(o3.error.find("was built on step 2, which failed"), std::string::npos) << o3.error;
@@ -178,18 +180,27 @@ TEST_F(StepExecutorTest, BadStepsFailWithAPreciseErrorAndResetForgetsEverything)
   EXPECT_EQ(ex.num_requests(), 1);
   // A step built in process (no FromProto to check it) whose token counts
   // are not parallel to its requests: refused before anything is indexed.
-  SchedulerOutput unparallel = DecodeStep(4, 2, "a", 3, 0);
+  SchedulerOutput unparallel = DecodeStep(4, 3, "a", 3, 0);
   unparallel.num_scheduled_tokens.clear();
   EXPECT_NE(ex.Execute(std::move(unparallel)).error.find("schedules 1 requests but has 0"),
             std::string::npos);
   ex.Reset("scheduler-detached");
   EXPECT_EQ(ex.num_requests(), 0);
   EXPECT_NE(ex.Execute(DecodeStep(1, 0, "a", 4, 0)).error.find("unknown"), std::string::npos);
-  // A step the adapter could not read fails like any other.
-  ModelRunnerOutput rejected = ex.Reject(2, 1, absl::InvalidArgumentError("bad hash"));
+  // A step the adapter could not read (here one built on the failed step 1)
+  // is rejected: nothing of it applied, and every step built before the
+  // scheduler saw that fails, naming it, whatever its diff says.
+  ModelRunnerOutput rejected = ex.Reject(2, absl::InvalidArgumentError("bad hash"));
   EXPECT_EQ(rejected.error, "bad hash");
-  EXPECT_NE(ex.Execute(NewStep(3, 1, "b", {1})).error.find("was built on step 2"),
+  EXPECT_TRUE(rejected.rejected);
+  EXPECT_EQ(rejected.step_id, 2u);
+  EXPECT_NE(ex.Execute(NewStep(3, 1, "b", {1})).error.find("was built on step 2, which failed"),
             std::string::npos);
+  EXPECT_EQ(ex.num_requests(), 1) << "a new request of a step that does not run is still known";
+  // Its placeholder count is wrong too: the message names the rejected step.
+  const std::string built_on = ex.Execute(DecodeStep(4, 1, "b", 1, 3)).error;
+  EXPECT_NE(built_on.find("was built on step 2, which failed"), std::string::npos) << built_on;
+  EXPECT_TRUE(ex.Execute(NewStep(5, 4, "c", {2})).error.empty());
 }
 
 TEST(SimBackendTest, DeterministicAndNeverAnyEos) {

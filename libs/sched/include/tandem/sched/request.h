@@ -89,8 +89,11 @@ struct Request {
   // Its load runs, but a block it holds from the prefix cache turned out
   // never written (a failed step): preempted once the load is reported.
   bool preempt_when_loaded = false;
-  // Failed worker steps it was in (Scheduler::FailStep).
+  // Failed worker steps it was in (Scheduler::FailSteps).
   int32_t num_step_failures = 0;
+  // The step that last sent it as a new request (0: never): if the worker
+  // rejects that step unread, it does not know the request after all.
+  uint64_t new_in_step = 0;
 
   // ---- tokens and blocks ----
   // Prompt followed by the output tokens whose ids are known. EOS that stopped
@@ -124,6 +127,9 @@ struct Request {
   int32_t num_cached_tokens_local = 0;
   int32_t num_cached_tokens_external = 0;
   int32_t num_preemptions = 0;
+  // Output tokens it came with (RequestSpec::resumed_output_token_ids): its
+  // cached tokens are fixed by the first token it samples here, not before.
+  int32_t num_resumed_output_tokens = 0;
 
   [[nodiscard]] int32_t num_tokens() const { return static_cast<int32_t>(all_token_ids.size()); }
   [[nodiscard]] int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }

@@ -288,12 +288,25 @@ class Scheduler {
     std::vector<int32_t> published;
     // An earlier step failed: this one is handled as failed too.
     bool failed = false;
+    // Its KV-store loads (request ids, and their destination blocks in
+    // order) and stores: failed by the scheduler if the worker rejects it.
+    std::vector<std::string> load_ids;
+    std::vector<int32_t> load_block_ids;
+    std::vector<std::string> store_ids;
+    // Its finished_req_ids: sent again if the worker rejects it.
+    std::vector<std::string> finished_ids;
   };
   // The oldest step in flight failed (see UpdateFromOutput): it and every
-  // later step in flight fail. Appends outputs of the requests that end
-  // with an error.
+  // later step in flight fail (those already failed with an earlier step
+  // were handled then). Appends outputs of the requests that end with an
+  // error.
   void FailSteps(const std::string& error, std::vector<RequestOutput>* outputs,
                  size_t* num_outputs);
+  // The worker rejected the oldest step in flight unread (see
+  // ModelRunnerOutput::rejected): its new requests are unknown to the
+  // worker again, the finished requests it named are named again in the
+  // next step, and its loads and stores are reported failed in `report`.
+  void UndoRejectedStep(const StepRecord& rec, KvConnectorReport* report);
 
   Request* NewRequest();
   void ReleaseRequest(Request* request);

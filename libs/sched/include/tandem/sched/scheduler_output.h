@@ -112,6 +112,11 @@ struct ModelRunnerOutput {
   // written and nothing was sampled; its connector report still counts
   // (loads done before the failure).
   std::string error;
+  // With `error`: the worker could not even read the step and applied none
+  // of it. Its new requests are unknown to the worker, its loads and stores
+  // never ran (the scheduler fails them), and every later step built before
+  // the scheduler processed this output fails with it.
+  bool rejected = false;
 };
 
 }  // namespace tandem::sched

@@ -120,9 +120,9 @@ class StepExecutor {
   // sampled and the loads done are still reported.
   sched::ModelRunnerOutput Execute(sched::SchedulerOutput step);
   // A step that could not even be read (the adapter's conversion failed):
-  // answered as failed, and later steps built on it fail too.
-  sched::ModelRunnerOutput Reject(uint64_t step_id, uint64_t last_processed_step_id,
-                                  const absl::Status& why);
+  // answered as rejected (nothing of it applied), and every later step built
+  // before the scheduler processed that answer fails too.
+  sched::ModelRunnerOutput Reject(uint64_t step_id, const absl::Status& why);
   // The scheduler's stream ended: every request's batch state is dropped and
   // step ids start again.
   void Reset(const char* why);
