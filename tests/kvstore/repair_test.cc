@@ -128,8 +128,8 @@ TEST_P(KvStoreFlippedTableByteTest, DropsOnlyTheDamagedBlocksAndStarts) {
   const bool warm = rng() % 2 == 0;
   const bool in_payload = rng() % 2 == 0;
   const int victim = static_cast<int>(rng() % kBlocks);
-  Open(warm);
-  StoreBlocks(kBlocks);
+  ASSERT_NO_FATAL_FAILURE(Open(warm));
+  ASSERT_NO_FATAL_FAILURE(StoreBlocks(kBlocks));
   store_.reset();  // a clean close flushes the blocks into a table file
 
   // Find the victim's record in a table file: its payload's first 64 bytes,
@@ -158,7 +158,7 @@ TEST_P(KvStoreFlippedTableByteTest, DropsOnlyTheDamagedBlocksAndStarts) {
                                   << (in_payload ? "payload" : "metadata") << " of block "
                                   << victim << (warm ? ", hot tier on" : ", hot tier off"));
 
-  Open(warm);
+  ASSERT_NO_FATAL_FAILURE(Open(warm));
   const std::vector<int> missing = CheckServedBlocksAreExact(kBlocks);
   EXPECT_FALSE(Hits(victim));
   // One table block (4 KiB) holds up to 4 payloads or about 70 metadata
@@ -169,7 +169,7 @@ TEST_P(KvStoreFlippedTableByteTest, DropsOnlyTheDamagedBlocksAndStarts) {
   EXPECT_TRUE(store_->TEST_CheckColdTier().ok()) << store_->TEST_CheckColdTier();
   RestoreAndCheck(missing);
 
-  Open(warm);  // the repaired directory opens as it is
+  ASSERT_NO_FATAL_FAILURE(Open(warm));  // the repaired directory opens as it is
   EXPECT_TRUE(CheckServedBlocksAreExact(kBlocks).empty());
   EXPECT_EQ(store_->GetStats().blocks_dropped_at_open, 0u);
   EXPECT_FALSE(fs::exists(dir_.path() + "/salvage"));
@@ -178,13 +178,13 @@ TEST_P(KvStoreFlippedTableByteTest, DropsOnlyTheDamagedBlocksAndStarts) {
 INSTANTIATE_TEST_SUITE_P(Seeds, KvStoreFlippedTableByteTest, ::testing::Range(1, 9));
 
 // (b) A directory RocksDB cannot open as it is: the MANIFEST removed (CURRENT
-// then names a missing file), CURRENT naming another MANIFEST, or a byte
-// flipped in the MANIFEST. The store repairs it and starts, and the index
+// then names a missing file), CURRENT naming another MANIFEST, CURRENT
+// removed, or a byte flipped in the MANIFEST. The store repairs it and starts, and the index
 // and RocksDB agree: every block a lookup finds loads, and blocks whose
 // payloads the repair lost (RocksDB's repair keeps no blob file) are gone
 // and can be stored again. Payloads small enough to sit in the tables are
 // all kept.
-enum class ManifestDamage { kRemoved, kCurrentNamesAnother, kFlippedByte };
+enum class ManifestDamage { kRemoved, kCurrentNamesAnother, kCurrentRemoved, kFlippedByte };
 
 class KvStoreManifestRepairTest
     : public KvStoreRepairTest,
@@ -194,8 +194,8 @@ TEST_P(KvStoreManifestRepairTest, StartsAndTheIndexAgreesWithRocksDb) {
   const auto [damage, block] = GetParam();
   block_ = block;
   constexpr int kBlocks = 24;
-  Open(/*warm=*/true);
-  StoreBlocks(kBlocks);
+  ASSERT_NO_FATAL_FAILURE(Open(/*warm=*/true));
+  ASSERT_NO_FATAL_FAILURE(StoreBlocks(kBlocks));
   store_.reset();
 
   const std::vector<std::string> manifests = [&] {
@@ -213,12 +213,15 @@ TEST_P(KvStoreManifestRepairTest, StartsAndTheIndexAgreesWithRocksDb) {
     case ManifestDamage::kCurrentNamesAnother:
       std::ofstream(dir_.path() + "/CURRENT", std::ios::trunc) << "MANIFEST-999999\n";
       break;
+    case ManifestDamage::kCurrentRemoved:  // DB::Open alone would start an empty database
+      fs::remove(dir_.path() + "/CURRENT");
+      break;
     case ManifestDamage::kFlippedByte:
       for (const std::string& m : manifests) FlipByte(m, fs::file_size(m) / 2);
       break;
   }
 
-  Open(/*warm=*/false);
+  ASSERT_NO_FATAL_FAILURE(Open(/*warm=*/false));
   EXPECT_TRUE(store_->TEST_CheckColdTier().ok()) << store_->TEST_CheckColdTier();
   const std::vector<int> missing = CheckServedBlocksAreExact(kBlocks);
   if (block_ < 4096) {
@@ -226,7 +229,7 @@ TEST_P(KvStoreManifestRepairTest, StartsAndTheIndexAgreesWithRocksDb) {
   }
   EXPECT_EQ(store_->GetStats().blocks_dropped_at_open, missing.size());
   RestoreAndCheck(missing);
-  Open(/*warm=*/false);
+  ASSERT_NO_FATAL_FAILURE(Open(/*warm=*/false));
   EXPECT_TRUE(CheckServedBlocksAreExact(kBlocks).empty());
 }
 
@@ -234,37 +237,51 @@ INSTANTIATE_TEST_SUITE_P(
     Damages, KvStoreManifestRepairTest,
     ::testing::Combine(::testing::Values(ManifestDamage::kRemoved,
                                          ManifestDamage::kCurrentNamesAnother,
+                                         ManifestDamage::kCurrentRemoved,
                                          ManifestDamage::kFlippedByte),
                        ::testing::Values(uint64_t{1024}, uint64_t{8192})));
 
-// (c) A block whose load fails (its blob file is gone) is dropped, by a load
-// or by a reader's corrupt-block report, so that a store writes it again
-// instead of answering "already present".
+// (c) A block whose load fails (its blob file is gone) is dropped, by a load,
+// by a reader's corrupt-block report or by a lookup that stages it, so that
+// a store writes it again instead of answering "already present".
+enum class FailedBy { kLoad, kReport, kStagedLookup };
+
 class KvStoreLoadFailureTest : public KvStoreRepairTest,
-                               public ::testing::WithParamInterface<bool> {};
+                               public ::testing::WithParamInterface<FailedBy> {};
 
 TEST_P(KvStoreLoadFailureTest, AnEntryWhoseLoadFailsIsDroppedAndCanBeStoredAgain) {
-  const bool reported = GetParam();
   block_ = 8192;  // payloads in blob files
   constexpr int kBlocks = 6;
-  Open(/*warm=*/false);
-  StoreBlocks(kBlocks);
-  Open(/*warm=*/false);  // cold: no blob file has been opened yet
+  ASSERT_NO_FATAL_FAILURE(Open(/*warm=*/false));
+  ASSERT_NO_FATAL_FAILURE(StoreBlocks(kBlocks));
+  ASSERT_NO_FATAL_FAILURE(Open(/*warm=*/false));  // cold: no blob file has been opened yet
   const std::vector<std::string> blobs = FilesEndingWith(dir_.path(), ".blob");
   ASSERT_FALSE(blobs.empty());
   for (const std::string& b : blobs) fs::remove(b);
 
   for (int i = 0; i < kBlocks; ++i) {
     ASSERT_TRUE(Hits(i)) << i;
-    if (reported) {
-      auto dropped = store_->ReportCorrupt(kNs, TestHash(i));
-      ASSERT_TRUE(dropped.ok()) << dropped.status();
-      EXPECT_TRUE(*dropped) << "block " << i;
-    } else {
-      std::vector<uint8_t> got(block_);
-      auto r = store_->ReadInto(kNs, TestHash(i), got);
-      ASSERT_TRUE(r.ok()) << "block " << i << ": " << r.status();
-      EXPECT_FALSE(r->ok()) << "block " << i;
+    switch (GetParam()) {
+      case FailedBy::kLoad: {
+        std::vector<uint8_t> got(block_);
+        auto r = store_->ReadInto(kNs, TestHash(i), got);
+        ASSERT_TRUE(r.ok()) << "block " << i << ": " << r.status();
+        EXPECT_FALSE(r->ok()) << "block " << i;
+        break;
+      }
+      case FailedBy::kReport: {
+        auto dropped = store_->ReportCorrupt(kNs, TestHash(i));
+        ASSERT_TRUE(dropped.ok()) << dropped.status();
+        EXPECT_TRUE(*dropped) << "block " << i;
+        break;
+      }
+      case FailedBy::kStagedLookup: {
+        auto r = store_->Lookup(kNs, std::vector<BlockHash>{TestHash(i)},
+                                {.take_lease = false, .stage_to_hot = true});
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->num_hits, 0) << "block " << i;
+        break;
+      }
     }
     EXPECT_FALSE(Hits(i)) << "block " << i << " still indexed after its load failed";
   }
@@ -275,7 +292,9 @@ TEST_P(KvStoreLoadFailureTest, AnEntryWhoseLoadFailsIsDroppedAndCanBeStoredAgain
   EXPECT_TRUE(store_->TEST_CheckColdTier().ok()) << store_->TEST_CheckColdTier();
 }
 
-INSTANTIATE_TEST_SUITE_P(LoadOrReport, KvStoreLoadFailureTest, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(LoadReportOrStage, KvStoreLoadFailureTest,
+                         ::testing::Values(FailedBy::kLoad, FailedBy::kReport,
+                                           FailedBy::kStagedLookup));
 
 }  // namespace
 }  // namespace tandem::kvstore
