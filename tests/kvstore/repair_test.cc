@@ -241,6 +241,55 @@ INSTANTIATE_TEST_SUITE_P(
                                          ManifestDamage::kFlippedByte),
                        ::testing::Values(uint64_t{1024}, uint64_t{8192})));
 
+// A stop while a salvaged copy replaces the damaged database: the next start
+// finishes the swap when the copy was complete (its marker written), and
+// throws an unfinished copy away otherwise. The copy here is a clean
+// database of the blocks; the "damaged" one it replaces is an empty store.
+class KvStoreInterruptedSalvageTest : public KvStoreRepairTest,
+                                      public ::testing::WithParamInterface<bool> {};
+
+TEST_P(KvStoreInterruptedSalvageTest, NextStartFinishesACompleteCopyAndDropsAnUnfinishedOne) {
+  const bool complete = GetParam();
+  block_ = 8192;  // in blob files: RocksDB's repair alone would lose them
+  constexpr int kBlocks = 12;
+  ASSERT_NO_FATAL_FAILURE(Open(/*warm=*/false));
+  ASSERT_NO_FATAL_FAILURE(StoreBlocks(kBlocks));
+  store_.reset();
+  TempDir held;  // the clean database, while an empty one takes its place
+  for (const auto& e : fs::directory_iterator(dir_.path())) {
+    fs::rename(e.path(), held.path() + "/" + e.path().filename().string());
+  }
+  {
+    auto other = KvStoreEngine::Open(Options(false));
+    ASSERT_TRUE(other.ok()) << other.status();
+  }
+  const std::string copy = dir_.path() + "/salvage";
+  fs::create_directory(copy);
+  for (const auto& e : fs::directory_iterator(held.path())) {
+    fs::rename(e.path(), copy + "/" + e.path().filename().string());
+  }
+  if (complete) {
+    // Stopped halfway through the move: the old files deleted, one of the
+    // copy's files moved.
+    std::ofstream(copy + "/SALVAGE-COMPLETE") << "x\n";
+    std::ofstream(copy + "/SALVAGE-OLD-DELETED") << "x\n";
+    for (const auto& e : fs::directory_iterator(dir_.path())) {
+      if (e.is_regular_file()) fs::remove(e.path());
+    }
+    const std::vector<std::string> ssts = FilesEndingWith(copy, ".sst");
+    ASSERT_FALSE(ssts.empty());
+    fs::rename(ssts[0], dir_.path() + "/" + fs::path(ssts[0]).filename().string());
+  }
+
+  ASSERT_NO_FATAL_FAILURE(Open(/*warm=*/false));
+  EXPECT_FALSE(fs::exists(copy));
+  const std::vector<int> missing = CheckServedBlocksAreExact(kBlocks);
+  EXPECT_EQ(missing.size(), complete ? 0u : static_cast<size_t>(kBlocks));
+  EXPECT_TRUE(store_->TEST_CheckColdTier().ok()) << store_->TEST_CheckColdTier();
+}
+
+INSTANTIATE_TEST_SUITE_P(CompleteOrNot, KvStoreInterruptedSalvageTest, ::testing::Bool());
+
 // (c) A block whose load fails (its blob file is gone) is dropped, by a load,
 // by a reader's corrupt-block report or by a lookup that stages it, so that
 // a store writes it again instead of answering "already present".
