@@ -21,6 +21,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kv_format.h"
+#include "kv_repair.h"
 #include "rocksdb/db.h"
 #include "rocksdb/listener.h"
 #include "rocksdb/options.h"
@@ -28,8 +30,6 @@
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/kvtypes/checksum.h"
-#include "kv_format.h"
-#include "kv_repair.h"
 #include "tandem/kvstore/host_arena.h"
 #include "tandem/kvstore/sync_point.h"
 
