@@ -133,7 +133,7 @@ rocksdb::Status ScanReadable(rocksdb::DB* db, char prefix, SalvageCounts* counts
     if (it->status().ok()) return rocksdb::Status::OK();
     const rocksdb::Status damage = it->status();
     it.reset();
-    if (SeekReads(db, ro, std::string(kProbeKeyBytes, '\xFF')) == false) return damage;
+    if (!SeekReads(db, ro, std::string(kProbeKeyBytes, '\xFF'))) return damage;  // nowhere to resume
     const std::string resume = ResumeAfterDamage(db, ro, last);
     ++counts->ranges_skipped;
     skipped->emplace_back(last, resume);
