@@ -21,6 +21,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kv_format.h"
+#include "kv_repair.h"
 #include "rocksdb/db.h"
 #include "rocksdb/listener.h"
 #include "rocksdb/options.h"
@@ -33,77 +35,6 @@
 
 namespace tandem::kvstore {
 namespace {
-
-// RocksDB key space: 'n' + name -> namespace record; 'm' + ns id + hash ->
-// block metadata (small, inline); 'b' + ns id + hash -> payload (blob file).
-// Metadata and payload of a block are written in one batch.
-constexpr char kBlockPrefix = 'b';
-constexpr char kMetaPrefix = 'm';
-constexpr char kNamespacePrefix = 'n';
-constexpr uint32_t kMetaMagic = 0x3156'4b54;  // "TKV1"
-constexpr size_t kMetaBytes = 24;
-
-struct Key {
-  uint32_t ns = 0;
-  BlockHash hash;
-  bool operator==(const Key&) const = default;
-};
-struct KeyHasher {
-  size_t operator()(const Key& k) const noexcept {
-    return std::hash<BlockHash>{}(k.hash) ^ (uint64_t{k.ns} * 0x9E3779B97F4A7C15ull);
-  }
-};
-
-void PutU32(std::string* s, uint32_t v) { s->append(reinterpret_cast<const char*>(&v), 4); }
-void PutU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }
-uint32_t GetU32(const char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-uint64_t GetU64(const char* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-
-std::string RocksKey(char prefix, const Key& k) {
-  std::string s;
-  s.reserve(37);
-  s.push_back(prefix);
-  for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>(k.ns >> shift));
-  s.append(reinterpret_cast<const char*>(k.hash.bytes.data()), k.hash.bytes.size());
-  return s;
-}
-bool ParseRocksKey(const rocksdb::Slice& s, Key* k) {
-  if (s.size() != 37) return false;
-  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
-  k->ns = (uint32_t{p[1]} << 24) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 8) | p[4];
-  std::memcpy(k->hash.bytes.data(), p + 5, 32);
-  return true;
-}
-
-struct Meta {
-  uint32_t checksum = 0;
-  uint64_t size = 0;
-  uint64_t seq = 0;
-};
-std::string EncodeMeta(const Meta& m) {
-  std::string s;
-  s.reserve(kMetaBytes);
-  PutU32(&s, kMetaMagic);
-  PutU32(&s, m.checksum);
-  PutU64(&s, m.size);
-  PutU64(&s, m.seq);
-  return s;
-}
-bool DecodeMeta(const rocksdb::Slice& s, Meta* m) {
-  if (s.size() != kMetaBytes || GetU32(s.data()) != kMetaMagic) return false;
-  m->checksum = GetU32(s.data() + 4);
-  m->size = GetU64(s.data() + 8);
-  m->seq = GetU64(s.data() + 16);
-  return true;
-}
 
 rocksdb::WriteOptions WriteOptionsFor(Durability d) {
   rocksdb::WriteOptions wo;
@@ -275,15 +206,18 @@ class KvStoreEngine::Impl {
     return o;
   }
 
-  // Opens RocksDB into db_ (null before), repairing a corrupt directory.
+  // Opens RocksDB into db_ (null before), repairing a directory it cannot
+  // open (kv_repair.h); sets repaired_ when it did.
   rocksdb::Status OpenDb() {
     rocksdb::DB* db = nullptr;
-    rocksdb::Status opened = rocksdb::DB::Open(rocks_options_, opts_.data_dir, &db);
-    if (opened.IsCorruption()) {
-      // A damaged file (a flipped bit in a table's metadata is enough) stops
-      // RocksDB from opening at all. The store is a cache: RocksDB's repair
-      // keeps what it can still read, and reads check every block's CRC32C.
-      TANDEM_LOG(ERROR) << "KV-store: " << opts_.data_dir << " is corrupt ("
+    const std::string damage = NeedsRepairBeforeOpen(opts_.data_dir);
+    rocksdb::Status opened = damage.empty()
+                                 ? rocksdb::DB::Open(rocks_options_, opts_.data_dir, &db)
+                                 : rocksdb::Status::Corruption(damage);
+    if (IsDamage(opened)) {
+      // The store is a cache: RocksDB's repair keeps the tables it can still
+      // read, and the salvage after it drops what lost its payload.
+      TANDEM_LOG(ERROR) << "KV-store: " << opts_.data_dir << " cannot be opened ("
                         << opened.ToString()
                         << "); repairing it: blocks that cannot be read are dropped";
       const rocksdb::Status repaired = rocksdb::RepairDB(opts_.data_dir, rocks_options_);
@@ -291,6 +225,7 @@ class KvStoreEngine::Impl {
         TANDEM_LOG(ERROR) << "KV-store: repair of " << opts_.data_dir
                           << " failed: " << repaired.ToString();
       }
+      repaired_ = true;
       opened = rocksdb::DB::Open(rocks_options_, opts_.data_dir, &db);
     }
     if (opened.ok()) db_.reset(db);
@@ -304,6 +239,7 @@ class KvStoreEngine::Impl {
       return absl::InternalError(
           absl::StrCat("creating KV-store data dir ", opts_.data_dir, ": ", ec.message()));
     }
+    TANDEM_RETURN_IF_ERROR(FinishInterruptedSalvage(opts_.data_dir));
     rocks_options_ = RocksOptions();
     TANDEM_RETURN_IF_ERROR(FromRocks(OpenDb(), "opening " + opts_.data_dir));
 
@@ -317,7 +253,45 @@ class KvStoreEngine::Impl {
     for (int64_t i = static_cast<int64_t>(arena_->num_slots()) - 1; i >= 0; --i) {
       free_slots_.push_back(i);
     }
+    if (!repaired_) {
+      // Every table block (metadata, and payloads small enough to sit in the
+      // tables) before the index is built: a damaged block found later
+      // would fail its reads and every compaction over it.
+      absl::Status scanned = ScanStatus(db_->VerifyChecksum(), "table files");
+      if (scanned.ok()) scanned = Rebuild();
+      if (!absl::IsDataLoss(scanned)) return scanned;
+      TANDEM_LOG(ERROR) << "KV-store: the start-up scan of " << opts_.data_dir
+                        << " met damaged records (" << scanned.message()
+                        << "); salvaging every intact block";
+      namespaces_.clear();
+      index_.clear();
+      next_ns_id_ = next_seq_ = next_gen_ = 1;
+    }
+    // After a repair, or over damaged tables: keep only what reads back.
+    TANDEM_RETURN_IF_ERROR(SalvageAndReopen());
     return Rebuild();
+  }
+
+  // Replaces the database by a copy of its intact blocks (kv_repair.h), so
+  // that the index rebuilt from it and RocksDB agree.
+  absl::Status SalvageAndReopen() {
+    absl::StatusOr<SalvageCounts> counts = SalvageInto(db_.get(), opts_.data_dir, rocks_options_);
+    const rocksdb::Status closed = db_->Close();
+    db_.reset();
+    if (!counts.ok()) {
+      return absl::Status(counts.status().code(),
+                          absl::StrCat("salvaging ", opts_.data_dir, ": ", counts.status().message()));
+    }
+    if (!closed.ok()) TANDEM_LOG(WARNING) << "KV-store: closing RocksDB: " << closed.ToString();
+    TANDEM_RETURN_IF_ERROR(InstallSalvage(opts_.data_dir));
+    TANDEM_RETURN_IF_ERROR(FromRocks(OpenDb(), "opening the salvaged " + opts_.data_dir));
+    stats_.blocks_dropped_at_open = counts->blocks_dropped + counts->records_dropped;
+    TANDEM_LOG(WARNING) << "KV-store: salvaged " << opts_.data_dir << ": kept "
+                        << counts->namespaces << " namespaces and " << counts->blocks_kept
+                        << " blocks; dropped " << counts->blocks_dropped << " blocks and "
+                        << counts->records_dropped << " unreadable records; stepped over "
+                        << counts->ranges_skipped << " damaged key ranges";
+    return absl::OkStatus();
   }
 
   // ---- namespaces --------------------------------------------------------
@@ -348,6 +322,7 @@ class KvStoreEngine::Impl {
     wo.sync = true;
     rocksdb::WriteBatch batch;
     batch.Put(std::string(1, kNamespacePrefix) + spec.name, value);
+    batch.Put(std::string(1, kNamespaceCopyPrefix) + spec.name, value);
     TANDEM_RETURN_IF_ERROR(
         FromRocks(WriteToRocks(wo, &batch), "writing namespace " + spec.name));
     std::lock_guard<std::mutex> lock(mu_);
@@ -590,6 +565,7 @@ class KvStoreEngine::Impl {
         Promote(e, data);
       });
       if (s.IsNotFound()) return DropCorrupt(e, MissReason::kNotFound);
+      if (IsUnreadable(s)) return DropCorrupt(e, MissReason::kNotFound, &s);
       if (!s.ok()) {
         Unpin(e);
         return FromRocks(s, absl::StrCat("reading block ", hash.ToHex()));
@@ -619,6 +595,7 @@ class KvStoreEngine::Impl {
     const uint64_t size = p.size;
     const uint32_t checksum = p.checksum;
     bool intact;
+    rocksdb::Status unreadable;
     if (slot >= 0) {
       intact = Crc32c(std::span<const uint8_t>(arena_->slot(slot), size)) == checksum;
     } else {
@@ -626,10 +603,11 @@ class KvStoreEngine::Impl {
       rocksdb::Status s = GetPayload(e->key, [&](std::span<const uint8_t> data) {
         intact = data.size() == size && Crc32c(data) == checksum;
       });
-      if (!s.ok() && !s.IsNotFound()) {
+      if (!s.ok() && !s.IsNotFound() && !IsUnreadable(s)) {
         Unpin(e);
         return FromRocks(s, absl::StrCat("verifying reported block ", hash.ToHex()));
       }
+      if (IsUnreadable(s)) unreadable = s;
     }
     if (intact) {
       TANDEM_LOG(WARNING) << "KV-store: a reader reported block " << hash.ToHex()
@@ -637,7 +615,7 @@ class KvStoreEngine::Impl {
       Unpin(e);
       return false;
     }
-    DropCorrupt(e, MissReason::kChecksum);
+    DropCorrupt(e, MissReason::kChecksum, unreadable.ok() ? nullptr : &unreadable);
     return true;
   }
 
@@ -758,6 +736,13 @@ class KvStoreEngine::Impl {
   }
 
  private:
+  // DATA_LOSS for damaged records (Init salvages), other errors as they are.
+  absl::Status ScanStatus(const rocksdb::Status& s, absl::string_view what) const {
+    const std::string context = absl::StrCat("scanning the ", what, " in ", opts_.data_dir);
+    if (IsDamage(s)) return absl::DataLossError(absl::StrCat(context, ": ", s.ToString()));
+    return FromRocks(s, context);
+  }
+
   absl::Status Rebuild() {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
     const std::string ns_prefix(1, kNamespacePrefix);
@@ -774,6 +759,7 @@ class KvStoreEngine::Impl {
       next_ns_id_ = std::max(next_ns_id_, info.id + 1);
       namespaces_[info.spec.name] = std::move(info);
     }
+    TANDEM_RETURN_IF_ERROR(ScanStatus(it->status(), "namespace records"));
     std::vector<std::pair<uint64_t, Entry*>> by_seq;
     const std::string meta_prefix(1, kMetaPrefix);
     for (it->Seek(meta_prefix); it->Valid() && it->key().starts_with(meta_prefix); it->Next()) {
@@ -792,7 +778,7 @@ class KvStoreEngine::Impl {
       next_seq_ = std::max(next_seq_, meta.seq + 1);
       by_seq.emplace_back(meta.seq, &e);
     }
-    TANDEM_RETURN_IF_ERROR(FromRocks(it->status(), "scanning " + opts_.data_dir));
+    TANDEM_RETURN_IF_ERROR(ScanStatus(it->status(), "block metadata"));
     std::sort(by_seq.begin(), by_seq.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
     {
@@ -882,12 +868,20 @@ class KvStoreEngine::Impl {
     if (!s.ok()) TANDEM_LOG(ERROR) << "KV-store: deleting blocks failed: " << s.ToString();
   }
 
-  // Drops a read-pinned entry whose bytes failed verification (or vanished)
-  // and returns the miss.
-  ReadResult DropCorrupt(Entry* e, MissReason reason) {
+  // Whether reading a block failed for good: its file is lost or damaged (or
+  // an I/O error), not because the database is closed for a reopen. Such a
+  // block is dropped, so that a store can write it again (issue 29).
+  static bool IsUnreadable(const rocksdb::Status& s) {
+    return !s.ok() && !s.IsNotFound() && !s.IsIncomplete() && !s.IsBusy() && !s.IsTryAgain();
+  }
+
+  // Drops a read-pinned entry whose bytes failed verification, vanished, or
+  // could not be read (`failed`, the read's status), and returns the miss.
+  ReadResult DropCorrupt(Entry* e, MissReason reason, const rocksdb::Status* failed = nullptr) {
     bool doomed = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (failed != nullptr) ++stats_.load_failures;
       if (reason == MissReason::kChecksum) ++stats_.checksum_failures;
       ++stats_.load_misses;
       if (e->state == EntryState::kReady) {
@@ -897,7 +891,9 @@ class KvStoreEngine::Impl {
     }
     if (doomed) {
       TANDEM_LOG(WARNING) << "KV-store: dropping block " << e->key.hash.ToHex() << " ("
-                          << MissReasonName(reason) << ")";
+                          << (failed != nullptr ? "reading it failed: " + failed->ToString()
+                                                : std::string(MissReasonName(reason)))
+                          << ")";
       DeleteFromRocks({e->key});
       std::lock_guard<std::mutex> lock(mu_);
       e->erase_when_unpinned = true;
@@ -917,6 +913,7 @@ class KvStoreEngine::Impl {
       if (!corrupt) result.from_hot = Promote(e, data);
     });
     if (s.IsNotFound()) return DropCorrupt(e, MissReason::kNotFound);
+    if (IsUnreadable(s)) return DropCorrupt(e, MissReason::kNotFound, &s);
     if (!s.ok()) {
       Unpin(e);
       return FromRocks(s, "staging a block");
@@ -1249,6 +1246,7 @@ class KvStoreEngine::Impl {
   const KvStoreOptions opts_;
   const Clock* const clock_;
   rocksdb::Options rocks_options_;
+  bool repaired_ = false;  // OpenDb ran RocksDB's repair
   // Shared by every use of db_, exclusive while Reopen replaces it.
   mutable std::shared_mutex db_mu_;
   std::unique_ptr<rocksdb::DB> db_;

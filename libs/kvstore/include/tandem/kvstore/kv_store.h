@@ -155,7 +155,12 @@ class KvStoreEngine {
   using Sink = absl::FunctionRef<void(std::span<const uint8_t> payload, uint32_t checksum)>;
 
   // Opens (or creates) the store in options.data_dir and rebuilds the index
-  // from the cold tier.
+  // from the cold tier. A damaged directory does not stop it: RocksDB's
+  // repair where RocksDB cannot open it, and a copy of the intact blocks
+  // where any table block fails its checksum; blocks that do not read back
+  // intact are dropped, logged and counted (stats blocks_dropped_at_open;
+  // kv_repair.h). A block whose read fails later (a lost or damaged file)
+  // is dropped by that read, so that a store can write it again.
   static absl::StatusOr<std::unique_ptr<KvStoreEngine>> Open(const KvStoreOptions& options);
   // Flushes the memtable (so kNone stores survive a clean close) and closes.
   ~KvStoreEngine();

@@ -68,6 +68,11 @@ struct KvStoreStats {
   uint64_t stores_mismatched = 0;  // ... of those, with other bytes (kept the first)
   uint64_t checksum_failures = 0;  // blocks found corrupt and dropped
   uint64_t corrupt_reports = 0;    // ReportCorrupt() calls (readers' mismatches)
+  // Blocks (and unreadable records) the start-up repair dropped: damaged or
+  // lost files (kv_repair.h).
+  uint64_t blocks_dropped_at_open = 0;
+  // Blocks dropped because reading them failed (a lost or damaged file).
+  uint64_t load_failures = 0;
   uint64_t active_leases = 0;
   uint64_t leases_expired = 0;
   uint64_t evictions_hot = 0;
