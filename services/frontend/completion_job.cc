@@ -249,7 +249,10 @@ void Job::Start() {
       s->set_ignore_eos(request_.ignore_eos);
       s->mutable_stop_token_ids()->Assign(request_.stop_token_ids.begin(),
                                           request_.stop_token_ids.end());
-      c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(frontend_->tokenizer(), decode);
+      // Primed with the prompt: the text is Decode(prompt + output) minus
+      // Decode(prompt), so the first word keeps its leading space (vLLM).
+      c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(frontend_->tokenizer(), decode,
+                                                                    prompts_.ids[p]);
       c.stops = std::make_unique<StopStringMatcher>(request_.stop);
       if (request_.echo) c.text = prompts_.texts[p];
     }
