@@ -337,9 +337,15 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   v.reset();
   if (auto e = r.Int("min_tokens", 0, INT32_MAX, &v)) return e;
   out->min_tokens = static_cast<int32_t>(v.value_or(0));
-  if (out->max_tokens && out->min_tokens > *out->max_tokens) {
+  // Against the default max_tokens too on completions, as vLLM checks it.
+  const std::optional<int32_t> max_tokens =
+      out->max_tokens ? out->max_tokens
+      : endpoint == Endpoint::kCompletions ? std::optional<int32_t>(kDefaultCompletionsMaxTokens)
+                                           : std::nullopt;
+  if (max_tokens && out->min_tokens > *max_tokens) {
     return BadRequest(absl::StrCat("'min_tokens' (", out->min_tokens,
-                                   ") must not exceed 'max_tokens' (", *out->max_tokens, ")"),
+                                   ") must not exceed 'max_tokens' (", *max_tokens,
+                                   out->max_tokens ? "" : ", the default", ")"),
                       "min_tokens");
   }
   if (auto e = r.Int("seed", INT64_MIN, INT64_MAX, &out->seed)) return e;

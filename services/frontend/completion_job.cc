@@ -215,6 +215,9 @@ void Job::Start() {
   for (size_t p = 0; p < prompts_.ids.size(); ++p) {
     const int32_t prompt_len = static_cast<int32_t>(prompts_.ids[p].size());
     int32_t max_tokens = model->max_model_len - prompt_len;
+    if (request_.endpoint == Endpoint::kCompletions && !request_.max_tokens) {
+      max_tokens = std::min(max_tokens, kDefaultCompletionsMaxTokens);
+    }
     if (request_.max_tokens) {
       if (static_cast<int64_t>(prompt_len) + *request_.max_tokens > model->max_model_len) {
         Fail(ContextLengthError(

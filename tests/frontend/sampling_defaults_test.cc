@@ -130,5 +130,38 @@ TEST(FrontendSamplingDefaultsTest, WithoutDefaultsRequestsGetOpenAisDefaults) {
             (Sampling{0.0f, 1.0f, 5}));
 }
 
+// max_tokens a request leaves unset: 16 on /v1/completions (vLLM's
+// CompletionRequest default), the rest of the context on chat; the
+// completions default never asks for more than the context leaves.
+TEST(FrontendSamplingDefaultsTest, MaxTokensDefaultsTo16OnCompletionsAndToTheContextOnChat) {
+  const std::string dir = MakeTempDir("frontend-sampling");
+  FakeScheduler scheduler(ModelInfo("max-tokens"));  // max_model_len 256
+  Service frontend = StartFrontend(dir, "frontend", {scheduler.address()},
+                                   {"--tokenizer", kTokenizer, "--chat-template", "llama-2"});
+  httplib::Client client("http://" + frontend.address());
+  client.set_read_timeout(30, 0);
+  // The max_tokens and prompt length the scheduler got for `body`.
+  auto sent = [&](const std::string& path, const Json& body) -> std::pair<int32_t, int32_t> {
+    auto res = client.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << body.dump() << ": " << (res ? res->body : "");
+    const std::vector<v1::GenerateRequest> got = scheduler.requests();
+    if (got.empty()) return {-1, -1};
+    return {static_cast<int32_t>(got.back().sampling().max_tokens()),
+            got.back().prompt_token_ids_size()};
+  };
+  const Json prompt = Json::array({1, 450, 4996});
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", prompt}}).first, 16);
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", prompt}, {"max_tokens", nullptr}}).first, 16);
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", prompt}, {"max_tokens", 100}}).first, 100);
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", prompt}, {"max_completion_tokens", 40}}).first,
+            40);
+  Json long_prompt = Json::array();
+  for (int i = 0; i < 250; ++i) long_prompt.push_back(450);
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", long_prompt}}).first, 6) << "256 - 250";
+  const auto [chat_max, chat_prompt] =
+      sent("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  EXPECT_EQ(chat_max, 256 - chat_prompt);
+}
+
 }  // namespace
 }  // namespace tandem::testing

@@ -78,7 +78,10 @@ struct CompletionRequest {
   std::vector<PromptInput> prompts;       // completions: one or more
   nlohmann::ordered_json messages;        // chat: the conversation
   bool add_generation_prompt = true;      // chat
-  std::optional<int32_t> max_tokens;      // nullopt: up to max_model_len
+  // nullopt: kDefaultCompletionsMaxTokens on /v1/completions (vLLM's
+  // default), up to max_model_len on chat; either way at most what the
+  // context leaves after the prompt.
+  std::optional<int32_t> max_tokens;
   // The prefix-cache salt of the caller's tenant. Set by the frontend from
   // the API key (FrontendOptions::tenants), never from the body.
   std::string cache_salt;
@@ -100,6 +103,10 @@ struct CompletionRequest {
   bool skip_special_tokens = true;
   bool return_token_ids = false;
 };
+
+// max_tokens of a /v1/completions request that sends none, as vLLM's
+// CompletionRequest (and OpenAI's) default.
+inline constexpr int32_t kDefaultCompletionsMaxTokens = 16;
 
 // Limits the parser enforces.
 inline constexpr int32_t kMaxN = 16;
