@@ -217,14 +217,21 @@ TEST_P(FrontendTextTest, EveryPathReturnsThePromptPrimedDecode) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Families, FrontendTextTest,
-    ::testing::Values(Family{"Llama2c", kModels + "tokenizer.bin", true},
-                      Family{"SentencePiece", kModels + "tokenizer.model", true},
-                      Family{"ByteLevelLlama3", kNpm + "llama3", false},
-                      Family{"ByteLevelQwen2", kNpm + "qwen2", false},
-                      Family{"Metaspace", kNpm + "llama2_metaspace", true}),
-    [](const auto& info) { return std::string(info.param.name); });
+// A sanitizer build cannot load SentencePiece beside gRPC's protobuf (see
+// libs/tokenizer/sentencepiece_shim.h): there the family is left out.
+std::vector<Family> Families() {
+  std::vector<Family> out = {Family{"Llama2c", kModels + "tokenizer.bin", true},
+                             Family{"ByteLevelLlama3", kNpm + "llama3", false},
+                             Family{"ByteLevelQwen2", kNpm + "qwen2", false},
+                             Family{"Metaspace", kNpm + "llama2_metaspace", true}};
+#ifndef TANDEM_SANITIZER_BUILD
+  out.push_back(Family{"SentencePiece", kModels + "tokenizer.model", true});
+#endif
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FrontendTextTest, ::testing::ValuesIn(Families()),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace tandem::testing
