@@ -204,26 +204,78 @@ std::optional<ApiError> ParseStop(const Json* stop, CompletionRequest* out) {
   return std::nullopt;
 }
 
+// vLLM's request fields Tandem does not build, each accepted only at its
+// neutral value (absent and null always are). vllm_fields_test walks
+// vLLM's CompletionRequest and ChatCompletionRequest field lists against
+// this table and the fields the parser reads.
+struct Unbuilt {
+  const char* name;
+  Json neutral;
+  const char* why;
+};
+const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
+  static const char* kNoLogprobs = "the worker does not return log-probabilities";
+  static const char* kNoGuided = "structured outputs (guided decoding) are not implemented";
+  static const char* kNoPenalties = "penalties are not implemented";
+  static const auto* common = new std::vector<Unbuilt>{
+      {"logprobs", Json(false), kNoLogprobs},
+      {"prompt_logprobs", Json(nullptr), kNoLogprobs},
+      {"return_tokens_as_token_ids", Json(false), kNoLogprobs},
+      {"best_of", Json(1), "use n"},
+      {"use_beam_search", Json(false), "beam search is not implemented"},
+      {"length_penalty", Json(1), "beam search is not implemented"},
+      {"presence_penalty", Json(0), kNoPenalties},
+      {"frequency_penalty", Json(0), kNoPenalties},
+      {"repetition_penalty", Json(1), kNoPenalties},
+      {"min_p", Json(0), "the sampler has no min-p filter"},
+      {"logit_bias", Json::object(), "not implemented"},
+      {"allowed_token_ids", Json(nullptr), "not implemented"},
+      {"bad_words", Json::array(), "not implemented"},
+      {"logits_processors", Json::array(), "not implemented"},
+      {"spaces_between_special_tokens", Json(true),
+       "special tokens decode as the tokenizer's decoder writes them"},
+      {"guided_json", Json(nullptr), kNoGuided},
+      {"guided_regex", Json(nullptr), kNoGuided},
+      {"guided_choice", Json(nullptr), kNoGuided},
+      {"guided_grammar", Json(nullptr), kNoGuided},
+      {"guided_decoding_backend", Json(nullptr), kNoGuided},
+      {"guided_whitespace_pattern", Json(nullptr), kNoGuided},
+      {"structural_tag", Json(nullptr), kNoGuided},
+      {"structured_outputs", Json(nullptr), kNoGuided},
+      {"request_id", Json(nullptr), "the server names each request (the response's id)"},
+      {"cache_salt", Json(nullptr),
+       "the server salts the prefix cache per API key (--api-keys-file)"},
+      {"kv_transfer_params", Json(nullptr), "disaggregated serving is not implemented"},
+      {"vllm_xargs", Json(nullptr), "no extensions read it"},
+      {"mm_processor_kwargs", Json(nullptr), "no multimodal models are served"},
+      {"media_io_kwargs", Json(nullptr), "no multimodal models are served"},
+  };
+  static const auto* completions = [] {
+    auto* v = new std::vector<Unbuilt>(*common);
+    v->push_back({"suffix", Json(""), "no insertion models are served"});
+    v->push_back({"prompt_embeds", Json(nullptr), "prompts are text or token ids"});
+    return v;
+  }();
+  static const auto* chat = [] {
+    auto* v = new std::vector<Unbuilt>(*common);
+    v->push_back({"top_logprobs", Json(0), kNoLogprobs});
+    v->push_back({"echo", Json(false), "chat echo (prepending the last message) is not implemented"});
+    v->push_back({"continue_final_message", Json(false), "not implemented"});
+    v->push_back({"documents", Json(nullptr), "not implemented"});
+    v->push_back({"chat_template", Json(nullptr),
+                  "the server's template is used (tandem-frontend --chat-template)"});
+    v->push_back({"reasoning_effort", Json(nullptr), "reasoning is not implemented"});
+    v->push_back({"include_reasoning", Json(true), "reasoning is not implemented"});
+    v->push_back({"parallel_tool_calls", Json(false), "tool calling is not implemented"});
+    return v;
+  }();
+  return endpoint == Endpoint::kCompletions ? *completions : *chat;
+}
+
 std::optional<ApiError> ParseUnsupported(const Reader& r, Endpoint endpoint) {
-  const std::string_view no_logprobs = "the worker does not return log-probabilities";
-  if (endpoint == Endpoint::kCompletions) {
-    if (auto e = r.OnlyNeutral("logprobs", Json(false), no_logprobs)) return e;
-    if (auto e = r.OnlyNeutral("suffix", Json(""), "no insertion models are served")) return e;
-  } else {
-    if (auto e = r.OnlyNeutral("logprobs", Json(false), no_logprobs)) return e;
-    if (auto e = r.OnlyNeutral("top_logprobs", Json(0), no_logprobs)) return e;
+  for (const Unbuilt& f : UnbuiltFields(endpoint)) {
+    if (auto e = r.OnlyNeutral(f.name, f.neutral, f.why)) return e;
   }
-  if (auto e = r.OnlyNeutral("best_of", Json(1), "use n")) return e;
-  if (auto e = r.OnlyNeutral("presence_penalty", Json(0), "penalties are not implemented")) {
-    return e;
-  }
-  if (auto e = r.OnlyNeutral("frequency_penalty", Json(0), "penalties are not implemented")) {
-    return e;
-  }
-  if (auto e = r.OnlyNeutral("repetition_penalty", Json(1), "penalties are not implemented")) {
-    return e;
-  }
-  if (auto e = r.OnlyNeutral("logit_bias", Json::object(), "not implemented")) return e;
   if (const Json* tools = r.Find("tools");
       tools != nullptr && !(tools->is_array() && tools->empty())) {
     const Json* choice = r.Find("tool_choice");
@@ -337,9 +389,15 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   v.reset();
   if (auto e = r.Int("min_tokens", 0, INT32_MAX, &v)) return e;
   out->min_tokens = static_cast<int32_t>(v.value_or(0));
-  if (out->max_tokens && out->min_tokens > *out->max_tokens) {
+  // Against the default max_tokens too on completions, as vLLM checks it.
+  const std::optional<int32_t> max_tokens =
+      out->max_tokens ? out->max_tokens
+      : endpoint == Endpoint::kCompletions ? std::optional<int32_t>(kDefaultCompletionsMaxTokens)
+                                           : std::nullopt;
+  if (max_tokens && out->min_tokens > *max_tokens) {
     return BadRequest(absl::StrCat("'min_tokens' (", out->min_tokens,
-                                   ") must not exceed 'max_tokens' (", *out->max_tokens, ")"),
+                                   ") must not exceed 'max_tokens' (", *max_tokens,
+                                   out->max_tokens ? "" : ", the default", ")"),
                       "min_tokens");
   }
   if (auto e = r.Int("seed", INT64_MIN, INT64_MAX, &out->seed)) return e;
@@ -380,6 +438,36 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   }
   if (auto e = r.Bool("skip_special_tokens", &out->skip_special_tokens)) return e;
   if (auto e = r.Bool("return_token_ids", &out->return_token_ids)) return e;
+  if (auto e = r.Bool("include_stop_str_in_output", &out->include_stop_str_in_output)) return e;
+  v.reset();
+  if (auto e = r.Int("truncate_prompt_tokens", -1, INT32_MAX, &v)) return e;
+  if (v) {
+    // vLLM: -1 keeps max_model_len tokens; 0 would keep nothing.
+    if (*v == 0) {
+      return BadRequest("'truncate_prompt_tokens' must be >= 1, or -1 for the model's context",
+                        "truncate_prompt_tokens");
+    }
+    out->truncate_prompt_tokens = static_cast<int32_t>(*v);
+  }
+  v.reset();
+  if (auto e = r.Int("priority", INT32_MIN, INT32_MAX, &v)) return e;
+  out->priority = static_cast<int32_t>(v.value_or(0));
+  if (endpoint == Endpoint::kChat) {
+    if (const Json* kwargs = r.Find("chat_template_kwargs")) {
+      if (!kwargs->is_object()) {
+        return BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+      }
+      for (const char* reserved : {"messages", "add_generation_prompt", "bos_token", "eos_token"}) {
+        if (kwargs->contains(reserved)) {
+          return BadRequest(absl::StrCat("'chat_template_kwargs' must not set '", reserved,
+                                         "' (the server sets it; add_generation_prompt is a "
+                                         "request field)"),
+                            "chat_template_kwargs");
+        }
+      }
+      out->chat_template_kwargs = OrderedJson::parse(kwargs->dump());
+    }
+  }
   return std::nullopt;
 }
 

@@ -215,6 +215,9 @@ void Job::Start() {
   for (size_t p = 0; p < prompts_.ids.size(); ++p) {
     const int32_t prompt_len = static_cast<int32_t>(prompts_.ids[p].size());
     int32_t max_tokens = model->max_model_len - prompt_len;
+    if (request_.endpoint == Endpoint::kCompletions && !request_.max_tokens) {
+      max_tokens = std::min(max_tokens, kDefaultCompletionsMaxTokens);
+    }
     if (request_.max_tokens) {
       if (static_cast<int64_t>(prompt_len) + *request_.max_tokens > model->max_model_len) {
         Fail(ContextLengthError(
@@ -235,6 +238,7 @@ void Job::Start() {
       v1::GenerateRequest& r = c.request;
       r.set_request_id(absl::StrCat(head_.id, "-", c.index));
       r.set_cache_salt(request_.cache_salt);
+      r.set_priority(request_.priority);
       r.mutable_prompt_token_ids()->Assign(prompts_.ids[p].begin(), prompts_.ids[p].end());
       v1::SamplingParams* s = r.mutable_sampling();
       s->set_temperature(sampling.temperature);
@@ -249,7 +253,10 @@ void Job::Start() {
       s->set_ignore_eos(request_.ignore_eos);
       s->mutable_stop_token_ids()->Assign(request_.stop_token_ids.begin(),
                                           request_.stop_token_ids.end());
-      c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(frontend_->tokenizer(), decode);
+      // Primed with the prompt: the text is Decode(prompt + output) minus
+      // Decode(prompt), so the first word keeps its leading space (vLLM).
+      c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(frontend_->tokenizer(), decode,
+                                                                    prompts_.ids[p]);
       c.stops = std::make_unique<StopStringMatcher>(request_.stop);
       if (request_.echo) c.text = prompts_.texts[p];
     }
@@ -305,12 +312,13 @@ void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse&
         std::find(request_.stop_token_ids.begin(), request_.stop_token_ids.end(), t) !=
             request_.stop_token_ids.end()) {
       c.stop_token = t;  // counted and returned, its text left out
-      continue;
+      if (!request_.include_stop_str_in_output) continue;
     }
     absl::StatusOr<std::string> piece = c.detok->Push(t);
     if (!piece.ok()) continue;  // outside the tokenizer's vocabulary: no text
     StopStringMatcher::Step step = c.stops->Push(*piece);
     delta += step.text;
+    if (step.stopped && request_.include_stop_str_in_output) delta += step.matched;
     if (step.stopped) {
       c.finish = FinishReason::kStop;
       c.stop_reason = step.matched;
@@ -322,6 +330,7 @@ void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse&
   if (final && !c.done) {
     StopStringMatcher::Step step = c.stops->Push(c.detok->Finish());
     delta += step.text;
+    if (step.stopped && request_.include_stop_str_in_output) delta += step.matched;
     if (step.stopped) {
       c.finish = FinishReason::kStop;
       c.stop_reason = step.matched;
@@ -485,7 +494,8 @@ std::optional<ApiError> PreparePrompts(const Frontend& frontend, const Completio
     tokenizer::ChatTemplateInputs inputs{.messages = request.messages,
                                          .add_generation_prompt = request.add_generation_prompt,
                                          .bos_token = tok.bos_token(),
-                                         .eos_token = tok.eos_token()};
+                                         .eos_token = tok.eos_token(),
+                                         .extra_context = request.chat_template_kwargs};
     absl::StatusOr<std::string> rendered = frontend.chat_template()->Render(inputs);
     if (!rendered.ok()) {
       return BadRequest(absl::StrCat("chat template: ", rendered.status().message()), "messages");
@@ -523,6 +533,27 @@ std::optional<ApiError> PreparePrompts(const Frontend& frontend, const Completio
         if (decoded.ok()) text = *std::move(decoded);
       }
       out->texts.push_back(std::move(text));
+    }
+  }
+  if (request.truncate_prompt_tokens) {
+    // As vLLM: the last N tokens of each prompt (BOS included in the count,
+    // so a long prompt loses it); -1 means max_model_len.
+    const int64_t keep =
+        *request.truncate_prompt_tokens < 0 ? model.max_model_len : *request.truncate_prompt_tokens;
+    if (keep > model.max_model_len) {
+      return BadRequest(absl::StrCat("'truncate_prompt_tokens' (", keep,
+                                     ") is greater than the model's context (max_model_len ",
+                                     model.max_model_len, ")"),
+                        "truncate_prompt_tokens");
+    }
+    for (size_t p = 0; p < out->ids.size(); ++p) {
+      std::vector<int32_t>& ids = out->ids[p];
+      if (static_cast<int64_t>(ids.size()) <= keep) continue;
+      ids.erase(ids.begin(), ids.end() - keep);
+      // echo shows the prompt the model saw.
+      absl::StatusOr<std::string> text =
+          tok.Decode(ids, {.skip_special_tokens = request.skip_special_tokens});
+      out->texts[p] = text.ok() ? *std::move(text) : std::string();
     }
   }
   for (const std::vector<int32_t>& ids : out->ids) {

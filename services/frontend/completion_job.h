@@ -9,8 +9,10 @@
 // the HTTP connection's strand. Cancels wait until the lock is let go (they
 // may run gRPC callbacks inline).
 //
-// Text: generated ids go through an IncrementalDetokenizer (deltas are whole
-// UTF-8 characters) and a StopStringMatcher; a matched stop string ends the
+// Text: generated ids go through an IncrementalDetokenizer primed with the
+// prompt (deltas are whole UTF-8 characters; the text is Decode(prompt +
+// output) minus Decode(prompt), so the first word keeps its leading space, as
+// vLLM's) and a StopStringMatcher; a matched stop string ends the
 // choice with finish_reason "stop" and cancels its call (the scheduler frees
 // its blocks). A stop token from stop_token_ids is counted and returned in
 // token_ids but its text is left out, as a stop string's is.

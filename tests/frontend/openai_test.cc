@@ -141,6 +141,13 @@ TEST(OpenAiParseTest, BadParametersNameTheField) {
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","n":17})"), "n");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","seed":1.5})"), "seed");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","min_tokens":5,"max_tokens":4})"), "min_tokens");
+  // Completions check min_tokens against the default max_tokens (16), as
+  // vLLM does; chat's default is the context.
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","min_tokens":17})"), "min_tokens");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","min_tokens":16})"), "");
+  EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],"min_tokens":17})",
+                       Endpoint::kChat),
+            "");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","stop":[""]})"), "stop");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","stop":[1]})"), "stop");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","stop_token_ids":[-1]})"), "stop_token_ids");

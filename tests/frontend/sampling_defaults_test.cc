@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "../integration/harness.h"
+#include "fake_scheduler.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "tandem/rpc/server.h"
 
 namespace tandem::testing {
 namespace {
@@ -24,74 +24,8 @@ using Json = nlohmann::json;
 
 const std::string kTokenizer = std::string(TANDEM_SHARED_DIR) + "/models/tokenizer.bin";
 
-// Answers GetModelInfo with `info`; each Generate call is recorded by
-// request id and answered with one token and FINISH_REASON_STOP.
-class FakeScheduler final : public v1::Generation::Service {
- public:
-  explicit FakeScheduler(v1::GetModelInfoResponse info) : info_(std::move(info)) {
-    static const bool health = (rpc::EnableReflectionAndHealth(), true);  // once per process
-    (void)health;
-    grpc::ServerBuilder builder;
-    builder.RegisterService(this);
-    auto server = rpc::BuildAndStart(&builder, {.listen_address = "127.0.0.1:0"}, &port_);
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (server.ok()) {
-      server_ = std::move(server).value();
-      rpc::SetServing(server_.get(), "tandem.v1.Generation", true);
-    }
-  }
-  ~FakeScheduler() override {
-    if (server_ != nullptr) server_->Shutdown();
-  }
-
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-
-  // The sampling parameters of every Generate call, in arrival order.
-  std::vector<v1::SamplingParams> sampled() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return sampled_;
-  }
-
-  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
-                            v1::GetModelInfoResponse* response) override {
-    *response = info_;
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      sampled_.push_back(request->sampling());
-    }
-    v1::GenerateResponse response;
-    response.set_request_id(request->request_id());
-    response.add_token_ids(100);
-    response.set_finish_reason(v1::FINISH_REASON_STOP);
-    response.mutable_usage()->set_prompt_tokens(request->prompt_token_ids_size());
-    response.mutable_usage()->set_output_tokens(1);
-    writer->Write(response);
-    return grpc::Status::OK;
-  }
-
- private:
-  const v1::GetModelInfoResponse info_;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
-  std::mutex mu_;
-  std::vector<v1::SamplingParams> sampled_;
-};
-
 v1::GetModelInfoResponse ModelInfo(const std::string& fingerprint) {
-  v1::GetModelInfoResponse info;
-  info.set_model_name("fake");
-  info.set_model_fingerprint(fingerprint);
-  info.set_vocab_size(32000);
-  info.set_max_model_len(256);
-  info.set_block_size(16);
-  info.set_num_kv_blocks(64);
-  info.set_eos_token_id(2);
-  return info;
+  return FakeModelInfo(fingerprint);
 }
 
 struct Sampling {
@@ -194,6 +128,39 @@ TEST(FrontendSamplingDefaultsTest, WithoutDefaultsRequestsGetOpenAisDefaults) {
   EXPECT_EQ(Send(frontend, scheduler, "/v1/completions",
                  {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"top_k", 5}}),
             (Sampling{0.0f, 1.0f, 5}));
+}
+
+// max_tokens a request leaves unset: 16 on /v1/completions (vLLM's
+// CompletionRequest default), the rest of the context on chat; the
+// completions default never asks for more than the context leaves.
+TEST(FrontendSamplingDefaultsTest, MaxTokensDefaultsTo16OnCompletionsAndToTheContextOnChat) {
+  const std::string dir = MakeTempDir("frontend-sampling");
+  FakeScheduler scheduler(ModelInfo("max-tokens"));  // max_model_len 256
+  Service frontend = StartFrontend(dir, "frontend", {scheduler.address()},
+                                   {"--tokenizer", kTokenizer, "--chat-template", "llama-2"});
+  httplib::Client client("http://" + frontend.address());
+  client.set_read_timeout(30, 0);
+  // The max_tokens and prompt length the scheduler got for `body`.
+  auto sent = [&](const std::string& path, const Json& body) -> std::pair<int32_t, int32_t> {
+    auto res = client.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << body.dump() << ": " << (res ? res->body : "");
+    const std::vector<v1::GenerateRequest> got = scheduler.requests();
+    if (got.empty()) return {-1, -1};
+    return {static_cast<int32_t>(got.back().sampling().max_tokens()),
+            got.back().prompt_token_ids_size()};
+  };
+  const Json prompt = Json::array({1, 450, 4996});
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", prompt}}).first, 16);
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", prompt}, {"max_tokens", nullptr}}).first, 16);
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", prompt}, {"max_tokens", 100}}).first, 100);
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", prompt}, {"max_completion_tokens", 40}}).first,
+            40);
+  Json long_prompt = Json::array();
+  for (int i = 0; i < 250; ++i) long_prompt.push_back(450);
+  EXPECT_EQ(sent("/v1/completions", {{"prompt", long_prompt}}).first, 6) << "256 - 250";
+  const auto [chat_max, chat_prompt] =
+      sent("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  EXPECT_EQ(chat_max, 256 - chat_prompt);
 }
 
 }  // namespace

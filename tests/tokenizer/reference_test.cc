@@ -122,6 +122,21 @@ TEST_P(HfReferenceTest, StreamsEveryCaseToItsDecode) {
   }
 }
 
+// A stream primed with a prompt gives Decode(prompt + output) minus
+// Decode(prompt), for every split of every case (issue 30).
+TEST_P(HfReferenceTest, AContinuationIsItsDecodeMinusThePrompts) {
+  std::vector<std::vector<int32_t>> all;
+  for (const auto& c : ref_["cases"]) all.push_back(c["ids"].get<std::vector<int32_t>>());
+  for (const auto& c : ref_["id_cases"]) all.push_back(c["ids"].get<std::vector<int32_t>>());
+  for (const DecodeOptions& options :
+       {DecodeOptions{.skip_special_tokens = false, .clean_up_tokenization_spaces = false},
+        DecodeOptions{.skip_special_tokens = true}}) {
+    int checked = 0, skipped = 0;
+    EXPECT_EQ(CheckPrimedSplits(*tok_, all, options, 4, kMaxReported, &checked, &skipped), 0);
+    EXPECT_LT(skipped, checked / 2) << "too few cases checked";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Npm, HfReferenceTest,
                          ::testing::Values("gpt2", "llama3", "qwen2", "mistral", "gemma",
                                            "mistral_nemo", "llama2", "llama2_metaspace"));

@@ -1,6 +1,7 @@
 // Helpers shared by the tokenizer tests.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -98,6 +99,87 @@ inline bool StreamMatchesDecode(const Tokenizer& tok, const std::vector<int32_t>
     return false;
   }
   return true;
+}
+
+// Streams `output` through an IncrementalDetokenizer primed with `prompt`
+// and checks that every delta is well-formed UTF-8 and that the deltas add
+// up to Decode(prompt + output) minus Decode(prompt). Cases where
+// Decode(prompt) is not a prefix of Decode(prompt + output) (the output
+// completes a character the prompt began, or clean-up rewrites the
+// prompt's end) are counted in *skipped and not checked. Returns false
+// (with a failure) otherwise.
+inline bool PrimedStreamMatchesDecode(const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                                      const std::vector<int32_t>& output,
+                                      const DecodeOptions& options, const std::string& what,
+                                      int* skipped) {
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), output.begin(), output.end());
+  const auto whole = tok.Decode(all, options);
+  const auto head = tok.Decode(prompt, options);
+  if (!whole.ok() || !head.ok()) {
+    ADD_FAILURE() << what << ": Decode failed";
+    return false;
+  }
+  if (whole->compare(0, head->size(), *head) != 0) {
+    ++*skipped;
+    return true;
+  }
+  const std::string expected = whole->substr(head->size());
+  IncrementalDetokenizer detok(tok, options, prompt);
+  std::string streamed;
+  for (size_t i = 0; i < output.size(); ++i) {
+    const auto delta = detok.Push(output[i]);
+    if (!delta.ok()) {
+      ADD_FAILURE() << what << ": Push(" << output[i] << ") failed: " << delta.status();
+      return false;
+    }
+    if (!IsUtf8(*delta)) {
+      ADD_FAILURE() << what << ": delta " << i << " is not UTF-8: " << Quote(*delta);
+      return false;
+    }
+    streamed += *delta;
+  }
+  const std::string rest = detok.Finish();
+  if (!IsUtf8(rest)) {
+    ADD_FAILURE() << what << ": Finish() is not UTF-8";
+    return false;
+  }
+  streamed += rest;
+  if (streamed != expected) {
+    ADD_FAILURE() << what << ": prompt " << nlohmann::json(prompt).dump() << " output "
+                  << nlohmann::json(output).dump() << ": streamed " << Quote(streamed)
+                  << " but Decode(prompt + output) minus Decode(prompt) is " << Quote(expected);
+    return false;
+  }
+  return true;
+}
+
+// Every way to split the ids of each case into a prompt and an output (at
+// most `max_splits` per case, spread evenly), checked with
+// PrimedStreamMatchesDecode. Returns the number of failures (reported up to
+// `max_reported`); *checked counts the splits checked, *skipped those that
+// could not be.
+inline int CheckPrimedSplits(const Tokenizer& tok, const std::vector<std::vector<int32_t>>& cases,
+                             const DecodeOptions& options, size_t max_splits, int max_reported,
+                             int* checked, int* skipped) {
+  int failures = 0;
+  for (size_t c = 0; c < cases.size() && failures < max_reported; ++c) {
+    const std::vector<int32_t>& ids = cases[c];
+    if (ids.size() < 2) continue;
+    const size_t step = std::max<size_t>(1, (ids.size() - 1) / max_splits);
+    for (size_t k = 1; k < ids.size(); k += step) {
+      const std::vector<int32_t> prompt(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(k));
+      const std::vector<int32_t> output(ids.begin() + static_cast<ptrdiff_t>(k), ids.end());
+      ++*checked;
+      if (!PrimedStreamMatchesDecode(tok, prompt, output, options,
+                                     "case " + std::to_string(c) + " split " + std::to_string(k),
+                                     skipped)) {
+        ++failures;
+        break;
+      }
+    }
+  }
+  return failures;
 }
 
 }  // namespace tandem::tokenizer::testing

@@ -12,27 +12,46 @@
 // Field by field it follows OpenAI's documented API and vLLM's extensions
 // (https://platform.openai.com/docs/api-reference/completions,
 // vLLM's protocol.py):
-//   /v1/completions       prompt: string | [string] | [int] | [[int]]
-//   /v1/chat/completions  messages (rendered by the model's chat template)
+//   /v1/completions       prompt: string | [string] | [int] | [[int]]; echo;
+//                         max_tokens defaults to 16 (vLLM's and OpenAI's)
+//   /v1/chat/completions  messages (rendered by the model's chat template,
+//                         with chat_template_kwargs as more variables);
+//                         max_tokens defaults to the rest of the context
 //   both: model, max_tokens / max_completion_tokens, temperature, top_p,
 //   top_k, min_tokens, seed, n, stop (string or list, matched on text, left
-//   out of the output), stop_token_ids, ignore_eos, stream,
-//   stream_options.include_usage, user, echo (completions),
-//   add_special_tokens, skip_special_tokens, and vLLM's return_token_ids
+//   out of the output unless include_stop_str_in_output), stop_token_ids,
+//   ignore_eos, stream, stream_options.include_usage, user,
+//   add_special_tokens, skip_special_tokens, and vLLM's
+//   include_stop_str_in_output, truncate_prompt_tokens (the last N prompt
+//   tokens; -1 = max_model_len; 0, < -1 and > max_model_len refused),
+//   priority (forwarded to the scheduler; lower = more important, it
+//   matters under --scheduling-policy priority) and return_token_ids
 //   (choices carry `token_ids`, the response `prompt_token_ids`: the
 //   documented way to see the ids).
-// Unsupported features are refused with a 400 that names the field instead
-// of being silently ignored: logprobs / top_logprobs (the worker returns no
-// log-probabilities), non-zero presence/frequency penalties, repetition
-// penalty other than 1, best_of > 1, suffix, tools with tool_choice other
-// than "none", response_format other than text. Unknown fields are ignored,
-// as OpenAI's SDKs send fields a server may not know.
+// Text is the prompt-primed decode: Decode(prompt + output) minus
+// Decode(prompt), so the first word keeps its leading space as in vLLM.
+// Every other field of vLLM's CompletionRequest and ChatCompletionRequest
+// is refused with a 400 that names it unless it has its neutral value
+// (absent, null, or the value that changes nothing; vllm_fields_test walks
+// vLLM's lists): logprobs / top_logprobs / prompt_logprobs /
+// return_tokens_as_token_ids (the worker returns no log-probabilities),
+// min_p (the sampler has no min-p filter), presence/frequency/repetition
+// penalties, logit_bias, allowed_token_ids, bad_words, logits_processors,
+// best_of > 1, use_beam_search, length_penalty, guided_* / structural_tag /
+// structured_outputs and response_format other than text, suffix,
+// prompt_embeds, tools with tool_choice other than "none" (tools are
+// accepted only with "none"), parallel_tool_calls, reasoning_effort,
+// include_reasoning false, chat echo, continue_final_message, documents,
+// a per-request chat_template, spaces_between_special_tokens false,
+// request_id, cache_salt (the server salts per API key), kv_transfer_params,
+// vllm_xargs, mm_processor_kwargs and media_io_kwargs. Unknown fields are
+// ignored, as OpenAI's SDKs send fields a server may not know.
 //
 // temperature, top_p and top_k a request leaves unset (absent or null) take
 // the served model's default from its generation_config.json, as vLLM's
 // --generation-config auto does, and only without one OpenAI's default
 // (EffectiveSampling). The model's min_p and repetition_penalty are not
-// applied: the sampler has neither.
+// applied: the sampler has neither (a request that sends them is refused).
 //
 // Choice i of n with a seed s uses seed s + i, so that n > 1 gives n
 // different samples that are each reproducible alone (vLLM seeds them from
@@ -78,7 +97,10 @@ struct CompletionRequest {
   std::vector<PromptInput> prompts;       // completions: one or more
   nlohmann::ordered_json messages;        // chat: the conversation
   bool add_generation_prompt = true;      // chat
-  std::optional<int32_t> max_tokens;      // nullopt: up to max_model_len
+  // nullopt: kDefaultCompletionsMaxTokens on /v1/completions (vLLM's
+  // default), up to max_model_len on chat; either way at most what the
+  // context leaves after the prompt.
+  std::optional<int32_t> max_tokens;
   // The prefix-cache salt of the caller's tenant. Set by the frontend from
   // the API key (FrontendOptions::tenants), never from the body.
   std::string cache_salt;
@@ -99,7 +121,23 @@ struct CompletionRequest {
   std::optional<bool> add_special_tokens; // nullopt: true (completions), false (chat)
   bool skip_special_tokens = true;
   bool return_token_ids = false;
+  // vLLM's: the stop string (or stop_token_ids token) that ended a choice
+  // stays in its text.
+  bool include_stop_str_in_output = false;
+  // vLLM's: keep only the last N tokens of each prompt (-1: max_model_len;
+  // more than max_model_len is a 400 when the model is known).
+  std::optional<int32_t> truncate_prompt_tokens;
+  // vLLM's: the scheduler's priority (lower = more important); it matters
+  // under --scheduling-policy priority.
+  int32_t priority = 0;
+  // Chat: more variables for the chat template (e.g. enable_thinking); an
+  // object, or null.
+  nlohmann::ordered_json chat_template_kwargs;
 };
+
+// max_tokens of a /v1/completions request that sends none, as vLLM's
+// CompletionRequest (and OpenAI's) default.
+inline constexpr int32_t kDefaultCompletionsMaxTokens = 16;
 
 // Limits the parser enforces.
 inline constexpr int32_t kMaxN = 16;

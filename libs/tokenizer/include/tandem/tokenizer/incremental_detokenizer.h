@@ -24,6 +24,21 @@
 // needs to look at. Push costs O(1) amortized per id (SentencePiece: one
 // libsentencepiece decode of at most a few ids).
 //
+// A continuation of a prompt: construct with the prompt's ids, and the deltas
+// add up to Decode(prompt + ids) minus Decode(prompt), as vLLM's incremental
+// detokenizer (primed with the prompt's last tokens) returns them, so the
+// first generated word keeps its leading space ("▁Vil" after "Once upon a
+// time" is " Vil"; a fresh stream strips it as the start of a text). The
+// stream is primed with the prompt's last tokens only (at least
+// kMinPromptContext, going back to the start of a character that decodes to
+// text, at most kMaxPromptContext; the whole prompt when it is shorter): what
+// a decode does at a token depends only on the few characters before it.
+// Text of the prompt the stream still held (an unfinished character, a
+// candidate for clean-up) is left out of the deltas as far as the output
+// repeats it; when the output changes it (it completes a character the
+// prompt's last byte tokens began) the deltas start with the changed
+// character.
+//
 // Not thread-safe (one per request); the tokenizer must outlive it. Stop
 // strings are the frontend's business, not this class's.
 #pragma once
@@ -33,6 +48,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "tandem/tokenizer/tokenizer.h"
 
 namespace tandem::tokenizer {
@@ -41,6 +57,12 @@ class IncrementalDetokenizer {
  public:
   explicit IncrementalDetokenizer(const Tokenizer& tokenizer, const DecodeOptions& options = {})
       : stream_(tokenizer.NewDecodeStream(options)) {}
+  // A stream of the ids that continue `prompt` (see above).
+  IncrementalDetokenizer(const Tokenizer& tokenizer, const DecodeOptions& options,
+                         absl::Span<const int32_t> prompt);
+
+  static constexpr size_t kMinPromptContext = 8;
+  static constexpr size_t kMaxPromptContext = 32;
 
   // The text `id` completes (often empty). INVALID_ARGUMENT for an id outside
   // the vocabulary, which is then ignored: the stream stays as it was.
@@ -52,7 +74,11 @@ class IncrementalDetokenizer {
   int64_t num_ids() const { return num_ids_; }
 
  private:
+  // Drops the leading characters of `delta` that repeat prompt_held_.
+  std::string SkipPromptText(std::string delta);
+
   std::unique_ptr<DecodeStream> stream_;
+  std::string prompt_held_;  // the prompt's text the stream held back, not yet matched
   int64_t num_ids_ = 0;
   bool finished_ = false;
 };

@@ -1,0 +1,111 @@
+// An in-process tandem.v1.Generation server for tests of the real frontend
+// binary: answers GetModelInfo with the model it is given, records every
+// GenerateRequest, and answers each Generate with scripted output ids, one
+// message per token, the last one carrying the finish reason and usage.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../integration/harness.h"
+#include "gtest/gtest.h"
+#include "tandem/rpc/server.h"
+
+namespace tandem::testing {
+
+class FakeScheduler final : public v1::Generation::Service {
+ public:
+  explicit FakeScheduler(v1::GetModelInfoResponse info) : info_(std::move(info)) {
+    static const bool health = (rpc::EnableReflectionAndHealth(), true);  // once per process
+    (void)health;
+    grpc::ServerBuilder builder;
+    builder.RegisterService(this);
+    auto server = rpc::BuildAndStart(&builder, {.listen_address = "127.0.0.1:0"}, &port_);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) {
+      server_ = std::move(server).value();
+      rpc::SetServing(server_.get(), "tandem.v1.Generation", true);
+    }
+  }
+  ~FakeScheduler() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  // What every later Generate call answers (default: token 100, STOP).
+  void SetOutput(std::vector<int32_t> ids, v1::FinishReason finish) {
+    std::lock_guard<std::mutex> lock(mu_);
+    output_ = std::move(ids);
+    finish_ = finish;
+  }
+
+  // Every Generate request, in arrival order.
+  std::vector<v1::GenerateRequest> requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+  std::vector<v1::SamplingParams> sampled() {
+    std::vector<v1::SamplingParams> out;
+    for (const v1::GenerateRequest& r : requests()) out.push_back(r.sampling());
+    return out;
+  }
+
+  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
+                            v1::GetModelInfoResponse* response) override {
+    *response = info_;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    std::vector<int32_t> output;
+    v1::FinishReason finish;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      requests_.push_back(*request);
+      output = output_;
+      finish = finish_;
+    }
+    for (size_t i = 0; i < output.size(); ++i) {
+      v1::GenerateResponse response;
+      response.set_request_id(request->request_id());
+      response.add_token_ids(output[i]);
+      if (i + 1 == output.size()) {
+        response.set_finish_reason(finish);
+        response.mutable_usage()->set_prompt_tokens(request->prompt_token_ids_size());
+        response.mutable_usage()->set_output_tokens(static_cast<int32_t>(output.size()));
+      }
+      if (!writer->Write(response)) break;  // the frontend cancelled
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  const v1::GetModelInfoResponse info_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::mutex mu_;
+  std::vector<v1::GenerateRequest> requests_;
+  std::vector<int32_t> output_ = {100};
+  v1::FinishReason finish_ = v1::FINISH_REASON_STOP;
+};
+
+// A model as GetModelInfo describes it, without generation defaults.
+inline v1::GetModelInfoResponse FakeModelInfo(const std::string& fingerprint,
+                                              int32_t vocab_size = 32000,
+                                              int32_t max_model_len = 256) {
+  v1::GetModelInfoResponse info;
+  info.set_model_name("fake");
+  info.set_model_fingerprint(fingerprint);
+  info.set_vocab_size(vocab_size);
+  info.set_max_model_len(max_model_len);
+  info.set_block_size(16);
+  info.set_num_kv_blocks(64);
+  info.set_eos_token_id(2);
+  return info;
+}
+
+}  // namespace tandem::testing

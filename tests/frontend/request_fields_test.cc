@@ -1,0 +1,204 @@
+// vLLM's request fields tandem-frontend builds (issue 30), each through the
+// real frontend binary and an in-process fake scheduler that answers
+// chosen ids and records what it is asked: include_stop_str_in_output,
+// truncate_prompt_tokens, priority and chat_template_kwargs.
+#include <fstream>
+#include <sstream>
+
+#include "../integration/harness.h"
+#include "fake_scheduler.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tandem/tokenizer/tokenizer.h"
+
+namespace tandem::testing {
+namespace {
+
+using Json = nlohmann::json;
+
+const std::string kTokenizer = std::string(TANDEM_SHARED_DIR) + "/models/tokenizer.bin";
+
+struct Result {
+  int status = -1;
+  Json body;
+  std::string text, finish_reason;  // choice 0's (streams: joined)
+  Json stop_reason;
+};
+
+class FrontendRequestFieldsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tok = tokenizer::LoadTokenizer(kTokenizer);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = *std::move(tok);
+    const std::string dir = MakeTempDir("frontend-fields");
+    // A template that shows whether chat_template_kwargs reached it.
+    const std::string tmpl = dir + "/template.jinja";
+    std::ofstream(tmpl) << "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                           "{% if enable_thinking %} THINK{% endif %}{{ suffix }}";
+    scheduler_ = std::make_unique<FakeScheduler>(FakeModelInfo("fields"));  // 256 tokens
+    frontend_ = StartFrontend(dir, "frontend", {scheduler_->address()},
+                              {"--tokenizer", kTokenizer, "--chat-template", tmpl});
+  }
+
+  Result Post(const std::string& path, const Json& body) {
+    httplib::Client client("http://" + frontend_.address());
+    client.set_read_timeout(30, 0);
+    auto res = client.Post(path, body.dump(), "application/json");
+    Result out;
+    if (!res) return out;
+    out.status = res->status;
+    if (!body.value("stream", false)) {
+      out.body = Json::parse(res->body, nullptr, false);
+      if (out.status == 200) {
+        const Json& c = out.body["choices"][0];
+        out.text = c.contains("text") ? c["text"] : c["message"]["content"];
+        out.finish_reason = c["finish_reason"];
+        out.stop_reason = c["stop_reason"];
+      }
+      return out;
+    }
+    std::istringstream in(res->body);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      const Json chunk = Json::parse(line.substr(6));
+      for (const Json& c : chunk["choices"]) {
+        out.text += c.value("text", "");
+        if (!c["finish_reason"].is_null()) {
+          out.finish_reason = c["finish_reason"];
+          out.stop_reason = c["stop_reason"];
+        }
+      }
+    }
+    return out;
+  }
+
+  std::vector<int32_t> Ids(const std::string& text) { return *tok_->Encode(text); }
+  // Decode(prompt + output) minus Decode(prompt): the text of `output`.
+  std::string Continuation(const std::vector<int32_t>& prompt, const std::vector<int32_t>& output) {
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), output.begin(), output.end());
+    const std::string whole = *tok_->Decode(all, {.skip_special_tokens = true});
+    return whole.substr(tok_->Decode(prompt, {.skip_special_tokens = true})->size());
+  }
+
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  std::unique_ptr<FakeScheduler> scheduler_;
+  Service frontend_;
+};
+
+TEST_F(FrontendRequestFieldsTest, IncludeStopStrInOutputKeepsTheStopStringAndStopToken) {
+  // <s> ▁The | ▁quick ▁brown ...
+  const std::vector<int32_t> all = Ids("The quick brown fox jumps");
+  ASSERT_GE(all.size(), 6u);
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 2);
+  const std::vector<int32_t> output(all.begin() + 2, all.end());
+  ASSERT_EQ(Continuation(prompt, output), " quick brown fox jumps");
+  // The last output token as a stop token from stop_token_ids.
+  const int32_t stop_token = output.back();
+  const std::string before_stop_token =
+      Continuation(prompt, std::vector<int32_t>(output.begin(), output.end() - 1));
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "not streamed");
+    scheduler_->SetOutput(output, v1::FINISH_REASON_LENGTH);
+    Json body = {{"prompt", prompt}, {"stop", "brown"}, {"stream", stream}};
+    Result r = Post("/v1/completions", body);
+    EXPECT_EQ(r.text, " quick ");
+    EXPECT_EQ(r.stop_reason, "brown");
+    body["include_stop_str_in_output"] = true;
+    r = Post("/v1/completions", body);
+    EXPECT_EQ(r.text, " quick brown");
+    EXPECT_EQ(r.finish_reason, "stop");
+    EXPECT_EQ(r.stop_reason, "brown");
+    scheduler_->SetOutput(output, v1::FINISH_REASON_STOP);
+    body = {{"prompt", prompt}, {"stop_token_ids", {stop_token}}, {"stream", stream}};
+    r = Post("/v1/completions", body);
+    EXPECT_EQ(r.text, before_stop_token);
+    EXPECT_EQ(r.stop_reason, stop_token);
+    body["include_stop_str_in_output"] = true;
+    r = Post("/v1/completions", body);
+    EXPECT_EQ(r.text, " quick brown fox jumps");
+    EXPECT_EQ(r.stop_reason, stop_token);
+  }
+}
+
+TEST_F(FrontendRequestFieldsTest, TruncatePromptTokensKeepsTheLastTokens) {
+  const std::vector<int32_t> output = {Ids("fox").back()};
+  scheduler_->SetOutput(output, v1::FINISH_REASON_LENGTH);
+  const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701, 29916};
+  auto sent = [&](const Json& body, const std::string& path = "/v1/completions") {
+    const Result r = Post(path, body);
+    EXPECT_EQ(r.status, 200) << r.body.dump();
+    const v1::GenerateRequest got = scheduler_->requests().back();
+    return std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end());
+  };
+  EXPECT_EQ(sent({{"prompt", prompt}, {"truncate_prompt_tokens", 3}}),
+            (std::vector<int32_t>{17354, 1701, 29916}));
+  EXPECT_EQ(sent({{"prompt", prompt}, {"truncate_prompt_tokens", 6}}), prompt);
+  EXPECT_EQ(sent({{"prompt", prompt}, {"truncate_prompt_tokens", 100}}), prompt);
+  EXPECT_EQ(sent({{"prompt", prompt}, {"truncate_prompt_tokens", -1}}), prompt) << "max_model_len";
+  // A text prompt and a chat: the last tokens of the encoded prompt.
+  const std::vector<int32_t> text_ids = Ids("Once upon a time there was");
+  EXPECT_EQ(sent({{"prompt", "Once upon a time there was"}, {"truncate_prompt_tokens", 2}}),
+            std::vector<int32_t>(text_ids.end() - 2, text_ids.end()));
+  EXPECT_EQ(sent({{"messages", {{{"role", "user"}, {"content", "Once upon a time there was"}}}},
+                  {"truncate_prompt_tokens", 2}},
+                 "/v1/chat/completions")
+                .size(),
+            2u);
+  // echo shows the prompt the model saw.
+  const Result echo = Post(
+      "/v1/completions", {{"prompt", prompt}, {"truncate_prompt_tokens", 2}, {"echo", true}});
+  EXPECT_EQ(echo.text, *tok_->Decode({1701, 29916}, {.skip_special_tokens = true}) +
+                           Continuation({1701, 29916}, output));
+  // More than the context: refused, as vLLM refuses it.
+  const Result too_long =
+      Post("/v1/completions", {{"prompt", prompt}, {"truncate_prompt_tokens", 257}});
+  EXPECT_EQ(too_long.status, 400);
+  EXPECT_EQ(too_long.body["error"]["param"], "truncate_prompt_tokens");
+}
+
+TEST_F(FrontendRequestFieldsTest, PriorityIsForwardedToTheScheduler) {
+  for (const int priority : {-3, 0, 7}) {
+    for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+      Json body = {{"priority", priority}};
+      if (path == "/v1/completions") {
+        body["prompt"] = "Once";
+      } else {
+        body["messages"] = {{{"role", "user"}, {"content", "Once"}}};
+      }
+      ASSERT_EQ(Post(path, body).status, 200);
+      EXPECT_EQ(scheduler_->requests().back().priority(), priority) << path;
+    }
+  }
+  ASSERT_EQ(Post("/v1/completions", {{"prompt", "Once"}}).status, 200);
+  EXPECT_EQ(scheduler_->requests().back().priority(), 0) << "default";
+}
+
+TEST_F(FrontendRequestFieldsTest, ChatTemplateKwargsAreTheTemplatesVariables) {
+  auto rendered = [&](const Json& kwargs) {
+    Json body = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}};
+    if (!kwargs.is_null()) body["chat_template_kwargs"] = kwargs;
+    const Result r = Post("/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body.dump();
+    const v1::GenerateRequest got = scheduler_->requests().back();
+    return *tok_->Decode(
+        std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end()),
+        {.skip_special_tokens = true});
+  };
+  const std::string plain = rendered(nullptr);
+  EXPECT_EQ(plain.find("THINK"), std::string::npos) << plain;
+  EXPECT_EQ(rendered({{"enable_thinking", false}}), plain);
+  EXPECT_EQ(rendered({{"enable_thinking", true}}), plain + " THINK");
+  EXPECT_EQ(rendered({{"enable_thinking", true}, {"suffix", "!"}}), plain + " THINK!");
+  const Result reserved = Post("/v1/chat/completions",
+                               {{"messages", {{{"role", "user"}, {"content", "Hello"}}}},
+                                {"chat_template_kwargs", {{"add_generation_prompt", false}}}});
+  EXPECT_EQ(reserved.status, 400);
+  EXPECT_EQ(reserved.body["error"]["param"], "chat_template_kwargs");
+}
+
+}  // namespace
+}  // namespace tandem::testing

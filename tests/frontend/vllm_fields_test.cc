@@ -1,0 +1,227 @@
+// Every field of vLLM's CompletionRequest and ChatCompletionRequest
+// (vllm/entrypoints/openai/protocol.py) either works in Tandem, with a test
+// of its behaviour named here, or is refused with a 400 that names it; none
+// is accepted and ignored (issue 30). A field of vLLM's lists that the
+// table below does not classify fails the test, so a field added to the
+// lists must be decided on.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tandem/frontend/openai.h"
+
+namespace tandem::frontend {
+namespace {
+
+using Json = nlohmann::json;
+
+// vLLM's fields, from protocol.py (commit 0052bed3), plus those later
+// versions added (structured_outputs, return_token_ids, media_io_kwargs).
+const std::vector<std::string> kVllmCompletionFields = {
+    "model", "prompt", "prompt_embeds", "best_of", "echo", "frequency_penalty", "logit_bias",
+    "logprobs", "max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options",
+    "suffix", "temperature", "top_p", "user", "use_beam_search", "top_k", "min_p",
+    "repetition_penalty", "length_penalty", "stop_token_ids", "include_stop_str_in_output",
+    "ignore_eos", "min_tokens", "skip_special_tokens", "spaces_between_special_tokens",
+    "truncate_prompt_tokens", "allowed_token_ids", "prompt_logprobs", "add_special_tokens",
+    "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "guided_decoding_backend", "guided_whitespace_pattern", "priority", "request_id",
+    "logits_processors", "return_tokens_as_token_ids", "cache_salt", "kv_transfer_params",
+    "vllm_xargs", "structured_outputs", "return_token_ids"};
+const std::vector<std::string> kVllmChatFields = {
+    "messages", "model", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
+    "max_tokens", "max_completion_tokens", "n", "presence_penalty", "response_format", "seed",
+    "stop", "stream", "stream_options", "temperature", "top_p", "tools", "tool_choice",
+    "reasoning_effort", "include_reasoning", "parallel_tool_calls", "user", "best_of",
+    "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty",
+    "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
+    "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens",
+    "prompt_logprobs", "allowed_token_ids", "bad_words", "echo", "add_generation_prompt",
+    "continue_final_message", "add_special_tokens", "documents", "chat_template",
+    "chat_template_kwargs", "mm_processor_kwargs", "guided_json", "guided_regex",
+    "guided_choice", "guided_grammar", "structural_tag", "guided_decoding_backend",
+    "guided_whitespace_pattern", "priority", "request_id", "logits_processors",
+    "return_tokens_as_token_ids", "cache_salt", "kv_transfer_params", "vllm_xargs",
+    "structured_outputs", "return_token_ids", "media_io_kwargs"};
+
+// How Tandem treats a field: built (`value` parses; `test` pins what it
+// does) or refused (`value` gets a 400 naming `param`, the field itself
+// unless it is refused through another).
+struct Treatment {
+  bool built = false;
+  Json value;       // merged into a valid body
+  std::string test; // built: the test of its behaviour
+  std::string param;
+};
+Treatment Built(Json value, std::string test) {
+  return {.built = true, .value = std::move(value), .test = std::move(test)};
+}
+Treatment Refused(Json value, std::string param = "") {
+  return {.built = false, .value = std::move(value), .param = std::move(param)};
+}
+
+// One table for both endpoints; `value` holds the field (and what it needs).
+std::map<std::string, Treatment> Table(Endpoint e) {
+  const bool chat = e == Endpoint::kChat;
+  const std::string parse = "OpenAiParseTest.CompletionFieldsAndDefaults";
+  const std::string text = "FrontendTextTest.EveryPathReturnsThePromptPrimedDecode";
+  const std::string fields = "FrontendRequestFieldsTest";
+  const Json tools = Json::array({{{"type", "function"},
+                                   {"function", {{"name", "f"}, {"parameters", Json::object()}}}}});
+  std::map<std::string, Treatment> t = {
+      {"model", Built({{"model", "m"}}, parse)},
+      {"prompt", Built({{"prompt", "x"}}, text)},
+      {"messages", Built({{"messages", {{{"role", "user"}, {"content", "x"}}}}}, text)},
+      {"max_tokens", Built({{"max_tokens", 5}},
+                           "FrontendSamplingDefaultsTest.MaxTokensDefaultsTo16OnCompletionsAndToTheContextOnChat")},
+      {"max_completion_tokens", Built({{"max_completion_tokens", 5}},
+                                      "FrontendSamplingDefaultsTest.MaxTokensDefaultsTo16OnCompletionsAndToTheContextOnChat")},
+      {"n", Built({{"n", 2}}, "FrontendTest (n choices)")},
+      {"seed", Built({{"seed", 3}}, parse)},
+      {"stop", Built({{"stop", "x"}}, text)},
+      {"stream", Built({{"stream", true}}, text)},
+      {"stream_options", Built({{"stream", true}, {"stream_options", {{"include_usage", true}}}},
+                               "FrontendTest (usage chunk)")},
+      {"temperature", Built({{"temperature", 0.5}},
+                            "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
+      {"top_p", Built({{"top_p", 0.5}},
+                      "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
+      {"top_k", Built({{"top_k", 5}},
+                      "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
+      {"user", Built({{"user", "u"}}, parse)},
+      {"stop_token_ids", Built({{"stop_token_ids", {5}}}, fields)},
+      {"include_stop_str_in_output", Built({{"include_stop_str_in_output", true}}, fields)},
+      {"ignore_eos", Built({{"ignore_eos", true}}, parse)},
+      {"min_tokens", Built({{"min_tokens", 2}}, parse)},
+      {"skip_special_tokens", Built({{"skip_special_tokens", false}}, parse)},
+      {"truncate_prompt_tokens", Built({{"truncate_prompt_tokens", 4}}, fields)},
+      {"add_special_tokens", Built({{"add_special_tokens", false}}, "FrontendTest (chat BOS)")},
+      {"priority", Built({{"priority", -3}}, fields)},
+      {"return_token_ids", Built({{"return_token_ids", true}}, text)},
+      {"echo", chat ? Refused({{"echo", true}}) : Built({{"echo", true}}, text)},
+      {"add_generation_prompt", Built({{"add_generation_prompt", false}}, parse)},
+      {"chat_template_kwargs", Built({{"chat_template_kwargs", {{"enable_thinking", true}}}},
+                                     fields)},
+      {"response_format", Built({{"response_format", {{"type", "text"}}}}, parse)},
+      // tools with tool_choice "none" only (rendering them is another part of
+      // issue 30); any other tool_choice is refused.
+      {"tools", Built({{"tools", tools}, {"tool_choice", "none"}}, parse)},
+      // Refused.
+      {"logprobs", Refused({{"logprobs", chat ? Json(true) : Json(1)}})},
+      {"top_logprobs", Refused({{"top_logprobs", 2}})},
+      {"prompt_logprobs", Refused({{"prompt_logprobs", 1}})},
+      {"return_tokens_as_token_ids", Refused({{"return_tokens_as_token_ids", true}})},
+      {"best_of", Refused({{"best_of", 2}})},
+      {"use_beam_search", Refused({{"use_beam_search", true}})},
+      {"length_penalty", Refused({{"length_penalty", 0.5}})},
+      {"presence_penalty", Refused({{"presence_penalty", 0.5}})},
+      {"frequency_penalty", Refused({{"frequency_penalty", 0.5}})},
+      {"repetition_penalty", Refused({{"repetition_penalty", 1.1}})},
+      {"min_p", Refused({{"min_p", 0.1}})},
+      {"logit_bias", Refused({{"logit_bias", {{"5", 1.0}}}})},
+      {"allowed_token_ids", Refused({{"allowed_token_ids", {5}}})},
+      {"bad_words", Refused({{"bad_words", {"x"}}})},
+      {"logits_processors", Refused({{"logits_processors", {"m.P"}}})},
+      {"spaces_between_special_tokens", Refused({{"spaces_between_special_tokens", false}})},
+      {"guided_json", Refused({{"guided_json", {{"type", "object"}}}})},
+      {"guided_regex", Refused({{"guided_regex", "a+"}})},
+      {"guided_choice", Refused({{"guided_choice", {"a", "b"}}})},
+      {"guided_grammar", Refused({{"guided_grammar", "root ::= \"a\""}})},
+      {"guided_decoding_backend", Refused({{"guided_decoding_backend", "xgrammar"}})},
+      {"guided_whitespace_pattern", Refused({{"guided_whitespace_pattern", " "}})},
+      {"structural_tag", Refused({{"structural_tag", "{}"}})},
+      {"structured_outputs", Refused({{"structured_outputs", {{"regex", "a+"}}}})},
+      {"request_id", Refused({{"request_id", "r1"}})},
+      {"cache_salt", Refused({{"cache_salt", "s"}})},
+      {"kv_transfer_params", Refused({{"kv_transfer_params", Json::object()}})},
+      {"vllm_xargs", Refused({{"vllm_xargs", {{"k", 1}}}})},
+      {"mm_processor_kwargs", Refused({{"mm_processor_kwargs", Json::object()}})},
+      {"media_io_kwargs", Refused({{"media_io_kwargs", Json::object()}})},
+      {"suffix", Refused({{"suffix", "x"}})},
+      {"prompt_embeds", Refused({{"prompt_embeds", "AAAA"}})},
+      {"tool_choice", Refused({{"tools", tools}, {"tool_choice", "auto"}}, "tools")},
+      {"continue_final_message", Refused({{"continue_final_message", true}})},
+      {"documents", Refused({{"documents", {{{"title", "t"}, {"text", "x"}}}}})},
+      {"chat_template", Refused({{"chat_template", "{{ messages }}"}})},
+      {"reasoning_effort", Refused({{"reasoning_effort", "low"}})},
+      {"include_reasoning", Refused({{"include_reasoning", false}})},
+      {"parallel_tool_calls", Refused({{"parallel_tool_calls", true}})},
+  };
+  return t;
+}
+
+void CheckEveryField(Endpoint e, const std::vector<std::string>& vllm_fields) {
+  const std::map<std::string, Treatment> table = Table(e);
+  const Json base = e == Endpoint::kChat
+                        ? Json{{"messages", {{{"role", "user"}, {"content", "x"}}}}}
+                        : Json{{"prompt", "x"}};
+  for (const std::string& field : vllm_fields) {
+    SCOPED_TRACE(field);
+    auto it = table.find(field);
+    if (it == table.end()) {
+      ADD_FAILURE() << "vLLM's field '" << field << "' is neither built nor refused";
+      continue;
+    }
+    Json body = base;
+    body.update(it->second.value);
+    CompletionRequest request;
+    const std::optional<ApiError> error = ParseCompletionRequest(body.dump(), e, &request);
+    if (it->second.built) {
+      EXPECT_FALSE(error) << body.dump() << ": " << error->message;
+      EXPECT_FALSE(it->second.test.empty());
+    } else {
+      ASSERT_TRUE(error) << body.dump() << " is accepted";
+      EXPECT_EQ(error->http_status, 400);
+      EXPECT_EQ(error->param, it->second.param.empty() ? field : it->second.param);
+      EXPECT_NE(error->message.find(it->second.param.empty() ? field : it->second.param),
+                std::string::npos)
+          << error->message;
+      // Its neutral values and null are accepted.
+      Json null_body = base;
+      null_body[field] = nullptr;
+      EXPECT_FALSE(ParseCompletionRequest(null_body.dump(), e, &request)) << null_body.dump();
+    }
+  }
+}
+
+TEST(VllmFieldsTest, EveryCompletionRequestFieldIsBuiltOrRefusedByName) {
+  CheckEveryField(Endpoint::kCompletions, kVllmCompletionFields);
+}
+
+TEST(VllmFieldsTest, EveryChatCompletionRequestFieldIsBuiltOrRefusedByName) {
+  CheckEveryField(Endpoint::kChat, kVllmChatFields);
+}
+
+TEST(VllmFieldsTest, NewFieldsAreReadAndCheckedLikeVllm) {
+  CompletionRequest r;
+  ASSERT_FALSE(ParseCompletionRequest(
+      R"({"prompt":"x","include_stop_str_in_output":true,"truncate_prompt_tokens":-1,"priority":-7})",
+      Endpoint::kCompletions, &r));
+  EXPECT_TRUE(r.include_stop_str_in_output);
+  EXPECT_EQ(r.truncate_prompt_tokens, -1);
+  EXPECT_EQ(r.priority, -7);
+  auto param = [](const std::string& body, Endpoint e = Endpoint::kCompletions) {
+    CompletionRequest out;
+    auto error = ParseCompletionRequest(body, e, &out);
+    return error ? error->param : std::string();
+  };
+  EXPECT_EQ(param(R"({"prompt":"x","truncate_prompt_tokens":0})"), "truncate_prompt_tokens");
+  EXPECT_EQ(param(R"({"prompt":"x","truncate_prompt_tokens":-2})"), "truncate_prompt_tokens");
+  EXPECT_EQ(param(R"({"prompt":"x","truncate_prompt_tokens":1.5})"), "truncate_prompt_tokens");
+  EXPECT_EQ(param(R"({"prompt":"x","priority":"high"})"), "priority");
+  EXPECT_EQ(param(R"({"prompt":"x","priority":4294967296})"), "priority");
+  EXPECT_EQ(param(R"({"prompt":"x","include_stop_str_in_output":1})"),
+            "include_stop_str_in_output");
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  ASSERT_FALSE(ParseCompletionRequest(chat + R"("chat_template_kwargs":{"enable_thinking":false}})",
+                                      Endpoint::kChat, &r));
+  EXPECT_EQ(r.chat_template_kwargs, nlohmann::ordered_json({{"enable_thinking", false}}));
+  EXPECT_EQ(param(chat + R"("chat_template_kwargs":[1]})", Endpoint::kChat), "chat_template_kwargs");
+  EXPECT_EQ(param(chat + R"("chat_template_kwargs":{"messages":[]}})", Endpoint::kChat),
+            "chat_template_kwargs");
+}
+
+}  // namespace
+}  // namespace tandem::frontend
