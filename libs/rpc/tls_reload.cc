@@ -4,11 +4,13 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -159,6 +161,32 @@ std::map<ReloaderKey, std::shared_ptr<TlsReloader>>& Reloaders() {
   return *m;
 }
 
+// "tandem-tls-<pid namespace>-<pid>-": a private directory's name prefix,
+// so that only processes of this pid namespace are judged dead or alive.
+std::string PrivateDirPrefix(pid_t pid) {
+  struct stat ns {};
+  const unsigned long long ns_id =
+      ::stat("/proc/self/ns/pid", &ns) == 0 ? static_cast<unsigned long long>(ns.st_ino) : 0;
+  return absl::StrCat("tandem-tls-", ns_id, "-", pid, "-");
+}
+
+// The private copies of processes that ended without their exit handlers
+// (killed, e.g. a probe's `tandem health` past its timeout): they hold keys.
+void RemoveDirsOfDeadProcesses(const std::string& tmp_dir) {
+  const std::string ours = PrivateDirPrefix(0);  // "tandem-tls-<ns>-0-"
+  const std::string ns_prefix = ours.substr(0, ours.size() - 2);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(ns_prefix, 0) != 0) continue;
+    int pid = 0;
+    if (std::sscanf(name.c_str() + ns_prefix.size(), "%d-", &pid) != 1 || pid <= 0) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code remove_ec;
+    std::filesystem::remove_all(entry.path(), remove_ec);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<TlsFiles> ReadTlsFiles(const TlsOptions& o) {
@@ -230,7 +258,9 @@ std::shared_ptr<TlsReloader> TlsReloader::For(const TlsOptions& o) {
 
 TlsReloader::TlsReloader(TlsOptions options) : options_(std::move(options)) {
   const char* tmp = std::getenv("TMPDIR");
-  std::string templ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/tandem-tls-XXXXXX");
+  const std::string tmp_dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  RemoveDirsOfDeadProcesses(tmp_dir);
+  std::string templ = absl::StrCat(tmp_dir, "/", PrivateDirPrefix(::getpid()), "XXXXXX");
   // A directory only this user reads (mkdtemp: mode 0700).
   TANDEM_CHECK(::mkdtemp(templ.data()) != nullptr)
       << "cannot create a private directory for the TLS files: " << templ << ": "

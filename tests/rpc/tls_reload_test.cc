@@ -6,6 +6,9 @@
 #include "tandem/rpc/tls_reload.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -299,6 +302,30 @@ TEST_F(TlsReloadTest, AStartWithBadFilesFailsNamingTheFile) {
   EXPECT_NE(s.message().find("--tls-ca " + tls.ca_file + ": holds no PEM certificate"),
             std::string::npos)
       << s;
+}
+
+TEST_F(TlsReloadTest, PrivateCopiesOfDeadProcessesAreRemoved) {
+  // A process of this pid namespace that has exited, killed before its exit
+  // handler removed its private copy.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  struct stat ns {};
+  ASSERT_EQ(::stat("/proc/self/ns/pid", &ns), 0);
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string tmp_dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  const std::string prefix = tmp_dir + "/tandem-tls-" + std::to_string(ns.st_ino) + "-";
+  const std::string dead = prefix + std::to_string(child) + "-test01";
+  const std::string alive = prefix + std::to_string(::getpid()) + "-test02";
+  std::filesystem::create_directories(dead + "/g1");
+  std::filesystem::create_directories(alive);
+  TlsOptions other = server_tls_;
+  other.reload_interval_s = 2;  // another file set: a new TlsReloader
+  EXPECT_NE(TlsReloader::For(other)->published_dir().find(prefix), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(alive));
+  std::filesystem::remove_all(alive);
 }
 
 }  // namespace
