@@ -264,7 +264,7 @@ TlsReloader::TlsReloader(TlsOptions options) : options_(std::move(options)) {
   // A directory only this user reads (mkdtemp: mode 0700).
   TANDEM_CHECK(::mkdtemp(templ.data()) != nullptr)
       << "cannot create a private directory for the TLS files: " << templ << ": "
-      << std::strerror(errno);
+      << std::strerror(errno) << " (TMPDIR must name a writable directory)";
   dir_ = templ;
   (void)Reload();  // logs and counts bad files
   const std::string current = dir_ + "/current/";
