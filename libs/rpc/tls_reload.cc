@@ -236,8 +236,9 @@ absl::Status CheckTlsFiles(const TlsOptions& o, const TlsFiles& files) {
 
 std::shared_ptr<TlsReloader> TlsReloader::For(const TlsOptions& o) {
   static const bool cleanup_registered = [] {
-    // The private copies hold a key: remove them when the process exits.
-    std::atexit([] {
+    // The private copies hold a key: remove them when the process exits
+    // (the frontend leaves by quick_exit).
+    static constexpr void (*kRemoveAll)() = [] {
       std::lock_guard<std::mutex> lock(reloaders_mu);
       for (auto& [key, reloader] : Reloaders()) {
         std::lock_guard<std::mutex> reloader_lock(reloader->mu_);
@@ -245,7 +246,9 @@ std::shared_ptr<TlsReloader> TlsReloader::For(const TlsOptions& o) {
         std::error_code ec;
         std::filesystem::remove_all(reloader->dir_, ec);
       }
-    });
+    };
+    std::atexit(kRemoveAll);
+    std::at_quick_exit(kRemoveAll);
     return true;
   }();
   (void)cleanup_registered;
