@@ -8,7 +8,8 @@
 // with none of the flags serves and dials in plain text, as before.
 //
 // The files are read again every --tls-reload-interval-s and new contents
-// take effect for new connections without a restart: Kubernetes rewrites a
+// take effect for new connections without a restart (within a second more:
+// gRPC's poll of the private copy, tls_reload.h): Kubernetes rewrites a
 // mounted Secret in place when cert-manager rotates it. A new set is checked
 // first (tls_reload.h): an empty, cut-off, unparsable or mismatched file keeps
 // the last good set, logs a warning and counts in
