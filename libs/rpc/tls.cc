@@ -1,38 +1,20 @@
 #include "tandem/rpc/tls.h"
 
-#include <fstream>
 #include <mutex>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
+#include "tandem/rpc/tls_reload.h"
 
 namespace tandem::rpc {
 namespace {
 
-absl::Status Readable(const std::string& path, const char* flag) {
-  std::ifstream f(path);
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
-  std::string first;
-  std::getline(f, first);
-  if (!absl::StartsWith(first, "-----BEGIN")) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", path, " is not PEM"));
-  }
-  return absl::OkStatus();
-}
-
 std::shared_ptr<grpc::experimental::CertificateProviderInterface> ProviderFor(
     const TlsOptions& o) {
-  const unsigned interval = static_cast<unsigned>(o.reload_interval_s);
-  if (o.cert_file.empty()) {
-    return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(o.ca_file,
-                                                                                interval);
-  }
-  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      o.key_file, o.cert_file, o.ca_file, interval);
+  return TlsReloader::For(o)->provider();
 }
 
 std::mutex client_tls_mu;
@@ -56,14 +38,11 @@ absl::Status TlsOptions::Validate(bool server) const {
     return absl::InvalidArgumentError(
         absl::StrCat("--tls-reload-interval-s must be >= 1, got ", reload_interval_s));
   }
-  if (!cert_file.empty()) {
-    if (absl::Status s = Readable(cert_file, "tls-cert"); !s.ok()) return s;
-    if (absl::Status s = Readable(key_file, "tls-key"); !s.ok()) return s;
-  }
-  if (!ca_file.empty()) {
-    if (absl::Status s = Readable(ca_file, "tls-ca"); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  // What a reload would refuse, a start refuses: no process runs without a
+  // valid identity.
+  absl::StatusOr<TlsFiles> files = ReadTlsFiles(*this);
+  if (!files.ok()) return files.status();
+  return CheckTlsFiles(*this, *files);
 }
 
 void AddTlsFlags(FlagSet* flags, TlsOptions* options) {

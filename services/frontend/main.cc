@@ -16,6 +16,7 @@
 #include "router.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/flags.h"
+#include "tandem/rpc/tls_reload.h"
 #include "tandem/rpc/server.h"
 
 namespace {
@@ -198,6 +199,7 @@ int main(int argc, char** argv) {
   }
 
   auto registry = std::make_shared<prometheus::Registry>();
+  tandem::rpc::RegisterTlsMetrics(registry);  // the --tls-* reloads
   tandem::frontend::Router router(router_options, registry.get());
   if (absl::Status s = router.Start(); !s.ok()) return Fail(std::string(s.message()));
   tandem::frontend::Frontend frontend(options, tok, std::move(chat), &router, registry);

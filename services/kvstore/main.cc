@@ -18,6 +18,7 @@
 #include "tandem/kvstore/kv_store.h"
 #include "tandem/metrics/metrics.h"
 #include "tandem/rpc/flags.h"
+#include "tandem/rpc/tls_reload.h"
 #include "tandem/rpc/framed_socket.h"
 #include "tandem/rpc/service_main.h"
 
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
 
   auto registry = std::make_shared<prometheus::Registry>();
   kvstore_service::KvStoreMetrics kv_metrics(*registry, store->get(), bulk.get());
+  rpc::RegisterTlsMetrics(registry);  // the --tls-* reloads
   absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> exposer =
       metrics::MetricsServer::Start(metrics_options, registry, [&] { kv_metrics.Update(); });
   if (!exposer.ok()) return boot.Fail(exposer.status().ToString(), 1);

@@ -6,6 +6,7 @@
 #include "grpcpp/server_builder.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/flags.h"
+#include "tandem/rpc/tls_reload.h"
 #include "tandem/rpc/service_main.h"
 #include "worker_service.h"
 
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = options.Validate(); !s.ok()) return boot.Fail(s);
 
   auto registry = std::make_shared<prometheus::Registry>();
+  tandem::rpc::RegisterTlsMetrics(registry);  // the --tls-* reloads
   auto exposer = tandem::metrics::MetricsServer::Start(metrics_options, registry);
   if (!exposer.ok()) return boot.Fail(exposer.status(), 1);
   if (*exposer != nullptr) TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();

@@ -18,6 +18,12 @@ did not write: certificates from the openssl CLI, calls from Python grpcio.
   5. No client certificate, a certificate of another CA, and plain text are
      refused at the handshake; `tandem info` works with the flags and fails
      without them.
+  5b. Bad files at a reload (issue 29), in the KV-store, worker, scheduler
+     and the frontend's gRPC identity: an empty key (truncated in place), a
+     garbage certificate, a truncated key and another pair's key each count
+     once in tandem_tls_reload_failures_total, the process stays up and new
+     connections get the last good pair; a rotation written as two files
+     (certificate, then key) ends on the new pair (tandem_tls_reloads_total).
   6. Rotation: the store's certificate, key and CA files are replaced (a new
      CA); within a few reload intervals new connections use them, with no
      restart: the new CA's client gets in, the old one's is refused.
@@ -32,6 +38,7 @@ Usage: tls_test.py BUILD_DIR SOURCE_DIR SHARED_DIR
 """
 import json
 import os
+import re
 import http.client as httpclient
 import shutil
 import ssl
@@ -328,6 +335,53 @@ def main():
         print("handshake: no certificate, another CA and plain text refused; `tandem info` and "
               "`tandem health` (the chart's TLS probes) work with --tls-*, fail without")
 
+        # 5b. Bad TLS files at a reload keep each process's last good pair.
+        cli_health = lambda port, service: subprocess.run(
+            [cli, "health", "--server", f"127.0.0.1:{port}", "--service", service] +
+            flags(c["kvstore"]), capture_output=True, text=True, timeout=30)
+        for i, (name, files, port, service, role) in enumerate((
+                ("kvstore", live, kv_port, "tandem.v1.KvStore", "kvstore"),
+                ("worker", c["worker"], w_port, "tandem.liveness", "worker"),
+                ("scheduler", c["scheduler"], s_port, "tandem.v1.Generation", "scheduler"),
+                ("frontend", c["frontend"], None, None, "frontend"))):
+            url = (f"http://127.0.0.1:{f_port}/metrics" if name == "frontend" else
+                   re.search(r"metrics on (\S+)", open(os.path.join(tmp, f"{name}.log")).read())[1])
+            new = make_cert(certs, ca, f"{name}-b", role)
+            good = {k: read(files[k]) for k in ("key", "cert")}
+            key0 = good["key"]
+            bad = (("an empty key", "key", b"", True),
+                   ("a garbage certificate", "cert", b"-----BEGIN CERTIFICATE-----\ngarbage\n", False),
+                   ("a truncated key", "key", key0[:len(key0) // 2], False),
+                   ("another pair's key", "key", read(c["visitor"]["key"]), False),
+                   ("the new certificate before its key", "cert", read(new["cert"]), False))
+            for what, k, text, in_place in bad:
+                n = counter(url, "tandem_tls_reload_failures_total")
+                if in_place:
+                    open(files[k], "wb").close()  # an in-place writer's first step
+                else:
+                    write_atomically(files[k], text)
+                wait_until(lambda: counter(url, "tandem_tls_reload_failures_total") > n,
+                           f"{name}: {what} never counted")
+                assert counter(url, "tandem_tls_reload_failures_total") == n + 1, (name, what)
+                assert procs.procs[i][1].poll() is None, f"{name} exited on {what}"
+                if port is not None:  # a new connection, with the last good pair
+                    r = cli_health(port, service)
+                    assert r.stdout.strip() == "SERVING", (name, what, r.stdout, r.stderr)
+                else:
+                    assert http(f_port, "/v1/completions", body, "sk-a")[0] == 200, (name, what)
+                if not what.startswith("the new"):
+                    write_atomically(files[k], good[k])
+            # The rotation's second write: the key. Then the new pair serves.
+            n = counter(url, "tandem_tls_reloads_total")
+            write_atomically(files["key"], read(new["key"]))
+            wait_until(lambda: counter(url, "tandem_tls_reloads_total") > n,
+                       f"{name}: the two-write rotation never took effect")
+            assert port is None or cli_health(port, service).stdout.strip() == "SERVING", name
+        assert generate(gen_stub, n=8) == ref["expected_output_token_ids"][:8]
+        print("bad TLS files at a reload (empty, garbage, truncated, mismatched) in the KV-store, "
+              "worker, scheduler and frontend: each counted once, no process exited, new "
+              "connections served; two-write rotations ended on the new pairs")
+
         # 6. Rotation without a restart: a new CA, and the store's new identity.
         for k, src in (("ca", ca2[1]), ("key", kvstore2["key"]), ("cert", kvstore2["cert"])):
             shutil.copy(src, live[k] + ".new")
@@ -393,6 +447,26 @@ def main():
         procs.stop()
     shutil.rmtree(tmp, ignore_errors=True)
     print("PASS")
+
+
+def counter(url, name):
+    """A counter's value on a Prometheus /metrics page (0 when absent)."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        m = re.search(rf"^{name} (\S+)$", r.read().decode(), re.M)
+    return float(m[1]) if m else 0.0
+
+
+def write_atomically(path, data):
+    with open(path + ".new", "wb") as f:
+        f.write(data)
+    os.replace(path + ".new", path)
+
+
+def wait_until(pred, what, timeout=30):
+    t0 = time.time()
+    while not pred():
+        assert time.time() - t0 < timeout, what
+        time.sleep(0.1)
 
 
 def http(port, path, body=None, key=None):

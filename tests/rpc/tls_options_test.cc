@@ -1,7 +1,8 @@
 // TlsOptions: which flag combinations a server and a client accept, and the
-// errors that name the flag. (The handshakes, roles and rotation are
-// tests/integration/tls_test.py, against real certificates.)
+// errors that name the flag. (What the files must hold, and reloads:
+// tls_reload_test.cc; handshakes and roles: tests/integration/tls_test.py.)
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -15,8 +16,13 @@ class TlsOptionsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = ::testing::TempDir();
-    pem_ = Write("a.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
-    key_ = Write("a.key", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n");
+    // A self-signed pair: its certificate is also a CA bundle.
+    pem_ = dir_ + "/a.pem";
+    key_ = dir_ + "/a.key";
+    const std::string cmd = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+                            "-nodes -keyout " + key_ + " -out " + pem_ +
+                            " -days 1 -subj /CN=a > /dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     junk_ = Write("junk.pem", "not a certificate\n");
   }
   std::string Write(const std::string& name, const std::string& text) {
@@ -61,7 +67,8 @@ TEST_F(TlsOptionsTest, UnreadableAndNonPemFilesNameTheFlag) {
   EXPECT_NE(s.message().find("--tls-key: cannot read"), std::string::npos) << s;
   o = TlsOptions{.cert_file = pem_, .key_file = key_, .ca_file = junk_};
   s = o.Validate(/*server=*/true);
-  EXPECT_NE(s.message().find("--tls-ca: " + junk_ + " is not PEM"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--tls-ca " + junk_ + ": holds no PEM certificate"), std::string::npos)
+      << s;
   o = TlsOptions{.cert_file = pem_, .key_file = key_, .reload_interval_s = 0};
   s = o.Validate(/*server=*/true);
   EXPECT_NE(s.message().find("--tls-reload-interval-s"), std::string::npos) << s;

@@ -7,10 +7,14 @@
 // without it the server takes any client (TLS for privacy only). A process
 // with none of the flags serves and dials in plain text, as before.
 //
-// The files are watched (gRPC's FileWatcherCertificateProvider) every
-// --tls-reload-interval-s and new contents take effect for new connections
-// without a restart: Kubernetes rewrites a mounted Secret in place when
-// cert-manager rotates it.
+// The files are read again every --tls-reload-interval-s and new contents
+// take effect for new connections without a restart (within a second more:
+// gRPC's poll of the private copy, tls_reload.h): Kubernetes rewrites a
+// mounted Secret in place when cert-manager rotates it. A new set is checked
+// first (tls_reload.h): an empty, cut-off, unparsable or mismatched file keeps
+// the last good set, logs a warning and counts in
+// tandem_tls_reload_failures_total. At start-up (Validate) bad files are an
+// error.
 //
 // Roles (CallerRole) come from the verified client certificate: a URI SAN
 // whose path ends in /tandem/<role>, e.g. spiffe://cluster.local/tandem/worker.
@@ -40,8 +44,10 @@ struct TlsOptions {
   [[nodiscard]] bool enabled() const { return !cert_file.empty() || !ca_file.empty(); }
   // Mutual TLS on a server: client certificates are demanded and verified.
   [[nodiscard]] bool mutual() const { return !cert_file.empty() && !ca_file.empty(); }
-  // The files exist and are readable; cert and key come together. With
-  // `server`, TLS needs a certificate (a CA alone is a client's setting).
+  // The files are readable and valid (CheckTlsFiles: PEM that parses, a key
+  // that matches the certificate, a CA bundle of certificates); cert and key
+  // come together. With `server`, TLS needs a certificate (a CA alone is a
+  // client's setting). The errors name the flag and the file.
   [[nodiscard]] absl::Status Validate(bool server) const;
 };
 
