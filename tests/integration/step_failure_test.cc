@@ -51,15 +51,15 @@ TEST_P(StepFailureTest, AFailedPrefillLeavesNothingInThePrefixCache) {
   EXPECT_EQ(again.usage.cached_tokens_local(), 0) << "a block the failed step never wrote was hit";
 }
 
-// With the default --max-step-failures, the requests of failed steps are
-// recomputed: every reference case, sent concurrently while two steps fail,
+// Every reference case, sent concurrently to a worker with `worker_flags`,
 // gives llama2.c's tokens and no client sees an error.
-TEST_P(StepFailureTest, RequestsOfFailedStepsRecomputeToTheReferenceTokens) {
+void ExpectReferenceTokensThrough(const std::vector<std::string>& worker_flags,
+                                  const std::string& mode) {
   const std::vector<ReferenceCase> cases = LoadReferenceCases();
   ASSERT_FALSE(cases.empty());
   const std::string dir = MakeTempDir("tandem-step-failure");
-  Service worker = StartWorker(dir, "worker", {"--debug-fail-steps", "2,5"});
-  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {Mode()});
+  Service worker = StartWorker(dir, "worker", worker_flags);
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {mode});
   auto stub = GenerationStub(scheduler.address());
   const std::vector<GenerateResult> results = RunConcurrently(stub.get(), ReferenceRequests(cases));
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -68,27 +68,20 @@ TEST_P(StepFailureTest, RequestsOfFailedStepsRecomputeToTheReferenceTokens) {
     EXPECT_EQ(results[i].tokens, cases[i].expected);
   }
   const v1::GetStatsResponse stats = GetStats(stub.get());
-  EXPECT_GE(stats.num_preemptions(), 1u) << "the failed steps' requests were recomputed";
+  EXPECT_GE(stats.num_preemptions(), 1u) << "the requests of the failed steps were recomputed";
+}
+
+// With the default --max-step-failures, the requests of failed steps are
+// recomputed while two steps fail.
+TEST_P(StepFailureTest, RequestsOfFailedStepsRecomputeToTheReferenceTokens) {
+  ExpectReferenceTokensThrough({"--debug-fail-steps", "2,5"}, Mode());
 }
 
 // Steps the worker cannot read (issue 29; TEST-ONLY --debug-reject-steps):
 // nothing of them is applied, so their new requests must be sent as new
-// again and every step built on them fails with them. Every reference case,
-// sent concurrently while steps 1 and 3 are rejected, gives llama2.c's
-// tokens and no client sees an error.
+// again and every step built on them fails with them.
 TEST_P(StepFailureTest, RequestsOfRejectedStepsAreSentAgainAndGiveTheReferenceTokens) {
-  const std::vector<ReferenceCase> cases = LoadReferenceCases();
-  ASSERT_FALSE(cases.empty());
-  const std::string dir = MakeTempDir("tandem-step-reject");
-  Service worker = StartWorker(dir, "worker", {"--debug-reject-steps", "1,3"});
-  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {Mode()});
-  auto stub = GenerationStub(scheduler.address());
-  const std::vector<GenerateResult> results = RunConcurrently(stub.get(), ReferenceRequests(cases));
-  for (size_t i = 0; i < cases.size(); ++i) {
-    SCOPED_TRACE("case " + std::to_string(i));
-    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
-    EXPECT_EQ(results[i].tokens, cases[i].expected);
-  }
+  ExpectReferenceTokensThrough({"--debug-reject-steps", "1,3"}, Mode());
 }
 
 }  // namespace
