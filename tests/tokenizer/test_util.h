@@ -1,14 +1,15 @@
 // Helpers shared by the tokenizer tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "tandem/tokenizer/incremental_detokenizer.h"
 #include "tandem/tokenizer/tokenizer.h"
@@ -46,8 +47,11 @@ inline bool IsUtf8(const std::string& s) {
   size_t i = 0;
   while (i < s.size()) {
     const auto b = static_cast<unsigned char>(s[i]);
-    size_t n = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
-             : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+    size_t n = b < 0x80                 ? 1
+               : b >= 0xC2 && b <= 0xDF ? 2
+               : b >= 0xE0 && b <= 0xEF ? 3
+               : b >= 0xF0 && b <= 0xF4 ? 4
+                                        : 0;
     if (n == 0 || i + n > s.size()) return false;
     for (size_t k = 1; k < n; ++k) {
       const auto c = static_cast<unsigned char>(s[i + k]);
@@ -63,6 +67,32 @@ inline bool IsUtf8(const std::string& s) {
   return true;
 }
 
+// Pushes `ids` into `detok` and finishes it: the text, or nullopt (with a
+// failure) when a push fails or a delta is not well-formed UTF-8.
+inline std::optional<std::string> StreamAll(IncrementalDetokenizer& detok,
+                                            const std::vector<int32_t>& ids,
+                                            const std::string& what) {
+  std::string streamed;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto delta = detok.Push(ids[i]);
+    if (!delta.ok()) {
+      ADD_FAILURE() << what << ": Push(" << ids[i] << ") failed: " << delta.status();
+      return std::nullopt;
+    }
+    if (!IsUtf8(*delta)) {
+      ADD_FAILURE() << what << ": delta " << i << " is not UTF-8: " << Quote(*delta);
+      return std::nullopt;
+    }
+    streamed += *delta;
+  }
+  const std::string rest = detok.Finish();
+  if (!IsUtf8(rest)) {
+    ADD_FAILURE() << what << ": Finish() is not UTF-8";
+    return std::nullopt;
+  }
+  return streamed + rest;
+}
+
 // Streams `ids` through an IncrementalDetokenizer and checks the two
 // properties it promises: every delta is well-formed UTF-8, and the deltas
 // add up to Decode(ids). Returns false (with a failure) otherwise.
@@ -74,27 +104,10 @@ inline bool StreamMatchesDecode(const Tokenizer& tok, const std::vector<int32_t>
     return false;
   }
   IncrementalDetokenizer detok(tok, options);
-  std::string streamed;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const auto delta = detok.Push(ids[i]);
-    if (!delta.ok()) {
-      ADD_FAILURE() << what << ": Push(" << ids[i] << ") failed: " << delta.status();
-      return false;
-    }
-    if (!IsUtf8(*delta)) {
-      ADD_FAILURE() << what << ": delta " << i << " is not UTF-8: " << Quote(*delta);
-      return false;
-    }
-    streamed += *delta;
-  }
-  const std::string rest = detok.Finish();
-  if (!IsUtf8(rest)) {
-    ADD_FAILURE() << what << ": Finish() is not UTF-8";
-    return false;
-  }
-  streamed += rest;
-  if (streamed != *whole) {
-    ADD_FAILURE() << what << ": streamed " << Quote(streamed) << " but Decode gives "
+  const std::optional<std::string> streamed = StreamAll(detok, ids, what);
+  if (!streamed) return false;
+  if (*streamed != *whole) {
+    ADD_FAILURE() << what << ": streamed " << Quote(*streamed) << " but Decode gives "
                   << Quote(*whole);
     return false;
   }
@@ -126,28 +139,11 @@ inline bool PrimedStreamMatchesDecode(const Tokenizer& tok, const std::vector<in
   }
   const std::string expected = whole->substr(head->size());
   IncrementalDetokenizer detok(tok, options, prompt);
-  std::string streamed;
-  for (size_t i = 0; i < output.size(); ++i) {
-    const auto delta = detok.Push(output[i]);
-    if (!delta.ok()) {
-      ADD_FAILURE() << what << ": Push(" << output[i] << ") failed: " << delta.status();
-      return false;
-    }
-    if (!IsUtf8(*delta)) {
-      ADD_FAILURE() << what << ": delta " << i << " is not UTF-8: " << Quote(*delta);
-      return false;
-    }
-    streamed += *delta;
-  }
-  const std::string rest = detok.Finish();
-  if (!IsUtf8(rest)) {
-    ADD_FAILURE() << what << ": Finish() is not UTF-8";
-    return false;
-  }
-  streamed += rest;
-  if (streamed != expected) {
+  const std::optional<std::string> streamed = StreamAll(detok, output, what);
+  if (!streamed) return false;
+  if (*streamed != expected) {
     ADD_FAILURE() << what << ": prompt " << nlohmann::json(prompt).dump() << " output "
-                  << nlohmann::json(output).dump() << ": streamed " << Quote(streamed)
+                  << nlohmann::json(output).dump() << ": streamed " << Quote(*streamed)
                   << " but Decode(prompt + output) minus Decode(prompt) is " << Quote(expected);
     return false;
   }
