@@ -118,6 +118,10 @@ void ShutdownHealth(grpc::Server* server) {
   if (health != nullptr) health->Shutdown();
 }
 
+// The shortest time a connection attempt of DefaultChannelArguments may take
+// before it counts as failed.
+constexpr int kMinConnectTimeoutMs = 5000;
+
 grpc::ChannelArguments DefaultChannelArguments() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
@@ -125,10 +129,16 @@ grpc::ChannelArguments DefaultChannelArguments() {
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetMaxReceiveMessageSize(64 << 20);
-  // Reconnect quickly after a peer restarts.
+  // Reconnect quickly after a peer restarts: the backoff between attempts.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Despite its name, gRPC reads this as the shortest time one connection
+  // attempt may take (TCP connect plus the peer's first SETTINGS frame), not
+  // as a backoff. It was 100 ms: on a loaded machine a busy peer missed that,
+  // the channel went TRANSIENT_FAILURE and calls failed with "connection
+  // attempt timed out before receiving SETTINGS frame". A peer that is down
+  // refuses at once and is retried after the backoff above.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinConnectTimeoutMs);
   return args;
 }
 

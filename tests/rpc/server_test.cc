@@ -5,7 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -121,6 +131,88 @@ TEST(ServerTest, OnlyLoopbackAddressesCountAsLoopback) {
        {"0.0.0.0:50051", "[::]:50051", "10.0.0.5:1", ":50051", "example.com:1", "128.0.0.1:1"}) {
     EXPECT_FALSE(IsLoopbackAddress(a)) << a;
   }
+}
+
+// A TCP proxy to 127.0.0.1:target_port that holds every connection for
+// `delay` before it connects onwards: a peer too busy to answer a handshake
+// at once.
+class SlowProxy {
+ public:
+  SlowProxy(int target_port, std::chrono::milliseconds delay) : target_port_(target_port) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(listener_, 16) != 0 ||
+        getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "proxy listener: " << strerror(errno);
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this, delay] {
+      while (!stop_) {
+        pollfd p{.fd = listener_, .events = POLLIN, .revents = 0};
+        if (poll(&p, 1, 50) <= 0) continue;
+        const int client = accept(listener_, nullptr, nullptr);
+        if (client < 0) continue;
+        pumps_.emplace_back([this, client, delay] {
+          std::this_thread::sleep_for(delay);
+          const int upstream = socket(AF_INET, SOCK_STREAM, 0);
+          sockaddr_in to{};
+          to.sin_family = AF_INET;
+          to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+          to.sin_port = htons(static_cast<uint16_t>(target_port_));
+          if (connect(upstream, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0) Pump(client, upstream);
+          close(upstream);
+          close(client);
+        });
+      }
+    });
+  }
+  ~SlowProxy() {
+    stop_ = true;
+    if (acceptor_.joinable()) acceptor_.join();
+    for (std::thread& t : pumps_) t.join();
+    close(listener_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void Pump(int a, int b) {
+    char buf[16384];
+    while (!stop_) {
+      pollfd p[2] = {{.fd = a, .events = POLLIN, .revents = 0}, {.fd = b, .events = POLLIN, .revents = 0}};
+      if (poll(p, 2, 50) <= 0) continue;
+      for (int i = 0; i < 2; ++i) {
+        if (p[i].revents == 0) continue;
+        const ssize_t n = read(p[i].fd, buf, sizeof buf);
+        if (n <= 0 || write(p[1 - i].fd, buf, static_cast<size_t>(n)) != n) return;
+      }
+    }
+  }
+
+  int target_port_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> pumps_;
+};
+
+// A peer that takes longer than a few hundred milliseconds to finish the
+// handshake (a loaded machine) still gets the call: CreateChannel's channels
+// give a connection attempt 5 s, and a call without
+// wait_for_ready fails as soon as an attempt does. With the old 100 ms this
+// failed with "connection attempt timed out before receiving SETTINGS frame".
+TEST_F(HealthTest, ASlowHandshakeIsNotAFailedConnection) {
+  SlowProxy proxy(port_, std::chrono::milliseconds(600));
+  auto stub = Health::NewStub(CreateChannel("127.0.0.1:" + std::to_string(proxy.port())));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  HealthCheckResponse response;
+  const grpc::Status s = stub->Check(&context, HealthCheckRequest(), &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 }  // namespace
