@@ -20,8 +20,11 @@ void ToProto(const kvstore::KvStoreStats& in, v1::StatsResponse* out) {
   out->set_load_misses(in.load_misses);
   out->set_stores(in.stores);
   out->set_stores_already_present(in.stores_already_present);
+  out->set_stores_mismatched(in.stores_mismatched);
   out->set_checksum_failures(in.checksum_failures);
   out->set_corrupt_reports(in.corrupt_reports);
+  out->set_blocks_dropped_at_open(in.blocks_dropped_at_open);
+  out->set_load_failures(in.load_failures);
   out->set_active_leases(in.active_leases);
   out->set_leases_expired(in.leases_expired);
   out->set_evictions_hot(in.evictions_hot);
@@ -44,8 +47,11 @@ kvstore::KvStoreStats FromProto(const v1::StatsResponse& in) {
       .load_misses = in.load_misses(),
       .stores = in.stores(),
       .stores_already_present = in.stores_already_present(),
+      .stores_mismatched = in.stores_mismatched(),
       .checksum_failures = in.checksum_failures(),
       .corrupt_reports = in.corrupt_reports(),
+      .blocks_dropped_at_open = in.blocks_dropped_at_open(),
+      .load_failures = in.load_failures(),
       .active_leases = in.active_leases(),
       .leases_expired = in.leases_expired(),
       .evictions_hot = in.evictions_hot(),

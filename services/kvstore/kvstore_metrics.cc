@@ -44,6 +44,11 @@ struct KvStoreMetrics::Series {
                                       "Blocks found corrupt and dropped")),
         corrupt_reports(&AddCounter(r, "tandem_kvstore_corrupt_reports_total",
                                     "Readers' checksum mismatch reports (each re-verified)")),
+        blocks_dropped_at_open(&AddCounter(
+            r, "tandem_kvstore_blocks_dropped_at_open_total",
+            "Blocks and records the start-up check dropped (damaged or lost files, repaired)")),
+        load_failures(&AddCounter(r, "tandem_kvstore_load_failures_total",
+                                  "Blocks dropped because reading their file failed")),
         leases_expired(&AddCounter(r, "tandem_kvstore_leases_expired_total",
                                    "Leases that expired before they were released")),
         promotions(&AddCounter(r, "tandem_kvstore_promotions_total",
@@ -73,7 +78,7 @@ struct KvStoreMetrics::Series {
   prometheus::Gauge& bulk_connections_open;
   MirroredCounter lookups, lookup_hit_blocks, block_reads, blocks_loaded, load_misses,
       blocks_stored, stores_already_present, stores_mismatched, checksum_failures, corrupt_reports,
-      leases_expired, promotions;
+      blocks_dropped_at_open, load_failures, leases_expired, promotions;
   prometheus::Family<prometheus::Counter>& evictions_family;
   MirroredCounter evictions_hot, evictions_cold, bulk_loads, bulk_lookups, bulk_sent_bytes,
       bulk_rejected;
@@ -112,6 +117,8 @@ void KvStoreMetrics::Update() {
   s_->stores_mismatched.Set(st.stores_mismatched);
   s_->checksum_failures.Set(st.checksum_failures);
   s_->corrupt_reports.Set(st.corrupt_reports);
+  s_->blocks_dropped_at_open.Set(st.blocks_dropped_at_open);
+  s_->load_failures.Set(st.load_failures);
   s_->leases_expired.Set(st.leases_expired);
   s_->promotions.Set(st.promotions);
   s_->evictions_hot.Set(st.evictions_hot);

@@ -13,7 +13,10 @@ ending with a clean stop and a restart on the same directory:
      stops RocksDB from opening at all: the store repairs the directory
      (RocksDB's RepairDB), starts, and serves nothing corrupt; what was lost
      is stored again (the namespace too, as a worker does on NOT_FOUND) and
-     served.
+     served;
+  3. every blob file deleted: the index keeps the keys, the start-up check
+     drops the blocks whose payload is gone, and Stats counts them
+     (blocks_dropped_at_open, load_failures).
 
 Usage: kv_file_corruption_test.py BUILD_DIR SOURCE_DIR
 """
@@ -102,11 +105,16 @@ def main():
 
         data = os.path.join(tmp, "data")
         rng = random.Random(16)
-        for rnd, (pattern, flips) in enumerate((("*.blob", 6), ("*.sst", 1)), start=1):
+        # flips 0: the files are deleted (a lost volume's blob files).
+        for rnd, (pattern, flips) in enumerate((("*.blob", 6), ("*.sst", 1), ("*.blob", 0)),
+                                               start=1):
             files = glob.glob(os.path.join(data, pattern))
             assert files, (pattern, os.listdir(data))
             for path in files:
-                flip(path, rng, flips)
+                if flips:
+                    flip(path, rng, flips)
+                else:
+                    os.remove(path)
             proc, port = start(build_dir, tmp, f"kv-{rnd}")
             stub = pb2_grpc.KvStoreStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
             # As a worker does: the namespace again (kept: created False).
@@ -121,10 +129,17 @@ def main():
             assert missed, f"round {rnd}: no block missed although {pattern} was corrupted"
             assert proc.poll() is None, "the store died"
             stats = stub.Stats(pb2.StatsRequest(), timeout=10)
-            print(f"round {rnd}: {flips} byte(s) flipped in each of {len(files)} {pattern} "
-                  f"file(s); the store started{' (repaired)' if created else ''}; "
+            damage = f"{flips} byte(s) flipped in each of" if flips else "deleted"
+            print(f"round {rnd}: {damage} {len(files)} {pattern} file(s); the store started{' (repaired)' if created else ''}; "
                   f"{len(served)} blocks served intact, {len(missed)} missed (checksum "
-                  f"failures {stats.checksum_failures}); no corrupt byte served")
+                  f"failures {stats.checksum_failures}, dropped at open "
+                  f"{stats.blocks_dropped_at_open}, load failures {stats.load_failures}); "
+                  f"no corrupt byte served")
+            # What the store counted, as its Stats (and /metrics) report it.
+            if rnd == 1:
+                assert stats.checksum_failures == len(missed), stats
+            if rnd == 3:
+                assert stats.blocks_dropped_at_open + stats.load_failures == len(missed), stats
             store(stub, pb2, missed)
             again = load_all(stub, pb2)
             for i in range(1, N + 1):
