@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "kv_format.h"
+#include "kv_rocks.h"
 #include "rocksdb/write_batch.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
@@ -164,11 +165,6 @@ absl::Status WriteMarker(const std::string& dir, const char* name) {
   }
   if (absl::Status s = FsyncPath(path); !s.ok()) return s;
   return FsyncPath(dir);
-}
-
-absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": RocksDB: ", s.ToString()));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "kv_format.h"
 #include "kv_repair.h"
+#include "kv_rocks.h"
 #include "rocksdb/db.h"
 #include "rocksdb/listener.h"
 #include "rocksdb/options.h"
@@ -35,35 +36,6 @@
 
 namespace tandem::kvstore {
 namespace {
-
-rocksdb::WriteOptions WriteOptionsFor(Durability d) {
-  rocksdb::WriteOptions wo;
-  switch (d) {
-    case Durability::kNone:
-      wo.disableWAL = true;
-      break;
-    case Durability::kWal:
-      break;
-    case Durability::kFsync:
-      wo.sync = true;
-      break;
-  }
-  return wo;
-}
-
-absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": RocksDB: ", s.ToString()));
-}
-
-// Payload reads skip RocksDB's own blob checksum: every payload carries our
-// CRC32C, verified after the read (and Debian's RocksDB computes its CRC32C
-// without SSE4.2, at a fraction of the speed).
-rocksdb::ReadOptions PayloadReadOptions() {
-  rocksdb::ReadOptions ro;
-  ro.verify_checksums = false;
-  return ro;
-}
 
 enum class EntryState { kWriting, kReady, kDeleting };
 
@@ -89,49 +61,6 @@ struct Entry {
 struct Lease {
   std::vector<std::pair<Key, uint64_t>> blocks;  // key, entry generation
   int64_t expiry_nanos = 0;
-};
-
-// Turns off RocksDB's automatic recovery from background errors, and stops
-// the store's writes at any background error (a failed flush, compaction or
-// WAL write) through `on_error`, which must not call into RocksDB: RocksDB
-// holds its mutex while it calls. See WriteToRocks.
-class OnRocksError final : public rocksdb::EventListener {
- public:
-  explicit OnRocksError(std::function<void(const rocksdb::Status&)> on_error)
-      : on_error_(std::move(on_error)) {}
-  void OnBackgroundError(rocksdb::BackgroundErrorReason, rocksdb::Status* bg_error) override {
-    if (bg_error != nullptr && !bg_error->ok()) on_error_(*bg_error);
-  }
-  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status,
-                            bool* auto_recovery) override {
-    *auto_recovery = false;
-  }
-
- private:
-  const std::function<void(const rocksdb::Status&)> on_error_;
-};
-
-// RocksDB's own log lines (warnings and worse) go to the process's log, not
-// to a LOG file in the data directory: on a full disk RocksDB 7.8's file
-// logger goes on appending to the file writer that failed, and Debian's
-// build (its assertions on) aborts the process there, from whichever thread
-// logs next (chaos_test and kvstore_disk_full_test saw it, issue 16).
-class RocksLogger final : public rocksdb::Logger {
- public:
-  RocksLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
-  void Logv(const char* format, va_list ap) override {
-    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
-  }
-  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
-    if (level < GetInfoLogLevel() || level == rocksdb::InfoLogLevel::HEADER_LEVEL) return;
-    char line[1024];
-    std::vsnprintf(line, sizeof line, format, ap);
-    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL) {
-      TANDEM_LOG(ERROR) << "RocksDB: " << line;
-    } else {
-      TANDEM_LOG(WARNING) << "RocksDB: " << line;
-    }
-  }
 };
 
 struct NsInfo {

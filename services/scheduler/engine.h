@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "call.h"
+#include "engine_metrics.h"
 #include "tandem/engine/engine_core.h"
 #include "tandem/metrics/metrics.h"
 #include "tandem/sched/scheduler.h"
@@ -84,47 +85,6 @@ struct ServiceStats {
   // (gRPC's own serialization happens inside Write()).
   uint64_t step_serialize_samples = 0;
   int64_t step_serialize_ns_sum = 0;
-};
-
-// Prometheus series of the engine (DESIGN §7); updated on the loop thread.
-// Every series carries model_name (vLLM's label): --served-model-name, or
-// else the model name the first worker describes (no series before it).
-// Latency histograms use vLLM's buckets.
-struct SeriesMaker;
-struct EngineMetrics {
-  EngineMetrics(prometheus::Registry& registry, const std::string& model_name);
-  explicit EngineMetrics(SeriesMaker maker);
-  prometheus::Gauge& num_requests_running;
-  prometheus::Gauge& num_requests_waiting;
-  // Waiting requests by reason: capacity, lookup, load.
-  prometheus::Gauge* num_requests_waiting_by_reason[3];
-  prometheus::Gauge& kv_cache_usage;
-  prometheus::Gauge& kv_blocks_free;
-  prometheus::Gauge& worker_connected;
-  prometheus::Gauge& num_steps_in_flight;
-  prometheus::Gauge& num_async_loads_in_flight;
-  prometheus::Gauge& num_lookups_pending;
-  std::vector<metrics::MirroredCounter> preemptions;              // by sched::PreemptionReason
-  std::vector<metrics::MirroredCounter> admission_blocked_steps;  // by sched::AdmissionLimit
-  metrics::MirroredCounter requests_admitted;
-  metrics::MirroredCounter recomputed_tokens;
-  metrics::MirroredCounter prefix_cache_queries;
-  metrics::MirroredCounter prefix_cache_hits;
-  metrics::MirroredCounter external_cache_queries;
-  metrics::MirroredCounter external_cache_hits;
-  metrics::MirroredCounter steps;
-  prometheus::Family<prometheus::Counter>& requests_finished;
-  prometheus::Counter& prompt_tokens;
-  prometheus::Counter& generation_tokens;
-  prometheus::Histogram& request_latency;
-  prometheus::Histogram& time_to_first_token;
-  // The gap between successive outputs of a request (one per step that
-  // streamed tokens), and per request (latency - TTFT) / (outputs - 1).
-  prometheus::Histogram& inter_token_latency;
-  prometheus::Histogram& time_per_output_token;
-  prometheus::Histogram& schedule_duration;   // one Schedule() call
-  prometheus::Histogram& output_duration;     // one worker output, its tokens streamed
-  prometheus::Histogram& kv_lookup_duration;  // one KV-store lookup
 };
 
 class Engine final : private engine::StepTransport {

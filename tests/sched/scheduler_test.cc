@@ -1,45 +1,27 @@
-// Scheduler core behaviour (issue 3, "What must hold" 1-6 and 9). Each test
-// drives steps and compares against a table of expected states.
+// Scheduler core behaviour (issue 3, "What must hold" 1, 2, 5, 6 and 9). Each
+// test drives steps and compares against a table of expected states.
+// Preemption (3) is in scheduler_preemption_test.cc, stop conditions (4) in
+// scheduler_stop_test.cc.
 #include "tandem/sched/scheduler.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "gtest/gtest.h"
-#include "sched_test_util.h"
+#include "scheduler_test_common.h"
 
 namespace tandem::sched {
 namespace {
 
+using testing::ExpectMatchesReference;
 using testing::FakeStore;
 using testing::Greedy;
 using testing::Harness;
-using testing::kEos;
-using testing::kEos2;
-using testing::kEos3;
+using testing::ModeTest;
+using testing::NumScheduled;
 using testing::RunAlone;
 using testing::TestConfig;
 using testing::Tokens;
-
-int32_t NumScheduled(const SchedulerOutput& so, const std::string& id) {
-  for (size_t i = 0; i < so.scheduled_new_reqs.size(); ++i) {
-    if (so.scheduled_new_reqs[i].request_id == id) return so.num_scheduled_tokens[i];
-  }
-  for (size_t i = 0; i < so.scheduled_cached_reqs.size(); ++i) {
-    if (so.scheduled_cached_reqs[i].request_id == id) {
-      return so.num_scheduled_tokens[so.scheduled_new_reqs.size() + i];
-    }
-  }
-  return 0;
-}
-
-void ExpectMatchesReference(const Harness& h, const std::string& id,
-                            const std::vector<int32_t>& prompt, const SamplingParams& sp) {
-  const testing::Reference ref = RunAlone(prompt, sp, h.config);
-  auto it = h.outputs.find(id);
-  ASSERT_NE(it, h.outputs.end()) << id;
-  EXPECT_EQ(it->second, ref.output) << id;
-  EXPECT_EQ(h.reasons.at(id), ref.reason) << id;
-}
 
 // ---- 1. token budget and chunked prefill ----
 
@@ -147,259 +129,8 @@ TEST(SchedulerTest, RunningRequestWithNothingToScheduleDoesNotBlockTheOnesAfterI
   ExpectMatchesReference(h, "B", Tokens(4, 2), Greedy(5));
 }
 
-// ---- 3. preemption ----
-
-TEST(SchedulerTest, PreemptsTheMostRecentlyAdmittedRequestUnderFcfs) {
-  // 6 usable blocks of 4 tokens; three prompts of 7 tokens take 2 blocks each.
-  FakeStore store;
-  Harness h(TestConfig(7), nullptr, &store);
-  for (const char* id : {"A", "B", "C"}) h.Add(id, Tokens(7, id[0]), Greedy(8));
-  struct Row {
-    std::vector<std::string> preempted;
-    int32_t a, b, c;
-  };
-  const std::vector<Row> expected = {
-      {{}, 7, 7, 7},     // all admitted, pool full
-      {{}, 1, 1, 1},     // position 7 fits the second block
-      {{"C"}, 1, 1, 0},  // A needs a block: C (admitted last) goes
-  };
-  for (size_t s = 0; s < expected.size(); ++s) {
-    const SchedulerOutput& so = h.Step();
-    EXPECT_EQ(so.preempted_req_ids, expected[s].preempted) << "step " << s + 1;
-    EXPECT_EQ(NumScheduled(so, "A"), expected[s].a) << "step " << s + 1;
-    EXPECT_EQ(NumScheduled(so, "B"), expected[s].b) << "step " << s + 1;
-    EXPECT_EQ(NumScheduled(so, "C"), expected[s].c) << "step " << s + 1;
-  }
-  const Request* c = h.sched.FindRequest("C");
-  EXPECT_EQ(c->state, RequestState::kPreempted);
-  EXPECT_EQ(c->num_computed_tokens, 0);
-  EXPECT_TRUE(c->block_ids.empty());
-  EXPECT_EQ(h.sched.stats().num_preemptions_total, 1u);
-  h.RunToCompletion();
-  for (const char* id : {"A", "B", "C"}) ExpectMatchesReference(h, id, Tokens(7, id[0]), Greedy(8));
-}
-
-TEST(SchedulerTest, PreemptsTheLowestPriorityLatestArrivalUnderPriority) {
-  struct Case {
-    std::vector<int32_t> priorities;
-    std::vector<int64_t> arrivals;
-    std::string victim;
-  };
-  const std::vector<Case> cases = {
-      {{5, 9, 1}, {1, 2, 3}, "B"},  // largest priority value
-      {{5, 5, 1}, {1, 2, 3}, "B"},  // equal priority: latest arrival
-      {{5, 5, 1}, {2, 1, 3}, "A"},
-      {{1, 1, 1}, {1, 2, 3}, "C"},
-  };
-  for (const Case& cs : cases) {
-    SchedulerConfig c = TestConfig(7);
-    c.policy = SchedulingPolicy::kPriority;
-    FakeStore store;
-    Harness h(c, nullptr, &store);
-    const char* ids[] = {"A", "B", "C"};
-    for (int i = 0; i < 3; ++i) {
-      h.Add(ids[i], Tokens(7, i), Greedy(8), cs.priorities[i], "", cs.arrivals[i]);
-    }
-    h.Step();
-    h.Step();
-    const SchedulerOutput s3 = h.Step();
-    EXPECT_EQ(s3.preempted_req_ids, std::vector<std::string>{cs.victim}) << cs.victim;
-    h.RunToCompletion();
-    for (int i = 0; i < 3; ++i) ExpectMatchesReference(h, ids[i], Tokens(7, i), Greedy(8));
-  }
-}
-
-TEST(SchedulerTest, NoWaitingRequestIsAdmittedInAStepThatPreempted) {
-  SchedulerConfig c = TestConfig(8);  // 7 usable blocks
-  c.policy = SchedulingPolicy::kPriority;
-  FakeStore store;
-  Harness h(c, nullptr, &store);
-  h.Add("A", Tokens(7, 1), Greedy(8));
-  h.Add("B", Tokens(7, 2), Greedy(8));
-  h.Add("C", Tokens(11, 3), Greedy(8));  // 3 blocks: freeing it leaves one spare block
-  h.Step();
-  h.Step();
-  h.Add("D", Tokens(3, 4), Greedy(2), /*priority=*/-1);  // most important, needs 1 block
-  const SchedulerOutput s3 = h.Step();
-  EXPECT_EQ(s3.preempted_req_ids, std::vector<std::string>{"C"});
-  EXPECT_TRUE(s3.scheduled_new_reqs.empty());
-  EXPECT_EQ(h.sched.num_free_blocks(), 1);  // D would have fit
-  const SchedulerOutput s4 = h.Step();
-  ASSERT_EQ(s4.scheduled_new_reqs.size(), 1u);
-  EXPECT_EQ(s4.scheduled_new_reqs[0].request_id, "D");
-  h.RunToCompletion();
-  ExpectMatchesReference(h, "C", Tokens(11, 3), Greedy(8));
-  ExpectMatchesReference(h, "D", Tokens(3, 4), Greedy(2));
-}
-
-class ModeTest : public ::testing::TestWithParam<bool> {};
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, ModeTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Async" : "Sync"; });
-
-TEST_P(ModeTest, PreemptedRequestResumesAndContinuesWithTheSameTokens) {
-  FakeStore store;
-  Harness h(TestConfig(12, GetParam()), nullptr, &store);
-  h.keep_history = true;
-  for (int i = 0; i < 5; ++i) h.Add("r" + std::to_string(i), Tokens(9 + i, i), Greedy(14));
-  h.RunToCompletion();
-  EXPECT_GT(h.sched.stats().num_preemptions_total, 0u);
-  bool saw_resume = false;
-  for (const SchedulerOutput& so : h.history) {
-    for (const CachedRequestData& d : so.scheduled_cached_reqs) {
-      if (!d.resumed_from_preemption) continue;
-      saw_resume = true;
-      EXPECT_FALSE(d.all_token_ids.empty());
-      EXPECT_FALSE(d.new_block_ids.empty());
-    }
-  }
-  EXPECT_TRUE(saw_resume);
-  for (int i = 0; i < 5; ++i) {
-    ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(9 + i, i), Greedy(14));
-  }
-}
-
-// ---- 4. stop conditions ----
-
-struct StopCase {
-  const char* name;
-  SamplingParams sp;
-  std::vector<int32_t> script;  // tokens the worker samples, in order
-  std::vector<int32_t> output;  // what the client must see
-  RequestState reason;
-};
-
-// A worker that samples scripted tokens; handles sync and async.
-void RunScripted(bool async, const StopCase& sc, int32_t max_model_len = 256,
-                 int32_t prompt_len = 5) {
-  SchedulerConfig c = TestConfig(64, async);
-  c.max_model_len = max_model_len;
-  c.extra_eos_token_ids = {kEos2, kEos3};  // as Llama 3's three
-  Scheduler sched(c, nullptr);
-  ASSERT_TRUE(
-      sched
-          .AddRequest(
-              {.request_id = "x", .prompt_token_ids = Tokens(prompt_len, 1), .sampling = sc.sp}, 0)
-          .ok());
-  std::deque<std::pair<SchedulerOutput, ModelRunnerOutput>> inflight;
-  size_t next = 0;
-  std::vector<int32_t> got;
-  std::optional<RequestState> reason;
-  auto update = [&] {
-    for (const RequestOutput& o :
-         sched.UpdateFromOutput(inflight.front().first, inflight.front().second)) {
-      got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished) reason = o.finished;
-    }
-    inflight.pop_front();
-    ASSERT_TRUE(sched.CheckInvariants().ok()) << sched.CheckInvariants();
-  };
-  for (int step = 0; step < 100 && (sched.HasUnfinishedRequests() || !inflight.empty()); ++step) {
-    if (sched.HasUnfinishedRequests()) {
-      SchedulerOutput so = sched.Schedule();
-      ModelRunnerOutput mro{.step_id = so.step_id};
-      if (so.total_num_scheduled_tokens > 0) {
-        mro.sampled.push_back({"x", {next < sc.script.size() ? sc.script[next] : 50}});
-        ++next;
-      }
-      inflight.push_back({std::move(so), std::move(mro)});
-      if (!async || inflight.size() == 2) update();
-    } else {
-      update();
-    }
-  }
-  EXPECT_EQ(got, sc.output) << sc.name << (async ? " async" : " sync");
-  EXPECT_EQ(reason, sc.reason) << sc.name << (async ? " async" : " sync");
-  EXPECT_EQ(sched.num_free_blocks(), sched.num_total_blocks());
-}
-
-TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
-  auto sp = [](int32_t max_tokens, bool ignore_eos, int32_t min_tokens, std::vector<int32_t> stop) {
-    SamplingParams p;
-    p.max_tokens = max_tokens;
-    p.ignore_eos = ignore_eos;
-    p.min_tokens = min_tokens;
-    p.stop_token_ids = std::move(stop);
-    return p;
-  };
-  using S = RequestState;
-  const std::vector<StopCase> cases = {
-      {"eos stops and is not emitted",
-       sp(10, false, 0, {}),
-       {5, 6, kEos, 7},
-       {5, 6},
-       S::kFinishedStopped},
-      {"eos first: empty output", sp(10, false, 0, {}), {kEos, 7}, {}, S::kFinishedStopped},
-      {"ignore_eos keeps eos as a token",
-       sp(3, true, 0, {}),
-       {5, kEos, 6, 7},
-       {5, kEos, 6},
-       S::kFinishedLength},
-      {"a second eos id stops and is not emitted",
-       sp(10, false, 0, {}),
-       {5, kEos2, 7},
-       {5},
-       S::kFinishedStopped},
-      {"a third eos id stops and is not emitted",
-       sp(10, false, 0, {}),
-       {5, 6, kEos3, 7},
-       {5, 6},
-       S::kFinishedStopped},
-      {"ignore_eos keeps every eos id as a token",
-       sp(4, true, 0, {}),
-       {kEos3, kEos2, kEos, 6, 7},
-       {kEos3, kEos2, kEos, 6},
-       S::kFinishedLength},
-      {"stop token is emitted", sp(10, false, 0, {9}), {5, 9, 6}, {5, 9}, S::kFinishedStopped},
-      {"min_tokens holds back eos",
-       sp(10, false, 2, {}),
-       {kEos, 5, kEos, 6},
-       {kEos, 5},
-       S::kFinishedStopped},
-      {"min_tokens holds back every eos id",
-       sp(10, false, 3, {}),
-       {kEos2, kEos3, kEos, 5, kEos3, 6},
-       {kEos2, kEos3, kEos, 5},
-       S::kFinishedStopped},
-      {"min_tokens holds back stop tokens",
-       sp(10, false, 2, {9}),
-       {9, 9, 9, 9},
-       {9, 9, 9},
-       S::kFinishedStopped},
-      {"max_tokens", sp(3, false, 0, {}), {5, 6, 7, 8}, {5, 6, 7}, S::kFinishedLength},
-      {"eos on the last allowed token stops",
-       sp(2, false, 0, {}),
-       {5, kEos},
-       {5},
-       S::kFinishedStopped},
-      {"stop token on the last allowed token",
-       sp(2, false, 0, {9}),
-       {5, 9},
-       {5, 9},
-       S::kFinishedStopped},
-  };
-  for (const StopCase& sc : cases) RunScripted(GetParam(), sc);
-  // max_model_len: prompt 8 + 4 output tokens reach a max_model_len of 12.
-  RunScripted(
-      GetParam(),
-      {"max_model_len", sp(4, false, 0, {}), {5, 6, 7, 8, 9}, {5, 6, 7, 8}, S::kFinishedLength},
-      /*max_model_len=*/12, /*prompt_len=*/8);
-}
-
-TEST(SchedulerTest, ConfigRefusesAnExtraEosIdOutsideTheVocabulary) {
-  SchedulerConfig c = TestConfig(64);
-  c.extra_eos_token_ids = {kEos2, 64};
-  EXPECT_EQ(c.Validate().message(),
-            "SchedulerConfig.extra_eos_token_ids holds 64, outside the vocabulary [0, 64)");
-  c.extra_eos_token_ids = {-1};
-  EXPECT_EQ(c.Validate().message(), "SchedulerConfig.extra_eos_token_ids holds -1, a negative id");
-  c.vocab_size = 0;  // unknown: only negative ids are refused
-  EXPECT_FALSE(c.Validate().ok());
-  c.extra_eos_token_ids = {1000};
-  EXPECT_TRUE(c.Validate().ok());
-  c.vocab_size = 64;
-  c.extra_eos_token_ids = {kEos2, kEos3};
-  EXPECT_TRUE(c.Validate().ok());
-}
 
 TEST(SchedulerTest, AddRequestRejectsBadInputWithPreciseStatus) {
   SchedulerConfig c = TestConfig(8);
@@ -632,17 +363,6 @@ TEST(SchedulerTest, AbortWithOutputsInFlightLeavesConsistentCountersAndNoLeakedB
     ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(6, i), Greedy(12));
 }
 
-TEST(SchedulerTest, PreemptionWithOutputsInFlightLeavesConsistentCounters) {
-  FakeStore store;
-  Harness h(TestConfig(9, /*async=*/true), nullptr, &store);
-  for (int i = 0; i < 4; ++i) h.Add("r" + std::to_string(i), Tokens(5 + i, i), Greedy(16));
-  h.RunToCompletion();
-  EXPECT_GT(h.sched.stats().num_preemptions_total, 0u);
-  for (int i = 0; i < 4; ++i) {
-    ExpectMatchesReference(h, "r" + std::to_string(i), Tokens(5 + i, i), Greedy(16));
-  }
-}
-
 TEST(SchedulerTest, AsyncBlocksAreHashedOnlyOnceTheirTokenIdsAreKnown) {
   FakeStore store;
   Harness h(TestConfig(32, /*async=*/true), nullptr, &store);
@@ -706,39 +426,6 @@ TEST(SchedulerTest, StatsSnapshotCountsWaitingByReasonPreemptionsAndUsage) {
   EXPECT_EQ(h.sched.stats().num_requests_finished, 5u);
   EXPECT_GE(h.sched.stats().external_loaded_tokens, 16u);  // more if "loading" was preempted
   EXPECT_GT(h.sched.stats().num_steps, 1u);
-}
-
-TEST(SchedulerTest, StatsCountPreemptionsPerStepAndInTotal) {
-  // 6 usable blocks. R prefills 8 tokens (2 blocks) a step; X and Y hold one
-  // block each. In step 3 R needs 2 blocks with none free: Y, then X go.
-  SchedulerConfig c = TestConfig(7);
-  c.max_num_batched_tokens = 12;
-  c.long_prefill_token_threshold = 8;
-  FakeStore store;
-  Harness h(c, nullptr, &store);
-  h.Add("R", Tokens(24, 1), Greedy(1));
-  h.Add("X", Tokens(2, 2), Greedy(6));
-  h.Add("Y", Tokens(2, 3), Greedy(6));
-  struct Row {
-    std::vector<std::string> preempted;
-    int32_t step_preemptions;
-    uint64_t total;
-  };
-  const std::vector<Row> expected = {{{}, 0, 0}, {{}, 0, 0}, {{"Y", "X"}, 2, 2}, {{}, 0, 2}};
-  for (size_t s = 0; s < expected.size(); ++s) {
-    const SchedulerOutput so = h.Step();
-    EXPECT_EQ(so.preempted_req_ids, expected[s].preempted) << "step " << s + 1;
-    EXPECT_EQ(h.sched.stats().num_preemptions_step, expected[s].step_preemptions)
-        << "step " << s + 1;
-    EXPECT_EQ(h.sched.stats().num_preemptions_total, expected[s].total) << "step " << s + 1;
-  }
-  h.RunToCompletion();
-  EXPECT_EQ(h.sched.stats().num_preemptions_total, 2u);
-  EXPECT_EQ(
-      h.sched.stats().num_preemptions_by_reason[static_cast<int>(PreemptionReason::kKvCacheFull)],
-      2u);
-  ExpectMatchesReference(h, "X", Tokens(2, 2), Greedy(6));
-  ExpectMatchesReference(h, "Y", Tokens(2, 3), Greedy(6));
 }
 
 TEST(SchedulerTest, StatsCountALookupAsDeferredOnlyInTheStepThatDeferredIt) {
