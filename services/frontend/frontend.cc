@@ -147,9 +147,12 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
     if (method_is("GET")) Metrics(*exchange);
     return;
   }
-  const bool v1 = absl::StartsWith(path, "/v1/");
+  // With a key set, every route but /health and /metrics needs it:
+  // /tokenize and /detokenize spend CPU too (issue 29).
+  const bool needs_key =
+      absl::StartsWith(path, "/v1/") || path == "/tokenize" || path == "/detokenize";
   const std::optional<std::string> tenant = TenantOf(*exchange);
-  if (v1 && !tenant) {
+  if (needs_key && !tenant) {
     ApiError e{.http_status = 401,
                .message = "a valid API key is needed: send 'Authorization: Bearer <key>'",
                .type = "authentication_error",

@@ -36,10 +36,12 @@ struct FrontendOptions {
   // The model's name in /v1/models and responses; requests naming another
   // get 404. Empty: the name the schedulers describe.
   std::string served_model_name;
-  // With a key, /v1/* demands "Authorization: Bearer <key>" (401 otherwise).
+  // With a key, /v1/*, /tokenize and /detokenize demand
+  // "Authorization: Bearer <key>" (401 otherwise); /health and /metrics
+  // never do.
   std::string api_key;
-  // API key -> tenant (--api-keys-file); /v1/* then takes these keys too. A
-  // tenant's requests carry cache_salt "tenant:<name>", so tenants never
+  // API key -> tenant (--api-keys-file); those routes then take these keys
+  // too. A tenant's requests carry cache_salt "tenant:<name>", so tenants never
   // share a prefix-cache block, locally or in the KV-store, and one tenant's
   // TTFT cannot tell whether another's prompt is cached. The schedulers must
   // take the salt: --allow-request-cache-salt, or mutual TLS with this

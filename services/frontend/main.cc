@@ -117,14 +117,14 @@ int main(int argc, char** argv) {
   flags.Add("served-model-name", &options.served_model_name,
             "the model's name in the API (empty: the name the schedulers describe)");
   flags.Add("api-key", &options.api_key,
-            "demand 'Authorization: Bearer <key>' on /v1/* (prefer --api-key-file: argv is "
-            "visible to other processes)");
+            "demand 'Authorization: Bearer <key>' on /v1/*, /tokenize and /detokenize (prefer "
+            "--api-key-file: argv is visible to other processes)");
   flags.Add("api-key-file", &api_key_file, "read the API key from this file (trimmed)");
   std::string api_keys_file;
   flags.Add("api-keys-file", &api_keys_file,
-            "tenants: a file of '<key> <tenant>' lines. /v1/* takes these keys, and each "
-            "tenant's prefix cache is its own (cache_salt; the schedulers must accept it: "
-            "--allow-request-cache-salt, or mutual TLS with the frontend role)");
+            "tenants: a file of '<key> <tenant>' lines. /v1/*, /tokenize and /detokenize take "
+            "these keys, and each tenant's prefix cache is its own (cache_salt; the schedulers "
+            "must accept it: --allow-request-cache-salt, or mutual TLS with the frontend role)");
   flags.Add("routing", &routing,
             "affinity (same prompt prefix, same replica, unless overloaded), least-loaded or "
             "round-robin");
