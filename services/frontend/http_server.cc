@@ -262,7 +262,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void DoRead() {
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
-    parser_->header_limit(64 << 10);
+    parser_->header_limit(static_cast<uint32_t>(server_->options.max_header_bytes));
     transport().expires_after(server_->options.read_timeout);
     WithStream([&](auto& stream) {
       http::async_read(
@@ -271,18 +271,50 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     });
   }
 
+  // Refuses the request that was read (or not) with `status` and closes the
+  // connection after the answer.
+  void Refuse(int status, const std::string& message) {
+    const uint64_t seq = BeginExchange(HttpRequest{}, /*keep_alive=*/false);
+    Respond(seq, status, "application/json",
+            absl::StrCat(R"({"error":{"message":")", message,
+                         R"(","type":"invalid_request_error","param":null,"code":null}})"),
+            {});
+  }
+
+  // The bytes of the request line read so far: the parsed target's when
+  // Beast got that far, else up to the first CRLF buffered (all of it when
+  // there is none).
+  size_t RequestLineBytes() {
+    const size_t target = parser_->get().target().size();
+    if (target > 0) return target;
+    const std::string_view data(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+    const size_t eol = data.find("\r\n");
+    return eol == std::string_view::npos ? data.size() : eol;
+  }
+
   void OnRead(beast::error_code ec) {
-    if (ec == http::error::body_limit || ec == http::error::header_limit) {
-      const uint64_t seq = BeginExchange(HttpRequest{}, /*keep_alive=*/false);
-      Respond(seq, 413, "application/json",
-              absl::StrCat(R"({"error":{"message":"the request is larger than )",
-                           server_->options.max_body_bytes,
-                           R"( bytes","type":"invalid_request_error","param":null,"code":null}})"),
-              {});
+    const HttpServerOptions& o = server_->options;
+    if (ec == http::error::header_limit) {
+      // Beast counts the request line with the headers; tell them apart.
+      if (RequestLineBytes() > o.max_target_bytes) {
+        Refuse(414, absl::StrCat("the request's URL is longer than ", o.max_target_bytes,
+                                 " bytes"));
+      } else {
+        Refuse(431, absl::StrCat("the request's headers are larger than ", o.max_header_bytes,
+                                 " bytes"));
+      }
+      return;
+    }
+    if (ec == http::error::body_limit) {
+      Refuse(413, absl::StrCat("the request's body is larger than ", o.max_body_bytes, " bytes"));
       return;
     }
     if (ec) {
       Close();
+      return;
+    }
+    if (parser_->get().target().size() > o.max_target_bytes) {
+      Refuse(414, absl::StrCat("the request's URL is longer than ", o.max_target_bytes, " bytes"));
       return;
     }
     http::request<http::string_body> msg = parser_->release();

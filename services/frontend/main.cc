@@ -135,6 +135,13 @@ int main(int argc, char** argv) {
             "(one connection's messages are read by one thread at a time; default: a "
             "quarter of the cores, 1 to 8)");
   flags.Add("threads", &threads, "HTTP I/O threads (default: a quarter of the cores, 2 to 8)");
+  int64_t max_url_bytes = static_cast<int64_t>(http.max_target_bytes);
+  int64_t max_header_bytes = static_cast<int64_t>(http.max_header_bytes);
+  flags.Add("max-url-bytes", &max_url_bytes,
+            "longest request URL (path and query) taken; longer gets 414 URI Too Long");
+  flags.Add("max-header-bytes", &max_header_bytes,
+            "most bytes of request line and headers taken; more gets 431 Request Header Fields "
+            "Too Large (414 when the URL is what is too long)");
   flags.Add("drain-timeout-s", &drain_timeout_s,
             "on SIGTERM/SIGINT, how long accepted requests may take to finish");
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer"});
@@ -150,6 +157,13 @@ int main(int argc, char** argv) {
   router_options.policy = *policy;
   if (threads < 1) return Fail("--threads must be >= 1");
   http.threads = threads;
+  if (max_url_bytes < 1 || max_header_bytes < 1024 || max_url_bytes >= max_header_bytes ||
+      max_header_bytes > (int64_t{1} << 30)) {
+    return Fail("--max-url-bytes must be >= 1 and below --max-header-bytes, which must be in "
+                "[1024, 2^30]");
+  }
+  http.max_target_bytes = static_cast<size_t>(max_url_bytes);
+  http.max_header_bytes = static_cast<size_t>(max_header_bytes);
   // As `vllm serve MODEL`: the model directory's tokenizer unless --tokenizer
   // names another. --model must be a directory whenever it is given.
   if (std::error_code ec; !model_dir.empty() && !std::filesystem::is_directory(model_dir, ec)) {
