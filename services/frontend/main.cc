@@ -1,5 +1,7 @@
 // tandem-frontend: the OpenAI-compatible HTTP front door. Owns the tokenizer
 // and routes requests across scheduler replicas (tandem.v1.Generation).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -135,10 +137,19 @@ int main(int argc, char** argv) {
             "(one connection's messages are read by one thread at a time; default: a "
             "quarter of the cores, 1 to 8)");
   flags.Add("threads", &threads, "HTTP I/O threads (default: a quarter of the cores, 2 to 8)");
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    http.max_connections = std::clamp<int64_t>(static_cast<int64_t>(files.rlim_cur) - 256, 16,
+                                               http.max_connections);
+  }
   int64_t max_url_bytes = static_cast<int64_t>(http.max_target_bytes);
   int64_t max_header_bytes = static_cast<int64_t>(http.max_header_bytes);
   flags.Add("max-url-bytes", &max_url_bytes,
             "longest request URL (path and query) taken; longer gets 414 URI Too Long");
+  flags.Add("max-connections", &http.max_connections,
+            "open HTTP connections at most (an SSE stream holds one); one more is answered 503 "
+            "and closed. Default: the open-file limit (ulimit -n) less 256 for gRPC and files, "
+            "at most 10000; a larger value lets accept() run out of descriptors, which it then "
+            "retries every 100 ms");
   flags.Add("max-header-bytes", &max_header_bytes,
             "most bytes of request line and headers taken; more gets 431 Request Header Fields "
             "Too Large (414 when the URL is what is too long)");
@@ -162,6 +173,7 @@ int main(int argc, char** argv) {
     return Fail("--max-url-bytes must be >= 1 and below --max-header-bytes, which must be in "
                 "[1024, 2^30]");
   }
+  if (http.max_connections < 1) return Fail("--max-connections must be >= 1");
   http.max_target_bytes = static_cast<size_t>(max_url_bytes);
   http.max_header_bytes = static_cast<size_t>(max_header_bytes);
   // As `vllm serve MODEL`: the model directory's tokenizer unless --tokenizer
