@@ -4,12 +4,16 @@
 // it; /tokenize and /detokenize need the API key when one is set; a long URL
 // gets 414 and huge headers 431 (not 413 naming the body limit); a chat
 // message with content null gets a 400 naming messages[i].content unless it
-// is an assistant turn with tool_calls.
+// is an assistant turn with tool_calls; connections over --max-connections
+// get 503, and an accept loop out of descriptors waits instead of spinning.
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <fstream>
+#include <sstream>
+#include <thread>
 
 #include "../integration/harness.h"
 #include "fake_scheduler.h"
@@ -201,6 +205,69 @@ TEST_F(FrontendBoundedInputTest, NullContentIsRefusedUnlessAnAssistantCalledTool
                             "type":"function","function":{"name":"now","arguments":"{}"}}]},
                            {"role":"tool","tool_call_id":"c1","content":"noon"}]})");
   EXPECT_EQ(r.status, 200) << r.body.dump();
+}
+
+TEST_F(FrontendBoundedInputTest, ConnectionsOverTheCapGet503) {
+  Service capped = StartFrontend(dir_, "capped", {scheduler_->address()},
+                                 {"--tokenizer", kTokenizer, "--max-connections", "3"});
+  // StartFrontend's /health probes are closed, but their sessions end
+  // asynchronously: wait until a fresh connection is taken again.
+  ASSERT_TRUE(WaitFor([&] { return HttpGetStatus(capped.address(), "/health") == 200; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(ConnectTcp(capped.address()));
+    ASSERT_GE(held.back(), 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accepted
+  EXPECT_EQ(RawStatus(capped.address(), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"), 503);
+  // A held connection is served; once the held ones close, a new one is
+  // taken.
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(send(held[0], get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
+  char buf[64] = {};
+  ASSERT_GT(recv(held[0], buf, sizeof(buf) - 1, 0), 12);
+  EXPECT_EQ(std::string(buf, 12), "HTTP/1.1 200");
+  for (int fd : held) close(fd);
+  EXPECT_TRUE(WaitFor([&] { return HttpGetStatus(capped.address(), "/health") == 200; }));
+}
+
+// utime + stime of `pid`, in clock ticks.
+int64_t CpuTicks(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string skip;
+  for (int i = 0; i < 11; ++i) fields >> skip;  // state .. cmajflt
+  int64_t utime = 0, stime = 0;
+  fields >> utime >> stime;
+  return utime + stime;
+}
+
+TEST_F(FrontendBoundedInputTest, AcceptOutOfDescriptorsWaitsInsteadOfSpinning) {
+  // The frontend inherits a small open-file limit, and a cap above it.
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = 128;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  Service frontend = StartFrontend(dir_, "few-files", {scheduler_->address()},
+                                   {"--tokenizer", kTokenizer, "--max-connections", "1000"});
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  std::vector<int> held;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = ConnectTcp(frontend.address());
+    if (fd >= 0) held.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int64_t before = CpuTicks(frontend.process.pid());
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const int64_t ticks = CpuTicks(frontend.process.pid()) - before;
+  EXPECT_LT(ticks, 20) << "the accept loop spun for " << ticks << " ticks of one second";
+  for (int fd : held) close(fd);
+  EXPECT_TRUE(WaitFor([&] { return HttpGetStatus(frontend.address(), "/health") == 200; }))
+      << "accepting again once descriptors free";
+  EXPECT_NE(ReadFile(frontend.log_path).find("retrying every"), std::string::npos);
 }
 
 }  // namespace
