@@ -174,6 +174,17 @@ std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* o
                         "messages");
     }
     if (auto content = m.find("content"); content != m.end()) {
+      // As OpenAI and vLLM: null content only on an assistant turn that
+      // called tools; anywhere else it is a 400 here, not a template error.
+      auto tool_calls = m.find("tool_calls");
+      const bool called_tools = *role == "assistant" && tool_calls != m.end() &&
+                                tool_calls->is_array() && !tool_calls->empty();
+      if (content->is_null() && !called_tools) {
+        const std::string param = absl::StrCat("messages[", i, "].content");
+        return BadRequest(param + " is null; only an assistant message with tool_calls may have "
+                                  "null content (send a string or a list of content parts)",
+                          param);
+      }
       if (auto e = NormalizeContent(&*content, i)) return e;
     }
   }

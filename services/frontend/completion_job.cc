@@ -478,6 +478,20 @@ bool StripBosText(const tokenizer::Tokenizer& tok, std::string* text) {
   return true;
 }
 
+// A prompt of `bytes` is refused when it is longer than any prompt the
+// model can take (Frontend::PromptByteLimit): before the tokenizer sees it.
+std::optional<ApiError> CheckPromptBytes(const Frontend& frontend, const ModelInfo& model,
+                                         uint64_t bytes, const char* param) {
+  const int64_t limit = frontend.PromptByteLimit(model);
+  if (bytes <= static_cast<uint64_t>(limit)) return std::nullopt;
+  return BadRequest(
+      absl::StrCat("the prompt is ", bytes, " bytes, more than any prompt this model can take: ",
+                   "at most ", limit, " bytes (max_model_len ", model.max_model_len, " tokens x ",
+                   frontend.max_token_bytes(),
+                   " bytes, the longest token of the vocabulary); it was not tokenized"),
+      param);
+}
+
 }  // namespace
 
 std::optional<ApiError> PreparePrompts(const Frontend& frontend, const CompletionRequest& request,
@@ -485,6 +499,14 @@ std::optional<ApiError> PreparePrompts(const Frontend& frontend, const Completio
   const tokenizer::Tokenizer& tok = frontend.tokenizer();
   const char* param = request.endpoint == Endpoint::kChat ? "messages" : "prompt";
   if (request.endpoint == Endpoint::kChat) {
+    uint64_t content_bytes = 0;
+    for (const auto& m : request.messages) {
+      auto content = m.find("content");
+      if (content != m.end() && content->is_string()) {
+        content_bytes += content->get_ref<const std::string&>().size();
+      }
+    }
+    if (auto e = CheckPromptBytes(frontend, model, content_bytes, "messages")) return e;
     if (!frontend.chat_template()) {
       return BadRequest(
           "this server has no chat template for its model; start tandem-frontend "
@@ -501,6 +523,7 @@ std::optional<ApiError> PreparePrompts(const Frontend& frontend, const Completio
       return BadRequest(absl::StrCat("chat template: ", rendered.status().message()), "messages");
     }
     std::string text = *std::move(rendered);
+    if (auto e = CheckPromptBytes(frontend, model, text.size(), "messages")) return e;
     bool add_special = request.add_special_tokens.value_or(false);
     if (StripBosText(tok, &text)) add_special = true;
     absl::StatusOr<std::vector<int32_t>> ids =
@@ -511,6 +534,7 @@ std::optional<ApiError> PreparePrompts(const Frontend& frontend, const Completio
   } else {
     for (const PromptInput& p : request.prompts) {
       if (p.text) {
+        if (auto e = CheckPromptBytes(frontend, model, p.text->size(), "prompt")) return e;
         absl::StatusOr<std::vector<int32_t>> ids =
             tok.Encode(*p.text, {.add_special_tokens = request.add_special_tokens.value_or(true)});
         if (!ids.ok()) return BadRequest(std::string(ids.status().message()), "prompt");

@@ -1,5 +1,6 @@
 #include "frontend.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include "absl/strings/match.h"
@@ -82,7 +83,17 @@ Frontend::Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tok
       chat_template_(std::move(chat_template)),
       router_(router),
       registry_(std::move(registry)),
-      metrics_(registry_.get()) {}
+      metrics_(registry_.get()) {
+  for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+    absl::StatusOr<std::string> piece = tokenizer_->IdToPiece(id);
+    if (piece.ok()) max_token_bytes_ = std::max<int64_t>(max_token_bytes_, piece->size());
+  }
+}
+
+int64_t Frontend::PromptByteLimit(const ModelInfo& model) const {
+  if (model.max_model_len <= 0 || model.max_model_len == INT32_MAX) return INT64_MAX;
+  return int64_t{model.max_model_len} * max_token_bytes_;
+}
 
 void RespondError(HttpExchange& exchange, const ApiError& error) {
   exchange.Respond(error.http_status, "application/json", error.ToJson());
@@ -136,9 +147,12 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
     if (method_is("GET")) Metrics(*exchange);
     return;
   }
-  const bool v1 = absl::StartsWith(path, "/v1/");
+  // With a key set, every route but /health and /metrics needs it:
+  // /tokenize and /detokenize spend CPU too (issue 29).
+  const bool needs_key =
+      absl::StartsWith(path, "/v1/") || path == "/tokenize" || path == "/detokenize";
   const std::optional<std::string> tenant = TenantOf(*exchange);
-  if (v1 && !tenant) {
+  if (needs_key && !tenant) {
     ApiError e{.http_status = 401,
                .message = "a valid API key is needed: send 'Authorization: Bearer <key>'",
                .type = "authentication_error",

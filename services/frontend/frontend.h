@@ -36,10 +36,12 @@ struct FrontendOptions {
   // The model's name in /v1/models and responses; requests naming another
   // get 404. Empty: the name the schedulers describe.
   std::string served_model_name;
-  // With a key, /v1/* demands "Authorization: Bearer <key>" (401 otherwise).
+  // With a key, /v1/*, /tokenize and /detokenize demand
+  // "Authorization: Bearer <key>" (401 otherwise); /health and /metrics
+  // never do.
   std::string api_key;
-  // API key -> tenant (--api-keys-file); /v1/* then takes these keys too. A
-  // tenant's requests carry cache_salt "tenant:<name>", so tenants never
+  // API key -> tenant (--api-keys-file); those routes then take these keys
+  // too. A tenant's requests carry cache_salt "tenant:<name>", so tenants never
   // share a prefix-cache block, locally or in the KV-store, and one tenant's
   // TTFT cannot tell whether another's prompt is cached. The schedulers must
   // take the salt: --allow-request-cache-salt, or mutual TLS with this
@@ -80,6 +82,21 @@ class Frontend {
   const FrontendOptions& options() const { return options_; }
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
   const std::optional<tokenizer::ChatTemplate>& chat_template() const { return chat_template_; }
+  // The most bytes of prompt text worth tokenizing for `model` (issue 29):
+  // max_model_len x the longest vocabulary entry in bytes. A prompt the
+  // model can take has fewer than max_model_len tokens, and each token
+  // stands for at most its entry's bytes (an entry is never shorter than
+  // the text it encodes: "▁" and GPT-2's byte alphabet take 2-3 bytes for
+  // one, "<0x0A>" 6 for one), so no valid prompt is longer. Larger prompts
+  // are refused before any tokenizer (or chat template) work, even with
+  // truncate_prompt_tokens: truncation is for prompts near the context,
+  // not for megabytes of text that would cost seconds of CPU to encode and
+  // then be thrown away. Text a normalizer deletes (control characters
+  // some drop, accents BERT's strips) still counts. Without a described
+  // model (max_model_len unknown) nothing is refused here.
+  int64_t PromptByteLimit(const ModelInfo& model) const;
+  // The longest vocabulary entry, in bytes (at least 1).
+  int64_t max_token_bytes() const { return max_token_bytes_; }
   Router& router() { return *router_; }
   FrontendMetrics& metrics() { return metrics_; }
   // The served name, or nullopt while no replica has described the model.
@@ -100,6 +117,7 @@ class Frontend {
   FrontendOptions options_;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::optional<tokenizer::ChatTemplate> chat_template_;
+  int64_t max_token_bytes_ = 1;
   Router* router_;
   std::shared_ptr<prometheus::Registry> registry_;
   FrontendMetrics metrics_;

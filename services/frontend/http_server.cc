@@ -92,6 +92,10 @@ struct HttpServer::Impl {
   std::shared_ptr<net::ssl::context> tls_ctx;  // null: plain HTTP
   int64_t tls_stamp = 0;
   std::unique_ptr<net::steady_timer> tls_timer;
+  // Accept's pause while the process is out of descriptors (EMFILE).
+  static constexpr std::chrono::milliseconds kAcceptBackoff{100};
+  net::steady_timer accept_timer{ioc};
+  bool accept_backing_off = false;  // the acceptor's alone
 };
 
 void HttpServer::Impl::ReloadTlsLater() {
@@ -262,7 +266,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void DoRead() {
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
-    parser_->header_limit(64 << 10);
+    parser_->header_limit(static_cast<uint32_t>(server_->options.max_header_bytes));
     transport().expires_after(server_->options.read_timeout);
     WithStream([&](auto& stream) {
       http::async_read(
@@ -271,18 +275,50 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     });
   }
 
+  // Refuses the request that was read (or not) with `status` and closes the
+  // connection after the answer.
+  void Refuse(int status, const std::string& message) {
+    const uint64_t seq = BeginExchange(HttpRequest{}, /*keep_alive=*/false);
+    Respond(seq, status, "application/json",
+            absl::StrCat(R"({"error":{"message":")", message,
+                         R"(","type":"invalid_request_error","param":null,"code":null}})"),
+            {});
+  }
+
+  // The bytes of the request line read so far: the parsed target's when
+  // Beast got that far, else up to the first CRLF buffered (all of it when
+  // there is none).
+  size_t RequestLineBytes() {
+    const size_t target = parser_->get().target().size();
+    if (target > 0) return target;
+    const std::string_view data(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+    const size_t eol = data.find("\r\n");
+    return eol == std::string_view::npos ? data.size() : eol;
+  }
+
   void OnRead(beast::error_code ec) {
-    if (ec == http::error::body_limit || ec == http::error::header_limit) {
-      const uint64_t seq = BeginExchange(HttpRequest{}, /*keep_alive=*/false);
-      Respond(seq, 413, "application/json",
-              absl::StrCat(R"({"error":{"message":"the request is larger than )",
-                           server_->options.max_body_bytes,
-                           R"( bytes","type":"invalid_request_error","param":null,"code":null}})"),
-              {});
+    const HttpServerOptions& o = server_->options;
+    if (ec == http::error::header_limit) {
+      // Beast counts the request line with the headers; tell them apart.
+      if (RequestLineBytes() > o.max_target_bytes) {
+        Refuse(414, absl::StrCat("the request's URL is longer than ", o.max_target_bytes,
+                                 " bytes"));
+      } else {
+        Refuse(431, absl::StrCat("the request's headers are larger than ", o.max_header_bytes,
+                                 " bytes"));
+      }
+      return;
+    }
+    if (ec == http::error::body_limit) {
+      Refuse(413, absl::StrCat("the request's body is larger than ", o.max_body_bytes, " bytes"));
       return;
     }
     if (ec) {
       Close();
+      return;
+    }
+    if (parser_->get().target().size() > o.max_target_bytes) {
+      Refuse(414, absl::StrCat("the request's URL is longer than ", o.max_target_bytes, " bytes"));
       return;
     }
     http::request<http::string_body> msg = parser_->release();
@@ -483,7 +519,37 @@ bool HttpExchange::client_gone() const { return session_->gone(); }
 void HttpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
-    if (!ec) {
+    if (ec == boost::system::errc::too_many_files_open ||
+        ec == boost::system::errc::too_many_files_open_in_system ||
+        ec == boost::system::errc::not_enough_memory || ec == net::error::no_buffer_space) {
+      // The connection stays in the listen backlog and the next accept
+      // fails the same way at once: retrying now would spin a core until a
+      // descriptor frees. Wait, then try again.
+      if (!accept_backing_off) {
+        TANDEM_LOG(WARNING) << "HTTP accept: " << ec.message() << "; retrying every "
+                            << kAcceptBackoff.count() << " ms (see --max-connections)";
+      }
+      accept_backing_off = true;
+      accept_timer.expires_after(kAcceptBackoff);
+      accept_timer.async_wait([this](beast::error_code wait_ec) {
+        if (!wait_ec) Accept();
+      });
+      return;
+    }
+    accept_backing_off = false;
+    if (!ec && open.load() >= options.max_connections) {
+      // Over the cap: a short 503 and close, so the client knows to come
+      // back (or go to another frontend) instead of waiting on a backlog.
+      static constexpr std::string_view kFull =
+          "HTTP/1.1 503 Service Unavailable\r\nServer: tandem-frontend\r\n"
+          "Content-Type: application/json\r\nConnection: close\r\nContent-Length: 114\r\n\r\n"
+          R"({"error":{"message":"too many open connections","type":"server_error",)"
+          R"("param":null,"code":"too_many_connections"}})";
+      (void)::send(socket.native_handle(), kFull.data(), kFull.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      beast::error_code ignored;
+      socket.shutdown(tcp::socket::shutdown_send, ignored);
+      socket.close(ignored);
+    } else if (!ec) {
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
       std::make_shared<HttpSession>(std::move(socket), this, tls())->Run();

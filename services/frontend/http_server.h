@@ -91,7 +91,19 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
 struct HttpServerOptions {
   std::string listen_address = "127.0.0.1:8000";  // host:port; port 0 = any free one
   int threads = 2;
+  // Larger bodies get 413.
   size_t max_body_bytes = 32 << 20;
+  // The request line and headers together (Beast's header limit); more gets
+  // 431, or 414 when the URL alone is over max_target_bytes.
+  size_t max_header_bytes = 64 << 10;
+  // The URL (request target, query included); longer gets 414.
+  size_t max_target_bytes = 16 << 10;
+  // Open connections at most; one more is answered 503 and closed at once.
+  // Keep it under the process's open-file limit (ulimit -n) with room for
+  // gRPC and files: running out of descriptors makes accept() fail, and the
+  // server then retries every 100 ms rather than at once, leaving the
+  // connections waiting in the listen backlog.
+  int64_t max_connections = 10000;
   // A request's headers and body must arrive within this; an idle
   // keep-alive connection is closed after it.
   std::chrono::seconds read_timeout{60};

@@ -1,5 +1,7 @@
 // tandem-frontend: the OpenAI-compatible HTTP front door. Owns the tokenizer
 // and routes requests across scheduler replicas (tandem.v1.Generation).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -117,14 +119,14 @@ int main(int argc, char** argv) {
   flags.Add("served-model-name", &options.served_model_name,
             "the model's name in the API (empty: the name the schedulers describe)");
   flags.Add("api-key", &options.api_key,
-            "demand 'Authorization: Bearer <key>' on /v1/* (prefer --api-key-file: argv is "
-            "visible to other processes)");
+            "demand 'Authorization: Bearer <key>' on /v1/*, /tokenize and /detokenize (prefer "
+            "--api-key-file: argv is visible to other processes)");
   flags.Add("api-key-file", &api_key_file, "read the API key from this file (trimmed)");
   std::string api_keys_file;
   flags.Add("api-keys-file", &api_keys_file,
-            "tenants: a file of '<key> <tenant>' lines. /v1/* takes these keys, and each "
-            "tenant's prefix cache is its own (cache_salt; the schedulers must accept it: "
-            "--allow-request-cache-salt, or mutual TLS with the frontend role)");
+            "tenants: a file of '<key> <tenant>' lines. /v1/*, /tokenize and /detokenize take "
+            "these keys, and each tenant's prefix cache is its own (cache_salt; the schedulers "
+            "must accept it: --allow-request-cache-salt, or mutual TLS with the frontend role)");
   flags.Add("routing", &routing,
             "affinity (same prompt prefix, same replica, unless overloaded), least-loaded or "
             "round-robin");
@@ -135,6 +137,22 @@ int main(int argc, char** argv) {
             "(one connection's messages are read by one thread at a time; default: a "
             "quarter of the cores, 1 to 8)");
   flags.Add("threads", &threads, "HTTP I/O threads (default: a quarter of the cores, 2 to 8)");
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    http.max_connections = std::clamp<int64_t>(static_cast<int64_t>(files.rlim_cur) - 256, 16,
+                                               http.max_connections);
+  }
+  int64_t max_url_bytes = static_cast<int64_t>(http.max_target_bytes);
+  int64_t max_header_bytes = static_cast<int64_t>(http.max_header_bytes);
+  flags.Add("max-url-bytes", &max_url_bytes,
+            "longest request URL (path and query) taken; longer gets 414 URI Too Long");
+  flags.Add("max-connections", &http.max_connections,
+            "open HTTP connections at most (an SSE stream holds one); one more is answered 503 "
+            "and closed. Default: the open-file limit (ulimit -n) less 256 for gRPC and files, "
+            "at most 10000; a larger value lets accept() run out of descriptors, which it then "
+            "retries every 100 ms");
+  flags.Add("max-header-bytes", &max_header_bytes,
+            "most bytes of request line and headers taken; more gets 431 Request Header Fields "
+            "Too Large (414 when the URL is what is too long)");
   flags.Add("drain-timeout-s", &drain_timeout_s,
             "on SIGTERM/SIGINT, how long accepted requests may take to finish");
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer"});
@@ -150,6 +168,14 @@ int main(int argc, char** argv) {
   router_options.policy = *policy;
   if (threads < 1) return Fail("--threads must be >= 1");
   http.threads = threads;
+  if (max_url_bytes < 1 || max_header_bytes < 1024 || max_url_bytes >= max_header_bytes ||
+      max_header_bytes > (int64_t{1} << 30)) {
+    return Fail("--max-url-bytes must be >= 1 and below --max-header-bytes, which must be in "
+                "[1024, 2^30]");
+  }
+  if (http.max_connections < 1) return Fail("--max-connections must be >= 1");
+  http.max_target_bytes = static_cast<size_t>(max_url_bytes);
+  http.max_header_bytes = static_cast<size_t>(max_header_bytes);
   // As `vllm serve MODEL`: the model directory's tokenizer unless --tokenizer
   // names another. --model must be a directory whenever it is given.
   if (std::error_code ec; !model_dir.empty() && !std::filesystem::is_directory(model_dir, ec)) {
