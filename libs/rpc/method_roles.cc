@@ -59,18 +59,25 @@ const MethodRoles* FindMethodRoles(std::string_view path) {
   return nullptr;
 }
 
+bool MayCall(std::string_view path, CallerRole role) {
+  if (role == CallerRole::kUnverified) return true;
+  const MethodRoles* rule = FindMethodRoles(path);
+  if (rule == nullptr) return false;
+  if (rule->any_verified_peer) return true;
+  for (CallerRole r : rule->roles) {
+    if (r == role) return true;
+  }
+  return false;
+}
+
 grpc::Status AuthorizeMethod(std::string_view path, CallerRole role, std::string_view peer) {
-  if (role == CallerRole::kUnverified) return grpc::Status::OK;
+  if (MayCall(path, role)) return grpc::Status::OK;
   const MethodRoles* rule = FindMethodRoles(path);
   std::string message;
   if (rule == nullptr) {
     message = absl::StrCat(std::string(path), " is in no role table (rpc/method_roles.h): refused to ",
                            std::string(peer));
   } else {
-    if (rule->any_verified_peer) return grpc::Status::OK;
-    for (CallerRole r : rule->roles) {
-      if (r == role) return grpc::Status::OK;
-    }
     std::string may;
     for (CallerRole r : rule->roles) {
       absl::StrAppend(&may, may.empty() ? "" : " or ", CallerRoleName(r));
@@ -103,6 +110,7 @@ grpc::Status RoleCheckProcessor::Process(const InputMetadata& auth_metadata,
   }
   // The server demands a verified certificate, so an unauthenticated call
   // does not reach here; were it to, it has no role (kNone), not kUnverified.
+  if (MayCall(path, role)) return grpc::Status::OK;  // the message only for refusals
   return AuthorizeMethod(path, role,
                          absl::StrCat("peer [", absl::StrJoin(uris, ", "),
                                       "] (roles read under trust domain ", trust_domain_, ")"));

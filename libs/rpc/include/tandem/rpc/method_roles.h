@@ -45,6 +45,9 @@ struct MethodRoles {
 // The rule for `path`; nullptr for a method the table does not know.
 [[nodiscard]] const MethodRoles* FindMethodRoles(std::string_view path);
 
+// Whether `role` may call `path`: always for kUnverified (no mutual TLS);
+// else per the table, an unknown path refused.
+[[nodiscard]] bool MayCall(std::string_view path, CallerRole role);
 // OK when `role` may call `path`: always for kUnverified (no mutual TLS);
 // else per the table, an unknown path refused. PERMISSION_DENIED names the
 // method, the roles that may call it, `peer` and its role.
