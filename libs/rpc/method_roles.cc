@@ -75,16 +75,16 @@ grpc::Status AuthorizeMethod(std::string_view path, CallerRole role, std::string
   const MethodRoles* rule = FindMethodRoles(path);
   std::string message;
   if (rule == nullptr) {
-    message = absl::StrCat(std::string(path), " is in no role table (rpc/method_roles.h): refused to ",
-                           std::string(peer));
+    message =
+        absl::StrCat(std::string(path), " is in no role table (rpc/method_roles.h): refused to ",
+                     std::string(peer));
   } else {
     std::string may;
     for (CallerRole r : rule->roles) {
       absl::StrAppend(&may, may.empty() ? "" : " or ", CallerRoleName(r));
     }
     message = absl::StrCat(std::string(path), " is for the ", may, " role; ", std::string(peer),
-                           " has role '",
-                           CallerRoleName(role),
+                           " has role '", CallerRoleName(role),
                            "' (a URI SAN spiffe://<trust domain>/tandem/<role> names it)");
   }
   TANDEM_LOG(WARNING) << "denied: " << message;

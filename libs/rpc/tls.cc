@@ -77,7 +77,8 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const TlsOptions& 
   } else {
     options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   }
-  std::shared_ptr<grpc::ServerCredentials> creds = grpc::experimental::TlsServerCredentials(options);
+  std::shared_ptr<grpc::ServerCredentials> creds =
+      grpc::experimental::TlsServerCredentials(options);
   // Mutual TLS: every call of every service passes the role table first.
   if (!o.ca_file.empty()) {
     creds->SetAuthMetadataProcessor(std::make_shared<RoleCheckProcessor>(o.trust_domain));

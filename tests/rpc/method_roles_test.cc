@@ -92,8 +92,8 @@ TEST(MethodRolesTest, TheTableSaysWhoMayCall) {
   };
   for (const char* m : {"/tandem.v1.Worker/Execute", "/tandem.v1.Worker/Describe"}) {
     EXPECT_TRUE(may(m, CallerRole::kScheduler)) << m;
-    for (CallerRole r : {CallerRole::kNone, CallerRole::kWorker, CallerRole::kFrontend,
-                         CallerRole::kClient}) {
+    for (CallerRole r :
+         {CallerRole::kNone, CallerRole::kWorker, CallerRole::kFrontend, CallerRole::kClient}) {
       EXPECT_FALSE(may(m, r)) << m << " " << CallerRoleName(r);
     }
   }
@@ -124,7 +124,8 @@ TEST(MethodRolesTest, TheTableSaysWhoMayCall) {
   // Without mutual TLS nothing is enforced, unknown methods included.
   EXPECT_TRUE(may("/tandem.v1.Worker/Execute", CallerRole::kUnverified));
   EXPECT_TRUE(may("/tandem.v1.Nope/Nothing", CallerRole::kUnverified));
-  grpc::Status denied = AuthorizeMethod("/tandem.v1.Worker/Execute", CallerRole::kWorker, "peer [x]");
+  grpc::Status denied =
+      AuthorizeMethod("/tandem.v1.Worker/Execute", CallerRole::kWorker, "peer [x]");
   EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_NE(denied.error_message().find("scheduler role"), std::string::npos)
       << denied.error_message();
@@ -183,8 +184,8 @@ class MethodRolesServerTest : public ::testing::Test {
       cmd += " && printf 'subjectAltName=IP:127.0.0.1,URI:" + uri + "\\n' > " + name +
              ".ext && openssl req" + ec + "-keyout " + name + ".key -out " + name +
              ".csr -subj /CN=" + name + " && openssl x509 -req -in " + name +
-             ".csr -CA ca.pem -CAkey ca.key -CAcreateserial -out " + name + ".pem -days 1 -extfile " +
-             name + ".ext";
+             ".csr -CA ca.pem -CAkey ca.key -CAcreateserial -out " + name +
+             ".pem -days 1 -extfile " + name + ".ext";
     }
     ASSERT_EQ(std::system(("(" + cmd + ") > /dev/null 2>&1").c_str()), 0) << cmd;
   }
@@ -203,8 +204,7 @@ class MethodRolesServerTest : public ::testing::Test {
     builder.RegisterService(&worker_);
     builder.RegisterService(&generation_);
     builder.RegisterService(&kvstore_);
-    absl::StatusOr<std::unique_ptr<grpc::Server>> server =
-        BuildAndStart(&builder, options, &port_);
+    absl::StatusOr<std::unique_ptr<grpc::Server>> server = BuildAndStart(&builder, options, &port_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }

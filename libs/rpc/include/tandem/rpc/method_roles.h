@@ -35,7 +35,7 @@
 namespace tandem::rpc {
 
 struct MethodRoles {
-  std::string_view path;          // the gRPC :path, "/tandem.v1.Worker/Execute"
+  std::string_view path;           // the gRPC :path, "/tandem.v1.Worker/Execute"
   bool any_verified_peer = false;  // open to every certificate the CA signed
   std::vector<CallerRole> roles;   // else: only these roles
 };
