@@ -2,11 +2,13 @@
 
 #include <mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
+#include "tandem/rpc/method_roles.h"
 #include "tandem/rpc/tls_reload.h"
 
 namespace tandem::rpc {
@@ -52,10 +54,17 @@ void AddTlsFlags(FlagSet* flags, TlsOptions* options) {
   flags->Add("tls-key", &options->key_file, "PEM private key of --tls-cert");
   flags->Add("tls-ca", &options->ca_file,
              "PEM CA bundle that verifies peers; on a server it also demands client "
-             "certificates signed by it (mutual TLS, and roles from their /tandem/<role> URI SAN)");
+             "certificates signed by it (mutual TLS: each gRPC method is open only to the roles "
+             "that rpc/method_roles.h lists, a role named by a URI SAN "
+             "spiffe://<--tls-trust-domain>/tandem/<role>)");
   flags->Add("tls-reload-interval-s", &options->reload_interval_s,
              "how often the TLS files are read again (a rotated Secret takes effect without a "
              "restart)");
+  flags->Add("tls-trust-domain", &options->trust_domain,
+             "SPIFFE trust domain of the client certificates' role URI SANs "
+             "(spiffe://<domain>/tandem/<role>); a URI under any other domain grants no role, so "
+             "its caller may use only health and reflection. Set it to the chart's "
+             "tls.trustDomain");
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const TlsOptions& o) {
@@ -68,7 +77,13 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const TlsOptions& 
   } else {
     options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   }
-  return grpc::experimental::TlsServerCredentials(options);
+  std::shared_ptr<grpc::ServerCredentials> creds =
+      grpc::experimental::TlsServerCredentials(options);
+  // Mutual TLS: every call of every service passes the role table first.
+  if (!o.ca_file.empty()) {
+    creds->SetAuthMetadataProcessor(std::make_shared<RoleCheckProcessor>(o.trust_domain));
+  }
+  return creds;
 }
 
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(const TlsOptions& o) {
@@ -103,6 +118,8 @@ const char* CallerRoleName(CallerRole role) {
       return "scheduler";
     case CallerRole::kFrontend:
       return "frontend";
+    case CallerRole::kClient:
+      return "client";
   }
   return "?";
 }
@@ -117,16 +134,45 @@ std::vector<std::string> PeerUris(const grpc::AuthContext& auth) {
 }
 }  // namespace
 
-CallerRole RoleOf(const grpc::ServerContextBase& context) {
-  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth == nullptr || !auth->IsPeerAuthenticated()) return CallerRole::kUnverified;
-  for (const std::string& uri : PeerUris(*auth)) {
-    const size_t at = uri.rfind("/tandem/");
-    if (at == std::string::npos) continue;
-    const std::string_view role = std::string_view(uri).substr(at + 8);
+CallerRole RoleFromUris(const std::vector<std::string>& uris, std::string_view trust_domain) {
+  constexpr std::string_view kScheme = "spiffe://";
+  for (const std::string& uri : uris) {
+    std::string_view rest(uri);
+    if (!absl::StartsWithIgnoreCase(absl::string_view(rest.data(), rest.size()), "spiffe://")) {
+      continue;
+    }
+    rest.remove_prefix(kScheme.size());
+    const size_t slash = rest.find('/');
+    if (slash == std::string_view::npos) continue;
+    if (trust_domain.empty() ||
+        !absl::EqualsIgnoreCase(absl::string_view(rest.data(), slash),
+                                absl::string_view(trust_domain.data(), trust_domain.size()))) {
+      continue;  // another trust domain names no role here
+    }
+    const std::string_view path = rest.substr(slash);
+    const size_t at = path.rfind("/tandem/");
+    if (at == std::string_view::npos) continue;
+    const std::string_view role = path.substr(at + 8);
     if (role == "worker") return CallerRole::kWorker;
     if (role == "scheduler") return CallerRole::kScheduler;
     if (role == "frontend") return CallerRole::kFrontend;
+    if (role == "client") return CallerRole::kClient;
+  }
+  return CallerRole::kNone;
+}
+
+CallerRole RoleOf(const grpc::ServerContextBase& context) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return CallerRole::kUnverified;
+  // RoleCheckProcessor recorded it under the server's trust domain; a
+  // verified call without it (a server built without ServerCredentialsFor)
+  // has no role.
+  for (const grpc::string_ref& v : auth->FindPropertyValues(kRolePropertyName)) {
+    const std::string_view name(v.data(), v.size());
+    for (CallerRole r : {CallerRole::kWorker, CallerRole::kScheduler, CallerRole::kFrontend,
+                         CallerRole::kClient}) {
+      if (name == CallerRoleName(r)) return r;
+    }
   }
   return CallerRole::kNone;
 }

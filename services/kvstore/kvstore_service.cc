@@ -30,34 +30,9 @@ std::string HashForMessage(const std::string& raw) {
   return absl::StrCat("<", raw.size(), "-byte hash>");
 }
 
-using rpc::CallerRole;
-
-// Roles (DESIGN §5 as issue 16 amends it): under mutual TLS, workers Load
-// (which carries their corrupt-block reports) and Store; schedulers Lookup
-// and Release; both create namespaces and read Stats. Anyone else gets
-// PERMISSION_DENIED before anything is read or written. Without --tls-ca
-// callers are unverified and every method is open, as on loopback before.
-grpc::Status Authorize(const grpc::ServerContextBase& ctx, const char* method,
-                       std::initializer_list<CallerRole> allowed) {
-  const CallerRole role = rpc::RoleOf(ctx);
-  if (role == CallerRole::kUnverified) return grpc::Status::OK;
-  for (CallerRole r : allowed) {
-    if (r == role) return grpc::Status::OK;
-  }
-  std::string may;
-  for (CallerRole r : allowed) absl::StrAppend(&may, may.empty() ? "" : " or ", rpc::CallerRoleName(r));
-  const std::string message =
-      absl::StrCat("KvStore.", method, " is for the ", may, " role; ", rpc::PeerIdentity(ctx),
-                   " has role '", rpc::CallerRoleName(role),
-                   "' (a URI SAN ending in /tandem/<role> names it)");
-  TANDEM_LOG(WARNING) << "denied: " << message;
-  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, message);
-}
-
-constexpr std::initializer_list<CallerRole> kWorkerOnly = {CallerRole::kWorker};
-constexpr std::initializer_list<CallerRole> kSchedulerOnly = {CallerRole::kScheduler};
-constexpr std::initializer_list<CallerRole> kEngineRoles = {CallerRole::kWorker,
-                                                            CallerRole::kScheduler};
+// Roles (DESIGN §5 as issue 16 amends it) are checked before any handler
+// runs, by the server's role table (rpc/method_roles.h): workers Load and
+// Store, schedulers Lookup and Release, both CreateNamespace and Stats.
 
 }  // namespace
 
@@ -97,7 +72,6 @@ KvStoreServiceImpl::KvStoreServiceImpl(kvstore::KvStoreEngine* store, KvStoreSer
 grpc::Status KvStoreServiceImpl::CreateNamespace(grpc::ServerContext* ctx,
                                                  const v1::CreateNamespaceRequest* req,
                                                  v1::CreateNamespaceResponse* resp) {
-  if (grpc::Status a = Authorize(*ctx, "CreateNamespace", kEngineRoles); !a.ok()) return a;
   absl::StatusOr<bool> created = store_->CreateNamespace(rpc::FromProto(req->info()));
   if (!created.ok()) return rpc::ToGrpcStatus(created.status());
   resp->set_created(*created);
@@ -106,7 +80,6 @@ grpc::Status KvStoreServiceImpl::CreateNamespace(grpc::ServerContext* ctx,
 
 grpc::Status KvStoreServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
                                         v1::LookupResponse* resp) {
-  if (grpc::Status a = Authorize(*ctx, "Lookup", kSchedulerOnly); !a.ok()) return a;
   // A caller past its deadline has given up and drops the answer: nobody
   // would release a lease granted now. (The deadline, not IsCancelled(): on
   // the sync API that polls the completion queue, tens of microseconds, and
@@ -119,7 +92,6 @@ grpc::Status KvStoreServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::Look
 grpc::Status KvStoreServiceImpl::LoadRaw(
     grpc::ServerContext* ctx,
     grpc::ServerSplitStreamer<v1::LoadRequest, grpc::ByteBuffer>* stream) {
-  if (grpc::Status a = Authorize(*ctx, "Load", kWorkerOnly); !a.ok()) return a;
   v1::LoadRequest request;
   if (!stream->Read(&request)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Load: no LoadRequest received");
@@ -170,7 +142,6 @@ grpc::Status KvStoreServiceImpl::LoadRaw(
 grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext* ctx,
                                        grpc::ServerReader<v1::StoreRequest>* reader,
                                        v1::StoreResponse* resp) {
-  if (grpc::Status a = Authorize(*ctx, "Store", kWorkerOnly); !a.ok()) return a;
   v1::StoreRequest msg;
   bool first = true;
   std::string ns;
@@ -280,7 +251,6 @@ grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext* ctx,
 
 grpc::Status KvStoreServiceImpl::Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                                          v1::ReleaseResponse* resp) {
-  if (grpc::Status a = Authorize(*ctx, "Release", kSchedulerOnly); !a.ok()) return a;
   resp->set_found(store_->Release(LeaseId(req->lease_id())));
   for (uint64_t id : req->more_lease_ids()) store_->Release(LeaseId(id));
   return grpc::Status::OK;
@@ -288,7 +258,6 @@ grpc::Status KvStoreServiceImpl::Release(grpc::ServerContext* ctx, const v1::Rel
 
 grpc::Status KvStoreServiceImpl::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
                                        v1::StatsResponse* resp) {
-  if (grpc::Status a = Authorize(*ctx, "Stats", kEngineRoles); !a.ok()) return a;
   rpc::ToProto(store_->GetStats(), resp);
   if (options_.bulk_load != nullptr) {
     resp->set_bulk_load_port(static_cast<uint32_t>(options_.bulk_load->port()));

@@ -530,6 +530,7 @@ def check_tls(build_dir, source_dir, helm, chart):
     for name, c in pods.items():
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         assert arg(c, "tls-cert") == "/etc/tandem/tls/tls.crt" and arg(c, "tls-ca"), c["args"]
+        assert arg(c, "tls-trust-domain") == "cluster.local", c["args"]
         secret = volumes[mounts["/etc/tandem/tls"]]["secret"]["secretName"]
         assert secret == certs[name]["secretName"], (name, secret)
         assert certs[name]["uris"] == [f"spiffe://cluster.local/tandem/{name}"], certs[name]

@@ -8,10 +8,15 @@ did not write: certificates from the openssl CLI, calls from Python grpcio.
      certificate (a /tandem/<role> URI SAN). A Generate over TLS gives
      llama2.c's reference tokens; the worker stored blocks and the scheduler
      looked them up, so both roles passed the store's checks.
-  3. Roles: a visitor's certificate (same CA, no Tandem role) and the wrong
-     role get PERMISSION_DENIED from Store, Lookup and Stats, and nothing is
-     written. A worker's certificate stores.
-  4. The scheduler takes cache_salt from the frontend role only; so
+  3. Roles (one table for every method, rpc/method_roles.h; the processes
+     run with --tls-trust-domain tandem.test): a visitor's certificate (same
+     CA, no Tandem role) and the wrong role get PERMISSION_DENIED from Store,
+     Lookup and Stats, and nothing is written. A worker's certificate
+     stores; a worker URI under another trust domain cannot. The worker's
+     Describe is for the scheduler role only; Generate for the frontend and
+     client roles only.
+  4. The scheduler takes cache_salt from the frontend role only (a client
+     certificate is INVALID_ARGUMENT with a salt, served without); so
      tandem-frontend with the frontend certificate and tenant API keys
      (--api-keys-file) serves each tenant its own prefix cache: the same
      prompt from another tenant has no cached tokens, and the same tokens.
@@ -68,15 +73,15 @@ def make_ca(d, name):
     return key, pem
 
 
-def make_cert(d, ca, name, role):
-    """A leaf for 127.0.0.1 with URI SAN spiffe://tandem.test/tandem/<role>."""
+def make_cert(d, ca, name, role, domain="tandem.test"):
+    """A leaf for 127.0.0.1 with URI SAN spiffe://<domain>/tandem/<role>."""
     key, csr, pem = (os.path.join(d, f"{name}.{e}") for e in ("key", "csr", "pem"))
     ext = os.path.join(d, f"{name}.ext")
     with open(ext, "w") as f:
         f.write("basicConstraints=CA:FALSE\n"
                 "keyUsage=digitalSignature,keyEncipherment\n"
                 "extendedKeyUsage=serverAuth,clientAuth\n"
-                f"subjectAltName=IP:127.0.0.1,DNS:localhost,URI:spiffe://tandem.test/tandem/{role}\n")
+                f"subjectAltName=IP:127.0.0.1,DNS:localhost,URI:spiffe://{domain}/tandem/{role}\n")
     run(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
          "-keyout", key, "-out", csr, "-subj", f"/CN={name}"])
     run(["openssl", "x509", "-req", "-in", csr, "-CA", ca[1], "-CAkey", ca[0], "-CAcreateserial",
@@ -86,7 +91,7 @@ def make_cert(d, ca, name, role):
 
 def flags(c):
     return ["--tls-cert", c["cert"], "--tls-key", c["key"], "--tls-ca", c["ca"],
-            "--tls-reload-interval-s", "1"]
+            "--tls-reload-interval-s", "1", "--tls-trust-domain", "tandem.test"]
 
 
 def read(path):
@@ -151,15 +156,17 @@ def main():
     if shutil.which("openssl") is None:
         raise SystemExit("openssl CLI missing (tools/install-deps.sh installs it)")
     tmp = tempfile.mkdtemp(prefix="tandem_tls_")
-    compile_protos(source_dir, tmp, ["common", "generation", "kvstore"])
+    compile_protos(source_dir, tmp, ["common", "generation", "kvstore", "worker"])
     from tandem.v1 import common_pb2, generation_pb2 as gen, generation_pb2_grpc as gen_grpc
     from tandem.v1 import kvstore_pb2 as kv, kvstore_pb2_grpc as kv_grpc
+    from tandem.v1 import worker_pb2, worker_pb2_grpc
 
     certs = os.path.join(tmp, "certs")
     os.makedirs(certs)
     ca, ca2 = make_ca(certs, "ca"), make_ca(certs, "ca2")
     c = {role: make_cert(certs, ca, role, role)
-         for role in ("kvstore", "worker", "scheduler", "frontend", "visitor")}
+         for role in ("kvstore", "worker", "scheduler", "frontend", "visitor", "client")}
+    foreign = make_cert(certs, ca, "foreign", "worker", domain="other.test")  # role, wrong domain
     rogue = make_cert(certs, ca2, "rogue", "scheduler")      # the right role, another CA
     kvstore2 = make_cert(certs, ca2, "kvstore2", "kvstore")  # the rotation's new identity
     scheduler2 = make_cert(certs, ca2, "scheduler2", "scheduler")
@@ -263,18 +270,30 @@ def main():
         assert len(resp.blocks) == 1 and resp.blocks[0].ok, resp
         hits = kv_sched.Lookup(lookup, timeout=10).num_hits
         assert hits == 1, hits
-        print("roles: visitor and wrong-role calls PERMISSION_DENIED with nothing written; the "
-              "worker role stores, the scheduler role looks up")
+        msg = expect_code(PD, lambda: store(kv_grpc.KvStoreStub(channel(kv_port, foreign)), "tls"),
+                          "foreign trust domain Store")
+        assert "other.test" in msg, msg
+        for who in ("frontend", "worker", "visitor"):
+            expect_code(PD, lambda: worker_pb2_grpc.WorkerStub(channel(w_port, c[who])).Describe(
+                worker_pb2.DescribeRequest(), timeout=10), f"{who} Describe")
+        worker_pb2_grpc.WorkerStub(channel(w_port, c["scheduler"])).Describe(
+            worker_pb2.DescribeRequest(), timeout=10)
+        for who in ("scheduler", "visitor"):
+            expect_code(PD, lambda: generate(gen_grpc.GenerationStub(channel(s_port, c[who])), n=8),
+                        f"{who} Generate")
+        print("roles: visitor, wrong-role and foreign-trust-domain calls PERMISSION_DENIED with "
+              "nothing written; the worker role stores, the scheduler role looks up and alone "
+              "may Describe the worker; Generate only for frontend and client")
 
         # 4. cache_salt from the frontend role only.
         salted = generate(gen_stub, salt="tenant-a", n=8)
         assert salted == ref["expected_output_token_ids"][:8], salted
-        gen_visitor = gen_grpc.GenerationStub(channel(s_port, c["visitor"]))
+        gen_client = gen_grpc.GenerationStub(channel(s_port, c["client"]))
         msg = expect_code(grpc.StatusCode.INVALID_ARGUMENT,
-                          lambda: generate(gen_visitor, salt="tenant-a", n=8), "visitor salt")
+                          lambda: generate(gen_client, salt="tenant-a", n=8), "client salt")
         assert "cache_salt" in msg, msg
-        assert generate(gen_visitor, n=8) == salted  # unsalted: allowed
-        print("cache_salt: taken from the frontend role, INVALID_ARGUMENT from a visitor")
+        assert generate(gen_client, n=8) == salted  # unsalted: allowed
+        print("cache_salt: taken from the frontend role, INVALID_ARGUMENT from the client role")
 
         keys = os.path.join(tmp, "keys")
         with open(keys, "w") as f:

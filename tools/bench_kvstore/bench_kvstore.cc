@@ -105,7 +105,7 @@ rpc::TlsOptions MakeCertificates(const std::string& dir) {
   const std::string cmd =
       "cd " + dir + " && openssl req -x509" + ec + "-keyout ca.key -out ca.pem -days 1 " +
       "-subj /CN=bench-ca && openssl req" + ec + "-keyout leaf.key -out leaf.csr -subj /CN=bench " +
-      "&& printf 'subjectAltName=IP:127.0.0.1,URI:spiffe://bench/tandem/worker\n' > leaf.ext " +
+      "&& printf 'subjectAltName=IP:127.0.0.1,URI:spiffe://cluster.local/tandem/worker\n' > leaf.ext " +
       "&& openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out leaf.pem " +
       "-days 1 -extfile leaf.ext > /dev/null 2>&1";
   TANDEM_CHECK(std::system(cmd.c_str()) == 0) << "openssl could not make the TLS certificates";

@@ -49,7 +49,9 @@ constexpr char kUsage[] =
     "  info      print the served model (GetModelInfo)\n"
     "  stats     print the scheduler's stats (GetStats)\n"
     "  health    check any Tandem server's grpc.health.v1 status (exit 0: SERVING)\n"
-    "Run 'tandem <command> --help' for its flags.\n";
+    "Run 'tandem <command> --help' for its flags.\n"
+    "Under mutual TLS, generate, bench, info and stats need a certificate with the client\n"
+    "(or frontend) role: URI SAN spiffe://<trust domain>/tandem/client; health takes any.\n";
 
 struct SamplingFlags {
   int32_t max_tokens = 16;

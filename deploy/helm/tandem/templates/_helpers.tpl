@@ -114,6 +114,7 @@ TLS (values tls). The Secret holding a part's certificate; call with
 - --tls-key=/etc/tandem/tls/tls.key
 - --tls-ca=/etc/tandem/tls/ca.crt
 - --tls-reload-interval-s={{ .Values.tls.reloadIntervalSeconds }}
+- --tls-trust-domain={{ .Values.tls.trustDomain }}
 {{- end }}
 {{- end -}}
 

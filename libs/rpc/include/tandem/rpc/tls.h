@@ -17,14 +17,21 @@
 // error.
 //
 // Roles (CallerRole) come from the verified client certificate: a URI SAN
-// whose path ends in /tandem/<role>, e.g. spiffe://cluster.local/tandem/worker.
-// Only a server with --tls-ca knows its callers; without it every caller has
-// kUnverified and the services do not enforce roles.
+// spiffe://<trust domain>/.../tandem/<role>, e.g.
+// spiffe://cluster.local/tandem/worker, whose trust domain is the server's
+// --tls-trust-domain (default cluster.local, the Helm chart's default); a URI
+// under another trust domain grants no role. Only a server with --tls-ca knows
+// its callers; without it every caller has kUnverified and roles are not
+// enforced. Which role may call which method is one table (method_roles.h),
+// checked for every call of every server in one place: the
+// AuthMetadataProcessor that ServerCredentialsFor installs under mutual TLS.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "grpcpp/security/credentials.h"
@@ -34,11 +41,17 @@
 
 namespace tandem::rpc {
 
+// The default --tls-trust-domain: the Helm chart's tls.trustDomain default.
+inline constexpr char kDefaultTrustDomain[] = "cluster.local";
+
 struct TlsOptions {
   std::string cert_file;  // PEM certificate chain of this process
   std::string key_file;   // PEM private key of cert_file
   std::string ca_file;    // PEM CA bundle that verifies peers (and demands client certs)
   int32_t reload_interval_s = 10;
+  // The SPIFFE trust domain (URI authority) whose /tandem/<role> URI SANs
+  // name roles on this server (--tls-trust-domain).
+  std::string trust_domain = std::string(kDefaultTrustDomain);
 
   // TLS is on when a certificate or a CA is given.
   [[nodiscard]] bool enabled() const { return !cert_file.empty() || !ca_file.empty(); }
@@ -51,10 +64,13 @@ struct TlsOptions {
   [[nodiscard]] absl::Status Validate(bool server) const;
 };
 
-// --tls-cert, --tls-key, --tls-ca and --tls-reload-interval-s.
+// --tls-cert, --tls-key, --tls-ca, --tls-reload-interval-s and --tls-trust-domain.
 void AddTlsFlags(FlagSet* flags, TlsOptions* options);
 
 // Credentials for a server's listening port (insecure when TLS is off).
+// Under mutual TLS they carry the role check (method_roles.h): every call's
+// role is taken from its certificate under options.trust_domain and checked
+// against MethodRoleTable() before any handler runs.
 [[nodiscard]] std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(
     const TlsOptions& options);
 // Credentials a client dials with (insecure when TLS is off): verifies the
@@ -76,9 +92,17 @@ enum class CallerRole {
   kWorker,
   kScheduler,
   kFrontend,
+  kClient,  // an operator's or tool's certificate (tandem CLI, tandem-generate): Generation only
 };
 [[nodiscard]] const char* CallerRoleName(CallerRole role);
-// The role of the caller of `context` (the first /tandem/<role> URI SAN).
+// The role named by the first of `uris` that is
+// spiffe://<trust_domain>/.../tandem/<role> with a known role (the trust
+// domain compared case-insensitively, as SPIFFE does); kNone when none is.
+[[nodiscard]] CallerRole RoleFromUris(const std::vector<std::string>& uris,
+                                      std::string_view trust_domain);
+// The role of the caller of `context`, as the server's role check took it
+// (RoleFromUris under the server's trust domain); kUnverified without a
+// verified client certificate.
 [[nodiscard]] CallerRole RoleOf(const grpc::ServerContextBase& context);
 // The URI SANs of the caller's certificate, for error messages.
 [[nodiscard]] std::string PeerIdentity(const grpc::ServerContextBase& context);
