@@ -140,14 +140,14 @@ std::optional<ApiError> ParsePrompt(const Json* prompt, CompletionRequest* out) 
 // Chat content: a string, or a list of {"type": "text", "text": ...} parts
 // (joined with "\n" as vLLM joins them); null for an assistant turn that
 // only called tools.
-std::optional<ApiError> NormalizeContent(Json* content, size_t index) {
+std::optional<ApiError> NormalizeContent(OrderedJson* content, size_t index) {
   const std::string param = absl::StrCat("messages[", index, "].content");
   if (content->is_null() || content->is_string()) return std::nullopt;
   if (!content->is_array()) {
     return BadRequest(param + " must be a string or a list of content parts", param);
   }
   std::string text;
-  for (const Json& part : *content) {
+  for (const OrderedJson& part : *content) {
     auto type = part.find("type");
     auto t = part.find("text");
     if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() ||
@@ -161,13 +161,40 @@ std::optional<ApiError> NormalizeContent(Json* content, size_t index) {
   return std::nullopt;
 }
 
-std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* out) {
+// An assistant turn's tool_calls: each function's `arguments` as the template
+// sees it. OpenAI clients send a JSON string; vLLM (and transformers' tool
+// templates) want the object, so a string is parsed ("" or absent: {}).
+std::optional<ApiError> ParseToolCallArguments(OrderedJson* tool_calls, size_t index) {
+  for (size_t k = 0; k < tool_calls->size(); ++k) {
+    OrderedJson& call = (*tool_calls)[k];
+    const std::string param = absl::StrCat("messages[", index, "].tool_calls[", k, "]");
+    auto function = call.is_object() ? call.find("function") : call.end();
+    if (!call.is_object() || function == call.end() || !function->is_object()) {
+      return BadRequest(param + " must be an object with a 'function' object", param);
+    }
+    auto arguments = function->find("arguments");
+    if (arguments == function->end() || arguments->is_null() ||
+        (arguments->is_string() && arguments->get<std::string>().empty())) {
+      (*function)["arguments"] = OrderedJson::object();
+    } else if (arguments->is_string()) {
+      OrderedJson parsed =
+          OrderedJson::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded()) {
+        return BadRequest(param + ".function.arguments is not valid JSON", param + ".function.arguments");
+      }
+      *arguments = std::move(parsed);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseMessages(const OrderedJson* messages, CompletionRequest* out) {
   if (messages == nullptr || !messages->is_array() || messages->empty()) {
     return BadRequest("'messages' must be a non-empty list of messages", "messages");
   }
-  Json copy = *messages;
+  OrderedJson copy = *messages;
   for (size_t i = 0; i < copy.size(); ++i) {
-    Json& m = copy[i];
+    OrderedJson& m = copy[i];
     auto role = m.is_object() ? m.find("role") : m.end();
     if (!m.is_object() || role == m.end() || !role->is_string()) {
       return BadRequest(absl::StrCat("messages[", i, "] must be an object with a string 'role'"),
@@ -187,8 +214,44 @@ std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* o
       }
       if (auto e = NormalizeContent(&*content, i)) return e;
     }
+    if (auto tool_calls = m.find("tool_calls");
+        *role == "assistant" && tool_calls != m.end() && tool_calls->is_array()) {
+      if (auto e = ParseToolCallArguments(&*tool_calls, i)) return e;
+    }
   }
-  out->messages = OrderedJson::parse(copy.dump());
+  out->messages = std::move(copy);
+  return std::nullopt;
+}
+
+// `tools` as vLLM hands them to the template (ChatCompletionToolsParam's
+// model_dump): {"type": "function", "function": {"name", "description",
+// "parameters", ...}}, description and parameters null when absent.
+std::optional<ApiError> ParseTools(const OrderedJson& tools, CompletionRequest* out) {
+  if (!tools.is_array()) return BadRequest("'tools' must be a list of tools", "tools");
+  out->tools = OrderedJson::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const OrderedJson& t = tools[i];
+    const std::string param = absl::StrCat("tools[", i, "]");
+    auto type = t.is_object() ? t.find("type") : t.end();
+    auto function = t.is_object() ? t.find("function") : t.end();
+    if (!t.is_object() || (type != t.end() && *type != "function") || function == t.end() ||
+        !function->is_object() || !function->contains("name") ||
+        !(*function)["name"].is_string()) {
+      return BadRequest(param + " must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                        param);
+    }
+    OrderedJson f = {{"name", (*function)["name"]},
+                     {"description", function->value("description", OrderedJson())},
+                     {"parameters", function->value("parameters", OrderedJson())}};
+    for (const auto& [key, value] : function->items()) {
+      if (!f.contains(key)) f[key] = value;
+    }
+    OrderedJson tool = {{"type", "function"}, {"function", std::move(f)}};
+    for (const auto& [key, value] : t.items()) {
+      if (!tool.contains(key)) tool[key] = value;
+    }
+    out->tools.push_back(std::move(tool));
+  }
   return std::nullopt;
 }
 
@@ -373,6 +436,15 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   if (j.is_discarded()) return BadRequest("the request body is not valid JSON");
   if (!j.is_object()) return BadRequest("the request body must be a JSON object");
   const Reader r(j);
+  // Chat's conversation, tools and template variables keep the client's key
+  // order (a tool's JSON schema is rendered with tojson, as vLLM renders the
+  // dict it parsed): they come from an ordered parse of the same body.
+  OrderedJson ordered;
+  auto find_ordered = [&](const char* name) -> const OrderedJson* {
+    if (ordered.is_null()) ordered = OrderedJson::parse(body, nullptr, /*allow_exceptions=*/false);
+    auto it = ordered.find(name);
+    return it == ordered.end() || it->is_null() ? nullptr : &*it;
+  };
   if (const Json* model = r.Find("model")) {
     if (!model->is_string()) return BadRequest("'model' must be a string", "model");
     out->model = model->get<std::string>();
@@ -381,10 +453,17 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     if (auto e = ParsePrompt(r.Find("prompt"), out)) return e;
     if (auto e = r.Bool("echo", &out->echo)) return e;
   } else {
-    if (auto e = ParseMessages(r.Find("messages"), out)) return e;
+    if (auto e = ParseMessages(find_ordered("messages"), out)) return e;
     if (auto e = r.Bool("add_generation_prompt", &out->add_generation_prompt)) return e;
   }
   if (auto e = ParseUnsupported(r, endpoint)) return e;
+  if (const Json* tools = r.Find("tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
+    if (endpoint != Endpoint::kChat) {
+      return BadRequest("'tools' is a /v1/chat/completions field", "tools");
+    }
+    // tool_choice "none" (ParseUnsupported): rendered into the prompt only.
+    if (auto e = ParseTools(*find_ordered("tools"), out)) return e;
+  }
 
   std::optional<int64_t> v;
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
@@ -476,7 +555,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
                             "chat_template_kwargs");
         }
       }
-      out->chat_template_kwargs = OrderedJson::parse(kwargs->dump());
+      out->chat_template_kwargs = *find_ordered("chat_template_kwargs");
     }
   }
   return std::nullopt;

@@ -492,6 +492,17 @@ std::optional<ApiError> CheckPromptBytes(const Frontend& frontend, const ModelIn
       param);
 }
 
+// The chat template's variables beyond messages and tokens: the tools
+// (tool_choice "none"), then chat_template_kwargs over them, as vLLM merges
+// them.
+nlohmann::ordered_json TemplateVariables(const CompletionRequest& request) {
+  nlohmann::ordered_json vars = request.chat_template_kwargs;
+  if (request.tools.is_null()) return vars;
+  if (vars.is_null()) vars = nlohmann::ordered_json::object();
+  if (!vars.contains("tools")) vars["tools"] = request.tools;
+  return vars;
+}
+
 }  // namespace
 
 std::optional<ApiError> PreparePrompts(const Frontend& frontend, const CompletionRequest& request,
@@ -517,7 +528,7 @@ std::optional<ApiError> PreparePrompts(const Frontend& frontend, const Completio
                                          .add_generation_prompt = request.add_generation_prompt,
                                          .bos_token = tok.bos_token(),
                                          .eos_token = tok.eos_token(),
-                                         .extra_context = request.chat_template_kwargs};
+                                         .extra_context = TemplateVariables(request)};
     absl::StatusOr<std::string> rendered = frontend.chat_template()->Render(inputs);
     if (!rendered.ok()) {
       return BadRequest(absl::StrCat("chat template: ", rendered.status().message()), "messages");

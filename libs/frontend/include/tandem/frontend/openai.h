@@ -39,8 +39,9 @@
 // penalties, logit_bias, allowed_token_ids, bad_words, logits_processors,
 // best_of > 1, use_beam_search, length_penalty, guided_* / structural_tag /
 // structured_outputs and response_format other than text, suffix,
-// prompt_embeds, tools with tool_choice other than "none" (tools are
-// accepted only with "none"), parallel_tool_calls, reasoning_effort,
+// prompt_embeds, tools with tool_choice other than "none" (with "none" the
+// tools are rendered into the chat prompt, and an assistant turn's
+// tool_calls arguments parsed into objects, as vLLM does), parallel_tool_calls, reasoning_effort,
 // include_reasoning false, chat echo, continue_final_message, documents,
 // a per-request chat_template, spaces_between_special_tokens false,
 // request_id, cache_salt (the server salts per API key), kv_transfer_params,
@@ -133,6 +134,10 @@ struct CompletionRequest {
   // Chat: more variables for the chat template (e.g. enable_thinking); an
   // object, or null.
   nlohmann::ordered_json chat_template_kwargs;
+  // Chat with tool_choice "none": the tools, as vLLM passes them to the
+  // template (each {"type": "function", "function": {"name", "description",
+  // "parameters"}}); null when the request has none.
+  nlohmann::ordered_json tools;
 };
 
 // max_tokens of a /v1/completions request that sends none, as vLLM's
