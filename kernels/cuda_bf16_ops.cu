@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const int32_t chunk = static_cast<int32_t>(bx % head_chunks);
   bx /= head_chunks;
   const int32_t kvh = static_cast<int32_t>(bx % sh.num_kv_heads);
-  const int32_t row = static_cast<int32_t>(bx / sh.num_kv_heads);
+  const int32_t row = a.rows != nullptr ? a.rows[bx / sh.num_kv_heads]
+                                        : static_cast<int32_t>(bx / sh.num_kv_heads);
   const int32_t split = blockIdx.y;
   const int32_t ctx = a.row_pos[row] + 1;
   const int32_t t_begin = split * kAttentionSplitTokens;
@@ -245,7 +246,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 // Combines the splits of rows whose context spans more than one.
 __global__ void CombineSplitsKernel(Bf16AttentionArgs a, int32_t num_splits,
                                     const float* scratch) {
-  const int32_t row = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads;
+  const int32_t i = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads;
+  const int32_t row = a.rows != nullptr ? a.rows[i] : i;
   const int32_t ctx = a.row_pos[row] + 1;
   if (ctx <= kAttentionSplitTokens) return;
   const int32_t n = (ctx + kAttentionSplitTokens - 1) / kAttentionSplitTokens;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "cpu_runner.h"
 #include "tandem/common/status.h"
+#include "tandem/kernels/attention_plan.h"
 #include "tandem/kernels/cuda_bf16_ops.h"
 #include "tandem/kernels/cuda_ops.h"
 #include "tandem/model/checkpoint.h"
@@ -124,6 +125,10 @@ struct StepInputs {
   const int32_t* tables = nullptr;
   const int64_t* slots = nullptr;
   const int32_t* last_rows = nullptr;
+  // Which attention kernel takes which rows (bf16), and its two row lists.
+  const kernels::AttentionPlan* plan = nullptr;
+  const int32_t* tiles = nullptr;
+  const int32_t* single_rows = nullptr;
 };
 
 // What both modes share: the step upload, the logits, sampling and block
@@ -132,7 +137,9 @@ struct StepInputs {
 class CudaRunnerBase : public ModelRunner {
  public:
   CudaRunnerBase(const Model* model, KvCacheOptions opts, ModelRunnerOptions runner_opts)
-      : ModelRunner(model, opts, Backend::kCuda), device_(runner_opts.cuda_device) {}
+      : ModelRunner(model, opts, Backend::kCuda),
+        device_(runner_opts.cuda_device),
+        tensor_core_attention_(runner_opts.tensor_core_attention) {}
   ~CudaRunnerBase() override { kd::DestroyBlas(blas_); }
 
   virtual absl::Status Init() = 0;
@@ -206,6 +213,8 @@ class CudaRunnerBase : public ModelRunner {
                           .num_kv_heads = c.num_kv_heads,
                           .head_size = c.head_size};
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::CreateBlas(&blas_), "cublasCreate"));
+    tensor_core_attention_ = tensor_core_attention_ && opts_.dtype == DType::kBFloat16 &&
+                             kd::DeviceHasTensorCoreAttention(device_);
     TANDEM_RETURN_IF_ERROR(inv_freq_.Upload(c.RopeInverseFrequencies()));
     const size_t cache_bytes = static_cast<size_t>(block_bytes()) * opts_.num_blocks;
     TANDEM_RETURN_IF_ERROR(cache_.Reserve(cache_bytes));
@@ -227,7 +236,10 @@ class CudaRunnerBase : public ModelRunner {
     if (batch.empty()) return absl::OkStatus();
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
     const BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
+    plan_ = kernels::PlanAttention(lay.row_pos, lay.row_table_offset,
+                                   model_->config().head_size, tensor_core_attention_);
     StepInputs in;
+    in.plan = &plan_;
     TANDEM_RETURN_IF_ERROR(Upload(lay, &in));
     TANDEM_RETURN_IF_ERROR(
         logits_.Reserve(sizeof(float) * batch.size() * model_->config().vocab_size));
@@ -251,6 +263,8 @@ class CudaRunnerBase : public ModelRunner {
     add(lay.row_table_offset.data(), lay.row_table_offset.size() * sizeof(int32_t));
     add(lay.block_tables.data(), lay.block_tables.size() * sizeof(int32_t));
     add(lay.last_rows.data(), lay.last_rows.size() * sizeof(int32_t));
+    add(plan_.tiles.data(), plan_.tiles.size() * sizeof(int32_t));
+    add(plan_.single_rows.data(), plan_.single_rows.size() * sizeof(int32_t));
     TANDEM_RETURN_IF_ERROR(staging_.Reserve(offset));
     TANDEM_RETURN_IF_ERROR(inputs_.Reserve(offset));
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -271,6 +285,8 @@ class CudaRunnerBase : public ModelRunner {
     in->row_off = reinterpret_cast<const int32_t*>(base + offsets[3]);
     in->tables = reinterpret_cast<const int32_t*>(base + offsets[4]);
     in->last_rows = reinterpret_cast<const int32_t*>(base + offsets[5]);
+    in->tiles = reinterpret_cast<const int32_t*>(base + offsets[6]);
+    in->single_rows = reinterpret_cast<const int32_t*>(base + offsets[7]);
     return absl::OkStatus();
   }
 
@@ -279,6 +295,8 @@ class CudaRunnerBase : public ModelRunner {
   }
 
   int32_t device_;
+  bool tensor_core_attention_;
+  kernels::AttentionPlan plan_;  // of the step being run
   PinnedBuffer staging_;
   DeviceBuffer inputs_, argmax_;
 };
@@ -473,7 +491,7 @@ class CudaBf16Runner final : public CudaRunnerBase {
     TANDEM_RETURN_IF_ERROR(att_.Reserve(h * T * qd));
     TANDEM_RETURN_IF_ERROR(scratch_.Reserve(
         f * std::max<int64_t>(1, kd::AttentionScratchFloats(T, c.num_heads, c.head_size,
-                                                            lay.max_context))));
+                                                            in.plan->single_max_context))));
     float* x = x_.get<float>();
     float* qkv = qkv_.get<float>();  // also the gate/up output
     kd::Bf16* xn = xn_.get<kd::Bf16>();
@@ -521,13 +539,17 @@ class CudaBf16Runner final : public CudaRunnerBase {
                                        .shape = shape_,
                                        .layer = li,
                                        .num_heads = c.num_heads,
-                                       .num_rows = T,
+                                       .num_rows = in.plan->num_single_rows(),
                                        .row_pos = in.row_pos,
                                        .row_table_offset = in.row_off,
-                                       .block_tables = in.tables};
+                                       .block_tables = in.tables,
+                                       .rows = in.single_rows};
       TANDEM_RETURN_IF_ERROR(ok(
-          kd::PagedAttentionBf16(args, lay.max_context, scratch_.get<float>(), nullptr),
-          "attention"));
+          kd::PrefillAttentionBf16(args, in.tiles, in.plan->num_tiles(), nullptr),
+          "prefill attention"));
+      TANDEM_RETURN_IF_ERROR(ok(kd::PagedAttentionBf16(args, in.plan->single_max_context,
+                                                       scratch_.get<float>(), nullptr),
+                                "attention"));
       // x += att * Wo^T: the residual add is the GEMM's beta = 1.
       TANDEM_RETURN_IF_ERROR(
           ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, qd, att, T, x, 1.0f), "wo"));

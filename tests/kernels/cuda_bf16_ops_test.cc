@@ -10,6 +10,7 @@
 #include "cuda_test_util.h"
 #include "gtest/gtest.h"
 #include "kernel_test_util.h"
+#include "tandem/kernels/attention_plan.h"
 #include "tandem/kernels/cpu_ops.h"
 #include "tandem/kernels/sampling.h"
 #include "tandem/model/checkpoint.h"
@@ -150,15 +151,71 @@ TEST_F(CudaBf16Test, RopeAndKvWriteMatchCpu) {
   }
 }
 
+struct AttentionCase {
+  int32_t heads, kv_heads, hs, block;
+  std::vector<std::pair<int32_t, int32_t>> seqs;  // (context, first query position)
+};
+
+std::string Describe(const AttentionCase& c) {
+  return "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " hs " +
+         std::to_string(c.hs) + " block " + std::to_string(c.block) + " seqs " +
+         std::to_string(c.seqs.size());
+}
+
+// Runs one case as the runner does: PlanAttention routes the rows (with
+// tensor_cores, chunks of kMinTileRows or more go to PrefillAttentionBf16,
+// the rest to PagedAttentionBf16 by row list; without, every row goes to
+// PagedAttentionBf16 unlisted), then compares with NaiveAttention. Leaves
+// the plan in *plan so the caller can check which kernels ran.
+void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
+                      const testing::Tolerance& tol, AttentionPlan* plan_out) {
+  AttentionProblem p = MakeAttentionProblem(c.heads, c.kv_heads, c.hs, c.block, c.seqs, seed);
+  // The reference sees what the GPU sees: bf16 K/V.
+  for (auto* kv : {&p.seq_k, &p.seq_v}) {
+    for (auto& s : *kv) s = RoundToBf16(s);
+  }
+  p.all_k = RoundToBf16(p.all_k);
+  p.all_v = RoundToBf16(p.all_v);
+  const std::vector<double> ref = testing::NaiveAttention(p);
+  // Write the cache through cpu::KvWrite (fp32), then convert it.
+  const int32_t n = static_cast<int32_t>(p.slots.size());
+  cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(), n, p.slots.data());
+  DeviceVector<Bf16> d_cache(ToBf16(p.cache)), d_out(p.q.size());
+  DeviceVector<float> d_q(p.q);
+  DeviceVector<int32_t> d_pos(p.row_pos), d_off(p.row_table_offset), d_tables(p.block_tables);
+  const int32_t rows = static_cast<int32_t>(p.row_pos.size());
+  AttentionPlan& plan = *plan_out;
+  plan = PlanAttention(p.row_pos, p.row_table_offset, c.hs, tensor_cores);
+  DeviceVector<int32_t> d_single(plan.single_rows.empty() ? std::vector<int32_t>{0}
+                                                          : plan.single_rows);
+  DeviceVector<int32_t> d_tiles(plan.tiles.empty() ? std::vector<int32_t>{0} : plan.tiles);
+  DeviceVector<float> scratch(static_cast<size_t>(std::max<int64_t>(
+      1, cuda::AttentionScratchFloats(rows, c.heads, c.hs, plan.single_max_context))));
+  cuda::Bf16AttentionArgs args{.q = d_q.get(),
+                               .q_stride = c.heads * c.hs,
+                               .out = d_out.get(),
+                               .cache = d_cache.get(),
+                               .shape = p.shape,
+                               .layer = 1,
+                               .num_heads = c.heads,
+                               .num_rows = plan.num_single_rows(),
+                               .row_pos = d_pos.get(),
+                               .row_table_offset = d_off.get(),
+                               .block_tables = d_tables.get(),
+                               .rows = tensor_cores ? d_single.get() : nullptr};
+  if (!tensor_cores) {
+    EXPECT_EQ(plan.num_single_rows(), rows);
+  }
+  CUDA_OK(cuda::PrefillAttentionBf16(args, d_tiles.get(), plan.num_tiles(), nullptr));
+  CUDA_OK(cuda::PagedAttentionBf16(args, plan.single_max_context, scratch.get(), nullptr));
+  ExpectNear(ToFloat(d_out.ToHost()), ref, tol, "attention");
+}
+
 // Odd head counts, GQA ratios 1/4/8 (and 16: two blocks per KV head), block
 // sizes 16/32, head sizes 8..256, contexts that cross block and split
 // boundaries, prefill chunks starting mid-block, and decode batches of 1..256.
 TEST_F(CudaBf16Test, PagedAttentionMatchesNaiveAttention) {
-  struct Case {
-    int32_t heads, kv_heads, hs, block;
-    std::vector<std::pair<int32_t, int32_t>> seqs;  // (context, first query position)
-  };
-  std::vector<Case> cases = {
+  std::vector<AttentionCase> cases = {
       {8, 4, 8, 16, {{37, 36}, {40, 21}, {16, 0}}},           // stories260K's shape
       {7, 7, 64, 16, {{1, 0}, {300, 299}, {17, 3}}},          // odd heads, GQA 1
       {12, 3, 64, 32, {{257, 250}, {513, 512}, {33, 32}}},    // GQA 4, split edges
@@ -167,7 +224,7 @@ TEST_F(CudaBf16Test, PagedAttentionMatchesNaiveAttention) {
       {5, 5, 40, 16, {{45, 44}}},                             // head size not / 32
   };
   for (int32_t batch : {1, 64, 256}) {  // decode batches of mixed lengths
-    Case c{32, 8, 64, 16, {}};
+    AttentionCase c{32, 8, 64, 16, {}};
     std::mt19937 rng(batch);
     for (int32_t i = 0; i < batch; ++i) {
       const int32_t len = 1 + static_cast<int32_t>(rng() % 700);
@@ -176,42 +233,40 @@ TEST_F(CudaBf16Test, PagedAttentionMatchesNaiveAttention) {
     cases.push_back(c);
   }
   uint32_t seed = 11;
-  for (const Case& c : cases) {
-    SCOPED_TRACE("heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " hs " +
-                 std::to_string(c.hs) + " block " + std::to_string(c.block) + " seqs " +
-                 std::to_string(c.seqs.size()));
-    AttentionProblem p = MakeAttentionProblem(c.heads, c.kv_heads, c.hs, c.block, c.seqs, seed++);
-    // The reference sees what the GPU sees: bf16 K/V.
-    for (auto* kv : {&p.seq_k, &p.seq_v}) {
-      for (auto& s : *kv) s = RoundToBf16(s);
-    }
-    p.all_k = RoundToBf16(p.all_k);
-    p.all_v = RoundToBf16(p.all_v);
-    const std::vector<double> ref = testing::NaiveAttention(p);
-    // Write the cache through cpu::KvWrite (fp32), then convert it.
-    const int32_t n = static_cast<int32_t>(p.slots.size());
-    cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(), n, p.slots.data());
-    DeviceVector<Bf16> d_cache(ToBf16(p.cache)), d_out(p.q.size());
-    DeviceVector<float> d_q(p.q);
-    DeviceVector<int32_t> d_pos(p.row_pos), d_off(p.row_table_offset), d_tables(p.block_tables);
-    int32_t max_context = 0;
-    for (int32_t pos : p.row_pos) max_context = std::max(max_context, pos + 1);
-    const int32_t rows = static_cast<int32_t>(p.row_pos.size());
-    DeviceVector<float> scratch(static_cast<size_t>(
-        std::max<int64_t>(1, cuda::AttentionScratchFloats(rows, c.heads, c.hs, max_context))));
-    const cuda::Bf16AttentionArgs args{.q = d_q.get(),
-                                       .q_stride = c.heads * c.hs,
-                                       .out = d_out.get(),
-                                       .cache = d_cache.get(),
-                                       .shape = p.shape,
-                                       .layer = 1,
-                                       .num_heads = c.heads,
-                                       .num_rows = rows,
-                                       .row_pos = d_pos.get(),
-                                       .row_table_offset = d_off.get(),
-                                       .block_tables = d_tables.get()};
-    CUDA_OK(cuda::PagedAttentionBf16(args, max_context, scratch.get(), nullptr));
-    ExpectNear(ToFloat(d_out.ToHost()), ref, kBf16OutTol, "attention");
+  for (const AttentionCase& c : cases) {
+    SCOPED_TRACE(Describe(c));
+    AttentionPlan plan;
+    RunAttentionCase(c, seed++, /*tensor_cores=*/false, kBf16OutTol, &plan);
+  }
+}
+
+// The tensor-core route: Q and P are rounded to bf16 before their MMAs (a
+// relative step of 2^-9 each, as in FlashAttention-2), so the tolerance is
+// two bf16 steps where the split-K kernel's is one.
+constexpr testing::Tolerance kBf16TensorCoreTol{4e-3, 1.0 / 64};
+
+// Prefill chunks of every length class (under one tile, exact tiles, tiles
+// plus a remainder, thousands of rows), starting at 0, mid-block and past
+// earlier context, head sizes 32/64/96/128, GQA 1/4/8, odd head counts,
+// block sizes 16/32, mixed with decode rows and short chunks that stay on
+// the split-K kernel.
+TEST_F(CudaBf16Test, PrefillAttentionOnTensorCoresMatchesNaiveAttention) {
+  if (!cuda::DeviceHasTensorCoreAttention(0)) GTEST_SKIP() << "compute capability below 8.0";
+  std::vector<AttentionCase> cases = {
+      {8, 8, 64, 16, {{16, 0}}},                                 // the smallest tile
+      {8, 2, 64, 16, {{64, 0}, {128, 64}, {2000, 0}}},           // Llama 3.2 1B's GQA
+      {7, 7, 32, 32, {{100, 17}, {5, 4}, {77, 0}}},              // odd heads, GQA 1
+      {12, 3, 96, 16, {{300, 250}, {513, 512}, {65, 1}}},        // Phi-3's head size
+      {32, 4, 128, 32, {{1100, 990}, {256, 255}, {90, 60}}},     // GQA 8, chunk mid-context
+      {8, 2, 128, 16, {{2048, 0}}},                              // a long prompt
+      {16, 2, 64, 16, {{40, 23}, {1, 0}, {700, 600}, {33, 32}}}, // mixed
+  };
+  uint32_t seed = 101;
+  for (const AttentionCase& c : cases) {
+    SCOPED_TRACE(Describe(c));
+    AttentionPlan plan;
+    RunAttentionCase(c, seed++, /*tensor_cores=*/true, kBf16TensorCoreTol, &plan);
+    EXPECT_GT(plan.num_tiles(), 0) << "the case must reach the tensor-core kernel";
   }
 }
 

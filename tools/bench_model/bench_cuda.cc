@@ -5,6 +5,7 @@
 //   bench_cuda [--shape llama-3.2-1b|tinyllama-1.1b|FILE] [--dtype bfloat16]
 //              [--batches 1,8,32,128,256] [--context 512] [--steps 32]
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
+//              [--attention tensor-cores|split-k]
 //
 // --shape names a model shape filled with random weights (speed does not
 // depend on the values) or a checkpoint file/directory. Decode: B sequences
@@ -13,6 +14,9 @@
 // roofline time of a step is (bf16 weight bytes + the KV bytes the step
 // reads) / HBM bandwidth. Prefill: one sequence of N tokens in one chunk;
 // FLOPs = 2 * N * matmul params + 2 * N^2 * dim * layers (causal QK^T and PV).
+// --attention split-k keeps prefill chunks off the tensor-core attention
+// kernel (ModelRunnerOptions::tensor_core_attention), for the comparison.
+// tools/gpu/torch_anchor.py times PyTorch on the same shapes.
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
@@ -29,6 +33,8 @@
 namespace {
 
 using namespace tandem::model;
+
+ModelRunnerOptions g_runner_opts;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -115,7 +121,8 @@ DecodeResult Decode(const Model& m, DType dtype, int32_t batch, int32_t context,
   const ModelConfig& c = m.config();
   const int32_t bs = 16, per_seq = (context + steps + bs - 1) / bs;
   auto runner = ModelRunner::Create(
-      &m, {.block_size = bs, .num_blocks = batch * per_seq, .dtype = dtype}, Backend::kCuda);
+      &m, {.block_size = bs, .num_blocks = batch * per_seq, .dtype = dtype}, Backend::kCuda,
+      g_runner_opts);
   if (!runner.ok()) Die(runner.status().ToString());
   std::vector<std::vector<int32_t>> tables(batch), tokens(batch);
   for (int32_t i = 0; i < batch; ++i) {
@@ -163,7 +170,7 @@ DecodeResult Decode(const Model& m, DType dtype, int32_t batch, int32_t context,
 double PrefillSeconds(const Model& m, DType dtype, int32_t n, int32_t reps) {
   const int32_t bs = 16, blocks = (n + bs - 1) / bs;
   auto runner = ModelRunner::Create(&m, {.block_size = bs, .num_blocks = blocks, .dtype = dtype},
-                                    Backend::kCuda);
+                                    Backend::kCuda, g_runner_opts);
   if (!runner.ok()) Die(runner.status().ToString());
   std::vector<int32_t> tokens(n), table(blocks);
   for (int32_t i = 0; i < n; ++i) tokens[i] = 1 + (i * 7919) % (m.config().vocab_size - 1);
@@ -187,7 +194,7 @@ double PrefillSeconds(const Model& m, DType dtype, int32_t n, int32_t reps) {
 
 int main(int argc, char** argv) {
   std::string shape = "llama-3.2-1b", dtype_name = "bfloat16", batches = "1,8,32,128,256",
-              prefills = "512,2048,8192";
+              prefills = "512,2048,8192", attention = "tensor-cores";
   int64_t context = 512, steps = 32;
   double hbm_tbps = 3.35, peak_tflops = 989;
   tandem::FlagSet flags("bench_cuda", "Decode and prefill speed of the CUDA runner.");
@@ -199,7 +206,12 @@ int main(int argc, char** argv) {
   flags.Add("prefill", &prefills, "prefill lengths (empty: none)");
   flags.Add("hbm-tbps", &hbm_tbps, "HBM bandwidth of the roofline, TB/s (H100 SXM: 3.35)");
   flags.Add("peak-tflops", &peak_tflops, "dense bf16 tensor-core peak, TFLOPS (H100 SXM: 989)");
+  flags.Add("attention", &attention, "tensor-cores | split-k: the bf16 prefill attention kernel");
   flags.ParseOrExit(argc, argv);
+  if (attention != "tensor-cores" && attention != "split-k") {
+    flags.Fail("--attention must be tensor-cores or split-k, not '" + attention + "'");
+  }
+  g_runner_opts.tensor_core_attention = attention == "tensor-cores";
   auto dtype = ParseDType(dtype_name);
   if (!dtype.ok()) flags.Fail(dtype.status().ToString());
   std::unique_ptr<Model> model;
@@ -216,7 +228,8 @@ int main(int argc, char** argv) {
   std::cout << "model " << shape << " (dim " << c.dim << ", " << c.num_layers << " layers, "
             << c.num_heads << "/" << c.num_kv_heads << " heads, ffn " << c.hidden_dim
             << ", vocab " << c.vocab_size << ", " << MatmulParams(c) / 1e9
-            << " G matmul params), dtype " << DTypeName(*dtype) << "\n";
+            << " G matmul params), dtype " << DTypeName(*dtype) << ", attention " << attention
+            << "\n";
   std::cout << "decode: context " << context << ", " << steps - 1
             << " timed steps; roofline = (weights + KV read) / " << hbm_tbps << " TB/s\n";
   for (int32_t b : ParseList(batches)) {

@@ -48,7 +48,8 @@ for t in "${targets[@]}"; do
   fi
 done
 # Every non-glibc, non-CUDA library the binaries link (Abseil, gRPC, OpenSSL, ...).
-find "$out/bin" "$out/build" -type f -perm -u+x 2>/dev/null | while read -r b; do
+bins_dir="$out/bin"; [ "$services" = 0 ] || bins_dir="$out/build"
+find "$bins_dir" -type f -perm -u+x | while read -r b; do
   ldd "$b" | awk '/=> \//{print $3}' |
     grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so|/cuda' || true
 done | sort -u | xargs -r -I{} cp -L {} "$out/lib/"
@@ -61,6 +62,7 @@ if [ -d "$shared/models" ]; then
   [ "$services" = 1 ] || cp -r "$shared/models/hf" "$out/shared/models/"
 fi
 cp tools/gpu/run_bundle.sh "$out/run.sh"
+cp tools/gpu/torch_anchor.py "$out/"
 du -sh "$out"
 if [ "${PACK:-0}" = 1 ]; then
   tar -cf - "$out" | xz -T"${JOBS:-2}" -6 > "$out.tar.xz"

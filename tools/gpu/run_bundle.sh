@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a bundle made by tools/gpu/bundle.sh on a GPU machine.
 #   bash run.sh tests   # the CUDA kernel and runner tests
-#   bash run.sh bench   # bench_cuda on the issue-15 shapes
+#   bash run.sh bench   # bench_cuda on the issue-15/31 shapes, then PyTorch's figure
 #   bash run.sh all
 #   bash run.sh frontend [flags]   # a --services bundle in the checkout's
 #                                  # root: tools/bench_frontend/run.sh
@@ -32,13 +32,20 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   done
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  for args in "--shape llama-3.2-1b" "--shape tinyllama-1.1b --prefill 2048" \
+  # Ours, the split-K kernel on the same prefills (what tensor cores gained),
+  # then PyTorch's figure on the same shapes (torch_anchor.py), same GPU.
+  for args in "--shape llama-3.2-1b" "--shape llama-3.2-1b --batches 1 --attention split-k" \
+              "--shape tinyllama-1.1b --batches 1,32,256" \
               "--shape $here/shared/models/stories260K.bin --context 128 --prefill 256 --batches 1,32,256" \
               "--shape llama-3.2-1b --dtype float32 --batches 1,32 --prefill 512"; do
     echo "=== bench_cuda $args" | tee -a "$out/bench.txt"
     # shellcheck disable=SC2086
     "$here/bin/bench_cuda" $args 2>&1 | tee -a "$out/bench.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
+  for shape in llama-3.2-1b tinyllama-1.1b; do
+    echo "=== torch_anchor.py --shape $shape" | tee -a "$out/bench.txt"
+    python3 "$here/torch_anchor.py" --shape "$shape" 2>&1 | grep -v Warning | tee -a "$out/bench.txt"
   done
 fi
 exit $rc

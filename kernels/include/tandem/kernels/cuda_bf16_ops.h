@@ -76,6 +76,9 @@ struct Bf16AttentionArgs {
   const int32_t* row_pos = nullptr;  // row r attends to positions 0 .. row_pos[r]
   const int32_t* row_table_offset = nullptr;
   const int32_t* block_tables = nullptr;
+  // PagedAttentionBf16 only: when set, the rows to compute are
+  // rows[0 .. num_rows) (AttentionPlan::single_rows), else 0 .. num_rows.
+  const int32_t* rows = nullptr;
 };
 
 // Floats of the split-K scratch for `rows` rows of `num_heads` heads.
@@ -91,6 +94,16 @@ inline int64_t AttentionScratchFloats(int32_t rows, int32_t num_heads, int32_t h
 // holds AttentionScratchFloats(...). head_size <= kMaxAttentionHeadSize.
 int PagedAttentionBf16(const Bf16AttentionArgs& args, int32_t max_context, float* scratch,
                        void* stream);
+
+// The tensor-core kernel for AttentionPlan's tiles (device array of
+// (first row, rows) pairs, num_tiles of them): the same causal attention as
+// PagedAttentionBf16 for those rows, with Q and P rounded to bf16 before
+// their MMAs (FlashAttention-2's tiling; cuda_prefill_attention.cu).
+// args.num_rows and args.rows are not read. Needs compute capability 8.0
+// (DeviceHasTensorCoreAttention) and TensorCoreHeadSize(head_size).
+int PrefillAttentionBf16(const Bf16AttentionArgs& args, const int32_t* tiles, int32_t num_tiles,
+                         void* stream);
+bool DeviceHasTensorCoreAttention(int device);
 
 // out[r][i] = bf16(act(gu[r][i]) * gu[r][hidden + i]), act silu or GeLU-tanh.
 int SiluMulBf16(const float* gate_up, int32_t rows, int32_t hidden, Bf16* out, void* stream,

@@ -77,10 +77,13 @@ struct ModelRunnerOptions {
   int32_t num_threads = 1;
   // CUDA device ordinal (CUDA backend); must be < the number of devices.
   int32_t cuda_device = 0;
+  // CUDA bfloat16: prefill chunks of 16 rows or more take the tensor-core
+  // attention kernel where the device and head size allow
+  // (kernels/attention_plan.h); false keeps every row on the split-K kernel
+  // (bench_cuda --attention split-k compares the two).
+  bool tensor_core_attention = true;
   [[nodiscard]] absl::Status Validate() const;
 };
-
-
 
 // Not thread-safe: one owner thread calls Forward and the block copies
 // (the worker's loop thread). ModelRunnerOptions.num_threads adds helper

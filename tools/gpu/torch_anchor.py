@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""PyTorch's prefill time on bench_cuda's shapes: the anchor of issue 31.
+
+  python3 tools/gpu/torch_anchor.py [--shape llama-3.2-1b] [--prefill 512,2048,8192]
+
+Builds transformers' LlamaForCausalLM with random bf16 weights on the GPU
+(attention through torch's scaled_dot_product_attention, "sdpa"), runs one
+sequence of N tokens without a KV cache and takes the logits of the last
+row only, as bench_cuda's prefill does, and prints the time and TFLOPS with
+bench_cuda's FLOP count, so the two lines compare directly. Exits 0 with a
+note when torch, transformers or a GPU is missing (the anchor is skipped,
+not failed).
+"""
+import argparse
+import sys
+import time
+
+SHAPES = {
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                         rope_theta=500000.0, head_dim=64),
+    "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                           num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                           rope_theta=10000.0, head_dim=64),
+}
+
+
+def matmul_params(s):
+    dim, hidden, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
+    q = s["num_attention_heads"] * s["head_dim"]
+    kv = s["num_key_value_heads"] * s["head_dim"]
+    return layers * (dim * (q + 2 * kv) + q * dim + 3 * dim * hidden) + s["vocab_size"] * dim
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
+    ap.add_argument("--prefill", default="512,2048,8192")
+    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    args = ap.parse_args()
+    try:
+        import torch
+        import transformers
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as e:
+        print(f"torch_anchor: skipped, {e}")
+        return 0
+    if not torch.cuda.is_available():
+        print("torch_anchor: skipped, no CUDA device")
+        return 0
+    s = SHAPES[args.shape]
+    config = LlamaConfig(max_position_embeddings=16384, tie_word_embeddings=False, **s)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    print(f"anchor: torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"{torch.cuda.get_device_name()}, {args.shape} bf16, attention "
+          f"{model.config._attn_implementation}")
+    p = matmul_params(s)
+    dim, layers, vocab = s["hidden_size"], s["num_hidden_layers"], s["vocab_size"]
+    for n in [int(x) for x in args.prefill.split(",") if x]:
+        ids = torch.randint(1, vocab, (1, n), device="cuda")
+
+        def run():
+            h = model.model(input_ids=ids, use_cache=False).last_hidden_state
+            return model.lm_head(h[:, -1])
+
+        reps = 3 if n >= 4096 else 5
+        with torch.inference_mode():
+            run()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                run()
+            torch.cuda.synchronize()
+            secs = (time.perf_counter() - t0) / reps
+        # bench_cuda's count: the classifier on the last row only.
+        flops = 2.0 * n * p - 2.0 * n * vocab * dim + 2.0 * vocab * dim + 2.0 * n * n * dim * layers
+        tflops = flops / secs / 1e12
+        print(f"anchor prefill {n:5d} tokens: {secs * 1e3:.2f} ms, {n / secs:.1f} tok/s, "
+              f"{tflops:.1f} TFLOPS = {100 * tflops / args.peak_tflops:.0f}% of "
+              f"{args.peak_tflops:.0f} peak")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
