@@ -6,10 +6,11 @@ namespace tandem::kernels {
 
 AttentionPlan PlanAttention(std::span<const int32_t> row_pos,
                             std::span<const int32_t> row_table_offset, int32_t head_size,
-                            bool tensor_cores) {
+                            int32_t group, bool tensor_cores) {
   AttentionPlan plan;
   const int32_t n = static_cast<int32_t>(row_pos.size());
-  const bool tiles = tensor_cores && TensorCoreHeadSize(head_size);
+  const bool tiles = tensor_cores && TensorCoreHeadSize(head_size) && group > 0;
+  const int32_t tile = tiles ? TensorCoreTilePositions(head_size, group) : 0;
   int32_t begin = 0;
   while (begin < n) {
     // The run of one sequence's consecutive positions starting at `begin`.
@@ -19,9 +20,9 @@ AttentionPlan PlanAttention(std::span<const int32_t> row_pos,
       ++end;
     }
     if (tiles && end - begin >= kMinTileRows) {
-      for (int32_t r = begin; r < end; r += kTileRows) {
+      for (int32_t r = begin; r < end; r += tile) {
         plan.tiles.push_back(r);
-        plan.tiles.push_back(std::min(kTileRows, end - r));
+        plan.tiles.push_back(std::min(tile, end - r));
       }
     } else {
       for (int32_t r = begin; r < end; ++r) {

@@ -2,16 +2,21 @@
 // over the paged bf16 KV cache with mma.sync m16n8k16 (bf16 in, fp32
 // accumulate), for the prefill chunks AttentionPlan routes here.
 //
-// One block per (tile of up to 64 query rows of one sequence, query head);
-// each of its 4 warps owns 16 query rows. Per step of 64 keys the block
-// gathers K (row-major) and V (transposed) from the cache's blocks into
-// shared memory; each warp computes S = Q K^T for its rows, masks the keys
-// past each row's position, updates the online softmax in fp32 (base 2,
-// scale folded in), rounds P to bf16 as FlashAttention does, and adds P V
-// into its fp32 output fragments. A warp skips the key steps wholly past
-// its last row. A row's result depends only on its own query and context:
-// the key steps start at multiples of 64 and the MMA reduces each row on its
-// own, so the tile a row lands in does not change its bits.
+// One block per (tile of one sequence's positions, KV head, chunk of that KV
+// head's query heads); its rows are (query head, position) pairs laid out as
+// attention_plan.h's TensorCore* functions say, so the K/V a block reads
+// serves every query head of the GQA group it holds. Each of the 4 warps
+// owns kMT MMA tiles of 16 rows, its Q fragments in registers. Per step of
+// kBN keys the block copies K and V rows from the cache's blocks into shared
+// memory with cp.async, the next step's copy in flight while this one
+// computes (two stages); each warp computes S = Q K^T (K fragments by
+// ldmatrix), masks keys past each row's position, updates the online softmax
+// in fp32 (base 2, scale folded in), rounds P to bf16 as FlashAttention does,
+// and adds P V (V fragments by ldmatrix.trans) into its fp32 output
+// fragments. A warp skips the key steps wholly past its rows. A row's result
+// depends only on its own query and context: key steps start at multiples
+// of kBN and the MMA reduces each row on its own, so neither the tile a row
+// lands in nor its neighbours change its bits.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,9 +30,8 @@ namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kBM = kWarps * 16;  // query rows per block
-constexpr int kBN = 64;           // keys per step
-static_assert(kBM == kTileRows, "AttentionPlan's tiles are this kernel's blocks");
+constexpr int kThreads = kWarps * 32;
+constexpr int kBN = 64;  // keys per step
 
 // Two floats as a bf16 pair, `lo` in the low half (the lower column of an
 // MMA fragment).
@@ -51,25 +55,78 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 #endif
 }
 
-__device__ __forceinline__ uint32_t Load32(const Bf16* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 bf16 matrices; lane 8i + r gives the address of row r of matrix
+// i, and out[i] is this lane's fragment of matrix i: row lane / 4, columns
+// 2 (lane % 4) and + 1, or with Trans, column lane / 4, rows 2 (lane % 4)
+// and + 1.
+template <bool Trans>
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&out)[4], const Bf16* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (Trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+                 : "r"(SharedAddress(row)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+                 : "r"(SharedAddress(row)));
+  }
+#endif
+}
+
+// 16 bytes global -> shared without passing through registers; bytes = 0
+// writes zeros and reads nothing.
+__device__ __forceinline__ void CpAsync16(Bf16* dst, const Bf16* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)),
+               "l"(src), "r"(bytes));
+#endif
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
 }
 
 template <int D>
-__global__ void __launch_bounds__(kWarps * 32)
-    PrefillAttentionKernel(Bf16AttentionArgs a, const int32_t* tiles) {
-  // Padded rows: the fragment loads of a warp hit 32 different banks.
-  constexpr int kStrideK = D + 8;
-  constexpr int kStrideV = kBN + 8;
-  __shared__ __align__(16) Bf16 ks[kBN * kStrideK];  // K[key][d]
-  __shared__ __align__(16) Bf16 vt[D * kStrideV];    // V[key][d] as [d][key]
+constexpr int kMT = TensorCoreBlockRows(D) / (kWarps * 16);  // MMA row tiles per warp
+// Padded shared rows: ldmatrix's 8 row addresses of a phase hit distinct banks.
+template <int D>
+constexpr int kStride = D + 8;
+template <int D>
+constexpr size_t kSharedBytes = size_t{2} * 2 * kBN * kStride<D> * sizeof(Bf16);  // 2 stages x K, V
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    PrefillAttentionKernel(Bf16AttentionArgs a, const int32_t* tiles, int32_t head_chunks) {
+  constexpr int MT = kMT<D>;
+  constexpr int S = kStride<D>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Bf16* const smem = reinterpret_cast<Bf16*>(smem_raw);
+  auto k_stage = [&](int buf) { return smem + buf * 2 * kBN * S; };
+  auto v_stage = [&](int buf) { return smem + (buf * 2 + 1) * kBN * S; };
 
   // The last tiles of a sequence carry the most keys: start them first.
   const int32_t tile = static_cast<int32_t>(gridDim.x - 1 - blockIdx.x);
   const int32_t first = tiles[2 * tile], m = tiles[2 * tile + 1];
-  const int32_t h = blockIdx.y;
   const KvCacheShape& sh = a.shape;
-  const int32_t kvh = h / (a.num_heads / sh.num_kv_heads);
+  const int32_t group = a.num_heads / sh.num_kv_heads;
+  const int32_t kvh = static_cast<int32_t>(blockIdx.y) / head_chunks;
+  const int32_t chunk = static_cast<int32_t>(blockIdx.y) % head_chunks;
+  const int32_t block_heads = TensorCoreBlockHeads(D, group);
+  const int32_t positions = TensorCoreTilePositions(D, group);
+  const int32_t head0 = kvh * group + chunk * block_heads;
+  const int32_t heads_here = min(block_heads, group - chunk * block_heads);
   const int32_t pos0 = a.row_pos[first];
   const int32_t ctx = pos0 + m;
   const int32_t* table = a.block_tables + a.row_table_offset[first];
@@ -77,143 +134,219 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int g = lane / 4, t = lane % 4;
   const float scale_log2 = rsqrtf(static_cast<float>(D)) * 1.4426950408889634f;
 
-  // This thread's two rows; rows past the tile compute a copy of its last
-  // row (finite, never stored).
-  const int32_t r0 = min(warp * 16 + g, m - 1), r1 = min(warp * 16 + g + 8, m - 1);
-  const int32_t qp0 = pos0 + r0, qp1 = pos0 + r1;
-  const int32_t warp_last_pos = pos0 + min(warp * 16 + 15, m - 1);
-  uint32_t qa[D / 16][4];
-  {
-    const float* q0 = a.q + int64_t{first + r0} * a.q_stride + int64_t{h} * D;
-    const float* q1 = a.q + int64_t{first + r1} * a.q_stride + int64_t{h} * D;
+  // Block row r is (head head0 + r / positions, position pos0 + r % positions).
+  // Rows past the tile's heads or positions compute a copy of a real row
+  // (finite, never stored).
+  auto row_head = [&](int32_t r) { return head0 + min(r / positions, heads_here - 1); };
+  auto row_index = [&](int32_t r) { return min(r % positions, m - 1); };  // within the tile
+  auto row_real = [&](int32_t r) { return r / positions < heads_here && r % positions < m; };
+  // The last position any row of this warp attends from (-1: none real).
+  int32_t warp_last_pos = -1;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int32_t r = (warp * MT + mt) * 16;  // a tile's 16 rows share a head
+    if (row_real(r)) warp_last_pos = max(warp_last_pos, pos0 + min(r % positions + 15, m - 1));
+  }
+
+  uint32_t qa[MT][D / 16][4];
+  int32_t qpos[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int32_t r0 = (warp * MT + mt) * 16 + g, r1 = r0 + 8;
+    qpos[mt][0] = pos0 + row_index(r0);
+    qpos[mt][1] = pos0 + row_index(r1);
+    const float* q0 = a.q + int64_t{first + row_index(r0)} * a.q_stride + int64_t{row_head(r0)} * D;
+    const float* q1 = a.q + int64_t{first + row_index(r1)} * a.q_stride + int64_t{row_head(r1)} * D;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int c = kk * 16 + 2 * t;
-      qa[kk][0] = PackBf16(q0[c], q0[c + 1]);
-      qa[kk][1] = PackBf16(q1[c], q1[c + 1]);
-      qa[kk][2] = PackBf16(q0[c + 8], q0[c + 9]);
-      qa[kk][3] = PackBf16(q1[c + 8], q1[c + 9]);
+      qa[mt][kk][0] = PackBf16(q0[c], q0[c + 1]);
+      qa[mt][kk][1] = PackBf16(q1[c], q1[c + 1]);
+      qa[mt][kk][2] = PackBf16(q0[c + 8], q0[c + 9]);
+      qa[mt][kk][3] = PackBf16(q1[c + 8], q1[c + 9]);
     }
   }
-  float o[D / 8][4];
+  float o[MT][D / 8][4];
+  float mx[MT][2], l[MT][2];
 #pragma unroll
-  for (int dn = 0; dn < D / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
-  float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) o[mt][dn][0] = o[mt][dn][1] = o[mt][dn][2] = o[mt][dn][3] = 0.0f;
+    mx[mt][0] = mx[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
 
-  const int32_t steps = (ctx + kBN - 1) / kBN;
-  for (int32_t step = 0; step < steps; ++step) {
-    const int32_t k0 = step * kBN;
-    __syncthreads();  // every warp is done with the previous step's keys
+  // Copies keys [step * kBN, + kBN) into stage buf; keys past the tile's
+  // last row become zeros (never NaN under a zero weight).
+  auto load = [&](int32_t step, int buf) {
     constexpr int kVecs = D / 8;  // 16-byte vectors per K/V row
-    for (int i = threadIdx.x; i < kBN * kVecs; i += kWarps * 32) {
+    Bf16* ks = k_stage(buf);
+    Bf16* vs = v_stage(buf);
+    for (int i = threadIdx.x; i < kBN * kVecs; i += kThreads) {
       const int key = i / kVecs, c = (i % kVecs) * 8;
-      const int32_t tok = k0 + key;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (tok < ctx) {  // keys past the tile's last row stay zero (never NaN)
+      const int32_t tok = step * kBN + key;
+      const Bf16* kp = a.cache;
+      const Bf16* vp = a.cache;
+      int bytes = 0;
+      if (tok < ctx) {
         const int32_t blk = table[tok / sh.block_size], slot = tok % sh.block_size;
-        kv = *reinterpret_cast<const uint4*>(a.cache + sh.Offset(blk, a.layer, 0, slot, kvh) + c);
-        vv = *reinterpret_cast<const uint4*>(a.cache + sh.Offset(blk, a.layer, 1, slot, kvh) + c);
+        kp = a.cache + sh.Offset(blk, a.layer, 0, slot, kvh) + c;
+        vp = a.cache + sh.Offset(blk, a.layer, 1, slot, kvh) + c;
+        bytes = 16;
       }
-      *reinterpret_cast<uint4*>(ks + key * kStrideK + c) = kv;
-      const Bf16* ve = reinterpret_cast<const Bf16*>(&vv);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) vt[(c + e) * kStrideV + key] = ve[e];
+      CpAsync16(ks + key * S + c, kp, bytes);
+      CpAsync16(vs + key * S + c, vp, bytes);
     }
-    __syncthreads();
-    if (k0 > warp_last_pos) continue;  // every key masked for this warp's rows
+    CpAsyncCommit();
+  };
 
-    float s[kBN / 8][4];
+  // ldmatrix addressing: lane 8i + r gives row r of matrix i.
+  const int mi = lane / 8, ri = lane % 8;
+  const int32_t steps = (ctx + kBN - 1) / kBN;
+  load(0, 0);
+  for (int32_t step = 0; step < steps; ++step) {
+    const int buf = step & 1;
+    if (step + 1 < steps) {
+      load(step + 1, buf ^ 1);  // that stage's readers passed the barrier below
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();  // this stage's copies, from every thread, have landed
+    const int32_t k0 = step * kBN;
+    if (k0 <= warp_last_pos) {
+      const Bf16* ks = k_stage(buf);
+      const Bf16* vs = v_stage(buf);
+      float s[MT][kBN / 8][4];
 #pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+      }
+      // S = Q K^T. Matrices: keys jn*16 + (0|8), head columns kk*16 + (0|8):
+      // b[0], b[1] feed key tile 2 jn, b[2], b[3] key tile 2 jn + 1.
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const Bf16* kr = ks + (j * 8 + g) * kStrideK + kk * 16 + 2 * t;
-        Mma(s[j], qa[kk], Load32(kr), Load32(kr + 8));
+#pragma unroll
+        for (int jn = 0; jn < kBN / 16; ++jn) {
+          uint32_t b[4];
+          LdMatrixX4<false>(b, ks + (jn * 16 + (mi / 2) * 8 + ri) * S + kk * 16 + (mi % 2) * 8);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            Mma(s[mt][2 * jn], qa[mt][kk], b[0], b[1]);
+            Mma(s[mt][2 * jn + 1], qa[mt][kk], b[2], b[3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        // Scale, mask (causal), and the rows' maxima over the quad's lanes.
+        float step_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int32_t key = k0 + j * 8 + 2 * t + (e & 1);
+            const float v = key <= qpos[mt][e / 2] ? s[mt][j][e] * scale_log2 : -INFINITY;
+            s[mt][j][e] = v;
+            step_max[e / 2] = fmaxf(step_max[e / 2], v);
+          }
+        }
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          step_max[i] = fmaxf(step_max[i], __shfl_xor_sync(0xffffffffu, step_max[i], 1));
+          step_max[i] = fmaxf(step_max[i], __shfl_xor_sync(0xffffffffu, step_max[i], 2));
+          // Key 0 is never masked, so from the first step on mx is finite.
+          const float m_new = fmaxf(mx[mt][i], step_max[i]);
+          corr[i] = exp2f(mx[mt][i] - m_new);
+          mx[mt][i] = m_new;
+        }
+        float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mt][j][e] = exp2f(s[mt][j][e] - mx[mt][e / 2]);
+            sum[e / 2] += s[mt][j][e];
+          }
+        }
+        // Per lane partial sums; corr is the same on the quad's four lanes.
+        l[mt][0] = l[mt][0] * corr[0] + sum[0];
+        l[mt][1] = l[mt][1] * corr[1] + sum[1];
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+          o[mt][dn][0] *= corr[0];
+          o[mt][dn][1] *= corr[0];
+          o[mt][dn][2] *= corr[1];
+          o[mt][dn][3] *= corr[1];
+        }
+      }
+      // O += P V: the S fragments of two adjacent 8-key tiles are P's A
+      // fragment for 16 keys. Matrices: keys kk*16 + (0|8), head columns
+      // dp*16 + (0|8), transposed: b[0], b[1] feed column tile 2 dp, b[2],
+      // b[3] column tile 2 dp + 1.
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          pa[mt][0] = PackBf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = PackBf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = PackBf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = PackBf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          LdMatrixX4<true>(b, vs + (kk * 16 + (mi % 2) * 8 + ri) * S + dp * 16 + (mi / 2) * 8);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            Mma(o[mt][2 * dp], pa[mt], b[0], b[1]);
+            Mma(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+          }
+        }
       }
     }
-    // Scale, mask (causal), and the rows' maxima over the quad's lanes.
-    float step_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int32_t key = k0 + j * 8 + 2 * t + (e & 1);
-        const float v = key <= (e < 2 ? qp0 : qp1) ? s[j][e] * scale_log2 : -INFINITY;
-        s[j][e] = v;
-        step_max[e / 2] = fmaxf(step_max[e / 2], v);
-      }
-    }
-    float corr[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      step_max[i] = fmaxf(step_max[i], __shfl_xor_sync(0xffffffffu, step_max[i], 1));
-      step_max[i] = fmaxf(step_max[i], __shfl_xor_sync(0xffffffffu, step_max[i], 2));
-      // Key 0 is never masked, so from the first step on mx is finite.
-      const float m_new = fmaxf(mx[i], step_max[i]);
-      corr[i] = exp2f(mx[i] - m_new);
-      mx[i] = m_new;
-    }
-    float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(s[j][e] - mx[e / 2]);
-        sum[e / 2] += s[j][e];
-      }
-    }
-    // Per lane partial sums; corr is the same on the quad's four lanes.
-    l[0] = l[0] * corr[0] + sum[0];
-    l[1] = l[1] * corr[1] + sum[1];
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      o[dn][0] *= corr[0];
-      o[dn][1] *= corr[0];
-      o[dn][2] *= corr[1];
-      o[dn][3] *= corr[1];
-    }
-    // O += P V: the S fragments of two adjacent 8-key tiles are P's A
-    // fragment for 16 keys.
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint32_t pa[4] = {PackBf16(s[2 * kk][0], s[2 * kk][1]),
-                              PackBf16(s[2 * kk][2], s[2 * kk][3]),
-                              PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        const Bf16* vr = vt + (dn * 8 + g) * kStrideV + kk * 16 + 2 * t;
-        Mma(o[dn], pa, Load32(vr), Load32(vr + 8));
-      }
-    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-  }
-  const int32_t rr0 = warp * 16 + g, rr1 = rr0 + 8;
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-  for (int dn = 0; dn < D / 8; ++dn) {
-    const int d = dn * 8 + 2 * t;
-    if (rr0 < m) {
-      *reinterpret_cast<uint32_t*>(a.out + (int64_t{first + rr0} * a.num_heads + h) * D + d) =
-          PackBf16(o[dn][0] / l[0], o[dn][1] / l[0]);
+    for (int i = 0; i < 2; ++i) {
+      l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
+      l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 2);
     }
-    if (rr1 < m) {
-      *reinterpret_cast<uint32_t*>(a.out + (int64_t{first + rr1} * a.num_heads + h) * D + d) =
-          PackBf16(o[dn][2] / l[1], o[dn][3] / l[1]);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int32_t r = (warp * MT + mt) * 16 + g + 8 * half;
+      if (!row_real(r)) continue;
+      Bf16* out = a.out + (int64_t{first + r % positions} * a.num_heads + row_head(r)) * D;
+      const float inv = 1.0f / l[mt][half];
+#pragma unroll
+      for (int dn = 0; dn < D / 8; ++dn) {
+        *reinterpret_cast<uint32_t*>(out + dn * 8 + 2 * t) =
+            PackBf16(o[mt][dn][2 * half] * inv, o[mt][dn][2 * half + 1] * inv);
+      }
     }
   }
 }
 
 template <int D>
 int Launch(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles, void* stream) {
-  const dim3 grid(static_cast<unsigned>(num_tiles), static_cast<unsigned>(a.num_heads));
-  PrefillAttentionKernel<D>
-      <<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(a, tiles);
+  // Above 48 KiB of dynamic shared memory a kernel must opt in, once.
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      PrefillAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(kSharedBytes<D>));
+  if (opt_in != cudaSuccess) return opt_in;
+  const int32_t group = a.num_heads / a.shape.num_kv_heads;
+  const int32_t block_heads = TensorCoreBlockHeads(D, group);
+  const int32_t head_chunks = (group + block_heads - 1) / block_heads;
+  const dim3 grid(static_cast<unsigned>(num_tiles),
+                  static_cast<unsigned>(a.shape.num_kv_heads * head_chunks));
+  PrefillAttentionKernel<D><<<grid, kThreads, kSharedBytes<D>, static_cast<cudaStream_t>(stream)>>>(
+      a, tiles, head_chunks);
   return cudaGetLastError();
 }
 

@@ -236,8 +236,9 @@ class CudaRunnerBase : public ModelRunner {
     if (batch.empty()) return absl::OkStatus();
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
     const BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
-    plan_ = kernels::PlanAttention(lay.row_pos, lay.row_table_offset,
-                                   model_->config().head_size, tensor_core_attention_);
+    const ModelConfig& c = model_->config();
+    plan_ = kernels::PlanAttention(lay.row_pos, lay.row_table_offset, c.head_size,
+                                   c.num_heads / c.num_kv_heads, tensor_core_attention_);
     StepInputs in;
     in.plan = &plan_;
     TANDEM_RETURN_IF_ERROR(Upload(lay, &in));

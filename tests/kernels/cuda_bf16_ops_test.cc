@@ -185,7 +185,8 @@ void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
   DeviceVector<int32_t> d_pos(p.row_pos), d_off(p.row_table_offset), d_tables(p.block_tables);
   const int32_t rows = static_cast<int32_t>(p.row_pos.size());
   AttentionPlan& plan = *plan_out;
-  plan = PlanAttention(p.row_pos, p.row_table_offset, c.hs, tensor_cores);
+  plan = PlanAttention(p.row_pos, p.row_table_offset, c.hs, c.heads / c.kv_heads,
+                       tensor_cores);
   DeviceVector<int32_t> d_single(plan.single_rows.empty() ? std::vector<int32_t>{0}
                                                           : plan.single_rows);
   DeviceVector<int32_t> d_tiles(plan.tiles.empty() ? std::vector<int32_t>{0} : plan.tiles);
@@ -247,9 +248,10 @@ constexpr testing::Tolerance kBf16TensorCoreTol{4e-3, 1.0 / 64};
 
 // Prefill chunks of every length class (under one tile, exact tiles, tiles
 // plus a remainder, thousands of rows), starting at 0, mid-block and past
-// earlier context, head sizes 32/64/96/128, GQA 1/4/8, odd head counts,
-// block sizes 16/32, mixed with decode rows and short chunks that stay on
-// the split-K kernel.
+// earlier context, head sizes 32/64/96/128, GQA 1/4/7/8/16 (whole groups,
+// groups that leave head slots empty, groups over two blocks), odd head
+// counts, block sizes 16/32, mixed with decode rows and short chunks that
+// stay on the split-K kernel.
 TEST_F(CudaBf16Test, PrefillAttentionOnTensorCoresMatchesNaiveAttention) {
   if (!cuda::DeviceHasTensorCoreAttention(0)) GTEST_SKIP() << "compute capability below 8.0";
   std::vector<AttentionCase> cases = {
@@ -260,6 +262,9 @@ TEST_F(CudaBf16Test, PrefillAttentionOnTensorCoresMatchesNaiveAttention) {
       {32, 4, 128, 32, {{1100, 990}, {256, 255}, {90, 60}}},     // GQA 8, chunk mid-context
       {8, 2, 128, 16, {{2048, 0}}},                              // a long prompt
       {16, 2, 64, 16, {{40, 23}, {1, 0}, {700, 600}, {33, 32}}}, // mixed
+      {14, 2, 64, 32, {{300, 0}, {2, 1}, {129, 97}}},            // GQA 7: 16-row head slots
+      {28, 4, 128, 16, {{200, 120}, {50, 0}}},                   // GQA 7: two head chunks
+      {16, 1, 64, 16, {{150, 100}}},                             // GQA 16: two head chunks
   };
   uint32_t seed = 101;
   for (const AttentionCase& c : cases) {

@@ -1,11 +1,13 @@
 // Which attention kernel computes which rows of a step (DESIGN §6, issue 31).
-// Host code, built with or without CUDA, so the routing is tested on the CPU.
+// Host code, built with or without CUDA, so the routing is tested on the CPU;
+// the tile geometry below is shared with the tensor-core kernel.
 //
 // A prefill chunk (a run of consecutive positions of one sequence) of at
-// least kMinTileRows rows goes to the tensor-core kernel in tiles of up to
-// kTileRows query rows; every other row (decodes, short chunks) goes to the
-// split-K kernel, which reads each K/V row once for all the query heads of
-// its GQA group and so wins where a row's queries cannot fill a tile.
+// least kMinTileRows rows goes to the tensor-core kernel in tiles of
+// TensorCoreTilePositions positions; every other row (decodes, short chunks)
+// goes to the split-K kernel, which reads each K/V row once for all the
+// query heads of its GQA group and so wins where a row's queries cannot fill
+// a tile.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,8 @@
 #if __cplusplus >= 202002L  // nvcc builds the .cu files as C++17
 #include <span>
 #endif
+
+#include "tandem/kernels/hd.h"
 
 namespace tandem::kernels {
 
@@ -29,24 +33,41 @@ struct AttentionPlan {
   int32_t num_single_rows() const { return static_cast<int32_t>(single_rows.size()); }
 };
 
-inline constexpr int32_t kTileRows = 64;
 inline constexpr int32_t kMinTileRows = 16;
 
 // Whether the tensor-core kernel takes this head size (one instance each;
 // head size 256 keeps the split-K kernel: its fp32 output fragments would
 // not fit a thread's registers).
-inline bool TensorCoreHeadSize(int32_t head_size) {
+TANDEM_HD constexpr bool TensorCoreHeadSize(int32_t head_size) {
   return head_size == 32 || head_size == 64 || head_size == 96 || head_size == 128;
+}
+
+// The tensor-core kernel's block: 4 warps of 16 query rows per MMA tile, two
+// tiles per warp up to head size 64 (one above: the output fragments of a
+// 128-wide head take the registers), so 128 or 64 rows of MMA work. A block
+// serves one KV head: its rows are (query head, position) pairs of up to
+// TensorCoreBlockHeads query heads of that KV head's group (so one K/V read
+// from shared memory feeds them all) times TensorCoreTilePositions
+// consecutive positions of one sequence, a multiple of 16 so that every MMA
+// tile holds one head.
+TANDEM_HD constexpr int32_t TensorCoreBlockRows(int32_t head_size) {
+  return head_size <= 64 ? 128 : 64;
+}
+TANDEM_HD constexpr int32_t TensorCoreBlockHeads(int32_t head_size, int32_t group) {
+  return group < TensorCoreBlockRows(head_size) / 16 ? group : TensorCoreBlockRows(head_size) / 16;
+}
+TANDEM_HD constexpr int32_t TensorCoreTilePositions(int32_t head_size, int32_t group) {
+  return TensorCoreBlockRows(head_size) / TensorCoreBlockHeads(head_size, group) / 16 * 16;
 }
 
 #if __cplusplus >= 202002L
 // row_pos[r] and row_table_offset[r] as in BatchLayout: rows of one sequence
-// are adjacent, share a table offset and count positions up by one. With
-// tensor_cores false, or a head size the kernel does not take, every row is
-// a single row.
+// are adjacent, share a table offset and count positions up by one. group:
+// query heads per KV head. With tensor_cores false, or a head size the
+// kernel does not take, every row is a single row.
 AttentionPlan PlanAttention(std::span<const int32_t> row_pos,
                             std::span<const int32_t> row_table_offset, int32_t head_size,
-                            bool tensor_cores);
+                            int32_t group, bool tensor_cores);
 #endif
 
 }  // namespace tandem::kernels
