@@ -16,9 +16,10 @@ __global__ void FunctorKernel(F f) {
 }
 
 template <typename F>
-int Launch(Grid grid, const F& f) {
+int Launch(Grid grid, const F& f, void* stream = nullptr) {
   if (grid.blocks == 0) return cudaSuccess;
-  FunctorKernel<<<static_cast<unsigned>(grid.blocks), grid.threads>>>(f);
+  FunctorKernel<<<static_cast<unsigned>(grid.blocks), grid.threads, 0,
+                  static_cast<cudaStream_t>(stream)>>>(f);
   return cudaGetLastError();
 }
 
@@ -91,6 +92,53 @@ void DestroyBlas(BlasHandle* handle) {
   delete handle;
 }
 
+int SetBlasStream(BlasHandle* blas, void* stream, void* workspace, size_t bytes) {
+  if (cublasSetStream(blas->handle, static_cast<cudaStream_t>(stream)) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetWorkspace(blas->handle, workspace, bytes) != CUBLAS_STATUS_SUCCESS) {
+    return cudaErrorUnknown;
+  }
+  return cudaSuccess;
+}
+
+int StreamCreate(void** stream) {
+  cudaStream_t s = nullptr;
+  const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamDefault);
+  *stream = s;
+  return e;
+}
+
+void StreamDestroy(void* stream) {
+  if (stream != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+int BeginCapture(void* stream) {
+  // Thread-local: another thread's CUDA calls neither join nor break it.
+  return cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
+                                cudaStreamCaptureModeThreadLocal);
+}
+
+int EndCapture(void* stream, void** exec) {
+  *exec = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph);
+  if (e == cudaSuccess) {
+    cudaGraphExec_t instance = nullptr;
+    e = cudaGraphInstantiate(&instance, graph, 0);
+    if (e == cudaSuccess) *exec = instance;
+  }
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (e != cudaSuccess) cudaGetLastError();  // a failed capture leaves no sticky error
+  return e;
+}
+
+int GraphLaunch(void* exec, void* stream) {
+  return cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(stream));
+}
+
+void GraphDestroy(void* exec) {
+  if (exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
+}
+
 int EmbeddingGather(const float* table, int32_t dim, const int32_t* tokens, int32_t rows,
                     float* out) {
   return Launch(Grid{rows, kThreads}, EmbeddingGatherFn{table, tokens, out, dim});
@@ -135,18 +183,20 @@ int SiluMul(const float* gate, const float* up, int64_t n, float* out, ActKind k
   return Launch(Grid{CeilDiv(n, kThreads), kThreads}, SiluMulFn{gate, up, out, n, kind});
 }
 
-int AddBias(float* x, const float* bias, int32_t rows, int32_t width, int64_t stride) {
-  return Launch(Grid{rows, kThreads}, AddBiasFn{x, bias, width, stride});
+int AddBias(float* x, const float* bias, int32_t rows, int32_t width, int64_t stride,
+            void* stream) {
+  return Launch(Grid{rows, kThreads}, AddBiasFn{x, bias, width, stride}, stream);
 }
 
-int Scale(float* x, int64_t n, float scale) {
-  return Launch(Grid{CeilDiv(n, kThreads), kThreads}, ScaleFn{x, scale, n});
+int Scale(float* x, int64_t n, float scale, void* stream) {
+  return Launch(Grid{CeilDiv(n, kThreads), kThreads}, ScaleFn{x, scale, n}, stream);
 }
 
 int HeadRmsNorm(float* x, const float* w, int32_t rows, int32_t heads, int32_t head_size,
-                int64_t stride, float eps) {
+                int64_t stride, float eps, void* stream) {
   const int64_t n = int64_t{rows} * heads;
-  return Launch(Grid{CeilDiv(n, 64), 64}, HeadRmsNormFn{x, w, rows, heads, head_size, stride, eps});
+  return Launch(Grid{CeilDiv(n, 64), 64}, HeadRmsNormFn{x, w, rows, heads, head_size, stride, eps},
+                stream);
 }
 
 int ResidualAdd(float* x, const float* y, int64_t n) {

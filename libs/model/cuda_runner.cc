@@ -5,12 +5,16 @@
 // Both upload a step's inputs in one pinned host-to-device copy, run on one
 // stream, and sample greedy rows on the GPU (ForwardSample).
 #include <algorithm>
+#include <bit>
 #include <cstring>
+#include <map>
 #include <span>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "cpu_runner.h"
+#include "decode_graphs.h"
+#include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/kernels/attention_plan.h"
 #include "tandem/kernels/cuda_bf16_ops.h"
@@ -139,14 +143,19 @@ class CudaRunnerBase : public ModelRunner {
   CudaRunnerBase(const Model* model, KvCacheOptions opts, ModelRunnerOptions runner_opts)
       : ModelRunner(model, opts, Backend::kCuda),
         device_(runner_opts.cuda_device),
-        tensor_core_attention_(runner_opts.tensor_core_attention) {}
-  ~CudaRunnerBase() override { kd::DestroyBlas(blas_); }
+        tensor_core_attention_(runner_opts.tensor_core_attention),
+        graphs_enabled_(runner_opts.cuda_graphs) {}
+  ~CudaRunnerBase() override {
+    DropGraphs();
+    kd::DestroyBlas(blas_);
+    kd::StreamDestroy(stream_);
+  }
 
   virtual absl::Status Init() = 0;
 
   absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override {
     int32_t rows = 0;
-    TANDEM_RETURN_IF_ERROR(Run(batch, &rows));
+    TANDEM_RETURN_IF_ERROR(Run(batch, /*argmax=*/false, &rows));
     logits->resize(static_cast<size_t>(rows) * model_->config().vocab_size);
     return CudaStatus(kd::CopyToHost(logits->data(), logits_.get<float>(),
                                      logits->size() * sizeof(float)),
@@ -158,14 +167,10 @@ class CudaRunnerBase : public ModelRunner {
                              std::vector<int32_t>* tokens) override {
     if (sample.size() != batch.size()) return ModelRunner::ForwardSample(batch, sample, tokens);
     int32_t rows = 0;
-    TANDEM_RETURN_IF_ERROR(Run(batch, &rows));
+    TANDEM_RETURN_IF_ERROR(Run(batch, /*argmax=*/true, &rows));
     tokens->assign(batch.size(), -1);
     if (rows == 0) return absl::OkStatus();
     const int32_t vocab = model_->config().vocab_size;
-    TANDEM_RETURN_IF_ERROR(argmax_.Reserve(sizeof(int32_t) * rows));
-    TANDEM_RETURN_IF_ERROR(CudaStatus(
-        kd::ArgMaxRows(logits_.get<float>(), rows, vocab, argmax_.get<int32_t>(), nullptr),
-        "argmax"));
     std::vector<int32_t> greedy(static_cast<size_t>(rows));
     TANDEM_RETURN_IF_ERROR(CudaStatus(
         kd::CopyToHost(greedy.data(), argmax_.get<int32_t>(), greedy.size() * sizeof(int32_t)),
@@ -190,6 +195,7 @@ class CudaRunnerBase : public ModelRunner {
   }
 
   std::span<std::byte> BlockBytes(int32_t) override { return {}; }
+  int64_t graph_replays() const override { return graph_replays_; }
 
   absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) override {
     TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, out.size()));
@@ -213,38 +219,124 @@ class CudaRunnerBase : public ModelRunner {
                           .num_kv_heads = c.num_kv_heads,
                           .head_size = c.head_size};
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::CreateBlas(&blas_), "cublasCreate"));
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::StreamCreate(&stream_), "stream"));
+    // cuBLAS's recommended workspace on Hopper, fixed so that captures
+    // allocate nothing.
+    constexpr size_t kBlasWorkspace = size_t{32} << 20;
+    TANDEM_RETURN_IF_ERROR(blas_workspace_.Reserve(kBlasWorkspace));
+    TANDEM_RETURN_IF_ERROR(CudaStatus(
+        kd::SetBlasStream(blas_, stream_, blas_workspace_.get<void>(), kBlasWorkspace),
+        "cuBLAS stream"));
     tensor_core_attention_ = tensor_core_attention_ && opts_.dtype == DType::kBFloat16 &&
                              kd::DeviceHasTensorCoreAttention(device_);
+    graphs_enabled_ = graphs_enabled_ && opts_.dtype == DType::kBFloat16;
     TANDEM_RETURN_IF_ERROR(inv_freq_.Upload(c.RopeInverseFrequencies()));
     const size_t cache_bytes = static_cast<size_t>(block_bytes()) * opts_.num_blocks;
     TANDEM_RETURN_IF_ERROR(cache_.Reserve(cache_bytes));
     return CudaStatus(kd::Memset(cache_.get<void>(), 0, cache_bytes), "memset");
   }
 
-  // Runs the layers of one validated, non-empty batch.
+  // Grows the step buffers RunLayers uses for T rows and attention over
+  // max_context positions (without running anything).
+  virtual absl::Status ReserveLayers(int32_t T, int32_t max_context) = 0;
+  // Runs the layers of one validated, non-empty batch on stream_.
   virtual absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t rows) = 0;
 
   KvCacheShape shape_;
   kd::BlasHandle* blas_ = nullptr;
+  void* stream_ = nullptr;  // every kernel of a step, and the graphs
   DeviceBuffer cache_, logits_;
   DeviceBuffer inv_freq_;  // RoPE's inverse frequencies, [head_size / 2]
 
  private:
-  absl::Status Run(std::span<const SequenceInput> batch, int32_t* rows) {
+  // One step: logits_ of the sequences' last rows and, with argmax, their
+  // greedy tokens in argmax_. A decode step replays a CUDA graph when
+  // graphs are on (decode_graphs.h).
+  absl::Status Run(std::span<const SequenceInput> batch, bool argmax, int32_t* rows) {
     TANDEM_RETURN_IF_ERROR(ValidateBatch(batch));
     *rows = static_cast<int32_t>(batch.size());
     if (batch.empty()) return absl::OkStatus();
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
-    const BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
+    BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
+    const int32_t bucket = GraphBatchBucket(*rows);
+    if (argmax && graphs_enabled_ && bucket > 0 && IsDecodeBatch(batch)) {
+      return RunGraph(std::move(lay), bucket);
+    }
     const ModelConfig& c = model_->config();
     plan_ = kernels::PlanAttention(lay.row_pos, lay.row_table_offset, c.head_size,
                                    c.num_heads / c.num_kv_heads, tensor_core_attention_);
     StepInputs in;
     in.plan = &plan_;
     TANDEM_RETURN_IF_ERROR(Upload(lay, &in));
+    TANDEM_RETURN_IF_ERROR(ReserveOutputs(*rows));
+    return RunStep(lay, in, *rows, argmax);
+  }
+
+  absl::Status ReserveOutputs(int32_t rows) {
     TANDEM_RETURN_IF_ERROR(
-        logits_.Reserve(sizeof(float) * batch.size() * model_->config().vocab_size));
-    return RunLayers(lay, in, *rows);
+        logits_.Reserve(sizeof(float) * rows * model_->config().vocab_size));
+    return argmax_.Reserve(sizeof(int32_t) * rows);
+  }
+
+  absl::Status RunStep(const BatchLayout& lay, const StepInputs& in, int32_t rows, bool argmax) {
+    TANDEM_RETURN_IF_ERROR(RunLayers(lay, in, rows));
+    if (!argmax) return absl::OkStatus();
+    return CudaStatus(kd::ArgMaxRows(logits_.get<float>(), rows, model_->config().vocab_size,
+                                     argmax_.get<int32_t>(), stream_),
+                      "argmax");
+  }
+
+  // A decode step of lay.num_rows <= bucket sequences through the graph of
+  // (bucket, its splits bucket), captured on first use. Any failure to
+  // capture turns graphs off for this runner (logged) and runs the step
+  // eagerly with the same inputs.
+  absl::Status RunGraph(BatchLayout lay, int32_t bucket) {
+    const int32_t splits = GraphSplitsBucket(kd::AttentionSplits(lay.max_context));
+    PadDecodeLayout(&lay, bucket);
+    plan_ = kernels::AttentionPlan{};
+    for (int32_t r = 0; r < bucket; ++r) plan_.single_rows.push_back(r);
+    plan_.single_max_context = splits * kd::kAttentionSplitTokens;
+    StepInputs in;
+    in.plan = &plan_;
+    TANDEM_RETURN_IF_ERROR(Upload(lay, &in));
+    TANDEM_RETURN_IF_ERROR(ReserveOutputs(bucket));
+    TANDEM_RETURN_IF_ERROR(ReserveLayers(bucket, plan_.single_max_context));
+    // A graph holds the buffers' addresses: if one moved, every graph is stale.
+    const std::vector<void*> pointers = GraphPointers();
+    if (pointers != graph_pointers_) {
+      DropGraphs();
+      graph_pointers_ = pointers;
+    }
+    void*& exec = graphs_[{bucket, splits}];
+    if (exec == nullptr) {
+      absl::Status s = CudaStatus(kd::BeginCapture(stream_), "graph capture");
+      if (s.ok()) {
+        s = RunStep(lay, in, bucket, /*argmax=*/true);
+        const absl::Status end = CudaStatus(kd::EndCapture(stream_, &exec), "graph capture");
+        if (s.ok()) s = end;
+      }
+      if (!s.ok() || exec == nullptr) {
+        TANDEM_LOG(WARNING) << "CUDA runner: decode graphs off, running eagerly: " << s;
+        graphs_.erase({bucket, splits});
+        graphs_enabled_ = false;
+        return RunStep(lay, in, bucket, /*argmax=*/true);
+      }
+    }
+    ++graph_replays_;
+    return CudaStatus(kd::GraphLaunch(exec, stream_), "graph launch");
+  }
+
+  std::vector<void*> GraphPointers() const {
+    std::vector<void*> p = {inputs_.get<void>(), logits_.get<void>(), argmax_.get<void>()};
+    AppendStepBuffers(&p);
+    return p;
+  }
+  // The addresses of the mode's step buffers (GraphPointers).
+  virtual void AppendStepBuffers(std::vector<void*>* out) const = 0;
+
+  void DropGraphs() {
+    for (auto& [key, exec] : graphs_) kd::GraphDestroy(exec);
+    graphs_.clear();
   }
 
   // Packs the layout into pinned memory and copies it in one transfer.
@@ -258,16 +350,21 @@ class CudaRunnerBase : public ModelRunner {
       parts.emplace_back(p, bytes);
       offset += bytes;
     };
+    // The block tables last: in a decode graph's step every other part's
+    // place depends on the row count only.
     add(lay.slots.data(), lay.slots.size() * sizeof(int64_t));
     add(lay.tokens.data(), lay.tokens.size() * sizeof(int32_t));
     add(lay.row_pos.data(), lay.row_pos.size() * sizeof(int32_t));
     add(lay.row_table_offset.data(), lay.row_table_offset.size() * sizeof(int32_t));
-    add(lay.block_tables.data(), lay.block_tables.size() * sizeof(int32_t));
     add(lay.last_rows.data(), lay.last_rows.size() * sizeof(int32_t));
     add(plan_.tiles.data(), plan_.tiles.size() * sizeof(int32_t));
     add(plan_.single_rows.data(), plan_.single_rows.size() * sizeof(int32_t));
-    TANDEM_RETURN_IF_ERROR(staging_.Reserve(offset));
-    TANDEM_RETURN_IF_ERROR(inputs_.Reserve(offset));
+    add(lay.block_tables.data(), lay.block_tables.size() * sizeof(int32_t));
+    // Powers of two: a decode graph's tables grow a little every few steps,
+    // and a moved inputs_ would drop the graphs.
+    const size_t capacity = std::bit_ceil(std::max<size_t>(offset, size_t{64} << 10));
+    TANDEM_RETURN_IF_ERROR(staging_.Reserve(capacity));
+    TANDEM_RETURN_IF_ERROR(inputs_.Reserve(capacity));
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].second > 0) {
         std::memcpy(staging_.get<std::byte>() + offsets[i], parts[i].first, parts[i].second);
@@ -277,17 +374,17 @@ class CudaRunnerBase : public ModelRunner {
     // same stream, so it waits for them; the host waits for the copy before
     // the next step rewrites staging_ (Forward ends with a synchronous copy).
     TANDEM_RETURN_IF_ERROR(
-        CudaStatus(kd::CopyAsync(inputs_.get<std::byte>(), staging_.get<std::byte>(), offset, nullptr),
+        CudaStatus(kd::CopyAsync(inputs_.get<std::byte>(), staging_.get<std::byte>(), offset, stream_),
                    "input upload"));
     const std::byte* base = inputs_.get<std::byte>();
     in->slots = reinterpret_cast<const int64_t*>(base + offsets[0]);
     in->tokens = reinterpret_cast<const int32_t*>(base + offsets[1]);
     in->row_pos = reinterpret_cast<const int32_t*>(base + offsets[2]);
     in->row_off = reinterpret_cast<const int32_t*>(base + offsets[3]);
-    in->tables = reinterpret_cast<const int32_t*>(base + offsets[4]);
-    in->last_rows = reinterpret_cast<const int32_t*>(base + offsets[5]);
-    in->tiles = reinterpret_cast<const int32_t*>(base + offsets[6]);
-    in->single_rows = reinterpret_cast<const int32_t*>(base + offsets[7]);
+    in->last_rows = reinterpret_cast<const int32_t*>(base + offsets[4]);
+    in->tiles = reinterpret_cast<const int32_t*>(base + offsets[5]);
+    in->single_rows = reinterpret_cast<const int32_t*>(base + offsets[6]);
+    in->tables = reinterpret_cast<const int32_t*>(base + offsets[7]);
     return absl::OkStatus();
   }
 
@@ -297,9 +394,13 @@ class CudaRunnerBase : public ModelRunner {
 
   int32_t device_;
   bool tensor_core_attention_;
+  bool graphs_enabled_;
   kernels::AttentionPlan plan_;  // of the step being run
   PinnedBuffer staging_;
-  DeviceBuffer inputs_, argmax_;
+  DeviceBuffer inputs_, argmax_, blas_workspace_;
+  std::map<std::pair<int32_t, int32_t>, void*> graphs_;  // (rows, splits) -> exec
+  std::vector<void*> graph_pointers_;  // the buffers' addresses the graphs hold
+  int64_t graph_replays_ = 0;
 };
 
 struct DeviceLayer {
@@ -335,9 +436,8 @@ class CudaF32Runner final : public CudaRunnerBase {
   }
 
  private:
-  absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t B) override {
+  absl::Status ReserveLayers(int32_t T, int32_t max_context) override {
     const ModelConfig& c = model_->config();
-    const int32_t T = lay.num_rows;
     const size_t f = sizeof(float), dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim,
                  qd = c.q_dim();
     for (DeviceBuffer* b : {&x_, &xb_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * dim * f));
@@ -346,7 +446,22 @@ class CudaF32Runner final : public CudaRunnerBase {
     }
     for (DeviceBuffer* b : {&k_, &v_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * kv * f));
     for (DeviceBuffer* b : {&hb_, &hb2_}) TANDEM_RETURN_IF_ERROR(b->Reserve(T * hidden * f));
-    TANDEM_RETURN_IF_ERROR(scratch_.Reserve(size_t{1} * T * c.num_heads * lay.max_context * f));
+    return scratch_.Reserve(size_t{1} * T * c.num_heads * max_context * f);
+  }
+
+  void AppendStepBuffers(std::vector<void*>* out) const override {
+    for (const DeviceBuffer* b : {&x_, &xb_, &q_, &att_, &k_, &v_, &hb_, &hb2_, &scratch_}) {
+      out->push_back(b->get<void>());
+    }
+  }
+
+  // On the legacy default stream (ordered with stream_, which is blocking);
+  // decode graphs are a bfloat16 feature.
+  absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t B) override {
+    const ModelConfig& c = model_->config();
+    const int32_t T = lay.num_rows;
+    const size_t dim = c.dim, hidden = c.hidden_dim;
+    TANDEM_RETURN_IF_ERROR(ReserveLayers(T, lay.max_context));
     float *x = x_.get<float>(), *xb = xb_.get<float>(), *q = q_.get<float>(),
           *att = att_.get<float>(), *k = k_.get<float>(), *v = v_.get<float>(),
           *hb = hb_.get<float>(), *hb2 = hb2_.get<float>();
@@ -480,9 +595,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
   }
 
  private:
-  absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t B) override {
+  absl::Status ReserveLayers(int32_t T, int32_t max_context) override {
     const ModelConfig& c = model_->config();
-    const int32_t T = lay.num_rows;
     const int32_t qd = c.q_dim();
     const int32_t qkv_width = qd + 2 * c.kv_dim();
     const size_t f = sizeof(float), h = sizeof(kd::Bf16);
@@ -490,9 +604,22 @@ class CudaBf16Runner final : public CudaRunnerBase {
     TANDEM_RETURN_IF_ERROR(xn_.Reserve(h * T * std::max(c.dim, c.hidden_dim)));
     TANDEM_RETURN_IF_ERROR(qkv_.Reserve(f * T * std::max(qkv_width, 2 * c.hidden_dim)));
     TANDEM_RETURN_IF_ERROR(att_.Reserve(h * T * qd));
-    TANDEM_RETURN_IF_ERROR(scratch_.Reserve(
+    return scratch_.Reserve(
         f * std::max<int64_t>(1, kd::AttentionScratchFloats(T, c.num_heads, c.head_size,
-                                                            in.plan->single_max_context))));
+                                                            max_context)));
+  }
+
+  void AppendStepBuffers(std::vector<void*>* out) const override {
+    for (const DeviceBuffer* b : {&x_, &xn_, &qkv_, &att_, &scratch_}) out->push_back(b->get<void>());
+  }
+
+  absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t B) override {
+    const ModelConfig& c = model_->config();
+    const int32_t T = lay.num_rows;
+    const int32_t qd = c.q_dim();
+    const int32_t qkv_width = qd + 2 * c.kv_dim();
+    TANDEM_RETURN_IF_ERROR(ReserveLayers(T, in.plan->single_max_context));
+    void* const st = stream_;
     float* x = x_.get<float>();
     float* qkv = qkv_.get<float>();  // also the gate/up output
     kd::Bf16* xn = xn_.get<kd::Bf16>();
@@ -501,37 +628,37 @@ class CudaBf16Runner final : public CudaRunnerBase {
     const RopeKind rope = ToKernel(c.rope_style);
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
     TANDEM_RETURN_IF_ERROR(ok(
-        kd::EmbeddingGatherBf16(embedding_.get<kd::Bf16>(), c.dim, in.tokens, T, x, nullptr),
+        kd::EmbeddingGatherBf16(embedding_.get<kd::Bf16>(), c.dim, in.tokens, T, x, st),
         "embedding"));
     if (c.embedding_scale != 1.0f) {
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::Scale(x, int64_t{T} * c.dim, c.embedding_scale), "embedding scale"));
+          ok(kd::Scale(x, int64_t{T} * c.dim, c.embedding_scale, st), "embedding scale"));
     }
     for (int32_t li = 0; li < c.num_layers; ++li) {
       const Bf16Layer& l = layers_[static_cast<size_t>(li)];
       TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormBf16(x, nullptr, l.rms_att.get<float>(), T, c.dim,
-                                                c.norm_eps, xn, nullptr),
+                                                c.norm_eps, xn, st),
                                 "rmsnorm"));
       TANDEM_RETURN_IF_ERROR(ok(
           kd::MatmulBf16(blas_, l.wqkv.get<kd::Bf16>(), qkv_width, c.dim, xn, T, qkv, 0.0f),
           "wqkv"));
       if (c.qkv_bias) {
         TANDEM_RETURN_IF_ERROR(
-            ok(kd::AddBias(qkv, l.bqkv.get<float>(), T, qkv_width, qkv_width), "qkv bias"));
+            ok(kd::AddBias(qkv, l.bqkv.get<float>(), T, qkv_width, qkv_width, st), "qkv bias"));
       }
       if (c.qk_norm) {
         TANDEM_RETURN_IF_ERROR(ok(kd::HeadRmsNorm(qkv, l.q_norm.get<float>(), T, c.num_heads,
-                                                  c.head_size, qkv_width, c.norm_eps),
+                                                  c.head_size, qkv_width, c.norm_eps, st),
                                   "q norm"));
         TANDEM_RETURN_IF_ERROR(ok(kd::HeadRmsNorm(qkv + qd, l.k_norm.get<float>(), T,
                                                   c.num_kv_heads, c.head_size, qkv_width,
-                                                  c.norm_eps),
+                                                  c.norm_eps, st),
                                   "k norm"));
       }
       // All K/V of the step before any attention of this layer (same stream).
       TANDEM_RETURN_IF_ERROR(ok(kd::RopeKvWriteBf16(qkv, qkv_width, T, in.row_pos, c.num_heads,
                                                     shape_, rope, c.rope_theta, cache, li,
-                                                    in.slots, nullptr, inv_freq_.get<float>()),
+                                                    in.slots, st, inv_freq_.get<float>()),
                                 "rope + kv write"));
       const kd::Bf16AttentionArgs args{.q = qkv,
                                        .q_stride = qkv_width,
@@ -546,31 +673,31 @@ class CudaBf16Runner final : public CudaRunnerBase {
                                        .block_tables = in.tables,
                                        .rows = in.single_rows};
       TANDEM_RETURN_IF_ERROR(ok(
-          kd::PrefillAttentionBf16(args, in.tiles, in.plan->num_tiles(), nullptr),
+          kd::PrefillAttentionBf16(args, in.tiles, in.plan->num_tiles(), st),
           "prefill attention"));
       TANDEM_RETURN_IF_ERROR(ok(kd::PagedAttentionBf16(args, in.plan->single_max_context,
-                                                       scratch_.get<float>(), nullptr),
+                                                       scratch_.get<float>(), st),
                                 "attention"));
       // x += att * Wo^T: the residual add is the GEMM's beta = 1.
       TANDEM_RETURN_IF_ERROR(
           ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, qd, att, T, x, 1.0f), "wo"));
       if (c.o_bias) {
-        TANDEM_RETURN_IF_ERROR(ok(kd::AddBias(x, l.bo.get<float>(), T, c.dim, c.dim), "o bias"));
+        TANDEM_RETURN_IF_ERROR(ok(kd::AddBias(x, l.bo.get<float>(), T, c.dim, c.dim, st), "o bias"));
       }
       TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormBf16(x, nullptr, l.rms_ffn.get<float>(), T, c.dim,
-                                                c.norm_eps, xn, nullptr),
+                                                c.norm_eps, xn, st),
                                 "rmsnorm"));
       TANDEM_RETURN_IF_ERROR(ok(
           kd::MatmulBf16(blas_, l.w13.get<kd::Bf16>(), 2 * c.hidden_dim, c.dim, xn, T, qkv, 0.0f),
           "w13"));
       TANDEM_RETURN_IF_ERROR(ok(
-          kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, nullptr, ToKernel(c.activation)),
+          kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, st, ToKernel(c.activation)),
           "activation"));
       TANDEM_RETURN_IF_ERROR(ok(
           kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn, T, x, 1.0f), "w2"));
     }
     TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormBf16(x, in.last_rows, rms_final_.get<float>(), B, c.dim,
-                                              c.norm_eps, xn, nullptr),
+                                              c.norm_eps, xn, st),
                               "rmsnorm"));
     return ok(kd::MatmulBf16(blas_, classifier_.get<kd::Bf16>(), c.vocab_size, c.dim, xn, B,
                              logits_.get<float>(), 0.0f),

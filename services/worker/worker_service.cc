@@ -140,7 +140,8 @@ absl::Status WorkerService::Load() {
             .block_size = options_.block_size, .num_blocks = num_blocks_, .dtype = dtype_},
         backend,
         model::ModelRunnerOptions{.num_threads = options_.num_threads,
-                                  .cuda_device = options_.device});
+                                  .cuda_device = options_.device,
+                                  .cuda_graphs = !options_.enforce_eager});
     if (!runner.ok()) return Annotate(runner.status(), "creating the model runner");
     runner_ = std::move(runner).value();
     model_->ReleaseCheckpoint();

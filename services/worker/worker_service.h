@@ -58,6 +58,9 @@ struct WorkerOptions {
   std::string dtype = "float32";
   // CUDA device ordinal of the cuda backend.
   int32_t device = 0;
+  // vLLM's --enforce-eager: no CUDA graphs for decode steps (cuda bfloat16
+  // captures them per batch-size bucket; ModelRunnerOptions::cuda_graphs).
+  bool enforce_eager = false;
   // GPUs per worker. Only 1: there is no tensor parallelism yet.
   int32_t gpus = 1;
   // host:port of tandem-kvstore; empty = no KV-store connector. Needs the

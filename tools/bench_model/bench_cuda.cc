@@ -5,7 +5,7 @@
 //   bench_cuda [--shape llama-3.2-1b|tinyllama-1.1b|FILE] [--dtype bfloat16]
 //              [--batches 1,8,32,128,256] [--context 512] [--steps 32]
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
-//              [--attention tensor-cores|split-k]
+//              [--attention tensor-cores|split-k] [--cuda-graphs on|off]
 //
 // --shape names a model shape filled with random weights (speed does not
 // depend on the values) or a checkpoint file/directory. Decode: B sequences
@@ -15,7 +15,9 @@
 // reads) / HBM bandwidth. Prefill: one sequence of N tokens in one chunk;
 // FLOPs = 2 * N * matmul params + 2 * N^2 * dim * layers (causal QK^T and PV).
 // --attention split-k keeps prefill chunks off the tensor-core attention
-// kernel (ModelRunnerOptions::tensor_core_attention), for the comparison.
+// kernel (ModelRunnerOptions::tensor_core_attention), for the comparison;
+// --cuda-graphs off runs every decode step eagerly instead of replaying the
+// graphs captured per batch-size bucket.
 // tools/gpu/torch_anchor.py times PyTorch on the same shapes.
 #include <algorithm>
 #include <chrono>
@@ -194,7 +196,8 @@ double PrefillSeconds(const Model& m, DType dtype, int32_t n, int32_t reps) {
 
 int main(int argc, char** argv) {
   std::string shape = "llama-3.2-1b", dtype_name = "bfloat16", batches = "1,8,32,128,256",
-              prefills = "512,2048,8192", attention = "tensor-cores";
+              prefills = "512,2048,8192", attention = "tensor-cores",
+              graphs = "on";
   int64_t context = 512, steps = 32;
   double hbm_tbps = 3.35, peak_tflops = 989;
   tandem::FlagSet flags("bench_cuda", "Decode and prefill speed of the CUDA runner.");
@@ -207,7 +210,12 @@ int main(int argc, char** argv) {
   flags.Add("hbm-tbps", &hbm_tbps, "HBM bandwidth of the roofline, TB/s (H100 SXM: 3.35)");
   flags.Add("peak-tflops", &peak_tflops, "dense bf16 tensor-core peak, TFLOPS (H100 SXM: 989)");
   flags.Add("attention", &attention, "tensor-cores | split-k: the bf16 prefill attention kernel");
+  flags.Add("cuda-graphs", &graphs, "on | off: decode steps through CUDA graphs");
   flags.ParseOrExit(argc, argv);
+  if (graphs != "on" && graphs != "off") {
+    flags.Fail("--cuda-graphs must be on or off, not '" + graphs + "'");
+  }
+  g_runner_opts.cuda_graphs = graphs == "on";
   if (attention != "tensor-cores" && attention != "split-k") {
     flags.Fail("--attention must be tensor-cores or split-k, not '" + attention + "'");
   }
@@ -229,7 +237,7 @@ int main(int argc, char** argv) {
             << c.num_heads << "/" << c.num_kv_heads << " heads, ffn " << c.hidden_dim
             << ", vocab " << c.vocab_size << ", " << MatmulParams(c) / 1e9
             << " G matmul params), dtype " << DTypeName(*dtype) << ", attention " << attention
-            << "\n";
+            << ", CUDA graphs " << graphs << "\n";
   std::cout << "decode: context " << context << ", " << steps - 1
             << " timed steps; roofline = (weights + KV read) / " << hbm_tbps << " TB/s\n";
   for (int32_t b : ParseList(batches)) {

@@ -32,9 +32,11 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   done
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  # Ours, the split-K kernel on the same prefills (what tensor cores gained),
-  # then PyTorch's figure on the same shapes (torch_anchor.py), same GPU.
-  for args in "--shape llama-3.2-1b" "--shape llama-3.2-1b --batches 1 --attention split-k" \
+  # Ours, eager decode (what CUDA graphs gained), the split-K kernel on the
+  # same prefills (what tensor cores gained), then PyTorch's figure on the
+  # same shapes (torch_anchor.py), same GPU.
+  for args in "--shape llama-3.2-1b" "--shape llama-3.2-1b --cuda-graphs off --prefill=" \
+              "--shape llama-3.2-1b --batches 1 --attention split-k" \
               "--shape tinyllama-1.1b --batches 1,32,256" \
               "--shape $here/shared/models/stories260K.bin --context 128 --prefill 256 --batches 1,32,256" \
               "--shape llama-3.2-1b --dtype float32 --batches 1,32 --prefill 512"; do

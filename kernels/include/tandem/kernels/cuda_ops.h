@@ -38,6 +38,21 @@ int SetDevice(int device);
 struct BlasHandle;
 int CreateBlas(BlasHandle** out);
 void DestroyBlas(BlasHandle* handle);
+// Routes the handle's GEMMs to `stream` with a fixed workspace (device
+// memory of `bytes`), so that they can be captured in a graph.
+int SetBlasStream(BlasHandle* blas, void* stream, void* workspace, size_t bytes);
+
+// Streams and graphs (the bf16 runner's decode steps). StreamCreate makes a
+// blocking stream: work on the legacy default stream (the synchronous
+// copies, the fp32 kernels) stays ordered with it.
+int StreamCreate(void** stream);
+void StreamDestroy(void* stream);
+// Captures what the calling thread enqueues on `stream` until EndCapture,
+// which instantiates it into *exec (nullptr when the capture failed).
+int BeginCapture(void* stream);
+int EndCapture(void* stream, void** exec);
+int GraphLaunch(void* exec, void* stream);
+void GraphDestroy(void* exec);
 
 int EmbeddingGather(const float* table, int32_t dim, const int32_t* tokens, int32_t rows,
                     float* out);
@@ -56,13 +71,14 @@ int PagedAttention(const PagedAttentionArgs& args, float* scratch, int32_t max_c
 int SiluMul(const float* gate, const float* up, int64_t n, float* out,
             ActKind kind = ActKind::kSilu);
 // x[r * stride + i] += bias[i], i < width, for `rows` rows.
-int AddBias(float* x, const float* bias, int32_t rows, int32_t width, int64_t stride);
+int AddBias(float* x, const float* bias, int32_t rows, int32_t width, int64_t stride,
+            void* stream = nullptr);
 // x[i] *= scale.
-int Scale(float* x, int64_t n, float scale);
+int Scale(float* x, int64_t n, float scale, void* stream = nullptr);
 // RMSNorm in place over `heads` head vectors per row (HeadRmsNormFn): row r's
 // first head at x + r * stride.
 int HeadRmsNorm(float* x, const float* w, int32_t rows, int32_t heads, int32_t head_size,
-                int64_t stride, float eps);
+                int64_t stride, float eps, void* stream = nullptr);
 int ResidualAdd(float* x, const float* y, int64_t n);
 // args: device array of rows SampleArgs; scratch_probs rows * vocab floats,
 // scratch_idx rows * vocab ints.

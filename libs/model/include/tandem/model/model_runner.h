@@ -82,6 +82,10 @@ struct ModelRunnerOptions {
   // (kernels/attention_plan.h); false keeps every row on the split-K kernel
   // (bench_cuda --attention split-k compares the two).
   bool tensor_core_attention = true;
+  // CUDA bfloat16: decode steps of up to 256 sequences replay CUDA graphs
+  // captured per batch-size bucket (model/decode_graphs.h); false runs every
+  // step eagerly (bench_cuda --cuda-graphs off compares the two).
+  bool cuda_graphs = true;
   [[nodiscard]] absl::Status Validate() const;
 };
 
@@ -117,6 +121,10 @@ class ModelRunner {
   virtual absl::Status ForwardSample(std::span<const SequenceInput> batch,
                                      std::span<const SampleRequest> sample,
                                      std::vector<int32_t>* tokens);
+
+  // Decode steps replayed from CUDA graphs so far (CUDA bfloat16 with
+  // ModelRunnerOptions::cuda_graphs; 0 elsewhere).
+  virtual int64_t graph_replays() const { return 0; }
 
   const Model& model() const { return *model_; }
   Backend backend() const { return backend_; }
