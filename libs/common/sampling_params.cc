@@ -18,6 +18,9 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
   if (!std::isfinite(top_p) || top_p <= 0.0f || top_p > 1.0f) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
   }
+  if (!std::isfinite(min_p) || min_p < 0.0f || min_p > 1.0f) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+  }
   if (max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", max_tokens));
   }

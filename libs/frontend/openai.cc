@@ -301,7 +301,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
       {"presence_penalty", Json(0), kNoPenalties},
       {"frequency_penalty", Json(0), kNoPenalties},
       {"repetition_penalty", Json(1), kNoPenalties},
-      {"min_p", Json(0), "the sampler has no min-p filter"},
       {"logit_bias", Json::object(), "not implemented"},
       {"allowed_token_ids", Json(nullptr), "not implemented"},
       {"bad_words", Json::array(), "not implemented"},
@@ -473,6 +472,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   }
   if (auto e = r.Number("temperature", 0, 1e6, false, &out->temperature)) return e;
   if (auto e = r.Number("top_p", 0, 1, true, &out->top_p)) return e;
+  if (auto e = r.Number("min_p", 0, 1, false, &out->min_p)) return e;
   v.reset();
   if (auto e = r.Int("top_k", -1, INT32_MAX, &v)) return e;
   if (v) out->top_k = *v > 0 ? static_cast<int32_t>(*v) : 0;
@@ -568,6 +568,7 @@ RequestSampling EffectiveSampling(const CompletionRequest& request,
     out.temperature = *t;
   }
   if (auto p = request.top_p ? request.top_p : model_defaults.top_p) out.top_p = *p;
+  if (auto p = request.min_p ? request.min_p : model_defaults.min_p) out.min_p = *p;
   if (auto k = request.top_k ? request.top_k : model_defaults.top_k) out.top_k = std::max(*k, 0);
   return out;
 }

@@ -12,6 +12,7 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
   const kernels::SampleArgs args{.temperature = params.temperature,
                                  .top_k = params.top_k,
                                  .top_p = params.top_p,
+                                 .min_p = params.min_p,
                                  .seed = params.seed,
                                  .position = output_position};
   if (args.temperature == 0.0f) return kernels::ArgMax(logits.data(), vocab);

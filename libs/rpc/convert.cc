@@ -48,6 +48,7 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
   out->set_temperature(in.temperature);
   out->set_top_k(in.top_k);
   out->set_top_p(in.top_p);
+  out->set_min_p(in.min_p);
   out->set_seed(in.seed);
   out->set_has_seed(true);
   out->set_max_tokens(in.max_tokens);
@@ -61,6 +62,7 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
   out.temperature = in.temperature();
   out.top_k = in.top_k();
   out.top_p = in.top_p() == 0.0f ? 1.0f : in.top_p();
+  out.min_p = in.min_p();
   out.seed = in.has_seed() ? in.seed() : default_seed;
   out.max_tokens = in.max_tokens();
   out.min_tokens = in.min_tokens();

@@ -244,6 +244,7 @@ void Job::Start() {
       s->set_temperature(sampling.temperature);
       s->set_top_k(sampling.top_k);
       s->set_top_p(sampling.top_p);
+      s->set_min_p(sampling.min_p);
       if (request_.seed) {
         s->set_seed(static_cast<uint64_t>(*request_.seed) + static_cast<uint64_t>(j));
         s->set_has_seed(true);

@@ -20,6 +20,8 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.top_k = 513}, "top_k");
   ExpectInvalid({.top_p = 0.0f}, "top_p");
   ExpectInvalid({.top_p = 1.5f}, "top_p");
+  ExpectInvalid({.min_p = -0.1f}, "min_p");
+  ExpectInvalid({.min_p = 1.5f}, "min_p");
   ExpectInvalid({.max_tokens = 0}, "max_tokens");
   ExpectInvalid({.max_tokens = 4, .min_tokens = 5}, "min_tokens");
   ExpectInvalid({.stop_token_ids = {512}}, "stop token id 512");

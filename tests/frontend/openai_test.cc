@@ -98,6 +98,20 @@ TEST(OpenAiParseTest, ModelSamplingDefaultsApplyOnlyToFieldsTheRequestLeavesUnse
   EXPECT_EQ(chat.temperature, 0.6f);
   EXPECT_EQ(chat.top_p, 0.3f);
   EXPECT_EQ(chat.top_k, 40);
+  // min_p: the model's unless the request sends one (0 included); bounds
+  // named.
+  const GenerationDefaults with_min_p{.min_p = 0.05f};
+  EXPECT_EQ(effective(R"({"prompt":"x"})", with_min_p).min_p, 0.05f);
+  EXPECT_EQ(effective(R"({"prompt":"x","min_p":0.3})", with_min_p).min_p, 0.3f);
+  EXPECT_EQ(effective(R"({"prompt":"x","min_p":0})", with_min_p).min_p, 0.0f);
+  EXPECT_EQ(effective(R"({"prompt":"x"})", {}).min_p, 0.0f);
+  for (const char* bad : {R"({"prompt":"x","min_p":1.5})", R"({"prompt":"x","min_p":-0.1})",
+                          R"({"prompt":"x","min_p":"0.1"})"}) {
+    CompletionRequest r;
+    const std::optional<ApiError> e = Parse(bad, Endpoint::kCompletions, &r);
+    ASSERT_TRUE(e) << bad;
+    EXPECT_EQ(e->param, "min_p") << bad;
+  }
   // A model without defaults: today's (OpenAI's) temperature 1, top_p 1, top_k off.
   const RequestSampling none = effective(R"({"prompt":"x"})", {});
   EXPECT_EQ(none.temperature, 1.0f);

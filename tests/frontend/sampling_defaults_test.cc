@@ -31,11 +31,12 @@ v1::GetModelInfoResponse ModelInfo(const std::string& fingerprint) {
 struct Sampling {
   float temperature = 0, top_p = 0;
   int32_t top_k = 0;
+  float min_p = 0;
   bool operator==(const Sampling&) const = default;
 };
 std::ostream& operator<<(std::ostream& os, const Sampling& s) {
   return os << "{temperature " << s.temperature << ", top_p " << s.top_p << ", top_k " << s.top_k
-            << "}";
+            << ", min_p " << s.min_p << "}";
 }
 
 // Posts `body` to the frontend; the sampling the fake scheduler got for it.
@@ -51,13 +52,13 @@ Sampling Send(const Service& frontend, FakeScheduler& scheduler, const std::stri
   const std::vector<v1::SamplingParams> got = scheduler.sampled();
   EXPECT_EQ(got.size(), before + 1) << body.dump();
   if (got.size() != before + 1) return {};
-  return {got.back().temperature(), got.back().top_p(), got.back().top_k()};
+  return {got.back().temperature(), got.back().top_p(), got.back().top_k(), got.back().min_p()};
 }
 
 TEST(FrontendSamplingDefaultsTest, TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset) {
   const std::string dir = MakeTempDir("frontend-sampling");
   // Llama 3's generation_config.json (temperature 0.6, top_p 0.9), plus a
-  // top_k, and a min_p the frontend cannot apply (it only logs that).
+  // top_k and a min_p.
   v1::GetModelInfoResponse with = ModelInfo("with-defaults");
   with.add_extra_eos_token_ids(5);
   v1::GenerationDefaults* g = with.mutable_generation();
@@ -79,15 +80,17 @@ TEST(FrontendSamplingDefaultsTest, TheModelsDefaultsApplyOnlyToFieldsTheRequestL
     Sampling expected;
   };
   const std::vector<Case> cases = {
-      {Json::object(), {0.6f, 0.9f, 40}},
-      {{{"temperature", nullptr}, {"top_p", nullptr}, {"top_k", nullptr}}, {0.6f, 0.9f, 40}},
-      {{{"temperature", 1.2}}, {1.2f, 0.9f, 40}},
-      {{{"top_p", 0.5}}, {0.6f, 0.5f, 40}},
-      {{{"top_k", 3}}, {0.6f, 0.9f, 3}},
+      {Json::object(), {0.6f, 0.9f, 40, 0.05f}},
+      {{{"temperature", nullptr}, {"top_p", nullptr}, {"top_k", nullptr}, {"min_p", nullptr}},
+       {0.6f, 0.9f, 40, 0.05f}},
+      {{{"temperature", 1.2}}, {1.2f, 0.9f, 40, 0.05f}},
+      {{{"top_p", 0.5}}, {0.6f, 0.5f, 40, 0.05f}},
+      {{{"top_k", 3}}, {0.6f, 0.9f, 3, 0.05f}},
+      {{{"min_p", 0.2}}, {0.6f, 0.9f, 40, 0.2f}},
       // Values equal to OpenAI's defaults, "off" and proto3's zero are the
       // request's own too.
-      {{{"temperature", 1}, {"top_p", 1}, {"top_k", -1}}, {1.0f, 1.0f, 0}},
-      {{{"temperature", 0}, {"top_k", 0}}, {0.0f, 0.9f, 0}},
+      {{{"temperature", 1}, {"top_p", 1}, {"top_k", -1}, {"min_p", 0}}, {1.0f, 1.0f, 0, 0.0f}},
+      {{{"temperature", 0}, {"top_k", 0}}, {0.0f, 0.9f, 0, 0.05f}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.fields.dump());
@@ -109,12 +112,13 @@ TEST(FrontendSamplingDefaultsTest, TheModelsDefaultsApplyOnlyToFieldsTheRequestL
   const std::vector<v1::SamplingParams> got = scheduler.sampled();
   ASSERT_EQ(got.size(), before + 3);
   for (size_t i = before; i < got.size(); ++i) {
-    EXPECT_EQ((Sampling{got[i].temperature(), got[i].top_p(), got[i].top_k()}),
-              (Sampling{0.6f, 0.9f, 40}));
+    EXPECT_EQ((Sampling{got[i].temperature(), got[i].top_p(), got[i].top_k(), got[i].min_p()}),
+              (Sampling{0.6f, 0.9f, 40, 0.05f}));
   }
-  EXPECT_NE(ReadFile(frontend.log_path).find("min_p=0.05, which Tandem does not implement"),
-            std::string::npos)
+  const std::string log = ReadFile(frontend.log_path);
+  EXPECT_NE(log.find("temperature=0.6 top_p=0.9 top_k=40 min_p=0.05"), std::string::npos)
       << "frontend log: " << frontend.log_path;
+  EXPECT_EQ(log.find("does not implement"), std::string::npos) << "frontend log: " << frontend.log_path;
 }
 
 TEST(FrontendSamplingDefaultsTest, WithoutDefaultsRequestsGetOpenAisDefaults) {

@@ -107,6 +107,61 @@ TEST(SamplingTest, TopPKeepsTheSmallestSetReachingTheMass) {
   EXPECT_GT(seen[0], seen[1]);
 }
 
+// The tokens 400 seeds can reach.
+std::map<int32_t, int> Reached(const std::vector<float>& logits, SamplingParams p) {
+  std::map<int32_t, int> seen;
+  for (uint64_t seed = 0; seed < 400; ++seed) {
+    p.seed = seed;
+    seen[SampleToken(logits, p, 0)]++;
+  }
+  return seen;
+}
+
+std::vector<int32_t> Keys(const std::map<int32_t, int>& m) {
+  std::vector<int32_t> k;
+  for (const auto& [key, count] : m) k.push_back(key);
+  return k;
+}
+
+// vLLM's MinP logits processor: after temperature, a token stays when its
+// probability is at least min_p times the top token's.
+TEST(SamplingTest, MinPDropsTokensBelowItsShareOfTheTopProbability) {
+  // Probabilities [0.5, 0.3, 0.15, 0.05] at temperature 1: shares of the top
+  // 1, 0.6, 0.3, 0.1.
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
+                                     std::log(0.05f)};
+  EXPECT_EQ(Keys(Reached(logits, {.temperature = 1.0f, .min_p = 0.25f})),
+            (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(Keys(Reached(logits, {.temperature = 1.0f, .min_p = 0.5f})),
+            (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(Keys(Reached(logits, {.temperature = 1.0f, .min_p = 1.0f})), (std::vector<int32_t>{0}));
+  EXPECT_EQ(Keys(Reached(logits, {.temperature = 1.0f, .min_p = 0.0f})),
+            (std::vector<int32_t>{0, 1, 2, 3}));
+  // Temperature 2 flattens the shares to sqrt: 1, 0.77, 0.55, 0.32.
+  EXPECT_EQ(Keys(Reached(logits, {.temperature = 2.0f, .min_p = 0.5f})),
+            (std::vector<int32_t>{0, 1, 2}));
+}
+
+// vLLM's apply_top_k_top_p: top-p's mass is over the tokens min-p and top-k
+// kept, renormalized (not over the whole vocabulary).
+TEST(SamplingTest, TopPCountsTheMassOfWhatMinPAndTopKKept) {
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
+                                     std::log(0.05f)};
+  // top_k 2 keeps 0.5 and 0.3: renormalized 0.625 and 0.375, so top_p 0.6
+  // keeps token 0 alone (over the whole vocabulary it would need two).
+  EXPECT_EQ(Keys(Reached(logits, {.temperature = 1.0f, .top_k = 2, .top_p = 0.6f})),
+            (std::vector<int32_t>{0}));
+  // min_p 0.25 keeps 0.5, 0.3, 0.15 (mass 0.95): renormalized 0.526, 0.842,
+  // so top_p 0.83 keeps two (over the whole vocabulary: three).
+  EXPECT_EQ(Keys(Reached(logits, {.temperature = 1.0f, .top_p = 0.83f, .min_p = 0.25f})),
+            (std::vector<int32_t>{0, 1}));
+  // min_p and top_k together: the smaller set wins.
+  EXPECT_EQ(Keys(Reached(logits, {.temperature = 1.0f, .top_k = 3, .min_p = 0.5f})),
+            (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(Keys(Reached(logits, {.temperature = 1.0f, .top_k = 1, .min_p = 0.25f})),
+            (std::vector<int32_t>{0}));
+}
+
 TEST(SamplingTest, CounterUniformDependsOnSeedAndPositionOnly) {
   EXPECT_EQ(kernels::CounterUniform(5, 9), kernels::CounterUniform(5, 9));
   EXPECT_NE(kernels::CounterUniform(5, 9), kernels::CounterUniform(5, 10));

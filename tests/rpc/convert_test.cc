@@ -23,6 +23,7 @@ sched::SchedulerOutput MakeOutput() {
       .sampling = {.temperature = 0.7f,
                    .top_k = 5,
                    .top_p = 0.9f,
+                   .min_p = 0.05f,
                    .seed = 1234567890123ull,
                    .max_tokens = 7,
                    .min_tokens = 2,
@@ -51,6 +52,7 @@ void ExpectEqual(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.temperature, b.temperature);
   EXPECT_EQ(a.top_k, b.top_k);
   EXPECT_EQ(a.top_p, b.top_p);
+  EXPECT_EQ(a.min_p, b.min_p);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.max_tokens, b.max_tokens);
   EXPECT_EQ(a.min_tokens, b.min_tokens);

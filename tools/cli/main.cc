@@ -58,6 +58,7 @@ struct SamplingFlags {
   double temperature = 0.0;
   int32_t top_k = 0;
   double top_p = 1.0;
+  double min_p = 0.0;
   int64_t seed = -1;
   bool ignore_eos = false;
   std::string stop_token_ids;
@@ -67,6 +68,7 @@ struct SamplingFlags {
     flags->Add("temperature", &temperature, "0 = greedy");
     flags->Add("top-k", &top_k, "0 = off");
     flags->Add("top-p", &top_p, "1 = off");
+    flags->Add("min-p", &min_p, "drop tokens below min-p x the top probability; 0 = off");
     flags->Add("seed", &seed, "sampling seed; -1 = the server picks one");
     flags->Add("ignore-eos", &ignore_eos, "keep generating after the EOS token");
     flags->Add("stop-token-ids", &stop_token_ids, "comma-separated token ids that stop generation");
@@ -76,6 +78,7 @@ struct SamplingFlags {
     p->set_temperature(static_cast<float>(temperature));
     p->set_top_k(top_k);
     p->set_top_p(static_cast<float>(top_p));
+    p->set_min_p(static_cast<float>(min_p));
     if (seed >= 0) {
       p->set_seed(static_cast<uint64_t>(seed));
       p->set_has_seed(true);

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   std::vector<std::vector<int32_t>> prompts;
   int64_t max_tokens = 64, top_k = 0, seed = 0, batch = 32, chunk = 64, num_blocks = 0,
           block_size = 16;
-  double temperature = 0.0, top_p = 1.0;
+  double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   bool stats = false;
   tandem::FlagSet flags(
       "tandem-generate",
@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   flags.Add("temperature", &temperature, "sampling temperature; 0 = greedy");
   flags.Add("top-k", &top_k, "top-k filter; 0 = off");
   flags.Add("top-p", &top_p, "top-p (nucleus) filter; 1 = off");
+  flags.Add("min-p", &min_p, "min-p filter (below min-p x the top probability); 0 = off");
   flags.Add("seed", &seed, "sampling seed of prompt 0 (prompt i uses seed + i)");
   flags.Add("batch", &batch, "max sequences per step");
   flags.Add("chunk", &chunk, "prefill chunk size in tokens");
@@ -129,6 +130,7 @@ int main(int argc, char** argv) {
     s.params = tandem::SamplingParams{.temperature = static_cast<float>(temperature),
                                       .top_k = static_cast<int32_t>(top_k),
                                       .top_p = static_cast<float>(top_p),
+                                      .min_p = static_cast<float>(min_p),
                                       .seed = static_cast<uint64_t>(seed) + i,
                                       .max_tokens = s.max_tokens};
     if (absl::Status st = s.params.Validate(cfg.vocab_size); !st.ok()) {

@@ -1,6 +1,11 @@
 // Token sampling shared by the CPU and CUDA backends: greedy, temperature,
-// top-k and top-p, with a counter-based generator keyed by (seed, output
-// position) so a seeded request samples the same tokens in any batch.
+// min-p, top-k and top-p, with a counter-based generator keyed by (seed,
+// output position) so a seeded request samples the same tokens in any batch.
+// The filters apply in vLLM's order and semantics (its MinP logits processor,
+// then apply_top_k_top_p): after temperature, min-p drops the tokens whose
+// probability is below min_p times the top token's; top-k keeps the k most
+// likely of the rest; top-p keeps the fewest most likely tokens whose mass,
+// renormalized over what min-p and top-k kept, reaches top_p.
 #pragma once
 
 #include <cmath>
@@ -14,6 +19,7 @@ struct SampleArgs {
   float temperature = 0.0f;  // 0 = greedy (argmax, lowest index on ties)
   int32_t top_k = 0;         // 0 = off
   float top_p = 1.0f;        // 1 = off
+  float min_p = 0.0f;        // 0 = off
   uint64_t seed = 0;
   int32_t position = 0;  // output position of the token being sampled
 };
@@ -83,7 +89,7 @@ TANDEM_HD inline int32_t SampleRow(const float* logits, int32_t vocab, const Sam
   }
   for (int32_t i = 0; i < vocab; ++i) probs[i] /= sum;
   const float u = CounterUniform(a.seed, a.position);
-  const bool filter = (a.top_k > 0 && a.top_k < vocab) || a.top_p < 1.0f;
+  const bool filter = (a.top_k > 0 && a.top_k < vocab) || a.top_p < 1.0f || a.min_p > 0.0f;
   if (!filter) {
     float cdf = 0.0f;
     for (int32_t i = 0; i < vocab; ++i) {
@@ -94,21 +100,28 @@ TANDEM_HD inline int32_t SampleRow(const float* logits, int32_t vocab, const Sam
   }
   for (int32_t i = 0; i < vocab; ++i) idx[i] = i;
   SortByRank(probs, idx, vocab);
-  int32_t n = (a.top_k > 0 && a.top_k < vocab) ? a.top_k : vocab;
+  int32_t n = vocab;
+  if (a.min_p > 0.0f) {  // the kept tokens are a prefix of the ranking
+    const float threshold = a.min_p * probs[idx[0]];
+    int32_t keep = 1;
+    while (keep < n && probs[idx[keep]] >= threshold) ++keep;
+    n = keep;
+  }
+  if (a.top_k > 0 && a.top_k < n) n = a.top_k;
+  float mass = 0.0f;
+  for (int32_t i = 0; i < n; ++i) mass += probs[idx[i]];
   if (a.top_p < 1.0f) {
+    const float target = a.top_p * mass;
     float cum = 0.0f;
-    int32_t keep = n;
     for (int32_t i = 0; i < n; ++i) {
       cum += probs[idx[i]];
-      if (cum >= a.top_p) {
-        keep = i + 1;
+      if (cum >= target) {
+        n = i + 1;
+        mass = cum;
         break;
       }
     }
-    n = keep;
   }
-  float mass = 0.0f;
-  for (int32_t i = 0; i < n; ++i) mass += probs[idx[i]];
   const float r = u * mass;
   float cdf = 0.0f;
   for (int32_t i = 0; i < n; ++i) {

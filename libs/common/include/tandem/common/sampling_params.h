@@ -17,6 +17,9 @@ struct SamplingParams {
   int32_t top_k = 0;
   // Nucleus sampling mass in (0, 1]; 1 = off.
   float top_p = 1.0f;
+  // Drop tokens less likely than min_p times the most likely one, in [0, 1];
+  // 0 = off (vLLM's min_p; kernels/sampling.h says the order of filters).
+  float min_p = 0.0f;
   // Seed of the counter-based generator: tokens depend only on
   // (seed, output position), never on the batch.
   uint64_t seed = 0;
@@ -39,7 +42,7 @@ struct SamplingParams {
 // A model's sampling defaults (its generation_config.json, which the worker
 // reads with the model and the scheduler reports in GetModelInfo). As with
 // vLLM's `--generation-config auto`, tandem-frontend gives an OpenAI request
-// that leaves temperature, top_p or top_k unset the model's value, and only
+// that leaves temperature, top_p, top_k or min_p unset the model's value, and only
 // without one OpenAI's default (frontend::EffectiveSampling); a request's own
 // value always wins. gRPC Generate callers send every field and get none.
 // nullopt = the model gives no default for the field.
@@ -47,9 +50,9 @@ struct GenerationDefaults {
   std::optional<float> temperature;  // >= 0, finite; 0 = greedy
   std::optional<float> top_p;        // (0, 1]
   std::optional<int32_t> top_k;      // <= vocab_size; <= 0 = off
+  std::optional<float> min_p;  // [0, 1]; 0 = off
   // Not implemented by the sampler: carried so that the frontend can log
-  // that it does not apply them.
-  std::optional<float> min_p;               // [0, 1]
+  // that it does not apply it.
   std::optional<float> repetition_penalty;  // > 0, finite; 1 = off
 
   [[nodiscard]] bool empty() const {

@@ -17,7 +17,7 @@
 //   /v1/chat/completions  messages (rendered by the model's chat template,
 //                         with chat_template_kwargs as more variables);
 //                         max_tokens defaults to the rest of the context
-//   both: model, max_tokens / max_completion_tokens, temperature, top_p,
+//   both: model, max_tokens / max_completion_tokens, temperature, top_p, min_p,
 //   top_k, min_tokens, seed, n, stop (string or list, matched on text, left
 //   out of the output unless include_stop_str_in_output), stop_token_ids,
 //   ignore_eos, stream, stream_options.include_usage, user,
@@ -35,7 +35,7 @@
 // (absent, null, or the value that changes nothing; vllm_fields_test walks
 // vLLM's lists): logprobs / top_logprobs / prompt_logprobs /
 // return_tokens_as_token_ids (the worker returns no log-probabilities),
-// min_p (the sampler has no min-p filter), presence/frequency/repetition
+// presence/frequency/repetition
 // penalties, logit_bias, allowed_token_ids, bad_words, logits_processors,
 // best_of > 1, use_beam_search, length_penalty, guided_* / structural_tag /
 // structured_outputs and response_format other than text, suffix,
@@ -48,11 +48,11 @@
 // vllm_xargs, mm_processor_kwargs and media_io_kwargs. Unknown fields are
 // ignored, as OpenAI's SDKs send fields a server may not know.
 //
-// temperature, top_p and top_k a request leaves unset (absent or null) take
-// the served model's default from its generation_config.json, as vLLM's
-// --generation-config auto does, and only without one OpenAI's default
-// (EffectiveSampling). The model's min_p and repetition_penalty are not
-// applied: the sampler has neither (a request that sends them is refused).
+// temperature, top_p, top_k and min_p a request leaves unset (absent or
+// null) take the served model's default from its generation_config.json, as
+// vLLM's --generation-config auto does, and only without one OpenAI's default
+// (EffectiveSampling). The model's repetition_penalty is not applied: the
+// sampler has none (a request that sends one is refused).
 //
 // Choice i of n with a seed s uses seed s + i, so that n > 1 gives n
 // different samples that are each reproducible alone (vLLM seeds them from
@@ -109,6 +109,7 @@ struct CompletionRequest {
   std::optional<float> temperature;
   std::optional<float> top_p;
   std::optional<int32_t> top_k;  // 0 = off (vLLM's -1 accepted too)
+  std::optional<float> min_p;    // [0, 1]; 0 = off
   int32_t min_tokens = 0;
   std::optional<int64_t> seed;
   int32_t n = 1;
@@ -159,12 +160,13 @@ inline constexpr int32_t kMaxStopStrings = 16;
 struct RequestSampling {
   float temperature = 1.0f;
   float top_p = 1.0f;
-  int32_t top_k = 0;  // 0 = off
+  int32_t top_k = 0;    // 0 = off
+  float min_p = 0.0f;   // 0 = off
 };
 // Each field: the request's own value, else `model_defaults`' (the served
 // model's generation_config.json; its top_k <= 0 = off), else OpenAI's
-// (temperature 1, top_p 1, top_k off). min_p and repetition_penalty of
-// `model_defaults` are not read (not implemented).
+// (temperature 1, top_p 1, top_k off, min_p off). repetition_penalty of
+// `model_defaults` is not read (not implemented).
 [[nodiscard]] RequestSampling EffectiveSampling(const CompletionRequest& request,
                                                 const GenerationDefaults& model_defaults);
 
