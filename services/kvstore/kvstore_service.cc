@@ -52,7 +52,7 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);
-  builder->SetMaxReceiveMessageSize(16 << 20);
+  builder->SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
 }
 
 KvStoreServiceImpl::KvStoreServiceImpl(kvstore::KvStoreEngine* store, KvStoreServiceOptions options)

@@ -56,8 +56,20 @@ struct KvStoreServiceOptions {
   [[nodiscard]] absl::Status Validate() const;
 };
 
+// The largest message a valid client sends: a Store message carries pieces
+// of at most 3 MiB of payload (KvStoreClientOptions::store_chunk_bytes's
+// bound, whatever the namespace's block size), and the longest Lookup or
+// Load names some 30,000 block hashes (a 500,000-token prompt at block size
+// 16) in 1 MiB. gRPC refuses anything bigger before reading it, so a hostile
+// client cannot make the store buffer more per message (it was 64 MiB: the
+// rpc::ServerOptions default overrode the 16 MiB set here before).
+inline constexpr int32_t kMaxReceiveMessageBytes = (3 << 20) + (1 << 20);
+
 // Channel arguments for bulk block transfer (large HTTP/2 frames and
-// windows); call on the ServerBuilder that registers the service.
+// windows) and the receive limit above; call on the ServerBuilder that
+// registers the service. rpc::ServiceMain / rpc::BuildAndStart set the
+// receive limit again from ServerOptions::max_receive_message_bytes: set that
+// to kMaxReceiveMessageBytes too (tandem-kvstore's main does).
 void ConfigureServerBuilder(grpc::ServerBuilder* builder);
 
 class KvStoreServiceImpl final : public v1::KvStore::Service {

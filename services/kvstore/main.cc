@@ -172,6 +172,7 @@ int main(int argc, char** argv) {
 
   grpc::ServerBuilder builder;
   kvstore_service::ConfigureServerBuilder(&builder);
+  boot.options().max_receive_message_bytes = kvstore_service::kMaxReceiveMessageBytes;
   builder.RegisterService(&service);
   if (absl::Status s = boot.Serve(&builder); !s.ok()) return boot.Fail(s.ToString(), 1);
   boot.SetServing(true);

@@ -14,7 +14,9 @@
 #include "../kvstore/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "grpcpp/create_channel.h"
 #include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem {
 namespace {
@@ -146,6 +148,53 @@ TEST(KvStoreBinaryTest, ServesAcrossCleanRestartAndKill9) {
     auto c = Connect(server);
     ExpectBlocks(c.get(), 40);
   }
+}
+
+// gRPC refuses a message over kvstore_service::kMaxReceiveMessageBytes before
+// the store reads it; the biggest message a client sends (3 MiB of pieces)
+// still goes through.
+TEST(KvStoreBinaryTest, MessagesPastWhatAClientSendsAreRefusedUnread) {
+  TempDir dir;
+  Server server(dir.path());
+  auto c = kvconnector::KvStoreClient::Create(
+      {.target = server.target(), .lookup_deadline_ms = 5000, .store_chunk_bytes = 3 << 20});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->CreateNamespace({.name = "ns", .block_bytes = kBlock}).ok());
+  // 90 blocks of 32 KiB: one Store message of 2.8 MiB.
+  std::vector<BlockHash> hashes;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (uint64_t i = 0; i < 90; ++i) {
+    hashes.push_back(TestHash(i));
+    payloads.push_back(TestPayload(i, kBlock));
+  }
+  std::vector<std::span<const uint8_t>> src(payloads.begin(), payloads.end());
+  auto stored = (*c)->Store("ns", hashes, src);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  for (const auto& b : *stored) EXPECT_TRUE(b.status.ok()) << b.status;
+  // 160 blocks (5 MiB) in one message: refused whole.
+  v1::StoreRequest msg;
+  msg.set_namespace_("ns");
+  for (uint64_t i = 100; i < 260; ++i) {
+    v1::StoreChunk* chunk = msg.add_chunks();
+    chunk->set_block_hash(TestHash(i).ToBytes());
+    chunk->set_total_size(kBlock);
+    const std::vector<uint8_t> payload = TestPayload(i, kBlock);
+    chunk->set_data(payload.data(), payload.size());
+    chunk->set_last(true);
+  }
+  auto stub = v1::KvStore::NewStub(
+      grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::StoreResponse resp;
+  auto writer = stub->Store(&ctx, &resp);
+  writer->Write(msg);
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  std::vector<BlockHash> refused = {TestHash(100), TestHash(259)};
+  auto lookup = (*c)->Lookup("ns", refused, {.take_lease = false})->Wait();
+  ASSERT_TRUE(lookup.status.ok()) << lookup.status;
+  EXPECT_EQ(lookup.num_hits, 0);
 }
 
 TEST(KvStoreBinaryTest, WithTheBulkLoadPortOffLoadsGoOverGrpc) {
