@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
     }
     TANDEM_LOG(INFO) << options.tenants.size() << " tenant API keys; each tenant's requests carry "
                      << "its own cache_salt";
+    router_options.sends_cache_salt = true;
   }
 
   auto tokenizer = tandem::tokenizer::LoadTokenizer(tokenizer_path);

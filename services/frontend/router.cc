@@ -291,6 +291,14 @@ void Router::CheckHealth() {
                           << "): it gets no requests";
         r->wrong_model_.store(true);
       }
+      if (options_.sends_cache_salt && !info.accepts_cache_salt()) {
+        TANDEM_LOG(ERROR) << "replica " << r->name()
+                          << " does not accept cache_salt from this frontend, and every tenant "
+                             "request carries one: it gets no requests. Give the frontend a "
+                             "certificate with the frontend role (mutual TLS), or start the "
+                             "scheduler with --allow-request-cache-salt";
+        r->refuses_salt_.store(true);
+      }
       r->described_.store(true);
     }
     r->serving_.store(serving);

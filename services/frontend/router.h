@@ -71,7 +71,9 @@ class Replica {
   // The first connection's (health checks and model info).
   v1::Generation::Stub* control_stub() const { return stubs_.front().get(); }
   const std::shared_ptr<grpc::Channel>& channel() const { return channels_.front(); }
-  bool serving() const { return serving_.load() && !wrong_model_.load(); }
+  bool serving() const {
+    return serving_.load() && !wrong_model_.load() && !refuses_salt_.load();
+  }
   int64_t outstanding() const { return outstanding_.load(); }
 
  private:
@@ -82,6 +84,8 @@ class Replica {
   mutable std::atomic<uint64_t> next_stub_{0};
   std::atomic<bool> serving_{false};
   std::atomic<bool> wrong_model_{false};
+  // It would refuse the cache_salt tenants' requests carry.
+  std::atomic<bool> refuses_salt_{false};
   std::atomic<bool> described_{false};
   std::atomic<int64_t> outstanding_{0};
   std::string from_target_;  // the --scheduler target it came from
@@ -94,6 +98,10 @@ struct RouterOptions {
   int32_t connections_per_replica = 1;
   double resolve_interval_s = 5;
   double health_interval_s = 1;
+  // Requests carry a cache_salt (the frontend has tenants): a replica that
+  // says it would refuse one (GetModelInfoResponse.accepts_cache_salt) gets
+  // no requests, with an error that names the fix.
+  bool sends_cache_salt = false;
 };
 
 class Router {

@@ -161,8 +161,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   // The frontend (its role proven by a client certificate under mutual TLS)
   // sets the salt from the tenant its API key maps to. The request's content
   // is validated once, by the scheduler (sched::Scheduler::AddRequest).
-  if (!request->cache_salt().empty() && !options_.allow_request_cache_salt &&
-      rpc::RoleOf(*context) != rpc::CallerRole::kFrontend) {
+  if (!request->cache_salt().empty() && !AcceptsCacheSalt(*context)) {
     Reject(*call, request->request_id(),
            grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "cache_salt is set by the server; this server does not accept it in "
@@ -217,8 +216,13 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
     return reactor;
   }
   ToProto(model, response);
+  response->set_accepts_cache_salt(AcceptsCacheSalt(*context));
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+bool GenerationService::AcceptsCacheSalt(const grpc::ServerContextBase& context) const {
+  return options_.allow_request_cache_salt || rpc::RoleOf(context) == rpc::CallerRole::kFrontend;
 }
 
 grpc::ServerUnaryReactor* GenerationService::GetStats(grpc::CallbackServerContext* context,

@@ -53,6 +53,9 @@ class GenerationService final : public v1::Generation::CallbackService {
                                      v1::GetStatsResponse* response) override;
 
  private:
+  // Whether a Generate from this caller may carry a cache_salt
+  // (--allow-request-cache-salt, or the frontend role under mutual TLS).
+  bool AcceptsCacheSalt(const grpc::ServerContextBase& context) const;
   Engine* const engine_;
   const GenerationOptions options_;
   std::atomic<uint64_t> next_id_{1};

@@ -48,6 +48,9 @@ TEST(SurfaceTest, GetModelInfoDescribesTheWorkersModel) {
     EXPECT_EQ(info.block_size(), 32);
     EXPECT_EQ(info.num_kv_blocks(), 100);
     EXPECT_EQ(info.eos_token_id(), config.eos_token_id);
+    // No --allow-request-cache-salt and no mutual TLS: a salt from this
+    // caller would be refused, and GetModelInfo says so.
+    EXPECT_FALSE(info.accepts_cache_salt());
     // Validation uses the same numbers.
     GenerateResult too_long = RunGenerate(
         stub.get(), MakeRequest({1, 2}, info.max_model_len() - 1, 0, {}, /*ignore_eos=*/true));
@@ -57,6 +60,12 @@ TEST(SurfaceTest, GetModelInfoDescribesTheWorkersModel) {
               std::string::npos)
         << too_long.status.error_message();
   }
+  Service salted = StartScheduler(dir, "salted", worker.address(), {"--allow-request-cache-salt"});
+  auto stub = GenerationStub(salted.address());
+  grpc::ClientContext context;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub->GetModelInfo(&context, {}, &info).ok());
+  EXPECT_TRUE(info.accepts_cache_salt());
 }
 
 // `--help` exits 0 and documents every flag main.cc registers, each with its
