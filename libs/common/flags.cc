@@ -141,7 +141,7 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
       }
     }
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
     }
     if (!has_value) {
       if (flag->is_bool) {
@@ -165,6 +165,12 @@ void FlagSet::ParseOrExit(int argc, char** argv, int first) {
     std::exit(0);
   }
   if (!s.ok()) Fail(std::string(s.message()));
+  // No Tandem program takes positional arguments: one is a mistake (a model
+  // path without --model, a second --served-model-name value) that would
+  // otherwise be ignored without a word.
+  if (!positional_.empty()) {
+    Fail("unexpected argument '" + positional_.front() + "': every argument is a --flag");
+  }
 }
 
 void FlagSet::Fail(const std::string& message) const {

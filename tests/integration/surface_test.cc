@@ -74,8 +74,11 @@ void CheckHelp(const std::string& binary, const std::string& main_cc,
                const std::map<std::string, std::string>& expected_defaults) {
   SCOPED_TRACE(binary);
   std::string out;
-  ASSERT_EQ(RunCommand({BinaryPath(binary), "--help"}, &out), 0) << out;
   const std::string program = binary.substr(binary.rfind('/') + 1);
+  // A positional argument (a model path without --model) is refused.
+  ASSERT_EQ(RunCommand({BinaryPath(binary), "model.bin"}, &out), 2) << out;
+  EXPECT_NE(out.find(program + ": unexpected argument 'model.bin'"), std::string::npos) << out;
+  ASSERT_EQ(RunCommand({BinaryPath(binary), "--help"}, &out), 0) << out;
   EXPECT_EQ(out.rfind("Usage: " + program, 0), 0u) << out;
 
   // "  --name[, --no-name][, --alias] (default: value)[ [vLLM]]\n      doc\n"

@@ -168,8 +168,6 @@ int main(int argc, char** argv) {
   flags.Add("threads", &threads, "CPU threads of the runner");
   flags.Add("steps", &steps, "decode positions per sequence (from BOS)");
   flags.ParseOrExit(argc, argv);
-  if (!flags.positional().empty())
-    flags.Fail("unexpected argument '" + flags.positional()[0] + "'");
   auto model = Model::Load(model_path);
   if (!model.ok()) {
     std::cerr << "error: " << model.status() << "\n";

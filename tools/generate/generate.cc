@@ -82,8 +82,6 @@ int main(int argc, char** argv) {
   flags.Add("backend", &backend, "cpu or cuda");
   flags.Add("stats", &stats, "print steps and tokens/s to stderr");
   flags.ParseOrExit(argc, argv);
-  if (!flags.positional().empty())
-    flags.Fail("unexpected argument '" + flags.positional()[0] + "'");
   for (const std::string& p : prompt_flags) {
     std::vector<int32_t> ids;
     if (!ParseIds(p, &ids)) flags.Fail("--prompt '" + p + "' is not comma-separated token ids");

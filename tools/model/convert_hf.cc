@@ -18,8 +18,6 @@ int main(int argc, char** argv) {
   flags.Add("dtype", &dtype, "tensor dtype: f32, f16 or bf16");
   flags.Add("shards", &shards, "number of safetensors shards (>1 writes an index)");
   flags.ParseOrExit(argc, argv);
-  if (!flags.positional().empty())
-    flags.Fail("unexpected argument '" + flags.positional()[0] + "'");
   if (out.empty()) flags.Fail("--out is required");
   HfWriteOptions opts{.num_shards = static_cast<int32_t>(shards)};
   if (dtype == "f32")

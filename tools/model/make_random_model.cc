@@ -27,8 +27,6 @@ int main(int argc, char** argv) {
   flags.Add("seed", &seed, "weight seed");
   flags.Add("unshared-classifier", &unshared, "write a separate classifier (negative vocab)");
   flags.ParseOrExit(argc, argv);
-  if (!flags.positional().empty())
-    flags.Fail("unexpected argument '" + flags.positional()[0] + "'");
   const RandomModelOptions opts{.dim = static_cast<int32_t>(dim),
                                 .hidden_dim = static_cast<int32_t>(hidden),
                                 .num_layers = static_cast<int32_t>(layers),

@@ -42,8 +42,9 @@ class FlagSet {
   // Parses argv[first..argc). Unknown flags and malformed values are
   // INVALID_ARGUMENT naming the flag. Sets help_requested() on --help / -h.
   [[nodiscard]] absl::Status Parse(int argc, char** argv, int first = 1);
-  // Parse, then: on --help print Help() to stdout and exit(0); on error print
-  // the message and a hint to stderr and exit(2).
+  // Parse, then: on --help print Help() to stdout and exit(0); on error, or
+  // on any positional argument (no Tandem program takes one), print the
+  // message and a hint to stderr and exit(2).
   void ParseOrExit(int argc, char** argv, int first = 1);
 
   // A usage error found after parsing: prints "<program>: <message>" and a
