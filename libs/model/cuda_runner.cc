@@ -2,8 +2,13 @@
 //  - float32: a thin composition of cuda_ops.h in the CPU backend's order
 //    (matmuls through cuBLAS SGEMM), for exactness against the CPU backend;
 //  - bfloat16: the fast path of cuda_bf16_ops.h (see DType).
-// Both upload a step's inputs in one pinned host-to-device copy, run on one
-// stream, and sample greedy rows on the GPU (ForwardSample).
+// Both upload a step's inputs in one pinned host-to-device copy and sample
+// greedy rows on the GPU (ForwardSample). The runner's own stream is a
+// blocking one: bf16 kernels and every cuBLAS call go there, float32's
+// kernels and the synchronous copies on the legacy default stream, which
+// orders itself with it. bfloat16 decode steps replay CUDA graphs
+// (decode_graphs.h); prefill chunks of 16+ rows take the tensor-core
+// attention kernel (kernels/attention_plan.h).
 #include <algorithm>
 #include <bit>
 #include <cstring>
