@@ -11,8 +11,10 @@
 namespace tandem::frontend {
 namespace {
 
-using Json = nlohmann::json;
-using OrderedJson = nlohmann::ordered_json;
+// Ordered: chat's conversation, tools and template variables keep the
+// client's key order (a tool's JSON schema is rendered with tojson, as vLLM
+// renders the dict it parsed), and one parse serves every field.
+using Json = nlohmann::ordered_json;
 
 // Field readers: absent and null mean "keep the default"; a value of the
 // wrong type or range is a 400 naming the field.
@@ -140,14 +142,14 @@ std::optional<ApiError> ParsePrompt(const Json* prompt, CompletionRequest* out) 
 // Chat content: a string, or a list of {"type": "text", "text": ...} parts
 // (joined with "\n" as vLLM joins them); null for an assistant turn that
 // only called tools.
-std::optional<ApiError> NormalizeContent(OrderedJson* content, size_t index) {
+std::optional<ApiError> NormalizeContent(Json* content, size_t index) {
   const std::string param = absl::StrCat("messages[", index, "].content");
   if (content->is_null() || content->is_string()) return std::nullopt;
   if (!content->is_array()) {
     return BadRequest(param + " must be a string or a list of content parts", param);
   }
   std::string text;
-  for (const OrderedJson& part : *content) {
+  for (const Json& part : *content) {
     auto type = part.find("type");
     auto t = part.find("text");
     if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() ||
@@ -164,9 +166,9 @@ std::optional<ApiError> NormalizeContent(OrderedJson* content, size_t index) {
 // An assistant turn's tool_calls: each function's `arguments` as the template
 // sees it. OpenAI clients send a JSON string; vLLM (and transformers' tool
 // templates) want the object, so a string is parsed ("" or absent: {}).
-std::optional<ApiError> ParseToolCallArguments(OrderedJson* tool_calls, size_t index) {
+std::optional<ApiError> ParseToolCallArguments(Json* tool_calls, size_t index) {
   for (size_t k = 0; k < tool_calls->size(); ++k) {
-    OrderedJson& call = (*tool_calls)[k];
+    Json& call = (*tool_calls)[k];
     const std::string param = absl::StrCat("messages[", index, "].tool_calls[", k, "]");
     auto function = call.is_object() ? call.find("function") : call.end();
     if (!call.is_object() || function == call.end() || !function->is_object()) {
@@ -175,10 +177,10 @@ std::optional<ApiError> ParseToolCallArguments(OrderedJson* tool_calls, size_t i
     auto arguments = function->find("arguments");
     if (arguments == function->end() || arguments->is_null() ||
         (arguments->is_string() && arguments->get<std::string>().empty())) {
-      (*function)["arguments"] = OrderedJson::object();
+      (*function)["arguments"] = Json::object();
     } else if (arguments->is_string()) {
-      OrderedJson parsed =
-          OrderedJson::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      Json parsed =
+          Json::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
       if (parsed.is_discarded()) {
         return BadRequest(param + ".function.arguments is not valid JSON", param + ".function.arguments");
       }
@@ -188,13 +190,13 @@ std::optional<ApiError> ParseToolCallArguments(OrderedJson* tool_calls, size_t i
   return std::nullopt;
 }
 
-std::optional<ApiError> ParseMessages(const OrderedJson* messages, CompletionRequest* out) {
+std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* out) {
   if (messages == nullptr || !messages->is_array() || messages->empty()) {
     return BadRequest("'messages' must be a non-empty list of messages", "messages");
   }
-  OrderedJson copy = *messages;
+  Json copy = *messages;
   for (size_t i = 0; i < copy.size(); ++i) {
-    OrderedJson& m = copy[i];
+    Json& m = copy[i];
     auto role = m.is_object() ? m.find("role") : m.end();
     if (!m.is_object() || role == m.end() || !role->is_string()) {
       return BadRequest(absl::StrCat("messages[", i, "] must be an object with a string 'role'"),
@@ -226,11 +228,11 @@ std::optional<ApiError> ParseMessages(const OrderedJson* messages, CompletionReq
 // `tools` as vLLM hands them to the template (ChatCompletionToolsParam's
 // model_dump): {"type": "function", "function": {"name", "description",
 // "parameters", ...}}, description and parameters null when absent.
-std::optional<ApiError> ParseTools(const OrderedJson& tools, CompletionRequest* out) {
+std::optional<ApiError> ParseTools(const Json& tools, CompletionRequest* out) {
   if (!tools.is_array()) return BadRequest("'tools' must be a list of tools", "tools");
-  out->tools = OrderedJson::array();
+  out->tools = Json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
-    const OrderedJson& t = tools[i];
+    const Json& t = tools[i];
     const std::string param = absl::StrCat("tools[", i, "]");
     auto type = t.is_object() ? t.find("type") : t.end();
     auto function = t.is_object() ? t.find("function") : t.end();
@@ -240,13 +242,13 @@ std::optional<ApiError> ParseTools(const OrderedJson& tools, CompletionRequest* 
       return BadRequest(param + " must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
                         param);
     }
-    OrderedJson f = {{"name", (*function)["name"]},
-                     {"description", function->value("description", OrderedJson())},
-                     {"parameters", function->value("parameters", OrderedJson())}};
+    Json f = {{"name", (*function)["name"]},
+                     {"description", function->value("description", Json())},
+                     {"parameters", function->value("parameters", Json())}};
     for (const auto& [key, value] : function->items()) {
       if (!f.contains(key)) f[key] = value;
     }
-    OrderedJson tool = {{"type", "function"}, {"function", std::move(f)}};
+    Json tool = {{"type", "function"}, {"function", std::move(f)}};
     for (const auto& [key, value] : t.items()) {
       if (!tool.contains(key)) tool[key] = value;
     }
@@ -373,10 +375,10 @@ const char* ChunkObject(Endpoint e) {
   return e == Endpoint::kChat ? "chat.completion.chunk" : "text_completion";
 }
 
-void AddFinish(OrderedJson* choice, FinishReason reason, const std::string& stop_reason,
+void AddFinish(Json* choice, FinishReason reason, const std::string& stop_reason,
                std::optional<int32_t> stop_token) {
   (*choice)["finish_reason"] =
-      reason == FinishReason::kNone ? OrderedJson() : OrderedJson(FinishReasonName(reason));
+      reason == FinishReason::kNone ? Json() : Json(FinishReasonName(reason));
   // vLLM's stop_reason: the stop string or stop token that ended the
   // choice; null for EOS and length.
   if (!stop_reason.empty()) {
@@ -402,25 +404,25 @@ void AppendJsonString(std::string* out, std::string_view s) {
     out->push_back('"');
     return;
   }
-  *out += OrderedJson(std::string(s)).dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+  *out += Json(std::string(s)).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-std::string Event(const OrderedJson& j) {
-  return absl::StrCat("data: ", j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace),
+std::string Event(const Json& j) {
+  return absl::StrCat("data: ", j.dump(-1, ' ', false, Json::error_handler_t::replace),
                       "\n\n");
 }
 
 }  // namespace
 
 std::string ApiError::ToJson() const {
-  OrderedJson e;
+  Json e;
   e["message"] = message;
   e["type"] = type;
-  e["param"] = param.empty() ? OrderedJson() : OrderedJson(param);
-  e["code"] = code.empty() ? OrderedJson() : OrderedJson(code);
-  OrderedJson j;
+  e["param"] = param.empty() ? Json() : Json(param);
+  e["code"] = code.empty() ? Json() : Json(code);
+  Json j;
   j["error"] = std::move(e);
-  return j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 ApiError BadRequest(std::string message, std::string param) {
@@ -435,15 +437,6 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   if (j.is_discarded()) return BadRequest("the request body is not valid JSON");
   if (!j.is_object()) return BadRequest("the request body must be a JSON object");
   const Reader r(j);
-  // Chat's conversation, tools and template variables keep the client's key
-  // order (a tool's JSON schema is rendered with tojson, as vLLM renders the
-  // dict it parsed): they come from an ordered parse of the same body.
-  OrderedJson ordered;
-  auto find_ordered = [&](const char* name) -> const OrderedJson* {
-    if (ordered.is_null()) ordered = OrderedJson::parse(body, nullptr, /*allow_exceptions=*/false);
-    auto it = ordered.find(name);
-    return it == ordered.end() || it->is_null() ? nullptr : &*it;
-  };
   if (const Json* model = r.Find("model")) {
     if (!model->is_string()) return BadRequest("'model' must be a string", "model");
     out->model = model->get<std::string>();
@@ -452,7 +445,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     if (auto e = ParsePrompt(r.Find("prompt"), out)) return e;
     if (auto e = r.Bool("echo", &out->echo)) return e;
   } else {
-    if (auto e = ParseMessages(find_ordered("messages"), out)) return e;
+    if (auto e = ParseMessages(r.Find("messages"), out)) return e;
     if (auto e = r.Bool("add_generation_prompt", &out->add_generation_prompt)) return e;
   }
   if (auto e = ParseUnsupported(r, endpoint)) return e;
@@ -461,7 +454,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
       return BadRequest("'tools' is a /v1/chat/completions field", "tools");
     }
     // tool_choice "none" (ParseUnsupported): rendered into the prompt only.
-    if (auto e = ParseTools(*find_ordered("tools"), out)) return e;
+    if (auto e = ParseTools(*tools, out)) return e;
   }
 
   std::optional<int64_t> v;
@@ -555,7 +548,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
                             "chat_template_kwargs");
         }
       }
-      out->chat_template_kwargs = *find_ordered("chat_template_kwargs");
+      out->chat_template_kwargs = *kwargs;
     }
   }
   return std::nullopt;
@@ -618,8 +611,8 @@ const char* FinishReasonName(FinishReason reason) {
   return "";
 }
 
-OrderedJson Usage::ToJson() const {
-  OrderedJson u;
+Json Usage::ToJson() const {
+  Json u;
   u["prompt_tokens"] = prompt_tokens;
   u["completion_tokens"] = completion_tokens;
   u["total_tokens"] = prompt_tokens + completion_tokens;
@@ -627,18 +620,18 @@ OrderedJson Usage::ToJson() const {
   return u;
 }
 
-OrderedJson CompletionResponse(const CompletionRequest& request, const ResponseHead& head,
+Json CompletionResponse(const CompletionRequest& request, const ResponseHead& head,
                                const std::vector<Choice>& choices, const Usage& usage,
                                const std::vector<std::vector<int32_t>>& prompt_token_ids) {
   const bool chat = request.endpoint == Endpoint::kChat;
-  OrderedJson j;
+  Json j;
   j["id"] = head.id;
   j["object"] = chat ? "chat.completion" : "text_completion";
   j["created"] = head.created;
   j["model"] = head.model;
-  OrderedJson list = OrderedJson::array();
+  Json list = Json::array();
   for (const Choice& c : choices) {
-    OrderedJson choice;
+    Json choice;
     choice["index"] = c.index;
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
@@ -655,8 +648,8 @@ OrderedJson CompletionResponse(const CompletionRequest& request, const ResponseH
   if (request.return_token_ids) {
     // One prompt (chat, or a single completions prompt): a flat list, as
     // vLLM returns it; several: one list per prompt.
-    j["prompt_token_ids"] = prompt_token_ids.size() == 1 ? OrderedJson(prompt_token_ids[0])
-                                                         : OrderedJson(prompt_token_ids);
+    j["prompt_token_ids"] = prompt_token_ids.size() == 1 ? Json(prompt_token_ids[0])
+                                                         : Json(prompt_token_ids);
   }
   return j;
 }
@@ -721,12 +714,12 @@ std::string StreamChunk(const CompletionRequest& request, const ResponseHead& he
 
 std::string StreamUsageChunk(const CompletionRequest& request, const ResponseHead& head,
                              const Usage& usage) {
-  OrderedJson j;
+  Json j;
   j["id"] = head.id;
   j["object"] = ChunkObject(request.endpoint);
   j["created"] = head.created;
   j["model"] = head.model;
-  j["choices"] = OrderedJson::array();
+  j["choices"] = Json::array();
   j["usage"] = usage.ToJson();
   return Event(j);
 }
