@@ -1,0 +1,129 @@
+// Chat bodies: messages and tools as the chat template sees them (vLLM's
+// normalizations), for ParseCompletionRequest.
+#include "absl/strings/str_cat.h"
+#include "openai_parse.h"
+
+namespace tandem::frontend::internal {
+namespace {
+
+// Chat content: a string, or a list of {"type": "text", "text": ...} parts
+// (joined with "\n" as vLLM joins them); null for an assistant turn that
+// only called tools.
+std::optional<ApiError> NormalizeContent(Json* content, size_t index) {
+  const std::string param = absl::StrCat("messages[", index, "].content");
+  if (content->is_null() || content->is_string()) return std::nullopt;
+  if (!content->is_array()) {
+    return BadRequest(param + " must be a string or a list of content parts", param);
+  }
+  std::string text;
+  for (const Json& part : *content) {
+    auto type = part.find("type");
+    auto t = part.find("text");
+    if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() ||
+        !t->is_string()) {
+      return BadRequest(param + ": only parts of type \"text\" are supported", param);
+    }
+    if (!text.empty()) text += "\n";
+    text += t->get<std::string>();
+  }
+  *content = text;
+  return std::nullopt;
+}
+
+// An assistant turn's tool_calls: each function's `arguments` as the template
+// sees it. OpenAI clients send a JSON string; vLLM (and transformers' tool
+// templates) want the object, so a string is parsed ("" or absent: {}).
+std::optional<ApiError> ParseToolCallArguments(Json* tool_calls, size_t index) {
+  for (size_t k = 0; k < tool_calls->size(); ++k) {
+    Json& call = (*tool_calls)[k];
+    const std::string param = absl::StrCat("messages[", index, "].tool_calls[", k, "]");
+    auto function = call.is_object() ? call.find("function") : call.end();
+    if (!call.is_object() || function == call.end() || !function->is_object()) {
+      return BadRequest(param + " must be an object with a 'function' object", param);
+    }
+    auto arguments = function->find("arguments");
+    if (arguments == function->end() || arguments->is_null() ||
+        (arguments->is_string() && arguments->get<std::string>().empty())) {
+      (*function)["arguments"] = Json::object();
+    } else if (arguments->is_string()) {
+      Json parsed =
+          Json::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded()) {
+        return BadRequest(param + ".function.arguments is not valid JSON", param + ".function.arguments");
+      }
+      *arguments = std::move(parsed);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* out) {
+  if (messages == nullptr || !messages->is_array() || messages->empty()) {
+    return BadRequest("'messages' must be a non-empty list of messages", "messages");
+  }
+  Json copy = *messages;
+  for (size_t i = 0; i < copy.size(); ++i) {
+    Json& m = copy[i];
+    auto role = m.is_object() ? m.find("role") : m.end();
+    if (!m.is_object() || role == m.end() || !role->is_string()) {
+      return BadRequest(absl::StrCat("messages[", i, "] must be an object with a string 'role'"),
+                        "messages");
+    }
+    if (auto content = m.find("content"); content != m.end()) {
+      // As OpenAI and vLLM: null content only on an assistant turn that
+      // called tools; anywhere else it is a 400 here, not a template error.
+      auto tool_calls = m.find("tool_calls");
+      const bool called_tools = *role == "assistant" && tool_calls != m.end() &&
+                                tool_calls->is_array() && !tool_calls->empty();
+      if (content->is_null() && !called_tools) {
+        const std::string param = absl::StrCat("messages[", i, "].content");
+        return BadRequest(param + " is null; only an assistant message with tool_calls may have "
+                                  "null content (send a string or a list of content parts)",
+                          param);
+      }
+      if (auto e = NormalizeContent(&*content, i)) return e;
+    }
+    if (auto tool_calls = m.find("tool_calls");
+        *role == "assistant" && tool_calls != m.end() && tool_calls->is_array()) {
+      if (auto e = ParseToolCallArguments(&*tool_calls, i)) return e;
+    }
+  }
+  out->messages = std::move(copy);
+  return std::nullopt;
+}
+
+// `tools` as vLLM hands them to the template (ChatCompletionToolsParam's
+// model_dump): {"type": "function", "function": {"name", "description",
+// "parameters", ...}}, description and parameters null when absent.
+std::optional<ApiError> ParseTools(const Json& tools, CompletionRequest* out) {
+  if (!tools.is_array()) return BadRequest("'tools' must be a list of tools", "tools");
+  out->tools = Json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& t = tools[i];
+    const std::string param = absl::StrCat("tools[", i, "]");
+    auto type = t.is_object() ? t.find("type") : t.end();
+    auto function = t.is_object() ? t.find("function") : t.end();
+    if (!t.is_object() || (type != t.end() && *type != "function") || function == t.end() ||
+        !function->is_object() || !function->contains("name") ||
+        !(*function)["name"].is_string()) {
+      return BadRequest(param + " must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                        param);
+    }
+    Json f = {{"name", (*function)["name"]},
+                     {"description", function->value("description", Json())},
+                     {"parameters", function->value("parameters", Json())}};
+    for (const auto& [key, value] : function->items()) {
+      if (!f.contains(key)) f[key] = value;
+    }
+    Json tool = {{"type", "function"}, {"function", std::move(f)}};
+    for (const auto& [key, value] : t.items()) {
+      if (!tool.contains(key)) tool[key] = value;
+    }
+    out->tools.push_back(std::move(tool));
+  }
+  return std::nullopt;
+}
+
+}  // namespace tandem::frontend::internal

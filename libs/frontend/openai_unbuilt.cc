@@ -1,0 +1,99 @@
+// The fields of vLLM's requests Tandem does not build: each is refused with
+// a 400 naming it unless it has its neutral value (vllm_fields_test walks
+// vLLM's lists against this table).
+#include "absl/strings/str_cat.h"
+#include "openai_parse.h"
+
+namespace tandem::frontend::internal {
+namespace {
+
+struct Unbuilt {
+  const char* name;
+  Json neutral;
+  const char* why;
+};
+const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
+  static const char* kNoLogprobs = "the worker does not return log-probabilities";
+  static const char* kNoGuided = "structured outputs (guided decoding) are not implemented";
+  static const char* kNoPenalties = "penalties are not implemented";
+  static const auto* common = new std::vector<Unbuilt>{
+      {"logprobs", Json(false), kNoLogprobs},
+      {"prompt_logprobs", Json(nullptr), kNoLogprobs},
+      {"return_tokens_as_token_ids", Json(false), kNoLogprobs},
+      {"best_of", Json(1), "use n"},
+      {"use_beam_search", Json(false), "beam search is not implemented"},
+      {"length_penalty", Json(1), "beam search is not implemented"},
+      {"presence_penalty", Json(0), kNoPenalties},
+      {"frequency_penalty", Json(0), kNoPenalties},
+      {"repetition_penalty", Json(1), kNoPenalties},
+      {"logit_bias", Json::object(), "not implemented"},
+      {"allowed_token_ids", Json(nullptr), "not implemented"},
+      {"bad_words", Json::array(), "not implemented"},
+      {"logits_processors", Json::array(), "not implemented"},
+      {"spaces_between_special_tokens", Json(true),
+       "special tokens decode as the tokenizer's decoder writes them"},
+      {"guided_json", Json(nullptr), kNoGuided},
+      {"guided_regex", Json(nullptr), kNoGuided},
+      {"guided_choice", Json(nullptr), kNoGuided},
+      {"guided_grammar", Json(nullptr), kNoGuided},
+      {"guided_decoding_backend", Json(nullptr), kNoGuided},
+      {"guided_whitespace_pattern", Json(nullptr), kNoGuided},
+      {"structural_tag", Json(nullptr), kNoGuided},
+      {"structured_outputs", Json(nullptr), kNoGuided},
+      {"request_id", Json(nullptr), "the server names each request (the response's id)"},
+      {"cache_salt", Json(nullptr),
+       "the server salts the prefix cache per API key (--api-keys-file)"},
+      {"kv_transfer_params", Json(nullptr), "disaggregated serving is not implemented"},
+      {"vllm_xargs", Json(nullptr), "no extensions read it"},
+      {"mm_processor_kwargs", Json(nullptr), "no multimodal models are served"},
+      {"media_io_kwargs", Json(nullptr), "no multimodal models are served"},
+  };
+  static const auto* completions = [] {
+    auto* v = new std::vector<Unbuilt>(*common);
+    v->push_back({"suffix", Json(""), "no insertion models are served"});
+    v->push_back({"prompt_embeds", Json(nullptr), "prompts are text or token ids"});
+    return v;
+  }();
+  static const auto* chat = [] {
+    auto* v = new std::vector<Unbuilt>(*common);
+    v->push_back({"top_logprobs", Json(0), kNoLogprobs});
+    v->push_back({"echo", Json(false), "chat echo (prepending the last message) is not implemented"});
+    v->push_back({"continue_final_message", Json(false), "not implemented"});
+    v->push_back({"documents", Json(nullptr), "not implemented"});
+    v->push_back({"chat_template", Json(nullptr),
+                  "the server's template is used (tandem-frontend --chat-template)"});
+    v->push_back({"reasoning_effort", Json(nullptr), "reasoning is not implemented"});
+    v->push_back({"include_reasoning", Json(true), "reasoning is not implemented"});
+    v->push_back({"parallel_tool_calls", Json(false), "tool calling is not implemented"});
+    return v;
+  }();
+  return endpoint == Endpoint::kCompletions ? *completions : *chat;
+}
+
+}  // namespace
+
+std::optional<ApiError> ParseUnsupported(const Reader& r, Endpoint endpoint) {
+  for (const Unbuilt& f : UnbuiltFields(endpoint)) {
+    if (auto e = r.OnlyNeutral(f.name, f.neutral, f.why)) return e;
+  }
+  if (const Json* tools = r.Find("tools");
+      tools != nullptr && !(tools->is_array() && tools->empty())) {
+    const Json* choice = r.Find("tool_choice");
+    if (choice == nullptr || *choice != "none") {
+      return BadRequest(
+          "'tools' is not supported (tool calling is not implemented); send "
+          "tool_choice \"none\" to render the tools into the prompt only",
+          "tools");
+    }
+  }
+  if (const Json* format = r.Find("response_format"); format != nullptr) {
+    auto type = format->is_object() ? format->find("type") : format->end();
+    if (!format->is_object() || type == format->end() || *type != "text") {
+      return BadRequest("'response_format' other than {\"type\": \"text\"} is not supported",
+                        "response_format");
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace tandem::frontend::internal
