@@ -243,6 +243,10 @@ void EngineCore::CollectStores() {
 bool EngineCore::SendStep(sched::SchedulerOutput step) {
   ++counters_.num_steps_sent;
   counters_.step_scheduled_reqs_sum += step.num_scheduled_tokens.size();
+  for (const sched::NewRequestData& r : step.scheduled_new_reqs) {
+    if (auto it = requests_.find(r.request_id); it != requests_.end()) it->second.sink->OnScheduled();
+  }
+  if (options_.on_step_sent) options_.on_step_sent(step.total_num_scheduled_tokens);
   if (!transport_->Send(step)) {
     DropWorker("writing to the worker's Execute stream failed");
     return false;

@@ -29,9 +29,11 @@
 
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_callback.h"
+#include "tandem/common/clock.h"
 #include "tandem/engine/engine_core.h"
 #include "tandem/sched/scheduler.h"
 #include "tandem/v1/generation.pb.h"
+#include "vllm_metrics.h"
 
 namespace tandem::scheduler {
 
@@ -85,11 +87,15 @@ class GenerateCall final : public engine::RequestSink,
     MaybeStart(lock);
   }
 
+  void OnScheduled() override {
+    if (times.scheduled_ns == 0) times.scheduled_ns = MonotonicNanos();
+  }
+
   // Set by the handler before the call reaches the engine.
   std::string request_id;
-  int64_t start_ns = 0;
-  int64_t first_token_ns = 0;  // engine thread only
-  int64_t last_token_ns = 0;   // engine thread only
+  // arrival_ns and max_tokens set by the handler; the rest on the engine
+  // thread.
+  RequestTimeline times;
   int32_t num_prompt_tokens = 0;
 
  private:

@@ -140,6 +140,10 @@ Engine::Engine(EngineOptions options, prometheus::Registry* registry)
           [this](double seconds) {
             if (metrics_ != nullptr) metrics_->schedule_duration.Observe(seconds);
           },
+      .on_step_sent =
+          [this](int32_t num_tokens) {
+            if (vllm_metrics_ != nullptr) vllm_metrics_->ObserveStep(num_tokens);
+          },
       .on_worker_lost = [this](const std::string&) { OnWorkerLost(); },
   });
   stats_.engine = core_->stats();
@@ -318,7 +322,7 @@ void Engine::Handle(Event& e) {
       }
       // No draining check here: TryAccept() let this call in before the
       // drain began, so it runs to the end.
-      core_->AddRequest(std::move(e.spec), e.call, e.call->start_ns);
+      core_->AddRequest(std::move(e.spec), e.call, e.call->times.arrival_ns);
       return;
     case Event::kCancel:
       core_->Abort(e.call->request_id, e.call.get(),
@@ -367,6 +371,12 @@ void Engine::Connect(std::unique_ptr<WorkerStream> stream) {
   const engine::WorkerDescription worker = FromProto(stream->description());
   if (metrics_ == nullptr && registry_ != nullptr) {
     metrics_ = std::make_unique<EngineMetrics>(*registry_, worker.model_name);
+  }
+  if (vllm_metrics_ == nullptr && registry_ != nullptr) {
+    vllm_metrics_ = std::make_unique<VllmMetrics>(
+        *registry_,
+        options_.served_model_name.empty() ? worker.model_name : options_.served_model_name,
+        options_.max_model_len > 0 ? options_.max_model_len : worker.max_model_len);
   }
   // The core's transport is this class, writing to worker_: set it first.
   std::unique_ptr<WorkerStream> previous = std::exchange(worker_, std::move(stream));
@@ -439,14 +449,21 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
                           const sched::RequestOutput* out, const absl::Status& status) {
   num_calls_open_.fetch_sub(1);
   if (out != nullptr && !out->new_token_ids.empty()) NoteTokens(call, out->new_token_ids.size());
-  const double latency_ms = (MonotonicNanos() - call.start_ns) * 1e-6;
+  const int64_t now_ns = MonotonicNanos();
+  const double latency_ms = (now_ns - call.times.arrival_ns) * 1e-6;
+  if (vllm_metrics_ != nullptr) {
+    vllm_metrics_->ObserveFinished(reason, call.times, now_ns,
+                                   out ? out->num_prompt_tokens : call.num_prompt_tokens,
+                                   out ? out->num_output_tokens : 0);
+  }
   if (metrics_ != nullptr) {
     metrics_->requests_finished.Add({{"reason", engine::FinishReasonName(reason)}}).Increment();
     metrics_->request_latency.Observe(latency_ms * 1e-3);
     if (out != nullptr) {
       metrics_->prompt_tokens.Increment(out->num_prompt_tokens);
-      if (out->num_output_tokens > 1 && call.first_token_ns > 0) {
-        metrics_->time_per_output_token.Observe((call.last_token_ns - call.first_token_ns) * 1e-9 /
+      if (out->num_output_tokens > 1 && call.times.first_token_ns > 0) {
+        metrics_->time_per_output_token.Observe((call.times.last_token_ns -
+                                                 call.times.first_token_ns) * 1e-9 /
                                                 (out->num_output_tokens - 1));
       }
     }
@@ -491,16 +508,22 @@ void Engine::HandOffWrites() {
 }
 
 void Engine::NoteTokens(GenerateCall& call, size_t num_tokens) {
-  if (metrics_ == nullptr) return;
-  metrics_->generation_tokens.Increment(static_cast<double>(num_tokens));
   const int64_t now = MonotonicNanos();
-  if (call.first_token_ns == 0) {
-    call.first_token_ns = now;
-    metrics_->time_to_first_token.Observe((now - call.start_ns) * 1e-9);
+  RequestTimeline& t = call.times;
+  if (t.first_token_ns == 0) {
+    t.first_token_ns = now;
+    if (vllm_metrics_ != nullptr) {
+      vllm_metrics_->ObserveFirstTokens(t, now, call.num_prompt_tokens, num_tokens);
+    }
+    if (metrics_ != nullptr) metrics_->time_to_first_token.Observe((now - t.arrival_ns) * 1e-9);
   } else {
-    metrics_->inter_token_latency.Observe((now - call.last_token_ns) * 1e-9);
+    if (vllm_metrics_ != nullptr) {
+      vllm_metrics_->ObserveMoreTokens((now - t.last_token_ns) * 1e-9, num_tokens);
+    }
+    if (metrics_ != nullptr) metrics_->inter_token_latency.Observe((now - t.last_token_ns) * 1e-9);
   }
-  call.last_token_ns = now;
+  if (metrics_ != nullptr) metrics_->generation_tokens.Increment(static_cast<double>(num_tokens));
+  t.last_token_ns = now;
 }
 
 void Engine::PublishStats() {
@@ -508,6 +531,7 @@ void Engine::PublishStats() {
   s.engine = core_->stats();
   s.draining = draining_.load();
   if (metrics_ != nullptr) metrics_->Update(s.engine);
+  if (vllm_metrics_ != nullptr) vllm_metrics_->Update(s.engine);
   std::lock_guard<std::mutex> lock(mu_);
   model_info_ = core_->model_info();
   stats_ = std::move(s);

@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "call.h"
 #include "engine_metrics.h"
+#include "vllm_metrics.h"
 #include "tandem/engine/engine_core.h"
 #include "tandem/metrics/metrics.h"
 #include "tandem/sched/scheduler.h"
@@ -172,6 +173,9 @@ class Engine final : private engine::StepTransport {
   std::function<void(bool)> on_serving_changed_;
   prometheus::Registry* const registry_;
   std::unique_ptr<EngineMetrics> metrics_;  // null until the model name is known
+  // vLLM's series; made when the first worker connects (their token-count
+  // buckets end at max_model_len).
+  std::unique_ptr<VllmMetrics> vllm_metrics_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

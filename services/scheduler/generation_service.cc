@@ -136,7 +136,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto* reactor = new GenerateReactor(engine_, context);
   const std::shared_ptr<GenerateCall>& call = reactor->call();
-  call->start_ns = MonotonicNanos();
+  call->times.arrival_ns = MonotonicNanos();
+  call->times.max_tokens = request->sampling().max_tokens();
   call->num_prompt_tokens = request->prompt_token_ids_size();
   const grpc::Status draining(grpc::StatusCode::UNAVAILABLE,
                               "the scheduler is draining (shutting down); retry elsewhere");

@@ -403,6 +403,21 @@ def check_other_values(build_dir, helm, chart):
     port_names = {p["name"] for o in mon if o["kind"] == "Service" for p in o["spec"]["ports"]}
     for ep in sm["spec"]["endpoints"]:
         assert ep["port"] in port_names, (ep, port_names)
+    # With the frontend on, its /metrics (on the API port) is scraped too,
+    # over https when it serves https.
+    fe_mon = objects(render_text(helm, chart, sets=[
+        "serviceMonitor.enabled=true", "frontend.enabled=true",
+        "frontend.https.existingSecret=fe-https",
+        "serviceMonitor.frontendTlsConfig.serverName=tandem-frontend"]))
+    fe_ports = {p["name"] for o in fe_mon if o["kind"] == "Service"
+                and o["metadata"]["name"].endswith("-frontend") for p in o["spec"]["ports"]}
+    fe_eps = [ep for ep in one(fe_mon, "ServiceMonitor")["spec"]["endpoints"]
+              if ep["port"] in fe_ports]
+    assert len(fe_eps) == 1 and fe_eps[0]["path"] == "/metrics", fe_eps
+    assert fe_eps[0]["scheme"] == "https", fe_eps
+    assert fe_eps[0]["tlsConfig"] == {"serverName": "tandem-frontend"}, fe_eps
+    assert not [ep for ep in sm["spec"]["endpoints"] if ep["port"] == "http"], \
+        "a frontend endpoint without the frontend"
     with open(os.path.join(chart, "files", "rules.yaml")) as f:
         assert pr["spec"] == yaml.safe_load(f), "the PrometheusRule differs from files/rules.yaml"
 

@@ -61,6 +61,10 @@ const char* FinishReasonName(FinishReason reason);
 class RequestSink {
  public:
   virtual ~RequestSink() = default;
+  // The request is in a step sent to the worker as a new request: its first
+  // step, or its first after a preemption or a worker loss (vLLM's SCHEDULED
+  // event; for the phase timings). May come again after OnTokens.
+  virtual void OnScheduled() {}
   // Tokens to stream; never empty.
   virtual void OnTokens(std::span<const int32_t> token_ids) = 0;
   // The request ended; the last call it gets. `out` is the scheduler's last
@@ -164,6 +168,9 @@ struct EngineCoreOptions {
       make_kv_connector;
   // Each Schedule() call's duration in seconds (a histogram); may be empty.
   std::function<void(double)> on_schedule_duration;
+  // Each step sent to the worker: its number of tokens to compute. May be
+  // empty.
+  std::function<void(int32_t)> on_step_sent;
   // The worker was dropped (after the engine let go of its transport); the
   // service reconnects. May be empty.
   std::function<void(const std::string& reason)> on_worker_lost;
