@@ -3,9 +3,10 @@
 # tandem-scheduler on loopback, waits until they serve, sends a few requests
 # with the `tandem` client, prints the results, shows a second replica
 # getting a long shared prefix from the KV-store instead of recomputing it,
-# then puts tandem-frontend (OpenAI HTTP) in front of a text model's replica
-# and shows a curl completion and a streamed chat completion, and stops the
-# processes cleanly.
+# then serves a text model over OpenAI HTTP with `tandem serve` (worker,
+# scheduler and tandem-frontend in one command, as `vllm serve`) and shows a
+# curl completion and a streamed chat completion, and stops the processes
+# cleanly.
 #
 # Model: ../shared/models/stories260K.bin when present, otherwise a small
 # random model generated with tandem-make-random-model.
@@ -120,19 +121,18 @@ curl -s "$KVMETRICS" | grep -E '^tandem_kvstore_(lookups|bulk_lookups|bulk_loads
 TEXT_MODEL="$ROOT/../shared/models/random32k.bin"
 TOKENIZER="$ROOT/../shared/models/tokenizer.model"
 if [ -f "$TEXT_MODEL" ] && [ -f "$TOKENIZER" ]; then
-  echo "== tandem-frontend (OpenAI HTTP) in front of a replica serving random32k.bin"
-  "$WORKER" --model "$TEXT_MODEL" --listen 127.0.0.1:0 --port-file "$RUN_DIR/worker3.port" \
-    > "$RUN_DIR/worker3.log" 2>&1 &
+  echo "== tandem serve (as \`vllm serve\`): worker, scheduler and OpenAI frontend for random32k.bin"
+  API_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  echo "   $CLI serve $TEXT_MODEL --tokenizer $TOKENIZER --chat-template llama-2 --host 127.0.0.1 --port $API_PORT"
+  "$CLI" serve "$TEXT_MODEL" --tokenizer "$TOKENIZER" --chat-template llama-2 \
+    --host 127.0.0.1 --port "$API_PORT" > "$RUN_DIR/serve.out" 2> "$RUN_DIR/serve.log" &
   PIDS+=($!)
-  W3PORT="$(wait_port "$RUN_DIR/worker3.port" "${PIDS[5]}" worker3)"
-  "$SCHEDULER" --worker "127.0.0.1:$W3PORT" --listen 127.0.0.1:0 \
-    --port-file "$RUN_DIR/scheduler3.port" > "$RUN_DIR/scheduler3.log" 2>&1 &
-  PIDS+=($!)
-  SERVER3="127.0.0.1:$(wait_port "$RUN_DIR/scheduler3.port" "${PIDS[6]}" scheduler3)"
-  "$FRONTEND" --scheduler "$SERVER3" --tokenizer "$TOKENIZER" --chat-template llama-2 \
-    --listen 127.0.0.1:0 --port-file "$RUN_DIR/frontend.port" > "$RUN_DIR/frontend.log" 2>&1 &
-  PIDS+=($!)
-  HTTP="http://127.0.0.1:$(wait_port "$RUN_DIR/frontend.port" "${PIDS[7]}" frontend)"
+  for _ in $(seq 1 600); do
+    grep -q '^serving' "$RUN_DIR/serve.out" && break
+    kill -0 "${PIDS[5]}" 2>/dev/null || { echo "tandem serve exited early; log:" >&2; cat "$RUN_DIR/serve.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  HTTP="http://127.0.0.1:$API_PORT"
   for _ in $(seq 1 300); do curl -sf "$HTTP/health" > /dev/null && break; sleep 0.1; done
   echo "   curl $HTTP/v1/completions -d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 12, \"temperature\": 0}'"
   curl -s "$HTTP/v1/completions" -H 'Content-Type: application/json' \
@@ -144,7 +144,7 @@ if [ -f "$TEXT_MODEL" ] && [ -f "$TOKENIZER" ]; then
          "temperature": 0, "stream": true}' \
     | sed -n 's/^data: //p' | grep -v '^\[DONE\]' \
     | python3 -c 'import json,sys; print("   " + "".join(json.loads(l)["choices"][0]["delta"].get("content","") for l in sys.stdin if json.loads(l)["choices"]))'
-  echo "   (the frontend log: $RUN_DIR/frontend.log; its metrics: $HTTP/metrics)"
+  echo "   (tandem serve's log, its parts' included: $RUN_DIR/serve.log; the frontend's metrics: $HTTP/metrics)"
 else
   echo "== (../shared/models/random32k.bin or tokenizer.model missing: no frontend demo)"
 fi

@@ -1,11 +1,13 @@
 #include "completion_job.h"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/common/logging.h"
 #include "tandem/frontend/stop_strings.h"
@@ -187,15 +189,17 @@ void CallReactor::OnDone(const grpc::Status& status) {
 void Job::Start() {
   Locked locked(this);
   const std::optional<ModelInfo> model = frontend_->router().model();
-  const std::optional<std::string> name = frontend_->ModelName();
-  if (!model || !name) {
+  const std::optional<std::vector<std::string>> names = frontend_->ModelNames();
+  if (!model || !names) {
     Fail(FromStatus(14, "no scheduler replica has described its model yet"));
     return;
   }
-  if (!request_.model.empty() && request_.model != *name) {
+  if (!request_.model.empty() &&
+      std::find(names->begin(), names->end(), request_.model) == names->end()) {
     ApiError e{.http_status = 404,
                .message = absl::StrCat("The model '", request_.model,
-                                       "' does not exist; this server serves '", *name, "'"),
+                                       "' does not exist; this server serves '",
+                                       absl::StrJoin(*names, "', '"), "'"),
                .param = "model",
                .code = "model_not_found"};
     Fail(e);
@@ -207,7 +211,7 @@ void Job::Start() {
   }
   head_ = {.id = NewResponseId(request_.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
            .created = static_cast<int64_t>(std::time(nullptr)),
-           .model = *name};
+           .model = request_.model.empty() ? names->front() : request_.model};
   tokenizer::DecodeOptions decode{.skip_special_tokens = request_.skip_special_tokens};
   const RequestSampling sampling = EffectiveSampling(request_, model->generation);
   const int32_t n = request_.n;

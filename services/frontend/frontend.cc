@@ -99,11 +99,11 @@ void RespondError(HttpExchange& exchange, const ApiError& error) {
   exchange.Respond(error.http_status, "application/json", error.ToJson());
 }
 
-std::optional<std::string> Frontend::ModelName() const {
-  if (!options_.served_model_name.empty()) return options_.served_model_name;
+std::optional<std::vector<std::string>> Frontend::ModelNames() const {
+  if (!options_.served_model_names.empty()) return options_.served_model_names;
   std::optional<ModelInfo> model = router_->model();
   if (!model) return std::nullopt;
-  return model->name;
+  return std::vector<std::string>{model->name};
 }
 
 void Frontend::CountResponse(const std::string& endpoint, int http_status) {
@@ -193,23 +193,27 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
 }
 
 void Frontend::Models(HttpExchange& exchange) {
-  std::optional<std::string> name = ModelName();
+  std::optional<std::vector<std::string>> names = ModelNames();
   std::optional<ModelInfo> model = router_->model();
-  if (!name || !model) {
+  if (!names || !model) {
     RespondError(exchange, FromStatus(14, "no scheduler replica has described its model yet"));
     CountResponse("/v1/models", 503);
     return;
   }
-  OrderedJson card;
-  card["id"] = *name;
-  card["object"] = "model";
-  card["created"] = static_cast<int64_t>(std::time(nullptr));
-  card["owned_by"] = "tandem";
-  card["root"] = model->name;
-  card["max_model_len"] = model->max_model_len;
+  OrderedJson data = OrderedJson::array();
+  for (const std::string& name : *names) {
+    OrderedJson card;
+    card["id"] = name;
+    card["object"] = "model";
+    card["created"] = static_cast<int64_t>(std::time(nullptr));
+    card["owned_by"] = "tandem";
+    card["root"] = model->name;
+    card["max_model_len"] = model->max_model_len;
+    data.push_back(std::move(card));
+  }
   OrderedJson body;
   body["object"] = "list";
-  body["data"] = OrderedJson::array({card});
+  body["data"] = std::move(data);
   exchange.Respond(200, "application/json", Dump(body));
   CountResponse("/v1/models", 200);
 }

@@ -33,9 +33,11 @@
 namespace tandem::frontend {
 
 struct FrontendOptions {
-  // The model's name in /v1/models and responses; requests naming another
-  // get 404. Empty: the name the schedulers describe.
-  std::string served_model_name;
+  // The model's names (vLLM's --served-model-name NAME [NAME ...]): each is
+  // listed in /v1/models and accepted in a request's "model", and a response
+  // names the one its request named (the first when it named none); a
+  // request naming another gets 404. Empty: the name the schedulers describe.
+  std::vector<std::string> served_model_names;
   // With a key, /v1/*, /tokenize and /detokenize demand
   // "Authorization: Bearer <key>" (401 otherwise); /health and /metrics
   // never do.
@@ -100,7 +102,9 @@ class Frontend {
   Router& router() { return *router_; }
   FrontendMetrics& metrics() { return metrics_; }
   // The served name, or nullopt while no replica has described the model.
-  std::optional<std::string> ModelName() const;
+  // The served names (see FrontendOptions::served_model_names); nullopt
+  // until a scheduler has described its model when none were given.
+  std::optional<std::vector<std::string>> ModelNames() const;
   void CountResponse(const std::string& endpoint, int http_status);
   void JobStarted() { in_flight_.fetch_add(1); }
   void JobFinished() { in_flight_.fetch_sub(1); }

@@ -116,8 +116,9 @@ int main(int argc, char** argv) {
             "for /v1/chat/completions: a built-in template (llama-2, llama-3, chatml) or a Jinja "
             "file; empty: the tokenizer's own (chat_template.jinja, else tokenizer_config.json's "
             "chat_template)");
-  flags.Add("served-model-name", &options.served_model_name,
-            "the model's name in the API (empty: the name the schedulers describe)");
+  flags.Add("served-model-name", &options.served_model_names,
+            "the model's name in the API; repeatable: each name is served, responses carry "
+            "the one the request named (none: the name the schedulers describe)");
   flags.Add("api-key", &options.api_key,
             "demand 'Authorization: Bearer <key>' on /v1/*, /tokenize and /detokenize (prefer "
             "--api-key-file: argv is visible to other processes)");

@@ -484,6 +484,7 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
     if (call.Queue(std::move(msg))) writes_.push_back(call.shared_from_this());
   }
   if (call.QueueFinish(grpc_status)) writes_.push_back(call.shared_from_this());
+  if (!options_.log_requests) return;
   TANDEM_LOG(INFO) << "request " << call.request_id
                    << " finished: reason=" << engine::FinishReasonName(reason)
                    << " status=" << rpc::StatusCodeName(grpc_status)
@@ -497,9 +498,11 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
 void Engine::CallRejected(GenerateCall& call, const absl::Status& status) {
   num_calls_open_.fetch_sub(1);
   const grpc::Status grpc_status = rpc::ToGrpcStatus(status);
-  TANDEM_LOG(INFO) << "request " << call.request_id
-                   << " rejected: status=" << rpc::StatusCodeName(grpc_status) << " "
+  if (options_.log_requests) {
+    TANDEM_LOG(INFO) << "request " << call.request_id
+                     << " rejected: status=" << rpc::StatusCodeName(grpc_status) << " "
                    << grpc_status.error_message();
+  }
   if (call.QueueFinish(grpc_status)) writes_.push_back(call.shared_from_this());
 }
 

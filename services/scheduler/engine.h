@@ -68,6 +68,9 @@ struct EngineOptions {
   // The model's name in GetModelInfo and the model_name label of the
   // metrics (vLLM's --served-model-name); empty: the worker's model name.
   std::string served_model_name;
+  // Log a line per finished or refused request (vLLM's
+  // --disable-log-requests turns it off).
+  bool log_requests = true;
   // TEST-ONLY: the loop sleeps this long before taking each new request, so
   // tests can hold accepted calls in the queue (the drain test). 0 = off.
   int32_t debug_submit_delay_ms = 0;

@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   flags.Add("served-model-name", &engine_options.served_model_name,
             "the model's name in GetModelInfo and the model_name label of every metric (empty: "
             "the name the worker describes; the metrics appear once it has)");
+  bool disable_log_requests = false;
+  flags.Add("disable-log-requests", &disable_log_requests,
+            "no log line per finished or refused request (ids, token counts, latency)");
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);
   double liveness_stall_s = 60;
@@ -91,8 +94,9 @@ int main(int argc, char** argv) {
   flags.MirrorsVllm({"max-num-seqs", "max-num-batched-tokens", "max-model-len",
                      "enable-prefix-caching", "enable-chunked-prefill",
                      "long-prefill-token-threshold", "async-scheduling", "scheduling-policy",
-                     "served-model-name"});
+                     "served-model-name", "disable-log-requests"});
   flags.ParseOrExit(argc, argv);
+  engine_options.log_requests = !disable_log_requests;
   // Sets the client TLS too: to the worker and the KV-store.
   if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);
   if (policy == "fcfs") {

@@ -5,6 +5,7 @@
 //   tandem bench --http http://FRONTEND:8000 --server ADDR ...   (the same load over OpenAI HTTP)
 //   tandem info|stats --server ADDR
 //   tandem health --server ADDR [--service NAME]
+//   tandem serve MODEL [flags]   (worker, scheduler and frontend: like `vllm serve`; serve.h)
 //
 // Output goes to stdout, errors to stderr as "CODE: message" (gRPC status
 // names). Exit codes: 0 success, 1 the server (or the connection) failed a
@@ -32,6 +33,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "http_stream_client.h"
+#include "serve.h"
 #include "tandem/rpc/flags.h"
 #include "tandem/rpc/server.h"
 #include "tandem/rpc/status.h"
@@ -49,6 +51,7 @@ constexpr char kUsage[] =
     "  info      print the served model (GetModelInfo)\n"
     "  stats     print the scheduler's stats (GetStats)\n"
     "  health    check any Tandem server's grpc.health.v1 status (exit 0: SERVING)\n"
+    "  serve     serve a model over the OpenAI API on this machine, like `vllm serve`\n"
     "Run 'tandem <command> --help' for its flags.\n"
     "Under mutual TLS, generate, bench, info and stats need a certificate with the client\n"
     "(or frontend) role: URI SAN spiffe://<trust domain>/tandem/client; health takes any.\n";
@@ -600,6 +603,7 @@ int main(int argc, char** argv) {
   if (command == "info") return InfoOrStats(argc, argv, false);
   if (command == "stats") return InfoOrStats(argc, argv, true);
   if (command == "health") return Health(argc, argv);
+  if (command == "serve") return tandem::cli::Serve(argc, argv);
   std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;
   return 2;
 }
