@@ -66,6 +66,17 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
                                     .dtype = "f32"};
   TANDEM_RETURN_IF_ERROR(config.Validate());
   TANDEM_RETURN_IF_ERROR(d.generation.Validate(d.vocab_size));
+  // One request of max_model_len must fit the cache (vLLM refuses to start
+  // otherwise): block 0 is the null block.
+  const int64_t capacity = int64_t{d.num_kv_blocks - 1} * d.block_size;
+  if (config.max_model_len > capacity) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "max_model_len (", config.max_model_len,
+        ") is larger than the maximum number of tokens the worker's KV cache can hold (",
+        capacity, ": ", d.num_kv_blocks - 1, " usable blocks of ", d.block_size,
+        " tokens); lower the scheduler's --max-model-len to at most ", capacity,
+        " or give the worker more KV cache (--kv-cache-bytes or --num-blocks)"));
+  }
   scheduler_.reset();
   kv_connector_.reset();
   if (options_.make_kv_connector) kv_connector_ = options_.make_kv_connector(d);

@@ -193,13 +193,37 @@ class EngineCoreTest : public ::testing::TestWithParam<bool> {
   std::vector<std::string> lost_reasons_;
 };
 
+// A cache that cannot hold one request of max_model_len is refused when the
+// worker connects, naming both numbers (vLLM refuses to start); a
+// --max-model-len that fits makes the same worker usable.
+TEST_P(EngineCoreTest, RefusesAMaxModelLenTheKvCacheCannotHold) {
+  LoopbackWorker worker(model_.get(), 30);  // 29 usable blocks: 464 tokens
+  EngineCore core(Options());
+  const absl::Status s = core.ConnectWorker(worker.description, &worker);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("max_model_len (512) is larger than the maximum number of tokens "
+                             "the worker's KV cache can hold (464"),
+            std::string::npos)
+      << s;
+  EXPECT_FALSE(core.model_info().ready);
+  EngineCoreOptions fits = Options();
+  fits.max_model_len = 464;
+  EngineCore core2(fits);
+  ASSERT_TRUE(core2.ConnectWorker(worker.description, &worker).ok());
+  EXPECT_EQ(core2.model_info().max_model_len, 464);
+}
+
 TEST_P(EngineCoreTest, GreedyTokensMatchLlama2cWithLargeAndTinyKvCaches) {
   // 30 blocks of 16 tokens (the longest case needs 29 on its own): requests
   // wait for blocks or are preempted and recomputed; 256: they all run at
   // once.
   for (int32_t num_blocks : {256, 30}) {
     SCOPED_TRACE("num_blocks " + std::to_string(num_blocks));
-    EngineCore core(Options());
+    EngineCoreOptions options = Options();
+    // 29 usable blocks hold 464 tokens, less than the model's 512: a
+    // max_model_len that fits (vLLM's start-up rule, the next test).
+    if (num_blocks == 30) options.max_model_len = 29 * 16;
+    EngineCore core(options);
     LoopbackWorker worker(model_.get(), num_blocks);
     ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
     // Every case twice: 10 requests at once.

@@ -85,7 +85,10 @@ TEST(DifferentialTest, EveryConfigurationGivesIdenticalTokens) {
                              small_cache ? small.address() : ample.address(),
                              {"--async-scheduling=" + std::string(async ? "true" : "false"),
                               "--enable-prefix-caching=" + std::string(caching ? "true" : "false"),
-                              "--max-num-batched-tokens=" + std::to_string(budget)});
+                              "--max-num-batched-tokens=" + std::to_string(budget),
+                              // What 23 usable blocks hold (the scheduler
+                              // refuses a max_model_len that does not fit).
+                              "--max-model-len=" + std::string(small_cache ? "368" : "0")});
           std::vector<GenerateResult> results = RunAll(scheduler.address(), requests);
           auto stub = GenerationStub(scheduler.address());
           // Stats are published after each engine iteration: wait for the
