@@ -363,6 +363,7 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir) {
 
   ModelConfig& c = out.config;
   c.family = f->family;
+  c.torch_dtype = out.torch_dtype;
   c.rope_style = RopeStyle::kRotateHalf;
   TANDEM_ASSIGN_OR_RETURN(c.dim, GetInt(cfg, path, "hidden_size", std::nullopt));
   TANDEM_ASSIGN_OR_RETURN(c.hidden_dim, GetInt(cfg, path, "intermediate_size", std::nullopt));

@@ -51,6 +51,7 @@ absl::StatusOr<LoadedCheckpoint> ReadLlama2cCheckpoint(const std::string& path) 
   const bool shared = h[5] > 0;
   c.vocab_size = h[5] == INT32_MIN ? 0 : (h[5] < 0 ? -h[5] : h[5]);
   c.max_seq_len = h[6];
+  c.torch_dtype = "float32";
   c.head_size = c.num_heads > 0 ? c.dim / c.num_heads : 0;
   c.rope_style = RopeStyle::kAdjacentPairs;
   if (absl::Status s = c.Validate(); !s.ok()) {

@@ -32,6 +32,25 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
       absl::StrCat("unknown dtype '", std::string(name), "' (want float32 or bfloat16)"));
 }
 
+absl::StatusOr<DType> ResolveDType(std::string_view flag, std::string_view checkpoint_dtype,
+                                   bool cuda) {
+  if (flag == "auto") {
+    return cuda && checkpoint_dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+  }
+  if (flag == "float16" || flag == "half" || flag == "fp16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype '", std::string(flag),
+        "' is not supported: there is no float16 path (weights, activations and KV cache); use "
+        "auto, bfloat16 (cuda) or float32"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(DType dtype, ParseDType(flag));
+  if (dtype == DType::kBFloat16 && !cuda) {
+    return absl::InvalidArgumentError("dtype bfloat16 needs the cuda backend (the cpu backend "
+                                      "computes in float32)");
+  }
+  return dtype;
+}
+
 int32_t DTypeBytes(DType dtype) { return dtype == DType::kBFloat16 ? 2 : 4; }
 
 absl::Status ModelRunnerOptions::Validate() const {

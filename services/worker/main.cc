@@ -25,8 +25,10 @@ int main(int argc, char** argv) {
             "KV cache memory budget in bytes, used when --num-blocks is 0");
   flags.Add("threads", &options.num_threads, "CPU threads of the cpu backend");
   flags.Add("dtype", &options.dtype,
-            "[vLLM] float32 | bfloat16: KV cache and (cuda) weight dtype; bfloat16 needs "
-            "--backend=cuda (fast kernels), float32 matches the cpu backend");
+            "[vLLM] auto | float32 | bfloat16: KV cache and (cuda) weight dtype. auto: bfloat16 "
+            "for a bfloat16 checkpoint on --backend=cuda (fast kernels), else float32 (the "
+            "checkpoint's values exactly; the cpu backend's); float16/half: refused (no float16 "
+            "path)");
   flags.Add("device", &options.device, "CUDA device ordinal of the cuda backend");
   flags.Add("enforce-eager", &options.enforce_eager,
             "run every step eagerly: no CUDA graphs for decode steps (cuda bfloat16 "

@@ -26,11 +26,12 @@ absl::Status WorkerOptions::Validate() const {
     return absl::InvalidArgumentError("--kv-cache-bytes must be > 0 when --num-blocks is 0");
   }
   if (num_threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
-  const absl::StatusOr<model::DType> kv_dtype = model::ParseDType(dtype);
-  if (!kv_dtype.ok()) return Annotate(kv_dtype.status(), "--dtype");
-  if (*kv_dtype != model::DType::kFloat32 && backend != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("--dtype=", dtype, " needs --backend=cuda (the ",
-                                                   backend, " backend is float32)"));
+  if (dtype != "auto") {
+    const absl::StatusOr<model::DType> kv_dtype = model::ResolveDType(dtype, "", backend == "cuda");
+    if (!kv_dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dtype=", dtype, ": ", kv_dtype.status().message()));
+    }
   }
   if (device < 0) return absl::InvalidArgumentError("--device must be >= 0");
   if (gpus != 1) {
@@ -119,7 +120,13 @@ absl::Status WorkerService::Load() {
   if (!model.ok()) return Annotate(model.status(), absl::StrCat("loading ", options_.model_path));
   model_ = std::move(model).value();
   const model::ModelConfig& config = model_->config();
-  dtype_ = *model::ParseDType(options_.dtype);  // Validate checked it
+  TANDEM_ASSIGN_OR_RETURN(dtype_, model::ResolveDType(options_.dtype, config.torch_dtype,
+                                                     options_.backend == "cuda"));
+  if (options_.dtype == "auto") {
+    TANDEM_LOG(INFO) << "--dtype auto: " << model::DTypeName(dtype_) << " (the checkpoint's "
+                     << (config.torch_dtype.empty() ? "dtype is not named" : config.torch_dtype)
+                     << ", backend " << options_.backend << ")";
+  }
   num_blocks_ = options_.num_blocks;
   if (num_blocks_ == 0) {
     const int64_t block_bytes = model::KvBlockBytes(config, options_.block_size, dtype_);

@@ -53,9 +53,11 @@ struct WorkerOptions {
   int32_t sim_token_us = 0;
   // CPU threads of the model runner (results are identical for any value).
   int32_t num_threads = 1;
-  // float32 | bfloat16 (model::ParseDType): the KV cache's and, on the cuda
-  // backend, the weights' dtype. bfloat16 needs --backend=cuda.
-  std::string dtype = "float32";
+  // auto | float32 | bfloat16 (model::ResolveDType): the KV cache's and, on
+  // the cuda backend, the weights' dtype. auto: bfloat16 for a bfloat16
+  // checkpoint on cuda, else float32. bfloat16 needs --backend=cuda;
+  // float16 is refused.
+  std::string dtype = "auto";
   // CUDA device ordinal of the cuda backend.
   int32_t device = 0;
   // vLLM's --enforce-eager: no CUDA graphs for decode steps (cuda bfloat16

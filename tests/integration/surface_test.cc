@@ -199,8 +199,10 @@ TEST(SurfaceTest, WorkerRefusesDeviceFlagsItCannotHonour) {
     std::string message;
   };
   for (const Case& c : std::vector<Case>{
-           {{"--dtype", "bfloat16"}, "--dtype=bfloat16 needs --backend=cuda"},
-           {{"--dtype", "float16"}, "unknown dtype 'float16'"},
+           {{"--dtype", "bfloat16"}, "--dtype=bfloat16: dtype bfloat16 needs the cuda backend"},
+           {{"--dtype", "float16"}, "--dtype=float16: dtype 'float16' is not supported"},
+           {{"--dtype", "half"}, "--dtype=half: dtype 'half' is not supported"},
+           {{"--dtype", "int8"}, "--dtype=int8: unknown dtype 'int8'"},
            {{"--gpus", "2"}, "--gpus=2: a worker drives exactly one GPU"},
            {{"--device", "-1"}, "--device must be >= 0"}}) {
     std::vector<std::string> argv = {worker, "--model", "no-such-model.bin"};

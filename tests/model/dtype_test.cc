@@ -29,6 +29,44 @@ TEST(DTypeTest, BlockBytesAndLayoutStringCarryTheDtype) {
   EXPECT_EQ(KvLayoutString(c, 16, DType::kBFloat16), "block-major/L5/KV2/B16/H4/D8/bf16");
 }
 
+// --dtype auto (vLLM's default) follows the checkpoint on cuda as far as
+// there is a path for its dtype, and never rounds its weights; float16 is
+// refused by name.
+TEST(DTypeTest, AutoResolvesFromTheCheckpointAndFloat16IsRefused) {
+  EXPECT_EQ(*ResolveDType("auto", "bfloat16", /*cuda=*/true), DType::kBFloat16);
+  EXPECT_EQ(*ResolveDType("auto", "float32", true), DType::kFloat32);
+  EXPECT_EQ(*ResolveDType("auto", "float16", true), DType::kFloat32);  // no float16 path
+  EXPECT_EQ(*ResolveDType("auto", "", true), DType::kFloat32);
+  EXPECT_EQ(*ResolveDType("auto", "bfloat16", /*cuda=*/false), DType::kFloat32);
+  EXPECT_EQ(*ResolveDType("bfloat16", "float32", true), DType::kBFloat16);
+  EXPECT_EQ(*ResolveDType("float32", "bfloat16", true), DType::kFloat32);
+  for (const char* half : {"float16", "half", "fp16"}) {
+    const auto r = ResolveDType(half, "float16", true);
+    ASSERT_FALSE(r.ok()) << half;
+    EXPECT_NE(r.status().message().find(std::string("dtype '") + half + "' is not supported"),
+              std::string::npos)
+        << r.status();
+  }
+  const auto cpu_bf16 = ResolveDType("bfloat16", "bfloat16", false);
+  ASSERT_FALSE(cpu_bf16.ok());
+  EXPECT_NE(cpu_bf16.status().message().find("needs the cuda backend"), std::string::npos);
+}
+
+// The checkpoint's dtype reaches ModelConfig: config.json's torch_dtype, or
+// transformers 5's "dtype"; llama2.c files are float32.
+TEST(DTypeTest, ModelConfigCarriesTheCheckpointsDtype) {
+  const std::string hf = testing::SharedDir() + "/models/hf/";
+  for (const auto& [fixture, dtype] : std::vector<std::pair<std::string, std::string>>{
+           {"qwen3", "bfloat16"}, {"mistral", "float32"}, {"llama3.2-tf5", "bfloat16"}}) {
+    auto model = Model::Load(hf + fixture, {.host_weights = false});
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ(model.value()->config().torch_dtype, dtype) << fixture;
+  }
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->config().torch_dtype, "float32");
+}
+
 TEST(DTypeTest, CpuBackendRejectsBf16WithAClearError) {
   auto model = testing::LoadTestModel();
   ASSERT_NE(model, nullptr);

@@ -76,6 +76,10 @@ struct ModelConfig {
   int32_t num_kv_heads = 0;  // KV heads; num_heads % num_kv_heads == 0
   int32_t vocab_size = 0;
   int32_t max_seq_len = 0;  // longest context the model supports
+  // The checkpoint's dtype as config.json names it (torch_dtype, or dtype):
+  // "bfloat16", "float16", "float32"; "float32" for llama2.c files; empty
+  // when config.json says none.
+  std::string torch_dtype;
   // Per head; even. dim / num_heads for llama2.c; Hugging Face's head_dim may
   // differ (Qwen3, Gemma): q is num_heads * head_size wide (q_dim()).
   int32_t head_size = 0;

@@ -43,6 +43,17 @@ enum class DType { kFloat32, kBFloat16 };
 // "f32", "bf16".
 const char* DTypeName(DType dtype);
 absl::StatusOr<DType> ParseDType(std::string_view name);
+// A worker's --dtype (vLLM's names) for a checkpoint whose config.json says
+// `checkpoint_dtype` (ModelConfig::torch_dtype), on the cuda backend or not:
+//  - "auto" (vLLM's default): bfloat16 for a bfloat16 checkpoint on cuda;
+//    else float32, the checkpoint's values exactly (a float16 or float32
+//    checkpoint, where vLLM would compute in float16: there is no float16
+//    path here, and bfloat16 would round its weights), and always on the cpu
+//    backend, which computes in float32.
+//  - "float16" / "half" / "fp16": refused by name (no float16 path).
+//  - else ParseDType; bfloat16 needs cuda.
+absl::StatusOr<DType> ResolveDType(std::string_view flag, std::string_view checkpoint_dtype,
+                                   bool cuda);
 int32_t DTypeBytes(DType dtype);
 
 struct KvCacheOptions {
