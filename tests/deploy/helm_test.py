@@ -65,6 +65,13 @@ def one(objs, kind):
     return found[0]
 
 
+def replica(objs):
+    """The scheduler+worker Deployment (the frontend has its own)."""
+    found = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == RELEASE]
+    assert len(found) == 1, [o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"]
+    return found[0]
+
+
 def containers(obj):
     return {c["name"]: c for c in obj["spec"]["template"]["spec"]["containers"]}
 
@@ -338,11 +345,13 @@ def check_security(source_dir, objs, label):
 # 7. ------------------------------------------------------------------------
 def check_defaults(build_dir, source_dir, objs):
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "Service",
-                     "StatefulSet"], kinds
+    # The replicas, the KV-store, and the frontend (the OpenAI API) with its
+    # Service and the replicas' headless one.
+    assert kinds == ["ConfigMap", "Deployment", "Deployment", "PodDisruptionBudget", "Service",
+                     "Service", "Service", "Service", "StatefulSet"], kinds
     pods = check_flags_and_probes(build_dir, objs, "defaults")
     named = by_kind_name(objs)
-    sts, dep = one(objs, "StatefulSet"), one(objs, "Deployment")
+    sts, dep = one(objs, "StatefulSet"), replica(objs)
     w, s, kv = pods["worker"], pods["scheduler"], pods["kvstore"]
     res = w["resources"]
     assert arg(w, "backend") == "cuda", "the default image is the CUDA one (deploy/README.md)"
@@ -390,12 +399,12 @@ def promql_parses(promtool, exprs):
 def check_other_values(build_dir, helm, chart):
     promtool = find_promtool()
     cpu = objects(render_text(helm, chart, sets=["worker.backend=cpu", "worker.gpus=0"]))
-    wc = containers(one(cpu, "Deployment"))["worker"]
+    wc = containers(replica(cpu))["worker"]
     assert "nvidia.com/gpu" not in str(wc["resources"]) and arg(wc, "backend") == "cpu"
     nokv = objects(render_text(helm, chart, sets=["kvstore.enabled=false",
                                                   "networkPolicy.enabled=true"]))
     assert "StatefulSet" not in [o["kind"] for o in nokv]
-    assert "--kvstore" not in str(containers(one(nokv, "Deployment"))), "refers to a store"
+    assert "--kvstore" not in str(containers(replica(nokv))), "refers to a store"
     assert [o["metadata"]["name"] for o in nokv if o["kind"] == "NetworkPolicy"] == [RELEASE]
     mon = objects(render_text(helm, chart, sets=["serviceMonitor.enabled=true",
                                                  "prometheusRule.enabled=true"]))
@@ -416,8 +425,10 @@ def check_other_values(build_dir, helm, chart):
     assert len(fe_eps) == 1 and fe_eps[0]["path"] == "/metrics", fe_eps
     assert fe_eps[0]["scheme"] == "https", fe_eps
     assert fe_eps[0]["tlsConfig"] == {"serverName": "tandem-frontend"}, fe_eps
-    assert not [ep for ep in sm["spec"]["endpoints"] if ep["port"] == "http"], \
-        "a frontend endpoint without the frontend"
+    no_fe = objects(render_text(helm, chart, sets=["serviceMonitor.enabled=true",
+                                                   "frontend.enabled=false"]))
+    assert not [ep for ep in one(no_fe, "ServiceMonitor")["spec"]["endpoints"]
+                if ep["port"] == "http"], "a frontend endpoint without the frontend"
     with open(os.path.join(chart, "files", "rules.yaml")) as f:
         assert pr["spec"] == yaml.safe_load(f), "the PrometheusRule differs from files/rules.yaml"
 
@@ -431,7 +442,7 @@ def check_other_values(build_dir, helm, chart):
     assert f'namespace="{NAMESPACE}"' in query, query
     assert isinstance(trig["metadata"]["threshold"], str), "KEDA takes the threshold as a string"
     promql_parses(promtool, [query])
-    assert "replicas" not in one(keda, "Deployment")["spec"], "helm upgrade would reset replicas"
+    assert "replicas" not in replica(keda)["spec"], "helm upgrade would reset replicas"
     hpa = one(objects(render_text(helm, chart, sets=["autoscaling.hpa.enabled=true"])),
               "HorizontalPodAutoscaler")
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == \
@@ -526,6 +537,66 @@ def check_frontend_model_dir(build_dir, helm, chart):
           "and chat template), else --tokenizer")
 
 
+def check_serves_openai(build_dir, helm, chart):
+    """The defaults serve the OpenAI API (the frontend and its Service, the
+    NOTES' curl); frontend.ingress routes to its Service's http port;
+    model.download fills an emptyDir in every pod from the Hub with the
+    token from its Secret (the frontend's pods only the tokenizer files), and
+    refuses a missing repo or a path outside mountPath."""
+    defaults = objects(render_text(helm, chart))
+    named = by_kind_name(defaults)
+    assert ("Deployment", f"{RELEASE}-frontend") in named and \
+        ("Service", f"{RELEASE}-frontend") in named, "the default install serves no OpenAI API"
+    assert not [o for o in defaults if o["kind"] == "Ingress"], "an Ingress nobody asked for"
+    notes = subprocess.run([helm, "install", RELEASE, chart, "--dry-run", "--namespace",
+                            NAMESPACE], capture_output=True, text=True)
+    assert notes.returncode == 0, notes.stderr
+    assert "/v1/completions" in notes.stdout and "curl" in notes.stdout, notes.stdout[-2000:]
+
+    ing = one(objects(render_text(helm, chart, [ALL_ON])), "Ingress")
+    assert ing["spec"]["ingressClassName"] == "nginx"
+    assert ing["spec"]["tls"] == [{"hosts": ["llm.example.com"], "secretName": "llm-tls"}]
+    (rule,) = ing["spec"]["rules"]
+    assert rule["host"] == "llm.example.com"
+    (path,) = rule["http"]["paths"]
+    assert path["path"] == "/v1" and path["pathType"] == "Prefix"
+    assert path["backend"]["service"] == {"name": f"{RELEASE}-frontend", "port": {"name": "http"}}
+
+    hf = "/models/Qwen2.5-0.5B-Instruct"
+    sets = ["model.download.enabled=true", "model.download.repo=Qwen/Qwen2.5-0.5B-Instruct",
+            f"model.path={hf}", "model.download.tokenSecret.name=hf-token",
+            "model.download.sizeLimit=20Gi"]
+    objs = objects(render_text(helm, chart, sets=sets))
+    check_flags_and_probes(build_dir, objs, "download")
+    named = by_kind_name(objs)
+    for dep_name, only_tokenizer in ((RELEASE, False), (f"{RELEASE}-frontend", True)):
+        spec = named[("Deployment", dep_name)]["spec"]["template"]["spec"]
+        (init,) = spec["initContainers"]
+        env = {e["name"]: e for e in init["env"]}
+        assert env["HF_REPO"]["value"] == "Qwen/Qwen2.5-0.5B-Instruct" and \
+            env["MODEL_PATH"]["value"] == hf, env
+        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+        assert bool(env["HF_ALLOW_PATTERNS"]["value"]) == only_tokenizer, (dep_name, env)
+        assert "snapshot_download" in init["args"][0]
+        vols = {v["name"]: v for v in spec["volumes"]}
+        assert vols["model"] == {"name": "model", "emptyDir": {"sizeLimit": "20Gi"}}, vols
+        mounts = {m["name"]: m for m in init["volumeMounts"]}
+        assert mounts["model"]["mountPath"] == "/models" and not mounts["model"].get("readOnly")
+        bad = pod_security_restricted(dep_name + "/download", spec)
+        assert not bad, bad
+    fe = containers(named[("Deployment", f"{RELEASE}-frontend")])["frontend"]
+    assert arg(fe, "model") == hf and arg(fe, "tokenizer") is None, fe["args"]
+    for bad, message in ((["model.download.enabled=true"], "needs model.download.repo"),
+                         (["model.download.enabled=true", "model.download.repo=a/b",
+                           "model.path=/elsewhere/m"], "must lie under model.mountPath")):
+        r = subprocess.run([helm, "template", RELEASE, chart, *sum((["--set", s] for s in bad), [])],
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and message in r.stderr, (bad, r.stderr)
+    print("serves OpenAI by default (frontend, Service, NOTES curl); Ingress to the frontend's "
+          "http port; model.download: an init container per pod fills an emptyDir from the Hub "
+          "(token from its Secret; the frontend fetches only tokenizer files)")
+
+
 def check_tls(build_dir, source_dir, helm, chart):
     """tls.enabled: every part gets --tls-* from its own Secret, the probes
     run `tandem health`, the KV-store's plain-TCP bulk port is shut, and
@@ -594,6 +665,7 @@ def main():
     check_security(source_dir, defaults, "defaults")
     check_security(source_dir, objects(render_text(helm, chart, [ALL_ON])), "all-on")
     check_other_values(build_dir, helm, chart)
+    check_serves_openai(build_dir, helm, chart)
     check_tls(build_dir, source_dir, helm, chart)
     print("helm_test: OK")
 

@@ -147,3 +147,63 @@ timeoutSeconds: 5
 grpc: {port: {{ .port }}, service: {{ .service }}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The model volume: model.volume, or the emptyDir model.download fills.
+*/}}
+{{- define "tandem.modelVolume" -}}
+- name: model
+  {{- if .Values.model.download.enabled }}
+  {{- with .Values.model.download.sizeLimit }}
+  emptyDir: {sizeLimit: {{ . }}}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+  {{- else }}
+  {{- toYaml .Values.model.volume | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{/*
+The init container that downloads the model (model.download); call with
+(dict "root" $ "tokenizerOnly" bool). Empty when downloads are off.
+*/}}
+{{- define "tandem.modelDownload" -}}
+{{- $d := .root.Values.model.download -}}
+{{- if $d.enabled }}
+{{- if not $d.repo }}{{ fail "model.download.enabled needs model.download.repo" }}{{ end }}
+{{- if not (hasPrefix (printf "%s/" (trimSuffix "/" .root.Values.model.mountPath)) .root.Values.model.path) }}
+{{- fail "model.download: model.path must lie under model.mountPath" }}
+{{- end }}
+- name: download-model
+  image: {{ $d.image }}
+  imagePullPolicy: IfNotPresent
+  command: [sh, -c]
+  args:
+    - >-
+      python -c 'import huggingface_hub' 2>/dev/null ||
+      pip install --no-cache-dir --quiet --target /tmp/hf huggingface_hub &&
+      PYTHONPATH=/tmp/hf python -c 'import os; from huggingface_hub import snapshot_download;
+      a = os.environ["HF_ALLOW_PATTERNS"];
+      snapshot_download(repo_id=os.environ["HF_REPO"], revision=os.environ["HF_REVISION"],
+      local_dir=os.environ["MODEL_PATH"], allow_patterns=a.split(",") if a else None)'
+  env:
+    - {name: HF_REPO, value: {{ $d.repo | quote }}}
+    - {name: HF_REVISION, value: {{ $d.revision | quote }}}
+    - {name: MODEL_PATH, value: {{ .root.Values.model.path | quote }}}
+    - {name: HF_ALLOW_PATTERNS, value: {{ ternary "*.json,*.model,*.jinja,*.txt" "" .tokenizerOnly | quote }}}
+    - {name: HOME, value: /tmp}
+    - {name: HF_HOME, value: /tmp/hf-home}
+    {{- if $d.tokenSecret.name }}
+    - name: HF_TOKEN
+      valueFrom:
+        secretKeyRef: {name: {{ $d.tokenSecret.name }}, key: {{ $d.tokenSecret.key }}}
+    {{- end }}
+  {{- with .root.Values.securityContext }}
+  securityContext: {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - {name: tmp, mountPath: /tmp}
+    - {name: model, mountPath: {{ .root.Values.model.mountPath }}}
+{{- end }}
+{{- end -}}
