@@ -72,8 +72,8 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
   if (config.max_model_len > capacity) {
     return absl::FailedPreconditionError(absl::StrCat(
         "max_model_len (", config.max_model_len,
-        ") is larger than the maximum number of tokens the worker's KV cache can hold (",
-        capacity, ": ", d.num_kv_blocks - 1, " usable blocks of ", d.block_size,
+        ") is larger than the maximum number of tokens the worker's KV cache can hold (", capacity,
+        ": ", d.num_kv_blocks - 1, " usable blocks of ", d.block_size,
         " tokens); lower the scheduler's --max-model-len to at most ", capacity,
         " or give the worker more KV cache (--kv-cache-bytes or --num-blocks)"));
   }
@@ -255,7 +255,8 @@ bool EngineCore::SendStep(sched::SchedulerOutput step) {
   ++counters_.num_steps_sent;
   counters_.step_scheduled_reqs_sum += step.num_scheduled_tokens.size();
   for (const sched::NewRequestData& r : step.scheduled_new_reqs) {
-    if (auto it = requests_.find(r.request_id); it != requests_.end()) it->second.sink->OnScheduled();
+    if (auto it = requests_.find(r.request_id); it != requests_.end())
+      it->second.sink->OnScheduled();
   }
   if (options_.on_step_sent) options_.on_step_sent(step.total_num_scheduled_tokens);
   if (!transport_->Send(step)) {

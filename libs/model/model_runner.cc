@@ -45,8 +45,9 @@ absl::StatusOr<DType> ResolveDType(std::string_view flag, std::string_view check
   }
   TANDEM_ASSIGN_OR_RETURN(DType dtype, ParseDType(flag));
   if (dtype == DType::kBFloat16 && !cuda) {
-    return absl::InvalidArgumentError("dtype bfloat16 needs the cuda backend (the cpu backend "
-                                      "computes in float32)");
+    return absl::InvalidArgumentError(
+        "dtype bfloat16 needs the cuda backend (the cpu backend "
+        "computes in float32)");
   }
   return dtype;
 }

@@ -462,9 +462,9 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
     if (out != nullptr) {
       metrics_->prompt_tokens.Increment(out->num_prompt_tokens);
       if (out->num_output_tokens > 1 && call.times.first_token_ns > 0) {
-        metrics_->time_per_output_token.Observe((call.times.last_token_ns -
-                                                 call.times.first_token_ns) * 1e-9 /
-                                                (out->num_output_tokens - 1));
+        metrics_->time_per_output_token.Observe(
+            (call.times.last_token_ns - call.times.first_token_ns) * 1e-9 /
+            (out->num_output_tokens - 1));
       }
     }
   }
@@ -501,7 +501,7 @@ void Engine::CallRejected(GenerateCall& call, const absl::Status& status) {
   if (options_.log_requests) {
     TANDEM_LOG(INFO) << "request " << call.request_id
                      << " rejected: status=" << rpc::StatusCodeName(grpc_status) << " "
-                   << grpc_status.error_message();
+                     << grpc_status.error_message();
   }
   if (call.QueueFinish(grpc_status)) writes_.push_back(call.shared_from_this());
 }

@@ -34,11 +34,11 @@
 #include "absl/status/status.h"
 #include "call.h"
 #include "engine_metrics.h"
-#include "vllm_metrics.h"
 #include "tandem/engine/engine_core.h"
 #include "tandem/metrics/metrics.h"
 #include "tandem/sched/scheduler.h"
 #include "tandem/v1/generation.pb.h"
+#include "vllm_metrics.h"
 #include "worker_link.h"
 
 namespace tandem::scheduler {

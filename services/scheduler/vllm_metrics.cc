@@ -45,8 +45,8 @@ VllmMetrics::VllmMetrics(prometheus::Registry& registry, const std::string& mode
                   max_model_len) {}
 
 VllmMetrics::VllmMetrics(VllmFamilies f, int32_t max_model_len)
-    : num_requests_running_(f.Gauge("vllm:num_requests_running",
-                                    "Number of requests in model execution batches.")),
+    : num_requests_running_(
+          f.Gauge("vllm:num_requests_running", "Number of requests in model execution batches.")),
       num_requests_waiting_(
           f.Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")),
       gpu_cache_usage_perc_(f.Gauge("vllm:gpu_cache_usage_perc",
@@ -58,10 +58,10 @@ VllmMetrics::VllmMetrics(VllmFamilies f, int32_t max_model_len)
           "vllm:gpu_prefix_cache_queries_total",
           "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: Use "
           "vllm:prefix_cache_queries instead.")),
-      gpu_prefix_cache_hits_(&f.Counter(
-          "vllm:gpu_prefix_cache_hits_total",
-          "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: Use "
-          "vllm:prefix_cache_hits instead.")),
+      gpu_prefix_cache_hits_(
+          &f.Counter("vllm:gpu_prefix_cache_hits_total",
+                     "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: Use "
+                     "vllm:prefix_cache_hits instead.")),
       prefix_cache_queries_(
           &f.Counter("vllm:prefix_cache_queries_total",
                      "Prefix cache queries, in terms of number of queried tokens.")),
@@ -92,11 +92,11 @@ VllmMetrics::VllmMetrics(VllmFamilies f, int32_t max_model_len)
       time_to_first_token_(f.Histogram("vllm:time_to_first_token_seconds",
                                        "Histogram of time to first token in seconds.",
                                        metrics::TimeToFirstTokenBuckets())),
-      time_per_output_token_(f.Histogram(
-          "vllm:time_per_output_token_seconds",
-          "Histogram of time per output token in seconds. DEPRECATED: Use "
-          "vllm:inter_token_latency_seconds instead.",
-          metrics::InterTokenLatencyBuckets())),
+      time_per_output_token_(
+          f.Histogram("vllm:time_per_output_token_seconds",
+                      "Histogram of time per output token in seconds. DEPRECATED: Use "
+                      "vllm:inter_token_latency_seconds instead.",
+                      metrics::InterTokenLatencyBuckets())),
       inter_token_latency_(f.Histogram("vllm:inter_token_latency_seconds",
                                        "Histogram of inter-token latency in seconds.",
                                        metrics::InterTokenLatencyBuckets())),
@@ -114,10 +114,9 @@ VllmMetrics::VllmMetrics(VllmFamilies f, int32_t max_model_len)
       request_queue_time_(f.Histogram("vllm:request_queue_time_seconds",
                                       "Histogram of time spent in WAITING phase for request.",
                                       metrics::RequestLatencyBuckets())),
-      request_inference_time_(
-          f.Histogram("vllm:request_inference_time_seconds",
-                      "Histogram of time spent in RUNNING phase for request.",
-                      metrics::RequestLatencyBuckets())),
+      request_inference_time_(f.Histogram("vllm:request_inference_time_seconds",
+                                          "Histogram of time spent in RUNNING phase for request.",
+                                          metrics::RequestLatencyBuckets())),
       request_prefill_time_(f.Histogram("vllm:request_prefill_time_seconds",
                                         "Histogram of time spent in PREFILL phase for request.",
                                         metrics::RequestLatencyBuckets())),
@@ -178,10 +177,17 @@ void VllmMetrics::ObserveFinished(engine::FinishReason reason, const RequestTime
                                   int32_t num_output_tokens) {
   int index = -1;
   switch (reason) {
-    case engine::FinishReason::kStop: index = 0; break;
-    case engine::FinishReason::kLength: index = 1; break;
-    case engine::FinishReason::kAbort: index = 2; break;
-    case engine::FinishReason::kError: return;
+    case engine::FinishReason::kStop:
+      index = 0;
+      break;
+    case engine::FinishReason::kLength:
+      index = 1;
+      break;
+    case engine::FinishReason::kAbort:
+      index = 2;
+      break;
+    case engine::FinishReason::kError:
+      return;
   }
   request_success_[index]->Increment();
   e2e_request_latency_.Observe(Seconds(t.arrival_ns, now_ns));

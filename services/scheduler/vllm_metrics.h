@@ -48,8 +48,7 @@ struct VllmFamilies;
 class VllmMetrics {
  public:
   // The token-count histograms' buckets end at max_model_len, as vLLM's.
-  VllmMetrics(prometheus::Registry& registry, const std::string& model_name,
-              int32_t max_model_len);
+  VllmMetrics(prometheus::Registry& registry, const std::string& model_name, int32_t max_model_len);
 
   // Gauges and the counters mirrored from the core's cumulative stats.
   void Update(const engine::EngineStats& e);

@@ -120,8 +120,8 @@ absl::Status WorkerService::Load() {
   if (!model.ok()) return Annotate(model.status(), absl::StrCat("loading ", options_.model_path));
   model_ = std::move(model).value();
   const model::ModelConfig& config = model_->config();
-  TANDEM_ASSIGN_OR_RETURN(dtype_, model::ResolveDType(options_.dtype, config.torch_dtype,
-                                                     options_.backend == "cuda"));
+  TANDEM_ASSIGN_OR_RETURN(
+      dtype_, model::ResolveDType(options_.dtype, config.torch_dtype, options_.backend == "cuda"));
   if (options_.dtype == "auto") {
     TANDEM_LOG(INFO) << "--dtype auto: " << model::DTypeName(dtype_) << " (the checkpoint's "
                      << (config.torch_dtype.empty() ? "dtype is not named" : config.torch_dtype)

@@ -134,13 +134,14 @@ TEST(LoadCancelTest, AThousandStreamsHalfCancelledLeakNothing) {
       lowest_idle_sched = idle_sched;
     }
     const int64_t worker_rss = RssKiB(worker.process.pid());
-    std::printf("round %d: %d completed, %d cancelled, %d other; free blocks %d/%d; RSS "
-                "scheduler %lld KiB after the round, %lld KiB idle (baseline %lld), worker %lld "
-                "KiB (baseline %lld)\n",
-                round, r.completed, r.cancelled, r.other, idle.num_free_blocks(),
-                idle.num_total_blocks(), static_cast<long long>(peak_sched),
-                static_cast<long long>(idle_sched), static_cast<long long>(baseline_sched), static_cast<long long>(worker_rss),
-                static_cast<long long>(baseline_worker));
+    std::printf(
+        "round %d: %d completed, %d cancelled, %d other; free blocks %d/%d; RSS "
+        "scheduler %lld KiB after the round, %lld KiB idle (baseline %lld), worker %lld "
+        "KiB (baseline %lld)\n",
+        round, r.completed, r.cancelled, r.other, idle.num_free_blocks(), idle.num_total_blocks(),
+        static_cast<long long>(peak_sched), static_cast<long long>(idle_sched),
+        static_cast<long long>(baseline_sched), static_cast<long long>(worker_rss),
+        static_cast<long long>(baseline_worker));
     EXPECT_EQ(r.completed + r.cancelled, kStreams);
     EXPECT_GE(r.completed, kStreams / 2);  // the even half is never cancelled
     EXPECT_EQ(r.other, 0);

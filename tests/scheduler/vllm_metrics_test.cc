@@ -113,7 +113,8 @@ TEST(VllmMetricsTest, GaugesAndMirroredCountersFromTheEngineStats) {
   e.scheduler.kv_cache_usage = 0.25;
   e.scheduler.prefix_cache_queries_tokens = 100;
   e.scheduler.prefix_cache_hits_tokens = 40;
-  e.scheduler.num_preemptions_by_reason[static_cast<int>(sched::PreemptionReason::kKvCacheFull)] = 2;
+  e.scheduler.num_preemptions_by_reason[static_cast<int>(sched::PreemptionReason::kKvCacheFull)] =
+      2;
   e.num_worker_lost_preemptions = 1;
   m.Update(e);
   m.Update(e);  // cumulative: the same stats add nothing

@@ -155,8 +155,7 @@ const std::map<std::string, std::string>& Refused() {
   static const auto* refused = new std::map<std::string, std::string>{
       {"gpu-memory-utilization",
        "not built yet: size the KV cache with --kv-cache-bytes or --num-blocks (tandem-worker)"},
-      {"seed",
-       "not supported: there is no engine-wide seed; give each request its own \"seed\""},
+      {"seed", "not supported: there is no engine-wide seed; give each request its own \"seed\""},
       {"max-logprobs", "not supported: logprobs are not built yet (issue 30)"},
   };
   return *refused;
@@ -203,8 +202,9 @@ void ParseArgs(int argc, char** argv, ServeConfig* config, std::vector<Part>& pa
     };
     if (name == "help") throw UsageError("");
     if (Reserved().count(name) != 0) {
-      throw UsageError("--" + name + ": tandem serve sets it for each part; give MODEL, --host "
-                                     "and --port instead");
+      throw UsageError("--" + name +
+                       ": tandem serve sets it for each part; give MODEL, --host "
+                       "and --port instead");
     }
     if (auto it = Refused().find(name); it != Refused().end()) {
       throw UsageError("--" + name + ": " + it->second);
@@ -239,7 +239,8 @@ void ParseArgs(int argc, char** argv, ServeConfig* config, std::vector<Part>& pa
                          "always reads) is supported");
       }
     } else if (auto r = Routed().find(name); r != Routed().end()) {
-      FindPart(parts, r->second.first)->args.push_back("--" + r->second.second + "=" + take_value());
+      FindPart(parts, r->second.first)
+          ->args.push_back("--" + r->second.second + "=" + take_value());
     } else if (auto s = RoutedSwitches().find(name); s != RoutedSwitches().end()) {
       no_value();
       FindPart(parts, s->second.first)->args.push_back("--" + s->second.second);
@@ -470,7 +471,8 @@ int Serve(int argc, char** argv) {
   size_t next = 0;
   if (config.kv_store) {
     Part& kv = parts[next++];
-    const std::string dir = config.kv_store_dir.empty() ? run_dir + "/kvstore" : config.kv_store_dir;
+    const std::string dir =
+        config.kv_store_dir.empty() ? run_dir + "/kvstore" : config.kv_store_dir;
     supervisor.Start(kv, {"--data-dir=" + dir, "--listen=127.0.0.1:0",
                           "--port-file=" + run_dir + "/kvstore.port"});
     const std::optional<std::string> port = supervisor.WaitForPort(run_dir + "/kvstore.port");
@@ -515,8 +517,8 @@ int Serve(int argc, char** argv) {
 
   const bool any_host = config.host == "0.0.0.0" || config.host == "::" || config.host.empty();
   const std::string probe_host = any_host ? "127.0.0.1" : config.host;
-  const std::string url = std::string(config.https ? "https" : "http") + "://" + listen_host + ":" +
-                          *api_port + "/v1";
+  const std::string url =
+      std::string(config.https ? "https" : "http") + "://" + listen_host + ":" + *api_port + "/v1";
   if (!config.https) {
     while (!HealthOk(probe_host, *api_port)) {
       if (!supervisor.Poll(std::chrono::milliseconds(200))) return fail();
