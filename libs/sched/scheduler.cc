@@ -356,11 +356,22 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
   scheduled_.clear();
   published_.clear();
   preemption_events_.clear();
-  int32_t token_budget = config_.max_num_batched_tokens;
-  int32_t num_preempted = 0;
-  bool short_of_blocks = false;  // a running request waits for blocks
+  StepBudget budget{.token_budget = config_.max_num_batched_tokens};
+  ScheduleRunning(&budget);
+  const int32_t num_deferred = AdmitWaiting(&budget);
+  StepRecord record = BuildStepOutput(out);
+  AdvanceCounters(record);
+  const int32_t total = out->total_num_scheduled_tokens;
+  in_flight_.push_back(std::move(record));
+  ComputeStats(total, budget.num_preempted, num_deferred);
+}
 
-  // ---- running requests first, in admission order ----
+// Running requests first, in admission order: each gets its next chunk if
+// blocks allow, preempting by the policy when they do not.
+void Scheduler::ScheduleRunning(StepBudget* budget) {
+  int32_t& token_budget = budget->token_budget;
+  int32_t& num_preempted = budget->num_preempted;
+  bool& short_of_blocks = budget->short_of_blocks;
   for (size_t i = 0; i < running_.size() && token_budget > 0;) {
     if (i + 8 < running_.size()) __builtin_prefetch(running_[i + 8]);
     Request* r = running_[i];
@@ -427,8 +438,14 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
     kv_.CacheBlocks(e.request, e.request->num_computed_tokens + e.num_scheduled_tokens,
                     &published_);
   }
+}
 
-  // ---- waiting requests, only if nothing was preempted ----
+// Waiting requests, only if nothing was preempted and no running request
+// waits for blocks. Returns how many wait for a KV-store lookup.
+int32_t Scheduler::AdmitWaiting(StepBudget* budget) {
+  int32_t& token_budget = budget->token_budget;
+  const int32_t num_preempted = budget->num_preempted;
+  const bool short_of_blocks = budget->short_of_blocks;
   // Requests whose async load has finished go first, in queue order: they
   // hold blocks that only their admission frees, so a request ahead of them
   // must not keep them waiting while it waits for blocks (maybe theirs).
@@ -481,108 +498,18 @@ void Scheduler::ScheduleInto(SchedulerOutput* out) {
     }
   }
   if (blocked_by) ++stats_.num_admission_blocked_steps[static_cast<int>(*blocked_by)];
+  return num_deferred;
+}
 
-  // ---- the output: new requests in full, then diffs ----
-  out->step_id = next_step_id_++;
-  StepRecord record;
-  if (!spare_records_.empty()) {
-    record = std::move(spare_records_.back());
-    spare_records_.pop_back();
-  }
-  out->last_processed_step_id = last_processed_step_id_;
-  record.step_id = out->step_id;
-  record.entries.clear();
-  record.published.swap(published_);
-  record.failed = false;
-  size_t num_new = 0;
-  for (const StepEntry& e : scheduled_) num_new += e.request->known_to_worker ? 0 : 1;
-  out->scheduled_new_reqs.resize(num_new);
-  out->scheduled_cached_reqs.resize(scheduled_.size() - num_new);
-  out->num_scheduled_tokens.resize(scheduled_.size());
-  record.entries.resize(scheduled_.size());
-  int32_t total = 0;
-  size_t next_new = 0;
-  size_t next_cached = 0;
-  for (const StepEntry& e : scheduled_) {
-    Request* r = e.request;
-    size_t slot;
-    if (!r->known_to_worker) {
-      slot = next_new;
-      NewRequestData& d = out->scheduled_new_reqs[next_new++];
-      d.request_id = r->request_id;
-      d.prompt_token_ids.assign(r->all_token_ids.begin(),
-                                r->all_token_ids.begin() + r->num_prompt_tokens);
-      d.output_token_ids.assign(r->all_token_ids.begin() + r->num_prompt_tokens,
-                                r->all_token_ids.end());
-      d.sampling = r->sampling;
-      d.block_ids = r->block_ids;
-      d.num_computed_tokens = r->num_computed_tokens;
-      r->known_to_worker = true;
-      r->new_in_step = out->step_id;
-    } else {
-      slot = num_new + next_cached;
-      CachedRequestData& d = out->scheduled_cached_reqs[next_cached++];
-      d.request_id = r->request_id;
-      d.resumed_from_preemption = r->resumed_pending;
-      const int32_t from = r->resumed_pending ? 0 : r->num_blocks_sent;
-      d.new_block_ids.assign(r->block_ids.begin() + from, r->block_ids.end());
-      if (r->resumed_pending) {
-        d.all_token_ids = r->all_token_ids;
-      } else {
-        d.all_token_ids.clear();
-      }
-      d.num_computed_tokens = r->num_computed_tokens;
-      d.num_output_placeholders = r->num_output_placeholders;
-    }
-    r->resumed_pending = false;
-    r->num_blocks_sent = static_cast<int32_t>(r->block_ids.size());
-    record.entries[slot] = e;
-    out->num_scheduled_tokens[slot] = e.num_scheduled_tokens;
-    total += e.num_scheduled_tokens;
-  }
-  out->total_num_scheduled_tokens = total;
-  out->finished_req_ids.swap(pending_finished_ids_);
-  pending_finished_ids_.clear();
-  record.finished_ids.assign(out->finished_req_ids.begin(), out->finished_req_ids.end());
-  // Preempted since the last step (here or by a failed step's output).
-  out->preempted_req_ids.resize(preempted_.size());
-  for (size_t i = 0; i < preempted_.size(); ++i) {
-    out->preempted_req_ids[i] = preempted_[i]->request_id;
-  }
-  preempted_.clear();
-
-  if (connector_ != nullptr) {
-    views_.clear();
-    for (const StepEntry& e : record.entries) {
-      views_.push_back(ScheduledRequestView{e.request, e.num_scheduled_tokens, e.will_sample,
-                                            config_.async_scheduling && e.will_sample});
-    }
-    out->kv_connector_metadata = connector_->BuildConnectorMeta(*out, views_);
-    record.load_ids.clear();
-    record.load_block_ids.clear();
-    record.store_ids.clear();
-    for (const KvLoad& load : out->kv_connector_metadata.loads) {
-      record.load_ids.push_back(load.request_id);
-      record.load_block_ids.insert(record.load_block_ids.end(), load.block_ids.begin(),
-                                   load.block_ids.end());
-    }
-    for (const KvStoreOp& store : out->kv_connector_metadata.stores) {
-      record.store_ids.push_back(store.request_id);
-    }
-  } else {
-    out->kv_connector_metadata.loads.clear();
-    out->kv_connector_metadata.stores.clear();
-  }
-
-  // ---- then the counters advance ----
+// Then the counters advance: the scheduled tokens count as computed (and,
+// async, a sampled token as a placeholder) from now on.
+void Scheduler::AdvanceCounters(const StepRecord& record) {
   for (const StepEntry& e : record.entries) {
     Request* r = e.request;
     r->num_computed_tokens += e.num_scheduled_tokens;
     r->num_in_flight_tokens += e.num_scheduled_tokens;
     if (config_.async_scheduling && e.will_sample) ++r->num_output_placeholders;
   }
-  in_flight_.push_back(std::move(record));
-  ComputeStats(total, num_preempted, num_deferred);
 }
 
 void Scheduler::ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted,
@@ -890,115 +817,6 @@ const Request* Scheduler::FindRequest(std::string_view request_id) const {
   if (it != live_.end()) return it->second;
   auto h = held_.find(AsAbsl(request_id));
   return h != held_.end() ? h->second : nullptr;
-}
-
-absl::Status Scheduler::CheckInvariants() const {
-  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
-  const int32_t bs = config_.block_size;
-  if (num_running() > config_.max_num_seqs) {
-    return fail("running ", num_running(), " > max_num_seqs ", config_.max_num_seqs);
-  }
-  int32_t loading = 0;
-  int32_t loaded = 0;
-  for (const Request* r : waiting_) {
-    loading += r->state == RequestState::kWaitingForRemoteKv;
-    loaded += HoldsLoadedKv(*r);
-  }
-  if (loading != num_loading_) return fail("num_loading_ ", num_loading_, " != ", loading);
-  if (loaded != num_loaded_) return fail("num_loaded_ ", num_loaded_, " != ", loaded);
-  if (config_.limit_async_load_admission && num_running() + loading > config_.max_num_seqs) {
-    return fail("running ", num_running(), " + loading ", loading, " > max_num_seqs");
-  }
-  if (!in_flight_.empty()) {
-    int32_t total = 0;
-    for (const StepEntry& e : in_flight_.back().entries) total += e.num_scheduled_tokens;
-    if (total > config_.max_num_batched_tokens) {
-      return fail("step scheduled ", total, " tokens > budget ", config_.max_num_batched_tokens);
-    }
-  }
-  std::vector<int32_t> refs(static_cast<size_t>(kv_.pool().num_blocks()), 0);
-  refs[BlockPool::kNullBlock] = 1;
-  auto check_request = [&](const Request* r, bool live) -> absl::Status {
-    const std::string& id = r->request_id;
-    if (r->num_output_placeholders < 0 || r->num_in_flight_tokens < 0 ||
-        r->num_pending_external_tokens < 0 || r->num_computed_tokens < 0) {
-      return fail(id, ": negative counter C=", r->num_computed_tokens,
-                  " P=", r->num_output_placeholders, " F=", r->num_in_flight_tokens,
-                  " E=", r->num_pending_external_tokens);
-    }
-    if (r->num_output_placeholders > (config_.async_scheduling ? 2 : 0)) {
-      return fail(id, ": ", r->num_output_placeholders, " placeholders");
-    }
-    if (live) {
-      if (r->num_computed_tokens > r->num_tokens() + r->num_output_placeholders) {
-        return fail(id, ": computed ", r->num_computed_tokens, " > tokens ", r->num_tokens(),
-                    " + placeholders ", r->num_output_placeholders);
-      }
-      if (r->num_in_flight_tokens > r->num_computed_tokens) {
-        return fail(id, ": in flight ", r->num_in_flight_tokens, " > computed");
-      }
-      const int32_t covered = r->num_computed_tokens + r->num_pending_external_tokens;
-      if (static_cast<int32_t>(r->block_ids.size()) < CeilDiv(covered, bs)) {
-        return fail(id, ": ", r->block_ids.size(), " blocks do not cover ", covered, " tokens");
-      }
-      // A full-prompt load keeps its last block cached while recomputing its
-      // last token.
-      const bool full_prompt_load = r->num_computed_tokens == r->num_tokens() - 1 &&
-                                    r->num_cached_blocks * bs == r->num_tokens();
-      if (r->num_cached_blocks * bs > std::min(r->num_computed_tokens, r->num_tokens()) &&
-          !full_prompt_load) {
-        return fail(id, ": ", r->num_cached_blocks, " cached blocks beyond known computed tokens");
-      }
-    }
-    for (int32_t b : r->block_ids) {
-      if (b <= 0 || b >= kv_.pool().num_blocks()) return fail(id, ": bad block id ", b);
-      ++refs[static_cast<size_t>(b)];
-    }
-    return absl::OkStatus();
-  };
-  for (const Request* r : running_) {
-    if (r->state != RequestState::kRunning)
-      return fail(r->request_id, " in running_ but ", RequestStateName(r->state));
-    TANDEM_RETURN_IF_ERROR(check_request(r, true));
-  }
-  for (const Request* r : waiting_) {
-    if (r->state != RequestState::kWaiting && r->state != RequestState::kPreempted &&
-        r->state != RequestState::kWaitingForRemoteKv) {
-      return fail(r->request_id, " in waiting_ but ", RequestStateName(r->state));
-    }
-    if (r->state != RequestState::kWaitingForRemoteKv && r->num_in_flight_tokens != 0) {
-      return fail(r->request_id, ": waiting with tokens in flight");
-    }
-    TANDEM_RETURN_IF_ERROR(check_request(r, true));
-  }
-  for (const auto& [id, r] : held_) {
-    if (id != r->request_id || !(r->awaiting_recv || r->awaiting_send) || !r->is_finished()) {
-      return fail(id, ": held but not a finished request awaiting a KV transfer");
-    }
-    if (live_.contains(id)) return fail(id, ": both live and held");
-    TANDEM_RETURN_IF_ERROR(check_request(r, false));
-  }
-  if (live_.size() != running_.size() + waiting_.size()) {
-    return fail("live ", live_.size(), " != running ", running_.size(), " + waiting ",
-                waiting_.size());
-  }
-  int32_t num_free = 0;
-  for (int32_t b = 0; b < kv_.pool().num_blocks(); ++b) {
-    if (refs[static_cast<size_t>(b)] != kv_.pool().ref_count(b)) {
-      return fail("block ", b, ": ref count ", kv_.pool().ref_count(b), " but held by ",
-                  refs[static_cast<size_t>(b)]);
-    }
-    num_free += refs[static_cast<size_t>(b)] == 0;
-  }
-  if (num_free != kv_.pool().num_free_blocks() ||
-      static_cast<int32_t>(kv_.pool().FreeQueueForTest().size()) != num_free) {
-    return fail("free blocks ", kv_.pool().num_free_blocks(), " but ", num_free, " unreferenced");
-  }
-  TANDEM_RETURN_IF_ERROR(kv_.pool().CheckCacheConsistency());
-  if (live_.empty() && held_.empty() && num_free != num_total_blocks()) {
-    return fail("no requests but only ", num_free, " of ", num_total_blocks(), " blocks free");
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace tandem::sched

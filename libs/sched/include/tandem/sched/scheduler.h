@@ -352,6 +352,16 @@ class Scheduler {
   static void NoteCachedTokens(Request* r, int32_t num_local, int32_t num_external);
   void FillOutput(Request* request, RequestOutput* out) const;
   void ComputeStats(int32_t num_scheduled_tokens, int32_t num_preempted, int32_t num_deferred);
+  // ScheduleInto's four phases, in order.
+  struct StepBudget {
+    int32_t token_budget = 0;
+    int32_t num_preempted = 0;
+    bool short_of_blocks = false;  // a running request waits for blocks
+  };
+  void ScheduleRunning(StepBudget* budget);
+  int32_t AdmitWaiting(StepBudget* budget);
+  StepRecord BuildStepOutput(SchedulerOutput* out);
+  void AdvanceCounters(const StepRecord& record);
 
   SchedulerConfig config_;
   KvConnectorScheduler* connector_;
