@@ -126,29 +126,26 @@ struct ServeConfig {
   bool https = false;
 };
 
-// vLLM's flags that go to one part: serve flag -> (part, its flag).
-const std::map<std::string, std::pair<std::string, std::string>>& Routed() {
-  static const auto* routes = new std::map<std::string, std::pair<std::string, std::string>>{
-      {"max-model-len", {"tandem-scheduler", "max-model-len"}},
-      {"max-num-seqs", {"tandem-scheduler", "max-num-seqs"}},
-      {"max-num-batched-tokens", {"tandem-scheduler", "max-num-batched-tokens"}},
-      {"metrics-listen", {"tandem-scheduler", "metrics-listen"}},
-      {"block-size", {"tandem-worker", "block-size"}},
-      {"dtype", {"tandem-worker", "dtype"}},
-      {"api-key", {"tandem-frontend", "api-key"}},
-      {"chat-template", {"tandem-frontend", "chat-template"}},
+// vLLM's flags, each for the one part that takes it (--metrics-listen,
+// which every part takes, for the scheduler: its series are vLLM's). Whether
+// one takes a value is read from that part's --help.
+const std::map<std::string, std::string>& OwnerOf() {
+  static const auto* owners = new std::map<std::string, std::string>{
+      {"max-model-len", "tandem-scheduler"},
+      {"max-num-seqs", "tandem-scheduler"},
+      {"max-num-batched-tokens", "tandem-scheduler"},
+      {"metrics-listen", "tandem-scheduler"},
+      {"enable-prefix-caching", "tandem-scheduler"},
+      {"no-enable-prefix-caching", "tandem-scheduler"},
+      {"enable-chunked-prefill", "tandem-scheduler"},
+      {"no-enable-chunked-prefill", "tandem-scheduler"},
+      {"disable-log-requests", "tandem-scheduler"},
+      {"block-size", "tandem-worker"},
+      {"dtype", "tandem-worker"},
+      {"api-key", "tandem-frontend"},
+      {"chat-template", "tandem-frontend"},
   };
-  return *routes;
-}
-const std::map<std::string, std::pair<std::string, std::string>>& RoutedSwitches() {
-  static const auto* routes = new std::map<std::string, std::pair<std::string, std::string>>{
-      {"enable-prefix-caching", {"tandem-scheduler", "enable-prefix-caching"}},
-      {"no-enable-prefix-caching", {"tandem-scheduler", "no-enable-prefix-caching"}},
-      {"enable-chunked-prefill", {"tandem-scheduler", "enable-chunked-prefill"}},
-      {"no-enable-chunked-prefill", {"tandem-scheduler", "no-enable-chunked-prefill"}},
-      {"disable-log-requests", {"tandem-scheduler", "disable-log-requests"}},
-  };
-  return *routes;
+  return *owners;
 }
 // vLLM flags we cannot honour yet: refused with the reason.
 const std::map<std::string, std::string>& Refused() {
@@ -238,17 +235,15 @@ void ParseArgs(int argc, char** argv, ServeConfig* config, std::vector<Part>& pa
                          ": only 'auto' (the model's generation_config.json, which the worker "
                          "always reads) is supported");
       }
-    } else if (auto r = Routed().find(name); r != Routed().end()) {
-      FindPart(parts, r->second.first)
-          ->args.push_back("--" + r->second.second + "=" + take_value());
-    } else if (auto s = RoutedSwitches().find(name); s != RoutedSwitches().end()) {
-      no_value();
-      FindPart(parts, s->second.first)->args.push_back("--" + s->second.second);
     } else {
-      // Every part whose --help lists it.
+      // Its owner, or every part whose --help lists it.
       std::vector<Part*> owners;
-      for (Part& p : parts) {
-        if (p.flags.count(name) != 0) owners.push_back(&p);
+      if (auto it = OwnerOf().find(name); it != OwnerOf().end()) {
+        owners.push_back(FindPart(parts, it->second));
+      } else {
+        for (Part& p : parts) {
+          if (p.flags.count(name) != 0) owners.push_back(&p);
+        }
       }
       if (owners.empty()) {
         std::vector<std::string> names = {"tandem serve"};
@@ -256,8 +251,12 @@ void ParseArgs(int argc, char** argv, ServeConfig* config, std::vector<Part>& pa
         throw UsageError("unknown flag --" + name + " (not a flag of " +
                          absl::StrJoin(names, ", ") + ")");
       }
+      const auto known = owners.front()->flags.find(name);
+      if (known == owners.front()->flags.end()) {
+        throw UsageError("--" + name + ": " + owners.front()->name + " does not take it");
+      }
       std::string forwarded = "--" + name;
-      if (!owners.front()->flags.at(name)) {
+      if (!known->second) {
         forwarded += "=" + take_value();
       } else if (value) {
         forwarded += "=" + *value;
