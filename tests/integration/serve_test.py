@@ -13,7 +13,8 @@
      tokens of every case in random32k.reference.json (llama2.c's run.c),
      streamed and not, and a chat completion each way; /v1/models lists both
      names, a request naming the second gets it back, another name is a 404.
-     The routed flags reached their parts (the scheduler's command line).
+     The routed flags reached their parts (the scheduler's command line), and
+     --disable-log-requests left no per-request line in the scheduler's log.
   4. SIGINT stops every child (each exits 0) and serve exits 0; no child is
      left. Killing the worker instead makes serve stop the rest and exit 1.
 
@@ -167,6 +168,11 @@ def main():
         left = [pid for pid in kids if alive(pid)]
         assert not left, f"children left after SIGINT: {left}"
         print("SIGINT: every part stopped with exit 0, serve exited 0, no child left")
+        # The parts log to serve's stderr: --disable-log-requests reached the
+        # scheduler and it wrote no line per request.
+        assert "scheduler " in log and " finished: reason=" not in log, \
+            "the scheduler logged requests despite --disable-log-requests"
+        print("--disable-log-requests: no per-request log line from the scheduler")
 
         # A part that dies stops the rest; serve exits 1.
         proc = start(tandem, models, free_port(), os.path.join(tmp, "serve2.log"))
