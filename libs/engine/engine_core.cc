@@ -98,6 +98,7 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
       .eos_token_id = d.eos_token_id,
       .extra_eos_token_ids = d.extra_eos_token_ids,
       .generation = d.generation,
+      .max_logprobs = options_.scheduler.max_logprobs,
   };
   TANDEM_LOG(INFO) << "serving: " << scheduler_->num_total_blocks() << " usable KV blocks, "
                    << "max_model_len " << config.max_model_len << ", async scheduling "
@@ -282,7 +283,7 @@ void EngineCore::Deliver(const sched::RequestOutput& out) {
     std::vector<int32_t>& streamed = it->second.streamed_token_ids;
     streamed.insert(streamed.end(), out.new_token_ids.begin(), out.new_token_ids.end());
   }
-  it->second.sink->OnTokens(out.new_token_ids);
+  it->second.sink->OnTokens(out);
 }
 
 void EngineCore::Finish(const std::string& request_id, FinishReason reason,
@@ -323,6 +324,8 @@ void EngineCore::ResumeRequests() {
     Entry& entry = requests_.at(id);
     sched::RequestSpec spec = entry.spec;
     spec.resumed_output_token_ids = entry.streamed_token_ids;
+    // Its prompt logprobs went out with its first tokens.
+    if (!spec.resumed_output_token_ids.empty()) spec.sampling.prompt_logprobs = -1;
     if (absl::Status s = scheduler_->AddRequest(std::move(spec), arrival_ns); !s.ok()) {
       // E.g. the new worker's context is shorter than this request.
       const std::string message =

@@ -175,7 +175,7 @@ class CpuModelRunner final : public ModelRunner {
       Matmul(pl.w2, hb_.data(), T, xb_.data());
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
     }
-    const int32_t B = static_cast<int32_t>(batch.size());
+    const int32_t B = static_cast<int32_t>(lay.last_rows.size());
     last_.resize(static_cast<size_t>(B * dim));
     for (int32_t i = 0; i < B; ++i) {
       std::memcpy(&last_[static_cast<size_t>(i * dim)],

@@ -23,7 +23,9 @@ struct BatchLayout {
   std::vector<int32_t> row_table_offset;  // [num_rows]
   std::vector<int32_t> block_tables;      // concatenated block tables
   std::vector<int64_t> slots;             // [num_rows] cache slot of each token
-  std::vector<int32_t> last_rows;         // [num_sequences] row of each last token
+  // The rows Forward returns logits for: each sequence's last token, then the
+  // other tokens of all_logits sequences (ModelRunner::Forward's layout).
+  std::vector<int32_t> last_rows;
   int32_t max_context = 0;                // max row_pos + 1
 };
 BatchLayout MakeBatchLayout(std::span<const SequenceInput> batch, int32_t block_size);

@@ -142,7 +142,7 @@ struct StepInputs {
 
 // What both modes share: the step upload, the logits, sampling and block
 // copies. A mode implements Init() and RunLayers(), which leaves the logits of
-// the batch's last rows in logits_.
+// the rows in BatchLayout::last_rows in logits_.
 class CudaRunnerBase : public ModelRunner {
  public:
   CudaRunnerBase(const Model* model, KvCacheOptions opts, ModelRunnerOptions runner_opts)
@@ -168,9 +168,11 @@ class CudaRunnerBase : public ModelRunner {
   }
 
   absl::Status ForwardSample(std::span<const SequenceInput> batch,
-                             std::span<const SampleRequest> sample,
-                             std::vector<int32_t>* tokens) override {
-    if (sample.size() != batch.size()) return ModelRunner::ForwardSample(batch, sample, tokens);
+                             std::span<const SampleRequest> sample, std::vector<int32_t>* tokens,
+                             std::vector<SampleLogprobs>* logprobs) override {
+    if (sample.size() != batch.size()) {
+      return ModelRunner::ForwardSample(batch, sample, tokens, logprobs);
+    }
     int32_t rows = 0;
     TANDEM_RETURN_IF_ERROR(Run(batch, /*argmax=*/true, &rows));
     tokens->assign(batch.size(), -1);
@@ -180,7 +182,15 @@ class CudaRunnerBase : public ModelRunner {
     TANDEM_RETURN_IF_ERROR(CudaStatus(
         kd::CopyToHost(greedy.data(), argmax_.get<int32_t>(), greedy.size() * sizeof(int32_t)),
         "token download"));
-    std::vector<float> row_logits;
+    // Rows needed on the host (temperature sampling, logprobs), one at a time.
+    std::vector<float> row_logits(static_cast<size_t>(vocab));
+    auto download = [&](int32_t row) -> absl::StatusOr<std::span<const float>> {
+      TANDEM_RETURN_IF_ERROR(
+          CudaStatus(kd::CopyToHost(row_logits.data(), logits_.get<float>() + int64_t{row} * vocab,
+                                    row_logits.size() * sizeof(float)),
+                     "logits download"));
+      return std::span<const float>(row_logits);
+    };
     for (size_t i = 0; i < batch.size(); ++i) {
       const SampleRequest& r = sample[i];
       if (r.params == nullptr) continue;
@@ -189,14 +199,11 @@ class CudaRunnerBase : public ModelRunner {
         continue;
       }
       // Temperature rows: the CPU sampler over this row's logits.
-      row_logits.resize(static_cast<size_t>(vocab));
-      TANDEM_RETURN_IF_ERROR(
-          CudaStatus(kd::CopyToHost(row_logits.data(), logits_.get<float>() + i * vocab,
-                                    row_logits.size() * sizeof(float)),
-                     "logits download"));
-      (*tokens)[i] = SampleToken(row_logits, *r.params, r.output_position);
+      TANDEM_ASSIGN_OR_RETURN(std::span<const float> logits, download(static_cast<int32_t>(i)));
+      (*tokens)[i] = SampleToken(logits, *r.params, r.output_position);
     }
-    return absl::OkStatus();
+    if (logprobs == nullptr) return absl::OkStatus();
+    return ComputeBatchLogprobs(batch, sample, *tokens, download, logprobs);
   }
 
   std::span<std::byte> BlockBytes(int32_t) override { return {}; }
@@ -264,6 +271,8 @@ class CudaRunnerBase : public ModelRunner {
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
     BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
     const int32_t bucket = GraphBatchBucket(*rows);
+    // A decode batch has no rows beyond its last ones (all_logits adds none
+    // for a one-token chunk).
     if (argmax && graphs_enabled_ && bucket > 0 && IsDecodeBatch(batch)) {
       return RunGraph(std::move(lay), bucket);
     }
@@ -273,6 +282,7 @@ class CudaRunnerBase : public ModelRunner {
     StepInputs in;
     in.plan = &plan_;
     TANDEM_RETURN_IF_ERROR(Upload(lay, &in));
+    *rows = static_cast<int32_t>(lay.last_rows.size());  // and all_logits rows
     TANDEM_RETURN_IF_ERROR(ReserveOutputs(*rows));
     return RunStep(lay, in, *rows, argmax);
   }

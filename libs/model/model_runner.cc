@@ -76,9 +76,20 @@ std::string KvLayoutString(const ModelConfig& c, int32_t block_size, DType dtype
                       "/D", c.head_size, dtype == DType::kBFloat16 ? "/bf16" : "/f32");
 }
 
+int32_t LogitsRowOf(std::span<const SequenceInput> batch, size_t i, int32_t j) {
+  const int32_t n = static_cast<int32_t>(batch[i].token_ids.size());
+  if (j == n - 1) return static_cast<int32_t>(i);
+  int32_t row = static_cast<int32_t>(batch.size());
+  for (size_t k = 0; k < i; ++k) {
+    if (batch[k].all_logits) row += static_cast<int32_t>(batch[k].token_ids.size()) - 1;
+  }
+  return row + j;
+}
+
 absl::Status ModelRunner::ForwardSample(std::span<const SequenceInput> batch,
                                         std::span<const SampleRequest> sample,
-                                        std::vector<int32_t>* tokens) {
+                                        std::vector<int32_t>* tokens,
+                                        std::vector<SampleLogprobs>* logprobs) {
   if (sample.size() != batch.size()) {
     return absl::InvalidArgumentError(absl::StrCat("ForwardSample: ", sample.size(),
                                                    " sample requests for ", batch.size(),
@@ -86,8 +97,14 @@ absl::Status ModelRunner::ForwardSample(std::span<const SequenceInput> batch,
   }
   std::vector<float> logits;
   TANDEM_RETURN_IF_ERROR(Forward(batch, &logits));
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
   SampleRows(logits, model_->config().vocab_size, sample, tokens);
-  return absl::OkStatus();
+  if (logprobs == nullptr) return absl::OkStatus();
+  return ComputeBatchLogprobs(batch, sample, *tokens,
+                              [&](int32_t row) -> absl::StatusOr<std::span<const float>> {
+                                return std::span<const float>(logits).subspan(row * vocab, vocab);
+                              },
+                              logprobs);
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* model,
@@ -177,6 +194,15 @@ BatchLayout MakeBatchLayout(std::span<const SequenceInput> batch, int32_t block_
       l.max_context = std::max(l.max_context, pos + 1);
     }
     l.last_rows.push_back(static_cast<int32_t>(l.tokens.size()) - 1);
+  }
+  // The other rows of all_logits sequences follow (Forward's layout).
+  int32_t first = 0;
+  for (const SequenceInput& s : batch) {
+    const int32_t n = static_cast<int32_t>(s.token_ids.size());
+    if (s.all_logits) {
+      for (int32_t j = 0; j + 1 < n; ++j) l.last_rows.push_back(first + j);
+    }
+    first += n;
   }
   l.num_rows = static_cast<int32_t>(l.tokens.size());
   return l;

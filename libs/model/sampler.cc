@@ -1,8 +1,14 @@
 #include "tandem/model/sampler.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "tandem/common/status.h"
 #include "tandem/kernels/sampling.h"
+#include "tandem/model/model_runner.h"
 
 namespace tandem::model {
 
@@ -32,6 +38,74 @@ void SampleRows(std::span<const float> logits, int32_t vocab,
     (*tokens)[i] = SampleToken(logits.subspan(i * v, v), *sample[i].params,
                                sample[i].output_position);
   }
+}
+
+TokenLogprobs ComputeLogprobs(std::span<const float> logits, int32_t token, int32_t top_n) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  float max = -std::numeric_limits<float>::infinity();
+  for (float l : logits) max = std::max(max, l);
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
+  const double log_z = static_cast<double>(max) + std::log(sum);
+  auto logprob = [&](int32_t id) {
+    return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(id)]) - log_z);
+  };
+  // Most likely first; ties: the lower id first.
+  auto before = [&](int32_t a, int32_t b) {
+    const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  };
+  TokenLogprobs out{.token_id = token, .logprob = logprob(token), .rank = 1};
+  for (int32_t id = 0; id < vocab; ++id) out.rank += before(id, token) ? 1 : 0;
+  const int32_t n = std::clamp(top_n, 0, vocab);
+  if (n > 0) {
+    thread_local std::vector<int32_t> ids;
+    ids.resize(static_cast<size_t>(vocab));
+    for (int32_t id = 0; id < vocab; ++id) ids[static_cast<size_t>(id)] = id;
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), before);
+    out.top_token_ids.assign(ids.begin(), ids.begin() + n);
+    out.top_logprobs.reserve(static_cast<size_t>(n));
+    for (int32_t id : out.top_token_ids) out.top_logprobs.push_back(logprob(id));
+  }
+  return out;
+}
+
+bool WantsLogprobs(std::span<const SampleRequest> sample) {
+  return std::any_of(sample.begin(), sample.end(), [](const SampleRequest& r) {
+    return (r.params != nullptr && r.num_logprobs >= 0) || !r.prompt_targets.empty();
+  });
+}
+
+absl::Status ComputeBatchLogprobs(std::span<const SequenceInput> batch,
+                                  std::span<const SampleRequest> sample,
+                                  std::span<const int32_t> tokens, LogitsRowFn row,
+                                  std::vector<SampleLogprobs>* logprobs) {
+  logprobs->assign(sample.size(), SampleLogprobs{});
+  int32_t next_extra = static_cast<int32_t>(batch.size());
+  for (size_t i = 0; i < sample.size(); ++i) {
+    const SampleRequest& r = sample[i];
+    const int32_t n = static_cast<int32_t>(batch[i].token_ids.size());
+    const int32_t extra = next_extra;
+    if (batch[i].all_logits) next_extra += n - 1;
+    SampleLogprobs& out = (*logprobs)[i];
+    if (r.params != nullptr && r.num_logprobs >= 0) {
+      TANDEM_ASSIGN_OR_RETURN(std::span<const float> logits, row(static_cast<int32_t>(i)));
+      out.sampled.push_back(ComputeLogprobs(logits, tokens[i], r.num_logprobs));
+    }
+    const int32_t targets = static_cast<int32_t>(r.prompt_targets.size());
+    if (targets > n || (targets > 0 && n > 1 && !batch[i].all_logits)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": ", targets, " prompt logprob targets for a chunk of ", n,
+                       " tokens", batch[i].all_logits ? "" : " without all_logits"));
+    }
+    for (int32_t j = 0; j < targets; ++j) {
+      TANDEM_ASSIGN_OR_RETURN(std::span<const float> logits,
+                              row(j == n - 1 ? static_cast<int32_t>(i) : extra + j));
+      out.prompt.push_back(ComputeLogprobs(logits, r.prompt_targets[static_cast<size_t>(j)],
+                                           r.num_prompt_logprobs));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::model

@@ -1,6 +1,9 @@
 #include "tandem/rpc/convert.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "tandem/common/status.h"
 
 namespace tandem::rpc {
 namespace {
@@ -42,6 +45,14 @@ absl::Status ReadHashes(const google::protobuf::RepeatedPtrField<std::string>& i
   return absl::OkStatus();
 }
 
+// A logprobs count off the wire: -1 when unset; a negative count with its
+// flag set stays below -1, so that Validate refuses it instead of reading it
+// as "none".
+int32_t LogprobsCount(bool has, int32_t n) {
+  if (!has) return -1;
+  return n < 0 ? std::min(n, -2) : n;
+}
+
 }  // namespace
 
 void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
@@ -55,6 +66,10 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
   out->set_min_tokens(in.min_tokens);
   out->set_ignore_eos(in.ignore_eos);
   Assign(in.stop_token_ids, out->mutable_stop_token_ids());
+  out->set_logprobs(std::max(in.logprobs, 0));
+  out->set_has_logprobs(in.logprobs >= 0);
+  out->set_prompt_logprobs(std::max(in.prompt_logprobs, 0));
+  out->set_has_prompt_logprobs(in.prompt_logprobs >= 0);
 }
 
 SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
@@ -68,6 +83,8 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
   out.min_tokens = in.min_tokens();
   out.ignore_eos = in.ignore_eos();
   out.stop_token_ids = ToVector(in.stop_token_ids());
+  out.logprobs = LogprobsCount(in.has_logprobs(), in.logprobs());
+  out.prompt_logprobs = LogprobsCount(in.has_prompt_logprobs(), in.prompt_logprobs());
   return out;
 }
 
@@ -204,6 +221,43 @@ absl::Status FromProto(const v1::SchedulerOutput& in, sched::SchedulerOutput* ou
   return absl::OkStatus();
 }
 
+void ToProto(const TokenLogprobs& in, v1::TokenLogprobs* out) {
+  out->set_token_id(in.token_id);
+  out->set_logprob(in.logprob);
+  out->set_rank(in.rank);
+  Assign(in.top_token_ids, out->mutable_top_token_ids());
+  Assign(in.top_logprobs, out->mutable_top_logprobs());
+}
+
+absl::Status FromProto(const v1::TokenLogprobs& in, TokenLogprobs* out) {
+  if (in.top_token_ids_size() != in.top_logprobs_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("logprobs of token ", in.token_id(), ": ",
+                                                   in.top_token_ids_size(), " top ids but ",
+                                                   in.top_logprobs_size(), " top logprobs"));
+  }
+  *out = TokenLogprobs{.token_id = in.token_id(),
+                       .logprob = in.logprob(),
+                       .rank = in.rank(),
+                       .top_token_ids = ToVector(in.top_token_ids()),
+                       .top_logprobs = ToVector(in.top_logprobs())};
+  return absl::OkStatus();
+}
+
+void ToProto(const std::vector<TokenLogprobs>& in,
+             google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* out) {
+  out->Reserve(static_cast<int>(in.size()));
+  for (const TokenLogprobs& t : in) ToProto(t, out->Add());
+}
+
+absl::Status FromProto(const google::protobuf::RepeatedPtrField<v1::TokenLogprobs>& in,
+                       std::vector<TokenLogprobs>* out) {
+  out->resize(static_cast<size_t>(in.size()));
+  for (int i = 0; i < in.size(); ++i) {
+    TANDEM_RETURN_IF_ERROR(FromProto(in[i], &(*out)[static_cast<size_t>(i)]));
+  }
+  return absl::OkStatus();
+}
+
 void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out) {
   out->set_step_id(in.step_id);
   out->set_error(in.error);
@@ -213,6 +267,9 @@ void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out) {
     v1::SampledTokens* p = out->add_sampled();
     p->set_request_id(s.request_id);
     Assign(s.token_ids, p->mutable_token_ids());
+    ToProto(s.logprobs, p->mutable_logprobs());
+    ToProto(s.prompt_logprobs, p->mutable_prompt_logprobs());
+    p->set_prompt_logprobs_start(s.prompt_logprobs_start);
   }
   const sched::KvConnectorReport& r = in.kv_connector_report;
   if (!r.empty()) {
@@ -232,7 +289,17 @@ absl::Status FromProto(const v1::ModelRunnerOutput& in, sched::ModelRunnerOutput
   out->step_id = in.step_id();
   out->sampled.reserve(in.sampled_size());
   for (const v1::SampledTokens& p : in.sampled()) {
-    out->sampled.push_back({.request_id = p.request_id(), .token_ids = ToVector(p.token_ids())});
+    sched::SampledTokens& s = out->sampled.emplace_back();
+    s.request_id = p.request_id();
+    s.token_ids = ToVector(p.token_ids());
+    s.prompt_logprobs_start = p.prompt_logprobs_start();
+    TANDEM_RETURN_IF_ERROR(FromProto(p.logprobs(), &s.logprobs));
+    TANDEM_RETURN_IF_ERROR(FromProto(p.prompt_logprobs(), &s.prompt_logprobs));
+    if (!s.logprobs.empty() && s.logprobs.size() != s.token_ids.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", p.request_id(), ": ",
+                                                     s.logprobs.size(), " logprobs for ",
+                                                     s.token_ids.size(), " sampled tokens"));
+    }
   }
   out->kv_connector_report = FromProto(in.kv_connector_report());
   out->error = in.error();

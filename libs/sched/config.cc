@@ -20,6 +20,10 @@ absl::Status SchedulerConfig::Validate() const {
         std::pair{"max_step_failures", max_step_failures}}) {
     if (absl::Status s = Positive(name, v); !s.ok()) return s;
   }
+  if (max_logprobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerConfig.max_logprobs must be >= 0, got ", max_logprobs));
+  }
   if (num_gpu_blocks < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "SchedulerConfig.num_gpu_blocks must be >= 2 (block 0 is the null block), got ",

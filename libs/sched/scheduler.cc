@@ -84,6 +84,14 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
   }
+  for (auto [name, n] : {std::pair{"logprobs", spec.sampling.logprobs},
+                         std::pair{"prompt_logprobs", spec.sampling.prompt_logprobs}}) {
+    if (n > config.max_logprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling: ", name, " = ", n,
+                                                     " exceeds the server's max_logprobs ",
+                                                     config.max_logprobs));
+    }
+  }
   for (const int32_t t : spec.resumed_output_token_ids) {
     if (t < 0 || (config.vocab_size > 0 && t >= config.vocab_size)) {
       return absl::InvalidArgumentError(
@@ -282,7 +290,8 @@ Scheduler::Admit Scheduler::TryAdmit(Request* r, int32_t* token_budget) {
   hit.block_ids.clear();
   hit.num_tokens = 0;
   int32_t num_external = 0;
-  if (fresh) {
+  // A request that scores its prompt computes all of it.
+  if (fresh && !r->needs_prompt_logprobs()) {
     hit = kv_.FindPrefixHit(*r);
     if (connector_ != nullptr && !LocalCacheHoldsWholePrompt(*r, hit)) {
       std::optional<ExternalMatch> m = connector_->GetNumNewMatchedTokens(*r, hit.num_tokens);
@@ -541,6 +550,28 @@ void Scheduler::FillOutput(Request* r, RequestOutput* o) const {
   o->num_output_tokens = r->num_output_tokens();
   o->num_cached_tokens_local = r->num_cached_tokens_local;
   o->num_cached_tokens_external = r->num_cached_tokens_external;
+  o->prompt_logprobs.clear();
+  if (r->sampling.prompt_logprobs >= 0 && !r->prompt_logprobs_sent &&
+      (!o->new_token_ids.empty() || o->finished)) {
+    o->prompt_logprobs = std::move(r->prompt_logprobs);
+    r->prompt_logprobs_sent = true;
+  }
+}
+
+void Scheduler::ClearTokens(RequestOutput* o) {
+  o->new_token_ids.clear();
+  o->new_logprobs.clear();
+  o->prompt_logprobs.clear();
+}
+
+void Scheduler::AppendPromptLogprobs(Request* r, const SampledTokens& st) {
+  for (size_t j = 0; j < st.prompt_logprobs.size(); ++j) {
+    // Positions from 1; a recomputation (after a preemption) repeats some.
+    const int32_t pos = st.prompt_logprobs_start + static_cast<int32_t>(j);
+    if (pos == static_cast<int32_t>(r->prompt_logprobs.size()) + 1 && pos < r->num_prompt_tokens) {
+      r->prompt_logprobs.push_back(st.prompt_logprobs[j]);
+    }
+  }
 }
 
 bool Scheduler::IsEos(int32_t token) const {
@@ -549,12 +580,14 @@ bool Scheduler::IsEos(int32_t token) const {
              config_.extra_eos_token_ids.end();
 }
 
-void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, RequestOutput* o) {
+void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens,
+                             std::span<const TokenLogprobs> logprobs, RequestOutput* o) {
   const SamplingParams& sp = r->sampling;
   // What a sync run has computed when this output ends the request: the
   // tokens known before it (see KvConnectorScheduler::RequestFinished).
   const int32_t num_storable = r->num_known_computed_tokens();
-  for (int32_t t : tokens) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t t = tokens[i];
     // A token at output index j may stop the request only when j >= min_tokens
     // (no sampler masks stop tokens before that yet: see the header).
     const bool may_stop = r->num_output_tokens() >= sp.min_tokens;
@@ -565,6 +598,7 @@ void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens, Reques
     }
     r->all_token_ids.push_back(t);
     o->new_token_ids.push_back(t);
+    if (i < logprobs.size()) o->new_logprobs.push_back(logprobs[i]);
     if (may_stop && std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), t) !=
                         sp.stop_token_ids.end()) {
       Finish(r, RequestState::kFinishedStopped, num_storable);
@@ -668,8 +702,9 @@ void Scheduler::UpdateOldestStepInto(const ModelRunnerOutput& output,
     Request* r = e.request;
     if (r->epoch != e.epoch) continue;  // aborted, finished or preempted since
     r->num_in_flight_tokens -= e.num_scheduled_tokens;
-    if (!e.will_sample) continue;
-    if (config_.async_scheduling) {
+    const bool scores_prompt = r->needs_prompt_logprobs();
+    if (!e.will_sample && !scores_prompt) continue;
+    if (e.will_sample && config_.async_scheduling) {
       --r->num_output_placeholders;
       TANDEM_CHECK_GE(r->num_output_placeholders, 0) << r->request_id;
     }
@@ -683,9 +718,11 @@ void Scheduler::UpdateOldestStepInto(const ModelRunnerOutput& output,
       auto it = index.find(r->request_id);
       if (it != index.end()) st = &sampled[it->second];
     }
+    if (scores_prompt && st != nullptr) AppendPromptLogprobs(r, *st);
+    if (!e.will_sample) continue;
     if (k == outputs->size()) outputs->emplace_back();
     RequestOutput& o = (*outputs)[k++];
-    o.new_token_ids.clear();
+    ClearTokens(&o);
     if (st == nullptr || st->token_ids.empty()) {
       TANDEM_LOG(ERROR) << "step " << rec.step_id << ": no sampled token for request "
                         << r->request_id;
@@ -696,7 +733,7 @@ void Scheduler::UpdateOldestStepInto(const ModelRunnerOutput& output,
       any_finished = true;
       continue;
     }
-    AppendTokens(r, st->token_ids, &o);
+    AppendTokens(r, st->token_ids, st->logprobs, &o);
     FillOutput(r, &o);
     if (o.finished) {
       any_finished = true;

@@ -66,7 +66,7 @@ void Scheduler::FailSteps(const std::string& error, std::vector<RequestOutput>* 
     if (in_failed_step.contains(r) && ++r->num_step_failures >= config_.max_step_failures) {
       if (*num_outputs == outputs->size()) outputs->emplace_back();
       RequestOutput& o = (*outputs)[(*num_outputs)++];
-      o.new_token_ids.clear();
+      ClearTokens(&o);
       Finish(r, RequestState::kFinishedError);
       FillOutput(r, &o);
       o.error = absl::StrCat("the worker failed ", r->num_step_failures,

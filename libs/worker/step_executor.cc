@@ -16,26 +16,54 @@ bool SimBackend::IsEos(int32_t token) const {
   return std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end();
 }
 
+void SimBackend::FakeLogits(int32_t last, int64_t end, std::span<float> row) const {
+  int32_t token = static_cast<int32_t>(
+      (static_cast<uint64_t>(last) * 2654435761ull + static_cast<uint64_t>(end) * 40503ull) %
+      static_cast<uint64_t>(vocab_size_));
+  for (int32_t tries = 1; IsEos(token) && tries < vocab_size_; ++tries) {
+    token = (token + 1) % vocab_size_;
+  }
+  std::fill(row.begin(), row.end(), 0.0f);
+  row[static_cast<size_t>(token)] = 10.0f;
+}
+
 absl::Status SimBackend::ForwardSample(std::span<const model::SequenceInput> batch,
                                        std::span<const model::SampleRequest> sample,
-                                       std::vector<int32_t>* tokens) {
+                                       std::vector<int32_t>* tokens,
+                                       std::vector<model::SampleLogprobs>* logprobs) {
   int64_t total = 0;
   for (const model::SequenceInput& in : batch) total += std::ssize(in.token_ids);
   std::this_thread::sleep_for(std::chrono::microseconds(step_us_ + token_us_ * total));
-  std::vector<float> logits(batch.size() * static_cast<size_t>(vocab_size_), 0.0f);
+  const size_t v = static_cast<size_t>(vocab_size_);
+  std::vector<float> logits(batch.size() * v);
   for (size_t i = 0; i < batch.size(); ++i) {
-    const int64_t end = batch[i].start_pos + std::ssize(batch[i].token_ids);
-    const uint64_t last = static_cast<uint64_t>(batch[i].token_ids.back());
-    int32_t token =
-        static_cast<int32_t>((last * 2654435761ull + static_cast<uint64_t>(end) * 40503ull) %
-                             static_cast<uint64_t>(vocab_size_));
-    for (int32_t tries = 1; IsEos(token) && tries < vocab_size_; ++tries) {
-      token = (token + 1) % vocab_size_;
-    }
-    logits[i * vocab_size_ + token] = 10.0f;
+    FakeLogits(batch[i].token_ids.back(), batch[i].start_pos + std::ssize(batch[i].token_ids),
+               std::span<float>(logits).subspan(i * v, v));
   }
   model::SampleRows(logits, vocab_size_, sample, tokens);
-  return absl::OkStatus();
+  if (logprobs == nullptr) return absl::OkStatus();
+  std::vector<float> row(v);
+  return model::ComputeBatchLogprobs(
+      batch, sample, *tokens,
+      [&](int32_t r) -> absl::StatusOr<std::span<const float>> {
+        if (static_cast<size_t>(r) < batch.size()) {
+          return std::span<const float>(logits).subspan(static_cast<size_t>(r) * v, v);
+        }
+        // An all_logits row: find its sequence and token.
+        int32_t extra = static_cast<int32_t>(batch.size());
+        for (const model::SequenceInput& in : batch) {
+          const int32_t n = static_cast<int32_t>(in.token_ids.size());
+          if (!in.all_logits) continue;
+          if (r < extra + n - 1) {
+            const int32_t j = r - extra;
+            FakeLogits(in.token_ids[static_cast<size_t>(j)], in.start_pos + j + 1, row);
+            return std::span<const float>(row);
+          }
+          extra += n - 1;
+        }
+        return absl::InternalError(absl::StrCat("no logits row ", r));
+      },
+      logprobs);
 }
 
 StepExecutor::StepExecutor(StepBackend* backend, sched::KvConnectorWorker* kv_connector,
@@ -200,15 +228,30 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
   }
 
   // A prefill chunk that does not reach the last known token samples nothing.
+  // Prompt logprobs: the chunk's rows score the prompt tokens after them.
   std::vector<model::SampleRequest> sample(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     const SeqState& s = *batch[i];
     const int32_t known = static_cast<int32_t>(s.token_ids.size());
-    if (s.num_computed_tokens + step.num_scheduled_tokens[i] < known) continue;
-    sample[i] = {.params = &s.sampling, .output_position = known - s.num_prompt_tokens};
+    const int32_t start = s.num_computed_tokens, n = step.num_scheduled_tokens[i];
+    if (s.sampling.prompt_logprobs >= 0 && start + 1 < s.num_prompt_tokens) {
+      const int32_t last = std::min(start + n, s.num_prompt_tokens - 1);  // last target position
+      sample[i].prompt_targets = std::span<const int32_t>(s.token_ids).subspan(
+          static_cast<size_t>(start + 1), static_cast<size_t>(last - start));
+      sample[i].num_prompt_logprobs = s.sampling.prompt_logprobs;
+      inputs[i].all_logits = n > 1;
+    }
+    if (start + n < known) continue;
+    sample[i].params = &s.sampling;
+    sample[i].output_position = known - s.num_prompt_tokens;
+    sample[i].num_logprobs = s.sampling.logprobs;
   }
   std::vector<int32_t> tokens;
-  if (!inputs.empty()) TANDEM_RETURN_IF_ERROR(backend_->ForwardSample(inputs, sample, &tokens));
+  std::vector<model::SampleLogprobs> logprobs;
+  if (!inputs.empty()) {
+    TANDEM_RETURN_IF_ERROR(backend_->ForwardSample(
+        inputs, sample, &tokens, model::WantsLogprobs(sample) ? &logprobs : nullptr));
+  }
   // Stores read their blocks now, before the next step can overwrite them.
   if (kv_connector_ != nullptr) {
     kv_connector_->SnapshotStores(step.kv_connector_metadata);
@@ -225,6 +268,11 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     ++s.num_steps;
     sched::SampledTokens& sampled = out->sampled.emplace_back();
     sampled.request_id = *ids[i];
+    if (!logprobs.empty()) {
+      sampled.prompt_logprobs = std::move(logprobs[i].prompt);
+      sampled.prompt_logprobs_start = s.num_computed_tokens - step.num_scheduled_tokens[i] + 1;
+      sampled.logprobs = std::move(logprobs[i].sampled);
+    }
     if (sample[i].params == nullptr) continue;
     const int32_t token = tokens[i];
     s.token_ids.push_back(token);

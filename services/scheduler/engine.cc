@@ -114,9 +114,7 @@ engine::WorkerDescription FromProto(const v1::DescribeResponse& d) {
 
 // ---- GenerateCall's RequestSink: back to the engine (its thread) ----
 
-void GenerateCall::OnTokens(std::span<const int32_t> token_ids) {
-  engine_->CallTokens(*this, token_ids);
-}
+void GenerateCall::OnTokens(const sched::RequestOutput& out) { engine_->CallTokens(*this, out); }
 void GenerateCall::OnFinished(engine::FinishReason reason, const sched::RequestOutput* out,
                               const absl::Status& status) {
   engine_->CallFinished(*this, reason, out, status);
@@ -437,11 +435,22 @@ void Engine::OnWorkerLost() {
   connector_->RequestReconnect();
 }
 
-void Engine::CallTokens(GenerateCall& call, std::span<const int32_t> token_ids) {
-  NoteTokens(call, token_ids.size());
+namespace {
+
+// An output's tokens, logprobs and prompt logprobs into a response.
+void SetTokens(const sched::RequestOutput& out, v1::GenerateResponse* msg) {
+  msg->mutable_token_ids()->Assign(out.new_token_ids.begin(), out.new_token_ids.end());
+  rpc::ToProto(out.new_logprobs, msg->mutable_logprobs());
+  rpc::ToProto(out.prompt_logprobs, msg->mutable_prompt_logprobs());
+}
+
+}  // namespace
+
+void Engine::CallTokens(GenerateCall& call, const sched::RequestOutput& out) {
+  NoteTokens(call, out.new_token_ids.size());
   v1::GenerateResponse msg;
   msg.set_request_id(call.request_id);
-  msg.mutable_token_ids()->Assign(token_ids.begin(), token_ids.end());
+  SetTokens(out, &msg);
   if (call.Queue(std::move(msg))) writes_.push_back(call.shared_from_this());
 }
 
@@ -474,7 +483,7 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
     msg.set_request_id(call.request_id);
     msg.set_finish_reason(ToProto(reason));
     if (out != nullptr) {
-      msg.mutable_token_ids()->Assign(out->new_token_ids.begin(), out->new_token_ids.end());
+      SetTokens(*out, &msg);
       v1::Usage* usage = msg.mutable_usage();
       usage->set_prompt_tokens(out->num_prompt_tokens);
       usage->set_output_tokens(out->num_output_tokens);

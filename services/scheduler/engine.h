@@ -156,7 +156,7 @@ class Engine final : private engine::StepTransport {
   std::unique_ptr<sched::KvConnectorScheduler> MakeKvConnector(
       const engine::WorkerDescription& worker);
   // GenerateCall's RequestSink methods (engine thread).
-  void CallTokens(GenerateCall& call, std::span<const int32_t> token_ids);
+  void CallTokens(GenerateCall& call, const sched::RequestOutput& out);
   void CallFinished(GenerateCall& call, engine::FinishReason reason,
                     const sched::RequestOutput* out, const absl::Status& status);
   void CallRejected(GenerateCall& call, const absl::Status& status);

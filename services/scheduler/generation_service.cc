@@ -73,6 +73,7 @@ void ToProto(const engine::ModelInfo& m, v1::GetModelInfoResponse* out) {
   out->mutable_extra_eos_token_ids()->Assign(m.extra_eos_token_ids.begin(),
                                              m.extra_eos_token_ids.end());
   rpc::ToProto(m.generation, out->mutable_generation());
+  out->set_max_logprobs(m.max_logprobs);
 }
 
 void ToProto(const ServiceStats& stats, v1::GetStatsResponse* s) {

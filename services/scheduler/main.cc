@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   flags.Add("worker", &engine_options.worker_address, "host:port of the tandem-worker");
   flags.Add("max-num-seqs", &sc.max_num_seqs, "most requests running at once");
   flags.Add("max-num-batched-tokens", &sc.max_num_batched_tokens, "token budget of one step");
+  flags.Add("max-logprobs", &sc.max_logprobs,
+            "most logprobs or prompt_logprobs a request may ask for (as vLLM)");
   flags.Add("max-model-len", &engine_options.max_model_len,
             "most prompt + output tokens per request; 0 = the model's context length");
   flags.Add("enable-prefix-caching", &sc.enable_prefix_caching,
@@ -91,7 +93,7 @@ int main(int argc, char** argv) {
   flags.Add("debug-submit-delay-ms", &engine_options.debug_submit_delay_ms,
             "TESTS ONLY: the engine sleeps this long before taking each new request (holds "
             "accepted calls in its queue; 0: off)");
-  flags.MirrorsVllm({"max-num-seqs", "max-num-batched-tokens", "max-model-len",
+  flags.MirrorsVllm({"max-num-seqs", "max-num-batched-tokens", "max-model-len", "max-logprobs",
                      "enable-prefix-caching", "enable-chunked-prefill",
                      "long-prefill-token-threshold", "async-scheduling", "scheduling-policy",
                      "served-model-name", "disable-log-requests"});

@@ -18,6 +18,7 @@
 #include "../model/test_util.h"
 #include "gtest/gtest.h"
 #include "tandem/common/clock.h"
+#include "tandem/model/sampler.h"
 #include "tandem/worker/step_executor.h"
 
 namespace tandem::engine {
@@ -87,10 +88,20 @@ class LoopbackWorker final : public StepTransport {
 
 // Records what one request heard; checks it hears exactly one ending.
 struct Recorder final : RequestSink {
-  void OnTokens(std::span<const int32_t> ids) override {
+  void OnTokens(const sched::RequestOutput& out) override {
+    const std::vector<int32_t>& ids = out.new_token_ids;
     EXPECT_FALSE(ended) << "tokens after the end";
     EXPECT_FALSE(ids.empty());
     tokens.insert(tokens.end(), ids.begin(), ids.end());
+    Keep(out);
+  }
+  // Logprobs of an output (tokens or the end).
+  void Keep(const sched::RequestOutput& out) {
+    logprobs.insert(logprobs.end(), out.new_logprobs.begin(), out.new_logprobs.end());
+    if (!out.prompt_logprobs.empty()) {
+      EXPECT_TRUE(prompt_logprobs.empty()) << "prompt logprobs twice";
+      prompt_logprobs = out.prompt_logprobs;
+    }
   }
   void OnFinished(FinishReason r, const sched::RequestOutput* out, const absl::Status& s) override {
     EXPECT_FALSE(ended) << "ended twice";
@@ -100,6 +111,8 @@ struct Recorder final : RequestSink {
     if (out != nullptr) {
       tokens.insert(tokens.end(), out->new_token_ids.begin(), out->new_token_ids.end());
       num_output_tokens = out->num_output_tokens;
+      num_cached_tokens = out->num_cached_tokens_local + out->num_cached_tokens_external;
+      Keep(*out);
     }
   }
   void OnRejected(const absl::Status& s) override {
@@ -114,6 +127,8 @@ struct Recorder final : RequestSink {
   FinishReason reason = FinishReason::kError;
   absl::Status status;
   int32_t num_output_tokens = -1;
+  int32_t num_cached_tokens = -1;
+  std::vector<TokenLogprobs> logprobs, prompt_logprobs;
 };
 
 sched::RequestSpec Greedy(const std::string& id, const ReferenceCase& c) {
@@ -242,6 +257,109 @@ TEST_P(EngineCoreTest, GreedyTokensMatchLlama2cWithLargeAndTinyKvCaches) {
           0u);
     }
     EXPECT_EQ(stats.num_requests, 0);
+  }
+}
+
+// Logprobs through the scheduler and the worker: for every output token and
+// every prompt token after the first, exactly what ComputeLogprobs gives on
+// the logits of the model fed one token at a time (the CPU backend's logits
+// do not depend on batching or chunking), delivered once, in order, with
+// chunked prefills, async steps, and a tiny cache that preempts. A request
+// scoring its prompt skips the prefix cache that a twin warmed.
+TEST_P(EngineCoreTest, LogprobsOfOutputAndPromptTokensAreTheModelsOwn) {
+  const int32_t vocab = model_->config().vocab_size;
+  auto reference_runner = model::ModelRunner::Create(model_.get(), {.block_size = 16, .num_blocks = 40});
+  ASSERT_TRUE(reference_runner.ok());
+  // Logits after each token of prompt + expected output, one per step.
+  auto reference_rows = [&](const ReferenceCase& c) {
+    std::vector<int32_t> all = c.prompt;
+    all.insert(all.end(), c.expected.begin(), c.expected.end());
+    std::vector<int32_t> table(40);
+    for (int32_t b = 0; b < 40; ++b) table[static_cast<size_t>(b)] = b;
+    std::vector<std::vector<float>> rows;
+    std::vector<float> logits;
+    for (size_t p = 0; p < all.size(); ++p) {
+      model::SequenceInput in{.token_ids = std::span(all).subspan(p, 1),
+                              .start_pos = static_cast<int32_t>(p),
+                              .block_table = table};
+      EXPECT_TRUE((*reference_runner)->Forward({&in, 1}, &logits).ok());
+      rows.push_back(logits);
+    }
+    return rows;
+  };
+  std::vector<std::vector<std::vector<float>>> refs;
+  for (const ReferenceCase& c : cases_) refs.push_back(reference_rows(c));
+  ASSERT_GT(vocab, 0);
+  // A large cache, a tiny one (preemptions), and failed steps (recomputed).
+  for (auto [num_blocks, fail] : {std::pair{256, false}, {30, false}, {256, true}}) {
+    SCOPED_TRACE("num_blocks " + std::to_string(num_blocks) + (fail ? ", failed steps" : ""));
+    EngineCoreOptions options = Options();
+    if (num_blocks == 30) options.max_model_len = 29 * 16;
+    EngineCore core(options);
+    worker::StepExecutorOptions executor_options;
+    // Steps of the logprobs requests' prefills and decodes (the warm-up
+    // takes fewer than 150).
+    if (fail) executor_options.debug_fail_steps = {150, 156};
+    LoopbackWorker worker(model_.get(), num_blocks, executor_options);
+    ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+    // Twins without logprobs warm the prefix cache first.
+    auto warm = SubmitAll(core, "warm-");
+    Run(core, worker);
+    if (fail) {
+      ASSERT_LT(worker.num_sent, 150) << "the failed steps would miss the logprobs requests";
+    }
+    std::vector<std::shared_ptr<Recorder>> sinks;
+    for (size_t i = 0; i < cases_.size(); ++i) {
+      sched::RequestSpec spec = Greedy("lp-" + std::to_string(i), cases_[i]);
+      spec.sampling.logprobs = 3;
+      spec.sampling.prompt_logprobs = static_cast<int32_t>(i % 3);
+      sinks.push_back(std::make_shared<Recorder>());
+      core.AddRequest(std::move(spec), sinks.back(), MonotonicNanos());
+    }
+    Run(core, worker);
+    for (size_t i = 0; i < cases_.size(); ++i) {
+      SCOPED_TRACE("case " + std::to_string(i));
+      const ReferenceCase& c = cases_[i];
+      const Recorder& r = *sinks[i];
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      EXPECT_EQ(r.tokens, c.expected);
+      EXPECT_EQ(r.num_cached_tokens, 0) << "a request scoring its prompt used the prefix cache";
+      ASSERT_EQ(r.logprobs.size(), r.tokens.size());
+      const size_t P = c.prompt.size();
+      for (size_t k = 0; k < r.tokens.size(); ++k) {
+        const TokenLogprobs want = model::ComputeLogprobs(refs[i][P - 1 + k], r.tokens[k], 3);
+        EXPECT_EQ(r.logprobs[k], want) << "output " << k;
+        EXPECT_EQ(r.logprobs[k].rank, 1);  // greedy
+      }
+      ASSERT_EQ(r.prompt_logprobs.size(), P - 1);
+      for (size_t p = 1; p < P; ++p) {
+        const TokenLogprobs want =
+            model::ComputeLogprobs(refs[i][p - 1], c.prompt[p], static_cast<int32_t>(i % 3));
+        EXPECT_EQ(r.prompt_logprobs[p - 1], want) << "prompt position " << p;
+      }
+    }
+    for (const auto& w : warm) EXPECT_TRUE(w->logprobs.empty() && w->prompt_logprobs.empty());
+  }
+}
+
+// Above the server's max_logprobs: refused, naming the field.
+TEST_P(EngineCoreTest, LogprobsAboveTheServersMaximumAreRefused) {
+  EngineCoreOptions options = Options();
+  options.scheduler.max_logprobs = 5;
+  EngineCore core(options);
+  LoopbackWorker worker(model_.get(), 64);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  EXPECT_EQ(core.model_info().max_logprobs, 5);
+  for (bool prompt : {false, true}) {
+    sched::RequestSpec spec = Greedy(prompt ? "p" : "o", cases_[0]);
+    (prompt ? spec.sampling.prompt_logprobs : spec.sampling.logprobs) = 6;
+    auto sink = std::make_shared<Recorder>();
+    core.AddRequest(std::move(spec), sink, MonotonicNanos());
+    EXPECT_TRUE(sink->rejected);
+    EXPECT_EQ(sink->status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(sink->status.message().find(prompt ? "prompt_logprobs = 6 exceeds" : "logprobs = 6 exceeds"),
+              std::string::npos)
+        << sink->status;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "gtest/gtest.h"
+#include "tandem/model/sampler.h"
 #include "test_util.h"
 
 namespace tandem::model {
@@ -242,6 +243,67 @@ TEST(CudaRunnerTest, ForwardSampleEqualsForwardThenSampleToken) {
       EXPECT_EQ(tokens[i],
                 SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab), params[i], i))
           << DTypeName(dtype) << " sequence " << i;
+    }
+  }
+}
+
+// Prompt logprobs' extra rows (all_logits) match the CPU backend within each
+// mode's tolerance, and ForwardSample's logprobs are ComputeLogprobs over the
+// GPU's own logits (the rows it copies back).
+TEST(CudaRunnerTest, AllLogitsRowsAndLogprobsMatchTheCpuBackend) {
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  const int32_t vocab = model->config().vocab_size;
+  const std::vector<int32_t> a = MakePrompt(30, 21, vocab), b = MakePrompt(12, 22, vocab);
+  const std::vector<int32_t> ta = {0, 1}, tb = {2};
+  const std::vector<SequenceInput> batch = {
+      {.token_ids = a, .block_table = ta, .all_logits = true}, {.token_ids = b, .block_table = tb}};
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto gpu = ModelRunner::Create(model.get(), {.block_size = 16, .num_blocks = 8, .dtype = dtype},
+                                   Backend::kCuda);
+    if (absl::IsUnavailable(gpu.status())) GTEST_SKIP() << gpu.status();
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto cpu = ModelRunner::Create(model.get(), {.block_size = 16, .num_blocks = 8});
+    ASSERT_TRUE(cpu.ok());
+    std::vector<float> want, got;
+    ASSERT_TRUE((*cpu)->Forward(batch, &want).ok());
+    ASSERT_TRUE((*gpu)->Forward(batch, &got).ok());
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(got.size(), static_cast<size_t>((2 + 29) * vocab));
+    for (size_t row = 0; row < got.size() / vocab; ++row) {
+      float max_err = 0, max_abs = 0;
+      for (int32_t k = 0; k < vocab; ++k) {
+        max_err = std::max(max_err, std::fabs(got[row * vocab + k] - want[row * vocab + k]));
+        max_abs = std::max(max_abs, std::fabs(want[row * vocab + k]));
+      }
+      if (dtype == DType::kFloat32) {
+        EXPECT_LE(max_err, 1e-3f + 1e-3f * max_abs) << "row " << row;
+      } else {
+        EXPECT_LE(max_err, 0.05f * max_abs) << "row " << row;
+      }
+    }
+    const SamplingParams greedy{};
+    const std::vector<SampleRequest> sample = {{.params = &greedy,
+                                                .num_logprobs = 4,
+                                                .prompt_targets = std::span(a).subspan(1),
+                                                .num_prompt_logprobs = 3},
+                                               {.params = &greedy, .num_logprobs = 0}};
+    std::vector<int32_t> tokens;
+    std::vector<SampleLogprobs> lp;
+    ASSERT_TRUE((*gpu)->ForwardSample(batch, sample, &tokens, &lp).ok());
+    ASSERT_EQ(lp.size(), 2u);
+    auto row = [&](size_t i, int32_t j) {
+      return std::span<const float>(got).subspan(
+          static_cast<size_t>(LogitsRowOf(batch, i, j)) * vocab, vocab);
+    };
+    ASSERT_EQ(lp[0].sampled.size(), 1u);
+    EXPECT_EQ(lp[0].sampled[0], ComputeLogprobs(row(0, 29), tokens[0], 4));
+    EXPECT_EQ(lp[0].sampled[0].rank, 1);
+    EXPECT_EQ(lp[1].sampled[0], ComputeLogprobs(row(1, 11), tokens[1], 0));
+    ASSERT_EQ(lp[0].prompt.size(), 29u);
+    for (int32_t j = 0; j < 29; ++j) {
+      EXPECT_EQ(lp[0].prompt[j], ComputeLogprobs(row(0, j), a[j + 1], 3)) << "position " << j + 1;
     }
   }
 }

@@ -188,6 +188,50 @@ TEST(ConvertTest, SamplingDefaultsFromProto3Zeroes) {
   EXPECT_EQ(FromProto(p, 77).seed, 5u);
 }
 
+TEST(ConvertTest, LogprobsRoundTripAndZeroMeansTheTokensOwnNotNone) {
+  const TokenLogprobs lp{.token_id = 7,
+                         .logprob = -0.25f,
+                         .rank = 2,
+                         .top_token_ids = {3, 7},
+                         .top_logprobs = {-0.1f, -0.25f}};
+  sched::ModelRunnerOutput in{.step_id = 4};
+  in.sampled.push_back({.request_id = "a",
+                        .token_ids = {7},
+                        .logprobs = {lp},
+                        .prompt_logprobs = {lp, lp},
+                        .prompt_logprobs_start = 5});
+  v1::ModelRunnerOutput proto;
+  ToProto(in, &proto);
+  v1::ModelRunnerOutput parsed;
+  ASSERT_TRUE(parsed.ParseFromString(proto.SerializeAsString()));
+  sched::ModelRunnerOutput out;
+  ASSERT_TRUE(FromProto(parsed, &out).ok());
+  ASSERT_EQ(out.sampled.size(), 1u);
+  EXPECT_EQ(out.sampled[0].logprobs, std::vector<TokenLogprobs>{lp});
+  EXPECT_EQ(out.sampled[0].prompt_logprobs, (std::vector<TokenLogprobs>{lp, lp}));
+  EXPECT_EQ(out.sampled[0].prompt_logprobs_start, 5);
+  // Logprobs not parallel to the tokens, or top lists of two lengths: refused.
+  parsed.mutable_sampled(0)->add_logprobs();
+  EXPECT_EQ(FromProto(parsed, &out).code(), absl::StatusCode::kInvalidArgument);
+  parsed.mutable_sampled(0)->mutable_logprobs()->RemoveLast();
+  parsed.mutable_sampled(0)->mutable_prompt_logprobs(1)->add_top_logprobs(0.0f);
+  EXPECT_EQ(FromProto(parsed, &out).code(), absl::StatusCode::kInvalidArgument);
+
+  // Sampling: 0 asks for the token's own logprob; unset is -1; a negative
+  // count with its flag set stays invalid.
+  SamplingParams sp{.logprobs = 0, .prompt_logprobs = -1};
+  v1::SamplingParams p;
+  ToProto(sp, &p);
+  EXPECT_TRUE(p.has_logprobs());
+  EXPECT_FALSE(p.has_prompt_logprobs());
+  const SamplingParams back = FromProto(p);
+  EXPECT_EQ(back.logprobs, 0);
+  EXPECT_EQ(back.prompt_logprobs, -1);
+  p.set_has_prompt_logprobs(true);
+  p.set_prompt_logprobs(-1);
+  EXPECT_FALSE(FromProto(p).Validate(100).ok());
+}
+
 TEST(ConvertTest, GenerationDefaultsKeepUnsetFieldsUnsetThroughBytes) {
   auto round_trip = [](const GenerationDefaults& in) {
     v1::GenerationDefaults proto;

@@ -23,8 +23,10 @@ class FakeBackend final : public StepBackend {
  public:
   absl::Status ForwardSample(std::span<const model::SequenceInput> batch,
                              std::span<const model::SampleRequest> sample,
-                             std::vector<int32_t>* tokens) override {
+                             std::vector<int32_t>* tokens,
+                             std::vector<model::SampleLogprobs>* logprobs) override {
     calls.push_back("forward");
+    if (logprobs != nullptr) logprobs->assign(batch.size(), {});
     if (!fail_with.ok()) return fail_with;
     fed.emplace_back();
     tokens->assign(batch.size(), -1);
@@ -223,8 +225,8 @@ TEST(SimBackendTest, DeterministicAndNeverAnyEos) {
   ASSERT_GT(num_raw_on_extra_eos, 0) << "the inputs must reach the extra EOS ids";
   std::vector<model::SampleRequest> sample(batch.size(), {.params = &greedy});
   std::vector<int32_t> t1, t2;
-  ASSERT_TRUE(sim.ForwardSample(batch, sample, &t1).ok());
-  ASSERT_TRUE(sim.ForwardSample(batch, sample, &t2).ok());
+  ASSERT_TRUE(sim.ForwardSample(batch, sample, &t1, nullptr).ok());
+  ASSERT_TRUE(sim.ForwardSample(batch, sample, &t2, nullptr).ok());
   EXPECT_EQ(t1, t2);
   ASSERT_EQ(t1.size(), batch.size());
   for (int32_t t : t1) {
@@ -234,7 +236,7 @@ TEST(SimBackendTest, DeterministicAndNeverAnyEos) {
   }
   // Every id an EOS: it samples one anyway instead of looping.
   SimBackend all_eos(/*vocab_size=*/2, {0, 1}, 0, 0);
-  ASSERT_TRUE(all_eos.ForwardSample(batch, sample, &t1).ok());
+  ASSERT_TRUE(all_eos.ForwardSample(batch, sample, &t1, nullptr).ok());
 }
 
 }  // namespace

@@ -134,6 +134,7 @@ const std::map<std::string, std::string>& OwnerOf() {
       {"max-model-len", "tandem-scheduler"},
       {"max-num-seqs", "tandem-scheduler"},
       {"max-num-batched-tokens", "tandem-scheduler"},
+      {"max-logprobs", "tandem-scheduler"},
       {"metrics-listen", "tandem-scheduler"},
       {"enable-prefix-caching", "tandem-scheduler"},
       {"no-enable-prefix-caching", "tandem-scheduler"},
@@ -153,7 +154,6 @@ const std::map<std::string, std::string>& Refused() {
       {"gpu-memory-utilization",
        "not built yet: size the KV cache with --kv-cache-bytes or --num-blocks (tandem-worker)"},
       {"seed", "not supported: there is no engine-wide seed; give each request its own \"seed\""},
-      {"max-logprobs", "not supported: logprobs are not built yet (issue 30)"},
   };
   return *refused;
 }

@@ -9,12 +9,13 @@
 // Flags take vLLM's names where both have one and go to the part that owns
 // them: --host, --port, --served-model-name NAME [NAME ...] (each served by
 // the frontend, the first names the scheduler's metrics), --max-model-len,
-// --max-num-seqs, --max-num-batched-tokens, --[no-]enable-prefix-caching,
+// --max-num-seqs, --max-num-batched-tokens, --max-logprobs,
+// --[no-]enable-prefix-caching,
 // --[no-]enable-chunked-prefill, --block-size, --dtype, --api-key,
 // --chat-template, --tokenizer, --disable-log-requests, --generation-config
 // auto (the model's generation_config.json: what the worker always reads).
 // Refused by name, with the reason, until built: --gpu-memory-utilization,
-// --seed, --max-logprobs, --generation-config other than auto. Any other
+// --seed, --generation-config other than auto. Any other
 // flag goes to every part whose --help lists it (--backend, --threads to the
 // worker; --log-level style flags to each), and a flag no part lists is an
 // error (exit 2), as is a second positional argument. The binaries are

@@ -33,6 +33,15 @@ struct SamplingParams {
   // Extra token ids that stop generation; the stop token is kept in the
   // output. (The EOS token is not: llama2.c drops it, and so do we.)
   std::vector<int32_t> stop_token_ids;
+  // Log-probabilities (TokenLogprobs) of each output token with its
+  // `logprobs` most likely alternatives; -1 = none, 0 = the token's own only
+  // (vLLM's logprobs). At most the vocabulary size here; the scheduler
+  // bounds it by its --max-logprobs.
+  int32_t logprobs = -1;
+  // The same for every prompt token after the first (vLLM's
+  // prompt_logprobs); -1 = none. A request with them skips the prefix
+  // caches, so that every prompt token is computed.
+  int32_t prompt_logprobs = -1;
 
   // Checks every field; `vocab_size` bounds top_k and stop tokens. The message
   // names the field and the bad value.

@@ -65,8 +65,9 @@ class RequestSink {
   // step, or its first after a preemption or a worker loss (vLLM's SCHEDULED
   // event; for the phase timings). May come again after OnTokens.
   virtual void OnScheduled() {}
-  // Tokens to stream; never empty.
-  virtual void OnTokens(std::span<const int32_t> token_ids) = 0;
+  // Tokens to stream (out.new_token_ids, never empty), with their logprobs
+  // and the prompt's when the request asked (RequestOutput).
+  virtual void OnTokens(const sched::RequestOutput& out) = 0;
   // The request ended; the last call it gets. `out` is the scheduler's last
   // output for it (its final tokens and usage), or null when it ended without
   // one (the worker was lost, shutdown). `status` is OK for stop, length and
@@ -117,6 +118,7 @@ struct ModelInfo {
   // Not applied here (a gRPC request cannot leave a field unset): the
   // frontend applies them to OpenAI requests.
   GenerationDefaults generation;
+  int32_t max_logprobs = 0;  // SchedulerConfig::max_logprobs
 };
 
 // The engine's state as plain numbers (the service maps them onto

@@ -80,6 +80,9 @@ struct SequenceInput {
   std::span<const int32_t> token_ids;    // tokens of this chunk (a decode step has 1)
   int32_t start_pos = 0;                 // tokens whose KV is already in the cache
   std::span<const int32_t> block_table;  // block ids covering >= start_pos + token_ids.size()
+  // Also compute the logits after every other token of the chunk (prompt
+  // logprobs); see ModelRunner::Forward for where they go.
+  bool all_logits = false;
 };
 
 struct ModelRunnerOptions {
@@ -103,6 +106,10 @@ struct ModelRunnerOptions {
 // Not thread-safe: one owner thread calls Forward and the block copies
 // (the worker's loop thread). ModelRunnerOptions.num_threads adds helper
 // threads inside Forward only.
+// Row of Forward's logits after token j of sequence i's chunk (j <
+// token_ids.size(); any j but the last needs all_logits).
+int32_t LogitsRowOf(std::span<const SequenceInput> batch, size_t i, int32_t j);
+
 class ModelRunner {
  public:
   // `model` must outlive the runner. kCuda returns UNAVAILABLE when the build
@@ -116,7 +123,10 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
 
   // Runs one batch; writes the next-token logits of sequence i (after its
-  // last chunk token) to (*logits)[i * vocab_size ...], resizing *logits.
+  // last chunk token) to row i of *logits ([rows][vocab_size], resized).
+  // Rows batch.size() on hold, for each all_logits sequence in batch order,
+  // the logits after its chunk's other tokens, first to last (n - 1 rows for
+  // a chunk of n): LogitsRowOf finds them.
   // Validates every input first (block ids in range, table long enough,
   // positions < max_seq_len, token ids in vocab, non-empty chunks) and
   // returns INVALID_ARGUMENT naming the sequence and the problem without
@@ -125,13 +135,16 @@ class ModelRunner {
                                std::vector<float>* logits) = 0;
 
   // Forward, then one token per sequence whose sample[i].params is set, with
-  // SampleToken's semantics (tokens[i] = -1 for the others). The CUDA
-  // backend takes greedy argmaxes on the GPU and copies back only the token
-  // ids (and the logits of rows that sample at a temperature), instead of
-  // batch * vocab logits.
+  // SampleToken's semantics (tokens[i] = -1 for the others), and with
+  // `logprobs` the logprobs each request asked for (ComputeBatchLogprobs;
+  // sample.size() entries). The CUDA backend takes greedy argmaxes on the
+  // GPU and copies back only the token ids (and the logits of rows that
+  // sample at a temperature or need logprobs), instead of batch * vocab
+  // logits.
   virtual absl::Status ForwardSample(std::span<const SequenceInput> batch,
                                      std::span<const SampleRequest> sample,
-                                     std::vector<int32_t>* tokens);
+                                     std::vector<int32_t>* tokens,
+                                     std::vector<SampleLogprobs>* logprobs = nullptr);
 
   // Decode steps replayed from CUDA graphs so far (CUDA bfloat16 with
   // ModelRunnerOptions::cuda_graphs; 0 elsewhere).

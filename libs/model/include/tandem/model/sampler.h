@@ -8,6 +8,10 @@
 #include <span>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tandem/common/logprobs.h"
 #include "tandem/common/sampling_params.h"
 
 namespace tandem::model {
@@ -17,15 +21,48 @@ namespace tandem::model {
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position);
 
+// Log-probabilities of `token` under `logits` (TokenLogprobs: the raw
+// log-softmax, before temperature or any filter) with the `top_n` most likely
+// tokens. Summed in double; ranks and top lists break ties by the lower id.
+TokenLogprobs ComputeLogprobs(std::span<const float> logits, int32_t token, int32_t top_n);
+
 // Which sequences of a batch sample a token, and how.
 struct SampleRequest {
   const SamplingParams* params = nullptr;  // nullptr: this sequence samples nothing
   int32_t output_position = 0;             // see SampleToken
+  // With params: the sampled token's logprobs with this many alternatives;
+  // -1 = none.
+  int32_t num_logprobs = -1;
+  // Prompt logprobs: prompt_targets[j] is scored against the logits after
+  // row j of this sequence's chunk (the token at start_pos + j + 1), with
+  // num_prompt_logprobs alternatives. Needs SequenceInput::all_logits when
+  // it covers more than the last row; at most the chunk's length.
+  std::span<const int32_t> prompt_targets;
+  int32_t num_prompt_logprobs = 0;
+};
+
+// What ForwardSample adds for the sequences that asked (SampleRequest).
+struct SampleLogprobs {
+  std::vector<TokenLogprobs> sampled;  // one entry for a sequence that sampled with num_logprobs >= 0
+  std::vector<TokenLogprobs> prompt;   // parallel to prompt_targets
 };
 
 // tokens[i] = SampleToken(row i of logits [rows][vocab], ...) for each
 // request with params, -1 for the others; tokens gets sample.size() entries.
 void SampleRows(std::span<const float> logits, int32_t vocab,
                 std::span<const SampleRequest> sample, std::vector<int32_t>* tokens);
+
+// The logprobs every request of `sample` asked for, after SampleRows gave
+// `tokens` for `batch`. `row(r)` is row r of the logits as ModelRunner::
+// Forward lays them out (LogitsRowOf); it may fail (a device copy), and so
+// may this. logprobs gets sample.size() entries.
+struct SequenceInput;
+using LogitsRowFn = absl::FunctionRef<absl::StatusOr<std::span<const float>>(int32_t row)>;
+absl::Status ComputeBatchLogprobs(std::span<const SequenceInput> batch,
+                                  std::span<const SampleRequest> sample,
+                                  std::span<const int32_t> tokens, LogitsRowFn row,
+                                  std::vector<SampleLogprobs>* logprobs);
+// Whether any request of `sample` asked for logprobs.
+bool WantsLogprobs(std::span<const SampleRequest> sample);
 
 }  // namespace tandem::model

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "tandem/common/logprobs.h"
 #include "tandem/common/sampling_params.h"
 #include "tandem/sched/scheduler_output.h"
 #include "tandem/v1/common.pb.h"
@@ -22,6 +23,16 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out);
 // FromProto does not validate (call GenerationDefaults::Validate).
 void ToProto(const GenerationDefaults& in, v1::GenerationDefaults* out);
 [[nodiscard]] GenerationDefaults FromProto(const v1::GenerationDefaults& in);
+
+// Log-probabilities at one position. FromProto checks that the top lists
+// are parallel.
+void ToProto(const TokenLogprobs& in, v1::TokenLogprobs* out);
+[[nodiscard]] absl::Status FromProto(const v1::TokenLogprobs& in, TokenLogprobs* out);
+void ToProto(const std::vector<TokenLogprobs>& in,
+             google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* out);
+[[nodiscard]] absl::Status FromProto(
+    const google::protobuf::RepeatedPtrField<v1::TokenLogprobs>& in,
+    std::vector<TokenLogprobs>* out);
 
 // Scheduler -> worker, one per step.
 void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out);

@@ -28,6 +28,9 @@ struct SchedulerConfig {
   int32_t max_num_seqs = 128;
   // Prompt + output tokens of one request at most. > 0.
   int32_t max_model_len = 512;
+  // The most logprobs or prompt_logprobs a request may ask for (vLLM's
+  // --max-logprobs, whose default is 20); >= 0.
+  int32_t max_logprobs = 20;
   // Tokens per KV block. > 0; must equal hash_root.block_size.
   int32_t block_size = 16;
   // KV blocks of the worker's cache, including block 0, the null block that is

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tandem/common/block_hash.h"
+#include "tandem/common/logprobs.h"
 #include "tandem/common/sampling_params.h"
 
 namespace tandem::sched {
@@ -130,8 +131,19 @@ struct Request {
   // Output tokens it came with (RequestSpec::resumed_output_token_ids): its
   // cached tokens are fixed by the first token it samples here, not before.
   int32_t num_resumed_output_tokens = 0;
+  // Prompt logprobs (sampling.prompt_logprobs >= 0) of positions 1, 2, ...
+  // as the worker scored them, until they go out with the request's first
+  // output (then prompt_logprobs_sent).
+  std::vector<TokenLogprobs> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
 
   [[nodiscard]] int32_t num_tokens() const { return static_cast<int32_t>(all_token_ids.size()); }
+  // Prompt logprobs asked for and not all scored yet: the prefix caches are
+  // skipped (every prompt token is computed, and scored).
+  [[nodiscard]] bool needs_prompt_logprobs() const {
+    return sampling.prompt_logprobs >= 0 && !prompt_logprobs_sent &&
+           static_cast<int32_t>(prompt_logprobs.size()) < num_prompt_tokens - 1;
+  }
   [[nodiscard]] int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
   [[nodiscard]] std::span<const int32_t> prompt_token_ids() const {
     return std::span<const int32_t>(all_token_ids).first(num_prompt_tokens);

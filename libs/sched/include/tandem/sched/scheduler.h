@@ -103,6 +103,11 @@ struct RequestOutput {
   std::string request_id;
   // Tokens to stream; never the EOS token that stopped the request.
   std::vector<int32_t> new_token_ids;
+  // Parallel to new_token_ids when the request asked for logprobs.
+  std::vector<TokenLogprobs> new_logprobs;
+  // When it asked for prompt_logprobs, in its first output (tokens or the
+  // end): prompt positions 1 .. num_prompt_tokens - 1.
+  std::vector<TokenLogprobs> prompt_logprobs;
   // Set when the request finished in this update.
   std::optional<RequestState> finished;
   // Why, when finished is kFinishedError.
@@ -341,7 +346,13 @@ class Scheduler {
   }
   // eos_token_id or one of extra_eos_token_ids.
   [[nodiscard]] bool IsEos(int32_t token) const;
-  void AppendTokens(Request* request, std::span<const int32_t> tokens, RequestOutput* out);
+  // `logprobs`: parallel to tokens, or empty.
+  void AppendTokens(Request* request, std::span<const int32_t> tokens,
+                    std::span<const TokenLogprobs> logprobs, RequestOutput* out);
+  // Keeps the prompt logprobs of a step's output that extend the request's.
+  static void AppendPromptLogprobs(Request* request, const SampledTokens& sampled);
+  // Empties an output about to be refilled (outputs are reused).
+  static void ClearTokens(RequestOutput* out);
   // Ends a request in any live state: frees or holds its blocks.
   // `num_storable_tokens`: see KvConnectorScheduler::RequestFinished.
   void Finish(Request* request, RequestState state, int32_t num_storable_tokens = 0);

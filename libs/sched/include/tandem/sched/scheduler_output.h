@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tandem/common/block_hash.h"
+#include "tandem/common/logprobs.h"
 #include "tandem/common/sampling_params.h"
 
 namespace tandem::sched {
@@ -102,6 +103,13 @@ struct KvConnectorReport {
 struct SampledTokens {
   std::string request_id;
   std::vector<int32_t> token_ids;  // empty for a prefill chunk that does not sample
+  // Parallel to token_ids when the request asked for logprobs.
+  std::vector<TokenLogprobs> logprobs;
+  // When it asked for prompt_logprobs: the prompt tokens at positions
+  // prompt_logprobs_start, prompt_logprobs_start + 1, ... that this step's
+  // chunk scored (each from the logits after the token before it).
+  std::vector<TokenLogprobs> prompt_logprobs;
+  int32_t prompt_logprobs_start = 0;
 };
 
 struct ModelRunnerOutput {

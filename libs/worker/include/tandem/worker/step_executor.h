@@ -55,10 +55,12 @@ class StepBackend {
  public:
   virtual ~StepBackend() = default;
   // tokens->at(i): the token sampled for sequence i, -1 where sample[i]
-  // has no params (a prefill chunk that does not reach the last token).
+  // has no params (a prefill chunk that does not reach the last token);
+  // logprobs->at(i): what sample[i] asked for (ModelRunner::ForwardSample).
   virtual absl::Status ForwardSample(std::span<const model::SequenceInput> batch,
                                      std::span<const model::SampleRequest> sample,
-                                     std::vector<int32_t>* tokens) = 0;
+                                     std::vector<int32_t>* tokens,
+                                     std::vector<model::SampleLogprobs>* logprobs) = 0;
 };
 
 // The real model (owned elsewhere; must outlive the backend).
@@ -67,8 +69,9 @@ class RunnerBackend final : public StepBackend {
   explicit RunnerBackend(model::ModelRunner* runner) : runner_(runner) {}
   absl::Status ForwardSample(std::span<const model::SequenceInput> batch,
                              std::span<const model::SampleRequest> sample,
-                             std::vector<int32_t>* tokens) override {
-    return runner_->ForwardSample(batch, sample, tokens);
+                             std::vector<int32_t>* tokens,
+                             std::vector<model::SampleLogprobs>* logprobs) override {
+    return runner_->ForwardSample(batch, sample, tokens, logprobs);
   }
 
  private:
@@ -89,10 +92,13 @@ class SimBackend final : public StepBackend {
         token_us_(token_us) {}
   absl::Status ForwardSample(std::span<const model::SequenceInput> batch,
                              std::span<const model::SampleRequest> sample,
-                             std::vector<int32_t>* tokens) override;
+                             std::vector<int32_t>* tokens,
+                             std::vector<model::SampleLogprobs>* logprobs) override;
 
  private:
   [[nodiscard]] bool IsEos(int32_t token) const;
+  // Writes the fake logits after `token` at position end - 1 to row.
+  void FakeLogits(int32_t token, int64_t end, std::span<float> row) const;
 
   const int32_t vocab_size_;
   const std::vector<int32_t> eos_token_ids_;
