@@ -296,21 +296,36 @@ TEST_P(EngineCoreTest, LogprobsOfOutputAndPromptTokensAreTheModelsOwn) {
     EngineCoreOptions options = Options();
     if (num_blocks == 30) options.max_model_len = 29 * 16;
     EngineCore core(options);
-    worker::StepExecutorOptions executor_options;
-    // Steps of the logprobs requests' prefills and decodes (the warm-up
-    // takes fewer than 150).
-    if (fail) executor_options.debug_fail_steps = {150, 156};
-    LoopbackWorker worker(model_.get(), num_blocks, executor_options);
+    LoopbackWorker worker(model_.get(), num_blocks);
     ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
     // Twins without logprobs warm the prefix cache first.
     auto warm = SubmitAll(core, "warm-");
     Run(core, worker);
+    // The worker fails the 2nd and 5th steps from here, in the long
+    // prefills (a step it cannot run: one token count too many).
+    uint64_t first_step = 0;
     if (fail) {
-      ASSERT_LT(worker.num_sent, 150) << "the failed steps would miss the logprobs requests";
+      worker.on_send = [&first_step](sched::SchedulerOutput& step) {
+        if (first_step == 0) first_step = step.step_id;
+        if (step.step_id == first_step + 1 || step.step_id == first_step + 4) {
+          step.num_scheduled_tokens.push_back(1);
+        }
+      };
+    }
+    // Long prompts, so that prefills are chunked (and preempted): each
+    // case's prompt with all but the last 8 of its greedy tokens, which
+    // must come out next.
+    std::vector<ReferenceCase> long_cases;
+    for (const ReferenceCase& c : cases_) {
+      ReferenceCase& l = long_cases.emplace_back(c);
+      const size_t m = c.expected.size() > 8 ? c.expected.size() - 8 : 0;
+      l.prompt.insert(l.prompt.end(), c.expected.begin(), c.expected.begin() + m);
+      l.expected.erase(l.expected.begin(), l.expected.begin() + m);
+      l.max_tokens = static_cast<int32_t>(l.expected.size());
     }
     std::vector<std::shared_ptr<Recorder>> sinks;
     for (size_t i = 0; i < cases_.size(); ++i) {
-      sched::RequestSpec spec = Greedy("lp-" + std::to_string(i), cases_[i]);
+      sched::RequestSpec spec = Greedy("lp-" + std::to_string(i), long_cases[i]);
       spec.sampling.logprobs = 3;
       spec.sampling.prompt_logprobs = static_cast<int32_t>(i % 3);
       sinks.push_back(std::make_shared<Recorder>());
@@ -319,7 +334,7 @@ TEST_P(EngineCoreTest, LogprobsOfOutputAndPromptTokensAreTheModelsOwn) {
     Run(core, worker);
     for (size_t i = 0; i < cases_.size(); ++i) {
       SCOPED_TRACE("case " + std::to_string(i));
-      const ReferenceCase& c = cases_[i];
+      const ReferenceCase& c = long_cases[i];
       const Recorder& r = *sinks[i];
       ASSERT_TRUE(r.status.ok()) << r.status;
       EXPECT_EQ(r.tokens, c.expected);
@@ -455,8 +470,15 @@ TEST_P(EngineCoreTest, AWorkerLostWithTwoStepsInFlightResumesOnTheNextWithTheSam
   EngineCore core(Options(/*grace_s=*/60));
   auto first = std::make_unique<LoopbackWorker>(model_.get(), 256);
   ASSERT_TRUE(core.ConnectWorker(first->description, first.get()).ok());
+  // One with logprobs first: its prompt's go out once, before the loss.
+  auto scored = std::make_shared<Recorder>();
+  sched::RequestSpec scored_spec = Greedy("scored", cases_[2]);
+  scored_spec.sampling.logprobs = 1;
+  scored_spec.sampling.prompt_logprobs = 1;
+  core.AddRequest(scored_spec, scored, MonotonicNanos());
   auto sinks = SubmitAll(core);
   Run(core, *first, 6);
+  ASSERT_FALSE(scored->tokens.empty());
   core.Step();
   ASSERT_EQ(first->sent.size(), async() ? 2u : 1u);
   // The stream breaks with the window full; one step even ran, but its
@@ -486,7 +508,12 @@ TEST_P(EngineCoreTest, AWorkerLostWithTwoStepsInFlightResumesOnTheNextWithTheSam
   ExpectReference(sinks);
   EXPECT_TRUE(waiting->ended);
   EXPECT_EQ(waiting->tokens, cases_[1].expected);
-  EXPECT_EQ(core.stats().num_worker_lost_preemptions, cases_.size());
+  EXPECT_EQ(core.stats().num_worker_lost_preemptions, cases_.size() + 1);
+  // The resumed request did not score its prompt again (Recorder checks
+  // that prompt logprobs come once) and has a logprob for every token.
+  EXPECT_EQ(scored->tokens, cases_[2].expected);
+  EXPECT_EQ(scored->prompt_logprobs.size(), cases_[2].prompt.size() - 1);
+  EXPECT_EQ(scored->logprobs.size(), scored->tokens.size());
 }
 
 TEST_P(EngineCoreTest, AFailedSendDropsTheWorker) {
