@@ -29,12 +29,12 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
         "min_tokens must be in [0, max_tokens=", max_tokens, "], got ", min_tokens));
   }
   if (logprobs < -1 || logprobs > vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "logprobs must be in [0, ", vocab_size, "] (or unset), got ", logprobs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprobs must be in [0, ", vocab_size, "] (or unset), got ", logprobs));
   }
   if (prompt_logprobs < -1 || prompt_logprobs > vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt_logprobs must be in [0, ", vocab_size, "] (or unset), got ", prompt_logprobs));
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ", vocab_size,
+                                                   "] (or unset), got ", prompt_logprobs));
   }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {

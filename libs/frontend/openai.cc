@@ -93,6 +93,37 @@ std::optional<ApiError> ParseStop(const Json* stop, CompletionRequest* out) {
   return std::nullopt;
 }
 
+// completions' logprobs N; chat's logprobs (bool) and top_logprobs N;
+// prompt_logprobs N. The limit (the scheduler's) is CheckLogprobsLimit's.
+// Needs out->stream.
+std::optional<ApiError> ParseLogprobs(const Reader& r, Endpoint endpoint, CompletionRequest* out) {
+  std::optional<int64_t> v;
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto e = r.Int("logprobs", 0, INT32_MAX, &v)) return e;
+    if (v) out->logprobs = static_cast<int32_t>(*v);
+  } else {
+    bool logprobs = false;
+    if (auto e = r.Bool("logprobs", &logprobs)) return e;
+    if (auto e = r.Int("top_logprobs", 0, INT32_MAX, &v)) return e;
+    // As vLLM: top_logprobs 0 alone is harmless, more needs logprobs.
+    if (v && *v > 0 && !logprobs) {
+      return BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    }
+    if (logprobs) out->logprobs = static_cast<int32_t>(v.value_or(0));
+  }
+  v.reset();
+  if (auto e = r.Int("prompt_logprobs", 0, INT32_MAX, &v)) return e;
+  if (v && out->stream) {
+    // vLLM's rule; 0 is accepted and, like vLLM, renders nothing.
+    if (*v > 0) {
+      return BadRequest("'prompt_logprobs' is not available with stream: true", "prompt_logprobs");
+    }
+    v.reset();
+  }
+  if (v) out->prompt_logprobs = static_cast<int32_t>(*v);
+  return std::nullopt;
+}
+
 // vLLM's request fields Tandem does not build, each accepted only at its
 // neutral value (absent and null always are). vllm_fields_test walks
 // vLLM's CompletionRequest and ChatCompletionRequest field lists against
@@ -236,6 +267,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     }
     if (const Reader o(*options); auto e = o.Bool("include_usage", &out->include_usage)) return e;
   }
+  if (auto e = ParseLogprobs(r, endpoint, out)) return e;
   if (const Json* user = r.Find("user")) {
     if (!user->is_string()) return BadRequest("'user' must be a string", "user");
     out->user = user->get<std::string>();
@@ -278,6 +310,25 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     }
   }
   return std::nullopt;
+}
+
+std::optional<ApiError> CheckLogprobsLimit(const CompletionRequest& request, int32_t max_logprobs) {
+  const char* logprobs = request.endpoint == Endpoint::kChat ? "top_logprobs" : "logprobs";
+  for (const auto& [name, value] : {std::pair{logprobs, request.logprobs},
+                                    std::pair{"prompt_logprobs", request.prompt_logprobs}}) {
+    if (value && *value > max_logprobs) {
+      return BadRequest(absl::StrCat("'", name, "' (", *value, ") must be at most ", max_logprobs,
+                                     ", this server's max_logprobs"),
+                        name);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<int32_t> PromptLogprobsToAsk(const CompletionRequest& request) {
+  std::optional<int32_t> n = request.prompt_logprobs;
+  if (request.echo && request.logprobs) n = std::max(n.value_or(0), *request.logprobs);
+  return n;
 }
 
 RequestSampling EffectiveSampling(const CompletionRequest& request,
@@ -364,12 +415,16 @@ Json CompletionResponse(const CompletionRequest& request, const ResponseHead& he
     } else {
       choice["text"] = c.text;
     }
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = c.logprobs;
     AddFinish(&choice, c.finish_reason, c.stop_reason, c.stop_token);
     if (request.return_token_ids) choice["token_ids"] = c.token_ids;
+    if (!chat && request.prompt_logprobs) choice["prompt_logprobs"] = c.prompt_logprobs;
     list.push_back(std::move(choice));
   }
   j["choices"] = std::move(list);
+  if (chat && request.prompt_logprobs) {
+    j["prompt_logprobs"] = choices.empty() ? Json() : choices.front().prompt_logprobs;
+  }
   j["usage"] = usage.ToJson();
   if (request.return_token_ids) {
     // One prompt (chat, or a single completions prompt): a flat list, as
@@ -410,7 +465,9 @@ std::string StreamChunk(const CompletionRequest& request, const ResponseHead& he
     out += ",\"text\":";
     AppendJsonString(&out, delta.text);
   }
-  out += ",\"logprobs\":null,\"finish_reason\":";
+  out += ",\"logprobs\":";
+  out += delta.logprobs.dump(-1, ' ', false, Json::error_handler_t::replace);
+  out += ",\"finish_reason\":";
   if (delta.finish_reason == FinishReason::kNone) {
     out += "null";
   } else {
@@ -452,6 +509,210 @@ std::string StreamUsageChunk(const CompletionRequest& request, const ResponseHea
 
 std::string StreamErrorEvent(const ApiError& error) {
   return absl::StrCat("data: ", error.ToJson(), "\n\n");
+}
+
+std::string TokenBytesOfPiece(std::string_view piece, bool byte_level) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (piece.size() == 6 && piece.substr(0, 3) == "<0x" && piece[5] == '>' && hex(piece[3]) >= 0 &&
+      hex(piece[4]) >= 0) {
+    return std::string(1, static_cast<char>(hex(piece[3]) * 16 + hex(piece[4])));
+  }
+  if (byte_level) {
+    // GPT-2's bytes_to_unicode(): printable bytes stand for themselves, the
+    // others for U+0100 + their order among them.
+    std::string out;
+    for (size_t i = 0; i < piece.size();) {
+      const auto c = static_cast<unsigned char>(piece[i]);
+      uint32_t cp = 0;
+      size_t len = 1;
+      if (c < 0x80) {
+        cp = c;
+      } else if ((c & 0xE0) == 0xC0 && i + 1 < piece.size()) {
+        cp = ((c & 0x1F) << 6) | (static_cast<unsigned char>(piece[i + 1]) & 0x3F);
+        len = 2;
+      } else {
+        return std::string(piece);  // outside the alphabet (it ends at U+0143)
+      }
+      int byte = -1;
+      if ((cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF)) {
+        byte = static_cast<int>(cp);
+      } else if (cp >= 0x100 && cp <= 0x143) {
+        int k = static_cast<int>(cp - 0x100);
+        for (int b = 0; b < 256; ++b) {
+          const bool printable =
+              (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+          if (!printable && k-- == 0) {
+            byte = b;
+            break;
+          }
+        }
+      }
+      if (byte < 0) return std::string(piece);
+      out.push_back(static_cast<char>(byte));
+      i += len;
+    }
+    return out;
+  }
+  constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // ▁
+  std::string out;
+  for (size_t i = 0; i < piece.size();) {
+    if (piece.substr(i, kMetaspace.size()) == kMetaspace) {
+      out.push_back(' ');
+      i += kMetaspace.size();
+    } else {
+      out.push_back(piece[i++]);
+    }
+  }
+  return out;
+}
+
+std::string TokenText(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    // The well-formed sequences of Unicode's table 3-7: lead byte, the range
+    // of the second byte, the count of continuation bytes.
+    size_t need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      need = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      need = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    size_t len = 1;  // the maximal subpart: lead byte and valid continuations
+    bool ok = need > 0;
+    for (size_t k = 1; ok && k <= need; ++k) {
+      if (i + k >= bytes.size()) {
+        ok = false;
+        break;
+      }
+      const auto b = static_cast<unsigned char>(bytes[i + k]);
+      const bool valid = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+      if (!valid) {
+        ok = false;
+        break;
+      }
+      len = k + 1;
+    }
+    if (ok) {
+      out.append(bytes.substr(i, need + 1));
+      i += need + 1;
+    } else {
+      out.append("\xEF\xBF\xBD");
+      i += len;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+double Clamped(float logprob) { return std::max(static_cast<double>(logprob), -9999.0); }
+
+// Code points, as Python's len() of the text.
+int64_t TextLength(std::string_view text) {
+  return std::count_if(text.begin(), text.end(),
+                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+Json BytesList(std::string_view bytes) {
+  Json list = Json::array();
+  for (char b : bytes) list.push_back(static_cast<unsigned char>(b));
+  return list;
+}
+
+size_t NumTop(const PositionLogprobs& p, int32_t num_top) {
+  return std::min(p.top.size(), static_cast<size_t>(std::max(num_top, 0)));
+}
+
+}  // namespace
+
+Json CompletionLogprobs(const std::vector<PositionLogprobs>& positions, int32_t num_top,
+                        int64_t* text_offset) {
+  Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
+       offsets = Json::array();
+  for (const PositionLogprobs& p : positions) {
+    const std::string text = TokenText(p.token.bytes);
+    tokens.push_back(text);
+    offsets.push_back(*text_offset);
+    *text_offset += TextLength(text);
+    if (!p.scored) {
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
+    token_logprobs.push_back(Clamped(p.token.logprob));
+    Json top = Json::object();
+    top[text] = Clamped(p.token.logprob);
+    for (size_t i = 0; i < NumTop(p, num_top); ++i) {
+      top[TokenText(p.top[i].bytes)] = Clamped(p.top[i].logprob);
+    }
+    top_logprobs.push_back(std::move(top));
+  }
+  Json j;
+  j["tokens"] = std::move(tokens);
+  j["token_logprobs"] = std::move(token_logprobs);
+  j["top_logprobs"] = std::move(top_logprobs);
+  j["text_offset"] = std::move(offsets);
+  return j;
+}
+
+Json ChatLogprobs(const std::vector<PositionLogprobs>& positions, int32_t num_top) {
+  Json content = Json::array();
+  for (const PositionLogprobs& p : positions) {
+    Json top = Json::array();
+    for (size_t i = 0; i < NumTop(p, num_top); ++i) {
+      top.push_back({{"token", TokenText(p.top[i].bytes)},
+                     {"logprob", Clamped(p.top[i].logprob)},
+                     {"bytes", BytesList(p.top[i].bytes)}});
+    }
+    content.push_back({{"token", TokenText(p.token.bytes)},
+                       {"logprob", p.scored ? Json(Clamped(p.token.logprob)) : Json()},
+                       {"bytes", BytesList(p.token.bytes)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+Json PromptLogprobs(const std::vector<PositionLogprobs>& positions, int32_t num_top) {
+  Json list = Json::array();
+  for (const PositionLogprobs& p : positions) {
+    if (!p.scored) {
+      list.push_back(nullptr);
+      continue;
+    }
+    Json d = Json::object();
+    d[absl::StrCat(p.token.token_id)] = {{"logprob", Clamped(p.token.logprob)},
+                                         {"rank", p.rank},
+                                         {"decoded_token", TokenText(p.token.bytes)}};
+    for (size_t i = 0; i < NumTop(p, num_top); ++i) {
+      const std::string key = absl::StrCat(p.top[i].token_id);
+      if (d.contains(key)) continue;  // the prompt's own token
+      d[key] = {{"logprob", Clamped(p.top[i].logprob)},
+                {"rank", static_cast<int32_t>(i) + 1},
+                {"decoded_token", TokenText(p.top[i].bytes)}};
+    }
+    list.push_back(std::move(d));
+  }
+  return list;
 }
 
 std::string NewResponseId(std::string_view prefix) {

@@ -13,13 +13,10 @@ struct Unbuilt {
   const char* why;
 };
 const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
-  static const char* kNoLogprobs = "the worker does not return log-probabilities";
   static const char* kNoGuided = "structured outputs (guided decoding) are not implemented";
   static const char* kNoPenalties = "penalties are not implemented";
   static const auto* common = new std::vector<Unbuilt>{
-      {"logprobs", Json(false), kNoLogprobs},
-      {"prompt_logprobs", Json(nullptr), kNoLogprobs},
-      {"return_tokens_as_token_ids", Json(false), kNoLogprobs},
+      {"return_tokens_as_token_ids", Json(false), "logprobs show each token's text"},
       {"best_of", Json(1), "use n"},
       {"use_beam_search", Json(false), "beam search is not implemented"},
       {"length_penalty", Json(1), "beam search is not implemented"},
@@ -56,7 +53,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
   }();
   static const auto* chat = [] {
     auto* v = new std::vector<Unbuilt>(*common);
-    v->push_back({"top_logprobs", Json(0), kNoLogprobs});
     v->push_back({"echo", Json(false), "chat echo (prepending the last message) is not implemented"});
     v->push_back({"continue_final_message", Json(false), "not implemented"});
     v->push_back({"documents", Json(nullptr), "not implemented"});

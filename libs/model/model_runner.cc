@@ -100,11 +100,12 @@ absl::Status ModelRunner::ForwardSample(std::span<const SequenceInput> batch,
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
   SampleRows(logits, model_->config().vocab_size, sample, tokens);
   if (logprobs == nullptr) return absl::OkStatus();
-  return ComputeBatchLogprobs(batch, sample, *tokens,
-                              [&](int32_t row) -> absl::StatusOr<std::span<const float>> {
-                                return std::span<const float>(logits).subspan(row * vocab, vocab);
-                              },
-                              logprobs);
+  return ComputeBatchLogprobs(
+      batch, sample, *tokens,
+      [&](int32_t row) -> absl::StatusOr<std::span<const float>> {
+        return std::span<const float>(logits).subspan(row * vocab, vocab);
+      },
+      logprobs);
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* model,

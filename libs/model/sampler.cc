@@ -101,8 +101,8 @@ absl::Status ComputeBatchLogprobs(std::span<const SequenceInput> batch,
     for (int32_t j = 0; j < targets; ++j) {
       TANDEM_ASSIGN_OR_RETURN(std::span<const float> logits,
                               row(j == n - 1 ? static_cast<int32_t>(i) : extra + j));
-      out.prompt.push_back(ComputeLogprobs(logits, r.prompt_targets[static_cast<size_t>(j)],
-                                           r.num_prompt_logprobs));
+      out.prompt.push_back(
+          ComputeLogprobs(logits, r.prompt_targets[static_cast<size_t>(j)], r.num_prompt_logprobs));
     }
   }
   return absl::OkStatus();

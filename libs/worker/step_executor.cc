@@ -236,8 +236,9 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     const int32_t start = s.num_computed_tokens, n = step.num_scheduled_tokens[i];
     if (s.sampling.prompt_logprobs >= 0 && start + 1 < s.num_prompt_tokens) {
       const int32_t last = std::min(start + n, s.num_prompt_tokens - 1);  // last target position
-      sample[i].prompt_targets = std::span<const int32_t>(s.token_ids).subspan(
-          static_cast<size_t>(start + 1), static_cast<size_t>(last - start));
+      sample[i].prompt_targets =
+          std::span<const int32_t>(s.token_ids)
+              .subspan(static_cast<size_t>(start + 1), static_cast<size_t>(last - start));
       sample[i].num_prompt_logprobs = s.sampling.prompt_logprobs;
       inputs[i].all_logits = n > 1;
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <deque>
 #include <mutex>
 
 #include "absl/strings/match.h"
@@ -39,6 +40,16 @@ FinishReason FromProto(v1::FinishReason reason) {
   }
 }
 
+// An output token's logprobs waiting for its text to go out: [start, end)
+// is where that text lies in the choice's detokenized output. `end` is set
+// when the detokenizer lets the text out; a token it holds back (a byte of an
+// unfinished character) ends with the token that completes the text.
+struct PendingLogprobs {
+  PositionLogprobs position;
+  int64_t start = 0;
+  std::optional<int64_t> end;
+};
+
 struct ChoiceState {
   int32_t index = 0;
   int32_t prompt = 0;  // which prompt
@@ -58,7 +69,52 @@ struct ChoiceState {
   std::optional<int32_t> stop_token;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
+  // Logprobs, when asked. A token's logprobs go out with the chunk that
+  // carries its text (non-streaming: all of them, in order).
+  std::deque<PendingLogprobs> pending_logprobs;
+  std::vector<PositionLogprobs> logprobs;         // text out, not yet written
+  std::vector<PositionLogprobs> prompt_logprobs;  // positions 0 .. P-1
+  bool has_prompt_logprobs = false;
+  int64_t detok_bytes = 0;  // the text the detokenizer produced
+  int64_t out_bytes = 0;    // of which the stop-string matcher let out
+  int64_t text_offset = 0;  // of the next streamed token (completions)
 };
+
+PositionLogprobs ToPosition(const Frontend& frontend, const v1::TokenLogprobs& lp) {
+  PositionLogprobs p{.token = {.token_id = lp.token_id(),
+                               .bytes = frontend.TokenBytes(lp.token_id()),
+                               .logprob = lp.logprob()},
+                     .rank = lp.rank()};
+  const int num_top = std::min(lp.top_token_ids_size(), lp.top_logprobs_size());
+  for (int i = 0; i < num_top; ++i) {
+    p.top.push_back({.token_id = lp.top_token_ids(i),
+                     .bytes = frontend.TokenBytes(lp.top_token_ids(i)),
+                     .logprob = lp.top_logprobs(i)});
+  }
+  return p;
+}
+
+// An unscored position: the prompt's first token, or one the scheduler sent
+// no logprobs for.
+PositionLogprobs Unscored(const Frontend& frontend, int32_t token_id) {
+  return {.token = {.token_id = token_id, .bytes = frontend.TokenBytes(token_id)}, .scored = false};
+}
+
+// The prompt's positions, scored from `msg` (GenerateResponse
+// .prompt_logprobs: positions 1 .. P-1) when it has them.
+std::vector<PositionLogprobs> PromptPositions(const Frontend& frontend,
+                                              const std::vector<int32_t>& prompt,
+                                              const v1::GenerateResponse* msg) {
+  std::vector<PositionLogprobs> out;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (i > 0 && msg != nullptr && static_cast<int>(i) - 1 < msg->prompt_logprobs_size()) {
+      out.push_back(ToPosition(frontend, msg->prompt_logprobs(static_cast<int>(i) - 1)));
+    } else {
+      out.push_back(Unscored(frontend, prompt[i]));
+    }
+  }
+  return out;
+}
 
 class Job;
 
@@ -147,6 +203,8 @@ class Job : public std::enable_shared_from_this<Job> {
   };
 
   bool StartCall(ChoiceState& c);
+  void ReleaseLogprobs(ChoiceState& c);
+  nlohmann::ordered_json RenderLogprobs(ChoiceState& c, bool first);
   void Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids);
   void StartStream();
   void MaybeComplete();
@@ -205,6 +263,10 @@ void Job::Start() {
     Fail(e);
     return;
   }
+  if (auto e = CheckLogprobsLimit(request_, model->max_logprobs)) {
+    Fail(*e);
+    return;
+  }
   if (auto e = PreparePrompts(*frontend_, request_, *model, &prompts_)) {
     Fail(*e);
     return;
@@ -258,6 +320,14 @@ void Job::Start() {
       s->set_ignore_eos(request_.ignore_eos);
       s->mutable_stop_token_ids()->Assign(request_.stop_token_ids.begin(),
                                           request_.stop_token_ids.end());
+      if (request_.logprobs) {
+        s->set_logprobs(*request_.logprobs);
+        s->set_has_logprobs(true);
+      }
+      if (const std::optional<int32_t> prompt_logprobs = PromptLogprobsToAsk(request_)) {
+        s->set_prompt_logprobs(*prompt_logprobs);
+        s->set_has_prompt_logprobs(true);
+      }
       // Primed with the prompt: the text is Decode(prompt + output) minus
       // Decode(prompt), so the first word keeps its leading space (vLLM).
       c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(frontend_->tokenizer(), decode,
@@ -306,12 +376,32 @@ void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse&
   std::string delta;
   std::vector<int32_t> ids;
   const bool final = msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  if (PromptLogprobsToAsk(request_) && !c.has_prompt_logprobs &&
+      (msg.token_ids_size() > 0 || msg.prompt_logprobs_size() > 0)) {
+    c.prompt_logprobs = PromptPositions(*frontend_, prompts_.ids[c.prompt], &msg);
+    c.has_prompt_logprobs = true;
+  }
+  // The detokenizer let out `bytes` more: every token still waiting for its
+  // text has it now.
+  auto detokenized = [&c](size_t bytes) {
+    c.detok_bytes += static_cast<int64_t>(bytes);
+    if (bytes == 0) return;
+    for (auto it = c.pending_logprobs.rbegin(); it != c.pending_logprobs.rend() && !it->end; ++it) {
+      it->end = c.detok_bytes;
+    }
+  };
   for (int k = 0; k < msg.token_ids_size() && !c.done; ++k) {
     const int32_t t = msg.token_ids(k);
     c.produced = true;
     c.token_ids.push_back(t);
     ids.push_back(t);
     ++c.completion_tokens;
+    if (request_.logprobs) {
+      c.pending_logprobs.push_back({.position = k < msg.logprobs_size()
+                                                    ? ToPosition(*frontend_, msg.logprobs(k))
+                                                    : Unscored(*frontend_, t),
+                                    .start = c.detok_bytes});
+    }
     const bool last = k + 1 == msg.token_ids_size();
     if (final && last && msg.finish_reason() == v1::FINISH_REASON_STOP &&
         std::find(request_.stop_token_ids.begin(), request_.stop_token_ids.end(), t) !=
@@ -321,6 +411,7 @@ void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse&
     }
     absl::StatusOr<std::string> piece = c.detok->Push(t);
     if (!piece.ok()) continue;  // outside the tokenizer's vocabulary: no text
+    detokenized(piece->size());
     StopStringMatcher::Step step = c.stops->Push(*piece);
     delta += step.text;
     if (step.stopped && request_.include_stop_str_in_output) delta += step.matched;
@@ -333,7 +424,9 @@ void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse&
     }
   }
   if (final && !c.done) {
-    StopStringMatcher::Step step = c.stops->Push(c.detok->Finish());
+    const std::string rest = c.detok->Finish();
+    detokenized(rest.size());
+    StopStringMatcher::Step step = c.stops->Push(rest);
     delta += step.text;
     if (step.stopped && request_.include_stop_str_in_output) delta += step.matched;
     if (step.stopped) {
@@ -348,9 +441,46 @@ void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse&
     c.completion_tokens = msg.usage().output_tokens();
     c.cached_tokens = msg.usage().cached_tokens_local() + msg.usage().cached_tokens_external();
   }
+  c.out_bytes += static_cast<int64_t>(delta.size());
+  if (request_.logprobs) ReleaseLogprobs(c);
   frontend_->metrics().generation_tokens.Increment(static_cast<double>(ids.size()));
   Emit(c, std::move(delta), std::move(ids));
   if (c.done) MaybeComplete();
+}
+
+// A token's logprobs are released once the stop-string matcher has let out
+// its text. When a stop string ends the choice, the tokens whose text starts
+// before the cut are reported (the one that holds the stop string's start
+// too: its text is partly out; with include_stop_str_in_output the cut is
+// after the stop string) and those after it are not, as their text is not.
+// EOS, a stop token and length report every token (EOS and a stop token
+// with their empty text), as vLLM does.
+void Job::ReleaseLogprobs(ChoiceState& c) {
+  const bool cut = c.done && c.finish == FinishReason::kStop && !c.stop_reason.empty();
+  while (!c.pending_logprobs.empty()) {
+    PendingLogprobs& p = c.pending_logprobs.front();
+    if (!c.done && (!p.end || *p.end > c.out_bytes)) break;
+    if (!cut || p.start < c.out_bytes) c.logprobs.push_back(std::move(p.position));
+    c.pending_logprobs.pop_front();
+  }
+}
+
+// The logprobs of the released tokens (after echo's prompt positions in the
+// choice's first chunk, or the whole choice), rendered; null when not asked.
+nlohmann::ordered_json Job::RenderLogprobs(ChoiceState& c, bool first) {
+  if (!request_.logprobs) return nullptr;
+  std::vector<PositionLogprobs> positions;
+  if (first && request_.echo) {
+    if (!c.has_prompt_logprobs) {
+      c.prompt_logprobs = PromptPositions(*frontend_, prompts_.ids[c.prompt], nullptr);
+    }
+    positions = std::move(c.prompt_logprobs);
+  }
+  positions.insert(positions.end(), std::make_move_iterator(c.logprobs.begin()),
+                   std::make_move_iterator(c.logprobs.end()));
+  c.logprobs.clear();
+  if (request_.endpoint == Endpoint::kChat) return ChatLogprobs(positions, *request_.logprobs);
+  return CompletionLogprobs(positions, *request_.logprobs, &c.text_offset);
 }
 
 void Job::Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids) {
@@ -359,8 +489,16 @@ void Job::Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids) {
     return;
   }
   const bool first = !c.chunk_sent;
+  // Echo's prompt logprobs come with the first tokens: its first chunk waits.
+  if (first && !c.done && request_.echo && request_.logprobs && !c.has_prompt_logprobs &&
+      delta.empty() && ids.empty()) {
+    return;
+  }
   if (first && request_.echo) delta = c.text + delta;  // c.text holds the prompt
-  if (!first && !c.done && delta.empty() && (!request_.return_token_ids || ids.empty())) return;
+  if (!first && !c.done && delta.empty() && (!request_.return_token_ids || ids.empty()) &&
+      c.logprobs.empty()) {
+    return;
+  }
   StartStream();
   ChunkDelta chunk{.index = c.index,
                    .text = std::move(delta),
@@ -368,7 +506,8 @@ void Job::Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids) {
                    .finish_reason = c.done ? c.finish : FinishReason::kNone,
                    .stop_reason = c.done ? c.stop_reason : std::string(),
                    .stop_token = c.done ? c.stop_token : std::nullopt,
-                   .token_ids = std::move(ids)};
+                   .token_ids = std::move(ids),
+                   .logprobs = RenderLogprobs(c, first)};
   exchange_->Write(StreamChunk(request_, head_, chunk));
   c.chunk_sent = true;
 }
@@ -428,12 +567,22 @@ void Job::MaybeComplete() {
   }
   std::vector<Choice> choices;
   for (ChoiceState& c : choices_) {
+    nlohmann::ordered_json prompt_logprobs;
+    if (request_.prompt_logprobs) {
+      if (!c.has_prompt_logprobs) {
+        c.prompt_logprobs = PromptPositions(*frontend_, prompts_.ids[c.prompt], nullptr);
+      }
+      prompt_logprobs = PromptLogprobs(c.prompt_logprobs, *request_.prompt_logprobs);
+    }
+    nlohmann::ordered_json logprobs = RenderLogprobs(c, /*first=*/true);
     choices.push_back({.index = c.index,
                        .text = std::move(c.text),
                        .finish_reason = c.finish,
                        .stop_reason = c.stop_reason,
                        .stop_token = c.stop_token,
-                       .token_ids = c.token_ids});
+                       .token_ids = c.token_ids,
+                       .logprobs = std::move(logprobs),
+                       .prompt_logprobs = std::move(prompt_logprobs)});
   }
   exchange_->Respond(200, "application/json",
                      CompletionResponse(request_, head_, choices, usage, prompts_.ids)

@@ -84,10 +84,23 @@ Frontend::Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tok
       router_(router),
       registry_(std::move(registry)),
       metrics_(registry_.get()) {
+  // A tokenizer.json whose vocabulary has GPT-2's "Ġ" (a space in its byte
+  // alphabet) is byte-level: every byte-level vocabulary has all 256 byte
+  // characters, a SentencePiece-style one spells a space "▁".
+  const bool byte_level = tokenizer_->kind() == tokenizer::TokenizerKind::kHuggingFace &&
+                          tokenizer_->PieceToId("\xC4\xA0").has_value();
+  token_bytes_.resize(tokenizer_->vocab_size());
   for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
     absl::StatusOr<std::string> piece = tokenizer_->IdToPiece(id);
-    if (piece.ok()) max_token_bytes_ = std::max<int64_t>(max_token_bytes_, piece->size());
+    if (!piece.ok()) continue;
+    max_token_bytes_ = std::max<int64_t>(max_token_bytes_, piece->size());
+    token_bytes_[id] = TokenBytesOfPiece(*piece, byte_level);
   }
+}
+
+const std::string& Frontend::TokenBytes(int32_t id) const {
+  static const std::string kNone;
+  return id >= 0 && static_cast<size_t>(id) < token_bytes_.size() ? token_bytes_[id] : kNone;
 }
 
 int64_t Frontend::PromptByteLimit(const ModelInfo& model) const {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "http_server.h"
 #include "prometheus/counter.h"
@@ -99,6 +100,9 @@ class Frontend {
   int64_t PromptByteLimit(const ModelInfo& model) const;
   // The longest vocabulary entry, in bytes (at least 1).
   int64_t max_token_bytes() const { return max_token_bytes_; }
+  // The bytes token `id` stands for, decoded alone (TokenBytesOfPiece); ""
+  // outside the vocabulary.
+  const std::string& TokenBytes(int32_t id) const;
   Router& router() { return *router_; }
   FrontendMetrics& metrics() { return metrics_; }
   // The served name, or nullopt while no replica has described the model.
@@ -122,6 +126,7 @@ class Frontend {
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::optional<tokenizer::ChatTemplate> chat_template_;
   int64_t max_token_bytes_ = 1;
+  std::vector<std::string> token_bytes_;  // by id
   Router* router_;
   std::shared_ptr<prometheus::Registry> registry_;
   FrontendMetrics metrics_;

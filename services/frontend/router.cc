@@ -278,6 +278,7 @@ void Router::CheckHealth() {
                            .eos_token_id = info.eos_token_id(),
                            .extra_eos_token_ids = {info.extra_eos_token_ids().begin(),
                                                    info.extra_eos_token_ids().end()},
+                           .max_logprobs = info.max_logprobs(),
                            .generation = rpc::FromProto(info.generation())};
         TANDEM_LOG(INFO) << "model " << model_->name << " (vocab " << model_->vocab_size
                          << ", max_model_len " << model_->max_model_len << ", block_size "

@@ -56,6 +56,7 @@ struct ModelInfo {
   int32_t block_size = 0;
   int32_t eos_token_id = -1;
   std::vector<int32_t> extra_eos_token_ids;  // end a request as eos_token_id does
+  int32_t max_logprobs = 0;  // the most logprobs / prompt_logprobs a request may ask for
   // The model's sampling defaults (generation_config.json), for the OpenAI
   // requests that leave a field unset (frontend::EffectiveSampling).
   GenerationDefaults generation;

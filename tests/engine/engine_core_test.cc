@@ -268,7 +268,8 @@ TEST_P(EngineCoreTest, GreedyTokensMatchLlama2cWithLargeAndTinyKvCaches) {
 // scoring its prompt skips the prefix cache that a twin warmed.
 TEST_P(EngineCoreTest, LogprobsOfOutputAndPromptTokensAreTheModelsOwn) {
   const int32_t vocab = model_->config().vocab_size;
-  auto reference_runner = model::ModelRunner::Create(model_.get(), {.block_size = 16, .num_blocks = 40});
+  auto reference_runner =
+      model::ModelRunner::Create(model_.get(), {.block_size = 16, .num_blocks = 40});
   ASSERT_TRUE(reference_runner.ok());
   // Logits after each token of prompt + expected output, one per step.
   auto reference_rows = [&](const ReferenceCase& c) {
@@ -372,7 +373,8 @@ TEST_P(EngineCoreTest, LogprobsAboveTheServersMaximumAreRefused) {
     core.AddRequest(std::move(spec), sink, MonotonicNanos());
     EXPECT_TRUE(sink->rejected);
     EXPECT_EQ(sink->status.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(sink->status.message().find(prompt ? "prompt_logprobs = 6 exceeds" : "logprobs = 6 exceeds"),
+    EXPECT_NE(sink->status.message().find(prompt ? "prompt_logprobs = 6 exceeds"
+                                                 : "logprobs = 6 exceeds"),
               std::string::npos)
         << sink->status;
   }

@@ -1,9 +1,11 @@
 // An in-process tandem.v1.Generation server for tests of the real frontend
 // binary: answers GetModelInfo with the model it is given, records every
 // GenerateRequest, and answers each Generate with scripted output ids, one
-// message per token, the last one carrying the finish reason and usage.
+// message per token, the last one carrying the finish reason and usage,
+// and the logprobs a request asks for (FakeTokenLogprobs).
 #pragma once
 
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,6 +16,24 @@
 #include "tandem/rpc/server.h"
 
 namespace tandem::testing {
+
+// The fake's log-probabilities of token `id` at `position` (of the output,
+// or of the prompt) with `n` alternatives: on even positions `id` is the most
+// likely (rank 1, top_token_ids[0]); on odd ones it is outside the top n
+// (rank n + 1); every fifth position scores -inf.
+inline v1::TokenLogprobs FakeTokenLogprobs(int32_t id, int32_t position, int32_t n) {
+  v1::TokenLogprobs lp;
+  lp.set_token_id(id);
+  const bool top = position % 2 == 0;
+  const float own = position % 5 == 4 ? -INFINITY : -0.5f - 0.25f * static_cast<float>(position);
+  lp.set_logprob(own);
+  lp.set_rank(top ? 1 : n + 1);
+  for (int32_t i = 0; i < n; ++i) {
+    lp.add_top_token_ids(top && i == 0 ? id : 300 + 7 * position + i);
+    lp.add_top_logprobs(top && i == 0 ? own : -0.125f * static_cast<float>(i + 1));
+  }
+  return lp;
+}
 
 class FakeScheduler final : public v1::Generation::Service {
  public:
@@ -73,6 +93,17 @@ class FakeScheduler final : public v1::Generation::Service {
       v1::GenerateResponse response;
       response.set_request_id(request->request_id());
       response.add_token_ids(output[i]);
+      const v1::SamplingParams& sampling = request->sampling();
+      if (sampling.has_logprobs()) {
+        *response.add_logprobs() =
+            FakeTokenLogprobs(output[i], static_cast<int32_t>(i), sampling.logprobs());
+      }
+      if (i == 0 && sampling.has_prompt_logprobs()) {
+        for (int p = 1; p < request->prompt_token_ids_size(); ++p) {
+          *response.add_prompt_logprobs() =
+              FakeTokenLogprobs(request->prompt_token_ids(p), p, sampling.prompt_logprobs());
+        }
+      }
       if (i + 1 == output.size()) {
         response.set_finish_reason(finish);
         response.mutable_usage()->set_prompt_tokens(request->prompt_token_ids_size());
@@ -105,6 +136,7 @@ inline v1::GetModelInfoResponse FakeModelInfo(const std::string& fingerprint,
   info.set_block_size(16);
   info.set_num_kv_blocks(64);
   info.set_eos_token_id(2);
+  info.set_max_logprobs(20);  // the scheduler's default --max-logprobs
   return info;
 }
 

@@ -167,7 +167,7 @@ TEST_F(FrontendTest, ErrorsHaveTheirStatusAndBodyAndLeaveAConcurrentStreamAlone)
       {{{"prompt", too_long}}, 400, "prompt", "context_length_exceeded"},
       {{{"prompt", "x"}, {"max_tokens", 100000}}, 400, "max_tokens", "context_length_exceeded"},
       {{{"prompt", {1, 99999}}}, 400, "prompt", ""},
-      {{{"prompt", "x"}, {"logprobs", 2}}, 400, "logprobs", ""},
+      {{{"prompt", "x"}, {"logprobs", 100000}}, 400, "logprobs", ""},  // above max_logprobs
       {{{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}, 400, "stream_options", ""},
   };
   for (const Case& c : cases) {

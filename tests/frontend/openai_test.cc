@@ -1,5 +1,6 @@
 #include "tandem/frontend/openai.h"
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -175,13 +176,8 @@ TEST(OpenAiParseTest, BadParametersNameTheField) {
 }
 
 TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
-  EXPECT_EQ(ErrorParam(R"({"prompt":"x","logprobs":1})"), "logprobs");
-  EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})",
-                       Endpoint::kChat),
-            "logprobs");
-  EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})",
-                       Endpoint::kChat),
-            "top_logprobs");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","return_tokens_as_token_ids":true})"),
+            "return_tokens_as_token_ids");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","presence_penalty":0.5})"), "presence_penalty");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","frequency_penalty":1})"), "frequency_penalty");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","best_of":2})"), "best_of");
@@ -294,7 +290,7 @@ std::string TreeChunk(const CompletionRequest& request, const ResponseHead& head
   } else {
     choice["text"] = delta.text;
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = delta.logprobs;
   choice["finish_reason"] = delta.finish_reason == FinishReason::kNone
                                 ? OrderedJson()
                                 : OrderedJson(FinishReasonName(delta.finish_reason));
@@ -380,6 +376,17 @@ TEST(OpenAiRenderTest, ChunksAreTheBytesATreeWouldDump) {
     const int ids = std::uniform_int_distribution<int>(0, 3)(rng);
     for (int k = 0; k < ids; ++k) {
       delta.token_ids.push_back(std::uniform_int_distribution<int32_t>(0, 32000)(rng));
+    }
+    if (coin()) {
+      // Logprobs with texts that need escaping (and a -inf).
+      std::vector<PositionLogprobs> positions(2);
+      positions[0].token = {.token_id = 5, .bytes = RandomText(rng), .logprob = -0.5f};
+      positions[1].token = {.token_id = 6, .bytes = RandomText(rng), .logprob = -INFINITY};
+      positions[1].top = {{.token_id = 7, .bytes = RandomText(rng), .logprob = -0.25f}};
+      int64_t offset = 3;
+      delta.logprobs = request.endpoint == Endpoint::kChat
+                           ? ChatLogprobs(positions, 1)
+                           : CompletionLogprobs(positions, 1, &offset);
     }
     const std::string chunk = StreamChunk(request, head, delta);
     ASSERT_EQ(chunk, TreeChunk(request, head, delta)) << "case " << i;

@@ -68,30 +68,43 @@ std::map<std::string, Treatment> Table(Endpoint e) {
   const std::string parse = "OpenAiParseTest.CompletionFieldsAndDefaults";
   const std::string text = "FrontendTextTest.EveryPathReturnsThePromptPrimedDecode";
   const std::string fields = "FrontendRequestFieldsTest";
+  const std::string logprobs = "FrontendLogprobsTest";
   const Json tools = Json::array({{{"type", "function"},
                                    {"function", {{"name", "f"}, {"parameters", Json::object()}}}}});
   std::map<std::string, Treatment> t = {
       {"model", Built({{"model", "m"}}, parse)},
       {"prompt", Built({{"prompt", "x"}}, text)},
       {"messages", Built({{"messages", {{{"role", "user"}, {"content", "x"}}}}}, text)},
-      {"max_tokens", Built({{"max_tokens", 5}},
-                           "FrontendSamplingDefaultsTest.MaxTokensDefaultsTo16OnCompletionsAndToTheContextOnChat")},
-      {"max_completion_tokens", Built({{"max_completion_tokens", 5}},
-                                      "FrontendSamplingDefaultsTest.MaxTokensDefaultsTo16OnCompletionsAndToTheContextOnChat")},
+      {"max_tokens",
+       Built(
+           {{"max_tokens", 5}},
+           "FrontendSamplingDefaultsTest.MaxTokensDefaultsTo16OnCompletionsAndToTheContextOnChat")},
+      {"max_completion_tokens",
+       Built(
+           {{"max_completion_tokens", 5}},
+           "FrontendSamplingDefaultsTest.MaxTokensDefaultsTo16OnCompletionsAndToTheContextOnChat")},
       {"n", Built({{"n", 2}}, "FrontendTest (n choices)")},
       {"seed", Built({{"seed", 3}}, parse)},
       {"stop", Built({{"stop", "x"}}, text)},
       {"stream", Built({{"stream", true}}, text)},
       {"stream_options", Built({{"stream", true}, {"stream_options", {{"include_usage", true}}}},
                                "FrontendTest (usage chunk)")},
-      {"temperature", Built({{"temperature", 0.5}},
-                            "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
-      {"top_p", Built({{"top_p", 0.5}},
-                      "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
-      {"top_k", Built({{"top_k", 5}},
-                      "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
-      {"min_p", Built({{"min_p", 0.1}},
-                      "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
+      {"temperature",
+       Built(
+           {{"temperature", 0.5}},
+           "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
+      {"top_p",
+       Built(
+           {{"top_p", 0.5}},
+           "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
+      {"top_k",
+       Built(
+           {{"top_k", 5}},
+           "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
+      {"min_p",
+       Built(
+           {{"min_p", 0.1}},
+           "FrontendSamplingDefaultsTest.TheModelsDefaultsApplyOnlyToFieldsTheRequestLeavesUnset")},
       {"user", Built({{"user", "u"}}, parse)},
       {"stop_token_ids", Built({{"stop_token_ids", {5}}}, fields)},
       {"include_stop_str_in_output", Built({{"include_stop_str_in_output", true}}, fields)},
@@ -104,16 +117,16 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"return_token_ids", Built({{"return_token_ids", true}}, text)},
       {"echo", chat ? Refused({{"echo", true}}) : Built({{"echo", true}}, text)},
       {"add_generation_prompt", Built({{"add_generation_prompt", false}}, parse)},
-      {"chat_template_kwargs", Built({{"chat_template_kwargs", {{"enable_thinking", true}}}},
-                                     fields)},
+      {"chat_template_kwargs",
+       Built({{"chat_template_kwargs", {{"enable_thinking", true}}}}, fields)},
       {"response_format", Built({{"response_format", {{"type", "text"}}}}, parse)},
       // tools with tool_choice "none" only (rendering them is another part of
       // issue 30); any other tool_choice is refused.
       {"tools", Built({{"tools", tools}, {"tool_choice", "none"}}, parse)},
       // Refused.
-      {"logprobs", Refused({{"logprobs", chat ? Json(true) : Json(1)}})},
-      {"top_logprobs", Refused({{"top_logprobs", 2}})},
-      {"prompt_logprobs", Refused({{"prompt_logprobs", 1}})},
+      {"logprobs", Built({{"logprobs", chat ? Json(true) : Json(1)}}, logprobs)},
+      {"top_logprobs", Built({{"logprobs", true}, {"top_logprobs", 2}}, logprobs)},
+      {"prompt_logprobs", Built({{"prompt_logprobs", 1}}, logprobs)},
       {"return_tokens_as_token_ids", Refused({{"return_tokens_as_token_ids", true}})},
       {"best_of", Refused({{"best_of", 2}})},
       {"use_beam_search", Refused({{"use_beam_search", true}})},

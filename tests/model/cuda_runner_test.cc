@@ -256,8 +256,8 @@ TEST(CudaRunnerTest, AllLogitsRowsAndLogprobsMatchTheCpuBackend) {
   const int32_t vocab = model->config().vocab_size;
   const std::vector<int32_t> a = MakePrompt(30, 21, vocab), b = MakePrompt(12, 22, vocab);
   const std::vector<int32_t> ta = {0, 1}, tb = {2};
-  const std::vector<SequenceInput> batch = {
-      {.token_ids = a, .block_table = ta, .all_logits = true}, {.token_ids = b, .block_table = tb}};
+  const std::vector<SequenceInput> batch = {{.token_ids = a, .block_table = ta, .all_logits = true},
+                                            {.token_ids = b, .block_table = tb}};
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     SCOPED_TRACE(DTypeName(dtype));
     auto gpu = ModelRunner::Create(model.get(), {.block_size = 16, .num_blocks = 8, .dtype = dtype},

@@ -119,10 +119,12 @@ TEST_F(RunnerLogprobsTest, AllLogitsRowsEqualTheLogitsAfterEachToken) {
   std::vector<float> logits;
   SequenceInput c_head{.token_ids = std::span(c).first(4), .block_table = tc};
   ASSERT_TRUE(runner->Forward({&c_head, 1}, &logits).ok());
-  const std::vector<SequenceInput> batch = {
-      {.token_ids = a, .block_table = ta, .all_logits = true},
-      {.token_ids = b, .block_table = tb},
-      {.token_ids = std::span(c).subspan(4), .start_pos = 4, .block_table = tc, .all_logits = true}};
+  const std::vector<SequenceInput> batch = {{.token_ids = a, .block_table = ta, .all_logits = true},
+                                            {.token_ids = b, .block_table = tb},
+                                            {.token_ids = std::span(c).subspan(4),
+                                             .start_pos = 4,
+                                             .block_table = tc,
+                                             .all_logits = true}};
   ASSERT_TRUE(runner->Forward(batch, &logits).ok());
   const size_t v = static_cast<size_t>(vocab_);
   ASSERT_EQ(logits.size(), (3 + 36 + 4) * v);
@@ -150,12 +152,11 @@ TEST_F(RunnerLogprobsTest, ForwardSampleScoresTheSampledTokenAndThePromptTargets
   const std::vector<SequenceInput> batch = {
       {.token_ids = prompt, .block_table = table, .all_logits = true},
       {.token_ids = prompt, .block_table = table2}};
-  const std::vector<SampleRequest> sample = {
-      {.params = &greedy,
-       .num_logprobs = 5,
-       .prompt_targets = std::span(prompt).subspan(1),
-       .num_prompt_logprobs = 2},
-      {.params = &hot, .num_logprobs = 0}};
+  const std::vector<SampleRequest> sample = {{.params = &greedy,
+                                              .num_logprobs = 5,
+                                              .prompt_targets = std::span(prompt).subspan(1),
+                                              .num_prompt_logprobs = 2},
+                                             {.params = &hot, .num_logprobs = 0}};
   std::vector<int32_t> tokens;
   std::vector<SampleLogprobs> lp;
   ASSERT_TRUE(runner->ForwardSample(batch, sample, &tokens, &lp).ok());

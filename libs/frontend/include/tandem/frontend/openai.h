@@ -28,14 +28,22 @@
 //   matters under --scheduling-policy priority) and return_token_ids
 //   (choices carry `token_ids`, the response `prompt_token_ids`: the
 //   documented way to see the ids).
+//   Log-probabilities (the scheduler's, vLLM's raw_logprobs: log-softmax of
+//   the raw logits, before temperature, top-k, top-p and min-p), each count
+//   in [0, the scheduler's --max-logprobs] (400 naming the field and the
+//   limit otherwise): completions' logprobs N (with echo the prompt's tokens
+//   come first, the first one unscored), chat's logprobs + top_logprobs N
+//   (top_logprobs > 0 without logprobs is a 400, as in vLLM), and vLLM's
+//   prompt_logprobs N (refused with stream, as vLLM does; a list per
+//   completions choice, one list on the chat response, as vLLM puts them).
+//   See the rendering functions below for the shapes and where vLLM and
+//   OpenAI differ.
 // Text is the prompt-primed decode: Decode(prompt + output) minus
 // Decode(prompt), so the first word keeps its leading space as in vLLM.
 // Every other field of vLLM's CompletionRequest and ChatCompletionRequest
 // is refused with a 400 that names it unless it has its neutral value
 // (absent, null, or the value that changes nothing; vllm_fields_test walks
-// vLLM's lists): logprobs / top_logprobs / prompt_logprobs /
-// return_tokens_as_token_ids (the worker returns no log-probabilities),
-// presence/frequency/repetition
+// vLLM's lists): return_tokens_as_token_ids, presence/frequency/repetition
 // penalties, logit_bias, allowed_token_ids, bad_words, logits_processors,
 // best_of > 1, use_beam_search, length_penalty, guided_* / structural_tag /
 // structured_outputs and response_format other than text, suffix,
@@ -139,6 +147,12 @@ struct CompletionRequest {
   // template (each {"type": "function", "function": {"name", "description",
   // "parameters"}}); null when the request has none.
   nlohmann::ordered_json tools;
+  // Log-probabilities of each output token and of its N most likely
+  // alternatives: completions' `logprobs`, chat's `top_logprobs` (0 when
+  // absent) when `logprobs` is true. nullopt: none.
+  std::optional<int32_t> logprobs;
+  // vLLM's prompt_logprobs: the same for each prompt token after the first.
+  std::optional<int32_t> prompt_logprobs;
 };
 
 // max_tokens of a /v1/completions request that sends none, as vLLM's
@@ -155,6 +169,14 @@ inline constexpr int32_t kMaxStopStrings = 16;
 [[nodiscard]] std::optional<ApiError> ParseCompletionRequest(std::string_view body,
                                                              Endpoint endpoint,
                                                              CompletionRequest* out);
+
+// A logprobs count above the scheduler's limit (GetModelInfoResponse
+// .max_logprobs): the 400 naming the field and the limit.
+[[nodiscard]] std::optional<ApiError> CheckLogprobsLimit(const CompletionRequest& request,
+                                                         int32_t max_logprobs);
+// The count to ask the scheduler for prompt logprobs (the request's
+// prompt_logprobs, and with echo its logprobs), nullopt for none.
+[[nodiscard]] std::optional<int32_t> PromptLogprobsToAsk(const CompletionRequest& request);
 
 // The sampling a request runs with.
 struct RequestSampling {
@@ -185,6 +207,57 @@ struct Usage {
   [[nodiscard]] nlohmann::ordered_json ToJson() const;
 };
 
+// Log-probabilities at one position (tandem.v1.TokenLogprobs), with each
+// token's own bytes (TokenBytesOfPiece).
+struct LogprobToken {
+  int32_t token_id = 0;
+  std::string bytes;
+  float logprob = 0;
+};
+struct PositionLogprobs {
+  LogprobToken token;             // the sampled token, or the prompt's
+  int32_t rank = 0;               // 1 = the most likely
+  std::vector<LogprobToken> top;  // the most likely, most likely first
+  bool scored = true;             // false: the prompt's first token (no logprob)
+};
+
+// The bytes a vocabulary entry (Tokenizer::IdToPiece) stands for: a byte
+// token "<0xNN>" that byte; with `byte_level` (GPT-2's byte alphabet) the
+// bytes its characters stand for (a piece with a character outside the
+// alphabet, an added token, as it is); otherwise SentencePiece's "▁" is a
+// space.
+[[nodiscard]] std::string TokenBytesOfPiece(std::string_view piece, bool byte_level);
+// A token's text as the logprobs show it: its bytes, each ill-formed UTF-8
+// subpart replaced by U+FFFD (Python's errors="replace", as vLLM's decode).
+[[nodiscard]] std::string TokenText(std::string_view bytes);
+
+// The logprobs of /v1/completions (a choice, or one chunk of a stream), in
+// OpenAI's shape as vLLM's _create_completion_logprobs writes it:
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. An unscored
+// position (echo's first prompt token) has null token_logprobs and
+// top_logprobs. top_logprobs[i] maps token text to logprob: the position's
+// own token first, then its `num_top` most likely (one key when texts
+// coincide, the later value winning, as vLLM's dict). Logprobs are clamped at
+// -9999.0 (-inf has no JSON). text_offset: `*text_offset` first, each next
+// the previous plus the previous token's text length in code points (as
+// Python's len); `*text_offset` is left at the next one, so a stream's chunks
+// continue where the last left off and add up to the non-streamed lists
+// (vLLM starts each chunk at the length of the text streamed so far instead).
+[[nodiscard]] nlohmann::ordered_json CompletionLogprobs(
+    const std::vector<PositionLogprobs>& positions, int32_t num_top, int64_t* text_offset);
+// The logprobs of /v1/chat/completions: {"content": [{"token", "logprob",
+// "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}. As OpenAI:
+// top_logprobs holds the `num_top` most likely, most likely first (vLLM's
+// list starts with the sampled token instead); `bytes` are the token's own
+// bytes, even when they are not UTF-8 alone (vLLM encodes the U+FFFD text).
+[[nodiscard]] nlohmann::ordered_json ChatLogprobs(const std::vector<PositionLogprobs>& positions,
+                                                  int32_t num_top);
+// vLLM's prompt_logprobs: per prompt position null (unscored) or
+// {"<token id>": {"logprob", "rank", "decoded_token"}} for the prompt's token
+// and then its `num_top` most likely (ranks 1..num_top).
+[[nodiscard]] nlohmann::ordered_json PromptLogprobs(const std::vector<PositionLogprobs>& positions,
+                                                    int32_t num_top);
+
 // One finished choice of a non-streaming response.
 struct Choice {
   int32_t index = 0;
@@ -193,6 +266,11 @@ struct Choice {
   std::string stop_reason;             // the stop string that ended it, if any
   std::optional<int32_t> stop_token;   // or the stop token id
   std::vector<int32_t> token_ids;      // when return_token_ids
+  // Rendered CompletionLogprobs / ChatLogprobs; null when not asked.
+  nlohmann::ordered_json logprobs;
+  // Rendered PromptLogprobs; null when not asked. Chat puts the first
+  // choice's on the response (vLLM's ChatCompletionResponse.prompt_logprobs).
+  nlohmann::ordered_json prompt_logprobs;
 };
 
 // Identity shared by a response and its chunks.
@@ -217,6 +295,9 @@ struct ChunkDelta {
   std::string stop_reason;
   std::optional<int32_t> stop_token;
   std::vector<int32_t> token_ids;  // when return_token_ids
+  // The logprobs of the tokens whose text this chunk carries: rendered
+  // CompletionLogprobs / ChatLogprobs; null when not asked.
+  nlohmann::ordered_json logprobs;
 };
 [[nodiscard]] std::string StreamChunk(const CompletionRequest& request, const ResponseHead& head,
                                       const ChunkDelta& delta);

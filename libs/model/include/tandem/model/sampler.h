@@ -43,8 +43,9 @@ struct SampleRequest {
 
 // What ForwardSample adds for the sequences that asked (SampleRequest).
 struct SampleLogprobs {
-  std::vector<TokenLogprobs> sampled;  // one entry for a sequence that sampled with num_logprobs >= 0
-  std::vector<TokenLogprobs> prompt;   // parallel to prompt_targets
+  std::vector<TokenLogprobs>
+      sampled;  // one entry for a sequence that sampled with num_logprobs >= 0
+  std::vector<TokenLogprobs> prompt;  // parallel to prompt_targets
 };
 
 // tokens[i] = SampleToken(row i of logits [rows][vocab], ...) for each
