@@ -194,13 +194,14 @@ class CudaRunnerBase : public ModelRunner {
     for (size_t i = 0; i < batch.size(); ++i) {
       const SampleRequest& r = sample[i];
       if (r.params == nullptr) continue;
-      if (r.params->temperature == 0.0f) {
+      if (r.params->temperature == 0.0f && r.banned_token_ids.empty()) {
         (*tokens)[i] = greedy[i];
         continue;
       }
-      // Temperature rows: the CPU sampler over this row's logits.
+      // Temperature rows and rows with banned tokens: the CPU sampler over
+      // this row's logits.
       TANDEM_ASSIGN_OR_RETURN(std::span<const float> logits, download(static_cast<int32_t>(i)));
-      (*tokens)[i] = SampleToken(logits, *r.params, r.output_position);
+      (*tokens)[i] = SampleToken(logits, *r.params, r.output_position, r.banned_token_ids);
     }
     if (logprobs == nullptr) return absl::OkStatus();
     return ComputeBatchLogprobs(batch, sample, *tokens, download, logprobs);

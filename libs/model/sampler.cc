@@ -13,7 +13,17 @@
 namespace tandem::model {
 
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
-                    int32_t output_position) {
+                    int32_t output_position, std::span<const int32_t> banned_token_ids) {
+  if (!banned_token_ids.empty()) {
+    thread_local std::vector<float> masked;
+    masked.assign(logits.begin(), logits.end());
+    for (int32_t id : banned_token_ids) {
+      if (id >= 0 && static_cast<size_t>(id) < masked.size()) {
+        masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    logits = masked;
+  }
   const int32_t vocab = static_cast<int32_t>(logits.size());
   const kernels::SampleArgs args{.temperature = params.temperature,
                                  .top_k = params.top_k,
@@ -36,7 +46,7 @@ void SampleRows(std::span<const float> logits, int32_t vocab,
   for (size_t i = 0; i < sample.size(); ++i) {
     if (sample[i].params == nullptr) continue;
     (*tokens)[i] = SampleToken(logits.subspan(i * v, v), *sample[i].params,
-                               sample[i].output_position);
+                               sample[i].output_position, sample[i].banned_token_ids);
   }
 }
 

@@ -589,7 +589,7 @@ void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens,
   for (size_t i = 0; i < tokens.size(); ++i) {
     const int32_t t = tokens[i];
     // A token at output index j may stop the request only when j >= min_tokens
-    // (no sampler masks stop tokens before that yet: see the header).
+    // (the worker does not sample stop tokens before that: see the header).
     const bool may_stop = r->num_output_tokens() >= sp.min_tokens;
     if (may_stop && !sp.ignore_eos && IsEos(t)) {
       // EOS is not part of the output.

@@ -230,6 +230,7 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
   // A prefill chunk that does not reach the last known token samples nothing.
   // Prompt logprobs: the chunk's rows score the prompt tokens after them.
   std::vector<model::SampleRequest> sample(batch.size());
+  std::vector<std::vector<int32_t>> banned(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     const SeqState& s = *batch[i];
     const int32_t known = static_cast<int32_t>(s.token_ids.size());
@@ -246,6 +247,14 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     sample[i].params = &s.sampling;
     sample[i].output_position = known - s.num_prompt_tokens;
     sample[i].num_logprobs = s.sampling.logprobs;
+    // Below min_tokens no stop condition counts: EOS and stop tokens are
+    // not drawn (the scheduler does not stop on them there either).
+    if (sample[i].output_position < s.sampling.min_tokens) {
+      if (!s.sampling.ignore_eos) banned[i] = options_.eos_token_ids;
+      banned[i].insert(banned[i].end(), s.sampling.stop_token_ids.begin(),
+                       s.sampling.stop_token_ids.end());
+      sample[i].banned_token_ids = banned[i];
+    }
   }
   std::vector<int32_t> tokens;
   std::vector<model::SampleLogprobs> logprobs;

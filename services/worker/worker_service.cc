@@ -181,7 +181,8 @@ absl::Status WorkerService::Load() {
   debug_reject_steps_ = *options_.DebugRejectSteps();
   executor_ = std::make_unique<StepExecutor>(
       backend_.get(), kv_connector_.get(),
-      StepExecutorOptions{.debug_fail_steps = *options_.DebugFailSteps(),
+      StepExecutorOptions{.eos_token_ids = config.EosTokenIds(),
+                          .debug_fail_steps = *options_.DebugFailSteps(),
                           .debug_step_delay_us = options_.debug_step_delay_us});
   TANDEM_LOG(INFO) << "loaded " << model_->name() << " (" << config.num_layers << " layers, vocab "
                    << config.vocab_size << ") backend=" << options_.backend

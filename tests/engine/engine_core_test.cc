@@ -38,6 +38,7 @@ class LoopbackWorker final : public StepTransport {
     EXPECT_TRUE(runner.ok()) << runner.status();
     runner_ = std::move(runner).value();
     backend_ = std::make_unique<worker::RunnerBackend>(runner_.get());
+    if (options.eos_token_ids.empty()) options.eos_token_ids = model->config().EosTokenIds();
     executor_ = std::make_unique<worker::StepExecutor>(backend_.get(), nullptr, options);
     const model::ModelConfig& c = model->config();
     description = WorkerDescription{
@@ -356,6 +357,48 @@ TEST_P(EngineCoreTest, LogprobsOfOutputAndPromptTokensAreTheModelsOwn) {
     }
     for (const auto& w : warm) EXPECT_TRUE(w->logprobs.empty() && w->prompt_logprobs.empty());
   }
+}
+
+// Below min_tokens the worker never samples EOS or a stop token (vLLM's
+// min-tokens processor): a case that ends on EOS goes on past it with the
+// next most likely token, its first tokens unchanged.
+TEST_P(EngineCoreTest, MinTokensKeepsEosAndStopTokensFromBeingSampled) {
+  EngineCore core(Options());
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  const std::vector<int32_t> eos = model_->config().EosTokenIds();
+  int checked = 0;
+  for (size_t i = 0; i < cases_.size(); ++i) {
+    const ReferenceCase& c = cases_[i];
+    if (!c.stopped_on_token_1 || c.expected.size() < 4) continue;
+    // EOS at index n is banned; so is the case's own third token (a stop
+    // token), which must come out no more before min_tokens.
+    const int32_t n = static_cast<int32_t>(c.expected.size());
+    sched::RequestSpec spec = Greedy("min-" + std::to_string(i), c);
+    spec.sampling.min_tokens = n + 4;
+    spec.sampling.max_tokens = n + 4;
+    auto sink = std::make_shared<Recorder>();
+    core.AddRequest(spec, sink, MonotonicNanos());
+    spec.request_id = "min-stop-" + std::to_string(i);
+    spec.sampling.stop_token_ids = {c.expected[2]};
+    spec.sampling.logprobs = 1;
+    auto stopped = std::make_shared<Recorder>();
+    core.AddRequest(spec, stopped, MonotonicNanos());
+    Run(core, worker);
+    ASSERT_TRUE(sink->status.ok()) << sink->status;
+    ASSERT_EQ(sink->tokens.size(), static_cast<size_t>(n + 4));
+    EXPECT_TRUE(std::equal(c.expected.begin(), c.expected.end(), sink->tokens.begin()));
+    for (int32_t t : sink->tokens) EXPECT_EQ(std::count(eos.begin(), eos.end(), t), 0) << t;
+    EXPECT_EQ(sink->reason, FinishReason::kLength);
+    ASSERT_EQ(stopped->tokens.size(), static_cast<size_t>(n + 4));
+    EXPECT_EQ(std::count(stopped->tokens.begin(), stopped->tokens.end(), c.expected[2]), 0);
+    EXPECT_EQ(stopped->tokens[0], c.expected[0]);
+    // Logprobs stay the raw model's: the banned token was the most likely.
+    ASSERT_EQ(stopped->logprobs.size(), stopped->tokens.size());
+    EXPECT_EQ(stopped->logprobs[2].rank, 2);
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "no reference case ends on EOS";
 }
 
 // Above the server's max_logprobs: refused, naming the field.

@@ -232,16 +232,21 @@ TEST(CudaRunnerTest, ForwardSampleEqualsForwardThenSampleToken) {
     }
     std::vector<float> logits;
     ASSERT_TRUE((*gpu)->Forward(batch, &logits).ok());
+    // A greedy row that may not draw its argmax (min_tokens' banned EOS).
+    const std::vector<int32_t> ban = {
+        SampleToken(std::span<const float>(logits).subspan(2 * vocab, vocab), params[2], 2)};
+    sample[2].banned_token_ids = ban;
     std::vector<int32_t> tokens;
     ASSERT_TRUE((*gpu)->ForwardSample(batch, sample, &tokens).ok());
+    EXPECT_NE(tokens[2], ban[0]);
     ASSERT_EQ(tokens.size(), 6u);
     for (int32_t i = 0; i < 6; ++i) {
       if (sample[i].params == nullptr) {
         EXPECT_EQ(tokens[i], -1);
         continue;
       }
-      EXPECT_EQ(tokens[i],
-                SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab), params[i], i))
+      EXPECT_EQ(tokens[i], SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab),
+                                       params[i], i, sample[i].banned_token_ids))
           << DTypeName(dtype) << " sequence " << i;
     }
   }

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
+#include "tandem/model/sampler.h"
 #include "test_util.h"
 
 namespace tandem::model {
@@ -160,6 +161,19 @@ TEST(SamplingTest, TopPCountsTheMassOfWhatMinPAndTopKKept) {
             (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(Keys(Reached(logits, {.temperature = 1.0f, .top_k = 1, .min_p = 0.25f})),
             (std::vector<int32_t>{0}));
+}
+
+TEST(SamplingTest, BannedTokensAreNeverDrawnGreedyOrSampled) {
+  const std::vector<float> logits = {0.0f, 9.0f, 1.0f, 8.5f, 0.5f};
+  const std::vector<int32_t> banned = {1, 4};
+  EXPECT_EQ(SampleToken(logits, SamplingParams{}, 0), 1);
+  EXPECT_EQ(SampleToken(logits, SamplingParams{}, 0, banned), 3);
+  for (int32_t pos = 0; pos < 200; ++pos) {
+    const SamplingParams hot{.temperature = 2.0f, .seed = 9};
+    const int32_t t = SampleToken(logits, hot, pos, banned);
+    EXPECT_NE(t, 1);
+    EXPECT_NE(t, 4);
+  }
 }
 
 TEST(SamplingTest, CounterUniformDependsOnSeedAndPositionOnly) {

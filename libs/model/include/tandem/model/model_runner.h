@@ -139,8 +139,8 @@ class ModelRunner {
   // `logprobs` the logprobs each request asked for (ComputeBatchLogprobs;
   // sample.size() entries). The CUDA backend takes greedy argmaxes on the
   // GPU and copies back only the token ids (and the logits of rows that
-  // sample at a temperature or need logprobs), instead of batch * vocab
-  // logits.
+  // sample at a temperature, ban tokens or need logprobs), instead of
+  // batch * vocab logits.
   virtual absl::Status ForwardSample(std::span<const SequenceInput> batch,
                                      std::span<const SampleRequest> sample,
                                      std::vector<int32_t>* tokens,

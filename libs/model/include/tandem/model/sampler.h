@@ -18,8 +18,10 @@ namespace tandem::model {
 
 // `output_position`: index of the token being sampled among the request's
 // output tokens (0 for the first). Greedy ties go to the lowest id.
+// `banned_token_ids` are never drawn: their logits count as -inf (vLLM's
+// min-tokens processor: EOS and stop tokens below min_tokens).
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
-                    int32_t output_position);
+                    int32_t output_position, std::span<const int32_t> banned_token_ids = {});
 
 // Log-probabilities of `token` under `logits` (TokenLogprobs: the raw
 // log-softmax, before temperature or any filter) with the `top_n` most likely
@@ -30,6 +32,8 @@ TokenLogprobs ComputeLogprobs(std::span<const float> logits, int32_t token, int3
 struct SampleRequest {
   const SamplingParams* params = nullptr;  // nullptr: this sequence samples nothing
   int32_t output_position = 0;             // see SampleToken
+  // See SampleToken; logprobs stay those of the raw logits.
+  std::span<const int32_t> banned_token_ids;
   // With params: the sampled token's logprobs with this many alternatives;
   // -1 = none.
   int32_t num_logprobs = -1;

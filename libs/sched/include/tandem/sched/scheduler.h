@@ -12,10 +12,11 @@
 // any of extra_eos_token_ids (unless ignore_eos; not appended, not
 // streamed), a stop token (appended and streamed), then
 // max_tokens / max_model_len. EOS and stop tokens count only for a token at
-// output index >= min_tokens; an EOS before then is an ordinary output
-// token (the samplers do not mask EOS and stop tokens below min_tokens as
-// vLLM's does: a known gap). EOS on the last allowed token
-// therefore finishes as kFinishedStopped, not kFinishedLength.
+// output index >= min_tokens; the worker never samples them before then
+// (vLLM's min-tokens processor, StepExecutorOptions::eos_token_ids), and a
+// worker that did would have them taken as ordinary output tokens. EOS on
+// the last allowed token therefore finishes as kFinishedStopped, not
+// kFinishedLength.
 //
 // Preemption and progress (DESIGN §3, plus rules of Tandem's that make every
 // workload that fits the cache drain). A running request R short of blocks

@@ -106,6 +106,10 @@ class SimBackend final : public StepBackend {
 };
 
 struct StepExecutorOptions {
+  // The model's EOS ids (ModelConfig::EosTokenIds): with a request's stop
+  // token ids, never sampled before its min_tokens (vLLM's min-tokens
+  // processor), unless ignore_eos (for the EOS ids).
+  std::vector<int32_t> eos_token_ids;
   // TEST-ONLY: step ids (of each scheduler stream) that fail after their
   // loads and batch diff, before the forward pass.
   std::vector<uint64_t> debug_fail_steps;
