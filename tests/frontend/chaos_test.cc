@@ -7,7 +7,8 @@
 // checked against a clean run after the chaos. Meanwhile a chaos thread, at
 // random times, does one of:
 //   - kill -9 of the KV-store or of a worker, restarted on the same address
-//     (and, for the store, the same data) after a random pause;
+//     (and, for the store, the same data) after a random pause; every other
+//     store restart first flips a byte of a table file or of the MANIFEST;
 //   - SIGSTOP, then SIGCONT, of the KV-store: its lookups and loads go late;
 //   - a full disk: the store's data lives on a small tmpfs, which a filler
 //     file fills for a while (skipped, and said so, where tmpfs cannot be
@@ -33,11 +34,13 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -57,6 +60,32 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kDeadlineS = 60;  // the client's deadline of one request
+
+// Flips the byte in the middle of one file under `dir` whose name ends with
+// (".sst") or starts with ("MANIFEST-") `pattern`, picked by `pick`; false
+// when there is none.
+bool FlipByteInOneFile(const std::string& dir, const std::string& pattern, uint64_t pick) {
+  std::vector<std::filesystem::path> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file(ec) && e.file_size(ec) > 0 &&
+        (pattern[0] == '.' ? name.ends_with(pattern) : name.starts_with(pattern))) {
+      files.push_back(e.path());
+    }
+  }
+  if (files.empty()) return false;
+  std::sort(files.begin(), files.end());
+  const std::filesystem::path& path = files[pick % files.size()];
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  const auto middle = static_cast<std::streamoff>(std::filesystem::file_size(path) / 2);
+  char c = 0;
+  f.seekg(middle);
+  f.get(c);
+  f.seekp(middle);
+  f.put(static_cast<char>(c ^ 0x5A));
+  return static_cast<bool>(f);
+}
 
 // TANDEM_CHAOS_FAULTS narrows the faults to some kinds, for debugging one:
 // any of "worker", "kvstore", "stall", "disk" (default: all).
@@ -270,8 +299,17 @@ TEST(ChaosTest, TheSystemSurvivesKillsStallsCorruptionAndAFullDisk) {
       kv.process.Signal(SIGKILL);
       ASSERT_TRUE(kv.process.Wait(std::chrono::seconds(5)).has_value());
       pause(0.2, 1.5);
+      // Every other time, a byte of one of its files flips while it is down:
+      // a table file's, or the MANIFEST's. It must start anyway (repaired,
+      // damaged entries dropped) and serve nothing corrupt.
+      const char* damaged = rng() % 2 == 0 ? nullptr : rng() % 2 == 0 ? ".sst" : "MANIFEST-";
+      if (damaged != nullptr && FlipByteInOneFile(data, damaged, rng())) {
+        ++faults[std::string("kill -9 kvstore, a flipped byte in ") +
+                 (damaged[0] == '.' ? "a table file" : "the MANIFEST")];
+      } else {
+        ++faults["kill -9 kvstore"];
+      }
       kv = StartKvStore(dir, "kv-" + std::to_string(++kv_starts), kv_args, kv_address);
-      ++faults["kill -9 kvstore"];
     } else if (kind == 2) {  // the store stalls
       kv.process.Signal(SIGSTOP);
       pause(0.2, 1.5);
