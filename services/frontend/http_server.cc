@@ -277,6 +277,20 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   // Refuses the request that was read (or not) with `status` and closes the
   // connection after the answer.
+  // Errors of the request's framing (the parser's: Beast also refuses every
+  // HTTP version but 1.0 and 1.1 as bad_version), as opposed to the
+  // connection's (EOF, reset) or the limits' (answered with 413/414/431).
+  static bool IsMalformed(beast::error_code ec) {
+    for (http::error e :
+         {http::error::bad_line_ending, http::error::bad_method, http::error::bad_target,
+          http::error::bad_version, http::error::bad_field, http::error::bad_value,
+          http::error::bad_content_length, http::error::bad_transfer_encoding,
+          http::error::bad_chunk, http::error::bad_chunk_extension, http::error::bad_obs_fold}) {
+      if (ec == e) return true;
+    }
+    return false;
+  }
+
   void Refuse(int status, const std::string& message) {
     const uint64_t seq = BeginExchange(HttpRequest{}, /*keep_alive=*/false);
     Respond(seq, status, "application/json",
@@ -311,6 +325,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     }
     if (ec == http::error::body_limit) {
       Refuse(413, absl::StrCat("the request's body is larger than ", o.max_body_bytes, " bytes"));
+      return;
+    }
+    if (IsMalformed(ec)) {
+      // A client's framing error gets an answer, not a silent close.
+      Refuse(400, absl::StrCat("malformed HTTP request: ", ec.message()));
       return;
     }
     if (ec) {
