@@ -190,15 +190,16 @@ TEST_F(FrontendBoundedInputTest, LongUrlGets414AndHugeHeadersGet431) {
 // with a 400, not closed without a word; the server goes on serving.
 TEST_F(FrontendBoundedInputTest, MalformedFramingAndUnknownVersionsGet400) {
   const std::string address = frontend_.address();
-  const std::string head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+  const std::string head =
+      "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
   const std::string body = R"({"prompt":"hi"})";
   const std::string length = "Content-Length: " + std::to_string(body.size()) + "\r\n";
   // Two different Content-Lengths; Content-Length with chunked; a chunk
   // size that is not hex; a header line without a colon.
   EXPECT_EQ(RawStatus(address, head + length + "Content-Length: 3\r\n\r\n" + body), 400);
   EXPECT_EQ(RawStatus(address, head + length + "Transfer-Encoding: chunked\r\n\r\n" + body), 400);
-  EXPECT_EQ(RawStatus(address, head + "Transfer-Encoding: chunked\r\n\r\nzz\r\n" + body +
-                                   "\r\n0\r\n\r\n"),
+  EXPECT_EQ(RawStatus(address,
+                      head + "Transfer-Encoding: chunked\r\n\r\nzz\r\n" + body + "\r\n0\r\n\r\n"),
             400);
   EXPECT_EQ(RawStatus(address, head + "no colon here\r\n" + length + "\r\n" + body), 400);
   EXPECT_EQ(RawStatus(address, "GET /health HTTP/9.9\r\nHost: x\r\n\r\n"), 400);
