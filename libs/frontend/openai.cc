@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "openai_parse.h"
+#include "tandem/tokenizer/tokenizer.h"
 
 namespace tandem::frontend {
 namespace {
@@ -511,118 +512,6 @@ std::string StreamErrorEvent(const ApiError& error) {
   return absl::StrCat("data: ", error.ToJson(), "\n\n");
 }
 
-std::string TokenBytesOfPiece(std::string_view piece, bool byte_level) {
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  if (piece.size() == 6 && piece.substr(0, 3) == "<0x" && piece[5] == '>' && hex(piece[3]) >= 0 &&
-      hex(piece[4]) >= 0) {
-    return std::string(1, static_cast<char>(hex(piece[3]) * 16 + hex(piece[4])));
-  }
-  if (byte_level) {
-    // GPT-2's bytes_to_unicode(): printable bytes stand for themselves, the
-    // others for U+0100 + their order among them.
-    std::string out;
-    for (size_t i = 0; i < piece.size();) {
-      const auto c = static_cast<unsigned char>(piece[i]);
-      uint32_t cp = 0;
-      size_t len = 1;
-      if (c < 0x80) {
-        cp = c;
-      } else if ((c & 0xE0) == 0xC0 && i + 1 < piece.size()) {
-        cp = ((c & 0x1F) << 6) | (static_cast<unsigned char>(piece[i + 1]) & 0x3F);
-        len = 2;
-      } else {
-        return std::string(piece);  // outside the alphabet (it ends at U+0143)
-      }
-      int byte = -1;
-      if ((cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF)) {
-        byte = static_cast<int>(cp);
-      } else if (cp >= 0x100 && cp <= 0x143) {
-        int k = static_cast<int>(cp - 0x100);
-        for (int b = 0; b < 256; ++b) {
-          const bool printable =
-              (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-          if (!printable && k-- == 0) {
-            byte = b;
-            break;
-          }
-        }
-      }
-      if (byte < 0) return std::string(piece);
-      out.push_back(static_cast<char>(byte));
-      i += len;
-    }
-    return out;
-  }
-  constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // ▁
-  std::string out;
-  for (size_t i = 0; i < piece.size();) {
-    if (piece.substr(i, kMetaspace.size()) == kMetaspace) {
-      out.push_back(' ');
-      i += kMetaspace.size();
-    } else {
-      out.push_back(piece[i++]);
-    }
-  }
-  return out;
-}
-
-std::string TokenText(std::string_view bytes) {
-  std::string out;
-  out.reserve(bytes.size());
-  size_t i = 0;
-  while (i < bytes.size()) {
-    const auto c = static_cast<unsigned char>(bytes[i]);
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-      ++i;
-      continue;
-    }
-    // The well-formed sequences of Unicode's table 3-7: lead byte, the range
-    // of the second byte, the count of continuation bytes.
-    size_t need = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-      need = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      need = 2;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      need = 3;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    }
-    size_t len = 1;  // the maximal subpart: lead byte and valid continuations
-    bool ok = need > 0;
-    for (size_t k = 1; ok && k <= need; ++k) {
-      if (i + k >= bytes.size()) {
-        ok = false;
-        break;
-      }
-      const auto b = static_cast<unsigned char>(bytes[i + k]);
-      const bool valid = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
-      if (!valid) {
-        ok = false;
-        break;
-      }
-      len = k + 1;
-    }
-    if (ok) {
-      out.append(bytes.substr(i, need + 1));
-      i += need + 1;
-    } else {
-      out.append("\xEF\xBF\xBD");
-      i += len;
-    }
-  }
-  return out;
-}
-
 namespace {
 
 double Clamped(float logprob) { return std::max(static_cast<double>(logprob), -9999.0); }
@@ -650,7 +539,7 @@ Json CompletionLogprobs(const std::vector<PositionLogprobs>& positions, int32_t 
   Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
        offsets = Json::array();
   for (const PositionLogprobs& p : positions) {
-    const std::string text = TokenText(p.token.bytes);
+    const std::string text = tokenizer::ReplaceInvalidUtf8(p.token.bytes);
     tokens.push_back(text);
     offsets.push_back(*text_offset);
     *text_offset += TextLength(text);
@@ -663,7 +552,7 @@ Json CompletionLogprobs(const std::vector<PositionLogprobs>& positions, int32_t 
     Json top = Json::object();
     top[text] = Clamped(p.token.logprob);
     for (size_t i = 0; i < NumTop(p, num_top); ++i) {
-      top[TokenText(p.top[i].bytes)] = Clamped(p.top[i].logprob);
+      top[tokenizer::ReplaceInvalidUtf8(p.top[i].bytes)] = Clamped(p.top[i].logprob);
     }
     top_logprobs.push_back(std::move(top));
   }
@@ -680,11 +569,11 @@ Json ChatLogprobs(const std::vector<PositionLogprobs>& positions, int32_t num_to
   for (const PositionLogprobs& p : positions) {
     Json top = Json::array();
     for (size_t i = 0; i < NumTop(p, num_top); ++i) {
-      top.push_back({{"token", TokenText(p.top[i].bytes)},
+      top.push_back({{"token", tokenizer::ReplaceInvalidUtf8(p.top[i].bytes)},
                      {"logprob", Clamped(p.top[i].logprob)},
                      {"bytes", BytesList(p.top[i].bytes)}});
     }
-    content.push_back({{"token", TokenText(p.token.bytes)},
+    content.push_back({{"token", tokenizer::ReplaceInvalidUtf8(p.token.bytes)},
                        {"logprob", p.scored ? Json(Clamped(p.token.logprob)) : Json()},
                        {"bytes", BytesList(p.token.bytes)},
                        {"top_logprobs", std::move(top)}});
@@ -700,15 +589,16 @@ Json PromptLogprobs(const std::vector<PositionLogprobs>& positions, int32_t num_
       continue;
     }
     Json d = Json::object();
-    d[absl::StrCat(p.token.token_id)] = {{"logprob", Clamped(p.token.logprob)},
-                                         {"rank", p.rank},
-                                         {"decoded_token", TokenText(p.token.bytes)}};
+    d[absl::StrCat(p.token.token_id)] = {
+        {"logprob", Clamped(p.token.logprob)},
+        {"rank", p.rank},
+        {"decoded_token", tokenizer::ReplaceInvalidUtf8(p.token.bytes)}};
     for (size_t i = 0; i < NumTop(p, num_top); ++i) {
       const std::string key = absl::StrCat(p.top[i].token_id);
       if (d.contains(key)) continue;  // the prompt's own token
       d[key] = {{"logprob", Clamped(p.top[i].logprob)},
                 {"rank", static_cast<int32_t>(i) + 1},
-                {"decoded_token", TokenText(p.top[i].bytes)}};
+                {"decoded_token", tokenizer::ReplaceInvalidUtf8(p.top[i].bytes)}};
     }
     list.push_back(std::move(d));
   }

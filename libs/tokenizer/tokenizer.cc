@@ -5,11 +5,13 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "byte_level.h"
 #include "hf_tokenizer.h"
 #include "llama2c_tokenizer.h"
 #include "sentencepiece_tokenizer.h"
 #include "tandem/common/status.h"
 #include "tokenizer_config.h"
+#include "utf8.h"
 
 namespace tandem::tokenizer {
 namespace {
@@ -153,6 +155,45 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path
     TANDEM_ASSIGN_OR_RETURN(config, ReadConfigIn(p.parent_path().empty() ? "." : p.parent_path()));
   }
   return LoadFile(p, config);
+}
+
+std::string PieceBytes(std::string_view piece, bool byte_level) {
+  using internal::HexDigitValue;
+  if (piece.size() == 6 && piece.substr(0, 3) == "<0x" && piece[5] == '>' &&
+      HexDigitValue(piece[3]) >= 0 && HexDigitValue(piece[4]) >= 0) {
+    return std::string(1,
+                       static_cast<char>(HexDigitValue(piece[3]) * 16 + HexDigitValue(piece[4])));
+  }
+  std::string out;
+  if (byte_level) {
+    const internal::ByteLevelAlphabet& alphabet = internal::ByteLevelAlphabet::Get();
+    for (size_t i = 0; i < piece.size();) {
+      const std::optional<internal::DecodedChar> c = internal::DecodeChar(piece.substr(i));
+      const std::optional<uint8_t> byte = c ? alphabet.ByteOf(c->cp) : std::nullopt;
+      if (!byte) return std::string(piece);  // outside the alphabet
+      out.push_back(static_cast<char>(*byte));
+      i += c->len;
+    }
+    return out;
+  }
+  constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // ▁
+  for (size_t i = 0; i < piece.size();) {
+    if (piece.substr(i, kMetaspace.size()) == kMetaspace) {
+      out.push_back(' ');
+      i += kMetaspace.size();
+    } else {
+      out.push_back(piece[i++]);
+    }
+  }
+  return out;
+}
+
+std::string ReplaceInvalidUtf8(std::string_view bytes) {
+  internal::Utf8Repairer repairer(internal::Utf8Repairer::Policy::kMaximalSubpart);
+  std::string out;
+  repairer.Push(bytes, &out);
+  repairer.Finish(&out);
+  return out;
 }
 
 }  // namespace tandem::tokenizer

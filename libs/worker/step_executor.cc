@@ -230,7 +230,7 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
   // A prefill chunk that does not reach the last known token samples nothing.
   // Prompt logprobs: the chunk's rows score the prompt tokens after them.
   std::vector<model::SampleRequest> sample(batch.size());
-  std::vector<std::vector<int32_t>> banned(batch.size());
+  std::vector<std::vector<int32_t>> banned;  // sized only when a request bans tokens
   for (size_t i = 0; i < batch.size(); ++i) {
     const SeqState& s = *batch[i];
     const int32_t known = static_cast<int32_t>(s.token_ids.size());
@@ -250,6 +250,7 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     // Below min_tokens no stop condition counts: EOS and stop tokens are
     // not drawn (the scheduler does not stop on them there either).
     if (sample[i].output_position < s.sampling.min_tokens) {
+      if (banned.empty()) banned.resize(batch.size());
       if (!s.sampling.ignore_eos) banned[i] = options_.eos_token_ids;
       banned[i].insert(banned[i].end(), s.sampling.stop_token_ids.begin(),
                        s.sampling.stop_token_ids.end());

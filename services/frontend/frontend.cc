@@ -94,7 +94,7 @@ Frontend::Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tok
     absl::StatusOr<std::string> piece = tokenizer_->IdToPiece(id);
     if (!piece.ok()) continue;
     max_token_bytes_ = std::max<int64_t>(max_token_bytes_, piece->size());
-    token_bytes_[id] = TokenBytesOfPiece(*piece, byte_level);
+    token_bytes_[id] = tokenizer::PieceBytes(*piece, byte_level);
   }
 }
 

@@ -100,7 +100,7 @@ class Frontend {
   int64_t PromptByteLimit(const ModelInfo& model) const;
   // The longest vocabulary entry, in bytes (at least 1).
   int64_t max_token_bytes() const { return max_token_bytes_; }
-  // The bytes token `id` stands for, decoded alone (TokenBytesOfPiece); ""
+  // The bytes token `id` stands for, decoded alone (tokenizer::PieceBytes); ""
   // outside the vocabulary.
   const std::string& TokenBytes(int32_t id) const;
   Router& router() { return *router_; }

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tandem/frontend/openai.h"
+#include "tandem/tokenizer/tokenizer.h"
 
 namespace tandem::frontend {
 namespace {
@@ -128,33 +129,35 @@ TEST(LogprobsRenderTest, PromptLogprobsAreVllmsDictsByTokenId) {
 }
 
 TEST(LogprobsRenderTest, TokenBytesOfEachVocabularyKind) {
-  EXPECT_EQ(TokenBytesOfPiece("<0x0A>", false), "\n");
-  EXPECT_EQ(TokenBytesOfPiece("<0xE6>", true), "\xE6");
-  EXPECT_EQ(TokenBytesOfPiece("<0xZZ>", false), "<0xZZ>");
-  EXPECT_EQ(TokenBytesOfPiece("\xE2\x96\x81Once\xE2\x96\x81upon", false), " Once upon");
+  EXPECT_EQ(tokenizer::PieceBytes("<0x0A>", false), "\n");
+  EXPECT_EQ(tokenizer::PieceBytes("<0xE6>", true), "\xE6");
+  EXPECT_EQ(tokenizer::PieceBytes("<0xZZ>", false), "<0xZZ>");
+  EXPECT_EQ(tokenizer::PieceBytes("\xE2\x96\x81Once\xE2\x96\x81upon", false), " Once upon");
   // GPT-2's alphabet: "Ġ" a space, "æĪ" the bytes E6 88, "Ċ" a newline.
-  EXPECT_EQ(TokenBytesOfPiece("\xC4\xA0Once", true), " Once");
-  EXPECT_EQ(TokenBytesOfPiece("\xC3\xA6\xC4\xAA", true), "\xE6\x88");
-  EXPECT_EQ(TokenBytesOfPiece("\xC4\x8A", true), "\n");
-  EXPECT_EQ(TokenBytesOfPiece("<|im_end|>", true), "<|im_end|>");
+  EXPECT_EQ(tokenizer::PieceBytes("\xC4\xA0Once", true), " Once");
+  EXPECT_EQ(tokenizer::PieceBytes("\xC3\xA6\xC4\xAA", true), "\xE6\x88");
+  EXPECT_EQ(tokenizer::PieceBytes("\xC4\x8A", true), "\n");
+  EXPECT_EQ(tokenizer::PieceBytes("<|im_end|>", true), "<|im_end|>");
   // A character outside the alphabet: an added token, as it is.
-  EXPECT_EQ(TokenBytesOfPiece("<\xEF\xBD\x9C"
-                              "end\xE2\x96\x81of\xEF\xBD\x9C>",
-                              true),
+  EXPECT_EQ(tokenizer::PieceBytes("<\xEF\xBD\x9C"
+                                  "end\xE2\x96\x81of\xEF\xBD\x9C>",
+                                  true),
             "<\xEF\xBD\x9C"
             "end\xE2\x96\x81of\xEF\xBD\x9C>");
 }
 
 TEST(LogprobsRenderTest, TokenTextReplacesEachIllFormedSubpart) {
-  EXPECT_EQ(TokenText("abc"), "abc");
-  EXPECT_EQ(TokenText("\xC3\xA9"), "\xC3\xA9");
-  EXPECT_EQ(TokenText("\xE6\x88"), "\xEF\xBF\xBD");  // a cut character: one U+FFFD
-  EXPECT_EQ(TokenText("a\xFF"
-                      "b"),
+  EXPECT_EQ(tokenizer::ReplaceInvalidUtf8("abc"), "abc");
+  EXPECT_EQ(tokenizer::ReplaceInvalidUtf8("\xC3\xA9"), "\xC3\xA9");
+  EXPECT_EQ(tokenizer::ReplaceInvalidUtf8("\xE6\x88"),
+            "\xEF\xBF\xBD");  // a cut character: one U+FFFD
+  EXPECT_EQ(tokenizer::ReplaceInvalidUtf8("a\xFF"
+                                          "b"),
             "a\xEF\xBF\xBD"
             "b");
-  EXPECT_EQ(TokenText("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
-  EXPECT_EQ(TokenText("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
+  EXPECT_EQ(tokenizer::ReplaceInvalidUtf8("\xED\xA0\x80"),
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(tokenizer::ReplaceInvalidUtf8("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
 }
 
 std::string ErrorParam(const std::string& body, Endpoint e, std::string* message = nullptr) {

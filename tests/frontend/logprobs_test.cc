@@ -41,7 +41,7 @@ class FrontendLogprobsTest : public ::testing::Test {
     return *tok_->Encode(text, {.add_special_tokens = bos});
   }
   std::string Bytes(int32_t id) {
-    return frontend::TokenBytesOfPiece(*tok_->IdToPiece(id), /*byte_level=*/false);
+    return tokenizer::PieceBytes(*tok_->IdToPiece(id), /*byte_level=*/false);
   }
 
   // Runs the SDK's cases; the fake answers `output` to every request.
@@ -68,7 +68,7 @@ class FrontendLogprobsTest : public ::testing::Test {
       const size_t at = skip + i;
       SCOPED_TRACE("output position " + std::to_string(i));
       const v1::TokenLogprobs want = FakeTokenLogprobs(ids[i], static_cast<int32_t>(i), n);
-      const std::string text = frontend::TokenText(Bytes(ids[i]));
+      const std::string text = tokenizer::ReplaceInvalidUtf8(Bytes(ids[i]));
       EXPECT_EQ(lp["tokens"][at], text);
       EXPECT_EQ(lp["token_logprobs"][at].get<double>(), Clamped(want.logprob()));
       // The top n, plus the sampled token when it is not among them.
@@ -76,7 +76,7 @@ class FrontendLogprobsTest : public ::testing::Test {
       EXPECT_EQ(top.size(), static_cast<size_t>(want.rank() == 1 ? n : n + 1)) << top.dump();
       EXPECT_EQ(top[text].get<double>(), Clamped(want.logprob()));
       for (int k = 0; k < want.top_token_ids_size(); ++k) {
-        const std::string alt = frontend::TokenText(Bytes(want.top_token_ids(k)));
+        const std::string alt = tokenizer::ReplaceInvalidUtf8(Bytes(want.top_token_ids(k)));
         EXPECT_EQ(top[alt].get<double>(), Clamped(want.top_logprobs(k))) << alt;
       }
       // text_offset: the previous plus the previous token's code points.
@@ -142,7 +142,7 @@ TEST_F(FrontendLogprobsTest, OpenAiSdkGetsTheSchedulersLogprobsStreamedOrNot) {
   EXPECT_EQ(echo["text_offset"][0], 0);
   for (size_t p = 1; p < prompt.size(); ++p) {
     const v1::TokenLogprobs want = FakeTokenLogprobs(prompt[p], static_cast<int32_t>(p), 1);
-    EXPECT_EQ(echo["tokens"][p], frontend::TokenText(Bytes(prompt[p])));
+    EXPECT_EQ(echo["tokens"][p], tokenizer::ReplaceInvalidUtf8(Bytes(prompt[p])));
     EXPECT_EQ(echo["token_logprobs"][p].get<double>(), Clamped(want.logprob())) << p;
   }
   Json output_part = echo;
@@ -175,7 +175,7 @@ TEST_F(FrontendLogprobsTest, OpenAiSdkGetsTheSchedulersLogprobsStreamedOrNot) {
     const Json& own = d[std::to_string(prompt[p])];
     EXPECT_EQ(own["logprob"].get<double>(), Clamped(want.logprob()));
     EXPECT_EQ(own["rank"], want.rank());
-    EXPECT_EQ(own["decoded_token"], frontend::TokenText(Bytes(prompt[p])));
+    EXPECT_EQ(own["decoded_token"], tokenizer::ReplaceInvalidUtf8(Bytes(prompt[p])));
     EXPECT_EQ(d.size(), want.rank() == 1 ? 2u : 3u) << d.dump();
   }
 
@@ -185,13 +185,13 @@ TEST_F(FrontendLogprobsTest, OpenAiSdkGetsTheSchedulersLogprobsStreamedOrNot) {
   for (size_t i = 0; i < output.size(); ++i) {
     const v1::TokenLogprobs want = FakeTokenLogprobs(output[i], static_cast<int32_t>(i), 2);
     const std::string bytes = Bytes(output[i]);
-    EXPECT_EQ(chat[i]["token"], frontend::TokenText(bytes));
+    EXPECT_EQ(chat[i]["token"], tokenizer::ReplaceInvalidUtf8(bytes));
     EXPECT_EQ(chat[i]["bytes"], Json(std::vector<uint8_t>(bytes.begin(), bytes.end())));
     EXPECT_EQ(chat[i]["logprob"].get<double>(), Clamped(want.logprob()));
     ASSERT_EQ(chat[i]["top_logprobs"].size(), 2u);
     for (int k = 0; k < 2; ++k) {
       EXPECT_EQ(chat[i]["top_logprobs"][k]["token"],
-                frontend::TokenText(Bytes(want.top_token_ids(k))));
+                tokenizer::ReplaceInvalidUtf8(Bytes(want.top_token_ids(k))));
       EXPECT_EQ(chat[i]["top_logprobs"][k]["logprob"].get<double>(), Clamped(want.top_logprobs(k)));
     }
   }

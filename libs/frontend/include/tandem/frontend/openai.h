@@ -208,7 +208,7 @@ struct Usage {
 };
 
 // Log-probabilities at one position (tandem.v1.TokenLogprobs), with each
-// token's own bytes (TokenBytesOfPiece).
+// token's own bytes (tokenizer::PieceBytes).
 struct LogprobToken {
   int32_t token_id = 0;
   std::string bytes;
@@ -220,16 +220,6 @@ struct PositionLogprobs {
   std::vector<LogprobToken> top;  // the most likely, most likely first
   bool scored = true;             // false: the prompt's first token (no logprob)
 };
-
-// The bytes a vocabulary entry (Tokenizer::IdToPiece) stands for: a byte
-// token "<0xNN>" that byte; with `byte_level` (GPT-2's byte alphabet) the
-// bytes its characters stand for (a piece with a character outside the
-// alphabet, an added token, as it is); otherwise SentencePiece's "▁" is a
-// space.
-[[nodiscard]] std::string TokenBytesOfPiece(std::string_view piece, bool byte_level);
-// A token's text as the logprobs show it: its bytes, each ill-formed UTF-8
-// subpart replaced by U+FFFD (Python's errors="replace", as vLLM's decode).
-[[nodiscard]] std::string TokenText(std::string_view bytes);
 
 // The logprobs of /v1/completions (a choice, or one chunk of a stream), in
 // OpenAI's shape as vLLM's _create_completion_logprobs writes it:

@@ -165,4 +165,14 @@ class DecodeStream {
 // Loads a tokenizer from a file or a directory (see the top of this file).
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path);
 
+// The bytes a vocabulary entry (Tokenizer::IdToPiece) stands for when
+// decoded alone: a byte token "<0xNN>" that byte; with `byte_level` (GPT-2's
+// byte alphabet) the bytes its characters stand for (a piece with a
+// character outside the alphabet, an added token, as it is); otherwise
+// SentencePiece's "▁" is a space.
+[[nodiscard]] std::string PieceBytes(std::string_view piece, bool byte_level);
+// `bytes` with each maximal ill-formed UTF-8 subpart replaced by U+FFFD
+// (Python's errors="replace", TextDecoder).
+[[nodiscard]] std::string ReplaceInvalidUtf8(std::string_view bytes);
+
 }  // namespace tandem::tokenizer
