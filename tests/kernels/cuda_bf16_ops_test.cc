@@ -86,7 +86,19 @@ TEST_F(CudaBf16Test, MatmulAccumulatesInFp32AndFoldsTheResidual) {
   cuda::BlasHandle* blas = nullptr;
   CUDA_OK(cuda::CreateBlas(&blas));
   for (auto [out_dim, in_dim, rows] : std::vector<std::tuple<int32_t, int32_t, int32_t>>{
-           {64, 64, 1}, {172, 64, 7}, {512, 2048, 32}, {33, 130, 3}, {1000, 256, 256}}) {
+           {64, 64, 1},
+           {172, 64, 7},
+           {512, 2048, 32},
+           {33, 130, 3},
+           {1000, 256, 256},
+           // The GEMV kernel (rows <= kGemvMaxRows, in_dim % 8 == 0): an output
+           // count that leaves a block part empty, runs past its unrolled loop,
+           // a row shorter than one warp's load.
+           {2051, 2048, 1},
+           {100, 1032, 2},
+           {9, 8192, 3},
+           {37, 8, 4},
+           {300, 776, 4}}) {
     const auto w = RoundToBf16(RandomVector(out_dim * in_dim, 4));
     const auto x = RoundToBf16(RandomVector(rows * in_dim, 5));
     const auto y0 = RandomVector(rows * out_dim, 6);
@@ -103,6 +115,33 @@ TEST_F(CudaBf16Test, MatmulAccumulatesInFp32AndFoldsTheResidual) {
     CUDA_OK(cuda::MatmulBf16(blas, dw.get(), out_dim, in_dim, dx.get(), rows, dy.get(), 1.0f));
     // fp32 accumulation of in_dim products of magnitude <= 1.
     ExpectNear(dy.ToHost(), ref, {1e-4 * std::sqrt(double(in_dim)), 1e-5}, "matmul");
+  }
+  cuda::DestroyBlas(blas);
+}
+
+// beta = 0 writes y without reading it (NaN there must not leak in), and up
+// to kGemvMaxRows a row's result is the same bits whatever rows run with it
+// (a decode graph padded to its bucket gives the eager step's logits).
+TEST_F(CudaBf16Test, MatmulWithBetaZeroIgnoresYAndSmallBatchesAreRowInvariant) {
+  cuda::BlasHandle* blas = nullptr;
+  CUDA_OK(cuda::CreateBlas(&blas));
+  const int32_t out_dim = 777, in_dim = 2048;
+  const auto w = RoundToBf16(RandomVector(out_dim * in_dim, 12));
+  const auto x = RoundToBf16(RandomVector(8 * in_dim, 13));
+  DeviceVector<Bf16> dw(ToBf16(w)), dx(ToBf16(x));
+  std::vector<float> first_row;
+  for (int32_t rows : {1, 2, 3, 4, 8}) {
+    DeviceVector<float> dy(std::vector<float>(rows * out_dim, std::nanf("")));
+    CUDA_OK(cuda::MatmulBf16(blas, dw.get(), out_dim, in_dim, dx.get(), rows, dy.get(), 0.0f));
+    const std::vector<float> y = dy.ToHost();
+    for (float v : y) {
+      ASSERT_FALSE(std::isnan(v)) << rows << " rows";
+    }
+    const std::vector<float> row0(y.begin(), y.begin() + out_dim);
+    if (rows == 1) first_row = row0;
+    if (rows <= cuda::kGemvMaxRows) {
+      EXPECT_EQ(row0, first_row) << rows << " rows";
+    }
   }
   cuda::DestroyBlas(blas);
 }

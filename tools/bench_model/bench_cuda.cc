@@ -5,7 +5,7 @@
 //   bench_cuda [--shape llama-3.2-1b|tinyllama-1.1b|FILE] [--dtype bfloat16]
 //              [--batches 1,8,32,128,256] [--context 512] [--steps 32]
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
-//              [--attention tensor-cores|split-k] [--cuda-graphs on|off]
+//              [--attention tensor-cores|split-k] [--cuda-graphs on|off] [--profile]
 //
 // --shape names a model shape filled with random weights (speed does not
 // depend on the values) or a checkpoint file/directory. Decode: B sequences
@@ -17,7 +17,10 @@
 // --attention split-k keeps prefill chunks off the tensor-core attention
 // kernel (ModelRunnerOptions::tensor_core_attention), for the comparison;
 // --cuda-graphs off runs every decode step eagerly instead of replaying the
-// graphs captured per batch-size bucket.
+// graphs captured per batch-size bucket. --profile calls cudaProfilerStart/Stop
+// around the timed decode steps and prefills only, so that
+// `ncu --profile-from-start off` sees one kernel list per step
+// (tools/gpu/kernel_profile.py sums it per kernel).
 // tools/gpu/torch_anchor.py times PyTorch on the same shapes.
 #include <algorithm>
 #include <chrono>
@@ -32,11 +35,32 @@
 #include "tandem/model/model.h"
 #include "tandem/model/model_runner.h"
 
+#if TANDEM_BENCH_PROFILER
+#include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
+#endif
+
 namespace {
 
 using namespace tandem::model;
 
 ModelRunnerOptions g_runner_opts;
+bool g_profile = false;
+
+// Brackets the timed region for ncu; a no-op without --profile.
+void ProfilerRange(bool start) {
+#if TANDEM_BENCH_PROFILER
+  if (!g_profile) return;
+  if (start) {
+    cudaProfilerStart();
+  } else {
+    cudaDeviceSynchronize();
+    cudaProfilerStop();
+  }
+#else
+  (void)start;
+#endif
+}
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -154,9 +178,11 @@ DecodeResult Decode(const Model& m, DType dtype, int32_t batch, int32_t context,
     if (absl::Status s = (*runner)->ForwardSample(in, sample, &next); !s.ok()) Die(s.ToString());
   };
   step(context);  // warm-up (buffers, cuBLAS heuristics)
+  ProfilerRange(true);
   const double t0 = Now();
   for (int32_t k = 1; k < steps; ++k) step(context + k);
   const double secs = Now() - t0;
+  ProfilerRange(false);
   DecodeResult r;
   const int32_t timed = steps - 1;
   r.step_ms = secs / timed * 1e3;
@@ -187,9 +213,12 @@ double PrefillSeconds(const Model& m, DType dtype, int32_t n, int32_t reps) {
     }
   };
   run();  // warm-up
+  ProfilerRange(true);
   const double t0 = Now();
   for (int32_t r = 0; r < reps; ++r) run();
-  return (Now() - t0) / reps;
+  const double secs = (Now() - t0) / reps;
+  ProfilerRange(false);
+  return secs;
 }
 
 }  // namespace
@@ -211,6 +240,7 @@ int main(int argc, char** argv) {
   flags.Add("peak-tflops", &peak_tflops, "dense bf16 tensor-core peak, TFLOPS (H100 SXM: 989)");
   flags.Add("attention", &attention, "tensor-cores | split-k: the bf16 prefill attention kernel");
   flags.Add("cuda-graphs", &graphs, "on | off: decode steps through CUDA graphs");
+  flags.Add("profile", &g_profile, "bracket the timed steps for ncu --profile-from-start off");
   flags.ParseOrExit(argc, argv);
   if (graphs != "on" && graphs != "off") {
     flags.Fail("--cuda-graphs must be on or off, not '" + graphs + "'");

@@ -62,7 +62,7 @@ if [ -d "$shared/models" ]; then
   [ "$services" = 1 ] || cp -r "$shared/models/hf" "$out/shared/models/"
 fi
 cp tools/gpu/run_bundle.sh "$out/run.sh"
-cp tools/gpu/torch_anchor.py "$out/"
+cp tools/gpu/torch_anchor.py tools/gpu/kernel_profile.py "$out/"
 du -sh "$out"
 if [ "${PACK:-0}" = 1 ]; then
   tar -cf - "$out" | xz -T"${JOBS:-2}" -6 > "$out.tar.xz"

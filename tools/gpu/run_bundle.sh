@@ -3,6 +3,7 @@
 #   bash run.sh tests   # the CUDA kernel and runner tests
 #   bash run.sh bench   # bench_cuda on the issue-15/31 shapes, then PyTorch's figure
 #   bash run.sh all
+#   bash run.sh profile # ncu: per-kernel time of decode steps and prefills
 #   bash run.sh frontend [flags]   # a --services bundle in the checkout's
 #                                  # root: tools/bench_frontend/run.sh
 # Results go to $OUT (or ./gpu-out) as text files.
@@ -30,6 +31,27 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     "$here/bin/$t" 2>&1 | grep -vE '^\[ +(RUN|OK) +\]' | tee -a "$out/tests.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
+fi
+if [ "$what" = profile ]; then
+  # Eager steps (graphs off) so ncu sees each kernel; clocks and caches as
+  # they run, not ncu's base-clock, flushed-cache defaults.
+  ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+  [ -n "$ncu" ] || { echo "no ncu on this machine" | tee -a "$out/profile.txt"; exit 1; }
+  prof() {  # NAME STEPS bench_cuda-args...
+    local name="$1" steps="$2"; shift 2
+    echo "=== $name: bench_cuda $*" | tee -a "$out/profile.txt"
+    "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw \
+      --cache-control none --clock-control none --log-file "$out/ncu-$name.csv" \
+      "$here/bin/bench_cuda" "$@" --profile 2>&1 | tail -3 | tee -a "$out/profile.txt"
+    python3 "$here/kernel_profile.py" --steps "$steps" "$out/ncu-$name.csv" | tee -a "$out/profile.txt"
+  }
+  for b in ${PROFILE_BATCHES:-1 32 256}; do
+    prof "decode-b$b" 3 --shape llama-3.2-1b --batches "$b" --steps 4 --prefill= --cuda-graphs off
+  done
+  for n in ${PROFILE_PREFILLS:-8192}; do
+    prof "prefill-$n" 3 --shape llama-3.2-1b --batches= --prefill "$n"
+  done
+  exit 0
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   # Ours, eager decode (what CUDA graphs gained), the split-K kernel on the

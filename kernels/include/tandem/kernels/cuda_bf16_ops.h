@@ -49,9 +49,14 @@ int RmsNormBf16(const float* x, const int32_t* row_index, const float* w, int32_
                 int32_t dim, float eps, Bf16* out, void* stream);
 
 // y[rows][out_dim] = x[rows][in_dim] * W^T + beta * y, W [out_dim][in_dim]:
-// bf16 inputs, fp32 accumulation and output (cublasGemmEx, compute 32F), on
-// the handle's stream (the default one).
-// beta = 1 folds a residual add into the GEMM.
+// bf16 inputs, fp32 accumulation and output, on the handle's stream (the
+// default one). Up to kGemvMaxRows rows (decode steps), with in_dim a
+// multiple of 8 and 16-byte aligned w and x, our own GEMV kernel, which reads
+// the weights faster than cuBLAS does at these shapes; otherwise
+// cublasGemmEx (compute 32F). Up to kGemvMaxRows, a row's result does not
+// depend on how many rows run with it.
+// beta = 1 folds a residual add into the GEMM; beta = 0 never reads y.
+inline constexpr int32_t kGemvMaxRows = 4;
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
                int32_t rows, float* y, float beta);
 
