@@ -109,7 +109,7 @@ template <int L, int kG>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     PagedAttentionKernel(Bf16AttentionArgs a, int32_t num_splits, float* scratch) {
   constexpr int kGroupsPerWarp = 32 / L;
-  constexpr int kSlots = kAttnWarps * kGroupsPerWarp;
+  constexpr int kSlots = kAttnWarps;
   extern __shared__ float smem[];
   const KvCacheShape& sh = a.shape;
   const int32_t hs = sh.head_size;
@@ -225,20 +225,41 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     }
   }
 
-  // Slots (one per lane group) -> shared memory: m, l, then acc[head_size].
-  const int32_t stride = hs + 2;
-  const int slot_id = warp * kGroupsPerWarp + grp;
+  // The warp's lane groups merge by shuffles (the same head elements sit L
+  // lanes apart), so shared memory holds one slot per warp, not one per
+  // lane group: the block's final merge reads kAttnWarps slots.
 #pragma unroll
-  for (int j = 0; j < kG; ++j) {
-    if (j >= G) break;
-    float* dst = smem + (slot_id * kG + j) * stride;
-    if (sub == 0) {
-      dst[0] = m[j];
-      dst[1] = l[j];
+  for (int o = L; o < 32; o <<= 1) {
+#pragma unroll
+    for (int j = 0; j < kG; ++j) {
+      const float m_o = __shfl_xor_sync(0xffffffffu, m[j], o);
+      const float l_o = __shfl_xor_sync(0xffffffffu, l[j], o);
+      const float m_new = fmaxf(m[j], m_o);
+      const float a_self = __expf(m[j] - m_new), a_other = __expf(m_o - m_new);
+      l[j] = l[j] * a_self + l_o * a_other;
+#pragma unroll
+      for (int e = 0; e < kMaxE; ++e) {
+        const float acc_o = __shfl_xor_sync(0xffffffffu, acc[j][e], o);
+        acc[j][e] = acc[j][e] * a_self + acc_o * a_other;
+      }
+      m[j] = m_new;
     }
+  }
+  // Slots (one per warp) -> shared memory: m, l, then acc[head_size].
+  const int32_t stride = hs + 2;
+  if (grp == 0) {
 #pragma unroll
-    for (int e = 0; e < kMaxE; ++e) {
-      if (e < E && d0 + e < hs) dst[2 + d0 + e] = acc[j][e];
+    for (int j = 0; j < kG; ++j) {
+      if (j >= G) break;
+      float* dst = smem + (warp * kG + j) * stride;
+      if (sub == 0) {
+        dst[0] = m[j];
+        dst[1] = l[j];
+      }
+#pragma unroll
+      for (int e = 0; e < kMaxE; ++e) {
+        if (e < E && d0 + e < hs) dst[2 + d0 + e] = acc[j][e];
+      }
     }
   }
   __syncthreads();
@@ -445,12 +466,12 @@ int LaunchGemv(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, in
 
 template <int L, int kG>
 int LaunchAttention(const Bf16AttentionArgs& a, int32_t splits, float* scratch, void* stream) {
-  constexpr int kSlots = kAttnWarps * (32 / L);
+  constexpr int kSlots = kAttnWarps;
   const int32_t group = a.num_heads / a.shape.num_kv_heads;
   const int32_t chunks = (group + kG - 1) / kG;
   const size_t smem = sizeof(float) * kSlots * kG * (a.shape.head_size + 2);
-  // At most 4 * 8 * 8 * (32 + 2) floats (L = 4) .. 4 * 8 * (256 + 2) (L = 32):
-  // about 34 KiB, under the 48 KiB that needs no opt-in.
+  // At most kAttnWarps * kMaxGroup * (256 + 2) floats: about 33 KiB, under
+  // the 48 KiB that needs no opt-in.
   const dim3 grid(static_cast<unsigned>(int64_t{a.num_rows} * a.shape.num_kv_heads * chunks),
                   static_cast<unsigned>(splits));
   PagedAttentionKernel<L, kG><<<grid, kAttnWarps * 32, smem, S(stream)>>>(a, splits, scratch);
