@@ -76,6 +76,10 @@ int CopyToHost(void* host_dst, const void* src, size_t bytes) {
 int Synchronize() { return cudaDeviceSynchronize(); }
 int SetDevice(int device) { return cudaSetDevice(device); }
 
+int MemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  return cudaMemGetInfo(free_bytes, total_bytes);
+}
+
 int CreateBlas(BlasHandle** out) {
   auto* h = new BlasHandle;
   if (cublasCreate(&h->handle) != CUBLAS_STATUS_SUCCESS) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "tandem/common/pinned_memory.h"
 #include "tandem/common/status.h"
 #include "tandem/kernels/cpu_ops.h"
 #include "thread_pool.h"
@@ -53,7 +54,12 @@ class CpuModelRunner final : public ModelRunner {
                           .block_size = opts_.block_size,
                           .num_kv_heads = c.num_kv_heads,
                           .head_size = c.head_size};
-    cache_.assign(static_cast<size_t>(shape_.BlockFloats() * opts_.num_blocks), 0.0f);
+    // Anonymous zero pages: a block costs memory once it is first written,
+    // so a large default cache (DefaultCpuKvCacheBytes) is free until used.
+    TANDEM_ASSIGN_OR_RETURN(
+        cache_, PinnedBuffer::Allocate(
+                    static_cast<size_t>(block_bytes()) * static_cast<size_t>(opts_.num_blocks),
+                    {.use_cuda_host_alloc = false, .lock = false, .what = "CPU KV cache"}));
     inv_freq_ = c.RopeInverseFrequencies();
     auto pack = [&](WeightKind kind, int32_t layer, int32_t out_dim, int32_t in_dim,
                     kc::PackedMatrix* m) -> absl::Status {
@@ -154,10 +160,10 @@ class CpuModelRunner final : public ModelRunner {
                inv_freq_.data());
       // Every token's K/V first: later rows (and other sequences sharing
       // prefix blocks) read them below.
-      kc::KvWrite(cache_.data(), shape_, li, k_.data(), v_.data(), T, lay.slots.data());
+      kc::KvWrite(cache(), shape_, li, k_.data(), v_.data(), T, lay.slots.data());
       Attention(PagedAttentionArgs{.q = q_.data(),
                                    .out = att_.data(),
-                                   .cache = cache_.data(),
+                                   .cache = cache(),
                                    .shape = shape_,
                                    .layer = li,
                                    .num_heads = c.num_heads,
@@ -191,7 +197,7 @@ class CpuModelRunner final : public ModelRunner {
 
   std::span<std::byte> BlockBytes(int32_t block_id) override {
     if (block_id < 0 || block_id >= opts_.num_blocks) return {};
-    auto* p = reinterpret_cast<std::byte*>(cache_.data() + block_id * shape_.BlockFloats());
+    auto* p = reinterpret_cast<std::byte*>(cache() + block_id * shape_.BlockFloats());
     return {p, static_cast<size_t>(block_bytes())};
   }
 
@@ -209,7 +215,8 @@ class CpuModelRunner final : public ModelRunner {
  private:
   ThreadPool pool_;
   KvCacheShape shape_;
-  std::vector<float> cache_;
+  float* cache() const { return reinterpret_cast<float*>(cache_.data()); }
+  PinnedBuffer cache_;
   std::vector<PackedLayer> layers_;
   kc::PackedMatrix classifier_;
   WeightView<float> embedding_, rms_final_;

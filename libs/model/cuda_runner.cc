@@ -147,6 +147,7 @@ class CudaRunnerBase : public ModelRunner {
  public:
   CudaRunnerBase(const Model* model, KvCacheOptions opts, ModelRunnerOptions runner_opts)
       : ModelRunner(model, opts, Backend::kCuda),
+        runner_opts_(runner_opts),
         device_(runner_opts.cuda_device),
         tensor_core_attention_(runner_opts.tensor_core_attention),
         graphs_enabled_(runner_opts.cuda_graphs) {}
@@ -222,10 +223,12 @@ class CudaRunnerBase : public ModelRunner {
   }
 
  protected:
-  // Shared part of Init: device, cuBLAS, the zeroed cache.
+  // Shared start of Init: device, cuBLAS, stream. Init then uploads the
+  // weights and ends with AllocateCache.
   absl::Status InitCommon() {
     const ModelConfig& c = model_->config();
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+    TANDEM_RETURN_IF_ERROR(ReadMemory(&memory_.free_at_start));
     shape_ = KvCacheShape{.num_blocks = opts_.num_blocks,
                           .num_layers = c.num_layers,
                           .block_size = opts_.block_size,
@@ -243,10 +246,32 @@ class CudaRunnerBase : public ModelRunner {
     tensor_core_attention_ = tensor_core_attention_ && opts_.dtype == DType::kBFloat16 &&
                              kd::DeviceHasTensorCoreAttention(device_);
     graphs_enabled_ = graphs_enabled_ && opts_.dtype == DType::kBFloat16;
-    TANDEM_RETURN_IF_ERROR(inv_freq_.Upload(c.RopeInverseFrequencies()));
+    return inv_freq_.Upload(c.RopeInverseFrequencies());
+  }
+
+  // The zeroed cache, after the weights: num_blocks as given, or (0) what
+  // --gpu-memory-utilization leaves (KvBlocksForMemoryUtilization).
+  absl::Status AllocateCache() {
+    if (opts_.num_blocks == 0) {
+      TANDEM_RETURN_IF_ERROR(ReadMemory(&memory_.free_after_weights));
+      TANDEM_ASSIGN_OR_RETURN(
+          opts_.num_blocks,
+          KvBlocksForMemoryUtilization(
+              runner_opts_.gpu_memory_utilization, memory_,
+              StepReserveBytes(model_->config(), runner_opts_.max_step_tokens), block_bytes()));
+      shape_.num_blocks = opts_.num_blocks;
+    }
     const size_t cache_bytes = static_cast<size_t>(block_bytes()) * opts_.num_blocks;
     TANDEM_RETURN_IF_ERROR(cache_.Reserve(cache_bytes));
     return CudaStatus(kd::Memset(cache_.get<void>(), 0, cache_bytes), "memset");
+  }
+
+  absl::Status ReadMemory(int64_t* free_bytes) {
+    size_t free = 0, total = 0;
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::MemGetInfo(&free, &total), "cudaMemGetInfo"));
+    *free_bytes = static_cast<int64_t>(free);
+    memory_.total = static_cast<int64_t>(total);
+    return absl::OkStatus();
   }
 
   // Grows the step buffers RunLayers uses for T rows and attention over
@@ -255,6 +280,8 @@ class CudaRunnerBase : public ModelRunner {
   // Runs the layers of one validated, non-empty batch on stream_.
   virtual absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t rows) = 0;
 
+  const ModelRunnerOptions runner_opts_;
+  DeviceMemory memory_;  // for gpu_memory_utilization
   KvCacheShape shape_;
   kd::BlasHandle* blas_ = nullptr;
   void* stream_ = nullptr;  // every kernel of a step, and the graphs
@@ -448,7 +475,7 @@ class CudaF32Runner final : public CudaRunnerBase {
         TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, buffer, {kind}, i));
       }
     }
-    return absl::OkStatus();
+    return AllocateCache();
   }
 
  private:
@@ -607,7 +634,7 @@ class CudaBf16Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.q_norm, {K::kQNorm}, i));
       TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.k_norm, {K::kKNorm}, i));
     }
-    return absl::OkStatus();
+    return AllocateCache();
   }
 
  private:

@@ -1,6 +1,10 @@
 #include "tandem/model/model_runner.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "cpu_runner.h"
 #include "tandem/common/status.h"
 #include "tandem/model/sampler.h"
@@ -63,7 +67,64 @@ absl::Status ModelRunnerOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("ModelRunnerOptions.cuda_device = ", cuda_device, " must be >= 0"));
   }
+  if (!(gpu_memory_utilization >= 0 && gpu_memory_utilization <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelRunnerOptions.gpu_memory_utilization = ", gpu_memory_utilization,
+                     " must be 0 (num_blocks given) or in (0, 1]"));
+  }
+  if (max_step_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelRunnerOptions.max_step_tokens = ", max_step_tokens, " must be >= 1"));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> KvBlocksForMemoryUtilization(double utilization, const DeviceMemory& m,
+                                                     int64_t reserve_bytes, int64_t block_bytes) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  if (!(utilization > 0 && utilization <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-memory-utilization = ", utilization, " must be in (0, 1]"));
+  }
+  const auto requested = static_cast<int64_t>(utilization * static_cast<double>(m.total));
+  if (m.free_at_start < requested) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "Free memory on device (%.2f/%.2f GiB) on startup is less than desired GPU memory "
+        "utilization (%g, %.2f GiB). Decrease GPU memory utilization or reduce GPU memory used "
+        "by other processes.",
+        m.free_at_start / kGiB, m.total / kGiB, utilization, requested / kGiB));
+  }
+  const int64_t weights = m.free_at_start - m.free_after_weights;
+  const int64_t available = requested - weights - reserve_bytes;
+  if (block_bytes <= 0 || available < block_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "No available memory for the cache blocks: --gpu-memory-utilization %g gives %.2f GiB, "
+        "the weights took %.2f GiB and the step buffers need %.2f GiB, leaving %.2f GiB for "
+        "KV blocks of %d bytes. Try increasing --gpu-memory-utilization.",
+        utilization, requested / kGiB, weights / kGiB, reserve_bytes / kGiB,
+        std::max<int64_t>(available, 0) / kGiB, block_bytes));
+  }
+  return static_cast<int32_t>(
+      std::min<int64_t>(available / block_bytes, std::numeric_limits<int32_t>::max()));
+}
+
+int64_t DefaultCpuKvCacheBytes(int64_t physical_memory_bytes) {
+  return std::min<int64_t>(int64_t{4} << 30, physical_memory_bytes / 4);
+}
+
+int64_t StepReserveBytes(const ModelConfig& c, int32_t tokens) {
+  const int64_t dim = c.dim, hidden = c.hidden_dim, qd = c.q_dim(), kv = c.kv_dim();
+  const int64_t qkv_width = qd + 2 * kv;
+  // fp32 everywhere (the float32 mode's buffers; bf16's are no larger):
+  // residual, normed input, q/k/v or gate/up, attention output, hidden.
+  const int64_t per_token =
+      4 * (2 * dim + std::max(dim, qd) * 2 + std::max(qkv_width, 2 * hidden) + 2 * hidden + 2 * kv);
+  constexpr int64_t kSampledRows = 256;
+  const int64_t logits = 4 * kSampledRows * c.vocab_size;
+  const int64_t splits = (int64_t{c.max_seq_len} + 127) / 128;
+  const int64_t scratch = 4 * kSampledRows * c.num_heads * splits * (c.head_size + 2);
+  constexpr int64_t kFixed = int64_t{256} << 20;
+  return per_token * tokens + logits + scratch + kFixed;
 }
 
 int64_t KvBlockBytes(const ModelConfig& c, int32_t block_size, DType dtype) {
@@ -119,7 +180,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* mo
                                                                  Backend backend,
                                                                  ModelRunnerOptions runner_opts) {
   if (model == nullptr) return absl::InvalidArgumentError("ModelRunner::Create: null model");
-  TANDEM_RETURN_IF_ERROR(opts.Validate());
+  if (opts.num_blocks != 0 || backend != Backend::kCuda ||
+      runner_opts.gpu_memory_utilization == 0) {
+    TANDEM_RETURN_IF_ERROR(opts.Validate());
+  } else if (opts.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheOptions.block_size = ", opts.block_size, " must be positive"));
+  }
   TANDEM_RETURN_IF_ERROR(runner_opts.Validate());
   switch (backend) {
     case Backend::kCpu:

@@ -22,7 +22,12 @@ int main(int argc, char** argv) {
   flags.Add("block-size", &options.block_size, "tokens per KV block");
   flags.Add("num-blocks", &options.num_blocks, "KV blocks to allocate; 0 = from --kv-cache-bytes");
   flags.Add("kv-cache-bytes", &options.kv_cache_bytes,
-            "KV cache memory budget in bytes, used when --num-blocks is 0");
+            "KV cache memory budget in bytes, used when --num-blocks is 0; 0 = cuda: from "
+            "--gpu-memory-utilization, cpu/sim: min(4 GiB, a quarter of physical memory)");
+  flags.Add("gpu-memory-utilization", &options.gpu_memory_utilization,
+            "[vLLM] fraction of the GPU's memory this worker may use, in (0, 1]; 0 = 0.9: the "
+            "KV cache gets what the weights and step buffers leave of it (--backend=cuda "
+            "without --num-blocks or --kv-cache-bytes; refused otherwise)");
   flags.Add("threads", &options.num_threads, "CPU threads of the cpu backend");
   flags.Add("dtype", &options.dtype,
             "[vLLM] auto | float32 | bfloat16: KV cache and (cuda) weight dtype. auto: bfloat16 "

@@ -1,5 +1,7 @@
 #include "worker_service.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <span>
 
@@ -22,8 +24,22 @@ absl::Status WorkerOptions::Validate() const {
   }
   if (block_size <= 0) return absl::InvalidArgumentError("--block-size must be > 0");
   if (num_blocks < 0) return absl::InvalidArgumentError("--num-blocks must be >= 0");
-  if (num_blocks == 0 && kv_cache_bytes <= 0) {
-    return absl::InvalidArgumentError("--kv-cache-bytes must be > 0 when --num-blocks is 0");
+  if (kv_cache_bytes < 0) {
+    return absl::InvalidArgumentError("--kv-cache-bytes must be >= 0 (0: sized automatically)");
+  }
+  if (!(gpu_memory_utilization >= 0 && gpu_memory_utilization <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-memory-utilization=", gpu_memory_utilization, " must be in (0, 1]"));
+  }
+  if (gpu_memory_utilization > 0 && backend != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu-memory-utilization sizes the KV cache of --backend=cuda; with --backend=", backend,
+        " give --kv-cache-bytes or --num-blocks"));
+  }
+  if (gpu_memory_utilization > 0 && (num_blocks > 0 || kv_cache_bytes > 0)) {
+    return absl::InvalidArgumentError(
+        "--gpu-memory-utilization and --num-blocks/--kv-cache-bytes both size the KV cache: "
+        "give one");
   }
   if (num_threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
   if (dtype != "auto") {
@@ -58,6 +74,11 @@ absl::Status WorkerOptions::Validate() const {
 }
 
 namespace {
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
+}
+
 absl::StatusOr<std::vector<uint64_t>> ParseStepIds(const char* flag, const std::string& value) {
   std::vector<uint64_t> steps;
   for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
@@ -127,15 +148,30 @@ absl::Status WorkerService::Load() {
                      << (config.torch_dtype.empty() ? "dtype is not named" : config.torch_dtype)
                      << ", backend " << options_.backend << ")";
   }
+  // The KV cache: --num-blocks, else --kv-cache-bytes, else on cuda what
+  // --gpu-memory-utilization leaves after the weights (the runner measures
+  // it: num_blocks 0), else a share of the machine's memory.
   num_blocks_ = options_.num_blocks;
-  if (num_blocks_ == 0) {
+  double gpu_memory_utilization = 0;
+  std::string cache_source = "--num-blocks";
+  if (num_blocks_ == 0 && options_.kv_cache_bytes == 0 && options_.backend == "cuda") {
+    constexpr double kVllmDefault = 0.9;
+    gpu_memory_utilization =
+        options_.gpu_memory_utilization > 0 ? options_.gpu_memory_utilization : kVllmDefault;
+    cache_source = absl::StrCat("--gpu-memory-utilization ", gpu_memory_utilization);
+  } else if (num_blocks_ == 0) {
+    cache_source =
+        options_.kv_cache_bytes > 0 ? "--kv-cache-bytes" : "the default: min(4 GiB, memory / 4)";
     const int64_t block_bytes = model::KvBlockBytes(config, options_.block_size, dtype_);
-    num_blocks_ = static_cast<int32_t>(std::min<int64_t>(options_.kv_cache_bytes / block_bytes,
-                                                         std::numeric_limits<int32_t>::max()));
+    const int64_t bytes = options_.kv_cache_bytes > 0
+                              ? options_.kv_cache_bytes
+                              : model::DefaultCpuKvCacheBytes(PhysicalMemoryBytes());
+    num_blocks_ = static_cast<int32_t>(
+        std::min<int64_t>(bytes / block_bytes, std::numeric_limits<int32_t>::max()));
     if (num_blocks_ < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--kv-cache-bytes=", options_.kv_cache_bytes,
-                                                     " holds no KV block of ", block_bytes,
-                                                     " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv-cache-bytes=", bytes, options_.kv_cache_bytes > 0 ? "" : " (the default)",
+          " holds no KV block of ", block_bytes, " bytes"));
     }
   }
   model::Backend backend =
@@ -148,9 +184,11 @@ absl::Status WorkerService::Load() {
         backend,
         model::ModelRunnerOptions{.num_threads = options_.num_threads,
                                   .cuda_device = options_.device,
-                                  .cuda_graphs = !options_.enforce_eager});
+                                  .cuda_graphs = !options_.enforce_eager,
+                                  .gpu_memory_utilization = gpu_memory_utilization});
     if (!runner.ok()) return Annotate(runner.status(), "creating the model runner");
     runner_ = std::move(runner).value();
+    num_blocks_ = runner_->num_blocks();
     model_->ReleaseCheckpoint();
     backend_ = std::make_unique<RunnerBackend>(runner_.get());
   } else {
@@ -186,7 +224,11 @@ absl::Status WorkerService::Load() {
                           .debug_step_delay_us = options_.debug_step_delay_us});
   TANDEM_LOG(INFO) << "loaded " << model_->name() << " (" << config.num_layers << " layers, vocab "
                    << config.vocab_size << ") backend=" << options_.backend
-                   << " kv_blocks=" << num_blocks_ << " block_size=" << options_.block_size;
+                   << " kv_blocks=" << num_blocks_ << " block_size=" << options_.block_size << " ("
+                   << cache_source << ", "
+                   << num_blocks_ * model::KvBlockBytes(config, options_.block_size, dtype_) /
+                          (1 << 20)
+                   << " MiB, " << int64_t{num_blocks_} * options_.block_size << " tokens)";
   loaded_.store(true);
   return absl::OkStatus();
 }

@@ -46,8 +46,16 @@ struct WorkerOptions {
   int32_t block_size = 16;
   // Number of KV blocks; 0 = derive from kv_cache_bytes.
   int32_t num_blocks = 0;
-  // Memory budget of the KV cache when num_blocks is 0.
-  int64_t kv_cache_bytes = 64ll << 20;
+  // Memory budget of the KV cache when num_blocks is 0. 0 (default): on
+  // cuda, what gpu_memory_utilization leaves once the weights are loaded;
+  // on cpu and sim, model::DefaultCpuKvCacheBytes of the machine's memory.
+  int64_t kv_cache_bytes = 0;
+  // vLLM's --gpu-memory-utilization: the fraction of the device's memory
+  // this worker may use (model::KvBlocksForMemoryUtilization), in (0, 1];
+  // 0 = vLLM's default, 0.9. Sizes the cuda backend's cache only, so a
+  // value given with another backend, --num-blocks or --kv-cache-bytes is
+  // refused rather than ignored.
+  double gpu_memory_utilization = 0;
   // Simulated step time of the sim backend, per step plus per token.
   int32_t sim_step_us = 5000;
   int32_t sim_token_us = 0;

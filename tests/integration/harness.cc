@@ -181,13 +181,19 @@ Service SpawnService(const std::string& dir, const std::string& name, const std:
 
 Service StartWorker(const std::string& dir, const std::string& name,
                     const std::vector<std::string>& extra_args, bool wait_for_serving) {
-  // stories260K unless extra_args names another --model.
-  const bool own_model =
-      std::find(extra_args.begin(), extra_args.end(), "--model") != extra_args.end();
-  Service s = SpawnService(dir, name, "services/worker/tandem-worker",
-                           own_model ? std::vector<std::string>{}
-                                     : std::vector<std::string>{"--model", ModelPath()},
-                           extra_args);
+  // stories260K unless extra_args names another --model, and the 64 MiB
+  // cache the tests were written against unless they size it themselves
+  // (the worker's own default is a share of the machine's memory, which
+  // long tests with several workers would fill).
+  auto has = [&](const char* flag) {
+    return std::find(extra_args.begin(), extra_args.end(), flag) != extra_args.end();
+  };
+  std::vector<std::string> args;
+  if (!has("--model")) args = {"--model", ModelPath()};
+  if (!has("--kv-cache-bytes") && !has("--num-blocks")) {
+    args.insert(args.end(), {"--kv-cache-bytes", std::to_string(64 << 20)});
+  }
+  Service s = SpawnService(dir, name, "services/worker/tandem-worker", args, extra_args);
   if (wait_for_serving) {
     EXPECT_TRUE(WaitFor([&] { return HealthStatus(s.address()) == 1; }))
         << "worker " << name << " never became SERVING (log " << s.log_path << ")";

@@ -69,7 +69,8 @@ int RunCommand(const std::vector<std::string>& argv, std::string* output,
                std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 // Starts a worker (extra flags appended, may include --listen; the model is
-// stories260K unless they name a --model); waits until it
+// stories260K unless they name a --model, the KV cache 64 MiB unless they
+// give --kv-cache-bytes or --num-blocks); waits until it
 // listens and, when `wait_for_serving`, until its health says SERVING.
 // Dies (test failure) after 30 s.
 Service StartWorker(const std::string& dir, const std::string& name,

@@ -2,7 +2,8 @@
 """`tandem serve MODEL` (issue 33), as a vLLM user runs `vllm serve MODEL`.
 
   1. Bad command lines exit 2 naming what is wrong: an unknown flag, a second
-     positional argument, a vLLM flag not built yet (--gpu-memory-utilization),
+     positional argument, a vLLM flag we cannot honour (--seed), a value the
+     worker refuses (--gpu-memory-utilization on the cpu backend),
      a flag serve sets itself (--listen), a llama2.c model without
      --tokenizer.
   2. `tandem serve random32k.bin --tokenizer ... --kv-store
@@ -66,8 +67,7 @@ def bad_usage(tandem, models):
     for args, needle in (
             ([model, "--tokenizer", tok, "--nope"], "unknown flag --nope"),
             ([model, "--tokenizer", tok, "extra"], "unexpected argument 'extra'"),
-            ([model, "--tokenizer", tok, "--gpu-memory-utilization", "0.9"],
-             "--gpu-memory-utilization: not built yet"),
+            ([model, "--tokenizer", tok, "--seed", "1"], "--seed: not supported"),
             ([model, "--tokenizer", tok, "--listen", "0.0.0.0:1"], "--listen: tandem serve sets it"),
             ([model], "is a llama2.c file: give its tokenizer with --tokenizer"),
             ([model, "--tokenizer", tok, "--generation-config", "vllm"], "--generation-config vllm"),

@@ -119,7 +119,7 @@ TEST(SurfaceTest, HelpDocumentsEveryFlagWithItsDefault) {
              {"backend", "\"cpu\""},
              {"block-size", "16"},
              {"num-blocks", "0"},
-             {"kv-cache-bytes", std::to_string(64ll << 20)},
+             {"kv-cache-bytes", "0"},
              {"debug-load-delay-ms", "0"}});
   CheckHelp("services/scheduler/tandem-scheduler", "services/scheduler/main.cc",
             {{"listen", "\"127.0.0.1:50051\""},
@@ -190,8 +190,8 @@ TEST(SurfaceTest, ABadKvStoreBulkPortIsRefusedAtStartup) {
 }
 
 // The worker's device flags: bf16 needs the cuda backend, a worker drives one
-// GPU, and device ordinals are not negative. Each is a usage error (exit 2)
-// that names the flag.
+// GPU, device ordinals are not negative, and the KV cache is sized one way. Each is a usage error
+// (exit 2) that names the flag.
 TEST(SurfaceTest, WorkerRefusesDeviceFlagsItCannotHonour) {
   const std::string worker = BinaryPath("services/worker/tandem-worker");
   struct Case {
@@ -204,7 +204,17 @@ TEST(SurfaceTest, WorkerRefusesDeviceFlagsItCannotHonour) {
            {{"--dtype", "half"}, "--dtype=half: dtype 'half' is not supported"},
            {{"--dtype", "int8"}, "--dtype=int8: unknown dtype 'int8'"},
            {{"--gpus", "2"}, "--gpus=2: a worker drives exactly one GPU"},
-           {{"--device", "-1"}, "--device must be >= 0"}}) {
+           {{"--device", "-1"}, "--device must be >= 0"},
+           // --gpu-memory-utilization sizes only the cuda backend's cache, and
+           // only when nothing else does; it is never silently ignored.
+           {{"--gpu-memory-utilization", "0.5"},
+            "--gpu-memory-utilization sizes the KV cache of --backend=cuda; with --backend=cpu "
+            "give --kv-cache-bytes or --num-blocks"},
+           {{"--backend", "cuda", "--gpu-memory-utilization", "0.5", "--num-blocks", "10"},
+            "--gpu-memory-utilization and --num-blocks/--kv-cache-bytes both size the KV cache"},
+           {{"--backend", "cuda", "--gpu-memory-utilization", "1.5"},
+            "--gpu-memory-utilization=1.5 must be in (0, 1]"},
+           {{"--kv-cache-bytes", "-1"}, "--kv-cache-bytes must be >= 0"}}) {
     std::vector<std::string> argv = {worker, "--model", "no-such-model.bin"};
     argv.insert(argv.end(), c.args.begin(), c.args.end());
     std::string out;

@@ -323,6 +323,42 @@ TEST(CudaRunnerTest, AllLogitsRowsAndLogprobsMatchTheCpuBackend) {
   }
 }
 
+// --gpu-memory-utilization (issue 33): with num_blocks 0 the runner sizes
+// the cache from what the device has left after the weights, and every block
+// it reports is usable: a sequence placed in the last one computes the same
+// logits as in the first.
+TEST(CudaRunnerTest, GpuMemoryUtilizationSizesTheCache) {
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto gpu = ModelRunner::Create(model.get(), {.block_size = 16, .num_blocks = 0, .dtype = dtype},
+                                   Backend::kCuda, {.gpu_memory_utilization = 0.05});
+    if (absl::IsUnavailable(gpu.status())) GTEST_SKIP() << gpu.status();
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    const int32_t n = (*gpu)->num_blocks();
+    // 5% of any GPU this runs on is far more than the step reserve.
+    EXPECT_GT(n, 1000);
+    const std::vector<int32_t> prompt = MakePrompt(20, 5, model->config().vocab_size);
+    std::vector<float> first, last;
+    const std::vector<int32_t> t_first = {0, 1}, t_last = {n - 2, n - 1};
+    const SequenceInput a{.token_ids = prompt, .block_table = t_first};
+    const SequenceInput b{.token_ids = prompt, .block_table = t_last};
+    ASSERT_TRUE((*gpu)->Forward({&a, 1}, &first).ok());
+    ASSERT_TRUE((*gpu)->Forward({&b, 1}, &last).ok());
+    EXPECT_EQ(first, last);
+  }
+  // A share the device cannot give is refused with vLLM's wording.
+  auto none = ModelRunner::Create(model.get(), {.block_size = 16, .num_blocks = 0}, Backend::kCuda,
+                                  {.gpu_memory_utilization = 1.0});
+  if (!absl::IsUnavailable(none.status())) {
+    ASSERT_FALSE(none.ok());
+    EXPECT_NE(none.status().message().find("on startup is less than desired GPU memory"),
+              std::string::npos)
+        << none.status();
+  }
+}
+
 TEST(CudaRunnerTest, Bf16BlocksRoundTripThroughHostMemory) {
   auto model = testing::LoadTestModel();
   ASSERT_NE(model, nullptr);

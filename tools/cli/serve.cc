@@ -142,6 +142,7 @@ const std::map<std::string, std::string>& OwnerOf() {
       {"no-enable-chunked-prefill", "tandem-scheduler"},
       {"disable-log-requests", "tandem-scheduler"},
       {"block-size", "tandem-worker"},
+      {"gpu-memory-utilization", "tandem-worker"},
       {"dtype", "tandem-worker"},
       {"api-key", "tandem-frontend"},
       {"chat-template", "tandem-frontend"},
@@ -151,8 +152,6 @@ const std::map<std::string, std::string>& OwnerOf() {
 // vLLM flags we cannot honour yet: refused with the reason.
 const std::map<std::string, std::string>& Refused() {
   static const auto* refused = new std::map<std::string, std::string>{
-      {"gpu-memory-utilization",
-       "not built yet: size the KV cache with --kv-cache-bytes or --num-blocks (tandem-worker)"},
       {"seed", "not supported: there is no engine-wide seed; give each request its own \"seed\""},
   };
   return *refused;

@@ -13,9 +13,10 @@
 // --[no-]enable-prefix-caching,
 // --[no-]enable-chunked-prefill, --block-size, --dtype, --api-key,
 // --chat-template, --tokenizer, --disable-log-requests, --generation-config
-// auto (the model's generation_config.json: what the worker always reads).
-// Refused by name, with the reason, until built: --gpu-memory-utilization,
-// --seed, --generation-config other than auto. Any other
+// auto (the model's generation_config.json: what the worker always reads),
+// --gpu-memory-utilization (the worker's KV cache on cuda).
+// Refused by name, with the reason, until built: --seed, --generation-config
+// other than auto. Any other
 // flag goes to every part whose --help lists it (--backend, --threads to the
 // worker; --log-level style flags to each), and a flag no part lists is an
 // error (exit 2), as is a second positional argument. The binaries are

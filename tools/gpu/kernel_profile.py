@@ -17,7 +17,9 @@ import csv
 import re
 import sys
 
-UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# ncu writes "ns" (older releases "nsecond"); anything else is refused.
+UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+         "s": 1e6, "second": 1e6}
 
 
 def short(name):
@@ -40,7 +42,10 @@ def main():
         return 1
     head, units = rows[0], rows[1]
     col = head.index("gpu__time_duration.sum")
-    scale = UNITS.get(units[col], 1.0)
+    if units[col] not in UNITS:
+        print(f"{a.csv}: unknown time unit {units[col]!r}")
+        return 1
+    scale = UNITS[units[col]]
     name_col = head.index("Kernel Name")
     per = collections.defaultdict(lambda: [0, 0.0])
     for r in rows[2:]:

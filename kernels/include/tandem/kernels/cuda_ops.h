@@ -33,6 +33,8 @@ int CopyToHost(void* host_dst, const void* src, size_t bytes);
 int Synchronize();
 // Makes `device` current for the calling thread (cudaSetDevice).
 int SetDevice(int device);
+// Free and total bytes of the current device (cudaMemGetInfo).
+int MemGetInfo(size_t* free_bytes, size_t* total_bytes);
 
 // cuBLAS handle for Matmul.
 struct BlasHandle;

@@ -59,7 +59,9 @@ int32_t DTypeBytes(DType dtype);
 struct KvCacheOptions {
   // Tokens per KV block; > 0.
   int32_t block_size = 16;
-  // Blocks in the cache; > 0 (0 is rejected: size it for the workload).
+  // Blocks in the cache; > 0. 0 only for the CUDA backend with
+  // ModelRunnerOptions::gpu_memory_utilization, which then sizes it
+  // (ModelRunner::num_blocks() reports the result).
   int32_t num_blocks = 0;
   // See DType. Part of the KV layout string, so a KV-store never hands
   // blocks of one dtype to a worker of another.
@@ -100,8 +102,44 @@ struct ModelRunnerOptions {
   // captured per batch-size bucket (model/decode_graphs.h); false runs every
   // step eagerly (bench_cuda --cuda-graphs off compares the two).
   bool cuda_graphs = true;
+  // CUDA backend with KvCacheOptions::num_blocks = 0: the cache is sized as
+  // vLLM sizes it for --gpu-memory-utilization, once the weights are on the
+  // device (KvBlocksForMemoryUtilization, with StepReserveBytes for
+  // max_step_tokens). 0: num_blocks must be given. In (0, 1].
+  double gpu_memory_utilization = 0;
+  // Rows of the largest step the reserve above is sized for.
+  int32_t max_step_tokens = 8192;
   [[nodiscard]] absl::Status Validate() const;
 };
+
+// One device's memory as cudaMemGetInfo reports it, when the runner starts
+// (its CUDA context made, nothing of its own allocated) and once the
+// weights are on it.
+struct DeviceMemory {
+  int64_t total = 0;
+  int64_t free_at_start = 0;
+  int64_t free_after_weights = 0;
+};
+// vLLM's rule for --gpu-memory-utilization (its gpu_worker's
+// determine_available_memory): the runner may use utilization * total
+// bytes. What it has allocated by the time the weights are loaded and
+// reserve_bytes (the step buffers) come off that; the rest, in whole blocks
+// of block_bytes, is the KV cache. Refused, with vLLM's wording and the
+// numbers, when the device has less free at start than that budget (another
+// process holds it) or when nothing is left for one block.
+absl::StatusOr<int32_t> KvBlocksForMemoryUtilization(double utilization, const DeviceMemory& memory,
+                                                     int64_t reserve_bytes, int64_t block_bytes);
+// Device bytes the CUDA runner's step buffers grow to for a step of `tokens`
+// rows in either dtype, with the logits of up to 256 sampled rows, the
+// split-K attention scratch of 256 decode rows at max_seq_len, and 256 MiB
+// for cuBLAS and the decode graphs. A larger step grows them further (and
+// fails with CUDA's out-of-memory error if the device has no room).
+int64_t StepReserveBytes(const ModelConfig& config, int32_t tokens);
+// The CPU backend's KV cache when no size is given: vLLM's CPU default
+// (VLLM_CPU_KVCACHE_SPACE, 4 GiB), at most a quarter of the machine's
+// physical memory. The CPU runner's cache is anonymous zero pages, so the
+// blocks cost memory only once written.
+int64_t DefaultCpuKvCacheBytes(int64_t physical_memory_bytes);
 
 // Not thread-safe: one owner thread calls Forward and the block copies
 // (the worker's loop thread). ModelRunnerOptions.num_threads adds helper
