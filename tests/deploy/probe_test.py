@@ -267,10 +267,15 @@ def main():
             assert os.path.exists(model), model
             worker_overrides = {
                 "--listen": "127.0.0.1:0", "--metrics-listen": "127.0.0.1:0", "--model": model,
-                "--backend": "cpu", "--kv-cache-bytes": str(64 << 20),
-                "--kvstore": f"127.0.0.1:{kv.port}"}
+                "--backend": "cpu", "--kvstore": f"127.0.0.1:{kv.port}"}
+            # The chart sizes a cuda worker's cache by --gpu-memory-utilization,
+            # which the cpu backend refuses: a fixed cache stands in for it.
+            gpu_util = [a for a in w_args if a.startswith("--gpu-memory-utilization=")]
+            assert gpu_util == ["--gpu-memory-utilization=0.9"], w_args
+            w_args = [a for a in w_args if a not in gpu_util]
             worker = Service("worker", build_dir, adapt(
-                w_args, worker_overrides, [f"--debug-load-delay-ms={LOAD_DELAY_MS}"]), tmp)
+                w_args, worker_overrides, [f"--debug-load-delay-ms={LOAD_DELAY_MS}",
+                                           f"--kv-cache-bytes={64 << 20}"]), tmp)
             services.append(worker)
             sched = Service("scheduler", build_dir, adapt(chart["scheduler"]["args"], {
                 "--listen": "127.0.0.1:0", "--worker": f"127.0.0.1:{worker.port}",
