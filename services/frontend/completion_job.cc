@@ -172,6 +172,11 @@ class Job : public std::enable_shared_from_this<Job> {
     frontend_->JobFinished();
     frontend_->metrics().duration.Observe(
         std::chrono::duration<double>(Clock::now() - start_).count());
+    // Every prompt whose choices were sent, finished or not (vLLM counts
+    // aborted requests among the finished).
+    for (size_t p = 0; p < prompts_.ids.size() && sent_; ++p) {
+      frontend_->metrics().ObserveRequestParamsN(head_.model, request_.n);
+    }
   }
 
   // Each takes the job's lock; any thread.
@@ -222,6 +227,7 @@ class Job : public std::enable_shared_from_this<Job> {
   ResponseHead head_;
   PreparedPrompts prompts_;
   std::vector<ChoiceState> choices_;
+  bool sent_ = false;  // the choices went to the schedulers (request accepted)
   bool stream_started_ = false;
   bool first_token_ = false;
   bool finished_ = false;  // the response is complete or failed
@@ -340,6 +346,7 @@ void Job::Start() {
     frontend_->metrics().prompt_tokens.Increment(
         static_cast<double>(c.request.prompt_token_ids_size()));
   }
+  sent_ = true;
   std::weak_ptr<Job> weak = weak_from_this();
   exchange_->SetOnClientGone([weak] {
     if (auto job = weak.lock()) job->ClientGone();

@@ -73,7 +73,20 @@ FrontendMetrics::FrontendMetrics(prometheus::Registry* registry)
                            .Name("tandem_frontend_open_connections")
                            .Help("HTTP connections open.")
                            .Register(*registry)
-                           .Add({})) {}
+                           .Add({})),
+      vllm_request_params_n(prometheus::BuildHistogram()
+                                .Name("vllm:request_params_n")
+                                .Help("Histogram of the n request parameter.")
+                                .Register(*registry)) {}
+
+void FrontendMetrics::ObserveRequestParamsN(const std::string& model_name, int32_t n) {
+  // vLLM's buckets and labels (vllm/v1/metrics/loggers.py); engine is "0" as
+  // on the scheduler's vllm:* series.
+  vllm_request_params_n
+      .Add({{"model_name", model_name}, {"engine", "0"}},
+           prometheus::Histogram::BucketBoundaries{1, 2, 5, 10, 20})
+      .Observe(n);
+}
 
 Frontend::Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
                    std::optional<tokenizer::ChatTemplate> chat_template, Router* router,

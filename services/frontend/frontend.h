@@ -63,6 +63,11 @@ struct FrontendMetrics {
   prometheus::Counter& retries;
   prometheus::Gauge& in_flight;
   prometheus::Gauge& open_connections;
+  // vLLM's vllm:request_params_n {model_name, engine}: the frontend fans a
+  // request's n out into n scheduler requests, so only it knows n. Observed
+  // once per prompt when its request ends (ObserveRequestParamsN).
+  prometheus::Family<prometheus::Histogram>& vllm_request_params_n;
+  void ObserveRequestParamsN(const std::string& model_name, int32_t n);
 };
 
 class Frontend {

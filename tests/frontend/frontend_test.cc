@@ -95,6 +95,47 @@ TEST_F(FrontendTest, OpenAiSdkGetsTheReferenceTokensAndTextStreamedOrNot) {
 
 // `tandem bench --http` (tools/bench_frontend's default HTTP client) reads
 // every streamed token through the frontend and reports the server's errors.
+// vLLM's vllm:request_params_n comes from the frontend, the one part that
+// sees a request's n (it fans the choices out): one observation of n per
+// prompt of an accepted request, with vLLM's buckets and labels; a refused
+// request observes nothing.
+TEST_F(FrontendTest, VllmRequestParamsNObservesEachPromptsN) {
+  httplib::Client client("http://" + frontend_.address());
+  auto two_prompts = client.Post(
+      "/v1/completions", Json({{"prompt", {"Once", "upon"}}, {"max_tokens", 2}, {"n", 3}}).dump(),
+      "application/json");
+  ASSERT_TRUE(two_prompts);
+  ASSERT_EQ(two_prompts->status, 200) << two_prompts->body;
+  const std::string model = Json::parse(two_prompts->body)["model"];
+  auto chat = client.Post(
+      "/v1/chat/completions",
+      Json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}}).dump(),
+      "application/json");
+  ASSERT_TRUE(chat);
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  auto refused =
+      client.Post("/v1/completions", Json({{"prompt", "x"}, {"n", 0}}).dump(), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  const std::string labels = "{engine=\"0\",model_name=\"" + model + "\"";
+  auto series = [&](const std::string& name, const std::string& extra = "") {
+    const std::string text = Get(frontend_.address(), "/metrics");
+    const std::string prefix = "vllm:request_params_n" + name + labels + extra + "} ";
+    const size_t at = text.find(prefix);
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + prefix.size()));
+  };
+  // The jobs end just after their responses: wait for the third.
+  ASSERT_TRUE(WaitFor([&] { return series("_count") == 3; }))
+      << Get(frontend_.address(), "/metrics");
+  EXPECT_EQ(series("_sum"), 3 + 3 + 1);
+  EXPECT_EQ(series("_bucket", ",le=\"1\""), 1);
+  EXPECT_EQ(series("_bucket", ",le=\"2\""), 1);
+  EXPECT_EQ(series("_bucket", ",le=\"5\""), 3);
+  EXPECT_EQ(series("_bucket", ",le=\"20\""), 3);
+  EXPECT_NE(Get(frontend_.address(), "/metrics").find("# TYPE vllm:request_params_n histogram"),
+            std::string::npos);
+}
+
 TEST_F(FrontendTest, BenchOverHttpCountsEveryStreamedTokenAndReportsErrors) {
   const std::string tandem = BinaryPath("tools/cli/tandem");
   const std::string json_path = dir_ + "/bench_http.json";
