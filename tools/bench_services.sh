@@ -35,8 +35,10 @@ port() { for _ in $(seq 1 600); do [ -s "$1" ] && { cat "$1"; return; }; sleep 0
 
 declare -A SERVER
 for mode in sync async; do
+  # Two workers at once: each a fixed cache (on cuda the first would
+  # otherwise take --gpu-memory-utilization's 0.9 of the GPU).
   "$BUILD/services/worker/tandem-worker" --model "$MODEL" --backend "$BACKEND" --listen 127.0.0.1:0 \
-    --port-file "$DIR/w-$mode.port" > "$DIR/worker-$mode.log" 2>&1 &
+    --kv-cache-bytes $((64 << 20)) --port-file "$DIR/w-$mode.port" > "$DIR/worker-$mode.log" 2>&1 &
   PIDS+=($!)
   wport="$(port "$DIR/w-$mode.port")"
   async_flag=true; [ "$mode" = sync ] && async_flag=false

@@ -26,7 +26,8 @@ start() {  # name binary args...
 start kv "$BUILD/services/kvstore/tandem-kvstore" --data-dir "$RUN/kvdata"; KV=$ADDR
 W="$BUILD/services/worker/tandem-worker"; S="$BUILD/services/scheduler/tandem-scheduler"
 # Small KV caches (120 blocks of 16 tokens: about four 448-token requests).
-start wa "$W" --model "$MODEL" --kvstore "$KV"; WA=$ADDR
+# Three workers share the machine (and a GPU), so each gets a fixed cache.
+start wa "$W" --model "$MODEL" --kvstore "$KV" --kv-cache-bytes $((64 << 20)); WA=$ADDR
 start wb "$W" --model "$MODEL" --kvstore "$KV" --num-blocks 120; WB=$ADDR
 start wc "$W" --model "$MODEL" --num-blocks 120; WC=$ADDR
 start sa "$S" --worker "$WA" --kvstore "$KV"; SA=$ADDR
