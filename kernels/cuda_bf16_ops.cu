@@ -78,8 +78,8 @@ __global__ void RopeKvWriteKernel(float* qkv, int32_t q_stride, const int32_t* p
   const int64_t slot = slots[row];
   if (head < num_heads || slot < 0) return;
   // RopePair's two elements of this pair (any split of a v head would do).
-  const int32_t i0 = kind == RopeKind::kAdjacentPairs ? 2 * pair : pair;
-  const int32_t i1 = kind == RopeKind::kAdjacentPairs ? 2 * pair + 1 : pair + half;
+  int32_t i0, i1;
+  RopePairIndices(pair, hs, kind, &i0, &i1);
   const bool is_v = head >= num_heads + kvh;
   const int32_t kv_head = head - num_heads - (is_v ? kvh : 0);
   Bf16* dst = cache +

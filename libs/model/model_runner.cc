@@ -7,16 +7,17 @@
 #include "absl/strings/str_format.h"
 #include "cpu_runner.h"
 #include "tandem/common/status.h"
+#include "tandem/kernels/cuda_bf16_ops.h"
 #include "tandem/model/sampler.h"
 
 namespace tandem::model {
 
-absl::Status KvCacheOptions::Validate() const {
+absl::Status KvCacheOptions::Validate(bool runner_sizes_cache) const {
   if (block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvCacheOptions.block_size = ", block_size, " must be positive"));
   }
-  if (num_blocks <= 0) {
+  if (num_blocks < 0 || (num_blocks == 0 && !runner_sizes_cache)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvCacheOptions.num_blocks = ", num_blocks, " must be positive"));
   }
@@ -119,10 +120,10 @@ int64_t StepReserveBytes(const ModelConfig& c, int32_t tokens) {
   // residual, normed input, q/k/v or gate/up, attention output, hidden.
   const int64_t per_token =
       4 * (2 * dim + std::max(dim, qd) * 2 + std::max(qkv_width, 2 * hidden) + 2 * hidden + 2 * kv);
-  constexpr int64_t kSampledRows = 256;
-  const int64_t logits = 4 * kSampledRows * c.vocab_size;
-  const int64_t splits = (int64_t{c.max_seq_len} + 127) / 128;
-  const int64_t scratch = 4 * kSampledRows * c.num_heads * splits * (c.head_size + 2);
+  constexpr int32_t kSampledRows = 256;
+  const int64_t logits = int64_t{4} * kSampledRows * c.vocab_size;
+  const int64_t scratch = 4 * kernels::cuda::AttentionScratchFloats(kSampledRows, c.num_heads,
+                                                                    c.head_size, c.max_seq_len);
   constexpr int64_t kFixed = int64_t{256} << 20;
   return per_token * tokens + logits + scratch + kFixed;
 }
@@ -180,13 +181,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* mo
                                                                  Backend backend,
                                                                  ModelRunnerOptions runner_opts) {
   if (model == nullptr) return absl::InvalidArgumentError("ModelRunner::Create: null model");
-  if (opts.num_blocks != 0 || backend != Backend::kCuda ||
-      runner_opts.gpu_memory_utilization == 0) {
-    TANDEM_RETURN_IF_ERROR(opts.Validate());
-  } else if (opts.block_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheOptions.block_size = ", opts.block_size, " must be positive"));
-  }
+  // num_blocks 0: the CUDA runner sizes the cache by gpu_memory_utilization.
+  TANDEM_RETURN_IF_ERROR(opts.Validate(
+      /*runner_sizes_cache=*/backend == Backend::kCuda && runner_opts.gpu_memory_utilization > 0));
   TANDEM_RETURN_IF_ERROR(runner_opts.Validate());
   switch (backend) {
     case Backend::kCpu:

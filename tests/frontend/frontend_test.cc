@@ -98,7 +98,7 @@ TEST_F(FrontendTest, OpenAiSdkGetsTheReferenceTokensAndTextStreamedOrNot) {
 // vLLM's vllm:request_params_n comes from the frontend, the one part that
 // sees a request's n (it fans the choices out): one observation of n per
 // prompt of an accepted request, with vLLM's buckets and labels; a refused
-// request observes nothing.
+// request observes nothing, also one refused once its prompts were prepared.
 TEST_F(FrontendTest, VllmRequestParamsNObservesEachPromptsN) {
   httplib::Client client("http://" + frontend_.address());
   auto two_prompts = client.Post(
@@ -117,6 +117,12 @@ TEST_F(FrontendTest, VllmRequestParamsNObservesEachPromptsN) {
       client.Post("/v1/completions", Json({{"prompt", "x"}, {"n", 0}}).dump(), "application/json");
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 400);
+  // Refused after its prompts were tokenized (the job existed): not observed.
+  auto too_long = client.Post("/v1/completions",
+                              Json({{"prompt", "x"}, {"max_tokens", 1 << 20}, {"n", 2}}).dump(),
+                              "application/json");
+  ASSERT_TRUE(too_long);
+  EXPECT_EQ(too_long->status, 400) << too_long->body;
   const std::string labels = "{engine=\"0\",model_name=\"" + model + "\"";
   auto series = [&](const std::string& name, const std::string& extra = "") {
     const std::string text = Get(frontend_.address(), "/metrics");

@@ -82,10 +82,17 @@ TANDEM_HD inline void RopeCosSin(int32_t pos, int32_t pair, int32_t head_size, f
 }
 
 // Rotates one pair of one head vector in place.
+// The two elements of a head vector that RoPE's pair `pair` rotates.
+TANDEM_HD inline void RopePairIndices(int32_t pair, int32_t head_size, RopeKind kind, int32_t* i0,
+                                      int32_t* i1) {
+  *i0 = kind == RopeKind::kAdjacentPairs ? 2 * pair : pair;
+  *i1 = kind == RopeKind::kAdjacentPairs ? 2 * pair + 1 : pair + head_size / 2;
+}
+
 TANDEM_HD inline void RopePair(float* head_vec, int32_t pair, int32_t head_size, RopeKind kind,
                                float c, float s) {
-  const int32_t i0 = kind == RopeKind::kAdjacentPairs ? 2 * pair : pair;
-  const int32_t i1 = kind == RopeKind::kAdjacentPairs ? 2 * pair + 1 : pair + head_size / 2;
+  int32_t i0, i1;
+  RopePairIndices(pair, head_size, kind, &i0, &i1);
   const float v0 = head_vec[i0];
   const float v1 = head_vec[i1];
   head_vec[i0] = v0 * c - v1 * s;

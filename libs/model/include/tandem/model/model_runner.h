@@ -66,7 +66,8 @@ struct KvCacheOptions {
   // See DType. Part of the KV layout string, so a KV-store never hands
   // blocks of one dtype to a worker of another.
   DType dtype = DType::kFloat32;
-  [[nodiscard]] absl::Status Validate() const;
+  // runner_sizes_cache: num_blocks 0 is allowed (see num_blocks).
+  [[nodiscard]] absl::Status Validate(bool runner_sizes_cache = false) const;
 };
 
 // Bytes of one KV block: num_layers * 2 * block_size * num_kv_heads *
