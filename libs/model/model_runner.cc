@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "cpu_runner.h"
 #include "tandem/common/status.h"
-#include "tandem/kernels/cuda_bf16_ops.h"
+#include "tandem/kernels/attention_split.h"
 #include "tandem/model/sampler.h"
 
 namespace tandem::model {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "tandem/kernels/attention_split.h"
 #include "tandem/kernels/cuda_ops.h"
 #include "tandem/kernels/kv_layout.h"
 #include "tandem/kernels/math.h"
@@ -27,17 +28,8 @@ namespace tandem::kernels::cuda {
 // converts).
 using Bf16 = uint16_t;
 
-// Tokens per attention split (flash-decoding): a row whose context is longer
-// is computed in ceil(context / kAttentionSplitTokens) independent parts that
-// a second kernel combines. Fixed, so the split of a row never depends on the
-// batch.
-inline constexpr int32_t kAttentionSplitTokens = 128;
 // Largest head size and query heads per KV head the attention kernel takes.
 inline constexpr int32_t kMaxAttentionHeadSize = 256;
-
-inline int32_t AttentionSplits(int32_t max_context) {
-  return (max_context + kAttentionSplitTokens - 1) / kAttentionSplitTokens;
-}
 
 // out[r] = float(table[tokens[r]]).
 int EmbeddingGatherBf16(const Bf16* table, int32_t dim, const int32_t* tokens, int32_t rows,
@@ -85,12 +77,6 @@ struct Bf16AttentionArgs {
   // rows[0 .. num_rows) (AttentionPlan::single_rows), else 0 .. num_rows.
   const int32_t* rows = nullptr;
 };
-
-// Floats of the split-K scratch for `rows` rows of `num_heads` heads.
-inline int64_t AttentionScratchFloats(int32_t rows, int32_t num_heads, int32_t head_size,
-                                      int32_t max_context) {
-  return int64_t{rows} * num_heads * AttentionSplits(max_context) * (head_size + 2);
-}
 
 // Causal paged attention for decode and prefill rows alike. One block per
 // (row, KV head, split): it loads each K/V row once for all the query heads
