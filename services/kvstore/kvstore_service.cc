@@ -142,6 +142,7 @@ grpc::Status KvStoreServiceImpl::LoadRaw(
 grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext* ctx,
                                        grpc::ServerReader<v1::StoreRequest>* reader,
                                        v1::StoreResponse* resp) {
+  if (options_.debug_before_store) options_.debug_before_store();
   v1::StoreRequest msg;
   bool first = true;
   std::string ns;

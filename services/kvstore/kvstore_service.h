@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "bulk_load_server.h"
@@ -52,6 +53,9 @@ struct KvStoreServiceOptions {
   // Every Nth newly stored block gets its RocksDB payload rewritten with one
   // byte flipped (media corruption); 0 = off.
   int32_t debug_corrupt_cold_every = 0;
+  // Runs at the start of every Store call, on its gRPC thread (in-process
+  // tests: a store that stalls until the test lets it go); empty = off.
+  std::function<void()> debug_before_store;
 
   [[nodiscard]] absl::Status Validate() const;
 };

@@ -4,8 +4,12 @@
 // loads through staging into the cache, and every load failure (checksum,
 // missing, store down) reported as an invalid block with the load finished.
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -69,7 +73,7 @@ struct WorkerOptions {
 
 class ConnectorTest : public ::testing::Test {
  protected:
-  void StartStore(int64_t lookup_delay_ms = 0) {
+  void StartStore(int64_t lookup_delay_ms = 0, std::function<void()> before_store = {}) {
     auto store = kvstore::KvStoreEngine::Open({.data_dir = dir_.path(),
                                          .hot_capacity_bytes = 1 << 20,
                                          .hot_slot_bytes = 4096,
@@ -78,7 +82,8 @@ class ConnectorTest : public ::testing::Test {
     store_ = std::move(*store);
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
         store_.get(),
-        kvstore_service::KvStoreServiceOptions{.debug_lookup_delay_ms = lookup_delay_ms});
+        kvstore_service::KvStoreServiceOptions{.debug_lookup_delay_ms = lookup_delay_ms,
+                                               .debug_before_store = std::move(before_store)});
     testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
     ASSERT_NE(s.server, nullptr);
     server_ = std::move(s.server);
@@ -264,6 +269,104 @@ TEST_F(ConnectorTest, StoreThenLoadRoundTripsThroughStaging) {
   EXPECT_TRUE(WaitActiveLeases(1));
   EXPECT_FALSE(sc->RequestFinished(c, c.block_ids, 0));
   EXPECT_TRUE(WaitActiveLeases(0)) << store_->GetStats().active_leases;
+}
+
+// A store that stalls never holds up a step (issue 32): while a Store call
+// waits in the store, the later steps' loads and snapshots on the step
+// thread return; once the store goes on, the stored bytes are the ones
+// computed at snapshot time, though the next steps overwrote the cache.
+TEST_F(ConnectorTest, AStallingStoreNeverHoldsUpAStep) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  int stalled = 0;  // Store calls waiting at the gate
+  StartStore(/*lookup_delay_ms=*/0, [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    ++stalled;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  });
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  };
+  struct Release {
+    std::function<void()> fn;
+    ~Release() { fn(); }  // the server's shutdown waits for the stalled calls
+  } guard{release};
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+
+  // Three requests of 4 full blocks each, computed in one step each, in
+  // cache blocks 1..4, 6..9 and 11..14.
+  constexpr int kRequests = 3;
+  std::vector<sched::Request> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    const int32_t first = 1 + 5 * i;
+    requests.push_back(MakeRequest("r" + std::to_string(i), Tokens(17, 1000 * (i + 1)),
+                                   {first, first + 1, first + 2, first + 3, first + 4}));
+  }
+  auto step = [&](int i) {
+    sched::Request& r = requests[i];
+    (void)PollMatch(sc.get(), r, 0);
+    sc->UpdateStateAfterAlloc(r, {}, 0);
+    for (int b = 0; b < 4; ++b) cache_.Fill(r.block_ids[b], 10 * i + b);
+    sched::ScheduledRequestView v{.request = &r, .num_scheduled_tokens = 17, .will_sample = true};
+    sched::SchedulerOutput out;
+    sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, {&v, 1});
+    ASSERT_EQ(meta.stores.size(), 1u);
+    sched::KvConnectorReport report;
+    wk->LoadBlocks(meta, &report);  // the step's loads (none), then its forward pass
+    wk->SnapshotStores(meta);
+  };
+  step(0);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled > 0; }))
+        << "the first store never reached the store";
+  }
+  // The store is stuck in a Store call: the next steps run all the same. (A
+  // step that waited for the store would never come back: the gate is shut.)
+  auto later_steps = std::async(std::launch::async, [&] {
+    for (int i = 1; i < kRequests; ++i) step(i);
+  });
+  ASSERT_EQ(later_steps.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "a step waited for the stalled store";
+  later_steps.get();
+  EXPECT_EQ(wk->stats().stores_in_flight, kRequests);
+  // Later steps overwrite every block the snapshots were taken from.
+  for (int b = 0; b < kCacheBlocks; ++b) cache_.Fill(b, 99);
+
+  release();
+  sched::KvConnectorReport sent;
+  WaitSent(wk.get(), kRequests, &sent);
+  sc->OnConnectorReport(sent);
+  EXPECT_EQ(wk->stats().blocks_stored, 4u * kRequests);
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 0u);
+
+  // Each request's blocks load back as they were computed.
+  FakeCache expected;
+  for (int i = 0; i < kRequests; ++i) {
+    sched::Request again =
+        MakeRequest("again" + std::to_string(i), Tokens(17, 1000 * (i + 1)), {20, 21, 22, 23, 24});
+    ASSERT_EQ(PollMatch(sc.get(), again, 0).num_external_tokens, 16) << i;
+    sc->UpdateStateAfterAlloc(again, std::span<const int32_t>(again.block_ids).first(4), 16);
+    sched::SchedulerOutput out;
+    sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, {});
+    ASSERT_EQ(meta.loads.size(), 1u);
+    sched::KvConnectorReport report;
+    wk->LoadBlocks(meta, &report);
+    ASSERT_EQ(report.finished_recving, std::vector<std::string>{again.request_id});
+    for (int b = 0; b < 4; ++b) {
+      expected.Fill(0, 10 * i + b);
+      EXPECT_EQ(cache_.blocks[20 + b], expected.blocks[0]) << "request " << i << " block " << b;
+    }
+    sc->OnConnectorReport(report);
+    sc->OnLoadFinished(again, 16);
+    EXPECT_FALSE(sc->RequestFinished(again, again.block_ids, 0));
+  }
 }
 
 TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
