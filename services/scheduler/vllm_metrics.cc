@@ -45,7 +45,11 @@ VllmMetrics::VllmMetrics(prometheus::Registry& registry, const std::string& mode
                   max_model_len) {}
 
 VllmMetrics::VllmMetrics(VllmFamilies f, int32_t max_model_len)
-    : num_requests_running_(
+    : cache_config_info_(prometheus::BuildGauge()
+                             .Name("vllm:cache_config_info")
+                             .Help("Information of the LLMEngine CacheConfig")
+                             .Register(f.r)),
+      num_requests_running_(
           f.Gauge("vllm:num_requests_running", "Number of requests in model execution batches.")),
       num_requests_waiting_(
           f.Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")),
@@ -135,6 +139,18 @@ VllmMetrics::VllmMetrics(VllmFamilies f, int32_t max_model_len)
   }
 }
 
+void VllmMetrics::SetCacheConfig(int32_t block_size, int32_t num_gpu_blocks,
+                                 bool enable_prefix_caching) {
+  if (cache_config_ != nullptr) cache_config_info_.Remove(cache_config_);
+  cache_config_ =
+      &cache_config_info_.Add({{"engine", "0"},
+                               {"block_size", std::to_string(block_size)},
+                               {"num_gpu_blocks", std::to_string(num_gpu_blocks)},
+                               {"enable_prefix_caching", enable_prefix_caching ? "True" : "False"},
+                               {"cache_dtype", "auto"}});
+  cache_config_->Set(1);
+}
+
 void VllmMetrics::Update(const engine::EngineStats& e) {
   num_requests_running_.Set(e.num_running);
   num_requests_waiting_.Set(e.num_waiting);
@@ -172,21 +188,21 @@ void VllmMetrics::ObserveMoreTokens(double gap_s, size_t num_tokens) {
   inter_token_latency_.Observe(gap_s);
 }
 
-void VllmMetrics::ObserveFinished(engine::FinishReason reason, const RequestTimeline& t,
-                                  int64_t now_ns, int32_t num_prompt_tokens,
-                                  int32_t num_output_tokens) {
+void VllmMetrics::ObserveFinished(FinishReason reason, const RequestTimeline& t, int64_t now_ns,
+                                  int32_t num_prompt_tokens, int32_t num_output_tokens) {
   int index = -1;
   switch (reason) {
-    case engine::FinishReason::kStop:
+    case FinishReason::kStop:
       index = 0;
       break;
-    case engine::FinishReason::kLength:
+    case FinishReason::kLength:
       index = 1;
       break;
-    case engine::FinishReason::kAbort:
+    case FinishReason::kAbort:
       index = 2;
       break;
-    case engine::FinishReason::kError:
+    case FinishReason::kError:
+    case FinishReason::kNone:
       return;
   }
   request_success_[index]->Increment();

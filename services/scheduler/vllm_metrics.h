@@ -12,10 +12,18 @@
 // token, inference = last token - first step sent, e2e = finish - arrival
 // (arrival at the scheduler; vLLM's at its API server).
 //
+// vllm:cache_config_info is vLLM's info gauge (value 1) with the labels of
+// its CacheConfig.metrics_info() that the scheduler knows exactly: engine,
+// block_size, num_gpu_blocks (the worker's KV cache), enable_prefix_caching
+// (Python's "True"/"False") and cache_dtype "auto" (the cache always has the
+// model's dtype). vLLM's other CacheConfig fields (gpu_memory_utilization,
+// swap_space, ...) belong to the worker or do not exist here and are left
+// out rather than guessed.
+//
 // Not served, because the scheduler cannot know them exactly:
-// vllm:request_params_n (the frontend fans `n` out into n requests), and
-// vllm:cache_config_info, vllm:lora_requests_info and the speculative
-// decoding series (no such configuration here). A request that ends in an
+// vllm:request_params_n (the frontend fans `n` out into n requests; the
+// frontend serves it), vllm:lora_requests_info and the speculative decoding
+// series (no such configuration here). A request that ends in an
 // error (tandem_scheduler_requests_finished_total{reason="error"}) is not a
 // vLLM finish reason and is not counted in vllm:request_success_total.
 // tests/integration/vllm_metrics.json is the list this is checked against.
@@ -50,6 +58,9 @@ class VllmMetrics {
   // The token-count histograms' buckets end at max_model_len, as vLLM's.
   VllmMetrics(prometheus::Registry& registry, const std::string& model_name, int32_t max_model_len);
 
+  // vllm:cache_config_info for the worker now connected (a later worker may
+  // bring another cache size: the old series goes).
+  void SetCacheConfig(int32_t block_size, int32_t num_gpu_blocks, bool enable_prefix_caching);
   // Gauges and the counters mirrored from the core's cumulative stats.
   void Update(const engine::EngineStats& e);
   // One step sent to the worker with `num_tokens` tokens to compute.
@@ -60,12 +71,14 @@ class VllmMetrics {
   // Later output tokens, `gap_s` after the request's previous ones.
   void ObserveMoreTokens(double gap_s, size_t num_tokens);
   // A request finished (stop, length or abort; an error is not counted).
-  void ObserveFinished(engine::FinishReason reason, const RequestTimeline& t, int64_t now_ns,
+  void ObserveFinished(FinishReason reason, const RequestTimeline& t, int64_t now_ns,
                        int32_t num_prompt_tokens, int32_t num_output_tokens);
 
  private:
   VllmMetrics(VllmFamilies families, int32_t max_model_len);
 
+  prometheus::Family<prometheus::Gauge>& cache_config_info_;
+  prometheus::Gauge* cache_config_ = nullptr;  // the connected worker's series
   prometheus::Gauge& num_requests_running_;
   prometheus::Gauge& num_requests_waiting_;
   prometheus::Gauge& gpu_cache_usage_perc_;

@@ -184,8 +184,10 @@ def one_two_five(max_value):
         scale *= 10
 
 
-def check_vllm_series(text, spec, model_name, max_model_len):
-    """The scheduler's vllm:* families as vLLM's loggers define them."""
+def check_vllm_series(text, spec, model_name, info):
+    """The scheduler's vllm:* families as vLLM's loggers define them; `info`
+    is the scheduler's GetModelInfo answer."""
+    max_model_len = info.max_model_len
     types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
     served = {n for n in types if n.startswith("vllm:")}
     listed = {f["name"] for f in spec["families"]}
@@ -200,6 +202,17 @@ def check_vllm_series(text, spec, model_name, max_model_len):
                 if n == name or (kind == "histogram" and n in (name + "_bucket", name + "_sum",
                                                               name + "_count"))]
         assert mine, f"{name}: no samples"
+        if "info_labels" in f:  # an info gauge: vLLM's config labels, value 1
+            assert len(mine) == 1, f"{name}: {mine}"
+            labels = mine[0][1]
+            assert sorted(labels) == sorted(f["info_labels"]), f"{name}: labels {labels}"
+            assert samples[(name, frozenset(labels.items()))] == 1, f"{name} is not 1"
+            assert labels["engine"] == "0", labels
+            assert labels["block_size"] == str(info.block_size), (labels, info.block_size)
+            assert labels["num_gpu_blocks"] == str(info.num_kv_blocks), (labels, info.num_kv_blocks)
+            assert labels["enable_prefix_caching"] == "True", labels
+            assert labels["cache_dtype"] == "auto", labels
+            continue
         extra = f.get("extra_labels", {})
         for n, labels in mine:
             rest = {k: v for k, v in labels.items() if k not in ("le",) and k not in extra}
@@ -334,7 +347,7 @@ def main():
         vllm_after = scrape(ports["scheduler"])
         info = stub.GetModelInfo(gen.GetModelInfoRequest(), timeout=10)
         with open(os.path.join(source_dir, "tests", "integration", "vllm_metrics.json")) as f:
-            check_vllm_series(vllm_after, json.load(f), "stories260K.bin", info.max_model_len)
+            check_vllm_series(vllm_after, json.load(f), "stories260K.bin", info)
         check_vllm_dashboard(source_dir, tmp, vllm_before, vllm_after, "stories260K.bin")
 
         # The worker stores blocks in the background: wait for them to land.

@@ -5,6 +5,7 @@
 // checked on the running binary by tests/integration/metrics_test.py.
 #include "vllm_metrics.h"
 
+#include <map>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -63,7 +64,7 @@ TEST(VllmMetricsTest, PhaseTimesFollowTheRequestsTimeline) {
                     .max_tokens = 16};
   m.ObserveFirstTokens(t, t.first_token_ns, 10, 1);
   m.ObserveMoreTokens(1.0, 4);
-  m.ObserveFinished(engine::FinishReason::kLength, t, 18 * kSecond, 10, 5);
+  m.ObserveFinished(FinishReason::kLength, t, 18 * kSecond, 10, 5);
   const auto f = registry.Collect();
   EXPECT_DOUBLE_EQ(HistogramSum(f, "vllm:request_queue_time_seconds"), 1.0);
   EXPECT_DOUBLE_EQ(HistogramSum(f, "vllm:request_prefill_time_seconds"), 2.0);
@@ -89,9 +90,9 @@ TEST(VllmMetricsTest, PhaseTimesFollowTheRequestsTimeline) {
 TEST(VllmMetricsTest, AnAbortWhileWaitingRecordsNoPhaseAndAnErrorNothing) {
   prometheus::Registry registry;
   VllmMetrics m(registry, "m", 512);
-  m.ObserveFinished(engine::FinishReason::kAbort, RequestTimeline{.arrival_ns = kSecond},
-                    3 * kSecond, 7, 0);
-  m.ObserveFinished(engine::FinishReason::kError,
+  m.ObserveFinished(FinishReason::kAbort, RequestTimeline{.arrival_ns = kSecond}, 3 * kSecond, 7,
+                    0);
+  m.ObserveFinished(FinishReason::kError,
                     RequestTimeline{.arrival_ns = kSecond, .scheduled_ns = 2 * kSecond},
                     3 * kSecond, 7, 0);
   const auto f = registry.Collect();
@@ -126,6 +127,31 @@ TEST(VllmMetricsTest, GaugesAndMirroredCountersFromTheEngineStats) {
   EXPECT_DOUBLE_EQ(Find(f, "vllm:prefix_cache_queries_total")->counter.value, 100);
   EXPECT_DOUBLE_EQ(Find(f, "vllm:prefix_cache_hits_total")->counter.value, 40);
   EXPECT_DOUBLE_EQ(Find(f, "vllm:num_preemptions_total")->counter.value, 3);
+}
+
+// vllm:cache_config_info: one series, value 1, with vLLM's CacheConfig label
+// names; a later worker's cache replaces the first one's series.
+TEST(VllmMetricsTest, CacheConfigInfoDescribesTheConnectedWorkersCache) {
+  prometheus::Registry registry;
+  VllmMetrics m(registry, "m", 512);
+  m.SetCacheConfig(16, 1000, true);
+  m.SetCacheConfig(32, 70, false);
+  const auto f = registry.Collect();
+  const prometheus::MetricFamily* info = nullptr;
+  for (const prometheus::MetricFamily& family : f) {
+    if (family.name == "vllm:cache_config_info") info = &family;
+  }
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->type, prometheus::MetricType::Gauge);
+  ASSERT_EQ(info->metric.size(), 1u);
+  EXPECT_EQ(info->metric[0].gauge.value, 1);
+  std::map<std::string, std::string> labels;
+  for (const prometheus::ClientMetric::Label& l : info->metric[0].label) labels[l.name] = l.value;
+  EXPECT_EQ(labels, (std::map<std::string, std::string>{{"engine", "0"},
+                                                        {"block_size", "32"},
+                                                        {"num_gpu_blocks", "70"},
+                                                        {"enable_prefix_caching", "False"},
+                                                        {"cache_dtype", "auto"}}));
 }
 
 }  // namespace
