@@ -1,5 +1,7 @@
 #include "tandem/metrics/metrics.h"
 
+#include <set>
+#include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -130,6 +132,46 @@ prometheus::Histogram::BucketBoundaries InterTokenLatencyBuckets() {
 prometheus::Histogram::BucketBoundaries RequestLatencyBuckets() {
   return {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
           30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+}
+
+namespace {
+
+// The family a "# HELP name ..." or "# TYPE name ..." line names, or "".
+std::string_view CommentFamily(std::string_view line) {
+  for (std::string_view prefix : {"# HELP ", "# TYPE "}) {
+    if (line.substr(0, prefix.size()) == prefix) {
+      line.remove_prefix(prefix.size());
+      return line.substr(0, line.find(' '));
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string AppendExposition(std::string own, std::string_view upstream) {
+  std::set<std::string_view> own_families;
+  for (std::string_view rest = own; !rest.empty();) {
+    const size_t end = rest.find('\n');
+    const std::string_view family = CommentFamily(rest.substr(0, end));
+    if (!family.empty()) own_families.insert(family);
+    rest.remove_prefix(end == std::string_view::npos ? rest.size() : end + 1);
+  }
+  std::string out = own;  // own_families points into `own`
+  if (!out.empty() && out.back() != '\n') out += '\n';
+  bool skipping = false;
+  for (std::string_view rest = upstream; !rest.empty();) {
+    const size_t end = rest.find('\n');
+    const std::string_view line = rest.substr(0, end);
+    rest.remove_prefix(end == std::string_view::npos ? rest.size() : end + 1);
+    if (const std::string_view family = CommentFamily(line); !family.empty()) {
+      skipping = own_families.count(family) != 0;
+    }
+    if (skipping || line.empty()) continue;
+    out.append(line);
+    out += '\n';
+  }
+  return out;
 }
 
 }  // namespace tandem::metrics

@@ -109,6 +109,11 @@ Frontend::Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tok
     max_token_bytes_ = std::max<int64_t>(max_token_bytes_, piece->size());
     token_bytes_[id] = tokenizer::PieceBytes(*piece, byte_level);
   }
+  if (options_.metrics_from) {
+    metrics_relay_ = std::make_unique<MetricsRelay>(*options_.metrics_from, *registry_, [this] {
+      return prometheus::TextSerializer().Serialize(registry_->Collect());
+    });
+  }
 }
 
 const std::string& Frontend::TokenBytes(int32_t id) const {
@@ -129,7 +134,7 @@ std::optional<std::vector<std::string>> Frontend::ModelNames() const {
   if (!options_.served_model_names.empty()) return options_.served_model_names;
   std::optional<ModelInfo> model = router_->model();
   if (!model) return std::nullopt;
-  return std::vector<std::string>{model->name};
+  return std::vector<std::string>{model->model_name};
 }
 
 void Frontend::CountResponse(const std::string& endpoint, int http_status) {
@@ -170,7 +175,7 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
     return;
   }
   if (path == "/metrics") {
-    if (method_is("GET")) Metrics(*exchange);
+    if (method_is("GET")) Metrics(exchange);
     return;
   }
   // With a key set, every route but /health and /metrics needs it:
@@ -233,7 +238,7 @@ void Frontend::Models(HttpExchange& exchange) {
     card["object"] = "model";
     card["created"] = static_cast<int64_t>(std::time(nullptr));
     card["owned_by"] = "tandem";
-    card["root"] = model->name;
+    card["root"] = model->model_name;
     card["max_model_len"] = model->max_model_len;
     data.push_back(std::move(card));
   }
@@ -301,14 +306,18 @@ void Frontend::Detokenize(HttpExchange& exchange) {
   CountResponse("/detokenize", 200);
 }
 
-void Frontend::Metrics(HttpExchange& exchange) {
+void Frontend::Metrics(std::shared_ptr<HttpExchange> exchange) {
   router_->UpdateMetrics();
   metrics_.in_flight.Set(static_cast<double>(in_flight_.load()));
   if (const HttpServer* server = server_.load(); server != nullptr) {
     metrics_.open_connections.Set(static_cast<double>(server->open_connections()));
   }
-  exchange.Respond(200, "text/plain; version=0.0.4; charset=utf-8",
-                   prometheus::TextSerializer().Serialize(registry_->Collect()));
+  if (metrics_relay_ != nullptr) {
+    metrics_relay_->Serve(std::move(exchange));
+    return;
+  }
+  exchange->Respond(200, "text/plain; version=0.0.4; charset=utf-8",
+                    prometheus::TextSerializer().Serialize(registry_->Collect()));
 }
 
 }  // namespace tandem::frontend

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "http_server.h"
+#include "metrics_relay.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -50,6 +51,9 @@ struct FrontendOptions {
   // take the salt: --allow-request-cache-salt, or mutual TLS with this
   // frontend's certificate in the frontend role (rpc/tls.h).
   std::map<std::string, std::string> tenants;
+  // --metrics-from: another process's /metrics (the scheduler's, under
+  // tandem serve) served after the frontend's own series (metrics_relay.h).
+  std::optional<MetricsUrl> metrics_from;
 };
 
 struct FrontendMetrics {
@@ -125,7 +129,7 @@ class Frontend {
   void Models(HttpExchange& exchange);
   void Tokenize(HttpExchange& exchange);
   void Detokenize(HttpExchange& exchange);
-  void Metrics(HttpExchange& exchange);
+  void Metrics(std::shared_ptr<HttpExchange> exchange);
 
   FrontendOptions options_;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
@@ -138,6 +142,7 @@ class Frontend {
   std::atomic<const HttpServer*> server_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
+  std::unique_ptr<MetricsRelay> metrics_relay_;  // last: it renders the registry
 };
 
 // Sends an OpenAI error object with its status.

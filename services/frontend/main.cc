@@ -17,8 +17,8 @@
 #include "frontend.h"
 #include "http_server.h"
 #include "router.h"
+#include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
-#include "tandem/rpc/flags.h"
 #include "tandem/rpc/server.h"
 #include "tandem/rpc/tls_reload.h"
 
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
       routing = "affinity";
   int32_t threads = http.threads, drain_timeout_s = 30;
 
-  tandem::rpc::FlagSet flags(
+  tandem::FlagSet flags(
       "tandem-frontend",
       "Serves the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
       "/tokenize, /detokenize, /health, /metrics) and routes each request to a tandem-scheduler "
@@ -163,8 +163,19 @@ int main(int argc, char** argv) {
             "Too Large (414 when the URL is what is too long)");
   flags.Add("drain-timeout-s", &drain_timeout_s,
             "on SIGTERM/SIGINT, how long accepted requests may take to finish");
+  std::string metrics_from;
+  flags.Add("metrics-from", &metrics_from,
+            "http://HOST:PORT/metrics of a scheduler whose series /metrics serves after the "
+            "frontend's own, as vllm serve serves its engine's on the API port (tandem serve "
+            "sets it; empty: the frontend's series only)");
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer"});
   flags.ParseOrExit(argc, argv);
+  if (!metrics_from.empty()) {
+    absl::StatusOr<tandem::frontend::MetricsUrl> url =
+        tandem::frontend::ParseMetricsUrl(metrics_from);
+    if (!url.ok()) return Fail(std::string(url.status().message()));
+    options.metrics_from = *std::move(url);
+  }
   if (absl::Status s = tls.Validate(/*server=*/false); !s.ok()) {
     return Fail(std::string(s.message()));
   }

@@ -364,5 +364,36 @@ TEST_F(FrontendTest, ModelDirectoryGivesTheTokenizerAndTheChatTemplate) {
   }
 }
 
+// --metrics-from (tandem serve's relay of the scheduler's /metrics; its
+// success is serve_test's): a URL it cannot use stops the start naming it,
+// and an upstream that does not answer leaves /metrics with the frontend's
+// own series and tandem_frontend_metrics_from_up 0.
+TEST_F(FrontendTest, MetricsFromRefusesBadUrlsAndSurvivesADeadUpstream) {
+  const std::string binary = BinaryPath("services/frontend/tandem-frontend");
+  struct Case {
+    std::string url;
+    std::string message;
+  };
+  for (const Case& c :
+       std::vector<Case>{{"https://127.0.0.1:1/metrics", "only plain http:// is supported"},
+                         {"http://127.0.0.1/metrics", "no host:port"},
+                         {"http://127.0.0.1:99999/metrics", "the port is not 1..65535"}}) {
+    std::string out;
+    EXPECT_EQ(RunCommand({binary, "--scheduler", scheduler_.address(), "--tokenizer",
+                          kLlama2Tokenizer, "--metrics-from", c.url},
+                         &out),
+              2)
+        << out;
+    EXPECT_NE(out.find("--metrics-from '" + c.url + "': " + c.message), std::string::npos) << out;
+  }
+  Service relay = StartFrontend(
+      dir_, "relay", {scheduler_.address()},
+      {"--tokenizer", kLlama2Tokenizer, "--metrics-from", "http://127.0.0.1:1/metrics"});
+  const std::string text = Get(relay.address(), "/metrics");
+  EXPECT_NE(text.find("\ntandem_frontend_metrics_from_up 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE tandem_frontend_prompt_tokens_total counter"), std::string::npos)
+      << text;
+}
+
 }  // namespace
 }  // namespace tandem::testing

@@ -16,13 +16,16 @@
      names, a request naming the second gets it back, another name is a 404.
      The routed flags reached their parts (the scheduler's command line), and
      --disable-log-requests left no per-request line in the scheduler's log.
-  4. SIGINT stops every child (each exits 0) and serve exits 0; no child is
+  4. The API port's /metrics serves the scheduler's vllm:* and tandem_*
+     series after the frontend's, each family once, promtool clean.
+  5. SIGINT stops every child (each exits 0) and serve exits 0; no child is
      left. Killing the worker instead makes serve stop the rest and exit 1.
 
 Usage: serve_test.py BUILD_DIR SHARED_DIR
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +36,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from python_client_test import free_port  # noqa: E402
+from metrics_test import parse_samples, promtool_check  # noqa: E402
 
 
 def children(pid):
@@ -139,6 +143,30 @@ def check_names(base):
     print("served names: /v1/models lists tiny and other; 'other' echoed; 'nope' is a 404")
 
 
+def check_metrics(port):
+    """The API port's /metrics holds the frontend's series and, relayed, the
+    scheduler's (vllm:*, tandem_scheduler_*), as vllm serve's does: each
+    family once, promtool clean."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    families = re.findall(r"^# TYPE (\S+) ", text, re.M)
+    dup = sorted({f for f in families if families.count(f) > 1})
+    assert not dup, f"families served twice: {dup}"
+    for family in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                   "vllm:kv_cache_usage_perc", "vllm:request_success_total",
+                   "vllm:cache_config_info", "vllm:request_params_n",
+                   "tandem_frontend_requests_total", "tandem_scheduler_requests_finished_total"):
+        assert family in families, f"{family} is not on the API port's /metrics"
+    samples = parse_samples(text)
+    up = [v for (n, _), v in samples.items() if n == "tandem_frontend_metrics_from_up"]
+    assert up == [1.0], f"tandem_frontend_metrics_from_up {up}"
+    done = sum(v for (n, _), v in samples.items() if n == "vllm:request_success_total")
+    assert done > 0, "vllm:request_success_total did not move"
+    promtool_check("tandem serve's /metrics", text)
+    print(f"API port /metrics: the frontend's and the scheduler's {len(families)} families, "
+          f"each once ({int(done)} requests in vllm:request_success_total)")
+
+
 def main():
     build, shared = sys.argv[1], sys.argv[2]
     models = os.path.join(shared, "models")
@@ -160,6 +188,7 @@ def main():
         base = f"http://127.0.0.1:{port}/v1"
         check_names(base)
         check_openai(build, models, base, tmp)
+        check_metrics(port)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0, open(os.path.join(tmp, "serve.log")).read()
         log = open(os.path.join(tmp, "serve.log")).read()

@@ -46,7 +46,10 @@ SIGINT/SIGTERM, like `vllm serve MODEL`.
   --kv-store-dir DIR         its data directory (default: a new one under /tmp,
                              removed at exit)
   --kvstore HOST:PORT        use a running KV-store instead
-  --metrics-listen H:P       the scheduler's /metrics (tandem_* and vllm:* series)
+  --metrics-listen H:P       the scheduler's own /metrics port (default: a free
+                             loopback port); its tandem_* and vllm:* series are
+                             also on the API port's /metrics, after the
+                             frontend's, as vllm serve serves them (empty: off)
   vLLM's --max-model-len, --max-num-seqs, --max-num-batched-tokens,
   --[no-]enable-prefix-caching, --[no-]enable-chunked-prefill, --block-size,
   --dtype, --api-key, --chat-template, --tokenizer, --disable-log-requests,
@@ -265,6 +268,24 @@ void ParseArgs(int argc, char** argv, ServeConfig* config, std::vector<Part>& pa
     }
   }
   if (config->model.empty()) throw UsageError("MODEL is missing");
+}
+
+// The value a forwarded "--name=value" flag of `part` has, or nullopt.
+std::optional<std::string> ForwardedValue(const Part& part, const std::string& name) {
+  std::optional<std::string> out;
+  const std::string prefix = "--" + name + "=";
+  for (const std::string& a : part.args) {
+    if (absl::StartsWith(a, prefix)) out = a.substr(prefix.size());
+  }
+  return out;
+}
+
+// The host to reach a server listening on `listen` (host:port) from this
+// machine: loopback for an any-address.
+std::string LocalHostOf(const std::string& listen) {
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") return "127.0.0.1";
+  return host;
 }
 
 // GET /health on the frontend: true on 200.
@@ -493,10 +514,25 @@ int Serve(int argc, char** argv) {
   if (!config.served_model_names.empty()) {
     scheduler_args.push_back("--served-model-name=" + config.served_model_names.front());
   }
+  // The scheduler's /metrics, relayed by the frontend on the API port.
+  const std::optional<std::string> metrics_listen = ForwardedValue(scheduler, "metrics-listen");
+  const bool relay_metrics = metrics_listen != "" && !ForwardedValue(parts.back(), "metrics-from");
+  if (relay_metrics) {
+    scheduler_args.push_back("--metrics-port-file=" + run_dir + "/scheduler-metrics.port");
+  }
   supervisor.Start(scheduler, scheduler_args);
   const std::optional<std::string> scheduler_port =
       supervisor.WaitForPort(run_dir + "/scheduler.port");
   if (!scheduler_port) return fail();
+  std::optional<std::string> metrics_url;
+  if (relay_metrics) {
+    // Written before the gRPC port file: there now.
+    const std::optional<std::string> port =
+        supervisor.WaitForPort(run_dir + "/scheduler-metrics.port");
+    if (!port) return fail();
+    metrics_url =
+        "http://" + LocalHostOf(metrics_listen.value_or("127.0.0.1:0")) + ":" + *port + "/metrics";
+  }
 
   Part& frontend = parts[next++];
   const std::string listen_host =
@@ -509,6 +545,7 @@ int Serve(int argc, char** argv) {
   for (const std::string& n : config.served_model_names) {
     frontend_args.push_back("--served-model-name=" + n);
   }
+  if (metrics_url) frontend_args.push_back("--metrics-from=" + *metrics_url);
   supervisor.Start(frontend, frontend_args);
   const std::optional<std::string> api_port = supervisor.WaitForPort(run_dir + "/frontend.port");
   if (!api_port) return fail();

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -94,6 +95,13 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets();
 prometheus::Histogram::BucketBoundaries TimeToFirstTokenBuckets();
 prometheus::Histogram::BucketBoundaries InterTokenLatencyBuckets();
 prometheus::Histogram::BucketBoundaries RequestLatencyBuckets();
+
+// Prometheus text exposition `own` followed by the families of `upstream`
+// (another process's /metrics, as prometheus-cpp writes it: each family's
+// # HELP and # TYPE lines, then its samples) that `own` does not already
+// hold: a family both processes register (the --tls-* reload series) is
+// `own`'s only, since a family may appear once in a scrape.
+std::string AppendExposition(std::string own, std::string_view upstream);
 
 // A Prometheus counter fed from a cumulative value that may restart from 0
 // (e.g. a component rebuilt after a reconnect): Set(v) adds v - last, or v
