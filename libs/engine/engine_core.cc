@@ -25,20 +25,6 @@ FinishReason ReasonOf(sched::RequestState state) {
 
 }  // namespace
 
-const char* FinishReasonName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "none";
-}
-
 EngineCore::EngineCore(EngineCoreOptions options) : options_(std::move(options)) {
   counters_.async_scheduling = options_.scheduler.async_scheduling;
 }
@@ -246,10 +232,27 @@ bool EngineCore::StoresToCollectWhileIdle() const {
          kv_connector_->stats().stores_in_flight > 0;
 }
 
-void EngineCore::CollectStores() {
-  // Nothing to schedule: the step carries no request; its output brings back
-  // the store entries the worker finished since the last step.
-  if (StoresToCollectWhileIdle()) SendStep(scheduler_->Schedule());
+std::optional<EngineCore::Clock::time_point> EngineCore::NextDeadline() const {
+  std::optional<Clock::time_point> out;
+  auto earliest = [&out](Clock::time_point t) { out = out ? std::min(*out, t) : t; };
+  if (CanSchedule()) earliest(pace_until_);  // {} when not paced: at once
+  if (const auto deadline = worker_loss_deadline()) earliest(*deadline);
+  if (store_collect_at_) earliest(*store_collect_at_);
+  return out;
+}
+
+void EngineCore::Tick(Clock::time_point now) {
+  ExpireWorkerLossGrace(now);
+  if (!StoresToCollectWhileIdle()) {
+    store_collect_at_.reset();
+  } else if (!store_collect_at_) {
+    store_collect_at_ = now + kIdleStoreCollectPeriod;
+  } else if (now >= *store_collect_at_) {
+    // Nothing to schedule: the step carries no request; its output brings
+    // back the store entries the worker finished since the last step.
+    store_collect_at_.reset();
+    SendStep(scheduler_->Schedule());
+  }
 }
 
 bool EngineCore::SendStep(sched::SchedulerOutput step) {

@@ -373,22 +373,6 @@ ApiError FromStatus(int code, std::string_view message) {
   return e;
 }
 
-const char* FinishReasonName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-    case FinishReason::kNone:
-      break;
-  }
-  return "";
-}
-
 Json Usage::ToJson() const {
   Json u;
   u["prompt_tokens"] = prompt_tokens;

@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "tandem/common/block_hash.h"
 #include "tandem/common/ids.h"
-#include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/kvconnector/kvstore_client_types.h"
 #include "tandem/rpc/framed_socket.h"
 
 namespace tandem::kvconnector {

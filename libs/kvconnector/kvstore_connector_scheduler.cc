@@ -59,6 +59,17 @@ absl::Status KvStoreConnectorOptions::ValidateBulkLoad(std::string_view value,
   return absl::OkStatus();
 }
 
+void AddKvStoreFlags(FlagSet* flags, std::string_view use, std::string* target,
+                     std::string* bulk_port) {
+  flags->Add(
+      "kvstore", target,
+      absl::StrCat("host:port of tandem-kvstore: ", std::string(use), " (empty: no KV-store)"));
+  flags->Add("kvstore-bulk-port", bulk_port,
+             "how KV-store loads and lookups travel: auto (the store's bulk port, plain TCP, "
+             "when it advertises one; else gRPC), off (gRPC only), or host:port of the bulk port");
+  flags->Alias("kvstore-bulk-load", "kvstore-bulk-port");
+}
+
 absl::Status KvStoreConnectorOptions::Validate() const {
   if (target.empty()) return absl::InvalidArgumentError("--kvstore (host:port) is empty");
   TANDEM_RETURN_IF_ERROR(ValidateBulkLoad(bulk_load, "bulk_load"));

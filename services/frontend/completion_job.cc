@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "tandem/common/logging.h"
 #include "tandem/frontend/stop_strings.h"
+#include "tandem/rpc/convert.h"
 #include "tandem/tokenizer/incremental_detokenizer.h"
 
 namespace tandem::frontend {
@@ -23,21 +24,6 @@ ApiError ContextLengthError(const std::string& message, const std::string& param
   ApiError e = BadRequest(message, param);
   e.code = "context_length_exceeded";
   return e;
-}
-
-FinishReason FromProto(v1::FinishReason reason) {
-  switch (reason) {
-    case v1::FINISH_REASON_STOP:
-      return FinishReason::kStop;
-    case v1::FINISH_REASON_LENGTH:
-      return FinishReason::kLength;
-    case v1::FINISH_REASON_ABORT:
-      return FinishReason::kAbort;
-    case v1::FINISH_REASON_ERROR:
-      return FinishReason::kError;
-    default:
-      return FinishReason::kNone;
-  }
 }
 
 // An output token's logprobs waiting for its text to go out: [start, end)
@@ -442,7 +428,7 @@ void Job::OnMessage(int32_t choice, int32_t attempt, const v1::GenerateResponse&
       c.stop_token.reset();
     } else {
       delta += c.stops->Finish();
-      c.finish = FromProto(msg.finish_reason());
+      c.finish = rpc::FromProto(msg.finish_reason());
     }
     c.done = true;
     c.completion_tokens = msg.usage().output_tokens();

@@ -270,26 +270,16 @@ void Router::CheckHealth() {
       }
       std::lock_guard<std::mutex> lock(mu_);
       if (!model_) {
-        model_ = ModelInfo{.name = info.model_name(),
-                           .fingerprint = info.model_fingerprint(),
-                           .vocab_size = info.vocab_size(),
-                           .max_model_len = info.max_model_len(),
-                           .block_size = info.block_size(),
-                           .eos_token_id = info.eos_token_id(),
-                           .extra_eos_token_ids = {info.extra_eos_token_ids().begin(),
-                                                   info.extra_eos_token_ids().end()},
-                           .max_logprobs = info.max_logprobs(),
-                           .generation = rpc::FromProto(info.generation())};
-        TANDEM_LOG(INFO) << "model " << model_->name << " (vocab " << model_->vocab_size
+        model_ = rpc::FromProto(info);
+        TANDEM_LOG(INFO) << "model " << model_->model_name << " (vocab " << model_->vocab_size
                          << ", max_model_len " << model_->max_model_len << ", block_size "
                          << model_->block_size << ") described by " << r->name();
         LogGenerationDefaults(model_->generation);
-      } else if (info.model_fingerprint() != model_->fingerprint ||
+      } else if (info.model_fingerprint() != model_->model_fingerprint ||
                  info.block_size() != model_->block_size) {
-        TANDEM_LOG(ERROR) << "replica " << r->name() << " serves model "
-                          << info.model_name() << " (" << info.model_fingerprint()
-                          << "), not " << model_->name << " (" << model_->fingerprint
-                          << "): it gets no requests";
+        TANDEM_LOG(ERROR) << "replica " << r->name() << " serves model " << info.model_name()
+                          << " (" << info.model_fingerprint() << "), not " << model_->model_name
+                          << " (" << model_->model_fingerprint << "): it gets no requests";
         r->wrong_model_.store(true);
       }
       if (options_.sends_cache_salt && !info.accepts_cache_salt()) {

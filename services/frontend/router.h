@@ -42,25 +42,12 @@
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
+#include "tandem/common/model_info.h"
 #include "tandem/common/sampling_params.h"
 #include "tandem/frontend/routing.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem::frontend {
-
-struct ModelInfo {
-  std::string name;
-  std::string fingerprint;
-  int32_t vocab_size = 0;
-  int32_t max_model_len = 0;
-  int32_t block_size = 0;
-  int32_t eos_token_id = -1;
-  std::vector<int32_t> extra_eos_token_ids;  // end a request as eos_token_id does
-  int32_t max_logprobs = 0;  // the most logprobs / prompt_logprobs a request may ask for
-  // The model's sampling defaults (generation_config.json), for the OpenAI
-  // requests that leave a field unset (frontend::EffectiveSampling).
-  GenerationDefaults generation;
-};
 
 class Replica {
  public:

@@ -14,13 +14,13 @@
 #include "grpcpp/server_builder.h"
 #include "kvstore_metrics.h"
 #include "kvstore_service.h"
+#include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvstore/kv_store.h"
 #include "tandem/metrics/metrics.h"
-#include "tandem/rpc/flags.h"
-#include "tandem/rpc/tls_reload.h"
 #include "tandem/rpc/framed_socket.h"
 #include "tandem/rpc/service_main.h"
+#include "tandem/rpc/tls_reload.h"
 
 int main(int argc, char** argv) {
   using namespace tandem;
@@ -42,14 +42,15 @@ int main(int argc, char** argv) {
   int64_t write_buffer_bytes = int64_t{64} << 20;
   int64_t min_free_disk_bytes = int64_t{256} << 20;
   int64_t load_chunk_bytes = 1 << 20;
-  int64_t drain_timeout_ms = 10'000;
+  int32_t drain_timeout_s = 10;
   std::string bulk_load_listen = "auto";
   kvstore_service::BulkLoadServerOptions bulk_options;
   metrics::ExposerOptions metrics_options;
 
-  rpc::FlagSet flags("tandem-kvstore",
-                     "Stores KV-cache blocks outside the GPU: a pinned host-memory hot tier and a "
-                     "RocksDB cold tier (DESIGN §5).");
+  tandem::FlagSet flags(
+      "tandem-kvstore",
+      "Stores KV-cache blocks outside the GPU: a pinned host-memory hot tier and a "
+      "RocksDB cold tier (DESIGN §5).");
   boot.AddServerFlags(&flags);
   flags.Add("data-dir", &data_dir, "directory of the RocksDB cold tier (created if missing)");
   flags.Add("hot-capacity-bytes", &hot_capacity_bytes,
@@ -87,8 +88,9 @@ int main(int argc, char** argv) {
             "stay open)");
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);
-  flags.Add("drain-timeout-ms", &drain_timeout_ms,
-            "on SIGTERM/SIGINT, how long in-flight RPCs may finish before shutdown");
+  flags.Add("drain-timeout-s", &drain_timeout_s,
+            "on SIGTERM/SIGINT, how long in-flight RPCs may finish before shutdown (seconds, as "
+            "the scheduler's and the frontend's)");
   int64_t debug_lookup_delay_ms = 0;
   int32_t debug_corrupt_hot_every = 0;
   int32_t debug_corrupt_cold_every = 0;
@@ -185,8 +187,8 @@ int main(int argc, char** argv) {
                                        : "plain text")
                    << ")";
 
-  boot.WaitForShutdown(absl::StrCat("draining for up to ", drain_timeout_ms, " ms"));
-  boot.Shutdown(std::chrono::milliseconds(drain_timeout_ms));
+  boot.WaitForShutdown(absl::StrCat("draining for up to ", drain_timeout_s, " s"));
+  boot.Shutdown(std::chrono::seconds(drain_timeout_s));
   if (bulk) bulk->Shutdown();
   exposer->reset();  // its scrapes read the store
   store->reset();    // flushes the memtable

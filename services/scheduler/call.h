@@ -48,7 +48,7 @@ class GenerateCall final : public engine::RequestSink,
   // engine::RequestSink, on the engine thread (defined in engine.cc: metrics,
   // the log line, the drain count).
   void OnTokens(const sched::RequestOutput& out) override;
-  void OnFinished(engine::FinishReason reason, const sched::RequestOutput* out,
+  void OnFinished(FinishReason reason, const sched::RequestOutput* out,
                   const absl::Status& status) override;
   void OnRejected(const absl::Status& status) override;
 

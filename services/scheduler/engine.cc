@@ -42,14 +42,14 @@ static std::string FlagNames(absl::string_view message) {
 }
 
 absl::Status EngineOptions::Validate() const {
-  if (!(worker_loss_grace_s >= 0)) {
+  if (!(core.worker_loss_grace_s >= 0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--worker-loss-grace-s must be >= 0, got ", worker_loss_grace_s));
+        absl::StrCat("--worker-loss-grace-s must be >= 0, got ", core.worker_loss_grace_s));
   }
-  if (worker_address.empty()) return absl::InvalidArgumentError("--worker is empty");
-  if (max_model_len < 0) {
+  if (core.worker_address.empty()) return absl::InvalidArgumentError("--worker is empty");
+  if (core.max_model_len < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max-model-len must be >= 0, got ", max_model_len));
+        absl::StrCat("--max-model-len must be >= 0, got ", core.max_model_len));
   }
   if (debug_submit_delay_ms < 0) {
     return absl::InvalidArgumentError(
@@ -67,55 +67,22 @@ absl::Status EngineOptions::Validate() const {
   // max_model_len is the flag's when given; else the model's, unknown until
   // the worker connects (then the whole config is checked again), so the
   // budget stands in for it: the check that needs it passes.
-  sched::SchedulerConfig probe = scheduler;
+  sched::SchedulerConfig probe = core.scheduler;
   probe.num_gpu_blocks = 2;
   probe.block_size = 16;
   probe.hash_root.block_size = 16;
-  probe.max_model_len = max_model_len > 0 ? max_model_len : scheduler.max_num_batched_tokens;
+  probe.max_model_len =
+      core.max_model_len > 0 ? core.max_model_len : core.scheduler.max_num_batched_tokens;
   if (absl::Status s = probe.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(FlagNames(s.message()));
   }
   return absl::OkStatus();
 }
 
-namespace {
-
-v1::FinishReason ToProto(engine::FinishReason reason) {
-  switch (reason) {
-    case engine::FinishReason::kStop:
-      return v1::FINISH_REASON_STOP;
-    case engine::FinishReason::kLength:
-      return v1::FINISH_REASON_LENGTH;
-    case engine::FinishReason::kAbort:
-      return v1::FINISH_REASON_ABORT;
-    case engine::FinishReason::kError:
-      return v1::FINISH_REASON_ERROR;
-  }
-  return v1::FINISH_REASON_UNSPECIFIED;
-}
-
-engine::WorkerDescription FromProto(const v1::DescribeResponse& d) {
-  return engine::WorkerDescription{
-      .model_name = d.model_name(),
-      .model_fingerprint = d.model_fingerprint(),
-      .kv_layout = d.kv_layout(),
-      .block_size = d.block_size(),
-      .num_kv_blocks = d.num_kv_blocks(),
-      .vocab_size = d.vocab_size(),
-      .eos_token_id = d.eos_token_id(),
-      .extra_eos_token_ids = {d.extra_eos_token_ids().begin(), d.extra_eos_token_ids().end()},
-      .max_model_len = d.max_model_len(),
-      .block_bytes = d.block_bytes(),
-      .generation = rpc::FromProto(d.generation()),
-  };
-}
-
-}  // namespace
-
 // ---- GenerateCall's RequestSink: back to the engine (its thread) ----
 
 void GenerateCall::OnTokens(const sched::RequestOutput& out) { engine_->CallTokens(*this, out); }
-void GenerateCall::OnFinished(engine::FinishReason reason, const sched::RequestOutput* out,
+void GenerateCall::OnFinished(FinishReason reason, const sched::RequestOutput* out,
                               const absl::Status& status) {
   engine_->CallFinished(*this, reason, out, status);
 }
@@ -123,30 +90,24 @@ void GenerateCall::OnRejected(const absl::Status& status) { engine_->CallRejecte
 
 Engine::Engine(EngineOptions options, prometheus::Registry* registry)
     : options_(std::move(options)), registry_(registry) {
-  if (registry_ != nullptr && !options_.served_model_name.empty()) {
-    metrics_ = std::make_unique<EngineMetrics>(*registry_, options_.served_model_name);
+  if (registry_ != nullptr && !options_.core.served_model_name.empty()) {
+    metrics_ = std::make_unique<EngineMetrics>(*registry_, options_.core.served_model_name);
   }
-  core_ = std::make_unique<engine::EngineCore>(engine::EngineCoreOptions{
-      .scheduler = options_.scheduler,
-      .max_model_len = options_.max_model_len,
-      .worker_loss_grace_s = options_.worker_loss_grace_s,
-      .served_model_name = options_.served_model_name,
-      .worker_address = options_.worker_address,
-      .make_kv_connector =
-          [this](const engine::WorkerDescription& worker) { return MakeKvConnector(worker); },
-      .on_schedule_duration =
-          [this](double seconds) {
-            if (metrics_ != nullptr) metrics_->schedule_duration.Observe(seconds);
-          },
-      .on_step_sent =
-          [this](int32_t num_tokens) {
-            if (vllm_metrics_ != nullptr) vllm_metrics_->ObserveStep(num_tokens);
-          },
-      .on_worker_lost = [this](const std::string&) { OnWorkerLost(); },
-  });
+  engine::EngineCoreOptions core = options_.core;
+  core.make_kv_connector = [this](const engine::WorkerDescription& worker) {
+    return MakeKvConnector(worker);
+  };
+  core.on_schedule_duration = [this](double seconds) {
+    if (metrics_ != nullptr) metrics_->schedule_duration.Observe(seconds);
+  };
+  core.on_step_sent = [this](int32_t num_tokens) {
+    if (vllm_metrics_ != nullptr) vllm_metrics_->ObserveStep(num_tokens);
+  };
+  core.on_worker_lost = [this](const std::string&) { OnWorkerLost(); };
+  core_ = std::make_unique<engine::EngineCore>(std::move(core));
   stats_.engine = core_->stats();
   connector_ = std::make_unique<WorkerConnector>(
-      options_.worker_address,
+      options_.core.worker_address,
       [this](uint64_t generation, std::unique_ptr<v1::ModelRunnerOutput> out) {
         Event e{.kind = Event::kOutput};
         e.generation = generation;
@@ -226,7 +187,7 @@ void Engine::Abort(std::string request_id, std::function<void(bool)> done) {
   Post(std::move(e));
 }
 
-engine::ModelInfo Engine::model_info() const {
+ModelInfo Engine::model_info() const {
   std::lock_guard<std::mutex> lock(mu_);
   return model_info_;
 }
@@ -255,26 +216,16 @@ void Engine::TrimHeapWhenIdle() {
 
 void Engine::Loop() {
   std::deque<Event> batch;
-  bool flush_stores = false;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      const bool can_schedule = core_->CanSchedule();
-      const auto pace_until = core_->pace_until();
-      if (!can_schedule || std::chrono::steady_clock::now() < pace_until) {
-        const auto woken = [&] { return stopping_ || !events_.empty(); };
-        if (can_schedule) {
-          cv_.wait_until(lock, pace_until, woken);  // see EngineCore::kEmptyStepPace
-        } else if (auto deadline = core_->worker_loss_deadline()) {
-          cv_.wait_until(lock, *deadline, woken);  // the grace's end
-        } else if (core_->StoresToCollectWhileIdle()) {
-          // finished_sending only comes back with a step: while idle, send
-          // an empty one now and then so stores_in_flight settles at zero.
-          flush_stores = !cv_.wait_for(lock, kIdleStoreFlushPeriod, woken);
-        } else {
-          // Bounded, so that an idle loop still beats (last_loop_ns()).
-          cv_.wait_for(lock, kIdleHeartbeat, woken);
-        }
+      // Bounded by the heartbeat, so that an idle loop still beats
+      // (last_loop_ns()).
+      const auto now = std::chrono::steady_clock::now();
+      const auto deadline =
+          std::min(core_->NextDeadline().value_or(now + kIdleHeartbeat), now + kIdleHeartbeat);
+      if (deadline > now) {
+        cv_.wait_until(lock, deadline, [&] { return stopping_ || !events_.empty(); });
       }
       if (stopping_) break;
       batch.swap(events_);
@@ -283,9 +234,7 @@ void Engine::Loop() {
     for (Event& e : batch) Handle(e);
     batch.clear();
     HandOffWrites();  // the tokens of the outputs just handled go out now
-    core_->ExpireWorkerLossGrace(std::chrono::steady_clock::now());
-    if (flush_stores) core_->CollectStores();
-    flush_stores = false;
+    core_->Tick(std::chrono::steady_clock::now());
     core_->Step();
     HandOffWrites();
     PublishStats();
@@ -366,26 +315,31 @@ void Engine::Connect(std::unique_ptr<WorkerStream> stream) {
     connector_->RequestReconnect();
     return;
   }
-  const engine::WorkerDescription worker = FromProto(stream->description());
+  const engine::WorkerDescription worker = rpc::FromProto(stream->description());
   if (metrics_ == nullptr && registry_ != nullptr) {
     metrics_ = std::make_unique<EngineMetrics>(*registry_, worker.model_name);
   }
   if (vllm_metrics_ == nullptr && registry_ != nullptr) {
     vllm_metrics_ = std::make_unique<VllmMetrics>(
         *registry_,
-        options_.served_model_name.empty() ? worker.model_name : options_.served_model_name,
-        options_.max_model_len > 0 ? options_.max_model_len : worker.max_model_len);
+        options_.core.served_model_name.empty() ? worker.model_name
+                                                : options_.core.served_model_name,
+        options_.core.max_model_len > 0 ? options_.core.max_model_len : worker.max_model_len);
   }
   // The core's transport is this class, writing to worker_: set it first.
   std::unique_ptr<WorkerStream> previous = std::exchange(worker_, std::move(stream));
   if (absl::Status s = core_->ConnectWorker(worker, this); !s.ok()) {
-    TANDEM_LOG(ERROR) << "worker " << options_.worker_address
+    TANDEM_LOG(ERROR) << "worker " << options_.core.worker_address
                       << " described a configuration the scheduler cannot use: " << s;
     worker_ = std::move(previous);
     connector_->RequestReconnect();
     return;
   }
   previous.reset();
+  if (vllm_metrics_ != nullptr) {
+    vllm_metrics_->SetCacheConfig(worker.block_size, worker.num_kv_blocks,
+                                  options_.core.scheduler.enable_prefix_caching);
+  }
   if (on_serving_changed_) on_serving_changed_(!draining_.load());
 }
 
@@ -454,8 +408,8 @@ void Engine::CallTokens(GenerateCall& call, const sched::RequestOutput& out) {
   if (call.Queue(std::move(msg))) writes_.push_back(call.shared_from_this());
 }
 
-void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
-                          const sched::RequestOutput* out, const absl::Status& status) {
+void Engine::CallFinished(GenerateCall& call, FinishReason reason, const sched::RequestOutput* out,
+                          const absl::Status& status) {
   num_calls_open_.fetch_sub(1);
   if (out != nullptr && !out->new_token_ids.empty()) NoteTokens(call, out->new_token_ids.size());
   const int64_t now_ns = MonotonicNanos();
@@ -466,7 +420,7 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
                                    out ? out->num_output_tokens : 0);
   }
   if (metrics_ != nullptr) {
-    metrics_->requests_finished.Add({{"reason", engine::FinishReasonName(reason)}}).Increment();
+    metrics_->requests_finished.Add({{"reason", FinishReasonName(reason)}}).Increment();
     metrics_->request_latency.Observe(latency_ms * 1e-3);
     if (out != nullptr) {
       metrics_->prompt_tokens.Increment(out->num_prompt_tokens);
@@ -481,7 +435,7 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
   if (status.ok()) {
     v1::GenerateResponse msg;
     msg.set_request_id(call.request_id);
-    msg.set_finish_reason(ToProto(reason));
+    msg.set_finish_reason(rpc::ToProto(reason));
     if (out != nullptr) {
       SetTokens(*out, &msg);
       v1::Usage* usage = msg.mutable_usage();
@@ -495,7 +449,7 @@ void Engine::CallFinished(GenerateCall& call, engine::FinishReason reason,
   if (call.QueueFinish(grpc_status)) writes_.push_back(call.shared_from_this());
   if (!options_.log_requests) return;
   TANDEM_LOG(INFO) << "request " << call.request_id
-                   << " finished: reason=" << engine::FinishReasonName(reason)
+                   << " finished: reason=" << FinishReasonName(reason)
                    << " status=" << rpc::StatusCodeName(grpc_status)
                    << " prompt_tokens=" << (out ? out->num_prompt_tokens : call.num_prompt_tokens)
                    << " output_tokens=" << (out ? out->num_output_tokens : 0)

@@ -44,13 +44,11 @@
 namespace tandem::scheduler {
 
 struct EngineOptions {
-  // host:port of the tandem-worker.
-  std::string worker_address = "127.0.0.1:50061";
-  // Scheduler settings; block size, number of blocks, vocabulary, EOS and the
-  // hash root come from the worker's Describe.
-  sched::SchedulerConfig scheduler;
-  // Upper bound on prompt + output tokens; 0 = the model's max_seq_len.
-  int32_t max_model_len = 0;
+  // The core's settings: scheduler config, max_model_len, the worker-loss
+  // grace, the served model name and the worker's address (host:port of the
+  // tandem-worker, which the engine connects to). The engine sets the
+  // callbacks (make_kv_connector, on_*) itself.
+  engine::EngineCoreOptions core{.worker_address = "127.0.0.1:50061"};
   // host:port of tandem-kvstore; empty = no KV-store connector (DESIGN §5).
   std::string kvstore_target;
   // A KV-store lookup unanswered after this long counts as zero hits.
@@ -59,15 +57,6 @@ struct EngineOptions {
   // connection when it advertises one, else gRPC), "off" (gRPC only) or
   // host:port of the bulk port. See KvStoreConnectorOptions::bulk_load.
   std::string kvstore_bulk_port = "auto";
-  // When the worker is lost, live requests wait this long for a worker to
-  // serve again and then resume where they stopped (the tokens a run without
-  // the loss gives: greedy, or seeded by the server); after it they end with
-  // UNAVAILABLE. Requests that arrive meanwhile wait with them (validated when
-  // they start). 0: they end at once.
-  double worker_loss_grace_s = 30;
-  // The model's name in GetModelInfo and the model_name label of the
-  // metrics (vLLM's --served-model-name); empty: the worker's model name.
-  std::string served_model_name;
   // Log a line per finished or refused request (vLLM's
   // --disable-log-requests turns it off).
   bool log_requests = true;
@@ -121,7 +110,7 @@ class Engine final : private engine::StepTransport {
   void Abort(std::string request_id, std::function<void(bool)> done);
 
   // As of the loop's last turn.
-  engine::ModelInfo model_info() const;
+  ModelInfo model_info() const;
   ServiceStats stats() const;
   // New calls get UNAVAILABLE; accepted ones finish.
   void SetDraining();
@@ -157,8 +146,8 @@ class Engine final : private engine::StepTransport {
       const engine::WorkerDescription& worker);
   // GenerateCall's RequestSink methods (engine thread).
   void CallTokens(GenerateCall& call, const sched::RequestOutput& out);
-  void CallFinished(GenerateCall& call, engine::FinishReason reason,
-                    const sched::RequestOutput* out, const absl::Status& status);
+  void CallFinished(GenerateCall& call, FinishReason reason, const sched::RequestOutput* out,
+                    const absl::Status& status);
   void CallRejected(GenerateCall& call, const absl::Status& status);
   void NoteTokens(GenerateCall& call, size_t num_tokens);
   // Hands writes_ to writer_ (engine thread).
@@ -184,7 +173,7 @@ class Engine final : private engine::StepTransport {
   std::condition_variable cv_;
   std::deque<Event> events_;
   bool stopping_ = false;
-  engine::ModelInfo model_info_;  // under mu_
+  ModelInfo model_info_;          // under mu_
   ServiceStats stats_;            // under mu_
   std::atomic<bool> draining_{false};
   std::atomic<int32_t> num_calls_open_{0};
@@ -202,9 +191,6 @@ class Engine final : private engine::StepTransport {
   ServiceStats wire_;  // the step_* sums
   std::string serialize_scratch_;
   v1::SchedulerOutput step_proto_;
-  // While idle with KV-store entries not yet reported sent, an empty step
-  // goes to the worker this often to collect them.
-  static constexpr std::chrono::milliseconds kIdleStoreFlushPeriod{100};
   static constexpr std::chrono::seconds kTrimPeriod{2};
   bool busy_since_trim_ = false;
   std::chrono::steady_clock::time_point last_trim_{};

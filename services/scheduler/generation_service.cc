@@ -62,20 +62,6 @@ uint64_t RandomSeed() {
   return rng();
 }
 
-void ToProto(const engine::ModelInfo& m, v1::GetModelInfoResponse* out) {
-  out->set_model_name(m.model_name);
-  out->set_model_fingerprint(m.model_fingerprint);
-  out->set_vocab_size(m.vocab_size);
-  out->set_max_model_len(m.max_model_len);
-  out->set_block_size(m.block_size);
-  out->set_num_kv_blocks(m.num_kv_blocks);
-  out->set_eos_token_id(m.eos_token_id);
-  out->mutable_extra_eos_token_ids()->Assign(m.extra_eos_token_ids.begin(),
-                                             m.extra_eos_token_ids.end());
-  rpc::ToProto(m.generation, out->mutable_generation());
-  out->set_max_logprobs(m.max_logprobs);
-}
-
 void ToProto(const ServiceStats& stats, v1::GetStatsResponse* s) {
   const engine::EngineStats& e = stats.engine;
   s->set_worker_connected(e.worker_connected);
@@ -212,12 +198,12 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
                                                           const v1::GetModelInfoRequest*,
                                                           v1::GetModelInfoResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const engine::ModelInfo model = engine_->model_info();
+  const ModelInfo model = engine_->model_info();
   if (!model.ready) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no worker is connected yet"));
     return reactor;
   }
-  ToProto(model, response);
+  rpc::ToProto(model, response);
   response->set_accepts_cache_salt(AcceptsCacheSalt(*context));
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -12,33 +12,34 @@
 #include "generation_service.h"
 #include "grpcpp/server_builder.h"
 #include "tandem/common/clock.h"
+#include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
-#include "tandem/rpc/flags.h"
-#include "tandem/rpc/tls_reload.h"
+#include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/rpc/service_main.h"
+#include "tandem/rpc/tls_reload.h"
 
 int main(int argc, char** argv) {
   tandem::rpc::ServiceMain boot("tandem-scheduler", "scheduler", "tandem.v1.Generation",
                                 "127.0.0.1:50051");
   tandem::scheduler::EngineOptions engine_options;
-  tandem::sched::SchedulerConfig& sc = engine_options.scheduler;
+  tandem::sched::SchedulerConfig& sc = engine_options.core.scheduler;
   tandem::scheduler::GenerationOptions generation_options;
   std::string policy = "fcfs";
   int32_t drain_timeout_s = 30;
   tandem::metrics::ExposerOptions metrics_options;
 
-  tandem::rpc::FlagSet flags(
+  tandem::FlagSet flags(
       "tandem-scheduler",
       "Serves tandem.v1.Generation: admits requests, batches them continuously and streams one "
       "step at a time to a tandem-worker. Block size, KV blocks, vocabulary and EOS come from the "
       "worker's Describe.");
   boot.AddServerFlags(&flags);
-  flags.Add("worker", &engine_options.worker_address, "host:port of the tandem-worker");
+  flags.Add("worker", &engine_options.core.worker_address, "host:port of the tandem-worker");
   flags.Add("max-num-seqs", &sc.max_num_seqs, "most requests running at once");
   flags.Add("max-num-batched-tokens", &sc.max_num_batched_tokens, "token budget of one step");
   flags.Add("max-logprobs", &sc.max_logprobs,
             "most logprobs or prompt_logprobs a request may ask for (as vLLM)");
-  flags.Add("max-model-len", &engine_options.max_model_len,
+  flags.Add("max-model-len", &engine_options.core.max_model_len,
             "most prompt + output tokens per request; 0 = the model's context length");
   flags.Add("enable-prefix-caching", &sc.enable_prefix_caching,
             "reuse KV blocks of identical prompt prefixes");
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
   flags.Add("max-step-failures", &sc.max_step_failures,
             "a request in this many failed worker steps ends with INTERNAL; before that each "
             "failure recomputes it");
-  flags.Add("worker-loss-grace-s", &engine_options.worker_loss_grace_s,
+  flags.Add("worker-loss-grace-s", &engine_options.core.worker_loss_grace_s,
             "when the worker is lost, live requests wait this long for a worker to serve again "
             "and resume where they stopped (same tokens; their KV recomputes); then they end "
             "with UNAVAILABLE. 0: they end at once");
@@ -67,16 +68,14 @@ int main(int argc, char** argv) {
   flags.Add("allow-request-cache-salt", &generation_options.allow_request_cache_salt,
             "accept GenerateRequest.cache_salt from clients (tenant isolation is then the "
             "client's word)");
-  flags.Add("kvstore", &engine_options.kvstore_target,
-            "host:port of tandem-kvstore: look prompt prefixes up there and load them instead of "
-            "recomputing; computed blocks are stored (empty: off)");
+  tandem::kvconnector::AddKvStoreFlags(&flags,
+                                       "look prompt prefixes up there and load them instead of "
+                                       "recomputing; computed blocks are stored",
+                                       &engine_options.kvstore_target,
+                                       &engine_options.kvstore_bulk_port);
   flags.Add("kvstore-lookup-deadline-ms", &engine_options.kvstore_lookup_deadline_ms,
             "a KV-store lookup unanswered after this long counts as a miss");
-  flags.Add("kvstore-bulk-port", &engine_options.kvstore_bulk_port,
-            "how KV-store lookups travel: auto (a connection to the store's bulk port, plain "
-            "TCP, when it advertises one; else gRPC), off (gRPC only), or host:port of the bulk "
-            "port");
-  flags.Add("served-model-name", &engine_options.served_model_name,
+  flags.Add("served-model-name", &engine_options.core.served_model_name,
             "the model's name in GetModelInfo and the model_name label of every metric (empty: "
             "the name the worker describes; the metrics appear once it has)");
   bool disable_log_requests = false;
@@ -84,6 +83,10 @@ int main(int argc, char** argv) {
             "no log line per finished or refused request (ids, token counts, latency)");
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);
+  std::string metrics_port_file;
+  flags.Add("metrics-port-file", &metrics_port_file,
+            "write the /metrics port here once it listens (before the gRPC port file; tandem "
+            "serve reads it to serve these series on the API port too)");
   double liveness_stall_s = 60;
   flags.Add("liveness-stall-s", &liveness_stall_s,
             "tandem.liveness reads NOT_SERVING while the engine loop has not gone round for this "
@@ -119,6 +122,13 @@ int main(int argc, char** argv) {
   auto exposer = tandem::metrics::MetricsServer::Start(metrics_options, registry);
   if (!exposer.ok()) return boot.Fail(exposer.status(), 1);
   if (*exposer != nullptr) TANDEM_LOG(INFO) << "metrics on " << (*exposer)->url();
+  if (!metrics_port_file.empty()) {
+    if (*exposer == nullptr) return boot.Fail("--metrics-port-file needs --metrics-listen");
+    if (absl::Status s = tandem::rpc::WritePortFile(metrics_port_file, (*exposer)->port());
+        !s.ok()) {
+      return boot.Fail(s, 1);
+    }
+  }
   tandem::scheduler::Engine engine(engine_options, registry.get());
   tandem::scheduler::GenerationService service(&engine, generation_options);
   // A Generate message holds at most max_model_len prompt tokens (at most 5
@@ -126,8 +136,8 @@ int main(int argc, char** argv) {
   // parsing it (57 MB messages once peaked at 764 MB here). Without
   // --max-model-len the worker's is not known yet: 8 MiB, 1.6M tokens.
   boot.options().max_receive_message_bytes = static_cast<int32_t>(
-      engine_options.max_model_len > 0
-          ? std::min<int64_t>(5LL * engine_options.max_model_len + (1 << 20), INT32_MAX)
+      engine_options.core.max_model_len > 0
+          ? std::min<int64_t>(5LL * engine_options.core.max_model_len + (1 << 20), INT32_MAX)
           : 8 << 20);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
@@ -162,7 +172,7 @@ int main(int argc, char** argv) {
     }
   });
   TANDEM_LOG(INFO) << "listening on port " << boot.port() << "; worker "
-                   << engine_options.worker_address;
+                   << engine_options.core.worker_address;
 
   boot.WaitForShutdown("draining (new calls get UNAVAILABLE)");
   engine.SetDraining();

@@ -4,18 +4,19 @@
 #include <thread>
 
 #include "grpcpp/server_builder.h"
+#include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
-#include "tandem/rpc/flags.h"
-#include "tandem/rpc/tls_reload.h"
+#include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/rpc/service_main.h"
+#include "tandem/rpc/tls_reload.h"
 #include "worker_service.h"
 
 int main(int argc, char** argv) {
   tandem::rpc::ServiceMain boot("tandem-worker", "worker", "tandem.v1.Worker", "127.0.0.1:50061");
   tandem::worker::WorkerOptions options{.model_path = "../shared/models/stories260K.bin"};
-  tandem::rpc::FlagSet flags("tandem-worker",
-                             "Loads a model, owns its paged KV cache and executes the steps a "
-                             "tandem-scheduler streams to it (tandem.v1.Worker).");
+  tandem::FlagSet flags("tandem-worker",
+                        "Loads a model, owns its paged KV cache and executes the steps a "
+                        "tandem-scheduler streams to it (tandem.v1.Worker).");
   boot.AddServerFlags(&flags);
   flags.Add("model", &options.model_path, "llama2.c .bin checkpoint or Hugging Face directory");
   flags.Add("backend", &options.backend, "cpu | cuda (error without a device) | sim (no math)");
@@ -41,14 +42,11 @@ int main(int argc, char** argv) {
   flags.Add("gpus", &options.gpus, "GPUs per worker; only 1 (no tensor parallelism yet)");
   flags.Add("sim-step-us", &options.sim_step_us, "sim backend: delay per step in microseconds");
   flags.Add("sim-token-us", &options.sim_token_us, "sim backend: extra delay per scheduled token");
-  flags.Add("kvstore", &options.kvstore_target,
-            "host:port of tandem-kvstore: load cached prefixes from it and store computed blocks "
-            "(empty: off)");
+  tandem::kvconnector::AddKvStoreFlags(&flags,
+                                       "load cached prefixes from it and store computed blocks",
+                                       &options.kvstore_target, &options.kvstore_bulk_port);
   flags.Add("kvstore-transfer-deadline-ms", &options.kvstore_transfer_deadline_ms,
             "deadline of one step's KV-store load and of one store, in milliseconds");
-  flags.Add("kvstore-bulk-load", &options.kvstore_bulk_load,
-            "how KV-store loads travel: auto (the store's bulk load port, plain TCP, when it "
-            "advertises one; else gRPC), off (gRPC only), or host:port of the bulk load port");
   tandem::metrics::ExposerOptions metrics_options;
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);

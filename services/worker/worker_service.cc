@@ -63,6 +63,10 @@ absl::Status WorkerOptions::Validate() const {
   if (kvstore_transfer_deadline_ms <= 0) {
     return absl::InvalidArgumentError("--kvstore-transfer-deadline-ms must be > 0");
   }
+  if (!kvstore_target.empty()) {
+    TANDEM_RETURN_IF_ERROR(kvconnector::KvStoreConnectorOptions::ValidateBulkLoad(
+        kvstore_bulk_port, "--kvstore-bulk-port"));
+  }
   if (debug_step_delay_us < 0) {
     return absl::InvalidArgumentError("--debug-step-delay-us must be >= 0");
   }
@@ -203,7 +207,7 @@ absl::Status WorkerService::Load() {
             .transfer_deadline_ms = options_.kvstore_transfer_deadline_ms,
             // Pinned staging only pays off when the cache is on the GPU.
             .use_cuda_host_alloc = options_.backend == "cuda",
-            .bulk_load = options_.kvstore_bulk_load},
+            .bulk_load = options_.kvstore_bulk_port},
         model_->fingerprint(), model::KvLayoutString(config, options_.block_size, dtype_),
         model::KvBlockBytes(config, options_.block_size, dtype_),
         [runner](int32_t block, std::span<std::byte> out) {

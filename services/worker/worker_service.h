@@ -79,7 +79,7 @@ struct WorkerOptions {
   // Deadline of one step's KV-store Load and of one Store, milliseconds.
   int64_t kvstore_transfer_deadline_ms = 5000;
   // auto | off | host:port: how KV-store loads travel (KvStoreConnectorOptions::bulk_load).
-  std::string kvstore_bulk_load = "auto";
+  std::string kvstore_bulk_port = "auto";
   // TEST-ONLY: comma-separated step ids (of each attached scheduler stream)
   // that fail after their loads and batch diff, before the forward pass
   // (their KV is not written). Empty: none.

@@ -178,6 +178,12 @@ class EngineCoreTest : public ::testing::TestWithParam<bool> {
     return sinks;
   }
 
+  // The loop would go round now without an event.
+  static bool Due(const EngineCore& core) {
+    const auto deadline = core.NextDeadline();
+    return deadline.has_value() && *deadline <= EngineCore::Clock::now();
+  }
+
   // The loop of tandem-scheduler without threads: schedule and send, run
   // the oldest step, hand its output back, until every request ended (or
   // `max_turns`, or `stop` says so).
@@ -544,11 +550,17 @@ TEST_P(EngineCoreTest, AWorkerLostWithTwoStepsInFlightResumesOnTheNextWithTheSam
   core.AddRequest(bad, invalid, MonotonicNanos());
   EXPECT_TRUE(invalid->rejected);
   EXPECT_EQ(invalid->status.code(), absl::StatusCode::kInvalidArgument) << invalid->status;
-  ASSERT_TRUE(core.worker_loss_deadline().has_value());
+  // With no worker, the loop's next deadline is the grace's end.
+  const std::optional<EngineCore::Clock::time_point> grace_end = core.NextDeadline();
+  ASSERT_TRUE(grace_end.has_value());
+  EXPECT_GT(*grace_end, EngineCore::Clock::now() + std::chrono::seconds(20));
 
   LoopbackWorker second(model_.get(), 256);
   ASSERT_TRUE(core.ConnectWorker(second.description, &second).ok());
-  EXPECT_FALSE(core.worker_loss_deadline().has_value());
+  // The grace ended with the new worker: a Tick past its end fails nothing.
+  core.Tick(*grace_end + std::chrono::seconds(1));
+  for (const auto& s : sinks) EXPECT_FALSE(s->ended);
+  EXPECT_FALSE(waiting->ended);
   Run(core, second);
   ExpectReference(sinks);
   EXPECT_TRUE(waiting->ended);
@@ -582,11 +594,11 @@ TEST_P(EngineCoreTest, TheGraceRunsOutAndTheKeptRequestsEndUnavailable) {
   auto sinks = SubmitAll(core);
   core.Step();
   core.DropWorker("gone");
-  const auto deadline = core.worker_loss_deadline();
+  const auto deadline = core.NextDeadline();  // no worker: the grace's end
   ASSERT_TRUE(deadline.has_value());
-  core.ExpireWorkerLossGrace(*deadline - std::chrono::seconds(1));
+  core.Tick(*deadline - std::chrono::seconds(1));
   for (const auto& s : sinks) EXPECT_FALSE(s->ended);
-  core.ExpireWorkerLossGrace(*deadline);
+  core.Tick(*deadline);
   for (const auto& s : sinks) {
     EXPECT_TRUE(s->ended);
     EXPECT_EQ(s->status.code(), absl::StatusCode::kUnavailable) << s->status;
@@ -726,7 +738,7 @@ TEST_P(EngineCoreTest, BadRequestsAreRefusedWithThePreciseError) {
         << sink->status << " lacks " << b.message;
   }
   EXPECT_EQ(core.num_requests(), 0u);
-  EXPECT_FALSE(core.CanSchedule());
+  EXPECT_FALSE(core.NextDeadline().has_value()) << "nothing to do until an event";
 }
 
 // A scheduler-role connector that only counts store entries: each finished
@@ -770,7 +782,7 @@ TEST_P(EngineCoreTest, AnIdleStepCollectsTheStoresThatFinishedAfterTheLastReques
   core.AddRequest(Greedy("only", cases_[0]), sink, MonotonicNanos());
   Run(core, worker);
   // The finished id still goes to the worker with one more step.
-  while (core.CanSchedule() || !worker.sent.empty()) {
+  while (Due(core) || !worker.sent.empty()) {
     core.Wake();
     core.Step();
     if (!worker.sent.empty()) core.ProcessOutput(worker.RunOldest());
@@ -779,23 +791,27 @@ TEST_P(EngineCoreTest, AnIdleStepCollectsTheStoresThatFinishedAfterTheLastReques
   EXPECT_EQ(sink->tokens, cases_[0].expected);
   ASSERT_EQ(storing, std::set<std::string>{"only"});
   // Idle: nothing to schedule, so Step() sends nothing...
-  EXPECT_FALSE(core.CanSchedule());
+  EXPECT_FALSE(core.NextDeadline().has_value());
   const int sent_before = worker.num_sent;
   core.Wake();
   core.Step();
   EXPECT_EQ(worker.num_sent, sent_before);
-  // ...but the store is still out: the loop asks for an empty step.
-  ASSERT_TRUE(core.StoresToCollectWhileIdle());
+  // ...but the store is still out: a Tick arms a collection a period later.
+  const EngineCore::Clock::time_point now = EngineCore::Clock::now();
+  core.Tick(now);
+  ASSERT_EQ(core.NextDeadline(), now + EngineCore::kIdleStoreCollectPeriod);
   worker.finished_sending = {"only"};  // the worker finished it meanwhile
-  core.CollectStores();
+  core.Tick(now + EngineCore::kIdleStoreCollectPeriod / 2);
+  EXPECT_EQ(worker.num_sent, sent_before) << "collected before the period ran out";
+  core.Tick(now + EngineCore::kIdleStoreCollectPeriod);
   ASSERT_EQ(worker.num_sent, sent_before + 1);
   EXPECT_EQ(worker.sent.front().total_num_scheduled_tokens, 0);
   EXPECT_TRUE(worker.sent.front().num_scheduled_tokens.empty());
   core.ProcessOutput(worker.RunOldest());
   EXPECT_TRUE(storing.empty());
-  EXPECT_FALSE(core.StoresToCollectWhileIdle());
-  core.CollectStores();  // nothing left: no step
+  core.Tick(now + EngineCore::kIdleStoreCollectPeriod * 3);  // nothing left: no step
   EXPECT_EQ(worker.num_sent, sent_before + 1);
+  EXPECT_FALSE(core.NextDeadline().has_value());
 }
 
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, EngineCoreTest, ::testing::Bool(),

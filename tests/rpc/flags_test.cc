@@ -1,4 +1,4 @@
-#include "tandem/rpc/flags.h"
+#include "tandem/common/flags.h"
 
 #include <gtest/gtest.h>
 

@@ -26,8 +26,8 @@
 
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "tandem/common/flags.h"
 #include "tandem/kvconnector/kvstore_client.h"
-#include "tandem/rpc/flags.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace {
@@ -134,8 +134,8 @@ int main(int argc, char** argv) {
   std::string replica_a, replica_b, plain, kvstore;
   int32_t trials = 20, prompt_len = 448, cached_len = 432;
   int32_t num_prefixes = 16, per_prefix = 8, output_len = 16, concurrency = 8;
-  tandem::rpc::FlagSet flags("tandem-bench-kv-ttft",
-                             "KV-store TTFT and shared-prefix throughput (see run.sh).");
+  tandem::FlagSet flags("tandem-bench-kv-ttft",
+                        "KV-store TTFT and shared-prefix throughput (see run.sh).");
   flags.Add("replica-a", &replica_a,
             "scheduler (with --kvstore) that computes and stores prefixes");
   flags.Add("replica-b", &replica_b,

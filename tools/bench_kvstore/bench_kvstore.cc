@@ -42,16 +42,16 @@
 #include <thread>
 #include <vector>
 
+#include "bulk_load_server.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "bulk_load_server.h"
 #include "kvstore_service.h"
+#include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvconnector/kvstore_client.h"
 #include "tandem/kvstore/kv_store.h"
-#include "tandem/rpc/flags.h"
 #include "tandem/rpc/tls.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
@@ -483,7 +483,7 @@ int Main(int argc, char** argv) {
   int32_t redis_port = 0;
   std::string data_dir;
   int64_t load_chunk_bytes = kvstore_service::KvStoreServiceOptions{}.load_chunk_bytes;
-  rpc::FlagSet flags(
+  tandem::FlagSet flags(
       "bench_kvstore",
       "KV-store lookup latency and load/store GB/s over loopback (gRPC and the bulk port), beside "
       "redis-server SET/GET of the same blocks.");

@@ -34,7 +34,7 @@
 #include "grpcpp/grpcpp.h"
 #include "http_stream_client.h"
 #include "serve.h"
-#include "tandem/rpc/flags.h"
+#include "tandem/common/flags.h"
 #include "tandem/rpc/server.h"
 #include "tandem/rpc/status.h"
 #include "tandem/v1/generation.grpc.pb.h"
@@ -66,7 +66,7 @@ struct SamplingFlags {
   bool ignore_eos = false;
   std::string stop_token_ids;
 
-  void Register(tandem::rpc::FlagSet* flags) {
+  void Register(tandem::FlagSet* flags) {
     flags->Add("max-tokens", &max_tokens, "output tokens at most");
     flags->Add("temperature", &temperature, "0 = greedy");
     flags->Add("top-k", &top_k, "0 = off");
@@ -124,7 +124,7 @@ const char* ReasonName(tandem::v1::FinishReason r) {
 // scheduler; false (after printing why) when they are unusable.
 struct ClientTlsFlags {
   tandem::rpc::TlsOptions tls;
-  void Register(tandem::rpc::FlagSet* flags) { tandem::rpc::AddTlsFlags(flags, &tls); }
+  void Register(tandem::FlagSet* flags) { tandem::rpc::AddTlsFlags(flags, &tls); }
   bool Apply(const char* command) {
     if (absl::Status s = tls.Validate(/*server=*/false); !s.ok()) {
       std::cerr << command << ": " << s.message() << "\n";
@@ -141,7 +141,7 @@ int Generate(int argc, char** argv) {
   int32_t n = 1;
   double timeout_s = 60;
   SamplingFlags sampling;
-  tandem::rpc::FlagSet flags("tandem generate", "Streams generated token ids for a prompt.");
+  tandem::FlagSet flags("tandem generate", "Streams generated token ids for a prompt.");
   flags.Add("server", &server, "tandem-scheduler host:port");
   flags.Add("prompt", &prompt, "comma-separated prompt token ids, e.g. 1,403,407");
   flags.Add("n", &n, "concurrent copies of the request");
@@ -233,7 +233,7 @@ int Bench(int argc, char** argv) {
   std::string http_url;
   std::string api_key;
   int32_t vocab_size = 0;
-  tandem::rpc::FlagSet flags(
+  tandem::FlagSet flags(
       "tandem bench",
       "Sends synthetic requests and reports output tokens/s, requests/s, and the mean, p50, p90 "
       "and p99 of time to first token (TTFT), inter-token latency (ITL), time per output token "
@@ -524,8 +524,8 @@ std::string EveryField(const google::protobuf::Message& m) {
 
 int InfoOrStats(int argc, char** argv, bool stats) {
   std::string server = "127.0.0.1:50051";
-  tandem::rpc::FlagSet flags(stats ? "tandem stats" : "tandem info",
-                             stats ? "Prints GetStats." : "Prints GetModelInfo.");
+  tandem::FlagSet flags(stats ? "tandem stats" : "tandem info",
+                        stats ? "Prints GetStats." : "Prints GetModelInfo.");
   flags.Add("server", &server, "tandem-scheduler host:port");
   ClientTlsFlags tls;
   tls.Register(&flags);
@@ -561,9 +561,9 @@ int Health(int argc, char** argv) {
   std::string server = "127.0.0.1:50051";
   std::string service;
   double timeout_s = 5;
-  tandem::rpc::FlagSet flags("tandem health",
-                             "Checks a server's grpc.health.v1 status; exit 0 when SERVING, 1 "
-                             "otherwise (NOT_SERVING, unknown service, unreachable).");
+  tandem::FlagSet flags("tandem health",
+                        "Checks a server's grpc.health.v1 status; exit 0 when SERVING, 1 "
+                        "otherwise (NOT_SERVING, unknown service, unreachable).");
   flags.Add("server", &server, "host:port of any Tandem gRPC server");
   flags.Add("service", &service,
             "health name: '' (overall), tandem.liveness, or the service's own (e.g. "

@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "tandem/common/flags.h"
 #include "tandem/rpc/convert.h"
-#include "tandem/rpc/flags.h"
 #include "tandem/sched/scheduler.h"
 #include "tandem/v1/worker.pb.h"
 
@@ -17,9 +17,9 @@ int main(int argc, char** argv) {
   int32_t prompt_len = 64;
   int32_t steps = 2000;
   bool async = true;
-  tandem::rpc::FlagSet flags("tandem-wire-bench",
-                             "Measures SchedulerOutput / ModelRunnerOutput size and serialize "
-                             "time per decode step with N running requests.");
+  tandem::FlagSet flags("tandem-wire-bench",
+                        "Measures SchedulerOutput / ModelRunnerOutput size and serialize "
+                        "time per decode step with N running requests.");
   flags.Add("running", &running, "running decode requests");
   flags.Add("prompt-len", &prompt_len, "prompt tokens per request");
   flags.Add("steps", &steps, "decode steps measured");

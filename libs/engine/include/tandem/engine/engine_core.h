@@ -46,15 +46,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "tandem/common/finish_reason.h"
+#include "tandem/common/model_info.h"
 #include "tandem/common/sampling_params.h"
 #include "tandem/sched/kv_connector.h"
 #include "tandem/sched/scheduler.h"
 
 namespace tandem::engine {
-
-// How a request ended.
-enum class FinishReason { kStop, kLength, kAbort, kError };
-const char* FinishReasonName(FinishReason reason);
 
 // Where one request's results go: the service's Generate call, or a recorder
 // in tests.
@@ -104,23 +102,6 @@ struct WorkerDescription {
   GenerationDefaults generation;
 };
 
-// What clients may ask about the served model; `ready` once a worker served.
-struct ModelInfo {
-  bool ready = false;
-  std::string model_name;  // served_model_name, else the worker's
-  std::string model_fingerprint;
-  int32_t vocab_size = 0;
-  int32_t max_model_len = 0;  // the smaller of the option's and the worker's
-  int32_t block_size = 0;
-  int32_t num_kv_blocks = 0;
-  int32_t eos_token_id = -1;
-  std::vector<int32_t> extra_eos_token_ids;
-  // Not applied here (a gRPC request cannot leave a field unset): the
-  // frontend applies them to OpenAI requests.
-  GenerationDefaults generation;
-  int32_t max_logprobs = 0;  // SchedulerConfig::max_logprobs
-};
-
 // The engine's state as plain numbers (the service maps them onto
 // GetStatsResponse and Prometheus).
 struct EngineStats {
@@ -158,11 +139,16 @@ struct EngineCoreOptions {
   sched::SchedulerConfig scheduler;
   // Upper bound on prompt + output tokens; 0 = the model's max_seq_len.
   int32_t max_model_len = 0;
-  // See the file comment. 0: requests end at once when the worker is lost.
+  // When the worker is lost, live requests wait this long for a worker to
+  // serve again and then resume where they stopped (the tokens a run without
+  // the loss gives: greedy, or seeded by the server); after it they end with
+  // UNAVAILABLE. Requests that arrive meanwhile wait with them (validated
+  // when they start). 0: they end at once. See the file comment.
   double worker_loss_grace_s = 30;
-  // The model's name in ModelInfo; empty: the worker's.
+  // The model's name in ModelInfo and the model_name label of the service's
+  // metrics (vLLM's --served-model-name); empty: the worker's.
   std::string served_model_name;
-  // The worker's address, for messages.
+  // The worker's address (host:port), for messages.
   std::string worker_address;
   // Makes the KV connector's scheduler role for a worker that connected;
   // empty, or a null result: no connector.
@@ -217,27 +203,28 @@ class EngineCore {
   void ProcessOutput(const sched::ModelRunnerOutput& output);
   // Schedules and sends steps while a worker serves, the window has room,
   // requests are unfinished and the last step was not empty (an empty step
-  // waits for news: a request, an output, a Wake()).
+  // waits for news: a request, an output, a Wake()), unless paced (see
+  // kEmptyStepPace).
   void Step();
   // Something outside may have unblocked a request (a KV-store lookup
   // answered, a drain began): the next Step() schedules at once.
   void Wake();
-  // Step() would send now, pacing aside.
-  [[nodiscard]] bool CanSchedule() const;
-  // After an empty step with no KV load in flight, Step() waits until then
-  // (see kEmptyStepPace); Clock::time_point{} when not paced.
-  [[nodiscard]] Clock::time_point pace_until() const { return pace_until_; }
-  // Nothing to schedule and nothing in flight, but the connector counts store
-  // entries the worker has not reported sent: they only come back with a
-  // step's output, so the idle loop sends an empty one now and then.
-  [[nodiscard]] bool StoresToCollectWhileIdle() const;
-  void CollectStores();
 
-  // --- Worker loss grace ---
-  // Set while requests wait for a worker after a loss.
-  [[nodiscard]] std::optional<Clock::time_point> worker_loss_deadline() const;
-  // Ends the kept requests when the grace ran out by `now`.
-  void ExpireWorkerLossGrace(Clock::time_point now);
+  // --- Time ---
+  // The engine's loop is: wait for an event or NextDeadline(), handle the
+  // events, Tick(now), Step(), flush what the sinks wrote.
+  //
+  // When the loop must go round even if no event comes: at once (a time
+  // already past) when Step() would send, the empty-step pace's end, the
+  // worker-loss grace's end, or the next idle store collection; nullopt:
+  // only an event brings work.
+  [[nodiscard]] std::optional<Clock::time_point> NextDeadline() const;
+  // What is due by `now`: the requests kept through a worker loss end when
+  // the grace ran out; and while idle with store entries the worker has not
+  // reported sent (they only come back with a step's output), an empty step
+  // goes out every kIdleStoreCollectPeriod to collect them.
+  void Tick(Clock::time_point now);
+  static constexpr std::chrono::milliseconds kIdleStoreCollectPeriod{100};
 
   [[nodiscard]] const ModelInfo& model_info() const { return model_info_; }
   [[nodiscard]] EngineStats stats() const;
@@ -261,6 +248,14 @@ class EngineCore {
   };
 
   [[nodiscard]] size_t window() const;
+  // Step() would send now, pacing aside.
+  [[nodiscard]] bool CanSchedule() const;
+  // Nothing to schedule and nothing in flight, but store entries are out.
+  [[nodiscard]] bool StoresToCollectWhileIdle() const;
+  // Set while requests wait for a worker after a loss.
+  [[nodiscard]] std::optional<Clock::time_point> worker_loss_deadline() const;
+  // Ends the kept requests when the grace ran out by `now`.
+  void ExpireWorkerLossGrace(Clock::time_point now);
   bool SendStep(sched::SchedulerOutput step);
   void Deliver(const sched::RequestOutput& out);
   void Finish(const std::string& request_id, FinishReason reason, const sched::RequestOutput* out,
@@ -280,6 +275,8 @@ class EngineCore {
   std::unordered_map<std::string, Entry> requests_;
   bool schedule_wanted_ = true;
   Clock::time_point pace_until_{};
+  // The next idle store collection, armed by Tick() while stores are out.
+  std::optional<Clock::time_point> store_collect_at_;
   std::optional<Clock::time_point> worker_lost_at_;
   std::string worker_lost_reason_;
   ModelInfo model_info_;

@@ -74,6 +74,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tandem/common/finish_reason.h"
 #include "tandem/common/sampling_params.h"
 
 namespace tandem::frontend {
@@ -196,9 +197,6 @@ struct RequestSampling {
 // the same): INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503,
 // DEADLINE_EXCEEDED 504, everything else 500.
 [[nodiscard]] ApiError FromStatus(int code, std::string_view message);
-
-enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
-[[nodiscard]] const char* FinishReasonName(FinishReason reason);  // "stop", "length", ...
 
 struct Usage {
   int64_t prompt_tokens = 0;

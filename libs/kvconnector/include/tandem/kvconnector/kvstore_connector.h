@@ -80,6 +80,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "tandem/common/block_hash.h"
+#include "tandem/common/flags.h"
 #include "tandem/common/pinned_memory.h"
 #include "tandem/kvconnector/kvstore_client.h"
 #include "tandem/sched/kv_connector.h"
@@ -150,6 +151,14 @@ struct KvStoreConnectorOptions {
     return bulk_load == "auto" || bulk_load == "off" ? "" : bulk_load;
   }
 };
+
+// --kvstore and --kvstore-bulk-port, which the scheduler and the worker both
+// take, registered in one place so that they keep one name and one meaning
+// (the bulk port's values are KvStoreConnectorOptions::bulk_load's). `use`
+// says what the service does with the store, for --kvstore's help.
+// --kvstore-bulk-load, the worker's old name, stays an alias.
+void AddKvStoreFlags(FlagSet* flags, std::string_view use, std::string* target,
+                     std::string* bulk_port);
 
 // The scheduler role's totals and gauges (sched::KvConnectorScheduler::stats).
 using KvConnectorSchedulerStats = sched::KvConnectorSchedulerStats;

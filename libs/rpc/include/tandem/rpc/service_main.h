@@ -6,7 +6,7 @@
 // NOT_SERVING, a bounded drain and a shutdown with a deadline.
 //
 //   rpc::ServiceMain boot("tandem-worker", "worker", "tandem.v1.Worker", "127.0.0.1:50061");
-//   rpc::FlagSet flags(...);
+//   tandem::FlagSet flags(...);
 //   boot.AddServerFlags(&flags);
 //   ... flags.ParseOrExit(argc, argv);
 //   if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);
