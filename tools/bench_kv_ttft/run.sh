@@ -1,21 +1,65 @@
 #!/usr/bin/env bash
-# KV connector benchmark (issue 6): starts a tandem-kvstore, two
+# KV connector benchmark (issues 6 and 32): starts a tandem-kvstore, two
 # scheduler+worker replicas sharing it (A computes prefixes, B is measured)
-# and one replica without a store, then runs tandem-bench-kv-ttft. B accepts
-# request cache salts: the bench computes the same prompt from scratch on B
-# under a salt of its own.
-# Usage: tools/bench_kv_ttft/run.sh [BUILD_DIR] [extra tandem-bench-kv-ttft flags]
+# and one replica without a store (C), then runs tandem-bench-kv-ttft, which
+# prints B's figures beside C's. B accepts request cache salts: the bench
+# computes the same prompt from scratch on B under a salt of its own.
+#
+# Usage: tools/bench_kv_ttft/run.sh [BUILD_DIR] [flags] [tandem-bench-kv-ttft flags]
+#   --model PATH|1b   the workers' model (default ../shared/models/stories260K.bin);
+#                     1b: a random llama2.c model of Llama-3.2-1B's shape (dim
+#                     2048, 16 layers, 32/8 heads, vocab 128256, 8192 positions),
+#                     made once with tandem-make-random-model into $TMPDIR (5 GB)
+#   --backend B       the workers' --backend (default cpu)
+#   --dtype D         the workers' --dtype (default auto)
+#   --num-blocks N    each worker's KV cache in blocks of 16 tokens (default 120:
+#                     about four 448-token requests; the 1b model's 4,000-token
+#                     prompts want about 1,024)
+# Then any tandem-bench-kv-ttft flag, e.g. --prompt-len 4000 --cached-len 3984.
+# On a GPU, the issue's two points:
+#   run.sh build --model 1b --backend cuda --dtype bfloat16 --num-blocks 1024 \
+#     --prompt-len 1000 --cached-len 992
+#   run.sh build --model 1b --backend cuda --dtype bfloat16 --num-blocks 1024 \
+#     --prompt-len 4000 --cached-len 3984
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BUILD="${1:-build}"; shift || true
-cmake --build "$BUILD" -j"${TANDEM_JOBS:-2}" --target tandem-worker tandem-scheduler \
-  tandem-kvstore tandem-bench-kv-ttft >/dev/null
+BUILD=build
+if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then BUILD=$1; shift; fi
 MODEL="$(pwd)/../shared/models/stories260K.bin"
+BACKEND=cpu
+DTYPE=auto
+BLOCKS=120
+BENCH_FLAGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) MODEL=$2; shift 2 ;;
+    --backend) BACKEND=$2; shift 2 ;;
+    --dtype) DTYPE=$2; shift 2 ;;
+    --num-blocks) BLOCKS=$2; shift 2 ;;
+    *) BENCH_FLAGS+=("$1"); shift ;;
+  esac
+done
+TARGETS=(tandem-worker tandem-scheduler tandem-kvstore tandem-bench-kv-ttft)
+[ "$MODEL" = 1b ] && TARGETS+=(tandem-make-random-model)
+# TANDEM_NO_BUILD=1: BUILD holds the binaries only (a tools/gpu/bundle.sh
+# --services bundle on a GPU machine: bash .gpu/run.sh kvttft [flags]).
+[ "${TANDEM_NO_BUILD:-0}" = 1 ] ||
+  cmake --build "$BUILD" -j"${TANDEM_JOBS:-2}" --target "${TARGETS[@]}" >/dev/null
+if [ "$MODEL" = 1b ]; then
+  MODEL="${TMPDIR:-/tmp}/tandem-random-1b.bin"
+  if [ ! -s "$MODEL" ]; then
+    echo "making $MODEL (Llama-3.2-1B's shape, random weights)"
+    "$BUILD/tools/model/tandem-make-random-model" --out "$MODEL.tmp" --dim 2048 \
+      --hidden-dim 8192 --layers 16 --heads 32 --kv-heads 8 --vocab 128256 --seq-len 8192
+    mv "$MODEL.tmp" "$MODEL"
+  fi
+fi
 RUN="$(mktemp -d /tmp/tandem-bench-kv-XXXXXX)"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
-port() { for _ in $(seq 1 600); do [ -s "$RUN/$1.port" ] && { cat "$RUN/$1.port"; return; }; sleep 0.05; done; echo "$1 did not start" >&2; exit 1; }
+# A worker loading a large model takes a while to write its port.
+port() { for _ in $(seq 1 6000); do [ -s "$RUN/$1.port" ] && { cat "$RUN/$1.port"; return; }; sleep 0.05; done; echo "$1 did not start (log: $RUN/$1.log)" >&2; exit 1; }
 # Runs in this shell (not in $(...)), so that PIDS reaches cleanup; sets ADDR.
 start() {  # name binary args...
   local name=$1; shift
@@ -24,16 +68,18 @@ start() {  # name binary args...
   ADDR="127.0.0.1:$(port "$name")"
 }
 start kv "$BUILD/services/kvstore/tandem-kvstore" --data-dir "$RUN/kvdata"; KV=$ADDR
-W="$BUILD/services/worker/tandem-worker"; S="$BUILD/services/scheduler/tandem-scheduler"
-# Small KV caches (120 blocks of 16 tokens: about four 448-token requests).
-# Three workers share the machine (and a GPU), so each gets a fixed cache.
-start wa "$W" --model "$MODEL" --kvstore "$KV" --kv-cache-bytes $((64 << 20)); WA=$ADDR
-start wb "$W" --model "$MODEL" --kvstore "$KV" --num-blocks 120; WB=$ADDR
-start wc "$W" --model "$MODEL" --num-blocks 120; WC=$ADDR
+W=("$BUILD/services/worker/tandem-worker" --model "$MODEL" --backend "$BACKEND" --dtype "$DTYPE")
+S="$BUILD/services/scheduler/tandem-scheduler"
+# Three workers share the machine (and a GPU), so each gets a fixed cache;
+# A, which computes every prefix into the store, four times B's and C's.
+start wa "${W[@]}" --num-blocks $((BLOCKS * 4)) --kvstore "$KV"; WA=$ADDR
+start wb "${W[@]}" --num-blocks "$BLOCKS" --kvstore "$KV"; WB=$ADDR
+start wc "${W[@]}" --num-blocks "$BLOCKS"; WC=$ADDR
 start sa "$S" --worker "$WA" --kvstore "$KV"; SA=$ADDR
 start sb "$S" --worker "$WB" --kvstore "$KV" --allow-request-cache-salt; SB=$ADDR
 start sc "$S" --worker "$WC"; SC=$ADDR
 sleep 1
+echo "model $MODEL, --backend $BACKEND --dtype $DTYPE, $BLOCKS KV blocks per worker"
 "$BUILD/tools/bench_kv_ttft/tandem-bench-kv-ttft" --replica-a "$SA" --replica-b "$SB" --plain "$SC" \
-  --kvstore "$KV" "$@"
+  --kvstore "$KV" "${BENCH_FLAGS[@]}"
 echo "(logs: $RUN)"

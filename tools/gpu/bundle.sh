@@ -8,13 +8,15 @@
 #   bash .gpu/run.sh [tests|bench|all]
 #
 # --services packs the services instead (tandem-worker, -scheduler,
-# -frontend and the `tandem` CLI, from BUILD_DIR, default ./build, as they
-# lie in the build tree, debug info stripped), for the three-service
-# benchmarks on a machine with more cores (and a GPU for --backend cuda).
-# The bundle must then sit in the checkout on that machine:
+# -frontend, -kvstore, the `tandem` CLI, tandem-bench-kv-ttft and
+# tandem-make-random-model, from BUILD_DIR, default ./build, as they lie in
+# the build tree, debug info stripped), for the three-service benchmarks on
+# a machine with more cores (and a GPU for --backend cuda). The bundle must
+# then sit in the checkout on that machine:
 #
 #   tools/gpu/bundle.sh --services [OUT_DIR=.gpu]   # then, there:
 #   bash .gpu/run.sh frontend [run.sh flags]        # tools/bench_frontend/run.sh
+#   bash .gpu/run.sh kvttft [run.sh flags]          # tools/bench_kv_ttft/run.sh
 # PACK=1 also writes OUT_DIR.tar.xz (17 MB against the folder's 62 MB: the
 # device tool carries at most 64 MiB with the tree); tools/gpu/frontend_sets.sh
 # unpacks it there and runs several benchmark configurations in one call.
@@ -25,7 +27,8 @@ if [ "${1:-}" = --services ]; then services=1; shift; fi
 out="${1:-.gpu}"
 if [ "$services" = 1 ]; then
   build="${BUILD_DIR:-build}"
-  targets=(tandem-worker tandem-scheduler tandem-frontend tandem)
+  targets=(tandem-worker tandem-scheduler tandem-frontend tandem tandem-kvstore
+           tandem-bench-kv-ttft tandem-make-random-model)
 else
   build="${BUILD_DIR:-build-gpu}"
   targets=(kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test

@@ -6,6 +6,7 @@
 #   bash run.sh profile # ncu: per-kernel time of decode steps and prefills
 #   bash run.sh frontend [flags]   # a --services bundle in the checkout's
 #                                  # root: tools/bench_frontend/run.sh
+#   bash run.sh kvttft [flags]     # the same: tools/bench_kv_ttft/run.sh
 # Results go to $OUT (or ./gpu-out) as text files.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -22,6 +23,10 @@ rc=0
 if [ "$what" = frontend ]; then
   shift
   exec bash "$here/../tools/bench_frontend/run.sh" --build-dir "$here/build" "$@"
+fi
+if [ "$what" = kvttft ]; then
+  shift
+  TANDEM_NO_BUILD=1 exec bash "$here/../tools/bench_kv_ttft/run.sh" "$here/build" "$@"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 if [ "$what" = tests ] || [ "$what" = all ]; then
