@@ -1,0 +1,324 @@
+// KvStoreConnectorWorker's stores (and the scheduler role's store entries)
+// against a real tandem.v1.KvStore server in process: a stalling store never
+// holds up a step, stores stop at known token ids and are never repeated,
+// and dropped, failed and failed-before-snapshot stores all finish and are
+// stored again later.
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "connector_test_fixture.h"
+#include "gtest/gtest.h"
+
+namespace tandem::kvconnector {
+namespace {
+
+// A store that stalls never holds up a step (issue 32): while a Store call
+// waits in the store, the later steps' loads and snapshots on the step
+// thread return; once the store goes on, the stored bytes are the ones
+// computed at snapshot time, though the next steps overwrote the cache.
+TEST_F(ConnectorTest, AStallingStoreNeverHoldsUpAStep) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  int stalled = 0;  // Store calls waiting at the gate
+  StartStore(/*lookup_delay_ms=*/0, [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    ++stalled;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  });
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  };
+  struct Release {
+    std::function<void()> fn;
+    ~Release() { fn(); }  // the server's shutdown waits for the stalled calls
+  } guard{release};
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+
+  // Three requests of 4 full blocks each, computed in one step each, in
+  // cache blocks 1..4, 6..9 and 11..14.
+  constexpr int kRequests = 3;
+  std::vector<sched::Request> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    const int32_t first = 1 + 5 * i;
+    requests.push_back(MakeRequest("r" + std::to_string(i), Tokens(17, 1000 * (i + 1)),
+                                   {first, first + 1, first + 2, first + 3, first + 4}));
+  }
+  auto step = [&](int i) {
+    sched::Request& r = requests[i];
+    (void)PollMatch(sc.get(), r, 0);
+    sc->UpdateStateAfterAlloc(r, {}, 0);
+    for (int b = 0; b < 4; ++b) cache_.Fill(r.block_ids[b], 10 * i + b);
+    sched::ScheduledRequestView v{.request = &r, .num_scheduled_tokens = 17, .will_sample = true};
+    sched::SchedulerOutput out;
+    sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, {&v, 1});
+    ASSERT_EQ(meta.stores.size(), 1u);
+    sched::KvConnectorReport report;
+    wk->LoadBlocks(meta, &report);  // the step's loads (none), then its forward pass
+    wk->SnapshotStores(meta);
+  };
+  step(0);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled > 0; }))
+        << "the first store never reached the store";
+  }
+  // The store is stuck in a Store call: the next steps run all the same. (A
+  // step that waited for the store would never come back: the gate is shut.)
+  auto later_steps = std::async(std::launch::async, [&] {
+    for (int i = 1; i < kRequests; ++i) step(i);
+  });
+  ASSERT_EQ(later_steps.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "a step waited for the stalled store";
+  later_steps.get();
+  EXPECT_EQ(wk->stats().stores_in_flight, kRequests);
+  // Later steps overwrite every block the snapshots were taken from.
+  for (int b = 0; b < kCacheBlocks; ++b) cache_.Fill(b, 99);
+
+  release();
+  sched::KvConnectorReport sent;
+  WaitSent(wk.get(), kRequests, &sent);
+  sc->OnConnectorReport(sent);
+  EXPECT_EQ(wk->stats().blocks_stored, 4u * kRequests);
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 0u);
+
+  // Each request's blocks load back as they were computed.
+  FakeCache expected;
+  for (int i = 0; i < kRequests; ++i) {
+    sched::Request again =
+        MakeRequest("again" + std::to_string(i), Tokens(17, 1000 * (i + 1)), {20, 21, 22, 23, 24});
+    ASSERT_EQ(PollMatch(sc.get(), again, 0).num_external_tokens, 16) << i;
+    sc->UpdateStateAfterAlloc(again, std::span<const int32_t>(again.block_ids).first(4), 16);
+    sched::SchedulerOutput out;
+    sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, {});
+    ASSERT_EQ(meta.loads.size(), 1u);
+    sched::KvConnectorReport report;
+    wk->LoadBlocks(meta, &report);
+    ASSERT_EQ(report.finished_recving, std::vector<std::string>{again.request_id});
+    for (int b = 0; b < 4; ++b) {
+      expected.Fill(0, 10 * i + b);
+      EXPECT_EQ(cache_.blocks[20 + b], expected.blocks[0]) << "request " << i << " block " << b;
+    }
+    sc->OnConnectorReport(report);
+    sc->OnLoadFinished(again, 16);
+    EXPECT_FALSE(sc->RequestFinished(again, again.block_ids, 0));
+  }
+}
+
+TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {
+  StartStore();
+  auto sc = MakeScheduler();
+  ASSERT_TRUE(sc);
+  sched::Request a = MakeRequest("a", Tokens(16), {1, 2, 3, 4});
+  (void)PollMatch(sc.get(), a, 0);
+  sc->UpdateStateAfterAlloc(a, {}, 0);
+  // The step computes all 16 prompt tokens and samples a placeholder: the
+  // storable bound is min(num_computed + n, num_tokens) = 16 (exact: the
+  // placeholder is not among the computed tokens) -> 4 blocks.
+  sched::ScheduledRequestView v{
+      .request = &a, .num_scheduled_tokens = 16, .will_sample = true, .adds_placeholder = true};
+  sched::SchedulerOutput out;
+  EXPECT_EQ(sc->BuildConnectorMeta(out, {&v, 1}).stores.at(0).block_ids.size(), 4u);
+
+  // A decode request with 17 known tokens and 2 placeholders, the older of
+  // which a step in flight computes: this step computes the newer one. Its
+  // block made of tokens 16..19 contains placeholders and must not be
+  // stored.
+  sched::Request d = MakeRequest("d", Tokens(17, 500), {5, 6, 7, 8, 9});
+  (void)PollMatch(sc.get(), d, 0);
+  sc->UpdateStateAfterAlloc(d, {}, 0);
+  d.num_computed_tokens = 18;  // 17 known + the older placeholder
+  d.num_output_placeholders = 2;
+  sched::ScheduledRequestView dv{
+      .request = &d, .num_scheduled_tokens = 1, .will_sample = true, .adds_placeholder = true};
+  ASSERT_EQ(dv.num_storable_tokens(), 17);
+  auto meta = sc->BuildConnectorMeta(out, {&dv, 1});
+  ASSERT_EQ(meta.stores.size(), 1u);
+  EXPECT_EQ(meta.stores[0].block_ids, (std::vector<int32_t>{5, 6, 7, 8}));
+}
+
+// Two requests of one step (async: each samples a placeholder) with the same
+// prompt store each block once: the second finds the first's entry known.
+TEST_F(ConnectorTest, BlocksOfTwoRequestsOfOneStepAreStoredOnce) {
+  StartStore();
+  auto sc = MakeScheduler();
+  ASSERT_TRUE(sc);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  sched::Request b = MakeRequest("b", Tokens(17), {6, 7, 8, 9, 10});
+  for (sched::Request* r : {&a, &b}) {
+    (void)PollMatch(sc.get(), *r, 0);
+    sc->UpdateStateAfterAlloc(*r, {}, 0);
+  }
+  const sched::ScheduledRequestView views[] = {
+      {.request = &a, .num_scheduled_tokens = 17, .will_sample = true, .adds_placeholder = true},
+      {.request = &b, .num_scheduled_tokens = 17, .will_sample = true, .adds_placeholder = true}};
+  sched::SchedulerOutput out;
+  const sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, views);
+  ASSERT_EQ(meta.stores.size(), 1u);
+  EXPECT_EQ(meta.stores[0].request_id, "a");
+  EXPECT_EQ(meta.stores[0].block_ids, (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(sc->stats().stored_blocks, 4u);
+}
+
+// A request that ends before a step covered its last full block: its final
+// store (RequestFinished) goes out in the next step's metadata, flagged
+// before_forward, and the worker copies it out in LoadBlocks, before that
+// step's loads write the (freed and reused) block.
+TEST_F(ConnectorTest, AFinalStoreIsReadBeforeTheNextStepsLoadsReuseItsBlocks) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  // "a" (8 tokens) ran a step that stored block 0 (1 of its 2 full blocks
+  // known then), and ends with its block 1 (cache block 2) complete.
+  sched::Request a = MakeRequest("a", Tokens(8), {1, 2});
+  (void)PollMatch(sc.get(), a, 0);
+  sc->UpdateStateAfterAlloc(a, {}, 0);
+  a.num_computed_tokens = 0;
+  sched::ScheduledRequestView v{.request = &a, .num_scheduled_tokens = 4};
+  sched::SchedulerOutput out;
+  const sched::KvConnectorMetadata first = sc->BuildConnectorMeta(out, {&v, 1});
+  ASSERT_EQ(first.stores.at(0).block_ids, std::vector<int32_t>{1});
+  cache_.Fill(1, 41);
+  sched::KvConnectorReport ignored;
+  wk->LoadBlocks(first, &ignored);
+  wk->SnapshotStores(first);
+  cache_.Fill(2, 42);
+  const std::vector<std::byte> a_block = cache_.blocks[2];
+  EXPECT_FALSE(sc->RequestFinished(a, a.block_ids, 8)) << "its blocks are freed at once";
+  // The next step reuses cache block 2 as the destination of b's load.
+  sched::Request b = MakeRequest("b", Tokens(9, 300), {2, 3, 4});
+  StoreBlocks(wk.get(), &cache_, b, 0, 0);
+  ASSERT_EQ(PollMatch(sc.get(), b, 0).num_external_tokens, 4);
+  sc->UpdateStateAfterAlloc(b, std::vector<int32_t>{2}, 4);
+  sched::KvConnectorMetadata next = sc->BuildConnectorMeta(out, {});
+  ASSERT_EQ(next.stores.size(), 1u);
+  EXPECT_TRUE(next.stores[0].before_forward);
+  EXPECT_EQ(next.stores[0].block_ids, std::vector<int32_t>{2});
+  ASSERT_EQ(next.loads.size(), 1u);
+  sched::KvConnectorReport report;
+  wk->LoadBlocks(next, &report);
+  EXPECT_NE(cache_.blocks[2], a_block) << "b's load wrote block 2";
+  wk->SnapshotStores(next);
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  // The store holds a's block as it was before the load.
+  sched::Request probe = MakeRequest("probe", Tokens(8), {5, 6});
+  ASSERT_EQ(PollMatch(sc.get(), probe, 0).num_external_tokens, 8);
+  sc->UpdateStateAfterAlloc(probe, std::vector<int32_t>{5, 6}, 8);
+  sched::KvConnectorReport loaded;
+  wk->LoadBlocks(sc->BuildConnectorMeta(out, {}), &loaded);
+  EXPECT_TRUE(loaded.invalid_block_ids.empty());
+  EXPECT_EQ(cache_.blocks[6], a_block);
+}
+
+// A store entry dropped because the worker's queue was full still finishes;
+// the scheduler learns the store lacks its blocks and forgets them, so the
+// next request holding them (here as a local prefix hit, which asks the
+// store nothing) stores them again.
+TEST_F(ConnectorTest, DroppedStoreIsForgottenAndStoredAgain) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker({.max_pending_store_bytes = kBlockBytes});  // 4 blocks never fit
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  const sched::KvConnectorMetadata meta = ComputeStep(sc.get(), &a);
+  ASSERT_EQ(meta.stores.size(), 1u);
+  wk->SnapshotStores(meta);
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  sched::KvConnectorReport sent;
+  wk->TakeFinishedSending(&sent);
+  EXPECT_EQ(sent.finished_sending, std::vector<std::string>{"a"});
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 4u);
+  EXPECT_EQ(wk->stats().stores_in_flight, 0);
+  sc->OnConnectorReport(sent);
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  EXPECT_EQ(sc->stats().stored_blocks_lost, 4u);
+  EXPECT_EQ(StoredOnLocalHit(sc.get(), "b"), (std::vector<int32_t>{1, 2, 3, 4}));
+}
+
+// A step that fails on the worker after LoadBlocks and before SnapshotStores:
+// its store entries are reported finished with the next step (not never),
+// and their blocks are stored again later.
+TEST_F(ConnectorTest, StoresOfAStepThatFailedBeforeItsSnapshotFinish) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  const sched::KvConnectorMetadata failed_step = ComputeStep(sc.get(), &a);
+  ASSERT_EQ(failed_step.stores.size(), 1u);
+  sched::KvConnectorReport report;
+  wk->LoadBlocks(failed_step, &report);  // ... and the forward pass fails
+  EXPECT_EQ(sc->stats().stores_in_flight, 1);
+  const sched::KvConnectorMetadata next_step;
+  wk->LoadBlocks(next_step, &report);
+  wk->SnapshotStores(next_step);
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  wk->TakeFinishedSending(&report);
+  EXPECT_EQ(report.finished_sending, std::vector<std::string>{"a"});
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 4u);
+  sc->OnConnectorReport(report);
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  EXPECT_EQ(StoredOnLocalHit(sc.get(), "b"), (std::vector<int32_t>{1, 2, 3, 4}));
+}
+
+// The worker cannot reach the store (the scheduler can): its Store RPC fails,
+// the entry finishes, and the scheduler forgets the blocks.
+TEST_F(ConnectorTest, FailedStoreIsForgottenAndStoredAgain) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker({.target = "127.0.0.1:1"});
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  wk->SnapshotStores(ComputeStep(sc.get(), &a));
+  ASSERT_TRUE(wk->WaitForStores(10'000));
+  sched::KvConnectorReport sent;
+  wk->TakeFinishedSending(&sent);
+  EXPECT_EQ(sent.finished_sending, std::vector<std::string>{"a"});
+  EXPECT_EQ(wk->stats().blocks_store_failed, 4u);
+  sc->OnConnectorReport(sent);
+  EXPECT_EQ(sc->stats().stored_blocks_lost, 4u);
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  EXPECT_EQ(StoredOnLocalHit(sc.get(), "b"), (std::vector<int32_t>{1, 2, 3, 4}));
+}
+
+// A store that succeeded keeps its blocks known: a local hit stores nothing,
+// and many entries queued at once all finish (in one batched RPC or more).
+TEST_F(ConnectorTest, SucceededStoresStayKnownAndEveryEntryFinishes) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  wk->SnapshotStores(ComputeStep(sc.get(), &a));
+  for (int i = 0; i < 20; ++i) {
+    sched::Request r =
+        MakeRequest("r" + std::to_string(i), Tokens(17, 1000 * (i + 1)), {1, 2, 3, 4, 5});
+    wk->SnapshotStores(ComputeStep(sc.get(), &r));
+  }
+  EXPECT_EQ(sc->stats().stores_in_flight, 21);
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  sched::KvConnectorReport sent;
+  wk->TakeFinishedSending(&sent);
+  EXPECT_EQ(sent.finished_sending.size(), 21u);
+  EXPECT_EQ(sent.finished_sending[0], "a");
+  sc->OnConnectorReport(sent);
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  EXPECT_EQ(sc->stats().stored_blocks_lost, 0u);
+  EXPECT_EQ(wk->stats().blocks_stored, 21u * 4);
+  EXPECT_TRUE(StoredOnLocalHit(sc.get(), "b").empty());
+}
+
+}  // namespace
+}  // namespace tandem::kvconnector
