@@ -1,8 +1,8 @@
 // KvStoreConnectorScheduler and KvStoreConnectorWorker against a real
 // tandem.v1.KvStore server in-process: asynchronous lookups (never blocking,
-// late = zero hits), stores bounded by known token ids and never repeated,
-// loads through staging into the cache, and every load failure (checksum,
-// missing, store down) reported as an invalid block with the load finished.
+// late = zero hits), loads through staging into the cache, and every load
+// failure (checksum, missing, store down) reported as an invalid block with
+// the load finished. The stores' tests are in connector_store_test.cc.
 #include <chrono>
 #include <cstring>
 #include <memory>
