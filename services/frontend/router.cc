@@ -13,6 +13,7 @@
 #include "tandem/common/logging.h"
 #include "tandem/rpc/convert.h"
 #include "tandem/rpc/server.h"
+#include "tandem/rpc/service_convert.h"
 
 namespace tandem::frontend {
 namespace {

@@ -13,6 +13,7 @@
 #include "tandem/common/status.h"
 #include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/rpc/convert.h"
+#include "tandem/rpc/service_convert.h"
 #include "tandem/rpc/status.h"
 
 namespace tandem::scheduler {

@@ -7,6 +7,7 @@
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/convert.h"
+#include "tandem/rpc/service_convert.h"
 #include "tandem/rpc/status.h"
 #include "tandem/rpc/tls.h"
 #include "tandem/sched/request_id.h"

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tandem/rpc/service_convert.h"
 #include "tandem/rpc/status.h"
 
 namespace tandem::rpc {
@@ -263,6 +264,50 @@ TEST(ConvertTest, GenerationDefaultsKeepUnsetFieldsUnsetThroughBytes) {
   ToProto(all, &reused);
   ToProto({.top_p = 0.5f}, &reused);  // overwrites, never merges
   EXPECT_FALSE(FromProto(reused).temperature);
+}
+
+TEST(ConvertTest, FinishReasonsRoundTripAndUnknownIsNone) {
+  for (FinishReason r :
+       {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError}) {
+    EXPECT_EQ(FromProto(ToProto(r)), r) << FinishReasonName(r);
+    EXPECT_NE(ToProto(r), v1::FINISH_REASON_UNSPECIFIED) << FinishReasonName(r);
+  }
+  EXPECT_EQ(ToProto(FinishReason::kNone), v1::FINISH_REASON_UNSPECIFIED);
+  EXPECT_EQ(FromProto(v1::FINISH_REASON_UNSPECIFIED), FinishReason::kNone);
+  EXPECT_EQ(FromProto(static_cast<v1::FinishReason>(99)), FinishReason::kNone);
+}
+
+// GetModelInfo through bytes: every field the frontend reads arrives.
+TEST(ConvertTest, ModelInfoRoundTripsThroughBytes) {
+  ModelInfo in{.ready = true,
+               .model_name = "m",
+               .model_fingerprint = "fp",
+               .vocab_size = 32000,
+               .max_model_len = 4096,
+               .block_size = 16,
+               .num_kv_blocks = 900,
+               .eos_token_id = 2,
+               .extra_eos_token_ids = {7, 9},
+               .generation = {.temperature = 0.6f, .top_p = 0.9f},
+               .max_logprobs = 20};
+  v1::GetModelInfoResponse proto;
+  ToProto(in, &proto);
+  v1::GetModelInfoResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(proto.SerializeAsString()));
+  const ModelInfo out = FromProto(parsed);
+  EXPECT_TRUE(out.ready);
+  EXPECT_EQ(out.model_name, "m");
+  EXPECT_EQ(out.model_fingerprint, "fp");
+  EXPECT_EQ(out.vocab_size, 32000);
+  EXPECT_EQ(out.max_model_len, 4096);
+  EXPECT_EQ(out.block_size, 16);
+  EXPECT_EQ(out.num_kv_blocks, 900);
+  EXPECT_EQ(out.eos_token_id, 2);
+  EXPECT_EQ(out.extra_eos_token_ids, (std::vector<int32_t>{7, 9}));
+  EXPECT_EQ(out.generation.temperature, 0.6f);
+  EXPECT_EQ(out.generation.top_p, 0.9f);
+  EXPECT_FALSE(out.generation.top_k.has_value());
+  EXPECT_EQ(out.max_logprobs, 20);
 }
 
 TEST(StatusTest, CodesAndMessagesSurviveBothWays) {

@@ -1,5 +1,8 @@
-// Conversion between the plain structs of libs/sched, libs/engine and common
-// and the tandem.v1 protos. The only place where both worlds meet (DESIGN §1).
+// Conversion between the plain structs of libs/sched and common and the
+// tandem.v1 step and sampling protos. With service_convert.h (the services'
+// own messages), the only place where both worlds meet (DESIGN §1). This
+// half needs only common.proto and worker.proto (the fuzz build compiles it
+// alone).
 #pragma once
 
 #include <cstdint>
@@ -7,12 +10,9 @@
 #include "absl/status/status.h"
 #include "tandem/common/finish_reason.h"
 #include "tandem/common/logprobs.h"
-#include "tandem/common/model_info.h"
 #include "tandem/common/sampling_params.h"
-#include "tandem/engine/engine_core.h"
 #include "tandem/sched/scheduler_output.h"
 #include "tandem/v1/common.pb.h"
-#include "tandem/v1/generation.pb.h"
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem::rpc {
@@ -42,15 +42,6 @@ void ToProto(const std::vector<TokenLogprobs>& in,
 // does not know) is kNone.
 [[nodiscard]] v1::FinishReason ToProto(FinishReason in);
 [[nodiscard]] FinishReason FromProto(v1::FinishReason in);
-
-// The served model (GetModelInfo). accepts_cache_salt depends on the caller:
-// the service sets it. FromProto's `ready` is true (a scheduler answers only
-// once a worker served).
-void ToProto(const ModelInfo& in, v1::GetModelInfoResponse* out);
-[[nodiscard]] ModelInfo FromProto(const v1::GetModelInfoResponse& in);
-
-// What a worker says about itself (Describe), as the engine core takes it.
-[[nodiscard]] engine::WorkerDescription FromProto(const v1::DescribeResponse& in);
 
 // Scheduler -> worker, one per step.
 void ToProto(const sched::SchedulerOutput& in, v1::SchedulerOutput* out);
