@@ -150,15 +150,14 @@ std::string_view CommentFamily(std::string_view line) {
 }  // namespace
 
 std::string AppendExposition(std::string own, std::string_view upstream) {
-  std::set<std::string_view> own_families;
+  std::set<std::string_view> own_families;  // views into `own`, which grows only after
   for (std::string_view rest = own; !rest.empty();) {
     const size_t end = rest.find('\n');
     const std::string_view family = CommentFamily(rest.substr(0, end));
     if (!family.empty()) own_families.insert(family);
     rest.remove_prefix(end == std::string_view::npos ? rest.size() : end + 1);
   }
-  std::string out = own;  // own_families points into `own`
-  if (!out.empty() && out.back() != '\n') out += '\n';
+  std::string tail;
   bool skipping = false;
   for (std::string_view rest = upstream; !rest.empty();) {
     const size_t end = rest.find('\n');
@@ -168,10 +167,12 @@ std::string AppendExposition(std::string own, std::string_view upstream) {
       skipping = own_families.count(family) != 0;
     }
     if (skipping || line.empty()) continue;
-    out.append(line);
-    out += '\n';
+    tail.append(line);
+    tail += '\n';
   }
-  return out;
+  if (!own.empty() && own.back() != '\n') own += '\n';
+  own += tail;
+  return own;
 }
 
 }  // namespace tandem::metrics

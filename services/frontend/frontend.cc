@@ -110,9 +110,8 @@ Frontend::Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tok
     token_bytes_[id] = tokenizer::PieceBytes(*piece, byte_level);
   }
   if (options_.metrics_from) {
-    metrics_relay_ = std::make_unique<MetricsRelay>(*options_.metrics_from, *registry_, [this] {
-      return prometheus::TextSerializer().Serialize(registry_->Collect());
-    });
+    metrics_relay_ = std::make_unique<MetricsRelay>(*options_.metrics_from, *registry_,
+                                                    [this] { return RenderMetrics(); });
   }
 }
 
@@ -316,8 +315,11 @@ void Frontend::Metrics(std::shared_ptr<HttpExchange> exchange) {
     metrics_relay_->Serve(std::move(exchange));
     return;
   }
-  exchange->Respond(200, "text/plain; version=0.0.4; charset=utf-8",
-                    prometheus::TextSerializer().Serialize(registry_->Collect()));
+  exchange->Respond(200, "text/plain; version=0.0.4; charset=utf-8", RenderMetrics());
+}
+
+std::string Frontend::RenderMetrics() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 
 }  // namespace tandem::frontend

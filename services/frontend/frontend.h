@@ -130,6 +130,8 @@ class Frontend {
   void Tokenize(HttpExchange& exchange);
   void Detokenize(HttpExchange& exchange);
   void Metrics(std::shared_ptr<HttpExchange> exchange);
+  // The registry's exposition (the relay's own part, when there is one).
+  std::string RenderMetrics() const;
 
   FrontendOptions options_;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;

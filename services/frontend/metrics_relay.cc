@@ -11,6 +11,7 @@
 #include "boost/beast/http.hpp"
 #include "tandem/common/logging.h"
 #include "tandem/metrics/metrics.h"
+#include "tandem/rpc/framed_socket.h"
 
 namespace tandem::frontend {
 
@@ -26,25 +27,19 @@ absl::StatusOr<MetricsUrl> ParseMetricsUrl(absl::string_view url) {
   };
   constexpr absl::string_view kScheme = "http://";
   if (!absl::StartsWith(url, kScheme)) return bad("only plain http:// is supported");
-  absl::string_view rest = url.substr(kScheme.size());
+  const absl::string_view rest = url.substr(kScheme.size());
   const size_t slash = rest.find('/');
-  const absl::string_view authority = rest.substr(0, slash);
-  MetricsUrl out;
-  out.target = slash == absl::string_view::npos ? "/" : std::string(rest.substr(slash));
-  const size_t colon = authority.rfind(':');
-  if (colon == absl::string_view::npos || colon == 0) return bad("no host:port");
-  absl::string_view host = authority.substr(0, colon);
-  if (host.front() == '[') {
-    if (host.size() < 3 || host.back() != ']') return bad("an unclosed [IPv6] host");
-    host = host.substr(1, host.size() - 2);
-  }
+  absl::StatusOr<std::pair<std::string, std::string>> host_port =
+      rpc::SplitHostPort(std::string(rest.substr(0, slash)));
+  if (!host_port.ok()) return bad("no host:port");
   int port = 0;
-  if (!absl::SimpleAtoi(authority.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+  if (!absl::SimpleAtoi(host_port->second, &port) || port <= 0 || port > 65535) {
     return bad("the port is not 1..65535");
   }
-  out.host = std::string(host);
-  out.port = std::to_string(port);
-  return out;
+  return MetricsUrl{
+      .host = std::move(host_port->first),
+      .port = std::to_string(port),
+      .target = slash == absl::string_view::npos ? "/" : std::string(rest.substr(slash))};
 }
 
 MetricsRelay::MetricsRelay(MetricsUrl url, prometheus::Registry& registry,
