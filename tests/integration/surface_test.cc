@@ -187,6 +187,24 @@ TEST(SurfaceTest, ABadKvStoreBulkPortIsRefusedAtStartup) {
             2)
       << out;
   EXPECT_NE(out.find("--kvstore-bulk-port"), std::string::npos) << out;
+  // The worker takes the same flag (and its old name, --kvstore-bulk-load)
+  // and checks it at start too.
+  for (const char* name : {"--kvstore-bulk-port", "--kvstore-bulk-load"}) {
+    EXPECT_EQ(RunCommand({BinaryPath("services/worker/tandem-worker"), "--model",
+                          "no-such-model.bin", "--kvstore", "127.0.0.1:1", name, "nonsense"},
+                         &out),
+              2)
+        << out;
+    EXPECT_NE(out.find("--kvstore-bulk-port must be auto, off or host:port"), std::string::npos)
+        << name << ": " << out;
+  }
+  // --metrics-port-file has no port to write with the metrics endpoint off.
+  EXPECT_EQ(RunCommand({BinaryPath("services/scheduler/tandem-scheduler"),
+                        "--metrics-listen=", "--metrics-port-file", "/tmp/unused.port"},
+                       &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--metrics-port-file needs --metrics-listen"), std::string::npos) << out;
 }
 
 // The worker's device flags: bf16 needs the cuda backend, a worker drives one
