@@ -6,14 +6,14 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "bulk_load_server.h"
 #include "grpcpp/server_builder.h"
 #include "kvstore_metrics.h"
-#include "kvstore_service.h"
+#include "kvstore_server.h"
 #include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvstore/kv_store.h"
@@ -96,8 +96,9 @@ int main(int argc, char** argv) {
   int32_t debug_corrupt_cold_every = 0;
   flags.Add("debug-lookup-delay-ms", &debug_lookup_delay_ms,
             "TESTS ONLY: answer every Lookup this many milliseconds late");
-  flags.Add("debug-corrupt-hot-every", &debug_corrupt_hot_every,
-            "TESTS ONLY: flip a byte in the hot-tier copy of every Nth newly stored block (0: off)");
+  flags.Add(
+      "debug-corrupt-hot-every", &debug_corrupt_hot_every,
+      "TESTS ONLY: flip a byte in the hot-tier copy of every Nth newly stored block (0: off)");
   flags.Add("debug-corrupt-cold-every", &debug_corrupt_cold_every,
             "TESTS ONLY: flip a byte in the RocksDB copy of every Nth newly stored block (0: off)");
   flags.ParseOrExit(argc, argv);
@@ -145,27 +146,27 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::pair<std::string, std::string>> addr =
         rpc::SplitHostPort(bulk_load_listen == "auto" ? listen : bulk_load_listen);
     if (!addr.ok()) {
-      return boot.Fail(absl::StrCat("--", bulk_load_listen == "auto" ? "listen" : "bulk-load-listen",
+      return boot.Fail(absl::StrCat("--",
+                                    bulk_load_listen == "auto" ? "listen" : "bulk-load-listen",
                                     ": ", addr.status().ToString()));
     }
     bulk_options.host = addr->first;
     bulk_options.port = bulk_load_listen == "auto" ? 0 : std::stoi(addr->second);
     if (absl::Status s = bulk_options.Validate(); !s.ok()) return boot.Fail(s.ToString());
   }
-  absl::StatusOr<std::unique_ptr<kvstore::KvStoreEngine>> store = kvstore::KvStoreEngine::Open(options);
-  if (!store.ok()) return boot.Fail(store.status().ToString(), 1);
-  std::unique_ptr<kvstore_service::BulkLoadServer> bulk;
-  if (bulk_load_listen != "off") {
-    absl::StatusOr<std::unique_ptr<kvstore_service::BulkLoadServer>> started =
-        kvstore_service::BulkLoadServer::Start(store->get(), bulk_options);
-    if (!started.ok()) return boot.Fail(started.status().ToString(), 1);
-    bulk = std::move(*started);
-    service_options.bulk_load = bulk.get();
-  }
-  kvstore_service::KvStoreServiceImpl service(store->get(), service_options);
+  absl::StatusOr<std::unique_ptr<kvstore_service::KvStoreServer>> server =
+      kvstore_service::KvStoreServer::Open(
+          {.store = options,
+           .service = service_options,
+           .bulk = bulk_load_listen != "off"
+                       ? std::optional<kvstore_service::BulkLoadServerOptions>(bulk_options)
+                       : std::nullopt});
+  if (!server.ok()) return boot.Fail(server.status().ToString(), 1);
+  kvstore::KvStoreEngine* const store = (*server)->engine();
+  kvstore_service::BulkLoadServer* const bulk = (*server)->bulk();
 
   auto registry = std::make_shared<prometheus::Registry>();
-  kvstore_service::KvStoreMetrics kv_metrics(*registry, store->get(), bulk.get());
+  kvstore_service::KvStoreMetrics kv_metrics(*registry, store, bulk);
   rpc::RegisterTlsMetrics(registry);  // the --tls-* reloads
   absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> exposer =
       metrics::MetricsServer::Start(metrics_options, registry, [&] { kv_metrics.Update(); });
@@ -175,23 +176,23 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   kvstore_service::ConfigureServerBuilder(&builder);
   boot.options().max_receive_message_bytes = kvstore_service::kMaxReceiveMessageBytes;
-  builder.RegisterService(&service);
+  builder.RegisterService((*server)->service());
   if (absl::Status s = boot.Serve(&builder); !s.ok()) return boot.Fail(s.ToString(), 1);
   boot.SetServing(true);
   const int port = boot.port();
   TANDEM_LOG(INFO) << "tandem-kvstore serving on port " << port << " (data " << data_dir
                    << ", durability " << durability << ", bulk load port "
                    << (bulk ? std::to_string(bulk->port()) : std::string("off")) << ", "
-                   << (tls.mutual() ? "mutual TLS: roles enforced"
+                   << (tls.mutual()    ? "mutual TLS: roles enforced"
                        : tls.enabled() ? "TLS without client certificates: roles NOT enforced"
                                        : "plain text")
                    << ")";
 
   boot.WaitForShutdown(absl::StrCat("draining for up to ", drain_timeout_s, " s"));
   boot.Shutdown(std::chrono::seconds(drain_timeout_s));
-  if (bulk) bulk->Shutdown();
-  exposer->reset();  // its scrapes read the store
-  store->reset();    // flushes the memtable
+  (*server)->Shutdown();  // the bulk port
+  exposer->reset();       // its scrapes read the store
+  server->reset();        // closes the store: flushes the memtable
   TANDEM_LOG(INFO) << "tandem-kvstore stopped";
   return 0;
 }

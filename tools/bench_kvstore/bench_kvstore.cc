@@ -42,12 +42,10 @@
 #include <thread>
 #include <vector>
 
-#include "bulk_load_server.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server_builder.h"
-#include "kvstore_service.h"
+#include "kvstore_server.h"
 #include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvconnector/kvstore_client.h"
@@ -84,16 +82,11 @@ std::vector<uint8_t> RandomBytes(uint64_t n, uint64_t seed) {
 // ---- in-process tandem-kvstore -------------------------------------------------
 
 struct Service {
-  std::unique_ptr<kvstore::KvStoreEngine> store;
-  std::unique_ptr<kvstore_service::BulkLoadServer> bulk;
-  std::unique_ptr<kvstore_service::KvStoreServiceImpl> impl;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<kvstore_service::KvStoreServer> server;
   std::unique_ptr<kvconnector::KvStoreClient> client;       // loads and lookups over the bulk port
   std::unique_ptr<kvconnector::KvStoreClient> grpc_client;  // loads and lookups over gRPC
   int port = 0;
   // The same store behind a second gRPC server with mutual TLS.
-  std::unique_ptr<kvstore_service::KvStoreServiceImpl> tls_impl;
-  std::unique_ptr<grpc::Server> tls_server;
   std::unique_ptr<kvconnector::KvStoreClient> tls_client;
 };
 
@@ -105,29 +98,25 @@ rpc::TlsOptions MakeCertificates(const std::string& dir) {
   const std::string cmd =
       "cd " + dir + " && openssl req -x509" + ec + "-keyout ca.key -out ca.pem -days 1 " +
       "-subj /CN=bench-ca && openssl req" + ec + "-keyout leaf.key -out leaf.csr -subj /CN=bench " +
-      "&& printf 'subjectAltName=IP:127.0.0.1,URI:spiffe://cluster.local/tandem/worker\n' > leaf.ext " +
+      "&& printf 'subjectAltName=IP:127.0.0.1,URI:spiffe://cluster.local/tandem/worker\n' > "
+      "leaf.ext " +
       "&& openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out leaf.pem " +
       "-days 1 -extfile leaf.ext > /dev/null 2>&1";
   TANDEM_CHECK(std::system(cmd.c_str()) == 0) << "openssl could not make the TLS certificates";
-  return rpc::TlsOptions{.cert_file = dir + "/leaf.pem", .key_file = dir + "/leaf.key",
-                         .ca_file = dir + "/ca.pem"};
+  return rpc::TlsOptions{
+      .cert_file = dir + "/leaf.pem", .key_file = dir + "/leaf.key", .ca_file = dir + "/ca.pem"};
 }
 
 void StartTls(Service* s, const std::string& dir, int64_t load_chunk_bytes) {
   const rpc::TlsOptions tls = MakeCertificates(dir);
-  s->tls_impl = std::make_unique<kvstore_service::KvStoreServiceImpl>(
-      s->store.get(), kvstore_service::KvStoreServiceOptions{.load_chunk_bytes = load_chunk_bytes});
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", rpc::ServerCredentialsFor(tls), &port);
-  kvstore_service::ConfigureServerBuilder(&builder);
-  builder.RegisterService(s->tls_impl.get());
-  s->tls_server = builder.BuildAndStart();
-  TANDEM_CHECK(s->tls_server != nullptr);
+  // As tandem-kvstore under TLS: the bulk port is not advertised.
+  absl::StatusOr<int> port = s->server->Listen("127.0.0.1:0", rpc::ServerCredentialsFor(tls),
+                                               /*advertise_bulk_port=*/false);
+  TANDEM_CHECK(port.ok()) << port.status();
   // The client dials with the process's client TLS settings.
   rpc::SetClientTls(tls);
   auto client = kvconnector::KvStoreClient::Create(
-      {.target = "127.0.0.1:" + std::to_string(port), .lookup_deadline_ms = 5000});
+      {.target = "127.0.0.1:" + std::to_string(*port), .lookup_deadline_ms = 5000});
   rpc::SetClientTls(rpc::TlsOptions{});
   TANDEM_CHECK(client.ok());
   s->tls_client = std::move(*client);
@@ -135,32 +124,25 @@ void StartTls(Service* s, const std::string& dir, int64_t load_chunk_bytes) {
 
 Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_chunk_bytes) {
   Service s;
-  auto store = kvstore::KvStoreEngine::Open({.data_dir = dir,
-                                       .hot_capacity_bytes = hot_bytes,
-                                       .hot_slot_bytes = 2 << 20,
-                                       .durability = kvstore::Durability::kWal,
-                                       .store_to_hot = hot_bytes > 0});
-  TANDEM_CHECK(store.ok()) << store.status();
-  s.store = std::move(*store);
-  auto bulk = kvstore_service::BulkLoadServer::Start(s.store.get(), {});
-  TANDEM_CHECK(bulk.ok()) << bulk.status();
-  s.bulk = std::move(*bulk);
-  s.impl = std::make_unique<kvstore_service::KvStoreServiceImpl>(
-      s.store.get(), kvstore_service::KvStoreServiceOptions{.load_chunk_bytes = load_chunk_bytes,
-                                                            .bulk_load = s.bulk.get()});
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  kvstore_service::ConfigureServerBuilder(&builder);
-  builder.RegisterService(s.impl.get());
-  s.server = builder.BuildAndStart();
-  TANDEM_CHECK(s.server != nullptr);
-  s.port = port;
+  auto server =
+      kvstore_service::KvStoreServer::Open({.store = {.data_dir = dir,
+                                                      .hot_capacity_bytes = hot_bytes,
+                                                      .hot_slot_bytes = 2 << 20,
+                                                      .durability = kvstore::Durability::kWal,
+                                                      .store_to_hot = hot_bytes > 0},
+                                            .service = {.load_chunk_bytes = load_chunk_bytes},
+                                            .bulk = kvstore_service::BulkLoadServerOptions{}});
+  TANDEM_CHECK(server.ok()) << server.status();
+  s.server = std::move(*server);
+  absl::StatusOr<int> port = s.server->Listen("127.0.0.1:0", grpc::InsecureServerCredentials());
+  TANDEM_CHECK(port.ok()) << port.status();
+  s.port = *port;
   for (bool bulk : {true, false}) {
-    auto client = kvconnector::KvStoreClient::Create({.target = "127.0.0.1:" + std::to_string(port),
-                                                      .lookup_deadline_ms = 5000,
-                                                      .bulk_load = bulk,
-                                                      .bulk_lookup = bulk});
+    auto client =
+        kvconnector::KvStoreClient::Create({.target = "127.0.0.1:" + std::to_string(s.port),
+                                            .lookup_deadline_ms = 5000,
+                                            .bulk_load = bulk,
+                                            .bulk_lookup = bulk});
     TANDEM_CHECK(client.ok());
     (bulk ? s.client : s.grpc_client) = std::move(*client);
   }
@@ -351,8 +333,8 @@ double StoreAll(kvconnector::KvStoreClient* client, const std::string& ns, const
 
 // `rounds` passes of Load over every block; GB/s. Checks each load went the
 // way it is labelled (bulk load port or gRPC stream).
-double LoadAll(kvconnector::KvStoreClient* client, bool bulk, const std::string& ns,
-               const Case& c, int rounds, Blocks* b) {
+double LoadAll(kvconnector::KvStoreClient* client, bool bulk, const std::string& ns, const Case& c,
+               int rounds, Blocks* b) {
   const uint64_t bulk_before = client->bulk_loads();
   uint64_t calls = 0;
   const auto t0 = Clock::now();
@@ -402,8 +384,8 @@ double Median(std::vector<double> v) {
 
 // The load paths measured against each other, in the order of a trial.
 enum Path { kHotBulk, kHotGrpc, kHotTls, kColdBulk, kColdGrpc, kRedisGet, kNumPaths };
-const char* const kPathNames[kNumPaths] = {"load hot", "hot gRPC", "gRPC+mTLS", "load cold",
-                                           "cold gRPC", "redis GET"};
+const char* const kPathNames[kNumPaths] = {"load hot",  "hot gRPC",  "gRPC+mTLS",
+                                           "load cold", "cold gRPC", "redis GET"};
 
 struct Figures {
   double store_none_gbps = 0, store_gbps = 0, redis_set_gbps = 0;
@@ -702,10 +684,7 @@ int Main(int argc, char** argv) {
         100 * (1 - figs[i].load_gbps[kHotTls] / figs[i].load_gbps[kHotBulk]));
   }
   hot.server->Shutdown();
-  hot.tls_server->Shutdown();
   cold.server->Shutdown();
-  hot.bulk->Shutdown();
-  cold.bulk->Shutdown();
   hot = Service();
   cold = Service();
   std::error_code ec;
