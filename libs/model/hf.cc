@@ -179,11 +179,12 @@ absl::Status WriteHfCheckpoint(const ModelConfig& c, const ModelWeights& w, cons
         }
       }
       if (header.size() > 1) header += ",";
-      header += absl::StrCat(JsonQuote(t.name), ":{\"dtype\":\"", dtype_name, "\",\"shape\":[",
-                             absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", begin, ",",
-                             begin + static_cast<int64_t>(t.data.size()) * esize, "]}");
+      header += absl::StrCat(nlohmann::json(t.name).dump(), ":{\"dtype\":\"", dtype_name,
+                             "\",\"shape\":[", absl::StrJoin(t.shape, ","), "],\"data_offsets\":[",
+                             begin, ",", begin + static_cast<int64_t>(t.data.size()) * esize, "]}");
       if (!weight_map.empty()) weight_map += ",";
-      weight_map += absl::StrCat(JsonQuote(t.name), ":", JsonQuote(shard_names[s]));
+      weight_map +=
+          absl::StrCat(nlohmann::json(t.name).dump(), ":", nlohmann::json(shard_names[s]).dump());
     }
     header += "}";
     while (header.size() % 8 != 0) header += " ";

@@ -88,57 +88,57 @@ absl::Status Bad(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
 
-bool IsSet(const JsonValue* v) { return v != nullptr && !v->is_null(); }
+bool IsSet(const nlohmann::json* v) { return v != nullptr && !v->is_null(); }
 
-absl::StatusOr<std::optional<double>> GetNumber(const JsonValue& obj, const std::string& path,
+absl::StatusOr<std::optional<double>> GetNumber(const nlohmann::json& obj, const std::string& path,
                                                 const std::string& key) {
-  const JsonValue* v = obj.Find(key);
+  const nlohmann::json* v = JsonMember(obj, key);
   if (!IsSet(v)) return std::optional<double>();
   if (!v->is_number()) return Bad(path, absl::StrCat("\"", key, "\" is not a number"));
-  return std::optional<double>(v->number());
+  return std::optional<double>(v->get<double>());
 }
 
-absl::StatusOr<int32_t> GetInt(const JsonValue& obj, const std::string& path,
+absl::StatusOr<int32_t> GetInt(const nlohmann::json& obj, const std::string& path,
                                const std::string& key, std::optional<int32_t> fallback) {
-  const JsonValue* v = obj.Find(key);
+  const nlohmann::json* v = JsonMember(obj, key);
   if (!IsSet(v)) {
     if (fallback) return *fallback;
     return Bad(path, absl::StrCat("missing \"", key, "\""));
   }
-  if (!v->is_number() || v->number() != std::floor(v->number()) || v->number() > INT32_MAX ||
-      v->number() < INT32_MIN) {
+  const double n = v->is_number() ? v->get<double>() : 0.5;
+  if (n != std::floor(n) || n > INT32_MAX || n < INT32_MIN) {
     return Bad(path, absl::StrCat("\"", key, "\" is not an integer"));
   }
-  return static_cast<int32_t>(v->number());
+  return static_cast<int32_t>(n);
 }
 
-absl::StatusOr<float> GetFloat(const JsonValue& obj, const std::string& path,
+absl::StatusOr<float> GetFloat(const nlohmann::json& obj, const std::string& path,
                                const std::string& key, float fallback) {
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> v, GetNumber(obj, path, key));
   return v ? static_cast<float>(*v) : fallback;
 }
 
-absl::StatusOr<bool> GetBool(const JsonValue& obj, const std::string& path, const std::string& key,
-                             bool fallback) {
-  const JsonValue* v = obj.Find(key);
+absl::StatusOr<bool> GetBool(const nlohmann::json& obj, const std::string& path,
+                             const std::string& key, bool fallback) {
+  const nlohmann::json* v = JsonMember(obj, key);
   if (!IsSet(v)) return fallback;
-  if (!v->is_bool()) return Bad(path, absl::StrCat("\"", key, "\" is not true or false"));
-  return v->boolean();
+  if (!v->is_boolean()) return Bad(path, absl::StrCat("\"", key, "\" is not true or false"));
+  return v->get<bool>();
 }
 
 // An int or a list of ints (eos_token_id).
-absl::StatusOr<std::vector<int32_t>> GetIds(const JsonValue& obj, const std::string& path,
+absl::StatusOr<std::vector<int32_t>> GetIds(const nlohmann::json& obj, const std::string& path,
                                             const std::string& key) {
-  const JsonValue* v = obj.Find(key);
+  const nlohmann::json* v = JsonMember(obj, key);
   std::vector<int32_t> ids;
   if (!IsSet(v)) return ids;
   if (v->is_array()) {
-    for (const JsonValue& x : v->array()) {
-      if (!x.is_number() || x.number() != std::floor(x.number()) || x.number() < 0 ||
-          x.number() > INT32_MAX) {
+    for (const nlohmann::json& x : *v) {
+      const double n = x.is_number() ? x.get<double>() : -1;
+      if (n != std::floor(n) || n < 0 || n > INT32_MAX) {
         return Bad(path, absl::StrCat("\"", key, "\" holds a value that is not a token id"));
       }
-      ids.push_back(static_cast<int32_t>(x.number()));
+      ids.push_back(static_cast<int32_t>(n));
     }
     return ids;
   }
@@ -147,17 +147,17 @@ absl::StatusOr<std::vector<int32_t>> GetIds(const JsonValue& obj, const std::str
   return ids;
 }
 
-absl::StatusOr<const FamilyInfo*> PickFamily(const JsonValue& cfg, const std::string& path,
+absl::StatusOr<const FamilyInfo*> PickFamily(const nlohmann::json& cfg, const std::string& path,
                                              std::string* architecture) {
-  const JsonValue* archs = cfg.Find("architectures");
-  const JsonValue* type = cfg.Find("model_type");
+  const nlohmann::json* archs = JsonMember(cfg, "architectures");
+  const nlohmann::json* type = JsonMember(cfg, "model_type");
   const FamilyInfo* by_arch = nullptr;
   const FamilyInfo* by_type = nullptr;
   if (IsSet(archs)) {
-    if (!archs->is_array() || archs->array().size() != 1 || !archs->array()[0].is_string()) {
+    if (!archs->is_array() || archs->size() != 1 || !(*archs)[0].is_string()) {
       return Bad(path, "\"architectures\" must be a list of one class name");
     }
-    *architecture = archs->array()[0].str();
+    *architecture = (*archs)[0].get<std::string>();
     for (const FamilyInfo& f : kFamilies) {
       if (*architecture == f.architecture) by_arch = &f;
     }
@@ -170,10 +170,10 @@ absl::StatusOr<const FamilyInfo*> PickFamily(const JsonValue& cfg, const std::st
   if (IsSet(type)) {
     if (!type->is_string()) return Bad(path, "\"model_type\" is not a string");
     for (const FamilyInfo& f : kFamilies) {
-      if (type->str() == f.model_type) by_type = &f;
+      if (type->get<std::string>() == f.model_type) by_type = &f;
     }
     if (by_type == nullptr) {
-      return Refuse(path, absl::StrCat("model_type \"", type->str(),
+      return Refuse(path, absl::StrCat("model_type \"", type->get<std::string>(),
                                        "\" is not supported (supported architectures: ",
                                        SupportedArchitectures(), ")"));
     }
@@ -182,8 +182,9 @@ absl::StatusOr<const FamilyInfo*> PickFamily(const JsonValue& cfg, const std::st
     return Bad(path, "neither \"architectures\" nor \"model_type\" says which model this is");
   }
   if (by_arch != nullptr && by_type != nullptr && by_arch != by_type) {
-    return Bad(path, absl::StrCat("architecture \"", *architecture, "\" disagrees with model_type \"",
-                                  type->str(), "\""));
+    return Bad(path,
+               absl::StrCat("architecture \"", *architecture, "\" disagrees with model_type \"",
+                            type->get<std::string>(), "\""));
   }
   const FamilyInfo* f = by_arch != nullptr ? by_arch : by_type;
   *architecture = f->architecture;
@@ -191,11 +192,11 @@ absl::StatusOr<const FamilyInfo*> PickFamily(const JsonValue& cfg, const std::st
 }
 
 // RoPE: rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x).
-absl::Status ReadRope(const JsonValue& cfg, const std::string& path, ModelConfig* c) {
-  const JsonValue* params = cfg.Find("rope_parameters");
-  const JsonValue* scaling = cfg.Find("rope_scaling");
+absl::Status ReadRope(const nlohmann::json& cfg, const std::string& path, ModelConfig* c) {
+  const nlohmann::json* params = JsonMember(cfg, "rope_parameters");
+  const nlohmann::json* scaling = JsonMember(cfg, "rope_scaling");
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> top_theta, GetNumber(cfg, path, "rope_theta"));
-  const JsonValue* rope = nullptr;
+  const nlohmann::json* rope = nullptr;
   const char* rope_key = "";
   if (IsSet(params)) {
     if (IsSet(scaling)) {
@@ -221,9 +222,9 @@ absl::Status ReadRope(const JsonValue& cfg, const std::string& path, ModelConfig
   }
   std::string type = "default";
   for (const char* key : {"rope_type", "type"}) {
-    if (const JsonValue* t = rope->Find(key); IsSet(t)) {
+    if (const nlohmann::json* t = JsonMember(*rope, key); IsSet(t)) {
       if (!t->is_string()) return Bad(where, absl::StrCat("\"", key, "\" is not a string"));
-      type = t->str();
+      type = t->get<std::string>();
     }
   }
   std::set<std::string> allowed = {"rope_type", "type", "rope_theta"};
@@ -250,9 +251,9 @@ absl::Status ReadRope(const JsonValue& cfg, const std::string& path, ModelConfig
     return Refuse(path, absl::StrCat(rope_key, " rope_type \"", type,
                                      "\" is not supported (supported: default, linear, llama3)"));
   }
-  for (const auto& [key, value] : rope->object()) {
+  for (const auto& [key, value] : rope->items()) {
     if (key == "partial_rotary_factor") {
-      if (!value.is_null() && !(value.is_number() && value.number() == 1.0)) {
+      if (!value.is_null() && !(value.is_number() && value.get<double>() == 1.0)) {
         return Refuse(path, absl::StrCat(rope_key, ".partial_rotary_factor != 1 is not supported"));
       }
       continue;
@@ -267,7 +268,7 @@ absl::Status ReadRope(const JsonValue& cfg, const std::string& path, ModelConfig
 
 // Sliding-window attention: not implemented; see the header. Returns the
 // window when some layer slides, 0 when none does.
-absl::StatusOr<int32_t> SlidingWindow(const JsonValue& cfg, const std::string& path,
+absl::StatusOr<int32_t> SlidingWindow(const nlohmann::json& cfg, const std::string& path,
                                       const FamilyInfo& f, int32_t num_layers) {
   TANDEM_ASSIGN_OR_RETURN(int32_t window, GetInt(cfg, path, "sliding_window", 0));
   if (window < 0) return Bad(path, "\"sliding_window\" is negative");
@@ -278,17 +279,18 @@ absl::StatusOr<int32_t> SlidingWindow(const JsonValue& cfg, const std::string& p
     TANDEM_ASSIGN_OR_RETURN(int32_t max_window_layers,
                             GetInt(cfg, path, "max_window_layers", num_layers));
     slides = use && window > 0 && max_window_layers < num_layers;
-  } else if (IsSet(cfg.Find("use_sliding_window")) || IsSet(cfg.Find("max_window_layers"))) {
+  } else if (IsSet(JsonMember(cfg, "use_sliding_window")) ||
+             IsSet(JsonMember(cfg, "max_window_layers"))) {
     return Refuse(path, "use_sliding_window / max_window_layers are Qwen keys, not this family's");
   }
-  if (const JsonValue* types = cfg.Find("layer_types"); IsSet(types)) {
-    if (!types->is_array() || static_cast<int32_t>(types->array().size()) != num_layers) {
+  if (const nlohmann::json* types = JsonMember(cfg, "layer_types"); IsSet(types)) {
+    if (!types->is_array() || static_cast<int32_t>(types->size()) != num_layers) {
       return Bad(path, "\"layer_types\" must list one type per layer");
     }
     bool any_sliding = false;
-    for (const JsonValue& t : types->array()) {
-      if (t.is_string() && t.str() == "full_attention") continue;
-      if (t.is_string() && t.str() == "sliding_attention") {
+    for (const nlohmann::json& t : *types) {
+      if (t.is_string() && t.get<std::string>() == "full_attention") continue;
+      if (t.is_string() && t.get<std::string>() == "sliding_attention") {
         any_sliding = true;
         continue;
       }
@@ -305,7 +307,7 @@ absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return absl::OkStatus();
   TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  absl::StatusOr<JsonValue> gen = JsonValue::Parse(text);
+  absl::StatusOr<nlohmann::json> gen = ParseJson(text);
   if (!gen.ok()) return Annotate(gen.status(), path);
   if (!gen->is_object()) return Bad(path, "not a JSON object");
   TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> eos, GetIds(*gen, path, "eos_token_id"));
@@ -320,7 +322,7 @@ absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
   TANDEM_RETURN_IF_ERROR(opt_float("top_p", &g.top_p));
   TANDEM_RETURN_IF_ERROR(opt_float("min_p", &g.min_p));
   TANDEM_RETURN_IF_ERROR(opt_float("repetition_penalty", &g.repetition_penalty));
-  if (IsSet(gen->Find("top_k"))) {
+  if (IsSet(JsonMember(*gen, "top_k"))) {
     TANDEM_ASSIGN_OR_RETURN(int32_t k, GetInt(*gen, path, "top_k", std::nullopt));
     g.top_k = k;
   }
@@ -333,32 +335,33 @@ absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
 absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir) {
   const std::string path = JoinPath(dir, "config.json");
   TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  absl::StatusOr<JsonValue> parsed = JsonValue::Parse(text);
+  absl::StatusOr<nlohmann::json> parsed = ParseJson(text);
   if (!parsed.ok()) return Annotate(parsed.status(), path);
-  const JsonValue& cfg = *parsed;
+  const nlohmann::json& cfg = *parsed;
   if (!cfg.is_object()) return Bad(path, "not a JSON object");
 
   HfConfig out;
   TANDEM_ASSIGN_OR_RETURN(const FamilyInfo* f, PickFamily(cfg, path, &out.architecture));
-  for (const auto& [key, value] : cfg.object()) {
+  for (const auto& [key, value] : cfg.items()) {
     if (ReadKeys().count(key) == 0 && HarmlessKeys().count(key) == 0) {
       return Refuse(path, absl::StrCat("config key \"", key,
                                        "\" is not supported (it may change the model's math; "
                                        "Tandem refuses what it cannot honour exactly)"));
     }
   }
-  if (const JsonValue* q = cfg.Find("quantization_config"); IsSet(q)) {
-    const JsonValue* method = q->is_object() ? q->Find("quant_method") : nullptr;
+  if (const nlohmann::json* q = JsonMember(cfg, "quantization_config"); IsSet(q)) {
+    const nlohmann::json* method = q->is_object() ? JsonMember(*q, "quant_method") : nullptr;
     return Refuse(path, absl::StrCat("quantization_config",
                                      method != nullptr && method->is_string()
-                                         ? " (quant_method \"" + method->str() + "\")"
+                                         ? " (quant_method \"" + method->get<std::string>() + "\")"
                                          : "",
                                      " is not supported: Tandem serves unquantized checkpoints"));
   }
-  if (const JsonValue* d = cfg.Find("torch_dtype"); d != nullptr && d->is_string()) {
-    out.torch_dtype = d->str();
-  } else if (const JsonValue* d2 = cfg.Find("dtype"); d2 != nullptr && d2->is_string()) {
-    out.torch_dtype = d2->str();
+  if (const nlohmann::json* d = JsonMember(cfg, "torch_dtype"); d != nullptr && d->is_string()) {
+    out.torch_dtype = d->get<std::string>();
+  } else if (const nlohmann::json* d2 = JsonMember(cfg, "dtype");
+             d2 != nullptr && d2->is_string()) {
+    out.torch_dtype = d2->get<std::string>();
   }
 
   ModelConfig& c = out.config;
@@ -383,7 +386,7 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir) {
   if (c.num_heads <= 0) return Bad(path, "\"num_attention_heads\" must be positive");
   const int32_t default_head =
       f->default_head_dim > 0 ? f->default_head_dim : c.dim / c.num_heads;
-  if (f->default_head_dim == 0 && !IsSet(cfg.Find("head_dim")) && c.dim % c.num_heads != 0) {
+  if (f->default_head_dim == 0 && !IsSet(JsonMember(cfg, "head_dim")) && c.dim % c.num_heads != 0) {
     return Bad(path, absl::StrCat("hidden_size ", c.dim, " is not a multiple of ",
                                   "num_attention_heads ", c.num_heads, " and head_dim is not set"));
   }
@@ -403,9 +406,9 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir) {
   // a leftover that transformers ignores); the others read hidden_act.
   const char* act_key = f->family == ModelFamily::kGemma ? "hidden_activation" : "hidden_act";
   std::string act = f->family == ModelFamily::kGemma ? "gelu_pytorch_tanh" : "silu";
-  if (const JsonValue* a = cfg.Find(act_key); IsSet(a)) {
+  if (const nlohmann::json* a = JsonMember(cfg, act_key); IsSet(a)) {
     if (!a->is_string()) return Bad(path, absl::StrCat("\"", act_key, "\" is not a string"));
-    act = a->str();
+    act = a->get<std::string>();
   }
   if (act == "silu" || act == "swish") {
     c.activation = Activation::kSilu;

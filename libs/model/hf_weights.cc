@@ -47,40 +47,40 @@ absl::Status IndexSafetensors(const std::string& path, std::string_view bytes,
                                                    " exceeds the file (", bytes.size(),
                                                    " bytes): truncated or not safetensors"));
   }
-  absl::StatusOr<JsonValue> header = JsonValue::Parse(std::string(bytes.substr(8, header_len)));
+  absl::StatusOr<nlohmann::json> header = ParseJson(bytes.substr(8, header_len));
   if (!header.ok()) return Annotate(header.status(), absl::StrCat(path, ": header"));
   if (!header->is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": header is not a JSON object"));
   }
   const int64_t data_start = 8 + static_cast<int64_t>(header_len);
   const int64_t data_len = static_cast<int64_t>(bytes.size()) - data_start;
-  for (const auto& [name, v] : header->object()) {
+  for (const auto& [name, v] : header->items()) {
     if (name == "__metadata__") continue;
-    const JsonValue* dtype = v.Find("dtype");
-    const JsonValue* shape = v.Find("shape");
-    const JsonValue* offsets = v.Find("data_offsets");
+    const nlohmann::json* dtype = JsonMember(v, "dtype");
+    const nlohmann::json* shape = JsonMember(v, "shape");
+    const nlohmann::json* offsets = JsonMember(v, "data_offsets");
     if (dtype == nullptr || !dtype->is_string() || shape == nullptr || !shape->is_array() ||
-        offsets == nullptr || !offsets->is_array() || offsets->array().size() != 2) {
+        offsets == nullptr || !offsets->is_array() || offsets->size() != 2) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor '", name, "' lacks dtype, shape or data_offsets"));
     }
     TensorInfo t;
     t.file = path;
-    t.dtype = dtype->str();
+    t.dtype = dtype->get<std::string>();
     int64_t numel = 1;
-    for (const JsonValue& d : shape->array()) {
+    for (const nlohmann::json& d : *shape) {
       // Bounded so that numel * element size cannot overflow (2^40 elements
       // is far past any tensor this loader reads into memory).
       constexpr double kMaxElements = 1099511627776.0;  // 2^40
-      if (!d.is_number() || d.number() < 0 || d.number() != std::floor(d.number()) ||
-          d.number() * static_cast<double>(numel) > kMaxElements) {
+      const double n = d.is_number() ? d.get<double>() : -1;
+      if (n < 0 || n != std::floor(n) || n * static_cast<double>(numel) > kMaxElements) {
         return absl::InvalidArgumentError(absl::StrCat(
             path, ": tensor '", name, "' bad shape (negative, fractional, or over 2^40 elements)"));
       }
-      t.shape.push_back(static_cast<int64_t>(d.number()));
+      t.shape.push_back(static_cast<int64_t>(n));
       numel *= t.shape.back();
     }
-    const double b = offsets->array()[0].number(), e = offsets->array()[1].number();
+    const double b = (*offsets)[0].get<double>(), e = (*offsets)[1].get<double>();
     if (!(b >= 0 && e >= b && e <= static_cast<double>(data_len))) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: tensor '%s' data_offsets [%.0f, %.0f] outside the %d data bytes (truncated?)", path,
@@ -109,11 +109,11 @@ absl::Status CheckIndexMatchesShards(const std::string& dir, const std::string& 
   std::error_code ec;
   if (!std::filesystem::exists(index_path, ec)) return absl::OkStatus();
   TANDEM_ASSIGN_OR_RETURN(std::string text, internal::ReadFile(index_path));
-  absl::StatusOr<JsonValue> index = JsonValue::Parse(text);
+  absl::StatusOr<nlohmann::json> index = ParseJson(text);
   if (!index.ok()) return Annotate(index.status(), index_path);
-  for (const auto& [name, file] : index->Find("weight_map")->object()) {
+  for (const auto& [name, file] : JsonMember(*index, "weight_map")->items()) {
     auto it = tensors.find(name);
-    const std::string want = JoinPath(dir, file.str());
+    const std::string want = JoinPath(dir, file.get<std::string>());
     if (it == tensors.end()) {
       return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map names tensor '",
                                                      name, "' in ", want, ", which lacks it"));
@@ -170,18 +170,18 @@ absl::StatusOr<std::shared_ptr<HfWeights>> HfWeights::Open(const std::string& di
   std::error_code ec;
   if (std::filesystem::exists(index_path, ec)) {
     TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(index_path));
-    absl::StatusOr<JsonValue> index = JsonValue::Parse(text);
+    absl::StatusOr<nlohmann::json> index = ParseJson(text);
     if (!index.ok()) return Annotate(index.status(), index_path);
-    const JsonValue* map = index->Find("weight_map");
+    const nlohmann::json* map = JsonMember(*index, "weight_map");
     if (map == nullptr || !map->is_object()) {
       return absl::InvalidArgumentError(index_path + ": missing \"weight_map\" object");
     }
-    for (const auto& [name, file] : map->object()) {
+    for (const auto& [name, file] : map->items()) {
       if (!file.is_string()) {
         return absl::InvalidArgumentError(index_path + ": weight_map['" + name +
                                           "'] is not a file name");
       }
-      const std::string p = JoinPath(dir, file.str());
+      const std::string p = JoinPath(dir, file.get<std::string>());
       if (std::find(shard_paths.begin(), shard_paths.end(), p) == shard_paths.end()) {
         shard_paths.push_back(p);
       }

@@ -36,22 +36,16 @@ inline std::vector<ReferenceCase> LoadReferenceCases(
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
-  auto json = model::JsonValue::Parse(ss.str());
+  auto json = model::ParseJson(ss.str());
   EXPECT_TRUE(json.ok()) << json.status();
   std::vector<ReferenceCase> cases;
   if (!json.ok()) return cases;
-  auto ids = [](const model::JsonValue* v) {
-    std::vector<int32_t> out;
-    for (const auto& x : v->array()) out.push_back(static_cast<int32_t>(x.number()));
-    return out;
-  };
-  const model::JsonValue& list = json->is_object() ? *json->Find("cases") : *json;
-  for (const model::JsonValue& c : list.array()) {
-    cases.push_back(
-        {.prompt = ids(c.Find("prompt_token_ids")),
-         .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),
-         .expected = ids(c.Find("expected_output_token_ids")),
-         .decisive_prefix_len = static_cast<size_t>(c.Find("decisive_prefix_len")->number())});
+  const nlohmann::json& list = json->is_object() ? json->at("cases") : *json;
+  for (const nlohmann::json& c : list) {
+    cases.push_back({.prompt = c.at("prompt_token_ids").get<std::vector<int32_t>>(),
+                     .max_tokens = c.at("max_tokens").get<int32_t>(),
+                     .expected = c.at("expected_output_token_ids").get<std::vector<int32_t>>(),
+                     .decisive_prefix_len = c.at("decisive_prefix_len").get<size_t>()});
   }
   return cases;
 }

@@ -1,4 +1,4 @@
-// The JSON reader, the random-model generator and the llama2.c writer.
+// The loaders' JSON helpers, the random-model generator and the llama2.c writer.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/model/json.h"
@@ -11,33 +11,38 @@ using ::testing::HasSubstr;
 using testing::TempDir;
 
 TEST(JsonTest, ParsesNestedValuesAndEscapes) {
-  auto v = JsonValue::Parse(
-      R"( {"a": [1, -2.5e1, true, null], "b": {"c": "x\"y\\z\n\u00e9"}, "d": false} )");
+  auto v =
+      ParseJson(R"( {"a": [1, -2.5e1, true, null], "b": {"c": "x\"y\\z\n\u00e9"}, "d": false} )");
   ASSERT_TRUE(v.ok()) << v.status();
-  const JsonValue* a = v->Find("a");
+  const nlohmann::json* a = JsonMember(*v, "a");
   ASSERT_NE(a, nullptr);
-  ASSERT_EQ(a->array().size(), 4u);
-  EXPECT_EQ(a->array()[0].number(), 1);
-  EXPECT_EQ(a->array()[1].number(), -25);
-  EXPECT_TRUE(a->array()[2].boolean());
-  EXPECT_TRUE(a->array()[3].is_null());
-  EXPECT_EQ(v->Find("b")->Find("c")->str(), "x\"y\\z\n\xc3\xa9");
-  EXPECT_FALSE(v->Find("d")->boolean());
-  EXPECT_EQ(v->Find("missing"), nullptr);
-  auto q = JsonValue::Parse(JsonQuote("a\"b\\c\x01"));
-  ASSERT_TRUE(q.ok());
-  EXPECT_EQ(q->str(), "a\"b\\c\x01");
+  ASSERT_EQ(a->size(), 4u);
+  EXPECT_EQ((*a)[0].get<double>(), 1);
+  EXPECT_EQ((*a)[1].get<double>(), -25);
+  EXPECT_TRUE((*a)[2].get<bool>());
+  EXPECT_TRUE((*a)[3].is_null());
+  EXPECT_EQ(JsonMember(*JsonMember(*v, "b"), "c")->get<std::string>(), "x\"y\\z\n\xc3\xa9");
+  EXPECT_FALSE(JsonMember(*v, "d")->get<bool>());
+  EXPECT_EQ(JsonMember(*v, "missing"), nullptr);
+  EXPECT_EQ(JsonMember(*a, "a"), nullptr);  // not an object
 }
 
 TEST(JsonTest, RejectsMalformedInputWithPosition) {
-  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "{\"a\":1} x", "\"open", "tru",
-                          "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
-                          "[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
-                          "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"}) {
-    auto v = JsonValue::Parse(bad);
+  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "{\"a\":1} x", "\"open", "tru"}) {
+    auto v = ParseJson(bad);
     EXPECT_FALSE(v.ok()) << bad;
-    EXPECT_THAT(std::string(v.status().message()), HasSubstr("JSON parse error at byte"));
+    EXPECT_THAT(std::string(v.status().message()), HasSubstr("JSON parse error at byte")) << bad;
   }
+}
+
+TEST(JsonTest, RefusesNestingDeeperThanTheLimit) {
+  const std::string ok = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  EXPECT_TRUE(ParseJson(ok).ok());
+  const std::string deep =
+      std::string(kMaxJsonDepth + 2, '[') + std::string(kMaxJsonDepth + 2, ']');
+  auto v = ParseJson(deep);
+  ASSERT_FALSE(v.ok());
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("nested deeper than 64"));
 }
 
 TEST(RandomModelTest, IsAPureFunctionOfSizesAndSeed) {

@@ -53,16 +53,16 @@ struct HfCase {
 };
 
 std::vector<HfCase> LoadHfCases(const std::string& fixture) {
-  auto doc = JsonValue::Parse(Slurp(FixtureDir(fixture) + "/reference.json"));
+  auto doc = ParseJson(Slurp(FixtureDir(fixture) + "/reference.json"));
   EXPECT_TRUE(doc.ok()) << doc.status();
   std::vector<HfCase> cases;
   if (!doc.ok()) return cases;
-  for (const JsonValue& c : doc->Find("cases")->array()) {
-    HfCase h{.prompt = Ints(*c.Find("prompt_token_ids")),
-             .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),
-             .expected = Ints(*c.Find("expected_output_token_ids")),
-             .decisive = static_cast<int32_t>(c.Find("decisive_prefix_len")->number())};
-    for (const JsonValue& m : c.Find("top2_margins")->array()) h.margins.push_back(m.number());
+  for (const nlohmann::json& c : doc->at("cases")) {
+    HfCase h{.prompt = Ints(c.at("prompt_token_ids")),
+             .max_tokens = c.at("max_tokens").get<int32_t>(),
+             .expected = Ints(c.at("expected_output_token_ids")),
+             .margins = c.at("top2_margins").get<std::vector<double>>(),
+             .decisive = c.at("decisive_prefix_len").get<int32_t>()};
     cases.push_back(std::move(h));
   }
   return cases;

@@ -145,28 +145,23 @@ struct ReferenceCase {
   bool stopped_on_token_1 = false;
 };
 
-inline std::vector<int32_t> Ints(const JsonValue& v) {
-  std::vector<int32_t> out;
-  for (const JsonValue& x : v.array()) out.push_back(static_cast<int32_t>(x.number()));
-  return out;
-}
+inline std::vector<int32_t> Ints(const nlohmann::json& v) { return v.get<std::vector<int32_t>>(); }
 
 // The cases of stories260K.reference.json (llama2.c run.c's greedy outputs).
 inline std::vector<ReferenceCase> LoadCases() {
   std::ifstream in(ReferencePath());
   std::stringstream ss;
   ss << in.rdbuf();
-  auto doc = JsonValue::Parse(ss.str());
+  auto doc = ParseJson(ss.str());
   EXPECT_TRUE(doc.ok()) << doc.status();
   std::vector<ReferenceCase> cases;
   if (!doc.ok()) return cases;
-  for (const JsonValue& c : doc->array()) {
-    cases.push_back(ReferenceCase{
-        .prompt = Ints(*c.Find("prompt_token_ids")),
-        .max_tokens = static_cast<int32_t>(c.Find("max_tokens")->number()),
-        .expected = Ints(*c.Find("expected_output_token_ids")),
-        .decisive_prefix_len = static_cast<int32_t>(c.Find("decisive_prefix_len")->number()),
-        .stopped_on_token_1 = c.Find("stopped_on_token_1")->boolean()});
+  for (const nlohmann::json& c : *doc) {
+    cases.push_back(ReferenceCase{.prompt = Ints(c.at("prompt_token_ids")),
+                                  .max_tokens = c.at("max_tokens").get<int32_t>(),
+                                  .expected = Ints(c.at("expected_output_token_ids")),
+                                  .decisive_prefix_len = c.at("decisive_prefix_len").get<int32_t>(),
+                                  .stopped_on_token_1 = c.at("stopped_on_token_1").get<bool>()});
   }
   return cases;
 }
