@@ -62,10 +62,6 @@ const char* ErrorString(int error) { return cudaGetErrorString(static_cast<cudaE
 
 int Malloc(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
 int Free(void* ptr) { return cudaFree(ptr); }
-int HostAlloc(void** host_ptr, size_t bytes) {
-  return cudaHostAlloc(host_ptr, bytes, cudaHostAllocPortable);
-}
-int HostFree(void* host_ptr) { return cudaFreeHost(host_ptr); }
 int Memset(void* ptr, int value, size_t bytes) { return cudaMemset(ptr, value, bytes); }
 int CopyToDevice(void* dst, const void* host_src, size_t bytes) {
   return cudaMemcpy(dst, host_src, bytes, cudaMemcpyHostToDevice);

@@ -1,6 +1,7 @@
 // Device-memory helpers of the CUDA runner (cuda_runner.cc; built only with
-// TANDEM_HAVE_CUDA): CUDA error codes as Status, grow-only device and pinned
-// host buffers, and the upload of a model's weights into them.
+// TANDEM_HAVE_CUDA): CUDA error codes as Status, grow-only device buffers,
+// and the upload of a model's weights into them. Pinned host memory is
+// tandem::PinnedBuffer (tandem/common/pinned_memory.h), the tree's one.
 #pragma once
 
 #include <algorithm>
@@ -25,8 +26,7 @@ inline absl::Status CudaStatus(int err, const char* what) {
   return absl::InternalError(absl::StrCat("CUDA ", what, ": ", kd::ErrorString(err)));
 }
 
-// Memory that only grows: device memory (kd::Malloc) or pinned host memory
-// (kd::HostAlloc).
+// Device memory (kd::Malloc) that only grows.
 template <int (*kAlloc)(void**, size_t), int (*kFree)(void*)>
 class GrowOnlyBuffer {
  public:
@@ -76,7 +76,6 @@ class GrowOnlyBuffer {
   size_t bytes_ = 0;
 };
 using DeviceBuffer = GrowOnlyBuffer<kd::Malloc, kd::Free>;
-using PinnedHostBuffer = GrowOnlyBuffer<kd::HostAlloc, kd::HostFree>;
 
 // Uploads the weights `kinds` of `layer`, stacked by rows (one fused GEMM's
 // weight when several), as fp32 or bf16 (the model's Fp32 / Bf16 views: a

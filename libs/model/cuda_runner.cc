@@ -20,6 +20,7 @@
 #include "cuda_buffers.h"
 #include "decode_graphs.h"
 #include "tandem/common/logging.h"
+#include "tandem/common/pinned_memory.h"
 #include "tandem/common/status.h"
 #include "tandem/kernels/attention_plan.h"
 #include "tandem/kernels/cuda_bf16_ops.h"
@@ -323,19 +324,22 @@ class CudaRunnerBase : public ModelRunner {
     // Powers of two: a decode graph's tables grow a little every few steps,
     // and a moved inputs_ would drop the graphs.
     const size_t capacity = std::bit_ceil(std::max<size_t>(offset, size_t{64} << 10));
-    TANDEM_RETURN_IF_ERROR(staging_.Reserve(capacity));
+    if (staging_.size() < capacity) {
+      staging_ = PinnedBuffer();  // the old one goes first (no step reads it: see below)
+      TANDEM_ASSIGN_OR_RETURN(
+          staging_, PinnedBuffer::Allocate(capacity, {.lock = false, .what = "step inputs"}));
+    }
     TANDEM_RETURN_IF_ERROR(inputs_.Reserve(capacity));
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].second > 0) {
-        std::memcpy(staging_.get<std::byte>() + offsets[i], parts[i].first, parts[i].second);
+        std::memcpy(staging_.data() + offsets[i], parts[i].first, parts[i].second);
       }
     }
     // The previous step's kernels may still read inputs_: the copy is on the
     // same stream, so it waits for them; the host waits for the copy before
     // the next step rewrites staging_ (Forward ends with a synchronous copy).
-    TANDEM_RETURN_IF_ERROR(
-        CudaStatus(kd::CopyAsync(inputs_.get<std::byte>(), staging_.get<std::byte>(), offset, stream_),
-                   "input upload"));
+    TANDEM_RETURN_IF_ERROR(CudaStatus(
+        kd::CopyAsync(inputs_.get<std::byte>(), staging_.data(), offset, stream_), "input upload"));
     const std::byte* base = inputs_.get<std::byte>();
     in->slots = reinterpret_cast<const int64_t*>(base + offsets[0]);
     in->tokens = reinterpret_cast<const int32_t*>(base + offsets[1]);
@@ -356,7 +360,7 @@ class CudaRunnerBase : public ModelRunner {
   bool tensor_core_attention_;
   bool graphs_enabled_;
   kernels::AttentionPlan plan_;  // of the step being run
-  PinnedHostBuffer staging_;
+  PinnedBuffer staging_;         // cudaHostAlloc: the upload is one async copy
   DeviceBuffer inputs_, argmax_, blas_workspace_;
   std::map<std::pair<int32_t, int32_t>, void*> graphs_;  // (rows, splits) -> exec
   std::vector<void*> graph_pointers_;  // the buffers' addresses the graphs hold

@@ -15,6 +15,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "tandem/common/pinned_memory.h"
 #include "tandem/kernels/cuda_ops.h"
 
 namespace tandem::kvconnector {
@@ -307,12 +308,15 @@ TEST_F(ConnectorTest, LoadStagingIsCudaPinnedWhenADeviceIsPresent) {
 
 #if defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA
 
-// The host-allocation wrappers: pinned memory round-trips through the device.
+// The tree's pinned buffer (tandem/common/pinned_memory.h) is CUDA-pinned
+// with a device and round-trips through it.
 TEST(CudaHostAllocTest, PinnedMemoryRoundTripsThroughTheDevice) {
   if (kernels::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   constexpr size_t kBytes = 3 << 20;
-  void* host = nullptr;
-  ASSERT_EQ(kernels::cuda::HostAlloc(&host, kBytes), 0);
+  absl::StatusOr<PinnedBuffer> buffer = PinnedBuffer::Allocate(kBytes, {.what = "test"});
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  EXPECT_EQ(buffer->kind(), PinnedKind::kCudaPinned) << PinnedKindName(buffer->kind());
+  void* host = buffer->data();
   auto* bytes = static_cast<uint8_t*>(host);
   for (size_t i = 0; i < kBytes; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
   void* device = nullptr;
@@ -324,7 +328,6 @@ TEST(CudaHostAllocTest, PinnedMemoryRoundTripsThroughTheDevice) {
     ASSERT_EQ(bytes[i], static_cast<uint8_t>(i * 31 + 7)) << "byte " << i;
   }
   EXPECT_EQ(kernels::cuda::Free(device), 0);
-  EXPECT_EQ(kernels::cuda::HostFree(host), 0);
 }
 #endif
 

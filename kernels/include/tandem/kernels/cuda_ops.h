@@ -22,11 +22,6 @@ const char* ErrorString(int error);
 
 int Malloc(void** ptr, size_t bytes);
 int Free(void* ptr);
-// Page-locked (pinned) host memory, usable by copies from any device
-// (cudaHostAlloc with cudaHostAllocPortable): copies between it and the
-// device run as DMA at full bus speed. Free it with HostFree.
-int HostAlloc(void** host_ptr, size_t bytes);
-int HostFree(void* host_ptr);
 int Memset(void* ptr, int value, size_t bytes);
 int CopyToDevice(void* dst, const void* host_src, size_t bytes);
 int CopyToHost(void* host_dst, const void* src, size_t bytes);
