@@ -23,6 +23,9 @@ absl::StatusOr<nlohmann::json> ParseJson(std::string_view text) {
   } catch (const nlohmann::json::parse_error& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("JSON parse error at byte ", e.byte, ": ", std::string(e.what())));
+  } catch (const nlohmann::json::exception& e) {
+    // out_of_range: a number past a double's range (fuzz_json found it).
+    return absl::InvalidArgumentError(absl::StrCat("JSON parse error: ", std::string(e.what())));
   }
 }
 

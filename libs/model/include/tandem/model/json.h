@@ -17,7 +17,8 @@ namespace tandem::model {
 inline constexpr int kMaxJsonDepth = 64;
 
 // The document `text`, or INVALID_ARGUMENT "JSON parse error at byte N:
-// <what nlohmann says>" (or "... nested deeper than 64").
+// <what nlohmann says>" (or "... nested deeper than 64"; a number past a
+// double's range: "JSON parse error: <what nlohmann says>"). Never throws.
 absl::StatusOr<nlohmann::json> ParseJson(std::string_view text);
 
 // Member `key` of `object`, or nullptr when `object` is not an object or has
