@@ -60,7 +60,8 @@ absl::Status IndexSafetensors(const std::string& path, std::string_view bytes,
     const nlohmann::json* shape = JsonMember(v, "shape");
     const nlohmann::json* offsets = JsonMember(v, "data_offsets");
     if (dtype == nullptr || !dtype->is_string() || shape == nullptr || !shape->is_array() ||
-        offsets == nullptr || !offsets->is_array() || offsets->size() != 2) {
+        offsets == nullptr || !offsets->is_array() || offsets->size() != 2 ||
+        !(*offsets)[0].is_number() || !(*offsets)[1].is_number()) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor '", name, "' lacks dtype, shape or data_offsets"));
     }

@@ -117,6 +117,23 @@ TEST_F(BadInputTest, TensorOfWrongDtypeIsRejected) {
                     HasSubstr("unsupported dtype I32")));
 }
 
+TEST_F(BadInputTest, NonNumericDataOffsetsAreRejected) {
+  // The last tensor's offsets [b,e] become ["xx..",0] (same length): a
+  // string where a number belongs is refused, not read as 0 or thrown.
+  std::string bytes = Slurp(hf_ + "/model.safetensors");
+  const size_t at = bytes.rfind("\"data_offsets\":[");
+  ASSERT_NE(at, std::string::npos);
+  const size_t begin = at + std::string("\"data_offsets\":[").size();
+  const size_t len = bytes.find(']', begin) - begin;
+  ASSERT_GE(len, 4u);
+  bytes.replace(begin, len, "\"" + std::string(len - 4, 'x') + "\",0");
+  Spit(hf_ + "/model.safetensors", bytes);
+  auto m = Model::Load(hf_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(Message(m.status()), AllOf(HasSubstr("model.safetensors"),
+                                         HasSubstr("lacks dtype, shape or data_offsets")));
+}
+
 TEST_F(BadInputTest, TensorOfWrongShapeIsRejected) {
   // 64 x 172 stored as 172 x 64: same bytes, wrong shape.
   EditSafetensors("\"model.layers.0.mlp.down_proj.weight\":{\"dtype\":\"F32\",\"shape\":[64,172]",
