@@ -128,6 +128,40 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
   sched::KvConnectorReport& report = out->kv_connector_report;
   if (kv_connector_ != nullptr) kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
 
+  Batch batch;
+  TANDEM_RETURN_IF_ERROR(ApplyDiff(step, &batch));
+  if (std::find(options_.debug_fail_steps.begin(), options_.debug_fail_steps.end(), step.step_id) !=
+      options_.debug_fail_steps.end()) {
+    return absl::InternalError(
+        absl::StrCat("step ", step.step_id, " failed (TEST-ONLY --debug-fail-steps)"));
+  }
+  if (options_.debug_step_delay_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(options_.debug_step_delay_us));
+  }
+
+  std::vector<model::SequenceInput> inputs;
+  TANDEM_RETURN_IF_ERROR(BuildInputs(step, batch, &inputs));
+  std::vector<model::SampleRequest> sample(batch.seqs.size());
+  std::vector<std::vector<int32_t>> banned;  // sized only when a request bans tokens
+  PlanSampling(step, batch, &inputs, &sample, &banned);
+  std::vector<int32_t> tokens;
+  std::vector<model::SampleLogprobs> logprobs;
+  if (!inputs.empty()) {
+    TANDEM_RETURN_IF_ERROR(backend_->ForwardSample(
+        inputs, sample, &tokens, model::WantsLogprobs(sample) ? &logprobs : nullptr));
+  }
+  // Stores read their blocks now, before the next step can overwrite them.
+  if (kv_connector_ != nullptr) {
+    kv_connector_->SnapshotStores(step.kv_connector_metadata);
+    report.finished_sending.clear();
+    report.failed_sending.clear();
+    kv_connector_->TakeFinishedSending(&report);
+  }
+  RecordSamples(step, batch, sample, tokens, logprobs, out);
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::ApplyDiff(sched::SchedulerOutput& step, Batch* batch) {
   // A preempted request keeps its entry (its prompt length fixes the sampling
   // positions) but loses its blocks; it comes back resumed_from_preemption.
   for (const std::string& id : step.preempted_req_ids) {
@@ -139,9 +173,8 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     }
   }
 
-  std::vector<SeqState*> batch;
-  std::vector<const std::string*> ids;
-  batch.reserve(step.num_scheduled_tokens.size());
+  batch->seqs.reserve(step.num_scheduled_tokens.size());
+  batch->ids.reserve(step.num_scheduled_tokens.size());
   const int64_t now_ns = MonotonicNanos();
   for (sched::NewRequestData& r : step.scheduled_new_reqs) {
     SeqState& s = seqs_[r.request_id];
@@ -153,8 +186,8 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     s.sampling = std::move(r.sampling);
     s.block_table = std::move(r.block_ids);
     s.num_computed_tokens = r.num_computed_tokens;
-    batch.push_back(&s);
-    ids.push_back(&r.request_id);
+    batch->seqs.push_back(&s);
+    batch->ids.push_back(&r.request_id);
   }
   // New requests are registered even in a step that does not run (the
   // scheduler knows them as sent), but a step built on a failed one stops
@@ -190,95 +223,89 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
           step.last_processed_step_id, ", the last step the scheduler had processed"));
     }
     s.num_computed_tokens = r.num_computed_tokens;
-    batch.push_back(&s);
-    ids.push_back(&r.request_id);
+    batch->seqs.push_back(&s);
+    batch->ids.push_back(&r.request_id);
   }
-  if (batch.size() != step.num_scheduled_tokens.size()) {
+  if (batch->seqs.size() != step.num_scheduled_tokens.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("step ", step.step_id, " schedules ", batch.size(), " requests but has ",
+        absl::StrCat("step ", step.step_id, " schedules ", batch->seqs.size(), " requests but has ",
                      step.num_scheduled_tokens.size(), " token counts"));
   }
+  return absl::OkStatus();
+}
 
-  if (std::find(options_.debug_fail_steps.begin(), options_.debug_fail_steps.end(), step.step_id) !=
-      options_.debug_fail_steps.end()) {
-    return absl::InternalError(
-        absl::StrCat("step ", step.step_id, " failed (TEST-ONLY --debug-fail-steps)"));
-  }
-  if (options_.debug_step_delay_us > 0) {
-    std::this_thread::sleep_for(std::chrono::microseconds(options_.debug_step_delay_us));
-  }
-
-  std::vector<model::SequenceInput> inputs;
-  inputs.reserve(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    SeqState& s = *batch[i];
+absl::Status StepExecutor::BuildInputs(const sched::SchedulerOutput& step, const Batch& batch,
+                                       std::vector<model::SequenceInput>* inputs) {
+  inputs->reserve(batch.seqs.size());
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    SeqState& s = *batch.seqs[i];
     const int32_t n = step.num_scheduled_tokens[i];
     // In async mode the last n tokens may be ones this worker sampled itself
     // (the scheduler's placeholders); they are already in token_ids.
     if (n <= 0 || s.num_computed_tokens + n > static_cast<int32_t>(s.token_ids.size())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step.step_id, ": request ", *ids[i], " schedules ", n, " tokens from position ",
-          s.num_computed_tokens, " but the worker knows ", s.token_ids.size(), " tokens"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step.step_id, ": request ", *batch.ids[i], " schedules ", n,
+                       " tokens from position ", s.num_computed_tokens, " but the worker knows ",
+                       s.token_ids.size(), " tokens"));
     }
-    inputs.push_back({
+    inputs->push_back({
         .token_ids = std::span<const int32_t>(s.token_ids).subspan(s.num_computed_tokens, n),
         .start_pos = s.num_computed_tokens,
         .block_table = s.block_table,
     });
   }
 
+  return absl::OkStatus();
+}
+
+void StepExecutor::PlanSampling(const sched::SchedulerOutput& step, const Batch& batch,
+                                std::vector<model::SequenceInput>* inputs,
+                                std::vector<model::SampleRequest>* sample,
+                                std::vector<std::vector<int32_t>>* banned) const {
   // A prefill chunk that does not reach the last known token samples nothing.
   // Prompt logprobs: the chunk's rows score the prompt tokens after them.
-  std::vector<model::SampleRequest> sample(batch.size());
-  std::vector<std::vector<int32_t>> banned;  // sized only when a request bans tokens
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const SeqState& s = *batch[i];
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqState& s = *batch.seqs[i];
+    model::SampleRequest& row = (*sample)[i];
     const int32_t known = static_cast<int32_t>(s.token_ids.size());
     const int32_t start = s.num_computed_tokens, n = step.num_scheduled_tokens[i];
     if (s.sampling.prompt_logprobs >= 0 && start + 1 < s.num_prompt_tokens) {
       const int32_t last = std::min(start + n, s.num_prompt_tokens - 1);  // last target position
-      sample[i].prompt_targets =
+      row.prompt_targets =
           std::span<const int32_t>(s.token_ids)
               .subspan(static_cast<size_t>(start + 1), static_cast<size_t>(last - start));
-      sample[i].num_prompt_logprobs = s.sampling.prompt_logprobs;
-      inputs[i].all_logits = n > 1;
+      row.num_prompt_logprobs = s.sampling.prompt_logprobs;
+      (*inputs)[i].all_logits = n > 1;
     }
     if (start + n < known) continue;
-    sample[i].params = &s.sampling;
-    sample[i].output_position = known - s.num_prompt_tokens;
-    sample[i].num_logprobs = s.sampling.logprobs;
+    row.params = &s.sampling;
+    row.output_position = known - s.num_prompt_tokens;
+    row.num_logprobs = s.sampling.logprobs;
     // Below min_tokens no stop condition counts: EOS and stop tokens are
     // not drawn (the scheduler does not stop on them there either).
-    if (sample[i].output_position < s.sampling.min_tokens) {
-      if (banned.empty()) banned.resize(batch.size());
-      if (!s.sampling.ignore_eos) banned[i] = options_.eos_token_ids;
-      banned[i].insert(banned[i].end(), s.sampling.stop_token_ids.begin(),
-                       s.sampling.stop_token_ids.end());
-      sample[i].banned_token_ids = banned[i];
+    if (row.output_position < s.sampling.min_tokens) {
+      if (banned->empty()) banned->resize(batch.seqs.size());
+      if (!s.sampling.ignore_eos) (*banned)[i] = options_.eos_token_ids;
+      (*banned)[i].insert((*banned)[i].end(), s.sampling.stop_token_ids.begin(),
+                          s.sampling.stop_token_ids.end());
+      row.banned_token_ids = (*banned)[i];
     }
   }
-  std::vector<int32_t> tokens;
-  std::vector<model::SampleLogprobs> logprobs;
-  if (!inputs.empty()) {
-    TANDEM_RETURN_IF_ERROR(backend_->ForwardSample(
-        inputs, sample, &tokens, model::WantsLogprobs(sample) ? &logprobs : nullptr));
-  }
-  // Stores read their blocks now, before the next step can overwrite them.
-  if (kv_connector_ != nullptr) {
-    kv_connector_->SnapshotStores(step.kv_connector_metadata);
-    report.finished_sending.clear();
-    report.failed_sending.clear();
-    kv_connector_->TakeFinishedSending(&report);
-  }
+}
 
+void StepExecutor::RecordSamples(const sched::SchedulerOutput& step, const Batch& batch,
+                                 const std::vector<model::SampleRequest>& sample,
+                                 const std::vector<int32_t>& tokens,
+                                 std::vector<model::SampleLogprobs>& logprobs,
+                                 sched::ModelRunnerOutput* out) {
   out->step_id = step.step_id;
-  out->sampled.reserve(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    SeqState& s = *batch[i];
+  out->sampled.reserve(batch.seqs.size());
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    SeqState& s = *batch.seqs[i];
     s.num_computed_tokens += step.num_scheduled_tokens[i];
     ++s.num_steps;
     sched::SampledTokens& sampled = out->sampled.emplace_back();
-    sampled.request_id = *ids[i];
+    sampled.request_id = *batch.ids[i];
     if (!logprobs.empty()) {
       sampled.prompt_logprobs = std::move(logprobs[i].prompt);
       sampled.prompt_logprobs_start = s.num_computed_tokens - step.num_scheduled_tokens[i] + 1;
@@ -291,7 +318,6 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     ++s.num_sampled;
     sampled.token_ids.push_back(token);
   }
-  return absl::OkStatus();
 }
 
 void StepExecutor::DropSeq(SeqMap::iterator it, const char* why) {

@@ -157,9 +157,31 @@ class StepExecutor {
   };
   using SeqMap = std::unordered_map<std::string, SeqState>;
 
+  // The step's requests, in the order of its num_scheduled_tokens.
+  struct Batch {
+    std::vector<SeqState*> seqs;
+    std::vector<const std::string*> ids;
+  };
+
   // On error the batch state of the step's requests may be partly updated;
-  // the scheduler fails them.
+  // the scheduler fails them. Run's phases follow.
   absl::Status Run(sched::SchedulerOutput& step, sched::ModelRunnerOutput* out);
+  // Applies the step's diff (preempted, new and cached requests) to the
+  // batch state, checks the placeholders, and lists the batch.
+  absl::Status ApplyDiff(sched::SchedulerOutput& step, Batch* batch);
+  // The forward pass's rows; FAILED_PRECONDITION for tokens not known here.
+  absl::Status BuildInputs(const sched::SchedulerOutput& step, const Batch& batch,
+                           std::vector<model::SequenceInput>* inputs);
+  // What each row samples and scores; `banned` backs the rows' banned ids.
+  void PlanSampling(const sched::SchedulerOutput& step, const Batch& batch,
+                    std::vector<model::SequenceInput>* inputs,
+                    std::vector<model::SampleRequest>* sample,
+                    std::vector<std::vector<int32_t>>* banned) const;
+  // The step's results into the batch state and the output.
+  void RecordSamples(const sched::SchedulerOutput& step, const Batch& batch,
+                     const std::vector<model::SampleRequest>& sample,
+                     const std::vector<int32_t>& tokens,
+                     std::vector<model::SampleLogprobs>& logprobs, sched::ModelRunnerOutput* out);
   sched::ModelRunnerOutput Failed(uint64_t step_id, uint64_t last_processed_step_id,
                                   const absl::Status& why, sched::KvConnectorReport report);
   // Drops a request's batch state with its log line.
