@@ -1,5 +1,7 @@
 #include "tandem/rpc/service_convert.h"
 
+#include <algorithm>
+
 #include "tandem/rpc/convert.h"
 
 namespace tandem::rpc {
@@ -31,6 +33,50 @@ ModelInfo FromProto(const v1::GetModelInfoResponse& in) {
       .extra_eos_token_ids = {in.extra_eos_token_ids().begin(), in.extra_eos_token_ids().end()},
       .generation = FromProto(in.generation()),
       .max_logprobs = in.max_logprobs(),
+  };
+}
+
+void ToProto(const GenerateRequest& in, v1::GenerateRequest* out) {
+  out->set_request_id(in.request_id);
+  out->set_cache_salt(in.cache_salt);
+  out->set_priority(in.priority);
+  out->mutable_prompt_token_ids()->Assign(in.prompt_token_ids.begin(), in.prompt_token_ids.end());
+  v1::SamplingParams* sampling = out->mutable_sampling();
+  ToProto(in.sampling, sampling);
+  sampling->set_seed(in.seed.value_or(0));
+  sampling->set_has_seed(in.seed.has_value());
+}
+
+namespace {
+
+std::vector<TokenLogprobs> LenientFromProto(
+    const google::protobuf::RepeatedPtrField<v1::TokenLogprobs>& in) {
+  std::vector<TokenLogprobs> out;
+  out.reserve(in.size());
+  for (const v1::TokenLogprobs& lp : in) {
+    const int num_top = std::min(lp.top_token_ids_size(), lp.top_logprobs_size());
+    out.push_back(
+        {.token_id = lp.token_id(),
+         .logprob = lp.logprob(),
+         .rank = lp.rank(),
+         .top_token_ids = {lp.top_token_ids().begin(), lp.top_token_ids().begin() + num_top},
+         .top_logprobs = {lp.top_logprobs().begin(), lp.top_logprobs().begin() + num_top}});
+  }
+  return out;
+}
+
+}  // namespace
+
+GenerateResponse FromProto(const v1::GenerateResponse& in) {
+  return GenerateResponse{
+      .token_ids = {in.token_ids().begin(), in.token_ids().end()},
+      .logprobs = LenientFromProto(in.logprobs()),
+      .prompt_logprobs = LenientFromProto(in.prompt_logprobs()),
+      .finish_reason = FromProto(in.finish_reason()),
+      .usage = {.prompt_tokens = in.usage().prompt_tokens(),
+                .output_tokens = in.usage().output_tokens(),
+                .cached_tokens_local = in.usage().cached_tokens_local(),
+                .cached_tokens_external = in.usage().cached_tokens_external()},
   };
 }
 

@@ -92,37 +92,14 @@ Frontend::Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tok
                    std::optional<tokenizer::ChatTemplate> chat_template, Router* router,
                    std::shared_ptr<prometheus::Registry> registry)
     : options_(std::move(options)),
-      tokenizer_(std::move(tokenizer)),
-      chat_template_(std::move(chat_template)),
+      served_(std::move(tokenizer), std::move(chat_template)),
       router_(router),
       registry_(std::move(registry)),
       metrics_(registry_.get()) {
-  // A tokenizer.json whose vocabulary has GPT-2's "Ġ" (a space in its byte
-  // alphabet) is byte-level: every byte-level vocabulary has all 256 byte
-  // characters, a SentencePiece-style one spells a space "▁".
-  const bool byte_level = tokenizer_->kind() == tokenizer::TokenizerKind::kHuggingFace &&
-                          tokenizer_->PieceToId("\xC4\xA0").has_value();
-  token_bytes_.resize(tokenizer_->vocab_size());
-  for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
-    absl::StatusOr<std::string> piece = tokenizer_->IdToPiece(id);
-    if (!piece.ok()) continue;
-    max_token_bytes_ = std::max<int64_t>(max_token_bytes_, piece->size());
-    token_bytes_[id] = tokenizer::PieceBytes(*piece, byte_level);
-  }
   if (options_.metrics_from) {
     metrics_relay_ = std::make_unique<MetricsRelay>(*options_.metrics_from, *registry_,
                                                     [this] { return RenderMetrics(); });
   }
-}
-
-const std::string& Frontend::TokenBytes(int32_t id) const {
-  static const std::string kNone;
-  return id >= 0 && static_cast<size_t>(id) < token_bytes_.size() ? token_bytes_[id] : kNone;
-}
-
-int64_t Frontend::PromptByteLimit(const ModelInfo& model) const {
-  if (model.max_model_len <= 0 || model.max_model_len == INT32_MAX) return INT64_MAX;
-  return int64_t{model.max_model_len} * max_token_bytes_;
 }
 
 void RespondError(HttpExchange& exchange, const ApiError& error) {
@@ -267,10 +244,10 @@ void Frontend::Tokenize(HttpExchange& exchange) {
     return fail(*e);
   }
   std::optional<ModelInfo> model = router_->model();
-  ModelInfo limits = model.value_or(ModelInfo{.vocab_size = tokenizer_->vocab_size(),
-                                              .max_model_len = INT32_MAX});
+  ModelInfo limits = model.value_or(
+      ModelInfo{.vocab_size = served_.tokenizer().vocab_size(), .max_model_len = INT32_MAX});
   PreparedPrompts prompts;
-  if (auto e = PreparePrompts(*this, request, limits, &prompts)) return fail(*e);
+  if (auto e = PreparePrompts(served_, request, limits, &prompts)) return fail(*e);
   OrderedJson out;
   out["count"] = prompts.ids[0].size();
   out["max_model_len"] = model ? OrderedJson(model->max_model_len) : OrderedJson();
@@ -297,7 +274,7 @@ void Frontend::Detokenize(HttpExchange& exchange) {
     }
     ids.push_back(t.get<int32_t>());
   }
-  absl::StatusOr<std::string> text = tokenizer_->Decode(ids);
+  absl::StatusOr<std::string> text = served_.tokenizer().Decode(ids);
   if (!text.ok()) return fail(BadRequest(std::string(text.status().message()), "tokens"));
   OrderedJson out;
   out["prompt"] = *text;

@@ -8,7 +8,8 @@
 //                       else 503; /health?live=1: 200 while the process runs
 //   GET  /metrics       Prometheus text
 //
-// One request = one CompletionJob (completion_job.h): it tokenizes, routes
+// One request = one CompletionJob (tandem/frontend/completion_job.h, wired
+// up by completion_job.h here): it tokenizes, routes
 // each choice to a replica, streams tokens back as text, and aborts the
 // generation on the scheduler when the client goes away.
 #pragma once
@@ -29,6 +30,7 @@
 #include "prometheus/registry.h"
 #include "router.h"
 #include "tandem/frontend/openai.h"
+#include "tandem/frontend/prompts.h"
 #include "tandem/tokenizer/chat_template.h"
 #include "tandem/tokenizer/tokenizer.h"
 
@@ -90,28 +92,9 @@ class Frontend {
   // Set once the server runs (its I/O threads may already serve /metrics).
   void set_server(const HttpServer* server) { server_.store(server); }
 
-  // What CompletionJob needs.
+  // What a CompletionJob needs.
   const FrontendOptions& options() const { return options_; }
-  const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
-  const std::optional<tokenizer::ChatTemplate>& chat_template() const { return chat_template_; }
-  // The most bytes of prompt text worth tokenizing for `model` (issue 29):
-  // max_model_len x the longest vocabulary entry in bytes. A prompt the
-  // model can take has fewer than max_model_len tokens, and each token
-  // stands for at most its entry's bytes (an entry is never shorter than
-  // the text it encodes: "▁" and GPT-2's byte alphabet take 2-3 bytes for
-  // one, "<0x0A>" 6 for one), so no valid prompt is longer. Larger prompts
-  // are refused before any tokenizer (or chat template) work, even with
-  // truncate_prompt_tokens: truncation is for prompts near the context,
-  // not for megabytes of text that would cost seconds of CPU to encode and
-  // then be thrown away. Text a normalizer deletes (control characters
-  // some drop, accents BERT's strips) still counts. Without a described
-  // model (max_model_len unknown) nothing is refused here.
-  int64_t PromptByteLimit(const ModelInfo& model) const;
-  // The longest vocabulary entry, in bytes (at least 1).
-  int64_t max_token_bytes() const { return max_token_bytes_; }
-  // The bytes token `id` stands for, decoded alone (tokenizer::PieceBytes); ""
-  // outside the vocabulary.
-  const std::string& TokenBytes(int32_t id) const;
+  const ServedTokenizer& served_tokenizer() const { return served_; }
   Router& router() { return *router_; }
   FrontendMetrics& metrics() { return metrics_; }
   // The served name, or nullopt while no replica has described the model.
@@ -134,10 +117,7 @@ class Frontend {
   std::string RenderMetrics() const;
 
   FrontendOptions options_;
-  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
-  std::optional<tokenizer::ChatTemplate> chat_template_;
-  int64_t max_token_bytes_ = 1;
-  std::vector<std::string> token_bytes_;  // by id
+  ServedTokenizer served_;
   Router* router_;
   std::shared_ptr<prometheus::Registry> registry_;
   FrontendMetrics metrics_;

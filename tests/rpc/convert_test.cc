@@ -310,6 +310,58 @@ TEST(ConvertTest, ModelInfoRoundTripsThroughBytes) {
   EXPECT_EQ(out.max_logprobs, 20);
 }
 
+// The frontend's Generate request: has_seed exactly when it has a seed (the
+// scheduler's own seed otherwise), whatever sampling.seed says.
+TEST(ConvertTest, GenerateRequestSendsASeedOnlyWhenItHasOne) {
+  GenerateRequest in{.request_id = "cmpl-1-0",
+                     .prompt_token_ids = {1, 5, 9},
+                     .sampling = {.temperature = 0.7f, .seed = 99, .max_tokens = 8, .logprobs = 2},
+                     .priority = 3,
+                     .cache_salt = "tenant:a"};
+  v1::GenerateRequest proto;
+  ToProto(in, &proto);
+  EXPECT_EQ(proto.request_id(), "cmpl-1-0");
+  EXPECT_EQ(proto.prompt_token_ids_size(), 3);
+  EXPECT_EQ(proto.priority(), 3);
+  EXPECT_EQ(proto.cache_salt(), "tenant:a");
+  EXPECT_FALSE(proto.sampling().has_seed());
+  EXPECT_EQ(proto.sampling().seed(), 0u);
+  EXPECT_TRUE(proto.sampling().has_logprobs());
+  EXPECT_FALSE(proto.sampling().has_prompt_logprobs());
+  EXPECT_EQ(FromProto(proto.sampling(), 77).seed, 77u);
+  in.seed = 11;
+  ToProto(in, &proto);
+  EXPECT_TRUE(proto.sampling().has_seed());
+  EXPECT_EQ(FromProto(proto.sampling(), 77).seed, 11u);
+  EXPECT_EQ(FromProto(proto.sampling(), 77).max_tokens, 8);
+}
+
+TEST(ConvertTest, GenerateResponseKeepsTokensAndCutsUnevenTopLists) {
+  v1::GenerateResponse proto;
+  proto.add_token_ids(4);
+  proto.add_token_ids(6);
+  v1::TokenLogprobs* lp = proto.add_logprobs();
+  lp->set_token_id(4);
+  lp->set_logprob(-0.5f);
+  lp->set_rank(2);
+  lp->add_top_token_ids(3);
+  lp->add_top_token_ids(4);
+  lp->add_top_logprobs(-0.1f);  // one short
+  proto.set_finish_reason(v1::FINISH_REASON_LENGTH);
+  proto.mutable_usage()->set_output_tokens(2);
+  proto.mutable_usage()->set_cached_tokens_external(16);
+  const GenerateResponse out = FromProto(proto);
+  EXPECT_EQ(out.token_ids, (std::vector<int32_t>{4, 6}));
+  ASSERT_EQ(out.logprobs.size(), 1u);
+  EXPECT_EQ(out.logprobs[0].rank, 2);
+  EXPECT_EQ(out.logprobs[0].top_token_ids, std::vector<int32_t>{3});
+  EXPECT_EQ(out.logprobs[0].top_logprobs, std::vector<float>{-0.1f});
+  EXPECT_EQ(out.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(out.usage.output_tokens, 2);
+  EXPECT_EQ(out.usage.cached_tokens_external, 16);
+  EXPECT_EQ(FromProto(v1::GenerateResponse()).finish_reason, FinishReason::kNone);
+}
+
 TEST(StatusTest, CodesAndMessagesSurviveBothWays) {
   absl::Status a = absl::ResourceExhaustedError("queue full: 10 waiting");
   grpc::Status g = ToGrpcStatus(a);

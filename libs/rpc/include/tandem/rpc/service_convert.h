@@ -3,6 +3,7 @@
 // convert.h has the step contract's and the sampling parameters'.
 #pragma once
 
+#include "tandem/common/generate.h"
 #include "tandem/common/model_info.h"
 #include "tandem/engine/engine_core.h"
 #include "tandem/v1/generation.pb.h"
@@ -15,6 +16,14 @@ namespace tandem::rpc {
 // once a worker served).
 void ToProto(const ModelInfo& in, v1::GetModelInfoResponse* out);
 [[nodiscard]] ModelInfo FromProto(const v1::GetModelInfoResponse& in);
+
+// A Generate call, from the client's side. ToProto sets has_seed exactly
+// when `in.seed` has a value (in.sampling.seed is not read). FromProto
+// cuts a position's top lists to the shorter of the two (a malformed
+// message loses alternatives, never the token) and reads a finish reason
+// this build does not know as kNone.
+void ToProto(const GenerateRequest& in, v1::GenerateRequest* out);
+[[nodiscard]] GenerateResponse FromProto(const v1::GenerateResponse& in);
 
 // What a worker says about itself (Describe), as the engine core takes it.
 [[nodiscard]] engine::WorkerDescription FromProto(const v1::DescribeResponse& in);

@@ -1,0 +1,302 @@
+#include "tandem/frontend/completion_job.h"
+
+#include <algorithm>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "completion_choice.h"
+#include "tandem/common/logging.h"
+
+namespace tandem::frontend {
+
+// Holds the job's lock; on leaving, lets it go and only then cancels the
+// calls queued in to_cancel_: OnCallMessage takes the lock, and a cancel may
+// run the transport's callbacks inline (a gRPC callback completion queue
+// runs them at the end of the API call; gRPC 1.51 here hands them to its
+// nexting threads instead, so no end-to-end test can make one run inline).
+class CompletionJob::Locked {
+ public:
+  explicit Locked(CompletionJob* job) : job_(job), lock_(job->mu_) {}
+  ~Locked() {
+    std::vector<std::shared_ptr<GenerateCall>> cancel;
+    cancel.swap(job_->to_cancel_);
+    lock_.unlock();
+    for (const auto& call : cancel) call->Cancel();
+  }
+
+ private:
+  CompletionJob* job_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+CompletionJob::CompletionJob(const ServedTokenizer& served,
+                             std::unique_ptr<GenerateTransport> transport,
+                             std::unique_ptr<CompletionSink> sink,
+                             std::unique_ptr<CompletionJobMetrics> metrics,
+                             CompletionRequest request)
+    : served_(served),
+      transport_(std::move(transport)),
+      sink_(std::move(sink)),
+      metrics_(metrics ? std::move(metrics) : std::make_unique<CompletionJobMetrics>()),
+      request_(std::move(request)) {}
+
+CompletionJob::~CompletionJob() = default;
+
+void CompletionJob::Start(const std::optional<ModelInfo>& model,
+                          const std::optional<std::vector<std::string>>& names) {
+  Locked locked(this);
+  if (!model || !names) {
+    Fail(FromStatus(14, "no scheduler replica has described its model yet"));
+    return;
+  }
+  if (!request_.model.empty() &&
+      std::find(names->begin(), names->end(), request_.model) == names->end()) {
+    Fail({.http_status = 404,
+          .message =
+              absl::StrCat("The model '", request_.model, "' does not exist; this server serves '",
+                           absl::StrJoin(*names, "', '"), "'"),
+          .param = "model",
+          .code = "model_not_found"});
+    return;
+  }
+  if (auto e = CheckLogprobsLimit(request_, model->max_logprobs)) {
+    Fail(*e);
+    return;
+  }
+  if (auto e = PreparePrompts(served_, request_, *model, &prompts_)) {
+    Fail(*e);
+    return;
+  }
+  head_ = {.id = NewResponseId(request_.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
+           .created = static_cast<int64_t>(std::time(nullptr)),
+           .model = request_.model.empty() ? names->front() : request_.model};
+  if (!BuildChoices(*model)) return;
+  for (ChoiceState& c : choices_) {
+    metrics_->OnPromptTokens(static_cast<int64_t>(c.call_request.prompt_token_ids.size()));
+  }
+  metrics_->OnSent(head_.model, prompts_.ids.size(), request_.n);
+  std::weak_ptr<CompletionJob> weak = weak_from_this();
+  sink_->WatchClientGone([weak] {
+    if (auto job = weak.lock()) job->ClientGone();
+  });
+  for (ChoiceState& c : choices_) {
+    if (!StartCall(c)) {
+      Fail(FromStatus(14, "no scheduler replica is serving"));
+      return;
+    }
+  }
+}
+
+// Each choice's request, detokenizer and stop strings; false after failing
+// the request (a prompt plus max_tokens over the context).
+bool CompletionJob::BuildChoices(const ModelInfo& model) {
+  const tokenizer::DecodeOptions decode{.skip_special_tokens = request_.skip_special_tokens};
+  const RequestSampling sampling = EffectiveSampling(request_, model.generation);
+  const std::optional<int32_t> prompt_logprobs = PromptLogprobsToAsk(request_);
+  const int32_t n = request_.n;
+  choices_.resize(prompts_.ids.size() * n);
+  for (size_t p = 0; p < prompts_.ids.size(); ++p) {
+    const int32_t prompt_len = static_cast<int32_t>(prompts_.ids[p].size());
+    int32_t max_tokens = model.max_model_len - prompt_len;
+    if (request_.endpoint == Endpoint::kCompletions && !request_.max_tokens) {
+      max_tokens = std::min(max_tokens, kDefaultCompletionsMaxTokens);
+    }
+    if (request_.max_tokens) {
+      const int64_t total = static_cast<int64_t>(prompt_len) + *request_.max_tokens;
+      if (total > model.max_model_len) {
+        Fail(ContextLengthError(
+            absl::StrCat("This model's maximum context length is ", model.max_model_len,
+                         " tokens. However, you requested ", total, " tokens (", prompt_len,
+                         " in the prompt, ", *request_.max_tokens, " in the completion)."),
+            "max_tokens"));
+        return false;
+      }
+      max_tokens = *request_.max_tokens;
+    }
+    for (int32_t j = 0; j < n; ++j) {
+      ChoiceState& c = choices_[p * n + j];
+      c.index = static_cast<int32_t>(p) * n + j;
+      c.prompt = static_cast<int32_t>(p);
+      c.call_request = {.request_id = absl::StrCat(head_.id, "-", c.index),
+                        .prompt_token_ids = prompts_.ids[p],
+                        .sampling = {.temperature = sampling.temperature,
+                                     .top_k = sampling.top_k,
+                                     .top_p = sampling.top_p,
+                                     .min_p = sampling.min_p,
+                                     .max_tokens = max_tokens,
+                                     .min_tokens = std::min(request_.min_tokens, max_tokens),
+                                     .ignore_eos = request_.ignore_eos,
+                                     .stop_token_ids = request_.stop_token_ids,
+                                     .logprobs = request_.logprobs.value_or(-1),
+                                     .prompt_logprobs = prompt_logprobs.value_or(-1)},
+                        .priority = request_.priority,
+                        .cache_salt = request_.cache_salt};
+      if (request_.seed) {
+        c.call_request.seed = static_cast<uint64_t>(*request_.seed) + static_cast<uint64_t>(j);
+      }
+      c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(served_.tokenizer(), decode,
+                                                                    prompts_.ids[p]);
+      c.stops = std::make_unique<StopStringMatcher>(request_.stop);
+      if (request_.echo) c.text = prompts_.texts[p];
+    }
+  }
+  return true;
+}
+
+bool CompletionJob::StartCall(ChoiceState& c) {
+  std::optional<GenerateTransport::Started> started = transport_->StartCall(
+      shared_from_this(), {.choice = c.index, .attempt = c.attempt + 1}, c.call_request, c.tried);
+  if (!started) return false;
+  c.tried.push_back(std::move(started->replica));
+  ++c.attempt;
+  c.call = std::move(started->call);
+  return true;
+}
+
+void CompletionJob::OnCallMessage(CallId id, const GenerateResponse& msg) {
+  Locked locked(this);
+  ChoiceState& c = choices_[id.choice];
+  if (finished_ || c.done || id.attempt != c.attempt) return;
+  if (!first_token_ && !msg.token_ids.empty()) {
+    first_token_ = true;
+    metrics_->OnFirstToken();
+  }
+  ChoiceDelta delta = c.Take(msg, request_, served_);
+  if (delta.stopped && c.call) to_cancel_.push_back(c.call);
+  metrics_->OnGeneratedTokens(static_cast<int64_t>(delta.ids.size()));
+  Emit(c, std::move(delta.text), std::move(delta.ids));
+  if (c.done) MaybeComplete();
+}
+
+void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids) {
+  if (!request_.stream) {
+    c.text += delta;
+    return;
+  }
+  const bool first = !c.chunk_sent;
+  // Echo's prompt logprobs come with the first tokens: its first chunk waits.
+  if (first && !c.done && request_.echo && request_.logprobs && !c.has_prompt_logprobs &&
+      delta.empty() && ids.empty()) {
+    return;
+  }
+  if (first && request_.echo) delta = c.text + delta;  // c.text holds the prompt
+  if (!first && !c.done && delta.empty() && (!request_.return_token_ids || ids.empty()) &&
+      c.logprobs.empty()) {
+    return;
+  }
+  StartStream();
+  ChunkDelta chunk{.index = c.index,
+                   .text = std::move(delta),
+                   .first = first && request_.endpoint == Endpoint::kChat,
+                   .finish_reason = c.done ? c.finish : FinishReason::kNone,
+                   .stop_reason = c.done ? c.stop_reason : std::string(),
+                   .stop_token = c.done ? c.stop_token : std::nullopt,
+                   .token_ids = std::move(ids),
+                   .logprobs = c.RenderLogprobs(request_, served_, first)};
+  sink_->Write(StreamChunk(request_, head_, chunk));
+  c.chunk_sent = true;
+}
+
+void CompletionJob::StartStream() {
+  if (stream_started_) return;
+  stream_started_ = true;
+  sink_->StartStream();
+}
+
+void CompletionJob::OnCallDone(CallId id, const std::string& replica, const absl::Status& status) {
+  Locked locked(this);
+  ChoiceState& c = choices_[id.choice];
+  if (id.attempt != c.attempt) return;
+  c.call.reset();
+  if (finished_ || c.done) return;
+  if (absl::IsUnavailable(status) && !c.produced) {
+    TANDEM_LOG(WARNING) << "request " << c.call_request.request_id << ": replica " << replica
+                        << " is unavailable (" << status.message() << "); trying another";
+    metrics_->OnRetry();
+    if (StartCall(c)) return;
+    Fail(FromStatus(14, absl::StrCat("no scheduler replica is serving (last: ", replica, ": ",
+                                     std::string(status.message()), ")")));
+    return;
+  }
+  if (status.ok()) {
+    Fail(FromStatus(13, "the scheduler ended the stream without a finish reason"));
+    return;
+  }
+  Fail(FromStatus(static_cast<int>(status.code()), std::string(status.message())));
+}
+
+void CompletionJob::MaybeComplete() {
+  if (finished_) return;
+  for (const ChoiceState& c : choices_) {
+    if (!c.done) return;
+  }
+  finished_ = true;
+  Usage usage;
+  for (size_t p = 0; p < prompts_.ids.size(); ++p) {
+    usage.prompt_tokens += static_cast<int64_t>(prompts_.ids[p].size());
+    int64_t cached = 0;
+    for (int32_t j = 0; j < request_.n; ++j) {
+      cached = std::max(cached, choices_[p * request_.n + j].cached_tokens);
+    }
+    usage.cached_tokens += cached;
+  }
+  for (const ChoiceState& c : choices_) usage.completion_tokens += c.completion_tokens;
+  metrics_->OnResponse(200);
+  if (request_.stream) {
+    StartStream();
+    if (request_.include_usage) sink_->Write(StreamUsageChunk(request_, head_, usage));
+    sink_->Write(std::string(kStreamDone));
+    sink_->End();
+    return;
+  }
+  std::vector<Choice> choices;
+  for (ChoiceState& c : choices_) {
+    nlohmann::ordered_json prompt_logprobs;
+    if (request_.prompt_logprobs) {
+      prompt_logprobs = PromptLogprobs(c.PromptPositions(served_), *request_.prompt_logprobs);
+    }
+    nlohmann::ordered_json logprobs = c.RenderLogprobs(request_, served_, /*first=*/true);
+    choices.push_back({.index = c.index,
+                       .text = std::move(c.text),
+                       .finish_reason = c.finish,
+                       .stop_reason = c.stop_reason,
+                       .stop_token = c.stop_token,
+                       .token_ids = c.token_ids,
+                       .logprobs = std::move(logprobs),
+                       .prompt_logprobs = std::move(prompt_logprobs)});
+  }
+  sink_->Respond(CompletionResponse(request_, head_, choices, usage, prompts_.ids)
+                     .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+}
+
+void CompletionJob::Fail(const ApiError& error) {
+  if (finished_) return;
+  finished_ = true;
+  CancelAll();
+  metrics_->OnResponse(error.http_status);
+  if (!stream_started_) {
+    sink_->RespondError(error);
+    return;
+  }
+  sink_->Write(StreamErrorEvent(error));
+  sink_->Write(std::string(kStreamDone));
+  sink_->End();
+}
+
+void CompletionJob::CancelAll() {
+  for (ChoiceState& c : choices_) {
+    if (c.call) to_cancel_.push_back(c.call);
+  }
+}
+
+void CompletionJob::ClientGone() {
+  Locked locked(this);
+  if (finished_) return;
+  finished_ = true;
+  metrics_->OnClientGone();
+  metrics_->OnResponse(499);  // nginx's "client closed request"
+  CancelAll();
+}
+
+}  // namespace tandem::frontend
