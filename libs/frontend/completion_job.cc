@@ -133,7 +133,8 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                         .priority = request_.priority,
                         .cache_salt = request_.cache_salt};
       if (request_.seed) {
-        c.call_request.seed = static_cast<uint64_t>(*request_.seed) + static_cast<uint64_t>(j);
+        c.call_request.sampling.seed =
+            static_cast<uint64_t>(*request_.seed) + static_cast<uint64_t>(j);
       }
       c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(served_.tokenizer(), decode,
                                                                     prompts_.ids[p]);

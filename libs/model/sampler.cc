@@ -29,7 +29,7 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                                  .top_k = params.top_k,
                                  .top_p = params.top_p,
                                  .min_p = params.min_p,
-                                 .seed = params.seed,
+                                 .seed = params.seed.value_or(0),
                                  .position = output_position};
   if (args.temperature == 0.0f) return kernels::ArgMax(logits.data(), vocab);
   thread_local std::vector<float> probs;

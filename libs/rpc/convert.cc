@@ -60,8 +60,8 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
   out->set_top_k(in.top_k);
   out->set_top_p(in.top_p);
   out->set_min_p(in.min_p);
-  out->set_seed(in.seed);
-  out->set_has_seed(true);
+  out->set_seed(in.seed.value_or(0));
+  out->set_has_seed(in.seed.has_value());
   out->set_max_tokens(in.max_tokens);
   out->set_min_tokens(in.min_tokens);
   out->set_ignore_eos(in.ignore_eos);

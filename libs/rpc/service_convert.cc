@@ -41,10 +41,7 @@ void ToProto(const GenerateRequest& in, v1::GenerateRequest* out) {
   out->set_cache_salt(in.cache_salt);
   out->set_priority(in.priority);
   out->mutable_prompt_token_ids()->Assign(in.prompt_token_ids.begin(), in.prompt_token_ids.end());
-  v1::SamplingParams* sampling = out->mutable_sampling();
-  ToProto(in.sampling, sampling);
-  sampling->set_seed(in.seed.value_or(0));
-  sampling->set_has_seed(in.seed.has_value());
+  ToProto(in.sampling, out->mutable_sampling());
 }
 
 namespace {

@@ -193,7 +193,7 @@ TEST_F(CompletionJobTest, FansOutNSamplesOfEachPromptAsIndexPromptTimesNPlusSamp
     EXPECT_EQ(call.id.attempt, 1);
     EXPECT_TRUE(absl::EndsWith(call.request.request_id, "-" + std::to_string(k)));
     EXPECT_EQ(call.request.prompt_token_ids, prompts[k / 2]) << k;
-    EXPECT_EQ(call.request.seed, std::optional<uint64_t>(10 + k % 2)) << k;  // seed + j
+    EXPECT_EQ(call.request.sampling.seed, std::optional<uint64_t>(10 + k % 2)) << k;  // seed + j
     EXPECT_EQ(call.request.sampling.max_tokens, 5);
   }
   // Each choice its own words, the messages interleaved.
@@ -232,7 +232,7 @@ TEST_F(CompletionJobTest, StreamsEachChoiceUnderItsIndexThenUsageThenDone) {
          {"stream", true},
          {"stream_options", {{"include_usage", true}}}});
   ASSERT_EQ(transport_->calls.size(), 2u);
-  EXPECT_EQ(transport_->calls[0].request.seed, std::nullopt);  // no seed: the server's
+  EXPECT_EQ(transport_->calls[0].request.sampling.seed, std::nullopt);  // no seed: the server's
   const std::vector<int32_t> prompt = transport_->calls[0].request.prompt_token_ids;
   const std::vector<int32_t> a = Ids(" there was a dog"), b = Ids(" the sun shone");
   Tokens(1, {b[0]});

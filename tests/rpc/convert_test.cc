@@ -311,11 +311,11 @@ TEST(ConvertTest, ModelInfoRoundTripsThroughBytes) {
 }
 
 // The frontend's Generate request: has_seed exactly when it has a seed (the
-// scheduler's own seed otherwise), whatever sampling.seed says.
+// scheduler's own seed otherwise).
 TEST(ConvertTest, GenerateRequestSendsASeedOnlyWhenItHasOne) {
   GenerateRequest in{.request_id = "cmpl-1-0",
                      .prompt_token_ids = {1, 5, 9},
-                     .sampling = {.temperature = 0.7f, .seed = 99, .max_tokens = 8, .logprobs = 2},
+                     .sampling = {.temperature = 0.7f, .max_tokens = 8, .logprobs = 2},
                      .priority = 3,
                      .cache_salt = "tenant:a"};
   v1::GenerateRequest proto;
@@ -329,7 +329,7 @@ TEST(ConvertTest, GenerateRequestSendsASeedOnlyWhenItHasOne) {
   EXPECT_TRUE(proto.sampling().has_logprobs());
   EXPECT_FALSE(proto.sampling().has_prompt_logprobs());
   EXPECT_EQ(FromProto(proto.sampling(), 77).seed, 77u);
-  in.seed = 11;
+  in.sampling.seed = 11;
   ToProto(in, &proto);
   EXPECT_TRUE(proto.sampling().has_seed());
   EXPECT_EQ(FromProto(proto.sampling(), 77).seed, 11u);

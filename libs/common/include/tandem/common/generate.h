@@ -18,12 +18,9 @@ namespace tandem {
 struct GenerateRequest {
   std::string request_id;  // "": the server assigns one
   std::vector<int32_t> prompt_token_ids;
-  // sampling.seed is not sent: `seed` below says whether there is one.
+  // sampling.seed nullopt: the server's own seed (its --seed), as a
+  // Generate call without has_seed gets.
   SamplingParams sampling;
-  // nullopt: the server's own seed (its --seed), as a Generate call without
-  // has_seed gets. Apart from SamplingParams until libs/model reads an
-  // optional SamplingParams::seed (issue 34, item 5).
-  std::optional<uint64_t> seed;
   int32_t priority = 0;    // lower = more important (priority policy)
   std::string cache_salt;  // honoured only when the server allows it
 };

@@ -21,8 +21,11 @@ struct SamplingParams {
   // 0 = off (vLLM's min_p; kernels/sampling.h says the order of filters).
   float min_p = 0.0f;
   // Seed of the counter-based generator: tokens depend only on
-  // (seed, output position), never on the batch.
-  uint64_t seed = 0;
+  // (seed, output position), never on the batch. nullopt: the client gave
+  // none; the scheduler then uses its own (--seed, else random) when it
+  // admits the request (rpc::FromProto's default_seed), so a worker always
+  // gets one. The sampler reads nullopt as 0.
+  std::optional<uint64_t> seed;
   // Maximum number of output tokens; >= 1.
   int32_t max_tokens = 16;
   // Stop conditions other than max_tokens are ignored until this many output

@@ -17,9 +17,10 @@
 
 namespace tandem::rpc {
 
-// Sampling parameters. ToProto always sets has_seed. FromProto reads
-// top_p == 0 as 1 (proto3 default) and uses `default_seed` when has_seed is
-// false; it does not validate (call SamplingParams::Validate).
+// Sampling parameters. ToProto sets has_seed exactly when `in.seed` has a
+// value. FromProto reads top_p == 0 as 1 (proto3 default) and uses
+// `default_seed` when has_seed is false (so its seed always has a value);
+// it does not validate (call SamplingParams::Validate).
 void ToProto(const SamplingParams& in, v1::SamplingParams* out);
 [[nodiscard]] SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed = 0);
 

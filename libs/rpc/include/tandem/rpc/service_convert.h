@@ -17,8 +17,8 @@ namespace tandem::rpc {
 void ToProto(const ModelInfo& in, v1::GetModelInfoResponse* out);
 [[nodiscard]] ModelInfo FromProto(const v1::GetModelInfoResponse& in);
 
-// A Generate call, from the client's side. ToProto sets has_seed exactly
-// when `in.seed` has a value (in.sampling.seed is not read). FromProto
+// A Generate call, from the client's side (the sampling parameters as
+// convert.h's ToProto: has_seed exactly with a seed). FromProto
 // cuts a position's top lists to the shorter of the two (a malformed
 // message loses alternatives, never the token) and reads a finish reason
 // this build does not know as kNone.
