@@ -105,8 +105,9 @@ ChoiceDelta ChoiceState::Take(const GenerateResponse& msg, const CompletionReque
       finish = msg.finish_reason;
     }
     done = true;
-    completion_tokens = msg.usage.output_tokens;
-    cached_tokens = int64_t{msg.usage.cached_tokens_local} + msg.usage.cached_tokens_external;
+    const GenerateUsage usage = msg.usage.value_or(GenerateUsage{});
+    completion_tokens = usage.output_tokens;
+    cached_tokens = int64_t{usage.cached_tokens_local} + usage.cached_tokens_external;
   }
   out_bytes += static_cast<int64_t>(out.text.size());
   if (request.logprobs) ReleaseLogprobs();

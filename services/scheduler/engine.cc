@@ -392,11 +392,11 @@ void Engine::OnWorkerLost() {
 
 namespace {
 
-// An output's tokens, logprobs and prompt logprobs into a response.
-void SetTokens(const sched::RequestOutput& out, v1::GenerateResponse* msg) {
-  msg->mutable_token_ids()->Assign(out.new_token_ids.begin(), out.new_token_ids.end());
-  rpc::ToProto(out.new_logprobs, msg->mutable_logprobs());
-  rpc::ToProto(out.prompt_logprobs, msg->mutable_prompt_logprobs());
+// An output's tokens, logprobs and prompt logprobs as a response.
+GenerateResponse ResponseOf(const sched::RequestOutput& out) {
+  return GenerateResponse{.token_ids = out.new_token_ids,
+                          .logprobs = out.new_logprobs,
+                          .prompt_logprobs = out.prompt_logprobs};
 }
 
 }  // namespace
@@ -405,7 +405,7 @@ void Engine::CallTokens(GenerateCall& call, const sched::RequestOutput& out) {
   NoteTokens(call, out.new_token_ids.size());
   v1::GenerateResponse msg;
   msg.set_request_id(call.request_id);
-  SetTokens(out, &msg);
+  rpc::ToProto(ResponseOf(out), &msg);
   if (call.Queue(std::move(msg))) writes_.push_back(call.shared_from_this());
 }
 
@@ -434,17 +434,17 @@ void Engine::CallFinished(GenerateCall& call, FinishReason reason, const sched::
   }
   const grpc::Status grpc_status = rpc::ToGrpcStatus(status);
   if (status.ok()) {
+    GenerateResponse last = out != nullptr ? ResponseOf(*out) : GenerateResponse{};
+    last.finish_reason = reason;
+    if (out != nullptr) {
+      last.usage = GenerateUsage{.prompt_tokens = out->num_prompt_tokens,
+                                 .output_tokens = out->num_output_tokens,
+                                 .cached_tokens_local = out->num_cached_tokens_local,
+                                 .cached_tokens_external = out->num_cached_tokens_external};
+    }
     v1::GenerateResponse msg;
     msg.set_request_id(call.request_id);
-    msg.set_finish_reason(rpc::ToProto(reason));
-    if (out != nullptr) {
-      SetTokens(*out, &msg);
-      v1::Usage* usage = msg.mutable_usage();
-      usage->set_prompt_tokens(out->num_prompt_tokens);
-      usage->set_output_tokens(out->num_output_tokens);
-      usage->set_cached_tokens_local(out->num_cached_tokens_local);
-      usage->set_cached_tokens_external(out->num_cached_tokens_external);
-    }
+    rpc::ToProto(last, &msg);
     if (call.Queue(std::move(msg))) writes_.push_back(call.shared_from_this());
   }
   if (call.QueueFinish(grpc_status)) writes_.push_back(call.shared_from_this());

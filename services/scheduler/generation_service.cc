@@ -63,56 +63,14 @@ uint64_t RandomSeed() {
   return rng();
 }
 
+// The engine's counters (libs/rpc), then the service's own.
 void ToProto(const ServiceStats& stats, v1::GetStatsResponse* s) {
-  const engine::EngineStats& e = stats.engine;
-  s->set_worker_connected(e.worker_connected);
+  rpc::ToProto(stats.engine, s);
   s->set_draining(stats.draining);
-  s->set_async_scheduling(e.async_scheduling);
-  s->set_num_active_streams(e.num_requests);
-  s->set_num_steps_in_flight(e.num_steps_in_flight);
-  s->set_num_worker_connects(e.num_worker_connects);
-  if (e.has_scheduler) {
-    const sched::SchedulerStats& st = e.scheduler;
-    s->set_num_running(e.num_running);
-    s->set_num_waiting(e.num_waiting);
-    s->set_num_free_blocks(e.num_free_blocks);
-    s->set_num_total_blocks(e.num_total_blocks);
-    s->set_num_preemptions(st.num_preemptions_total);
-    s->set_prefix_cache_queries(st.prefix_cache_queries_tokens);
-    s->set_prefix_cache_hits(st.prefix_cache_hits_tokens);
-    s->set_external_cache_queries(st.external_cache_queries_tokens);
-    s->set_external_cache_hits(st.external_cache_hits_tokens);
-    s->set_num_steps(st.num_steps);
-    s->set_num_requests_finished(st.num_requests_finished);
-    s->set_num_waiting_for_lookup(st.num_waiting_for_lookup);
-    s->set_num_waiting_for_load(st.num_waiting_for_load);
-    s->set_external_loaded_tokens(st.external_loaded_tokens);
-  }
-  s->set_max_running_plus_loading(e.max_running_plus_loading);
-  s->set_max_steps_in_flight(e.max_steps_in_flight);
-  s->set_num_steps_sent(e.num_steps_sent);
-  s->set_step_scheduled_reqs_sum(e.step_scheduled_reqs_sum);
   s->set_step_message_bytes_sum(stats.step_message_bytes_sum);
   s->set_step_to_proto_seconds_sum(static_cast<double>(stats.step_to_proto_ns_sum) * 1e-9);
   s->set_step_serialize_samples(stats.step_serialize_samples);
   s->set_step_serialize_seconds_sum(static_cast<double>(stats.step_serialize_ns_sum) * 1e-9);
-  s->set_external_load_failed_not_found(e.load_failed_not_found);
-  s->set_external_load_failed_checksum(e.load_failed_checksum);
-  s->set_external_load_failed_rpc(e.load_failed_rpc);
-  if (e.has_kv_connector) {
-    const sched::KvConnectorSchedulerStats& k = e.kv_connector;
-    s->set_external_lookups(k.lookups);
-    s->set_external_lookups_with_hits(k.lookups_with_hits);
-    s->set_external_lookups_failed(k.lookups_failed);
-    s->set_external_lookup_hit_tokens(k.lookup_hit_tokens);
-    s->set_external_lookup_latency_seconds_sum(static_cast<double>(k.lookup_latency_ns_sum) * 1e-9);
-    s->set_external_lookup_latency_seconds_max(static_cast<double>(k.lookup_latency_ns_max) * 1e-9);
-    s->set_external_invalid_blocks(k.invalid_blocks);
-    s->set_external_stored_blocks(k.stored_blocks);
-    s->set_num_lookups_pending(k.lookups_pending);
-    s->set_num_loads_in_flight(k.loads_in_flight);
-    s->set_num_stores_in_flight(k.stores_in_flight);
-  }
 }
 
 }  // namespace
@@ -157,13 +115,14 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
                         "requests (--allow-request-cache-salt=false)"));
     return reactor;
   }
+  GenerateRequest r = rpc::FromProto(*request, RandomSeed());
   sched::RequestSpec spec{
-      .request_id = request->request_id().empty() ? absl::StrCat("req-", next_id_.fetch_add(1))
-                                                  : request->request_id(),
-      .prompt_token_ids = {request->prompt_token_ids().begin(), request->prompt_token_ids().end()},
-      .sampling = rpc::FromProto(request->sampling(), RandomSeed()),
-      .priority = request->priority(),
-      .cache_salt = request->cache_salt(),
+      .request_id = r.request_id.empty() ? absl::StrCat("req-", next_id_.fetch_add(1))
+                                         : std::move(r.request_id),
+      .prompt_token_ids = std::move(r.prompt_token_ids),
+      .sampling = std::move(r.sampling),
+      .priority = r.priority,
+      .cache_salt = std::move(r.cache_salt),
   };
   // The drain gate: from here on the call is the engine's and finishes there.
   if (!engine_->TryAccept()) {

@@ -143,10 +143,11 @@ class CompletionJobTest : public ::testing::Test {
   }
   void Finish(size_t k, std::vector<int32_t> ids, FinishReason reason, int32_t output_tokens,
               int32_t cached = 0) {
-    job_->OnCallMessage(transport_->calls.at(k).id,
-                        {.token_ids = std::move(ids),
-                         .finish_reason = reason,
-                         .usage = {.output_tokens = output_tokens, .cached_tokens_local = cached}});
+    job_->OnCallMessage(
+        transport_->calls.at(k).id,
+        {.token_ids = std::move(ids),
+         .finish_reason = reason,
+         .usage = GenerateUsage{.output_tokens = output_tokens, .cached_tokens_local = cached}});
   }
   void End(size_t k, absl::Status status = absl::OkStatus()) {
     job_->OnCallDone(transport_->calls.at(k).id, transport_->calls.at(k).replica, status);

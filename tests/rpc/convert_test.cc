@@ -357,8 +357,9 @@ TEST(ConvertTest, GenerateResponseKeepsTokensAndCutsUnevenTopLists) {
   EXPECT_EQ(out.logprobs[0].top_token_ids, std::vector<int32_t>{3});
   EXPECT_EQ(out.logprobs[0].top_logprobs, std::vector<float>{-0.1f});
   EXPECT_EQ(out.finish_reason, FinishReason::kLength);
-  EXPECT_EQ(out.usage.output_tokens, 2);
-  EXPECT_EQ(out.usage.cached_tokens_external, 16);
+  ASSERT_TRUE(out.usage.has_value());
+  EXPECT_EQ(out.usage->output_tokens, 2);
+  EXPECT_EQ(out.usage->cached_tokens_external, 16);
   EXPECT_EQ(FromProto(v1::GenerateResponse()).finish_reason, FinishReason::kNone);
 }
 
@@ -372,6 +373,94 @@ TEST(StatusTest, CodesAndMessagesSurviveBothWays) {
   absl::Status c = FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "down"), "worker");
   EXPECT_EQ(c.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(c.message(), "worker: down");
+}
+
+// The scheduler's side of the same call: what the frontend sends arrives
+// whole, and the scheduler's own seed stands in for a missing one.
+TEST(ConvertTest, GenerateRequestRoundTripsToTheScheduler) {
+  GenerateRequest in{.request_id = "cmpl-2-1",
+                     .prompt_token_ids = {3, 1, 4, 1, 5},
+                     .sampling = {.temperature = 0.5f, .top_k = 7, .max_tokens = 9},
+                     .priority = -2,
+                     .cache_salt = "tenant:b"};
+  v1::GenerateRequest proto;
+  ToProto(in, &proto);
+  GenerateRequest back = FromProto(proto, 77);
+  EXPECT_EQ(back.request_id, in.request_id);
+  EXPECT_EQ(back.prompt_token_ids, in.prompt_token_ids);
+  EXPECT_EQ(back.priority, -2);
+  EXPECT_EQ(back.cache_salt, "tenant:b");
+  EXPECT_EQ(back.sampling.top_k, 7);
+  EXPECT_EQ(back.sampling.max_tokens, 9);
+  EXPECT_EQ(back.sampling.seed, 77u);  // none sent: the scheduler's
+  in.sampling.seed = 5;
+  ToProto(in, &proto);
+  EXPECT_EQ(FromProto(proto, 77).sampling.seed, 5u);
+}
+
+// What the scheduler streams reads back the same on the frontend: tokens,
+// logprobs, prompt logprobs, the finish reason, and usage only when sent.
+TEST(ConvertTest, GenerateResponseRoundTripsToTheFrontend) {
+  const TokenLogprobs lp{.token_id = 9,
+                         .logprob = -0.25f,
+                         .rank = 1,
+                         .top_token_ids = {9, 2},
+                         .top_logprobs = {-0.25f, -2.0f}};
+  GenerateResponse in{.token_ids = {9, 8},
+                      .logprobs = {lp, lp},
+                      .prompt_logprobs = {lp},
+                      .finish_reason = FinishReason::kStop,
+                      .usage = GenerateUsage{.prompt_tokens = 5,
+                                             .output_tokens = 2,
+                                             .cached_tokens_local = 16,
+                                             .cached_tokens_external = 32}};
+  v1::GenerateResponse proto;
+  ToProto(in, &proto);
+  GenerateResponse back = FromProto(proto);
+  EXPECT_EQ(back.token_ids, in.token_ids);
+  EXPECT_EQ(back.logprobs, in.logprobs);
+  EXPECT_EQ(back.prompt_logprobs, in.prompt_logprobs);
+  EXPECT_EQ(back.finish_reason, FinishReason::kStop);
+  ASSERT_TRUE(back.usage.has_value());
+  EXPECT_EQ(back.usage->prompt_tokens, 5);
+  EXPECT_EQ(back.usage->output_tokens, 2);
+  EXPECT_EQ(back.usage->cached_tokens_local, 16);
+  EXPECT_EQ(back.usage->cached_tokens_external, 32);
+  // A message before the last: no reason, no usage.
+  v1::GenerateResponse tokens_only;
+  ToProto(GenerateResponse{.token_ids = {1}}, &tokens_only);
+  EXPECT_FALSE(tokens_only.has_usage());
+  EXPECT_EQ(tokens_only.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+  EXPECT_FALSE(FromProto(tokens_only).usage.has_value());
+}
+
+// GetStats: the engine's counters, the scheduler's and the connector's only
+// while present.
+TEST(ConvertTest, EngineStatsFillGetStats) {
+  engine::EngineStats e{.worker_connected = true,
+                        .num_requests = 3,
+                        .max_steps_in_flight = 2,
+                        .num_steps_sent = 40,
+                        .load_failed_checksum = 6};
+  v1::GetStatsResponse out;
+  ToProto(e, &out);
+  EXPECT_TRUE(out.worker_connected());
+  EXPECT_EQ(out.num_active_streams(), 3);
+  EXPECT_EQ(out.max_steps_in_flight(), 2);
+  EXPECT_EQ(out.num_steps_sent(), 40u);
+  EXPECT_EQ(out.external_load_failed_checksum(), 6u);
+  EXPECT_EQ(out.num_total_blocks(), 0);
+  e.has_scheduler = true;
+  e.num_total_blocks = 100;
+  e.scheduler.num_preemptions_total = 4;
+  e.has_kv_connector = true;
+  e.kv_connector.lookups = 12;
+  e.kv_connector.lookup_latency_ns_sum = 3'000'000'000;
+  ToProto(e, &out);
+  EXPECT_EQ(out.num_total_blocks(), 100);
+  EXPECT_EQ(out.num_preemptions(), 4u);
+  EXPECT_EQ(out.external_lookups(), 12u);
+  EXPECT_DOUBLE_EQ(out.external_lookup_latency_seconds_sum(), 3.0);
 }
 
 }  // namespace

@@ -34,7 +34,8 @@ struct GenerateUsage {
 };
 
 // One message of a Generate stream: the tokens of one or more steps; the
-// last has finish_reason set (kNone before it) and usage filled.
+// last has finish_reason set (kNone before it) and usage, unless the request
+// ended without a last output (an abort before any step).
 struct GenerateResponse {
   std::vector<int32_t> token_ids;
   // Parallel to token_ids when the request asked for logprobs.
@@ -43,7 +44,7 @@ struct GenerateResponse {
   // are none) when the request asked: prompt positions 1 .. P-1.
   std::vector<TokenLogprobs> prompt_logprobs;
   FinishReason finish_reason = FinishReason::kNone;
-  GenerateUsage usage;
+  std::optional<GenerateUsage> usage;
 };
 
 }  // namespace tandem

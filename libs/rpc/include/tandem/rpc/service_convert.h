@@ -25,6 +25,17 @@ void ToProto(const ModelInfo& in, v1::GetModelInfoResponse* out);
 void ToProto(const GenerateRequest& in, v1::GenerateRequest* out);
 [[nodiscard]] GenerateResponse FromProto(const v1::GenerateResponse& in);
 
+// The same call from the scheduler's side. FromProto fills `default_seed`
+// when the request has none (convert.h); it does not validate (the
+// scheduler does, sched::Scheduler::AddRequest). Every field converts both
+// ways (usage only when present).
+[[nodiscard]] GenerateRequest FromProto(const v1::GenerateRequest& in, uint64_t default_seed);
+void ToProto(const GenerateResponse& in, v1::GenerateResponse* out);
+
+// The engine's counters in GetStats (the service adds its own: draining and
+// the cost of putting steps on the wire).
+void ToProto(const engine::EngineStats& in, v1::GetStatsResponse* out);
+
 // What a worker says about itself (Describe), as the engine core takes it.
 [[nodiscard]] engine::WorkerDescription FromProto(const v1::DescribeResponse& in);
 
