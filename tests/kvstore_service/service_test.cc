@@ -7,14 +7,15 @@
 #include <vector>
 
 #include "../kvstore/test_util.h"
-#include "loopback_server.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "kvstore_server.h"
 #include "kvstore_service.h"
+#include "loopback_server.h"
 #include "tandem/kvconnector/kvstore_client.h"
 #include "tandem/kvstore/kv_store.h"
 #include "tandem/kvstore/sync_point.h"
@@ -534,6 +535,31 @@ TEST_F(KvStoreServiceTest, CreateNamespaceAndStatsThroughTheClient) {
   EXPECT_EQ(stats->cold_blocks, 2u);
   EXPECT_EQ(stats->stores, 2u);
   EXPECT_EQ(stats->hot_capacity_blocks, 8u);
+}
+
+// KvStoreServer (the entry point bench_kvstore and tandem-kvstore use): a
+// listener that keeps the bulk port unadvertised, as under TLS, says 0 in
+// Stats; the default listener advertises the bulk port it started.
+TEST(KvStoreServerTest, ListenAdvertisesTheBulkPortOnlyWhereAsked) {
+  TempDir dir;
+  auto server = kvstore_service::KvStoreServer::Open(
+      {.store = {.data_dir = dir.path()}, .bulk = kvstore_service::BulkLoadServerOptions{}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_NE((*server)->bulk(), nullptr);
+  auto stats_of = [](int port) {
+    auto stub = v1::KvStore::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                         grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::StatsResponse resp;
+    EXPECT_TRUE(stub->Stats(&ctx, v1::StatsRequest(), &resp).ok());
+    return resp;
+  };
+  absl::StatusOr<int> with = (*server)->Listen("127.0.0.1:0", grpc::InsecureServerCredentials());
+  absl::StatusOr<int> without = (*server)->Listen("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                                                  /*advertise_bulk_port=*/false);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_EQ(stats_of(*with).bulk_load_port(), static_cast<uint32_t>((*server)->bulk()->port()));
+  EXPECT_EQ(stats_of(*without).bulk_load_port(), 0u);
 }
 
 }  // namespace
