@@ -22,7 +22,7 @@ constexpr uint32_t kMaxFrameBytes = 1 << 20;  // answer frames carry no payload
 
 BulkLoadClient::BulkLoadClient(const KvStoreClientOptions& options,
                                std::function<absl::StatusOr<uint32_t>()> discover_port)
-    : opts_(options), discover_port_(std::move(discover_port)) {}
+    : opts_(options), discover_port_(std::move(discover_port)), tls_(rpc::ClientSocketTls()) {}
 
 uint64_t BulkLoadClient::loads() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -88,10 +88,22 @@ std::unique_ptr<rpc::FramedSocket> BulkLoadClient::Connection(const Address& add
 
 std::unique_ptr<rpc::FramedSocket> BulkLoadClient::Dial(const Address& addr,
                                                         std::string_view preface,
-                                                        int64_t timeout_ms) {
+                                                        int64_t timeout_ms) const {
   absl::StatusOr<std::unique_ptr<rpc::FramedSocket>> sock =
       rpc::FramedSocket::Connect(addr.first, addr.second, timeout_ms);
   if (!sock.ok()) return nullptr;
+  // Under the process's client TLS (rpc::SetClientTls) the port speaks TLS
+  // too, with the store's gRPC certificate and roles (socket_tls.h).
+  if (tls_ != nullptr) {
+    absl::StatusOr<std::shared_ptr<ssl_ctx_st>> context = tls_->Current();
+    absl::Status s = context.ok() ? (*sock)->StartTls(context->get(), /*server=*/false, addr.first)
+                                  : context.status();
+    if (!s.ok()) {
+      TANDEM_LOG(WARNING) << "KV-store bulk port " << addr.first << ":" << addr.second
+                          << ": TLS handshake failed (" << s << "); using gRPC";
+      return nullptr;
+    }
+  }
   const auto* bytes = reinterpret_cast<const uint8_t*>(preface.data());
   if (!(*sock)->WriteRaw(std::span(bytes, preface.size())).ok()) return nullptr;
   return std::move(*sock);

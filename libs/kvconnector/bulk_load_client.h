@@ -34,6 +34,7 @@
 #include "tandem/common/ids.h"
 #include "tandem/kvconnector/kvstore_client_types.h"
 #include "tandem/rpc/framed_socket.h"
+#include "tandem/rpc/socket_tls.h"
 
 namespace tandem::kvconnector {
 
@@ -62,10 +63,12 @@ class BulkLoadClient {
   // another one).
   void ForgetAddress();
   // Connects to the port (waiting at most `timeout_ms`, which also becomes
-  // the socket's send and receive timeout) and sends `preface`; null on
-  // failure.
-  static std::unique_ptr<rpc::FramedSocket> Dial(const Address& addr, std::string_view preface,
-                                                 int64_t timeout_ms);
+  // the socket's send and receive timeout), runs the TLS handshake when the
+  // process's client TLS was on when this client was made
+  // (rpc::ClientSocketTls, as the client's gRPC channel), and sends
+  // `preface`; null on failure.
+  std::unique_ptr<rpc::FramedSocket> Dial(const Address& addr, std::string_view preface,
+                                          int64_t timeout_ms) const;
 
  private:
   // An idle pooled connection (sets *pooled) or a new one; null on failure.
@@ -75,6 +78,7 @@ class BulkLoadClient {
 
   const KvStoreClientOptions opts_;
   const std::function<absl::StatusOr<uint32_t>()> discover_port_;
+  const std::shared_ptr<rpc::SocketTlsContext> tls_;  // null: plain TCP
 
   std::mutex lookup_mu_;  // serializes FindAddress: one lookup of the port at a time
   mutable std::mutex mu_;

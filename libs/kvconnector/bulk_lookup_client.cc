@@ -72,8 +72,8 @@ void BulkLookupClient::Run() {
     }
     std::unique_ptr<rpc::FramedSocket> sock;
     if (std::optional<BulkLoadClient::Address> addr = ports_->FindAddress()) {
-      sock = BulkLoadClient::Dial(*addr, rpc::kKvBulkLookupPreface,
-                                  std::min<int64_t>(io_timeout_ms_, 5'000));
+      sock =
+          ports_->Dial(*addr, rpc::kKvBulkLookupPreface, std::min<int64_t>(io_timeout_ms_, 5'000));
       if (sock != nullptr) {
         // Sends are bounded; the wait for an answer is not (the connection
         // is idle between lookups).

@@ -48,17 +48,6 @@ std::shared_ptr<grpc::Channel> CreateKvChannel(const std::string& target) {
   return rpc::CreateChannel(target, args);
 }
 
-// The bulk load port is plain TCP: under TLS every load and lookup goes over
-// gRPC instead (a TLS store does not open the port either).
-KvStoreClientOptions WithoutBulkUnderTls(KvStoreClientOptions options) {
-  if (rpc::ClientTls().enabled()) {
-    options.bulk_load = false;
-    options.bulk_lookup = false;
-    options.bulk_load_target.clear();
-  }
-  return options;
-}
-
 }  // namespace
 
 absl::Status KvStoreClientOptions::Validate() const {
@@ -197,7 +186,7 @@ RemoteLookupResult PendingLookup::Wait() {
 class KvStoreClient::Impl {
  public:
   explicit Impl(const KvStoreClientOptions& options)
-      : opts_(WithoutBulkUnderTls(options)),
+      : opts_(options),
         channel_(CreateKvChannel(options.target)),
         stub_(std::make_shared<Stub>(channel_)),
         load_method_("/tandem.v1.KvStore/Load", grpc::internal::RpcMethod::SERVER_STREAMING,

@@ -1,8 +1,15 @@
 #include "tandem/rpc/framed_socket.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -10,6 +17,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -41,29 +50,68 @@ absl::Status SendError(const char* what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
-// Sends every byte of `iov` (advancing it), restarting after partial sends.
-absl::Status SendAll(int fd, iovec* iov, int count, const char* what) {
-  while (count > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(count);
-    const ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return SendError(what);
+// Waits until `fd` is ready for `events` (POLLIN / POLLOUT), at most
+// `timeout_ms` (0 = forever).
+absl::Status WaitReady(int fd, short events, int64_t timeout_ms, const char* what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int rc = poll(&p, 1, timeout_ms > 0 ? static_cast<int>(timeout_ms) : -1);
+    if (rc > 0) return absl::OkStatus();
+    if (rc == 0) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, events == POLLIN ? ": nothing received within the receive timeout"
+                                              : ": no progress within the send timeout"));
     }
-    size_t left = static_cast<size_t>(w);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    if (errno != EINTR)
+      return absl::UnavailableError(absl::StrCat(what, ": poll: ", std::strerror(errno)));
   }
-  return absl::OkStatus();
+}
+
+// Keeps SIGPIPE from this thread while it lives. OpenSSL writes with
+// write(2), not send(MSG_NOSIGNAL), so a write to a connection the peer has
+// reset would raise SIGPIPE and kill the process; blocked, it stays pending
+// and is taken back here (unless it was pending before), and the write
+// fails with EPIPE instead.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+  }
+  ~ScopedSigpipeBlock() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        const timespec zero{};
+        while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
+        }
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
+
+// OpenSSL's reasons for the last failure on this thread, oldest first.
+std::string SslErrors() {
+  std::string out;
+  while (const unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    if (!out.empty()) out += "; ";
+    out += buf;
+  }
+  return out.empty() ? "no reason given" : out;
 }
 
 }  // namespace
@@ -98,12 +146,24 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(std::string_vi
   return std::pair{std::string(host), std::string(port)};
 }
 
+struct FramedSocket::Tls {
+  SSL* ssl = nullptr;
+  bool server = false;
+  // Guards `ssl`; never held across a wait, so a reader blocked for data
+  // does not hold up a writer.
+  std::mutex mu;
+  ~Tls() { SSL_free(ssl); }
+};
+
 FramedSocket::FramedSocket(int fd) : fd_(fd), buf_(kInitialBuffer) {
   int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-FramedSocket::~FramedSocket() { close(fd_); }
+FramedSocket::~FramedSocket() {
+  tls_.reset();
+  close(fd_);
+}
 
 absl::StatusOr<std::unique_ptr<FramedSocket>> FramedSocket::Connect(const std::string& host,
                                                                     const std::string& port,
@@ -129,7 +189,9 @@ absl::StatusOr<std::unique_ptr<FramedSocket>> FramedSocket::Connect(const std::s
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
       freeaddrinfo(addrs);
-      return std::make_unique<FramedSocket>(fd);
+      auto sock = std::make_unique<FramedSocket>(fd);
+      sock->SetTimeouts(timeout_ms, timeout_ms);
+      return sock;
     }
     last_error = errno == EINPROGRESS || errno == EAGAIN ? "timed out" : std::strerror(errno);
     close(fd);
@@ -139,6 +201,8 @@ absl::StatusOr<std::unique_ptr<FramedSocket>> FramedSocket::Connect(const std::s
 }
 
 void FramedSocket::SetTimeouts(int64_t send_ms, int64_t receive_ms) {
+  send_timeout_ms_ = send_ms;
+  receive_timeout_ms_ = receive_ms;
   const timeval snd = ToTimeval(send_ms);
   const timeval rcv = ToTimeval(receive_ms);
   setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd);
@@ -156,12 +220,189 @@ absl::Status FramedSocket::Write(const google::protobuf::MessageLite& frame,
   }
   iovec iov[2] = {{scratch_.data(), scratch_.size()},
                   {const_cast<uint8_t*>(payload.data()), payload.size()}};
-  return SendAll(fd_, iov, payload.empty() ? 1 : 2, "sending a frame");
+  return SendAll(iov, payload.empty() ? 1 : 2, "sending a frame");
 }
 
 absl::Status FramedSocket::WriteRaw(std::span<const uint8_t> bytes) {
   iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
-  return SendAll(fd_, &iov, 1, "sending");
+  return SendAll(&iov, 1, "sending");
+}
+
+absl::Status FramedSocket::StartTls(ssl_ctx_st* context, bool server,
+                                    const std::string& peer_host) {
+  if (tls_ != nullptr) return absl::FailedPreconditionError("TLS already started");
+  auto tls = std::make_unique<Tls>();
+  tls->server = server;
+  tls->ssl = SSL_new(context);
+  if (tls->ssl == nullptr || SSL_set_fd(tls->ssl, fd_) != 1) {
+    return absl::InternalError(absl::StrCat("TLS: ", SslErrors()));
+  }
+  SSL_set_mode(tls->ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  if (!server && !peer_host.empty()) {
+    // The server's certificate must name the host dialled, as gRPC checks
+    // its target: an IP SAN for an address, a DNS SAN for a name (also
+    // sent as SNI).
+    X509_VERIFY_PARAM* param = SSL_get0_param(tls->ssl);
+    if (X509_VERIFY_PARAM_set1_ip_asc(param, peer_host.c_str()) != 1) {
+      ERR_clear_error();
+      if (SSL_set1_host(tls->ssl, peer_host.c_str()) != 1 ||
+          SSL_set_tlsext_host_name(tls->ssl, peer_host.c_str()) != 1) {
+        return absl::InternalError(absl::StrCat("TLS: ", SslErrors()));
+      }
+    }
+  }
+  const int flags = fcntl(fd_, F_GETFL);
+  if (flags < 0 || fcntl(fd_, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat("TLS: fcntl: ", std::strerror(errno)));
+  }
+  tls_ = std::move(tls);
+  ScopedSigpipeBlock no_sigpipe;
+  absl::StatusOr<size_t> done = TlsCall(TlsOp::kHandshake, nullptr, 0, "TLS handshake", false);
+  if (!done.ok()) {
+    tls_.reset();  // the connection is not usable; the caller closes it
+    return done.status();
+  }
+  return absl::OkStatus();
+}
+
+bool FramedSocket::kernel_tls_send() const {
+  return tls_ != nullptr && BIO_get_ktls_send(SSL_get_wbio(tls_->ssl)) != 0;
+}
+
+bool FramedSocket::kernel_tls_receive() const {
+  return tls_ != nullptr && BIO_get_ktls_recv(SSL_get_rbio(tls_->ssl)) != 0;
+}
+
+std::vector<std::string> FramedSocket::PeerUris() const {
+  std::vector<std::string> uris;
+  if (tls_ == nullptr) return uris;
+  std::lock_guard<std::mutex> lock(tls_->mu);
+  X509* cert = SSL_get0_peer_certificate(tls_->ssl);
+  if (cert == nullptr || SSL_get_verify_result(tls_->ssl) != X509_V_OK) return uris;
+  auto* names =
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  if (names == nullptr) return uris;
+  for (int i = 0; i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
+    if (name->type != GEN_URI) continue;
+    const ASN1_IA5STRING* uri = name->d.uniformResourceIdentifier;
+    uris.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(uri)),
+                      static_cast<size_t>(ASN1_STRING_length(uri)));
+  }
+  GENERAL_NAMES_free(names);
+  return uris;
+}
+
+absl::StatusOr<size_t> FramedSocket::TlsCall(TlsOp op, void* data, size_t n, const char* what,
+                                             bool between_frames) {
+  for (;;) {
+    size_t done = 0;
+    int err = SSL_ERROR_NONE;
+    int saved_errno = 0;
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(tls_->mu);
+      ERR_clear_error();
+      int rc = 0;
+      switch (op) {
+        case TlsOp::kHandshake:
+          rc = tls_->server ? SSL_accept(tls_->ssl) : SSL_connect(tls_->ssl);
+          break;
+        case TlsOp::kRead:
+          rc = SSL_read_ex(tls_->ssl, data, n, &done);
+          break;
+        case TlsOp::kWrite:
+          rc = SSL_write_ex(tls_->ssl, data, n, &done);
+          break;
+      }
+      if (rc <= 0) {
+        saved_errno = errno;
+        err = SSL_get_error(tls_->ssl, rc);
+        if (err == SSL_ERROR_SSL) {
+          reason = SslErrors();
+          if (op == TlsOp::kHandshake && !tls_->server) {
+            const long v = SSL_get_verify_result(tls_->ssl);
+            if (v != X509_V_OK) {
+              absl::StrAppend(&reason, " (", X509_verify_cert_error_string(v), ")");
+            }
+          }
+        }
+      }
+    }
+    switch (err) {
+      case SSL_ERROR_NONE:
+        if (op == TlsOp::kRead) bytes_received_ += done;
+        return done;
+      case SSL_ERROR_WANT_READ:
+        if (absl::Status s = WaitReady(
+                fd_, POLLIN, op == TlsOp::kRead ? receive_timeout_ms_ : send_timeout_ms_, what);
+            !s.ok()) {
+          return s;
+        }
+        continue;
+      case SSL_ERROR_WANT_WRITE:
+        if (absl::Status s = WaitReady(fd_, POLLOUT, send_timeout_ms_, what); !s.ok()) return s;
+        continue;
+      case SSL_ERROR_ZERO_RETURN:
+        return RecvError(0, what, between_frames);
+      case SSL_ERROR_SYSCALL:
+        // errno 0: the peer closed without close_notify.
+        if (saved_errno == 0) return RecvError(0, what, between_frames);
+        return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(saved_errno)));
+      default:
+        return absl::UnavailableError(absl::StrCat(what, ": TLS: ", reason));
+    }
+  }
+}
+
+absl::Status FramedSocket::SendAll(iovec* iov, int count, const char* what) {
+  if (tls_ != nullptr) {
+    ScopedSigpipeBlock no_sigpipe;
+    for (int i = 0; i < count; ++i) {
+      auto* p = static_cast<uint8_t*>(iov[i].iov_base);
+      size_t left = iov[i].iov_len;
+      while (left > 0) {
+        absl::StatusOr<size_t> w = TlsCall(TlsOp::kWrite, p, left, what, false);
+        if (!w.ok()) return w.status();
+        p += *w;
+        left -= *w;
+      }
+    }
+    return absl::OkStatus();
+  }
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(count);
+    const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return SendError(what);
+    }
+    size_t left = static_cast<size_t>(w);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> FramedSocket::ReceiveSome(uint8_t* dst, size_t n, const char* what,
+                                                 bool between_frames) {
+  if (tls_ != nullptr) return TlsCall(TlsOp::kRead, dst, n, what, between_frames);
+  for (;;) {
+    const ssize_t r = recv(fd_, dst, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return RecvError(r, what, between_frames);
+    bytes_received_ += static_cast<uint64_t>(r);
+    return static_cast<size_t>(r);
+  }
 }
 
 absl::Status FramedSocket::RecvError(ssize_t r, const char* what, bool between_frames) {
@@ -184,12 +425,13 @@ absl::Status FramedSocket::Fill(size_t n) {
     pos_ = 0;
     if (buf_.size() < n) buf_.resize(n);
   }
+  std::optional<ScopedSigpipeBlock> no_sigpipe;
+  if (tls_ != nullptr) no_sigpipe.emplace();  // a read may answer with an alert
   while (len_ - pos_ < n) {
-    const ssize_t r = recv(fd_, buf_.data() + len_, buf_.size() - len_, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return RecvError(r, "receiving a frame", /*between_frames=*/pos_ == len_);
-    len_ += static_cast<size_t>(r);
-    bytes_received_ += static_cast<uint64_t>(r);
+    absl::StatusOr<size_t> r = ReceiveSome(buf_.data() + len_, buf_.size() - len_,
+                                           "receiving a frame", /*between_frames=*/pos_ == len_);
+    if (!r.ok()) return r.status();
+    len_ += *r;
   }
   return absl::OkStatus();
 }
@@ -219,6 +461,19 @@ absl::Status FramedSocket::ReadRaw(std::span<uint8_t> dst,
     on_piece(dst.first(buffered));
   }
   size_t got = buffered;
+  if (tls_ != nullptr) {
+    // One TLS record at a time, decrypted straight into dst.
+    ScopedSigpipeBlock no_sigpipe;  // a read may answer with an alert
+    pos_ = len_ = 0;
+    while (got < dst.size()) {
+      absl::StatusOr<size_t> r =
+          ReceiveSome(dst.data() + got, dst.size() - got, "receiving payload", false);
+      if (!r.ok()) return r.status();
+      on_piece(dst.subspan(got, *r));
+      got += *r;
+    }
+    return absl::OkStatus();
+  }
   while (got < dst.size()) {
     // The buffer is empty here: receive the rest straight into dst and let
     // whatever follows it land in the buffer.

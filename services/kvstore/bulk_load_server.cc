@@ -13,11 +13,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "load_scope.h"
 #include "lookup_answer.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/rpc/kvstore_convert.h"
+#include "tandem/rpc/method_roles.h"
 
 namespace tandem::kvstore_service {
 namespace {
@@ -82,11 +84,15 @@ absl::Status BulkLoadServerOptions::Validate() const {
   if (io_timeout_ms <= 0 || idle_timeout_ms <= 0) {
     return absl::InvalidArgumentError("bulk load io and idle timeouts must be > 0");
   }
+  if (tls.enabled() && tls.cert_file.empty()) {
+    return absl::InvalidArgumentError("bulk load port: TLS needs a certificate (--tls-cert)");
+  }
   return absl::OkStatus();
 }
 
 struct BulkLoadServer::Connection {
   std::unique_ptr<rpc::FramedSocket> sock;
+  rpc::CallerRole role = rpc::CallerRole::kUnverified;
   std::thread thread;
   std::atomic<bool> finished{false};
 };
@@ -97,6 +103,10 @@ absl::StatusOr<std::unique_ptr<BulkLoadServer>> BulkLoadServer::Start(
   TANDEM_ASSIGN_OR_RETURN(auto bound, Listen(options.host, options.port));
   std::unique_ptr<BulkLoadServer> server(
       new BulkLoadServer(store, options, bound.first, bound.second));
+  if (options.tls.enabled()) {
+    TANDEM_ASSIGN_OR_RETURN(server->tls_, rpc::SocketTlsContext::Create(
+                                              options.tls, rpc::SocketTlsContext::Side::kServer));
+  }
   if (pipe2(server->wake_pipe_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("bulk load port: pipe: ", std::strerror(errno)));
   }
@@ -157,6 +167,8 @@ BulkLoadServerStats BulkLoadServer::GetStats() const {
   s.connections_accepted = accepted_.load();
   s.connections_rejected = rejected_.load();
   s.bad_prefaces = bad_prefaces_.load();
+  s.tls_handshake_failures = tls_failures_.load();
+  s.permission_denied = permission_denied_.load();
   s.loads = loads_.load();
   s.lookups = lookups_.load();
   s.blocks_sent = blocks_sent_.load();
@@ -205,12 +217,39 @@ void BulkLoadServer::AcceptLoop() {
   }
 }
 
+absl::Status BulkLoadServer::StartTls(Connection* conn) {
+  absl::StatusOr<std::shared_ptr<ssl_ctx_st>> context = tls_->Current();
+  absl::Status s =
+      context.ok() ? conn->sock->StartTls(context->get(), /*server=*/true) : context.status();
+  if (!s.ok()) {
+    ++tls_failures_;
+    TANDEM_LOG(WARNING) << "bulk load port: TLS handshake failed, connection closed: " << s;
+    return s;
+  }
+  conn->role = tls_->RoleOf(*conn->sock);
+  if (!logged_kernel_tls_.exchange(true)) {
+    TANDEM_LOG(INFO) << "bulk load port: TLS records "
+                     << (conn->sock->kernel_tls_send() ? "sent by the kernel (kernel TLS)"
+                                                       : "encrypted by OpenSSL (no kernel TLS)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BulkLoadServer::Authorize(const Connection& conn, std::string_view method) {
+  const std::string peer = absl::StrCat("peer [", absl::StrJoin(conn.sock->PeerUris(), ", "), "]");
+  grpc::Status allowed = rpc::AuthorizeMethod(method, conn.role, peer);
+  if (allowed.ok()) return absl::OkStatus();
+  ++permission_denied_;
+  return absl::PermissionDeniedError(absl::StrCat("bulk port: ", allowed.error_message()));
+}
+
 void BulkLoadServer::Serve(Connection* conn) {
   rpc::FramedSocket* sock = conn->sock.get();
+  if (tls_ != nullptr && !StartTls(conn).ok()) return;
   uint8_t preface[rpc::kKvBulkLoadPreface.size()];
   if (!sock->ReadRaw(preface).ok()) return;
   if (std::memcmp(preface, rpc::kKvBulkLookupPreface.data(), sizeof preface) == 0) {
-    ServeLookups(sock);
+    ServeLookups(sock, Authorize(*conn, "/tandem.v1.KvStore/Lookup"));
     return;
   }
   if (std::memcmp(preface, rpc::kKvBulkLoadPreface.data(), sizeof preface) != 0) {
@@ -219,6 +258,7 @@ void BulkLoadServer::Serve(Connection* conn) {
                            "lookup preface (a gRPC or HTTP client on the wrong port?); closed";
     return;
   }
+  const absl::Status allowed = Authorize(*conn, "/tandem.v1.KvStore/Load");
   for (;;) {
     v1::LoadRequest request;
     absl::Status s = sock->Read(&request, rpc::kKvBulkLoadMaxRequestBytes);
@@ -227,11 +267,15 @@ void BulkLoadServer::Serve(Connection* conn) {
       return;
     }
     if (!s.ok()) return;  // closed, reset, or idle past the timeout
+    if (!allowed.ok()) {
+      SendDone(sock, allowed);
+      return;
+    }
     if (!ServeLoad(sock, request)) return;
   }
 }
 
-void BulkLoadServer::ServeLookups(rpc::FramedSocket* sock) {
+void BulkLoadServer::ServeLookups(rpc::FramedSocket* sock, const absl::Status& allowed) {
   // A scheduler's lookup connection stays open while it is idle: closing it
   // could lose a lookup sent just then.
   sock->SetTimeouts(options_.io_timeout_ms, 0);
@@ -240,10 +284,12 @@ void BulkLoadServer::ServeLookups(rpc::FramedSocket* sock) {
   for (;;) {
     absl::Status s = sock->Read(&request, rpc::kKvBulkLoadMaxRequestBytes);
     // A frame that is not a LookupRequest (or too long) is answered, and
-    // then the connection is closed: the stream cannot be trusted.
+    // then the connection is closed: the stream cannot be trusted. So is
+    // a caller whose role may not look up.
     const bool bad_frame = s.code() == absl::StatusCode::kInvalidArgument;
     if (!s.ok() && !bad_frame) return;  // closed or reset
     answer.Clear();
+    if (s.ok() && !allowed.ok()) s = allowed;
     if (s.ok()) {
       ++lookups_;
       s = AnswerLookup(store_, request, {.debug_delay_ms = options_.debug_lookup_delay_ms},
@@ -253,7 +299,7 @@ void BulkLoadServer::ServeLookups(rpc::FramedSocket* sock) {
     s = Annotate(s, "bulk lookup");
     answer.set_status_code(static_cast<int32_t>(s.code()));
     answer.set_status_message(std::string(s.message()));
-    if (!sock->Write(answer).ok() || bad_frame) return;
+    if (!sock->Write(answer).ok() || bad_frame || !allowed.ok()) return;
   }
 }
 

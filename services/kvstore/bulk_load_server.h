@@ -62,8 +62,16 @@
 // block pinned; a connection idle for idle_timeout_ms between loads is
 // closed.
 //
-// Plain TCP: a store with TLS (--tls-cert) keeps this port shut, and
-// loads and lookups go over gRPC.
+// TLS: a store with TLS (--tls-cert) serves this port under TLS too, with
+// the gRPC port's files, reloads and roles (rpc/socket_tls.h): the client
+// starts the handshake before the preface. Under mutual TLS (--tls-ca) a
+// load connection is open to the roles that may call gRPC's
+// tandem.v1.KvStore/Load, and a lookup connection to those of Lookup
+// (method_roles.h); another role's first request is answered with
+// PERMISSION_DENIED (a done frame, or a BulkLookupAnswer) naming the method,
+// the roles and the peer, and the connection is closed. A handshake that
+// fails (no client certificate, an unknown CA, a client speaking plain TCP)
+// closes the connection, is logged and counted.
 #pragma once
 
 #include <atomic>
@@ -78,6 +86,8 @@
 #include "absl/status/statusor.h"
 #include "tandem/kvstore/kv_store.h"
 #include "tandem/rpc/framed_socket.h"
+#include "tandem/rpc/socket_tls.h"
+#include "tandem/rpc/tls.h"
 #include "tandem/v1/kvstore.pb.h"
 
 namespace tandem::kvstore_service {
@@ -92,6 +102,9 @@ struct BulkLoadServerOptions {
   // Tests only: each lookup sleeps this long first (a slow store), as
   // KvStoreServiceOptions::debug_lookup_delay_ms does for gRPC lookups.
   int64_t debug_lookup_delay_ms = 0;
+  // TLS on the port when enabled() (the store's --tls-* flags); plain TCP
+  // otherwise.
+  rpc::TlsOptions tls;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -101,6 +114,8 @@ struct BulkLoadServerStats {
   uint64_t connections_rejected = 0;  // over max_connections
   uint64_t connections_open = 0;
   uint64_t bad_prefaces = 0;
+  uint64_t tls_handshake_failures = 0;
+  uint64_t permission_denied = 0;  // connections refused by the role check
   uint64_t loads = 0;        // LoadRequests answered
   uint64_t lookups = 0;      // LookupRequests answered on lookup connections
   uint64_t blocks_sent = 0;  // payloads sent
@@ -132,8 +147,14 @@ class BulkLoadServer {
 
   void AcceptLoop();
   void Serve(Connection* conn);
-  // A lookup connection: answers LookupRequests until the client closes.
-  void ServeLookups(rpc::FramedSocket* sock);
+  // A lookup connection: answers LookupRequests until the client closes;
+  // with `allowed` not OK, answers the first with it and returns.
+  void ServeLookups(rpc::FramedSocket* sock, const absl::Status& allowed);
+  // Under TLS, the handshake; OK when the connection may go on.
+  absl::Status StartTls(Connection* conn);
+  // The role check of the gRPC method a connection kind stands for
+  // (method_roles.h): OK, or PERMISSION_DENIED naming both.
+  absl::Status Authorize(const Connection& conn, std::string_view method);
   // Answers one request; false when the connection must be closed.
   bool ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request);
   // Joins and frees finished connections. Requires mu_.
@@ -143,6 +164,7 @@ class BulkLoadServer {
   const BulkLoadServerOptions options_;
   const int listen_fd_;
   const int port_;
+  std::shared_ptr<rpc::SocketTlsContext> tls_;  // null: plain TCP
   int wake_pipe_[2] = {-1, -1};  // Shutdown() wakes the acceptor through it
   std::thread acceptor_;
 
@@ -151,7 +173,8 @@ class BulkLoadServer {
   std::list<std::unique_ptr<Connection>> connections_;
 
   std::atomic<uint64_t> accepted_{0}, rejected_{0}, bad_prefaces_{0}, loads_{0}, lookups_{0},
-      blocks_sent_{0}, bytes_sent_{0};
+      blocks_sent_{0}, bytes_sent_{0}, tls_failures_{0}, permission_denied_{0};
+  std::atomic<bool> logged_kernel_tls_{false};
 };
 
 }  // namespace tandem::kvstore_service

@@ -66,7 +66,12 @@ struct KvStoreMetrics::Series {
         bulk_sent_bytes(&AddCounter(r, "tandem_kvstore_bulk_sent_bytes_total",
                                     "Payload bytes sent on the bulk port")),
         bulk_rejected(&AddCounter(r, "tandem_kvstore_bulk_connections_rejected_total",
-                                  "Bulk port connections refused over the connection limit")) {}
+                                  "Bulk port connections refused over the connection limit")),
+        bulk_tls_failures(&AddCounter(r, "tandem_kvstore_bulk_tls_handshake_failures_total",
+                                      "Bulk port connections closed by a failed TLS handshake")),
+        bulk_permission_denied(
+            &AddCounter(r, "tandem_kvstore_bulk_permission_denied_total",
+                        "Bulk port connections refused by the role check (mutual TLS)")) {}
 
   prometheus::Gauge& hot_blocks;
   prometheus::Gauge& hot_capacity_blocks;
@@ -81,7 +86,7 @@ struct KvStoreMetrics::Series {
       blocks_dropped_at_open, load_failures, leases_expired, promotions;
   prometheus::Family<prometheus::Counter>& evictions_family;
   MirroredCounter evictions_hot, evictions_cold, bulk_loads, bulk_lookups, bulk_sent_bytes,
-      bulk_rejected;
+      bulk_rejected, bulk_tls_failures, bulk_permission_denied;
   std::mutex mu;  // Update() may race with itself (two scrapes at once)
 };
 
@@ -127,6 +132,8 @@ void KvStoreMetrics::Update() {
   s_->bulk_lookups.Set(b.lookups);
   s_->bulk_sent_bytes.Set(b.bytes_sent);
   s_->bulk_rejected.Set(b.connections_rejected);
+  s_->bulk_tls_failures.Set(b.tls_handshake_failures);
+  s_->bulk_permission_denied.Set(b.permission_denied);
 }
 
 }  // namespace tandem::kvstore_service

@@ -76,9 +76,9 @@ int main(int argc, char** argv) {
   flags.Add("load-chunk-bytes", &load_chunk_bytes,
             "payload bytes per Load stream message (under the 4 MiB gRPC limit)");
   flags.Add("bulk-load-listen", &bulk_load_listen,
-            "the bulk load port, Load and Lookup over plain TCP beside gRPC (see "
-            "bulk_load_server.h): host:port, 'auto' (the --listen host, a free port, advertised "
-            "in Stats) or 'off'");
+            "the bulk load port, Load and Lookup over TCP beside gRPC, under TLS when --tls-cert "
+            "is given (see bulk_load_server.h): host:port, 'auto' (the --listen host, a free "
+            "port, advertised in Stats) or 'off'");
   flags.Add("bulk-load-max-connections", &bulk_options.max_connections,
             "bulk load connections served at once; more are refused (clients then use gRPC)");
   flags.Add("bulk-load-io-timeout-ms", &bulk_options.io_timeout_ms,
@@ -105,16 +105,8 @@ int main(int argc, char** argv) {
   if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);
   const rpc::TlsOptions& tls = boot.options().tls;
   const std::string& listen = boot.options().listen_address;
-  if (tls.enabled()) {
-    // The bulk port is plain TCP: under TLS it stays shut and clients load
-    // over gRPC (which they do whenever the store advertises no bulk port).
-    if (bulk_load_listen != "auto" && bulk_load_listen != "off") {
-      return boot.Fail("--bulk-load-listen=" + bulk_load_listen +
-                       ": the bulk load port has no TLS; with --tls-cert use auto or off (loads "
-                       "then go over gRPC)");
-    }
-    bulk_load_listen = "off";
-  }
+  // Under TLS the bulk port speaks TLS with the same files and roles.
+  bulk_options.tls = tls;
 
   absl::StatusOr<kvstore::Durability> d = kvstore::ParseDurability(durability);
   if (!d.ok()) return boot.Fail("--durability: " + d.status().ToString());

@@ -626,10 +626,11 @@ def check_tls(build_dir, source_dir, helm, chart):
     assert kv_host in certs["kvstore"]["dnsNames"], (kv_host, certs["kvstore"])
     sched_host = arg(pods["frontend"], "scheduler").removeprefix("dns:///").rsplit(":", 1)[0]
     assert sched_host in certs["scheduler"]["dnsNames"], (sched_host, certs["scheduler"])
-    assert arg(pods["kvstore"], "bulk-load-listen") == "off"
-    assert "bulk" not in [p["name"] for p in pods["kvstore"]["ports"]]
+    # The bulk port speaks TLS with the store's certificate: open, as without TLS.
+    assert arg(pods["kvstore"], "bulk-load-listen") == "0.0.0.0:50071"
+    assert "bulk" in [p["name"] for p in pods["kvstore"]["ports"]]
     kv_svc = by_kind_name(objs)[("Service", f"{RELEASE}-kvstore")]
-    assert "bulk" not in [p["name"] for p in kv_svc["spec"]["ports"]], kv_svc
+    assert "bulk" in [p["name"] for p in kv_svc["spec"]["ports"]], kv_svc
     # Secrets you make: no Certificate, the names given.
     mine = objects(render_text(helm, chart, sets=["tls.enabled=true", "tls.secrets.worker=w-tls"]))
     assert "Certificate" not in [o["kind"] for o in mine]

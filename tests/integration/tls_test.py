@@ -2,8 +2,12 @@
 """TLS, mutual TLS and the KV-store's roles (issue 16), checked with code we
 did not write: certificates from the openssl CLI, calls from Python grpcio.
 
-  1. A KV-store with TLS refuses an explicit bulk load port (plain TCP) and
-     advertises none with `auto`.
+  1. The KV-store's bulk port speaks TLS with the same files and roles
+     (rpc/socket_tls.h): the worker's loads and the scheduler's lookups go
+     over it; Python's ssl module loads a block there with the worker's
+     certificate and gets the block's bytes, the scheduler's certificate is
+     PERMISSION_DENIED naming the method, and a plain-TCP client, a client
+     without a certificate and one of another CA get no answer.
   2. KV-store, worker and scheduler run with mutual TLS, each with its own
      certificate (a /tandem/<role> URI SAN). A Generate over TLS gives
      llama2.c's reference tokens; the worker stored blocks and the scheduler
@@ -46,6 +50,7 @@ import os
 import re
 import http.client as httpclient
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -57,7 +62,7 @@ import urllib.request
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_bulk_load_test import compile_protos, crc32c  # noqa: E402
+from python_bulk_load_test import bulk_load, compile_protos, crc32c  # noqa: E402
 
 BLOCK = 4096
 
@@ -179,13 +184,6 @@ def main():
     bin_kv = os.path.join(build_dir, "services/kvstore/tandem-kvstore")
     procs = Procs(tmp)
     try:
-        # 1. The bulk port is plain TCP: refused explicitly, off under auto.
-        r = subprocess.run([bin_kv, "--listen", "127.0.0.1:0", "--data-dir",
-                            os.path.join(tmp, "refused"), "--bulk-load-listen", "127.0.0.1:0"] +
-                           flags(c["kvstore"]), capture_output=True, text=True, timeout=30)
-        assert r.returncode == 2 and "no TLS" in r.stderr, (r.returncode, r.stderr)
-        print("KV-store: TLS with an explicit bulk port exits 2:", r.stderr.strip())
-
         kv_port = procs.start("kvstore", [bin_kv, "--data-dir", os.path.join(tmp, "data")] +
                               flags(live))
         w_port = procs.start("worker", [
@@ -231,14 +229,15 @@ def main():
                                   sampling=common_pb2.SamplingParams(max_tokens=2))
         for _ in range(500):
             st = kv_sched.Stats(kv.StatsRequest(), timeout=10)
-            if st.stores > 0 and st.lookups > 0:
+            if st.stores > 0 and st.bulk_lookups > 0:
                 break
             list(gen_stub.Generate(req, timeout=30))
             time.sleep(0.02)
-        assert st.stores > 0 and st.lookups > 0, st
-        assert st.bulk_load_port == 0, "a TLS store advertises its plain-TCP bulk port"
+        assert st.stores > 0 and st.bulk_lookups > 0, st
+        assert st.bulk_load_port != 0, "a TLS store advertises no bulk port"
         print(f"KV-store over mutual TLS: the worker stored {st.stores} blocks, the scheduler "
-              f"made {st.lookups} lookups; no bulk port advertised")
+              f"made {st.lookups} lookups, {st.bulk_lookups} of them on the TLS bulk port "
+              f"{st.bulk_load_port}")
 
         # 3. Roles.
         kv_visitor = kv_grpc.KvStoreStub(channel(kv_port, c["visitor"]))
@@ -284,6 +283,47 @@ def main():
         print("roles: visitor, wrong-role and foreign-trust-domain calls PERMISSION_DENIED with "
               "nothing written; the worker role stores, the scheduler role looks up and alone "
               "may Describe the worker; Generate only for frontend and client")
+
+        # 1. The bulk port under TLS, spoken by Python's ssl module.
+        def bulk_tls(who, ca=None):
+            ctx = ssl.create_default_context(cafile=ca or c["worker"]["ca"])
+            if who is not None:
+                ctx.load_cert_chain(who["cert"], who["key"])
+            raw = socket.create_connection(("127.0.0.1", st.bulk_load_port), timeout=10)
+            sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+            sock.sendall(b"TKVBULK1")
+            return sock
+
+        sock = bulk_tls(c["worker"])
+        got, done = bulk_load(sock, kv, "tls", [b"\x07" * 32])
+        assert done.status_code == 0 and got == {0: block}, (done, got)
+        version = sock.version()
+        assert version in ("TLSv1.2", "TLSv1.3"), version
+        sock.close()
+        sock = bulk_tls(c["scheduler"])
+        got, done = bulk_load(sock, kv, "tls", [b"\x07" * 32])
+        assert done.status_code == 7 and not got, (done, got)  # PERMISSION_DENIED
+        assert "KvStore/Load" in done.status_message and "scheduler" in done.status_message, done
+        sock.close()
+
+        def refused(fn, what):
+            try:
+                sock = fn()
+                got, done = bulk_load(sock, kv, "tls", [b"\x07" * 32])
+            except (OSError, EOFError, ssl.SSLError) as e:
+                return str(e)
+            raise AssertionError(f"{what}: answered {done}")
+
+        def plain():
+            sock = socket.create_connection(("127.0.0.1", st.bulk_load_port), timeout=10)
+            sock.sendall(b"TKVBULK1")
+            return sock
+
+        for fn, what in ((plain, "plain TCP"), (lambda: bulk_tls(None), "no client certificate"),
+                         (lambda: bulk_tls(rogue), "another CA's client")):
+            print(f"bulk port under TLS: {what} refused ({refused(fn, what)[:80]})")
+        print(f"bulk port under TLS ({version}): Python's ssl loads the worker's block "
+              "with the worker's certificate; the scheduler's is PERMISSION_DENIED")
 
         # 4. cache_salt from the frontend role only.
         salted = generate(gen_stub, salt="tenant-a", n=8)

@@ -18,7 +18,13 @@
 // than the caller's limit or one that does not parse. After any error the
 // connection is not usable (the framing is lost); close it.
 //
-// Not thread-safe; one owner at a time.
+// TLS (StartTls): after the handshake every byte goes through one OpenSSL
+// session, kernel TLS where the kernel and OpenSSL offer it. The socket is
+// then non-blocking and the session is guarded by a mutex that no wait
+// holds, so one thread may read while another writes (the lookup
+// connection's pattern), as with plain TCP; the timeouts are kept by poll().
+//
+// Not thread-safe otherwise: one reader and one writer at a time.
 #pragma once
 
 #include <sys/types.h>
@@ -36,6 +42,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "google/protobuf/message_lite.h"
+
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX
+struct iovec;
 
 namespace tandem::rpc {
 
@@ -72,6 +81,23 @@ class FramedSocket {
   // send or receive may make no progress. 0 = wait forever.
   void SetTimeouts(int64_t send_ms, int64_t receive_ms);
 
+  // Runs the TLS handshake (within the send and receive timeouts) with a
+  // context from rpc::SocketTlsContext; from then on every Read and Write is
+  // encrypted. A client verifies the server's certificate for `peer_host`
+  // (a DNS name or an IP address, as gRPC does for its target). Call it
+  // before any other I/O. UNAVAILABLE naming OpenSSL's reason when the
+  // handshake fails (an unknown CA, no client certificate, a peer that does
+  // not speak TLS); DEADLINE_EXCEEDED when it stalls.
+  absl::Status StartTls(ssl_ctx_st* context, bool server, const std::string& peer_host = "");
+  // Whether StartTls succeeded, and whether the kernel does the record
+  // layer (kernel TLS) for sends and receives.
+  [[nodiscard]] bool tls() const { return tls_ != nullptr; }
+  [[nodiscard]] bool kernel_tls_send() const;
+  [[nodiscard]] bool kernel_tls_receive() const;
+  // The URI SANs of the peer's verified certificate (its role, tls.h's
+  // RoleFromUris); empty without TLS or without a client certificate.
+  [[nodiscard]] std::vector<std::string> PeerUris() const;
+
   // Sends the frame, then `payload`, in as few syscalls as the kernel takes.
   absl::Status Write(const google::protobuf::MessageLite& frame,
                      std::span<const uint8_t> payload = {});
@@ -102,8 +128,24 @@ class FramedSocket {
   // Receives into buf_ until it holds at least `n` unread bytes.
   absl::Status Fill(size_t n);
   absl::Status RecvError(ssize_t r, const char* what, bool between_frames);
+  // Sends every byte of iov[0..count) (advancing it).
+  absl::Status SendAll(::iovec* iov, int count, const char* what);
+  // Receives up to `n` bytes into `dst` (one recv, or one TLS read); the
+  // number received, or the error (a closed connection included).
+  absl::StatusOr<size_t> ReceiveSome(uint8_t* dst, size_t n, const char* what, bool between_frames);
+
+  struct Tls;  // the OpenSSL session (framed_socket.cc)
+  enum class TlsOp { kHandshake, kRead, kWrite };
+  // One OpenSSL call under the session's lock, repeated after waiting
+  // (outside the lock, within the timeouts) for what OpenSSL wants: the
+  // bytes moved, or the error.
+  absl::StatusOr<size_t> TlsCall(TlsOp op, void* data, size_t n, const char* what,
+                                 bool between_frames);
 
   int fd_;
+  std::unique_ptr<Tls> tls_;
+  int64_t send_timeout_ms_ = 0;
+  int64_t receive_timeout_ms_ = 0;
   std::vector<uint8_t> buf_;
   size_t pos_ = 0;  // next unread byte of buf_
   size_t len_ = 0;  // bytes of buf_ filled

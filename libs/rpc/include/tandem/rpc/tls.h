@@ -62,6 +62,8 @@ struct TlsOptions {
   // come together. With `server`, TLS needs a certificate (a CA alone is a
   // client's setting). The errors name the flag and the file.
   [[nodiscard]] absl::Status Validate(bool server) const;
+
+  bool operator==(const TlsOptions&) const = default;
 };
 
 // --tls-cert, --tls-key, --tls-ca, --tls-reload-interval-s and --tls-trust-domain.
