@@ -161,6 +161,9 @@ BulkLoadServerStats BulkLoadServer::GetStats() const {
   s.lookups = lookups_.load();
   s.blocks_sent = blocks_sent_.load();
   s.bytes_sent = bytes_sent_.load();
+  s.stores = stores_.load();
+  s.blocks_stored = blocks_stored_.load();
+  s.bytes_stored = bytes_stored_.load();
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& c : connections_) s.connections_open += c->finished.load() ? 0 : 1;
   return s;
@@ -211,6 +214,10 @@ void BulkLoadServer::Serve(Connection* conn) {
   if (!sock->ReadRaw(preface).ok()) return;
   if (std::memcmp(preface, rpc::kKvBulkLookupPreface.data(), sizeof preface) == 0) {
     ServeLookups(sock);
+    return;
+  }
+  if (std::memcmp(preface, rpc::kKvBulkStorePreface.data(), sizeof preface) == 0) {
+    ServeStores(sock);
     return;
   }
   if (std::memcmp(preface, rpc::kKvBulkLoadPreface.data(), sizeof preface) != 0) {

@@ -38,6 +38,12 @@ struct KvStoreClientOptions {
   // lookup instead of gRPC's five or so. Over gRPC until it is connected,
   // and whenever it is not.
   bool bulk_lookup = true;
+  // Store through a connection to the same port when the store advertises
+  // one (bulk_store_client.h): the blocks' bytes go from the caller's
+  // buffers to the socket, and the store writes a call's blocks with one
+  // RocksDB write. Over the gRPC stream otherwise, or when the port cannot
+  // be reached.
+  bool bulk_store = true;
   // host:port of the bulk load port, overriding the advertised port and the
   // target's host (for a proxy or a Kubernetes Service that maps ports).
   std::string bulk_load_target;
