@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "bulk_load_client.h"
 #include "bulk_lookup_client.h"
+#include "bulk_store_client.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/impl/rpc_method.h"
@@ -191,7 +192,8 @@ class KvStoreClient::Impl {
         stub_(std::make_shared<Stub>(channel_)),
         load_method_("/tandem.v1.KvStore/Load", grpc::internal::RpcMethod::SERVER_STREAMING,
                      channel_),
-        bulk_(opts_, [this] { return BulkLoadPort(); }) {
+        bulk_(opts_, [this] { return BulkLoadPort(); }),
+        bulk_store_(opts_, &bulk_) {
     if (opts_.release_batch_ms > 0) release_flusher_ = std::thread([this] { FlushReleases(); });
     if (opts_.bulk_lookup) {
       bulk_lookup_ =
@@ -447,6 +449,9 @@ class KvStoreClient::Impl {
     }
     std::vector<BlockStoreResult> results;
     if (hashes.empty()) return results;
+    if (opts_.bulk_store) {
+      if (auto r = bulk_store_.Store(ns, hashes, src, durability)) return *std::move(r);
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineIn(opts_.rpc_deadline_ms));
     v1::StoreResponse resp;
@@ -519,6 +524,7 @@ class KvStoreClient::Impl {
   }
 
   [[nodiscard]] uint64_t bulk_loads() const { return bulk_.loads(); }
+  [[nodiscard]] uint64_t bulk_stores() const { return bulk_store_.stores(); }
   [[nodiscard]] uint64_t bulk_lookups() const {
     return bulk_lookup_ ? bulk_lookup_->answered() : 0;
   }
@@ -551,6 +557,7 @@ class KvStoreClient::Impl {
   std::unordered_map<void*, std::shared_ptr<void>> inflight_;
   std::vector<std::shared_ptr<void>> graveyard_;
   BulkLoadClient bulk_;
+  BulkStoreClient bulk_store_;  // finds the port through bulk_
   // ReleaseAsync batching (release_batch_ms).
   std::mutex release_mu_;
   std::condition_variable release_cv_;
@@ -596,6 +603,7 @@ absl::StatusOr<bool> KvStoreClient::CreateNamespace(const kvstore::NamespaceSpec
 }
 absl::StatusOr<kvstore::KvStoreStats> KvStoreClient::Stats() { return impl_->Stats(); }
 uint64_t KvStoreClient::bulk_loads() const { return impl_->bulk_loads(); }
+uint64_t KvStoreClient::bulk_stores() const { return impl_->bulk_stores(); }
 uint64_t KvStoreClient::bulk_lookups() const { return impl_->bulk_lookups(); }
 bool KvStoreClient::bulk_lookup_connected() const { return impl_->bulk_lookup_connected(); }
 

@@ -150,90 +150,202 @@ absl::StatusOr<LookupResult> Impl::Lookup(std::string_view ns, std::span<const B
   return result;
 }
 
+absl::Status Impl::CheckPayloadSize(const NsInfo& info, const StoreBlock& block) {
+  if (block.payload.size() == info.spec.block_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "block ", block.hash.ToHex(), ": payload has ", block.payload.size(),
+      " bytes; blocks of namespace '", info.spec.name, "' have ", info.spec.block_bytes));
+}
+
+absl::Status Impl::CheckPayloadChecksum(const StoreBlock& block) {
+  const uint32_t actual = Crc32c(block.payload);
+  if (actual == block.checksum) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("block ", block.hash.ToHex(), ": writer's checksum ",
+                                          block.checksum, " does not match the payload's CRC32C ",
+                                          actual));
+}
+
+StoreResult Impl::PresentLocked(Entry* e, uint32_t checksum) {
+  TouchLocked(e);
+  ++stats_.stores_already_present;
+  if (e->checksum == checksum) return StoreResult{.already_present = true};
+  ++stats_.stores_mismatched;
+  return StoreResult{.already_present = true, .mismatched = true};
+}
+
+void Impl::LogMismatch(const NsInfo& info, const StoreBlock& block, uint32_t kept) {
+  TANDEM_LOG(WARNING) << "store of block " << block.hash.ToHex() << " in namespace '"
+                      << info.spec.name << "' with other bytes (CRC32C " << block.checksum
+                      << ", stored " << kept << "): kept the first write";
+}
+
 absl::StatusOr<StoreResult> Impl::Store(std::string_view ns, const BlockHash& hash,
                                         std::span<const uint8_t> payload, uint32_t checksum,
                                         std::optional<Durability> durability) {
+  const StoreBlock block{.hash = hash, .payload = payload, .checksum = checksum};
   TANDEM_ASSIGN_OR_RETURN(NsInfo info, Resolve(ns));
-  if (payload.size() != info.spec.block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block ", hash.ToHex(), ": payload has ", payload.size(), " bytes; blocks of namespace '",
-        info.spec.name, "' have ", info.spec.block_bytes));
-  }
+  TANDEM_RETURN_IF_ERROR(CheckPayloadSize(info, block));
   TANDEM_RETURN_IF_ERROR(CheckDiskRoom());
-  const uint32_t actual = Crc32c(payload);
-  if (actual != checksum) {
-    return absl::DataLossError(absl::StrCat("block ", hash.ToHex(), ": writer's checksum ",
-                                            checksum, " does not match the payload's CRC32C ",
-                                            actual));
-  }
+  TANDEM_RETURN_IF_ERROR(CheckPayloadChecksum(block));
   const Key key{info.id, hash};
-  Entry* e = nullptr;
-  uint64_t seq;
+  Claim claim{.block = 0};
   {
     std::unique_lock<std::mutex> lock(mu_);
     ExpireLeasesLocked(clock_->NowNanos());
     for (;;) {
       auto it = index_.find(key);
       if (it == index_.end()) {
-        e = &index_[key];
-        e->key = key;
-        e->gen = next_gen_++;
+        claim.e = &index_[key];
+        claim.e->key = key;
+        claim.e->gen = next_gen_++;
         break;
       }
       if (it->second.state == EntryState::kReady) {
-        TouchLocked(&it->second);
-        ++stats_.stores_already_present;
-        if (it->second.checksum == checksum) return StoreResult{.already_present = true};
-        ++stats_.stores_mismatched;
+        const StoreResult r = PresentLocked(&it->second, checksum);
         const uint32_t kept = it->second.checksum;
         lock.unlock();
-        TANDEM_LOG(WARNING) << "store of block " << hash.ToHex() << " in namespace '"
-                            << info.spec.name << "' with other bytes (CRC32C " << checksum
-                            << ", stored " << kept << "): kept the first write";
-        return StoreResult{.already_present = true, .mismatched = true};
+        if (r.mismatched) LogMismatch(info, block, kept);
+        return r;
       }
       // Another writer (or an eviction) owns the key: wait for it.
       cv_.wait(lock);
     }
-    seq = next_seq_++;
+    claim.seq = next_seq_++;
   }
+  std::vector<absl::Status> written = WriteClaimed({&claim, 1}, {&block, 1}, durability);
+  TANDEM_RETURN_IF_ERROR(written[0]);
+  return StoreResult{};
+}
+
+std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
+                                                          std::span<const StoreBlock> blocks,
+                                                          std::optional<Durability> durability) {
+  const size_t n = blocks.size();
+  std::vector<absl::StatusOr<StoreResult>> results(n, StoreResult{});
+  absl::StatusOr<NsInfo> info = Resolve(ns);
+  if (!info.ok()) {
+    for (auto& r : results) r = info.status();
+    return results;
+  }
+  // Each block's checks in Store's order; one disk-room check for the batch.
+  std::optional<absl::Status> room;
+  std::vector<size_t> valid;
+  valid.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    absl::Status s = CheckPayloadSize(*info, blocks[i]);
+    if (s.ok()) {
+      if (!room) room = CheckDiskRoom();
+      s = *room;
+    }
+    if (s.ok()) s = CheckPayloadChecksum(blocks[i]);
+    if (s.ok()) {
+      valid.push_back(i);
+    } else {
+      results[i] = std::move(s);
+    }
+  }
+  std::vector<Claim> claims;
+  std::vector<size_t> deferred;
+  std::vector<std::pair<size_t, uint32_t>> mismatched;  // block, checksum kept
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLeasesLocked(clock_->NowNanos());
+    for (size_t i : valid) {
+      const Key key{info->id, blocks[i].hash};
+      auto it = index_.find(key);
+      if (it == index_.end()) {
+        Entry* e = &index_[key];
+        e->key = key;
+        e->gen = next_gen_++;
+        claims.push_back(Claim{.block = i, .e = e, .seq = next_seq_++});
+        continue;
+      }
+      if (it->second.state == EntryState::kReady) {
+        results[i] = PresentLocked(&it->second, blocks[i].checksum);
+        if (results[i]->mismatched) mismatched.emplace_back(i, it->second.checksum);
+        continue;
+      }
+      // Another writer (this batch too, for a hash it has twice) or an
+      // eviction owns the key. Waiting for it while holding this batch's
+      // claims could deadlock with another batch: the block is stored alone
+      // after this batch's write, as Store() would, waiting with nothing held.
+      deferred.push_back(i);
+    }
+  }
+  for (const auto& [i, kept] : mismatched) LogMismatch(*info, blocks[i], kept);
+  if (!claims.empty()) {
+    std::vector<absl::Status> written = WriteClaimed(claims, blocks, durability);
+    for (size_t k = 0; k < claims.size(); ++k) {
+      if (!written[k].ok()) results[claims[k].block] = std::move(written[k]);
+    }
+  }
+  for (size_t i : deferred) {
+    results[i] = Store(ns, blocks[i].hash, blocks[i].payload, blocks[i].checksum, durability);
+  }
+  return results;
+}
+
+std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
+                                             std::span<const StoreBlock> blocks,
+                                             std::optional<Durability> durability) {
   TANDEM_SYNC_POINT("KvStoreEngine::Store:BeforeWrite");
   rocksdb::WriteBatch batch;
-  batch.Put(RocksKey(kMetaPrefix, key),
-            EncodeMeta(Meta{.checksum = checksum, .size = payload.size(), .seq = seq}));
-  batch.Put(RocksKey(kBlockPrefix, key),
-            rocksdb::Slice(reinterpret_cast<const char*>(payload.data()), payload.size()));
-  // The database stays open (no reopen) until the entry is ready or gone:
+  for (const Claim& c : claims) {
+    const StoreBlock& b = blocks[c.block];
+    batch.Put(RocksKey(kMetaPrefix, c.e->key),
+              EncodeMeta(Meta{.checksum = b.checksum, .size = b.payload.size(), .seq = c.seq}));
+    batch.Put(RocksKey(kBlockPrefix, c.e->key),
+              rocksdb::Slice(reinterpret_cast<const char*>(b.payload.data()), b.payload.size()));
+  }
+  // The database stays open (no reopen) until the entries are ready or gone:
   // a reopen in between could lose a write without the WAL and still see
-  // the entry writing (see ReconcileIndex).
+  // the entries writing (see ReconcileIndex).
   std::shared_lock<std::shared_mutex> db_held;
   rocksdb::Status s =
       WriteToRocks(WriteOptionsFor(durability.value_or(opts_.durability)), &batch, &db_held);
+  std::vector<absl::Status> statuses(claims.size());
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    EraseLocked(e);
-    return FromRocks(s, absl::StrCat("writing block ", hash.ToHex()));
+    for (size_t k = 0; k < claims.size(); ++k) {
+      statuses[k] =
+          FromRocks(s, absl::StrCat("writing block ", blocks[claims[k].block].hash.ToHex()));
+      EraseLocked(claims[k].e);
+    }
+    return statuses;
   }
   TANDEM_SYNC_POINT("KvStoreEngine::Store:AfterWrite");
-  int64_t slot = -1;
-  if (opts_.store_to_hot && payload.size() <= arena_->slot_bytes()) {
+  std::vector<int64_t> slots(claims.size(), -1);
+  if (opts_.store_to_hot) {
     std::lock_guard<std::mutex> lock(mu_);
-    slot = AcquireHotSlotLocked();
+    for (size_t k = 0; k < claims.size(); ++k) {
+      if (blocks[claims[k].block].payload.size() <= arena_->slot_bytes()) {
+        slots[k] = AcquireHotSlotLocked();
+      }
+    }
   }
-  if (slot >= 0) std::memcpy(arena_->slot(slot), payload.data(), payload.size());
+  for (size_t k = 0; k < claims.size(); ++k) {
+    const std::span<const uint8_t> payload = blocks[claims[k].block].payload;
+    if (slots[k] >= 0) std::memcpy(arena_->slot(slots[k]), payload.data(), payload.size());
+  }
+  Key last;  // the last block stored, spared by the eviction below as Store spares its own
   {
     std::lock_guard<std::mutex> lock(mu_);
-    e->state = EntryState::kReady;
-    e->size = payload.size();
-    e->checksum = checksum;
-    e->hot_slot = slot;
-    InsertLruLocked(e);
-    ++stats_.stores;
+    for (size_t k = 0; k < claims.size(); ++k) {
+      Entry* e = claims[k].e;
+      const StoreBlock& b = blocks[claims[k].block];
+      e->state = EntryState::kReady;
+      e->size = b.payload.size();
+      e->checksum = b.checksum;
+      e->hot_slot = slots[k];
+      InsertLruLocked(e);
+      ++stats_.stores;
+    }
+    last = claims.back().e->key;
     cv_.notify_all();
   }
   db_held.unlock();
-  EvictColdIfNeeded(&key);
-  return StoreResult{};
+  EvictColdIfNeeded(&last);
+  return statuses;
 }
 
 Impl::Pinned Impl::PinLocked(Entry* e) {
@@ -424,6 +536,10 @@ absl::StatusOr<StoreResult> KvStoreEngine::Store(std::string_view ns, const Bloc
                                                  uint32_t checksum,
                                                  std::optional<Durability> durability) {
   return impl_->Store(ns, hash, payload, checksum, durability);
+}
+std::vector<absl::StatusOr<StoreResult>> KvStoreEngine::StoreBatch(
+    std::string_view ns, std::span<const StoreBlock> blocks, std::optional<Durability> durability) {
+  return impl_->StoreBatch(ns, blocks, durability);
 }
 absl::StatusOr<ReadResult> KvStoreEngine::Read(std::string_view ns, const BlockHash& hash,
                                                Sink sink, ReadVerify verify) {

@@ -89,6 +89,9 @@ class KvStoreEngine::Impl {
   absl::StatusOr<StoreResult> Store(std::string_view ns, const BlockHash& hash,
                                     std::span<const uint8_t> payload, uint32_t checksum,
                                     std::optional<Durability> durability);
+  std::vector<absl::StatusOr<StoreResult>> StoreBatch(std::string_view ns,
+                                                      std::span<const StoreBlock> blocks,
+                                                      std::optional<Durability> durability);
   absl::StatusOr<ReadResult> Read(std::string_view ns, const BlockHash& hash, Sink sink,
                                   ReadVerify verify);
   absl::StatusOr<bool> ReportCorrupt(std::string_view ns, const BlockHash& hash);
@@ -127,6 +130,27 @@ class KvStoreEngine::Impl {
     uint32_t checksum;
   };
   Pinned PinLocked(Entry* e);
+
+  // A store's checks before it claims its key, in this order: size, disk
+  // room, checksum.
+  static absl::Status CheckPayloadSize(const NsInfo& info, const StoreBlock& block);
+  static absl::Status CheckPayloadChecksum(const StoreBlock& block);
+  // The result of storing a block whose entry is ready (counted); logs a
+  // mismatch with LogMismatch, outside mu_.
+  StoreResult PresentLocked(Entry* e, uint32_t checksum);
+  static void LogMismatch(const NsInfo& info, const StoreBlock& block, uint32_t kept);
+  // A key a store claimed (its entry is kWriting) and the block's seq.
+  struct Claim {
+    size_t block;  // index into the caller's blocks
+    Entry* e;
+    uint64_t seq;
+  };
+  // Writes the claimed blocks in one RocksDB write, places them in the hot
+  // tier and marks them ready, or erases them all when the write fails (its
+  // error for each). One status per claim.
+  std::vector<absl::Status> WriteClaimed(std::span<const Claim> claims,
+                                         std::span<const StoreBlock> blocks,
+                                         std::optional<Durability> durability);
 
   // The operations, continued.
   // Drops a read-pinned entry whose bytes failed verification, vanished, or

@@ -173,6 +173,9 @@ BulkLoadServerStats BulkLoadServer::GetStats() const {
   s.lookups = lookups_.load();
   s.blocks_sent = blocks_sent_.load();
   s.bytes_sent = bytes_sent_.load();
+  s.stores = stores_.load();
+  s.blocks_stored = blocks_stored_.load();
+  s.bytes_stored = bytes_stored_.load();
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& c : connections_) s.connections_open += c->finished.load() ? 0 : 1;
   return s;
@@ -252,10 +255,15 @@ void BulkLoadServer::Serve(Connection* conn) {
     ServeLookups(sock, Authorize(*conn, "/tandem.v1.KvStore/Lookup"));
     return;
   }
+  if (std::memcmp(preface, rpc::kKvBulkStorePreface.data(), sizeof preface) == 0) {
+    ServeStores(sock, Authorize(*conn, "/tandem.v1.KvStore/Store"));
+    return;
+  }
   if (std::memcmp(preface, rpc::kKvBulkLoadPreface.data(), sizeof preface) != 0) {
     ++bad_prefaces_;
-    TANDEM_LOG(WARNING) << "bulk load port: a connection did not start with a bulk load or "
-                           "lookup preface (a gRPC or HTTP client on the wrong port?); closed";
+    TANDEM_LOG(WARNING)
+        << "bulk load port: a connection did not start with a bulk load, "
+           "lookup or store preface (a gRPC or HTTP client on the wrong port?); closed";
     return;
   }
   const absl::Status allowed = Authorize(*conn, "/tandem.v1.KvStore/Load");

@@ -54,6 +54,28 @@
 // KV client keeps one such connection (libs/kvconnector/bulk_lookup_client.h)
 // and falls back to gRPC whenever it is down.
 //
+// Store connections: a connection that opens with the preface "TKVSTOR1"
+// (rpc::kKvBulkStorePreface) carries stores, one batch at a time. The client
+// sends a BulkStoreRequest frame (namespace, durability, and per block its
+// 32-byte hash, size and CRC32C) followed by the blocks' payload bytes back
+// to back, blocks[i].size bytes each in request order, whatever the sizes
+// (so the framing survives a block of the wrong size). The server receives
+// the whole batch (at most rpc::kKvBulkStoreMaxBatchBytes, 256 MiB) before
+// it stores any of it, so a connection that breaks mid-payload stores
+// nothing, then stores it with one RocksDB write (KvStoreEngine::StoreBatch)
+// and answers one BulkStoreAnswer: status_code 0 and a StoreResponse with
+// one BlockStatus per block, exactly as the gRPC Store answers (ok,
+// already_present; a bad block fails only itself: INVALID_ARGUMENT for a
+// hash that is not 32 bytes or a size other than the namespace's, DATA_LOSS
+// for a checksum that does not match; a mismatched block keeps the first
+// write), or the batch's error with no statuses, as the gRPC Store fails the
+// call: NOT_FOUND for an unknown namespace, INVALID_ARGUMENT for an unknown
+// durability. A frame that does not parse, or a batch over the size limit,
+// is answered with INVALID_ARGUMENT and the connection is closed. The KV
+// client stores this way when the port is up (libs/kvconnector/
+// bulk_store_client.h) and over gRPC otherwise. DESIGN-NOTES.md ("Stores
+// over the bulk port") has why and the figures.
+//
 // Threads: one acceptor, and one thread per connection (a connection
 // serves one load or lookup at a time; the worker keeps one connection per
 // transfer thread, a scheduler one lookup connection). Connections beyond max_connections are
@@ -71,7 +93,8 @@
 // PERMISSION_DENIED (a done frame, or a BulkLookupAnswer) naming the method,
 // the roles and the peer, and the connection is closed. A handshake that
 // fails (no client certificate, an unknown CA, a client speaking plain TCP)
-// closes the connection, is logged and counted.
+// closes the connection, is logged and counted. A store connection is
+// open to the roles of tandem.v1.KvStore/Store.
 #pragma once
 
 #include <atomic>
@@ -79,6 +102,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -105,6 +129,10 @@ struct BulkLoadServerOptions {
   // TLS on the port when enabled() (the store's --tls-* flags); plain TCP
   // otherwise.
   rpc::TlsOptions tls;
+  // Tests only: as KvStoreServiceOptions::debug_corrupt_*_every, for the
+  // blocks stored over this port.
+  int32_t debug_corrupt_hot_every = 0;
+  int32_t debug_corrupt_cold_every = 0;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -118,6 +146,9 @@ struct BulkLoadServerStats {
   uint64_t permission_denied = 0;  // connections refused by the role check
   uint64_t loads = 0;        // LoadRequests answered
   uint64_t lookups = 0;      // LookupRequests answered on lookup connections
+  uint64_t stores = 0;       // store batches answered on store connections
+  uint64_t blocks_stored = 0;  // new blocks stored (not already present)
+  uint64_t bytes_stored = 0;   // their payload bytes
   uint64_t blocks_sent = 0;  // payloads sent
   uint64_t bytes_sent = 0;   // payload bytes
 };
@@ -155,6 +186,14 @@ class BulkLoadServer {
   // The role check of the gRPC method a connection kind stands for
   // (method_roles.h): OK, or PERMISSION_DENIED naming both.
   absl::Status Authorize(const Connection& conn, std::string_view method);
+  // A store connection (bulk_store.cc): answers store batches until the
+  // client closes; with `allowed` not OK, answers the first with it and
+  // returns.
+  void ServeStores(rpc::FramedSocket* sock, const absl::Status& allowed);
+  // Stores one batch whose payload bytes are in `payload`, back to back.
+  // The batch's error, or OK with one status per block in `response`.
+  absl::Status AnswerStore(const v1::BulkStoreRequest& request, std::span<const uint8_t> payload,
+                           v1::StoreResponse* response);
   // Answers one request; false when the connection must be closed.
   bool ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request);
   // Joins and frees finished connections. Requires mu_.
@@ -173,7 +212,8 @@ class BulkLoadServer {
   std::list<std::unique_ptr<Connection>> connections_;
 
   std::atomic<uint64_t> accepted_{0}, rejected_{0}, bad_prefaces_{0}, loads_{0}, lookups_{0},
-      blocks_sent_{0}, bytes_sent_{0}, tls_failures_{0}, permission_denied_{0};
+      blocks_sent_{0}, bytes_sent_{0}, tls_failures_{0}, permission_denied_{0}, stores_{0},
+      blocks_stored_{0}, bytes_stored_{0}, debug_new_blocks_{0};
   std::atomic<bool> logged_kernel_tls_{false};
 };
 

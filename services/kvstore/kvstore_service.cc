@@ -266,6 +266,7 @@ grpc::Status KvStoreServiceImpl::Stats(grpc::ServerContext* ctx, const v1::Stats
     resp->set_bulk_loads(b.loads);
     resp->set_bulk_lookups(b.lookups);
     resp->set_bulk_connections_open(b.connections_open);
+    resp->set_bulk_stores(b.stores);
   }
   return grpc::Status::OK;
 }

@@ -130,6 +130,8 @@ int main(int argc, char** argv) {
       .debug_corrupt_hot_every = debug_corrupt_hot_every,
       .debug_corrupt_cold_every = debug_corrupt_cold_every};
   bulk_options.debug_lookup_delay_ms = debug_lookup_delay_ms;
+  bulk_options.debug_corrupt_hot_every = debug_corrupt_hot_every;
+  bulk_options.debug_corrupt_cold_every = debug_corrupt_cold_every;
   if (debug_lookup_delay_ms > 0 || debug_corrupt_hot_every > 0 || debug_corrupt_cold_every > 0) {
     TANDEM_LOG(WARNING) << "TEST-ONLY fault injection is on (--debug-*)";
   }

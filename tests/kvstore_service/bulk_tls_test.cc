@@ -278,6 +278,28 @@ TEST_F(BulkTlsTest, ARoleThatMayNotCallTheMethodIsDeniedByName) {
   EXPECT_EQ(payload, TestPayload(1, kBlock));
 }
 
+TEST_F(BulkTlsTest, StoresGoOverTheTlsBulkPortForTheWorkerRoleOnly) {
+  Start(pki_->Tls("server"));
+  const std::vector<uint8_t> payload = TestPayload(5, kBlock);
+  const std::vector<std::span<const uint8_t>> src = {payload};
+  const BlockHash stored_hash = TestHash(5);
+  KvStoreClient* worker = Client(pki_->Tls("worker"));
+  auto stored = worker->Store("ns", std::span(&stored_hash, 1), src);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE((*stored)[0].status.ok()) << (*stored)[0].status;
+  EXPECT_EQ(worker->bulk_stores(), 1u) << "the store went over gRPC, not the TLS bulk port";
+  EXPECT_TRUE(store_->TEST_InCold("ns", stored_hash));
+  // The scheduler may not store: refused by name, nothing written.
+  const BlockHash denied_hash = TestHash(6);
+  KvStoreClient* scheduler = Client(pki_->Tls("scheduler"));
+  auto denied = scheduler->Store("ns", std::span(&denied_hash, 1), src);
+  ASSERT_FALSE(denied.ok());
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << denied.status();
+  EXPECT_THAT(denied.status().message(), HasSubstr("/tandem.v1.KvStore/Store"));
+  EXPECT_FALSE(store_->TEST_InCold("ns", denied_hash));
+  EXPECT_EQ(bulk_->GetStats().permission_denied, 1u);
+}
+
 TEST_F(BulkTlsTest, ClientsTheCaDidNotSignOrThatSpeakPlainTcpGetNothing) {
   Start(pki_->Tls("server"));
   Put("ns", 1, kBlock);

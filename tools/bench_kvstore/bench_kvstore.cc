@@ -9,7 +9,10 @@
 //     target p50 <= 100 us, p99 <= 1 ms; anchors: 1-2 ms published for
 //     Mooncake's batched existence check, and redis EXISTS of the same 64
 //     keys measured in the same run.
-//   - Store and Load GB/s for 64 KiB and 2 MiB blocks, per tier (loads
+//   - Store GB/s for 64 KiB and 2 MiB blocks, over the bulk port (the
+//     client's default) and over the gRPC stream, beside redis SET: median
+//     of interleaved trials, each storing fresh blocks into a new namespace.
+//   - Load GB/s for 64 KiB and 2 MiB blocks, per tier (loads
 //     after one untimed pass over the blocks, as redis GETs), Load both over
 //     the bulk load port (the client's default) and over the gRPC stream,
 //     and (hot tier) with mutual TLS, over the bulk port (as tandem-kvstore
@@ -42,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
@@ -162,7 +166,8 @@ Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_ch
         kvconnector::KvStoreClient::Create({.target = "127.0.0.1:" + std::to_string(s.port),
                                             .lookup_deadline_ms = 5000,
                                             .bulk_load = bulk,
-                                            .bulk_lookup = bulk});
+                                            .bulk_lookup = bulk,
+                                            .bulk_store = bulk});
     TANDEM_CHECK(client.ok());
     (bulk ? s.client : s.grpc_client) = std::move(*client);
   }
@@ -337,18 +342,23 @@ struct Blocks {
 };
 
 // Stores every block once (fresh blocks) through `client` into `ns`; GB/s.
-double StoreAll(kvconnector::KvStoreClient* client, const std::string& ns, const Case& c,
+// Checks each store went the way it is labelled (bulk port or gRPC stream).
+double StoreAll(kvconnector::KvStoreClient* client, bool bulk, const std::string& ns, const Case& c,
                 const Blocks& b, std::optional<kvstore::Durability> durability) {
   TANDEM_CHECK(client->CreateNamespace({.name = ns, .block_bytes = c.block_bytes}).ok());
+  const uint64_t bulk_before = client->bulk_stores();
+  uint64_t calls = 0;
   const auto t0 = Clock::now();
-  for (uint64_t i = 0; i < c.num_blocks; i += c.batch) {
+  for (uint64_t i = 0; i < c.num_blocks; i += c.batch, ++calls) {
     const uint64_t n = std::min(c.batch, c.num_blocks - i);
     std::vector<std::span<const uint8_t>> src(b.payloads.begin() + i, b.payloads.begin() + i + n);
     auto r = client->Store(ns, std::span(b.hashes).subspan(i, n), src, durability);
     TANDEM_CHECK(r.ok()) << r.status();
     for (const auto& br : *r) TANDEM_CHECK(br.status.ok() && !br.already_present) << br.status;
   }
-  return c.block_bytes * c.num_blocks / SecondsSince(t0) / 1e9;
+  const double gbps = c.block_bytes * c.num_blocks / SecondsSince(t0) / 1e9;
+  TANDEM_CHECK(client->bulk_stores() - bulk_before == (bulk ? calls : 0));
+  return gbps;
 }
 
 // `rounds` passes of Load over every block; GB/s. Checks each load went the
@@ -407,8 +417,22 @@ enum Path { kHotBulk, kHotGrpc, kHotBulkTls, kHotTls, kColdBulk, kColdGrpc, kRed
 const char* const kPathNames[kNumPaths] = {"load hot",  "hot gRPC",  "bulk+mTLS", "gRPC+mTLS",
                                            "load cold", "cold gRPC", "redis GET"};
 
+// The store paths, in the order of a trial: the hot service over the bulk
+// port (WAL, the store's default; and without the WAL) and over gRPC, and
+// redis SET.
+enum StorePath {
+  kStoreBulk,
+  kStoreGrpc,
+  kStoreBulkNone,
+  kStoreGrpcNone,
+  kRedisSet,
+  kNumStorePaths
+};
+const char* const kStorePathNames[kNumStorePaths] = {"store wal", "wal gRPC", "store none",
+                                                     "none gRPC", "redis SET"};
+
 struct Figures {
-  double store_none_gbps = 0, store_gbps = 0, redis_set_gbps = 0;
+  double store_gbps[kNumStorePaths] = {};  // median over the trials
   double load_gbps[kNumPaths] = {};  // median over the trials
   double load_min[kNumPaths] = {}, load_max[kNumPaths] = {};
 };
@@ -417,14 +441,40 @@ struct Figures {
 // `trials` interleaved trials of every load path, each `rounds` passes over
 // the blocks after one untimed pass (flow-control windows grow, buffers are
 // faulted in). Interleaving keeps a noisy neighbour from favouring one side.
-Figures RunCase(Service* hot, Service* cold, Redis* redis, const Case& c, int rounds, int trials) {
+Figures RunCase(Service* hot, Service* cold, Redis* redis, const Case& c, int rounds, int trials,
+                int store_trials) {
   Figures f;
   Blocks b(c);
   const std::string ns = c.name;
-  f.store_gbps = StoreAll(hot->client.get(), ns, c, b, std::nullopt);  // the store's wal
-  f.store_none_gbps = StoreAll(hot->client.get(), ns + "-none", c, b, kvstore::Durability::kNone);
-  StoreAll(cold->client.get(), ns, c, b, std::nullopt);
-  if (redis != nullptr) f.redis_set_gbps = RedisSetAll(redis, c, b);
+  // The cold service gets the blocks for its loads.
+  StoreAll(cold->client.get(), true, ns, c, b, std::nullopt);
+  auto store = [&](int path, int trial) {
+    const std::string store_ns = absl::StrCat(ns, "-", kStorePathNames[path], "-", trial);
+    switch (path) {
+      case kStoreBulk:
+        return StoreAll(hot->client.get(), true, store_ns, c, b, std::nullopt);
+      case kStoreGrpc:
+        return StoreAll(hot->grpc_client.get(), false, store_ns, c, b, std::nullopt);
+      case kStoreBulkNone:
+        return StoreAll(hot->client.get(), true, store_ns, c, b, kvstore::Durability::kNone);
+      case kStoreGrpcNone:
+        return StoreAll(hot->grpc_client.get(), false, store_ns, c, b, kvstore::Durability::kNone);
+      default:
+        return RedisSetAll(redis, c, b);
+    }
+  };
+  const int store_paths = redis != nullptr ? kNumStorePaths : kRedisSet;
+  std::vector<double> store_gbps[kNumStorePaths];
+  for (int t = 0; t < store_trials; ++t) {
+    for (int k = 0; k < store_paths; ++k) {
+      const int p = (k + t) % store_paths;
+      store_gbps[p].push_back(store(p, t));
+    }
+  }
+  for (int p = 0; p < store_paths; ++p) f.store_gbps[p] = Median(store_gbps[p]);
+  // The hot service's loads read blocks stored after the trials, so that they
+  // are the hot tier's most recent.
+  StoreAll(hot->client.get(), true, ns, c, b, std::nullopt);
   auto run = [&](int path, int r) {
     switch (path) {
       case kHotBulk:
@@ -492,8 +542,12 @@ int Main(int argc, char** argv) {
       "KV-store lookup latency and load/store GB/s over loopback (gRPC and the bulk port), beside "
       "redis-server SET/GET of the same blocks.");
   int32_t trials = 5;
+  int32_t store_trials = 3;
   flags.Add("rounds", &rounds, "passes over every block per load trial");
   flags.Add("trials", &trials, "interleaved trials per load path (the median is reported)");
+  flags.Add("store-trials", &store_trials,
+            "interleaved trials per store path, each into fresh namespaces (the median is "
+            "reported)");
   flags.Add("lookups", &lookups, "64-hash lookups timed for the latency percentiles");
   flags.Add("redis-server", &redis_server, "redis-server binary; empty skips redis");
   flags.Add("redis-port", &redis_port, "loopback port for redis-server (0: 16379 + pid % 1000)");
@@ -617,7 +671,8 @@ int Main(int argc, char** argv) {
   const std::vector<Case> cases = {{"64KiB", 64 << 10, 512, 16}, {"2MiB", 2 << 20, 48, 4}};
   std::vector<Figures> figs;
   for (const Case& c : cases) {
-    figs.push_back(RunCase(&hot, &cold, have_redis ? &redis : nullptr, c, rounds, trials));
+    figs.push_back(
+        RunCase(&hot, &cold, have_redis ? &redis : nullptr, c, rounds, trials, store_trials));
   }
   if (redis_pid > 0) {
     kill(redis_pid, SIGTERM);
@@ -660,25 +715,48 @@ int Main(int argc, char** argv) {
               have_redis ? p50(kBulkLease) / p50(kRedisExists) : 0.0,
               p50(kBulkLease) <= 100.0 && p99(kBulkLease) <= 1000.0 ? "meets" : "misses");
   std::printf(
-      "Throughput, GB/s. Blocks per Load/Store call = redis pipeline depth. Loads: median of %d "
-      "interleaved trials of %d passes each, over the bulk load port (the client's default) and "
-      "over the gRPC stream:\n",
+      "Throughput, GB/s. Blocks per Load/Store call = redis pipeline depth. Stores: median of "
+      "%d interleaved trials, each of fresh blocks into a new namespace, over the bulk port (the "
+      "client's default) and over the gRPC stream:\n",
+      store_trials);
+  std::printf("  %-6s %6s %6s |", "block", "blocks", "batch");
+  for (const char* name : kStorePathNames) std::printf(" %10s", name);
+  std::printf("\n");
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::printf("  %-6s %6llu %6llu |", cases[i].name,
+                static_cast<unsigned long long>(cases[i].num_blocks),
+                static_cast<unsigned long long>(cases[i].batch));
+    for (int p = 0; p < kNumStorePaths; ++p) {
+      if (p != kRedisSet || have_redis) {
+        std::printf(" %10.2f", figs[i].store_gbps[p]);
+      } else {
+        std::printf(" %10s", "n/a");
+      }
+    }
+    std::printf("\n");
+  }
+  if (have_redis) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const double* g = figs[i].store_gbps;
+      std::printf(
+          "  %s: store (wal) / redis SET = %.2fx over the bulk port (target >= 1x), %.2fx over "
+          "the gRPC stream\n",
+          cases[i].name, g[kStoreBulk] / g[kRedisSet], g[kStoreGrpc] / g[kRedisSet]);
+    }
+  }
+  std::printf(
+      "Loads: median of %d interleaved trials of %d passes each, over the bulk load port (the "
+      "client's default) and over the gRPC stream:\n",
       trials, rounds);
-  std::printf("  %-6s %6s %6s | %10s %9s %9s |", "block", "blocks", "batch", "store none",
-              "store wal", "redis SET");
+  std::printf("  %-6s %6s %6s |", "block", "blocks", "batch");
   for (const char* name : kPathNames) std::printf(" %9s", name);
   std::printf("\n");
   const int paths = have_redis ? kNumPaths : kRedisGet;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Figures& f = figs[i];
-    std::printf("  %-6s %6llu %6llu | %10.2f %9.2f ", cases[i].name,
+    std::printf("  %-6s %6llu %6llu |", cases[i].name,
                 static_cast<unsigned long long>(cases[i].num_blocks),
-                static_cast<unsigned long long>(cases[i].batch), f.store_none_gbps, f.store_gbps);
-    if (have_redis) {
-      std::printf("%9.2f |", f.redis_set_gbps);
-    } else {
-      std::printf("%9s |", "n/a");
-    }
+                static_cast<unsigned long long>(cases[i].batch));
     for (int p = 0; p < kNumPaths; ++p) {
       if (p < paths) {
         std::printf(" %9.2f", f.load_gbps[p]);
@@ -686,7 +764,7 @@ int Main(int argc, char** argv) {
         std::printf(" %9s", "n/a");
       }
     }
-    std::printf("\n%55s |", "(min-max)");
+    std::printf("\n%28s |", "(min-max)");
     for (int p = 0; p < paths; ++p) std::printf(" %4.1f-%-4.1f", f.load_min[p], f.load_max[p]);
     std::printf("\n");
   }

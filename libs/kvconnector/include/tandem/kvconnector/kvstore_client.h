@@ -19,7 +19,7 @@
 //
 // Worker: Load() and Store() block the calling thread (the worker's transfer
 // thread) and move block bytes between the store and caller-provided
-// buffers. Load() uses the store's bulk load port when it has one (each
+// buffers. Load() and Store() use the store's bulk port when it has one (each
 // payload byte is received straight into the caller's buffer), the gRPC
 // stream otherwise; the results are the same. Every loaded block's CRC32C is
 // verified here too; a block that fails it is a kChecksum miss, and its
@@ -108,6 +108,8 @@ class KvStoreClient {
   absl::StatusOr<kvstore::KvStoreStats> Stats();
   // Loads served through the bulk load port so far (the rest went over gRPC).
   [[nodiscard]] uint64_t bulk_loads() const;
+  // Stores answered over the bulk port so far (the rest went over gRPC).
+  [[nodiscard]] uint64_t bulk_stores() const;
   // Lookups answered over the bulk port's lookup connection so far, and
   // whether it is connected now (tests, tools).
   [[nodiscard]] uint64_t bulk_lookups() const;

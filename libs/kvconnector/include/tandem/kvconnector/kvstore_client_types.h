@@ -29,15 +29,22 @@ struct KvStoreClientOptions {
   // per lookup for a scheduler that releases as often as it looks up. 0 = a
   // Release RPC per lease, at once. Default 5 ms.
   int64_t release_batch_ms = 5;
-  // Load through the store's bulk load port (plain TCP beside gRPC, see
-  // services/kvstore/bulk_load_server.h) when the store advertises one;
-  // over the gRPC stream otherwise, or when the port cannot be reached.
+  // Load through the store's bulk load port (TCP beside gRPC, see
+  // services/kvstore/bulk_load_server.h; TLS with the process's client TLS,
+  // rpc::SetClientTls, when this client is made) when the store advertises
+  // one; over the gRPC stream otherwise, or when the port cannot be reached.
   bool bulk_load = true;
   // Look up over a connection to the same port when the store advertises
   // one (libs/kvconnector/bulk_lookup_client.h): two thread wake-ups per
   // lookup instead of gRPC's five or so. Over gRPC until it is connected,
   // and whenever it is not.
   bool bulk_lookup = true;
+  // Store through a connection to the same port when the store advertises
+  // one (bulk_store_client.h): the blocks' bytes go from the caller's
+  // buffers to the socket, and the store writes a call's blocks with one
+  // RocksDB write. Over the gRPC stream otherwise, or when the port cannot
+  // be reached.
+  bool bulk_store = true;
   // host:port of the bulk load port, overriding the advertised port and the
   // target's host (for a proxy or a Kubernetes Service that maps ports).
   std::string bulk_load_target;

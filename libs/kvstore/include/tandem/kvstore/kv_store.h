@@ -35,7 +35,8 @@
 // Thread-safe. One mutex guards the index; payload copies, checksums and
 // RocksDB I/O run outside it.
 //
-// Sync points (see sync_point.h), in order of a store and a lookup:
+// Sync points (see sync_point.h), in order of a store and a lookup (a
+// StoreBatch passes the store's once per RocksDB write):
 //   KvStoreEngine::Store:BeforeWrite, KvStoreEngine::Store:AfterWrite,
 //   KvStoreEngine::EvictCold:BeforeSelect, KvStoreEngine::EvictCold:AfterSelect,
 //   KvStoreEngine::EvictCold:BeforeDelete, KvStoreEngine::EvictCold:AfterDelete,
@@ -127,6 +128,14 @@ struct StoreResult {
   bool mismatched = false;
 };
 
+// One block of a StoreBatch.
+struct StoreBlock {
+  BlockHash hash;
+  std::span<const uint8_t> payload;
+  // The writer's CRC32C of `payload`.
+  uint32_t checksum = 0;
+};
+
 // Who checks a read's bytes against the checksum written with them.
 enum class ReadVerify {
   // The store, before the sink sees a byte: on a mismatch the sink is not
@@ -189,6 +198,17 @@ class KvStoreEngine {
   absl::StatusOr<StoreResult> Store(std::string_view ns, const BlockHash& hash,
                                     std::span<const uint8_t> payload, uint32_t checksum,
                                     std::optional<Durability> durability = std::nullopt);
+
+  // Stores blocks[i] for every i with the result N Store() calls in that
+  // order would give each (a bad block fails only itself; a hash given twice
+  // is already_present the second time), writing the new blocks with one
+  // RocksDB write (one WAL record) instead of one each. Blocks whose hash
+  // another writer or an eviction holds at that moment are stored after it,
+  // one by one, as Store() stores them. Where the hot tier has fewer free or
+  // evictable slots than the batch has new blocks, the first ones get them.
+  std::vector<absl::StatusOr<StoreResult>> StoreBatch(
+      std::string_view ns, std::span<const StoreBlock> blocks,
+      std::optional<Durability> durability = std::nullopt);
 
   // Reads one block: on a hit calls `sink` once with the payload (valid only
   // during the call; the block stays pinned, so the sink may block, e.g. on a

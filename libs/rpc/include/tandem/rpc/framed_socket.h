@@ -50,10 +50,14 @@ namespace tandem::rpc {
 
 // The KV-store's bulk load port (services/kvstore/bulk_load_server.h has
 // the protocol): the prefaces a client sends first on each connection (one
-// for loads, one for lookups), and the largest request frame the server
+// for loads, one for lookups, one for stores), and the largest request frame the server
 // accepts.
 inline constexpr std::string_view kKvBulkLoadPreface = "TKVBULK1";
 inline constexpr std::string_view kKvBulkLookupPreface = "TKVLOOK1";
+inline constexpr std::string_view kKvBulkStorePreface = "TKVSTOR1";
+// The most payload bytes one store batch on the bulk port may carry (the
+// server receives a whole batch before it stores any of it).
+inline constexpr uint64_t kKvBulkStoreMaxBatchBytes = uint64_t{256} << 20;
 inline constexpr uint32_t kKvBulkLoadMaxRequestBytes = 16 << 20;
 
 // Splits a gRPC-style address into host and port: "host:port",

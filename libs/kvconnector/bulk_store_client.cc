@@ -1,0 +1,135 @@
+#include "bulk_store_client.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/common/logging.h"
+#include "tandem/kvtypes/checksum.h"
+#include "tandem/rpc/kvstore_convert.h"
+#include "tandem/v1/kvstore.pb.h"
+
+namespace tandem::kvconnector {
+namespace {
+
+constexpr auto kTryAgainAfter = std::chrono::seconds(10);
+constexpr size_t kMaxIdleConnections = 16;
+
+}  // namespace
+
+BulkStoreClient::BulkStoreClient(const KvStoreClientOptions& options, BulkLoadClient* port)
+    : opts_(options), port_(port) {}
+
+uint64_t BulkStoreClient::stores() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stores_;
+}
+
+void BulkStoreClient::MarkUnreachable() {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.clear();
+  unreachable_until_ = std::chrono::steady_clock::now() + kTryAgainAfter;
+}
+
+std::unique_ptr<rpc::FramedSocket> BulkStoreClient::Connection(const BulkLoadClient::Address& addr,
+                                                               bool* pooled) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      std::unique_ptr<rpc::FramedSocket> sock = std::move(idle_.back());
+      idle_.pop_back();
+      *pooled = true;
+      return sock;
+    }
+  }
+  *pooled = false;
+  std::unique_ptr<rpc::FramedSocket> sock =
+      port_->Dial(addr, rpc::kKvBulkStorePreface, std::min<int64_t>(opts_.rpc_deadline_ms, 5'000));
+  if (sock != nullptr) sock->SetTimeouts(opts_.rpc_deadline_ms, opts_.rpc_deadline_ms);
+  return sock;
+}
+
+std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::Store(
+    std::string_view ns, std::span<const BlockHash> hashes,
+    std::span<const std::span<const uint8_t>> src, std::optional<kvstore::Durability> durability) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::chrono::steady_clock::now() < unreachable_until_) return std::nullopt;
+  }
+  std::optional<BulkLoadClient::Address> addr = port_->FindAddress();
+  if (!addr) return std::nullopt;
+  v1::BulkStoreRequest req;
+  req.set_namespace_(std::string(ns));
+  req.set_durability(rpc::ToProto(durability));
+  uint64_t total = 0;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    v1::BulkStoreBlock* b = req.add_blocks();
+    b->set_block_hash(hashes[i].ToBytes());
+    b->set_size(src[i].size());
+    b->set_checksum(kvstore::Crc32c(src[i]));
+    total += src[i].size();
+  }
+  if (total > rpc::kKvBulkStoreMaxBatchBytes ||
+      req.ByteSizeLong() > rpc::kKvBulkLoadMaxRequestBytes) {
+    return std::nullopt;
+  }
+  const size_t n = hashes.size();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool pooled = false;
+    std::unique_ptr<rpc::FramedSocket> sock = Connection(*addr, &pooled);
+    if (sock == nullptr) {
+      MarkUnreachable();
+      return std::nullopt;
+    }
+    const uint64_t received_before = sock->bytes_received();
+    // The blocks' bytes go from the caller's buffers to the socket.
+    absl::Status io = sock->Write(req, n > 0 ? src[0] : std::span<const uint8_t>());
+    for (size_t i = 1; i < n && io.ok(); ++i) io = sock->WriteRaw(src[i]);
+    v1::BulkStoreAnswer answer;
+    if (io.ok()) io = sock->Read(&answer, rpc::kKvBulkLoadMaxRequestBytes);
+    if (io.ok()) {
+      const absl::Status status(static_cast<absl::StatusCode>(answer.status_code()),
+                                answer.status_message());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stores_;
+        // After an error the store closes the connection.
+        if (status.ok() && idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(sock));
+      }
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat("KV-store store: ", status.message()));
+      }
+      const v1::StoreResponse& resp = answer.response();
+      if (resp.blocks_size() != static_cast<int>(n)) {
+        return absl::InternalError(
+            absl::StrCat("KV-store store: ", resp.blocks_size(), " statuses for ", n, " blocks"));
+      }
+      std::vector<BlockStoreResult> results;
+      results.reserve(n);
+      for (const v1::BlockStatus& b : resp.blocks()) {
+        BlockStoreResult r;
+        r.already_present = b.already_present();
+        if (!b.ok()) r.status = absl::Status(static_cast<absl::StatusCode>(b.code()), b.error());
+        results.push_back(std::move(r));
+      }
+      return results;
+    }
+    if (sock->bytes_received() == received_before) {
+      // No answer at all. A pooled connection the store closed meanwhile:
+      // every pooled one is suspect, send again on a new one (stores are
+      // idempotent). A new one: the port is not serving.
+      if (pooled) {
+        std::lock_guard<std::mutex> lock(mu_);
+        idle_.clear();
+        continue;
+      }
+      TANDEM_LOG(WARNING) << "KV-store bulk port " << addr->first << ":" << addr->second
+                          << " did not answer a store (" << io << "); storing over gRPC";
+      MarkUnreachable();
+      return std::nullopt;
+    }
+    return absl::Status(io.code(), absl::StrCat("KV-store store (bulk port): ", io.message()));
+  }
+  return std::nullopt;
+}
+
+}  // namespace tandem::kvconnector

@@ -1,0 +1,169 @@
+// The bulk port's store connections (bulk_load_server.h has the protocol):
+// a batch's payload bytes go from the socket into one buffer and from there
+// to the engine's StoreBatch, one RocksDB write per batch.
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bulk_load_server.h"
+#include "tandem/common/logging.h"
+#include "tandem/common/status.h"
+#include "tandem/rpc/kvstore_convert.h"
+
+namespace tandem::kvstore_service {
+namespace {
+
+// A batch's payload, reused across batches (grown, never zeroed).
+class PayloadBuffer {
+ public:
+  uint8_t* Reserve(uint64_t n) {
+    if (n > capacity_) {
+      data_.reset(new uint8_t[n]);
+      capacity_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  uint64_t capacity_ = 0;
+};
+
+std::string HashName(const std::string& raw) {
+  if (raw.size() != 32) return absl::StrCat("<", raw.size(), "-byte hash>");
+  BlockHash h;
+  std::memcpy(h.bytes.data(), raw.data(), 32);
+  return h.ToHex().substr(0, 16);
+}
+
+}  // namespace
+
+void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& allowed) {
+  PayloadBuffer buffer;
+  v1::BulkStoreRequest request;
+  v1::BulkStoreAnswer answer;
+  for (;;) {
+    // Idle between batches, io_timeout_ms within one.
+    sock->SetTimeouts(options_.io_timeout_ms, options_.idle_timeout_ms);
+    absl::Status s = sock->Read(&request, rpc::kKvBulkLoadMaxRequestBytes);
+    answer.Clear();
+    if (s.code() == absl::StatusCode::kInvalidArgument) {
+      s = Annotate(s, "bulk store");
+      answer.set_status_code(static_cast<int32_t>(s.code()));
+      answer.set_status_message(std::string(s.message()));
+      (void)sock->Write(answer);
+      return;
+    }
+    if (!s.ok()) return;  // closed, reset, or idle past the timeout
+    sock->SetTimeouts(options_.io_timeout_ms, options_.io_timeout_ms);
+    ++stores_;
+    uint64_t total = 0;
+    for (const v1::BulkStoreBlock& b : request.blocks()) total += b.size();
+    if (total > rpc::kKvBulkStoreMaxBatchBytes) {
+      // The payload cannot be received: the connection is closed after the answer.
+      s = absl::InvalidArgumentError(absl::StrCat("bulk store: a batch of ", total,
+                                                  " payload bytes; at most ",
+                                                  rpc::kKvBulkStoreMaxBatchBytes, " are accepted"));
+      answer.set_status_code(static_cast<int32_t>(s.code()));
+      answer.set_status_message(std::string(s.message()));
+      (void)sock->Write(answer);
+      return;
+    }
+    if (!allowed.ok()) {
+      // The role may not store: the batch is read past (so the client is
+      // not cut off mid-send and sees why) and refused.
+      if (sock->Skip(total).ok()) {
+        answer.set_status_code(static_cast<int32_t>(allowed.code()));
+        answer.set_status_message(std::string(allowed.message()));
+        (void)sock->Write(answer);
+      }
+      return;
+    }
+    uint8_t* payload = buffer.Reserve(total);
+    // All of the batch first: a connection that breaks mid-payload stores nothing.
+    if (!sock->ReadRaw(std::span(payload, total)).ok()) return;
+    s = AnswerStore(request, std::span<const uint8_t>(payload, total), answer.mutable_response());
+    if (!s.ok()) answer.clear_response();
+    answer.set_status_code(static_cast<int32_t>(s.code()));
+    answer.set_status_message(std::string(s.message()));
+    if (!sock->Write(answer).ok()) return;
+  }
+}
+
+absl::Status BulkLoadServer::AnswerStore(const v1::BulkStoreRequest& request,
+                                         std::span<const uint8_t> payload,
+                                         v1::StoreResponse* response) {
+  // As the gRPC Store: an unknown namespace or durability fails the batch,
+  // a bad block only itself.
+  TANDEM_ASSIGN_OR_RETURN(kvstore::NamespaceSpec spec, store_->GetNamespace(request.namespace_()));
+  std::optional<kvstore::Durability> durability;
+  TANDEM_RETURN_IF_ERROR(rpc::FromProto(request.durability(), &durability));
+  const int n = request.blocks_size();
+  std::vector<kvstore::StoreBlock> blocks;
+  std::vector<int> block_of;  // blocks[k] is request block block_of[k]
+  blocks.reserve(n);
+  block_of.reserve(n);
+  uint64_t offset = 0;
+  for (int i = 0; i < n; ++i) {
+    const v1::BulkStoreBlock& b = request.blocks(i);
+    v1::BlockStatus* st = response->add_blocks();
+    st->set_block_hash(b.block_hash());
+    const std::span<const uint8_t> bytes = payload.subspan(offset, b.size());
+    offset += b.size();
+    absl::Status error;
+    if (b.block_hash().size() != 32) {
+      error = absl::InvalidArgumentError(absl::StrCat(
+          "block ", i, ": block_hash has ", b.block_hash().size(), " bytes; a block hash has 32"));
+    } else if (b.size() != spec.block_bytes) {
+      error = absl::InvalidArgumentError(absl::StrCat(
+          "block ", i, " (", HashName(b.block_hash()), "): total_size ", b.size(),
+          " but blocks of namespace '", spec.name, "' have ", spec.block_bytes, " bytes"));
+    }
+    if (!error.ok()) {
+      st->set_code(static_cast<int32_t>(error.code()));
+      st->set_error(std::string(error.message()));
+      continue;
+    }
+    kvstore::StoreBlock& block = blocks.emplace_back();
+    std::memcpy(block.hash.bytes.data(), b.block_hash().data(), 32);
+    block.payload = bytes;
+    block.checksum = b.checksum();
+    block_of.push_back(i);
+  }
+  std::vector<absl::StatusOr<kvstore::StoreResult>> results =
+      store_->StoreBatch(spec.name, blocks, durability);
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    v1::BlockStatus* st = response->mutable_blocks(block_of[k]);
+    if (!results[k].ok()) {
+      st->set_code(static_cast<int32_t>(results[k].status().code()));
+      st->set_error(std::string(results[k].status().message()));
+      continue;
+    }
+    st->set_ok(true);
+    st->set_already_present(results[k]->already_present);
+    if (!results[k]->already_present) {
+      ++blocks_stored_;
+      bytes_stored_ += blocks[k].payload.size();
+      // Tests only: fault injection after the block was acknowledged, as
+      // the gRPC Store does.
+      const int64_t every_hot = options_.debug_corrupt_hot_every;
+      const int64_t every_cold = options_.debug_corrupt_cold_every;
+      if (every_hot > 0 || every_cold > 0) {
+        const uint64_t nth = debug_new_blocks_.fetch_add(1) + 1;
+        const uint64_t middle = blocks[k].payload.size() / 2;
+        if (every_hot > 0 && nth % every_hot == 0) {
+          (void)store_->TEST_CorruptHot(spec.name, blocks[k].hash, middle);
+        }
+        if (every_cold > 0 && nth % every_cold == 0) {
+          (void)store_->TEST_CorruptCold(spec.name, blocks[k].hash, middle);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kvstore_service

@@ -1,0 +1,143 @@
+// KvStoreEngine::StoreBatch against N Store() calls: the same per-block
+// results, counters and cold tier, with one RocksDB write for the batch.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tandem/kvstore/kv_store.h"
+#include "test_util.h"
+
+namespace tandem::kvstore {
+namespace {
+
+using ::tandem::kvstore::testing::Crc;
+using ::tandem::kvstore::testing::TempDir;
+using ::tandem::kvstore::testing::TestHash;
+using ::tandem::kvstore::testing::TestPayload;
+
+constexpr uint64_t kBlock = 4096;
+constexpr char kNs[] = "ns";
+
+std::unique_ptr<KvStoreEngine> OpenStore(const TempDir& dir) {
+  auto s = KvStoreEngine::Open({.data_dir = dir.path(),
+                                .hot_capacity_bytes = 4 * kBlock,
+                                .hot_slot_bytes = kBlock,
+                                .lock_hot_memory = false});
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return nullptr;
+  EXPECT_TRUE((*s)->CreateNamespace({.name = kNs, .block_bytes = kBlock}).ok());
+  return std::move(*s);
+}
+
+// A batch with every kind of block: new, present (same bytes), present with
+// other bytes (mismatched), a bad checksum, a wrong size, the same new hash
+// twice (the second already present), and the same new hash twice with
+// other bytes (the second mismatched).
+struct Mixed {
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<StoreBlock> blocks;
+  Mixed() {
+    auto add = [&](uint64_t id, std::vector<uint8_t> p, bool bad_crc = false) {
+      payloads.push_back(std::move(p));
+      blocks.push_back(
+          {.hash = TestHash(id), .checksum = Crc(payloads.back()) ^ (bad_crc ? 1 : 0)});
+    };
+    add(10, TestPayload(10, kBlock));        // new
+    add(1, TestPayload(1, kBlock));          // present
+    add(2, TestPayload(2, kBlock, 7));       // present, other bytes
+    add(11, TestPayload(11, kBlock), true);  // bad checksum
+    add(12, TestPayload(12, kBlock / 2));    // wrong size
+    add(13, TestPayload(13, kBlock));        // new
+    add(13, TestPayload(13, kBlock));        // again: already present
+    add(14, TestPayload(14, kBlock));        // new
+    add(14, TestPayload(14, kBlock, 9));     // again, other bytes: mismatched
+    add(15, TestPayload(15, kBlock));        // new
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i].payload = payloads[i];
+  }
+};
+
+void Preload(KvStoreEngine* store) {
+  for (uint64_t id : {1, 2}) {
+    auto p = TestPayload(id, kBlock);
+    ASSERT_TRUE(store->Store(kNs, TestHash(id), p, Crc(p)).ok());
+  }
+}
+
+std::string Describe(const absl::StatusOr<StoreResult>& r) {
+  if (!r.ok()) return absl::StatusCodeToString(r.status().code());
+  return std::string(r->already_present ? "present" : "new") + (r->mismatched ? "+mismatched" : "");
+}
+
+TEST(StoreBatchTest, SameResultsCountersAndColdTierAsOneStoreEach) {
+  TempDir one_dir, batch_dir;
+  std::unique_ptr<KvStoreEngine> one = OpenStore(one_dir);
+  std::unique_ptr<KvStoreEngine> batch = OpenStore(batch_dir);
+  ASSERT_TRUE(one && batch);
+  Preload(one.get());
+  Preload(batch.get());
+  const Mixed m;
+  std::vector<std::string> want;
+  for (const StoreBlock& b : m.blocks) {
+    want.push_back(Describe(one->Store(kNs, b.hash, b.payload, b.checksum)));
+  }
+  std::vector<std::string> got;
+  for (const auto& r : batch->StoreBatch(kNs, m.blocks)) got.push_back(Describe(r));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(want, (std::vector<std::string>{"new", "present", "present+mismatched", "DATA_LOSS",
+                                            "INVALID_ARGUMENT", "new", "present", "new",
+                                            "present+mismatched", "new"}));
+  const KvStoreStats a = one->GetStats(), b = batch->GetStats();
+  EXPECT_EQ(b.stores, a.stores);
+  EXPECT_EQ(b.stores_already_present, a.stores_already_present);
+  EXPECT_EQ(b.stores_mismatched, a.stores_mismatched);
+  EXPECT_EQ(b.cold_blocks, a.cold_blocks);
+  EXPECT_EQ(b.cold_bytes, a.cold_bytes);
+  EXPECT_EQ(b.hot_blocks, a.hot_blocks);
+  EXPECT_TRUE(one->TEST_CheckColdTier().ok()) << one->TEST_CheckColdTier();
+  EXPECT_TRUE(batch->TEST_CheckColdTier().ok()) << batch->TEST_CheckColdTier();
+  // Every stored block reads back the first write's bytes, from both.
+  for (uint64_t id : {1, 2, 10, 13, 14, 15}) {
+    for (KvStoreEngine* s : {one.get(), batch.get()}) {
+      std::vector<uint8_t> out(kBlock);
+      auto r = s->ReadInto(kNs, TestHash(id), out);
+      ASSERT_TRUE(r.ok() && r->ok()) << id;
+      EXPECT_EQ(out, TestPayload(id, kBlock)) << id;
+    }
+  }
+  for (uint64_t id : {11, 12}) EXPECT_FALSE(batch->TEST_InCold(kNs, TestHash(id))) << id;
+}
+
+TEST(StoreBatchTest, NewBlocksGoToTheHotTierAndSurviveAReopen) {
+  TempDir dir;
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<StoreBlock> blocks;
+  for (uint64_t id = 0; id < 3; ++id) payloads.push_back(TestPayload(id, kBlock));
+  for (uint64_t id = 0; id < 3; ++id) {
+    blocks.push_back(
+        {.hash = TestHash(id), .payload = payloads[id], .checksum = Crc(payloads[id])});
+  }
+  {
+    std::unique_ptr<KvStoreEngine> store = OpenStore(dir);
+    ASSERT_TRUE(store);
+    for (const auto& r : store->StoreBatch(kNs, blocks)) ASSERT_TRUE(r.ok() && !r->already_present);
+    for (uint64_t id = 0; id < 3; ++id) EXPECT_TRUE(store->TEST_InHot(kNs, TestHash(id))) << id;
+  }
+  std::unique_ptr<KvStoreEngine> store = OpenStore(dir);
+  ASSERT_TRUE(store);
+  EXPECT_TRUE(store->TEST_CheckColdTier().ok());
+  for (const auto& r : store->StoreBatch(kNs, blocks)) ASSERT_TRUE(r.ok() && r->already_present);
+}
+
+TEST(StoreBatchTest, UnknownNamespaceFailsEveryBlock) {
+  TempDir dir;
+  std::unique_ptr<KvStoreEngine> store = OpenStore(dir);
+  ASSERT_TRUE(store);
+  const Mixed m;
+  for (const auto& r : store->StoreBatch("nope", m.blocks)) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::kvstore
