@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -67,8 +68,9 @@ absl::Status WaitReady(int fd, short events, int64_t timeout_ms, const char* wha
   }
 }
 
-// Keeps SIGPIPE from this thread while it lives. OpenSSL writes with
-// write(2), not send(MSG_NOSIGNAL), so a write to a connection the peer has
+// Keeps SIGPIPE from this thread while it lives. OpenSSL writing to the
+// socket itself (TlsWrites::kSocket) uses write(2), not
+// send(MSG_NOSIGNAL), so a write to a connection the peer has
 // reset would raise SIGPIPE and kill the process; blocked, it stays pending
 // and is taken back here (unless it was pending before), and the write
 // fails with EPIPE instead.
@@ -102,6 +104,15 @@ class ScopedSigpipeBlock {
   bool was_pending_ = false;
 };
 
+std::atomic<FramedSocket::TlsWrites> tls_writes_override{FramedSocket::TlsWrites::kAuto};
+
+FramedSocket::TlsWrites ResolveTlsWrites() {
+  const FramedSocket::TlsWrites forced = tls_writes_override.load();
+  if (forced != FramedSocket::TlsWrites::kAuto) return forced;
+  static const bool kernel_tls = access("/sys/module/tls", F_OK) == 0;
+  return kernel_tls ? FramedSocket::TlsWrites::kSocket : FramedSocket::TlsWrites::kBuffered;
+}
+
 // OpenSSL's reasons for the last failure on this thread, oldest first.
 std::string SslErrors() {
   std::string out;
@@ -115,6 +126,8 @@ std::string SslErrors() {
 }
 
 }  // namespace
+
+void FramedSocket::TEST_SetTlsWrites(TlsWrites writes) { tls_writes_override.store(writes); }
 
 absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(std::string_view address) {
   std::string_view a = address;
@@ -149,6 +162,9 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(std::string_vi
 struct FramedSocket::Tls {
   SSL* ssl = nullptr;
   bool server = false;
+  // Buffered writes: the memory BIO OpenSSL writes records into (owned by
+  // ssl); null when OpenSSL writes to the socket.
+  BIO* out = nullptr;
   // Guards `ssl`; never held across a wait, so a reader blocked for data
   // does not hold up a writer.
   std::mutex mu;
@@ -234,7 +250,18 @@ absl::Status FramedSocket::StartTls(ssl_ctx_st* context, bool server,
   auto tls = std::make_unique<Tls>();
   tls->server = server;
   tls->ssl = SSL_new(context);
-  if (tls->ssl == nullptr || SSL_set_fd(tls->ssl, fd_) != 1) {
+  if (tls->ssl == nullptr) return absl::InternalError(absl::StrCat("TLS: ", SslErrors()));
+  if (ResolveTlsWrites() == TlsWrites::kBuffered) {
+    BIO* in = BIO_new_socket(fd_, BIO_NOCLOSE);
+    BIO* out = BIO_new(BIO_s_mem());
+    if (in == nullptr || out == nullptr) {
+      BIO_free(in);
+      BIO_free(out);
+      return absl::InternalError(absl::StrCat("TLS: ", SslErrors()));
+    }
+    SSL_set_bio(tls->ssl, in, out);  // the session owns both
+    tls->out = out;
+  } else if (SSL_set_fd(tls->ssl, fd_) != 1) {
     return absl::InternalError(absl::StrCat("TLS: ", SslErrors()));
   }
   SSL_set_mode(tls->ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
@@ -256,12 +283,33 @@ absl::Status FramedSocket::StartTls(ssl_ctx_st* context, bool server,
     return absl::InternalError(absl::StrCat("TLS: fcntl: ", std::strerror(errno)));
   }
   tls_ = std::move(tls);
-  ScopedSigpipeBlock no_sigpipe;
+  std::optional<ScopedSigpipeBlock> no_sigpipe;
+  if (!tls_writes_buffered()) no_sigpipe.emplace();
   absl::StatusOr<size_t> done = TlsCall(TlsOp::kHandshake, nullptr, 0, "TLS handshake", false);
   if (!done.ok()) {
     tls_.reset();  // the connection is not usable; the caller closes it
     return done.status();
   }
+  return absl::OkStatus();
+}
+
+bool FramedSocket::tls_writes_buffered() const { return tls_ != nullptr && tls_->out != nullptr; }
+
+absl::Status FramedSocket::FlushTlsLocked(const char* what) {
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(tls_->out, &data);
+  size_t sent = 0;
+  while (sent < static_cast<size_t>(n)) {
+    const ssize_t w = send(fd_, data + sent, static_cast<size_t>(n) - sent, MSG_NOSIGNAL);
+    if (w >= 0) {
+      sent += static_cast<size_t>(w);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return SendError(what);
+    if (absl::Status s = WaitReady(fd_, POLLOUT, send_timeout_ms_, what); !s.ok()) return s;
+  }
+  (void)BIO_reset(tls_->out);
   return absl::OkStatus();
 }
 
@@ -318,6 +366,13 @@ absl::StatusOr<size_t> FramedSocket::TlsCall(TlsOp op, void* data, size_t n, con
       if (rc <= 0) {
         saved_errno = errno;
         err = SSL_get_error(tls_->ssl, rc);
+      }
+      // Buffered writes: whatever the call encrypted goes out now, before
+      // any wait (a handshake's flight, a read's alert, a whole write).
+      if (tls_->out != nullptr && BIO_pending(tls_->out) > 0) {
+        if (absl::Status f = FlushTlsLocked(what); !f.ok()) return f;
+      }
+      if (rc <= 0) {
         if (err == SSL_ERROR_SSL) {
           reason = SslErrors();
           if (op == TlsOp::kHandshake && !tls_->server) {
@@ -357,7 +412,8 @@ absl::StatusOr<size_t> FramedSocket::TlsCall(TlsOp op, void* data, size_t n, con
 
 absl::Status FramedSocket::SendAll(iovec* iov, int count, const char* what) {
   if (tls_ != nullptr) {
-    ScopedSigpipeBlock no_sigpipe;
+    std::optional<ScopedSigpipeBlock> no_sigpipe;
+    if (!tls_writes_buffered()) no_sigpipe.emplace();
     for (int i = 0; i < count; ++i) {
       auto* p = static_cast<uint8_t*>(iov[i].iov_base);
       size_t left = iov[i].iov_len;
@@ -425,8 +481,9 @@ absl::Status FramedSocket::Fill(size_t n) {
     pos_ = 0;
     if (buf_.size() < n) buf_.resize(n);
   }
+  // A read may answer with an alert.
   std::optional<ScopedSigpipeBlock> no_sigpipe;
-  if (tls_ != nullptr) no_sigpipe.emplace();  // a read may answer with an alert
+  if (tls_ != nullptr && !tls_writes_buffered()) no_sigpipe.emplace();
   while (len_ - pos_ < n) {
     absl::StatusOr<size_t> r = ReceiveSome(buf_.data() + len_, buf_.size() - len_,
                                            "receiving a frame", /*between_frames=*/pos_ == len_);
@@ -463,7 +520,8 @@ absl::Status FramedSocket::ReadRaw(std::span<uint8_t> dst,
   size_t got = buffered;
   if (tls_ != nullptr) {
     // One TLS record at a time, decrypted straight into dst.
-    ScopedSigpipeBlock no_sigpipe;  // a read may answer with an alert
+    std::optional<ScopedSigpipeBlock> no_sigpipe;  // a read may answer with an alert
+    if (!tls_writes_buffered()) no_sigpipe.emplace();
     pos_ = len_ = 0;
     while (got < dst.size()) {
       absl::StatusOr<size_t> r =

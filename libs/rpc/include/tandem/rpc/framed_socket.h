@@ -93,10 +93,21 @@ class FramedSocket {
   // handshake fails (an unknown CA, no client certificate, a peer that does
   // not speak TLS); DEADLINE_EXCEEDED when it stalls.
   absl::Status StartTls(ssl_ctx_st* context, bool server, const std::string& peer_host = "");
+  // How TLS records reach the socket: OpenSSL writes each 16 KiB record to
+  // the socket itself, handing the record layer to the kernel where it has
+  // the `tls` module (kSocket); or OpenSSL encrypts a whole write into
+  // memory and one send() takes it (kBuffered: a 2 MiB block is one system
+  // call instead of 128). kAuto (the default) is kSocket where
+  // /sys/module/tls exists, kBuffered elsewhere.
+  enum class TlsWrites { kAuto, kSocket, kBuffered };
+  // Tests only: what kAuto means in this process (kAuto: the rule above).
+  static void TEST_SetTlsWrites(TlsWrites writes);
   // Whether StartTls succeeded, and whether the kernel does the record
   // layer (kernel TLS) for sends and receives.
   [[nodiscard]] bool tls() const { return tls_ != nullptr; }
   [[nodiscard]] bool kernel_tls_send() const;
+  // Whether this connection's TLS writes are buffered (TlsWrites).
+  [[nodiscard]] bool tls_writes_buffered() const;
   [[nodiscard]] bool kernel_tls_receive() const;
   // The URI SANs of the peer's verified certificate (its role, tls.h's
   // RoleFromUris); empty without TLS or without a client certificate.
@@ -145,6 +156,9 @@ class FramedSocket {
   // bytes moved, or the error.
   absl::StatusOr<size_t> TlsCall(TlsOp op, void* data, size_t n, const char* what,
                                  bool between_frames);
+  // Buffered writes: sends what OpenSSL left in its output buffer. Requires
+  // the session's lock.
+  absl::Status FlushTlsLocked(const char* what);
 
   int fd_;
   std::unique_ptr<Tls> tls_;
