@@ -59,6 +59,7 @@ absl::StatusOr<std::shared_ptr<ssl_ctx_st>> Build(const TlsOptions& options, con
   SSL_CTX_set_options(c,
                       SSL_OP_ENABLE_KTLS | SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION);
   SSL_CTX_set_read_ahead(c, 1);
+  SSL_CTX_set_default_read_buffer_len(c, 256 << 10);
   if (server) {
     // No resumption: connections are long-lived, and a resumed session
     // would skip the client certificate the role comes from.
