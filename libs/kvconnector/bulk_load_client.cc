@@ -15,14 +15,47 @@ namespace tandem::kvconnector {
 namespace {
 
 constexpr auto kLookupAgainAfter = std::chrono::seconds(10);
-constexpr size_t kMaxIdleConnections = 16;
 constexpr uint32_t kMaxFrameBytes = 1 << 20;  // answer frames carry no payload
 
 }  // namespace
 
 BulkLoadClient::BulkLoadClient(const KvStoreClientOptions& options,
                                std::function<absl::StatusOr<uint32_t>()> discover_port)
-    : opts_(options), discover_port_(std::move(discover_port)), tls_(rpc::ClientSocketTls()) {}
+    : opts_(options),
+      discover_port_(std::move(discover_port)),
+      tls_(rpc::ClientSocketTls()),
+      pool_(this, rpc::kKvBulkLoadPreface, options.rpc_deadline_ms) {}
+
+std::unique_ptr<rpc::FramedSocket> BulkConnectionPool::Take(
+    const std::pair<std::string, std::string>& addr, bool* pooled) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      std::unique_ptr<rpc::FramedSocket> sock = std::move(idle_.back());
+      idle_.pop_back();
+      *pooled = true;
+      return sock;
+    }
+  }
+  *pooled = false;
+  std::unique_ptr<rpc::FramedSocket> sock =
+      dialer_->Dial(addr, preface_, std::min<int64_t>(io_timeout_ms_, 5'000));
+  if (sock != nullptr) sock->SetTimeouts(io_timeout_ms_, io_timeout_ms_);
+  return sock;
+}
+
+void BulkConnectionPool::Give(std::unique_ptr<rpc::FramedSocket> sock) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (idle_.size() < kMaxIdle) idle_.push_back(std::move(sock));
+}
+
+void BulkConnectionPool::Clear() {
+  std::vector<std::unique_ptr<rpc::FramedSocket>> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle.swap(idle_);
+  }
+}
 
 uint64_t BulkLoadClient::loads() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -65,25 +98,8 @@ void BulkLoadClient::MarkUnreachable() {
                         << address_->second << " unreachable; loading over gRPC";
   }
   address_.reset();
-  idle_.clear();
+  pool_.Clear();
   next_lookup_ = std::chrono::steady_clock::now() + kLookupAgainAfter;
-}
-
-std::unique_ptr<rpc::FramedSocket> BulkLoadClient::Connection(const Address& addr, bool* pooled) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!idle_.empty()) {
-      std::unique_ptr<rpc::FramedSocket> sock = std::move(idle_.back());
-      idle_.pop_back();
-      *pooled = true;
-      return sock;
-    }
-  }
-  *pooled = false;
-  std::unique_ptr<rpc::FramedSocket> sock =
-      Dial(addr, rpc::kKvBulkLoadPreface, std::min<int64_t>(opts_.rpc_deadline_ms, 5'000));
-  if (sock != nullptr) sock->SetTimeouts(opts_.rpc_deadline_ms, opts_.rpc_deadline_ms);
-  return sock;
 }
 
 std::unique_ptr<rpc::FramedSocket> BulkLoadClient::Dial(const Address& addr,
@@ -124,7 +140,7 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
   bool asked_again = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool pooled = false;
-    std::unique_ptr<rpc::FramedSocket> sock = Connection(*addr, &pooled);
+    std::unique_ptr<rpc::FramedSocket> sock = pool_.Take(*addr, &pooled);
     if (sock == nullptr) {
       // The port refused: the store may have restarted on another one. Ask
       // it once; a new port gets this load's attempt.
@@ -213,8 +229,8 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++loads_;
-        if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(sock));
       }
+      pool_.Give(std::move(sock));
       if (!done_status.ok() && finished == 0) return Annotate(done_status, "KV-store load");
       return results;
     }
@@ -223,8 +239,7 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
       // every pooled one is suspect, try a new one. A new one: the port is
       // not serving (refused over its connection limit, shutting down).
       if (pooled) {
-        std::lock_guard<std::mutex> lock(mu_);
-        idle_.clear();
+        pool_.Clear();
         continue;
       }
       MarkUnreachable();

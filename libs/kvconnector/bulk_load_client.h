@@ -38,6 +38,36 @@
 
 namespace tandem::kvconnector {
 
+class BulkLoadClient;
+
+// Idle connections of one kind (one preface) to the bulk port, kept for the
+// next call: the load and the store clients each keep one.
+class BulkConnectionPool {
+ public:
+  static constexpr size_t kMaxIdle = 16;
+
+  // Dials through `dialer` (not owned) with `preface`; new connections get
+  // `io_timeout_ms` as their send and receive timeout.
+  BulkConnectionPool(const BulkLoadClient* dialer, std::string_view preface, int64_t io_timeout_ms)
+      : dialer_(dialer), preface_(preface), io_timeout_ms_(io_timeout_ms) {}
+
+  // An idle connection (sets *pooled) or a new one to `addr`; null when
+  // none can be opened.
+  std::unique_ptr<rpc::FramedSocket> Take(const std::pair<std::string, std::string>& addr,
+                                          bool* pooled);
+  // Keeps `sock` for a later Take (beyond kMaxIdle it is closed).
+  void Give(std::unique_ptr<rpc::FramedSocket> sock);
+  // Closes every idle connection (the store closed one: all are suspect).
+  void Clear();
+
+ private:
+  const BulkLoadClient* const dialer_;
+  const std::string_view preface_;
+  const int64_t io_timeout_ms_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<rpc::FramedSocket>> idle_;
+};
+
 class BulkLoadClient {
  public:
   // `discover_port` asks the store for its bulk load port (0 = off); it is
@@ -71,8 +101,6 @@ class BulkLoadClient {
                                           int64_t timeout_ms) const;
 
  private:
-  // An idle pooled connection (sets *pooled) or a new one; null on failure.
-  std::unique_ptr<rpc::FramedSocket> Connection(const Address& addr, bool* pooled);
   // Forgets the address (and the pool) until the next lookup is due.
   void MarkUnreachable();
 
@@ -84,7 +112,7 @@ class BulkLoadClient {
   mutable std::mutex mu_;
   std::optional<Address> address_;
   std::chrono::steady_clock::time_point next_lookup_{};
-  std::vector<std::unique_ptr<rpc::FramedSocket>> idle_;
+  BulkConnectionPool pool_;
   uint64_t loads_ = 0;
 };
 

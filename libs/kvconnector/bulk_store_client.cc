@@ -12,12 +12,11 @@ namespace tandem::kvconnector {
 namespace {
 
 constexpr auto kTryAgainAfter = std::chrono::seconds(10);
-constexpr size_t kMaxIdleConnections = 16;
 
 }  // namespace
 
 BulkStoreClient::BulkStoreClient(const KvStoreClientOptions& options, BulkLoadClient* port)
-    : opts_(options), port_(port) {}
+    : opts_(options), port_(port), pool_(port, rpc::kKvBulkStorePreface, options.rpc_deadline_ms) {}
 
 uint64_t BulkStoreClient::stores() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -25,27 +24,9 @@ uint64_t BulkStoreClient::stores() const {
 }
 
 void BulkStoreClient::MarkUnreachable() {
+  pool_.Clear();
   std::lock_guard<std::mutex> lock(mu_);
-  idle_.clear();
   unreachable_until_ = std::chrono::steady_clock::now() + kTryAgainAfter;
-}
-
-std::unique_ptr<rpc::FramedSocket> BulkStoreClient::Connection(const BulkLoadClient::Address& addr,
-                                                               bool* pooled) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!idle_.empty()) {
-      std::unique_ptr<rpc::FramedSocket> sock = std::move(idle_.back());
-      idle_.pop_back();
-      *pooled = true;
-      return sock;
-    }
-  }
-  *pooled = false;
-  std::unique_ptr<rpc::FramedSocket> sock =
-      port_->Dial(addr, rpc::kKvBulkStorePreface, std::min<int64_t>(opts_.rpc_deadline_ms, 5'000));
-  if (sock != nullptr) sock->SetTimeouts(opts_.rpc_deadline_ms, opts_.rpc_deadline_ms);
-  return sock;
 }
 
 std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::Store(
@@ -75,7 +56,7 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
   const size_t n = hashes.size();
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool pooled = false;
-    std::unique_ptr<rpc::FramedSocket> sock = Connection(*addr, &pooled);
+    std::unique_ptr<rpc::FramedSocket> sock = pool_.Take(*addr, &pooled);
     if (sock == nullptr) {
       MarkUnreachable();
       return std::nullopt;
@@ -92,9 +73,9 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++stores_;
-        // After an error the store closes the connection.
-        if (status.ok() && idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(sock));
       }
+      // After an error the store closes the connection.
+      if (status.ok()) pool_.Give(std::move(sock));
       if (!status.ok()) {
         return absl::Status(status.code(), absl::StrCat("KV-store store: ", status.message()));
       }
@@ -118,8 +99,7 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
       // every pooled one is suspect, send again on a new one (stores are
       // idempotent). A new one: the port is not serving.
       if (pooled) {
-        std::lock_guard<std::mutex> lock(mu_);
-        idle_.clear();
+        pool_.Clear();
         continue;
       }
       TANDEM_LOG(WARNING) << "KV-store bulk port " << addr->first << ":" << addr->second

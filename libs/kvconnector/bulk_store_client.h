@@ -45,13 +45,12 @@ class BulkStoreClient {
   [[nodiscard]] uint64_t stores() const;
 
  private:
-  std::unique_ptr<rpc::FramedSocket> Connection(const BulkLoadClient::Address& addr, bool* pooled);
   void MarkUnreachable();
 
   const KvStoreClientOptions opts_;
   BulkLoadClient* const port_;
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<rpc::FramedSocket>> idle_;
+  BulkConnectionPool pool_;
   std::chrono::steady_clock::time_point unreachable_until_{};
   uint64_t stores_ = 0;
 };

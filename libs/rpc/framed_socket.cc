@@ -113,8 +113,9 @@ FramedSocket::TlsWrites ResolveTlsWrites() {
   return kernel_tls ? FramedSocket::TlsWrites::kSocket : FramedSocket::TlsWrites::kBuffered;
 }
 
-// OpenSSL's reasons for the last failure on this thread, oldest first.
-std::string SslErrors() {
+}  // namespace
+
+std::string TakeOpenSslErrors() {
   std::string out;
   while (const unsigned long e = ERR_get_error()) {
     char buf[256];
@@ -124,8 +125,6 @@ std::string SslErrors() {
   }
   return out.empty() ? "no reason given" : out;
 }
-
-}  // namespace
 
 void FramedSocket::TEST_SetTlsWrites(TlsWrites writes) { tls_writes_override.store(writes); }
 
@@ -250,19 +249,19 @@ absl::Status FramedSocket::StartTls(ssl_ctx_st* context, bool server,
   auto tls = std::make_unique<Tls>();
   tls->server = server;
   tls->ssl = SSL_new(context);
-  if (tls->ssl == nullptr) return absl::InternalError(absl::StrCat("TLS: ", SslErrors()));
+  if (tls->ssl == nullptr) return absl::InternalError(absl::StrCat("TLS: ", TakeOpenSslErrors()));
   if (ResolveTlsWrites() == TlsWrites::kBuffered) {
     BIO* in = BIO_new_socket(fd_, BIO_NOCLOSE);
     BIO* out = BIO_new(BIO_s_mem());
     if (in == nullptr || out == nullptr) {
       BIO_free(in);
       BIO_free(out);
-      return absl::InternalError(absl::StrCat("TLS: ", SslErrors()));
+      return absl::InternalError(absl::StrCat("TLS: ", TakeOpenSslErrors()));
     }
     SSL_set_bio(tls->ssl, in, out);  // the session owns both
     tls->out = out;
   } else if (SSL_set_fd(tls->ssl, fd_) != 1) {
-    return absl::InternalError(absl::StrCat("TLS: ", SslErrors()));
+    return absl::InternalError(absl::StrCat("TLS: ", TakeOpenSslErrors()));
   }
   SSL_set_mode(tls->ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   if (!server && !peer_host.empty()) {
@@ -274,7 +273,7 @@ absl::Status FramedSocket::StartTls(ssl_ctx_st* context, bool server,
       ERR_clear_error();
       if (SSL_set1_host(tls->ssl, peer_host.c_str()) != 1 ||
           SSL_set_tlsext_host_name(tls->ssl, peer_host.c_str()) != 1) {
-        return absl::InternalError(absl::StrCat("TLS: ", SslErrors()));
+        return absl::InternalError(absl::StrCat("TLS: ", TakeOpenSslErrors()));
       }
     }
   }
@@ -374,7 +373,7 @@ absl::StatusOr<size_t> FramedSocket::TlsCall(TlsOp op, void* data, size_t n, con
       }
       if (rc <= 0) {
         if (err == SSL_ERROR_SSL) {
-          reason = SslErrors();
+          reason = TakeOpenSslErrors();
           if (op == TlsOp::kHandshake && !tls_->server) {
             const long v = SSL_get_verify_result(tls_->ssl);
             if (v != X509_V_OK) {

@@ -12,17 +12,6 @@
 namespace tandem::rpc {
 namespace {
 
-std::string SslReason() {
-  std::string out;
-  while (const unsigned long e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "no reason given" : out;
-}
-
 struct BioFree {
   void operator()(BIO* b) const { BIO_free(b); }
 };
@@ -51,7 +40,7 @@ absl::StatusOr<std::shared_ptr<ssl_ctx_st>> Build(const TlsOptions& options, con
   ERR_clear_error();
   std::shared_ptr<ssl_ctx_st> ctx(SSL_CTX_new(server ? TLS_server_method() : TLS_client_method()),
                                   SSL_CTX_free);
-  if (ctx == nullptr) return absl::InternalError(absl::StrCat("TLS: ", SslReason()));
+  if (ctx == nullptr) return absl::InternalError(absl::StrCat("TLS: ", TakeOpenSslErrors()));
   SSL_CTX* c = ctx.get();
   SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
   // Kernel TLS where the kernel has it; an EOF without close_notify is an
@@ -67,8 +56,8 @@ absl::StatusOr<std::shared_ptr<ssl_ctx_st>> Build(const TlsOptions& options, con
     SSL_CTX_set_num_tickets(c, 0);
   }
   auto refused = [&](const char* what) {
-    return absl::UnavailableError(
-        absl::StrCat("TLS: ", what, " (", server ? "server" : "client", "): ", SslReason()));
+    return absl::UnavailableError(absl::StrCat("TLS: ", what, " (", server ? "server" : "client",
+                                               "): ", TakeOpenSslErrors()));
   };
   if (!files.cert_pem.empty()) {
     bool first = true;

@@ -67,6 +67,10 @@ inline constexpr uint32_t kKvBulkLoadMaxRequestBytes = 16 << 20;
 [[nodiscard]] absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
     std::string_view address);
 
+// OpenSSL's queued errors on this thread, oldest first, in one line ("no
+// reason given" when there are none); the queue is left empty.
+[[nodiscard]] std::string TakeOpenSslErrors();
+
 class FramedSocket {
  public:
   // Takes ownership of a connected stream socket; sets TCP_NODELAY.
