@@ -74,8 +74,8 @@ if [ "$SANITIZERS" = 1 ]; then
 
   echo "=== KV-store service, bulk port, KV client and rpc tests under ASan + UBSan ==="
   build_only build-asan-svc address kvconnector_test kvstore_client_wire_test \
-    kvstore_service_test kvstore_load_wire_test kvstore_bulk_load_test rpc_convert_test \
-    rpc_flags_test rpc_server_test rpc_framed_socket_test
+    kvstore_service_test kvstore_load_wire_test kvstore_bulk_load_test kvstore_bulk_store_test \
+    kvstore_bulk_tls_test rpc_convert_test rpc_flags_test rpc_server_test rpc_framed_socket_test
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan-svc -R "$ONLY"
 
@@ -86,7 +86,7 @@ if [ "$SANITIZERS" = 1 ]; then
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest build-tsan -L tsan
 
   echo "=== KV-store service, bulk port and KV client tests under ThreadSanitizer ==="
-  # gRPC, abseil and protobuf come uninstrumented from Debian: their races are
+  # gRPC, abseil, protobuf and OpenSSL come uninstrumented from Debian: their races are
   # suppressed by library (tools/tsan-uninstrumented.supp, plus one
   # called_from_lib line per such library the tree's binaries load).
   # Not prometheus-cpp: ignoring its lock but seeing its unlock (a tail call
@@ -101,7 +101,7 @@ if [ "$SANITIZERS" = 1 ]; then
     cp tools/tsan-uninstrumented.supp "$supp"
     find build-tsan-svc/tests build-tsan-svc/services build-tsan-svc/tools -type f -perm -u+x \
       -exec ldd {} \; 2>/dev/null \
-      | awk '{print $1}' | grep -E '^lib(grpc|gpr|absl_|protobuf|upb|re2|cares|address_sorting)' \
+      | awk '{print $1}' | grep -E '^lib(grpc|gpr|absl_|protobuf|upb|re2|cares|address_sorting|ssl\.|crypto\.)' \
       | sort -u | sed 's/^/called_from_lib:/' >> "$supp" || true
     rm -rf "$reports" && mkdir -p "$reports"
     TSAN_OPTIONS="suppressions=$supp:halt_on_error=1:second_deadlock_stack=1:log_path=$reports/report" \
@@ -112,7 +112,8 @@ if [ "$SANITIZERS" = 1 ]; then
       status=1
     fi
   }
-  build_only build-tsan-svc thread kvconnector_test kvstore_service_test kvstore_bulk_load_test
+  build_only build-tsan-svc thread kvconnector_test kvstore_service_test kvstore_bulk_load_test \
+    kvstore_bulk_store_test kvstore_bulk_tls_test
   run_tsan_svc -R "$ONLY"
 
   echo "=== frontend, scheduler and worker end to end under ThreadSanitizer ==="
