@@ -10,7 +10,6 @@
 #include "tandem/common/status.h"
 #include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/rpc/framed_socket.h"
-#include "tandem/rpc/tls.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem::kvconnector {
@@ -65,19 +64,15 @@ void AddKvStoreFlags(FlagSet* flags, std::string_view use, std::string* target,
       "kvstore", target,
       absl::StrCat("host:port of tandem-kvstore: ", std::string(use), " (empty: no KV-store)"));
   flags->Add("kvstore-bulk-port", bulk_port,
-             "how KV-store loads and lookups travel: auto (the store's bulk port, plain TCP, "
-             "when it advertises one; else gRPC), off (gRPC only), or host:port of the bulk port");
+             "how KV-store loads, lookups and stores travel: auto (the store's bulk port, TLS "
+             "under --tls-*, when it advertises one; else gRPC), off (gRPC only), or host:port "
+             "of the bulk port");
   flags->Alias("kvstore-bulk-load", "kvstore-bulk-port");
 }
 
 absl::Status KvStoreConnectorOptions::Validate() const {
   if (target.empty()) return absl::InvalidArgumentError("--kvstore (host:port) is empty");
   TANDEM_RETURN_IF_ERROR(ValidateBulkLoad(bulk_load, "bulk_load"));
-  if (bulk_load != "auto" && bulk_load != "off" && rpc::ClientTls().enabled()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the KV-store's bulk port ", bulk_load,
-        " is plain TCP and TLS is on: use auto or off (loads and lookups then go over gRPC)"));
-  }
   if (lookup_deadline_ms <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lookup_deadline_ms must be > 0, got ", lookup_deadline_ms));

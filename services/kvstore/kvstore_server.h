@@ -49,7 +49,7 @@ class KvStoreServer {
   // Serves the store on a gRPC server of its own at `address` (port 0: a
   // free one); returns the bound port. With `advertise_bulk_port` false the
   // server's Stats advertise no bulk port, so its clients load over gRPC
-  // (what tandem-kvstore does under TLS: the bulk port has none).
+  // (a second listener whose clients must not use the bulk port).
   absl::StatusOr<int> Listen(const std::string& address,
                              std::shared_ptr<grpc::ServerCredentials> credentials,
                              bool advertise_bulk_port = true);

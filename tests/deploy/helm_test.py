@@ -599,7 +599,7 @@ def check_serves_openai(build_dir, helm, chart):
 
 def check_tls(build_dir, source_dir, helm, chart):
     """tls.enabled: every part gets --tls-* from its own Secret, the probes
-    run `tandem health`, the KV-store's plain-TCP bulk port is shut, and
+    run `tandem health`, the KV-store's bulk port stays open (it speaks TLS), and
     cert-manager's Certificates give each part its role's URI SAN and the
     names the others dial it by."""
     sets = ["tls.enabled=true", "tls.source=certManager", "tls.certManager.issuerRef.name=ca",

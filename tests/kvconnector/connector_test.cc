@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tandem/common/pinned_memory.h"
 #include "tandem/kernels/cuda_ops.h"
+#include "tandem/rpc/tls.h"
 
 namespace tandem::kvconnector {
 namespace {
@@ -342,6 +343,16 @@ TEST(KvStoreConnectorOptionsTest, BulkLoadIsAutoOffOrAnAddress) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(s.message().find("bulk_load"), absl::string_view::npos) << bad << ": " << s;
   }
+}
+
+// The bulk port speaks TLS too: an explicit address is taken under TLS as
+// without it (it used to be refused as plain TCP).
+TEST(KvStoreConnectorOptionsTest, AnExplicitBulkPortIsTakenUnderTls) {
+  rpc::SetClientTls({.ca_file = "/etc/ssl/certs/ca-certificates.crt"});
+  const KvStoreConnectorOptions o{.target = "h:1", .bulk_load = "kvstore:50071"};
+  const absl::Status s = o.Validate();
+  rpc::SetClientTls({});
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 }  // namespace

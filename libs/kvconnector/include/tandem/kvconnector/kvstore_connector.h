@@ -135,8 +135,9 @@ struct KvStoreConnectorOptions {
   // (sent -> answer seen, seconds; late or failed ones too), for a
   // histogram. May be empty.
   std::function<void(double)> on_lookup_latency;
-  // Worker: how loads reach the store; scheduler: how lookups do. "auto":
-  // the store's bulk port (plain TCP, see services/kvstore/bulk_load_server.h)
+  // Worker: how loads and stores reach the store; scheduler: how lookups do.
+  // "auto": the store's bulk port (TCP, under TLS with the process's client
+  // TLS; see services/kvstore/bulk_load_server.h)
   // when it advertises one, else gRPC; "off": gRPC only; host:port: the bulk
   // port at this address (when a proxy or a Kubernetes Service maps ports).
   // Default auto.
