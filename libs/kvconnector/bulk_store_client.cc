@@ -15,6 +15,23 @@ constexpr auto kTryAgainAfter = std::chrono::seconds(10);
 
 }  // namespace
 
+absl::StatusOr<std::vector<BlockStoreResult>> StoreResults(const v1::StoreResponse& response,
+                                                           size_t num_blocks) {
+  if (response.blocks_size() != static_cast<int>(num_blocks)) {
+    return absl::InternalError(absl::StrCat("KV-store store: ", response.blocks_size(),
+                                            " statuses for ", num_blocks, " blocks"));
+  }
+  std::vector<BlockStoreResult> results;
+  results.reserve(num_blocks);
+  for (const v1::BlockStatus& b : response.blocks()) {
+    BlockStoreResult r;
+    r.already_present = b.already_present();
+    if (!b.ok()) r.status = absl::Status(static_cast<absl::StatusCode>(b.code()), b.error());
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
 BulkStoreClient::BulkStoreClient(const KvStoreClientOptions& options, BulkLoadClient* port)
     : opts_(options), port_(port), pool_(port, rpc::kKvBulkStorePreface, options.rpc_deadline_ms) {}
 
@@ -79,20 +96,7 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
       if (!status.ok()) {
         return absl::Status(status.code(), absl::StrCat("KV-store store: ", status.message()));
       }
-      const v1::StoreResponse& resp = answer.response();
-      if (resp.blocks_size() != static_cast<int>(n)) {
-        return absl::InternalError(
-            absl::StrCat("KV-store store: ", resp.blocks_size(), " statuses for ", n, " blocks"));
-      }
-      std::vector<BlockStoreResult> results;
-      results.reserve(n);
-      for (const v1::BlockStatus& b : resp.blocks()) {
-        BlockStoreResult r;
-        r.already_present = b.already_present();
-        if (!b.ok()) r.status = absl::Status(static_cast<absl::StatusCode>(b.code()), b.error());
-        results.push_back(std::move(r));
-      }
-      return results;
+      return StoreResults(answer.response(), n);
     }
     if (sock->bytes_received() == received_before) {
       // No answer at all. A pooled connection the store closed meanwhile:

@@ -27,8 +27,14 @@
 #include "tandem/kvconnector/kvstore_client_types.h"
 #include "tandem/kvtypes/kv_types.h"
 #include "tandem/rpc/framed_socket.h"
+#include "tandem/v1/kvstore.pb.h"
 
 namespace tandem::kvconnector {
+
+// A StoreResponse as one result per block (the bulk port's and gRPC's
+// Store answer alike); INTERNAL when it does not hold `num_blocks` statuses.
+absl::StatusOr<std::vector<BlockStoreResult>> StoreResults(const v1::StoreResponse& response,
+                                                           size_t num_blocks);
 
 class BulkStoreClient {
  public:

@@ -447,8 +447,7 @@ class KvStoreClient::Impl {
       return absl::InvalidArgumentError(
           absl::StrCat("Store: ", hashes.size(), " hashes but ", src.size(), " source buffers"));
     }
-    std::vector<BlockStoreResult> results;
-    if (hashes.empty()) return results;
+    if (hashes.empty()) return std::vector<BlockStoreResult>();
     if (opts_.bulk_store) {
       if (auto r = bulk_store_.Store(ns, hashes, src, durability)) return *std::move(r);
     }
@@ -493,18 +492,7 @@ class KvStoreClient::Impl {
     writer->WritesDone();
     grpc::Status s = writer->Finish();
     if (!s.ok()) return rpc::FromGrpcStatus(s, "KV-store store");
-    if (resp.blocks_size() != static_cast<int>(hashes.size())) {
-      return absl::InternalError(absl::StrCat("KV-store store: ", resp.blocks_size(),
-                                              " statuses for ", hashes.size(), " blocks"));
-    }
-    results.reserve(hashes.size());
-    for (const v1::BlockStatus& b : resp.blocks()) {
-      BlockStoreResult r;
-      r.already_present = b.already_present();
-      if (!b.ok()) r.status = absl::Status(static_cast<absl::StatusCode>(b.code()), b.error());
-      results.push_back(std::move(r));
-    }
-    return results;
+    return StoreResults(resp, hashes.size());
   }
 
   absl::StatusOr<bool> CreateNamespace(const kvstore::NamespaceSpec& spec) {
