@@ -316,10 +316,6 @@ bool FramedSocket::kernel_tls_send() const {
   return tls_ != nullptr && BIO_get_ktls_send(SSL_get_wbio(tls_->ssl)) != 0;
 }
 
-bool FramedSocket::kernel_tls_receive() const {
-  return tls_ != nullptr && BIO_get_ktls_recv(SSL_get_rbio(tls_->ssl)) != 0;
-}
-
 std::vector<std::string> FramedSocket::PeerUris() const {
   std::vector<std::string> uris;
   if (tls_ == nullptr) return uris;

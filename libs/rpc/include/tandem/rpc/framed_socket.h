@@ -107,12 +107,11 @@ class FramedSocket {
   // Tests only: what kAuto means in this process (kAuto: the rule above).
   static void TEST_SetTlsWrites(TlsWrites writes);
   // Whether StartTls succeeded, and whether the kernel does the record
-  // layer (kernel TLS) for sends and receives.
+  // layer (kernel TLS) for sends.
   [[nodiscard]] bool tls() const { return tls_ != nullptr; }
   [[nodiscard]] bool kernel_tls_send() const;
   // Whether this connection's TLS writes are buffered (TlsWrites).
   [[nodiscard]] bool tls_writes_buffered() const;
-  [[nodiscard]] bool kernel_tls_receive() const;
   // The URI SANs of the peer's verified certificate (its role, tls.h's
   // RoleFromUris); empty without TLS or without a client certificate.
   [[nodiscard]] std::vector<std::string> PeerUris() const;
