@@ -50,6 +50,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "kvstore_server.h"
+#include "redis_client.h"
 #include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvconnector/kvstore_client.h"
@@ -177,137 +178,6 @@ Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_ch
   TANDEM_CHECK(s.client->bulk_lookup_connected()) << "the lookup connection did not come up";
   return s;
 }
-
-// ---- a minimal RESP client ---------------------------------------------------------
-
-class Redis {
- public:
-  bool Connect(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      close(fd_);
-      fd_ = -1;
-      return false;
-    }
-    int one = 1;
-    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return true;
-  }
-  ~Redis() {
-    if (fd_ >= 0) close(fd_);
-  }
-
-  // Pipelined SETs of (key, value) pairs; waits for every +OK.
-  void SetAll(const std::vector<std::string>& keys,
-              const std::vector<std::span<const uint8_t>>& values) {
-    std::vector<std::string> headers;
-    std::vector<iovec> iov;
-    static const char kCrlf[] = "\r\n";
-    for (size_t i = 0; i < keys.size(); ++i) {
-      headers.push_back("*3\r\n$3\r\nSET\r\n$" + std::to_string(keys[i].size()) + "\r\n" + keys[i] +
-                        "\r\n$" + std::to_string(values[i].size()) + "\r\n");
-    }
-    for (size_t i = 0; i < keys.size(); ++i) {
-      iov.push_back({headers[i].data(), headers[i].size()});
-      iov.push_back({const_cast<uint8_t*>(values[i].data()), values[i].size()});
-      iov.push_back({const_cast<char*>(kCrlf), 2});
-    }
-    WriteAll(iov);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      std::string line = ReadLine();
-      TANDEM_CHECK(line == "+OK") << "redis SET answered " << line;
-    }
-  }
-
-  // EXISTS of `keys` in one command (redis's batched existence check);
-  // returns how many exist.
-  int64_t Exists(const std::vector<std::string>& keys) {
-    std::string req = "*" + std::to_string(keys.size() + 1) + "\r\n$6\r\nEXISTS\r\n";
-    for (const auto& k : keys) req += "$" + std::to_string(k.size()) + "\r\n" + k + "\r\n";
-    std::vector<iovec> iov{{req.data(), req.size()}};
-    WriteAll(iov);
-    std::string line = ReadLine();
-    TANDEM_CHECK(!line.empty() && line[0] == ':') << "redis EXISTS answered " << line;
-    return std::stoll(line.substr(1));
-  }
-
-  // Pipelined GETs into `dst` (each the value's size).
-  void GetAll(const std::vector<std::string>& keys, const std::vector<std::span<uint8_t>>& dst) {
-    std::string req;
-    for (const auto& k : keys) {
-      req += "*2\r\n$3\r\nGET\r\n$" + std::to_string(k.size()) + "\r\n" + k + "\r\n";
-    }
-    std::vector<iovec> iov{{req.data(), req.size()}};
-    WriteAll(iov);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      std::string line = ReadLine();
-      TANDEM_CHECK(!line.empty() && line[0] == '$') << "redis GET answered " << line;
-      const size_t n = std::stoull(line.substr(1));
-      TANDEM_CHECK(n == dst[i].size());
-      ReadExact(dst[i].data(), n);
-      char crlf[2];
-      ReadExact(reinterpret_cast<uint8_t*>(crlf), 2);
-    }
-  }
-
- private:
-  void WriteAll(std::vector<iovec> iov) {
-    size_t idx = 0;
-    while (idx < iov.size()) {
-      const int cnt = static_cast<int>(std::min<size_t>(iov.size() - idx, 512));
-      ssize_t w = writev(fd_, iov.data() + idx, cnt);
-      TANDEM_CHECK(w > 0) << "writev to redis failed";
-      size_t left = static_cast<size_t>(w);
-      while (idx < iov.size() && left >= iov[idx].iov_len) left -= iov[idx++].iov_len;
-      if (left > 0) {
-        iov[idx].iov_base = static_cast<char*>(iov[idx].iov_base) + left;
-        iov[idx].iov_len -= left;
-      }
-    }
-  }
-  void Fill() {
-    if (pos_ == len_) pos_ = len_ = 0;
-    ssize_t r = read(fd_, buf_.data() + len_, buf_.size() - len_);
-    TANDEM_CHECK(r > 0) << "redis connection closed";
-    len_ += r;
-  }
-  std::string ReadLine() {
-    for (;;) {
-      for (size_t i = pos_; i + 1 < len_; ++i) {
-        if (buf_[i] == '\r' && buf_[i + 1] == '\n') {
-          std::string line(buf_.data() + pos_, i - pos_);
-          pos_ = i + 2;
-          return line;
-        }
-      }
-      if (pos_ > 0) {  // compact
-        std::memmove(buf_.data(), buf_.data() + pos_, len_ - pos_);
-        len_ -= pos_;
-        pos_ = 0;
-      }
-      Fill();
-    }
-  }
-  void ReadExact(uint8_t* dst, size_t n) {
-    const size_t buffered = std::min(n, len_ - pos_);
-    std::memcpy(dst, buf_.data() + pos_, buffered);
-    pos_ += buffered;
-    size_t got = buffered;
-    while (got < n) {
-      ssize_t r = read(fd_, dst + got, n - got);
-      TANDEM_CHECK(r > 0) << "redis connection closed";
-      got += r;
-    }
-  }
-
-  int fd_ = -1;
-  std::vector<char> buf_ = std::vector<char>(1 << 20);
-  size_t pos_ = 0, len_ = 0;
-};
 
 // ---- measurements --------------------------------------------------------------------
 
@@ -508,22 +378,6 @@ Figures RunCase(Service* hot, Service* cold, Redis* redis, const Case& c, int ro
     f.load_max[p] = *std::max_element(gbps[p].begin(), gbps[p].end());
   }
   return f;
-}
-
-pid_t StartRedis(const std::string& binary, int port) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (freopen("/dev/null", "w", stdout) == nullptr ||
-        freopen("/dev/null", "w", stderr) == nullptr) {
-      _exit(126);
-    }
-    const std::string p = std::to_string(port);
-    execl(binary.c_str(), binary.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
-          "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
 }
 
 int Main(int argc, char** argv) {
