@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "../kvstore/test_util.h"
-#include "loopback_server.h"
 #include "bulk_load_server.h"
+#include "bulk_test_store.h"
 #include "gmock/gmock.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "kvstore_service.h"
+#include "loopback_server.h"
 #include "tandem/kvconnector/kvstore_client.h"
 #include "tandem/kvstore/kv_store.h"
 #include "tandem/rpc/framed_socket.h"
@@ -34,8 +35,8 @@ using kvstore::testing::TestPayload;
 using kvstore::testing::WaitFor;
 using ::testing::HasSubstr;
 
-constexpr uint64_t kBlock = 64 << 10;
-constexpr uint64_t kBigBlock = (5 << 20) / 2;  // 2.5 MiB: many socket reads per block
+constexpr uint64_t kBlock = testutil::kBulkBlock;
+constexpr uint64_t kBigBlock = testutil::kBulkBigBlock;  // many socket reads per block
 
 std::span<const uint8_t> Preface() {
   return {reinterpret_cast<const uint8_t*>(rpc::kKvBulkLoadPreface.data()),
@@ -45,14 +46,9 @@ std::span<const uint8_t> Preface() {
 class BulkLoadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto store = kvstore::KvStoreEngine::Open({.data_dir = dir_.path(),
-                                         .hot_capacity_bytes = 32 << 20,
-                                         .hot_slot_bytes = 4 << 20,
-                                         .lock_hot_memory = false});
+    auto store = testutil::OpenBulkTestStore(dir_.path(), {{"ns", kBlock}, {"big", kBigBlock}});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
-    ASSERT_TRUE(store_->CreateNamespace({.name = "ns", .block_bytes = kBlock}).ok());
-    ASSERT_TRUE(store_->CreateNamespace({.name = "big", .block_bytes = kBigBlock}).ok());
   }
   void TearDown() override {
     clients_.clear();
@@ -99,8 +95,7 @@ class BulkLoadTest : public ::testing::Test {
   }
 
   void Put(const std::string& ns, uint64_t id, uint64_t size) {
-    const std::vector<uint8_t> p = TestPayload(id, size);
-    ASSERT_TRUE(store_->Store(ns, TestHash(id), p, kvstore::Crc32c(p)).ok());
+    ASSERT_TRUE(testutil::PutTestBlock(store_.get(), ns, id, size).ok());
   }
 
   // Loads `ids` of `size` bytes; buffers start filled with 0xEE.

@@ -10,6 +10,7 @@
 #include "../kvstore/test_util.h"
 #include "absl/strings/str_replace.h"
 #include "bulk_load_server.h"
+#include "bulk_test_store.h"
 #include "gtest/gtest.h"
 #include "kvstore_service.h"
 #include "loopback_server.h"
@@ -29,22 +30,16 @@ using kvstore::testing::TestHash;
 using kvstore::testing::TestPayload;
 using kvstore::testing::WaitFor;
 
-constexpr uint64_t kBlock = 64 << 10;
-constexpr uint64_t kBigBlock = (5 << 20) / 2;  // 2.5 MiB: many socket reads per block
+constexpr uint64_t kBlock = testutil::kBulkBlock;
+constexpr uint64_t kBigBlock = testutil::kBulkBigBlock;  // many socket reads per block
 
 class BulkStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto store = kvstore::KvStoreEngine::Open({.data_dir = dir_.path(),
-                                               .hot_capacity_bytes = 32 << 20,
-                                               .hot_slot_bytes = 4 << 20,
-                                               .lock_hot_memory = false});
+    auto store = testutil::OpenBulkTestStore(
+        dir_.path(), {{"ns", kBlock}, {"grpc", kBlock}, {"big", kBigBlock}});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
-    for (const char* ns : {"ns", "grpc"}) {
-      ASSERT_TRUE(store_->CreateNamespace({.name = ns, .block_bytes = kBlock}).ok());
-    }
-    ASSERT_TRUE(store_->CreateNamespace({.name = "big", .block_bytes = kBigBlock}).ok());
   }
   void TearDown() override {
     clients_.clear();

@@ -11,6 +11,7 @@
 
 #include "../kvstore/test_util.h"
 #include "bulk_load_server.h"
+#include "bulk_test_store.h"
 #include "gmock/gmock.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
@@ -37,8 +38,8 @@ using rpc::SocketTlsContext;
 using rpc::TlsOptions;
 using ::testing::HasSubstr;
 
-constexpr uint64_t kBlock = 64 << 10;
-constexpr uint64_t kBigBlock = (5 << 20) / 2;  // many TLS records per block
+constexpr uint64_t kBlock = testutil::kBulkBlock;
+constexpr uint64_t kBigBlock = testutil::kBulkBigBlock;  // many TLS records per block
 
 // A CA and leaves signed by it, each for 127.0.0.1 with a role URI SAN
 // (none for "visitor"); "misnamed" names only another host; "rogue" is
@@ -101,14 +102,9 @@ class BulkTlsTest : public ::testing::TestWithParam<rpc::FramedSocket::TlsWrites
   void SetUp() override {
     rpc::FramedSocket::TEST_SetTlsWrites(GetParam());
     ASSERT_TRUE(pki_->ok()) << "openssl could not make the test certificates";
-    auto store = kvstore::KvStoreEngine::Open({.data_dir = dir_.path(),
-                                               .hot_capacity_bytes = 32 << 20,
-                                               .hot_slot_bytes = 4 << 20,
-                                               .lock_hot_memory = false});
+    auto store = testutil::OpenBulkTestStore(dir_.path(), {{"ns", kBlock}, {"big", kBigBlock}});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
-    ASSERT_TRUE(store_->CreateNamespace({.name = "ns", .block_bytes = kBlock}).ok());
-    ASSERT_TRUE(store_->CreateNamespace({.name = "big", .block_bytes = kBigBlock}).ok());
   }
   void TearDown() override {
     clients_.clear();
@@ -145,8 +141,7 @@ class BulkTlsTest : public ::testing::TestWithParam<rpc::FramedSocket::TlsWrites
   }
 
   void Put(const std::string& ns, uint64_t id, uint64_t size) {
-    const std::vector<uint8_t> p = TestPayload(id, size);
-    ASSERT_TRUE(store_->Store(ns, TestHash(id), p, kvstore::Crc32c(p)).ok());
+    ASSERT_TRUE(testutil::PutTestBlock(store_.get(), ns, id, size).ok());
   }
 
   // A raw connection to the bulk port after a client handshake with `tls`

@@ -1,0 +1,45 @@
+// The store the bulk port tests serve (bulk_load_test, bulk_store_test,
+// bulk_tls_test): a hot tier that holds every test block, and their
+// namespaces.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../kvstore/test_util.h"
+#include "absl/status/statusor.h"
+#include "tandem/kvstore/kv_store.h"
+#include "tandem/kvtypes/checksum.h"
+
+namespace tandem::testutil {
+
+inline constexpr uint64_t kBulkBlock = 64 << 10;
+inline constexpr uint64_t kBulkBigBlock = (5 << 20) / 2;  // 2.5 MiB: many reads per block
+
+// Opens a store in `dir` (32 MiB hot tier of 4 MiB slots, unlocked) with
+// the namespaces `namespaces` (name, block bytes).
+inline absl::StatusOr<std::unique_ptr<kvstore::KvStoreEngine>> OpenBulkTestStore(
+    const std::string& dir, const std::vector<std::pair<std::string, uint64_t>>& namespaces) {
+  auto store = kvstore::KvStoreEngine::Open({.data_dir = dir,
+                                             .hot_capacity_bytes = 32 << 20,
+                                             .hot_slot_bytes = 4 << 20,
+                                             .lock_hot_memory = false});
+  if (!store.ok()) return store.status();
+  for (const auto& [name, bytes] : namespaces) {
+    absl::StatusOr<bool> created = (*store)->CreateNamespace({.name = name, .block_bytes = bytes});
+    if (!created.ok()) return created.status();
+  }
+  return store;
+}
+
+// Stores test block `id` (kvstore::testing::TestPayload) of `size` bytes.
+inline absl::Status PutTestBlock(kvstore::KvStoreEngine* store, const std::string& ns, uint64_t id,
+                                 uint64_t size) {
+  const std::vector<uint8_t> p = kvstore::testing::TestPayload(id, size);
+  return store->Store(ns, kvstore::testing::TestHash(id), p, kvstore::Crc32c(p)).status();
+}
+
+}  // namespace tandem::testutil
