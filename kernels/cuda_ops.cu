@@ -139,6 +139,40 @@ void GraphDestroy(void* exec) {
   if (exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
 }
 
+int StreamCreateNonBlocking(void** stream) {
+  cudaStream_t s = nullptr;
+  const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  *stream = s;
+  return e;
+}
+
+int EventCreate(void** event) {
+  cudaEvent_t e = nullptr;
+  const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  *event = e;
+  return err;
+}
+
+void EventDestroy(void* event) {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+int EventRecord(void* event, void* stream) {
+  return cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
+}
+
+int StreamWaitEvent(void* stream, void* event) {
+  return cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
+}
+
+int EventSynchronize(void* event) { return cudaEventSynchronize(static_cast<cudaEvent_t>(event)); }
+
+int EventQuery(void* event, bool* done) {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  *done = e != cudaErrorNotReady;
+  return e == cudaErrorNotReady ? cudaSuccess : e;
+}
+
 int EmbeddingGather(const float* table, int32_t dim, const int32_t* tokens, int32_t rows,
                     float* out) {
   return Launch(Grid{rows, kThreads}, EmbeddingGatherFn{table, tokens, out, dim});

@@ -2,6 +2,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "store_staging.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/kvconnector/kvstore_connector.h"
@@ -10,7 +11,8 @@ namespace tandem::kvconnector {
 
 absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::Create(
     const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
-    const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host, CopyFromHost from_host) {
+    const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host, CopyFromHost from_host,
+    CopyToHostAsync to_host_async) {
   TANDEM_RETURN_IF_ERROR(options.Validate());
   if (block_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("block_bytes must be > 0, got ", block_bytes));
@@ -28,7 +30,8 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::
       .name = ns, .block_bytes = static_cast<uint64_t>(block_bytes), .layout = kv_layout};
   TANDEM_RETURN_IF_ERROR(spec.Validate());
   auto w = std::unique_ptr<KvStoreConnectorWorker>(new KvStoreConnectorWorker(
-      options, std::move(client), ns, std::move(spec), std::move(to_host), std::move(from_host)));
+      options, std::move(client), ns, std::move(spec), std::move(to_host), std::move(from_host),
+      std::move(to_host_async)));
   w->EnsureNamespace();
   return w;
 }
@@ -36,7 +39,8 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::
 KvStoreConnectorWorker::KvStoreConnectorWorker(const KvStoreConnectorOptions& options,
                                                std::unique_ptr<KvStoreClient> client,
                                                std::string ns, kvstore::NamespaceSpec spec,
-                                               CopyToHost to_host, CopyFromHost from_host)
+                                               CopyToHost to_host, CopyFromHost from_host,
+                                               CopyToHostAsync to_host_async)
     : options_(options),
       client_(std::move(client)),
       ns_(std::move(ns)),
@@ -44,7 +48,10 @@ KvStoreConnectorWorker::KvStoreConnectorWorker(const KvStoreConnectorOptions& op
       block_bytes_(static_cast<int64_t>(spec_.block_bytes)),
       to_host_(std::move(to_host)),
       from_host_(std::move(from_host)),
-      staging_(options.use_cuda_host_alloc) {
+      to_host_async_(std::move(to_host_async)),
+      staging_(options.use_cuda_host_alloc),
+      store_staging_(std::make_unique<StoreStaging>(block_bytes_, options.max_pending_store_bytes,
+                                                    options.use_cuda_host_alloc)) {
   store_thread_ = std::thread([this] { StoreLoop(); });
 }
 
@@ -110,7 +117,7 @@ void KvStoreConnectorWorker::EnsureNamespace() {
 }
 
 void KvStoreConnectorWorker::EnqueueLocked(StoreJob job) {
-  pending_bytes_ += static_cast<int64_t>(job.bytes.size());
+  pending_bytes_ += static_cast<int64_t>(job.blocks.size()) * block_bytes_;
   ++stats_.stores_in_flight;
   jobs_.push_back(std::move(job));
   cv_.notify_all();
@@ -221,13 +228,17 @@ void KvStoreConnectorWorker::SnapshotStore(const sched::KvStoreOp& s) {
   StoreJob job;
   job.request_id = s.request_id;
   const size_t n = std::min(s.block_ids.size(), s.block_hashes.size());
-  uint64_t copy_failed = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (pending_bytes_ + static_cast<int64_t>(n) * block_bytes_ >
+    if (pending_bytes_ + static_cast<int64_t>(n) * block_bytes_ <=
         options_.max_pending_store_bytes) {
-      // Queue full: the entry still finishes (in order, behind the queued
-      // ones), and the scheduler learns the blocks are not in the store.
+      job.blocks = store_staging_->Take(n);
+      stats_.store_staging_bytes = store_staging_->allocated_bytes();
+    }
+    if (job.blocks.size() != n) {
+      // Queue full (or no memory for it): the entry still finishes (in
+      // order, behind the queued ones), and the scheduler learns the blocks
+      // are not in the store.
       stats_.blocks_store_dropped += n;
       job.dropped = true;
       job.failed = true;
@@ -235,22 +246,38 @@ void KvStoreConnectorWorker::SnapshotStore(const sched::KvStoreOp& s) {
       return;
     }
   }
-  job.bytes.resize(n * static_cast<size_t>(block_bytes_));
-  size_t kept = 0;
-  for (size_t i = 0; i < n; ++i) {
-    std::span<std::byte> out(job.bytes.data() + kept * block_bytes_,
-                             static_cast<size_t>(block_bytes_));
-    if (!to_host_(s.block_ids[i], out).ok()) {
-      ++copy_failed;
-      continue;
+  const std::span<const int32_t> ids(s.block_ids.data(), n);
+  std::vector<std::span<std::byte>> out;
+  out.reserve(n);
+  for (std::byte* b : job.blocks) out.emplace_back(b, static_cast<size_t>(block_bytes_));
+  std::vector<std::byte*> not_copied;
+  if (to_host_async_) {
+    absl::StatusOr<std::function<absl::Status()>> copied = to_host_async_(ids, out);
+    if (copied.ok()) {
+      job.copied = std::move(copied).value();
+      job.hashes.assign(s.block_hashes.begin(), s.block_hashes.begin() + static_cast<ptrdiff_t>(n));
+    } else {
+      TANDEM_LOG(WARNING) << "KV-store store of " << n
+                          << " blocks: copying them out of the cache failed: " << copied.status();
+      not_copied = std::move(job.blocks);
+      job.blocks.clear();
     }
-    job.hashes.push_back(s.block_hashes[i]);
-    ++kept;
+  } else {
+    std::vector<std::byte*> kept;
+    for (size_t i = 0; i < n; ++i) {
+      if (to_host_(ids[i], out[i]).ok()) {
+        job.hashes.push_back(s.block_hashes[i]);
+        kept.push_back(job.blocks[i]);
+      } else {
+        not_copied.push_back(job.blocks[i]);
+      }
+    }
+    job.blocks = std::move(kept);
   }
-  job.bytes.resize(kept * static_cast<size_t>(block_bytes_));
-  job.failed = copy_failed > 0;
+  job.failed = !not_copied.empty();
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.blocks_store_failed += copy_failed;
+  store_staging_->Give(not_copied);
+  stats_.blocks_store_failed += not_copied.size();
   EnqueueLocked(std::move(job));
 }
 
@@ -267,23 +294,37 @@ void KvStoreConnectorWorker::StoreLoop() {
       int64_t bytes = 0;
       while (!jobs_.empty() &&
              (batch.empty() ||
-              bytes + static_cast<int64_t>(jobs_.front().bytes.size()) <= kMaxBatchBytes)) {
-        bytes += static_cast<int64_t>(jobs_.front().bytes.size());
+              bytes + static_cast<int64_t>(jobs_.front().blocks.size()) * block_bytes_ <=
+                  kMaxBatchBytes)) {
+        bytes += static_cast<int64_t>(jobs_.front().blocks.size()) * block_bytes_;
         batch.push_back(std::move(jobs_.front()));
         jobs_.pop_front();
       }
       sending_ = true;
     }
+    uint64_t stored = 0, failed = 0;
+    // A job whose copies out of the cache failed sends nothing.
+    std::vector<bool> copied(batch.size(), true);
     std::vector<BlockHash> hashes;
     std::vector<std::span<const uint8_t>> src;
-    for (const StoreJob& job : batch) {
+    for (size_t j = 0; j < batch.size(); ++j) {
+      StoreJob& job = batch[j];
+      if (job.copied) {
+        if (absl::Status s = job.copied(); !s.ok()) {
+          TANDEM_LOG(WARNING) << "KV-store store of " << job.hashes.size()
+                              << " blocks: copying them out of the cache failed: " << s;
+          copied[j] = false;
+          job.failed = true;
+          failed += job.hashes.size();
+          continue;
+        }
+      }
       for (size_t i = 0; i < job.hashes.size(); ++i) {
         hashes.push_back(job.hashes[i]);
-        src.emplace_back(reinterpret_cast<const uint8_t*>(job.bytes.data()) + i * block_bytes_,
+        src.emplace_back(reinterpret_cast<const uint8_t*>(job.blocks[i]),
                          static_cast<size_t>(block_bytes_));
       }
     }
-    uint64_t stored = 0, failed = 0;
     if (!hashes.empty()) {
       absl::StatusOr<std::vector<BlockStoreResult>> r;
       for (int attempt = 0; attempt < 2; ++attempt) {
@@ -296,9 +337,11 @@ void KvStoreConnectorWorker::StoreLoop() {
         TANDEM_LOG(WARNING) << "KV-store store of " << hashes.size()
                             << " blocks failed: " << r.status();
       }
-      // The batch's blocks are its jobs' blocks, in job order.
+      // The batch's blocks are its copied jobs' blocks, in job order.
       size_t i = 0;
-      for (StoreJob& job : batch) {
+      for (size_t j = 0; j < batch.size(); ++j) {
+        if (!copied[j]) continue;
+        StoreJob& job = batch[j];
         for (size_t k = 0; k < job.hashes.size(); ++k, ++i) {
           const bool ok = r.ok() && i < r->size() && (*r)[i].status.ok();
           (ok ? stored : failed) += 1;
@@ -308,7 +351,8 @@ void KvStoreConnectorWorker::StoreLoop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (StoreJob& job : batch) {
-      pending_bytes_ -= static_cast<int64_t>(job.bytes.size());
+      pending_bytes_ -= static_cast<int64_t>(job.blocks.size()) * block_bytes_;
+      store_staging_->Give(job.blocks);
       --stats_.stores_in_flight;
       if (job.failed) failed_sending_.push_back(job.request_id);
       finished_sending_.push_back(std::move(job.request_id));

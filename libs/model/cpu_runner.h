@@ -2,6 +2,8 @@
 #pragma once
 
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "tandem/model/model_runner.h"
@@ -29,5 +31,8 @@ struct BatchLayout {
   int32_t max_context = 0;                // max row_pos + 1
 };
 BatchLayout MakeBatchLayout(std::span<const SequenceInput> batch, int32_t block_size);
+// The block ids a validated batch writes KV into, in batch order (repeats
+// possible).
+std::vector<int32_t> WrittenBlocks(std::span<const SequenceInput> batch, int32_t block_size);
 
 }  // namespace tandem::model::internal

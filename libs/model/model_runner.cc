@@ -210,6 +210,27 @@ absl::Status ModelRunner::ValidateBlockCopy(int32_t block_id, size_t size) const
   return absl::OkStatus();
 }
 
+absl::Status ModelRunner::ValidateBlockCopies(std::span<const int32_t> block_ids,
+                                              std::span<const std::span<std::byte>> out) const {
+  if (block_ids.size() != out.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(block_ids.size(), " block ids but ", out.size(), " host buffers"));
+  }
+  for (size_t i = 0; i < block_ids.size(); ++i) {
+    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_ids[i], out[i].size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelRunner::BlockCopyWait> ModelRunner::CopyBlocksToHostAsync(
+    std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out) {
+  TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(block_ids, out));
+  for (size_t i = 0; i < block_ids.size(); ++i) {
+    TANDEM_RETURN_IF_ERROR(CopyBlockToHost(block_ids[i], out[i]));
+  }
+  return BlockCopyWait([] { return absl::OkStatus(); });
+}
+
 absl::Status ModelRunner::ValidateBatch(std::span<const SequenceInput> batch) const {
   const ModelConfig& c = model_->config();
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -271,6 +292,18 @@ BatchLayout MakeBatchLayout(std::span<const SequenceInput> batch, int32_t block_
   }
   l.num_rows = static_cast<int32_t>(l.tokens.size());
   return l;
+}
+
+std::vector<int32_t> WrittenBlocks(std::span<const SequenceInput> batch, int32_t block_size) {
+  std::vector<int32_t> blocks;
+  for (const SequenceInput& s : batch) {
+    if (s.token_ids.empty()) continue;
+    const int32_t last = s.start_pos + static_cast<int32_t>(s.token_ids.size()) - 1;
+    for (int32_t b = s.start_pos / block_size; b <= last / block_size; ++b) {
+      blocks.push_back(s.block_table[static_cast<size_t>(b)]);
+    }
+  }
+  return blocks;
 }
 
 #if !(defined(TANDEM_HAVE_CUDA) && TANDEM_HAVE_CUDA)

@@ -215,6 +215,9 @@ absl::Status WorkerService::Load() {
         },
         [runner](int32_t block, std::span<const std::byte> in) {
           return runner->CopyBlockFromHost(block, in);
+        },
+        [runner](std::span<const int32_t> blocks, std::span<const std::span<std::byte>> out) {
+          return runner->CopyBlocksToHostAsync(blocks, out);
         });
     if (!kvc.ok()) return Annotate(kvc.status(), "creating the KV-store connector");
     kv_connector_ = std::move(kvc).value();

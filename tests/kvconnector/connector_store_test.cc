@@ -5,6 +5,7 @@
 // stored again later.
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
@@ -96,24 +97,135 @@ TEST_F(ConnectorTest, AStallingStoreNeverHoldsUpAStep) {
   // Each request's blocks load back as they were computed.
   FakeCache expected;
   for (int i = 0; i < kRequests; ++i) {
-    sched::Request again =
-        MakeRequest("again" + std::to_string(i), Tokens(17, 1000 * (i + 1)), {20, 21, 22, 23, 24});
-    ASSERT_EQ(PollMatch(sc.get(), again, 0).num_external_tokens, 16) << i;
-    sc->UpdateStateAfterAlloc(again, std::span<const int32_t>(again.block_ids).first(4), 16);
-    sched::SchedulerOutput out;
-    sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, {});
-    ASSERT_EQ(meta.loads.size(), 1u);
-    sched::KvConnectorReport report;
-    wk->LoadBlocks(meta, &report);
-    ASSERT_EQ(report.finished_recving, std::vector<std::string>{again.request_id});
+    ASSERT_TRUE(
+        LoadBack(sc.get(), wk.get(), "again" + std::to_string(i), Tokens(17, 1000 * (i + 1))));
     for (int b = 0; b < 4; ++b) {
       expected.Fill(0, 10 * i + b);
       EXPECT_EQ(cache_.blocks[20 + b], expected.blocks[0]) << "request " << i << " block " << b;
     }
-    sc->OnConnectorReport(report);
-    sc->OnLoadFinished(again, 16);
-    EXPECT_FALSE(sc->RequestFinished(again, again.block_ids, 0));
   }
+}
+
+// With an asynchronous copier (the CUDA runner's copy stream), a step only
+// begins the copies of its stores; the store thread waits for them. Here the
+// "device" takes the blocks as the step left them but lands them in the
+// staging memory only when the test opens a gate: the step returns with the
+// gate shut, nothing is sent before the copies end, and the blocks stored
+// are the ones computed.
+TEST_F(ConnectorTest, StoresWaitForTheirCopiesOutOfTheCacheOffTheStep) {
+  StartStore();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  std::vector<int32_t> begun;  // block ids, on the step thread
+  auto async = [&](std::span<const int32_t> ids, std::span<const std::span<std::byte>> out)
+      -> absl::StatusOr<std::function<absl::Status()>> {
+    std::vector<std::vector<std::byte>> bytes;
+    for (int32_t id : ids) bytes.push_back(cache_.blocks.at(id));
+    begun.insert(begun.end(), ids.begin(), ids.end());
+    std::vector<std::span<std::byte>> dst(out.begin(), out.end());
+    return std::function<absl::Status()>([&, bytes = std::move(bytes), dst = std::move(dst)] {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return open; });
+      for (size_t i = 0; i < dst.size(); ++i) {
+        std::memcpy(dst[i].data(), bytes[i].data(), kBlockBytes);
+      }
+      return absl::OkStatus();
+    });
+  };
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  };
+  struct Release {
+    std::function<void()> fn;
+    ~Release() { fn(); }  // the worker's destructor waits for the copies
+  } guard{release};
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker({.to_host_async = async});
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  const sched::KvConnectorMetadata meta = ComputeStep(sc.get(), &a);
+  auto snapshot = std::async(std::launch::async, [&] { wk->SnapshotStores(meta); });
+  ASSERT_EQ(snapshot.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "the step waited for its copies out of the cache";
+  EXPECT_EQ(begun, (std::vector<int32_t>{1, 2, 3, 4}));
+  for (int b = 0; b < kCacheBlocks; ++b) cache_.Fill(b, 99);  // later steps
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(wk->stats().blocks_stored, 0u);
+  EXPECT_EQ(wk->stats().stores_in_flight, 1);
+  EXPECT_GE(wk->stats().store_staging_bytes, 4 * kBlockBytes);
+
+  release();
+  sched::KvConnectorReport sent;
+  WaitSent(wk.get(), 1, &sent);
+  EXPECT_TRUE(sent.failed_sending.empty());
+  sc->OnConnectorReport(sent);
+  EXPECT_EQ(wk->stats().blocks_stored, 4u);
+  ASSERT_TRUE(LoadBack(sc.get(), wk.get(), "again", Tokens(17)));
+  FakeCache expected;
+  for (int b = 1; b <= 4; ++b) {
+    expected.Fill(0, b);  // ComputeStep's fill
+    EXPECT_EQ(cache_.blocks[19 + b], expected.blocks[0]) << "block " << b;
+  }
+}
+
+// A copy out of the cache that fails to begin, or whose wait fails, fails
+// only its own entry: it is reported finished and failed, its blocks count
+// as failed, and the next entry is stored.
+TEST_F(ConnectorTest, AFailedCopyOutOfTheCacheFailsOnlyItsEntry) {
+  StartStore();
+  int calls = 0;
+  auto async = [&](std::span<const int32_t> ids, std::span<const std::span<std::byte>> out)
+      -> absl::StatusOr<std::function<absl::Status()>> {
+    if (++calls == 1) return absl::InternalError("device lost");
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::memcpy(out[i].data(), cache_.blocks.at(ids[i]).data(), kBlockBytes);
+    }
+    const bool fails = calls == 2;
+    return std::function<absl::Status()>(
+        [fails] { return fails ? absl::InternalError("copy failed") : absl::OkStatus(); });
+  };
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker({.to_host_async = async});
+  ASSERT_TRUE(sc && wk);
+  for (const char* id : {"a", "b", "c"}) {
+    sched::Request r = MakeRequest(id, Tokens(17, 1000 * (id[0] - 'a' + 1)), {1, 2, 3, 4, 5});
+    wk->SnapshotStores(ComputeStep(sc.get(), &r));
+  }
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  sched::KvConnectorReport sent;
+  wk->TakeFinishedSending(&sent);
+  EXPECT_EQ(sent.finished_sending, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(sent.failed_sending, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(wk->stats().blocks_store_failed, 8u);
+  EXPECT_EQ(wk->stats().blocks_stored, 4u);
+  EXPECT_EQ(wk->stats().stores_in_flight, 0);
+  sc->OnConnectorReport(sent);
+  EXPECT_EQ(sc->stats().stored_blocks_lost, 8u);
+  ASSERT_TRUE(LoadBack(sc.get(), wk.get(), "again", Tokens(17, 3000)));
+}
+
+// The stores' staging memory is taken back and used again: a cap of 8
+// blocks carries any number of 4-block entries sent one after another, and
+// never grows past the cap.
+TEST_F(ConnectorTest, StoreStagingIsReusedWithinItsCap) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker({.max_pending_store_bytes = 8 * kBlockBytes});
+  ASSERT_TRUE(sc && wk);
+  constexpr int kEntries = 10;
+  for (int i = 0; i < kEntries; ++i) {
+    sched::Request r =
+        MakeRequest("r" + std::to_string(i), Tokens(17, 1000 * (i + 1)), {1, 2, 3, 4, 5});
+    wk->SnapshotStores(ComputeStep(sc.get(), &r));
+    ASSERT_TRUE(wk->WaitForStores(5000));
+    EXPECT_LE(wk->stats().store_staging_bytes, 8 * kBlockBytes);
+  }
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 0u);
+  EXPECT_EQ(wk->stats().blocks_stored, 4u * kEntries);
+  EXPECT_EQ(wk->stats().store_staging_bytes, 8 * kBlockBytes);
 }
 
 TEST_F(ConnectorTest, StoresStopAtKnownTokensInAsyncMode) {

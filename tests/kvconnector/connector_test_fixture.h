@@ -62,6 +62,7 @@ struct WorkerOptions {
   int64_t max_pending_store_bytes = int64_t{256} << 20;
   std::string target;  // empty: the test's store
   bool use_cuda_host_alloc = true;
+  KvStoreConnectorWorker::CopyToHostAsync to_host_async;  // empty: cache_.ToHost()
 };
 
 class ConnectorTest : public ::testing::Test {
@@ -104,7 +105,7 @@ class ConnectorTest : public ::testing::Test {
                                              .max_pending_store_bytes = o.max_pending_store_bytes,
                                              .use_cuda_host_alloc = o.use_cuda_host_alloc},
                                             "fp", "layout", kBlockBytes, cache_.ToHost(),
-                                            cache_.FromHost());
+                                            cache_.FromHost(), o.to_host_async);
     EXPECT_TRUE(w.ok()) << w.status();
     return w.ok() ? std::move(*w) : nullptr;
   }
@@ -173,6 +174,30 @@ class ConnectorTest : public ::testing::Test {
     sched::SchedulerOutput out;
     sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, {&v, 1});
     return meta.stores.empty() ? std::vector<int32_t>{} : meta.stores[0].block_ids;
+  }
+
+  // Loads the 4 full blocks of a request of `tokens` (17 of them) from the
+  // store into cache blocks 20..23 through both roles, as a new request
+  // `id` whose lookup hits all 4; false (with a failure) when it does not.
+  bool LoadBack(KvStoreConnectorScheduler* sc, KvStoreConnectorWorker* wk, const std::string& id,
+                std::vector<int32_t> tokens) {
+    sched::Request again = MakeRequest(id, std::move(tokens), {20, 21, 22, 23, 24});
+    EXPECT_EQ(PollMatch(sc, again, 0).num_external_tokens, 16) << id;
+    sc->UpdateStateAfterAlloc(again, std::span<const int32_t>(again.block_ids).first(4), 16);
+    sched::SchedulerOutput out;
+    sched::KvConnectorMetadata meta = sc->BuildConnectorMeta(out, {});
+    if (meta.loads.size() != 1u) {
+      ADD_FAILURE() << id << ": " << meta.loads.size() << " loads";
+      return false;
+    }
+    sched::KvConnectorReport report;
+    wk->LoadBlocks(meta, &report);
+    EXPECT_EQ(report.finished_recving, std::vector<std::string>{again.request_id});
+    EXPECT_TRUE(report.invalid_block_ids.empty()) << id;
+    sc->OnConnectorReport(report);
+    sc->OnLoadFinished(again, 16);
+    EXPECT_FALSE(sc->RequestFinished(again, again.block_ids, 0));
+    return report.invalid_block_ids.empty();
   }
 
   bool WaitActiveLeases(uint64_t n) {

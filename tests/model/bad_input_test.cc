@@ -287,6 +287,24 @@ TEST_F(BadInputTest, BadBatchIsInvalidArgumentNamingTheSequenceAndLeavesCacheUnt
   EXPECT_TRUE((*runner)->BlockBytes(-1).empty());
   std::vector<std::byte> wrong_size(3);
   EXPECT_EQ((*runner)->CopyBlockToHost(0, wrong_size).code(), absl::StatusCode::kInvalidArgument);
+  // A batch of copies with one bad entry copies nothing.
+  std::vector<std::byte> b0(static_cast<size_t>((*runner)->block_bytes()), std::byte{7}), b1 = b0;
+  const std::span<std::byte> outs[] = {b0, b1};
+  for (const std::vector<int32_t>& ids : {std::vector<int32_t>{0, 8}, std::vector<int32_t>{0}}) {
+    auto wait = (*runner)->CopyBlocksToHostAsync(ids, outs);
+    EXPECT_EQ(wait.status().code(), absl::StatusCode::kInvalidArgument) << ids.size();
+  }
+  const std::span<std::byte> short_out[] = {b0, wrong_size};
+  const int32_t two[] = {0, 1};
+  EXPECT_EQ((*runner)->CopyBlocksToHostAsync(two, short_out).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b0, std::vector<std::byte>(b0.size(), std::byte{7}));
+  // A good one copies the blocks at once on the CPU backend.
+  auto copied = (*runner)->CopyBlocksToHostAsync(two, outs);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  ASSERT_TRUE((*copied)().ok());
+  EXPECT_TRUE(std::equal(b0.begin(), b0.end(), (*runner)->BlockBytes(0).begin()));
+  EXPECT_TRUE(std::equal(b1.begin(), b1.end(), (*runner)->BlockBytes(1).begin()));
   EXPECT_EQ(ModelRunner::Create(model->get(), {.block_size = 4, .num_blocks = 0}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

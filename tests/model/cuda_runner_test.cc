@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "gtest/gtest.h"
+#include "tandem/common/pinned_memory.h"
 #include "tandem/model/sampler.h"
 #include "test_util.h"
 
@@ -382,6 +383,55 @@ TEST(CudaRunnerTest, Bf16BlocksRoundTripThroughHostMemory) {
   EXPECT_FALSE((*gpu)->CopyBlockToHost(3, wrong_size).ok());
 }
 
+// Block copies to host beside the steps (CopyBlocksToHostAsync, the
+// KV-store's stores, issue 32), in both modes: they give the bytes a
+// synchronous copy gives, and a step that rewrites the blocks right after
+// the copies began (the scheduler freed and reused them) leaves the copies
+// with the bytes from before it, because its kernels wait for the copies on
+// the device. Pinned memory, as the connector's store staging: a copy into
+// pageable memory would end before the call returns and test nothing.
+TEST(CudaRunnerTest, AsyncBlockCopiesReadTheBlocksBeforeALaterStepRewritesThem) {
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  TANDEM_REQUIRE_CUDA(model.get());
+  const int32_t vocab = model->config().vocab_size;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype == DType::kFloat32 ? "float32" : "bfloat16");
+    auto gpu = ModelRunner::Create(
+        model.get(), {.block_size = 16, .num_blocks = 32, .dtype = dtype}, Backend::kCuda);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    const std::vector<int32_t> table = {10, 11, 12, 13};
+    const std::vector<int32_t> a = MakePrompt(64, 1, vocab), b = MakePrompt(64, 2, vocab);
+    std::vector<float> logits;
+    const SequenceInput in_a{.token_ids = a, .start_pos = 0, .block_table = table};
+    ASSERT_TRUE((*gpu)->Forward({&in_a, 1}, &logits).ok());
+    const size_t bb = static_cast<size_t>((*gpu)->block_bytes());
+    std::vector<std::byte> want(bb * table.size());
+    for (size_t i = 0; i < table.size(); ++i) {
+      ASSERT_TRUE((*gpu)->CopyBlockToHost(table[i], std::span(want).subspan(i * bb, bb)).ok());
+    }
+    auto pinned = PinnedBuffer::Allocate(want.size(), {.what = "test"});
+    ASSERT_TRUE(pinned.ok()) << pinned.status();
+    std::vector<std::span<std::byte>> out;
+    for (size_t i = 0; i < table.size(); ++i) out.emplace_back(pinned->data() + i * bb, bb);
+    auto wait = (*gpu)->CopyBlocksToHostAsync(table, out);
+    ASSERT_TRUE(wait.ok()) << wait.status();
+    const SequenceInput in_b{.token_ids = b, .start_pos = 0, .block_table = table};
+    ASSERT_TRUE((*gpu)->Forward({&in_b, 1}, &logits).ok());
+    ASSERT_TRUE((*wait)().ok());
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), pinned->data()));
+    // The second step did rewrite them.
+    std::vector<std::byte> now(bb);
+    ASSERT_TRUE((*gpu)->CopyBlockToHost(table[0], now).ok());
+    EXPECT_FALSE(std::equal(now.begin(), now.end(), want.begin()));
+    // A load into a block whose copy out may still run waits for it too.
+    auto again = (*gpu)->CopyBlocksToHostAsync(table, out);
+    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_TRUE((*gpu)->CopyBlockFromHost(table[0], std::span(want).first(bb)).ok());
+    ASSERT_TRUE((*again)().ok());
+    EXPECT_TRUE(std::equal(now.begin(), now.end(), pinned->data()));
+  }
+}
 
 // Decode steps through CUDA graphs (decode_graphs.h) against the same steps
 // run eagerly, teacher-forced with the eager runner's tokens. Contexts from

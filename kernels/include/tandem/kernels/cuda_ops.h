@@ -51,6 +51,22 @@ int EndCapture(void* stream, void** exec);
 int GraphLaunch(void* exec, void* stream);
 void GraphDestroy(void* exec);
 
+// A non-blocking stream: neither waits for the legacy default stream nor
+// makes it wait (the KV block copies to host run on one beside the step's
+// kernels and the synchronous downloads).
+int StreamCreateNonBlocking(void** stream);
+// Events without timing, for ordering streams and waiting on the host.
+int EventCreate(void** event);
+void EventDestroy(void* event);
+int EventRecord(void* event, void* stream);
+// The device's `stream` runs nothing enqueued after this call before
+// `event` has happened; the host does not wait.
+int StreamWaitEvent(void* stream, void* event);
+int EventSynchronize(void* event);
+// *done: whether the work before the event has finished (cudaEventQuery);
+// returns that work's error, if any.
+int EventQuery(void* event, bool* done);
+
 int EmbeddingGather(const float* table, int32_t dim, const int32_t* tokens, int32_t rows,
                     float* out);
 int RmsNorm(const float* x, const float* w, int32_t rows, int32_t dim, float eps, float* out);

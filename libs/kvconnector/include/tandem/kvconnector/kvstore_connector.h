@@ -16,8 +16,11 @@
 // forward pass, which may still have written a block the scheduler freed and
 // reused), and a step's stores copy their blocks out of the cache right
 // *after* its forward pass, before the next step runs (so a later step never
-// overwrites a block before it is read). The bytes then travel to the store
-// on a background thread. Hence the scheduler never has to hold blocks back
+// overwrites a block before it is read). On the CUDA backend the copies only
+// begin there: they run on a stream of their own into pinned staging, and a
+// later step that writes one of those blocks waits for its copy on the
+// device (ModelRunner::CopyBlocksToHostAsync); the store thread waits for
+// the copies, then sends the bytes to the store. Hence the scheduler never has to hold blocks back
 // for a store: RequestFinished() returns false, and finished_sending is only
 // bookkeeping (stores in flight). A store of a request that had ended when
 // the step was built (KvStoreOp::before_forward) is copied out before the
@@ -87,6 +90,8 @@
 #include "tandem/sched/scheduler_output.h"
 
 namespace tandem::kvconnector {
+
+class StoreStaging;
 
 // Keeps gRPC's shared callback completion queue alive for the life of the
 // process (works around a gRPC 1.51 shutdown race; see the .cc). Called by
@@ -261,6 +266,9 @@ struct KvConnectorWorkerStats {
   int64_t stores_in_flight = 0;       // store entries queued or sending
   StagingMemory staging = StagingMemory::kNone;
   int64_t staging_bytes = 0;
+  // Host memory of queued stores, allocated so far and kept for reuse (at
+  // most max_pending_store_bytes; see store_staging.h).
+  int64_t store_staging_bytes = 0;
 };
 
 // The worker role. LoadBlocks and SnapshotStores run on the worker's loop
@@ -270,11 +278,18 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   // Copies one block between the KV cache and host memory of block_bytes.
   using CopyToHost = std::function<absl::Status(int32_t block_id, std::span<std::byte> out)>;
   using CopyFromHost = std::function<absl::Status(int32_t block_id, std::span<const std::byte> in)>;
+  // Begins copying blocks out of the cache into out[i] (block_bytes each)
+  // and returns what waits for the copies (ModelRunner::CopyBlocksToHostAsync).
+  using CopyToHostAsync = std::function<absl::StatusOr<std::function<absl::Status()>>(
+      std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out)>;
 
+  // With `to_host_async`, stores copy their blocks with it and the store
+  // thread waits for the copies, so a step never waits for them; without,
+  // SnapshotStores copies each block with `to_host`.
   static absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> Create(
       const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
-      const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host,
-      CopyFromHost from_host);
+      const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host, CopyFromHost from_host,
+      CopyToHostAsync to_host_async = nullptr);
   ~KvStoreConnectorWorker();
 
   // Before the forward pass: first copies out the blocks of the stores with
@@ -289,9 +304,10 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   void LoadBlocks(const sched::KvConnectorMetadata& meta,
                   sched::KvConnectorReport* report) override;
   // After the forward pass: copies every block of the other `meta.stores`
-  // out of the cache and queues it for the store. An entry that does not
-  // fit in the queue (max_pending_store_bytes) is dropped, but still
-  // reported finished.
+  // out of the cache (or, with to_host_async, begins to) into store staging
+  // memory and queues it for the store. An entry that does not fit in the
+  // queue (max_pending_store_bytes) is dropped, but still reported
+  // finished.
   void SnapshotStores(const sched::KvConnectorMetadata& meta) override;
   // Request ids whose store entries completed since the last call (one id
   // per entry, in the order the entries were given to SnapshotStores):
@@ -308,7 +324,10 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   struct StoreJob {
     std::string request_id;
     std::vector<BlockHash> hashes;
-    std::vector<std::byte> bytes;  // hashes.size() * block_bytes
+    std::vector<std::byte*> blocks;  // one StoreStaging slot per hash
+    // Waits for the copies into `blocks` (to_host_async); empty when they
+    // were made at once.
+    std::function<absl::Status()> copied;
     // Not sent (queue full, or its step failed before the snapshot); only
     // reported finished, in order.
     bool dropped = false;
@@ -319,7 +338,8 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   };
   KvStoreConnectorWorker(const KvStoreConnectorOptions& options,
                          std::unique_ptr<KvStoreClient> client, std::string ns,
-                         kvstore::NamespaceSpec spec, CopyToHost to_host, CopyFromHost from_host);
+                         kvstore::NamespaceSpec spec, CopyToHost to_host, CopyFromHost from_host,
+                         CopyToHostAsync to_host_async);
   void StoreLoop();
   void EnsureNamespace();
   void EnqueueLocked(StoreJob job);
@@ -334,6 +354,7 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   const int64_t block_bytes_;
   CopyToHost to_host_;
   CopyFromHost from_host_;
+  CopyToHostAsync to_host_async_;
   // Staging memory of loads (loop thread only): a tandem::PinnedBuffer
   // (CUDA-pinned when a device is present and options.use_cuda_host_alloc,
   // else page-aligned and locked where the OS allows), grown on demand.
@@ -357,7 +378,8 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<StoreJob> jobs_;
-  int64_t pending_bytes_ = 0;
+  int64_t pending_bytes_ = 0;                    // of the queued and sending jobs' blocks
+  std::unique_ptr<StoreStaging> store_staging_;  // their memory
   std::vector<std::string> finished_sending_;
   std::vector<std::string> failed_sending_;
   bool sending_ = false;  // the store thread has a batch out

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -205,6 +206,20 @@ class ModelRunner {
   virtual absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) = 0;
   virtual absl::Status CopyBlockFromHost(int32_t block_id, std::span<const std::byte> in) = 0;
 
+  // Waits for the copies CopyBlocksToHostAsync began; returns their error.
+  using BlockCopyWait = std::function<absl::Status()>;
+  // Begins copying blocks block_ids[i] into out[i] (block_bytes() each) and
+  // returns what waits for them; `out` must stay valid until that returns
+  // (on any thread). The copies read each block as the steps run so far
+  // left it: a later Forward or CopyBlockFromHost that writes one of these
+  // blocks is ordered after its copy (on the device; the host does not
+  // wait). INVALID_ARGUMENT without copying anything when an id or a size
+  // is wrong. This implementation copies at once (CopyBlockToHost); the
+  // CUDA backend copies on a stream of its own, beside the steps' kernels,
+  // so that the KV-store's stores never hold up a step (DESIGN §5).
+  virtual absl::StatusOr<BlockCopyWait> CopyBlocksToHostAsync(
+      std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out);
+
  protected:
   ModelRunner(const Model* model, KvCacheOptions opts, Backend backend)
       : model_(model), opts_(opts), backend_(backend) {}
@@ -212,6 +227,9 @@ class ModelRunner {
   absl::Status ValidateBatch(std::span<const SequenceInput> batch) const;
   // Checks a block copy's id and host buffer size (CopyBlockToHost/FromHost).
   absl::Status ValidateBlockCopy(int32_t block_id, size_t size) const;
+  // ValidateBlockCopy of every pair, and that there are as many of each.
+  absl::Status ValidateBlockCopies(std::span<const int32_t> block_ids,
+                                   std::span<const std::span<std::byte>> out) const;
 
   const Model* model_;
   KvCacheOptions opts_;
