@@ -1,0 +1,477 @@
+#include "chat_template_eval.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "chat_template_value.h"
+
+namespace tandem::tokenizer::internal::jinja {
+namespace {
+
+class Renderer {
+ public:
+  explicit Renderer(const ChatTemplateInputs& inputs) {
+    scopes_.emplace_back();
+    auto& globals = scopes_.back();
+    if (inputs.extra_context.is_object()) {
+      for (const auto& [k, v] : inputs.extra_context.items()) globals[k] = Value{v};
+    }
+    globals["messages"] = Value{inputs.messages};
+    globals["add_generation_prompt"] = Value{inputs.add_generation_prompt};
+    globals["bos_token"] = Value{inputs.bos_token};
+    globals["eos_token"] = Value{inputs.eos_token};
+  }
+
+  void Render(const NodeList& nodes, std::string& out) {
+    for (const auto& n : nodes) {
+      switch (n->kind) {
+        case Node::kText:
+          out += n->text;
+          break;
+        case Node::kOutput:
+          out += ToString(Eval(*n->exprs[0]));
+          break;
+        case Node::kIf: {
+          size_t k = 0;
+          while (k < n->exprs.size() && !Truthy(Eval(*n->exprs[k]))) ++k;
+          if (k < n->bodies.size()) Render(n->bodies[k], out);
+          break;
+        }
+        case Node::kFor:
+          RenderFor(*n, out);
+          break;
+        case Node::kSet: {
+          Value v = Eval(*n->exprs[0]);
+          if (n->names.size() == 1) {
+            scopes_.back()[n->names[0]] = std::move(v);
+          } else {
+            Value* target = Lookup(n->names[0]);
+            if (target == nullptr || !target->json.is_object()) {
+              Fail(n->line, absl::StrCat("'", n->names[0], "' is not a namespace"));
+            }
+            target->json[n->names[1]] = std::move(v.json);
+          }
+          break;
+        }
+      }
+    }
+  }
+
+ private:
+  Value* Lookup(const std::string& name) {
+    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
+      auto found = it->find(name);
+      if (found != it->end()) return &found->second;
+    }
+    return nullptr;
+  }
+
+  std::vector<Json> Items(const Value& v, int line) {
+    if (v.undefined || v.json.is_null()) return {};
+    if (v.json.is_array()) return std::vector<Json>(v.json.begin(), v.json.end());
+    if (v.json.is_object()) {  // a dict iterates over its keys
+      std::vector<Json> keys;
+      for (const auto& [k, x] : v.json.items()) keys.push_back(k);
+      return keys;
+    }
+    if (v.json.is_string()) {
+      std::vector<Json> chars;
+      for (std::string& c : Chars(v.json.get<std::string>())) chars.push_back(std::move(c));
+      return chars;
+    }
+    Fail(line, absl::StrCat("cannot iterate over ", ToJson(v.json)));
+  }
+
+  void RenderFor(const Node& n, std::string& out) {
+    std::vector<Json> items = Items(Eval(*n.exprs[0]), n.line);
+    scopes_.emplace_back();
+    auto bind = [&](const Json& item) {
+      auto& scope = scopes_.back();
+      if (n.names.size() == 1) {
+        scope[n.names[0]] = Value{item};
+        return;
+      }
+      if (!item.is_array() || item.size() != n.names.size()) {
+        Fail(n.line,
+             absl::StrCat("cannot unpack ", ToJson(item), " into ", n.names.size(), " names"));
+      }
+      for (size_t k = 0; k < n.names.size(); ++k) scope[n.names[k]] = Value{item[k]};
+    };
+    if (n.exprs[1]) {  // `for x in xs if cond`: the loop sees only what passes
+      std::vector<Json> kept;
+      for (const Json& item : items) {
+        bind(item);
+        if (Truthy(Eval(*n.exprs[1]))) kept.push_back(item);
+      }
+      items = std::move(kept);
+    }
+    const int64_t length = static_cast<int64_t>(items.size());
+    for (int64_t k = 0; k < length; ++k) {
+      scopes_.back().clear();
+      bind(items[k]);
+      Json loop = {{"index", k + 1},         {"index0", k},
+                   {"revindex", length - k}, {"revindex0", length - k - 1},
+                   {"first", k == 0},        {"last", k == length - 1},
+                   {"length", length}};
+      loop["previtem"] = k > 0 ? items[k - 1] : Json();
+      loop["nextitem"] = k + 1 < length ? items[k + 1] : Json();
+      scopes_.back()["loop"] = Value{std::move(loop)};
+      Render(n.bodies[0], out);
+    }
+    scopes_.pop_back();
+    if (length == 0 && n.bodies.size() > 1) Render(n.bodies[1], out);
+  }
+
+  Value Eval(const Expr& e) {
+    switch (e.kind) {
+      case Expr::kLiteral:
+        return Value{e.value};
+      case Expr::kName:
+      case Expr::kAttr:
+      case Expr::kIndex: {
+        if (const Ref r = Resolve(e); r.resolved)
+          return r.json ? Value{*r.json} : Value::Undefined();
+        const Value base = Eval(*e.args[0]);
+        return GetItem(base, e.kind == Expr::kAttr ? Json(e.name) : Eval(*e.args[1]).json, e.line);
+      }
+      case Expr::kSlice:
+        return Slice(e);
+      case Expr::kCall:
+        return Call(e);
+      case Expr::kFilter:
+        return Filter(e);
+      case Expr::kTest: {
+        const bool result = Test(e.name, Eval(*e.args[0]),
+                                 e.args.size() > 1 ? Eval(*e.args[1]) : Value::Undefined(), e.line);
+        return Value{result != e.negated};
+      }
+      case Expr::kNot:
+        return Value{!Truthy(Eval(*e.args[0]))};
+      case Expr::kNeg: {
+        const Value v = Eval(*e.args[0]);
+        if (IsInt(v.json)) return Value{-v.json.get<int64_t>()};
+        if (v.json.is_number()) return Value{-v.json.get<double>()};
+        Fail(e.line, "'-' of a value that is not a number");
+      }
+      case Expr::kAnd: {
+        Value a = Eval(*e.args[0]);
+        return Truthy(a) ? Eval(*e.args[1]) : a;
+      }
+      case Expr::kOr: {
+        Value a = Eval(*e.args[0]);
+        return Truthy(a) ? a : Eval(*e.args[1]);
+      }
+      case Expr::kTernary:
+        if (Truthy(Eval(*e.args[1]))) return Eval(*e.args[0]);
+        return e.args[2] ? Eval(*e.args[2]) : Value::Undefined();
+      case Expr::kBinary:
+        return BinaryOp(e.name, Eval(*e.args[0]), Eval(*e.args[1]), e.line);
+      case Expr::kList: {
+        Json list = Json::array();
+        for (const auto& x : e.args) list.push_back(Eval(*x).json);
+        return Value{std::move(list)};
+      }
+      case Expr::kDict: {
+        Json dict = Json::object();
+        for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
+          dict[ToString(Eval(*e.args[k]))] = Eval(*e.args[k + 1]).json;
+        }
+        return Value{std::move(dict)};
+      }
+    }
+    Fail(e.line, "bad expression");
+  }
+
+  // A chain of names, attributes and items resolved in place, so that
+  // `messages[i].content` copies the content, not `messages`.
+  struct Ref {
+    bool resolved = false;       // false: not such a chain (or a string index)
+    const Json* json = nullptr;  // nullptr: undefined
+  };
+  Ref Resolve(const Expr& e) {
+    if (e.kind == Expr::kName) {
+      const Value* v = Lookup(e.name);
+      return {true, v && !v->undefined ? &v->json : nullptr};
+    }
+    if (e.kind != Expr::kAttr && e.kind != Expr::kIndex) return {};
+    const Ref base = Resolve(*e.args[0]);
+    if (!base.resolved || (base.json && base.json->is_string())) return {};
+    if (!base.json) return {true, nullptr};
+    const Json key = e.kind == Expr::kAttr ? Json(e.name) : Eval(*e.args[1]).json;
+    if (e.kind == Expr::kIndex && base.json->is_array() && key.is_string()) return {};
+    return {true, Item(*base.json, key, e.line)};
+  }
+
+  Value Slice(const Expr& e) {
+    const Value v = Eval(*e.args[0]);
+    auto bound = [&](int k) -> std::optional<int64_t> {
+      if (!e.args[k]) return std::nullopt;
+      const Value b = Eval(*e.args[k]);
+      if (b.undefined || b.json.is_null()) return std::nullopt;
+      if (!IsInt(b.json)) Fail(e.line, "a slice bound is not an integer");
+      return b.json.get<int64_t>();
+    };
+    const std::optional<int64_t> start = bound(1), stop = bound(2), step_opt = bound(3);
+    const int64_t step = step_opt.value_or(1);
+    if (step == 0) Fail(e.line, "slice step is zero");
+    const bool is_string = v.json.is_string();
+    if (!is_string && !v.json.is_array())
+      Fail(e.line, "cannot slice a value that is not a list or string");
+    const std::vector<std::string> chars =
+        is_string ? Chars(v.json.get<std::string>()) : std::vector<std::string>();
+    const int64_t size = static_cast<int64_t>(is_string ? chars.size() : v.json.size());
+    // Python's slice.indices().
+    auto clamp = [&](std::optional<int64_t> x, int64_t dflt) {
+      if (!x) return dflt;
+      int64_t k = *x < 0 ? *x + size : *x;
+      if (step > 0) return std::clamp<int64_t>(k, 0, size);
+      return std::clamp<int64_t>(k, -1, size - 1);
+    };
+    const int64_t lo = clamp(start, step > 0 ? 0 : size - 1);
+    const int64_t hi = clamp(stop, step > 0 ? size : -1);
+    Json out = is_string ? Json("") : Json::array();
+    std::string s;
+    for (int64_t k = lo; step > 0 ? k < hi : k > hi; k += step) {
+      if (is_string) {
+        s += chars[static_cast<size_t>(k)];
+      } else {
+        out.push_back(v.json[static_cast<size_t>(k)]);
+      }
+    }
+    return is_string ? Value{s} : Value{out};
+  }
+
+  std::vector<Value> Args(const Expr& e, size_t from) {
+    std::vector<Value> args;
+    for (size_t k = from; k < e.args.size(); ++k) args.push_back(Eval(*e.args[k]));
+    return args;
+  }
+
+  Value Call(const Expr& e) {
+    const Expr& callee = *e.args[0];
+    std::vector<Value> args = Args(e, 1);
+    if (callee.kind == Expr::kName) {
+      if (callee.name == "raise_exception") {
+        Fail(e.line, absl::StrCat("raise_exception: ", args.empty() ? "" : ToString(args[0])));
+      }
+      if (callee.name == "namespace") {
+        Json ns = Json::object();
+        for (const auto& [k, x] : e.kwargs) ns[k] = Eval(*x).json;
+        return Value{std::move(ns)};
+      }
+      if (callee.name == "range") {
+        std::vector<int64_t> b;
+        for (const Value& a : args) {
+          if (!IsInt(a.json)) Fail(e.line, "range() of a value that is not an integer");
+          b.push_back(a.json.get<int64_t>());
+        }
+        if (b.empty() || b.size() > 3) Fail(e.line, "range() takes 1 to 3 arguments");
+        const int64_t start = b.size() > 1 ? b[0] : 0, stop = b.size() > 1 ? b[1] : b[0];
+        const int64_t step = b.size() > 2 ? b[2] : 1;
+        if (step == 0) Fail(e.line, "range() step is zero");
+        Json out = Json::array();
+        for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(k);
+        return Value{std::move(out)};
+      }
+      Unsupported(e.line, absl::StrCat("the function '", callee.name, "'"));
+    }
+    if (callee.kind != Expr::kAttr) Fail(e.line, "call of something that is not a function");
+    const Value self = Eval(*callee.args[0]);
+    const std::string& m = callee.name;
+    auto str_arg = [&](size_t k) -> std::optional<std::string> {
+      if (k >= args.size() || args[k].json.is_null()) return std::nullopt;
+      return ToString(args[k]);
+    };
+    if (self.json.is_string()) {
+      const std::string& s = self.json.get_ref<const std::string&>();
+      if (m == "strip") return Value{Strip(s, true, true, str_arg(0))};
+      if (m == "lstrip") return Value{Strip(s, true, false, str_arg(0))};
+      if (m == "rstrip") return Value{Strip(s, false, true, str_arg(0))};
+      if (m == "upper") return Value{absl::AsciiStrToUpper(s)};
+      if (m == "lower") return Value{absl::AsciiStrToLower(s)};
+      if (m == "title") return Value{Title(s)};
+      if (m == "startswith" && str_arg(0)) return Value{s.starts_with(*str_arg(0))};
+      if (m == "endswith" && str_arg(0)) return Value{s.ends_with(*str_arg(0))};
+      if (m == "replace" && args.size() == 2) {
+        return Value{absl::StrReplaceAll(s, {{ToString(args[0]), ToString(args[1])}})};
+      }
+      if (m == "split") {
+        Json out = Json::array();
+        if (str_arg(0)) {
+          for (auto part : absl::StrSplit(s, *str_arg(0))) out.push_back(std::string(part));
+        } else {
+          for (auto part : absl::StrSplit(s, absl::ByAnyChar(" \t\n\r\f\v"), absl::SkipEmpty())) {
+            out.push_back(std::string(part));
+          }
+        }
+        return Value{std::move(out)};
+      }
+    }
+    if (self.json.is_object()) {
+      if (m == "items" || m == "keys" || m == "values") {
+        Json out = Json::array();
+        for (const auto& [k, x] : self.json.items()) {
+          out.push_back(m == "items" ? Json::array({k, x}) : m == "keys" ? Json(k) : x);
+        }
+        return Value{std::move(out)};
+      }
+      if (m == "get" && !args.empty()) {
+        Value v = GetItem(self, args[0].json, e.line);
+        return v.undefined ? (args.size() > 1 ? args[1] : Value{nullptr}) : v;
+      }
+    }
+    Unsupported(e.line, absl::StrCat("the method '", m, "'"));
+  }
+
+  Value Filter(const Expr& e) {
+    const Value v = Eval(*e.args[0]);
+    std::vector<Value> args = Args(e, 1);
+    const std::string& f = e.name;
+    auto kwarg = [&](const std::string& name) -> std::optional<Value> {
+      for (const auto& [k, x] : e.kwargs) {
+        if (k == name) return Eval(*x);
+      }
+      return std::nullopt;
+    };
+    if (f == "default" || f == "d") {
+      const bool boolean = args.size() > 1 && Truthy(args[1]);
+      if (v.undefined || (boolean && !Truthy(v))) return args.empty() ? Value{""} : args[0];
+      return v;
+    }
+    if (f == "length" || f == "count") {
+      if (v.json.is_string())
+        return Value{static_cast<int64_t>(Chars(v.json.get<std::string>()).size())};
+      if (v.json.is_array() || v.json.is_object())
+        return Value{static_cast<int64_t>(v.json.size())};
+      Fail(e.line, "length of a value that is neither a string nor a collection");
+    }
+    if (f == "string") return Value{ToString(v)};
+    if (f == "tojson") {
+      for (const auto& [k, x] : e.kwargs) {
+        if (k != "indent" && k != "sort_keys")
+          Unsupported(e.line, absl::StrCat("tojson(", k, "=)"));
+      }
+      const std::optional<Value> indent = args.empty() ? kwarg("indent") : args[0];
+      if (indent && !indent->undefined && !indent->json.is_null() && !IsInt(indent->json)) {
+        Fail(e.line, "tojson indent is not an integer");
+      }
+      const std::optional<Value> sort_keys = kwarg("sort_keys");
+      return Value{ToJson(v.json, indent && IsInt(indent->json) ? indent->json.get<int>() : -1,
+                          sort_keys && Truthy(*sort_keys))};
+    }
+    if (f == "trim") return Value{Strip(ToString(v), true, true, std::nullopt)};
+    if (f == "lower") return Value{absl::AsciiStrToLower(ToString(v))};
+    if (f == "upper") return Value{absl::AsciiStrToUpper(ToString(v))};
+    if (f == "title") return Value{Title(ToString(v))};
+    if (f == "capitalize") {
+      std::string s = absl::AsciiStrToLower(ToString(v));
+      if (!s.empty()) s[0] = absl::ascii_toupper(s[0]);
+      return Value{s};
+    }
+    if (f == "replace" && args.size() == 2) {
+      return Value{absl::StrReplaceAll(ToString(v), {{ToString(args[0]), ToString(args[1])}})};
+    }
+    if (f == "int") {
+      if (IsInt(v.json)) return v;
+      if (v.json.is_number()) return Value{static_cast<int64_t>(v.json.get<double>())};
+      int64_t x = 0;
+      return Value{absl::SimpleAtoi(ToString(v), &x) ? x : 0};
+    }
+    if (f == "items") {
+      if (!v.json.is_object()) Fail(e.line, "items of a value that is not a mapping");
+      Json out = Json::array();
+      for (const auto& [k, x] : v.json.items()) out.push_back(Json::array({k, x}));
+      return Value{std::move(out)};
+    }
+    std::vector<Json> items = Items(v, e.line);
+    if (f == "list") return Value{Json(items)};
+    if (f == "first") return items.empty() ? Value::Undefined() : Value{items.front()};
+    if (f == "last") return items.empty() ? Value::Undefined() : Value{items.back()};
+    if (f == "reverse") {
+      if (v.json.is_string()) {
+        std::vector<std::string> chars = Chars(v.json.get<std::string>());
+        std::reverse(chars.begin(), chars.end());
+        return Value{absl::StrJoin(chars, "")};
+      }
+      std::reverse(items.begin(), items.end());
+      return Value{Json(items)};
+    }
+    if (f == "join") {
+      std::vector<std::string> parts;
+      for (const Json& x : items) parts.push_back(ToString(Value{x}));
+      return Value{absl::StrJoin(parts, args.empty() ? "" : ToString(args[0]))};
+    }
+    if (f == "selectattr" || f == "rejectattr") {
+      if (args.empty()) Fail(e.line, absl::StrCat(f, " needs an attribute"));
+      const Json attr = args[0].json;
+      Json out = Json::array();
+      for (const Json& x : items) {
+        const Value a = GetItem(Value{x}, attr, e.line);
+        const bool pass =
+            args.size() > 1
+                ? Test(ToString(args[1]), a, args.size() > 2 ? args[2] : Value::Undefined(), e.line)
+                : Truthy(a);
+        if (pass == (f == "selectattr")) out.push_back(x);
+      }
+      return Value{std::move(out)};
+    }
+    if (f == "map") {
+      const std::optional<Value> attr = kwarg("attribute");
+      if (!attr) Unsupported(e.line, "map() without attribute=");
+      Json out = Json::array();
+      for (const Json& x : items) {
+        Value a = GetItem(Value{x}, attr->json, e.line);
+        if (a.undefined) a = kwarg("default").value_or(Value{nullptr});
+        out.push_back(a.json);
+      }
+      return Value{std::move(out)};
+    }
+    Unsupported(e.line, absl::StrCat("the filter '", f, "' here"));
+  }
+
+  bool Test(const std::string& t, const Value& v, const Value& arg, int line) {
+    const Json& j = v.json;
+    if (t == "defined") return !v.undefined;
+    if (t == "undefined") return v.undefined;
+    if (v.undefined) return false;
+    if (t == "none") return j.is_null();
+    if (t == "string") return j.is_string();
+    if (t == "number") return j.is_number();
+    if (t == "integer") return IsInt(j);
+    if (t == "boolean") return j.is_boolean();
+    if (t == "true") return j.is_boolean() && j.get<bool>();
+    if (t == "false") return j.is_boolean() && !j.get<bool>();
+    if (t == "mapping") return j.is_object();
+    if (t == "sequence" || t == "iterable") return j.is_array() || j.is_string() || j.is_object();
+    if (t == "equalto" || t == "eq" || t == "==") return !arg.undefined && j == arg.json;
+    if (t == "ne" || t == "!=") return arg.undefined || j != arg.json;
+    if (t == "odd" || t == "even") {
+      if (!IsInt(j)) Fail(line, absl::StrCat("'", t, "' of a value that is not an integer"));
+      return (j.get<int64_t>() % 2 != 0) == (t == "odd");
+    }
+    if (t == "in") return Contains(arg, v, line);
+    Unsupported(line, absl::StrCat("the test '", t, "'"));
+  }
+
+  std::vector<std::map<std::string, Value>> scopes_;
+};
+
+}  // namespace
+
+std::string RenderTemplate(const NodeList& nodes, const ChatTemplateInputs& inputs) {
+  std::string out;
+  Renderer(inputs).Render(nodes, out);
+  return out;
+}
+
+}  // namespace tandem::tokenizer::internal::jinja
