@@ -65,6 +65,7 @@ wait_port() {  # file pid name
 
 echo "== starting tandem-kvstore (data $RUN_DIR/kvstore)"
 "$KVSTORE" --data-dir "$RUN_DIR/kvstore" --listen 127.0.0.1:0 --port-file "$RUN_DIR/kvstore.port" \
+  --local-socket "$RUN_DIR/kvstore.sock" \
   > "$RUN_DIR/kvstore.log" 2>&1 &
 PIDS+=($!)
 KVADDR="127.0.0.1:$(wait_port "$RUN_DIR/kvstore.port" "${PIDS[0]}" kvstore)"

@@ -57,6 +57,90 @@ void BulkConnectionPool::Clear() {
   }
 }
 
+LoadAnswer ReadLoadAnswer(rpc::FramedSocket* sock, const v1::LoadRequest& req,
+                          std::span<const std::span<uint8_t>> dst,
+                          std::span<const std::byte> shared) {
+  const size_t n = dst.size();
+  LoadAnswer a;
+  a.results.resize(n);  // kFailed until answered
+  v1::LoadRequest report;  // blocks that failed our checksum
+  std::vector<bool> answered(n, false);
+  absl::Status& io = a.io;
+  io = sock->Write(req);
+  v1::BulkLoadFrame frame;
+  while (io.ok() && !a.done) {
+    io = sock->Read(&frame, kMaxFrameBytes);
+    if (!io.ok()) break;
+    if (frame.done()) {
+      a.done = true;
+      a.done_status = absl::Status(static_cast<absl::StatusCode>(frame.status_code()),
+                                   frame.status_message());
+      break;
+    }
+    const v1::LoadChunk& c = frame.chunk();
+    const int64_t i = c.block_index();
+    const bool valid = i >= 0 && static_cast<size_t>(i) < n && !answered[i];
+    if (valid) {
+      answered[i] = true;
+      ++a.finished;
+    }
+    if (!c.ok()) {
+      if (valid) {
+        a.results[i].miss = c.miss_reason() == v1::MISS_REASON_CHECKSUM ? LoadMiss::kChecksum
+                                                                         : LoadMiss::kNotFound;
+      }
+      continue;
+    }
+    uint32_t crc = 0;
+    if (c.in_shared_memory()) {
+      // Bytes in the store's shared memory, pinned until our next request:
+      // copied out (and checksummed) here.
+      if (!valid || c.total_size() != dst[i].size() || c.shared_offset() > shared.size() ||
+          c.total_size() > shared.size() - c.shared_offset()) {
+        continue;  // kFailed
+      }
+      const auto* src = reinterpret_cast<const uint8_t*>(shared.data() + c.shared_offset());
+      std::memcpy(dst[i].data(), src, dst[i].size());
+      crc = kvstore::Crc32cExtend(0, dst[i].data(), dst[i].size());
+    } else {
+      if (!valid || c.total_size() != dst[i].size()) {
+        io = sock->Skip(c.total_size());  // kFailed; the framing survives
+        continue;
+      }
+      // Checksummed piece by piece as it arrives, while in cache.
+      io = sock->ReadRaw(dst[i], [&](std::span<const uint8_t> piece) {
+        crc = kvstore::Crc32cExtend(crc, piece.data(), piece.size());
+      });
+      if (!io.ok()) break;
+    }
+    if (crc == c.checksum()) {
+      a.results[i].miss = LoadMiss::kNone;
+    } else {
+      // The store sent the bytes unverified: they are not handed out, and
+      // the store is told, so it checks the block and drops it.
+      a.results[i].miss = LoadMiss::kChecksum;
+      std::memset(dst[i].data(), 0, dst[i].size());
+      *report.add_corrupt_block_hashes() = req.block_hashes(static_cast<int>(i));
+    }
+  }
+  if (a.done && report.corrupt_block_hashes_size() > 0) {
+    TANDEM_LOG(WARNING) << "KV-store load: " << report.corrupt_block_hashes_size()
+                        << " block(s) failed their checksum; reported to the store";
+    report.set_namespace_(req.namespace_());
+    absl::Status r = sock->Write(report);
+    while (r.ok() && (r = sock->Read(&frame, kMaxFrameBytes)).ok() && !frame.done()) {
+    }
+    if (!r.ok()) {
+      TANDEM_LOG(WARNING) << "KV-store load: reporting corrupt blocks failed: " << r;
+      a.reported_broke = true;
+    } else if (frame.status_code() != 0) {
+      TANDEM_LOG(WARNING) << "KV-store load: the store refused the corrupt-block report: "
+                          << frame.status_message();
+    }
+  }
+  return a;
+}
+
 uint64_t BulkLoadClient::loads() const {
   std::lock_guard<std::mutex> lock(mu_);
   return loads_;
@@ -135,7 +219,6 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
   rpc::AppendBlockHashes(hashes, req.mutable_block_hashes());
   req.set_lease_id(lease.value());
   if (req.ByteSizeLong() > rpc::kKvBulkLoadMaxRequestBytes) return std::nullopt;
-  const size_t n = hashes.size();
 
   bool asked_again = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -158,81 +241,16 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
       return std::nullopt;
     }
     const uint64_t received_before = sock->bytes_received();
-    std::vector<BlockLoadResult> results(n);  // kFailed until answered
-    v1::LoadRequest report;                   // blocks that failed our checksum
-    std::vector<bool> answered(n, false);
-    size_t finished = 0;
-    bool done = false;
-    absl::Status done_status;
-    absl::Status io = sock->Write(req);
-    v1::BulkLoadFrame frame;
-    while (io.ok() && !done) {
-      io = sock->Read(&frame, kMaxFrameBytes);
-      if (!io.ok()) break;
-      if (frame.done()) {
-        done = true;
-        done_status = absl::Status(static_cast<absl::StatusCode>(frame.status_code()),
-                                   frame.status_message());
-        break;
-      }
-      const v1::LoadChunk& c = frame.chunk();
-      const int64_t i = c.block_index();
-      const bool valid = i >= 0 && static_cast<size_t>(i) < n && !answered[i];
-      if (valid) {
-        answered[i] = true;
-        ++finished;
-      }
-      if (!c.ok()) {
-        if (valid) {
-          results[i].miss = c.miss_reason() == v1::MISS_REASON_CHECKSUM ? LoadMiss::kChecksum
-                                                                          : LoadMiss::kNotFound;
-        }
-        continue;
-      }
-      if (!valid || c.total_size() != dst[i].size()) {
-        io = sock->Skip(c.total_size());  // kFailed; the framing survives
-        continue;
-      }
-      // Checksummed piece by piece as it arrives, while in cache.
-      uint32_t crc = 0;
-      io = sock->ReadRaw(dst[i], [&](std::span<const uint8_t> piece) {
-        crc = kvstore::Crc32cExtend(crc, piece.data(), piece.size());
-      });
-      if (!io.ok()) break;
-      if (crc == c.checksum()) {
-        results[i].miss = LoadMiss::kNone;
-      } else {
-        // The store sent the bytes unverified: they are not handed out, and
-        // the store is told, so it checks the block and drops it.
-        results[i].miss = LoadMiss::kChecksum;
-        std::memset(dst[i].data(), 0, dst[i].size());
-        *report.add_corrupt_block_hashes() = req.block_hashes(static_cast<int>(i));
-      }
-    }
-    if (done && report.corrupt_block_hashes_size() > 0) {
-      TANDEM_LOG(WARNING) << "KV-store load: " << report.corrupt_block_hashes_size()
-                          << " block(s) failed their checksum; reported to the store";
-      report.set_namespace_(std::string(ns));
-      io = sock->Write(report);
-      while (io.ok() && (io = sock->Read(&frame, kMaxFrameBytes)).ok() && !frame.done()) {
-      }
-      if (!io.ok()) {
-        TANDEM_LOG(WARNING) << "KV-store load: reporting corrupt blocks failed: " << io;
-        return results;  // the connection is not reused
-      }
-      if (frame.status_code() != 0) {
-        TANDEM_LOG(WARNING) << "KV-store load: the store refused the corrupt-block report: "
-                            << frame.status_message();
-      }
-    }
-    if (done) {
+    LoadAnswer a = ReadLoadAnswer(sock.get(), req, dst);
+    if (a.reported_broke) return a.results;  // the connection is not reused
+    if (a.done) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++loads_;
       }
       pool_.Give(std::move(sock));
-      if (!done_status.ok() && finished == 0) return Annotate(done_status, "KV-store load");
-      return results;
+      if (!a.done_status.ok() && a.finished == 0) return Annotate(a.done_status, "KV-store load");
+      return a.results;
     }
     if (sock->bytes_received() == received_before) {
       // No answer at all. A pooled connection the store closed meanwhile:
@@ -245,10 +263,11 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
       MarkUnreachable();
       return std::nullopt;
     }
-    if (finished == 0) {
-      return absl::Status(io.code(), absl::StrCat("KV-store load (bulk load port): ", io.message()));
+    if (a.finished == 0) {
+      return absl::Status(a.io.code(),
+                          absl::StrCat("KV-store load (bulk load port): ", a.io.message()));
     }
-    return results;  // blocks not completed stay kFailed
+    return a.results;  // blocks not completed stay kFailed
   }
   return std::nullopt;
 }

@@ -36,9 +36,31 @@
 #include "tandem/rpc/framed_socket.h"
 #include "tandem/rpc/socket_tls.h"
 
+namespace tandem::v1 {
+class LoadRequest;
+}  // namespace tandem::v1
+
 namespace tandem::kvconnector {
 
 class BulkLoadClient;
+
+// One load's answer on a bulk-port or local-socket connection.
+struct LoadAnswer {
+  std::vector<BlockLoadResult> results;  // kFailed where not answered
+  size_t finished = 0;                   // blocks answered (hit or miss)
+  bool done = false;                     // the done frame came
+  absl::Status done_status;              // its status
+  absl::Status io;                       // the connection's error, if it broke
+  // Reporting corrupt blocks broke the connection after the done frame.
+  bool reported_broke = false;
+};
+// Sends `req` and reads its answer into dst (one buffer per hash): payload
+// bytes from the socket, or, for a chunk in shared memory, from `shared`
+// (the store's hot tier, mapped). Verifies every block's CRC32C, zeroes and
+// reports (LoadRequest.corrupt_block_hashes) the ones that fail it.
+LoadAnswer ReadLoadAnswer(rpc::FramedSocket* sock, const v1::LoadRequest& req,
+                          std::span<const std::span<uint8_t>> dst,
+                          std::span<const std::byte> shared = {});
 
 // Idle connections of one kind (one preface) to the bulk port, kept for the
 // next call: the load and the store clients each keep one.

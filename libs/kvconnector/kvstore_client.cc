@@ -12,6 +12,7 @@
 #include "bulk_load_client.h"
 #include "bulk_lookup_client.h"
 #include "bulk_store_client.h"
+#include "local_load_client.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/impl/rpc_method.h"
@@ -193,7 +194,8 @@ class KvStoreClient::Impl {
         load_method_("/tandem.v1.KvStore/Load", grpc::internal::RpcMethod::SERVER_STREAMING,
                      channel_),
         bulk_(opts_, [this] { return BulkLoadPort(); }),
-        bulk_store_(opts_, &bulk_) {
+        bulk_store_(opts_, &bulk_),
+        local_(opts_.rpc_deadline_ms, [this] { return LocalSocket(); }) {
     if (opts_.release_batch_ms > 0) release_flusher_ = std::thread([this] { FlushReleases(); });
     if (opts_.bulk_lookup) {
       bulk_lookup_ =
@@ -363,6 +365,9 @@ class KvStoreClient::Impl {
     const size_t n = hashes.size();
     std::vector<BlockLoadResult> results(n);
     if (n == 0) return results;
+    if (opts_.bulk_load && opts_.local_load) {
+      if (auto r = local_.Load(ns, hashes, dst, lease)) return *std::move(r);
+    }
     if (opts_.bulk_load) {
       if (auto r = bulk_.Load(ns, hashes, dst, lease)) return *std::move(r);
     }
@@ -512,6 +517,7 @@ class KvStoreClient::Impl {
   }
 
   [[nodiscard]] uint64_t bulk_loads() const { return bulk_.loads(); }
+  [[nodiscard]] uint64_t local_loads() const { return local_.loads(); }
   [[nodiscard]] uint64_t bulk_stores() const { return bulk_store_.stores(); }
   [[nodiscard]] uint64_t bulk_lookups() const {
     return bulk_lookup_ ? bulk_lookup_->answered() : 0;
@@ -535,6 +541,12 @@ class KvStoreClient::Impl {
                             StatsRpc(std::min<int64_t>(opts_.rpc_deadline_ms, 5'000)));
     return resp.bulk_load_port();
   }
+  // The store's advertised local socket and its host id (empty: none).
+  absl::StatusOr<std::pair<std::string, std::string>> LocalSocket() {
+    TANDEM_ASSIGN_OR_RETURN(v1::StatsResponse resp,
+                            StatsRpc(std::min<int64_t>(opts_.rpc_deadline_ms, 5'000)));
+    return std::pair{resp.local_socket(), resp.host_id()};
+  }
 
   const KvStoreClientOptions opts_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -546,6 +558,7 @@ class KvStoreClient::Impl {
   std::vector<std::shared_ptr<void>> graveyard_;
   BulkLoadClient bulk_;
   BulkStoreClient bulk_store_;  // finds the port through bulk_
+  LocalLoadClient local_;
   // ReleaseAsync batching (release_batch_ms).
   std::mutex release_mu_;
   std::condition_variable release_cv_;
@@ -591,6 +604,7 @@ absl::StatusOr<bool> KvStoreClient::CreateNamespace(const kvstore::NamespaceSpec
 }
 absl::StatusOr<kvstore::KvStoreStats> KvStoreClient::Stats() { return impl_->Stats(); }
 uint64_t KvStoreClient::bulk_loads() const { return impl_->bulk_loads(); }
+uint64_t KvStoreClient::local_loads() const { return impl_->local_loads(); }
 uint64_t KvStoreClient::bulk_stores() const { return impl_->bulk_stores(); }
 uint64_t KvStoreClient::bulk_lookups() const { return impl_->bulk_lookups(); }
 bool KvStoreClient::bulk_lookup_connected() const { return impl_->bulk_lookup_connected(); }

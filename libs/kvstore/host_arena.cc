@@ -25,7 +25,8 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOpti
       arena->memory_, PinnedBuffer::Allocate(arena->slot_bytes_ * arena->num_slots_,
                                              {.use_cuda_host_alloc = options.use_cuda_host_alloc,
                                               .lock = options.lock_memory,
-                                              .what = "hot tier"}));
+                                              .what = "hot tier",
+                                              .shareable = options.shareable}));
   return arena;
 }
 

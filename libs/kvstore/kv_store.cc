@@ -567,6 +567,9 @@ absl::StatusOr<ReadResult> KvStoreEngine::ReadInto(std::string_view ns, const Bl
   return r;
 }
 KvStoreStats KvStoreEngine::GetStats() const { return impl_->GetStats(); }
+KvStoreEngine::HotTierMemory KvStoreEngine::hot_tier_memory() const {
+  return {.bytes = impl_->arena().memory(), .fd = impl_->arena().fd()};
+}
 const KvStoreOptions& KvStoreEngine::options() const { return impl_->options(); }
 
 }  // namespace tandem::kvstore

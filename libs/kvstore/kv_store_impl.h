@@ -120,6 +120,7 @@ class KvStoreEngine::Impl {
   absl::Status CorruptCold(std::string_view ns, const BlockHash& hash, uint64_t offset);
 
   const KvStoreOptions& options() const { return opts_; }
+  const HostArena& arena() const { return *arena_; }
 
  private:
   // A read-pinned entry and what a reader needs of it, copied under mu_.

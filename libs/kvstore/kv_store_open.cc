@@ -89,7 +89,8 @@ absl::Status Impl::Init() {
                                        ? opts_.hot_capacity_bytes / opts_.hot_slot_bytes
                                        : 0,
                       .use_cuda_host_alloc = opts_.use_cuda_host_alloc,
-                      .lock_memory = opts_.lock_hot_memory};
+                      .lock_memory = opts_.lock_hot_memory,
+                      .shareable = opts_.share_hot_tier};
   TANDEM_ASSIGN_OR_RETURN(arena_, HostArena::Create(ao));
   for (int64_t i = static_cast<int64_t>(arena_->num_slots()) - 1; i >= 0; --i) {
     free_slots_.push_back(i);

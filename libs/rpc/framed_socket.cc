@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -213,6 +215,94 @@ absl::StatusOr<std::unique_ptr<FramedSocket>> FramedSocket::Connect(const std::s
   }
   freeaddrinfo(addrs);
   return absl::UnavailableError(absl::StrCat("connecting to ", host, ":", port, ": ", last_error));
+}
+
+absl::StatusOr<std::unique_ptr<FramedSocket>> FramedSocket::ConnectUnix(const std::string& path,
+                                                                        int64_t timeout_ms) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix socket path \"", path, "\" is empty or too long"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  auto sock = std::make_unique<FramedSocket>(fd);
+  sock->SetTimeouts(timeout_ms, timeout_ms);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    return absl::UnavailableError(absl::StrCat("connecting to ", path, ": ", std::strerror(errno)));
+  }
+  return sock;
+}
+
+absl::Status FramedSocket::SendWithFd(std::span<const uint8_t> bytes, int fd) {
+  if (tls_ != nullptr) return absl::FailedPreconditionError("SendWithFd under TLS");
+  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  ssize_t w;
+  do {
+    w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+  } while (w < 0 && errno == EINTR);
+  if (w < 0) return SendError("sending a descriptor");
+  if (static_cast<size_t>(w) != bytes.size()) {
+    // The descriptor went with the first byte; the rest as plain bytes.
+    return WriteRaw(bytes.subspan(static_cast<size_t>(w)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FramedSocket::ReceiveWithFd(std::span<uint8_t> bytes, int* fd) {
+  *fd = -1;
+  if (tls_ != nullptr) return absl::FailedPreconditionError("ReceiveWithFd under TLS");
+  iovec iov{bytes.data(), bytes.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t r;
+  do {
+    r = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+  } while (r < 0 && errno == EINTR);
+  if (r <= 0) return RecvError(r, "receiving a descriptor", false);
+  bytes_received_ += static_cast<uint64_t>(r);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+        c->cmsg_len == CMSG_LEN(sizeof(int))) {
+      std::memcpy(fd, CMSG_DATA(c), sizeof *fd);
+    }
+  }
+  if (static_cast<size_t>(r) < bytes.size()) {
+    absl::Status s = ReadRaw(bytes.subspan(static_cast<size_t>(r)));
+    if (!s.ok() && *fd >= 0) close(std::exchange(*fd, -1));
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+std::string LocalHostId() {
+  char buf[64] = {};
+  const int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  std::string id(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return id;
 }
 
 void FramedSocket::SetTimeouts(int64_t send_ms, int64_t receive_ms) {

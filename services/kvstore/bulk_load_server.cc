@@ -62,8 +62,8 @@ absl::StatusOr<std::pair<int, int>> Listen(const std::string& host, int port) {
       absl::StrCat("bulk load port: cannot listen on ", host, ":", port, ": ", error));
 }
 
-// Sends a load's final frame carrying `status`; false when the connection
-// broke.
+}  // namespace
+
 bool SendDone(rpc::FramedSocket* sock, const absl::Status& status) {
   v1::BulkLoadFrame done;
   done.set_done(true);
@@ -72,7 +72,6 @@ bool SendDone(rpc::FramedSocket* sock, const absl::Status& status) {
   return sock->Write(done).ok();
 }
 
-}  // namespace
 
 absl::Status BulkLoadServerOptions::Validate() const {
   if (port < 0 || port > 65535) {
@@ -92,6 +91,7 @@ absl::Status BulkLoadServerOptions::Validate() const {
 
 struct BulkLoadServer::Connection {
   std::unique_ptr<rpc::FramedSocket> sock;
+  bool local = false;  // accepted on the local socket
   rpc::CallerRole role = rpc::CallerRole::kUnverified;
   std::thread thread;
   std::atomic<bool> finished{false};
@@ -106,6 +106,14 @@ absl::StatusOr<std::unique_ptr<BulkLoadServer>> BulkLoadServer::Start(
   if (options.tls.enabled()) {
     TANDEM_ASSIGN_OR_RETURN(server->tls_, rpc::SocketTlsContext::Create(
                                               options.tls, rpc::SocketTlsContext::Side::kServer));
+  }
+  if (!options.local_socket.empty()) {
+    if (store->hot_tier_memory().fd < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "local socket ", options.local_socket,
+          ": the store's hot tier is not shared memory (KvStoreOptions.share_hot_tier) or is off"));
+    }
+    TANDEM_ASSIGN_OR_RETURN(server->local_fd_, ListenLocal(options.local_socket));
   }
   if (pipe2(server->wake_pipe_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("bulk load port: pipe: ", std::strerror(errno)));
@@ -143,6 +151,10 @@ void BulkLoadServer::Shutdown() {
   if (acceptor_.joinable()) acceptor_.join();
   // New connections are refused from here on (clients then use gRPC).
   close(listen_fd_);
+  if (local_fd_ >= 0) {
+    close(local_fd_);
+    unlink(options_.local_socket.c_str());
+  }
   std::list<std::unique_ptr<Connection>> conns;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -176,6 +188,8 @@ BulkLoadServerStats BulkLoadServer::GetStats() const {
   s.stores = stores_.load();
   s.blocks_stored = blocks_stored_.load();
   s.bytes_stored = bytes_stored_.load();
+  s.local_loads = local_loads_.load();
+  s.blocks_shared = blocks_shared_.load();
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& c : connections_) s.connections_open += c->finished.load() ? 0 : 1;
   return s;
@@ -183,14 +197,16 @@ BulkLoadServerStats BulkLoadServer::GetStats() const {
 
 void BulkLoadServer::AcceptLoop() {
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_pipe_[0], POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    pollfd fds[3] = {
+        {wake_pipe_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}, {local_fd_, POLLIN, 0}};
+    if (poll(fds, local_fd_ >= 0 ? 3 : 2, -1) < 0) {
       if (errno == EINTR) continue;
       TANDEM_LOG(ERROR) << "bulk load port: poll: " << std::strerror(errno);
       return;
     }
-    if (fds[1].revents != 0) return;  // Shutdown()
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fds[0].revents != 0) return;  // Shutdown()
+    const bool local = fds[1].revents == 0;
+    const int fd = accept4(local ? local_fd_ : listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
         TANDEM_LOG(WARNING) << "bulk load port: accept: " << std::strerror(errno);
@@ -206,6 +222,7 @@ void BulkLoadServer::AcceptLoop() {
     }
     ++accepted_;
     auto conn = std::make_unique<Connection>();
+    conn->local = local;
     conn->sock = std::make_unique<rpc::FramedSocket>(fd);
     conn->sock->SetTimeouts(options_.io_timeout_ms, options_.idle_timeout_ms);
     Connection* raw = conn.get();
@@ -248,6 +265,10 @@ absl::Status BulkLoadServer::Authorize(const Connection& conn, std::string_view 
 
 void BulkLoadServer::Serve(Connection* conn) {
   rpc::FramedSocket* sock = conn->sock.get();
+  if (conn->local) {
+    ServeLocal(sock);
+    return;
+  }
   if (tls_ != nullptr && !StartTls(conn).ok()) return;
   uint8_t preface[rpc::kKvBulkLoadPreface.size()];
   if (!sock->ReadRaw(preface).ok()) return;
@@ -311,7 +332,8 @@ void BulkLoadServer::ServeLookups(rpc::FramedSocket* sock, const absl::Status& a
   }
 }
 
-bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request) {
+bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request,
+                               LeaseId* shared_lease) {
   ++loads_;
   LoadScope scope(store_, request);  // releases the lease however the load ends
   auto send_done = [&](const absl::Status& status) {
@@ -320,6 +342,19 @@ bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& r
   };
   if (!scope.status().ok()) return send_done(scope.status());
   const std::vector<BlockHash>& hashes = scope.hashes();
+  // The local socket: blocks [0, shared) are pinned, and those in the hot
+  // tier go by their place in `arena`.
+  size_t shared = 0;
+  std::span<const std::byte> arena;
+  if (shared_lease != nullptr && !hashes.empty()) {
+    ++local_loads_;
+    absl::StatusOr<kvstore::LookupResult> pinned = store_->Lookup(
+        request.namespace_(), hashes, {.take_lease = true, .stage_to_hot = true});
+    if (!pinned.ok()) return send_done(Annotate(pinned.status(), "pinning the blocks"));
+    *shared_lease = pinned->lease;
+    shared = static_cast<size_t>(pinned->num_hits);
+    arena = store_->hot_tier_memory().bytes;
+  }
   v1::BulkLoadFrame frame;
   for (size_t i = 0; i < hashes.size(); ++i) {
     frame.Clear();
@@ -337,6 +372,14 @@ bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& r
           chunk->set_ok(true);
           chunk->set_total_size(data.size());
           chunk->set_checksum(checksum);
+          const auto* p = reinterpret_cast<const std::byte*>(data.data());
+          if (i < shared && p >= arena.data() && p + data.size() <= arena.data() + arena.size()) {
+            chunk->set_in_shared_memory(true);
+            chunk->set_shared_offset(static_cast<uint64_t>(p - arena.data()));
+            sent = sock->Write(frame);
+            if (sent.ok()) ++blocks_shared_;
+            return;
+          }
           sent = sock->Write(frame, data);
           if (sent.ok()) {
             ++blocks_sent_;

@@ -84,6 +84,27 @@
 // block pinned; a connection idle for idle_timeout_ms between loads is
 // closed.
 //
+// Local socket: with BulkLoadServerOptions::local_socket set (and the hot
+// tier shared: KvStoreOptions::share_hot_tier), the server also listens on
+// that Unix-domain path (created mode 0600: the store's user only) for loads
+// that read the hot tier in place. A connection opens with the preface
+// "TKVSHM01" (rpc::kKvLocalLoadPreface); the server answers with 8 bytes,
+// the hot tier's size (little-endian), sent with the tier's memfd
+// (SCM_RIGHTS), which the client maps read-only. Loads then go as on the
+// bulk port (LoadRequest, one BulkLoadFrame per block, a done frame), except
+// that the server first pins the request's leading hits under a lease of its
+// own (a Lookup that stages cold hits into the hot tier), and each pinned
+// block in the hot tier is answered with chunk.in_shared_memory and its
+// shared_offset instead of payload bytes: the client copies it out of the
+// mapping (to a GPU, or to its staging memory) and verifies the CRC32C
+// itself. Other blocks come inline as on the bulk port. The pins hold until
+// the client's next frame on the connection (it sends an empty LoadRequest,
+// answered with a done frame, once it has copied the blocks) or until the
+// connection ends. The socket's file permissions are its access control:
+// it does not speak TLS and checks no role. The KV client uses it when the
+// store advertises it (StatsResponse.local_socket) with its own host id
+// (the kernel's boot id), and falls back to the bulk port otherwise.
+//
 // TLS: a store with TLS (--tls-cert) serves this port under TLS too, with
 // the gRPC port's files, reloads and roles (rpc/socket_tls.h): the client
 // starts the handshake before the preface. Under mutual TLS (--tls-ca) a
@@ -133,6 +154,10 @@ struct BulkLoadServerOptions {
   // blocks stored over this port.
   int32_t debug_corrupt_hot_every = 0;
   int32_t debug_corrupt_cold_every = 0;
+  // Unix-domain path of the local socket (see above); empty = none. Needs
+  // the store's hot tier shared (KvStoreOptions::share_hot_tier). A stale
+  // socket file at the path is replaced.
+  std::string local_socket;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -151,6 +176,8 @@ struct BulkLoadServerStats {
   uint64_t bytes_stored = 0;   // their payload bytes
   uint64_t blocks_sent = 0;  // payloads sent
   uint64_t bytes_sent = 0;   // payload bytes
+  uint64_t local_loads = 0;  // LoadRequests answered on the local socket
+  uint64_t blocks_shared = 0;  // blocks answered with their place in shared memory
 };
 
 class BulkLoadServer {
@@ -166,6 +193,8 @@ class BulkLoadServer {
 
   // The bound port.
   [[nodiscard]] int port() const { return port_; }
+  // The local socket's path; empty when there is none.
+  [[nodiscard]] const std::string& local_socket() const { return options_.local_socket; }
   // Stops accepting (closes the port), closes every connection (a load in progress ends with
   // a broken connection, which its client reports as failed blocks) and
   // joins the threads. Idempotent.
@@ -194,8 +223,15 @@ class BulkLoadServer {
   // The batch's error, or OK with one status per block in `response`.
   absl::Status AnswerStore(const v1::BulkStoreRequest& request, std::span<const uint8_t> payload,
                            v1::StoreResponse* response);
-  // Answers one request; false when the connection must be closed.
-  bool ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request);
+  // Answers one request; false when the connection must be closed. With
+  // `shared_lease` (the local socket), pins the request's leading hits
+  // under a lease it stores there, and answers those in the hot tier with
+  // their place in shared memory (local_load.cc).
+  bool ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request,
+                 LeaseId* shared_lease = nullptr);
+  // A local-socket connection (local_load.cc): sends the hot tier's memfd,
+  // then answers loads until the client closes.
+  void ServeLocal(rpc::FramedSocket* sock);
   // Joins and frees finished connections. Requires mu_.
   void ReapLocked();
 
@@ -203,6 +239,7 @@ class BulkLoadServer {
   const BulkLoadServerOptions options_;
   const int listen_fd_;
   const int port_;
+  int local_fd_ = -1;  // the local socket's listener, or -1
   std::shared_ptr<rpc::SocketTlsContext> tls_;  // null: plain TCP
   int wake_pipe_[2] = {-1, -1};  // Shutdown() wakes the acceptor through it
   std::thread acceptor_;
@@ -213,8 +250,16 @@ class BulkLoadServer {
 
   std::atomic<uint64_t> accepted_{0}, rejected_{0}, bad_prefaces_{0}, loads_{0}, lookups_{0},
       blocks_sent_{0}, bytes_sent_{0}, tls_failures_{0}, permission_denied_{0}, stores_{0},
-      blocks_stored_{0}, bytes_stored_{0}, debug_new_blocks_{0};
+      blocks_stored_{0}, bytes_stored_{0}, debug_new_blocks_{0}, local_loads_{0},
+      blocks_shared_{0};
   std::atomic<bool> logged_kernel_tls_{false};
 };
+
+// Sends a load's final frame carrying `status`; false when the connection
+// broke.
+bool SendDone(rpc::FramedSocket* sock, const absl::Status& status);
+// Listens on the Unix-domain path (mode 0600), replacing a stale socket
+// file; ALREADY_EXISTS when a live process serves it (local_load.cc).
+absl::StatusOr<int> ListenLocal(const std::string& path);
 
 }  // namespace tandem::kvstore_service

@@ -71,7 +71,12 @@ struct KvStoreMetrics::Series {
                                       "Bulk port connections closed by a failed TLS handshake")),
         bulk_permission_denied(
             &AddCounter(r, "tandem_kvstore_bulk_permission_denied_total",
-                        "Bulk port connections refused by the role check (mutual TLS)")) {}
+                        "Bulk port connections refused by the role check (mutual TLS)")),
+        local_loads(&AddCounter(r, "tandem_kvstore_local_loads_total",
+                                "Loads answered on the local socket (shared memory)")),
+        local_shared_blocks(&AddCounter(
+            r, "tandem_kvstore_local_shared_blocks_total",
+            "Blocks the local socket answered with their place in shared memory")) {}
 
   prometheus::Gauge& hot_blocks;
   prometheus::Gauge& hot_capacity_blocks;
@@ -86,7 +91,7 @@ struct KvStoreMetrics::Series {
       blocks_dropped_at_open, load_failures, leases_expired, promotions;
   prometheus::Family<prometheus::Counter>& evictions_family;
   MirroredCounter evictions_hot, evictions_cold, bulk_loads, bulk_lookups, bulk_sent_bytes,
-      bulk_rejected, bulk_tls_failures, bulk_permission_denied;
+      bulk_rejected, bulk_tls_failures, bulk_permission_denied, local_loads, local_shared_blocks;
   std::mutex mu;  // Update() may race with itself (two scrapes at once)
 };
 
@@ -134,6 +139,8 @@ void KvStoreMetrics::Update() {
   s_->bulk_rejected.Set(b.connections_rejected);
   s_->bulk_tls_failures.Set(b.tls_handshake_failures);
   s_->bulk_permission_denied.Set(b.permission_denied);
+  s_->local_loads.Set(b.local_loads);
+  s_->local_shared_blocks.Set(b.blocks_shared);
 }
 
 }  // namespace tandem::kvstore_service

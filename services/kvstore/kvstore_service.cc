@@ -267,6 +267,11 @@ grpc::Status KvStoreServiceImpl::Stats(grpc::ServerContext* ctx, const v1::Stats
     resp->set_bulk_lookups(b.lookups);
     resp->set_bulk_connections_open(b.connections_open);
     resp->set_bulk_stores(b.stores);
+    if (!options_.bulk_load->local_socket().empty()) {
+      resp->set_local_socket(options_.bulk_load->local_socket());
+      resp->set_host_id(rpc::LocalHostId());
+      resp->set_local_loads(b.local_loads);
+    }
   }
   return grpc::Status::OK;
 }

@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
   flags.Add("bulk-load-idle-timeout-ms", &bulk_options.idle_timeout_ms,
             "a bulk load connection idle this long between loads is closed (lookup connections "
             "stay open)");
+  flags.Add("local-socket", &bulk_options.local_socket,
+            "Unix-domain path where workers on this host read blocks in place from the hot "
+            "tier's shared memory (created mode 0600; needs the bulk load port and the hot "
+            "tier); empty: off");
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);
   flags.Add("drain-timeout-s", &drain_timeout_s,
@@ -122,7 +126,14 @@ int main(int argc, char** argv) {
       .store_to_hot = store_to_hot,
       .write_buffer_bytes = static_cast<uint64_t>(std::max<int64_t>(write_buffer_bytes, 0)),
       .min_free_disk_bytes = static_cast<uint64_t>(std::max<int64_t>(min_free_disk_bytes, 0)),
+      .share_hot_tier = !bulk_options.local_socket.empty(),
   };
+  if (!bulk_options.local_socket.empty() && bulk_load_listen == "off") {
+    return boot.Fail("--local-socket needs the bulk load port (--bulk-load-listen is off)");
+  }
+  if (!bulk_options.local_socket.empty() && hot_capacity_bytes == 0) {
+    return boot.Fail("--local-socket needs the hot tier (--hot-capacity-bytes is 0)");
+  }
   if (absl::Status s = options.Validate(); !s.ok()) return boot.Fail(s);
   kvstore_service::KvStoreServiceOptions service_options{
       .load_chunk_bytes = load_chunk_bytes,
@@ -176,7 +187,11 @@ int main(int argc, char** argv) {
   const int port = boot.port();
   TANDEM_LOG(INFO) << "tandem-kvstore serving on port " << port << " (data " << data_dir
                    << ", durability " << durability << ", bulk load port "
-                   << (bulk ? std::to_string(bulk->port()) : std::string("off")) << ", "
+                   << (bulk ? std::to_string(bulk->port()) : std::string("off"))
+                   << (bulk && !bulk->local_socket().empty()
+                           ? absl::StrCat(", local socket ", bulk->local_socket())
+                           : std::string())
+                   << ", "
                    << (tls.mutual()    ? "mutual TLS: roles enforced"
                        : tls.enabled() ? "TLS without client certificates: roles NOT enforced"
                                        : "plain text")

@@ -19,14 +19,17 @@ namespace tandem::testutil {
 inline constexpr uint64_t kBulkBlock = 64 << 10;
 inline constexpr uint64_t kBulkBigBlock = (5 << 20) / 2;  // 2.5 MiB: many reads per block
 
-// Opens a store in `dir` (32 MiB hot tier of 4 MiB slots, unlocked) with
-// the namespaces `namespaces` (name, block bytes).
+// Opens a store in `dir` (32 MiB hot tier of 4 MiB slots, unlocked, shared
+// memory with `share_hot_tier`) with the namespaces `namespaces` (name,
+// block bytes).
 inline absl::StatusOr<std::unique_ptr<kvstore::KvStoreEngine>> OpenBulkTestStore(
-    const std::string& dir, const std::vector<std::pair<std::string, uint64_t>>& namespaces) {
+    const std::string& dir, const std::vector<std::pair<std::string, uint64_t>>& namespaces,
+    bool share_hot_tier = false) {
   auto store = kvstore::KvStoreEngine::Open({.data_dir = dir,
                                              .hot_capacity_bytes = 32 << 20,
                                              .hot_slot_bytes = 4 << 20,
-                                             .lock_hot_memory = false});
+                                             .lock_hot_memory = false,
+                                             .share_hot_tier = share_hot_tier});
   if (!store.ok()) return store.status();
   for (const auto& [name, bytes] : namespaces) {
     absl::StatusOr<bool> created = (*store)->CreateNamespace({.name = name, .block_bytes = bytes});

@@ -15,6 +15,8 @@
 #   --num-blocks N    each worker's KV cache in blocks of 16 tokens (default 120:
 #                     about four 448-token requests; the 1b model's 4,000-token
 #                     prompts want about 1,024)
+#   --no-local-socket the store serves no local socket: loads go over TCP (the
+#                     bulk port), as from a store on another host
 # Then any tandem-bench-kv-ttft flag, e.g. --prompt-len 4000 --cached-len 3984.
 # On a GPU, the issue's two points:
 #   run.sh build --model 1b --backend cuda --dtype bfloat16 --num-blocks 1024 \
@@ -29,6 +31,7 @@ MODEL="$(pwd)/../shared/models/stories260K.bin"
 BACKEND=cpu
 DTYPE=auto
 BLOCKS=120
+LOCAL_SOCKET=1
 BENCH_FLAGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
     --backend) BACKEND=$2; shift 2 ;;
     --dtype) DTYPE=$2; shift 2 ;;
     --num-blocks) BLOCKS=$2; shift 2 ;;
+    --no-local-socket) LOCAL_SOCKET=0; shift ;;
     *) BENCH_FLAGS+=("$1"); shift ;;
   esac
 done
@@ -67,7 +71,11 @@ start() {  # name binary args...
   PIDS+=($!)
   ADDR="127.0.0.1:$(port "$name")"
 }
-start kv "$BUILD/services/kvstore/tandem-kvstore" --data-dir "$RUN/kvdata"; KV=$ADDR
+# The workers share the store's host: they load through its local socket
+# (shared memory) unless --no-local-socket.
+KV_ARGS=(--data-dir "$RUN/kvdata")
+[ "$LOCAL_SOCKET" = 1 ] && KV_ARGS+=(--local-socket "$RUN/kv.sock")
+start kv "$BUILD/services/kvstore/tandem-kvstore" "${KV_ARGS[@]}"; KV=$ADDR
 W=("$BUILD/services/worker/tandem-worker" --model "$MODEL" --backend "$BACKEND" --dtype "$DTYPE")
 S="$BUILD/services/scheduler/tandem-scheduler"
 # Three workers share the machine (and a GPU), so each gets a fixed cache;

@@ -16,8 +16,10 @@
 //     after one untimed pass over the blocks, as redis GETs), Load both over
 //     the bulk load port (the client's default) and over the gRPC stream,
 //     and (hot tier) with mutual TLS, over the bulk port (as tandem-kvstore
-//     serves it under TLS) and over the gRPC stream: what TLS costs a load.
-//     Certificates come from the openssl CLI.
+//     serves it under TLS) and over the gRPC stream: what TLS costs a load;
+//     and (hot tier) through the local socket, reading the hot tier in place
+//     from shared memory, as a worker on the store's host does. Certificates
+//     come from the openssl CLI.
 // Then starts Debian's redis-server on a loopback port (no persistence) and
 // measures pipelined SET/GET of the same blocks with a small RESP client
 // that, like our Load, copies each value into a caller-provided buffer.
@@ -90,6 +92,8 @@ struct Service {
   std::unique_ptr<kvstore_service::KvStoreServer> server;
   std::unique_ptr<kvconnector::KvStoreClient> client;       // loads and lookups over the bulk port
   std::unique_ptr<kvconnector::KvStoreClient> grpc_client;  // loads and lookups over gRPC
+  // Loads through the local socket (shared memory); null without a hot tier.
+  std::unique_ptr<kvconnector::KvStoreClient> local_client;
   int port = 0;
   // The same store behind a second gRPC server and bulk port with mutual
   // TLS (declared after `server`, so they stop before the store closes).
@@ -154,23 +158,33 @@ Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t load_ch
                                                       .hot_capacity_bytes = hot_bytes,
                                                       .hot_slot_bytes = 2 << 20,
                                                       .durability = kvstore::Durability::kWal,
-                                                      .store_to_hot = hot_bytes > 0},
+                                                      .store_to_hot = hot_bytes > 0,
+                                                      .share_hot_tier = hot_bytes > 0},
                                             .service = {.load_chunk_bytes = load_chunk_bytes},
-                                            .bulk = kvstore_service::BulkLoadServerOptions{}});
+                                            .bulk = kvstore_service::BulkLoadServerOptions{
+                                                .local_socket = hot_bytes > 0
+                                                                    ? dir + "/local.sock"
+                                                                    : ""}});
   TANDEM_CHECK(server.ok()) << server.status();
   s.server = std::move(*server);
   absl::StatusOr<int> port = s.server->Listen("127.0.0.1:0", grpc::InsecureServerCredentials());
   TANDEM_CHECK(port.ok()) << port.status();
   s.port = *port;
+  const std::string target = "127.0.0.1:" + std::to_string(s.port);
   for (bool bulk : {true, false}) {
-    auto client =
-        kvconnector::KvStoreClient::Create({.target = "127.0.0.1:" + std::to_string(s.port),
-                                            .lookup_deadline_ms = 5000,
-                                            .bulk_load = bulk,
-                                            .bulk_lookup = bulk,
-                                            .bulk_store = bulk});
+    auto client = kvconnector::KvStoreClient::Create({.target = target,
+                                                      .lookup_deadline_ms = 5000,
+                                                      .bulk_load = bulk,
+                                                      .bulk_lookup = bulk,
+                                                      .bulk_store = bulk,
+                                                      .local_load = false});
     TANDEM_CHECK(client.ok());
     (bulk ? s.client : s.grpc_client) = std::move(*client);
+  }
+  if (hot_bytes > 0) {
+    auto local = kvconnector::KvStoreClient::Create({.target = target, .bulk_lookup = false});
+    TANDEM_CHECK(local.ok());
+    s.local_client = std::move(*local);
   }
   for (int i = 0; i < 1000 && !s.client->bulk_lookup_connected(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -231,11 +245,15 @@ double StoreAll(kvconnector::KvStoreClient* client, bool bulk, const std::string
   return gbps;
 }
 
+// How a load is meant to go.
+enum class Via { kGrpc, kBulk, kLocal };
+
 // `rounds` passes of Load over every block; GB/s. Checks each load went the
-// way it is labelled (bulk load port or gRPC stream).
-double LoadAll(kvconnector::KvStoreClient* client, bool bulk, const std::string& ns, const Case& c,
+// way it is labelled (local socket, bulk load port or gRPC stream).
+double LoadAll(kvconnector::KvStoreClient* client, Via via, const std::string& ns, const Case& c,
                int rounds, Blocks* b) {
   const uint64_t bulk_before = client->bulk_loads();
+  const uint64_t local_before = client->local_loads();
   uint64_t calls = 0;
   const auto t0 = Clock::now();
   for (int r = 0; r < rounds; ++r) {
@@ -248,7 +266,8 @@ double LoadAll(kvconnector::KvStoreClient* client, bool bulk, const std::string&
   }
   const double gbps = c.block_bytes * c.num_blocks * rounds / SecondsSince(t0) / 1e9;
   b->CheckLastBatch(c);
-  TANDEM_CHECK(client->bulk_loads() - bulk_before == (bulk ? calls : 0));
+  TANDEM_CHECK(client->bulk_loads() - bulk_before == (via == Via::kBulk ? calls : 0));
+  TANDEM_CHECK(client->local_loads() - local_before == (via == Via::kLocal ? calls : 0));
   return gbps;
 }
 
@@ -283,9 +302,19 @@ double Median(std::vector<double> v) {
 }
 
 // The load paths measured against each other, in the order of a trial.
-enum Path { kHotBulk, kHotGrpc, kHotBulkTls, kHotTls, kColdBulk, kColdGrpc, kRedisGet, kNumPaths };
-const char* const kPathNames[kNumPaths] = {"load hot",  "hot gRPC",  "bulk+mTLS", "gRPC+mTLS",
-                                           "load cold", "cold gRPC", "redis GET"};
+enum Path {
+  kHotLocal,
+  kHotBulk,
+  kHotGrpc,
+  kHotBulkTls,
+  kHotTls,
+  kColdBulk,
+  kColdGrpc,
+  kRedisGet,
+  kNumPaths
+};
+const char* const kPathNames[kNumPaths] = {"hot local", "load hot",  "hot gRPC",  "bulk+mTLS",
+                                           "gRPC+mTLS", "load cold", "cold gRPC", "redis GET"};
 
 // The store paths, in the order of a trial: the hot service over the bulk
 // port (WAL, the store's default; and without the WAL) and over gRPC, and
@@ -347,18 +376,20 @@ Figures RunCase(Service* hot, Service* cold, Redis* redis, const Case& c, int ro
   StoreAll(hot->client.get(), true, ns, c, b, std::nullopt);
   auto run = [&](int path, int r) {
     switch (path) {
+      case kHotLocal:
+        return LoadAll(hot->local_client.get(), Via::kLocal, ns, c, r, &b);
       case kHotBulk:
-        return LoadAll(hot->client.get(), true, ns, c, r, &b);
+        return LoadAll(hot->client.get(), Via::kBulk, ns, c, r, &b);
       case kHotGrpc:
-        return LoadAll(hot->grpc_client.get(), false, ns, c, r, &b);
+        return LoadAll(hot->grpc_client.get(), Via::kGrpc, ns, c, r, &b);
       case kHotBulkTls:
-        return LoadAll(hot->tls_bulk_client.get(), true, ns, c, r, &b);
+        return LoadAll(hot->tls_bulk_client.get(), Via::kBulk, ns, c, r, &b);
       case kHotTls:
-        return LoadAll(hot->tls_client.get(), false, ns, c, r, &b);
+        return LoadAll(hot->tls_client.get(), Via::kGrpc, ns, c, r, &b);
       case kColdBulk:
-        return LoadAll(cold->client.get(), true, ns, c, r, &b);
+        return LoadAll(cold->client.get(), Via::kBulk, ns, c, r, &b);
       case kColdGrpc:
-        return LoadAll(cold->grpc_client.get(), false, ns, c, r, &b);
+        return LoadAll(cold->grpc_client.get(), Via::kGrpc, ns, c, r, &b);
       default:
         return RedisGetAll(redis, c, r, &b);
     }
@@ -625,9 +656,11 @@ int Main(int argc, char** argv) {
   if (have_redis) {
     for (size_t i = 0; i < cases.size(); ++i) {
       std::printf(
-          "  %s: hot-tier load / redis GET = %.2fx (target >= 1x); over the gRPC stream %.2fx\n",
+          "  %s: hot-tier load / redis GET = %.2fx (target >= 1x); over the gRPC stream %.2fx; "
+          "from the same host's shared memory (local socket) %.2fx\n",
           cases[i].name, figs[i].load_gbps[kHotBulk] / figs[i].load_gbps[kRedisGet],
-          figs[i].load_gbps[kHotGrpc] / figs[i].load_gbps[kRedisGet]);
+          figs[i].load_gbps[kHotGrpc] / figs[i].load_gbps[kRedisGet],
+          figs[i].load_gbps[kHotLocal] / figs[i].load_gbps[kRedisGet]);
     }
   }
   for (size_t i = 0; i < cases.size(); ++i) {

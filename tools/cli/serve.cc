@@ -492,8 +492,11 @@ int Serve(int argc, char** argv) {
     Part& kv = parts[next++];
     const std::string dir =
         config.kv_store_dir.empty() ? run_dir + "/kvstore" : config.kv_store_dir;
+    // The worker, on this host, reads loaded blocks in place from the
+    // store's shared memory (bulk_load_server.h, "Local socket").
     supervisor.Start(kv, {"--data-dir=" + dir, "--listen=127.0.0.1:0",
-                          "--port-file=" + run_dir + "/kvstore.port"});
+                          "--port-file=" + run_dir + "/kvstore.port",
+                          "--local-socket=" + run_dir + "/kvstore.sock"});
     const std::optional<std::string> port = supervisor.WaitForPort(run_dir + "/kvstore.port");
     if (!port) return fail();
     kvstore = "127.0.0.1:" + *port;

@@ -30,6 +30,11 @@ struct PinnedMemoryOptions {
   bool lock = true;
   // Names the buffer in log lines ("hot tier", "KV load staging").
   const char* what = "host buffer";
+  // Back the memory with a memfd mapped MAP_SHARED (PinnedBuffer::fd()), so
+  // that another process can map it too: the KV-store's hot tier, read in
+  // place by the workers on its host. With a CUDA device it is registered
+  // (cudaHostRegister) instead of allocated by cudaHostAlloc.
+  bool shareable = false;
 };
 
 // One allocation, freed by the destructor; move-only.
@@ -49,12 +54,21 @@ class PinnedBuffer {
   [[nodiscard]] std::byte* data() const { return data_; }
   [[nodiscard]] size_t size() const { return size_; }
   [[nodiscard]] PinnedKind kind() const { return kind_; }
+  // The memfd of a shareable buffer; -1 otherwise. Owned by the buffer.
+  [[nodiscard]] int fd() const { return fd_; }
 
  private:
+  static absl::StatusOr<PinnedBuffer> AllocateShared(size_t bytes,
+                                                     const PinnedMemoryOptions& options,
+                                                     bool cuda_device);
+  // mlock()s the memory when options.lock (kLocked), logging a refusal.
+  void Lock(const PinnedMemoryOptions& options);
   void Free();
   std::byte* data_ = nullptr;
   size_t size_ = 0;
   PinnedKind kind_ = PinnedKind::kPageable;
+  int fd_ = -1;
+  bool cuda_registered_ = false;  // cudaHostRegister'ed (shareable), not cudaHostAlloc'ed
 };
 
 }  // namespace tandem

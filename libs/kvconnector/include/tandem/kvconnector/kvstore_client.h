@@ -19,9 +19,11 @@
 //
 // Worker: Load() and Store() block the calling thread (the worker's transfer
 // thread) and move block bytes between the store and caller-provided
-// buffers. Load() and Store() use the store's bulk port when it has one (each
-// payload byte is received straight into the caller's buffer), the gRPC
-// stream otherwise; the results are the same. Every loaded block's CRC32C is
+// buffers. Load() reads the blocks in place from the store's shared memory
+// when the store is on this host and has a local socket (local_load,
+// local_load_client.h). Load() and Store() otherwise use the store's bulk
+// port when it has one (each payload byte is received straight into the
+// caller's buffer), the gRPC stream otherwise; the results are the same. Every loaded block's CRC32C is
 // verified here too; a block that fails it is a kChecksum miss, and its
 // destination bytes must not be used. Over the bulk port this check is the
 // read's verification (the store sends without checking): the destination
@@ -108,6 +110,9 @@ class KvStoreClient {
   absl::StatusOr<kvstore::KvStoreStats> Stats();
   // Loads served through the bulk load port so far (the rest went over gRPC).
   [[nodiscard]] uint64_t bulk_loads() const;
+  // Loads served through the store's local socket so far (not counted in
+  // bulk_loads).
+  [[nodiscard]] uint64_t local_loads() const;
   // Stores answered over the bulk port so far (the rest went over gRPC).
   [[nodiscard]] uint64_t bulk_stores() const;
   // Lookups answered over the bulk port's lookup connection so far, and

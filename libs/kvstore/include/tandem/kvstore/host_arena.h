@@ -22,6 +22,9 @@ struct HostArenaOptions {
   bool use_cuda_host_alloc = true;
   // mlock() the arena when not CUDA-pinned.
   bool lock_memory = true;
+  // Back it with a memfd another process can map (PinnedMemoryOptions::
+  // shareable); HostArena::fd() returns it.
+  bool shareable = false;
 
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -44,6 +47,11 @@ class HostArena {
   [[nodiscard]] bool locked() const {
     return memory_.size() > 0 && memory_.kind() != PinnedKind::kPageable;
   }
+  // The whole arena, and its memfd when shareable (else -1).
+  [[nodiscard]] std::span<const std::byte> memory() const {
+    return {memory_.data(), memory_.size()};
+  }
+  [[nodiscard]] int fd() const { return memory_.fd(); }
 
  private:
   HostArena() = default;

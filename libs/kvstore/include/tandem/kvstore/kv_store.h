@@ -95,6 +95,10 @@ struct KvStoreOptions {
   bool use_cuda_host_alloc = true;
   // mlock() the hot tier (failure is logged and ignored).
   bool lock_hot_memory = true;
+  // Back the hot tier with a memfd, so that clients on this host can map it
+  // and read blocks in place (the bulk port's local socket,
+  // services/kvstore/bulk_load_server.h). Default false.
+  bool share_hot_tier = false;
   // Time source for lease expiry; nullptr = SystemClock. Not owned.
   const Clock* clock = nullptr;
 
@@ -225,6 +229,14 @@ class KvStoreEngine {
   // Read() into `dst`, which must have the namespace's block size.
   absl::StatusOr<ReadResult> ReadInto(std::string_view ns, const BlockHash& hash,
                                       std::span<uint8_t> dst);
+
+  // The hot tier's memory and its memfd (-1 unless options.share_hot_tier);
+  // the payload a Read() sink gets for a hot block lies inside it.
+  struct HotTierMemory {
+    std::span<const std::byte> bytes;
+    int fd = -1;
+  };
+  [[nodiscard]] HotTierMemory hot_tier_memory() const;
 
   [[nodiscard]] KvStoreStats GetStats() const;
   [[nodiscard]] const KvStoreOptions& options() const;

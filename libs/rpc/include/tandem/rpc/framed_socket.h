@@ -55,6 +55,9 @@ namespace tandem::rpc {
 inline constexpr std::string_view kKvBulkLoadPreface = "TKVBULK1";
 inline constexpr std::string_view kKvBulkLookupPreface = "TKVLOOK1";
 inline constexpr std::string_view kKvBulkStorePreface = "TKVSTOR1";
+// Loads read in place from the hot tier's shared memory, on the store's
+// local (Unix-domain) socket only.
+inline constexpr std::string_view kKvLocalLoadPreface = "TKVSHM01";
 // The most payload bytes one store batch on the bulk port may carry (the
 // server receives a whole batch before it stores any of it).
 inline constexpr uint64_t kKvBulkStoreMaxBatchBytes = uint64_t{256} << 20;
@@ -66,6 +69,11 @@ inline constexpr uint32_t kKvBulkLoadMaxRequestBytes = 16 << 20;
 // port).
 [[nodiscard]] absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
     std::string_view address);
+
+// This machine's identity for the KV-store's local socket: the kernel's
+// boot id (/proc/sys/kernel/random/boot_id), which processes in one kernel
+// share; empty when it cannot be read.
+[[nodiscard]] std::string LocalHostId();
 
 // OpenSSL's queued errors on this thread, oldest first, in one line ("no
 // reason given" when there are none); the queue is left empty.
@@ -84,6 +92,17 @@ class FramedSocket {
   static absl::StatusOr<std::unique_ptr<FramedSocket>> Connect(const std::string& host,
                                                                const std::string& port,
                                                                int64_t timeout_ms);
+
+  // Connects to the Unix-domain stream socket at `path`, as Connect does.
+  static absl::StatusOr<std::unique_ptr<FramedSocket>> ConnectUnix(const std::string& path,
+                                                                   int64_t timeout_ms);
+
+  // On a plain Unix-domain connection, before any framed I/O: sends
+  // `bytes` with the descriptor `fd` (SCM_RIGHTS; none when fd < 0), and
+  // receives exactly `bytes.size()` bytes and the descriptor sent with them
+  // (*fd = -1 when none came; the caller owns it).
+  absl::Status SendWithFd(std::span<const uint8_t> bytes, int fd);
+  absl::Status ReceiveWithFd(std::span<uint8_t> bytes, int* fd);
 
   // Send and receive timeouts (SO_SNDTIMEO / SO_RCVTIMEO): how long one
   // send or receive may make no progress. 0 = wait forever.

@@ -1,0 +1,211 @@
+// The KV-store's local socket (services/kvstore/bulk_load_server.h, "Local
+// socket"): the KV client's loads read the hot tier in place from shared
+// memory, the store pins those blocks until the client has copied them, a
+// corrupt block is a miss, and without the socket loads take the bulk port.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../kvstore/test_util.h"
+#include "bulk_load_server.h"
+#include "bulk_test_store.h"
+#include "gtest/gtest.h"
+#include "kvstore_service.h"
+#include "loopback_server.h"
+#include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/kvstore/kv_store.h"
+#include "tandem/kvtypes/checksum.h"
+#include "tandem/rpc/framed_socket.h"
+#include "tandem/rpc/kvstore_convert.h"
+#include "tandem/v1/kvstore.pb.h"
+
+namespace tandem {
+namespace {
+
+using kvconnector::KvStoreClient;
+using kvconnector::LoadMiss;
+using kvstore::testing::TempDir;
+using kvstore::testing::TestHash;
+using kvstore::testing::TestPayload;
+
+constexpr uint64_t kBlock = testutil::kBulkBlock;
+constexpr uint64_t kBigBlock = testutil::kBulkBigBlock;
+
+class LocalLoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = testutil::OpenBulkTestStore(dir_.path(), {{"ns", kBlock}, {"big", kBigBlock}},
+                                             /*share_hot_tier=*/true);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    for (uint64_t id = 1; id <= 6; ++id) {
+      ASSERT_TRUE(testutil::PutTestBlock(store_.get(), "ns", id, kBlock).ok());
+    }
+    ASSERT_TRUE(testutil::PutTestBlock(store_.get(), "big", 100, kBigBlock).ok());
+    socket_ = dir_.path() + "/kv.sock";
+    auto bulk = kvstore_service::BulkLoadServer::Start(store_.get(), {.local_socket = socket_});
+    ASSERT_TRUE(bulk.ok()) << bulk.status();
+    bulk_ = std::move(*bulk);
+    service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
+        store_.get(), kvstore_service::KvStoreServiceOptions{.bulk_load = bulk_.get()});
+    testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
+    ASSERT_NE(s.server, nullptr);
+    server_ = std::move(s.server);
+    auto client = KvStoreClient::Create({.target = s.target, .bulk_lookup = false});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+  }
+  void TearDown() override {
+    client_.reset();
+    if (server_) server_->Shutdown();
+    if (bulk_) bulk_->Shutdown();
+  }
+
+  struct Loaded {
+    absl::StatusOr<std::vector<kvconnector::BlockLoadResult>> results;
+    std::vector<std::vector<uint8_t>> bufs;
+  };
+  Loaded Load(const std::string& ns, const std::vector<uint64_t>& ids, uint64_t size) {
+    Loaded out;
+    std::vector<BlockHash> hashes;
+    for (uint64_t id : ids) hashes.push_back(TestHash(id));
+    out.bufs.assign(ids.size(), std::vector<uint8_t>(size, 0xEE));
+    std::vector<std::span<uint8_t>> dst(out.bufs.begin(), out.bufs.end());
+    out.results = client_->Load(ns, hashes, dst, LeaseId(0));
+    return out;
+  }
+
+  TempDir dir_;
+  std::string socket_;
+  std::unique_ptr<kvstore::KvStoreEngine> store_;
+  std::unique_ptr<kvstore_service::BulkLoadServer> bulk_;
+  std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<KvStoreClient> client_;
+};
+
+TEST_F(LocalLoadTest, LoadsReadTheHotTierInPlace) {
+  Loaded l = Load("ns", {1, 2, 99, 3}, kBlock);  // 99 is not stored
+  ASSERT_TRUE(l.results.ok()) << l.results.status();
+  ASSERT_EQ(l.results->size(), 4u);
+  for (size_t i : {0u, 1u, 3u}) {
+    EXPECT_EQ((*l.results)[i].miss, LoadMiss::kNone) << i;
+  }
+  EXPECT_EQ((*l.results)[2].miss, LoadMiss::kNotFound);
+  EXPECT_EQ(l.bufs[0], TestPayload(1, kBlock));
+  EXPECT_EQ(l.bufs[1], TestPayload(2, kBlock));
+  EXPECT_EQ(l.bufs[3], TestPayload(3, kBlock));
+  Loaded big = Load("big", {100}, kBigBlock);
+  ASSERT_TRUE(big.results.ok()) << big.results.status();
+  EXPECT_EQ((*big.results)[0].miss, LoadMiss::kNone);
+  EXPECT_EQ(big.bufs[0], TestPayload(100, kBigBlock));
+  EXPECT_EQ(client_->local_loads(), 2u);
+  EXPECT_EQ(client_->bulk_loads(), 0u);
+  // The blocks before the miss came by their place in shared memory (the
+  // one after it is not pinned, so it came inline).
+  EXPECT_EQ(bulk_->GetStats().blocks_shared, 3u);
+  EXPECT_EQ(bulk_->GetStats().blocks_sent, 1u);
+  EXPECT_EQ(store_->GetStats().active_leases, 0u);
+}
+
+// The protocol by hand: the memfd comes with the answer to the preface; a
+// pinned block's offset points at its bytes in the mapping, and the pins
+// hold (an active lease) until the client's next frame.
+TEST_F(LocalLoadTest, PinsHoldUntilTheClientsNextFrame) {
+  auto sock = rpc::FramedSocket::ConnectUnix(socket_, 5'000);
+  ASSERT_TRUE(sock.ok()) << sock.status();
+  const auto* preface = reinterpret_cast<const uint8_t*>(rpc::kKvLocalLoadPreface.data());
+  ASSERT_TRUE((*sock)->WriteRaw({preface, rpc::kKvLocalLoadPreface.size()}).ok());
+  uint8_t size_le[8];
+  int fd = -1;
+  ASSERT_TRUE((*sock)->ReceiveWithFd(size_le, &fd).ok());
+  ASSERT_GE(fd, 0);
+  uint64_t size = 0;
+  for (int i = 0; i < 8; ++i) size |= uint64_t{size_le[i]} << (8 * i);
+  EXPECT_EQ(size, store_->hot_tier_memory().bytes.size());
+  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+
+  v1::LoadRequest req;
+  req.set_namespace_("ns");
+  const std::vector<BlockHash> hashes = {TestHash(4), TestHash(5)};
+  rpc::AppendBlockHashes(hashes, req.mutable_block_hashes());
+  ASSERT_TRUE((*sock)->Write(req).ok());
+  v1::BulkLoadFrame frame;
+  int shared = 0;
+  for (;;) {
+    ASSERT_TRUE((*sock)->Read(&frame, 1 << 20).ok());
+    if (frame.done()) break;
+    const v1::LoadChunk& c = frame.chunk();
+    ASSERT_TRUE(c.ok() && c.in_shared_memory()) << c.DebugString();
+    ASSERT_LE(c.shared_offset() + c.total_size(), size);
+    const auto* bytes = static_cast<const uint8_t*>(map) + c.shared_offset();
+    const std::vector<uint8_t> want = TestPayload(4 + c.block_index(), kBlock);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), bytes)) << c.block_index();
+    EXPECT_EQ(c.checksum(), kvstore::Crc32c(want));
+    ++shared;
+  }
+  EXPECT_EQ(frame.status_code(), 0) << frame.status_message();
+  EXPECT_EQ(shared, 2);
+  EXPECT_EQ(store_->GetStats().active_leases, 1u) << "the blocks stay pinned while we copy";
+  v1::LoadRequest unpin;
+  unpin.set_namespace_("ns");
+  ASSERT_TRUE((*sock)->Write(unpin).ok());
+  ASSERT_TRUE((*sock)->Read(&frame, 1 << 20).ok());
+  EXPECT_TRUE(frame.done());
+  EXPECT_EQ(store_->GetStats().active_leases, 0u);
+
+  // A connection that ends holding pins releases them too.
+  ASSERT_TRUE((*sock)->Write(req).ok());
+  do {
+    ASSERT_TRUE((*sock)->Read(&frame, 1 << 20).ok());
+  } while (!frame.done());
+  EXPECT_EQ(store_->GetStats().active_leases, 1u);
+  sock->reset();
+  EXPECT_TRUE(kvstore::testing::WaitFor([&] { return store_->GetStats().active_leases == 0; }));
+  munmap(map, size);
+}
+
+// The reader verifies the bytes it copies out of shared memory: a block
+// corrupted in the hot tier is a checksum miss, never data, and the store,
+// told, drops it.
+TEST_F(LocalLoadTest, ACorruptBlockInSharedMemoryIsAChecksumMiss) {
+  ASSERT_TRUE(store_->TEST_CorruptHot("ns", TestHash(2), 100).ok());
+  Loaded l = Load("ns", {1, 2}, kBlock);
+  ASSERT_TRUE(l.results.ok()) << l.results.status();
+  EXPECT_EQ((*l.results)[0].miss, LoadMiss::kNone);
+  EXPECT_EQ((*l.results)[1].miss, LoadMiss::kChecksum);
+  EXPECT_NE(l.bufs[1], TestPayload(2, kBlock));
+  EXPECT_EQ(client_->local_loads(), 1u);
+  EXPECT_FALSE(store_->TEST_InHot("ns", TestHash(2)));
+}
+
+// Without the socket (gone, or another host's) loads take the bulk port.
+TEST_F(LocalLoadTest, WithoutTheSocketLoadsTakeTheBulkPort) {
+  ASSERT_EQ(unlink(socket_.c_str()), 0);
+  Loaded l = Load("ns", {1, 2}, kBlock);
+  ASSERT_TRUE(l.results.ok()) << l.results.status();
+  EXPECT_EQ((*l.results)[0].miss, LoadMiss::kNone);
+  EXPECT_EQ(l.bufs[1], TestPayload(2, kBlock));
+  EXPECT_EQ(client_->local_loads(), 0u);
+  EXPECT_EQ(client_->bulk_loads(), 1u);
+}
+
+TEST_F(LocalLoadTest, TheSocketNeedsASharedHotTierAndAPathNoOneServes) {
+  TempDir other;
+  auto unshared = testutil::OpenBulkTestStore(other.path(), {{"ns", kBlock}});
+  ASSERT_TRUE(unshared.ok());
+  auto refused = kvstore_service::BulkLoadServer::Start(
+      unshared->get(), {.local_socket = other.path() + "/kv.sock"});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  auto taken = kvstore_service::BulkLoadServer::Start(store_.get(), {.local_socket = socket_});
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists) << taken.status();
+}
+
+}  // namespace
+}  // namespace tandem
