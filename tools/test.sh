@@ -13,13 +13,13 @@
 #      worker, scheduler, frontend and CLI binaries, and runs frontend_test
 #      against them (every process under TSan),
 #   5. builds the libFuzzer targets (tests/fuzz) with clang into build-fuzz/
-#      and runs each for TANDEM_FUZZ_SECONDS (default 30) on its seed corpus.
+#      and runs each for TANDEM_FUZZ_SECONDS (default 20) on its seed corpus.
 # Usage: tools/test.sh [--no-sanitizers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 JOBS="${TANDEM_JOBS:-2}"
-FUZZ_SECONDS="${TANDEM_FUZZ_SECONDS:-30}"  # per fuzz target
+FUZZ_SECONDS="${TANDEM_FUZZ_SECONDS:-20}"  # per fuzz target (CI stays under an hour)
 SANITIZERS=1
 for arg in "$@"; do
   case "$arg" in
