@@ -4,12 +4,10 @@
 // and dropped, failed and failed-before-snapshot stores all finish and are
 // stored again later.
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,25 +22,8 @@ namespace {
 // thread return; once the store goes on, the stored bytes are the ones
 // computed at snapshot time, though the next steps overwrote the cache.
 TEST_F(ConnectorTest, AStallingStoreNeverHoldsUpAStep) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = false;
-  int stalled = 0;  // Store calls waiting at the gate
-  StartStore(/*lookup_delay_ms=*/0, [&] {
-    std::unique_lock<std::mutex> lock(mu);
-    ++stalled;
-    cv.notify_all();
-    cv.wait(lock, [&] { return open; });
-  });
-  auto release = [&] {
-    std::lock_guard<std::mutex> lock(mu);
-    open = true;
-    cv.notify_all();
-  };
-  struct Release {
-    std::function<void()> fn;
-    ~Release() { fn(); }  // the server's shutdown waits for the stalled calls
-  } guard{release};
+  Gate gate;  // opens by the test's end: the server's shutdown waits for the stalled calls
+  StartStore(/*lookup_delay_ms=*/0, [&] { gate.Pass(); });
   auto sc = MakeScheduler();
   auto wk = MakeWorker();
   ASSERT_TRUE(sc && wk);
@@ -70,11 +51,7 @@ TEST_F(ConnectorTest, AStallingStoreNeverHoldsUpAStep) {
     wk->SnapshotStores(meta);
   };
   step(0);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled > 0; }))
-        << "the first store never reached the store";
-  }
+  ASSERT_TRUE(gate.Reached()) << "the first store never reached the store";
   // The store is stuck in a Store call: the next steps run all the same. (A
   // step that waited for the store would never come back: the gate is shut.)
   auto later_steps = std::async(std::launch::async, [&] {
@@ -87,7 +64,7 @@ TEST_F(ConnectorTest, AStallingStoreNeverHoldsUpAStep) {
   // Later steps overwrite every block the snapshots were taken from.
   for (int b = 0; b < kCacheBlocks; ++b) cache_.Fill(b, 99);
 
-  release();
+  gate.Open();
   sched::KvConnectorReport sent;
   WaitSent(wk.get(), kRequests, &sent);
   sc->OnConnectorReport(sent);
@@ -114,9 +91,7 @@ TEST_F(ConnectorTest, AStallingStoreNeverHoldsUpAStep) {
 // are the ones computed.
 TEST_F(ConnectorTest, StoresWaitForTheirCopiesOutOfTheCacheOffTheStep) {
   StartStore();
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = false;
+  Gate gate;
   std::vector<int32_t> begun;  // block ids, on the step thread
   auto async = [&](std::span<const int32_t> ids, std::span<const std::span<std::byte>> out)
       -> absl::StatusOr<std::function<absl::Status()>> {
@@ -125,29 +100,25 @@ TEST_F(ConnectorTest, StoresWaitForTheirCopiesOutOfTheCacheOffTheStep) {
     begun.insert(begun.end(), ids.begin(), ids.end());
     std::vector<std::span<std::byte>> dst(out.begin(), out.end());
     return std::function<absl::Status()>([&, bytes = std::move(bytes), dst = std::move(dst)] {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return open; });
+      gate.Pass();
       for (size_t i = 0; i < dst.size(); ++i) {
         std::memcpy(dst[i].data(), bytes[i].data(), kBlockBytes);
       }
       return absl::OkStatus();
     });
   };
-  auto release = [&] {
-    std::lock_guard<std::mutex> lock(mu);
-    open = true;
-    cv.notify_all();
-  };
-  struct Release {
-    std::function<void()> fn;
-    ~Release() { fn(); }  // the worker's destructor waits for the copies
-  } guard{release};
   auto sc = MakeScheduler();
   auto wk = MakeWorker({.to_host_async = async});
   ASSERT_TRUE(sc && wk);
   sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
   const sched::KvConnectorMetadata meta = ComputeStep(sc.get(), &a);
   auto snapshot = std::async(std::launch::async, [&] { wk->SnapshotStores(meta); });
+  // Opens the gate before the snapshot's thread is joined and the worker's
+  // destructor waits for the copies, also when an assertion ends the test.
+  struct OpenFirst {
+    Gate* gate;
+    ~OpenFirst() { gate->Open(); }
+  } open_first{&gate};
   ASSERT_EQ(snapshot.wait_for(std::chrono::seconds(30)), std::future_status::ready)
       << "the step waited for its copies out of the cache";
   EXPECT_EQ(begun, (std::vector<int32_t>{1, 2, 3, 4}));
@@ -157,7 +128,7 @@ TEST_F(ConnectorTest, StoresWaitForTheirCopiesOutOfTheCacheOffTheStep) {
   EXPECT_EQ(wk->stats().stores_in_flight, 1);
   EXPECT_GE(wk->stats().store_staging_bytes, 4 * kBlockBytes);
 
-  release();
+  gate.Open();
   sched::KvConnectorReport sent;
   WaitSent(wk.get(), 1, &sent);
   EXPECT_TRUE(sent.failed_sending.empty());

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -49,6 +51,35 @@ struct FakeCache {
       return absl::OkStatus();
     };
   }
+};
+
+// A gate threads stop at (Pass) until the test opens it.
+class Gate {
+ public:
+  ~Gate() { Open(); }
+  // Waits until the gate is open.
+  void Pass() {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // True once a thread has reached the gate (within 30 s).
+  bool Reached() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return waiting_ > 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int waiting_ = 0;
 };
 
 inline std::vector<int32_t> Tokens(int n, int base = 100) {
