@@ -72,7 +72,6 @@ bool SendDone(rpc::FramedSocket* sock, const absl::Status& status) {
   return sock->Write(done).ok();
 }
 
-
 absl::Status BulkLoadServerOptions::Validate() const {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("bulk load port ", port, " is not a TCP port"));

@@ -169,7 +169,7 @@ struct BulkLoadServerStats {
   uint64_t bad_prefaces = 0;
   uint64_t tls_handshake_failures = 0;
   uint64_t permission_denied = 0;  // connections refused by the role check
-  uint64_t loads = 0;        // LoadRequests answered
+  uint64_t loads = 0;        // LoadRequests answered (local_loads of them on the local socket)
   uint64_t lookups = 0;      // LookupRequests answered on lookup connections
   uint64_t stores = 0;       // store batches answered on store connections
   uint64_t blocks_stored = 0;  // new blocks stored (not already present)
