@@ -11,8 +11,7 @@ namespace tandem::kvconnector {
 
 absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::Create(
     const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
-    const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host, CopyFromHost from_host,
-    CopyToHostAsync to_host_async) {
+    const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host, CopyFromHost from_host) {
   TANDEM_RETURN_IF_ERROR(options.Validate());
   if (block_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("block_bytes must be > 0, got ", block_bytes));
@@ -30,8 +29,7 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::
       .name = ns, .block_bytes = static_cast<uint64_t>(block_bytes), .layout = kv_layout};
   TANDEM_RETURN_IF_ERROR(spec.Validate());
   auto w = std::unique_ptr<KvStoreConnectorWorker>(new KvStoreConnectorWorker(
-      options, std::move(client), ns, std::move(spec), std::move(to_host), std::move(from_host),
-      std::move(to_host_async)));
+      options, std::move(client), ns, std::move(spec), std::move(to_host), std::move(from_host)));
   w->EnsureNamespace();
   return w;
 }
@@ -39,8 +37,7 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> KvStoreConnectorWorker::
 KvStoreConnectorWorker::KvStoreConnectorWorker(const KvStoreConnectorOptions& options,
                                                std::unique_ptr<KvStoreClient> client,
                                                std::string ns, kvstore::NamespaceSpec spec,
-                                               CopyToHost to_host, CopyFromHost from_host,
-                                               CopyToHostAsync to_host_async)
+                                               CopyToHost to_host, CopyFromHost from_host)
     : options_(options),
       client_(std::move(client)),
       ns_(std::move(ns)),
@@ -48,7 +45,6 @@ KvStoreConnectorWorker::KvStoreConnectorWorker(const KvStoreConnectorOptions& op
       block_bytes_(static_cast<int64_t>(spec_.block_bytes)),
       to_host_(std::move(to_host)),
       from_host_(std::move(from_host)),
-      to_host_async_(std::move(to_host_async)),
       staging_(options.use_cuda_host_alloc),
       store_staging_(std::make_unique<StoreStaging>(block_bytes_, options.max_pending_store_bytes,
                                                     options.use_cuda_host_alloc)) {
@@ -251,28 +247,15 @@ void KvStoreConnectorWorker::SnapshotStore(const sched::KvStoreOp& s) {
   out.reserve(n);
   for (std::byte* b : job.blocks) out.emplace_back(b, static_cast<size_t>(block_bytes_));
   std::vector<std::byte*> not_copied;
-  if (to_host_async_) {
-    absl::StatusOr<std::function<absl::Status()>> copied = to_host_async_(ids, out);
-    if (copied.ok()) {
-      job.copied = std::move(copied).value();
-      job.hashes.assign(s.block_hashes.begin(), s.block_hashes.begin() + static_cast<ptrdiff_t>(n));
-    } else {
-      TANDEM_LOG(WARNING) << "KV-store store of " << n
-                          << " blocks: copying them out of the cache failed: " << copied.status();
-      not_copied = std::move(job.blocks);
-      job.blocks.clear();
-    }
+  absl::StatusOr<std::function<absl::Status()>> copied = to_host_(ids, out);
+  if (copied.ok()) {
+    job.copied = std::move(copied).value();
+    job.hashes.assign(s.block_hashes.begin(), s.block_hashes.begin() + static_cast<ptrdiff_t>(n));
   } else {
-    std::vector<std::byte*> kept;
-    for (size_t i = 0; i < n; ++i) {
-      if (to_host_(ids[i], out[i]).ok()) {
-        job.hashes.push_back(s.block_hashes[i]);
-        kept.push_back(job.blocks[i]);
-      } else {
-        not_copied.push_back(job.blocks[i]);
-      }
-    }
-    job.blocks = std::move(kept);
+    TANDEM_LOG(WARNING) << "KV-store store of " << n
+                        << " blocks: copying them out of the cache failed: " << copied.status();
+    not_copied = std::move(job.blocks);
+    job.blocks.clear();
   }
   job.failed = !not_copied.empty();
   std::lock_guard<std::mutex> lock(mu_);

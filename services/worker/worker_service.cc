@@ -210,14 +210,11 @@ absl::Status WorkerService::Load() {
             .bulk_load = options_.kvstore_bulk_port},
         model_->fingerprint(), model::KvLayoutString(config, options_.block_size, dtype_),
         model::KvBlockBytes(config, options_.block_size, dtype_),
-        [runner](int32_t block, std::span<std::byte> out) {
-          return runner->CopyBlockToHost(block, out);
+        [runner](std::span<const int32_t> blocks, std::span<const std::span<std::byte>> out) {
+          return runner->CopyBlocksToHostAsync(blocks, out);
         },
         [runner](int32_t block, std::span<const std::byte> in) {
           return runner->CopyBlockFromHost(block, in);
-        },
-        [runner](std::span<const int32_t> blocks, std::span<const std::span<std::byte>> out) {
-          return runner->CopyBlocksToHostAsync(blocks, out);
         });
     if (!kvc.ok()) return Annotate(kvc.status(), "creating the KV-store connector");
     kv_connector_ = std::move(kvc).value();

@@ -108,7 +108,7 @@ TEST_F(ConnectorTest, StoresWaitForTheirCopiesOutOfTheCacheOffTheStep) {
     });
   };
   auto sc = MakeScheduler();
-  auto wk = MakeWorker({.to_host_async = async});
+  auto wk = MakeWorker({.to_host = async});
   ASSERT_TRUE(sc && wk);
   sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
   const sched::KvConnectorMetadata meta = ComputeStep(sc.get(), &a);
@@ -159,7 +159,7 @@ TEST_F(ConnectorTest, AFailedCopyOutOfTheCacheFailsOnlyItsEntry) {
         [fails] { return fails ? absl::InternalError("copy failed") : absl::OkStatus(); });
   };
   auto sc = MakeScheduler();
-  auto wk = MakeWorker({.to_host_async = async});
+  auto wk = MakeWorker({.to_host = async});
   ASSERT_TRUE(sc && wk);
   for (const char* id : {"a", "b", "c"}) {
     sched::Request r = MakeRequest(id, Tokens(17, 1000 * (id[0] - 'a' + 1)), {1, 2, 3, 4, 5});

@@ -39,10 +39,14 @@ struct FakeCache {
       blocks[block][i] = static_cast<std::byte>((seed * 131 + i * 7) & 0xff);
     }
   }
+  // Copies at once, as the CPU backend does.
   KvStoreConnectorWorker::CopyToHost ToHost() {
-    return [this](int32_t b, std::span<std::byte> out) {
-      std::memcpy(out.data(), blocks.at(b).data(), kBlockBytes);
-      return absl::OkStatus();
+    return [this](std::span<const int32_t> ids, std::span<const std::span<std::byte>> out)
+               -> absl::StatusOr<std::function<absl::Status()>> {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        std::memcpy(out[i].data(), blocks.at(ids[i]).data(), kBlockBytes);
+      }
+      return std::function<absl::Status()>([] { return absl::OkStatus(); });
     };
   }
   KvStoreConnectorWorker::CopyFromHost FromHost() {
@@ -93,7 +97,7 @@ struct WorkerOptions {
   int64_t max_pending_store_bytes = int64_t{256} << 20;
   std::string target;  // empty: the test's store
   bool use_cuda_host_alloc = true;
-  KvStoreConnectorWorker::CopyToHostAsync to_host_async;  // empty: cache_.ToHost()
+  KvStoreConnectorWorker::CopyToHost to_host;  // empty: cache_.ToHost()
 };
 
 class ConnectorTest : public ::testing::Test {
@@ -131,12 +135,12 @@ class ConnectorTest : public ::testing::Test {
     return c.ok() ? std::move(*c) : nullptr;
   }
   std::unique_ptr<KvStoreConnectorWorker> MakeWorker(const WorkerOptions& o = {}) {
-    auto w = KvStoreConnectorWorker::Create({.target = o.target.empty() ? target_ : o.target,
-                                             .transfer_deadline_ms = 2000,
-                                             .max_pending_store_bytes = o.max_pending_store_bytes,
-                                             .use_cuda_host_alloc = o.use_cuda_host_alloc},
-                                            "fp", "layout", kBlockBytes, cache_.ToHost(),
-                                            cache_.FromHost(), o.to_host_async);
+    auto w = KvStoreConnectorWorker::Create(
+        {.target = o.target.empty() ? target_ : o.target,
+         .transfer_deadline_ms = 2000,
+         .max_pending_store_bytes = o.max_pending_store_bytes,
+         .use_cuda_host_alloc = o.use_cuda_host_alloc},
+        "fp", "layout", kBlockBytes, o.to_host ? o.to_host : cache_.ToHost(), cache_.FromHost());
     EXPECT_TRUE(w.ok()) << w.status();
     return w.ok() ? std::move(*w) : nullptr;
   }

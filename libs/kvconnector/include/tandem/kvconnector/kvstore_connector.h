@@ -275,21 +275,19 @@ struct KvConnectorWorkerStats {
 // thread; a background thread sends the snapshots.
 class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
  public:
-  // Copies one block between the KV cache and host memory of block_bytes.
-  using CopyToHost = std::function<absl::Status(int32_t block_id, std::span<std::byte> out)>;
-  using CopyFromHost = std::function<absl::Status(int32_t block_id, std::span<const std::byte> in)>;
   // Begins copying blocks out of the cache into out[i] (block_bytes each)
-  // and returns what waits for the copies (ModelRunner::CopyBlocksToHostAsync).
-  using CopyToHostAsync = std::function<absl::StatusOr<std::function<absl::Status()>>(
+  // and returns what waits for the copies (ModelRunner::CopyBlocksToHostAsync):
+  // stores call it on the step thread, and the store thread waits, so a step
+  // never waits for its stores' copies.
+  using CopyToHost = std::function<absl::StatusOr<std::function<absl::Status()>>(
       std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out)>;
+  // Copies one block from host memory of block_bytes into the cache.
+  using CopyFromHost = std::function<absl::Status(int32_t block_id, std::span<const std::byte> in)>;
 
-  // With `to_host_async`, stores copy their blocks with it and the store
-  // thread waits for the copies, so a step never waits for them; without,
-  // SnapshotStores copies each block with `to_host`.
   static absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> Create(
       const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
-      const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host, CopyFromHost from_host,
-      CopyToHostAsync to_host_async = nullptr);
+      const std::string& kv_layout, int64_t block_bytes, CopyToHost to_host,
+      CopyFromHost from_host);
   ~KvStoreConnectorWorker();
 
   // Before the forward pass: first copies out the blocks of the stores with
@@ -304,8 +302,8 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   void LoadBlocks(const sched::KvConnectorMetadata& meta,
                   sched::KvConnectorReport* report) override;
   // After the forward pass: copies every block of the other `meta.stores`
-  // out of the cache (or, with to_host_async, begins to) into store staging
-  // memory and queues it for the store. An entry that does not fit in the
+  // out of the cache (begins to: see CopyToHost) into store staging memory
+  // and queues it for the store. An entry that does not fit in the
   // queue (max_pending_store_bytes) is dropped, but still reported
   // finished.
   void SnapshotStores(const sched::KvConnectorMetadata& meta) override;
@@ -325,8 +323,8 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
     std::string request_id;
     std::vector<BlockHash> hashes;
     std::vector<std::byte*> blocks;  // one StoreStaging slot per hash
-    // Waits for the copies into `blocks` (to_host_async); empty when they
-    // were made at once.
+    // Waits for the copies into `blocks` (CopyToHost); empty when nothing
+    // was copied.
     std::function<absl::Status()> copied;
     // Not sent (queue full, or its step failed before the snapshot); only
     // reported finished, in order.
@@ -338,8 +336,7 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   };
   KvStoreConnectorWorker(const KvStoreConnectorOptions& options,
                          std::unique_ptr<KvStoreClient> client, std::string ns,
-                         kvstore::NamespaceSpec spec, CopyToHost to_host, CopyFromHost from_host,
-                         CopyToHostAsync to_host_async);
+                         kvstore::NamespaceSpec spec, CopyToHost to_host, CopyFromHost from_host);
   void StoreLoop();
   void EnsureNamespace();
   void EnqueueLocked(StoreJob job);
@@ -354,7 +351,6 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   const int64_t block_bytes_;
   CopyToHost to_host_;
   CopyFromHost from_host_;
-  CopyToHostAsync to_host_async_;
   // Staging memory of loads (loop thread only): a tandem::PinnedBuffer
   // (CUDA-pinned when a device is present and options.use_cuda_host_alloc,
   // else page-aligned and locked where the OS allows), grown on demand.
