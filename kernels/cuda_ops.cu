@@ -100,9 +100,10 @@ int SetBlasStream(BlasHandle* blas, void* stream, void* workspace, size_t bytes)
   return cudaSuccess;
 }
 
-int StreamCreate(void** stream) {
+int StreamCreate(void** stream, bool blocking) {
   cudaStream_t s = nullptr;
-  const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamDefault);
+  const cudaError_t e =
+      cudaStreamCreateWithFlags(&s, blocking ? cudaStreamDefault : cudaStreamNonBlocking);
   *stream = s;
   return e;
 }
@@ -137,13 +138,6 @@ int GraphLaunch(void* exec, void* stream) {
 
 void GraphDestroy(void* exec) {
   if (exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
-}
-
-int StreamCreateNonBlocking(void** stream) {
-  cudaStream_t s = nullptr;
-  const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  *stream = s;
-  return e;
 }
 
 int EventCreate(void** event) {

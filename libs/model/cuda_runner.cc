@@ -16,6 +16,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
+#include "block_copies_out.h"
 #include "cpu_runner.h"
 #include "cuda_buffers.h"
 #include "decode_graphs.h"
@@ -73,9 +74,6 @@ class CudaRunnerBase : public ModelRunner {
     DropGraphs();
     kd::DestroyBlas(blas_);
     kd::StreamDestroy(stream_);
-    // Copies still running finish first (cudaStreamDestroy does not wait,
-    // but releases the stream only then); their waits own their events.
-    kd::StreamDestroy(copy_stream_);
   }
 
   virtual absl::Status Init() = 0;
@@ -144,46 +142,18 @@ class CudaRunnerBase : public ModelRunner {
     // out of this block first (rare: only a block freed and reused while
     // its store was still being copied).
     const int32_t blocks[] = {block_id};
-    TANDEM_RETURN_IF_ERROR(OrderAfterCopiesOut(blocks, /*host_waits=*/true));
+    TANDEM_RETURN_IF_ERROR(copies_out_.OrderBefore(blocks, stream_, /*host_waits=*/true));
     return CudaStatus(kd::CopyToDevice(BlockPtr(block_id), in.data(), in.size()), "block copy");
   }
 
-  // On copy_stream_ (non-blocking: the step's kernels on stream_ and the
-  // synchronous downloads on the legacy stream run meanwhile), after every
-  // kernel enqueued so far. A later step that writes one of the blocks waits
-  // for the copy on the device (OrderAfterCopiesOut).
+  // Beside the steps, on copies_out_'s stream; a later step that writes one
+  // of the blocks waits for its copy on the device (Run).
   absl::StatusOr<BlockCopyWait> CopyBlocksToHostAsync(
       std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out) override {
     TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(block_ids, out));
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
-    if (copy_stream_ == nullptr) {
-      TANDEM_RETURN_IF_ERROR(CudaStatus(kd::StreamCreateNonBlocking(&copy_stream_), "stream"));
-    }
-    // stream_ is blocking, so an event on it also follows the float32
-    // mode's kernels on the legacy stream.
-    TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<void> steps_done, NewEvent());
-    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::EventRecord(steps_done.get(), stream_), "event"));
-    TANDEM_RETURN_IF_ERROR(
-        CudaStatus(kd::StreamWaitEvent(copy_stream_, steps_done.get()), "stream wait"));
-    for (size_t i = 0; i < block_ids.size(); ++i) {
-      const int err =
-          kd::CopyAsync(out[i].data(), BlockPtr(block_ids[i]), out[i].size(), copy_stream_);
-      if (err != 0) {
-        // The copies already enqueued still write into `out`: let them end
-        // before the caller takes the memory back.
-        kd::StreamSynchronize(copy_stream_);
-        return CudaStatus(err, "block copy to host");
-      }
-    }
-    TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<void> copied, NewEvent());
-    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::EventRecord(copied.get(), copy_stream_), "event"));
-    std::vector<int32_t> blocks(block_ids.begin(), block_ids.end());
-    std::sort(blocks.begin(), blocks.end());
-    copies_out_.push_back(CopyOut{.copied = copied, .blocks = std::move(blocks)});
-    return BlockCopyWait([copied, device = device_]() -> absl::Status {
-      TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device), "set device"));
-      return CudaStatus(kd::EventSynchronize(copied.get()), "block copy to host");
-    });
+    return copies_out_.Begin(stream_, device_, cache_.get<std::byte>(), block_bytes(), block_ids,
+                             out);
   }
 
  protected:
@@ -263,8 +233,9 @@ class CudaRunnerBase : public ModelRunner {
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
     if (!copies_out_.empty()) {
       // The float32 mode's kernels run on the legacy stream: the host waits.
-      TANDEM_RETURN_IF_ERROR(OrderAfterCopiesOut(WrittenBlocks(batch, opts_.block_size),
-                                                 /*host_waits=*/opts_.dtype != DType::kBFloat16));
+      TANDEM_RETURN_IF_ERROR(
+          copies_out_.OrderBefore(WrittenBlocks(batch, opts_.block_size), stream_,
+                                  /*host_waits=*/opts_.dtype != DType::kBFloat16));
     }
     BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
     const int32_t bucket = GraphBatchBucket(*rows);
@@ -407,32 +378,6 @@ class CudaRunnerBase : public ModelRunner {
     return cache_.get<std::byte>() + int64_t{block_id} * block_bytes();
   }
 
-  static absl::StatusOr<std::shared_ptr<void>> NewEvent() {
-    void* e = nullptr;
-    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::EventCreate(&e), "event"));
-    return std::shared_ptr<void>(e, [](void* p) { kd::EventDestroy(p); });
-  }
-
-  // Forgets the copies out that have finished; then makes stream_ (or the
-  // host) wait for each one still running that reads one of `written`.
-  absl::Status OrderAfterCopiesOut(std::span<const int32_t> written, bool host_waits) {
-    std::erase_if(copies_out_, [](const CopyOut& c) {
-      bool done = false;
-      // An error stays with the copy's own wait, which reports it.
-      return kd::EventQuery(c.copied.get(), &done) != 0 || done;
-    });
-    for (const CopyOut& c : copies_out_) {
-      const bool overlaps = std::any_of(written.begin(), written.end(), [&](int32_t b) {
-        return std::binary_search(c.blocks.begin(), c.blocks.end(), b);
-      });
-      if (!overlaps) continue;
-      TANDEM_RETURN_IF_ERROR(
-          host_waits ? CudaStatus(kd::EventSynchronize(c.copied.get()), "block copy")
-                     : CudaStatus(kd::StreamWaitEvent(stream_, c.copied.get()), "stream wait"));
-    }
-    return absl::OkStatus();
-  }
-
   int32_t device_;
   bool tensor_core_attention_;
   bool graphs_enabled_;
@@ -442,14 +387,7 @@ class CudaRunnerBase : public ModelRunner {
   std::map<std::pair<int32_t, int32_t>, void*> graphs_;  // (rows, splits) -> exec
   std::vector<void*> graph_pointers_;  // the buffers' addresses the graphs hold
   int64_t graph_replays_ = 0;
-  // Block copies to host (CopyBlocksToHostAsync) that may still run, each
-  // with the event after it and its block ids, sorted.
-  struct CopyOut {
-    std::shared_ptr<void> copied;
-    std::vector<int32_t> blocks;
-  };
-  void* copy_stream_ = nullptr;
-  std::vector<CopyOut> copies_out_;
+  BlockCopiesOut copies_out_;  // CopyBlocksToHostAsync's
 };
 
 struct DeviceLayer {

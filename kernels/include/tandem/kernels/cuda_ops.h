@@ -41,8 +41,11 @@ int SetBlasStream(BlasHandle* blas, void* stream, void* workspace, size_t bytes)
 
 // Streams and graphs (the bf16 runner's decode steps). StreamCreate makes a
 // blocking stream: work on the legacy default stream (the synchronous
-// copies, the fp32 kernels) stays ordered with it.
-int StreamCreate(void** stream);
+// copies, the fp32 kernels) stays ordered with it. With blocking = false it
+// neither waits for the legacy stream nor makes it wait (the KV block
+// copies to host run on one beside the step's kernels and the synchronous
+// downloads).
+int StreamCreate(void** stream, bool blocking = true);
 void StreamDestroy(void* stream);
 // Captures what the calling thread enqueues on `stream` until EndCapture,
 // which instantiates it into *exec (nullptr when the capture failed).
@@ -51,10 +54,6 @@ int EndCapture(void* stream, void** exec);
 int GraphLaunch(void* exec, void* stream);
 void GraphDestroy(void* exec);
 
-// A non-blocking stream: neither waits for the legacy default stream nor
-// makes it wait (the KV block copies to host run on one beside the step's
-// kernels and the synchronous downloads).
-int StreamCreateNonBlocking(void** stream);
 // Events without timing, for ordering streams and waiting on the host.
 int EventCreate(void** event);
 void EventDestroy(void* event);
