@@ -173,15 +173,25 @@ void KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
     TANDEM_LOG(WARNING) << "KV-store load of " << hashes.size()
                         << " blocks failed (recomputed): " << results.status();
   }
+  std::vector<LoadMiss> misses(hashes.size(), LoadMiss::kFailed);
+  std::vector<int32_t> copy_ids;
+  std::vector<std::span<const std::byte>> copy_from;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (results.ok() && i < results->size()) misses[i] = (*results)[i].miss;
+    if (misses[i] != LoadMiss::kNone) continue;
+    copy_ids.push_back(block_ids[i]);
+    copy_from.emplace_back(staging + i * block_bytes_, static_cast<size_t>(block_bytes_));
+  }
+  if (!copy_ids.empty()) {
+    if (absl::Status copied = from_host_(copy_ids, copy_from); !copied.ok()) {
+      TANDEM_LOG(WARNING) << "KV-store load: copying " << copy_ids.size()
+                          << " blocks into the cache failed (recomputed): " << copied;
+      std::replace(misses.begin(), misses.end(), LoadMiss::kNone, LoadMiss::kFailed);
+    }
+  }
   uint64_t ok = 0, not_found = 0, checksum = 0, failed = 0;
   for (size_t i = 0; i < hashes.size(); ++i) {
-    LoadMiss miss = results.ok() && i < results->size() ? (*results)[i].miss : LoadMiss::kFailed;
-    if (miss == LoadMiss::kNone) {
-      const std::span<const std::byte> src(staging + i * block_bytes_,
-                                           static_cast<size_t>(block_bytes_));
-      if (!from_host_(block_ids[i], src).ok()) miss = LoadMiss::kFailed;
-    }
-    switch (miss) {
+    switch (misses[i]) {
       case LoadMiss::kNone:
         ++ok;
         continue;

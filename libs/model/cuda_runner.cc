@@ -146,6 +146,24 @@ class CudaRunnerBase : public ModelRunner {
     return CudaStatus(kd::CopyToDevice(BlockPtr(block_id), in.data(), in.size()), "block copy");
   }
 
+  // The KV-store's loads: every copy queued on the step stream behind the
+  // copies out that still read one of the blocks (a wait on the device),
+  // then one wait for all of them, instead of a synchronous copy per block.
+  // From the connector's pinned staging each is a DMA of its own.
+  absl::Status CopyBlocksFromHost(std::span<const int32_t> block_ids,
+                                  std::span<const std::span<const std::byte>> in) override {
+    TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(block_ids, in));
+    if (block_ids.empty()) return absl::OkStatus();
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+    TANDEM_RETURN_IF_ERROR(copies_out_.OrderBefore(block_ids, stream_, /*host_waits=*/false));
+    for (size_t i = 0; i < block_ids.size(); ++i) {
+      TANDEM_RETURN_IF_ERROR(
+          CudaStatus(kd::CopyAsync(BlockPtr(block_ids[i]), in[i].data(), in[i].size(), stream_),
+                     "block copy"));
+    }
+    return CudaStatus(kd::StreamSynchronize(stream_), "block copies");
+  }
+
   // Beside the steps, on copies_out_'s stream; a later step that writes one
   // of the blocks waits for its copy on the device (Run).
   absl::StatusOr<BlockCopyWait> CopyBlocksToHostAsync(

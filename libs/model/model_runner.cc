@@ -210,16 +210,9 @@ absl::Status ModelRunner::ValidateBlockCopy(int32_t block_id, size_t size) const
   return absl::OkStatus();
 }
 
-absl::Status ModelRunner::ValidateBlockCopies(std::span<const int32_t> block_ids,
-                                              std::span<const std::span<std::byte>> out) const {
-  if (block_ids.size() != out.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(block_ids.size(), " block ids but ", out.size(), " host buffers"));
-  }
-  for (size_t i = 0; i < block_ids.size(); ++i) {
-    TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_ids[i], out[i].size()));
-  }
-  return absl::OkStatus();
+absl::Status ModelRunner::BlockCopyCountMismatch(size_t block_ids, size_t buffers) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(block_ids, " block ids but ", buffers, " host buffers"));
 }
 
 absl::StatusOr<ModelRunner::BlockCopyWait> ModelRunner::CopyBlocksToHostAsync(
@@ -229,6 +222,15 @@ absl::StatusOr<ModelRunner::BlockCopyWait> ModelRunner::CopyBlocksToHostAsync(
     TANDEM_RETURN_IF_ERROR(CopyBlockToHost(block_ids[i], out[i]));
   }
   return BlockCopyWait([] { return absl::OkStatus(); });
+}
+
+absl::Status ModelRunner::CopyBlocksFromHost(std::span<const int32_t> block_ids,
+                                             std::span<const std::span<const std::byte>> in) {
+  TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(block_ids, in));
+  for (size_t i = 0; i < block_ids.size(); ++i) {
+    TANDEM_RETURN_IF_ERROR(CopyBlockFromHost(block_ids[i], in[i]));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ModelRunner::ValidateBatch(std::span<const SequenceInput> batch) const {

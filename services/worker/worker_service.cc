@@ -213,8 +213,8 @@ absl::Status WorkerService::Load() {
         [runner](std::span<const int32_t> blocks, std::span<const std::span<std::byte>> out) {
           return runner->CopyBlocksToHostAsync(blocks, out);
         },
-        [runner](int32_t block, std::span<const std::byte> in) {
-          return runner->CopyBlockFromHost(block, in);
+        [runner](std::span<const int32_t> blocks, std::span<const std::span<const std::byte>> in) {
+          return runner->CopyBlocksFromHost(blocks, in);
         });
     if (!kvc.ok()) return Annotate(kvc.status(), "creating the KV-store connector");
     kv_connector_ = std::move(kvc).value();

@@ -202,6 +202,46 @@ TEST_F(ConnectorTest, CorruptBlockIsReportedInvalidAndStoredAgain) {
   EXPECT_EQ(again.stores[0].block_ids, (std::vector<int32_t>{21, 22, 23}));
 }
 
+// A step's loads go into the cache in one call (one wait on a GPU); when
+// it fails, every block of it is reported invalid (recomputed) and counted
+// as a failed load, and the load still finishes.
+TEST_F(ConnectorTest, AFailedCopyIntoTheCacheRecomputesEveryLoadedBlock) {
+  StartStore();
+  auto sc = MakeScheduler();
+  std::vector<std::vector<int32_t>> calls;
+  bool fail = false;
+  KvStoreConnectorWorker::CopyFromHost into_cache = cache_.FromHost();
+  auto wk = MakeWorker({.from_host = [&](std::span<const int32_t> ids,
+                                         std::span<const std::span<const std::byte>> in) {
+    calls.emplace_back(ids.begin(), ids.end());
+    return fail ? absl::InternalError("device lost") : into_cache(ids, in);
+  }});
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  wk->SnapshotStores(ComputeStep(sc.get(), &a));
+  sched::KvConnectorReport sent;
+  WaitSent(wk.get(), 1, &sent);
+  sc->OnConnectorReport(sent);
+
+  ASSERT_TRUE(LoadBack(sc.get(), wk.get(), "b", Tokens(17)));
+  ASSERT_EQ(calls, (std::vector<std::vector<int32_t>>{{20, 21, 22, 23}}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(cache_.blocks[20 + i], cache_.blocks[1 + i]) << i;
+
+  fail = true;
+  sched::Request c = MakeRequest("c", Tokens(17), {26, 27, 28, 29, 30});
+  EXPECT_EQ(PollMatch(sc.get(), c, 0).num_external_tokens, 16);
+  sc->UpdateStateAfterAlloc(c, std::span<const int32_t>(c.block_ids).first(4), 16);
+  sched::SchedulerOutput out;
+  sched::KvConnectorReport report;
+  wk->LoadBlocks(sc->BuildConnectorMeta(out, {}), &report);
+  EXPECT_EQ(calls.size(), 2u);
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"c"});
+  EXPECT_EQ(report.invalid_block_ids, (std::vector<int32_t>{26, 27, 28, 29}));
+  EXPECT_EQ(report.num_load_failed_rpc, 4);
+  EXPECT_EQ(wk->stats().load_failed_rpc, 4u);
+  EXPECT_EQ(wk->stats().blocks_loaded, 4u);  // b's only
+}
+
 TEST_F(ConnectorTest, LateLookupCountsAsZeroHits) {
   StartStore(/*lookup_delay_ms=*/400);
   auto wk = MakeWorker();

@@ -50,8 +50,10 @@ struct FakeCache {
     };
   }
   KvStoreConnectorWorker::CopyFromHost FromHost() {
-    return [this](int32_t b, std::span<const std::byte> in) {
-      std::memcpy(blocks.at(b).data(), in.data(), kBlockBytes);
+    return [this](std::span<const int32_t> ids, std::span<const std::span<const std::byte>> in) {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        std::memcpy(blocks.at(ids[i]).data(), in[i].data(), kBlockBytes);
+      }
       return absl::OkStatus();
     };
   }
@@ -98,6 +100,7 @@ struct WorkerOptions {
   std::string target;  // empty: the test's store
   bool use_cuda_host_alloc = true;
   KvStoreConnectorWorker::CopyToHost to_host;  // empty: cache_.ToHost()
+  KvStoreConnectorWorker::CopyFromHost from_host;  // empty: cache_.FromHost()
 };
 
 class ConnectorTest : public ::testing::Test {
@@ -135,12 +138,13 @@ class ConnectorTest : public ::testing::Test {
     return c.ok() ? std::move(*c) : nullptr;
   }
   std::unique_ptr<KvStoreConnectorWorker> MakeWorker(const WorkerOptions& o = {}) {
-    auto w = KvStoreConnectorWorker::Create(
-        {.target = o.target.empty() ? target_ : o.target,
-         .transfer_deadline_ms = 2000,
-         .max_pending_store_bytes = o.max_pending_store_bytes,
-         .use_cuda_host_alloc = o.use_cuda_host_alloc},
-        "fp", "layout", kBlockBytes, o.to_host ? o.to_host : cache_.ToHost(), cache_.FromHost());
+    auto w = KvStoreConnectorWorker::Create({.target = o.target.empty() ? target_ : o.target,
+                                             .transfer_deadline_ms = 2000,
+                                             .max_pending_store_bytes = o.max_pending_store_bytes,
+                                             .use_cuda_host_alloc = o.use_cuda_host_alloc},
+                                            "fp", "layout", kBlockBytes,
+                                            o.to_host ? o.to_host : cache_.ToHost(),
+                                            o.from_host ? o.from_host : cache_.FromHost());
     EXPECT_TRUE(w.ok()) << w.status();
     return w.ok() ? std::move(*w) : nullptr;
   }

@@ -305,6 +305,23 @@ TEST_F(BadInputTest, BadBatchIsInvalidArgumentNamingTheSequenceAndLeavesCacheUnt
   ASSERT_TRUE((*copied)().ok());
   EXPECT_TRUE(std::equal(b0.begin(), b0.end(), (*runner)->BlockBytes(0).begin()));
   EXPECT_TRUE(std::equal(b1.begin(), b1.end(), (*runner)->BlockBytes(1).begin()));
+  // Loads: a batch with one bad entry writes no block; a good one writes all.
+  const std::vector<std::byte> before0(b0), before1(b1);
+  std::vector<std::byte> in0(b0.size(), std::byte{3}), in1(b0.size(), std::byte{4});
+  const std::span<const std::byte> ins[] = {in0, in1};
+  const int32_t bad_second[] = {1, 8};
+  EXPECT_EQ((*runner)->CopyBlocksFromHost(bad_second, ins).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::span<const std::byte> short_in[] = {in0, wrong_size};
+  EXPECT_EQ((*runner)->CopyBlocksFromHost(two, short_in).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*runner)->CopyBlocksFromHost(std::span(two).first(1), ins).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(std::equal(before0.begin(), before0.end(), (*runner)->BlockBytes(0).begin()));
+  EXPECT_TRUE(std::equal(before1.begin(), before1.end(), (*runner)->BlockBytes(1).begin()));
+  ASSERT_TRUE((*runner)->CopyBlocksFromHost(two, ins).ok());
+  EXPECT_TRUE(std::equal(in0.begin(), in0.end(), (*runner)->BlockBytes(0).begin()));
+  EXPECT_TRUE(std::equal(in1.begin(), in1.end(), (*runner)->BlockBytes(1).begin()));
   EXPECT_EQ(ModelRunner::Create(model->get(), {.block_size = 4, .num_blocks = 0}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU backend (skipped without a device).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -430,6 +431,23 @@ TEST(CudaRunnerTest, AsyncBlockCopiesReadTheBlocksBeforeALaterStepRewritesThem) 
     ASSERT_TRUE((*gpu)->CopyBlockFromHost(table[0], std::span(want).first(bb)).ok());
     ASSERT_TRUE((*again)().ok());
     EXPECT_TRUE(std::equal(now.begin(), now.end(), pinned->data()));
+    // So does a batch of loads (queued on the step stream, one wait), and
+    // it writes every block: from pinned memory, as the connector's staging.
+    auto third = (*gpu)->CopyBlocksToHostAsync(table, out);
+    ASSERT_TRUE(third.ok()) << third.status();
+    auto from = PinnedBuffer::Allocate(want.size(), {.what = "test"});
+    ASSERT_TRUE(from.ok()) << from.status();
+    std::memcpy(from->data(), want.data(), want.size());
+    const std::vector<int32_t> reversed(table.rbegin(), table.rend());
+    std::vector<std::span<const std::byte>> in;
+    for (size_t i = 0; i < table.size(); ++i) in.emplace_back(from->data() + i * bb, bb);
+    ASSERT_TRUE((*gpu)->CopyBlocksFromHost(reversed, in).ok());
+    ASSERT_TRUE((*third)().ok());
+    EXPECT_TRUE(std::equal(want.begin(), want.begin() + bb, pinned->data()));
+    for (size_t i = 0; i < table.size(); ++i) {
+      ASSERT_TRUE((*gpu)->CopyBlockToHost(reversed[i], now).ok());
+      EXPECT_TRUE(std::equal(now.begin(), now.end(), want.begin() + i * bb)) << i;
+    }
   }
 }
 

@@ -281,8 +281,11 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   // never waits for its stores' copies.
   using CopyToHost = std::function<absl::StatusOr<std::function<absl::Status()>>(
       std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out)>;
-  // Copies one block from host memory of block_bytes into the cache.
-  using CopyFromHost = std::function<absl::Status(int32_t block_id, std::span<const std::byte> in)>;
+  // Copies in[i] (host memory of block_bytes) into cache block block_ids[i]
+  // and returns once `in` may be reused (ModelRunner::CopyBlocksFromHost):
+  // a step's loads in one call. An error fails every block of the call.
+  using CopyFromHost = std::function<absl::Status(std::span<const int32_t> block_ids,
+                                                  std::span<const std::span<const std::byte>> in)>;
 
   static absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> Create(
       const KvStoreConnectorOptions& options, const std::string& model_fingerprint,

@@ -219,6 +219,14 @@ class ModelRunner {
   // so that the KV-store's stores never hold up a step (DESIGN §5).
   virtual absl::StatusOr<BlockCopyWait> CopyBlocksToHostAsync(
       std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out);
+  // Copies in[i] (block_bytes() each) into block block_ids[i] (the
+  // KV-store's loads) and returns once `in` may be reused; a later step reads
+  // the loaded bytes. A block that a copy out (above) still reads is written
+  // after it. INVALID_ARGUMENT without copying anything when an id or a size
+  // is wrong. This implementation calls CopyBlockFromHost per block; the
+  // CUDA backend queues every copy on its step stream and waits once.
+  virtual absl::Status CopyBlocksFromHost(std::span<const int32_t> block_ids,
+                                          std::span<const std::span<const std::byte>> in);
 
  protected:
   ModelRunner(const Model* model, KvCacheOptions opts, Backend backend)
@@ -228,8 +236,18 @@ class ModelRunner {
   // Checks a block copy's id and host buffer size (CopyBlockToHost/FromHost).
   absl::Status ValidateBlockCopy(int32_t block_id, size_t size) const;
   // ValidateBlockCopy of every pair, and that there are as many of each.
+  template <typename Byte>
   absl::Status ValidateBlockCopies(std::span<const int32_t> block_ids,
-                                   std::span<const std::span<std::byte>> out) const;
+                                   std::span<const std::span<Byte>> buffers) const {
+    if (block_ids.size() != buffers.size()) {
+      return BlockCopyCountMismatch(block_ids.size(), buffers.size());
+    }
+    for (size_t i = 0; i < block_ids.size(); ++i) {
+      if (absl::Status s = ValidateBlockCopy(block_ids[i], buffers[i].size()); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  static absl::Status BlockCopyCountMismatch(size_t block_ids, size_t buffers);
 
   const Model* model_;
   KvCacheOptions opts_;
