@@ -97,7 +97,7 @@ absl::StatusOr<LookupResult> Impl::Lookup(std::string_view ns, std::span<const B
     TANDEM_ASSIGN_OR_RETURN(NsInfo info, ResolveLocked(ns));
     const int64_t now = clock_->NowNanos();
     ExpireLeasesLocked(now);
-    ++stats_.lookups;
+    if (options.count_in_stats) ++stats_.lookups;
     std::vector<Entry*> hits;
     for (const BlockHash& h : hashes) {
       auto it = index_.find(Key{info.id, h});
@@ -112,7 +112,7 @@ absl::StatusOr<LookupResult> Impl::Lookup(std::string_view ns, std::span<const B
       hits.push_back(e);
     }
     result.num_hits = static_cast<int32_t>(hits.size());
-    stats_.lookup_hits += hits.size();
+    if (options.count_in_stats) stats_.lookup_hits += hits.size();
     if (options.take_lease && !hits.empty()) {
       const uint64_t id = next_lease_++;
       int64_t ttl = options.lease_ttl_ms > 0 ? options.lease_ttl_ms : opts_.default_lease_ttl_ms;

@@ -347,8 +347,9 @@ bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& r
   std::span<const std::byte> arena;
   if (shared_lease != nullptr && !hashes.empty()) {
     ++local_loads_;
-    absl::StatusOr<kvstore::LookupResult> pinned = store_->Lookup(
-        request.namespace_(), hashes, {.take_lease = true, .stage_to_hot = true});
+    absl::StatusOr<kvstore::LookupResult> pinned =
+        store_->Lookup(request.namespace_(), hashes,
+                       {.take_lease = true, .stage_to_hot = true, .count_in_stats = false});
     if (!pinned.ok()) return send_done(Annotate(pinned.status(), "pinning the blocks"));
     *shared_lease = pinned->lease;
     shared = static_cast<size_t>(pinned->num_hits);

@@ -269,7 +269,8 @@ grpc::Status KvStoreServiceImpl::Stats(grpc::ServerContext* ctx, const v1::Stats
     resp->set_bulk_stores(b.stores);
     if (!options_.bulk_load->local_socket().empty()) {
       resp->set_local_socket(options_.bulk_load->local_socket());
-      resp->set_host_id(rpc::LocalHostId());
+      resp->set_host_id(options_.debug_host_id.empty() ? rpc::LocalHostId()
+                                                       : options_.debug_host_id);
       resp->set_local_loads(b.local_loads);
     }
   }

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "bulk_load_server.h"
@@ -56,6 +57,9 @@ struct KvStoreServiceOptions {
   // Runs at the start of every Store call, on its gRPC thread (in-process
   // tests: a store that stalls until the test lets it go); empty = off.
   std::function<void()> debug_before_store;
+  // The host id Stats advertises beside the local socket instead of this
+  // host's (a store that looks remote to clients on this host); empty = off.
+  std::string debug_host_id;
 
   [[nodiscard]] absl::Status Validate() const;
 };

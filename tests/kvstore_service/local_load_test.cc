@@ -110,6 +110,9 @@ TEST_F(LocalLoadTest, LoadsReadTheHotTierInPlace) {
   EXPECT_EQ(bulk_->GetStats().blocks_shared, 3u);
   EXPECT_EQ(bulk_->GetStats().blocks_sent, 1u);
   EXPECT_EQ(store_->GetStats().active_leases, 0u);
+  // The pins are part of the loads, not lookups of the store's.
+  EXPECT_EQ(store_->GetStats().lookups, 0u);
+  EXPECT_EQ(store_->GetStats().lookup_hits, 0u);
 }
 
 // The protocol by hand: the memfd comes with the answer to the preface; a
@@ -194,6 +197,31 @@ TEST_F(LocalLoadTest, WithoutTheSocketLoadsTakeTheBulkPort) {
   EXPECT_EQ(l.bufs[1], TestPayload(2, kBlock));
   EXPECT_EQ(client_->local_loads(), 0u);
   EXPECT_EQ(client_->bulk_loads(), 1u);
+}
+
+// The socket is for clients on the store's own host: a store that
+// advertises another host's id is loaded from over the bulk port, though
+// its socket path would connect here.
+TEST_F(LocalLoadTest, AStoreThatAdvertisesAnotherHostIsLoadedOverTheBulkPort) {
+  kvstore_service::KvStoreServiceImpl remote(
+      store_.get(), kvstore_service::KvStoreServiceOptions{
+                        .bulk_load = bulk_.get(), .debug_host_id = "boot-id-of-another-host"});
+  testutil::LoopbackServer s = testutil::StartOnLoopback(&remote);
+  ASSERT_NE(s.server, nullptr);
+  auto client = KvStoreClient::Create({.target = s.target, .bulk_lookup = false});
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<uint8_t> buf(kBlock, 0xEE);
+  const std::span<uint8_t> dst[] = {buf};
+  const BlockHash hash[] = {TestHash(3)};
+  auto results = (*client)->Load("ns", hash, dst, LeaseId(0));
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ((*results)[0].miss, LoadMiss::kNone);
+  EXPECT_EQ(buf, TestPayload(3, kBlock));
+  EXPECT_EQ((*client)->local_loads(), 0u);
+  EXPECT_EQ((*client)->bulk_loads(), 1u);
+  EXPECT_EQ(bulk_->GetStats().local_loads, 0u);
+  client->reset();
+  s.server->Shutdown();
 }
 
 TEST_F(LocalLoadTest, TheSocketNeedsASharedHotTierAndAPathNoOneServes) {

@@ -112,6 +112,10 @@ struct LookupOptions {
   int64_t lease_ttl_ms = 0;
   // Copy cold-tier hits into the hot tier before returning.
   bool stage_to_hot = false;
+  // Counts in KvStoreStats' lookups and lookup_hits. A load on the local
+  // socket pins its blocks with a lookup that is part of the load, not one
+  // of the scheduler's lookups, and does not count.
+  bool count_in_stats = true;
 };
 
 struct LookupResult {
