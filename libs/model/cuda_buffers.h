@@ -1,4 +1,4 @@
-// Device-memory helpers of the CUDA runner (cuda_runner.cc; built only with
+// Device-memory helpers of the CUDA runner (cuda_runner_base.h; built only with
 // TANDEM_HAVE_CUDA): CUDA error codes as Status, grow-only device buffers,
 // and the upload of a model's weights into them. Pinned host memory is
 // tandem::PinnedBuffer (tandem/common/pinned_memory.h), the tree's one.

@@ -1,6 +1,6 @@
 // CUDA graphs for decode steps (issue 31): which captured graph a step
 // replays, and the padded layout it replays with. Host code, tested on the
-// CPU; the capture and replay are in cuda_runner.cc.
+// CPU; the capture and replay are CudaRunnerBase::RunGraph (cuda_runner.cc).
 //
 // A decode step (every sequence feeds one token) of B <= kMaxGraphRows
 // sequences replays the graph captured for (GraphBatchBucket(B), the power
