@@ -165,9 +165,11 @@ void KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
     dst.emplace_back(reinterpret_cast<uint8_t*>(staging) + i * block_bytes_,
                      static_cast<size_t>(block_bytes_));
   }
+  const auto read_start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<BlockLoadResult>> results =
       hashes.empty() ? std::vector<BlockLoadResult>{}
                      : client_->Load(ns_, hashes, std::span<const std::span<uint8_t>>(dst));
+  const auto read_end = std::chrono::steady_clock::now();
   if (!results.ok()) {
     if (results.status().code() == absl::StatusCode::kNotFound) namespace_ok_.store(false);
     TANDEM_LOG(WARNING) << "KV-store load of " << hashes.size()
@@ -188,6 +190,14 @@ void KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
                           << " blocks into the cache failed (recomputed): " << copied;
       std::replace(misses.begin(), misses.end(), LoadMiss::kNone, LoadMiss::kFailed);
     }
+  }
+  if (options_.on_load) {
+    using Seconds = std::chrono::duration<double>;
+    options_.on_load(
+        KvLoadTiming{.blocks = static_cast<int64_t>(hashes.size()),
+                     .bytes = static_cast<int64_t>(copy_ids.size()) * block_bytes_,
+                     .read_seconds = Seconds(read_end - read_start).count(),
+                     .copy_seconds = Seconds(std::chrono::steady_clock::now() - read_end).count()});
   }
   uint64_t ok = 0, not_found = 0, checksum = 0, failed = 0;
   for (size_t i = 0; i < hashes.size(); ++i) {

@@ -121,6 +121,7 @@ WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* regist
         metrics::AddGauge(r, "tandem_worker_num_requests_active",
                           "Requests the worker holds batch state for."),
     });
+    kv_metrics_ = std::make_unique<WorkerKvMetrics>(r);
   }
   loop_ = std::thread([this] { Loop(); });
 }
@@ -207,6 +208,10 @@ absl::Status WorkerService::Load() {
             .transfer_deadline_ms = options_.kvstore_transfer_deadline_ms,
             // Pinned staging only pays off when the cache is on the GPU.
             .use_cuda_host_alloc = options_.backend == "cuda",
+            .on_load =
+                [metrics = kv_metrics_.get()](const kvconnector::KvLoadTiming& t) {
+                  if (metrics != nullptr) metrics->OnLoad(t);
+                },
             .bulk_load = options_.kvstore_bulk_port},
         model_->fingerprint(), model::KvLayoutString(config, options_.block_size, dtype_),
         model::KvBlockBytes(config, options_.block_size, dtype_),
@@ -334,6 +339,7 @@ void WorkerService::Loop() {
         metrics_->step_errors.Increment();
       }
       metrics_->active_requests.Set(executor_->num_requests());
+      if (kv_connector_ != nullptr) kv_metrics_->Mirror(kv_connector_->stats());
     }
     num_active_requests_.store(executor_->num_requests());
     num_steps_.fetch_add(1);

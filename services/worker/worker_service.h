@@ -33,6 +33,7 @@
 #include "tandem/model/model_runner.h"
 #include "tandem/v1/worker.grpc.pb.h"
 #include "tandem/worker/step_executor.h"
+#include "worker_kv_metrics.h"
 
 namespace tandem::worker {
 
@@ -154,6 +155,7 @@ class WorkerService final : public v1::Worker::Service {
     prometheus::Gauge& active_requests;
   };
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<WorkerKvMetrics> kv_metrics_;  // with metrics_
   // The KV connector's worker role (null without --kvstore). Its loads run
   // on the loop thread before a step's forward pass and its stores copy
   // their blocks out right after it, so both are ordered against the

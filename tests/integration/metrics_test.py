@@ -97,6 +97,31 @@ def check_scheduler_series(text):
     print(f"scheduler: {len(SCHEDULER_SERIES)} admission/latency families, all with model_name")
 
 
+def check_worker_kv_series(port, stored_by_store, deadline):
+    """The worker's side of the stores (issue 32): the blocks the store
+    acknowledged, mirrored after each step (the engine sends empty steps
+    while stores are in flight), and the load series, present at 0: the
+    second call hit the worker's own prefix cache, so nothing was loaded."""
+    text = ""
+    while time.time() < deadline:
+        text = scrape(port)
+        if ((value(text, "tandem_worker_kvstore_blocks_stored_total") or 0) >= stored_by_store
+                and value(text, "tandem_worker_kvstore_stores_in_flight") == 0):
+            break
+        time.sleep(0.1)
+    stored = value(text, "tandem_worker_kvstore_blocks_stored_total")
+    assert stored >= stored_by_store > 0, (stored, stored_by_store)
+    assert value(text, "tandem_worker_kvstore_stores_in_flight") == 0, text
+    assert value(text, 'tandem_worker_kvstore_staging_bytes{use="store"}') > 0, text
+    for series in ("tandem_worker_kvstore_blocks_loaded_total",
+                   'tandem_worker_kvstore_load_seconds_count{phase="read"}',
+                   'tandem_worker_kvstore_load_seconds_count{phase="copy"}',
+                   'tandem_worker_kvstore_load_failed_blocks_total{reason="checksum"}',
+                   'tandem_worker_kvstore_store_failed_blocks_total{reason="dropped"}'):
+        assert value(text, series) == 0, (series, text)
+    print(f"worker: {stored:.0f} blocks stored (the store wrote {stored_by_store:.0f})")
+
+
 def check_concurrent_scrapes(port, hosts):
     """Idle connections do not hold scrapes up, and scrapes run at once."""
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
@@ -367,6 +392,8 @@ def main():
         for series in ("tandem_kvstore_lookups_total", "tandem_kvstore_bulk_lookups_total",
                        "tandem_kvstore_blocks_stored_total", "tandem_kvstore_cold_blocks"):
             assert (value(kv_text, series) or 0) > 0, f"{series} did not move:\n{kv_text}"
+        check_worker_kv_series(ports["worker"], value(kv_text, "tandem_kvstore_blocks_stored_total"),
+                               deadline)
         check_scheduler_series(scrape(ports["scheduler"]))
         check_concurrent_scrapes(ports["scheduler"], scrape_hosts)
         finished = value(scrape(ports["scheduler"]), "tandem_scheduler_requests_finished_total")

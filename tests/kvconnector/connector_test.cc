@@ -204,18 +204,23 @@ TEST_F(ConnectorTest, CorruptBlockIsReportedInvalidAndStoredAgain) {
 
 // A step's loads go into the cache in one call (one wait on a GPU); when
 // it fails, every block of it is reported invalid (recomputed) and counted
-// as a failed load, and the load still finishes.
+// as a failed load, and the load still finishes. Each step's loads are
+// timed (on_load).
 TEST_F(ConnectorTest, AFailedCopyIntoTheCacheRecomputesEveryLoadedBlock) {
   StartStore();
   auto sc = MakeScheduler();
   std::vector<std::vector<int32_t>> calls;
   bool fail = false;
   KvStoreConnectorWorker::CopyFromHost into_cache = cache_.FromHost();
-  auto wk = MakeWorker({.from_host = [&](std::span<const int32_t> ids,
-                                         std::span<const std::span<const std::byte>> in) {
-    calls.emplace_back(ids.begin(), ids.end());
-    return fail ? absl::InternalError("device lost") : into_cache(ids, in);
-  }});
+  std::vector<KvLoadTiming> timings;
+  auto wk = MakeWorker(
+      {.from_host =
+           [&](std::span<const int32_t> ids, std::span<const std::span<const std::byte>> in) {
+             calls.emplace_back(ids.begin(), ids.end());
+             std::this_thread::sleep_for(std::chrono::milliseconds(20));
+             return fail ? absl::InternalError("device lost") : into_cache(ids, in);
+           },
+       .on_load = [&](const KvLoadTiming& t) { timings.push_back(t); }});
   ASSERT_TRUE(sc && wk);
   sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
   wk->SnapshotStores(ComputeStep(sc.get(), &a));
@@ -226,6 +231,13 @@ TEST_F(ConnectorTest, AFailedCopyIntoTheCacheRecomputesEveryLoadedBlock) {
   ASSERT_TRUE(LoadBack(sc.get(), wk.get(), "b", Tokens(17)));
   ASSERT_EQ(calls, (std::vector<std::vector<int32_t>>{{20, 21, 22, 23}}));
   for (int i = 0; i < 4; ++i) EXPECT_EQ(cache_.blocks[20 + i], cache_.blocks[1 + i]) << i;
+  // The step's load is timed by phase for the worker's metrics: the copy
+  // into the cache (here 20 ms) apart from the read from the store.
+  ASSERT_EQ(timings.size(), 1u);
+  EXPECT_EQ(timings[0].blocks, 4);
+  EXPECT_EQ(timings[0].bytes, 4 * kBlockBytes);
+  EXPECT_GE(timings[0].copy_seconds, 0.02);
+  EXPECT_GT(timings[0].read_seconds, 0.0);
 
   fail = true;
   sched::Request c = MakeRequest("c", Tokens(17), {26, 27, 28, 29, 30});
@@ -240,6 +252,9 @@ TEST_F(ConnectorTest, AFailedCopyIntoTheCacheRecomputesEveryLoadedBlock) {
   EXPECT_EQ(report.num_load_failed_rpc, 4);
   EXPECT_EQ(wk->stats().load_failed_rpc, 4u);
   EXPECT_EQ(wk->stats().blocks_loaded, 4u);  // b's only
+  ASSERT_EQ(timings.size(), 2u);
+  EXPECT_EQ(timings[1].blocks, 4);
+  EXPECT_EQ(timings[1].bytes, 4 * kBlockBytes);  // arrived, then failed into the cache
 }
 
 TEST_F(ConnectorTest, LateLookupCountsAsZeroHits) {

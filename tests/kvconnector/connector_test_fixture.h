@@ -101,6 +101,7 @@ struct WorkerOptions {
   bool use_cuda_host_alloc = true;
   KvStoreConnectorWorker::CopyToHost to_host;  // empty: cache_.ToHost()
   KvStoreConnectorWorker::CopyFromHost from_host;  // empty: cache_.FromHost()
+  std::function<void(const KvLoadTiming&)> on_load;
 };
 
 class ConnectorTest : public ::testing::Test {
@@ -141,7 +142,8 @@ class ConnectorTest : public ::testing::Test {
     auto w = KvStoreConnectorWorker::Create({.target = o.target.empty() ? target_ : o.target,
                                              .transfer_deadline_ms = 2000,
                                              .max_pending_store_bytes = o.max_pending_store_bytes,
-                                             .use_cuda_host_alloc = o.use_cuda_host_alloc},
+                                             .use_cuda_host_alloc = o.use_cuda_host_alloc,
+                                             .on_load = o.on_load},
                                             "fp", "layout", kBlockBytes,
                                             o.to_host ? o.to_host : cache_.ToHost(),
                                             o.from_host ? o.from_host : cache_.FromHost());

@@ -90,4 +90,24 @@ sleep 1
 echo "model $MODEL, --backend $BACKEND --dtype $DTYPE, $BLOCKS KV blocks per worker"
 "$BUILD/tools/bench_kv_ttft/tandem-bench-kv-ttft" --replica-a "$SA" --replica-b "$SB" --plain "$SC" \
   --kvstore "$KV" "${BENCH_FLAGS[@]}"
+# Where B's loads spent their time (its worker's tandem_worker_kvstore_*
+# series): the read from the store into host memory, and the copy into the
+# KV cache (on a GPU, the DMA).
+B_METRICS=$(grep -o 'metrics on http://[^ ]*' "$RUN/wb.log" | head -1 | cut -d' ' -f3)
+if [ -n "$B_METRICS" ]; then
+  python3 - "$B_METRICS" <<'PY' || true
+import re, sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
+def v(name):
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+n = v('tandem_worker_kvstore_load_seconds_count{phase="read"}')
+if n:
+    mib = v("tandem_worker_kvstore_loaded_bytes_total") / 2**20
+    read = v('tandem_worker_kvstore_load_seconds_sum{phase="read"}') * 1e3 / n
+    copy = v('tandem_worker_kvstore_load_seconds_sum{phase="copy"}') * 1e3 / n
+    print(f"B's loads: {n:.0f} steps, {mib:.1f} MiB; per step: read from the store {read:.2f} ms "
+          f"(into host memory, checksummed), copy into the KV cache {copy:.2f} ms")
+PY
+fi
 echo "(logs: $RUN)"

@@ -102,6 +102,18 @@ void PinGrpcCallbackQueue();
 [[nodiscard]] std::string NamespaceFor(const std::string& model_fingerprint,
                                        const std::string& kv_layout);
 
+// One step's loads, as the worker role ran them (KvStoreConnectorOptions::
+// on_load): where a load's time goes, for the worker's metrics.
+struct KvLoadTiming {
+  int64_t blocks = 0;  // asked for
+  int64_t bytes = 0;   // of the blocks that arrived intact
+  // From the store into host memory (the client's Load: the store's answer,
+  // the transfer and the checksums).
+  double read_seconds = 0;
+  // From host memory into the KV cache (CopyFromHost: on a GPU, the DMA).
+  double copy_seconds = 0;
+};
+
 struct KvStoreConnectorOptions {
   // host:port of tandem-kvstore. Required.
   std::string target;
@@ -140,6 +152,9 @@ struct KvStoreConnectorOptions {
   // (sent -> answer seen, seconds; late or failed ones too), for a
   // histogram. May be empty.
   std::function<void(double)> on_lookup_latency;
+  // Worker: called on the worker's loop thread after each step's loads
+  // (only steps that load). May be empty.
+  std::function<void(const KvLoadTiming&)> on_load;
   // Worker: how loads and stores reach the store; scheduler: how lookups do.
   // "auto": the store's bulk port (TCP, under TLS with the process's client
   // TLS; see services/kvstore/bulk_load_server.h)
