@@ -29,6 +29,11 @@ for arg in "$@"; do
   esac
 done
 
+# Each stage's heading carries the minutes since the start, so a CI log
+# says where the hour goes.
+START=$SECONDS
+stage() { echo "=== $* ($(( (SECONDS - START) / 60 )) min in) ==="; }
+
 tools/install-deps.sh
 
 status=0
@@ -58,34 +63,34 @@ else
   echo "note: no nvcc found: the CUDA kernels are not compiled in this run"
 fi
 
-echo "=== build (RelWithDebInfo) ==="
+stage "build (RelWithDebInfo)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${CUDA_FLAG[@]}"
 cmake --build build -j"$JOBS"
-echo "=== tests ==="
+stage "tests"
 run_ctest build
 
 if [ "$SANITIZERS" = 1 ]; then
-  echo "=== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer ==="
+  stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=address \
         -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
   cmake --build build-asan -j"$JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan -L unit
 
-  echo "=== KV-store service, bulk port, KV client and rpc tests under ASan + UBSan ==="
+  stage "KV-store service, bulk port, KV client and rpc tests under ASan + UBSan"
   build_only build-asan-svc address kvconnector_test kvstore_client_wire_test \
     kvstore_service_test kvstore_load_wire_test kvstore_bulk_load_test kvstore_bulk_store_test \
     kvstore_bulk_tls_test rpc_convert_test rpc_flags_test rpc_server_test rpc_framed_socket_test
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan-svc -R "$ONLY"
 
-  echo "=== KV-store engine, EngineCore and StepExecutor tests under ThreadSanitizer ==="
+  stage "KV-store engine, EngineCore and StepExecutor tests under ThreadSanitizer"
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread \
         -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
   cmake --build build-tsan -j"$JOBS" --target tsan_tests
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest build-tsan -L tsan
 
-  echo "=== KV-store service, bulk port and KV client tests under ThreadSanitizer ==="
+  stage "KV-store service, bulk port and KV client tests under ThreadSanitizer"
   # gRPC, abseil, protobuf and OpenSSL come uninstrumented from Debian: their races are
   # suppressed by library (tools/tsan-uninstrumented.supp, plus one
   # called_from_lib line per such library the tree's binaries load).
@@ -116,7 +121,7 @@ if [ "$SANITIZERS" = 1 ]; then
     kvstore_bulk_store_test kvstore_bulk_tls_test
   run_tsan_svc -R "$ONLY"
 
-  echo "=== frontend, scheduler and worker end to end under ThreadSanitizer ==="
+  stage "frontend, scheduler and worker end to end under ThreadSanitizer"
   # frontend_test starts the TSan binaries of this tree. Its tests read
   # tokenizer.bin here and skip the npm openai SDK's (it compares with
   # libsentencepiece, which a sanitizer build cannot load), so the npm
@@ -124,7 +129,7 @@ if [ "$SANITIZERS" = 1 ]; then
   build_only build-tsan-svc thread tandem-worker tandem-scheduler tandem-frontend tandem frontend_test
   run_tsan_svc -R '^frontend_test$' -FA frontend_npm
 
-  echo "=== fuzzers (libFuzzer, clang, ASan + UBSan): ${FUZZ_SECONDS}s each ==="
+  stage "fuzzers (libFuzzer, clang, ASan + UBSan): ${FUZZ_SECONDS}s each"
   # On a copy of each seed corpus (tests/fuzz/corpus/<target>); a crash leaves
   # its input in build-fuzz/artifacts/ (add it to the corpus as a regression).
   CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -148,5 +153,5 @@ if [ "$SANITIZERS" = 1 ]; then
   done
 fi
 
-if [ "$status" -ne 0 ]; then echo "tools/test.sh: FAILED"; exit 1; fi
-echo "tools/test.sh: all tests passed"
+if [ "$status" -ne 0 ]; then echo "tools/test.sh: FAILED after $(( (SECONDS - START) / 60 )) min"; exit 1; fi
+echo "tools/test.sh: all tests passed in $(( (SECONDS - START) / 60 )) min"
