@@ -5,6 +5,7 @@
 #include "kv_repair.h"
 #include "kv_rocks.h"
 #include "kv_store_impl.h"
+#include "rocksdb_crc32c.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 
@@ -82,6 +83,8 @@ absl::Status Impl::Init() {
   }
   TANDEM_RETURN_IF_ERROR(FinishInterruptedSalvage(opts_.data_dir));
   rocks_options_ = RocksOptions();
+  // Also what keeps rocksdb_crc32c.cc linked in (see there).
+  TANDEM_LOG(INFO) << "KV-store: RocksDB's checksums: " << rocksdb::crc32c::IsFastCrc32Supported();
   TANDEM_RETURN_IF_ERROR(FromRocks(OpenDb(), "opening " + opts_.data_dir));
 
   HostArenaOptions ao{.slot_bytes = opts_.hot_slot_bytes,
