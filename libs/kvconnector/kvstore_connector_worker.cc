@@ -45,10 +45,10 @@ KvStoreConnectorWorker::KvStoreConnectorWorker(const KvStoreConnectorOptions& op
       block_bytes_(static_cast<int64_t>(spec_.block_bytes)),
       to_host_(std::move(to_host)),
       from_host_(std::move(from_host)),
-      staging_(options.use_cuda_host_alloc),
       store_staging_(std::make_unique<StoreStaging>(block_bytes_, options.max_pending_store_bytes,
                                                     options.use_cuda_host_alloc)) {
   store_thread_ = std::thread([this] { StoreLoop(); });
+  load_thread_ = std::thread([this] { LoadLoop(); });
 }
 
 KvStoreConnectorWorker::~KvStoreConnectorWorker() {
@@ -57,46 +57,14 @@ KvStoreConnectorWorker::~KvStoreConnectorWorker() {
     stopping_ = true;
   }
   cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(load_mu_);
+    load_stopping_ = true;
+  }
+  load_cv_.notify_all();
   if (store_thread_.joinable()) store_thread_.join();
-}
-
-const char* StagingMemoryName(StagingMemory m) {
-  switch (m) {
-    case StagingMemory::kNone:
-      return "none";
-    case StagingMemory::kCudaPinned:
-      return "cuda-pinned";
-    case StagingMemory::kLocked:
-      return "locked";
-    case StagingMemory::kPageable:
-      return "pageable";
-  }
-  return "?";
-}
-
-std::byte* KvStoreConnectorWorker::Staging::Reserve(size_t bytes) {
-  if (bytes <= memory_.size()) return memory_.data();
-  constexpr size_t kPage = 4096;
-  const size_t cap = (std::max(bytes, memory_.size() * 2) + kPage - 1) / kPage * kPage;
-  memory_ = PinnedBuffer();  // the old one goes first: no peak of both
-  absl::StatusOr<PinnedBuffer> memory = PinnedBuffer::Allocate(
-      cap, {.use_cuda_host_alloc = use_cuda_host_alloc_, .what = "KV load staging"});
-  TANDEM_CHECK(memory.ok()) << memory.status();
-  memory_ = std::move(memory).value();
-  return memory_.data();
-}
-
-StagingMemory KvStoreConnectorWorker::Staging::kind() const {
-  if (memory_.size() == 0) return StagingMemory::kNone;
-  switch (memory_.kind()) {
-    case PinnedKind::kCudaPinned:
-      return StagingMemory::kCudaPinned;
-    case PinnedKind::kLocked:
-      return StagingMemory::kLocked;
-    case PinnedKind::kPageable:
-      return StagingMemory::kPageable;
-  }
-  return StagingMemory::kNone;
+  // A read under way ends by its transfer deadline.
+  if (load_thread_.joinable()) load_thread_.join();
 }
 
 void KvStoreConnectorWorker::EnsureNamespace() {
@@ -127,110 +95,6 @@ void KvStoreConnectorWorker::AbandonUnsnapshotted() {
     EnqueueLocked(StoreJob{.request_id = std::move(request_id), .dropped = true, .failed = true});
   }
   unsnapshotted_.clear();
-}
-
-void KvStoreConnectorWorker::LoadBlocks(const sched::KvConnectorMetadata& meta,
-                                        sched::KvConnectorReport* report) {
-  // A step whose stores were never snapshotted failed before its forward
-  // pass ended: its store entries still finish (as dropped).
-  AbandonUnsnapshotted();
-  for (const sched::KvStoreOp& s : meta.stores) {
-    if (s.before_forward) {
-      SnapshotStore(s);
-    } else {
-      unsnapshotted_.emplace_back(s.request_id,
-                                  std::min(s.block_ids.size(), s.block_hashes.size()));
-    }
-  }
-  if (meta.loads.empty()) return;
-  std::vector<BlockHash> hashes;
-  std::vector<int32_t> block_ids;
-  for (const sched::KvLoad& l : meta.loads) {
-    const size_t n = std::min(l.block_hashes.size(), l.block_ids.size());
-    hashes.insert(hashes.end(), l.block_hashes.begin(), l.block_hashes.begin() + n);
-    block_ids.insert(block_ids.end(), l.block_ids.begin(), l.block_ids.begin() + n);
-  }
-  // Staging memory: the store's payloads land here first (and are verified
-  // by their checksum), then one copy per block goes into the cache.
-  const size_t staging_capacity = staging_.capacity();
-  std::byte* const staging = staging_.Reserve(hashes.size() * static_cast<size_t>(block_bytes_));
-  if (staging_.capacity() != staging_capacity) {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.staging = staging_.kind();
-    stats_.staging_bytes = static_cast<int64_t>(staging_.capacity());
-  }
-  std::vector<std::span<uint8_t>> dst;
-  dst.reserve(hashes.size());
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    dst.emplace_back(reinterpret_cast<uint8_t*>(staging) + i * block_bytes_,
-                     static_cast<size_t>(block_bytes_));
-  }
-  const auto read_start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<BlockLoadResult>> results =
-      hashes.empty() ? std::vector<BlockLoadResult>{}
-                     : client_->Load(ns_, hashes, std::span<const std::span<uint8_t>>(dst));
-  const auto read_end = std::chrono::steady_clock::now();
-  if (!results.ok()) {
-    if (results.status().code() == absl::StatusCode::kNotFound) namespace_ok_.store(false);
-    TANDEM_LOG(WARNING) << "KV-store load of " << hashes.size()
-                        << " blocks failed (recomputed): " << results.status();
-  }
-  std::vector<LoadMiss> misses(hashes.size(), LoadMiss::kFailed);
-  std::vector<int32_t> copy_ids;
-  std::vector<std::span<const std::byte>> copy_from;
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    if (results.ok() && i < results->size()) misses[i] = (*results)[i].miss;
-    if (misses[i] != LoadMiss::kNone) continue;
-    copy_ids.push_back(block_ids[i]);
-    copy_from.emplace_back(staging + i * block_bytes_, static_cast<size_t>(block_bytes_));
-  }
-  if (!copy_ids.empty()) {
-    if (absl::Status copied = from_host_(copy_ids, copy_from); !copied.ok()) {
-      TANDEM_LOG(WARNING) << "KV-store load: copying " << copy_ids.size()
-                          << " blocks into the cache failed (recomputed): " << copied;
-      std::replace(misses.begin(), misses.end(), LoadMiss::kNone, LoadMiss::kFailed);
-    }
-  }
-  if (options_.on_load) {
-    using Seconds = std::chrono::duration<double>;
-    options_.on_load(
-        KvLoadTiming{.blocks = static_cast<int64_t>(hashes.size()),
-                     .bytes = static_cast<int64_t>(copy_ids.size()) * block_bytes_,
-                     .read_seconds = Seconds(read_end - read_start).count(),
-                     .copy_seconds = Seconds(std::chrono::steady_clock::now() - read_end).count()});
-  }
-  uint64_t ok = 0, not_found = 0, checksum = 0, failed = 0;
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    switch (misses[i]) {
-      case LoadMiss::kNone:
-        ++ok;
-        continue;
-      case LoadMiss::kNotFound:
-        ++not_found;
-        break;
-      case LoadMiss::kChecksum:
-        ++checksum;
-        break;
-      case LoadMiss::kFailed:
-        ++failed;
-        break;
-    }
-    report->invalid_block_ids.push_back(block_ids[i]);
-  }
-  if (checksum > 0) {
-    TANDEM_LOG(WARNING) << "KV-store: " << checksum
-                        << " loaded block(s) failed their checksum; recomputing them";
-  }
-  for (const sched::KvLoad& l : meta.loads) report->finished_recving.push_back(l.request_id);
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.loads += meta.loads.size();
-  stats_.blocks_loaded += ok;
-  stats_.load_failed_not_found += not_found;
-  stats_.load_failed_checksum += checksum;
-  stats_.load_failed_rpc += failed;
-  report->num_load_failed_not_found += static_cast<int32_t>(not_found);
-  report->num_load_failed_checksum += static_cast<int32_t>(checksum);
-  report->num_load_failed_rpc += static_cast<int32_t>(failed);
 }
 
 void KvStoreConnectorWorker::SnapshotStores(const sched::KvConnectorMetadata& meta) {

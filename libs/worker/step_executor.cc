@@ -113,6 +113,7 @@ sched::ModelRunnerOutput StepExecutor::Failed(uint64_t step_id, uint64_t last_pr
 
 void StepExecutor::Reset(const char* why) {
   while (!seqs_.empty()) DropSeq(seqs_.begin(), why);
+  if (kv_connector_ != nullptr) kv_connector_->ForgetLoads();
   last_failed_step_id_ = 0;
 }
 
@@ -121,10 +122,11 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     auto it = seqs_.find(id);
     if (it != seqs_.end()) DropSeq(it, "finished");
   }
-  // KV-store loads of this step, before its forward pass (and after every
-  // earlier step's: steps run in order on this thread). Reported in this
-  // step's output (even if the step then fails), failed blocks as
-  // invalid_block_ids. Loads need no batch state, so they come first.
+  // KV-store loads: those that arrived go into the cache before this
+  // step's forward pass (and after every earlier step's: steps run in order
+  // on this thread), and are reported in its output (even if the step then
+  // fails), failed blocks as invalid_block_ids; this step's own begin.
+  // Loads need no batch state, so they come first.
   sched::KvConnectorReport& report = out->kv_connector_report;
   if (kv_connector_ != nullptr) kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
 
@@ -156,6 +158,9 @@ absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerO
     report.finished_sending.clear();
     report.failed_sending.clear();
     kv_connector_->TakeFinishedSending(&report);
+    // Loads that arrived during the forward pass: reported a step sooner.
+    kv_connector_->FinishLoads(
+        &report, inputs.empty() ? options_.empty_step_load_wait : std::chrono::microseconds(0));
   }
   RecordSamples(step, batch, sample, tokens, logprobs, out);
   return absl::OkStatus();

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -334,6 +336,9 @@ void BulkLoadServer::ServeLookups(rpc::FramedSocket* sock, const absl::Status& a
 bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& request,
                                LeaseId* shared_lease) {
   ++loads_;
+  if (options_.debug_load_delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_load_delay_ms));
+  }
   LoadScope scope(store_, request);  // releases the lease however the load ends
   auto send_done = [&](const absl::Status& status) {
     scope.ReleaseLease();  // before the client can see the end

@@ -147,6 +147,9 @@ struct BulkLoadServerOptions {
   // Tests only: each lookup sleeps this long first (a slow store), as
   // KvStoreServiceOptions::debug_lookup_delay_ms does for gRPC lookups.
   int64_t debug_lookup_delay_ms = 0;
+  // Tests only: each load sleeps this long first (a slow transfer), as
+  // KvStoreServiceOptions::debug_load_delay_ms does for gRPC loads.
+  int64_t debug_load_delay_ms = 0;
   // TLS on the port when enabled() (the store's --tls-* flags); plain TCP
   // otherwise.
   rpc::TlsOptions tls;

@@ -42,7 +42,8 @@ absl::Status KvStoreServiceOptions::Validate() const {
                                                    " must be in (0, 3 MiB] to stay under 4 MiB"));
   }
   if (max_block_bytes <= 0) return absl::InvalidArgumentError("max_block_bytes must be > 0");
-  if (debug_lookup_delay_ms < 0 || debug_corrupt_hot_every < 0 || debug_corrupt_cold_every < 0) {
+  if (debug_lookup_delay_ms < 0 || debug_load_delay_ms < 0 || debug_corrupt_hot_every < 0 ||
+      debug_corrupt_cold_every < 0) {
     return absl::InvalidArgumentError("the --debug-* fault-injection settings must be >= 0");
   }
   return absl::OkStatus();
@@ -96,6 +97,10 @@ grpc::Status KvStoreServiceImpl::LoadRaw(
   if (!stream->Read(&request)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Load: no LoadRequest received");
   }
+  if (options_.debug_load_delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_load_delay_ms));
+  }
+  if (options_.debug_before_load) options_.debug_before_load();
   LoadScope scope(store_, request);  // releases the lease however the load ends
   if (!scope.status().ok()) return rpc::ToGrpcStatus(scope.status());
   const std::vector<BlockHash>& hashes = scope.hashes();

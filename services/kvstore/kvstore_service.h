@@ -48,6 +48,9 @@ struct KvStoreServiceOptions {
   // tests (tests/integration/kv_*). Never set these in production. ----
   // Every Lookup answers this many milliseconds late (a slow store).
   int64_t debug_lookup_delay_ms = 0;
+  // Every Load (and the bulk port's, BulkLoadServerOptions) starts this
+  // many milliseconds late (a slow transfer).
+  int64_t debug_load_delay_ms = 0;
   // Every Nth newly stored block gets one payload byte flipped in its
   // hot-tier slot (memory corruption); 0 = off.
   int32_t debug_corrupt_hot_every = 0;
@@ -57,6 +60,9 @@ struct KvStoreServiceOptions {
   // Runs at the start of every Store call, on its gRPC thread (in-process
   // tests: a store that stalls until the test lets it go); empty = off.
   std::function<void()> debug_before_store;
+  // Runs at the start of every gRPC Load call, likewise (a load the test
+  // holds back); empty = off.
+  std::function<void()> debug_before_load;
   // The host id Stats advertises beside the local socket instead of this
   // host's (a store that looks remote to clients on this host); empty = off.
   std::string debug_host_id;

@@ -96,10 +96,14 @@ int main(int argc, char** argv) {
             "on SIGTERM/SIGINT, how long in-flight RPCs may finish before shutdown (seconds, as "
             "the scheduler's and the frontend's)");
   int64_t debug_lookup_delay_ms = 0;
+  int64_t debug_load_delay_ms = 0;
   int32_t debug_corrupt_hot_every = 0;
   int32_t debug_corrupt_cold_every = 0;
   flags.Add("debug-lookup-delay-ms", &debug_lookup_delay_ms,
             "TESTS ONLY: answer every Lookup this many milliseconds late");
+  flags.Add("debug-load-delay-ms", &debug_load_delay_ms,
+            "TESTS ONLY: start every Load (gRPC, bulk port, local socket) this many "
+            "milliseconds late");
   flags.Add(
       "debug-corrupt-hot-every", &debug_corrupt_hot_every,
       "TESTS ONLY: flip a byte in the hot-tier copy of every Nth newly stored block (0: off)");
@@ -138,12 +142,15 @@ int main(int argc, char** argv) {
   kvstore_service::KvStoreServiceOptions service_options{
       .load_chunk_bytes = load_chunk_bytes,
       .debug_lookup_delay_ms = debug_lookup_delay_ms,
+      .debug_load_delay_ms = debug_load_delay_ms,
       .debug_corrupt_hot_every = debug_corrupt_hot_every,
       .debug_corrupt_cold_every = debug_corrupt_cold_every};
   bulk_options.debug_lookup_delay_ms = debug_lookup_delay_ms;
+  bulk_options.debug_load_delay_ms = debug_load_delay_ms;
   bulk_options.debug_corrupt_hot_every = debug_corrupt_hot_every;
   bulk_options.debug_corrupt_cold_every = debug_corrupt_cold_every;
-  if (debug_lookup_delay_ms > 0 || debug_corrupt_hot_every > 0 || debug_corrupt_cold_every > 0) {
+  if (debug_lookup_delay_ms > 0 || debug_load_delay_ms > 0 || debug_corrupt_hot_every > 0 ||
+      debug_corrupt_cold_every > 0) {
     TANDEM_LOG(WARNING) << "TEST-ONLY fault injection is on (--debug-*)";
   }
   if (absl::Status s = service_options.Validate(); !s.ok()) return boot.Fail(s.ToString());

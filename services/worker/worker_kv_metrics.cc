@@ -54,6 +54,8 @@ WorkerKvMetrics::WorkerKvMetrics(prometheus::Registry& r)
       store_dropped_(&store_failed_.Add({{"reason", "dropped"}})),
       stores_in_flight_(AddGauge(r, "tandem_worker_kvstore_stores_in_flight",
                                  "Store entries queued or being sent")),
+      loads_in_flight_(AddGauge(r, "tandem_worker_kvstore_loads_in_flight",
+                                "Steps' loads begun and not yet copied into the KV cache")),
       load_staging_bytes_(staging_.Add({{"use", "load"}})),
       store_staging_bytes_(staging_.Add({{"use", "store"}})) {}
 
@@ -73,6 +75,7 @@ void WorkerKvMetrics::Mirror(const kvconnector::KvConnectorWorkerStats& s) {
   store_failed_rejected_.Set(s.blocks_store_failed);
   store_dropped_.Set(s.blocks_store_dropped);
   stores_in_flight_.Set(static_cast<double>(s.stores_in_flight));
+  loads_in_flight_.Set(static_cast<double>(s.loads_in_flight));
   load_staging_bytes_.Set(static_cast<double>(s.staging_bytes));
   store_staging_bytes_.Set(static_cast<double>(s.store_staging_bytes));
 }

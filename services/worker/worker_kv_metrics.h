@@ -36,6 +36,7 @@ class WorkerKvMetrics {
   metrics::MirroredCounter loads_, blocks_loaded_, failed_not_found_, failed_checksum_,
       failed_transfer_, blocks_stored_, store_failed_rejected_, store_dropped_;
   prometheus::Gauge& stores_in_flight_;
+  prometheus::Gauge& loads_in_flight_;
   prometheus::Gauge& load_staging_bytes_;
   prometheus::Gauge& store_staging_bytes_;
 };

@@ -281,7 +281,14 @@ grpc::Status WorkerService::Execute(grpc::ServerContext* context, Stream* stream
     if (!stream->Read(step.get())) break;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({std::move(step), stream, nullptr});
+      // A step with nothing to compute may be waiting for a load: one that
+      // computes or begins loads goes first (an empty one behind it would
+      // only wait too). Under mu_, ordered with Loop's update.
+      const bool urgent = step->total_num_scheduled_tokens() != 0 ||
+                          step->kv_connector_metadata().loads_size() != 0;
+      queue_.push_back({std::move(step), stream, nullptr, urgent});
+      if (urgent) ++num_urgent_queued_;
+      if (kv_connector_ != nullptr) kv_connector_->SetStepQueued(num_urgent_queued_ > 0);
     }
     cv_.notify_all();
   }
@@ -291,7 +298,9 @@ grpc::Status WorkerService::Execute(grpc::ServerContext* context, Stream* stream
   std::future<void> finished = done->get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({nullptr, stream, done});
+    queue_.push_back({nullptr, stream, done, /*urgent=*/true});
+    ++num_urgent_queued_;
+    if (kv_connector_ != nullptr) kv_connector_->SetStepQueued(true);
   }
   cv_.notify_all();
   finished.wait();
@@ -310,6 +319,9 @@ void WorkerService::Loop() {
       if (queue_.empty()) return;  // stopping
       work = std::move(queue_.front());
       queue_.pop_front();
+      // Under mu_, as Execute's: a step that arrives later sets it again.
+      if (work.urgent) --num_urgent_queued_;
+      if (kv_connector_ != nullptr) kv_connector_->SetStepQueued(num_urgent_queued_ > 0);
     }
     if (work.step == nullptr) {
       executor_->Reset("scheduler-detached");

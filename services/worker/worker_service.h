@@ -125,6 +125,9 @@ class WorkerService final : public v1::Worker::Service {
     std::unique_ptr<v1::SchedulerOutput> step;  // null: the stream ended
     Stream* stream = nullptr;
     std::shared_ptr<std::promise<void>> done;  // set for the end marker
+    // Computes, begins loads, or ends the stream: a step waiting for loads
+    // (StepExecutorOptions::empty_step_load_wait) stops waiting for it.
+    bool urgent = false;
   };
 
   void Loop();
@@ -143,6 +146,7 @@ class WorkerService final : public v1::Worker::Service {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Work> queue_;
+  int32_t num_urgent_queued_ = 0;  // Work::urgent in queue_
   bool stopping_ = false;
   std::thread loop_;
 
@@ -156,9 +160,10 @@ class WorkerService final : public v1::Worker::Service {
   };
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<WorkerKvMetrics> kv_metrics_;  // with metrics_
-  // The KV connector's worker role (null without --kvstore). Its loads run
-  // on the loop thread before a step's forward pass and its stores copy
-  // their blocks out right after it, so both are ordered against the
+  // The KV connector's worker role (null without --kvstore). Its loads are
+  // read on a thread of its own and copied into the cache on the loop
+  // thread between forward passes, and its stores copy their blocks out
+  // right after a step's forward pass, so both are ordered against the
   // neighbouring steps (DESIGN §5 "Ordering").
   std::unique_ptr<kvconnector::KvStoreConnectorWorker> kv_connector_;
   // Owned by the loop thread once Load() has made it.

@@ -146,5 +146,59 @@ TEST_F(KvFaultsTest, WaitingForALookupDoesNotSpinEmptySteps) {
   EXPECT_LT(st.num_steps_sent(), 400u);
 }
 
+// A slow load holds up no other request (issue 32): while one request's
+// prefix takes 3 s to come from the store, a request that arrived after it
+// on the same worker streams all its tokens and finishes first, and the
+// loaded request still gives the baseline's tokens. When a step waited for
+// its loads, the second request's steps queued behind that wait, and the
+// loaded request (4 tokens) finished long before it (24 tokens). While the
+// load is the only work, the worker holds each empty step until the load
+// arrives or 10 ms pass (StepExecutorOptions::empty_step_load_wait), so the
+// engine does not send empty steps as fast as they come back.
+TEST_F(KvFaultsTest, ASlowLoadHoldsUpNoOtherRequest) {
+  Service kv = StartKvStore(*dir_, "kv-slow-load", {"--debug-load-delay-ms", "3000"});
+  Service worker =
+      StartWorker(*dir_, "slow-load-worker", {"--num-blocks", "48", "--kvstore", kv.address()});
+  const std::vector<std::string> flags = {"--kvstore", kv.address()};
+  const v1::GenerateRequest& loaded = requests_->front();  // 4 tokens, greedy
+  {
+    Service s = StartScheduler(*dir_, "slow-load-sched-1", worker.address(), flags);
+    ExpectSameOutputs(RunAll(s.address(), {loaded}), {baseline_->front()});
+    StatsAfterStoresSettle(s.address());
+    Stop(s);
+  }
+  Service s = StartScheduler(*dir_, "slow-load-sched-2", worker.address(), flags);
+  auto stub = GenerationStub(s.address());
+  using Clock = std::chrono::steady_clock;
+  GenerateResult loaded_result;
+  Clock::time_point loaded_done;
+  std::thread first([&] {
+    loaded_result = RunGenerate(stub.get(), loaded);
+    loaded_done = Clock::now();
+  });
+  ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_waiting_for_load() == 1; }))
+      << "the request never started its load";
+  const uint64_t steps_before = GetStats(stub.get()).num_steps_sent();
+  // A prompt of its own (no token of the workload's: nothing to load).
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 40; ++i) prompt.push_back(2 + (i * 7) % 500);
+  const GenerateResult other =
+      RunGenerate(stub.get(), MakeRequest(prompt, 24, 0.0f, {}, /*ignore_eos=*/true));
+  const Clock::time_point other_done = Clock::now();
+  first.join();
+  ASSERT_TRUE(other.status.ok()) << other.status.error_message();
+  EXPECT_EQ(other.tokens.size(), 24u);
+  ExpectSameOutputs({loaded_result}, {baseline_->front()});
+  EXPECT_LT(other_done, loaded_done) << "the other request waited for the load";
+  const v1::GetStatsResponse st = IdleStats(s.address());
+  EXPECT_GT(st.external_loaded_tokens(), 0u);
+  EXPECT_EQ(st.external_invalid_blocks(), 0u);
+  const uint64_t steps = st.num_steps_sent() - steps_before;
+  std::printf("steps sent while a 3 s load ran: %lu\n", static_cast<unsigned long>(steps));
+  // About one per 10 ms (300) plus the other request's; unheld, a worker
+  // round trip of 100-300 us gives 10,000-30,000.
+  EXPECT_LT(steps, 1500u);
+}
+
 }  // namespace
 }  // namespace tandem::testing

@@ -113,6 +113,7 @@ def check_worker_kv_series(port, stored_by_store, deadline):
     stored = value(text, "tandem_worker_kvstore_blocks_stored_total")
     assert stored >= stored_by_store > 0, (stored, stored_by_store)
     assert value(text, "tandem_worker_kvstore_stores_in_flight") == 0, text
+    assert value(text, "tandem_worker_kvstore_loads_in_flight") == 0, text
     assert value(text, 'tandem_worker_kvstore_staging_bytes{use="store"}') > 0, text
     assert value(text, 'tandem_worker_kvstore_store_failed_blocks_total{reason="dropped"}') == 0
     for series in ("tandem_worker_kvstore_blocks_loaded_total",

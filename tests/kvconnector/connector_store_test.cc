@@ -291,7 +291,7 @@ TEST_F(ConnectorTest, AFinalStoreIsReadBeforeTheNextStepsLoadsReuseItsBlocks) {
   EXPECT_EQ(next.stores[0].block_ids, std::vector<int32_t>{2});
   ASSERT_EQ(next.loads.size(), 1u);
   sched::KvConnectorReport report;
-  wk->LoadBlocks(next, &report);
+  RunLoads(wk.get(), next, &report);
   EXPECT_NE(cache_.blocks[2], a_block) << "b's load wrote block 2";
   wk->SnapshotStores(next);
   ASSERT_TRUE(wk->WaitForStores(5000));
@@ -300,7 +300,7 @@ TEST_F(ConnectorTest, AFinalStoreIsReadBeforeTheNextStepsLoadsReuseItsBlocks) {
   ASSERT_EQ(PollMatch(sc.get(), probe, 0).num_external_tokens, 8);
   sc->UpdateStateAfterAlloc(probe, std::vector<int32_t>{5, 6}, 8);
   sched::KvConnectorReport loaded;
-  wk->LoadBlocks(sc->BuildConnectorMeta(out, {}), &loaded);
+  RunLoads(wk.get(), sc->BuildConnectorMeta(out, {}), &loaded);
   EXPECT_TRUE(loaded.invalid_block_ids.empty());
   EXPECT_EQ(cache_.blocks[6], a_block);
 }

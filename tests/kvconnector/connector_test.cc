@@ -68,7 +68,7 @@ TEST_F(ConnectorTest, StoreThenLoadRoundTripsThroughStaging) {
   EXPECT_TRUE(meta.stores.empty());
   EXPECT_EQ(sc->stats().loads_in_flight, 1);
   sched::KvConnectorReport report;
-  wk->LoadBlocks(meta, &report);
+  RunLoads(wk.get(), meta, &report);
   EXPECT_EQ(report.finished_recving, std::vector<std::string>{"b"});
   EXPECT_TRUE(report.invalid_block_ids.empty());
   for (int i = 0; i < 4; ++i) EXPECT_EQ(cache_.blocks[10 + i], cache_.blocks[1 + i]) << i;
@@ -188,7 +188,7 @@ TEST_F(ConnectorTest, CorruptBlockIsReportedInvalidAndStoredAgain) {
   sc->UpdateStateAfterAlloc(b, std::span<const int32_t>(b.block_ids).first(4), 16);
   auto meta = sc->BuildConnectorMeta(out, {});
   sched::KvConnectorReport report;
-  wk->LoadBlocks(meta, &report);
+  RunLoads(wk.get(), meta, &report);
   EXPECT_EQ(report.finished_recving, std::vector<std::string>{"b"});
   ASSERT_EQ(report.invalid_block_ids, std::vector<int32_t>{21});
   EXPECT_EQ(wk->stats().load_failed_checksum, 1u);
@@ -245,7 +245,7 @@ TEST_F(ConnectorTest, AFailedCopyIntoTheCacheRecomputesEveryLoadedBlock) {
   sc->UpdateStateAfterAlloc(c, std::span<const int32_t>(c.block_ids).first(4), 16);
   sched::SchedulerOutput out;
   sched::KvConnectorReport report;
-  wk->LoadBlocks(sc->BuildConnectorMeta(out, {}), &report);
+  RunLoads(wk.get(), sc->BuildConnectorMeta(out, {}), &report);
   EXPECT_EQ(calls.size(), 2u);
   EXPECT_EQ(report.finished_recving, std::vector<std::string>{"c"});
   EXPECT_EQ(report.invalid_block_ids, (std::vector<int32_t>{26, 27, 28, 29}));
@@ -314,7 +314,7 @@ TEST_F(ConnectorTest, StoreDownMeansMissesAndFailedLoadsNotHangs) {
                         .block_hashes = {a.block_hashes[0], a.block_hashes[1]},
                         .block_ids = {7, 8}});
   sched::KvConnectorReport report;
-  wk->LoadBlocks(meta, &report);
+  RunLoads(wk.get(), meta, &report);
   EXPECT_EQ(report.finished_recving, std::vector<std::string>{"x"});
   EXPECT_EQ(report.invalid_block_ids, (std::vector<int32_t>{7, 8}));
 }
@@ -348,7 +348,7 @@ TEST_F(ConnectorTest, LoadStagingIsCudaPinnedWhenADeviceIsPresent) {
                           .block_hashes = {a.block_hashes.begin(), a.block_hashes.begin() + 4},
                           .block_ids = {10, 11, 12, 13}});
     sched::KvConnectorReport report;
-    wk->LoadBlocks(meta, &report);
+    RunLoads(wk.get(), meta, &report);
     EXPECT_TRUE(report.invalid_block_ids.empty());
     for (int i = 0; i < 4; ++i) EXPECT_EQ(cache_.blocks[10 + i], cache_.blocks[1 + i]) << i;
     const KvConnectorWorkerStats st = wk->stats();

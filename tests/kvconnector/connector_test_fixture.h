@@ -106,7 +106,8 @@ struct WorkerOptions {
 
 class ConnectorTest : public ::testing::Test {
  protected:
-  void StartStore(int64_t lookup_delay_ms = 0, std::function<void()> before_store = {}) {
+  void StartStore(int64_t lookup_delay_ms = 0, std::function<void()> before_store = {},
+                  std::function<void()> before_load = {}) {
     auto store = kvstore::KvStoreEngine::Open({.data_dir = dir_.path(),
                                                .hot_capacity_bytes = 1 << 20,
                                                .hot_slot_bytes = 4096,
@@ -116,7 +117,8 @@ class ConnectorTest : public ::testing::Test {
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
         store_.get(),
         kvstore_service::KvStoreServiceOptions{.debug_lookup_delay_ms = lookup_delay_ms,
-                                               .debug_before_store = std::move(before_store)});
+                                               .debug_before_store = std::move(before_store),
+                                               .debug_before_load = std::move(before_load)});
     testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
     ASSERT_NE(s.server, nullptr);
     server_ = std::move(s.server);
@@ -217,6 +219,19 @@ class ConnectorTest : public ::testing::Test {
     return meta.stores.empty() ? std::vector<int32_t>{} : meta.stores[0].block_ids;
   }
 
+  // Runs a step's loads as the worker does: LoadBlocks, then FinishLoads
+  // (waiting, as a step with nothing to compute does) until every load of
+  // `meta` has been reported, for at most 30 s.
+  static void RunLoads(KvStoreConnectorWorker* wk, const sched::KvConnectorMetadata& meta,
+                       sched::KvConnectorReport* report) {
+    const size_t want = report->finished_recving.size() + meta.loads.size();
+    wk->LoadBlocks(meta, report);
+    for (int i = 0; i < 3000 && report->finished_recving.size() < want; ++i) {
+      wk->FinishLoads(report, std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(report->finished_recving.size(), want) << "loads never arrived";
+  }
+
   // Loads the 4 full blocks of a request of `tokens` (17 of them) from the
   // store into cache blocks 20..23 through both roles, as a new request
   // `id` whose lookup hits all 4; false (with a failure) when it does not.
@@ -232,7 +247,7 @@ class ConnectorTest : public ::testing::Test {
       return false;
     }
     sched::KvConnectorReport report;
-    wk->LoadBlocks(meta, &report);
+    RunLoads(wk, meta, &report);
     EXPECT_EQ(report.finished_recving, std::vector<std::string>{again.request_id});
     EXPECT_TRUE(report.invalid_block_ids.empty()) << id;
     sc->OnConnectorReport(report);

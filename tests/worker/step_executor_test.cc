@@ -5,6 +5,7 @@
 #include "tandem/worker/step_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -64,8 +65,17 @@ class FakeConnector final : public sched::KvConnectorWorker {
     report->finished_sending.insert(report->finished_sending.end(), done.begin(), done.end());
     done.clear();
   }
+  void FinishLoads(sched::KvConnectorReport* report, std::chrono::microseconds wait) override {
+    waits.push_back(wait);
+    report->finished_recving.insert(report->finished_recving.end(), arrived.begin(), arrived.end());
+    arrived.clear();
+  }
+  void ForgetLoads() override { ++forgotten; }
   std::vector<std::string>& calls;
   std::vector<std::string> done;
+  std::vector<std::string> arrived;  // loads FinishLoads reports next
+  std::vector<std::chrono::microseconds> waits;
+  int forgotten = 0;
 };
 
 SchedulerOutput NewStep(uint64_t id, uint64_t last_processed, const std::string& req,
@@ -165,6 +175,26 @@ TEST_F(StepExecutorTest, AForwardErrorFailsTheStepAndItsStoresAreNotSnapshotted)
   EXPECT_TRUE(o2.error.empty()) << o2.error;
   EXPECT_EQ(calls_, (std::vector<std::string>{"load", "forward", "snapshot"}));
   EXPECT_EQ(o2.kv_connector_report.finished_sending, std::vector<std::string>{"b"});
+}
+
+// Loads arrive beside the steps (issue 32): after its forward pass a step
+// reports the loads that arrived meanwhile, without waiting when it computed
+// something, and waiting up to empty_step_load_wait when it had nothing to
+// compute; the end of the scheduler's stream forgets the loads in flight.
+TEST_F(StepExecutorTest, AStepWithNothingToComputeWaitsForLoadsAndResetForgetsThem) {
+  StepExecutor ex(&backend_, &connector_, {.empty_step_load_wait = std::chrono::milliseconds(7)});
+  connector_.arrived = {"x"};
+  ModelRunnerOutput o1 = ex.Execute(NewStep(1, 0, "a", {1, 2, 3}));
+  ASSERT_TRUE(o1.error.empty()) << o1.error;
+  EXPECT_EQ(o1.kv_connector_report.finished_recving, std::vector<std::string>{"x"});
+  SchedulerOutput empty{.step_id = 2, .last_processed_step_id = 1};
+  empty.kv_connector_metadata.loads.push_back({.request_id = "b", .block_ids = {7}});
+  ASSERT_TRUE(ex.Execute(std::move(empty)).error.empty());
+  EXPECT_EQ(connector_.waits, (std::vector<std::chrono::microseconds>{
+                                  std::chrono::microseconds(0), std::chrono::milliseconds(7)}));
+  EXPECT_EQ(connector_.forgotten, 0);
+  ex.Reset("scheduler-detached");
+  EXPECT_EQ(connector_.forgotten, 1);
 }
 
 TEST_F(StepExecutorTest, BadStepsFailWithAPreciseErrorAndResetForgetsEverything) {

@@ -26,11 +26,21 @@
 // the step was built (KvStoreOp::before_forward) is copied out before the
 // step's loads and forward pass, which may reuse its blocks.
 //
-// Loads complete within the step that carries them: the worker reports
-// finished_recving for every load of step N in step N's output, with the
-// blocks that failed (missing, checksum, timeout/RPC failure) in
-// invalid_block_ids; the scheduler then keeps only the blocks before the
-// first invalid one and recomputes the rest (outputs are unchanged).
+// Loads run beside the steps: step N's LoadBlocks hands its loads to the
+// load thread, which reads them from the store into pinned staging while
+// steps N, N+1, ... compute the other requests. A later step's LoadBlocks
+// (before its forward pass) or FinishLoads (after it) copies the arrived
+// blocks into the cache on the step thread, so the copy still follows
+// every earlier forward pass (DESIGN §5 "Ordering"; the blocks belong to a
+// request in kWaitingForRemoteKv, which no step computes, and the
+// scheduler holds them until finished_recving even when the request is
+// aborted). That step reports finished_recving, with the blocks that failed
+// (missing, checksum, timeout/RPC failure) in invalid_block_ids; the
+// scheduler then keeps only the blocks before the first invalid one and
+// recomputes the rest (outputs are unchanged). A step with nothing to
+// compute waits in FinishLoads (up to StepExecutorOptions::
+// empty_step_load_wait, or until the next step arrives) so that an engine
+// with only loads in flight neither spins empty steps nor learns late.
 //
 // Lookups and leases (scheduler role): a lookup asks for the request's block
 // hashes beyond its local hit, with a lease and stage_to_hot. The answer is
@@ -279,15 +289,17 @@ struct KvConnectorWorkerStats {
   uint64_t blocks_store_failed = 0;   // rejected, RPC failed, or not copied out of the cache
   uint64_t blocks_store_dropped = 0;  // queue full, or the step failed before its snapshot
   int64_t stores_in_flight = 0;       // store entries queued or sending
+  int64_t loads_in_flight = 0;        // steps' loads begun and not yet in the cache
   StagingMemory staging = StagingMemory::kNone;
-  int64_t staging_bytes = 0;
+  int64_t staging_bytes = 0;  // of loads: allocated, in use or kept for reuse
   // Host memory of queued stores, allocated so far and kept for reuse (at
   // most max_pending_store_bytes; see store_staging.h).
   int64_t store_staging_bytes = 0;
 };
 
-// The worker role. LoadBlocks and SnapshotStores run on the worker's loop
-// thread; a background thread sends the snapshots.
+// The worker role. LoadBlocks, FinishLoads and SnapshotStores run on the
+// worker's loop thread; a load thread reads the loads, a store thread sends
+// the snapshots.
 class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
  public:
   // Begins copying blocks out of the cache into out[i] (block_bytes each)
@@ -310,15 +322,21 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
 
   // Before the forward pass: first copies out the blocks of the stores with
   // before_forward set (ended requests' blocks, which this step's loads or
-  // forward pass may overwrite), then loads every block of `meta.loads`
-  // into the cache (via staging memory). Appends each load's request id to
-  // report->finished_recving and each failed block id to
-  // report->invalid_block_ids, and adds their counts by reason. Call it
-  // for every step, also one without loads: it notes the step's stores, so
-  // that when the step fails before SnapshotStores they are reported
-  // finished (as dropped, at the next step) instead of never.
+  // forward pass may overwrite), then finishes the loads that have arrived
+  // (FinishLoads, no wait) and hands `meta.loads` to the load thread (one
+  // read of all their blocks into staging memory). Call it for every step,
+  // also one without loads: it notes the step's stores, so that when the
+  // step fails before SnapshotStores they are reported finished (as
+  // dropped, at the next step) instead of never.
   void LoadBlocks(const sched::KvConnectorMetadata& meta,
                   sched::KvConnectorReport* report) override;
+  // Copies the arrived loads' intact blocks into the cache (CopyFromHost,
+  // one call per step's loads) and reports each load's request id in
+  // report->finished_recving and each failed block id in
+  // report->invalid_block_ids, with their counts by reason.
+  void FinishLoads(sched::KvConnectorReport* report, std::chrono::microseconds wait) override;
+  void SetStepQueued(bool queued) override;
+  void ForgetLoads() override;
   // After the forward pass: copies every block of the other `meta.stores`
   // out of the cache (begins to: see CopyToHost) into store staging memory
   // and queues it for the store. An entry that does not fit in the
@@ -369,22 +387,39 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   const int64_t block_bytes_;
   CopyToHost to_host_;
   CopyFromHost from_host_;
-  // Staging memory of loads (loop thread only): a tandem::PinnedBuffer
-  // (CUDA-pinned when a device is present and options.use_cuda_host_alloc,
-  // else page-aligned and locked where the OS allows), grown on demand.
-  class Staging {
-   public:
-    explicit Staging(bool use_cuda_host_alloc) : use_cuda_host_alloc_(use_cuda_host_alloc) {}
-    // At least `bytes` bytes; previous contents are not kept.
-    std::byte* Reserve(size_t bytes);
-    [[nodiscard]] StagingMemory kind() const;
-    [[nodiscard]] size_t capacity() const { return memory_.size(); }
-
-   private:
-    const bool use_cuda_host_alloc_;
-    PinnedBuffer memory_;
+  // One step's loads: read by the load thread, then copied into the cache
+  // and reported by the step thread.
+  struct LoadJob {
+    std::vector<std::string> request_ids;
+    std::vector<BlockHash> hashes;
+    std::vector<int32_t> block_ids;
+    // hashes.size() * block_bytes of staging memory (a tandem::PinnedBuffer:
+    // CUDA-pinned when a device is present and options.use_cuda_host_alloc,
+    // else page-aligned and locked where the OS allows), reused across jobs.
+    PinnedBuffer staging;
+    std::vector<LoadMiss> misses;  // per hash, once read
+    double read_seconds = 0;
+    uint64_t epoch = 0;  // load_epoch_ when begun (ForgetLoads)
   };
-  Staging staging_;
+  void LoadLoop();
+  void BeginLoad(std::span<const sched::KvLoad> loads);
+  // Copies the job's intact blocks into the cache and reports it.
+  void CompleteLoad(LoadJob& job, sched::KvConnectorReport* report);
+  // A staging buffer of at least `bytes` (from load_staging_free_, or new).
+  absl::StatusOr<PinnedBuffer> TakeLoadStaging(size_t bytes);
+
+  // The load side, under load_mu_ (its own lock: a load never waits for the
+  // store thread's bookkeeping, nor a store for a load).
+  std::mutex load_mu_;
+  std::condition_variable load_cv_;
+  std::deque<LoadJob> load_queue_;   // begun, not yet read
+  std::vector<LoadJob> loads_done_;  // read, not yet copied into the cache
+  int64_t loads_in_flight_ = 0;      // jobs of load_epoch_ begun, not completed
+  uint64_t load_epoch_ = 0;
+  bool step_queued_ = false;  // SetStepQueued
+  bool load_stopping_ = false;
+  std::vector<PinnedBuffer> load_staging_free_;
+  int64_t load_staging_bytes_ = 0;  // allocated, in use or free
   // The stores (request id, blocks) of the step whose LoadBlocks ran and
   // SnapshotStores did not yet (loop thread only).
   std::vector<std::pair<std::string, size_t>> unsnapshotted_;
@@ -401,6 +436,7 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   std::atomic<bool> namespace_ok_{false};
   KvConnectorWorkerStats stats_;  // under mu_
   std::thread store_thread_;
+  std::thread load_thread_;
 };
 
 }  // namespace tandem::kvconnector

@@ -19,6 +19,7 @@
 // After preemption a request is asked GetNumNewMatchedTokens() again.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -138,10 +139,27 @@ class KvConnectorWorker {
   virtual ~KvConnectorWorker() = default;
 
   // Before the forward pass: copies out the store entries marked
-  // before_forward and loads the step's blocks into the KV cache. Appends to
-  // `report` each load's request id (finished_recving), the blocks that did
-  // not arrive (invalid_block_ids) and adds their counts by reason.
+  // before_forward, begins the step's loads and finishes the loads that
+  // have arrived (FinishLoads). A load may finish in a later step than the
+  // one that carries it: the scheduler keeps its request waiting
+  // (kWaitingForRemoteKv) and its blocks held until finished_recving.
   virtual void LoadBlocks(const KvConnectorMetadata& meta, KvConnectorReport* report) = 0;
+  // Copies into the KV cache the loads whose blocks have arrived since the
+  // last call, and appends to `report` each one's request id
+  // (finished_recving), the blocks that did not arrive (invalid_block_ids)
+  // and their counts by reason. With `wait` positive, loads in flight and
+  // none arrived, first waits up to `wait` for one, unless a step is
+  // queued behind this one (SetStepQueued).
+  // Runs on the step thread, between steps' forward passes.
+  virtual void FinishLoads(KvConnectorReport* /*report*/, std::chrono::microseconds /*wait*/) {}
+  // Whether a step is queued behind the one running: true ends (or skips)
+  // FinishLoads' wait. The worker sets it true when a step arrives and,
+  // each time it takes a step, to whether more are queued, under the lock
+  // of its queue (so no arrival is missed). Any thread.
+  virtual void SetStepQueued(bool /*queued*/) {}
+  // The scheduler's stream ended: loads in flight are never copied into
+  // the cache nor reported (the next scheduler knows nothing of them).
+  virtual void ForgetLoads() {}
   // After the forward pass: reads the step's other store entries' blocks
   // (before a later step can overwrite them). A step that failed before
   // this never calls it; its entries finish as failed.

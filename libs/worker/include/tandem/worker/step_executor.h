@@ -17,8 +17,13 @@
 // number must equal the step's num_output_placeholders for the request; a
 // mismatch fails the step (the two sides would feed different tokens).
 //
-// A failed step: its loads are reported, its stores dropped, nothing is
-// sampled. A step built before the scheduler had processed a failed step's
+// KV-store loads (the connector) begin in the step that carries them and
+// arrive in a later one: each step first copies in the loads that have
+// arrived, and again after its forward pass (a step with nothing to
+// compute waits for one: StepExecutorOptions::empty_step_load_wait).
+//
+// A failed step: the loads that arrived are reported, its stores dropped,
+// nothing is sampled. A step built before the scheduler had processed a failed step's
 // output (its last_processed_step_id is older) builds on that step's
 // samples and KV: it is failed too, after its loads and before its forward
 // pass, so it never computes (or stores in the KV-store) KV from a context
@@ -32,6 +37,7 @@
 // step N+1 is never written by both at once (DESIGN §5 "Ordering").
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <span>
@@ -115,6 +121,13 @@ struct StepExecutorOptions {
   std::vector<uint64_t> debug_fail_steps;
   // TEST-ONLY: every step sleeps this long before its forward pass.
   int32_t debug_step_delay_us = 0;
+  // A step with nothing to compute, while KV-store loads are in flight,
+  // waits this long for one to arrive before it answers (less when the
+  // next step arrives: KvConnectorWorker::SetStepQueued). So an engine
+  // whose only work is loads learns of each within a round trip, without
+  // sending empty steps as fast as they come back; in sync scheduling a
+  // request that arrives meanwhile waits at most this long for its step.
+  std::chrono::microseconds empty_step_load_wait{10'000};
 };
 
 class StepExecutor {
@@ -133,8 +146,8 @@ class StepExecutor {
   // answered as rejected (nothing of it applied), and every later step built
   // before the scheduler processed that answer fails too.
   sched::ModelRunnerOutput Reject(uint64_t step_id, const absl::Status& why);
-  // The scheduler's stream ended: every request's batch state is dropped and
-  // step ids start again.
+  // The scheduler's stream ended: every request's batch state is dropped,
+  // the loads in flight are forgotten and step ids start again.
   void Reset(const char* why);
 
   [[nodiscard]] int32_t num_requests() const { return static_cast<int32_t>(seqs_.size()); }

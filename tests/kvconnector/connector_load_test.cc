@@ -1,0 +1,209 @@
+// KvStoreConnectorWorker's loads beside the steps (issue 32) against a real
+// tandem.v1.KvStore server in process whose Load the test holds back: the
+// step that carries a load does not wait for it, later steps go on without
+// it, the cache is written only once the blocks have arrived, a step with
+// nothing to compute waits for them unless the next step arrives, and loads
+// of a scheduler stream that ended are never copied in or reported.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "connector_test_fixture.h"
+#include "gtest/gtest.h"
+
+namespace tandem::kvconnector {
+namespace {
+
+// Opens `gate` after 20 s unless Cancel()ed first: a test whose rule broke
+// fails instead of hanging, and can tell that the watchdog opened the gate.
+class Watchdog {
+ public:
+  explicit Watchdog(Gate* gate)
+      : thread_([this, gate] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (!cv_.wait_for(lock, std::chrono::seconds(20), [&] { return cancelled_; })) {
+            fired_ = true;
+            gate->Open();
+          }
+        }) {}
+  ~Watchdog() {
+    Cancel();
+    thread_.join();
+  }
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    cv_.notify_all();
+  }
+  bool fired() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fired_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool cancelled_ = false;
+  bool fired_ = false;
+  std::thread thread_;
+};
+
+class ConnectorLoadTest : public ConnectorTest {
+ protected:
+  // A store whose every Load waits at gate_; request "a"'s 4 full blocks
+  // are in it (from cache blocks 10..13).
+  void SetUp() override {
+    StartStore(0, {}, [this] { gate_.Pass(); });
+    wk_ = MakeWorker();
+    ASSERT_NE(wk_, nullptr);
+    a_ = MakeRequest("a", Tokens(17), {10, 11, 12, 13, 14});
+    StoreBlocks(wk_.get(), &cache_, a_, 0, 3);
+    ASSERT_TRUE(wk_->WaitForStores(5000));
+    sched::KvConnectorReport ignored;
+    wk_->TakeFinishedSending(&ignored);
+  }
+  void TearDown() override {
+    gate_.Open();  // a load still held back ends before the server stops
+    ConnectorTest::TearDown();
+  }
+  // A step carrying the load of a's blocks into cache blocks `ids`, for `id`.
+  sched::KvConnectorMetadata LoadStep(const std::string& id, std::vector<int32_t> ids) const {
+    sched::KvConnectorMetadata meta;
+    meta.loads.push_back(
+        sched::KvLoad{.request_id = id,
+                      .block_hashes = {a_.block_hashes.begin(), a_.block_hashes.begin() + 4},
+                      .block_ids = std::move(ids)});
+    return meta;
+  }
+  bool Untouched(int first) const {
+    for (int i = 0; i < 4; ++i) {
+      if (cache_.blocks[first + i] != std::vector<std::byte>(kBlockBytes)) return false;
+    }
+    return true;
+  }
+  bool HoldsA(int first) const {
+    for (int i = 0; i < 4; ++i) {
+      if (cache_.blocks[first + i] != cache_.blocks[10 + i]) return false;
+    }
+    return true;
+  }
+
+  Gate gate_;
+  std::unique_ptr<KvStoreConnectorWorker> wk_;
+  sched::Request a_;
+};
+
+// The step that carries a load returns while the store still holds it back;
+// the steps after it run and report nothing of it and the cache blocks stay
+// as they were; once the blocks arrive, the next step copies them in and
+// reports the load.
+TEST_F(ConnectorLoadTest, ALoadArrivesInALaterStepAndHoldsNoStepUp) {
+  Watchdog watchdog(&gate_);
+  sched::KvConnectorReport report;
+  wk_->LoadBlocks(LoadStep("b", {20, 21, 22, 23}), &report);
+  ASSERT_TRUE(gate_.Reached());
+  EXPECT_FALSE(watchdog.fired()) << "the step waited for its load";
+  EXPECT_TRUE(report.finished_recving.empty());
+  EXPECT_EQ(wk_->stats().loads_in_flight, 1);
+  for (int step = 0; step < 3; ++step) {  // steps that compute: no wait
+    wk_->LoadBlocks({}, &report);
+    wk_->FinishLoads(&report, std::chrono::microseconds(0));
+  }
+  wk_->FinishLoads(&report, std::chrono::milliseconds(20));  // one with nothing to compute
+  EXPECT_FALSE(watchdog.fired());
+  EXPECT_TRUE(report.finished_recving.empty());
+  EXPECT_TRUE(Untouched(20)) << "the cache was written before the blocks arrived";
+  watchdog.Cancel();
+  gate_.Open();
+  RunLoads(wk_.get(), {}, &report);  // the next steps
+  for (int i = 0; i < 30000 && report.finished_recving.empty(); ++i) {
+    wk_->FinishLoads(&report, std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"b"});
+  EXPECT_TRUE(report.invalid_block_ids.empty());
+  EXPECT_TRUE(HoldsA(20));
+  EXPECT_EQ(wk_->stats().loads_in_flight, 0);
+  EXPECT_EQ(wk_->stats().blocks_loaded, 4u);
+}
+
+// A step with nothing to compute waits for a load in flight, but not once
+// the next step has arrived (SetStepQueued, also when it came first).
+TEST_F(ConnectorLoadTest, AWaitForALoadEndsWhenTheNextStepArrives) {
+  Watchdog watchdog(&gate_);
+  sched::KvConnectorReport report;
+  wk_->LoadBlocks(LoadStep("b", {20, 21, 22, 23}), &report);
+  ASSERT_TRUE(gate_.Reached());
+  std::thread next_step([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    wk_->SetStepQueued(true);
+  });
+  // Without the interrupt this waits until the watchdog opens the gate
+  // (20 s, less than the 60 s asked for) and returns the load.
+  wk_->FinishLoads(&report, std::chrono::seconds(60));
+  next_step.join();
+  EXPECT_FALSE(watchdog.fired());
+  EXPECT_TRUE(report.finished_recving.empty());
+  // The queued step runs, with nothing queued behind it.
+  wk_->SetStepQueued(false);
+  wk_->SetStepQueued(true);  // one queued before the wait begins
+  wk_->FinishLoads(&report, std::chrono::seconds(60));
+  EXPECT_FALSE(watchdog.fired());
+  EXPECT_TRUE(report.finished_recving.empty());
+  watchdog.Cancel();
+  gate_.Open();
+  // With nothing queued, the wait ends with the load.
+  wk_->SetStepQueued(false);
+  wk_->FinishLoads(&report, std::chrono::seconds(60));
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"b"});
+  EXPECT_TRUE(HoldsA(20));
+}
+
+// Loads in flight when the scheduler's stream ends belong to no scheduler:
+// they never write the cache (whose blocks the next scheduler hands out
+// afresh) and are never reported; the next stream's loads are.
+TEST_F(ConnectorLoadTest, LoadsOfAnEndedStreamAreNeverCopiedInNorReported) {
+  sched::KvConnectorReport report;
+  wk_->LoadBlocks(LoadStep("old", {20, 21, 22, 23}), &report);
+  ASSERT_TRUE(gate_.Reached());
+  wk_->ForgetLoads();
+  EXPECT_EQ(wk_->stats().loads_in_flight, 0);
+  gate_.Open();
+  // Behind the forgotten load on the load thread: once it is reported, the
+  // forgotten one has arrived too.
+  RunLoads(wk_.get(), LoadStep("new", {24, 25, 26, 27}), &report);
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"new"});
+  EXPECT_TRUE(report.invalid_block_ids.empty());
+  EXPECT_TRUE(HoldsA(24));
+  EXPECT_TRUE(Untouched(20)) << "a forgotten load wrote the cache";
+  wk_->FinishLoads(&report, std::chrono::milliseconds(50));
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"new"});
+  EXPECT_EQ(wk_->stats().loads_in_flight, 0);
+}
+
+// Several steps' loads in flight at once each land in their own blocks and
+// are each reported once, whatever step finishes them.
+TEST_F(ConnectorLoadTest, LoadsOfSeveralStepsInFlightEachArriveOnce) {
+  sched::KvConnectorReport report;
+  wk_->LoadBlocks(LoadStep("b", {20, 21, 22, 23}), &report);
+  ASSERT_TRUE(gate_.Reached());
+  wk_->LoadBlocks(LoadStep("c", {24, 25, 26, 27}), &report);
+  wk_->LoadBlocks(LoadStep("d", {28, 29, 30, 31}), &report);
+  EXPECT_EQ(wk_->stats().loads_in_flight, 3);
+  gate_.Open();
+  for (int i = 0; i < 3000 && report.finished_recving.size() < 3; ++i) {
+    wk_->LoadBlocks({}, &report);
+    wk_->FinishLoads(&report, std::chrono::milliseconds(10));
+  }
+  std::sort(report.finished_recving.begin(), report.finished_recving.end());
+  EXPECT_EQ(report.finished_recving, (std::vector<std::string>{"b", "c", "d"}));
+  EXPECT_TRUE(HoldsA(20) && HoldsA(24) && HoldsA(28));
+  EXPECT_EQ(wk_->stats().loads, 3u);
+  EXPECT_EQ(wk_->stats().loads_in_flight, 0);
+}
+
+}  // namespace
+}  // namespace tandem::kvconnector
