@@ -83,9 +83,14 @@ absl::StatusOr<PinnedBuffer> KvStoreConnectorWorker::TakeLoadStaging(size_t byte
   absl::StatusOr<PinnedBuffer> b = PinnedBuffer::Allocate(
       (bytes + kRound - 1) / kRound * kRound,
       {.use_cuda_host_alloc = options_.use_cuda_host_alloc, .what = "KV load staging"});
-  if (!b.ok()) return b.status();
-  std::lock_guard<std::mutex> lock(load_mu_);
-  load_staging_bytes_ += static_cast<int64_t>(b->size());
+  int64_t total = 0;
+  {
+    std::lock_guard<std::mutex> lock(load_mu_);
+    if (b.ok()) load_staging_bytes_ += static_cast<int64_t>(b->size());
+    total = load_staging_bytes_;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.staging_bytes = total;
   return b;
 }
 
@@ -98,26 +103,12 @@ void KvStoreConnectorWorker::BeginLoad(std::span<const sched::KvLoad> loads) {
     job.block_ids.insert(job.block_ids.end(), l.block_ids.begin(), l.block_ids.begin() + n);
   }
   job.misses.assign(job.hashes.size(), LoadMiss::kFailed);
-  bool read = !job.hashes.empty();
-  if (read) {
-    absl::StatusOr<PinnedBuffer> staging =
-        TakeLoadStaging(job.hashes.size() * static_cast<size_t>(block_bytes_));
-    if (staging.ok()) {
-      job.staging = std::move(staging).value();
-    } else {
-      TANDEM_LOG(WARNING) << "KV-store load of " << job.hashes.size()
-                          << " blocks: no staging memory (recomputed): " << staging.status();
-      read = false;
-    }
-  }
-  const StagingMemory kind = read ? KindOf(job.staging.kind()) : StagingMemory::kNone;
-  int64_t staging_bytes = 0;
+  const bool read = !job.hashes.empty();
   {
     std::lock_guard<std::mutex> lock(load_mu_);
     job.epoch = load_epoch_;
     ++loads_in_flight_;
-    staging_bytes = load_staging_bytes_;
-    // Nothing to read: it has arrived at once, every block failed.
+    // Nothing to read: it has arrived at once.
     if (read) {
       load_queue_.push_back(std::move(job));
     } else {
@@ -127,8 +118,6 @@ void KvStoreConnectorWorker::BeginLoad(std::span<const sched::KvLoad> loads) {
   load_cv_.notify_all();
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.loads_in_flight;
-  stats_.staging_bytes = staging_bytes;
-  if (kind != StagingMemory::kNone) stats_.staging = kind;
 }
 
 void KvStoreConnectorWorker::LoadLoop() {
@@ -144,6 +133,23 @@ void KvStoreConnectorWorker::LoadLoop() {
         loads_done_.push_back(std::move(job));
         continue;
       }
+    }
+    // Staging is taken when the read begins, not when the load does: a
+    // burst of loads queued behind a slow one holds no memory yet.
+    absl::StatusOr<PinnedBuffer> staging =
+        TakeLoadStaging(job.hashes.size() * static_cast<size_t>(block_bytes_));
+    if (!staging.ok()) {
+      TANDEM_LOG(WARNING) << "KV-store load of " << job.hashes.size()
+                          << " blocks: no staging memory (recomputed): " << staging.status();
+      std::lock_guard<std::mutex> lock(load_mu_);
+      loads_done_.push_back(std::move(job));
+      load_cv_.notify_all();
+      continue;
+    }
+    job.staging = std::move(staging).value();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.staging = KindOf(job.staging.kind());
     }
     std::vector<std::span<uint8_t>> dst;
     dst.reserve(job.hashes.size());
