@@ -119,9 +119,12 @@ TEST_F(ConnectorLoadTest, ALoadArrivesInALaterStepAndHoldsNoStepUp) {
   EXPECT_TRUE(Untouched(20)) << "the cache was written before the blocks arrived";
   watchdog.Cancel();
   gate_.Open();
-  RunLoads(wk_.get(), {}, &report);  // the next steps
+  // The next steps, until one finds the load arrived.
   for (int i = 0; i < 30000 && report.finished_recving.empty(); ++i) {
-    wk_->FinishLoads(&report, std::chrono::milliseconds(1));
+    wk_->LoadBlocks({}, &report);
+    if (report.finished_recving.empty()) {
+      wk_->FinishLoads(&report, std::chrono::milliseconds(1));
+    }
   }
   EXPECT_EQ(report.finished_recving, std::vector<std::string>{"b"});
   EXPECT_TRUE(report.invalid_block_ids.empty());
