@@ -246,8 +246,15 @@ void KvStoreConnectorWorker::TakeFinishedSending(sched::KvConnectorReport* repor
 }
 
 KvConnectorWorkerStats KvStoreConnectorWorker::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  KvConnectorWorkerStats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = stats_;
+  }
+  std::lock_guard<std::mutex> lock(load_mu_);
+  s.loads_in_flight = loads_in_flight_;
+  s.staging_bytes = load_staging_bytes_;
+  return s;
 }
 
 }  // namespace tandem::kvconnector

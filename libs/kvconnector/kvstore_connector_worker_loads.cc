@@ -83,14 +83,10 @@ absl::StatusOr<PinnedBuffer> KvStoreConnectorWorker::TakeLoadStaging(size_t byte
   absl::StatusOr<PinnedBuffer> b = PinnedBuffer::Allocate(
       (bytes + kRound - 1) / kRound * kRound,
       {.use_cuda_host_alloc = options_.use_cuda_host_alloc, .what = "KV load staging"});
-  int64_t total = 0;
-  {
+  if (b.ok()) {
     std::lock_guard<std::mutex> lock(load_mu_);
-    if (b.ok()) load_staging_bytes_ += static_cast<int64_t>(b->size());
-    total = load_staging_bytes_;
+    load_staging_bytes_ += static_cast<int64_t>(b->size());
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.staging_bytes = total;
   return b;
 }
 
@@ -103,21 +99,18 @@ void KvStoreConnectorWorker::BeginLoad(std::span<const sched::KvLoad> loads) {
     job.block_ids.insert(job.block_ids.end(), l.block_ids.begin(), l.block_ids.begin() + n);
   }
   job.misses.assign(job.hashes.size(), LoadMiss::kFailed);
-  const bool read = !job.hashes.empty();
   {
     std::lock_guard<std::mutex> lock(load_mu_);
     job.epoch = load_epoch_;
     ++loads_in_flight_;
     // Nothing to read: it has arrived at once.
-    if (read) {
-      load_queue_.push_back(std::move(job));
-    } else {
+    if (job.hashes.empty()) {
       loads_done_.push_back(std::move(job));
+    } else {
+      load_queue_.push_back(std::move(job));
     }
   }
   load_cv_.notify_all();
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.loads_in_flight;
 }
 
 void KvStoreConnectorWorker::LoadLoop() {
@@ -184,23 +177,25 @@ void KvStoreConnectorWorker::FinishLoads(sched::KvConnectorReport* report,
   uint64_t epoch = 0;
   {
     std::unique_lock<std::mutex> lock(load_mu_);
-    if (wait.count() > 0) {
-      const bool arrived = std::any_of(loads_done_.begin(), loads_done_.end(),
-                                       [&](const LoadJob& j) { return j.epoch == load_epoch_; });
-      if (!arrived && loads_in_flight_ > 0 && !step_queued_) {
-        load_cv_.wait_for(lock, wait, [&] {
-          return step_queued_ || load_stopping_ ||
-                 std::any_of(loads_done_.begin(), loads_done_.end(),
-                             [&](const LoadJob& j) { return j.epoch == load_epoch_; });
-        });
-      }
+    if (wait.count() > 0 && loads_in_flight_ > 0) {
+      load_cv_.wait_for(lock, wait, [&] {
+        return step_queued_ || load_stopping_ ||
+               std::any_of(loads_done_.begin(), loads_done_.end(),
+                           [&](const LoadJob& j) { return j.epoch == load_epoch_; });
+      });
     }
     done.swap(loads_done_);
     epoch = load_epoch_;
   }
+  int64_t completed = 0;
   for (LoadJob& job : done) {
-    if (job.epoch == epoch) CompleteLoad(job, report);
-    std::lock_guard<std::mutex> lock(load_mu_);
+    if (job.epoch != epoch) continue;  // forgotten (ForgetLoads)
+    CompleteLoad(job, report);
+    ++completed;
+  }
+  std::lock_guard<std::mutex> lock(load_mu_);
+  loads_in_flight_ -= completed;
+  for (LoadJob& job : done) {
     if (job.staging.size() > 0) load_staging_free_.push_back(std::move(job.staging));
   }
 }
@@ -225,8 +220,6 @@ void KvStoreConnectorWorker::ForgetLoads() {
     TANDEM_LOG(INFO) << "KV-store: " << forgotten
                      << " loads in flight are dropped with the scheduler's stream";
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.loads_in_flight = 0;
 }
 
 void KvStoreConnectorWorker::CompleteLoad(LoadJob& job, sched::KvConnectorReport* report) {
@@ -279,12 +272,7 @@ void KvStoreConnectorWorker::CompleteLoad(LoadJob& job, sched::KvConnectorReport
   report->num_load_failed_not_found += static_cast<int32_t>(not_found);
   report->num_load_failed_checksum += static_cast<int32_t>(checksum);
   report->num_load_failed_rpc += static_cast<int32_t>(failed);
-  {
-    std::lock_guard<std::mutex> lock(load_mu_);
-    --loads_in_flight_;
-  }
   std::lock_guard<std::mutex> lock(mu_);
-  --stats_.loads_in_flight;
   stats_.loads += job.request_ids.size();
   stats_.blocks_loaded += ok;
   stats_.load_failed_not_found += not_found;

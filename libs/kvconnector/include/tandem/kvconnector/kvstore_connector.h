@@ -410,7 +410,7 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
 
   // The load side, under load_mu_ (its own lock: a load never waits for the
   // store thread's bookkeeping, nor a store for a load).
-  std::mutex load_mu_;
+  mutable std::mutex load_mu_;
   std::condition_variable load_cv_;
   std::deque<LoadJob> load_queue_;   // begun, not yet read
   std::vector<LoadJob> loads_done_;  // read, not yet copied into the cache
@@ -434,7 +434,8 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   bool sending_ = false;  // the store thread has a batch out
   bool stopping_ = false;
   std::atomic<bool> namespace_ok_{false};
-  KvConnectorWorkerStats stats_;  // under mu_
+  // Under mu_; loads_in_flight and staging_bytes come from the load side.
+  KvConnectorWorkerStats stats_;
   std::thread store_thread_;
   std::thread load_thread_;
 };
