@@ -28,6 +28,10 @@
      PrometheusRule = files/rules.yaml, KEDA and HPA on queue depth (the
      query parses), NetworkPolicies (only replicas reach the store, only the
      frontend reaches the schedulers, metrics from the monitoring peers).
+  9. The local socket (kvstore.localSocket): off by default (no hostPath
+     anywhere); on, the store binds it in the node's directory, which the
+     store and the workers mount at the same path, and only a chown runs
+     as root.
 
 Usage: helm_test.py BUILD_DIR SOURCE_DIR
 """
@@ -654,6 +658,53 @@ def check_tls(build_dir, source_dir, helm, chart):
           "HTTPS from its Secret with HTTPS probes")
 
 
+# 9. ------------------------------------------------------------------------
+def socket_mounts(obj, container):
+    c = containers(obj)[container]
+    return [m["mountPath"] for m in c.get("volumeMounts", []) if m["name"] == "kvstore-socket"]
+
+
+def host_paths(objs):
+    return {(owner, v["name"]): v["hostPath"]
+            for owner, spec in pod_specs(objs) for v in spec.get("volumes", []) if "hostPath" in v}
+
+
+def check_local_socket(build_dir, helm, chart):
+    defaults = objects(render_text(helm, chart))
+    assert not host_paths(defaults), host_paths(defaults)
+    assert arg(containers(one(defaults, "StatefulSet"))["kvstore"], "local-socket") is None
+    objs = objects(render_text(helm, chart, sets=["kvstore.localSocket.enabled=true",
+                                                  "kvstore.localSocket.hostPath=/run/llm/"]))
+    check_flags_and_probes(build_dir, objs, "local socket")
+    store, rep = one(objs, "StatefulSet"), replica(objs)
+    sock = arg(containers(store)["kvstore"], "local-socket")
+    assert sock == f"/run/llm/{RELEASE}-kvstore.sock", sock
+    # The worker learns the path from the store (Stats): it must be the same
+    # file at the same path in its container.
+    assert socket_mounts(store, "kvstore") == ["/run/llm"], containers(store)["kvstore"]
+    assert socket_mounts(rep, "worker") == ["/run/llm"], containers(rep)["worker"]
+    assert socket_mounts(rep, "scheduler") == [], "the scheduler loads nothing"
+    want = {"path": "/run/llm", "type": "DirectoryOrCreate"}
+    assert host_paths(objs) == {(f"StatefulSet/{RELEASE}-kvstore", "kvstore-socket"): want,
+                                (f"Deployment/{RELEASE}", "kvstore-socket"): want}, host_paths(objs)
+    (init,) = store["spec"]["template"]["spec"]["initContainers"]
+    pod_sc = store["spec"]["template"]["spec"]["securityContext"]
+    assert init["command"] == ["chown", f"{pod_sc['runAsUser']}:{pod_sc['runAsGroup']}",
+                               "/run/llm"], init["command"]
+    sc = init["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["allowPrivilegeEscalation"] is False, sc
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}, sc
+    assert [m["mountPath"] for m in init["volumeMounts"]] == ["/run/llm"], init
+    # Without a store there is nothing to mount.
+    nokv = objects(render_text(helm, chart, sets=["kvstore.enabled=false",
+                                                  "kvstore.localSocket.enabled=true"]))
+    assert not host_paths(nokv), host_paths(nokv)
+    bad = helm_template(helm, chart, sets=["kvstore.localSocket.hostPath=run/llm"])
+    assert bad.returncode != 0 and "hostPath" in bad.stderr, bad.stderr
+    print("local socket: off by default; on, bound in the node's directory that the store "
+          "and the workers mount at one path, given to the pods' user by a chown alone")
+
+
 def main():
     build_dir, source_dir = sys.argv[1], sys.argv[2]
     chart = chart_dir(source_dir)
@@ -668,6 +719,7 @@ def main():
     check_other_values(build_dir, helm, chart)
     check_serves_openai(build_dir, helm, chart)
     check_tls(build_dir, source_dir, helm, chart)
+    check_local_socket(build_dir, helm, chart)
     print("helm_test: OK")
 
 

@@ -70,7 +70,8 @@ def main():
                "hpa-external": ([], ["autoscaling.hpa.enabled=true",
                                      "autoscaling.hpa.metricType=External"]),
                "tls": ([all_on], ["tls.enabled=true", "tls.source=certManager",
-                                  "tls.certManager.issuerRef.name=ca"])}
+                                  "tls.certManager.issuerRef.name=ca"]),
+               "local-socket": ([all_on], ["kvstore.localSocket.enabled=true"])}
     items = []
     for label, (files, sets) in renders.items():
         items += [{"source": label, "object": o}

@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 """The chart's probes against the real binaries.
 
-Renders the chart with its defaults, takes each container's args and the
-gRPC health names of its startup, liveness and readiness probes, starts
-tandem-kvstore, tandem-worker and tandem-scheduler with those args (adapted:
-loopback addresses and free ports, temporary directories, the shared model
-under the chart's mount path, the cpu backend, small memory budgets) and asks
-each probe's question with a gRPC health client in each state:
+Renders the chart with its defaults (and the KV-store's local socket on),
+takes each container's args and the gRPC health names of its startup,
+liveness and readiness probes, starts tandem-kvstore, tandem-worker and
+tandem-scheduler with those args (adapted: loopback addresses and free
+ports, temporary directories, the shared model under the chart's mount path,
+the cpu backend, small memory budgets) and asks each probe's question with a
+gRPC health client in each state:
 
   1. worker loading (--debug-load-delay-ms): the worker is live but not
      ready; the scheduler is live but not ready. The KV-store is both.
@@ -145,7 +146,8 @@ def _packed(data):
 def rendered(source_dir):
     # The gRPC parts' probes (the frontend's are HTTP: helm_test checks them).
     objs = objects(render_text(find_helm(source_dir), chart_dir(source_dir),
-                               sets=["frontend.enabled=false"]))
+                               sets=["frontend.enabled=false",
+                                     "kvstore.localSocket.enabled=true"]))
     out = {}
     for _, spec in pod_specs(objs):
         for c in spec["containers"]:
@@ -254,7 +256,8 @@ def main():
             kv = Service("kvstore", build_dir, adapt(chart["kvstore"]["args"], {
                 "--listen": "127.0.0.1:0", "--bulk-load-listen": f"127.0.0.1:{free_port()}",
                 "--metrics-listen": "127.0.0.1:0", "--data-dir": os.path.join(tmp, "kv"),
-                "--hot-capacity-bytes": str(16 << 20)}), tmp)
+                "--hot-capacity-bytes": str(16 << 20),
+                "--local-socket": os.path.join(tmp, "kv.sock")}), tmp)
             services.append(kv)
             wait_for(kv, probes["kvstore"]["readinessProbe"], SERVING, "kvstore start")
             expect(kv, probes["kvstore"], ready, "kvstore up")

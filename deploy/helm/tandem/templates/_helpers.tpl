@@ -27,6 +27,28 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ include "tandem.fullname" . }}-kvstore:{{ .Values.kvstore.port }}
 {{- end -}}
 
+{{/*
+The KV-store's local socket (kvstore.localSocket): its path, the same on the
+node and in every container that mounts the node's directory; the store
+advertises it, and a worker on the same node connects to it.
+*/}}
+{{- define "tandem.kvstoreSocket" -}}
+{{ trimSuffix "/" .Values.kvstore.localSocket.hostPath }}/{{ include "tandem.fullname" . }}-kvstore.sock
+{{- end -}}
+
+{{- define "tandem.kvstoreSocketMount" -}}
+{{- if and .Values.kvstore.enabled .Values.kvstore.localSocket.enabled }}
+- {name: kvstore-socket, mountPath: {{ trimSuffix "/" .Values.kvstore.localSocket.hostPath }}}
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.kvstoreSocketVolume" -}}
+{{- if and .Values.kvstore.enabled .Values.kvstore.localSocket.enabled }}
+- name: kvstore-socket
+  hostPath: {path: {{ trimSuffix "/" .Values.kvstore.localSocket.hostPath }}, type: DirectoryOrCreate}
+{{- end }}
+{{- end -}}
+
 {{- define "tandem.servedModelName" -}}
 {{ .Values.model.servedModelName | default (base .Values.model.path) }}
 {{- end -}}
