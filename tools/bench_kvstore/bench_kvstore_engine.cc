@@ -1,7 +1,8 @@
 // bench_kvstore_engine: the KV-store engine's stores from several threads at
 // once, in process (no RPC): what one RocksDB write at a time (WriteToRocks'
 // write_mu_, which gives up RocksDB's group commit so that no write reaches
-// a WAL writer that failed) costs concurrent writers. 64 KiB blocks, WAL
+// a WAL writer that failed) costs concurrent writers; and, from one thread,
+// what a store of a 64 KiB and of a 2 MiB block costs the engine. WAL
 // durability (the default) and fsync, no hot tier.
 //
 //   build/tools/bench_kvstore/bench_kvstore_engine [--benchmark_min_time=2]
@@ -22,7 +23,6 @@
 namespace tandem::kvstore {
 namespace {
 
-constexpr uint64_t kBlock = 64 << 10;
 
 std::unique_ptr<KvStoreEngine> g_store;
 std::string g_dir;
@@ -30,6 +30,7 @@ std::atomic<uint64_t> g_next{0};
 
 void BM_ConcurrentStore(benchmark::State& state) {
   const auto durability = static_cast<Durability>(state.range(0));
+  const uint64_t kBlock = static_cast<uint64_t>(state.range(1));
   if (state.thread_index() == 0) {
     char tmpl[] = "/tmp/bench_kvstore_engine_XXXXXX";
     g_dir = mkdtemp(tmpl);
@@ -56,10 +57,15 @@ void BM_ConcurrentStore(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_ConcurrentStore)
-    ->ArgName("durability")
-    ->Arg(static_cast<int>(Durability::kWal))
-    ->Arg(static_cast<int>(Durability::kFsync))
+    ->ArgNames({"durability", "block_bytes"})
+    ->Args({static_cast<int>(Durability::kWal), 64 << 10})
+    ->Args({static_cast<int>(Durability::kFsync), 64 << 10})
     ->ThreadRange(1, 8)
+    ->UseRealTime();
+BENCHMARK(BM_ConcurrentStore)
+    ->ArgNames({"durability", "block_bytes"})
+    ->Args({static_cast<int>(Durability::kWal), 2 << 20})
+    ->Args({static_cast<int>(Durability::kNone), 2 << 20})
     ->UseRealTime();
 
 }  // namespace
