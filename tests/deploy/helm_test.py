@@ -653,7 +653,7 @@ def check_tls(build_dir, source_dir, helm, chart):
     assert web_vols["https"]["secret"]["secretName"] == "web-tls", web_vols
     bad = helm_template(helm, chart, sets=["tls.enabled=true", "tls.source=certManager"])
     assert bad.returncode != 0 and "issuerRef.name" in bad.stderr, bad.stderr
-    print("tls: --tls-* from each part's own Secret, `tandem health` probes, bulk port shut, "
+    print("tls: --tls-* from each part's own Secret, `tandem health` probes, bulk port open (it speaks TLS), "
           "Certificates with the role URI SAN and the names the parts dial; the frontend's "
           "HTTPS from its Secret with HTTPS probes")
 
