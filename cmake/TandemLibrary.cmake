@@ -30,7 +30,8 @@ endfunction()
 
 # tandem_cc_test(NAME name SRCS ... DEPS ... [LABELS ...] [TIMEOUT s])
 # A GoogleTest binary registered with CTest. Label "unit" marks tests the
-# sanitizer builds run; "integration" marks multi-process tests.
+# sanitizer builds run (target unit_tests builds them all); "integration"
+# marks multi-process tests.
 function(tandem_cc_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SRCS})
@@ -48,6 +49,9 @@ function(tandem_cc_test)
     set(T_TIMEOUT 600)
   endif()
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT})
+  if("unit" IN_LIST T_LABELS)
+    add_dependencies(unit_tests ${T_NAME})
+  endif()
 endfunction()
 
 # tandem_cc_binary(NAME name SRCS ... DEPS ...)

@@ -3,28 +3,27 @@
 #   1. installs the Debian packages and helm (tools/install-deps.sh),
 #   2. builds everything (CUDA kernels too when nvcc is present) into build/,
 #      runs all tests with CTest (unit, multi-process integration, deploy/),
-#   3. builds the libraries' unit tests under AddressSanitizer +
-#      UndefinedBehaviorSanitizer into build-asan/ and runs them, and the
-#      KV-store service, bulk port, KV client and rpc tests into
-#      build-asan-svc/,
-#   4. builds the KV-store engine tests under ThreadSanitizer into build-tsan/,
-#      and the KV-store service, bulk port and KV client tests into
-#      build-tsan-svc/, and runs them; then, in build-tsan-svc/ too, the
-#      worker, scheduler, frontend and CLI binaries, and runs frontend_test
-#      against them (every process under TSan),
+#   3. builds every unit test (target unit_tests) and the KV-store service and
+#      bulk port tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#      into build-asan/ and runs them,
+#   4. builds the KV-store engine, EngineCore and StepExecutor tests (target
+#      tsan_tests) and the KV-store service, bulk port and KV client tests
+#      under ThreadSanitizer into build-tsan-svc/ and runs them; then, there
+#      too, the worker, scheduler, frontend and CLI binaries, and runs
+#      frontend_test against them (every process under TSan),
 #   5. builds the libFuzzer targets (tests/fuzz) with clang into build-fuzz/
-#      and runs each for TANDEM_FUZZ_SECONDS (default 20) on its seed corpus.
+#      and runs each for TANDEM_FUZZ_SECONDS (default 10) on its seed corpus.
 # Usage: tools/test.sh [--no-sanitizers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 JOBS="${TANDEM_JOBS:-2}"
-FUZZ_SECONDS="${TANDEM_FUZZ_SECONDS:-20}"  # per fuzz target (CI stays under an hour)
+FUZZ_SECONDS="${TANDEM_FUZZ_SECONDS:-10}"  # per fuzz target (CI stays under an hour)
 SANITIZERS=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitizers) SANITIZERS=0 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown flag: $arg" >&2; exit 2 ;;
   esac
 done
@@ -70,25 +69,20 @@ stage "tests"
 run_ctest build
 
 if [ "$SANITIZERS" = 1 ]; then
-  stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=address \
-        -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
-  cmake --build build-asan -j"$JOBS"
+  stage "unit tests, KV-store service and bulk port tests under AddressSanitizer + UBSan"
+  # One Debug build for all of them, so the libraries compile once per sanitizer.
+  build_only build-asan address unit_tests kvstore_service_test kvstore_bulk_load_test \
+    kvstore_bulk_store_test kvstore_bulk_tls_test
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan -L unit
-
-  stage "KV-store service, bulk port, KV client and rpc tests under ASan + UBSan"
-  build_only build-asan-svc address kvconnector_test kvstore_client_wire_test \
-    kvstore_service_test kvstore_load_wire_test kvstore_bulk_load_test kvstore_bulk_store_test \
-    kvstore_bulk_tls_test rpc_convert_test rpc_flags_test rpc_server_test rpc_framed_socket_test
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_ctest build-asan-svc -R "$ONLY"
+    run_ctest build-asan -R "^(kvstore_service_test|kvstore_bulk_load_test|kvstore_bulk_store_test|kvstore_bulk_tls_test)\$"
 
   stage "KV-store engine, EngineCore and StepExecutor tests under ThreadSanitizer"
-  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread \
-        -DTANDEM_UNIT_TESTS_ONLY=ON -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF
-  cmake --build build-tsan -j"$JOBS" --target tsan_tests
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest build-tsan -L tsan
+  # build-tsan-svc serves this stage and the next two, so the libraries compile
+  # once under TSan.
+  build_only build-tsan-svc thread tsan_tests
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest build-tsan-svc -L tsan
 
   stage "KV-store service, bulk port and KV client tests under ThreadSanitizer"
   # gRPC, abseil, protobuf and OpenSSL come uninstrumented from Debian: their races are
