@@ -85,6 +85,10 @@ absl::Status KvStoreConnectorOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("max_pending_store_bytes must be > 0, got ", max_pending_store_bytes));
   }
+  if (load_threads < 1 || load_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load_threads must be in [1, 64], got ", load_threads));
+  }
   if (lookup_refresh_ms <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lookup_refresh_ms must be > 0, got ", lookup_refresh_ms));

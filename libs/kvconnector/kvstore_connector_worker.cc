@@ -48,7 +48,9 @@ KvStoreConnectorWorker::KvStoreConnectorWorker(const KvStoreConnectorOptions& op
       store_staging_(std::make_unique<StoreStaging>(block_bytes_, options.max_pending_store_bytes,
                                                     options.use_cuda_host_alloc)) {
   store_thread_ = std::thread([this] { StoreLoop(); });
-  load_thread_ = std::thread([this] { LoadLoop(); });
+  for (int32_t i = 0; i < options.load_threads; ++i) {
+    load_threads_.emplace_back([this] { LoadLoop(); });
+  }
 }
 
 KvStoreConnectorWorker::~KvStoreConnectorWorker() {
@@ -64,7 +66,7 @@ KvStoreConnectorWorker::~KvStoreConnectorWorker() {
   load_cv_.notify_all();
   if (store_thread_.joinable()) store_thread_.join();
   // A read under way ends by its transfer deadline.
-  if (load_thread_.joinable()) load_thread_.join();
+  for (std::thread& t : load_threads_) t.join();
 }
 
 void KvStoreConnectorWorker::EnsureNamespace() {

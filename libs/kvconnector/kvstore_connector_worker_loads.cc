@@ -1,6 +1,6 @@
 // The worker role's loads (kvstore_connector.h): a step's loads go to the
-// load thread, which reads them from the store into pinned staging while
-// the steps go on; a later step copies them into the cache and reports
+// load threads, one of which reads them from the store into pinned staging
+// while the steps go on; a later step copies them into the cache and reports
 // them. Split from kvstore_connector_worker.cc (the stores) along that seam.
 #include <algorithm>
 #include <chrono>

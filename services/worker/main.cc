@@ -47,6 +47,9 @@ int main(int argc, char** argv) {
                                        &options.kvstore_target, &options.kvstore_bulk_port);
   flags.Add("kvstore-transfer-deadline-ms", &options.kvstore_transfer_deadline_ms,
             "deadline of one step's KV-store load and of one store, in milliseconds");
+  flags.Add("kvstore-load-threads", &options.kvstore_load_threads,
+            "steps' KV-store loads read at once (each step's loads are one read; a slow one "
+            "holds up no other), 1 to 64");
   tandem::metrics::ExposerOptions metrics_options;
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);

@@ -63,6 +63,10 @@ absl::Status WorkerOptions::Validate() const {
   if (kvstore_transfer_deadline_ms <= 0) {
     return absl::InvalidArgumentError("--kvstore-transfer-deadline-ms must be > 0");
   }
+  if (kvstore_load_threads < 1 || kvstore_load_threads > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--kvstore-load-threads must be in [1, 64], got ",
+                                                   kvstore_load_threads));
+  }
   if (!kvstore_target.empty()) {
     TANDEM_RETURN_IF_ERROR(kvconnector::KvStoreConnectorOptions::ValidateBulkLoad(
         kvstore_bulk_port, "--kvstore-bulk-port"));
@@ -206,6 +210,7 @@ absl::Status WorkerService::Load() {
         kvconnector::KvStoreConnectorOptions{
             .target = options_.kvstore_target,
             .transfer_deadline_ms = options_.kvstore_transfer_deadline_ms,
+            .load_threads = options_.kvstore_load_threads,
             // Pinned staging only pays off when the cache is on the GPU.
             .use_cuda_host_alloc = options_.backend == "cuda",
             .on_load =

@@ -79,6 +79,8 @@ struct WorkerOptions {
   std::string kvstore_target;
   // Deadline of one step's KV-store Load and of one Store, milliseconds.
   int64_t kvstore_transfer_deadline_ms = 5000;
+  // Steps' KV-store loads read at once (KvStoreConnectorOptions::load_threads).
+  int32_t kvstore_load_threads = 4;
   // auto | off | host:port: how KV-store loads travel (KvStoreConnectorOptions::bulk_load).
   std::string kvstore_bulk_port = "auto";
   // TEST-ONLY: comma-separated step ids (of each attached scheduler stream)

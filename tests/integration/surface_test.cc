@@ -232,7 +232,8 @@ TEST(SurfaceTest, WorkerRefusesDeviceFlagsItCannotHonour) {
             "--gpu-memory-utilization and --num-blocks/--kv-cache-bytes both size the KV cache"},
            {{"--backend", "cuda", "--gpu-memory-utilization", "1.5"},
             "--gpu-memory-utilization=1.5 must be in (0, 1]"},
-           {{"--kv-cache-bytes", "-1"}, "--kv-cache-bytes must be >= 0"}}) {
+           {{"--kv-cache-bytes", "-1"}, "--kv-cache-bytes must be >= 0"},
+           {{"--kvstore-load-threads", "0"}, "--kvstore-load-threads must be in [1, 64], got 0"}}) {
     std::vector<std::string> argv = {worker, "--model", "no-such-model.bin"};
     argv.insert(argv.end(), c.args.begin(), c.args.end());
     std::string out;

@@ -2,8 +2,9 @@
 // tandem.v1.KvStore server in process whose Load the test holds back: the
 // step that carries a load does not wait for it, later steps go on without
 // it, the cache is written only once the blocks have arrived, a step with
-// nothing to compute waits for them unless the next step arrives, and loads
-// of a scheduler stream that ended are never copied in or reported.
+// nothing to compute waits for them unless the next step arrives, loads
+// of a scheduler stream that ended are never copied in or reported, and
+// the next step's loads are read beside a held one.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -169,22 +170,25 @@ TEST_F(ConnectorLoadTest, AWaitForALoadEndsWhenTheNextStepArrives) {
 // they never write the cache (whose blocks the next scheduler hands out
 // afresh) and are never reported; the next stream's loads are.
 TEST_F(ConnectorLoadTest, LoadsOfAnEndedStreamAreNeverCopiedInNorReported) {
+  // One load thread, so that the next load is read after the forgotten one.
+  std::unique_ptr<KvStoreConnectorWorker> wk = MakeWorker({.load_threads = 1});
+  ASSERT_NE(wk, nullptr);
   sched::KvConnectorReport report;
-  wk_->LoadBlocks(LoadStep("old", {20, 21, 22, 23}), &report);
+  wk->LoadBlocks(LoadStep("old", {20, 21, 22, 23}), &report);
   ASSERT_TRUE(gate_.Reached());
-  wk_->ForgetLoads();
-  EXPECT_EQ(wk_->stats().loads_in_flight, 0);
+  wk->ForgetLoads();
+  EXPECT_EQ(wk->stats().loads_in_flight, 0);
   gate_.Open();
   // Behind the forgotten load on the load thread: once it is reported, the
   // forgotten one has arrived too.
-  RunLoads(wk_.get(), LoadStep("new", {24, 25, 26, 27}), &report);
+  RunLoads(wk.get(), LoadStep("new", {24, 25, 26, 27}), &report);
   EXPECT_EQ(report.finished_recving, std::vector<std::string>{"new"});
   EXPECT_TRUE(report.invalid_block_ids.empty());
   EXPECT_TRUE(HoldsA(24));
   EXPECT_TRUE(Untouched(20)) << "a forgotten load wrote the cache";
-  wk_->FinishLoads(&report, std::chrono::milliseconds(50));
+  wk->FinishLoads(&report, std::chrono::milliseconds(50));
   EXPECT_EQ(report.finished_recving, std::vector<std::string>{"new"});
-  EXPECT_EQ(wk_->stats().loads_in_flight, 0);
+  EXPECT_EQ(wk->stats().loads_in_flight, 0);
 }
 
 // Several steps' loads in flight at once each land in their own blocks and
@@ -206,6 +210,48 @@ TEST_F(ConnectorLoadTest, LoadsOfSeveralStepsInFlightEachArriveOnce) {
   EXPECT_TRUE(HoldsA(20) && HoldsA(24) && HoldsA(28));
   EXPECT_EQ(wk_->stats().loads, 3u);
   EXPECT_EQ(wk_->stats().loads_in_flight, 0);
+}
+
+// The next step's loads are read while the store holds the first step's
+// (load_threads, default 4): a slow read holds up no other step's. With one
+// load thread the second read begins only once the first has ended.
+TEST_F(ConnectorLoadTest, TheNextStepsLoadsAreReadBesideAHeldOne) {
+  Watchdog watchdog(&gate_);
+  sched::KvConnectorReport report;
+  wk_->LoadBlocks(LoadStep("b", {20, 21, 22, 23}), &report);
+  wk_->LoadBlocks(LoadStep("c", {24, 25, 26, 27}), &report);
+  EXPECT_TRUE(gate_.Reached(2));
+  EXPECT_FALSE(watchdog.fired()) << "the second step's read waited for the first's";
+  // The first is still held: the second did not begin when the first's
+  // read ended at its deadline (2 s).
+  wk_->FinishLoads(&report, std::chrono::microseconds(0));
+  EXPECT_TRUE(report.finished_recving.empty()) << "the second step's read waited for the first's";
+  // One load thread: the reads at the gate stay the two above.
+  std::unique_ptr<KvStoreConnectorWorker> one = MakeWorker({.load_threads = 1});
+  ASSERT_NE(one, nullptr);
+  sched::KvConnectorReport one_report;
+  one->LoadBlocks(LoadStep("d", {0, 1, 2, 3}), &one_report);
+  one->LoadBlocks(LoadStep("e", {4, 5, 6, 7}), &one_report);
+  EXPECT_TRUE(gate_.Reached(3));
+  EXPECT_FALSE(gate_.Reached(4, std::chrono::milliseconds(300)))
+      << "one load thread read two steps' loads at once";
+  EXPECT_FALSE(watchdog.fired());
+  watchdog.Cancel();
+  gate_.Open();
+  for (int i = 0; i < 3000 && report.finished_recving.size() < 2; ++i) {
+    wk_->LoadBlocks({}, &report);
+    wk_->FinishLoads(&report, std::chrono::milliseconds(10));
+  }
+  std::sort(report.finished_recving.begin(), report.finished_recving.end());
+  EXPECT_EQ(report.finished_recving, (std::vector<std::string>{"b", "c"}));
+  EXPECT_TRUE(HoldsA(20) && HoldsA(24));
+  // d and e arrive in turn.
+  for (int i = 0; i < 3000 && one_report.finished_recving.size() < 2; ++i) {
+    one->FinishLoads(&one_report, std::chrono::milliseconds(10));
+  }
+  std::sort(one_report.finished_recving.begin(), one_report.finished_recving.end());
+  EXPECT_EQ(one_report.finished_recving, (std::vector<std::string>{"d", "e"}));
+  EXPECT_TRUE(HoldsA(0) && HoldsA(4));
 }
 
 }  // namespace

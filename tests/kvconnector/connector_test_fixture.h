@@ -75,10 +75,11 @@ class Gate {
     open_ = true;
     cv_.notify_all();
   }
-  // True once a thread has reached the gate (within 30 s).
-  bool Reached() {
+  // True once `n` threads have reached the gate (counting those that have
+  // passed it since), within `within`.
+  bool Reached(int n = 1, std::chrono::milliseconds within = std::chrono::seconds(30)) {
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return waiting_ > 0; });
+    return cv_.wait_for(lock, within, [&] { return waiting_ >= n; });
   }
 
  private:
@@ -102,6 +103,7 @@ struct WorkerOptions {
   KvStoreConnectorWorker::CopyToHost to_host;  // empty: cache_.ToHost()
   KvStoreConnectorWorker::CopyFromHost from_host;  // empty: cache_.FromHost()
   std::function<void(const KvLoadTiming&)> on_load;
+  int32_t load_threads = KvStoreConnectorOptions{}.load_threads;
 };
 
 class ConnectorTest : public ::testing::Test {
@@ -144,6 +146,7 @@ class ConnectorTest : public ::testing::Test {
     auto w = KvStoreConnectorWorker::Create({.target = o.target.empty() ? target_ : o.target,
                                              .transfer_deadline_ms = 2000,
                                              .max_pending_store_bytes = o.max_pending_store_bytes,
+                                             .load_threads = o.load_threads,
                                              .use_cuda_host_alloc = o.use_cuda_host_alloc,
                                              .on_load = o.on_load},
                                             "fp", "layout", kBlockBytes,

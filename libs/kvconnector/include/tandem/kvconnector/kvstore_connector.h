@@ -27,8 +27,9 @@
 // step's loads and forward pass, which may reuse its blocks.
 //
 // Loads run beside the steps: step N's LoadBlocks hands its loads to the
-// load thread, which reads them from the store into pinned staging while
-// steps N, N+1, ... compute the other requests. A later step's LoadBlocks
+// load threads, one of which reads them from the store into pinned staging
+// while steps N, N+1, ... compute the other requests (and other threads
+// read later steps' loads). A later step's LoadBlocks
 // (before its forward pass) or FinishLoads (after it) copies the arrived
 // blocks into the cache on the step thread, so the copy still follows
 // every earlier forward pass (DESIGN §5 "Ordering"; the blocks belong to a
@@ -145,6 +146,11 @@ struct KvStoreConnectorOptions {
   // Worker: block bytes queued for the background store thread at most;
   // stores beyond it are dropped (counted). Default 256 MiB.
   int64_t max_pending_store_bytes = int64_t{256} << 20;
+  // Worker: threads that read steps' loads from the store, so that many
+  // steps' loads are read at once: one step's loads are one read, and a
+  // slow read (a long prefix, a far or busy store) holds up no other
+  // step's. Each read in progress holds its own staging. 1 to 64. Default 4.
+  int32_t load_threads = 4;
   // Scheduler: hashes remembered as held by the store (stored or seen in a
   // lookup), so they are not stored again. Default 1,000,000.
   int64_t max_known_hashes = 1'000'000;
@@ -298,8 +304,8 @@ struct KvConnectorWorkerStats {
 };
 
 // The worker role. LoadBlocks, FinishLoads and SnapshotStores run on the
-// worker's loop thread; a load thread reads the loads, a store thread sends
-// the snapshots.
+// worker's loop thread; load threads (options.load_threads) read the loads,
+// each step's at once, and a store thread sends the snapshots.
 class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
  public:
   // Begins copying blocks out of the cache into out[i] (block_bytes each)
@@ -323,7 +329,7 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   // Before the forward pass: first copies out the blocks of the stores with
   // before_forward set (ended requests' blocks, which this step's loads or
   // forward pass may overwrite), then finishes the loads that have arrived
-  // (FinishLoads, no wait) and hands `meta.loads` to the load thread (one
+  // (FinishLoads, no wait) and hands `meta.loads` to the load threads (one
   // read of all their blocks into staging memory). Call it for every step,
   // also one without loads: it notes the step's stores, so that when the
   // step fails before SnapshotStores they are reported finished (as
@@ -387,7 +393,7 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   const int64_t block_bytes_;
   CopyToHost to_host_;
   CopyFromHost from_host_;
-  // One step's loads: read by the load thread, then copied into the cache
+  // One step's loads: read by a load thread, then copied into the cache
   // and reported by the step thread.
   struct LoadJob {
     std::vector<std::string> request_ids;
@@ -437,7 +443,7 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   // Under mu_; loads_in_flight and staging_bytes come from the load side.
   KvConnectorWorkerStats stats_;
   std::thread store_thread_;
-  std::thread load_thread_;
+  std::vector<std::thread> load_threads_;
 };
 
 }  // namespace tandem::kvconnector
