@@ -71,12 +71,13 @@ run_ctest build
 if [ "$SANITIZERS" = 1 ]; then
   stage "unit tests, KV-store service and bulk port tests under AddressSanitizer + UBSan"
   # One Debug build for all of them, so the libraries compile once per sanitizer.
-  build_only build-asan address unit_tests kvstore_service_test kvstore_bulk_load_test \
+  build_only build-asan address kvstore_service_test kvstore_bulk_load_test \
     kvstore_bulk_store_test kvstore_bulk_tls_test
+  cmake --build build-asan -j"$JOBS" --target unit_tests
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan -L unit
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_ctest build-asan -R "^(kvstore_service_test|kvstore_bulk_load_test|kvstore_bulk_store_test|kvstore_bulk_tls_test)\$"
+    run_ctest build-asan -R "$ONLY"
 
   stage "KV-store engine, EngineCore and StepExecutor tests under ThreadSanitizer"
   # build-tsan-svc serves this stage and the next two, so the libraries compile

@@ -245,10 +245,7 @@ TEST_F(ConnectorLoadTest, TheNextStepsLoadsAreReadBesideAHeldOne) {
   std::sort(report.finished_recving.begin(), report.finished_recving.end());
   EXPECT_EQ(report.finished_recving, (std::vector<std::string>{"b", "c"}));
   EXPECT_TRUE(HoldsA(20) && HoldsA(24));
-  // d and e arrive in turn.
-  for (int i = 0; i < 3000 && one_report.finished_recving.size() < 2; ++i) {
-    one->FinishLoads(&one_report, std::chrono::milliseconds(10));
-  }
+  AwaitLoads(one.get(), &one_report, 2);  // d and e, in turn
   std::sort(one_report.finished_recving.begin(), one_report.finished_recving.end());
   EXPECT_EQ(one_report.finished_recving, (std::vector<std::string>{"d", "e"}));
   EXPECT_TRUE(HoldsA(0) && HoldsA(4));

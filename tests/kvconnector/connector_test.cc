@@ -400,6 +400,18 @@ TEST(KvStoreConnectorOptionsTest, BulkLoadIsAutoOffOrAnAddress) {
   }
 }
 
+TEST(KvStoreConnectorOptionsTest, LoadThreadsAreOneTo64) {
+  for (int32_t ok : {1, 4, 64}) {
+    EXPECT_TRUE((KvStoreConnectorOptions{.target = "h:1", .load_threads = ok}.Validate().ok()))
+        << ok;
+  }
+  for (int32_t bad : {0, -1, 65}) {
+    const absl::Status s = KvStoreConnectorOptions{.target = "h:1", .load_threads = bad}.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("load_threads"), absl::string_view::npos) << bad << ": " << s;
+  }
+}
+
 // The bulk port speaks TLS too: an explicit address is taken under TLS as
 // without it (it used to be refused as plain TCP).
 TEST(KvStoreConnectorOptionsTest, AnExplicitBulkPortIsTakenUnderTls) {

@@ -229,10 +229,16 @@ class ConnectorTest : public ::testing::Test {
                        sched::KvConnectorReport* report) {
     const size_t want = report->finished_recving.size() + meta.loads.size();
     wk->LoadBlocks(meta, report);
+    AwaitLoads(wk, report, want);
+    EXPECT_EQ(report->finished_recving.size(), want) << "loads never arrived";
+  }
+  // Steps with nothing to compute (FinishLoads, 10 ms each) until `report`
+  // holds `want` finished loads, or 3,000 of them have gone.
+  static void AwaitLoads(KvStoreConnectorWorker* wk, sched::KvConnectorReport* report,
+                         size_t want) {
     for (int i = 0; i < 3000 && report->finished_recving.size() < want; ++i) {
       wk->FinishLoads(report, std::chrono::milliseconds(10));
     }
-    EXPECT_EQ(report->finished_recving.size(), want) << "loads never arrived";
   }
 
   // Loads the 4 full blocks of a request of `tokens` (17 of them) from the

@@ -23,14 +23,13 @@
 namespace tandem::kvstore {
 namespace {
 
-
 std::unique_ptr<KvStoreEngine> g_store;
 std::string g_dir;
 std::atomic<uint64_t> g_next{0};
 
 void BM_ConcurrentStore(benchmark::State& state) {
   const auto durability = static_cast<Durability>(state.range(0));
-  const uint64_t kBlock = static_cast<uint64_t>(state.range(1));
+  const uint64_t block_bytes = static_cast<uint64_t>(state.range(1));
   if (state.thread_index() == 0) {
     char tmpl[] = "/tmp/bench_kvstore_engine_XXXXXX";
     g_dir = mkdtemp(tmpl);
@@ -39,9 +38,9 @@ void BM_ConcurrentStore(benchmark::State& state) {
                                        .lock_hot_memory = false});
     TANDEM_CHECK(opened.ok()) << opened.status();
     g_store = std::move(*opened);
-    TANDEM_CHECK(g_store->CreateNamespace({.name = "b", .block_bytes = kBlock}).ok());
+    TANDEM_CHECK(g_store->CreateNamespace({.name = "b", .block_bytes = block_bytes}).ok());
   }
-  std::vector<uint8_t> payload(kBlock);
+  std::vector<uint8_t> payload(block_bytes);
   for (auto _ : state) {
     const uint64_t i = g_next.fetch_add(1);
     std::memcpy(payload.data(), &i, sizeof i);  // a distinct block per store
@@ -50,7 +49,7 @@ void BM_ConcurrentStore(benchmark::State& state) {
     auto r = g_store->Store("b", h, payload, Crc32c(payload), durability);
     if (!r.ok()) state.SkipWithError(r.status().ToString().c_str());
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBlock));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * block_bytes));
   if (state.thread_index() == 0) {
     g_store.reset();
     std::filesystem::remove_all(g_dir);

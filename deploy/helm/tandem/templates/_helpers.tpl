@@ -32,20 +32,24 @@ The KV-store's local socket (kvstore.localSocket): its path, the same on the
 node and in every container that mounts the node's directory; the store
 advertises it, and a worker on the same node connects to it.
 */}}
+{{- define "tandem.kvstoreSocketDir" -}}
+{{ trimSuffix "/" .Values.kvstore.localSocket.hostPath }}
+{{- end -}}
+
 {{- define "tandem.kvstoreSocket" -}}
-{{ trimSuffix "/" .Values.kvstore.localSocket.hostPath }}/{{ include "tandem.fullname" . }}-kvstore.sock
+{{ include "tandem.kvstoreSocketDir" . }}/{{ include "tandem.fullname" . }}-kvstore.sock
 {{- end -}}
 
 {{- define "tandem.kvstoreSocketMount" -}}
 {{- if and .Values.kvstore.enabled .Values.kvstore.localSocket.enabled }}
-- {name: kvstore-socket, mountPath: {{ trimSuffix "/" .Values.kvstore.localSocket.hostPath }}}
+- {name: kvstore-socket, mountPath: {{ include "tandem.kvstoreSocketDir" . }}}
 {{- end }}
 {{- end -}}
 
 {{- define "tandem.kvstoreSocketVolume" -}}
 {{- if and .Values.kvstore.enabled .Values.kvstore.localSocket.enabled }}
 - name: kvstore-socket
-  hostPath: {path: {{ trimSuffix "/" .Values.kvstore.localSocket.hostPath }}, type: DirectoryOrCreate}
+  hostPath: {path: {{ include "tandem.kvstoreSocketDir" . }}, type: DirectoryOrCreate}
 {{- end }}
 {{- end -}}
 
