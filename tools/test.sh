@@ -74,12 +74,8 @@ if [ "$SANITIZERS" = 1 ]; then
   build_only build-asan address kvstore_service_test kvstore_bulk_load_test \
     kvstore_bulk_store_test kvstore_bulk_tls_test
   cmake --build build-asan -j"$JOBS" --target unit_tests
-  # Not rpc_tls_reload_test: at exit, OpenSSL's atexit cleanup (uninstrumented
-  # Debian libcrypto) raced gRPC's certificate-watcher threads, which were
-  # still polling the test's deleted directories, and segfaulted once in a
-  # fresh-clone run after all its tests had passed. It runs in the plain build.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_ctest build-asan -L unit -E '^rpc_tls_reload_test$'
+    run_ctest build-asan -L unit
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan -R "$ONLY"
 

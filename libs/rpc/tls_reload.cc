@@ -1,6 +1,7 @@
 #include "tandem/rpc/tls_reload.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
@@ -237,15 +238,17 @@ absl::Status CheckTlsFiles(const TlsOptions& o, const TlsFiles& files) {
 std::shared_ptr<TlsReloader> TlsReloader::For(const TlsOptions& o) {
   static const bool cleanup_registered = [] {
     // The private copies hold a key: remove them when the process exits
-    // (the frontend leaves by quick_exit).
+    // (the frontend leaves by quick_exit). And stop every thread that calls
+    // into OpenSSL on a reloader's behalf first: OpenSSL frees its state in
+    // its own exit handler (Debian's libssl initialises it at load, before
+    // anything of ours, so OPENSSL_INIT_NO_ATEXIT cannot be asked), and
+    // rpc_tls_reload_test once segfaulted there under ASan while a
+    // reloader's thread and gRPC's certificate watcher (it parses the files
+    // with OpenSSL every second) still ran. Handlers run in the reverse
+    // order of registration, so this one runs before OpenSSL's.
     static constexpr void (*kRemoveAll)() = [] {
       std::lock_guard<std::mutex> lock(reloaders_mu);
-      for (auto& [key, reloader] : Reloaders()) {
-        std::lock_guard<std::mutex> reloader_lock(reloader->mu_);
-        reloader->stop_ = true;
-        std::error_code ec;
-        std::filesystem::remove_all(reloader->dir_, ec);
-      }
+      for (auto& [key, reloader] : Reloaders()) reloader->StopForExit();
     };
     std::atexit(kRemoveAll);
     std::at_quick_exit(kRemoveAll);
@@ -295,7 +298,29 @@ TlsReloader::~TlsReloader() {
   std::filesystem::remove_all(dir_, ec);
 }
 
+void TlsReloader::StopForExit() {
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    provider = std::move(provider_);
+  }
+  wake_.notify_all();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  // gRPC's watcher thread ends with the provider's last reference (the
+  // credentials of channels and servers still open hold others).
+  provider.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+std::shared_ptr<grpc::experimental::CertificateProviderInterface> TlsReloader::provider() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return provider_;
+}
+
 void TlsReloader::Run() {
+  pthread_setname_np(pthread_self(), "tls-reload");
   std::unique_lock<std::mutex> lock(mu_);
   while (!wake_.wait_for(lock, std::chrono::seconds(options_.reload_interval_s),
                          [this] { return stop_; })) {

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -37,6 +38,25 @@ std::string Read(const std::string& path) {
   text << f.rdbuf();
   return text.str();
 }
+
+// Set by a test's child process just before it exits. An exit handler
+// registered before main, so before any TlsReloader's, runs after theirs:
+// where OpenSSL's own handler (registered when libssl loads) runs next, it
+// names the threads that would still call into OpenSSL then.
+bool exit_probe = false;
+const bool kExitProbeRegistered = [] {
+  std::atexit([] {
+    if (!exit_probe) return;
+    std::string left;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::string name = Read(task.path().string() + "/comm");
+      if (!name.empty() && name.back() == '\n') name.pop_back();
+      if (name == "FileWatcherCert" || name == "tls-reload") left += " " + name;
+    }
+    std::fprintf(stderr, "left at exit: [%s ]\n", left.c_str());
+  });
+  return true;
+}();
 
 // As an operator's tool that writes a new file and renames it into place.
 void Replace(const std::string& path, const std::string& text) {
@@ -313,6 +333,22 @@ TEST_F(TlsReloadTest, AStartWithBadFilesFailsNamingTheFile) {
   EXPECT_NE(s.message().find("--tls-ca " + tls.ca_file + ": holds no PEM certificate"),
             std::string::npos)
       << s;
+}
+
+TEST_F(TlsReloadTest, NoReloadOrWatcherThreadOutlivesTheExitHandlers) {
+  ASSERT_TRUE(kExitProbeRegistered);
+  ExpectServes("server-a", "client-a");
+  // A child that runs this test again (threadsafe: re-executed, so its
+  // threads are real), closes the server and exits.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        server_->Shutdown(std::chrono::system_clock::now());
+        server_.reset();
+        exit_probe = true;
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "left at exit: \\[ \\]");
 }
 
 TEST_F(TlsReloadTest, PrivateCopiesOfDeadProcessesAreRemoved) {

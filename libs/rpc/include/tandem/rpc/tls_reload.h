@@ -68,10 +68,9 @@ class TlsReloader {
   TlsReloader(const TlsReloader&) = delete;
   TlsReloader& operator=(const TlsReloader&) = delete;
 
-  // The provider gRPC's credentials watch: the last good set.
-  [[nodiscard]] std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider() const {
-    return provider_;
-  }
+  // The provider gRPC's credentials watch: the last good set (null once
+  // the process is exiting).
+  [[nodiscard]] std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider() const;
   // Reads the operator's files now and publishes them if they changed and
   // are valid (what the reload thread does every interval). Returns the
   // files' error, if any.
@@ -88,10 +87,13 @@ class TlsReloader {
   explicit TlsReloader(TlsOptions options);
   absl::Status Publish(const TlsFiles& files);
   void Run();
+  // At exit: ends the reload thread, drops the provider (so gRPC's watcher
+  // ends too unless a live channel or server holds it) and removes dir_.
+  void StopForExit();
 
   const TlsOptions options_;
   std::string dir_;
-  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;  // guarded by mu_
 
   mutable std::mutex mu_;
   TlsFiles published_;     // guarded by mu_
