@@ -37,6 +37,13 @@ function(tandem_cc_test)
   add_executable(${T_NAME} ${T_SRCS})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
   target_compile_options(${T_NAME} PRIVATE ${TANDEM_CXX_WARNINGS})
+  # A test's own code (assertions, fixtures, small references) at -O1 in the
+  # optimized builds: the code it tests is the libraries', built at -O2.
+  # -O2 made test files the slowest compiles of the tree (frontend_test.cc
+  # 26.0 s against 20.0 s at -O1; the tests are over half the build's CPU).
+  if(CMAKE_BUILD_TYPE MATCHES "^(RelWithDebInfo|Release)$" AND NOT TANDEM_FUZZ)
+    target_compile_options(${T_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O1>)
+  endif()
   target_compile_definitions(${T_NAME} PRIVATE
     TANDEM_SHARED_DIR="${TANDEM_SHARED_DIR}"
     TANDEM_BINARY_DIR="${CMAKE_BINARY_DIR}"
