@@ -136,13 +136,15 @@ rocksdb::Status Impl::ReconcileIndex() {
       Key key;
       if (!ParseRocksKey(it->key(), &key)) continue;
       auto e = index_.find(key);
-      if (e != index_.end() && e->second.state == EntryState::kReady) {
+      if (e != index_.end() && e->second.state == EntryState::kReady &&
+          !e->second.memory_only) {
         in_rocks.insert(key);
       } else {
         // Not indexed, being deleted, or being written: a store holds the
         // database from its write until its entry is ready or erased, so
         // a writing entry's store has not written yet, and what RocksDB
-        // has under its key is left from an earlier write that failed.
+        // has under its key is left from an earlier write that failed. A
+        // block held in memory only was never written by its store either.
         orphans.Delete(RocksKey(kMetaPrefix, key));
         orphans.Delete(RocksKey(kBlockPrefix, key));
       }
@@ -150,7 +152,9 @@ rocksdb::Status Impl::ReconcileIndex() {
     if (!it->status().ok()) return it->status();
     std::vector<Entry*> lost;
     for (auto& [key, e] : index_) {
-      if (e.state == EntryState::kReady && !in_rocks.contains(key)) lost.push_back(&e);
+      if (e.state == EntryState::kReady && !e.memory_only && !in_rocks.contains(key)) {
+        lost.push_back(&e);
+      }
     }
     for (Entry* e : lost) {  // as DropCorrupt: erased now, or by the last reader
       DoomLocked(e);

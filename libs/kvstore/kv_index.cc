@@ -21,10 +21,12 @@ void Impl::ExpireLeases() {
 }
 
 void Impl::InsertLruLocked(Entry* e) {
-  e->cold_it = cold_lru_.insert(cold_lru_.begin(), e);
-  e->in_cold_lru = true;
-  cold_bytes_ += e->size;
-  ++cold_blocks_;
+  if (!e->memory_only) {
+    e->cold_it = cold_lru_.insert(cold_lru_.begin(), e);
+    e->in_cold_lru = true;
+    cold_bytes_ += e->size;
+    ++cold_blocks_;
+  }
   if (e->hot_slot >= 0) {
     e->hot_it = hot_lru_.insert(hot_lru_.begin(), e);
     e->in_hot_lru = true;
@@ -50,6 +52,9 @@ int64_t Impl::AcquireHotSlotLocked() {
     e->in_hot_lru = false;
     e->hot_slot = -1;
     ++stats_.evictions_hot;
+    // Its slot was its only copy. Not a claimed entry of the caller's
+    // (those are kWriting, outside the LRU), so erasing it here is safe.
+    if (e->memory_only) EraseLocked(e);
     return slot;
   }
   return -1;
@@ -58,8 +63,10 @@ int64_t Impl::AcquireHotSlotLocked() {
 void Impl::DoomLocked(Entry* e) {
   if (e->state != EntryState::kReady) return;
   e->state = EntryState::kDeleting;
-  cold_bytes_ -= e->size;
-  --cold_blocks_;
+  if (!e->memory_only) {
+    cold_bytes_ -= e->size;
+    --cold_blocks_;
+  }
   if (e->in_cold_lru) cold_lru_.erase(e->cold_it);
   e->in_cold_lru = false;
   if (e->in_hot_lru) hot_lru_.erase(e->hot_it);

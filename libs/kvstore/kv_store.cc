@@ -29,6 +29,11 @@ absl::Status KvStoreOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("KvStoreOptions.write_buffer_bytes ", write_buffer_bytes, " is under 1 MiB"));
   }
+  if (durability == Durability::kMemory && hot_capacity_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "KvStoreOptions: durability memory holds blocks in the hot tier only, and "
+        "hot_capacity_bytes is 0");
+  }
   if (default_lease_ttl_ms <= 0 || max_lease_ttl_ms < default_lease_ttl_ms) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvStoreOptions: need 0 < default_lease_ttl_ms (", default_lease_ttl_ms,
@@ -183,9 +188,10 @@ absl::StatusOr<StoreResult> Impl::Store(std::string_view ns, const BlockHash& ha
                                         std::span<const uint8_t> payload, uint32_t checksum,
                                         std::optional<Durability> durability) {
   const StoreBlock block{.hash = hash, .payload = payload, .checksum = checksum};
+  const Durability d = durability.value_or(opts_.durability);
   TANDEM_ASSIGN_OR_RETURN(NsInfo info, Resolve(ns));
   TANDEM_RETURN_IF_ERROR(CheckPayloadSize(info, block));
-  TANDEM_RETURN_IF_ERROR(CheckDiskRoom());
+  if (d != Durability::kMemory) TANDEM_RETURN_IF_ERROR(CheckDiskRoom());
   TANDEM_RETURN_IF_ERROR(CheckPayloadChecksum(block));
   const Key key{info.id, hash};
   Claim claim{.block = 0};
@@ -201,6 +207,7 @@ absl::StatusOr<StoreResult> Impl::Store(std::string_view ns, const BlockHash& ha
         break;
       }
       if (it->second.state == EntryState::kReady) {
+        TANDEM_RETURN_IF_ERROR(CheckNoUpgradeLocked(it->second, d, hash));
         const StoreResult r = PresentLocked(&it->second, checksum);
         const uint32_t kept = it->second.checksum;
         lock.unlock();
@@ -228,7 +235,9 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
     return results;
   }
   // Each block's checks in Store's order; one disk-room check for the batch.
+  const Durability d = durability.value_or(opts_.durability);
   std::optional<absl::Status> room;
+  if (d == Durability::kMemory) room = absl::OkStatus();  // nothing reaches the disk
   std::vector<size_t> valid;
   valid.reserve(n);
   for (size_t i = 0; i < n; ++i) {
@@ -261,6 +270,10 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
         continue;
       }
       if (it->second.state == EntryState::kReady) {
+        if (absl::Status s = CheckNoUpgradeLocked(it->second, d, blocks[i].hash); !s.ok()) {
+          results[i] = std::move(s);
+          continue;
+        }
         results[i] = PresentLocked(&it->second, blocks[i].checksum);
         if (results[i]->mismatched) mismatched.emplace_back(i, it->second.checksum);
         continue;
@@ -289,6 +302,9 @@ std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
                                              std::span<const StoreBlock> blocks,
                                              std::optional<Durability> durability) {
   TANDEM_SYNC_POINT("KvStoreEngine::Store:BeforeWrite");
+  if (durability.value_or(opts_.durability) == Durability::kMemory) {
+    return HoldClaimedInMemory(claims, blocks);
+  }
   rocksdb::WriteBatch batch;
   for (const Claim& c : claims) {
     const StoreBlock& b = blocks[c.block];
@@ -331,14 +347,7 @@ std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t k = 0; k < claims.size(); ++k) {
-      Entry* e = claims[k].e;
-      const StoreBlock& b = blocks[claims[k].block];
-      e->state = EntryState::kReady;
-      e->size = b.payload.size();
-      e->checksum = b.checksum;
-      e->hot_slot = slots[k];
-      InsertLruLocked(e);
-      ++stats_.stores;
+      MarkStoredLocked(claims[k].e, blocks[claims[k].block], slots[k], /*memory_only=*/false);
     }
     last = claims.back().e->key;
     cv_.notify_all();
@@ -346,6 +355,62 @@ std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
   db_held.unlock();
   EvictColdIfNeeded(&last);
   return statuses;
+}
+
+std::vector<absl::Status> Impl::HoldClaimedInMemory(std::span<const Claim> claims,
+                                                    std::span<const StoreBlock> blocks) {
+  std::vector<absl::Status> statuses(claims.size());
+  std::vector<int64_t> slots(claims.size(), -1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t k = 0; k < claims.size(); ++k) {
+      const StoreBlock& b = blocks[claims[k].block];
+      if (arena_->num_slots() == 0) {
+        statuses[k] = absl::FailedPreconditionError(
+            "durability memory holds blocks in the hot tier only, and this KV-store has none "
+            "(--hot-capacity-bytes 0)");
+      } else if (b.payload.size() > arena_->slot_bytes()) {
+        statuses[k] = absl::FailedPreconditionError(absl::StrCat(
+            "block ", b.hash.ToHex(), " of ", b.payload.size(), " bytes does not fit a hot slot (",
+            arena_->slot_bytes(), " bytes), and durability memory holds blocks only there"));
+      } else if ((slots[k] = AcquireHotSlotLocked()) < 0) {
+        statuses[k] = absl::ResourceExhaustedError(absl::StrCat(
+            "no hot slot for block ", b.hash.ToHex(), ": all ", arena_->num_slots(),
+            " are pinned by reads or leases or taken by this batch, and durability memory holds blocks only there"));
+      }
+      if (!statuses[k].ok()) EraseLocked(claims[k].e);
+    }
+  }
+  for (size_t k = 0; k < claims.size(); ++k) {
+    const std::span<const uint8_t> payload = blocks[claims[k].block].payload;
+    if (slots[k] >= 0) std::memcpy(arena_->slot(slots[k]), payload.data(), payload.size());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t k = 0; k < claims.size(); ++k) {
+    if (slots[k] >= 0) {
+      MarkStoredLocked(claims[k].e, blocks[claims[k].block], slots[k], /*memory_only=*/true);
+    }
+  }
+  cv_.notify_all();
+  return statuses;
+}
+
+void Impl::MarkStoredLocked(Entry* e, const StoreBlock& b, int64_t slot, bool memory_only) {
+  e->state = EntryState::kReady;
+  e->size = b.payload.size();
+  e->checksum = b.checksum;
+  e->hot_slot = slot;
+  e->memory_only = memory_only;
+  InsertLruLocked(e);
+  ++stats_.stores;
+}
+
+absl::Status Impl::CheckNoUpgradeLocked(const Entry& e, Durability d, const BlockHash& hash) {
+  if (!e.memory_only || d == Durability::kMemory) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("block ", hash.ToHex(), " is held in memory only (stored with durability "
+                   "memory); a store with durability ", DurabilityName(d),
+                   " cannot make it durable"));
 }
 
 Impl::Pinned Impl::PinLocked(Entry* e) {

@@ -59,6 +59,9 @@ struct Entry {
   bool erase_when_unpinned = false;
   bool in_hot_lru = false;
   bool in_cold_lru = false;
+  // Stored with Durability::kMemory: only in its hot slot, never in RocksDB
+  // nor the cold tier's accounting; erased when the hot tier evicts it.
+  bool memory_only = false;
   std::list<Entry*>::iterator hot_it;
   std::list<Entry*>::iterator cold_it;
   [[nodiscard]] bool pinned() const { return lease_pins > 0 || read_pins > 0; }
@@ -152,6 +155,18 @@ class KvStoreEngine::Impl {
   std::vector<absl::Status> WriteClaimed(std::span<const Claim> claims,
                                          std::span<const StoreBlock> blocks,
                                          std::optional<Durability> durability);
+  // WriteClaimed for Durability::kMemory: copies the claimed blocks into hot
+  // slots (evicting unpinned ones) and marks them ready and memory-only, or
+  // erases a claim that finds no hot tier, no slot its size, or no unpinned
+  // slot (FAILED_PRECONDITION, RESOURCE_EXHAUSTED).
+  std::vector<absl::Status> HoldClaimedInMemory(std::span<const Claim> claims,
+                                                std::span<const StoreBlock> blocks);
+  // Marks a claimed entry ready with `b`'s size and checksum, in hot slot
+  // `slot` (-1: none), in the LRU, and counts the store.
+  void MarkStoredLocked(Entry* e, const StoreBlock& b, int64_t slot, bool memory_only);
+  // FAILED_PRECONDITION when a store with durability `d` finds block `e` held
+  // in memory only: it would be acknowledged without reaching the disk.
+  static absl::Status CheckNoUpgradeLocked(const Entry& e, Durability d, const BlockHash& hash);
 
   // The operations, continued.
   // Drops a read-pinned entry whose bytes failed verification, vanished, or

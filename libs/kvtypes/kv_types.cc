@@ -8,8 +8,9 @@ absl::StatusOr<Durability> ParseDurability(std::string_view name) {
   if (name == "none") return Durability::kNone;
   if (name == "wal") return Durability::kWal;
   if (name == "fsync") return Durability::kFsync;
+  if (name == "memory") return Durability::kMemory;
   return absl::InvalidArgumentError(
-      absl::StrCat("durability '", std::string(name), "' is not one of none, wal, fsync"));
+      absl::StrCat("durability '", std::string(name), "' is not one of none, wal, fsync, memory"));
 }
 
 const char* DurabilityName(Durability d) {
@@ -20,6 +21,8 @@ const char* DurabilityName(Durability d) {
       return "wal";
     case Durability::kFsync:
       return "fsync";
+    case Durability::kMemory:
+      return "memory";
   }
   return "?";
 }

@@ -92,6 +92,8 @@ v1::Durability ToProto(std::optional<kvstore::Durability> in) {
       return v1::DURABILITY_WAL;
     case kvstore::Durability::kFsync:
       return v1::DURABILITY_FSYNC;
+    case kvstore::Durability::kMemory:
+      return v1::DURABILITY_MEMORY;
   }
   return v1::DURABILITY_SERVER_DEFAULT;
 }
@@ -109,6 +111,9 @@ absl::Status FromProto(v1::Durability in, std::optional<kvstore::Durability>* ou
       return absl::OkStatus();
     case v1::DURABILITY_FSYNC:
       *out = kvstore::Durability::kFsync;
+      return absl::OkStatus();
+    case v1::DURABILITY_MEMORY:
+      *out = kvstore::Durability::kMemory;
       return absl::OkStatus();
     default:
       break;

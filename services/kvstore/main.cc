@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
             "blocks the cold tier may hold (LRU eviction); 0 = unlimited");
   flags.Add("durability", &durability,
             "default store durability: none (memtable only), wal (survives kill -9), fsync "
-            "(survives power loss)");
+            "(survives power loss), memory (hot tier only, never on disk: gone when evicted or "
+            "at a restart; stores at memory speed)");
   flags.Add("lease-ttl-ms", &lease_ttl_ms, "lease time-to-live when a lookup asks for 0");
   flags.Add("max-lease-ttl-ms", &max_lease_ttl_ms, "longest lease a lookup may ask for");
   flags.Add("store-to-hot", &store_to_hot, "also place newly stored blocks in the hot tier");

@@ -3,7 +3,9 @@
 // Also run under ThreadSanitizer (label tsan).
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -176,8 +178,14 @@ TEST_F(KvStoreConcurrencyTest, StagedLookupDuringAnotherPromotionStillHits) {
 // Several threads look up, load, store and release on a small key space with
 // both tiers far smaller than it, for a bounded number of operations. Every
 // served block must have its own bytes, leased blocks must stay readable,
-// and the tiers must end within capacity.
-TEST_F(KvStoreConcurrencyTest, MixedWorkloadUnderEvictionPressure) {
+// and the tiers must end within capacity. With the parameter, even keys are
+// stored with durability memory (the hot tier only: evicting one erases it),
+// and a memory store may find every hot slot pinned by the others' leases.
+class KvStoreMixedWorkloadTest : public KvStoreConcurrencyTest,
+                                 public ::testing::WithParamInterface<bool> {};
+
+TEST_P(KvStoreMixedWorkloadTest, MixedWorkloadUnderEvictionPressure) {
+  const bool memory_keys = GetParam();
   constexpr uint64_t kKeys = 48;
   constexpr uint64_t kColdBlocks = 16;
   Open({.hot_capacity_bytes = 6 * kBlock,
@@ -186,7 +194,7 @@ TEST_F(KvStoreConcurrencyTest, MixedWorkloadUnderEvictionPressure) {
         .durability = Durability::kNone});
   constexpr int kThreads = 4;
   constexpr int kOpsPerThread = 400;
-  std::atomic<int> served{0}, leased_reads_failed{0}, wrong_bytes{0};
+  std::atomic<int> served{0}, leased_reads_failed{0}, wrong_bytes{0}, memory_stored{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -197,8 +205,15 @@ TEST_F(KvStoreConcurrencyTest, MixedWorkloadUnderEvictionPressure) {
         switch (rng() % 4) {
           case 0: {
             auto p = TestPayload(i, kBlock);
-            auto r = store_->Store(kNs, TestHash(i), p, Crc(p));
-            ASSERT_TRUE(r.ok()) << r.status();
+            const bool memory = memory_keys && i % 2 == 0;
+            auto r = store_->Store(kNs, TestHash(i), p, Crc(p),
+                                   memory ? std::optional(Durability::kMemory) : std::nullopt);
+            if (memory && !r.ok()) {
+              ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+            } else {
+              ASSERT_TRUE(r.ok()) << r.status();
+              if (memory) memory_stored.fetch_add(1);
+            }
             break;
           }
           case 1: {
@@ -244,7 +259,15 @@ TEST_F(KvStoreConcurrencyTest, MixedWorkloadUnderEvictionPressure) {
   EXPECT_GT(s.evictions_cold, 0u);
   EXPECT_GT(s.evictions_hot, 0u);
   EXPECT_EQ(s.checksum_failures, 0u);
+  if (memory_keys) {
+    EXPECT_GT(memory_stored.load(), 0);
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Durability, KvStoreMixedWorkloadTest, ::testing::Bool(),
+                         [](const auto& info) {
+                           return std::string(info.param ? "NoneAndMemory" : "None");
+                         });
 
 }  // namespace
 }  // namespace tandem::kvstore

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../kvstore/test_util.h"
@@ -161,6 +162,34 @@ TEST_F(BulkStoreTest, PerBlockResultsEqualTheGrpcStores) {
   EXPECT_EQ(Describe(bulk->Store("nope", m.hashes, m.src())), "NOT_FOUND");
   EXPECT_EQ(Describe(grpc->Store("nope", m.hashes, m.src())), "NOT_FOUND");
   EXPECT_TRUE(store_->TEST_CheckColdTier().ok());
+}
+
+// Durability memory crosses both wires: the blocks land in the hot tier
+// only, and a later durable store of them is refused in the same words.
+TEST_F(BulkStoreTest, MemoryStoresLandInTheHotTierOnlyOverBothPaths) {
+  Start();
+  KvStoreClient* bulk = Client(true);
+  KvStoreClient* grpc = Client(false);
+  Batch m;
+  for (uint64_t id = 20; id < 23; ++id) m.Add(id, TestPayload(id, kBlock));
+  for (const auto& [ns, client] : {std::pair{"ns", bulk}, std::pair{"grpc", grpc}}) {
+    ASSERT_EQ(Describe(client->Store(ns, m.hashes, m.src(), kvstore::Durability::kMemory)),
+              "new new new ")
+        << ns;
+    for (const BlockHash& h : m.hashes) {
+      EXPECT_TRUE(store_->TEST_InHot(ns, h)) << ns;
+      EXPECT_FALSE(store_->TEST_InCold(ns, h)) << ns;
+    }
+  }
+  EXPECT_EQ(bulk->bulk_stores(), 1u);
+  EXPECT_EQ(store_->GetStats().cold_blocks, 0u);
+  const auto want = grpc->Store("grpc", m.hashes, m.src(), kvstore::Durability::kWal);
+  EXPECT_EQ(Describe(want), "FAILED_PRECONDITION FAILED_PRECONDITION FAILED_PRECONDITION ");
+  const auto got = bulk->Store("ns", m.hashes, m.src(), kvstore::Durability::kWal);
+  EXPECT_EQ(Describe(got), Describe(want));
+  ASSERT_TRUE(got.ok() && want.ok());
+  EXPECT_EQ((*got)[0].status.message(), (*want)[0].status.message());
+  EXPECT_NE((*got)[0].status.message().find("held in memory only"), std::string::npos);
 }
 
 // The client computes every checksum itself, so a bad one is sent raw.

@@ -3,8 +3,10 @@
 //
 //  - Hot tier: a pinned host-memory arena (HostArena) cut into fixed-size
 //    slots, least-recently-used eviction. A cache of the cold tier: evicting
-//    a block from it keeps the block in the cold tier.
-//  - Cold tier: RocksDB with blob files. Holds every block (metadata,
+//    a block from it keeps the block in the cold tier, except a block stored
+//    with Durability::kMemory, which lives in its hot slot only and is gone
+//    when evicted.
+//  - Cold tier: RocksDB with blob files. Holds every other block (metadata,
 //    payload and checksum, written in one atomic batch before a store is
 //    acknowledged under the store's durability mode) and is read back after a
 //    restart. Least-recently-used eviction by bytes and/or blocks; the access

@@ -23,8 +23,14 @@ enum class Durability {
   kWal,
   // Write-ahead log fsynced before the ack: survives power loss.
   kFsync,
+  // Held in the hot tier (host memory) only, never written to RocksDB: gone
+  // when the hot tier evicts it and at any restart, as in a redis-server
+  // without persistence. Acknowledged once copied into a hot slot, so stores
+  // run at memory speed instead of the disk's. For KV blocks a miss only
+  // costs a recompute; a store that finds no unpinned hot slot is refused.
+  kMemory,
 };
-// "none" | "wal" | "fsync".
+// "none" | "wal" | "fsync" | "memory".
 [[nodiscard]] absl::StatusOr<Durability> ParseDurability(std::string_view name);
 [[nodiscard]] const char* DurabilityName(Durability d);
 
