@@ -219,7 +219,7 @@ absl::StatusOr<StoreResult> Impl::Store(std::string_view ns, const BlockHash& ha
     }
     claim.seq = next_seq_++;
   }
-  std::vector<absl::Status> written = WriteClaimed({&claim, 1}, {&block, 1}, durability);
+  std::vector<absl::Status> written = WriteClaimed({&claim, 1}, {&block, 1}, d);
   TANDEM_RETURN_IF_ERROR(written[0]);
   return StoreResult{};
 }
@@ -287,7 +287,7 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
   }
   for (const auto& [i, kept] : mismatched) LogMismatch(*info, blocks[i], kept);
   if (!claims.empty()) {
-    std::vector<absl::Status> written = WriteClaimed(claims, blocks, durability);
+    std::vector<absl::Status> written = WriteClaimed(claims, blocks, d);
     for (size_t k = 0; k < claims.size(); ++k) {
       if (!written[k].ok()) results[claims[k].block] = std::move(written[k]);
     }
@@ -299,43 +299,46 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
 }
 
 std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
-                                             std::span<const StoreBlock> blocks,
-                                             std::optional<Durability> durability) {
+                                             std::span<const StoreBlock> blocks, Durability d) {
   TANDEM_SYNC_POINT("KvStoreEngine::Store:BeforeWrite");
-  if (durability.value_or(opts_.durability) == Durability::kMemory) {
-    return HoldClaimedInMemory(claims, blocks);
-  }
-  rocksdb::WriteBatch batch;
-  for (const Claim& c : claims) {
-    const StoreBlock& b = blocks[c.block];
-    batch.Put(RocksKey(kMetaPrefix, c.e->key),
-              EncodeMeta(Meta{.checksum = b.checksum, .size = b.payload.size(), .seq = c.seq}));
-    batch.Put(RocksKey(kBlockPrefix, c.e->key),
-              rocksdb::Slice(reinterpret_cast<const char*>(b.payload.data()), b.payload.size()));
-  }
+  // Durability memory: the hot tier only, so no RocksDB write, and a block
+  // that gets no slot is refused instead of kept cold.
+  const bool memory = d == Durability::kMemory;
+  std::vector<absl::Status> statuses(claims.size());
   // The database stays open (no reopen) until the entries are ready or gone:
   // a reopen in between could lose a write without the WAL and still see
   // the entries writing (see ReconcileIndex).
   std::shared_lock<std::shared_mutex> db_held;
-  rocksdb::Status s =
-      WriteToRocks(WriteOptionsFor(durability.value_or(opts_.durability)), &batch, &db_held);
-  std::vector<absl::Status> statuses(claims.size());
-  if (!s.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t k = 0; k < claims.size(); ++k) {
-      statuses[k] =
-          FromRocks(s, absl::StrCat("writing block ", blocks[claims[k].block].hash.ToHex()));
-      EraseLocked(claims[k].e);
+  if (!memory) {
+    rocksdb::WriteBatch batch;
+    for (const Claim& c : claims) {
+      const StoreBlock& b = blocks[c.block];
+      batch.Put(RocksKey(kMetaPrefix, c.e->key),
+                EncodeMeta(Meta{.checksum = b.checksum, .size = b.payload.size(), .seq = c.seq}));
+      batch.Put(RocksKey(kBlockPrefix, c.e->key),
+                rocksdb::Slice(reinterpret_cast<const char*>(b.payload.data()), b.payload.size()));
     }
-    return statuses;
+    rocksdb::Status s = WriteToRocks(WriteOptionsFor(d), &batch, &db_held);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t k = 0; k < claims.size(); ++k) {
+        statuses[k] =
+            FromRocks(s, absl::StrCat("writing block ", blocks[claims[k].block].hash.ToHex()));
+        EraseLocked(claims[k].e);
+      }
+      return statuses;
+    }
+    TANDEM_SYNC_POINT("KvStoreEngine::Store:AfterWrite");
   }
-  TANDEM_SYNC_POINT("KvStoreEngine::Store:AfterWrite");
   std::vector<int64_t> slots(claims.size(), -1);
-  if (opts_.store_to_hot) {
+  if (memory || opts_.store_to_hot) {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t k = 0; k < claims.size(); ++k) {
-      if (blocks[claims[k].block].payload.size() <= arena_->slot_bytes()) {
-        slots[k] = AcquireHotSlotLocked();
+      const StoreBlock& b = blocks[claims[k].block];
+      if (b.payload.size() <= arena_->slot_bytes()) slots[k] = AcquireHotSlotLocked();
+      if (memory && slots[k] < 0) {
+        statuses[k] = NoHotSlotLocked(b);
+        EraseLocked(claims[k].e);
       }
     }
   }
@@ -347,52 +350,34 @@ std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t k = 0; k < claims.size(); ++k) {
-      MarkStoredLocked(claims[k].e, blocks[claims[k].block], slots[k], /*memory_only=*/false);
+      if (statuses[k].ok())
+        MarkStoredLocked(claims[k].e, blocks[claims[k].block], slots[k], memory);
     }
-    last = claims.back().e->key;
+    if (!memory) last = claims.back().e->key;  // a refused claim's entry is gone
     cv_.notify_all();
   }
-  db_held.unlock();
-  EvictColdIfNeeded(&last);
+  if (!memory) {
+    db_held.unlock();
+    EvictColdIfNeeded(&last);
+  }
   return statuses;
 }
 
-std::vector<absl::Status> Impl::HoldClaimedInMemory(std::span<const Claim> claims,
-                                                    std::span<const StoreBlock> blocks) {
-  std::vector<absl::Status> statuses(claims.size());
-  std::vector<int64_t> slots(claims.size(), -1);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t k = 0; k < claims.size(); ++k) {
-      const StoreBlock& b = blocks[claims[k].block];
-      if (arena_->num_slots() == 0) {
-        statuses[k] = absl::FailedPreconditionError(
-            "durability memory holds blocks in the hot tier only, and this KV-store has none "
-            "(--hot-capacity-bytes 0)");
-      } else if (b.payload.size() > arena_->slot_bytes()) {
-        statuses[k] = absl::FailedPreconditionError(absl::StrCat(
-            "block ", b.hash.ToHex(), " of ", b.payload.size(), " bytes does not fit a hot slot (",
-            arena_->slot_bytes(), " bytes), and durability memory holds blocks only there"));
-      } else if ((slots[k] = AcquireHotSlotLocked()) < 0) {
-        statuses[k] = absl::ResourceExhaustedError(absl::StrCat(
-            "no hot slot for block ", b.hash.ToHex(), ": all ", arena_->num_slots(),
-            " are pinned by reads or leases or taken by this batch, and durability memory holds blocks only there"));
-      }
-      if (!statuses[k].ok()) EraseLocked(claims[k].e);
-    }
+absl::Status Impl::NoHotSlotLocked(const StoreBlock& b) const {
+  if (arena_->num_slots() == 0) {
+    return absl::FailedPreconditionError(
+        "durability memory holds blocks in the hot tier only, and this KV-store has none "
+        "(--hot-capacity-bytes 0)");
   }
-  for (size_t k = 0; k < claims.size(); ++k) {
-    const std::span<const uint8_t> payload = blocks[claims[k].block].payload;
-    if (slots[k] >= 0) std::memcpy(arena_->slot(slots[k]), payload.data(), payload.size());
+  if (b.payload.size() > arena_->slot_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", b.hash.ToHex(), " of ", b.payload.size(), " bytes does not fit a hot slot (",
+        arena_->slot_bytes(), " bytes), and durability memory holds blocks only there"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  for (size_t k = 0; k < claims.size(); ++k) {
-    if (slots[k] >= 0) {
-      MarkStoredLocked(claims[k].e, blocks[claims[k].block], slots[k], /*memory_only=*/true);
-    }
-  }
-  cv_.notify_all();
-  return statuses;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "no hot slot for block ", b.hash.ToHex(), ": all ", arena_->num_slots(),
+      " are pinned by reads or leases or taken by this batch, and durability memory holds "
+      "blocks only there"));
 }
 
 void Impl::MarkStoredLocked(Entry* e, const StoreBlock& b, int64_t slot, bool memory_only) {
@@ -408,9 +393,10 @@ void Impl::MarkStoredLocked(Entry* e, const StoreBlock& b, int64_t slot, bool me
 absl::Status Impl::CheckNoUpgradeLocked(const Entry& e, Durability d, const BlockHash& hash) {
   if (!e.memory_only || d == Durability::kMemory) return absl::OkStatus();
   return absl::FailedPreconditionError(
-      absl::StrCat("block ", hash.ToHex(), " is held in memory only (stored with durability "
-                   "memory); a store with durability ", DurabilityName(d),
-                   " cannot make it durable"));
+      absl::StrCat("block ", hash.ToHex(),
+                   " is held in memory only (stored with durability "
+                   "memory); a store with durability ",
+                   DurabilityName(d), " cannot make it durable"));
 }
 
 Impl::Pinned Impl::PinLocked(Entry* e) {

@@ -151,16 +151,15 @@ class KvStoreEngine::Impl {
   };
   // Writes the claimed blocks in one RocksDB write, places them in the hot
   // tier and marks them ready, or erases them all when the write fails (its
-  // error for each). One status per claim.
+  // error for each). One status per claim. With Durability::kMemory there is
+  // no write: each block must get a hot slot, or its claim is erased with
+  // NoHotSlotLocked's error.
   std::vector<absl::Status> WriteClaimed(std::span<const Claim> claims,
-                                         std::span<const StoreBlock> blocks,
-                                         std::optional<Durability> durability);
-  // WriteClaimed for Durability::kMemory: copies the claimed blocks into hot
-  // slots (evicting unpinned ones) and marks them ready and memory-only, or
-  // erases a claim that finds no hot tier, no slot its size, or no unpinned
-  // slot (FAILED_PRECONDITION, RESOURCE_EXHAUSTED).
-  std::vector<absl::Status> HoldClaimedInMemory(std::span<const Claim> claims,
-                                                std::span<const StoreBlock> blocks);
+                                         std::span<const StoreBlock> blocks, Durability d);
+  // Why a block stored with Durability::kMemory got no hot slot: no hot tier
+  // or a block larger than a slot (FAILED_PRECONDITION), or every slot
+  // pinned (RESOURCE_EXHAUSTED).
+  absl::Status NoHotSlotLocked(const StoreBlock& b) const;
   // Marks a claimed entry ready with `b`'s size and checksum, in hot slot
   // `slot` (-1: none), in the LRU, and counts the store.
   void MarkStoredLocked(Entry* e, const StoreBlock& b, int64_t slot, bool memory_only);
