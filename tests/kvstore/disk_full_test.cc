@@ -108,6 +108,12 @@ std::unique_ptr<KvStoreEngine> OpenWithNamespace(const KvStoreOptions& o) {
   return std::move(*opened);
 }
 
+// Stores test block i with durability d.
+absl::Status PutBlock(KvStoreEngine* store, uint64_t i, Durability d) {
+  const std::vector<uint8_t> p = TestPayload(i, kBlock);
+  return store->Store(kNs, TestHash(i), p, Crc(p), d).status();
+}
+
 TEST(KvStoreDiskFullTest, FillingAndFreeingTheDiskUnderLoadNeverAbortsOrLosesABlock) {
   SmallDisk disk("64m");
   if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)";
@@ -238,10 +244,7 @@ TEST(KvStoreDiskFullTest, AReopenWaitsForAStoreBetweenItsWriteAndItsEntry) {
   o.min_free_disk_bytes = 0;  // stores reach RocksDB on the full disk
   std::unique_ptr<KvStoreEngine> store = OpenWithNamespace(o);
   ASSERT_NE(store, nullptr);
-  auto put = [&](uint64_t i, Durability d) {
-    const std::vector<uint8_t> p = TestPayload(i, kBlock);
-    return store->Store(kNs, TestHash(i), p, Crc(p), d).status();
-  };
+  auto put = [&](uint64_t i, Durability d) { return PutBlock(store.get(), i, d); };
   Fill(disk.path());
 
   // Block 0's store stops after its write until a reopen has started, then
@@ -318,6 +321,56 @@ TEST(KvStoreDiskFullTest, AReopenWaitsForAStoreBetweenItsWriteAndItsEntry) {
   const absl::StatusOr<ReadResult> r = store->ReadInto(kNs, TestHash(0), buf);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->ok());
+}
+
+// A reopen forgets the blocks RocksDB lost, and only those: a block stored
+// with durability memory was never in RocksDB, and stays.
+TEST(KvStoreDiskFullTest, AReopenKeepsTheBlocksHeldInMemoryOnly) {
+  SmallDisk disk("16m");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)";
+  KvStoreOptions o = disk.Options();
+  o.min_free_disk_bytes = 0;  // stores reach RocksDB on the full disk
+  std::unique_ptr<KvStoreEngine> store = OpenWithNamespace(o);
+  ASSERT_NE(store, nullptr);
+  auto put = [&](uint64_t i, Durability d) { return PutBlock(store.get(), i, d); };
+  constexpr uint64_t kHeld = 100000;
+  ASSERT_TRUE(put(kHeld, Durability::kMemory).ok());
+  // Leased, so that the stores below cannot take its hot slot.
+  const std::vector<BlockHash> held{TestHash(kHeld)};
+  const absl::StatusOr<LookupResult> lease =
+      store->Lookup(kNs, held, {.take_lease = true, .lease_ttl_ms = 600'000});
+  ASSERT_TRUE(lease.ok() && lease->num_hits == 1);
+
+  std::atomic<bool> reopened{false};
+  SyncPoint::Get()->SetCallBack("KvStoreEngine::Reopen:Start", [&] { reopened.store(true); });
+  SyncPoint::Get()->EnableProcessing();
+  struct Disable {
+    ~Disable() {
+      SyncPoint::Get()->DisableProcessing();
+      SyncPoint::Get()->ClearAll();
+    }
+  } disable;
+  Fill(disk.path());
+  // The memtable's flush fails on the full disk, which stops writes, and a
+  // later store reopens RocksDB.
+  for (uint64_t i = 1; !reopened.load() && i < 2000; ++i) {
+    (void)put(i, Durability::kNone);
+    if (i % 16 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(reopened.load()) << "the full disk never stopped writes";
+  std::filesystem::remove(disk.path() + "/filler");
+  absl::Status resumed = absl::UnknownError("no store tried");
+  for (uint64_t i = 5000; !resumed.ok() && i < 5050; ++i) {
+    resumed = put(i, Durability::kWal);
+    if (!resumed.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(resumed.ok()) << resumed;  // so the index was reconciled with RocksDB
+  std::vector<uint8_t> buf(kBlock);
+  const absl::StatusOr<ReadResult> r = store->ReadInto(kNs, TestHash(kHeld), buf);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok());
+  EXPECT_EQ(buf, TestPayload(kHeld, kBlock));
+  EXPECT_TRUE(store->Release(lease->lease));
 }
 
 }  // namespace

@@ -509,6 +509,22 @@ TEST_F(KvStoreTest, MemoryBlocksStayInTheHotTierAndAreGoneAfterARestart) {
   EXPECT_EQ(Get(2).miss, MissReason::kNotFound);
 }
 
+TEST_F(KvStoreTest, ADroppedMemoryBlockLeavesTheColdTiersCountsAlone) {
+  Open(Options());
+  Put(1);  // wal: the cold tier's one block
+  ASSERT_TRUE(StoreIn(store_.get(), 2, Durability::kMemory).ok());
+  ASSERT_TRUE(store_->TEST_CorruptHot(kNs, TestHash(2), 7).ok());
+  std::vector<uint8_t> out(kBlock);
+  auto r = store_->ReadInto(kNs, TestHash(2), out);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->miss, MissReason::kChecksum);
+  EXPECT_EQ(Hits({2}), 0);
+  KvStoreStats st = store_->GetStats();
+  EXPECT_EQ(st.cold_blocks, 1u);
+  EXPECT_EQ(st.cold_bytes, kBlock);
+  EXPECT_EQ(st.hot_blocks, 1u);
+}
+
 TEST_F(KvStoreTest, MemoryBlocksEvictedFromTheHotTierAreGoneAndCanBeStoredAgain) {
   KvStoreOptions o = Options();  // 3 hot slots
   o.durability = Durability::kMemory;
