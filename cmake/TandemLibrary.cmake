@@ -28,12 +28,16 @@ function(tandem_cc_library)
   add_library(tandem::${T_NAME} ALIAS ${_target})
 endfunction()
 
-# tandem_cc_test(NAME name SRCS ... DEPS ... [LABELS ...] [TIMEOUT s])
+# tandem_cc_test(NAME name SRCS ... DEPS ... [LABELS ...] [TIMEOUT s] [SHARDS n])
 # A GoogleTest binary registered with CTest. Label "unit" marks tests the
 # sanitizer builds run (target unit_tests builds them all); "integration"
-# marks multi-process tests.
+# marks multi-process tests. SHARDS n registers it as n CTest tests,
+# name_shard0 ... name_shard<n-1>, each running every n-th case (GoogleTest's
+# GTEST_TOTAL_SHARDS/GTEST_SHARD_INDEX), so that `ctest -j` runs a long
+# binary on several cores: engine_core_test under TSan ran 233 s on one core
+# while the other idled. tandem_test_names(VAR name) gives the CTest names.
 function(tandem_cc_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT;SHARDS" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SRCS})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
   target_compile_options(${T_NAME} PRIVATE ${TANDEM_CXX_WARNINGS})
@@ -48,16 +52,43 @@ function(tandem_cc_test)
     TANDEM_SHARED_DIR="${TANDEM_SHARED_DIR}"
     TANDEM_BINARY_DIR="${CMAKE_BINARY_DIR}"
     TANDEM_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
-  add_test(NAME ${T_NAME} COMMAND ${T_NAME})
   if(NOT T_LABELS)
     set(T_LABELS unit)
   endif()
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
   endif()
-  set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT})
+  if(T_SHARDS AND T_SHARDS GREATER 1)
+    math(EXPR _last "${T_SHARDS} - 1")
+    foreach(_i RANGE ${_last})
+      add_test(NAME ${T_NAME}_shard${_i} COMMAND ${T_NAME})
+      set_tests_properties(${T_NAME}_shard${_i} PROPERTIES
+        LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+        ENVIRONMENT "GTEST_TOTAL_SHARDS=${T_SHARDS};GTEST_SHARD_INDEX=${_i}")
+    endforeach()
+  else()
+    add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+    set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT})
+  endif()
+  set_property(GLOBAL PROPERTY TANDEM_TEST_SHARDS_${T_NAME} "${T_SHARDS}")
   if("unit" IN_LIST T_LABELS)
     add_dependencies(unit_tests ${T_NAME})
+  endif()
+endfunction()
+
+# tandem_test_names(VAR name): the CTest names of tandem_cc_test NAME name,
+# for set_tests_properties (one per shard).
+function(tandem_test_names var name)
+  get_property(_shards GLOBAL PROPERTY TANDEM_TEST_SHARDS_${name})
+  if(_shards AND _shards GREATER 1)
+    math(EXPR _last "${_shards} - 1")
+    set(_names "")
+    foreach(_i RANGE ${_last})
+      list(APPEND _names ${name}_shard${_i})
+    endforeach()
+    set(${var} ${_names} PARENT_SCOPE)
+  else()
+    set(${var} ${name} PARENT_SCOPE)
   endif()
 endfunction()
 
