@@ -53,8 +53,10 @@ TEST(Crc32cTest, EveryImplementationMatchesTheBitwiseDefinition) {
   ASSERT_GE(impls.size(), 1u);
   for (const Crc32cImplementation& impl : impls) {
     for (size_t off : {size_t{0}, size_t{3}}) {
-      for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{63}, size_t{64}, size_t{257},
-                       size_t{4096}, size_t{3 * 4096 + 1}, size_t{40000}, buf.size() - 3}) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{63}, size_t{64}, size_t{255},
+                       size_t{256}, size_t{257}, size_t{319}, size_t{1023}, size_t{1024},
+                       size_t{1087}, size_t{4096}, size_t{3 * 4096 + 1}, size_t{40000},
+                       buf.size() - 3}) {
         EXPECT_EQ(impl.extend(0, buf.data() + off, n), NaiveCrc32c(buf.data() + off, n))
             << impl.name << " offset " << off << " length " << n;
       }
@@ -63,6 +65,26 @@ TEST(Crc32cTest, EveryImplementationMatchesTheBitwiseDefinition) {
     EXPECT_EQ(impl.extend(head, buf.data() + 5, 30000), NaiveCrc32c(buf.data(), 30005))
         << impl.name;
   }
+}
+
+TEST(Crc32cTest, CombineEqualsTheChecksumOfTheConcatenation) {
+  std::vector<uint8_t> buf(70000);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 2654435761u >> 11);
+  for (size_t split : {size_t{0}, size_t{1}, size_t{5}, size_t{4096}, size_t{33333}}) {
+    for (size_t len2 : {size_t{0}, size_t{1}, size_t{3}, size_t{8}, size_t{1000}, size_t{32768},
+                        buf.size() - split}) {
+      if (split + len2 > buf.size()) continue;
+      const uint32_t a = Crc32cExtend(0, buf.data(), split);
+      const uint32_t b = Crc32cExtend(0, buf.data() + split, len2);
+      EXPECT_EQ(Crc32cCombine(a, b, len2), NaiveCrc32c(buf.data(), split + len2))
+          << "split " << split << " len2 " << len2;
+    }
+  }
+  // A long second part (as RocksDB's WAL files reach): 5 MiB of zeros.
+  std::vector<uint8_t> zeros(5 << 20, 0);
+  const uint32_t a = Crc32cExtend(0, buf.data(), 100);
+  EXPECT_EQ(Crc32cCombine(a, Crc32cExtend(0, zeros.data(), zeros.size()), zeros.size()),
+            Crc32cExtend(a, zeros.data(), zeros.size()));
 }
 
 TEST(Crc32cTest, ExtendEqualsOneShot) {

@@ -1,7 +1,7 @@
 // CRC32C (Castagnoli), the checksum every KV-store block carries. Uses
-// carry-less multiplication folding (AVX-512 VPCLMULQDQ) for long inputs when
-// the CPU has it, the SSE4.2 crc32 instruction otherwise, a table without
-// either; all give the same value.
+// carry-less multiplication folding (AVX-512 VPCLMULQDQ, else 128-bit
+// PCLMULQDQ) for long inputs when the CPU has it, the SSE4.2 crc32
+// instruction otherwise, a table without either; all give the same value.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +17,10 @@ namespace tandem::kvstore {
 [[nodiscard]] inline uint32_t Crc32c(std::span<const uint8_t> data) {
   return Crc32cExtend(0, data.data(), data.size());
 }
+
+// The CRC32C of A followed by B from crc1 = CRC32C(A), crc2 = CRC32C(B) and
+// len2 = |B|, in O(log len2) multiplications.
+[[nodiscard]] uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2);
 
 // Every implementation this CPU can run (the table one always), so tests
 // check each, not only the one Crc32cExtend picks here: CI machines may
