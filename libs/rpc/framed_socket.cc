@@ -499,11 +499,18 @@ absl::Status FramedSocket::SendAll(iovec* iov, int count, const char* what) {
   if (tls_ != nullptr) {
     std::optional<ScopedSigpipeBlock> no_sigpipe;
     if (!tls_writes_buffered()) no_sigpipe.emplace();
+    // Buffered writes go out in pieces of 256 KiB: a whole payload
+    // encrypted into the memory BIO before its first byte was sent left the
+    // peer nothing to decrypt meanwhile, and grew the BIO by copying. 2 MiB
+    // hot-tier loads over mutual TLS (bench_kvstore): 0.68 GB/s whole, 0.87
+    // in 256 KiB pieces; 64 KiB pieces slowed 64 KiB blocks (0.77 -> 0.65).
+    constexpr size_t kBufferedPiece = 256 << 10;
+    const size_t piece = tls_writes_buffered() ? kBufferedPiece : SIZE_MAX;
     for (int i = 0; i < count; ++i) {
       auto* p = static_cast<uint8_t*>(iov[i].iov_base);
       size_t left = iov[i].iov_len;
       while (left > 0) {
-        absl::StatusOr<size_t> w = TlsCall(TlsOp::kWrite, p, left, what, false);
+        absl::StatusOr<size_t> w = TlsCall(TlsOp::kWrite, p, std::min(left, piece), what, false);
         if (!w.ok()) return w.status();
         p += *w;
         left -= *w;
