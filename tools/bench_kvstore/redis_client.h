@@ -1,6 +1,7 @@
 // A minimal RESP client of redis-server and a way to start one, for
 // bench_kvstore's anchor: pipelined SET/GET of block-sized values, each GET
-// copied into a caller-provided buffer as our Load does.
+// copied into a caller-provided buffer as our Load does; over plain TCP or
+// (ConnectTls) redis's own TLS port with a client certificate.
 #pragma once
 
 #include <arpa/inet.h>
@@ -10,6 +11,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <openssl/ssl.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -39,7 +42,22 @@ class Redis {
     setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return true;
   }
+  // Connect, then a TLS handshake with `ctx` (which holds the client's
+  // certificate and the CA the server's must chain to).
+  bool ConnectTls(int port, SSL_CTX* ctx) {
+    if (!Connect(port)) return false;
+    ssl_ = SSL_new(ctx);
+    if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1 || SSL_connect(ssl_) != 1) {
+      SSL_free(ssl_);
+      ssl_ = nullptr;
+      close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    return true;
+  }
   ~Redis() {
+    if (ssl_ != nullptr) SSL_free(ssl_);
     if (fd_ >= 0) close(fd_);
   }
 
@@ -98,6 +116,14 @@ class Redis {
 
  private:
   void WriteAll(std::vector<iovec> iov) {
+    if (ssl_ != nullptr) {
+      for (const iovec& v : iov) {
+        size_t done = 0;
+        TANDEM_CHECK(v.iov_len == 0 || SSL_write_ex(ssl_, v.iov_base, v.iov_len, &done) == 1)
+            << "TLS write to redis failed";
+      }
+      return;
+    }
     size_t idx = 0;
     while (idx < iov.size()) {
       const int cnt = static_cast<int>(std::min<size_t>(iov.size() - idx, 512));
@@ -113,7 +139,7 @@ class Redis {
   }
   void Fill() {
     if (pos_ == len_) pos_ = len_ = 0;
-    ssize_t r = read(fd_, buf_.data() + len_, buf_.size() - len_);
+    const ssize_t r = ReadSome(buf_.data() + len_, buf_.size() - len_);
     TANDEM_CHECK(r > 0) << "redis connection closed";
     len_ += r;
   }
@@ -140,29 +166,52 @@ class Redis {
     pos_ += buffered;
     size_t got = buffered;
     while (got < n) {
-      ssize_t r = read(fd_, dst + got, n - got);
+      const ssize_t r = ReadSome(dst + got, n - got);
       TANDEM_CHECK(r > 0) << "redis connection closed";
       got += r;
     }
   }
+  ssize_t ReadSome(void* dst, size_t n) {
+    if (ssl_ == nullptr) return read(fd_, dst, n);
+    size_t done = 0;
+    return SSL_read_ex(ssl_, dst, n, &done) == 1 ? static_cast<ssize_t>(done) : -1;
+  }
 
   int fd_ = -1;
+  SSL* ssl_ = nullptr;
   std::vector<char> buf_ = std::vector<char>(1 << 20);
   size_t pos_ = 0, len_ = 0;
 };
 
+// redis-server's TLS port: its certificate and key, and the CA that client
+// certificates must chain to (--tls-auth-clients yes: mutual TLS).
+struct RedisTls {
+  int port = 0;  // 0: no TLS port
+  std::string cert_file, key_file, ca_file;
+};
+
 // Starts redis-server on 127.0.0.1:`port` without persistence; its pid.
-inline pid_t StartRedis(const std::string& binary, int port) {
+inline pid_t StartRedis(const std::string& binary, int port, const RedisTls& tls = {}) {
   pid_t pid = fork();
   if (pid == 0) {
     if (freopen("/dev/null", "w", stdout) == nullptr ||
         freopen("/dev/null", "w", stderr) == nullptr) {
       _exit(126);
     }
-    const std::string p = std::to_string(port);
-    execl(binary.c_str(), binary.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
-          "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
-          static_cast<char*>(nullptr));
+    const std::string p = std::to_string(port), tp = std::to_string(tls.port);
+    std::vector<const char*> argv = {binary.c_str(), "--port",       p.c_str(), "--bind",
+                                     "127.0.0.1",    "--save",       "",        "--appendonly",
+                                     "no",           "--daemonize",  "no",      "--loglevel",
+                                     "warning"};
+    if (tls.port > 0) {
+      for (const char* a : {"--tls-port", tp.c_str(), "--tls-cert-file", tls.cert_file.c_str(),
+                            "--tls-key-file", tls.key_file.c_str(), "--tls-ca-cert-file",
+                            tls.ca_file.c_str(), "--tls-auth-clients", "yes"}) {
+        argv.push_back(a);
+      }
+    }
+    argv.push_back(nullptr);
+    execv(binary.c_str(), const_cast<char* const*>(argv.data()));
     _exit(127);
   }
   return pid;
