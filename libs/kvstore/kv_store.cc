@@ -163,7 +163,7 @@ absl::Status Impl::CheckPayloadSize(const NsInfo& info, const StoreBlock& block)
 }
 
 absl::Status Impl::CheckPayloadChecksum(const StoreBlock& block) {
-  const uint32_t actual = Crc32c(block.payload);
+  const uint32_t actual = block.payload_crc ? *block.payload_crc : Crc32c(block.payload);
   if (actual == block.checksum) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat("block ", block.hash.ToHex(), ": writer's checksum ",
                                           block.checksum, " does not match the payload's CRC32C ",

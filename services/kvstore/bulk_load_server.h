@@ -222,10 +222,11 @@ class BulkLoadServer {
   // client closes; with `allowed` not OK, answers the first with it and
   // returns.
   void ServeStores(rpc::FramedSocket* sock, const absl::Status& allowed);
-  // Stores one batch whose payload bytes are in `payload`, back to back.
+  // Stores one batch whose payload bytes are in `payload`, back to back,
+  // with each block's CRC32C as received in `payload_crcs`.
   // The batch's error, or OK with one status per block in `response`.
   absl::Status AnswerStore(const v1::BulkStoreRequest& request, std::span<const uint8_t> payload,
-                           v1::StoreResponse* response);
+                           std::span<const uint32_t> payload_crcs, v1::StoreResponse* response);
   // Answers one request; false when the connection must be closed. With
   // `shared_lease` (the local socket), pins the request's leading hits
   // under a lease it stores there, and answers those in the hot tier with

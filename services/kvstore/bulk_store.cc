@@ -1,6 +1,8 @@
 // The bulk port's store connections (bulk_load_server.h has the protocol):
-// a batch's payload bytes go from the socket into one buffer and from there
-// to the engine's StoreBatch, one RocksDB write per batch.
+// a batch's payload bytes go from the socket into one buffer (each block's
+// CRC32C computed as it lands) and from there to the engine's StoreBatch,
+// one RocksDB write per batch.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -11,6 +13,7 @@
 #include "bulk_load_server.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
+#include "tandem/kvtypes/checksum.h"
 #include "tandem/rpc/kvstore_convert.h"
 
 namespace tandem::kvstore_service {
@@ -83,9 +86,25 @@ void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& al
       return;
     }
     uint8_t* payload = buffer.Reserve(total);
-    // All of the batch first: a connection that breaks mid-payload stores nothing.
-    if (!sock->ReadRaw(std::span(payload, total)).ok()) return;
-    s = AnswerStore(request, std::span<const uint8_t>(payload, total), answer.mutable_response());
+    // All of the batch first: a connection that breaks mid-payload stores
+    // nothing. Each block's CRC32C is computed as its bytes land, while they
+    // are in cache and the client is still sending, so the store does not
+    // read the payload again to check the writer's checksum.
+    std::vector<uint32_t> crcs(request.blocks_size(), 0);
+    int block = 0;
+    uint64_t block_left = request.blocks_size() > 0 ? request.blocks(0).size() : 0;
+    const auto on_piece = [&](std::span<const uint8_t> piece) {
+      while (!piece.empty()) {
+        while (block_left == 0) block_left = request.blocks(++block).size();
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(block_left, piece.size()));
+        crcs[block] = kvstore::Crc32cExtend(crcs[block], piece.data(), n);
+        piece = piece.subspan(n);
+        block_left -= n;
+      }
+    };
+    if (!sock->ReadRaw(std::span(payload, total), on_piece).ok()) return;
+    s = AnswerStore(request, std::span<const uint8_t>(payload, total), crcs,
+                    answer.mutable_response());
     if (!s.ok()) answer.clear_response();
     answer.set_status_code(static_cast<int32_t>(s.code()));
     answer.set_status_message(std::string(s.message()));
@@ -95,6 +114,7 @@ void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& al
 
 absl::Status BulkLoadServer::AnswerStore(const v1::BulkStoreRequest& request,
                                          std::span<const uint8_t> payload,
+                                         std::span<const uint32_t> payload_crcs,
                                          v1::StoreResponse* response) {
   // As the gRPC Store: an unknown namespace or durability fails the batch,
   // a bad block only itself.
@@ -131,6 +151,7 @@ absl::Status BulkLoadServer::AnswerStore(const v1::BulkStoreRequest& request,
     std::memcpy(block.hash.bytes.data(), b.block_hash().data(), 32);
     block.payload = bytes;
     block.checksum = b.checksum();
+    block.payload_crc = payload_crcs[i];
     block_of.push_back(i);
   }
   std::vector<absl::StatusOr<kvstore::StoreResult>> results =

@@ -121,6 +121,25 @@ TEST_F(KvStoreTest, BadPayloadsAreRejectedAndNothingIsStored) {
   EXPECT_EQ(store_->GetStats().cold_blocks, 0u);
 }
 
+// A CRC32C the caller computed while receiving (the bulk port's) is what
+// the writer's checksum is compared with: bytes damaged before it was taken
+// are refused even though the buffer now matches, and a matching one is
+// taken without reading the payload again.
+TEST_F(KvStoreTest, StoreBatchComparesTheChecksumWithTheCrcTheCallerComputed) {
+  Open(Options());
+  const auto p1 = TestPayload(1, kBlock), p2 = TestPayload(2, kBlock);
+  std::vector<StoreBlock> batch = {
+      {.hash = TestHash(1), .payload = p1, .checksum = Crc(p1), .payload_crc = Crc(p1) ^ 4},
+      {.hash = TestHash(2), .payload = p2, .checksum = Crc(p2), .payload_crc = Crc(p2)}};
+  auto rs = store_->StoreBatch(kNs, batch, std::nullopt);
+  ASSERT_EQ(rs.size(), 2u);
+  EXPECT_EQ(rs[0].status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(rs[0].status().message()), HasSubstr("does not match the payload"));
+  EXPECT_TRUE(rs[1].ok()) << rs[1].status();
+  EXPECT_EQ(Hits({1}), 0);
+  EXPECT_EQ(Hits({2}), 1);
+}
+
 TEST_F(KvStoreTest, StoringAnExistingBlockKeepsTheOriginal) {
   Open(Options());
   Put(3);

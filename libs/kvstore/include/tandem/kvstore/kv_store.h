@@ -144,6 +144,11 @@ struct StoreBlock {
   std::span<const uint8_t> payload;
   // The writer's CRC32C of `payload`.
   uint32_t checksum = 0;
+  // The CRC32C of `payload` as received, when the caller computed it while
+  // the bytes arrived (the bulk port does, piece by piece while they are in
+  // cache): the store compares `checksum` with it instead of reading the
+  // payload once more. Unset: the store computes it.
+  std::optional<uint32_t> payload_crc;
 };
 
 // Who checks a read's bytes against the checksum written with them.
