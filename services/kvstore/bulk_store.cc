@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bulk_load_server.h"
+#include "store_answer.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/kvtypes/checksum.h"
@@ -154,36 +155,16 @@ absl::Status BulkLoadServer::AnswerStore(const v1::BulkStoreRequest& request,
     block.payload_crc = payload_crcs[i];
     block_of.push_back(i);
   }
-  std::vector<absl::StatusOr<kvstore::StoreResult>> results =
-      store_->StoreBatch(spec.name, blocks, durability);
-  for (size_t k = 0; k < blocks.size(); ++k) {
-    v1::BlockStatus* st = response->mutable_blocks(block_of[k]);
-    if (!results[k].ok()) {
-      st->set_code(static_cast<int32_t>(results[k].status().code()));
-      st->set_error(std::string(results[k].status().message()));
-      continue;
-    }
-    st->set_ok(true);
-    st->set_already_present(results[k]->already_present);
-    if (!results[k]->already_present) {
-      ++blocks_stored_;
-      bytes_stored_ += blocks[k].payload.size();
-      // Tests only: fault injection after the block was acknowledged, as
-      // the gRPC Store does.
-      const int64_t every_hot = options_.debug_corrupt_hot_every;
-      const int64_t every_cold = options_.debug_corrupt_cold_every;
-      if (every_hot > 0 || every_cold > 0) {
-        const uint64_t nth = debug_new_blocks_.fetch_add(1) + 1;
-        const uint64_t middle = blocks[k].payload.size() / 2;
-        if (every_hot > 0 && nth % every_hot == 0) {
-          (void)store_->TEST_CorruptHot(spec.name, blocks[k].hash, middle);
-        }
-        if (every_cold > 0 && nth % every_cold == 0) {
-          (void)store_->TEST_CorruptCold(spec.name, blocks[k].hash, middle);
-        }
-      }
-    }
-  }
+  std::vector<v1::BlockStatus*> statuses;
+  statuses.reserve(blocks.size());
+  for (int i : block_of) statuses.push_back(response->mutable_blocks(i));
+  const StoredCounts stored =
+      AnswerStoreBatch(store_, spec.name, durability, blocks, statuses,
+                       {.debug_corrupt_hot_every = options_.debug_corrupt_hot_every,
+                        .debug_corrupt_cold_every = options_.debug_corrupt_cold_every,
+                        .debug_new_blocks = &debug_new_blocks_});
+  blocks_stored_ += stored.blocks;
+  bytes_stored_ += stored.bytes;
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 #include "load_scope.h"
 #include "load_wire.h"
 #include "lookup_answer.h"
+#include "store_answer.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/rpc/kvstore_convert.h"
@@ -160,6 +161,16 @@ grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext* ctx,
   uint64_t total = 0;
   std::string data;
   absl::Status error;
+  // The blocks of one message that arrived whole and passed the checks,
+  // stored together after it (one StoreBatch, one RocksDB write), and the
+  // response entries they answer (stable: the response owns its elements).
+  std::vector<std::string> batch_data;
+  std::vector<kvstore::StoreBlock> batch;
+  std::vector<v1::BlockStatus*> batch_statuses;
+  const StoreAnswerOptions answer_options{
+      .debug_corrupt_hot_every = options_.debug_corrupt_hot_every,
+      .debug_corrupt_cold_every = options_.debug_corrupt_cold_every,
+      .debug_new_blocks = &debug_new_blocks_};
   while (reader->Read(&msg)) {
     if (first) {
       first = false;
@@ -216,35 +227,26 @@ grpc::Status KvStoreServiceImpl::Store(grpc::ServerContext* ctx,
       v1::BlockStatus* st = resp->add_blocks();
       st->set_block_hash(raw_hash);
       if (error.ok()) {
-        BlockHash hash;
-        std::memcpy(hash.bytes.data(), raw_hash.data(), 32);
-        absl::StatusOr<kvstore::StoreResult> r = store_->Store(
-            ns, hash,
-            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size()),
-            chunk.checksum(), durability);
-        if (r.ok()) {
-          st->set_ok(true);
-          st->set_already_present(r->already_present);
-          if (!r->already_present &&
-              (options_.debug_corrupt_hot_every > 0 || options_.debug_corrupt_cold_every > 0)) {
-            // Tests only: fault injection after the block was acknowledged.
-            const int64_t n = debug_new_blocks_.fetch_add(1) + 1;
-            if (options_.debug_corrupt_hot_every > 0 && n % options_.debug_corrupt_hot_every == 0) {
-              (void)store_->TEST_CorruptHot(ns, hash, total / 2);
-            }
-            if (options_.debug_corrupt_cold_every > 0 &&
-                n % options_.debug_corrupt_cold_every == 0) {
-              (void)store_->TEST_CorruptCold(ns, hash, total / 2);
-            }
-          }
-          continue;
-        }
-        error = r.status();
+        kvstore::StoreBlock& block = batch.emplace_back();
+        std::memcpy(block.hash.bytes.data(), raw_hash.data(), 32);
+        block.checksum = chunk.checksum();
+        batch_data.push_back(std::move(data));
+        data = std::string();
+        batch_statuses.push_back(st);
+        continue;
       }
       st->set_ok(false);
       st->set_code(static_cast<int32_t>(error.code()));
       st->set_error(std::string(error.message()));
     }
+    for (size_t k = 0; k < batch.size(); ++k) {
+      batch[k].payload = std::span<const uint8_t>(
+          reinterpret_cast<const uint8_t*>(batch_data[k].data()), batch_data[k].size());
+    }
+    (void)AnswerStoreBatch(store_, ns, durability, batch, batch_statuses, answer_options);
+    batch.clear();
+    batch_data.clear();
+    batch_statuses.clear();
   }
   if (active) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

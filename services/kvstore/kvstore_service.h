@@ -110,7 +110,7 @@ class KvStoreServiceImpl final : public v1::KvStore::Service {
  private:
   kvstore::KvStoreEngine* const store_;
   const KvStoreServiceOptions options_;
-  std::atomic<int64_t> debug_new_blocks_{0};  // tests only
+  std::atomic<uint64_t> debug_new_blocks_{0};  // tests only
 };
 
 }  // namespace tandem::kvstore_service

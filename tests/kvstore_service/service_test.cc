@@ -346,6 +346,38 @@ TEST_F(KvStoreServiceTest, BadBlocksGetPreciseStatusesAndNothingPartialIsStored)
   EXPECT_EQ(Stats().cold_blocks, 1u);
 }
 
+// The blocks of one message are stored together (one StoreBatch): a hash
+// that comes twice is stored once and answered present the second time,
+// each in its own place of the response.
+TEST_F(KvStoreServiceTest, AHashTwiceInOneMessageIsStoredOnceAndAnsweredInOrder) {
+  v1::StoreRequest msg;
+  msg.set_namespace_("ns");
+  for (uint64_t id : {5, 6, 5}) {
+    const std::vector<uint8_t> data = TestPayload(id, kBlock);
+    v1::StoreChunk* c = msg.add_chunks();
+    c->set_block_hash(TestHash(id).ToBytes());
+    c->set_total_size(data.size());
+    c->set_data(data.data(), data.size());
+    c->set_last(true);
+    c->set_checksum(Crc(data));
+  }
+  grpc::ClientContext ctx;
+  v1::StoreResponse resp;
+  auto writer = stub_->Store(&ctx, &resp);
+  ASSERT_TRUE(writer->Write(msg));
+  writer->WritesDone();
+  ASSERT_TRUE(writer->Finish().ok());
+  ASSERT_EQ(resp.blocks_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(resp.blocks(i).ok()) << i << ": " << resp.blocks(i).error();
+    EXPECT_EQ(resp.blocks(i).block_hash(), TestHash(i == 1 ? 6 : 5).ToBytes());
+  }
+  EXPECT_FALSE(resp.blocks(0).already_present());
+  EXPECT_FALSE(resp.blocks(1).already_present());
+  EXPECT_TRUE(resp.blocks(2).already_present());
+  EXPECT_EQ(Stats().cold_blocks, 2u);
+}
+
 TEST_F(KvStoreServiceTest, StreamEndingMidBlockIsInvalidArgumentAndStoresNoPartialBlock) {
   auto a = TestPayload(1, kBlock);
   auto b = TestPayload(2, kBlock);
