@@ -305,6 +305,17 @@ TEST_F(KvStoreServiceTest, UnknownNamespaceIsNotFoundOnEveryRpc) {
   EXPECT_EQ(Stats().cold_blocks, 0u);
 }
 
+// Appends a whole block to a raw Store message as one last chunk.
+void AddWholeBlock(v1::StoreRequest* msg, const std::string& raw_hash,
+                   const std::vector<uint8_t>& data, uint32_t checksum) {
+  v1::StoreChunk* c = msg->add_chunks();
+  c->set_block_hash(raw_hash);
+  c->set_total_size(data.size());
+  c->set_data(data.data(), data.size());
+  c->set_last(true);
+  c->set_checksum(checksum);
+}
+
 TEST_F(KvStoreServiceTest, BadBlocksGetPreciseStatusesAndNothingPartialIsStored) {
   auto good = TestPayload(1, kBlock);
   auto small = TestPayload(2, kBlock - 1);
@@ -312,19 +323,10 @@ TEST_F(KvStoreServiceTest, BadBlocksGetPreciseStatusesAndNothingPartialIsStored)
   // Block 3 is sent with a checksum that does not match (via the raw stub).
   v1::StoreRequest msg;
   msg.set_namespace_("ns");
-  auto add = [&](const BlockHash& h, const std::vector<uint8_t>& data, uint32_t crc,
-                 std::string raw_hash = "") {
-    v1::StoreChunk* c = msg.add_chunks();
-    c->set_block_hash(raw_hash.empty() ? h.ToBytes() : raw_hash);
-    c->set_total_size(data.size());
-    c->set_data(data.data(), data.size());
-    c->set_last(true);
-    c->set_checksum(crc);
-  };
-  add(TestHash(1), good, Crc(good));
-  add(TestHash(2), small, Crc(small));
-  add(TestHash(3), good, Crc(good) ^ 0xFF);
-  add(TestHash(4), good, Crc(good), std::string(31, 'h'));
+  AddWholeBlock(&msg, TestHash(1).ToBytes(), good, Crc(good));
+  AddWholeBlock(&msg, TestHash(2).ToBytes(), small, Crc(small));
+  AddWholeBlock(&msg, TestHash(3).ToBytes(), good, Crc(good) ^ 0xFF);
+  AddWholeBlock(&msg, std::string(31, 'h'), good, Crc(good));
   grpc::ClientContext ctx;
   v1::StoreResponse resp;
   auto writer = stub_->Store(&ctx, &resp);
@@ -354,12 +356,7 @@ TEST_F(KvStoreServiceTest, AHashTwiceInOneMessageIsStoredOnceAndAnsweredInOrder)
   msg.set_namespace_("ns");
   for (uint64_t id : {5, 6, 5}) {
     const std::vector<uint8_t> data = TestPayload(id, kBlock);
-    v1::StoreChunk* c = msg.add_chunks();
-    c->set_block_hash(TestHash(id).ToBytes());
-    c->set_total_size(data.size());
-    c->set_data(data.data(), data.size());
-    c->set_last(true);
-    c->set_checksum(Crc(data));
+    AddWholeBlock(&msg, TestHash(id).ToBytes(), data, Crc(data));
   }
   grpc::ClientContext ctx;
   v1::StoreResponse resp;
