@@ -108,6 +108,13 @@ std::unique_ptr<KvStoreEngine> OpenWithNamespace(const KvStoreOptions& o) {
   return std::move(*opened);
 }
 
+// A store on `disk` whose stores reach RocksDB however full the disk is.
+std::unique_ptr<KvStoreEngine> OpenWithoutFreeSpaceCheck(const SmallDisk& disk) {
+  KvStoreOptions o = disk.Options();
+  o.min_free_disk_bytes = 0;
+  return OpenWithNamespace(o);
+}
+
 // Stores test block i with durability d.
 absl::Status PutBlock(KvStoreEngine* store, uint64_t i, Durability d) {
   const std::vector<uint8_t> p = TestPayload(i, kBlock);
@@ -240,9 +247,7 @@ TEST(KvStoreDiskFullTest, FillingAndFreeingTheDiskUnderLoadNeverAbortsOrLosesABl
 TEST(KvStoreDiskFullTest, AReopenWaitsForAStoreBetweenItsWriteAndItsEntry) {
   SmallDisk disk("16m");
   if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)";
-  KvStoreOptions o = disk.Options();
-  o.min_free_disk_bytes = 0;  // stores reach RocksDB on the full disk
-  std::unique_ptr<KvStoreEngine> store = OpenWithNamespace(o);
+  std::unique_ptr<KvStoreEngine> store = OpenWithoutFreeSpaceCheck(disk);
   ASSERT_NE(store, nullptr);
   auto put = [&](uint64_t i, Durability d) { return PutBlock(store.get(), i, d); };
   Fill(disk.path());
@@ -328,9 +333,7 @@ TEST(KvStoreDiskFullTest, AReopenWaitsForAStoreBetweenItsWriteAndItsEntry) {
 TEST(KvStoreDiskFullTest, AReopenKeepsTheBlocksHeldInMemoryOnly) {
   SmallDisk disk("16m");
   if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)";
-  KvStoreOptions o = disk.Options();
-  o.min_free_disk_bytes = 0;  // stores reach RocksDB on the full disk
-  std::unique_ptr<KvStoreEngine> store = OpenWithNamespace(o);
+  std::unique_ptr<KvStoreEngine> store = OpenWithoutFreeSpaceCheck(disk);
   ASSERT_NE(store, nullptr);
   auto put = [&](uint64_t i, Durability d) { return PutBlock(store.get(), i, d); };
   constexpr uint64_t kHeld = 100000;

@@ -85,6 +85,15 @@ class KvStoreServiceTest : public ::testing::Test {
 
   kvstore::KvStoreStats Stats() { return store_->GetStats(); }
 
+  // One Store stream of `msg` through the generated stub, answered OK.
+  void StoreRaw(const v1::StoreRequest& msg, v1::StoreResponse* resp) {
+    grpc::ClientContext ctx;
+    auto writer = stub_->Store(&ctx, resp);
+    ASSERT_TRUE(writer->Write(msg));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+
   TempDir dir_;
   FakeClock clock_{1'000'000'000};  // lease expiry only
   std::unique_ptr<kvstore::KvStoreEngine> store_;
@@ -327,12 +336,8 @@ TEST_F(KvStoreServiceTest, BadBlocksGetPreciseStatusesAndNothingPartialIsStored)
   AddWholeBlock(&msg, TestHash(2).ToBytes(), small, Crc(small));
   AddWholeBlock(&msg, TestHash(3).ToBytes(), good, Crc(good) ^ 0xFF);
   AddWholeBlock(&msg, std::string(31, 'h'), good, Crc(good));
-  grpc::ClientContext ctx;
   v1::StoreResponse resp;
-  auto writer = stub_->Store(&ctx, &resp);
-  ASSERT_TRUE(writer->Write(msg));
-  writer->WritesDone();
-  ASSERT_TRUE(writer->Finish().ok());
+  ASSERT_NO_FATAL_FAILURE(StoreRaw(msg, &resp));
   ASSERT_EQ(resp.blocks_size(), 4);
   EXPECT_TRUE(resp.blocks(0).ok());
   EXPECT_FALSE(resp.blocks(1).ok());
@@ -358,12 +363,8 @@ TEST_F(KvStoreServiceTest, AHashTwiceInOneMessageIsStoredOnceAndAnsweredInOrder)
     const std::vector<uint8_t> data = TestPayload(id, kBlock);
     AddWholeBlock(&msg, TestHash(id).ToBytes(), data, Crc(data));
   }
-  grpc::ClientContext ctx;
   v1::StoreResponse resp;
-  auto writer = stub_->Store(&ctx, &resp);
-  ASSERT_TRUE(writer->Write(msg));
-  writer->WritesDone();
-  ASSERT_TRUE(writer->Finish().ok());
+  ASSERT_NO_FATAL_FAILURE(StoreRaw(msg, &resp));
   ASSERT_EQ(resp.blocks_size(), 3);
   for (int i = 0; i < 3; ++i) {
     EXPECT_TRUE(resp.blocks(i).ok()) << i << ": " << resp.blocks(i).error();
@@ -417,12 +418,8 @@ TEST_F(KvStoreServiceTest, OversizedBlockStreamIsRejected) {
     c->set_data(a.data(), kBlock / 2);
     c->set_last(piece == 2);
   }
-  grpc::ClientContext ctx;
   v1::StoreResponse resp;
-  auto writer = stub_->Store(&ctx, &resp);
-  ASSERT_TRUE(writer->Write(msg));
-  writer->WritesDone();
-  ASSERT_TRUE(writer->Finish().ok());
+  ASSERT_NO_FATAL_FAILURE(StoreRaw(msg, &resp));
   ASSERT_EQ(resp.blocks_size(), 1);
   EXPECT_THAT(resp.blocks(0).error(), HasSubstr("more than total_size 65536 bytes"));
   EXPECT_EQ(Stats().cold_blocks, 0u);
