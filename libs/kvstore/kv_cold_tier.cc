@@ -137,8 +137,9 @@ rocksdb::Status Impl::ReconcileIndex() {
       if (!ParseRocksKey(it->key(), &key)) continue;
       auto e = index_.find(key);
       if (e != index_.end() && e->second.state == EntryState::kReady &&
-          !e->second.memory_only) {
+          !e->second.memory_only()) {
         in_rocks.insert(key);
+        e->second.durability = Durability::kFsync;  // recovered and flushed by the reopen
       } else {
         // Not indexed, being deleted, or being written: a store holds the
         // database from its write until its entry is ready or erased, so
@@ -152,7 +153,7 @@ rocksdb::Status Impl::ReconcileIndex() {
     if (!it->status().ok()) return it->status();
     std::vector<Entry*> lost;
     for (auto& [key, e] : index_) {
-      if (e.state == EntryState::kReady && !e.memory_only && !in_rocks.contains(key)) {
+      if (e.state == EntryState::kReady && !e.memory_only() && !in_rocks.contains(key)) {
         lost.push_back(&e);
       }
     }

@@ -21,7 +21,7 @@ void Impl::ExpireLeases() {
 }
 
 void Impl::InsertLruLocked(Entry* e) {
-  if (!e->memory_only) {
+  if (!e->memory_only()) {
     e->cold_it = cold_lru_.insert(cold_lru_.begin(), e);
     e->in_cold_lru = true;
     cold_bytes_ += e->size;
@@ -54,7 +54,7 @@ int64_t Impl::AcquireHotSlotLocked() {
     ++stats_.evictions_hot;
     // Its slot was its only copy. Not a claimed entry of the caller's
     // (those are kWriting, outside the LRU), so erasing it here is safe.
-    if (e->memory_only) EraseLocked(e);
+    if (e->memory_only()) EraseLocked(e);
     return slot;
   }
   return -1;
@@ -63,7 +63,7 @@ int64_t Impl::AcquireHotSlotLocked() {
 void Impl::DoomLocked(Entry* e) {
   if (e->state != EntryState::kReady) return;
   e->state = EntryState::kDeleting;
-  if (!e->memory_only) {
+  if (!e->memory_only()) {
     cold_bytes_ -= e->size;
     --cold_blocks_;
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "kv_rocks.h"
@@ -207,11 +208,16 @@ absl::StatusOr<StoreResult> Impl::Store(std::string_view ns, const BlockHash& ha
         break;
       }
       if (it->second.state == EntryState::kReady) {
-        TANDEM_RETURN_IF_ERROR(CheckNoUpgradeLocked(it->second, d, hash));
-        const StoreResult r = PresentLocked(&it->second, checksum);
-        const uint32_t kept = it->second.checksum;
+        Entry* e = &it->second;
+        TANDEM_RETURN_IF_ERROR(CheckNoUpgradeLocked(*e, d, hash));
+        const bool rewrite = NeedsRewriteLocked(*e, d, checksum);
+        const StoreResult r = PresentLocked(e, checksum);
+        const uint32_t kept = e->checksum;
+        const Claim present{.block = 0, .e = e, .seq = rewrite ? next_seq_++ : 0};
+        if (rewrite) ++e->read_pins;
         lock.unlock();
         if (r.mismatched) LogMismatch(info, block, kept);
+        if (rewrite) TANDEM_RETURN_IF_ERROR(MakeDurable({&present, 1}, {&block, 1}, d)[0]);
         return r;
       }
       // Another writer (or an eviction) owns the key: wait for it.
@@ -254,6 +260,8 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
     }
   }
   std::vector<Claim> claims;
+  std::vector<Claim> rewrites;  // present with a weaker durability, read-pinned
+  std::unordered_set<const Entry*> rewriting;  // ... once each
   std::vector<size_t> deferred;
   std::vector<std::pair<size_t, uint32_t>> mismatched;  // block, checksum kept
   {
@@ -274,6 +282,11 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
           results[i] = std::move(s);
           continue;
         }
+        if (NeedsRewriteLocked(it->second, d, blocks[i].checksum) &&
+            rewriting.insert(&it->second).second) {
+          ++it->second.read_pins;
+          rewrites.push_back(Claim{.block = i, .e = &it->second, .seq = next_seq_++});
+        }
         results[i] = PresentLocked(&it->second, blocks[i].checksum);
         if (results[i]->mismatched) mismatched.emplace_back(i, it->second.checksum);
         continue;
@@ -290,6 +303,12 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
     std::vector<absl::Status> written = WriteClaimed(claims, blocks, d);
     for (size_t k = 0; k < claims.size(); ++k) {
       if (!written[k].ok()) results[claims[k].block] = std::move(written[k]);
+    }
+  }
+  if (!rewrites.empty()) {
+    std::vector<absl::Status> written = MakeDurable(rewrites, blocks, d);
+    for (size_t k = 0; k < rewrites.size(); ++k) {
+      if (!written[k].ok()) results[rewrites[k].block] = std::move(written[k]);
     }
   }
   for (size_t i : deferred) {
@@ -351,7 +370,7 @@ std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t k = 0; k < claims.size(); ++k) {
       if (statuses[k].ok())
-        MarkStoredLocked(claims[k].e, blocks[claims[k].block], slots[k], memory);
+        MarkStoredLocked(claims[k].e, blocks[claims[k].block], slots[k], d);
     }
     if (!memory) last = claims.back().e->key;  // a refused claim's entry is gone
     cv_.notify_all();
@@ -380,23 +399,73 @@ absl::Status Impl::NoHotSlotLocked(const StoreBlock& b) const {
       "blocks only there"));
 }
 
-void Impl::MarkStoredLocked(Entry* e, const StoreBlock& b, int64_t slot, bool memory_only) {
+void Impl::MarkStoredLocked(Entry* e, const StoreBlock& b, int64_t slot, Durability d) {
   e->state = EntryState::kReady;
   e->size = b.payload.size();
   e->checksum = b.checksum;
   e->hot_slot = slot;
-  e->memory_only = memory_only;
+  e->durability = d;
   InsertLruLocked(e);
   ++stats_.stores;
 }
 
 absl::Status Impl::CheckNoUpgradeLocked(const Entry& e, Durability d, const BlockHash& hash) {
-  if (!e.memory_only || d == Durability::kMemory) return absl::OkStatus();
+  if (!e.memory_only() || d == Durability::kMemory) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("block ", hash.ToHex(),
                    " is held in memory only (stored with durability "
                    "memory); a store with durability ",
                    DurabilityName(d), " cannot make it durable"));
+}
+
+bool Impl::NeedsRewriteLocked(const Entry& e, Durability d, uint32_t checksum) {
+  // The order of the RocksDB writes' guarantees; kMemory asks for none of them.
+  auto rank = [](Durability x) {
+    return x == Durability::kFsync ? 2 : x == Durability::kWal ? 1 : 0;
+  };
+  return !e.memory_only() && d != Durability::kMemory && rank(e.durability) < rank(d) &&
+         e.checksum == checksum;
+}
+
+std::vector<absl::Status> Impl::MakeDurable(std::span<const Claim> present,
+                                            std::span<const StoreBlock> blocks, Durability d) {
+  rocksdb::WriteBatch batch;
+  for (const Claim& c : present) {
+    const StoreBlock& b = blocks[c.block];
+    batch.Put(RocksKey(kMetaPrefix, c.e->key),
+              EncodeMeta(Meta{.checksum = b.checksum, .size = b.payload.size(), .seq = c.seq}));
+    batch.Put(RocksKey(kBlockPrefix, c.e->key),
+              rocksdb::Slice(reinterpret_cast<const char*>(b.payload.data()), b.payload.size()));
+  }
+  // Held until the entries are updated, as WriteClaimed holds it (a reopen
+  // in between would reconcile the index against this write).
+  std::shared_lock<std::shared_mutex> db_held;
+  const rocksdb::Status s = WriteToRocks(WriteOptionsFor(d), &batch, &db_held);
+  std::vector<absl::Status> statuses(present.size());
+  std::vector<Key> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t k = 0; k < present.size(); ++k) {
+      Entry* e = present[k].e;
+      if (!s.ok()) {
+        statuses[k] = FromRocks(s, absl::StrCat("writing block ", blocks[present[k].block].hash.ToHex(),
+                                                " again with durability ", DurabilityName(d),
+                                                " (it was stored with ", DurabilityName(e->durability),
+                                                ")"));
+      } else if (e->state == EntryState::kReady) {
+        e->durability = d;
+        ++stats_.stores_made_durable;
+      } else {
+        // Dropped as corrupt while this write ran: its deletion may have
+        // come first. Still pinned, so no new writer has the key yet.
+        dropped.push_back(e->key);
+      }
+    }
+  }
+  db_held.unlock();  // (DeleteFromRocks takes it again)
+  if (!dropped.empty()) DeleteFromRocks(dropped);
+  for (const Claim& c : present) Unpin(c.e);
+  return statuses;
 }
 
 Impl::Pinned Impl::PinLocked(Entry* e) {

@@ -17,7 +17,7 @@ bool Impl::InTier(std::string_view ns, const BlockHash& hash, bool hot) const {
   if (!info.ok()) return false;
   auto it = index_.find(Key{info->id, hash});
   if (it == index_.end() || it->second.state != EntryState::kReady) return false;
-  return hot ? it->second.hot_slot >= 0 : !it->second.memory_only;
+  return hot ? it->second.hot_slot >= 0 : !it->second.memory_only();
 }
 
 absl::Status Impl::CorruptHot(std::string_view ns, const BlockHash& hash, uint64_t offset) {

@@ -59,9 +59,13 @@ struct Entry {
   bool erase_when_unpinned = false;
   bool in_hot_lru = false;
   bool in_cold_lru = false;
-  // Stored with Durability::kMemory: only in its hot slot, never in RocksDB
-  // nor the cold tier's accounting; erased when the hot tier evicts it.
-  bool memory_only = false;
+  // The durability its bytes have. kMemory: only in its hot slot, never in
+  // RocksDB nor the cold tier's accounting; erased when the hot tier evicts
+  // it. Otherwise how its RocksDB write was made (kNone: the memtable only),
+  // so that a store asking for more writes it again (MakeDurable). Blocks
+  // found in RocksDB on open have been recovered and flushed: kFsync.
+  Durability durability = Durability::kFsync;
+  [[nodiscard]] bool memory_only() const { return durability == Durability::kMemory; }
   std::list<Entry*>::iterator hot_it;
   std::list<Entry*>::iterator cold_it;
   [[nodiscard]] bool pinned() const { return lease_pins > 0 || read_pins > 0; }
@@ -162,7 +166,18 @@ class KvStoreEngine::Impl {
   absl::Status NoHotSlotLocked(const StoreBlock& b) const;
   // Marks a claimed entry ready with `b`'s size and checksum, in hot slot
   // `slot` (-1: none), in the LRU, and counts the store.
-  void MarkStoredLocked(Entry* e, const StoreBlock& b, int64_t slot, bool memory_only);
+  void MarkStoredLocked(Entry* e, const StoreBlock& b, int64_t slot, Durability d);
+  // True when a store with durability `d` that finds block `e` ready must
+  // write it again: it is in RocksDB with a weaker write (kNone before kWal
+  // before kFsync) and the store brings the same bytes.
+  static bool NeedsRewriteLocked(const Entry& e, Durability d, uint32_t checksum);
+  // Writes ready blocks again, with durability `d`, in one RocksDB write:
+  // each claim's entry is read-pinned by the caller (so not evicted
+  // meanwhile) and unpinned here. On success each entry has durability `d`
+  // and is counted in stores_made_durable; on failure each gets the error
+  // (the block stays stored with its weaker durability). One status per claim.
+  std::vector<absl::Status> MakeDurable(std::span<const Claim> present,
+                                        std::span<const StoreBlock> blocks, Durability d);
   // FAILED_PRECONDITION when a store with durability `d` finds block `e` held
   // in memory only: it would be acknowledged without reaching the disk.
   static absl::Status CheckNoUpgradeLocked(const Entry& e, Durability d, const BlockHash& hash);

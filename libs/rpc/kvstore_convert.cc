@@ -21,6 +21,7 @@ void ToProto(const kvstore::KvStoreStats& in, v1::StatsResponse* out) {
   out->set_stores(in.stores);
   out->set_stores_already_present(in.stores_already_present);
   out->set_stores_mismatched(in.stores_mismatched);
+  out->set_stores_made_durable(in.stores_made_durable);
   out->set_checksum_failures(in.checksum_failures);
   out->set_corrupt_reports(in.corrupt_reports);
   out->set_blocks_dropped_at_open(in.blocks_dropped_at_open);
@@ -48,6 +49,7 @@ kvstore::KvStoreStats FromProto(const v1::StatsResponse& in) {
       .stores = in.stores(),
       .stores_already_present = in.stores_already_present(),
       .stores_mismatched = in.stores_mismatched(),
+      .stores_made_durable = in.stores_made_durable(),
       .checksum_failures = in.checksum_failures(),
       .corrupt_reports = in.corrupt_reports(),
       .blocks_dropped_at_open = in.blocks_dropped_at_open(),

@@ -40,6 +40,9 @@ struct KvStoreMetrics::Series {
         stores_mismatched(&AddCounter(
             r, "tandem_kvstore_stores_mismatched_total",
             "Stores of a block already there with other bytes (the first write was kept)")),
+        stores_made_durable(&AddCounter(
+            r, "tandem_kvstore_stores_made_durable_total",
+            "Stores of a block already there with a weaker durability, written again with theirs")),
         checksum_failures(&AddCounter(r, "tandem_kvstore_checksum_failures_total",
                                       "Blocks found corrupt and dropped")),
         corrupt_reports(&AddCounter(r, "tandem_kvstore_corrupt_reports_total",
@@ -87,8 +90,8 @@ struct KvStoreMetrics::Series {
   prometheus::Gauge& active_leases;
   prometheus::Gauge& bulk_connections_open;
   MirroredCounter lookups, lookup_hit_blocks, block_reads, blocks_loaded, load_misses,
-      blocks_stored, stores_already_present, stores_mismatched, checksum_failures, corrupt_reports,
-      blocks_dropped_at_open, load_failures, leases_expired, promotions;
+      blocks_stored, stores_already_present, stores_mismatched, stores_made_durable,
+      checksum_failures, corrupt_reports, blocks_dropped_at_open, load_failures, leases_expired, promotions;
   prometheus::Family<prometheus::Counter>& evictions_family;
   MirroredCounter evictions_hot, evictions_cold, bulk_loads, bulk_lookups, bulk_sent_bytes,
       bulk_rejected, bulk_tls_failures, bulk_permission_denied, local_loads, local_shared_blocks;
@@ -125,6 +128,7 @@ void KvStoreMetrics::Update() {
   s_->blocks_stored.Set(st.stores);
   s_->stores_already_present.Set(st.stores_already_present);
   s_->stores_mismatched.Set(st.stores_mismatched);
+  s_->stores_made_durable.Set(st.stores_made_durable);
   s_->checksum_failures.Set(st.checksum_failures);
   s_->corrupt_reports.Set(st.corrupt_reports);
   s_->blocks_dropped_at_open.Set(st.blocks_dropped_at_open);

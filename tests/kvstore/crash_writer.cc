@@ -1,9 +1,11 @@
 // Helper of kvstore_crash_test: stores blocks START, START+1, ... forever in
 // `wal` mode and writes "<index>\n" to stdout (unbuffered write(2)) after each
 // store is acknowledged, after an "R" line once the store is open. The test
-// SIGKILLs it at random points.
+// SIGKILLs it at random points. With `none-first`, each block is first stored
+// with durability none (the memtable only) and the ack follows its second
+// store, with wal, which finds it present.
 //
-//   kvstore_crash_writer DATA_DIR START BLOCK_BYTES
+//   kvstore_crash_writer DATA_DIR START BLOCK_BYTES [none-first]
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,8 +19,9 @@
 
 int main(int argc, char** argv) {
   using namespace tandem::kvstore;
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s DATA_DIR START BLOCK_BYTES\n", argv[0]);
+  const bool none_first = argc == 5 && std::string(argv[4]) == "none-first";
+  if (argc != 4 && !none_first) {
+    std::fprintf(stderr, "usage: %s DATA_DIR START BLOCK_BYTES [none-first]\n", argv[0]);
     return 2;
   }
   const uint64_t start = std::strtoull(argv[2], nullptr, 10);
@@ -38,6 +41,14 @@ int main(int argc, char** argv) {
   if (write(STDOUT_FILENO, "R\n", 2) != 2) return 1;  // open and ready to store
   for (uint64_t i = start;; ++i) {
     auto p = testing::TestPayload(i, block);
+    if (none_first) {
+      auto r = (*store)->Store("crash", testing::TestHash(i), p, Crc32c(p), Durability::kNone);
+      if (!r.ok()) {
+        std::fprintf(stderr, "store %llu with durability none: %s\n",
+                     static_cast<unsigned long long>(i), r.status().ToString().c_str());
+        return 1;
+      }
+    }
     auto r = (*store)->Store("crash", testing::TestHash(i), p, Crc32c(p));
     if (!r.ok()) {
       std::fprintf(stderr, "store %llu: %s\n", static_cast<unsigned long long>(i),

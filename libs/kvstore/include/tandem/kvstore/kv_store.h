@@ -14,7 +14,12 @@
 //
 // Blocks are immutable: storing a block that exists succeeds without
 // rewriting it, also when several writers store the same block at once (one
-// writes, the others wait for it and report `already_present`).
+// writes, the others wait for it and report `already_present`). Except for
+// durability: a store that finds its block written with a weaker one (none,
+// then wal or fsync; wal, then fsync) writes the same bytes again with its
+// own before it is acknowledged, so `already_present` always carries the
+// durability the store asked for (counted in stores_made_durable). A block
+// held in memory only is not made durable that way: the store is refused.
 //
 // Every read is verified against the block's CRC32C (written by the writer),
 // from either tier; a mismatch is a miss with reason kChecksum, the block is

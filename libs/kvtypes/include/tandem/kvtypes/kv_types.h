@@ -72,6 +72,9 @@ struct KvStoreStats {
   uint64_t stores = 0;  // blocks written
   uint64_t stores_already_present = 0;
   uint64_t stores_mismatched = 0;  // ... of those, with other bytes (kept the first)
+  // ... of those, written again because they were stored with a weaker
+  // durability than the store asked for (none, then wal or fsync; wal, then fsync).
+  uint64_t stores_made_durable = 0;
   uint64_t checksum_failures = 0;  // blocks found corrupt and dropped
   uint64_t corrupt_reports = 0;    // ReportCorrupt() calls (readers' mismatches)
   // Blocks (and unreadable records) the start-up repair dropped: damaged or
