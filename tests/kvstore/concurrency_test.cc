@@ -178,7 +178,9 @@ TEST_F(KvStoreConcurrencyTest, StagedLookupDuringAnotherPromotionStillHits) {
 // Several threads look up, load, store and release on a small key space with
 // both tiers far smaller than it, for a bounded number of operations. Every
 // served block must have its own bytes, leased blocks must stay readable,
-// and the tiers must end within capacity. With the parameter, even keys are
+// and the tiers must end within capacity. A third of the durable stores ask
+// for wal where the store's default is none, so present blocks are written
+// again (MakeDurable) beside evictions, reads and leases. With the parameter, even keys are
 // stored with durability memory (the hot tier only: evicting one erases it),
 // and a memory store may find every hot slot pinned by the others' leases.
 class KvStoreMixedWorkloadTest : public KvStoreConcurrencyTest,
@@ -206,8 +208,11 @@ TEST_P(KvStoreMixedWorkloadTest, MixedWorkloadUnderEvictionPressure) {
           case 0: {
             auto p = TestPayload(i, kBlock);
             const bool memory = memory_keys && i % 2 == 0;
+            const bool wal = rng() % 3 == 0;
             auto r = store_->Store(kNs, TestHash(i), p, Crc(p),
-                                   memory ? std::optional(Durability::kMemory) : std::nullopt);
+                                   memory ? std::optional(Durability::kMemory)
+                                   : wal  ? std::optional(Durability::kWal)
+                                          : std::nullopt);
             if (memory && !r.ok()) {
               ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
             } else {
@@ -259,6 +264,7 @@ TEST_P(KvStoreMixedWorkloadTest, MixedWorkloadUnderEvictionPressure) {
   EXPECT_GT(s.evictions_cold, 0u);
   EXPECT_GT(s.evictions_hot, 0u);
   EXPECT_EQ(s.checksum_failures, 0u);
+  EXPECT_GT(s.stores_made_durable, 0u);
   if (memory_keys) {
     EXPECT_GT(memory_stored.load(), 0);
   }
