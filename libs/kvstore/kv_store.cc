@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <unordered_set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kv_rocks.h"
@@ -232,7 +233,8 @@ absl::StatusOr<StoreResult> Impl::Store(std::string_view ns, const BlockHash& ha
 
 std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
                                                           std::span<const StoreBlock> blocks,
-                                                          std::optional<Durability> durability) {
+                                                          std::optional<Durability> durability,
+                                                          std::vector<int64_t>* reserved) {
   const size_t n = blocks.size();
   std::vector<absl::StatusOr<StoreResult>> results(n, StoreResult{});
   absl::StatusOr<NsInfo> info = Resolve(ns);
@@ -300,7 +302,7 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
   }
   for (const auto& [i, kept] : mismatched) LogMismatch(*info, blocks[i], kept);
   if (!claims.empty()) {
-    std::vector<absl::Status> written = WriteClaimed(claims, blocks, d);
+    std::vector<absl::Status> written = WriteClaimed(claims, blocks, d, reserved);
     for (size_t k = 0; k < claims.size(); ++k) {
       if (!written[k].ok()) results[claims[k].block] = std::move(written[k]);
     }
@@ -318,7 +320,8 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
 }
 
 std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
-                                             std::span<const StoreBlock> blocks, Durability d) {
+                                             std::span<const StoreBlock> blocks, Durability d,
+                                             std::vector<int64_t>* reserved) {
   TANDEM_SYNC_POINT("KvStoreEngine::Store:BeforeWrite");
   // Durability memory: the hot tier only, so no RocksDB write, and a block
   // that gets no slot is refused instead of kept cold.
@@ -350,11 +353,19 @@ std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
     TANDEM_SYNC_POINT("KvStoreEngine::Store:AfterWrite");
   }
   std::vector<int64_t> slots(claims.size(), -1);
+  std::vector<bool> in_place(claims.size(), false);  // received into its reserved slot
   if (memory || opts_.store_to_hot) {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t k = 0; k < claims.size(); ++k) {
       const StoreBlock& b = blocks[claims[k].block];
-      if (b.payload.size() <= arena_->slot_bytes()) slots[k] = AcquireHotSlotLocked();
+      const int32_t r = b.reserved_slot;
+      if (reserved != nullptr && r >= 0 && static_cast<size_t>(r) < reserved->size() &&
+          (*reserved)[r] >= 0) {
+        slots[k] = std::exchange((*reserved)[r], -1);
+        in_place[k] = true;
+      } else if (b.payload.size() <= arena_->slot_bytes()) {
+        slots[k] = AcquireHotSlotLocked();
+      }
       if (memory && slots[k] < 0) {
         statuses[k] = NoHotSlotLocked(b);
         EraseLocked(claims[k].e);
@@ -363,7 +374,9 @@ std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
   }
   for (size_t k = 0; k < claims.size(); ++k) {
     const std::span<const uint8_t> payload = blocks[claims[k].block].payload;
-    if (slots[k] >= 0) std::memcpy(arena_->slot(slots[k]), payload.data(), payload.size());
+    if (slots[k] >= 0 && !in_place[k]) {
+      std::memcpy(arena_->slot(slots[k]), payload.data(), payload.size());
+    }
   }
   Key last;  // the last block stored, spared by the eviction below as Store spares its own
   {
@@ -380,6 +393,52 @@ std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
     EvictColdIfNeeded(&last);
   }
   return statuses;
+}
+
+std::vector<int64_t> Impl::ReserveHotSlots(std::string_view ns, std::span<const BlockHash> hashes,
+                                           std::span<const uint64_t> sizes,
+                                           std::optional<Durability> durability) {
+  std::vector<int64_t> slots(sizes.size(), -1);
+  if (durability.value_or(opts_.durability) != Durability::kMemory && !opts_.store_to_hot) {
+    return slots;  // a store would not place them in the hot tier
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<NsInfo> info = ResolveLocked(ns);
+  if (!info.ok()) return slots;
+  // The batch's blocks the store has are pinned while the slots are taken:
+  // evicting one (a block held in memory only would be gone) would change
+  // what the batch finds.
+  std::vector<Entry*> present;
+  std::vector<bool> absent(sizes.size(), false);
+  for (size_t k = 0; k < sizes.size() && k < hashes.size(); ++k) {
+    auto it = index_.find(Key{info->id, hashes[k]});
+    if (it == index_.end()) {
+      absent[k] = true;
+    } else {
+      ++it->second.read_pins;
+      present.push_back(&it->second);
+    }
+  }
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    if (!absent[k] || sizes[k] == 0 || sizes[k] > arena_->slot_bytes()) continue;
+    slots[k] = AcquireHotSlotLocked();
+    if (slots[k] < 0) break;  // every slot pinned or taken
+  }
+  for (Entry* e : present) --e->read_pins;  // none was doomed meanwhile: mu_ is held
+  return slots;
+}
+
+std::span<uint8_t> Impl::SlotBytes(int64_t slot, uint64_t size) const {
+  if (slot < 0) return {};
+  return {arena_->slot(slot), static_cast<size_t>(size)};
+}
+
+void Impl::ReleaseHotSlots(std::span<const int64_t> slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int64_t s : slots) {
+    if (s >= 0) free_slots_.push_back(s);
+  }
+  cv_.notify_all();
 }
 
 absl::Status Impl::NoHotSlotLocked(const StoreBlock& b) const {
@@ -660,6 +719,51 @@ absl::StatusOr<StoreResult> KvStoreEngine::Store(std::string_view ns, const Bloc
 std::vector<absl::StatusOr<StoreResult>> KvStoreEngine::StoreBatch(
     std::string_view ns, std::span<const StoreBlock> blocks, std::optional<Durability> durability) {
   return impl_->StoreBatch(ns, blocks, durability);
+}
+std::vector<absl::StatusOr<StoreResult>> KvStoreEngine::StoreBatch(
+    std::string_view ns, std::span<const StoreBlock> blocks, std::optional<Durability> durability,
+    HotSlots* reserved) {
+  return impl_->StoreBatch(ns, blocks, durability, reserved ? &reserved->slots_ : nullptr);
+}
+HotSlots KvStoreEngine::ReserveHotSlots(std::string_view ns, std::span<const BlockHash> hashes,
+                                        std::span<const uint64_t> sizes,
+                                        std::optional<Durability> durability) {
+  HotSlots h;
+  h.impl_ = impl_.get();
+  h.slots_ = impl_->ReserveHotSlots(ns, hashes, sizes, durability);
+  h.bytes_.reserve(sizes.size());
+  for (size_t k = 0; k < sizes.size(); ++k) h.bytes_.push_back(impl_->SlotBytes(h.slots_[k], sizes[k]));
+  return h;
+}
+
+// ---- HotSlots ---------------------------------------------------------------
+
+HotSlots::HotSlots(HotSlots&& other) noexcept
+    : impl_(std::exchange(other.impl_, nullptr)),
+      slots_(std::move(other.slots_)),
+      bytes_(std::move(other.bytes_)) {}
+
+HotSlots& HotSlots::operator=(HotSlots&& other) noexcept {
+  if (this != &other) {
+    Release();
+    impl_ = std::exchange(other.impl_, nullptr);
+    slots_ = std::move(other.slots_);
+    bytes_ = std::move(other.bytes_);
+  }
+  return *this;
+}
+
+HotSlots::~HotSlots() { Release(); }
+
+size_t HotSlots::num_reserved() const {
+  return static_cast<size_t>(std::count_if(slots_.begin(), slots_.end(), [](int64_t s) { return s >= 0; }));
+}
+
+void HotSlots::Release() {
+  if (impl_ != nullptr) impl_->ReleaseHotSlots(slots_);
+  impl_ = nullptr;
+  slots_.clear();
+  bytes_.clear();
 }
 absl::StatusOr<ReadResult> KvStoreEngine::Read(std::string_view ns, const BlockHash& hash,
                                                Sink sink, ReadVerify verify) {

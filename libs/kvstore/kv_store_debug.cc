@@ -1,3 +1,5 @@
+#include <chrono>
+#include <thread>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -82,9 +84,12 @@ absl::Status Impl::CheckColdTier() const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t ready = 0;
-    for (const auto& [key, e] : index_) ready += e.state == EntryState::kReady ? 1 : 0;
+    for (const auto& [key, e] : index_) {
+      ready += e.state == EntryState::kReady && !e.memory_only() ? 1 : 0;  // the cold tier's
+    }
     if (ready != with_meta.size()) {
-      problems.push_back(absl::StrCat("index has ", ready, " blocks, RocksDB ", with_meta.size()));
+      problems.push_back(
+          absl::StrCat("index has ", ready, " blocks on disk, RocksDB ", with_meta.size()));
     }
   }
   if (problems.empty()) return absl::OkStatus();
@@ -107,6 +112,32 @@ absl::Status Impl::CorruptCold(std::string_view ns, const BlockHash& hash, uint6
   rocksdb::WriteBatch batch;
   batch.Put(key, value);
   return FromRocks(WriteToRocks(rocksdb::WriteOptions(), &batch), "rewriting");
+}
+
+absl::Status Impl::WaitForBackgroundWork(int64_t timeout_ms) {
+  std::shared_lock<std::shared_mutex> db_lock = ReadLock();
+  if (db_ == nullptr) return FromRocks(ClosedStatus(), "waiting for RocksDB's background work");
+  rocksdb::FlushOptions flush;
+  flush.wait = true;
+  TANDEM_RETURN_IF_ERROR(FromRocks(db_->Flush(flush), "flushing the memtable"));
+  const int64_t deadline = NowSteadyNs() + timeout_ms * 1'000'000;
+  for (;;) {
+    uint64_t flushes = 0, compactions = 0, pending = 0;
+    db_->GetIntProperty("rocksdb.num-running-flushes", &flushes);
+    db_->GetIntProperty("rocksdb.num-running-compactions", &compactions);
+    db_->GetIntProperty("rocksdb.compaction-pending", &pending);
+    if (flushes == 0 && compactions == 0 && pending == 0) return absl::OkStatus();
+    if (NowSteadyNs() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("RocksDB still runs ", flushes, " flushes and ", compactions,
+                       " compactions (", pending, " pending) after ", timeout_ms, " ms"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+absl::Status KvStoreEngine::WaitForBackgroundWork(int64_t timeout_ms) {
+  return impl_->WaitForBackgroundWork(timeout_ms);
 }
 
 // ---- KvStoreEngine's TEST_ hooks --------------------------------------

@@ -96,9 +96,18 @@ class KvStoreEngine::Impl {
   absl::StatusOr<StoreResult> Store(std::string_view ns, const BlockHash& hash,
                                     std::span<const uint8_t> payload, uint32_t checksum,
                                     std::optional<Durability> durability);
+  // `reserved`: HotSlots' slot per block (-1: none), or null. The slots of
+  // the blocks stored anew are taken out of it (set to -1).
   std::vector<absl::StatusOr<StoreResult>> StoreBatch(std::string_view ns,
                                                       std::span<const StoreBlock> blocks,
-                                                      std::optional<Durability> durability);
+                                                      std::optional<Durability> durability,
+                                                      std::vector<int64_t>* reserved = nullptr);
+  // ReserveHotSlots' slot per size (-1: none) and their bytes; their return.
+  std::vector<int64_t> ReserveHotSlots(std::string_view ns, std::span<const BlockHash> hashes,
+                                       std::span<const uint64_t> sizes,
+                                       std::optional<Durability> durability);
+  [[nodiscard]] std::span<uint8_t> SlotBytes(int64_t slot, uint64_t size) const;
+  void ReleaseHotSlots(std::span<const int64_t> slots);
   absl::StatusOr<ReadResult> Read(std::string_view ns, const BlockHash& hash, Sink sink,
                                   ReadVerify verify);
   absl::StatusOr<bool> ReportCorrupt(std::string_view ns, const BlockHash& hash);
@@ -124,6 +133,7 @@ class KvStoreEngine::Impl {
   bool InTier(std::string_view ns, const BlockHash& hash, bool hot) const;
   absl::Status CorruptHot(std::string_view ns, const BlockHash& hash, uint64_t offset);
   absl::Status CheckColdTier() const;
+  absl::Status WaitForBackgroundWork(int64_t timeout_ms);
   absl::Status CorruptCold(std::string_view ns, const BlockHash& hash, uint64_t offset);
 
   const KvStoreOptions& options() const { return opts_; }
@@ -158,8 +168,11 @@ class KvStoreEngine::Impl {
   // error for each). One status per claim. With Durability::kMemory there is
   // no write: each block must get a hot slot, or its claim is erased with
   // NoHotSlotLocked's error.
+  // A block whose reserved_slot names a slot still in `reserved` keeps it
+  // (its payload is there already) instead of getting one and a copy.
   std::vector<absl::Status> WriteClaimed(std::span<const Claim> claims,
-                                         std::span<const StoreBlock> blocks, Durability d);
+                                         std::span<const StoreBlock> blocks, Durability d,
+                                         std::vector<int64_t>* reserved = nullptr);
   // Why a block stored with Durability::kMemory got no hot slot: no hot tier
   // or a block larger than a slot (FAILED_PRECONDITION), or every slot
   // pinned (RESOURCE_EXHAUSTED).

@@ -603,40 +603,75 @@ absl::Status FramedSocket::Read(google::protobuf::MessageLite* frame, uint32_t m
 
 absl::Status FramedSocket::ReadRaw(std::span<uint8_t> dst,
                                    absl::FunctionRef<void(std::span<const uint8_t>)> on_piece) {
-  const size_t buffered = std::min(dst.size(), len_ - pos_);
-  if (buffered > 0) {  // an empty dst may have no data() at all (memcpy's null is UB)
-    std::memcpy(dst.data(), buf_.data() + pos_, buffered);
-    pos_ += buffered;
-    on_piece(dst.first(buffered));
+  const std::span<uint8_t> one[1] = {dst};
+  return ReadRawScatter(one, [&](size_t, std::span<const uint8_t> piece) { on_piece(piece); });
+}
+
+absl::Status FramedSocket::ReadRawScatter(
+    std::span<const std::span<uint8_t>> dsts,
+    absl::FunctionRef<void(size_t, std::span<const uint8_t>)> on_piece) {
+  size_t k = 0;    // the dst being filled
+  size_t got = 0;  // bytes of dsts[k] filled
+  // Hands `n` bytes just placed at the fill point to on_piece and moves on.
+  auto filled = [&](size_t n) {
+    while (n > 0) {
+      const size_t m = std::min(n, dsts[k].size() - got);
+      on_piece(k, dsts[k].subspan(got, m));
+      got += m;
+      n -= m;
+      while (k < dsts.size() && got == dsts[k].size()) {
+        ++k;
+        got = 0;
+      }
+    }
+  };
+  while (k < dsts.size() && got == dsts[k].size()) ++k;  // empty dsts
+  // What the read-ahead buffer holds first. (An empty dst may have no data()
+  // at all, and memcpy's null is UB: those were skipped.)
+  while (k < dsts.size() && pos_ < len_) {
+    const size_t n = std::min(dsts[k].size() - got, len_ - pos_);
+    std::memcpy(dsts[k].data() + got, buf_.data() + pos_, n);
+    pos_ += n;
+    filled(n);
   }
-  size_t got = buffered;
+  if (k == dsts.size()) return absl::OkStatus();
+  pos_ = len_ = 0;  // the buffer is empty here
   if (tls_ != nullptr) {
-    // One TLS record at a time, decrypted straight into dst.
+    // One TLS record at a time, decrypted straight into the dsts.
     std::optional<ScopedSigpipeBlock> no_sigpipe;  // a read may answer with an alert
     if (!tls_writes_buffered()) no_sigpipe.emplace();
-    pos_ = len_ = 0;
-    while (got < dst.size()) {
+    while (k < dsts.size()) {
       absl::StatusOr<size_t> r =
-          ReceiveSome(dst.data() + got, dst.size() - got, "receiving payload", false);
+          ReceiveSome(dsts[k].data() + got, dsts[k].size() - got, "receiving payload", false);
       if (!r.ok()) return r.status();
-      on_piece(dst.subspan(got, *r));
-      got += *r;
+      filled(*r);
     }
     return absl::OkStatus();
   }
-  while (got < dst.size()) {
-    // The buffer is empty here: receive the rest straight into dst and let
-    // whatever follows it land in the buffer.
-    pos_ = len_ = 0;
-    iovec iov[2] = {{dst.data() + got, dst.size() - got}, {buf_.data(), buf_.size()}};
-    const ssize_t r = readv(fd_, iov, 2);
+  constexpr size_t kMaxIov = 64;
+  while (k < dsts.size()) {
+    // Straight into the dsts; whatever follows the last of them lands in
+    // the buffer (only once the last is in this call's vector).
+    iovec iov[kMaxIov + 1];
+    size_t n = 0;
+    iov[n++] = {dsts[k].data() + got, dsts[k].size() - got};
+    size_t j = k + 1;
+    for (; j < dsts.size() && n < kMaxIov; ++j) {
+      if (!dsts[j].empty()) iov[n++] = {dsts[j].data(), dsts[j].size()};
+    }
+    if (j == dsts.size()) iov[n++] = {buf_.data(), buf_.size()};
+    const ssize_t r = readv(fd_, iov, static_cast<int>(n));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return RecvError(r, "receiving payload", /*between_frames=*/false);
     bytes_received_ += static_cast<uint64_t>(r);
-    const size_t into_dst = std::min(static_cast<size_t>(r), dst.size() - got);
-    on_piece(dst.subspan(got, into_dst));
-    got += into_dst;
-    len_ = static_cast<size_t>(r) - into_dst;
+    size_t into_dsts = static_cast<size_t>(r);
+    if (j == dsts.size()) {
+      size_t room = 0;
+      for (size_t i = 0; i + 1 < n; ++i) room += iov[i].iov_len;
+      into_dsts = std::min(into_dsts, room);
+      len_ = static_cast<size_t>(r) - into_dsts;
+    }
+    filled(into_dsts);
   }
   return absl::OkStatus();
 }

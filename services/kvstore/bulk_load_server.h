@@ -222,11 +222,17 @@ class BulkLoadServer {
   // client closes; with `allowed` not OK, answers the first with it and
   // returns.
   void ServeStores(rpc::FramedSocket* sock, const absl::Status& allowed);
-  // Stores one batch whose payload bytes are in `payload`, back to back,
-  // with each block's CRC32C as received in `payload_crcs`.
-  // The batch's error, or OK with one status per block in `response`.
-  absl::Status AnswerStore(const v1::BulkStoreRequest& request, std::span<const uint8_t> payload,
-                           std::span<const uint32_t> payload_crcs, v1::StoreResponse* response);
+  // Stores one batch whose block k's bytes are in payloads[k] (a slot of
+  // `reserved` where it got one), with each block's CRC32C as received in
+  // `payload_crcs`. The batch's error, or OK with one status per block in
+  // `response`.
+  // The hot slots a batch's blocks can be received into (none for a batch
+  // the store would refuse).
+  kvstore::HotSlots ReserveSlots(const v1::BulkStoreRequest& request);
+  absl::Status AnswerStore(const v1::BulkStoreRequest& request,
+                           std::span<const std::span<uint8_t>> payloads,
+                           std::span<const uint32_t> payload_crcs, kvstore::HotSlots* reserved,
+                           v1::StoreResponse* response);
   // Answers one request; false when the connection must be closed. With
   // `shared_lease` (the local socket), pins the request's leading hits
   // under a lease it stores there, and answers those in the hot tier with

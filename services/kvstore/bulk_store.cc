@@ -1,7 +1,8 @@
 // The bulk port's store connections (bulk_load_server.h has the protocol):
-// a batch's payload bytes go from the socket into one buffer (each block's
-// CRC32C computed as it lands) and from there to the engine's StoreBatch,
-// one RocksDB write per batch.
+// a batch's payload bytes go from the socket straight into the hot slots the
+// blocks will be served from (KvStoreEngine::ReserveHotSlots), or into one
+// buffer for blocks that get none, each block's CRC32C computed as it lands,
+// and from there to the engine's StoreBatch, one RocksDB write per batch.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -86,26 +87,33 @@ void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& al
       }
       return;
     }
-    uint8_t* payload = buffer.Reserve(total);
+    // Blocks the engine would place in the hot tier are received straight
+    // into the slots they will be served from; the others into the buffer.
+    kvstore::HotSlots slots = ReserveSlots(request);
+    const int n = request.blocks_size();
+    std::vector<std::span<uint8_t>> payloads(n);
+    uint64_t buffered = 0;
+    for (int i = 0; i < n; ++i) {
+      if (slots.slot(i).empty()) buffered += request.blocks(i).size();
+    }
+    uint8_t* next = buffer.Reserve(buffered);
+    for (int i = 0; i < n; ++i) {
+      payloads[i] = slots.slot(i);
+      if (payloads[i].empty() && request.blocks(i).size() > 0) {
+        payloads[i] = std::span(next, request.blocks(i).size());
+        next += request.blocks(i).size();
+      }
+    }
     // All of the batch first: a connection that breaks mid-payload stores
     // nothing. Each block's CRC32C is computed as its bytes land, while they
     // are in cache and the client is still sending, so the store does not
     // read the payload again to check the writer's checksum.
-    std::vector<uint32_t> crcs(request.blocks_size(), 0);
-    int block = 0;
-    uint64_t block_left = request.blocks_size() > 0 ? request.blocks(0).size() : 0;
-    const auto on_piece = [&](std::span<const uint8_t> piece) {
-      while (!piece.empty()) {
-        while (block_left == 0) block_left = request.blocks(++block).size();
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(block_left, piece.size()));
-        crcs[block] = kvstore::Crc32cExtend(crcs[block], piece.data(), n);
-        piece = piece.subspan(n);
-        block_left -= n;
-      }
+    std::vector<uint32_t> crcs(n, 0);
+    const auto on_piece = [&](size_t k, std::span<const uint8_t> piece) {
+      crcs[k] = kvstore::Crc32cExtend(crcs[k], piece.data(), piece.size());
     };
-    if (!sock->ReadRaw(std::span(payload, total), on_piece).ok()) return;
-    s = AnswerStore(request, std::span<const uint8_t>(payload, total), crcs,
-                    answer.mutable_response());
+    if (!sock->ReadRawScatter(payloads, on_piece).ok()) return;
+    s = AnswerStore(request, payloads, crcs, &slots, answer.mutable_response());
     if (!s.ok()) answer.clear_response();
     answer.set_status_code(static_cast<int32_t>(s.code()));
     answer.set_status_message(std::string(s.message()));
@@ -113,9 +121,28 @@ void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& al
   }
 }
 
+kvstore::HotSlots BulkLoadServer::ReserveSlots(const v1::BulkStoreRequest& request) {
+  // Only for blocks StoreBatch will take: a known namespace's, of its size,
+  // with a well-formed hash and durability. (A bad batch must not evict.)
+  absl::StatusOr<kvstore::NamespaceSpec> spec = store_->GetNamespace(request.namespace_());
+  std::optional<kvstore::Durability> durability;
+  if (!spec.ok() || !rpc::FromProto(request.durability(), &durability).ok()) return {};
+  std::vector<BlockHash> hashes(request.blocks_size());
+  std::vector<uint64_t> sizes;
+  sizes.reserve(request.blocks_size());
+  for (int i = 0; i < request.blocks_size(); ++i) {
+    const v1::BulkStoreBlock& b = request.blocks(i);
+    const bool fits = b.block_hash().size() == 32 && b.size() == spec->block_bytes;
+    if (fits) std::memcpy(hashes[i].bytes.data(), b.block_hash().data(), 32);
+    sizes.push_back(fits ? b.size() : 0);
+  }
+  return store_->ReserveHotSlots(request.namespace_(), hashes, sizes, durability);
+}
+
 absl::Status BulkLoadServer::AnswerStore(const v1::BulkStoreRequest& request,
-                                         std::span<const uint8_t> payload,
+                                         std::span<const std::span<uint8_t>> payloads,
                                          std::span<const uint32_t> payload_crcs,
+                                         kvstore::HotSlots* reserved,
                                          v1::StoreResponse* response) {
   // As the gRPC Store: an unknown namespace or durability fails the batch,
   // a bad block only itself.
@@ -127,13 +154,10 @@ absl::Status BulkLoadServer::AnswerStore(const v1::BulkStoreRequest& request,
   std::vector<int> block_of;  // blocks[k] is request block block_of[k]
   blocks.reserve(n);
   block_of.reserve(n);
-  uint64_t offset = 0;
   for (int i = 0; i < n; ++i) {
     const v1::BulkStoreBlock& b = request.blocks(i);
     v1::BlockStatus* st = response->add_blocks();
     st->set_block_hash(b.block_hash());
-    const std::span<const uint8_t> bytes = payload.subspan(offset, b.size());
-    offset += b.size();
     absl::Status error;
     if (b.block_hash().size() != 32) {
       error = absl::InvalidArgumentError(absl::StrCat(
@@ -150,9 +174,10 @@ absl::Status BulkLoadServer::AnswerStore(const v1::BulkStoreRequest& request,
     }
     kvstore::StoreBlock& block = blocks.emplace_back();
     std::memcpy(block.hash.bytes.data(), b.block_hash().data(), 32);
-    block.payload = bytes;
+    block.payload = payloads[i];
     block.checksum = b.checksum();
     block.payload_crc = payload_crcs[i];
+    if (!reserved->slot(i).empty()) block.reserved_slot = i;
     block_of.push_back(i);
   }
   std::vector<v1::BlockStatus*> statuses;
@@ -162,7 +187,8 @@ absl::Status BulkLoadServer::AnswerStore(const v1::BulkStoreRequest& request,
       AnswerStoreBatch(store_, spec.name, durability, blocks, statuses,
                        {.debug_corrupt_hot_every = options_.debug_corrupt_hot_every,
                         .debug_corrupt_cold_every = options_.debug_corrupt_cold_every,
-                        .debug_new_blocks = &debug_new_blocks_});
+                        .debug_new_blocks = &debug_new_blocks_,
+                        .reserved = reserved});
   blocks_stored_ += stored.blocks;
   bytes_stored_ += stored.bytes;
   return absl::OkStatus();

@@ -12,7 +12,7 @@ StoredCounts AnswerStoreBatch(kvstore::KvStoreEngine* store, const std::string& 
   StoredCounts counts;
   if (blocks.empty()) return counts;
   std::vector<absl::StatusOr<kvstore::StoreResult>> results =
-      store->StoreBatch(ns, blocks, durability);
+      store->StoreBatch(ns, blocks, durability, options.reserved);
   for (size_t k = 0; k < blocks.size(); ++k) {
     v1::BlockStatus* st = statuses[k];
     if (!results[k].ok()) {

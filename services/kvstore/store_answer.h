@@ -22,6 +22,8 @@ struct StoreAnswerOptions {
   int32_t debug_corrupt_hot_every = 0;
   int32_t debug_corrupt_cold_every = 0;
   std::atomic<uint64_t>* debug_new_blocks = nullptr;
+  // Hot slots some blocks were received into (StoreBlock::reserved_slot).
+  kvstore::HotSlots* reserved = nullptr;
 };
 
 // What a batch stored anew (blocks not already present).

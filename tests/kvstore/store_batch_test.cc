@@ -129,6 +129,103 @@ TEST(StoreBatchTest, NewBlocksGoToTheHotTierAndSurviveAReopen) {
   for (const auto& r : store->StoreBatch(kNs, blocks)) ASSERT_TRUE(r.ok() && r->already_present);
 }
 
+// A batch received into reserved hot slots (the bulk port's stores): a block
+// the store has gets none and is not evicted for another's; the new blocks
+// keep their slots and read back intact; the slots of blocks not stored (a
+// bad one) go back when the reservation is destroyed, so every slot can
+// hold a block again.
+TEST(StoreBatchTest, BlocksReceivedIntoReservedSlotsKeepThemAndTheOthersGoBack) {
+  TempDir dir;
+  std::unique_ptr<KvStoreEngine> store = OpenStore(dir);  // 4 hot slots
+  ASSERT_TRUE(store);
+  Preload(store.get());  // blocks 1 and 2
+  for (Durability d : {Durability::kWal, Durability::kMemory}) {
+    SCOPED_TRACE(DurabilityName(d));
+    const uint64_t fresh = d == Durability::kWal ? 20 : 30;
+    const uint64_t ids[] = {fresh, 1, fresh + 1, fresh + 2};
+    const std::vector<uint64_t> sizes = {kBlock, kBlock, kBlock, kBlock};
+    std::vector<BlockHash> hashes;
+    for (uint64_t id : ids) hashes.push_back(TestHash(id));
+    ASSERT_TRUE(store->TEST_InHot(kNs, TestHash(1)));
+    HotSlots slots = store->ReserveHotSlots(kNs, hashes, sizes, d);
+    // Three new blocks: the free slots, then the least recently used other
+    // than block 1, which the batch has.
+    ASSERT_EQ(slots.num_reserved(), 3u);
+    EXPECT_TRUE(slots.slot(1).empty());
+    EXPECT_TRUE(store->TEST_InHot(kNs, TestHash(1)));
+    std::vector<StoreBlock> blocks;
+    std::vector<std::vector<uint8_t>> payloads;
+    for (size_t k = 0; k < 4; ++k) {
+      payloads.push_back(TestPayload(ids[k], kBlock));
+      const std::vector<uint8_t>& p = payloads.back();
+      std::span<const uint8_t> payload = p;
+      if (k != 1) {
+        ASSERT_EQ(slots.slot(k).size(), kBlock);
+        std::copy(p.begin(), p.end(), slots.slot(k).begin());  // "received"
+        payload = slots.slot(k);
+      }
+      blocks.push_back({.hash = TestHash(ids[k]),
+                        .payload = payload,
+                        .checksum = Crc(p) ^ (k == 2 ? 1u : 0u),  // block 2: a bad checksum
+                        .reserved_slot = k != 1 ? static_cast<int32_t>(k) : -1});
+    }
+    std::vector<std::string> got;
+    for (const auto& r : store->StoreBatch(kNs, blocks, d, &slots)) got.push_back(Describe(r));
+    if (d == Durability::kWal) {
+      EXPECT_EQ(got, (std::vector<std::string>{"new", "present", "DATA_LOSS", "new"}));
+    } else {  // block 1 is on disk: more than a memory store asks
+      EXPECT_EQ(got, (std::vector<std::string>{"new", "present", "DATA_LOSS", "new"}));
+    }
+    EXPECT_EQ(slots.num_reserved(), 1u);  // the bad block's
+    slots = HotSlots();                   // ... go back
+    for (uint64_t id : {fresh, fresh + 2}) {
+      std::vector<uint8_t> out(kBlock);
+      auto r = store->ReadInto(kNs, TestHash(id), out);
+      ASSERT_TRUE(r.ok() && r->ok()) << id;
+      EXPECT_TRUE(r->from_hot) << id;
+      EXPECT_EQ(out, TestPayload(id, kBlock)) << id;
+    }
+    EXPECT_FALSE(store->TEST_InCold(kNs, TestHash(fresh + 1)));
+  }
+  // Nothing leaked: four memory blocks (which need a slot each) fit, with
+  // every slot's block evictable.
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<StoreBlock> blocks;
+  for (uint64_t id = 40; id < 44; ++id) payloads.push_back(TestPayload(id, kBlock));
+  for (uint64_t k = 0; k < 4; ++k) {
+    blocks.push_back({.hash = TestHash(40 + k), .payload = payloads[k], .checksum = Crc(payloads[k])});
+  }
+  for (const auto& r : store->StoreBatch(kNs, blocks, Durability::kMemory)) {
+    EXPECT_EQ(Describe(r), "new");
+  }
+  EXPECT_EQ(store->GetStats().hot_blocks, 4u);
+  EXPECT_TRUE(store->TEST_CheckColdTier().ok()) << store->TEST_CheckColdTier();
+}
+
+TEST(StoreBatchTest, SlotsAreReservedOnlyWhereAStoreWouldUseTheHotTier) {
+  TempDir dir;
+  auto s = KvStoreEngine::Open({.data_dir = dir.path(),
+                                .hot_capacity_bytes = 4 * kBlock,
+                                .hot_slot_bytes = kBlock,
+                                .store_to_hot = false,
+                                .lock_hot_memory = false});
+  ASSERT_TRUE(s.ok()) << s.status();
+  KvStoreEngine& store = **s;
+  ASSERT_TRUE(store.CreateNamespace({.name = kNs, .block_bytes = kBlock}).ok());
+  const std::vector<uint64_t> sizes = {kBlock, 0, kBlock + 1, kBlock / 2};
+  const std::vector<BlockHash> hashes = {TestHash(1), TestHash(2), TestHash(3), TestHash(4)};
+  EXPECT_EQ(store.ReserveHotSlots(kNs, hashes, sizes, Durability::kWal).num_reserved(), 0u);
+  EXPECT_EQ(store.ReserveHotSlots(kNs, hashes, sizes, std::nullopt).num_reserved(), 0u);  // wal
+  EXPECT_EQ(store.ReserveHotSlots("nope", hashes, sizes, Durability::kMemory).num_reserved(), 0u);
+  HotSlots memory = store.ReserveHotSlots(kNs, hashes, sizes, Durability::kMemory);
+  EXPECT_EQ(memory.num_reserved(), 2u);  // not the empty nor the oversized block
+  EXPECT_EQ(memory.slot(0).size(), kBlock);
+  EXPECT_TRUE(memory.slot(1).empty());
+  EXPECT_TRUE(memory.slot(2).empty());
+  EXPECT_EQ(memory.slot(3).size(), kBlock / 2);
+  EXPECT_TRUE(memory.slot(4).empty());  // past the batch
+}
+
 TEST(StoreBatchTest, UnknownNamespaceFailsEveryBlock) {
   TempDir dir;
   std::unique_ptr<KvStoreEngine> store = OpenStore(dir);

@@ -72,6 +72,48 @@ TEST(FramedSocketTest, FramesAndPayloadsArriveInOrderWhateverTheKernelSplits) {
   EXPECT_EQ(p.b->bytes_received(), frames + small.size() + big.size());
 }
 
+// A scatter read fills each dst in turn as one stream (empty dsts included,
+// more dsts than one readv takes), tells on_piece whose piece it is, and
+// leaves what follows the last dst for the next frame.
+TEST(FramedSocketTest, AScatterReadFillsEachDstInTurnAndKeepsWhatFollows) {
+  Pair p = MakePair();
+  std::vector<size_t> sizes = {7, 0, 300000, 1, 0};
+  for (int i = 0; i < 100; ++i) sizes.push_back(1000 + i * 37);  // past one readv's 64
+  sizes.push_back(2 << 20);
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  const std::vector<uint8_t> payload = Bytes(total, 3);
+  std::thread writer([&] {
+    ASSERT_TRUE(p.a->Write(Chunk(0, total), payload).ok());
+    ASSERT_TRUE(p.a->Write(Chunk(1, 0)).ok());
+  });
+  v1::LoadChunk c;
+  ASSERT_TRUE(p.b->Read(&c, 1 << 10).ok());
+  // Bytes of the frame's payload already in the lookahead buffer are served first.
+  std::vector<std::vector<uint8_t>> bufs;
+  std::vector<std::span<uint8_t>> dsts;
+  for (size_t n : sizes) bufs.emplace_back(n, 0);
+  for (auto& b : bufs) dsts.emplace_back(b);
+  std::vector<std::vector<uint8_t>> seen(sizes.size());
+  ASSERT_TRUE(p.b->ReadRawScatter(dsts, [&](size_t k, std::span<const uint8_t> piece) {
+                   ASSERT_LT(k, sizes.size());
+                   ASSERT_FALSE(piece.empty());
+                   // A piece lies in its dst, right after what came before it.
+                   ASSERT_EQ(piece.data(), bufs[k].data() + seen[k].size());
+                   seen[k].insert(seen[k].end(), piece.begin(), piece.end());
+                 }).ok());
+  size_t offset = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const std::vector<uint8_t> want(payload.begin() + offset, payload.begin() + offset + sizes[k]);
+    EXPECT_EQ(bufs[k], want) << "dst " << k;
+    EXPECT_EQ(seen[k], want) << "dst " << k;
+    offset += sizes[k];
+  }
+  ASSERT_TRUE(p.b->Read(&c, 1 << 10).ok());
+  EXPECT_EQ(c.block_index(), 1);
+  writer.join();
+}
+
 TEST(FramedSocketTest, APayloadAlreadyInTheLookaheadBufferIsServedFromIt) {
   Pair p = MakePair();
   // Two frames, each with a 10-byte payload, sent in one write: the reader's

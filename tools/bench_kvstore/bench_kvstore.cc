@@ -278,11 +278,21 @@ Figures RunCase(Service* hot, Service* cold, Redis* redis, Redis* redis_tls, con
         return RedisSetAll(redis, c, b);
     }
   };
+  // Each trial starts with RocksDB idle in both stores: the flushes and
+  // compactions an earlier trial's wal and none stores leave took up to a
+  // third of the two cores' samples (perf) during the trials after it.
+  auto quiesce = [&] {
+    for (Service* s : {hot, cold}) {
+      const absl::Status idle = s->server->engine()->WaitForBackgroundWork(120'000);
+      TANDEM_CHECK(idle.ok()) << idle;
+    }
+  };
   const int store_paths = redis != nullptr ? kNumStorePaths : kRedisSet;
   std::vector<double> store_gbps[kNumStorePaths];
   for (int t = 0; t < store_trials; ++t) {
     for (int k = 0; k < store_paths; ++k) {
       const int p = (k + t) % store_paths;
+      quiesce();
       store_gbps[p].push_back(store(p, t));
     }
   }
@@ -290,6 +300,7 @@ Figures RunCase(Service* hot, Service* cold, Redis* redis, Redis* redis_tls, con
   // The hot service's loads read blocks stored after the trials, so that they
   // are the hot tier's most recent.
   StoreAll(hot->client.get(), true, ns, c, b, std::nullopt);
+  quiesce();
   auto run = [&](int path, int r) {
     switch (path) {
       case kHotLocal:

@@ -150,6 +150,12 @@ class FramedSocket {
   absl::Status ReadRaw(std::span<uint8_t> dst,
                        absl::FunctionRef<void(std::span<const uint8_t>)> on_piece =
                            [](std::span<const uint8_t>) {});
+  // ReadRaw into each of `dsts` in turn, as if they were one buffer: one
+  // readv(2) fills several of them (a batch of blocks landing in the places
+  // they are kept). `on_piece` gets the index of the dst each piece is of.
+  absl::Status ReadRawScatter(
+      std::span<const std::span<uint8_t>> dsts,
+      absl::FunctionRef<void(size_t, std::span<const uint8_t>)> on_piece);
   // Receives `n` bytes and drops them (a payload nobody has room for).
   absl::Status Skip(uint64_t n);
 
