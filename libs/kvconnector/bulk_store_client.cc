@@ -58,12 +58,15 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
   v1::BulkStoreRequest req;
   req.set_namespace_(std::string(ns));
   req.set_durability(rpc::ToProto(durability));
+  // Each block is checksummed just before it is sent (the checksums follow
+  // the payload), so that the store receives one block while this computes
+  // the next one's CRC32C, and the send reads the bytes from cache.
+  req.set_checksums_follow(true);
   uint64_t total = 0;
   for (size_t i = 0; i < hashes.size(); ++i) {
     v1::BulkStoreBlock* b = req.add_blocks();
     b->set_block_hash(hashes[i].ToBytes());
     b->set_size(src[i].size());
-    b->set_checksum(kvstore::Crc32c(src[i]));
     total += src[i].size();
   }
   if (total > rpc::kKvBulkStoreMaxBatchBytes ||
@@ -80,8 +83,13 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
     }
     const uint64_t received_before = sock->bytes_received();
     // The blocks' bytes go from the caller's buffers to the socket.
-    absl::Status io = sock->Write(req, n > 0 ? src[0] : std::span<const uint8_t>());
-    for (size_t i = 1; i < n && io.ok(); ++i) io = sock->WriteRaw(src[i]);
+    v1::BulkStoreChecksums checksums;
+    absl::Status io = sock->Write(req);
+    for (size_t i = 0; i < n && io.ok(); ++i) {
+      checksums.add_checksums(kvstore::Crc32c(src[i]));
+      io = sock->WriteRaw(src[i]);
+    }
+    if (io.ok()) io = sock->Write(checksums);
     v1::BulkStoreAnswer answer;
     if (io.ok()) io = sock->Read(&answer, rpc::kKvBulkLoadMaxRequestBytes);
     if (io.ok()) {

@@ -59,7 +59,10 @@
 // sends a BulkStoreRequest frame (namespace, durability, and per block its
 // 32-byte hash, size and CRC32C) followed by the blocks' payload bytes back
 // to back, blocks[i].size bytes each in request order, whatever the sizes
-// (so the framing survives a block of the wrong size). The server receives
+// (so the framing survives a block of the wrong size). With
+// checksums_follow, the CRC32Cs come after the payload instead, in a
+// BulkStoreChecksums frame with one per block (another count is
+// INVALID_ARGUMENT and closes the connection). The server receives
 // the whole batch (at most rpc::kKvBulkStoreMaxBatchBytes, 256 MiB) before
 // it stores any of it, so a connection that breaks mid-payload stores
 // nothing, then stores it with one RocksDB write (KvStoreEngine::StoreBatch)

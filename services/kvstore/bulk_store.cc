@@ -113,6 +113,24 @@ void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& al
       crcs[k] = kvstore::Crc32cExtend(crcs[k], piece.data(), piece.size());
     };
     if (!sock->ReadRawScatter(payloads, on_piece).ok()) return;
+    if (request.checksums_follow()) {
+      v1::BulkStoreChecksums checksums;
+      s = sock->Read(&checksums, rpc::kKvBulkLoadMaxRequestBytes);
+      if (s.ok() && checksums.checksums_size() != n) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("bulk store: ", checksums.checksums_size(), " checksums after a batch of ",
+                         n, " blocks"));
+      }
+      if (!s.ok()) {
+        // The framing is lost: answered, then the connection is closed.
+        if (s.code() != absl::StatusCode::kInvalidArgument) return;
+        answer.set_status_code(static_cast<int32_t>(s.code()));
+        answer.set_status_message(std::string(Annotate(s, "bulk store").message()));
+        (void)sock->Write(answer);
+        return;
+      }
+      for (int i = 0; i < n; ++i) request.mutable_blocks(i)->set_checksum(checksums.checksums(i));
+    }
     s = AnswerStore(request, payloads, crcs, &slots, answer.mutable_response());
     if (!s.ok()) answer.clear_response();
     answer.set_status_code(static_cast<int32_t>(s.code()));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../kvstore/test_util.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "bulk_load_server.h"
 #include "bulk_test_store.h"
@@ -192,44 +193,99 @@ TEST_F(BulkStoreTest, MemoryStoresLandInTheHotTierOnlyOverBothPaths) {
   EXPECT_NE((*got)[0].status.message().find("held in memory only"), std::string::npos);
 }
 
-// The client computes every checksum itself, so a bad one is sent raw.
+std::unique_ptr<rpc::FramedSocket> StoreConnection(int port) {
+  auto sock = rpc::FramedSocket::Connect("127.0.0.1", std::to_string(port), 5000);
+  EXPECT_TRUE(sock.ok()) << sock.status();
+  if (!sock.ok()) return nullptr;
+  const auto& preface = rpc::kKvBulkStorePreface;
+  EXPECT_TRUE((*sock)->WriteRaw({reinterpret_cast<const uint8_t*>(preface.data()), 8}).ok());
+  return std::move(*sock);
+}
+
+// The client computes every checksum itself, so a bad one is sent raw: in
+// the request's blocks, or after the payload (checksums_follow, as the
+// client sends them).
 TEST_F(BulkStoreTest, ABadChecksumFailsOnlyItsBlockWithDataLoss) {
   Start();
-  auto sock = rpc::FramedSocket::Connect("127.0.0.1", std::to_string(bulk_->port()), 5000);
-  ASSERT_TRUE(sock.ok()) << sock.status();
-  const auto& preface = rpc::kKvBulkStorePreface;
-  ASSERT_TRUE((*sock)->WriteRaw({reinterpret_cast<const uint8_t*>(preface.data()), 8}).ok());
-  v1::BulkStoreRequest req;
-  req.set_namespace_("ns");
-  std::vector<uint8_t> payload;
-  for (uint64_t id : {20, 21, 22}) {
-    const std::vector<uint8_t> p = TestPayload(id, kBlock);
-    v1::BulkStoreBlock* b = req.add_blocks();
-    b->set_block_hash(TestHash(id).ToBytes());
-    b->set_size(p.size());
-    b->set_checksum(kvstore::Crc32c(p) ^ (id == 21 ? 1 : 0));
-    payload.insert(payload.end(), p.begin(), p.end());
+  for (bool follow : {false, true}) {
+    SCOPED_TRACE(follow ? "checksums after the payload" : "checksums in the request");
+    std::unique_ptr<rpc::FramedSocket> sock = StoreConnection(bulk_->port());
+    ASSERT_NE(sock, nullptr);
+    const uint64_t first = follow ? 60 : 20;
+    v1::BulkStoreRequest req;
+    req.set_namespace_("ns");
+    req.set_checksums_follow(follow);
+    v1::BulkStoreChecksums checksums;
+    std::vector<uint8_t> payload;
+    for (uint64_t id = first; id < first + 3; ++id) {
+      const std::vector<uint8_t> p = TestPayload(id, kBlock);
+      v1::BulkStoreBlock* b = req.add_blocks();
+      b->set_block_hash(TestHash(id).ToBytes());
+      b->set_size(p.size());
+      const uint32_t crc = kvstore::Crc32c(p) ^ (id == first + 1 ? 1 : 0);
+      if (follow) {
+        checksums.add_checksums(crc);
+      } else {
+        b->set_checksum(crc);
+      }
+      payload.insert(payload.end(), p.begin(), p.end());
+    }
+    req.mutable_blocks(2)->set_block_hash(std::string(31, 'x'));  // not 32 bytes
+    ASSERT_TRUE(sock->Write(req, payload).ok());
+    if (follow) {
+      ASSERT_TRUE(sock->Write(checksums).ok());
+    }
+    v1::BulkStoreAnswer answer;
+    ASSERT_TRUE(sock->Read(&answer, 1 << 20).ok());
+    ASSERT_EQ(answer.status_code(), 0) << answer.status_message();
+    ASSERT_EQ(answer.response().blocks_size(), 3);
+    EXPECT_TRUE(answer.response().blocks(0).ok());
+    EXPECT_EQ(answer.response().blocks(1).code(), static_cast<int>(absl::StatusCode::kDataLoss));
+    EXPECT_EQ(answer.response().blocks(2).code(),
+              static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_TRUE(store_->TEST_InCold("ns", TestHash(first)));
+    EXPECT_FALSE(store_->TEST_InCold("ns", TestHash(first + 1)));
   }
-  req.mutable_blocks(2)->set_block_hash(std::string(31, 'x'));  // not 32 bytes
-  ASSERT_TRUE((*sock)->Write(req, payload).ok());
-  v1::BulkStoreAnswer answer;
-  ASSERT_TRUE((*sock)->Read(&answer, 1 << 20).ok());
-  ASSERT_EQ(answer.status_code(), 0) << answer.status_message();
-  ASSERT_EQ(answer.response().blocks_size(), 3);
-  EXPECT_TRUE(answer.response().blocks(0).ok());
-  EXPECT_EQ(answer.response().blocks(1).code(), static_cast<int>(absl::StatusCode::kDataLoss));
-  EXPECT_EQ(answer.response().blocks(2).code(),
-            static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_TRUE(store_->TEST_InCold("ns", TestHash(20)));
-  EXPECT_FALSE(store_->TEST_InCold("ns", TestHash(21)));
+}
+
+// Checksums after the payload must be one per block: another count loses
+// the framing, so the batch is refused, nothing stored, the connection closed.
+TEST_F(BulkStoreTest, ChecksumsAfterThePayloadMustBeOnePerBlock) {
+  Start();
+  for (int count : {1, 3}) {
+    std::unique_ptr<rpc::FramedSocket> sock = StoreConnection(bulk_->port());
+    ASSERT_NE(sock, nullptr);
+    v1::BulkStoreRequest req;
+    req.set_namespace_("ns");
+    req.set_checksums_follow(true);
+    v1::BulkStoreChecksums checksums;
+    std::vector<uint8_t> payload;
+    for (uint64_t id : {70, 71}) {
+      const std::vector<uint8_t> p = TestPayload(id, kBlock);
+      v1::BulkStoreBlock* b = req.add_blocks();
+      b->set_block_hash(TestHash(id).ToBytes());
+      b->set_size(p.size());
+      payload.insert(payload.end(), p.begin(), p.end());
+    }
+    for (int i = 0; i < count; ++i) checksums.add_checksums(kvstore::Crc32c(TestPayload(70, kBlock)));
+    ASSERT_TRUE(sock->Write(req, payload).ok());
+    ASSERT_TRUE(sock->Write(checksums).ok());
+    v1::BulkStoreAnswer answer;
+    ASSERT_TRUE(sock->Read(&answer, 1 << 20).ok());
+    EXPECT_EQ(answer.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(answer.status_message().find(absl::StrCat(count, " checksums after a batch of 2")),
+              std::string::npos)
+        << answer.status_message();
+    EXPECT_FALSE(sock->Read(&answer, 1 << 20).ok());  // closed
+  }
+  EXPECT_EQ(store_->GetStats().stores, 0u);
+  EXPECT_FALSE(store_->TEST_InCold("ns", TestHash(70)));
 }
 
 TEST_F(BulkStoreTest, AConnectionThatBreaksMidPayloadStoresNothing) {
   Start();
-  auto sock = rpc::FramedSocket::Connect("127.0.0.1", std::to_string(bulk_->port()), 5000);
-  ASSERT_TRUE(sock.ok()) << sock.status();
-  const auto& preface = rpc::kKvBulkStorePreface;
-  ASSERT_TRUE((*sock)->WriteRaw({reinterpret_cast<const uint8_t*>(preface.data()), 8}).ok());
+  std::unique_ptr<rpc::FramedSocket> sock = StoreConnection(bulk_->port());
+  ASSERT_NE(sock, nullptr);
   v1::BulkStoreRequest req;
   req.set_namespace_("ns");
   std::vector<uint8_t> payload;
@@ -242,9 +298,9 @@ TEST_F(BulkStoreTest, AConnectionThatBreaksMidPayloadStoresNothing) {
     payload.insert(payload.end(), p.begin(), p.end());
   }
   // The whole first block, half of the second, then the connection closes.
-  ASSERT_TRUE((*sock)->Write(req, std::span(payload).first(kBlock + kBlock / 2)).ok());
+  ASSERT_TRUE(sock->Write(req, std::span(payload).first(kBlock + kBlock / 2)).ok());
   ASSERT_TRUE(WaitFor([&] { return bulk_->GetStats().connections_accepted == 1; }));
-  sock->reset();
+  sock.reset();
   ASSERT_TRUE(WaitFor([&] { return bulk_->GetStats().connections_open == 0; }));
   EXPECT_FALSE(store_->TEST_InCold("ns", TestHash(30)));
   EXPECT_FALSE(store_->TEST_InCold("ns", TestHash(31)));
