@@ -319,6 +319,19 @@ std::vector<absl::StatusOr<StoreResult>> Impl::StoreBatch(std::string_view ns,
   return results;
 }
 
+rocksdb::WriteBatch Impl::BlocksBatch(std::span<const Claim> claims,
+                                      std::span<const StoreBlock> blocks) {
+  rocksdb::WriteBatch batch;
+  for (const Claim& c : claims) {
+    const StoreBlock& b = blocks[c.block];
+    batch.Put(RocksKey(kMetaPrefix, c.e->key),
+              EncodeMeta(Meta{.checksum = b.checksum, .size = b.payload.size(), .seq = c.seq}));
+    batch.Put(RocksKey(kBlockPrefix, c.e->key),
+              rocksdb::Slice(reinterpret_cast<const char*>(b.payload.data()), b.payload.size()));
+  }
+  return batch;
+}
+
 std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
                                              std::span<const StoreBlock> blocks, Durability d,
                                              std::vector<int64_t>* reserved) {
@@ -332,14 +345,7 @@ std::vector<absl::Status> Impl::WriteClaimed(std::span<const Claim> claims,
   // the entries writing (see ReconcileIndex).
   std::shared_lock<std::shared_mutex> db_held;
   if (!memory) {
-    rocksdb::WriteBatch batch;
-    for (const Claim& c : claims) {
-      const StoreBlock& b = blocks[c.block];
-      batch.Put(RocksKey(kMetaPrefix, c.e->key),
-                EncodeMeta(Meta{.checksum = b.checksum, .size = b.payload.size(), .seq = c.seq}));
-      batch.Put(RocksKey(kBlockPrefix, c.e->key),
-                rocksdb::Slice(reinterpret_cast<const char*>(b.payload.data()), b.payload.size()));
-    }
+    rocksdb::WriteBatch batch = BlocksBatch(claims, blocks);
     rocksdb::Status s = WriteToRocks(WriteOptionsFor(d), &batch, &db_held);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -488,14 +494,7 @@ bool Impl::NeedsRewriteLocked(const Entry& e, Durability d, uint32_t checksum) {
 
 std::vector<absl::Status> Impl::MakeDurable(std::span<const Claim> present,
                                             std::span<const StoreBlock> blocks, Durability d) {
-  rocksdb::WriteBatch batch;
-  for (const Claim& c : present) {
-    const StoreBlock& b = blocks[c.block];
-    batch.Put(RocksKey(kMetaPrefix, c.e->key),
-              EncodeMeta(Meta{.checksum = b.checksum, .size = b.payload.size(), .seq = c.seq}));
-    batch.Put(RocksKey(kBlockPrefix, c.e->key),
-              rocksdb::Slice(reinterpret_cast<const char*>(b.payload.data()), b.payload.size()));
-  }
+  rocksdb::WriteBatch batch = BlocksBatch(present, blocks);
   // Held until the entries are updated, as WriteClaimed holds it (a reopen
   // in between would reconcile the index against this write).
   std::shared_lock<std::shared_mutex> db_held;

@@ -168,6 +168,9 @@ class KvStoreEngine::Impl {
   // error for each). One status per claim. With Durability::kMemory there is
   // no write: each block must get a hot slot, or its claim is erased with
   // NoHotSlotLocked's error.
+  // Each claim's metadata and payload records, in one batch.
+  static rocksdb::WriteBatch BlocksBatch(std::span<const Claim> claims,
+                                         std::span<const StoreBlock> blocks);
   // A block whose reserved_slot names a slot still in `reserved` keeps it
   // (its payload is there already) instead of getting one and a copy.
   std::vector<absl::Status> WriteClaimed(std::span<const Claim> claims,
