@@ -4,22 +4,13 @@
 
 #include <cfloat>
 
+#include "cuda_bf16_device.cuh"
 #include "cuda_blas_handle.h"
 #include "tandem/kernels/cuda_bf16_ops.h"
 
 namespace tandem::kernels::cuda {
 
 namespace {
-
-cudaStream_t S(void* stream) { return static_cast<cudaStream_t>(stream); }
-
-__device__ __forceinline__ float Load(const Bf16* p) {
-  return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
-}
-__device__ __forceinline__ Bf16 Store(float f) {
-  const __nv_bfloat16 b = __float2bfloat16(f);
-  return *reinterpret_cast<const Bf16*>(&b);
-}
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024).
 __device__ float BlockSum(float v) {
@@ -88,228 +79,6 @@ __global__ void RopeKvWriteKernel(float* qkv, int32_t q_stride, const int32_t* p
               int64_t{kv_head} * hs;
   dst[i0] = Store(hv[i0]);
   dst[i1] = Store(hv[i1]);
-}
-
-constexpr int kAttnWarps = 4;
-constexpr int kMaxGroup = 8;  // query heads per block (more: several blocks per KV head)
-constexpr int kMaxE = 8;      // head elements per lane
-constexpr int kAttnTokens = 4;  // tokens per lane group per loop iteration
-
-// The bf16 in the low (hi = 0) or high half of a packed pair, as a float
-// (exact: bf16 is the top half of an fp32).
-__device__ __forceinline__ float Bf16Half(uint32_t pair, int hi) {
-  return __uint_as_float(hi ? pair & 0xffff0000u : pair << 16);
-}
-
-// L lanes cooperate on one token; each holds E = ceil(head_size / L) <= kMaxE
-// consecutive elements of the head (one 16-byte load when E = 8).
-// kG: query heads per block (a power of two >= the GQA group, at most
-// kMaxGroup), so the per-head registers are only what the model needs.
-template <int L, int kG>
-__global__ void __launch_bounds__(kAttnWarps * 32)
-    PagedAttentionKernel(Bf16AttentionArgs a, int32_t num_splits, float* scratch) {
-  constexpr int kGroupsPerWarp = 32 / L;
-  constexpr int kSlots = kAttnWarps;
-  extern __shared__ float smem[];
-  const KvCacheShape& sh = a.shape;
-  const int32_t hs = sh.head_size;
-  const int32_t group = a.num_heads / sh.num_kv_heads;
-  const int32_t head_chunks = (group + kG - 1) / kG;
-  int64_t bx = blockIdx.x;
-  const int32_t chunk = static_cast<int32_t>(bx % head_chunks);
-  bx /= head_chunks;
-  const int32_t kvh = static_cast<int32_t>(bx % sh.num_kv_heads);
-  const int32_t row = a.rows != nullptr ? a.rows[bx / sh.num_kv_heads]
-                                        : static_cast<int32_t>(bx / sh.num_kv_heads);
-  const int32_t split = blockIdx.y;
-  const int32_t ctx = a.row_pos[row] + 1;
-  const int32_t t_begin = split * kAttentionSplitTokens;
-  if (t_begin >= ctx) return;
-  const int32_t t_end = min(ctx, t_begin + kAttentionSplitTokens);
-  const int32_t h0 = kvh * group + chunk * kG;
-  const int32_t G = min(kG, group - chunk * kG);
-  const int32_t* table = a.block_tables + a.row_table_offset[row];
-
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int sub = lane % L, grp = lane / L;
-  const int32_t E = (hs + L - 1) / L;
-  const int32_t d0 = sub * E;
-  const bool vec = hs == L * kMaxE;
-  const float scale = rsqrtf(static_cast<float>(hs));
-
-  float q[kG][kMaxE];
-  float acc[kG][kMaxE];
-  float m[kG], l[kG];
-#pragma unroll
-  for (int j = 0; j < kG; ++j) {
-    m[j] = -FLT_MAX;
-    l[j] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kMaxE; ++e) {
-      const int32_t d = d0 + e;
-      q[j][e] = (j < G && e < E && d < hs) ? a.q[int64_t{row} * a.q_stride + (h0 + j) * hs + d] *
-                                                  scale
-                                            : 0.0f;
-      acc[j][e] = 0.0f;
-    }
-  }
-
-  // Each lane group takes kAttnTokens tokens per iteration and issues all
-  // their K/V loads before it computes with any (their latency overlaps), then
-  // folds them into the online softmax at once: one max and one rescale of
-  // acc per kAttnTokens tokens. The loop condition is uniform across the warp
-  // (the shuffles need every lane); a lane group past the end masks its token.
-  const int32_t per_iter = kAttnWarps * kGroupsPerWarp * kAttnTokens;
-  for (int32_t base = t_begin + warp * kGroupsPerWarp * kAttnTokens; base < t_end;
-       base += per_iter) {
-    uint32_t kw[kAttnTokens][kMaxE / 2], vw[kAttnTokens][kMaxE / 2];  // bf16 pairs
-    bool valid[kAttnTokens];
-#pragma unroll
-    for (int u = 0; u < kAttnTokens; ++u) {
-      const int32_t t = base + u * kGroupsPerWarp + grp;
-      valid[u] = t < t_end;
-#pragma unroll
-      for (int w = 0; w < kMaxE / 2; ++w) kw[u][w] = vw[u][w] = 0u;
-      if (!valid[u]) continue;
-      const int32_t blk = table[t / sh.block_size], slot = t % sh.block_size;
-      const Bf16* kp = a.cache + sh.Offset(blk, a.layer, 0, slot, kvh) + d0;
-      const Bf16* vp = a.cache + sh.Offset(blk, a.layer, 1, slot, kvh) + d0;
-      if (vec) {  // the head is exactly L * 8 elements: 16-byte loads
-        const uint4 k4 = *reinterpret_cast<const uint4*>(kp);
-        const uint4 v4 = *reinterpret_cast<const uint4*>(vp);
-        kw[u][0] = k4.x, kw[u][1] = k4.y, kw[u][2] = k4.z, kw[u][3] = k4.w;
-        vw[u][0] = v4.x, vw[u][1] = v4.y, vw[u][2] = v4.z, vw[u][3] = v4.w;
-      } else {
-#pragma unroll
-        for (int e = 0; e < kMaxE; ++e) {
-          if (e < E && d0 + e < hs) {
-            kw[u][e / 2] |= uint32_t{kp[e]} << (16 * (e % 2));
-            vw[u][e / 2] |= uint32_t{vp[e]} << (16 * (e % 2));
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kG; ++j) {
-      if (j >= G) break;
-      float s[kAttnTokens];
-      float s_max = -FLT_MAX;
-#pragma unroll
-      for (int u = 0; u < kAttnTokens; ++u) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int e = 0; e < kMaxE; ++e) dot += q[j][e] * Bf16Half(kw[u][e / 2], e % 2);
-#pragma unroll
-        for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        s[u] = valid[u] ? dot : -FLT_MAX;
-        s_max = fmaxf(s_max, s[u]);
-      }
-      const float m_new = fmaxf(m[j], s_max);
-      const float corr = __expf(m[j] - m_new);
-      float p[kAttnTokens];
-      float p_sum = 0.0f;
-#pragma unroll
-      for (int u = 0; u < kAttnTokens; ++u) {
-        p[u] = valid[u] ? __expf(s[u] - m_new) : 0.0f;
-        p_sum += p[u];
-      }
-      l[j] = l[j] * corr + p_sum;
-#pragma unroll
-      for (int e = 0; e < kMaxE; ++e) {
-        float v = acc[j][e] * corr;
-#pragma unroll
-        for (int u = 0; u < kAttnTokens; ++u) v += p[u] * Bf16Half(vw[u][e / 2], e % 2);
-        acc[j][e] = v;
-      }
-      m[j] = m_new;
-    }
-  }
-
-  // The warp's lane groups merge by shuffles (the same head elements sit L
-  // lanes apart), so shared memory holds one slot per warp, not one per
-  // lane group: the block's final merge reads kAttnWarps slots.
-#pragma unroll
-  for (int o = L; o < 32; o <<= 1) {
-#pragma unroll
-    for (int j = 0; j < kG; ++j) {
-      const float m_o = __shfl_xor_sync(0xffffffffu, m[j], o);
-      const float l_o = __shfl_xor_sync(0xffffffffu, l[j], o);
-      const float m_new = fmaxf(m[j], m_o);
-      const float a_self = __expf(m[j] - m_new), a_other = __expf(m_o - m_new);
-      l[j] = l[j] * a_self + l_o * a_other;
-#pragma unroll
-      for (int e = 0; e < kMaxE; ++e) {
-        const float acc_o = __shfl_xor_sync(0xffffffffu, acc[j][e], o);
-        acc[j][e] = acc[j][e] * a_self + acc_o * a_other;
-      }
-      m[j] = m_new;
-    }
-  }
-  // Slots (one per warp) -> shared memory: m, l, then acc[head_size].
-  const int32_t stride = hs + 2;
-  if (grp == 0) {
-#pragma unroll
-    for (int j = 0; j < kG; ++j) {
-      if (j >= G) break;
-      float* dst = smem + (warp * kG + j) * stride;
-      if (sub == 0) {
-        dst[0] = m[j];
-        dst[1] = l[j];
-      }
-#pragma unroll
-      for (int e = 0; e < kMaxE; ++e) {
-        if (e < E && d0 + e < hs) dst[2 + d0 + e] = acc[j][e];
-      }
-    }
-  }
-  __syncthreads();
-  const bool single = ctx <= kAttentionSplitTokens;
-  for (int32_t i = threadIdx.x; i < G * hs; i += blockDim.x) {
-    const int32_t j = i / hs, d = i % hs;
-    float mx = -FLT_MAX;
-    for (int s = 0; s < kSlots; ++s) mx = fmaxf(mx, smem[(s * kG + j) * stride]);
-    float lsum = 0.0f, asum = 0.0f;
-    for (int s = 0; s < kSlots; ++s) {
-      const float* src = smem + (s * kG + j) * stride;
-      const float w = __expf(src[0] - mx);
-      lsum += src[1] * w;
-      asum += src[2 + d] * w;
-    }
-    const int32_t h = h0 + j;
-    if (single) {
-      a.out[(int64_t{row} * a.num_heads + h) * hs + d] = Store(asum / lsum);
-    } else {
-      float* p = scratch + ((int64_t{row} * a.num_heads + h) * num_splits + split) * stride;
-      if (d == 0) {
-        p[0] = mx;
-        p[1] = lsum;
-      }
-      p[2 + d] = asum;
-    }
-  }
-}
-
-// Combines the splits of rows whose context spans more than one.
-__global__ void CombineSplitsKernel(Bf16AttentionArgs a, int32_t num_splits,
-                                    const float* scratch) {
-  const int32_t i = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads;
-  const int32_t row = a.rows != nullptr ? a.rows[i] : i;
-  const int32_t ctx = a.row_pos[row] + 1;
-  if (ctx <= kAttentionSplitTokens) return;
-  const int32_t n = (ctx + kAttentionSplitTokens - 1) / kAttentionSplitTokens;
-  const int32_t hs = a.shape.head_size, stride = hs + 2;
-  const float* base = scratch + (int64_t{row} * a.num_heads + h) * num_splits * stride;
-  float mx = -FLT_MAX;
-  for (int32_t s = 0; s < n; ++s) mx = fmaxf(mx, base[s * stride]);
-  for (int32_t d = threadIdx.x; d < hs; d += blockDim.x) {
-    float lsum = 0.0f, asum = 0.0f;
-    for (int32_t s = 0; s < n; ++s) {
-      const float w = __expf(base[s * stride] - mx);
-      lsum += base[s * stride + 1] * w;
-      asum += base[s * stride + 2 + d] * w;
-    }
-    a.out[(int64_t{row} * a.num_heads + h) * hs + d] = Store(asum / lsum);
-  }
 }
 
 __global__ void SiluMulKernel(const float* gu, int32_t hidden, int64_t n, Bf16* out,
@@ -464,30 +233,6 @@ int LaunchGemv(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, in
   return cudaGetLastError();
 }
 
-template <int L, int kG>
-int LaunchAttention(const Bf16AttentionArgs& a, int32_t splits, float* scratch, void* stream) {
-  constexpr int kSlots = kAttnWarps;
-  const int32_t group = a.num_heads / a.shape.num_kv_heads;
-  const int32_t chunks = (group + kG - 1) / kG;
-  const size_t smem = sizeof(float) * kSlots * kG * (a.shape.head_size + 2);
-  // At most kAttnWarps * kMaxGroup * (256 + 2) floats: about 33 KiB, under
-  // the 48 KiB that needs no opt-in.
-  const dim3 grid(static_cast<unsigned>(int64_t{a.num_rows} * a.shape.num_kv_heads * chunks),
-                  static_cast<unsigned>(splits));
-  PagedAttentionKernel<L, kG><<<grid, kAttnWarps * 32, smem, S(stream)>>>(a, splits, scratch);
-  return cudaGetLastError();
-}
-
-template <int L>
-int LaunchAttentionForGroup(const Bf16AttentionArgs& a, int32_t splits, float* scratch,
-                            void* stream) {
-  const int32_t group = a.num_heads / a.shape.num_kv_heads;
-  if (group <= 1) return LaunchAttention<L, 1>(a, splits, scratch, stream);
-  if (group <= 2) return LaunchAttention<L, 2>(a, splits, scratch, stream);
-  if (group <= 4) return LaunchAttention<L, 4>(a, splits, scratch, stream);
-  return LaunchAttention<L, kMaxGroup>(a, splits, scratch, stream);
-}
-
 }  // namespace
 
 int EmbeddingGatherBf16(const Bf16* table, int32_t dim, const int32_t* tokens, int32_t rows,
@@ -533,31 +278,6 @@ int RopeKvWriteBf16(float* qkv, int32_t q_stride, int32_t rows, const int32_t* p
                   static_cast<unsigned>((pairs + kRopeThreads - 1) / kRopeThreads));
   RopeKvWriteKernel<<<grid, kRopeThreads, 0, S(stream)>>>(
       qkv, q_stride, positions, num_heads, shape, kind, theta, inv_freq, cache, layer, slots);
-  return cudaGetLastError();
-}
-
-int PagedAttentionBf16(const Bf16AttentionArgs& a, int32_t max_context, float* scratch,
-                       void* stream) {
-  if (a.num_rows == 0) return cudaSuccess;
-  const int32_t hs = a.shape.head_size;
-  if (hs <= 0 || hs > kMaxAttentionHeadSize || a.shape.num_kv_heads <= 0 ||
-      a.num_heads % a.shape.num_kv_heads != 0) {
-    return cudaErrorInvalidValue;
-  }
-  const int32_t splits = AttentionSplits(max_context);
-  int err;
-  if (hs <= 4 * kMaxE) {
-    err = LaunchAttentionForGroup<4>(a, splits, scratch, stream);
-  } else if (hs <= 8 * kMaxE) {
-    err = LaunchAttentionForGroup<8>(a, splits, scratch, stream);
-  } else if (hs <= 16 * kMaxE) {
-    err = LaunchAttentionForGroup<16>(a, splits, scratch, stream);
-  } else {
-    err = LaunchAttentionForGroup<32>(a, splits, scratch, stream);
-  }
-  if (err != cudaSuccess || splits == 1) return err;
-  CombineSplitsKernel<<<static_cast<unsigned>(int64_t{a.num_rows} * a.num_heads),
-                        hs <= 64 ? 64 : 128, 0, S(stream)>>>(a, splits, scratch);
   return cudaGetLastError();
 }
 

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "cuda_bf16_device.cuh"
 #include "tandem/kernels/attention_plan.h"
 #include "tandem/kernels/cuda_bf16_ops.h"
 
@@ -55,10 +56,6 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 #endif
 }
 
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // Four 8x8 bf16 matrices; lane 8i + r gives the address of row r of matrix
 // i, and out[i] is this lane's fragment of matrix i: row lane / 4, columns
 // 2 (lane % 4) and + 1, or with Trans, column lane / 4, rows 2 (lane % 4)
@@ -75,26 +72,6 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&out)[4], const Bf16* row) 
                  : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
                  : "r"(SharedAddress(row)));
   }
-#endif
-}
-
-// 16 bytes global -> shared without passing through registers; bytes = 0
-// writes zeros and reads nothing.
-__device__ __forceinline__ void CpAsync16(Bf16* dst, const Bf16* src, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)),
-               "l"(src), "r"(bytes));
-#endif
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
 

@@ -136,7 +136,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(ok(kd::PrefillAttentionBf16(args, in.tiles, in.plan->num_tiles(), st),
                                 "prefill attention"));
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::PagedAttentionBf16(args, in.plan->single_max_context, scratch_.get<float>(), st),
+          ok(kd::PagedAttentionBf16(args, in.plan->single_max_context, scratch_.get<float>(), st,
+                                    runner_opts_.attention_splits_per_block),
              "attention"));
       // x += att * Wo^T: the residual add is the GEMM's beta = 1.
       TANDEM_RETURN_IF_ERROR(

@@ -68,6 +68,11 @@ absl::Status ModelRunnerOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("ModelRunnerOptions.cuda_device = ", cuda_device, " must be >= 0"));
   }
+  if (attention_splits_per_block < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("ModelRunnerOptions.attention_splits_per_block = ",
+                                                   attention_splits_per_block,
+                                                   " must be -1 (automatic), 0 (a row) or positive"));
+  }
   if (!(gpu_memory_utilization >= 0 && gpu_memory_utilization <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("ModelRunnerOptions.gpu_memory_utilization = ", gpu_memory_utilization,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tandem/kernels/attention_split.h"
 
 namespace tandem::kernels {
 namespace {
@@ -95,6 +96,39 @@ TEST(AttentionPlanTest, WithoutTensorCoresOrForOtherHeadSizesEveryRowIsSingle) {
     const int32_t tile = TensorCoreTilePositions(hs, 1);
     EXPECT_EQ(PlanAttention(r.pos, r.off, hs, 1, true).num_tiles(), (300 + tile - 1) / tile);
   }
+}
+
+// How many splits a block of the split-K kernel takes, by the batch: with
+// blocks enough for kPipelinedBlocksPerSm per multiprocessor at a split a
+// block, no pipelining; beyond that, as many splits as keep that many
+// blocks, spread evenly over the row; never more than the row has.
+TEST(AttentionPlanTest, SplitsPerBlockGrowWithTheBatch) {
+  using cuda::PipelinedSplitsPerBlock;
+  constexpr int32_t kSms = 132;  // an H100's / H200's
+  // Llama-3.2-1B (8 KV heads, one head chunk), context 512 (4 splits).
+  EXPECT_EQ(PipelinedSplitsPerBlock(1 * 8, 4, kSms), 1);    // batch 1
+  EXPECT_EQ(PipelinedSplitsPerBlock(32 * 8, 4, kSms), 1);   // 1,024 blocks: enough
+  EXPECT_EQ(PipelinedSplitsPerBlock(64 * 8, 4, kSms), 2);   // 3 per block -> 2 + 2
+  EXPECT_EQ(PipelinedSplitsPerBlock(256 * 8, 4, kSms), 4);  // a row per block
+  // Context 4,096 (32 splits) at batch 32: 15 per block -> 3 blocks of 11, 11, 10.
+  EXPECT_EQ(PipelinedSplitsPerBlock(32 * 8, 32, kSms), 11);
+  // At least 4 blocks per multiprocessor remain whenever it pipelines.
+  for (int64_t row_blocks : {8, 64, 256, 512, 1000, 2048, 4096}) {
+    for (int32_t splits : {1, 2, 4, 7, 32, 64}) {
+      const int32_t spb = PipelinedSplitsPerBlock(row_blocks, splits, kSms);
+      SCOPED_TRACE(std::to_string(row_blocks) + " row blocks, " + std::to_string(splits) +
+                   " splits");
+      ASSERT_GE(spb, 1);
+      ASSERT_LE(spb, std::max(splits, 1));
+      if (spb > 1 && spb < splits) {
+        const int64_t blocks = row_blocks * ((splits + spb - 1) / spb);
+        EXPECT_GE(blocks, cuda::kPipelinedBlocksPerSm * kSms);
+      }
+    }
+  }
+  // No device to ask, or one split: a block per split.
+  EXPECT_EQ(PipelinedSplitsPerBlock(256 * 8, 4, 0), 1);
+  EXPECT_EQ(PipelinedSplitsPerBlock(256 * 8, 1, kSms), 1);
 }
 
 }  // namespace

@@ -205,9 +205,12 @@ std::string Describe(const AttentionCase& c) {
 // tensor_cores, chunks of kMinTileRows or more go to PrefillAttentionBf16,
 // the rest to PagedAttentionBf16 by row list; without, every row goes to
 // PagedAttentionBf16 unlisted), then compares with NaiveAttention. Leaves
-// the plan in *plan so the caller can check which kernels ran.
+// the plan in *plan so the caller can check which kernels ran, and the
+// output's bits in *bits when given.
 void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
-                      const testing::Tolerance& tol, AttentionPlan* plan_out) {
+                      const testing::Tolerance& tol, AttentionPlan* plan_out,
+                      int32_t splits_per_block = cuda::kAutoSplitsPerBlock,
+                      std::vector<Bf16>* bits = nullptr) {
   AttentionProblem p = MakeAttentionProblem(c.heads, c.kv_heads, c.hs, c.block, c.seqs, seed);
   // The reference sees what the GPU sees: bf16 K/V.
   for (auto* kv : {&p.seq_k, &p.seq_v}) {
@@ -247,8 +250,12 @@ void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
     EXPECT_EQ(plan.num_single_rows(), rows);
   }
   CUDA_OK(cuda::PrefillAttentionBf16(args, d_tiles.get(), plan.num_tiles(), nullptr));
-  CUDA_OK(cuda::PagedAttentionBf16(args, plan.single_max_context, scratch.get(), nullptr));
-  ExpectNear(ToFloat(d_out.ToHost()), ref, tol, "attention");
+  EXPECT_EQ(cuda::PagedAttentionBf16(args, plan.single_max_context, scratch.get(), nullptr,
+                                     splits_per_block),
+            0);
+  const std::vector<Bf16> out = d_out.ToHost();
+  ExpectNear(ToFloat(out), ref, tol, "attention");
+  if (bits != nullptr) *bits = out;
 }
 
 // Odd head counts, GQA ratios 1/4/8 (and 16: two blocks per KV head), block
@@ -277,6 +284,50 @@ TEST_F(CudaBf16Test, PagedAttentionMatchesNaiveAttention) {
     SCOPED_TRACE(Describe(c));
     AttentionPlan plan;
     RunAttentionCase(c, seed++, /*tensor_cores=*/false, kBf16OutTol, &plan);
+  }
+}
+
+// However the split-K kernel's blocks take a row's splits (one block each,
+// several through the pipelined kernel, a row to a block, or as the batch's
+// size picks), every row comes out with the same bits: the splits are
+// folded, merged and combined in the same order. Head sizes the pipelined
+// kernel takes (32, 64, 128, 256) and one it does not (96: always per
+// split), GQA 1 to 16, block sizes 16 and 32, rows of one split, of splits
+// that end mid-block and of many splits, and batches large enough that the
+// automatic choice pipelines (256 rows x 8 KV heads).
+TEST_F(CudaBf16Test, SplitKBlocksOfAnySizeGiveTheSameBits) {
+  std::vector<AttentionCase> cases = {
+      {8, 2, 64, 16, {{1, 0}, {128, 127}, {129, 128}, {700, 699}, {2000, 1999}}},
+      {7, 7, 32, 32, {{300, 299}, {5, 4}, {1025, 1024}}},
+      {32, 4, 128, 16, {{1000, 999}, {256, 255}, {90, 89}, {385, 384}}},
+      {16, 1, 256, 32, {{70, 69}, {600, 599}, {1300, 1299}}},
+      {12, 3, 96, 16, {{513, 512}, {200, 199}}},
+      {16, 2, 64, 16, {{40, 23}, {700, 600}, {260, 250}}},  // prefill rows too
+  };
+  for (int32_t batch : {64, 256}) {
+    AttentionCase c{32, 8, 64, 16, {}};
+    std::mt19937 rng(batch + 7);
+    for (int32_t i = 0; i < batch; ++i) {
+      const int32_t len = 1 + static_cast<int32_t>(rng() % 900);
+      c.seqs.push_back({len, len - 1});
+    }
+    cases.push_back(c);
+  }
+  uint32_t seed = 301;
+  for (const AttentionCase& c : cases) {
+    SCOPED_TRACE(Describe(c));
+    AttentionPlan plan;
+    std::vector<Bf16> per_split, got;
+    RunAttentionCase(c, seed, /*tensor_cores=*/false, kBf16OutTol, &plan, 1, &per_split);
+    for (int32_t spb : {0, 2, 3, 5, cuda::kAutoSplitsPerBlock}) {
+      SCOPED_TRACE("splits per block " + std::to_string(spb));
+      RunAttentionCase(c, seed, /*tensor_cores=*/false, kBf16OutTol, &plan, spb, &got);
+      ASSERT_EQ(got.size(), per_split.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != per_split[i];
+      EXPECT_EQ(differ, 0) << "of " << got.size() << " outputs";
+    }
+    ++seed;
   }
 }
 
@@ -321,6 +372,9 @@ TEST_F(CudaBf16Test, PagedAttentionRejectsHeadSizesItCannotHold) {
       .num_heads = 1,
       .num_rows = 1};
   EXPECT_NE(cuda::PagedAttentionBf16(args, 1, nullptr, nullptr), 0);
+  cuda::Bf16AttentionArgs fits = args;
+  fits.shape.head_size = 64;
+  EXPECT_NE(cuda::PagedAttentionBf16(fits, 1, nullptr, nullptr, -2), 0) << "splits per block -2";
 }
 
 TEST_F(CudaBf16Test, SiluMulMatchesCpu) {

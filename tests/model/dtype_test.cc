@@ -81,5 +81,14 @@ TEST(DTypeTest, CudaDeviceOrdinalIsValidated) {
   EXPECT_TRUE((ModelRunnerOptions{.cuda_device = 3}).Validate().ok());
 }
 
+TEST(DTypeTest, AttentionSplitsPerBlockIsValidated) {
+  for (int32_t ok : {-1, 0, 1, 4}) {
+    EXPECT_TRUE((ModelRunnerOptions{.attention_splits_per_block = ok}).Validate().ok()) << ok;
+  }
+  const absl::Status s = ModelRunnerOptions{.attention_splits_per_block = -2}.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("attention_splits_per_block = -2"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace tandem::model

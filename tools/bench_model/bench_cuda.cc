@@ -6,6 +6,7 @@
 //              [--batches 1,8,32,128,256] [--context 512] [--steps 32]
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
 //              [--attention tensor-cores|split-k] [--cuda-graphs on|off] [--profile]
+//              [--decode-attention auto|per-split|per-row]
 //
 // --shape names a model shape filled with random weights (speed does not
 // depend on the values) or a checkpoint file/directory. Decode: B sequences
@@ -16,6 +17,10 @@
 // FLOPs = 2 * N * matmul params + 2 * N^2 * dim * layers (causal QK^T and PV).
 // --attention split-k keeps prefill chunks off the tensor-core attention
 // kernel (ModelRunnerOptions::tensor_core_attention), for the comparison;
+// --decode-attention per-split (the runner's default for now) gives every
+// split of the split-K attention its own block, per-row gives a row's splits
+// to one pipelined block, auto picks by the batch
+// (ModelRunnerOptions::attention_splits_per_block; the same bits either way);
 // --cuda-graphs off runs every decode step eagerly instead of replaying the
 // graphs captured per batch-size bucket. --profile calls cudaProfilerStart/Stop
 // around the timed decode steps and prefills only, so that
@@ -226,7 +231,7 @@ double PrefillSeconds(const Model& m, DType dtype, int32_t n, int32_t reps) {
 int main(int argc, char** argv) {
   std::string shape = "llama-3.2-1b", dtype_name = "bfloat16", batches = "1,8,32,128,256",
               prefills = "512,2048,8192", attention = "tensor-cores",
-              graphs = "on";
+              graphs = "on", decode_attention = "per-split";
   int64_t context = 512, steps = 32;
   double hbm_tbps = 3.35, peak_tflops = 989;
   tandem::FlagSet flags("bench_cuda", "Decode and prefill speed of the CUDA runner.");
@@ -239,6 +244,8 @@ int main(int argc, char** argv) {
   flags.Add("hbm-tbps", &hbm_tbps, "HBM bandwidth of the roofline, TB/s (H100 SXM: 3.35)");
   flags.Add("peak-tflops", &peak_tflops, "dense bf16 tensor-core peak, TFLOPS (H100 SXM: 989)");
   flags.Add("attention", &attention, "tensor-cores | split-k: the bf16 prefill attention kernel");
+  flags.Add("decode-attention", &decode_attention,
+            "auto | per-split | per-row: blocks of the split-K attention kernel");
   flags.Add("cuda-graphs", &graphs, "on | off: decode steps through CUDA graphs");
   flags.Add("profile", &g_profile, "bracket the timed steps for ncu --profile-from-start off");
   flags.ParseOrExit(argc, argv);
@@ -250,6 +257,16 @@ int main(int argc, char** argv) {
     flags.Fail("--attention must be tensor-cores or split-k, not '" + attention + "'");
   }
   g_runner_opts.tensor_core_attention = attention == "tensor-cores";
+  if (decode_attention == "auto") {
+    g_runner_opts.attention_splits_per_block = -1;
+  } else if (decode_attention == "per-split") {
+    g_runner_opts.attention_splits_per_block = 1;
+  } else if (decode_attention == "per-row") {
+    g_runner_opts.attention_splits_per_block = 0;
+  } else {
+    flags.Fail("--decode-attention must be auto, per-split or per-row, not '" + decode_attention +
+               "'");
+  }
   auto dtype = ParseDType(dtype_name);
   if (!dtype.ok()) flags.Fail(dtype.status().ToString());
   std::unique_ptr<Model> model;

@@ -78,13 +78,21 @@ struct Bf16AttentionArgs {
   const int32_t* rows = nullptr;
 };
 
-// Causal paged attention for decode and prefill rows alike. One block per
-// (row, KV head, split): it loads each K/V row once for all the query heads
-// that share it (GQA), lanes split the head dimension, warps split the
-// tokens, online softmax in fp32. max_context >= every row_pos + 1; scratch
-// holds AttentionScratchFloats(...). head_size <= kMaxAttentionHeadSize.
+// Causal paged attention for decode and prefill rows alike
+// (cuda_decode_attention.cu). Blocks of (row, KV head) load each K/V row
+// once for all the query heads that share it (GQA), lanes split the head
+// dimension, warps split the tokens, online softmax in fp32, over splits of
+// kAttentionSplitTokens tokens combined at the end (flash-decoding).
+// splits_per_block: 1 gives each split a block of its own; n > 1 gives a
+// block n consecutive splits of its row with its K/V copies pipelined
+// through shared memory (head sizes 32, 64, 128 and 256; others take 1);
+// 0 gives a block all of its row's splits; kAutoSplitsPerBlock picks by
+// PipelinedSplitsPerBlock. Every choice gives the same bits.
+// max_context >= every row_pos + 1; scratch holds AttentionScratchFloats(...).
+// head_size <= kMaxAttentionHeadSize.
+inline constexpr int32_t kAutoSplitsPerBlock = -1;
 int PagedAttentionBf16(const Bf16AttentionArgs& args, int32_t max_context, float* scratch,
-                       void* stream);
+                       void* stream, int32_t splits_per_block = kAutoSplitsPerBlock);
 
 // The tensor-core kernel for AttentionPlan's tiles (device array of
 // (first row, rows) pairs, num_tiles of them): the same causal attention as

@@ -100,6 +100,13 @@ struct ModelRunnerOptions {
   // (kernels/attention_plan.h); false keeps every row on the split-K kernel
   // (bench_cuda --attention split-k compares the two).
   bool tensor_core_attention = true;
+  // CUDA bfloat16: consecutive attention splits of a row that one block of
+  // the split-K kernel takes (kernels::cuda::PagedAttentionBf16): -1 picks by
+  // the batch's size, 1 gives every split its own block, 0 a row's splits to
+  // one block. Every value gives the same bits (bench_cuda
+  // --decode-attention compares them). 1 until the pipelined kernel (any
+  // other value) has passed its tests on a GPU; then -1.
+  int32_t attention_splits_per_block = 1;
   // CUDA bfloat16: decode steps of up to 256 sequences replay CUDA graphs
   // captured per batch-size bucket (model/decode_graphs.h); false runs every
   // step eagerly (bench_cuda --cuda-graphs off compares the two).

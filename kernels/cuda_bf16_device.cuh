@@ -1,0 +1,56 @@
+// Device helpers the bf16 kernels share (cuda_bf16_ops.cu,
+// cuda_decode_attention.cu, cuda_prefill_attention.cu): bf16 loads and
+// stores, and cp.async copies from global into shared memory.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tandem/kernels/cuda_bf16_ops.h"
+
+namespace tandem::kernels::cuda {
+
+inline cudaStream_t S(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+__device__ __forceinline__ float Load(const Bf16* p) {
+  return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
+}
+__device__ __forceinline__ Bf16 Store(float f) {
+  const __nv_bfloat16 b = __float2bfloat16(f);
+  return *reinterpret_cast<const Bf16*>(&b);
+}
+
+// The bf16 in the low (hi = 0) or high half of a packed pair, as a float
+// (exact: bf16 is the top half of an fp32).
+__device__ __forceinline__ float Bf16Half(uint32_t pair, int hi) {
+  return __uint_as_float(hi ? pair & 0xffff0000u : pair << 16);
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without passing through registers; bytes = 0
+// writes zeros and reads nothing. Both addresses 16-byte aligned.
+__device__ __forceinline__ void CpAsync16(Bf16* dst, const Bf16* src, int bytes = 16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)),
+               "l"(src), "r"(bytes));
+#endif
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+}  // namespace tandem::kernels::cuda
