@@ -53,4 +53,33 @@ __device__ __forceinline__ void CpAsyncWait() {
 #endif
 }
 
+// Programmatic dependent launch (compute capability 9.0; a no-op below): a
+// kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may
+// start before the kernel ahead of it on the stream has finished, and must
+// call this before it touches memory that kernel reads or writes. Once it
+// returns, that kernel has completed and its writes are visible.
+__device__ __forceinline__ void WaitForPriorGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Lets a programmatic dependent launched after this kernel start once every
+// block of this one has called it (or exited): called first thing by the
+// kernels a decode GEMV follows (RMSNorm, SiLU-mul, decode attention), so the
+// GEMV's blocks take the multiprocessors those leave idle and stream weights
+// meanwhile. The dependent still waits (WaitForPriorGrid) for this kernel's
+// end before it reads anything this kernel writes. A no-op for a kernel
+// whose successor is launched plainly.
+__device__ __forceinline__ void LetDependentsLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Asks for the 128-byte line at p to be brought into L2.
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 }  // namespace tandem::kernels::cuda

@@ -35,6 +35,7 @@ __global__ void EmbeddingGatherKernel(const Bf16* table, int32_t dim, const int3
 
 __global__ void RmsNormKernel(const float* x, const int32_t* row_index, const float* w,
                               int32_t dim, float eps, Bf16* out) {
+  LetDependentsLaunch();
   const int64_t src = row_index != nullptr ? row_index[blockIdx.x] : blockIdx.x;
   const float* xr = x + src * dim;
   float ss = 0.0f;
@@ -83,6 +84,7 @@ __global__ void RopeKvWriteKernel(float* qkv, int32_t q_stride, const int32_t* p
 
 __global__ void SiluMulKernel(const float* gu, int32_t hidden, int64_t n, Bf16* out,
                               ActKind kind) {
+  LetDependentsLaunch();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t r = i / hidden, c = i % hidden;
@@ -170,13 +172,25 @@ __global__ void ArgMaxKernel(const float* logits, int32_t vocab, int32_t* out) {
 constexpr int kGemvWarps = 8;
 constexpr int kGemvUnroll = 4;
 
-template <int R>
+// kDependent: launched as a programmatic dependent of the kernel before it
+// (LaunchGemvRows), so the block may run while that kernel finishes:
+// it sends its weight rows toward L2 (they do not depend on that kernel),
+// then waits before it reads x or touches y. The sums are the same either
+// way, so are the bits.
+template <int R, bool kDependent>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     GemvBf16Kernel(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, float* y,
                    float beta) {
   const int32_t o = blockIdx.x * kGemvWarps + threadIdx.x / 32;
-  if (o >= out_dim) return;
   const int lane = threadIdx.x % 32;
+  if constexpr (kDependent) {
+    if (o < out_dim) {
+      const Bf16* row = w + int64_t{o} * in_dim;
+      for (int32_t k = lane * 64; k < in_dim; k += 32 * 64) PrefetchL2(row + k);  // 128-byte lines
+    }
+    WaitForPriorGrid();
+  }
+  if (o >= out_dim) return;
   const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t{o} * in_dim);
   const int32_t n = in_dim / 8;  // 16-byte runs per row
   float sum[R];
@@ -212,25 +226,36 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
-int LaunchGemv(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, int32_t rows,
-               float* y, float beta, cudaStream_t stream) {
+template <int R>
+int LaunchGemvRows(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, float* y,
+                   float beta, bool dependent, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((out_dim + kGemvWarps - 1) / kGemvWarps);
   const unsigned threads = kGemvWarps * 32;
-  switch (rows) {
-    case 1:
-      GemvBf16Kernel<1><<<blocks, threads, 0, stream>>>(w, out_dim, in_dim, x, y, beta);
-      break;
-    case 2:
-      GemvBf16Kernel<2><<<blocks, threads, 0, stream>>>(w, out_dim, in_dim, x, y, beta);
-      break;
-    case 3:
-      GemvBf16Kernel<3><<<blocks, threads, 0, stream>>>(w, out_dim, in_dim, x, y, beta);
-      break;
-    default:
-      GemvBf16Kernel<4><<<blocks, threads, 0, stream>>>(w, out_dim, in_dim, x, y, beta);
-      break;
+  if (!dependent) {
+    GemvBf16Kernel<R, false><<<blocks, threads, 0, stream>>>(w, out_dim, in_dim, x, y, beta);
+    return cudaGetLastError();
   }
-  return cudaGetLastError();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, GemvBf16Kernel<R, true>, w, out_dim, in_dim, x, y, beta);
+}
+
+int LaunchGemv(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, int32_t rows,
+               float* y, float beta, bool dependent, cudaStream_t stream) {
+  switch (rows) {
+    case 1: return LaunchGemvRows<1>(w, out_dim, in_dim, x, y, beta, dependent, stream);
+    case 2: return LaunchGemvRows<2>(w, out_dim, in_dim, x, y, beta, dependent, stream);
+    case 3: return LaunchGemvRows<3>(w, out_dim, in_dim, x, y, beta, dependent, stream);
+    default: return LaunchGemvRows<4>(w, out_dim, in_dim, x, y, beta, dependent, stream);
+  }
 }
 
 }  // namespace
@@ -251,13 +276,13 @@ int RmsNormBf16(const float* x, const int32_t* row_index, const float* w, int32_
 }
 
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
-               int32_t rows, float* y, float beta) {
+               int32_t rows, float* y, float beta, bool dependent_launch) {
   if (rows == 0) return cudaSuccess;
   if (rows <= kGemvMaxRows && in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     cudaStream_t stream = nullptr;
     if (cublasGetStream(blas->handle, &stream) != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
-    return LaunchGemv(w, out_dim, in_dim, x, rows, y, beta, stream);
+    return LaunchGemv(w, out_dim, in_dim, x, rows, y, beta, dependent_launch, stream);
   }
   const float alpha = 1.0f;
   // Column-major view: Y (out x rows) = W^T-view (out x in) * X (in x rows).
@@ -294,6 +319,15 @@ int ArgMaxRows(const float* logits, int32_t rows, int32_t vocab, int32_t* out, v
   if (rows == 0) return cudaSuccess;
   ArgMaxKernel<<<rows, 1024, 0, S(stream)>>>(logits, vocab, out);
   return cudaGetLastError();
+}
+
+bool DeviceHasDependentLaunch(int device) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
 }
 
 int CopyAsync(void* dst, const void* src, size_t bytes, void* stream) {

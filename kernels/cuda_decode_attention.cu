@@ -287,6 +287,7 @@ __device__ __forceinline__ float CombineSplitsAt(const float* base, int32_t n, i
 template <int L, int kG>
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionKernel(Bf16AttentionArgs a, int32_t num_splits, float* scratch) {
+  LetDependentsLaunch();  // the output projection's GEMV may come up beside it
   constexpr int kGroupsPerWarp = 32 / L;
   extern __shared__ float smem[];
   const KvCacheShape& sh = a.shape;
@@ -353,6 +354,7 @@ template <int L, int kG>
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionPipelinedKernel(Bf16AttentionArgs a, int32_t num_splits,
                                   int32_t splits_per_block, float* scratch) {
+  LetDependentsLaunch();
   constexpr int kHs = kVecHead<L>;
   constexpr int kT = kStageTokens<L>;
   constexpr int kGroupsPerWarp = 32 / L;
@@ -443,6 +445,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 // Combines the splits of rows whose context spans more than one.
 __global__ void CombineSplitsKernel(Bf16AttentionArgs a, int32_t num_splits,
                                     const float* scratch) {
+  LetDependentsLaunch();
   const int32_t i = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads;
   const int32_t row = a.rows != nullptr ? a.rows[i] : i;
   const int32_t ctx = a.row_pos[row] + 1;

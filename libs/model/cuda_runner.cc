@@ -98,6 +98,8 @@ absl::Status CudaRunnerBase::InitCommon() {
   tensor_core_attention_ = tensor_core_attention_ && opts_.dtype == DType::kBFloat16 &&
                            kd::DeviceHasTensorCoreAttention(device_);
   graphs_enabled_ = graphs_enabled_ && opts_.dtype == DType::kBFloat16;
+  dependent_launch_ = dependent_launch_ && opts_.dtype == DType::kBFloat16 &&
+                      kd::DeviceHasDependentLaunch(device_);
   return inv_freq_.Upload(c.RopeInverseFrequencies());
 }
 

@@ -65,6 +65,7 @@ class CudaRunnerBase : public ModelRunner {
   CudaRunnerBase(const Model* model, KvCacheOptions opts, ModelRunnerOptions runner_opts)
       : ModelRunner(model, opts, Backend::kCuda),
         runner_opts_(runner_opts),
+        dependent_launch_(runner_opts.dependent_launch),
         device_(runner_opts.cuda_device),
         tensor_core_attention_(runner_opts.tensor_core_attention),
         graphs_enabled_(runner_opts.cuda_graphs) {}
@@ -149,6 +150,7 @@ class CudaRunnerBase : public ModelRunner {
   virtual absl::Status RunLayers(const BatchLayout& lay, const StepInputs& in, int32_t rows) = 0;
 
   const ModelRunnerOptions runner_opts_;
+  bool dependent_launch_;  // ModelRunnerOptions::dependent_launch, where the device has it
   DeviceMemory memory_;  // for gpu_memory_utilization
   KvCacheShape shape_;
   kd::BlasHandle* blas_ = nullptr;

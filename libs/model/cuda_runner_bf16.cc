@@ -86,6 +86,7 @@ class CudaBf16Runner final : public CudaRunnerBase {
     kd::Bf16* xn = xn_.get<kd::Bf16>();
     kd::Bf16* att = att_.get<kd::Bf16>();
     kd::Bf16* cache = cache_.get<kd::Bf16>();
+    const bool pdl = dependent_launch_;  // decode GEMVs start under the kernel before
     const RopeKind rope = ToKernel(c.rope_style);
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
     TANDEM_RETURN_IF_ERROR(
@@ -101,7 +102,7 @@ class CudaBf16Runner final : public CudaRunnerBase {
           ok(kd::RmsNormBf16(x, nullptr, l.rms_att.get<float>(), T, c.dim, c.norm_eps, xn, st),
              "rmsnorm"));
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::MatmulBf16(blas_, l.wqkv.get<kd::Bf16>(), qkv_width, c.dim, xn, T, qkv, 0.0f),
+          ok(kd::MatmulBf16(blas_, l.wqkv.get<kd::Bf16>(), qkv_width, c.dim, xn, T, qkv, 0.0f, pdl),
              "wqkv"));
       if (c.qkv_bias) {
         TANDEM_RETURN_IF_ERROR(
@@ -141,7 +142,7 @@ class CudaBf16Runner final : public CudaRunnerBase {
              "attention"));
       // x += att * Wo^T: the residual add is the GEMM's beta = 1.
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, qd, att, T, x, 1.0f), "wo"));
+          ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, qd, att, T, x, 1.0f, pdl), "wo"));
       if (c.o_bias) {
         TANDEM_RETURN_IF_ERROR(
             ok(kd::AddBias(x, l.bo.get<float>(), T, c.dim, c.dim, st), "o bias"));
@@ -150,18 +151,19 @@ class CudaBf16Runner final : public CudaRunnerBase {
           ok(kd::RmsNormBf16(x, nullptr, l.rms_ffn.get<float>(), T, c.dim, c.norm_eps, xn, st),
              "rmsnorm"));
       TANDEM_RETURN_IF_ERROR(ok(
-          kd::MatmulBf16(blas_, l.w13.get<kd::Bf16>(), 2 * c.hidden_dim, c.dim, xn, T, qkv, 0.0f),
+          kd::MatmulBf16(blas_, l.w13.get<kd::Bf16>(), 2 * c.hidden_dim, c.dim, xn, T, qkv, 0.0f,
+                         pdl),
           "w13"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, st, ToKernel(c.activation)), "activation"));
       TANDEM_RETURN_IF_ERROR(ok(
-          kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn, T, x, 1.0f), "w2"));
+          kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn, T, x, 1.0f, pdl), "w2"));
     }
     TANDEM_RETURN_IF_ERROR(
         ok(kd::RmsNormBf16(x, in.last_rows, rms_final_.get<float>(), B, c.dim, c.norm_eps, xn, st),
            "rmsnorm"));
     return ok(kd::MatmulBf16(blas_, classifier_.get<kd::Bf16>(), c.vocab_size, c.dim, xn, B,
-                             logits_.get<float>(), 0.0f),
+                             logits_.get<float>(), 0.0f, pdl),
               "classifier");
   }
 

@@ -5,6 +5,7 @@
 #include "tandem/kernels/cuda_bf16_ops.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "cuda_test_util.h"
@@ -144,6 +145,50 @@ TEST_F(CudaBf16Test, MatmulWithBetaZeroIgnoresYAndSmallBatchesAreRowInvariant) {
     }
   }
   cuda::DestroyBlas(blas);
+}
+
+// A GEMV launched as a programmatic dependent (MatmulBf16's
+// dependent_launch) starts while the RMSNorm before it runs (RMSNorm lets
+// dependents launch first thing), and must still read what that RMSNorm
+// writes: each round normalizes new inputs, and the dependent GEMV's outputs
+// are the plain launch's, bit for bit. A GEMV that did not wait would read
+// the round before's input. Compute capability 9.0 and above.
+TEST_F(CudaBf16Test, DependentLaunchGemvReadsWhatTheKernelBeforeWrote) {
+  if (!cuda::DeviceHasDependentLaunch(0)) GTEST_SKIP() << "compute capability below 9.0";
+  void* stream = nullptr;
+  CUDA_OK(cuda::StreamCreate(&stream));
+  cuda::BlasHandle* blas = nullptr;
+  CUDA_OK(cuda::CreateBlas(&blas));
+  DeviceVector<float> workspace(size_t{1} << 20);  // 4 MiB
+  CUDA_OK(cuda::SetBlasStream(blas, stream, workspace.get(), sizeof(float) << 20));
+  const int32_t out_dim = 4099, in_dim = 8192, rows = 3;
+  const auto w = RoundToBf16(RandomVector(out_dim * in_dim, 21));
+  const auto norm = RandomVector(in_dim, 22);
+  DeviceVector<Bf16> dw(ToBf16(w)), dxn(rows * in_dim);
+  DeviceVector<float> dnorm(norm), dx(rows * in_dim), dplain(rows * out_dim),
+      ddependent(rows * out_dim);
+  for (int32_t round = 0; round < 8; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const auto x = RandomVector(rows * in_dim, 100 + round, 3.0f);
+    CUDA_OK(cuda::CopyToDevice(dx.get(), x.data(), x.size() * sizeof(float)));
+    // Dependent first: what it would read without waiting is the input the
+    // round before left.
+    for (bool dependent : {true, false}) {
+      CUDA_OK(cuda::RmsNormBf16(dx.get(), nullptr, dnorm.get(), rows, in_dim, 1e-5f, dxn.get(),
+                                stream));
+      CUDA_OK(cuda::MatmulBf16(blas, dw.get(), out_dim, in_dim, dxn.get(), rows,
+                               (dependent ? ddependent : dplain).get(), 0.0f, dependent));
+    }
+    CUDA_OK(cuda::StreamSynchronize(stream));
+    const std::vector<float> plain = dplain.ToHost(), got = ddependent.ToHost();
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      differ += std::memcmp(&got[i], &plain[i], sizeof(float)) != 0;
+    }
+    EXPECT_EQ(differ, 0) << "of " << got.size() << " outputs";
+  }
+  cuda::DestroyBlas(blas);
+  cuda::StreamDestroy(stream);
 }
 
 TEST_F(CudaBf16Test, RopeAndKvWriteMatchCpu) {

@@ -6,7 +6,7 @@
 //              [--batches 1,8,32,128,256] [--context 512] [--steps 32]
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
 //              [--attention tensor-cores|split-k] [--cuda-graphs on|off] [--profile]
-//              [--decode-attention auto|per-split|per-row]
+//              [--decode-attention auto|per-split|per-row] [--dependent-launch on|off]
 //
 // --shape names a model shape filled with random weights (speed does not
 // depend on the values) or a checkpoint file/directory. Decode: B sequences
@@ -21,6 +21,9 @@
 // split of the split-K attention its own block, per-row gives a row's splits
 // to one pipelined block, auto picks by the batch
 // (ModelRunnerOptions::attention_splits_per_block; the same bits either way);
+// --dependent-launch on launches the decode GEMVs as programmatic dependents
+// of the kernels before them (ModelRunnerOptions::dependent_launch; off by
+// default for now, the same bits either way);
 // --cuda-graphs off runs every decode step eagerly instead of replaying the
 // graphs captured per batch-size bucket. --profile calls cudaProfilerStart/Stop
 // around the timed decode steps and prefills only, so that
@@ -231,7 +234,7 @@ double PrefillSeconds(const Model& m, DType dtype, int32_t n, int32_t reps) {
 int main(int argc, char** argv) {
   std::string shape = "llama-3.2-1b", dtype_name = "bfloat16", batches = "1,8,32,128,256",
               prefills = "512,2048,8192", attention = "tensor-cores",
-              graphs = "on", decode_attention = "per-split";
+              graphs = "on", decode_attention = "per-split", dependent = "off";
   int64_t context = 512, steps = 32;
   double hbm_tbps = 3.35, peak_tflops = 989;
   tandem::FlagSet flags("bench_cuda", "Decode and prefill speed of the CUDA runner.");
@@ -246,6 +249,8 @@ int main(int argc, char** argv) {
   flags.Add("attention", &attention, "tensor-cores | split-k: the bf16 prefill attention kernel");
   flags.Add("decode-attention", &decode_attention,
             "auto | per-split | per-row: blocks of the split-K attention kernel");
+  flags.Add("dependent-launch", &dependent,
+            "on | off: decode GEMVs start under the kernel before (compute capability 9.0)");
   flags.Add("cuda-graphs", &graphs, "on | off: decode steps through CUDA graphs");
   flags.Add("profile", &g_profile, "bracket the timed steps for ncu --profile-from-start off");
   flags.ParseOrExit(argc, argv);
@@ -253,6 +258,10 @@ int main(int argc, char** argv) {
     flags.Fail("--cuda-graphs must be on or off, not '" + graphs + "'");
   }
   g_runner_opts.cuda_graphs = graphs == "on";
+  if (dependent != "on" && dependent != "off") {
+    flags.Fail("--dependent-launch must be on or off, not '" + dependent + "'");
+  }
+  g_runner_opts.dependent_launch = dependent == "on";
   if (attention != "tensor-cores" && attention != "split-k") {
     flags.Fail("--attention must be tensor-cores or split-k, not '" + attention + "'");
   }

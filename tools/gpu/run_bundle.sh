@@ -61,12 +61,14 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   # Ours, eager decode (what CUDA graphs gained), the pipelined decode
   # attention picked by the batch and a row per block (what it gains over a
-  # block per split, the runner's default until it has run on a GPU), the split-K kernel on
+  # block per split, the runner's default until it has run on a GPU), the
+  # GEMVs of small batches as programmatic dependents (off by default too), the split-K kernel on
   # the same prefills (what tensor cores gained), then PyTorch's figure on
   # the same shapes (torch_anchor.py), same GPU.
   for args in "--shape llama-3.2-1b" "--shape llama-3.2-1b --cuda-graphs off --prefill=" \
               "--shape llama-3.2-1b --prefill= --decode-attention auto" \
               "--shape llama-3.2-1b --prefill= --batches 32,64,128,256 --decode-attention per-row" \
+              "--shape llama-3.2-1b --prefill= --batches 1,2,4 --dependent-launch on" \
               "--shape llama-3.2-1b --batches 1 --attention split-k" \
               "--shape tinyllama-1.1b --batches 1,32,256" \
               "--shape $here/shared/models/stories260K.bin --context 128 --prefill 256 --batches 1,32,256" \

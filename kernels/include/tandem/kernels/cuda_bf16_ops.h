@@ -48,9 +48,15 @@ int RmsNormBf16(const float* x, const int32_t* row_index, const float* w, int32_
 // cublasGemmEx (compute 32F). Up to kGemvMaxRows, a row's result does not
 // depend on how many rows run with it.
 // beta = 1 folds a residual add into the GEMM; beta = 0 never reads y.
+// dependent_launch (DeviceHasDependentLaunch devices): our GEMV is launched
+// as a programmatic dependent of the kernel before it on the stream, so its
+// blocks start while that kernel finishes and stream their weight rows into
+// L2 before they wait for it. The same bits either way.
 inline constexpr int32_t kGemvMaxRows = 4;
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
-               int32_t rows, float* y, float beta);
+               int32_t rows, float* y, float beta, bool dependent_launch = false);
+// Compute capability 9.0 and above: programmatic dependent launch.
+bool DeviceHasDependentLaunch(int device);
 
 // qkv[rows][q_stride] holds each row's q (num_heads * head_size), then k and
 // v (num_kv_heads * head_size each). Applies RoPE to q in place and to k, and

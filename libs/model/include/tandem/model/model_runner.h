@@ -107,6 +107,12 @@ struct ModelRunnerOptions {
   // --decode-attention compares them). 1 until the pipelined kernel (any
   // other value) has passed its tests on a GPU; then -1.
   int32_t attention_splits_per_block = 1;
+  // CUDA bfloat16 on compute capability 9.0 and above: decode GEMVs (up to
+  // kernels::cuda::kGemvMaxRows rows) are launched as programmatic dependents
+  // of the kernel before them, so they start streaming their weights while
+  // it finishes (kernels::cuda::MatmulBf16). The same bits either way
+  // (bench_cuda --dependent-launch compares). Off until it has run on a GPU.
+  bool dependent_launch = false;
   // CUDA bfloat16: decode steps of up to 256 sequences replay CUDA graphs
   // captured per batch-size bucket (model/decode_graphs.h); false runs every
   // step eagerly (bench_cuda --cuda-graphs off compares the two).
