@@ -67,6 +67,8 @@ KvStoreConnectorWorker::~KvStoreConnectorWorker() {
   if (store_thread_.joinable()) store_thread_.join();
   // A read under way ends by its transfer deadline.
   for (std::thread& t : load_threads_) t.join();
+  // A copy into the cache still reads its staging, freed with the job.
+  for (LoadJob& job : copying_) (void)job.copy.wait();
 }
 
 void KvStoreConnectorWorker::EnsureNamespace() {

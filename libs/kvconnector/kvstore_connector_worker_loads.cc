@@ -1,7 +1,8 @@
 // The worker role's loads (kvstore_connector.h): a step's loads go to the
 // load threads, one of which reads them from the store into pinned staging
-// while the steps go on; a later step copies them into the cache and reports
-// them. Split from kvstore_connector_worker.cc (the stores) along that seam.
+// while the steps go on; a later step begins their copy into the cache (on a
+// GPU, beside the next steps' kernels), and the first step after it has
+// ended reports them. Split from kvstore_connector_worker.cc (the stores) along that seam.
 #include <algorithm>
 #include <chrono>
 
@@ -173,30 +174,52 @@ void KvStoreConnectorWorker::LoadLoop() {
 
 void KvStoreConnectorWorker::FinishLoads(sched::KvConnectorReport* report,
                                          std::chrono::microseconds wait) {
-  std::vector<LoadJob> done;
+  std::vector<LoadJob> arrived;
   uint64_t epoch = 0;
   {
     std::unique_lock<std::mutex> lock(load_mu_);
-    if (wait.count() > 0 && loads_in_flight_ > 0) {
+    // A step with nothing to compute waits for a load to arrive, unless a
+    // copy into the cache is under way: then for that copy (below).
+    if (wait.count() > 0 && loads_in_flight_ > 0 && copying_.empty()) {
       load_cv_.wait_for(lock, wait, [&] {
         return step_queued_ || load_stopping_ ||
                std::any_of(loads_done_.begin(), loads_done_.end(),
                            [&](const LoadJob& j) { return j.epoch == load_epoch_; });
       });
     }
-    done.swap(loads_done_);
+    arrived.swap(loads_done_);
     epoch = load_epoch_;
   }
-  int64_t completed = 0;
-  for (LoadJob& job : done) {
-    if (job.epoch != epoch) continue;  // forgotten (ForgetLoads)
-    CompleteLoad(job, report);
-    ++completed;
+  std::vector<PinnedBuffer> freed;
+  for (LoadJob& job : arrived) {
+    if (job.epoch != epoch) {  // forgotten (ForgetLoads): never copied in
+      freed.push_back(std::move(job.staging));
+      continue;
+    }
+    BeginCopyIn(job);
+    copying_.push_back(std::move(job));
   }
+  if (wait.count() > 0 && !copying_.empty()) (void)copying_.front().copy.wait();
+  // Each load is reported (and its staging reused) once its copy has ended.
+  int64_t completed = 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < copying_.size(); ++i) {
+    LoadJob& job = copying_[i];
+    if (!job.copy.done()) {
+      if (kept != i) copying_[kept] = std::move(job);
+      ++kept;
+      continue;
+    }
+    const bool current = job.epoch == epoch;
+    CompleteLoad(job, current ? report : nullptr);
+    completed += current ? 1 : 0;
+    freed.push_back(std::move(job.staging));
+  }
+  copying_.resize(kept);
   std::lock_guard<std::mutex> lock(load_mu_);
   loads_in_flight_ -= completed;
-  for (LoadJob& job : done) {
-    if (job.staging.size() > 0) load_staging_free_.push_back(std::move(job.staging));
+  for (PinnedBuffer& b : freed) {
+    if (b.size() > 0) load_staging_free_.push_back(std::move(b));
   }
 }
 
@@ -222,7 +245,7 @@ void KvStoreConnectorWorker::ForgetLoads() {
   }
 }
 
-void KvStoreConnectorWorker::CompleteLoad(LoadJob& job, sched::KvConnectorReport* report) {
+void KvStoreConnectorWorker::BeginCopyIn(LoadJob& job) {
   std::vector<int32_t> copy_ids;
   std::vector<std::span<const std::byte>> copy_from;
   for (size_t i = 0; i < job.hashes.size(); ++i) {
@@ -231,20 +254,35 @@ void KvStoreConnectorWorker::CompleteLoad(LoadJob& job, sched::KvConnectorReport
     copy_from.emplace_back(job.staging.data() + i * block_bytes_,
                            static_cast<size_t>(block_bytes_));
   }
-  const auto copy_start = std::chrono::steady_clock::now();
-  if (!copy_ids.empty()) {
-    if (absl::Status copied = from_host_(copy_ids, copy_from); !copied.ok()) {
-      TANDEM_LOG(WARNING) << "KV-store load: copying " << copy_ids.size()
-                          << " blocks into the cache failed (recomputed): " << copied;
-      std::replace(job.misses.begin(), job.misses.end(), LoadMiss::kNone, LoadMiss::kFailed);
-    }
+  job.copy_blocks = static_cast<int64_t>(copy_ids.size());
+  job.copy_start = std::chrono::steady_clock::now();
+  absl::StatusOr<CopyIn> copy = CopyIn{};
+  if (!copy_ids.empty()) copy = from_host_(copy_ids, copy_from);
+  if (copy.ok() && copy->done && copy->wait) {
+    job.copy = *std::move(copy);
+    return;
   }
+  if (!copy.ok()) {
+    TANDEM_LOG(WARNING) << "KV-store load: copying " << copy_ids.size()
+                        << " blocks into the cache failed (recomputed): " << copy.status();
+    std::replace(job.misses.begin(), job.misses.end(), LoadMiss::kNone, LoadMiss::kFailed);
+  }
+  job.copy = CopyIn{.done = [] { return true; }, .wait = [] { return absl::OkStatus(); }};
+}
+
+void KvStoreConnectorWorker::CompleteLoad(LoadJob& job, sched::KvConnectorReport* report) {
+  if (absl::Status copied = job.copy.wait(); !copied.ok()) {
+    TANDEM_LOG(WARNING) << "KV-store load: copying blocks into the cache failed (recomputed): "
+                        << copied;
+    std::replace(job.misses.begin(), job.misses.end(), LoadMiss::kNone, LoadMiss::kFailed);
+  }
+  if (report == nullptr) return;  // forgotten with the scheduler's stream
   if (options_.on_load) {
     options_.on_load(KvLoadTiming{
         .blocks = static_cast<int64_t>(job.hashes.size()),
-        .bytes = static_cast<int64_t>(copy_ids.size()) * block_bytes_,
+        .bytes = job.copy_blocks * block_bytes_,  // arrived intact, copied or not
         .read_seconds = job.read_seconds,
-        .copy_seconds = Seconds(std::chrono::steady_clock::now() - copy_start).count()});
+        .copy_seconds = Seconds(std::chrono::steady_clock::now() - job.copy_start).count()});
   }
   uint64_t ok = 0, not_found = 0, checksum = 0, failed = 0;
   for (size_t i = 0; i < job.hashes.size(); ++i) {

@@ -31,8 +31,9 @@ struct BatchLayout {
   int32_t max_context = 0;                // max row_pos + 1
 };
 BatchLayout MakeBatchLayout(std::span<const SequenceInput> batch, int32_t block_size);
-// The block ids a validated batch writes KV into, in batch order (repeats
-// possible).
-std::vector<int32_t> WrittenBlocks(std::span<const SequenceInput> batch, int32_t block_size);
+// The block ids a validated batch writes KV into (with read_too, also those
+// it reads it from), in batch order (repeats possible).
+std::vector<int32_t> WrittenBlocks(std::span<const SequenceInput> batch, int32_t block_size,
+                                   bool read_too = false);
 
 }  // namespace tandem::model::internal

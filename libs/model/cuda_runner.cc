@@ -70,11 +70,51 @@ absl::Status CudaRunnerBase::CopyBlocksFromHost(std::span<const int32_t> block_i
   if (block_ids.empty()) return absl::OkStatus();
   TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
   TANDEM_RETURN_IF_ERROR(copies_out_.OrderBefore(block_ids, stream_, /*host_waits=*/false));
+  TANDEM_RETURN_IF_ERROR(copies_in_.OrderBefore(block_ids, stream_, /*host_waits=*/false));
   for (size_t i = 0; i < block_ids.size(); ++i) {
     TANDEM_RETURN_IF_ERROR(CudaStatus(
         kd::CopyAsync(BlockPtr(block_ids[i]), in[i].data(), in[i].size(), stream_), "block copy"));
   }
   return CudaStatus(kd::StreamSynchronize(stream_), "block copies");
+}
+
+absl::StatusOr<ModelRunner::BlockCopyWait> CudaRunnerBase::CopyBlocksToHostAsync(
+    std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out) {
+  TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(block_ids, out));
+  TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+  // A block still being loaded is never stored (its request computes
+  // nothing until the load is reported); should one be, the host waits.
+  TANDEM_RETURN_IF_ERROR(copies_in_.OrderBefore(block_ids, nullptr, /*host_waits=*/true));
+  std::vector<BlockCopies::Piece> pieces;
+  pieces.reserve(block_ids.size());
+  for (size_t i = 0; i < block_ids.size(); ++i) {
+    pieces.push_back({.dst = out[i].data(), .src = BlockPtr(block_ids[i]), .bytes = out[i].size()});
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<void> copied,
+                          copies_out_.Begin(stream_, block_ids, pieces, "block copy to host"));
+  return BlockCopies::WaitFor(std::move(copied), device_, "block copy to host");
+}
+
+absl::StatusOr<ModelRunner::BlockCopyIn> CudaRunnerBase::CopyBlocksFromHostAsync(
+    std::span<const int32_t> block_ids, std::span<const std::span<const std::byte>> in) {
+  TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(block_ids, in));
+  if (block_ids.empty()) {
+    return BlockCopyIn{.done = [] { return true; }, .wait = [] { return absl::OkStatus(); }};
+  }
+  TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+  // A copy out of one of these blocks (a store of the request that held it
+  // before) reads it first: the copy stream waits for it on the device.
+  TANDEM_ASSIGN_OR_RETURN(void* copy_stream, copies_in_.Stream());
+  TANDEM_RETURN_IF_ERROR(copies_out_.OrderBefore(block_ids, copy_stream, /*host_waits=*/false));
+  std::vector<BlockCopies::Piece> pieces;
+  pieces.reserve(block_ids.size());
+  for (size_t i = 0; i < block_ids.size(); ++i) {
+    pieces.push_back({.dst = BlockPtr(block_ids[i]), .src = in[i].data(), .bytes = in[i].size()});
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<void> copied,
+                          copies_in_.Begin(stream_, block_ids, pieces, "block copy into the cache"));
+  return BlockCopyIn{.done = [copied] { return BlockCopies::Ended(copied); },
+                     .wait = BlockCopies::WaitFor(copied, device_, "block copy into the cache")};
 }
 
 absl::Status CudaRunnerBase::InitCommon() {
@@ -123,10 +163,15 @@ absl::Status CudaRunnerBase::Run(std::span<const SequenceInput> batch, bool argm
   *rows = static_cast<int32_t>(batch.size());
   if (batch.empty()) return absl::OkStatus();
   TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+  // The float32 mode's kernels run on the legacy stream: the host waits.
+  const bool host_waits = opts_.dtype != DType::kBFloat16;
   if (!copies_out_.empty()) {
-    // The float32 mode's kernels run on the legacy stream: the host waits.
-    TANDEM_RETURN_IF_ERROR(copies_out_.OrderBefore(WrittenBlocks(batch, opts_.block_size), stream_,
-                                                   /*host_waits=*/opts_.dtype != DType::kBFloat16));
+    TANDEM_RETURN_IF_ERROR(
+        copies_out_.OrderBefore(WrittenBlocks(batch, opts_.block_size), stream_, host_waits));
+  }
+  if (!copies_in_.empty()) {  // never met while the worker keeps its rule (see above)
+    TANDEM_RETURN_IF_ERROR(copies_in_.OrderBefore(
+        WrittenBlocks(batch, opts_.block_size, /*read_too=*/true), stream_, host_waits));
   }
   BatchLayout lay = MakeBatchLayout(batch, opts_.block_size);
   const int32_t bucket = GraphBatchBucket(*rows);

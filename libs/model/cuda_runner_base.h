@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "block_copies_out.h"
+#include "block_copies.h"
 #include "cpu_runner.h"
 #include "cuda_buffers.h"
 #include "decode_graphs.h"
@@ -96,6 +96,8 @@ class CudaRunnerBase : public ModelRunner {
   absl::Status CopyBlockToHost(int32_t block_id, std::span<std::byte> out) override {
     TANDEM_RETURN_IF_ERROR(ValidateBlockCopy(block_id, out.size()));
     TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+    const int32_t blocks[] = {block_id};
+    TANDEM_RETURN_IF_ERROR(copies_in_.OrderBefore(blocks, nullptr, /*host_waits=*/true));
     return CudaStatus(kd::CopyToHost(out.data(), BlockPtr(block_id), out.size()), "block copy");
   }
   absl::Status CopyBlockFromHost(int32_t block_id, std::span<const std::byte> in) override {
@@ -106,6 +108,7 @@ class CudaRunnerBase : public ModelRunner {
     // its store was still being copied).
     const int32_t blocks[] = {block_id};
     TANDEM_RETURN_IF_ERROR(copies_out_.OrderBefore(blocks, stream_, /*host_waits=*/true));
+    TANDEM_RETURN_IF_ERROR(copies_in_.OrderBefore(blocks, stream_, /*host_waits=*/true));
     return CudaStatus(kd::CopyToDevice(BlockPtr(block_id), in.data(), in.size()), "block copy");
   }
 
@@ -119,12 +122,14 @@ class CudaRunnerBase : public ModelRunner {
   // Beside the steps, on copies_out_'s stream; a later step that writes one
   // of the blocks waits for its copy on the device (Run).
   absl::StatusOr<BlockCopyWait> CopyBlocksToHostAsync(
-      std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out) override {
-    TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(block_ids, out));
-    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
-    return copies_out_.Begin(stream_, device_, cache_.get<std::byte>(), block_bytes(), block_ids,
-                             out);
-  }
+      std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out) override;
+  // Beside the steps, on copies_in_'s stream, after the copies out of the
+  // same blocks (on the device); a later step that reads or writes one of
+  // the blocks waits for its copy (Run), though the worker does not run one
+  // before done().
+  absl::StatusOr<BlockCopyIn> CopyBlocksFromHostAsync(
+      std::span<const int32_t> block_ids,
+      std::span<const std::span<const std::byte>> in) override;
 
  protected:
   // Shared start of Init: device, cuBLAS, stream. Init then uploads the
@@ -212,7 +217,8 @@ class CudaRunnerBase : public ModelRunner {
   std::map<std::pair<int32_t, int32_t>, void*> graphs_;  // (rows, splits) -> exec
   std::vector<void*> graph_pointers_;                    // the buffers' addresses the graphs hold
   int64_t graph_replays_ = 0;
-  BlockCopiesOut copies_out_;  // CopyBlocksToHostAsync's
+  BlockCopies copies_out_;  // CopyBlocksToHostAsync's
+  BlockCopies copies_in_;   // CopyBlocksFromHostAsync's
 };
 
 // The two modes, initialized by the caller (Init).

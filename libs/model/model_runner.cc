@@ -238,6 +238,12 @@ absl::Status ModelRunner::CopyBlocksFromHost(std::span<const int32_t> block_ids,
   return absl::OkStatus();
 }
 
+absl::StatusOr<ModelRunner::BlockCopyIn> ModelRunner::CopyBlocksFromHostAsync(
+    std::span<const int32_t> block_ids, std::span<const std::span<const std::byte>> in) {
+  TANDEM_RETURN_IF_ERROR(CopyBlocksFromHost(block_ids, in));
+  return BlockCopyIn{.done = [] { return true; }, .wait = [] { return absl::OkStatus(); }};
+}
+
 absl::Status ModelRunner::ValidateBatch(std::span<const SequenceInput> batch) const {
   const ModelConfig& c = model_->config();
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -301,12 +307,13 @@ BatchLayout MakeBatchLayout(std::span<const SequenceInput> batch, int32_t block_
   return l;
 }
 
-std::vector<int32_t> WrittenBlocks(std::span<const SequenceInput> batch, int32_t block_size) {
+std::vector<int32_t> WrittenBlocks(std::span<const SequenceInput> batch, int32_t block_size,
+                                   bool read_too) {
   std::vector<int32_t> blocks;
   for (const SequenceInput& s : batch) {
     if (s.token_ids.empty()) continue;
     const int32_t last = s.start_pos + static_cast<int32_t>(s.token_ids.size()) - 1;
-    for (int32_t b = s.start_pos / block_size; b <= last / block_size; ++b) {
+    for (int32_t b = read_too ? 0 : s.start_pos / block_size; b <= last / block_size; ++b) {
       blocks.push_back(s.block_table[static_cast<size_t>(b)]);
     }
   }

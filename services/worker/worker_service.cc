@@ -223,8 +223,12 @@ absl::Status WorkerService::Load() {
         [runner](std::span<const int32_t> blocks, std::span<const std::span<std::byte>> out) {
           return runner->CopyBlocksToHostAsync(blocks, out);
         },
-        [runner](std::span<const int32_t> blocks, std::span<const std::span<const std::byte>> in) {
-          return runner->CopyBlocksFromHost(blocks, in);
+        [runner](std::span<const int32_t> blocks, std::span<const std::span<const std::byte>> in)
+            -> absl::StatusOr<kvconnector::KvStoreConnectorWorker::CopyIn> {
+          TANDEM_ASSIGN_OR_RETURN(model::ModelRunner::BlockCopyIn copy,
+                                  runner->CopyBlocksFromHostAsync(blocks, in));
+          return kvconnector::KvStoreConnectorWorker::CopyIn{.done = std::move(copy.done),
+                                                             .wait = std::move(copy.wait)};
         });
     if (!kvc.ok()) return Annotate(kvc.status(), "creating the KV-store connector");
     kv_connector_ = std::move(kvc).value();

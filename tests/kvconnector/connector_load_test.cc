@@ -3,11 +3,16 @@
 // step that carries a load does not wait for it, later steps go on without
 // it, the cache is written only once the blocks have arrived, a step with
 // nothing to compute waits for them unless the next step arrives, loads
-// of a scheduler stream that ended are never copied in or reported, and
-// the next step's loads are read beside a held one.
+// of a scheduler stream that ended are never copied in or reported, the
+// next step's loads are read beside a held one, and a load whose copy into
+// the cache runs beside the steps (as on a GPU) is reported only once that
+// copy has ended.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -51,6 +56,75 @@ class Watchdog {
   bool cancelled_ = false;
   bool fired_ = false;
   std::thread thread_;
+};
+
+// A copy into the cache that runs beside the steps, as the CUDA backend's
+// does: each begun copy stays pending (done() false, the cache untouched)
+// until the test ends it with Release, which copies from the staging the
+// connector handed over (so staging reused too early shows as wrong bytes)
+// or fails it. wait() blocks until then (5 s at most).
+class AsyncCopier {
+ public:
+  explicit AsyncCopier(FakeCache* cache) : cache_(cache) {}
+  ~AsyncCopier() { Release(); }  // a copy a test left pending ends before the worker waits
+
+  KvStoreConnectorWorker::CopyFromHost FromHost() {
+    return [this](std::span<const int32_t> ids, std::span<const std::span<const std::byte>> in)
+               -> absl::StatusOr<KvStoreConnectorWorker::CopyIn> {
+      auto copy = std::make_shared<Copy>();
+      copy->ids.assign(ids.begin(), ids.end());
+      copy->in.assign(in.begin(), in.end());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        pending_.push_back(copy);
+        ++begun_;
+      }
+      cv_.notify_all();
+      return KvStoreConnectorWorker::CopyIn{
+          .done = [copy] { return copy->ended.load(); },
+          .wait = [this, copy] {
+            // A connector that waits where it must not fails the test, not hangs it.
+            std::unique_lock<std::mutex> lock(mu_);
+            if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return copy->ended.load(); })) {
+              return absl::DeadlineExceededError("the test never ended this copy");
+            }
+            return copy->status;
+          }};
+    };
+  }
+  // Ends every pending copy: copies it into the cache, or fails it with `s`.
+  void Release(absl::Status s = absl::OkStatus()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::shared_ptr<Copy>& c : pending_) {
+      if (s.ok()) {
+        for (size_t i = 0; i < c->ids.size(); ++i) {
+          std::memcpy(cache_->blocks.at(c->ids[i]).data(), c->in[i].data(), kBlockBytes);
+        }
+      }
+      c->status = s;
+      c->ended.store(true);
+    }
+    pending_.clear();
+    cv_.notify_all();
+  }
+  // True once `n` copies have begun.
+  bool Begun(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return begun_ >= n;
+  }
+
+ private:
+  struct Copy {
+    std::vector<int32_t> ids;
+    std::vector<std::span<const std::byte>> in;
+    absl::Status status;
+    std::atomic<bool> ended{false};
+  };
+  FakeCache* cache_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Copy>> pending_;
+  int begun_ = 0;
 };
 
 class ConnectorLoadTest : public ConnectorTest {
@@ -249,6 +323,81 @@ TEST_F(ConnectorLoadTest, TheNextStepsLoadsAreReadBesideAHeldOne) {
   std::sort(one_report.finished_recving.begin(), one_report.finished_recving.end());
   EXPECT_EQ(one_report.finished_recving, (std::vector<std::string>{"d", "e"}));
   EXPECT_TRUE(HoldsA(0) && HoldsA(4));
+}
+
+// A load whose copy into the cache runs beside the steps: the steps after
+// the copy began go on without it and report nothing, the cache and the
+// load's staging stay as they were; the first step after the copy ended
+// reports the load. A step with nothing to compute waits for a copy under
+// way and reports it. A copy that fails (its wait's error) fails every
+// block, recomputed. A load forgotten with its stream while its copy runs
+// is never reported.
+TEST_F(ConnectorLoadTest, ALoadIsReportedOnlyOnceItsCopyIntoTheCacheHasEnded) {
+  gate_.Open();
+  AsyncCopier copier(&cache_);
+  std::unique_ptr<KvStoreConnectorWorker> wk = MakeWorker({.from_host = copier.FromHost()});
+  ASSERT_NE(wk, nullptr);
+  sched::KvConnectorReport report;
+  // Steps that compute (no wait: a step with nothing to compute would wait
+  // for the copy it begins) until the n-th copy has begun.
+  auto step_until_copy = [&](int n) {
+    for (int i = 0; i < 10000 && !copier.Begun(n); ++i) {
+      wk->FinishLoads(&report, std::chrono::microseconds(0));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return copier.Begun(n);
+  };
+  wk->LoadBlocks(LoadStep("b", {20, 21, 22, 23}), &report);
+  ASSERT_TRUE(step_until_copy(1));
+  for (int step = 0; step < 3; ++step) {
+    wk->LoadBlocks({}, &report);
+    wk->FinishLoads(&report, std::chrono::microseconds(0));
+  }
+  EXPECT_TRUE(report.finished_recving.empty()) << "reported before its copy ended";
+  EXPECT_TRUE(Untouched(20));
+  EXPECT_EQ(wk->stats().loads_in_flight, 1);
+  copier.Release();
+  wk->FinishLoads(&report, std::chrono::microseconds(0));
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"b"});
+  EXPECT_TRUE(report.invalid_block_ids.empty());
+  EXPECT_TRUE(HoldsA(20)) << "the copy read staging that was reused";
+  EXPECT_EQ(wk->stats().loads_in_flight, 0);
+  EXPECT_EQ(wk->stats().blocks_loaded, 4u);
+
+  // A step with nothing to compute: it waits for the copy under way.
+  report = {};
+  wk->LoadBlocks(LoadStep("c", {24, 25, 26, 27}), &report);
+  ASSERT_TRUE(step_until_copy(2));
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    copier.Release();
+  });
+  wk->FinishLoads(&report, std::chrono::milliseconds(10));
+  releaser.join();
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"c"});
+  EXPECT_TRUE(HoldsA(24));
+
+  // A copy that fails: every block of it is recomputed.
+  report = {};
+  wk->LoadBlocks(LoadStep("d", {28, 29, 30, 31}), &report);
+  ASSERT_TRUE(step_until_copy(3));
+  copier.Release(absl::InternalError("device lost"));
+  wk->FinishLoads(&report, std::chrono::microseconds(0));
+  EXPECT_EQ(report.finished_recving, std::vector<std::string>{"d"});
+  EXPECT_EQ(report.invalid_block_ids, (std::vector<int32_t>{28, 29, 30, 31}));
+  EXPECT_EQ(report.num_load_failed_rpc, 4);
+
+  // Forgotten while its copy runs: never reported, its staging kept until
+  // the copy has ended.
+  report = {};
+  wk->LoadBlocks(LoadStep("e", {0, 1, 2, 3}), &report);
+  ASSERT_TRUE(step_until_copy(4));
+  wk->ForgetLoads();
+  copier.Release();
+  wk->FinishLoads(&report, std::chrono::milliseconds(10));
+  EXPECT_TRUE(report.finished_recving.empty());
+  EXPECT_EQ(wk->stats().loads_in_flight, 0);
+  EXPECT_EQ(wk->stats().loads, 3u);
 }
 
 }  // namespace

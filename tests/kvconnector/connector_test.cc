@@ -215,10 +215,12 @@ TEST_F(ConnectorTest, AFailedCopyIntoTheCacheRecomputesEveryLoadedBlock) {
   std::vector<KvLoadTiming> timings;
   auto wk = MakeWorker(
       {.from_host =
-           [&](std::span<const int32_t> ids, std::span<const std::span<const std::byte>> in) {
+           [&](std::span<const int32_t> ids, std::span<const std::span<const std::byte>> in)
+               -> absl::StatusOr<KvStoreConnectorWorker::CopyIn> {
              calls.emplace_back(ids.begin(), ids.end());
              std::this_thread::sleep_for(std::chrono::milliseconds(20));
-             return fail ? absl::InternalError("device lost") : into_cache(ids, in);
+             if (fail) return absl::InternalError("device lost");
+             return into_cache(ids, in);
            },
        .on_load = [&](const KvLoadTiming& t) { timings.push_back(t); }});
   ASSERT_TRUE(sc && wk);

@@ -50,11 +50,13 @@ struct FakeCache {
     };
   }
   KvStoreConnectorWorker::CopyFromHost FromHost() {
-    return [this](std::span<const int32_t> ids, std::span<const std::span<const std::byte>> in) {
+    return [this](std::span<const int32_t> ids, std::span<const std::span<const std::byte>> in)
+               -> absl::StatusOr<KvStoreConnectorWorker::CopyIn> {
       for (size_t i = 0; i < ids.size(); ++i) {
         std::memcpy(blocks.at(ids[i]).data(), in[i].data(), kBlockBytes);
       }
-      return absl::OkStatus();
+      return KvStoreConnectorWorker::CopyIn{.done = [] { return true; },
+                                            .wait = [] { return absl::OkStatus(); }};
     };
   }
 };

@@ -451,6 +451,78 @@ TEST(CudaRunnerTest, AsyncBlockCopiesReadTheBlocksBeforeALaterStepRewritesThem) 
   }
 }
 
+// Copies into the cache beside the steps (CopyBlocksFromHostAsync, the
+// KV-store's loads), in both modes: once done() the blocks hold the bytes; a
+// step run right after the copies began (before done(), which the worker
+// never does) reads the loaded blocks, not what was there, because the
+// runner orders it after them; a copy out of a block still being loaded
+// gives the loaded bytes; and a bad id copies nothing. Pinned memory, as the
+// connector's load staging.
+TEST(CudaRunnerTest, AsyncCopiesIntoTheCacheEndWithTheBlocksWritten) {
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  TANDEM_REQUIRE_CUDA(model.get());
+  const int32_t vocab = model->config().vocab_size;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype == DType::kFloat32 ? "float32" : "bfloat16");
+    // Two runners: `src` computes a prompt's KV into blocks 10..13, `gpu`
+    // gets those blocks by copies in and must give src's logits for the
+    // next token.
+    auto src = ModelRunner::Create(
+        model.get(), {.block_size = 16, .num_blocks = 32, .dtype = dtype}, Backend::kCuda);
+    auto gpu = ModelRunner::Create(
+        model.get(), {.block_size = 16, .num_blocks = 32, .dtype = dtype}, Backend::kCuda);
+    ASSERT_TRUE(src.ok() && gpu.ok());
+    const std::vector<int32_t> table = {10, 11, 12, 13};
+    const std::vector<int32_t> prompt = MakePrompt(64, 5, vocab), next = {7};
+    std::vector<float> logits, want;
+    const SequenceInput in_prompt{.token_ids = prompt, .start_pos = 0, .block_table = table};
+    ASSERT_TRUE((*src)->Forward({&in_prompt, 1}, &logits).ok());
+    const size_t bb = static_cast<size_t>((*src)->block_bytes());
+    auto pinned = PinnedBuffer::Allocate(bb * table.size(), {.what = "test"});
+    ASSERT_TRUE(pinned.ok()) << pinned.status();
+    std::vector<std::span<const std::byte>> in;
+    for (size_t i = 0; i < table.size(); ++i) {
+      ASSERT_TRUE((*src)->CopyBlockToHost(table[i], {pinned->data() + i * bb, bb}).ok());
+      in.emplace_back(pinned->data() + i * bb, bb);
+    }
+    // Position 64 reads the 4 loaded blocks and writes block 14.
+    const std::vector<int32_t> table5 = {10, 11, 12, 13, 14};
+    const SequenceInput in_next{.token_ids = next, .start_pos = 64, .block_table = table5};
+    ASSERT_TRUE((*src)->Forward({&in_next, 1}, &want).ok());
+
+    auto copy = (*gpu)->CopyBlocksFromHostAsync(table, in);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    ASSERT_TRUE((*gpu)->Forward({&in_next, 1}, &logits).ok());  // before done(): ordered after
+    EXPECT_EQ(logits, want) << "the step read the blocks before their copy";
+    ASSERT_TRUE(copy->wait().ok());
+    EXPECT_TRUE(copy->done());
+    std::vector<std::byte> back(bb);
+    for (size_t i = 0; i < table.size(); ++i) {
+      ASSERT_TRUE((*gpu)->CopyBlockToHost(table[i], back).ok());
+      EXPECT_TRUE(std::equal(back.begin(), back.end(), in[i].begin())) << i;
+    }
+    // A copy out right behind a copy in of the same blocks: the loaded bytes.
+    std::vector<std::byte> other(bb * table.size(), std::byte{0x5a});
+    std::memcpy(pinned->data(), other.data(), other.size());
+    auto again = (*gpu)->CopyBlocksFromHostAsync(table, in);
+    ASSERT_TRUE(again.ok()) << again.status();
+    auto out_buf = PinnedBuffer::Allocate(bb * table.size(), {.what = "test"});
+    ASSERT_TRUE(out_buf.ok());
+    std::vector<std::span<std::byte>> out;
+    for (size_t i = 0; i < table.size(); ++i) out.emplace_back(out_buf->data() + i * bb, bb);
+    auto out_wait = (*gpu)->CopyBlocksToHostAsync(table, out);
+    ASSERT_TRUE(out_wait.ok()) << out_wait.status();
+    ASSERT_TRUE((*out_wait)().ok());
+    EXPECT_TRUE(std::equal(other.begin(), other.end(), out_buf->data()));
+    ASSERT_TRUE(again->wait().ok());
+    // A bad id: nothing begins.
+    const std::vector<int32_t> bad = {10, 99};
+    EXPECT_EQ((*gpu)->CopyBlocksFromHostAsync(bad, std::span(in).first(2)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 // Decode steps through CUDA graphs (decode_graphs.h) against the same steps
 // run eagerly, teacher-forced with the eager runner's tokens. Contexts from
 // 3 to about 460 tokens cross attention-split buckets as they grow (1, 2, 4

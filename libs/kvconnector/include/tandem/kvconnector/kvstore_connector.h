@@ -314,11 +314,20 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   // never waits for its stores' copies.
   using CopyToHost = std::function<absl::StatusOr<std::function<absl::Status()>>(
       std::span<const int32_t> block_ids, std::span<const std::span<std::byte>> out)>;
-  // Copies in[i] (host memory of block_bytes) into cache block block_ids[i]
-  // and returns once `in` may be reused (ModelRunner::CopyBlocksFromHost):
-  // a step's loads in one call. An error fails every block of the call.
-  using CopyFromHost = std::function<absl::Status(std::span<const int32_t> block_ids,
-                                                  std::span<const std::span<const std::byte>> in)>;
+  // A copy into the cache that CopyFromHost began
+  // (ModelRunner::BlockCopyIn): done() never blocks and is true once the
+  // copy has ended; wait() blocks until then and returns the copy's error.
+  struct CopyIn {
+    std::function<bool()> done;
+    std::function<absl::Status()> wait;
+  };
+  // Begins copying in[i] (host memory of block_bytes) into cache block
+  // block_ids[i] and returns the copy (ModelRunner::CopyBlocksFromHostAsync):
+  // a step's loads in one call. `in` stays untouched, and the load is not
+  // reported, until the copy has ended. An error, returned or from wait(),
+  // fails every block of the call.
+  using CopyFromHost = std::function<absl::StatusOr<CopyIn>(
+      std::span<const int32_t> block_ids, std::span<const std::span<const std::byte>> in)>;
 
   static absl::StatusOr<std::unique_ptr<KvStoreConnectorWorker>> Create(
       const KvStoreConnectorOptions& options, const std::string& model_fingerprint,
@@ -336,10 +345,14 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   // dropped, at the next step) instead of never.
   void LoadBlocks(const sched::KvConnectorMetadata& meta,
                   sched::KvConnectorReport* report) override;
-  // Copies the arrived loads' intact blocks into the cache (CopyFromHost,
-  // one call per step's loads) and reports each load's request id in
-  // report->finished_recving and each failed block id in
-  // report->invalid_block_ids, with their counts by reason.
+  // Begins copying the arrived loads' intact blocks into the cache
+  // (CopyFromHost, one call per step's loads), and reports each load whose
+  // copy has ended: its request id in report->finished_recving and each
+  // failed block id in report->invalid_block_ids, with their counts by
+  // reason. A copy still running (on a GPU, beside the next step's kernels)
+  // is reported by a later call. With `wait` (a step with nothing to
+  // compute), waits for a copy running, or else up to `wait` for a load to
+  // arrive.
   void FinishLoads(sched::KvConnectorReport* report, std::chrono::microseconds wait) override;
   void SetStepQueued(bool queued) override;
   void ForgetLoads() override;
@@ -406,10 +419,18 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
     std::vector<LoadMiss> misses;  // per hash, once read
     double read_seconds = 0;
     uint64_t epoch = 0;  // load_epoch_ when begun (ForgetLoads)
+    // The copy into the cache (BeginCopyIn) of copy_blocks intact blocks,
+    // and when it began.
+    CopyIn copy;
+    int64_t copy_blocks = 0;
+    std::chrono::steady_clock::time_point copy_start;
   };
   void LoadLoop();
   void BeginLoad(std::span<const sched::KvLoad> loads);
-  // Copies the job's intact blocks into the cache and reports it.
+  // Begins copying the job's intact blocks into the cache (a copy that
+  // cannot begin fails them: job.copy is then done).
+  void BeginCopyIn(LoadJob& job);
+  // After job.copy has ended: counts and reports the load (when `report`).
   void CompleteLoad(LoadJob& job, sched::KvConnectorReport* report);
   // A staging buffer of at least `bytes` (from load_staging_free_, or new).
   absl::StatusOr<PinnedBuffer> TakeLoadStaging(size_t bytes);
@@ -426,6 +447,9 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   bool load_stopping_ = false;
   std::vector<PinnedBuffer> load_staging_free_;
   int64_t load_staging_bytes_ = 0;  // allocated, in use or free
+  // Loads whose copy into the cache has begun and is not yet seen to end,
+  // oldest first (loop thread only; the destructor waits for them).
+  std::vector<LoadJob> copying_;
   // The stores (request id, blocks) of the step whose LoadBlocks ran and
   // SnapshotStores did not yet (loop thread only).
   std::vector<std::pair<std::string, size_t>> unsnapshotted_;

@@ -240,6 +240,24 @@ class ModelRunner {
   // CUDA backend queues every copy on its step stream and waits once.
   virtual absl::Status CopyBlocksFromHost(std::span<const int32_t> block_ids,
                                           std::span<const std::span<const std::byte>> in);
+  // A copy into the cache that CopyBlocksFromHostAsync began.
+  struct BlockCopyIn {
+    // True once the copies have ended; never blocks (any thread).
+    std::function<bool()> done;
+    // Waits for the copies and returns their error (any thread).
+    BlockCopyWait wait;
+  };
+  // Begins copying in[i] (block_bytes() each) into block block_ids[i] (the
+  // KV-store's loads) and returns at once. `in` must stay valid, and no step
+  // may read the blocks, until done() is true or wait() has returned: the
+  // worker reports a load to the scheduler only then. The copies follow the
+  // steps run so far and any copy out of the same blocks. INVALID_ARGUMENT
+  // without copying anything when an id or a size is wrong. This
+  // implementation copies at once (CopyBlocksFromHost), so done() is true
+  // from the start; the CUDA backend copies on a stream of its own, beside
+  // the steps' kernels, so that a load never holds up a step.
+  virtual absl::StatusOr<BlockCopyIn> CopyBlocksFromHostAsync(
+      std::span<const int32_t> block_ids, std::span<const std::span<const std::byte>> in);
 
  protected:
   ModelRunner(const Model* model, KvCacheOptions opts, Backend backend)
