@@ -458,11 +458,17 @@ __global__ void CombineSplitsKernel(Bf16AttentionArgs a, int32_t num_splits,
   }
 }
 
-template <int kG>
-unsigned RowBlocks(const Bf16AttentionArgs& a) {
+// Query heads per block for a GQA group: a power of two >= the group, at
+// most kMaxGroup (the kernels' kG).
+constexpr int32_t BlockHeads(int32_t group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup;
+}
+
+// Blocks per split: rows x KV heads x chunks of each KV head's query heads.
+int64_t RowBlocks(const Bf16AttentionArgs& a) {
   const int32_t group = a.num_heads / a.shape.num_kv_heads;
-  return static_cast<unsigned>(int64_t{a.num_rows} * a.shape.num_kv_heads *
-                               ((group + kG - 1) / kG));
+  const int32_t kg = BlockHeads(group);
+  return int64_t{a.num_rows} * a.shape.num_kv_heads * ((group + kg - 1) / kg);
 }
 
 // Whether the pipelined kernel may launch: above 48 KiB of dynamic shared
@@ -502,11 +508,12 @@ int Launch(const Bf16AttentionArgs& a, int32_t splits, int32_t* splits_per_block
     // At most kAttnWarps * kMaxGroup * (256 + 2) floats: about 33 KiB, under
     // the 48 KiB that needs no opt-in.
     const size_t smem = sizeof(float) * kAttnWarps * kG * (a.shape.head_size + 2);
-    const dim3 grid(RowBlocks<kG>(a), static_cast<unsigned>(splits));
+    const dim3 grid(static_cast<unsigned>(RowBlocks(a)), static_cast<unsigned>(splits));
     PagedAttentionKernel<L, kG><<<grid, kAttnThreads, smem, S(stream)>>>(a, splits, scratch);
     return cudaGetLastError();
   }
-  const dim3 grid(RowBlocks<kG>(a), static_cast<unsigned>((splits + spb - 1) / spb));
+  const dim3 grid(static_cast<unsigned>(RowBlocks(a)),
+                  static_cast<unsigned>((splits + spb - 1) / spb));
   PagedAttentionPipelinedKernel<L, kG>
       <<<grid, kAttnThreads, kPipelinedSharedBytes<L, kG>, S(stream)>>>(a, splits, spb, scratch);
   return cudaGetLastError();
@@ -515,11 +522,12 @@ int Launch(const Bf16AttentionArgs& a, int32_t splits, int32_t* splits_per_block
 template <int L>
 int LaunchForGroup(const Bf16AttentionArgs& a, int32_t splits, int32_t* splits_per_block,
                    float* scratch, void* stream) {
-  const int32_t group = a.num_heads / a.shape.num_kv_heads;
-  if (group <= 1) return Launch<L, 1>(a, splits, splits_per_block, scratch, stream);
-  if (group <= 2) return Launch<L, 2>(a, splits, splits_per_block, scratch, stream);
-  if (group <= 4) return Launch<L, 4>(a, splits, splits_per_block, scratch, stream);
-  return Launch<L, kMaxGroup>(a, splits, splits_per_block, scratch, stream);
+  switch (BlockHeads(a.num_heads / a.shape.num_kv_heads)) {
+    case 1: return Launch<L, 1>(a, splits, splits_per_block, scratch, stream);
+    case 2: return Launch<L, 2>(a, splits, splits_per_block, scratch, stream);
+    case 4: return Launch<L, 4>(a, splits, splits_per_block, scratch, stream);
+    default: return Launch<L, kMaxGroup>(a, splits, splits_per_block, scratch, stream);
+  }
 }
 
 // The current device's multiprocessors, or 0 where it cannot run cp.async
@@ -561,11 +569,7 @@ int PagedAttentionBf16(const Bf16AttentionArgs& a, int32_t max_context, float* s
   int32_t spb = 1;
   if (hs == lanes * kMaxE && splits > 1) {  // the pipelined kernel's head sizes
     if (splits_per_block == kAutoSplitsPerBlock) {
-      const int32_t group = a.num_heads / a.shape.num_kv_heads;
-      const int32_t kg = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup;
-      const int64_t row_blocks =
-          int64_t{a.num_rows} * a.shape.num_kv_heads * ((group + kg - 1) / kg);
-      spb = PipelinedSplitsPerBlock(row_blocks, splits, PipelineMultiprocessors());
+      spb = PipelinedSplitsPerBlock(RowBlocks(a), splits, PipelineMultiprocessors());
     } else {
       spb = splits_per_block == 0 ? splits : std::min(splits_per_block, splits);
     }
