@@ -167,3 +167,12 @@ inline std::vector<ReferenceCase> LoadCases() {
 }
 
 }  // namespace tandem::model::testing
+
+// Skips the test when the build or the machine has no CUDA device.
+#define TANDEM_REQUIRE_CUDA(model)                                                      \
+  do {                                                                                  \
+    auto _probe =                                                                       \
+        ModelRunner::Create((model), {.block_size = 16, .num_blocks = 4}, Backend::kCuda); \
+    if (absl::IsUnavailable(_probe.status())) GTEST_SKIP() << _probe.status();          \
+  } while (0)
+
