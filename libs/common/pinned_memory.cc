@@ -1,5 +1,6 @@
 #include "tandem/common/pinned_memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -87,6 +88,14 @@ absl::StatusOr<PinnedBuffer> PinnedBuffer::AllocateShared(size_t bytes,
   buf.fd_ = memfd_create(options.what, MFD_CLOEXEC);
   if (buf.fd_ < 0 || ftruncate(buf.fd_, static_cast<off_t>(bytes)) != 0) {
     return absl::ResourceExhaustedError(absl::StrCat(options.what, ": memfd of ", bytes,
+                                                     " bytes: ", std::strerror(errno)));
+  }
+  // Backed now, whether or not it is locked below: another process maps
+  // it and populates its page tables ahead of its writes (the KV client's
+  // local stores), which must find pages, not allocate them in its own
+  // memory cgroup.
+  if (fallocate(buf.fd_, 0, 0, static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP) {
+    return absl::ResourceExhaustedError(absl::StrCat(options.what, ": backing a memfd of ", bytes,
                                                      " bytes: ", std::strerror(errno)));
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, buf.fd_, 0);

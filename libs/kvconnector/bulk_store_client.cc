@@ -32,6 +32,39 @@ absl::StatusOr<std::vector<BlockStoreResult>> StoreResults(const v1::StoreRespon
   return results;
 }
 
+std::optional<v1::BulkStoreRequest> MakeBulkStoreRequest(
+    std::string_view ns, std::span<const BlockHash> hashes,
+    std::span<const std::span<const uint8_t>> src, std::optional<kvstore::Durability> durability) {
+  v1::BulkStoreRequest req;
+  req.set_namespace_(std::string(ns));
+  req.set_durability(rpc::ToProto(durability));
+  // Each block is checksummed just before it is sent (the checksums follow
+  // the payload), so that the store receives one block while this computes
+  // the next one's CRC32C, and the send reads the bytes from cache.
+  req.set_checksums_follow(true);
+  uint64_t total = 0;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    v1::BulkStoreBlock* b = req.add_blocks();
+    b->set_block_hash(hashes[i].ToBytes());
+    b->set_size(src[i].size());
+    total += src[i].size();
+  }
+  if (total > rpc::kKvBulkStoreMaxBatchBytes ||
+      req.ByteSizeLong() > rpc::kKvBulkLoadMaxRequestBytes) {
+    return std::nullopt;
+  }
+  return req;
+}
+
+absl::StatusOr<std::vector<BlockStoreResult>> BulkStoreResults(const v1::BulkStoreAnswer& answer,
+                                                               size_t num_blocks) {
+  if (answer.status_code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(answer.status_code()),
+                        absl::StrCat("KV-store store: ", answer.status_message()));
+  }
+  return StoreResults(answer.response(), num_blocks);
+}
+
 BulkStoreClient::BulkStoreClient(const KvStoreClientOptions& options, BulkLoadClient* port)
     : opts_(options), port_(port), pool_(port, rpc::kKvBulkStorePreface, options.rpc_deadline_ms) {}
 
@@ -55,24 +88,8 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
   }
   std::optional<BulkLoadClient::Address> addr = port_->FindAddress();
   if (!addr) return std::nullopt;
-  v1::BulkStoreRequest req;
-  req.set_namespace_(std::string(ns));
-  req.set_durability(rpc::ToProto(durability));
-  // Each block is checksummed just before it is sent (the checksums follow
-  // the payload), so that the store receives one block while this computes
-  // the next one's CRC32C, and the send reads the bytes from cache.
-  req.set_checksums_follow(true);
-  uint64_t total = 0;
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    v1::BulkStoreBlock* b = req.add_blocks();
-    b->set_block_hash(hashes[i].ToBytes());
-    b->set_size(src[i].size());
-    total += src[i].size();
-  }
-  if (total > rpc::kKvBulkStoreMaxBatchBytes ||
-      req.ByteSizeLong() > rpc::kKvBulkLoadMaxRequestBytes) {
-    return std::nullopt;
-  }
+  std::optional<v1::BulkStoreRequest> req = MakeBulkStoreRequest(ns, hashes, src, durability);
+  if (!req) return std::nullopt;
   const size_t n = hashes.size();
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool pooled = false;
@@ -84,7 +101,7 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
     const uint64_t received_before = sock->bytes_received();
     // The blocks' bytes go from the caller's buffers to the socket.
     v1::BulkStoreChecksums checksums;
-    absl::Status io = sock->Write(req);
+    absl::Status io = sock->Write(*req);
     for (size_t i = 0; i < n && io.ok(); ++i) {
       checksums.add_checksums(kvstore::Crc32c(src[i]));
       io = sock->WriteRaw(src[i]);
@@ -93,18 +110,13 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
     v1::BulkStoreAnswer answer;
     if (io.ok()) io = sock->Read(&answer, rpc::kKvBulkLoadMaxRequestBytes);
     if (io.ok()) {
-      const absl::Status status(static_cast<absl::StatusCode>(answer.status_code()),
-                                answer.status_message());
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++stores_;
       }
       // After an error the store closes the connection.
-      if (status.ok()) pool_.Give(std::move(sock));
-      if (!status.ok()) {
-        return absl::Status(status.code(), absl::StrCat("KV-store store: ", status.message()));
-      }
-      return StoreResults(answer.response(), n);
+      if (answer.status_code() == 0) pool_.Give(std::move(sock));
+      return BulkStoreResults(answer, n);
     }
     if (sock->bytes_received() == received_before) {
       // No answer at all. A pooled connection the store closed meanwhile:

@@ -36,6 +36,17 @@ namespace tandem::kvconnector {
 absl::StatusOr<std::vector<BlockStoreResult>> StoreResults(const v1::StoreResponse& response,
                                                            size_t num_blocks);
 
+// The BulkStoreRequest of a Store (checksums_follow: the CRC32Cs go in a
+// BulkStoreChecksums frame after the payload); nullopt when the batch is
+// over the port's limits.
+std::optional<v1::BulkStoreRequest> MakeBulkStoreRequest(
+    std::string_view ns, std::span<const BlockHash> hashes,
+    std::span<const std::span<const uint8_t>> src, std::optional<kvstore::Durability> durability);
+// A BulkStoreAnswer as a Store's result: the batch's error, or one result
+// per block.
+absl::StatusOr<std::vector<BlockStoreResult>> BulkStoreResults(const v1::BulkStoreAnswer& answer,
+                                                               size_t num_blocks);
+
 class BulkStoreClient {
  public:
   // `port` finds the bulk port; not owned, must outlive this.

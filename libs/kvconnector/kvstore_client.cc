@@ -12,7 +12,7 @@
 #include "bulk_load_client.h"
 #include "bulk_lookup_client.h"
 #include "bulk_store_client.h"
-#include "local_load_client.h"
+#include "local_socket_client.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/impl/rpc_method.h"
@@ -453,6 +453,9 @@ class KvStoreClient::Impl {
           absl::StrCat("Store: ", hashes.size(), " hashes but ", src.size(), " source buffers"));
     }
     if (hashes.empty()) return std::vector<BlockStoreResult>();
+    if (opts_.bulk_store && opts_.local_store) {
+      if (auto r = local_.Store(ns, hashes, src, durability)) return *std::move(r);
+    }
     if (opts_.bulk_store) {
       if (auto r = bulk_store_.Store(ns, hashes, src, durability)) return *std::move(r);
     }
@@ -518,6 +521,7 @@ class KvStoreClient::Impl {
 
   [[nodiscard]] uint64_t bulk_loads() const { return bulk_.loads(); }
   [[nodiscard]] uint64_t local_loads() const { return local_.loads(); }
+  [[nodiscard]] uint64_t local_stores() const { return local_.stores(); }
   [[nodiscard]] uint64_t bulk_stores() const { return bulk_store_.stores(); }
   [[nodiscard]] uint64_t bulk_lookups() const {
     return bulk_lookup_ ? bulk_lookup_->answered() : 0;
@@ -558,7 +562,7 @@ class KvStoreClient::Impl {
   std::vector<std::shared_ptr<void>> graveyard_;
   BulkLoadClient bulk_;
   BulkStoreClient bulk_store_;  // finds the port through bulk_
-  LocalLoadClient local_;
+  LocalSocketClient local_;
   // ReleaseAsync batching (release_batch_ms).
   std::mutex release_mu_;
   std::condition_variable release_cv_;
@@ -605,6 +609,7 @@ absl::StatusOr<bool> KvStoreClient::CreateNamespace(const kvstore::NamespaceSpec
 absl::StatusOr<kvstore::KvStoreStats> KvStoreClient::Stats() { return impl_->Stats(); }
 uint64_t KvStoreClient::bulk_loads() const { return impl_->bulk_loads(); }
 uint64_t KvStoreClient::local_loads() const { return impl_->local_loads(); }
+uint64_t KvStoreClient::local_stores() const { return impl_->local_stores(); }
 uint64_t KvStoreClient::bulk_stores() const { return impl_->bulk_stores(); }
 uint64_t KvStoreClient::bulk_lookups() const { return impl_->bulk_lookups(); }
 bool KvStoreClient::bulk_lookup_connected() const { return impl_->bulk_lookup_connected(); }

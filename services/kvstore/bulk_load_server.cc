@@ -191,6 +191,8 @@ BulkLoadServerStats BulkLoadServer::GetStats() const {
   s.bytes_stored = bytes_stored_.load();
   s.local_loads = local_loads_.load();
   s.blocks_shared = blocks_shared_.load();
+  s.local_stores = local_stores_.load();
+  s.blocks_written_in_place = blocks_written_in_place_.load();
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& c : connections_) s.connections_open += c->finished.load() ? 0 : 1;
   return s;

@@ -103,7 +103,28 @@
 // itself. Other blocks come inline as on the bulk port. The pins hold until
 // the client's next frame on the connection (it sends an empty LoadRequest,
 // answered with a done frame, once it has copied the blocks) or until the
-// connection ends. The socket's file permissions are its access control:
+// connection ends.
+//   A connection that opens with "TKVSHS01" (rpc::kKvLocalStorePreface)
+// instead carries stores, written in place: it gets the memfd the same way,
+// which the client maps read-write. Each batch goes as on the bulk port's
+// store connections, except that after the BulkStoreRequest (with
+// checksums_follow) the server reserves a hot slot for each block it will
+// keep in the hot tier (KvStoreEngine::ReserveHotSlots) and answers a
+// BulkStoreSlots frame with each block's offset in the shared memory, or -1.
+// Then, block by block in request order, the client writes the block into
+// its slot or sends its payload inline; after block i, when the blocks since
+// the last frame hold at least rpc::kKvLocalStoreChecksumBytes or i is the
+// last (rpc::KvLocalStoreChecksumsDue), it sends a BulkStoreChecksums frame
+// with those blocks' CRC32Cs (another count is INVALID_ARGUMENT and closes
+// the connection). The server checks those slots' CRC32Cs against the
+// writer's while the client writes the next blocks, and stores the batch. A
+// request without checksums_follow is refused (INVALID_ARGUMENT, in the
+// slots frame). A slot is not served to anyone before its
+// block is stored, and goes back to the tier when it is not (a failed
+// checksum, the connection ending). A client that writes into the mapping
+// outside its slots, or after its batch is answered, corrupts blocks; every
+// reader checks the CRC32C, so that is a miss, not a wrong token.
+// The socket's file permissions are its access control:
 // it does not speak TLS and checks no role. The KV client uses it when the
 // store advertises it (StatsResponse.local_socket) with its own host id
 // (the kernel's boot id), and falls back to the bulk port otherwise.
@@ -184,6 +205,8 @@ struct BulkLoadServerStats {
   uint64_t bytes_sent = 0;   // payload bytes
   uint64_t local_loads = 0;  // LoadRequests answered on the local socket
   uint64_t blocks_shared = 0;  // blocks answered with their place in shared memory
+  uint64_t local_stores = 0;   // store batches answered on the local socket
+  uint64_t blocks_written_in_place = 0;  // blocks the client wrote into a shared slot
 };
 
 class BulkLoadServer {
@@ -223,8 +246,21 @@ class BulkLoadServer {
   absl::Status Authorize(const Connection& conn, std::string_view method);
   // A store connection (bulk_store.cc): answers store batches until the
   // client closes; with `allowed` not OK, answers the first with it and
-  // returns.
-  void ServeStores(rpc::FramedSocket* sock, const absl::Status& allowed);
+  // returns. `in_place` (the local socket): each batch's reserved slots are
+  // offered to the client (BulkStoreSlots), which writes those blocks into
+  // the shared memory itself.
+  void ServeStores(rpc::FramedSocket* sock, const absl::Status& allowed, bool in_place = false);
+  // A batch's payload over the socket into `payloads`, each block's CRC32C
+  // into `crcs`, then (with checksums_follow) the writer's checksums into
+  // `request`.
+  absl::Status ReceiveInline(rpc::FramedSocket* sock, std::span<const std::span<uint8_t>> payloads,
+                             v1::BulkStoreRequest* request, std::span<uint32_t> crcs);
+  // In place (the local socket): block by block, its payload into
+  // payloads[i] when it has no slot, and the checksums where a frame of them
+  // is due; each slot the client wrote is checksummed there.
+  absl::Status ReceiveInPlace(rpc::FramedSocket* sock, const kvstore::HotSlots& slots,
+                              std::span<const std::span<uint8_t>> payloads,
+                              v1::BulkStoreRequest* request, std::span<uint32_t> crcs);
   // Stores one batch whose block k's bytes are in payloads[k] (a slot of
   // `reserved` where it got one), with each block's CRC32C as received in
   // `payload_crcs`. The batch's error, or OK with one status per block in
@@ -264,7 +300,7 @@ class BulkLoadServer {
   std::atomic<uint64_t> accepted_{0}, rejected_{0}, bad_prefaces_{0}, loads_{0}, lookups_{0},
       blocks_sent_{0}, bytes_sent_{0}, tls_failures_{0}, permission_denied_{0}, stores_{0},
       blocks_stored_{0}, bytes_stored_{0}, debug_new_blocks_{0}, local_loads_{0},
-      blocks_shared_{0};
+      blocks_shared_{0}, local_stores_{0}, blocks_written_in_place_{0};
   std::atomic<bool> logged_kernel_tls_{false};
 };
 

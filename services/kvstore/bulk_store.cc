@@ -3,6 +3,8 @@
 // blocks will be served from (KvStoreEngine::ReserveHotSlots), or into one
 // buffer for blocks that get none, each block's CRC32C computed as it lands,
 // and from there to the engine's StoreBatch, one RocksDB write per batch.
+// On the local socket the client writes the blocks that got a slot into it
+// itself, through the shared memory, and the store checks them there.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -46,51 +48,74 @@ std::string HashName(const std::string& raw) {
 
 }  // namespace
 
-void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& allowed) {
+void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& allowed,
+                                 bool in_place) {
   PayloadBuffer buffer;
   v1::BulkStoreRequest request;
   v1::BulkStoreAnswer answer;
+  // A batch refused before its payload: answered with the frame the client
+  // waits for next (in place, the slots), then the connection is closed.
+  const auto refuse = [&](const absl::Status& s) {
+    if (in_place) {
+      v1::BulkStoreSlots slots;
+      slots.set_status_code(static_cast<int32_t>(s.code()));
+      slots.set_status_message(std::string(s.message()));
+      (void)sock->Write(slots);
+      return;
+    }
+    answer.set_status_code(static_cast<int32_t>(s.code()));
+    answer.set_status_message(std::string(s.message()));
+    (void)sock->Write(answer);
+  };
   for (;;) {
     // Idle between batches, io_timeout_ms within one.
     sock->SetTimeouts(options_.io_timeout_ms, options_.idle_timeout_ms);
     absl::Status s = sock->Read(&request, rpc::kKvBulkLoadMaxRequestBytes);
     answer.Clear();
     if (s.code() == absl::StatusCode::kInvalidArgument) {
-      s = Annotate(s, "bulk store");
-      answer.set_status_code(static_cast<int32_t>(s.code()));
-      answer.set_status_message(std::string(s.message()));
-      (void)sock->Write(answer);
+      refuse(Annotate(s, in_place ? "local store" : "bulk store"));
       return;
     }
     if (!s.ok()) return;  // closed, reset, or idle past the timeout
     sock->SetTimeouts(options_.io_timeout_ms, options_.io_timeout_ms);
     ++stores_;
+    if (in_place) ++local_stores_;
     uint64_t total = 0;
     for (const v1::BulkStoreBlock& b : request.blocks()) total += b.size();
     if (total > rpc::kKvBulkStoreMaxBatchBytes) {
       // The payload cannot be received: the connection is closed after the answer.
-      s = absl::InvalidArgumentError(absl::StrCat("bulk store: a batch of ", total,
-                                                  " payload bytes; at most ",
-                                                  rpc::kKvBulkStoreMaxBatchBytes, " are accepted"));
-      answer.set_status_code(static_cast<int32_t>(s.code()));
-      answer.set_status_message(std::string(s.message()));
-      (void)sock->Write(answer);
+      refuse(absl::InvalidArgumentError(absl::StrCat("bulk store: a batch of ", total,
+                                                     " payload bytes; at most ",
+                                                     rpc::kKvBulkStoreMaxBatchBytes,
+                                                     " are accepted")));
       return;
     }
     if (!allowed.ok()) {
       // The role may not store: the batch is read past (so the client is
       // not cut off mid-send and sees why) and refused.
-      if (sock->Skip(total).ok()) {
-        answer.set_status_code(static_cast<int32_t>(allowed.code()));
-        answer.set_status_message(std::string(allowed.message()));
-        (void)sock->Write(answer);
-      }
+      if (sock->Skip(total).ok()) refuse(allowed);
+      return;
+    }
+    if (in_place && !request.checksums_follow()) {
+      refuse(absl::InvalidArgumentError(
+          "local store: the blocks' checksums must follow them (checksums_follow)"));
       return;
     }
     // Blocks the engine would place in the hot tier are received straight
-    // into the slots they will be served from; the others into the buffer.
+    // into the slots they will be served from (in place: written there by
+    // the client); the others into the buffer.
     kvstore::HotSlots slots = ReserveSlots(request);
     const int n = request.blocks_size();
+    if (in_place) {
+      v1::BulkStoreSlots offered;
+      const std::byte* base = store_->hot_tier_memory().bytes.data();
+      for (int i = 0; i < n; ++i) {
+        const std::span<uint8_t> slot = slots.slot(i);
+        offered.add_shared_offsets(
+            slot.empty() ? -1 : reinterpret_cast<const std::byte*>(slot.data()) - base);
+      }
+      if (!sock->Write(offered).ok()) return;
+    }
     std::vector<std::span<uint8_t>> payloads(n);
     uint64_t buffered = 0;
     for (int i = 0; i < n; ++i) {
@@ -105,31 +130,18 @@ void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& al
       }
     }
     // All of the batch first: a connection that breaks mid-payload stores
-    // nothing. Each block's CRC32C is computed as its bytes land, while they
-    // are in cache and the client is still sending, so the store does not
-    // read the payload again to check the writer's checksum.
+    // nothing.
     std::vector<uint32_t> crcs(n, 0);
-    const auto on_piece = [&](size_t k, std::span<const uint8_t> piece) {
-      crcs[k] = kvstore::Crc32cExtend(crcs[k], piece.data(), piece.size());
-    };
-    if (!sock->ReadRawScatter(payloads, on_piece).ok()) return;
-    if (request.checksums_follow()) {
-      v1::BulkStoreChecksums checksums;
-      s = sock->Read(&checksums, rpc::kKvBulkLoadMaxRequestBytes);
-      if (s.ok() && checksums.checksums_size() != n) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("bulk store: ", checksums.checksums_size(), " checksums after a batch of ",
-                         n, " blocks"));
-      }
-      if (!s.ok()) {
-        // The framing is lost: answered, then the connection is closed.
-        if (s.code() != absl::StatusCode::kInvalidArgument) return;
-        answer.set_status_code(static_cast<int32_t>(s.code()));
-        answer.set_status_message(std::string(Annotate(s, "bulk store").message()));
-        (void)sock->Write(answer);
-        return;
-      }
-      for (int i = 0; i < n; ++i) request.mutable_blocks(i)->set_checksum(checksums.checksums(i));
+    s = in_place ? ReceiveInPlace(sock, slots, payloads, &request, crcs)
+                 : ReceiveInline(sock, payloads, &request, crcs);
+    if (!s.ok()) {
+      // The framing is lost: answered, then the connection is closed.
+      if (s.code() != absl::StatusCode::kInvalidArgument) return;
+      answer.set_status_code(static_cast<int32_t>(s.code()));
+      answer.set_status_message(
+          std::string(Annotate(s, in_place ? "local store" : "bulk store").message()));
+      (void)sock->Write(answer);
+      return;
     }
     s = AnswerStore(request, payloads, crcs, &slots, answer.mutable_response());
     if (!s.ok()) answer.clear_response();
@@ -137,6 +149,67 @@ void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& al
     answer.set_status_message(std::string(s.message()));
     if (!sock->Write(answer).ok()) return;
   }
+}
+
+absl::Status BulkLoadServer::ReceiveInline(rpc::FramedSocket* sock,
+                                           std::span<const std::span<uint8_t>> payloads,
+                                           v1::BulkStoreRequest* request,
+                                           std::span<uint32_t> crcs) {
+  // Each block's CRC32C is computed as its bytes land, while they are in
+  // cache and the client is still sending, so the store does not read the
+  // payload again to check the writer's checksum.
+  const auto on_piece = [&](size_t k, std::span<const uint8_t> piece) {
+    crcs[k] = kvstore::Crc32cExtend(crcs[k], piece.data(), piece.size());
+  };
+  TANDEM_RETURN_IF_ERROR(sock->ReadRawScatter(payloads, on_piece));
+  if (!request->checksums_follow()) return absl::OkStatus();
+  const int n = request->blocks_size();
+  v1::BulkStoreChecksums checksums;
+  TANDEM_RETURN_IF_ERROR(sock->Read(&checksums, rpc::kKvBulkLoadMaxRequestBytes));
+  if (checksums.checksums_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bulk store: ", checksums.checksums_size(), " checksums after a batch of ", n, " blocks"));
+  }
+  for (int i = 0; i < n; ++i) request->mutable_blocks(i)->set_checksum(checksums.checksums(i));
+  return absl::OkStatus();
+}
+
+absl::Status BulkLoadServer::ReceiveInPlace(rpc::FramedSocket* sock, const kvstore::HotSlots& slots,
+                                            std::span<const std::span<uint8_t>> payloads,
+                                            v1::BulkStoreRequest* request,
+                                            std::span<uint32_t> crcs) {
+  // Block by block: its payload when it has no slot; and where a frame of
+  // checksums is due (rpc::KvLocalStoreChecksumsDue), the checksums of the
+  // blocks since the last one, sent once the client has written them. Those
+  // slots are checked here while the client writes the next blocks.
+  const int n = request->blocks_size();
+  v1::BulkStoreChecksums frame;
+  int first = 0;  // the first block whose checksum has not come
+  uint64_t bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    if (slots.slot(i).empty()) {
+      TANDEM_RETURN_IF_ERROR(sock->ReadRaw(payloads[i], [&](std::span<const uint8_t> piece) {
+        crcs[i] = kvstore::Crc32cExtend(crcs[i], piece.data(), piece.size());
+      }));
+    }
+    bytes += request->blocks(i).size();
+    if (!rpc::KvLocalStoreChecksumsDue(bytes, i == n - 1)) continue;
+    TANDEM_RETURN_IF_ERROR(sock->Read(&frame, rpc::kKvBulkLoadMaxRequestBytes));
+    if (frame.checksums_size() != i + 1 - first) {
+      return absl::InvalidArgumentError(absl::StrCat(frame.checksums_size(),
+                                                     " checksums after blocks ", first, "-", i,
+                                                     "; one for each of them follows them"));
+    }
+    for (int k = first; k <= i; ++k) {
+      request->mutable_blocks(k)->set_checksum(frame.checksums(k - first));
+      if (slots.slot(k).empty()) continue;
+      crcs[k] = kvstore::Crc32c(slots.slot(k));
+      ++blocks_written_in_place_;
+    }
+    first = i + 1;
+    bytes = 0;
+  }
+  return absl::OkStatus();
 }
 
 kvstore::HotSlots BulkLoadServer::ReserveSlots(const v1::BulkStoreRequest& request) {

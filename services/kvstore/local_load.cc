@@ -1,6 +1,6 @@
 // The bulk load server's local socket (bulk_load_server.h, "Local socket"):
 // loads that a client on this host reads in place from the hot tier's
-// shared memory.
+// shared memory, and stores it writes in place (bulk_store.cc).
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -58,16 +58,22 @@ absl::StatusOr<int> ListenLocal(const std::string& path) {
 void BulkLoadServer::ServeLocal(rpc::FramedSocket* sock) {
   uint8_t preface[rpc::kKvLocalLoadPreface.size()];
   if (!sock->ReadRaw(preface).ok()) return;
-  if (std::memcmp(preface, rpc::kKvLocalLoadPreface.data(), sizeof preface) != 0) {
+  const bool stores =
+      std::memcmp(preface, rpc::kKvLocalStorePreface.data(), sizeof preface) == 0;
+  if (!stores && std::memcmp(preface, rpc::kKvLocalLoadPreface.data(), sizeof preface) != 0) {
     ++bad_prefaces_;
-    TANDEM_LOG(WARNING) << "local socket: a connection did not start with the local load preface; "
-                           "closed";
+    TANDEM_LOG(WARNING) << "local socket: a connection did not start with the local load or "
+                           "store preface; closed";
     return;
   }
   const kvstore::KvStoreEngine::HotTierMemory memory = store_->hot_tier_memory();
   uint8_t size[8];
   for (int i = 0; i < 8; ++i) size[i] = static_cast<uint8_t>(memory.bytes.size() >> (8 * i));
   if (!sock->SendWithFd(size, memory.fd).ok()) return;
+  if (stores) {
+    ServeStores(sock, absl::OkStatus(), /*in_place=*/true);
+    return;
+  }
   // The pins of the last load, held until the client's next frame.
   LeaseId pinned{0};
   struct Unpin {

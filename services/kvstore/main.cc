@@ -89,8 +89,8 @@ int main(int argc, char** argv) {
             "stay open)");
   flags.Add("local-socket", &bulk_options.local_socket,
             "Unix-domain path where workers on this host read blocks in place from the hot "
-            "tier's shared memory (created mode 0600; needs the bulk load port and the hot "
-            "tier); empty: off");
+            "tier's shared memory, and write the blocks they store straight into it (created "
+            "mode 0600; needs the bulk load port and the hot tier); empty: off");
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);
   flags.Add("drain-timeout-s", &drain_timeout_s,

@@ -15,6 +15,7 @@
 #include "bulk_test_store.h"
 #include "gtest/gtest.h"
 #include "kvstore_service.h"
+#include "local_socket_fixture.h"
 #include "loopback_server.h"
 #include "tandem/kvconnector/kvstore_client.h"
 #include "tandem/kvstore/kv_store.h"
@@ -35,58 +36,7 @@ using kvstore::testing::TestPayload;
 constexpr uint64_t kBlock = testutil::kBulkBlock;
 constexpr uint64_t kBigBlock = testutil::kBulkBigBlock;
 
-class LocalLoadTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto store = testutil::OpenBulkTestStore(dir_.path(), {{"ns", kBlock}, {"big", kBigBlock}},
-                                             /*share_hot_tier=*/true);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    for (uint64_t id = 1; id <= 6; ++id) {
-      ASSERT_TRUE(testutil::PutTestBlock(store_.get(), "ns", id, kBlock).ok());
-    }
-    ASSERT_TRUE(testutil::PutTestBlock(store_.get(), "big", 100, kBigBlock).ok());
-    socket_ = dir_.path() + "/kv.sock";
-    auto bulk = kvstore_service::BulkLoadServer::Start(store_.get(), {.local_socket = socket_});
-    ASSERT_TRUE(bulk.ok()) << bulk.status();
-    bulk_ = std::move(*bulk);
-    service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
-        store_.get(), kvstore_service::KvStoreServiceOptions{.bulk_load = bulk_.get()});
-    testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
-    ASSERT_NE(s.server, nullptr);
-    server_ = std::move(s.server);
-    auto client = KvStoreClient::Create({.target = s.target, .bulk_lookup = false});
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = std::move(*client);
-  }
-  void TearDown() override {
-    client_.reset();
-    if (server_) server_->Shutdown();
-    if (bulk_) bulk_->Shutdown();
-  }
-
-  struct Loaded {
-    absl::StatusOr<std::vector<kvconnector::BlockLoadResult>> results;
-    std::vector<std::vector<uint8_t>> bufs;
-  };
-  Loaded Load(const std::string& ns, const std::vector<uint64_t>& ids, uint64_t size) {
-    Loaded out;
-    std::vector<BlockHash> hashes;
-    for (uint64_t id : ids) hashes.push_back(TestHash(id));
-    out.bufs.assign(ids.size(), std::vector<uint8_t>(size, 0xEE));
-    std::vector<std::span<uint8_t>> dst(out.bufs.begin(), out.bufs.end());
-    out.results = client_->Load(ns, hashes, dst, LeaseId(0));
-    return out;
-  }
-
-  TempDir dir_;
-  std::string socket_;
-  std::unique_ptr<kvstore::KvStoreEngine> store_;
-  std::unique_ptr<kvstore_service::BulkLoadServer> bulk_;
-  std::unique_ptr<kvstore_service::KvStoreServiceImpl> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<KvStoreClient> client_;
-};
+using LocalLoadTest = testutil::LocalSocketTest;
 
 TEST_F(LocalLoadTest, LoadsReadTheHotTierInPlace) {
   Loaded l = Load("ns", {1, 2, 99, 3}, kBlock);  // 99 is not stored

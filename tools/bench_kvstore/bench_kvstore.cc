@@ -126,12 +126,17 @@ struct Blocks {
   }
 };
 
+// How a load or a store is meant to go.
+enum class Via { kGrpc, kBulk, kLocal };
+
 // Stores every block once (fresh blocks) through `client` into `ns`; GB/s.
-// Checks each store went the way it is labelled (bulk port or gRPC stream).
-double StoreAll(kvconnector::KvStoreClient* client, bool bulk, const std::string& ns, const Case& c,
+// Checks each store went the way it is labelled (local socket, bulk port or
+// gRPC stream).
+double StoreAll(kvconnector::KvStoreClient* client, Via via, const std::string& ns, const Case& c,
                 const Blocks& b, std::optional<kvstore::Durability> durability) {
   TANDEM_CHECK(client->CreateNamespace({.name = ns, .block_bytes = c.block_bytes}).ok());
   const uint64_t bulk_before = client->bulk_stores();
+  const uint64_t local_before = client->local_stores();
   uint64_t calls = 0;
   const auto t0 = Clock::now();
   for (uint64_t i = 0; i < c.num_blocks; i += c.batch, ++calls) {
@@ -142,12 +147,10 @@ double StoreAll(kvconnector::KvStoreClient* client, bool bulk, const std::string
     for (const auto& br : *r) TANDEM_CHECK(br.status.ok() && !br.already_present) << br.status;
   }
   const double gbps = c.block_bytes * c.num_blocks / SecondsSince(t0) / 1e9;
-  TANDEM_CHECK(client->bulk_stores() - bulk_before == (bulk ? calls : 0));
+  TANDEM_CHECK(client->bulk_stores() - bulk_before == (via == Via::kBulk ? calls : 0));
+  TANDEM_CHECK(client->local_stores() - local_before == (via == Via::kLocal ? calls : 0));
   return gbps;
 }
-
-// How a load is meant to go.
-enum class Via { kGrpc, kBulk, kLocal };
 
 // `rounds` passes of Load over every block; GB/s. Checks each load went the
 // way it is labelled (local socket, bulk load port or gRPC stream).
@@ -235,11 +238,13 @@ enum StorePath {
   kStoreGrpcNone,
   kStoreBulkMemory,
   kStoreGrpcMemory,
+  kStoreLocalMemory,
   kRedisSet,
+  kRedisSetUnix,
   kNumStorePaths
 };
 const char* const kStorePathNames[kNumStorePaths] = {
-    "store wal", "wal gRPC", "store none", "none gRPC", "store mem", "mem gRPC", "redis SET"};
+    "store wal", "wal gRPC", "store none", "none gRPC", "store mem", "mem gRPC", "mem local", "redis SET", "redis unix"};
 
 struct Figures {
   double store_gbps[kNumStorePaths] = {};  // median over the trials
@@ -251,31 +256,36 @@ struct Figures {
 // `trials` interleaved trials of every load path, each `rounds` passes over
 // the blocks after one untimed pass (flow-control windows grow, buffers are
 // faulted in). Interleaving keeps a noisy neighbour from favouring one side.
-Figures RunCase(Service* hot, Service* cold, Redis* redis, Redis* redis_tls, const Case& c,
-                int rounds, int trials, int store_trials) {
+Figures RunCase(Service* hot, Service* cold, Redis* redis, Redis* redis_tls, Redis* redis_unix,
+                const Case& c, int rounds, int trials, int store_trials) {
   Figures f;
   Blocks b(c);
   const std::string ns = c.name;
   // The cold service gets the blocks for its loads.
-  StoreAll(cold->client.get(), true, ns, c, b, std::nullopt);
+  StoreAll(cold->client.get(), Via::kBulk, ns, c, b, std::nullopt);
   auto store = [&](int path, int trial) {
     const std::string store_ns = absl::StrCat(ns, "-", kStorePathNames[path], "-", trial);
     switch (path) {
       case kStoreBulk:
-        return StoreAll(hot->client.get(), true, store_ns, c, b, std::nullopt);
+        return StoreAll(hot->client.get(), Via::kBulk, store_ns, c, b, std::nullopt);
       case kStoreGrpc:
-        return StoreAll(hot->grpc_client.get(), false, store_ns, c, b, std::nullopt);
+        return StoreAll(hot->grpc_client.get(), Via::kGrpc, store_ns, c, b, std::nullopt);
       case kStoreBulkNone:
-        return StoreAll(hot->client.get(), true, store_ns, c, b, kvstore::Durability::kNone);
+        return StoreAll(hot->client.get(), Via::kBulk, store_ns, c, b, kvstore::Durability::kNone);
       case kStoreGrpcNone:
-        return StoreAll(hot->grpc_client.get(), false, store_ns, c, b, kvstore::Durability::kNone);
+        return StoreAll(hot->grpc_client.get(), Via::kGrpc, store_ns, c, b, kvstore::Durability::kNone);
       case kStoreBulkMemory:
-        return StoreAll(hot->client.get(), true, store_ns, c, b, kvstore::Durability::kMemory);
-      case kStoreGrpcMemory:
-        return StoreAll(hot->grpc_client.get(), false, store_ns, c, b,
+        return StoreAll(hot->client.get(), Via::kBulk, store_ns, c, b, kvstore::Durability::kMemory);
+      case kStoreLocalMemory:
+        return StoreAll(hot->local_client.get(), Via::kLocal, store_ns, c, b,
                         kvstore::Durability::kMemory);
-      default:
+      case kStoreGrpcMemory:
+        return StoreAll(hot->grpc_client.get(), Via::kGrpc, store_ns, c, b,
+                        kvstore::Durability::kMemory);
+      case kRedisSet:
         return RedisSetAll(redis, c, b);
+      default:
+        return RedisSetAll(redis_unix, c, b);
     }
   };
   // Each trial starts with RocksDB idle in both stores: the flushes and
@@ -287,7 +297,8 @@ Figures RunCase(Service* hot, Service* cold, Redis* redis, Redis* redis_tls, con
       TANDEM_CHECK(idle.ok()) << idle;
     }
   };
-  const int store_paths = redis != nullptr ? kNumStorePaths : kRedisSet;
+  const int store_paths =
+      redis == nullptr ? kRedisSet : redis_unix == nullptr ? kRedisSetUnix : kNumStorePaths;
   std::vector<double> store_gbps[kNumStorePaths];
   for (int t = 0; t < store_trials; ++t) {
     for (int k = 0; k < store_paths; ++k) {
@@ -299,7 +310,7 @@ Figures RunCase(Service* hot, Service* cold, Redis* redis, Redis* redis_tls, con
   for (int p = 0; p < store_paths; ++p) f.store_gbps[p] = Median(store_gbps[p]);
   // The hot service's loads read blocks stored after the trials, so that they
   // are the hot tier's most recent.
-  StoreAll(hot->client.get(), true, ns, c, b, std::nullopt);
+  StoreAll(hot->client.get(), Via::kBulk, ns, c, b, std::nullopt);
   quiesce();
   auto run = [&](int path, int r) {
     switch (path) {
@@ -382,9 +393,9 @@ int Main(int argc, char** argv) {
   // redis-server first: it is an anchor for lookups too.
   // Its TLS port (mutual TLS, the certificates of our TLS paths) is the
   // anchor of our loads under mutual TLS; Debian's redis-server has TLS.
-  bool have_redis = false, have_redis_tls = false;
+  bool have_redis = false, have_redis_tls = false, have_redis_unix = false;
   pid_t redis_pid = -1;
-  Redis redis, redis_tls;
+  Redis redis, redis_tls, redis_unix;
   std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> redis_ctx(SSL_CTX_new(TLS_client_method()),
                                                              SSL_CTX_free);
   if (!redis_server.empty() && std::filesystem::exists(redis_server)) {
@@ -394,11 +405,15 @@ int Main(int argc, char** argv) {
                        .cert_file = tls_dir + "/leaf.pem",
                        .key_file = tls_dir + "/leaf.key",
                        .ca_file = tls_dir + "/ca.pem"};
-    redis_pid = StartRedis(redis_server, port, tls);
+    // Its Unix-domain socket is the anchor of stores through our local
+    // socket (a client on the store's host).
+    const std::string unix_socket = data_dir + "/redis.sock";
+    redis_pid = StartRedis(redis_server, port, tls, unix_socket);
     for (int i = 0; i < 200 && !have_redis; ++i) {
       have_redis = redis.Connect(port);
       if (!have_redis) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    have_redis_unix = have_redis && redis_unix.ConnectUnix(unix_socket);
     SSL_CTX* ctx = redis_ctx.get();
     if (have_redis && SSL_CTX_use_certificate_chain_file(ctx, tls.cert_file.c_str()) == 1 &&
         SSL_CTX_use_PrivateKey_file(ctx, tls.key_file.c_str(), SSL_FILETYPE_PEM) == 1 &&
@@ -506,6 +521,7 @@ int Main(int argc, char** argv) {
   for (const Case& c : cases) {
     figs.push_back(
         RunCase(&hot, &cold, have_redis ? &redis : nullptr, have_redis_tls ? &redis_tls : nullptr,
+                have_redis_unix ? &redis_unix : nullptr,
                 c, rounds, trials, store_trials));
   }
   if (redis_pid > 0) {
@@ -551,7 +567,8 @@ int Main(int argc, char** argv) {
   std::printf(
       "Throughput, GB/s. Blocks per Load/Store call = redis pipeline depth. Stores: median of "
       "%d interleaved trials, each of fresh blocks into a new namespace, over the bulk port (the "
-      "client's default) and over the gRPC stream:\n",
+      "client's default for a store on another host), over the gRPC stream, and through the "
+      "local socket (mem local: written in place into the store's shared memory):\n",
       store_trials);
   std::printf("  %-6s %6s %6s |", "block", "blocks", "batch");
   for (const char* name : kStorePathNames) std::printf(" %10s", name);
@@ -561,7 +578,7 @@ int Main(int argc, char** argv) {
                 static_cast<unsigned long long>(cases[i].num_blocks),
                 static_cast<unsigned long long>(cases[i].batch));
     for (int p = 0; p < kNumStorePaths; ++p) {
-      if (p != kRedisSet || have_redis) {
+      if ((p != kRedisSet || have_redis) && (p != kRedisSetUnix || have_redis_unix)) {
         std::printf(" %10.2f", figs[i].store_gbps[p]);
       } else {
         std::printf(" %10s", "n/a");
@@ -575,9 +592,18 @@ int Main(int argc, char** argv) {
       std::printf(
           "  %s: store / redis SET (no persistence) over the bulk port: memory %.2fx (the same "
           "durability; target >= 1x), wal %.2fx (on disk); over the gRPC stream: memory %.2fx, "
-          "wal %.2fx\n",
+          "wal %.2fx; from the same host, written in place through the local socket: memory "
+          "%.2fx\n",
           cases[i].name, g[kStoreBulkMemory] / g[kRedisSet], g[kStoreBulk] / g[kRedisSet],
-          g[kStoreGrpcMemory] / g[kRedisSet], g[kStoreGrpc] / g[kRedisSet]);
+          g[kStoreGrpcMemory] / g[kRedisSet], g[kStoreGrpc] / g[kRedisSet],
+          g[kStoreLocalMemory] / g[kRedisSet]);
+      if (have_redis_unix) {
+        std::printf(
+            "  %s: stores from the same host / redis SET over its Unix socket (no persistence): "
+            "memory %.2fx through the local socket, %.2fx over the bulk port\n",
+            cases[i].name, g[kStoreLocalMemory] / g[kRedisSetUnix],
+            g[kStoreBulkMemory] / g[kRedisSetUnix]);
+      }
     }
   }
   std::printf(

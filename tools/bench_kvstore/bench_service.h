@@ -111,7 +111,8 @@ inline Service StartService(const std::string& dir, uint64_t hot_bytes, int64_t 
                                                       .bulk_load = bulk,
                                                       .bulk_lookup = bulk,
                                                       .bulk_store = bulk,
-                                                      .local_load = false});
+                                                      .local_load = false,
+                                                      .local_store = false});
     TANDEM_CHECK(client.ok());
     (bulk ? s.client : s.grpc_client) = std::move(*client);
   }

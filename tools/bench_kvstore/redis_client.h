@@ -1,7 +1,8 @@
 // A minimal RESP client of redis-server and a way to start one, for
 // bench_kvstore's anchor: pipelined SET/GET of block-sized values, each GET
-// copied into a caller-provided buffer as our Load does; over plain TCP or
-// (ConnectTls) redis's own TLS port with a client certificate.
+// copied into a caller-provided buffer as our Load does; over plain TCP,
+// (ConnectTls) redis's own TLS port with a client certificate, or
+// (ConnectUnix) its Unix-domain socket.
 #pragma once
 
 #include <arpa/inet.h>
@@ -10,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <openssl/ssl.h>
@@ -40,6 +42,20 @@ class Redis {
     }
     int one = 1;
     setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return true;
+  }
+  // Connects to redis-server's Unix-domain socket at `path`.
+  bool ConnectUnix(const std::string& path) {
+    sockaddr_un addr{};
+    if (path.size() >= sizeof addr.sun_path) return false;
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    fd_ = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      close(fd_);
+      fd_ = -1;
+      return false;
+    }
     return true;
   }
   // Connect, then a TLS handshake with `ctx` (which holds the client's
@@ -190,8 +206,10 @@ struct RedisTls {
   std::string cert_file, key_file, ca_file;
 };
 
-// Starts redis-server on 127.0.0.1:`port` without persistence; its pid.
-inline pid_t StartRedis(const std::string& binary, int port, const RedisTls& tls = {}) {
+// Starts redis-server on 127.0.0.1:`port` without persistence, also on the
+// Unix-domain socket `unix_socket` unless it is empty; its pid.
+inline pid_t StartRedis(const std::string& binary, int port, const RedisTls& tls = {},
+                        const std::string& unix_socket = "") {
   pid_t pid = fork();
   if (pid == 0) {
     if (freopen("/dev/null", "w", stdout) == nullptr ||
@@ -207,6 +225,11 @@ inline pid_t StartRedis(const std::string& binary, int port, const RedisTls& tls
       for (const char* a : {"--tls-port", tp.c_str(), "--tls-cert-file", tls.cert_file.c_str(),
                             "--tls-key-file", tls.key_file.c_str(), "--tls-ca-cert-file",
                             tls.ca_file.c_str(), "--tls-auth-clients", "yes"}) {
+        argv.push_back(a);
+      }
+    }
+    if (!unix_socket.empty()) {
+      for (const char* a : {"--unixsocket", unix_socket.c_str(), "--unixsocketperm", "700"}) {
         argv.push_back(a);
       }
     }

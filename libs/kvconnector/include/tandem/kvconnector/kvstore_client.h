@@ -21,7 +21,8 @@
 // thread) and move block bytes between the store and caller-provided
 // buffers. Load() reads the blocks in place from the store's shared memory
 // when the store is on this host and has a local socket (local_load,
-// local_load_client.h). Load() and Store() otherwise use the store's bulk
+// local_socket_client.h), and Store() writes them in place there
+// (local_store). Load() and Store() otherwise use the store's bulk
 // port when it has one (each payload byte is received straight into the
 // caller's buffer), the gRPC stream otherwise; the results are the same. Every loaded block's CRC32C is
 // verified here too; a block that fails it is a kChecksum miss, and its
@@ -115,6 +116,9 @@ class KvStoreClient {
   [[nodiscard]] uint64_t local_loads() const;
   // Stores answered over the bulk port so far (the rest went over gRPC).
   [[nodiscard]] uint64_t bulk_stores() const;
+  // Stores answered through the store's local socket so far (not counted
+  // in bulk_stores).
+  [[nodiscard]] uint64_t local_stores() const;
   // Lookups answered over the bulk port's lookup connection so far, and
   // whether it is connected now (tests, tools).
   [[nodiscard]] uint64_t bulk_lookups() const;

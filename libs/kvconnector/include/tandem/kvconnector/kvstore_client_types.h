@@ -46,10 +46,15 @@ struct KvStoreClientOptions {
   // be reached.
   bool bulk_store = true;
   // With bulk_load: load through the store's local socket when the store is
-  // on this host and advertises one (local_load_client.h): the blocks are
+  // on this host and advertises one (local_socket_client.h): the blocks are
   // read in place from the store's shared memory instead of through TCP.
   // Through the bulk port otherwise. Default true.
   bool local_load = true;
+  // With bulk_store: store through the same local socket: the blocks the
+  // store keeps in its hot tier are written straight into their slots in
+  // the shared memory instead of through TCP. Through the bulk port
+  // otherwise. Default true.
+  bool local_store = true;
   // host:port of the bulk load port, overriding the advertised port and the
   // target's host (for a proxy or a Kubernetes Service that maps ports).
   std::string bulk_load_target;

@@ -58,6 +58,18 @@ inline constexpr std::string_view kKvBulkStorePreface = "TKVSTOR1";
 // Loads read in place from the hot tier's shared memory, on the store's
 // local (Unix-domain) socket only.
 inline constexpr std::string_view kKvLocalLoadPreface = "TKVSHM01";
+// Stores written in place into hot-tier slots the store reserves, on the
+// local socket only.
+inline constexpr std::string_view kKvLocalStorePreface = "TKVSHS01";
+// A local store's checksums follow its blocks in frames: one after block i
+// when the blocks since the last frame hold at least this many payload bytes,
+// or block i is the batch's last. Both ends compute these points from the
+// request's sizes. A frame per block cost the store one wake-up per block
+// (64 KiB blocks); one per batch left the two ends taking turns.
+inline constexpr uint64_t kKvLocalStoreChecksumBytes = 512 << 10;
+[[nodiscard]] inline bool KvLocalStoreChecksumsDue(uint64_t bytes_since_frame, bool last_block) {
+  return last_block || bytes_since_frame >= kKvLocalStoreChecksumBytes;
+}
 // The most payload bytes one store batch on the bulk port may carry (the
 // server receives a whole batch before it stores any of it).
 inline constexpr uint64_t kKvBulkStoreMaxBatchBytes = uint64_t{256} << 20;
