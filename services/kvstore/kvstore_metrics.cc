@@ -79,7 +79,12 @@ struct KvStoreMetrics::Series {
                                 "Loads answered on the local socket (shared memory)")),
         local_shared_blocks(&AddCounter(
             r, "tandem_kvstore_local_shared_blocks_total",
-            "Blocks the local socket answered with their place in shared memory")) {}
+            "Blocks the local socket answered with their place in shared memory")),
+        local_stores(&AddCounter(r, "tandem_kvstore_local_stores_total",
+                                 "Store batches answered on the local socket (shared memory)")),
+        local_written_blocks(&AddCounter(
+            r, "tandem_kvstore_local_written_in_place_blocks_total",
+            "Blocks a local store wrote straight into their hot-tier slot")) {}
 
   prometheus::Gauge& hot_blocks;
   prometheus::Gauge& hot_capacity_blocks;
@@ -94,7 +99,8 @@ struct KvStoreMetrics::Series {
       checksum_failures, corrupt_reports, blocks_dropped_at_open, load_failures, leases_expired, promotions;
   prometheus::Family<prometheus::Counter>& evictions_family;
   MirroredCounter evictions_hot, evictions_cold, bulk_loads, bulk_lookups, bulk_sent_bytes,
-      bulk_rejected, bulk_tls_failures, bulk_permission_denied, local_loads, local_shared_blocks;
+      bulk_rejected, bulk_tls_failures, bulk_permission_denied, local_loads, local_shared_blocks,
+      local_stores, local_written_blocks;
   std::mutex mu;  // Update() may race with itself (two scrapes at once)
 };
 
@@ -145,6 +151,8 @@ void KvStoreMetrics::Update() {
   s_->bulk_permission_denied.Set(b.permission_denied);
   s_->local_loads.Set(b.local_loads);
   s_->local_shared_blocks.Set(b.blocks_shared);
+  s_->local_stores.Set(b.local_stores);
+  s_->local_written_blocks.Set(b.blocks_written_in_place);
 }
 
 }  // namespace tandem::kvstore_service

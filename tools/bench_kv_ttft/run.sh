@@ -110,4 +110,19 @@ if n:
           f"(into host memory, checksummed), copy into the KV cache {copy:.2f} ms")
 PY
 fi
+# How the workers' stores reached the store (its tandem_kvstore_* series):
+# written in place through the local socket, or over the bulk port.
+KV_METRICS=$(grep -o 'metrics on http://[^ ]*' "$RUN/kv.log" | head -1 | cut -d' ' -f3)
+if [ -n "$KV_METRICS" ]; then
+  python3 - "$KV_METRICS" <<'PY' || true
+import re, sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
+def v(name):
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+print(f"The store: {v('tandem_kvstore_blocks_stored_total'):.0f} blocks stored; "
+      f"{v('tandem_kvstore_local_stores_total'):.0f} store batches through the local socket, "
+      f"{v('tandem_kvstore_local_written_in_place_blocks_total'):.0f} blocks written in place")
+PY
+fi
 echo "(logs: $RUN)"
