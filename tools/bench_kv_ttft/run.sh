@@ -92,37 +92,31 @@ echo "model $MODEL, --backend $BACKEND --dtype $DTYPE, $BLOCKS KV blocks per wor
   --kvstore "$KV" "${BENCH_FLAGS[@]}"
 # Where B's loads spent their time (its worker's tandem_worker_kvstore_*
 # series): the read from the store into host memory, and the copy into the
-# KV cache (on a GPU, the DMA).
-B_METRICS=$(grep -o 'metrics on http://[^ ]*' "$RUN/wb.log" | head -1 | cut -d' ' -f3)
-if [ -n "$B_METRICS" ]; then
-  python3 - "$B_METRICS" <<'PY' || true
+# KV cache (on a GPU, the DMA). And how the workers' stores reached the
+# store (its tandem_kvstore_* series): written in place through the local
+# socket, or over the bulk port.
+metrics_url() { grep -o 'metrics on http://[^ ]*' "$RUN/$1.log" | head -1 | cut -d' ' -f3; }
+python3 - "$(metrics_url wb)" "$(metrics_url kv)" <<'PY' || true
 import re, sys, urllib.request
-text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
-def v(name):
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
-n = v('tandem_worker_kvstore_load_seconds_count{phase="read"}')
+def series(url):
+    if not url:
+        return lambda name: 0.0
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    def v(name):
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+    return v
+b, kv = series(sys.argv[1]), series(sys.argv[2])
+n = b('tandem_worker_kvstore_load_seconds_count{phase="read"}')
 if n:
-    mib = v("tandem_worker_kvstore_loaded_bytes_total") / 2**20
-    read = v('tandem_worker_kvstore_load_seconds_sum{phase="read"}') * 1e3 / n
-    copy = v('tandem_worker_kvstore_load_seconds_sum{phase="copy"}') * 1e3 / n
+    mib = b("tandem_worker_kvstore_loaded_bytes_total") / 2**20
+    read = b('tandem_worker_kvstore_load_seconds_sum{phase="read"}') * 1e3 / n
+    copy = b('tandem_worker_kvstore_load_seconds_sum{phase="copy"}') * 1e3 / n
     print(f"B's loads: {n:.0f} steps, {mib:.1f} MiB; per step: read from the store {read:.2f} ms "
           f"(into host memory, checksummed), copy into the KV cache {copy:.2f} ms")
+if sys.argv[2]:
+    print(f"The store: {kv('tandem_kvstore_blocks_stored_total'):.0f} blocks stored; "
+          f"{kv('tandem_kvstore_local_stores_total'):.0f} store batches through the local socket, "
+          f"{kv('tandem_kvstore_local_written_in_place_blocks_total'):.0f} blocks written in place")
 PY
-fi
-# How the workers' stores reached the store (its tandem_kvstore_* series):
-# written in place through the local socket, or over the bulk port.
-KV_METRICS=$(grep -o 'metrics on http://[^ ]*' "$RUN/kv.log" | head -1 | cut -d' ' -f3)
-if [ -n "$KV_METRICS" ]; then
-  python3 - "$KV_METRICS" <<'PY' || true
-import re, sys, urllib.request
-text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
-def v(name):
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
-print(f"The store: {v('tandem_kvstore_blocks_stored_total'):.0f} blocks stored; "
-      f"{v('tandem_kvstore_local_stores_total'):.0f} store batches through the local socket, "
-      f"{v('tandem_kvstore_local_written_in_place_blocks_total'):.0f} blocks written in place")
-PY
-fi
 echo "(logs: $RUN)"
