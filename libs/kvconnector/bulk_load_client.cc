@@ -99,15 +99,9 @@ LoadAnswer ReadLoadAnswer(rpc::FramedSocket* sock, const v1::LoadRequest& req,
           c.total_size() > shared.size() - c.shared_offset()) {
         continue;  // kFailed
       }
-      // Copied and checksummed a piece at a time, while the piece is in cache
-      // (one pass over the bytes, as ReadRaw's pieces below).
+      // Copied and checksummed in one pass, as ReadRaw's pieces below.
       const auto* src = reinterpret_cast<const uint8_t*>(shared.data() + c.shared_offset());
-      constexpr size_t kPiece = 256 << 10;
-      for (size_t off = 0; off < dst[i].size(); off += kPiece) {
-        const size_t len = std::min(kPiece, dst[i].size() - off);
-        std::memcpy(dst[i].data() + off, src + off, len);
-        crc = kvstore::Crc32cExtend(crc, dst[i].data() + off, len);
-      }
+      crc = kvstore::Crc32cCopy(0, dst[i].data(), src, dst[i].size());
     } else {
       if (!valid || c.total_size() != dst[i].size()) {
         io = sock->Skip(c.total_size());  // kFailed; the framing survives

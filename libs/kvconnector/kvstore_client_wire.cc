@@ -237,8 +237,7 @@ void CopyLoadPayload(Segments message, const PayloadRef& data, uint8_t* dst, uin
   while (left > 0) {
     const std::span<const uint8_t> s = message[seg];
     const size_t n = static_cast<size_t>(std::min<uint64_t>({left, s.size() - pos, kPiece}));
-    std::memcpy(dst, s.data() + pos, n);
-    *crc = kvstore::Crc32cExtend(*crc, dst, n);
+    *crc = kvstore::Crc32cCopy(*crc, dst, s.data() + pos, n);
     dst += n;
     left -= n;
     pos += n;

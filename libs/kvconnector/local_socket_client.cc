@@ -31,20 +31,6 @@ constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
 constexpr int kMadvPopulateWrite = 23;  // Linux 5.14's value; older headers lack it
 #endif
 
-// Copies a block into its slot in the shared memory; its CRC32C, computed a
-// piece at a time while the piece is in cache (one pass over the bytes).
-uint32_t CopyIntoSlot(std::span<const uint8_t> src, std::byte* slot) {
-  auto* dst = reinterpret_cast<uint8_t*>(slot);
-  uint32_t crc = 0;
-  constexpr size_t kPiece = 256 << 10;
-  for (size_t off = 0; off < src.size(); off += kPiece) {
-    const size_t len = std::min(kPiece, src.size() - off);
-    std::memcpy(dst + off, src.data() + off, len);
-    crc = kvstore::Crc32cExtend(crc, src.data() + off, len);
-  }
-  return crc;
-}
-
 }  // namespace
 
 // The store's hot tier, mapped read-only for loads and read-write for
@@ -319,7 +305,9 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> LocalSocketClient::
                                                 "-byte block lies outside the ", m.size,
                                                 "-byte shared memory"));
       } else {
-        frame.add_checksums(CopyIntoSlot(src[i], m.base + offset));
+        // Copied into its slot and checksummed in one pass.
+        frame.add_checksums(kvstore::Crc32cCopy(0, reinterpret_cast<uint8_t*>(m.base + offset),
+                                                src[i].data(), src[i].size()));
       }
       bytes += src[i].size();
       if (io.ok() && rpc::KvLocalStoreChecksumsDue(bytes, i + 1 == n)) {

@@ -1,5 +1,6 @@
 #include "tandem/kvtypes/checksum.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -250,6 +251,16 @@ ExtendFn PickExtend() {
 uint32_t Crc32cExtend(uint32_t crc, const uint8_t* data, size_t n) {
   static const ExtendFn fn = PickExtend();
   return ~fn(~crc, data, n);
+}
+
+uint32_t Crc32cCopy(uint32_t crc, uint8_t* dst, const uint8_t* src, size_t n) {
+  constexpr size_t kPiece = 256 << 10;
+  for (size_t off = 0; off < n; off += kPiece) {
+    const size_t len = std::min(kPiece, n - off);
+    std::memcpy(dst + off, src + off, len);
+    crc = Crc32cExtend(crc, dst + off, len);
+  }
+  return crc;
 }
 
 uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2) {

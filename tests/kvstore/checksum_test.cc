@@ -1,5 +1,6 @@
 #include "tandem/kvtypes/checksum.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,24 @@ TEST(Crc32cTest, CombineEqualsTheChecksumOfTheConcatenation) {
   const uint32_t a = Crc32cExtend(0, buf.data(), 100);
   EXPECT_EQ(Crc32cCombine(a, Crc32cExtend(0, zeros.data(), zeros.size()), zeros.size()),
             Crc32cExtend(a, zeros.data(), zeros.size()));
+}
+
+// The copy holds the source's bytes and the checksum is theirs, across the
+// 256 KiB pieces the copy goes by, from a running checksum.
+TEST(Crc32cTest, CopyCopiesAndChecksumsTheBytes) {
+  std::vector<uint8_t> src((600 << 10) + 5);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 31 + (i >> 11));
+  for (size_t n : {size_t{0}, size_t{1}, size_t{256 << 10}, size_t{(256 << 10) + 1}, src.size()}) {
+    std::vector<uint8_t> dst(n + 1, 0xAB);
+    const uint32_t head = Crc32cExtend(0, src.data(), 3);
+    EXPECT_EQ(Crc32cCopy(head, dst.data(), src.data() + 3, n - std::min<size_t>(n, 3)),
+              NaiveCrc32c(src.data(), std::max<size_t>(n, 3)))
+        << n;
+    EXPECT_TRUE(std::equal(dst.begin(), dst.begin() + (n - std::min<size_t>(n, 3)),
+                           src.begin() + 3))
+        << n;
+    EXPECT_EQ(dst[n - std::min<size_t>(n, 3)], 0xAB) << "nothing past n is written";
+  }
 }
 
 TEST(Crc32cTest, ExtendEqualsOneShot) {

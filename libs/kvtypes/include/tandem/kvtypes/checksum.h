@@ -18,6 +18,11 @@ namespace tandem::kvstore {
   return Crc32cExtend(0, data.data(), data.size());
 }
 
+// Copies n bytes from src to dst and extends `crc` over them, a 256 KiB
+// piece at a time, so the checksum reads each piece while it is still in
+// cache: one pass over the bytes instead of a copy, then a second pass.
+uint32_t Crc32cCopy(uint32_t crc, uint8_t* dst, const uint8_t* src, size_t n);
+
 // The CRC32C of A followed by B from crc1 = CRC32C(A), crc2 = CRC32C(B) and
 // len2 = |B|, in O(log len2) multiplications.
 [[nodiscard]] uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2);
