@@ -69,35 +69,25 @@ TEST_F(LocalLoadTest, LoadsReadTheHotTierInPlace) {
 // pinned block's offset points at its bytes in the mapping, and the pins
 // hold (an active lease) until the client's next frame.
 TEST_F(LocalLoadTest, PinsHoldUntilTheClientsNextFrame) {
-  auto sock = rpc::FramedSocket::ConnectUnix(socket_, 5'000);
-  ASSERT_TRUE(sock.ok()) << sock.status();
-  const auto* preface = reinterpret_cast<const uint8_t*>(rpc::kKvLocalLoadPreface.data());
-  ASSERT_TRUE((*sock)->WriteRaw({preface, rpc::kKvLocalLoadPreface.size()}).ok());
-  uint8_t size_le[8];
-  int fd = -1;
-  ASSERT_TRUE((*sock)->ReceiveWithFd(size_le, &fd).ok());
-  ASSERT_GE(fd, 0);
-  uint64_t size = 0;
-  for (int i = 0; i < 8; ++i) size |= uint64_t{size_le[i]} << (8 * i);
-  EXPECT_EQ(size, store_->hot_tier_memory().bytes.size());
-  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);
-  ASSERT_NE(map, MAP_FAILED);
+  std::unique_ptr<rpc::FramedSocket> sock = DialLocal(rpc::kKvLocalLoadPreface, PROT_READ);
+  ASSERT_NE(sock, nullptr);
+  ASSERT_NE(map_, nullptr);
+  EXPECT_EQ(map_size_, store_->hot_tier_memory().bytes.size());
 
   v1::LoadRequest req;
   req.set_namespace_("ns");
   const std::vector<BlockHash> hashes = {TestHash(4), TestHash(5)};
   rpc::AppendBlockHashes(hashes, req.mutable_block_hashes());
-  ASSERT_TRUE((*sock)->Write(req).ok());
+  ASSERT_TRUE(sock->Write(req).ok());
   v1::BulkLoadFrame frame;
   int shared = 0;
   for (;;) {
-    ASSERT_TRUE((*sock)->Read(&frame, 1 << 20).ok());
+    ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
     if (frame.done()) break;
     const v1::LoadChunk& c = frame.chunk();
     ASSERT_TRUE(c.ok() && c.in_shared_memory()) << c.DebugString();
-    ASSERT_LE(c.shared_offset() + c.total_size(), size);
-    const auto* bytes = static_cast<const uint8_t*>(map) + c.shared_offset();
+    ASSERT_LE(c.shared_offset() + c.total_size(), map_size_);
+    const auto* bytes = map_ + c.shared_offset();
     const std::vector<uint8_t> want = TestPayload(4 + c.block_index(), kBlock);
     EXPECT_TRUE(std::equal(want.begin(), want.end(), bytes)) << c.block_index();
     EXPECT_EQ(c.checksum(), kvstore::Crc32c(want));
@@ -108,20 +98,19 @@ TEST_F(LocalLoadTest, PinsHoldUntilTheClientsNextFrame) {
   EXPECT_EQ(store_->GetStats().active_leases, 1u) << "the blocks stay pinned while we copy";
   v1::LoadRequest unpin;
   unpin.set_namespace_("ns");
-  ASSERT_TRUE((*sock)->Write(unpin).ok());
-  ASSERT_TRUE((*sock)->Read(&frame, 1 << 20).ok());
+  ASSERT_TRUE(sock->Write(unpin).ok());
+  ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
   EXPECT_TRUE(frame.done());
   EXPECT_EQ(store_->GetStats().active_leases, 0u);
 
   // A connection that ends holding pins releases them too.
-  ASSERT_TRUE((*sock)->Write(req).ok());
+  ASSERT_TRUE(sock->Write(req).ok());
   do {
-    ASSERT_TRUE((*sock)->Read(&frame, 1 << 20).ok());
+    ASSERT_TRUE(sock->Read(&frame, 1 << 20).ok());
   } while (!frame.done());
   EXPECT_EQ(store_->GetStats().active_leases, 1u);
-  sock->reset();
+  sock.reset();
   EXPECT_TRUE(kvstore::testing::WaitFor([&] { return store_->GetStats().active_leases == 0; }));
-  munmap(map, size);
 }
 
 // The reader verifies the bytes it copies out of shared memory: a block

@@ -4,6 +4,9 @@
 // port with the local socket, its gRPC service, and a KV client of it.
 #pragma once
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +20,7 @@
 #include "loopback_server.h"
 #include "tandem/kvconnector/kvstore_client.h"
 #include "tandem/kvstore/kv_store.h"
+#include "tandem/rpc/framed_socket.h"
 
 namespace tandem::testutil {
 
@@ -45,6 +49,7 @@ class LocalSocketTest : public ::testing::Test {
     client_ = std::move(*client);
   }
   void TearDown() override {
+    if (map_ != nullptr) munmap(map_, map_size_);
     client_.reset();
     if (server_) server_->Shutdown();
     if (bulk_) bulk_->Shutdown();
@@ -64,7 +69,31 @@ class LocalSocketTest : public ::testing::Test {
     return out;
   }
 
+  // A local-socket connection by hand: `preface`, then the hot tier's
+  // memfd, mapped with `prot` into map_ (map_size_ bytes; the last such
+  // mapping, unmapped at the end). Null when any of it fails.
+  std::unique_ptr<rpc::FramedSocket> DialLocal(std::string_view preface, int prot) {
+    if (map_ != nullptr) munmap(map_, map_size_);
+    map_ = nullptr;
+    auto sock = rpc::FramedSocket::ConnectUnix(socket_, 5'000);
+    if (!sock.ok()) return nullptr;
+    const auto* bytes = reinterpret_cast<const uint8_t*>(preface.data());
+    if (!(*sock)->WriteRaw({bytes, preface.size()}).ok()) return nullptr;
+    uint8_t size_le[8];
+    int fd = -1;
+    if (!(*sock)->ReceiveWithFd(size_le, &fd).ok() || fd < 0) return nullptr;
+    map_size_ = 0;
+    for (int i = 0; i < 8; ++i) map_size_ |= uint64_t{size_le[i]} << (8 * i);
+    void* map = mmap(nullptr, map_size_, prot, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return nullptr;
+    map_ = static_cast<uint8_t*>(map);
+    return std::move(*sock);
+  }
+
   kvstore::testing::TempDir dir_;
+  uint8_t* map_ = nullptr;  // of the last DialLocal()
+  uint64_t map_size_ = 0;
   std::string socket_;
   std::unique_ptr<kvstore::KvStoreEngine> store_;
   std::unique_ptr<kvstore_service::BulkLoadServer> bulk_;

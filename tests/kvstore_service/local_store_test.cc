@@ -41,25 +41,9 @@ class LocalStoreTest : public testutil::LocalSocketTest {
     return client_->Store(ns, hashes, src, durability);
   }
 
-  // A store connection by hand: the preface, then the hot tier's memfd,
-  // mapped read-write into map_.
+  // A store connection by hand, the hot tier mapped read-write into map_.
   std::unique_ptr<rpc::FramedSocket> DialStores() {
-    if (map_ != nullptr) munmap(map_, map_size_);
-    map_ = nullptr;
-    auto sock = rpc::FramedSocket::ConnectUnix(socket_, 5'000);
-    if (!sock.ok()) return nullptr;
-    const auto* preface = reinterpret_cast<const uint8_t*>(rpc::kKvLocalStorePreface.data());
-    if (!(*sock)->WriteRaw({preface, rpc::kKvLocalStorePreface.size()}).ok()) return nullptr;
-    uint8_t size_le[8];
-    int fd = -1;
-    if (!(*sock)->ReceiveWithFd(size_le, &fd).ok() || fd < 0) return nullptr;
-    map_size_ = 0;
-    for (int i = 0; i < 8; ++i) map_size_ |= uint64_t{size_le[i]} << (8 * i);
-    map_ = static_cast<uint8_t*>(
-        mmap(nullptr, map_size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-    if (map_ == MAP_FAILED) map_ = nullptr;
-    return std::move(*sock);
+    return DialLocal(rpc::kKvLocalStorePreface, PROT_READ | PROT_WRITE);
   }
   // A request for test blocks `ids` of namespace "ns", in memory, with the
   // checksums after the payload.
@@ -75,13 +59,6 @@ class LocalStoreTest : public testutil::LocalSocketTest {
     }
     return req;
   }
-  void TearDown() override {
-    if (map_ != nullptr) munmap(map_, map_size_);
-    LocalSocketTest::TearDown();
-  }
-
-  uint8_t* map_ = nullptr;  // of the last DialStores()
-  uint64_t map_size_ = 0;
 };
 
 TEST_F(LocalStoreTest, StoresWriteTheHotTierInPlace) {
