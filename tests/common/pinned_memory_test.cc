@@ -2,6 +2,8 @@
 // moves without a double free (ASan checks the frees).
 #include "tandem/common/pinned_memory.h"
 
+#include <sys/stat.h>
+
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -27,6 +29,20 @@ TEST(PinnedBufferTest, AllocatesWritableMemoryOfTheKindAsked) {
   EXPECT_TRUE(locked->kind() == PinnedKind::kLocked || locked->kind() == PinnedKind::kPageable)
       << PinnedKindName(locked->kind());
   std::memset(locked->data(), 1, locked->size());
+}
+
+// A shareable buffer is backed when it is made, locked or not: another
+// process that maps it and populates its page tables must find pages, not
+// allocate them in its own memory cgroup.
+TEST(PinnedBufferTest, ASharedBufferIsBackedWhenItIsMade) {
+  constexpr size_t kBytes = 8 << 20;
+  auto buf = PinnedBuffer::Allocate(
+      kBytes, {.use_cuda_host_alloc = false, .lock = false, .what = "test", .shareable = true});
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  ASSERT_GE(buf->fd(), 0);
+  struct stat st{};
+  ASSERT_EQ(fstat(buf->fd(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, kBytes) << "the memfd's pages exist";
 }
 
 TEST(PinnedBufferTest, EmptyAndMovedBuffersOwnNothing) {
