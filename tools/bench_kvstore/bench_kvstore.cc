@@ -243,12 +243,13 @@ enum StorePath {
   kRedisSetUnix,
   kNumStorePaths
 };
-const char* const kStorePathNames[kNumStorePaths] = {
-    "store wal", "wal gRPC", "store none", "none gRPC", "store mem", "mem gRPC", "mem local", "redis SET", "redis unix"};
+const char* const kStorePathNames[kNumStorePaths] = {"store wal", "wal gRPC",  "store none",
+                                                     "none gRPC", "store mem", "mem gRPC",
+                                                     "mem local", "redis SET", "redis unix"};
 
 struct Figures {
   double store_gbps[kNumStorePaths] = {};  // median over the trials
-  double load_gbps[kNumPaths] = {};  // median over the trials
+  double load_gbps[kNumPaths] = {};        // median over the trials
   double load_min[kNumPaths] = {}, load_max[kNumPaths] = {};
 };
 
@@ -273,9 +274,11 @@ Figures RunCase(Service* hot, Service* cold, Redis* redis, Redis* redis_tls, Red
       case kStoreBulkNone:
         return StoreAll(hot->client.get(), Via::kBulk, store_ns, c, b, kvstore::Durability::kNone);
       case kStoreGrpcNone:
-        return StoreAll(hot->grpc_client.get(), Via::kGrpc, store_ns, c, b, kvstore::Durability::kNone);
+        return StoreAll(hot->grpc_client.get(), Via::kGrpc, store_ns, c, b,
+                        kvstore::Durability::kNone);
       case kStoreBulkMemory:
-        return StoreAll(hot->client.get(), Via::kBulk, store_ns, c, b, kvstore::Durability::kMemory);
+        return StoreAll(hot->client.get(), Via::kBulk, store_ns, c, b,
+                        kvstore::Durability::kMemory);
       case kStoreLocalMemory:
         return StoreAll(hot->local_client.get(), Via::kLocal, store_ns, c, b,
                         kvstore::Durability::kMemory);
