@@ -204,7 +204,8 @@ void Router::Resolve() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<Replica>> next;
-  for (auto& [name, target] : wanted) {
+  for (const auto& [name_binding, target] : wanted) {
+    const std::string& name = name_binding;  // lambdas cannot capture a binding (clang 14)
     auto it = std::find_if(replicas_.begin(), replicas_.end(),
                            [&](const auto& r) { return r->name() == name; });
     if (it != replicas_.end()) {

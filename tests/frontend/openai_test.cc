@@ -239,10 +239,10 @@ TEST(OpenAiRenderTest, ResponsesAndChunksHaveOpenAiShapes) {
   EXPECT_EQ(full["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(full["choices"][0]["message"]["content"], "hi");
   EXPECT_EQ(full["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(full["choices"][0]["token_ids"], Json({7, 8}));
+  EXPECT_EQ(full["choices"][0]["token_ids"], nlohmann::ordered_json({7, 8}));
   EXPECT_EQ(full["usage"]["total_tokens"], 7);
   EXPECT_EQ(full["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
-  EXPECT_EQ(full["prompt_token_ids"], Json({1, 2, 3, 4, 5}));
+  EXPECT_EQ(full["prompt_token_ids"], nlohmann::ordered_json({1, 2, 3, 4, 5}));
 
   const std::string first = StreamChunk(chat, head, {.text = "", .first = true});
   ASSERT_EQ(first.substr(0, 6), "data: ");
