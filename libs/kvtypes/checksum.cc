@@ -233,6 +233,63 @@ __attribute__((target("pclmul,sse4.2"))) uint32_t ExtendPclmul(uint32_t crc, con
 }
 #endif
 
+#if defined(__x86_64__)
+// ExtendPclmul fused with a copy: each 64 bytes are loaded once, stored to
+// dst and folded from the same registers. Why: a memcpy and then the
+// checksum of the copy (CopyByPieces) read every byte twice. On this
+// project's 2-core AMD EPYC, blocks from memory (bench_kvstore_engine's
+// BM_Crc32cCopy): 5.6-6.0 GB/s fused against 3.9-4.3 in two passes, and
+// memcpy alone 7.3-8.0.
+__attribute__((target("pclmul,sse4.2"))) uint32_t CopyPclmul(uint32_t crc, uint8_t* dst,
+                                                             const uint8_t* src, size_t n) {
+  if (n < 256) {
+    std::memcpy(dst, src, n);
+    return ExtendSse42(crc, dst, n);
+  }
+  const auto load = [](const uint8_t* q) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  };
+  const auto store = [](uint8_t* q, __m128i v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), v);
+  };
+  __m128i b0 = load(src), b1 = load(src + 16), b2 = load(src + 32), b3 = load(src + 48);
+  store(dst, b0);
+  store(dst + 16, b1);
+  store(dst + 32, b2);
+  store(dst + 48, b3);
+  __m128i a0 = _mm_xor_si128(b0, _mm_cvtsi32_si128(static_cast<int>(crc)));
+  __m128i a1 = b1, a2 = b2, a3 = b3;
+  src += 64;
+  dst += 64;
+  n -= 64;
+  while (n >= 64) {
+    b0 = load(src);
+    b1 = load(src + 16);
+    b2 = load(src + 32);
+    b3 = load(src + 48);
+    store(dst, b0);
+    store(dst + 16, b1);
+    store(dst + 32, b2);
+    store(dst + 48, b3);
+    a0 = _mm_xor_si128(Fold128(a0, kFold64), b0);
+    a1 = _mm_xor_si128(Fold128(a1, kFold64), b1);
+    a2 = _mm_xor_si128(Fold128(a2, kFold64), b2);
+    a3 = _mm_xor_si128(Fold128(a3, kFold64), b3);
+    src += 64;
+    dst += 64;
+    n -= 64;
+  }
+  __m128i r = a3;
+  r = _mm_xor_si128(r, Fold128(a0, kFold48));
+  r = _mm_xor_si128(r, Fold128(a1, kFold32));
+  r = _mm_xor_si128(r, Fold128(a2, kFold16));
+  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(r)));
+  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(r, 1)));
+  std::memcpy(dst, src, n);
+  return ExtendSse42(static_cast<uint32_t>(c), dst, n);
+}
+#endif
+
 using ExtendFn = uint32_t (*)(uint32_t, const uint8_t*, size_t);
 ExtendFn PickExtend() {
 #if defined(__x86_64__)
@@ -246,6 +303,33 @@ ExtendFn PickExtend() {
   return &ExtendPortable;
 }
 
+// A copy, then the checksum of the copy, a 256 KiB piece at a time, so the
+// checksum reads each piece while it is still in cache. Raw registers (no
+// inversions), as the Extend* functions.
+template <ExtendFn kExtend>
+uint32_t CopyByPieces(uint32_t crc, uint8_t* dst, const uint8_t* src, size_t n) {
+  constexpr size_t kPiece = 256 << 10;
+  for (size_t off = 0; off < n; off += kPiece) {
+    const size_t len = std::min(kPiece, n - off);
+    std::memcpy(dst + off, src + off, len);
+    crc = kExtend(crc, dst + off, len);
+  }
+  return crc;
+}
+
+using CopyFn = uint32_t (*)(uint32_t, uint8_t*, const uint8_t*, size_t);
+CopyFn PickCopy() {
+  // Fused where the fold is slow enough for the second pass to cost (the
+  // 128-bit fold); AVX-512's fold runs at several times memcpy's speed.
+#if defined(__x86_64__)
+  const ExtendFn extend = PickExtend();
+  if (extend == &ExtendVpclmul) return &CopyByPieces<&ExtendVpclmul>;
+  if (extend == &ExtendPclmul) return &CopyPclmul;
+  if (extend == &ExtendSse42) return &CopyByPieces<&ExtendSse42>;
+#endif
+  return &CopyByPieces<&ExtendPortable>;
+}
+
 }  // namespace
 
 uint32_t Crc32cExtend(uint32_t crc, const uint8_t* data, size_t n) {
@@ -254,13 +338,8 @@ uint32_t Crc32cExtend(uint32_t crc, const uint8_t* data, size_t n) {
 }
 
 uint32_t Crc32cCopy(uint32_t crc, uint8_t* dst, const uint8_t* src, size_t n) {
-  constexpr size_t kPiece = 256 << 10;
-  for (size_t off = 0; off < n; off += kPiece) {
-    const size_t len = std::min(kPiece, n - off);
-    std::memcpy(dst + off, src + off, len);
-    crc = Crc32cExtend(crc, dst + off, len);
-  }
-  return crc;
+  static const CopyFn fn = PickCopy();
+  return ~fn(~crc, dst, src, n);
 }
 
 uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2) {
@@ -282,27 +361,33 @@ uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2) {
   return crc1 ^ crc2;
 }
 
+namespace {
+// The public functions' form (a finished checksum in and out) of a raw one.
+template <ExtendFn kExtend>
+uint32_t Finished(uint32_t crc, const uint8_t* p, size_t n) {
+  return ~kExtend(~crc, p, n);
+}
+template <CopyFn kCopy>
+uint32_t FinishedCopy(uint32_t crc, uint8_t* dst, const uint8_t* src, size_t n) {
+  return ~kCopy(~crc, dst, src, n);
+}
+}  // namespace
+
 std::vector<Crc32cImplementation> Crc32cImplementationsForTest() {
   std::vector<Crc32cImplementation> out;
-  out.push_back({"portable", [](uint32_t crc, const uint8_t* p, size_t n) {
-                   return ~ExtendPortable(~crc, p, n);
-                 }});
+  out.push_back(
+      {"portable", &Finished<&ExtendPortable>, &FinishedCopy<&CopyByPieces<&ExtendPortable>>});
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("sse4.2")) {
-    out.push_back({"sse4.2", [](uint32_t crc, const uint8_t* p, size_t n) {
-                     return ~ExtendSse42(~crc, p, n);
-                   }});
+    out.push_back({"sse4.2", &Finished<&ExtendSse42>, &FinishedCopy<&CopyByPieces<&ExtendSse42>>});
   }
   if (__builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.2")) {
-    out.push_back({"pclmulqdq", [](uint32_t crc, const uint8_t* p, size_t n) {
-                     return ~ExtendPclmul(~crc, p, n);
-                   }});
+    out.push_back({"pclmulqdq", &Finished<&ExtendPclmul>, &FinishedCopy<&CopyPclmul>});
   }
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") &&
       __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.2")) {
-    out.push_back({"vpclmulqdq", [](uint32_t crc, const uint8_t* p, size_t n) {
-                     return ~ExtendVpclmul(~crc, p, n);
-                   }});
+    out.push_back(
+        {"vpclmulqdq", &Finished<&ExtendVpclmul>, &FinishedCopy<&CopyByPieces<&ExtendVpclmul>>});
   }
 #endif
   return out;

@@ -88,21 +88,34 @@ TEST(Crc32cTest, CombineEqualsTheChecksumOfTheConcatenation) {
             Crc32cExtend(a, zeros.data(), zeros.size()));
 }
 
-// The copy holds the source's bytes and the checksum is theirs, across the
-// 256 KiB pieces the copy goes by, from a running checksum.
+// The copy holds the source's bytes, writes nothing past them, and the
+// checksum is theirs, from a running checksum: Crc32cCopy, and each
+// implementation's copy (fused with the fold, or 256 KiB pieces) at lengths
+// around the fold's 64-byte steps and the pieces' edges, at odd alignments.
 TEST(Crc32cTest, CopyCopiesAndChecksumsTheBytes) {
   std::vector<uint8_t> src((600 << 10) + 5);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 31 + (i >> 11));
-  for (size_t n : {size_t{0}, size_t{1}, size_t{256 << 10}, size_t{(256 << 10) + 1}, src.size()}) {
-    std::vector<uint8_t> dst(n + 1, 0xAB);
-    const uint32_t head = Crc32cExtend(0, src.data(), 3);
-    EXPECT_EQ(Crc32cCopy(head, dst.data(), src.data() + 3, n - std::min<size_t>(n, 3)),
-              NaiveCrc32c(src.data(), std::max<size_t>(n, 3)))
-        << n;
-    EXPECT_TRUE(std::equal(dst.begin(), dst.begin() + (n - std::min<size_t>(n, 3)),
-                           src.begin() + 3))
-        << n;
-    EXPECT_EQ(dst[n - std::min<size_t>(n, 3)], 0xAB) << "nothing past n is written";
+  const uint32_t head = Crc32cExtend(0, src.data(), 3);
+  std::vector<Crc32cImplementation> impls = Crc32cImplementationsForTest();
+  impls.push_back({"Crc32cCopy", nullptr, &Crc32cCopy});
+  const std::vector<size_t> lengths = {
+      0, 1, 63, 255, 256, 257, 319, 320, 4097, 256 << 10, (256 << 10) + 1, src.size() - 3};
+  std::vector<uint32_t> want;
+  for (size_t n : lengths) want.push_back(NaiveCrc32c(src.data(), n + 3));
+  for (const Crc32cImplementation& impl : impls) {
+    for (size_t at : {size_t{0}, size_t{1}, size_t{5}}) {  // dst's misalignment
+      for (size_t k = 0; k < lengths.size(); ++k) {
+        const size_t n = lengths[k];
+        std::vector<uint8_t> dst(at + n + 1, 0xAB);
+        EXPECT_EQ(impl.copy(head, dst.data() + at, src.data() + 3, n), want[k])
+            << impl.name << " at " << at << " length " << n;
+        EXPECT_TRUE(std::equal(dst.begin() + at, dst.begin() + at + n, src.begin() + 3))
+            << impl.name << " at " << at << " length " << n;
+        EXPECT_EQ(dst[at + n], 0xAB) << impl.name << ": nothing past n is written";
+        EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + at, [](uint8_t b) { return b == 0xAB; }))
+            << impl.name << ": nothing before dst is written";
+      }
+    }
   }
 }
 

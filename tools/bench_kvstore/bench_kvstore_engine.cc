@@ -3,11 +3,14 @@
 // write_mu_, which gives up RocksDB's group commit so that no write reaches
 // a WAL writer that failed) costs concurrent writers; and, from one thread,
 // what a store of a 64 KiB and of a 2 MiB block costs the engine. WAL
-// durability (the default) and fsync, no hot tier.
+// durability (the default) and fsync, no hot tier. And Crc32cCopy (how
+// local loads and stores move a block) in each implementation this CPU
+// runs, beside memcpy alone.
 //
 //   build/tools/bench_kvstore/bench_kvstore_engine [--benchmark_min_time=2]
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -72,6 +75,51 @@ BENCHMARK(BM_ConcurrentStore)
     ->Args({static_cast<int>(Durability::kNone), 2 << 20})
     ->Args({static_cast<int>(Durability::kMemory), 2 << 20})
     ->UseRealTime();
+
+// A copy that checksums what it copies, each implementation of it (the label
+// names it): its own copy (one_pass 1: fused with the fold, for pclmulqdq)
+// and a memcpy of each 256 KiB piece, then the checksum of the piece
+// (one_pass 0), against memcpy alone (impl -1; a copy that checks nothing).
+// Blocks come from a 256 MiB source in turn, so from memory as from the hot
+// tier, into one destination of a block's size.
+void BM_Crc32cCopy(benchmark::State& state) {
+  const std::vector<Crc32cImplementation> impls = Crc32cImplementationsForTest();
+  const auto which = static_cast<int>(state.range(0));
+  const auto block = static_cast<size_t>(state.range(1));
+  const bool one_pass = state.range(2) != 0;
+  if (which >= static_cast<int>(impls.size()) || (which < 0 && one_pass)) {
+    state.SkipWithError("no such implementation on this CPU");
+    return;
+  }
+  static const std::vector<uint8_t> src = [] {
+    std::vector<uint8_t> v(256 << 20);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+    return v;
+  }();
+  std::vector<uint8_t> dst(block, 0);
+  constexpr size_t kPiece = 256 << 10;
+  size_t off = 0;
+  uint32_t crc = 0;
+  for (auto _ : state) {
+    if (which >= 0 && one_pass) {
+      crc ^= impls[which].copy(0, dst.data(), src.data() + off, block);
+    } else {
+      for (size_t at = 0; at < block; at += kPiece) {
+        const size_t len = std::min(kPiece, block - at);
+        std::memcpy(dst.data() + at, src.data() + off + at, len);
+        if (which >= 0) crc = impls[which].extend(crc, dst.data() + at, len);
+      }
+    }
+    benchmark::DoNotOptimize(dst.data());
+    off = off + 2 * block > src.size() ? 0 : off + block;
+  }
+  benchmark::DoNotOptimize(crc);
+  state.SetLabel(which < 0 ? "memcpy alone" : impls[which].name);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * block));
+}
+BENCHMARK(BM_Crc32cCopy)
+    ->ArgNames({"impl", "block_bytes", "one_pass"})
+    ->ArgsProduct({{-1, 1, 2, 3}, {64 << 10, 2 << 20}, {0, 1}});
 
 }  // namespace
 }  // namespace tandem::kvstore

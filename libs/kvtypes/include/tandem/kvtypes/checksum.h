@@ -18,9 +18,10 @@ namespace tandem::kvstore {
   return Crc32cExtend(0, data.data(), data.size());
 }
 
-// Copies n bytes from src to dst and extends `crc` over them, a 256 KiB
-// piece at a time, so the checksum reads each piece while it is still in
-// cache: one pass over the bytes instead of a copy, then a second pass.
+// Copies n bytes from src to dst (which do not overlap) and extends `crc`
+// over them in the same pass: with the 128-bit fold each 64 bytes are folded
+// from the registers that copy them; otherwise a 256 KiB piece is copied and
+// then checksummed while it is still in cache.
 uint32_t Crc32cCopy(uint32_t crc, uint8_t* dst, const uint8_t* src, size_t n);
 
 // The CRC32C of A followed by B from crc1 = CRC32C(A), crc2 = CRC32C(B) and
@@ -33,6 +34,7 @@ uint32_t Crc32cCopy(uint32_t crc, uint8_t* dst, const uint8_t* src, size_t n);
 struct Crc32cImplementation {
   const char* name;
   uint32_t (*extend)(uint32_t crc, const uint8_t* data, size_t n);
+  uint32_t (*copy)(uint32_t crc, uint8_t* dst, const uint8_t* src, size_t n);  // Crc32cCopy's
 };
 [[nodiscard]] std::vector<Crc32cImplementation> Crc32cImplementationsForTest();
 
