@@ -198,6 +198,20 @@ __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t ExtendVpclm
 #endif
 
 #if defined(__x86_64__)
+// The raw CRC of the last 64 bytes folded into a0..a3 (at offsets 0, 16, 32
+// and 48 of them): a0..a2 folded onto a3, whose 16 bytes the crc32
+// instruction then takes.
+__attribute__((target("pclmul,sse4.2"))) inline uint32_t FoldFour(__m128i a0, __m128i a1,
+                                                                  __m128i a2, __m128i a3) {
+  __m128i r = a3;
+  r = _mm_xor_si128(r, Fold128(a0, kFold48));
+  r = _mm_xor_si128(r, Fold128(a1, kFold32));
+  r = _mm_xor_si128(r, Fold128(a2, kFold16));
+  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(r)));
+  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(r, 1)));
+  return static_cast<uint32_t>(c);
+}
+
 // As ExtendVpclmul with 128-bit registers, for CPUs with PCLMULQDQ but not
 // VPCLMULQDQ: 64 bytes per step in four accumulators, each a 16-byte block.
 // Why: on this project's 2-core AMD EPYC (family 23) the crc32 instruction
@@ -222,14 +236,7 @@ __attribute__((target("pclmul,sse4.2"))) uint32_t ExtendPclmul(uint32_t crc, con
     p += 64;
     n -= 64;
   }
-  // a0..a3 sit at offsets 0, 16, 32, 48 of the last 64 bytes: fold them onto a3.
-  __m128i r = a3;
-  r = _mm_xor_si128(r, Fold128(a0, kFold48));
-  r = _mm_xor_si128(r, Fold128(a1, kFold32));
-  r = _mm_xor_si128(r, Fold128(a2, kFold16));
-  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(r)));
-  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(r, 1)));
-  return ExtendSse42(static_cast<uint32_t>(c), p, n);
+  return ExtendSse42(FoldFour(a0, a1, a2, a3), p, n);
 }
 #endif
 
@@ -279,14 +286,8 @@ __attribute__((target("pclmul,sse4.2"))) uint32_t CopyPclmul(uint32_t crc, uint8
     dst += 64;
     n -= 64;
   }
-  __m128i r = a3;
-  r = _mm_xor_si128(r, Fold128(a0, kFold48));
-  r = _mm_xor_si128(r, Fold128(a1, kFold32));
-  r = _mm_xor_si128(r, Fold128(a2, kFold16));
-  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(r)));
-  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(r, 1)));
   std::memcpy(dst, src, n);
-  return ExtendSse42(static_cast<uint32_t>(c), dst, n);
+  return ExtendSse42(FoldFour(a0, a1, a2, a3), dst, n);
 }
 #endif
 
