@@ -172,16 +172,6 @@ void ResidualAdd(float* x, const float* y, int64_t n) {
   LaunchOnCpu(Grid{(n + kCpuThreads - 1) / kCpuThreads, kCpuThreads}, ResidualAddFn{x, y, n});
 }
 
-void Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
-            int32_t* out_tokens) {
-  std::vector<float> probs(static_cast<size_t>(vocab));
-  std::vector<int32_t> idx(static_cast<size_t>(vocab));
-  for (int32_t r = 0; r < rows; ++r) {
-    out_tokens[r] =
-        SampleRow(logits + int64_t{r} * vocab, vocab, args[r], probs.data(), idx.data());
-  }
-}
-
 void BlockGather(const float* cache, int64_t block_floats, std::span<const int32_t> block_ids,
                  float* staging) {
   LaunchOnCpu(Grid{static_cast<int64_t>(block_ids.size()), kCpuThreads},

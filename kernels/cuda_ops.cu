@@ -39,12 +39,16 @@ __global__ void AttentionKernel(PagedAttentionArgs args, float* scratch, int32_t
   AttendRowHead(args, row, head, scratch + i * max_context);
 }
 
-__global__ void SampleKernel(const float* logits, int32_t rows, int32_t vocab,
-                             const SampleArgs* args, int32_t* out, float* probs, int32_t* idx) {
-  const int32_t r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  const int64_t o = int64_t{r} * vocab;
-  out[r] = SampleRow(logits + o, vocab, args[r], probs + o, idx + o);
+// One block of kSampleLanes threads per row: sampling.h's program.
+__global__ void __launch_bounds__(kSampleLanes)
+    SampleKernel(const float* logits, int32_t vocab, const SampleArgs* args, const int32_t* banned,
+                 int32_t* out, float* scratch) {
+  __shared__ SampleShared shared;
+  const SampleArgs a = args[blockIdx.x];
+  const int32_t token = SampleRowProgram(shared, logits + int64_t{a.row} * vocab, vocab, a,
+                                         banned == nullptr ? nullptr : banned + a.banned_begin,
+                                         scratch + int64_t{blockIdx.x} * vocab);
+  if (threadIdx.x == 0) out[blockIdx.x] = token;
 }
 
 }  // namespace
@@ -232,10 +236,10 @@ int ResidualAdd(float* x, const float* y, int64_t n) {
 }
 
 int Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
-           int32_t* out_tokens, float* scratch_probs, int32_t* scratch_idx) {
+           const int32_t* banned, int32_t* out_tokens, float* scratch, void* stream) {
   if (rows == 0) return cudaSuccess;
-  SampleKernel<<<static_cast<unsigned>(CeilDiv(rows, 32)), 32>>>(
-      logits, rows, vocab, args, out_tokens, scratch_probs, scratch_idx);
+  SampleKernel<<<static_cast<unsigned>(rows), kSampleLanes, 0, static_cast<cudaStream_t>(stream)>>>(
+      logits, vocab, args, banned, out_tokens, scratch);
   return cudaGetLastError();
 }
 

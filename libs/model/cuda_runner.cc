@@ -3,7 +3,8 @@
 //    (matmuls through cuBLAS SGEMM), for exactness against the CPU backend;
 //  - bfloat16: the fast path of cuda_bf16_ops.h (see DType).
 // Both upload a step's inputs in one pinned host-to-device copy and sample
-// greedy rows on the GPU (ForwardSample). The runner's own stream is a
+// on the GPU (ForwardSample): greedy rows by the argmax kernel, the others
+// by kernels/sampling.h's program, so only token ids come back. The runner's own stream is a
 // blocking one: bf16 kernels and every cuBLAS call go there, float32's
 // kernels and the synchronous copies on the legacy default stream, which
 // orders itself with it. bfloat16 decode steps replay CUDA graphs
@@ -30,16 +31,40 @@ absl::Status CudaRunnerBase::ForwardSample(std::span<const SequenceInput> batch,
   if (sample.size() != batch.size()) {
     return ModelRunner::ForwardSample(batch, sample, tokens, logprobs);
   }
+  // The draws' arguments go up before the step: a synchronous copy after
+  // it would wait for the step.
+  TANDEM_ASSIGN_OR_RETURN(const std::vector<int32_t> drawn_rows, UploadDraws(sample));
   int32_t rows = 0;
   TANDEM_RETURN_IF_ERROR(Run(batch, /*argmax=*/true, &rows));
   tokens->assign(batch.size(), -1);
   if (rows == 0) return absl::OkStatus();
   const int32_t vocab = model_->config().vocab_size;
+  const int32_t draws = static_cast<int32_t>(drawn_rows.size());
+  if (draws > 0) {
+    TANDEM_RETURN_IF_ERROR(CudaStatus(
+        kd::Sample(logits_.get<float>(), draws, vocab, sample_args_.get<kernels::SampleArgs>(),
+                   sample_banned_.get<int32_t>(), sample_tokens_.get<int32_t>(),
+                   sample_scratch_.get<float>(), stream_),
+        "sample"));
+  }
   std::vector<int32_t> greedy(static_cast<size_t>(rows));
   TANDEM_RETURN_IF_ERROR(CudaStatus(
       kd::CopyToHost(greedy.data(), argmax_.get<int32_t>(), greedy.size() * sizeof(int32_t)),
       "token download"));
-  // Rows needed on the host (temperature sampling, logprobs), one at a time.
+  std::vector<int32_t> drawn(drawn_rows.size());
+  if (draws > 0) {
+    TANDEM_RETURN_IF_ERROR(CudaStatus(
+        kd::CopyToHost(drawn.data(), sample_tokens_.get<int32_t>(), drawn.size() * sizeof(int32_t)),
+        "sampled token download"));
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (sample[i].params != nullptr) (*tokens)[i] = greedy[i];
+  }
+  for (size_t j = 0; j < drawn.size(); ++j) {
+    (*tokens)[static_cast<size_t>(drawn_rows[j])] = drawn[j];
+  }
+  if (logprobs == nullptr) return absl::OkStatus();
+  // Rows needed on the host (logprobs), one at a time.
   std::vector<float> row_logits(static_cast<size_t>(vocab));
   auto download = [&](int32_t row) -> absl::StatusOr<std::span<const float>> {
     TANDEM_RETURN_IF_ERROR(
@@ -48,20 +73,33 @@ absl::Status CudaRunnerBase::ForwardSample(std::span<const SequenceInput> batch,
                    "logits download"));
     return std::span<const float>(row_logits);
   };
-  for (size_t i = 0; i < batch.size(); ++i) {
+  return ComputeBatchLogprobs(batch, sample, *tokens, download, logprobs);
+}
+
+absl::StatusOr<std::vector<int32_t>> CudaRunnerBase::UploadDraws(
+    std::span<const SampleRequest> sample) {
+  std::vector<kernels::SampleArgs> args;
+  std::vector<int32_t> banned, rows;
+  for (size_t i = 0; i < sample.size(); ++i) {
     const SampleRequest& r = sample[i];
-    if (r.params == nullptr) continue;
-    if (r.params->temperature == 0.0f && r.banned_token_ids.empty()) {
-      (*tokens)[i] = greedy[i];
+    if (r.params == nullptr || (r.params->temperature == 0.0f && r.banned_token_ids.empty())) {
       continue;
     }
-    // Temperature rows and rows with banned tokens: the CPU sampler over
-    // this row's logits.
-    TANDEM_ASSIGN_OR_RETURN(std::span<const float> logits, download(static_cast<int32_t>(i)));
-    (*tokens)[i] = SampleToken(logits, *r.params, r.output_position, r.banned_token_ids);
+    kernels::SampleArgs a = ToSampleArgs(*r.params, r.output_position, r.banned_token_ids.size());
+    a.row = static_cast<int32_t>(i);
+    a.banned_begin = static_cast<int32_t>(banned.size());
+    banned.insert(banned.end(), r.banned_token_ids.begin(), r.banned_token_ids.end());
+    args.push_back(a);
+    rows.push_back(a.row);
   }
-  if (logprobs == nullptr) return absl::OkStatus();
-  return ComputeBatchLogprobs(batch, sample, *tokens, download, logprobs);
+  if (args.empty()) return rows;
+  TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
+  TANDEM_RETURN_IF_ERROR(sample_args_.Upload(args));
+  TANDEM_RETURN_IF_ERROR(sample_banned_.Upload(banned));  // reserves 1 byte at least: not null
+  const size_t n = args.size(), vocab = static_cast<size_t>(model_->config().vocab_size);
+  TANDEM_RETURN_IF_ERROR(sample_scratch_.Reserve(sizeof(float) * n * vocab));
+  TANDEM_RETURN_IF_ERROR(sample_tokens_.Reserve(sizeof(int32_t) * n));
+  return rows;
 }
 
 absl::Status CudaRunnerBase::CopyBlocksFromHost(std::span<const int32_t> block_ids,

@@ -201,6 +201,12 @@ class CudaRunnerBase : public ModelRunner {
     graphs_.clear();
   }
 
+  // Uploads the arguments of the draws ForwardSample makes on the device
+  // after the step: the rows that need more than the argmax (temperature,
+  // banned ids), drawn by kernels/sampling.h's program, the token
+  // SampleToken draws from the same logits. Returns those rows.
+  absl::StatusOr<std::vector<int32_t>> UploadDraws(std::span<const SampleRequest> sample);
+
   // Packs the layout into pinned memory and copies it in one transfer.
   absl::Status Upload(const BatchLayout& lay, StepInputs* in);
 
@@ -214,6 +220,9 @@ class CudaRunnerBase : public ModelRunner {
   kernels::AttentionPlan plan_;  // of the step being run
   PinnedBuffer staging_;         // cudaHostAlloc: the upload is one async copy
   DeviceBuffer inputs_, argmax_, blas_workspace_;
+  // UploadDraws': the draws' arguments and banned ids, the program's
+  // scratch [draws][vocab], the drawn tokens.
+  DeviceBuffer sample_args_, sample_banned_, sample_scratch_, sample_tokens_;
   std::map<std::pair<int32_t, int32_t>, void*> graphs_;  // (rows, splits) -> exec
   std::vector<void*> graph_pointers_;                    // the buffers' addresses the graphs hold
   int64_t graph_replays_ = 0;

@@ -126,7 +126,8 @@ int64_t StepReserveBytes(const ModelConfig& c, int32_t tokens) {
   const int64_t per_token =
       4 * (2 * dim + std::max(dim, qd) * 2 + std::max(qkv_width, 2 * hidden) + 2 * hidden + 2 * kv);
   constexpr int32_t kSampledRows = 256;
-  const int64_t logits = int64_t{4} * kSampledRows * c.vocab_size;
+  // The logits and the sampler's scratch, fp32 each.
+  const int64_t logits = int64_t{2} * 4 * kSampledRows * c.vocab_size;
   const int64_t scratch = 4 * kernels::cuda::AttentionScratchFloats(kSampledRows, c.num_heads,
                                                                     c.head_size, c.max_seq_len);
   constexpr int64_t kFixed = int64_t{256} << 20;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tandem/common/status.h"
+#include "tandem/kernels/cpu_ops.h"
 #include "tandem/kernels/sampling.h"
 #include "tandem/model/model_runner.h"
 
@@ -14,29 +15,24 @@ namespace tandem::model {
 
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position, std::span<const int32_t> banned_token_ids) {
-  if (!banned_token_ids.empty()) {
-    thread_local std::vector<float> masked;
-    masked.assign(logits.begin(), logits.end());
-    for (int32_t id : banned_token_ids) {
-      if (id >= 0 && static_cast<size_t>(id) < masked.size()) {
-        masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
-      }
-    }
-    logits = masked;
-  }
   const int32_t vocab = static_cast<int32_t>(logits.size());
-  const kernels::SampleArgs args{.temperature = params.temperature,
-                                 .top_k = params.top_k,
-                                 .top_p = params.top_p,
-                                 .min_p = params.min_p,
-                                 .seed = params.seed.value_or(0),
-                                 .position = output_position};
-  if (args.temperature == 0.0f) return kernels::ArgMax(logits.data(), vocab);
-  thread_local std::vector<float> probs;
-  thread_local std::vector<int32_t> idx;
-  probs.resize(logits.size());
-  idx.resize(logits.size());
-  return kernels::SampleRow(logits.data(), vocab, args, probs.data(), idx.data());
+  if (params.temperature == 0.0f && banned_token_ids.empty()) {
+    return kernels::ArgMax(logits.data(), vocab);
+  }
+  return kernels::cpu::SampleRow(logits.data(), vocab,
+                                 ToSampleArgs(params, output_position, banned_token_ids.size()),
+                                 banned_token_ids.data());
+}
+
+kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
+                                 size_t num_banned) {
+  return {.temperature = params.temperature,
+          .top_k = params.top_k,
+          .top_p = params.top_p,
+          .min_p = params.min_p,
+          .seed = params.seed.value_or(0),
+          .position = output_position,
+          .num_banned = static_cast<int32_t>(num_banned)};
 }
 
 void SampleRows(std::span<const float> logits, int32_t vocab,

@@ -116,25 +116,39 @@ TEST_F(CudaOpsTest, SiluMulResidualAddMatchCpu) {
   ExpectNear(dg.ToHost(), x, {0, 0}, "residual");
 }
 
+// The device runs sampling.h's program to the bit: every filter, banned
+// ids, rows drawn from any row of the logits, vocabularies of a test model
+// and of Llama 3 (128,256), peaked and flat logits.
 TEST_F(CudaOpsTest, SampleMatchesCpu) {
-  const int32_t vocab = 512, rows = 8;
-  const auto logits = RandomVector(rows * vocab, 9, 4.0f);
-  std::vector<SampleArgs> args;
-  for (int32_t r = 0; r < rows; ++r) {
-    args.push_back({.temperature = r == 0 ? 0.0f : 0.9f,
-                    .top_k = r % 3 == 1 ? 20 : 0,
-                    .top_p = r % 3 == 2 ? 0.8f : 1.0f,
-                    .seed = 5u + r,
-                    .position = r});
+  for (const int32_t vocab : {512, 32000, 128256}) {
+    for (const float scale : {1.0f, 6.0f}) {
+      const int32_t rows = 12;
+      const auto logits = RandomVector(static_cast<size_t>(rows) * vocab, 9 + vocab, scale);
+      const std::vector<int32_t> banned = {3, vocab - 1, 7, 3};
+      std::vector<SampleArgs> args;
+      for (int32_t j = 0; j < 24; ++j) {
+        const int32_t f = j % 8;
+        args.push_back({.temperature = f == 0 ? 0.0f : (j % 3 == 0 ? 0.6f : 1.0f),
+                        .top_k = f == 2 || f == 5 ? 50 : (f == 6 ? 1 : 0),
+                        .top_p = f == 3 || f == 5 ? 0.9f : (f == 7 ? 0.5f : 1.0f),
+                        .min_p = f == 4 || f == 7 ? 0.05f : 0.0f,
+                        .seed = 5u + j,
+                        .position = j,
+                        .row = (j * 5) % rows,
+                        .banned_begin = j % 2,
+                        .num_banned = j % 4 == 1 ? 3 : 0});
+      }
+      const int32_t n = static_cast<int32_t>(args.size());
+      std::vector<int32_t> ref(n);
+      cpu::Sample(logits.data(), n, vocab, args.data(), banned.data(), ref.data());
+      DeviceVector<float> d_logits(logits), scratch(static_cast<size_t>(n) * vocab);
+      DeviceVector<SampleArgs> d_args(args);
+      DeviceVector<int32_t> d_banned(banned), d_out(n);
+      CUDA_OK(cuda::Sample(d_logits.get(), n, vocab, d_args.get(), d_banned.get(), d_out.get(),
+                           scratch.get()));
+      EXPECT_EQ(d_out.ToHost(), ref) << "vocab " << vocab << " scale " << scale;
+    }
   }
-  std::vector<int32_t> ref(rows);
-  cpu::Sample(logits.data(), rows, vocab, args.data(), ref.data());
-  DeviceVector<float> d_logits(logits), probs(rows * vocab);
-  DeviceVector<SampleArgs> d_args(args);
-  DeviceVector<int32_t> d_out(rows), idx(rows * vocab);
-  CUDA_OK(
-      cuda::Sample(d_logits.get(), rows, vocab, d_args.get(), d_out.get(), probs.get(), idx.get()));
-  EXPECT_EQ(d_out.ToHost(), ref);
 }
 
 TEST_F(CudaOpsTest, BlockGatherScatterMatchCpu) {

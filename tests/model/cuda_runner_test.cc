@@ -200,8 +200,9 @@ TEST(CudaRunnerTest, Bf16LogitsTrackTheCpuBackendOnRoundedWeights) {
   }
 }
 
-// ForwardSample on the GPU (argmax on the device, temperature rows on the
-// host) picks exactly the tokens SampleToken picks from Forward's logits.
+// ForwardSample on the GPU (the argmax kernel for greedy rows, sampling.h's
+// program for temperature rows and rows with banned ids, both on the device)
+// picks exactly the tokens SampleToken picks from Forward's logits.
 TEST(CudaRunnerTest, ForwardSampleEqualsForwardThenSampleToken) {
   auto model = testing::LoadTestModel();
   ASSERT_NE(model, nullptr);

@@ -7,6 +7,7 @@
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
 //              [--attention tensor-cores|split-k] [--cuda-graphs on|off] [--profile]
 //              [--decode-attention auto|per-split|per-row] [--dependent-launch on|off]
+//              [--sampling greedy|top-p]
 //
 // --shape names a model shape filled with random weights (speed does not
 // depend on the values) or a checkpoint file/directory. Decode: B sequences
@@ -24,6 +25,9 @@
 // --dependent-launch on launches the decode GEMVs as programmatic dependents
 // of the kernels before them (ModelRunnerOptions::dependent_launch; off by
 // default for now, the same bits either way);
+// --sampling top-p draws every decode token with Llama 3's generation
+// config (temperature 0.6, top_p 0.9) instead of the argmax: the sampler's
+// cost per step is the difference between the two lines;
 // --cuda-graphs off runs every decode step eagerly instead of replaying the
 // graphs captured per batch-size bucket. --profile calls cudaProfilerStart/Stop
 // around the timed decode steps and prefills only, so that
@@ -54,6 +58,7 @@ using namespace tandem::model;
 
 ModelRunnerOptions g_runner_opts;
 bool g_profile = false;
+tandem::SamplingParams g_sampling;  // the decode steps' (--sampling)
 
 // Brackets the timed region for ncu; a no-op without --profile.
 void ProfilerRange(bool start) {
@@ -174,13 +179,18 @@ DecodeResult Decode(const Model& m, DType dtype, int32_t batch, int32_t context,
     }
     if (absl::Status s = (*runner)->Forward(chunk, &logits); !s.ok()) Die(s.ToString());
   }
-  tandem::SamplingParams greedy;
-  std::vector<SampleRequest> sample(batch, SampleRequest{.params = &greedy});
+  std::vector<tandem::SamplingParams> params(batch, g_sampling);
+  std::vector<SampleRequest> sample;
+  for (int32_t i = 0; i < batch; ++i) {
+    params[i].seed = 1000 + i;
+    sample.push_back({.params = &params[i]});
+  }
   std::vector<int32_t> next(batch, 2);
   auto step = [&](int32_t pos) {
     std::vector<SequenceInput> in;
     for (int32_t i = 0; i < batch; ++i) {
       tokens[i] = {next[i]};
+      sample[i].output_position = pos - context;
       in.push_back({.token_ids = tokens[i], .start_pos = pos, .block_table = tables[i]});
     }
     if (absl::Status s = (*runner)->ForwardSample(in, sample, &next); !s.ok()) Die(s.ToString());
@@ -233,8 +243,8 @@ double PrefillSeconds(const Model& m, DType dtype, int32_t n, int32_t reps) {
 
 int main(int argc, char** argv) {
   std::string shape = "llama-3.2-1b", dtype_name = "bfloat16", batches = "1,8,32,128,256",
-              prefills = "512,2048,8192", attention = "tensor-cores",
-              graphs = "on", decode_attention = "per-split", dependent = "off";
+              prefills = "512,2048,8192", attention = "tensor-cores", graphs = "on",
+              decode_attention = "per-split", dependent = "off", sampling = "greedy";
   int64_t context = 512, steps = 32;
   double hbm_tbps = 3.35, peak_tflops = 989;
   tandem::FlagSet flags("bench_cuda", "Decode and prefill speed of the CUDA runner.");
@@ -252,12 +262,19 @@ int main(int argc, char** argv) {
   flags.Add("dependent-launch", &dependent,
             "on | off: decode GEMVs start under the kernel before (compute capability 9.0)");
   flags.Add("cuda-graphs", &graphs, "on | off: decode steps through CUDA graphs");
+  flags.Add("sampling", &sampling,
+            "greedy | top-p: decode tokens by argmax or with temperature 0.6, top_p 0.9");
   flags.Add("profile", &g_profile, "bracket the timed steps for ncu --profile-from-start off");
   flags.ParseOrExit(argc, argv);
   if (graphs != "on" && graphs != "off") {
     flags.Fail("--cuda-graphs must be on or off, not '" + graphs + "'");
   }
   g_runner_opts.cuda_graphs = graphs == "on";
+  if (sampling == "top-p") {
+    g_sampling = {.temperature = 0.6f, .top_p = 0.9f};
+  } else if (sampling != "greedy") {
+    flags.Fail("--sampling must be greedy or top-p, not '" + sampling + "'");
+  }
   if (dependent != "on" && dependent != "off") {
     flags.Fail("--dependent-launch must be on or off, not '" + dependent + "'");
   }
@@ -290,10 +307,10 @@ int main(int argc, char** argv) {
   const ModelConfig& c = model->config();
   std::cout << std::fixed << std::setprecision(1);
   std::cout << "model " << shape << " (dim " << c.dim << ", " << c.num_layers << " layers, "
-            << c.num_heads << "/" << c.num_kv_heads << " heads, ffn " << c.hidden_dim
-            << ", vocab " << c.vocab_size << ", " << MatmulParams(c) / 1e9
-            << " G matmul params), dtype " << DTypeName(*dtype) << ", attention " << attention
-            << ", CUDA graphs " << graphs << "\n";
+            << c.num_heads << "/" << c.num_kv_heads << " heads, ffn " << c.hidden_dim << ", vocab "
+            << c.vocab_size << ", " << MatmulParams(c) / 1e9 << " G matmul params), dtype "
+            << DTypeName(*dtype) << ", attention " << attention << ", CUDA graphs " << graphs
+            << ", sampling " << sampling << "\n";
   std::cout << "decode: context " << context << ", " << steps - 1
             << " timed steps; roofline = (weights + KV read) / " << hbm_tbps << " TB/s\n";
   for (int32_t b : ParseList(batches)) {

@@ -3,10 +3,13 @@
 //   build-model/tools/bench_model/bench_kernels
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
 #include "tandem/kernels/cpu_ops.h"
+#include "tandem/kernels/sampling.h"
 
 namespace {
 
@@ -87,6 +90,57 @@ void BM_PagedAttention(benchmark::State& state) { Attention(state, false); }
 void BM_PagedAttentionSharedCode(benchmark::State& state) { Attention(state, true); }
 BENCHMARK(BM_PagedAttention)->Arg(16)->Arg(128)->Arg(512);
 BENCHMARK(BM_PagedAttentionSharedCode)->Arg(16)->Arg(128)->Arg(512);
+
+// One draw over Llama 3's vocabulary (128,256) with its generation config
+// (temperature 0.6, top_p 0.9; logits ~ N(0, 4)), or with top_k 50:
+// ours (kernels/sampling.h, the program the GPU runs too) beside the
+// textbook way, which vLLM's sampler takes with torch.sort: softmax, sort
+// the whole vocabulary, cumulative sum, draw.
+//   bench_kernels --benchmark_filter=Sample
+int32_t SortedDraw(const std::vector<float>& logits, const tandem::kernels::SampleArgs& a,
+                   std::vector<float>* probs, std::vector<int32_t>* idx) {
+  const size_t n = logits.size();
+  const float m = *std::max_element(logits.begin(), logits.end()) / a.temperature;
+  float z = 0;
+  for (size_t i = 0; i < n; ++i) z += (*probs)[i] = std::exp(logits[i] / a.temperature - m);
+  for (size_t i = 0; i < n; ++i) (*idx)[i] = static_cast<int32_t>(i);
+  std::sort(idx->begin(), idx->end(),
+            [&](int32_t x, int32_t y) { return (*probs)[x] > (*probs)[y]; });
+  size_t keep = a.top_k > 0 ? static_cast<size_t>(a.top_k) : n;
+  float cum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += (*probs)[(*idx)[i]];
+    if (cum >= a.top_p * z) keep = i + 1;
+  }
+  const float r = tandem::kernels::CounterUniform(a.seed, a.position) * cum;
+  float c = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    c += (*probs)[(*idx)[i]];
+    if (r < c) return (*idx)[i];
+  }
+  return (*idx)[keep - 1];
+}
+
+void Sample(benchmark::State& state, bool ours) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0, 4);
+  std::vector<float> logits(128256), probs(logits.size());
+  std::vector<int32_t> idx(logits.size());
+  for (float& x : logits) x = d(rng);
+  tandem::kernels::SampleArgs a{.temperature = 0.6f, .seed = 3};
+  if (state.range(0) == 0) a.top_p = 0.9f;
+  if (state.range(0) == 1) a.top_k = 50;
+  for (auto _ : state) {
+    ++a.position;
+    benchmark::DoNotOptimize(ours ? kc::SampleRow(logits.data(), 128256, a)
+                                  : SortedDraw(logits, a, &probs, &idx));
+  }
+  state.SetLabel(state.range(0) == 0 ? "top_p 0.9" : "top_k 50");
+}
+void BM_SampleOurs(benchmark::State& state) { Sample(state, true); }
+void BM_SampleSortingTheVocabulary(benchmark::State& state) { Sample(state, false); }
+BENCHMARK(BM_SampleOurs)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SampleSortingTheVocabulary)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

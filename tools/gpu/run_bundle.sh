@@ -63,13 +63,16 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   # attention picked by the batch and a row per block (what it gains over a
   # block per split, the runner's default until it has run on a GPU), the
   # GEMVs of small batches as programmatic dependents (off by default too), the split-K kernel on
-  # the same prefills (what tensor cores gained), then PyTorch's figure on
-  # the same shapes (torch_anchor.py), same GPU.
+  # the same prefills (what tensor cores gained), decode steps that draw
+  # with top-p on the device (less the greedy line: the sampler's cost),
+  # then PyTorch's figure on the same shapes (torch_anchor.py, with vLLM's
+  # way of top-p sampling), same GPU.
   for args in "--shape llama-3.2-1b" "--shape llama-3.2-1b --cuda-graphs off --prefill=" \
               "--shape llama-3.2-1b --prefill= --decode-attention auto" \
               "--shape llama-3.2-1b --prefill= --batches 32,64,128,256 --decode-attention per-row" \
               "--shape llama-3.2-1b --prefill= --batches 1,2,4 --dependent-launch on" \
               "--shape llama-3.2-1b --batches 1 --attention split-k" \
+              "--shape llama-3.2-1b --prefill= --batches 1,32,256 --sampling top-p" \
               "--shape tinyllama-1.1b --batches 1,32,256" \
               "--shape $here/shared/models/stories260K.bin --context 128 --prefill 256 --batches 1,32,256" \
               "--shape llama-3.2-1b --dtype float32 --batches 1,32 --prefill 512"; do
@@ -80,7 +83,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   done
   for shape in llama-3.2-1b tinyllama-1.1b; do
     echo "=== torch_anchor.py --shape $shape" | tee -a "$out/bench.txt"
-    python3 "$here/torch_anchor.py" --shape "$shape" 2>&1 | grep -v Warning | tee -a "$out/bench.txt"
+    python3 "$here/torch_anchor.py" --shape "$shape" --sample-batches 1,32,256 2>&1 | grep -v Warning | tee -a "$out/bench.txt"
   done
 fi
 exit $rc

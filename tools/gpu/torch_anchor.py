@@ -2,6 +2,7 @@
 """PyTorch's prefill time on bench_cuda's shapes: the anchor of issue 31.
 
   python3 tools/gpu/torch_anchor.py [--shape llama-3.2-1b] [--prefill 512,2048,8192]
+                                    [--sample-batches 1,32,256]
 
 Builds transformers' LlamaForCausalLM with random bf16 weights on the GPU
 (attention through torch's scaled_dot_product_attention, "sdpa"), runs one
@@ -10,6 +11,12 @@ row only, as bench_cuda's prefill does, and prints the time and TFLOPS with
 bench_cuda's FLOP count, so the two lines compare directly. Exits 0 with a
 note when torch, transformers or a GPU is missing (the anchor is skipped,
 not failed).
+
+--sample-batches also times top-p sampling as vLLM's sampler does it in
+PyTorch (apply_top_k_top_p: sort the logits, softmax, cumulative sum, mask
+the tail, then draw), temperature 0.6 and top_p 0.9 over [B, vocab] fp32
+logits: the anchor for `bench_cuda --sampling top-p`, whose step time less
+the greedy step's is our sampler's cost.
 """
 import argparse
 import sys
@@ -37,6 +44,7 @@ def main():
     ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
     ap.add_argument("--prefill", default="512,2048,8192")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--sample-batches", default="")
     args = ap.parse_args()
     try:
         import torch
@@ -81,6 +89,28 @@ def main():
         print(f"anchor prefill {n:5d} tokens: {secs * 1e3:.2f} ms, {n / secs:.1f} tok/s, "
               f"{tflops:.1f} TFLOPS = {100 * tflops / args.peak_tflops:.0f}% of "
               f"{args.peak_tflops:.0f} peak")
+    for b in [int(x) for x in args.sample_batches.split(",") if x]:
+        logits = torch.randn(b, vocab, device="cuda", dtype=torch.float32) * 4
+
+        def sample():
+            x = logits / 0.6
+            x_sort, x_idx = x.sort(dim=-1, descending=False)
+            probs_sum = x_sort.softmax(dim=-1).cumsum(dim=-1)
+            mask = probs_sum <= 1 - 0.9
+            mask[:, -1] = False
+            x_sort.masked_fill_(mask, -float("inf"))
+            x = x.scatter(dim=-1, index=x_idx, src=x_sort)
+            return torch.multinomial(x.softmax(dim=-1), 1)
+
+        with torch.inference_mode():
+            sample()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                sample()
+            torch.cuda.synchronize()
+            secs = (time.perf_counter() - t0) / 20
+        print(f"anchor top-p sampling, batch {b:3d}, vocab {vocab}: {secs * 1e3:.3f} ms")
     return 0
 
 

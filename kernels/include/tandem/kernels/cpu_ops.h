@@ -78,9 +78,15 @@ void Scale(float* x, int64_t n, float scale);
 // x[i] += y[i].
 void ResidualAdd(float* x, const float* y, int64_t n);
 
-// Samples one token per row of logits[rows][vocab] with args[r].
+// One token from logits[0, vocab) (sampling.h's SampleRowProgram);
+// banned[0, args.num_banned) count as -inf.
+int32_t SampleRow(const float* logits, int32_t vocab, const SampleArgs& args,
+                  const int32_t* banned = nullptr);
+
+// out_tokens[r] = a token from row args[r].row of logits[][vocab], with the
+// banned ids args[r] names in `banned` (nullptr when no row has any).
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
-            int32_t* out_tokens);
+            const int32_t* banned, int32_t* out_tokens);
 
 // Gather: staging[i] = cache block block_ids[i]; scatter: the reverse.
 // block_floats = KvCacheShape::BlockFloats().

@@ -1,15 +1,34 @@
 // Token sampling shared by the CPU and CUDA backends: greedy, temperature,
 // min-p, top-k and top-p, with a counter-based generator keyed by (seed,
 // output position) so a seeded request samples the same tokens in any batch.
-// The filters apply in vLLM's order and semantics (its MinP logits processor,
-// then apply_top_k_top_p): after temperature, min-p drops the tokens whose
-// probability is below min_p times the top token's; top-k keeps the k most
-// likely of the rest; top-p keeps the fewest most likely tokens whose mass,
-// renormalized over what min-p and top-k kept, reaches top_p.
+//
+// One program (SampleRowProgram) serves both: a CUDA block of kSampleLanes
+// threads runs it on the GPU, and the CPU runs the same phases one lane
+// after another (ForSampleLanes). Every floating-point operation is an
+// explicitly rounded add, multiply or divide, and exp is our own polynomial
+// (SampleExp), so both give the same bits and the same token.
+//
+// What is drawn (vLLM's filters, in its order: its MinP logits processor,
+// then apply_top_k_top_p; each filter is a threshold on the value, so ties
+// with the last kept token stay, as in vLLM's top-k):
+//  - s_i = logit_i / temperature; banned ids count as -inf; m = max s;
+//    e_i = exp(s_i - m), so the top token has e = 1.
+//  - min-p keeps e_i >= min_p (its share of the top token's probability);
+//  - top-k keeps e_i >= the k-th largest e of what min-p kept;
+//  - top-p keeps e_i >= v for the largest v whose kept mass reaches
+//    top_p times the mass min-p and top-k kept (renormalized, as vLLM);
+//  - the token: r = u * (kept mass), found by descending the tree of lane
+//    sums, then walking the lane's kept tokens.
+// Sums are fixed-order: lane t adds the kept e_i with i = t (mod
+// kSampleLanes) in increasing i, then a binary tree adds neighbouring lanes.
+// Nothing sorts the vocabulary: each threshold is a bisection over the
+// float's bits with one counting or summing pass per step.
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "tandem/kernels/hd.h"
 
@@ -22,6 +41,12 @@ struct SampleArgs {
   float min_p = 0.0f;        // 0 = off
   uint64_t seed = 0;
   int32_t position = 0;  // output position of the token being sampled
+  // For a batch launch (cuda::Sample): the row of logits this draws from,
+  // and its banned ids, banned[banned_begin, banned_begin + num_banned) of
+  // the launch's list (their logits count as -inf).
+  int32_t row = 0;
+  int32_t banned_begin = 0;
+  int32_t num_banned = 0;
 };
 
 TANDEM_HD inline uint64_t SplitMix64(uint64_t x) {
@@ -47,88 +72,251 @@ TANDEM_HD inline int32_t ArgMax(const float* x, int32_t n) {
   return best;
 }
 
-// True when token a ranks before token b: higher probability, then lower id.
-TANDEM_HD inline bool RanksBefore(const float* p, int32_t a, int32_t b) {
-  return p[a] > p[b] || (p[a] == p[b] && a < b);
+// Single rounding, never fused into a multiply-add: nvcc contracts a * b + c
+// unless told not to, and the host side is built with -ffp-contract=off.
+TANDEM_HD inline float AddRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+TANDEM_HD inline float MulRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+TANDEM_HD inline float DivRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+TANDEM_HD inline uint32_t FloatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+TANDEM_HD inline float BitsFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
 }
 
-// Heap sort of idx[0..n) by RanksBefore (a total order: any sort agrees).
-TANDEM_HD inline void SortByRank(const float* p, int32_t* idx, int32_t n) {
-  auto sift = [&](int32_t root, int32_t end) {
-    while (true) {
-      int32_t child = 2 * root + 1;
-      if (child >= end) return;
-      // Max-heap of "ranks last" so the array ends up in rank order.
-      if (child + 1 < end && RanksBefore(p, idx[child], idx[child + 1])) ++child;
-      if (!RanksBefore(p, idx[root], idx[child])) return;
-      const int32_t tmp = idx[root];
-      idx[root] = idx[child];
-      idx[child] = tmp;
-      root = child;
+// exp(x) for x <= 0 in basic operations only (Cephes' expf: Cody-Waite
+// reduction by ln 2, a degree-7 polynomial; relative error at most 8e-8
+// over [-86, 0], sampling_program_test):
+// the same bits on every device, unlike expf. exp(0) is exactly 1; below
+// -86 it is 0 (the smallest e that can change a sum next to the top
+// token's 1 is about e^-17).
+TANDEM_HD inline float SampleExp(float x_in) {
+  const bool tiny = !(x_in > -86.0f);  // also -inf and NaN; no branch, so it vectorizes
+  const float x = tiny ? -86.0f : x_in;
+  // k = round(x / ln 2), as -floor(0.5 - x log2 e): the truncation of a
+  // positive float is its floor on every device.
+  const int32_t k = -static_cast<int32_t>(AddRn(0.5f, -MulRn(x, 1.44269504088896341f)));
+  const float kf = static_cast<float>(k);
+  float r = AddRn(x, -MulRn(kf, 0.693359375f));  // exact: ln 2's first 9 bits
+  r = AddRn(r, MulRn(kf, 2.12194440e-4f));
+  float p = 1.9875691500e-4f;
+  p = AddRn(MulRn(p, r), 1.3981999507e-3f);
+  p = AddRn(MulRn(p, r), 8.3334519073e-3f);
+  p = AddRn(MulRn(p, r), 4.1665795894e-2f);
+  p = AddRn(MulRn(p, r), 1.6666665459e-1f);
+  p = AddRn(MulRn(p, r), 5.0000001201e-1f);
+  const float y = AddRn(AddRn(MulRn(p, MulRn(r, r)), r), 1.0f);
+  // 2^k with k >= -125: a normal float.
+  const float result = MulRn(y, BitsFloat(static_cast<uint32_t>(k + 127) << 23));
+  return tiny ? 0.0f : result;
+}
+
+inline constexpr int32_t kSampleLanes = 1024;
+
+// The block's shared memory: heap-ordered trees over the lanes (leaf t at
+// kSampleLanes + t, node n = 2n + 2n+1, the root at 1).
+struct SampleShared {
+  float sum[2 * kSampleLanes];
+  int32_t index[2 * kSampleLanes];
+  int32_t token;
+};
+
+// f(t) for every lane t < n, then a barrier. On the GPU lane t is thread t
+// of a kSampleLanes-thread block; on the CPU the lanes run in turn.
+template <typename F>
+TANDEM_HD inline void ForSampleLanes(int32_t n, const F& f) {
+#if defined(__CUDA_ARCH__)
+  if (static_cast<int32_t>(threadIdx.x) < n) f(static_cast<int32_t>(threadIdx.x));
+  __syncthreads();
+#else
+  for (int32_t t = 0; t < n; ++t) f(t);
+#endif
+}
+
+// f(i) for every i < n: element-wise work, in any order (on the CPU in
+// increasing i), then a barrier.
+template <typename F>
+TANDEM_HD inline void ForSampleElements(int32_t n, const F& f) {
+#if defined(__CUDA_ARCH__)
+  for (int32_t i = static_cast<int32_t>(threadIdx.x); i < n; i += kSampleLanes) f(i);
+  __syncthreads();
+#else
+  for (int32_t i = 0; i < n; ++i) f(i);
+#endif
+}
+
+// store(t, acc) with acc the fold acc = f(acc, i) over i = t (mod
+// kSampleLanes), i < n, in increasing i, from `init`. The CPU walks the
+// same sequence per lane a row of lanes at a time (contiguous, so the loop
+// vectorizes).
+template <typename T, typename F, typename Store>
+TANDEM_HD inline void FoldLanes(int32_t n, T init, const F& f, const Store& store) {
+#if defined(__CUDA_ARCH__)
+  ForSampleLanes(kSampleLanes, [&](int32_t t) {
+    T acc = init;
+    for (int32_t i = t; i < n; i += kSampleLanes) acc = f(acc, i);
+    store(t, acc);
+  });
+#else
+  T acc[kSampleLanes];
+  for (int32_t t = 0; t < kSampleLanes; ++t) acc[t] = init;
+  for (int32_t base = 0; base < n; base += kSampleLanes) {
+    const int32_t m = n - base < kSampleLanes ? n - base : kSampleLanes;
+    for (int32_t t = 0; t < m; ++t) acc[t] = f(acc[t], base + t);
+  }
+  for (int32_t t = 0; t < kSampleLanes; ++t) store(t, acc[t]);
+#endif
+}
+
+// Fills the tree's inner nodes from its leaves, a level per phase:
+// node(n) computes node n from nodes 2n and 2n + 1.
+template <typename F>
+TANDEM_HD inline void ReduceLanes(const F& node) {
+  for (int32_t s = kSampleLanes / 2; s >= 1; s /= 2) {
+    ForSampleLanes(s, [&](int32_t t) { node(s + t); });
+  }
+}
+
+// The kept mass at threshold v: the fixed-order sum of e_i >= v. Leaves the
+// whole tree in sh.sum.
+TANDEM_HD inline float SampleMass(SampleShared& sh, const float* e, int32_t vocab, float v) {
+  FoldLanes(
+      vocab, 0.0f, [&](float acc, int32_t i) { return AddRn(acc, e[i] >= v ? e[i] : 0.0f); },
+      [&](int32_t t, float acc) { sh.sum[kSampleLanes + t] = acc; });
+  ReduceLanes([&](int32_t n) { sh.sum[n] = AddRn(sh.sum[2 * n], sh.sum[2 * n + 1]); });
+  return sh.sum[1];
+}
+
+// How many e_i >= v.
+TANDEM_HD inline int32_t SampleCount(SampleShared& sh, const float* e, int32_t vocab, float v) {
+  FoldLanes(
+      vocab, int32_t{0}, [&](int32_t acc, int32_t i) { return acc + (e[i] >= v ? 1 : 0); },
+      [&](int32_t t, int32_t acc) { sh.index[kSampleLanes + t] = acc; });
+  ReduceLanes([&](int32_t n) { sh.index[n] = sh.index[2 * n] + sh.index[2 * n + 1]; });
+  return sh.index[1];
+}
+
+// The largest v in [lo, 1] with keep(v), given keep(lo) and keep falling as
+// v grows: a bisection over the bits, which order non-negative floats.
+template <typename Keep>
+TANDEM_HD inline float LargestKept(float lo_value, const Keep& keep) {
+  uint32_t lo = FloatBits(lo_value), hi = FloatBits(1.0f);
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo + 1) / 2;
+    if (keep(BitsFloat(mid))) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
     }
+  }
+  return BitsFloat(lo);
+}
+
+// Samples one token from logits[0, vocab) (see the top of this file);
+// banned[0, num_banned) count as -inf. Scratch: e[vocab]. Every lane (GPU
+// thread) calls it and gets the token.
+TANDEM_HD inline int32_t SampleRowProgram(SampleShared& sh, const float* logits, int32_t vocab,
+                                          const SampleArgs& a, const int32_t* banned, float* e) {
+  const bool greedy = a.temperature == 0.0f;
+  ForSampleElements(
+      vocab, [&](int32_t i) { e[i] = greedy ? logits[i] : DivRn(logits[i], a.temperature); });
+  if (a.num_banned > 0) {
+    ForSampleElements(a.num_banned, [&](int32_t j) {
+      if (banned[j] >= 0 && banned[j] < vocab) e[banned[j]] = -INFINITY;
+    });
+  }
+  // The largest s, the lowest index on ties (kernels::ArgMax; all -inf: 0).
+  struct Best {
+    float value;
+    int32_t index;
   };
-  for (int32_t i = n / 2 - 1; i >= 0; --i) sift(i, n);
-  for (int32_t end = n - 1; end > 0; --end) {
-    const int32_t tmp = idx[0];
-    idx[0] = idx[end];
-    idx[end] = tmp;
-    sift(0, end);
+  FoldLanes(
+      vocab, Best{-FLT_MAX, INT32_MAX},
+      [&](Best b, int32_t i) {
+        return e[i] > b.value ? Best{e[i], i} : b;
+      },
+      [&](int32_t t, Best b) {
+        sh.sum[kSampleLanes + t] = b.value;
+        sh.index[kSampleLanes + t] = b.index;
+      });
+  ReduceLanes([&](int32_t n) {
+    const int32_t l = 2 * n, r = 2 * n + 1;
+    const bool right =
+        sh.sum[r] > sh.sum[l] || (sh.sum[r] == sh.sum[l] && sh.index[r] < sh.index[l]);
+    sh.sum[n] = sh.sum[right ? r : l];
+    sh.index[n] = sh.index[right ? r : l];
+  });
+  const float m = sh.sum[1];
+  const int32_t top = sh.index[1] == INT32_MAX ? 0 : sh.index[1];
+  if (greedy) return top;
+  ForSampleElements(vocab, [&](int32_t i) { e[i] = SampleExp(AddRn(e[i], -m)); });
+  float v = 0.0f;  // keep e_i >= v
+  if (a.min_p > 0.0f) v = a.min_p;
+  if (a.top_k > 0 && a.top_k < vocab && SampleCount(sh, e, vocab, v) > a.top_k) {
+    v = LargestKept(v, [&](float x) { return SampleCount(sh, e, vocab, x) >= a.top_k; });
   }
-}
-
-// Samples one token from `logits`. Scratch: probs[vocab], idx[vocab].
-TANDEM_HD inline int32_t SampleRow(const float* logits, int32_t vocab, const SampleArgs& a,
-                                   float* probs, int32_t* idx) {
-  if (a.temperature == 0.0f) return ArgMax(logits, vocab);
-  const int32_t top = ArgMax(logits, vocab);
-  const float max_val = logits[top] / a.temperature;
-  float sum = 0.0f;
-  for (int32_t i = 0; i < vocab; ++i) {
-    probs[i] = expf(logits[i] / a.temperature - max_val);
-    sum += probs[i];
-  }
-  for (int32_t i = 0; i < vocab; ++i) probs[i] /= sum;
-  const float u = CounterUniform(a.seed, a.position);
-  const bool filter = (a.top_k > 0 && a.top_k < vocab) || a.top_p < 1.0f || a.min_p > 0.0f;
-  if (!filter) {
-    float cdf = 0.0f;
-    for (int32_t i = 0; i < vocab; ++i) {
-      cdf += probs[i];
-      if (u < cdf) return i;
-    }
-    return vocab - 1;  // rounding: u beyond the summed mass
-  }
-  for (int32_t i = 0; i < vocab; ++i) idx[i] = i;
-  SortByRank(probs, idx, vocab);
-  int32_t n = vocab;
-  if (a.min_p > 0.0f) {  // the kept tokens are a prefix of the ranking
-    const float threshold = a.min_p * probs[idx[0]];
-    int32_t keep = 1;
-    while (keep < n && probs[idx[keep]] >= threshold) ++keep;
-    n = keep;
-  }
-  if (a.top_k > 0 && a.top_k < n) n = a.top_k;
-  float mass = 0.0f;
-  for (int32_t i = 0; i < n; ++i) mass += probs[idx[i]];
   if (a.top_p < 1.0f) {
-    const float target = a.top_p * mass;
-    float cum = 0.0f;
-    for (int32_t i = 0; i < n; ++i) {
-      cum += probs[idx[i]];
-      if (cum >= target) {
-        n = i + 1;
-        mass = cum;
-        break;
+    const float target = MulRn(a.top_p, SampleMass(sh, e, vocab, v));
+    v = LargestKept(v, [&](float x) { return SampleMass(sh, e, vocab, x) >= target; });
+  }
+  const float mass = SampleMass(sh, e, vocab, v);
+  if (!(mass > 0.0f)) return top;
+  const float u = CounterUniform(a.seed, a.position);
+  ForSampleLanes(1, [&](int32_t) {
+    float r = MulRn(u, mass);
+    int32_t n = 1;
+    while (n < kSampleLanes) {  // into a child with mass, r within it
+      const float left = sh.sum[2 * n];
+      if (r < left || !(sh.sum[2 * n + 1] > 0.0f)) {
+        n = 2 * n;
+      } else {
+        r = AddRn(r, -left);
+        n = 2 * n + 1;
       }
     }
-  }
-  const float r = u * mass;
-  float cdf = 0.0f;
-  for (int32_t i = 0; i < n; ++i) {
-    cdf += probs[idx[i]];
-    if (r < cdf) return idx[i];
-  }
-  return idx[n - 1];
+    // The lane's kept tokens in its summing order; rounding past its mass
+    // takes its last token with mass.
+    float cum = 0.0f;
+    int32_t token = -1;
+    for (int32_t i = n - kSampleLanes; i < vocab; i += kSampleLanes) {
+      if (!(e[i] >= v)) continue;
+      cum = AddRn(cum, e[i]);
+      if (e[i] > 0.0f) token = i;
+      if (r < cum) break;
+    }
+    sh.token = token < 0 ? top : token;
+  });
+  return sh.token;
 }
 
 }  // namespace tandem::kernels

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "tandem/common/logprobs.h"
 #include "tandem/common/sampling_params.h"
+#include "tandem/kernels/sampling.h"
 
 namespace tandem::model {
 
@@ -22,6 +23,11 @@ namespace tandem::model {
 // min-tokens processor: EOS and stop tokens below min_tokens).
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position, std::span<const int32_t> banned_token_ids = {});
+
+// The kernels' arguments for one draw (kernels/sampling.h), with
+// `num_banned` banned ids.
+kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
+                                 size_t num_banned = 0);
 
 // Log-probabilities of `token` under `logits` (TokenLogprobs: the raw
 // log-softmax, before temperature or any filter) with the `top_n` most likely

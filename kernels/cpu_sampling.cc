@@ -1,0 +1,29 @@
+// cpu::SampleRow and cpu::Sample: sampling.h's program run lane after lane.
+// Built at -O3 without trapping math (kernels/CMakeLists.txt), so that the
+// lanes' folds and SampleExp vectorize; neither changes a result (no
+// contraction, no fast-math: each operation still rounds once).
+#include <vector>
+
+#include "tandem/kernels/cpu_ops.h"
+#include "tandem/kernels/sampling.h"
+
+namespace tandem::kernels::cpu {
+
+int32_t SampleRow(const float* logits, int32_t vocab, const SampleArgs& args,
+                  const int32_t* banned) {
+  thread_local std::vector<float> e;
+  thread_local SampleShared shared;
+  e.resize(static_cast<size_t>(vocab));
+  return SampleRowProgram(shared, logits, vocab, args, banned, e.data());
+}
+
+void Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
+            const int32_t* banned, int32_t* out_tokens) {
+  for (int32_t r = 0; r < rows; ++r) {
+    const SampleArgs& a = args[r];
+    out_tokens[r] = SampleRow(logits + int64_t{a.row} * vocab, vocab, a,
+                              banned == nullptr ? nullptr : banned + a.banned_begin);
+  }
+}
+
+}  // namespace tandem::kernels::cpu

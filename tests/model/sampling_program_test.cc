@@ -1,0 +1,218 @@
+// kernels/sampling.h's program (the CPU's and the GPU's sampler) against
+// its definition written out plainly here: thresholds found by sorting
+// instead of bisection, sums and the draw over explicit lane arrays; and its
+// draws' frequencies against the filtered softmax computed in double.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tandem/kernels/sampling.h"
+#include "tandem/model/sampler.h"
+
+namespace tandem::model {
+namespace {
+
+using kernels::kSampleLanes;
+using kernels::SampleExp;
+
+TEST(SamplingProgramTest, SampleExpIsExpToAFewUlpsExactlyOneAtZeroAndZeroFarBelow) {
+  EXPECT_EQ(SampleExp(0.0f), 1.0f);
+  EXPECT_EQ(SampleExp(-0.0f), 1.0f);
+  EXPECT_EQ(SampleExp(-86.5f), 0.0f);
+  EXPECT_EQ(SampleExp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(SampleExp(std::numeric_limits<float>::quiet_NaN()), 0.0f);
+  double worst = 0.0;
+  float prev = 0.0f;
+  for (float x = -85.99f; x <= 0.0f; x += 0.00037f) {
+    const float y = SampleExp(x);
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(y - want) / want);
+    EXPECT_GE(y, prev) << x;  // never falls as x grows
+    prev = y;
+  }
+  EXPECT_LT(worst, 1.5e-7) << worst;  // measured 8e-8: a float rounding or two
+}
+
+// Fixed-order sum of e_i >= v (kernels/sampling.h): lane t adds i = t mod
+// kSampleLanes in increasing i; then neighbouring lanes pairwise, level by
+// level. levels[0] are the lanes, levels.back() the total.
+std::vector<std::vector<float>> MassTree(const std::vector<float>& e, float v) {
+  std::vector<std::vector<float>> levels(1, std::vector<float>(kSampleLanes, 0.0f));
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (e[i] >= v) levels[0][i % kSampleLanes] += e[i];
+  }
+  while (levels.back().size() > 1) {
+    const std::vector<float>& below = levels.back();
+    std::vector<float> up(below.size() / 2);
+    for (size_t j = 0; j < up.size(); ++j) up[j] = below[2 * j] + below[2 * j + 1];
+    levels.push_back(up);
+  }
+  return levels;
+}
+
+// The draw as sampling.h's comment defines it.
+int32_t DefinitionDraw(const std::vector<float>& logits, const SamplingParams& p, int32_t position,
+                       const std::vector<int32_t>& banned) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  std::vector<float> s(logits);
+  if (p.temperature != 0.0f) {
+    for (float& x : s) x = x / p.temperature;
+  }
+  for (int32_t id : banned) s[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+  const int32_t top = static_cast<int32_t>(std::max_element(s.begin(), s.end()) - s.begin());
+  if (p.temperature == 0.0f) return top;
+  const float m = s[static_cast<size_t>(top)];
+  std::vector<float> e(s.size());
+  for (size_t i = 0; i < s.size(); ++i) e[i] = SampleExp(s[i] - m);
+  float v = p.min_p > 0.0f ? p.min_p : 0.0f;
+  auto kept_desc = [&] {
+    std::vector<float> k;
+    for (float x : e) {
+      if (x >= v) k.push_back(x);
+    }
+    std::sort(k.begin(), k.end(), std::greater<>());
+    return k;
+  };
+  if (p.top_k > 0 && p.top_k < vocab) {
+    const std::vector<float> k = kept_desc();
+    if (static_cast<int32_t>(k.size()) > p.top_k) v = k[static_cast<size_t>(p.top_k - 1)];
+  }
+  if (p.top_p < 1.0f) {
+    const float target = p.top_p * MassTree(e, v).back()[0];
+    std::vector<float> k = kept_desc();
+    k.erase(std::unique(k.begin(), k.end()), k.end());
+    for (float x : k) {  // the largest threshold whose mass reaches the target
+      if (MassTree(e, x).back()[0] >= target) {
+        v = x;
+        break;
+      }
+    }
+  }
+  const auto tree = MassTree(e, v);
+  float r = kernels::CounterUniform(p.seed.value_or(0), position) * tree.back()[0];
+  size_t node = 0;  // index within its level, from the root down
+  for (size_t level = tree.size() - 1; level > 0; --level) {
+    const float left = tree[level - 1][2 * node], right = tree[level - 1][2 * node + 1];
+    if (r < left || !(right > 0.0f)) {
+      node = 2 * node;
+    } else {
+      r -= left;
+      node = 2 * node + 1;
+    }
+  }
+  float cum = 0.0f;
+  int32_t last = top;
+  for (size_t i = node; i < e.size(); i += kSampleLanes) {
+    if (!(e[i] >= v)) continue;
+    cum += e[i];
+    if (e[i] > 0.0f) last = static_cast<int32_t>(i);
+    if (r < cum) return static_cast<int32_t>(i);
+  }
+  return last;
+}
+
+TEST(SamplingProgramTest, DrawsTheTokenItsDefinitionNames) {
+  std::mt19937 rng(7);
+  int32_t drawn_not_top = 0;
+  for (int32_t trial = 0; trial < 300; ++trial) {
+    const int32_t vocab = std::vector<int32_t>{5, 300, 1024, 1500, 5000}[trial % 5];
+    std::normal_distribution<float> normal(0.0f, trial % 3 == 0 ? 0.5f : 4.0f);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& l : logits) l = normal(rng);
+    if (trial % 7 == 0) logits[3 % vocab] = logits[1];  // a tie
+    SamplingParams p{.temperature = std::vector<float>{0.0f, 0.3f, 0.7f, 1.0f,
+                                                       1.6f}[trial % 5 == 0 ? 1 : rng() % 5],
+                     .seed = rng()};
+    switch (rng() % 6) {
+      case 0:
+        break;
+      case 1:
+        p.top_k = 1 + static_cast<int32_t>(rng() % 60);
+        break;
+      case 2:
+        p.top_p = 0.05f + static_cast<float>(rng() % 95) / 100.0f;
+        break;
+      case 3:
+        p.min_p = static_cast<float>(rng() % 30) / 100.0f;
+        break;
+      case 4:
+        p.top_k = 1 + static_cast<int32_t>(rng() % 200);
+        p.top_p = 0.5f + static_cast<float>(rng() % 50) / 100.0f;
+        break;
+      default:
+        p.top_k = 1 + static_cast<int32_t>(rng() % 100);
+        p.top_p = 0.3f + static_cast<float>(rng() % 70) / 100.0f;
+        p.min_p = static_cast<float>(rng() % 10) / 100.0f;
+    }
+    std::vector<int32_t> banned;
+    if (trial % 4 == 1 && vocab > 5) banned = {0, static_cast<int32_t>(rng() % vocab)};
+    const int32_t position = static_cast<int32_t>(rng() % 1000);
+    const int32_t want = DefinitionDraw(logits, p, position, banned);
+    ASSERT_EQ(SampleToken(logits, p, position, banned), want)
+        << "trial " << trial << " vocab " << vocab << " T " << p.temperature << " top_k " << p.top_k
+        << " top_p " << p.top_p << " min_p " << p.min_p;
+    drawn_not_top += want != static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                                  logits.begin());
+  }
+  EXPECT_GT(drawn_not_top, 100);  // the draws are not just argmaxes
+}
+
+// vLLM's filters in exact arithmetic: the probability of each token.
+std::vector<double> FilteredSoftmax(const std::vector<float>& logits, const SamplingParams& p) {
+  std::vector<double> q(logits.size());
+  const double m = *std::max_element(logits.begin(), logits.end()) / double{p.temperature};
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::exp(logits[i] / double{p.temperature} - m);
+  double v = p.min_p;
+  std::vector<double> sorted(q);
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < sorted.size()) {
+    v = std::max(v, sorted[static_cast<size_t>(p.top_k - 1)]);
+  }
+  double kept = 0;
+  for (double x : q) kept += x >= v ? x : 0.0;
+  double cum = 0;
+  for (double x : sorted) {
+    if (x < v) break;
+    cum += x;
+    if (cum >= p.top_p * kept) {
+      v = x;
+      break;
+    }
+  }
+  double z = 0;
+  for (double& x : q) z += (x = x >= v ? x : 0.0);
+  for (double& x : q) x /= z;
+  return q;
+}
+
+TEST(SamplingProgramTest, FrequenciesFollowTheFilteredSoftmax) {
+  std::vector<float> logits(40);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(1.7f * i) * 2.5f;
+  for (const SamplingParams& p :
+       {SamplingParams{.temperature = 1.0f}, SamplingParams{.temperature = 0.7f, .top_k = 5},
+        SamplingParams{.temperature = 1.3f, .top_p = 0.8f},
+        SamplingParams{.temperature = 1.0f, .min_p = 0.2f},
+        SamplingParams{.temperature = 2.0f, .top_k = 12, .top_p = 0.6f, .min_p = 0.05f}}) {
+    const std::vector<double> want = FilteredSoftmax(logits, p);
+    const int32_t n = 20000;
+    std::vector<int32_t> count(logits.size());
+    for (int32_t pos = 0; pos < n; ++pos) {
+      SamplingParams seeded = p;
+      seeded.seed = 11;
+      count[static_cast<size_t>(SampleToken(logits, seeded, pos))]++;
+    }
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (want[i] == 0.0) {
+        EXPECT_EQ(count[i], 0) << "token " << i << " is filtered out; top_k " << p.top_k;
+      } else {
+        EXPECT_NEAR(count[i] / double{n}, want[i], 0.01) << "token " << i << " top_k " << p.top_k;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::model
