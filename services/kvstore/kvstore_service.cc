@@ -16,6 +16,7 @@
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/rpc/kvstore_convert.h"
+#include "tandem/rpc/server.h"
 #include "tandem/rpc/status.h"
 #include "tandem/rpc/tls.h"
 
@@ -51,6 +52,9 @@ absl::Status KvStoreServiceOptions::Validate() const {
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
+  // Also for the servers built without rpc::BuildAndStart (KvStoreServer's
+  // Listen, the benches'): the KV client's channels ping every 10 s.
+  rpc::AcceptClientPings(builder);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);

@@ -80,7 +80,8 @@ struct KvStoreServiceOptions {
 inline constexpr int32_t kMaxReceiveMessageBytes = (3 << 20) + (1 << 20);
 
 // Channel arguments for bulk block transfer (large HTTP/2 frames and
-// windows) and the receive limit above; call on the ServerBuilder that
+// windows), the receive limit above and rpc::AcceptClientPings' ping
+// policy; call on the ServerBuilder that
 // registers the service. rpc::ServiceMain / rpc::BuildAndStart set the
 // receive limit again from ServerOptions::max_receive_message_bytes: set that
 // to kMaxReceiveMessageBytes too (tandem-kvstore's main does).

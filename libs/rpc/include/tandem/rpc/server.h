@@ -47,6 +47,14 @@ struct ServerOptions {
 // HealthCheckServiceInterface.
 void EnableReflectionAndHealth();
 
+// The ping policy every Tandem server keeps: clients' keepalive pings are
+// allowed without calls in flight and as often as once a second, and never
+// answered with a GOAWAY ("too_many_pings"). Tandem's channels ping every
+// 10 s (DefaultChannelArguments); gRPC's default server policy allows one ping
+// per 5 minutes and closes the connection after the second early one.
+// BuildAndStart applies it; a server built another way calls it itself.
+void AcceptClientPings(grpc::ServerBuilder* builder);
+
 // Adds the listening port and channel arguments, builds and starts the server
 // (services must already be registered on `builder`), and writes the port
 // file. UNAVAILABLE when the address cannot be bound.
