@@ -28,7 +28,6 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "tandem/kernels/hd.h"
 
@@ -95,24 +94,14 @@ TANDEM_HD inline float DivRn(float a, float b) {
   return a / b;
 #endif
 }
-TANDEM_HD inline uint32_t FloatBits(float f) {
+// A float's bits and back (which order non-negative floats as their values).
 #if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
+TANDEM_HD inline uint32_t FloatBits(float f) { return __float_as_uint(f); }
+TANDEM_HD inline float BitsFloat(uint32_t u) { return __uint_as_float(u); }
 #else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
+TANDEM_HD inline uint32_t FloatBits(float f) { return __builtin_bit_cast(uint32_t, f); }
+TANDEM_HD inline float BitsFloat(uint32_t u) { return __builtin_bit_cast(float, u); }
 #endif
-}
-TANDEM_HD inline float BitsFloat(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-#endif
-}
 
 // exp(x) for x <= 0 in basic operations only (Cephes' expf: Cody-Waite
 // reduction by ln 2, a degree-7 polynomial; relative error at most 8e-8
