@@ -9,20 +9,21 @@
 
 namespace tandem::kernels::cpu {
 
-int32_t SampleRow(const float* logits, int32_t vocab, const SampleArgs& args,
-                  const int32_t* banned) {
+int32_t SampleRow(const float* logits, int32_t vocab, const SampleArgs& args, const int32_t* banned,
+                  const SamplePenalty* penalties) {
   thread_local std::vector<float> e;
   thread_local SampleShared shared;
   e.resize(static_cast<size_t>(vocab));
-  return SampleRowProgram(shared, logits, vocab, args, banned, e.data());
+  return SampleRowProgram(shared, logits, vocab, args, banned, penalties, e.data());
 }
 
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
-            const int32_t* banned, int32_t* out_tokens) {
+            const int32_t* banned, const SamplePenalty* penalties, int32_t* out_tokens) {
   for (int32_t r = 0; r < rows; ++r) {
     const SampleArgs& a = args[r];
     out_tokens[r] = SampleRow(logits + int64_t{a.row} * vocab, vocab, a,
-                              banned == nullptr ? nullptr : banned + a.banned_begin);
+                              banned == nullptr ? nullptr : banned + a.banned_begin,
+                              penalties == nullptr ? nullptr : penalties + a.penalty_begin);
   }
 }
 

@@ -42,12 +42,14 @@ __global__ void AttentionKernel(PagedAttentionArgs args, float* scratch, int32_t
 // One block of kSampleLanes threads per row: sampling.h's program.
 __global__ void __launch_bounds__(kSampleLanes)
     SampleKernel(const float* logits, int32_t vocab, const SampleArgs* args, const int32_t* banned,
-                 int32_t* out, float* scratch) {
+                 const SamplePenalty* penalties, int32_t* out, float* scratch) {
   __shared__ SampleShared shared;
   const SampleArgs a = args[blockIdx.x];
-  const int32_t token = SampleRowProgram(shared, logits + int64_t{a.row} * vocab, vocab, a,
-                                         banned == nullptr ? nullptr : banned + a.banned_begin,
-                                         scratch + int64_t{blockIdx.x} * vocab);
+  const int32_t token =
+      SampleRowProgram(shared, logits + int64_t{a.row} * vocab, vocab, a,
+                       banned == nullptr ? nullptr : banned + a.banned_begin,
+                       penalties == nullptr ? nullptr : penalties + a.penalty_begin,
+                       scratch + int64_t{blockIdx.x} * vocab);
   if (threadIdx.x == 0) out[blockIdx.x] = token;
 }
 
@@ -236,10 +238,11 @@ int ResidualAdd(float* x, const float* y, int64_t n) {
 }
 
 int Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
-           const int32_t* banned, int32_t* out_tokens, float* scratch, void* stream) {
+           const int32_t* banned, const SamplePenalty* penalties, int32_t* out_tokens,
+           float* scratch, void* stream) {
   if (rows == 0) return cudaSuccess;
   SampleKernel<<<static_cast<unsigned>(rows), kSampleLanes, 0, static_cast<cudaStream_t>(stream)>>>(
-      logits, vocab, args, banned, out_tokens, scratch);
+      logits, vocab, args, banned, penalties, out_tokens, scratch);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 #include "tandem/common/sampling_params.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -20,6 +21,16 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
   }
   if (!std::isfinite(min_p) || min_p < 0.0f || min_p > 1.0f) {
     return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+  }
+  for (const auto& [name, value] : {std::pair{"presence_penalty", presence_penalty},
+                                    {"frequency_penalty", frequency_penalty}}) {
+    if (!std::isfinite(value) || value < -2.0f || value > 2.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be in [-2, 2], got ", value));
+    }
+  }
+  if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty must be a finite number > 0, got ", repetition_penalty));
   }
   if (max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", max_tokens));

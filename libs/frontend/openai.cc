@@ -224,6 +224,9 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   if (auto e = r.Number("temperature", 0, 1e6, false, &out->temperature)) return e;
   if (auto e = r.Number("top_p", 0, 1, true, &out->top_p)) return e;
   if (auto e = r.Number("min_p", 0, 1, false, &out->min_p)) return e;
+  if (auto e = r.Number("presence_penalty", -2, 2, false, &out->presence_penalty)) return e;
+  if (auto e = r.Number("frequency_penalty", -2, 2, false, &out->frequency_penalty)) return e;
+  if (auto e = r.Number("repetition_penalty", 0, 1e6, true, &out->repetition_penalty)) return e;
   v.reset();
   if (auto e = r.Int("top_k", -1, INT32_MAX, &v)) return e;
   if (v) out->top_k = *v > 0 ? static_cast<int32_t>(*v) : 0;
@@ -341,6 +344,12 @@ RequestSampling EffectiveSampling(const CompletionRequest& request,
   if (auto p = request.top_p ? request.top_p : model_defaults.top_p) out.top_p = *p;
   if (auto p = request.min_p ? request.min_p : model_defaults.min_p) out.min_p = *p;
   if (auto k = request.top_k ? request.top_k : model_defaults.top_k) out.top_k = std::max(*k, 0);
+  if (auto p = request.repetition_penalty ? request.repetition_penalty
+                                          : model_defaults.repetition_penalty) {
+    out.repetition_penalty = *p;
+  }
+  out.presence_penalty = request.presence_penalty.value_or(0.0f);
+  out.frequency_penalty = request.frequency_penalty.value_or(0.0f);
   return out;
 }
 

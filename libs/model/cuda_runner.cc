@@ -43,8 +43,8 @@ absl::Status CudaRunnerBase::ForwardSample(std::span<const SequenceInput> batch,
   if (draws > 0) {
     TANDEM_RETURN_IF_ERROR(CudaStatus(
         kd::Sample(logits_.get<float>(), draws, vocab, sample_args_.get<kernels::SampleArgs>(),
-                   sample_banned_.get<int32_t>(), sample_tokens_.get<int32_t>(),
-                   sample_scratch_.get<float>(), stream_),
+                   sample_banned_.get<int32_t>(), sample_penalties_.get<kernels::SamplePenalty>(),
+                   sample_tokens_.get<int32_t>(), sample_scratch_.get<float>(), stream_),
         "sample"));
   }
   std::vector<int32_t> greedy(static_cast<size_t>(rows));
@@ -80,14 +80,22 @@ absl::StatusOr<std::vector<int32_t>> CudaRunnerBase::UploadDraws(
     std::span<const SampleRequest> sample) {
   std::vector<kernels::SampleArgs> args;
   std::vector<int32_t> banned, rows;
+  std::vector<kernels::SamplePenalty> history;
   for (size_t i = 0; i < sample.size(); ++i) {
     const SampleRequest& r = sample[i];
-    if (r.params == nullptr || (r.params->temperature == 0.0f && r.banned_token_ids.empty())) {
+    if (r.params == nullptr || (r.params->temperature == 0.0f && r.banned_token_ids.empty() &&
+                                !r.params->HasPenalties())) {
       continue;
     }
-    kernels::SampleArgs a = ToSampleArgs(*r.params, r.output_position, r.banned_token_ids.size());
+    const size_t history_begin = history.size();
+    if (r.params->HasPenalties()) {
+      PenaltyHistory(r.prompt_token_ids, r.output_token_ids, &history);
+    }
+    kernels::SampleArgs a = ToSampleArgs(*r.params, r.output_position, r.banned_token_ids.size(),
+                                         history.size() - history_begin);
     a.row = static_cast<int32_t>(i);
     a.banned_begin = static_cast<int32_t>(banned.size());
+    a.penalty_begin = static_cast<int32_t>(history_begin);
     banned.insert(banned.end(), r.banned_token_ids.begin(), r.banned_token_ids.end());
     args.push_back(a);
     rows.push_back(a.row);
@@ -95,7 +103,9 @@ absl::StatusOr<std::vector<int32_t>> CudaRunnerBase::UploadDraws(
   if (args.empty()) return rows;
   TANDEM_RETURN_IF_ERROR(CudaStatus(kd::SetDevice(device_), "set device"));
   TANDEM_RETURN_IF_ERROR(sample_args_.Upload(args));
-  TANDEM_RETURN_IF_ERROR(sample_banned_.Upload(banned));  // reserves 1 byte at least: not null
+  // Each reserves a byte at least, so neither pointer is null.
+  TANDEM_RETURN_IF_ERROR(sample_banned_.Upload(banned));
+  TANDEM_RETURN_IF_ERROR(sample_penalties_.Upload(history));
   const size_t n = args.size(), vocab = static_cast<size_t>(model_->config().vocab_size);
   TANDEM_RETURN_IF_ERROR(sample_scratch_.Reserve(sizeof(float) * n * vocab));
   TANDEM_RETURN_IF_ERROR(sample_tokens_.Reserve(sizeof(int32_t) * n));

@@ -203,7 +203,7 @@ class CudaRunnerBase : public ModelRunner {
 
   // Uploads the arguments of the draws ForwardSample makes on the device
   // after the step: the rows that need more than the argmax (temperature,
-  // banned ids), drawn by kernels/sampling.h's program, the token
+  // banned ids, penalties), drawn by kernels/sampling.h's program, the token
   // SampleToken draws from the same logits. Returns those rows.
   absl::StatusOr<std::vector<int32_t>> UploadDraws(std::span<const SampleRequest> sample);
 
@@ -220,9 +220,9 @@ class CudaRunnerBase : public ModelRunner {
   kernels::AttentionPlan plan_;  // of the step being run
   PinnedBuffer staging_;         // cudaHostAlloc: the upload is one async copy
   DeviceBuffer inputs_, argmax_, blas_workspace_;
-  // UploadDraws': the draws' arguments and banned ids, the program's
-  // scratch [draws][vocab], the drawn tokens.
-  DeviceBuffer sample_args_, sample_banned_, sample_scratch_, sample_tokens_;
+  // UploadDraws': the draws' arguments, banned ids and histories (the
+  // penalties'), the program's scratch [draws][vocab], the drawn tokens.
+  DeviceBuffer sample_args_, sample_banned_, sample_penalties_, sample_scratch_, sample_tokens_;
   std::map<std::pair<int32_t, int32_t>, void*> graphs_;  // (rows, splits) -> exec
   std::vector<void*> graph_pointers_;                    // the buffers' addresses the graphs hold
   int64_t graph_replays_ = 0;

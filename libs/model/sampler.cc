@@ -14,25 +14,52 @@
 namespace tandem::model {
 
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
-                    int32_t output_position, std::span<const int32_t> banned_token_ids) {
+                    int32_t output_position, std::span<const int32_t> banned_token_ids,
+                    std::span<const kernels::SamplePenalty> penalties) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
-  if (params.temperature == 0.0f && banned_token_ids.empty()) {
+  if (params.temperature == 0.0f && banned_token_ids.empty() && penalties.empty()) {
     return kernels::ArgMax(logits.data(), vocab);
   }
-  return kernels::cpu::SampleRow(logits.data(), vocab,
-                                 ToSampleArgs(params, output_position, banned_token_ids.size()),
-                                 banned_token_ids.data());
+  return kernels::cpu::SampleRow(
+      logits.data(), vocab,
+      ToSampleArgs(params, output_position, banned_token_ids.size(), penalties.size()),
+      banned_token_ids.data(), penalties.data());
 }
 
 kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
-                                 size_t num_banned) {
+                                 size_t num_banned, size_t num_penalties) {
   return {.temperature = params.temperature,
           .top_k = params.top_k,
           .top_p = params.top_p,
           .min_p = params.min_p,
           .seed = params.seed.value_or(0),
           .position = output_position,
-          .num_banned = static_cast<int32_t>(num_banned)};
+          .num_banned = static_cast<int32_t>(num_banned),
+          .presence_penalty = params.presence_penalty,
+          .frequency_penalty = params.frequency_penalty,
+          .repetition_penalty = params.repetition_penalty,
+          .num_penalties = static_cast<int32_t>(num_penalties)};
+}
+
+void PenaltyHistory(std::span<const int32_t> prompt, std::span<const int32_t> output,
+                    std::vector<kernels::SamplePenalty>* out) {
+  std::vector<int32_t> ids(output.begin(), output.end());
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j < ids.size() && ids[j] == ids[i]) ++j;
+    out->push_back({.id = ids[i], .output_count = static_cast<int32_t>(j - i)});
+    i = j;
+  }
+  const std::vector<int32_t> in_output = std::move(ids);
+  std::vector<int32_t> p(prompt.begin(), prompt.end());
+  std::sort(p.begin(), p.end());
+  p.erase(std::unique(p.begin(), p.end()), p.end());
+  for (int32_t id : p) {
+    if (!std::binary_search(in_output.begin(), in_output.end(), id)) {
+      out->push_back({.id = id, .output_count = 0});
+    }
+  }
 }
 
 void SampleRows(std::span<const float> logits, int32_t vocab,
@@ -41,8 +68,12 @@ void SampleRows(std::span<const float> logits, int32_t vocab,
   tokens->assign(sample.size(), -1);
   for (size_t i = 0; i < sample.size(); ++i) {
     if (sample[i].params == nullptr) continue;
+    std::vector<kernels::SamplePenalty> history;
+    if (sample[i].params->HasPenalties()) {
+      PenaltyHistory(sample[i].prompt_token_ids, sample[i].output_token_ids, &history);
+    }
     (*tokens)[i] = SampleToken(logits.subspan(i * v, v), *sample[i].params,
-                               sample[i].output_position, sample[i].banned_token_ids);
+                               sample[i].output_position, sample[i].banned_token_ids, history);
   }
 }
 

@@ -70,6 +70,9 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
   out->set_has_logprobs(in.logprobs >= 0);
   out->set_prompt_logprobs(std::max(in.prompt_logprobs, 0));
   out->set_has_prompt_logprobs(in.prompt_logprobs >= 0);
+  out->set_presence_penalty(in.presence_penalty);
+  out->set_frequency_penalty(in.frequency_penalty);
+  out->set_repetition_penalty(in.repetition_penalty);
 }
 
 SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
@@ -85,6 +88,9 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
   out.stop_token_ids = ToVector(in.stop_token_ids());
   out.logprobs = LogprobsCount(in.has_logprobs(), in.logprobs());
   out.prompt_logprobs = LogprobsCount(in.has_prompt_logprobs(), in.prompt_logprobs());
+  out.presence_penalty = in.presence_penalty();
+  out.frequency_penalty = in.frequency_penalty();
+  out.repetition_penalty = in.repetition_penalty() == 0.0f ? 1.0f : in.repetition_penalty();
   return out;
 }
 

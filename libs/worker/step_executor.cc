@@ -285,6 +285,11 @@ void StepExecutor::PlanSampling(const sched::SchedulerOutput& step, const Batch&
     if (start + n < known) continue;
     row.params = &s.sampling;
     row.output_position = known - s.num_prompt_tokens;
+    if (s.sampling.HasPenalties()) {  // the history: prompt, then every output token so far
+      const std::span<const int32_t> all(s.token_ids);
+      row.prompt_token_ids = all.first(static_cast<size_t>(s.num_prompt_tokens));
+      row.output_token_ids = all.subspan(static_cast<size_t>(s.num_prompt_tokens));
+    }
     row.num_logprobs = s.sampling.logprobs;
     // Below min_tokens no stop condition counts: EOS and stop tokens are
     // not drawn (the scheduler does not stop on them there either).

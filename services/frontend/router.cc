@@ -83,14 +83,11 @@ void LogGenerationDefaults(const GenerationDefaults& d) {
   if (d.top_p) absl::StrAppend(&applied, " top_p=", *d.top_p);
   if (d.top_k) absl::StrAppend(&applied, " top_k=", *d.top_k);
   if (d.min_p) absl::StrAppend(&applied, " min_p=", *d.min_p);
+  if (d.repetition_penalty)
+    absl::StrAppend(&applied, " repetition_penalty=", *d.repetition_penalty);
   if (!applied.empty()) {
     TANDEM_LOG(INFO) << "the model's sampling defaults, for requests that leave them unset:"
                      << applied;
-  }
-  if (d.repetition_penalty && *d.repetition_penalty != 1.0f) {
-    TANDEM_LOG(WARNING) << "the model's generation config sets repetition_penalty="
-                        << *d.repetition_penalty
-                        << ", which Tandem does not implement: requests sample without it";
   }
 }
 

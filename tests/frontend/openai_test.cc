@@ -175,11 +175,33 @@ TEST(OpenAiParseTest, BadParametersNameTheField) {
   EXPECT_EQ(ErrorParam(R"([1,2])"), "<none>");
 }
 
+// vLLM's penalties: presence and frequency in [-2, 2], repetition > 0; the
+// model's generation_config.json gives repetition_penalty's default (Qwen2.5
+// Instruct's is 1.05), as vLLM's --generation-config auto does.
+TEST(OpenAiParseTest, PenaltiesParseAndTheModelsRepetitionPenaltyIsTheDefault) {
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(R"({"prompt":"x","presence_penalty":-1.5,"frequency_penalty":2,
+      "repetition_penalty":1.2})",
+                     Endpoint::kCompletions, &r));
+  const RequestSampling s = EffectiveSampling(r, {.repetition_penalty = 1.05f});
+  EXPECT_EQ(s.presence_penalty, -1.5f);
+  EXPECT_EQ(s.frequency_penalty, 2.0f);
+  EXPECT_EQ(s.repetition_penalty, 1.2f);
+  CompletionRequest unset;
+  ASSERT_FALSE(
+      Parse(R"({"prompt":"x","repetition_penalty":null})", Endpoint::kCompletions, &unset));
+  EXPECT_EQ(EffectiveSampling(unset, {.repetition_penalty = 1.05f}).repetition_penalty, 1.05f);
+  EXPECT_EQ(EffectiveSampling(unset, {}).repetition_penalty, 1.0f);
+  EXPECT_EQ(EffectiveSampling(unset, {}).presence_penalty, 0.0f);
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","presence_penalty":2.5})"), "presence_penalty");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","frequency_penalty":-3})"), "frequency_penalty");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","repetition_penalty":0})"), "repetition_penalty");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","repetition_penalty":"1"})"), "repetition_penalty");
+}
+
 TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","return_tokens_as_token_ids":true})"),
             "return_tokens_as_token_ids");
-  EXPECT_EQ(ErrorParam(R"({"prompt":"x","presence_penalty":0.5})"), "presence_penalty");
-  EXPECT_EQ(ErrorParam(R"({"prompt":"x","frequency_penalty":1})"), "frequency_penalty");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","best_of":2})"), "best_of");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","suffix":"y"})"), "suffix");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],

@@ -69,6 +69,8 @@ std::map<std::string, Treatment> Table(Endpoint e) {
   const std::string text = "FrontendTextTest.EveryPathReturnsThePromptPrimedDecode";
   const std::string fields = "FrontendRequestFieldsTest";
   const std::string logprobs = "FrontendLogprobsTest";
+  const std::string penalties =
+      "OpenAiParseTest.PenaltiesParseAndTheModelsRepetitionPenaltyIsTheDefault";
   const Json tools = Json::array({{{"type", "function"},
                                    {"function", {{"name", "f"}, {"parameters", Json::object()}}}}});
   std::map<std::string, Treatment> t = {
@@ -131,9 +133,9 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"best_of", Refused({{"best_of", 2}})},
       {"use_beam_search", Refused({{"use_beam_search", true}})},
       {"length_penalty", Refused({{"length_penalty", 0.5}})},
-      {"presence_penalty", Refused({{"presence_penalty", 0.5}})},
-      {"frequency_penalty", Refused({{"frequency_penalty", 0.5}})},
-      {"repetition_penalty", Refused({{"repetition_penalty", 1.1}})},
+      {"presence_penalty", Built({{"presence_penalty", 0.5}}, penalties)},
+      {"frequency_penalty", Built({{"frequency_penalty", 0.5}}, penalties)},
+      {"repetition_penalty", Built({{"repetition_penalty", 1.1}}, penalties)},
       {"logit_bias", Refused({{"logit_bias", {{"5", 1.0}}}})},
       {"allowed_token_ids", Refused({{"allowed_token_ids", {5}}})},
       {"bad_words", Refused({{"bad_words", {"x"}}})},

@@ -2,9 +2,9 @@
 // lengths, greedy and seeded sampling) give identical tokens per request
 // under every combination of {sync, async} x {prefix caching on, off} x
 // {token budget 32, 2048} x {ample KV blocks, so few that requests are
-// preempted}. The stats prove preemption and prefix hits really happened,
-// that async runs really had two steps in flight (sync runs one), and the
-// usage of each response reports local prefix-cache hits only with caching.
+// preempted}; some requests have penalties, which read their history. The stats prove preemption
+// and prefix hits really happened, that async runs really had two steps in flight (sync runs one),
+// and the usage of each response reports local prefix-cache hits only with caching.
 #include <signal.h>
 
 #include <map>
@@ -44,6 +44,11 @@ std::vector<v1::GenerateRequest> MakeWorkload() {
                                         /*seed=*/1000 + i, /*ignore_eos=*/i % 3 == 0);
     if (!greedy && i % 3 == 1) r.mutable_sampling()->set_top_k(20);
     if (!greedy && i % 5 == 1) r.mutable_sampling()->set_top_p(0.9f);
+    if (i % 7 == 3) {  // the penalties read the whole history, resumed or not
+      r.mutable_sampling()->set_repetition_penalty(1.3f);
+      r.mutable_sampling()->set_frequency_penalty(0.4f);
+      r.mutable_sampling()->set_presence_penalty(-0.2f);
+    }
     r.set_request_id("r" + std::to_string(i));
     requests.push_back(r);
   }

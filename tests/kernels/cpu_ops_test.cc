@@ -219,7 +219,7 @@ TEST(CpuOpsTest, SampleIsGreedyAtZeroTemperatureAndFollowsSoftmaxOtherwise) {
   const std::vector<float> logits = {0.1f, 1.5f, -2.0f, 0.7f, 1.5f, 0.0f};
   SampleArgs greedy;
   int32_t tok = -1;
-  cpu::Sample(logits.data(), 1, vocab, &greedy, nullptr, &tok);
+  cpu::Sample(logits.data(), 1, vocab, &greedy, nullptr, nullptr, &tok);
   EXPECT_EQ(tok, 1);
   // Frequencies over many positions approach softmax(logits).
   const int32_t n = 20000;
@@ -230,7 +230,7 @@ TEST(CpuOpsTest, SampleIsGreedyAtZeroTemperatureAndFollowsSoftmaxOtherwise) {
     args.push_back({.temperature = 1.0f, .seed = 99, .position = i, .row = i});
   }
   std::vector<int32_t> toks(n);
-  cpu::Sample(many.data(), n, vocab, args.data(), nullptr, toks.data());
+  cpu::Sample(many.data(), n, vocab, args.data(), nullptr, nullptr, toks.data());
   double z = 0;
   for (float l : logits) z += std::exp(double{l});
   std::vector<int> count(vocab);

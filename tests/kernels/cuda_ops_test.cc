@@ -117,14 +117,15 @@ TEST_F(CudaOpsTest, SiluMulResidualAddMatchCpu) {
 }
 
 // The device runs sampling.h's program to the bit: every filter, banned
-// ids, rows drawn from any row of the logits, vocabularies of a test model
-// and of Llama 3 (128,256), peaked and flat logits.
+// ids, penalties, rows drawn from any row of the logits, vocabularies of a
+// test model and of Llama 3 (128,256), peaked and flat logits.
 TEST_F(CudaOpsTest, SampleMatchesCpu) {
   for (const int32_t vocab : {512, 32000, 128256}) {
     for (const float scale : {1.0f, 6.0f}) {
       const int32_t rows = 12;
       const auto logits = RandomVector(static_cast<size_t>(rows) * vocab, 9 + vocab, scale);
       const std::vector<int32_t> banned = {3, vocab - 1, 7, 3};
+      const std::vector<SamplePenalty> history = {{5, 2}, {vocab - 2, 0}, {11, 1}, {4, 0}};
       std::vector<SampleArgs> args;
       for (int32_t j = 0; j < 24; ++j) {
         const int32_t f = j % 8;
@@ -136,16 +137,22 @@ TEST_F(CudaOpsTest, SampleMatchesCpu) {
                         .position = j,
                         .row = (j * 5) % rows,
                         .banned_begin = j % 2,
-                        .num_banned = j % 4 == 1 ? 3 : 0});
+                        .num_banned = j % 4 == 1 ? 3 : 0,
+                        .presence_penalty = j % 3 == 2 ? 0.5f : 0.0f,
+                        .frequency_penalty = j % 3 == 2 ? -0.25f : 0.0f,
+                        .repetition_penalty = j % 3 == 2 ? 1.3f : 1.0f,
+                        .penalty_begin = j % 2,
+                        .num_penalties = j % 3 == 2 ? 3 : 0});
       }
       const int32_t n = static_cast<int32_t>(args.size());
       std::vector<int32_t> ref(n);
-      cpu::Sample(logits.data(), n, vocab, args.data(), banned.data(), ref.data());
+      cpu::Sample(logits.data(), n, vocab, args.data(), banned.data(), history.data(), ref.data());
       DeviceVector<float> d_logits(logits), scratch(static_cast<size_t>(n) * vocab);
       DeviceVector<SampleArgs> d_args(args);
       DeviceVector<int32_t> d_banned(banned), d_out(n);
-      CUDA_OK(cuda::Sample(d_logits.get(), n, vocab, d_args.get(), d_banned.get(), d_out.get(),
-                           scratch.get()));
+      DeviceVector<SamplePenalty> d_history(history);
+      CUDA_OK(cuda::Sample(d_logits.get(), n, vocab, d_args.get(), d_banned.get(), d_history.get(),
+                           d_out.get(), scratch.get()));
       EXPECT_EQ(d_out.ToHost(), ref) << "vocab " << vocab << " scale " << scale;
     }
   }

@@ -223,9 +223,19 @@ TEST(CudaRunnerTest, ForwardSampleEqualsForwardThenSampleToken) {
       params[i].top_k = i == 3 ? 5 : 0;
       params[i].seed = 100 + i;
     }
+    // Penalized rows, greedy (0) and sampled (5), read their history.
+    const std::vector<int32_t> output = {3, 9, 3};
+    for (int32_t i : {0, 5}) {
+      params[i].repetition_penalty = 1.3f;
+      params[i].frequency_penalty = 0.5f;
+    }
     for (int32_t i = 0; i < 6; ++i) {
       batch.push_back({.token_ids = prompts[i], .start_pos = 0, .block_table = tables[i]});
       sample.push_back({.params = i == 4 ? nullptr : &params[i], .output_position = i});
+      if (params[i].HasPenalties()) {
+        sample[i].prompt_token_ids = prompts[i];
+        sample[i].output_token_ids = output;
+      }
     }
     std::vector<float> logits;
     ASSERT_TRUE((*gpu)->Forward(batch, &logits).ok());
@@ -242,8 +252,10 @@ TEST(CudaRunnerTest, ForwardSampleEqualsForwardThenSampleToken) {
         EXPECT_EQ(tokens[i], -1);
         continue;
       }
+      std::vector<kernels::SamplePenalty> history;
+      if (params[i].HasPenalties()) PenaltyHistory(prompts[i], output, &history);
       EXPECT_EQ(tokens[i], SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab),
-                                       params[i], i, sample[i].banned_token_ids))
+                                       params[i], i, sample[i].banned_token_ids, history))
           << DTypeName(dtype) << " sequence " << i;
     }
   }

@@ -214,5 +214,73 @@ TEST(SamplingProgramTest, FrequenciesFollowTheFilteredSoftmax) {
   }
 }
 
+// vLLM's apply_penalties written out over the whole vocabulary: every
+// token's logit, repetition_penalty 1 and counts 0 for those not in the
+// history (which leaves them as they are).
+std::vector<float> VllmPenalized(std::vector<float> logits, const std::vector<int32_t>& prompt,
+                                 const std::vector<int32_t>& output, const SamplingParams& p) {
+  std::vector<int32_t> count(logits.size());
+  std::vector<bool> seen(logits.size());
+  for (int32_t id : prompt) seen[static_cast<size_t>(id)] = true;
+  for (int32_t id : output) {
+    seen[static_cast<size_t>(id)] = true;
+    ++count[static_cast<size_t>(id)];
+  }
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float rep = seen[i] ? p.repetition_penalty : 1.0f;
+    float& l = logits[i];
+    l = l > 0.0f ? l / rep : l * rep;
+    l -= p.frequency_penalty * static_cast<float>(count[i]);
+    l -= p.presence_penalty * (count[i] > 0 ? 1.0f : 0.0f);
+  }
+  return logits;
+}
+
+TEST(SamplingProgramTest, PenaltiesAreVllmsApplyPenaltiesBeforeEverythingElse) {
+  std::mt19937 rng(3);
+  for (int32_t trial = 0; trial < 200; ++trial) {
+    const int32_t vocab = std::vector<int32_t>{50, 700, 3000}[trial % 3];
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& l : logits) l = normal(rng);
+    std::vector<int32_t> prompt(1 + rng() % 40), output(rng() % 30);
+    for (int32_t& id : prompt) id = static_cast<int32_t>(rng() % vocab);
+    for (int32_t& id : output) id = static_cast<int32_t>(rng() % (vocab / 5 + 1));  // repeats
+    SamplingParams p{.temperature = trial % 4 == 0 ? 0.0f : 0.8f,
+                     .top_p = trial % 3 == 1 ? 0.9f : 1.0f,
+                     .seed = rng()};
+    p.repetition_penalty = std::vector<float>{1.0f, 1.3f, 0.7f}[rng() % 3];
+    p.frequency_penalty = std::vector<float>{0.0f, 0.5f, -1.25f}[rng() % 3];
+    p.presence_penalty = std::vector<float>{0.0f, 1.5f, -0.3f}[rng() % 3];
+    std::vector<kernels::SamplePenalty> history;
+    PenaltyHistory(prompt, output, &history);
+    SamplingParams plain = p;
+    plain.repetition_penalty = 1.0f;
+    plain.frequency_penalty = plain.presence_penalty = 0.0f;
+    const int32_t position = static_cast<int32_t>(output.size());
+    ASSERT_EQ(SampleToken(logits, p, position, {}, history),
+              SampleToken(VllmPenalized(logits, prompt, output, p), plain, position))
+        << "trial " << trial;
+  }
+  // The effect: greedy never repeats the top token under a steep penalty.
+  const std::vector<float> logits = {0.5f, 3.0f, 2.9f, -1.0f};
+  std::vector<kernels::SamplePenalty> history;
+  PenaltyHistory(std::vector<int32_t>{1}, {}, &history);
+  EXPECT_EQ(SampleToken(logits, {.repetition_penalty = 2.0f}, 0, {}, history), 2);
+  history.clear();
+  PenaltyHistory(std::vector<int32_t>{0}, std::vector<int32_t>{1, 1}, &history);
+  EXPECT_EQ(SampleToken(logits, {.frequency_penalty = 0.1f}, 2, {}, history), 2);  // 3 - 0.2
+  EXPECT_EQ(SampleToken(logits, {.frequency_penalty = 0.01f}, 2, {}, history), 1);
+}
+
+TEST(SamplingProgramTest, PenaltyHistoryHasEveryTokenOnceWithItsOutputCount) {
+  std::vector<kernels::SamplePenalty> h;
+  PenaltyHistory(std::vector<int32_t>{5, 3, 5, 9}, std::vector<int32_t>{9, 2, 9, 9}, &h);
+  std::vector<std::pair<int32_t, int32_t>> got;
+  for (const auto& e : h) got.emplace_back(e.id, e.output_count);
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::pair<int32_t, int32_t>>{{2, 1}, {3, 0}, {5, 0}, {9, 3}}));
+}
+
 }  // namespace
 }  // namespace tandem::model

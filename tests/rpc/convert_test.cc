@@ -25,6 +25,9 @@ sched::SchedulerOutput MakeOutput() {
                    .top_k = 5,
                    .top_p = 0.9f,
                    .min_p = 0.05f,
+                   .presence_penalty = -0.5f,
+                   .frequency_penalty = 1.25f,
+                   .repetition_penalty = 1.1f,
                    .seed = 1234567890123ull,
                    .max_tokens = 7,
                    .min_tokens = 2,
@@ -54,6 +57,9 @@ void ExpectEqual(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.top_k, b.top_k);
   EXPECT_EQ(a.top_p, b.top_p);
   EXPECT_EQ(a.min_p, b.min_p);
+  EXPECT_EQ(a.presence_penalty, b.presence_penalty);
+  EXPECT_EQ(a.frequency_penalty, b.frequency_penalty);
+  EXPECT_EQ(a.repetition_penalty, b.repetition_penalty);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.max_tokens, b.max_tokens);
   EXPECT_EQ(a.min_tokens, b.min_tokens);
@@ -182,6 +188,8 @@ TEST(ConvertTest, SamplingDefaultsFromProto3Zeroes) {
   p.set_max_tokens(3);
   SamplingParams s = FromProto(p, /*default_seed=*/77);
   EXPECT_EQ(s.top_p, 1.0f);  // proto3 zero read as "off"
+  EXPECT_EQ(s.repetition_penalty, 1.0f);
+  EXPECT_EQ(s.presence_penalty, 0.0f);
   EXPECT_EQ(s.seed, 77u);    // no seed given: the server's
   EXPECT_EQ(s.max_tokens, 3);
   p.set_has_seed(true);

@@ -33,6 +33,9 @@ class FakeBackend final : public StepBackend {
     tokens->assign(batch.size(), -1);
     for (size_t i = 0; i < batch.size(); ++i) {
       fed.back().emplace_back(batch[i].token_ids.begin(), batch[i].token_ids.end());
+      const model::SampleRequest& r = sample[i];
+      histories.push_back({{r.prompt_token_ids.begin(), r.prompt_token_ids.end()},
+                           {r.output_token_ids.begin(), r.output_token_ids.end()}});
       if (sample[i].params != nullptr) {
         (*tokens)[i] = 100 + batch[i].start_pos + static_cast<int32_t>(batch[i].token_ids.size());
       }
@@ -42,6 +45,9 @@ class FakeBackend final : public StepBackend {
   std::vector<std::string>& calls;
   absl::Status fail_with;
   std::vector<std::vector<std::vector<int32_t>>> fed;  // per step, per request
+  // The history each sample request carried (prompt, output): per step and
+  // request, one after another.
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> histories;
   explicit FakeBackend(std::vector<std::string>& c) : calls(c) {}
 };
 
@@ -79,11 +85,13 @@ class FakeConnector final : public sched::KvConnectorWorker {
 };
 
 SchedulerOutput NewStep(uint64_t id, uint64_t last_processed, const std::string& req,
-                        std::vector<int32_t> prompt) {
+                        std::vector<int32_t> prompt, SamplingParams sampling = {}) {
   SchedulerOutput s{.step_id = id, .last_processed_step_id = last_processed};
   const int32_t n = static_cast<int32_t>(prompt.size());
-  s.scheduled_new_reqs.push_back(NewRequestData{
-      .request_id = req, .prompt_token_ids = std::move(prompt), .block_ids = {0, 1}});
+  s.scheduled_new_reqs.push_back(NewRequestData{.request_id = req,
+                                                .prompt_token_ids = std::move(prompt),
+                                                .sampling = std::move(sampling),
+                                                .block_ids = {0, 1}});
   s.num_scheduled_tokens = {n};
   s.total_num_scheduled_tokens = n;
   return s;
@@ -129,6 +137,24 @@ TEST_F(StepExecutorTest, AsyncStepsFeedTheirOwnSamplesAndCheckThePlaceholders) {
       << o4.error;
   EXPECT_TRUE(o4.sampled.empty());
   EXPECT_EQ(backend_.fed.size(), 3u) << "a step failing the check must not run";
+}
+
+// The penalties read the request's history: its prompt and every output
+// token before the one drawn, those the worker sampled itself (async
+// placeholders) included. Without penalties nothing is carried.
+TEST_F(StepExecutorTest, PenalizedRequestsCarryTheirHistoryToTheSampler) {
+  StepExecutor ex(&backend_, nullptr);
+  ASSERT_TRUE(
+      ex.Execute(NewStep(1, 0, "a", {1, 2, 3}, {.repetition_penalty = 1.2f})).error.empty());
+  ASSERT_TRUE(ex.Execute(DecodeStep(2, 0, "a", 3, 1)).error.empty());
+  ASSERT_TRUE(ex.Execute(DecodeStep(3, 0, "a", 4, 2)).error.empty());
+  ASSERT_TRUE(ex.Execute(NewStep(4, 3, "b", {7, 8})).error.empty());
+  using History = std::pair<std::vector<int32_t>, std::vector<int32_t>>;
+  ASSERT_EQ(backend_.histories.size(), 4u);
+  EXPECT_EQ(backend_.histories[0], (History{{1, 2, 3}, {}}));
+  EXPECT_EQ(backend_.histories[1], (History{{1, 2, 3}, {103}}));
+  EXPECT_EQ(backend_.histories[2], (History{{1, 2, 3}, {103, 104}}));
+  EXPECT_EQ(backend_.histories[3], (History{{}, {}}));
 }
 
 TEST_F(StepExecutorTest, AFailedStepReportsItsLoadsAndTheStepsBuiltOnItDoNotRun) {

@@ -79,14 +79,16 @@ void Scale(float* x, int64_t n, float scale);
 void ResidualAdd(float* x, const float* y, int64_t n);
 
 // One token from logits[0, vocab) (sampling.h's SampleRowProgram);
-// banned[0, args.num_banned) count as -inf.
+// banned[0, args.num_banned) count as -inf; penalties[0,
+// args.num_penalties) are the row's history.
 int32_t SampleRow(const float* logits, int32_t vocab, const SampleArgs& args,
-                  const int32_t* banned = nullptr);
+                  const int32_t* banned = nullptr, const SamplePenalty* penalties = nullptr);
 
 // out_tokens[r] = a token from row args[r].row of logits[][vocab], with the
-// banned ids args[r] names in `banned` (nullptr when no row has any).
+// banned ids and penalties args[r] names in `banned` and `penalties`
+// (nullptr when no row has any).
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
-            const int32_t* banned, int32_t* out_tokens);
+            const int32_t* banned, const SamplePenalty* penalties, int32_t* out_tokens);
 
 // Gather: staging[i] = cache block block_ids[i]; scatter: the reverse.
 // block_floats = KvCacheShape::BlockFloats().

@@ -93,11 +93,12 @@ int HeadRmsNorm(float* x, const float* w, int32_t rows, int32_t heads, int32_t h
                 int64_t stride, float eps, void* stream = nullptr);
 int ResidualAdd(float* x, const float* y, int64_t n);
 // cpu::Sample on the GPU, to the bit: out_tokens[r] from row args[r].row of
-// logits[][vocab] (one block per r). args: device array of `rows`; banned:
-// device array of the ids args name, or nullptr; scratch: rows * vocab
-// floats.
+// logits[][vocab] (one block per r). args: device array of `rows`; banned,
+// penalties: device arrays of what args name, or nullptr; scratch: rows *
+// vocab floats.
 int Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
-           const int32_t* banned, int32_t* out_tokens, float* scratch, void* stream = nullptr);
+           const int32_t* banned, const SamplePenalty* penalties, int32_t* out_tokens,
+           float* scratch, void* stream = nullptr);
 // block_ids is a device array; staging may be device or pinned host memory.
 int BlockGather(const float* cache, int64_t block_floats, const int32_t* block_ids,
                 int32_t num_blocks, float* staging);

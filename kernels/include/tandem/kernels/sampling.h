@@ -11,7 +11,8 @@
 // What is drawn (vLLM's filters, in its order: its MinP logits processor,
 // then apply_top_k_top_p; each filter is a threshold on the value, so ties
 // with the last kept token stay, as in vLLM's top-k):
-//  - s_i = logit_i / temperature; banned ids count as -inf; m = max s;
+//  - vLLM's penalties on the logits (Penalize), then s_i = logit_i /
+//    temperature; banned ids count as -inf; m = max s;
 //    e_i = exp(s_i - m), so the top token has e = 1.
 //  - min-p keeps e_i >= min_p (its share of the top token's probability);
 //  - top-k keeps e_i >= the k-th largest e of what min-p kept;
@@ -46,6 +47,20 @@ struct SampleArgs {
   int32_t row = 0;
   int32_t banned_begin = 0;
   int32_t num_banned = 0;
+  // vLLM's penalties (SamplingParams in tandem/common/sampling_params.h),
+  // over the row's history: penalties[penalty_begin, + num_penalties) of
+  // the launch's list, every token of the prompt and the output once.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t penalty_begin = 0;
+  int32_t num_penalties = 0;
+};
+
+// A token of a row's history (SampleArgs' penalties).
+struct SamplePenalty {
+  int32_t id;
+  int32_t output_count;  // times it is in the output; 0: in the prompt only
 };
 
 TANDEM_HD inline uint64_t SplitMix64(uint64_t x) {
@@ -128,6 +143,18 @@ TANDEM_HD inline float SampleExp(float x_in) {
   // 2^k with k >= -125: a normal float.
   const float result = MulRn(y, BitsFloat(static_cast<uint32_t>(k + 127) << 23));
   return tiny ? 0.0f : result;
+}
+
+// A logit after vLLM's apply_penalties, for a token of the prompt or the
+// output: repetition first (divides a positive logit, multiplies another),
+// then frequency times the output count and presence are subtracted.
+TANDEM_HD inline float Penalize(float logit, int32_t output_count, const SampleArgs& a) {
+  float l = logit > 0.0f ? DivRn(logit, a.repetition_penalty) : MulRn(logit, a.repetition_penalty);
+  if (output_count > 0) {
+    l = AddRn(l, -MulRn(a.frequency_penalty, static_cast<float>(output_count)));
+    l = AddRn(l, -a.presence_penalty);
+  }
+  return l;
 }
 
 inline constexpr int32_t kSampleLanes = 1024;
@@ -232,13 +259,24 @@ TANDEM_HD inline float LargestKept(float lo_value, const Keep& keep) {
 }
 
 // Samples one token from logits[0, vocab) (see the top of this file);
-// banned[0, num_banned) count as -inf. Scratch: e[vocab]. Every lane (GPU
-// thread) calls it and gets the token.
+// banned[0, num_banned) count as -inf, penalties[0, num_penalties) are the
+// row's history. Scratch: e[vocab]. Every lane (GPU thread) calls it and
+// gets the token.
 TANDEM_HD inline int32_t SampleRowProgram(SampleShared& sh, const float* logits, int32_t vocab,
-                                          const SampleArgs& a, const int32_t* banned, float* e) {
+                                          const SampleArgs& a, const int32_t* banned,
+                                          const SamplePenalty* penalties, float* e) {
   const bool greedy = a.temperature == 0.0f;
-  ForSampleElements(
-      vocab, [&](int32_t i) { e[i] = greedy ? logits[i] : DivRn(logits[i], a.temperature); });
+  if (a.num_penalties == 0) {
+    ForSampleElements(
+        vocab, [&](int32_t i) { e[i] = greedy ? logits[i] : DivRn(logits[i], a.temperature); });
+  } else {
+    ForSampleElements(vocab, [&](int32_t i) { e[i] = logits[i]; });
+    ForSampleElements(a.num_penalties, [&](int32_t j) {  // each id once: no two lanes meet
+      const SamplePenalty p = penalties[j];
+      if (p.id >= 0 && p.id < vocab) e[p.id] = Penalize(e[p.id], p.output_count, a);
+    });
+    if (!greedy) ForSampleElements(vocab, [&](int32_t i) { e[i] = DivRn(e[i], a.temperature); });
+  }
   if (a.num_banned > 0) {
     ForSampleElements(a.num_banned, [&](int32_t j) {
       if (banned[j] >= 0 && banned[j] < vocab) e[banned[j]] = -INFINITY;

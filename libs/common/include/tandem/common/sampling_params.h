@@ -20,6 +20,15 @@ struct SamplingParams {
   // Drop tokens less likely than min_p times the most likely one, in [0, 1];
   // 0 = off (vLLM's min_p; kernels/sampling.h says the order of filters).
   float min_p = 0.0f;
+  // vLLM's penalties (its apply_penalties), applied to the logits before
+  // temperature and the filters, greedy or not: repetition_penalty divides
+  // the positive logit and multiplies the negative one of every token in
+  // the prompt or the output; then frequency_penalty times a token's count
+  // in the output, and presence_penalty for every token in it, are
+  // subtracted (OpenAI's definition). The defaults are off.
+  float presence_penalty = 0.0f;    // [-2, 2]
+  float frequency_penalty = 0.0f;   // [-2, 2]
+  float repetition_penalty = 1.0f;  // > 0, finite
   // Seed of the counter-based generator: tokens depend only on
   // (seed, output position), never on the batch. nullopt: the client gave
   // none; the scheduler then uses its own (--seed, else random) when it
@@ -49,6 +58,10 @@ struct SamplingParams {
   // Checks every field; `vocab_size` bounds top_k and stop tokens. The message
   // names the field and the bad value.
   [[nodiscard]] absl::Status Validate(int32_t vocab_size) const;
+  // Whether any penalty is on (the sampler then needs the token history).
+  [[nodiscard]] bool HasPenalties() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
+  }
 };
 
 // A model's sampling defaults (its generation_config.json, which the worker
@@ -62,9 +75,7 @@ struct GenerationDefaults {
   std::optional<float> temperature;  // >= 0, finite; 0 = greedy
   std::optional<float> top_p;        // (0, 1]
   std::optional<int32_t> top_k;      // <= vocab_size; <= 0 = off
-  std::optional<float> min_p;  // [0, 1]; 0 = off
-  // Not implemented by the sampler: carried so that the frontend can log
-  // that it does not apply it.
+  std::optional<float> min_p;        // [0, 1]; 0 = off
   std::optional<float> repetition_penalty;  // > 0, finite; 1 = off
 
   [[nodiscard]] bool empty() const {

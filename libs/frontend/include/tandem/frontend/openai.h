@@ -56,11 +56,11 @@
 // vllm_xargs, mm_processor_kwargs and media_io_kwargs. Unknown fields are
 // ignored, as OpenAI's SDKs send fields a server may not know.
 //
-// temperature, top_p, top_k and min_p a request leaves unset (absent or
-// null) take the served model's default from its generation_config.json, as
-// vLLM's --generation-config auto does, and only without one OpenAI's default
-// (EffectiveSampling). The model's repetition_penalty is not applied: the
-// sampler has none (a request that sends one is refused).
+// temperature, top_p, top_k, min_p and repetition_penalty a request leaves
+// unset (absent or null) take the served model's default from its
+// generation_config.json, as vLLM's --generation-config auto does, and only
+// without one OpenAI's default (EffectiveSampling). presence_penalty,
+// frequency_penalty and repetition_penalty are vLLM's (SamplingParams).
 //
 // Choice i of n with a seed s uses seed s + i, so that n > 1 gives n
 // different samples that are each reproducible alone (vLLM seeds them from
@@ -119,6 +119,9 @@ struct CompletionRequest {
   std::optional<float> top_p;
   std::optional<int32_t> top_k;  // 0 = off (vLLM's -1 accepted too)
   std::optional<float> min_p;    // [0, 1]; 0 = off
+  std::optional<float> presence_penalty;    // [-2, 2]
+  std::optional<float> frequency_penalty;   // [-2, 2]
+  std::optional<float> repetition_penalty;  // > 0
   int32_t min_tokens = 0;
   std::optional<int64_t> seed;
   int32_t n = 1;
@@ -185,11 +188,14 @@ struct RequestSampling {
   float top_p = 1.0f;
   int32_t top_k = 0;    // 0 = off
   float min_p = 0.0f;   // 0 = off
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;  // 1 = off
 };
 // Each field: the request's own value, else `model_defaults`' (the served
 // model's generation_config.json; its top_k <= 0 = off), else OpenAI's
-// (temperature 1, top_p 1, top_k off, min_p off). repetition_penalty of
-// `model_defaults` is not read (not implemented).
+// (temperature 1, top_p 1, top_k off, min_p off, repetition_penalty off).
+// presence_penalty and frequency_penalty have no model default (0 = off).
 [[nodiscard]] RequestSampling EffectiveSampling(const CompletionRequest& request,
                                                 const GenerationDefaults& model_defaults);
 

@@ -20,14 +20,21 @@ namespace tandem::model {
 // `output_position`: index of the token being sampled among the request's
 // output tokens (0 for the first). Greedy ties go to the lowest id.
 // `banned_token_ids` are never drawn: their logits count as -inf (vLLM's
-// min-tokens processor: EOS and stop tokens below min_tokens).
+// min-tokens processor: EOS and stop tokens below min_tokens). `penalties`:
+// the request's history (PenaltyHistory) when params has penalties.
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
-                    int32_t output_position, std::span<const int32_t> banned_token_ids = {});
+                    int32_t output_position, std::span<const int32_t> banned_token_ids = {},
+                    std::span<const kernels::SamplePenalty> penalties = {});
 
 // The kernels' arguments for one draw (kernels/sampling.h), with
-// `num_banned` banned ids.
+// `num_banned` banned ids and `num_penalties` history entries.
 kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
-                                 size_t num_banned = 0);
+                                 size_t num_banned = 0, size_t num_penalties = 0);
+
+// Appends every token of `prompt` and `output` to *out once, with its count
+// in `output` (what the penalties read). O(n log n) in the history's length.
+void PenaltyHistory(std::span<const int32_t> prompt, std::span<const int32_t> output,
+                    std::vector<kernels::SamplePenalty>* out);
 
 // Log-probabilities of `token` under `logits` (TokenLogprobs: the raw
 // log-softmax, before temperature or any filter) with the `top_n` most likely
@@ -40,6 +47,10 @@ struct SampleRequest {
   int32_t output_position = 0;             // see SampleToken
   // See SampleToken; logprobs stay those of the raw logits.
   std::span<const int32_t> banned_token_ids;
+  // With params that have penalties: the sequence's prompt and the output
+  // tokens before this one.
+  std::span<const int32_t> prompt_token_ids;
+  std::span<const int32_t> output_token_ids;
   // With params: the sampled token's logprobs with this many alternatives;
   // -1 = none.
   int32_t num_logprobs = -1;
