@@ -22,6 +22,18 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.top_p = 1.5f}, "top_p");
   ExpectInvalid({.min_p = -0.1f}, "min_p");
   ExpectInvalid({.min_p = 1.5f}, "min_p");
+  ExpectInvalid({.presence_penalty = 2.5f}, "presence_penalty");
+  ExpectInvalid({.frequency_penalty = -2.5f}, "frequency_penalty");
+  ExpectInvalid({.frequency_penalty = std::numeric_limits<float>::quiet_NaN()},
+                "frequency_penalty");
+  ExpectInvalid({.repetition_penalty = 0.0f}, "repetition_penalty");
+  ExpectInvalid({.repetition_penalty = std::numeric_limits<float>::infinity()},
+                "repetition_penalty");
+  EXPECT_TRUE(
+      (SamplingParams{
+           .presence_penalty = -2.0f, .frequency_penalty = 2.0f, .repetition_penalty = 0.5f})
+          .Validate(512)
+          .ok());
   ExpectInvalid({.max_tokens = 0}, "max_tokens");
   ExpectInvalid({.max_tokens = 4, .min_tokens = 5}, "min_tokens");
   ExpectInvalid({.stop_token_ids = {512}}, "stop token id 512");
