@@ -51,12 +51,11 @@ void PenaltyHistory(std::span<const int32_t> prompt, std::span<const int32_t> ou
     out->push_back({.id = ids[i], .output_count = static_cast<int32_t>(j - i)});
     i = j;
   }
-  const std::vector<int32_t> in_output = std::move(ids);
   std::vector<int32_t> p(prompt.begin(), prompt.end());
   std::sort(p.begin(), p.end());
   p.erase(std::unique(p.begin(), p.end()), p.end());
   for (int32_t id : p) {
-    if (!std::binary_search(in_output.begin(), in_output.end(), id)) {
+    if (!std::binary_search(ids.begin(), ids.end(), id)) {  // not counted above
       out->push_back({.id = id, .output_count = 0});
     }
   }
