@@ -3,9 +3,8 @@
 // through SetServing, Watch follows it, ShutdownHealth ends the watches.
 #include "tandem/rpc/server.h"
 
-#include <gtest/gtest.h>
-
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -20,6 +19,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "ping_test_util.h"
 
 namespace tandem::rpc {
 namespace {
@@ -144,7 +144,8 @@ class SlowProxy {
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof addr;
-    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(listener_, 16) != 0 ||
+    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        listen(listener_, 16) != 0 ||
         getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
       ADD_FAILURE() << "proxy listener: " << strerror(errno);
       return;
@@ -163,7 +164,8 @@ class SlowProxy {
           to.sin_family = AF_INET;
           to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
           to.sin_port = htons(static_cast<uint16_t>(target_port_));
-          if (connect(upstream, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0) Pump(client, upstream);
+          if (connect(upstream, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0)
+            Pump(client, upstream);
           close(upstream);
           close(client);
         });
@@ -182,7 +184,8 @@ class SlowProxy {
   void Pump(int a, int b) {
     char buf[16384];
     while (!stop_) {
-      pollfd p[2] = {{.fd = a, .events = POLLIN, .revents = 0}, {.fd = b, .events = POLLIN, .revents = 0}};
+      pollfd p[2] = {{.fd = a, .events = POLLIN, .revents = 0},
+                     {.fd = b, .events = POLLIN, .revents = 0}};
       if (poll(p, 2, 50) <= 0) continue;
       for (int i = 0; i < 2; ++i) {
         if (p[i].revents == 0) continue;
@@ -215,34 +218,6 @@ TEST_F(HealthTest, ASlowHandshakeIsNotAFailedConnection) {
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
-// Whether a client that pings every second while idle keeps its connection
-// for `seconds` to a server built on `builder`: gRPC's default server policy
-// answers the third early ping with GOAWAY "too_many_pings".
-bool StaysConnectedWhilePinging(grpc::ServerBuilder* builder, int seconds) {
-  int port = 0;
-  builder->AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  std::unique_ptr<grpc::Server> server = builder->BuildAndStart();
-  EXPECT_TRUE(server != nullptr && port != 0);
-  if (server == nullptr) return false;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
-                                           grpc::InsecureChannelCredentials(), args);
-  EXPECT_TRUE(
-      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
-  bool connected = true;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (connected && std::chrono::steady_clock::now() < end) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    connected = channel->GetState(false) == GRPC_CHANNEL_READY;
-  }
-  server->Shutdown(std::chrono::system_clock::now());
-  return connected;
-}
-
 // Tandem's channels ping every 10 s while idle (DefaultChannelArguments);
 // every server keeps them (AcceptClientPings). The servers built without
 // BuildAndStart (the KV-store's tests and benches) had gRPC's default policy
@@ -250,9 +225,9 @@ bool StaysConnectedWhilePinging(grpc::ServerBuilder* builder, int seconds) {
 TEST(PingPolicyTest, AcceptClientPingsKeepsAPingingClientConnected) {
   grpc::ServerBuilder with;
   AcceptClientPings(&with);
-  EXPECT_TRUE(StaysConnectedWhilePinging(&with, 5));
+  EXPECT_TRUE(testing::StaysConnectedWhilePinging(&with, 5));
   grpc::ServerBuilder without;  // the test can fail: gRPC's default drops it
-  EXPECT_FALSE(StaysConnectedWhilePinging(&without, 5));
+  EXPECT_FALSE(testing::StaysConnectedWhilePinging(&without, 5));
 }
 
 }  // namespace
