@@ -64,11 +64,16 @@ void AttendRowHeadCpu(const PagedAttentionArgs& a, int32_t row, int32_t head,
   const int64_t stride = int64_t{sh.num_kv_heads} * hs;  // between slots of a block
   const float* __restrict q = a.q + (int64_t{row} * a.num_heads + head) * hs;
   const float scale = sqrtf(static_cast<float>(hs));
+  // Positions lo .. pos: blocks b0 .. num_blocks - 1, slots first(t0) .. n(t0).
+  const int32_t lo = WindowStart(pos, a.window);
+  const int32_t b0 = lo / sh.block_size;
   const int32_t num_blocks = pos / sh.block_size + 1;
-  for (int32_t b = 0, t0 = 0; b < num_blocks; ++b, t0 += sh.block_size) {
+  auto first = [&](int32_t t0) { return std::max(0, lo - t0); };
+  auto count = [&](int32_t t0) { return std::min(sh.block_size, pos + 1 - t0); };
+  for (int32_t b = b0, t0 = b0 * sh.block_size; b < num_blocks; ++b, t0 += sh.block_size) {
     const float* kb = a.cache + sh.Offset(table[b], a.layer, 0, 0, kv_head);
-    const int32_t n = std::min(sh.block_size, pos + 1 - t0);
-    int32_t s = 0;
+    const int32_t n = count(t0);
+    int32_t s = first(t0);
     for (; s + 4 <= n; s += 4) {
       const float* k0 = kb + s * stride;
       const float* k1 = k0 + stride;
@@ -93,24 +98,24 @@ void AttendRowHeadCpu(const PagedAttentionArgs& a, int32_t row, int32_t head,
       scores[t0 + s] = a0 / scale;
     }
   }
-  float max_val = scores[0];
-  for (int32_t t = 1; t <= pos; ++t) {
+  float max_val = scores[lo];
+  for (int32_t t = lo + 1; t <= pos; ++t) {
     if (scores[t] > max_val) max_val = scores[t];
   }
   float sum = 0.0f;
-  for (int32_t t = 0; t <= pos; ++t) {
+  for (int32_t t = lo; t <= pos; ++t) {
     scores[t] = expf(scores[t] - max_val);
     sum += scores[t];
   }
-  for (int32_t t = 0; t <= pos; ++t) scores[t] /= sum;
+  for (int32_t t = lo; t <= pos; ++t) scores[t] /= sum;
   // Each lane of a vector is one output element, summed over t in order.
   int32_t i0 = 0;
   for (; i0 + kLanes <= hs; i0 += kLanes) {
     Vec o = {};
-    for (int32_t b = 0, t0 = 0; b < num_blocks; ++b, t0 += sh.block_size) {
+    for (int32_t b = b0, t0 = b0 * sh.block_size; b < num_blocks; ++b, t0 += sh.block_size) {
       const float* vb = a.cache + sh.Offset(table[b], a.layer, 1, 0, kv_head) + i0;
-      const int32_t n = std::min(sh.block_size, pos + 1 - t0);
-      for (int32_t s = 0; s < n; ++s) {
+      const int32_t n = count(t0);
+      for (int32_t s = first(t0); s < n; ++s) {
         Vec v;
         std::memcpy(&v, vb + s * stride, sizeof(Vec));
         o = o + scores[t0 + s] * v;
@@ -120,10 +125,10 @@ void AttendRowHeadCpu(const PagedAttentionArgs& a, int32_t row, int32_t head,
   }
   for (int32_t i = i0; i < hs; ++i) acc[i] = 0.0f;
   if (i0 < hs) {
-    for (int32_t b = 0, t0 = 0; b < num_blocks; ++b, t0 += sh.block_size) {
+    for (int32_t b = b0, t0 = b0 * sh.block_size; b < num_blocks; ++b, t0 += sh.block_size) {
       const float* vb = a.cache + sh.Offset(table[b], a.layer, 1, 0, kv_head);
-      const int32_t n = std::min(sh.block_size, pos + 1 - t0);
-      for (int32_t s = 0; s < n; ++s) {
+      const int32_t n = count(t0);
+      for (int32_t s = first(t0); s < n; ++s) {
         const float* __restrict v = vb + s * stride;
         const float w = scores[t0 + s];
         for (int32_t i = i0; i < hs; ++i) acc[i] += w * v[i];

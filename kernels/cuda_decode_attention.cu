@@ -44,9 +44,9 @@ constexpr int kAttnTokens = 4;  // tokens per lane group per loop iteration
 constexpr int kStages = 3;      // the pipelined kernel's shared-memory stages
 
 // What one block computes: row `row`'s query heads h0 .. h0 + G of KV head
-// `kvh`, over context `ctx`.
+// `kvh`, over positions lo .. ctx - 1 (lo > 0 under a sliding window).
 struct AttnBlock {
-  int32_t row, kvh, h0, G, ctx;
+  int32_t row, kvh, h0, G, ctx, lo;
   const int32_t* table;
 };
 
@@ -63,6 +63,7 @@ __device__ __forceinline__ AttnBlock LocateBlock(const Bf16AttentionArgs& a) {
   b.row = a.rows != nullptr ? a.rows[bx / sh.num_kv_heads]
                             : static_cast<int32_t>(bx / sh.num_kv_heads);
   b.ctx = a.row_pos[b.row] + 1;
+  b.lo = WindowStart(a.row_pos[b.row], a.window);
   b.h0 = b.kvh * group + chunk * kG;
   b.G = min(kG, group - chunk * kG);
   b.table = a.block_tables + a.row_table_offset[b.row];
@@ -121,17 +122,19 @@ __device__ __forceinline__ void LoadQuery(const Bf16AttentionArgs& a, const Attn
 }
 
 // Fills the lane group's kAttnTokens tokens of the iteration at `base`:
-// token t = base + u * (32 / L) + grp, valid below t_end, its K/V bf16 pairs
-// from fetch(t, kw[u], vw[u]), zeros where not valid.
+// token t = base + u * (32 / L) + grp, valid in [t_lo, t_end), its K/V bf16
+// pairs from fetch(t, kw[u], vw[u]), zeros where not valid. A fold of only
+// invalid tokens leaves the softmax state as it was, bit for bit, so the
+// tokens below a sliding window cost no loads and change nothing.
 template <int L, typename Fetch>
-__device__ __forceinline__ void GatherTokens(int32_t base, int32_t t_end, int grp,
+__device__ __forceinline__ void GatherTokens(int32_t base, int32_t t_lo, int32_t t_end, int grp,
                                              uint32_t (&kw)[kAttnTokens][kMaxE / 2],
                                              uint32_t (&vw)[kAttnTokens][kMaxE / 2],
                                              bool (&valid)[kAttnTokens], Fetch fetch) {
 #pragma unroll
   for (int u = 0; u < kAttnTokens; ++u) {
     const int32_t t = base + u * (32 / L) + grp;
-    valid[u] = t < t_end;
+    valid[u] = t >= t_lo && t < t_end;
 #pragma unroll
     for (int w = 0; w < kMaxE / 2; ++w) kw[u][w] = vw[u][w] = 0u;
     if (valid[u]) fetch(t, kw[u], vw[u]);
@@ -309,11 +312,15 @@ __global__ void __launch_bounds__(kAttnThreads)
   // loop condition is uniform across the warp (the shuffles need every
   // lane); a lane group past the end masks its token.
   const int32_t per_iter = kAttnWarps * kGroupsPerWarp * kAttnTokens;
-  for (int32_t base = t_begin + ln.warp * kGroupsPerWarp * kAttnTokens; base < t_end;
-       base += per_iter) {
+  int32_t first = t_begin + ln.warp * kGroupsPerWarp * kAttnTokens;
+  // The warp's iterations whose tokens all lie below the window fold nothing:
+  // start past them (a split wholly below the window folds none and reports
+  // the empty state, m = -FLT_MAX and l = 0, which the combine weighs by 0).
+  if (b.lo > first) first += (b.lo - first) / per_iter * per_iter;
+  for (int32_t base = first; base < t_end; base += per_iter) {
     uint32_t kw[kAttnTokens][kMaxE / 2], vw[kAttnTokens][kMaxE / 2];  // bf16 pairs
     bool valid[kAttnTokens];
-    GatherTokens<L>(base, t_end, ln.grp, kw, vw, valid,
+    GatherTokens<L>(base, b.lo, t_end, ln.grp, kw, vw, valid,
                     [&](int32_t t, uint32_t(&kwu)[kMaxE / 2], uint32_t(&vwu)[kMaxE / 2]) {
                       const int32_t blk = b.table[t / sh.block_size];
                       const int32_t slot = t % sh.block_size;
@@ -386,7 +393,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       for (int32_t c = threadIdx.x; c < kT * L; c += kAttnThreads) {
         const int32_t tok = c / L, part = c % L;
         const int32_t t = t0 + tok;
-        if (t >= tok_end) continue;  // never read: masked below
+        if (t >= tok_end || t < b.lo) continue;  // never read: masked below
         const int32_t blk = b.table[t / sh.block_size], slot = t % sh.block_size;
         CpAsync16(ks + tok * kHs + part * kMaxE,
                   a.cache + sh.Offset(blk, a.layer, 0, slot, b.kvh) + part * kMaxE);
@@ -412,12 +419,13 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int32_t t_end = min(b.ctx, t_begin + kAttentionSplitTokens);
     const int32_t stage_t0 = tok_begin + g * kT;
     const int32_t base = stage_t0 + ln.warp * kGroupsPerWarp * kAttnTokens;
-    if (base < t_end) {
+    // The warp's tokens are base .. base + kGroupsPerWarp * kAttnTokens - 1.
+    if (base < t_end && base + kGroupsPerWarp * kAttnTokens > b.lo) {
       const Bf16* const ks = stages + (g % kStages) * 2 * kT * kHs;
       const Bf16* const vs = ks + kT * kHs;
       uint32_t kw[kAttnTokens][kMaxE / 2], vw[kAttnTokens][kMaxE / 2];
       bool valid[kAttnTokens];
-      GatherTokens<L>(base, t_end, ln.grp, kw, vw, valid,
+      GatherTokens<L>(base, b.lo, t_end, ln.grp, kw, vw, valid,
                       [&](int32_t t, uint32_t(&kwu)[kMaxE / 2], uint32_t(&vwu)[kMaxE / 2]) {
                         const int32_t at = (t - stage_t0) * kHs + ln.d0;
                         Load16(ks + at, vs + at, kwu, vwu);

@@ -13,7 +13,10 @@
 // ldmatrix), masks keys past each row's position, updates the online softmax
 // in fp32 (base 2, scale folded in), rounds P to bf16 as FlashAttention does,
 // and adds P V (V fragments by ldmatrix.trans) into its fp32 output
-// fragments. A warp skips the key steps wholly past its rows. A row's result
+// fragments. A warp skips the key steps wholly past its rows, and, under a
+// sliding window, those wholly below its rows' windows; a step that masks
+// all of a row's keys leaves its state (max -inf, sum 0, output 0) as it
+// was, bit for bit. A row's result
 // depends only on its own query and context: key steps start at multiples
 // of kBN and the MMA reduces each row on its own, so neither the tile a row
 // lands in nor its neighbours change its bits.
@@ -106,6 +109,8 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t heads_here = min(block_heads, group - chunk * block_heads);
   const int32_t pos0 = a.row_pos[first];
   const int32_t ctx = pos0 + m;
+  // The first key of the tile's first row (its lowest position).
+  const int32_t block_first_key = WindowStart(pos0, a.window);
   const int32_t* table = a.block_tables + a.row_table_offset[first];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
@@ -119,10 +124,15 @@ __global__ void __launch_bounds__(kThreads)
   auto row_real = [&](int32_t r) { return r / positions < heads_here && r % positions < m; };
   // The last position any row of this warp attends from (-1: none real).
   int32_t warp_last_pos = -1;
+  // The first key any real row of this warp attends to.
+  int32_t warp_first_key = ctx;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int32_t r = (warp * MT + mt) * 16;  // a tile's 16 rows share a head
-    if (row_real(r)) warp_last_pos = max(warp_last_pos, pos0 + min(r % positions + 15, m - 1));
+    if (row_real(r)) {
+      warp_last_pos = max(warp_last_pos, pos0 + min(r % positions + 15, m - 1));
+      warp_first_key = min(warp_first_key, WindowStart(pos0 + r % positions, a.window));
+    }
   }
 
   uint32_t qa[MT][D / 16][4];
@@ -154,7 +164,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // Copies keys [step * kBN, + kBN) into stage buf; keys past the tile's
-  // last row become zeros (never NaN under a zero weight).
+  // last row or below its first row's window become zeros (never NaN under a
+  // zero weight).
   auto load = [&](int32_t step, int buf) {
     constexpr int kVecs = D / 8;  // 16-byte vectors per K/V row
     Bf16* ks = k_stage(buf);
@@ -165,7 +176,7 @@ __global__ void __launch_bounds__(kThreads)
       const Bf16* kp = a.cache;
       const Bf16* vp = a.cache;
       int bytes = 0;
-      if (tok < ctx) {
+      if (tok < ctx && tok >= block_first_key) {
         const int32_t blk = table[tok / sh.block_size], slot = tok % sh.block_size;
         kp = a.cache + sh.Offset(blk, a.layer, 0, slot, kvh) + c;
         vp = a.cache + sh.Offset(blk, a.layer, 1, slot, kvh) + c;
@@ -180,8 +191,11 @@ __global__ void __launch_bounds__(kThreads)
   // ldmatrix addressing: lane 8i + r gives row r of matrix i.
   const int mi = lane / 8, ri = lane % 8;
   const int32_t steps = (ctx + kBN - 1) / kBN;
-  load(0, 0);
-  for (int32_t step = 0; step < steps; ++step) {
+  // Key steps start at multiples of kBN whatever the window: a row's steps
+  // below its window are all masked, so skipping them changes no bits.
+  const int32_t first_step = block_first_key / kBN;
+  load(first_step, first_step & 1);
+  for (int32_t step = first_step; step < steps; ++step) {
     const int buf = step & 1;
     if (step + 1 < steps) {
       load(step + 1, buf ^ 1);  // that stage's readers passed the barrier below
@@ -191,7 +205,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // this stage's copies, from every thread, have landed
     const int32_t k0 = step * kBN;
-    if (k0 <= warp_last_pos) {
+    if (k0 <= warp_last_pos && k0 + kBN > warp_first_key) {
       const Bf16* ks = k_stage(buf);
       const Bf16* vs = v_stage(buf);
       float s[MT][kBN / 8][4];
@@ -224,19 +238,24 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int32_t key = k0 + j * 8 + 2 * t + (e & 1);
-            const float v = key <= qpos[mt][e / 2] ? s[mt][j][e] * scale_log2 : -INFINITY;
+            // Causal, and inside the window (key >= WindowStart(q, window)).
+            const int32_t q = qpos[mt][e / 2];
+            const bool seen = key <= q && (a.window == 0 || key > q - a.window);
+            const float v = seen ? s[mt][j][e] * scale_log2 : -INFINITY;
             s[mt][j][e] = v;
             step_max[e / 2] = fmaxf(step_max[e / 2], v);
           }
         }
-        float corr[2];
+        float corr[2], m_use[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           step_max[i] = fmaxf(step_max[i], __shfl_xor_sync(0xffffffffu, step_max[i], 1));
           step_max[i] = fmaxf(step_max[i], __shfl_xor_sync(0xffffffffu, step_max[i], 2));
-          // Key 0 is never masked, so from the first step on mx is finite.
+          // mx stays -inf while every key so far was masked (the steps below
+          // a sliding window): then subtract 0, so corr and P are 0, not NaN.
           const float m_new = fmaxf(mx[mt][i], step_max[i]);
-          corr[i] = exp2f(mx[mt][i] - m_new);
+          m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
+          corr[i] = exp2f(mx[mt][i] - m_use[i]);
           mx[mt][i] = m_new;
         }
         float sum[2] = {0.0f, 0.0f};
@@ -244,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < kBN / 8; ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[mt][j][e] = exp2f(s[mt][j][e] - mx[mt][e / 2]);
+            s[mt][j][e] = exp2f(s[mt][j][e] - m_use[e / 2]);
             sum[e / 2] += s[mt][j][e];
           }
         }

@@ -170,7 +170,8 @@ class CpuModelRunner final : public ModelRunner {
                                    .num_rows = T,
                                    .row_pos = lay.row_pos.data(),
                                    .row_table_offset = lay.row_table_offset.data(),
-                                   .block_tables = lay.block_tables.data()});
+                                   .block_tables = lay.block_tables.data(),
+                                   .window = c.AttentionWindow(li)});
       Matmul(pl.wo, att_.data(), T, xb_.data());
       if (c.o_bias) kc::AddBias(xb_.data(), pl.bo.data(), T, c.dim);
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);

@@ -133,7 +133,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
                                        .row_pos = in.row_pos,
                                        .row_table_offset = in.row_off,
                                        .block_tables = in.tables,
-                                       .rows = in.single_rows};
+                                       .rows = in.single_rows,
+                                       .window = c.AttentionWindow(li)};
       TANDEM_RETURN_IF_ERROR(ok(kd::PrefillAttentionBf16(args, in.tiles, in.plan->num_tiles(), st),
                                 "prefill attention"));
       TANDEM_RETURN_IF_ERROR(

@@ -129,7 +129,8 @@ class CudaF32Runner final : public CudaRunnerBase {
                                     .num_rows = T,
                                     .row_pos = in.row_pos,
                                     .row_table_offset = in.row_off,
-                                    .block_tables = in.tables};
+                                    .block_tables = in.tables,
+                                    .window = c.AttentionWindow(li)};
       TANDEM_RETURN_IF_ERROR(
           ok(kd::PagedAttention(args, scratch_.get<float>(), lay.max_context), "attention"));
       TANDEM_RETURN_IF_ERROR(

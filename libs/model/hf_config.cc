@@ -266,40 +266,80 @@ absl::Status ReadRope(const nlohmann::json& cfg, const std::string& path, ModelC
   return absl::OkStatus();
 }
 
-// Sliding-window attention: not implemented; see the header. Returns the
-// window when some layer slides, 0 when none does.
-absl::StatusOr<int32_t> SlidingWindow(const nlohmann::json& cfg, const std::string& path,
-                                      const FamilyInfo& f, int32_t num_layers) {
+// Which layers slide, as transformers 5 decides it, and by how much.
+struct SlidingLayers {
+  std::vector<int32_t> windows;  // ModelConfig::layer_window
+  int32_t cap = 0;               // a family whose transformers code reads no window
+};
+
+// layer_types, when the config lists them: true for "sliding_attention".
+absl::StatusOr<std::optional<std::vector<bool>>> LayerTypes(const nlohmann::json& cfg,
+                                                            const std::string& path,
+                                                            int32_t num_layers) {
+  const nlohmann::json* types = JsonMember(cfg, "layer_types");
+  if (!IsSet(types)) return std::optional<std::vector<bool>>();
+  if (!types->is_array() || static_cast<int32_t>(types->size()) != num_layers) {
+    return Bad(path, "\"layer_types\" must list one type per layer");
+  }
+  std::vector<bool> slides;
+  for (const nlohmann::json& t : *types) {
+    const std::string name = t.is_string() ? t.get<std::string>() : "";
+    if (name != "full_attention" && name != "sliding_attention") {
+      return Refuse(path, "layer_types: only full_attention and sliding_attention are supported");
+    }
+    slides.push_back(name == "sliding_attention");
+  }
+  return std::optional<std::vector<bool>>(std::move(slides));
+}
+
+// Sliding-window attention per family (transformers 5):
+//  - Qwen2 / Qwen3: layer_types when listed, else layers i >= max_window_layers
+//    when use_sliding_window; the window is sliding_window, and none unless
+//    use_sliding_window (the config class sets it to None).
+//  - Mistral / Phi-3: every layer when sliding_window is set (the model builds
+//    one sliding mask for all); layer_types saying otherwise is refused.
+//  - Llama / Gemma: their transformers code reads no window, vLLM's may: the
+//    context is capped at the window, where both readings agree.
+absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std::string& path,
+                                            const FamilyInfo& f, int32_t num_layers,
+                                            int32_t max_seq_len) {
   TANDEM_ASSIGN_OR_RETURN(int32_t window, GetInt(cfg, path, "sliding_window", 0));
   if (window < 0) return Bad(path, "\"sliding_window\" is negative");
-  bool slides = window > 0;
-  if (f.family == ModelFamily::kQwen2 || f.family == ModelFamily::kQwen3) {
-    // transformers: layers i >= max_window_layers slide, when use_sliding_window.
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::vector<bool>> types,
+                          LayerTypes(cfg, path, num_layers));
+  const bool qwen = f.family == ModelFamily::kQwen2 || f.family == ModelFamily::kQwen3;
+  if (!qwen && (IsSet(JsonMember(cfg, "use_sliding_window")) ||
+                IsSet(JsonMember(cfg, "max_window_layers")))) {
+    return Refuse(path, "use_sliding_window / max_window_layers are Qwen keys, not this family's");
+  }
+  std::vector<bool> slides(static_cast<size_t>(num_layers), window > 0);
+  if (qwen) {
     TANDEM_ASSIGN_OR_RETURN(bool use, GetBool(cfg, path, "use_sliding_window", false));
     TANDEM_ASSIGN_OR_RETURN(int32_t max_window_layers,
                             GetInt(cfg, path, "max_window_layers", num_layers));
-    slides = use && window > 0 && max_window_layers < num_layers;
-  } else if (IsSet(JsonMember(cfg, "use_sliding_window")) ||
-             IsSet(JsonMember(cfg, "max_window_layers"))) {
-    return Refuse(path, "use_sliding_window / max_window_layers are Qwen keys, not this family's");
-  }
-  if (const nlohmann::json* types = JsonMember(cfg, "layer_types"); IsSet(types)) {
-    if (!types->is_array() || static_cast<int32_t>(types->size()) != num_layers) {
-      return Bad(path, "\"layer_types\" must list one type per layer");
+    if (!use) window = 0;
+    for (int32_t i = 0; i < num_layers; ++i) {
+      slides[static_cast<size_t>(i)] =
+          types ? (*types)[static_cast<size_t>(i)] : window > 0 && i >= max_window_layers;
     }
-    bool any_sliding = false;
-    for (const nlohmann::json& t : *types) {
-      if (t.is_string() && t.get<std::string>() == "full_attention") continue;
-      if (t.is_string() && t.get<std::string>() == "sliding_attention") {
-        any_sliding = true;
-        continue;
-      }
-      return Refuse(path, "layer_types: only full_attention and sliding_attention are supported");
+  } else if (types && *types != slides) {
+    if (f.family == ModelFamily::kMistral || f.family == ModelFamily::kPhi3) {
+      return Refuse(path, absl::StrCat("layer_types disagrees with sliding_window: ",
+                                       f.architecture, " slides every layer when it is set"));
     }
-    if (any_sliding && window <= 0) return Bad(path, "sliding_attention layers without a window");
-    slides = any_sliding;
+    slides = *types;
   }
-  return slides ? window : 0;
+  const bool any = std::find(slides.begin(), slides.end(), true) != slides.end();
+  if (!any) return SlidingLayers{};
+  if (window <= 0) return Bad(path, "sliding_attention layers without a window");
+  // A window at least the context slides nothing.
+  if (window >= max_seq_len) return SlidingLayers{};
+  if (f.family != ModelFamily::kMistral && f.family != ModelFamily::kPhi3 && !qwen) {
+    return SlidingLayers{.cap = window};
+  }
+  SlidingLayers out;
+  for (bool s : slides) out.windows.push_back(s ? window : 0);
+  return out;
 }
 
 absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
@@ -445,10 +485,12 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir) {
     c.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
   }
 
-  TANDEM_ASSIGN_OR_RETURN(int32_t window, SlidingWindow(cfg, path, *f, c.num_layers));
-  if (window > 0 && window < c.max_seq_len) {
-    c.max_seq_len = window;
-    out.sliding_window_cap = window;
+  TANDEM_ASSIGN_OR_RETURN(SlidingLayers sliding,
+                          SlidingWindow(cfg, path, *f, c.num_layers, c.max_seq_len));
+  c.layer_window = std::move(sliding.windows);
+  if (sliding.cap > 0) {
+    c.max_seq_len = sliding.cap;
+    out.sliding_window_cap = sliding.cap;
   }
   TANDEM_RETURN_IF_ERROR(ReadGenerationConfig(dir, &c));
   if (absl::Status s = c.Validate(); !s.ok()) return Annotate(s, path);

@@ -8,10 +8,12 @@
 //    (rope_parameters holding rope_theta, rope_type and the scaling fields);
 //  - defaults that config.json leaves out are the family's config class's
 //    (transformers 5), e.g. Gemma's head_dim 256 and tied embeddings.
-// A sliding window is not implemented: a model whose attention slides (set
-// sliding_window, or use_sliding_window / layer_types saying so) is served
-// with its context capped at the window, where sliding changes nothing (what
-// vLLM's --disable-sliding-window does); the cap is logged.
+//  - sliding windows as transformers applies them (ModelConfig::layer_window):
+//    Mistral and Phi-3 slide every layer, Qwen2/3 the layers layer_types or
+//    use_sliding_window / max_window_layers name. Llama and Gemma, whose
+//    transformers code reads no window, are served with the context capped at
+//    one (sliding_window_cap; where a window and none agree), and the cap is
+//    logged.
 #pragma once
 
 #include <string>
@@ -26,7 +28,7 @@ struct HfConfig {
   bool tied_embeddings = false;
   std::string architecture;  // e.g. "LlamaForCausalLM"
   std::string torch_dtype;   // as config.json names it ("" when absent)
-  // Set when a sliding window capped max_seq_len (for the log).
+  // Set when a sliding_window key capped max_seq_len (for the log).
   int32_t sliding_window_cap = 0;
 };
 

@@ -410,6 +410,8 @@ std::string HfWeights::Fingerprint(const ModelConfig& c) const {
                            c.rope_scaling.low_freq_factor,
                            c.rope_scaling.high_freq_factor};
   EVP_DigestUpdate(ctx, fheader, sizeof(fheader));
+  // Sliding windows change every K/V past the window (nothing when none slides).
+  EVP_DigestUpdate(ctx, c.layer_window.data(), c.layer_window.size() * sizeof(int32_t));
   const auto start = std::chrono::steady_clock::now();
   auto last_log = start;
   int64_t hashed = 0;

@@ -37,6 +37,8 @@ std::string Fingerprint(const ModelConfig& c, const ModelWeights& w) {
     const float ffamily[] = {c.embedding_scale, c.rope_scaling.factor,
                              c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor};
     EVP_DigestUpdate(ctx, ffamily, sizeof(ffamily));
+    // Sliding windows change every K/V past the window (nothing when none slides).
+    EVP_DigestUpdate(ctx, c.layer_window.data(), c.layer_window.size() * sizeof(int32_t));
   }
   auto add = [&](const std::vector<float>& v) {
     const uint64_t n = v.size();
@@ -103,6 +105,15 @@ absl::Status ModelConfig::Validate() const {
   if (family == ModelFamily::kLlama2c && (dim % num_heads != 0 || head_size != dim / num_heads)) {
     return absl::InvalidArgumentError(absl::StrCat("model config: head_size ", head_size,
                                                    " != dim ", dim, " / num_heads ", num_heads));
+  }
+  if (!layer_window.empty()) {
+    if (static_cast<int32_t>(layer_window.size()) != num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("model config: ", layer_window.size(),
+                                                     " layer windows for ", num_layers, " layers"));
+    }
+    for (int32_t w : layer_window) {
+      if (w < 0) return absl::InvalidArgumentError("model config: a negative sliding window");
+    }
   }
   if (head_size % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -267,9 +278,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   }
   TANDEM_ASSIGN_OR_RETURN(internal::HfConfig hf, internal::ReadHfConfig(path));
   if (hf.sliding_window_cap > 0) {
-    TANDEM_LOG(WARNING) << path << ": sliding-window attention is not implemented; serving "
-                        << "contexts of at most the window, " << hf.sliding_window_cap
-                        << " tokens, where it changes nothing";
+    TANDEM_LOG(WARNING) << path << ": " << hf.architecture
+                        << " sets a sliding window that its transformers code does not read; "
+                        << "serving contexts of at most the window, " << hf.sliding_window_cap
+                        << " tokens, where sliding changes nothing";
+  }
+  if (const std::vector<int32_t>& w = hf.config.layer_window; !w.empty()) {
+    const auto sliding = std::count_if(w.begin(), w.end(), [](int32_t x) { return x > 0; });
+    TANDEM_LOG(INFO) << path << ": sliding-window attention in " << sliding << " of " << w.size()
+                     << " layers, window " << *std::max_element(w.begin(), w.end());
   }
   const auto start = std::chrono::steady_clock::now();
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<internal::HfWeights> source,

@@ -200,6 +200,41 @@ TEST(CpuOpsTest, PagedAttentionMatchesNaiveAttention) {
   }
 }
 
+// Sliding windows (Mistral's, Phi-3's, Qwen's): each row sees its last
+// `window` positions, itself included; a window of 1 only itself, one at
+// least the context everything, bit for bit as without a window. Windows
+// that start mid-block, at a block's first slot, and within a prefill chunk
+// whose rows start at different blocks.
+TEST(CpuOpsTest, SlidingWindowsMatchNaiveAttention) {
+  uint32_t seed = 40;
+  for (const AttentionCase& c : AttentionCases()) {
+    for (int32_t window : {1, 2, 5, 16, 17, 64}) {
+      AttentionProblem p = MakeAttentionProblem(c.num_heads, c.num_kv_heads, c.head_size,
+                                                c.block_size, c.seqs, seed);
+      cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(),
+                   static_cast<int32_t>(p.slots.size()), p.slots.data());
+      std::vector<float> full(p.q.size()), out(p.q.size()), shared(p.q.size());
+      cpu::PagedAttention(p.Args(full.data()));
+      p.window = window;
+      cpu::PagedAttention(p.Args(out.data()));
+      cpu::PagedAttentionReference(p.Args(shared.data()));
+      const std::string what = "hs " + std::to_string(c.head_size) + " block " +
+                               std::to_string(c.block_size) + " window " + std::to_string(window);
+      ASSERT_EQ(std::memcmp(out.data(), shared.data(), out.size() * sizeof(float)), 0) << what;
+      ExpectNear(out, NaiveAttention(p), {2e-5, 1e-4}, what);
+      // Rows whose context fits the window are untouched by it; the others
+      // are not (random keys: some output moves).
+      const int32_t hs = c.head_size * c.num_heads;
+      for (size_t r = 0; r < p.row_pos.size(); ++r) {
+        const bool fits = p.row_pos[r] < window;
+        const int diff = std::memcmp(&out[r * hs], &full[r * hs], hs * sizeof(float));
+        EXPECT_EQ(diff == 0, fits) << what << " row " << r << " at " << p.row_pos[r];
+      }
+    }
+    ++seed;
+  }
+}
+
 TEST(CpuOpsTest, SiluMulAndResidualAddMatchNaive) {
   for (int64_t n : {1, 63, 64, 65, 1000}) {
     const auto g = RandomVector(n, 1, 6.0f), u = RandomVector(n, 2);

@@ -238,12 +238,13 @@ TEST_F(CudaBf16Test, RopeAndKvWriteMatchCpu) {
 struct AttentionCase {
   int32_t heads, kv_heads, hs, block;
   std::vector<std::pair<int32_t, int32_t>> seqs;  // (context, first query position)
+  int32_t window = 0;                             // sliding window (0: none)
 };
 
 std::string Describe(const AttentionCase& c) {
   return "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " hs " +
          std::to_string(c.hs) + " block " + std::to_string(c.block) + " seqs " +
-         std::to_string(c.seqs.size());
+         std::to_string(c.seqs.size()) + " window " + std::to_string(c.window);
 }
 
 // Runs one case as the runner does: PlanAttention routes the rows (with
@@ -257,6 +258,7 @@ void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
                       int32_t splits_per_block = cuda::kAutoSplitsPerBlock,
                       std::vector<Bf16>* bits = nullptr) {
   AttentionProblem p = MakeAttentionProblem(c.heads, c.kv_heads, c.hs, c.block, c.seqs, seed);
+  p.window = c.window;
   // The reference sees what the GPU sees: bf16 K/V.
   for (auto* kv : {&p.seq_k, &p.seq_v}) {
     for (auto& s : *kv) s = RoundToBf16(s);
@@ -290,7 +292,8 @@ void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
                                .row_pos = d_pos.get(),
                                .row_table_offset = d_off.get(),
                                .block_tables = d_tables.get(),
-                               .rows = tensor_cores ? d_single.get() : nullptr};
+                               .rows = tensor_cores ? d_single.get() : nullptr,
+                               .window = c.window};
   if (!tensor_cores) {
     EXPECT_EQ(plan.num_single_rows(), rows);
   }
@@ -407,6 +410,38 @@ TEST_F(CudaBf16Test, PrefillAttentionOnTensorCoresMatchesNaiveAttention) {
     AttentionPlan plan;
     RunAttentionCase(c, seed++, /*tensor_cores=*/true, kBf16TensorCoreTol, &plan);
     EXPECT_GT(plan.num_tiles(), 0) << "the case must reach the tensor-core kernel";
+  }
+}
+
+// Sliding windows on both kernels: windows of 1, under a split, across
+// split and block edges, and at least the context; on the split-K kernel
+// every way of taking a row's splits gives the same bits (splits wholly below
+// a row's window fold nothing); on the tensor cores, tiles whose rows' windows
+// start in different key steps, and key steps that mask all of some rows.
+TEST_F(CudaBf16Test, SlidingWindowsMatchNaiveAttention) {
+  const std::vector<AttentionCase> shapes = {
+      {8, 2, 64, 16, {{1, 0}, {128, 127}, {129, 128}, {700, 699}, {2000, 1999}}},
+      {32, 4, 128, 16, {{1000, 999}, {256, 255}, {90, 89}, {385, 384}}},
+      {12, 3, 96, 16, {{300, 250}, {513, 512}, {65, 1}}},
+      {16, 2, 64, 16, {{40, 23}, {700, 600}, {260, 250}, {2048, 0}}},  // prefill chunks
+  };
+  uint32_t seed = 501;
+  for (AttentionCase c : shapes) {
+    for (int32_t window : {1, 100, 128, 129, 300, 4096}) {
+      c.window = window;
+      SCOPED_TRACE(Describe(c));
+      AttentionPlan plan;
+      std::vector<Bf16> per_split, got;
+      RunAttentionCase(c, seed, /*tensor_cores=*/false, kBf16OutTol, &plan, 1, &per_split);
+      for (int32_t spb : {0, 3, cuda::kAutoSplitsPerBlock}) {
+        RunAttentionCase(c, seed, /*tensor_cores=*/false, kBf16OutTol, &plan, spb, &got);
+        EXPECT_EQ(got, per_split) << "splits per block " << spb;
+      }
+      if (cuda::DeviceHasTensorCoreAttention(0)) {
+        RunAttentionCase(c, seed, /*tensor_cores=*/true, kBf16TensorCoreTol, &plan);
+      }
+    }
+    ++seed;
   }
 }
 

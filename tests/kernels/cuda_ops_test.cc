@@ -86,19 +86,22 @@ TEST_F(CudaOpsTest, KvWriteAndPagedAttentionMatchCpu) {
     cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(), n, p.slots.data());
     CUDA_OK(cuda::KvWrite(d_cache.get(), p.shape, 1, d_k.get(), d_v.get(), n, d_slots.get()));
     EXPECT_EQ(d_cache.ToHost(), p.cache) << "kv write";
-    std::vector<float> ref(p.q.size());
-    cpu::PagedAttention(p.Args(ref.data()));
     DeviceVector<int32_t> d_pos(p.row_pos), d_off(p.row_table_offset), d_tables(p.block_tables);
-    PagedAttentionArgs args = p.Args(d_out.get());
-    args.q = d_q.get();
-    args.cache = d_cache.get();
-    args.row_pos = d_pos.get();
-    args.row_table_offset = d_off.get();
-    args.block_tables = d_tables.get();
-    const int32_t max_context = 41;
-    DeviceVector<float> scratch(p.row_pos.size() * heads * max_context);
-    CUDA_OK(cuda::PagedAttention(args, scratch.get(), max_context));
-    ExpectNear(d_out.ToHost(), ref, {2e-5, 1e-4}, "attention");
+    for (int32_t window : {0, 1, 7, 16}) {  // 0: none; the others slide (Mistral's rule)
+      p.window = window;
+      std::vector<float> ref(p.q.size());
+      cpu::PagedAttention(p.Args(ref.data()));
+      PagedAttentionArgs args = p.Args(d_out.get());
+      args.q = d_q.get();
+      args.cache = d_cache.get();
+      args.row_pos = d_pos.get();
+      args.row_table_offset = d_off.get();
+      args.block_tables = d_tables.get();
+      const int32_t max_context = 41;
+      DeviceVector<float> scratch(p.row_pos.size() * heads * max_context);
+      CUDA_OK(cuda::PagedAttention(args, scratch.get(), max_context));
+      ExpectNear(d_out.ToHost(), ref, {2e-5, 1e-4}, "attention, window " + std::to_string(window));
+    }
   }
 }
 

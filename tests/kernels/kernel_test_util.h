@@ -53,6 +53,7 @@ struct AttentionProblem {
   std::vector<float> q;
   std::vector<int64_t> slots;       // slot of every cached token (for KvWrite)
   std::vector<float> all_k, all_v;  // K/V of every cached token, in `slots` order
+  int32_t window = 0;               // sliding window (0: none)
   PagedAttentionArgs Args(float* out) const {
     return PagedAttentionArgs{.q = q.data(),
                               .out = out,
@@ -63,7 +64,8 @@ struct AttentionProblem {
                               .num_rows = static_cast<int32_t>(row_pos.size()),
                               .row_pos = row_pos.data(),
                               .row_table_offset = row_table_offset.data(),
-                              .block_tables = block_tables.data()};
+                              .block_tables = block_tables.data(),
+                              .window = window};
   }
 };
 
@@ -112,6 +114,8 @@ inline AttentionProblem MakeAttentionProblem(int32_t num_heads, int32_t num_kv_h
 }
 
 // Naive causal GQA attention over the contiguous per-sequence K/V, in double.
+// Under a sliding window a key kv is kept when kv > pos - window (the mask
+// transformers' sliding_window_overlay builds), written out here on its own.
 inline std::vector<double> NaiveAttention(const AttentionProblem& p) {
   const int32_t hs = p.shape.head_size, width = p.shape.num_kv_heads * hs;
   std::vector<double> out(p.q.size(), 0.0);
@@ -122,15 +126,20 @@ inline std::vector<double> NaiveAttention(const AttentionProblem& p) {
       const int32_t kvh = h / (p.num_heads / p.shape.num_kv_heads);
       const float* q = &p.q[(r * p.num_heads + h) * hs];
       std::vector<double> s(static_cast<size_t>(p.row_pos[r]) + 1);
+      auto kept = [&](int32_t t) { return p.window == 0 || t > p.row_pos[r] - p.window; };
       double mx = -1e300;
       for (int32_t t = 0; t <= p.row_pos[r]; ++t) {
+        if (!kept(t)) continue;
         double d = 0;
         for (int32_t i = 0; i < hs; ++i) d += double{q[i]} * k[t * width + kvh * hs + i];
         s[t] = d / std::sqrt(double(hs));
         mx = std::max(mx, s[t]);
       }
       double sum = 0;
-      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int32_t t = 0; t <= p.row_pos[r]; ++t) {
+        s[t] = kept(t) ? std::exp(s[t] - mx) : 0.0;
+        sum += s[t];
+      }
       for (int32_t t = 0; t <= p.row_pos[r]; ++t) {
         for (int32_t i = 0; i < hs; ++i) {
           out[(r * p.num_heads + h) * hs + i] += s[t] / sum * v[t * width + kvh * hs + i];

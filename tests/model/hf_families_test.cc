@@ -2,6 +2,7 @@
 // (shared/models/hf/*/reference.json: transformers 5.17, fp32, eager
 // attention), single and batched, on the CPU backend and, when a GPU is at
 // hand, on both CUDA modes; and the loader's refusals, one test each.
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -397,24 +398,167 @@ TEST(HfFamiliesTest, RefusesATensorItWouldLeaveUnread) {
   ExpectRefused(f, absl::StatusCode::kInvalidArgument, "self_attn.k_proj.bias");
 }
 
-TEST(HfFamiliesTest, ASlidingWindowCapsTheContext) {
+// Edits config.json's text in place: every (from, to) pair, each must be found.
+void EditConfig(const EditedFixture& f,
+                const std::vector<std::pair<std::string, std::string>>& edits) {
+  std::string cfg = Slurp(f.File("config.json"));
+  for (const auto& [from, to] : edits) {
+    const size_t at = cfg.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    cfg.replace(at, from.size(), to);
+  }
+  Spit(f.File("config.json"), cfg);
+}
+
+std::vector<int32_t> LayerWindows(const EditedFixture& f) {
+  auto m = Model::Load(f.path());
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? (*m)->config().layer_window : std::vector<int32_t>{-1};
+}
+
+// Which layers slide, as transformers 5 decides it per family.
+TEST(HfFamiliesTest, SlidingWindowsFollowEachFamilysRule) {
   TANDEM_REQUIRE_HF();
-  EditedFixture f("mistral", "\"sliding_window\": null", "\"sliding_window\": 4096");
+  {  // Mistral and Phi-3: every layer, the context not capped.
+    EditedFixture f("mistral", "\"sliding_window\": null", "\"sliding_window\": 4096");
+    auto m = Model::Load(f.path());
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->config().layer_window, (std::vector<int32_t>{4096, 4096, 4096}));
+    EXPECT_EQ((*m)->config().max_seq_len, 32768);
+    auto full = Model::Load(FixtureDir("mistral"));
+    ASSERT_TRUE(full.ok()) << full.status();
+    EXPECT_NE((*m)->fingerprint(), (*full)->fingerprint()) << "other K/V past the window";
+    EditedFixture phi("phi3", "\"sliding_window\": null", "\"sliding_window\": 2047");
+    EXPECT_EQ(LayerWindows(phi), (std::vector<int32_t>{2047, 2047, 2047}));
+    // A window at least the context slides nothing.
+    EditedFixture wide("mistral", "\"sliding_window\": null", "\"sliding_window\": 32768");
+    EXPECT_TRUE(LayerWindows(wide).empty());
+    // layer_types cannot make Mistral's layers full: transformers ignores it.
+    EditedFixture typed("mistral", "\"sliding_window\": null",
+                        "\"sliding_window\": 64, \"layer_types\": [\"sliding_attention\", "
+                        "\"full_attention\", \"sliding_attention\"]");
+    ExpectRefused(typed, absl::StatusCode::kUnimplemented, "layer_types");
+  }
+  {  // Qwen: only with use_sliding_window, layers past max_window_layers.
+    EditedFixture q("qwen2.5", "\"sliding_window\": null", "\"sliding_window\": 1024");
+    EXPECT_TRUE(LayerWindows(q).empty()) << "use_sliding_window is false";
+    EditConfig(q, {{"\"use_sliding_window\": false", "\"use_sliding_window\": true"},
+                   {"\"max_window_layers\": 3", "\"max_window_layers\": 1"}});
+    EXPECT_EQ(LayerWindows(q), (std::vector<int32_t>{0, 1024, 1024}));
+    // layer_types, when listed, names the layers.
+    EditConfig(q, {{"\"sliding_window\": 1024",
+                    "\"sliding_window\": 1024, \"layer_types\": [\"sliding_attention\", "
+                    "\"full_attention\", \"sliding_attention\"]"}});
+    EXPECT_EQ(LayerWindows(q), (std::vector<int32_t>{1024, 0, 1024}));
+    EditedFixture q3("qwen3", "\"sliding_window\": null", "\"sliding_window\": 512");
+    EditConfig(q3, {{"\"use_sliding_window\": false", "\"use_sliding_window\": true"}});
+    EXPECT_TRUE(LayerWindows(q3).empty()) << "max_window_layers = num_layers: none slides";
+  }
+  {  // Llama: its transformers code reads no window; capped where both agree.
+    EditedFixture l("llama2-bf16", "\"max_position_embeddings\": 4096",
+                    "\"max_position_embeddings\": 4096, \"sliding_window\": 1024");
+    auto m = Model::Load(l.path());
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->config().max_seq_len, 1024);
+    EXPECT_TRUE((*m)->config().layer_window.empty());
+  }
+}
+
+// The last position's logits of one prefill of `tokens` in chunks of `chunk`.
+std::vector<float> LastLogits(const Model& model, const std::vector<int32_t>& tokens, int32_t chunk,
+                              Backend backend = Backend::kCpu, DType dtype = DType::kFloat32) {
+  const int32_t bs = 16, n = static_cast<int32_t>(tokens.size());
+  auto runner = ModelRunner::Create(
+      &model, {.block_size = bs, .num_blocks = n / bs + 1, .dtype = dtype}, backend);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  if (!runner.ok()) return {};
+  std::vector<int32_t> table(static_cast<size_t>(n / bs + 1));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::vector<float> logits;
+  for (int32_t pos = 0; pos < n; pos += chunk) {
+    const std::vector<int32_t> part(tokens.begin() + pos,
+                                    tokens.begin() + std::min(n, pos + chunk));
+    const SequenceInput in{.token_ids = part, .start_pos = pos, .block_table = table};
+    const absl::Status s = (*runner)->Forward({&in, 1}, &logits);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  return logits;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A sliding window of W keeps key kv for the query at q when kv > q - W, so
+// through 3 layers the last position p reads tokens p - 3 (W - 1) .. p and
+// nothing earlier. Checked at both edges: a token changed one place before
+// the receptive field leaves the logits' bits as they were, one changed at
+// its first place moves them. Prefills in one chunk, in chunks that cut the
+// window, and token by token agree bit for bit (the windows of later chunks
+// read K/V that earlier steps wrote). Where a GPU is at hand, both CUDA
+// modes keep the same edges.
+TEST(HfFamiliesTest, ASlidingWindowSeesExactlyItsWindow) {
+  TANDEM_REQUIRE_HF();
+  constexpr int32_t kWindow = 5, kLayers = 3, kLength = 40;
+  EditedFixture f("mistral", "\"sliding_window\": null", "\"sliding_window\": 5");
   auto m = Model::Load(f.path());
   ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ((*m)->config().max_seq_len, 4096);
-  // Qwen: only when use_sliding_window and some layer is past max_window_layers.
-  EditedFixture q("qwen2.5", "\"sliding_window\": null", "\"sliding_window\": 1024");
-  auto off = Model::Load(q.path());
-  ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_EQ((*off)->config().max_seq_len, 32768);
-  std::string cfg = Slurp(q.File("config.json"));
-  cfg.replace(cfg.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
-  cfg.replace(cfg.find("\"max_window_layers\": 3"), 22, "\"max_window_layers\": 1");
-  Spit(q.File("config.json"), cfg);
-  auto on = Model::Load(q.path());
-  ASSERT_TRUE(on.ok()) << on.status();
-  EXPECT_EQ((*on)->config().max_seq_len, 1024);
+  ASSERT_EQ((*m)->config().num_layers, kLayers);
+  const std::vector<int32_t> tokens = testing::MakePrompt(kLength, 3, (*m)->config().vocab_size);
+  const int32_t first_read = kLength - 1 - kLayers * (kWindow - 1);
+  auto changed_at = [&](int32_t at) {
+    std::vector<int32_t> t = tokens;
+    t[static_cast<size_t>(at)] = (t[static_cast<size_t>(at)] + 1) % (*m)->config().vocab_size;
+    return t;
+  };
+  std::vector<std::pair<Backend, DType>> modes = {{Backend::kCpu, DType::kFloat32}};
+  if (ModelRunner::Create(m->get(), {.block_size = 16, .num_blocks = 1}, Backend::kCuda).ok()) {
+    modes.push_back({Backend::kCuda, DType::kFloat32});
+    modes.push_back({Backend::kCuda, DType::kBFloat16});
+  }
+  for (const auto& [backend, dtype] : modes) {
+    SCOPED_TRACE(backend == Backend::kCpu   ? "cpu"
+                 : dtype == DType::kFloat32 ? "cuda f32"
+                                            : "cuda bf16");
+    const std::vector<float> base = LastLogits(**m, tokens, kLength, backend, dtype);
+    ASSERT_FALSE(base.empty());
+    EXPECT_TRUE(
+        SameBits(LastLogits(**m, changed_at(first_read - 1), kLength, backend, dtype), base))
+        << "a token before the receptive field changed the logits";
+    EXPECT_TRUE(SameBits(LastLogits(**m, changed_at(0), kLength, backend, dtype), base));
+    EXPECT_FALSE(SameBits(LastLogits(**m, changed_at(first_read), kLength, backend, dtype), base))
+        << "the receptive field's first token did not reach the logits";
+    if (backend == Backend::kCpu) {
+      EXPECT_TRUE(SameBits(LastLogits(**m, tokens, 7, backend, dtype), base)) << "chunks of 7";
+      EXPECT_TRUE(SameBits(LastLogits(**m, tokens, 1, backend, dtype), base)) << "token by token";
+    }
+  }
+  // Without the window the first token reaches the last position.
+  auto full = Model::Load(FixtureDir("mistral"));
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_FALSE(
+      SameBits(LastLogits(**full, changed_at(0), kLength), LastLogits(**full, tokens, kLength)));
+}
+
+// A window wider than the reference runs (prompts of up to 250 tokens, then
+// 32) changes no
+// token: the window's code path gives transformers' tokens where its mask
+// and the full one agree.
+TEST(HfFamiliesTest, AWindowWiderThanTheSequenceKeepsTransformersTokens) {
+  TANDEM_REQUIRE_HF();
+  EditedFixture f("mistral", "\"sliding_window\": null", "\"sliding_window\": 512");
+  auto m = Model::Load(f.path());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_FALSE((*m)->config().layer_window.empty());
+  const std::vector<HfCase> cases = LoadHfCases("mistral");
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_LE(cases[i].prompt.size() + cases[i].max_tokens, 512u);
+    const std::vector<int32_t> got =
+        testing::Greedy(**m, cases[i].prompt, cases[i].max_tokens, Backend::kCpu, DType::kFloat32,
+                        nullptr, /*stop_on_eos=*/false)
+            .tokens;
+    ExpectDecisivePrefix(got, cases[i], absl::StrCat("mistral, window 512, case ", i));
+  }
 }
 
 TEST(HfFamiliesTest, GenerationConfigAddsEosIdsAndSamplingDefaults) {

@@ -76,12 +76,14 @@ struct Bf16AttentionArgs {
   int32_t layer = 0;
   int32_t num_heads = 0;
   int32_t num_rows = 0;
-  const int32_t* row_pos = nullptr;  // row r attends to positions 0 .. row_pos[r]
+  // Row r attends to positions WindowStart(row_pos[r], window) .. row_pos[r].
+  const int32_t* row_pos = nullptr;
   const int32_t* row_table_offset = nullptr;
   const int32_t* block_tables = nullptr;
   // PagedAttentionBf16 only: when set, the rows to compute are
   // rows[0 .. num_rows) (AttentionPlan::single_rows), else 0 .. num_rows.
   const int32_t* rows = nullptr;
+  int32_t window = 0;  // the layer's sliding window; 0: none
 };
 
 // Causal paged attention for decode and prefill rows alike

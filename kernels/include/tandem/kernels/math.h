@@ -101,10 +101,17 @@ TANDEM_HD inline void RopePair(float* head_vec, int32_t pair, int32_t head_size,
 
 // ---- Paged attention ------------------------------------------------------
 
+// The first position a query at `pos` attends to under a sliding window of
+// `window` positions (0: none): transformers' mask keeps key kv when
+// kv > pos - window, so the query sees itself and the window - 1 before it.
+TANDEM_HD inline int32_t WindowStart(int32_t pos, int32_t window) {
+  return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
+
 // Arguments of a paged attention over `num_rows` query rows. Row r attends,
-// causally, to positions 0 .. row_pos[r] of its sequence, whose block table
-// starts at block_tables[row_table_offset[r]]. Query head h reads KV head
-// h / (num_heads / num_kv_heads).
+// causally, to positions WindowStart(row_pos[r], window) .. row_pos[r] of its
+// sequence, whose block table starts at block_tables[row_table_offset[r]].
+// Query head h reads KV head h / (num_heads / num_kv_heads).
 struct PagedAttentionArgs {
   const float* q = nullptr;      // [num_rows][num_heads][head_size]
   float* out = nullptr;          // [num_rows][num_heads][head_size]
@@ -116,10 +123,12 @@ struct PagedAttentionArgs {
   const int32_t* row_pos = nullptr;
   const int32_t* row_table_offset = nullptr;
   const int32_t* block_tables = nullptr;
+  int32_t window = 0;  // sliding window of this layer; 0: every earlier position
 };
 
 // One (row, head): scores, softmax and the weighted sum of V exactly as
-// run.c computes them. `scores` holds row_pos[row] + 1 floats.
+// run.c computes them, over the row's window. `scores` holds row_pos[row] + 1
+// floats (those below the window are not touched).
 TANDEM_HD inline void AttendRowHead(const PagedAttentionArgs& a, int32_t row, int32_t head,
                                     float* scores) {
   const KvCacheShape& sh = a.shape;
@@ -129,7 +138,8 @@ TANDEM_HD inline void AttendRowHead(const PagedAttentionArgs& a, int32_t row, in
   const int32_t kv_head = head / (a.num_heads / sh.num_kv_heads);
   const float* q = a.q + (int64_t{row} * a.num_heads + head) * hs;
   const float scale = sqrtf(static_cast<float>(hs));
-  for (int32_t t = 0; t <= pos; ++t) {
+  const int32_t lo = WindowStart(pos, a.window);
+  for (int32_t t = lo; t <= pos; ++t) {
     const float* k =
         a.cache + sh.Offset(table[t / sh.block_size], a.layer, 0, t % sh.block_size, kv_head);
     float score = 0.0f;
@@ -137,19 +147,19 @@ TANDEM_HD inline void AttendRowHead(const PagedAttentionArgs& a, int32_t row, in
     score /= scale;
     scores[t] = score;
   }
-  float max_val = scores[0];
-  for (int32_t t = 1; t <= pos; ++t) {
+  float max_val = scores[lo];
+  for (int32_t t = lo + 1; t <= pos; ++t) {
     if (scores[t] > max_val) max_val = scores[t];
   }
   float sum = 0.0f;
-  for (int32_t t = 0; t <= pos; ++t) {
+  for (int32_t t = lo; t <= pos; ++t) {
     scores[t] = expf(scores[t] - max_val);
     sum += scores[t];
   }
-  for (int32_t t = 0; t <= pos; ++t) scores[t] /= sum;
+  for (int32_t t = lo; t <= pos; ++t) scores[t] /= sum;
   float* o = a.out + (int64_t{row} * a.num_heads + head) * hs;
   for (int32_t i = 0; i < hs; ++i) o[i] = 0.0f;
-  for (int32_t t = 0; t <= pos; ++t) {
+  for (int32_t t = lo; t <= pos; ++t) {
     const float* v =
         a.cache + sh.Offset(table[t / sh.block_size], a.layer, 1, t % sh.block_size, kv_head);
     const float w = scores[t];

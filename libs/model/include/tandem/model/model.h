@@ -97,6 +97,11 @@ struct ModelConfig {
   bool o_bias = false;
   // Qwen3: RMSNorm over each head of q and k (weights [head_size]) before RoPE.
   bool qk_norm = false;
+  // Sliding-window attention (Mistral, Phi-3, Qwen's layers past
+  // max_window_layers, layer_types): empty when no layer slides, else one
+  // window per layer, 0 for a layer that attends to every earlier position.
+  // A query at p sees positions kernels::WindowStart(p, window) .. p.
+  std::vector<int32_t> layer_window;
   int32_t bos_token_id = 1;
   // The end-of-sequence id, and any others: config.json's "eos_token_id" may
   // be a list (the first is eos_token_id), and generation_config.json's adds
@@ -107,6 +112,9 @@ struct ModelConfig {
 
   int32_t kv_dim() const { return num_kv_heads * head_size; }
   int32_t q_dim() const { return num_heads * head_size; }
+  int32_t AttentionWindow(int32_t layer) const {
+    return layer_window.empty() ? 0 : layer_window[static_cast<size_t>(layer)];
+  }
   // eos_token_id, then extra_eos_token_ids (no duplicates).
   std::vector<int32_t> EosTokenIds() const;
   // RoPE's inverse frequency of each pair p < head_size / 2:
