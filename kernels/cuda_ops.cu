@@ -53,6 +53,16 @@ __global__ void __launch_bounds__(kSampleLanes)
   if (threadIdx.x == 0) out[blockIdx.x] = token;
 }
 
+// One block of kSampleLanes threads per job: logprobs.h's program.
+__global__ void __launch_bounds__(kSampleLanes)
+    LogprobsKernel(const float* logits, int32_t vocab, const LogprobJob* jobs,
+                   LogprobResult* results, int32_t* top_ids, float* top_logprobs) {
+  __shared__ SampleShared shared;
+  const LogprobJob job = jobs[blockIdx.x];
+  LogprobRowProgram(shared, logits + int64_t{job.row} * vocab, vocab, job, &results[blockIdx.x],
+                    top_ids + job.top_begin, top_logprobs + job.top_begin);
+}
+
 }  // namespace
 
 int DeviceCount() {
@@ -243,6 +253,14 @@ int Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* a
   if (rows == 0) return cudaSuccess;
   SampleKernel<<<static_cast<unsigned>(rows), kSampleLanes, 0, static_cast<cudaStream_t>(stream)>>>(
       logits, vocab, args, banned, penalties, out_tokens, scratch);
+  return cudaGetLastError();
+}
+
+int Logprobs(const float* logits, int32_t vocab, const LogprobJob* jobs, int32_t n,
+             LogprobResult* results, int32_t* top_ids, float* top_logprobs, void* stream) {
+  if (n == 0) return cudaSuccess;
+  LogprobsKernel<<<static_cast<unsigned>(n), kSampleLanes, 0, static_cast<cudaStream_t>(stream)>>>(
+      logits, vocab, jobs, results, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 

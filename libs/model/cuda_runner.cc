@@ -64,16 +64,74 @@ absl::Status CudaRunnerBase::ForwardSample(std::span<const SequenceInput> batch,
     (*tokens)[static_cast<size_t>(drawn_rows[j])] = drawn[j];
   }
   if (logprobs == nullptr) return absl::OkStatus();
-  // Rows needed on the host (logprobs), one at a time.
-  std::vector<float> row_logits(static_cast<size_t>(vocab));
-  auto download = [&](int32_t row) -> absl::StatusOr<std::span<const float>> {
+  return DeviceLogprobs(batch, sample, *tokens, logprobs);
+}
+
+// The logprobs on the device (kernels/logprobs.h): one block per position
+// asked for, after the step on the same stream; only each position's
+// logprob, rank and top-n come back, not its row of logits.
+absl::Status CudaRunnerBase::DeviceLogprobs(std::span<const SequenceInput> batch,
+                                            std::span<const SampleRequest> sample,
+                                            std::span<const int32_t> tokens,
+                                            std::vector<SampleLogprobs>* logprobs) {
+  const int32_t vocab = model_->config().vocab_size;
+  std::vector<LogprobTarget> targets;
+  if (WantsLogprobs(sample)) {
+    TANDEM_ASSIGN_OR_RETURN(targets, LogprobTargets(batch, sample, tokens, vocab));
+  }
+  if (targets.empty()) {
+    AssembleLogprobs(targets, {}, sample.size(), logprobs);
+    return absl::OkStatus();
+  }
+  std::vector<kernels::LogprobJob> jobs;
+  jobs.reserve(targets.size());
+  int32_t top_total = 0;
+  for (const LogprobTarget& t : targets) {
+    const int32_t n = std::clamp(t.top_n, 0, vocab);
+    jobs.push_back({.row = t.logits_row, .token = t.token, .top_n = n, .top_begin = top_total});
+    top_total += n;
+  }
+  const int32_t num_jobs = static_cast<int32_t>(jobs.size());
+  TANDEM_RETURN_IF_ERROR(logprob_jobs_.Upload(jobs));
+  TANDEM_RETURN_IF_ERROR(logprob_results_.Reserve(sizeof(kernels::LogprobResult) * num_jobs));
+  TANDEM_RETURN_IF_ERROR(logprob_top_ids_.Reserve(sizeof(int32_t) * std::max(top_total, 1)));
+  TANDEM_RETURN_IF_ERROR(logprob_top_values_.Reserve(sizeof(float) * std::max(top_total, 1)));
+  TANDEM_RETURN_IF_ERROR(CudaStatus(
+      kd::Logprobs(logits_.get<float>(), vocab, logprob_jobs_.get<kernels::LogprobJob>(), num_jobs,
+                   logprob_results_.get<kernels::LogprobResult>(), logprob_top_ids_.get<int32_t>(),
+                   logprob_top_values_.get<float>(), stream_),
+      "logprobs"));
+  std::vector<kernels::LogprobResult> results(jobs.size());
+  std::vector<int32_t> top_ids(static_cast<size_t>(top_total));
+  std::vector<float> top_values(static_cast<size_t>(top_total));
+  TANDEM_RETURN_IF_ERROR(
+      CudaStatus(kd::CopyToHost(results.data(), logprob_results_.get<kernels::LogprobResult>(),
+                                results.size() * sizeof(kernels::LogprobResult)),
+                 "logprobs download"));
+  if (top_total > 0) {
     TANDEM_RETURN_IF_ERROR(
-        CudaStatus(kd::CopyToHost(row_logits.data(), logits_.get<float>() + int64_t{row} * vocab,
-                                  row_logits.size() * sizeof(float)),
-                   "logits download"));
-    return std::span<const float>(row_logits);
-  };
-  return ComputeBatchLogprobs(batch, sample, *tokens, download, logprobs);
+        CudaStatus(kd::CopyToHost(top_ids.data(), logprob_top_ids_.get<int32_t>(),
+                                  top_ids.size() * sizeof(int32_t)),
+                   "top logprob ids download"));
+    TANDEM_RETURN_IF_ERROR(
+        CudaStatus(kd::CopyToHost(top_values.data(), logprob_top_values_.get<float>(),
+                                  top_values.size() * sizeof(float)),
+                   "top logprobs download"));
+  }
+  std::vector<TokenLogprobs> out;
+  out.reserve(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const auto first = static_cast<size_t>(jobs[j].top_begin);
+    const auto last = first + static_cast<size_t>(jobs[j].top_n);
+    out.push_back(TokenLogprobs{
+        .token_id = jobs[j].token,
+        .logprob = results[j].logprob,
+        .rank = results[j].rank,
+        .top_token_ids = std::vector<int32_t>(top_ids.begin() + first, top_ids.begin() + last),
+        .top_logprobs = std::vector<float>(top_values.begin() + first, top_values.begin() + last)});
+  }
+  AssembleLogprobs(targets, std::move(out), sample.size(), logprobs);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int32_t>> CudaRunnerBase::UploadDraws(

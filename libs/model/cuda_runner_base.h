@@ -207,6 +207,14 @@ class CudaRunnerBase : public ModelRunner {
   // SampleToken draws from the same logits. Returns those rows.
   absl::StatusOr<std::vector<int32_t>> UploadDraws(std::span<const SampleRequest> sample);
 
+  // The logprobs `sample` asks for, computed on the device from the step's
+  // logits (kernels/logprobs.h; the same bits as ComputeBatchLogprobs on
+  // the host), after ForwardSample's tokens.
+  absl::Status DeviceLogprobs(std::span<const SequenceInput> batch,
+                              std::span<const SampleRequest> sample,
+                              std::span<const int32_t> tokens,
+                              std::vector<SampleLogprobs>* logprobs);
+
   // Packs the layout into pinned memory and copies it in one transfer.
   absl::Status Upload(const BatchLayout& lay, StepInputs* in);
 
@@ -223,6 +231,8 @@ class CudaRunnerBase : public ModelRunner {
   // UploadDraws': the draws' arguments, banned ids and histories (the
   // penalties'), the program's scratch [draws][vocab], the drawn tokens.
   DeviceBuffer sample_args_, sample_banned_, sample_penalties_, sample_scratch_, sample_tokens_;
+  // DeviceLogprobs': its jobs, their results and top-n lists.
+  DeviceBuffer logprob_jobs_, logprob_results_, logprob_top_ids_, logprob_top_values_;
   std::map<std::pair<int32_t, int32_t>, void*> graphs_;  // (rows, splits) -> exec
   std::vector<void*> graph_pointers_;                    // the buffers' addresses the graphs hold
   int64_t graph_replays_ = 0;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "tandem/common/status.h"
 #include "tandem/kernels/cpu_ops.h"
+#include "tandem/kernels/logprobs.h"
 #include "tandem/kernels/sampling.h"
 #include "tandem/model/model_runner.h"
 
@@ -78,19 +79,11 @@ void SampleRows(std::span<const float> logits, int32_t vocab,
 
 TokenLogprobs ComputeLogprobs(std::span<const float> logits, int32_t token, int32_t top_n) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
-  float max = -std::numeric_limits<float>::infinity();
-  for (float l : logits) max = std::max(max, l);
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
-  const double log_z = static_cast<double>(max) + std::log(sum);
+  const float log_z = kernels::cpu::LogNormalizer(logits.data(), vocab);
   auto logprob = [&](int32_t id) {
-    return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(id)]) - log_z);
+    return kernels::AddRn(logits[static_cast<size_t>(id)], -log_z);
   };
-  // Most likely first; ties: the lower id first.
-  auto before = [&](int32_t a, int32_t b) {
-    const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
-    return la > lb || (la == lb && a < b);
-  };
+  auto before = [&](int32_t a, int32_t b) { return kernels::LogprobBefore(logits.data(), a, b); };
   TokenLogprobs out{.token_id = token, .logprob = logprob(token), .rank = 1};
   for (int32_t id = 0; id < vocab; ++id) out.rank += before(id, token) ? 1 : 0;
   const int32_t n = std::clamp(top_n, 0, vocab);
@@ -112,35 +105,72 @@ bool WantsLogprobs(std::span<const SampleRequest> sample) {
   });
 }
 
+absl::StatusOr<std::vector<LogprobTarget>> LogprobTargets(std::span<const SequenceInput> batch,
+                                                          std::span<const SampleRequest> sample,
+                                                          std::span<const int32_t> tokens,
+                                                          int32_t vocab) {
+  std::vector<LogprobTarget> targets;
+  int32_t next_extra = static_cast<int32_t>(batch.size());
+  for (size_t i = 0; i < sample.size(); ++i) {
+    const SampleRequest& r = sample[i];
+    const int32_t seq = static_cast<int32_t>(i);
+    const int32_t n = static_cast<int32_t>(batch[i].token_ids.size());
+    const int32_t extra = next_extra;
+    if (batch[i].all_logits) next_extra += n - 1;
+    if (r.params != nullptr && r.num_logprobs >= 0) {
+      targets.push_back(
+          {.sequence = seq, .logits_row = seq, .token = tokens[i], .top_n = r.num_logprobs});
+    }
+    const int32_t count = static_cast<int32_t>(r.prompt_targets.size());
+    if (count > n || (count > 0 && n > 1 && !batch[i].all_logits)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": ", count, " prompt logprob targets for a chunk of ", n,
+                       " tokens", batch[i].all_logits ? "" : " without all_logits"));
+    }
+    for (int32_t j = 0; j < count; ++j) {
+      targets.push_back({.sequence = seq,
+                         .prompt_index = j,
+                         .logits_row = j == n - 1 ? seq : extra + j,
+                         .token = r.prompt_targets[static_cast<size_t>(j)],
+                         .top_n = r.num_prompt_logprobs});
+    }
+  }
+  for (const LogprobTarget& t : targets) {
+    if (t.token < 0 || t.token >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", t.sequence, ": logprob of token ",
+                                                     t.token, " outside the vocabulary of ",
+                                                     vocab));
+    }
+  }
+  return targets;
+}
+
+void AssembleLogprobs(std::span<const LogprobTarget> targets, std::vector<TokenLogprobs> results,
+                      size_t sequences, std::vector<SampleLogprobs>* logprobs) {
+  logprobs->assign(sequences, SampleLogprobs{});
+  for (size_t j = 0; j < targets.size(); ++j) {
+    SampleLogprobs& out = (*logprobs)[static_cast<size_t>(targets[j].sequence)];
+    (targets[j].prompt_index < 0 ? out.sampled : out.prompt).push_back(std::move(results[j]));
+  }
+}
+
 absl::Status ComputeBatchLogprobs(std::span<const SequenceInput> batch,
                                   std::span<const SampleRequest> sample,
                                   std::span<const int32_t> tokens, LogitsRowFn row,
                                   std::vector<SampleLogprobs>* logprobs) {
-  logprobs->assign(sample.size(), SampleLogprobs{});
-  int32_t next_extra = static_cast<int32_t>(batch.size());
-  for (size_t i = 0; i < sample.size(); ++i) {
-    const SampleRequest& r = sample[i];
-    const int32_t n = static_cast<int32_t>(batch[i].token_ids.size());
-    const int32_t extra = next_extra;
-    if (batch[i].all_logits) next_extra += n - 1;
-    SampleLogprobs& out = (*logprobs)[i];
-    if (r.params != nullptr && r.num_logprobs >= 0) {
-      TANDEM_ASSIGN_OR_RETURN(std::span<const float> logits, row(static_cast<int32_t>(i)));
-      out.sampled.push_back(ComputeLogprobs(logits, tokens[i], r.num_logprobs));
-    }
-    const int32_t targets = static_cast<int32_t>(r.prompt_targets.size());
-    if (targets > n || (targets > 0 && n > 1 && !batch[i].all_logits)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", i, ": ", targets, " prompt logprob targets for a chunk of ", n,
-                       " tokens", batch[i].all_logits ? "" : " without all_logits"));
-    }
-    for (int32_t j = 0; j < targets; ++j) {
-      TANDEM_ASSIGN_OR_RETURN(std::span<const float> logits,
-                              row(j == n - 1 ? static_cast<int32_t>(i) : extra + j));
-      out.prompt.push_back(
-          ComputeLogprobs(logits, r.prompt_targets[static_cast<size_t>(j)], r.num_prompt_logprobs));
-    }
+  std::vector<LogprobTarget> targets;
+  if (WantsLogprobs(sample)) {
+    TANDEM_ASSIGN_OR_RETURN(std::span<const float> first, row(0));
+    TANDEM_ASSIGN_OR_RETURN(
+        targets, LogprobTargets(batch, sample, tokens, static_cast<int32_t>(first.size())));
   }
+  std::vector<TokenLogprobs> results;
+  results.reserve(targets.size());
+  for (const LogprobTarget& t : targets) {
+    TANDEM_ASSIGN_OR_RETURN(std::span<const float> logits, row(t.logits_row));
+    results.push_back(ComputeLogprobs(logits, t.token, t.top_n));
+  }
+  AssembleLogprobs(targets, std::move(results), sample.size(), logprobs);
   return absl::OkStatus();
 }
 

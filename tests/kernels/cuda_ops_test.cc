@@ -161,6 +161,55 @@ TEST_F(CudaOpsTest, SampleMatchesCpu) {
   }
 }
 
+// The device runs logprobs.h's program to the bit: log Z, ranks and top-n
+// lists (ties by the lower id) for rows of a test model's vocabulary and of
+// Llama 3's, rows with many ties and rows with -inf entries, top-n from 0 to
+// 20, jobs on any row of the logits.
+TEST_F(CudaOpsTest, LogprobsMatchCpu) {
+  for (const int32_t vocab : {512, 32000, 128256}) {
+    const int32_t rows = 6;
+    auto logits = RandomVector(static_cast<size_t>(rows) * vocab, 21 + vocab, 8.0f);
+    for (int32_t i = 0; i < vocab; ++i) {
+      float& tied = logits[static_cast<size_t>(vocab) + i];  // row 1: many ties
+      tied = std::round(tied);
+      if (i % 7 == 0) logits[static_cast<size_t>(2) * vocab + i] = -INFINITY;  // row 2
+    }
+    std::vector<LogprobJob> jobs;
+    int32_t top_total = 0;
+    for (int32_t j = 0; j < 20; ++j) {
+      const int32_t top_n = std::vector<int32_t>{0, 1, 5, 20}[j % 4];
+      jobs.push_back({.row = (j * 5) % rows,
+                      .token = (j * 7919) % vocab,
+                      .top_n = top_n,
+                      .top_begin = top_total});
+      top_total += top_n;
+    }
+    const int32_t n = static_cast<int32_t>(jobs.size());
+    std::vector<LogprobResult> ref(jobs.size());
+    std::vector<int32_t> ref_ids(static_cast<size_t>(top_total));
+    std::vector<float> ref_values(static_cast<size_t>(top_total));
+    cpu::Logprobs(logits.data(), vocab, jobs.data(), n, ref.data(), ref_ids.data(),
+                  ref_values.data());
+    DeviceVector<float> d_logits(logits), d_values(static_cast<size_t>(top_total));
+    DeviceVector<LogprobJob> d_jobs(jobs);
+    DeviceVector<LogprobResult> d_results(jobs.size());
+    DeviceVector<int32_t> d_ids(static_cast<size_t>(top_total));
+    CUDA_OK(cuda::Logprobs(d_logits.get(), vocab, d_jobs.get(), n, d_results.get(), d_ids.get(),
+                           d_values.get()));
+    const std::vector<LogprobResult> got = d_results.ToHost();
+    for (int32_t j = 0; j < n; ++j) {
+      EXPECT_EQ(got[j].rank, ref[j].rank) << "vocab " << vocab << " job " << j;
+      EXPECT_EQ(std::memcmp(&got[j].logprob, &ref[j].logprob, sizeof(float)), 0)
+          << "vocab " << vocab << " job " << j << ": " << got[j].logprob << " vs "
+          << ref[j].logprob;
+    }
+    EXPECT_EQ(d_ids.ToHost(), ref_ids) << "vocab " << vocab;
+    const std::vector<float> values = d_values.ToHost();
+    EXPECT_EQ(std::memcmp(values.data(), ref_values.data(), values.size() * sizeof(float)), 0)
+        << "vocab " << vocab;
+  }
+}
+
 TEST_F(CudaOpsTest, BlockGatherScatterMatchCpu) {
   const int64_t bf = 2048;
   const auto cache = RandomVector(6 * bf, 10);

@@ -262,8 +262,9 @@ TEST(CudaRunnerTest, ForwardSampleEqualsForwardThenSampleToken) {
 }
 
 // Prompt logprobs' extra rows (all_logits) match the CPU backend within each
-// mode's tolerance, and ForwardSample's logprobs are ComputeLogprobs over the
-// GPU's own logits (the rows it copies back). In bf16 both backends run the
+// mode's tolerance, and ForwardSample's logprobs, computed on the device,
+// are ComputeLogprobs over the GPU's own logits, to the bit (the device and
+// the host run kernels/logprobs.h's program). In bf16 both backends run the
 // bf16-rounded weights (as Bf16LogitsTrackTheCpuBackendOnRoundedWeights) and
 // the bound is 5% of the largest logit of the step: a row's error is
 // absolute noise from the bf16 activations, and a row whose own logits are

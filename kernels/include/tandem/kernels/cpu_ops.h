@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tandem/kernels/kv_layout.h"
+#include "tandem/kernels/logprobs.h"
 #include "tandem/kernels/math.h"
 #include "tandem/kernels/sampling.h"
 
@@ -89,6 +90,16 @@ int32_t SampleRow(const float* logits, int32_t vocab, const SampleArgs& args,
 // (nullptr when no row has any).
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
             const int32_t* banned, const SamplePenalty* penalties, int32_t* out_tokens);
+
+// log Z of logits[0, vocab) (logprobs.h's LogNormalizerProgram): a token's
+// raw logprob is AddRn(logit, -log Z).
+float LogNormalizer(const float* logits, int32_t vocab);
+
+// logprobs.h's program for jobs[0, n) over logits[][vocab]: results[j], and
+// job j's top ids and logprobs at top_ids / top_logprobs + jobs[j].top_begin.
+// What cuda::Logprobs computes, to the bit (the device test's reference).
+void Logprobs(const float* logits, int32_t vocab, const LogprobJob* jobs, int32_t n,
+              LogprobResult* results, int32_t* top_ids, float* top_logprobs);
 
 // Gather: staging[i] = cache block block_ids[i]; scatter: the reverse.
 // block_floats = KvCacheShape::BlockFloats().

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "tandem/kernels/kv_layout.h"
+#include "tandem/kernels/logprobs.h"
 #include "tandem/kernels/math.h"
 #include "tandem/kernels/sampling.h"
 
@@ -99,6 +100,11 @@ int ResidualAdd(float* x, const float* y, int64_t n);
 int Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
            const int32_t* banned, const SamplePenalty* penalties, int32_t* out_tokens,
            float* scratch, void* stream = nullptr);
+// cpu::Logprobs on the GPU, to the bit: one block per job. jobs: device
+// array of n; results, top_ids, top_logprobs: device arrays (n, and the
+// jobs' top_n summed).
+int Logprobs(const float* logits, int32_t vocab, const LogprobJob* jobs, int32_t n,
+             LogprobResult* results, int32_t* top_ids, float* top_logprobs, void* stream = nullptr);
 // block_ids is a device array; staging may be device or pinned host memory.
 int BlockGather(const float* cache, int64_t block_floats, const int32_t* block_ids,
                 int32_t num_blocks, float* staging);

@@ -38,7 +38,8 @@ void PenaltyHistory(std::span<const int32_t> prompt, std::span<const int32_t> ou
 
 // Log-probabilities of `token` under `logits` (TokenLogprobs: the raw
 // log-softmax, before temperature or any filter) with the `top_n` most likely
-// tokens. Summed in double; ranks and top lists break ties by the lower id.
+// tokens: kernels/logprobs.h's definition (its log Z, the same bits as the
+// CUDA kernel's), ranks and top lists breaking ties by the lower id.
 TokenLogprobs ComputeLogprobs(std::span<const float> logits, int32_t token, int32_t top_n);
 
 // Which sequences of a batch sample a token, and how.
@@ -84,6 +85,26 @@ absl::Status ComputeBatchLogprobs(std::span<const SequenceInput> batch,
                                   std::span<const SampleRequest> sample,
                                   std::span<const int32_t> tokens, LogitsRowFn row,
                                   std::vector<SampleLogprobs>* logprobs);
+// One position whose logprobs a batch asks for: sequence `sequence`'s
+// sampled token (prompt_index -1) or its prompt target prompt_index, scored
+// on row `logits_row` of Forward's logits (LogitsRowOf).
+struct LogprobTarget {
+  int32_t sequence = 0;
+  int32_t prompt_index = -1;
+  int32_t logits_row = 0;
+  int32_t token = 0;
+  int32_t top_n = 0;
+};
+// Every target of the batch, in the order of SampleLogprobs' lists;
+// INVALID_ARGUMENT for more prompt targets than a chunk has logits, or a
+// token outside [0, vocab).
+absl::StatusOr<std::vector<LogprobTarget>> LogprobTargets(std::span<const SequenceInput> batch,
+                                                          std::span<const SampleRequest> sample,
+                                                          std::span<const int32_t> tokens,
+                                                          int32_t vocab);
+// logprobs gets `sequences` entries, results[j] (target j's) in place.
+void AssembleLogprobs(std::span<const LogprobTarget> targets, std::vector<TokenLogprobs> results,
+                      size_t sequences, std::vector<SampleLogprobs>* logprobs);
 // Whether any request of `sample` asked for logprobs.
 bool WantsLogprobs(std::span<const SampleRequest> sample);
 

@@ -1,0 +1,121 @@
+// kernels/logprobs.h's program, which the CUDA runner runs on the device:
+// its log against the C library's in double, its log Z against a long
+// double log-sum-exp, and the whole program run lane by lane on the CPU
+// (cpu::Logprobs: block-wide rounds for the top-n list, a count for the
+// rank) against ComputeLogprobs, which selects with std::partial_sort and
+// counts directly: the same ids, ranks and bits.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tandem/kernels/cpu_ops.h"
+#include "tandem/kernels/logprobs.h"
+#include "tandem/model/sampler.h"
+
+namespace tandem::model {
+namespace {
+
+using kernels::LogprobJob;
+using kernels::LogprobResult;
+
+TEST(LogprobsProgramTest, LogRnIsTheLogWithinTwoUlps) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::vector<float> xs = {1.0f, 1.0000001f, 1.4142135f, 1.4142137f, 2.0f, 3.0f, 128256.0f,
+                           16777216.0f};
+  for (int i = 0; i < 200000; ++i) xs.push_back(std::ldexp(mant(rng), static_cast<int>(rng() % 24)));
+  double worst = 0;
+  for (float x : xs) {
+    const double want = std::log(static_cast<double>(x));
+    const float got = kernels::LogRn(x);
+    // In units of the result's last place (at least 2^-24 near 1, where
+    // log x is tiny but x - 1 carries only float's precision).
+    const double ulp = std::max(std::ldexp(1.0, std::ilogb(std::max(want, 1e-30)) - 23),
+                                std::ldexp(1.0, -24));
+    worst = std::max(worst, std::fabs(got - want) / ulp);
+  }
+  EXPECT_LE(worst, 2.0) << "ulps";
+}
+
+// log Z in long double, independently of the program.
+long double ReferenceLogZ(const std::vector<float>& logits) {
+  long double max = logits[0];
+  for (float l : logits) max = std::max<long double>(max, l);
+  long double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<long double>(l) - max);
+  return max + std::log(sum);
+}
+
+TEST(LogprobsProgramTest, LogNormalizerIsTheLogSumExp) {
+  std::mt19937 rng(5);
+  for (int32_t vocab : {2, 1000, 32000, 128256}) {
+    for (float scale : {0.1f, 4.0f, 30.0f}) {
+      std::normal_distribution<float> dist(0.0f, scale);
+      std::vector<float> logits(static_cast<size_t>(vocab));
+      for (float& l : logits) l = dist(rng);
+      const long double want = ReferenceLogZ(logits);
+      const float got = kernels::cpu::LogNormalizer(logits.data(), vocab);
+      // A few roundings of log Z's size, and the sum's: relative 2^-20.
+      EXPECT_NEAR(got, static_cast<double>(want), std::fabs(static_cast<double>(want)) * 1e-6 + 1e-6)
+          << "vocab " << vocab << " scale " << scale;
+    }
+  }
+}
+
+// Random rows, some quantized so that many logits tie, one with -inf
+// entries; tokens anywhere (ties included); top-n of 0, 1, 5, 20 and more
+// than the vocabulary.
+TEST(LogprobsProgramTest, TheProgramGivesComputeLogprobsExactly) {
+  std::mt19937 rng(11);
+  for (int32_t vocab : {7, 1000, 32000}) {
+    const int32_t rows = 4;
+    std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+    std::normal_distribution<float> dist(0.0f, 3.0f);
+    for (size_t i = 0; i < logits.size(); ++i) {
+      const float l = dist(rng);
+      const int32_t row = static_cast<int32_t>(i / vocab);
+      logits[i] = row == 1 ? std::round(l) : l;  // row 1: many ties
+      if (row == 2 && i % 5 == 0) logits[i] = -INFINITY;
+    }
+    std::vector<LogprobJob> jobs;
+    int32_t top_total = 0;
+    for (int32_t j = 0; j < 16; ++j) {
+      const int32_t top_n = std::vector<int32_t>{0, 1, 5, 20, vocab + 3}[j % 5];
+      const int32_t n = std::min(top_n, vocab);
+      jobs.push_back({.row = j % rows,
+                      .token = static_cast<int32_t>(rng() % vocab),
+                      .top_n = n,
+                      .top_begin = top_total});
+      top_total += n;
+    }
+    std::vector<LogprobResult> results(jobs.size());
+    std::vector<int32_t> top_ids(static_cast<size_t>(top_total), -7);
+    std::vector<float> top_values(static_cast<size_t>(top_total));
+    kernels::cpu::Logprobs(logits.data(), vocab, jobs.data(), static_cast<int32_t>(jobs.size()),
+                           results.data(), top_ids.data(), top_values.data());
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      SCOPED_TRACE(testing::Message() << "vocab " << vocab << " job " << j);
+      const LogprobJob& job = jobs[j];
+      const TokenLogprobs want = ComputeLogprobs(
+          std::span<const float>(logits).subspan(static_cast<size_t>(job.row) * vocab, vocab),
+          job.token, job.top_n);
+      EXPECT_EQ(std::memcmp(&results[j].logprob, &want.logprob, sizeof(float)), 0)
+          << results[j].logprob << " vs " << want.logprob;
+      EXPECT_EQ(results[j].rank, want.rank);
+      const auto first = top_ids.begin() + job.top_begin;
+      EXPECT_EQ(std::vector<int32_t>(first, first + job.top_n), want.top_token_ids);
+      const auto vfirst = top_values.begin() + job.top_begin;
+      const std::vector<float> got_values(vfirst, vfirst + job.top_n);
+      ASSERT_EQ(got_values.size(), want.top_logprobs.size());
+      EXPECT_EQ(std::memcmp(got_values.data(), want.top_logprobs.data(),
+                            got_values.size() * sizeof(float)),
+                0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::model
