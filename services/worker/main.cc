@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
   flags.Add("enforce-eager", &options.enforce_eager,
             "run every step eagerly: no CUDA graphs for decode steps (cuda bfloat16 "
             "otherwise replays graphs captured per batch-size bucket, up to 256 sequences)");
+  flags.Add("disable-sliding-window", &options.disable_sliding_window,
+            "serve a model whose attention slides (Mistral, Phi-3, Qwen) without the "
+            "window, its context capped at the window, where sliding changes nothing");
   flags.Add("gpus", &options.gpus, "GPUs per worker; only 1 (no tensor parallelism yet)");
   flags.Add("sim-step-us", &options.sim_step_us, "sim backend: delay per step in microseconds");
   flags.Add("sim-token-us", &options.sim_token_us, "sim backend: extra delay per scheduled token");
@@ -65,7 +68,7 @@ int main(int argc, char** argv) {
   flags.Add(
       "debug-load-delay-ms", &debug_load_delay_ms,
       "TESTS ONLY: wait this long (listening, NOT_SERVING) before loading the model (0: off)");
-  flags.MirrorsVllm({"model", "block-size", "enforce-eager"});
+  flags.MirrorsVllm({"model", "block-size", "enforce-eager", "disable-sliding-window"});
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);  // its KV-store client too
   if (absl::Status s = options.Validate(); !s.ok()) return boot.Fail(s);

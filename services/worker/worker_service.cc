@@ -146,7 +146,9 @@ absl::Status WorkerService::Load() {
   // The runner reads each tensor from the mapped checkpoint in its own dtype
   // (a Hugging Face directory is never expanded into fp32 host weights) and
   // keeps what it needs; the mapping is dropped once it has.
-  auto model = model::Model::Load(options_.model_path, {.host_weights = false});
+  auto model = model::Model::Load(
+      options_.model_path,
+      {.host_weights = false, .disable_sliding_window = options_.disable_sliding_window});
   if (!model.ok()) return Annotate(model.status(), absl::StrCat("loading ", options_.model_path));
   model_ = std::move(model).value();
   const model::ModelConfig& config = model_->config();

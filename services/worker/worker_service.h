@@ -72,6 +72,8 @@ struct WorkerOptions {
   // vLLM's --enforce-eager: no CUDA graphs for decode steps (cuda bfloat16
   // captures them per batch-size bucket; ModelRunnerOptions::cuda_graphs).
   bool enforce_eager = false;
+  // vLLM's --disable-sliding-window (model::LoadOptions).
+  bool disable_sliding_window = false;
   // GPUs per worker. Only 1: there is no tensor parallelism yet.
   int32_t gpus = 1;
   // host:port of tandem-kvstore; empty = no KV-store connector. Needs the

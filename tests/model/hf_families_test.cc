@@ -464,6 +464,23 @@ TEST(HfFamiliesTest, SlidingWindowsFollowEachFamilysRule) {
   }
 }
 
+// vLLM's --disable-sliding-window: no window, the context capped at the
+// smallest one (Qwen's full layers do not lower it).
+TEST(HfFamiliesTest, DisableSlidingWindowCapsTheContextInstead) {
+  TANDEM_REQUIRE_HF();
+  EditedFixture q("qwen2.5", "\"sliding_window\": null", "\"sliding_window\": 1024");
+  EditConfig(q, {{"\"use_sliding_window\": false", "\"use_sliding_window\": true"},
+                 {"\"max_window_layers\": 3", "\"max_window_layers\": 1"}});
+  auto m = Model::Load(q.path(), {.disable_sliding_window = true});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE((*m)->config().layer_window.empty());
+  EXPECT_EQ((*m)->config().max_seq_len, 1024);
+  // A model without a window is untouched.
+  auto plain = Model::Load(FixtureDir("mistral"), {.disable_sliding_window = true});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->config().max_seq_len, 32768);
+}
+
 // The last position's logits of one prefill of `tokens` in chunks of `chunk`.
 std::vector<float> LastLogits(const Model& model, const std::vector<int32_t>& tokens, int32_t chunk,
                               Backend backend = Backend::kCpu, DType dtype = DType::kFloat32) {

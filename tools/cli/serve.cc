@@ -52,8 +52,8 @@ SIGINT/SIGTERM, like `vllm serve MODEL`.
                              frontend's, as vllm serve serves them (empty: off)
   vLLM's --max-model-len, --max-num-seqs, --max-num-batched-tokens,
   --[no-]enable-prefix-caching, --[no-]enable-chunked-prefill, --block-size,
-  --dtype, --api-key, --chat-template, --tokenizer, --disable-log-requests,
-  --generation-config auto go to the part that owns them; any other flag goes
+  --dtype, --disable-sliding-window, --api-key, --chat-template, --tokenizer,
+  --disable-log-requests, --generation-config auto go to the part that owns them; any other flag goes
   to each part whose --help lists it (e.g. --backend cuda, --threads 2).
 )";
 
@@ -147,6 +147,7 @@ const std::map<std::string, std::string>& OwnerOf() {
       {"block-size", "tandem-worker"},
       {"gpu-memory-utilization", "tandem-worker"},
       {"dtype", "tandem-worker"},
+      {"disable-sliding-window", "tandem-worker"},
       {"api-key", "tandem-frontend"},
       {"chat-template", "tandem-frontend"},
   };

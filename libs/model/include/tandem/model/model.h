@@ -198,6 +198,10 @@ struct LoadOptions {
   // holds its copy. This is how the worker loads: no fp32 copy of a bf16
   // checkpoint on the host, nothing kept after a GPU upload.
   bool host_weights = true;
+  // vLLM's --disable-sliding-window: a model whose layers slide is served
+  // without the window and with its context capped at the smallest window,
+  // where sliding changes nothing (ModelConfig::layer_window empty).
+  bool disable_sliding_window = false;
 };
 
 namespace internal {
