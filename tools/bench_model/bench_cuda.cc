@@ -7,7 +7,7 @@
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
 //              [--attention tensor-cores|split-k] [--cuda-graphs on|off] [--profile]
 //              [--decode-attention auto|per-split|per-row] [--dependent-launch on|off]
-//              [--sampling greedy|top-p]
+//              [--sampling greedy|top-p] [--prompt-logprobs N]
 //
 // --shape names a model shape filled with random weights (speed does not
 // depend on the values) or a checkpoint file/directory. Decode: B sequences
@@ -28,6 +28,10 @@
 // --sampling top-p draws every decode token with Llama 3's generation
 // config (temperature 0.6, top_p 0.9) instead of the argmax: the sampler's
 // cost per step is the difference between the two lines;
+// --prompt-logprobs N scores every prompt token of each prefill with N
+// alternatives (an lm-evaluation-harness request; logits for every row,
+// logprobs computed on the device): less the plain prefill line, the cost
+// of prompt logprobs (torch_anchor.py --prompt-logprobs: PyTorch's);
 // --cuda-graphs off runs every decode step eagerly instead of replaying the
 // graphs captured per batch-size bucket. --profile calls cudaProfilerStart/Stop
 // around the timed decode steps and prefills only, so that
@@ -59,6 +63,7 @@ using namespace tandem::model;
 ModelRunnerOptions g_runner_opts;
 bool g_profile = false;
 tandem::SamplingParams g_sampling;  // the decode steps' (--sampling)
+int64_t g_prompt_logprobs = -1;     // --prompt-logprobs (-1: none)
 
 // Brackets the timed region for ncu; a no-op without --profile.
 void ProfilerRange(bool start) {
@@ -222,11 +227,20 @@ double PrefillSeconds(const Model& m, DType dtype, int32_t n, int32_t reps) {
   for (int32_t i = 0; i < n; ++i) tokens[i] = 1 + (i * 7919) % (m.config().vocab_size - 1);
   for (int32_t i = 0; i < blocks; ++i) table[i] = i;
   tandem::SamplingParams greedy;
-  const SampleRequest sample{.params = &greedy};
+  const bool score = g_prompt_logprobs >= 0;
+  const SampleRequest sample{
+      .params = &greedy,
+      .prompt_targets =
+          score ? std::span<const int32_t>(tokens).subspan(1) : std::span<const int32_t>(),
+      .num_prompt_logprobs = static_cast<int32_t>(std::max<int64_t>(g_prompt_logprobs, 0))};
   std::vector<int32_t> out;
-  const SequenceInput in{.token_ids = tokens, .start_pos = 0, .block_table = table};
+  std::vector<SampleLogprobs> logprobs;
+  const SequenceInput in{
+      .token_ids = tokens, .start_pos = 0, .block_table = table, .all_logits = score};
   auto run = [&] {
-    if (absl::Status s = (*runner)->ForwardSample({&in, 1}, {&sample, 1}, &out); !s.ok()) {
+    if (absl::Status s =
+            (*runner)->ForwardSample({&in, 1}, {&sample, 1}, &out, score ? &logprobs : nullptr);
+        !s.ok()) {
       Die(s.ToString());
     }
   };
@@ -264,6 +278,8 @@ int main(int argc, char** argv) {
   flags.Add("cuda-graphs", &graphs, "on | off: decode steps through CUDA graphs");
   flags.Add("sampling", &sampling,
             "greedy | top-p: decode tokens by argmax or with temperature 0.6, top_p 0.9");
+  flags.Add("prompt-logprobs", &g_prompt_logprobs,
+            "-1 | N: prefills also score every prompt token with N alternatives");
   flags.Add("profile", &g_profile, "bracket the timed steps for ncu --profile-from-start off");
   flags.ParseOrExit(argc, argv);
   if (graphs != "on" && graphs != "off") {
@@ -310,7 +326,7 @@ int main(int argc, char** argv) {
             << c.num_heads << "/" << c.num_kv_heads << " heads, ffn " << c.hidden_dim << ", vocab "
             << c.vocab_size << ", " << MatmulParams(c) / 1e9 << " G matmul params), dtype "
             << DTypeName(*dtype) << ", attention " << attention << ", CUDA graphs " << graphs
-            << ", sampling " << sampling << "\n";
+            << ", sampling " << sampling << ", prompt logprobs " << g_prompt_logprobs << "\n";
   std::cout << "decode: context " << context << ", " << steps - 1
             << " timed steps; roofline = (weights + KV read) / " << hbm_tbps << " TB/s\n";
   for (int32_t b : ParseList(batches)) {

@@ -142,6 +142,32 @@ void BM_SampleSortingTheVocabulary(benchmark::State& state) { Sample(state, fals
 BENCHMARK(BM_SampleOurs)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SampleSortingTheVocabulary)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
+// log Z of one row of Llama 3's vocabulary (logits ~ N(0, 4)), what every
+// logprob needs: ours (kernels/logprobs.h, the device's program, in float
+// with our own exp and log) beside the host's way before it, exp and sum in
+// double.
+//   bench_kernels --benchmark_filter=LogNormalizer
+void LogNormalizer(benchmark::State& state, bool ours) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0, 4);
+  std::vector<float> logits(128256);
+  for (float& x : logits) x = d(rng);
+  for (auto _ : state) {
+    if (ours) {
+      benchmark::DoNotOptimize(kc::LogNormalizer(logits.data(), 128256));
+    } else {
+      const float m = *std::max_element(logits.begin(), logits.end());
+      double sum = 0;
+      for (float l : logits) sum += std::exp(static_cast<double>(l) - m);
+      benchmark::DoNotOptimize(m + std::log(sum));
+    }
+  }
+}
+void BM_LogNormalizerOurs(benchmark::State& state) { LogNormalizer(state, true); }
+void BM_LogNormalizerInDouble(benchmark::State& state) { LogNormalizer(state, false); }
+BENCHMARK(BM_LogNormalizerOurs)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LogNormalizerInDouble)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

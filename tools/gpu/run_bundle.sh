@@ -65,14 +65,17 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   # GEMVs of small batches as programmatic dependents (off by default too), the split-K kernel on
   # the same prefills (what tensor cores gained), decode steps that draw
   # with top-p on the device (less the greedy line: the sampler's cost),
-  # then PyTorch's figure on the same shapes (torch_anchor.py, with vLLM's
-  # way of top-p sampling), same GPU.
+  # prefills that score every prompt token (less the plain prefill: prompt
+  # logprobs' cost), then PyTorch's figure on the same shapes
+  # (torch_anchor.py, with vLLM's way of top-p sampling and of prompt
+  # logprobs), same GPU.
   for args in "--shape llama-3.2-1b" "--shape llama-3.2-1b --cuda-graphs off --prefill=" \
               "--shape llama-3.2-1b --prefill= --decode-attention auto" \
               "--shape llama-3.2-1b --prefill= --batches 32,64,128,256 --decode-attention per-row" \
               "--shape llama-3.2-1b --prefill= --batches 1,2,4 --dependent-launch on" \
               "--shape llama-3.2-1b --batches 1 --attention split-k" \
               "--shape llama-3.2-1b --prefill= --batches 1,32,256 --sampling top-p" \
+              "--shape llama-3.2-1b --batches= --prefill 512,2048 --prompt-logprobs 20" \
               "--shape tinyllama-1.1b --batches 1,32,256" \
               "--shape $here/shared/models/stories260K.bin --context 128 --prefill 256 --batches 1,32,256" \
               "--shape llama-3.2-1b --dtype float32 --batches 1,32 --prefill 512"; do
@@ -85,5 +88,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     echo "=== torch_anchor.py --shape $shape" | tee -a "$out/bench.txt"
     python3 "$here/torch_anchor.py" --shape "$shape" --sample-batches 1,32,256 2>&1 | grep -v Warning | tee -a "$out/bench.txt"
   done
+  echo "=== torch_anchor.py --prompt-logprobs 20" | tee -a "$out/bench.txt"
+  python3 "$here/torch_anchor.py" --shape llama-3.2-1b --prefill 512,2048 --prompt-logprobs 20 2>&1 | grep -v Warning | tee -a "$out/bench.txt"
 fi
 exit $rc

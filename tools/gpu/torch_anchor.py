@@ -2,7 +2,7 @@
 """PyTorch's prefill time on bench_cuda's shapes: the anchor of issue 31.
 
   python3 tools/gpu/torch_anchor.py [--shape llama-3.2-1b] [--prefill 512,2048,8192]
-                                    [--sample-batches 1,32,256]
+                                    [--sample-batches 1,32,256] [--prompt-logprobs 20]
 
 Builds transformers' LlamaForCausalLM with random bf16 weights on the GPU
 (attention through torch's scaled_dot_product_attention, "sdpa"), runs one
@@ -17,6 +17,10 @@ PyTorch (apply_top_k_top_p: sort the logits, softmax, cumulative sum, mask
 the tail, then draw), temperature 0.6 and top_p 0.9 over [B, vocab] fp32
 logits: the anchor for `bench_cuda --sampling top-p`, whose step time less
 the greedy step's is our sampler's cost.
+
+--prompt-logprobs N times each prefill again with every row's logits and
+vLLM's prompt logprobs over them (log_softmax in fp32, the target token's
+logprob gathered, topk N): the anchor for `bench_cuda --prompt-logprobs N`.
 """
 import argparse
 import sys
@@ -45,6 +49,7 @@ def main():
     ap.add_argument("--prefill", default="512,2048,8192")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--sample-batches", default="")
+    ap.add_argument("--prompt-logprobs", type=int, default=-1)
     args = ap.parse_args()
     try:
         import torch
@@ -89,6 +94,27 @@ def main():
         print(f"anchor prefill {n:5d} tokens: {secs * 1e3:.2f} ms, {n / secs:.1f} tok/s, "
               f"{tflops:.1f} TFLOPS = {100 * tflops / args.peak_tflops:.0f}% of "
               f"{args.peak_tflops:.0f} peak")
+    for n in [int(x) for x in args.prefill.split(",") if x] if args.prompt_logprobs >= 0 else []:
+        ids = torch.randint(1, vocab, (1, n), device="cuda")
+
+        def scored():
+            h = model.model(input_ids=ids, use_cache=False).last_hidden_state
+            logprobs = model.lm_head(h[0]).float().log_softmax(dim=-1)
+            token = logprobs[:-1].gather(-1, ids[0, 1:, None])
+            top = logprobs[:-1].topk(args.prompt_logprobs, dim=-1) if args.prompt_logprobs else None
+            return token, top
+
+        reps = 3 if n >= 4096 else 5
+        with torch.inference_mode():
+            scored()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                scored()
+            torch.cuda.synchronize()
+            secs = (time.perf_counter() - t0) / reps
+        print(f"anchor prefill {n:5d} tokens with prompt logprobs {args.prompt_logprobs}: "
+              f"{secs * 1e3:.2f} ms")
     for b in [int(x) for x in args.sample_batches.split(",") if x]:
         logits = torch.randn(b, vocab, device="cuda", dtype=torch.float32) * 4
 
