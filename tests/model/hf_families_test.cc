@@ -503,7 +503,8 @@ std::vector<float> LastLogits(const Model& model, const std::vector<int32_t>& to
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // A sliding window of W keeps key kv for the query at q when kv > q - W, so

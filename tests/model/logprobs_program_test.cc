@@ -65,6 +65,13 @@ TEST(LogprobsProgramTest, LogNormalizerIsTheLogSumExp) {
   }
 }
 
+// The floats' bits, to compare them exactly (-0 and NaN included).
+std::vector<uint32_t> Bits(const std::vector<float>& v) {
+  std::vector<uint32_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) std::memcpy(&out[i], &v[i], sizeof(float));
+  return out;
+}
+
 // Random rows, some quantized so that many logits tie, one with -inf
 // entries; tokens anywhere (ties included); top-n of 0, 1, 5, 20 and more
 // than the vocabulary.
@@ -102,17 +109,13 @@ TEST(LogprobsProgramTest, TheProgramGivesComputeLogprobsExactly) {
       const TokenLogprobs want = ComputeLogprobs(
           std::span<const float>(logits).subspan(static_cast<size_t>(job.row) * vocab, vocab),
           job.token, job.top_n);
-      EXPECT_EQ(std::memcmp(&results[j].logprob, &want.logprob, sizeof(float)), 0)
+      EXPECT_EQ(Bits({results[j].logprob}), Bits({want.logprob}))
           << results[j].logprob << " vs " << want.logprob;
       EXPECT_EQ(results[j].rank, want.rank);
       const auto first = top_ids.begin() + job.top_begin;
       EXPECT_EQ(std::vector<int32_t>(first, first + job.top_n), want.top_token_ids);
       const auto vfirst = top_values.begin() + job.top_begin;
-      const std::vector<float> got_values(vfirst, vfirst + job.top_n);
-      ASSERT_EQ(got_values.size(), want.top_logprobs.size());
-      EXPECT_EQ(std::memcmp(got_values.data(), want.top_logprobs.data(),
-                            got_values.size() * sizeof(float)),
-                0);
+      EXPECT_EQ(Bits({vfirst, vfirst + job.top_n}), Bits(want.top_logprobs));
     }
   }
 }
