@@ -5,8 +5,13 @@
 // preempted}; some requests have penalties, which read their history. The stats prove preemption
 // and prefix hits really happened, that async runs really had two steps in flight (sync runs one),
 // and the usage of each response reports local prefix-cache hits only with caching.
+// The same again on a model whose attention slides (a window shorter than the
+// prompts).
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <thread>
@@ -67,20 +72,22 @@ std::vector<GenerateResult> RunAll(const std::string& address,
   return results;
 }
 
-TEST(DifferentialTest, EveryConfigurationGivesIdenticalTokens) {
-  const std::vector<v1::GenerateRequest> requests = MakeWorkload();
-  const std::string dir = MakeTempDir("tandem-differential");
-  Service ample = StartWorker(dir, "worker-ample", {});
-  // 23 usable blocks of 16 tokens: room for about three of these requests.
-  Service small = StartWorker(dir, "worker-small", {"--num-blocks", "24"});
-
+// Runs `requests` through a scheduler in front of `ample` (enough KV blocks)
+// or `small` (24 blocks: requests are preempted) under every combination of
+// sync/async, prefix caching and the token budgets given, and expects the
+// same tokens from all, and stats that prove each configuration did what it
+// names.
+void ExpectIdenticalTokensInEveryConfiguration(const std::string& dir, const Service& ample,
+                                               const Service& small,
+                                               const std::vector<int>& budgets,
+                                               const std::vector<v1::GenerateRequest>& requests) {
   std::vector<GenerateResult> baseline;
   std::string baseline_name;
   int run = 0;
   for (bool small_cache : {false, true}) {
     for (bool async : {false, true}) {
       for (bool caching : {false, true}) {
-        for (int budget : {2048, 32}) {
+        for (int budget : budgets) {
           const std::string name =
               std::string(async ? "async" : "sync") + (caching ? "/caching" : "/no-caching") +
               "/budget" + std::to_string(budget) + (small_cache ? "/few-blocks" : "/ample");
@@ -155,6 +162,36 @@ TEST(DifferentialTest, EveryConfigurationGivesIdenticalTokens) {
   int total = 0;
   for (const auto& r : baseline) total += static_cast<int>(r.tokens.size());
   EXPECT_GT(total, 64 * 8);
+}
+
+TEST(DifferentialTest, EveryConfigurationGivesIdenticalTokens) {
+  const std::string dir = MakeTempDir("tandem-differential");
+  Service ample = StartWorker(dir, "worker-ample", {});
+  // 23 usable blocks of 16 tokens: room for about three of these requests.
+  Service small = StartWorker(dir, "worker-small", {"--num-blocks", "24"});
+  ExpectIdenticalTokensInEveryConfiguration(dir, ample, small, {2048, 32}, MakeWorkload());
+}
+
+// A model whose attention slides: the mistral fixture with a window of 16,
+// shorter than every prompt. Whole prefills and chunks of a 32-token budget
+// that cut the window, prefix-cache hits, preemptions (which recompute
+// outputs as a prefill) and async steps give the same tokens as one another.
+// A worker whose decode steps ignored the window fails it (checked).
+TEST(DifferentialTest, ASlidingWindowGivesIdenticalTokensInEveryConfiguration) {
+  const std::string dir = MakeTempDir("tandem-differential-window");
+  const std::string model = dir + "/mistral-window-16";
+  std::filesystem::copy(std::string(TANDEM_SHARED_DIR) + "/models/hf/mistral", model);
+  std::ifstream in(model + "/config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string from = "\"sliding_window\": null";
+  ASSERT_NE(config.find(from), std::string::npos);
+  config.replace(config.find(from), from.size(), "\"sliding_window\": 16");
+  std::filesystem::permissions(model + "/config.json", std::filesystem::perms::owner_write,
+                               std::filesystem::perm_options::add);
+  std::ofstream(model + "/config.json", std::ios::trunc) << config;
+  Service ample = StartWorker(dir, "worker-ample", {"--model", model});
+  Service small = StartWorker(dir, "worker-small", {"--model", model, "--num-blocks", "24"});
+  ExpectIdenticalTokensInEveryConfiguration(dir, ample, small, {2048, 32}, MakeWorkload());
 }
 
 }  // namespace
