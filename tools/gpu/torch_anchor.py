@@ -43,6 +43,18 @@ def matmul_params(s):
     return layers * (dim * (q + 2 * kv) + q * dim + 3 * dim * hidden) + s["vocab_size"] * dim
 
 
+def timed(torch, fn, reps):
+    """Seconds per call of fn on the GPU: one warm-up call, then reps timed."""
+    with torch.inference_mode():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
@@ -79,15 +91,7 @@ def main():
             h = model.model(input_ids=ids, use_cache=False).last_hidden_state
             return model.lm_head(h[:, -1])
 
-        reps = 3 if n >= 4096 else 5
-        with torch.inference_mode():
-            run()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                run()
-            torch.cuda.synchronize()
-            secs = (time.perf_counter() - t0) / reps
+        secs = timed(torch, run, 3 if n >= 4096 else 5)
         # bench_cuda's count: the classifier on the last row only.
         flops = 2.0 * n * p - 2.0 * n * vocab * dim + 2.0 * vocab * dim + 2.0 * n * n * dim * layers
         tflops = flops / secs / 1e12
@@ -104,15 +108,7 @@ def main():
             top = logprobs[:-1].topk(args.prompt_logprobs, dim=-1) if args.prompt_logprobs else None
             return token, top
 
-        reps = 3 if n >= 4096 else 5
-        with torch.inference_mode():
-            scored()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                scored()
-            torch.cuda.synchronize()
-            secs = (time.perf_counter() - t0) / reps
+        secs = timed(torch, scored, 3 if n >= 4096 else 5)
         print(f"anchor prefill {n:5d} tokens with prompt logprobs {args.prompt_logprobs}: "
               f"{secs * 1e3:.2f} ms")
     for b in [int(x) for x in args.sample_batches.split(",") if x]:
@@ -128,14 +124,7 @@ def main():
             x = x.scatter(dim=-1, index=x_idx, src=x_sort)
             return torch.multinomial(x.softmax(dim=-1), 1)
 
-        with torch.inference_mode():
-            sample()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(20):
-                sample()
-            torch.cuda.synchronize()
-            secs = (time.perf_counter() - t0) / 20
+        secs = timed(torch, sample, 20)
         print(f"anchor top-p sampling, batch {b:3d}, vocab {vocab}: {secs * 1e3:.3f} ms")
     return 0
 
