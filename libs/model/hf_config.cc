@@ -300,9 +300,10 @@ absl::StatusOr<std::optional<std::vector<bool>>> LayerTypes(const nlohmann::json
 //    one sliding mask for all); layer_types saying otherwise is refused.
 //  - Llama / Gemma: their transformers code reads no window, vLLM's may: the
 //    context is capped at the window, where both readings agree.
+// `disable` (--disable-sliding-window) takes the cap for every family.
 absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std::string& path,
                                             const FamilyInfo& f, int32_t num_layers,
-                                            int32_t max_seq_len) {
+                                            int32_t max_seq_len, bool disable) {
   TANDEM_ASSIGN_OR_RETURN(int32_t window, GetInt(cfg, path, "sliding_window", 0));
   if (window < 0) return Bad(path, "\"sliding_window\" is negative");
   TANDEM_ASSIGN_OR_RETURN(std::optional<std::vector<bool>> types,
@@ -334,7 +335,7 @@ absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std
   if (window <= 0) return Bad(path, "sliding_attention layers without a window");
   // A window at least the context slides nothing.
   if (window >= max_seq_len) return SlidingLayers{};
-  if (f.family != ModelFamily::kMistral && f.family != ModelFamily::kPhi3 && !qwen) {
+  if (disable || (f.family != ModelFamily::kMistral && f.family != ModelFamily::kPhi3 && !qwen)) {
     return SlidingLayers{.cap = window};
   }
   SlidingLayers out;
@@ -372,7 +373,7 @@ absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
 
 }  // namespace
 
-absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir) {
+absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, bool disable_sliding_window) {
   const std::string path = JoinPath(dir, "config.json");
   TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   absl::StatusOr<nlohmann::json> parsed = ParseJson(text);
@@ -485,8 +486,9 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir) {
     c.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
   }
 
-  TANDEM_ASSIGN_OR_RETURN(SlidingLayers sliding,
-                          SlidingWindow(cfg, path, *f, c.num_layers, c.max_seq_len));
+  TANDEM_ASSIGN_OR_RETURN(
+      SlidingLayers sliding,
+      SlidingWindow(cfg, path, *f, c.num_layers, c.max_seq_len, disable_sliding_window));
   c.layer_window = std::move(sliding.windows);
   if (sliding.cap > 0) {
     c.max_seq_len = sliding.cap;

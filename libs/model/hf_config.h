@@ -28,11 +28,13 @@ struct HfConfig {
   bool tied_embeddings = false;
   std::string architecture;  // e.g. "LlamaForCausalLM"
   std::string torch_dtype;   // as config.json names it ("" when absent)
-  // Set when a sliding_window key capped max_seq_len (for the log).
+  // Set when a sliding window capped max_seq_len (for the log).
   int32_t sliding_window_cap = 0;
 };
 
 // Reads dir/config.json and, when present, dir/generation_config.json.
-absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir);
+// disable_sliding_window (vLLM's --disable-sliding-window): every family
+// takes the cap instead of its windows.
+absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, bool disable_sliding_window = false);
 
 }  // namespace tandem::model::internal

@@ -276,21 +276,16 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
     if (!m.ok()) return Annotate(m.status(), path);
     return m;
   }
-  TANDEM_ASSIGN_OR_RETURN(internal::HfConfig hf, internal::ReadHfConfig(path));
+  TANDEM_ASSIGN_OR_RETURN(internal::HfConfig hf,
+                          internal::ReadHfConfig(path, options.disable_sliding_window));
   if (hf.sliding_window_cap > 0) {
-    TANDEM_LOG(WARNING) << path << ": " << hf.architecture
-                        << " sets a sliding window that its transformers code does not read; "
-                        << "serving contexts of at most the window, " << hf.sliding_window_cap
+    TANDEM_LOG(WARNING) << path << ": "
+                        << (options.disable_sliding_window ? "--disable-sliding-window"
+                                                           : hf.architecture +
+                                                                 " sets a sliding window that its "
+                                                                 "transformers code does not read")
+                        << "; serving contexts of at most the window, " << hf.sliding_window_cap
                         << " tokens, where sliding changes nothing";
-  }
-  if (std::vector<int32_t>& w = hf.config.layer_window;
-      !w.empty() && options.disable_sliding_window) {
-    int32_t cap = hf.config.max_seq_len;
-    for (int32_t x : w) cap = x > 0 ? std::min(cap, x) : cap;
-    TANDEM_LOG(WARNING) << path << ": --disable-sliding-window: serving contexts of at most " << cap
-                        << " tokens (the smallest window), where sliding changes nothing";
-    hf.config.max_seq_len = cap;
-    w.clear();
   }
   if (const std::vector<int32_t>& w = hf.config.layer_window; !w.empty()) {
     const auto sliding = std::count_if(w.begin(), w.end(), [](int32_t x) { return x > 0; });
