@@ -75,10 +75,8 @@ absl::Status CudaRunnerBase::DeviceLogprobs(std::span<const SequenceInput> batch
                                             std::span<const int32_t> tokens,
                                             std::vector<SampleLogprobs>* logprobs) {
   const int32_t vocab = model_->config().vocab_size;
-  std::vector<LogprobTarget> targets;
-  if (WantsLogprobs(sample)) {
-    TANDEM_ASSIGN_OR_RETURN(targets, LogprobTargets(batch, sample, tokens, vocab));
-  }
+  TANDEM_ASSIGN_OR_RETURN(const std::vector<LogprobTarget> targets,
+                          LogprobTargets(batch, sample, tokens, vocab));
   if (targets.empty()) {
     AssembleLogprobs(targets, {}, sample.size(), logprobs);
     return absl::OkStatus();
@@ -87,9 +85,9 @@ absl::Status CudaRunnerBase::DeviceLogprobs(std::span<const SequenceInput> batch
   jobs.reserve(targets.size());
   int32_t top_total = 0;
   for (const LogprobTarget& t : targets) {
-    const int32_t n = std::clamp(t.top_n, 0, vocab);
-    jobs.push_back({.row = t.logits_row, .token = t.token, .top_n = n, .top_begin = top_total});
-    top_total += n;
+    jobs.push_back(
+        {.row = t.logits_row, .token = t.token, .top_n = t.top_n, .top_begin = top_total});
+    top_total += t.top_n;
   }
   const int32_t num_jobs = static_cast<int32_t>(jobs.size());
   TANDEM_RETURN_IF_ERROR(logprob_jobs_.Upload(jobs));

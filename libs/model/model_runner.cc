@@ -169,7 +169,7 @@ absl::Status ModelRunner::ForwardSample(std::span<const SequenceInput> batch,
   SampleRows(logits, model_->config().vocab_size, sample, tokens);
   if (logprobs == nullptr) return absl::OkStatus();
   return ComputeBatchLogprobs(
-      batch, sample, *tokens,
+      batch, sample, *tokens, model_->config().vocab_size,
       [&](int32_t row) -> absl::StatusOr<std::span<const float>> {
         return std::span<const float>(logits).subspan(row * vocab, vocab);
       },

@@ -129,8 +129,10 @@ absl::StatusOr<std::vector<LogprobTarget>> LogprobTargets(std::span<const Sequen
     const int32_t extra = next_extra;
     if (batch[i].all_logits) next_extra += n - 1;
     if (r.params != nullptr && r.num_logprobs >= 0) {
-      targets.push_back(
-          {.sequence = seq, .logits_row = seq, .token = tokens[i], .top_n = r.num_logprobs});
+      targets.push_back({.sequence = seq,
+                         .logits_row = seq,
+                         .token = tokens[i],
+                         .top_n = std::clamp(r.num_logprobs, 0, vocab)});
     }
     const int32_t count = static_cast<int32_t>(r.prompt_targets.size());
     if (count > n || (count > 0 && n > 1 && !batch[i].all_logits)) {
@@ -143,7 +145,7 @@ absl::StatusOr<std::vector<LogprobTarget>> LogprobTargets(std::span<const Sequen
                          .prompt_index = j,
                          .logits_row = j == n - 1 ? seq : extra + j,
                          .token = r.prompt_targets[static_cast<size_t>(j)],
-                         .top_n = r.num_prompt_logprobs});
+                         .top_n = std::clamp(r.num_prompt_logprobs, 0, vocab)});
     }
   }
   for (const LogprobTarget& t : targets) {
@@ -167,14 +169,10 @@ void AssembleLogprobs(std::span<const LogprobTarget> targets, std::vector<TokenL
 
 absl::Status ComputeBatchLogprobs(std::span<const SequenceInput> batch,
                                   std::span<const SampleRequest> sample,
-                                  std::span<const int32_t> tokens, LogitsRowFn row,
+                                  std::span<const int32_t> tokens, int32_t vocab, LogitsRowFn row,
                                   std::vector<SampleLogprobs>* logprobs) {
-  std::vector<LogprobTarget> targets;
-  if (WantsLogprobs(sample)) {
-    TANDEM_ASSIGN_OR_RETURN(std::span<const float> first, row(0));
-    TANDEM_ASSIGN_OR_RETURN(
-        targets, LogprobTargets(batch, sample, tokens, static_cast<int32_t>(first.size())));
-  }
+  TANDEM_ASSIGN_OR_RETURN(const std::vector<LogprobTarget> targets,
+                          LogprobTargets(batch, sample, tokens, vocab));
   std::vector<TokenLogprobs> results;
   results.reserve(targets.size());
   for (const LogprobTarget& t : targets) {

@@ -44,7 +44,7 @@ absl::Status SimBackend::ForwardSample(std::span<const model::SequenceInput> bat
   if (logprobs == nullptr) return absl::OkStatus();
   std::vector<float> row(v);
   return model::ComputeBatchLogprobs(
-      batch, sample, *tokens,
+      batch, sample, *tokens, vocab_size_,
       [&](int32_t r) -> absl::StatusOr<std::span<const float>> {
         if (static_cast<size_t>(r) < batch.size()) {
           return std::span<const float>(logits).subspan(static_cast<size_t>(r) * v, v);

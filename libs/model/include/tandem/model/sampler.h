@@ -76,14 +76,14 @@ void SampleRows(std::span<const float> logits, int32_t vocab,
                 std::span<const SampleRequest> sample, std::vector<int32_t>* tokens);
 
 // The logprobs every request of `sample` asked for, after SampleRows gave
-// `tokens` for `batch`. `row(r)` is row r of the logits as ModelRunner::
-// Forward lays them out (LogitsRowOf); it may fail (a device copy), and so
-// may this. logprobs gets sample.size() entries.
+// `tokens` for `batch`. `row(r)` is row r of the logits, `vocab` wide, as
+// ModelRunner::Forward lays them out (LogitsRowOf); it may fail, and so may
+// this. logprobs gets sample.size() entries.
 struct SequenceInput;
 using LogitsRowFn = absl::FunctionRef<absl::StatusOr<std::span<const float>>(int32_t row)>;
 absl::Status ComputeBatchLogprobs(std::span<const SequenceInput> batch,
                                   std::span<const SampleRequest> sample,
-                                  std::span<const int32_t> tokens, LogitsRowFn row,
+                                  std::span<const int32_t> tokens, int32_t vocab, LogitsRowFn row,
                                   std::vector<SampleLogprobs>* logprobs);
 // One position whose logprobs a batch asks for: sequence `sequence`'s
 // sampled token (prompt_index -1) or its prompt target prompt_index, scored
@@ -93,7 +93,7 @@ struct LogprobTarget {
   int32_t prompt_index = -1;
   int32_t logits_row = 0;
   int32_t token = 0;
-  int32_t top_n = 0;
+  int32_t top_n = 0;  // in [0, vocab]
 };
 // Every target of the batch, in the order of SampleLogprobs' lists;
 // INVALID_ARGUMENT for more prompt targets than a chunk has logits, or a
