@@ -43,9 +43,15 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
   config.vocab_size = d.vocab_size;
   config.eos_token_id = d.eos_token_id;
   config.extra_eos_token_ids = d.extra_eos_token_ids;
-  config.max_model_len = options_.max_model_len > 0
-                             ? std::min(options_.max_model_len, d.max_model_len)
-                             : d.max_model_len;
+  // A --max-model-len past the model's context is refused, as vLLM refuses
+  // one past the derived max_model_len, rather than quietly lowered.
+  if (options_.max_model_len > d.max_model_len) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--max-model-len (", options_.max_model_len,
+                     ") is larger than the model's context (", d.max_model_len,
+                     " tokens, the max_model_len the worker describes for ", d.model_name, ")"));
+  }
+  config.max_model_len = options_.max_model_len > 0 ? options_.max_model_len : d.max_model_len;
   config.hash_root = HashRootParams{.model_fingerprint = d.model_fingerprint,
                                     .kv_layout = d.kv_layout,
                                     .block_size = d.block_size,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine_core_fixture.h"
 #include "gtest/gtest.h"
 
@@ -37,6 +38,27 @@ TEST_P(EngineCoreTest, RefusesAMaxModelLenTheKvCacheCannotHold) {
   EngineCore core2(fits);
   ASSERT_TRUE(core2.ConnectWorker(worker.description, &worker).ok());
   EXPECT_EQ(core2.model_info().max_model_len, 464);
+}
+
+// A --max-model-len past the model's own context is refused naming both
+// numbers (vLLM refuses to start), not lowered to the model's without a word.
+TEST_P(EngineCoreTest, RefusesAMaxModelLenPastTheModelsContext) {
+  LoopbackWorker worker(model_.get(), 256);
+  EngineCoreOptions options = Options();
+  options.max_model_len = worker.description.max_model_len + 1;
+  EngineCore core(options);
+  const absl::Status s = core.ConnectWorker(worker.description, &worker);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("--max-model-len (", options.max_model_len,
+                                          ") is larger than the model's context (",
+                                          worker.description.max_model_len)),
+            std::string::npos)
+      << s;
+  EXPECT_FALSE(core.model_info().ready);
+  options.max_model_len = worker.description.max_model_len;
+  EngineCore at_the_limit(options);
+  ASSERT_TRUE(at_the_limit.ConnectWorker(worker.description, &worker).ok());
+  EXPECT_EQ(at_the_limit.model_info().max_model_len, worker.description.max_model_len);
 }
 
 TEST_P(EngineCoreTest, GreedyTokensMatchLlama2cWithLargeAndTinyKvCaches) {
