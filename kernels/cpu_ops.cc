@@ -34,9 +34,9 @@ void Matmul(const float* w, int32_t out_dim, int32_t in_dim, const float* x, int
 }
 
 void Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
-          RopeKind kind, float theta, const float* inv_freq) {
-  LaunchOnCpu(Grid{rows, kCpuThreads},
-              RopeFn{vec, positions, num_heads, head_size, kind, theta, inv_freq});
+          RopeKind kind, float theta, const float* inv_freq, float amplitude, int32_t rotary_dim) {
+  LaunchOnCpu(Grid{rows, kCpuThreads}, RopeFn{vec, positions, num_heads, head_size, kind, theta,
+                                              inv_freq, amplitude, rotary_dim});
 }
 
 void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,

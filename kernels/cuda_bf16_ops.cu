@@ -49,29 +49,31 @@ __global__ void RmsNormKernel(const float* x, const int32_t* row_index, const fl
 // Grid (row, chunk of kRopeThreads): thread i of a row owns pair i of the
 // row's q heads, then k heads, then v heads. A q or k pair is rotated in
 // place and a k pair also written to the cache; a v pair is only copied.
+// Pairs past rotary_dim / 2 (partial RoPE) are copied as they are.
 // No thread reads what another writes, so there is no barrier, and a
 // single decode row spreads over as many blocks as it has heads.
 constexpr int kRopeThreads = 128;
 __global__ void RopeKvWriteKernel(float* qkv, int32_t q_stride, const int32_t* positions,
-                                  int32_t num_heads, KvCacheShape shape, RopeKind kind,
-                                  float theta, const float* inv_freq, Bf16* cache, int32_t layer,
-                                  const int64_t* slots) {
+                                  int32_t num_heads, KvCacheShape shape, RopeKind kind, float theta,
+                                  const float* inv_freq, float amplitude, int32_t rotary_dim,
+                                  Bf16* cache, int32_t layer, const int64_t* slots) {
   const int64_t row = blockIdx.x;
   const int32_t hs = shape.head_size, half = hs / 2, kvh = shape.num_kv_heads;
+  const int32_t rd = rotary_dim > 0 ? rotary_dim : hs;
   const int32_t i = blockIdx.y * kRopeThreads + threadIdx.x;
   if (i >= (num_heads + 2 * kvh) * half) return;
   const int32_t head = i / half, pair = i % half;
   float* hv = qkv + row * q_stride + int64_t{head} * hs;  // k and v heads follow q's
-  if (head < num_heads + kvh) {
+  if (head < num_heads + kvh && 2 * pair < rd) {
     float c, s;
-    RopeCosSin(positions[row], pair, hs, theta, inv_freq, &c, &s);
-    RopePair(hv, pair, hs, kind, c, s);
+    RopeCosSin(positions[row], pair, rd, theta, inv_freq, amplitude, &c, &s);
+    RopePair(hv, pair, rd, kind, c, s);
   }
   const int64_t slot = slots[row];
   if (head < num_heads || slot < 0) return;
   // RopePair's two elements of this pair (any split of a v head would do).
   int32_t i0, i1;
-  RopePairIndices(pair, hs, kind, &i0, &i1);
+  RopePairIndices(pair, rd, kind, &i0, &i1);
   const bool is_v = head >= num_heads + kvh;
   const int32_t kv_head = head - num_heads - (is_v ? kvh : 0);
   Bf16* dst = cache +
@@ -296,13 +298,14 @@ int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim,
 int RopeKvWriteBf16(float* qkv, int32_t q_stride, int32_t rows, const int32_t* positions,
                     int32_t num_heads, const KvCacheShape& shape, RopeKind kind, float theta,
                     Bf16* cache, int32_t layer, const int64_t* slots, void* stream,
-                    const float* inv_freq) {
+                    const float* inv_freq, float amplitude, int32_t rotary_dim) {
   if (rows == 0) return cudaSuccess;
   const int32_t pairs = (num_heads + 2 * shape.num_kv_heads) * (shape.head_size / 2);
   const dim3 grid(static_cast<unsigned>(rows),
                   static_cast<unsigned>((pairs + kRopeThreads - 1) / kRopeThreads));
-  RopeKvWriteKernel<<<grid, kRopeThreads, 0, S(stream)>>>(
-      qkv, q_stride, positions, num_heads, shape, kind, theta, inv_freq, cache, layer, slots);
+  RopeKvWriteKernel<<<grid, kRopeThreads, 0, S(stream)>>>(qkv, q_stride, positions, num_heads,
+                                                          shape, kind, theta, inv_freq, amplitude,
+                                                          rotary_dim, cache, layer, slots);
   return cudaGetLastError();
 }
 

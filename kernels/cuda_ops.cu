@@ -206,9 +206,9 @@ int Matmul(BlasHandle* blas, const float* w, int32_t out_dim, int32_t in_dim, co
 }
 
 int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
-         RopeKind kind, float theta, const float* inv_freq) {
-  return Launch(Grid{rows, kThreads},
-                RopeFn{vec, positions, num_heads, head_size, kind, theta, inv_freq});
+         RopeKind kind, float theta, const float* inv_freq, float amplitude, int32_t rotary_dim) {
+  return Launch(Grid{rows, kThreads}, RopeFn{vec, positions, num_heads, head_size, kind, theta,
+                                             inv_freq, amplitude, rotary_dim});
 }
 
 int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,

@@ -154,10 +154,11 @@ class CpuModelRunner final : public ModelRunner {
         kc::RmsNorm(k_.data(), pl.k_norm.data(), T * c.num_kv_heads, c.head_size, c.norm_eps,
                     k_.data());
       }
+      const float amplitude = c.rope_scaling.attention_factor;
       kc::Rope(q_.data(), T, lay.row_pos.data(), c.num_heads, c.head_size, rope, c.rope_theta,
-               inv_freq_.data());
+               inv_freq_.data(), amplitude, c.rotary_dim);
       kc::Rope(k_.data(), T, lay.row_pos.data(), c.num_kv_heads, c.head_size, rope, c.rope_theta,
-               inv_freq_.data());
+               inv_freq_.data(), amplitude, c.rotary_dim);
       // Every token's K/V first: later rows (and other sequences sharing
       // prefix blocks) read them below.
       kc::KvWrite(cache(), shape_, li, k_.data(), v_.data(), T, lay.slots.data());

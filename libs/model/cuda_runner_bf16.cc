@@ -120,7 +120,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
       // All K/V of the step before any attention of this layer (same stream).
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RopeKvWriteBf16(qkv, qkv_width, T, in.row_pos, c.num_heads, shape_, rope,
-                                 c.rope_theta, cache, li, in.slots, st, inv_freq_.get<float>()),
+                                 c.rope_theta, cache, li, in.slots, st, inv_freq_.get<float>(),
+                                 c.rope_scaling.attention_factor, c.rotary_dim),
              "rope + kv write"));
       const kd::Bf16AttentionArgs args{.q = qkv,
                                        .q_stride = qkv_width,

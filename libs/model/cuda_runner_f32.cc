@@ -111,12 +111,13 @@ class CudaF32Runner final : public CudaRunnerBase {
             "k norm"));
       }
       const float* inv_freq = inv_freq_.get<float>();
-      TANDEM_RETURN_IF_ERROR(
-          ok(kd::Rope(q, T, in.row_pos, c.num_heads, c.head_size, rope, c.rope_theta, inv_freq),
-             "rope q"));
-      TANDEM_RETURN_IF_ERROR(
-          ok(kd::Rope(k, T, in.row_pos, c.num_kv_heads, c.head_size, rope, c.rope_theta, inv_freq),
-             "rope k"));
+      const float amplitude = c.rope_scaling.attention_factor;
+      TANDEM_RETURN_IF_ERROR(ok(kd::Rope(q, T, in.row_pos, c.num_heads, c.head_size, rope,
+                                         c.rope_theta, inv_freq, amplitude, c.rotary_dim),
+                                "rope q"));
+      TANDEM_RETURN_IF_ERROR(ok(kd::Rope(k, T, in.row_pos, c.num_kv_heads, c.head_size, rope,
+                                         c.rope_theta, inv_freq, amplitude, c.rotary_dim),
+                                "rope k"));
       // All K/V of the step before any attention of this layer (same stream).
       TANDEM_RETURN_IF_ERROR(
           ok(kd::KvWrite(cache_.get<float>(), shape_, li, k, v, T, in.slots), "kv write"));

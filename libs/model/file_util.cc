@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "tandem/model/model.h"
 
 namespace tandem::model::internal {
 
@@ -50,6 +51,15 @@ void MappedFile::Release(int64_t begin, int64_t end) const {
   const int64_t last = end / page * page;
   if (data_ == nullptr || last <= first) return;
   ::madvise(const_cast<char*>(data_) + first, static_cast<size_t>(last - first), MADV_DONTNEED);
+}
+
+void HashRopeScaling(EVP_MD_CTX* ctx, const ModelConfig& c) {
+  if (c.rotary_dim != 0) EVP_DigestUpdate(ctx, &c.rotary_dim, sizeof(c.rotary_dim));
+  const RopeScaling::Type type = c.rope_scaling.type;
+  if (type != RopeScaling::Type::kYarn && type != RopeScaling::Type::kLongRope) return;
+  const std::vector<float> inv_freq = c.RopeInverseFrequencies();
+  EVP_DigestUpdate(ctx, inv_freq.data(), inv_freq.size() * sizeof(float));
+  EVP_DigestUpdate(ctx, &c.rope_scaling.attention_factor, sizeof(float));
 }
 
 std::string FinishSha256Hex(EVP_MD_CTX* ctx) {

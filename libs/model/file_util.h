@@ -11,6 +11,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
+namespace tandem::model {
+struct ModelConfig;
+}  // namespace tandem::model
+
 namespace tandem::model::internal {
 
 // A whole file mapped read-only (mmap), so a checkpoint is read in place
@@ -38,6 +42,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 absl::Status WriteFile(const std::string& path, const std::string& bytes);
 // Finishes a SHA-256 digest, frees `ctx` and returns the digest in hex.
 std::string FinishSha256Hex(EVP_MD_CTX* ctx);
+// Adds what partial RoPE (rotary_dim) and yarn and longrope scaling change
+// (the inverse frequencies and the attention factor) to a model's
+// fingerprint; nothing for a whole-head RoPE of another type, so those
+// fingerprints stay as they were.
+void HashRopeScaling(EVP_MD_CTX* ctx, const ModelConfig& c);
 std::string JoinPath(const std::string& dir, const std::string& name);
 std::string BaseName(const std::string& path);
 

@@ -14,6 +14,10 @@
 //    transformers code reads no window, are served with the context capped at
 //    one (sliding_window_cap; where a window and none agree), and the cap is
 //    logged.
+//  - RoPE scaling of types default, linear, llama3, yarn and longrope as
+//    transformers 5 computes it; longrope with its short factors and the
+//    context capped at original_max_position_embeddings (rope_context_cap,
+//    logged), where transformers never switches to the long ones.
 #pragma once
 
 #include <string>
@@ -30,6 +34,8 @@ struct HfConfig {
   std::string torch_dtype;   // as config.json names it ("" when absent)
   // Set when a sliding window capped max_seq_len (for the log).
   int32_t sliding_window_cap = 0;
+  // Set when longrope capped max_seq_len at its short factors' context.
+  int32_t rope_context_cap = 0;
 };
 
 // Reads dir/config.json and, when present, dir/generation_config.json.

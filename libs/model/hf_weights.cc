@@ -412,6 +412,7 @@ std::string HfWeights::Fingerprint(const ModelConfig& c) const {
   EVP_DigestUpdate(ctx, fheader, sizeof(fheader));
   // Sliding windows change every K/V past the window (nothing when none slides).
   EVP_DigestUpdate(ctx, c.layer_window.data(), c.layer_window.size() * sizeof(int32_t));
+  HashRopeScaling(ctx, c);
   const auto start = std::chrono::steady_clock::now();
   auto last_log = start;
   int64_t hashed = 0;

@@ -39,6 +39,7 @@ std::string Fingerprint(const ModelConfig& c, const ModelWeights& w) {
     EVP_DigestUpdate(ctx, ffamily, sizeof(ffamily));
     // Sliding windows change every K/V past the window (nothing when none slides).
     EVP_DigestUpdate(ctx, c.layer_window.data(), c.layer_window.size() * sizeof(int32_t));
+    internal::HashRopeScaling(ctx, c);
   }
   auto add = [&](const std::vector<float>& v) {
     const uint64_t n = v.size();
@@ -119,6 +120,11 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: head_size ", head_size, " must be even for RoPE"));
   }
+  if (rotary_dim < 0 || rotary_dim > head_size || rotary_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: rotary_dim ", rotary_dim,
+                                                   " must be even and at most head_size ",
+                                                   head_size));
+  }
   if (num_heads % num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: num_heads ", num_heads, " not a multiple of num_kv_heads ", num_kv_heads));
@@ -140,6 +146,31 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         "model config: llama3 rope scaling needs original_max_position_embeddings > 0 and "
         "0 < low_freq_factor < high_freq_factor");
+  }
+  if ((rope_scaling.type == RopeScaling::Type::kYarn ||
+       rope_scaling.type == RopeScaling::Type::kLongRope) &&
+      (rope_scaling.original_max_position_embeddings <= 0 || !(rope_scaling.attention_factor > 0) ||
+       !std::isfinite(rope_scaling.attention_factor))) {
+    return absl::InvalidArgumentError(
+        "model config: yarn and longrope need original_max_position_embeddings > 0 and a "
+        "positive attention factor");
+  }
+  if (rope_scaling.type == RopeScaling::Type::kLongRope) {
+    if (rope_scaling.ext_factors.size() != static_cast<size_t>(RotaryDim() / 2)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: longrope needs rotary_dim / 2 = ", RotaryDim() / 2,
+                       " factors, got ", rope_scaling.ext_factors.size()));
+    }
+    for (float f : rope_scaling.ext_factors) {
+      if (!(f > 0) || !std::isfinite(f)) {
+        return absl::InvalidArgumentError("model config: longrope factors must be positive");
+      }
+    }
+  }
+  if (rope_scaling.type != RopeScaling::Type::kYarn &&
+      rope_scaling.type != RopeScaling::Type::kLongRope && rope_scaling.attention_factor != 1.0f) {
+    return absl::InvalidArgumentError(
+        "model config: only yarn and longrope scale attention (attention_factor)");
   }
   if (bos_token_id < 0 || bos_token_id >= vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("model config: bos token id ", bos_token_id,
@@ -183,12 +214,13 @@ std::vector<int32_t> ModelConfig::EosTokenIds() const {
 }
 
 std::vector<float> ModelConfig::RopeInverseFrequencies() const {
-  const int32_t half = head_size / 2;
+  const int32_t dim = RotaryDim();
+  const int32_t half = dim / 2;
   std::vector<float> inv(static_cast<size_t>(half));
   for (int32_t p = 0; p < half; ++p) {
     // The expression llama2.c's run.c evaluates per element (fp32 powf).
     inv[static_cast<size_t>(p)] =
-        1.0f / powf(rope_theta, static_cast<float>(2 * p) / static_cast<float>(head_size));
+        1.0f / powf(rope_theta, static_cast<float>(2 * p) / static_cast<float>(dim));
   }
   const RopeScaling& rs = rope_scaling;
   switch (rs.type) {
@@ -216,6 +248,46 @@ std::vector<float> ModelConfig::RopeInverseFrequencies() const {
       }
       break;
     }
+    case RopeScaling::Type::kYarn: {
+      // transformers' _compute_yarn_parameters: the correction range in
+      // double (Python floats), the frequencies and the ramp in fp32 (torch).
+      const double base = rope_theta;
+      const double old_len = rs.original_max_position_embeddings;
+      auto correction_dim = [&](double rotations) {
+        return dim * std::log(old_len / (rotations * 2 * M_PI)) / (2 * std::log(base));
+      };
+      double low = correction_dim(rs.beta_fast);
+      double high = correction_dim(rs.beta_slow);
+      if (rs.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(low, 0.0);
+      high = std::min(high, static_cast<double>(dim - 1));
+      if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
+      const float low_f = static_cast<float>(low);
+      const float width_f = static_cast<float>(high - low);
+      for (int32_t p = 0; p < half; ++p) {
+        const float pos_freq =
+            powf(rope_theta, static_cast<float>(2 * p) / static_cast<float>(dim));
+        const float extrapolation = 1.0f / pos_freq;
+        const float interpolation = 1.0f / (rs.factor * pos_freq);
+        const float ramp = std::clamp((static_cast<float>(p) - low_f) / width_f, 0.0f, 1.0f);
+        const float extrapolation_share = 1.0f - ramp;
+        inv[static_cast<size_t>(p)] =
+            interpolation * (1.0f - extrapolation_share) + extrapolation * extrapolation_share;
+      }
+      break;
+    }
+    case RopeScaling::Type::kLongRope:
+      // transformers' _compute_longrope_parameters with the short factors:
+      // 1 / (factor * base^(2p / dim)).
+      for (int32_t p = 0; p < half; ++p) {
+        const float shape = static_cast<float>(2 * p) / static_cast<float>(dim);
+        inv[static_cast<size_t>(p)] =
+            1.0f / (rs.ext_factors[static_cast<size_t>(p)] * powf(rope_theta, shape));
+      }
+      break;
   }
   return inv;
 }
@@ -286,6 +358,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                                  "transformers code does not read")
                         << "; serving contexts of at most the window, " << hf.sliding_window_cap
                         << " tokens, where sliding changes nothing";
+  }
+  if (hf.rope_context_cap > 0) {
+    TANDEM_LOG(WARNING) << path << ": longrope RoPE scaling: serving contexts of at most "
+                        << "original_max_position_embeddings, " << hf.rope_context_cap
+                        << " tokens, with the short factors (past it transformers switches "
+                        << "to the long factors for the whole sequence, so a token's keys "
+                        << "would depend on how long its sequence grows)";
   }
   if (const std::vector<int32_t>& w = hf.config.layer_window; !w.empty()) {
     const auto sliding = std::count_if(w.begin(), w.end(), [](int32_t x) { return x > 0; });

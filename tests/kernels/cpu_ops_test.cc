@@ -134,6 +134,38 @@ TEST(CpuOpsTest, RotateHalfOnPermutedVectorEqualsAdjacentPairsBitwise) {
   EXPECT_EQ(permute(adjacent), half);
 }
 
+// Partial RoPE (Phi-3's partial_rotary_factor, transformers' q[..., :rot]):
+// each head's first rotary_dim elements turn as a head of rotary_dim would,
+// to the bit, with cos and sin times the amplitude; the rest stay as they
+// are.
+TEST(CpuOpsTest, PartialRopeTurnsTheFirstRotaryDimElementsOnly) {
+  const int32_t hs = 32, heads = 3;
+  const std::vector<int32_t> pos = {0, 9, 4000};
+  for (RopeKind kind : {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf}) {
+    for (int32_t rd : {2, 8, 24, 32}) {
+      SCOPED_TRACE("rotary_dim " + std::to_string(rd));
+      std::vector<float> inv_freq;  // a table of rd / 2 frequencies, as the runners pass
+      for (int32_t p = 0; p < rd / 2; ++p) inv_freq.push_back(1.0f / (1.0f + 3.0f * p));
+      const auto v = RandomVector(pos.size() * heads * hs, rd);
+      std::vector<float> got = v;
+      cpu::Rope(got.data(), static_cast<int32_t>(pos.size()), pos.data(), heads, hs, kind, 10000.0f,
+                inv_freq.data(), 1.25f, rd);
+      std::vector<float> front;  // [rows][heads][rd]
+      for (size_t h = 0; h < pos.size() * heads; ++h) {
+        front.insert(front.end(), v.begin() + h * hs, v.begin() + h * hs + rd);
+      }
+      cpu::Rope(front.data(), static_cast<int32_t>(pos.size()), pos.data(), heads, rd, kind,
+                10000.0f, inv_freq.data(), 1.25f);
+      for (size_t h = 0; h < pos.size() * heads; ++h) {
+        for (int32_t i = 0; i < hs; ++i) {
+          const float want = i < rd ? front[h * rd + i] : v[h * hs + i];
+          ASSERT_EQ(got[h * hs + i], want) << "head " << h << " element " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuOpsTest, KvWritePlacesEveryTokenInItsSlot) {
   const KvCacheShape shape{
       .num_blocks = 5, .num_layers = 3, .block_size = 4, .num_kv_heads = 2, .head_size = 8};

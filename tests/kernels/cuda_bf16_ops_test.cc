@@ -191,10 +191,15 @@ TEST_F(CudaBf16Test, DependentLaunchGemvReadsWhatTheKernelBeforeWrote) {
   cuda::StreamDestroy(stream);
 }
 
+// amplitude: yarn's and longrope's attention factor (1.19: Phi-3.5's).
 TEST_F(CudaBf16Test, RopeAndKvWriteMatchCpu) {
   for (RopeKind kind : {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf}) {
+    const float amplitude = kind == RopeKind::kRotateHalf ? 1.19f : 1.0f;
     for (auto [heads, kv_heads, hs] :
          std::vector<std::tuple<int32_t, int32_t, int32_t>>{{8, 4, 8}, {7, 7, 64}, {32, 8, 128}}) {
+      // Partial RoPE (Phi-4-mini's 0.75) at 128: the k elements it leaves
+      // must still reach the cache.
+      const int32_t rotary_dim = hs == 128 ? 96 : 0;
       const KvCacheShape shape{.num_blocks = 6,
                                .num_layers = 2,
                                .block_size = 16,
@@ -212,8 +217,10 @@ TEST_F(CudaBf16Test, RopeAndKvWriteMatchCpu) {
         k.insert(k.end(), row + heads * hs, row + (heads + kv_heads) * hs);
         v.insert(v.end(), row + (heads + kv_heads) * hs, row + stride);
       }
-      cpu::Rope(q.data(), rows, pos.data(), heads, hs, kind, 10000.0f);
-      cpu::Rope(k.data(), rows, pos.data(), kv_heads, hs, kind, 10000.0f);
+      cpu::Rope(q.data(), rows, pos.data(), heads, hs, kind, 10000.0f, nullptr, amplitude,
+                rotary_dim);
+      cpu::Rope(k.data(), rows, pos.data(), kv_heads, hs, kind, 10000.0f, nullptr, amplitude,
+                rotary_dim);
       std::vector<float> cache(shape.BlockFloats() * shape.num_blocks, 0.0f);
       cpu::KvWrite(cache.data(), shape, 1, k.data(), v.data(), rows, slots.data());
 
@@ -222,7 +229,8 @@ TEST_F(CudaBf16Test, RopeAndKvWriteMatchCpu) {
       DeviceVector<int64_t> dslots(slots);
       DeviceVector<Bf16> dcache(cache.size());  // zeros
       CUDA_OK(cuda::RopeKvWriteBf16(dqkv.get(), stride, rows, dpos.get(), heads, shape, kind,
-                                    10000.0f, dcache.get(), 1, dslots.get(), nullptr));
+                                    10000.0f, dcache.get(), 1, dslots.get(), nullptr, nullptr,
+                                    amplitude, rotary_dim));
       const std::vector<float> got_qkv = dqkv.ToHost();
       std::vector<float> got_q;
       for (int32_t r = 0; r < rows; ++r) {

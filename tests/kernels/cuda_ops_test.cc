@@ -62,13 +62,16 @@ TEST_F(CudaOpsTest, MatmulMatchesCpu) {
 
 TEST_F(CudaOpsTest, RopeMatchesCpu) {
   for (RopeKind kind : {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf}) {
+    const float amplitude = kind == RopeKind::kRotateHalf ? 1.19f : 1.0f;  // yarn's, longrope's
     for (int32_t hs : {8, 128}) {
+      const int32_t rotary_dim = hs == 128 ? 96 : 0;  // Phi-4-mini's partial_rotary_factor 0.75
       const std::vector<int32_t> pos = {0, 3, 511};
       auto v = RandomVector(3 * 4 * hs, 6);
       DeviceVector<float> dv(v);
       DeviceVector<int32_t> dpos(pos);
-      cpu::Rope(v.data(), 3, pos.data(), 4, hs, kind, 10000.0f);
-      CUDA_OK(cuda::Rope(dv.get(), 3, dpos.get(), 4, hs, kind, 10000.0f));
+      cpu::Rope(v.data(), 3, pos.data(), 4, hs, kind, 10000.0f, nullptr, amplitude, rotary_dim);
+      CUDA_OK(cuda::Rope(dv.get(), 3, dpos.get(), 4, hs, kind, 10000.0f, nullptr, amplitude,
+                         rotary_dim));
       ExpectNear(dv.ToHost(), v, {1e-4, 1e-4}, "rope");
     }
   }

@@ -8,125 +8,16 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
-#include "test_util.h"
+#include "hf_fixture.h"
 
 namespace tandem::model {
 namespace {
 
-using testing::Ints;
-using testing::SharedDir;
-using testing::TempDir;
+using namespace testing;  // NOLINT: the fixture helpers
 
 const char* const kFixtures[] = {"llama2-bf16", "llama3.2",  "llama3.2-tf5",
                                  "llama-linear-sharded", "mistral", "qwen2.5",
                                  "qwen3",       "phi3",      "gemma"};
-
-std::string FixtureDir(const std::string& name) { return SharedDir() + "/models/hf/" + name; }
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void Spit(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-}
-
-// Skips when shared/models/hf is absent, except in CI, where it must be there.
-#define TANDEM_REQUIRE_HF()                                                             \
-  do {                                                                                  \
-    if (!std::filesystem::exists(FixtureDir("llama2-bf16"))) {                          \
-      if (std::getenv("CI") != nullptr) FAIL() << "CI is set but " << FixtureDir("") << \
-                                            " is missing";                              \
-      GTEST_SKIP() << "no " << FixtureDir("");                                          \
-    }                                                                                   \
-  } while (0)
-
-struct HfCase {
-  std::vector<int32_t> prompt;
-  int32_t max_tokens = 0;
-  std::vector<int32_t> expected;
-  std::vector<double> margins;
-  int32_t decisive = 0;
-};
-
-std::vector<HfCase> LoadHfCases(const std::string& fixture) {
-  auto doc = ParseJson(Slurp(FixtureDir(fixture) + "/reference.json"));
-  EXPECT_TRUE(doc.ok()) << doc.status();
-  std::vector<HfCase> cases;
-  if (!doc.ok()) return cases;
-  for (const nlohmann::json& c : doc->at("cases")) {
-    HfCase h{.prompt = Ints(c.at("prompt_token_ids")),
-             .max_tokens = c.at("max_tokens").get<int32_t>(),
-             .expected = Ints(c.at("expected_output_token_ids")),
-             .margins = c.at("top2_margins").get<std::vector<double>>(),
-             .decisive = c.at("decisive_prefix_len").get<int32_t>()};
-    cases.push_back(std::move(h));
-  }
-  return cases;
-}
-
-// Greedy for several prompts at once, every step one batch (prefills, then
-// decodes), EOS ignored as in the reference.
-std::vector<std::vector<int32_t>> GreedyBatched(const Model& model,
-                                                const std::vector<HfCase>& cases, Backend backend,
-                                                DType dtype) {
-  const int32_t bs = 16;
-  std::vector<std::vector<int32_t>> tables, chunks(cases.size()), out(cases.size());
-  std::vector<int32_t> pos(cases.size(), 0);
-  int32_t next_block = 0, total_blocks = 0;
-  for (const HfCase& c : cases) {
-    total_blocks += (static_cast<int32_t>(c.prompt.size()) + c.max_tokens) / bs + 1;
-  }
-  auto runner =
-      ModelRunner::Create(&model, {.block_size = bs, .num_blocks = total_blocks, .dtype = dtype},
-                          backend);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  if (!runner.ok()) return out;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const int32_t need = (static_cast<int32_t>(cases[i].prompt.size()) + cases[i].max_tokens) / bs + 1;
-    std::vector<int32_t> table;
-    for (int32_t b = 0; b < need; ++b) table.push_back(next_block++);
-    tables.push_back(table);
-    chunks[i] = cases[i].prompt;
-  }
-  std::vector<float> logits;
-  for (;;) {
-    std::vector<SequenceInput> batch;
-    std::vector<size_t> who;
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (static_cast<int32_t>(out[i].size()) >= cases[i].max_tokens) continue;
-      batch.push_back({.token_ids = chunks[i], .start_pos = pos[i], .block_table = tables[i]});
-      who.push_back(i);
-    }
-    if (batch.empty()) break;
-    const absl::Status s = (*runner)->Forward(batch, &logits);
-    EXPECT_TRUE(s.ok()) << s;
-    if (!s.ok()) break;
-    const int32_t vocab = model.config().vocab_size;
-    for (size_t b = 0; b < who.size(); ++b) {
-      const size_t i = who[b];
-      pos[i] += static_cast<int32_t>(chunks[i].size());
-      const std::vector<float> row(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
-      const int32_t next = SampleToken(row, SamplingParams{}, 0);
-      out[i].push_back(next);
-      chunks[i] = {next};
-    }
-  }
-  return out;
-}
-
-void ExpectDecisivePrefix(const std::vector<int32_t>& got, const HfCase& c,
-                          const std::string& what) {
-  ASSERT_GE(got.size(), static_cast<size_t>(c.decisive)) << what;
-  for (int32_t t = 0; t < c.decisive; ++t) {
-    ASSERT_EQ(got[t], c.expected[t]) << what << " token " << t << " (decisive prefix "
-                                     << c.decisive << ")";
-  }
-}
 
 class HfFixtureTest : public ::testing::TestWithParam<const char*> {};
 
@@ -281,85 +172,12 @@ TEST(HfFamiliesTest, ConfigsReadAsTheirFamilies) {
   EXPECT_EQ((*v4)->fingerprint(), (*v5)->fingerprint());
 }
 
-TEST(HfFamiliesTest, Llama3ScalingMatchesTransformersFrequencies) {
-  // transformers' _compute_llama3_parameters for head_dim 32, theta 5e5,
-  // factor 32, low 1, high 4, original 8192: pairs whose wavelength exceeds
-  // 8192 are divided by 32, those under 2048 are kept, the rest blend.
-  ModelConfig c;
-  c.head_size = 32;
-  c.rope_theta = 500000.0f;
-  c.rope_scaling = {.type = RopeScaling::Type::kLlama3,
-                    .factor = 32.0f,
-                    .low_freq_factor = 1.0f,
-                    .high_freq_factor = 4.0f,
-                    .original_max_position_embeddings = 8192};
-  const std::vector<float> inv = c.RopeInverseFrequencies();
-  ASSERT_EQ(inv.size(), 16u);
-  for (int32_t p = 0; p < 16; ++p) {
-    const double base = 1.0 / std::pow(500000.0, 2.0 * p / 32.0);
-    const double wavelen = 2 * M_PI / base;
-    double want = base;
-    if (wavelen > 8192) {
-      want = base / 32;
-    } else if (wavelen >= 2048) {
-      const double smooth = (8192 / wavelen - 1) / (4 - 1);
-      want = (1 - smooth) * base / 32 + smooth * base;
-    }
-    EXPECT_NEAR(inv[p], want, 1e-6 * want) << "pair " << p;
-  }
-  c.rope_scaling = {.type = RopeScaling::Type::kLinear, .factor = 4.0f};
-  c.rope_theta = 10000.0f;
-  EXPECT_FLOAT_EQ(c.RopeInverseFrequencies()[1], 1.0f / std::pow(10000.0f, 2.0f / 32) / 4);
-}
-
-// A copy of a fixture whose config.json has `from` replaced by `to`.
-class EditedFixture {
- public:
-  EditedFixture(const std::string& fixture, const std::string& from, const std::string& to) {
-    for (const auto& e : std::filesystem::directory_iterator(FixtureDir(fixture))) {
-      const std::string dst = dir_.File(e.path().filename().string());
-      std::filesystem::copy_file(e.path(), dst);
-      std::filesystem::permissions(dst, std::filesystem::perms::owner_write,
-                                   std::filesystem::perm_options::add);
-    }
-    std::string cfg = Slurp(dir_.File("config.json"));
-    const size_t at = cfg.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    if (at != std::string::npos) cfg.replace(at, from.size(), to);
-    Spit(dir_.File("config.json"), cfg);
-  }
-  const std::string& path() const { return dir_.path(); }
-  std::string File(const std::string& name) const { return dir_.File(name); }
-
- private:
-  TempDir dir_;
-};
-
-void ExpectRefused(const EditedFixture& f, absl::StatusCode code, const std::string& needle) {
-  auto m = Model::Load(f.path());
-  ASSERT_FALSE(m.ok()) << "loaded; wanted a refusal naming " << needle;
-  EXPECT_EQ(m.status().code(), code) << m.status();
-  EXPECT_NE(m.status().message().find(needle), std::string::npos) << m.status();
-}
-
 TEST(HfFamiliesTest, RefusesAnUnknownArchitectureByName) {
   TANDEM_REQUIRE_HF();
   EditedFixture f("mistral", "\"MistralForCausalLM\"", "\"FooBarForCausalLM\"");
   ExpectRefused(f, absl::StatusCode::kUnimplemented, "FooBarForCausalLM");
   EditedFixture t("mistral", "\"model_type\": \"mistral\"", "\"model_type\": \"llama\"");
   ExpectRefused(t, absl::StatusCode::kInvalidArgument, "disagrees with model_type");
-}
-
-TEST(HfFamiliesTest, RefusesRopeTypesItDoesNotImplement) {
-  TANDEM_REQUIRE_HF();
-  for (const char* type : {"yarn", "dynamic", "longrope"}) {
-    EditedFixture f("llama-linear-sharded", "\"rope_type\": \"linear\"",
-                    absl::StrCat("\"rope_type\": \"", type, "\""));
-    ExpectRefused(f, absl::StatusCode::kUnimplemented, type);
-  }
-  EditedFixture extra("llama3.2", "\"rope_type\": \"llama3\"",
-                      "\"rope_type\": \"llama3\", \"beta_fast\": 32");
-  ExpectRefused(extra, absl::StatusCode::kUnimplemented, "beta_fast");
 }
 
 TEST(HfFamiliesTest, RefusesAnUnknownActivation) {
@@ -378,7 +196,9 @@ TEST(HfFamiliesTest, RefusesConfigKeysThatMayChangeTheMath) {
   EditedFixture q("mistral", "\"use_cache\": true",
                   "\"use_cache\": true, \"quantization_config\": {\"quant_method\": \"awq\"}");
   ExpectRefused(q, absl::StatusCode::kUnimplemented, "awq");
-  EditedFixture p("phi3", "\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 0.5");
+  // Only Phi3's transformers code rotates part of a head.
+  EditedFixture p("mistral", "\"use_cache\": true",
+                  "\"use_cache\": true, \"partial_rotary_factor\": 0.5");
   ExpectRefused(p, absl::StatusCode::kUnimplemented, "partial_rotary_factor");
   EditedFixture m("llama2-bf16", "\"mlp_bias\": false", "\"mlp_bias\": true");
   ExpectRefused(m, absl::StatusCode::kUnimplemented, "mlp_bias");
@@ -396,18 +216,6 @@ TEST(HfFamiliesTest, RefusesATensorItWouldLeaveUnread) {
   }
   Spit(f.File("config.json"), cfg);
   ExpectRefused(f, absl::StatusCode::kInvalidArgument, "self_attn.k_proj.bias");
-}
-
-// Edits config.json's text in place: every (from, to) pair, each must be found.
-void EditConfig(const EditedFixture& f,
-                const std::vector<std::pair<std::string, std::string>>& edits) {
-  std::string cfg = Slurp(f.File("config.json"));
-  for (const auto& [from, to] : edits) {
-    const size_t at = cfg.find(from);
-    ASSERT_NE(at, std::string::npos) << from;
-    cfg.replace(at, from.size(), to);
-  }
-  Spit(f.File("config.json"), cfg);
 }
 
 std::vector<int32_t> LayerWindows(const EditedFixture& f) {
@@ -481,32 +289,6 @@ TEST(HfFamiliesTest, DisableSlidingWindowCapsTheContextInstead) {
   EXPECT_EQ((*plain)->config().max_seq_len, 32768);
 }
 
-// The last position's logits of one prefill of `tokens` in chunks of `chunk`.
-std::vector<float> LastLogits(const Model& model, const std::vector<int32_t>& tokens, int32_t chunk,
-                              Backend backend = Backend::kCpu, DType dtype = DType::kFloat32) {
-  const int32_t bs = 16, n = static_cast<int32_t>(tokens.size());
-  auto runner = ModelRunner::Create(
-      &model, {.block_size = bs, .num_blocks = n / bs + 1, .dtype = dtype}, backend);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  if (!runner.ok()) return {};
-  std::vector<int32_t> table(static_cast<size_t>(n / bs + 1));
-  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-  std::vector<float> logits;
-  for (int32_t pos = 0; pos < n; pos += chunk) {
-    const std::vector<int32_t> part(tokens.begin() + pos,
-                                    tokens.begin() + std::min(n, pos + chunk));
-    const SequenceInput in{.token_ids = part, .start_pos = pos, .block_table = table};
-    const absl::Status s = (*runner)->Forward({&in, 1}, &logits);
-    EXPECT_TRUE(s.ok()) << s;
-  }
-  return logits;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
 // A sliding window of W keeps key kv for the query at q when kv > q - W, so
 // through 3 layers the last position p reads tokens p - 3 (W - 1) .. p and
 // nothing earlier. Checked at both edges: a token changed one place before
@@ -529,15 +311,8 @@ TEST(HfFamiliesTest, ASlidingWindowSeesExactlyItsWindow) {
     t[static_cast<size_t>(at)] = (t[static_cast<size_t>(at)] + 1) % (*m)->config().vocab_size;
     return t;
   };
-  std::vector<std::pair<Backend, DType>> modes = {{Backend::kCpu, DType::kFloat32}};
-  if (ModelRunner::Create(m->get(), {.block_size = 16, .num_blocks = 1}, Backend::kCuda).ok()) {
-    modes.push_back({Backend::kCuda, DType::kFloat32});
-    modes.push_back({Backend::kCuda, DType::kBFloat16});
-  }
-  for (const auto& [backend, dtype] : modes) {
-    SCOPED_TRACE(backend == Backend::kCpu   ? "cpu"
-                 : dtype == DType::kFloat32 ? "cuda f32"
-                                            : "cuda bf16");
+  for (const auto& [backend, dtype] : RunnerModes(**m)) {
+    SCOPED_TRACE(ModeName(backend, dtype));
     const std::vector<float> base = LastLogits(**m, tokens, kLength, backend, dtype);
     ASSERT_FALSE(base.empty());
     EXPECT_TRUE(

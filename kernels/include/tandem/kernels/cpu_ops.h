@@ -49,9 +49,12 @@ class PackedMatrix {
 };
 
 // RoPE in place on vec[rows][num_heads][head_size] at positions[r], by the
-// inverse frequencies inv_freq[head_size / 2] when given, else theta's.
+// inverse frequencies inv_freq[rotary_dim / 2] when given, else theta's; cos
+// and sin times `amplitude` (RopeCosSin); only each head's first rotary_dim
+// elements (0: all; partial_rotary_factor), the rest as they are.
 void Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
-          RopeKind kind, float theta, const float* inv_freq = nullptr);
+          RopeKind kind, float theta, const float* inv_freq = nullptr, float amplitude = 1.0f,
+          int32_t rotary_dim = 0);
 
 // Writes k[r], v[r] ([rows][num_kv_heads][head_size]) into cache slot
 // slots[r] (block_id * block_size + offset) of `layer`; slot < 0 skips a row.

@@ -61,11 +61,14 @@ bool DeviceHasDependentLaunch(int device);
 // qkv[rows][q_stride] holds each row's q (num_heads * head_size), then k and
 // v (num_kv_heads * head_size each). Applies RoPE to q in place and to k, and
 // writes k and v into the bf16 cache at slots[r] (slot < 0: not written).
-// inv_freq: device array [head_size / 2], or nullptr for theta's frequencies.
+// inv_freq: device array [rotary_dim / 2], or nullptr for theta's
+// frequencies; amplitude: RopeCosSin's; rotary_dim: the elements of a head
+// RoPE rotates (0: all; see RopePairIndices).
 int RopeKvWriteBf16(float* qkv, int32_t q_stride, int32_t rows, const int32_t* positions,
                     int32_t num_heads, const KvCacheShape& shape, RopeKind kind, float theta,
                     Bf16* cache, int32_t layer, const int64_t* slots, void* stream,
-                    const float* inv_freq = nullptr);
+                    const float* inv_freq = nullptr, float amplitude = 1.0f,
+                    int32_t rotary_dim = 0);
 
 struct Bf16AttentionArgs {
   const float* q = nullptr;  // head h of row r at q + r * q_stride + h * head_size

@@ -73,9 +73,12 @@ int RmsNorm(const float* x, const float* w, int32_t rows, int32_t dim, float eps
 // y[rows][out_dim] = x[rows][in_dim] * W^T with W [out_dim][in_dim] (cuBLAS SGEMM).
 int Matmul(BlasHandle* blas, const float* w, int32_t out_dim, int32_t in_dim, const float* x,
            int32_t rows, float* y);
-// inv_freq: device array [head_size / 2], or nullptr for theta's frequencies.
+// inv_freq: device array [rotary_dim / 2], or nullptr for theta's
+// frequencies; amplitude: RopeCosSin's; rotary_dim: the elements of a head
+// RoPE rotates (0: all).
 int Rope(float* vec, int32_t rows, const int32_t* positions, int32_t num_heads, int32_t head_size,
-         RopeKind kind, float theta, const float* inv_freq = nullptr);
+         RopeKind kind, float theta, const float* inv_freq = nullptr, float amplitude = 1.0f,
+         int32_t rotary_dim = 0);
 int KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float* k, const float* v,
             int32_t rows, const int64_t* slots);
 // `args` holds device pointers; scratch holds num_rows * num_heads *

@@ -66,33 +66,42 @@ TANDEM_HD inline float ActMul(ActKind kind, float g, float u) {
   return kind == ActKind::kGeluTanh ? GeluTanhMul(g, u) : SiluMul(g, u);
 }
 
-// Rotation angle of pair `pair` (0 .. head_size/2) at position `pos`: from
+// RoPE rotates the first rotary_dim elements of each head (the whole head
+// but for partial_rotary_factor < 1) in rotary_dim / 2 pairs; the rest pass
+// through.
+// Rotation angle of pair `pair` (0 .. rotary_dim/2) at position `pos`: from
 // the table of inverse frequencies when given (the model's, with any RoPE
-// scaling), else 1 / theta^(2 pair / head_size) as llama2.c computes it.
-TANDEM_HD inline void RopeCosSin(int32_t pos, int32_t pair, int32_t head_size, float theta,
-                                 const float* inv_freq, float* c, float* s) {
+// scaling), else 1 / theta^(2 pair / rotary_dim) as llama2.c computes it.
+// cos and sin are multiplied by `amplitude` (yarn's and longrope's attention
+// factor, 1 for the others), as transformers scales them.
+TANDEM_HD inline void RopeCosSin(int32_t pos, int32_t pair, int32_t rotary_dim, float theta,
+                                 const float* inv_freq, float amplitude, float* c, float* s) {
   const int32_t head_dim = 2 * pair;
   const float freq =
       inv_freq != nullptr
           ? inv_freq[pair]
-          : 1.0f / powf(theta, static_cast<float>(head_dim) / static_cast<float>(head_size));
+          : 1.0f / powf(theta, static_cast<float>(head_dim) / static_cast<float>(rotary_dim));
   const float val = static_cast<float>(pos) * freq;
-  *c = cosf(val);
-  *s = sinf(val);
+  *c = cosf(val) * amplitude;
+  *s = sinf(val) * amplitude;
 }
 
-// Rotates one pair of one head vector in place.
-// The two elements of a head vector that RoPE's pair `pair` rotates.
-TANDEM_HD inline void RopePairIndices(int32_t pair, int32_t head_size, RopeKind kind, int32_t* i0,
+// The two elements of a head vector that RoPE's pair `pair` rotates: (p,
+// p + rotary_dim / 2) for rotate-half, (2p, 2p + 1) for adjacent pairs. The
+// pairs past rotary_dim / 2 split the elements that pass through, (2p,
+// 2p + 1), so pairs 0 .. head_size / 2 cover every element once.
+TANDEM_HD inline void RopePairIndices(int32_t pair, int32_t rotary_dim, RopeKind kind, int32_t* i0,
                                       int32_t* i1) {
-  *i0 = kind == RopeKind::kAdjacentPairs ? 2 * pair : pair;
-  *i1 = kind == RopeKind::kAdjacentPairs ? 2 * pair + 1 : pair + head_size / 2;
+  const bool adjacent = kind == RopeKind::kAdjacentPairs || 2 * pair >= rotary_dim;
+  *i0 = adjacent ? 2 * pair : pair;
+  *i1 = adjacent ? 2 * pair + 1 : pair + rotary_dim / 2;
 }
 
-TANDEM_HD inline void RopePair(float* head_vec, int32_t pair, int32_t head_size, RopeKind kind,
+// Rotates one pair (< rotary_dim / 2) of one head vector in place.
+TANDEM_HD inline void RopePair(float* head_vec, int32_t pair, int32_t rotary_dim, RopeKind kind,
                                float c, float s) {
   int32_t i0, i1;
-  RopePairIndices(pair, head_size, kind, &i0, &i1);
+  RopePairIndices(pair, rotary_dim, kind, &i0, &i1);
   const float v0 = head_vec[i0];
   const float v1 = head_vec[i1];
   head_vec[i0] = v0 * c - v1 * s;
@@ -256,15 +265,18 @@ struct RopeFn {
   int32_t head_size;
   RopeKind kind;
   float theta;
-  const float* inv_freq = nullptr;  // [head_size / 2]; nullptr: from theta
+  const float* inv_freq = nullptr;  // [rotary_dim / 2]; nullptr: from theta
+  float amplitude = 1.0f;           // RopeCosSin's
+  int32_t rotary_dim = 0;           // 0: head_size
   TANDEM_HD void operator()(int64_t row, int32_t t, int32_t nt) const {
-    const int32_t half = head_size / 2;
-    for (int32_t i = t; i < num_heads * half; i += nt) {
-      const int32_t head = i / half;
-      const int32_t pair = i % half;
+    const int32_t rd = rotary_dim > 0 ? rotary_dim : head_size;
+    const int32_t pairs = rd / 2;
+    for (int32_t i = t; i < num_heads * pairs; i += nt) {
+      const int32_t head = i / pairs;
+      const int32_t pair = i % pairs;
       float c, s;
-      RopeCosSin(positions[row], pair, head_size, theta, inv_freq, &c, &s);
-      RopePair(vec + (row * num_heads + head) * head_size, pair, head_size, kind, c, s);
+      RopeCosSin(positions[row], pair, rd, theta, inv_freq, amplitude, &c, &s);
+      RopePair(vec + (row * num_heads + head) * head_size, pair, rd, kind, c, s);
     }
   }
 };

@@ -51,16 +51,25 @@ enum class Activation {
   kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ("gelu_pytorch_tanh")
 };
 
-// RoPE frequency scaling, as transformers' rope_init_functions compute it.
-// Types whose frequencies depend on the sequence length ("dynamic") or that
-// rescale attention ("yarn", "longrope") are refused by the loader.
+// RoPE frequency scaling, as transformers 5's rope_init_functions compute it.
+// "dynamic" (frequencies that depend on the sequence length) is refused by
+// the loader. "longrope" switches from its short to its long factors once a
+// sequence passes original_max_position_embeddings; the loader serves the
+// short factors and caps the context there, where that switch never happens.
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3 };
+  enum class Type { kNone, kLinear, kLlama3, kYarn, kLongRope };
   Type type = Type::kNone;
   float factor = 1.0f;
-  float low_freq_factor = 1.0f;                // llama3
-  float high_freq_factor = 4.0f;               // llama3
-  int32_t original_max_position_embeddings = 0;  // llama3
+  float low_freq_factor = 1.0f;                  // llama3
+  float high_freq_factor = 4.0f;                 // llama3
+  int32_t original_max_position_embeddings = 0;  // llama3, yarn, longrope
+  double beta_fast = 32.0;                       // yarn
+  double beta_slow = 1.0;                        // yarn
+  bool truncate = true;                          // yarn: whole dimensions for the ramp's ends
+  std::vector<float> ext_factors;                // longrope: [rotary_dim / 2], the short factors
+  // yarn and longrope: cos and sin are multiplied by this (transformers'
+  // attention_scaling), so every attention logit by its square. 1 otherwise.
+  float attention_factor = 1.0f;
 };
 
 // Sampling defaults from generation_config.json (see tandem/common); a
@@ -84,6 +93,9 @@ struct ModelConfig {
   // differ (Qwen3, Gemma): q is num_heads * head_size wide (q_dim()).
   int32_t head_size = 0;
   RopeStyle rope_style = RopeStyle::kAdjacentPairs;
+  // RoPE rotates each q and k head's first rotary_dim elements and passes the
+  // rest through (Phi-3's partial_rotary_factor); 0: the whole head.
+  int32_t rotary_dim = 0;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
   float norm_eps = 1e-5f;  // RMSNorm epsilon
@@ -111,14 +123,15 @@ struct ModelConfig {
   GenerationDefaults generation;
 
   int32_t kv_dim() const { return num_kv_heads * head_size; }
+  int32_t RotaryDim() const { return rotary_dim > 0 ? rotary_dim : head_size; }
   int32_t q_dim() const { return num_heads * head_size; }
   int32_t AttentionWindow(int32_t layer) const {
     return layer_window.empty() ? 0 : layer_window[static_cast<size_t>(layer)];
   }
   // eos_token_id, then extra_eos_token_ids (no duplicates).
   std::vector<int32_t> EosTokenIds() const;
-  // RoPE's inverse frequency of each pair p < head_size / 2:
-  // 1 / theta^(2p / head_size), then rope_scaling. Computed on the host, so
+  // RoPE's inverse frequency of each pair p < RotaryDim() / 2:
+  // 1 / theta^(2p / RotaryDim()), then rope_scaling. Computed on the host, so
   // every backend rotates by the same angles.
   std::vector<float> RopeInverseFrequencies() const;
   // Checks positivity and the divisibility rules above.
