@@ -17,7 +17,8 @@
 //  - RoPE scaling of types default, linear, llama3, yarn and longrope as
 //    transformers 5 computes it; longrope with its short factors and the
 //    context capped at original_max_position_embeddings (rope_context_cap,
-//    logged), where transformers never switches to the long ones.
+//    logged), where transformers never switches to the long ones; Phi3's
+//    partial_rotary_factor (ModelConfig::rotary_dim).
 #pragma once
 
 #include <string>
