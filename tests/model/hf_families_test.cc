@@ -174,34 +174,34 @@ TEST(HfFamiliesTest, ConfigsReadAsTheirFamilies) {
 
 TEST(HfFamiliesTest, RefusesAnUnknownArchitectureByName) {
   TANDEM_REQUIRE_HF();
-  EditedFixture f("mistral", "\"MistralForCausalLM\"", "\"FooBarForCausalLM\"");
-  ExpectRefused(f, absl::StatusCode::kUnimplemented, "FooBarForCausalLM");
-  EditedFixture t("mistral", "\"model_type\": \"mistral\"", "\"model_type\": \"llama\"");
-  ExpectRefused(t, absl::StatusCode::kInvalidArgument, "disagrees with model_type");
+  ExpectEditRefused("mistral", "\"MistralForCausalLM\"", "\"FooBarForCausalLM\"",
+                    absl::StatusCode::kUnimplemented, "FooBarForCausalLM");
+  ExpectEditRefused("mistral", "\"model_type\": \"mistral\"", "\"model_type\": \"llama\"",
+                    absl::StatusCode::kInvalidArgument, "disagrees with model_type");
 }
 
 TEST(HfFamiliesTest, RefusesAnUnknownActivation) {
   TANDEM_REQUIRE_HF();
-  EditedFixture f("mistral", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"relu2\"");
-  ExpectRefused(f, absl::StatusCode::kUnimplemented, "relu2");
-  EditedFixture g("gemma", "\"hidden_activation\": \"gelu_pytorch_tanh\"",
-                  "\"hidden_activation\": \"gelu\"");
-  ExpectRefused(g, absl::StatusCode::kUnimplemented, "hidden_activation \"gelu\"");
+  ExpectEditRefused("mistral", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"relu2\"",
+                    absl::StatusCode::kUnimplemented, "relu2");
+  ExpectEditRefused("gemma", "\"hidden_activation\": \"gelu_pytorch_tanh\"",
+                    "\"hidden_activation\": \"gelu\"", absl::StatusCode::kUnimplemented,
+                    "hidden_activation \"gelu\"");
 }
 
 TEST(HfFamiliesTest, RefusesConfigKeysThatMayChangeTheMath) {
   TANDEM_REQUIRE_HF();
-  EditedFixture f("mistral", "\"use_cache\": true", "\"use_cache\": true, \"logit_softcap\": 30");
-  ExpectRefused(f, absl::StatusCode::kUnimplemented, "logit_softcap");
-  EditedFixture q("mistral", "\"use_cache\": true",
-                  "\"use_cache\": true, \"quantization_config\": {\"quant_method\": \"awq\"}");
-  ExpectRefused(q, absl::StatusCode::kUnimplemented, "awq");
+  ExpectEditRefused("mistral", "\"use_cache\": true", "\"use_cache\": true, \"logit_softcap\": 30",
+                    absl::StatusCode::kUnimplemented, "logit_softcap");
+  ExpectEditRefused("mistral", "\"use_cache\": true",
+                    "\"use_cache\": true, \"quantization_config\": {\"quant_method\": \"awq\"}",
+                    absl::StatusCode::kUnimplemented, "awq");
   // Only Phi3's transformers code rotates part of a head.
-  EditedFixture p("mistral", "\"use_cache\": true",
-                  "\"use_cache\": true, \"partial_rotary_factor\": 0.5");
-  ExpectRefused(p, absl::StatusCode::kUnimplemented, "partial_rotary_factor");
-  EditedFixture m("llama2-bf16", "\"mlp_bias\": false", "\"mlp_bias\": true");
-  ExpectRefused(m, absl::StatusCode::kUnimplemented, "mlp_bias");
+  ExpectEditRefused("mistral", "\"use_cache\": true",
+                    "\"use_cache\": true, \"partial_rotary_factor\": 0.5",
+                    absl::StatusCode::kUnimplemented, "partial_rotary_factor");
+  ExpectEditRefused("llama2-bf16", "\"mlp_bias\": false", "\"mlp_bias\": true",
+                    absl::StatusCode::kUnimplemented, "mlp_bias");
 }
 
 TEST(HfFamiliesTest, RefusesATensorItWouldLeaveUnread) {
@@ -242,10 +242,10 @@ TEST(HfFamiliesTest, SlidingWindowsFollowEachFamilysRule) {
     EditedFixture wide("mistral", "\"sliding_window\": null", "\"sliding_window\": 32768");
     EXPECT_TRUE(LayerWindows(wide).empty());
     // layer_types cannot make Mistral's layers full: transformers ignores it.
-    EditedFixture typed("mistral", "\"sliding_window\": null",
-                        "\"sliding_window\": 64, \"layer_types\": [\"sliding_attention\", "
-                        "\"full_attention\", \"sliding_attention\"]");
-    ExpectRefused(typed, absl::StatusCode::kUnimplemented, "layer_types");
+    ExpectEditRefused("mistral", "\"sliding_window\": null",
+                      "\"sliding_window\": 64, \"layer_types\": [\"sliding_attention\", "
+                      "\"full_attention\", \"sliding_attention\"]",
+                      absl::StatusCode::kUnimplemented, "layer_types");
   }
   {  // Qwen: only with use_sliding_window, layers past max_window_layers.
     EditedFixture q("qwen2.5", "\"sliding_window\": null", "\"sliding_window\": 1024");

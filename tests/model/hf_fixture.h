@@ -153,6 +153,14 @@ inline void ExpectRefused(const EditedFixture& f, absl::StatusCode code, const s
 }
 
 // Edits config.json's text in place: every (from, to) pair, each must be found.
+// ExpectRefused on a copy of `fixture` with `from` replaced by `to`.
+inline void ExpectEditRefused(const std::string& fixture, const std::string& from,
+                              const std::string& to, absl::StatusCode code,
+                              const std::string& needle) {
+  EditedFixture f(fixture, from, to);
+  ExpectRefused(f, code, needle);
+}
+
 inline void EditConfig(const EditedFixture& f,
                 const std::vector<std::pair<std::string, std::string>>& edits) {
   std::string cfg = Slurp(f.File("config.json"));

@@ -166,19 +166,18 @@ TEST(RopeScalingTest, YarnReadsTransformersKeysAndVllmsContext) {
   EXPECT_EQ(c->rope_scaling.attention_factor, 0.75f);
 
   // Keys of other types are refused by name; so is "dynamic".
-  EditedFixture bad("qwen2.5", "\"use_cache\": true",
+  ExpectEditRefused("qwen2.5", "\"use_cache\": true",
                     R"("use_cache": true, "rope_scaling": {"rope_type": "yarn", "factor": 2, )"
-                    R"("low_freq_factor": 1})");
-  ExpectRefused(bad, absl::StatusCode::kUnimplemented, "low_freq_factor");
-  EditedFixture dynamic("llama-linear-sharded", "\"rope_type\": \"linear\"",
-                        "\"rope_type\": \"dynamic\"");
-  ExpectRefused(dynamic, absl::StatusCode::kUnimplemented, "dynamic");
-  EditedFixture extra("llama3.2", "\"rope_type\": \"llama3\"",
-                      "\"rope_type\": \"llama3\", \"beta_fast\": 32");
-  ExpectRefused(extra, absl::StatusCode::kUnimplemented, "beta_fast");
-  EditedFixture phi("phi3", "\"rope_scaling\": null",
-                    R"("rope_scaling": {"type": "yarn", "factor": 2})");
-  ExpectRefused(phi, absl::StatusCode::kUnimplemented, "yarn");
+                    R"("low_freq_factor": 1})",
+                    absl::StatusCode::kUnimplemented, "low_freq_factor");
+  ExpectEditRefused("llama-linear-sharded", "\"rope_type\": \"linear\"",
+                    "\"rope_type\": \"dynamic\"", absl::StatusCode::kUnimplemented, "dynamic");
+  ExpectEditRefused("llama3.2", "\"rope_type\": \"llama3\"",
+                    "\"rope_type\": \"llama3\", \"beta_fast\": 32",
+                    absl::StatusCode::kUnimplemented, "beta_fast");
+  ExpectEditRefused("phi3", "\"rope_scaling\": null",
+                    R"("rope_scaling": {"type": "yarn", "factor": 2})",
+                    absl::StatusCode::kUnimplemented, "yarn");
 }
 
 // Phi-3.5-mini's layout: longrope with 131,072 positions over a pretraining
@@ -227,11 +226,11 @@ TEST(RopeScalingTest, LongRopeServesItsShortFactorsWithinTheOriginalContext) {
   EditedFixture mscale("phi3", "\"rope_scaling\": null", scaling);
   EditConfig(mscale, {{"\"type\": \"longrope\"", "\"type\": \"longrope\", \"short_mscale\": 1.1"}});
   ExpectRefused(mscale, absl::StatusCode::kUnimplemented, "short_mscale");
-  EditedFixture short_list("phi3", "\"rope_scaling\": null",
-                           absl::StrCat(R"("rope_scaling": {"type": "longrope", "short_factor": )",
-                                        Repeat(1.0, pairs - 1),
-                                        R"(, "long_factor": )", Repeat(1.0, pairs), "}"));
-  ExpectRefused(short_list, absl::StatusCode::kInvalidArgument, "short_factor");
+  ExpectEditRefused(
+      "phi3", "\"rope_scaling\": null",
+      absl::StrCat(R"("rope_scaling": {"type": "longrope", "short_factor": )",
+                   Repeat(1.0, pairs - 1), R"(, "long_factor": )", Repeat(1.0, pairs), "}"),
+      absl::StatusCode::kInvalidArgument, "short_factor");
 }
 
 // Longrope with every short factor 4 rotates by linear scaling's angles to
@@ -356,14 +355,14 @@ TEST(RopeScalingTest, Phi4MinisLayoutLoadsAndItsUnreadKeysAreHeldToTheirValues) 
     EditConfig(g, {{from, to}});
     ExpectRefused(g, absl::StatusCode::kUnimplemented, from.substr(1, from.find('"', 1) - 1));
   }
-  EditedFixture other("mistral", "\"use_cache\": true", "\"use_cache\": true, \"full_attn_mod\": 1");
-  ExpectRefused(other, absl::StatusCode::kUnimplemented, "full_attn_mod");
+  ExpectEditRefused("mistral", "\"use_cache\": true", "\"use_cache\": true, \"full_attn_mod\": 1",
+                    absl::StatusCode::kUnimplemented, "full_attn_mod");
   // 12 factors are a head's worth of pairs only with the partial factor.
-  EditedFixture whole_head("phi3", "\"rope_scaling\": null", scaling);
-  ExpectRefused(whole_head, absl::StatusCode::kInvalidArgument, "short_factor");
+  ExpectEditRefused("phi3", "\"rope_scaling\": null", scaling, absl::StatusCode::kInvalidArgument,
+                    "short_factor");
   // int(32 * 0.1) = 3 elements cannot be paired; two places disagreeing is ambiguous.
-  EditedFixture odd("phi3", "\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 0.1");
-  ExpectRefused(odd, absl::StatusCode::kInvalidArgument, "gives 3 rotated elements");
+  ExpectEditRefused("phi3", "\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 0.1",
+                    absl::StatusCode::kInvalidArgument, "gives 3 rotated elements");
   EditedFixture both("phi3", "\"rope_scaling\": null",
                      R"("rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})");
   EditConfig(both, {{"\"rope_theta\": 10000.0,", ""}});
