@@ -47,6 +47,22 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ", vocab_size,
                                                    "] (or unset), got ", prompt_logprobs));
   }
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto [id, bias] = logit_bias[i];
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (!std::isfinite(bias)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias of token ", id, " must be finite, got ", bias));
+    }
+    if (i > 0 && logit_bias[i - 1].first >= id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias must list each token id once, in increasing order; ",
+                       logit_bias[i - 1].first, " comes before ", id));
+    }
+  }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -127,6 +127,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                                      .presence_penalty = sampling.presence_penalty,
                                      .frequency_penalty = sampling.frequency_penalty,
                                      .repetition_penalty = sampling.repetition_penalty,
+                                     .logit_bias = request_.logit_bias,
                                      .max_tokens = max_tokens,
                                      .min_tokens = std::min(request_.min_tokens, max_tokens),
                                      .ignore_eos = request_.ignore_eos,

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "openai_parse.h"
@@ -91,6 +93,34 @@ std::optional<ApiError> ParseStop(const Json* stop, CompletionRequest* out) {
     if (s.empty()) return BadRequest("stop strings must not be empty", "stop");
     out->stop.push_back(std::move(s));
   }
+  return std::nullopt;
+}
+
+// OpenAI's logit_bias: {"token id": bias}. As vLLM's to_sampling_params:
+// keys are integers written as strings (int() of the key, the last of equal
+// ids wins), biases clamped to [-100, 100]. Ids outside the vocabulary are
+// the scheduler's to refuse (SamplingParams::Validate), as vLLM's processor
+// refuses them.
+std::optional<ApiError> ParseLogitBias(const Json* bias, CompletionRequest* out) {
+  if (bias == nullptr) return std::nullopt;
+  if (!bias->is_object()) {
+    return BadRequest("'logit_bias' must be an object mapping token ids to biases", "logit_bias");
+  }
+  std::map<int32_t, float> by_id;
+  for (const auto& [key, value] : bias->items()) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(key, &id) || id < 0 || id > INT32_MAX) {
+      return BadRequest(absl::StrCat("logit_bias key \"", key, "\" is not a token id"),
+                        "logit_bias");
+    }
+    if (!value.is_number()) {
+      return BadRequest(absl::StrCat("logit_bias of token ", key, " must be a number"),
+                        "logit_bias");
+    }
+    by_id[static_cast<int32_t>(id)] =
+        static_cast<float>(std::clamp(value.get<double>(), -100.0, 100.0));
+  }
+  out->logit_bias.assign(by_id.begin(), by_id.end());
   return std::nullopt;
 }
 
@@ -227,6 +257,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   if (auto e = r.Number("presence_penalty", -2, 2, false, &out->presence_penalty)) return e;
   if (auto e = r.Number("frequency_penalty", -2, 2, false, &out->frequency_penalty)) return e;
   if (auto e = r.Number("repetition_penalty", 0, 1e6, true, &out->repetition_penalty)) return e;
+  if (auto e = ParseLogitBias(r.Find("logit_bias"), out)) return e;
   v.reset();
   if (auto e = r.Int("top_k", -1, INT32_MAX, &v)) return e;
   if (v) out->top_k = *v > 0 ? static_cast<int32_t>(*v) : 0;

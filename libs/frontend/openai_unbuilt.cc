@@ -19,7 +19,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
       {"best_of", Json(1), "use n"},
       {"use_beam_search", Json(false), "beam search is not implemented"},
       {"length_penalty", Json(1), "beam search is not implemented"},
-      {"logit_bias", Json::object(), "not implemented"},
       {"allowed_token_ids", Json(nullptr), "not implemented"},
       {"bad_words", Json::array(), "not implemented"},
       {"logits_processors", Json::array(), "not implemented"},

@@ -140,13 +140,11 @@ absl::StatusOr<std::vector<int32_t>> CudaRunnerBase::UploadDraws(
   for (size_t i = 0; i < sample.size(); ++i) {
     const SampleRequest& r = sample[i];
     if (r.params == nullptr || (r.params->temperature == 0.0f && r.banned_token_ids.empty() &&
-                                !r.params->HasPenalties())) {
+                                !r.params->AdjustsLogits())) {
       continue;
     }
     const size_t history_begin = history.size();
-    if (r.params->HasPenalties()) {
-      PenaltyHistory(r.prompt_token_ids, r.output_token_ids, &history);
-    }
+    SampleAdjustments(*r.params, r.prompt_token_ids, r.output_token_ids, &history);
     kernels::SampleArgs a = ToSampleArgs(*r.params, r.output_position, r.banned_token_ids.size(),
                                          history.size() - history_begin);
     a.row = static_cast<int32_t>(i);

@@ -73,6 +73,7 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
   out->set_presence_penalty(in.presence_penalty);
   out->set_frequency_penalty(in.frequency_penalty);
   out->set_repetition_penalty(in.repetition_penalty);
+  for (const auto& [id, bias] : in.logit_bias) (*out->mutable_logit_bias())[id] = bias;
 }
 
 SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
@@ -91,6 +92,9 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
   out.presence_penalty = in.presence_penalty();
   out.frequency_penalty = in.frequency_penalty();
   out.repetition_penalty = in.repetition_penalty() == 0.0f ? 1.0f : in.repetition_penalty();
+  // A proto map has no order: sorted by id, as SamplingParams keeps it.
+  out.logit_bias.assign(in.logit_bias().begin(), in.logit_bias().end());
+  std::sort(out.logit_bias.begin(), out.logit_bias.end());
   return out;
 }
 

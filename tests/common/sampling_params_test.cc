@@ -34,6 +34,12 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
            .presence_penalty = -2.0f, .frequency_penalty = 2.0f, .repetition_penalty = 0.5f})
           .Validate(512)
           .ok());
+  ExpectInvalid({.logit_bias = {{512, 1.0f}}}, "logit_bias token id 512");
+  ExpectInvalid({.logit_bias = {{-1, 1.0f}}}, "logit_bias token id -1");
+  ExpectInvalid({.logit_bias = {{3, std::numeric_limits<float>::infinity()}}}, "logit_bias");
+  ExpectInvalid({.logit_bias = {{5, 1.0f}, {5, 2.0f}}}, "each token id once");
+  ExpectInvalid({.logit_bias = {{7, 1.0f}, {5, 2.0f}}}, "each token id once");
+  EXPECT_TRUE((SamplingParams{.logit_bias = {{0, -100.0f}, {511, 100.0f}}}).Validate(512).ok());
   ExpectInvalid({.max_tokens = 0}, "max_tokens");
   ExpectInvalid({.max_tokens = 4, .min_tokens = 5}, "min_tokens");
   ExpectInvalid({.stop_token_ids = {512}}, "stop token id 512");

@@ -199,6 +199,29 @@ TEST(OpenAiParseTest, PenaltiesParseAndTheModelsRepetitionPenaltyIsTheDefault) {
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","repetition_penalty":"1"})"), "repetition_penalty");
 }
 
+// logit_bias as vLLM's to_sampling_params reads it: integer keys written as
+// strings, biases clamped to [-100, 100], sorted by id; anything else a 400
+// naming the field.
+TEST(OpenAiParseTest, LogitBiasParsesAsVllmReadsIt) {
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(R"({"prompt":"x","logit_bias":{"50256":-100,"7":2.5,"13":250,"9":-1e9}})",
+                     Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{
+                              {7, 2.5f}, {9, -100.0f}, {13, 100.0f}, {50256, -100.0f}}));
+  CompletionRequest none;
+  ASSERT_FALSE(Parse(R"({"prompt":"x","logit_bias":null})", Endpoint::kCompletions, &none));
+  EXPECT_TRUE(none.logit_bias.empty());
+  ASSERT_FALSE(Parse(R"({"prompt":"x","logit_bias":{}})", Endpoint::kCompletions, &none));
+  EXPECT_TRUE(none.logit_bias.empty());
+  for (const char* bad :
+       {R"({"prompt":"x","logit_bias":[1, 2]})", R"({"prompt":"x","logit_bias":{"abc":1}})",
+        R"({"prompt":"x","logit_bias":{"-1":1}})", R"({"prompt":"x","logit_bias":{"1.5":1}})",
+        R"({"prompt":"x","logit_bias":{"99999999999":1}})",
+        R"({"prompt":"x","logit_bias":{"5":"1"}})"}) {
+    EXPECT_EQ(ErrorParam(bad), "logit_bias") << bad;
+  }
+}
+
 TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","return_tokens_as_token_ids":true})"),
             "return_tokens_as_token_ids");

@@ -177,6 +177,24 @@ TEST_F(FrontendRequestFieldsTest, PriorityIsForwardedToTheScheduler) {
   EXPECT_EQ(scheduler_->requests().back().priority(), 0) << "default";
 }
 
+TEST_F(FrontendRequestFieldsTest, LogitBiasIsForwardedToTheScheduler) {
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    Json body = {{"logit_bias", {{"13", 5}, {"7", -250}}}};
+    if (path == "/v1/completions") {
+      body["prompt"] = "Once";
+    } else {
+      body["messages"] = {{{"role", "user"}, {"content", "Once"}}};
+    }
+    ASSERT_EQ(Post(path, body).status, 200);
+    const auto bias = scheduler_->requests().back().sampling().logit_bias();  // a copy
+    EXPECT_EQ(bias.size(), 2u) << path;
+    EXPECT_EQ(bias.at(13), 5.0f) << path;
+    EXPECT_EQ(bias.at(7), -100.0f) << path << ": clamped as vLLM clamps";
+  }
+  ASSERT_EQ(Post("/v1/completions", {{"prompt", "Once"}}).status, 200);
+  EXPECT_TRUE(scheduler_->requests().back().sampling().logit_bias().empty());
+}
+
 TEST_F(FrontendRequestFieldsTest, ChatTemplateKwargsAreTheTemplatesVariables) {
   auto rendered = [&](const Json& kwargs) {
     Json body = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}};

@@ -136,7 +136,10 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"presence_penalty", Built({{"presence_penalty", 0.5}}, penalties)},
       {"frequency_penalty", Built({{"frequency_penalty", 0.5}}, penalties)},
       {"repetition_penalty", Built({{"repetition_penalty", 1.1}}, penalties)},
-      {"logit_bias", Refused({{"logit_bias", {{"5", 1.0}}}})},
+      {"logit_bias", Built({{"logit_bias", {{"5", 1.0}}}},
+                           "OpenAiParseTest.LogitBiasParsesAsVllmReadsIt, "
+                           "FrontendRequestFieldsTest.LogitBiasIsForwardedToTheScheduler, "
+                           "SamplingProgramTest.LogitBiasIsAddedBeforeThePenalties")},
       {"allowed_token_ids", Refused({{"allowed_token_ids", {5}}})},
       {"bad_words", Refused({{"bad_words", {"x"}}})},
       {"logits_processors", Refused({{"logits_processors", {"m.P"}}})},

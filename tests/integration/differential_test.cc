@@ -22,6 +22,9 @@
 namespace tandem::testing {
 namespace {
 
+// The token a request with logit_bias is pushed to (MakeWorkload).
+int32_t BiasedToken(int i) { return 300 + i; }
+
 std::vector<v1::GenerateRequest> MakeWorkload() {
   std::mt19937 rng(1234);
   auto token = [&] { return static_cast<int32_t>(2 + rng() % 510); };
@@ -53,6 +56,10 @@ std::vector<v1::GenerateRequest> MakeWorkload() {
       r.mutable_sampling()->set_repetition_penalty(1.3f);
       r.mutable_sampling()->set_frequency_penalty(0.4f);
       r.mutable_sampling()->set_presence_penalty(-0.2f);
+    }
+    if (i % 11 == 5) {  // logit_bias: +100 makes one token every draw, -100 bans another
+      (*r.mutable_sampling()->mutable_logit_bias())[BiasedToken(i)] = 100.0f;
+      (*r.mutable_sampling()->mutable_logit_bias())[BiasedToken(i) + 1] = -100.0f;
     }
     r.set_request_id("r" + std::to_string(i));
     requests.push_back(r);
@@ -162,6 +169,16 @@ void ExpectIdenticalTokensInEveryConfiguration(const std::string& dir, const Ser
   int total = 0;
   for (const auto& r : baseline) total += static_cast<int>(r.tokens.size());
   EXPECT_GT(total, 64 * 8);
+  // logit_bias reached the worker's sampler: +100 on one token makes it
+  // every draw, greedy or sampled, first step or resumed.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    for (const auto& [id, bias] : requests[i].sampling().logit_bias()) {
+      if (bias != 100.0f) continue;
+      EXPECT_EQ(baseline[i].tokens, std::vector<int32_t>(baseline[i].tokens.size(), id))
+          << "request " << i;
+      EXPECT_FALSE(baseline[i].tokens.empty());
+    }
+  }
 }
 
 TEST(DifferentialTest, EveryConfigurationGivesIdenticalTokens) {

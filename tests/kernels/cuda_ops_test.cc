@@ -131,7 +131,9 @@ TEST_F(CudaOpsTest, SampleMatchesCpu) {
       const int32_t rows = 12;
       const auto logits = RandomVector(static_cast<size_t>(rows) * vocab, 9 + vocab, scale);
       const std::vector<int32_t> banned = {3, vocab - 1, 7, 3};
-      const std::vector<SamplePenalty> history = {{5, 2}, {vocab - 2, 0}, {11, 1}, {4, 0}};
+      // History entries, one with a logit_bias too, and a logit_bias alone (-1).
+      const std::vector<SamplePenalty> history = {
+          {5, 2}, {vocab - 2, 0, 1.5f}, {11, 1}, {4, -1, -3.0f}};
       std::vector<SampleArgs> args;
       for (int32_t j = 0; j < 24; ++j) {
         const int32_t f = j % 8;

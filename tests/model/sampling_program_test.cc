@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -271,6 +273,83 @@ TEST(SamplingProgramTest, PenaltiesAreVllmsApplyPenaltiesBeforeEverythingElse) {
   PenaltyHistory(std::vector<int32_t>{0}, std::vector<int32_t>{1, 1}, &history);
   EXPECT_EQ(SampleToken(logits, {.frequency_penalty = 0.1f}, 2, {}, history), 2);  // 3 - 0.2
   EXPECT_EQ(SampleToken(logits, {.frequency_penalty = 0.01f}, 2, {}, history), 1);
+}
+
+// logit_bias (vLLM's LogitBiasLogitsProcessor, which runs before its
+// apply_penalties): the bias is added to the logit, then the penalties
+// apply, greedy or not; through SampleRows, whose params carry it.
+TEST(SamplingProgramTest, LogitBiasIsAddedBeforeThePenalties) {
+  std::mt19937 rng(7);
+  for (int32_t trial = 0; trial < 200; ++trial) {
+    const int32_t vocab = std::vector<int32_t>{50, 700, 3000}[trial % 3];
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& l : logits) l = normal(rng);
+    std::vector<int32_t> prompt(1 + rng() % 40), output(rng() % 30);
+    for (int32_t& id : prompt) id = static_cast<int32_t>(rng() % vocab);
+    for (int32_t& id : output) id = static_cast<int32_t>(rng() % (vocab / 5 + 1));
+    SamplingParams p{.temperature = trial % 3 == 0 ? 0.0f : 0.8f, .seed = rng()};
+    if (trial % 2 == 0) {
+      p.repetition_penalty = 1.3f;
+      p.frequency_penalty = 0.5f;
+    }
+    std::map<int32_t, float> bias;  // some ids of the history, some not
+    for (int32_t j = 0; j < 1 + trial % 6; ++j) {
+      const int32_t id = j % 2 == 0 && !prompt.empty() ? prompt[j % prompt.size()]
+                                                       : static_cast<int32_t>(rng() % vocab);
+      bias[id] = std::uniform_real_distribution<float>(-8.0f, 8.0f)(rng);
+    }
+    p.logit_bias.assign(bias.begin(), bias.end());
+    std::vector<float> biased = logits;
+    for (const auto& [id, b] : bias) biased[static_cast<size_t>(id)] += b;
+    SamplingParams plain = p;
+    plain.logit_bias.clear();
+    plain.repetition_penalty = 1.0f;
+    plain.frequency_penalty = 0.0f;
+    const int32_t position = static_cast<int32_t>(output.size());
+    const SampleRequest row{.params = &p,
+                            .output_position = position,
+                            .prompt_token_ids = prompt,
+                            .output_token_ids = output};
+    std::vector<int32_t> got;
+    SampleRows(logits, vocab, {&row, 1}, &got);
+    ASSERT_EQ(got[0], SampleToken(VllmPenalized(biased, prompt, output, p), plain, position))
+        << "trial " << trial;
+  }
+  // The effect on a greedy draw: +100 makes a token the argmax, -100 bans
+  // the top one.
+  const std::vector<float> logits = {0.5f, 3.0f, 2.9f, -1.0f};
+  auto greedy = [&](std::vector<std::pair<int32_t, float>> bias) {
+    const SamplingParams p{.logit_bias = std::move(bias)};
+    const SampleRequest row{.params = &p};
+    std::vector<int32_t> got;
+    SampleRows(logits, 4, {&row, 1}, &got);
+    return got[0];
+  };
+  EXPECT_EQ(greedy({}), 1);
+  EXPECT_EQ(greedy({{3, 100.0f}}), 3);
+  EXPECT_EQ(greedy({{1, -100.0f}}), 2);
+  EXPECT_EQ(greedy({{0, 2.45f}, {1, -0.1f}}), 0);
+}
+
+// The program's list for one request: its history only with penalties,
+// its logit_bias ids always, each id once.
+TEST(SamplingProgramTest, SampleAdjustmentsListEachIdOnceWithItsBias) {
+  const std::vector<int32_t> prompt = {5, 3}, output = {9, 9};
+  auto entries = [&](const SamplingParams& p) {
+    std::vector<kernels::SamplePenalty> h;
+    SampleAdjustments(p, prompt, output, &h);
+    std::vector<std::tuple<int32_t, int32_t, float>> got;
+    for (const auto& e : h) got.emplace_back(e.id, e.output_count, e.bias);
+    std::sort(got.begin(), got.end());
+    return got;
+  };
+  using Entries = std::vector<std::tuple<int32_t, int32_t, float>>;
+  EXPECT_EQ(entries({}), Entries{});
+  EXPECT_EQ(entries({.logit_bias = {{3, 1.5f}, {7, -2.0f}}}),
+            (Entries{{3, -1, 1.5f}, {7, -1, -2.0f}}));
+  EXPECT_EQ(entries({.repetition_penalty = 1.2f, .logit_bias = {{3, 1.5f}, {7, -2.0f}}}),
+            (Entries{{3, 0, 1.5f}, {5, 0, 0.0f}, {7, -1, -2.0f}, {9, 2, 0.0f}}));
 }
 
 TEST(SamplingProgramTest, PenaltyHistoryHasEveryTokenOnceWithItsOutputCount) {

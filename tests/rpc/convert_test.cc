@@ -28,6 +28,7 @@ sched::SchedulerOutput MakeOutput() {
                    .presence_penalty = -0.5f,
                    .frequency_penalty = 1.25f,
                    .repetition_penalty = 1.1f,
+                   .logit_bias = {{2, -100.0f}, {17, 0.5f}, {300, 3.0f}},
                    .seed = 1234567890123ull,
                    .max_tokens = 7,
                    .min_tokens = 2,
@@ -60,6 +61,7 @@ void ExpectEqual(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.presence_penalty, b.presence_penalty);
   EXPECT_EQ(a.frequency_penalty, b.frequency_penalty);
   EXPECT_EQ(a.repetition_penalty, b.repetition_penalty);
+  EXPECT_EQ(a.logit_bias, b.logit_bias);  // sorted again after the map
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.max_tokens, b.max_tokens);
   EXPECT_EQ(a.min_tokens, b.min_tokens);

@@ -11,7 +11,7 @@
 // What is drawn (vLLM's filters, in its order: its MinP logits processor,
 // then apply_top_k_top_p; each filter is a threshold on the value, so ties
 // with the last kept token stay, as in vLLM's top-k):
-//  - vLLM's penalties on the logits (Penalize), then s_i = logit_i /
+//  - logit_bias and vLLM's penalties on the logits (Penalize), then s_i = logit_i /
 //    temperature; banned ids count as -inf; m = max s;
 //    e_i = exp(s_i - m), so the top token has e = 1.
 //  - min-p keeps e_i >= min_p (its share of the top token's probability);
@@ -48,8 +48,8 @@ struct SampleArgs {
   int32_t banned_begin = 0;
   int32_t num_banned = 0;
   // vLLM's penalties (SamplingParams in tandem/common/sampling_params.h),
-  // over the row's history: penalties[penalty_begin, + num_penalties) of
-  // the launch's list, every token of the prompt and the output once.
+  // over the row's history, and its logit_bias: penalties[penalty_begin,
+  // + num_penalties) of the launch's list, each token id once.
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
@@ -57,10 +57,14 @@ struct SampleArgs {
   int32_t num_penalties = 0;
 };
 
-// A token of a row's history (SampleArgs' penalties).
+// A token whose logit the program rewrites (SampleArgs' penalties): one of
+// the row's history, or of its logit_bias, or both.
 struct SamplePenalty {
   int32_t id;
-  int32_t output_count;  // times it is in the output; 0: in the prompt only
+  // Times it is in the output; 0: in the prompt only; -1: not in the
+  // history (a logit_bias entry alone), so no penalty applies.
+  int32_t output_count;
+  float bias = 0.0f;  // logit_bias, added first
 };
 
 TANDEM_HD inline uint64_t SplitMix64(uint64_t x) {
@@ -145,13 +149,16 @@ TANDEM_HD inline float SampleExp(float x_in) {
   return tiny ? 0.0f : result;
 }
 
-// A logit after vLLM's apply_penalties, for a token of the prompt or the
-// output: repetition first (divides a positive logit, multiplies another),
-// then frequency times the output count and presence are subtracted.
-TANDEM_HD inline float Penalize(float logit, int32_t output_count, const SampleArgs& a) {
-  float l = logit > 0.0f ? DivRn(logit, a.repetition_penalty) : MulRn(logit, a.repetition_penalty);
-  if (output_count > 0) {
-    l = AddRn(l, -MulRn(a.frequency_penalty, static_cast<float>(output_count)));
+// A logit after vLLM's logit bias and then its apply_penalties: the bias is
+// added; for a token of the prompt or the output, repetition next (divides
+// a positive logit, multiplies another), then frequency times the output
+// count and presence are subtracted.
+TANDEM_HD inline float Penalize(float logit, const SamplePenalty& p, const SampleArgs& a) {
+  float l = p.bias != 0.0f ? AddRn(logit, p.bias) : logit;
+  if (p.output_count < 0) return l;
+  l = l > 0.0f ? DivRn(l, a.repetition_penalty) : MulRn(l, a.repetition_penalty);
+  if (p.output_count > 0) {
+    l = AddRn(l, -MulRn(a.frequency_penalty, static_cast<float>(p.output_count)));
     l = AddRn(l, -a.presence_penalty);
   }
   return l;
@@ -273,7 +280,7 @@ TANDEM_HD inline int32_t SampleRowProgram(SampleShared& sh, const float* logits,
     ForSampleElements(vocab, [&](int32_t i) { e[i] = logits[i]; });
     ForSampleElements(a.num_penalties, [&](int32_t j) {  // each id once: no two lanes meet
       const SamplePenalty p = penalties[j];
-      if (p.id >= 0 && p.id < vocab) e[p.id] = Penalize(e[p.id], p.output_count, a);
+      if (p.id >= 0 && p.id < vocab) e[p.id] = Penalize(e[p.id], p, a);
     });
     if (!greedy) ForSampleElements(vocab, [&](int32_t i) { e[i] = DivRn(e[i], a.temperature); });
   }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,6 +30,12 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // [-2, 2]
   float frequency_penalty = 0.0f;   // [-2, 2]
   float repetition_penalty = 1.0f;  // > 0, finite
+  // OpenAI's logit_bias: each (token id, bias) adds the bias to that token's
+  // logit before the penalties, greedy or not (vLLM's LogitBiasLogitsProcessor
+  // runs before its apply_penalties). Sorted by id, each id once, ids in the
+  // vocabulary, biases finite; the OpenAI layer clamps them to [-100, 100]
+  // as vLLM does. Log-probabilities stay those of the model's logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   // Seed of the counter-based generator: tokens depend only on
   // (seed, output position), never on the batch. nullopt: the client gave
   // none; the scheduler then uses its own (--seed, else random) when it
@@ -62,6 +69,9 @@ struct SamplingParams {
   [[nodiscard]] bool HasPenalties() const {
     return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
   }
+  // Whether the sampler rewrites some logits (penalties or logit_bias), so
+  // that even a greedy draw goes through the sampling program.
+  [[nodiscard]] bool AdjustsLogits() const { return HasPenalties() || !logit_bias.empty(); }
 };
 
 // A model's sampling defaults (its generation_config.json, which the worker

@@ -122,6 +122,8 @@ struct CompletionRequest {
   std::optional<float> presence_penalty;    // [-2, 2]
   std::optional<float> frequency_penalty;   // [-2, 2]
   std::optional<float> repetition_penalty;  // > 0
+  // OpenAI's logit_bias, sorted by id, biases clamped to [-100, 100].
+  std::vector<std::pair<int32_t, float>> logit_bias;
   int32_t min_tokens = 0;
   std::optional<int64_t> seed;
   int32_t n = 1;

@@ -21,7 +21,7 @@ namespace tandem::model {
 // output tokens (0 for the first). Greedy ties go to the lowest id.
 // `banned_token_ids` are never drawn: their logits count as -inf (vLLM's
 // min-tokens processor: EOS and stop tokens below min_tokens). `penalties`:
-// the request's history (PenaltyHistory) when params has penalties.
+// the logits to rewrite (SampleAdjustments) when params adjusts any.
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position, std::span<const int32_t> banned_token_ids = {},
                     std::span<const kernels::SamplePenalty> penalties = {});
@@ -35,6 +35,13 @@ kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_po
 // in `output` (what the penalties read), outputs first. O(n) in the history's length.
 void PenaltyHistory(std::span<const int32_t> prompt, std::span<const int32_t> output,
                     std::vector<kernels::SamplePenalty>* out);
+
+// Appends what the sampling program rewrites for one request, each id once:
+// its history (PenaltyHistory) when it has penalties, and its logit_bias
+// (an id of both carries its bias on its history entry; one of the bias
+// alone has output_count -1).
+void SampleAdjustments(const SamplingParams& params, std::span<const int32_t> prompt,
+                       std::span<const int32_t> output, std::vector<kernels::SamplePenalty>* out);
 
 // Log-probabilities of `token` under `logits` (TokenLogprobs: the raw
 // log-softmax, before temperature or any filter) with the `top_n` most likely
