@@ -285,9 +285,9 @@ absl::Status ReadPartialRotary(const nlohmann::json& cfg, const nlohmann::json* 
 
 // RoPE: rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x).
 // Sets *context_cap when the scaling is only exact up to a shorter context
-// (longrope).
-absl::Status ReadRope(const nlohmann::json& cfg, const std::string& path, ModelConfig* c,
-                      int32_t* context_cap) {
+// (longrope), or *long_factors when max_model_len asks past it.
+absl::Status ReadRope(const nlohmann::json& cfg, const std::string& path, int32_t max_model_len,
+                      ModelConfig* c, int32_t* context_cap, bool* long_factors) {
   const nlohmann::json* params = JsonMember(cfg, "rope_parameters");
   const nlohmann::json* scaling = JsonMember(cfg, "rope_scaling");
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> top_theta, GetNumber(cfg, path, "rope_theta"));
@@ -402,14 +402,21 @@ absl::Status ReadRope(const nlohmann::json& cfg, const std::string& path, ModelC
     // keys rotated by the short ones, so a token's K/V would depend on how
     // long its sequence grew. The context is capped where the short factors
     // hold (what vLLM does when max_model_len <= the original context).
+    // A max_model_len past it takes vLLM's other choice: the long factors
+    // for every position, which is what transformers computes for a prompt
+    // longer than the original context, not for a shorter one.
     rs.type = RopeScaling::Type::kLongRope;
     TANDEM_ASSIGN_OR_RETURN(rs.original_max_position_embeddings, original_max());
     if (rs.original_max_position_embeddings <= 0) {
       return Bad(where, "original_max_position_embeddings must be positive");
     }
     const int32_t pairs = c->RotaryDim() / 2;
-    TANDEM_ASSIGN_OR_RETURN(rs.ext_factors, GetFactors(*rope, where, "short_factor", pairs));
-    TANDEM_RETURN_IF_ERROR(GetFactors(*rope, where, "long_factor", pairs).status());
+    TANDEM_ASSIGN_OR_RETURN(std::vector<float> short_factor,
+                            GetFactors(*rope, where, "short_factor", pairs));
+    TANDEM_ASSIGN_OR_RETURN(std::vector<float> long_factor,
+                            GetFactors(*rope, where, "long_factor", pairs));
+    *long_factors = max_model_len > rs.original_max_position_embeddings;
+    rs.ext_factors = *long_factors ? std::move(long_factor) : std::move(short_factor);
     TANDEM_ASSIGN_OR_RETURN(std::optional<double> factor, GetNumber(*rope, where, "factor"));
     const double f =
         factor ? *factor
@@ -422,7 +429,7 @@ absl::Status ReadRope(const nlohmann::json& cfg, const std::string& path, ModelC
         : f <= 1  ? 1.0
                   : std::sqrt(1 + std::log(f) / std::log(static_cast<double>(
                                                    rs.original_max_position_embeddings))));
-    if (c->max_seq_len > rs.original_max_position_embeddings) {
+    if (!*long_factors && c->max_seq_len > rs.original_max_position_embeddings) {
       *context_cap = rs.original_max_position_embeddings;
     }
     allowed.insert({"short_factor", "long_factor", "factor", "attention_factor",
@@ -550,7 +557,7 @@ absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
 
 }  // namespace
 
-absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, bool disable_sliding_window) {
+absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions& options) {
   const std::string path = JoinPath(dir, "config.json");
   TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   absl::StatusOr<nlohmann::json> parsed = ParseJson(text);
@@ -625,7 +632,8 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, bool disable_slidi
   TANDEM_ASSIGN_OR_RETURN(out.tied_embeddings,
                           GetBool(cfg, path, "tie_word_embeddings", f->default_tied));
   int32_t rope_cap = 0;
-  TANDEM_RETURN_IF_ERROR(ReadRope(cfg, path, &c, &rope_cap));
+  TANDEM_RETURN_IF_ERROR(
+      ReadRope(cfg, path, options.max_model_len, &c, &rope_cap, &out.rope_long_factors));
   if (rope_cap > 0) {
     c.max_seq_len = rope_cap;
     out.rope_context_cap = rope_cap;
@@ -676,7 +684,7 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, bool disable_slidi
 
   TANDEM_ASSIGN_OR_RETURN(
       SlidingLayers sliding,
-      SlidingWindow(cfg, path, *f, c.num_layers, c.max_seq_len, disable_sliding_window));
+      SlidingWindow(cfg, path, *f, c.num_layers, c.max_seq_len, options.disable_sliding_window));
   c.layer_window = std::move(sliding.windows);
   if (sliding.cap > 0) {
     c.max_seq_len = sliding.cap;

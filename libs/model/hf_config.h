@@ -37,11 +37,14 @@ struct HfConfig {
   int32_t sliding_window_cap = 0;
   // Set when longrope capped max_seq_len at its short factors' context.
   int32_t rope_context_cap = 0;
+  // Set when longrope serves its long factors (LoadOptions::max_model_len).
+  bool rope_long_factors = false;
 };
 
 // Reads dir/config.json and, when present, dir/generation_config.json.
-// disable_sliding_window (vLLM's --disable-sliding-window): every family
-// takes the cap instead of its windows.
-absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, bool disable_sliding_window = false);
+// options.disable_sliding_window (vLLM's --disable-sliding-window): every
+// family takes the cap instead of its windows; options.max_model_len past a
+// longrope model's original context: its long factors (rope_long_factors).
+absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace tandem::model::internal

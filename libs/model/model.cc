@@ -340,16 +340,26 @@ Model::~Model() = default;
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    const LoadOptions& options) {
+  // vLLM refuses a --max-model-len past the model's context too.
+  auto fits = [&](const ModelConfig& c) -> absl::Status {
+    if (options.max_model_len < 0 || options.max_model_len > c.max_seq_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": --max-model-len ", options.max_model_len,
+                       " is outside the model's context [0, ", c.max_seq_len, "]"));
+    }
+    return absl::OkStatus();
+  };
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) {
     TANDEM_ASSIGN_OR_RETURN(LoadedCheckpoint ckpt, ReadLlama2cCheckpoint(path));
+    TANDEM_RETURN_IF_ERROR(fits(ckpt.config));
     absl::StatusOr<std::unique_ptr<Model>> m =
         FromWeights(ckpt.config, std::move(ckpt.weights), internal::BaseName(path));
     if (!m.ok()) return Annotate(m.status(), path);
     return m;
   }
-  TANDEM_ASSIGN_OR_RETURN(internal::HfConfig hf,
-                          internal::ReadHfConfig(path, options.disable_sliding_window));
+  TANDEM_ASSIGN_OR_RETURN(internal::HfConfig hf, internal::ReadHfConfig(path, options));
+  TANDEM_RETURN_IF_ERROR(fits(hf.config));
   if (hf.sliding_window_cap > 0) {
     TANDEM_LOG(WARNING) << path << ": "
                         << (options.disable_sliding_window ? "--disable-sliding-window"
@@ -364,7 +374,16 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                         << "original_max_position_embeddings, " << hf.rope_context_cap
                         << " tokens, with the short factors (past it transformers switches "
                         << "to the long factors for the whole sequence, so a token's keys "
-                        << "would depend on how long its sequence grows)";
+                        << "would depend on how long its sequence grows); --max-model-len "
+                        << "above it serves the long factors at every position, as vLLM does";
+  }
+  if (hf.rope_long_factors) {
+    TANDEM_LOG(WARNING) << path << ": longrope RoPE scaling with the long factors at every "
+                        << "position (--max-model-len " << options.max_model_len
+                        << " passes original_max_position_embeddings "
+                        << hf.config.rope_scaling.original_max_position_embeddings
+                        << "), as vLLM serves it; transformers gives other tokens for "
+                        << "sequences shorter than that";
   }
   if (const std::vector<int32_t>& w = hf.config.layer_window; !w.empty()) {
     const auto sliding = std::count_if(w.begin(), w.end(), [](int32_t x) { return x > 0; });

@@ -42,6 +42,12 @@ int main(int argc, char** argv) {
   flags.Add("disable-sliding-window", &options.disable_sliding_window,
             "serve a model whose attention slides (Mistral, Phi-3, Qwen) without the "
             "window, its context capped at the window, where sliding changes nothing");
+  flags.Add("max-model-len", &options.max_model_len,
+            "[vLLM] the longest context this worker serves and describes to the scheduler "
+            "(0: the model's; more is refused at load). A longrope model (Phi-3.5, "
+            "Phi-3-*-128k, Phi-4-mini) is capped at original_max_position_embeddings with its "
+            "short factors unless this asks for more: then its long factors serve every "
+            "position, as in vLLM");
   flags.Add("gpus", &options.gpus, "GPUs per worker; only 1 (no tensor parallelism yet)");
   flags.Add("sim-step-us", &options.sim_step_us, "sim backend: delay per step in microseconds");
   flags.Add("sim-token-us", &options.sim_token_us, "sim backend: extra delay per scheduled token");
@@ -68,7 +74,8 @@ int main(int argc, char** argv) {
   flags.Add(
       "debug-load-delay-ms", &debug_load_delay_ms,
       "TESTS ONLY: wait this long (listening, NOT_SERVING) before loading the model (0: off)");
-  flags.MirrorsVllm({"model", "block-size", "enforce-eager", "disable-sliding-window"});
+  flags.MirrorsVllm(
+      {"model", "block-size", "enforce-eager", "disable-sliding-window", "max-model-len"});
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);  // its KV-store client too
   if (absl::Status s = options.Validate(); !s.ok()) return boot.Fail(s);

@@ -23,6 +23,9 @@ absl::Status WorkerOptions::Validate() const {
         absl::StrCat("--backend must be cpu, cuda or sim, got '", backend, "'"));
   }
   if (block_size <= 0) return absl::InvalidArgumentError("--block-size must be > 0");
+  if (max_model_len < 0) {
+    return absl::InvalidArgumentError("--max-model-len must be >= 0 (0: the model's context)");
+  }
   if (num_blocks < 0) return absl::InvalidArgumentError("--num-blocks must be >= 0");
   if (kv_cache_bytes < 0) {
     return absl::InvalidArgumentError("--kv-cache-bytes must be >= 0 (0: sized automatically)");
@@ -146,9 +149,10 @@ absl::Status WorkerService::Load() {
   // The runner reads each tensor from the mapped checkpoint in its own dtype
   // (a Hugging Face directory is never expanded into fp32 host weights) and
   // keeps what it needs; the mapping is dropped once it has.
-  auto model = model::Model::Load(
-      options_.model_path,
-      {.host_weights = false, .disable_sliding_window = options_.disable_sliding_window});
+  auto model = model::Model::Load(options_.model_path,
+                                  {.host_weights = false,
+                                   .disable_sliding_window = options_.disable_sliding_window,
+                                   .max_model_len = options_.max_model_len});
   if (!model.ok()) return Annotate(model.status(), absl::StrCat("loading ", options_.model_path));
   model_ = std::move(model).value();
   const model::ModelConfig& config = model_->config();
@@ -260,7 +264,8 @@ grpc::Status WorkerService::Describe(grpc::ServerContext*, const v1::DescribeReq
   response->set_model_name(model_->name());
   response->set_model_fingerprint(model_->fingerprint());
   response->set_vocab_size(config.vocab_size);
-  response->set_max_model_len(config.max_seq_len);
+  response->set_max_model_len(options_.max_model_len > 0 ? options_.max_model_len
+                                                         : config.max_seq_len);
   response->set_num_layers(config.num_layers);
   response->set_num_kv_heads(config.num_kv_heads);
   response->set_head_size(config.head_size);

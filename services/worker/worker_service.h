@@ -74,6 +74,9 @@ struct WorkerOptions {
   bool enforce_eager = false;
   // vLLM's --disable-sliding-window (model::LoadOptions).
   bool disable_sliding_window = false;
+  // vLLM's --max-model-len (model::LoadOptions): the context the worker
+  // serves and describes; 0 = the model's.
+  int32_t max_model_len = 0;
   // GPUs per worker. Only 1: there is no tensor parallelism yet.
   int32_t gpus = 1;
   // host:port of tandem-kvstore; empty = no KV-store connector. Needs the

@@ -66,6 +66,28 @@ TEST(SurfaceTest, GetModelInfoDescribesTheWorkersModel) {
   v1::GetModelInfoResponse info;
   ASSERT_TRUE(stub->GetModelInfo(&context, {}, &info).ok());
   EXPECT_TRUE(info.accepts_cache_salt());
+
+  // The worker's --max-model-len (vLLM's; tandem serve gives it to both) is
+  // the context it describes, and so the scheduler's without a flag of its
+  // own; past the model's context the worker does not start.
+  Service capped =
+      StartWorker(dir, "worker-capped", {"--num-blocks", "100", "--max-model-len", "200"});
+  Service follows = StartScheduler(dir, "follows", capped.address(), {});
+  auto capped_stub = GenerationStub(follows.address());
+  grpc::ClientContext capped_context;
+  ASSERT_TRUE(capped_stub->GetModelInfo(&capped_context, {}, &info).ok());
+  EXPECT_EQ(info.max_model_len(), 200);
+  std::string out;
+  EXPECT_NE(
+      RunCommand({BinaryPath("services/worker/tandem-worker"), "--model", ModelPath(), "--listen",
+                  "127.0.0.1:0", "--max-model-len", std::to_string(config.max_seq_len + 1)},
+                 &out),
+      0)
+      << out;
+  EXPECT_NE(out.find("--max-model-len " + std::to_string(config.max_seq_len + 1) +
+                     " is outside the model's context"),
+            std::string::npos)
+      << out;
 }
 
 // `--help` exits 0 and documents every flag main.cc registers, each with its
@@ -233,6 +255,7 @@ TEST(SurfaceTest, WorkerRefusesDeviceFlagsItCannotHonour) {
            {{"--backend", "cuda", "--gpu-memory-utilization", "1.5"},
             "--gpu-memory-utilization=1.5 must be in (0, 1]"},
            {{"--kv-cache-bytes", "-1"}, "--kv-cache-bytes must be >= 0"},
+           {{"--max-model-len", "-1"}, "--max-model-len must be >= 0"},
            {{"--kvstore-load-threads", "0"}, "--kvstore-load-threads must be in [1, 64], got 0"}}) {
     std::vector<std::string> argv = {worker, "--model", "no-such-model.bin"};
     argv.insert(argv.end(), c.args.begin(), c.args.end());

@@ -47,8 +47,9 @@ struct HfCase {
   int32_t decisive = 0;
 };
 
-inline std::vector<HfCase> LoadHfCases(const std::string& fixture) {
-  auto doc = ParseJson(Slurp(FixtureDir(fixture) + "/reference.json"));
+// The cases of a reference.json (the fixtures' layout).
+inline std::vector<HfCase> LoadHfCasesFrom(const std::string& file) {
+  auto doc = ParseJson(Slurp(file));
   EXPECT_TRUE(doc.ok()) << doc.status();
   std::vector<HfCase> cases;
   if (!doc.ok()) return cases;
@@ -61,6 +62,9 @@ inline std::vector<HfCase> LoadHfCases(const std::string& fixture) {
     cases.push_back(std::move(h));
   }
   return cases;
+}
+inline std::vector<HfCase> LoadHfCases(const std::string& fixture) {
+  return LoadHfCasesFrom(FixtureDir(fixture) + "/reference.json");
 }
 
 // Greedy for several prompts at once, every step one batch (prefills, then
@@ -122,26 +126,38 @@ inline void ExpectDecisivePrefix(const std::vector<int32_t>& got, const HfCase& 
   }
 }
 
-// A copy of a fixture whose config.json has `from` replaced by `to`.
+// A copy of a fixture whose config.json has `from` replaced by `to`, or
+// the keys of `overrides` set (Python's dict.update).
 class EditedFixture {
  public:
   EditedFixture(const std::string& fixture, const std::string& from, const std::string& to) {
-    for (const auto& e : std::filesystem::directory_iterator(FixtureDir(fixture))) {
-      const std::string dst = dir_.File(e.path().filename().string());
-      std::filesystem::copy_file(e.path(), dst);
-      std::filesystem::permissions(dst, std::filesystem::perms::owner_write,
-                                   std::filesystem::perm_options::add);
-    }
+    Copy(fixture);
     std::string cfg = Slurp(dir_.File("config.json"));
     const size_t at = cfg.find(from);
     EXPECT_NE(at, std::string::npos) << from;
     if (at != std::string::npos) cfg.replace(at, from.size(), to);
     Spit(dir_.File("config.json"), cfg);
   }
+  EditedFixture(const std::string& fixture, const nlohmann::json& overrides) {
+    Copy(fixture);
+    auto cfg = ParseJson(Slurp(dir_.File("config.json")));
+    EXPECT_TRUE(cfg.ok()) << cfg.status();
+    if (!cfg.ok()) return;
+    cfg->update(overrides);
+    Spit(dir_.File("config.json"), cfg->dump(1));
+  }
   const std::string& path() const { return dir_.path(); }
   std::string File(const std::string& name) const { return dir_.File(name); }
 
  private:
+  void Copy(const std::string& fixture) {
+    for (const auto& e : std::filesystem::directory_iterator(FixtureDir(fixture))) {
+      const std::string dst = dir_.File(e.path().filename().string());
+      std::filesystem::copy_file(e.path(), dst);
+      std::filesystem::permissions(dst, std::filesystem::perms::owner_write,
+                                   std::filesystem::perm_options::add);
+    }
+  }
   TempDir dir_;
 };
 

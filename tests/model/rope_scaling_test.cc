@@ -233,6 +233,42 @@ TEST(RopeScalingTest, LongRopeServesItsShortFactorsWithinTheOriginalContext) {
       absl::StatusCode::kInvalidArgument, "short_factor");
 }
 
+// A --max-model-len past the original context takes vLLM's other choice: the
+// long factors at every position and the whole context. Within it, the cap;
+// past the model's context, a refusal naming both.
+TEST(RopeScalingTest, MaxModelLenPastTheOriginalContextTakesTheLongFactors) {
+  TANDEM_REQUIRE_HF();
+  const std::string scaling =
+      absl::StrCat(R"("rope_scaling": {"type": "longrope", "short_factor": )", Repeat(1.5, 16),
+                   R"(, "long_factor": )", Repeat(6.0, 16), "}");
+  EditedFixture f("phi3", "\"rope_scaling\": null", scaling);
+  EditConfig(f, {{"\"max_position_embeddings\": 4096", "\"max_position_embeddings\": 131072"}});
+  auto long_mode = Model::Load(f.path(), {.max_model_len = 8192});
+  ASSERT_TRUE(long_mode.ok()) << long_mode.status();
+  EXPECT_EQ((*long_mode)->config().rope_scaling.ext_factors, std::vector<float>(16, 6.0f));
+  EXPECT_EQ((*long_mode)->config().max_seq_len, 131072);
+  auto short_mode = Model::Load(f.path(), {.max_model_len = 4096});
+  ASSERT_TRUE(short_mode.ok()) << short_mode.status();
+  EXPECT_EQ((*short_mode)->config().rope_scaling.ext_factors, std::vector<float>(16, 1.5f));
+  EXPECT_EQ((*short_mode)->config().max_seq_len, 4096);
+  // The two rotate keys differently: stored blocks of one are not the other's.
+  EXPECT_NE((*long_mode)->fingerprint(), (*short_mode)->fingerprint());
+  EXPECT_EQ((*long_mode)->config().rope_scaling.attention_factor,
+            (*short_mode)->config().rope_scaling.attention_factor);
+
+  auto too_long = Model::Load(f.path(), {.max_model_len = 131073});
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_long.status().message().find(
+                "--max-model-len 131073 is outside the model's context [0, 131072]"),
+            std::string::npos)
+      << too_long.status();
+  if (HaveStories()) {
+    EXPECT_FALSE(Model::Load(StoriesPath(), {.max_model_len = 513}).ok());
+    EXPECT_TRUE(Model::Load(StoriesPath(), {.max_model_len = 512}).ok());
+  }
+}
+
 // Longrope with every short factor 4 rotates by linear scaling's angles to
 // the bit (1 / (4 x) and (1 / x) / 4 round alike), so with an attention
 // factor of 1 the linear fixture's transformers tokens must come out.

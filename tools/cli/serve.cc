@@ -50,11 +50,12 @@ SIGINT/SIGTERM, like `vllm serve MODEL`.
                              loopback port); its tandem_* and vllm:* series are
                              also on the API port's /metrics, after the
                              frontend's, as vllm serve serves them (empty: off)
-  vLLM's --max-model-len, --max-num-seqs, --max-num-batched-tokens,
+  vLLM's --max-num-seqs, --max-num-batched-tokens,
   --[no-]enable-prefix-caching, --[no-]enable-chunked-prefill, --block-size,
   --dtype, --disable-sliding-window, --api-key, --chat-template, --tokenizer,
   --disable-log-requests, --generation-config auto go to the part that owns them; any other flag goes
-  to each part whose --help lists it (e.g. --backend cuda, --threads 2).
+  to each part whose --help lists it (e.g. --backend cuda, --threads 2;
+  --max-model-len to the scheduler and the worker).
 )";
 
 struct Part {
@@ -134,7 +135,6 @@ struct ServeConfig {
 // one takes a value is read from that part's --help.
 const std::map<std::string, std::string>& OwnerOf() {
   static const auto* owners = new std::map<std::string, std::string>{
-      {"max-model-len", "tandem-scheduler"},
       {"max-num-seqs", "tandem-scheduler"},
       {"max-num-batched-tokens", "tandem-scheduler"},
       {"max-logprobs", "tandem-scheduler"},

@@ -8,8 +8,10 @@
 //
 // Flags take vLLM's names where both have one and go to the part that owns
 // them: --host, --port, --served-model-name NAME [NAME ...] (each served by
-// the frontend, the first names the scheduler's metrics), --max-model-len,
-// --max-num-seqs, --max-num-batched-tokens, --max-logprobs,
+// the frontend, the first names the scheduler's metrics), --max-model-len
+// (the scheduler and the worker: a longrope model serves past its original
+// context with its long factors then, as in vLLM), --max-num-seqs, --max-num-batched-tokens,
+// --max-logprobs,
 // --[no-]enable-prefix-caching,
 // --[no-]enable-chunked-prefill, --block-size, --dtype, --api-key,
 // --chat-template, --tokenizer, --disable-log-requests, --generation-config

@@ -65,7 +65,11 @@ if [ -d "$shared/models" ]; then
   [ "$services" = 1 ] || cp -r "$shared/models/hf" "$out/shared/models/"
 fi
 cp tools/gpu/run_bundle.sh "$out/run.sh"
-cp tools/gpu/torch_anchor.py tools/gpu/kernel_profile.py "$out/"
+cp tools/gpu/torch_anchor.py tools/gpu/kernel_profile.py tools/gpu/hf_derived_references.py "$out/"
+# The derived fixtures' list (and any references made so far) for
+# HfDerivedTest and hf_derived_references.py.
+mkdir -p "$out/hf_derived"
+cp tests/model/hf_derived/*.json "$out/hf_derived/"
 du -sh "$out"
 if [ "${PACK:-0}" = 1 ]; then
   tar -cf - "$out" | xz -T"${JOBS:-2}" -6 > "$out.tar.xz"

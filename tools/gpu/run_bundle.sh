@@ -17,6 +17,7 @@ cuda_libs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targ
 py_libs=$(python3 -c 'import nvidia, os; print(":".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$here/lib:${cuda_libs}${py_libs}:${LD_LIBRARY_PATH:-}"
 export TANDEM_SHARED_DIR="$here/shared"
+export TANDEM_HF_DERIVED_DIR="$here/hf_derived"
 export CI=true
 what="${1:-all}"
 rc=0
@@ -30,6 +31,11 @@ if [ "$what" = kvttft ]; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 if [ "$what" = tests ] || [ "$what" = all ]; then
+  # transformers' tokens for the derived fixtures (CPU, seconds): copy
+  # $out/hf_derived/*.reference.json into tests/model/hf_derived/.
+  echo "=== hf_derived_references.py" | tee -a "$out/tests.txt"
+  python3 "$here/hf_derived_references.py" "$here/hf_derived/derived.json" "$here/shared/models/hf" \
+    "$out/hf_derived" 2>&1 | tail -20 | tee -a "$out/tests.txt"
   for t in kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test \
            model_hf_families_test; do
     echo "=== $t" | tee -a "$out/tests.txt"

@@ -55,7 +55,9 @@ enum class Activation {
 // "dynamic" (frequencies that depend on the sequence length) is refused by
 // the loader. "longrope" switches from its short to its long factors once a
 // sequence passes original_max_position_embeddings; the loader serves the
-// short factors and caps the context there, where that switch never happens.
+// short factors and caps the context there, where that switch never happens,
+// unless LoadOptions::max_model_len asks for more: then the long factors
+// serve every position (vLLM's choice).
 struct RopeScaling {
   enum class Type { kNone, kLinear, kLlama3, kYarn, kLongRope };
   Type type = Type::kNone;
@@ -66,7 +68,7 @@ struct RopeScaling {
   double beta_fast = 32.0;                       // yarn
   double beta_slow = 1.0;                        // yarn
   bool truncate = true;                          // yarn: whole dimensions for the ramp's ends
-  std::vector<float> ext_factors;                // longrope: [rotary_dim / 2], the short factors
+  std::vector<float> ext_factors;                // longrope: [rotary_dim / 2], short or long
   // yarn and longrope: cos and sin are multiplied by this (transformers'
   // attention_scaling), so every attention logit by its square. 1 otherwise.
   float attention_factor = 1.0f;
@@ -215,6 +217,12 @@ struct LoadOptions {
   // without the window and with its context capped at the smallest window,
   // where sliding changes nothing (ModelConfig::layer_window empty).
   bool disable_sliding_window = false;
+  // vLLM's --max-model-len on the worker: the longest context it serves
+  // (0: the model's; more than the model's is refused at load). A longrope
+  // model takes its long factors for every position when this passes
+  // original_max_position_embeddings, as vLLM does, and is otherwise capped
+  // there with its short factors (RopeScaling).
+  int32_t max_model_len = 0;
 };
 
 namespace internal {
