@@ -76,6 +76,52 @@ TEST(LogprobsTest, TiesRankTheLowerIdFirstAndZeroAlternativesGiveNoList) {
   EXPECT_EQ(ComputeLogprobs(masked, 0, 0).logprob, 0.0f);
 }
 
+// LogprobTargets, the bookkeeping the host and the device share: which
+// logits row scores which token, top-n clamped to the vocabulary once (the
+// device kernel's rounds trust it), and bad targets refused.
+TEST(LogprobsTest, TargetsMapRowsAndClampTopNToTheVocabulary) {
+  const std::vector<int32_t> chunk = {5, 6, 7, 8}, nine = {9}, three = {3};
+  const std::vector<SequenceInput> batch = {
+      {.token_ids = chunk, .all_logits = true}, {.token_ids = nine}, {.token_ids = three}};
+  const SamplingParams params;
+  const std::vector<int32_t> targets_of_0 = {6, 7, 8, 1};
+  const std::vector<SampleRequest> sample = {
+      {.params = &params,
+       .num_logprobs = 100,
+       .prompt_targets = targets_of_0,
+       .num_prompt_logprobs = 1000},
+      {.params = &params, .num_logprobs = 2},
+      {.params = nullptr, .num_logprobs = 5}};  // samples nothing: no target
+  const std::vector<int32_t> tokens = {4, 2, -1};
+  auto got = LogprobTargets(batch, sample, tokens, /*vocab=*/10);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 6u);
+  // Sequence 0: its sampled token on its last row (row 0), top-n 100 -> 10;
+  // prompt targets on its extra rows 3, 4, 5 (after the batch's 3 rows),
+  // the last one on row 0.
+  EXPECT_EQ((*got)[0].logits_row, 0);
+  EXPECT_EQ((*got)[0].top_n, 10);
+  EXPECT_EQ((*got)[0].prompt_index, -1);
+  for (int32_t j = 0; j < 4; ++j) {
+    const LogprobTarget& t = (*got)[static_cast<size_t>(1 + j)];
+    EXPECT_EQ(t.prompt_index, j);
+    EXPECT_EQ(t.token, targets_of_0[static_cast<size_t>(j)]);
+    EXPECT_EQ(t.logits_row, j == 3 ? 0 : 3 + j);
+    EXPECT_EQ(t.top_n, 10);
+  }
+  EXPECT_EQ((*got)[5].sequence, 1);
+  EXPECT_EQ((*got)[5].logits_row, 1);
+  EXPECT_EQ((*got)[5].top_n, 2);
+  // A token outside the vocabulary, and prompt targets past a chunk's rows.
+  const std::vector<int32_t> outside = {4, 10, -1};
+  EXPECT_EQ(LogprobTargets(batch, sample, outside, 10).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> five = {1, 2, 3, 4, 5};
+  const std::vector<SampleRequest> too_many = {{.params = &params, .prompt_targets = five}};
+  EXPECT_EQ(LogprobTargets({batch.data(), 1}, too_many, tokens, 10).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 class RunnerLogprobsTest : public ::testing::Test {
  protected:
   void SetUp() override {
