@@ -14,6 +14,7 @@
 #include "tandem/frontend/openai.h"
 #include "tandem/frontend/prompts.h"
 #include "tandem/frontend/stop_strings.h"
+#include "tandem/frontend/tool_calls.h"
 #include "tandem/tokenizer/incremental_detokenizer.h"
 
 namespace tandem::frontend {
@@ -44,6 +45,9 @@ struct ChoiceState {
   int32_t attempt = 0;
   std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
   std::unique_ptr<StopStringMatcher> stops;
+  // Streams with CompletionRequest::parse_tool_calls: what holds a tool
+  // call's text back until the end.
+  std::unique_ptr<HermesToolStream> tool_stream;
   std::vector<int32_t> token_ids;
   std::string text;       // the whole text (non-streaming responses)
   bool produced = false;  // a token arrived: no retry elsewhere after this

@@ -143,6 +143,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
       c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(served_.tokenizer(), decode,
                                                                     prompts_.ids[p]);
       c.stops = std::make_unique<StopStringMatcher>(request_.stop);
+      if (request_.parse_tool_calls) c.tool_stream = std::make_unique<HermesToolStream>();
       if (request_.echo) c.text = prompts_.texts[p];
     }
   }
@@ -186,6 +187,14 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
     return;
   }
   if (first && request_.echo) delta = c.text + delta;  // c.text holds the prompt
+  ExtractedToolCalls tools;
+  if (c.tool_stream) {
+    delta = c.tool_stream->Push(delta);
+    if (c.done) {
+      tools = c.tool_stream->Finish();
+      delta += tools.content.value_or("");
+    }
+  }
   if (!first && !c.done && delta.empty() && (!request_.return_token_ids || ids.empty()) &&
       c.logprobs.empty()) {
     return;
@@ -199,6 +208,7 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
                    .stop_token = c.done ? c.stop_token : std::nullopt,
                    .token_ids = std::move(ids),
                    .logprobs = c.RenderLogprobs(request_, served_, first)};
+  if (!tools.calls.empty()) chunk.tool_calls = RenderToolCalls(tools.calls, /*with_index=*/true);
   sink_->Write(StreamChunk(request_, head_, chunk));
   c.chunk_sent = true;
 }
@@ -262,8 +272,15 @@ void CompletionJob::MaybeComplete() {
       prompt_logprobs = PromptLogprobs(c.PromptPositions(served_), *request_.prompt_logprobs);
     }
     nlohmann::ordered_json logprobs = c.RenderLogprobs(request_, served_, /*first=*/true);
+    ExtractedToolCalls tools;
+    if (request_.parse_tool_calls) {
+      tools = ExtractHermesToolCalls(c.text);
+      if (!tools.calls.empty()) c.text = tools.content.value_or("");
+    }
     choices.push_back({.index = c.index,
                        .text = std::move(c.text),
+                       .content_null = !tools.calls.empty() && !tools.content,
+                       .tool_calls = std::move(tools.calls),
                        .finish_reason = c.finish,
                        .stop_reason = c.stop_reason,
                        .stop_token = c.stop_token,

@@ -124,6 +124,43 @@ std::optional<ApiError> ParseLogitBias(const Json* bias, CompletionRequest* out)
   return std::nullopt;
 }
 
+// tools and tool_choice, as vLLM's check_tool_usage reads them: with tools,
+// tool_choice defaults to "auto"; "none" renders them into the prompt only;
+// "auto" also parses the answer's calls, which the server allows only under
+// --enable-auto-tool-choice (CompletionRequest::parse_tool_calls).
+// "required" and a named tool constrain the output (structured outputs,
+// not implemented): refused.
+std::optional<ApiError> ParseToolChoice(const Reader& r, Endpoint endpoint,
+                                        CompletionRequest* out) {
+  const Json* tools = r.Find("tools");
+  const Json* choice = r.Find("tool_choice");
+  const bool has_tools = tools != nullptr && !(tools->is_array() && tools->empty());
+  if (!has_tools) {
+    if (choice != nullptr && *choice != "none") {
+      return BadRequest("When using `tool_choice`, `tools` must be set.", "tool_choice");
+    }
+    return std::nullopt;
+  }
+  if (endpoint != Endpoint::kChat) {
+    return BadRequest("'tools' is a /v1/chat/completions field", "tools");
+  }
+  if (choice == nullptr || *choice == "auto") {
+    out->tool_choice = "auto";
+  } else if (*choice == "none") {
+    out->tool_choice = "none";
+  } else if (*choice == "required" || choice->is_object()) {
+    return BadRequest(absl::StrCat("tool_choice ", choice->dump(),
+                                   " is not supported: forcing a tool call needs structured "
+                                   "outputs (guided decoding), which are not implemented; use "
+                                   "\"auto\" or \"none\""),
+                      "tool_choice");
+  } else {
+    return BadRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or a named tool",
+                      "tool_choice");
+  }
+  return ParseTools(*tools, out);
+}
+
 // completions' logprobs N; chat's logprobs (bool) and top_logprobs N;
 // prompt_logprobs N. The limit (the scheduler's) is CheckLogprobsLimit's.
 // Needs out->stream.
@@ -237,13 +274,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     if (auto e = r.Bool("add_generation_prompt", &out->add_generation_prompt)) return e;
   }
   if (auto e = ParseUnsupported(r, endpoint)) return e;
-  if (const Json* tools = r.Find("tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-    if (endpoint != Endpoint::kChat) {
-      return BadRequest("'tools' is a /v1/chat/completions field", "tools");
-    }
-    // tool_choice "none" (ParseUnsupported): rendered into the prompt only.
-    if (auto e = ParseTools(*tools, out)) return e;
-  }
+  if (auto e = ParseToolChoice(r, endpoint, out)) return e;
 
   std::optional<int64_t> v;
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
@@ -436,12 +467,18 @@ Json CompletionResponse(const CompletionRequest& request, const ResponseHead& he
     Json choice;
     choice["index"] = c.index;
     if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      choice["message"] = {{"role", "assistant"},
+                           {"content", c.content_null ? Json() : Json(c.text)}};
+      if (!c.tool_calls.empty()) {
+        choice["message"]["tool_calls"] = RenderToolCalls(c.tool_calls, /*with_index=*/false);
+      }
     } else {
       choice["text"] = c.text;
     }
     choice["logprobs"] = c.logprobs;
     AddFinish(&choice, c.finish_reason, c.stop_reason, c.stop_token);
+    // vLLM: "tool_calls" whenever the answer's calls were parsed out.
+    if (!c.tool_calls.empty()) choice["finish_reason"] = "tool_calls";
     if (request.return_token_ids) choice["token_ids"] = c.token_ids;
     if (!chat && request.prompt_logprobs) choice["prompt_logprobs"] = c.prompt_logprobs;
     list.push_back(std::move(choice));
@@ -485,6 +522,11 @@ std::string StreamChunk(const CompletionRequest& request, const ResponseHead& he
       out += "\"content\":";
       AppendJsonString(&out, delta.text);
     }
+    if (!delta.tool_calls.is_null()) {
+      if (delta.first || !delta.text.empty()) out += ',';
+      out += "\"tool_calls\":";
+      out += delta.tool_calls.dump(-1, ' ', false, Json::error_handler_t::replace);
+    }
     out += '}';
   } else {
     out += ",\"text\":";
@@ -495,6 +537,8 @@ std::string StreamChunk(const CompletionRequest& request, const ResponseHead& he
   out += ",\"finish_reason\":";
   if (delta.finish_reason == FinishReason::kNone) {
     out += "null";
+  } else if (!delta.tool_calls.is_null()) {
+    out += "\"tool_calls\"";
   } else {
     absl::StrAppend(&out, "\"", FinishReasonName(delta.finish_reason), "\"");
   }

@@ -55,7 +55,8 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
                   "the server's template is used (tandem-frontend --chat-template)"});
     v->push_back({"reasoning_effort", Json(nullptr), "reasoning is not implemented"});
     v->push_back({"include_reasoning", Json(true), "reasoning is not implemented"});
-    v->push_back({"parallel_tool_calls", Json(false), "tool calling is not implemented"});
+    v->push_back({"parallel_tool_calls", Json(true),
+                  "every tool call the model writes is returned; fewer cannot be enforced"});
     return v;
   }();
   return endpoint == Endpoint::kCompletions ? *completions : *chat;
@@ -66,16 +67,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
 std::optional<ApiError> ParseUnsupported(const Reader& r, Endpoint endpoint) {
   for (const Unbuilt& f : UnbuiltFields(endpoint)) {
     if (auto e = r.OnlyNeutral(f.name, f.neutral, f.why)) return e;
-  }
-  if (const Json* tools = r.Find("tools");
-      tools != nullptr && !(tools->is_array() && tools->empty())) {
-    const Json* choice = r.Find("tool_choice");
-    if (choice == nullptr || *choice != "none") {
-      return BadRequest(
-          "'tools' is not supported (tool calling is not implemented); send "
-          "tool_choice \"none\" to render the tools into the prompt only",
-          "tools");
-    }
   }
   if (const Json* format = r.Find("response_format"); format != nullptr) {
     auto type = format->is_object() ? format->find("type") : format->end();

@@ -179,6 +179,18 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
       return;
     }
     if (!tenant->empty()) request.cache_salt = "tenant:" + *tenant;
+    if (request.tool_choice == "auto") {
+      if (!options_.enable_auto_tool_choice) {
+        const ApiError e = BadRequest(
+            "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser "
+            "to be set",
+            "tool_choice");
+        RespondError(*exchange, e);
+        CountResponse(path, e.http_status);
+        return;
+      }
+      request.parse_tool_calls = true;
+    }
     StartCompletionJob(this, std::move(exchange), std::move(request), path);
     return;
   }

@@ -19,6 +19,7 @@
 #include "router.h"
 #include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
+#include "tandem/frontend/tool_calls.h"
 #include "tandem/rpc/server.h"
 #include "tandem/rpc/tls_reload.h"
 
@@ -168,8 +169,25 @@ int main(int argc, char** argv) {
             "http://HOST:PORT/metrics of a scheduler whose series /metrics serves after the "
             "frontend's own, as vllm serve serves its engine's on the API port (tandem serve "
             "sets it; empty: the frontend's series only)");
-  flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer"});
+  std::string tool_call_parser;
+  flags.Add("enable-auto-tool-choice", &options.enable_auto_tool_choice,
+            "[vLLM] chat requests with tools and tool_choice \"auto\" (the default with tools) "
+            "get the tool calls their answer writes as message.tool_calls (needs "
+            "--tool-call-parser); without it they are refused");
+  flags.Add("tool-call-parser", &tool_call_parser,
+            "[vLLM] how answers write tool calls: hermes (<tool_call>{\"name\": ..., "
+            "\"arguments\": ...}</tool_call>: Qwen2.5, Qwen3, Hermes); other parsers are "
+            "refused");
+  flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer",
+                     "enable-auto-tool-choice", "tool-call-parser"});
   flags.ParseOrExit(argc, argv);
+  if (!tool_call_parser.empty() && tool_call_parser != tandem::frontend::kHermesToolParser) {
+    return Fail("--tool-call-parser '" + tool_call_parser +
+                "' is not implemented (implemented: hermes)");
+  }
+  if (options.enable_auto_tool_choice && tool_call_parser.empty()) {
+    return Fail("--enable-auto-tool-choice requires --tool-call-parser");
+  }
   if (!metrics_from.empty()) {
     absl::StatusOr<tandem::frontend::MetricsUrl> url =
         tandem::frontend::ParseMetricsUrl(metrics_from);

@@ -222,6 +222,36 @@ TEST(OpenAiParseTest, LogitBiasParsesAsVllmReadsIt) {
   }
 }
 
+// tool_choice as vLLM's check_tool_usage reads it: "auto" by default with
+// tools (the server then needs --enable-auto-tool-choice), "none" renders
+// them only; forcing a call needs structured outputs: refused by name.
+TEST(OpenAiParseTest, ToolChoiceIsReadAsVllmReadsIt) {
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"f"}}])";
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(chat + tools + "}", Endpoint::kChat, &r));
+  EXPECT_EQ(r.tool_choice, "auto");
+  EXPECT_FALSE(r.parse_tool_calls) << "the server sets it";
+  ASSERT_EQ(r.tools.size(), 1u);
+  ASSERT_FALSE(Parse(chat + tools + R"(,"tool_choice":"none"})", Endpoint::kChat, &r));
+  EXPECT_EQ(r.tool_choice, "none");
+  ASSERT_FALSE(Parse(chat + tools + R"(,"tool_choice":"auto","parallel_tool_calls":true})",
+                     Endpoint::kChat, &r));
+  EXPECT_EQ(r.tool_choice, "auto");
+  CompletionRequest none;
+  ASSERT_FALSE(Parse(chat + R"("tool_choice":"none"})", Endpoint::kChat, &none));
+  EXPECT_EQ(none.tool_choice, "");
+  for (const std::string& bad :
+       {chat + tools + R"(,"tool_choice":"required"})",
+        chat + tools + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})",
+        chat + tools + R"(,"tool_choice":"sometimes"})", chat + R"("tool_choice":"auto"})"}) {
+    EXPECT_EQ(ErrorParam(bad, Endpoint::kChat), "tool_choice") << bad;
+  }
+  EXPECT_EQ(ErrorParam(chat + tools + R"(,"parallel_tool_calls":false})", Endpoint::kChat),
+            "parallel_tool_calls");
+  EXPECT_EQ(ErrorParam(std::string(R"({"prompt":"x",)") + tools + "}"), "tools");
+}
+
 TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","return_tokens_as_token_ids":true})"),
             "return_tokens_as_token_ids");
@@ -230,7 +260,7 @@ TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],
       "tools":[{"type":"function"}]})",
                        Endpoint::kChat),
-            "tools");
+            "tools[0]");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],
       "response_format":{"type":"json_object"}})",
                        Endpoint::kChat),

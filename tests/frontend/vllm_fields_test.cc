@@ -160,13 +160,15 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"media_io_kwargs", Refused({{"media_io_kwargs", Json::object()}})},
       {"suffix", Refused({{"suffix", "x"}})},
       {"prompt_embeds", Refused({{"prompt_embeds", "AAAA"}})},
-      {"tool_choice", Refused({{"tools", tools}, {"tool_choice", "auto"}}, "tools")},
+      {"tool_choice", Built({{"tools", tools}, {"tool_choice", "auto"}},
+                            "OpenAiParseTest.ToolChoiceIsReadAsVllmReadsIt, "
+                            "FrontendToolCallsTest")},
       {"continue_final_message", Refused({{"continue_final_message", true}})},
       {"documents", Refused({{"documents", {{{"title", "t"}, {"text", "x"}}}}})},
       {"chat_template", Refused({{"chat_template", "{{ messages }}"}})},
       {"reasoning_effort", Refused({{"reasoning_effort", "low"}})},
       {"include_reasoning", Refused({{"include_reasoning", false}})},
-      {"parallel_tool_calls", Refused({{"parallel_tool_calls", true}})},
+      {"parallel_tool_calls", Refused({{"parallel_tool_calls", false}})},
   };
   return t;
 }

@@ -76,6 +76,7 @@
 #include "nlohmann/json.hpp"
 #include "tandem/common/finish_reason.h"
 #include "tandem/common/sampling_params.h"
+#include "tandem/frontend/tool_calls.h"
 
 namespace tandem::frontend {
 
@@ -153,6 +154,13 @@ struct CompletionRequest {
   // template (each {"type": "function", "function": {"name", "description",
   // "parameters"}}); null when the request has none.
   nlohmann::ordered_json tools;
+  // Chat with tools: "none" (rendered into the prompt only) or "auto"
+  // (vLLM's default when tools are given); "" without tools.
+  std::string tool_choice;
+  // Set by the server, not the body: tool_choice "auto" under
+  // --enable-auto-tool-choice; the answer's tool calls are parsed out of its
+  // text (tool_calls.h).
+  bool parse_tool_calls = false;
   // Log-probabilities of each output token and of its N most likely
   // alternatives: completions' `logprobs`, chat's `top_logprobs` (0 when
   // absent) when `logprobs` is true. nullopt: none.
@@ -258,6 +266,8 @@ struct PositionLogprobs {
 struct Choice {
   int32_t index = 0;
   std::string text;
+  bool content_null = false;         // chat: "content": null (tool calls and no text)
+  std::vector<ToolCall> tool_calls;  // chat with parse_tool_calls: finish "tool_calls"
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_reason;             // the stop string that ended it, if any
   std::optional<int32_t> stop_token;   // or the stop token id
@@ -294,6 +304,9 @@ struct ChunkDelta {
   // The logprobs of the tokens whose text this chunk carries: rendered
   // CompletionLogprobs / ChatLogprobs; null when not asked.
   nlohmann::ordered_json logprobs;
+  // Chat: the delta's tool_calls (with "index"; RenderToolCalls), null for
+  // none; with them the finish reason is "tool_calls".
+  nlohmann::ordered_json tool_calls;
 };
 [[nodiscard]] std::string StreamChunk(const CompletionRequest& request, const ResponseHead& head,
                                       const ChunkDelta& delta);
