@@ -238,16 +238,30 @@ std::vector<float> VllmPenalized(std::vector<float> logits, const std::vector<in
   return logits;
 }
 
+// A random row of logits with a history: a prompt, and an output with
+// repeats (what the penalties count).
+struct HistoryRow {
+  int32_t vocab = 0;
+  std::vector<float> logits;
+  std::vector<int32_t> prompt, output;
+};
+HistoryRow RandomHistoryRow(std::mt19937& rng, int32_t trial) {
+  HistoryRow r;
+  r.vocab = std::vector<int32_t>{50, 700, 3000}[trial % 3];
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  r.logits.resize(static_cast<size_t>(r.vocab));
+  for (float& l : r.logits) l = normal(rng);
+  r.prompt.resize(1 + rng() % 40);
+  r.output.resize(rng() % 30);
+  for (int32_t& id : r.prompt) id = static_cast<int32_t>(rng() % r.vocab);
+  for (int32_t& id : r.output) id = static_cast<int32_t>(rng() % (r.vocab / 5 + 1));
+  return r;
+}
+
 TEST(SamplingProgramTest, PenaltiesAreVllmsApplyPenaltiesBeforeEverythingElse) {
   std::mt19937 rng(3);
   for (int32_t trial = 0; trial < 200; ++trial) {
-    const int32_t vocab = std::vector<int32_t>{50, 700, 3000}[trial % 3];
-    std::normal_distribution<float> normal(0.0f, 3.0f);
-    std::vector<float> logits(static_cast<size_t>(vocab));
-    for (float& l : logits) l = normal(rng);
-    std::vector<int32_t> prompt(1 + rng() % 40), output(rng() % 30);
-    for (int32_t& id : prompt) id = static_cast<int32_t>(rng() % vocab);
-    for (int32_t& id : output) id = static_cast<int32_t>(rng() % (vocab / 5 + 1));  // repeats
+    const auto [vocab, logits, prompt, output] = RandomHistoryRow(rng, trial);
     SamplingParams p{.temperature = trial % 4 == 0 ? 0.0f : 0.8f,
                      .top_p = trial % 3 == 1 ? 0.9f : 1.0f,
                      .seed = rng()};
@@ -281,13 +295,7 @@ TEST(SamplingProgramTest, PenaltiesAreVllmsApplyPenaltiesBeforeEverythingElse) {
 TEST(SamplingProgramTest, LogitBiasIsAddedBeforeThePenalties) {
   std::mt19937 rng(7);
   for (int32_t trial = 0; trial < 200; ++trial) {
-    const int32_t vocab = std::vector<int32_t>{50, 700, 3000}[trial % 3];
-    std::normal_distribution<float> normal(0.0f, 3.0f);
-    std::vector<float> logits(static_cast<size_t>(vocab));
-    for (float& l : logits) l = normal(rng);
-    std::vector<int32_t> prompt(1 + rng() % 40), output(rng() % 30);
-    for (int32_t& id : prompt) id = static_cast<int32_t>(rng() % vocab);
-    for (int32_t& id : output) id = static_cast<int32_t>(rng() % (vocab / 5 + 1));
+    const auto [vocab, logits, prompt, output] = RandomHistoryRow(rng, trial);
     SamplingParams p{.temperature = trial % 3 == 0 ? 0.0f : 0.8f, .seed = rng()};
     if (trial % 2 == 0) {
       p.repetition_penalty = 1.3f;
