@@ -260,9 +260,7 @@ absl::Status ReadPartialRotary(const nlohmann::json& cfg, const nlohmann::json* 
   }
   if (top && inner && *top != *inner) {
     return Bad(path, absl::StrCat("partial_rotary_factor ", *top,
-                                  " disagrees with the rope "
-                                  "parameters' ",
-                                  *inner));
+                                  " disagrees with the rope parameters' ", *inner));
   }
   const double factor = top ? *top : inner.value_or(1.0);
   if (factor == 1.0) return absl::OkStatus();
@@ -274,10 +272,9 @@ absl::Status ReadPartialRotary(const nlohmann::json& cfg, const nlohmann::json* 
   // Python's int(): toward zero.
   const double dim = std::trunc(static_cast<double>(c->head_size) * factor);
   if (!(factor > 0 && factor < 1) || dim < 2 || std::fmod(dim, 2.0) != 0) {
-    return Bad(path, absl::StrCat("partial_rotary_factor ", factor, " of head_dim ", c->head_size,
-                                  " gives ", dim,
-                                  " rotated elements; an even number from 2 to "
-                                  "head_dim is needed"));
+    return Bad(path, absl::StrCat(
+                         "partial_rotary_factor ", factor, " of head_dim ", c->head_size, " gives ",
+                         dim, " rotated elements; an even number from 2 to head_dim is needed"));
   }
   c->rotary_dim = static_cast<int32_t>(dim);
   return absl::OkStatus();
