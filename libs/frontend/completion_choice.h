@@ -45,9 +45,9 @@ struct ChoiceState {
   int32_t attempt = 0;
   std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
   std::unique_ptr<StopStringMatcher> stops;
-  // Streams with CompletionRequest::parse_tool_calls: what holds a tool
-  // call's text back until the end.
-  std::unique_ptr<HermesToolStream> tool_stream;
+  // Streams with CompletionRequest::tool_parser: what holds a tool call's
+  // text back until the end.
+  std::unique_ptr<ToolCallStream> tool_stream;
   std::vector<int32_t> token_ids;
   std::string text;       // the whole text (non-streaming responses)
   bool produced = false;  // a token arrived: no retry elsewhere after this

@@ -143,7 +143,9 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
       c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(served_.tokenizer(), decode,
                                                                     prompts_.ids[p]);
       c.stops = std::make_unique<StopStringMatcher>(request_.stop);
-      if (request_.parse_tool_calls) c.tool_stream = std::make_unique<HermesToolStream>();
+      if (request_.tool_parser && request_.stream) {
+        c.tool_stream = std::make_unique<ToolCallStream>(*request_.tool_parser);
+      }
       if (request_.echo) c.text = prompts_.texts[p];
     }
   }
@@ -273,8 +275,8 @@ void CompletionJob::MaybeComplete() {
     }
     nlohmann::ordered_json logprobs = c.RenderLogprobs(request_, served_, /*first=*/true);
     ExtractedToolCalls tools;
-    if (request_.parse_tool_calls) {
-      tools = ExtractHermesToolCalls(c.text);
+    if (request_.tool_parser) {
+      tools = ExtractToolCalls(*request_.tool_parser, c.text);
       if (!tools.calls.empty()) c.text = tools.content.value_or("");
     }
     choices.push_back({.index = c.index,

@@ -127,7 +127,7 @@ std::optional<ApiError> ParseLogitBias(const Json* bias, CompletionRequest* out)
 // tools and tool_choice, as vLLM's check_tool_usage reads them: with tools,
 // tool_choice defaults to "auto"; "none" renders them into the prompt only;
 // "auto" also parses the answer's calls, which the server allows only under
-// --enable-auto-tool-choice (CompletionRequest::parse_tool_calls).
+// --enable-auto-tool-choice (CompletionRequest::tool_parser).
 // "required" and a named tool constrain the output (structured outputs,
 // not implemented): refused.
 std::optional<ApiError> ParseToolChoice(const Reader& r, Endpoint endpoint,

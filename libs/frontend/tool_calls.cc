@@ -2,8 +2,10 @@
 
 #include <random>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace tandem::frontend {
 namespace {
@@ -50,7 +52,9 @@ std::string PythonJsonDumps(const Json& value) {
   return out;
 }
 
-ExtractedToolCalls ExtractHermesToolCalls(std::string_view text) {
+namespace {
+
+ExtractedToolCalls ExtractHermes(std::string_view text) {
   const size_t first = text.find(kStart);
   if (first == std::string_view::npos) return {.content = std::string(text)};
   // vLLM's regex <tool_call>(.*?)</tool_call>|<tool_call>(.*), DOTALL.
@@ -74,6 +78,85 @@ ExtractedToolCalls ExtractHermesToolCalls(std::string_view text) {
   return out;
 }
 
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+
+// vLLM's {[^{}]*(?:{[^{}]*}[^{}]*)*} at `at`: the end of the match, or npos.
+// The classes exclude braces, so the match is unique: no backtracking.
+size_t MatchLlamaObject(std::string_view t, size_t at) {
+  if (at >= t.size() || t[at] != '{') return std::string_view::npos;
+  size_t i = at + 1;
+  for (;;) {
+    while (i < t.size() && t[i] != '{' && t[i] != '}') ++i;
+    if (i >= t.size()) return std::string_view::npos;
+    if (t[i] == '}') return i + 1;
+    ++i;  // an inner object: no braces until its end
+    while (i < t.size() && t[i] != '{' && t[i] != '}') ++i;
+    if (i >= t.size() || t[i] == '{') return std::string_view::npos;
+    ++i;
+  }
+}
+
+bool IsPythonSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+// The first match of the whole pattern, P(?:\s*;\s*P)*, as re.search finds
+// it: the leftmost start where P matches, then as many "; P" as follow.
+std::optional<std::string_view> SearchLlamaCalls(std::string_view t) {
+  for (size_t at = t.find('{'); at != std::string_view::npos; at = t.find('{', at + 1)) {
+    size_t end = MatchLlamaObject(t, at);
+    if (end == std::string_view::npos) continue;
+    for (;;) {
+      size_t i = end;
+      while (i < t.size() && IsPythonSpace(t[i])) ++i;
+      if (i >= t.size() || t[i] != ';') break;
+      ++i;
+      while (i < t.size() && IsPythonSpace(t[i])) ++i;
+      const size_t next = MatchLlamaObject(t, i);
+      if (next == std::string_view::npos) break;
+      end = next;
+    }
+    return t.substr(at, end - at);
+  }
+  return std::nullopt;
+}
+
+ExtractedToolCalls ExtractLlama3Json(std::string_view text) {
+  const ExtractedToolCalls none{.content = std::string(text)};
+  if (text.find(kPythonTag) == std::string_view::npos && text.find('{') == std::string_view::npos) {
+    return none;
+  }
+  const std::optional<std::string_view> found = SearchLlamaCalls(text);
+  if (!found) return none;
+  ExtractedToolCalls out;  // content null, as vLLM's
+  for (absl::string_view piece :
+       absl::StrSplit(absl::string_view(found->data(), found->size()), ';')) {
+    piece = absl::StripAsciiWhitespace(piece);
+    if (piece.empty()) continue;
+    const Json call = Json::parse(std::string_view(piece.data(), piece.size()), nullptr,
+                                  /*allow_exceptions=*/false);
+    if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return none;
+    const auto args = call.contains("arguments") ? call.find("arguments") : call.find("parameters");
+    if (args == call.end()) return none;
+    out.calls.push_back({.id = ToolCallId(),
+                         .name = call["name"].get<std::string>(),
+                         .arguments = PythonJsonDumps(*args)});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<ToolParser> ToolParserNamed(std::string_view name) {
+  if (name == "hermes") return ToolParser::kHermes;
+  if (name == "llama3_json" || name == "llama4_json") return ToolParser::kLlama3Json;
+  return std::nullopt;
+}
+
+ExtractedToolCalls ExtractToolCalls(ToolParser parser, std::string_view text) {
+  return parser == ToolParser::kHermes ? ExtractHermes(text) : ExtractLlama3Json(text);
+}
+
 Json RenderToolCalls(const std::vector<ToolCall>& calls, bool with_index) {
   Json list = Json::array();
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -87,8 +170,22 @@ Json RenderToolCalls(const std::vector<ToolCall>& calls, bool with_index) {
   return list;
 }
 
-std::string HermesToolStream::Push(std::string_view delta) {
+std::string ToolCallStream::Push(std::string_view delta) {
   text_ += delta;
+  if (parser_ == ToolParser::kLlama3Json) {
+    // vLLM streams as a call only an answer that starts as one.
+    if (!decided_) {
+      const bool could_be_tag = kPythonTag.substr(0, std::min(text_.size(), kPythonTag.size())) ==
+                                std::string_view(text_).substr(0, kPythonTag.size());
+      if (text_.empty() || (could_be_tag && text_.size() < kPythonTag.size())) return "";
+      in_call_ = text_[0] == '{' || could_be_tag;
+      decided_ = true;
+    }
+    if (in_call_) return "";
+    std::string out = text_.substr(released_);
+    released_ = text_.size();
+    return out;
+  }
   if (in_call_) return "";
   // Held tails are prefixes of the tag, so a tag starts at released_ or later.
   size_t until = text_.find(kStart, released_);
@@ -109,8 +206,9 @@ std::string HermesToolStream::Push(std::string_view delta) {
   return out;
 }
 
-ExtractedToolCalls HermesToolStream::Finish() {
-  ExtractedToolCalls all = ExtractHermesToolCalls(text_);
+ExtractedToolCalls ToolCallStream::Finish() {
+  ExtractedToolCalls all = ExtractToolCalls(parser_, text_);
+  if (parser_ == ToolParser::kLlama3Json && !in_call_) all = {};  // streamed as content
   if (all.calls.empty()) {
     all.content = text_.substr(released_);  // what was held: a tag that did not parse
   } else {

@@ -180,7 +180,7 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
     }
     if (!tenant->empty()) request.cache_salt = "tenant:" + *tenant;
     if (request.tool_choice == "auto") {
-      if (!options_.enable_auto_tool_choice) {
+      if (!options_.auto_tool_parser) {
         const ApiError e = BadRequest(
             "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser "
             "to be set",
@@ -189,7 +189,7 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
         CountResponse(path, e.http_status);
         return;
       }
-      request.parse_tool_calls = true;
+      request.tool_parser = options_.auto_tool_parser;
     }
     StartCompletionJob(this, std::move(exchange), std::move(request), path);
     return;

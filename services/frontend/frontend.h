@@ -56,11 +56,11 @@ struct FrontendOptions {
   // --metrics-from: another process's /metrics (the scheduler's, under
   // tandem serve) served after the frontend's own series (metrics_relay.h).
   std::optional<MetricsUrl> metrics_from;
-  // vLLM's --enable-auto-tool-choice with --tool-call-parser (only "hermes",
-  // tool_calls.h): a chat request with tools and tool_choice "auto" (the
-  // default with tools) gets the calls its answer writes as tool_calls.
-  // Without it such a request is refused, as vLLM refuses it.
-  bool enable_auto_tool_choice = false;
+  // vLLM's --enable-auto-tool-choice with --tool-call-parser (tool_calls.h):
+  // a chat request with tools and tool_choice "auto" (the default with
+  // tools) gets the calls its answer writes as tool_calls. Without it such a
+  // request is refused, as vLLM refuses it.
+  std::optional<ToolParser> auto_tool_parser;
 };
 
 struct FrontendMetrics {

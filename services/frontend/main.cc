@@ -170,24 +170,29 @@ int main(int argc, char** argv) {
             "frontend's own, as vllm serve serves its engine's on the API port (tandem serve "
             "sets it; empty: the frontend's series only)");
   std::string tool_call_parser;
-  flags.Add("enable-auto-tool-choice", &options.enable_auto_tool_choice,
+  bool enable_auto_tool_choice = false;
+  flags.Add("enable-auto-tool-choice", &enable_auto_tool_choice,
             "[vLLM] chat requests with tools and tool_choice \"auto\" (the default with tools) "
             "get the tool calls their answer writes as message.tool_calls (needs "
             "--tool-call-parser); without it they are refused");
   flags.Add("tool-call-parser", &tool_call_parser,
             "[vLLM] how answers write tool calls: hermes (<tool_call>{\"name\": ..., "
-            "\"arguments\": ...}</tool_call>: Qwen2.5, Qwen3, Hermes); other parsers are "
-            "refused");
+            "\"arguments\": ...}</tool_call>: Qwen2.5, Qwen3, Hermes), llama3_json or "
+            "llama4_json ({\"name\": ..., \"parameters\": ...}: Llama 3.1-3.3 with vLLM's JSON "
+            "tool template); other parsers are refused");
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer",
                      "enable-auto-tool-choice", "tool-call-parser"});
   flags.ParseOrExit(argc, argv);
-  if (!tool_call_parser.empty() && tool_call_parser != tandem::frontend::kHermesToolParser) {
-    return Fail("--tool-call-parser '" + tool_call_parser +
-                "' is not implemented (implemented: hermes)");
+  const std::optional<tandem::frontend::ToolParser> parser =
+      tandem::frontend::ToolParserNamed(tool_call_parser);
+  if (!tool_call_parser.empty() && !parser) {
+    return Fail("--tool-call-parser '" + tool_call_parser + "' is not implemented (implemented: " +
+                std::string(tandem::frontend::kToolParserNames) + ")");
   }
-  if (options.enable_auto_tool_choice && tool_call_parser.empty()) {
+  if (enable_auto_tool_choice && !parser) {
     return Fail("--enable-auto-tool-choice requires --tool-call-parser");
   }
+  if (enable_auto_tool_choice) options.auto_tool_parser = parser;
   if (!metrics_from.empty()) {
     absl::StatusOr<tandem::frontend::MetricsUrl> url =
         tandem::frontend::ParseMetricsUrl(metrics_from);

@@ -231,7 +231,7 @@ TEST(OpenAiParseTest, ToolChoiceIsReadAsVllmReadsIt) {
   CompletionRequest r;
   ASSERT_FALSE(Parse(chat + tools + "}", Endpoint::kChat, &r));
   EXPECT_EQ(r.tool_choice, "auto");
-  EXPECT_FALSE(r.parse_tool_calls) << "the server sets it";
+  EXPECT_FALSE(r.tool_parser) << "the server sets it";
   ASSERT_EQ(r.tools.size(), 1u);
   ASSERT_FALSE(Parse(chat + tools + R"(,"tool_choice":"none"})", Endpoint::kChat, &r));
   EXPECT_EQ(r.tool_choice, "none");

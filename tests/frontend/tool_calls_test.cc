@@ -24,11 +24,12 @@ std::vector<std::pair<std::string, std::string>> NamesAndArguments(const Extract
 TEST(ToolCallsTest, HermesCallsAreTakenOutAndTheTextBeforeIsTheContent) {
   using Calls = std::vector<std::pair<std::string, std::string>>;
   // No tag: all content.
-  ExtractedToolCalls e = ExtractHermesToolCalls("It is sunny.");
+  ExtractedToolCalls e = ExtractToolCalls(ToolParser::kHermes, "It is sunny.");
   EXPECT_TRUE(e.calls.empty());
   EXPECT_EQ(e.content, "It is sunny.");
   // One call, text before it: the content; the arguments as json.dumps.
-  e = ExtractHermesToolCalls(
+  e = ExtractToolCalls(
+      ToolParser::kHermes,
       "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
       "{\"city\":\"Paris\",\"days\":[1,2.5],\"metric\":true,\"note\":null}}\n</tool_call>");
   EXPECT_EQ(NamesAndArguments(e),
@@ -41,14 +42,15 @@ TEST(ToolCallsTest, HermesCallsAreTakenOutAndTheTextBeforeIsTheContent) {
   // Two calls, nothing before: content null; text between and after them is
   // not content (vLLM keeps only what precedes the first tag); a last call
   // left open to the end still counts.
-  e = ExtractHermesToolCalls(
-      "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\nand\n"
-      "<tool_call>{\"name\": \"b\", \"arguments\": {\"x\": \"é\\n\"}}");
+  e = ExtractToolCalls(ToolParser::kHermes,
+                       "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\nand\n"
+                       "<tool_call>{\"name\": \"b\", \"arguments\": {\"x\": \"é\\n\"}}");
   EXPECT_EQ(NamesAndArguments(e), (Calls{{"a", "{}"}, {"b", "{\"x\": \"é\\n\"}"}}));
   EXPECT_FALSE(e.content.has_value());
   EXPECT_NE(e.calls[0].id, e.calls[1].id);
   // Arguments given as a string stay a JSON string (json.dumps of a str).
-  e = ExtractHermesToolCalls(R"(<tool_call>{"name": "f", "arguments": "{\"k\": 1}"}</tool_call>)");
+  e = ExtractToolCalls(ToolParser::kHermes,
+                       R"(<tool_call>{"name": "f", "arguments": "{\"k\": 1}"}</tool_call>)");
   EXPECT_EQ(NamesAndArguments(e), (Calls{{"f", R"("{\"k\": 1}")"}}));
   // Any call that does not parse: no call, the whole text is the content.
   for (const std::string bad :
@@ -57,7 +59,7 @@ TEST(ToolCallsTest, HermesCallsAreTakenOutAndTheTextBeforeIsTheContent) {
         "x<tool_call>{\"name\": \"f\", \"arguments\": {}</tool_call>",
         "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call><tool_call>oops</tool_call>",
         "<tool_call>[1]</tool_call>"}) {
-    e = ExtractHermesToolCalls(bad);
+    e = ExtractToolCalls(ToolParser::kHermes, bad);
     EXPECT_TRUE(e.calls.empty()) << bad;
     EXPECT_EQ(e.content, bad);
   }
@@ -83,9 +85,9 @@ TEST(ToolCallsTest, AStreamGivesTheWholeAnswersContentAndCallsForAnyCut) {
       "ends in a partial tag <tool_"};
   std::mt19937 rng(5);
   for (const std::string& answer : answers) {
-    const ExtractedToolCalls whole = ExtractHermesToolCalls(answer);
+    const ExtractedToolCalls whole = ExtractToolCalls(ToolParser::kHermes, answer);
     for (int trial = 0; trial < 50; ++trial) {
-      HermesToolStream stream;
+      ToolCallStream stream(ToolParser::kHermes);
       std::string content;
       for (size_t at = 0; at < answer.size();) {
         const size_t n = 1 + rng() % 7;
@@ -103,6 +105,70 @@ TEST(ToolCallsTest, AStreamGivesTheWholeAnswersContentAndCallsForAnyCut) {
       for (size_t i = 0; i < end.calls.size(); ++i) {
         EXPECT_EQ(end.calls[i].name, whole.calls[i].name);
         EXPECT_EQ(end.calls[i].arguments, whole.calls[i].arguments);
+      }
+    }
+  }
+}
+
+// llama3_json: vLLM's pattern (objects nesting one level, joined by ";"),
+// "parameters" or "arguments", content null with calls, and its quirks:
+// braces inside strings count, a ";" inside a string splits.
+TEST(ToolCallsTest, Llama3JsonCallsFollowVllmsPattern) {
+  using Calls = std::vector<std::pair<std::string, std::string>>;
+  auto extract = [](std::string_view text) {
+    return ExtractToolCalls(ToolParser::kLlama3Json, text);
+  };
+  ExtractedToolCalls e = extract("No call here.");
+  EXPECT_TRUE(e.calls.empty());
+  EXPECT_EQ(e.content, "No call here.");
+  e = extract(R"({"name": "get_weather", "parameters": {"city": "Paris", "days": 2}})");
+  EXPECT_EQ(NamesAndArguments(e), (Calls{{"get_weather", R"({"city": "Paris", "days": 2})"}}));
+  EXPECT_FALSE(e.content.has_value());
+  e = extract(R"(Sure! {"name": "a", "parameters": {}} ;  {"name": "b", "arguments": [1,2]} ok)");
+  EXPECT_EQ(NamesAndArguments(e), (Calls{{"a", "{}"}, {"b", "[1, 2]"}}));
+  EXPECT_FALSE(e.content.has_value()) << "null, whatever surrounds the calls";
+  for (const std::string bad :
+       {R"({"name": "f", "parameters": {"a": {"b": 1}}})",  // the match is the inner object
+        R"({"name": "f"})", R"({"parameters": {}})", R"(use {x} here)",
+        R"({"name": "f", "parameters": {"s": "a;b"}})",  // split inside the string
+        R"({"name": 7, "parameters": {}})"}) {
+    e = extract(bad);
+    EXPECT_TRUE(e.calls.empty()) << bad;
+    EXPECT_EQ(e.content, bad);
+  }
+  EXPECT_EQ(ToolParserNamed("llama4_json"), ToolParser::kLlama3Json);
+  EXPECT_EQ(ToolParserNamed("hermes"), ToolParser::kHermes);
+  EXPECT_FALSE(ToolParserNamed("mistral"));
+}
+
+// llama3_json streams as vLLM's: an answer that starts with "{" (or the
+// python tag) is held and extracted at the end, as the whole answer is;
+// any other streams as content, calls or not.
+TEST(ToolCallsTest, Llama3JsonStreamsHoldOnlyAnAnswerThatStartsAsACall) {
+  std::mt19937 rng(9);
+  for (const std::string& answer :
+       {std::string(R"({"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}})"),
+        std::string(R"(<|python_tag|>{"name": "a", "parameters": {}})"),
+        std::string(R"({not a call})"), std::string(R"(Sure: {"name": "a", "parameters": {}})"),
+        std::string("<|pyth"), std::string("<b>plain</b>")}) {
+    const bool as_call = answer[0] == '{' || answer.rfind("<|python_tag|>", 0) == 0;
+    const ExtractedToolCalls whole = ExtractToolCalls(ToolParser::kLlama3Json, answer);
+    for (int trial = 0; trial < 30; ++trial) {
+      ToolCallStream stream(ToolParser::kLlama3Json);
+      std::string content;
+      for (size_t at = 0; at < answer.size();) {
+        const size_t n = 1 + rng() % 5;
+        content += stream.Push(answer.substr(at, n));
+        at += n;
+      }
+      const ExtractedToolCalls end = stream.Finish();
+      content += end.content.value_or("");
+      if (as_call) {
+        EXPECT_EQ(content, whole.content.value_or("")) << answer;
+        EXPECT_EQ(NamesAndArguments(end), NamesAndArguments(whole)) << answer;
+      } else {
+        EXPECT_EQ(content, answer);
+        EXPECT_TRUE(end.calls.empty()) << answer;
       }
     }
   }

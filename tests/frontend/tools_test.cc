@@ -276,17 +276,48 @@ TEST_F(FrontendToolCallsTest, AnAnswerWithoutAParsableCallIsContent) {
   }
 }
 
+// --tool-call-parser llama3_json: an answer that is the JSON call (Llama 3.1's
+// tool template) gives the call and content null, whole and streamed.
+TEST_F(FrontendToolCallsTest, Llama3JsonCallsComeBackWholeAndStreamed) {
+  frontend_ = StartFrontend(dir_, "frontend-llama", {scheduler_->address()},
+                            {"--tokenizer", kNpm + "qwen2", "--enable-auto-tool-choice",
+                             "--tool-call-parser", "llama3_json"});
+  Answer(R"({"name": "get_weather", "parameters": {"city":"Paris"}})");
+  auto [status, whole] = Post(Request(false));
+  ASSERT_EQ(status, 200) << whole.dump();
+  const Json& message = whole["choices"][0]["message"];
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_TRUE(message["content"].is_null()) << whole.dump();
+  ASSERT_EQ(message["tool_calls"].size(), 1u);
+  EXPECT_EQ(message["tool_calls"][0]["function"],
+            Json({{"name", "get_weather"}, {"arguments", R"({"city": "Paris"})"}}));
+  std::vector<Json> chunks;
+  ASSERT_EQ(Post(Request(true), &chunks).first, 200);
+  Json calls = Json::array();
+  std::string content;
+  for (const Json& chunk : chunks) {
+    for (const Json& c : chunk["choices"]) {
+      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+      for (const Json& t : c["delta"].value("tool_calls", Json::array())) calls.push_back(t);
+    }
+  }
+  EXPECT_EQ(content, "");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"], message["tool_calls"][0]["function"]);
+}
+
 // The frontend's flags: another parser is refused by name; auto without one
 // is a usage error, as vLLM's.
 TEST(FrontendToolCallFlagsTest, UnknownParsersAndAutoWithoutOneAreRefused) {
   const std::string frontend = BinaryPath("services/frontend/tandem-frontend");
   std::string out;
   EXPECT_EQ(RunCommand({frontend, "--tokenizer", kNpm + "qwen2", "--enable-auto-tool-choice",
-                        "--tool-call-parser", "llama3_json"},
+                        "--tool-call-parser", "mistral"},
                        &out),
             2)
       << out;
-  EXPECT_NE(out.find("--tool-call-parser 'llama3_json' is not implemented (implemented: hermes)"),
+  EXPECT_NE(out.find("--tool-call-parser 'mistral' is not implemented (implemented: hermes, "
+                     "llama3_json, llama4_json)"),
             std::string::npos)
       << out;
   EXPECT_EQ(

@@ -159,8 +159,8 @@ struct CompletionRequest {
   std::string tool_choice;
   // Set by the server, not the body: tool_choice "auto" under
   // --enable-auto-tool-choice; the answer's tool calls are parsed out of its
-  // text (tool_calls.h).
-  bool parse_tool_calls = false;
+  // text by this parser (tool_calls.h).
+  std::optional<ToolParser> tool_parser;
   // Log-probabilities of each output token and of its N most likely
   // alternatives: completions' `logprobs`, chat's `top_logprobs` (0 when
   // absent) when `logprobs` is true. nullopt: none.
@@ -267,7 +267,7 @@ struct Choice {
   int32_t index = 0;
   std::string text;
   bool content_null = false;         // chat: "content": null (tool calls and no text)
-  std::vector<ToolCall> tool_calls;  // chat with parse_tool_calls: finish "tool_calls"
+  std::vector<ToolCall> tool_calls;  // chat with a tool_parser: finish "tool_calls"
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_reason;             // the stop string that ended it, if any
   std::optional<int32_t> stop_token;   // or the stop token id

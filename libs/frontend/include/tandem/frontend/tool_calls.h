@@ -1,6 +1,7 @@
-// Tool calls in generated text, as vLLM's `--tool-call-parser hermes` reads
-// them (Qwen2.5, Qwen3, Hermes and the other models whose chat templates ask
-// for <tool_call>{"name": ..., "arguments": ...}</tool_call>):
+// Tool calls in generated text, as vLLM's --tool-call-parser reads them.
+//
+// hermes (Qwen2.5, Qwen3, Hermes and the other models whose chat templates
+// ask for <tool_call>{"name": ..., "arguments": ...}</tool_call>):
 //  - every <tool_call>...</tool_call>, and a last <tool_call> left open up to
 //    the end, is one call; its JSON must have a string "name" and
 //    "arguments", which the call carries re-serialized as Python's
@@ -8,10 +9,23 @@
 //  - the content is the text before the first <tool_call> (null when empty);
 //  - any call that does not parse leaves the whole text as content and no
 //    call, as vLLM does.
-// Streams (HermesToolStream): the text before the first <tool_call> goes out
+// Streams (ToolCallStream): the text before the first <tool_call> goes out
 // as it comes; from the tag on, the rest waits for the end, where the same
 // extraction decides, so a stream carries exactly the non-streamed answer
 // (its calls in one delta each, which OpenAI clients accumulate).
+//
+// llama3_json (Llama 3.1 to 3.3 with vLLM's JSON tool template; Llama 4's
+// llama4_json is the same parser):
+//  - the first match of vLLM's pattern: an object whose values nest at most
+//    one object deep, braces counted without regard to strings, then more
+//    such objects after ";" separators; each piece between semicolons must
+//    load as JSON with "name" and "arguments" (else "parameters");
+//  - with calls, the content is null, whatever text surrounds them; any
+//    piece that does not load leaves the whole text as content.
+// Streams, as vLLM's: an answer that starts with "{" (or <|python_tag|>) is
+// held to the end and extracted there; any other streams as content, and
+// carries no calls even if a later part would (vLLM's streams do the same;
+// its whole answers search the whole text).
 #pragma once
 
 #include <optional>
@@ -23,8 +37,11 @@
 
 namespace tandem::frontend {
 
-// The parsers --tool-call-parser takes.
-inline constexpr std::string_view kHermesToolParser = "hermes";
+enum class ToolParser { kHermes, kLlama3Json };
+// --tool-call-parser's names: hermes, llama3_json, llama4_json; nullopt for
+// any other.
+[[nodiscard]] std::optional<ToolParser> ToolParserNamed(std::string_view name);
+inline constexpr std::string_view kToolParserNames = "hermes, llama3_json, llama4_json";
 
 struct ToolCall {
   std::string id;         // "chatcmpl-tool-" + 32 hex digits, as vLLM's
@@ -37,7 +54,7 @@ struct ExtractedToolCalls {
   std::optional<std::string> content;  // nullopt: null
 };
 
-[[nodiscard]] ExtractedToolCalls ExtractHermesToolCalls(std::string_view text);
+[[nodiscard]] ExtractedToolCalls ExtractToolCalls(ToolParser parser, std::string_view text);
 
 // Python's json.dumps(value, ensure_ascii=False): ", " and ": " separators,
 // keys in their order, non-ASCII as is.
@@ -47,8 +64,9 @@ struct ExtractedToolCalls {
 [[nodiscard]] nlohmann::ordered_json RenderToolCalls(const std::vector<ToolCall>& calls,
                                                      bool with_index);
 
-class HermesToolStream {
+class ToolCallStream {
  public:
+  explicit ToolCallStream(ToolParser parser) : parser_(parser) {}
   // Appends a delta of the choice's text; returns the content that may go
   // out now (none of a <tool_call> or of what may become one).
   [[nodiscard]] std::string Push(std::string_view delta);
@@ -57,9 +75,11 @@ class HermesToolStream {
   [[nodiscard]] ExtractedToolCalls Finish();
 
  private:
+  ToolParser parser_;
   std::string text_;
   size_t released_ = 0;
-  bool in_call_ = false;
+  bool in_call_ = false;  // hermes: past the first tag; llama3_json: starts as a call
+  bool decided_ = false;  // llama3_json: its first characters are in
 };
 
 }  // namespace tandem::frontend
