@@ -72,6 +72,25 @@ TEST(ToolCallsTest, ArgumentsAreWrittenAsPythonsJsonDumps) {
             "[1.0, 1e+20, 0.1, -0.5, 12345678901234]");
 }
 
+// Pushes `answer` into a stream in random pieces of 1 to `max_piece` bytes:
+// the content it let out, the end's included, and the end.
+std::pair<std::string, ExtractedToolCalls> StreamInPieces(ToolParser parser,
+                                                          const std::string& answer,
+                                                          std::mt19937& rng, size_t max_piece) {
+  ToolCallStream stream(parser);
+  std::string content;
+  for (size_t at = 0; at < answer.size();) {
+    const size_t n = 1 + rng() % max_piece;
+    const std::string out = stream.Push(answer.substr(at, n));
+    EXPECT_EQ(out.find("<tool_call>"), std::string::npos) << "a tag went out as content";
+    content += out;
+    at += n;
+  }
+  ExtractedToolCalls end = stream.Finish();
+  content += end.content.value_or("");
+  return {content, std::move(end)};
+}
+
 // The stream lets out exactly the text before the first tag, holding back a
 // tail that may begin one, and at the end gives what the whole-text
 // extraction gives: for every cut of the text into deltas.
@@ -87,19 +106,7 @@ TEST(ToolCallsTest, AStreamGivesTheWholeAnswersContentAndCallsForAnyCut) {
   for (const std::string& answer : answers) {
     const ExtractedToolCalls whole = ExtractToolCalls(ToolParser::kHermes, answer);
     for (int trial = 0; trial < 50; ++trial) {
-      ToolCallStream stream(ToolParser::kHermes);
-      std::string content;
-      for (size_t at = 0; at < answer.size();) {
-        const size_t n = 1 + rng() % 7;
-        const std::string piece = answer.substr(at, n);
-        const std::string out = stream.Push(piece);
-        // Nothing of a tag ever goes out as content.
-        EXPECT_EQ(out.find("<tool_call>"), std::string::npos);
-        content += out;
-        at += n;
-      }
-      const ExtractedToolCalls end = stream.Finish();
-      content += end.content.value_or("");
+      const auto [content, end] = StreamInPieces(ToolParser::kHermes, answer, rng, 7);
       EXPECT_EQ(content, whole.content.value_or("")) << answer;
       ASSERT_EQ(end.calls.size(), whole.calls.size()) << answer;
       for (size_t i = 0; i < end.calls.size(); ++i) {
@@ -154,15 +161,7 @@ TEST(ToolCallsTest, Llama3JsonStreamsHoldOnlyAnAnswerThatStartsAsACall) {
     const bool as_call = answer[0] == '{' || answer.rfind("<|python_tag|>", 0) == 0;
     const ExtractedToolCalls whole = ExtractToolCalls(ToolParser::kLlama3Json, answer);
     for (int trial = 0; trial < 30; ++trial) {
-      ToolCallStream stream(ToolParser::kLlama3Json);
-      std::string content;
-      for (size_t at = 0; at < answer.size();) {
-        const size_t n = 1 + rng() % 5;
-        content += stream.Push(answer.substr(at, n));
-        at += n;
-      }
-      const ExtractedToolCalls end = stream.Finish();
-      content += end.content.value_or("");
+      const auto [content, end] = StreamInPieces(ToolParser::kLlama3Json, answer, rng, 5);
       if (as_call) {
         EXPECT_EQ(content, whole.content.value_or("")) << answer;
         EXPECT_EQ(NamesAndArguments(end), NamesAndArguments(whole)) << answer;
