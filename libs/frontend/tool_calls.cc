@@ -207,8 +207,11 @@ std::string ToolCallStream::Push(std::string_view delta) {
 }
 
 ExtractedToolCalls ToolCallStream::Finish() {
-  ExtractedToolCalls all = ExtractToolCalls(parser_, text_);
-  if (parser_ == ToolParser::kLlama3Json && !in_call_) all = {};  // streamed as content
+  // Only an answer held as a call is extracted: before hermes' first tag
+  // there is none, and a llama3_json answer that did not start as one went
+  // out as content.
+  ExtractedToolCalls all;
+  if (in_call_) all = ExtractToolCalls(parser_, text_);
   if (all.calls.empty()) {
     all.content = text_.substr(released_);  // what was held: a tag that did not parse
   } else {

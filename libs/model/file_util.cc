@@ -55,8 +55,7 @@ void MappedFile::Release(int64_t begin, int64_t end) const {
 
 void HashRopeScaling(EVP_MD_CTX* ctx, const ModelConfig& c) {
   if (c.rotary_dim != 0) EVP_DigestUpdate(ctx, &c.rotary_dim, sizeof(c.rotary_dim));
-  const RopeScaling::Type type = c.rope_scaling.type;
-  if (type != RopeScaling::Type::kYarn && type != RopeScaling::Type::kLongRope) return;
+  if (!c.rope_scaling.ScalesAttention()) return;
   const std::vector<float> inv_freq = c.RopeInverseFrequencies();
   EVP_DigestUpdate(ctx, inv_freq.data(), inv_freq.size() * sizeof(float));
   EVP_DigestUpdate(ctx, &c.rope_scaling.attention_factor, sizeof(float));

@@ -147,8 +147,7 @@ absl::Status ModelConfig::Validate() const {
         "model config: llama3 rope scaling needs original_max_position_embeddings > 0 and "
         "0 < low_freq_factor < high_freq_factor");
   }
-  if ((rope_scaling.type == RopeScaling::Type::kYarn ||
-       rope_scaling.type == RopeScaling::Type::kLongRope) &&
+  if (rope_scaling.ScalesAttention() &&
       (rope_scaling.original_max_position_embeddings <= 0 || !(rope_scaling.attention_factor > 0) ||
        !std::isfinite(rope_scaling.attention_factor))) {
     return absl::InvalidArgumentError(
@@ -167,8 +166,7 @@ absl::Status ModelConfig::Validate() const {
       }
     }
   }
-  if (rope_scaling.type != RopeScaling::Type::kYarn &&
-      rope_scaling.type != RopeScaling::Type::kLongRope && rope_scaling.attention_factor != 1.0f) {
+  if (!rope_scaling.ScalesAttention() && rope_scaling.attention_factor != 1.0f) {
     return absl::InvalidArgumentError(
         "model config: only yarn and longrope scale attention (attention_factor)");
   }
@@ -216,11 +214,13 @@ std::vector<int32_t> ModelConfig::EosTokenIds() const {
 std::vector<float> ModelConfig::RopeInverseFrequencies() const {
   const int32_t dim = RotaryDim();
   const int32_t half = dim / 2;
-  std::vector<float> inv(static_cast<size_t>(half));
+  // theta^(2p / dim) and its inverse, the expression llama2.c's run.c
+  // evaluates per element (fp32 powf); the scalings below start from them.
+  std::vector<float> pos_freq(static_cast<size_t>(half)), inv(static_cast<size_t>(half));
   for (int32_t p = 0; p < half; ++p) {
-    // The expression llama2.c's run.c evaluates per element (fp32 powf).
-    inv[static_cast<size_t>(p)] =
-        1.0f / powf(rope_theta, static_cast<float>(2 * p) / static_cast<float>(dim));
+    pos_freq[static_cast<size_t>(p)] =
+        powf(rope_theta, static_cast<float>(2 * p) / static_cast<float>(dim));
+    inv[static_cast<size_t>(p)] = 1.0f / pos_freq[static_cast<size_t>(p)];
   }
   const RopeScaling& rs = rope_scaling;
   switch (rs.type) {
@@ -268,24 +268,20 @@ std::vector<float> ModelConfig::RopeInverseFrequencies() const {
       const float low_f = static_cast<float>(low);
       const float width_f = static_cast<float>(high - low);
       for (int32_t p = 0; p < half; ++p) {
-        const float pos_freq =
-            powf(rope_theta, static_cast<float>(2 * p) / static_cast<float>(dim));
-        const float extrapolation = 1.0f / pos_freq;
-        const float interpolation = 1.0f / (rs.factor * pos_freq);
+        float& f = inv[static_cast<size_t>(p)];  // the extrapolated frequency
+        const float interpolation = 1.0f / (rs.factor * pos_freq[static_cast<size_t>(p)]);
         const float ramp = std::clamp((static_cast<float>(p) - low_f) / width_f, 0.0f, 1.0f);
         const float extrapolation_share = 1.0f - ramp;
-        inv[static_cast<size_t>(p)] =
-            interpolation * (1.0f - extrapolation_share) + extrapolation * extrapolation_share;
+        f = interpolation * (1.0f - extrapolation_share) + f * extrapolation_share;
       }
       break;
     }
     case RopeScaling::Type::kLongRope:
-      // transformers' _compute_longrope_parameters with the short factors:
-      // 1 / (factor * base^(2p / dim)).
+      // transformers' _compute_longrope_parameters with the factors served
+      // (short or long): 1 / (factor * base^(2p / dim)).
       for (int32_t p = 0; p < half; ++p) {
-        const float shape = static_cast<float>(2 * p) / static_cast<float>(dim);
         inv[static_cast<size_t>(p)] =
-            1.0f / (rs.ext_factors[static_cast<size_t>(p)] * powf(rope_theta, shape));
+            1.0f / (rs.ext_factors[static_cast<size_t>(p)] * pos_freq[static_cast<size_t>(p)]);
       }
       break;
   }

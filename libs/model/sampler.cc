@@ -103,6 +103,7 @@ void PenaltyHistory(std::span<const int32_t> prompt, std::span<const int32_t> ou
 
 void SampleAdjustments(const SamplingParams& params, std::span<const int32_t> prompt,
                        std::span<const int32_t> output, std::vector<kernels::SamplePenalty>* out) {
+  if (!params.AdjustsLogits()) return;  // most rows: nothing to list
   PenaltyTable table(out);
   if (params.HasPenalties()) AddHistory(table, prompt, output);
   for (const auto& [id, bias] : params.logit_bias) {

@@ -72,6 +72,8 @@ struct RopeScaling {
   // yarn and longrope: cos and sin are multiplied by this (transformers'
   // attention_scaling), so every attention logit by its square. 1 otherwise.
   float attention_factor = 1.0f;
+  // yarn and longrope: the types with an attention factor.
+  bool ScalesAttention() const { return type == Type::kYarn || type == Type::kLongRope; }
 };
 
 // Sampling defaults from generation_config.json (see tandem/common); a
