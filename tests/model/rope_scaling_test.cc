@@ -233,6 +233,70 @@ TEST(RopeScalingTest, LongRopeServesItsShortFactorsWithinTheOriginalContext) {
       absl::StatusCode::kInvalidArgument, "short_factor");
 }
 
+// ModelConfig::Validate's rules for the scaling a config may carry, whoever
+// built it (the loader, or FromWeights' callers).
+TEST(RopeScalingTest, ValidateRefusesScalingTheKernelsCannotApply) {
+  if (!HaveStories()) GTEST_SKIP() << "no " << StoriesPath();
+  auto ckpt = ReadLlama2cCheckpoint(StoriesPath());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const ModelConfig base = ckpt->config;  // head_size 8
+  ASSERT_TRUE(base.Validate().ok());
+  auto expect_invalid = [&](const ModelConfig& c, const std::string& needle) {
+    const absl::Status s = c.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+  };
+  ModelConfig c = base;
+  c.rotary_dim = 3;
+  expect_invalid(c, "rotary_dim 3 must be even");
+  c.rotary_dim = base.head_size + 2;
+  expect_invalid(c, "at most head_size");
+  const RopeScaling yarn{.type = RopeScaling::Type::kYarn,
+                         .factor = 2.0f,
+                         .original_max_position_embeddings = 16,
+                         .attention_factor = 1.1f};
+  c = base;
+  c.rope_scaling = yarn;
+  EXPECT_TRUE(c.Validate().ok());
+  c.rope_scaling.original_max_position_embeddings = 0;
+  expect_invalid(c, "yarn and longrope need original_max_position_embeddings > 0");
+  c.rope_scaling = yarn;
+  c.rope_scaling.attention_factor = 0.0f;
+  expect_invalid(c, "positive attention factor");
+  c.rope_scaling = {.type = RopeScaling::Type::kLongRope,
+                    .original_max_position_embeddings = 16,
+                    .ext_factors = {1.0f, 2.0f, 3.0f}};  // head_size 8: 4 pairs
+  expect_invalid(c, "longrope needs rotary_dim / 2 = 4 factors, got 3");
+  c.rope_scaling.ext_factors = {1.0f, 2.0f, 0.0f, 3.0f};
+  expect_invalid(c, "longrope factors must be positive");
+  c.rope_scaling.ext_factors = {1.0f, 2.0f, 2.5f, 3.0f};
+  EXPECT_TRUE(c.Validate().ok());
+  c.rope_scaling = {.type = RopeScaling::Type::kLinear, .factor = 2.0f, .attention_factor = 1.5f};
+  expect_invalid(c, "only yarn and longrope scale attention");
+}
+
+// The config reader's own rules: the pretraining context's precedence (a
+// top-level original_max_position_embeddings wins), llama3 needing one,
+// factors and partial factors in range.
+TEST(RopeScalingTest, TheReaderTakesThePretrainingContextAndFactorsAsTransformers) {
+  TANDEM_REQUIRE_HF();
+  EditedFixture both("qwen2.5", "\"use_cache\": true",
+                     R"("use_cache": true, "original_max_position_embeddings": 64, )"
+                     R"("rope_scaling": {"rope_type": "yarn", "factor": 2.0, )"
+                     R"("original_max_position_embeddings": 128})");
+  auto c = LoadConfig(both);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 64);
+  ExpectEditRefused("llama3.2", "    \"original_max_position_embeddings\": 8192,\n", "",
+                    absl::StatusCode::kInvalidArgument, "original_max_position_embeddings");
+  ExpectEditRefused("phi3", "\"rope_scaling\": null",
+                    absl::StrCat(R"("rope_scaling": {"type": "longrope", "short_factor": )",
+                                 Repeat(0.0, 16), R"(, "long_factor": )", Repeat(1.0, 16), "}"),
+                    absl::StatusCode::kInvalidArgument, "not a positive number");
+  ExpectEditRefused("phi3", "\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 1.5",
+                    absl::StatusCode::kInvalidArgument, "partial_rotary_factor 1.5");
+}
+
 // A --max-model-len past the original context takes vLLM's other choice: the
 // long factors at every position and the whole context. Within it, the cap;
 // past the model's context, a refusal naming both.
