@@ -5,7 +5,8 @@
 // tokens for each, made where transformers is installed (the GPU machines)
 // by tools/gpu/hf_derived_references.py, in the shared fixtures' layout.
 // Every derived config must load; each one with a reference must give its
-// decisive prefix on the CPU backend. An entry may load with options
+// decisive prefix on the CPU backend, and both CUDA modes' tokens where a
+// GPU is at hand (as the shared fixtures' are held). An entry may load with options
 // ("load": {"max_model_len": N}) and compare only the cases whose prompt has
 // at least "min_prompt_len" tokens (longrope's long factors, which
 // transformers takes only for a sequence past the original context).
@@ -57,6 +58,7 @@ TEST(HfDerivedTest, DerivedConfigsLoadAndMatchTransformersWhereAReferenceExists)
     for (size_t i = 0; i < cases.size(); ++i) {
       ExpectDecisivePrefix(got[i], cases[i], absl::StrCat(name, " case ", i));
     }
+    if (CudaAvailable(**m)) ExpectCudaMatchesTransformers(**m, cases, name);
     ++compared;
   }
   if (!missing.empty()) {

@@ -398,8 +398,12 @@ TEST(RopeScalingTest, AnAttentionFactorScalesQueriesAndKeysLikeTheirWeights) {
 
 // Phi3's partial_rotary_factor (Phi-4-mini: 0.75): RoPE over the first
 // int(head_dim * factor) elements, frequencies over that many. Prefills whole,
-// in chunks and token by token read the same cache, so they agree to the bit
-// in each mode only if the elements RoPE leaves reach the cache too.
+// in chunks and token by token read the same cache, so on the CPU they agree
+// to the bit only if the elements RoPE leaves reach the cache too. On CUDA
+// a chunk's attention and GEMMs take other kernels than a whole prefill's
+// (tensor-core tiles against split-K rows), so the bits differ there by
+// design (an H200 showed it); HfDerivedTest holds both CUDA modes to
+// transformers' tokens on phi3-partial-longrope instead.
 TEST(RopeScalingTest, PartialRotaryTurnsTheFirstElementsOfPhi3Heads) {
   TANDEM_REQUIRE_HF();
   EditedFixture f("phi3", "\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 0.75");
@@ -421,8 +425,10 @@ TEST(RopeScalingTest, PartialRotaryTurnsTheFirstElementsOfPhi3Heads) {
     SCOPED_TRACE(ModeName(backend, dtype));
     const std::vector<float> base = LastLogits(**m, tokens, 37, backend, dtype);
     ASSERT_FALSE(base.empty());
-    EXPECT_TRUE(SameBits(LastLogits(**m, tokens, 7, backend, dtype), base)) << "chunks of 7";
-    EXPECT_TRUE(SameBits(LastLogits(**m, tokens, 1, backend, dtype), base)) << "token by token";
+    if (backend == Backend::kCpu) {
+      EXPECT_TRUE(SameBits(LastLogits(**m, tokens, 7, backend, dtype), base)) << "chunks of 7";
+      EXPECT_TRUE(SameBits(LastLogits(**m, tokens, 1, backend, dtype), base)) << "token by token";
+    }
     EXPECT_FALSE(SameBits(LastLogits(**whole, tokens, 37, backend, dtype), base));
   }
 }
