@@ -25,6 +25,7 @@ def main():
     if len(sys.argv) != 4:
         sys.exit(__doc__)
     manifest_path, shared, out = sys.argv[1:]
+    shared = os.path.abspath(shared)  # the symlinks below must not be relative
     try:
         import torch
         import transformers

@@ -31,11 +31,15 @@ if [ "$what" = kvttft ]; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  # transformers' tokens for the derived fixtures (CPU, seconds): copy
-  # $out/hf_derived/*.reference.json into tests/model/hf_derived/.
+  # transformers' tokens for the derived fixtures (CPU, seconds), in one
+  # file (the device tool brings back at most 8): untar
+  # $out/hf_derived.tgz and copy its *.reference.json into
+  # tests/model/hf_derived/.
   echo "=== hf_derived_references.py" | tee -a "$out/tests.txt"
+  refs="$(mktemp -d)"
   python3 "$here/hf_derived_references.py" "$here/hf_derived/derived.json" "$here/shared/models/hf" \
-    "$out/hf_derived" 2>&1 | tail -20 | tee -a "$out/tests.txt"
+    "$refs/hf_derived" 2>&1 | grep -v '^\[transformers\]' | tail -20 | tee -a "$out/tests.txt"
+  tar -czf "$out/hf_derived.tgz" -C "$refs" hf_derived
   for t in kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test \
            model_hf_families_test; do
     echo "=== $t" | tee -a "$out/tests.txt"
@@ -65,21 +69,16 @@ if [ "$what" = profile ]; then
   exit 0
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  # Ours, eager decode (what CUDA graphs gained), the pipelined decode
-  # attention picked by the batch and a row per block (what it gains over a
-  # block per split, the runner's default until it has run on a GPU), the
-  # GEMVs of small batches as programmatic dependents (off by default too), the split-K kernel on
-  # the same prefills (what tensor cores gained), decode steps that draw
-  # with top-p on the device (less the greedy line: the sampler's cost),
-  # prefills that score every prompt token (less the plain prefill: prompt
-  # logprobs' cost), then PyTorch's figure on the same shapes
-  # (torch_anchor.py, with vLLM's way of top-p sampling and of prompt
-  # logprobs), same GPU.
-  for args in "--shape llama-3.2-1b" "--shape llama-3.2-1b --cuda-graphs off --prefill=" \
-              "--shape llama-3.2-1b --prefill= --decode-attention auto" \
-              "--shape llama-3.2-1b --prefill= --batches 32,64,128,256 --decode-attention per-row" \
-              "--shape llama-3.2-1b --prefill= --batches 1,2,4 --dependent-launch on" \
-              "--shape llama-3.2-1b --batches 1 --attention split-k" \
+  # Ours, decode steps that draw with top-p on the device (less the greedy
+  # line: the sampler's cost), prefills that score every prompt token (less
+  # the plain prefill: prompt logprobs' cost), the other shapes and the
+  # float32 mode, then PyTorch's figure on the same shapes (torch_anchor.py,
+  # with vLLM's way of top-p sampling and of prompt logprobs), same GPU.
+  # What the 2026-11-30 H200 run settled is left out (DESIGN-NOTES "round
+  # three, measured"); its flags stay for a run by hand: --cuda-graphs off,
+  # --decode-attention auto|per-row, --dependent-launch on, --attention
+  # split-k. All of it takes about 7 minutes.
+  for args in "--shape llama-3.2-1b" \
               "--shape llama-3.2-1b --prefill= --batches 1,32,256 --sampling top-p" \
               "--shape llama-3.2-1b --batches= --prefill 512,2048 --prompt-logprobs 20" \
               "--shape tinyllama-1.1b --batches 1,32,256" \
@@ -87,7 +86,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
               "--shape llama-3.2-1b --dtype float32 --batches 1,32 --prefill 512"; do
     echo "=== bench_cuda $args" | tee -a "$out/bench.txt"
     # shellcheck disable=SC2086
-    "$here/bin/bench_cuda" $args 2>&1 | tee -a "$out/bench.txt"
+    "$here/bin/bench_cuda" $args 2>&1 | grep -v '^I[0-9]' | tee -a "$out/bench.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
   for shape in llama-3.2-1b tinyllama-1.1b; do
