@@ -59,8 +59,9 @@ __global__ void __launch_bounds__(kSampleLanes)
                    LogprobResult* results, int32_t* top_ids, float* top_logprobs) {
   __shared__ SampleShared shared;
   const LogprobJob job = jobs[blockIdx.x];
+  LaneTop mine;  // this thread's lane's candidates
   LogprobRowProgram(shared, logits + int64_t{job.row} * vocab, vocab, job, &results[blockIdx.x],
-                    top_ids + job.top_begin, top_logprobs + job.top_begin);
+                    top_ids + job.top_begin, top_logprobs + job.top_begin, &mine);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // kernels/logprobs.h's program, which the CUDA runner runs on the device:
 // its log against the C library's in double, its log Z against a long
 // double log-sum-exp, and the whole program run lane by lane on the CPU
-// (cpu::Logprobs: block-wide rounds for the top-n list, a count for the
-// rank) against ComputeLogprobs, which selects with std::partial_sort and
+// (cpu::Logprobs: the lanes' own lists merged for a top-n of up to
+// kLaneTopN, block-wide rounds over the row for more, a count for the rank)
+// against ComputeLogprobs, which selects with std::partial_sort and
 // counts directly: the same ids, ranks and bits.
 #include <algorithm>
 #include <cmath>
@@ -73,8 +74,9 @@ std::vector<uint32_t> Bits(const std::vector<float>& v) {
 }
 
 // Random rows, some quantized so that many logits tie, one with -inf
-// entries; tokens anywhere (ties included); top-n of 0, 1, 5, 20 and more
-// than the vocabulary.
+// entries; tokens anywhere (ties included); top-n of 0, 1, 5, 20, the
+// lanes' lists' largest (kLaneTopN) and one more, and more than the
+// vocabulary.
 TEST(LogprobsProgramTest, TheProgramGivesComputeLogprobsExactly) {
   std::mt19937 rng(11);
   for (int32_t vocab : {7, 1000, 32000}) {
@@ -89,8 +91,10 @@ TEST(LogprobsProgramTest, TheProgramGivesComputeLogprobsExactly) {
     }
     std::vector<LogprobJob> jobs;
     int32_t top_total = 0;
-    for (int32_t j = 0; j < 16; ++j) {
-      const int32_t top_n = std::vector<int32_t>{0, 1, 5, 20, vocab + 3}[j % 5];
+    const std::vector<int32_t> top_ns = {
+        0, 1, 5, 20, kernels::kLaneTopN, kernels::kLaneTopN + 1, vocab + 3};
+    for (int32_t j = 0; j < 28; ++j) {
+      const int32_t top_n = top_ns[static_cast<size_t>(j) % top_ns.size()];
       const int32_t n = std::min(top_n, vocab);
       jobs.push_back({.row = j % rows,
                       .token = static_cast<int32_t>(rng() % vocab),
