@@ -33,6 +33,9 @@ __global__ void EmbeddingGatherKernel(const Bf16* table, int32_t dim, const int3
   for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = Load(src + j);
 }
 
+// Threads of a one-block-per-row norm: a multiple of the warp (BlockSum's).
+int RmsNormThreads(int32_t dim) { return dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64; }
+
 __global__ void RmsNormKernel(const float* x, const int32_t* row_index, const float* w,
                               int32_t dim, float eps, Bf16* out) {
   LetDependentsLaunch();
@@ -44,6 +47,18 @@ __global__ void RmsNormKernel(const float* x, const int32_t* row_index, const fl
   const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
   Bf16* o = out + int64_t{blockIdx.x} * dim;
   for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) o[j] = Store(w[j] * (inv * xr[j]));
+}
+
+// x[r] += w * y[r] / rms(y[r]) in fp32 (Gemma 3's norms of the attention's
+// and the MLP's outputs, then the residual add), one block per row.
+__global__ void RmsNormAddKernel(float* x, const float* y, const float* w, int32_t dim, float eps) {
+  const float* yr = y + int64_t{blockIdx.x} * dim;
+  float* xr = x + int64_t{blockIdx.x} * dim;
+  float ss = 0.0f;
+  for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) ss += yr[j] * yr[j];
+  ss = BlockSum(ss);
+  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) xr[j] += w[j] * (inv * yr[j]);
 }
 
 // Grid (row, chunk of kRopeThreads): thread i of a row owns pair i of the
@@ -272,8 +287,14 @@ int EmbeddingGatherBf16(const Bf16* table, int32_t dim, const int32_t* tokens, i
 int RmsNormBf16(const float* x, const int32_t* row_index, const float* w, int32_t rows,
                 int32_t dim, float eps, Bf16* out, void* stream) {
   if (rows == 0) return cudaSuccess;
-  const int threads = dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64;
-  RmsNormKernel<<<rows, threads, 0, S(stream)>>>(x, row_index, w, dim, eps, out);
+  RmsNormKernel<<<rows, RmsNormThreads(dim), 0, S(stream)>>>(x, row_index, w, dim, eps, out);
+  return cudaGetLastError();
+}
+
+int RmsNormAddBf16(float* x, const float* y, const float* w, int32_t rows, int32_t dim, float eps,
+                   void* stream) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormAddKernel<<<rows, RmsNormThreads(dim), 0, S(stream)>>>(x, y, w, dim, eps);
   return cudaGetLastError();
 }
 

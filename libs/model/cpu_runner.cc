@@ -23,7 +23,7 @@ using kernels::RopeKind;
 // without them).
 struct PackedLayer {
   kc::PackedMatrix wq, wk, wv, wo, w1, w2, w3;
-  WeightView<float> rms_att, rms_ffn, bq, bk, bv, bo, q_norm, k_norm;
+  WeightView<float> rms_att, rms_ffn, bq, bk, bv, bo, q_norm, k_norm, post_att_norm, post_ffn_norm;
 };
 
 kernels::ActKind ToKernel(Activation a) {
@@ -61,6 +61,7 @@ class CpuModelRunner final : public ModelRunner {
                     static_cast<size_t>(block_bytes()) * static_cast<size_t>(opts_.num_blocks),
                     {.use_cuda_host_alloc = false, .lock = false, .what = "CPU KV cache"}));
     inv_freq_ = c.RopeInverseFrequencies();
+    if (!c.local_rope_layers.empty()) local_inv_freq_ = c.RopeInverseFrequencies(/*local=*/true);
     auto pack = [&](WeightKind kind, int32_t layer, int32_t out_dim, int32_t in_dim,
                     kc::PackedMatrix* m) -> absl::Status {
       TANDEM_ASSIGN_OR_RETURN(WeightView<float> w, model_->Fp32({kind, layer}));
@@ -78,10 +79,16 @@ class CpuModelRunner final : public ModelRunner {
       TANDEM_RETURN_IF_ERROR(pack(WeightKind::kW2, i, c.dim, c.hidden_dim, &l.w2));
       TANDEM_RETURN_IF_ERROR(pack(WeightKind::kW3, i, c.hidden_dim, c.dim, &l.w3));
       for (auto [view, kind] : std::initializer_list<std::pair<WeightView<float>*, WeightKind>>{
-               {&l.rms_att, WeightKind::kRmsAtt}, {&l.rms_ffn, WeightKind::kRmsFfn},
-               {&l.bq, WeightKind::kBq},          {&l.bk, WeightKind::kBk},
-               {&l.bv, WeightKind::kBv},          {&l.bo, WeightKind::kBo},
-               {&l.q_norm, WeightKind::kQNorm},   {&l.k_norm, WeightKind::kKNorm}}) {
+               {&l.rms_att, WeightKind::kRmsAtt},
+               {&l.rms_ffn, WeightKind::kRmsFfn},
+               {&l.bq, WeightKind::kBq},
+               {&l.bk, WeightKind::kBk},
+               {&l.bv, WeightKind::kBv},
+               {&l.bo, WeightKind::kBo},
+               {&l.q_norm, WeightKind::kQNorm},
+               {&l.k_norm, WeightKind::kKNorm},
+               {&l.post_att_norm, WeightKind::kPostAttNorm},
+               {&l.post_ffn_norm, WeightKind::kPostFfnNorm}}) {
         TANDEM_ASSIGN_OR_RETURN(*view, model_->Fp32({kind, i}));
       }
     }
@@ -154,11 +161,12 @@ class CpuModelRunner final : public ModelRunner {
         kc::RmsNorm(k_.data(), pl.k_norm.data(), T * c.num_kv_heads, c.head_size, c.norm_eps,
                     k_.data());
       }
-      const float amplitude = c.rope_scaling.attention_factor;
-      kc::Rope(q_.data(), T, lay.row_pos.data(), c.num_heads, c.head_size, rope, c.rope_theta,
-               inv_freq_.data(), amplitude, c.rotary_dim);
-      kc::Rope(k_.data(), T, lay.row_pos.data(), c.num_kv_heads, c.head_size, rope, c.rope_theta,
-               inv_freq_.data(), amplitude, c.rotary_dim);
+      const float amplitude = c.RopeAmplitude(li), theta = c.RopeTheta(li);
+      const float* inv_freq = c.LocalRope(li) ? local_inv_freq_.data() : inv_freq_.data();
+      kc::Rope(q_.data(), T, lay.row_pos.data(), c.num_heads, c.head_size, rope, theta, inv_freq,
+               amplitude, c.rotary_dim);
+      kc::Rope(k_.data(), T, lay.row_pos.data(), c.num_kv_heads, c.head_size, rope, theta, inv_freq,
+               amplitude, c.rotary_dim);
       // Every token's K/V first: later rows (and other sequences sharing
       // prefix blocks) read them below.
       kc::KvWrite(cache(), shape_, li, k_.data(), v_.data(), T, lay.slots.data());
@@ -175,12 +183,18 @@ class CpuModelRunner final : public ModelRunner {
                                    .window = c.AttentionWindow(li)});
       Matmul(pl.wo, att_.data(), T, xb_.data());
       if (c.o_bias) kc::AddBias(xb_.data(), pl.bo.data(), T, c.dim);
+      if (c.sandwich_norms) {
+        kc::RmsNorm(xb_.data(), pl.post_att_norm.data(), T, c.dim, c.norm_eps, xb_.data());
+      }
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
       kc::RmsNorm(x_.data(), pl.rms_ffn.data(), T, c.dim, c.norm_eps, xb_.data());
       Matmul(pl.w1, xb_.data(), T, hb_.data());
       Matmul(pl.w3, xb_.data(), T, hb2_.data());
       kc::SiluMul(hb_.data(), hb2_.data(), T * hidden, hb_.data(), ToKernel(c.activation));
       Matmul(pl.w2, hb_.data(), T, xb_.data());
+      if (c.sandwich_norms) {
+        kc::RmsNorm(xb_.data(), pl.post_ffn_norm.data(), T, c.dim, c.norm_eps, xb_.data());
+      }
       kc::ResidualAdd(x_.data(), xb_.data(), T * dim);
     }
     const int32_t B = static_cast<int32_t>(lay.last_rows.size());
@@ -222,7 +236,8 @@ class CpuModelRunner final : public ModelRunner {
   std::vector<PackedLayer> layers_;
   kc::PackedMatrix classifier_;
   WeightView<float> embedding_, rms_final_;
-  std::vector<float> inv_freq_;  // RoPE's, [head_size / 2]
+  std::vector<float> inv_freq_;        // RoPE's, [rotary_dim / 2]
+  std::vector<float> local_inv_freq_;  // the local layers' (Gemma 3)
   std::vector<float> x_, xb_, q_, att_, k_, v_, hb_, hb2_, last_;
 };
 

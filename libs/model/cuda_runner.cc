@@ -242,7 +242,14 @@ absl::Status CudaRunnerBase::InitCommon() {
   graphs_enabled_ = graphs_enabled_ && opts_.dtype == DType::kBFloat16;
   dependent_launch_ = dependent_launch_ && opts_.dtype == DType::kBFloat16 &&
                       kd::DeviceHasDependentLaunch(device_);
+  if (!c.local_rope_layers.empty()) {
+    TANDEM_RETURN_IF_ERROR(local_inv_freq_.Upload(c.RopeInverseFrequencies(/*local=*/true)));
+  }
   return inv_freq_.Upload(c.RopeInverseFrequencies());
+}
+
+const float* CudaRunnerBase::InvFreq(int32_t layer) const {
+  return (model_->config().LocalRope(layer) ? local_inv_freq_ : inv_freq_).get<float>();
 }
 
 absl::Status CudaRunnerBase::AllocateCache() {

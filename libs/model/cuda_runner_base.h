@@ -161,7 +161,10 @@ class CudaRunnerBase : public ModelRunner {
   kd::BlasHandle* blas_ = nullptr;
   void* stream_ = nullptr;  // every kernel of a step, and the graphs
   DeviceBuffer cache_, logits_;
-  DeviceBuffer inv_freq_;  // RoPE's inverse frequencies, [head_size / 2]
+  DeviceBuffer inv_freq_;        // RoPE's inverse frequencies, [rotary_dim / 2]
+  DeviceBuffer local_inv_freq_;  // the local layers' (Gemma 3)
+  // The RoPE table of `layer` (ModelConfig::LocalRope).
+  const float* InvFreq(int32_t layer) const;
 
  private:
   // One step: logits_ of the sequences' last rows and, with argmax, their

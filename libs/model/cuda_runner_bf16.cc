@@ -15,6 +15,7 @@ namespace {
 struct Bf16Layer {
   DeviceBuffer rms_att, wqkv, wo, rms_ffn, w13, w2;
   DeviceBuffer bqkv, bo, q_norm, k_norm;  // fp32, when the config has them
+  DeviceBuffer post_att_norm, post_ffn_norm;  // fp32, sandwich_norms
 };
 
 // bfloat16: fused GEMMs, split-K attention; see DType.
@@ -50,6 +51,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.bo, {K::kBo}, i));
       TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.q_norm, {K::kQNorm}, i));
       TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.k_norm, {K::kKNorm}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.post_att_norm, {K::kPostAttNorm}, i));
+      TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, &d.post_ffn_norm, {K::kPostFfnNorm}, i));
     }
     return AllocateCache();
   }
@@ -62,7 +65,9 @@ class CudaBf16Runner final : public CudaRunnerBase {
     const size_t f = sizeof(float), h = sizeof(kd::Bf16);
     TANDEM_RETURN_IF_ERROR(x_.Reserve(f * T * c.dim));
     TANDEM_RETURN_IF_ERROR(xn_.Reserve(h * T * std::max(c.dim, c.hidden_dim)));
-    TANDEM_RETURN_IF_ERROR(qkv_.Reserve(f * T * std::max(qkv_width, 2 * c.hidden_dim)));
+    // qkv_ also holds the gate/up output and, with sandwich norms, a
+    // sublayer's output before its norm.
+    TANDEM_RETURN_IF_ERROR(qkv_.Reserve(f * T * std::max({qkv_width, 2 * c.hidden_dim, c.dim})));
     TANDEM_RETURN_IF_ERROR(att_.Reserve(h * T * qd));
     return scratch_.Reserve(
         f *
@@ -120,8 +125,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
       // All K/V of the step before any attention of this layer (same stream).
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RopeKvWriteBf16(qkv, qkv_width, T, in.row_pos, c.num_heads, shape_, rope,
-                                 c.rope_theta, cache, li, in.slots, st, inv_freq_.get<float>(),
-                                 c.rope_scaling.attention_factor, c.rotary_dim),
+                                 c.RopeTheta(li), cache, li, in.slots, st, InvFreq(li),
+                                 c.RopeAmplitude(li), c.rotary_dim),
              "rope + kv write"));
       const kd::Bf16AttentionArgs args{.q = qkv,
                                        .q_stride = qkv_width,
@@ -142,12 +147,21 @@ class CudaBf16Runner final : public CudaRunnerBase {
           ok(kd::PagedAttentionBf16(args, in.plan->single_max_context, scratch_.get<float>(), st,
                                     runner_opts_.attention_splits_per_block),
              "attention"));
-      // x += att * Wo^T: the residual add is the GEMM's beta = 1.
-      TANDEM_RETURN_IF_ERROR(
-          ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, qd, att, T, x, 1.0f, pdl), "wo"));
+      // x += att * Wo^T: the residual add is the GEMM's beta = 1; with
+      // sandwich norms the output is normed first (into qkv, free by now).
+      const bool sandwich = c.sandwich_norms;
+      float* wo_out = sandwich ? qkv : x;
+      TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, qd, att, T,
+                                               wo_out, sandwich ? 0.0f : 1.0f, pdl),
+                                "wo"));
       if (c.o_bias) {
         TANDEM_RETURN_IF_ERROR(
-            ok(kd::AddBias(x, l.bo.get<float>(), T, c.dim, c.dim, st), "o bias"));
+            ok(kd::AddBias(wo_out, l.bo.get<float>(), T, c.dim, c.dim, st), "o bias"));
+      }
+      if (sandwich) {
+        TANDEM_RETURN_IF_ERROR(
+            ok(kd::RmsNormAddBf16(x, qkv, l.post_att_norm.get<float>(), T, c.dim, c.norm_eps, st),
+               "post-attention norm"));
       }
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RmsNormBf16(x, nullptr, l.rms_ffn.get<float>(), T, c.dim, c.norm_eps, xn, st),
@@ -158,8 +172,14 @@ class CudaBf16Runner final : public CudaRunnerBase {
           "w13"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, st, ToKernel(c.activation)), "activation"));
-      TANDEM_RETURN_IF_ERROR(ok(
-          kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn, T, x, 1.0f, pdl), "w2"));
+      TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn,
+                                               T, sandwich ? qkv : x, sandwich ? 0.0f : 1.0f, pdl),
+                                "w2"));
+      if (sandwich) {
+        TANDEM_RETURN_IF_ERROR(
+            ok(kd::RmsNormAddBf16(x, qkv, l.post_ffn_norm.get<float>(), T, c.dim, c.norm_eps, st),
+               "post-MLP norm"));
+      }
     }
     TANDEM_RETURN_IF_ERROR(
         ok(kd::RmsNormBf16(x, in.last_rows, rms_final_.get<float>(), B, c.dim, c.norm_eps, xn, st),

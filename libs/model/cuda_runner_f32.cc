@@ -16,6 +16,7 @@ namespace {
 struct DeviceLayer {
   DeviceBuffer rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3;
   DeviceBuffer bq, bk, bv, bo, q_norm, k_norm;  // when the config has them
+  DeviceBuffer post_att_norm, post_ffn_norm;    // sandwich_norms
 };
 
 // float32: the CPU backend's order of operations.
@@ -34,12 +35,23 @@ class CudaF32Runner final : public CudaRunnerBase {
     for (int32_t i = 0; i < m.config().num_layers; ++i) {
       DeviceLayer& d = layers_[static_cast<size_t>(i)];
       using Part = std::pair<DeviceBuffer*, WeightKind>;
-      const std::initializer_list<Part> parts = {
-          {&d.rms_att, K::kRmsAtt}, {&d.wq, K::kWq},        {&d.wk, K::kWk},
-          {&d.wv, K::kWv},          {&d.wo, K::kWo},        {&d.rms_ffn, K::kRmsFfn},
-          {&d.w1, K::kW1},          {&d.w2, K::kW2},        {&d.w3, K::kW3},
-          {&d.bq, K::kBq},          {&d.bk, K::kBk},        {&d.bv, K::kBv},
-          {&d.bo, K::kBo},          {&d.q_norm, K::kQNorm}, {&d.k_norm, K::kKNorm}};
+      const std::initializer_list<Part> parts = {{&d.rms_att, K::kRmsAtt},
+                                                 {&d.wq, K::kWq},
+                                                 {&d.wk, K::kWk},
+                                                 {&d.wv, K::kWv},
+                                                 {&d.wo, K::kWo},
+                                                 {&d.rms_ffn, K::kRmsFfn},
+                                                 {&d.w1, K::kW1},
+                                                 {&d.w2, K::kW2},
+                                                 {&d.w3, K::kW3},
+                                                 {&d.bq, K::kBq},
+                                                 {&d.bk, K::kBk},
+                                                 {&d.bv, K::kBv},
+                                                 {&d.bo, K::kBo},
+                                                 {&d.q_norm, K::kQNorm},
+                                                 {&d.k_norm, K::kKNorm},
+                                                 {&d.post_att_norm, K::kPostAttNorm},
+                                                 {&d.post_ffn_norm, K::kPostFfnNorm}};
       for (auto [buffer, kind] : parts) {
         TANDEM_RETURN_IF_ERROR(UploadWeights<float>(m, buffer, {kind}, i));
       }
@@ -110,13 +122,13 @@ class CudaF32Runner final : public CudaRunnerBase {
             kd::RmsNorm(k, l.k_norm.get<float>(), T * c.num_kv_heads, c.head_size, c.norm_eps, k),
             "k norm"));
       }
-      const float* inv_freq = inv_freq_.get<float>();
-      const float amplitude = c.rope_scaling.attention_factor;
-      TANDEM_RETURN_IF_ERROR(ok(kd::Rope(q, T, in.row_pos, c.num_heads, c.head_size, rope,
-                                         c.rope_theta, inv_freq, amplitude, c.rotary_dim),
+      const float* inv_freq = InvFreq(li);
+      const float amplitude = c.RopeAmplitude(li), theta = c.RopeTheta(li);
+      TANDEM_RETURN_IF_ERROR(ok(kd::Rope(q, T, in.row_pos, c.num_heads, c.head_size, rope, theta,
+                                         inv_freq, amplitude, c.rotary_dim),
                                 "rope q"));
-      TANDEM_RETURN_IF_ERROR(ok(kd::Rope(k, T, in.row_pos, c.num_kv_heads, c.head_size, rope,
-                                         c.rope_theta, inv_freq, amplitude, c.rotary_dim),
+      TANDEM_RETURN_IF_ERROR(ok(kd::Rope(k, T, in.row_pos, c.num_kv_heads, c.head_size, rope, theta,
+                                         inv_freq, amplitude, c.rotary_dim),
                                 "rope k"));
       // All K/V of the step before any attention of this layer (same stream).
       TANDEM_RETURN_IF_ERROR(
@@ -139,6 +151,10 @@ class CudaF32Runner final : public CudaRunnerBase {
       if (c.o_bias) {
         TANDEM_RETURN_IF_ERROR(ok(kd::AddBias(xb, l.bo.get<float>(), T, c.dim, c.dim), "o bias"));
       }
+      if (c.sandwich_norms) {  // in place, as the CPU backend
+        TANDEM_RETURN_IF_ERROR(ok(
+            kd::RmsNorm(xb, l.post_att_norm.get<float>(), T, c.dim, c.norm_eps, xb), "post norm"));
+      }
       TANDEM_RETURN_IF_ERROR(ok(kd::ResidualAdd(x, xb, T * dim), "residual"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RmsNorm(x, l.rms_ffn.get<float>(), T, c.dim, c.norm_eps, xb), "rmsnorm"));
@@ -150,6 +166,10 @@ class CudaF32Runner final : public CudaRunnerBase {
           ok(kd::SiluMul(hb, hb2, T * hidden, hb, ToKernel(c.activation)), "activation"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::Matmul(blas_, l.w2.get<float>(), c.dim, c.hidden_dim, hb, T, xb), "w2"));
+      if (c.sandwich_norms) {
+        TANDEM_RETURN_IF_ERROR(ok(
+            kd::RmsNorm(xb, l.post_ffn_norm.get<float>(), T, c.dim, c.norm_eps, xb), "post norm"));
+      }
       TANDEM_RETURN_IF_ERROR(ok(kd::ResidualAdd(x, xb, T * dim), "residual"));
     }
     // Last token of each sequence: gather its row (an embedding gather over x).

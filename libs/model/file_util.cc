@@ -55,6 +55,15 @@ void MappedFile::Release(int64_t begin, int64_t end) const {
 
 void HashRopeScaling(EVP_MD_CTX* ctx, const ModelConfig& c) {
   if (c.rotary_dim != 0) EVP_DigestUpdate(ctx, &c.rotary_dim, sizeof(c.rotary_dim));
+  if (c.sandwich_norms || !c.local_rope_layers.empty() || c.query_pre_attn_scalar != 0) {
+    const float gemma3[] = {c.sandwich_norms ? 1.0f : 0.0f, c.query_pre_attn_scalar,
+                            c.local_rope_theta};
+    EVP_DigestUpdate(ctx, gemma3, sizeof(gemma3));
+    for (bool local : c.local_rope_layers) {
+      const uint8_t b = local ? 1 : 0;
+      EVP_DigestUpdate(ctx, &b, 1);
+    }
+  }
   if (!c.rope_scaling.ScalesAttention()) return;
   const std::vector<float> inv_freq = c.RopeInverseFrequencies();
   EVP_DigestUpdate(ctx, inv_freq.data(), inv_freq.size() * sizeof(float));

@@ -42,10 +42,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 absl::Status WriteFile(const std::string& path, const std::string& bytes);
 // Finishes a SHA-256 digest, frees `ctx` and returns the digest in hex.
 std::string FinishSha256Hex(EVP_MD_CTX* ctx);
-// Adds what partial RoPE (rotary_dim) and yarn and longrope scaling change
-// (the inverse frequencies and the attention factor) to a model's
-// fingerprint; nothing for a whole-head RoPE of another type, so those
-// fingerprints stay as they were.
+// Adds what partial RoPE (rotary_dim), yarn and longrope scaling (the
+// inverse frequencies and the attention factor) and Gemma 3's switches
+// (sandwich norms, query_pre_attn_scalar, local RoPE) change to a model's
+// fingerprint; nothing for a model without them, so those fingerprints stay
+// as they were.
 void HashRopeScaling(EVP_MD_CTX* ctx, const ModelConfig& c);
 std::string JoinPath(const std::string& dir, const std::string& name);
 std::string BaseName(const std::string& path);

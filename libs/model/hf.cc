@@ -63,7 +63,7 @@ absl::StatusOr<ModelWeights> MaterializeWeights(const HfWeights& source, const M
   for (int32_t i = 0; i < c.num_layers; ++i) {
     LayerWeights& l = w.layers[static_cast<size_t>(i)];
     for (int32_t k = static_cast<int32_t>(WeightKind::kRmsAtt);
-         k <= static_cast<int32_t>(WeightKind::kW3); ++k) {
+         k <= static_cast<int32_t>(WeightKind::kPostFfnNorm); ++k) {
       const auto kind = static_cast<WeightKind>(k);
       TANDEM_RETURN_IF_ERROR(get(LayerWeight(l, kind), kind, i));
     }

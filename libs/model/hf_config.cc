@@ -35,6 +35,7 @@ constexpr FamilyInfo kFamilies[] = {
     {ModelFamily::kQwen3, "Qwen3ForCausalLM", "qwen3", 128, 32, 1e-6f, false},
     {ModelFamily::kPhi3, "Phi3ForCausalLM", "phi3", 0, 0, 1e-5f, false},
     {ModelFamily::kGemma, "GemmaForCausalLM", "gemma", 256, 16, 1e-6f, true},
+    {ModelFamily::kGemma3, "Gemma3ForCausalLM", "gemma3_text", 256, 4, 1e-6f, true},
 };
 
 std::string SupportedArchitectures() {
@@ -68,7 +69,8 @@ const std::set<std::string>& HarmlessKeys() {
   return keys;
 }
 
-// Keys a family reads below; anything else not harmless is refused.
+// Keys a family reads below (and IsGemma3Key's); anything else not harmless
+// is refused.
 const std::set<std::string>& ReadKeys() {
   static const std::set<std::string> keys = {"hidden_size",
                                              "intermediate_size",
@@ -100,6 +102,16 @@ const std::set<std::string>& ReadKeys() {
                                              "interpolate_factor",
                                              "lm_head_bias"};
   return keys;
+}
+
+// Keys only Gemma3ForCausalLM reads; another family with one set is refused.
+constexpr const char* kGemma3Keys[] = {"query_pre_attn_scalar",      "sliding_window_pattern",
+                                       "_sliding_window_pattern",    "rope_local_base_freq",
+                                       "final_logit_softcapping",    "attn_logit_softcapping",
+                                       "use_bidirectional_attention"};
+
+bool IsGemma3Key(const std::string& key) {
+  return std::find(std::begin(kGemma3Keys), std::end(kGemma3Keys), key) != std::end(kGemma3Keys);
 }
 
 absl::Status Refuse(const std::string& path, const std::string& what) {
@@ -473,22 +485,131 @@ absl::StatusOr<std::optional<std::vector<bool>>> LayerTypes(const nlohmann::json
   return std::optional<std::vector<bool>>(std::move(slides));
 }
 
+// Gemma 3's layer types (Gemma3TextConfig): layer_types when listed, else
+// every sliding_window_pattern-th layer (default 6) full and the rest
+// sliding. Newer configs save the pattern as "_sliding_window_pattern"
+// beside layer_types.
+absl::StatusOr<std::vector<bool>> Gemma3LayerTypes(const nlohmann::json& cfg,
+                                                   const std::string& path, int32_t num_layers) {
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::vector<bool>> types,
+                          LayerTypes(cfg, path, num_layers));
+  if (types) return std::move(*types);
+  TANDEM_ASSIGN_OR_RETURN(int32_t saved, GetInt(cfg, path, "_sliding_window_pattern", 0));
+  TANDEM_ASSIGN_OR_RETURN(int32_t pattern, GetInt(cfg, path, "sliding_window_pattern", 0));
+  if (pattern != 0 && saved != 0 && pattern != saved) {
+    return Bad(path, "\"sliding_window_pattern\" and \"_sliding_window_pattern\" disagree");
+  }
+  if (!IsSet(JsonMember(cfg, "sliding_window_pattern"))) {
+    pattern = IsSet(JsonMember(cfg, "_sliding_window_pattern")) ? saved : 6;
+  }
+  if (pattern <= 0) return Bad(path, "\"sliding_window_pattern\" must be positive");
+  std::vector<bool> slides;
+  for (int32_t i = 0; i < num_layers; ++i) slides.push_back((i + 1) % pattern != 0);
+  return slides;
+}
+
+// Gemma3ForCausalLM's own keys and its two RoPEs (Gemma3TextConfig,
+// transformers 5): the full-attention layers rotate by rope_theta (default
+// 1e6) and rope_scaling, the sliding ones by rope_local_base_freq (default
+// 1e4) unscaled; transformers 5 writes them as rope_parameters
+// {"full_attention": {...}, "sliding_attention": {...}}. Softcapping and
+// bidirectional attention are refused.
+absl::Status ReadGemma3(const nlohmann::json& cfg, const std::string& path, int32_t max_model_len,
+                        ModelConfig* c, int32_t* context_cap, bool* long_factors) {
+  c->qk_norm = true;
+  c->sandwich_norms = true;
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    if (IsSet(JsonMember(cfg, key))) {
+      return Refuse(path, absl::StrCat("\"", key,
+                                       "\" (tanh softcapping, Gemma 2's) is not "
+                                       "supported"));
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(bool bidirectional,
+                          GetBool(cfg, path, "use_bidirectional_attention", false));
+  if (bidirectional) {
+    return Refuse(path,
+                  "use_bidirectional_attention = true (an encoder, not a causal LM) is not "
+                  "supported");
+  }
+  TANDEM_ASSIGN_OR_RETURN(float scalar, GetFloat(cfg, path, "query_pre_attn_scalar", 256.0f));
+  if (!(scalar > 0)) return Bad(path, "\"query_pre_attn_scalar\" must be positive");
+  c->query_pre_attn_scalar = scalar == static_cast<float>(c->head_size) ? 0.0f : scalar;
+
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> local_base,
+                          GetNumber(cfg, path, "rope_local_base_freq"));
+  nlohmann::json global = cfg;  // what ReadRope reads for the full-attention layers
+  const nlohmann::json* params = JsonMember(cfg, "rope_parameters");
+  if (IsSet(params) && params->is_object() &&
+      (params->contains("full_attention") || params->contains("sliding_attention"))) {
+    for (const auto& [key, value] : params->items()) {
+      if (key != "full_attention" && key != "sliding_attention") {
+        return Refuse(path, absl::StrCat("rope_parameters key \"", key,
+                                         "\" (Gemma 3 keys them by layer type)"));
+      }
+    }
+    const nlohmann::json* full = JsonMember(*params, "full_attention");
+    if (IsSet(full)) {
+      global["rope_parameters"] = *full;
+    } else {
+      global.erase("rope_parameters");
+    }
+    if (const nlohmann::json* local = JsonMember(*params, "sliding_attention"); IsSet(local)) {
+      const std::string where = path + " rope_parameters.sliding_attention";
+      if (!local->is_object()) return Bad(where, "not an object");
+      for (const auto& [key, value] : local->items()) {
+        const bool default_type =
+            (key == "rope_type" || key == "type") && value.is_string() && value == "default";
+        if (key != "rope_theta" && !default_type && !value.is_null()) {
+          return Refuse(where, absl::StrCat("key \"", key, "\" = ", value.dump(),
+                                            " is not supported (the local layers' RoPE is "
+                                            "transformers' default)"));
+        }
+      }
+      TANDEM_ASSIGN_OR_RETURN(std::optional<double> theta, GetNumber(*local, where, "rope_theta"));
+      if (theta && local_base && static_cast<float>(*theta) != static_cast<float>(*local_base)) {
+        return Bad(path, absl::StrCat("rope_local_base_freq ", *local_base,
+                                      " disagrees with rope_parameters.sliding_attention's "
+                                      "rope_theta ",
+                                      *theta));
+      }
+      if (theta) local_base = theta;
+    }
+  }
+  c->local_rope_theta = static_cast<float>(local_base.value_or(10000.0));
+  c->rope_theta = 1e6f;  // Gemma3TextConfig's, unless config.json says otherwise
+  TANDEM_RETURN_IF_ERROR(ReadRope(global, path, max_model_len, c, context_cap, long_factors));
+  if (c->rope_scaling.ScalesAttention()) {
+    return Refuse(path,
+                  "yarn and longrope scaling of Gemma 3's full-attention layers are not "
+                  "supported (their attention factor would reach its local layers)");
+  }
+  TANDEM_ASSIGN_OR_RETURN(c->local_rope_layers, Gemma3LayerTypes(cfg, path, c->num_layers));
+  return absl::OkStatus();
+}
+
 // Sliding-window attention per family (transformers 5):
 //  - Qwen2 / Qwen3: layer_types when listed, else layers i >= max_window_layers
 //    when use_sliding_window; the window is sliding_window, and none unless
 //    use_sliding_window (the config class sets it to None).
 //  - Mistral / Phi-3: every layer when sliding_window is set (the model builds
 //    one sliding mask for all); layer_types saying otherwise is refused.
+//  - Gemma 3: the layers of layer_types (or of sliding_window_pattern) slide
+//    by sliding_window (4096 when absent), the others attend to everything.
 //  - Llama / Gemma: their transformers code reads no window, vLLM's may: the
 //    context is capped at the window, where both readings agree.
 // `disable` (--disable-sliding-window) takes the cap for every family.
 absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std::string& path,
                                             const FamilyInfo& f, int32_t num_layers,
                                             int32_t max_seq_len, bool disable) {
-  TANDEM_ASSIGN_OR_RETURN(int32_t window, GetInt(cfg, path, "sliding_window", 0));
+  const bool gemma3 = f.family == ModelFamily::kGemma3;
+  TANDEM_ASSIGN_OR_RETURN(int32_t window, GetInt(cfg, path, "sliding_window", gemma3 ? 4096 : 0));
   if (window < 0) return Bad(path, "\"sliding_window\" is negative");
   TANDEM_ASSIGN_OR_RETURN(std::optional<std::vector<bool>> types,
                           LayerTypes(cfg, path, num_layers));
+  if (gemma3) {
+    TANDEM_ASSIGN_OR_RETURN(types, Gemma3LayerTypes(cfg, path, num_layers));
+  }
   const bool qwen = f.family == ModelFamily::kQwen2 || f.family == ModelFamily::kQwen3;
   if (!qwen && (IsSet(JsonMember(cfg, "use_sliding_window")) ||
                 IsSet(JsonMember(cfg, "max_window_layers")))) {
@@ -504,6 +625,8 @@ absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std
       slides[static_cast<size_t>(i)] =
           types ? (*types)[static_cast<size_t>(i)] : window > 0 && i >= max_window_layers;
     }
+  } else if (gemma3) {
+    slides = *types;
   } else if (types && *types != slides) {
     if (f.family == ModelFamily::kMistral || f.family == ModelFamily::kPhi3) {
       return Refuse(path, absl::StrCat("layer_types disagrees with sliding_window: ",
@@ -516,7 +639,8 @@ absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std
   if (window <= 0) return Bad(path, "sliding_attention layers without a window");
   // A window at least the context slides nothing.
   if (window >= max_seq_len) return SlidingLayers{};
-  if (disable || (f.family != ModelFamily::kMistral && f.family != ModelFamily::kPhi3 && !qwen)) {
+  if (disable ||
+      (f.family != ModelFamily::kMistral && f.family != ModelFamily::kPhi3 && !qwen && !gemma3)) {
     return SlidingLayers{.cap = window};
   }
   SlidingLayers out;
@@ -565,7 +689,7 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
   HfConfig out;
   TANDEM_ASSIGN_OR_RETURN(const FamilyInfo* f, PickFamily(cfg, path, &out.architecture));
   for (const auto& [key, value] : cfg.items()) {
-    if (ReadKeys().count(key) == 0 && HarmlessKeys().count(key) == 0) {
+    if (ReadKeys().count(key) == 0 && HarmlessKeys().count(key) == 0 && !IsGemma3Key(key)) {
       return Refuse(path, absl::StrCat("config key \"", key,
                                        "\" is not supported (it may change the model's math; "
                                        "Tandem refuses what it cannot honour exactly)"));
@@ -581,6 +705,14 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
       return Refuse(path, absl::StrCat("config key \"", key, "\" = ", v->dump(),
                                        " is not supported (Phi3ForCausalLM's ", neutral.dump(),
                                        " changes nothing)"));
+    }
+  }
+  if (f->family != ModelFamily::kGemma3) {
+    for (const char* key : kGemma3Keys) {
+      if (IsSet(JsonMember(cfg, key))) {
+        return Refuse(path, absl::StrCat("config key \"", key, "\" is Gemma3ForCausalLM's, not ",
+                                         f->architecture, "'s"));
+      }
     }
   }
   if (const nlohmann::json* q = JsonMember(cfg, "quantization_config"); IsSet(q)) {
@@ -629,8 +761,13 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
   TANDEM_ASSIGN_OR_RETURN(out.tied_embeddings,
                           GetBool(cfg, path, "tie_word_embeddings", f->default_tied));
   int32_t rope_cap = 0;
-  TANDEM_RETURN_IF_ERROR(
-      ReadRope(cfg, path, options.max_model_len, &c, &rope_cap, &out.rope_long_factors));
+  if (f->family == ModelFamily::kGemma3) {
+    TANDEM_RETURN_IF_ERROR(
+        ReadGemma3(cfg, path, options.max_model_len, &c, &rope_cap, &out.rope_long_factors));
+  } else {
+    TANDEM_RETURN_IF_ERROR(
+        ReadRope(cfg, path, options.max_model_len, &c, &rope_cap, &out.rope_long_factors));
+  }
   if (rope_cap > 0) {
     c.max_seq_len = rope_cap;
     out.rope_context_cap = rope_cap;
@@ -638,8 +775,9 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
 
   // The activation: Gemma's MLP reads hidden_activation (its hidden_act is
   // a leftover that transformers ignores); the others read hidden_act.
-  const char* act_key = f->family == ModelFamily::kGemma ? "hidden_activation" : "hidden_act";
-  std::string act = f->family == ModelFamily::kGemma ? "gelu_pytorch_tanh" : "silu";
+  const bool gemma = f->family == ModelFamily::kGemma || f->family == ModelFamily::kGemma3;
+  const char* act_key = gemma ? "hidden_activation" : "hidden_act";
+  std::string act = gemma ? "gelu_pytorch_tanh" : "silu";
   if (const nlohmann::json* a = JsonMember(cfg, act_key); IsSet(a)) {
     if (!a->is_string()) return Bad(path, absl::StrCat("\"", act_key, "\" is not a string"));
     act = a->get<std::string>();
@@ -673,8 +811,8 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
       c.qkv_bias = c.o_bias = attention_bias;
       break;
   }
-  c.qk_norm = f->family == ModelFamily::kQwen3;
-  if (f->family == ModelFamily::kGemma) {
+  c.qk_norm = c.qk_norm || f->family == ModelFamily::kQwen3;
+  if (gemma) {
     // transformers: inputs_embeds * tensor(hidden_size ** 0.5, dtype) (fp32 here).
     c.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
   }

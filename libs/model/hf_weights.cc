@@ -240,19 +240,30 @@ absl::Status HfWeights::Resolve(const HfConfig& hf) {
                .cols = shape.size() > 1 ? shape[1] : 1};
     return absl::OkStatus();
   };
-  const bool gemma = c.family == ModelFamily::kGemma;
-  auto norm = [&](const std::string& name, Ref* ref) -> absl::Status {
-    TANDEM_RETURN_IF_ERROR(whole(name, {dim}, ref));
+  const bool gemma = c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma3;
+  auto norm_of = [&](const std::string& name, int64_t size, Ref* ref) -> absl::Status {
+    TANDEM_RETURN_IF_ERROR(whole(name, {size}, ref));
     ref->one_plus = gemma;  // Gemma's RMSNorm scales by (1 + w)
     return absl::OkStatus();
   };
+  auto norm = [&](const std::string& name, Ref* ref) { return norm_of(name, dim, ref); };
   TANDEM_RETURN_IF_ERROR(whole("model.embed_tokens.weight", {vocab, dim}, &embedding_));
   layers_.assign(static_cast<size_t>(c.num_layers), {});
   for (int32_t i = 0; i < c.num_layers; ++i) {
     std::map<WeightKind, Ref>& l = layers_[static_cast<size_t>(i)];
     const std::string p = absl::StrCat("model.layers.", i, ".");
     TANDEM_RETURN_IF_ERROR(norm(p + "input_layernorm.weight", &l[WeightKind::kRmsAtt]));
-    TANDEM_RETURN_IF_ERROR(norm(p + "post_attention_layernorm.weight", &l[WeightKind::kRmsFfn]));
+    if (c.sandwich_norms) {
+      // Gemma 3: post_attention_layernorm normalizes the attention's output;
+      // pre_feedforward_layernorm is the MLP's input norm.
+      TANDEM_RETURN_IF_ERROR(
+          norm(p + "post_attention_layernorm.weight", &l[WeightKind::kPostAttNorm]));
+      TANDEM_RETURN_IF_ERROR(norm(p + "pre_feedforward_layernorm.weight", &l[WeightKind::kRmsFfn]));
+      TANDEM_RETURN_IF_ERROR(
+          norm(p + "post_feedforward_layernorm.weight", &l[WeightKind::kPostFfnNorm]));
+    } else {
+      TANDEM_RETURN_IF_ERROR(norm(p + "post_attention_layernorm.weight", &l[WeightKind::kRmsFfn]));
+    }
     if (c.family == ModelFamily::kPhi3) {
       // Fused [q; k; v] and [gate; up]: split by rows.
       Ref qkv, gate_up;
@@ -282,8 +293,15 @@ absl::Status HfWeights::Resolve(const HfConfig& hf) {
       TANDEM_RETURN_IF_ERROR(whole(p + "self_attn.o_proj.bias", {dim}, &l[WeightKind::kBo]));
     }
     if (c.qk_norm) {
-      TANDEM_RETURN_IF_ERROR(whole(p + "self_attn.q_norm.weight", {hs}, &l[WeightKind::kQNorm]));
-      TANDEM_RETURN_IF_ERROR(whole(p + "self_attn.k_norm.weight", {hs}, &l[WeightKind::kKNorm]));
+      TANDEM_RETURN_IF_ERROR(norm_of(p + "self_attn.q_norm.weight", hs, &l[WeightKind::kQNorm]));
+      TANDEM_RETURN_IF_ERROR(norm_of(p + "self_attn.k_norm.weight", hs, &l[WeightKind::kKNorm]));
+      if (c.query_pre_attn_scalar != 0) {
+        // Logits (q . k) / sqrt(query_pre_attn_scalar) are the kernels'
+        // (q' . k) / sqrt(head_size) with q' = q * sqrt(head_size / scalar),
+        // and RoPE is linear: the factor rides on the q norm's weights.
+        l[WeightKind::kQNorm].scale = static_cast<float>(
+            std::sqrt(static_cast<double>(hs) / static_cast<double>(c.query_pre_attn_scalar)));
+      }
     }
   }
   TANDEM_RETURN_IF_ERROR(norm("model.norm.weight", &rms_final_));
@@ -363,6 +381,9 @@ absl::StatusOr<std::vector<float>> HfWeights::Fp32(WeightId id) const {
   if (r.one_plus) {
     for (float& x : out) x = 1.0f + x;  // in fp32, as transformers computes it
   }
+  if (r.scale != 1.0f) {
+    for (float& x : out) x *= r.scale;
+  }
   file.Release(begin, begin + n * esize);  // out of the RSS; the page cache keeps it
   return out;
 }
@@ -371,7 +392,7 @@ absl::StatusOr<WeightView<uint16_t>> HfWeights::Bf16(WeightId id) const {
   const Ref& r = Find(id);
   if (r.tensor == nullptr) return WeightView<uint16_t>();
   const TensorInfo& t = *r.tensor;
-  if (t.dtype == "BF16" && !r.one_plus) {
+  if (t.dtype == "BF16" && !r.one_plus && r.scale == 1.0f) {
     const char* p = files_.at(t.file)->data() + t.begin + r.row_begin * r.cols * 2;
     if (reinterpret_cast<uintptr_t>(p) % alignof(uint16_t) == 0) {
       return WeightView<uint16_t>::Borrow(

@@ -45,11 +45,13 @@ class HfWeights {
 
  private:
   // Rows [row_begin, row_begin + rows) of a [*][cols] tensor (Phi-3's fused
-  // projections are split this way); one_plus: Gemma's (1 + w) norms.
+  // projections are split this way); one_plus: Gemma's (1 + w) norms;
+  // scale: query_pre_attn_scalar folded into Gemma 3's q norm.
   struct Ref {
     const TensorInfo* tensor = nullptr;  // nullptr: absent optional weight
     int64_t row_begin = 0, rows = 0, cols = 0;
     bool one_plus = false;
+    float scale = 1.0f;  // times this after one_plus (Gemma 3's q norm)
   };
   HfWeights() = default;
   absl::Status Resolve(const HfConfig& hf);
@@ -63,7 +65,7 @@ class HfWeights {
   std::vector<std::map<WeightKind, Ref>> layers_;
 };
 
-// The field of `l` that a per-layer kind (kRmsAtt .. kW3) names; nullptr
+// The field of `l` that a per-layer kind (kRmsAtt .. kPostFfnNorm) names; nullptr
 // for the model-wide kinds.
 std::vector<float>* LayerWeight(LayerWeights& l, WeightKind kind);
 

@@ -54,6 +54,9 @@ std::string Fingerprint(const ModelConfig& c, const ModelWeights& w) {
     }
     if (c.family != ModelFamily::kLlama2c) {
       for (const auto* t : {&l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm}) add(*t);
+      if (c.sandwich_norms) {
+        for (const auto* t : {&l.post_att_norm, &l.post_ffn_norm}) add(*t);
+      }
     }
   }
   add(w.rms_final);
@@ -115,6 +118,24 @@ absl::Status ModelConfig::Validate() const {
     for (int32_t w : layer_window) {
       if (w < 0) return absl::InvalidArgumentError("model config: a negative sliding window");
     }
+  }
+  if (!local_rope_layers.empty()) {
+    if (static_cast<int32_t>(local_rope_layers.size()) != num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("model config: ", local_rope_layers.size(),
+                                                     " local RoPE flags for ", num_layers,
+                                                     " layers"));
+    }
+    if (!(local_rope_theta > 0) || !std::isfinite(local_rope_theta)) {
+      return absl::InvalidArgumentError("model config: local_rope_theta must be positive");
+    }
+  }
+  if (query_pre_attn_scalar < 0 || !std::isfinite(query_pre_attn_scalar)) {
+    return absl::InvalidArgumentError(
+        "model config: query_pre_attn_scalar must be positive (0: head_size)");
+  }
+  if (query_pre_attn_scalar != 0 && !qk_norm) {
+    return absl::InvalidArgumentError(
+        "model config: query_pre_attn_scalar is folded into q_norm, which this model lacks");
   }
   if (head_size % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -199,6 +220,8 @@ const char* ModelFamilyName(ModelFamily family) {
       return "phi3";
     case ModelFamily::kGemma:
       return "gemma";
+    case ModelFamily::kGemma3:
+      return "gemma3";
   }
   return "?";
 }
@@ -211,17 +234,19 @@ std::vector<int32_t> ModelConfig::EosTokenIds() const {
   return ids;
 }
 
-std::vector<float> ModelConfig::RopeInverseFrequencies() const {
+std::vector<float> ModelConfig::RopeInverseFrequencies(bool local) const {
   const int32_t dim = RotaryDim();
   const int32_t half = dim / 2;
+  const float theta = local ? local_rope_theta : rope_theta;
   // theta^(2p / dim) and its inverse, the expression llama2.c's run.c
   // evaluates per element (fp32 powf); the scalings below start from them.
   std::vector<float> pos_freq(static_cast<size_t>(half)), inv(static_cast<size_t>(half));
   for (int32_t p = 0; p < half; ++p) {
     pos_freq[static_cast<size_t>(p)] =
-        powf(rope_theta, static_cast<float>(2 * p) / static_cast<float>(dim));
+        powf(theta, static_cast<float>(2 * p) / static_cast<float>(dim));
     inv[static_cast<size_t>(p)] = 1.0f / pos_freq[static_cast<size_t>(p)];
   }
+  if (local) return inv;
   const RopeScaling& rs = rope_scaling;
   switch (rs.type) {
     case RopeScaling::Type::kNone:
@@ -311,6 +336,10 @@ absl::Status CheckWeightShapes(const ModelConfig& c, const ModelWeights& w) {
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "q_norm", l.q_norm, c.qk_norm ? hs : 0));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "k_norm", l.k_norm, c.qk_norm ? hs : 0));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "rms_ffn", l.rms_ffn, dim));
+    TANDEM_RETURN_IF_ERROR(
+        CheckSize(p + "post_att_norm", l.post_att_norm, c.sandwich_norms ? dim : 0));
+    TANDEM_RETURN_IF_ERROR(
+        CheckSize(p + "post_ffn_norm", l.post_ffn_norm, c.sandwich_norms ? dim : 0));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "w1", l.w1, hidden * dim));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "w2", l.w2, dim * hidden));
     TANDEM_RETURN_IF_ERROR(CheckSize(p + "w3", l.w3, hidden * dim));
@@ -427,6 +456,10 @@ std::vector<float>* LayerWeight(LayerWeights& l, WeightKind kind) {
     case WeightKind::kW1: return &l.w1;
     case WeightKind::kW2: return &l.w2;
     case WeightKind::kW3: return &l.w3;
+    case WeightKind::kPostAttNorm:
+      return &l.post_att_norm;
+    case WeightKind::kPostFfnNorm:
+      return &l.post_ffn_norm;
     default: return nullptr;
   }
 }

@@ -1,6 +1,8 @@
 // Fixtures derived from shared/models/hf by editing config.json only (the
 // same weights): RoPE scaling yarn and longrope, Phi3's partial RoPE and
-// sliding windows, which no shared fixture exercises. tests/model/hf_derived/
+// sliding windows, which no shared fixture exercises; and small random
+// checkpoints of architectures no shared fixture has
+// (tests/model/hf_generated: Gemma 3). tests/model/hf_derived/
 // derived.json lists them; <name>.reference.json holds transformers' greedy
 // tokens for each, made where transformers is installed (the GPU machines)
 // by tools/gpu/hf_derived_references.py, in the shared fixtures' layout.
@@ -40,7 +42,12 @@ TEST(HfDerivedTest, DerivedConfigsLoadAndMatchTransformersWhereAReferenceExists)
   std::vector<std::string> missing;
   for (const auto& [name, d] : manifest->items()) {
     SCOPED_TRACE(name);
-    EditedFixture f(d.at("fixture").get<std::string>(), d.at("config"));
+    // A shared fixture, or one of tests/model/hf_generated (beside this
+    // folder).
+    EditedFixture f(d.contains("generated")
+                        ? DerivedDir() + "/../hf_generated/" + d.at("generated").get<std::string>()
+                        : d.at("fixture").get<std::string>(),
+                    d.at("config"));
     LoadOptions options;
     if (d.contains("load")) options.max_model_len = d.at("load").value("max_model_len", 0);
     auto m = Model::Load(f.path(), options);

@@ -183,8 +183,10 @@ class EditedFixture {
   std::string File(const std::string& name) const { return dir_.File(name); }
 
  private:
+  // `fixture`: a shared fixture's name, or a directory's path.
   void Copy(const std::string& fixture) {
-    for (const auto& e : std::filesystem::directory_iterator(FixtureDir(fixture))) {
+    const std::string src = fixture.find('/') != std::string::npos ? fixture : FixtureDir(fixture);
+    for (const auto& e : std::filesystem::directory_iterator(src)) {
       const std::string dst = dir_.File(e.path().filename().string());
       std::filesystem::copy_file(e.path(), dst);
       std::filesystem::permissions(dst, std::filesystem::perms::owner_write,

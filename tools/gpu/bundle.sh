@@ -70,6 +70,7 @@ cp tools/gpu/torch_anchor.py tools/gpu/kernel_profile.py tools/gpu/hf_derived_re
 # HfDerivedTest and hf_derived_references.py.
 mkdir -p "$out/hf_derived"
 cp tests/model/hf_derived/*.json "$out/hf_derived/"
+cp -r tests/model/hf_generated "$out/"  # the generated checkpoints they name
 du -sh "$out"
 if [ "${PACK:-0}" = 1 ]; then
   tar -cf - "$out" | xz -T"${JOBS:-2}" -6 > "$out.tar.xz"

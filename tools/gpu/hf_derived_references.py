@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Transformers' greedy tokens for the derived fixtures (tests/model/hf_derived).
 
-Each entry of derived.json names a shared fixture (shared/models/hf/NAME) and
-the config.json keys to set on it (Python's dict.update; the weights stay
-the same). For each, this writes NAME.reference.json in the shared fixtures'
+Each entry of derived.json names a shared fixture (shared/models/hf/NAME),
+or a generated one ("generated": NAME, hf_generated/NAME beside the
+manifest's folder: tests/model/hf_generated/make_fixtures.py), and the
+config.json keys to set on it (Python's dict.update; the weights stay the
+same). For each, this writes NAME.reference.json in the shared fixtures'
 layout: the fixture's own prompts, plain greedy (the whole sequence through
 the model at every step, argmax, no EOS handling), fp32, eager attention, on
 the CPU, with the top-2 logit margin of every step and the decisive prefix
@@ -38,8 +40,10 @@ def main():
     with open(manifest_path) as f:
         manifest = json.load(f)
     failed = []
+    generated = os.path.join(os.path.dirname(os.path.abspath(manifest_path)), "..", "hf_generated")
     for name, entry in manifest.items():
-        src = os.path.join(shared, entry["fixture"])
+        src = (os.path.join(generated, entry["generated"]) if "generated" in entry
+               else os.path.join(shared, entry["fixture"]))
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 for f in os.listdir(src):
@@ -83,7 +87,8 @@ def main():
                     "made_by": (f"transformers {transformers.__version__} (torch {torch.__version__}), "
                                 f"{type(model).__name__}, fp32, eager attention, CPU; plain greedy: "
                                 "whole-sequence forward, argmax, no EOS handling; "
-                                f"shared/models/hf/{entry['fixture']} with config.json keys "
+                                f"{'generated' if 'generated' in entry else 'shared/models/hf'}/"
+                                f"{entry.get('generated') or entry['fixture']} with config.json keys "
                                 f"{json.dumps(entry['config'], sort_keys=True)}"),
                     "decisive_prefix_len": "steps before the first top-2 logit margin < 0.01",
                     "cases": cases,

@@ -39,6 +39,10 @@ int EmbeddingGatherBf16(const Bf16* table, int32_t dim, const int32_t* tokens, i
 // one block per row, fp32 sums.
 int RmsNormBf16(const float* x, const int32_t* row_index, const float* w, int32_t rows,
                 int32_t dim, float eps, Bf16* out, void* stream);
+// x[r] += w * y[r] / rms(y[r]), all fp32, one block per row (Gemma 3's
+// norms of a sublayer's output before its residual add).
+int RmsNormAddBf16(float* x, const float* y, const float* w, int32_t rows, int32_t dim, float eps,
+                   void* stream);
 
 // y[rows][out_dim] = x[rows][in_dim] * W^T + beta * y, W [out_dim][in_dim]:
 // bf16 inputs, fp32 accumulation and output, on the handle's stream (the

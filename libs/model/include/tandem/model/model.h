@@ -42,6 +42,10 @@ enum class ModelFamily {
   kQwen3,    // Qwen3ForCausalLM: per-head RMSNorm of q and k
   kPhi3,     // Phi3ForCausalLM: fused qkv_proj and gate_up_proj, split at load
   kGemma,    // GemmaForCausalLM: (1 + w) norms folded at load, scaled embeddings, GeLU
+  // Gemma3ForCausalLM: Gemma's, plus q/k norms, norms around the attention
+  // and MLP outputs (sandwich_norms), local layers with their own window and
+  // RoPE base, query_pre_attn_scalar folded into the q norm at load.
+  kGemma3,
 };
 const char* ModelFamilyName(ModelFamily family);
 
@@ -113,6 +117,19 @@ struct ModelConfig {
   bool o_bias = false;
   // Qwen3: RMSNorm over each head of q and k (weights [head_size]) before RoPE.
   bool qk_norm = false;
+  // Gemma 3: the attention's and the MLP's outputs pass an RMSNorm
+  // (post_att_norm, post_ffn_norm) before their residual adds.
+  bool sandwich_norms = false;
+  // Gemma 3's query_pre_attn_scalar: attention logits are scaled by its
+  // inverse square root instead of head_size's. Folded at load into q_norm
+  // (times sqrt(head_size / it)), so no kernel reads it; 0 = head_size.
+  float query_pre_attn_scalar = 0.0f;
+  // Gemma 3: the layers of layer_types' "sliding_attention" (whether or not
+  // their window is served, see --disable-sliding-window) rotate by the
+  // default frequencies of local_rope_theta, without rope_scaling or its
+  // attention factor; empty: every layer by rope_theta and rope_scaling.
+  std::vector<bool> local_rope_layers;
+  float local_rope_theta = 0.0f;
   // Sliding-window attention (Mistral, Phi-3, Qwen's layers past
   // max_window_layers, layer_types): empty when no layer slides, else one
   // window per layer, 0 for a layer that attends to every earlier position.
@@ -132,12 +149,21 @@ struct ModelConfig {
   int32_t AttentionWindow(int32_t layer) const {
     return layer_window.empty() ? 0 : layer_window[static_cast<size_t>(layer)];
   }
+  bool LocalRope(int32_t layer) const {
+    return !local_rope_layers.empty() && local_rope_layers[static_cast<size_t>(layer)];
+  }
+  // The RoPE base and amplitude (rope_scaling.attention_factor) of a layer.
+  float RopeTheta(int32_t layer) const { return LocalRope(layer) ? local_rope_theta : rope_theta; }
+  float RopeAmplitude(int32_t layer) const {
+    return LocalRope(layer) ? 1.0f : rope_scaling.attention_factor;
+  }
   // eos_token_id, then extra_eos_token_ids (no duplicates).
   std::vector<int32_t> EosTokenIds() const;
   // RoPE's inverse frequency of each pair p < RotaryDim() / 2:
   // 1 / theta^(2p / RotaryDim()), then rope_scaling. Computed on the host, so
-  // every backend rotates by the same angles.
-  std::vector<float> RopeInverseFrequencies() const;
+  // every backend rotates by the same angles. `local`: the local layers'
+  // (local_rope_theta, unscaled).
+  std::vector<float> RopeInverseFrequencies(bool local = false) const;
   // Checks positivity and the divisibility rules above.
   [[nodiscard]] absl::Status Validate() const;
 };
@@ -157,6 +183,7 @@ struct LayerWeights {
   std::vector<float> w1;       // [hidden][dim] (gate)
   std::vector<float> w2;       // [dim][hidden] (down)
   std::vector<float> w3;       // [hidden][dim] (up)
+  std::vector<float> post_att_norm, post_ffn_norm;  // [dim] when sandwich_norms
 };
 
 struct ModelWeights {
@@ -170,9 +197,27 @@ struct ModelWeights {
 
 // Names one weight of the model (ModelWeights' fields; layer for per-layer ones).
 enum class WeightKind : int32_t {
-  kEmbedding, kRmsFinal, kClassifier,  // model-wide (kClassifier: the embedding when tied)
-  // Per layer, contiguous from kRmsAtt to kW3 (loops walk them in order).
-  kRmsAtt, kWq, kWk, kWv, kWo, kBq, kBk, kBv, kBo, kQNorm, kKNorm, kRmsFfn, kW1, kW2, kW3,
+  kEmbedding,
+  kRmsFinal,
+  kClassifier,  // model-wide (kClassifier: the embedding when tied)
+  // Per layer, contiguous from kRmsAtt to kPostFfnNorm (loops walk them in order).
+  kRmsAtt,
+  kWq,
+  kWk,
+  kWv,
+  kWo,
+  kBq,
+  kBk,
+  kBv,
+  kBo,
+  kQNorm,
+  kKNorm,
+  kRmsFfn,
+  kW1,
+  kW2,
+  kW3,
+  kPostAttNorm,
+  kPostFfnNorm,
 };
 struct WeightId {
   WeightKind kind;

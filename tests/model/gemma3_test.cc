@@ -1,0 +1,176 @@
+// Gemma3ForCausalLM's config and weights as transformers 5 reads them, on
+// tests/model/hf_generated/gemma3 (a small random checkpoint made by
+// make_fixtures.py; transformers' tokens for it are HfDerivedTest's): the
+// per-layer windows and RoPE bases, the folded query_pre_attn_scalar, both
+// config layouts, and the keys refused by name.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "hf_fixture.h"
+
+namespace tandem::model {
+namespace {
+
+using namespace testing;  // NOLINT: the fixture helpers
+
+std::string Gemma3Dir() {
+  return std::string(TANDEM_SOURCE_DIR) + "/tests/model/hf_generated/gemma3";
+}
+
+TEST(Gemma3Test, ConfigReadsAsTransformersDoes) {
+  auto m = Model::Load(Gemma3Dir());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.family, ModelFamily::kGemma3);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_EQ(c.embedding_scale, 8.0f);  // sqrt(hidden_size 64)
+  // sliding_window_pattern 2: layers 0 and 2 local, 1 and 3 global.
+  EXPECT_EQ(c.local_rope_layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(c.layer_window, (std::vector<int32_t>{6, 0, 6, 0}));
+  EXPECT_EQ(c.local_rope_theta, 10000.0f);
+  EXPECT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c.query_pre_attn_scalar, 24.0f);
+  // The local layers' frequencies are the default ones of their own base,
+  // unscaled; the global ones are rope_theta's divided by the factor.
+  const std::vector<float> local = c.RopeInverseFrequencies(/*local=*/true);
+  const std::vector<float> global = c.RopeInverseFrequencies();
+  ASSERT_EQ(local.size(), 16u);
+  for (int32_t p = 0; p < 16; ++p) {
+    const float e = static_cast<float>(2 * p) / 32.0f;
+    EXPECT_EQ(local[p], 1.0f / powf(10000.0f, e)) << p;
+    EXPECT_EQ(global[p], 1.0f / powf(1e6f, e) / 4.0f) << p;
+  }
+  EXPECT_EQ(c.RopeTheta(0), 10000.0f);
+  EXPECT_EQ(c.RopeTheta(1), 1e6f);
+}
+
+// Until transformers' tokens exist (HfDerivedTest's gemma3 entry), an
+// independent float64 forward of ours (gemma3_float64.py, written from
+// transformers' code) holds the CPU backend's greedy tokens, batched, and
+// both CUDA modes' where a GPU is at hand. Dropping a sandwich norm or giving
+// the local layers the global RoPE fails it.
+TEST(Gemma3Test, TokensMatchAnIndependentFloat64Forward) {
+  auto m = Model::Load(Gemma3Dir());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<HfCase> cases = LoadHfCasesFrom(Gemma3Dir() + "/float64.reference.json");
+  ASSERT_EQ(cases.size(), 5u);
+  const auto got = GreedyBatched(**m, cases, Backend::kCpu, DType::kFloat32);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ExpectDecisivePrefix(got[i], cases[i], "gemma3 case " + std::to_string(i));
+  }
+  if (CudaAvailable(**m)) ExpectCudaMatchesTransformers(**m, cases, "gemma3 (float64 reference)");
+}
+
+// Logits scaled by query_pre_attn_scalar^-1/2 are the kernels' head_size^-1/2
+// with q scaled by sqrt(head_size / scalar), which rides on the q norm's
+// (1 + w); k's norm is (1 + w) alone.
+TEST(Gemma3Test, QueryPreAttnScalarIsFoldedIntoTheQNorm) {
+  auto m = Model::Load(Gemma3Dir());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EditedFixture plain(Gemma3Dir(), "\"query_pre_attn_scalar\": 24",
+                      "\"query_pre_attn_scalar\": 32");
+  auto same = Model::Load(plain.path());
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ((*same)->config().query_pre_attn_scalar, 0.0f);  // head_dim: nothing to fold
+  EXPECT_NE((*m)->fingerprint(), (*same)->fingerprint());
+  const std::vector<float>& scaled = (*m)->weights().layers[1].q_norm;
+  const std::vector<float>& unscaled = (*same)->weights().layers[1].q_norm;
+  ASSERT_EQ(scaled.size(), 32u);
+  const float factor = static_cast<float>(std::sqrt(32.0 / 24.0));
+  for (size_t i = 0; i < scaled.size(); ++i) EXPECT_EQ(scaled[i], unscaled[i] * factor) << i;
+  EXPECT_EQ((*m)->weights().layers[1].k_norm, (*same)->weights().layers[1].k_norm);
+  // The norms are (1 + w): Gemma3RMSNorm's weights start at zero.
+  const std::vector<float>& post = (*same)->weights().layers[0].post_att_norm;
+  ASSERT_EQ(post.size(), 64u);
+  float mean = 0;
+  for (float x : post) mean += x / 64.0f;
+  EXPECT_NEAR(mean, 1.0f, 0.1f);
+}
+
+// transformers 5 saves rope_parameters keyed by layer type; both layouts are
+// the same model, to the fingerprint.
+TEST(Gemma3Test, TransformersFiveRopeParametersReadTheSame) {
+  auto legacy = Model::Load(Gemma3Dir());
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EditedFixture f(
+      Gemma3Dir(),
+      nlohmann::json{
+          {"rope_theta", nullptr},
+          {"rope_local_base_freq", nullptr},
+          {"rope_scaling", nullptr},
+          {"rope_parameters",
+           {{"full_attention", {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 1e6}}},
+            {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}}}});
+  auto v5 = Model::Load(f.path());
+  ASSERT_TRUE(v5.ok()) << v5.status();
+  EXPECT_EQ((*v5)->fingerprint(), (*legacy)->fingerprint());
+  // Explicit layer_types win over the pattern.
+  EditedFixture typed(Gemma3Dir(), nlohmann::json{{"layer_types",
+                                                   {"full_attention", "sliding_attention",
+                                                    "sliding_attention", "full_attention"}}});
+  auto t = Model::Load(typed.path());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->config().local_rope_layers, (std::vector<bool>{false, true, true, false}));
+  EXPECT_EQ((*t)->config().layer_window, (std::vector<int32_t>{0, 6, 6, 0}));
+  // gemma-3-270m's config saves the pattern as "_sliding_window_pattern".
+  EditedFixture saved(Gemma3Dir(), nlohmann::json{{"sliding_window_pattern", nullptr},
+                                                  {"_sliding_window_pattern", 4}});
+  auto s = Model::Load(saved.path());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->config().local_rope_layers, (std::vector<bool>{true, true, true, false}));
+}
+
+// --disable-sliding-window caps the context at the window and serves every
+// layer whole, but the local layers keep their own RoPE.
+TEST(Gemma3Test, DisablingTheWindowKeepsTheLocalRope) {
+  auto m = Model::Load(Gemma3Dir(), {.disable_sliding_window = true});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE((*m)->config().layer_window.empty());
+  EXPECT_EQ((*m)->config().max_seq_len, 6);
+  EXPECT_EQ((*m)->config().local_rope_layers, (std::vector<bool>{true, false, true, false}));
+}
+
+TEST(Gemma3Test, WhatItCannotHonourIsRefusedByName) {
+  const auto kRefused = absl::StatusCode::kUnimplemented;
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    EditedFixture f(Gemma3Dir(), nlohmann::json{{key, 30.0}});
+    ExpectRefused(f, kRefused, key);
+  }
+  EditedFixture bidirectional(Gemma3Dir(), nlohmann::json{{"use_bidirectional_attention", true}});
+  ExpectRefused(bidirectional, kRefused, "use_bidirectional_attention");
+  EditedFixture yarn(Gemma3Dir(),
+                     nlohmann::json{{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}});
+  ExpectRefused(yarn, kRefused, "yarn and longrope scaling of Gemma 3");
+  EditedFixture local_scaled(
+      Gemma3Dir(),
+      nlohmann::json{{"rope_local_base_freq", nullptr},
+                     {"rope_parameters",
+                      {{"sliding_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}}}});
+  ExpectRefused(local_scaled, kRefused, "rope_parameters.sliding_attention");
+  EditedFixture disagree(
+      Gemma3Dir(),
+      nlohmann::json{{"rope_parameters", {{"sliding_attention", {{"rope_theta", 20000.0}}}}}});
+  ExpectRefused(disagree, absl::StatusCode::kInvalidArgument, "rope_local_base_freq");
+  // The multimodal checkpoints' class is another architecture.
+  EditedFixture multimodal(Gemma3Dir(),
+                           nlohmann::json{{"architectures", {"Gemma3ForConditionalGeneration"}}});
+  ExpectRefused(multimodal, kRefused, "Gemma3ForConditionalGeneration");
+}
+
+// Another family carrying a Gemma 3 key would be silently wrong: refused.
+TEST(Gemma3Test, GemmaThreeKeysInAnotherFamilyAreRefused) {
+  TANDEM_REQUIRE_HF();
+  for (const char* key :
+       {"query_pre_attn_scalar", "rope_local_base_freq", "sliding_window_pattern"}) {
+    EditedFixture f("llama-linear-sharded", nlohmann::json{{key, 4}});
+    ExpectRefused(f, absl::StatusCode::kUnimplemented, key);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::model
