@@ -98,6 +98,9 @@ void AttendRowHeadCpu(const PagedAttentionArgs& a, int32_t row, int32_t head,
       scores[t0 + s] = a0 / scale;
     }
   }
+  if (a.softcap > 0.0f) {
+    for (int32_t t = lo; t <= pos; ++t) scores[t] = TanhSoftcap(scores[t], a.softcap);
+  }
   float max_val = scores[lo];
   for (int32_t t = lo + 1; t <= pos; ++t) {
     if (scores[t] > max_val) max_val = scores[t];
@@ -167,6 +170,10 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out, ActKind 
 
 void AddBias(float* x, const float* bias, int32_t rows, int32_t width) {
   LaunchOnCpu(Grid{rows, kCpuThreads}, AddBiasFn{x, bias, width, width});
+}
+
+void Softcap(float* x, int64_t n, float cap) {
+  LaunchOnCpu(Grid{(n + kCpuThreads - 1) / kCpuThreads, kCpuThreads}, SoftcapFn{x, cap, n});
 }
 
 void Scale(float* x, int64_t n, float scale) {

@@ -151,12 +151,14 @@ __device__ __forceinline__ void Load16(const Bf16* kp, const Bf16* vp, uint32_t 
 }
 
 // Folds kAttnTokens tokens (their K/V bf16 pairs, zero where !valid) into
-// the online softmax: one max and one rescale of acc per call.
-template <int L, int kG>
+// the online softmax: one max and one rescale of acc per call. kCap: Gemma
+// 2's tanh softcapping of each score by `softcap` first (a template
+// parameter, so that the kernels of every other model compile as before).
+template <int L, int kG, bool kCap>
 __device__ __forceinline__ void FoldTokens(const uint32_t (&kw)[kAttnTokens][kMaxE / 2],
                                            const uint32_t (&vw)[kAttnTokens][kMaxE / 2],
                                            const bool (&valid)[kAttnTokens], int32_t G,
-                                           SplitState<kG>& st) {
+                                           float softcap, SplitState<kG>& st) {
 #pragma unroll
   for (int j = 0; j < kG; ++j) {
     if (j >= G) break;
@@ -169,6 +171,7 @@ __device__ __forceinline__ void FoldTokens(const uint32_t (&kw)[kAttnTokens][kMa
       for (int e = 0; e < kMaxE; ++e) dot += st.q[j][e] * Bf16Half(kw[u][e / 2], e % 2);
 #pragma unroll
       for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if constexpr (kCap) dot = softcap * tanhf(dot / softcap);
       s[u] = valid[u] ? dot : -FLT_MAX;
       s_max = fmaxf(s_max, s[u]);
     }
@@ -287,7 +290,7 @@ __device__ __forceinline__ float CombineSplitsAt(const float* base, int32_t n, i
 
 // kG: query heads per block (a power of two >= the GQA group, at most
 // kMaxGroup), so the per-head registers are only what the model needs.
-template <int L, int kG>
+template <int L, int kG, bool kCap>
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionKernel(Bf16AttentionArgs a, int32_t num_splits, float* scratch) {
   LetDependentsLaunch();  // the output projection's GEMV may come up beside it
@@ -338,7 +341,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                         }
                       }
                     });
-    FoldTokens<L, kG>(kw, vw, valid, b.G, st);
+    FoldTokens<L, kG, kCap>(kw, vw, valid, b.G, a.softcap, st);
   }
   MergeLaneGroups<L, kG>(st);
   FinishSplit<L, kG>(a, b, ln, st, split, num_splits, smem, scratch);
@@ -357,10 +360,10 @@ constexpr size_t kPipelinedSharedBytes =
 
 // blockIdx.y: the block's run of splits_per_block splits of its row. With
 // gridDim.y == 1 the block covers the row and combines its splits itself.
-template <int L, int kG>
+template <int L, int kG, bool kCap>
 __global__ void __launch_bounds__(kAttnThreads)
-    PagedAttentionPipelinedKernel(Bf16AttentionArgs a, int32_t num_splits,
-                                  int32_t splits_per_block, float* scratch) {
+    PagedAttentionPipelinedKernel(Bf16AttentionArgs a, int32_t num_splits, int32_t splits_per_block,
+                                  float* scratch) {
   LetDependentsLaunch();
   constexpr int kHs = kVecHead<L>;
   constexpr int kT = kStageTokens<L>;
@@ -430,7 +433,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                         const int32_t at = (t - stage_t0) * kHs + ln.d0;
                         Load16(ks + at, vs + at, kwu, vwu);
                       });
-      FoldTokens<L, kG>(kw, vw, valid, b.G, st);
+      FoldTokens<L, kG, kCap>(kw, vw, valid, b.G, a.softcap, st);
     }
     if ((g + 1) % kStagesPerSplit == 0 || g + 1 == n_stages) {  // the split's last stage
       MergeLaneGroups<L, kG>(st);
@@ -485,7 +488,7 @@ int64_t RowBlocks(const Bf16AttentionArgs& a) {
 // made the per-split kernel runs, which gives the same bits. Every call of
 // PagedAttentionBf16 for these head sizes asks, so the eager steps before a
 // decode graph is captured make it.
-template <int L, int kG>
+template <int L, int kG, bool kCap>
 bool PipelinedReady(void* stream) {
   static std::atomic<bool> ready{false};
   if (ready.load(std::memory_order_acquire)) return true;
@@ -495,7 +498,7 @@ bool PipelinedReady(void* stream) {
     return false;
   }
   if (capture != cudaStreamCaptureStatusNone) return false;
-  if (cudaFuncSetAttribute(PagedAttentionPipelinedKernel<L, kG>,
+  if (cudaFuncSetAttribute(PagedAttentionPipelinedKernel<L, kG, kCap>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(kPipelinedSharedBytes<L, kG>)) != cudaSuccess) {
     cudaGetLastError();
@@ -507,34 +510,55 @@ bool PipelinedReady(void* stream) {
 
 // *splits_per_block 1: the per-split kernel; more: the pipelined one, or the
 // per-split kernel (and *splits_per_block = 1) until PipelinedReady.
-template <int L, int kG>
-int Launch(const Bf16AttentionArgs& a, int32_t splits, int32_t* splits_per_block,
-           float* scratch, void* stream) {
-  if (a.shape.head_size == kVecHead<L> && !PipelinedReady<L, kG>(stream)) *splits_per_block = 1;
+template <int L, int kG, bool kCap>
+int Launch(const Bf16AttentionArgs& a, int32_t splits, int32_t* splits_per_block, float* scratch,
+           void* stream) {
+  if (a.shape.head_size == kVecHead<L> && !PipelinedReady<L, kG, kCap>(stream)) {
+    *splits_per_block = 1;
+  }
   const int32_t spb = *splits_per_block;
   if (spb <= 1) {
     // At most kAttnWarps * kMaxGroup * (256 + 2) floats: about 33 KiB, under
     // the 48 KiB that needs no opt-in.
     const size_t smem = sizeof(float) * kAttnWarps * kG * (a.shape.head_size + 2);
     const dim3 grid(static_cast<unsigned>(RowBlocks(a)), static_cast<unsigned>(splits));
-    PagedAttentionKernel<L, kG><<<grid, kAttnThreads, smem, S(stream)>>>(a, splits, scratch);
+    PagedAttentionKernel<L, kG, kCap><<<grid, kAttnThreads, smem, S(stream)>>>(a, splits, scratch);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(RowBlocks(a)),
                   static_cast<unsigned>((splits + spb - 1) / spb));
-  PagedAttentionPipelinedKernel<L, kG>
+  PagedAttentionPipelinedKernel<L, kG, kCap>
       <<<grid, kAttnThreads, kPipelinedSharedBytes<L, kG>, S(stream)>>>(a, splits, spb, scratch);
   return cudaGetLastError();
 }
 
-template <int L>
+template <int L, bool kCap>
 int LaunchForGroup(const Bf16AttentionArgs& a, int32_t splits, int32_t* splits_per_block,
                    float* scratch, void* stream) {
   switch (BlockHeads(a.num_heads / a.shape.num_kv_heads)) {
-    case 1: return Launch<L, 1>(a, splits, splits_per_block, scratch, stream);
-    case 2: return Launch<L, 2>(a, splits, splits_per_block, scratch, stream);
-    case 4: return Launch<L, 4>(a, splits, splits_per_block, scratch, stream);
-    default: return Launch<L, kMaxGroup>(a, splits, splits_per_block, scratch, stream);
+    case 1:
+      return Launch<L, 1, kCap>(a, splits, splits_per_block, scratch, stream);
+    case 2:
+      return Launch<L, 2, kCap>(a, splits, splits_per_block, scratch, stream);
+    case 4:
+      return Launch<L, 4, kCap>(a, splits, splits_per_block, scratch, stream);
+    default:
+      return Launch<L, kMaxGroup, kCap>(a, splits, splits_per_block, scratch, stream);
+  }
+}
+
+template <bool kCap>
+int LaunchForLanes(const Bf16AttentionArgs& a, int32_t lanes, int32_t splits,
+                   int32_t* splits_per_block, float* scratch, void* stream) {
+  switch (lanes) {
+    case 4:
+      return LaunchForGroup<4, kCap>(a, splits, splits_per_block, scratch, stream);
+    case 8:
+      return LaunchForGroup<8, kCap>(a, splits, splits_per_block, scratch, stream);
+    case 16:
+      return LaunchForGroup<16, kCap>(a, splits, splits_per_block, scratch, stream);
+    default:
+      return LaunchForGroup<32, kCap>(a, splits, splits_per_block, scratch, stream);
   }
 }
 
@@ -582,13 +606,8 @@ int PagedAttentionBf16(const Bf16AttentionArgs& a, int32_t max_context, float* s
       spb = splits_per_block == 0 ? splits : std::min(splits_per_block, splits);
     }
   }
-  int err;
-  switch (lanes) {
-    case 4: err = LaunchForGroup<4>(a, splits, &spb, scratch, stream); break;
-    case 8: err = LaunchForGroup<8>(a, splits, &spb, scratch, stream); break;
-    case 16: err = LaunchForGroup<16>(a, splits, &spb, scratch, stream); break;
-    default: err = LaunchForGroup<32>(a, splits, &spb, scratch, stream); break;
-  }
+  const int err = a.softcap > 0.0f ? LaunchForLanes<true>(a, lanes, splits, &spb, scratch, stream)
+                                   : LaunchForLanes<false>(a, lanes, splits, &spb, scratch, stream);
   // One pipelined block per row (spb == splits) combined its own splits.
   if (err != cudaSuccess || splits == 1 || spb == splits) return err;
   CombineSplitsKernel<<<static_cast<unsigned>(int64_t{a.num_rows} * a.num_heads),

@@ -233,6 +233,10 @@ int AddBias(float* x, const float* bias, int32_t rows, int32_t width, int64_t st
   return Launch(Grid{rows, kThreads}, AddBiasFn{x, bias, width, stride}, stream);
 }
 
+int Softcap(float* x, int64_t n, float cap, void* stream) {
+  return Launch(Grid{CeilDiv(n, kThreads), kThreads}, SoftcapFn{x, cap, n}, stream);
+}
+
 int Scale(float* x, int64_t n, float scale, void* stream) {
   return Launch(Grid{CeilDiv(n, kThreads), kThreads}, ScaleFn{x, scale, n}, stream);
 }

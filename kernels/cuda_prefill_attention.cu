@@ -351,7 +351,8 @@ int Launch(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles, 
 int PrefillAttentionBf16(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles,
                          void* stream) {
   if (num_tiles == 0) return cudaSuccess;
-  if (a.shape.num_kv_heads <= 0 || a.num_heads % a.shape.num_kv_heads != 0) {
+  // No softcapping here: the runner plans no tiles for a softcapped model.
+  if (a.shape.num_kv_heads <= 0 || a.num_heads % a.shape.num_kv_heads != 0 || a.softcap > 0.0f) {
     return cudaErrorInvalidValue;
   }
   switch (a.shape.head_size) {

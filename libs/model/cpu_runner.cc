@@ -180,7 +180,8 @@ class CpuModelRunner final : public ModelRunner {
                                    .row_pos = lay.row_pos.data(),
                                    .row_table_offset = lay.row_table_offset.data(),
                                    .block_tables = lay.block_tables.data(),
-                                   .window = c.AttentionWindow(li)});
+                                   .window = c.AttentionWindow(li),
+                                   .softcap = c.attn_logit_softcap});
       Matmul(pl.wo, att_.data(), T, xb_.data());
       if (c.o_bias) kc::AddBias(xb_.data(), pl.bo.data(), T, c.dim);
       if (c.sandwich_norms) {
@@ -208,6 +209,9 @@ class CpuModelRunner final : public ModelRunner {
     kc::RmsNorm(last_.data(), rms_final_.data(), B, c.dim, c.norm_eps, xb_.data());
     logits->resize(static_cast<size_t>(B) * c.vocab_size);
     Matmul(classifier_, xb_.data(), B, logits->data());
+    if (c.final_logit_softcap > 0) {
+      kc::Softcap(logits->data(), int64_t{B} * c.vocab_size, c.final_logit_softcap);
+    }
     return absl::OkStatus();
   }
 

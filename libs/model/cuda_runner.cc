@@ -237,7 +237,9 @@ absl::Status CudaRunnerBase::InitCommon() {
   TANDEM_RETURN_IF_ERROR(
       CudaStatus(kd::SetBlasStream(blas_, stream_, blas_workspace_.get<void>(), kBlasWorkspace),
                  "cuBLAS stream"));
-  tensor_core_attention_ = tensor_core_attention_ && opts_.dtype == DType::kBFloat16 &&
+  // The tensor-core prefill kernel does not softcap (Gemma 2): split-K only.
+  tensor_core_attention_ = tensor_core_attention_ && c.attn_logit_softcap == 0 &&
+                           opts_.dtype == DType::kBFloat16 &&
                            kd::DeviceHasTensorCoreAttention(device_);
   graphs_enabled_ = graphs_enabled_ && opts_.dtype == DType::kBFloat16;
   dependent_launch_ = dependent_launch_ && opts_.dtype == DType::kBFloat16 &&

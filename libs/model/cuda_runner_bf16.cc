@@ -140,7 +140,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
                                        .row_table_offset = in.row_off,
                                        .block_tables = in.tables,
                                        .rows = in.single_rows,
-                                       .window = c.AttentionWindow(li)};
+                                       .window = c.AttentionWindow(li),
+                                       .softcap = c.attn_logit_softcap};
       TANDEM_RETURN_IF_ERROR(ok(kd::PrefillAttentionBf16(args, in.tiles, in.plan->num_tiles(), st),
                                 "prefill attention"));
       TANDEM_RETURN_IF_ERROR(
@@ -184,9 +185,13 @@ class CudaBf16Runner final : public CudaRunnerBase {
     TANDEM_RETURN_IF_ERROR(
         ok(kd::RmsNormBf16(x, in.last_rows, rms_final_.get<float>(), B, c.dim, c.norm_eps, xn, st),
            "rmsnorm"));
-    return ok(kd::MatmulBf16(blas_, classifier_.get<kd::Bf16>(), c.vocab_size, c.dim, xn, B,
-                             logits_.get<float>(), 0.0f, pdl),
-              "classifier");
+    TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, classifier_.get<kd::Bf16>(), c.vocab_size,
+                                             c.dim, xn, B, logits_.get<float>(), 0.0f, pdl),
+                              "classifier"));
+    if (c.final_logit_softcap == 0) return absl::OkStatus();
+    return ok(
+        kd::Softcap(logits_.get<float>(), int64_t{B} * c.vocab_size, c.final_logit_softcap, st),
+        "logit softcap");
   }
 
   DeviceBuffer embedding_, rms_final_, classifier_;

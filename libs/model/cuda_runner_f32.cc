@@ -143,7 +143,8 @@ class CudaF32Runner final : public CudaRunnerBase {
                                     .row_pos = in.row_pos,
                                     .row_table_offset = in.row_off,
                                     .block_tables = in.tables,
-                                    .window = c.AttentionWindow(li)};
+                                    .window = c.AttentionWindow(li),
+                                    .softcap = c.attn_logit_softcap};
       TANDEM_RETURN_IF_ERROR(
           ok(kd::PagedAttention(args, scratch_.get<float>(), lay.max_context), "attention"));
       TANDEM_RETURN_IF_ERROR(
@@ -176,9 +177,12 @@ class CudaF32Runner final : public CudaRunnerBase {
     TANDEM_RETURN_IF_ERROR(ok(kd::EmbeddingGather(x, c.dim, in.last_rows, B, att), "gather last"));
     TANDEM_RETURN_IF_ERROR(
         ok(kd::RmsNorm(att, rms_final_.get<float>(), B, c.dim, c.norm_eps, xb), "rmsnorm"));
-    return ok(kd::Matmul(blas_, classifier_.get<float>(), c.vocab_size, c.dim, xb, B,
-                         logits_.get<float>()),
-              "classifier");
+    TANDEM_RETURN_IF_ERROR(ok(kd::Matmul(blas_, classifier_.get<float>(), c.vocab_size, c.dim, xb,
+                                         B, logits_.get<float>()),
+                              "classifier"));
+    if (c.final_logit_softcap == 0) return absl::OkStatus();
+    return ok(kd::Softcap(logits_.get<float>(), int64_t{B} * c.vocab_size, c.final_logit_softcap),
+              "logit softcap");
   }
 
   DeviceBuffer embedding_, rms_final_, classifier_;

@@ -57,7 +57,7 @@ void HashRopeScaling(EVP_MD_CTX* ctx, const ModelConfig& c) {
   if (c.rotary_dim != 0) EVP_DigestUpdate(ctx, &c.rotary_dim, sizeof(c.rotary_dim));
   if (c.sandwich_norms || !c.local_rope_layers.empty() || c.query_pre_attn_scalar != 0) {
     const float gemma3[] = {c.sandwich_norms ? 1.0f : 0.0f, c.query_pre_attn_scalar,
-                            c.local_rope_theta};
+                            c.local_rope_theta, c.attn_logit_softcap, c.final_logit_softcap};
     EVP_DigestUpdate(ctx, gemma3, sizeof(gemma3));
     for (bool local : c.local_rope_layers) {
       const uint8_t b = local ? 1 : 0;

@@ -43,8 +43,9 @@ absl::Status WriteFile(const std::string& path, const std::string& bytes);
 // Finishes a SHA-256 digest, frees `ctx` and returns the digest in hex.
 std::string FinishSha256Hex(EVP_MD_CTX* ctx);
 // Adds what partial RoPE (rotary_dim), yarn and longrope scaling (the
-// inverse frequencies and the attention factor) and Gemma 3's switches
-// (sandwich norms, query_pre_attn_scalar, local RoPE) change to a model's
+// inverse frequencies and the attention factor) and Gemma 2's and 3's
+// switches (sandwich norms, query_pre_attn_scalar, local RoPE, softcaps)
+// change to a model's
 // fingerprint; nothing for a model without them, so those fingerprints stay
 // as they were.
 void HashRopeScaling(EVP_MD_CTX* ctx, const ModelConfig& c);

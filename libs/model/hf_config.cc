@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +36,7 @@ constexpr FamilyInfo kFamilies[] = {
     {ModelFamily::kQwen3, "Qwen3ForCausalLM", "qwen3", 128, 32, 1e-6f, false},
     {ModelFamily::kPhi3, "Phi3ForCausalLM", "phi3", 0, 0, 1e-5f, false},
     {ModelFamily::kGemma, "GemmaForCausalLM", "gemma", 256, 16, 1e-6f, true},
+    {ModelFamily::kGemma2, "Gemma2ForCausalLM", "gemma2", 256, 4, 1e-6f, true},
     {ModelFamily::kGemma3, "Gemma3ForCausalLM", "gemma3_text", 256, 4, 1e-6f, true},
 };
 
@@ -104,7 +106,8 @@ const std::set<std::string>& ReadKeys() {
   return keys;
 }
 
-// Keys only Gemma3ForCausalLM reads; another family with one set is refused.
+// Keys only Gemma3ForCausalLM reads (Gemma2ForCausalLM the first and the
+// softcaps); another family with one set is refused.
 constexpr const char* kGemma3Keys[] = {"query_pre_attn_scalar",      "sliding_window_pattern",
                                        "_sliding_window_pattern",    "rope_local_base_freq",
                                        "final_logit_softcapping",    "attn_logit_softcapping",
@@ -112,6 +115,10 @@ constexpr const char* kGemma3Keys[] = {"query_pre_attn_scalar",      "sliding_wi
 
 bool IsGemma3Key(const std::string& key) {
   return std::find(std::begin(kGemma3Keys), std::end(kGemma3Keys), key) != std::end(kGemma3Keys);
+}
+bool IsGemma2Key(const std::string& key) {
+  return key == "query_pre_attn_scalar" || key == "final_logit_softcapping" ||
+         key == "attn_logit_softcapping";
 }
 
 absl::Status Refuse(const std::string& path, const std::string& what) {
@@ -490,7 +497,8 @@ absl::StatusOr<std::optional<std::vector<bool>>> LayerTypes(const nlohmann::json
 // sliding. Newer configs save the pattern as "_sliding_window_pattern"
 // beside layer_types.
 absl::StatusOr<std::vector<bool>> Gemma3LayerTypes(const nlohmann::json& cfg,
-                                                   const std::string& path, int32_t num_layers) {
+                                                   const std::string& path, int32_t num_layers,
+                                                   int32_t default_pattern = 6) {
   TANDEM_ASSIGN_OR_RETURN(std::optional<std::vector<bool>> types,
                           LayerTypes(cfg, path, num_layers));
   if (types) return std::move(*types);
@@ -500,7 +508,7 @@ absl::StatusOr<std::vector<bool>> Gemma3LayerTypes(const nlohmann::json& cfg,
     return Bad(path, "\"sliding_window_pattern\" and \"_sliding_window_pattern\" disagree");
   }
   if (!IsSet(JsonMember(cfg, "sliding_window_pattern"))) {
-    pattern = IsSet(JsonMember(cfg, "_sliding_window_pattern")) ? saved : 6;
+    pattern = IsSet(JsonMember(cfg, "_sliding_window_pattern")) ? saved : default_pattern;
   }
   if (pattern <= 0) return Bad(path, "\"sliding_window_pattern\" must be positive");
   std::vector<bool> slides;
@@ -588,6 +596,35 @@ absl::Status ReadGemma3(const nlohmann::json& cfg, const std::string& path, int3
   return absl::OkStatus();
 }
 
+// Gemma2ForCausalLM's own keys (Gemma2Config, transformers 5): tanh
+// softcapping of the attention scores and of the final logits (50 and 30
+// when the key is absent, none when it is null), and query_pre_attn_scalar,
+// which only head_dim can be here (Gemma 2 has no q norm to fold it into).
+absl::Status ReadGemma2(const nlohmann::json& cfg, const std::string& path, ModelConfig* c) {
+  c->sandwich_norms = true;
+  for (auto [key, fallback, out] : {std::tuple<const char*, float, float*>{
+                                        "attn_logit_softcapping", 50.0f, &c->attn_logit_softcap},
+                                    {"final_logit_softcapping", 30.0f, &c->final_logit_softcap}}) {
+    const nlohmann::json* v = JsonMember(cfg, key);
+    if (v == nullptr) {
+      *out = fallback;
+      continue;
+    }
+    TANDEM_ASSIGN_OR_RETURN(*out, GetFloat(cfg, path, key, 0.0f));
+    if (v->is_number() && !(*out > 0)) {
+      return Bad(path, absl::StrCat("\"", key, "\" must be positive (null: none)"));
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(float scalar, GetFloat(cfg, path, "query_pre_attn_scalar", 256.0f));
+  if (scalar != static_cast<float>(c->head_size)) {
+    return Refuse(path,
+                  absl::StrCat("query_pre_attn_scalar ", scalar, " != head_dim ", c->head_size,
+                               " is not supported for Gemma2ForCausalLM "
+                               "(Gemma 2 27B; it has no q norm to fold the scale into)"));
+  }
+  return absl::OkStatus();
+}
+
 // Sliding-window attention per family (transformers 5):
 //  - Qwen2 / Qwen3: layer_types when listed, else layers i >= max_window_layers
 //    when use_sliding_window; the window is sliding_window, and none unless
@@ -596,19 +633,22 @@ absl::Status ReadGemma3(const nlohmann::json& cfg, const std::string& path, int3
 //    one sliding mask for all); layer_types saying otherwise is refused.
 //  - Gemma 3: the layers of layer_types (or of sliding_window_pattern) slide
 //    by sliding_window (4096 when absent), the others attend to everything.
+//    Gemma 2 the same, its layers alternating (even ones slide) by default.
 //  - Llama / Gemma: their transformers code reads no window, vLLM's may: the
 //    context is capped at the window, where both readings agree.
 // `disable` (--disable-sliding-window) takes the cap for every family.
 absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std::string& path,
                                             const FamilyInfo& f, int32_t num_layers,
                                             int32_t max_seq_len, bool disable) {
-  const bool gemma3 = f.family == ModelFamily::kGemma3;
+  // Gemma 2 and 3 interleave sliding and full layers (Gemma 2: every other one).
+  const bool gemma3 = f.family == ModelFamily::kGemma3 || f.family == ModelFamily::kGemma2;
   TANDEM_ASSIGN_OR_RETURN(int32_t window, GetInt(cfg, path, "sliding_window", gemma3 ? 4096 : 0));
   if (window < 0) return Bad(path, "\"sliding_window\" is negative");
   TANDEM_ASSIGN_OR_RETURN(std::optional<std::vector<bool>> types,
                           LayerTypes(cfg, path, num_layers));
   if (gemma3) {
-    TANDEM_ASSIGN_OR_RETURN(types, Gemma3LayerTypes(cfg, path, num_layers));
+    TANDEM_ASSIGN_OR_RETURN(
+        types, Gemma3LayerTypes(cfg, path, num_layers, f.family == ModelFamily::kGemma2 ? 2 : 6));
   }
   const bool qwen = f.family == ModelFamily::kQwen2 || f.family == ModelFamily::kQwen3;
   if (!qwen && (IsSet(JsonMember(cfg, "use_sliding_window")) ||
@@ -709,6 +749,7 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
   }
   if (f->family != ModelFamily::kGemma3) {
     for (const char* key : kGemma3Keys) {
+      if (f->family == ModelFamily::kGemma2 && IsGemma2Key(key)) continue;
       if (IsSet(JsonMember(cfg, key))) {
         return Refuse(path, absl::StrCat("config key \"", key, "\" is Gemma3ForCausalLM's, not ",
                                          f->architecture, "'s"));
@@ -765,6 +806,7 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
     TANDEM_RETURN_IF_ERROR(
         ReadGemma3(cfg, path, options.max_model_len, &c, &rope_cap, &out.rope_long_factors));
   } else {
+    if (f->family == ModelFamily::kGemma2) TANDEM_RETURN_IF_ERROR(ReadGemma2(cfg, path, &c));
     TANDEM_RETURN_IF_ERROR(
         ReadRope(cfg, path, options.max_model_len, &c, &rope_cap, &out.rope_long_factors));
   }
@@ -775,7 +817,8 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
 
   // The activation: Gemma's MLP reads hidden_activation (its hidden_act is
   // a leftover that transformers ignores); the others read hidden_act.
-  const bool gemma = f->family == ModelFamily::kGemma || f->family == ModelFamily::kGemma3;
+  const bool gemma = f->family == ModelFamily::kGemma || f->family == ModelFamily::kGemma2 ||
+                     f->family == ModelFamily::kGemma3;
   const char* act_key = gemma ? "hidden_activation" : "hidden_act";
   std::string act = gemma ? "gelu_pytorch_tanh" : "silu";
   if (const nlohmann::json* a = JsonMember(cfg, act_key); IsSet(a)) {

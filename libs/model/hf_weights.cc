@@ -240,7 +240,8 @@ absl::Status HfWeights::Resolve(const HfConfig& hf) {
                .cols = shape.size() > 1 ? shape[1] : 1};
     return absl::OkStatus();
   };
-  const bool gemma = c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma3;
+  const bool gemma = c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma2 ||
+                     c.family == ModelFamily::kGemma3;
   auto norm_of = [&](const std::string& name, int64_t size, Ref* ref) -> absl::Status {
     TANDEM_RETURN_IF_ERROR(whole(name, {size}, ref));
     ref->one_plus = gemma;  // Gemma's RMSNorm scales by (1 + w)

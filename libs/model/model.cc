@@ -129,6 +129,11 @@ absl::Status ModelConfig::Validate() const {
       return absl::InvalidArgumentError("model config: local_rope_theta must be positive");
     }
   }
+  for (float cap : {attn_logit_softcap, final_logit_softcap}) {
+    if (cap < 0 || !std::isfinite(cap)) {
+      return absl::InvalidArgumentError("model config: a softcap must be positive (0: none)");
+    }
+  }
   if (query_pre_attn_scalar < 0 || !std::isfinite(query_pre_attn_scalar)) {
     return absl::InvalidArgumentError(
         "model config: query_pre_attn_scalar must be positive (0: head_size)");
@@ -220,6 +225,8 @@ const char* ModelFamilyName(ModelFamily family) {
       return "phi3";
     case ModelFamily::kGemma:
       return "gemma";
+    case ModelFamily::kGemma2:
+      return "gemma2";
     case ModelFamily::kGemma3:
       return "gemma3";
   }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Greedy tokens of a float64 Gemma 3 forward in plain Python, written from
-transformers' modeling_gemma3.py (Gemma3RMSNorm's (1 + w), q/k norms before
-RoPE, the sandwich norms, the local layers' window and RoPE base, the global
-layers' linear scaling, query_pre_attn_scalar), independent of Tandem's code:
+"""Greedy tokens of a float64 Gemma 3 (or Gemma 2) forward in plain Python,
+written from transformers' modeling_gemma3.py and modeling_gemma2.py (the
+RMSNorm's (1 + w), Gemma 3's q/k norms before RoPE, the sandwich norms, the
+local layers' window and (Gemma 3) RoPE base, the global layers' linear
+scaling, query_pre_attn_scalar, Gemma 2's softcapping of attention scores
+and logits), independent of Tandem's code:
 
   python3 tests/model/hf_generated/gemma3_float64.py tests/model/hf_generated/gemma3 OUT.json
 
@@ -25,12 +27,14 @@ for name, t in hdr.items():
     shape = t["shape"]
     W[name] = [vals[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])] if len(shape) == 2 else vals
 dim, L, H, KV, hd = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-eps = cfg["rms_norm_eps"]; pattern = cfg["sliding_window_pattern"]; win = cfg["sliding_window"]
+gemma2 = cfg["model_type"] == "gemma2"
+eps = cfg["rms_norm_eps"]; pattern = cfg.get("sliding_window_pattern", 2); win = cfg["sliding_window"]
+attn_cap = cfg.get("attn_logit_softcapping"); final_cap = cfg.get("final_logit_softcapping")
 types = ["sliding" if (i + 1) % pattern else "full" for i in range(L)]
 scaling = cfg["query_pre_attn_scalar"] ** -0.5
 def inv_freq(base, factor):
     return [1.0 / (base ** (2 * i / hd)) / factor for i in range(hd // 2)]
-freqs = {"sliding": inv_freq(cfg["rope_local_base_freq"], 1.0),
+freqs = {"sliding": inv_freq(cfg["rope_theta"] if gemma2 else cfg["rope_local_base_freq"], 1.0),
          "full": inv_freq(cfg["rope_theta"], cfg["rope_scaling"]["factor"] if cfg.get("rope_scaling") else 1.0)}
 def rms(x, w):
     s = math.sqrt(sum(v * v for v in x) / len(x) + eps)
@@ -64,8 +68,10 @@ def run(prompt, steps):
                 k = mv(W[p + "self_attn.k_proj.weight"], h)
                 v = mv(W[p + "self_attn.v_proj.weight"], h)
                 f = freqs[types[l]]
-                qs = [rope(rms(q[i * hd:(i + 1) * hd], W[p + "self_attn.q_norm.weight"]), pos, f) for i in range(H)]
-                ks = [rope(rms(k[i * hd:(i + 1) * hd], W[p + "self_attn.k_norm.weight"]), pos, f) for i in range(KV)]
+                qn = (lambda v: v) if gemma2 else (lambda v: rms(v, W[p + "self_attn.q_norm.weight"]))
+                kn = (lambda v: v) if gemma2 else (lambda v: rms(v, W[p + "self_attn.k_norm.weight"]))
+                qs = [rope(qn(q[i * hd:(i + 1) * hd]), pos, f) for i in range(H)]
+                ks = [rope(kn(k[i * hd:(i + 1) * hd]), pos, f) for i in range(KV)]
                 vs = [v[i * hd:(i + 1) * hd] for i in range(KV)]
                 cache[l][0].append(ks); cache[l][1].append(vs)
                 att = []
@@ -74,6 +80,7 @@ def run(prompt, steps):
                     g = i // (H // KV)
                     idx = range(max(lo, 0), pos + 1)
                     sc = [sum(a * b for a, b in zip(qs[i], cache[l][0][j][g])) * scaling for j in idx]
+                    if attn_cap: sc = [attn_cap * math.tanh(x_ / attn_cap) for x_ in sc]
                     m = max(sc); e = [math.exp(s - m) for s in sc]; z = sum(e)
                     o = [0.0] * hd
                     for w_, j in zip(e, idx):
@@ -90,6 +97,7 @@ def run(prompt, steps):
         if len(out) == steps: return out, margins
         hN = rms(x, W["model.norm.weight"])
         logits = mv(LM, hN)
+        if final_cap: logits = [final_cap * math.tanh(x_ / final_cap) for x_ in logits]
         best = sorted(range(len(logits)), key=lambda i: -logits[i])[:2]
         out.append(best[0]); margins.append(round(logits[best[0]] - logits[best[1]], 4))
         pending = [best[0]]

@@ -78,6 +78,8 @@ void AddBias(float* x, const float* bias, int32_t rows, int32_t width);
 
 // x[i] *= scale.
 void Scale(float* x, int64_t n, float scale);
+// x[i] = TanhSoftcap(x[i], cap) (math.h).
+void Softcap(float* x, int64_t n, float cap);
 
 // x[i] += y[i].
 void ResidualAdd(float* x, const float* y, int64_t n);

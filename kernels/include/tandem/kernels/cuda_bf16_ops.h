@@ -91,6 +91,10 @@ struct Bf16AttentionArgs {
   // rows[0 .. num_rows) (AttentionPlan::single_rows), else 0 .. num_rows.
   const int32_t* rows = nullptr;
   int32_t window = 0;  // the layer's sliding window; 0: none
+  // Gemma 2's attention softcapping (PagedAttentionArgs'); 0: none. The
+  // tensor-core prefill kernel does not take it: the runner routes every row
+  // of a softcapped model to the split-K kernels.
+  float softcap = 0.0f;
 };
 
 // Causal paged attention for decode and prefill rows alike

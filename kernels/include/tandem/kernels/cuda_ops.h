@@ -91,6 +91,8 @@ int AddBias(float* x, const float* bias, int32_t rows, int32_t width, int64_t st
             void* stream = nullptr);
 // x[i] *= scale.
 int Scale(float* x, int64_t n, float scale, void* stream = nullptr);
+// x[i] = TanhSoftcap(x[i], cap) (math.h).
+int Softcap(float* x, int64_t n, float cap, void* stream = nullptr);
 // RMSNorm in place over `heads` head vectors per row (HeadRmsNormFn): row r's
 // first head at x + r * stride.
 int HeadRmsNorm(float* x, const float* w, int32_t rows, int32_t heads, int32_t head_size,

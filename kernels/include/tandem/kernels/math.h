@@ -133,7 +133,11 @@ struct PagedAttentionArgs {
   const int32_t* row_table_offset = nullptr;
   const int32_t* block_tables = nullptr;
   int32_t window = 0;  // sliding window of this layer; 0: every earlier position
+  float softcap = 0.0f;  // Gemma 2: scores become softcap * tanh(score / softcap); 0: none
 };
+
+// Gemma 2's tanh softcapping of an attention score or a logit (cap > 0).
+TANDEM_HD inline float TanhSoftcap(float x, float cap) { return cap * tanhf(x / cap); }
 
 // One (row, head): scores, softmax and the weighted sum of V exactly as
 // run.c computes them, over the row's window. `scores` holds row_pos[row] + 1
@@ -154,6 +158,7 @@ TANDEM_HD inline void AttendRowHead(const PagedAttentionArgs& a, int32_t row, in
     float score = 0.0f;
     for (int32_t i = 0; i < hs; ++i) score += q[i] * k[i];
     score /= scale;
+    if (a.softcap > 0.0f) score = TanhSoftcap(score, a.softcap);
     scores[t] = score;
   }
   float max_val = scores[lo];
@@ -213,6 +218,17 @@ struct AddBiasFn {
   int64_t stride;
   TANDEM_HD void operator()(int64_t row, int32_t t, int32_t nt) const {
     for (int32_t i = t; i < width; i += nt) x[row * stride + i] += bias[i];
+  }
+};
+
+// x[i] = TanhSoftcap(x[i], cap) (Gemma 2's final logits).
+struct SoftcapFn {
+  float* x;
+  float cap;
+  int64_t n;
+  TANDEM_HD void operator()(int64_t b, int32_t t, int32_t nt) const {
+    const int64_t i = b * nt + t;
+    if (i < n) x[i] = TanhSoftcap(x[i], cap);
   }
 };
 

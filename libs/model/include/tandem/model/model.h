@@ -42,6 +42,9 @@ enum class ModelFamily {
   kQwen3,    // Qwen3ForCausalLM: per-head RMSNorm of q and k
   kPhi3,     // Phi3ForCausalLM: fused qkv_proj and gate_up_proj, split at load
   kGemma,    // GemmaForCausalLM: (1 + w) norms folded at load, scaled embeddings, GeLU
+  // Gemma2ForCausalLM: Gemma's, plus the sandwich norms, every other layer
+  // sliding, and tanh softcapping of attention scores and final logits.
+  kGemma2,
   // Gemma3ForCausalLM: Gemma's, plus q/k norms, norms around the attention
   // and MLP outputs (sandwich_norms), local layers with their own window and
   // RoPE base, query_pre_attn_scalar folded into the q norm at load.
@@ -130,6 +133,10 @@ struct ModelConfig {
   // attention factor; empty: every layer by rope_theta and rope_scaling.
   std::vector<bool> local_rope_layers;
   float local_rope_theta = 0.0f;
+  // Gemma 2's tanh softcapping: attention scores (after the 1/sqrt(head)
+  // scale) and the final logits become cap * tanh(x / cap); 0 = none.
+  float attn_logit_softcap = 0.0f;
+  float final_logit_softcap = 0.0f;
   // Sliding-window attention (Mistral, Phi-3, Qwen's layers past
   // max_window_layers, layer_types): empty when no layer slides, else one
   // window per layer, 0 for a layer that attends to every earlier position.

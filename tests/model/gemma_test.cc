@@ -1,22 +1,41 @@
-// Gemma3ForCausalLM's config and weights as transformers 5 reads them, on
-// tests/model/hf_generated/gemma3 (a small random checkpoint made by
-// make_fixtures.py; transformers' tokens for it are HfDerivedTest's): the
-// per-layer windows and RoPE bases, the folded query_pre_attn_scalar, both
-// config layouts, and the keys refused by name.
+// Gemma3ForCausalLM's and Gemma2ForCausalLM's configs and weights as
+// transformers 5 reads them, on tests/model/hf_generated/gemma3 and gemma2
+// (small random checkpoints made by make_fixtures.py; transformers' tokens
+// for them are HfDerivedTest's): the per-layer windows and RoPE bases, the
+// folded query_pre_attn_scalar, Gemma 2's softcaps, both config layouts,
+// and the keys refused by name.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "hf_fixture.h"
+#include "tandem/kernels/math.h"
 
 namespace tandem::model {
 namespace {
 
 using namespace testing;  // NOLINT: the fixture helpers
 
-std::string Gemma3Dir() {
-  return std::string(TANDEM_SOURCE_DIR) + "/tests/model/hf_generated/gemma3";
+std::string GeneratedDir(const std::string& name) {
+  return std::string(TANDEM_SOURCE_DIR) + "/tests/model/hf_generated/" + name;
+}
+std::string Gemma3Dir() { return GeneratedDir("gemma3"); }
+std::string Gemma2Dir() { return GeneratedDir("gemma2"); }
+
+// Greedy tokens of `dir`'s model against its float64.reference.json (see
+// TokensMatchAnIndependentFloat64Forward).
+void ExpectFloat64Tokens(const std::string& dir) {
+  auto m = Model::Load(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<HfCase> cases = LoadHfCasesFrom(dir + "/float64.reference.json");
+  ASSERT_EQ(cases.size(), 5u);
+  const auto got = GreedyBatched(**m, cases, Backend::kCpu, DType::kFloat32);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ExpectDecisivePrefix(got[i], cases[i], dir + " case " + std::to_string(i));
+  }
+  if (CudaAvailable(**m)) ExpectCudaMatchesTransformers(**m, cases, dir + " (float64 reference)");
 }
 
 TEST(Gemma3Test, ConfigReadsAsTransformersDoes) {
@@ -54,16 +73,78 @@ TEST(Gemma3Test, ConfigReadsAsTransformersDoes) {
 // transformers' code) holds the CPU backend's greedy tokens, batched, and
 // both CUDA modes' where a GPU is at hand. Dropping a sandwich norm or giving
 // the local layers the global RoPE fails it.
-TEST(Gemma3Test, TokensMatchAnIndependentFloat64Forward) {
-  auto m = Model::Load(Gemma3Dir());
+TEST(Gemma3Test, TokensMatchAnIndependentFloat64Forward) { ExpectFloat64Tokens(Gemma3Dir()); }
+
+// The same for Gemma 2, whose softcaps (2 on the attention scores, 5 on the
+// logits: small enough to change tokens) must be applied where transformers
+// applies them.
+TEST(Gemma2Test, TokensMatchAnIndependentFloat64Forward) { ExpectFloat64Tokens(Gemma2Dir()); }
+
+TEST(Gemma2Test, ConfigReadsAsTransformersDoes) {
+  auto m = Model::Load(Gemma2Dir());
   ASSERT_TRUE(m.ok()) << m.status();
-  const std::vector<HfCase> cases = LoadHfCasesFrom(Gemma3Dir() + "/float64.reference.json");
-  ASSERT_EQ(cases.size(), 5u);
-  const auto got = GreedyBatched(**m, cases, Backend::kCpu, DType::kFloat32);
-  for (size_t i = 0; i < cases.size(); ++i) {
-    ExpectDecisivePrefix(got[i], cases[i], "gemma3 case " + std::to_string(i));
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.family, ModelFamily::kGemma2);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_TRUE(c.local_rope_layers.empty());                       // one RoPE for every layer
+  EXPECT_EQ(c.layer_window, (std::vector<int32_t>{6, 0, 6, 0}));  // even layers slide
+  EXPECT_EQ(c.attn_logit_softcap, 2.0f);
+  EXPECT_EQ(c.final_logit_softcap, 5.0f);
+  EXPECT_EQ(c.embedding_scale, 8.0f);
+  // Absent softcaps take Gemma2Config's 50 and 30; null ones are none.
+  EditedFixture absent(Gemma2Dir(), nlohmann::json::object());
+  EditConfig(absent,
+             {{"\"attn_logit_softcapping\": 2.0,", ""}, {"\"final_logit_softcapping\": 5.0,", ""}});
+  auto d = Model::Load(absent.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->config().attn_logit_softcap, 50.0f);
+  EXPECT_EQ((*d)->config().final_logit_softcap, 30.0f);
+  EditedFixture none(Gemma2Dir(), nlohmann::json{{"attn_logit_softcapping", nullptr},
+                                                 {"final_logit_softcapping", nullptr}});
+  auto n = Model::Load(none.path());
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ((*n)->config().attn_logit_softcap, 0.0f);
+  EXPECT_EQ((*n)->config().final_logit_softcap, 0.0f);
+  EXPECT_NE((*n)->fingerprint(), (*m)->fingerprint());
+}
+
+// The final softcap is monotonic, so greedy tokens cannot see it: every
+// backend's logits are, to the bit, TanhSoftcap of the uncapped model's.
+TEST(Gemma2Test, FinalLogitsAreSoftcapped) {
+  auto capped = Model::Load(Gemma2Dir());
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EditedFixture uncapped_dir(Gemma2Dir(), nlohmann::json{{"final_logit_softcapping", nullptr}});
+  auto uncapped = Model::Load(uncapped_dir.path());
+  ASSERT_TRUE(uncapped.ok()) << uncapped.status();
+  const std::vector<int32_t> tokens = MakePrompt(20, 7, (*capped)->config().vocab_size);
+  for (const auto& [backend, dtype] : RunnerModes(**capped)) {
+    SCOPED_TRACE(ModeName(backend, dtype));
+    const std::vector<float> got = LastLogits(**capped, tokens, 20, backend, dtype);
+    std::vector<float> want = LastLogits(**uncapped, tokens, 20, backend, dtype);
+    ASSERT_EQ(got.size(), want.size());
+    float widest = 0;
+    for (float& x : want) {
+      widest = std::max(widest, std::abs(x));
+      x = kernels::TanhSoftcap(x, 5.0f);
+    }
+    EXPECT_GT(widest, 5.0f) << "the cap changes nothing on these logits";
+    EXPECT_TRUE(SameBits(got, want));
   }
-  if (CudaAvailable(**m)) ExpectCudaMatchesTransformers(**m, cases, "gemma3 (float64 reference)");
+}
+
+TEST(Gemma2Test, WhatItCannotHonourIsRefusedByName) {
+  // Gemma 2 27B: 144 against head_dim 128, with no q norm to fold it into.
+  EditedFixture scalar(Gemma2Dir(), nlohmann::json{{"query_pre_attn_scalar", 24}});
+  ExpectRefused(scalar, absl::StatusCode::kUnimplemented,
+                "query_pre_attn_scalar 24 != head_dim 32");
+  for (const char* key :
+       {"rope_local_base_freq", "sliding_window_pattern", "use_bidirectional_attention"}) {
+    EditedFixture f(Gemma2Dir(), nlohmann::json{{key, 2}});
+    ExpectRefused(f, absl::StatusCode::kUnimplemented, key);
+  }
+  EditedFixture negative(Gemma2Dir(), nlohmann::json{{"attn_logit_softcapping", -1.0}});
+  ExpectRefused(negative, absl::StatusCode::kInvalidArgument, "attn_logit_softcapping");
 }
 
 // Logits scaled by query_pre_attn_scalar^-1/2 are the kernels' head_size^-1/2
