@@ -104,36 +104,16 @@ def gemma3(rng):
 
 
 def gemma2(rng):
-    """Gemma2ForCausalLM: 4 layers alternating sliding (window 6) and full,
-    softcaps small enough to bite (attention 2, logits 5; the real ones are
-    50 and 30 on larger scores), untied as gemma3's."""
-    dim, hidden, layers, heads, kv_heads, head, vocab = 64, 128, 4, 4, 2, 32, 512
-    config = {
-        "architectures": ["Gemma2ForCausalLM"],
-        "model_type": "gemma2",
-        "hidden_size": dim,
-        "intermediate_size": hidden,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head,
-        "vocab_size": vocab,
-        "max_position_embeddings": 512,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "rms_norm_eps": 1e-6,
-        "query_pre_attn_scalar": head,
-        "sliding_window": 6,
-        "rope_theta": 10000.0,
-        "attn_logit_softcapping": 2.0,
-        "final_logit_softcapping": 5.0,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 2,
-        "eos_token_id": 1,
-        "pad_token_id": 0,
-        "torch_dtype": "bfloat16",
-    }
-    _, t, _ = gemma3(rng)
+    """Gemma2ForCausalLM: gemma3's shapes and weights less the q/k norms, its
+    4 layers alternating sliding (window 6) and full, softcaps small enough
+    to bite (attention 2, logits 5; the real ones are 50 and 30 on larger
+    scores), untied as gemma3's."""
+    config, t, vocab = gemma3(rng)
+    for key in ("sliding_window_pattern", "rope_local_base_freq", "rope_scaling"):
+        del config[key]
+    config.update({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+                   "query_pre_attn_scalar": config["head_dim"], "rope_theta": 10000.0,
+                   "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0})
     for name in list(t):
         if "q_norm" in name or "k_norm" in name:
             del t[name]
