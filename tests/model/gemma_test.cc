@@ -204,6 +204,9 @@ TEST(Gemma3Test, TransformersFiveRopeParametersReadTheSame) {
   auto s = Model::Load(saved.path());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->config().local_rope_layers, (std::vector<bool>{true, true, true, false}));
+  // Both spellings must agree.
+  EditedFixture both(Gemma3Dir(), nlohmann::json{{"_sliding_window_pattern", 4}});
+  ExpectRefused(both, absl::StatusCode::kInvalidArgument, "disagree");
 }
 
 // --disable-sliding-window caps the context at the window and serves every
