@@ -69,7 +69,10 @@ rocksdb::Status Impl::WriteToRocks(const rocksdb::WriteOptions& wo, rocksdb::Wri
   if (db_ == nullptr) return WriteError();  // a reopen failed after our check
   const rocksdb::Status s = db_->Write(wo, batch);
   if (held != nullptr) *held = std::move(db_lock);
-  if (!s.ok() && s.IsIOError()) StopWrites(s);
+  // Incomplete: RocksDB has stopped writes after a background error (its
+  // write controller's stop). OnRocksError has reported that error already;
+  // this is in case a report is ever missed, for only a reopen ends it.
+  if (s.IsIOError() || s.IsIncomplete()) StopWrites(s);
   return s;
 }
 
@@ -96,17 +99,26 @@ void Impl::TryReopen() {
   const uint64_t room = std::min<uint64_t>(opts_.min_free_disk_bytes, 2 * opts_.write_buffer_bytes);
   if (FreeDiskBytes() < room) return;
   TANDEM_SYNC_POINT("KvStoreEngine::Reopen:Start");
+  const rocksdb::Status was = WriteError();
   const rocksdb::Status r = Reopen();  // waits for the writes in flight
   if (!r.ok()) {
     TANDEM_LOG(ERROR) << "KV-store: reopening RocksDB after a write error failed (" << r.ToString()
                       << "); tried again in a second or more";
     return;
   }
-  std::lock_guard<std::mutex> lock(error_mu_);
-  TANDEM_LOG(WARNING) << "KV-store: RocksDB reopened; stores resume after: "
-                      << write_error_.ToString();
-  write_stopped_.store(false);
+  if (write_stopped_.load()) {  // StopWrites has logged the new error
+    TANDEM_LOG(WARNING) << "KV-store: RocksDB reopened after: " << was.ToString()
+                        << "; a new error stopped stores again";
+  } else {
+    TANDEM_LOG(WARNING) << "KV-store: RocksDB reopened; stores resume after: " << was.ToString();
+  }
   TANDEM_SYNC_POINT("KvStoreEngine::Reopen:End");
+}
+
+void Impl::ResumeWrites() {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  write_error_ = rocksdb::Status::OK();
+  write_stopped_.store(false);
 }
 
 rocksdb::Status Impl::Reopen() {
@@ -116,11 +128,22 @@ rocksdb::Status Impl::Reopen() {
     if (!closed.ok()) TANDEM_LOG(WARNING) << "KV-store: closing RocksDB: " << closed.ToString();
     db_.reset();
   }
+  // Before the new database opens, not after: its background threads may
+  // report an error (a compaction on a disk filling again) while it opens
+  // or reconciles, and that stop must not be cleared (it was, once: RocksDB
+  // then refused every write while the store's own stop was off, so no
+  // reopen came; its flushes and compactions stopped with it, and the disk
+  // stayed full). Writes that see the stop lifted wait for db_mu_.
+  ResumeWrites();
   rocksdb::Status s = OpenDb();
   if (s.ok()) s = ReconcileIndex();
-  if (!s.ok() && db_ != nullptr) {  // the new database failed: closed until the next try
-    (void)db_->Close();
-    db_.reset();
+  TANDEM_SYNC_POINT("KvStoreEngine::Reopen:Opened");
+  if (!s.ok()) {  // closed until the next try
+    if (db_ != nullptr) {
+      (void)db_->Close();
+      db_.reset();
+    }
+    StopWrites(s);
   }
   return s;
 }
@@ -178,12 +201,41 @@ rocksdb::Status Impl::ReconcileIndex() {
 absl::Status Impl::CheckDiskRoom() {
   if (write_stopped_.load()) TryReopen();
   if (opts_.min_free_disk_bytes == 0) return absl::OkStatus();
-  const uint64_t free = FreeDiskBytes();
+  uint64_t free = FreeDiskBytes();
+  if (free >= opts_.min_free_disk_bytes) return absl::OkStatus();
+  ReclaimDisk();
+  free = FreeDiskBytes();
   if (free >= opts_.min_free_disk_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(
       absl::StrCat("the KV-store's disk is full: ", free >> 20, " MiB free under ", opts_.data_dir,
                    ", below --min-free-disk-bytes (", opts_.min_free_disk_bytes >> 20,
                    " MiB); stores are refused until there is room"));
+}
+
+void Impl::ReclaimDisk() {
+  std::unique_lock<std::mutex> reclaim_lock(reclaim_mu_, std::try_to_lock);
+  if (!reclaim_lock.owns_lock() || write_stopped_.load()) return;
+  const int64_t start = NowSteadyNs();
+  if (start < next_reclaim_ns_) return;
+  const uint64_t free_before = FreeDiskBytes();
+  rocksdb::Status s;
+  {
+    std::shared_lock<std::shared_mutex> db_lock = ReadLock();
+    if (db_ == nullptr) return;
+    rocksdb::CompactRangeOptions cro;
+    cro.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+    cro.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kDisable;
+    s = db_->CompactRange(cro, nullptr, nullptr);
+  }
+  const int64_t took = NowSteadyNs() - start;
+  next_reclaim_ns_ = start + std::max<int64_t>(1'000'000'000, 10 * took);
+  const uint64_t free_after = FreeDiskBytes();
+  if (!s.ok()) {
+    TANDEM_LOG(WARNING) << "KV-store: compacting to reclaim disk space failed: " << s.ToString();
+  } else if (free_after > free_before) {
+    TANDEM_LOG(INFO) << "KV-store: the disk was short; a compaction of " << took / 1'000'000
+                     << " ms freed " << ((free_after - free_before) >> 10) << " KiB";
+  }
 }
 
 uint64_t Impl::FreeDiskBytes() const {

@@ -153,6 +153,9 @@ absl::Status KvStoreEngine::TEST_CorruptHot(std::string_view ns, const BlockHash
   return impl_->CorruptHot(ns, hash, offset);
 }
 absl::Status KvStoreEngine::TEST_CheckColdTier() const { return impl_->CheckColdTier(); }
+void KvStoreEngine::TEST_ReportBackgroundError(std::string_view message) {
+  impl_->ReportBackgroundError(message);
+}
 absl::Status KvStoreEngine::TEST_CorruptCold(std::string_view ns, const BlockHash& hash,
                                              uint64_t offset) {
   return impl_->CorruptCold(ns, hash, offset);

@@ -135,6 +135,9 @@ class KvStoreEngine::Impl {
   absl::Status CheckColdTier() const;
   absl::Status WaitForBackgroundWork(int64_t timeout_ms);
   absl::Status CorruptCold(std::string_view ns, const BlockHash& hash, uint64_t offset);
+  void ReportBackgroundError(std::string_view message) {
+    StopWrites(rocksdb::Status::IOError(message));
+  }
 
   const KvStoreOptions& options() const { return opts_; }
   const HostArena& arena() const { return *arena_; }
@@ -271,6 +274,8 @@ class KvStoreEngine::Impl {
   // Stops writes after `error` (the first one is kept and reported). Called
   // by WriteToRocks and by RocksDB's background threads (OnRocksError).
   void StopWrites(const rocksdb::Status& error);
+  // Lifts the stop: by Reopen, once the failed database is closed.
+  void ResumeWrites();
   rocksdb::Status WriteError() const;
   // Reopens RocksDB while writes are stopped: by one thread at a time, at
   // most once a second, and once the disk has room for the reopen, which
@@ -293,8 +298,19 @@ class KvStoreEngine::Impl {
   // RESOURCE_EXHAUSTED while the data directory has less than
   // min_free_disk_bytes free. A statvfs per store: about a microsecond, next
   // to a block write of 64 KiB and more. Tries the reopen first while
-  // writes are stopped (see TryReopen).
+  // writes are stopped (see TryReopen), and when the disk is short, the
+  // compaction of ReclaimDisk.
   absl::Status CheckDiskRoom();
+  // Compacts the whole database, so that RocksDB drops what evictions
+  // deleted and the blob files that then hold nothing live: by one thread at
+  // a time, while writes run, and at most once a second or ten times as
+  // long as the last one took. A store refused below min_free_disk_bytes
+  // would otherwise leave nothing to trigger a compaction: its flushes start
+  // them, and a store that has filled its disk with garbage takes no more
+  // writes (CI's disk-full test ended so, 57 MiB of blob files for 24 MiB of
+  // blocks). Without blob garbage collection: relocating the live blobs of
+  // old files needs the room that is missing.
+  void ReclaimDisk();
   uint64_t FreeDiskBytes() const;
   static int64_t NowSteadyNs();
 
@@ -335,6 +351,8 @@ class KvStoreEngine::Impl {
   std::atomic<bool> write_stopped_{false};
   std::mutex reopen_mu_;         // one TryReopen at a time; guards the one below
   int64_t last_reopen_ns_ = 0;   // when a reopen was last tried
+  std::mutex reclaim_mu_;        // one ReclaimDisk at a time; guards the one below
+  int64_t next_reclaim_ns_ = 0;  // when ReclaimDisk may run again
   mutable std::mutex error_mu_;  // guards the one below
   rocksdb::Status write_error_;  // the error that stopped writes
   std::unique_ptr<HostArena> arena_;

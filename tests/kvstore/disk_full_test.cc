@@ -8,12 +8,15 @@
 // store takes writes again; and every block it said it kept reads back
 // intact. Skipped where tmpfs cannot be mounted (not root, no
 // CAP_SYS_ADMIN). TANDEM_DISK_FULL_SECONDS sets the length (default 20).
-// A second test orders one race of that run with sync points: a reopen
-// against a store that has written but not yet marked its block ready.
+// The tests after it take single races and states of that run one at a
+// time: a reopen against a store that has written but not yet marked its
+// block ready, a reopen keeping the blocks held in memory only, a disk short
+// of room because RocksDB still holds evicted blocks, and an error reported
+// while a reopen is under way.
 #include <fcntl.h>
 #include <sys/mount.h>
-#include <unistd.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -26,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvstore/kv_store.h"
@@ -383,6 +387,121 @@ TEST(KvStoreDiskFullTest, AReopenKeepsTheBlocksHeldInMemoryOnly) {
   EXPECT_TRUE(r->ok());
   EXPECT_EQ(buf, TestPayload(kHeld, kBlock));
   EXPECT_TRUE(store->Release(lease->lease));
+}
+
+// The bytes of RocksDB's files under `dir` (the filler left out).
+uint64_t DataBytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().filename() != "filler") bytes += f.file_size();
+  }
+  return bytes;
+}
+
+// Fills `dir`'s file system until `leave` bytes are free.
+void FillLeaving(const std::string& dir, uint64_t leave) {
+  struct statvfs st {};
+  ASSERT_EQ(statvfs(dir.c_str(), &st), 0);
+  const uint64_t free = uint64_t{st.f_bavail} * st.f_frsize;
+  ASSERT_GT(free, leave);
+  const int fd = ::open((dir + "/filler").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  const std::string mib(1 << 20, '\0');
+  for (uint64_t left = free - leave; left > 0;) {
+    const ssize_t n = ::write(fd, mib.data(), std::min<uint64_t>(left, mib.size()));
+    ASSERT_GT(n, 0);
+    left -= static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+}
+
+// A store that finds the disk short while RocksDB holds blob files of
+// evicted blocks compacts them away and is taken. Without that, nothing
+// would: stores start RocksDB's compactions (through its flushes), and none
+// comes while they are refused.
+TEST(KvStoreDiskFullTest, AStoreOnAShortDiskReclaimsWhatEvictionsLeft) {
+  SmallDisk disk("48m");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)";
+  KvStoreOptions o = disk.Options();
+  o.cold_capacity_bytes = 4 << 20;  // 64 blocks
+  o.min_free_disk_bytes = 8 << 20;
+  std::unique_ptr<KvStoreEngine> store = OpenWithNamespace(o);
+  ASSERT_NE(store, nullptr);
+  // 64 blocks, in flushes of 8 (a flush after every 4 starts a compaction),
+  // then 24 more in 3 flushes, which evict the first 24: their blob files
+  // then hold nothing live, but the deletes sit in level 0 (fewer files than
+  // its compaction trigger), apart from the records they delete.
+  uint64_t i = 0;
+  for (int flushes = 0; flushes < 11; ++flushes) {
+    for (int k = 0; k < 8; ++k, ++i) ASSERT_TRUE(PutBlock(store.get(), i, Durability::kWal).ok());
+    ASSERT_TRUE(store->WaitForBackgroundWork(10'000).ok());
+  }
+  const uint64_t before = DataBytes(disk.path());
+  ASSERT_GT(before, o.cold_capacity_bytes + (1 << 20))
+      << "no garbage to reclaim: the test's premise no longer holds";
+
+  FillLeaving(disk.path(), o.min_free_disk_bytes - (512 << 10));
+  const absl::Status stored = PutBlock(store.get(), i, Durability::kWal);
+  const uint64_t after = DataBytes(disk.path());
+  EXPECT_TRUE(stored.ok()) << stored << "; RocksDB's files: " << (before >> 10) << " KiB, then "
+                           << (after >> 10) << " KiB";
+  EXPECT_LT(after + (512 << 10), before);
+  std::filesystem::remove(disk.path() + "/filler");
+  const absl::Status cold = store->TEST_CheckColdTier();
+  EXPECT_TRUE(cold.ok()) << cold;
+}
+
+// A background error that the new database reports while a reopen is still
+// under way (a compaction it started on a disk filling again) keeps writes
+// stopped until the next reopen. CI found it cleared: the reopen lifted the
+// stop after the error had come, RocksDB went on refusing every write, no
+// reopen came to end it, and the disk it could not compact stayed full. No
+// small disk needed: the errors are reported as RocksDB's listener would.
+TEST(KvStoreDiskFullTest, AnErrorReportedDuringAReopenKeepsWritesStopped) {
+  TempDir dir;
+  KvStoreOptions o;
+  o.data_dir = dir.path();
+  o.hot_capacity_bytes = 1 << 20;
+  o.hot_slot_bytes = kBlock;
+  o.lock_hot_memory = false;
+  o.use_cuda_host_alloc = false;
+  std::unique_ptr<KvStoreEngine> store = OpenWithNamespace(o);
+  ASSERT_NE(store, nullptr);
+  auto put = [&](uint64_t i) { return PutBlock(store.get(), i, Durability::kWal); };
+  ASSERT_TRUE(put(0).ok());
+
+  std::atomic<int> reopens{0};
+  auto* sp = SyncPoint::Get();
+  sp->SetCallBack("KvStoreEngine::Reopen:Opened", [&] {
+    if (reopens.fetch_add(1) == 0)
+      store->TEST_ReportBackgroundError("the new database's compaction");
+  });
+  sp->EnableProcessing();
+  struct Disable {
+    ~Disable() {
+      SyncPoint::Get()->DisableProcessing();
+      SyncPoint::Get()->ClearAll();
+    }
+  } disable;
+
+  store->TEST_ReportBackgroundError("the first database's flush");
+  const absl::Status refused = put(1);  // reopens, and the new database's error comes meanwhile
+  ASSERT_EQ(reopens.load(), 1) << refused;
+  // The first reopen's store may or may not have been written; the next one
+  // meets the new error, until a second reopen (at most once a second).
+  const absl::Status stopped = put(2);
+  EXPECT_FALSE(stopped.ok());
+  EXPECT_THAT(std::string(stopped.message()),
+              ::testing::HasSubstr("the new database's compaction"));
+  absl::Status resumed = stopped;
+  for (uint64_t i = 3; !resumed.ok() && i < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    resumed = put(i);
+  }
+  EXPECT_TRUE(resumed.ok()) << resumed;
+  EXPECT_EQ(reopens.load(), 2);
+  const absl::Status cold = store->TEST_CheckColdTier();
+  EXPECT_TRUE(cold.ok()) << cold;
 }
 
 }  // namespace

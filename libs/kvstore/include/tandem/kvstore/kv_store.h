@@ -299,6 +299,9 @@ class KvStoreEngine {
   // DATA_LOSS naming the first mismatches
   // otherwise. Call it while no store is in progress.
   [[nodiscard]] absl::Status TEST_CheckColdTier() const;
+  // What RocksDB's listener does at a background error (a failed flush or
+  // compaction): stops writes until the next reopen.
+  void TEST_ReportBackgroundError(std::string_view message);
 
   class Impl;
 
