@@ -28,22 +28,66 @@ struct FamilyInfo {
   int32_t default_kv_heads;
   float default_eps;
   bool default_tied;
+  // sliding_window when the key is absent (null is none): MistralConfig's,
+  // Qwen2Config's, Qwen3Config's and Gemma 2's and 3's 4096.
+  int32_t default_window;
+  // The config class's defaults for the sizes and token ids, as JSON, where
+  // checkpoints rely on them: the text_config of Gemma 3's multimodal
+  // checkpoints names only what differs from Gemma3TextConfig. Null where
+  // config.json must name them.
+  const char* size_defaults;
 };
 
 constexpr FamilyInfo kFamilies[] = {
-    {ModelFamily::kLlama, "LlamaForCausalLM", "llama", 0, 0, 1e-6f, false},
-    {ModelFamily::kMistral, "MistralForCausalLM", "mistral", 0, 8, 1e-6f, false},
-    {ModelFamily::kQwen2, "Qwen2ForCausalLM", "qwen2", 0, 32, 1e-6f, false},
-    {ModelFamily::kQwen3, "Qwen3ForCausalLM", "qwen3", 128, 32, 1e-6f, false},
-    {ModelFamily::kPhi3, "Phi3ForCausalLM", "phi3", 0, 0, 1e-5f, false},
-    {ModelFamily::kGemma, "GemmaForCausalLM", "gemma", 256, 16, 1e-6f, true},
-    {ModelFamily::kGemma2, "Gemma2ForCausalLM", "gemma2", 256, 4, 1e-6f, true},
-    {ModelFamily::kGemma3, "Gemma3ForCausalLM", "gemma3_text", 256, 4, 1e-6f, true},
+    {ModelFamily::kLlama, "LlamaForCausalLM", "llama", 0, 0, 1e-6f, false, 0, nullptr},
+    {ModelFamily::kMistral, "MistralForCausalLM", "mistral", 0, 8, 1e-6f, false, 4096, nullptr},
+    {ModelFamily::kQwen2, "Qwen2ForCausalLM", "qwen2", 0, 32, 1e-6f, false, 4096, nullptr},
+    {ModelFamily::kQwen3, "Qwen3ForCausalLM", "qwen3", 128, 32, 1e-6f, false, 4096, nullptr},
+    {ModelFamily::kPhi3, "Phi3ForCausalLM", "phi3", 0, 0, 1e-5f, false, 0, nullptr},
+    {ModelFamily::kGemma, "GemmaForCausalLM", "gemma", 256, 16, 1e-6f, true, 0, nullptr},
+    {ModelFamily::kGemma2, "Gemma2ForCausalLM", "gemma2", 256, 4, 1e-6f, true, 4096, nullptr},
+    {ModelFamily::kGemma3, "Gemma3ForCausalLM", "gemma3_text", 256, 4, 1e-6f, true, 4096,
+     R"({"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+         "num_hidden_layers": 26, "num_attention_heads": 8, "max_position_embeddings": 131072,
+         "bos_token_id": 2, "eos_token_id": 1})"},
+};
+
+// A multimodal checkpoint whose language model is one of the families
+// above, served as text: its config.json nests that model's config under
+// text_config (missing keys take the text config class's defaults, as
+// transformers builds it), and its language model's tensors sit under
+// another prefix. Vision tower and projector are not loaded.
+struct WrapperInfo {
+  const char* architecture;
+  const char* model_type;
+  ModelFamily text_family;
+  // Top-level keys besides text_config and the token ids: the vision side's,
+  // which change nothing for a prompt without images.
+  std::initializer_list<const char*> vision_keys;
+};
+
+const WrapperInfo kWrappers[] = {
+    // Gemma 3 4B, 12B, 27B. transformers 4.52 and later compute no final
+    // logit softcapping in this class (4.50 did, through Gemma3ForCausalLM),
+    // so a text_config that sets it is refused as for the causal LM.
+    {"Gemma3ForConditionalGeneration",
+     "gemma3",
+     ModelFamily::kGemma3,
+     {"vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index",
+      "image_token_index", "boi_token_id", "eoi_token_id", "image_token_id"}},
+    // Mistral Small 3.1 and 3.2 (24B): a MistralForCausalLM under a Pixtral
+    // vision tower.
+    {"Mistral3ForConditionalGeneration",
+     "mistral3",
+     ModelFamily::kMistral,
+     {"vision_config", "image_token_index", "image_token_id", "projector_hidden_act",
+      "vision_feature_layer", "multimodal_projector_bias", "spatial_merge_size"}},
 };
 
 std::string SupportedArchitectures() {
   std::vector<std::string> names;
   for (const FamilyInfo& f : kFamilies) names.push_back(f.architecture);
+  for (const WrapperInfo& w : kWrappers) names.push_back(std::string(w.architecture) + " (text)");
   return absl::StrJoin(names, ", ");
 }
 
@@ -279,8 +323,10 @@ absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std
                                             int32_t max_seq_len, bool disable) {
   // Gemma 2 and 3 interleave sliding and full layers (Gemma 2: every other one).
   const bool interleaved = f.family == ModelFamily::kGemma3 || f.family == ModelFamily::kGemma2;
-  TANDEM_ASSIGN_OR_RETURN(int32_t window,
-                          GetInt(cfg, path, "sliding_window", interleaved ? 4096 : 0));
+  // Absent: the config class's default; null: none.
+  const nlohmann::json* window_key = JsonMember(cfg, "sliding_window");
+  TANDEM_ASSIGN_OR_RETURN(int32_t window, GetInt(cfg, path, "sliding_window",
+                                                 window_key == nullptr ? f.default_window : 0));
   if (window < 0) return Bad(path, "\"sliding_window\" is negative");
   std::optional<std::vector<bool>> types;
   if (interleaved) {
@@ -327,6 +373,84 @@ absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std
   return out;
 }
 
+// When `file_cfg` is a multimodal checkpoint of kWrappers: its text_config,
+// completed as transformers builds it (the family's model_type when it has
+// none; the top-level tie_word_embeddings and token ids, which transformers 5
+// reads there), in *text, and *out's tensor names for its layouts. Refuses a
+// top-level key that is neither the vision side's nor harmless.
+absl::StatusOr<bool> Unwrap(const nlohmann::json& file_cfg, const std::string& path, HfConfig* out,
+                            nlohmann::json* text) {
+  const nlohmann::json* archs = JsonMember(file_cfg, "architectures");
+  const nlohmann::json* type = JsonMember(file_cfg, "model_type");
+  const WrapperInfo* w = nullptr;
+  for (const WrapperInfo& x : kWrappers) {
+    const bool by_arch =
+        IsSet(archs) && archs->is_array() && archs->size() == 1 && (*archs)[0] == x.architecture;
+    const bool by_type = IsSet(type) && *type == x.model_type;
+    if (by_arch || by_type) w = &x;
+  }
+  if (w == nullptr) return false;
+  if (IsSet(archs) &&
+      !(archs->is_array() && archs->size() == 1 && (*archs)[0] == w->architecture)) {
+    return Bad(path, absl::StrCat("\"architectures\" ", archs->dump(),
+                                  " disagrees with model_type \"", w->model_type, "\""));
+  }
+  if (IsSet(type) && *type != w->model_type) {
+    return Bad(path, absl::StrCat("architecture \"", w->architecture,
+                                  "\" disagrees with model_type ", type->dump()));
+  }
+  for (const auto& [key, value] : file_cfg.items()) {
+    const bool vision =
+        std::find_if(w->vision_keys.begin(), w->vision_keys.end(),
+                     [&](const char* k) { return key == k; }) != w->vision_keys.end();
+    if (!vision && HarmlessKeys().count(key) == 0 && key != "text_config" &&
+        key != "tie_word_embeddings" && key != "bos_token_id" && key != "eos_token_id") {
+      return Refuse(path, absl::StrCat("config key \"", key, "\" of ", w->architecture,
+                                       " is not supported (it may change the model's math; "
+                                       "Tandem refuses what it cannot honour exactly)"));
+    }
+  }
+  const nlohmann::json* nested = JsonMember(file_cfg, "text_config");
+  if (!IsSet(nested) || !nested->is_object()) {
+    return Bad(path, absl::StrCat(w->architecture, " without a \"text_config\" object"));
+  }
+  *text = *nested;
+  const FamilyInfo* family = nullptr;
+  for (const FamilyInfo& f : kFamilies) {
+    if (f.family == w->text_family) family = &f;
+  }
+  if (!text->contains("model_type")) (*text)["model_type"] = family->model_type;
+  if ((*text)["model_type"] != family->model_type) {
+    return Refuse(path, absl::StrCat("text_config model_type ", (*text)["model_type"].dump(),
+                                     " is not supported (", w->architecture, " is served with a ",
+                                     family->model_type, " language model)"));
+  }
+  if (const nlohmann::json* inner = JsonMember(*text, "architectures");
+      IsSet(inner) && *inner != nlohmann::json::array({family->architecture})) {
+    return Bad(path, absl::StrCat("text_config's \"architectures\" ", inner->dump(), " is not ",
+                                  family->architecture));
+  }
+  (*text)["architectures"] = nlohmann::json::array({family->architecture});
+  for (const char* key : {"tie_word_embeddings", "bos_token_id", "eos_token_id"}) {
+    const nlohmann::json* top = JsonMember(file_cfg, key);
+    if (!IsSet(top)) continue;
+    const nlohmann::json* inner = JsonMember(*text, key);
+    if (IsSet(inner) && *inner != *top) {
+      return Bad(path,
+                 absl::StrCat("\"", key, "\" is ", top->dump(), " but text_config's is ",
+                              inner->dump(), " (transformers' versions read one or the other)"));
+    }
+    (*text)[key] = *top;
+  }
+  out->architecture = w->architecture;
+  out->text_architecture = family->architecture;
+  out->text_prefixes = {"language_model.model.", "model.language_model."};
+  out->head_names = {"language_model.lm_head.weight", "lm_head.weight"};
+  out->unserved_prefixes = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                            "model.multi_modal_projector."};
+  return true;
+}
+
 absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
   const std::string path = JoinPath(dir, "generation_config.json");
   std::error_code ec;
@@ -358,15 +482,26 @@ absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
 }  // namespace
 
 absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions& options) {
-  const std::string path = JoinPath(dir, "config.json");
-  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  const std::string file = JoinPath(dir, "config.json");
+  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(file));
   absl::StatusOr<nlohmann::json> parsed = ParseJson(text);
-  if (!parsed.ok()) return Annotate(parsed.status(), path);
-  const nlohmann::json& cfg = *parsed;
-  if (!cfg.is_object()) return Bad(path, "not a JSON object");
+  if (!parsed.ok()) return Annotate(parsed.status(), file);
+  if (!parsed->is_object()) return Bad(file, "not a JSON object");
 
   HfConfig out;
-  TANDEM_ASSIGN_OR_RETURN(const FamilyInfo* f, PickFamily(cfg, path, &out.architecture));
+  nlohmann::json unwrapped;
+  TANDEM_ASSIGN_OR_RETURN(const bool wrapped, Unwrap(*parsed, file, &out, &unwrapped));
+  nlohmann::json& cfg = wrapped ? unwrapped : *parsed;
+  const std::string path = wrapped ? file + " text_config" : file;
+  std::string picked;
+  TANDEM_ASSIGN_OR_RETURN(const FamilyInfo* f, PickFamily(cfg, path, &picked));
+  if (!wrapped) out.architecture = picked;
+  if (f->size_defaults != nullptr) {
+    const nlohmann::json defaults = nlohmann::json::parse(f->size_defaults);
+    for (const auto& [key, value] : defaults.items()) {
+      if (!cfg.contains(key)) cfg[key] = value;
+    }
+  }
   for (const auto& [key, value] : cfg.items()) {
     if (ReadKeys().count(key) == 0 && HarmlessKeys().count(key) == 0 && !IsGemma3Key(key)) {
       return Refuse(path, absl::StrCat("config key \"", key,

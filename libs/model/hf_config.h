@@ -14,6 +14,12 @@
 //    transformers code reads no window, are served with the context capped at
 //    one (sliding_window_cap; where a window and none agree), and the cap is
 //    logged.
+//  - multimodal checkpoints whose text part is a supported causal LM
+//    (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration):
+//    text_config read as that model's config, the vision tower and
+//    projector left unloaded (requests with images are refused by the
+//    frontend), in both the Hub's layout (language_model.model.*) and
+//    transformers 5's (model.language_model.*);
 //  - RoPE scaling of types default, linear, llama3, yarn and longrope as
 //    transformers 5 computes it; longrope with its short factors and the
 //    context capped at original_max_position_embeddings (rope_context_cap,
@@ -22,6 +28,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "tandem/model/model.h"
@@ -32,6 +39,16 @@ struct HfConfig {
   ModelConfig config;
   bool tied_embeddings = false;
   std::string architecture;  // e.g. "LlamaForCausalLM"
+  // Where the language model's tensors are: "model." and "lm_head.weight"
+  // for a *ForCausalLM. A multimodal checkpoint served as text (see
+  // ReadHfConfig) lists its layouts' names, the first found wins, and the
+  // prefixes of the parts Tandem does not serve (vision tower, projector).
+  std::vector<std::string> text_prefixes = {"model."};
+  std::vector<std::string> head_names = {"lm_head.weight"};
+  std::vector<std::string> unserved_prefixes;
+  // The causal LM whose math this is, when `architecture` wraps it
+  // (Gemma3ForConditionalGeneration's Gemma3ForCausalLM); else empty.
+  std::string text_architecture;
   std::string torch_dtype;   // as config.json names it ("" when absent)
   // Set when a sliding window capped max_seq_len (for the log).
   int32_t sliding_window_cap = 0;

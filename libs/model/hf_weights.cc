@@ -131,8 +131,9 @@ absl::Status CheckIndexMatchesShards(const std::string& dir, const std::string& 
 // A checkpoint holding more layers than config.json declares disagrees with
 // it: loading the first num_hidden_layers would silently run another model.
 absl::Status CheckNoLayersBeyondConfig(const std::string& dir, const ModelConfig& c,
+                                       const std::string& text_prefix,
                                        const std::map<std::string, TensorInfo>& tensors) {
-  const std::string prefix = "model.layers.";
+  const std::string prefix = text_prefix + "layers.";
   for (const auto& [name, info] : tensors) {
     if (!absl::StartsWith(name, prefix)) continue;
     const std::string rest = name.substr(prefix.size());
@@ -197,12 +198,24 @@ absl::StatusOr<std::shared_ptr<HfWeights>> HfWeights::Open(const std::string& di
     w->files_[p] = std::move(file);
   }
   TANDEM_RETURN_IF_ERROR(CheckIndexMatchesShards(dir, index_path, w->tensors_));
-  TANDEM_RETURN_IF_ERROR(CheckNoLayersBeyondConfig(dir, hf.config, w->tensors_));
+  // The language model's layout: the first whose embedding is there (the
+  // first named in errors when none is).
+  w->prefix_ = hf.text_prefixes.front();
+  for (const std::string& p : hf.text_prefixes) {
+    if (w->tensors_.count(p + "embed_tokens.weight") != 0) {
+      w->prefix_ = p;
+      break;
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(CheckNoLayersBeyondConfig(dir, hf.config, w->prefix_, w->tensors_));
   const ModelConfig& c = hf.config;
   TANDEM_LOG(INFO) << "loading " << dir << ": " << hf.architecture << " ("
-                   << ModelFamilyName(c.family) << "), " << c.num_layers << " layers, "
-                   << w->tensors_.size() << " tensors, " << w->total_bytes_ / (1 << 20)
-                   << " MiB in " << shard_paths.size() << " file(s)"
+                   << ModelFamilyName(c.family)
+                   << (hf.text_architecture.empty()
+                           ? std::string()
+                           : ", its " + hf.text_architecture + " under " + w->prefix_)
+                   << "), " << c.num_layers << " layers, " << w->tensors_.size() << " tensors, "
+                   << w->total_bytes_ / (1 << 20) << " MiB in " << shard_paths.size() << " file(s)"
                    << (hf.torch_dtype.empty() ? "" : ", " + hf.torch_dtype);
   if (absl::Status s = w->Resolve(hf); !s.ok()) {
     return Annotate(s, absl::StrCat(dir, " (", absl::StrJoin(shard_paths, ", "), ")"));
@@ -248,11 +261,12 @@ absl::Status HfWeights::Resolve(const HfConfig& hf) {
     return absl::OkStatus();
   };
   auto norm = [&](const std::string& name, Ref* ref) { return norm_of(name, dim, ref); };
-  TANDEM_RETURN_IF_ERROR(whole("model.embed_tokens.weight", {vocab, dim}, &embedding_));
+  const std::string embedding_name = prefix_ + "embed_tokens.weight";
+  TANDEM_RETURN_IF_ERROR(whole(embedding_name, {vocab, dim}, &embedding_));
   layers_.assign(static_cast<size_t>(c.num_layers), {});
   for (int32_t i = 0; i < c.num_layers; ++i) {
     std::map<WeightKind, Ref>& l = layers_[static_cast<size_t>(i)];
-    const std::string p = absl::StrCat("model.layers.", i, ".");
+    const std::string p = absl::StrCat(prefix_, "layers.", i, ".");
     TANDEM_RETURN_IF_ERROR(norm(p + "input_layernorm.weight", &l[WeightKind::kRmsAtt]));
     if (c.sandwich_norms) {
       // Gemma 3: post_attention_layernorm normalizes the attention's output;
@@ -305,20 +319,27 @@ absl::Status HfWeights::Resolve(const HfConfig& hf) {
       }
     }
   }
-  TANDEM_RETURN_IF_ERROR(norm("model.norm.weight", &rms_final_));
-  if (!hf.tied_embeddings) {
-    if (tensors_.count("lm_head.weight") == 0) {
-      return absl::InvalidArgumentError(
-          "missing tensor 'lm_head.weight' and config.json does not set tie_word_embeddings");
+  TANDEM_RETURN_IF_ERROR(norm(prefix_ + "norm.weight", &rms_final_));
+  std::string head_name = hf.head_names.front();
+  for (const std::string& name : hf.head_names) {
+    if (tensors_.count(name) != 0) {
+      head_name = name;
+      break;
     }
-    TANDEM_RETURN_IF_ERROR(whole("lm_head.weight", {vocab, dim}, &classifier_));
+  }
+  if (!hf.tied_embeddings) {
+    if (tensors_.count(head_name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "missing tensor '", head_name, "' and config.json does not set tie_word_embeddings"));
+    }
+    TANDEM_RETURN_IF_ERROR(whole(head_name, {vocab, dim}, &classifier_));
   } else {
     classifier_ = embedding_;
-    if (tensors_.count("lm_head.weight") != 0) {
+    if (tensors_.count(head_name) != 0) {
       // Tied, yet stored: transformers would use the embedding; a different
       // table means the config and the weights disagree.
       Ref head;
-      TANDEM_RETURN_IF_ERROR(whole("lm_head.weight", {vocab, dim}, &head));
+      TANDEM_RETURN_IF_ERROR(whole(head_name, {vocab, dim}, &head));
       std::vector<float> a(static_cast<size_t>(vocab * dim)), b(a.size());
       ToFp32(head.tensor->dtype, files_.at(head.tensor->file)->data() + head.tensor->begin,
              vocab * dim, a.data());
@@ -327,18 +348,29 @@ absl::Status HfWeights::Resolve(const HfConfig& hf) {
              b.data());
       if (a != b) {
         return absl::InvalidArgumentError(
-            "config.json ties the embeddings (tie_word_embeddings) but lm_head.weight differs "
-            "from model.embed_tokens.weight");
+            absl::StrCat("config.json ties the embeddings (tie_word_embeddings) but ", head_name,
+                         " differs from ", embedding_name));
       }
     }
   }
   std::vector<std::string> unused;
+  int64_t unserved = 0;
   for (const auto& [name, info] : tensors_) {
+    if (used.count(name) != 0) continue;
     // Old checkpoints store RoPE's inverse frequencies: derived from
     // config.json, not weights.
-    if (used.count(name) == 0 && !absl::EndsWith(name, ".rotary_emb.inv_freq")) {
-      unused.push_back(name);
+    if (absl::EndsWith(name, ".rotary_emb.inv_freq")) continue;
+    if (std::any_of(hf.unserved_prefixes.begin(), hf.unserved_prefixes.end(),
+                    [&](const std::string& p) { return absl::StartsWith(name, p); })) {
+      ++unserved;
+      continue;
     }
+    unused.push_back(name);
+  }
+  if (unserved > 0) {
+    TANDEM_LOG(INFO) << dir_ << ": " << unserved << " tensors of " << hf.architecture
+                     << "'s vision tower and projector are not loaded (Tandem serves its "
+                     << hf.text_architecture << "; requests with images are refused)";
   }
   if (!unused.empty()) {
     const size_t shown = std::min<size_t>(unused.size(), 5);

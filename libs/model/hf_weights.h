@@ -58,6 +58,7 @@ class HfWeights {
   const Ref& Find(WeightId id) const;
 
   std::string dir_;
+  std::string prefix_;  // the language model's tensors' ("model.")
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::unique_ptr<MappedFile>> files_;  // by path
   int64_t total_bytes_ = 0;

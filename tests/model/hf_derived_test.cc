@@ -11,7 +11,10 @@
 // GPU is at hand (as the shared fixtures' are held). An entry may load with options
 // ("load": {"max_model_len": N}) and compare only the cases whose prompt has
 // at least "min_prompt_len" tokens (longrope's long factors, which
-// transformers takes only for a sequence past the original context).
+// transformers takes only for a sequence past the original context). An
+// entry with "wrap" is transformers' multimodal class around the same
+// weights (Gemma3ForConditionalGeneration); Tandem's side loads the causal
+// LM, which multimodal_test.cc holds to the wrapped checkpoint bit for bit.
 #include <cstdlib>
 #include <iostream>
 #include <string>
