@@ -119,6 +119,15 @@ std::unique_ptr<KvStoreEngine> OpenWithoutFreeSpaceCheck(const SmallDisk& disk) 
   return OpenWithNamespace(o);
 }
 
+// Sync point processing on for a test's scope, then off and cleared.
+struct SyncPointsOn {
+  SyncPointsOn() { SyncPoint::Get()->EnableProcessing(); }
+  ~SyncPointsOn() {
+    SyncPoint::Get()->DisableProcessing();
+    SyncPoint::Get()->ClearAll();
+  }
+};
+
 // Stores test block i with durability d.
 absl::Status PutBlock(KvStoreEngine* store, uint64_t i, Durability d) {
   const std::vector<uint8_t> p = TestPayload(i, kBlock);
@@ -290,13 +299,7 @@ TEST(KvStoreDiskFullTest, AReopenWaitsForAStoreBetweenItsWriteAndItsEntry) {
     reopen_ended = true;
     cv.notify_all();
   });
-  sp->EnableProcessing();
-  struct Disable {
-    ~Disable() {
-      SyncPoint::Get()->DisableProcessing();
-      SyncPoint::Get()->ClearAll();
-    }
-  } disable;
+  const SyncPointsOn on;
 
   absl::Status first;
   std::thread writer([&] {
@@ -359,13 +362,7 @@ TEST(KvStoreDiskFullTest, AReopenKeepsTheBlocksHeldInMemoryOnly) {
 
   std::atomic<bool> reopened{false};
   SyncPoint::Get()->SetCallBack("KvStoreEngine::Reopen:Start", [&] { reopened.store(true); });
-  SyncPoint::Get()->EnableProcessing();
-  struct Disable {
-    ~Disable() {
-      SyncPoint::Get()->DisableProcessing();
-      SyncPoint::Get()->ClearAll();
-    }
-  } disable;
+  const SyncPointsOn on;
   Fill(disk.path());
   // The memtable's flush fails on the full disk, which stops writes, and a
   // later store reopens RocksDB.
@@ -476,13 +473,7 @@ TEST(KvStoreDiskFullTest, AnErrorReportedDuringAReopenKeepsWritesStopped) {
     if (reopens.fetch_add(1) == 0)
       store->TEST_ReportBackgroundError("the new database's compaction");
   });
-  sp->EnableProcessing();
-  struct Disable {
-    ~Disable() {
-      SyncPoint::Get()->DisableProcessing();
-      SyncPoint::Get()->ClearAll();
-    }
-  } disable;
+  const SyncPointsOn on;
 
   store->TEST_ReportBackgroundError("the first database's flush");
   const absl::Status refused = put(1);  // reopens, and the new database's error comes meanwhile
