@@ -38,12 +38,32 @@ absl::StatusOr<std::string> ReadFile(const fs::path& path) {
 // they take priority over template entries in the tokenizer config"), and
 // save_pretrained() writes the file and drops the config's key. vLLM takes
 // the template from that tokenizer, so `vllm serve DIR` renders the file's.
+// For a multimodal model (config.json has a vision_config) vLLM renders the
+// processor's template first: chat_template.jinja, else chat_template.json's.
 absl::StatusOr<std::optional<internal::TokenizerConfig>> ReadConfigIn(const fs::path& dir) {
   std::optional<internal::TokenizerConfig> config;
   std::error_code ec;
   if (const fs::path path = dir / "tokenizer_config.json"; fs::is_regular_file(path, ec)) {
     TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
     TANDEM_ASSIGN_OR_RETURN(config, internal::ParseTokenizerConfig(path.string(), text));
+  }
+  // A multimodal checkpoint's processor template (chat_template.json, as
+  // gemma-3-4b-it and Mistral Small 3.1 ship it): vLLM renders a multimodal
+  // model's processor template before its tokenizer's.
+  if (const fs::path path = dir / "chat_template.json"; fs::is_regular_file(path, ec)) {
+    const fs::path model_config = dir / "config.json";
+    absl::StatusOr<std::string> model = fs::is_regular_file(model_config, ec)
+                                            ? ReadFile(model_config)
+                                            : absl::StatusOr<std::string>("");
+    if (model.ok() && internal::IsMultimodalModelConfig(*model)) {
+      TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+      TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> t,
+                              internal::ParseProcessorChatTemplate(path.string(), text));
+      if (t) {
+        if (!config) config.emplace();
+        config->chat_template = std::move(*t);
+      }
+    }
   }
   if (const fs::path path = dir / "chat_template.jinja"; fs::is_regular_file(path, ec)) {
     TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));

@@ -17,10 +17,8 @@ absl::StatusOr<std::optional<std::string>> TokenText(const Json& json, const std
       absl::StrCat(where, " is neither a string nor {\"content\": string}"));
 }
 
-}  // namespace
-
-absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& name,
-                                                     const std::string& text) {
+// The JSON object in `text`; `name` names the file in errors.
+absl::StatusOr<Json> ParseObject(const std::string& name, const std::string& text) {
   Json json;
   try {
     json = Json::parse(text);
@@ -31,17 +29,44 @@ absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& name,
     return absl::InvalidArgumentError(absl::StrCat(name, ": not valid JSON: ", e.what()));
   }
   if (!json.is_object()) return absl::InvalidArgumentError(absl::StrCat(name, ": not an object"));
+  return json;
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<std::string>> ParseProcessorChatTemplate(const std::string& name,
+                                                                      const std::string& text) {
+  absl::StatusOr<Json> json = ParseObject(name, text);
+  if (!json.ok()) return json.status();
+  const auto it = json->find("chat_template");
+  if (it == json->end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": \"chat_template\" is not a string"));
+  }
+  return it->get<std::string>();
+}
+
+bool IsMultimodalModelConfig(const std::string& text) {
+  const Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return json.is_object() && json.contains("vision_config");
+}
+
+absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& name,
+                                                     const std::string& text) {
+  absl::StatusOr<Json> parsed = ParseObject(name, text);
+  if (!parsed.ok()) return parsed.status();
+  Json& json = *parsed;
   TokenizerConfig config;
   for (const auto& [key, target] :
        {std::pair{"bos_token", &config.bos_token}, std::pair{"eos_token", &config.eos_token},
         std::pair{"unk_token", &config.unk_token}, std::pair{"pad_token", &config.pad_token}}) {
     if (!json.contains(key)) continue;
-    absl::StatusOr<std::optional<std::string>> t = TokenText(json[key], absl::StrCat(name, ": ", key));
+    absl::StatusOr<std::optional<std::string>> t =
+        TokenText(json[key], absl::StrCat(name, ": ", key));
     if (!t.ok()) return t.status();
     *target = *t;
   }
-  if (const auto it = json.find("additional_special_tokens");
-      it != json.end() && it->is_array()) {
+  if (const auto it = json.find("additional_special_tokens"); it != json.end() && it->is_array()) {
     for (size_t i = 0; i < it->size(); ++i) {
       absl::StatusOr<std::optional<std::string>> t =
           TokenText((*it)[i], absl::StrCat(name, ": additional_special_tokens[", i, "]"));

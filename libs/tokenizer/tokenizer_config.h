@@ -25,4 +25,14 @@ struct TokenizerConfig {
 absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& name,
                                                      const std::string& text);
 
+// A processor's chat_template.json ({"chat_template": "..."}): its template,
+// nullopt when it has none.
+absl::StatusOr<std::optional<std::string>> ParseProcessorChatTemplate(const std::string& name,
+                                                                      const std::string& text);
+
+// Whether a model's config.json describes a multimodal model (a
+// vision_config beside its text model's): its processor's template is the
+// one vLLM renders. False for text that is not such a JSON object.
+bool IsMultimodalModelConfig(const std::string& text);
+
 }  // namespace tandem::tokenizer::internal

@@ -340,5 +340,39 @@ TEST(HfTokenizerConfigTest, ChatTemplateJinjaWinsOverTokenizerConfigsTemplate) {
   EXPECT_EQ((*tok)->chat_template(), std::string("from the config"));
 }
 
+// A multimodal checkpoint (gemma-3-4b-it, Mistral Small 3.1) carries its
+// processor's template in chat_template.json; vLLM renders a multimodal
+// model's processor template before its tokenizer's. A text-only model's
+// chat_template.json is no processor's and changes nothing.
+TEST(HfTokenizerConfigTest, AMultimodalModelTakesItsProcessorsChatTemplateJson) {
+  const std::string path = WriteTokenizer("processor_template", ByteLevelJson());
+  const std::string dir = std::filesystem::path(path).parent_path();
+  std::ofstream(dir + "/tokenizer_config.json")
+      << Json{{"eos_token", "<|eot|>"}, {"chat_template", "from the config"}}.dump();
+  std::ofstream(dir + "/chat_template.json")
+      << Json{{"chat_template", "from the processor"}}.dump();
+  std::ofstream(dir + "/config.json") << Json{{"model_type", "gemma3_text"}}.dump();
+  auto text_only = LoadTokenizer(dir);
+  ASSERT_TRUE(text_only.ok()) << text_only.status();
+  EXPECT_EQ((*text_only)->chat_template(), std::string("from the config"));
+  std::ofstream(dir + "/config.json") << Json{
+      {"model_type", "gemma3"},
+      {"text_config", Json::object()},
+      {"vision_config", Json::object()}}.dump();
+  auto multimodal = LoadTokenizer(dir);
+  ASSERT_TRUE(multimodal.ok()) << multimodal.status();
+  EXPECT_EQ((*multimodal)->chat_template(), std::string("from the processor"));
+  EXPECT_EQ((*multimodal)->eos_id(), 260) << "the rest of tokenizer_config.json still counts";
+  std::ofstream(dir + "/chat_template.jinja") << "from the file";
+  auto jinja = LoadTokenizer(dir);
+  ASSERT_TRUE(jinja.ok()) << jinja.status();
+  EXPECT_EQ((*jinja)->chat_template(), std::string("from the file"));
+  std::filesystem::remove(dir + "/chat_template.jinja");
+  std::ofstream(dir + "/chat_template.json") << Json{{"chat_template", 7}}.dump();
+  auto bad = LoadTokenizer(dir);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("chat_template.json"), std::string::npos) << bad.status();
+}
+
 }  // namespace
 }  // namespace tandem::tokenizer::testing
