@@ -6,27 +6,38 @@
 namespace tandem::frontend::internal {
 namespace {
 
-// Chat content: a string, or a list of {"type": "text", "text": ...} parts
-// (joined with "\n" as vLLM joins them); null for an assistant turn that
-// only called tools.
+// Chat content as vLLM parses it (_parse_chat_message_content), before the
+// template's format shapes it (MessagesForTemplate): a list of {"type":
+// "text", "text": ...} parts. A string is one part, null none (an assistant
+// turn that only called tools); "refusal" parts (an OpenAI client replaying
+// an assistant turn) are text. Other parts (images, audio) are refused.
 std::optional<ApiError> NormalizeContent(Json* content, size_t index) {
   const std::string param = absl::StrCat("messages[", index, "].content");
-  if (content->is_null() || content->is_string()) return std::nullopt;
+  auto part = [](const std::string& text) { return Json{{"type", "text"}, {"text", text}}; };
+  if (content->is_null()) {
+    *content = Json::array();
+    return std::nullopt;
+  }
+  if (content->is_string()) {
+    *content = Json::array({part(content->get<std::string>())});
+    return std::nullopt;
+  }
   if (!content->is_array()) {
     return BadRequest(param + " must be a string or a list of content parts", param);
   }
-  std::string text;
-  for (const Json& part : *content) {
-    auto type = part.find("type");
-    auto t = part.find("text");
-    if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() ||
-        !t->is_string()) {
-      return BadRequest(param + ": only parts of type \"text\" are supported", param);
+  Json parts = Json::array();
+  for (const Json& p : *content) {
+    auto type = p.is_object() ? p.find("type") : p.end();
+    const char* key = type != p.end() && *type == "refusal" ? "refusal" : "text";
+    auto t = p.is_object() ? p.find(key) : p.end();
+    if (!p.is_object() || type == p.end() || (*type != "text" && *type != "refusal") ||
+        t == p.end() || !t->is_string()) {
+      return BadRequest(param + ": only parts of type \"text\" (or \"refusal\") are supported",
+                        param);
     }
-    if (!text.empty()) text += "\n";
-    text += t->get<std::string>();
+    parts.push_back(part(t->get<std::string>()));
   }
-  *content = text;
+  *content = std::move(parts);
   return std::nullopt;
 }
 
@@ -71,13 +82,15 @@ std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* o
       return BadRequest(absl::StrCat("messages[", i, "] must be an object with a string 'role'"),
                         "messages");
     }
+    const bool absent = !m.contains("content");
+    if (absent) m["content"] = nullptr;  // as vLLM reads it: message.get("content")
     if (auto content = m.find("content"); content != m.end()) {
       // As OpenAI and vLLM: null content only on an assistant turn that
       // called tools; anywhere else it is a 400 here, not a template error.
       auto tool_calls = m.find("tool_calls");
       const bool called_tools = *role == "assistant" && tool_calls != m.end() &&
                                 tool_calls->is_array() && !tool_calls->empty();
-      if (content->is_null() && !called_tools) {
+      if (content->is_null() && !called_tools && !absent) {
         const std::string param = absl::StrCat("messages[", i, "].content");
         return BadRequest(param + " is null; only an assistant message with tool_calls may have "
                                   "null content (send a string or a list of content parts)",
@@ -92,6 +105,30 @@ std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* o
   }
   out->messages = std::move(copy);
   return std::nullopt;
+}
+
+Json MessagesForTemplate(const Json& messages, tokenizer::ContentFormat format) {
+  Json out = messages;
+  for (Json& m : out) {
+    auto content = m.find("content");
+    if (content == m.end() || !content->is_array()) continue;
+    // "string": the non-empty texts joined (vLLM drops empty ones there);
+    // "openai": the parts, but a tool result's texts joined, since most
+    // templates print a tool message's content as a string.
+    const bool tool = m.value("role", "") == "tool";
+    if (format == tokenizer::ContentFormat::kOpenAi && !tool) continue;
+    std::string text;
+    bool first = true;
+    for (const Json& p : *content) {
+      const std::string& t = p["text"].get_ref<const std::string&>();
+      if (t.empty() && format == tokenizer::ContentFormat::kString) continue;
+      if (!first) text += "\n";
+      text += t;
+      first = false;
+    }
+    *content = text;
+  }
+  return out;
 }
 
 // `tools` as vLLM hands them to the template (ChatCompletionToolsParam's

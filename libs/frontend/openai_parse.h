@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "tandem/frontend/openai.h"
+#include "tandem/tokenizer/chat_template.h"
 
 namespace tandem::frontend::internal {
 
@@ -91,10 +92,16 @@ class Reader {
   const Json& body_;
 };
 
-// Chat: `messages` (a non-empty list) as the template sees them: content
-// parts joined, null content only on an assistant turn that called tools,
-// tool_calls arguments parsed from their JSON strings.
+// Chat: `messages` (a non-empty list) as vLLM parses them: every content a
+// list of text parts (a string one part, null or missing none; null only on
+// an assistant turn that called tools), tool_calls arguments parsed from
+// their JSON strings.
 [[nodiscard]] std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* out);
+// Those messages shaped for a template that reads content in `format`
+// (ChatTemplate::content_format, vLLM's detection): "string" joins each
+// message's non-empty texts with "\n"; "openai" keeps the parts, except a
+// tool message's, joined (vLLM's normalization of tool results).
+[[nodiscard]] Json MessagesForTemplate(const Json& messages, tokenizer::ContentFormat format);
 // Chat with tool_choice "none": `tools` as vLLM hands them to the template.
 [[nodiscard]] std::optional<ApiError> ParseTools(const Json& tools, CompletionRequest* out);
 // Every field Tandem does not build: a 400 naming the first one that is not

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "openai_parse.h"
 
 namespace tandem::frontend {
 
@@ -92,8 +93,9 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
     uint64_t content_bytes = 0;
     for (const auto& m : request.messages) {
       auto content = m.find("content");
-      if (content != m.end() && content->is_string()) {
-        content_bytes += content->get_ref<const std::string&>().size();
+      if (content == m.end() || !content->is_array()) continue;
+      for (const auto& part : *content) {
+        content_bytes += part["text"].get_ref<const std::string&>().size();
       }
     }
     if (auto e = CheckPromptBytes(served, model, content_bytes, "messages")) return e;
@@ -103,11 +105,13 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
           "with --chat-template",
           "messages");
     }
-    tokenizer::ChatTemplateInputs inputs{.messages = request.messages,
-                                         .add_generation_prompt = request.add_generation_prompt,
-                                         .bos_token = tok.bos_token(),
-                                         .eos_token = tok.eos_token(),
-                                         .extra_context = TemplateVariables(request)};
+    tokenizer::ChatTemplateInputs inputs{
+        .messages = internal::MessagesForTemplate(request.messages,
+                                                  served.chat_template()->content_format()),
+        .add_generation_prompt = request.add_generation_prompt,
+        .bos_token = tok.bos_token(),
+        .eos_token = tok.eos_token(),
+        .extra_context = TemplateVariables(request)};
     absl::StatusOr<std::string> rendered = served.chat_template()->Render(inputs);
     if (!rendered.ok()) {
       return BadRequest(absl::StrCat("chat template: ", rendered.status().message()), "messages");

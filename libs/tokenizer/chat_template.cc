@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "chat_template_ast.h"
+#include "chat_template_content.h"
 #include "chat_template_eval.h"
 #include "chat_template_lexer.h"
 #include "chat_template_parser.h"
@@ -53,7 +54,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
   try {
     auto root = std::make_shared<Node>();
     root->bodies.push_back(internal::jinja::ParseTemplate(internal::jinja::Lex(source)));
-    return ChatTemplate(std::move(root));
+    const ContentFormat format = internal::jinja::DetectContentFormat(root->bodies[0]);
+    return ChatTemplate(std::move(root), format);
   } catch (const TemplateError& e) {
     return absl::Status(e.code, e.message);
   }

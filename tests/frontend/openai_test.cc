@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "openai_parse.h"
 
 namespace tandem::frontend {
 namespace {
@@ -278,7 +279,9 @@ TEST(OpenAiParseTest, ChatMessages) {
       "max_completion_tokens":9})",
                      Endpoint::kChat, &r));
   ASSERT_EQ(r.messages.size(), 2u);
-  EXPECT_EQ(r.messages[1]["content"], "a\nb");  // parts joined as vLLM joins them
+  EXPECT_EQ(
+      r.messages[1]["content"],
+      nlohmann::ordered_json::parse(R"([{"type":"text","text":"a"},{"type":"text","text":"b"}])"));
   EXPECT_EQ(r.max_tokens, 9);
   EXPECT_TRUE(r.add_generation_prompt);
   EXPECT_EQ(ErrorParam(R"({"messages":[]})", Endpoint::kChat), "messages");
@@ -286,6 +289,40 @@ TEST(OpenAiParseTest, ChatMessages) {
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
                        Endpoint::kChat),
             "messages[0].content");
+}
+
+// Messages as a template reads them (vLLM's _parse_chat_message_content and
+// content formats): "string" joins each message's non-empty texts with
+// "\n", null and missing content included (""); "openai" keeps the parts
+// (a string is one, null none), but joins a tool result's texts.
+TEST(OpenAiParseTest, MessagesTakeTheShapeTheTemplateReads) {
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(R"({"messages":[
+      {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},
+                                {"type":"text","text":"b"}]},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",
+          "function":{"name":"f","arguments":"{}"}}]},
+      {"role":"tool","content":[{"type":"text","text":"x"},{"type":"text","text":"y"}]},
+      {"role":"assistant","content":[{"type":"refusal","refusal":"no"}]},
+      {"role":"user","content":"plain"}]})",
+                     Endpoint::kChat, &r));
+  using Json = nlohmann::ordered_json;
+  const Json as_string =
+      internal::MessagesForTemplate(r.messages, tokenizer::ContentFormat::kString);
+  EXPECT_EQ(as_string[0]["content"], "a\nb");
+  EXPECT_EQ(as_string[1]["content"], "");
+  EXPECT_EQ(as_string[2]["content"], "x\ny");
+  EXPECT_EQ(as_string[3]["content"], "no");
+  EXPECT_EQ(as_string[4]["content"], "plain");
+  EXPECT_TRUE(as_string[1].contains("tool_calls"));
+  const Json as_parts =
+      internal::MessagesForTemplate(r.messages, tokenizer::ContentFormat::kOpenAi);
+  EXPECT_EQ(as_parts[0]["content"], r.messages[0]["content"]);
+  EXPECT_EQ(as_parts[0]["content"].size(), 3u) << "empty texts stay parts";
+  EXPECT_EQ(as_parts[1]["content"], Json::array());
+  EXPECT_EQ(as_parts[2]["content"], "x\ny");
+  EXPECT_EQ(as_parts[3]["content"], Json::parse(R"([{"type":"text","text":"no"}])"));
+  EXPECT_EQ(as_parts[4]["content"], Json::parse(R"([{"type":"text","text":"plain"}])"));
 }
 
 TEST(OpenAiErrorTest, StatusMappingAndBody) {

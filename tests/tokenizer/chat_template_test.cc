@@ -156,5 +156,51 @@ TEST(ChatTemplateTest, SelectsABuiltinAFileOrTheTokenizersOwnTemplate) {
             absl::StatusCode::kNotFound);
 }
 
+// vLLM's --chat-template-content-format auto: "openai" for a template that
+// loops over a message's content (the message a loop variable over messages,
+// or over a variable set from them, through slices, filters and tests), or
+// over a variable named content; "string" for every other, and where such a
+// loop or set has a target vLLM does not take (it asserts a plain name).
+TEST(ChatTemplateTest, DetectsTheContentFormatAsVllmDoes) {
+  auto format = [](std::string_view source) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
+    EXPECT_TRUE(t.ok()) << t.status() << "\n" << source;
+    return t.ok() ? t->content_format() : ContentFormat::kString;
+  };
+  constexpr ContentFormat kOpenAi = ContentFormat::kOpenAi, kString = ContentFormat::kString;
+  for (const char* name : {"chatml", "llama-2", "llama-3"}) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Builtin(name);
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->content_format(), kString) << name;
+  }
+  // Gemma 3's shape: loop_messages a slice of messages, content a string or
+  // a list of parts.
+  EXPECT_EQ(format("{%- set loop_messages = messages[1:] -%}"
+                   "{%- for message in loop_messages -%}"
+                   "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+                   "{%- else -%}{%- for item in message['content'] -%}"
+                   "{%- if item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}"
+                   "{%- endfor -%}{%- endif -%}{%- endfor -%}"),
+            kOpenAi);
+  EXPECT_EQ(format("{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}"
+                   "{% endfor %}"),
+            kOpenAi);
+  EXPECT_EQ(format("{% set a = messages %}{% set b = a %}{% for m in b | reverse %}"
+                   "{% for p in m['content'] | list %}{{ p.text }}{% endfor %}{% endfor %}"),
+            kOpenAi);
+  EXPECT_EQ(format("{% for m in messages %}{% set content = m.content %}"
+                   "{% for p in content %}{{ p.text }}{% endfor %}{% endfor %}"),
+            kOpenAi);
+  EXPECT_EQ(format("{% for m in messages %}{% for c in m['tool_calls'] %}{{ c.id }}{% endfor %}"
+                   "{{ m['content'] }}{% endfor %}"),
+            kString);
+  EXPECT_EQ(format("{% for m in tools %}{% for p in m['content'] %}{{ p }}{% endfor %}"
+                   "{% endfor %}"),
+            kString);
+  EXPECT_EQ(format("{% for m in messages %}{% for k, v in m['content'] %}{{ k }}{% endfor %}"
+                   "{% endfor %}"),
+            kString);
+}
+
 }  // namespace
 }  // namespace tandem::tokenizer::testing

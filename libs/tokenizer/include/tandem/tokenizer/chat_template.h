@@ -64,6 +64,12 @@ struct ChatTemplateInputs {
   nlohmann::ordered_json extra_context;
 };
 
+// How a template reads a message's content, as vLLM detects it (its
+// --chat-template-content-format auto): a string (the text parts joined by
+// "\n"), or the list of OpenAI parts ({"type": "text", "text": ...}) that
+// templates looping over `message['content']` expect.
+enum class ContentFormat { kString, kOpenAi };
+
 class ChatTemplate {
  public:
   // Compiles `source`; INVALID_ARGUMENT for a syntax error, UNIMPLEMENTED
@@ -89,11 +95,16 @@ class ChatTemplate {
   // a string and a list, attribute of an undefined value).
   [[nodiscard]] absl::StatusOr<std::string> Render(const ChatTemplateInputs& inputs) const;
 
+  // Which content this template reads (found at Parse).
+  [[nodiscard]] ContentFormat content_format() const { return content_format_; }
+
   struct Node;
 
  private:
-  explicit ChatTemplate(std::shared_ptr<const Node> root) : root_(std::move(root)) {}
+  ChatTemplate(std::shared_ptr<const Node> root, ContentFormat format)
+      : root_(std::move(root)), content_format_(format) {}
   std::shared_ptr<const Node> root_;
+  ContentFormat content_format_;
 };
 
 }  // namespace tandem::tokenizer
