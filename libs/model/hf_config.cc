@@ -399,7 +399,8 @@ absl::StatusOr<bool> Unwrap(const nlohmann::json& file_cfg, const std::string& p
     return Bad(path, absl::StrCat("architecture \"", w->architecture,
                                   "\" disagrees with model_type ", type->dump()));
   }
-  for (const auto& [key, value] : file_cfg.items()) {
+  for (const auto& item : file_cfg.items()) {
+    const std::string& key = item.key();
     const bool vision =
         std::find_if(w->vision_keys.begin(), w->vision_keys.end(),
                      [&](const char* k) { return key == k; }) != w->vision_keys.end();

@@ -355,7 +355,8 @@ absl::Status HfWeights::Resolve(const HfConfig& hf) {
   }
   std::vector<std::string> unused;
   int64_t unserved = 0;
-  for (const auto& [name, info] : tensors_) {
+  for (const auto& tensor : tensors_) {
+    const std::string& name = tensor.first;
     if (used.count(name) != 0) continue;
     // Old checkpoints store RoPE's inverse frequencies: derived from
     // config.json, not weights.
