@@ -114,7 +114,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
            "embedding"));
     if (c.embedding_scale != 1.0f) {
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::Scale(x, int64_t{T} * c.dim, c.embedding_scale, st), "embedding scale"));
+          ok(kd::Scale(x, int64_t{T} * c.dim, c.EmbeddingScale(/*bf16=*/true), st),
+             "embedding scale"));
     }
     for (int32_t li = 0; li < c.num_layers; ++li) {
       const Bf16Layer& l = layers_[static_cast<size_t>(li)];

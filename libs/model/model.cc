@@ -233,6 +233,10 @@ const char* ModelFamilyName(ModelFamily family) {
   return "?";
 }
 
+float ModelConfig::EmbeddingScale(bool bf16) const {
+  return bf16 ? BFloat16ToFloat(FloatToBFloat16(embedding_scale)) : embedding_scale;
+}
+
 std::vector<int32_t> ModelConfig::EosTokenIds() const {
   std::vector<int32_t> ids = {eos_token_id};
   for (int32_t id : extra_eos_token_ids) {

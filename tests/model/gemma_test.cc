@@ -73,6 +73,23 @@ TEST(Gemma3Test, ConfigReadsAsTransformersDoes) {
 // transformers' code) holds the CPU backend's greedy tokens, batched, and
 // both CUDA modes' where a GPU is at hand. Dropping a sandwich norm or giving
 // the local layers the global RoPE fails it.
+// A bfloat16 run scales the embeddings by sqrt(hidden_size) rounded to
+// bfloat16, as transformers and vLLM do in bfloat16; float32 keeps it.
+TEST(GemmaTest, TheEmbeddingScaleIsRoundedToBfloat16InBfloat16) {
+  TANDEM_REQUIRE_HF();
+  auto gemma = Model::Load(FixtureDir("gemma"));  // hidden_size 128
+  ASSERT_TRUE(gemma.ok()) << gemma.status();
+  const ModelConfig& c = (*gemma)->config();
+  EXPECT_EQ(c.EmbeddingScale(/*bf16=*/false), std::sqrt(128.0f));
+  EXPECT_EQ(c.EmbeddingScale(/*bf16=*/true), 11.3125f);  // bf16's nearest to 11.3137
+  ModelConfig big = c;
+  big.embedding_scale = std::sqrt(1152.0f);  // gemma-3-1b
+  EXPECT_EQ(big.EmbeddingScale(/*bf16=*/true), 34.0f);
+  auto llama = Model::Load(FixtureDir("llama3.2"));
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ((*llama)->config().EmbeddingScale(/*bf16=*/true), 1.0f);
+}
+
 TEST(Gemma3Test, TokensMatchAnIndependentFloat64Forward) { ExpectFloat64Tokens(Gemma3Dir()); }
 
 // The same for Gemma 2, whose softcaps (2 on the attention scores, 5 on the

@@ -114,6 +114,11 @@ struct ModelConfig {
   // The embedding rows are multiplied by this before the first layer (Gemma:
   // sqrt(dim) rounded to fp32); 1 = no multiply.
   float embedding_scale = 1.0f;
+  // The factor a run in bfloat16 (bf16) or float32 multiplies by: in
+  // bfloat16 the scale rounded to bfloat16 first, as transformers
+  // (embed_scale.to(the weights' dtype)) and vLLM (its normalizer, cast with
+  // the model) multiply; gemma-3-1b's sqrt(1152) = 33.94 becomes 34.
+  [[nodiscard]] float EmbeddingScale(bool bf16) const;
   // Biases on the q/k/v projections (Qwen2; Llama's attention_bias) and on
   // o_proj (Llama's attention_bias).
   bool qkv_bias = false;
