@@ -121,8 +121,9 @@ absl::Status ReadGemma3(const nlohmann::json& cfg, const std::string& path, int3
 
 // Gemma2ForCausalLM's own keys (Gemma2Config, transformers 5): tanh
 // softcapping of the attention scores and of the final logits (50 and 30
-// when the key is absent, none when it is null), and query_pre_attn_scalar,
-// which only head_dim can be here (Gemma 2 has no q norm to fold it into).
+// when the key is absent, none when it is null), and query_pre_attn_scalar
+// (Gemma 2 27B's 144 against head_dim 128), folded into q_proj's weights at
+// load (HfWeights::Resolve), as Gemma 3's is into its q norm.
 absl::Status ReadGemma2(const nlohmann::json& cfg, const std::string& path, ModelConfig* c) {
   c->sandwich_norms = true;
   for (auto [key, fallback, out] : {std::tuple<const char*, float, float*>{
@@ -139,12 +140,8 @@ absl::Status ReadGemma2(const nlohmann::json& cfg, const std::string& path, Mode
     }
   }
   TANDEM_ASSIGN_OR_RETURN(float scalar, GetFloat(cfg, path, "query_pre_attn_scalar", 256.0f));
-  if (scalar != static_cast<float>(c->head_size)) {
-    return Refuse(path,
-                  absl::StrCat("query_pre_attn_scalar ", scalar, " != head_dim ", c->head_size,
-                               " is not supported for Gemma2ForCausalLM "
-                               "(Gemma 2 27B; it has no q norm to fold the scale into)"));
-  }
+  if (!(scalar > 0)) return Bad(path, "\"query_pre_attn_scalar\" must be positive");
+  c->query_pre_attn_scalar = scalar == static_cast<float>(c->head_size) ? 0.0f : scalar;
   return absl::OkStatus();
 }
 

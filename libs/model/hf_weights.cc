@@ -307,16 +307,23 @@ absl::Status HfWeights::Resolve(const HfConfig& hf) {
     if (c.o_bias) {
       TANDEM_RETURN_IF_ERROR(whole(p + "self_attn.o_proj.bias", {dim}, &l[WeightKind::kBo]));
     }
+    // Logits (q . k) / sqrt(query_pre_attn_scalar) are the kernels'
+    // (q' . k) / sqrt(head_size) with q' = q * sqrt(head_size / scalar), and
+    // RoPE is linear: the factor rides on the q norm's weights (Gemma 3) or,
+    // without one, on q_proj's (Gemma 2 27B; no q bias to scale with it).
+    const float q_factor =
+        c.query_pre_attn_scalar == 0
+            ? 1.0f
+            : static_cast<float>(std::sqrt(static_cast<double>(hs) /
+                                           static_cast<double>(c.query_pre_attn_scalar)));
+    if (!c.qk_norm && q_factor != 1.0f) {
+      if (c.qkv_bias) return absl::InvalidArgumentError("query_pre_attn_scalar with a q bias");
+      l[WeightKind::kWq].scale = q_factor;
+    }
     if (c.qk_norm) {
       TANDEM_RETURN_IF_ERROR(norm_of(p + "self_attn.q_norm.weight", hs, &l[WeightKind::kQNorm]));
       TANDEM_RETURN_IF_ERROR(norm_of(p + "self_attn.k_norm.weight", hs, &l[WeightKind::kKNorm]));
-      if (c.query_pre_attn_scalar != 0) {
-        // Logits (q . k) / sqrt(query_pre_attn_scalar) are the kernels'
-        // (q' . k) / sqrt(head_size) with q' = q * sqrt(head_size / scalar),
-        // and RoPE is linear: the factor rides on the q norm's weights.
-        l[WeightKind::kQNorm].scale = static_cast<float>(
-            std::sqrt(static_cast<double>(hs) / static_cast<double>(c.query_pre_attn_scalar)));
-      }
+      l[WeightKind::kQNorm].scale = q_factor;
     }
   }
   TANDEM_RETURN_IF_ERROR(norm(prefix_ + "norm.weight", &rms_final_));

@@ -46,12 +46,12 @@ class HfWeights {
  private:
   // Rows [row_begin, row_begin + rows) of a [*][cols] tensor (Phi-3's fused
   // projections are split this way); one_plus: Gemma's (1 + w) norms;
-  // scale: query_pre_attn_scalar folded into Gemma 3's q norm.
+  // scale: query_pre_attn_scalar folded into Gemma 3's q norm or Gemma 2's q_proj.
   struct Ref {
     const TensorInfo* tensor = nullptr;  // nullptr: absent optional weight
     int64_t row_begin = 0, rows = 0, cols = 0;
     bool one_plus = false;
-    float scale = 1.0f;  // times this after one_plus (Gemma 3's q norm)
+    float scale = 1.0f;  // times this after one_plus
   };
   HfWeights() = default;
   absl::Status Resolve(const HfConfig& hf);

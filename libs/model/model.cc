@@ -138,10 +138,6 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         "model config: query_pre_attn_scalar must be positive (0: head_size)");
   }
-  if (query_pre_attn_scalar != 0 && !qk_norm) {
-    return absl::InvalidArgumentError(
-        "model config: query_pre_attn_scalar is folded into q_norm, which this model lacks");
-  }
   if (head_size % 2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: head_size ", head_size, " must be even for RoPE"));

@@ -150,11 +150,29 @@ TEST(Gemma2Test, FinalLogitsAreSoftcapped) {
   }
 }
 
+// Gemma 2 27B's query_pre_attn_scalar (144 against head_dim 128; the
+// fixture's 24 against 32) rides on q_proj's weights, as Gemma 3's on its q
+// norm: the fixture's tokens above hold it to the float64 forward, which
+// scales the logits instead.
+TEST(Gemma2Test, QueryPreAttnScalarIsFoldedIntoQProj) {
+  auto m = Model::Load(Gemma2Dir());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().query_pre_attn_scalar, 24.0f);
+  EditedFixture plain(Gemma2Dir(), nlohmann::json{{"query_pre_attn_scalar", 32}});
+  auto same = Model::Load(plain.path());
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ((*same)->config().query_pre_attn_scalar, 0.0f);  // head_dim: nothing to fold
+  const std::vector<float>& scaled = (*m)->weights().layers[1].wq;
+  const std::vector<float>& unscaled = (*same)->weights().layers[1].wq;
+  ASSERT_EQ(scaled.size(), 128u * 64u);
+  const float factor = static_cast<float>(std::sqrt(32.0 / 24.0));
+  for (size_t i = 0; i < scaled.size(); ++i) ASSERT_EQ(scaled[i], unscaled[i] * factor) << i;
+  EXPECT_EQ((*m)->weights().layers[1].wk, (*same)->weights().layers[1].wk);
+  EditedFixture zero(Gemma2Dir(), nlohmann::json{{"query_pre_attn_scalar", 0}});
+  ExpectRefused(zero, absl::StatusCode::kInvalidArgument, "query_pre_attn_scalar");
+}
+
 TEST(Gemma2Test, WhatItCannotHonourIsRefusedByName) {
-  // Gemma 2 27B: 144 against head_dim 128, with no q norm to fold it into.
-  EditedFixture scalar(Gemma2Dir(), nlohmann::json{{"query_pre_attn_scalar", 24}});
-  ExpectRefused(scalar, absl::StatusCode::kUnimplemented,
-                "query_pre_attn_scalar 24 != head_dim 32");
   for (const char* key :
        {"rope_local_base_freq", "sliding_window_pattern", "use_bidirectional_attention"}) {
     EditedFixture f(Gemma2Dir(), nlohmann::json{{key, 2}});

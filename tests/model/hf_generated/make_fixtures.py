@@ -107,12 +107,13 @@ def gemma2(rng):
     """Gemma2ForCausalLM: gemma3's shapes and weights less the q/k norms, its
     4 layers alternating sliding (window 6) and full, softcaps small enough
     to bite (attention 2, logits 5; the real ones are 50 and 30 on larger
-    scores), untied as gemma3's."""
+    scores), untied as gemma3's, and query_pre_attn_scalar 24 against
+    head_dim 32 (as Gemma 2 27B's 144 against 128)."""
     config, t, vocab = gemma3(rng)
     for key in ("sliding_window_pattern", "rope_local_base_freq", "rope_scaling"):
         del config[key]
     config.update({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
-                   "query_pre_attn_scalar": config["head_dim"], "rope_theta": 10000.0,
+                   "query_pre_attn_scalar": 24, "rope_theta": 10000.0,
                    "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0})
     for name in list(t):
         if "q_norm" in name or "k_norm" in name:

@@ -128,9 +128,10 @@ struct ModelConfig {
   // Gemma 3: the attention's and the MLP's outputs pass an RMSNorm
   // (post_att_norm, post_ffn_norm) before their residual adds.
   bool sandwich_norms = false;
-  // Gemma 3's query_pre_attn_scalar: attention logits are scaled by its
-  // inverse square root instead of head_size's. Folded at load into q_norm
-  // (times sqrt(head_size / it)), so no kernel reads it; 0 = head_size.
+  // Gemma 3's and 2's query_pre_attn_scalar: attention logits are scaled by
+  // its inverse square root instead of head_size's. Folded at load into
+  // q_norm (Gemma 3) or wq (Gemma 2), times sqrt(head_size / it), so no
+  // kernel reads it: a model's weights carry it; 0 = head_size.
   float query_pre_attn_scalar = 0.0f;
   // Gemma 3: the layers of layer_types' "sliding_attention" (whether or not
   // their window is served, see --disable-sliding-window) rotate by the
