@@ -77,18 +77,21 @@ std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* o
   Json copy = *messages;
   for (size_t i = 0; i < copy.size(); ++i) {
     Json& m = copy[i];
-    auto role = m.is_object() ? m.find("role") : m.end();
-    if (!m.is_object() || role == m.end() || !role->is_string()) {
+    auto role_it = m.is_object() ? m.find("role") : m.end();
+    if (!m.is_object() || role_it == m.end() || !role_it->is_string()) {
       return BadRequest(absl::StrCat("messages[", i, "] must be an object with a string 'role'"),
                         "messages");
     }
+    // A copy: adding "content" below moves the object's members (an ordered
+    // map is a vector), and an iterator into them would dangle.
+    const std::string role = role_it->get<std::string>();
     const bool absent = !m.contains("content");
     if (absent) m["content"] = nullptr;  // as vLLM reads it: message.get("content")
     if (auto content = m.find("content"); content != m.end()) {
       // As OpenAI and vLLM: null content only on an assistant turn that
       // called tools; anywhere else it is a 400 here, not a template error.
       auto tool_calls = m.find("tool_calls");
-      const bool called_tools = *role == "assistant" && tool_calls != m.end() &&
+      const bool called_tools = role == "assistant" && tool_calls != m.end() &&
                                 tool_calls->is_array() && !tool_calls->empty();
       if (content->is_null() && !called_tools && !absent) {
         const std::string param = absl::StrCat("messages[", i, "].content");
@@ -99,7 +102,7 @@ std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* o
       if (auto e = NormalizeContent(&*content, i)) return e;
     }
     if (auto tool_calls = m.find("tool_calls");
-        *role == "assistant" && tool_calls != m.end() && tool_calls->is_array()) {
+        role == "assistant" && tool_calls != m.end() && tool_calls->is_array()) {
       if (auto e = ParseToolCallArguments(&*tool_calls, i)) return e;
     }
   }

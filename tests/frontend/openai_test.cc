@@ -304,7 +304,8 @@ TEST(OpenAiParseTest, MessagesTakeTheShapeTheTemplateReads) {
           "function":{"name":"f","arguments":"{}"}}]},
       {"role":"tool","content":[{"type":"text","text":"x"},{"type":"text","text":"y"}]},
       {"role":"assistant","content":[{"type":"refusal","refusal":"no"}]},
-      {"role":"user","content":"plain"}]})",
+      {"role":"user","content":"plain"},
+      {"role":"system","name":"no content at all"}]})",
                      Endpoint::kChat, &r));
   using Json = nlohmann::ordered_json;
   const Json as_string =
@@ -314,6 +315,8 @@ TEST(OpenAiParseTest, MessagesTakeTheShapeTheTemplateReads) {
   EXPECT_EQ(as_string[2]["content"], "x\ny");
   EXPECT_EQ(as_string[3]["content"], "no");
   EXPECT_EQ(as_string[4]["content"], "plain");
+  EXPECT_EQ(as_string[5]["content"], "");  // missing: none, as null
+  EXPECT_EQ(as_string[5]["role"], "system");
   EXPECT_TRUE(as_string[1].contains("tool_calls"));
   const Json as_parts =
       internal::MessagesForTemplate(r.messages, tokenizer::ContentFormat::kOpenAi);
