@@ -372,6 +372,12 @@ int BlasStream(BlasHandle* blas, cudaStream_t* stream) {
                                                                         : cudaErrorUnknown;
 }
 
+// Whether the fused form takes `rows` rows of in_dim: our GEMV's shapes, and
+// normed rows within kGemvNormMaxSmem.
+bool NormGemvFits(const Bf16* w, int32_t in_dim, int32_t rows) {
+  return GemvFits(w, in_dim, nullptr, rows) && GemvNormSmem(rows, in_dim) <= kGemvNormMaxSmem;
+}
+
 }  // namespace
 
 int EmbeddingGatherBf16(const Bf16* table, int32_t dim, const int32_t* tokens, int32_t rows,
@@ -415,12 +421,12 @@ int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim,
 
 int RmsNormMatmulBf16(BlasHandle* blas, const float* x, const int32_t* row_index,
                       const float* norm_w, float eps, const Bf16* w, int32_t out_dim,
-                      int32_t in_dim, int32_t rows, float* y, float beta, Bf16* xn,
+                      int32_t in_dim, int32_t rows, float* y, float beta, Bf16* xn, bool fuse,
                       bool dependent_launch) {
   if (rows == 0) return cudaSuccess;
-  if (GemvFits(w, in_dim, nullptr, rows) && GemvNormSmem(rows, in_dim) <= kGemvNormMaxSmem) {
-    cudaStream_t stream = nullptr;
-    if (const int err = BlasStream(blas, &stream); err != cudaSuccess) return err;
+  cudaStream_t stream = nullptr;
+  if (const int err = BlasStream(blas, &stream); err != cudaSuccess) return err;
+  if (fuse && NormGemvFits(w, in_dim, rows)) {
     const GemvArgs a{.w = w,
                      .out_dim = out_dim,
                      .in_dim = in_dim,
@@ -433,8 +439,6 @@ int RmsNormMatmulBf16(BlasHandle* blas, const float* x, const int32_t* row_index
                      .beta = beta};
     return LaunchGemv<true, false>(a, rows, dependent_launch, stream);
   }
-  cudaStream_t stream = nullptr;
-  if (const int err = BlasStream(blas, &stream); err != cudaSuccess) return err;
   if (const int err = RmsNormBf16(x, row_index, norm_w, rows, in_dim, eps, xn, stream);
       err != cudaSuccess) {
     return err;
@@ -444,11 +448,12 @@ int RmsNormMatmulBf16(BlasHandle* blas, const float* x, const int32_t* row_index
 
 int RmsNormMatmulActBf16(BlasHandle* blas, const float* x, const float* norm_w, float eps,
                          const Bf16* w13, int32_t hidden, int32_t in_dim, int32_t rows,
-                         float* gate_up, Bf16* xn, Bf16* out, ActKind kind, bool dependent_launch) {
+                         float* gate_up, Bf16* xn, Bf16* out, ActKind kind, bool fuse,
+                         bool dependent_launch) {
   if (rows == 0) return cudaSuccess;
   cudaStream_t stream = nullptr;
   if (const int err = BlasStream(blas, &stream); err != cudaSuccess) return err;
-  if (GemvFits(w13, in_dim, nullptr, rows) && GemvNormSmem(rows, in_dim) <= kGemvNormMaxSmem) {
+  if (fuse && NormGemvFits(w13, in_dim, rows)) {
     const GemvArgs a{.w = w13,
                      .out_dim = hidden,
                      .in_dim = in_dim,
@@ -460,12 +465,8 @@ int RmsNormMatmulActBf16(BlasHandle* blas, const float* x, const float* norm_w, 
                      .act = kind};
     return LaunchGemv<true, true>(a, rows, dependent_launch, stream);
   }
-  if (const int err = RmsNormBf16(x, nullptr, norm_w, rows, in_dim, eps, xn, stream);
-      err != cudaSuccess) {
-    return err;
-  }
-  if (const int err =
-          MatmulBf16(blas, w13, 2 * hidden, in_dim, xn, rows, gate_up, 0.0f, dependent_launch);
+  if (const int err = RmsNormMatmulBf16(blas, x, nullptr, norm_w, eps, w13, 2 * hidden, in_dim,
+                                        rows, gate_up, 0.0f, xn, /*fuse=*/false, dependent_launch);
       err != cudaSuccess) {
     return err;
   }

@@ -94,21 +94,9 @@ class CudaBf16Runner final : public CudaRunnerBase {
     const bool pdl = dependent_launch_;  // decode GEMVs start under the kernel before
     const RopeKind rope = ToKernel(c.rope_style);
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
-    // y = RMSNorm(x[rows]) * W^T + beta * y, through xn; decode GEMVs norm
-    // their rows themselves when fused (ModelRunnerOptions::fused_norm_gemv).
+    // Decode GEMVs norm their rows themselves and apply the MLP's activation
+    // when fused (ModelRunnerOptions::fused_norm_gemv); else through xn.
     const bool fused = runner_opts_.fused_norm_gemv;
-    auto norm_matmul = [&](const float* norm_w, const int32_t* row_index, int32_t rows,
-                           const kd::Bf16* w, int32_t out_dim, float* y, float beta,
-                           const char* what) -> absl::Status {
-      if (fused) {
-        return ok(kd::RmsNormMatmulBf16(blas_, x, row_index, norm_w, c.norm_eps, w, out_dim, c.dim,
-                                        rows, y, beta, xn, pdl),
-                  what);
-      }
-      TANDEM_RETURN_IF_ERROR(
-          ok(kd::RmsNormBf16(x, row_index, norm_w, rows, c.dim, c.norm_eps, xn, st), "rmsnorm"));
-      return ok(kd::MatmulBf16(blas_, w, out_dim, c.dim, xn, rows, y, beta, pdl), what);
-    };
     TANDEM_RETURN_IF_ERROR(
         ok(kd::EmbeddingGatherBf16(embedding_.get<kd::Bf16>(), c.dim, in.tokens, T, x, st),
            "embedding"));
@@ -119,8 +107,10 @@ class CudaBf16Runner final : public CudaRunnerBase {
     }
     for (int32_t li = 0; li < c.num_layers; ++li) {
       const Bf16Layer& l = layers_[static_cast<size_t>(li)];
-      TANDEM_RETURN_IF_ERROR(norm_matmul(l.rms_att.get<float>(), nullptr, T, l.wqkv.get<kd::Bf16>(),
-                                         qkv_width, qkv, 0.0f, "wqkv"));
+      TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormMatmulBf16(blas_, x, nullptr, l.rms_att.get<float>(),
+                                                      c.norm_eps, l.wqkv.get<kd::Bf16>(), qkv_width,
+                                                      c.dim, T, qkv, 0.0f, xn, fused, pdl),
+                                "wqkv"));
       if (c.qkv_bias) {
         TANDEM_RETURN_IF_ERROR(
             ok(kd::AddBias(qkv, l.bqkv.get<float>(), T, qkv_width, qkv_width, st), "qkv bias"));
@@ -177,22 +167,11 @@ class CudaBf16Runner final : public CudaRunnerBase {
                "post-attention norm"));
       }
       // xn = act(gate) * up of the normed x (gate and up into qkv unless fused).
-      if (fused) {
-        TANDEM_RETURN_IF_ERROR(
-            ok(kd::RmsNormMatmulActBf16(blas_, x, l.rms_ffn.get<float>(), c.norm_eps,
-                                        l.w13.get<kd::Bf16>(), c.hidden_dim, c.dim, T, qkv, xn, xn,
-                                        ToKernel(c.activation), pdl),
-               "w13 + activation"));
-      } else {
-        TANDEM_RETURN_IF_ERROR(
-            ok(kd::RmsNormBf16(x, nullptr, l.rms_ffn.get<float>(), T, c.dim, c.norm_eps, xn, st),
-               "rmsnorm"));
-        TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, l.w13.get<kd::Bf16>(), 2 * c.hidden_dim,
-                                                 c.dim, xn, T, qkv, 0.0f, pdl),
-                                  "w13"));
-        TANDEM_RETURN_IF_ERROR(ok(
-            kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, st, ToKernel(c.activation)), "activation"));
-      }
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::RmsNormMatmulActBf16(blas_, x, l.rms_ffn.get<float>(), c.norm_eps,
+                                      l.w13.get<kd::Bf16>(), c.hidden_dim, c.dim, T, qkv, xn, xn,
+                                      ToKernel(c.activation), fused, pdl),
+             "w13 + activation"));
       TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn,
                                                T, sandwich ? qkv : x, sandwich ? 0.0f : 1.0f, pdl),
                                 "w2"));
@@ -202,9 +181,11 @@ class CudaBf16Runner final : public CudaRunnerBase {
                "post-MLP norm"));
       }
     }
-    TANDEM_RETURN_IF_ERROR(norm_matmul(rms_final_.get<float>(), in.last_rows, B,
-                                       classifier_.get<kd::Bf16>(), c.vocab_size,
-                                       logits_.get<float>(), 0.0f, "classifier"));
+    TANDEM_RETURN_IF_ERROR(
+        ok(kd::RmsNormMatmulBf16(blas_, x, in.last_rows, rms_final_.get<float>(), c.norm_eps,
+                                 classifier_.get<kd::Bf16>(), c.vocab_size, c.dim, B,
+                                 logits_.get<float>(), 0.0f, xn, fused, pdl),
+           "classifier"));
     if (c.final_logit_softcap == 0) return absl::OkStatus();
     return ok(
         kd::Softcap(logits_.get<float>(), int64_t{B} * c.vocab_size, c.final_logit_softcap, st),

@@ -184,7 +184,8 @@ TEST_F(CudaBf16Test, FusedNormGemvGivesTheUnfusedBits) {
           CUDA_OK(
               cuda::MatmulBf16(blas, dw.get(), out_dim, in_dim, dxn.get(), rows, want.get(), beta));
           CUDA_OK(cuda::RmsNormMatmulBf16(blas, dx.get(), row_index, dnw.get(), 1e-5f, dw.get(),
-                                          out_dim, in_dim, rows, got.get(), beta, dxn.get()));
+                                          out_dim, in_dim, rows, got.get(), beta, dxn.get(),
+                                          /*fuse=*/true));
           EXPECT_EQ(bits(got.ToHost()), bits(want.ToHost()))
               << (row_index ? "gathered" : "in order") << ", beta " << beta;
         }
@@ -197,7 +198,7 @@ TEST_F(CudaBf16Test, FusedNormGemvGivesTheUnfusedBits) {
         CUDA_OK(cuda::SiluMulBf16(gate_up.get(), rows, out_dim, dout.get(), nullptr, kind));
         CUDA_OK(cuda::RmsNormMatmulActBf16(blas, dx.get(), dnw.get(), 1e-5f, dw.get(), out_dim,
                                            in_dim, rows, gate_up.get(), dxn.get(), dout2.get(),
-                                           kind));
+                                           kind, /*fuse=*/true));
         EXPECT_EQ(dout2.ToHost(), dout.ToHost()) << "activation " << static_cast<int>(kind);
       }
     }
