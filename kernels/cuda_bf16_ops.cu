@@ -33,29 +33,20 @@ __global__ void EmbeddingGatherKernel(const Bf16* table, int32_t dim, const int3
   for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = Load(src + j);
 }
 
-// Threads of a one-block-per-row norm, and of a GEMV block (kGemvWarps
-// warps), which norms its input rows itself in the fused decode GEMV: the
-// same count, so that both sum a row's squares in the same order and give
-// the same bits (NormRowInto).
-constexpr int kRmsNormThreads = 256;
+// Threads of a one-block-per-row norm: a multiple of the warp (BlockSum's).
+int RmsNormThreads(int32_t dim) { return dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64; }
 
-// out[j] = bf16(w[j] * xr[j] / rms(xr)) for the calling block (blockDim.x =
-// kRmsNormThreads; a barrier inside): RmsNormKernel's row, and the fused
-// GEMV's input rows, to the bit.
-__device__ __forceinline__ void NormRowInto(const float* xr, const float* w, int32_t dim, float eps,
-                                            Bf16* out) {
+__global__ void RmsNormKernel(const float* x, const int32_t* row_index, const float* w,
+                              int32_t dim, float eps, Bf16* out) {
+  LetDependentsLaunch();
+  const int64_t src = row_index != nullptr ? row_index[blockIdx.x] : blockIdx.x;
+  const float* xr = x + src * dim;
   float ss = 0.0f;
   for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
   ss = BlockSum(ss);
   const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
-  for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) out[j] = Store(w[j] * (inv * xr[j]));
-}
-
-__global__ void RmsNormKernel(const float* x, const int32_t* row_index, const float* w, int32_t dim,
-                              float eps, Bf16* out) {
-  LetDependentsLaunch();
-  const int64_t src = row_index != nullptr ? row_index[blockIdx.x] : blockIdx.x;
-  NormRowInto(x + src * dim, w, dim, eps, out + int64_t{blockIdx.x} * dim);
+  Bf16* o = out + int64_t{blockIdx.x} * dim;
+  for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) o[j] = Store(w[j] * (inv * xr[j]));
 }
 
 // x[r] += w * y[r] / rms(y[r]) in fp32 (Gemma 3's norms of the attention's
@@ -108,18 +99,14 @@ __global__ void RopeKvWriteKernel(float* qkv, int32_t q_stride, const int32_t* p
   dst[i1] = Store(hv[i1]);
 }
 
-// bf16(act(g) * u): SiluMulKernel's element, and the fused GEMV's output.
-__device__ __forceinline__ Bf16 ActMulBf16(ActKind kind, float g, float u) {
-  return Store(kind == ActKind::kGeluTanh ? GeluTanhMul(g, u) : g / (1.0f + __expf(-g)) * u);
-}
-
 __global__ void SiluMulKernel(const float* gu, int32_t hidden, int64_t n, Bf16* out,
                               ActKind kind) {
   LetDependentsLaunch();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t r = i / hidden, c = i % hidden;
-  out[i] = ActMulBf16(kind, gu[r * 2 * hidden + c], gu[r * 2 * hidden + hidden + c]);
+  const float g = gu[r * 2 * hidden + c], u = gu[r * 2 * hidden + hidden + c];
+  out[i] = Store(kind == ActKind::kGeluTanh ? GeluTanhMul(g, u) : g / (1.0f + __expf(-g)) * u);
 }
 
 // (value, index) pair ordering: larger value first, then lower index.
@@ -201,137 +188,68 @@ __global__ void ArgMaxKernel(const float* logits, int32_t vocab, int32_t* out) {
 // are the whole cost of such a step.
 constexpr int kGemvWarps = 8;
 constexpr int kGemvUnroll = 4;
-static_assert(kGemvWarps * 32 == kRmsNormThreads, "the fused GEMV norms rows as RmsNormKernel");
-
-// What a GEMV launch computes. Plain: y[r] = x[r] * W^T + beta * y[r]
-// (x bf16). kNorm: the input rows are bf16(norm_w * res[src] / rms(res[src])),
-// src = row_index ? row_index[r] : r, normed by each block into shared
-// memory as RmsNormKernel would (NormRowInto). kAct: W holds [gate; up]
-// (2 * out_dim rows); warp o sums gate row o and up row out_dim + o, and
-// writes act_out[r][o] = bf16(act(gate) * up) as SiluMulKernel would,
-// instead of y. Every sum runs in the plain kernel's order, so the fused
-// forms give the unfused calls' bits.
-struct GemvArgs {
-  const Bf16* w;
-  int32_t out_dim, in_dim;
-  const Bf16* x;  // plain input; unused with kNorm
-  const float* res = nullptr;
-  const int32_t* row_index = nullptr;
-  const float* norm_w = nullptr;
-  float eps = 0.0f;
-  float* y = nullptr;
-  float beta = 0.0f;
-  Bf16* act_out = nullptr;
-  ActKind act = ActKind::kSilu;
-};
 
 // kDependent: launched as a programmatic dependent of the kernel before it
 // (LaunchGemvRows), so the block may run while that kernel finishes:
 // it sends its weight rows toward L2 (they do not depend on that kernel),
 // then waits before it reads x or touches y. The sums are the same either
 // way, so are the bits.
-template <int R, bool kDependent, bool kNorm, bool kAct>
-__global__ void __launch_bounds__(kGemvWarps * 32) GemvBf16Kernel(GemvArgs a) {
-  extern __shared__ uint4 normed[];  // kNorm: R rows of in_dim bf16
+template <int R, bool kDependent>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    GemvBf16Kernel(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, float* y,
+                   float beta) {
   const int32_t o = blockIdx.x * kGemvWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int32_t in_dim = a.in_dim;
-  const bool active = o < a.out_dim;
   if constexpr (kDependent) {
-    if (active) {
-      for (int u = 0; u < (kAct ? 2 : 1); ++u) {
-        const Bf16* row = a.w + (int64_t{o} + u * int64_t{a.out_dim}) * in_dim;
-        for (int32_t k = lane * 64; k < in_dim; k += 32 * 64)
-          PrefetchL2(row + k);  // 128-byte lines
-      }
+    if (o < out_dim) {
+      const Bf16* row = w + int64_t{o} * in_dim;
+      for (int32_t k = lane * 64; k < in_dim; k += 32 * 64) PrefetchL2(row + k);  // 128-byte lines
     }
     WaitForPriorGrid();
   }
-  const Bf16* x = a.x;
-  if constexpr (kNorm) {
-    Bf16* xs = reinterpret_cast<Bf16*>(normed);
-    for (int r = 0; r < R; ++r) {  // every thread: barriers inside
-      const int64_t src = a.row_index != nullptr ? a.row_index[r] : r;
-      NormRowInto(a.res + src * in_dim, a.norm_w, in_dim, a.eps, xs + int64_t{r} * in_dim);
-    }
-    __syncthreads();
-    x = xs;
-  }
-  if (!active) return;
-  constexpr int kRowsOfW = kAct ? 2 : 1;
+  if (o >= out_dim) return;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t{o} * in_dim);
   const int32_t n = in_dim / 8;  // 16-byte runs per row
-  float sum[kRowsOfW][R];
+  float sum[R];
 #pragma unroll
-  for (int h = 0; h < kRowsOfW; ++h) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) sum[h][r] = 0.0f;
-  }
-  auto fma8 = [&](const uint4& wv, int32_t k, float(&acc)[R]) {
+  for (int r = 0; r < R; ++r) sum[r] = 0.0f;
+  auto fma8 = [&](const uint4& wv, int32_t k) {
     const uint32_t wp[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const uint4 xv = reinterpret_cast<const uint4*>(x + int64_t{r} * in_dim)[k];
       const uint32_t xp[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[r] += Bf16Half(wp[e / 2], e % 2) * Bf16Half(xp[e / 2], e % 2);
+      for (int e = 0; e < 8; ++e) sum[r] += Bf16Half(wp[e / 2], e % 2) * Bf16Half(xp[e / 2], e % 2);
     }
   };
-  const uint4* wr[kRowsOfW];
-#pragma unroll
-  for (int h = 0; h < kRowsOfW; ++h) {
-    wr[h] = reinterpret_cast<const uint4*>(a.w + (int64_t{o} + h * int64_t{a.out_dim}) * in_dim);
-  }
   int32_t k = lane;
   for (; k + 32 * (kGemvUnroll - 1) < n; k += 32 * kGemvUnroll) {
-    uint4 wv[kRowsOfW][kGemvUnroll];
+    uint4 wv[kGemvUnroll];
 #pragma unroll
-    for (int h = 0; h < kRowsOfW; ++h) {
+    for (int u = 0; u < kGemvUnroll; ++u) wv[u] = wr[k + 32 * u];
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) wv[h][u] = wr[h][k + 32 * u];
-    }
-#pragma unroll
-    for (int h = 0; h < kRowsOfW; ++h) {
-#pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) fma8(wv[h][u], k + 32 * u, sum[h]);
-    }
+    for (int u = 0; u < kGemvUnroll; ++u) fma8(wv[u], k + 32 * u);
   }
-  for (; k < n; k += 32) {
-#pragma unroll
-    for (int h = 0; h < kRowsOfW; ++h) fma8(wr[h][k], k, sum[h]);
-  }
+  for (; k < n; k += 32) fma8(wr[k], k);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    float v[kRowsOfW];
-#pragma unroll
-    for (int h = 0; h < kRowsOfW; ++h) {
-      v[h] = sum[h][r];
-      for (int off = 16; off > 0; off >>= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], off);
-    }
-    if (lane != 0) continue;
-    if constexpr (kAct) {
-      a.act_out[int64_t{r} * a.out_dim + o] = ActMulBf16(a.act, v[0], v[1]);
-    } else {
-      float* dst = a.y + int64_t{r} * a.out_dim + o;
-      *dst = a.beta == 0.0f ? v[0] : v[0] + a.beta * *dst;  // beta 0: y is not read (as cuBLAS)
+    float v = sum[r];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) {
+      float* dst = y + int64_t{r} * out_dim + o;
+      *dst = beta == 0.0f ? v : v + beta * *dst;  // beta 0: y is not read (as cuBLAS)
     }
   }
 }
 
-// Shared memory a kNorm launch of `rows` rows needs; fused only up to the
-// 48 KiB every launch may take without opting in (an opt-in is not made
-// during a stream capture).
-constexpr size_t kGemvNormMaxSmem = 48 << 10;
-size_t GemvNormSmem(int32_t rows, int32_t in_dim) {
-  return static_cast<size_t>(rows) * static_cast<size_t>(in_dim) * sizeof(Bf16);
-}
-
-template <int R, bool kNorm, bool kAct>
-int LaunchGemvRows(const GemvArgs& a, bool dependent, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((a.out_dim + kGemvWarps - 1) / kGemvWarps);
+template <int R>
+int LaunchGemvRows(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, float* y,
+                   float beta, bool dependent, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((out_dim + kGemvWarps - 1) / kGemvWarps);
   const unsigned threads = kGemvWarps * 32;
-  const size_t smem = kNorm ? GemvNormSmem(R, a.in_dim) : 0;
   if (!dependent) {
-    GemvBf16Kernel<R, false, kNorm, kAct><<<blocks, threads, smem, stream>>>(a);
+    GemvBf16Kernel<R, false><<<blocks, threads, 0, stream>>>(w, out_dim, in_dim, x, y, beta);
     return cudaGetLastError();
   }
   cudaLaunchAttribute attr[1];
@@ -340,42 +258,21 @@ int LaunchGemvRows(const GemvArgs& a, bool dependent, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(blocks);
   config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
+  config.dynamicSmemBytes = 0;
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, GemvBf16Kernel<R, true, kNorm, kAct>, a);
+  return cudaLaunchKernelEx(&config, GemvBf16Kernel<R, true>, w, out_dim, in_dim, x, y, beta);
 }
 
-template <bool kNorm, bool kAct>
-int LaunchGemv(const GemvArgs& a, int32_t rows, bool dependent, cudaStream_t stream) {
+int LaunchGemv(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, int32_t rows,
+               float* y, float beta, bool dependent, cudaStream_t stream) {
   switch (rows) {
-    case 1:
-      return LaunchGemvRows<1, kNorm, kAct>(a, dependent, stream);
-    case 2:
-      return LaunchGemvRows<2, kNorm, kAct>(a, dependent, stream);
-    case 3:
-      return LaunchGemvRows<3, kNorm, kAct>(a, dependent, stream);
-    default:
-      return LaunchGemvRows<4, kNorm, kAct>(a, dependent, stream);
+    case 1: return LaunchGemvRows<1>(w, out_dim, in_dim, x, y, beta, dependent, stream);
+    case 2: return LaunchGemvRows<2>(w, out_dim, in_dim, x, y, beta, dependent, stream);
+    case 3: return LaunchGemvRows<3>(w, out_dim, in_dim, x, y, beta, dependent, stream);
+    default: return LaunchGemvRows<4>(w, out_dim, in_dim, x, y, beta, dependent, stream);
   }
-}
-
-// Whether our GEMV takes `rows` rows of in_dim against w (and x, when given).
-bool GemvFits(const Bf16* w, int32_t in_dim, const Bf16* x, int32_t rows) {
-  return rows <= kGemvMaxRows && in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(x) % 16 == 0;
-}
-
-int BlasStream(BlasHandle* blas, cudaStream_t* stream) {
-  return cublasGetStream(blas->handle, stream) == CUBLAS_STATUS_SUCCESS ? cudaSuccess
-                                                                        : cudaErrorUnknown;
-}
-
-// Whether the fused form takes `rows` rows of in_dim: our GEMV's shapes, and
-// normed rows within kGemvNormMaxSmem.
-bool NormGemvFits(const Bf16* w, int32_t in_dim, int32_t rows) {
-  return GemvFits(w, in_dim, nullptr, rows) && GemvNormSmem(rows, in_dim) <= kGemvNormMaxSmem;
 }
 
 }  // namespace
@@ -390,25 +287,25 @@ int EmbeddingGatherBf16(const Bf16* table, int32_t dim, const int32_t* tokens, i
 int RmsNormBf16(const float* x, const int32_t* row_index, const float* w, int32_t rows,
                 int32_t dim, float eps, Bf16* out, void* stream) {
   if (rows == 0) return cudaSuccess;
-  RmsNormKernel<<<rows, kRmsNormThreads, 0, S(stream)>>>(x, row_index, w, dim, eps, out);
+  RmsNormKernel<<<rows, RmsNormThreads(dim), 0, S(stream)>>>(x, row_index, w, dim, eps, out);
   return cudaGetLastError();
 }
 
 int RmsNormAddBf16(float* x, const float* y, const float* w, int32_t rows, int32_t dim, float eps,
                    void* stream) {
   if (rows == 0) return cudaSuccess;
-  RmsNormAddKernel<<<rows, kRmsNormThreads, 0, S(stream)>>>(x, y, w, dim, eps);
+  RmsNormAddKernel<<<rows, RmsNormThreads(dim), 0, S(stream)>>>(x, y, w, dim, eps);
   return cudaGetLastError();
 }
 
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
                int32_t rows, float* y, float beta, bool dependent_launch) {
   if (rows == 0) return cudaSuccess;
-  if (GemvFits(w, in_dim, x, rows)) {
+  if (rows <= kGemvMaxRows && in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     cudaStream_t stream = nullptr;
-    if (const int err = BlasStream(blas, &stream); err != cudaSuccess) return err;
-    const GemvArgs a{.w = w, .out_dim = out_dim, .in_dim = in_dim, .x = x, .y = y, .beta = beta};
-    return LaunchGemv<false, false>(a, rows, dependent_launch, stream);
+    if (cublasGetStream(blas->handle, &stream) != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+    return LaunchGemv(w, out_dim, in_dim, x, rows, y, beta, dependent_launch, stream);
   }
   const float alpha = 1.0f;
   // Column-major view: Y (out x rows) = W^T-view (out x in) * X (in x rows).
@@ -417,60 +314,6 @@ int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim,
                    CUDA_R_16BF, in_dim, x, CUDA_R_16BF, in_dim, &beta, y, CUDA_R_32F, out_dim,
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   return s == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
-}
-
-int RmsNormMatmulBf16(BlasHandle* blas, const float* x, const int32_t* row_index,
-                      const float* norm_w, float eps, const Bf16* w, int32_t out_dim,
-                      int32_t in_dim, int32_t rows, float* y, float beta, Bf16* xn, bool fuse,
-                      bool dependent_launch) {
-  if (rows == 0) return cudaSuccess;
-  cudaStream_t stream = nullptr;
-  if (const int err = BlasStream(blas, &stream); err != cudaSuccess) return err;
-  if (fuse && NormGemvFits(w, in_dim, rows)) {
-    const GemvArgs a{.w = w,
-                     .out_dim = out_dim,
-                     .in_dim = in_dim,
-                     .x = nullptr,
-                     .res = x,
-                     .row_index = row_index,
-                     .norm_w = norm_w,
-                     .eps = eps,
-                     .y = y,
-                     .beta = beta};
-    return LaunchGemv<true, false>(a, rows, dependent_launch, stream);
-  }
-  if (const int err = RmsNormBf16(x, row_index, norm_w, rows, in_dim, eps, xn, stream);
-      err != cudaSuccess) {
-    return err;
-  }
-  return MatmulBf16(blas, w, out_dim, in_dim, xn, rows, y, beta, dependent_launch);
-}
-
-int RmsNormMatmulActBf16(BlasHandle* blas, const float* x, const float* norm_w, float eps,
-                         const Bf16* w13, int32_t hidden, int32_t in_dim, int32_t rows,
-                         float* gate_up, Bf16* xn, Bf16* out, ActKind kind, bool fuse,
-                         bool dependent_launch) {
-  if (rows == 0) return cudaSuccess;
-  cudaStream_t stream = nullptr;
-  if (const int err = BlasStream(blas, &stream); err != cudaSuccess) return err;
-  if (fuse && NormGemvFits(w13, in_dim, rows)) {
-    const GemvArgs a{.w = w13,
-                     .out_dim = hidden,
-                     .in_dim = in_dim,
-                     .x = nullptr,
-                     .res = x,
-                     .norm_w = norm_w,
-                     .eps = eps,
-                     .act_out = out,
-                     .act = kind};
-    return LaunchGemv<true, true>(a, rows, dependent_launch, stream);
-  }
-  if (const int err = RmsNormMatmulBf16(blas, x, nullptr, norm_w, eps, w13, 2 * hidden, in_dim,
-                                        rows, gate_up, 0.0f, xn, /*fuse=*/false, dependent_launch);
-      err != cudaSuccess) {
-    return err;
-  }
-  return SiluMulBf16(gate_up, rows, hidden, out, stream, kind);
 }
 
 int RopeKvWriteBf16(float* qkv, int32_t q_stride, int32_t rows, const int32_t* positions,

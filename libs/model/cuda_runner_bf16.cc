@@ -94,9 +94,6 @@ class CudaBf16Runner final : public CudaRunnerBase {
     const bool pdl = dependent_launch_;  // decode GEMVs start under the kernel before
     const RopeKind rope = ToKernel(c.rope_style);
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
-    // Decode GEMVs norm their rows themselves and apply the MLP's activation
-    // when fused (ModelRunnerOptions::fused_norm_gemv); else through xn.
-    const bool fused = runner_opts_.fused_norm_gemv;
     TANDEM_RETURN_IF_ERROR(
         ok(kd::EmbeddingGatherBf16(embedding_.get<kd::Bf16>(), c.dim, in.tokens, T, x, st),
            "embedding"));
@@ -107,10 +104,12 @@ class CudaBf16Runner final : public CudaRunnerBase {
     }
     for (int32_t li = 0; li < c.num_layers; ++li) {
       const Bf16Layer& l = layers_[static_cast<size_t>(li)];
-      TANDEM_RETURN_IF_ERROR(ok(kd::RmsNormMatmulBf16(blas_, x, nullptr, l.rms_att.get<float>(),
-                                                      c.norm_eps, l.wqkv.get<kd::Bf16>(), qkv_width,
-                                                      c.dim, T, qkv, 0.0f, xn, fused, pdl),
-                                "wqkv"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::RmsNormBf16(x, nullptr, l.rms_att.get<float>(), T, c.dim, c.norm_eps, xn, st),
+             "rmsnorm"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::MatmulBf16(blas_, l.wqkv.get<kd::Bf16>(), qkv_width, c.dim, xn, T, qkv, 0.0f, pdl),
+             "wqkv"));
       if (c.qkv_bias) {
         TANDEM_RETURN_IF_ERROR(
             ok(kd::AddBias(qkv, l.bqkv.get<float>(), T, qkv_width, qkv_width, st), "qkv bias"));
@@ -166,12 +165,15 @@ class CudaBf16Runner final : public CudaRunnerBase {
             ok(kd::RmsNormAddBf16(x, qkv, l.post_att_norm.get<float>(), T, c.dim, c.norm_eps, st),
                "post-attention norm"));
       }
-      // xn = act(gate) * up of the normed x (gate and up into qkv unless fused).
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::RmsNormMatmulActBf16(blas_, x, l.rms_ffn.get<float>(), c.norm_eps,
-                                      l.w13.get<kd::Bf16>(), c.hidden_dim, c.dim, T, qkv, xn, xn,
-                                      ToKernel(c.activation), fused, pdl),
-             "w13 + activation"));
+          ok(kd::RmsNormBf16(x, nullptr, l.rms_ffn.get<float>(), T, c.dim, c.norm_eps, xn, st),
+             "rmsnorm"));
+      TANDEM_RETURN_IF_ERROR(ok(
+          kd::MatmulBf16(blas_, l.w13.get<kd::Bf16>(), 2 * c.hidden_dim, c.dim, xn, T, qkv, 0.0f,
+                         pdl),
+          "w13"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, st, ToKernel(c.activation)), "activation"));
       TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn,
                                                T, sandwich ? qkv : x, sandwich ? 0.0f : 1.0f, pdl),
                                 "w2"));
@@ -182,10 +184,11 @@ class CudaBf16Runner final : public CudaRunnerBase {
       }
     }
     TANDEM_RETURN_IF_ERROR(
-        ok(kd::RmsNormMatmulBf16(blas_, x, in.last_rows, rms_final_.get<float>(), c.norm_eps,
-                                 classifier_.get<kd::Bf16>(), c.vocab_size, c.dim, B,
-                                 logits_.get<float>(), 0.0f, xn, fused, pdl),
-           "classifier"));
+        ok(kd::RmsNormBf16(x, in.last_rows, rms_final_.get<float>(), B, c.dim, c.norm_eps, xn, st),
+           "rmsnorm"));
+    TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, classifier_.get<kd::Bf16>(), c.vocab_size,
+                                             c.dim, xn, B, logits_.get<float>(), 0.0f, pdl),
+                              "classifier"));
     if (c.final_logit_softcap == 0) return absl::OkStatus();
     return ok(
         kd::Softcap(logits_.get<float>(), int64_t{B} * c.vocab_size, c.final_logit_softcap, st),

@@ -147,65 +147,6 @@ TEST_F(CudaBf16Test, MatmulWithBetaZeroIgnoresYAndSmallBatchesAreRowInvariant) {
   cuda::DestroyBlas(blas);
 }
 
-// The fused decode forms give the unfused calls' bits: RmsNormMatmulBf16 is
-// RmsNormBf16 then MatmulBf16 (row_index gathers, beta folds a residual), and
-// RmsNormMatmulActBf16 adds SiluMulBf16 (both activations), for 1 to 4 rows
-// (fused) and 5 (the unfused calls), over dims that leave blocks part empty,
-// run past the GEMV's unrolled loop, and (8192 x 4 rows, over 48 KiB of
-// normed rows) fall back.
-TEST_F(CudaBf16Test, FusedNormGemvGivesTheUnfusedBits) {
-  cuda::BlasHandle* blas = nullptr;
-  CUDA_OK(cuda::CreateBlas(&blas));
-  auto bits = [](const auto& v) {
-    std::vector<uint32_t> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) std::memcpy(&out[i], &v[i], sizeof(v[i]));
-    return out;
-  };
-  for (auto [out_dim, in_dim] :
-       std::vector<std::pair<int32_t, int32_t>>{{37, 64}, {300, 776}, {2051, 2048}, {129, 8192}}) {
-    for (int32_t rows : {1, 2, 3, 4, 5}) {
-      SCOPED_TRACE(std::to_string(out_dim) + " x " + std::to_string(in_dim) + ", " +
-                   std::to_string(rows) + " rows");
-      const auto x = RandomVector(6 * in_dim, 21, 3.0f), nw = RandomVector(in_dim, 22);
-      const auto w = ToBf16(RandomVector(2 * out_dim * in_dim, 23));
-      const auto y0 = RandomVector(rows * out_dim, 24);
-      std::vector<int32_t> index = {5, 0, 3, 1, 4};
-      index.resize(rows);
-      DeviceVector<float> dx(x), dnw(nw);
-      DeviceVector<Bf16> dw(w), dxn(rows * in_dim), dout(rows * out_dim), dout2(rows * out_dim);
-      DeviceVector<int32_t> dindex(index);
-      DeviceVector<float> gate_up(rows * 2 * out_dim);
-      for (const int32_t* row_index :
-           {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(dindex.get())}) {
-        for (float beta : {0.0f, 1.0f}) {
-          DeviceVector<float> want(y0), got(y0);
-          CUDA_OK(cuda::RmsNormBf16(dx.get(), row_index, dnw.get(), rows, in_dim, 1e-5f, dxn.get(),
-                                    nullptr));
-          CUDA_OK(
-              cuda::MatmulBf16(blas, dw.get(), out_dim, in_dim, dxn.get(), rows, want.get(), beta));
-          CUDA_OK(cuda::RmsNormMatmulBf16(blas, dx.get(), row_index, dnw.get(), 1e-5f, dw.get(),
-                                          out_dim, in_dim, rows, got.get(), beta, dxn.get(),
-                                          /*fuse=*/true));
-          EXPECT_EQ(bits(got.ToHost()), bits(want.ToHost()))
-              << (row_index ? "gathered" : "in order") << ", beta " << beta;
-        }
-      }
-      for (ActKind kind : {ActKind::kSilu, ActKind::kGeluTanh}) {
-        CUDA_OK(cuda::RmsNormBf16(dx.get(), nullptr, dnw.get(), rows, in_dim, 1e-5f, dxn.get(),
-                                  nullptr));
-        CUDA_OK(cuda::MatmulBf16(blas, dw.get(), 2 * out_dim, in_dim, dxn.get(), rows,
-                                 gate_up.get(), 0.0f));
-        CUDA_OK(cuda::SiluMulBf16(gate_up.get(), rows, out_dim, dout.get(), nullptr, kind));
-        CUDA_OK(cuda::RmsNormMatmulActBf16(blas, dx.get(), dnw.get(), 1e-5f, dw.get(), out_dim,
-                                           in_dim, rows, gate_up.get(), dxn.get(), dout2.get(),
-                                           kind, /*fuse=*/true));
-        EXPECT_EQ(dout2.ToHost(), dout.ToHost()) << "activation " << static_cast<int>(kind);
-      }
-    }
-  }
-  cuda::DestroyBlas(blas);
-}
-
 // A GEMV launched as a programmatic dependent (MatmulBf16's
 // dependent_launch) starts while the RMSNorm before it runs (RMSNorm lets
 // dependents launch first thing), and must still read what that RMSNorm

@@ -7,7 +7,6 @@
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
 //              [--attention tensor-cores|split-k] [--cuda-graphs on|off] [--profile]
 //              [--decode-attention auto|per-split|per-row] [--dependent-launch on|off]
-//              [--fused-norm-gemv on|off]
 //              [--sampling greedy|top-p] [--prompt-logprobs N]
 //
 // --shape names a model shape filled with random weights (speed does not
@@ -25,10 +24,7 @@
 // (ModelRunnerOptions::attention_splits_per_block; the same bits either way);
 // --dependent-launch on launches the decode GEMVs as programmatic dependents
 // of the kernels before them (ModelRunnerOptions::dependent_launch; off by
-// default for now, the same bits either way); --fused-norm-gemv on has the
-// decode GEMVs norm their own input rows and the MLP's gate/up GEMV apply
-// the activation (ModelRunnerOptions::fused_norm_gemv; off by default until
-// measured, the same bits either way);
+// default for now, the same bits either way);
 // --sampling top-p draws every decode token with Llama 3's generation
 // config (temperature 0.6, top_p 0.9) instead of the argmax: the sampler's
 // cost per step is the difference between the two lines;
@@ -262,7 +258,7 @@ double PrefillSeconds(const Model& m, DType dtype, int32_t n, int32_t reps) {
 int main(int argc, char** argv) {
   std::string shape = "llama-3.2-1b", dtype_name = "bfloat16", batches = "1,8,32,128,256",
               prefills = "512,2048,8192", attention = "tensor-cores", graphs = "on",
-              decode_attention = "per-split", dependent = "off", fused = "off", sampling = "greedy";
+              decode_attention = "per-split", dependent = "off", sampling = "greedy";
   int64_t context = 512, steps = 32;
   double hbm_tbps = 3.35, peak_tflops = 989;
   tandem::FlagSet flags("bench_cuda", "Decode and prefill speed of the CUDA runner.");
@@ -279,8 +275,6 @@ int main(int argc, char** argv) {
             "auto | per-split | per-row: blocks of the split-K attention kernel");
   flags.Add("dependent-launch", &dependent,
             "on | off: decode GEMVs start under the kernel before (compute capability 9.0)");
-  flags.Add("fused-norm-gemv", &fused,
-            "on | off: decode GEMVs norm their rows and apply the MLP's activation themselves");
   flags.Add("cuda-graphs", &graphs, "on | off: decode steps through CUDA graphs");
   flags.Add("sampling", &sampling,
             "greedy | top-p: decode tokens by argmax or with temperature 0.6, top_p 0.9");
@@ -288,20 +282,19 @@ int main(int argc, char** argv) {
             "-1 | N: prefills also score every prompt token with N alternatives");
   flags.Add("profile", &g_profile, "bracket the timed steps for ncu --profile-from-start off");
   flags.ParseOrExit(argc, argv);
-  auto on = [&](const std::string& flag, const std::string& value) {
-    if (value != "on" && value != "off") {
-      flags.Fail("--" + flag + " must be on or off, not '" + value + "'");
-    }
-    return value == "on";
-  };
-  g_runner_opts.cuda_graphs = on("cuda-graphs", graphs);
-  g_runner_opts.dependent_launch = on("dependent-launch", dependent);
-  g_runner_opts.fused_norm_gemv = on("fused-norm-gemv", fused);
+  if (graphs != "on" && graphs != "off") {
+    flags.Fail("--cuda-graphs must be on or off, not '" + graphs + "'");
+  }
+  g_runner_opts.cuda_graphs = graphs == "on";
   if (sampling == "top-p") {
     g_sampling = {.temperature = 0.6f, .top_p = 0.9f};
   } else if (sampling != "greedy") {
     flags.Fail("--sampling must be greedy or top-p, not '" + sampling + "'");
   }
+  if (dependent != "on" && dependent != "off") {
+    flags.Fail("--dependent-launch must be on or off, not '" + dependent + "'");
+  }
+  g_runner_opts.dependent_launch = dependent == "on";
   if (attention != "tensor-cores" && attention != "split-k") {
     flags.Fail("--attention must be tensor-cores or split-k, not '" + attention + "'");
   }

@@ -79,7 +79,6 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   # --decode-attention auto|per-row, --dependent-launch on, --attention
   # split-k. All of it takes about 7 minutes.
   for args in "--shape llama-3.2-1b" \
-              "--shape llama-3.2-1b --prefill= --batches 1,4,8 --fused-norm-gemv on" \
               "--shape llama-3.2-1b --prefill= --batches 1,32,256 --sampling top-p" \
               "--shape llama-3.2-1b --batches= --prefill 512,2048 --prompt-logprobs 20" \
               "--shape tinyllama-1.1b --batches 1,32,256" \

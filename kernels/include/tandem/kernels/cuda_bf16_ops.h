@@ -59,26 +59,6 @@ int RmsNormAddBf16(float* x, const float* y, const float* w, int32_t rows, int32
 inline constexpr int32_t kGemvMaxRows = 4;
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
                int32_t rows, float* y, float beta, bool dependent_launch = false);
-// Decode's fused forms, with `fuse` and for up to kGemvMaxRows rows (else,
-// or when the normed rows exceed 48 KiB of shared memory, the unfused calls
-// through the scratch buffers): each GEMV block norms its input rows itself, so the
-// RMSNorm's launch and its bf16 round trip through memory go. The same bits
-// as the unfused calls: the norm sums a row in RmsNormBf16's order, and every
-// dot product in MatmulBf16's GEMV order.
-//   RmsNormMatmulBf16: RmsNormBf16(x, row_index, norm_w, rows, in_dim, eps)
-//     into xn, then MatmulBf16(w, out_dim, in_dim, xn, rows, y, beta).
-//   RmsNormMatmulActBf16: the MLP's first half: RmsNormBf16 into xn,
-//     MatmulBf16 by w13 = [gate; up] (2 * hidden rows) into gate_up, then
-//     SiluMulBf16 into out; fused, each warp sums a gate row and its up row
-//     and writes act(gate) * up, so gate_up is not written either.
-int RmsNormMatmulBf16(BlasHandle* blas, const float* x, const int32_t* row_index,
-                      const float* norm_w, float eps, const Bf16* w, int32_t out_dim,
-                      int32_t in_dim, int32_t rows, float* y, float beta, Bf16* xn, bool fuse,
-                      bool dependent_launch = false);
-int RmsNormMatmulActBf16(BlasHandle* blas, const float* x, const float* norm_w, float eps,
-                         const Bf16* w13, int32_t hidden, int32_t in_dim, int32_t rows,
-                         float* gate_up, Bf16* xn, Bf16* out, ActKind kind, bool fuse,
-                         bool dependent_launch = false);
 // Compute capability 9.0 and above: programmatic dependent launch.
 bool DeviceHasDependentLaunch(int device);
 

@@ -113,13 +113,6 @@ struct ModelRunnerOptions {
   // it finishes (kernels::cuda::MatmulBf16). The same bits either way
   // (bench_cuda --dependent-launch compares). Off until it has run on a GPU.
   bool dependent_launch = false;
-  // CUDA bfloat16: decode GEMVs (up to kernels::cuda::kGemvMaxRows rows) norm
-  // their input rows themselves, and the MLP's gate/up GEMV applies the
-  // activation as it writes (kernels::cuda::RmsNormMatmulBf16 and
-  // RmsNormMatmulActBf16): three launches fewer per layer at batch 1. The
-  // same bits either way (bench_cuda --fused-norm-gemv compares). Off until
-  // it has run on a GPU.
-  bool fused_norm_gemv = false;
   // CUDA bfloat16: decode steps of up to 256 sequences replay CUDA graphs
   // captured per batch-size bucket (model/decode_graphs.h); false runs every
   // step eagerly (bench_cuda --cuda-graphs off compares the two).
