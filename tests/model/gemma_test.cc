@@ -68,11 +68,12 @@ TEST(Gemma3Test, ConfigReadsAsTransformersDoes) {
   EXPECT_EQ(c.RopeTheta(1), 1e6f);
 }
 
-// Until transformers' tokens exist (HfDerivedTest's gemma3 entry), an
-// independent float64 forward of ours (gemma3_float64.py, written from
-// transformers' code) holds the CPU backend's greedy tokens, batched, and
-// both CUDA modes' where a GPU is at hand. Dropping a sandwich norm or giving
-// the local layers the global RoPE fails it.
+// Beside transformers' tokens (HfDerivedTest's gemma3 and gemma2 entries,
+// made on the 2026-11-30 H200 run), an independent float64 forward of ours
+// (gemma3_float64.py, written from transformers' code) holds the CPU
+// backend's greedy tokens, batched, and both CUDA modes' where a GPU is at
+// hand. Dropping a sandwich norm or giving the local layers the global RoPE
+// fails it.
 // A bfloat16 run scales the embeddings by sqrt(hidden_size) rounded to
 // bfloat16, as transformers and vLLM do in bfloat16; float32 keeps it.
 TEST(GemmaTest, TheEmbeddingScaleIsRoundedToBfloat16InBfloat16) {
@@ -127,7 +128,10 @@ TEST(Gemma2Test, ConfigReadsAsTransformersDoes) {
 }
 
 // The final softcap is monotonic, so greedy tokens cannot see it: every
-// backend's logits are, to the bit, TanhSoftcap of the uncapped model's.
+// backend's logits are TanhSoftcap of the uncapped model's, to the bit on
+// the CPU and within 2 ulps under CUDA, whose tanhf is not glibc's (the
+// CUDA C++ Programming Guide bounds its error at 2 ulps; the H200 run of
+// 2026-11-30 differed from the host's there).
 TEST(Gemma2Test, FinalLogitsAreSoftcapped) {
   auto capped = Model::Load(Gemma2Dir());
   ASSERT_TRUE(capped.ok()) << capped.status();
@@ -146,7 +150,16 @@ TEST(Gemma2Test, FinalLogitsAreSoftcapped) {
       x = kernels::TanhSoftcap(x, 5.0f);
     }
     EXPECT_GT(widest, 5.0f) << "the cap changes nothing on these logits";
-    EXPECT_TRUE(SameBits(got, want));
+    if (backend == Backend::kCpu) {
+      EXPECT_TRUE(SameBits(got, want));
+      continue;
+    }
+    float worst = 0;  // in ulps of the host's value
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float ulp = std::nextafter(std::abs(want[i]), INFINITY) - std::abs(want[i]);
+      worst = std::max(worst, std::abs(got[i] - want[i]) / ulp);
+    }
+    EXPECT_LE(worst, 2.0f) << "ulps";
   }
 }
 
