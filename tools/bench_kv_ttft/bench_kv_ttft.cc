@@ -131,6 +131,9 @@ Throughput RunWorkload(const std::string& address, const std::vector<std::vector
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line by line into a file too: a run cut short (a crash, the device
+  // tool's limit) keeps the figures already printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string replica_a, replica_b, plain, kvstore;
   int32_t trials = 20, prompt_len = 448, cached_len = 432;
   int32_t num_prefixes = 16, per_prefix = 8, output_len = 16, concurrency = 8;

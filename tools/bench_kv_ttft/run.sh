@@ -88,8 +88,16 @@ start sb "$S" --worker "$WB" --kvstore "$KV" --allow-request-cache-salt; SB=$ADD
 start sc "$S" --worker "$WC"; SC=$ADDR
 sleep 1
 echo "model $MODEL, --backend $BACKEND --dtype $DTYPE, $BLOCKS KV blocks per worker"
+# A failed run says why: the bench's status and every service's last lines
+# (the H200 run of 2026-11-30 ended here with no word at all).
+rc=0
 "$BUILD/tools/bench_kv_ttft/tandem-bench-kv-ttft" --replica-a "$SA" --replica-b "$SB" --plain "$SC" \
-  --kvstore "$KV" "${BENCH_FLAGS[@]}"
+  --kvstore "$KV" "${BENCH_FLAGS[@]}" || rc=$?
+if [ "$rc" != 0 ]; then
+  echo "tandem-bench-kv-ttft failed (exit status $rc); the services' last lines:"
+  for f in "$RUN"/*.log; do echo "== $f"; tail -n 15 "$f"; done
+  exit "$rc"
+fi
 # Where B's loads spent their time (its worker's tandem_worker_kvstore_*
 # series): the read from the store into host memory, and the copy into the
 # KV cache (on a GPU, the DMA). And how the workers' stores reached the
