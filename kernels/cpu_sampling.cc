@@ -37,11 +37,11 @@ float LogNormalizer(const float* logits, int32_t vocab) {
 void Logprobs(const float* logits, int32_t vocab, const LogprobJob* jobs, int32_t n,
               LogprobResult* results, int32_t* top_ids, float* top_logprobs) {
   thread_local SampleShared shared;
-  thread_local LaneTop lanes[kSampleLanes];
+  thread_local LogprobShared top;
   for (int32_t j = 0; j < n; ++j) {
     const LogprobJob& job = jobs[j];
-    LogprobRowProgram(shared, logits + int64_t{job.row} * vocab, vocab, job, &results[j],
-                      top_ids + job.top_begin, top_logprobs + job.top_begin, lanes);
+    LogprobRowProgram(shared, top, logits + int64_t{job.row} * vocab, vocab, job, &results[j],
+                      top_ids + job.top_begin, top_logprobs + job.top_begin);
   }
 }
 

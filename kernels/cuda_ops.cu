@@ -58,10 +58,10 @@ __global__ void __launch_bounds__(kSampleLanes)
     LogprobsKernel(const float* logits, int32_t vocab, const LogprobJob* jobs,
                    LogprobResult* results, int32_t* top_ids, float* top_logprobs) {
   __shared__ SampleShared shared;
+  __shared__ LogprobShared top;  // with `shared`, about 36 KiB
   const LogprobJob job = jobs[blockIdx.x];
-  LaneTop mine;  // this thread's lane's candidates
-  LogprobRowProgram(shared, logits + int64_t{job.row} * vocab, vocab, job, &results[blockIdx.x],
-                    top_ids + job.top_begin, top_logprobs + job.top_begin, &mine);
+  LogprobRowProgram(shared, top, logits + int64_t{job.row} * vocab, vocab, job,
+                    &results[blockIdx.x], top_ids + job.top_begin, top_logprobs + job.top_begin);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // kernels/logprobs.h's program, which the CUDA runner runs on the device:
 // its log against the C library's in double, its log Z against a long
 // double log-sum-exp, and the whole program run lane by lane on the CPU
-// (cpu::Logprobs: the lanes' own lists merged for a top-n of up to
-// kLaneTopN, block-wide rounds over the row for more, a count for the rank)
+// (cpu::Logprobs: the ids at or before the n-th of the lanes' first ids
+// gathered and ranked, block-wide rounds over the row past
+// kLogprobCandidates of them or for n above the lanes, a count for the rank)
 // against ComputeLogprobs, which selects with std::partial_sort and
 // counts directly: the same ids, ranks and bits.
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tandem/kernels/cpu_ops.h"
 #include "tandem/kernels/logprobs.h"
+#include "tandem/kernels/sampling.h"
 #include "tandem/model/sampler.h"
 
 namespace tandem::model {
@@ -74,26 +76,37 @@ std::vector<uint32_t> Bits(const std::vector<float>& v) {
 }
 
 // Random rows, some quantized so that many logits tie, one with -inf
-// entries; tokens anywhere (ties included); top-n of 0, 1, 5, 20, the
-// lanes' lists' largest (kLaneTopN) and one more, and more than the
+// entries, one whose largest logits all lie in the first lanes (lane t
+// holds ids t mod kSampleLanes: n of them hold n * vocab / kSampleLanes ids
+// at or before tau, past kLogprobCandidates for the largest n at 128k, so
+// the rounds over the row take over); tokens anywhere (ties included);
+// top-n of 0, 1, 5, 20, 32, 40, every lane, one more, and more than the
 // vocabulary.
 TEST(LogprobsProgramTest, TheProgramGivesComputeLogprobsExactly) {
   std::mt19937 rng(11);
-  for (int32_t vocab : {7, 1000, 32000}) {
+  for (int32_t vocab : {7, 1000, 32000, 128256}) {
     const int32_t rows = 4;
     std::vector<float> logits(static_cast<size_t>(rows) * vocab);
     std::normal_distribution<float> dist(0.0f, 3.0f);
     for (size_t i = 0; i < logits.size(); ++i) {
       const float l = dist(rng);
       const int32_t row = static_cast<int32_t>(i / vocab);
+      const int32_t id = static_cast<int32_t>(i % vocab);
       logits[i] = row == 1 ? std::round(l) : l;  // row 1: many ties
       if (row == 2 && i % 5 == 0) logits[i] = -INFINITY;
+      // Row 3: the first 40 lanes above every other lane, lane t's ids all
+      // above lane t + 1's.
+      if (row == 3 && id % kernels::kSampleLanes < 40) {
+        logits[i] = 100.0f - static_cast<float>(id % kernels::kSampleLanes) + 0.5f * std::tanh(l);
+      }
     }
     std::vector<LogprobJob> jobs;
     int32_t top_total = 0;
-    const std::vector<int32_t> top_ns = {
-        0, 1, 5, 20, kernels::kLaneTopN, kernels::kLaneTopN + 1, vocab + 3};
-    for (int32_t j = 0; j < 28; ++j) {
+    const std::vector<int32_t> top_ns = {0, 1, 5, 20, 32, 40, kernels::kSampleLanes,
+                                         kernels::kSampleLanes + 1,
+                                         // (rounds over the row: 128k of them take minutes)
+                                         vocab <= 32000 ? vocab + 3 : 2 * kernels::kSampleLanes};
+    for (int32_t j = 0; j < 36; ++j) {
       const int32_t top_n = top_ns[static_cast<size_t>(j) % top_ns.size()];
       const int32_t n = std::min(top_n, vocab);
       jobs.push_back({.row = j % rows,

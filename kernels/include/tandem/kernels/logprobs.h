@@ -10,13 +10,24 @@
 // is l - log Z. Its rank is 1 + the ids before it, and the top-n list is
 // the n first ids, in the order "larger logit first, the lower id on ties"
 // (the greedy argmax's): a strict order, so any exact method gives the same
-// list. For n up to kLaneTopN (vLLM's default --max-logprobs is 20) each
-// lane keeps its own n best in the pass that counts the rank, and n rounds
-// of a block-wide "best of the lanes' next" merge them, reading no more of
-// the row. A larger n takes n rounds of a block-wide "best after the last",
-// each a pass over the row. (On an H200 the rounds made prompt logprobs 20
-// over 2,048 positions of a 128k vocabulary cost 11.7 ms, PyTorch's log-
-// softmax and topk 6.2 ms: 23 passes over each row against 3 now.)
+// list. The program finds it from candidates: each lane's first id (found
+// in the pass that counts the rank and takes the lanes' maxima for log Z),
+// and tau, the n-th of those lanes' firsts by n block-wide rounds. Every id
+// of the row's first n is tau or before it (n distinct ids are: the n
+// lanes' firsts), and every such id lies in one of those n lanes, so a third
+// pass over the row gathers at most n * ceil(vocab / kSampleLanes) of them,
+// and n rounds over the gathered ids give the list. Past
+// kLogprobCandidates gathered ids (a row built to put its top in a few
+// lanes), or for n above the lanes, n rounds of "best after the last" over
+// the whole row give it instead.
+//
+// Measured on an H200 (2026-11-30, prompt logprobs 20 over 2,048
+// positions of a 128k vocabulary, PyTorch's log-softmax and topk 5.1 ms in
+// the same run): one pass over the row per top-n round, 23 in all, cost
+// 11.7 ms; each lane keeping its own n best in the rank's pass (sorted
+// insertions in local memory, every comparison a load) 17.4 ms. This
+// program reads the row three times and keeps no per-lane list; it has not
+// run on a GPU yet.
 #pragma once
 
 #include <cfloat>
@@ -41,24 +52,24 @@ struct LogprobResult {
   int32_t rank = 0;
 };
 
-// The largest top-n a lane's own list serves (see the top).
-inline constexpr int32_t kLaneTopN = 32;
+// The gathered candidates the block's shared memory holds (16 KiB).
+inline constexpr int32_t kLogprobCandidates = 4096;
 
-// One lane's best ids of its share of the row, best first, and how many of
-// them the merge has taken. A CUDA thread holds its own (LogprobLanes(1));
-// the CPU, which runs the lanes in turn, kSampleLanes of them.
-struct LaneTop {
-  int32_t size;
-  int32_t head;
-  int32_t ids[kLaneTopN];
+// The top-n's shared memory beside SampleShared: each lane's first id
+// (-1 for a lane past the vocabulary), then the gathered candidates.
+struct LogprobShared {
+  int32_t lane_first[kSampleLanes];
+  int32_t count;
+  int32_t candidates[kLogprobCandidates];
 };
 
-TANDEM_HD inline LaneTop& LaneTopOf(LaneTop* lanes, int32_t t) {
+// A slot of `count` for the calling lane (an atomic on the GPU, where the
+// lanes run at once; the slots' order differs, the set does not).
+TANDEM_HD inline int32_t TakeSlot(int32_t* count) {
 #if defined(__CUDA_ARCH__)
-  (void)t;
-  return lanes[0];
+  return atomicAdd(count, 1);
 #else
-  return lanes[t];
+  return (*count)++;
 #endif
 }
 
@@ -93,11 +104,10 @@ TANDEM_HD inline float LogRn(float x) {
   return AddRn(AddRn(f, y), MulRn(fe, 0.693359375f));
 }
 
-// log Z of logits[0, vocab) (see the top); every lane gets it.
-TANDEM_HD inline float LogNormalizerProgram(SampleShared& sh, const float* logits, int32_t vocab) {
-  FoldLanes(
-      vocab, -FLT_MAX, [&](float acc, int32_t i) { return logits[i] > acc ? logits[i] : acc; },
-      [&](int32_t t, float acc) { sh.sum[kSampleLanes + t] = acc; });
+// log Z of logits[0, vocab) from the lanes' maxima at sh.sum's leaves
+// (each lane's fold of "the larger" from -FLT_MAX); every lane gets it.
+TANDEM_HD inline float LogNormalizerFromLaneMaxima(SampleShared& sh, const float* logits,
+                                                   int32_t vocab) {
   ReduceLanes([&](int32_t n) {
     sh.sum[n] = sh.sum[2 * n + 1] > sh.sum[2 * n] ? sh.sum[2 * n + 1] : sh.sum[2 * n];
   });
@@ -109,6 +119,14 @@ TANDEM_HD inline float LogNormalizerProgram(SampleShared& sh, const float* logit
       [&](int32_t t, float acc) { sh.sum[kSampleLanes + t] = acc; });
   ReduceLanes([&](int32_t n) { sh.sum[n] = AddRn(sh.sum[2 * n], sh.sum[2 * n + 1]); });
   return AddRn(m, LogRn(sh.sum[1]));  // the sum is >= 1: the top logit adds exp(0)
+}
+
+// log Z of logits[0, vocab) (see the top); every lane gets it.
+TANDEM_HD inline float LogNormalizerProgram(SampleShared& sh, const float* logits, int32_t vocab) {
+  FoldLanes(
+      vocab, -FLT_MAX, [&](float acc, int32_t i) { return logits[i] > acc ? logits[i] : acc; },
+      [&](int32_t t, float acc) { sh.sum[kSampleLanes + t] = acc; });
+  return LogNormalizerFromLaneMaxima(sh, logits, vocab);
 }
 
 // Whether id a comes before id b: the larger logit, the lower id on ties.
@@ -147,58 +165,105 @@ TANDEM_HD inline void TopByRounds(SampleShared& sh, const float* logits, int32_t
   }
 }
 
-// One job over logits[0, vocab): its result, and its top_n ids and logprobs
-// at top_ids / top_logprobs (already offset to the job's top_begin). Every
-// lane calls it; `lanes` is kSampleLanes LaneTops on the CPU,
-// the thread's own one on the GPU.
-TANDEM_HD inline void LogprobRowProgram(SampleShared& sh, const float* logits, int32_t vocab,
-                                        const LogprobJob& job, LogprobResult* result,
-                                        int32_t* top_ids, float* top_logprobs, LaneTop* lanes) {
-  const float log_z = LogNormalizerProgram(sh, logits, vocab);
-  const int32_t n = job.top_n < vocab ? job.top_n : vocab;
-  const bool lane_lists = n <= kLaneTopN;
-  // The rank's count, and (for a small n) each lane's n best of its ids,
-  // which come in increasing order: a later id goes after an equal logit.
-  ForSampleLanes(kSampleLanes, [&](int32_t t) {
-    LaneTop& mine = LaneTopOf(lanes, t);
-    mine.size = 0;
-    mine.head = 0;
-    int32_t before = 0;
-    for (int32_t i = t; i < vocab; i += kSampleLanes) {
-      before += LogprobBefore(logits, i, job.token) ? 1 : 0;
-      if (!lane_lists || n == 0) continue;
-      if (mine.size == n && !LogprobBefore(logits, i, mine.ids[n - 1])) continue;
-      int32_t j = mine.size < n ? mine.size++ : n - 1;
-      for (; j > 0 && LogprobBefore(logits, i, mine.ids[j - 1]); --j) mine.ids[j] = mine.ids[j - 1];
-      mine.ids[j] = i;
-    }
-    sh.index[kSampleLanes + t] = before;
-  });
-  ReduceLanes([&](int32_t node) { sh.index[node] = sh.index[2 * node] + sh.index[2 * node + 1]; });
-  ForSampleLanes(1, [&](int32_t) {
-    *result = LogprobResult{.logprob = AddRn(logits[job.token], -log_z), .rank = 1 + sh.index[1]};
-  });
-  if (!lane_lists) {
-    TopByRounds(sh, logits, vocab, n, log_z, top_ids, top_logprobs);
-    return;
-  }
-  // Round k: each lane offers its first id not yet taken; the block's best
-  // is the k-th of the row (every id of the row's first n is among its
-  // lane's first n).
+// n rounds of "the first id after round k - 1's" among ids[0, count)
+// (-1 entries skipped; at least n others): the n-th id, which every lane
+// gets, and the n ids and their logprobs at top_ids / top_logprobs unless
+// top_ids is null.
+TANDEM_HD inline int32_t TopOfCandidates(SampleShared& sh, const float* logits, const int32_t* ids,
+                                         int32_t count, int32_t n, float log_z, int32_t* top_ids,
+                                         float* top_logprobs) {
   int32_t last = -1;
   for (int32_t k = 0; k < n; ++k) {
     ForSampleLanes(kSampleLanes, [&](int32_t t) {
-      LaneTop& mine = LaneTopOf(lanes, t);
-      if (mine.head < mine.size && mine.ids[mine.head] == last) ++mine.head;
-      sh.index[kSampleLanes + t] = mine.head < mine.size ? mine.ids[mine.head] : -1;
+      int32_t best = -1;
+      for (int32_t j = t; j < count; j += kSampleLanes) {
+        const int32_t c = ids[j];
+        if (c >= 0 && (last < 0 || LogprobBefore(logits, last, c)) &&
+            (best < 0 || LogprobBefore(logits, c, best))) {
+          best = c;
+        }
+      }
+      sh.index[kSampleLanes + t] = best;
     });
     ReduceBestId(sh, logits);
     last = sh.index[1];
+    if (top_ids == nullptr) continue;
     ForSampleLanes(1, [&](int32_t) {
       top_ids[k] = last;
       top_logprobs[k] = AddRn(logits[last], -log_z);
     });
   }
+  return last;
+}
+
+// One lane's share of the first pass: the largest logit (LogNormalizerProgram's
+// fold), its first id, and how many of its ids come before the token.
+struct LaneScan {
+  float max;
+  float first_logit;
+  int32_t first;
+  int32_t before;
+};
+
+// One job over logits[0, vocab): its result, and its top_n ids and logprobs
+// at top_ids / top_logprobs (already offset to the job's top_begin). Every
+// lane calls it with the block's shared memory.
+TANDEM_HD inline void LogprobRowProgram(SampleShared& sh, LogprobShared& ls, const float* logits,
+                                        int32_t vocab, const LogprobJob& job, LogprobResult* result,
+                                        int32_t* top_ids, float* top_logprobs) {
+  const float token_logit = logits[job.token];
+  // Pass one. A lane's ids come in increasing order, so a later one is its
+  // first only with a larger logit.
+  FoldLanes(
+      vocab, LaneScan{.max = -FLT_MAX, .first_logit = 0.0f, .first = -1, .before = 0},
+      [&](LaneScan s, int32_t i) {
+        const float l = logits[i];
+        s.max = l > s.max ? l : s.max;
+        if (s.first < 0 || l > s.first_logit) {
+          s.first = i;
+          s.first_logit = l;
+        }
+        s.before += l > token_logit || (l == token_logit && i < job.token) ? 1 : 0;
+        return s;
+      },
+      [&](int32_t t, const LaneScan& s) {
+        sh.sum[kSampleLanes + t] = s.max;
+        sh.index[kSampleLanes + t] = s.before;
+        ls.lane_first[t] = s.first;
+      });
+  ReduceLanes([&](int32_t node) { sh.index[node] = sh.index[2 * node] + sh.index[2 * node + 1]; });
+  // Every lane reads the count before the next write to sh.index's root,
+  // which comes after LogNormalizerFromLaneMaxima's barriers.
+  const int32_t before = sh.index[1];
+  const float log_z = LogNormalizerFromLaneMaxima(sh, logits, vocab);  // pass two
+  ForSampleLanes(1, [&](int32_t) {
+    *result = LogprobResult{.logprob = AddRn(token_logit, -log_z), .rank = 1 + before};
+  });
+  const int32_t n = job.top_n < vocab ? job.top_n : vocab;
+  if (n <= 0) return;
+  const int32_t lanes = vocab < kSampleLanes ? vocab : kSampleLanes;  // those with an id
+  if (n > lanes) {
+    TopByRounds(sh, logits, vocab, n, log_z, top_ids, top_logprobs);
+    return;
+  }
+  // tau: the n-th of the lanes' first ids.
+  const int32_t tau =
+      TopOfCandidates(sh, logits, ls.lane_first, kSampleLanes, n, log_z, nullptr, nullptr);
+  // Pass three: the ids at or before tau.
+  ForSampleLanes(1, [&](int32_t) { ls.count = 0; });
+  ForSampleLanes(kSampleLanes, [&](int32_t t) {
+    for (int32_t i = t; i < vocab; i += kSampleLanes) {
+      if (i != tau && !LogprobBefore(logits, i, tau)) continue;
+      const int32_t slot = TakeSlot(&ls.count);
+      if (slot < kLogprobCandidates) ls.candidates[slot] = i;
+    }
+  });
+  const int32_t count = ls.count;
+  if (count > kLogprobCandidates) {
+    TopByRounds(sh, logits, vocab, n, log_z, top_ids, top_logprobs);
+    return;
+  }
+  TopOfCandidates(sh, logits, ls.candidates, count, n, log_z, top_ids, top_logprobs);
 }
 
 }  // namespace tandem::kernels
