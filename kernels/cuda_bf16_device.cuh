@@ -53,6 +53,28 @@ __device__ __forceinline__ void CpAsyncWait() {
 #endif
 }
 
+// Two floats as a bf16 pair, `lo` in the low half (the lower column of an
+// MMA fragment).
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// d += a * b for one 16x8x16 tile (PTX ISA "mma.sync m16n8k16" fragments:
+// lane = 4 * g + t holds A rows g and g + 8, columns 2t, 2t + 1 and
+// 2t + 8, 2t + 9; B columns g, rows 2t, 2t + 1 and 2t + 8, 2t + 9; D rows g
+// and g + 8, columns 2t and 2t + 1).
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
 // Programmatic dependent launch (compute capability 9.0; a no-op below): a
 // kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may
 // start before the kernel ahead of it on the stream has finished, and must
@@ -81,5 +103,11 @@ __device__ __forceinline__ void LetDependentsLaunch() {
 __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
+
+// Combines the attention splits of the rows whose context spans more than
+// one (their m, l and acc in `scratch`, AttentionScratchFloats' layout) into
+// args.out: the split-K kernels' second launch (cuda_decode_attention.cu).
+int CombineAttentionSplits(const Bf16AttentionArgs& a, int32_t splits, const float* scratch,
+                           void* stream);
 
 }  // namespace tandem::kernels::cuda

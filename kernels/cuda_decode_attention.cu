@@ -610,8 +610,13 @@ int PagedAttentionBf16(const Bf16AttentionArgs& a, int32_t max_context, float* s
                                    : LaunchForLanes<false>(a, lanes, splits, &spb, scratch, stream);
   // One pipelined block per row (spb == splits) combined its own splits.
   if (err != cudaSuccess || splits == 1 || spb == splits) return err;
+  return CombineAttentionSplits(a, splits, scratch, stream);
+}
+
+int CombineAttentionSplits(const Bf16AttentionArgs& a, int32_t splits, const float* scratch,
+                           void* stream) {
   CombineSplitsKernel<<<static_cast<unsigned>(int64_t{a.num_rows} * a.num_heads),
-                        hs <= 64 ? 64 : 128, 0, S(stream)>>>(a, splits, scratch);
+                        a.shape.head_size <= 64 ? 64 : 128, 0, S(stream)>>>(a, splits, scratch);
   return cudaGetLastError();
 }
 

@@ -37,28 +37,6 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBN = 64;  // keys per step
 
-// Two floats as a bf16 pair, `lo` in the low half (the lower column of an
-// MMA fragment).
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// d += a * b for one 16x8x16 tile (PTX ISA "mma.sync m16n8k16" fragments:
-// lane = 4 * g + t holds A rows g and g + 8, columns 2t, 2t + 1 and
-// 2t + 8, 2t + 9; B columns g, rows 2t, 2t + 1 and 2t + 8, 2t + 9; D rows g
-// and g + 8, columns 2t and 2t + 1).
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
 // Four 8x8 bf16 matrices; lane 8i + r gives the address of row r of matrix
 // i, and out[i] is this lane's fragment of matrix i: row lane / 4, columns
 // 2 (lane % 4) and + 1, or with Trans, column lane / 4, rows 2 (lane % 4)

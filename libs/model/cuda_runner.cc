@@ -241,6 +241,9 @@ absl::Status CudaRunnerBase::InitCommon() {
   tensor_core_attention_ = tensor_core_attention_ && c.attn_logit_softcap == 0 &&
                            opts_.dtype == DType::kBFloat16 &&
                            kd::DeviceHasTensorCoreAttention(device_);
+  decode_tensor_cores_ = decode_tensor_cores_ && opts_.dtype == DType::kBFloat16 &&
+                         kernels::TensorCoreHeadSize(c.head_size) &&
+                         kd::DeviceHasTensorCoreAttention(device_);
   graphs_enabled_ = graphs_enabled_ && opts_.dtype == DType::kBFloat16;
   dependent_launch_ = dependent_launch_ && opts_.dtype == DType::kBFloat16 &&
                       kd::DeviceHasDependentLaunch(device_);

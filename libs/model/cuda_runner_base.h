@@ -66,6 +66,7 @@ class CudaRunnerBase : public ModelRunner {
       : ModelRunner(model, opts, Backend::kCuda),
         runner_opts_(runner_opts),
         dependent_launch_(runner_opts.dependent_launch),
+        decode_tensor_cores_(runner_opts.decode_attention_tensor_cores),
         device_(runner_opts.cuda_device),
         tensor_core_attention_(runner_opts.tensor_core_attention),
         graphs_enabled_(runner_opts.cuda_graphs) {}
@@ -156,6 +157,9 @@ class CudaRunnerBase : public ModelRunner {
 
   const ModelRunnerOptions runner_opts_;
   bool dependent_launch_;  // ModelRunnerOptions::dependent_launch, where the device has it
+  // ModelRunnerOptions::decode_attention_tensor_cores, where the device,
+  // dtype and head size allow it.
+  bool decode_tensor_cores_;
   DeviceMemory memory_;  // for gpu_memory_utilization
   KvCacheShape shape_;
   kd::BlasHandle* blas_ = nullptr;

@@ -146,8 +146,11 @@ class CudaBf16Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(ok(kd::PrefillAttentionBf16(args, in.tiles, in.plan->num_tiles(), st),
                                 "prefill attention"));
       TANDEM_RETURN_IF_ERROR(
-          ok(kd::PagedAttentionBf16(args, in.plan->single_max_context, scratch_.get<float>(), st,
-                                    runner_opts_.attention_splits_per_block),
+          ok(decode_tensor_cores_
+                 ? kd::DecodeAttentionTcBf16(args, in.plan->single_max_context,
+                                             scratch_.get<float>(), st)
+                 : kd::PagedAttentionBf16(args, in.plan->single_max_context, scratch_.get<float>(),
+                                          st, runner_opts_.attention_splits_per_block),
              "attention"));
       // x += att * Wo^T: the residual add is the GEMM's beta = 1; with
       // sandwich norms the output is normed first (into qkv, free by now).

@@ -247,26 +247,30 @@ struct AttentionCase {
   int32_t heads, kv_heads, hs, block;
   std::vector<std::pair<int32_t, int32_t>> seqs;  // (context, first query position)
   int32_t window = 0;                             // sliding window (0: none)
+  float softcap = 0.0f;                           // score softcap (0: none)
 };
 
 std::string Describe(const AttentionCase& c) {
   return "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " hs " +
          std::to_string(c.hs) + " block " + std::to_string(c.block) + " seqs " +
-         std::to_string(c.seqs.size()) + " window " + std::to_string(c.window);
+         std::to_string(c.seqs.size()) + " window " + std::to_string(c.window) + " softcap " +
+         std::to_string(c.softcap);
 }
 
 // Runs one case as the runner does: PlanAttention routes the rows (with
 // tensor_cores, chunks of kMinTileRows or more go to PrefillAttentionBf16,
 // the rest to PagedAttentionBf16 by row list; without, every row goes to
-// PagedAttentionBf16 unlisted), then compares with NaiveAttention. Leaves
+// PagedAttentionBf16 unlisted; with decode_tc, DecodeAttentionTcBf16 takes
+// PagedAttentionBf16's rows), then compares with NaiveAttention. Leaves
 // the plan in *plan so the caller can check which kernels ran, and the
 // output's bits in *bits when given.
 void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
                       const testing::Tolerance& tol, AttentionPlan* plan_out,
                       int32_t splits_per_block = cuda::kAutoSplitsPerBlock,
-                      std::vector<Bf16>* bits = nullptr) {
+                      std::vector<Bf16>* bits = nullptr, bool decode_tc = false) {
   AttentionProblem p = MakeAttentionProblem(c.heads, c.kv_heads, c.hs, c.block, c.seqs, seed);
   p.window = c.window;
+  p.softcap = c.softcap;
   // The reference sees what the GPU sees: bf16 K/V.
   for (auto* kv : {&p.seq_k, &p.seq_v}) {
     for (auto& s : *kv) s = RoundToBf16(s);
@@ -301,13 +305,16 @@ void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
                                .row_table_offset = d_off.get(),
                                .block_tables = d_tables.get(),
                                .rows = tensor_cores ? d_single.get() : nullptr,
-                               .window = c.window};
+                               .window = c.window,
+                               .softcap = c.softcap};
   if (!tensor_cores) {
     EXPECT_EQ(plan.num_single_rows(), rows);
   }
   CUDA_OK(cuda::PrefillAttentionBf16(args, d_tiles.get(), plan.num_tiles(), nullptr));
-  EXPECT_EQ(cuda::PagedAttentionBf16(args, plan.single_max_context, scratch.get(), nullptr,
-                                     splits_per_block),
+  EXPECT_EQ(decode_tc
+                ? cuda::DecodeAttentionTcBf16(args, plan.single_max_context, scratch.get(), nullptr)
+                : cuda::PagedAttentionBf16(args, plan.single_max_context, scratch.get(), nullptr,
+                                           splits_per_block),
             0);
   const std::vector<Bf16> out = d_out.ToHost();
   ExpectNear(ToFloat(out), ref, tol, "attention");
@@ -325,6 +332,7 @@ TEST_F(CudaBf16Test, PagedAttentionMatchesNaiveAttention) {
       {32, 4, 128, 16, {{1000, 990}, {256, 255}, {90, 60}}},  // GQA 8, 4 splits
       {16, 1, 256, 32, {{70, 0}, {600, 599}}},                // GQA 16, head 256
       {5, 5, 40, 16, {{45, 44}}},                             // head size not / 32
+      {8, 4, 32, 16, {{300, 299}, {20, 10}}, 0, 2.0f},        // Gemma 2's softcap
   };
   for (int32_t batch : {1, 64, 256}) {  // decode batches of mixed lengths
     AttentionCase c{32, 8, 64, 16, {}};
@@ -453,6 +461,62 @@ TEST_F(CudaBf16Test, SlidingWindowsMatchNaiveAttention) {
   }
 }
 
+// The tensor-core decode attention on every row the split-K kernel takes:
+// decode batches of 1 to 256 rows of mixed lengths (one split to six), GQA
+// 1/4/7/8 (head rows left empty), 16 (a whole MMA) and 32 (two chunks of
+// 16), head sizes 32/64/96/128, block sizes 16/32, prefill rows (one
+// position after another), sliding windows under, across and over the
+// splits, and Gemma 2's softcap. Each against NaiveAttention, at the
+// prefill kernel's tolerance
+// (Q and P rounded to bf16); and rows of a batch get the bits they get
+// alone.
+TEST_F(CudaBf16Test, DecodeAttentionOnTensorCoresMatchesNaiveAttention) {
+  if (!cuda::DeviceHasTensorCoreAttention(0)) GTEST_SKIP() << "compute capability below 8.0";
+  std::vector<AttentionCase> cases = {
+      {8, 2, 64, 16, {{1, 0}, {16, 15}, {17, 16}, {128, 127}, {129, 128}, {700, 699}}},
+      {7, 7, 64, 16, {{1, 0}, {300, 299}, {17, 3}}},          // GQA 1, prefill rows
+      {12, 3, 96, 32, {{257, 250}, {513, 512}, {33, 32}}},    // head 96, block 32
+      {32, 4, 128, 16, {{1000, 990}, {256, 255}, {90, 60}}},  // GQA 8
+      {14, 2, 64, 32, {{300, 299}, {2, 1}, {129, 97}}},       // GQA 7
+      {16, 1, 64, 16, {{150, 149}, {600, 590}}},              // GQA 16
+      {32, 1, 32, 16, {{70, 69}, {385, 380}}},                // GQA 32: two chunks
+  };
+  for (int32_t batch : {1, 64, 256}) {
+    AttentionCase c{32, 8, 64, 16, {}};
+    std::mt19937 rng(batch + 5);
+    for (int32_t i = 0; i < batch; ++i) {
+      const int32_t len = 1 + static_cast<int32_t>(rng() % 700);
+      c.seqs.push_back({len, len - 1});
+    }
+    cases.push_back(c);
+  }
+  uint32_t seed = 701;
+  for (AttentionCase c : cases) {
+    for (int32_t window : {0, 1, 100, 129, 300, -1}) {
+      // -1: Gemma 2's softcap of 2 (no window), which lets few tokens dominate.
+      c.window = std::max(window, 0);
+      c.softcap = window < 0 ? 2.0f : 0.0f;
+      SCOPED_TRACE(Describe(c));
+      AttentionPlan plan;
+      RunAttentionCase(c, seed, /*tensor_cores=*/false, kBf16TensorCoreTol, &plan,
+                       cuda::kAutoSplitsPerBlock, nullptr, /*decode_tc=*/true);
+    }
+    ++seed;
+  }
+  // A row's bits do not depend on the rows around it (a decode graph's
+  // bucket pads the batch) or on which cache blocks hold its context: the
+  // first sequence alone (the same K, V and query from the same seed, other
+  // blocks) against it among others.
+  const AttentionCase batch{8, 2, 64, 16, {{300, 299}, {40, 39}, {129, 128}}};
+  std::vector<Bf16> together, alone;
+  AttentionPlan plan;
+  RunAttentionCase(batch, 9, false, kBf16TensorCoreTol, &plan, 1, &together, true);
+  RunAttentionCase({8, 2, 64, 16, {batch.seqs[0]}}, 9, false, kBf16TensorCoreTol, &plan, 1, &alone,
+                   true);
+  ASSERT_EQ(alone.size(), size_t{8 * 64});
+  EXPECT_TRUE(std::equal(alone.begin(), alone.end(), together.begin()));
+}
+
 TEST_F(CudaBf16Test, PagedAttentionRejectsHeadSizesItCannotHold) {
   const cuda::Bf16AttentionArgs args{
       .shape = KvCacheShape{.num_blocks = 1, .num_layers = 1, .block_size = 16,
@@ -463,6 +527,10 @@ TEST_F(CudaBf16Test, PagedAttentionRejectsHeadSizesItCannotHold) {
   cuda::Bf16AttentionArgs fits = args;
   fits.shape.head_size = 64;
   EXPECT_NE(cuda::PagedAttentionBf16(fits, 1, nullptr, nullptr, -2), 0) << "splits per block -2";
+  for (int32_t hs : {40, 256}) {  // the tensor-core decode attention's are TensorCoreHeadSize's
+    fits.shape.head_size = hs;
+    EXPECT_NE(cuda::DecodeAttentionTcBf16(fits, 1, nullptr, nullptr), 0) << "head size " << hs;
+  }
 }
 
 TEST_F(CudaBf16Test, SiluMulMatchesCpu) {

@@ -54,6 +54,7 @@ struct AttentionProblem {
   std::vector<int64_t> slots;       // slot of every cached token (for KvWrite)
   std::vector<float> all_k, all_v;  // K/V of every cached token, in `slots` order
   int32_t window = 0;               // sliding window (0: none)
+  float softcap = 0.0f;             // Gemma 2's score softcap (0: none)
   PagedAttentionArgs Args(float* out) const {
     return PagedAttentionArgs{.q = q.data(),
                               .out = out,
@@ -65,7 +66,8 @@ struct AttentionProblem {
                               .row_pos = row_pos.data(),
                               .row_table_offset = row_table_offset.data(),
                               .block_tables = block_tables.data(),
-                              .window = window};
+                              .window = window,
+                              .softcap = softcap};
   }
 };
 
@@ -133,6 +135,7 @@ inline std::vector<double> NaiveAttention(const AttentionProblem& p) {
         double d = 0;
         for (int32_t i = 0; i < hs; ++i) d += double{q[i]} * k[t * width + kvh * hs + i];
         s[t] = d / std::sqrt(double(hs));
+        if (p.softcap > 0) s[t] = p.softcap * std::tanh(s[t] / p.softcap);
         mx = std::max(mx, s[t]);
       }
       double sum = 0;

@@ -1,7 +1,8 @@
 // Runner options that change where or when kernels run but must not change
 // a bit of the result (issue 31): the pipelined decode attention and decode
 // GEMVs launched as programmatic dependents, against the defaults, eagerly
-// and through decode graphs. Skipped without a device.
+// and through decode graphs; and the tensor-core decode attention against
+// itself. Skipped without a device.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -107,6 +108,16 @@ TEST(CudaRunnerTest, PipelinedDecodeAttentionGivesTheSameLogits) {
                  {{.attention_splits_per_block = 0, .cuda_graphs = false},
                   {.attention_splits_per_block = 2, .cuda_graphs = false},
                   {.attention_splits_per_block = 0, .cuda_graphs = true}});
+}
+
+// The tensor-core decode attention gives other bits than the split-K
+// kernel, but its own in a decode graph as eagerly: greedy tokens through
+// graphs against its eager logits' argmax.
+TEST(CudaRunnerTest, TensorCoreDecodeAttentionGraphsReplayItsEagerSteps) {
+  for (int32_t batch : {1, 8}) {
+    ExpectSameBits(batch, {.decode_attention_tensor_cores = true, .cuda_graphs = false},
+                   {{.decode_attention_tensor_cores = true, .cuda_graphs = true}});
+  }
 }
 
 // Decode GEMVs launched as programmatic dependents (compute capability 9.0;

@@ -146,11 +146,18 @@ inline void ExpectCudaMatchesTransformers(const Model& model, const std::vector<
         Greedy(model, c.prompt, c.max_tokens, Backend::kCuda, DType::kFloat32, nullptr, false)
             .tokens;
     ExpectDecisivePrefix(f32, c, label + " cuda float32");
-    const std::vector<int32_t> bf16 =
-        Greedy(model, c.prompt, c.max_tokens, Backend::kCuda, DType::kBFloat16, nullptr, false)
-            .tokens;
-    for (int32_t t = 0; t < c.max_tokens && c.margins[t] >= kBf16Margin; ++t) {
-      ASSERT_EQ(bf16[t], c.expected[t]) << label << " cuda bfloat16 token " << t;
+    // bfloat16 with either decode attention (the split-K kernel, the
+    // runner's default, and the tensor-core one).
+    for (bool tc : {false, true}) {
+      const std::vector<int32_t> bf16 =
+          Greedy(model, c.prompt, c.max_tokens, Backend::kCuda, DType::kBFloat16, nullptr, false,
+                 {.decode_attention_tensor_cores = tc})
+              .tokens;
+      for (int32_t t = 0; t < c.max_tokens && c.margins[t] >= kBf16Margin; ++t) {
+        ASSERT_EQ(bf16[t], c.expected[t])
+            << label << " cuda bfloat16" << (tc ? " (tensor-core decode attention)" : "")
+            << " token " << t;
+      }
     }
   }
 }

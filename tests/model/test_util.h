@@ -70,12 +70,13 @@ struct GreedyRun {
   std::vector<float> margins;
 };
 inline GreedyRun Greedy(const Model& model, const std::vector<int32_t>& prompt, int32_t max_tokens,
-                        Backend backend, DType dtype,
-                        const std::vector<int32_t>* forced = nullptr, bool stop_on_eos = true) {
+                        Backend backend, DType dtype, const std::vector<int32_t>* forced = nullptr,
+                        bool stop_on_eos = true, const ModelRunnerOptions& runner_opts = {}) {
   if (forced != nullptr) max_tokens = static_cast<int32_t>(forced->size());
   const int32_t bs = 16, need = static_cast<int32_t>(prompt.size()) + max_tokens + 1;
-  auto runner = ModelRunner::Create(
-      &model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype}, backend);
+  auto runner =
+      ModelRunner::Create(&model, {.block_size = bs, .num_blocks = need / bs + 2, .dtype = dtype},
+                          backend, runner_opts);
   EXPECT_TRUE(runner.ok()) << runner.status();
   std::vector<int32_t> table(need / bs + 1), chunk = prompt;
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);

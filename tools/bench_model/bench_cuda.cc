@@ -6,7 +6,8 @@
 //              [--batches 1,8,32,128,256] [--context 512] [--steps 32]
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
 //              [--attention tensor-cores|split-k] [--cuda-graphs on|off] [--profile]
-//              [--decode-attention auto|per-split|per-row] [--dependent-launch on|off]
+//              [--decode-attention auto|per-split|per-row|tensor-cores]
+//              [--dependent-launch on|off]
 //              [--sampling greedy|top-p] [--prompt-logprobs N]
 //
 // --shape names a model shape filled with random weights (speed does not
@@ -22,6 +23,8 @@
 // split of the split-K attention its own block, per-row gives a row's splits
 // to one pipelined block, auto picks by the batch
 // (ModelRunnerOptions::attention_splits_per_block; the same bits either way);
+// tensor-cores computes those rows on tensor cores instead
+// (ModelRunnerOptions::decode_attention_tensor_cores; other bits);
 // --dependent-launch on launches the decode GEMVs as programmatic dependents
 // of the kernels before them (ModelRunnerOptions::dependent_launch; off by
 // default for now, the same bits either way);
@@ -272,7 +275,8 @@ int main(int argc, char** argv) {
   flags.Add("peak-tflops", &peak_tflops, "dense bf16 tensor-core peak, TFLOPS (H100 SXM: 989)");
   flags.Add("attention", &attention, "tensor-cores | split-k: the bf16 prefill attention kernel");
   flags.Add("decode-attention", &decode_attention,
-            "auto | per-split | per-row: blocks of the split-K attention kernel");
+            "auto | per-split | per-row: blocks of the split-K attention kernel; "
+            "tensor-cores: the tensor-core decode attention instead");
   flags.Add("dependent-launch", &dependent,
             "on | off: decode GEMVs start under the kernel before (compute capability 9.0)");
   flags.Add("cuda-graphs", &graphs, "on | off: decode steps through CUDA graphs");
@@ -305,9 +309,11 @@ int main(int argc, char** argv) {
     g_runner_opts.attention_splits_per_block = 1;
   } else if (decode_attention == "per-row") {
     g_runner_opts.attention_splits_per_block = 0;
+  } else if (decode_attention == "tensor-cores") {
+    g_runner_opts.decode_attention_tensor_cores = true;
   } else {
-    flags.Fail("--decode-attention must be auto, per-split or per-row, not '" + decode_attention +
-               "'");
+    flags.Fail("--decode-attention must be auto, per-split, per-row or tensor-cores, not '" +
+               decode_attention + "'");
   }
   auto dtype = ParseDType(dtype_name);
   if (!dtype.ok()) flags.Fail(dtype.status().ToString());

@@ -113,6 +113,16 @@ inline constexpr int32_t kAutoSplitsPerBlock = -1;
 int PagedAttentionBf16(const Bf16AttentionArgs& args, int32_t max_context, float* scratch,
                        void* stream, int32_t splits_per_block = kAutoSplitsPerBlock);
 
+// The rows PagedAttentionBf16 takes, on tensor cores: a warp per (row, KV
+// head, up to 16 of its query heads, split), Q and P rounded to bf16 before
+// their MMAs (cuda_decode_attention_tc.cu), so not PagedAttentionBf16's bits
+// but the prefill kernel's accuracy; a row's bits depend only on its own
+// query and context. The same splits, scratch and combine as
+// PagedAttentionBf16. Head sizes TensorCoreHeadSize takes; compute
+// capability 8.0 (DeviceHasTensorCoreAttention).
+int DecodeAttentionTcBf16(const Bf16AttentionArgs& args, int32_t max_context, float* scratch,
+                          void* stream);
+
 // The tensor-core kernel for AttentionPlan's tiles (device array of
 // (first row, rows) pairs, num_tiles of them): the same causal attention as
 // PagedAttentionBf16 for those rows, with Q and P rounded to bf16 before

@@ -107,6 +107,14 @@ struct ModelRunnerOptions {
   // --decode-attention compares them). 1 until the pipelined kernel (any
   // other value) has passed its tests on a GPU; then -1.
   int32_t attention_splits_per_block = 1;
+  // CUDA bfloat16 on compute capability 8.0 and above, head sizes 32, 64, 96
+  // and 128: the rows the split-K kernel takes (decodes, short chunks) take
+  // the tensor-core decode attention instead
+  // (kernels::cuda::DecodeAttentionTcBf16: Q and P rounded to bf16 as in the
+  // prefill kernel, so other bits than the split-K kernel's; eager steps and
+  // decode graphs agree). Elsewhere the option changes nothing. Off until it
+  // has run on a GPU (bench_cuda --decode-attention tensor-cores).
+  bool decode_attention_tensor_cores = false;
   // CUDA bfloat16 on compute capability 9.0 and above: decode GEMVs (up to
   // kernels::cuda::kGemvMaxRows rows) are launched as programmatic dependents
   // of the kernel before them, so they start streaming their weights while
