@@ -7,15 +7,18 @@
 // per KV head it does 4 FLOP per byte of K/V in fp32 FMAs, shuffles and
 // exps: about 600 instructions per lane for 16 tokens, at 161 registers (3
 // blocks of 4 warps per multiprocessor). Here a warp does the same 16
-// tokens in 16 MMAs and about 100 other instructions, and needs no shared
-// memory.
+// tokens in 16 MMAs and about 100 other instructions, with no shared
+// memory for K and V.
 //
-// One warp per (row, KV head, chunk of up to 16 of its query heads, split of
-// kAttentionSplitTokens tokens); the splits combine as the split-K kernel's
-// do (same scratch, CombineAttentionSplits). A warp walks its split 16
-// tokens at a time and loads K and V from the cache straight into MMA
-// fragments, with no shared memory: the head dimensions and the output
-// dimensions are permuted so that each lane's share is contiguous.
+// One block per (row, KV head, chunk of up to 16 of its query heads, split
+// of kAttentionSplitTokens tokens), as the split-K kernel's blocks: at batch
+// 1 a warp per split would leave a quarter of the warps, each walking 128
+// tokens in turn. Each of the 4 warps takes 32 of the split's tokens, 16 at
+// a time, loading K and V from the cache straight into MMA fragments (the
+// head dimensions and the output dimensions are permuted so that each
+// lane's share is contiguous); the warps' states merge through shared
+// memory in warp order, and the splits combine as the split-K kernel's do
+// (same scratch, CombineAttentionSplits).
 // - S = Q K^T: A is Q (row g: head g, row g + 8: head g + 8), B is K^T (n:
 //   token). The reduction index k of k-step kk, lane t, maps to head
 //   dimension t * D/4 + 4 kk + (0, 1 for k = 2t, 2t+1; 2, 3 for k = 2t+8,
@@ -50,8 +53,10 @@ namespace tandem::kernels::cuda {
 
 namespace {
 
-constexpr int kTcWarps = 4;  // warps (independent work items) per block
-constexpr int kTile = 16;    // tokens per MMA step
+constexpr int kTcWarps = 4;  // warps per block, each kWarpTokens of the split
+constexpr int kWarpTokens = kAttentionSplitTokens / kTcWarps;
+constexpr int kTile = 16;  // tokens per MMA step
+static_assert(kWarpTokens % kTile == 0, "a warp's tokens are whole MMA steps");
 
 // kWords 32-bit words from p: 16-byte loads where kWords is a multiple of 4
 // (p then 16-byte aligned), else 8-byte ones.
@@ -82,20 +87,18 @@ __device__ __forceinline__ void ZeroWords(uint32_t (&w)[kWords]) {
 template <int D, bool kCap>
 __global__ void __launch_bounds__(kTcWarps * 32)
     DecodeAttentionTcKernel(Bf16AttentionArgs a, int32_t num_splits, int32_t head_chunks,
-                            int64_t num_warps, float* scratch) {
+                            float* scratch) {
   LetDependentsLaunch();       // the output projection's GEMV may come up beside it
   constexpr int kKW = D / 8;   // K words a lane loads per token (D/4 dimensions)
   constexpr int kVW = D / 16;  // V words a lane loads per token (D/8 dimensions)
   constexpr int kKS = D / 16;  // k-steps of Q K^T
   constexpr int kDN = D / 8;   // n-tiles of the output
-  const int64_t w = int64_t{blockIdx.x} * kTcWarps + threadIdx.x / 32;
-  if (w >= num_warps) return;  // whole warps: the MMAs below need all lanes
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  __shared__ float slots[kTcWarps][16][D + 2];  // each warp's m, l and sum per head row
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const KvCacheShape& sh = a.shape;
-  // Warp w: split w % num_splits of (row, KV head, head chunk) w / num_splits,
-  // so a block's warps read consecutive splits of one row's KV head.
-  const int32_t split = static_cast<int32_t>(w % num_splits);
-  int64_t rest = w / num_splits;
+  // Block b: split b % num_splits of (row, KV head, head chunk) b / num_splits.
+  const int32_t split = static_cast<int32_t>(blockIdx.x % num_splits);
+  int64_t rest = blockIdx.x / num_splits;
   const int32_t chunk = static_cast<int32_t>(rest % head_chunks);
   rest /= head_chunks;
   const int32_t kvh = static_cast<int32_t>(rest % sh.num_kv_heads);
@@ -104,8 +107,10 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   const int32_t pos = a.row_pos[row];
   const int32_t ctx = pos + 1;
   const int32_t t_begin = split * kAttentionSplitTokens;
-  if (t_begin >= ctx) return;
+  if (t_begin >= ctx) return;  // the whole block
   const int32_t t_end = min(ctx, t_begin + kAttentionSplitTokens);
+  const int32_t w_begin = t_begin + warp * kWarpTokens;
+  const int32_t w_end = min(t_end, w_begin + kWarpTokens);
   const int32_t lo = WindowStart(pos, a.window);
   const int32_t group = a.num_heads / sh.num_kv_heads;
   const int32_t h0 = kvh * group + chunk * 16;
@@ -138,9 +143,9 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   auto seen = [&](int32_t tok) { return tok >= lo && tok < t_end; };
 
   // Tiles below the window fold nothing: start at the one holding lo.
-  int32_t first = t_begin;
+  int32_t first = w_begin;
   if (lo > first) first += (lo - first) / kTile * kTile;
-  for (int32_t base = first; base < t_end; base += kTile) {
+  for (int32_t base = first; base < w_end; base += kTile) {
     // K of tokens base + g and base + 8 + g (this lane's D/4 dimensions),
     // V of base + 2t, + 1, base + 8 + 2t, + 1 (its D/8); zeros where not
     // seen, so that a zero weight never meets a NaN.
@@ -224,43 +229,53 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     }
   }
 
-  // Each lane summed its own columns: the rows' sums over the quad.
+  // Each lane summed its own columns: the rows' sums over the quad. Then
+  // the warp's state to shared memory (m is -FLT_MAX where it saw nothing,
+  // as the split-K kernel's).
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-  }
-  const bool single = ctx <= kAttentionSplitTokens;
-  constexpr int32_t stride = D + 2;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int32_t r = g + 8 * i;
-    if (r >= heads) continue;
-    const int64_t rh = int64_t{row} * a.num_heads + h0 + r;
+    float* slot = slots[warp][g + 8 * i];
+    if (t == 0) {
+      slot[0] = mx[i] == -INFINITY ? -FLT_MAX : mx[i];
+      slot[1] = l[i];
+    }
     // Output dimensions 2t D/8 + dn (column 2t) and (2t+1) D/8 + dn.
     const int32_t d0 = 2 * t * (D / 8), d1 = d0 + D / 8;
-    if (single) {
-      Bf16* out = a.out + rh * D;
-      const float inv = 1.0f / l[i];
-#pragma unroll
-      for (int dn = 0; dn < kDN; ++dn) {
-        out[d0 + dn] = Store(o[dn][2 * i] * inv);
-        out[d1 + dn] = Store(o[dn][2 * i + 1] * inv);
-      }
-      continue;
-    }
-    // The split's state as the split-K kernel leaves it: m (-FLT_MAX when
-    // nothing was seen), l, then the unnormalized sum.
-    float* p = scratch + (rh * num_splits + split) * stride;
-    if (t == 0) {
-      p[0] = mx[i] == -INFINITY ? -FLT_MAX : mx[i];
-      p[1] = l[i];
-    }
 #pragma unroll
     for (int dn = 0; dn < kDN; ++dn) {
-      p[2 + d0 + dn] = o[dn][2 * i];
-      p[2 + d1 + dn] = o[dn][2 * i + 1];
+      slot[2 + d0 + dn] = o[dn][2 * i];
+      slot[2 + d1 + dn] = o[dn][2 * i + 1];
     }
+  }
+  __syncthreads();
+  // The warps' states merged in warp order: the output (a row of one
+  // split) or the split's place in scratch.
+  const bool single = ctx <= kAttentionSplitTokens;
+  for (int32_t idx = threadIdx.x; idx < heads * D; idx += kTcWarps * 32) {
+    const int32_t r = idx / D, d = idx % D;
+    float m = -FLT_MAX;
+#pragma unroll
+    for (int v = 0; v < kTcWarps; ++v) m = fmaxf(m, slots[v][r][0]);
+    float lsum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kTcWarps; ++v) {
+      const float e = __expf(slots[v][r][0] - m);
+      lsum += slots[v][r][1] * e;
+      acc += slots[v][r][2 + d] * e;
+    }
+    const int64_t rh = int64_t{row} * a.num_heads + h0 + r;
+    if (single) {
+      a.out[rh * D + d] = Store(acc / lsum);
+      continue;
+    }
+    float* p = scratch + (rh * num_splits + split) * (D + 2);
+    if (d == 0) {
+      p[0] = m;
+      p[1] = lsum;
+    }
+    p[2 + d] = acc;
   }
 }
 
@@ -268,10 +283,9 @@ template <int D, bool kCap>
 int Launch(const Bf16AttentionArgs& a, int32_t splits, float* scratch, void* stream) {
   const int32_t group = a.num_heads / a.shape.num_kv_heads;
   const int32_t head_chunks = (group + 15) / 16;
-  const int64_t warps = int64_t{a.num_rows} * a.shape.num_kv_heads * head_chunks * splits;
-  const auto blocks = static_cast<unsigned>((warps + kTcWarps - 1) / kTcWarps);
-  DecodeAttentionTcKernel<D, kCap>
-      <<<blocks, kTcWarps * 32, 0, S(stream)>>>(a, splits, head_chunks, warps, scratch);
+  const int64_t blocks = int64_t{a.num_rows} * a.shape.num_kv_heads * head_chunks * splits;
+  DecodeAttentionTcKernel<D, kCap><<<static_cast<unsigned>(blocks), kTcWarps * 32, 0, S(stream)>>>(
+      a, splits, head_chunks, scratch);
   return cudaGetLastError();
 }
 

@@ -113,8 +113,9 @@ inline constexpr int32_t kAutoSplitsPerBlock = -1;
 int PagedAttentionBf16(const Bf16AttentionArgs& args, int32_t max_context, float* scratch,
                        void* stream, int32_t splits_per_block = kAutoSplitsPerBlock);
 
-// The rows PagedAttentionBf16 takes, on tensor cores: a warp per (row, KV
-// head, up to 16 of its query heads, split), Q and P rounded to bf16 before
+// The rows PagedAttentionBf16 takes, on tensor cores: a block per (row, KV
+// head, up to 16 of its query heads, split), a warp per 32 of the split's
+// tokens, Q and P rounded to bf16 before
 // their MMAs (cuda_decode_attention_tc.cu), so not PagedAttentionBf16's bits
 // but the prefill kernel's accuracy; a row's bits depend only on its own
 // query and context. The same splits, scratch and combine as
