@@ -4,6 +4,9 @@
 #   bash run.sh bench   # bench_cuda on the issue-15/31 shapes, then PyTorch's figure
 #   bash run.sh all
 #   bash run.sh profile # ncu: per-kernel time of decode steps and prefills
+#                       # (PROFILE_BATCHES, PROFILE_PREFILLS; PROFILE_ARGS: more
+#                       # bench_cuda flags for the decode steps, e.g.
+#                       # "--decode-attention tensor-cores")
 #   bash run.sh frontend [flags]   # a --services bundle in the checkout's
 #                                  # root: tools/bench_frontend/run.sh
 #   bash run.sh kvttft [flags]     # the same: tools/bench_kv_ttft/run.sh
@@ -61,7 +64,9 @@ if [ "$what" = profile ]; then
     python3 "$here/kernel_profile.py" --steps "$steps" "$out/ncu-$name.csv" | tee -a "$out/profile.txt"
   }
   for b in ${PROFILE_BATCHES:-1 32 256}; do
-    prof "decode-b$b" 3 --shape llama-3.2-1b --batches "$b" --steps 4 --prefill= --cuda-graphs off
+    # shellcheck disable=SC2086
+    prof "decode-b$b" 3 --shape llama-3.2-1b --batches "$b" --steps 4 --prefill= --cuda-graphs off \
+      ${PROFILE_ARGS:-}
   done
   for n in ${PROFILE_PREFILLS:-8192}; do
     prof "prefill-$n" 3 --shape llama-3.2-1b --batches= --prefill "$n"
