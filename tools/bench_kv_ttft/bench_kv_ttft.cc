@@ -28,6 +28,7 @@
 #include "grpcpp/security/credentials.h"
 #include "tandem/common/flags.h"
 #include "tandem/kvconnector/kvstore_client.h"
+#include "tandem/rpc/status.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace {
@@ -73,7 +74,12 @@ Result Generate(tandem::v1::Generation::Stub* stub, const std::vector<int32_t>& 
       r.cached_local = msg.usage().cached_tokens_local();
     }
   }
-  r.ok = reader->Finish().ok();
+  const grpc::Status status = reader->Finish();
+  r.ok = status.ok();
+  if (!r.ok) {  // every caller's failure then says why
+    std::fprintf(stderr, "Generate (%zu prompt tokens): %s: %s\n", prompt.size(),
+                 tandem::rpc::StatusCodeName(status).c_str(), status.error_message().c_str());
+  }
   r.total_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   return r;
 }

@@ -86,7 +86,15 @@ start wc "${W[@]}" --num-blocks "$BLOCKS"; WC=$ADDR
 start sa "$S" --worker "$WA" --kvstore "$KV"; SA=$ADDR
 start sb "$S" --worker "$WB" --kvstore "$KV" --allow-request-cache-salt; SB=$ADDR
 start sc "$S" --worker "$WC"; SC=$ADDR
-sleep 1
+# A worker writes its port before it loads the model, and a scheduler answers
+# UNAVAILABLE until it has connected to its worker: wait for all three (the
+# 1b model takes tens of seconds to load; the H200 run of 2026-11-30 began
+# before and every request failed).
+for s in sa sb sc; do
+  for _ in $(seq 1 12000); do grep -q "connected to worker" "$RUN/$s.log" && break; sleep 0.05; done
+  grep -q "connected to worker" "$RUN/$s.log" ||
+    { echo "scheduler $s has no worker after 600 s (logs: $RUN)" >&2; tail -n 5 "$RUN"/w*.log >&2; exit 1; }
+done
 echo "model $MODEL, --backend $BACKEND --dtype $DTYPE, $BLOCKS KV blocks per worker"
 # A failed run says why: the bench's status and every service's last lines
 # (the H200 run of 2026-11-30 ended here with no word at all).
