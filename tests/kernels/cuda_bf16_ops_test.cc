@@ -257,6 +257,18 @@ std::string Describe(const AttentionCase& c) {
          std::to_string(c.softcap);
 }
 
+// Llama-3.2-1B's attention shape, `batch` decode rows of contexts drawn
+// from 1 .. max_len.
+AttentionCase DecodeBatch(int32_t batch, uint32_t seed, int32_t max_len) {
+  AttentionCase c{32, 8, 64, 16, {}};
+  std::mt19937 rng(seed);
+  for (int32_t i = 0; i < batch; ++i) {
+    const int32_t len = 1 + static_cast<int32_t>(rng() % max_len);
+    c.seqs.push_back({len, len - 1});
+  }
+  return c;
+}
+
 // Runs one case as the runner does: PlanAttention routes the rows (with
 // tensor_cores, chunks of kMinTileRows or more go to PrefillAttentionBf16,
 // the rest to PagedAttentionBf16 by row list; without, every row goes to
@@ -334,15 +346,8 @@ TEST_F(CudaBf16Test, PagedAttentionMatchesNaiveAttention) {
       {5, 5, 40, 16, {{45, 44}}},                             // head size not / 32
       {8, 4, 32, 16, {{300, 299}, {20, 10}}, 0, 2.0f},        // Gemma 2's softcap
   };
-  for (int32_t batch : {1, 64, 256}) {  // decode batches of mixed lengths
-    AttentionCase c{32, 8, 64, 16, {}};
-    std::mt19937 rng(batch);
-    for (int32_t i = 0; i < batch; ++i) {
-      const int32_t len = 1 + static_cast<int32_t>(rng() % 700);
-      c.seqs.push_back({len, len - 1});
-    }
-    cases.push_back(c);
-  }
+  for (int32_t batch : {1, 64, 256})
+    cases.push_back(DecodeBatch(batch, batch, 700));  // mixed lengths
   uint32_t seed = 11;
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(Describe(c));
@@ -368,15 +373,7 @@ TEST_F(CudaBf16Test, SplitKBlocksOfAnySizeGiveTheSameBits) {
       {12, 3, 96, 16, {{513, 512}, {200, 199}}},
       {16, 2, 64, 16, {{40, 23}, {700, 600}, {260, 250}}},  // prefill rows too
   };
-  for (int32_t batch : {64, 256}) {
-    AttentionCase c{32, 8, 64, 16, {}};
-    std::mt19937 rng(batch + 7);
-    for (int32_t i = 0; i < batch; ++i) {
-      const int32_t len = 1 + static_cast<int32_t>(rng() % 900);
-      c.seqs.push_back({len, len - 1});
-    }
-    cases.push_back(c);
-  }
+  for (int32_t batch : {64, 256}) cases.push_back(DecodeBatch(batch, batch + 7, 900));
   uint32_t seed = 301;
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(Describe(c));
@@ -481,15 +478,7 @@ TEST_F(CudaBf16Test, DecodeAttentionOnTensorCoresMatchesNaiveAttention) {
       {16, 1, 64, 16, {{150, 149}, {600, 590}}},              // GQA 16
       {32, 1, 32, 16, {{70, 69}, {385, 380}}},                // GQA 32: two chunks
   };
-  for (int32_t batch : {1, 64, 256}) {
-    AttentionCase c{32, 8, 64, 16, {}};
-    std::mt19937 rng(batch + 5);
-    for (int32_t i = 0; i < batch; ++i) {
-      const int32_t len = 1 + static_cast<int32_t>(rng() % 700);
-      c.seqs.push_back({len, len - 1});
-    }
-    cases.push_back(c);
-  }
+  for (int32_t batch : {1, 64, 256}) cases.push_back(DecodeBatch(batch, batch + 5, 700));
   uint32_t seed = 701;
   for (AttentionCase c : cases) {
     for (int32_t window : {0, 1, 100, 129, 300, -1}) {
