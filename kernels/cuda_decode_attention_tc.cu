@@ -55,7 +55,7 @@ namespace {
 
 constexpr int kTcWarps = 4;  // warps per block, each kWarpTokens of the split
 constexpr int kWarpTokens = kAttentionSplitTokens / kTcWarps;
-constexpr int kTile = 16;  // tokens per MMA step
+constexpr int kTile = 16;  // tokens per MMA step (TensorCoreDecodeBlockSize)
 static_assert(kWarpTokens % kTile == 0, "a warp's tokens are whole MMA steps");
 
 // kWords 32-bit words from p: 16-byte loads where kWords is a multiple of 4
@@ -137,8 +137,16 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
   for (int dn = 0; dn < kDN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
   float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  // A token's K row (kv 0) or V row (1). The cache's blocks hold whole
+  // tiles (block sizes 16, 32, ...), so a tile's 16 tokens lie in one
+  // block, slot_stride apart: one table lookup and one offset per tile (per
+  // token, the address arithmetic was most of the loop's instructions).
+  const int64_t slot_stride = int64_t{sh.num_kv_heads} * D;
+  const int64_t v_after_k = int64_t{sh.block_size} * slot_stride;
+  const Bf16* tile_k = nullptr;  // token tile_base's K row
+  int32_t tile_base = 0;
   auto cache_row = [&](int32_t tok, int kv) {
-    return a.cache + sh.Offset(table[tok / sh.block_size], a.layer, kv, tok % sh.block_size, kvh);
+    return tile_k + kv * v_after_k + (tok - tile_base) * slot_stride;
   };
   auto seen = [&](int32_t tok) { return tok >= lo && tok < t_end; };
 
@@ -146,19 +154,18 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   int32_t first = w_begin;
   if (lo > first) first += (lo - first) / kTile * kTile;
   for (int32_t base = first; base < w_end; base += kTile) {
+    tile_base = base;
+    tile_k =
+        a.cache + sh.Offset(table[base / sh.block_size], a.layer, 0, base % sh.block_size, kvh);
     // K of tokens base + g and base + 8 + g (this lane's D/4 dimensions),
-    // V of base + 2t, + 1, base + 8 + 2t, + 1 (its D/8); zeros where not
-    // seen, so that a zero weight never meets a NaN.
+    // V of base + 2t, + 1, base + 8 + 2t, + 1 (its D/8). The tile lies in
+    // one allocated cache block, so every slot may be read: K whatever a
+    // slot holds (its score is masked after the MMA, and a score depends on
+    // its own token's K alone), V zeros where not seen, so that a zero
+    // weight never meets a stale NaN.
     uint32_t kw[2][kKW], vw[4][kVW];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int32_t tok = base + 8 * j + g;
-      if (seen(tok)) {
-        LoadWords(cache_row(tok, 0) + t * (D / 4), kw[j]);
-      } else {
-        ZeroWords(kw[j]);
-      }
-    }
+    for (int j = 0; j < 2; ++j) LoadWords(cache_row(base + 8 * j + g, 0) + t * (D / 4), kw[j]);
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int32_t tok = base + 8 * (u / 2) + 2 * t + u % 2;
@@ -309,7 +316,7 @@ int DecodeAttentionTcBf16(const Bf16AttentionArgs& a, int32_t max_context, float
                           void* stream) {
   if (a.num_rows == 0) return cudaSuccess;
   if (!TensorCoreHeadSize(a.shape.head_size) || a.shape.num_kv_heads <= 0 ||
-      a.num_heads % a.shape.num_kv_heads != 0) {
+      a.num_heads % a.shape.num_kv_heads != 0 || !TensorCoreDecodeBlockSize(a.shape.block_size)) {
     return cudaErrorInvalidValue;
   }
   const int32_t splits = AttentionSplits(max_context);

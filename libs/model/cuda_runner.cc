@@ -243,6 +243,7 @@ absl::Status CudaRunnerBase::InitCommon() {
                            kd::DeviceHasTensorCoreAttention(device_);
   decode_tensor_cores_ = decode_tensor_cores_ && opts_.dtype == DType::kBFloat16 &&
                          kernels::TensorCoreHeadSize(c.head_size) &&
+                         kernels::TensorCoreDecodeBlockSize(opts_.block_size) &&
                          kd::DeviceHasTensorCoreAttention(device_);
   graphs_enabled_ = graphs_enabled_ && opts_.dtype == DType::kBFloat16;
   dependent_launch_ = dependent_launch_ && opts_.dtype == DType::kBFloat16 &&

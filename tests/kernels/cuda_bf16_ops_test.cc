@@ -4,8 +4,10 @@
 // 8-bit mantissa: relative steps of 2^-8). Skipped without a device.
 #include "tandem/kernels/cuda_bf16_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "cuda_test_util.h"
@@ -290,7 +292,11 @@ void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
   p.all_k = RoundToBf16(p.all_k);
   p.all_v = RoundToBf16(p.all_v);
   const std::vector<double> ref = testing::NaiveAttention(p);
-  // Write the cache through cpu::KvWrite (fp32), then convert it.
+  // Write the cache through cpu::KvWrite (fp32), then convert it. Every
+  // slot no token was written to holds NaN: a kernel that lets one reach a
+  // result (a stale slot in a row's last block, read and weighted by 0)
+  // fails.
+  std::fill(p.cache.begin(), p.cache.end(), std::numeric_limits<float>::quiet_NaN());
   const int32_t n = static_cast<int32_t>(p.slots.size());
   cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(), n, p.slots.data());
   DeviceVector<Bf16> d_cache(ToBf16(p.cache)), d_out(p.q.size());

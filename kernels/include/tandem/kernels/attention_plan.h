@@ -42,6 +42,13 @@ TANDEM_HD constexpr bool TensorCoreHeadSize(int32_t head_size) {
   return head_size == 32 || head_size == 64 || head_size == 96 || head_size == 128;
 }
 
+// The tensor-core decode attention (cuda_decode_attention_tc.cu) walks a
+// row's context 16 tokens at a time and looks up each 16 in one cache
+// block: it takes block sizes that are multiples of 16.
+TANDEM_HD constexpr bool TensorCoreDecodeBlockSize(int32_t block_size) {
+  return block_size > 0 && block_size % 16 == 0;
+}
+
 // The tensor-core kernel's block: 4 warps of 16 query rows per MMA tile, two
 // tiles per warp up to head size 64 (one above: the output fragments of a
 // 128-wide head take the registers), so 128 or 64 rows of MMA work. A block

@@ -119,8 +119,9 @@ int PagedAttentionBf16(const Bf16AttentionArgs& args, int32_t max_context, float
 // their MMAs (cuda_decode_attention_tc.cu), so not PagedAttentionBf16's bits
 // but the prefill kernel's accuracy; a row's bits depend only on its own
 // query and context. The same splits, scratch and combine as
-// PagedAttentionBf16. Head sizes TensorCoreHeadSize takes; compute
-// capability 8.0 (DeviceHasTensorCoreAttention).
+// PagedAttentionBf16. Head sizes TensorCoreHeadSize takes, block sizes
+// TensorCoreDecodeBlockSize takes; compute capability 8.0
+// (DeviceHasTensorCoreAttention).
 int DecodeAttentionTcBf16(const Bf16AttentionArgs& args, int32_t max_context, float* scratch,
                           void* stream);
 

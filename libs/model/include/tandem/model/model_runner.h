@@ -108,8 +108,8 @@ struct ModelRunnerOptions {
   // other value) has passed its tests on a GPU; then -1.
   int32_t attention_splits_per_block = 1;
   // CUDA bfloat16 on compute capability 8.0 and above, head sizes 32, 64, 96
-  // and 128: the rows the split-K kernel takes (decodes, short chunks) take
-  // the tensor-core decode attention instead
+  // and 128, block sizes that are multiples of 16: the rows the split-K kernel takes (decodes,
+  // short chunks) take the tensor-core decode attention instead
   // (kernels::cuda::DecodeAttentionTcBf16: Q and P rounded to bf16 as in the
   // prefill kernel, so other bits than the split-K kernel's; eager steps and
   // decode graphs agree). Elsewhere the option changes nothing. Off until it
