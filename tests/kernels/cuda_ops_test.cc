@@ -2,7 +2,11 @@
 // the build has no CUDA or no device is present.
 #include "tandem/kernels/cuda_ops.h"
 
+#include <algorithm>
 #include <cstring>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "cuda_test_util.h"
@@ -77,12 +81,19 @@ TEST_F(CudaOpsTest, RopeMatchesCpu) {
   }
 }
 
+// Short contexts, and (the last two shapes) contexts and a head size past
+// the kernel's 128 threads a (row, head).
 TEST_F(CudaOpsTest, KvWriteAndPagedAttentionMatchCpu) {
   uint32_t seed = 3;
-  for (auto [heads, kv_heads, hs, block] :
-       std::vector<std::tuple<int, int, int, int>>{{8, 4, 8, 16}, {4, 1, 128, 4}, {6, 2, 64, 8}}) {
-    AttentionProblem p =
-        MakeAttentionProblem(heads, kv_heads, hs, block, {{37, 36}, {40, 21}, {16, 0}}, seed++);
+  using Seqs = std::vector<std::pair<int32_t, int32_t>>;
+  const Seqs short_seqs = {{37, 36}, {40, 21}, {16, 0}}, long_seqs = {{300, 299}, {200, 150}};
+  for (auto [heads, kv_heads, hs, block, seqs] :
+       std::vector<std::tuple<int, int, int, int, Seqs>>{{8, 4, 8, 16, short_seqs},
+                                                         {4, 1, 128, 4, short_seqs},
+                                                         {6, 2, 64, 8, short_seqs},
+                                                         {8, 2, 64, 16, long_seqs},
+                                                         {4, 2, 256, 16, long_seqs}}) {
+    AttentionProblem p = MakeAttentionProblem(heads, kv_heads, hs, block, seqs, seed++);
     DeviceVector<float> d_cache(p.cache), d_k(p.all_k), d_v(p.all_v), d_q(p.q), d_out(p.q.size());
     DeviceVector<int64_t> d_slots(p.slots);
     const int32_t n = static_cast<int32_t>(p.slots.size());
@@ -100,7 +111,7 @@ TEST_F(CudaOpsTest, KvWriteAndPagedAttentionMatchCpu) {
       args.row_pos = d_pos.get();
       args.row_table_offset = d_off.get();
       args.block_tables = d_tables.get();
-      const int32_t max_context = 41;
+      const int32_t max_context = *std::max_element(p.row_pos.begin(), p.row_pos.end()) + 1;
       DeviceVector<float> scratch(p.row_pos.size() * heads * max_context);
       CUDA_OK(cuda::PagedAttention(args, scratch.get(), max_context));
       ExpectNear(d_out.ToHost(), ref, {2e-5, 1e-4}, "attention, window " + std::to_string(window));
