@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
+#include <string>
 
 #include "cuda_test_util.h"
 #include "gtest/gtest.h"
@@ -291,7 +293,18 @@ void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
   }
   p.all_k = RoundToBf16(p.all_k);
   p.all_v = RoundToBf16(p.all_v);
-  const std::vector<double> ref = testing::NaiveAttention(p);
+  // The reference of a (case, seed), computed once: the tests run each case
+  // through several kernels and choices, and the double-precision loops
+  // over thousands of positions were most of this binary's minutes.
+  static std::map<std::string, std::vector<double>> references;
+  std::string key = Describe(c) + " seed " + std::to_string(seed);
+  for (const auto& [len, first] : c.seqs)
+    key += " " + std::to_string(len) + "/" + std::to_string(first);
+  auto known = references.find(key);
+  if (known == references.end()) {
+    known = references.emplace(key, testing::NaiveAttention(p)).first;
+  }
+  const std::vector<double>& ref = known->second;
   // Write the cache through cpu::KvWrite (fp32), then convert it. Every
   // slot no token was written to holds NaN: a kernel that lets one reach a
   // result (a stale slot in a row's last block, read and weighted by 0)
