@@ -31,70 +31,35 @@ __global__ void RmsNormKernel(const float* x, const float* w, int32_t rows, int3
   if (r < rows) RmsNormRow(x + int64_t{r} * dim, w, dim, eps, out + int64_t{r} * dim);
 }
 
-// One block per (row, head): AttendRowHead's operations in its order, with
-// what is independent spread over the block's threads: a thread per
-// position for the scores, the exps and the division, one thread for the
-// maximum and the sum over positions (in increasing position, as the CPU),
-// a thread per head element for the weighted sum of V (over positions in
-// increasing order). A thread per (row, head) doing all of it took a
-// Llama-3.2-1B decode step 121 ms on an H200 (2026-11-30, batch 1, context
-// 512): 32 threads, each walking 512 keys with a load round trip per few
-// elements.
+// One block per (row, head): RowHeadAttention's operations, as
+// AttendRowHead runs them, with what is independent spread over the block's
+// threads: a thread per position for the scores, the exps and the division,
+// one thread for the maximum and the sum over positions, a thread per head
+// element for the weighted sum of V. A thread per (row, head) running
+// AttendRowHead took a Llama-3.2-1B decode step 121 ms on an H200
+// (2026-11-30, batch 1, context 512): 32 threads, each walking 512 keys with
+// a load round trip every few elements.
 constexpr int kAttnThreads = 128;
 __global__ void __launch_bounds__(kAttnThreads)
     AttentionKernel(PagedAttentionArgs a, float* scratch, int32_t max_context) {
   const int64_t i = blockIdx.x;
-  const int32_t row = static_cast<int32_t>(i / a.num_heads);
-  const int32_t head = static_cast<int32_t>(i % a.num_heads);
+  const RowHeadAttention rh(a, static_cast<int32_t>(i / a.num_heads),
+                            static_cast<int32_t>(i % a.num_heads));
   float* scores = scratch + i * max_context;
-  const KvCacheShape& sh = a.shape;
-  const int32_t hs = sh.head_size;
-  const int32_t pos = a.row_pos[row];
-  const int32_t* table = a.block_tables + a.row_table_offset[row];
-  const int32_t kv_head = head / (a.num_heads / sh.num_kv_heads);
-  const float* q = a.q + (int64_t{row} * a.num_heads + head) * hs;
-  const float scale = sqrtf(static_cast<float>(hs));
-  const int32_t lo = WindowStart(pos, a.window);
-  auto cache_row = [&](int32_t t, int kv) {
-    return a.cache + sh.Offset(table[t / sh.block_size], a.layer, kv, t % sh.block_size, kv_head);
-  };
-  for (int32_t t = lo + static_cast<int32_t>(threadIdx.x); t <= pos; t += kAttnThreads) {
-    const float* k = cache_row(t, 0);
-    float score = 0.0f;
-    for (int32_t d = 0; d < hs; ++d) score += q[d] * k[d];
-    score /= scale;
-    if (a.softcap > 0.0f) score = TanhSoftcap(score, a.softcap);
-    scores[t] = score;
-  }
+  const int32_t first = rh.lo + static_cast<int32_t>(threadIdx.x);
+  for (int32_t t = first; t <= rh.pos; t += kAttnThreads) scores[t] = rh.Score(t);
   __shared__ float max_val, sum;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float m = scores[lo];
-    for (int32_t t = lo + 1; t <= pos; ++t) {
-      if (scores[t] > m) m = scores[t];
-    }
-    max_val = m;
-  }
+  if (threadIdx.x == 0) max_val = rh.Max(scores);
   __syncthreads();
-  for (int32_t t = lo + static_cast<int32_t>(threadIdx.x); t <= pos; t += kAttnThreads) {
-    scores[t] = expf(scores[t] - max_val);
-  }
+  for (int32_t t = first; t <= rh.pos; t += kAttnThreads) scores[t] = expf(scores[t] - max_val);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int32_t t = lo; t <= pos; ++t) total += scores[t];
-    sum = total;
-  }
+  if (threadIdx.x == 0) sum = rh.Sum(scores);
   __syncthreads();
-  for (int32_t t = lo + static_cast<int32_t>(threadIdx.x); t <= pos; t += kAttnThreads) {
-    scores[t] /= sum;
-  }
+  for (int32_t t = first; t <= rh.pos; t += kAttnThreads) scores[t] /= sum;
   __syncthreads();
-  float* o = a.out + (int64_t{row} * a.num_heads + head) * hs;
-  for (int32_t d = static_cast<int32_t>(threadIdx.x); d < hs; d += kAttnThreads) {
-    float acc = 0.0f;
-    for (int32_t t = lo; t <= pos; ++t) acc += scores[t] * cache_row(t, 1)[d];
-    o[d] = acc;
+  for (int32_t d = static_cast<int32_t>(threadIdx.x); d < a.shape.head_size; d += kAttnThreads) {
+    rh.out[d] = rh.Weighted(scores, d);
   }
 }
 

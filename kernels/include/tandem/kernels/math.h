@@ -139,46 +139,76 @@ struct PagedAttentionArgs {
 // Gemma 2's tanh softcapping of an attention score or a logit (cap > 0).
 TANDEM_HD inline float TanhSoftcap(float x, float cap) { return cap * tanhf(x / cap); }
 
+// One (row, head) of a paged attention, and run.c's operations on it, each
+// in run.c's order: AttendRowHead runs them in turn, the CUDA float32
+// kernel spreads the independent ones over a block's threads.
+struct RowHeadAttention {
+  const PagedAttentionArgs* a;
+  const int32_t* table;  // the row's block table
+  const float* q;
+  float* out;
+  int32_t kv_head, pos, lo;  // the row attends to positions lo .. pos
+  float scale;
+
+  TANDEM_HD RowHeadAttention(const PagedAttentionArgs& args, int32_t row, int32_t head)
+      : a(&args),
+        table(args.block_tables + args.row_table_offset[row]),
+        q(args.q + (int64_t{row} * args.num_heads + head) * args.shape.head_size),
+        out(args.out + (int64_t{row} * args.num_heads + head) * args.shape.head_size),
+        kv_head(head / (args.num_heads / args.shape.num_kv_heads)),
+        pos(args.row_pos[row]),
+        lo(WindowStart(args.row_pos[row], args.window)),
+        scale(sqrtf(static_cast<float>(args.shape.head_size))) {}
+
+  // Position t's K row (kv 0) or V row (1).
+  TANDEM_HD const float* Row(int32_t t, int32_t kv) const {
+    const KvCacheShape& sh = a->shape;
+    return a->cache + sh.Offset(table[t / sh.block_size], a->layer, kv, t % sh.block_size, kv_head);
+  }
+  // The score of position t: q . k over the head in increasing order,
+  // divided by sqrt(head_size), then softcapped.
+  TANDEM_HD float Score(int32_t t) const {
+    const float* k = Row(t, 0);
+    float score = 0.0f;
+    for (int32_t i = 0; i < a->shape.head_size; ++i) score += q[i] * k[i];
+    score /= scale;
+    if (a->softcap > 0.0f) score = TanhSoftcap(score, a->softcap);
+    return score;
+  }
+  // The largest of scores[lo .. pos].
+  TANDEM_HD float Max(const float* scores) const {
+    float max_val = scores[lo];
+    for (int32_t t = lo + 1; t <= pos; ++t) {
+      if (scores[t] > max_val) max_val = scores[t];
+    }
+    return max_val;
+  }
+  // scores[lo .. pos] summed in increasing position.
+  TANDEM_HD float Sum(const float* scores) const {
+    float sum = 0.0f;
+    for (int32_t t = lo; t <= pos; ++t) sum += scores[t];
+    return sum;
+  }
+  // Output element i: weights[t] * v_t[i] summed in increasing position.
+  TANDEM_HD float Weighted(const float* weights, int32_t i) const {
+    float o = 0.0f;
+    for (int32_t t = lo; t <= pos; ++t) o += weights[t] * Row(t, 1)[i];
+    return o;
+  }
+};
+
 // One (row, head): scores, softmax and the weighted sum of V exactly as
 // run.c computes them, over the row's window. `scores` holds row_pos[row] + 1
 // floats (those below the window are not touched).
 TANDEM_HD inline void AttendRowHead(const PagedAttentionArgs& a, int32_t row, int32_t head,
                                     float* scores) {
-  const KvCacheShape& sh = a.shape;
-  const int32_t hs = sh.head_size;
-  const int32_t pos = a.row_pos[row];
-  const int32_t* table = a.block_tables + a.row_table_offset[row];
-  const int32_t kv_head = head / (a.num_heads / sh.num_kv_heads);
-  const float* q = a.q + (int64_t{row} * a.num_heads + head) * hs;
-  const float scale = sqrtf(static_cast<float>(hs));
-  const int32_t lo = WindowStart(pos, a.window);
-  for (int32_t t = lo; t <= pos; ++t) {
-    const float* k =
-        a.cache + sh.Offset(table[t / sh.block_size], a.layer, 0, t % sh.block_size, kv_head);
-    float score = 0.0f;
-    for (int32_t i = 0; i < hs; ++i) score += q[i] * k[i];
-    score /= scale;
-    if (a.softcap > 0.0f) score = TanhSoftcap(score, a.softcap);
-    scores[t] = score;
-  }
-  float max_val = scores[lo];
-  for (int32_t t = lo + 1; t <= pos; ++t) {
-    if (scores[t] > max_val) max_val = scores[t];
-  }
-  float sum = 0.0f;
-  for (int32_t t = lo; t <= pos; ++t) {
-    scores[t] = expf(scores[t] - max_val);
-    sum += scores[t];
-  }
-  for (int32_t t = lo; t <= pos; ++t) scores[t] /= sum;
-  float* o = a.out + (int64_t{row} * a.num_heads + head) * hs;
-  for (int32_t i = 0; i < hs; ++i) o[i] = 0.0f;
-  for (int32_t t = lo; t <= pos; ++t) {
-    const float* v =
-        a.cache + sh.Offset(table[t / sh.block_size], a.layer, 1, t % sh.block_size, kv_head);
-    const float w = scores[t];
-    for (int32_t i = 0; i < hs; ++i) o[i] += w * v[i];
-  }
+  const RowHeadAttention rh(a, row, head);
+  for (int32_t t = rh.lo; t <= rh.pos; ++t) scores[t] = rh.Score(t);
+  const float max_val = rh.Max(scores);
+  for (int32_t t = rh.lo; t <= rh.pos; ++t) scores[t] = expf(scores[t] - max_val);
+  const float sum = rh.Sum(scores);
+  for (int32_t t = rh.lo; t <= rh.pos; ++t) scores[t] /= sum;
+  for (int32_t i = 0; i < a.shape.head_size; ++i) rh.out[i] = rh.Weighted(scores, i);
 }
 
 // ---- Functors of (block, thread, block_dim) --------------------------------
