@@ -75,6 +75,23 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 #endif
 }
 
+// One step of the online softmax of an MMA fragment's row, whose columns
+// sit on a quad of lanes: the step's maximum over the quad, the running
+// maximum mx updated, the maximum to subtract (0 while every column so far
+// was masked, so that corr and P come out 0, not NaN), and corr = exp(old mx
+// - m_use) for the sum and the output so far. `exp` is the kernel's base
+// (exp2f with a log2 scale, or __expf).
+template <typename Exp>
+__device__ __forceinline__ void QuadSoftmaxStep(float step_max, float& mx, float& m_use,
+                                                float& corr, Exp exp) {
+  step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
+  step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 2));
+  const float m_new = fmaxf(mx, step_max);
+  m_use = m_new == -INFINITY ? 0.0f : m_new;
+  corr = exp(mx - m_use);
+  mx = m_new;
+}
+
 // Programmatic dependent launch (compute capability 9.0; a no-op below): a
 // kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may
 // start before the kernel ahead of it on the stream has finished, and must

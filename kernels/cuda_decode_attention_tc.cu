@@ -200,13 +200,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     float m_use[2], corr[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-      // While every token so far was masked the max is -inf: subtract 0.
-      const float m_new = fmaxf(mx[i], tile_max[i]);
-      m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
-      corr[i] = __expf(mx[i] - m_use[i]);
-      mx[i] = m_new;
+      QuadSoftmaxStep(tile_max[i], mx[i], m_use[i], corr[i], [](float x) { return __expf(x); });
     }
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll

@@ -227,14 +227,10 @@ __global__ void __launch_bounds__(kThreads)
         float corr[2], m_use[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          step_max[i] = fmaxf(step_max[i], __shfl_xor_sync(0xffffffffu, step_max[i], 1));
-          step_max[i] = fmaxf(step_max[i], __shfl_xor_sync(0xffffffffu, step_max[i], 2));
           // mx stays -inf while every key so far was masked (the steps below
-          // a sliding window): then subtract 0, so corr and P are 0, not NaN.
-          const float m_new = fmaxf(mx[mt][i], step_max[i]);
-          m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
-          corr[i] = exp2f(mx[mt][i] - m_use[i]);
-          mx[mt][i] = m_new;
+          // a sliding window).
+          QuadSoftmaxStep(step_max[i], mx[mt][i], m_use[i], corr[i],
+                          [](float x) { return exp2f(x); });
         }
         float sum[2] = {0.0f, 0.0f};
 #pragma unroll

@@ -66,7 +66,8 @@ void KvWrite(float* cache, const KvCacheShape& shape, int32_t layer, const float
 void PagedAttention(const PagedAttentionArgs& args);
 // PagedAttention for rows [row_begin, row_end) only.
 void PagedAttentionRows(const PagedAttentionArgs& args, int32_t row_begin, int32_t row_end);
-// AttendRowHead (the code the CUDA kernel runs) for every row and head.
+// AttendRowHead (RowHeadAttention's operations, which the CUDA float32
+// kernel runs too) for every row and head.
 void PagedAttentionReference(const PagedAttentionArgs& args);
 
 // out[i] = silu(gate[i]) * up[i] (or another activation of the gate).
