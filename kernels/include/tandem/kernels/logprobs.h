@@ -129,9 +129,13 @@ TANDEM_HD inline float LogNormalizerProgram(SampleShared& sh, const float* logit
   return LogNormalizerFromLaneMaxima(sh, logits, vocab);
 }
 
-// Whether id a comes before id b: the larger logit, the lower id on ties.
+// Whether id a (logit la) comes before id b (logit lb): the larger logit,
+// the lower id on ties.
+TANDEM_HD inline bool LogprobBefore(float la, int32_t a, float lb, int32_t b) {
+  return la > lb || (la == lb && a < b);
+}
 TANDEM_HD inline bool LogprobBefore(const float* logits, int32_t a, int32_t b) {
-  return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  return LogprobBefore(logits[a], a, logits[b], b);
 }
 
 // sh.index[1] = the first of the lanes' ids at sh.index[kSampleLanes + t]
@@ -143,48 +147,24 @@ TANDEM_HD inline void ReduceBestId(SampleShared& sh, const float* logits) {
   });
 }
 
-// The top_n ids by n rounds of "the first id after round k - 1's" over the
-// whole row (any n).
-TANDEM_HD inline void TopByRounds(SampleShared& sh, const float* logits, int32_t vocab, int32_t n,
-                                  float log_z, int32_t* top_ids, float* top_logprobs) {
+// n rounds of "the first id after round k - 1's" among id_of(j) for j in
+// [0, count) (-1: no id; at least n others): the n-th id, which every lane
+// gets, and the n ids and their logprobs at top_ids / top_logprobs unless
+// top_ids is null.
+template <typename IdOf>
+TANDEM_HD inline int32_t TopRounds(SampleShared& sh, const float* logits, int32_t count,
+                                   const IdOf& id_of, int32_t n, float log_z, int32_t* top_ids,
+                                   float* top_logprobs) {
   int32_t last = -1;
   for (int32_t k = 0; k < n; ++k) {
     FoldLanes(
-        vocab, int32_t{-1},
-        [&](int32_t best, int32_t i) {
-          const bool eligible = last < 0 || LogprobBefore(logits, last, i);
-          return eligible && (best < 0 || LogprobBefore(logits, i, best)) ? i : best;
+        count, int32_t{-1},
+        [&](int32_t best, int32_t j) {
+          const int32_t c = id_of(j);
+          const bool eligible = c >= 0 && (last < 0 || LogprobBefore(logits, last, c));
+          return eligible && (best < 0 || LogprobBefore(logits, c, best)) ? c : best;
         },
         [&](int32_t t, int32_t best) { sh.index[kSampleLanes + t] = best; });
-    ReduceBestId(sh, logits);
-    last = sh.index[1];
-    ForSampleLanes(1, [&](int32_t) {
-      top_ids[k] = last;
-      top_logprobs[k] = AddRn(logits[last], -log_z);
-    });
-  }
-}
-
-// n rounds of "the first id after round k - 1's" among ids[0, count)
-// (-1 entries skipped; at least n others): the n-th id, which every lane
-// gets, and the n ids and their logprobs at top_ids / top_logprobs unless
-// top_ids is null.
-TANDEM_HD inline int32_t TopOfCandidates(SampleShared& sh, const float* logits, const int32_t* ids,
-                                         int32_t count, int32_t n, float log_z, int32_t* top_ids,
-                                         float* top_logprobs) {
-  int32_t last = -1;
-  for (int32_t k = 0; k < n; ++k) {
-    ForSampleLanes(kSampleLanes, [&](int32_t t) {
-      int32_t best = -1;
-      for (int32_t j = t; j < count; j += kSampleLanes) {
-        const int32_t c = ids[j];
-        if (c >= 0 && (last < 0 || LogprobBefore(logits, last, c)) &&
-            (best < 0 || LogprobBefore(logits, c, best))) {
-          best = c;
-        }
-      }
-      sh.index[kSampleLanes + t] = best;
-    });
     ReduceBestId(sh, logits);
     last = sh.index[1];
     if (top_ids == nullptr) continue;
@@ -212,18 +192,17 @@ TANDEM_HD inline void LogprobRowProgram(SampleShared& sh, LogprobShared& ls, con
                                         int32_t vocab, const LogprobJob& job, LogprobResult* result,
                                         int32_t* top_ids, float* top_logprobs) {
   const float token_logit = logits[job.token];
-  // Pass one. A lane's ids come in increasing order, so a later one is its
-  // first only with a larger logit.
+  // Pass one.
   FoldLanes(
       vocab, LaneScan{.max = -FLT_MAX, .first_logit = 0.0f, .first = -1, .before = 0},
       [&](LaneScan s, int32_t i) {
         const float l = logits[i];
         s.max = l > s.max ? l : s.max;
-        if (s.first < 0 || l > s.first_logit) {
+        if (s.first < 0 || LogprobBefore(l, i, s.first_logit, s.first)) {
           s.first = i;
           s.first_logit = l;
         }
-        s.before += l > token_logit || (l == token_logit && i < job.token) ? 1 : 0;
+        s.before += LogprobBefore(l, i, token_logit, job.token) ? 1 : 0;
         return s;
       },
       [&](int32_t t, const LaneScan& s) {
@@ -242,28 +221,33 @@ TANDEM_HD inline void LogprobRowProgram(SampleShared& sh, LogprobShared& ls, con
   const int32_t n = job.top_n < vocab ? job.top_n : vocab;
   if (n <= 0) return;
   const int32_t lanes = vocab < kSampleLanes ? vocab : kSampleLanes;  // those with an id
+  auto every_id = [](int32_t j) { return j; };
   if (n > lanes) {
-    TopByRounds(sh, logits, vocab, n, log_z, top_ids, top_logprobs);
+    TopRounds(sh, logits, vocab, every_id, n, log_z, top_ids, top_logprobs);
     return;
   }
   // tau: the n-th of the lanes' first ids.
-  const int32_t tau =
-      TopOfCandidates(sh, logits, ls.lane_first, kSampleLanes, n, log_z, nullptr, nullptr);
+  const int32_t tau = TopRounds(
+      sh, logits, kSampleLanes, [&](int32_t j) { return ls.lane_first[j]; }, n, log_z, nullptr,
+      nullptr);
+  const float tau_logit = logits[tau];
   // Pass three: the ids at or before tau.
   ForSampleLanes(1, [&](int32_t) { ls.count = 0; });
   ForSampleLanes(kSampleLanes, [&](int32_t t) {
     for (int32_t i = t; i < vocab; i += kSampleLanes) {
-      if (i != tau && !LogprobBefore(logits, i, tau)) continue;
+      if (i != tau && !LogprobBefore(logits[i], i, tau_logit, tau)) continue;
       const int32_t slot = TakeSlot(&ls.count);
       if (slot < kLogprobCandidates) ls.candidates[slot] = i;
     }
   });
   const int32_t count = ls.count;
   if (count > kLogprobCandidates) {
-    TopByRounds(sh, logits, vocab, n, log_z, top_ids, top_logprobs);
+    TopRounds(sh, logits, vocab, every_id, n, log_z, top_ids, top_logprobs);
     return;
   }
-  TopOfCandidates(sh, logits, ls.candidates, count, n, log_z, top_ids, top_logprobs);
+  TopRounds(
+      sh, logits, count, [&](int32_t j) { return ls.candidates[j]; }, n, log_z, top_ids,
+      top_logprobs);
 }
 
 }  // namespace tandem::kernels
