@@ -382,16 +382,15 @@ absl::StatusOr<bool> Unwrap(const nlohmann::json& file_cfg, const std::string& p
                             nlohmann::json* text) {
   const nlohmann::json* archs = JsonMember(file_cfg, "architectures");
   const nlohmann::json* type = JsonMember(file_cfg, "model_type");
+  auto names = [&](const char* architecture) {
+    return IsSet(archs) && archs->is_array() && archs->size() == 1 && (*archs)[0] == architecture;
+  };
   const WrapperInfo* w = nullptr;
   for (const WrapperInfo& x : kWrappers) {
-    const bool by_arch =
-        IsSet(archs) && archs->is_array() && archs->size() == 1 && (*archs)[0] == x.architecture;
-    const bool by_type = IsSet(type) && *type == x.model_type;
-    if (by_arch || by_type) w = &x;
+    if (names(x.architecture) || (IsSet(type) && *type == x.model_type)) w = &x;
   }
   if (w == nullptr) return false;
-  if (IsSet(archs) &&
-      !(archs->is_array() && archs->size() == 1 && (*archs)[0] == w->architecture)) {
+  if (IsSet(archs) && !names(w->architecture)) {
     return Bad(path, absl::StrCat("\"architectures\" ", archs->dump(),
                                   " disagrees with model_type \"", w->model_type, "\""));
   }

@@ -128,6 +128,17 @@ absl::Status CheckIndexMatchesShards(const std::string& dir, const std::string& 
   return absl::OkStatus();
 }
 
+// The first of `options` (prefixes of `name`, or whole names with name "")
+// whose tensor the checkpoint holds; the first of all when none is, so that
+// errors name it.
+const std::string& FirstPresent(const std::vector<std::string>& options, const std::string& name,
+                                const std::map<std::string, TensorInfo>& tensors) {
+  for (const std::string& o : options) {
+    if (tensors.count(o + name) != 0) return o;
+  }
+  return options.front();
+}
+
 // A checkpoint holding more layers than config.json declares disagrees with
 // it: loading the first num_hidden_layers would silently run another model.
 absl::Status CheckNoLayersBeyondConfig(const std::string& dir, const ModelConfig& c,
@@ -200,13 +211,7 @@ absl::StatusOr<std::shared_ptr<HfWeights>> HfWeights::Open(const std::string& di
   TANDEM_RETURN_IF_ERROR(CheckIndexMatchesShards(dir, index_path, w->tensors_));
   // The language model's layout: the first whose embedding is there (the
   // first named in errors when none is).
-  w->prefix_ = hf.text_prefixes.front();
-  for (const std::string& p : hf.text_prefixes) {
-    if (w->tensors_.count(p + "embed_tokens.weight") != 0) {
-      w->prefix_ = p;
-      break;
-    }
-  }
+  w->prefix_ = FirstPresent(hf.text_prefixes, "embed_tokens.weight", w->tensors_);
   TANDEM_RETURN_IF_ERROR(CheckNoLayersBeyondConfig(dir, hf.config, w->prefix_, w->tensors_));
   const ModelConfig& c = hf.config;
   TANDEM_LOG(INFO) << "loading " << dir << ": " << hf.architecture << " ("
@@ -327,13 +332,7 @@ absl::Status HfWeights::Resolve(const HfConfig& hf) {
     }
   }
   TANDEM_RETURN_IF_ERROR(norm(prefix_ + "norm.weight", &rms_final_));
-  std::string head_name = hf.head_names.front();
-  for (const std::string& name : hf.head_names) {
-    if (tensors_.count(name) != 0) {
-      head_name = name;
-      break;
-    }
-  }
+  const std::string head_name = FirstPresent(hf.head_names, "", tensors_);
   if (!hf.tied_embeddings) {
     if (tensors_.count(head_name) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
