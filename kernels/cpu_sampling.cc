@@ -34,12 +34,22 @@ float LogNormalizer(const float* logits, int32_t vocab) {
   return LogNormalizerProgram(shared, logits, vocab);
 }
 
+namespace {
+LogprobShared& ThreadLogprobShared() {
+  thread_local LogprobShared top;
+  return top;
+}
+}  // namespace
+
+int32_t LogprobCandidatesOfLastJob() { return ThreadLogprobShared().count; }
+
 void Logprobs(const float* logits, int32_t vocab, const LogprobJob* jobs, int32_t n,
               LogprobResult* results, int32_t* top_ids, float* top_logprobs) {
   thread_local SampleShared shared;
-  thread_local LogprobShared top;
+  LogprobShared& top = ThreadLogprobShared();
   for (int32_t j = 0; j < n; ++j) {
     const LogprobJob& job = jobs[j];
+    top.count = 0;
     LogprobRowProgram(shared, top, logits + int64_t{job.row} * vocab, vocab, job, &results[j],
                       top_ids + job.top_begin, top_logprobs + job.top_begin);
   }

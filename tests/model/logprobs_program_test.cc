@@ -137,5 +137,30 @@ TEST(LogprobsProgramTest, TheProgramGivesComputeLogprobsExactly) {
   }
 }
 
+// The gather's bound: tau is the n-th of the lanes' best ids, so the ids at
+// or before it lie in n lanes, at most n * ceil(vocab / kSampleLanes) of
+// them, however the row is laid out; here the lowest ids (a lane's first)
+// hold the smallest logits, which a tau from any other n ids would not
+// survive.
+TEST(LogprobsProgramTest, TheGatherStaysWithinNLanes) {
+  const int32_t vocab = 128256, n = 20;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> logits(vocab);
+  for (int32_t i = 0; i < vocab; ++i) {
+    logits[i] = i < kernels::kSampleLanes ? -100.0f - static_cast<float>(i) : dist(rng);
+  }
+  const LogprobJob job{.row = 0, .token = 5, .top_n = n, .top_begin = 0};
+  LogprobResult result;
+  std::vector<int32_t> ids(n);
+  std::vector<float> values(n);
+  kernels::cpu::Logprobs(logits.data(), vocab, &job, 1, &result, ids.data(), values.data());
+  const int32_t gathered = kernels::cpu::LogprobCandidatesOfLastJob();
+  EXPECT_GE(gathered, n);
+  EXPECT_LE(gathered, n * ((vocab + kernels::kSampleLanes - 1) / kernels::kSampleLanes));
+  const TokenLogprobs want = ComputeLogprobs(logits, job.token, n);
+  EXPECT_EQ(ids, want.top_token_ids);
+}
+
 }  // namespace
 }  // namespace tandem::model

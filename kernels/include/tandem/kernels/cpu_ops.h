@@ -106,6 +106,10 @@ float LogNormalizer(const float* logits, int32_t vocab);
 // What cuda::Logprobs computes, to the bit (the device test's reference).
 void Logprobs(const float* logits, int32_t vocab, const LogprobJob* jobs, int32_t n,
               LogprobResult* results, int32_t* top_ids, float* top_logprobs);
+// How many ids the last job of this thread's Logprobs gathered at or before
+// tau (LogprobShared::count; 0 for a job that gathered none), for tests of
+// the gather's bound.
+int32_t LogprobCandidatesOfLastJob();
 
 // Gather: staging[i] = cache block block_ids[i]; scatter: the reverse.
 // block_floats = KvCacheShape::BlockFloats().
