@@ -292,7 +292,8 @@ __device__ __forceinline__ float CombineSplitsAt(const float* base, int32_t n, i
 // kMaxGroup), so the per-head registers are only what the model needs.
 template <int L, int kG, bool kCap>
 __global__ void __launch_bounds__(kAttnThreads)
-    PagedAttentionKernel(Bf16AttentionArgs a, int32_t num_splits, float* scratch) {
+    PagedAttentionKernel(Bf16AttentionArgs a, KvLayerRows rows, int32_t num_splits,
+                         float* scratch) {
   LetDependentsLaunch();  // the output projection's GEMV may come up beside it
   constexpr int kGroupsPerWarp = 32 / L;
   extern __shared__ float smem[];
@@ -325,10 +326,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     bool valid[kAttnTokens];
     GatherTokens<L>(base, b.lo, t_end, ln.grp, kw, vw, valid,
                     [&](int32_t t, uint32_t(&kwu)[kMaxE / 2], uint32_t(&vwu)[kMaxE / 2]) {
-                      const int32_t blk = b.table[t / sh.block_size];
-                      const int32_t slot = t % sh.block_size;
-                      const Bf16* kp = a.cache + sh.Offset(blk, a.layer, 0, slot, b.kvh) + ln.d0;
-                      const Bf16* vp = a.cache + sh.Offset(blk, a.layer, 1, slot, b.kvh) + ln.d0;
+                      const Bf16* kp = a.cache + rows.K(b.table, t, b.kvh) + ln.d0;
+                      const Bf16* vp = kp + rows.v_after_k;
                       if (vec) {  // the head is exactly L * 8 elements: 16-byte loads
                         Load16(kp, vp, kwu, vwu);
                         return;
@@ -362,8 +361,8 @@ constexpr size_t kPipelinedSharedBytes =
 // gridDim.y == 1 the block covers the row and combines its splits itself.
 template <int L, int kG, bool kCap>
 __global__ void __launch_bounds__(kAttnThreads)
-    PagedAttentionPipelinedKernel(Bf16AttentionArgs a, int32_t num_splits, int32_t splits_per_block,
-                                  float* scratch) {
+    PagedAttentionPipelinedKernel(Bf16AttentionArgs a, KvLayerRows rows, int32_t num_splits,
+                                  int32_t splits_per_block, float* scratch) {
   LetDependentsLaunch();
   constexpr int kHs = kVecHead<L>;
   constexpr int kT = kStageTokens<L>;
@@ -374,7 +373,6 @@ __global__ void __launch_bounds__(kAttnThreads)
   Bf16* const stages = reinterpret_cast<Bf16*>(smem_raw);  // [kStages][K, V][kT][kHs]
   float* const slots =
       reinterpret_cast<float*>(smem_raw + size_t{kStages} * 2 * kT * kHs * sizeof(Bf16));
-  const KvCacheShape& sh = a.shape;
   const AttnBlock b = LocateBlock<kG>(a);
   const int32_t row_splits = (b.ctx + kAttentionSplitTokens - 1) / kAttentionSplitTokens;
   const int32_t s_begin = static_cast<int32_t>(blockIdx.y) * splits_per_block;
@@ -397,11 +395,9 @@ __global__ void __launch_bounds__(kAttnThreads)
         const int32_t tok = c / L, part = c % L;
         const int32_t t = t0 + tok;
         if (t >= tok_end || t < b.lo) continue;  // never read: masked below
-        const int32_t blk = b.table[t / sh.block_size], slot = t % sh.block_size;
-        CpAsync16(ks + tok * kHs + part * kMaxE,
-                  a.cache + sh.Offset(blk, a.layer, 0, slot, b.kvh) + part * kMaxE);
-        CpAsync16(vs + tok * kHs + part * kMaxE,
-                  a.cache + sh.Offset(blk, a.layer, 1, slot, b.kvh) + part * kMaxE);
+        const Bf16* kp = a.cache + rows.K(b.table, t, b.kvh) + part * kMaxE;
+        CpAsync16(ks + tok * kHs + part * kMaxE, kp);
+        CpAsync16(vs + tok * kHs + part * kMaxE, kp + rows.v_after_k);
       }
     }
     CpAsyncCommit();
@@ -522,13 +518,15 @@ int Launch(const Bf16AttentionArgs& a, int32_t splits, int32_t* splits_per_block
     // the 48 KiB that needs no opt-in.
     const size_t smem = sizeof(float) * kAttnWarps * kG * (a.shape.head_size + 2);
     const dim3 grid(static_cast<unsigned>(RowBlocks(a)), static_cast<unsigned>(splits));
-    PagedAttentionKernel<L, kG, kCap><<<grid, kAttnThreads, smem, S(stream)>>>(a, splits, scratch);
+    PagedAttentionKernel<L, kG, kCap><<<grid, kAttnThreads, smem, S(stream)>>>(
+        a, KvLayerRows(a.shape, a.layer), splits, scratch);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(RowBlocks(a)),
                   static_cast<unsigned>((splits + spb - 1) / spb));
   PagedAttentionPipelinedKernel<L, kG, kCap>
-      <<<grid, kAttnThreads, kPipelinedSharedBytes<L, kG>, S(stream)>>>(a, splits, spb, scratch);
+      <<<grid, kAttnThreads, kPipelinedSharedBytes<L, kG>, S(stream)>>>(
+          a, KvLayerRows(a.shape, a.layer), splits, spb, scratch);
   return cudaGetLastError();
 }
 
