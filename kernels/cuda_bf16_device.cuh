@@ -75,12 +75,24 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 #endif
 }
 
+// 2^x on the special function unit with subnormal results flushed to zero
+// (ex2.approx.ftz, what __expf and, under --use_fast_math, exp2f become; as
+// FlashAttention's softmax). exp2f without .ftz rescales around each call
+// for subnormal results: three instructions more per weight. The same value
+// wherever 2^x >= 2^-126; an attention weight below that, against its row
+// maximum's 1, changes no sum it enters.
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // One step of the online softmax of an MMA fragment's row, whose columns
 // sit on a quad of lanes: the step's maximum over the quad, the running
 // maximum mx updated, the maximum to subtract (0 while every column so far
 // was masked, so that corr and P come out 0, not NaN), and corr = exp(old mx
 // - m_use) for the sum and the output so far. `exp` is the kernel's base
-// (exp2f with a log2 scale, or __expf).
+// (Exp2Ftz with a log2 scale, or __expf).
 template <typename Exp>
 __device__ __forceinline__ void QuadSoftmaxStep(float step_max, float& mx, float& m_use,
                                                 float& corr, Exp exp) {

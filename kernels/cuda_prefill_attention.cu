@@ -10,8 +10,11 @@
 // kBN keys the block copies K and V rows from the cache's blocks into shared
 // memory with cp.async, the next step's copy in flight while this one
 // computes (two stages); each warp computes S = Q K^T (K fragments by
-// ldmatrix), masks keys past each row's position, updates the online softmax
-// in fp32 (base 2, scale folded in), rounds P to bf16 as FlashAttention does,
+// ldmatrix), masks keys past each row's position (on the steps that hold
+// any such key: the diagonal's and a window's edge; the others skip the
+// per-key tests), updates the online softmax in fp32 (base 2, scale folded
+// in, exp2 flushing subnormals as __expf does), rounds P to bf16 as
+// FlashAttention does,
 // and adds P V (V fragments by ldmatrix.trans) into its fp32 output
 // fragments. A warp skips the key steps wholly past its rows, and, under a
 // sliding window, those wholly below its rows' windows; a step that masks
@@ -66,7 +69,8 @@ constexpr size_t kSharedBytes = size_t{2} * 2 * kBN * kStride<D> * sizeof(Bf16);
 
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    PrefillAttentionKernel(Bf16AttentionArgs a, const int32_t* tiles, int32_t head_chunks) {
+    PrefillAttentionKernel(Bf16AttentionArgs a, KvLayerRows rows, const int32_t* tiles,
+                           int32_t head_chunks) {
   constexpr int MT = kMT<D>;
   constexpr int S = kStride<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -131,6 +135,23 @@ __global__ void __launch_bounds__(kThreads)
       qa[mt][kk][3] = PackBf16(q1[c + 8], q1[c + 9]);
     }
   }
+  // The lowest and highest positions the warp's rows attend from (a padded
+  // row's are a real row's): a key step wholly at or below the lowest, and
+  // wholly inside the highest one's window, masks nothing in this warp.
+  int32_t warp_min_q = qpos[0][0], warp_max_q = qpos[0][0];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      warp_min_q = min(warp_min_q, qpos[mt][i]);
+      warp_max_q = max(warp_max_q, qpos[mt][i]);
+    }
+  }
+#pragma unroll
+  for (int lanes = 16; lanes > 0; lanes /= 2) {
+    warp_min_q = min(warp_min_q, __shfl_xor_sync(0xffffffffu, warp_min_q, lanes));
+    warp_max_q = max(warp_max_q, __shfl_xor_sync(0xffffffffu, warp_max_q, lanes));
+  }
   float o[MT][D / 8][4];
   float mx[MT][2], l[MT][2];
 #pragma unroll
@@ -155,9 +176,8 @@ __global__ void __launch_bounds__(kThreads)
       const Bf16* vp = a.cache;
       int bytes = 0;
       if (tok < ctx && tok >= block_first_key) {
-        const int32_t blk = table[tok / sh.block_size], slot = tok % sh.block_size;
-        kp = a.cache + sh.Offset(blk, a.layer, 0, slot, kvh) + c;
-        vp = a.cache + sh.Offset(blk, a.layer, 1, slot, kvh) + c;
+        kp = a.cache + rows.K(table, tok, kvh) + c;
+        vp = kp + rows.v_after_k;
         bytes = 16;
       }
       CpAsync16(ks + key * S + c, kp, bytes);
@@ -207,21 +227,34 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
       }
+      // Most steps see every key of every row (all but the diagonal's and a
+      // window's edge): the same values as the masked loop's, without its
+      // per-key tests, which took more issue slots than the MMAs.
+      const bool all_seen = KeysAllSeen(k0, k0 + kBN - 1, warp_min_q, warp_max_q, a.window);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         // Scale, mask (causal), and the rows' maxima over the quad's lanes.
         float step_max[2] = {-INFINITY, -INFINITY};
+        if (all_seen) {
 #pragma unroll
-        for (int j = 0; j < kBN / 8; ++j) {
+          for (int j = 0; j < kBN / 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int32_t key = k0 + j * 8 + 2 * t + (e & 1);
-            // Causal, and inside the window (key >= WindowStart(q, window)).
-            const int32_t q = qpos[mt][e / 2];
-            const bool seen = key <= q && (a.window == 0 || key > q - a.window);
-            const float v = seen ? s[mt][j][e] * scale_log2 : -INFINITY;
-            s[mt][j][e] = v;
-            step_max[e / 2] = fmaxf(step_max[e / 2], v);
+            for (int e = 0; e < 4; ++e) {
+              s[mt][j][e] *= scale_log2;
+              step_max[e / 2] = fmaxf(step_max[e / 2], s[mt][j][e]);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int32_t key = k0 + j * 8 + 2 * t + (e & 1);
+              const float v =
+                  KeySeen(key, qpos[mt][e / 2], a.window) ? s[mt][j][e] * scale_log2 : -INFINITY;
+              s[mt][j][e] = v;
+              step_max[e / 2] = fmaxf(step_max[e / 2], v);
+            }
           }
         }
         float corr[2], m_use[2];
@@ -230,14 +263,14 @@ __global__ void __launch_bounds__(kThreads)
           // mx stays -inf while every key so far was masked (the steps below
           // a sliding window).
           QuadSoftmaxStep(step_max[i], mx[mt][i], m_use[i], corr[i],
-                          [](float x) { return exp2f(x); });
+                          [](float x) { return Exp2Ftz(x); });
         }
         float sum[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[mt][j][e] = exp2f(s[mt][j][e] - m_use[e / 2]);
+            s[mt][j][e] = Exp2Ftz(s[mt][j][e] - m_use[e / 2]);
             sum[e / 2] += s[mt][j][e];
           }
         }
@@ -316,7 +349,7 @@ int Launch(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles, 
   const dim3 grid(static_cast<unsigned>(num_tiles),
                   static_cast<unsigned>(a.shape.num_kv_heads * head_chunks));
   PrefillAttentionKernel<D><<<grid, kThreads, kSharedBytes<D>, static_cast<cudaStream_t>(stream)>>>(
-      a, tiles, head_chunks);
+      a, KvLayerRows(a.shape, a.layer), tiles, head_chunks);
   return cudaGetLastError();
 }
 

@@ -267,6 +267,37 @@ TEST(CpuOpsTest, SlidingWindowsMatchNaiveAttention) {
   }
 }
 
+// KeySeen is WindowStart's rule, and KeysAllSeen (the prefill kernel's
+// licence to skip its per-key mask for a step of keys) holds exactly when no
+// pair of a key and a query position in the ranges is masked.
+TEST(CpuOpsTest, KeysAllSeenExactlyWhenNoKeyIsMasked) {
+  int32_t skippable = 0;
+  for (const int32_t window : {0, 1, 3, 8, 50}) {
+    for (int32_t key = 0; key < 70; ++key) {
+      for (int32_t pos = 0; pos < 70; ++pos) {
+        ASSERT_EQ(KeySeen(key, pos, window), key <= pos && key >= WindowStart(pos, window))
+            << key << " " << pos << " " << window;
+      }
+    }
+    for (int32_t first = 0; first < 40; ++first) {
+      for (int32_t last = first; last < first + 12; ++last) {
+        for (int32_t lo = 0; lo < 60; ++lo) {
+          for (int32_t hi = lo; hi < lo + 12; ++hi) {
+            bool all = true;
+            for (int32_t key = first; key <= last; ++key) {
+              for (int32_t pos = lo; pos <= hi; ++pos) all = all && KeySeen(key, pos, window);
+            }
+            ASSERT_EQ(KeysAllSeen(first, last, lo, hi, window), all)
+                << first << ".." << last << " from " << lo << ".." << hi << " window " << window;
+            skippable += all;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(skippable, 0);
+}
+
 TEST(CpuOpsTest, SiluMulAndResidualAddMatchNaive) {
   for (int64_t n : {1, 63, 64, 65, 1000}) {
     const auto g = RandomVector(n, 1, 6.0f), u = RandomVector(n, 2);

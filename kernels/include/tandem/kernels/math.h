@@ -117,6 +117,19 @@ TANDEM_HD inline int32_t WindowStart(int32_t pos, int32_t window) {
   return window > 0 && pos >= window ? pos - window + 1 : 0;
 }
 
+// Whether a query at `pos` attends to the key at `key`: causal, and from
+// WindowStart(pos, window) on.
+TANDEM_HD inline bool KeySeen(int32_t key, int32_t pos, int32_t window) {
+  return key <= pos && (window == 0 || key > pos - window);
+}
+
+// Whether every query at positions min_pos .. max_pos sees every key of
+// first_key .. last_key, so that a kernel may skip the per-key mask there.
+TANDEM_HD inline bool KeysAllSeen(int32_t first_key, int32_t last_key, int32_t min_pos,
+                                  int32_t max_pos, int32_t window) {
+  return last_key <= min_pos && (window == 0 || first_key > max_pos - window);
+}
+
 // Arguments of a paged attention over `num_rows` query rows. Row r attends,
 // causally, to positions WindowStart(row_pos[r], window) .. row_pos[r] of its
 // sequence, whose block table starts at block_tables[row_table_offset[r]].
