@@ -12,8 +12,9 @@
 // computes (two stages); each warp computes S = Q K^T (K fragments by
 // ldmatrix), masks keys past each row's position (on the steps that hold
 // any such key: the diagonal's and a window's edge; the others skip the
-// per-key tests), updates the online softmax in fp32 (base 2, scale folded
-// in, exp2 flushing subnormals as __expf does), rounds P to bf16 as
+// per-key tests), updates the online softmax in fp32 (base 2, the scale in
+// the exponent's FMA, exp2 flushing subnormals as __expf does; the output's
+// rescale skipped while the warp's maxima stand), rounds P to bf16 as
 // FlashAttention does,
 // and adds P V (V fragments by ldmatrix.trans) into its fp32 output
 // fragments. A warp skips the key steps wholly past its rows, and, under a
@@ -228,41 +229,36 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       // Most steps see every key of every row (all but the diagonal's and a
-      // window's edge): the same values as the masked loop's, without its
-      // per-key tests, which took more issue slots than the MMAs.
+      // window's edge) and skip the per-key tests, which took more issue
+      // slots than the MMAs.
       const bool all_seen = KeysAllSeen(k0, k0 + kBN - 1, warp_min_q, warp_max_q, a.window);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        // Scale, mask (causal), and the rows' maxima over the quad's lanes.
-        float step_max[2] = {-INFINITY, -INFINITY};
-        if (all_seen) {
-#pragma unroll
-          for (int j = 0; j < kBN / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              s[mt][j][e] *= scale_log2;
-              step_max[e / 2] = fmaxf(step_max[e / 2], s[mt][j][e]);
-            }
-          }
-        } else {
+        // Mask (causal, window), and the rows' maxima over the quad's lanes,
+        // before the scale: rounding is monotone, so max(s) * c is max(s * c),
+        // and the scale joins the subtraction in one FMA below.
+        if (!all_seen) {
 #pragma unroll
           for (int j = 0; j < kBN / 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int32_t key = k0 + j * 8 + 2 * t + (e & 1);
-              const float v =
-                  KeySeen(key, qpos[mt][e / 2], a.window) ? s[mt][j][e] * scale_log2 : -INFINITY;
-              s[mt][j][e] = v;
-              step_max[e / 2] = fmaxf(step_max[e / 2], v);
+              if (!KeySeen(key, qpos[mt][e / 2], a.window)) s[mt][j][e] = -INFINITY;
             }
           }
+        }
+        float step_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) step_max[e / 2] = fmaxf(step_max[e / 2], s[mt][j][e]);
         }
         float corr[2], m_use[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           // mx stays -inf while every key so far was masked (the steps below
           // a sliding window).
-          QuadSoftmaxStep(step_max[i], mx[mt][i], m_use[i], corr[i],
+          QuadSoftmaxStep(step_max[i] * scale_log2, mx[mt][i], m_use[i], corr[i],
                           [](float x) { return Exp2Ftz(x); });
         }
         float sum[2] = {0.0f, 0.0f};
@@ -270,19 +266,23 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < kBN / 8; ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[mt][j][e] = Exp2Ftz(s[mt][j][e] - m_use[e / 2]);
+            s[mt][j][e] = Exp2Ftz(fmaf(s[mt][j][e], scale_log2, -m_use[e / 2]));
             sum[e / 2] += s[mt][j][e];
           }
         }
         // Per lane partial sums; corr is the same on the quad's four lanes.
         l[mt][0] = l[mt][0] * corr[0] + sum[0];
         l[mt][1] = l[mt][1] * corr[1] + sum[1];
+        // Once a row's maximum settles, its steps leave corr at 1: the
+        // output's rescale is then x * 1, skipped where the whole warp has it.
+        if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) {
 #pragma unroll
-        for (int dn = 0; dn < D / 8; ++dn) {
-          o[mt][dn][0] *= corr[0];
-          o[mt][dn][1] *= corr[0];
-          o[mt][dn][2] *= corr[1];
-          o[mt][dn][3] *= corr[1];
+          for (int dn = 0; dn < D / 8; ++dn) {
+            o[mt][dn][0] *= corr[0];
+            o[mt][dn][1] *= corr[0];
+            o[mt][dn][2] *= corr[1];
+            o[mt][dn][3] *= corr[1];
+          }
         }
       }
       // O += P V: the S fragments of two adjacent 8-key tiles are P's A
