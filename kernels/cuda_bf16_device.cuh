@@ -1,12 +1,16 @@
 // Device helpers the bf16 kernels share (cuda_bf16_ops.cu,
 // cuda_decode_attention.cu, cuda_prefill_attention.cu): bf16 loads and
-// stores, and cp.async copies from global into shared memory.
+// stores, and cp.async copies from global into shared memory. With
+// TANDEM_SIMT (tests/kernels/simt) the instructions go to the CPU
+// emulator, which includes this header as host C++.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
+#include <cstring>
 
 #include "tandem/kernels/cuda_bf16_ops.h"
 
@@ -29,8 +33,20 @@ __device__ __forceinline__ float Bf16Half(uint32_t pair, int hi) {
 }
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+#if defined(TANDEM_SIMT)  // tests/kernels/simt: only the asm takes it
+  (void)p;
+  return 0;
+#else
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+#endif
 }
+
+// A kernel's dynamic shared memory, `name` its bytes.
+#if defined(TANDEM_SIMT)
+#define TANDEM_DYNAMIC_SHARED(name) TANDEM_SIMT_DYNAMIC_SHARED(name)
+#else
+#define TANDEM_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
 
 // 16 bytes global -> shared without passing through registers; bytes = 0
 // writes zeros and reads nothing. Both addresses 16-byte aligned.
@@ -38,6 +54,9 @@ __device__ __forceinline__ void CpAsync16(Bf16* dst, const Bf16* src, int bytes 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)),
                "l"(src), "r"(bytes));
+#elif defined(TANDEM_SIMT)  // the copy lands at once
+  std::memset(dst, 0, 16);
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
 #endif
 }
 __device__ __forceinline__ void CpAsyncCommit() {
@@ -72,6 +91,8 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif defined(TANDEM_SIMT)
+  ::tandem::simt::Mma16816(d, a, b0, b1);
 #endif
 }
 
@@ -82,9 +103,14 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 // wherever 2^x >= 2^-126; an attention weight below that, against its row
 // maximum's 1, changes no sum it enters.
 __device__ __forceinline__ float Exp2Ftz(float x) {
+#if defined(TANDEM_SIMT)
+  const float y = exp2f(x);
+  return y < FLT_MIN ? 0.0f : y;
+#else
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+#endif
 }
 
 // One step of the online softmax of an MMA fragment's row, whose columns
@@ -130,7 +156,11 @@ __device__ __forceinline__ void LetDependentsLaunch() {
 
 // Asks for the 128-byte line at p to be brought into L2.
 __device__ __forceinline__ void PrefetchL2(const void* p) {
+#if defined(TANDEM_SIMT)
+  (void)p;
+#else
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
 }
 
 // Combines the attention splits of the rows whose context spans more than

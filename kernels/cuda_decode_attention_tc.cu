@@ -280,6 +280,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   }
 }
 
+#ifndef TANDEM_SIMT  // the CPU emulator runs the kernel itself
 template <int D, bool kCap>
 int Launch(const Bf16AttentionArgs& a, int32_t splits, float* scratch, void* stream) {
   const int32_t group = a.num_heads / a.shape.num_kv_heads;
@@ -319,5 +320,9 @@ int DecodeAttentionTcBf16(const Bf16AttentionArgs& a, int32_t max_context, float
   if (err != cudaSuccess || splits == 1) return err;
   return CombineAttentionSplits(a, splits, scratch, stream);
 }
+
+#else
+}  // namespace
+#endif  // TANDEM_SIMT
 
 }  // namespace tandem::kernels::cuda

@@ -57,6 +57,8 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&out)[4], const Bf16* row) 
                  : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
                  : "r"(SharedAddress(row)));
   }
+#elif defined(TANDEM_SIMT)
+  ::tandem::simt::LdMatrixX4(out, row, Trans);
 #endif
 }
 
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(kThreads)
                            int32_t head_chunks) {
   constexpr int MT = kMT<D>;
   constexpr int S = kStride<D>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TANDEM_DYNAMIC_SHARED(smem_raw);
   Bf16* const smem = reinterpret_cast<Bf16*>(smem_raw);
   auto k_stage = [&](int buf) { return smem + buf * 2 * kBN * S; };
   auto v_stage = [&](int buf) { return smem + (buf * 2 + 1) * kBN * S; };
@@ -336,6 +338,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+#ifndef TANDEM_SIMT  // the CPU emulator runs the kernel itself
 template <int D>
 int Launch(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles, void* stream) {
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once.
@@ -379,5 +382,9 @@ bool DeviceHasTensorCoreAttention(int device) {
   }
   return major >= 8;
 }
+
+#else
+}  // namespace
+#endif  // TANDEM_SIMT
 
 }  // namespace tandem::kernels::cuda

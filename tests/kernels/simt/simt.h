@@ -1,0 +1,93 @@
+// A CPU emulator of CUDA thread blocks, for testing the logic of the bf16
+// attention kernels on machines without a GPU (most of this project's
+// sessions). A kernel's .cu file is compiled as host C++ with TANDEM_SIMT
+// defined (its launch code left out) and its __global__ function run by
+// simt::Launch: every thread of a block is a fiber (ucontext) on one OS
+// thread, switched at each barrier and warp collective, and the blocks run
+// one after another. Shared memory is one buffer (static __shared__ arrays
+// become function statics), cp.async copies at once, and the warp-level
+// instructions the kernels use (shfl.xor, vote.all, ldmatrix.x4 with and
+// without .trans, mma.sync m16n8k16 bf16 with fp32 accumulation) follow the
+// fragment layouts of the PTX ISA, with fp32 sums in k order.
+//
+// What it checks: indexing, masks, loop bounds, the online softmax's
+// bookkeeping and the layouts a kernel assumes, against a naive reference.
+// What it cannot: timing, races between cp.async and its readers (copies
+// land at once), and the bits of the tensor cores' sums. The prefill
+// kernel, whose layouts a GPU validated (DESIGN-NOTES, round one), passing
+// here is what vouches for the emulated instructions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+namespace tandem::simt {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+// The running fiber's built-in variables.
+extern Dim3 thread_idx, block_idx, block_dim, grid_dim;
+
+// Runs kernel() for every thread of every block of a grid (grid.x by grid.y
+// blocks of block.x threads, a multiple of 32), with `dynamic_shared` bytes
+// of dynamic shared memory, zeroed per launch.
+void Launch(Dim3 grid, Dim3 block, size_t dynamic_shared, const std::function<void()>& kernel);
+unsigned char* DynamicShared();
+
+void SyncThreads();
+// Warp collectives: every lane of the calling thread's warp calls them, with
+// the full mask.
+float ShflXor(float v, int lane_mask);
+int32_t ShflXor(int32_t v, int lane_mask);
+bool AllLanes(bool predicate);
+void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+void LdMatrixX4(uint32_t (&out)[4], const void* row, bool trans);
+
+}  // namespace tandem::simt
+
+#undef __shared__
+#define __shared__ static
+#define __launch_bounds__(...)
+#define threadIdx ::tandem::simt::thread_idx
+#define blockIdx ::tandem::simt::block_idx
+#define blockDim ::tandem::simt::block_dim
+#define gridDim ::tandem::simt::grid_dim
+// Dynamic shared memory, declared in the kernels with
+// TANDEM_DYNAMIC_SHARED (cuda_bf16_device.cuh).
+#define TANDEM_SIMT_DYNAMIC_SHARED(name) unsigned char* const name = ::tandem::simt::DynamicShared()
+
+inline void __syncthreads() { ::tandem::simt::SyncThreads(); }
+inline float __shfl_xor_sync(unsigned, float v, int m) { return ::tandem::simt::ShflXor(v, m); }
+inline int __shfl_xor_sync(unsigned, int v, int m) { return ::tandem::simt::ShflXor(v, m); }
+inline int __all_sync(unsigned, int predicate) {
+  return ::tandem::simt::AllLanes(predicate != 0) ? 1 : 0;
+}
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint64_t bytes = uint64_t{y} << 32 | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i)
+    r |= static_cast<uint32_t>((bytes >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// The special function unit's exp with .ftz: subnormal results are zero.
+inline float __expf(float x) {
+  const float r = std::exp2(x * 1.4426950408889634f);
+  return r < FLT_MIN ? 0.0f : r;
+}
+using std::max;
+using std::min;

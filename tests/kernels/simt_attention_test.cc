@@ -1,0 +1,291 @@
+// The tensor-core attention kernels (prefill, and decode on tensor cores)
+// run on the CPU through the SIMT emulator (simt/simt.h), against
+// NaiveAttention: the logic of kernels that only a lent GPU can time, on
+// every machine. The GPU's own tests (cuda_bf16_ops_test.cc) cover more
+// cases and the instructions' real bits; these are smaller, since each
+// emulated warp instruction switches 32 fibers.
+// clang-format off: the emulator's macros come before the kernels, and the
+// kernels before what they would clash with
+#define TANDEM_SIMT 1
+#include "simt/simt.h"
+// The kernels, as host C++ (TANDEM_SIMT leaves their launch code out).
+#include "../../kernels/cuda_decode_attention_tc.cu"
+#include "../../kernels/cuda_prefill_attention.cu"
+// clang-format on
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernel_test_util.h"
+#include "tandem/kernels/attention_plan.h"
+#include "tandem/kernels/attention_split.h"
+#include "tandem/kernels/cpu_ops.h"
+#include "tandem/model/checkpoint.h"
+
+namespace tandem::kernels {
+namespace {
+
+using cuda::Bf16;
+using testing::AttentionProblem;
+using testing::MakeAttentionProblem;
+
+// The GPU test's tolerance for these kernels (Q and P rounded to bf16).
+constexpr testing::Tolerance kTensorCoreTol{4e-3, 1.0 / 64};
+
+struct Case {
+  int32_t heads, kv_heads, hs, block;
+  std::vector<std::pair<int32_t, int32_t>> seqs;  // (context, first query position)
+  int32_t window = 0;
+  float softcap = 0.0f;
+};
+
+std::string Describe(const Case& c) {
+  std::string s = "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " hs " +
+                  std::to_string(c.hs) + " block " + std::to_string(c.block) + " window " +
+                  std::to_string(c.window) + " softcap " + std::to_string(c.softcap) + " seqs";
+  for (const auto& [len, first] : c.seqs)
+    s += " " + std::to_string(len) + "/" + std::to_string(first);
+  return s;
+}
+
+// The problem with bf16 K/V, its reference, and the cache as the GPU holds
+// it: bf16, NaN in every slot no token was written to.
+struct Prepared {
+  AttentionProblem p;
+  std::vector<double> ref;
+  std::vector<Bf16> cache;
+  std::vector<Bf16> out;
+  cuda::Bf16AttentionArgs args;
+};
+
+Prepared Prepare(const Case& c, uint32_t seed) {
+  Prepared r;
+  AttentionProblem& p = r.p;
+  p = MakeAttentionProblem(c.heads, c.kv_heads, c.hs, c.block, c.seqs, seed);
+  p.window = c.window;
+  p.softcap = c.softcap;
+  auto round = [](std::vector<float>& v) {
+    for (float& x : v) x = model::BFloat16ToFloat(model::FloatToBFloat16(x));
+  };
+  for (auto* kv : {&p.seq_k, &p.seq_v}) {
+    for (auto& s : *kv) round(s);
+  }
+  round(p.all_k);
+  round(p.all_v);
+  r.ref = testing::NaiveAttention(p);
+  std::fill(p.cache.begin(), p.cache.end(), std::numeric_limits<float>::quiet_NaN());
+  cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(),
+               static_cast<int32_t>(p.slots.size()), p.slots.data());
+  r.cache.resize(p.cache.size());
+  for (size_t i = 0; i < p.cache.size(); ++i) r.cache[i] = model::FloatToBFloat16(p.cache[i]);
+  r.out.assign(p.q.size(), model::FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()));
+  r.args = cuda::Bf16AttentionArgs{.q = p.q.data(),
+                                   .q_stride = c.heads * c.hs,
+                                   .out = r.out.data(),
+                                   .cache = r.cache.data(),
+                                   .shape = p.shape,
+                                   .layer = 1,
+                                   .num_heads = c.heads,
+                                   .num_rows = static_cast<int32_t>(p.row_pos.size()),
+                                   .row_pos = p.row_pos.data(),
+                                   .row_table_offset = p.row_table_offset.data(),
+                                   .block_tables = p.block_tables.data(),
+                                   .window = c.window,
+                                   .softcap = c.softcap};
+  return r;
+}
+
+// Rows `rows` of the output against the reference.
+void ExpectRowsNear(const Prepared& r, const std::vector<int32_t>& rows, const Case& c) {
+  const int32_t width = c.heads * c.hs;
+  int64_t checked = 0;
+  for (const int32_t row : rows) {
+    for (int32_t i = 0; i < width; ++i) {
+      const size_t at = static_cast<size_t>(row) * width + i;
+      const double got = model::BFloat16ToFloat(r.out[at]), want = r.ref[at];
+      ASSERT_LE(std::fabs(got - want),
+                kTensorCoreTol.abs_tol + std::fabs(want) * kTensorCoreTol.rel_tol)
+          << "row " << row << " element " << i << ": got " << got << " want " << want;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+template <int D>
+void LaunchPrefill(const cuda::Bf16AttentionArgs& a, const AttentionPlan& plan) {
+  const int32_t group = a.num_heads / a.shape.num_kv_heads;
+  const int32_t block_heads = TensorCoreBlockHeads(D, group);
+  const int32_t head_chunks = (group + block_heads - 1) / block_heads;
+  const simt::Dim3 grid{static_cast<unsigned>(plan.num_tiles()),
+                        static_cast<unsigned>(a.shape.num_kv_heads * head_chunks), 1};
+  simt::Launch(grid, simt::Dim3{cuda::kThreads, 1, 1}, cuda::kSharedBytes<D>, [&] {
+    cuda::PrefillAttentionKernel<D>(a, KvLayerRows(a.shape, a.layer), plan.tiles.data(),
+                                    head_chunks);
+  });
+}
+
+// The prefill chunks PlanAttention gives the tensor cores, through the
+// emulated PrefillAttentionKernel; the rows it leaves to the split-K
+// kernel are not checked here.
+void RunPrefill(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(Describe(c));
+  Prepared r = Prepare(c, seed);
+  const AttentionPlan plan = PlanAttention(r.p.row_pos, r.p.row_table_offset, c.hs,
+                                           c.heads / c.kv_heads, /*tensor_cores=*/true);
+  ASSERT_GT(plan.num_tiles(), 0) << "the case must reach the tensor-core kernel";
+  switch (c.hs) {
+    case 32:
+      LaunchPrefill<32>(r.args, plan);
+      break;
+    case 64:
+      LaunchPrefill<64>(r.args, plan);
+      break;
+    case 96:
+      LaunchPrefill<96>(r.args, plan);
+      break;
+    default:
+      LaunchPrefill<128>(r.args, plan);
+      break;
+  }
+  std::vector<int32_t> rows;
+  for (int32_t t = 0; t < plan.num_tiles(); ++t) {
+    for (int32_t i = 0; i < plan.tiles[2 * t + 1]; ++i) rows.push_back(plan.tiles[2 * t] + i);
+  }
+  ExpectRowsNear(r, rows, c);
+}
+
+template <int D, bool kCap>
+void LaunchDecodeTc(const cuda::Bf16AttentionArgs& a, int32_t splits, float* scratch) {
+  const int32_t group = a.num_heads / a.shape.num_kv_heads;
+  const int32_t head_chunks = (group + 15) / 16;
+  const int64_t blocks = int64_t{a.num_rows} * a.shape.num_kv_heads * head_chunks * splits;
+  simt::Launch(simt::Dim3{static_cast<unsigned>(blocks), 1, 1},
+               simt::Dim3{cuda::kTcWarps * 32, 1, 1}, 0,
+               [&] { cuda::DecodeAttentionTcKernel<D, kCap>(a, splits, head_chunks, scratch); });
+}
+
+// Every row through the emulated DecodeAttentionTcKernel, and the splits of
+// rows longer than one combined as CombineAttentionSplits does (m, l and
+// the weighted sums of each split in the scratch).
+void RunDecodeTc(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(Describe(c));
+  Prepared r = Prepare(c, seed);
+  int32_t max_context = 0;
+  for (const int32_t pos : r.p.row_pos) max_context = std::max(max_context, pos + 1);
+  const int32_t splits = cuda::AttentionSplits(max_context);
+  std::vector<float> scratch(static_cast<size_t>(
+      cuda::AttentionScratchFloats(r.args.num_rows, c.heads, c.hs, max_context)));
+  const bool cap = c.softcap > 0;
+  switch (c.hs) {
+    case 32:
+      cap ? LaunchDecodeTc<32, true>(r.args, splits, scratch.data())
+          : LaunchDecodeTc<32, false>(r.args, splits, scratch.data());
+      break;
+    case 64:
+      cap ? LaunchDecodeTc<64, true>(r.args, splits, scratch.data())
+          : LaunchDecodeTc<64, false>(r.args, splits, scratch.data());
+      break;
+    case 96:
+      cap ? LaunchDecodeTc<96, true>(r.args, splits, scratch.data())
+          : LaunchDecodeTc<96, false>(r.args, splits, scratch.data());
+      break;
+    default:
+      cap ? LaunchDecodeTc<128, true>(r.args, splits, scratch.data())
+          : LaunchDecodeTc<128, false>(r.args, splits, scratch.data());
+      break;
+  }
+  const int32_t stride = c.hs + 2;
+  for (int32_t row = 0; row < r.args.num_rows; ++row) {
+    const int32_t n = cuda::AttentionSplits(r.p.row_pos[row] + 1);
+    if (n == 1) continue;  // the kernel wrote the output
+    for (int32_t h = 0; h < c.heads; ++h) {
+      const float* base = scratch.data() + (int64_t{row} * c.heads + h) * splits * stride;
+      float mx = -FLT_MAX;
+      for (int32_t s = 0; s < n; ++s) mx = std::max(mx, base[s * stride]);
+      for (int32_t d = 0; d < c.hs; ++d) {
+        float lsum = 0.0f, asum = 0.0f;
+        for (int32_t s = 0; s < n; ++s) {
+          const float w = std::exp(base[s * stride] - mx);
+          lsum += base[s * stride + 1] * w;
+          asum += base[s * stride + 2 + d] * w;
+        }
+        r.out[(int64_t{row} * c.heads + h) * c.hs + d] = model::FloatToBFloat16(asum / lsum);
+      }
+    }
+  }
+  std::vector<int32_t> rows(static_cast<size_t>(r.args.num_rows));
+  for (int32_t i = 0; i < r.args.num_rows; ++i) rows[i] = i;
+  ExpectRowsNear(r, rows, c);
+}
+
+// The emulator's own rules: a barrier orders every thread's shared writes
+// before any read after it, a shuffle reads the partner lane's value, a
+// vote sees every lane, and the blocks of a 2-D grid each run once.
+TEST(SimtAttentionTest, TheEmulatorKeepsBarriersShufflesAndVotes) {
+  std::vector<int32_t> seen(2 * 3 * 64, -1);
+  simt::Launch(simt::Dim3{2, 3, 1}, simt::Dim3{64, 1, 1}, 64 * sizeof(int32_t), [&] {
+    auto* shared = reinterpret_cast<int32_t*>(simt::DynamicShared());
+    const int t = static_cast<int>(threadIdx.x);
+    shared[t] = t * 10;
+    __syncthreads();
+    const int neighbour = shared[(t + 1) % 64];  // written by another fiber before the barrier
+    const int partner = __shfl_xor_sync(0xffffffffu, t, 5);
+    const bool all_small = __all_sync(0xffffffffu, t < 64) != 0;
+    const bool all_even = __all_sync(0xffffffffu, t % 2 == 0) != 0;
+    const int block = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+    seen[static_cast<size_t>(block * 64 + t)] = (neighbour == ((t + 1) % 64) * 10) +
+                                                2 * (partner == (t ^ 5)) + 4 * all_small +
+                                                8 * !all_even;
+  });
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 15) << "thread " << i % 64;
+}
+
+// Tiles of GQA 1, 4, 7, 8 and 16 (one or two head chunks), head sizes 32 to
+// 128, block sizes 16 and 32, chunks that start at 0, mid-block and past
+// earlier context; key steps wholly seen (the unmasked path), on the
+// diagonal, and cut by windows of 1 to past the context.
+TEST(SimtAttentionTest, PrefillOnTensorCoresMatchesNaiveAttention) {
+  const std::vector<Case> cases = {
+      {8, 8, 64, 16, {{16, 0}}},     {8, 2, 64, 16, {{64, 0}, {150, 64}}},
+      {7, 7, 32, 32, {{50, 17}}},    {12, 3, 96, 16, {{80, 40}}},
+      {32, 4, 128, 32, {{100, 70}}}, {14, 2, 64, 32, {{90, 40}}},
+      {16, 1, 64, 16, {{40, 10}}},
+  };
+  uint32_t seed = 41;
+  for (const Case& c : cases) RunPrefill(c, seed++);
+  for (const int32_t window : {1, 20, 64, 100, 400}) {
+    Case c{8, 2, 64, 16, {{200, 100}, {70, 0}}};
+    c.window = window;
+    RunPrefill(c, seed++);
+  }
+}
+
+// Decode rows and prefill rows of one to three splits, GQA 1 to 32, head
+// sizes 32 to 128, block sizes 16 and 32, windows and Gemma 2's softcap.
+TEST(SimtAttentionTest, DecodeOnTensorCoresMatchesNaiveAttention) {
+  const std::vector<Case> cases = {
+      {8, 2, 64, 16, {{1, 0}, {16, 15}, {17, 16}, {128, 127}, {129, 128}, {300, 299}}},
+      {7, 7, 64, 16, {{1, 0}, {140, 139}, {17, 13}}},
+      {12, 3, 96, 32, {{257, 255}}},
+      {32, 4, 128, 16, {{200, 198}}},
+      {14, 2, 64, 32, {{129, 127}}},
+      {32, 1, 32, 16, {{70, 69}}},
+  };
+  uint32_t seed = 71;
+  for (const Case& c : cases) RunDecodeTc(c, seed++);
+  for (const int32_t window : {1, 100, 129}) {
+    Case c{8, 2, 64, 16, {{300, 299}, {40, 39}, {129, 128}}};
+    c.window = window;
+    RunDecodeTc(c, seed++);
+  }
+  Case cap{8, 4, 32, 16, {{150, 149}, {20, 19}}};
+  cap.softcap = 2.0f;
+  RunDecodeTc(cap, seed++);
+}
+
+}  // namespace
+}  // namespace tandem::kernels
