@@ -296,7 +296,8 @@ __global__ void __launch_bounds__(kAttnThreads)
                          float* scratch) {
   LetDependentsLaunch();  // the output projection's GEMV may come up beside it
   constexpr int kGroupsPerWarp = 32 / L;
-  extern __shared__ float smem[];
+  TANDEM_DYNAMIC_SHARED(smem_raw);
+  float* const smem = reinterpret_cast<float*>(smem_raw);
   const KvCacheShape& sh = a.shape;
   const AttnBlock b = LocateBlock<kG>(a);
   const int32_t split = blockIdx.y;
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   constexpr int kGroupsPerWarp = 32 / L;
   constexpr int kStagesPerSplit = kAttentionSplitTokens / kT;
   static_assert(kAttentionSplitTokens % kT == 0, "a split is whole stages");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TANDEM_DYNAMIC_SHARED(smem_raw);
   Bf16* const stages = reinterpret_cast<Bf16*>(smem_raw);  // [kStages][K, V][kT][kHs]
   float* const slots =
       reinterpret_cast<float*>(smem_raw + size_t{kStages} * 2 * kT * kHs * sizeof(Bf16));
@@ -471,6 +472,7 @@ constexpr int32_t BlockHeads(int32_t group) {
   return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup;
 }
 
+#ifndef TANDEM_SIMT  // the CPU emulator runs the kernels itself
 // Blocks per split: rows x KV heads x chunks of each KV head's query heads.
 int64_t RowBlocks(const Bf16AttentionArgs& a) {
   const int32_t group = a.num_heads / a.shape.num_kv_heads;
@@ -617,5 +619,9 @@ int CombineAttentionSplits(const Bf16AttentionArgs& a, int32_t splits, const flo
                         a.shape.head_size <= 64 ? 64 : 128, 0, S(stream)>>>(a, splits, scratch);
   return cudaGetLastError();
 }
+
+#else
+}  // namespace
+#endif  // TANDEM_SIMT
 
 }  // namespace tandem::kernels::cuda

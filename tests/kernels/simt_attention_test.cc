@@ -9,6 +9,7 @@
 #define TANDEM_SIMT 1
 #include "simt/simt.h"
 // The kernels, as host C++ (TANDEM_SIMT leaves their launch code out).
+#include "../../kernels/cuda_decode_attention.cu"
 #include "../../kernels/cuda_decode_attention_tc.cu"
 #include "../../kernels/cuda_prefill_attention.cu"
 // clang-format on
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -32,7 +34,9 @@ using cuda::Bf16;
 using testing::AttentionProblem;
 using testing::MakeAttentionProblem;
 
-// The GPU test's tolerance for these kernels (Q and P rounded to bf16).
+// The GPU tests' tolerances: the split-K kernel's one bf16 step, and the
+// tensor-core kernels' two (Q and P rounded to bf16).
+constexpr testing::Tolerance kSplitKTol{2e-3, 1.0 / 128};
 constexpr testing::Tolerance kTensorCoreTol{4e-3, 1.0 / 64};
 
 struct Case {
@@ -99,15 +103,15 @@ Prepared Prepare(const Case& c, uint32_t seed) {
 }
 
 // Rows `rows` of the output against the reference.
-void ExpectRowsNear(const Prepared& r, const std::vector<int32_t>& rows, const Case& c) {
+void ExpectRowsNear(const Prepared& r, const std::vector<int32_t>& rows, const Case& c,
+                    const testing::Tolerance& tol = kTensorCoreTol) {
   const int32_t width = c.heads * c.hs;
   int64_t checked = 0;
   for (const int32_t row : rows) {
     for (int32_t i = 0; i < width; ++i) {
       const size_t at = static_cast<size_t>(row) * width + i;
       const double got = model::BFloat16ToFloat(r.out[at]), want = r.ref[at];
-      ASSERT_LE(std::fabs(got - want),
-                kTensorCoreTol.abs_tol + std::fabs(want) * kTensorCoreTol.rel_tol)
+      ASSERT_LE(std::fabs(got - want), tol.abs_tol + std::fabs(want) * tol.rel_tol)
           << "row " << row << " element " << i << ": got " << got << " want " << want;
       ++checked;
     }
@@ -220,6 +224,110 @@ void RunDecodeTc(const Case& c, uint32_t seed) {
   std::vector<int32_t> rows(static_cast<size_t>(r.args.num_rows));
   for (int32_t i = 0; i < r.args.num_rows; ++i) rows[i] = i;
   ExpectRowsNear(r, rows, c);
+}
+
+template <int L, int kG, bool kCap>
+void LaunchSplitK(const cuda::Bf16AttentionArgs& a, int32_t splits, int32_t spb, float* scratch) {
+  const int32_t group = a.num_heads / a.shape.num_kv_heads;
+  const unsigned row_blocks =
+      static_cast<unsigned>(a.num_rows * a.shape.num_kv_heads * ((group + kG - 1) / kG));
+  const KvLayerRows rows(a.shape, a.layer);
+  if (spb <= 1) {
+    simt::Launch(simt::Dim3{row_blocks, static_cast<unsigned>(splits), 1},
+                 simt::Dim3{cuda::kAttnThreads, 1, 1},
+                 sizeof(float) * cuda::kAttnWarps * kG * (a.shape.head_size + 2),
+                 [&] { cuda::PagedAttentionKernel<L, kG, kCap>(a, rows, splits, scratch); });
+  } else {
+    simt::Launch(simt::Dim3{row_blocks, static_cast<unsigned>((splits + spb - 1) / spb), 1},
+                 simt::Dim3{cuda::kAttnThreads, 1, 1}, cuda::kPipelinedSharedBytes<L, kG>, [&] {
+                   cuda::PagedAttentionPipelinedKernel<L, kG, kCap>(a, rows, splits, spb, scratch);
+                 });
+  }
+}
+
+template <int L, bool kCap>
+void LaunchSplitKForGroup(const cuda::Bf16AttentionArgs& a, int32_t splits, int32_t spb,
+                          float* scratch) {
+  switch (cuda::BlockHeads(a.num_heads / a.shape.num_kv_heads)) {
+    case 1:
+      return LaunchSplitK<L, 1, kCap>(a, splits, spb, scratch);
+    case 2:
+      return LaunchSplitK<L, 2, kCap>(a, splits, spb, scratch);
+    case 4:
+      return LaunchSplitK<L, 4, kCap>(a, splits, spb, scratch);
+    default:
+      return LaunchSplitK<L, cuda::kMaxGroup, kCap>(a, splits, spb, scratch);
+  }
+}
+
+// PagedAttentionBf16 through the emulator: the per-split kernel (spb 1) or
+// the pipelined one (spb > 1, head sizes of L * 8), then the combine where
+// a row has several splits and no block took them all.
+std::vector<Bf16> RunSplitK(const Case& c, uint32_t seed, int32_t spb) {
+  Prepared r = Prepare(c, seed);
+  int32_t max_context = 0;
+  for (const int32_t pos : r.p.row_pos) max_context = std::max(max_context, pos + 1);
+  const int32_t splits = cuda::AttentionSplits(max_context);
+  std::vector<float> scratch(static_cast<size_t>(
+      cuda::AttentionScratchFloats(r.args.num_rows, c.heads, c.hs, max_context)));
+  const int32_t lanes = c.hs <= 32 ? 4 : c.hs <= 64 ? 8 : c.hs <= 128 ? 16 : 32;
+  if (c.hs != lanes * cuda::kMaxE) spb = 1;  // the pipelined kernel's head sizes only
+  spb = spb == 0 ? splits : std::min(spb, splits);
+  const bool cap = c.softcap > 0;
+  auto launch = [&](auto lanes_const) {
+    constexpr int L = decltype(lanes_const)::value;
+    cap ? LaunchSplitKForGroup<L, true>(r.args, splits, spb, scratch.data())
+        : LaunchSplitKForGroup<L, false>(r.args, splits, spb, scratch.data());
+  };
+  switch (lanes) {
+    case 4:
+      launch(std::integral_constant<int, 4>{});
+      break;
+    case 8:
+      launch(std::integral_constant<int, 8>{});
+      break;
+    case 16:
+      launch(std::integral_constant<int, 16>{});
+      break;
+    default:
+      launch(std::integral_constant<int, 32>{});
+      break;
+  }
+  if (splits > 1 && spb != splits) {
+    simt::Launch(simt::Dim3{static_cast<unsigned>(r.args.num_rows * c.heads), 1, 1},
+                 simt::Dim3{c.hs <= 64 ? 64u : 128u, 1, 1}, 0,
+                 [&] { cuda::CombineSplitsKernel(r.args, splits, scratch.data()); });
+  }
+  std::vector<int32_t> rows(static_cast<size_t>(r.args.num_rows));
+  for (int32_t i = 0; i < r.args.num_rows; ++i) rows[i] = i;
+  ExpectRowsNear(r, rows, c, kSplitKTol);
+  return r.out;
+}
+
+// The split-K kernels (every decode row by default): against NaiveAttention,
+// and the same bits however a row's splits are taken (one block each, or
+// pipelined two, three or all to a block). Head sizes 8 to 256 (lanes 4 to
+// 32), GQA 1 to 16, block sizes 16 and 32, windows and the softcap.
+TEST(SimtAttentionTest, SplitKAttentionMatchesNaiveAttentionAndKeepsItsBits) {
+  std::vector<Case> cases = {
+      {8, 4, 8, 16, {{37, 36}, {40, 21}, {16, 0}}},             // stories260K's shape
+      {7, 7, 64, 16, {{1, 0}, {300, 299}, {17, 13}}},           // GQA 1, 3 splits
+      {12, 3, 64, 32, {{257, 255}, {33, 32}}},                  // GQA 4, split edges
+      {32, 4, 128, 16, {{260, 258}}},                           // GQA 8, head 128
+      {16, 1, 256, 32, {{140, 139}}},                           // GQA 16, head 256
+      {5, 5, 40, 16, {{45, 44}}},                               // head size not / 8 lanes
+      {8, 4, 32, 16, {{300, 299}, {20, 10}}, 0, 2.0f},          // Gemma 2's softcap
+      {8, 2, 64, 16, {{300, 299}, {129, 128}, {40, 39}}, 100},  // a sliding window
+  };
+  uint32_t seed = 91;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(Describe(c));
+    const std::vector<Bf16> per_split = RunSplitK(c, seed, 1);
+    for (const int32_t spb : {0, 2}) {
+      EXPECT_EQ(RunSplitK(c, seed, spb), per_split) << "splits per block " << spb;
+    }
+    ++seed;
+  }
 }
 
 // The emulator's own rules: a barrier orders every thread's shared writes

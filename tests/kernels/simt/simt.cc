@@ -17,15 +17,73 @@ namespace {
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr size_t kSlotBytes = 64;  // a lane's operands in a warp collective
 
+// Fiber switches. On x86-64 a switch of the callee-saved registers and the
+// stack pointer (the System V ABI's): swapcontext also saves the signal
+// mask, a system call per switch, which was half of this test's time.
+#if defined(__x86_64__)
+extern "C" void tandem_simt_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl tandem_simt_switch
+  .type tandem_simt_switch, @function
+tandem_simt_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size tandem_simt_switch, .-tandem_simt_switch
+)");
+struct Context {
+  void* sp = nullptr;
+};
+void StartContext(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  // As if tandem_simt_switch had saved six registers and would return into
+  // entry, whose own return address (never used) sits 16-byte aligned.
+  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
+  auto* words = reinterpret_cast<void**>(top);
+  words[-1] = nullptr;
+  words[-2] = reinterpret_cast<void*>(entry);
+  for (int i = 3; i <= 8; ++i) words[-i] = nullptr;
+  c.sp = &words[-8];
+}
+void Switch(Context& from, Context& to) { tandem_simt_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+void StartContext(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+void Switch(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
 struct Fiber {
-  ucontext_t context;
-  std::unique_ptr<char[]> stack;
+  Context context;
   bool done = false;
+  // While *waiting == waiting_at, the fiber waits at a barrier: the
+  // scheduler does not resume it.
+  const uint64_t* waiting = nullptr;
+  uint64_t waiting_at = 0;
 };
 
 struct Block {
   std::vector<Fiber> fibers;
-  ucontext_t scheduler;
+  Context scheduler;
   int current = 0;
   int live = 0;
   // __syncthreads: arrivals and generation.
@@ -37,22 +95,37 @@ struct Block {
   std::vector<uint64_t> warp_generation;
   const std::function<void()>* kernel = nullptr;
   std::vector<unsigned char> shared;
-  // Arrivals, releases and exits: a pass over the fibers with none is a
-  // deadlock (a barrier or collective that not every thread reaches).
+  // Arrivals and exits: a pass over the fibers with none is a deadlock (a
+  // barrier or collective that not every thread reaches).
   uint64_t events = 0;
 };
 
 Block* block = nullptr;
 
-void Yield() { swapcontext(&block->fibers[block->current].context, &block->scheduler); }
+// The fibers' stacks, kept from launch to launch.
+std::vector<std::unique_ptr<char[]>>& Stacks(size_t n) {
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  while (stacks.size() < n) stacks.push_back(std::make_unique<char[]>(kStackBytes));
+  return stacks;
+}
 
-void Trampoline() {
+// Suspends the running fiber until *generation moves past `at`.
+void WaitFor(const uint64_t* generation, uint64_t at) {
+  Fiber& f = block->fibers[block->current];
+  f.waiting = generation;
+  f.waiting_at = at;
+  Switch(f.context, block->scheduler);
+  f.waiting = nullptr;
+}
+
+void Entry() {
   (*block->kernel)();
-  block->fibers[block->current].done = true;
+  Fiber& f = block->fibers[block->current];
+  f.done = true;
   --block->live;
   ++block->events;
-  // Back to the scheduler, never to return here.
-  swapcontext(&block->fibers[block->current].context, &block->scheduler);
+  Switch(f.context, block->scheduler);  // never resumed
+  std::abort();
 }
 
 int Lane() { return static_cast<int>(thread_idx.x % 32); }
@@ -68,7 +141,7 @@ void WarpBarrier() {
     ++block->warp_generation[w];
     return;
   }
-  while (block->warp_generation[w] == gen) Yield();
+  WaitFor(&block->warp_generation[w], gen);
 }
 
 unsigned char* Slot(int lane) {
@@ -111,6 +184,7 @@ void Launch(Dim3 grid, Dim3 block_shape, size_t dynamic_shared,
     throw std::invalid_argument("simt::Launch takes 1-D blocks of whole warps");
   }
   const int threads = static_cast<int>(block_shape.x), warps = threads / 32;
+  auto& stacks = Stacks(static_cast<size_t>(threads));
   grid_dim = grid;
   block_dim = block_shape;
   for (unsigned by = 0; by < grid.y; ++by) {
@@ -125,21 +199,17 @@ void Launch(Dim3 grid, Dim3 block_shape, size_t dynamic_shared,
       b.shared.assign(dynamic_shared, 0);
       block = &b;
       block_idx = Dim3{bx, by, 0};
-      for (Fiber& f : b.fibers) {
-        f.stack = std::make_unique<char[]>(kStackBytes);
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack.get();
-        f.context.uc_stack.ss_size = kStackBytes;
-        f.context.uc_link = nullptr;
-        makecontext(&f.context, Trampoline, 0);
+      for (int t = 0; t < threads; ++t) {
+        StartContext(b.fibers[t].context, stacks[t].get(), kStackBytes, Entry);
       }
       while (b.live > 0) {
         const uint64_t events = b.events;
         for (int t = 0; t < threads; ++t) {
-          if (b.fibers[t].done) continue;
+          const Fiber& f = b.fibers[t];
+          if (f.done || (f.waiting != nullptr && *f.waiting == f.waiting_at)) continue;
           b.current = t;
           thread_idx = Dim3{static_cast<unsigned>(t), 0, 0};
-          swapcontext(&b.scheduler, &b.fibers[t].context);
+          Switch(b.scheduler, b.fibers[t].context);
         }
         if (b.live > 0 && b.events == events) {
           std::fprintf(stderr,
@@ -162,7 +232,7 @@ void SyncThreads() {
     ++block->generation;
     return;
   }
-  while (block->generation == gen) Yield();
+  WaitFor(&block->generation, gen);
 }
 
 float ShflXor(float v, int lane_mask) {
