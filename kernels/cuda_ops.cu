@@ -9,6 +9,7 @@ namespace {
 
 constexpr int32_t kThreads = 256;
 
+#ifndef TANDEM_SIMT  // the CPU emulator (tests/kernels/simt) runs the kernels itself
 template <typename F>
 __global__ void FunctorKernel(F f) {
   f(static_cast<int64_t>(blockIdx.x), static_cast<int32_t>(threadIdx.x),
@@ -24,6 +25,7 @@ int Launch(Grid grid, const F& f, void* stream = nullptr) {
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+#endif  // TANDEM_SIMT
 
 __global__ void RmsNormKernel(const float* x, const float* w, int32_t rows, int32_t dim, float eps,
                               float* out) {
@@ -88,6 +90,7 @@ __global__ void __launch_bounds__(kSampleLanes)
                     &results[blockIdx.x], top_ids + job.top_begin, top_logprobs + job.top_begin);
 }
 
+#ifndef TANDEM_SIMT
 }  // namespace
 
 int DeviceCount() {
@@ -304,5 +307,9 @@ int BlockScatter(float* cache, int64_t block_floats, const int32_t* block_ids, i
   return Launch(Grid{num_blocks, kThreads},
                 BlockCopyFn{cache, const_cast<float*>(staging), block_ids, block_floats, false});
 }
+
+#else
+}  // namespace
+#endif  // TANDEM_SIMT
 
 }  // namespace tandem::kernels::cuda

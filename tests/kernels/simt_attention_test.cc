@@ -4,8 +4,8 @@
 // every machine. The GPU's own tests (cuda_bf16_ops_test.cc) cover more
 // cases and the instructions' real bits; these are smaller, since each
 // emulated warp instruction switches 32 fibers.
-// clang-format off: the emulator's macros come before the kernels, and the
-// kernels before what they would clash with
+// The emulator's macros come before the kernels.
+// clang-format off
 #define TANDEM_SIMT 1
 #include "simt/simt.h"
 // The kernels, as host C++ (TANDEM_SIMT leaves their launch code out).

@@ -83,6 +83,12 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     r |= static_cast<uint32_t>((bytes >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
   return r;
 }
+// Fibers switch only at barriers and collectives: a plain add is atomic.
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p += v;
+  return old;
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 // The special function unit's exp with .ftz: subnormal results are zero.
 inline float __expf(float x) {

@@ -66,7 +66,7 @@ struct LogprobShared {
 // A slot of `count` for the calling lane (an atomic on the GPU, where the
 // lanes run at once; the slots' order differs, the set does not).
 TANDEM_HD inline int32_t TakeSlot(int32_t* count) {
-#if defined(__CUDA_ARCH__)
+#if defined(TANDEM_LANES_ARE_THREADS)
   return atomicAdd(count, 1);
 #else
   return (*count)++;

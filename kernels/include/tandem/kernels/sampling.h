@@ -166,6 +166,13 @@ TANDEM_HD inline float Penalize(float logit, const SamplePenalty& p, const Sampl
 
 inline constexpr int32_t kSampleLanes = 1024;
 
+// The lanes are a block's threads on the GPU, and in the CPU emulator of
+// thread blocks (tests/kernels/simt), which runs the GPU's branches below;
+// the CPU backend runs them one after another.
+#if defined(__CUDA_ARCH__) || defined(TANDEM_SIMT)
+#define TANDEM_LANES_ARE_THREADS 1
+#endif
+
 // The block's shared memory: heap-ordered trees over the lanes (leaf t at
 // kSampleLanes + t, node n = 2n + 2n+1, the root at 1).
 struct SampleShared {
@@ -178,7 +185,7 @@ struct SampleShared {
 // of a kSampleLanes-thread block; on the CPU the lanes run in turn.
 template <typename F>
 TANDEM_HD inline void ForSampleLanes(int32_t n, const F& f) {
-#if defined(__CUDA_ARCH__)
+#if defined(TANDEM_LANES_ARE_THREADS)
   if (static_cast<int32_t>(threadIdx.x) < n) f(static_cast<int32_t>(threadIdx.x));
   __syncthreads();
 #else
@@ -190,7 +197,7 @@ TANDEM_HD inline void ForSampleLanes(int32_t n, const F& f) {
 // increasing i), then a barrier.
 template <typename F>
 TANDEM_HD inline void ForSampleElements(int32_t n, const F& f) {
-#if defined(__CUDA_ARCH__)
+#if defined(TANDEM_LANES_ARE_THREADS)
   for (int32_t i = static_cast<int32_t>(threadIdx.x); i < n; i += kSampleLanes) f(i);
   __syncthreads();
 #else
@@ -204,7 +211,7 @@ TANDEM_HD inline void ForSampleElements(int32_t n, const F& f) {
 // vectorizes).
 template <typename T, typename F, typename Store>
 TANDEM_HD inline void FoldLanes(int32_t n, T init, const F& f, const Store& store) {
-#if defined(__CUDA_ARCH__)
+#if defined(TANDEM_LANES_ARE_THREADS)
   ForSampleLanes(kSampleLanes, [&](int32_t t) {
     T acc = init;
     for (int32_t i = t; i < n; i += kSampleLanes) acc = f(acc, i);
