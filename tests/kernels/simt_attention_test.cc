@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -365,6 +366,10 @@ TEST(SimtAttentionTest, PrefillOnTensorCoresMatchesNaiveAttention) {
   };
   uint32_t seed = 41;
   for (const Case& c : cases) RunPrefill(c, seed++);
+  // A long prompt of Llama-3.2-1B's attention shape (its tiles' later key
+  // steps all unmasked), and one of TinyLlama's GQA 8.
+  RunPrefill({32, 8, 64, 16, {{600, 0}}}, seed++);
+  RunPrefill({32, 4, 64, 16, {{400, 250}}}, seed++);
   for (const int32_t window : {1, 20, 64, 100, 400}) {
     Case c{8, 2, 64, 16, {{200, 100}, {70, 0}}};
     c.window = window;
@@ -385,6 +390,14 @@ TEST(SimtAttentionTest, DecodeOnTensorCoresMatchesNaiveAttention) {
   };
   uint32_t seed = 71;
   for (const Case& c : cases) RunDecodeTc(c, seed++);
+  // A decode batch of Llama-3.2-1B's shape, contexts of 1 to 700.
+  Case batch{32, 8, 64, 16, {}};
+  std::mt19937 rng(5);
+  for (int32_t i = 0; i < 64; ++i) {
+    const int32_t len = 1 + static_cast<int32_t>(rng() % 700);
+    batch.seqs.push_back({len, len - 1});
+  }
+  RunDecodeTc(batch, seed++);
   for (const int32_t window : {1, 100, 129}) {
     Case c{8, 2, 64, 16, {{300, 299}, {40, 39}, {129, 128}}};
     c.window = window;
