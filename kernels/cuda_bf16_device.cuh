@@ -10,7 +10,6 @@
 
 #include <cfloat>
 #include <cstdint>
-#include <cstring>
 
 #include "tandem/kernels/cuda_bf16_ops.h"
 
@@ -54,14 +53,15 @@ __device__ __forceinline__ void CpAsync16(Bf16* dst, const Bf16* src, int bytes 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)),
                "l"(src), "r"(bytes));
-#elif defined(TANDEM_SIMT)  // the copy lands at once
-  std::memset(dst, 0, 16);
-  std::memcpy(dst, src, static_cast<size_t>(bytes));
+#elif defined(TANDEM_SIMT)
+  ::tandem::simt::CpAsync(dst, src, bytes);
 #endif
 }
 __device__ __forceinline__ void CpAsyncCommit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
+#elif defined(TANDEM_SIMT)
+  ::tandem::simt::CpAsyncCommit();
 #endif
 }
 // Waits until at most N of this thread's committed groups are in flight.
@@ -69,6 +69,8 @@ template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#elif defined(TANDEM_SIMT)
+  ::tandem::simt::CpAsyncWait(N);
 #endif
 }
 

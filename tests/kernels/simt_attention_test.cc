@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -47,6 +48,20 @@ struct Case {
   float softcap = 0.0f;
 };
 
+// Each run takes the next of the emulator's adversarial schedules: copies
+// at once while warps run ahead (a stage refilled before every warp is done
+// with it), or copies at their wait while threads take turns (a stage read
+// before its copies' wait), forward and backward in turn. RunPrefill and
+// RunDecodeTc run each case under both.
+simt::Schedule NextSchedule() {
+  static int next = 0;
+  const int i = next++;
+  const simt::Schedule s{
+      .copies_at_wait = i % 2 == 1, .warps_run_ahead = i % 2 == 0, .reverse = i / 2 % 2 == 1};
+  simt::SetSchedule(s);
+  return s;
+}
+
 std::string Describe(const Case& c) {
   std::string s = "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " hs " +
                   std::to_string(c.hs) + " block " + std::to_string(c.block) + " window " +
@@ -64,10 +79,12 @@ struct Prepared {
   std::vector<Bf16> cache;
   std::vector<Bf16> out;
   cuda::Bf16AttentionArgs args;
+  simt::Schedule schedule;
 };
 
 Prepared Prepare(const Case& c, uint32_t seed) {
   Prepared r;
+  r.schedule = NextSchedule();
   AttentionProblem& p = r.p;
   p = MakeAttentionProblem(c.heads, c.kv_heads, c.hs, c.block, c.seqs, seed);
   p.window = c.window;
@@ -80,7 +97,13 @@ Prepared Prepare(const Case& c, uint32_t seed) {
   }
   round(p.all_k);
   round(p.all_v);
-  r.ref = testing::NaiveAttention(p);
+  // The reference of a (case, seed), computed once: the runs under other
+  // schedules and split choices reuse it.
+  static std::map<std::string, std::vector<double>> references;
+  const std::string key = Describe(c) + " seed " + std::to_string(seed);
+  auto known = references.find(key);
+  if (known == references.end()) known = references.emplace(key, testing::NaiveAttention(p)).first;
+  r.ref = known->second;
   std::fill(p.cache.begin(), p.cache.end(), std::numeric_limits<float>::quiet_NaN());
   cpu::KvWrite(p.cache.data(), p.shape, 1, p.all_k.data(), p.all_v.data(),
                static_cast<int32_t>(p.slots.size()), p.slots.data());
@@ -106,6 +129,9 @@ Prepared Prepare(const Case& c, uint32_t seed) {
 // Rows `rows` of the output against the reference.
 void ExpectRowsNear(const Prepared& r, const std::vector<int32_t>& rows, const Case& c,
                     const testing::Tolerance& tol = kTensorCoreTol) {
+  SCOPED_TRACE(::testing::Message()
+               << "copies at wait " << r.schedule.copies_at_wait << ", warps run ahead "
+               << r.schedule.warps_run_ahead << ", reversed " << r.schedule.reverse);
   const int32_t width = c.heads * c.hs;
   int64_t checked = 0;
   for (const int32_t row : rows) {
@@ -137,30 +163,32 @@ void LaunchPrefill(const cuda::Bf16AttentionArgs& a, const AttentionPlan& plan) 
 // emulated PrefillAttentionKernel; the rows it leaves to the split-K
 // kernel are not checked here.
 void RunPrefill(const Case& c, uint32_t seed) {
-  SCOPED_TRACE(Describe(c));
-  Prepared r = Prepare(c, seed);
-  const AttentionPlan plan = PlanAttention(r.p.row_pos, r.p.row_table_offset, c.hs,
-                                           c.heads / c.kv_heads, /*tensor_cores=*/true);
-  ASSERT_GT(plan.num_tiles(), 0) << "the case must reach the tensor-core kernel";
-  switch (c.hs) {
-    case 32:
-      LaunchPrefill<32>(r.args, plan);
-      break;
-    case 64:
-      LaunchPrefill<64>(r.args, plan);
-      break;
-    case 96:
-      LaunchPrefill<96>(r.args, plan);
-      break;
-    default:
-      LaunchPrefill<128>(r.args, plan);
-      break;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(Describe(c));
+    Prepared r = Prepare(c, seed);
+    const AttentionPlan plan = PlanAttention(r.p.row_pos, r.p.row_table_offset, c.hs,
+                                             c.heads / c.kv_heads, /*tensor_cores=*/true);
+    ASSERT_GT(plan.num_tiles(), 0) << "the case must reach the tensor-core kernel";
+    switch (c.hs) {
+      case 32:
+        LaunchPrefill<32>(r.args, plan);
+        break;
+      case 64:
+        LaunchPrefill<64>(r.args, plan);
+        break;
+      case 96:
+        LaunchPrefill<96>(r.args, plan);
+        break;
+      default:
+        LaunchPrefill<128>(r.args, plan);
+        break;
+    }
+    std::vector<int32_t> rows;
+    for (int32_t t = 0; t < plan.num_tiles(); ++t) {
+      for (int32_t i = 0; i < plan.tiles[2 * t + 1]; ++i) rows.push_back(plan.tiles[2 * t] + i);
+    }
+    ExpectRowsNear(r, rows, c);
   }
-  std::vector<int32_t> rows;
-  for (int32_t t = 0; t < plan.num_tiles(); ++t) {
-    for (int32_t i = 0; i < plan.tiles[2 * t + 1]; ++i) rows.push_back(plan.tiles[2 * t] + i);
-  }
-  ExpectRowsNear(r, rows, c);
 }
 
 template <int D, bool kCap>
@@ -177,54 +205,56 @@ void LaunchDecodeTc(const cuda::Bf16AttentionArgs& a, int32_t splits, float* scr
 // rows longer than one combined as CombineAttentionSplits does (m, l and
 // the weighted sums of each split in the scratch).
 void RunDecodeTc(const Case& c, uint32_t seed) {
-  SCOPED_TRACE(Describe(c));
-  Prepared r = Prepare(c, seed);
-  int32_t max_context = 0;
-  for (const int32_t pos : r.p.row_pos) max_context = std::max(max_context, pos + 1);
-  const int32_t splits = cuda::AttentionSplits(max_context);
-  std::vector<float> scratch(static_cast<size_t>(
-      cuda::AttentionScratchFloats(r.args.num_rows, c.heads, c.hs, max_context)));
-  const bool cap = c.softcap > 0;
-  switch (c.hs) {
-    case 32:
-      cap ? LaunchDecodeTc<32, true>(r.args, splits, scratch.data())
-          : LaunchDecodeTc<32, false>(r.args, splits, scratch.data());
-      break;
-    case 64:
-      cap ? LaunchDecodeTc<64, true>(r.args, splits, scratch.data())
-          : LaunchDecodeTc<64, false>(r.args, splits, scratch.data());
-      break;
-    case 96:
-      cap ? LaunchDecodeTc<96, true>(r.args, splits, scratch.data())
-          : LaunchDecodeTc<96, false>(r.args, splits, scratch.data());
-      break;
-    default:
-      cap ? LaunchDecodeTc<128, true>(r.args, splits, scratch.data())
-          : LaunchDecodeTc<128, false>(r.args, splits, scratch.data());
-      break;
-  }
-  const int32_t stride = c.hs + 2;
-  for (int32_t row = 0; row < r.args.num_rows; ++row) {
-    const int32_t n = cuda::AttentionSplits(r.p.row_pos[row] + 1);
-    if (n == 1) continue;  // the kernel wrote the output
-    for (int32_t h = 0; h < c.heads; ++h) {
-      const float* base = scratch.data() + (int64_t{row} * c.heads + h) * splits * stride;
-      float mx = -FLT_MAX;
-      for (int32_t s = 0; s < n; ++s) mx = std::max(mx, base[s * stride]);
-      for (int32_t d = 0; d < c.hs; ++d) {
-        float lsum = 0.0f, asum = 0.0f;
-        for (int32_t s = 0; s < n; ++s) {
-          const float w = std::exp(base[s * stride] - mx);
-          lsum += base[s * stride + 1] * w;
-          asum += base[s * stride + 2 + d] * w;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(Describe(c));
+    Prepared r = Prepare(c, seed);
+    int32_t max_context = 0;
+    for (const int32_t pos : r.p.row_pos) max_context = std::max(max_context, pos + 1);
+    const int32_t splits = cuda::AttentionSplits(max_context);
+    std::vector<float> scratch(static_cast<size_t>(
+        cuda::AttentionScratchFloats(r.args.num_rows, c.heads, c.hs, max_context)));
+    const bool cap = c.softcap > 0;
+    switch (c.hs) {
+      case 32:
+        cap ? LaunchDecodeTc<32, true>(r.args, splits, scratch.data())
+            : LaunchDecodeTc<32, false>(r.args, splits, scratch.data());
+        break;
+      case 64:
+        cap ? LaunchDecodeTc<64, true>(r.args, splits, scratch.data())
+            : LaunchDecodeTc<64, false>(r.args, splits, scratch.data());
+        break;
+      case 96:
+        cap ? LaunchDecodeTc<96, true>(r.args, splits, scratch.data())
+            : LaunchDecodeTc<96, false>(r.args, splits, scratch.data());
+        break;
+      default:
+        cap ? LaunchDecodeTc<128, true>(r.args, splits, scratch.data())
+            : LaunchDecodeTc<128, false>(r.args, splits, scratch.data());
+        break;
+    }
+    const int32_t stride = c.hs + 2;
+    for (int32_t row = 0; row < r.args.num_rows; ++row) {
+      const int32_t n = cuda::AttentionSplits(r.p.row_pos[row] + 1);
+      if (n == 1) continue;  // the kernel wrote the output
+      for (int32_t h = 0; h < c.heads; ++h) {
+        const float* base = scratch.data() + (int64_t{row} * c.heads + h) * splits * stride;
+        float mx = -FLT_MAX;
+        for (int32_t s = 0; s < n; ++s) mx = std::max(mx, base[s * stride]);
+        for (int32_t d = 0; d < c.hs; ++d) {
+          float lsum = 0.0f, asum = 0.0f;
+          for (int32_t s = 0; s < n; ++s) {
+            const float w = std::exp(base[s * stride] - mx);
+            lsum += base[s * stride + 1] * w;
+            asum += base[s * stride + 2 + d] * w;
+          }
+          r.out[(int64_t{row} * c.heads + h) * c.hs + d] = model::FloatToBFloat16(asum / lsum);
         }
-        r.out[(int64_t{row} * c.heads + h) * c.hs + d] = model::FloatToBFloat16(asum / lsum);
       }
     }
+    std::vector<int32_t> rows(static_cast<size_t>(r.args.num_rows));
+    for (int32_t i = 0; i < r.args.num_rows; ++i) rows[i] = i;
+    ExpectRowsNear(r, rows, c);
   }
-  std::vector<int32_t> rows(static_cast<size_t>(r.args.num_rows));
-  for (int32_t i = 0; i < r.args.num_rows; ++i) rows[i] = i;
-  ExpectRowsNear(r, rows, c);
 }
 
 template <int L, int kG, bool kCap>

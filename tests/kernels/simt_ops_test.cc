@@ -67,6 +67,9 @@ TEST(SimtOpsTest, LogprobsOnTheBlockGiveTheLaneByLanePrograms) {
     std::vector<float> want_values(want_ids.size()), got_values(want_ids.size());
     cpu::Logprobs(logits.data(), vocab, jobs.data(), n, want.data(), want_ids.data(),
                   want_values.data());
+    // Warps that run ahead to each barrier, backward: a phase that reads
+    // what another lane wrote in the same phase reads it unwritten.
+    simt::SetSchedule({.warps_run_ahead = true, .reverse = vocab > 1000});
     simt::Launch(simt::Dim3{static_cast<unsigned>(n), 1, 1}, simt::Dim3{kSampleLanes, 1, 1}, 0,
                  [&] {
                    cuda::LogprobsKernel(logits.data(), vocab, jobs.data(), got.data(),
@@ -114,6 +117,7 @@ TEST(SimtOpsTest, SamplingOnTheBlockGivesTheLaneByLaneProgram) {
     std::vector<int32_t> want(n), got(n, -1);
     cpu::Sample(logits.data(), n, vocab, args.data(), banned.data(), history.data(), want.data());
     std::vector<float> scratch(static_cast<size_t>(n) * vocab);
+    simt::SetSchedule({.warps_run_ahead = true, .reverse = vocab > 1000});
     simt::Launch(simt::Dim3{static_cast<unsigned>(n), 1, 1}, simt::Dim3{kSampleLanes, 1, 1}, 0,
                  [&] {
                    cuda::SampleKernel(logits.data(), vocab, args.data(), banned.data(),
@@ -156,6 +160,7 @@ TEST(SimtOpsTest, Float32AttentionOnTheBlockGivesAttendRowHead) {
     }
     std::vector<float> scratch(static_cast<size_t>(rows) * c.heads * max_context);
     const PagedAttentionArgs args = p.Args(got.data());
+    simt::SetSchedule({.warps_run_ahead = seed % 2 == 0, .reverse = true});
     simt::Launch(simt::Dim3{static_cast<unsigned>(rows * c.heads), 1, 1},
                  simt::Dim3{cuda::kAttnThreads, 1, 1}, 0,
                  [&] { cuda::AttentionKernel(args, scratch.data(), max_context); });

@@ -72,9 +72,18 @@ void StartContext(Context& c, char* stack, size_t bytes, void (*entry)()) {
 void Switch(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
 #endif
 
+// A cp.async in flight: copied when its group is waited for.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int bytes;
+};
+
 struct Fiber {
   Context context;
   bool done = false;
+  // cp.async groups in flight, oldest first (the last one still open).
+  std::vector<std::vector<PendingCopy>> copy_groups;
   // While *waiting == waiting_at, the fiber waits at a barrier: the
   // scheduler does not resume it.
   const uint64_t* waiting = nullptr;
@@ -101,6 +110,12 @@ struct Block {
 };
 
 Block* block = nullptr;
+Schedule schedule;
+
+void Land(const PendingCopy& c) {
+  std::memset(c.dst, 0, 16);
+  std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+}
 
 // The fibers' stacks, kept from launch to launch.
 std::vector<std::unique_ptr<char[]>>& Stacks(size_t n) {
@@ -121,6 +136,10 @@ void WaitFor(const uint64_t* generation, uint64_t at) {
 void Entry() {
   (*block->kernel)();
   Fiber& f = block->fibers[block->current];
+  for (const auto& group : f.copy_groups) {
+    for (const PendingCopy& c : group) Land(c);
+  }
+  f.copy_groups.clear();
   f.done = true;
   --block->live;
   ++block->events;
@@ -202,14 +221,37 @@ void Launch(Dim3 grid, Dim3 block_shape, size_t dynamic_shared,
       for (int t = 0; t < threads; ++t) {
         StartContext(b.fibers[t].context, stacks[t].get(), kStackBytes, Entry);
       }
+      auto runnable = [&](int t) {
+        const Fiber& f = b.fibers[t];
+        return !f.done && (f.waiting == nullptr || *f.waiting != f.waiting_at);
+      };
+      auto resume = [&](int t) {
+        b.current = t;
+        thread_idx = Dim3{static_cast<unsigned>(t), 0, 0};
+        Switch(b.scheduler, b.fibers[t].context);
+      };
+      auto order = [&](int i, int n) { return schedule.reverse ? n - 1 - i : i; };
       while (b.live > 0) {
         const uint64_t events = b.events;
-        for (int t = 0; t < threads; ++t) {
-          const Fiber& f = b.fibers[t];
-          if (f.done || (f.waiting != nullptr && *f.waiting == f.waiting_at)) continue;
-          b.current = t;
-          thread_idx = Dim3{static_cast<unsigned>(t), 0, 0};
-          Switch(b.scheduler, b.fibers[t].context);
+        if (schedule.warps_run_ahead) {
+          for (int wi = 0; wi < warps; ++wi) {
+            const int w = order(wi, warps);
+            for (bool ran = true; ran;) {  // until the warp's threads all wait at a barrier
+              ran = false;
+              for (int l = 0; l < 32; ++l) {
+                const int t = 32 * w + order(l, 32);
+                if (runnable(t)) {
+                  resume(t);
+                  ran = true;
+                }
+              }
+            }
+          }
+        } else {
+          for (int i = 0; i < threads; ++i) {
+            const int t = order(i, threads);
+            if (runnable(t)) resume(t);
+          }
         }
         if (b.live > 0 && b.events == events) {
           std::fprintf(stderr,
@@ -222,6 +264,37 @@ void Launch(Dim3 grid, Dim3 block_shape, size_t dynamic_shared,
       block = nullptr;
     }
   }
+}
+
+void SetSchedule(Schedule s) { schedule = s; }
+
+void CpAsync(void* dst, const void* src, int bytes) {
+  const PendingCopy c{dst, src, bytes};
+  if (!schedule.copies_at_wait) {
+    Land(c);
+    return;
+  }
+  auto& groups = block->fibers[block->current].copy_groups;
+  if (groups.empty()) groups.emplace_back();
+  groups.back().push_back(c);
+}
+
+void CpAsyncCommit() {
+  auto& groups = block->fibers[block->current].copy_groups;
+  if (groups.empty()) groups.emplace_back();  // an empty group counts too
+  groups.emplace_back();                      // the next copies' group
+}
+
+void CpAsyncWait(int n) {
+  // Committed groups are all but the open last one; all but the newest n
+  // of them land.
+  auto& groups = block->fibers[block->current].copy_groups;
+  const int committed = groups.empty() ? 0 : static_cast<int>(groups.size()) - 1;
+  const int land = committed - n;
+  for (int i = 0; i < land; ++i) {
+    for (const PendingCopy& c : groups[i]) Land(c);
+  }
+  if (land > 0) groups.erase(groups.begin(), groups.begin() + land);
 }
 
 void SyncThreads() {

@@ -8,12 +8,14 @@
 // become function statics), cp.async copies at once, and the warp-level
 // instructions the kernels use (shfl.xor, vote.all, ldmatrix.x4 with and
 // without .trans, mma.sync m16n8k16 bf16 with fp32 accumulation) follow the
-// fragment layouts of the PTX ISA, with fp32 sums in k order.
+// fragment layouts of the PTX ISA, with fp32 sums in k order. cp.async's
+// timing and the threads' order are the test's choice (Schedule).
 //
 // What it checks: indexing, masks, loop bounds, the online softmax's
-// bookkeeping and the layouts a kernel assumes, against a naive reference.
-// What it cannot: timing, races between cp.async and its readers (copies
-// land at once), and the bits of the tensor cores' sums. The prefill
+// bookkeeping and the layouts a kernel assumes, against a naive reference;
+// with Schedule, shared memory read before its copy's wait or before the
+// barrier after another thread's write. What it cannot: timing, and the
+// bits of the tensor cores' sums. The prefill
 // kernel, whose layouts a GPU validated (DESIGN-NOTES, round one), passing
 // here is what vouches for the emulated instructions.
 #pragma once
@@ -42,6 +44,29 @@ extern Dim3 thread_idx, block_idx, block_dim, grid_dim;
 // of dynamic shared memory, zeroed per launch.
 void Launch(Dim3 grid, Dim3 block, size_t dynamic_shared, const std::function<void()>& kernel);
 unsigned char* DynamicShared();
+
+// How the emulator orders what the hardware leaves open, so that a test can
+// run a kernel under more than one order:
+// - copies_at_wait: cp.async copies land only at the cp.async.wait_group
+//   that needs them (exposes a read before its wait), else at once;
+// - warps_run_ahead: each warp runs until all its threads wait at a
+//   __syncthreads before the next warp runs (exposes a buffer refilled by
+//   one warp while another still reads it: a missing barrier at a loop's
+//   end), else the threads take turns one collective at a time;
+// - reverse: threads and warps in decreasing order (exposes a read of
+//   another thread's write that no barrier orders, whichever runs first).
+struct Schedule {
+  bool copies_at_wait = false;
+  bool warps_run_ahead = false;
+  bool reverse = false;
+};
+void SetSchedule(Schedule s);
+
+// cp.async of 16 bytes (bytes < 16: the rest zero), commit_group and
+// wait_group n, per thread.
+void CpAsync(void* dst, const void* src, int bytes);
+void CpAsyncCommit();
+void CpAsyncWait(int n);
 
 void SyncThreads();
 // Warp collectives: every lane of the calling thread's warp calls them, with
