@@ -141,28 +141,7 @@ TEST_F(CudaOpsTest, SampleMatchesCpu) {
     for (const float scale : {1.0f, 6.0f}) {
       const int32_t rows = 12;
       const auto logits = RandomVector(static_cast<size_t>(rows) * vocab, 9 + vocab, scale);
-      const std::vector<int32_t> banned = {3, vocab - 1, 7, 3};
-      // History entries, one with a logit_bias too, and a logit_bias alone (-1).
-      const std::vector<SamplePenalty> history = {
-          {5, 2}, {vocab - 2, 0, 1.5f}, {11, 1}, {4, -1, -3.0f}};
-      std::vector<SampleArgs> args;
-      for (int32_t j = 0; j < 24; ++j) {
-        const int32_t f = j % 8;
-        args.push_back({.temperature = f == 0 ? 0.0f : (j % 3 == 0 ? 0.6f : 1.0f),
-                        .top_k = f == 2 || f == 5 ? 50 : (f == 6 ? 1 : 0),
-                        .top_p = f == 3 || f == 5 ? 0.9f : (f == 7 ? 0.5f : 1.0f),
-                        .min_p = f == 4 || f == 7 ? 0.05f : 0.0f,
-                        .seed = 5u + j,
-                        .position = j,
-                        .row = (j * 5) % rows,
-                        .banned_begin = j % 2,
-                        .num_banned = j % 4 == 1 ? 3 : 0,
-                        .presence_penalty = j % 3 == 2 ? 0.5f : 0.0f,
-                        .frequency_penalty = j % 3 == 2 ? -0.25f : 0.0f,
-                        .repetition_penalty = j % 3 == 2 ? 1.3f : 1.0f,
-                        .penalty_begin = j % 2,
-                        .num_penalties = j % 3 == 2 ? 3 : 0});
-      }
+      const auto [banned, history, args] = testing::MakeSamplingCase(vocab, rows, 24);
       const int32_t n = static_cast<int32_t>(args.size());
       std::vector<int32_t> ref(n);
       cpu::Sample(logits.data(), n, vocab, args.data(), banned.data(), history.data(), ref.data());

@@ -41,6 +41,39 @@ inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& 
   ExpectNear(got, std::vector<double>(ref.begin(), ref.end()), tol, what);
 }
 
+// Sampling draws over `rows` rows of a `vocab` vocabulary: every filter
+// (greedy, temperature, top-k, top-p, min-p and their mixes), banned ids,
+// penalties and logit biases, `draws` of them, drawing from rows in turn.
+struct SamplingCase {
+  std::vector<int32_t> banned;
+  std::vector<SamplePenalty> history;
+  std::vector<SampleArgs> args;
+};
+inline SamplingCase MakeSamplingCase(int32_t vocab, int32_t rows, int32_t draws) {
+  SamplingCase c;
+  c.banned = {3, vocab - 1, 7, 3};
+  // History entries, one with a logit_bias too, and a logit_bias alone (-1).
+  c.history = {{5, 2}, {vocab - 2, 0, 1.5f}, {11, 1}, {4, -1, -3.0f}};
+  for (int32_t j = 0; j < draws; ++j) {
+    const int32_t f = j % 8;
+    c.args.push_back({.temperature = f == 0 ? 0.0f : (j % 3 == 0 ? 0.6f : 1.0f),
+                      .top_k = f == 2 || f == 5 ? 50 : (f == 6 ? 1 : 0),
+                      .top_p = f == 3 || f == 5 ? 0.9f : (f == 7 ? 0.5f : 1.0f),
+                      .min_p = f == 4 || f == 7 ? 0.05f : 0.0f,
+                      .seed = 5u + j,
+                      .position = j,
+                      .row = (j * 5) % rows,
+                      .banned_begin = j % 2,
+                      .num_banned = j % 4 == 1 ? 3 : 0,
+                      .presence_penalty = j % 3 == 2 ? 0.5f : 0.0f,
+                      .frequency_penalty = j % 3 == 2 ? -0.25f : 0.0f,
+                      .repetition_penalty = j % 3 == 2 ? 1.3f : 1.0f,
+                      .penalty_begin = j % 2,
+                      .num_penalties = j % 3 == 2 ? 3 : 0});
+  }
+  return c;
+}
+
 // One attention problem: sequences with shuffled block tables, query rows
 // that are prefill chunks (possibly starting mid-block) or decode steps.
 struct AttentionProblem {

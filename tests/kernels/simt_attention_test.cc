@@ -80,6 +80,10 @@ struct Prepared {
   std::vector<Bf16> out;
   cuda::Bf16AttentionArgs args;
   simt::Schedule schedule;
+  // The split-K scratch for the rows' longest context.
+  int32_t max_context = 0;
+  int32_t splits = 0;
+  std::vector<float> scratch;
 };
 
 Prepared Prepare(const Case& c, uint32_t seed) {
@@ -110,6 +114,10 @@ Prepared Prepare(const Case& c, uint32_t seed) {
   r.cache.resize(p.cache.size());
   for (size_t i = 0; i < p.cache.size(); ++i) r.cache[i] = model::FloatToBFloat16(p.cache[i]);
   r.out.assign(p.q.size(), model::FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()));
+  for (const int32_t pos : p.row_pos) r.max_context = std::max(r.max_context, pos + 1);
+  r.splits = cuda::AttentionSplits(r.max_context);
+  r.scratch.resize(static_cast<size_t>(cuda::AttentionScratchFloats(
+      static_cast<int32_t>(p.row_pos.size()), c.heads, c.hs, r.max_context)));
   r.args = cuda::Bf16AttentionArgs{.q = p.q.data(),
                                    .q_stride = c.heads * c.hs,
                                    .out = r.out.data(),
@@ -208,11 +216,8 @@ void RunDecodeTc(const Case& c, uint32_t seed) {
   for (int run = 0; run < 2; ++run) {
     SCOPED_TRACE(Describe(c));
     Prepared r = Prepare(c, seed);
-    int32_t max_context = 0;
-    for (const int32_t pos : r.p.row_pos) max_context = std::max(max_context, pos + 1);
-    const int32_t splits = cuda::AttentionSplits(max_context);
-    std::vector<float> scratch(static_cast<size_t>(
-        cuda::AttentionScratchFloats(r.args.num_rows, c.heads, c.hs, max_context)));
+    const int32_t splits = r.splits;
+    std::vector<float>& scratch = r.scratch;
     const bool cap = c.softcap > 0;
     switch (c.hs) {
       case 32:
@@ -296,11 +301,8 @@ void LaunchSplitKForGroup(const cuda::Bf16AttentionArgs& a, int32_t splits, int3
 // a row has several splits and no block took them all.
 std::vector<Bf16> RunSplitK(const Case& c, uint32_t seed, int32_t spb) {
   Prepared r = Prepare(c, seed);
-  int32_t max_context = 0;
-  for (const int32_t pos : r.p.row_pos) max_context = std::max(max_context, pos + 1);
-  const int32_t splits = cuda::AttentionSplits(max_context);
-  std::vector<float> scratch(static_cast<size_t>(
-      cuda::AttentionScratchFloats(r.args.num_rows, c.heads, c.hs, max_context)));
+  const int32_t splits = r.splits;
+  std::vector<float>& scratch = r.scratch;
   const int32_t lanes = c.hs <= 32 ? 4 : c.hs <= 64 ? 8 : c.hs <= 128 ? 16 : 32;
   if (c.hs != lanes * cuda::kMaxE) spb = 1;  // the pipelined kernel's head sizes only
   spb = spb == 0 ? splits : std::min(spb, splits);

@@ -93,26 +93,7 @@ TEST(SimtOpsTest, SamplingOnTheBlockGivesTheLaneByLaneProgram) {
   for (const int32_t vocab : {512, 128256}) {
     const int32_t rows = 4;
     const auto logits = RandomVector(static_cast<size_t>(rows) * vocab, 9 + vocab, 6.0f);
-    const std::vector<int32_t> banned = {3, vocab - 1, 7, 3};
-    const std::vector<SamplePenalty> history = {
-        {5, 2}, {vocab - 2, 0, 1.5f}, {11, 1}, {4, -1, -3.0f}};
-    std::vector<SampleArgs> args;
-    for (int32_t j = 0; j < 8; ++j) {
-      args.push_back({.temperature = j == 0 ? 0.0f : (j % 3 == 0 ? 0.6f : 1.0f),
-                      .top_k = j == 2 || j == 5 ? 50 : (j == 6 ? 1 : 0),
-                      .top_p = j == 3 || j == 5 ? 0.9f : (j == 7 ? 0.5f : 1.0f),
-                      .min_p = j == 4 || j == 7 ? 0.05f : 0.0f,
-                      .seed = 5u + j,
-                      .position = j,
-                      .row = j % rows,
-                      .banned_begin = j % 2,
-                      .num_banned = j % 4 == 1 ? 3 : 0,
-                      .presence_penalty = j % 3 == 2 ? 0.5f : 0.0f,
-                      .frequency_penalty = j % 3 == 2 ? -0.25f : 0.0f,
-                      .repetition_penalty = j % 3 == 2 ? 1.3f : 1.0f,
-                      .penalty_begin = j % 2,
-                      .num_penalties = j % 3 == 2 ? 3 : 0});
-    }
+    const auto [banned, history, args] = testing::MakeSamplingCase(vocab, rows, 8);
     const int32_t n = static_cast<int32_t>(args.size());
     std::vector<int32_t> want(n), got(n, -1);
     cpu::Sample(logits.data(), n, vocab, args.data(), banned.data(), history.data(), want.data());
