@@ -243,6 +243,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
+#ifndef TANDEM_SIMT  // the CPU emulator (tests/kernels/simt) runs the kernels itself
 template <int R>
 int LaunchGemvRows(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, float* y,
                    float beta, bool dependent, cudaStream_t stream) {
@@ -358,5 +359,9 @@ int CopyAsync(void* dst, const void* src, size_t bytes, void* stream) {
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(stream));
 }
 int StreamSynchronize(void* stream) { return cudaStreamSynchronize(S(stream)); }
+
+#else
+}  // namespace
+#endif  // TANDEM_SIMT
 
 }  // namespace tandem::kernels::cuda
