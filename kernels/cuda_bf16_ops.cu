@@ -300,10 +300,10 @@ int RmsNormAddBf16(float* x, const float* y, const float* w, int32_t rows, int32
 }
 
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
-               int32_t rows, float* y, float beta, bool dependent_launch) {
+               int32_t rows, float* y, float beta, bool dependent_launch, int32_t gemv_max_rows) {
   if (rows == 0) return cudaSuccess;
-  if (rows <= kGemvMaxRows && in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+  if (rows <= std::min(gemv_max_rows, kGemvMaxRows) && in_dim % 8 == 0 &&
+      reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     cudaStream_t stream = nullptr;
     if (cublasGetStream(blas->handle, &stream) != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
     return LaunchGemv(w, out_dim, in_dim, x, rows, y, beta, dependent_launch, stream);

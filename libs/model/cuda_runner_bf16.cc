@@ -91,7 +91,13 @@ class CudaBf16Runner final : public CudaRunnerBase {
     kd::Bf16* xn = xn_.get<kd::Bf16>();
     kd::Bf16* att = att_.get<kd::Bf16>();
     kd::Bf16* cache = cache_.get<kd::Bf16>();
-    const bool pdl = dependent_launch_;  // decode GEMVs start under the kernel before
+    // y = x W^T + beta y; decode GEMVs start under the kernel before (pdl).
+    const bool pdl = dependent_launch_;
+    auto gemm = [&](const DeviceBuffer& w, int32_t out_dim, int32_t in_dim, const kd::Bf16* in,
+                    int32_t rows, float* y, float beta) {
+      return kd::MatmulBf16(blas_, w.get<kd::Bf16>(), out_dim, in_dim, in, rows, y, beta, pdl,
+                            gemv_max_rows_);
+    };
     const RopeKind rope = ToKernel(c.rope_style);
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };
     TANDEM_RETURN_IF_ERROR(
@@ -107,9 +113,7 @@ class CudaBf16Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RmsNormBf16(x, nullptr, l.rms_att.get<float>(), T, c.dim, c.norm_eps, xn, st),
              "rmsnorm"));
-      TANDEM_RETURN_IF_ERROR(
-          ok(kd::MatmulBf16(blas_, l.wqkv.get<kd::Bf16>(), qkv_width, c.dim, xn, T, qkv, 0.0f, pdl),
-             "wqkv"));
+      TANDEM_RETURN_IF_ERROR(ok(gemm(l.wqkv, qkv_width, c.dim, xn, T, qkv, 0.0f), "wqkv"));
       if (c.qkv_bias) {
         TANDEM_RETURN_IF_ERROR(
             ok(kd::AddBias(qkv, l.bqkv.get<float>(), T, qkv_width, qkv_width, st), "qkv bias"));
@@ -156,9 +160,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
       // sandwich norms the output is normed first (into qkv, free by now).
       const bool sandwich = c.sandwich_norms;
       float* wo_out = sandwich ? qkv : x;
-      TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, l.wo.get<kd::Bf16>(), c.dim, qd, att, T,
-                                               wo_out, sandwich ? 0.0f : 1.0f, pdl),
-                                "wo"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(gemm(l.wo, c.dim, qd, att, T, wo_out, sandwich ? 0.0f : 1.0f), "wo"));
       if (c.o_bias) {
         TANDEM_RETURN_IF_ERROR(
             ok(kd::AddBias(wo_out, l.bo.get<float>(), T, c.dim, c.dim, st), "o bias"));
@@ -171,15 +174,12 @@ class CudaBf16Runner final : public CudaRunnerBase {
       TANDEM_RETURN_IF_ERROR(
           ok(kd::RmsNormBf16(x, nullptr, l.rms_ffn.get<float>(), T, c.dim, c.norm_eps, xn, st),
              "rmsnorm"));
-      TANDEM_RETURN_IF_ERROR(ok(
-          kd::MatmulBf16(blas_, l.w13.get<kd::Bf16>(), 2 * c.hidden_dim, c.dim, xn, T, qkv, 0.0f,
-                         pdl),
-          "w13"));
+      TANDEM_RETURN_IF_ERROR(ok(gemm(l.w13, 2 * c.hidden_dim, c.dim, xn, T, qkv, 0.0f), "w13"));
       TANDEM_RETURN_IF_ERROR(
           ok(kd::SiluMulBf16(qkv, T, c.hidden_dim, xn, st, ToKernel(c.activation)), "activation"));
-      TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, l.w2.get<kd::Bf16>(), c.dim, c.hidden_dim, xn,
-                                               T, sandwich ? qkv : x, sandwich ? 0.0f : 1.0f, pdl),
-                                "w2"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(gemm(l.w2, c.dim, c.hidden_dim, xn, T, sandwich ? qkv : x, sandwich ? 0.0f : 1.0f),
+             "w2"));
       if (sandwich) {
         TANDEM_RETURN_IF_ERROR(
             ok(kd::RmsNormAddBf16(x, qkv, l.post_ffn_norm.get<float>(), T, c.dim, c.norm_eps, st),
@@ -189,9 +189,8 @@ class CudaBf16Runner final : public CudaRunnerBase {
     TANDEM_RETURN_IF_ERROR(
         ok(kd::RmsNormBf16(x, in.last_rows, rms_final_.get<float>(), B, c.dim, c.norm_eps, xn, st),
            "rmsnorm"));
-    TANDEM_RETURN_IF_ERROR(ok(kd::MatmulBf16(blas_, classifier_.get<kd::Bf16>(), c.vocab_size,
-                                             c.dim, xn, B, logits_.get<float>(), 0.0f, pdl),
-                              "classifier"));
+    TANDEM_RETURN_IF_ERROR(ok(
+        gemm(classifier_, c.vocab_size, c.dim, xn, B, logits_.get<float>(), 0.0f), "classifier"));
     if (c.final_logit_softcap == 0) return absl::OkStatus();
     return ok(
         kd::Softcap(logits_.get<float>(), int64_t{B} * c.vocab_size, c.final_logit_softcap, st),

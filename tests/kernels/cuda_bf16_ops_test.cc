@@ -116,10 +116,15 @@ TEST_F(CudaBf16Test, MatmulAccumulatesInFp32AndFoldsTheResidual) {
       }
     }
     DeviceVector<Bf16> dw(ToBf16(w)), dx(ToBf16(x));
-    DeviceVector<float> dy(y0);
-    CUDA_OK(cuda::MatmulBf16(blas, dw.get(), out_dim, in_dim, dx.get(), rows, dy.get(), 1.0f));
-    // fp32 accumulation of in_dim products of magnitude <= 1.
-    ExpectNear(dy.ToHost(), ref, {1e-4 * std::sqrt(double(in_dim)), 1e-5}, "matmul");
+    // gemv_max_rows 0 (bench_cuda --gemv-max-rows 0): cuBLAS for every row count.
+    for (const int32_t gemv_max_rows : {cuda::kGemvMaxRows, 0}) {
+      DeviceVector<float> dy(y0);
+      CUDA_OK(cuda::MatmulBf16(blas, dw.get(), out_dim, in_dim, dx.get(), rows, dy.get(), 1.0f,
+                               false, gemv_max_rows));
+      // fp32 accumulation of in_dim products of magnitude <= 1.
+      ExpectNear(dy.ToHost(), ref, {1e-4 * std::sqrt(double(in_dim)), 1e-5},
+                 "matmul, gemv_max_rows " + std::to_string(gemv_max_rows));
+    }
   }
   cuda::DestroyBlas(blas);
 }

@@ -75,7 +75,8 @@ if [ "$what" = profile ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   # Ours, the tensor-core decode attention (against the first line's
-  # decode), decode steps that draw with top-p on the device (less the greedy
+  # decode), batches 2 and 4 on our GEMV and 1 to 8 on cuBLAS alone (where
+  # the GEMV's limit belongs), decode steps that draw with top-p on the device (less the greedy
   # line: the sampler's cost), prefills that score every prompt token (less
   # the plain prefill: prompt logprobs' cost), the other shapes and the
   # float32 mode, then PyTorch's figure on the same shapes (torch_anchor.py,
@@ -86,6 +87,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   # split-k. All of it takes about 7 minutes.
   for args in "--shape llama-3.2-1b" \
               "--shape llama-3.2-1b --prefill= --batches 1,32,128,256 --decode-attention tensor-cores" \
+              "--shape llama-3.2-1b --prefill= --batches 2,4" \
+              "--shape llama-3.2-1b --prefill= --batches 1,2,4,8 --gemv-max-rows 0" \
               "--shape tinyllama-1.1b --prefill= --batches 1,32,256 --decode-attention tensor-cores" \
               "--shape llama-3.2-1b --prefill= --batches 1,32,256 --sampling top-p" \
               "--shape llama-3.2-1b --batches= --prefill 512,2048 --prompt-logprobs 20" \

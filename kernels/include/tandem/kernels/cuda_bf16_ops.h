@@ -55,10 +55,13 @@ int RmsNormAddBf16(float* x, const float* y, const float* w, int32_t rows, int32
 // dependent_launch (DeviceHasDependentLaunch devices): our GEMV is launched
 // as a programmatic dependent of the kernel before it on the stream, so its
 // blocks start while that kernel finishes and stream their weight rows into
-// L2 before they wait for it. The same bits either way.
+// L2 before they wait for it. The same bits either way. gemv_max_rows
+// (at most kGemvMaxRows; 0: cuBLAS for every GEMM) moves the GEMV's limit
+// down, so that a benchmark can set the two side by side.
 inline constexpr int32_t kGemvMaxRows = 4;
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
-               int32_t rows, float* y, float beta, bool dependent_launch = false);
+               int32_t rows, float* y, float beta, bool dependent_launch = false,
+               int32_t gemv_max_rows = kGemvMaxRows);
 // Compute capability 9.0 and above: programmatic dependent launch.
 bool DeviceHasDependentLaunch(int device);
 

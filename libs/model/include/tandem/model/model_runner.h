@@ -121,6 +121,10 @@ struct ModelRunnerOptions {
   // it finishes (kernels::cuda::MatmulBf16). The same bits either way
   // (bench_cuda --dependent-launch compares). Off until it has run on a GPU.
   bool dependent_launch = false;
+  // CUDA bfloat16: GEMMs of up to this many rows (at most
+  // kernels::cuda::kGemvMaxRows) run the project's GEMV, the rest cuBLAS;
+  // 0: cuBLAS for every GEMM (bench_cuda --gemv-max-rows compares them).
+  int32_t gemv_max_rows = 4;
   // CUDA bfloat16: decode steps of up to 256 sequences replay CUDA graphs
   // captured per batch-size bucket (model/decode_graphs.h); false runs every
   // step eagerly (bench_cuda --cuda-graphs off compares the two).
