@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 
 #include "cuda_bf16_device.cuh"
@@ -300,8 +301,16 @@ int RmsNormAddBf16(float* x, const float* y, const float* w, int32_t rows, int32
 }
 
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
-               int32_t rows, float* y, float beta, bool dependent_launch, int32_t gemv_max_rows) {
+               int32_t rows, float* y, float beta, bool dependent_launch, int32_t gemv_max_rows,
+               int32_t tc_gemm_max_rows) {
   if (rows == 0) return cudaSuccess;
+  if (rows > std::min(gemv_max_rows, kGemvMaxRows) &&
+      rows <= std::min(tc_gemm_max_rows, kTcGemmMaxRows) && TcGemmTakes(in_dim, w, x)) {
+    cudaStream_t stream = nullptr;
+    if (cublasGetStream(blas->handle, &stream) != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+    return TcGemmBf16(w, out_dim, in_dim, x, rows, y, beta, blas->workspace, blas->workspace_bytes,
+                      stream);
+  }
   if (rows <= std::min(gemv_max_rows, kGemvMaxRows) && in_dim % 8 == 0 &&
       reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     cudaStream_t stream = nullptr;

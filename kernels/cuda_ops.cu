@@ -141,6 +141,8 @@ int SetBlasStream(BlasHandle* blas, void* stream, void* workspace, size_t bytes)
       cublasSetWorkspace(blas->handle, workspace, bytes) != CUBLAS_STATUS_SUCCESS) {
     return cudaErrorUnknown;
   }
+  blas->workspace = workspace;
+  blas->workspace_bytes = bytes;
   return cudaSuccess;
 }
 

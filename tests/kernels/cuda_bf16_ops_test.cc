@@ -201,6 +201,44 @@ TEST_F(CudaBf16Test, DependentLaunchGemvReadsWhatTheKernelBeforeWrote) {
 }
 
 // amplitude: yarn's and longrope's attention factor (1.19: Phi-3.5's).
+// MatmulBf16 with tc_gemm_max_rows (bench_cuda --tc-gemm-max-rows): the
+// tensor-core GEMM for 5 to 64 rows, with the reduction split over the
+// handle's workspace (777 outputs: about 13 blocks, so several splits).
+// Against the double product, and row 0's bits whatever rows run with it.
+TEST_F(CudaBf16Test, TensorCoreGemmMatchesTheProductAndKeepsEachRowsBits) {
+  if (!cuda::DeviceHasTensorCoreAttention(0)) GTEST_SKIP() << "compute capability below 8.0";
+  cuda::BlasHandle* blas = nullptr;
+  CUDA_OK(cuda::CreateBlas(&blas));
+  DeviceVector<float> workspace(size_t{8} << 20);  // 32 MiB, as the runner's
+  CUDA_OK(cuda::SetBlasStream(blas, nullptr, workspace.get(), size_t{32} << 20));
+  const int32_t out_dim = 777, in_dim = 2048;
+  EXPECT_GT(cuda::TcGemmSplits(out_dim, in_dim, size_t{32} << 20), 1);
+  const auto w = RoundToBf16(RandomVector(out_dim * in_dim, 22));
+  const auto x = RoundToBf16(RandomVector(64 * in_dim, 23));
+  const auto y0 = RandomVector(64 * out_dim, 24);
+  DeviceVector<Bf16> dw(ToBf16(w)), dx(ToBf16(x));
+  std::vector<float> first_row;
+  for (int32_t rows : {5, 8, 13, 32, 64}) {
+    DeviceVector<float> dy(std::vector<float>(y0.begin(), y0.begin() + rows * out_dim));
+    CUDA_OK(cuda::MatmulBf16(blas, dw.get(), out_dim, in_dim, dx.get(), rows, dy.get(), 1.0f, false,
+                             cuda::kGemvMaxRows, cuda::kTcGemmMaxRows));
+    const std::vector<float> y = dy.ToHost();
+    std::vector<double> ref(static_cast<size_t>(rows) * out_dim);
+    for (int32_t r = 0; r < rows; ++r) {
+      for (int32_t o = 0; o < out_dim; ++o) {
+        double acc = y0[r * out_dim + o];
+        for (int32_t i = 0; i < in_dim; ++i) acc += double{w[o * in_dim + i]} * x[r * in_dim + i];
+        ref[r * out_dim + o] = acc;
+      }
+    }
+    ExpectNear(y, ref, {1e-4 * std::sqrt(double(in_dim)), 1e-5}, std::to_string(rows) + " rows");
+    const std::vector<float> row0(y.begin(), y.begin() + out_dim);
+    if (first_row.empty()) first_row = row0;
+    EXPECT_EQ(row0, first_row) << rows << " rows";
+  }
+  cuda::DestroyBlas(blas);
+}
+
 TEST_F(CudaBf16Test, RopeAndKvWriteMatchCpu) {
   for (RopeKind kind : {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf}) {
     const float amplitude = kind == RopeKind::kRotateHalf ? 1.19f : 1.0f;

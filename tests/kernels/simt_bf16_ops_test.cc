@@ -1,17 +1,20 @@
-// The bf16 decode kernels of cuda_bf16_ops.cu on the CPU through the SIMT
-// emulator (simt/simt.h): the GEMV against a double-precision product and
-// to the same bits for a row whatever rows run with it, RMSNorm against the
-// CPU's norm, and the argmax to the CPU's index.
+// The bf16 decode kernels of cuda_bf16_ops.cu and cuda_gemm_tc.cu on the CPU
+// through the SIMT emulator (simt/simt.h): the GEMV and the tensor-core
+// GEMM against a double-precision product and to the same bits for a row
+// whatever rows run with it, RMSNorm against the CPU's norm, and the argmax
+// to the CPU's index.
 // The emulator's macros come before the kernels.
 // clang-format off
 #define TANDEM_SIMT 1
 #include "simt/simt.h"
 #include "../../kernels/cuda_bf16_ops.cu"
+#include "../../kernels/cuda_gemm_tc.cu"
 // clang-format on
 
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -74,6 +77,90 @@ TEST(SimtBf16OpsTest, GemvMatchesTheProductAndKeepsEachRowsBits) {
         ASSERT_EQ(y4[static_cast<size_t>(r) * out_dim + o],
                   alone[static_cast<size_t>(o)] + 1.0f * y0[static_cast<size_t>(r) * out_dim + o])
             << "row " << r << " output " << o;
+      }
+    }
+  }
+}
+
+// y = x W^T + beta y through TcGemmKernel (and the reduce of its splits'
+// partial sums) for `rows` rows of x.
+std::vector<float> TcGemm(const std::vector<Bf16>& w, int32_t out_dim, int32_t in_dim,
+                          const Bf16* x, int32_t rows, std::vector<float> y, float beta,
+                          int32_t splits) {
+  std::vector<float> partial(static_cast<size_t>(splits) * rows * out_dim);
+  const simt::Dim3 grid{
+      static_cast<unsigned>((out_dim + cuda::kBlockOutputs - 1) / cuda::kBlockOutputs),
+      static_cast<unsigned>(splits), 1};
+  const simt::Dim3 block{cuda::kTcGemmThreads, 1, 1};
+  auto run = [&](auto nt) {
+    constexpr int kNT = decltype(nt)::value;
+    simt::Launch(grid, block, 0, [&] {
+      cuda::TcGemmKernel<kNT>(w.data(), out_dim, in_dim, x, rows, y.data(), beta, splits,
+                              partial.data());
+    });
+  };
+  switch ((rows + 7) / 8) {
+    case 1:
+      run(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      run(std::integral_constant<int, 2>{});
+      break;
+    case 5:
+      run(std::integral_constant<int, 5>{});
+      break;
+    default:
+      run(std::integral_constant<int, 8>{});
+      break;
+  }
+  if (splits > 1) {
+    const int64_t n = int64_t{rows} * out_dim;
+    simt::Launch(simt::Dim3{static_cast<unsigned>((n + 255) / 256), 1, 1}, simt::Dim3{256, 1, 1}, 0,
+                 [&] { cuda::TcGemmReduceKernel(partial.data(), splits, n, y.data(), beta); });
+  }
+  return y;
+}
+
+// Batches of 5 to 64 rows (n-tiles left part empty), outputs that leave a
+// block part empty, the reduction in one slice or split 3 and 8 ways
+// (slices of unequal chunks), the residual folded in (beta 1) and y never
+// read (beta 0, NaN there); each row of a 64-row launch equals the same row
+// in a 5-row launch, to the bit.
+TEST(SimtBf16OpsTest, TensorCoreGemmMatchesTheProductAndKeepsEachRowsBits) {
+  for (auto [out_dim, in_dim, splits] : std::vector<std::tuple<int32_t, int32_t, int32_t>>{
+           {64, 512, 1}, {100, 320, 3}, {37, 512, 8}, {130, 64, 1}}) {
+    SCOPED_TRACE(::testing::Message() << out_dim << " x " << in_dim << ", " << splits << " splits");
+    const int32_t rows = 64;
+    const auto w = ToBf16(RandomVector(static_cast<size_t>(out_dim) * in_dim, 14));
+    const auto x = ToBf16(RandomVector(static_cast<size_t>(rows) * in_dim, 15));
+    const auto y0 = RandomVector(static_cast<size_t>(rows) * out_dim, 16);
+    simt::SetSchedule({.copies_at_wait = splits != 1,
+                       .warps_run_ahead = splits != 3,
+                       .reverse = out_dim % 2 == 0});
+    const std::vector<float> all = TcGemm(w, out_dim, in_dim, x.data(), rows, y0, 1.0f, splits);
+    for (int32_t r = 0; r < rows; ++r) {
+      for (int32_t o = 0; o < out_dim; ++o) {
+        double acc = y0[static_cast<size_t>(r) * out_dim + o];
+        for (int32_t i = 0; i < in_dim; ++i) {
+          acc += double{model::BFloat16ToFloat(w[static_cast<size_t>(o) * in_dim + i])} *
+                 model::BFloat16ToFloat(x[static_cast<size_t>(r) * in_dim + i]);
+        }
+        ASSERT_NEAR(all[static_cast<size_t>(r) * out_dim + o], acc,
+                    1e-4 * std::sqrt(double(in_dim)))
+            << "row " << r << " output " << o;
+      }
+    }
+    // Rows 16 .. 20 as a batch of 5, y never read (NaN), then + y0 as the
+    // kernel adds it.
+    const std::vector<float> nan(static_cast<size_t>(5) * out_dim,
+                                 std::numeric_limits<float>::quiet_NaN());
+    const std::vector<float> five = TcGemm(
+        w, out_dim, in_dim, x.data() + static_cast<size_t>(16) * in_dim, 5, nan, 0.0f, splits);
+    for (int32_t r = 0; r < 5; ++r) {
+      for (int32_t o = 0; o < out_dim; ++o) {
+        const size_t at = static_cast<size_t>(16 + r) * out_dim + o;
+        ASSERT_EQ(all[at], five[static_cast<size_t>(r) * out_dim + o] + 1.0f * y0[at])
+            << "row " << 16 + r << " output " << o;
       }
     }
   }

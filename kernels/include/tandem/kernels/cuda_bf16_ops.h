@@ -57,13 +57,30 @@ int RmsNormAddBf16(float* x, const float* y, const float* w, int32_t rows, int32
 // blocks start while that kernel finishes and stream their weight rows into
 // L2 before they wait for it. The same bits either way. gemv_max_rows
 // (at most kGemvMaxRows; 0: cuBLAS for every GEMM) moves the GEMV's limit
-// down, so that a benchmark can set the two side by side.
+// down, so that a benchmark can set the two side by side. Rows past the
+// GEMV's and up to tc_gemm_max_rows (at most kTcGemmMaxRows; 0: none) run
+// TcGemmBf16 where it takes the shape, with the handle's workspace.
 inline constexpr int32_t kGemvMaxRows = 4;
 int MatmulBf16(BlasHandle* blas, const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x,
                int32_t rows, float* y, float beta, bool dependent_launch = false,
-               int32_t gemv_max_rows = kGemvMaxRows);
+               int32_t gemv_max_rows = kGemvMaxRows, int32_t tc_gemm_max_rows = 0);
 // Compute capability 9.0 and above: programmatic dependent launch.
 bool DeviceHasDependentLaunch(int device);
+
+// y[rows][out_dim] = x W^T + beta y on tensor cores (cuda_gemm_tc.cu), for
+// 1 to kTcGemmMaxRows rows, in_dim a multiple of 64, w and x 16-byte aligned
+// (TcGemmTakes), compute capability 8.0 and above. The reduction splits into
+// TcGemmSplits(out_dim, in_dim, workspace_bytes) slices (a function of the
+// shape only, so a row's bits never depend on the other rows), whose partial
+// sums take workspace. MatmulBf16 runs it with tc_gemm_max_rows.
+inline constexpr int32_t kTcGemmMaxRows = 64;
+inline bool TcGemmTakes(int32_t in_dim, const void* w, const void* x) {
+  return in_dim > 0 && in_dim % 64 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+int32_t TcGemmSplits(int32_t out_dim, int32_t in_dim, size_t workspace_bytes);
+int TcGemmBf16(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, int32_t rows,
+               float* y, float beta, void* workspace, size_t workspace_bytes, void* stream);
 
 // qkv[rows][q_stride] holds each row's q (num_heads * head_size), then k and
 // v (num_kv_heads * head_size each). Applies RoPE to q in place and to k, and
