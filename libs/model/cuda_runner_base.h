@@ -67,6 +67,7 @@ class CudaRunnerBase : public ModelRunner {
         runner_opts_(runner_opts),
         dependent_launch_(runner_opts.dependent_launch),
         gemv_max_rows_(runner_opts.gemv_max_rows),
+        tc_gemm_max_rows_(runner_opts.tc_gemm_max_rows),
         decode_tensor_cores_(runner_opts.decode_attention_tensor_cores),
         device_(runner_opts.cuda_device),
         tensor_core_attention_(runner_opts.tensor_core_attention),
@@ -158,7 +159,8 @@ class CudaRunnerBase : public ModelRunner {
 
   const ModelRunnerOptions runner_opts_;
   bool dependent_launch_;  // ModelRunnerOptions::dependent_launch, where the device has it
-  const int32_t gemv_max_rows_;  // ModelRunnerOptions::gemv_max_rows
+  const int32_t gemv_max_rows_;     // ModelRunnerOptions::gemv_max_rows
+  const int32_t tc_gemm_max_rows_;  // ModelRunnerOptions::tc_gemm_max_rows
   // ModelRunnerOptions::decode_attention_tensor_cores, where the device,
   // dtype and head size allow it.
   bool decode_tensor_cores_;

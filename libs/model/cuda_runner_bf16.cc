@@ -96,7 +96,7 @@ class CudaBf16Runner final : public CudaRunnerBase {
     auto gemm = [&](const DeviceBuffer& w, int32_t out_dim, int32_t in_dim, const kd::Bf16* in,
                     int32_t rows, float* y, float beta) {
       return kd::MatmulBf16(blas_, w.get<kd::Bf16>(), out_dim, in_dim, in, rows, y, beta, pdl,
-                            gemv_max_rows_);
+                            gemv_max_rows_, tc_gemm_max_rows_);
     };
     const RopeKind rope = ToKernel(c.rope_style);
     auto ok = [](int err, const char* what) { return CudaStatus(err, what); };

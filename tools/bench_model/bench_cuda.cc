@@ -7,7 +7,7 @@
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
 //              [--attention tensor-cores|split-k] [--cuda-graphs on|off] [--profile]
 //              [--decode-attention auto|per-split|per-row|tensor-cores]
-//              [--dependent-launch on|off] [--gemv-max-rows N]
+//              [--dependent-launch on|off] [--gemv-max-rows N] [--tc-gemm-max-rows N]
 //              [--sampling greedy|top-p] [--prompt-logprobs N]
 //
 // --shape names a model shape filled with random weights (speed does not
@@ -281,6 +281,9 @@ int main(int argc, char** argv) {
             "on | off: decode GEMVs start under the kernel before (compute capability 9.0)");
   flags.Add("gemv-max-rows", &g_runner_opts.gemv_max_rows,
             "GEMMs of up to this many rows run the project's GEMV (at most 4; 0: all cuBLAS)");
+  flags.Add("tc-gemm-max-rows", &g_runner_opts.tc_gemm_max_rows,
+            "GEMMs past the GEMV's rows and up to this many run the tensor-core GEMM "
+            "(at most 64; 0: cuBLAS)");
   flags.Add("cuda-graphs", &graphs, "on | off: decode steps through CUDA graphs");
   flags.Add("sampling", &sampling,
             "greedy | top-p: decode tokens by argmax or with temperature 0.6, top_p 0.9");
@@ -300,6 +303,10 @@ int main(int argc, char** argv) {
   if (g_runner_opts.gemv_max_rows < 0 || g_runner_opts.gemv_max_rows > 4) {
     flags.Fail("--gemv-max-rows must be 0 to 4 (the GEMV's limit), not " +
                std::to_string(g_runner_opts.gemv_max_rows));
+  }
+  if (g_runner_opts.tc_gemm_max_rows < 0 || g_runner_opts.tc_gemm_max_rows > 64) {
+    flags.Fail("--tc-gemm-max-rows must be 0 to 64 (the tensor-core GEMM's limit), not " +
+               std::to_string(g_runner_opts.tc_gemm_max_rows));
   }
   if (dependent != "on" && dependent != "off") {
     flags.Fail("--dependent-launch must be on or off, not '" + dependent + "'");

@@ -76,7 +76,8 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   # Ours, the tensor-core decode attention (against the first line's
   # decode), batches 2 and 4 on our GEMV and 1 to 8 on cuBLAS alone (where
-  # the GEMV's limit belongs), decode steps that draw with top-p on the device (less the greedy
+  # the GEMV's limit belongs), batches 8 to 64 on the tensor-core GEMM
+  # against cuBLAS (the first line, and 16 and 64), decode steps that draw with top-p on the device (less the greedy
   # line: the sampler's cost), prefills that score every prompt token (less
   # the plain prefill: prompt logprobs' cost), the other shapes and the
   # float32 mode, then PyTorch's figure on the same shapes (torch_anchor.py,
@@ -89,6 +90,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
               "--shape llama-3.2-1b --prefill= --batches 1,32,128,256 --decode-attention tensor-cores" \
               "--shape llama-3.2-1b --prefill= --batches 2,4" \
               "--shape llama-3.2-1b --prefill= --batches 1,2,4,8 --gemv-max-rows 0" \
+              "--shape llama-3.2-1b --prefill= --batches 16,64" \
+              "--shape llama-3.2-1b --prefill= --batches 8,16,32,64 --tc-gemm-max-rows 64" \
+              "--shape tinyllama-1.1b --prefill= --batches 8,32 --tc-gemm-max-rows 64" \
               "--shape tinyllama-1.1b --prefill= --batches 1,32,256 --decode-attention tensor-cores" \
               "--shape llama-3.2-1b --prefill= --batches 1,32,256 --sampling top-p" \
               "--shape llama-3.2-1b --batches= --prefill 512,2048 --prompt-logprobs 20" \

@@ -125,6 +125,13 @@ struct ModelRunnerOptions {
   // kernels::cuda::kGemvMaxRows) run the project's GEMV, the rest cuBLAS;
   // 0: cuBLAS for every GEMM (bench_cuda --gemv-max-rows compares them).
   int32_t gemv_max_rows = 4;
+  // CUDA bfloat16 on compute capability 8.0 and above: GEMMs of more rows
+  // than the GEMV takes and up to this many (at most
+  // kernels::cuda::kTcGemmMaxRows = 64) run the tensor-core GEMM
+  // (kernels::cuda::TcGemmBf16: other bits than cuBLAS's, a row's own
+  // whatever rows run with it); 0: cuBLAS. Off until it has run on a GPU
+  // (bench_cuda --tc-gemm-max-rows).
+  int32_t tc_gemm_max_rows = 0;
   // CUDA bfloat16: decode steps of up to 256 sequences replay CUDA graphs
   // captured per batch-size bucket (model/decode_graphs.h); false runs every
   // step eagerly (bench_cuda --cuda-graphs off compares the two).
