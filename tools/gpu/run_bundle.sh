@@ -88,9 +88,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   # split-k. All of it takes about 7 minutes.
   for args in "--shape llama-3.2-1b" \
               "--shape llama-3.2-1b --prefill= --batches 1,32,128,256 --decode-attention tensor-cores" \
-              "--shape llama-3.2-1b --prefill= --batches 2,4" \
+              "--shape llama-3.2-1b --prefill= --batches 2,4,16,64" \
               "--shape llama-3.2-1b --prefill= --batches 1,2,4,8 --gemv-max-rows 0" \
-              "--shape llama-3.2-1b --prefill= --batches 16,64" \
               "--shape llama-3.2-1b --prefill= --batches 8,16,32,64 --tc-gemm-max-rows 64" \
               "--shape tinyllama-1.1b --prefill= --batches 8,32 --tc-gemm-max-rows 64" \
               "--shape tinyllama-1.1b --prefill= --batches 1,32,256 --decode-attention tensor-cores" \
