@@ -185,25 +185,13 @@ int TcGemmBf16(const Bf16* w, int32_t out_dim, int32_t in_dim, const Bf16* x, in
   const int32_t splits = TcGemmSplits(out_dim, in_dim, workspace_bytes);
   float* partial = static_cast<float*>(workspace);
   if (splits > 1 && partial == nullptr) return cudaErrorInvalidValue;
-  const cudaStream_t s = S(stream);
-  switch ((rows + 7) / 8) {
-    case 1:
-      return Launch<1>(w, out_dim, in_dim, x, rows, y, beta, splits, partial, s);
-    case 2:
-      return Launch<2>(w, out_dim, in_dim, x, rows, y, beta, splits, partial, s);
-    case 3:
-      return Launch<3>(w, out_dim, in_dim, x, rows, y, beta, splits, partial, s);
-    case 4:
-      return Launch<4>(w, out_dim, in_dim, x, rows, y, beta, splits, partial, s);
-    case 5:
-      return Launch<5>(w, out_dim, in_dim, x, rows, y, beta, splits, partial, s);
-    case 6:
-      return Launch<6>(w, out_dim, in_dim, x, rows, y, beta, splits, partial, s);
-    case 7:
-      return Launch<7>(w, out_dim, in_dim, x, rows, y, beta, splits, partial, s);
-    default:
-      return Launch<8>(w, out_dim, in_dim, x, rows, y, beta, splits, partial, s);
-  }
+  // The launch for ceil(rows / 8) n-tiles.
+  using LaunchFn = int (*)(const Bf16*, int32_t, int32_t, const Bf16*, int32_t, float*, float,
+                           int32_t, float*, cudaStream_t);
+  static constexpr LaunchFn kLaunch[] = {Launch<1>, Launch<2>, Launch<3>, Launch<4>,
+                                         Launch<5>, Launch<6>, Launch<7>, Launch<8>};
+  return kLaunch[(rows + 7) / 8 - 1](w, out_dim, in_dim, x, rows, y, beta, splits, partial,
+                                     S(stream));
 }
 #endif  // TANDEM_SIMT
 
