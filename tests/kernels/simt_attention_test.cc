@@ -177,20 +177,8 @@ void RunPrefill(const Case& c, uint32_t seed) {
     const AttentionPlan plan = PlanAttention(r.p.row_pos, r.p.row_table_offset, c.hs,
                                              c.heads / c.kv_heads, /*tensor_cores=*/true);
     ASSERT_GT(plan.num_tiles(), 0) << "the case must reach the tensor-core kernel";
-    switch (c.hs) {
-      case 32:
-        LaunchPrefill<32>(r.args, plan);
-        break;
-      case 64:
-        LaunchPrefill<64>(r.args, plan);
-        break;
-      case 96:
-        LaunchPrefill<96>(r.args, plan);
-        break;
-      default:
-        LaunchPrefill<128>(r.args, plan);
-        break;
-    }
+    simt::WithConstant<32, 64, 96, 128>(
+        c.hs, [&](auto d) { LaunchPrefill<decltype(d)::value>(r.args, plan); });
     std::vector<int32_t> rows;
     for (int32_t t = 0; t < plan.num_tiles(); ++t) {
       for (int32_t i = 0; i < plan.tiles[2 * t + 1]; ++i) rows.push_back(plan.tiles[2 * t] + i);
@@ -219,24 +207,11 @@ void RunDecodeTc(const Case& c, uint32_t seed) {
     const int32_t splits = r.splits;
     std::vector<float>& scratch = r.scratch;
     const bool cap = c.softcap > 0;
-    switch (c.hs) {
-      case 32:
-        cap ? LaunchDecodeTc<32, true>(r.args, splits, scratch.data())
-            : LaunchDecodeTc<32, false>(r.args, splits, scratch.data());
-        break;
-      case 64:
-        cap ? LaunchDecodeTc<64, true>(r.args, splits, scratch.data())
-            : LaunchDecodeTc<64, false>(r.args, splits, scratch.data());
-        break;
-      case 96:
-        cap ? LaunchDecodeTc<96, true>(r.args, splits, scratch.data())
-            : LaunchDecodeTc<96, false>(r.args, splits, scratch.data());
-        break;
-      default:
-        cap ? LaunchDecodeTc<128, true>(r.args, splits, scratch.data())
-            : LaunchDecodeTc<128, false>(r.args, splits, scratch.data());
-        break;
-    }
+    simt::WithConstant<32, 64, 96, 128>(c.hs, [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      cap ? LaunchDecodeTc<D, true>(r.args, splits, scratch.data())
+          : LaunchDecodeTc<D, false>(r.args, splits, scratch.data());
+    });
     const int32_t stride = c.hs + 2;
     for (int32_t row = 0; row < r.args.num_rows; ++row) {
       const int32_t n = cuda::AttentionSplits(r.p.row_pos[row] + 1);
@@ -284,16 +259,10 @@ void LaunchSplitK(const cuda::Bf16AttentionArgs& a, int32_t splits, int32_t spb,
 template <int L, bool kCap>
 void LaunchSplitKForGroup(const cuda::Bf16AttentionArgs& a, int32_t splits, int32_t spb,
                           float* scratch) {
-  switch (cuda::BlockHeads(a.num_heads / a.shape.num_kv_heads)) {
-    case 1:
-      return LaunchSplitK<L, 1, kCap>(a, splits, spb, scratch);
-    case 2:
-      return LaunchSplitK<L, 2, kCap>(a, splits, spb, scratch);
-    case 4:
-      return LaunchSplitK<L, 4, kCap>(a, splits, spb, scratch);
-    default:
-      return LaunchSplitK<L, cuda::kMaxGroup, kCap>(a, splits, spb, scratch);
-  }
+  static_assert(cuda::kMaxGroup == 8, "BlockHeads' largest");
+  simt::WithConstant<1, 2, 4, 8>(cuda::BlockHeads(a.num_heads / a.shape.num_kv_heads), [&](auto g) {
+    LaunchSplitK<L, decltype(g)::value, kCap>(a, splits, spb, scratch);
+  });
 }
 
 // PagedAttentionBf16 through the emulator: the per-split kernel (spb 1) or
@@ -312,20 +281,7 @@ std::vector<Bf16> RunSplitK(const Case& c, uint32_t seed, int32_t spb) {
     cap ? LaunchSplitKForGroup<L, true>(r.args, splits, spb, scratch.data())
         : LaunchSplitKForGroup<L, false>(r.args, splits, spb, scratch.data());
   };
-  switch (lanes) {
-    case 4:
-      launch(std::integral_constant<int, 4>{});
-      break;
-    case 8:
-      launch(std::integral_constant<int, 8>{});
-      break;
-    case 16:
-      launch(std::integral_constant<int, 16>{});
-      break;
-    default:
-      launch(std::integral_constant<int, 32>{});
-      break;
-  }
+  simt::WithConstant<4, 8, 16, 32>(lanes, launch);
   if (splits > 1 && spb != splits) {
     simt::Launch(simt::Dim3{static_cast<unsigned>(r.args.num_rows * c.heads), 1, 1},
                  simt::Dim3{c.hs <= 64 ? 64u : 128u, 1, 1}, 0,

@@ -99,20 +99,7 @@ std::vector<float> TcGemm(const std::vector<Bf16>& w, int32_t out_dim, int32_t i
                               partial.data());
     });
   };
-  switch ((rows + 7) / 8) {
-    case 1:
-      run(std::integral_constant<int, 1>{});
-      break;
-    case 2:
-      run(std::integral_constant<int, 2>{});
-      break;
-    case 5:
-      run(std::integral_constant<int, 5>{});
-      break;
-    default:
-      run(std::integral_constant<int, 8>{});
-      break;
-  }
+  simt::WithConstant<1, 2, 5, 8>((rows + 7) / 8, run);
   if (splits > 1) {
     const int64_t n = int64_t{rows} * out_dim;
     simt::Launch(simt::Dim3{static_cast<unsigned>((n + 255) / 256), 1, 1}, simt::Dim3{256, 1, 1}, 0,

@@ -30,6 +30,8 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <type_traits>
+#include <utility>
 
 namespace tandem::simt {
 
@@ -76,6 +78,20 @@ int32_t ShflXor(int32_t v, int lane_mask);
 bool AllLanes(bool predicate);
 void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 void LdMatrixX4(uint32_t (&out)[4], const void* row, bool trans);
+
+// f(std::integral_constant<int, V>{}) for the first V of the list equal to
+// n, or for the last V when none is: a kernel template's runtime choice
+// (head size, n-tiles, lanes, heads a block) as the tests launch it.
+template <int V, int... Rest, typename F>
+void WithConstant(int n, F&& f) {
+  if constexpr (sizeof...(Rest) == 0) {
+    f(std::integral_constant<int, V>{});
+  } else if (n == V) {
+    f(std::integral_constant<int, V>{});
+  } else {
+    WithConstant<Rest...>(n, std::forward<F>(f));
+  }
+}
 
 }  // namespace tandem::simt
 
