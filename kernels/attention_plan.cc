@@ -9,7 +9,7 @@ AttentionPlan PlanAttention(std::span<const int32_t> row_pos,
                             int32_t group, bool tensor_cores) {
   AttentionPlan plan;
   const int32_t n = static_cast<int32_t>(row_pos.size());
-  const bool tiles = tensor_cores && TensorCoreHeadSize(head_size) && group > 0;
+  const bool tiles = tensor_cores && TensorCorePrefillHeadSize(head_size) && group > 0;
   const int32_t tile = tiles ? TensorCoreTilePositions(head_size, group) : 0;
   int32_t begin = 0;
   while (begin < n) {

@@ -6,16 +6,18 @@
 // head's query heads); its rows are (query head, position) pairs laid out as
 // attention_plan.h's TensorCore* functions say, so the K/V a block reads
 // serves every query head of the GQA group it holds. Each of the 4 warps
-// owns kMT MMA tiles of 16 rows, its Q fragments in registers. Per step of
-// kBN keys the block copies K and V rows from the cache's blocks into shared
-// memory with cp.async, the next step's copy in flight while this one
-// computes (two stages); each warp computes S = Q K^T (K fragments by
-// ldmatrix), masks keys past each row's position (on the steps that hold
-// any such key: the diagonal's and a window's edge; the others skip the
-// per-key tests), updates the online softmax in fp32 (base 2, the scale in
-// the exponent's FMA, exp2 flushing subnormals as __expf does; the output's
-// rescale skipped while the warp's maxima stand), rounds P to bf16 as
-// FlashAttention does,
+// owns kMT MMA tiles of 16 rows, its Q fragments in registers (head size
+// 256: in shared memory, read by ldmatrix for each MMA, as FlashAttention-2
+// reads them; their 64 registers a thread would not fit beside the output's
+// 128). Per step of kBN keys the block copies K and V rows from the cache's
+// blocks into shared memory with cp.async, the next step's copy in flight
+// while this one computes (two stages); each warp computes S = Q K^T (K
+// fragments by ldmatrix), softcaps it where the model does (Gemma 2), masks
+// keys past each row's position (on the steps that hold any such key: the
+// diagonal's and a window's edge; the others skip the per-key tests),
+// updates the online softmax in fp32 (base 2, the scale in the exponent's
+// FMA, exp2 flushing subnormals as __expf does; the output's rescale skipped
+// while the warp's maxima stand), rounds P to bf16 as FlashAttention does,
 // and adds P V (V fragments by ldmatrix.trans) into its fp32 output
 // fragments. A warp skips the key steps wholly past its rows, and, under a
 // sliding window, those wholly below its rows' windows; a step that masks
@@ -39,7 +41,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kBN = 64;  // keys per step
 
 // Four 8x8 bf16 matrices; lane 8i + r gives the address of row r of matrix
 // i, and out[i] is this lane's fragment of matrix i: row lane / 4, columns
@@ -64,22 +65,36 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&out)[4], const Bf16* row) 
 
 template <int D>
 constexpr int kMT = TensorCoreBlockRows(D) / (kWarps * 16);  // MMA row tiles per warp
+// Keys per step: 64; 32 at head size 256, so that the two stages of K and V
+// and the Q tile (100 KiB) leave room for two blocks a multiprocessor.
+template <int D>
+constexpr int kKeysPerStep = D == 256 ? 32 : 64;
+// Q's fragments in shared memory rather than registers (see the top).
+template <int D>
+constexpr bool kQShared = D == 256;
 // Padded shared rows: ldmatrix's 8 row addresses of a phase hit distinct banks.
 template <int D>
 constexpr int kStride = D + 8;
+// 2 stages x K, V, then the Q tile where it is shared.
 template <int D>
-constexpr size_t kSharedBytes = size_t{2} * 2 * kBN * kStride<D> * sizeof(Bf16);  // 2 stages x K, V
+constexpr size_t kSharedBytes = size_t{2 * 2 * kKeysPerStep<D> +
+                                       (kQShared<D> ? TensorCoreBlockRows(D) : 0)} *
+                                kStride<D> * sizeof(Bf16);
 
-template <int D>
+// kCap: Gemma 2's tanh softcapping of the scaled scores (a.softcap).
+template <int D, bool kCap>
 __global__ void __launch_bounds__(kThreads)
     PrefillAttentionKernel(Bf16AttentionArgs a, KvLayerRows rows, const int32_t* tiles,
                            int32_t head_chunks) {
   constexpr int MT = kMT<D>;
   constexpr int S = kStride<D>;
+  constexpr int kBN = kKeysPerStep<D>;
+  constexpr bool kQS = kQShared<D>;
   TANDEM_DYNAMIC_SHARED(smem_raw);
   Bf16* const smem = reinterpret_cast<Bf16*>(smem_raw);
   auto k_stage = [&](int buf) { return smem + buf * 2 * kBN * S; };
   auto v_stage = [&](int buf) { return smem + (buf * 2 + 1) * kBN * S; };
+  Bf16* const qs = smem + 4 * kBN * S;  // the Q tile's rows, where kQS
 
   // The last tiles of a sequence carry the most keys: start them first.
   const int32_t tile = static_cast<int32_t>(gridDim.x - 1 - blockIdx.x);
@@ -99,7 +114,11 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* table = a.block_tables + a.row_table_offset[first];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  const float scale_log2 = rsqrtf(static_cast<float>(D)) * 1.4426950408889634f;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale = rsqrtf(static_cast<float>(D));
+  // What the exponent's FMA scales a score by: the softcap's scores are
+  // already scaled (and in base 2).
+  const float exp_scale = kCap ? 1.0f : scale * kLog2e;
 
   // Block row r is (head head0 + r / positions, position pos0 + r % positions).
   // Rows past the tile's heads or positions compute a copy of a real row
@@ -120,7 +139,10 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  uint32_t qa[MT][D / 16][4];
+  // Q's A fragments: fragment i of (mt, kk) holds row r0 (i even) or r1
+  // (i odd), columns c and c + 1 (i < 2) or c + 8 and c + 9. Where kQS,
+  // each lane writes the same elements to the Q tile instead, for ldmatrix.
+  uint32_t qa[kQS ? 1 : MT][kQS ? 1 : D / 16][4];
   int32_t qpos[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -132,12 +154,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int c = kk * 16 + 2 * t;
-      qa[mt][kk][0] = PackBf16(q0[c], q0[c + 1]);
-      qa[mt][kk][1] = PackBf16(q1[c], q1[c + 1]);
-      qa[mt][kk][2] = PackBf16(q0[c + 8], q0[c + 9]);
-      qa[mt][kk][3] = PackBf16(q1[c + 8], q1[c + 9]);
+      const uint32_t f[4] = {PackBf16(q0[c], q0[c + 1]), PackBf16(q1[c], q1[c + 1]),
+                             PackBf16(q0[c + 8], q0[c + 9]), PackBf16(q1[c + 8], q1[c + 9])};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (kQS) {
+          *reinterpret_cast<uint32_t*>(qs + (i % 2 == 0 ? r0 : r1) * S + c + (i / 2) * 8) = f[i];
+        } else {
+          qa[mt][kk][i] = f[i];
+        }
+      }
     }
   }
+  if constexpr (kQS) __syncthreads();  // the Q tile is written (read by other lanes)
   // The lowest and highest positions the warp's rows attend from (a padded
   // row's are a real row's): a key step wholly at or below the lowest, and
   // wholly inside the highest one's window, masks nothing in this warp.
@@ -219,14 +248,27 @@ __global__ void __launch_bounds__(kThreads)
       // b[0], b[1] feed key tile 2 jn, b[2], b[3] key tile 2 jn + 1.
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
+        // Q's fragments for these 16 head columns. From the Q tile: matrices
+        // rows + (0|8), columns kk*16 + (0|8), in the fragments' order.
+        uint32_t qf[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (kQS) {
+            LdMatrixX4<false>(qf[mt], qs + ((warp * MT + mt) * 16 + (mi % 2) * 8 + ri) * S +
+                                          kk * 16 + (mi / 2) * 8);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qf[mt][i] = qa[mt][kk][i];
+          }
+        }
 #pragma unroll
         for (int jn = 0; jn < kBN / 16; ++jn) {
           uint32_t b[4];
           LdMatrixX4<false>(b, ks + (jn * 16 + (mi / 2) * 8 + ri) * S + kk * 16 + (mi % 2) * 8);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            Mma(s[mt][2 * jn], qa[mt][kk], b[0], b[1]);
-            Mma(s[mt][2 * jn + 1], qa[mt][kk], b[2], b[3]);
+            Mma(s[mt][2 * jn], qf[mt], b[0], b[1]);
+            Mma(s[mt][2 * jn + 1], qf[mt], b[2], b[3]);
           }
         }
       }
@@ -236,6 +278,17 @@ __global__ void __launch_bounds__(kThreads)
       const bool all_seen = KeysAllSeen(k0, k0 + kBN - 1, warp_min_q, warp_max_q, a.window);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
+        // Softcap the scaled scores, into base 2 (before the mask: a masked
+        // key stays -inf).
+        if constexpr (kCap) {
+#pragma unroll
+          for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              s[mt][j][e] = a.softcap * tanhf(s[mt][j][e] * scale / a.softcap) * kLog2e;
+            }
+          }
+        }
         // Mask (causal, window), and the rows' maxima over the quad's lanes,
         // before the scale: rounding is monotone, so max(s) * c is max(s * c),
         // and the scale joins the subtraction in one FMA below.
@@ -260,7 +313,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < 2; ++i) {
           // mx stays -inf while every key so far was masked (the steps below
           // a sliding window).
-          QuadSoftmaxStep(step_max[i] * scale_log2, mx[mt][i], m_use[i], corr[i],
+          QuadSoftmaxStep(step_max[i] * exp_scale, mx[mt][i], m_use[i], corr[i],
                           [](float x) { return Exp2Ftz(x); });
         }
         float sum[2] = {0.0f, 0.0f};
@@ -268,7 +321,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < kBN / 8; ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[mt][j][e] = Exp2Ftz(fmaf(s[mt][j][e], scale_log2, -m_use[e / 2]));
+            s[mt][j][e] = Exp2Ftz(fmaf(s[mt][j][e], exp_scale, -m_use[e / 2]));
             sum[e / 2] += s[mt][j][e];
           }
         }
@@ -339,11 +392,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 #ifndef TANDEM_SIMT  // the CPU emulator runs the kernel itself
-template <int D>
+template <int D, bool kCap>
 int Launch(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles, void* stream) {
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once.
   static const cudaError_t opt_in = cudaFuncSetAttribute(
-      PrefillAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      PrefillAttentionKernel<D, kCap>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(kSharedBytes<D>));
   if (opt_in != cudaSuccess) return opt_in;
   const int32_t group = a.num_heads / a.shape.num_kv_heads;
@@ -351,9 +404,17 @@ int Launch(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles, 
   const int32_t head_chunks = (group + block_heads - 1) / block_heads;
   const dim3 grid(static_cast<unsigned>(num_tiles),
                   static_cast<unsigned>(a.shape.num_kv_heads * head_chunks));
-  PrefillAttentionKernel<D><<<grid, kThreads, kSharedBytes<D>, static_cast<cudaStream_t>(stream)>>>(
-      a, KvLayerRows(a.shape, a.layer), tiles, head_chunks);
+  PrefillAttentionKernel<D, kCap>
+      <<<grid, kThreads, kSharedBytes<D>, static_cast<cudaStream_t>(stream)>>>(
+          a, KvLayerRows(a.shape, a.layer), tiles, head_chunks);
   return cudaGetLastError();
+}
+
+template <int D>
+int LaunchForCap(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles,
+                 void* stream) {
+  return a.softcap > 0.0f ? Launch<D, true>(a, tiles, num_tiles, stream)
+                          : Launch<D, false>(a, tiles, num_tiles, stream);
 }
 
 }  // namespace
@@ -361,15 +422,20 @@ int Launch(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles, 
 int PrefillAttentionBf16(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles,
                          void* stream) {
   if (num_tiles == 0) return cudaSuccess;
-  // No softcapping here: the runner plans no tiles for a softcapped model.
-  if (a.shape.num_kv_heads <= 0 || a.num_heads % a.shape.num_kv_heads != 0 || a.softcap > 0.0f) {
+  if (a.shape.num_kv_heads <= 0 || a.num_heads % a.shape.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
   switch (a.shape.head_size) {
-    case 32: return Launch<32>(a, tiles, num_tiles, stream);
-    case 64: return Launch<64>(a, tiles, num_tiles, stream);
-    case 96: return Launch<96>(a, tiles, num_tiles, stream);
-    case 128: return Launch<128>(a, tiles, num_tiles, stream);
+    case 32:
+      return LaunchForCap<32>(a, tiles, num_tiles, stream);
+    case 64:
+      return LaunchForCap<64>(a, tiles, num_tiles, stream);
+    case 96:
+      return LaunchForCap<96>(a, tiles, num_tiles, stream);
+    case 128:
+      return LaunchForCap<128>(a, tiles, num_tiles, stream);
+    case 256:
+      return LaunchForCap<256>(a, tiles, num_tiles, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -237,10 +237,12 @@ absl::Status CudaRunnerBase::InitCommon() {
   TANDEM_RETURN_IF_ERROR(
       CudaStatus(kd::SetBlasStream(blas_, stream_, blas_workspace_.get<void>(), kBlasWorkspace),
                  "cuBLAS stream"));
-  // The tensor-core prefill kernel does not softcap (Gemma 2): split-K only.
-  tensor_core_attention_ = tensor_core_attention_ && c.attn_logit_softcap == 0 &&
-                           opts_.dtype == DType::kBFloat16 &&
-                           kd::DeviceHasTensorCoreAttention(device_);
+  // Head size 256 and the softcap (Gemma) on the tensor-core prefill kernel
+  // only when asked for (ModelRunnerOptions::tensor_core_prefill_gemma).
+  const bool gemma_tiles = c.head_size == 256 || c.attn_logit_softcap > 0;
+  tensor_core_attention_ =
+      tensor_core_attention_ && (!gemma_tiles || runner_opts_.tensor_core_prefill_gemma) &&
+      opts_.dtype == DType::kBFloat16 && kd::DeviceHasTensorCoreAttention(device_);
   decode_tensor_cores_ = decode_tensor_cores_ && opts_.dtype == DType::kBFloat16 &&
                          kernels::TensorCoreHeadSize(c.head_size) &&
                          kernels::TensorCoreDecodeBlockSize(opts_.block_size) &&

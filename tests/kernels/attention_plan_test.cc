@@ -86,13 +86,13 @@ TEST(AttentionPlanTest, ARunBreaksAtANewSequenceOrAGapInPositions) {
 TEST(AttentionPlanTest, WithoutTensorCoresOrForOtherHeadSizesEveryRowIsSingle) {
   Rows r;
   r.Add(0, 300);
-  for (auto [hs, tc] : {std::pair{64, false}, {256, true}, {40, true}, {8, true}}) {
+  for (auto [hs, tc] : {std::pair{64, false}, {256, false}, {40, true}, {8, true}, {512, true}}) {
     const AttentionPlan plan = PlanAttention(r.pos, r.off, hs, 1, tc);
     EXPECT_EQ(plan.num_tiles(), 0) << hs;
     EXPECT_EQ(plan.num_single_rows(), 300) << hs;
     EXPECT_EQ(plan.single_max_context, 300) << hs;
   }
-  for (int32_t hs : {32, 64, 96, 128}) {
+  for (int32_t hs : {32, 64, 96, 128, 256}) {
     const int32_t tile = TensorCoreTilePositions(hs, 1);
     EXPECT_EQ(PlanAttention(r.pos, r.off, hs, 1, true).num_tiles(), (300 + tile - 1) / tile);
   }

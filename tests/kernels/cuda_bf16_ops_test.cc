@@ -461,23 +461,29 @@ constexpr testing::Tolerance kBf16TensorCoreTol{4e-3, 1.0 / 64};
 
 // Prefill chunks of every length class (under one tile, exact tiles, tiles
 // plus a remainder, thousands of rows), starting at 0, mid-block and past
-// earlier context, head sizes 32/64/96/128, GQA 1/4/7/8/16 (whole groups,
-// groups that leave head slots empty, groups over two blocks), odd head
-// counts, block sizes 16/32, mixed with decode rows and short chunks that
-// stay on the split-K kernel.
+// earlier context, head sizes 32/64/96/128/256, GQA 1/4/7/8/16 (whole
+// groups, groups that leave head slots empty, groups over two blocks), odd
+// head counts, block sizes 16/32, Gemma 2's softcap, mixed with decode rows
+// and short chunks that stay on the split-K kernel.
 TEST_F(CudaBf16Test, PrefillAttentionOnTensorCoresMatchesNaiveAttention) {
   if (!cuda::DeviceHasTensorCoreAttention(0)) GTEST_SKIP() << "compute capability below 8.0";
   std::vector<AttentionCase> cases = {
-      {8, 8, 64, 16, {{16, 0}}},                                 // the smallest tile
-      {8, 2, 64, 16, {{64, 0}, {128, 64}, {2000, 0}}},           // Llama 3.2 1B's GQA
-      {7, 7, 32, 32, {{100, 17}, {5, 4}, {77, 0}}},              // odd heads, GQA 1
-      {12, 3, 96, 16, {{300, 250}, {513, 512}, {65, 1}}},        // Phi-3's head size
-      {32, 4, 128, 32, {{1100, 990}, {256, 255}, {90, 60}}},     // GQA 8, chunk mid-context
-      {8, 2, 128, 16, {{2048, 0}}},                              // a long prompt
-      {16, 2, 64, 16, {{40, 23}, {1, 0}, {700, 600}, {33, 32}}}, // mixed
-      {14, 2, 64, 32, {{300, 0}, {2, 1}, {129, 97}}},            // GQA 7: 16-row head slots
-      {28, 4, 128, 16, {{200, 120}, {50, 0}}},                   // GQA 7: two head chunks
-      {16, 1, 64, 16, {{150, 100}}},                             // GQA 16: two head chunks
+      {8, 8, 64, 16, {{16, 0}}},                                  // the smallest tile
+      {8, 2, 64, 16, {{64, 0}, {128, 64}, {2000, 0}}},            // Llama 3.2 1B's GQA
+      {7, 7, 32, 32, {{100, 17}, {5, 4}, {77, 0}}},               // odd heads, GQA 1
+      {12, 3, 96, 16, {{300, 250}, {513, 512}, {65, 1}}},         // Phi-3's head size
+      {32, 4, 128, 32, {{1100, 990}, {256, 255}, {90, 60}}},      // GQA 8, chunk mid-context
+      {8, 2, 128, 16, {{2048, 0}}},                               // a long prompt
+      {16, 2, 64, 16, {{40, 23}, {1, 0}, {700, 600}, {33, 32}}},  // mixed
+      {14, 2, 64, 32, {{300, 0}, {2, 1}, {129, 97}}},             // GQA 7: 16-row head slots
+      {28, 4, 128, 16, {{200, 120}, {50, 0}}},                    // GQA 7: two head chunks
+      {16, 1, 64, 16, {{150, 100}}},                              // GQA 16: two head chunks
+      {8, 4, 256, 16, {{1500, 0}, {100, 60}, {1, 0}}},            // Gemma 2 2B's heads
+      {16, 8, 256, 32, {{300, 250}, {40, 0}}},                    // Gemma 2 9B's GQA 2
+      {8, 4, 32, 16, {{300, 0}, {20, 19}}, 0, 2.0f},              // Gemma 2's softcap
+      {8, 4, 256, 16, {{700, 300}}, 0, 50.0f},                    // Gemma 2 2B's, softcap 50
+      {32, 16, 128, 16, {{400, 0}}, 0, 50.0f},                    // Gemma 2 27B's
+      {8, 4, 256, 16, {{900, 0}}, 300, 50.0f},                    // and a window
   };
   uint32_t seed = 101;
   for (const AttentionCase& c : cases) {

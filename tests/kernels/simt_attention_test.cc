@@ -154,7 +154,7 @@ void ExpectRowsNear(const Prepared& r, const std::vector<int32_t>& rows, const C
   EXPECT_GT(checked, 0);
 }
 
-template <int D>
+template <int D, bool kCap>
 void LaunchPrefill(const cuda::Bf16AttentionArgs& a, const AttentionPlan& plan) {
   const int32_t group = a.num_heads / a.shape.num_kv_heads;
   const int32_t block_heads = TensorCoreBlockHeads(D, group);
@@ -162,8 +162,8 @@ void LaunchPrefill(const cuda::Bf16AttentionArgs& a, const AttentionPlan& plan) 
   const simt::Dim3 grid{static_cast<unsigned>(plan.num_tiles()),
                         static_cast<unsigned>(a.shape.num_kv_heads * head_chunks), 1};
   simt::Launch(grid, simt::Dim3{cuda::kThreads, 1, 1}, cuda::kSharedBytes<D>, [&] {
-    cuda::PrefillAttentionKernel<D>(a, KvLayerRows(a.shape, a.layer), plan.tiles.data(),
-                                    head_chunks);
+    cuda::PrefillAttentionKernel<D, kCap>(a, KvLayerRows(a.shape, a.layer), plan.tiles.data(),
+                                          head_chunks);
   });
 }
 
@@ -177,8 +177,10 @@ void RunPrefill(const Case& c, uint32_t seed) {
     const AttentionPlan plan = PlanAttention(r.p.row_pos, r.p.row_table_offset, c.hs,
                                              c.heads / c.kv_heads, /*tensor_cores=*/true);
     ASSERT_GT(plan.num_tiles(), 0) << "the case must reach the tensor-core kernel";
-    simt::WithConstant<32, 64, 96, 128>(
-        c.hs, [&](auto d) { LaunchPrefill<decltype(d)::value>(r.args, plan); });
+    simt::WithConstant<32, 64, 96, 128, 256>(c.hs, [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      c.softcap > 0 ? LaunchPrefill<D, true>(r.args, plan) : LaunchPrefill<D, false>(r.args, plan);
+    });
     std::vector<int32_t> rows;
     for (int32_t t = 0; t < plan.num_tiles(); ++t) {
       for (int32_t i = 0; i < plan.tiles[2 * t + 1]; ++i) rows.push_back(plan.tiles[2 * t] + i);
@@ -342,9 +344,10 @@ TEST(SimtAttentionTest, TheEmulatorKeepsBarriersShufflesAndVotes) {
 }
 
 // Tiles of GQA 1, 4, 7, 8 and 16 (one or two head chunks), head sizes 32 to
-// 128, block sizes 16 and 32, chunks that start at 0, mid-block and past
-// earlier context; key steps wholly seen (the unmasked path), on the
-// diagonal, and cut by windows of 1 to past the context.
+// 256 (256: Q from shared memory, 32 keys a step), block sizes 16 and 32,
+// chunks that start at 0, mid-block and past earlier context; key steps
+// wholly seen (the unmasked path), on the diagonal, and cut by windows of 1
+// to past the context; Gemma 2's softcap, with and without a window.
 TEST(SimtAttentionTest, PrefillOnTensorCoresMatchesNaiveAttention) {
   const std::vector<Case> cases = {
       {8, 8, 64, 16, {{16, 0}}},     {8, 2, 64, 16, {{64, 0}, {150, 64}}},
@@ -363,6 +366,17 @@ TEST(SimtAttentionTest, PrefillOnTensorCoresMatchesNaiveAttention) {
     c.window = window;
     RunPrefill(c, seed++);
   }
+  // Gemma's head size 256: Gemma 2 2B's GQA 2, Gemma 3 1B's GQA 4 (one KV
+  // head), a chunk past earlier context, a window of 50.
+  RunPrefill({4, 2, 256, 16, {{150, 0}, {40, 20}}}, seed++);
+  RunPrefill({4, 1, 256, 32, {{100, 60}}}, seed++);
+  RunPrefill({4, 2, 256, 16, {{130, 0}}, 50}, seed++);
+  // Softcapped scores (Gemma 2: cap 2 as its test checkpoint, 50 as it
+  // ships), with a window, at head sizes 32, 128 and 256.
+  RunPrefill({8, 4, 32, 16, {{120, 0}, {30, 10}}, 0, 2.0f}, seed++);
+  RunPrefill({8, 4, 32, 16, {{150, 0}}, 20, 2.0f}, seed++);
+  RunPrefill({8, 2, 128, 16, {{90, 0}}, 0, 50.0f}, seed++);
+  RunPrefill({4, 2, 256, 16, {{80, 0}}, 0, 2.0f}, seed++);
 }
 
 // Decode rows and prefill rows of one to three splits, GQA 1 to 32, head

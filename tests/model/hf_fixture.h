@@ -147,16 +147,20 @@ inline void ExpectCudaMatchesTransformers(const Model& model, const std::vector<
             .tokens;
     ExpectDecisivePrefix(f32, c, label + " cuda float32");
     // bfloat16 with either decode attention (the split-K kernel, the
-    // runner's default, and the tensor-core one).
-    for (bool tc : {false, true}) {
-      const std::vector<int32_t> bf16 =
-          Greedy(model, c.prompt, c.max_tokens, Backend::kCuda, DType::kBFloat16, nullptr, false,
-                 {.decode_attention_tensor_cores = tc})
-              .tokens;
+    // runner's default, and the tensor-core one), and for Gemma's head size
+    // 256 or a softcap, its prefill chunks on the tensor-core kernel too.
+    std::vector<std::pair<ModelRunnerOptions, std::string>> modes = {
+        {{}, ""}, {{.decode_attention_tensor_cores = true}, " (tensor-core decode attention)"}};
+    const ModelConfig& mc = model.config();
+    if (mc.head_size == 256 || mc.attn_logit_softcap > 0) {
+      modes.push_back({{.tensor_core_prefill_gemma = true}, " (Gemma's tensor-core prefill)"});
+    }
+    for (const auto& [opts, mode] : modes) {
+      const std::vector<int32_t> bf16 = Greedy(model, c.prompt, c.max_tokens, Backend::kCuda,
+                                               DType::kBFloat16, nullptr, false, opts)
+                                            .tokens;
       for (int32_t t = 0; t < c.max_tokens && c.margins[t] >= kBf16Margin; ++t) {
-        ASSERT_EQ(bf16[t], c.expected[t])
-            << label << " cuda bfloat16" << (tc ? " (tensor-core decode attention)" : "")
-            << " token " << t;
+        ASSERT_EQ(bf16[t], c.expected[t]) << label << " cuda bfloat16" << mode << " token " << t;
       }
     }
   }

@@ -35,11 +35,16 @@ struct AttentionPlan {
 
 inline constexpr int32_t kMinTileRows = 16;
 
-// Whether the tensor-core kernel takes this head size (one instance each;
-// head size 256 keeps the split-K kernel: its fp32 output fragments would
-// not fit a thread's registers).
+// Whether the tensor-core decode attention takes this head size (one
+// instance each; head size 256 keeps the split-K kernel: its fp32 output
+// fragments would not fit a thread's registers beside Q's).
 TANDEM_HD constexpr bool TensorCoreHeadSize(int32_t head_size) {
   return head_size == 32 || head_size == 64 || head_size == 96 || head_size == 128;
+}
+// Whether the tensor-core prefill kernel takes it: those and Gemma's 256
+// (whose Q fragments the kernel reads from shared memory).
+TANDEM_HD constexpr bool TensorCorePrefillHeadSize(int32_t head_size) {
+  return TensorCoreHeadSize(head_size) || head_size == 256;
 }
 
 // The tensor-core decode attention (cuda_decode_attention_tc.cu) walks a
@@ -51,7 +56,7 @@ TANDEM_HD constexpr bool TensorCoreDecodeBlockSize(int32_t block_size) {
 
 // The tensor-core kernel's block: 4 warps of 16 query rows per MMA tile, two
 // tiles per warp up to head size 64 (one above: the output fragments of a
-// 128-wide head take the registers), so 128 or 64 rows of MMA work. A block
+// 128- or 256-wide head take the registers), so 128 or 64 rows of MMA work. A block
 // serves one KV head: its rows are (query head, position) pairs of up to
 // TensorCoreBlockHeads query heads of that KV head's group (so one K/V read
 // from shared memory feeds them all) times TensorCoreTilePositions
@@ -71,7 +76,8 @@ TANDEM_HD constexpr int32_t TensorCoreTilePositions(int32_t head_size, int32_t g
 // row_pos[r] and row_table_offset[r] as in BatchLayout: rows of one sequence
 // are adjacent, share a table offset and count positions up by one. group:
 // query heads per KV head. With tensor_cores false, or a head size the
-// kernel does not take, every row is a single row.
+// kernel does not take (TensorCorePrefillHeadSize), every row is a single
+// row.
 AttentionPlan PlanAttention(std::span<const int32_t> row_pos,
                             std::span<const int32_t> row_table_offset, int32_t head_size,
                             int32_t group, bool tensor_cores);

@@ -111,9 +111,7 @@ struct Bf16AttentionArgs {
   // rows[0 .. num_rows) (AttentionPlan::single_rows), else 0 .. num_rows.
   const int32_t* rows = nullptr;
   int32_t window = 0;  // the layer's sliding window; 0: none
-  // Gemma 2's attention softcapping (PagedAttentionArgs'); 0: none. The
-  // tensor-core prefill kernel does not take it: the runner routes every row
-  // of a softcapped model to the split-K kernels.
+  // Gemma 2's attention softcapping (PagedAttentionArgs'); 0: none.
   float softcap = 0.0f;
 };
 
@@ -150,7 +148,7 @@ int DecodeAttentionTcBf16(const Bf16AttentionArgs& args, int32_t max_context, fl
 // PagedAttentionBf16 for those rows, with Q and P rounded to bf16 before
 // their MMAs (FlashAttention-2's tiling; cuda_prefill_attention.cu).
 // args.num_rows and args.rows are not read. Needs compute capability 8.0
-// (DeviceHasTensorCoreAttention) and TensorCoreHeadSize(head_size).
+// (DeviceHasTensorCoreAttention) and TensorCorePrefillHeadSize(head_size).
 int PrefillAttentionBf16(const Bf16AttentionArgs& args, const int32_t* tiles, int32_t num_tiles,
                          void* stream);
 bool DeviceHasTensorCoreAttention(int device);

@@ -100,6 +100,13 @@ struct ModelRunnerOptions {
   // (kernels/attention_plan.h); false keeps every row on the split-K kernel
   // (bench_cuda --attention split-k compares the two).
   bool tensor_core_attention = true;
+  // CUDA bfloat16, with tensor_core_attention: the tensor-core prefill
+  // kernel also takes Gemma's head size 256 and Gemma 2's softcapped scores
+  // (each row within the kernel's tolerance of the split-K kernel, as at the
+  // other head sizes). Off until it has run on a GPU: until then such a
+  // model's prefill rows stay on the split-K kernel (bench_cuda --shape
+  // gemma-2-2b --attention tensor-cores-gemma compares).
+  bool tensor_core_prefill_gemma = false;
   // CUDA bfloat16: consecutive attention splits of a row that one block of
   // the split-K kernel takes (kernels::cuda::PagedAttentionBf16): -1 picks by
   // the batch's size, 1 gives every split its own block, 0 a row's splits to
