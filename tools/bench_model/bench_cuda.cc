@@ -2,10 +2,11 @@
 // limits (issue 15), not against a peer: decode against the HBM roofline,
 // prefill against the dense bf16 tensor-core peak.
 //
-//   bench_cuda [--shape llama-3.2-1b|tinyllama-1.1b|FILE] [--dtype bfloat16]
+//   bench_cuda [--shape llama-3.2-1b|tinyllama-1.1b|gemma-2-2b|FILE] [--dtype bfloat16]
 //              [--batches 1,8,32,128,256] [--context 512] [--steps 32]
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
-//              [--attention tensor-cores|split-k] [--cuda-graphs on|off] [--profile]
+//              [--attention tensor-cores|tensor-cores-gemma|split-k]
+//              [--cuda-graphs on|off] [--profile]
 //              [--decode-attention auto|per-split|per-row|tensor-cores]
 //              [--dependent-launch on|off] [--gemv-max-rows N] [--tc-gemm-max-rows N]
 //              [--sampling greedy|top-p] [--prompt-logprobs N]
@@ -16,9 +17,13 @@
 // (greedy, on the GPU, via ForwardSample); tok/s = B * steps / time. The
 // roofline time of a step is (bf16 weight bytes + the KV bytes the step
 // reads) / HBM bandwidth. Prefill: one sequence of N tokens in one chunk;
-// FLOPs = 2 * N * matmul params + 2 * N^2 * dim * layers (causal QK^T and PV).
+// FLOPs = 2 * N * matmul params + 2 * N^2 * q_dim * layers (causal QK^T and
+// PV; windows not discounted).
 // --attention split-k keeps prefill chunks off the tensor-core attention
 // kernel (ModelRunnerOptions::tensor_core_attention), for the comparison;
+// tensor-cores-gemma also gives it head size 256 and softcapped scores
+// (ModelRunnerOptions::tensor_core_prefill_gemma; off by default for now:
+// such rows take the split-K kernel);
 // --decode-attention per-split (the runner's default for now) gives every
 // split of the split-K attention its own block, per-row gives a row's splits
 // to one pipelined block, auto picks by the batch
@@ -105,6 +110,25 @@ ModelConfig ShapeConfig(const std::string& name) {
                        .num_kv_heads = 4, .vocab_size = 32000, .max_seq_len = 16384,
                        .head_size = 64, .rope_style = RopeStyle::kRotateHalf};
   }
+  if (name == "gemma-2-2b") {
+    // Gemma 2 2B's matrices and attention: head size 256, scores softcapped
+    // at 50, every other layer (from the first) sliding over 4,096
+    // positions; Llama's norms and no final softcap (no attention cost).
+    ModelConfig c{.family = ModelFamily::kLlama,
+                  .dim = 2304,
+                  .hidden_dim = 9216,
+                  .num_layers = 26,
+                  .num_heads = 8,
+                  .num_kv_heads = 4,
+                  .vocab_size = 256000,
+                  .max_seq_len = 16384,
+                  .head_size = 256,
+                  .rope_style = RopeStyle::kRotateHalf,
+                  .activation = Activation::kGeluTanh,
+                  .attn_logit_softcap = 50.0f};
+    for (int32_t i = 0; i < c.num_layers; ++i) c.layer_window.push_back(i % 2 == 0 ? 4096 : 0);
+    return c;
+  }
   return ModelConfig{};
 }
 
@@ -121,7 +145,7 @@ std::unique_ptr<Model> RandomModel(const ModelConfig& c) {
       f = scale * (static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
     }
   };
-  const size_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
+  const size_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
   const float sd = 1.0f / std::sqrt(float(dim)), sh = 1.0f / std::sqrt(float(hidden));
   ModelWeights w;
   fill(w.token_embedding, size_t(c.vocab_size) * dim, 1.0f);
@@ -130,10 +154,10 @@ std::unique_ptr<Model> RandomModel(const ModelConfig& c) {
   for (LayerWeights& l : w.layers) {
     l.rms_att.assign(dim, 1.0f);
     l.rms_ffn.assign(dim, 1.0f);
-    fill(l.wq, dim * dim, sd);
+    fill(l.wq, q * dim, sd);
     fill(l.wk, kv * dim, sd);
     fill(l.wv, kv * dim, sd);
-    fill(l.wo, dim * dim, sd);
+    fill(l.wo, dim * q, 1.0f / std::sqrt(float(q)));
     fill(l.w1, hidden * dim, sd);
     fill(l.w3, hidden * dim, sd);
     fill(l.w2, dim * hidden, sh);
@@ -155,8 +179,8 @@ std::vector<int32_t> ParseList(const std::string& s) {
 
 // Parameters of the GEMMs (what a decode step streams from HBM).
 double MatmulParams(const ModelConfig& c) {
-  const double dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
-  return c.num_layers * (dim * (dim + 2 * kv) + dim * dim + 3 * dim * hidden) +
+  const double dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
+  return c.num_layers * (dim * (q + 2 * kv) + q * dim + 3 * dim * hidden) +
          double(c.vocab_size) * dim;
 }
 
@@ -265,7 +289,8 @@ int main(int argc, char** argv) {
   int64_t context = 512, steps = 32;
   double hbm_tbps = 3.35, peak_tflops = 989;
   tandem::FlagSet flags("bench_cuda", "Decode and prefill speed of the CUDA runner.");
-  flags.Add("shape", &shape, "llama-3.2-1b | tinyllama-1.1b (random weights) | a checkpoint");
+  flags.Add("shape", &shape,
+            "llama-3.2-1b | tinyllama-1.1b | gemma-2-2b (random weights) | a checkpoint");
   flags.Add("dtype", &dtype_name, "float32 | bfloat16");
   flags.Add("batches", &batches, "decode batch sizes");
   flags.Add("context", &context, "KV tokens per sequence before the timed decode steps");
@@ -273,7 +298,9 @@ int main(int argc, char** argv) {
   flags.Add("prefill", &prefills, "prefill lengths (empty: none)");
   flags.Add("hbm-tbps", &hbm_tbps, "HBM bandwidth of the roofline, TB/s (H100 SXM: 3.35)");
   flags.Add("peak-tflops", &peak_tflops, "dense bf16 tensor-core peak, TFLOPS (H100 SXM: 989)");
-  flags.Add("attention", &attention, "tensor-cores | split-k: the bf16 prefill attention kernel");
+  flags.Add("attention", &attention,
+            "tensor-cores | tensor-cores-gemma (also head size 256 and softcaps) | split-k: "
+            "the bf16 prefill attention kernel");
   flags.Add("decode-attention", &decode_attention,
             "auto | per-split | per-row: blocks of the split-K attention kernel; "
             "tensor-cores: the tensor-core decode attention instead");
@@ -312,10 +339,12 @@ int main(int argc, char** argv) {
     flags.Fail("--dependent-launch must be on or off, not '" + dependent + "'");
   }
   g_runner_opts.dependent_launch = dependent == "on";
-  if (attention != "tensor-cores" && attention != "split-k") {
-    flags.Fail("--attention must be tensor-cores or split-k, not '" + attention + "'");
+  if (attention != "tensor-cores" && attention != "tensor-cores-gemma" && attention != "split-k") {
+    flags.Fail("--attention must be tensor-cores, tensor-cores-gemma or split-k, not '" +
+               attention + "'");
   }
-  g_runner_opts.tensor_core_attention = attention == "tensor-cores";
+  g_runner_opts.tensor_core_attention = attention != "split-k";
+  g_runner_opts.tensor_core_prefill_gemma = attention == "tensor-cores-gemma";
   if (decode_attention == "auto") {
     g_runner_opts.attention_splits_per_block = -1;
   } else if (decode_attention == "per-split") {
@@ -365,7 +394,7 @@ int main(int argc, char** argv) {
     const double secs = PrefillSeconds(*model, *dtype, n, n >= 4096 ? 3 : 5);
     const double flops =
         2.0 * n * MatmulParams(c) - 2.0 * n * c.vocab_size * c.dim +  // classifier: last row only
-        2.0 * c.vocab_size * c.dim + 2.0 * double(n) * n * c.dim * c.num_layers;
+        2.0 * c.vocab_size * c.dim + 2.0 * double(n) * n * c.q_dim() * c.num_layers;
     const double tflops = flops / secs / 1e12;
     std::cout << "prefill " << std::setw(5) << n << " tokens: " << std::setprecision(2)
               << secs * 1e3 << " ms, " << std::setprecision(1) << n / secs << " tok/s, " << tflops

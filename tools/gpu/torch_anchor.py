@@ -33,6 +33,13 @@ SHAPES = {
     "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                            num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
                            rope_theta=10000.0, head_dim=64),
+    # bench_cuda's gemma-2-2b: transformers' own Gemma 2 (its norms, its
+    # final softcap), with the attention through the implementation named
+    # in the output line (SDPA takes no softcap: transformers passes it only
+    # to the eager and flash paths).
+    "gemma-2-2b": dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                       num_attention_heads=8, num_key_value_heads=4, vocab_size=256000,
+                       rope_theta=10000.0, head_dim=256, family="gemma2"),
 }
 
 
@@ -73,17 +80,27 @@ def main():
     if not torch.cuda.is_available():
         print("torch_anchor: skipped, no CUDA device")
         return 0
-    s = SHAPES[args.shape]
-    config = LlamaConfig(max_position_embeddings=16384, tie_word_embeddings=False, **s)
+    s = dict(SHAPES[args.shape])
+    family = s.pop("family", "llama")
+    if family == "gemma2":
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+        config = Gemma2Config(max_position_embeddings=16384, sliding_window=4096,
+                              attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                              query_pre_attn_scalar=256, **s)
+        model_class = Gemma2ForCausalLM
+    else:
+        config = LlamaConfig(max_position_embeddings=16384, tie_word_embeddings=False, **s)
+        model_class = LlamaForCausalLM
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        model = model_class(config).to(torch.bfloat16).eval()
     print(f"anchor: torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{torch.cuda.get_device_name()}, {args.shape} bf16, attention "
           f"{model.config._attn_implementation}")
     p = matmul_params(s)
     dim, layers, vocab = s["hidden_size"], s["num_hidden_layers"], s["vocab_size"]
+    q_dim = s["num_attention_heads"] * s["head_dim"]
     for n in [int(x) for x in args.prefill.split(",") if x]:
         ids = torch.randint(1, vocab, (1, n), device="cuda")
 
@@ -93,7 +110,7 @@ def main():
 
         secs = timed(torch, run, 3 if n >= 4096 else 5)
         # bench_cuda's count: the classifier on the last row only.
-        flops = 2.0 * n * p - 2.0 * n * vocab * dim + 2.0 * vocab * dim + 2.0 * n * n * dim * layers
+        flops = 2.0 * n * p - 2.0 * n * vocab * dim + 2.0 * vocab * dim + 2.0 * n * n * q_dim * layers
         tflops = flops / secs / 1e12
         print(f"anchor prefill {n:5d} tokens: {secs * 1e3:.2f} ms, {n / secs:.1f} tok/s, "
               f"{tflops:.1f} TFLOPS = {100 * tflops / args.peak_tflops:.0f}% of "
