@@ -187,8 +187,14 @@ __global__ void ArgMaxKernel(const float* logits, int32_t vocab, int32_t* out) {
 // weights at 55-70% of an H200's bandwidth (ncu, Llama-3.2-1B decode at
 // batch 1: 0.90 ms of GEMMs against 0.52 ms of weight traffic); the weights
 // are the whole cost of such a step.
+// Eight loads in flight (4 KiB a warp): a 2,048-wide row (q/k/v, o, gate and
+// up of a 1B model) is one round trip to memory instead of two, a warp of
+// an 8,192-wide one keeps twice the bytes in flight, and a row whose lanes
+// end part-way through the eight loads them together (predicated), not one
+// round trip each. Each lane still adds its runs in order, so the sums and
+// bits are the four-load kernel's (kernels_simt_bf16_ops_test pins them).
 constexpr int kGemvWarps = 8;
-constexpr int kGemvUnroll = 4;
+constexpr int kGemvUnroll = 8;
 
 // kDependent: launched as a programmatic dependent of the kernel before it
 // (LaunchGemvRows), so the block may run while that kernel finishes:
@@ -224,15 +230,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       for (int e = 0; e < 8; ++e) sum[r] += Bf16Half(wp[e / 2], e % 2) * Bf16Half(xp[e / 2], e % 2);
     }
   };
-  int32_t k = lane;
-  for (; k + 32 * (kGemvUnroll - 1) < n; k += 32 * kGemvUnroll) {
+  for (int32_t k = lane; k < n; k += 32 * kGemvUnroll) {
     uint4 wv[kGemvUnroll];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) wv[u] = wr[k + 32 * u];
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      if (k + 32 * u < n) wv[u] = wr[k + 32 * u];
+    }
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) fma8(wv[u], k + 32 * u);
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      if (k + 32 * u < n) fma8(wv[u], k + 32 * u);
+    }
   }
-  for (; k < n; k += 32) fma8(wr[k], k);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     float v = sum[r];
