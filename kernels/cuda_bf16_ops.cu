@@ -100,14 +100,34 @@ __global__ void RopeKvWriteKernel(float* qkv, int32_t q_stride, const int32_t* p
   dst[i1] = Store(hv[i1]);
 }
 
-__global__ void SiluMulKernel(const float* gu, int32_t hidden, int64_t n, Bf16* out,
+// out[r][c .. c + V) for a thread (x: chunks of a row's columns, y: rows,
+// looping past the grid's 65,535), V = 4 where hidden allows: 16-byte loads
+// of the gate and the up halves, one 8-byte store, and no 64-bit division
+// per element (at 8,192 prefill rows of Llama-3.2-1B the kernel moves 671
+// MB a layer). The same arithmetic per element for any V.
+template <int V>
+__global__ void SiluMulKernel(const float* gu, int32_t hidden, int32_t rows, Bf16* out,
                               ActKind kind) {
   LetDependentsLaunch();
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const int64_t r = i / hidden, c = i % hidden;
-  const float g = gu[r * 2 * hidden + c], u = gu[r * 2 * hidden + hidden + c];
-  out[i] = Store(kind == ActKind::kGeluTanh ? GeluTanhMul(g, u) : g / (1.0f + __expf(-g)) * u);
+  const int32_t c = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x) * V;
+  if (c >= hidden) return;
+  auto act = [kind](float g, float u) {
+    return kind == ActKind::kGeluTanh ? GeluTanhMul(g, u) : g / (1.0f + __expf(-g)) * u;
+  };
+  for (int32_t r = static_cast<int32_t>(blockIdx.y); r < rows;
+       r += static_cast<int32_t>(gridDim.y)) {
+    const float* g = gu + int64_t{r} * 2 * hidden + c;
+    const float* u = g + hidden;
+    Bf16* o = out + int64_t{r} * hidden + c;
+    if constexpr (V == 4) {
+      const float4 gv = *reinterpret_cast<const float4*>(g);
+      const float4 uv = *reinterpret_cast<const float4*>(u);
+      *reinterpret_cast<uint2*>(o) = make_uint2(PackBf16(act(gv.x, uv.x), act(gv.y, uv.y)),
+                                                PackBf16(act(gv.z, uv.z), act(gv.w, uv.w)));
+    } else {
+      *o = Store(act(*g, *u));
+    }
+  }
 }
 
 // (value, index) pair ordering: larger value first, then lower index.
@@ -350,10 +370,17 @@ int RopeKvWriteBf16(float* qkv, int32_t q_stride, int32_t rows, const int32_t* p
 
 int SiluMulBf16(const float* gate_up, int32_t rows, int32_t hidden, Bf16* out, void* stream,
                 ActKind kind) {
-  const int64_t n = int64_t{rows} * hidden;
-  if (n == 0) return cudaSuccess;
-  SiluMulKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, S(stream)>>>(gate_up, hidden,
-                                                                               n, out, kind);
+  if (rows == 0 || hidden == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const bool vec = hidden % 4 == 0;
+  const int32_t per_block = kThreads * (vec ? 4 : 1);
+  const dim3 grid(static_cast<unsigned>((hidden + per_block - 1) / per_block),
+                  static_cast<unsigned>(std::min(rows, 65535)));
+  if (vec) {
+    SiluMulKernel<4><<<grid, kThreads, 0, S(stream)>>>(gate_up, hidden, rows, out, kind);
+  } else {
+    SiluMulKernel<1><<<grid, kThreads, 0, S(stream)>>>(gate_up, hidden, rows, out, kind);
+  }
   return cudaGetLastError();
 }
 

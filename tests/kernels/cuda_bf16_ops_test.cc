@@ -590,19 +590,22 @@ TEST_F(CudaBf16Test, PagedAttentionRejectsHeadSizesItCannotHold) {
   }
 }
 
+// Widths of 16-byte loads (700) and of one element a thread (702).
 TEST_F(CudaBf16Test, SiluMulMatchesCpu) {
-  const int32_t rows = 3, hidden = 700;
-  const auto gu = RandomVector(rows * 2 * hidden, 7, 6.0f);
-  std::vector<float> ref;
-  for (int32_t r = 0; r < rows; ++r) {
-    for (int32_t i = 0; i < hidden; ++i) {
-      ref.push_back(SiluMul(gu[r * 2 * hidden + i], gu[r * 2 * hidden + hidden + i]));
+  for (const int32_t hidden : {700, 702}) {
+    const int32_t rows = 3;
+    const auto gu = RandomVector(rows * 2 * hidden, 7, 6.0f);
+    std::vector<float> ref;
+    for (int32_t r = 0; r < rows; ++r) {
+      for (int32_t i = 0; i < hidden; ++i) {
+        ref.push_back(SiluMul(gu[r * 2 * hidden + i], gu[r * 2 * hidden + hidden + i]));
+      }
     }
+    DeviceVector<float> dgu(gu);
+    DeviceVector<Bf16> dout(ref.size());
+    CUDA_OK(cuda::SiluMulBf16(dgu.get(), rows, hidden, dout.get(), nullptr));
+    ExpectNear(ToFloat(dout.ToHost()), ref, kBf16OutTol, "silu");
   }
-  DeviceVector<float> dgu(gu);
-  DeviceVector<Bf16> dout(ref.size());
-  CUDA_OK(cuda::SiluMulBf16(dgu.get(), rows, hidden, dout.get(), nullptr));
-  ExpectNear(ToFloat(dout.ToHost()), ref, kBf16OutTol, "silu");
 }
 
 // Greedy sampling on the GPU must pick exactly kernels::ArgMax's token,

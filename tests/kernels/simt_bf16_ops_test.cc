@@ -1,8 +1,8 @@
 // The bf16 decode kernels of cuda_bf16_ops.cu and cuda_gemm_tc.cu on the CPU
 // through the SIMT emulator (simt/simt.h): the GEMV and the tensor-core
 // GEMM against a double-precision product and to the same bits for a row
-// whatever rows run with it, RMSNorm against the CPU's norm, and the argmax
-// to the CPU's index.
+// whatever rows run with it, RMSNorm against the CPU's norm, the MLP's
+// activation to the bit, and the argmax to the CPU's index.
 // The emulator's macros come before the kernels.
 // clang-format off
 #define TANDEM_SIMT 1
@@ -206,6 +206,39 @@ TEST(SimtBf16OpsTest, RmsNormMatchesTheCpusNorm) {
         ASSERT_NEAR(model::BFloat16ToFloat(got[static_cast<size_t>(r) * dim + j]), ref,
                     2e-3 + std::fabs(ref) / 128)
             << "dim " << dim << " row " << r << " element " << j;
+      }
+    }
+  }
+}
+
+// act(gate) * up for every element of every row, each written once, to
+// the bit of the per-element arithmetic (the emulator's __expf): widths
+// that take 16-byte loads (700, Llama's 8,192) and one that does not (702),
+// both activations, and more rows than the grid has (the row loop).
+TEST(SimtBf16OpsTest, SiluMulWritesEveryElementOnce) {
+  for (const int32_t hidden : {700, 702, 8192}) {
+    for (const ActKind kind : {ActKind::kSilu, ActKind::kGeluTanh}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "hidden " << hidden << " gelu " << (kind == ActKind::kGeluTanh));
+      const int32_t rows = 5;
+      const auto gu = RandomVector(static_cast<size_t>(rows) * 2 * hidden, 9, 6.0f);
+      std::vector<Bf16> got(static_cast<size_t>(rows) * hidden,
+                            model::FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()));
+      const int v = hidden % 4 == 0 ? 4 : 1;
+      const simt::Dim3 grid{static_cast<unsigned>((hidden + 256 * v - 1) / (256 * v)), 2, 1};
+      simt::Launch(grid, simt::Dim3{256, 1, 1}, 0, [&] {
+        v == 4 ? cuda::SiluMulKernel<4>(gu.data(), hidden, rows, got.data(), kind)
+               : cuda::SiluMulKernel<1>(gu.data(), hidden, rows, got.data(), kind);
+      });
+      for (int32_t r = 0; r < rows; ++r) {
+        for (int32_t c = 0; c < hidden; ++c) {
+          const float g = gu[static_cast<size_t>(r) * 2 * hidden + c];
+          const float u = gu[static_cast<size_t>(r) * 2 * hidden + hidden + c];
+          const float want =
+              kind == ActKind::kGeluTanh ? GeluTanhMul(g, u) : g / (1.0f + __expf(-g)) * u;
+          ASSERT_EQ(got[static_cast<size_t>(r) * hidden + c], model::FloatToBFloat16(want))
+              << "row " << r << " column " << c;
+        }
       }
     }
   }
