@@ -2,7 +2,8 @@
 // limits (issue 15), not against a peer: decode against the HBM roofline,
 // prefill against the dense bf16 tensor-core peak.
 //
-//   bench_cuda [--shape llama-3.2-1b|tinyllama-1.1b|gemma-2-2b|FILE] [--dtype bfloat16]
+//   bench_cuda [--shape llama-3.2-1b|tinyllama-1.1b|qwen2.5-1.5b|gemma-2-2b|FILE]
+//              [--dtype bfloat16]
 //              [--batches 1,8,32,128,256] [--context 512] [--steps 32]
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
 //              [--attention tensor-cores|tensor-cores-gemma|split-k]
@@ -109,6 +110,21 @@ ModelConfig ShapeConfig(const std::string& name) {
     return ModelConfig{.dim = 2048, .hidden_dim = 5632, .num_layers = 22, .num_heads = 32,
                        .num_kv_heads = 4, .vocab_size = 32000, .max_seq_len = 16384,
                        .head_size = 64, .rope_style = RopeStyle::kRotateHalf};
+  }
+  if (name == "qwen2.5-1.5b") {
+    // Qwen2.5-1.5B's matrices and attention (head size 128, GQA 6: the
+    // attention of the 7-8B models people serve); no q/k/v biases.
+    return ModelConfig{.family = ModelFamily::kLlama,
+                       .dim = 1536,
+                       .hidden_dim = 8960,
+                       .num_layers = 28,
+                       .num_heads = 12,
+                       .num_kv_heads = 2,
+                       .vocab_size = 151936,
+                       .max_seq_len = 16384,
+                       .head_size = 128,
+                       .rope_style = RopeStyle::kRotateHalf,
+                       .rope_theta = 1000000.0f};
   }
   if (name == "gemma-2-2b") {
     // Gemma 2 2B's matrices and attention: head size 256, scores softcapped
@@ -290,7 +306,8 @@ int main(int argc, char** argv) {
   double hbm_tbps = 3.35, peak_tflops = 989;
   tandem::FlagSet flags("bench_cuda", "Decode and prefill speed of the CUDA runner.");
   flags.Add("shape", &shape,
-            "llama-3.2-1b | tinyllama-1.1b | gemma-2-2b (random weights) | a checkpoint");
+            "llama-3.2-1b | tinyllama-1.1b | qwen2.5-1.5b | gemma-2-2b (random weights) | "
+            "a checkpoint");
   flags.Add("dtype", &dtype_name, "float32 | bfloat16");
   flags.Add("batches", &batches, "decode batch sizes");
   flags.Add("context", &context, "KV tokens per sequence before the timed decode steps");

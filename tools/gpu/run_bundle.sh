@@ -97,20 +97,23 @@ if [ "$what" = bench1 ] || [ "$what" = bench ] || [ "$what" = all ]; then
   # The default decode and prefill lines, decode steps that draw with top-p
   # on the device (less the greedy line: the sampler's cost), prefills that
   # score every prompt token (less the plain prefill: prompt logprobs'
-  # cost), the other shapes and the float32 mode; then PyTorch (with vLLM's
-  # way of top-p sampling and of prompt logprobs). What the 2026-11-30 H200
-  # run settled is left out (DESIGN-NOTES "round three, measured"); its
-  # flags stay for a run by hand: --cuda-graphs off, --decode-attention
-  # auto|per-row, --dependent-launch on, --attention split-k.
+  # cost), the other shapes (Qwen2.5-1.5B's: head size 128) and the float32
+  # mode; then PyTorch (with vLLM's way of top-p sampling and of prompt
+  # logprobs). What the 2026-11-30 H200 run settled is left out
+  # (DESIGN-NOTES "round three, measured"); its flags stay for a run by
+  # hand: --cuda-graphs off, --decode-attention auto|per-row,
+  # --dependent-launch on, --attention split-k.
   bench_line --shape llama-3.2-1b
   bench_line --shape llama-3.2-1b --prefill= --batches 1,32,256 --sampling top-p
   bench_line --shape llama-3.2-1b --batches= --prefill 512,2048 --prompt-logprobs 20
   bench_line --shape tinyllama-1.1b --batches 1,32,256
+  bench_line --shape qwen2.5-1.5b --batches 1,32,256
   bench_line --shape "$here/shared/models/stories260K.bin" --context 128 --prefill 256 --batches 1,32,256
   bench_line --shape llama-3.2-1b --dtype float32 --batches 1,32 --prefill 512
   anchor_line --shape llama-3.2-1b --sample-batches 1,32,256
   anchor_line --shape tinyllama-1.1b --sample-batches 1,32,256
   anchor_line --shape llama-3.2-1b --prefill 512,2048 --prompt-logprobs 20
+  anchor_line --shape qwen2.5-1.5b
   anchor_line --shape gemma-2-2b
 fi
 if [ "$what" = bench2 ] || [ "$what" = bench ] || [ "$what" = all ]; then

@@ -33,6 +33,9 @@ SHAPES = {
     "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                            num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
                            rope_theta=10000.0, head_dim=64),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                         rope_theta=1000000.0, head_dim=128),
     # bench_cuda's gemma-2-2b: transformers' own Gemma 2 (its norms, its
     # final softcap), with the attention through the implementation named
     # in the output line (SDPA takes no softcap: transformers passes it only
