@@ -207,6 +207,21 @@ int StreamWaitEvent(void* stream, void* event) {
 
 int EventSynchronize(void* event) { return cudaEventSynchronize(static_cast<cudaEvent_t>(event)); }
 
+int TimedEventCreate(void** event) {
+  cudaEvent_t e = nullptr;
+  const cudaError_t err = cudaEventCreate(&e);
+  *event = e;
+  return err;
+}
+
+int EventElapsedSeconds(void* from, void* to, double* seconds) {
+  float ms = 0.0f;
+  const cudaError_t err =
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to));
+  *seconds = ms * 1e-3;
+  return err;
+}
+
 int EventQuery(void* event, bool* done) {
   const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
   *done = e != cudaErrorNotReady;

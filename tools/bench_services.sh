@@ -5,8 +5,9 @@
 # SchedulerOutput size and serialize time at 256 running requests, measured
 # inside the running scheduler (GetStats) under a 256-concurrency bench, with
 # tandem-wire-bench's offline figure beside it.
-# With --backend sim (5 ms steps, no math) the worker-idle figure is the
-# DESIGN §8 "GPU idle between steps" measure.
+# "device idle between steps" is DESIGN §8's "GPU idle between steps" on the
+# device's own clock (CUDA events; with --backend sim, 5 ms steps and no
+# math, the modelled device), beside the worker's wall-clock figure.
 # Usage: tools/bench_services.sh [--build-dir DIR] [--backend cpu|cuda|sim] [--output-len N]
 #        (DIR defaults to ./build)
 set -euo pipefail
@@ -20,7 +21,7 @@ while [ $# -gt 0 ]; do
     --build-dir) BUILD="$2"; shift ;;
     --backend) BACKEND="$2"; shift ;;
     --output-len) OUTPUT_LEN="$2"; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "unknown flag: $1" >&2; exit 2 ;;
   esac
   shift
@@ -49,9 +50,23 @@ for mode in sync async; do
   for _ in $(seq 1 300); do "$BUILD/tools/cli/tandem" info --server "${SERVER[$mode]}" >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
-worker_busy() {  # seconds the worker spent executing steps so far
+worker_series() {  # WORKER SERIES: a worker's metric, as it stands
   local url; url="$(grep -ho "http://[^ ]*/metrics" "$DIR/worker-$1.log" | head -1)"
-  curl -s "$url" | awk '/^tandem_worker_step_duration_seconds_sum/ {print $2}'
+  curl -s "$url" | awk -v n="$2" '$1 == n {print $2}'
+}
+# Seconds the worker spent executing steps so far (its wall clock).
+worker_busy() { worker_series "$1" tandem_worker_step_duration_seconds_sum; }
+# "busy idle": the device's own clock (CUDA events on cuda).
+device_times() {
+  echo "$(worker_series "$1" tandem_worker_device_busy_seconds_total)" \
+       "$(worker_series "$1" tandem_worker_device_idle_seconds_total)"
+}
+device_idle() {  # LABEL "busy0 idle0" "busy1 idle1": the device's idle share between them
+  awk -v l="$1" -v a="$2" -v b="$3" 'BEGIN { split(a, x, " "); split(b, y, " ");
+    busy = y[1] - x[1]; idle = y[2] - x[2]
+    if (busy + idle <= 0) { printf "  %s: no device time\n", l; exit }
+    printf "  %s: device idle between steps %.2f%% (device clock: %.1f ms idle, %.1f ms busy)\n",
+           l, 100 * idle / (busy + idle), 1e3 * idle, 1e3 * busy }'
 }
 echo "== services: backend $BACKEND, prompt $PROMPT_LEN tokens, output $OUTPUT_LEN tokens (EOS ignored), $(nproc) CPUs"
 for c in 32 64; do
@@ -65,8 +80,8 @@ for c in 32 64; do
       --label "$mode c=$c" 2>/dev/null > "$DIR/bench.out" &
     bench_pid=$!
     # Steady state: a window in the middle of the run, after the ramp-up.
-    sleep 0.6; busy_a="$(worker_busy "$mode")"; ta="$(date +%s.%N)"
-    sleep 0.8; busy_b="$(worker_busy "$mode")"; tb="$(date +%s.%N)"
+    sleep 0.6; busy_a="$(worker_busy "$mode")"; ta="$(date +%s.%N)"; dev_a="$(device_times "$mode")"
+    sleep 0.8; busy_b="$(worker_busy "$mode")"; tb="$(date +%s.%N)"; dev_b="$(device_times "$mode")"
     kill -0 "$bench_pid" 2>/dev/null && steady=1 || steady=0
     wait "$bench_pid" || true
     busy1="$(worker_busy "$mode")"; t1="$(date +%s.%N)"
@@ -78,6 +93,7 @@ for c in 32 64; do
       awk -v b0="$busy_a" -v b1="$busy_b" -v t0="$ta" -v t1="$tb" 'BEGIN {
         printf "  steady state (0.6-1.4 s into the run): worker idle between steps %.2f%%\n",
                100*(1-(b1-b0)/(t1-t0)) }'
+      device_idle "steady state" "$dev_a" "$dev_b"
     else
       echo "  (run shorter than 1.4 s: no steady-state window)"
     fi
@@ -98,8 +114,10 @@ for _ in $(seq 1 300); do "$BUILD/tools/cli/tandem" info --server "$S256" >/dev/
 stats() { "$BUILD/tools/cli/tandem" stats --server "$S256"; }
 echo "== per-step SchedulerOutput in the running scheduler, 256 concurrent requests (async)"
 stats > "$DIR/stats0.txt"
+dev0="$(device_times 256)"
 "$BUILD/tools/cli/tandem" bench --server "$S256" --concurrency 256 --num-requests 256 \
   --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --label "async c=256" 2>/dev/null
+device_idle "the whole run (ramp-up and down included)" "$dev0" "$(device_times 256)"
 stats > "$DIR/stats1.txt"
 awk 'FNR == 1 { f++ } { v[f, $1] = $2 }
   END {

@@ -31,6 +31,19 @@ absl::Status CudaRunnerBase::ForwardSample(std::span<const SequenceInput> batch,
   if (sample.size() != batch.size()) {
     return ModelRunner::ForwardSample(batch, sample, tokens, logprobs);
   }
+  // The device clock: from before the first upload to after the last kernel
+  // (StepEvents::MarkEnd below and in DeviceLogprobs); a failed step is not
+  // counted.
+  step_events_.Begin(stream_);
+  TANDEM_RETURN_IF_ERROR(SampleOnDevice(batch, sample, tokens, logprobs));
+  step_events_.Finish(&device_clock_);
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunnerBase::SampleOnDevice(std::span<const SequenceInput> batch,
+                                            std::span<const SampleRequest> sample,
+                                            std::vector<int32_t>* tokens,
+                                            std::vector<SampleLogprobs>* logprobs) {
   // The draws' arguments go up before the step: a synchronous copy after
   // it would wait for the step.
   TANDEM_ASSIGN_OR_RETURN(const std::vector<int32_t> drawn_rows, UploadDraws(sample));
@@ -47,6 +60,7 @@ absl::Status CudaRunnerBase::ForwardSample(std::span<const SequenceInput> batch,
                    sample_tokens_.get<int32_t>(), sample_scratch_.get<float>(), stream_),
         "sample"));
   }
+  step_events_.MarkEnd(stream_);  // the downloads are a few bytes
   std::vector<int32_t> greedy(static_cast<size_t>(rows));
   TANDEM_RETURN_IF_ERROR(CudaStatus(
       kd::CopyToHost(greedy.data(), argmax_.get<int32_t>(), greedy.size() * sizeof(int32_t)),
@@ -99,6 +113,7 @@ absl::Status CudaRunnerBase::DeviceLogprobs(std::span<const SequenceInput> batch
                    logprob_results_.get<kernels::LogprobResult>(), logprob_top_ids_.get<int32_t>(),
                    logprob_top_values_.get<float>(), stream_),
       "logprobs"));
+  step_events_.MarkEnd(stream_);
   std::vector<kernels::LogprobResult> results(jobs.size());
   std::vector<int32_t> top_ids(static_cast<size_t>(top_total));
   std::vector<float> top_values(static_cast<size_t>(top_total));

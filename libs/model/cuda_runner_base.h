@@ -21,6 +21,7 @@
 #include "cpu_runner.h"
 #include "cuda_buffers.h"
 #include "decode_graphs.h"
+#include "step_events.h"
 #include "tandem/common/pinned_memory.h"
 #include "tandem/common/status.h"
 #include "tandem/kernels/attention_plan.h"
@@ -92,6 +93,10 @@ class CudaRunnerBase : public ModelRunner {
   absl::Status ForwardSample(std::span<const SequenceInput> batch,
                              std::span<const SampleRequest> sample, std::vector<int32_t>* tokens,
                              std::vector<SampleLogprobs>* logprobs) override;
+  // ForwardSample's step, which StepEvents times.
+  absl::Status SampleOnDevice(std::span<const SequenceInput> batch,
+                              std::span<const SampleRequest> sample, std::vector<int32_t>* tokens,
+                              std::vector<SampleLogprobs>* logprobs);
 
   std::span<std::byte> BlockBytes(int32_t) override { return {}; }
   int64_t graph_replays() const override { return graph_replays_; }
@@ -249,6 +254,7 @@ class CudaRunnerBase : public ModelRunner {
   int64_t graph_replays_ = 0;
   BlockCopies copies_out_;  // CopyBlocksToHostAsync's
   BlockCopies copies_in_;   // CopyBlocksFromHostAsync's
+  StepEvents step_events_;  // ForwardSample's device clock
 };
 
 // The two modes, initialized by the caller (Init).

@@ -163,6 +163,8 @@ absl::Status ModelRunner::ForwardSample(std::span<const SequenceInput> batch,
                                                    " sample requests for ", batch.size(),
                                                    " sequences"));
   }
+  // The CPU is this backend's device: the step is busy from here to the end.
+  const DeviceClock::Scope step(&device_clock_);
   std::vector<float> logits;
   TANDEM_RETURN_IF_ERROR(Forward(batch, &logits));
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);

@@ -31,6 +31,7 @@ absl::Status SimBackend::ForwardSample(std::span<const model::SequenceInput> bat
                                        std::span<const model::SampleRequest> sample,
                                        std::vector<int32_t>* tokens,
                                        std::vector<model::SampleLogprobs>* logprobs) {
+  const model::DeviceClock::Scope step(&clock_);
   int64_t total = 0;
   for (const model::SequenceInput& in : batch) total += std::ssize(in.token_ids);
   std::this_thread::sleep_for(std::chrono::microseconds(step_us_ + token_us_ * total));

@@ -127,10 +127,17 @@ WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* regist
             {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
         metrics::AddGauge(r, "tandem_worker_num_requests_active",
                           "Requests the worker holds batch state for."),
+        metrics::AddCounter(r, "tandem_worker_device_busy_seconds_total",
+                            "Time the device ran steps, on its own clock (CUDA events; the cpu "
+                            "and sim backends: the monotonic clock around the forward pass)."),
+        metrics::AddCounter(r, "tandem_worker_device_idle_seconds_total",
+                            "Device time from one step's end to the next one's start: the "
+                            "host's work between steps, or no work at all."),
     });
     kv_metrics_ = std::make_unique<WorkerKvMetrics>(r);
   }
   loop_ = std::thread([this] { Loop(); });
+  send_loop_ = std::thread([this] { SendLoop(); });
 }
 
 WorkerService::~WorkerService() { Stop(); }
@@ -142,6 +149,50 @@ void WorkerService::Stop() {
   }
   cv_.notify_all();
   if (loop_.joinable()) loop_.join();
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    send_stopping_ = true;  // the outputs already sent still go out first
+  }
+  send_cv_.notify_all();
+  if (send_loop_.joinable()) send_loop_.join();
+}
+
+void WorkerService::Send(Stream* stream, sched::ModelRunnerOutput out) {
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    sends_.emplace_back(stream, std::move(out));
+  }
+  send_cv_.notify_all();
+}
+
+void WorkerService::FlushSends() {
+  std::unique_lock<std::mutex> lock(send_mu_);
+  send_cv_.wait(lock, [&] { return sends_.empty() && !sending_; });
+}
+
+void WorkerService::SendLoop() {
+  v1::ModelRunnerOutput proto;  // reused: its repeated fields keep their room
+  for (;;) {
+    std::pair<Stream*, sched::ModelRunnerOutput> send;
+    {
+      std::unique_lock<std::mutex> lock(send_mu_);
+      send_cv_.wait(lock, [&] { return send_stopping_ || !sends_.empty(); });
+      if (sends_.empty()) return;  // stopping, everything written
+      send = std::move(sends_.front());
+      sends_.pop_front();
+      sending_ = true;
+    }
+    proto.Clear();
+    rpc::ToProto(send.second, &proto);
+    // A failed write means the stream is gone; its reader sees that too and
+    // posts the end marker, which waits for this loop (FlushSends).
+    send.first->Write(proto);
+    {
+      std::lock_guard<std::mutex> lock(send_mu_);
+      sending_ = false;
+    }
+    send_cv_.notify_all();
+  }
 }
 
 absl::Status WorkerService::Load() {
@@ -292,17 +343,30 @@ grpc::Status WorkerService::Execute(grpc::ServerContext* context, Stream* stream
                         "another scheduler stream is attached to this worker");
   }
   TANDEM_LOG(INFO) << "scheduler attached from " << context->peer();
+  v1::SchedulerOutput proto;  // reused
   for (;;) {
-    auto step = std::make_unique<v1::SchedulerOutput>();
-    if (!stream->Read(step.get())) break;
+    if (!stream->Read(&proto)) break;
+    // Read into the step's struct here, while the loop runs the step before.
+    Work work{.step = std::make_unique<sched::SchedulerOutput>(),
+              .step_id = proto.step_id(),
+              .scheduled_tokens = proto.total_num_scheduled_tokens(),
+              .stream = stream};
+    work.read = rpc::FromProto(proto, work.step.get());
+    if (std::find(debug_reject_steps_.begin(), debug_reject_steps_.end(), proto.step_id()) !=
+        debug_reject_steps_.end()) {
+      work.read = absl::InvalidArgumentError(absl::StrCat(
+          "step ", proto.step_id(), " could not be read (TEST-ONLY --debug-reject-steps)"));
+    }
+    // A step with nothing to compute may be waiting for a load: one that
+    // computes or begins loads goes first (an empty one behind it would
+    // only wait too).
+    work.urgent =
+        proto.total_num_scheduled_tokens() != 0 || proto.kv_connector_metadata().loads_size() != 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      // A step with nothing to compute may be waiting for a load: one that
-      // computes or begins loads goes first (an empty one behind it would
-      // only wait too). Under mu_, ordered with Loop's update.
-      const bool urgent = step->total_num_scheduled_tokens() != 0 ||
-                          step->kv_connector_metadata().loads_size() != 0;
-      queue_.push_back({std::move(step), stream, nullptr, urgent});
+      // Under mu_, ordered with Loop's update.
+      const bool urgent = work.urgent;
+      queue_.push_back(std::move(work));
       if (urgent) ++num_urgent_queued_;
       if (kv_connector_ != nullptr) kv_connector_->SetStepQueued(num_urgent_queued_ > 0);
     }
@@ -314,7 +378,7 @@ grpc::Status WorkerService::Execute(grpc::ServerContext* context, Stream* stream
   std::future<void> finished = done->get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({nullptr, stream, done, /*urgent=*/true});
+    queue_.push_back({.stream = stream, .done = done, .urgent = true});
     ++num_urgent_queued_;
     if (kv_connector_ != nullptr) kv_connector_->SetStepQueued(true);
   }
@@ -326,7 +390,6 @@ grpc::Status WorkerService::Execute(grpc::ServerContext* context, Stream* stream
 }
 
 void WorkerService::Loop() {
-  v1::ModelRunnerOutput out_proto;  // reused: its repeated fields keep their room
   for (;;) {
     Work work;
     {
@@ -340,25 +403,19 @@ void WorkerService::Loop() {
       if (kv_connector_ != nullptr) kv_connector_->SetStepQueued(num_urgent_queued_ > 0);
     }
     if (work.step == nullptr) {
+      FlushSends();  // the stream goes once Execute returns
       executor_->Reset("scheduler-detached");
       num_active_requests_.store(0);
       work.done->set_value();
       continue;
     }
     const int64_t start_ns = MonotonicNanos();
-    sched::SchedulerOutput step;
-    absl::Status read = rpc::FromProto(*work.step, &step);
-    if (std::find(debug_reject_steps_.begin(), debug_reject_steps_.end(), work.step->step_id()) !=
-        debug_reject_steps_.end()) {
-      read = absl::InvalidArgumentError(absl::StrCat(
-          "step ", work.step->step_id(), " could not be read (TEST-ONLY --debug-reject-steps)"));
-    }
-    sched::ModelRunnerOutput out = read.ok() ? executor_->Execute(std::move(step))
-                                             : executor_->Reject(work.step->step_id(), read);
+    sched::ModelRunnerOutput out = work.read.ok() ? executor_->Execute(std::move(*work.step))
+                                                  : executor_->Reject(work.step_id, work.read);
     if (metrics_ != nullptr) {
       metrics_->steps.Increment();
       metrics_->step_duration.Observe((MonotonicNanos() - start_ns) * 1e-9);
-      metrics_->scheduled_tokens.Increment(work.step->total_num_scheduled_tokens());
+      metrics_->scheduled_tokens.Increment(static_cast<double>(work.scheduled_tokens));
       if (out.error.empty()) {
         int64_t sampled = 0;
         for (const sched::SampledTokens& t : out.sampled) sampled += std::ssize(t.token_ids);
@@ -367,15 +424,15 @@ void WorkerService::Loop() {
         metrics_->step_errors.Increment();
       }
       metrics_->active_requests.Set(executor_->num_requests());
+      const model::DeviceTime device = backend_->device_time();
+      metrics_->device_busy.Increment(device.busy_s - device_seen_.busy_s);
+      metrics_->device_idle.Increment(device.idle_between_s - device_seen_.idle_between_s);
+      device_seen_ = device;
       if (kv_connector_ != nullptr) kv_metrics_->Mirror(kv_connector_->stats());
     }
     num_active_requests_.store(executor_->num_requests());
     num_steps_.fetch_add(1);
-    out_proto.Clear();
-    rpc::ToProto(out, &out_proto);
-    // A failed write means the stream is gone; the reader sees it too and
-    // posts the end marker.
-    work.stream->Write(out_proto);
+    Send(work.stream, std::move(out));
   }
 }
 

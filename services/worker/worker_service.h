@@ -129,7 +129,12 @@ class WorkerService final : public v1::Worker::Service {
  private:
   using Stream = grpc::ServerReaderWriter<v1::ModelRunnerOutput, v1::SchedulerOutput>;
   struct Work {
-    std::unique_ptr<v1::SchedulerOutput> step;  // null: the stream ended
+    // The step as the stream's thread read it (while the step before ran),
+    // or why it could not be read; null: the stream ended.
+    std::unique_ptr<sched::SchedulerOutput> step;
+    absl::Status read;
+    uint64_t step_id = 0;
+    int64_t scheduled_tokens = 0;
     Stream* stream = nullptr;
     std::shared_ptr<std::promise<void>> done;  // set for the end marker
     // Computes, begins loads, or ends the stream: a step waiting for loads
@@ -138,6 +143,13 @@ class WorkerService final : public v1::Worker::Service {
   };
 
   void Loop();
+  // The outputs go out on a thread of their own, in order, so the next step
+  // begins once a step's forward pass and sampling are done, not once its
+  // output is serialized and written (DESIGN §8's GPU idle between steps).
+  void Send(Stream* stream, sched::ModelRunnerOutput out);
+  // Returns once every output sent so far is written (or its stream failed).
+  void FlushSends();
+  void SendLoop();
 
   const WorkerOptions options_;
   std::unique_ptr<model::Model> model_;
@@ -157,6 +169,13 @@ class WorkerService final : public v1::Worker::Service {
   bool stopping_ = false;
   std::thread loop_;
 
+  std::mutex send_mu_;
+  std::condition_variable send_cv_;
+  std::deque<std::pair<Stream*, sched::ModelRunnerOutput>> sends_;
+  bool sending_ = false;  // SendLoop holds one taken from sends_
+  bool send_stopping_ = false;
+  std::thread send_loop_;
+
   struct Metrics {
     prometheus::Counter& steps;
     prometheus::Counter& step_errors;
@@ -164,8 +183,11 @@ class WorkerService final : public v1::Worker::Service {
     prometheus::Counter& sampled_tokens;
     prometheus::Histogram& step_duration;
     prometheus::Gauge& active_requests;
+    prometheus::Counter& device_busy;
+    prometheus::Counter& device_idle;
   };
   std::unique_ptr<Metrics> metrics_;
+  model::DeviceTime device_seen_;                // what metrics_ has of backend_->device_time()
   std::unique_ptr<WorkerKvMetrics> kv_metrics_;  // with metrics_
   // The KV connector's worker role (null without --kvstore). Its loads are
   // read on a thread of its own and copied into the cache on the loop

@@ -97,6 +97,20 @@ def check_scheduler_series(text):
     print(f"scheduler: {len(SCHEDULER_SERIES)} admission/latency families, all with model_name")
 
 
+def check_worker_device_series(text):
+    """The device's own clock (issue 31): its busy time lies within the
+    steps' wall time, and it is not zero after steps that ran the model."""
+    steps = value(text, "tandem_worker_steps_total")
+    busy = value(text, "tandem_worker_device_busy_seconds_total")
+    idle = value(text, "tandem_worker_device_idle_seconds_total")
+    wall = value(text, "tandem_worker_step_duration_seconds_sum")
+    assert steps and steps > 0, text
+    assert busy is not None and 0 < busy <= wall, f"device busy {busy} s, steps' wall time {wall} s"
+    assert idle is not None and idle > 0, f"device idle {idle} s between {steps:.0f} steps"
+    print(f"worker: device busy {busy * 1e3:.1f} ms, idle between steps {idle * 1e3:.1f} ms, "
+          f"{steps:.0f} steps taking {wall * 1e3:.1f} ms")
+
+
 def check_worker_kv_series(port, stored_by_store, deadline):
     """The worker's side of the stores (issue 32): the blocks the store
     acknowledged, mirrored after each step (the engine sends empty steps
@@ -396,6 +410,7 @@ def main():
             assert (value(kv_text, series) or 0) > 0, f"{series} did not move:\n{kv_text}"
         check_worker_kv_series(ports["worker"], value(kv_text, "tandem_kvstore_blocks_stored_total"),
                                deadline)
+        check_worker_device_series(scrape(ports["worker"]))
         check_scheduler_series(scrape(ports["scheduler"]))
         check_concurrent_scrapes(ports["scheduler"], scrape_hosts)
         finished = value(scrape(ports["scheduler"]), "tandem_scheduler_requests_finished_total")

@@ -66,6 +66,11 @@ int EventSynchronize(void* event);
 // *done: whether the work before the event has finished (cudaEventQuery);
 // returns that work's error, if any.
 int EventQuery(void* event, bool* done);
+// An event that keeps the time it happened at, and the seconds between two
+// such events that have both happened (cudaEventElapsedTime: about half a
+// microsecond's resolution).
+int TimedEventCreate(void** event);
+int EventElapsedSeconds(void* from, void* to, double* seconds);
 
 int EmbeddingGather(const float* table, int32_t dim, const int32_t* tokens, int32_t rows,
                     float* out);

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tandem/model/device_time.h"
 #include "tandem/model/model.h"
 #include "tandem/model/sampler.h"
 
@@ -229,6 +230,11 @@ class ModelRunner {
   // ModelRunnerOptions::cuda_graphs; 0 elsewhere).
   virtual int64_t graph_replays() const { return 0; }
 
+  // ForwardSample's steps as the device saw them (device_time.h): on CUDA by
+  // events at each step's first and last device work, on the CPU backend by
+  // the monotonic clock around the step.
+  const DeviceTime& device_time() const { return device_clock_.time(); }
+
   const Model& model() const { return *model_; }
   Backend backend() const { return backend_; }
   int32_t num_blocks() const { return opts_.num_blocks; }
@@ -288,6 +294,8 @@ class ModelRunner {
  protected:
   ModelRunner(const Model* model, KvCacheOptions opts, Backend backend)
       : model_(model), opts_(opts), backend_(backend) {}
+  // What ForwardSample adds each step to (device_time()).
+  DeviceClock device_clock_;
   // Checks the batch against the cache and the model (see Forward).
   absl::Status ValidateBatch(std::span<const SequenceInput> batch) const;
   // Checks a block copy's id and host buffer size (CopyBlockToHost/FromHost).

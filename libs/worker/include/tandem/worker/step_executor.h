@@ -67,6 +67,9 @@ class StepBackend {
                                      std::span<const model::SampleRequest> sample,
                                      std::vector<int32_t>* tokens,
                                      std::vector<model::SampleLogprobs>* logprobs) = 0;
+  // The steps so far on the device's own clock (model/device_time.h); a
+  // backend that keeps none reports zeros.
+  virtual model::DeviceTime device_time() const { return {}; }
 };
 
 // The real model (owned elsewhere; must outlive the backend).
@@ -79,6 +82,7 @@ class RunnerBackend final : public StepBackend {
                              std::vector<model::SampleLogprobs>* logprobs) override {
     return runner_->ForwardSample(batch, sample, tokens, logprobs);
   }
+  model::DeviceTime device_time() const override { return runner_->device_time(); }
 
  private:
   model::ModelRunner* const runner_;
@@ -100,6 +104,9 @@ class SimBackend final : public StepBackend {
                              std::span<const model::SampleRequest> sample,
                              std::vector<int32_t>* tokens,
                              std::vector<model::SampleLogprobs>* logprobs) override;
+  // The modelled device: busy for the step's delay and its fake logits and
+  // sampling (what a GPU step would run), by the monotonic clock.
+  model::DeviceTime device_time() const override { return clock_.time(); }
 
  private:
   [[nodiscard]] bool IsEos(int32_t token) const;
@@ -109,6 +116,7 @@ class SimBackend final : public StepBackend {
   const int32_t vocab_size_;
   const std::vector<int32_t> eos_token_ids_;
   const int32_t step_us_, token_us_;
+  model::DeviceClock clock_;
 };
 
 struct StepExecutorOptions {
