@@ -2,7 +2,8 @@
 // through the SIMT emulator (simt/simt.h): the GEMV and the tensor-core
 // GEMM against a double-precision product and to the same bits for a row
 // whatever rows run with it, RMSNorm against the CPU's norm, the MLP's
-// activation to the bit, and the argmax to the CPU's index.
+// activation to the bit, RoPE and the KV write against the CPU's, and the
+// argmax to the CPU's index.
 // The emulator's macros come before the kernels.
 // clang-format off
 #define TANDEM_SIMT 1
@@ -55,7 +56,8 @@ float GemvInLaneOrder(const Bf16* w_row, const Bf16* x_row, int32_t in_dim) {
   for (int32_t l = 0; l < 32; ++l) {
     for (int32_t k = l; k < in_dim / 8; k += 32) {
       for (int32_t e = 0; e < 8; ++e) {
-        lane[l] += model::BFloat16ToFloat(w_row[k * 8 + e]) * model::BFloat16ToFloat(x_row[k * 8 + e]);
+        lane[l] +=
+            model::BFloat16ToFloat(w_row[k * 8 + e]) * model::BFloat16ToFloat(x_row[k * 8 + e]);
       }
     }
   }
@@ -238,6 +240,70 @@ TEST(SimtBf16OpsTest, SiluMulWritesEveryElementOnce) {
               kind == ActKind::kGeluTanh ? GeluTanhMul(g, u) : g / (1.0f + __expf(-g)) * u;
           ASSERT_EQ(got[static_cast<size_t>(r) * hidden + c], model::FloatToBFloat16(want))
               << "row " << r << " column " << c;
+        }
+      }
+    }
+  }
+}
+
+// RoPE on q and k in place and k/v into the bf16 cache, against cpu::Rope
+// and cpu::KvWrite: both RoPE layouts, Llama 3's amplitude, partial RoPE
+// (Phi-4-mini's 0.75 of 128: the elements it leaves must still reach the
+// cache), GQA, a row without a slot (nothing written), and a cache that is
+// NaN wherever no slot is written (a stray write shows).
+TEST(SimtBf16OpsTest, RopeAndKvWriteMatchTheCpu) {
+  for (RopeKind kind : {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf}) {
+    const float amplitude = kind == RopeKind::kRotateHalf ? 1.19f : 1.0f;
+    for (auto [heads, kv_heads, hs] :
+         std::vector<std::tuple<int32_t, int32_t, int32_t>>{{8, 4, 8}, {7, 7, 64}, {32, 8, 128}}) {
+      SCOPED_TRACE(::testing::Message() << "heads " << heads << "/" << kv_heads << " hs " << hs);
+      const int32_t rotary_dim = hs == 128 ? 96 : 0;
+      const KvCacheShape shape{.num_blocks = 6,
+                               .num_layers = 2,
+                               .block_size = 16,
+                               .num_kv_heads = kv_heads,
+                               .head_size = hs};
+      const int32_t rows = 3, stride = (heads + 2 * kv_heads) * hs;
+      const std::vector<int32_t> pos = {0, 17, 511};
+      const std::vector<int64_t> slots = {5 * 16 + 3, -1, 2 * 16 + 15};
+      std::vector<float> qkv = RandomVector(static_cast<size_t>(rows) * stride, 7);
+      std::vector<float> q, k, v;
+      for (int32_t r = 0; r < rows; ++r) {
+        const float* row = &qkv[static_cast<size_t>(r) * stride];
+        q.insert(q.end(), row, row + heads * hs);
+        k.insert(k.end(), row + heads * hs, row + (heads + kv_heads) * hs);
+        v.insert(v.end(), row + (heads + kv_heads) * hs, row + stride);
+      }
+      cpu::Rope(q.data(), rows, pos.data(), heads, hs, kind, 10000.0f, nullptr, amplitude,
+                rotary_dim);
+      cpu::Rope(k.data(), rows, pos.data(), kv_heads, hs, kind, 10000.0f, nullptr, amplitude,
+                rotary_dim);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> want(static_cast<size_t>(shape.BlockFloats() * shape.num_blocks), nan);
+      cpu::KvWrite(want.data(), shape, 1, k.data(), v.data(), rows, slots.data());
+      std::vector<Bf16> cache(want.size(), model::FloatToBFloat16(nan));
+      const int32_t pairs = (heads + 2 * kv_heads) * (hs / 2);
+      simt::Launch(
+          simt::Dim3{static_cast<unsigned>(rows),
+                     static_cast<unsigned>((pairs + cuda::kRopeThreads - 1) / cuda::kRopeThreads),
+                     1},
+          simt::Dim3{cuda::kRopeThreads, 1, 1}, 0, [&] {
+            cuda::RopeKvWriteKernel(qkv.data(), stride, pos.data(), heads, shape, kind, 10000.0f,
+                                    nullptr, amplitude, rotary_dim, cache.data(), 1, slots.data());
+          });
+      for (int32_t r = 0; r < rows; ++r) {
+        for (int32_t i = 0; i < heads * hs; ++i) {
+          ASSERT_NEAR(qkv[static_cast<size_t>(r) * stride + i],
+                      q[static_cast<size_t>(r) * heads * hs + i], 1e-4)
+              << "row " << r << " q element " << i;
+        }
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        const float got = model::BFloat16ToFloat(cache[i]);
+        if (std::isnan(want[i])) {
+          ASSERT_TRUE(std::isnan(got)) << "cache float " << i << " written, no slot holds it";
+        } else {
+          ASSERT_NEAR(got, want[i], 2e-3 + std::fabs(want[i]) / 128) << "cache float " << i;
         }
       }
     }
