@@ -6,11 +6,11 @@ namespace tandem::kernels {
 
 AttentionPlan PlanAttention(std::span<const int32_t> row_pos,
                             std::span<const int32_t> row_table_offset, int32_t head_size,
-                            int32_t group, bool tensor_cores) {
+                            int32_t group, bool tensor_cores, bool wide) {
   AttentionPlan plan;
   const int32_t n = static_cast<int32_t>(row_pos.size());
   const bool tiles = tensor_cores && TensorCorePrefillHeadSize(head_size) && group > 0;
-  const int32_t tile = tiles ? TensorCoreTilePositions(head_size, group) : 0;
+  const int32_t tile = tiles ? TensorCoreTilePositions(head_size, group, wide) : 0;
   int32_t begin = 0;
   while (begin < n) {
     // The run of one sequence's consecutive positions starting at `begin`.

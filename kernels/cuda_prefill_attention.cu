@@ -7,9 +7,9 @@
 // attention_plan.h's TensorCore* functions say, so the K/V a block reads
 // serves every query head of the GQA group it holds. Each of the 4 warps
 // owns kMT MMA tiles of 16 rows, its Q fragments in registers (head size
-// 256: in shared memory, read by ldmatrix for each MMA, as FlashAttention-2
-// reads them; their 64 registers a thread would not fit beside the output's
-// 128). Per step of kBN keys the block copies K and V rows from the cache's
+// 256, and 128 in the wide block: in shared memory, read by ldmatrix for
+// each MMA, as FlashAttention-2 reads them; in registers they would not fit
+// beside the output's 128). Per step of kBN keys the block copies K and V rows from the cache's
 // blocks into shared memory with cp.async, the next step's copy in flight
 // while this one computes (two stages); each warp computes S = Q K^T (K
 // fragments by ldmatrix), softcaps it where the model does (Gemma 2), masks
@@ -63,33 +63,36 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&out)[4], const Bf16* row) 
 #endif
 }
 
-template <int D>
-constexpr int kMT = TensorCoreBlockRows(D) / (kWarps * 16);  // MMA row tiles per warp
-// Keys per step: 64; 32 at head size 256, so that the two stages of K and V
-// and the Q tile (100 KiB) leave room for two blocks a multiprocessor.
-template <int D>
-constexpr int kKeysPerStep = D == 256 ? 32 : 64;
+// kWide: TensorCoreBlockRows' wide block (two tiles a warp at head size
+// 128), with Q's fragments in shared memory and 32 keys a step, as at 256.
+template <int D, bool kWide>
+constexpr int kMT = TensorCoreBlockRows(D, kWide) / (kWarps * 16);  // MMA row tiles per warp
 // Q's fragments in shared memory rather than registers (see the top).
-template <int D>
-constexpr bool kQShared = D == 256;
+template <int D, bool kWide>
+constexpr bool kQShared = D == 256 || (kWide && D == 128);
+// Keys per step: 64; 32 where Q is shared, so that the two stages of K and V
+// and the Q tile (at 256: 99 KiB) leave room for two blocks a
+// multiprocessor, and the wide block's scores fit its registers.
+template <int D, bool kWide>
+constexpr int kKeysPerStep = kQShared<D, kWide> ? 32 : 64;
 // Padded shared rows: ldmatrix's 8 row addresses of a phase hit distinct banks.
 template <int D>
 constexpr int kStride = D + 8;
 // 2 stages x K, V, then the Q tile where it is shared.
-template <int D>
-constexpr size_t kSharedBytes = size_t{2 * 2 * kKeysPerStep<D> +
-                                       (kQShared<D> ? TensorCoreBlockRows(D) : 0)} *
+template <int D, bool kWide>
+constexpr size_t kSharedBytes = size_t{2 * 2 * kKeysPerStep<D, kWide> +
+                                       (kQShared<D, kWide> ? TensorCoreBlockRows(D, kWide) : 0)} *
                                 kStride<D> * sizeof(Bf16);
 
 // kCap: Gemma 2's tanh softcapping of the scaled scores (a.softcap).
-template <int D, bool kCap>
+template <int D, bool kCap, bool kWide = false>
 __global__ void __launch_bounds__(kThreads)
     PrefillAttentionKernel(Bf16AttentionArgs a, KvLayerRows rows, const int32_t* tiles,
                            int32_t head_chunks) {
-  constexpr int MT = kMT<D>;
+  constexpr int MT = kMT<D, kWide>;
   constexpr int S = kStride<D>;
-  constexpr int kBN = kKeysPerStep<D>;
-  constexpr bool kQS = kQShared<D>;
+  constexpr int kBN = kKeysPerStep<D, kWide>;
+  constexpr bool kQS = kQShared<D, kWide>;
   TANDEM_DYNAMIC_SHARED(smem_raw);
   Bf16* const smem = reinterpret_cast<Bf16*>(smem_raw);
   auto k_stage = [&](int buf) { return smem + buf * 2 * kBN * S; };
@@ -103,8 +106,8 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t group = a.num_heads / sh.num_kv_heads;
   const int32_t kvh = static_cast<int32_t>(blockIdx.y) / head_chunks;
   const int32_t chunk = static_cast<int32_t>(blockIdx.y) % head_chunks;
-  const int32_t block_heads = TensorCoreBlockHeads(D, group);
-  const int32_t positions = TensorCoreTilePositions(D, group);
+  const int32_t block_heads = TensorCoreBlockHeads(D, group, kWide);
+  const int32_t positions = TensorCoreTilePositions(D, group, kWide);
   const int32_t head0 = kvh * group + chunk * block_heads;
   const int32_t heads_here = min(block_heads, group - chunk * block_heads);
   const int32_t pos0 = a.row_pos[first];
@@ -392,35 +395,35 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 #ifndef TANDEM_SIMT  // the CPU emulator runs the kernel itself
-template <int D, bool kCap>
+template <int D, bool kCap, bool kWide>
 int Launch(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles, void* stream) {
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once.
   static const cudaError_t opt_in = cudaFuncSetAttribute(
-      PrefillAttentionKernel<D, kCap>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(kSharedBytes<D>));
+      PrefillAttentionKernel<D, kCap, kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(kSharedBytes<D, kWide>));
   if (opt_in != cudaSuccess) return opt_in;
   const int32_t group = a.num_heads / a.shape.num_kv_heads;
-  const int32_t block_heads = TensorCoreBlockHeads(D, group);
+  const int32_t block_heads = TensorCoreBlockHeads(D, group, kWide);
   const int32_t head_chunks = (group + block_heads - 1) / block_heads;
   const dim3 grid(static_cast<unsigned>(num_tiles),
                   static_cast<unsigned>(a.shape.num_kv_heads * head_chunks));
-  PrefillAttentionKernel<D, kCap>
-      <<<grid, kThreads, kSharedBytes<D>, static_cast<cudaStream_t>(stream)>>>(
+  PrefillAttentionKernel<D, kCap, kWide>
+      <<<grid, kThreads, kSharedBytes<D, kWide>, static_cast<cudaStream_t>(stream)>>>(
           a, KvLayerRows(a.shape, a.layer), tiles, head_chunks);
   return cudaGetLastError();
 }
 
-template <int D>
+template <int D, bool kWide = false>
 int LaunchForCap(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles,
                  void* stream) {
-  return a.softcap > 0.0f ? Launch<D, true>(a, tiles, num_tiles, stream)
-                          : Launch<D, false>(a, tiles, num_tiles, stream);
+  return a.softcap > 0.0f ? Launch<D, true, kWide>(a, tiles, num_tiles, stream)
+                          : Launch<D, false, kWide>(a, tiles, num_tiles, stream);
 }
 
 }  // namespace
 
 int PrefillAttentionBf16(const Bf16AttentionArgs& a, const int32_t* tiles, int32_t num_tiles,
-                         void* stream) {
+                         void* stream, bool wide) {
   if (num_tiles == 0) return cudaSuccess;
   if (a.shape.num_kv_heads <= 0 || a.num_heads % a.shape.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
@@ -433,7 +436,8 @@ int PrefillAttentionBf16(const Bf16AttentionArgs& a, const int32_t* tiles, int32
     case 96:
       return LaunchForCap<96>(a, tiles, num_tiles, stream);
     case 128:
-      return LaunchForCap<128>(a, tiles, num_tiles, stream);
+      return wide ? LaunchForCap<128, true>(a, tiles, num_tiles, stream)
+                  : LaunchForCap<128>(a, tiles, num_tiles, stream);
     case 256:
       return LaunchForCap<256>(a, tiles, num_tiles, stream);
     default: return cudaErrorInvalidValue;

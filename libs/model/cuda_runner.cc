@@ -258,6 +258,8 @@ absl::Status CudaRunnerBase::InitCommon() {
   tensor_core_attention_ =
       tensor_core_attention_ && (!gemma_tiles || runner_opts_.tensor_core_prefill_gemma) &&
       opts_.dtype == DType::kBFloat16 && kd::DeviceHasTensorCoreAttention(device_);
+  prefill_wide_ =
+      tensor_core_attention_ && runner_opts_.tensor_core_prefill_wide && c.head_size == 128;
   decode_tensor_cores_ = decode_tensor_cores_ && opts_.dtype == DType::kBFloat16 &&
                          kernels::TensorCoreHeadSize(c.head_size) &&
                          kernels::TensorCoreDecodeBlockSize(opts_.block_size) &&
@@ -313,8 +315,9 @@ absl::Status CudaRunnerBase::Run(std::span<const SequenceInput> batch, bool argm
     return RunGraph(std::move(lay), bucket);
   }
   const ModelConfig& c = model_->config();
-  plan_ = kernels::PlanAttention(lay.row_pos, lay.row_table_offset, c.head_size,
-                                 c.num_heads / c.num_kv_heads, tensor_core_attention_);
+  plan_ =
+      kernels::PlanAttention(lay.row_pos, lay.row_table_offset, c.head_size,
+                             c.num_heads / c.num_kv_heads, tensor_core_attention_, prefill_wide_);
   StepInputs in;
   in.plan = &plan_;
   TANDEM_RETURN_IF_ERROR(Upload(lay, &in));

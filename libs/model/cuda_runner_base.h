@@ -169,6 +169,9 @@ class CudaRunnerBase : public ModelRunner {
   // ModelRunnerOptions::decode_attention_tensor_cores, where the device,
   // dtype and head size allow it.
   bool decode_tensor_cores_;
+  // ModelRunnerOptions::tensor_core_prefill_wide, where it applies (bf16,
+  // tensor-core attention, head size 128).
+  bool prefill_wide_ = false;
   DeviceMemory memory_;  // for gpu_memory_utilization
   KvCacheShape shape_;
   kd::BlasHandle* blas_ = nullptr;

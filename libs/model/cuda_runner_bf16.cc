@@ -147,8 +147,9 @@ class CudaBf16Runner final : public CudaRunnerBase {
                                        .rows = in.single_rows,
                                        .window = c.AttentionWindow(li),
                                        .softcap = c.attn_logit_softcap};
-      TANDEM_RETURN_IF_ERROR(ok(kd::PrefillAttentionBf16(args, in.tiles, in.plan->num_tiles(), st),
-                                "prefill attention"));
+      TANDEM_RETURN_IF_ERROR(
+          ok(kd::PrefillAttentionBf16(args, in.tiles, in.plan->num_tiles(), st, prefill_wide_),
+             "prefill attention"));
       TANDEM_RETURN_IF_ERROR(
           ok(decode_tensor_cores_
                  ? kd::DecodeAttentionTcBf16(args, in.plan->single_max_context,

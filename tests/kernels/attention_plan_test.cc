@@ -33,7 +33,8 @@ TEST(AttentionPlanTest, DecodeRowsStayOnTheSplitKKernel) {
   EXPECT_EQ(plan.single_max_context, 140);
 }
 
-// A block holds 128 MMA rows up to head size 64, 64 above; as many query
+// A block holds 128 MMA rows up to head size 64, 64 above (128 at 128 in the
+// wide block); as many query
 // heads of one KV head as fit 16 rows each, and the positions left for them
 // in multiples of 16.
 TEST(AttentionPlanTest, TileGeometryFollowsHeadSizeAndGroup) {
@@ -50,6 +51,18 @@ TEST(AttentionPlanTest, TileGeometryFollowsHeadSizeAndGroup) {
   Rows r;
   r.Add(0, 100);
   EXPECT_EQ(PlanAttention(r.pos, r.off, 64, 4, true).tiles,
+            (std::vector<int32_t>{0, 32, 32, 32, 64, 32, 96, 4}));
+  // The wide block: 128 rows at head size 128 (Qwen2.5's GQA 6 in one
+  // chunk), the same blocks at every other size.
+  for (const Case c : {Case{128, 1, 1, 128}, Case{128, 4, 4, 32}, Case{128, 6, 6, 16},
+                       Case{128, 8, 8, 16}, Case{128, 16, 8, 16}}) {
+    EXPECT_EQ(TensorCoreBlockHeads(c.hs, c.group, true), c.heads) << c.group;
+    EXPECT_EQ(TensorCoreTilePositions(c.hs, c.group, true), c.positions) << c.group;
+  }
+  for (const int32_t hs : {32, 64, 96, 256}) {
+    EXPECT_EQ(TensorCoreBlockRows(hs, true), TensorCoreBlockRows(hs)) << hs;
+  }
+  EXPECT_EQ(PlanAttention(r.pos, r.off, 128, 4, true, /*wide=*/true).tiles,
             (std::vector<int32_t>{0, 32, 32, 32, 64, 32, 96, 4}));
 }
 

@@ -326,7 +326,8 @@ AttentionCase DecodeBatch(int32_t batch, uint32_t seed, int32_t max_len) {
 void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
                       const testing::Tolerance& tol, AttentionPlan* plan_out,
                       int32_t splits_per_block = cuda::kAutoSplitsPerBlock,
-                      std::vector<Bf16>* bits = nullptr, bool decode_tc = false) {
+                      std::vector<Bf16>* bits = nullptr, bool decode_tc = false,
+                      bool wide = false) {
   AttentionProblem p = MakeAttentionProblem(c.heads, c.kv_heads, c.hs, c.block, c.seqs, seed);
   p.window = c.window;
   p.softcap = c.softcap;
@@ -360,8 +361,8 @@ void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
   DeviceVector<int32_t> d_pos(p.row_pos), d_off(p.row_table_offset), d_tables(p.block_tables);
   const int32_t rows = static_cast<int32_t>(p.row_pos.size());
   AttentionPlan& plan = *plan_out;
-  plan = PlanAttention(p.row_pos, p.row_table_offset, c.hs, c.heads / c.kv_heads,
-                       tensor_cores);
+  plan =
+      PlanAttention(p.row_pos, p.row_table_offset, c.hs, c.heads / c.kv_heads, tensor_cores, wide);
   DeviceVector<int32_t> d_single(plan.single_rows.empty() ? std::vector<int32_t>{0}
                                                           : plan.single_rows);
   DeviceVector<int32_t> d_tiles(plan.tiles.empty() ? std::vector<int32_t>{0} : plan.tiles);
@@ -384,7 +385,7 @@ void RunAttentionCase(const AttentionCase& c, uint32_t seed, bool tensor_cores,
   if (!tensor_cores) {
     EXPECT_EQ(plan.num_single_rows(), rows);
   }
-  CUDA_OK(cuda::PrefillAttentionBf16(args, d_tiles.get(), plan.num_tiles(), nullptr));
+  CUDA_OK(cuda::PrefillAttentionBf16(args, d_tiles.get(), plan.num_tiles(), nullptr, wide));
   EXPECT_EQ(decode_tc
                 ? cuda::DecodeAttentionTcBf16(args, plan.single_max_context, scratch.get(), nullptr)
                 : cuda::PagedAttentionBf16(args, plan.single_max_context, scratch.get(), nullptr,
@@ -464,7 +465,8 @@ constexpr testing::Tolerance kBf16TensorCoreTol{4e-3, 1.0 / 64};
 // earlier context, head sizes 32/64/96/128/256, GQA 1/4/7/8/16 (whole
 // groups, groups that leave head slots empty, groups over two blocks), odd
 // head counts, block sizes 16/32, Gemma 2's softcap, mixed with decode rows
-// and short chunks that stay on the split-K kernel.
+// and short chunks that stay on the split-K kernel; head size 128 in both
+// blocks.
 TEST_F(CudaBf16Test, PrefillAttentionOnTensorCoresMatchesNaiveAttention) {
   if (!cuda::DeviceHasTensorCoreAttention(0)) GTEST_SKIP() << "compute capability below 8.0";
   std::vector<AttentionCase> cases = {
@@ -489,8 +491,15 @@ TEST_F(CudaBf16Test, PrefillAttentionOnTensorCoresMatchesNaiveAttention) {
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(Describe(c));
     AttentionPlan plan;
-    RunAttentionCase(c, seed++, /*tensor_cores=*/true, kBf16TensorCoreTol, &plan);
+    RunAttentionCase(c, seed, /*tensor_cores=*/true, kBf16TensorCoreTol, &plan);
     EXPECT_GT(plan.num_tiles(), 0) << "the case must reach the tensor-core kernel";
+    if (c.hs == 128) {  // and in the wide block (ModelRunnerOptions::tensor_core_prefill_wide)
+      SCOPED_TRACE("wide block");
+      RunAttentionCase(c, seed, /*tensor_cores=*/true, kBf16TensorCoreTol, &plan,
+                       cuda::kAutoSplitsPerBlock, nullptr, false, /*wide=*/true);
+      EXPECT_GT(plan.num_tiles(), 0);
+    }
+    ++seed;
   }
 }
 

@@ -154,32 +154,38 @@ void ExpectRowsNear(const Prepared& r, const std::vector<int32_t>& rows, const C
   EXPECT_GT(checked, 0);
 }
 
-template <int D, bool kCap>
+template <int D, bool kCap, bool kWide>
 void LaunchPrefill(const cuda::Bf16AttentionArgs& a, const AttentionPlan& plan) {
   const int32_t group = a.num_heads / a.shape.num_kv_heads;
-  const int32_t block_heads = TensorCoreBlockHeads(D, group);
+  const int32_t block_heads = TensorCoreBlockHeads(D, group, kWide);
   const int32_t head_chunks = (group + block_heads - 1) / block_heads;
   const simt::Dim3 grid{static_cast<unsigned>(plan.num_tiles()),
                         static_cast<unsigned>(a.shape.num_kv_heads * head_chunks), 1};
-  simt::Launch(grid, simt::Dim3{cuda::kThreads, 1, 1}, cuda::kSharedBytes<D>, [&] {
-    cuda::PrefillAttentionKernel<D, kCap>(a, KvLayerRows(a.shape, a.layer), plan.tiles.data(),
-                                          head_chunks);
+  simt::Launch(grid, simt::Dim3{cuda::kThreads, 1, 1}, cuda::kSharedBytes<D, kWide>, [&] {
+    cuda::PrefillAttentionKernel<D, kCap, kWide>(a, KvLayerRows(a.shape, a.layer),
+                                                 plan.tiles.data(), head_chunks);
   });
 }
 
 // The prefill chunks PlanAttention gives the tensor cores, through the
 // emulated PrefillAttentionKernel; the rows it leaves to the split-K
 // kernel are not checked here.
-void RunPrefill(const Case& c, uint32_t seed) {
+// wide: PlanAttention's and the kernel's wide block (head size 128).
+void RunPrefill(const Case& c, uint32_t seed, bool wide = false) {
   for (int run = 0; run < 2; ++run) {
-    SCOPED_TRACE(Describe(c));
+    SCOPED_TRACE(Describe(c) + (wide ? " (wide block)" : ""));
     Prepared r = Prepare(c, seed);
     const AttentionPlan plan = PlanAttention(r.p.row_pos, r.p.row_table_offset, c.hs,
-                                             c.heads / c.kv_heads, /*tensor_cores=*/true);
+                                             c.heads / c.kv_heads, /*tensor_cores=*/true, wide);
     ASSERT_GT(plan.num_tiles(), 0) << "the case must reach the tensor-core kernel";
     simt::WithConstant<32, 64, 96, 128, 256>(c.hs, [&](auto d) {
       constexpr int D = decltype(d)::value;
-      c.softcap > 0 ? LaunchPrefill<D, true>(r.args, plan) : LaunchPrefill<D, false>(r.args, plan);
+      auto launch = [&](auto wide_const) {
+        constexpr bool kWide = decltype(wide_const)::value;
+        c.softcap > 0 ? LaunchPrefill<D, true, kWide>(r.args, plan)
+                      : LaunchPrefill<D, false, kWide>(r.args, plan);
+      };
+      wide ? launch(std::true_type{}) : launch(std::false_type{});
     });
     std::vector<int32_t> rows;
     for (int32_t t = 0; t < plan.num_tiles(); ++t) {
@@ -377,6 +383,22 @@ TEST(SimtAttentionTest, PrefillOnTensorCoresMatchesNaiveAttention) {
   RunPrefill({8, 4, 32, 16, {{150, 0}}, 20, 2.0f}, seed++);
   RunPrefill({8, 2, 128, 16, {{90, 0}}, 0, 50.0f}, seed++);
   RunPrefill({4, 2, 256, 16, {{80, 0}}, 0, 2.0f}, seed++);
+}
+
+// The wide block at head size 128 (two tiles a warp, Q from shared memory,
+// 32 keys a step): GQA 1, 4, 6 (Qwen2.5's: 6 of 8 head slots), 8 and 16
+// (two head chunks), block sizes 16 and 32, chunks past earlier context, a
+// window, and the softcap; its tiles hold twice the rows of the default.
+TEST(SimtAttentionTest, PrefillInTheWideBlockMatchesNaiveAttention) {
+  EXPECT_EQ(TensorCoreTilePositions(128, 4, /*wide=*/true), 2 * TensorCoreTilePositions(128, 4));
+  uint32_t seed = 141;
+  RunPrefill({4, 4, 128, 16, {{100, 0}}}, seed++, true);
+  RunPrefill({8, 2, 128, 32, {{150, 60}, {40, 0}}}, seed++, true);
+  RunPrefill({12, 2, 128, 16, {{90, 10}}}, seed++, true);
+  RunPrefill({32, 4, 128, 16, {{70, 40}}}, seed++, true);
+  RunPrefill({16, 1, 128, 16, {{50, 0}}}, seed++, true);
+  RunPrefill({8, 2, 128, 16, {{200, 0}}, 37}, seed++, true);
+  RunPrefill({8, 4, 128, 16, {{100, 20}}, 0, 2.0f}, seed++, true);
 }
 
 // Decode rows and prefill rows of one to three splits, GQA 1 to 32, head

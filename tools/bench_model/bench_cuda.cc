@@ -6,7 +6,7 @@
 //              [--dtype bfloat16]
 //              [--batches 1,8,32,128,256] [--context 512] [--steps 32]
 //              [--prefill 512,2048,8192] [--hbm-tbps 3.35] [--peak-tflops 989]
-//              [--attention tensor-cores|tensor-cores-gemma|split-k]
+//              [--attention tensor-cores|tensor-cores-gemma|tensor-cores-wide|split-k]
 //              [--cuda-graphs on|off] [--profile]
 //              [--decode-attention auto|per-split|per-row|tensor-cores]
 //              [--dependent-launch on|off] [--gemv-max-rows N] [--tc-gemm-max-rows N]
@@ -24,7 +24,8 @@
 // kernel (ModelRunnerOptions::tensor_core_attention), for the comparison;
 // tensor-cores-gemma also gives it head size 256 and softcapped scores
 // (ModelRunnerOptions::tensor_core_prefill_gemma; off by default for now:
-// such rows take the split-K kernel);
+// such rows take the split-K kernel); tensor-cores-wide gives head size 128
+// blocks of 128 rows (ModelRunnerOptions::tensor_core_prefill_wide);
 // --decode-attention per-split (the runner's default for now) gives every
 // split of the split-K attention its own block, per-row gives a row's splits
 // to one pipelined block, auto picks by the batch
@@ -316,7 +317,8 @@ int main(int argc, char** argv) {
   flags.Add("hbm-tbps", &hbm_tbps, "HBM bandwidth of the roofline, TB/s (H100 SXM: 3.35)");
   flags.Add("peak-tflops", &peak_tflops, "dense bf16 tensor-core peak, TFLOPS (H100 SXM: 989)");
   flags.Add("attention", &attention,
-            "tensor-cores | tensor-cores-gemma (also head size 256 and softcaps) | split-k: "
+            "tensor-cores | tensor-cores-gemma (also head size 256 and softcaps) | "
+            "tensor-cores-wide (128-row blocks at head size 128) | split-k: "
             "the bf16 prefill attention kernel");
   flags.Add("decode-attention", &decode_attention,
             "auto | per-split | per-row: blocks of the split-K attention kernel; "
@@ -356,12 +358,16 @@ int main(int argc, char** argv) {
     flags.Fail("--dependent-launch must be on or off, not '" + dependent + "'");
   }
   g_runner_opts.dependent_launch = dependent == "on";
-  if (attention != "tensor-cores" && attention != "tensor-cores-gemma" && attention != "split-k") {
-    flags.Fail("--attention must be tensor-cores, tensor-cores-gemma or split-k, not '" +
-               attention + "'");
+  if (attention != "tensor-cores" && attention != "tensor-cores-gemma" &&
+      attention != "tensor-cores-wide" && attention != "split-k") {
+    flags.Fail(
+        "--attention must be tensor-cores, tensor-cores-gemma, tensor-cores-wide or "
+        "split-k, not '" +
+        attention + "'");
   }
   g_runner_opts.tensor_core_attention = attention != "split-k";
   g_runner_opts.tensor_core_prefill_gemma = attention == "tensor-cores-gemma";
+  g_runner_opts.tensor_core_prefill_wide = attention == "tensor-cores-wide";
   if (decode_attention == "auto") {
     g_runner_opts.attention_splits_per_block = -1;
   } else if (decode_attention == "per-split") {

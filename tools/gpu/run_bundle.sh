@@ -122,7 +122,8 @@ if [ "$what" = bench2 ] || [ "$what" = bench ] || [ "$what" = all ]; then
   # limit belongs); batches 8 to 64 on the tensor-core GEMM against cuBLAS
   # (bench1's first line, and 16 and 64 here); Gemma 2 2B's prefill with its
   # head size 256 and softcap on the tensor cores, against the default's
-  # split-K at 2,048 (and bench1's PyTorch line).
+  # split-K at 2,048 (and bench1's PyTorch line); Qwen2.5-1.5B's prefill
+  # (head size 128) in the wide block, against bench1's qwen2.5-1.5b line.
   bench_line --shape llama-3.2-1b --prefill= --batches 1,32,128,256 --decode-attention tensor-cores
   bench_line --shape tinyllama-1.1b --prefill= --batches 1,32,256 --decode-attention tensor-cores
   bench_line --shape llama-3.2-1b --prefill= --batches 2,4,16,64
@@ -131,5 +132,6 @@ if [ "$what" = bench2 ] || [ "$what" = bench ] || [ "$what" = all ]; then
   bench_line --shape tinyllama-1.1b --prefill= --batches 8,32 --tc-gemm-max-rows 64
   bench_line --shape gemma-2-2b --batches= --prefill 512,2048,8192 --attention tensor-cores-gemma
   bench_line --shape gemma-2-2b --batches= --prefill 2048
+  bench_line --shape qwen2.5-1.5b --batches= --prefill 512,2048,8192 --attention tensor-cores-wide
 fi
 exit $rc

@@ -56,20 +56,27 @@ TANDEM_HD constexpr bool TensorCoreDecodeBlockSize(int32_t block_size) {
 
 // The tensor-core kernel's block: 4 warps of 16 query rows per MMA tile, two
 // tiles per warp up to head size 64 (one above: the output fragments of a
-// 128- or 256-wide head take the registers), so 128 or 64 rows of MMA work. A block
+// 128- or 256-wide head take the registers), so 128 or 64 rows of MMA work.
+// `wide`: two tiles a warp at head size 128 too, Q's fragments read from
+// shared memory to make room (FlashAttention-2's block for that size; an
+// option until a GPU has timed it, ModelRunnerOptions::tensor_core_prefill_wide). A block
 // serves one KV head: its rows are (query head, position) pairs of up to
 // TensorCoreBlockHeads query heads of that KV head's group (so one K/V read
 // from shared memory feeds them all) times TensorCoreTilePositions
 // consecutive positions of one sequence, a multiple of 16 so that every MMA
 // tile holds one head.
-TANDEM_HD constexpr int32_t TensorCoreBlockRows(int32_t head_size) {
-  return head_size <= 64 ? 128 : 64;
+TANDEM_HD constexpr int32_t TensorCoreBlockRows(int32_t head_size, bool wide = false) {
+  return head_size <= 64 || (wide && head_size == 128) ? 128 : 64;
 }
-TANDEM_HD constexpr int32_t TensorCoreBlockHeads(int32_t head_size, int32_t group) {
-  return group < TensorCoreBlockRows(head_size) / 16 ? group : TensorCoreBlockRows(head_size) / 16;
+TANDEM_HD constexpr int32_t TensorCoreBlockHeads(int32_t head_size, int32_t group,
+                                                 bool wide = false) {
+  const int32_t slots = TensorCoreBlockRows(head_size, wide) / 16;
+  return group < slots ? group : slots;
 }
-TANDEM_HD constexpr int32_t TensorCoreTilePositions(int32_t head_size, int32_t group) {
-  return TensorCoreBlockRows(head_size) / TensorCoreBlockHeads(head_size, group) / 16 * 16;
+TANDEM_HD constexpr int32_t TensorCoreTilePositions(int32_t head_size, int32_t group,
+                                                    bool wide = false) {
+  return TensorCoreBlockRows(head_size, wide) / TensorCoreBlockHeads(head_size, group, wide) / 16 *
+         16;
 }
 
 #if __cplusplus >= 202002L
@@ -80,7 +87,7 @@ TANDEM_HD constexpr int32_t TensorCoreTilePositions(int32_t head_size, int32_t g
 // row.
 AttentionPlan PlanAttention(std::span<const int32_t> row_pos,
                             std::span<const int32_t> row_table_offset, int32_t head_size,
-                            int32_t group, bool tensor_cores);
+                            int32_t group, bool tensor_cores, bool wide = false);
 #endif
 
 }  // namespace tandem::kernels

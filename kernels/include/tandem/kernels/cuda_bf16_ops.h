@@ -149,8 +149,10 @@ int DecodeAttentionTcBf16(const Bf16AttentionArgs& args, int32_t max_context, fl
 // their MMAs (FlashAttention-2's tiling; cuda_prefill_attention.cu).
 // args.num_rows and args.rows are not read. Needs compute capability 8.0
 // (DeviceHasTensorCoreAttention) and TensorCorePrefillHeadSize(head_size).
+// wide: the tiles were planned with PlanAttention's wide block (head size
+// 128 only; elsewhere it changes nothing).
 int PrefillAttentionBf16(const Bf16AttentionArgs& args, const int32_t* tiles, int32_t num_tiles,
-                         void* stream);
+                         void* stream, bool wide = false);
 bool DeviceHasTensorCoreAttention(int device);
 
 // out[r][i] = bf16(act(gu[r][i]) * gu[r][hidden + i]), act silu or GeLU-tanh.

@@ -108,6 +108,13 @@ struct ModelRunnerOptions {
   // model's prefill rows stay on the split-K kernel (bench_cuda --shape
   // gemma-2-2b --attention tensor-cores-gemma compares).
   bool tensor_core_prefill_gemma = false;
+  // CUDA bfloat16, with tensor_core_attention, head size 128 (the 7-8B
+  // models): the tensor-core prefill kernel's blocks take 128 rows (two MMA
+  // tiles a warp, Q's fragments in shared memory, 32 keys a step;
+  // FlashAttention-2's block for that size) instead of 64. Other bits, the
+  // same tolerance. Off until a GPU has timed it (bench_cuda --shape
+  // qwen2.5-1.5b --attention tensor-cores-wide).
+  bool tensor_core_prefill_wide = false;
   // CUDA bfloat16: consecutive attention splits of a row that one block of
   // the split-K kernel takes (kernels::cuda::PagedAttentionBf16): -1 picks by
   // the batch's size, 1 gives every split its own block, 0 a row's splits to
