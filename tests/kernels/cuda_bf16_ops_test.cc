@@ -240,52 +240,24 @@ TEST_F(CudaBf16Test, TensorCoreGemmMatchesTheProductAndKeepsEachRowsBits) {
 }
 
 TEST_F(CudaBf16Test, RopeAndKvWriteMatchCpu) {
-  for (RopeKind kind : {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf}) {
-    const float amplitude = kind == RopeKind::kRotateHalf ? 1.19f : 1.0f;
-    for (auto [heads, kv_heads, hs] :
-         std::vector<std::tuple<int32_t, int32_t, int32_t>>{{8, 4, 8}, {7, 7, 64}, {32, 8, 128}}) {
-      // Partial RoPE (Phi-4-mini's 0.75) at 128: the k elements it leaves
-      // must still reach the cache.
-      const int32_t rotary_dim = hs == 128 ? 96 : 0;
-      const KvCacheShape shape{.num_blocks = 6,
-                               .num_layers = 2,
-                               .block_size = 16,
-                               .num_kv_heads = kv_heads,
-                               .head_size = hs};
-      const int32_t rows = 3, stride = (heads + 2 * kv_heads) * hs;
-      const std::vector<int32_t> pos = {0, 17, 511};
-      const std::vector<int64_t> slots = {5 * 16 + 3, -1, 2 * 16 + 15};
-      const auto qkv = RandomVector(rows * stride, 7);
-      // CPU: rope on q and k, k/v into an fp32 cache.
-      std::vector<float> q, k, v;
-      for (int32_t r = 0; r < rows; ++r) {
-        const float* row = &qkv[r * stride];
-        q.insert(q.end(), row, row + heads * hs);
-        k.insert(k.end(), row + heads * hs, row + (heads + kv_heads) * hs);
-        v.insert(v.end(), row + (heads + kv_heads) * hs, row + stride);
-      }
-      cpu::Rope(q.data(), rows, pos.data(), heads, hs, kind, 10000.0f, nullptr, amplitude,
-                rotary_dim);
-      cpu::Rope(k.data(), rows, pos.data(), kv_heads, hs, kind, 10000.0f, nullptr, amplitude,
-                rotary_dim);
-      std::vector<float> cache(shape.BlockFloats() * shape.num_blocks, 0.0f);
-      cpu::KvWrite(cache.data(), shape, 1, k.data(), v.data(), rows, slots.data());
-
-      DeviceVector<float> dqkv(qkv);
-      DeviceVector<int32_t> dpos(pos);
-      DeviceVector<int64_t> dslots(slots);
-      DeviceVector<Bf16> dcache(cache.size());  // zeros
-      CUDA_OK(cuda::RopeKvWriteBf16(dqkv.get(), stride, rows, dpos.get(), heads, shape, kind,
-                                    10000.0f, dcache.get(), 1, dslots.get(), nullptr, nullptr,
-                                    amplitude, rotary_dim));
+  for (const RopeKind kind : testing::kRopeKinds) {
+    for (const auto& dims : testing::kRopeKvShapes) {
+      const testing::RopeKvCase c = testing::MakeRopeKvCase(kind, dims, 0.0f);
+      DeviceVector<float> dqkv(c.qkv);
+      DeviceVector<int32_t> dpos(c.pos);
+      DeviceVector<int64_t> dslots(c.slots);
+      DeviceVector<Bf16> dcache(c.want_cache.size());  // zeros
+      CUDA_OK(cuda::RopeKvWriteBf16(dqkv.get(), c.stride, c.rows, dpos.get(), c.heads, c.shape,
+                                    kind, 10000.0f, dcache.get(), 1, dslots.get(), nullptr, nullptr,
+                                    c.amplitude, c.rotary_dim));
       const std::vector<float> got_qkv = dqkv.ToHost();
       std::vector<float> got_q;
-      for (int32_t r = 0; r < rows; ++r) {
-        got_q.insert(got_q.end(), got_qkv.begin() + r * stride,
-                     got_qkv.begin() + r * stride + heads * hs);
+      for (int32_t r = 0; r < c.rows; ++r) {
+        got_q.insert(got_q.end(), got_qkv.begin() + r * c.stride,
+                     got_qkv.begin() + r * c.stride + c.heads * c.hs);
       }
-      ExpectNear(got_q, q, {1e-4, 1e-4}, "rope q");
-      ExpectNear(ToFloat(dcache.ToHost()), cache, kBf16OutTol, "kv cache");
+      ExpectNear(got_q, c.want_q, {1e-4, 1e-4}, "rope q");
+      ExpectNear(ToFloat(dcache.ToHost()), c.want_cache, kBf16OutTol, "kv cache");
     }
   }
 }

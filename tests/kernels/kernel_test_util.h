@@ -186,4 +186,54 @@ inline std::vector<double> NaiveAttention(const AttentionProblem& p) {
   return out;
 }
 
+// RoPE on q and k and the K/V write of three rows of packed q | k | v
+// (positions 0, 17 and 511; the middle row has no slot), as the CPU does
+// them (cpu::Rope, cpu::KvWrite into layer 1): the reference of the GPU's
+// RopeKvWriteBf16 and of its emulated kernel. Head size 128 takes partial
+// RoPE (Phi-4-mini's 0.75): the k elements it leaves must still reach the
+// cache. The cache holds `unwritten` wherever no slot writes.
+struct RopeKvCase {
+  int32_t heads, hs, rotary_dim, rows = 3, stride;
+  RopeKind kind;
+  float amplitude;  // Llama 3's 1.19 with rotate-half, else 1
+  KvCacheShape shape;
+  std::vector<int32_t> pos = {0, 17, 511};
+  std::vector<int64_t> slots = {5 * 16 + 3, -1, 2 * 16 + 15};
+  std::vector<float> qkv;         // the input, [rows][stride]
+  std::vector<float> want_q;      // [rows][heads * hs]
+  std::vector<float> want_cache;  // the whole fp32 cache
+};
+// Both RoPE layouts over these (heads, KV heads, head size).
+inline constexpr RopeKind kRopeKinds[] = {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf};
+inline constexpr int32_t kRopeKvShapes[][3] = {{8, 4, 8}, {7, 7, 64}, {32, 8, 128}};
+inline RopeKvCase MakeRopeKvCase(RopeKind kind, const int32_t (&dims)[3], float unwritten) {
+  const int32_t heads = dims[0], kv_heads = dims[1], hs = dims[2];
+  RopeKvCase c{.heads = heads,
+               .hs = hs,
+               .rotary_dim = hs == 128 ? 96 : 0,
+               .stride = (heads + 2 * kv_heads) * hs,
+               .kind = kind,
+               .amplitude = kind == RopeKind::kRotateHalf ? 1.19f : 1.0f,
+               .shape = {.num_blocks = 6,
+                         .num_layers = 2,
+                         .block_size = 16,
+                         .num_kv_heads = kv_heads,
+                         .head_size = hs}};
+  c.qkv = RandomVector(static_cast<size_t>(c.rows) * c.stride, 7);
+  std::vector<float> k, v;
+  for (int32_t r = 0; r < c.rows; ++r) {
+    const float* row = &c.qkv[static_cast<size_t>(r) * c.stride];
+    c.want_q.insert(c.want_q.end(), row, row + heads * hs);
+    k.insert(k.end(), row + heads * hs, row + (heads + kv_heads) * hs);
+    v.insert(v.end(), row + (heads + kv_heads) * hs, row + c.stride);
+  }
+  cpu::Rope(c.want_q.data(), c.rows, c.pos.data(), heads, hs, kind, 10000.0f, nullptr, c.amplitude,
+            c.rotary_dim);
+  cpu::Rope(k.data(), c.rows, c.pos.data(), kv_heads, hs, kind, 10000.0f, nullptr, c.amplitude,
+            c.rotary_dim);
+  c.want_cache.assign(static_cast<size_t>(c.shape.BlockFloats() * c.shape.num_blocks), unwritten);
+  cpu::KvWrite(c.want_cache.data(), c.shape, 1, k.data(), v.data(), c.rows, c.slots.data());
+  return c;
+}
+
 }  // namespace tandem::kernels::testing

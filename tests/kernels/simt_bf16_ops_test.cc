@@ -252,49 +252,28 @@ TEST(SimtBf16OpsTest, SiluMulWritesEveryElementOnce) {
 // cache), GQA, a row without a slot (nothing written), and a cache that is
 // NaN wherever no slot is written (a stray write shows).
 TEST(SimtBf16OpsTest, RopeAndKvWriteMatchTheCpu) {
-  for (RopeKind kind : {RopeKind::kAdjacentPairs, RopeKind::kRotateHalf}) {
-    const float amplitude = kind == RopeKind::kRotateHalf ? 1.19f : 1.0f;
-    for (auto [heads, kv_heads, hs] :
-         std::vector<std::tuple<int32_t, int32_t, int32_t>>{{8, 4, 8}, {7, 7, 64}, {32, 8, 128}}) {
-      SCOPED_TRACE(::testing::Message() << "heads " << heads << "/" << kv_heads << " hs " << hs);
-      const int32_t rotary_dim = hs == 128 ? 96 : 0;
-      const KvCacheShape shape{.num_blocks = 6,
-                               .num_layers = 2,
-                               .block_size = 16,
-                               .num_kv_heads = kv_heads,
-                               .head_size = hs};
-      const int32_t rows = 3, stride = (heads + 2 * kv_heads) * hs;
-      const std::vector<int32_t> pos = {0, 17, 511};
-      const std::vector<int64_t> slots = {5 * 16 + 3, -1, 2 * 16 + 15};
-      std::vector<float> qkv = RandomVector(static_cast<size_t>(rows) * stride, 7);
-      std::vector<float> q, k, v;
-      for (int32_t r = 0; r < rows; ++r) {
-        const float* row = &qkv[static_cast<size_t>(r) * stride];
-        q.insert(q.end(), row, row + heads * hs);
-        k.insert(k.end(), row + heads * hs, row + (heads + kv_heads) * hs);
-        v.insert(v.end(), row + (heads + kv_heads) * hs, row + stride);
-      }
-      cpu::Rope(q.data(), rows, pos.data(), heads, hs, kind, 10000.0f, nullptr, amplitude,
-                rotary_dim);
-      cpu::Rope(k.data(), rows, pos.data(), kv_heads, hs, kind, 10000.0f, nullptr, amplitude,
-                rotary_dim);
+  for (const RopeKind kind : testing::kRopeKinds) {
+    for (const auto& dims : testing::kRopeKvShapes) {
+      SCOPED_TRACE(::testing::Message()
+                   << "heads " << dims[0] << "/" << dims[1] << " hs " << dims[2]);
       const float nan = std::numeric_limits<float>::quiet_NaN();
-      std::vector<float> want(static_cast<size_t>(shape.BlockFloats() * shape.num_blocks), nan);
-      cpu::KvWrite(want.data(), shape, 1, k.data(), v.data(), rows, slots.data());
+      testing::RopeKvCase c = testing::MakeRopeKvCase(kind, dims, nan);
+      const std::vector<float>& want = c.want_cache;
       std::vector<Bf16> cache(want.size(), model::FloatToBFloat16(nan));
-      const int32_t pairs = (heads + 2 * kv_heads) * (hs / 2);
+      const int32_t pairs = (c.heads + 2 * c.shape.num_kv_heads) * (c.hs / 2);
       simt::Launch(
-          simt::Dim3{static_cast<unsigned>(rows),
+          simt::Dim3{static_cast<unsigned>(c.rows),
                      static_cast<unsigned>((pairs + cuda::kRopeThreads - 1) / cuda::kRopeThreads),
                      1},
           simt::Dim3{cuda::kRopeThreads, 1, 1}, 0, [&] {
-            cuda::RopeKvWriteKernel(qkv.data(), stride, pos.data(), heads, shape, kind, 10000.0f,
-                                    nullptr, amplitude, rotary_dim, cache.data(), 1, slots.data());
+            cuda::RopeKvWriteKernel(c.qkv.data(), c.stride, c.pos.data(), c.heads, c.shape, kind,
+                                    10000.0f, nullptr, c.amplitude, c.rotary_dim, cache.data(), 1,
+                                    c.slots.data());
           });
-      for (int32_t r = 0; r < rows; ++r) {
-        for (int32_t i = 0; i < heads * hs; ++i) {
-          ASSERT_NEAR(qkv[static_cast<size_t>(r) * stride + i],
-                      q[static_cast<size_t>(r) * heads * hs + i], 1e-4)
+      for (int32_t r = 0; r < c.rows; ++r) {
+        for (int32_t i = 0; i < c.heads * c.hs; ++i) {
+          ASSERT_NEAR(c.qkv[static_cast<size_t>(r) * c.stride + i],
+                      c.want_q[static_cast<size_t>(r) * c.heads * c.hs + i], 1e-4)
               << "row " << r << " q element " << i;
         }
       }
