@@ -9,23 +9,23 @@
 // owns kMT MMA tiles of 16 rows, its Q fragments in registers (head size
 // 256, and 128 in the wide block: in shared memory, read by ldmatrix for
 // each MMA, as FlashAttention-2 reads them; in registers they would not fit
-// beside the output's 128). Per step of kBN keys the block copies K and V rows from the cache's
-// blocks into shared memory with cp.async, the next step's copy in flight
-// while this one computes (two stages); each warp computes S = Q K^T (K
-// fragments by ldmatrix), softcaps it where the model does (Gemma 2), masks
-// keys past each row's position (on the steps that hold any such key: the
-// diagonal's and a window's edge; the others skip the per-key tests),
-// updates the online softmax in fp32 (base 2, the scale in the exponent's
-// FMA, exp2 flushing subnormals as __expf does; the output's rescale skipped
-// while the warp's maxima stand), rounds P to bf16 as FlashAttention does,
-// and adds P V (V fragments by ldmatrix.trans) into its fp32 output
-// fragments. A warp skips the key steps wholly past its rows, and, under a
-// sliding window, those wholly below its rows' windows; a step that masks
-// all of a row's keys leaves its state (max -inf, sum 0, output 0) as it
-// was, bit for bit. A row's result
-// depends only on its own query and context: key steps start at multiples
-// of kBN and the MMA reduces each row on its own, so neither the tile a row
-// lands in nor its neighbours change its bits.
+// beside the output's 128). Per step of kBN keys the block copies K and V
+// rows from the cache's blocks into shared memory with cp.async, the next
+// step's copy in flight while this one computes (two stages); each warp
+// computes S = Q K^T (K fragments by ldmatrix), softcaps it where the model
+// does (Gemma 2), masks keys past each row's position (on the steps that
+// hold any such key: the diagonal's and a window's edge; the others skip
+// the per-key tests), updates the online softmax in fp32 (base 2, the scale
+// in the exponent's FMA, exp2 flushing subnormals as __expf does; the
+// output's rescale skipped while the warp's maxima stand), rounds P to bf16
+// as FlashAttention does, and adds P V (V fragments by ldmatrix.trans) into
+// its fp32 output fragments. A warp skips the key steps wholly past its
+// rows, and, under a sliding window, those wholly below its rows' windows;
+// a step that masks all of a row's keys leaves its state (max -inf, sum 0,
+// output 0) as it was, bit for bit. A row's result depends only on its own
+// query and context: key steps start at multiples of kBN and the MMA
+// reduces each row on its own, so neither the tile a row lands in nor its
+// neighbours change its bits.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
