@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
             "could not be read (empty: none)");
   flags.Add("debug-step-delay-us", &options.debug_step_delay_us,
             "TESTS ONLY: every step sleeps this long before its forward pass (0: off)");
+  flags.Add("debug-send-delay-us", &options.debug_send_delay_us,
+            "TESTS ONLY: the writer sleeps this long before each step's output (0: off)");
   int32_t debug_load_delay_ms = 0;
   flags.Add(
       "debug-load-delay-ms", &debug_load_delay_ms,

@@ -77,6 +77,9 @@ absl::Status WorkerOptions::Validate() const {
   if (debug_step_delay_us < 0) {
     return absl::InvalidArgumentError("--debug-step-delay-us must be >= 0");
   }
+  if (debug_send_delay_us < 0) {
+    return absl::InvalidArgumentError("--debug-send-delay-us must be >= 0");
+  }
   if (sim_step_us < 0 || sim_token_us < 0) {
     return absl::InvalidArgumentError("--sim-step-us and --sim-token-us must be >= 0");
   }
@@ -181,6 +184,9 @@ void WorkerService::SendLoop() {
       send = std::move(sends_.front());
       sends_.pop_front();
       sending_ = true;
+    }
+    if (options_.debug_send_delay_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(options_.debug_send_delay_us));
     }
     proto.Clear();
     rpc::ToProto(send.second, &proto);

@@ -95,6 +95,10 @@ struct WorkerOptions {
   // TEST-ONLY: every step sleeps this long before its forward pass, so a
   // test can act while streams are surely mid-way (any backend). 0: off.
   int32_t debug_step_delay_us = 0;
+  // TEST-ONLY: the output writer sleeps this long before it writes each
+  // step's output, so a test can end a stream while outputs are still
+  // queued. 0: off.
+  int32_t debug_send_delay_us = 0;
 
   // TEST-ONLY: comma-separated step ids that the worker answers as if it
   // could not read them (StepExecutor::Reject). Empty: none.

@@ -53,6 +53,7 @@ class ExecuteStream {
     stream_->WritesDone();
     return stream_->Finish();
   }
+  grpc::ClientReaderWriter<v1::SchedulerOutput, v1::ModelRunnerOutput>& raw() { return *stream_; }
 
  private:
   grpc::ClientContext context_;
@@ -125,6 +126,38 @@ TEST(WorkerTest, PlaceholderCountMustMatchTheTokensTheWorkerSampled) {
     return ReadFile(worker.log_path).find("request p dropped: reason=scheduler-detached") !=
            std::string::npos;
   })) << ReadFile(worker.log_path);
+}
+
+// A step's output is written on a thread of its own: a stream that ends
+// while outputs are queued still gets each of them, in order, before the
+// worker lets it go (with the writer held back 300 ms an output).
+TEST(WorkerTest, AStreamThatEndsGetsTheOutputsStillQueued) {
+  const std::string dir = MakeTempDir("tandem-worker");
+  Service worker =
+      StartWorker(dir, "worker", {"--num-blocks", "8", "--debug-send-delay-us", "300000"});
+  auto stub = WorkerStub(worker.address());
+  ExecuteStream stream(stub.get());
+  v1::SchedulerOutput prefill;
+  prefill.set_step_id(1);
+  v1::NewRequestData* r = prefill.add_scheduled_new_reqs();
+  r->set_request_id("p");
+  for (int32_t t : {1, 5, 9}) r->add_prompt_token_ids(t);
+  r->mutable_sampling()->set_max_tokens(10);
+  r->mutable_sampling()->set_ignore_eos(true);
+  r->add_block_ids(1);
+  prefill.add_num_scheduled_tokens(3);
+  prefill.set_total_num_scheduled_tokens(3);
+  ASSERT_TRUE(stream.raw().Write(prefill));
+  ASSERT_TRUE(stream.raw().Write(DecodeStep(2, "p", 3, 1, 0)));
+  stream.raw().WritesDone();  // the end, while both outputs wait for the writer
+  for (uint64_t id : {1, 2}) {
+    v1::ModelRunnerOutput out;
+    ASSERT_TRUE(stream.raw().Read(&out)) << "output of step " << id << " lost";
+    EXPECT_EQ(out.step_id(), id);
+    EXPECT_TRUE(out.error().empty()) << out.error();
+    EXPECT_EQ(out.sampled_size(), 1);
+  }
+  EXPECT_TRUE(stream.raw().Finish().ok());
 }
 
 // One log line per request when the worker drops its state: id, reason,
