@@ -86,6 +86,12 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   Handler handler;
   net::io_context ioc;
+  // Keeps the I/O threads in ioc.run() until Stop(). Without it they return
+  // once the listener is closed (the drain) and no connection has work, and
+  // what is posted after that never runs: a job's end posted by its gRPC
+  // call (HttpExchange::Post) then never came, and a request already
+  // answered held the drain until --drain-timeout-s cut it off.
+  net::executor_work_guard<net::io_context::executor_type> keep_running = net::make_work_guard(ioc);
   tcp::acceptor acceptor{ioc};
   std::atomic<int64_t> open{0};
   std::mutex tls_mu;

@@ -2,10 +2,12 @@
 // binary: answers GetModelInfo with the model it is given, records every
 // GenerateRequest, and answers each Generate with scripted output ids, one
 // message per token, the last one carrying the finish reason and usage,
-// and the logprobs a request asks for (FakeTokenLogprobs).
+// and the logprobs a request asks for (FakeTokenLogprobs). HoldStreamEnds
+// keeps each stream open after its last message until released.
 #pragma once
 
 #include <cmath>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,6 +52,7 @@ class FakeScheduler final : public v1::Generation::Service {
     }
   }
   ~FakeScheduler() override {
+    ReleaseStreamEnds();
     if (server_ != nullptr) server_->Shutdown();
   }
 
@@ -60,6 +63,26 @@ class FakeScheduler final : public v1::Generation::Service {
     std::lock_guard<std::mutex> lock(mu_);
     output_ = std::move(ids);
     finish_ = finish;
+  }
+
+  // From now on each Generate call, once its last message is written (the
+  // frontend has its answer), keeps the stream open until
+  // ReleaseStreamEnds(): the call's end reaches the frontend later.
+  void HoldStreamEnds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_ends_ = true;
+  }
+  void ReleaseStreamEnds() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hold_ends_ = false;
+    }
+    ends_cv_.notify_all();
+  }
+  // Generate calls held at their end now.
+  int held_ends() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_ends_;
   }
 
   // Every Generate request, in arrival order.
@@ -111,6 +134,10 @@ class FakeScheduler final : public v1::Generation::Service {
       }
       if (!writer->Write(response)) break;  // the frontend cancelled
     }
+    std::unique_lock<std::mutex> lock(mu_);
+    ++held_ends_;
+    ends_cv_.wait(lock, [&] { return !hold_ends_; });
+    --held_ends_;
     return grpc::Status::OK;
   }
 
@@ -122,6 +149,9 @@ class FakeScheduler final : public v1::Generation::Service {
   std::vector<v1::GenerateRequest> requests_;
   std::vector<int32_t> output_ = {100};
   v1::FinishReason finish_ = v1::FINISH_REASON_STOP;
+  bool hold_ends_ = false;
+  int held_ends_ = 0;
+  std::condition_variable ends_cv_;
 };
 
 // A model as GetModelInfo describes it, without generation defaults.
