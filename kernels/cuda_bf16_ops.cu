@@ -403,6 +403,9 @@ int CopyAsync(void* dst, const void* src, size_t bytes, void* stream) {
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(stream));
 }
 int StreamSynchronize(void* stream) { return cudaStreamSynchronize(S(stream)); }
+int LaunchHostFunc(void* stream, void (*fn)(void*), void* arg) {
+  return cudaLaunchHostFunc(S(stream), fn, arg);
+}
 
 #else
 }  // namespace

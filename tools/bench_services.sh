@@ -9,19 +9,23 @@
 # device's own clock (CUDA events; with --backend sim, 5 ms steps and no
 # math, the modelled device), beside the worker's wall-clock figure.
 # Usage: tools/bench_services.sh [--build-dir DIR] [--backend cpu|cuda|sim] [--output-len N]
-#        (DIR defaults to ./build)
+#                                [--worker-flag FLAG]...
+#        (DIR defaults to ./build; each --worker-flag goes to every worker,
+#        e.g. --worker-flag --overlap-steps=false)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="$(pwd)/build"
 BACKEND=cpu
 OUTPUT_LEN=128
 PROMPT_LEN=64
+WORKER_FLAGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD="$2"; shift ;;
     --backend) BACKEND="$2"; shift ;;
     --output-len) OUTPUT_LEN="$2"; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --worker-flag) WORKER_FLAGS+=("$2"); shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown flag: $1" >&2; exit 2 ;;
   esac
   shift
@@ -39,7 +43,8 @@ for mode in sync async; do
   # Two workers at once: each a fixed cache (on cuda the first would
   # otherwise take --gpu-memory-utilization's 0.9 of the GPU).
   "$BUILD/services/worker/tandem-worker" --model "$MODEL" --backend "$BACKEND" --listen 127.0.0.1:0 \
-    --kv-cache-bytes $((64 << 20)) --port-file "$DIR/w-$mode.port" > "$DIR/worker-$mode.log" 2>&1 &
+    --kv-cache-bytes $((64 << 20)) --port-file "$DIR/w-$mode.port" "${WORKER_FLAGS[@]}" \
+    > "$DIR/worker-$mode.log" 2>&1 &
   PIDS+=($!)
   wport="$(port "$DIR/w-$mode.port")"
   async_flag=true; [ "$mode" = sync ] && async_flag=false
@@ -68,7 +73,7 @@ device_idle() {  # LABEL "busy0 idle0" "busy1 idle1": the device's idle share be
     printf "  %s: device idle between steps %.2f%% (device clock: %.1f ms idle, %.1f ms busy)\n",
            l, 100 * idle / (busy + idle), 1e3 * idle, 1e3 * busy }'
 }
-echo "== services: backend $BACKEND, prompt $PROMPT_LEN tokens, output $OUTPUT_LEN tokens (EOS ignored), $(nproc) CPUs"
+echo "== services: backend $BACKEND, prompt $PROMPT_LEN tokens, output $OUTPUT_LEN tokens (EOS ignored), $(nproc) CPUs, worker flags: ${WORKER_FLAGS[*]:-(none)}"
 for c in 32 64; do
   for mode in sync async; do
     # Warm-up, then the measured run.
@@ -103,7 +108,8 @@ done
 # 256 running requests: a worker with room for all of them and a scheduler
 # that admits them all (async scheduling).
 "$BUILD/services/worker/tandem-worker" --model "$MODEL" --backend "$BACKEND" --listen 127.0.0.1:0 \
-  --kv-cache-bytes $((1024 << 20)) --port-file "$DIR/w-256.port" > "$DIR/worker-256.log" 2>&1 &
+  --kv-cache-bytes $((1024 << 20)) --port-file "$DIR/w-256.port" "${WORKER_FLAGS[@]}" \
+  > "$DIR/worker-256.log" 2>&1 &
 PIDS+=($!)
 wport="$(port "$DIR/w-256.port")"
 "$BUILD/services/scheduler/tandem-scheduler" --worker "127.0.0.1:$wport" --listen 127.0.0.1:0 \

@@ -40,27 +40,116 @@ absl::Status CudaRunnerBase::ForwardSample(std::span<const SequenceInput> batch,
   return absl::OkStatus();
 }
 
+absl::Status CudaRunnerBase::LaunchSample(std::span<const SequenceInput> batch,
+                                          std::span<const SampleRequest> sample, bool want_logprobs,
+                                          std::function<void()> on_done) {
+  if (!runner_opts_.async_launch || want_logprobs || sample.size() != batch.size()) {
+    return ModelRunner::LaunchSample(batch, sample, want_logprobs, std::move(on_done));
+  }
+  Launched& l = launched_;
+  l = Launched{};
+  step_events_.Begin(stream_);
+  // As SampleOnDevice, up to the downloads: nothing else is in flight on
+  // the stream (the step before was finished), so its synchronous uploads
+  // wait for nothing.
+  TANDEM_RETURN_IF_ERROR(RunAndDraw(batch, sample, &l.drawn_rows, &l.rows));
+  const int32_t draws = static_cast<int32_t>(l.drawn_rows.size());
+  l.samples.resize(sample.size());
+  for (size_t i = 0; i < sample.size(); ++i) l.samples[i] = sample[i].params != nullptr;
+  if (l.rows > 0) {
+    const size_t bytes = sizeof(int32_t) * static_cast<size_t>(l.rows + draws);
+    if (token_staging_.size() < bytes) {
+      token_staging_ = PinnedBuffer();
+      TANDEM_ASSIGN_OR_RETURN(token_staging_,
+                              PinnedBuffer::Allocate(std::max<size_t>(bytes, 4096),
+                                                     {.lock = false, .what = "sampled token ids"}));
+    }
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::CopyAsync(token_staging_.data(), argmax_.get<int32_t>(),
+                                                    sizeof(int32_t) * l.rows, stream_),
+                                      "token download"));
+    if (draws > 0) {
+      TANDEM_RETURN_IF_ERROR(
+          CudaStatus(kd::CopyAsync(token_staging_.data() + sizeof(int32_t) * l.rows,
+                                   sample_tokens_.get<int32_t>(), sizeof(int32_t) * draws, stream_),
+                     "sampled token download"));
+    }
+  }
+  // FinishSample waits for this event, not for the host function after it
+  // (which may run late): the CUDA runtime's callback thread is one more
+  // wake-up between the step's end and its tokens.
+  if (launched_end_ == nullptr) {
+    TANDEM_RETURN_IF_ERROR(CudaStatus(kd::EventCreate(&launched_end_), "event"));
+  }
+  TANDEM_RETURN_IF_ERROR(CudaStatus(kd::EventRecord(launched_end_, stream_), "event"));
+  // The callback owns its copy of on_done: it may run after the next launch.
+  auto* done = new std::function<void()>(std::move(on_done));
+  if (const int err = kd::LaunchHostFunc(stream_, &CudaRunnerBase::LaunchedStepDone, done);
+      err != 0) {
+    delete done;
+    return CudaStatus(err, "step end callback");
+  }
+  l.active = true;
+  return absl::OkStatus();
+}
+
+void CudaRunnerBase::LaunchedStepDone(void* on_done) {
+  auto* done = static_cast<std::function<void()>*>(on_done);
+  (*done)();
+  delete done;
+}
+
+absl::Status CudaRunnerBase::FinishSample(std::vector<int32_t>* tokens,
+                                          std::vector<SampleLogprobs>* logprobs) {
+  if (!launched_.active) return ModelRunner::FinishSample(tokens, logprobs);
+  Launched& l = launched_;
+  l.active = false;
+  logprobs->clear();
+  TANDEM_RETURN_IF_ERROR(CudaStatus(kd::EventSynchronize(launched_end_), "step"));
+  tokens->assign(l.samples.size(), -1);
+  const auto* staged = reinterpret_cast<const int32_t*>(token_staging_.data());
+  if (l.rows > 0) {
+    for (size_t i = 0; i < l.samples.size(); ++i) {
+      if (l.samples[i]) (*tokens)[i] = staged[i];
+    }
+    for (size_t j = 0; j < l.drawn_rows.size(); ++j) {
+      (*tokens)[static_cast<size_t>(l.drawn_rows[j])] = staged[l.rows + static_cast<int64_t>(j)];
+    }
+  }
+  step_events_.Finish(&device_clock_);
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunnerBase::RunAndDraw(std::span<const SequenceInput> batch,
+                                        std::span<const SampleRequest> sample,
+                                        std::vector<int32_t>* drawn_rows, int32_t* rows) {
+  // The draws' arguments go up before the step: a synchronous copy after
+  // it would wait for the step.
+  TANDEM_ASSIGN_OR_RETURN(*drawn_rows, UploadDraws(sample));
+  TANDEM_RETURN_IF_ERROR(Run(batch, /*argmax=*/true, rows));
+  if (*rows == 0) return absl::OkStatus();
+  const int32_t draws = static_cast<int32_t>(drawn_rows->size());
+  if (draws > 0) {
+    TANDEM_RETURN_IF_ERROR(CudaStatus(
+        kd::Sample(logits_.get<float>(), draws, model_->config().vocab_size,
+                   sample_args_.get<kernels::SampleArgs>(), sample_banned_.get<int32_t>(),
+                   sample_penalties_.get<kernels::SamplePenalty>(), sample_tokens_.get<int32_t>(),
+                   sample_scratch_.get<float>(), stream_),
+        "sample"));
+  }
+  step_events_.MarkEnd(stream_);  // the downloads are a few bytes
+  return absl::OkStatus();
+}
+
 absl::Status CudaRunnerBase::SampleOnDevice(std::span<const SequenceInput> batch,
                                             std::span<const SampleRequest> sample,
                                             std::vector<int32_t>* tokens,
                                             std::vector<SampleLogprobs>* logprobs) {
-  // The draws' arguments go up before the step: a synchronous copy after
-  // it would wait for the step.
-  TANDEM_ASSIGN_OR_RETURN(const std::vector<int32_t> drawn_rows, UploadDraws(sample));
+  std::vector<int32_t> drawn_rows;
   int32_t rows = 0;
-  TANDEM_RETURN_IF_ERROR(Run(batch, /*argmax=*/true, &rows));
+  TANDEM_RETURN_IF_ERROR(RunAndDraw(batch, sample, &drawn_rows, &rows));
   tokens->assign(batch.size(), -1);
   if (rows == 0) return absl::OkStatus();
-  const int32_t vocab = model_->config().vocab_size;
   const int32_t draws = static_cast<int32_t>(drawn_rows.size());
-  if (draws > 0) {
-    TANDEM_RETURN_IF_ERROR(CudaStatus(
-        kd::Sample(logits_.get<float>(), draws, vocab, sample_args_.get<kernels::SampleArgs>(),
-                   sample_banned_.get<int32_t>(), sample_penalties_.get<kernels::SamplePenalty>(),
-                   sample_tokens_.get<int32_t>(), sample_scratch_.get<float>(), stream_),
-        "sample"));
-  }
-  step_events_.MarkEnd(stream_);  // the downloads are a few bytes
   std::vector<int32_t> greedy(static_cast<size_t>(rows));
   TANDEM_RETURN_IF_ERROR(CudaStatus(
       kd::CopyToHost(greedy.data(), argmax_.get<int32_t>(), greedy.size() * sizeof(int32_t)),

@@ -74,6 +74,8 @@ class CudaRunnerBase : public ModelRunner {
         tensor_core_attention_(runner_opts.tensor_core_attention),
         graphs_enabled_(runner_opts.cuda_graphs) {}
   ~CudaRunnerBase() override {
+    kd::StreamSynchronize(stream_);  // a launched step's callback runs first
+    if (launched_end_ != nullptr) kd::EventDestroy(launched_end_);
     DropGraphs();
     kd::DestroyBlas(blas_);
     kd::StreamDestroy(stream_);
@@ -93,6 +95,15 @@ class CudaRunnerBase : public ModelRunner {
   absl::Status ForwardSample(std::span<const SequenceInput> batch,
                              std::span<const SampleRequest> sample, std::vector<int32_t>* tokens,
                              std::vector<SampleLogprobs>* logprobs) override;
+  // With ModelRunnerOptions::async_launch (steps without logprobs): the
+  // step and its token downloads enqueued, then a host function that runs
+  // on_done; FinishSample synchronizes the stream once and reads the
+  // tokens from pinned memory. Else ModelRunner's (ForwardSample at once).
+  absl::Status LaunchSample(std::span<const SequenceInput> batch,
+                            std::span<const SampleRequest> sample, bool want_logprobs,
+                            std::function<void()> on_done) override;
+  absl::Status FinishSample(std::vector<int32_t>* tokens,
+                            std::vector<SampleLogprobs>* logprobs) override;
   // ForwardSample's step, which StepEvents times.
   absl::Status SampleOnDevice(std::span<const SequenceInput> batch,
                               std::span<const SampleRequest> sample, std::vector<int32_t>* tokens,
@@ -220,6 +231,13 @@ class CudaRunnerBase : public ModelRunner {
     graphs_.clear();
   }
 
+  // The step and its sampler on the device, up to the token downloads: the
+  // draws' arguments (UploadDraws: *drawn_rows), the layers, the argmax of
+  // each of the *rows logits rows, and the draws.
+  absl::Status RunAndDraw(std::span<const SequenceInput> batch,
+                          std::span<const SampleRequest> sample, std::vector<int32_t>* drawn_rows,
+                          int32_t* rows);
+
   // Uploads the arguments of the draws ForwardSample makes on the device
   // after the step: the rows that need more than the argmax (temperature,
   // banned ids, penalties), drawn by kernels/sampling.h's program, the token
@@ -258,6 +276,20 @@ class CudaRunnerBase : public ModelRunner {
   BlockCopies copies_out_;  // CopyBlocksToHostAsync's
   BlockCopies copies_in_;   // CopyBlocksFromHostAsync's
   StepEvents step_events_;  // ForwardSample's device clock
+  // The step LaunchSample enqueued (async_launch): what FinishSample needs
+  // to put its tokens back in batch order.
+  struct Launched {
+    bool active = false;
+    int32_t rows = 0;                 // argmax rows, then the drawn ones, in token_staging_
+    std::vector<int32_t> drawn_rows;  // UploadDraws'
+    std::vector<char> samples;        // sample[i].params != nullptr
+  };
+  Launched launched_;
+  PinnedBuffer token_staging_;    // the launched step's token ids, downloaded
+  void* launched_end_ = nullptr;  // event after the downloads
+  // The host function after a launched step: runs and deletes its on_done
+  // (a std::function<void()>*).
+  static void LaunchedStepDone(void* on_done);
 };
 
 // The two modes, initialized by the caller (Init).

@@ -178,6 +178,22 @@ absl::Status ModelRunner::ForwardSample(std::span<const SequenceInput> batch,
       logprobs);
 }
 
+absl::Status ModelRunner::LaunchSample(std::span<const SequenceInput> batch,
+                                       std::span<const SampleRequest> sample, bool want_logprobs,
+                                       std::function<void()> on_done) {
+  return immediate_.Launch(
+      want_logprobs,
+      [&](std::vector<int32_t>* tokens, std::vector<SampleLogprobs>* logprobs) {
+        return ForwardSample(batch, sample, tokens, logprobs);
+      },
+      on_done);
+}
+
+absl::Status ModelRunner::FinishSample(std::vector<int32_t>* tokens,
+                                       std::vector<SampleLogprobs>* logprobs) {
+  return immediate_.Finish(tokens, logprobs);
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Model* model,
                                                                  KvCacheOptions opts,
                                                                  Backend backend) {

@@ -27,14 +27,127 @@ void SimBackend::FakeLogits(int32_t last, int64_t end, std::span<float> row) con
   row[static_cast<size_t>(token)] = 10.0f;
 }
 
+absl::Status StepBackend::Launch(std::span<const model::SequenceInput> batch,
+                                 std::span<const model::SampleRequest> sample, bool want_logprobs,
+                                 std::function<void()> on_done) {
+  return immediate_.Launch(
+      want_logprobs,
+      [&](std::vector<int32_t>* tokens, std::vector<model::SampleLogprobs>* logprobs) {
+        return ForwardSample(batch, sample, tokens, logprobs);
+      },
+      on_done);
+}
+
+absl::Status StepBackend::Finish(std::vector<int32_t>* tokens,
+                                 std::vector<model::SampleLogprobs>* logprobs) {
+  return immediate_.Finish(tokens, logprobs);
+}
+
+SimBackend::SimBackend(int32_t vocab_size, std::vector<int32_t> eos_token_ids, int32_t step_us,
+                       int32_t token_us)
+    : vocab_size_(vocab_size),
+      eos_token_ids_(std::move(eos_token_ids)),
+      step_us_(step_us),
+      token_us_(token_us),
+      notifier_([this] { NotifyLoop(); }) {}
+
+SimBackend::~SimBackend() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  notifier_.join();
+}
+
+std::chrono::microseconds SimBackend::Delay(std::span<const model::SequenceInput> batch) const {
+  int64_t total = 0;
+  for (const model::SequenceInput& in : batch) total += std::ssize(in.token_ids);
+  return std::chrono::microseconds(step_us_ + token_us_ * total);
+}
+
 absl::Status SimBackend::ForwardSample(std::span<const model::SequenceInput> batch,
                                        std::span<const model::SampleRequest> sample,
                                        std::vector<int32_t>* tokens,
                                        std::vector<model::SampleLogprobs>* logprobs) {
-  const model::DeviceClock::Scope step(&clock_);
-  int64_t total = 0;
-  for (const model::SequenceInput& in : batch) total += std::ssize(in.token_ids);
-  std::this_thread::sleep_for(std::chrono::microseconds(step_us_ + token_us_ * total));
+  const double start_s = MonotonicSeconds();
+  std::this_thread::sleep_for(Delay(batch));
+  const absl::Status status = Compute(batch, sample, tokens, logprobs);
+  std::lock_guard<std::mutex> lock(mu_);
+  clock_.Step(start_s, MonotonicSeconds());
+  return status;
+}
+
+absl::Status SimBackend::Launch(std::span<const model::SequenceInput> batch,
+                                std::span<const model::SampleRequest> sample, bool want_logprobs,
+                                std::function<void()> on_done) {
+  // The device starts the step once it is launched and the one before is
+  // done, and computes it (here, at once, on the host) within its delay.
+  const double launch_s = MonotonicSeconds();
+  std::vector<int32_t> tokens;
+  std::vector<model::SampleLogprobs> logprobs;
+  const absl::Status status = Compute(batch, sample, &tokens, want_logprobs ? &logprobs : nullptr);
+  const double delay_s = std::chrono::duration<double>(Delay(batch)).count();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The clock gets the step at once (Finish waits for its end).
+    const double start_s = std::max(launch_s, end_s_);
+    end_s_ = std::max(start_s + delay_s, MonotonicSeconds());
+    clock_.Step(start_s, end_s_);
+    status_ = status;
+    tokens_ = std::move(tokens);
+    logprobs_ = std::move(logprobs);
+    on_done_ = std::move(on_done);
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status SimBackend::Finish(std::vector<int32_t>* tokens,
+                                std::vector<model::SampleLogprobs>* logprobs) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // A sleep up to shortly before the end, then a spin, as CUDA's event
+  // synchronization spins: a timed wake-up alone comes 50-100 us late on a
+  // loaded host, which the device clock would count as idle that a GPU's
+  // host does not have.
+  constexpr double kSpinS = 200e-6;
+  for (double now = MonotonicSeconds(); now < end_s_ - kSpinS; now = MonotonicSeconds()) {
+    cv_.wait_for(lock, std::chrono::duration<double>(end_s_ - kSpinS - now));
+  }
+  while (MonotonicSeconds() < end_s_) {
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
+  on_done_ = nullptr;  // the caller knows now
+  *tokens = std::move(tokens_);
+  *logprobs = std::move(logprobs_);
+  return std::exchange(status_, absl::OkStatus());
+}
+
+void SimBackend::NotifyLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    if (on_done_ == nullptr) {
+      cv_.wait(lock);
+      continue;
+    }
+    const double now = MonotonicSeconds();
+    if (now < end_s_) {
+      cv_.wait_for(lock, std::chrono::duration<double>(end_s_ - now));
+      continue;
+    }
+    const std::function<void()> done = std::exchange(on_done_, nullptr);
+    lock.unlock();
+    done();
+    lock.lock();
+  }
+}
+
+absl::Status SimBackend::Compute(std::span<const model::SequenceInput> batch,
+                                 std::span<const model::SampleRequest> sample,
+                                 std::vector<int32_t>* tokens,
+                                 std::vector<model::SampleLogprobs>* logprobs) const {
   const size_t v = static_cast<size_t>(vocab_size_);
   std::vector<float> logits(batch.size() * v);
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -72,22 +185,108 @@ StepExecutor::StepExecutor(StepBackend* backend, sched::KvConnectorWorker* kv_co
     : backend_(backend), kv_connector_(kv_connector), options_(std::move(options)) {}
 
 sched::ModelRunnerOutput StepExecutor::Execute(sched::SchedulerOutput step) {
-  sched::ModelRunnerOutput out;
-  const absl::Status s = Run(step, &out);
-  if (s.ok()) return out;
-  TANDEM_LOG(ERROR) << "step " << step.step_id << " failed: " << s;
+  std::unique_ptr<Step> st = Prepare(std::move(step));
+  Launch(*st, [] {});
+  return Finish(std::move(st));
+}
+
+std::unique_ptr<StepExecutor::Step> StepExecutor::Prepare(sched::SchedulerOutput step) {
+  auto st = std::make_unique<Step>();
+  st->step_ = std::move(step);
+  for (const std::string& id : st->step_.finished_req_ids) {
+    auto it = seqs_.find(id);
+    if (it != seqs_.end()) DropSeq(it, "finished");
+  }
+  st->status_ = ApplyDiff(st->step_, &st->batch_);
+  if (st->status_.ok()) st->status_ = BuildInputs(st->step_, st->batch_, &st->inputs_);
+  if (st->status_.ok()) {
+    st->sample_.resize(st->batch_.seqs.size());
+    PlanSampling(st->step_, st->batch_, &st->inputs_, &st->sample_, &st->banned_);
+  }
+  return st;
+}
+
+void StepExecutor::Launch(Step& st, std::function<void()> on_done) {
+  const sched::SchedulerOutput& step = st.step_;
+  // Prepared before the step it was built on had failed (overlap): it does
+  // not run, as if ApplyDiff had stopped it.
+  if (st.status_.ok() && step.last_processed_step_id < last_failed_step_id_) {
+    st.status_ =
+        absl::AbortedError(absl::StrCat("step ", step.step_id, " was built on step ",
+                                        last_failed_step_id_, ", which failed; it is not run"));
+  }
+  // KV-store loads: those that arrived go into the cache before this
+  // step's forward pass (and after every earlier step's: Launch follows the
+  // previous Finish), and are reported in its output (even if the step
+  // then fails), failed blocks as invalid_block_ids; this step's own begin.
+  if (kv_connector_ != nullptr) {
+    kv_connector_->LoadBlocks(step.kv_connector_metadata, &st.out_.kv_connector_report);
+  }
+  if (st.status_.ok() &&
+      std::find(options_.debug_fail_steps.begin(), options_.debug_fail_steps.end(), step.step_id) !=
+          options_.debug_fail_steps.end()) {
+    st.status_ = absl::InternalError(
+        absl::StrCat("step ", step.step_id, " failed (TEST-ONLY --debug-fail-steps)"));
+  }
+  if (st.status_.ok() && options_.debug_step_delay_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(options_.debug_step_delay_us));
+  }
+  if (st.status_.ok() && !st.inputs_.empty()) {
+    st.status_ =
+        backend_->Launch(st.inputs_, st.sample_, model::WantsLogprobs(st.sample_), on_done);
+    if (st.status_.ok()) {
+      st.launched_ = true;
+      in_flight_ = true;
+      RecordLaunch(st);
+      return;
+    }
+  }
+  on_done();
+}
+
+sched::ModelRunnerOutput StepExecutor::Finish(std::unique_ptr<Step> st) {
+  std::vector<int32_t> tokens;
+  std::vector<model::SampleLogprobs> logprobs;
+  if (st->launched_) {
+    st->status_ = backend_->Finish(&tokens, &logprobs);
+    in_flight_ = false;
+  }
+  if (!st->status_.ok()) {
+    retired_.clear();
+    return FailedStep(*st, st->status_);
+  }
+  sched::KvConnectorReport& report = st->out_.kv_connector_report;
+  // Stores read their blocks now, before the next step can overwrite them.
+  if (kv_connector_ != nullptr) {
+    kv_connector_->SnapshotStores(st->step_.kv_connector_metadata);
+    report.finished_sending.clear();
+    report.failed_sending.clear();
+    kv_connector_->TakeFinishedSending(&report);
+    // Loads that arrived during the forward pass: reported a step sooner.
+    kv_connector_->FinishLoads(&report, st->inputs_.empty() ? options_.empty_step_load_wait
+                                                            : std::chrono::microseconds(0));
+  }
+  st->out_.step_id = st->step_.step_id;
+  if (st->launched_) RecordSamples(*st, tokens, logprobs);
+  retired_.clear();  // what dropped requests' rows pointed at is no longer read
+  return std::move(st->out_);
+}
+
+sched::ModelRunnerOutput StepExecutor::FailedStep(Step& st, const absl::Status& why) {
+  TANDEM_LOG(ERROR) << "step " << st.step_.step_id << " failed: " << why;
   // Loads already done are still reported: the scheduler must learn that
   // those requests' blocks arrived (or failed), or they would wait for them
   // forever. Its stores after the forward pass never ran: reported as
   // failed, so the scheduler forgets them instead of counting them stored.
+  sched::KvConnectorReport& report = st.out_.kv_connector_report;
   if (kv_connector_ != nullptr) {
-    for (const sched::KvStoreOp& st : step.kv_connector_metadata.stores) {
-      if (st.before_forward) continue;
-      out.kv_connector_report.finished_sending.push_back(st.request_id);
-      out.kv_connector_report.failed_sending.push_back(st.request_id);
+    for (const sched::KvStoreOp& store : st.step_.kv_connector_metadata.stores) {
+      if (store.before_forward) continue;
+      report.finished_sending.push_back(store.request_id);
+      report.failed_sending.push_back(store.request_id);
     }
   }
-  return Failed(step.step_id, step.last_processed_step_id, s, std::move(out.kv_connector_report));
+  return Failed(st.step_.step_id, st.step_.last_processed_step_id, why, std::move(report));
 }
 
 sched::ModelRunnerOutput StepExecutor::Reject(uint64_t step_id, const absl::Status& why) {
@@ -114,57 +313,9 @@ sched::ModelRunnerOutput StepExecutor::Failed(uint64_t step_id, uint64_t last_pr
 
 void StepExecutor::Reset(const char* why) {
   while (!seqs_.empty()) DropSeq(seqs_.begin(), why);
+  retired_.clear();
   if (kv_connector_ != nullptr) kv_connector_->ForgetLoads();
   last_failed_step_id_ = 0;
-}
-
-absl::Status StepExecutor::Run(sched::SchedulerOutput& step, sched::ModelRunnerOutput* out) {
-  for (const std::string& id : step.finished_req_ids) {
-    auto it = seqs_.find(id);
-    if (it != seqs_.end()) DropSeq(it, "finished");
-  }
-  // KV-store loads: those that arrived go into the cache before this
-  // step's forward pass (and after every earlier step's: steps run in order
-  // on this thread), and are reported in its output (even if the step then
-  // fails), failed blocks as invalid_block_ids; this step's own begin.
-  // Loads need no batch state, so they come first.
-  sched::KvConnectorReport& report = out->kv_connector_report;
-  if (kv_connector_ != nullptr) kv_connector_->LoadBlocks(step.kv_connector_metadata, &report);
-
-  Batch batch;
-  TANDEM_RETURN_IF_ERROR(ApplyDiff(step, &batch));
-  if (std::find(options_.debug_fail_steps.begin(), options_.debug_fail_steps.end(), step.step_id) !=
-      options_.debug_fail_steps.end()) {
-    return absl::InternalError(
-        absl::StrCat("step ", step.step_id, " failed (TEST-ONLY --debug-fail-steps)"));
-  }
-  if (options_.debug_step_delay_us > 0) {
-    std::this_thread::sleep_for(std::chrono::microseconds(options_.debug_step_delay_us));
-  }
-
-  std::vector<model::SequenceInput> inputs;
-  TANDEM_RETURN_IF_ERROR(BuildInputs(step, batch, &inputs));
-  std::vector<model::SampleRequest> sample(batch.seqs.size());
-  std::vector<std::vector<int32_t>> banned;  // sized only when a request bans tokens
-  PlanSampling(step, batch, &inputs, &sample, &banned);
-  std::vector<int32_t> tokens;
-  std::vector<model::SampleLogprobs> logprobs;
-  if (!inputs.empty()) {
-    TANDEM_RETURN_IF_ERROR(backend_->ForwardSample(
-        inputs, sample, &tokens, model::WantsLogprobs(sample) ? &logprobs : nullptr));
-  }
-  // Stores read their blocks now, before the next step can overwrite them.
-  if (kv_connector_ != nullptr) {
-    kv_connector_->SnapshotStores(step.kv_connector_metadata);
-    report.finished_sending.clear();
-    report.failed_sending.clear();
-    kv_connector_->TakeFinishedSending(&report);
-    // Loads that arrived during the forward pass: reported a step sooner.
-    kv_connector_->FinishLoads(
-        &report, inputs.empty() ? options_.empty_step_load_wait : std::chrono::microseconds(0));
-  }
-  RecordSamples(step, batch, sample, tokens, logprobs, out);
-  return absl::OkStatus();
 }
 
 absl::Status StepExecutor::ApplyDiff(sched::SchedulerOutput& step, Batch* batch) {
@@ -173,9 +324,9 @@ absl::Status StepExecutor::ApplyDiff(sched::SchedulerOutput& step, Batch* batch)
   for (const std::string& id : step.preempted_req_ids) {
     auto it = seqs_.find(id);
     if (it != seqs_.end()) {
-      it->second.block_table.clear();
-      it->second.num_computed_tokens = 0;
-      ++it->second.num_preemptions;
+      it->second->block_table.clear();
+      it->second->num_computed_tokens = 0;
+      ++it->second->num_preemptions;
     }
   }
 
@@ -183,7 +334,15 @@ absl::Status StepExecutor::ApplyDiff(sched::SchedulerOutput& step, Batch* batch)
   batch->ids.reserve(step.num_scheduled_tokens.size());
   const int64_t now_ns = MonotonicNanos();
   for (sched::NewRequestData& r : step.scheduled_new_reqs) {
-    SeqState& s = seqs_[r.request_id];
+    std::unique_ptr<SeqState>& state = seqs_[r.request_id];
+    if (state == nullptr) {
+      state = std::make_unique<SeqState>();
+    } else if (in_flight_) {
+      // The launched step may still write a token into the old state.
+      auto fresh = std::make_unique<SeqState>(*state);
+      Retire(std::exchange(state, std::move(fresh)));
+    }
+    SeqState& s = *state;
     if (s.first_step_ns == 0) s.first_step_ns = now_ns;
     s.unconfirmed_sample_steps.clear();
     s.num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
@@ -208,7 +367,7 @@ absl::Status StepExecutor::ApplyDiff(sched::SchedulerOutput& step, Batch* batch)
       return absl::FailedPreconditionError(absl::StrCat(
           "step ", step.step_id, ": cached request ", r.request_id, " is unknown to this worker"));
     }
-    SeqState& s = it->second;
+    SeqState& s = *it->second;
     if (r.resumed_from_preemption) {
       // Tokens this worker sampled that the scheduler dropped are forgotten.
       s.token_ids = std::move(r.all_token_ids);
@@ -304,41 +463,59 @@ void StepExecutor::PlanSampling(const sched::SchedulerOutput& step, const Batch&
   }
 }
 
-void StepExecutor::RecordSamples(const sched::SchedulerOutput& step, const Batch& batch,
-                                 const std::vector<model::SampleRequest>& sample,
-                                 const std::vector<int32_t>& tokens,
-                                 std::vector<model::SampleLogprobs>& logprobs,
-                                 sched::ModelRunnerOutput* out) {
-  out->step_id = step.step_id;
-  out->sampled.reserve(batch.seqs.size());
+void StepExecutor::RecordLaunch(Step& st) {
+  const sched::SchedulerOutput& step = st.step_;
+  const Batch& batch = st.batch_;
+  sched::ModelRunnerOutput& out = st.out_;
+  out.sampled.reserve(batch.seqs.size());
+  st.slots_.assign(batch.seqs.size(), -1);
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     SeqState& s = *batch.seqs[i];
     s.num_computed_tokens += step.num_scheduled_tokens[i];
     ++s.num_steps;
-    sched::SampledTokens& sampled = out->sampled.emplace_back();
+    sched::SampledTokens& sampled = out.sampled.emplace_back();
     sampled.request_id = *batch.ids[i];
-    if (!logprobs.empty()) {
-      sampled.prompt_logprobs = std::move(logprobs[i].prompt);
-      sampled.prompt_logprobs_start = s.num_computed_tokens - step.num_scheduled_tokens[i] + 1;
-      sampled.logprobs = std::move(logprobs[i].sampled);
-    }
-    if (sample[i].params == nullptr) continue;
-    const int32_t token = tokens[i];
-    s.token_ids.push_back(token);
+    sampled.prompt_logprobs_start = s.num_computed_tokens - step.num_scheduled_tokens[i] + 1;
+    if (st.sample_[i].params == nullptr) continue;
+    // The token's value comes with Finish; the next step's inputs may point
+    // at its slot before then.
+    st.slots_[i] = std::ssize(s.token_ids);
+    s.token_ids.push_back(-1);
     s.unconfirmed_sample_steps.push_back(step.step_id);
     ++s.num_sampled;
+  }
+}
+
+void StepExecutor::RecordSamples(Step& st, const std::vector<int32_t>& tokens,
+                                 std::vector<model::SampleLogprobs>& logprobs) {
+  for (size_t i = 0; i < st.batch_.seqs.size(); ++i) {
+    sched::SampledTokens& sampled = st.out_.sampled[i];
+    if (!logprobs.empty()) {
+      sampled.prompt_logprobs = std::move(logprobs[i].prompt);
+      sampled.logprobs = std::move(logprobs[i].sampled);
+    } else {
+      sampled.prompt_logprobs_start = 0;
+    }
+    if (st.slots_[i] < 0) continue;
+    const int32_t token = tokens[i];
+    st.batch_.seqs[i]->token_ids[static_cast<size_t>(st.slots_[i])] = token;
     sampled.token_ids.push_back(token);
   }
 }
 
+void StepExecutor::Retire(std::unique_ptr<SeqState> seq) {
+  if (in_flight_) retired_.push_back(std::move(seq));
+}
+
 void StepExecutor::DropSeq(SeqMap::iterator it, const char* why) {
-  const SeqState& s = it->second;
+  const SeqState& s = *it->second;
   TANDEM_LOG(INFO) << "request " << it->first << " dropped: reason=" << why
                    << " prompt_tokens=" << s.num_prompt_tokens
                    << " computed_tokens=" << s.num_computed_tokens
                    << " sampled_tokens=" << s.num_sampled << " steps=" << s.num_steps
                    << " preemptions=" << s.num_preemptions << " held_ms="
                    << (s.first_step_ns > 0 ? (MonotonicNanos() - s.first_step_ns) * 1e-6 : 0.0);
+  Retire(std::move(it->second));
   seqs_.erase(it);
 }
 

@@ -39,6 +39,14 @@ int main(int argc, char** argv) {
   flags.Add("enforce-eager", &options.enforce_eager,
             "run every step eagerly: no CUDA graphs for decode steps (cuda bfloat16 "
             "otherwise replays graphs captured per batch-size bucket, up to 256 sequences)");
+  flags.Add("overlap-steps", &options.overlap_steps,
+            "prepare each step (its batch diff, inputs and sampling plan) while the step "
+            "before runs on the device; --overlap-steps=false prepares it after (to measure "
+            "the gain)");
+  flags.Add("cuda-async-launch", &options.cuda_async_launch,
+            "--backend=cuda: a step returns once enqueued and its token ids come back by an "
+            "asynchronous copy, so that the next step is prepared while the GPU runs this one "
+            "(off until it has run on a GPU)");
   flags.Add("disable-sliding-window", &options.disable_sliding_window,
             "serve a model whose attention slides (Mistral, Phi-3, Qwen) without the "
             "window, its context capped at the window, where sliding changes nothing");

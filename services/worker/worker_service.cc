@@ -59,6 +59,11 @@ absl::Status WorkerOptions::Validate() const {
                      ": a worker drives exactly one GPU (no tensor parallelism yet); run one "
                      "worker per GPU and pick it with --device"));
   }
+  if (cuda_async_launch && backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda-async-launch launches the cuda backend's steps; --backend=", backend,
+                     " has none to launch"));
+  }
   if (!kvstore_target.empty() && backend == "sim") {
     return absl::InvalidArgumentError(
         "--kvstore needs --backend=cpu or cuda (sim has no KV bytes)");
@@ -126,7 +131,9 @@ WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* regist
                             "Tokens run through the model (prefill and decode)."),
         metrics::AddCounter(r, "tandem_worker_sampled_tokens_total", "Tokens sampled."),
         metrics::AddHistogram(
-            r, "tandem_worker_step_duration_seconds", "Time to apply, run and sample one step.",
+            r, "tandem_worker_step_duration_seconds",
+            "Time from a step's launch (its loads, forward pass and sampling) to its output; "
+            "its batch diff and inputs are prepared before, while the step before runs.",
             {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
         metrics::AddGauge(r, "tandem_worker_num_requests_active",
                           "Requests the worker holds batch state for."),
@@ -143,7 +150,16 @@ WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* regist
   send_loop_ = std::thread([this] { SendLoop(); });
 }
 
-WorkerService::~WorkerService() { Stop(); }
+WorkerService::~WorkerService() {
+  Stop();
+  // Before mu_ and cv_ go: a backend may still run a finished step's
+  // on_done, which takes them, until it is destroyed (the sim's notifier
+  // joins; the cuda runner synchronizes its stream).
+  executor_.reset();
+  kv_connector_.reset();
+  backend_.reset();
+  runner_.reset();
+}
 
 void WorkerService::Stop() {
   {
@@ -256,6 +272,7 @@ absl::Status WorkerService::Load() {
         backend,
         model::ModelRunnerOptions{.num_threads = options_.num_threads,
                                   .cuda_device = options_.device,
+                                  .async_launch = options_.cuda_async_launch,
                                   .cuda_graphs = !options_.enforce_eager,
                                   .gpu_memory_utilization = gpu_memory_utilization});
     if (!runner.ok()) return Annotate(runner.status(), "creating the model runner");
@@ -355,6 +372,7 @@ grpc::Status WorkerService::Execute(grpc::ServerContext* context, Stream* stream
     // Read into the step's struct here, while the loop runs the step before.
     Work work{.step = std::make_unique<sched::SchedulerOutput>(),
               .step_id = proto.step_id(),
+              .last_processed_step_id = proto.last_processed_step_id(),
               .scheduled_tokens = proto.total_num_scheduled_tokens(),
               .stream = stream};
     work.read = rpc::FromProto(proto, work.step.get());
@@ -398,48 +416,111 @@ grpc::Status WorkerService::Execute(grpc::ServerContext* context, Stream* stream
 void WorkerService::Loop() {
   for (;;) {
     Work work;
+    bool have_work = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping
-      work = std::move(queue_.front());
-      queue_.pop_front();
-      // Under mu_, as Execute's: a step that arrives later sets it again.
-      if (work.urgent) --num_urgent_queued_;
-      if (kv_connector_ != nullptr) kv_connector_->SetStepQueued(num_urgent_queued_ > 0);
+      cv_.wait(lock, [&] {
+        return stopping_ || !queue_.empty() || (launched_ != nullptr && launched_done_);
+      });
+      if (!queue_.empty()) {
+        work = std::move(queue_.front());
+        queue_.pop_front();
+        have_work = true;
+        // Under mu_, as Execute's: a step that arrives later sets it again.
+        // One taken while a launched step is unfinished still waits behind
+        // it: that step, if it waits for loads, stops waiting.
+        if (work.urgent) --num_urgent_queued_;
+        if (kv_connector_ != nullptr) {
+          kv_connector_->SetStepQueued(num_urgent_queued_ > 0 ||
+                                       (work.urgent && launched_ != nullptr));
+        }
+      }
+    }
+    if (!have_work) {
+      // The launched step is done (or the service stops): its output goes
+      // out now rather than when the next step arrives.
+      if (launched_ != nullptr) {
+        FinishLaunched();
+        continue;
+      }
+      return;  // stopping
     }
     if (work.step == nullptr) {
+      FinishLaunched();
       FlushSends();  // the stream goes once Execute returns
       executor_->Reset("scheduler-detached");
       num_active_requests_.store(0);
       work.done->set_value();
       continue;
     }
-    const int64_t start_ns = MonotonicNanos();
-    sched::ModelRunnerOutput out = work.read.ok() ? executor_->Execute(std::move(*work.step))
-                                                  : executor_->Reject(work.step_id, work.read);
-    if (metrics_ != nullptr) {
-      metrics_->steps.Increment();
-      metrics_->step_duration.Observe((MonotonicNanos() - start_ns) * 1e-9);
-      metrics_->scheduled_tokens.Increment(static_cast<double>(work.scheduled_tokens));
-      if (out.error.empty()) {
-        int64_t sampled = 0;
-        for (const sched::SampledTokens& t : out.sampled) sampled += std::ssize(t.token_ids);
-        metrics_->sampled_tokens.Increment(static_cast<double>(sampled));
-      } else {
-        metrics_->step_errors.Increment();
-      }
-      metrics_->active_requests.Set(executor_->num_requests());
-      const model::DeviceTime device = backend_->device_time();
-      metrics_->device_busy.Increment(device.busy_s - device_seen_.busy_s);
-      metrics_->device_idle.Increment(device.idle_between_s - device_seen_.idle_between_s);
-      device_seen_ = device;
-      if (kv_connector_ != nullptr) kv_metrics_->Mirror(kv_connector_->stats());
+    if (!work.read.ok()) {
+      FinishLaunched();
+      const int64_t start_ns = MonotonicNanos();
+      sched::ModelRunnerOutput out = executor_->Reject(work.step_id, work.read);
+      CountStep(work, out, start_ns);
+      Send(work.stream, std::move(out));
+      continue;
     }
-    num_active_requests_.store(executor_->num_requests());
-    num_steps_.fetch_add(1);
-    Send(work.stream, std::move(out));
+    if (!options_.overlap_steps) FinishLaunched();
+    // While the launched step runs on the device.
+    std::unique_ptr<StepExecutor::Step> step = executor_->Prepare(std::move(*work.step));
+    FinishLaunched();
+    uint64_t launch = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      launched_done_ = false;
+      launch = ++launch_count_;
+      if (kv_connector_ != nullptr) kv_connector_->SetStepQueued(num_urgent_queued_ > 0);
+    }
+    // A scheduler that runs ahead (async scheduling: this step was built
+    // before the output of the step before it) sends the next step while
+    // this one runs: the loop waits for either, and prepares the next step
+    // if it comes first. One that waits for each output gets it at once.
+    const bool ahead = work.step_id > work.last_processed_step_id + 1;
+    launched_ = std::move(step);
+    launched_work_ = std::move(work);
+    launched_start_ns_ = MonotonicNanos();
+    executor_->Launch(*launched_, [this, launch] {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (launch != launch_count_) return;  // a launch finished already
+        launched_done_ = true;
+      }
+      cv_.notify_all();
+    });
+    if (!ahead) FinishLaunched();
   }
+}
+
+void WorkerService::FinishLaunched() {
+  if (launched_ == nullptr) return;
+  sched::ModelRunnerOutput out = executor_->Finish(std::move(launched_));
+  CountStep(launched_work_, out, launched_start_ns_);
+  Send(launched_work_.stream, std::move(out));
+}
+
+void WorkerService::CountStep(const Work& work, const sched::ModelRunnerOutput& out,
+                              int64_t start_ns) {
+  if (metrics_ != nullptr) {
+    metrics_->steps.Increment();
+    metrics_->step_duration.Observe((MonotonicNanos() - start_ns) * 1e-9);
+    metrics_->scheduled_tokens.Increment(static_cast<double>(work.scheduled_tokens));
+    if (out.error.empty()) {
+      int64_t sampled = 0;
+      for (const sched::SampledTokens& t : out.sampled) sampled += std::ssize(t.token_ids);
+      metrics_->sampled_tokens.Increment(static_cast<double>(sampled));
+    } else {
+      metrics_->step_errors.Increment();
+    }
+    metrics_->active_requests.Set(executor_->num_requests());
+    const model::DeviceTime device = backend_->device_time();
+    metrics_->device_busy.Increment(device.busy_s - device_seen_.busy_s);
+    metrics_->device_idle.Increment(device.idle_between_s - device_seen_.idle_between_s);
+    device_seen_ = device;
+    if (kv_connector_ != nullptr) kv_metrics_->Mirror(kv_connector_->stats());
+  }
+  num_active_requests_.store(executor_->num_requests());
+  num_steps_.fetch_add(1);
 }
 
 }  // namespace tandem::worker

@@ -3,7 +3,10 @@
 //
 // Threads: gRPC handler threads only read the Execute stream and enqueue the
 // steps; one loop thread owns the ModelRunner and the per-request batch state
-// and executes the steps in order, writing each ModelRunnerOutput back.
+// and executes the steps in order, writing each ModelRunnerOutput back. When
+// the scheduler runs ahead (async scheduling), the loop prepares a step that
+// arrives while the one before runs on the device (StepExecutor's
+// "Overlap"), and launches it once that one is finished.
 // Because steps run strictly in order on one thread, a block the scheduler
 // freed after step N and reused in step N+1 is never written by both at once
 // (DESIGN §5 "Ordering": the worker orders its work after the previous step).
@@ -88,6 +91,15 @@ struct WorkerOptions {
   int32_t kvstore_load_threads = 4;
   // auto | off | host:port: how KV-store loads travel (KvStoreConnectorOptions::bulk_load).
   std::string kvstore_bulk_port = "auto";
+  // Prepares each step while the step before runs on the device (StepExecutor's
+  // "Overlap"): the next step's batch diff, inputs and sampling plan are built
+  // between the launch of a step and its end. false: each step is prepared
+  // once the one before has ended (to measure what the overlap gains).
+  bool overlap_steps = true;
+  // The cuda backend's steps return once enqueued (ModelRunnerOptions::
+  // async_launch), so that the overlap above runs beside the GPU's work.
+  // Off until it has run on a GPU.
+  bool cuda_async_launch = false;
   // TEST-ONLY: comma-separated step ids (of each attached scheduler stream)
   // that fail after their loads and batch diff, before the forward pass
   // (their KV is not written). Empty: none.
@@ -138,6 +150,7 @@ class WorkerService final : public v1::Worker::Service {
     std::unique_ptr<sched::SchedulerOutput> step;
     absl::Status read;
     uint64_t step_id = 0;
+    uint64_t last_processed_step_id = 0;
     int64_t scheduled_tokens = 0;
     Stream* stream = nullptr;
     std::shared_ptr<std::promise<void>> done;  // set for the end marker
@@ -147,6 +160,10 @@ class WorkerService final : public v1::Worker::Service {
   };
 
   void Loop();
+  // The launched step's end, its metrics and its output (Send).
+  void FinishLaunched();
+  // Records one step's metrics.
+  void CountStep(const Work& work, const sched::ModelRunnerOutput& out, int64_t start_ns);
   // The outputs go out on a thread of their own, in order, so the next step
   // begins once a step's forward pass and sampling are done, not once its
   // output is serialized and written (DESIGN §8's GPU idle between steps).
@@ -169,6 +186,15 @@ class WorkerService final : public v1::Worker::Service {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Work> queue_;
+  // The loop thread's: the step launched and not finished (null: none),
+  // its work and when it was launched.
+  std::unique_ptr<StepExecutor::Step> launched_;
+  Work launched_work_;
+  int64_t launched_start_ns_ = 0;
+  // Under mu_: whether launched_ is done (its Finish would not wait), and
+  // which launch it is (a launch's on_done may come after the next launch).
+  bool launched_done_ = false;
+  uint64_t launch_count_ = 0;
   int32_t num_urgent_queued_ = 0;  // Work::urgent in queue_
   bool stopping_ = false;
   std::thread loop_;

@@ -2,11 +2,14 @@
 // cuda_runner_same_bits_test.cc has the runner options that must not change
 // a bit.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "tandem/common/pinned_memory.h"
@@ -258,6 +261,68 @@ TEST(CudaRunnerTest, ForwardSampleEqualsForwardThenSampleToken) {
                                        params[i], i, sample[i].banned_token_ids, history))
           << DTypeName(dtype) << " sequence " << i;
     }
+  }
+}
+
+// ModelRunnerOptions::async_launch: LaunchSample returns once the step is
+// enqueued, on_done runs once it is done, and FinishSample gives exactly
+// ForwardSample's tokens (greedy, drawn, penalized and not sampled rows; a
+// prefill and then decodes, replayed from graphs in bf16). A second launch
+// comes only after the first is finished, as the worker does it.
+TEST(CudaRunnerTest, AsyncLaunchGivesForwardSamplesTokens) {
+  auto model = testing::LoadTestModel();
+  ASSERT_NE(model, nullptr);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const KvCacheOptions cache = {.block_size = 16, .num_blocks = 64, .dtype = dtype};
+    auto eager = ModelRunner::Create(model.get(), cache, Backend::kCuda);
+    if (absl::IsUnavailable(eager.status())) GTEST_SKIP() << eager.status();
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    auto async = ModelRunner::Create(model.get(), cache, Backend::kCuda,
+                                     ModelRunnerOptions{.async_launch = true});
+    ASSERT_TRUE(async.ok()) << async.status();
+    const int32_t vocab = model->config().vocab_size;
+    std::vector<std::vector<int32_t>> seqs, tables;
+    std::vector<SamplingParams> params(5);
+    for (int32_t i = 0; i < 5; ++i) {
+      seqs.push_back(MakePrompt(3 + 5 * i, 8 + i, vocab));
+      tables.push_back({i * 4, i * 4 + 1, i * 4 + 2, i * 4 + 3});
+      params[i].temperature = i % 2 == 0 ? 0.0f : 0.8f;
+      params[i].seed = 7 + i;
+    }
+    params[1].repetition_penalty = 1.3f;
+    for (int step = 0; step < 4; ++step) {
+      std::vector<SequenceInput> batch;
+      std::vector<SampleRequest> sample;
+      const std::vector<int32_t> no_output;
+      for (int32_t i = 0; i < 5; ++i) {
+        const int32_t start = step == 0 ? 0 : static_cast<int32_t>(seqs[i].size()) - 1;
+        batch.push_back({.token_ids = std::span<const int32_t>(seqs[i]).subspan(start),
+                         .start_pos = start,
+                         .block_table = tables[i]});
+        sample.push_back(
+            {.params = i == 3 && step == 0 ? nullptr : &params[i], .output_position = step});
+        if (params[i].HasPenalties()) {
+          sample[i].prompt_token_ids = seqs[i];
+          sample[i].output_token_ids = no_output;
+        }
+      }
+      std::vector<int32_t> want, got;
+      std::vector<SampleLogprobs> logprobs;
+      ASSERT_TRUE((*eager)->ForwardSample(batch, sample, &want).ok());
+      std::atomic<int> done{0};
+      ASSERT_TRUE((*async)->LaunchSample(batch, sample, false, [&] { done.fetch_add(1); }).ok());
+      for (int i = 0; i < 10'000 && done.load() == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      EXPECT_EQ(done.load(), 1) << DTypeName(dtype) << " step " << step;
+      ASSERT_TRUE((*async)->FinishSample(&got, &logprobs).ok());
+      EXPECT_EQ(got, want) << DTypeName(dtype) << " step " << step;
+      for (int32_t i = 0; i < 5; ++i) {
+        if (want[i] >= 0) seqs[i].push_back(want[i]);
+      }
+    }
+    EXPECT_EQ((*async)->graph_replays(), (*eager)->graph_replays()) << DTypeName(dtype);
+    EXPECT_EQ((*async)->device_time().steps, 4) << DTypeName(dtype);
   }
 }
 

@@ -1,12 +1,18 @@
 // StepExecutor in process (issue 13): the worker's step logic without gRPC,
 // with a fake backend (records what it was fed, samples a token from the
 // position) and a fake KV connector (records the order of its calls). These
-// run under ASan/UBSan in CI, which the multi-process tests cannot.
+// run under ASan/UBSan in CI, which the multi-process tests cannot. The
+// overlap (a step prepared while the one before runs; issue 31) with a
+// backend whose steps end only at Finish.
 #include "tandem/worker/step_executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -49,6 +55,49 @@ class FakeBackend final : public StepBackend {
   // request, one after another.
   std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> histories;
   explicit FakeBackend(std::vector<std::string>& c) : calls(c) {}
+};
+
+// A device that runs each launched step until Finish: its tokens are those
+// of `inner` (ForwardSample at Launch, as the sim backend computes them),
+// given only at Finish, which fails with `fail_at_finish` when it is set.
+class LaterBackend final : public StepBackend {
+ public:
+  explicit LaterBackend(FakeBackend& inner) : inner_(inner) {}
+  absl::Status ForwardSample(std::span<const model::SequenceInput>,
+                             std::span<const model::SampleRequest>, std::vector<int32_t>*,
+                             std::vector<model::SampleLogprobs>*) override {
+    return absl::InternalError("not called with overlap");
+  }
+  absl::Status Launch(std::span<const model::SequenceInput> batch,
+                      std::span<const model::SampleRequest> sample, bool want_logprobs,
+                      std::function<void()> on_done) override {
+    EXPECT_FALSE(launched) << "launched before the step before was finished";
+    launched = true;
+    logprobs_.clear();
+    status_ = inner_.ForwardSample(batch, sample, &tokens_, want_logprobs ? &logprobs_ : nullptr);
+    on_done_ = std::move(on_done);
+    return absl::OkStatus();
+  }
+  absl::Status Finish(std::vector<int32_t>* tokens,
+                      std::vector<model::SampleLogprobs>* logprobs) override {
+    EXPECT_TRUE(launched);
+    launched = false;
+    on_done_();
+    *tokens = tokens_;
+    *logprobs = logprobs_;
+    return std::exchange(fail_at_finish, absl::OkStatus()).ok()
+               ? status_
+               : absl::InternalError("lost at the end");
+  }
+  bool launched = false;
+  absl::Status fail_at_finish;
+
+ private:
+  FakeBackend& inner_;
+  absl::Status status_;
+  std::vector<int32_t> tokens_;
+  std::vector<model::SampleLogprobs> logprobs_;
+  std::function<void()> on_done_;
 };
 
 class FakeConnector final : public sched::KvConnectorWorker {
@@ -259,6 +308,120 @@ TEST_F(StepExecutorTest, BadStepsFailWithAPreciseErrorAndResetForgetsEverything)
   const std::string built_on = ex.Execute(DecodeStep(4, 1, "b", 1, 3)).error;
   EXPECT_NE(built_on.find("was built on step 2, which failed"), std::string::npos) << built_on;
   EXPECT_TRUE(ex.Execute(NewStep(5, 4, "c", {2})).error.empty());
+}
+
+// Step 2 is prepared while step 1 runs, before step 1's token is known: its
+// input and its penalty history point at the slot step 1's Finish fills,
+// so the backend is fed the token step 1 sampled, as without the overlap.
+TEST_F(StepExecutorTest, AStepPreparedWhileTheOneBeforeRunsIsFedThatStepsToken) {
+  LaterBackend later(backend_);
+  StepExecutor ex(&later, &connector_);
+  bool done1 = false;
+  std::unique_ptr<StepExecutor::Step> s1 =
+      ex.Prepare(NewStep(1, 0, "a", {1, 2, 3}, {.repetition_penalty = 1.2f}));
+  ex.Launch(*s1, [&] { done1 = true; });
+  EXPECT_FALSE(done1) << "the step runs until Finish";
+  std::unique_ptr<StepExecutor::Step> s2 = ex.Prepare(DecodeStep(2, 0, "a", 3, 1));
+  // A request that arrives while step 1 runs.
+  SchedulerOutput step3 = NewStep(3, 1, "b", {7, 8});
+  ModelRunnerOutput o1 = ex.Finish(std::move(s1));
+  EXPECT_TRUE(done1);
+  ASSERT_TRUE(o1.error.empty()) << o1.error;
+  EXPECT_EQ(o1.sampled[0].token_ids, std::vector<int32_t>{103});
+  ex.Launch(*s2, [] {});
+  std::unique_ptr<StepExecutor::Step> s3 = ex.Prepare(std::move(step3));
+  ModelRunnerOutput o2 = ex.Finish(std::move(s2));
+  ASSERT_TRUE(o2.error.empty()) << o2.error;
+  EXPECT_EQ(o2.sampled[0].token_ids, std::vector<int32_t>{104});
+  ex.Launch(*s3, [] {});
+  ASSERT_TRUE(ex.Finish(std::move(s3)).error.empty());
+  ASSERT_EQ(backend_.fed.size(), 3u);
+  EXPECT_EQ(backend_.fed[1][0], std::vector<int32_t>{103});
+  using History = std::pair<std::vector<int32_t>, std::vector<int32_t>>;
+  EXPECT_EQ(backend_.histories[1], (History{{1, 2, 3}, {103}}));
+  EXPECT_EQ(calls_, (std::vector<std::string>{"load", "forward", "snapshot", "load", "forward",
+                                              "snapshot", "load", "forward", "snapshot"}))
+      << "a step's loads come after the step before has ended and stored";
+}
+
+// A request the scheduler finished while a step that holds it runs (async
+// scheduling: it stopped at the step before), and a new request under the
+// same id in the next step: the running step's token goes to the state it
+// was launched with (kept until it is finished; ASan sees a use after
+// free otherwise), not into the new request's.
+TEST_F(StepExecutorTest, ARequestFinishedWhileItsStepRunsIsKeptUntilTheStepIsFinished) {
+  LaterBackend later(backend_);
+  StepExecutor ex(&later, nullptr);
+  std::unique_ptr<StepExecutor::Step> s1 = ex.Prepare(NewStep(1, 0, "a", {1, 2, 3}));
+  ex.Launch(*s1, [] {});
+  SchedulerOutput step2 = NewStep(2, 0, "a", {4, 5});
+  step2.finished_req_ids = {"a"};
+  std::unique_ptr<StepExecutor::Step> s2 = ex.Prepare(std::move(step2));
+  ASSERT_TRUE(ex.Finish(std::move(s1)).error.empty());
+  ex.Launch(*s2, [] {});
+  ModelRunnerOutput o2 = ex.Finish(std::move(s2));
+  ASSERT_TRUE(o2.error.empty()) << o2.error;
+  EXPECT_EQ(backend_.fed[1][0], (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(o2.sampled[0].token_ids, std::vector<int32_t>{102});
+  // Its next decode feeds its own sample, not step 1's.
+  ASSERT_TRUE(ex.Execute(DecodeStep(3, 2, "a", 2, 0)).error.empty());
+  EXPECT_EQ(backend_.fed[2][0], std::vector<int32_t>{102});
+  EXPECT_EQ(ex.num_requests(), 1);
+}
+
+// Step 2 was prepared on step 1 before step 1 failed at its end: it does
+// not run, as a step built on a failed one never does, and step 1 stores
+// nothing.
+TEST_F(StepExecutorTest, AStepPreparedOnOneThatFailsAtItsEndDoesNotRun) {
+  LaterBackend later(backend_);
+  StepExecutor ex(&later, &connector_);
+  SchedulerOutput step1 = NewStep(1, 0, "a", {1, 2, 3});
+  step1.kv_connector_metadata.stores.push_back({.request_id = "a", .block_ids = {0}});
+  std::unique_ptr<StepExecutor::Step> s1 = ex.Prepare(std::move(step1));
+  ex.Launch(*s1, [] {});
+  std::unique_ptr<StepExecutor::Step> s2 = ex.Prepare(DecodeStep(2, 0, "a", 3, 1));
+  later.fail_at_finish = absl::InternalError("device lost");
+  ModelRunnerOutput o1 = ex.Finish(std::move(s1));
+  EXPECT_EQ(o1.error, "lost at the end");
+  EXPECT_EQ(o1.kv_connector_report.failed_sending, std::vector<std::string>{"a"});
+  ex.Launch(*s2, [] {});
+  EXPECT_FALSE(later.launched);
+  ModelRunnerOutput o2 = ex.Finish(std::move(s2));
+  EXPECT_NE(o2.error.find("was built on step 1, which failed"), std::string::npos) << o2.error;
+  EXPECT_EQ(backend_.fed.size(), 1u);
+  EXPECT_EQ(std::count(calls_.begin(), calls_.end(), "snapshot"), 0);
+}
+
+// The sim backend's Launch returns at once; the step is done (on_done,
+// Finish) after its delay, with ForwardSample's tokens, and the modelled
+// device is busy for the delay of each step. on_done runs at most once a
+// step, and not for a step that Finish has ended.
+TEST(SimBackendTest, LaunchReturnsAndTheStepEndsAfterItsDelay) {
+  SimBackend sim(/*vocab_size=*/16, {2}, /*step_us=*/20'000, /*token_us=*/0);
+  SamplingParams greedy;
+  const std::vector<int32_t> ids = {3, 4, 5};
+  const std::vector<model::SequenceInput> batch = {{.token_ids = ids, .start_pos = 0}};
+  const std::vector<model::SampleRequest> sample = {{.params = &greedy}};
+  std::vector<int32_t> want;
+  ASSERT_TRUE(sim.ForwardSample(batch, sample, &want, nullptr).ok());
+  std::atomic<int> done{0};
+  ASSERT_TRUE(sim.Launch(batch, sample, false, [&] { done.fetch_add(1); }).ok());
+  for (int i = 0; i < 10'000 && done.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(done.load(), 1) << "a step nobody finishes says when it is done";
+  std::vector<int32_t> got;
+  std::vector<model::SampleLogprobs> logprobs;
+  ASSERT_TRUE(sim.Finish(&got, &logprobs).ok());
+  EXPECT_EQ(got, want);
+  ASSERT_TRUE(sim.Launch(batch, sample, false, [&] { done.fetch_add(1); }).ok());
+  ASSERT_TRUE(sim.Finish(&got, &logprobs).ok());
+  EXPECT_EQ(got, want);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_LE(done.load(), 2);
+  const model::DeviceTime t = sim.device_time();
+  EXPECT_EQ(t.steps, 3);
+  EXPECT_GE(t.busy_s, 0.060);
 }
 
 TEST(SimBackendTest, DeterministicAndNeverAnyEos) {

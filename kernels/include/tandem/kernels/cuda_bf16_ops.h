@@ -166,6 +166,10 @@ int ArgMaxRows(const float* logits, int32_t rows, int32_t vocab, int32_t* out, v
 // Raw bytes, asynchronously on `stream`.
 int CopyAsync(void* dst, const void* src, size_t bytes, void* stream);
 int StreamSynchronize(void* stream);
+// Runs fn(arg) on a thread of the CUDA runtime once everything enqueued on
+// `stream` before it has finished (cudaLaunchHostFunc); fn must not call
+// CUDA.
+int LaunchHostFunc(void* stream, void (*fn)(void*), void* arg);
 
 }  // namespace tandem::kernels::cuda
 

@@ -147,6 +147,13 @@ struct ModelRunnerOptions {
   // whatever rows run with it); 0: cuBLAS. Off until it has run on a GPU
   // (bench_cuda --tc-gemm-max-rows).
   int32_t tc_gemm_max_rows = 0;
+  // CUDA backend: LaunchSample returns once the step is enqueued, its token
+  // ids downloaded by an asynchronous copy into pinned memory that
+  // FinishSample reads after one stream synchronization (steps that ask for
+  // logprobs run as ForwardSample). The same kernels and bits. Off until it
+  // has run on a GPU (tandem-worker --cuda-async-launch,
+  // tools/bench_services.sh --backend cuda).
+  bool async_launch = false;
   // CUDA bfloat16: decode steps of up to 256 sequences replay CUDA graphs
   // captured per batch-size bucket (model/decode_graphs.h); false runs every
   // step eagerly (bench_cuda --cuda-graphs off compares the two).
@@ -190,6 +197,30 @@ int64_t StepReserveBytes(const ModelConfig& config, int32_t tokens);
 // blocks cost memory only once written.
 int64_t DefaultCpuKvCacheBytes(int64_t physical_memory_bytes);
 
+// A step launched by running it at once (ForwardSample), its results kept
+// until it is finished: ModelRunner::LaunchSample's default, and the
+// worker's StepBackend's.
+class ImmediateStep {
+ public:
+  using Run = std::function<absl::Status(std::vector<int32_t>* tokens,
+                                         std::vector<SampleLogprobs>* logprobs)>;
+  absl::Status Launch(bool want_logprobs, const Run& run, const std::function<void()>& on_done) {
+    logprobs_.clear();
+    if (absl::Status s = run(&tokens_, want_logprobs ? &logprobs_ : nullptr); !s.ok()) return s;
+    on_done();
+    return absl::OkStatus();
+  }
+  absl::Status Finish(std::vector<int32_t>* tokens, std::vector<SampleLogprobs>* logprobs) {
+    tokens->swap(tokens_);
+    logprobs->swap(logprobs_);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<int32_t> tokens_;
+  std::vector<SampleLogprobs> logprobs_;
+};
+
 // Not thread-safe: one owner thread calls Forward and the block copies
 // (the worker's loop thread). ModelRunnerOptions.num_threads adds helper
 // threads inside Forward only.
@@ -232,6 +263,22 @@ class ModelRunner {
                                      std::span<const SampleRequest> sample,
                                      std::vector<int32_t>* tokens,
                                      std::vector<SampleLogprobs>* logprobs = nullptr);
+
+  // ForwardSample in two halves, so that the host can prepare the next step
+  // while the device runs this one: LaunchSample begins the step and
+  // returns once it has read its arguments (they need not outlive the
+  // call); `on_done` runs once, on any thread, when FinishSample would no
+  // longer wait (it must not call into the runner). FinishSample gives the
+  // results. One step at a time; a LaunchSample that fails launched
+  // nothing (on_done is not called). This implementation runs ForwardSample
+  // within LaunchSample and calls on_done before returning; the CUDA
+  // backend with ModelRunnerOptions::async_launch returns once the step is
+  // enqueued (steps without logprobs).
+  virtual absl::Status LaunchSample(std::span<const SequenceInput> batch,
+                                    std::span<const SampleRequest> sample, bool want_logprobs,
+                                    std::function<void()> on_done);
+  virtual absl::Status FinishSample(std::vector<int32_t>* tokens,
+                                    std::vector<SampleLogprobs>* logprobs);
 
   // Decode steps replayed from CUDA graphs so far (CUDA bfloat16 with
   // ModelRunnerOptions::cuda_graphs; 0 elsewhere).
@@ -297,6 +344,9 @@ class ModelRunner {
   // the steps' kernels, so that a load never holds up a step.
   virtual absl::StatusOr<BlockCopyIn> CopyBlocksFromHostAsync(
       std::span<const int32_t> block_ids, std::span<const std::span<const std::byte>> in);
+
+ private:
+  ImmediateStep immediate_;  // LaunchSample's default
 
  protected:
   ModelRunner(const Model* model, KvCacheOptions opts, Backend backend)

@@ -32,16 +32,38 @@
 // Each request's batch state ends with one log line (id, why, prompt and
 // computed tokens, tokens sampled here, steps, preemptions, time held).
 //
+// Overlap (issue 31: "the host prepares step N+1's inputs while step N
+// runs"): a step runs in three calls. Prepare applies its batch diff and
+// builds its inputs and sampling plan; Launch copies in the loads that
+// arrived and begins the forward pass and sampling on the backend; Finish
+// waits for them and gives the output. The worker calls Prepare(N+1)
+// between Launch(N) and Finish(N), so the host's work for the next step
+// runs while the device computes. That is exact because Launch(N) already
+// does N's bookkeeping (computed tokens, the steps that sampled, a slot in
+// token_ids for each token N samples): Prepare(N+1) sees the state it would
+// have seen after N, except the sampled tokens' values, which Finish(N)
+// writes into those slots before Launch(N+1) reads them (the inputs and
+// penalty histories are spans over token_ids). Requests that finish while
+// a step that holds them runs are kept until it is finished. Launch(N+1)
+// comes after Finish(N): with one device stream, the steps (and the KV
+// stores of N against the loads of N+1) stay in order. Execute is the
+// three calls back to back.
+//
 // Not thread-safe: one thread runs the steps, in order. Because they run
 // strictly in order, a block the scheduler freed after step N and reused in
 // step N+1 is never written by both at once (DESIGN §5 "Ordering").
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -67,9 +89,29 @@ class StepBackend {
                                      std::span<const model::SampleRequest> sample,
                                      std::vector<int32_t>* tokens,
                                      std::vector<model::SampleLogprobs>* logprobs) = 0;
+  // ForwardSample in two halves, so that the host can work while the device
+  // computes: Launch begins the step and returns once it has read its
+  // arguments (they need not outlive the call). Finish gives the launched
+  // step's results, waiting for them. One step at a time: Launch, then
+  // Finish, then the next Launch. `on_done` is a wake-up for a caller that
+  // waits for other work meanwhile: it runs at most once, on any thread,
+  // once Finish would not wait; it may run after Finish has returned (even
+  // after the next Launch), or not at all once Finish has, so it must tell
+  // its step from the next. It must not call back into the backend.
+  // A step whose Launch fails was not launched (on_done is not called).
+  // This implementation runs ForwardSample within Launch (its error is
+  // Launch's) and calls `on_done` before it returns.
+  virtual absl::Status Launch(std::span<const model::SequenceInput> batch,
+                              std::span<const model::SampleRequest> sample, bool want_logprobs,
+                              std::function<void()> on_done);
+  virtual absl::Status Finish(std::vector<int32_t>* tokens,
+                              std::vector<model::SampleLogprobs>* logprobs);
   // The steps so far on the device's own clock (model/device_time.h); a
   // backend that keeps none reports zeros.
   virtual model::DeviceTime device_time() const { return {}; }
+
+ private:
+  model::ImmediateStep immediate_;  // Launch's default
 };
 
 // The real model (owned elsewhere; must outlive the backend).
@@ -82,6 +124,15 @@ class RunnerBackend final : public StepBackend {
                              std::vector<model::SampleLogprobs>* logprobs) override {
     return runner_->ForwardSample(batch, sample, tokens, logprobs);
   }
+  absl::Status Launch(std::span<const model::SequenceInput> batch,
+                      std::span<const model::SampleRequest> sample, bool want_logprobs,
+                      std::function<void()> on_done) override {
+    return runner_->LaunchSample(batch, sample, want_logprobs, std::move(on_done));
+  }
+  absl::Status Finish(std::vector<int32_t>* tokens,
+                      std::vector<model::SampleLogprobs>* logprobs) override {
+    return runner_->FinishSample(tokens, logprobs);
+  }
   model::DeviceTime device_time() const override { return runner_->device_time(); }
 
  private:
@@ -91,32 +142,56 @@ class RunnerBackend final : public StepBackend {
 // No math: deterministic fake logits (one token gets all the mass, chosen
 // from the sequence's last token and length, never one of `eos_token_ids`
 // unless every id is one) after step_us per step plus token_us per token;
-// for scheduler scale tests.
+// for scheduler scale tests. Launch models a device: it computes the
+// results at once and returns, and the step is done (on_done, Finish)
+// once its delay has passed, counted from its launch or from the end of
+// the step before, whichever is later.
 class SimBackend final : public StepBackend {
  public:
   SimBackend(int32_t vocab_size, std::vector<int32_t> eos_token_ids, int32_t step_us,
-             int32_t token_us)
-      : vocab_size_(vocab_size),
-        eos_token_ids_(std::move(eos_token_ids)),
-        step_us_(step_us),
-        token_us_(token_us) {}
+             int32_t token_us);
+  ~SimBackend() override;
   absl::Status ForwardSample(std::span<const model::SequenceInput> batch,
                              std::span<const model::SampleRequest> sample,
                              std::vector<int32_t>* tokens,
                              std::vector<model::SampleLogprobs>* logprobs) override;
-  // The modelled device: busy for the step's delay and its fake logits and
-  // sampling (what a GPU step would run), by the monotonic clock.
-  model::DeviceTime device_time() const override { return clock_.time(); }
+  absl::Status Launch(std::span<const model::SequenceInput> batch,
+                      std::span<const model::SampleRequest> sample, bool want_logprobs,
+                      std::function<void()> on_done) override;
+  absl::Status Finish(std::vector<int32_t>* tokens,
+                      std::vector<model::SampleLogprobs>* logprobs) override;
+  // The modelled device: busy for each step's delay, by the monotonic clock.
+  model::DeviceTime device_time() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return clock_.time();
+  }
 
  private:
   [[nodiscard]] bool IsEos(int32_t token) const;
   // Writes the fake logits after `token` at position end - 1 to row.
   void FakeLogits(int32_t token, int64_t end, std::span<float> row) const;
+  // The tokens (and logprobs) of a batch, at once.
+  absl::Status Compute(std::span<const model::SequenceInput> batch,
+                       std::span<const model::SampleRequest> sample, std::vector<int32_t>* tokens,
+                       std::vector<model::SampleLogprobs>* logprobs) const;
+  std::chrono::microseconds Delay(std::span<const model::SequenceInput> batch) const;
+  // Calls each launched step's on_done once its end has passed.
+  void NotifyLoop();
 
   const int32_t vocab_size_;
   const std::vector<int32_t> eos_token_ids_;
   const int32_t step_us_, token_us_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
   model::DeviceClock clock_;
+  // The launched step.
+  double end_s_ = 0;               // MonotonicSeconds when it is done
+  std::function<void()> on_done_;  // null once called, or once Finish has run
+  absl::Status status_;
+  std::vector<int32_t> tokens_;
+  std::vector<model::SampleLogprobs> logprobs_;
+  bool stopping_ = false;
+  std::thread notifier_;
 };
 
 struct StepExecutorOptions {
@@ -145,17 +220,39 @@ class StepExecutor {
   StepExecutor(StepBackend* backend, sched::KvConnectorWorker* kv_connector,
                StepExecutorOptions options = {});
 
+  // A step between Prepare and Finish.
+  class Step;
+
   // Runs one step: applies its batch diff, checks the placeholders, runs its
   // KV loads, the forward pass and sampling, and snapshots its KV stores.
   // Always returns the step's output: on failure `error` is set, nothing is
-  // sampled and the loads done are still reported.
+  // sampled and the loads done are still reported. Prepare, Launch and
+  // Finish back to back.
   sched::ModelRunnerOutput Execute(sched::SchedulerOutput step);
+
+  // Execute in three calls (see "Overlap" above). The order is Prepare(N),
+  // Launch(N), [Prepare(N+1)], Finish(N), Launch(N+1), ...: at most one step
+  // is launched and not finished, and Prepare(N+1) may come before or
+  // after Finish(N).
+  // The host's work: finished requests, the batch diff and placeholder
+  // check, the inputs and the sampling plan. A failure is kept for Finish.
+  std::unique_ptr<Step> Prepare(sched::SchedulerOutput step);
+  // Copies in the loads that arrived and begins the forward pass and
+  // sampling. `on_done` as StepBackend::Launch's (when nothing was
+  // launched, it runs before this returns).
+  void Launch(Step& step, std::function<void()> on_done);
+  // Waits for the step, snapshots its KV stores, reports its loads and
+  // gives its output.
+  sched::ModelRunnerOutput Finish(std::unique_ptr<Step> step);
+
   // A step that could not even be read (the adapter's conversion failed):
   // answered as rejected (nothing of it applied), and every later step built
-  // before the scheduler processed that answer fails too.
+  // before the scheduler processed that answer fails too. Not while a step
+  // is launched and not finished.
   sched::ModelRunnerOutput Reject(uint64_t step_id, const absl::Status& why);
   // The scheduler's stream ended: every request's batch state is dropped,
-  // the loads in flight are forgotten and step ids start again.
+  // the loads in flight are forgotten and step ids start again. Not while a
+  // step is launched and not finished.
   void Reset(const char* why);
 
   [[nodiscard]] int32_t num_requests() const { return static_cast<int32_t>(seqs_.size()); }
@@ -176,7 +273,10 @@ class StepExecutor {
     int32_t num_sampled = 0;
     int32_t num_preemptions = 0;
   };
-  using SeqMap = std::unordered_map<std::string, SeqState>;
+  // By pointer: a launched step's rows point at their states, which must
+  // stay where they are while the map changes (and outlive a drop until the
+  // step is finished: retired_).
+  using SeqMap = std::unordered_map<std::string, std::unique_ptr<SeqState>>;
 
   // The step's requests, in the order of its num_scheduled_tokens.
   struct Batch {
@@ -184,9 +284,27 @@ class StepExecutor {
     std::vector<const std::string*> ids;
   };
 
-  // On error the batch state of the step's requests may be partly updated;
-  // the scheduler fails them. Run's phases follow.
-  absl::Status Run(sched::SchedulerOutput& step, sched::ModelRunnerOutput* out);
+ public:
+  class Step {
+   public:
+    uint64_t step_id() const { return step_.step_id; }
+
+   private:
+    friend class StepExecutor;
+    sched::SchedulerOutput step_;
+    sched::ModelRunnerOutput out_;
+    absl::Status status_;  // a failure before the forward pass
+    Batch batch_;
+    std::vector<model::SequenceInput> inputs_;
+    std::vector<model::SampleRequest> sample_;
+    std::vector<std::vector<int32_t>> banned_;  // sized only when a request bans tokens
+    bool launched_ = false;                     // the backend has it
+    // Per row that samples: where its token goes in the row's token_ids
+    // (-1: the row samples nothing).
+    std::vector<int64_t> slots_;
+  };
+
+ private:
   // Applies the step's diff (preempted, new and cached requests) to the
   // batch state, checks the placeholders, and lists the batch.
   absl::Status ApplyDiff(sched::SchedulerOutput& step, Batch* batch);
@@ -198,20 +316,29 @@ class StepExecutor {
                     std::vector<model::SequenceInput>* inputs,
                     std::vector<model::SampleRequest>* sample,
                     std::vector<std::vector<int32_t>>* banned) const;
-  // The step's results into the batch state and the output.
-  void RecordSamples(const sched::SchedulerOutput& step, const Batch& batch,
-                     const std::vector<model::SampleRequest>& sample,
-                     const std::vector<int32_t>& tokens,
-                     std::vector<model::SampleLogprobs>& logprobs, sched::ModelRunnerOutput* out);
+  // A launched step's bookkeeping, before the next step is prepared: its
+  // computed tokens, a slot in token_ids for each token it samples, and
+  // the output's rows.
+  void RecordLaunch(Step& st);
+  // The sampled tokens into their slots and the output.
+  void RecordSamples(Step& st, const std::vector<int32_t>& tokens,
+                     std::vector<model::SampleLogprobs>& logprobs);
+  // The output of a step that failed with `why`.
+  sched::ModelRunnerOutput FailedStep(Step& st, const absl::Status& why);
   sched::ModelRunnerOutput Failed(uint64_t step_id, uint64_t last_processed_step_id,
                                   const absl::Status& why, sched::KvConnectorReport report);
   // Drops a request's batch state with its log line.
   void DropSeq(SeqMap::iterator it, const char* why);
+  // Keeps `seq` alive until the launched step is finished (when one is).
+  void Retire(std::unique_ptr<SeqState> seq);
 
   StepBackend* const backend_;
   sched::KvConnectorWorker* const kv_connector_;
   const StepExecutorOptions options_;
   SeqMap seqs_;
+  // Dropped while a launched step still points at them.
+  std::vector<std::unique_ptr<SeqState>> retired_;
+  bool in_flight_ = false;  // a step is launched and not finished
   // The last step of this stream that failed by itself (not because it was
   // built on a failed one); 0: none.
   uint64_t last_failed_step_id_ = 0;
