@@ -9,9 +9,15 @@
 # device's own clock (CUDA events; with --backend sim, 5 ms steps and no
 # math, the modelled device), beside the worker's wall-clock figure.
 # Usage: tools/bench_services.sh [--build-dir DIR] [--backend cpu|cuda|sim] [--output-len N]
-#                                [--worker-flag FLAG]...
-#        (DIR defaults to ./build; each --worker-flag goes to every worker,
-#        e.g. --worker-flag --overlap-steps=false)
+#                                [--model PATH|1b] [--kv-cache-bytes B] [--worker-flag FLAG]...
+#        (DIR defaults to ./build; the model to ../shared/models/stories260K.bin,
+#        1b: a random model of Llama-3.2-1B's shape made once into $TMPDIR, as
+#        tools/bench_kv_ttft/run.sh makes it; B, each 32/64-stream worker's
+#        KV cache, to 64 MiB, and the 256-stream worker gets 16 B; each
+#        --worker-flag goes to every worker, e.g. --worker-flag
+#        --overlap-steps=false or --worker-flag --dtype=bfloat16)
+# On a GPU (a tools/gpu/bundle.sh --services bundle: bash .gpu/run.sh services):
+#   --backend cuda --model 1b --kv-cache-bytes 1073741824 --worker-flag --dtype=bfloat16
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="$(pwd)/build"
@@ -19,18 +25,30 @@ BACKEND=cpu
 OUTPUT_LEN=128
 PROMPT_LEN=64
 WORKER_FLAGS=()
+MODEL="$(pwd)/../shared/models/stories260K.bin"
+KV_BYTES=$((64 << 20))
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD="$2"; shift ;;
     --backend) BACKEND="$2"; shift ;;
     --output-len) OUTPUT_LEN="$2"; shift ;;
     --worker-flag) WORKER_FLAGS+=("$2"); shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --model) MODEL="$2"; shift ;;
+    --kv-cache-bytes) KV_BYTES="$2"; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown flag: $1" >&2; exit 2 ;;
   esac
   shift
 done
-MODEL="$(pwd)/../shared/models/stories260K.bin"
+if [ "$MODEL" = 1b ]; then
+  MODEL="${TMPDIR:-/tmp}/tandem-random-1b.bin"
+  if [ ! -s "$MODEL" ]; then
+    echo "making $MODEL (Llama-3.2-1B's shape, random weights)"
+    "$BUILD/tools/model/tandem-make-random-model" --out "$MODEL.tmp" --dim 2048 \
+      --hidden-dim 8192 --layers 16 --heads 32 --kv-heads 8 --vocab 128256 --seq-len 8192
+    mv "$MODEL.tmp" "$MODEL"
+  fi
+fi
 [ -f "$MODEL" ] || { MODEL="$(mktemp -d)/random.bin"; "$BUILD/tools/model/tandem-make-random-model" --out "$MODEL"; }
 DIR="$(mktemp -d /tmp/tandem-bench-XXXXXX)"
 PIDS=()
@@ -43,7 +61,7 @@ for mode in sync async; do
   # Two workers at once: each a fixed cache (on cuda the first would
   # otherwise take --gpu-memory-utilization's 0.9 of the GPU).
   "$BUILD/services/worker/tandem-worker" --model "$MODEL" --backend "$BACKEND" --listen 127.0.0.1:0 \
-    --kv-cache-bytes $((64 << 20)) --port-file "$DIR/w-$mode.port" "${WORKER_FLAGS[@]}" \
+    --kv-cache-bytes "$KV_BYTES" --port-file "$DIR/w-$mode.port" "${WORKER_FLAGS[@]}" \
     > "$DIR/worker-$mode.log" 2>&1 &
   PIDS+=($!)
   wport="$(port "$DIR/w-$mode.port")"
@@ -108,7 +126,7 @@ done
 # 256 running requests: a worker with room for all of them and a scheduler
 # that admits them all (async scheduling).
 "$BUILD/services/worker/tandem-worker" --model "$MODEL" --backend "$BACKEND" --listen 127.0.0.1:0 \
-  --kv-cache-bytes $((1024 << 20)) --port-file "$DIR/w-256.port" "${WORKER_FLAGS[@]}" \
+  --kv-cache-bytes $((16 * KV_BYTES)) --port-file "$DIR/w-256.port" "${WORKER_FLAGS[@]}" \
   > "$DIR/worker-256.log" 2>&1 &
 PIDS+=($!)
 wport="$(port "$DIR/w-256.port")"

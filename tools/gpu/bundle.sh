@@ -8,8 +8,8 @@
 #   bash .gpu/run.sh [tests|bench|all]
 #
 # --services packs the services instead (tandem-worker, -scheduler,
-# -frontend, -kvstore, the `tandem` CLI, tandem-bench-kv-ttft and
-# tandem-make-random-model, from BUILD_DIR, default ./build, as they lie in
+# -frontend, -kvstore, the `tandem` CLI, tandem-bench-kv-ttft,
+# tandem-make-random-model and tandem-wire-bench, from BUILD_DIR, default ./build, as they lie in
 # the build tree, debug info stripped), for the three-service benchmarks on
 # a machine with more cores (and a GPU for --backend cuda). The bundle must
 # then sit in the checkout on that machine:
@@ -17,6 +17,7 @@
 #   tools/gpu/bundle.sh --services [OUT_DIR=.gpu]   # then, there:
 #   bash .gpu/run.sh frontend [run.sh flags]        # tools/bench_frontend/run.sh
 #   bash .gpu/run.sh kvttft [run.sh flags]          # tools/bench_kv_ttft/run.sh
+#   bash .gpu/run.sh services [flags]               # tools/bench_services.sh
 # PACK=1 also writes OUT_DIR.tar.xz (17 MB against the folder's 62 MB: the
 # device tool carries at most 64 MiB with the tree); tools/gpu/frontend_sets.sh
 # unpacks it there and runs several benchmark configurations in one call.
@@ -28,7 +29,7 @@ out="${1:-.gpu}"
 if [ "$services" = 1 ]; then
   build="${BUILD_DIR:-build}"
   targets=(tandem-worker tandem-scheduler tandem-frontend tandem tandem-kvstore
-           tandem-bench-kv-ttft tandem-make-random-model)
+           tandem-bench-kv-ttft tandem-make-random-model tandem-wire-bench)
 else
   build="${BUILD_DIR:-build-gpu}"
   targets=(kernels_cuda_ops_test kernels_cuda_bf16_ops_test model_cuda_runner_test

@@ -12,6 +12,8 @@
 #   bash run.sh frontend [flags]   # a --services bundle in the checkout's
 #                                  # root: tools/bench_frontend/run.sh
 #   bash run.sh kvttft [flags]     # the same: tools/bench_kv_ttft/run.sh
+#   bash run.sh services [flags]   # the same: tools/bench_services.sh --backend
+#                                  # cuda (flags: --model 1b, --worker-flag ...)
 # Results go to $OUT (or ./gpu-out) as text files.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -29,6 +31,10 @@ rc=0
 if [ "$what" = frontend ]; then
   shift
   exec bash "$here/../tools/bench_frontend/run.sh" --build-dir "$here/build" "$@"
+fi
+if [ "$what" = services ]; then
+  shift
+  exec bash "$here/../tools/bench_services.sh" --build-dir "$here/build" --backend cuda "$@"
 fi
 if [ "$what" = kvttft ]; then
   shift
