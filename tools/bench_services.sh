@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     --worker-flag) WORKER_FLAGS+=("$2"); shift ;;
     --model) MODEL="$2"; shift ;;
     --kv-cache-bytes) KV_BYTES="$2"; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown flag: $1" >&2; exit 2 ;;
   esac
   shift
