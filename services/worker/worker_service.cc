@@ -143,6 +143,9 @@ WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* regist
         metrics::AddCounter(r, "tandem_worker_device_idle_seconds_total",
                             "Device time from one step's end to the next one's start: the "
                             "host's work between steps, or no work at all."),
+        metrics::AddCounter(r, "tandem_worker_steps_overlapped_total",
+                            "Steps whose batch diff and inputs were prepared while the step "
+                            "before still ran on the device (async scheduling)."),
     });
     kv_metrics_ = std::make_unique<WorkerKvMetrics>(r);
   }
@@ -463,6 +466,10 @@ void WorkerService::Loop() {
     }
     if (!options_.overlap_steps) FinishLaunched();
     // While the launched step runs on the device.
+    if (metrics_ != nullptr && launched_ != nullptr) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!launched_done_) metrics_->steps_overlapped.Increment();
+    }
     std::unique_ptr<StepExecutor::Step> step = executor_->Prepare(std::move(*work.step));
     FinishLaunched();
     uint64_t launch = 0;

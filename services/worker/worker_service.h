@@ -215,6 +215,7 @@ class WorkerService final : public v1::Worker::Service {
     prometheus::Gauge& active_requests;
     prometheus::Counter& device_busy;
     prometheus::Counter& device_idle;
+    prometheus::Counter& steps_overlapped;
   };
   std::unique_ptr<Metrics> metrics_;
   model::DeviceTime device_seen_;                // what metrics_ has of backend_->device_time()

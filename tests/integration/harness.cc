@@ -243,23 +243,54 @@ int ConnectTcp(const std::string& address, const std::function<void(int fd)>& be
   return fd;
 }
 
-int HttpGetStatus(const std::string& address, const std::string& path) {
-  // A plain HTTP/1.1 GET over a socket: the harness needs no HTTP library.
+namespace {
+// A plain HTTP/1.1 GET over a socket (the harness needs no HTTP library):
+// the whole response, "" when none came.
+std::string HttpGet(const std::string& address, const std::string& path) {
   const int fd = ConnectTcp(address, [](int fd) {
     timeval tv{.tv_sec = 5, .tv_usec = 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   });
-  if (fd < 0) return -1;
+  if (fd < 0) return "";
   const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) < 0) {
-    close(fd);
-    return -1;
+  std::string response;
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) >= 0) {
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
   }
-  char buf[64] = {};
-  const ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
   close(fd);
+  return response;
+}
+}  // namespace
+
+int HttpGetStatus(const std::string& address, const std::string& path) {
+  const std::string response = HttpGet(address, path);
   int status = -1;
-  if (n > 12 && std::sscanf(buf, "HTTP/1.1 %d", &status) == 1) return status;
+  if (response.size() > 12 && std::sscanf(response.c_str(), "HTTP/1.1 %d", &status) == 1) {
+    return status;
+  }
+  return -1;
+}
+
+std::string HttpGetBody(const std::string& address, const std::string& path) {
+  const std::string response = HttpGet(address, path);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+double ScrapeMetric(const Service& service, const std::string& series) {
+  const std::string log = ReadFile(service.log_path);
+  const std::string mark = "metrics on http://";
+  const size_t at = log.find(mark);
+  if (at == std::string::npos) return -1;
+  const size_t start = at + mark.size();
+  const size_t slash = log.find('/', start);
+  if (slash == std::string::npos) return -1;
+  const std::string page = HttpGetBody(log.substr(start, slash - start), "/metrics");
+  std::istringstream lines(page);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
   return -1;
 }
 

@@ -91,6 +91,12 @@ Service StartFrontend(const std::string& dir, const std::string& name,
 int ConnectTcp(const std::string& address, const std::function<void(int fd)>& before_connect = {});
 // The HTTP status of GET http://address/path, or -1 when it cannot connect.
 int HttpGetStatus(const std::string& address, const std::string& path);
+// The body of GET http://address/path ("" when it cannot be had).
+std::string HttpGetBody(const std::string& address, const std::string& path);
+// The value of an unlabelled series on a service's /metrics page (the
+// address its log names: "metrics on http://ADDRESS/metrics"); -1 when the
+// page or the series is missing.
+double ScrapeMetric(const Service& service, const std::string& series);
 
 // grpc.health.v1.Health/Check of `service` ("" = the whole server):
 // 1 SERVING, 2 NOT_SERVING, -1 when the call failed (NOT_FOUND included).

@@ -160,6 +160,54 @@ TEST(WorkerTest, AStreamThatEndsGetsTheOutputsStillQueued) {
   EXPECT_TRUE(stream.raw().Finish().ok());
 }
 
+// A step that arrives while the one before runs, when the scheduler runs
+// ahead (async scheduling: step 2 was built before step 1's output, step 3
+// before step 2's), is prepared meanwhile and fed the token that step
+// samples, as when each step is prepared after the one before
+// (--overlap-steps=false): the same outputs, and the worker counts the
+// overlap. Step 1 is not ahead of anything, so the worker finishes it at
+// once (a scheduler that waits for it) and prepares step 2 after it. The
+// sim backend's 300 ms steps leave the next step time to arrive.
+TEST(WorkerTest, AStepPreparedWhileTheOneBeforeRunsGivesTheSameTokens) {
+  const std::string dir = MakeTempDir("tandem-worker");
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<double> overlapped;
+  for (const char* overlap : {"--overlap-steps=true", "--overlap-steps=false"}) {
+    Service worker =
+        StartWorker(dir, std::string("worker") + overlap,
+                    {"--num-blocks", "8", "--backend", "sim", "--sim-step-us", "300000", overlap});
+    auto stub = WorkerStub(worker.address());
+    ExecuteStream stream(stub.get());
+    v1::SchedulerOutput prefill;
+    prefill.set_step_id(1);
+    v1::NewRequestData* r = prefill.add_scheduled_new_reqs();
+    r->set_request_id("p");
+    for (int32_t t : {1, 5, 9}) r->add_prompt_token_ids(t);
+    r->mutable_sampling()->set_max_tokens(10);
+    r->mutable_sampling()->set_ignore_eos(true);
+    r->add_block_ids(1);
+    prefill.add_num_scheduled_tokens(3);
+    prefill.set_total_num_scheduled_tokens(3);
+    ASSERT_TRUE(stream.raw().Write(prefill));
+    ASSERT_TRUE(stream.raw().Write(DecodeStep(2, "p", 3, 1, 0)));
+    ASSERT_TRUE(stream.raw().Write(DecodeStep(3, "p", 4, 1, 1)));
+    tokens.emplace_back();
+    for (uint64_t id : {1, 2, 3}) {
+      v1::ModelRunnerOutput out;
+      ASSERT_TRUE(stream.raw().Read(&out));
+      EXPECT_EQ(out.step_id(), id);
+      ASSERT_TRUE(out.error().empty()) << out.error();
+      ASSERT_EQ(out.sampled_size(), 1);
+      ASSERT_EQ(out.sampled(0).token_ids_size(), 1);
+      tokens.back().push_back(out.sampled(0).token_ids(0));
+    }
+    EXPECT_TRUE(stream.Close().ok());
+    overlapped.push_back(ScrapeMetric(worker, "tandem_worker_steps_overlapped_total"));
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(overlapped, (std::vector<double>{1, 0}));
+}
+
 // One log line per request when the worker drops its state: id, reason,
 // tokens computed and sampled, steps, preemptions, time held.
 TEST(WorkerTest, LogsEachRequestWhenItDropsItsState) {
