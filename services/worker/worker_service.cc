@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <span>
 
 #include "absl/strings/numbers.h"
@@ -471,7 +472,15 @@ void WorkerService::Loop() {
       if (!launched_done_) metrics_->steps_overlapped.Increment();
     }
     std::unique_ptr<StepExecutor::Step> step = executor_->Prepare(std::move(*work.step));
-    FinishLaunched();
+    // The step before ends here. Where this one's launch returns at once,
+    // the step before's output goes out after it, so that writing it and
+    // the metrics are not between the two steps on the device; where the
+    // launch runs the whole step (the cpu backend), before it.
+    std::optional<Finished> before = FinishLaunchedStep();
+    if (before.has_value() && !backend_->launches_async()) {
+      SendFinished(*std::move(before));
+      before.reset();
+    }
     uint64_t launch = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -495,15 +504,28 @@ void WorkerService::Loop() {
       }
       cv_.notify_all();
     });
+    if (before.has_value()) SendFinished(*std::move(before));
     if (!ahead) FinishLaunched();
   }
 }
 
+std::optional<WorkerService::Finished> WorkerService::FinishLaunchedStep() {
+  if (launched_ == nullptr) return std::nullopt;
+  Finished f{.out = executor_->Finish(std::move(launched_)),
+             .work = std::move(launched_work_),
+             .start_ns = launched_start_ns_};
+  return f;
+}
+
+void WorkerService::SendFinished(Finished f) {
+  CountStep(f.work, f.out, f.start_ns);
+  Send(f.work.stream, std::move(f.out));
+}
+
 void WorkerService::FinishLaunched() {
-  if (launched_ == nullptr) return;
-  sched::ModelRunnerOutput out = executor_->Finish(std::move(launched_));
-  CountStep(launched_work_, out, launched_start_ns_);
-  Send(launched_work_.stream, std::move(out));
+  if (std::optional<Finished> f = FinishLaunchedStep(); f.has_value()) {
+    SendFinished(*std::move(f));
+  }
 }
 
 void WorkerService::CountStep(const Work& work, const sched::ModelRunnerOutput& out,

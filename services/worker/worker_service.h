@@ -24,6 +24,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -160,7 +161,17 @@ class WorkerService final : public v1::Worker::Service {
   };
 
   void Loop();
-  // The launched step's end, its metrics and its output (Send).
+  // A finished step's output, with what its metrics need.
+  struct Finished {
+    sched::ModelRunnerOutput out;
+    Work work;
+    int64_t start_ns = 0;
+  };
+  // The launched step's end (none launched: nullopt).
+  std::optional<Finished> FinishLaunchedStep();
+  // Its metrics and its output (Send).
+  void SendFinished(Finished f);
+  // Both at once.
   void FinishLaunched();
   // Records one step's metrics.
   void CountStep(const Work& work, const sched::ModelRunnerOutput& out, int64_t start_ns);
