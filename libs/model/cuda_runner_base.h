@@ -104,7 +104,9 @@ class CudaRunnerBase : public ModelRunner {
                             std::function<void()> on_done) override;
   absl::Status FinishSample(std::vector<int32_t>* tokens,
                             std::vector<SampleLogprobs>* logprobs) override;
-  bool launches_async() const override { return runner_opts_.async_launch; }
+  bool launches_async(bool want_logprobs) const override {
+    return runner_opts_.async_launch && !want_logprobs;
+  }
   // ForwardSample's step, which StepEvents times.
   absl::Status SampleOnDevice(std::span<const SequenceInput> batch,
                               std::span<const SampleRequest> sample, std::vector<int32_t>* tokens,

@@ -76,6 +76,11 @@ void StepExecutor::Launch(Step& st, std::function<void()> on_done) {
   on_done();
 }
 
+bool StepExecutor::LaunchReturnsAtOnce(const Step& st) const {
+  return st.status_.ok() && !st.inputs_.empty() &&
+         backend_->launches_async(model::WantsLogprobs(st.sample_));
+}
+
 sched::ModelRunnerOutput StepExecutor::Finish(std::unique_ptr<Step> st) {
   std::vector<int32_t> tokens;
   std::vector<model::SampleLogprobs> logprobs;

@@ -477,7 +477,7 @@ void WorkerService::Loop() {
     // the metrics are not between the two steps on the device; where the
     // launch runs the whole step (the cpu backend), before it.
     std::optional<Finished> before = FinishLaunchedStep();
-    if (before.has_value() && !backend_->launches_async()) {
+    if (before.has_value() && !executor_->LaunchReturnsAtOnce(*step)) {
       SendFinished(*std::move(before));
       before.reset();
     }

@@ -392,6 +392,20 @@ TEST_F(StepExecutorTest, AStepPreparedOnOneThatFailsAtItsEndDoesNotRun) {
   EXPECT_EQ(std::count(calls_.begin(), calls_.end(), "snapshot"), 0);
 }
 
+// Whether a prepared step's Launch returns before the step is done: so the
+// worker knows whether to send the step before's output first (a launch
+// that runs the step would hold it for a whole step).
+TEST_F(StepExecutorTest, ALaunchReturnsAtOnceOnlyWhereTheBackendsDoes) {
+  StepExecutor runs_it(&backend_, nullptr);
+  EXPECT_FALSE(runs_it.LaunchReturnsAtOnce(*runs_it.Prepare(NewStep(1, 0, "a", {1, 2}))));
+  SimBackend sim(/*vocab_size=*/16, {2}, /*step_us=*/0, /*token_us=*/0);
+  StepExecutor sim_ex(&sim, nullptr);
+  EXPECT_TRUE(sim_ex.LaunchReturnsAtOnce(*sim_ex.Prepare(NewStep(1, 0, "a", {1, 2}))));
+  // Nothing to compute, or a step that already failed: nothing is launched.
+  EXPECT_FALSE(sim_ex.LaunchReturnsAtOnce(*sim_ex.Prepare(SchedulerOutput{.step_id = 2})));
+  EXPECT_FALSE(sim_ex.LaunchReturnsAtOnce(*sim_ex.Prepare(DecodeStep(3, 2, "nobody", 0, 0))));
+}
+
 // The sim backend's Launch returns at once; the step is done (on_done,
 // Finish) after its delay, with ForwardSample's tokens, and the modelled
 // device is busy for the delay of each step. on_done runs at most once a

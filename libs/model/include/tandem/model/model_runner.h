@@ -279,9 +279,10 @@ class ModelRunner {
                                     std::function<void()> on_done);
   virtual absl::Status FinishSample(std::vector<int32_t>* tokens,
                                     std::vector<SampleLogprobs>* logprobs);
-  // Whether LaunchSample returns before the step is done (a step without
-  // logprobs, on the CUDA backend with async_launch).
-  virtual bool launches_async() const { return false; }
+  // Whether LaunchSample returns before a step (that asks for logprobs or
+  // not) is done: a step without logprobs on the CUDA backend with
+  // async_launch.
+  virtual bool launches_async(bool /*want_logprobs*/) const { return false; }
 
   // Decode steps replayed from CUDA graphs so far (CUDA bfloat16 with
   // ModelRunnerOptions::cuda_graphs; 0 elsewhere).

@@ -51,9 +51,9 @@ class StepBackend {
                               std::function<void()> on_done);
   virtual absl::Status Finish(std::vector<int32_t>* tokens,
                               std::vector<model::SampleLogprobs>* logprobs);
-  // Whether Launch returns before the step is done (this implementation:
-  // no, it runs the step).
-  virtual bool launches_async() const { return false; }
+  // Whether Launch returns before a step (that asks for logprobs or not)
+  // is done; this implementation runs the step.
+  virtual bool launches_async(bool /*want_logprobs*/) const { return false; }
   // The steps so far on the device's own clock (model/device_time.h); a
   // backend that keeps none reports zeros.
   virtual model::DeviceTime device_time() const { return {}; }
@@ -81,7 +81,9 @@ class RunnerBackend final : public StepBackend {
                       std::vector<model::SampleLogprobs>* logprobs) override {
     return runner_->FinishSample(tokens, logprobs);
   }
-  bool launches_async() const override { return runner_->launches_async(); }
+  bool launches_async(bool want_logprobs) const override {
+    return runner_->launches_async(want_logprobs);
+  }
   model::DeviceTime device_time() const override { return runner_->device_time(); }
 
  private:
@@ -109,7 +111,7 @@ class SimBackend final : public StepBackend {
                       std::function<void()> on_done) override;
   absl::Status Finish(std::vector<int32_t>* tokens,
                       std::vector<model::SampleLogprobs>* logprobs) override;
-  bool launches_async() const override { return true; }
+  bool launches_async(bool) const override { return true; }
   // The modelled device: busy for each step's delay, by the monotonic clock.
   model::DeviceTime device_time() const override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -122,6 +122,9 @@ class StepExecutor {
   // sampling. `on_done` as StepBackend::Launch's (when nothing was
   // launched, it runs before this returns).
   void Launch(Step& step, std::function<void()> on_done);
+  // Whether Launch would return before the step is done (the backend's
+  // launches_async for it; false for a step with nothing to compute).
+  [[nodiscard]] bool LaunchReturnsAtOnce(const Step& step) const;
   // Waits for the step, snapshots its KV stores, reports its loads and
   // gives its output.
   sched::ModelRunnerOutput Finish(std::unique_ptr<Step> step);
