@@ -40,15 +40,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if [ "$MODEL" = 1b ]; then
-  MODEL="${TMPDIR:-/tmp}/tandem-random-1b.bin"
-  if [ ! -s "$MODEL" ]; then
-    echo "making $MODEL (Llama-3.2-1B's shape, random weights)"
-    "$BUILD/tools/model/tandem-make-random-model" --out "$MODEL.tmp" --dim 2048 \
-      --hidden-dim 8192 --layers 16 --heads 32 --kv-heads 8 --vocab 128256 --seq-len 8192
-    mv "$MODEL.tmp" "$MODEL"
-  fi
-fi
+[ "$MODEL" != 1b ] || MODEL="$(tools/model/random_1b.sh "$BUILD")"
 [ -f "$MODEL" ] || { MODEL="$(mktemp -d)/random.bin"; "$BUILD/tools/model/tandem-make-random-model" --out "$MODEL"; }
 DIR="$(mktemp -d /tmp/tandem-bench-XXXXXX)"
 PIDS=()

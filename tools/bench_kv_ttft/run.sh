@@ -49,15 +49,7 @@ TARGETS=(tandem-worker tandem-scheduler tandem-kvstore tandem-bench-kv-ttft)
 # --services bundle on a GPU machine: bash .gpu/run.sh kvttft [flags]).
 [ "${TANDEM_NO_BUILD:-0}" = 1 ] ||
   cmake --build "$BUILD" -j"${TANDEM_JOBS:-2}" --target "${TARGETS[@]}" >/dev/null
-if [ "$MODEL" = 1b ]; then
-  MODEL="${TMPDIR:-/tmp}/tandem-random-1b.bin"
-  if [ ! -s "$MODEL" ]; then
-    echo "making $MODEL (Llama-3.2-1B's shape, random weights)"
-    "$BUILD/tools/model/tandem-make-random-model" --out "$MODEL.tmp" --dim 2048 \
-      --hidden-dim 8192 --layers 16 --heads 32 --kv-heads 8 --vocab 128256 --seq-len 8192
-    mv "$MODEL.tmp" "$MODEL"
-  fi
-fi
+[ "$MODEL" != 1b ] || MODEL="$(tools/model/random_1b.sh "$BUILD")"
 RUN="$(mktemp -d /tmp/tandem-bench-kv-XXXXXX)"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
