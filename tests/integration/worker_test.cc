@@ -74,6 +74,23 @@ v1::SchedulerOutput DecodeStep(uint64_t step_id, const std::string& id, int32_t 
   return step;
 }
 
+// Step 1 of request "p": its 3-token prompt in block 1, 10 tokens at most,
+// EOS ignored.
+v1::SchedulerOutput PrefillStep(bool seeded = false) {
+  v1::SchedulerOutput prefill;
+  prefill.set_step_id(1);
+  v1::NewRequestData* r = prefill.add_scheduled_new_reqs();
+  r->set_request_id("p");
+  for (int32_t t : {1, 5, 9}) r->add_prompt_token_ids(t);
+  r->mutable_sampling()->set_max_tokens(10);
+  r->mutable_sampling()->set_ignore_eos(true);
+  if (seeded) r->mutable_sampling()->set_has_seed(true);
+  r->add_block_ids(1);
+  prefill.add_num_scheduled_tokens(3);
+  prefill.set_total_num_scheduled_tokens(3);
+  return prefill;
+}
+
 // The async pipeline as the scheduler drives it, then a step whose
 // num_output_placeholders disagrees with what the worker sampled: the step
 // fails with a precise error instead of feeding a wrong token.
@@ -83,18 +100,7 @@ TEST(WorkerTest, PlaceholderCountMustMatchTheTokensTheWorkerSampled) {
   auto stub = WorkerStub(worker.address());
   ExecuteStream stream(stub.get());
 
-  v1::SchedulerOutput prefill;
-  prefill.set_step_id(1);
-  v1::NewRequestData* r = prefill.add_scheduled_new_reqs();
-  r->set_request_id("p");
-  for (int32_t t : {1, 5, 9}) r->add_prompt_token_ids(t);
-  r->mutable_sampling()->set_max_tokens(10);
-  r->mutable_sampling()->set_ignore_eos(true);
-  r->mutable_sampling()->set_has_seed(true);
-  r->add_block_ids(1);
-  prefill.add_num_scheduled_tokens(3);
-  prefill.set_total_num_scheduled_tokens(3);
-  v1::ModelRunnerOutput out = stream.Run(prefill);
+  v1::ModelRunnerOutput out = stream.Run(PrefillStep(/*seeded=*/true));
   ASSERT_TRUE(out.error().empty()) << out.error();
   ASSERT_EQ(out.sampled_size(), 1);
   ASSERT_EQ(out.sampled(0).token_ids_size(), 1);
@@ -137,17 +143,7 @@ TEST(WorkerTest, AStreamThatEndsGetsTheOutputsStillQueued) {
       StartWorker(dir, "worker", {"--num-blocks", "8", "--debug-send-delay-us", "300000"});
   auto stub = WorkerStub(worker.address());
   ExecuteStream stream(stub.get());
-  v1::SchedulerOutput prefill;
-  prefill.set_step_id(1);
-  v1::NewRequestData* r = prefill.add_scheduled_new_reqs();
-  r->set_request_id("p");
-  for (int32_t t : {1, 5, 9}) r->add_prompt_token_ids(t);
-  r->mutable_sampling()->set_max_tokens(10);
-  r->mutable_sampling()->set_ignore_eos(true);
-  r->add_block_ids(1);
-  prefill.add_num_scheduled_tokens(3);
-  prefill.set_total_num_scheduled_tokens(3);
-  ASSERT_TRUE(stream.raw().Write(prefill));
+  ASSERT_TRUE(stream.raw().Write(PrefillStep()));
   ASSERT_TRUE(stream.raw().Write(DecodeStep(2, "p", 3, 1, 0)));
   stream.raw().WritesDone();  // the end, while both outputs wait for the writer
   for (uint64_t id : {1, 2}) {
@@ -178,17 +174,7 @@ TEST(WorkerTest, AStepPreparedWhileTheOneBeforeRunsGivesTheSameTokens) {
                     {"--num-blocks", "8", "--backend", "sim", "--sim-step-us", "300000", overlap});
     auto stub = WorkerStub(worker.address());
     ExecuteStream stream(stub.get());
-    v1::SchedulerOutput prefill;
-    prefill.set_step_id(1);
-    v1::NewRequestData* r = prefill.add_scheduled_new_reqs();
-    r->set_request_id("p");
-    for (int32_t t : {1, 5, 9}) r->add_prompt_token_ids(t);
-    r->mutable_sampling()->set_max_tokens(10);
-    r->mutable_sampling()->set_ignore_eos(true);
-    r->add_block_ids(1);
-    prefill.add_num_scheduled_tokens(3);
-    prefill.set_total_num_scheduled_tokens(3);
-    ASSERT_TRUE(stream.raw().Write(prefill));
+    ASSERT_TRUE(stream.raw().Write(PrefillStep()));
     ASSERT_TRUE(stream.raw().Write(DecodeStep(2, "p", 3, 1, 0)));
     ASSERT_TRUE(stream.raw().Write(DecodeStep(3, "p", 4, 1, 1)));
     tokens.emplace_back();
