@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tandem/common/clock.h"
+#include "tandem/common/status.h"
 
 namespace tandem::worker {
 
@@ -68,12 +69,12 @@ absl::Status SimBackend::ForwardSample(std::span<const model::SequenceInput> bat
                                        std::span<const model::SampleRequest> sample,
                                        std::vector<int32_t>* tokens,
                                        std::vector<model::SampleLogprobs>* logprobs) {
-  const double start_s = MonotonicSeconds();
-  std::this_thread::sleep_for(Delay(batch));
-  const absl::Status status = Compute(batch, sample, tokens, logprobs);
-  std::lock_guard<std::mutex> lock(mu_);
-  clock_.Step(start_s, MonotonicSeconds());
-  return status;
+  // The modelled device, waited for at once.
+  TANDEM_RETURN_IF_ERROR(Launch(batch, sample, logprobs != nullptr, [] {}));
+  std::vector<model::SampleLogprobs> got;
+  TANDEM_RETURN_IF_ERROR(Finish(tokens, &got));
+  if (logprobs != nullptr) *logprobs = std::move(got);
+  return absl::OkStatus();
 }
 
 absl::Status SimBackend::Launch(std::span<const model::SequenceInput> batch,

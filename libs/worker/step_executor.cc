@@ -34,6 +34,7 @@ std::unique_ptr<StepExecutor::Step> StepExecutor::Prepare(sched::SchedulerOutput
   if (st->status_.ok()) {
     st->sample_.resize(st->batch_.seqs.size());
     PlanSampling(st->step_, st->batch_, &st->inputs_, &st->sample_, &st->banned_);
+    st->want_logprobs_ = model::WantsLogprobs(st->sample_);
   }
   return st;
 }
@@ -64,8 +65,7 @@ void StepExecutor::Launch(Step& st, std::function<void()> on_done) {
     std::this_thread::sleep_for(std::chrono::microseconds(options_.debug_step_delay_us));
   }
   if (st.status_.ok() && !st.inputs_.empty()) {
-    st.status_ =
-        backend_->Launch(st.inputs_, st.sample_, model::WantsLogprobs(st.sample_), on_done);
+    st.status_ = backend_->Launch(st.inputs_, st.sample_, st.want_logprobs_, on_done);
     if (st.status_.ok()) {
       st.launched_ = true;
       in_flight_ = true;
@@ -77,8 +77,7 @@ void StepExecutor::Launch(Step& st, std::function<void()> on_done) {
 }
 
 bool StepExecutor::LaunchReturnsAtOnce(const Step& st) const {
-  return st.status_.ok() && !st.inputs_.empty() &&
-         backend_->launches_async(model::WantsLogprobs(st.sample_));
+  return st.status_.ok() && !st.inputs_.empty() && backend_->launches_async(st.want_logprobs_);
 }
 
 sched::ModelRunnerOutput StepExecutor::Finish(std::unique_ptr<Step> st) {

@@ -182,6 +182,7 @@ class StepExecutor {
     std::vector<model::SequenceInput> inputs_;
     std::vector<model::SampleRequest> sample_;
     std::vector<std::vector<int32_t>> banned_;  // sized only when a request bans tokens
+    bool want_logprobs_ = false;                // model::WantsLogprobs(sample_)
     bool launched_ = false;                     // the backend has it
     // Per row that samples: where its token goes in the row's token_ids
     // (-1: the row samples nothing).
