@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
   flags.Add("kvstore-load-threads", &options.kvstore_load_threads,
             "steps' KV-store loads read at once (each step's loads are one read; a slow one "
             "holds up no other), 1 to 64");
+  flags.Add("kvstore-empty-step-wait-ms", &options.kvstore_empty_step_wait_ms,
+            "how long a step with nothing to compute waits for a KV-store load to arrive before "
+            "it answers (a step that arrives meanwhile ends the wait), 0 to 600000");
   tandem::metrics::ExposerOptions metrics_options;
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);

@@ -76,6 +76,10 @@ absl::Status WorkerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("--kvstore-load-threads must be in [1, 64], got ",
                                                    kvstore_load_threads));
   }
+  if (kvstore_empty_step_wait_ms < 0 || kvstore_empty_step_wait_ms > 600'000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kvstore-empty-step-wait-ms must be in [0, 600000], got ", kvstore_empty_step_wait_ms));
+  }
   if (!kvstore_target.empty()) {
     TANDEM_RETURN_IF_ERROR(kvconnector::KvStoreConnectorOptions::ValidateBulkLoad(
         kvstore_bulk_port, "--kvstore-bulk-port"));
@@ -321,9 +325,11 @@ absl::Status WorkerService::Load() {
   debug_reject_steps_ = *options_.DebugRejectSteps();
   executor_ = std::make_unique<StepExecutor>(
       backend_.get(), kv_connector_.get(),
-      StepExecutorOptions{.eos_token_ids = config.EosTokenIds(),
-                          .debug_fail_steps = *options_.DebugFailSteps(),
-                          .debug_step_delay_us = options_.debug_step_delay_us});
+      StepExecutorOptions{
+          .eos_token_ids = config.EosTokenIds(),
+          .debug_fail_steps = *options_.DebugFailSteps(),
+          .debug_step_delay_us = options_.debug_step_delay_us,
+          .empty_step_load_wait = std::chrono::milliseconds(options_.kvstore_empty_step_wait_ms)});
   TANDEM_LOG(INFO) << "loaded " << model_->name() << " (" << config.num_layers << " layers, vocab "
                    << config.vocab_size << ") backend=" << options_.backend
                    << " kv_blocks=" << num_blocks_ << " block_size=" << options_.block_size << " ("

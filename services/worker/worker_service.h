@@ -90,6 +90,10 @@ struct WorkerOptions {
   int64_t kvstore_transfer_deadline_ms = 5000;
   // Steps' KV-store loads read at once (KvStoreConnectorOptions::load_threads).
   int32_t kvstore_load_threads = 4;
+  // How long a step with nothing to compute waits for a KV-store load to
+  // arrive before it answers (StepExecutorOptions::empty_step_load_wait;
+  // a step that arrives meanwhile ends the wait), milliseconds.
+  int32_t kvstore_empty_step_wait_ms = 10;
   // auto | off | host:port: how KV-store loads travel (KvStoreConnectorOptions::bulk_load).
   std::string kvstore_bulk_port = "auto";
   // Prepares each step while the step before runs on the device (StepExecutor's

@@ -1,9 +1,11 @@
-// tandem-worker on its own: health during a slow model load, the placeholder
-// check on hand-built Execute streams, and the per-request log line.
+// tandem-worker on its own: health during a slow model load, hand-built
+// Execute streams (the placeholder check, the overlap of steps, an empty
+// step's wait for KV-store loads), and the per-request log line.
 #include <thread>
 
 #include "gtest/gtest.h"
 #include "harness.h"
+#include "kv_util.h"
 
 namespace tandem::testing {
 namespace {
@@ -192,6 +194,61 @@ TEST(WorkerTest, AStepPreparedWhileTheOneBeforeRunsGivesTheSameTokens) {
   }
   EXPECT_EQ(tokens[0], tokens[1]);
   EXPECT_EQ(overlapped, (std::vector<double>{1, 0}));
+}
+
+// A step with nothing to compute waits for the KV-store loads in flight
+// (--kvstore-empty-step-wait-ms), unless a step is queued behind it. Here
+// the scheduler runs ahead: step 2, empty, is launched while its load
+// takes 3 s, and step 3, a prefill, arrives before the worker finishes
+// step 2 (or while it waits). Either way step 2 stops waiting, so it
+// answers before the load arrives (its report has no load) and step 3
+// runs; the load is reported by the next empty step, which waits for it.
+// Without the rule that a step taken from the queue counts as queued
+// while the launched step is unfinished, step 2 held the prefill until
+// the load came.
+TEST(WorkerTest, AnEmptyStepStopsWaitingForLoadsWhenAStepIsQueuedBehindIt) {
+  const std::string dir = MakeTempDir("tandem-worker");
+  Service kv = StartKvStore(dir, "kv", {"--debug-load-delay-ms", "3000"});
+  Service worker = StartWorker(
+      dir, "worker",
+      {"--num-blocks", "8", "--kvstore", kv.address(), "--kvstore-empty-step-wait-ms", "60000"});
+  auto stub = WorkerStub(worker.address());
+  ExecuteStream stream(stub.get());
+  // Step 1 begins a load of one block the store does not have.
+  v1::SchedulerOutput load;
+  load.set_step_id(1);
+  v1::KvLoad* l = load.mutable_kv_connector_metadata()->add_loads();
+  l->set_request_id("loaded");
+  l->add_block_hashes(std::string(32, '\x5a'));
+  l->add_block_ids(2);
+  v1::SchedulerOutput empty;
+  empty.set_step_id(2);
+  v1::SchedulerOutput prefill = PrefillStep();
+  prefill.set_step_id(3);
+  prefill.set_last_processed_step_id(1);
+  for (const v1::SchedulerOutput* step : {&load, &empty, &prefill}) {
+    ASSERT_TRUE(stream.raw().Write(*step));
+  }
+  for (uint64_t id : {1, 2, 3}) {
+    v1::ModelRunnerOutput out;
+    ASSERT_TRUE(stream.raw().Read(&out));
+    ASSERT_EQ(out.step_id(), id);
+    EXPECT_TRUE(out.error().empty()) << out.error();
+    EXPECT_EQ(out.kv_connector_report().finished_recving_size(), 0)
+        << "step " << id << " waited for the load";
+    if (id == 3) {
+      EXPECT_EQ(out.sampled_size(), 1);
+    }
+  }
+  // Nothing behind this one: it waits for the load, which is a miss.
+  empty.set_step_id(4);
+  empty.set_last_processed_step_id(3);
+  const v1::ModelRunnerOutput out = stream.Run(empty);
+  EXPECT_TRUE(out.error().empty()) << out.error();
+  ASSERT_EQ(out.kv_connector_report().finished_recving_size(), 1);
+  EXPECT_EQ(out.kv_connector_report().finished_recving(0), "loaded");
+  EXPECT_EQ(out.kv_connector_report().num_load_failed_not_found(), 1);
+  EXPECT_TRUE(stream.Close().ok());
 }
 
 // One log line per request when the worker drops its state: id, reason,
