@@ -112,17 +112,12 @@ sched::ModelRunnerOutput StepExecutor::FailedStep(Step& st, const absl::Status& 
   TANDEM_LOG(ERROR) << "step " << st.step_.step_id << " failed: " << why;
   // Loads already done are still reported: the scheduler must learn that
   // those requests' blocks arrived (or failed), or they would wait for them
-  // forever. Its stores after the forward pass never ran: reported as
-  // failed, so the scheduler forgets them instead of counting them stored.
-  sched::KvConnectorReport& report = st.out_.kv_connector_report;
-  if (kv_connector_ != nullptr) {
-    for (const sched::KvStoreOp& store : st.step_.kv_connector_metadata.stores) {
-      if (store.before_forward) continue;
-      report.finished_sending.push_back(store.request_id);
-      report.failed_sending.push_back(store.request_id);
-    }
-  }
-  return Failed(st.step_.step_id, st.step_.last_processed_step_id, why, std::move(report));
+  // forever. Its stores after the forward pass never ran: the connector
+  // reports them failed with a later step (KvConnectorWorker::
+  // SnapshotStores), once; reporting them here too made the scheduler
+  // count the second report against the request's next store.
+  return Failed(st.step_.step_id, st.step_.last_processed_step_id, why,
+                std::move(st.out_.kv_connector_report));
 }
 
 sched::ModelRunnerOutput StepExecutor::Reject(uint64_t step_id, const absl::Status& why) {

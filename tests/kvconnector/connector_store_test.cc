@@ -3,6 +3,7 @@
 // holds up a step, stores stop at known token ids and are never repeated,
 // and dropped, failed and failed-before-snapshot stores all finish and are
 // stored again later.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -13,6 +14,8 @@
 
 #include "connector_test_fixture.h"
 #include "gtest/gtest.h"
+#include "tandem/worker/step_backend.h"
+#include "tandem/worker/step_executor.h"
 
 namespace tandem::kvconnector {
 namespace {
@@ -354,6 +357,49 @@ TEST_F(ConnectorTest, StoresOfAStepThatFailedBeforeItsSnapshotFinish) {
   sc->OnConnectorReport(report);
   EXPECT_EQ(sc->stats().stores_in_flight, 0);
   EXPECT_EQ(StoredOnLocalHit(sc.get(), "b"), (std::vector<int32_t>{1, 2, 3, 4}));
+}
+
+// The same through the worker's StepExecutor: the failed step's store entry
+// is reported finished (and failed) once, by the connector with a later
+// step. The executor reported it in the failed step's output too, and the
+// scheduler took the second report for the request's next store entry.
+TEST_F(ConnectorTest, AFailedStepsStoreIsReportedOnce) {
+  StartStore();
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker();
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  sched::SchedulerOutput step1{.step_id = 1};
+  step1.scheduled_new_reqs.push_back(
+      {.request_id = "a", .prompt_token_ids = Tokens(17), .block_ids = {1, 2, 3, 4, 5}});
+  step1.num_scheduled_tokens = {17};
+  step1.total_num_scheduled_tokens = 17;
+  step1.kv_connector_metadata = ComputeStep(sc.get(), &a);
+  ASSERT_EQ(step1.kv_connector_metadata.stores.size(), 1u);
+  worker::SimBackend backend(512, {2}, 0, 0);
+  worker::StepExecutor ex(&backend, wk.get(), {.debug_fail_steps = {1}});
+  std::vector<sched::ModelRunnerOutput> outs;
+  outs.push_back(ex.Execute(std::move(step1)));
+  EXPECT_FALSE(outs[0].error.empty());
+  // Empty steps, as the engine sends while stores are in flight.
+  for (uint64_t id = 2; id <= 3; ++id) {
+    outs.push_back(
+        ex.Execute(sched::SchedulerOutput{.step_id = id, .last_processed_step_id = id - 1}));
+    EXPECT_TRUE(outs.back().error.empty()) << outs.back().error;
+    ASSERT_TRUE(wk->WaitForStores(5000));
+  }
+  int finished = 0, failed = 0;
+  for (const sched::ModelRunnerOutput& o : outs) {
+    finished += static_cast<int>(std::count(o.kv_connector_report.finished_sending.begin(),
+                                            o.kv_connector_report.finished_sending.end(), "a"));
+    failed += static_cast<int>(std::count(o.kv_connector_report.failed_sending.begin(),
+                                          o.kv_connector_report.failed_sending.end(), "a"));
+    sc->OnConnectorReport(o.kv_connector_report);
+  }
+  EXPECT_EQ(finished, 1);
+  EXPECT_EQ(failed, 1);
+  EXPECT_EQ(sc->stats().stores_in_flight, 0);
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 4u);
 }
 
 // The worker cannot reach the store (the scheduler can): its Store RPC fails,

@@ -221,9 +221,10 @@ TEST_F(StepExecutorTest, AFailedStepReportsItsLoadsAndTheStepsBuiltOnItDoNotRun)
   EXPECT_EQ(o2.kv_connector_report.invalid_block_ids, std::vector<int32_t>{7});
   EXPECT_EQ(o2.kv_connector_report.num_load_failed_rpc, 1);
   EXPECT_EQ(calls_, std::vector<std::string>{"load"}) << "no forward pass, no store snapshot";
-  // Its store never ran: reported failed, so the scheduler forgets it.
-  EXPECT_EQ(o2.kv_connector_report.finished_sending, std::vector<std::string>{"b"});
-  EXPECT_EQ(o2.kv_connector_report.failed_sending, std::vector<std::string>{"b"});
+  // Its store never ran: the connector reports it with a later step
+  // (kvconnector_test: AFailedStepsStoreIsReportedOnce), not the step.
+  EXPECT_TRUE(o2.kv_connector_report.finished_sending.empty());
+  EXPECT_TRUE(o2.kv_connector_report.failed_sending.empty());
   // Step 3 was built before the scheduler saw step 2 fail: it must not run.
   ModelRunnerOutput o3 = ex.Execute(DecodeStep(3, 1, "a", 3, 0));
   EXPECT_NE(o3.error.find("was built on step 2, which failed"), std::string::npos) << o3.error;
@@ -383,7 +384,7 @@ TEST_F(StepExecutorTest, AStepPreparedOnOneThatFailsAtItsEndDoesNotRun) {
   later.fail_at_finish = absl::InternalError("device lost");
   ModelRunnerOutput o1 = ex.Finish(std::move(s1));
   EXPECT_EQ(o1.error, "lost at the end");
-  EXPECT_EQ(o1.kv_connector_report.failed_sending, std::vector<std::string>{"a"});
+  EXPECT_TRUE(o1.kv_connector_report.failed_sending.empty()) << "the connector reports it";
   ex.Launch(*s2, [] {});
   EXPECT_FALSE(later.launched);
   ModelRunnerOutput o2 = ex.Finish(std::move(s2));
