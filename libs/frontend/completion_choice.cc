@@ -92,7 +92,8 @@ ChoiceDelta ChoiceState::Take(const GenerateResponse& msg, const CompletionReque
     absl::StatusOr<std::string> piece = detok->Push(t);
     if (!piece.ok()) continue;  // outside the tokenizer's vocabulary: no text
     Detokenized(piece->size());
-    if (stop(stops->Push(*piece))) {
+    // vLLM's min_tokens: no stop string ends one of the first min_tokens.
+    if (stop(stops->Push(*piece, completion_tokens > request.min_tokens))) {
       done = true;
       out.stopped = true;  // the scheduler frees its blocks
     }
@@ -100,14 +101,17 @@ ChoiceDelta ChoiceState::Take(const GenerateResponse& msg, const CompletionReque
   if (final && !done) {
     const std::string rest = detok->Finish();
     Detokenized(rest.size());
-    if (!stop(stops->Push(rest))) {
+    if (!stop(stops->Push(rest, completion_tokens > request.min_tokens))) {
       out.text += stops->Finish();
       finish = msg.finish_reason;
     }
     done = true;
-    const GenerateUsage usage = msg.usage.value_or(GenerateUsage{});
-    completion_tokens = usage.output_tokens;
-    cached_tokens = int64_t{usage.cached_tokens_local} + usage.cached_tokens_external;
+    completion_tokens = msg.usage ? msg.usage->output_tokens : 0;
+  }
+  // Fixed from the first token on (the scheduler sends them with every
+  // message), so a choice a stop string ends keeps them.
+  if (msg.usage) {
+    cached_tokens = int64_t{msg.usage->cached_tokens_local} + msg.usage->cached_tokens_external;
   }
   out_bytes += static_cast<int64_t>(out.text.size());
   if (request.logprobs) ReleaseLogprobs();

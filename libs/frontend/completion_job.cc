@@ -113,6 +113,14 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
         return false;
       }
       max_tokens = *request_.max_tokens;
+    } else if (request_.min_tokens > max_tokens) {
+      // Parse checked min_tokens against a max_tokens the request gave (or
+      // the completions default); this one is what the context leaves.
+      Fail(BadRequest(absl::StrCat("'min_tokens' (", request_.min_tokens, ") must not exceed the ",
+                                   max_tokens, " tokens the context leaves after the ", prompt_len,
+                                   "-token prompt (max_model_len ", model.max_model_len, ")"),
+                      "min_tokens"));
+      return false;
     }
     for (int32_t j = 0; j < n; ++j) {
       ChoiceState& c = choices_[p * n + j];
@@ -129,7 +137,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                                      .repetition_penalty = sampling.repetition_penalty,
                                      .logit_bias = request_.logit_bias,
                                      .max_tokens = max_tokens,
-                                     .min_tokens = std::min(request_.min_tokens, max_tokens),
+                                     .min_tokens = request_.min_tokens,
                                      .ignore_eos = request_.ignore_eos,
                                      .stop_token_ids = request_.stop_token_ids,
                                      .logprobs = request_.logprobs.value_or(-1),
@@ -211,6 +219,11 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
                    .token_ids = std::move(ids),
                    .logprobs = c.RenderLogprobs(request_, served_, first)};
   if (!tools.calls.empty()) chunk.tool_calls = RenderToolCalls(tools.calls, /*with_index=*/true);
+  if (request_.continuous_usage) {
+    chunk.usage = Usage{.prompt_tokens = std::ssize(prompts_.ids[c.prompt]),
+                        .completion_tokens = c.completion_tokens,
+                        .cached_tokens = c.cached_tokens};
+  }
   sink_->Write(StreamChunk(request_, head_, chunk));
   c.chunk_sent = true;
 }

@@ -1,6 +1,7 @@
-// The fields of vLLM's requests Tandem does not build: each is refused with
-// a 400 naming it unless it has its neutral value (vllm_fields_test walks
-// vLLM's lists against this table).
+// The fields of vLLM's requests, and of OpenAI's that change the answer,
+// that Tandem does not build: each is refused with a 400 naming it unless it
+// has its neutral value (vllm_fields_test walks vLLM's and OpenAI's lists
+// against this table).
 #include "absl/strings/str_cat.h"
 #include "openai_parse.h"
 
@@ -57,6 +58,16 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
     v->push_back({"include_reasoning", Json(true), "reasoning is not implemented"});
     v->push_back({"parallel_tool_calls", Json(true),
                   "every tool call the model writes is returned; fewer cannot be enforced"});
+    // OpenAI's chat fields beyond vLLM's that change the answer (vLLM
+    // ignores them with a warning; the model would answer without them).
+    static const char* kNoFunctions =
+        "the deprecated functions API is not implemented; use tools (with tool_choice \"none\")";
+    v->push_back({"functions", Json(nullptr), kNoFunctions});
+    v->push_back({"function_call", Json(nullptr), kNoFunctions});
+    v->push_back({"audio", Json(nullptr), "audio output is not implemented"});
+    v->push_back({"modalities", Json::array({"text"}), "the served models write text only"});
+    v->push_back({"web_search_options", Json(nullptr), "web search is not implemented"});
+    v->push_back({"verbosity", Json(nullptr), "not implemented"});
     return v;
   }();
   return endpoint == Endpoint::kCompletions ? *completions : *chat;

@@ -8,10 +8,11 @@ StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) : stops_(st
   for (const std::string& s : stops_) max_len_ = std::max(max_len_, s.size());
 }
 
-StopStringMatcher::Step StopStringMatcher::Push(std::string_view delta) {
+StopStringMatcher::Step StopStringMatcher::Push(std::string_view delta, bool may_stop) {
   Step step;
   if (stopped_) return step;
   pending_.append(delta);
+  if (!may_stop) no_stop_end_ = pending_.size();
   // The match that completes first wins (the earliest end): it is the one a
   // reader of the text one character at a time meets first, whatever the
   // deltas were. At the same end, the longest (earliest start).
@@ -19,7 +20,9 @@ StopStringMatcher::Step StopStringMatcher::Push(std::string_view delta) {
   size_t best = std::string::npos;
   const std::string* matched = nullptr;
   for (const std::string& s : stops_) {
-    const size_t pos = pending_.find(s);
+    // The first occurrence that ends past no_stop_end_.
+    const size_t from = no_stop_end_ + 1 > s.size() ? no_stop_end_ + 1 - s.size() : 0;
+    const size_t pos = s.empty() ? std::string::npos : pending_.find(s, from);
     if (pos == std::string::npos) continue;
     const size_t end = pos + s.size();
     if (end < best_end || (end == best_end && pos < best)) {
@@ -50,6 +53,7 @@ StopStringMatcher::Step StopStringMatcher::Push(std::string_view delta) {
   }
   step.text = pending_.substr(0, pending_.size() - hold);
   pending_.erase(0, pending_.size() - hold);
+  no_stop_end_ -= std::min(no_stop_end_, step.text.size());
   return step;
 }
 

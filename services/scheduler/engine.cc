@@ -392,11 +392,17 @@ void Engine::OnWorkerLost() {
 
 namespace {
 
-// An output's tokens, logprobs and prompt logprobs as a response.
+// An output's tokens, logprobs, prompt logprobs and counts so far as a
+// response.
 GenerateResponse ResponseOf(const sched::RequestOutput& out) {
-  return GenerateResponse{.token_ids = out.new_token_ids,
-                          .logprobs = out.new_logprobs,
-                          .prompt_logprobs = out.prompt_logprobs};
+  return GenerateResponse{
+      .token_ids = out.new_token_ids,
+      .logprobs = out.new_logprobs,
+      .prompt_logprobs = out.prompt_logprobs,
+      .usage = GenerateUsage{.prompt_tokens = out.num_prompt_tokens,
+                             .output_tokens = out.num_output_tokens,
+                             .cached_tokens_local = out.num_cached_tokens_local,
+                             .cached_tokens_external = out.num_cached_tokens_external}};
 }
 
 }  // namespace
@@ -436,12 +442,6 @@ void Engine::CallFinished(GenerateCall& call, FinishReason reason, const sched::
   if (status.ok()) {
     GenerateResponse last = out != nullptr ? ResponseOf(*out) : GenerateResponse{};
     last.finish_reason = reason;
-    if (out != nullptr) {
-      last.usage = GenerateUsage{.prompt_tokens = out->num_prompt_tokens,
-                                 .output_tokens = out->num_output_tokens,
-                                 .cached_tokens_local = out->num_cached_tokens_local,
-                                 .cached_tokens_external = out->num_cached_tokens_external};
-    }
     v1::GenerateResponse msg;
     msg.set_request_id(call.request_id);
     rpc::ToProto(last, &msg);

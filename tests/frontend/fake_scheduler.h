@@ -65,6 +65,13 @@ class FakeScheduler final : public v1::Generation::Service {
     finish_ = finish;
   }
 
+  // The prefix-cache counts every later call reports (default: none).
+  void SetCached(int32_t local, int32_t external) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cached_local_ = local;
+    cached_external_ = external;
+  }
+
   // From now on each Generate call, once its last message is written (the
   // frontend has its answer), keeps the stream open until
   // ReleaseStreamEnds(): the call's end reaches the frontend later.
@@ -106,12 +113,16 @@ class FakeScheduler final : public v1::Generation::Service {
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override {
     std::vector<int32_t> output;
     v1::FinishReason finish;
+    v1::Usage usage;
     {
       std::lock_guard<std::mutex> lock(mu_);
       requests_.push_back(*request);
       output = output_;
       finish = finish_;
+      usage.set_cached_tokens_local(cached_local_);
+      usage.set_cached_tokens_external(cached_external_);
     }
+    usage.set_prompt_tokens(request->prompt_token_ids_size());
     for (size_t i = 0; i < output.size(); ++i) {
       v1::GenerateResponse response;
       response.set_request_id(request->request_id());
@@ -127,11 +138,10 @@ class FakeScheduler final : public v1::Generation::Service {
               FakeTokenLogprobs(request->prompt_token_ids(p), p, sampling.prompt_logprobs());
         }
       }
-      if (i + 1 == output.size()) {
-        response.set_finish_reason(finish);
-        response.mutable_usage()->set_prompt_tokens(request->prompt_token_ids_size());
-        response.mutable_usage()->set_output_tokens(static_cast<int32_t>(output.size()));
-      }
+      // As the scheduler: the counts so far in every message.
+      usage.set_output_tokens(static_cast<int32_t>(i + 1));
+      *response.mutable_usage() = usage;
+      if (i + 1 == output.size()) response.set_finish_reason(finish);
       if (!writer->Write(response)) break;  // the frontend cancelled
     }
     std::unique_lock<std::mutex> lock(mu_);
@@ -149,6 +159,7 @@ class FakeScheduler final : public v1::Generation::Service {
   std::vector<v1::GenerateRequest> requests_;
   std::vector<int32_t> output_ = {100};
   v1::FinishReason finish_ = v1::FINISH_REASON_STOP;
+  int32_t cached_local_ = 0, cached_external_ = 0;
   bool hold_ends_ = false;
   int held_ends_ = 0;
   std::condition_variable ends_cv_;

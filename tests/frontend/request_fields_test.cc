@@ -1,7 +1,10 @@
 // vLLM's request fields tandem-frontend builds (issue 30), each through the
 // real frontend binary and an in-process fake scheduler that answers
 // chosen ids and records what it is asked: include_stop_str_in_output,
-// truncate_prompt_tokens, priority and chat_template_kwargs.
+// truncate_prompt_tokens, priority, chat_template_kwargs, min_tokens with
+// stop strings, the usage of a choice a stop string ends, and
+// stream_options.continuous_usage_stats.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -71,6 +74,24 @@ class FrontendRequestFieldsTest : public ::testing::Test {
           out.stop_reason = c["stop_reason"];
         }
       }
+    }
+    return out;
+  }
+
+  // A stream's chunks, parsed.
+  std::vector<Json> Chunks(const std::string& path, const Json& body) {
+    httplib::Client client("http://" + frontend_.address());
+    client.set_read_timeout(30, 0);
+    auto res = client.Post(path, body.dump(), "application/json");
+    std::vector<Json> out;
+    if (!res || res->status != 200) {
+      ADD_FAILURE() << (res ? res->body : "no response");
+      return out;
+    }
+    std::istringstream in(res->body);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("data: {", 0) == 0) out.push_back(Json::parse(line.substr(6)));
     }
     return out;
   }
@@ -216,6 +237,119 @@ TEST_F(FrontendRequestFieldsTest, ChatTemplateKwargsAreTheTemplatesVariables) {
                                 {"chat_template_kwargs", {{"add_generation_prompt", false}}}});
   EXPECT_EQ(reserved.status, 400);
   EXPECT_EQ(reserved.body["error"]["param"], "chat_template_kwargs");
+}
+
+// vLLM's min_tokens holds off stop strings too (its detokenizer checks them
+// only once a request has more than min_tokens tokens), not only EOS and
+// stop tokens, which the worker never samples before it. A min_tokens the
+// context cannot hold is refused, as vLLM refuses it, where it was cut to
+// fit.
+TEST_F(FrontendRequestFieldsTest, MinTokensHoldsOffStopStringsAndMustFitTheContext) {
+  const std::vector<int32_t> all = Ids("The quick brown fox jumps");
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 2);
+  // ▁quick ▁brown ▁fo x ▁j umps
+  const std::vector<int32_t> output(all.begin() + 2, all.end());
+  ASSERT_EQ(output.size(), 6u);
+  scheduler_->SetOutput(output, v1::FINISH_REASON_LENGTH);
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "not streamed");
+    Json body = {{"prompt", prompt}, {"stop", "brown"}, {"stream", stream}, {"min_tokens", 2}};
+    Result r = Post("/v1/completions", body);
+    EXPECT_EQ(r.text, " quick brown fox jumps") << "'brown' ends token 2, one of the first 2";
+    EXPECT_EQ(r.finish_reason, "length");
+    body["min_tokens"] = 1;
+    r = Post("/v1/completions", body);
+    EXPECT_EQ(r.text, " quick ");
+    EXPECT_EQ(r.stop_reason, "brown");
+    // A stop string that begins within the first min_tokens and ends after.
+    body["stop"] = "brown fox";
+    body["min_tokens"] = 2;
+    r = Post("/v1/completions", body);
+    EXPECT_EQ(r.text, " quick ");
+    EXPECT_EQ(r.stop_reason, "brown fox");
+  }
+  // No max_tokens: chat's is what the context (256) leaves after the prompt.
+  const size_t asked = scheduler_->requests().size();
+  const Result chat =
+      Post("/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}, {"min_tokens", 256}});
+  EXPECT_EQ(chat.status, 400) << chat.body.dump();
+  EXPECT_EQ(chat.body["error"]["param"], "min_tokens");
+  EXPECT_NE(chat.body["error"]["message"].get<std::string>().find("the context leaves"),
+            std::string::npos)
+      << chat.body.dump();
+  // Completions: the default 16, less where the context leaves less.
+  const std::vector<int32_t> long_prompt(246, 450);
+  const Result completions = Post("/v1/completions", {{"prompt", long_prompt}, {"min_tokens", 11}});
+  EXPECT_EQ(completions.status, 400) << completions.body.dump();
+  EXPECT_EQ(completions.body["error"]["param"], "min_tokens");
+  EXPECT_EQ(scheduler_->requests().size(), asked) << "a refused request reached the scheduler";
+  ASSERT_EQ(Post("/v1/completions", {{"prompt", long_prompt}, {"min_tokens", 10}}).status, 200);
+  EXPECT_EQ(scheduler_->requests().back().sampling().min_tokens(), 10);
+}
+
+// usage.prompt_tokens_details.cached_tokens holds however the choice ends:
+// the scheduler's counts come with every message, so a stop string that
+// cuts the choice (and its call) short keeps them.
+TEST_F(FrontendRequestFieldsTest, CachedTokensAreReportedWhenAStopStringEndsTheChoice) {
+  const std::vector<int32_t> all = Ids("The quick brown fox jumps");
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 2);
+  scheduler_->SetOutput(std::vector<int32_t>(all.begin() + 2, all.end()), v1::FINISH_REASON_LENGTH);
+  scheduler_->SetCached(1, 0);
+  for (const char* stop : {"brown", "jumps", "never"}) {
+    SCOPED_TRACE(stop);
+    const Result r = Post("/v1/completions", {{"prompt", prompt}, {"stop", stop}});
+    ASSERT_EQ(r.status, 200) << r.body.dump();
+    EXPECT_EQ(r.body["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+    const std::vector<Json> chunks =
+        Chunks("/v1/completions", {{"prompt", prompt},
+                                   {"stop", stop},
+                                   {"stream", true},
+                                   {"stream_options", {{"include_usage", true}}}});
+    ASSERT_FALSE(chunks.empty());
+    EXPECT_EQ(chunks.back()["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+  }
+}
+
+// vLLM's stream_options.continuous_usage_stats: every chunk carries its
+// choice's usage so far, and the usage chunk ends the stream (include_usage
+// defaults to true with it, as in vLLM's stream_options); with
+// include_usage false neither comes.
+TEST_F(FrontendRequestFieldsTest, ContinuousUsageStatsPutTheUsageSoFarInEveryChunk) {
+  const std::vector<int32_t> all = Ids("The quick brown fox jumps");
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 2);
+  scheduler_->SetOutput(std::vector<int32_t>(all.begin() + 2, all.end()), v1::FINISH_REASON_LENGTH);
+  scheduler_->SetCached(1, 0);
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    SCOPED_TRACE(path);
+    Json body = {{"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}};
+    if (path == "/v1/completions") {
+      body["prompt"] = prompt;
+    } else {
+      body["messages"] = {{{"role", "user"}, {"content", "Hello"}}};
+    }
+    std::vector<Json> chunks = Chunks(path, body);
+    ASSERT_GE(chunks.size(), 7u);
+    ASSERT_TRUE(chunks.back()["choices"].empty()) << "no usage chunk";
+    EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], 6);
+    const int64_t prompt_tokens = chunks.back()["usage"]["prompt_tokens"];
+    std::vector<int64_t> seen;
+    for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+      const Json& usage = chunks[i]["usage"];
+      ASSERT_TRUE(usage.is_object()) << chunks[i].dump();
+      EXPECT_EQ(usage["prompt_tokens"], prompt_tokens);
+      EXPECT_EQ(usage["total_tokens"], prompt_tokens + usage["completion_tokens"].get<int64_t>());
+      EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], 1);
+      seen.push_back(usage["completion_tokens"]);
+    }
+    EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+    EXPECT_EQ(seen.front(), 1);
+    EXPECT_EQ(seen.back(), 6);
+    body["stream_options"]["include_usage"] = false;
+    chunks = Chunks(path, body);
+    ASSERT_FALSE(chunks.empty());
+    for (const Json& chunk : chunks) EXPECT_FALSE(chunk.contains("usage")) << chunk.dump();
+  }
 }
 
 }  // namespace

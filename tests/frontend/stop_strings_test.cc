@@ -111,5 +111,81 @@ TEST(StopStringsTest, RandomSplitsAgreeWithOneShotSearch) {
   }
 }
 
+// vLLM's min_tokens: text pushed with may_stop false ends no stop string,
+// but a stop string that begins in it and ends after it counts.
+TEST(StopStringsTest, NoStopStringEndsInTextThatMayNotStop) {
+  {
+    StopStringMatcher m({"\n"});
+    StopStringMatcher::Step a = m.Push("a\n", /*may_stop=*/false);
+    EXPECT_EQ(a.text, "a\n");
+    EXPECT_FALSE(a.stopped);
+    StopStringMatcher::Step b = m.Push("b\nc");
+    EXPECT_TRUE(b.stopped);
+    EXPECT_EQ(b.text, "b");
+  }
+  {
+    // "a" ends in the held text; "abc" begins there and ends after it.
+    StopStringMatcher m({"a", "abc"});
+    EXPECT_EQ(m.Push("ab", false).text, "");  // may begin "abc": held back
+    StopStringMatcher::Step b = m.Push("c");
+    EXPECT_TRUE(b.stopped);
+    EXPECT_EQ(b.matched, "abc");
+    EXPECT_EQ(b.text, "");
+  }
+  {
+    StopStringMatcher m({"aa"});
+    EXPECT_EQ(m.Push("aaa", false).text, "aa");
+    StopStringMatcher::Step b = m.Push("a");
+    EXPECT_TRUE(b.stopped);
+    EXPECT_EQ(b.text, "");
+  }
+  // Random texts, stops and splits, against a one-character-at-a-time
+  // reader that lets only ends past the no-stop text count.
+  std::mt19937 rng(11);
+  const std::string alphabet = "ab\n";
+  for (int iter = 0; iter < 2000; ++iter) {
+    std::vector<std::string> deltas;
+    for (int i = 0, n = rng() % 10; i < n; ++i) {
+      std::string d;
+      for (int j = 0, len = 1 + rng() % 3; j < len; ++j) d += alphabet[rng() % alphabet.size()];
+      deltas.push_back(d);
+    }
+    const size_t no_stop = deltas.empty() ? 0 : rng() % (deltas.size() + 1);
+    std::vector<std::string> stops;
+    for (int k = 0, n = 1 + rng() % 3; k < n; ++k) {
+      std::string stop;
+      for (int i = 0, len = 1 + rng() % 4; i < len; ++i) stop += alphabet[rng() % alphabet.size()];
+      stops.push_back(stop);
+    }
+    std::string text;
+    size_t boundary = 0;
+    for (size_t i = 0; i < deltas.size(); ++i) {
+      text += deltas[i];
+      if (i + 1 == no_stop) boundary = text.size();
+    }
+    size_t first = std::string::npos;
+    for (size_t end = boundary + 1; end <= text.size() && first == std::string::npos; ++end) {
+      for (const std::string& stop : stops) {
+        if (stop.size() <= end && text.compare(end - stop.size(), stop.size(), stop) == 0) {
+          first = std::min(first, end - stop.size());
+        }
+      }
+    }
+    StopStringMatcher m(stops);
+    std::string seen;
+    bool stopped = false;
+    for (size_t i = 0; i < deltas.size() && !stopped; ++i) {
+      StopStringMatcher::Step step = m.Push(deltas[i], i >= no_stop);
+      seen += step.text;
+      stopped = step.stopped;
+    }
+    if (!stopped) seen += m.Finish();
+    std::string why = "text '" + text + "' boundary " + std::to_string(boundary) + " stops:";
+    for (const std::string& stop : stops) why += " '" + stop + "'";
+    ASSERT_EQ(stopped, first != std::string::npos) << why;
+    ASSERT_EQ(seen, stopped ? text.substr(0, first) : text) << why;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::frontend

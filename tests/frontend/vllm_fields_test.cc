@@ -46,6 +46,22 @@ const std::vector<std::string> kVllmChatFields = {
     "return_tokens_as_token_ids", "cache_salt", "kv_transfer_params", "vllm_xargs",
     "structured_outputs", "return_token_ids", "media_io_kwargs"};
 
+// OpenAI's chat fields that vLLM's lists lack, from the `openai` npm
+// package's ChatCompletionCreateParamsBase (5.23.2, the version the
+// frontend tests pin); its CompletionCreateParamsBase adds none.
+const std::vector<std::string> kOpenAiOnlyChatFields = {
+    "audio",        "function_call", "functions",        "metadata",
+    "modalities",   "prediction",    "prompt_cache_key", "safety_identifier",
+    "service_tier", "store",         "verbosity",        "web_search_options"};
+// Of those, the ones that do not change the answer, accepted and ignored.
+const std::map<std::string, Json> kIgnoredOpenAiFields = {
+    {"metadata", {{"k", "v"}}},
+    {"prediction", {{"type", "content"}, {"content", "x"}}},  // latency only
+    {"prompt_cache_key", "k"},
+    {"safety_identifier", "u"},
+    {"service_tier", "auto"},
+    {"store", true}};
+
 // How Tandem treats a field: built (`value` parses; `test` pins what it
 // does) or refused (`value` gets a 400 naming `param`, the field itself
 // unless it is refused through another).
@@ -169,6 +185,13 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"reasoning_effort", Refused({{"reasoning_effort", "low"}})},
       {"include_reasoning", Refused({{"include_reasoning", false}})},
       {"parallel_tool_calls", Refused({{"parallel_tool_calls", false}})},
+      // OpenAI's own that change the answer.
+      {"functions", Refused({{"functions", {{{"name", "f"}}}}})},
+      {"function_call", Refused({{"function_call", "auto"}})},
+      {"audio", Refused({{"audio", {{"voice", "alloy"}, {"format", "wav"}}}})},
+      {"modalities", Refused({{"modalities", {"text", "audio"}}})},
+      {"web_search_options", Refused({{"web_search_options", Json::object()}})},
+      {"verbosity", Refused({{"verbosity", "low"}})},
   };
   return t;
 }
@@ -213,6 +236,64 @@ TEST(VllmFieldsTest, EveryCompletionRequestFieldIsBuiltOrRefusedByName) {
 
 TEST(VllmFieldsTest, EveryChatCompletionRequestFieldIsBuiltOrRefusedByName) {
   CheckEveryField(Endpoint::kChat, kVllmChatFields);
+}
+
+// OpenAI's chat fields beyond vLLM's: those that change the answer are
+// refused by name (above), the others accepted; modalities ["text"] is
+// its neutral value.
+TEST(VllmFieldsTest, EveryOpenAiChatFieldIsBuiltRefusedOrChangesNothing) {
+  std::vector<std::string> refused;
+  for (const std::string& field : kOpenAiOnlyChatFields) {
+    if (!kIgnoredOpenAiFields.contains(field)) refused.push_back(field);
+  }
+  CheckEveryField(Endpoint::kChat, refused);
+  const Json base = {{"messages", {{{"role", "user"}, {"content", "x"}}}}};
+  for (const auto& [field, value] : kIgnoredOpenAiFields) {
+    Json body = base;
+    body[field] = value;
+    CompletionRequest request;
+    EXPECT_FALSE(ParseCompletionRequest(body.dump(), Endpoint::kChat, &request)) << body.dump();
+  }
+  Json body = base;
+  body["modalities"] = {"text"};
+  CompletionRequest request;
+  EXPECT_FALSE(ParseCompletionRequest(body.dump(), Endpoint::kChat, &request));
+}
+
+// stream_options: include_usage, vLLM's continuous_usage_stats (implying
+// include_usage unless it is false, as vLLM's default is true) and OpenAI's
+// include_obfuscation (false only); errors name stream_options.<key>.
+TEST(VllmFieldsTest, StreamOptionsAreReadAsVllmAndOpenAiReadThem) {
+  auto parse = [](const Json& options, CompletionRequest* out) {
+    const Json body = {{"prompt", "x"}, {"stream", true}, {"stream_options", options}};
+    return ParseCompletionRequest(body.dump(), Endpoint::kCompletions, out);
+  };
+  struct Case {
+    Json options;
+    bool include_usage, continuous;
+  };
+  for (const Case& c : std::vector<Case>{
+           {Json::object(), false, false},
+           {{{"include_usage", true}}, true, false},
+           {{{"continuous_usage_stats", true}}, true, true},
+           {{{"continuous_usage_stats", true}, {"include_usage", false}}, false, false},
+           {{{"continuous_usage_stats", false}, {"include_usage", true}}, true, false},
+           {{{"include_obfuscation", false}, {"include_usage", true}}, true, false}}) {
+    CompletionRequest r;
+    ASSERT_FALSE(parse(c.options, &r)) << c.options.dump();
+    EXPECT_EQ(r.include_usage, c.include_usage) << c.options.dump();
+    EXPECT_EQ(r.continuous_usage, c.continuous) << c.options.dump();
+  }
+  for (const auto& [options, param] : std::vector<std::pair<Json, std::string>>{
+           {{{"include_usage", 1}}, "stream_options.include_usage"},
+           {{{"continuous_usage_stats", "yes"}}, "stream_options.continuous_usage_stats"},
+           {{{"include_obfuscation", true}}, "stream_options.include_obfuscation"}}) {
+    CompletionRequest r;
+    const std::optional<ApiError> e = parse(options, &r);
+    ASSERT_TRUE(e) << options.dump();
+    EXPECT_EQ(e->param, param);
+    EXPECT_NE(e->message.find(param), std::string::npos) << e->message;
+  }
 }
 
 TEST(VllmFieldsTest, NewFieldsAreReadAndCheckedLikeVllm) {

@@ -153,6 +153,15 @@ void ExpectIdenticalTokensInEveryConfiguration(const std::string& dir, const Ser
             EXPECT_LT(u.cached_tokens_local(), u.prompt_tokens()) << "request " << i;
             EXPECT_EQ(u.cached_tokens_external(), 0) << "request " << i;
             cached_local += u.cached_tokens_local();
+            // Every message carries the counts so far; the cached ones are
+            // those of the end from the first token on (the frontend keeps
+            // them when a stop string ends the request early).
+            EXPECT_EQ(results[i].messages_without_usage, 0) << "request " << i;
+            for (const auto& [so_far, tokens] : results[i].usage_so_far) {
+              EXPECT_EQ(so_far.output_tokens(), tokens) << "request " << i;
+              EXPECT_EQ(so_far.prompt_tokens(), u.prompt_tokens()) << "request " << i;
+              EXPECT_EQ(so_far.cached_tokens_local(), u.cached_tokens_local()) << "request " << i;
+            }
           }
           if (caching) {
             EXPECT_GT(cached_local, 0) << "no response reports usage.cached_tokens_local";

@@ -329,6 +329,8 @@ GenerateResult RunGenerate(v1::Generation::Stub* stub, const v1::GenerateRequest
   v1::GenerateResponse msg;
   while (reader->Read(&msg)) {
     result.tokens.insert(result.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+    if (!msg.has_usage()) ++result.messages_without_usage;
+    result.usage_so_far.emplace_back(msg.usage(), static_cast<int32_t>(result.tokens.size()));
     if (msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       result.finish_reason = msg.finish_reason();
       result.usage = msg.usage();

@@ -106,7 +106,11 @@ struct GenerateResult {
   grpc::Status status;
   std::vector<int32_t> tokens;
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
-  v1::Usage usage;
+  v1::Usage usage;  // the last message's
+  // Each message's usage (a default one where it had none) and how many
+  // tokens had come with it and those before.
+  std::vector<std::pair<v1::Usage, int32_t>> usage_so_far;
+  int32_t messages_without_usage = 0;
 };
 // Runs every request at once, one thread each; `meanwhile` (when given) runs
 // on the calling thread while they stream. Results in request order.

@@ -18,9 +18,12 @@
 //                         with chat_template_kwargs as more variables);
 //                         max_tokens defaults to the rest of the context
 //   both: model, max_tokens / max_completion_tokens, temperature, top_p, min_p,
-//   top_k, min_tokens, seed, n, stop (string or list, matched on text, left
+//   top_k, min_tokens (no EOS, stop token or stop string ends one of the
+//   first min_tokens, as in vLLM; more than max_tokens, or than the context
+//   leaves, is a 400), seed, n, stop (string or list, matched on text, left
 //   out of the output unless include_stop_str_in_output), stop_token_ids,
-//   ignore_eos, stream, stream_options.include_usage, user,
+//   ignore_eos, stream, stream_options.include_usage and vLLM's
+//   stream_options.continuous_usage_stats, user,
 //   add_special_tokens, skip_special_tokens, and vLLM's
 //   include_stop_str_in_output, truncate_prompt_tokens (the last N prompt
 //   tokens; -1 = max_model_len; 0, < -1 and > max_model_len refused),
@@ -53,8 +56,13 @@
 // include_reasoning false, chat echo, continue_final_message, documents,
 // a per-request chat_template, spaces_between_special_tokens false,
 // request_id, cache_salt (the server salts per API key), kv_transfer_params,
-// vllm_xargs, mm_processor_kwargs and media_io_kwargs. Unknown fields are
-// ignored, as OpenAI's SDKs send fields a server may not know.
+// vllm_xargs, mm_processor_kwargs and media_io_kwargs; of OpenAI's chat
+// fields beyond vLLM's, those that change the answer: functions,
+// function_call, audio, modalities other than ["text"], web_search_options
+// and verbosity; stream_options.include_obfuscation true. OpenAI's fields
+// that do not change the answer (prediction, store, metadata, service_tier,
+// prompt_cache_key, safety_identifier) and unknown fields are ignored, as
+// OpenAI's SDKs send fields a server may not know.
 //
 // temperature, top_p, top_k, min_p and repetition_penalty a request leaves
 // unset (absent or null) take the served model's default from its
@@ -133,6 +141,10 @@ struct CompletionRequest {
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage
+  // stream_options.continuous_usage_stats (vLLM's): every chunk carries its
+  // choice's usage so far. It implies include_usage unless that is false, as
+  // include_usage defaults to true in vLLM's stream_options.
+  bool continuous_usage = false;
   std::string user;
   bool echo = false;                      // completions only
   std::optional<bool> add_special_tokens; // nullopt: true (completions), false (chat)
@@ -307,6 +319,8 @@ struct ChunkDelta {
   // Chat: the delta's tool_calls (with "index"; RenderToolCalls), null for
   // none; with them the finish reason is "tool_calls".
   nlohmann::ordered_json tool_calls;
+  // The choice's usage so far, with CompletionRequest::continuous_usage.
+  std::optional<Usage> usage;
 };
 [[nodiscard]] std::string StreamChunk(const CompletionRequest& request, const ResponseHead& head,
                                       const ChunkDelta& delta);

@@ -12,6 +12,12 @@
 //   }
 //   Send(m.Finish());   // the held-back tail when the generation ended
 //
+// A delta pushed with may_stop false (vLLM's min_tokens: stop strings count
+// only from the token after the first min_tokens) ends no stop string: a
+// stop string counts only where it ends in a delta that may stop, though
+// it may begin before that delta, as vLLM searches each new piece of text
+// with the stop string's length before it.
+//
 // Text that could still become the start of a stop string is held back
 // (at most the longest stop string minus one byte), so nothing sent is ever
 // taken back. Matching is on bytes of UTF-8 text; a held-back tail never
@@ -35,7 +41,7 @@ class StopStringMatcher {
     std::string matched;    // which one
   };
   // Appends `delta`. After a Step with stopped, further Pushes return nothing.
-  [[nodiscard]] Step Push(std::string_view delta);
+  [[nodiscard]] Step Push(std::string_view delta, bool may_stop = true);
   // The held-back tail (empty after a stop).
   [[nodiscard]] std::string Finish();
 
@@ -45,6 +51,9 @@ class StopStringMatcher {
   std::vector<std::string> stops_;
   size_t max_len_ = 0;
   std::string pending_;  // held back: may be the start of a stop string
+  // A stop string counts only where it ends after this many bytes of
+  // pending_ (the text of deltas that could not stop).
+  size_t no_stop_end_ = 0;
   bool stopped_ = false;
 };
 
