@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
             "holds up no other), 1 to 64");
   flags.Add("kvstore-empty-step-wait-ms", &options.kvstore_empty_step_wait_ms,
             "how long a step with nothing to compute waits for a KV-store load to arrive before "
-            "it answers (a step that arrives meanwhile ends the wait), 0 to 600000");
+            "it answers (a step that computes ends the wait; a request that arrives meanwhile "
+            "may wait this long for its first step), 0 to 1000");
   tandem::metrics::ExposerOptions metrics_options;
   flags.Add("metrics-listen", &metrics_options.listen_address,
             tandem::metrics::ExposerOptions::kListenHelp);

@@ -76,9 +76,9 @@ absl::Status WorkerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("--kvstore-load-threads must be in [1, 64], got ",
                                                    kvstore_load_threads));
   }
-  if (kvstore_empty_step_wait_ms < 0 || kvstore_empty_step_wait_ms > 600'000) {
+  if (kvstore_empty_step_wait_ms < 0 || kvstore_empty_step_wait_ms > 1000) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--kvstore-empty-step-wait-ms must be in [0, 600000], got ", kvstore_empty_step_wait_ms));
+        "--kvstore-empty-step-wait-ms must be in [0, 1000], got ", kvstore_empty_step_wait_ms));
   }
   if (!kvstore_target.empty()) {
     TANDEM_RETURN_IF_ERROR(kvconnector::KvStoreConnectorOptions::ValidateBulkLoad(

@@ -92,7 +92,9 @@ struct WorkerOptions {
   int32_t kvstore_load_threads = 4;
   // How long a step with nothing to compute waits for a KV-store load to
   // arrive before it answers (StepExecutorOptions::empty_step_load_wait;
-  // a step that arrives meanwhile ends the wait), milliseconds.
+  // a step that computes or begins loads ends the wait), milliseconds, at
+  // most 1000. A request that arrives meanwhile may wait this long for its
+  // first step: the scheduler's window is full of empty steps until then.
   int32_t kvstore_empty_step_wait_ms = 10;
   // auto | off | host:port: how KV-store loads travel (KvStoreConnectorOptions::bulk_load).
   std::string kvstore_bulk_port = "auto";

@@ -258,7 +258,7 @@ TEST(SurfaceTest, WorkerRefusesDeviceFlagsItCannotHonour) {
            {{"--max-model-len", "-1"}, "--max-model-len must be >= 0"},
            {{"--kvstore-load-threads", "0"}, "--kvstore-load-threads must be in [1, 64], got 0"},
            {{"--kvstore-empty-step-wait-ms", "-1"},
-            "--kvstore-empty-step-wait-ms must be in [0, 600000], got -1"}}) {
+            "--kvstore-empty-step-wait-ms must be in [0, 1000], got -1"}}) {
     std::vector<std::string> argv = {worker, "--model", "no-such-model.bin"};
     argv.insert(argv.end(), c.args.begin(), c.args.end());
     std::string out;

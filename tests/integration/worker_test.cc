@@ -199,19 +199,18 @@ TEST(WorkerTest, AStepPreparedWhileTheOneBeforeRunsGivesTheSameTokens) {
 // A step with nothing to compute waits for the KV-store loads in flight
 // (--kvstore-empty-step-wait-ms), unless a step is queued behind it. Here
 // the scheduler runs ahead: step 2, empty, is launched while its load
-// takes 3 s, and step 3, a prefill, arrives before the worker finishes
-// step 2 (or while it waits). Either way step 2 stops waiting, so it
-// answers before the load arrives (its report has no load) and step 3
-// runs; the load is reported by the next empty step, which waits for it.
-// Without the rule that a step taken from the queue counts as queued
-// while the launched step is unfinished, step 2 held the prefill until
-// the load came.
+// takes 500 ms (the wait is 1 s), and step 3, a prefill, arrives before the
+// worker finishes step 2 (or while it waits). Either way step 2 stops
+// waiting, so it answers before the load arrives (its report has no load)
+// and step 3 runs; the load is reported by a later empty step. Without the
+// rule that a step taken from the queue counts as queued while the
+// launched step is unfinished, step 2 held the prefill until the load came.
 TEST(WorkerTest, AnEmptyStepStopsWaitingForLoadsWhenAStepIsQueuedBehindIt) {
   const std::string dir = MakeTempDir("tandem-worker");
-  Service kv = StartKvStore(dir, "kv", {"--debug-load-delay-ms", "3000"});
+  Service kv = StartKvStore(dir, "kv", {"--debug-load-delay-ms", "500"});
   Service worker = StartWorker(
       dir, "worker",
-      {"--num-blocks", "8", "--kvstore", kv.address(), "--kvstore-empty-step-wait-ms", "60000"});
+      {"--num-blocks", "8", "--kvstore", kv.address(), "--kvstore-empty-step-wait-ms", "1000"});
   auto stub = WorkerStub(worker.address());
   ExecuteStream stream(stub.get());
   // Step 1 begins a load of one block the store does not have.
@@ -240,11 +239,14 @@ TEST(WorkerTest, AnEmptyStepStopsWaitingForLoadsWhenAStepIsQueuedBehindIt) {
       EXPECT_EQ(out.sampled_size(), 1);
     }
   }
-  // Nothing behind this one: it waits for the load, which is a miss.
-  empty.set_step_id(4);
-  empty.set_last_processed_step_id(3);
-  const v1::ModelRunnerOutput out = stream.Run(empty);
-  EXPECT_TRUE(out.error().empty()) << out.error();
+  // Nothing behind these: each waits for the load (a miss) up to 1 s.
+  v1::ModelRunnerOutput out;
+  for (uint64_t id = 4; id < 24 && out.kv_connector_report().finished_recving_size() == 0; ++id) {
+    empty.set_step_id(id);
+    empty.set_last_processed_step_id(id - 1);
+    out = stream.Run(empty);
+    EXPECT_TRUE(out.error().empty()) << out.error();
+  }
   ASSERT_EQ(out.kv_connector_report().finished_recving_size(), 1);
   EXPECT_EQ(out.kv_connector_report().finished_recving(0), "loaded");
   EXPECT_EQ(out.kv_connector_report().num_load_failed_not_found(), 1);
