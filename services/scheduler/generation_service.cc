@@ -4,6 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/rpc/convert.h"
@@ -117,8 +118,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   }
   GenerateRequest r = rpc::FromProto(*request, RandomSeed());
   sched::RequestSpec spec{
-      .request_id = r.request_id.empty() ? absl::StrCat("req-", next_id_.fetch_add(1))
-                                         : std::move(r.request_id),
+      // Random, as vLLM's: no client's own id takes it, and no one guesses
+      // it to abort the request.
+      .request_id = r.request_id.empty()
+                        ? absl::StrFormat("req-%016x%016x", RandomSeed(), RandomSeed())
+                        : std::move(r.request_id),
       .prompt_token_ids = std::move(r.prompt_token_ids),
       .sampling = std::move(r.sampling),
       .priority = r.priority,

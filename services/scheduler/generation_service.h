@@ -58,7 +58,6 @@ class GenerationService final : public v1::Generation::CallbackService {
   bool AcceptsCacheSalt(const grpc::ServerContextBase& context) const;
   Engine* const engine_;
   const GenerationOptions options_;
-  std::atomic<uint64_t> next_id_{1};
 };
 
 }  // namespace tandem::scheduler

@@ -254,6 +254,42 @@ TEST(BadInputTest, DeadlineAndClientCancelAreToldApart) {
       << log;
 }
 
+// A request without an id gets one from the scheduler that no client's own
+// id can take: while a client's request named "req-1" runs, requests without
+// an id are served. The scheduler counted "req-1", "req-2", ...: the first
+// request without an id collided with the running one (ALREADY_EXISTS, an
+// error it did not cause), and anyone could guess the ids to abort.
+TEST(BadInputTest, IdsTheSchedulerGivesNeverCollideWithAClientsOwn) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  Service worker = StartWorker(dir, "worker", {});
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {});
+  auto stub = GenerationStub(scheduler.address());
+  v1::GenerateRequest named = MakeRequest({1, 300, 301}, 400, 0.0f, {}, /*ignore_eos=*/true);
+  named.set_request_id("req-1");
+  std::atomic<size_t> streamed{0};
+  GenerateResult named_result;
+  std::thread runner([&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto reader = stub->Generate(&context, named);
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      named_result.tokens.insert(named_result.tokens.end(), msg.token_ids().begin(),
+                                 msg.token_ids().end());
+      streamed.store(named_result.tokens.size());
+    }
+    named_result.status = reader->Finish();
+  });
+  ASSERT_TRUE(WaitFor([&] { return streamed.load() > 0; })) << "req-1 never streamed";
+  for (int i = 0; i < 3; ++i) {
+    const GenerateResult r = RunGenerate(stub.get(), MakeRequest({1, 7}, 2));
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  EXPECT_LT(streamed.load(), 400u) << "req-1 finished first; the test proves nothing";
+  runner.join();
+  EXPECT_TRUE(named_result.status.ok()) << named_result.status.error_message();
+}
+
 TEST(BadInputTest, NoWorkerIsUnavailable) {
   const std::string dir = MakeTempDir("tandem-bad-input");
   // Nothing listens on port 1.
