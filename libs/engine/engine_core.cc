@@ -230,7 +230,12 @@ void EngineCore::Step() {
   }
 }
 
-void EngineCore::Wake() { pace_until_ = {}; }
+void EngineCore::Wake() {
+  pace_until_ = {};
+  // Also while the empty step that waits for this news is in flight: with
+  // async scheduling the window has room for the step the news unblocked.
+  schedule_wanted_ = true;
+}
 
 bool EngineCore::StoresToCollectWhileIdle() const {
   return kv_connector_ != nullptr && scheduler_ != nullptr && transport_ != nullptr &&

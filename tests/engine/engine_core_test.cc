@@ -407,6 +407,61 @@ TEST_P(EngineCoreTest, AnIdleStepCollectsTheStoresThatFinishedAfterTheLastReques
   EXPECT_FALSE(core.NextDeadline().has_value());
 }
 
+// A scheduler-role connector whose lookups are pending until `answered`.
+class PendingLookupConnector final : public sched::KvConnectorScheduler {
+ public:
+  std::optional<sched::ExternalMatch> GetNumNewMatchedTokens(const sched::Request&,
+                                                             int32_t) override {
+    if (!answered) return std::nullopt;
+    return sched::ExternalMatch{};
+  }
+  void UpdateStateAfterAlloc(const sched::Request&, std::span<const int32_t>, int32_t) override {}
+  sched::KvConnectorMetadata BuildConnectorMeta(
+      const sched::SchedulerOutput&, std::span<const sched::ScheduledRequestView>) override {
+    return {};
+  }
+  bool RequestFinished(const sched::Request&, std::span<const int32_t>, int32_t) override {
+    return false;
+  }
+  bool answered = false;
+};
+
+// A lookup that answers while the empty step sent during it is still in
+// flight: with async scheduling the request's prefill goes out at once
+// (Wake), not after that step's output, which a worker holding it for KV-
+// store loads can delay (--kvstore-empty-step-wait-ms); sync scheduling
+// has room for one step, so it waits for that output.
+TEST_P(EngineCoreTest, ALookupAnsweredWhileAnEmptyStepRunsIsScheduledAtOnce) {
+  PendingLookupConnector* connector = nullptr;
+  EngineCoreOptions options = Options();
+  options.make_kv_connector = [&connector](const WorkerDescription&) {
+    auto c = std::make_unique<PendingLookupConnector>();
+    connector = c.get();
+    return c;
+  };
+  EngineCore core(options);
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  ASSERT_NE(connector, nullptr);
+  auto sink = std::make_shared<Recorder>();
+  core.AddRequest(Greedy("looked-up", cases_[0]), sink, MonotonicNanos());
+  core.Step();
+  ASSERT_EQ(worker.num_sent, 1);
+  EXPECT_EQ(worker.sent.front().total_num_scheduled_tokens, 0) << "the lookup is pending";
+  connector->answered = true;
+  core.Wake();
+  core.Step();
+  if (async()) {
+    ASSERT_EQ(worker.num_sent, 2) << "the prefill waited for the empty step's output";
+    EXPECT_GT(worker.sent.back().total_num_scheduled_tokens, 0);
+  } else {
+    EXPECT_EQ(worker.num_sent, 1);
+  }
+  Run(core, worker);
+  ASSERT_TRUE(sink->ended);
+  EXPECT_EQ(sink->tokens, cases_[0].expected);
+}
+
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, EngineCoreTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Async" : "Sync";

@@ -207,7 +207,9 @@ class EngineCore {
   // kEmptyStepPace).
   void Step();
   // Something outside may have unblocked a request (a KV-store lookup
-  // answered, a drain began): the next Step() schedules at once.
+  // answered, a drain began): the next Step() schedules at once, even
+  // while the empty step sent before the news is in flight, if the window
+  // has room.
   void Wake();
 
   // --- Time ---
