@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "file_util.h"
 #include "hf_config_read.h"
+#include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/model/json.h"
 
@@ -343,8 +344,8 @@ absl::StatusOr<SlidingLayers> SlidingWindow(const nlohmann::json& cfg, const std
   std::vector<bool> slides(static_cast<size_t>(num_layers), window > 0);
   if (qwen) {
     TANDEM_ASSIGN_OR_RETURN(bool use, GetBool(cfg, path, "use_sliding_window", false));
-    TANDEM_ASSIGN_OR_RETURN(int32_t max_window_layers,
-                            GetInt(cfg, path, "max_window_layers", num_layers));
+    // Qwen2Config's and Qwen3Config's default.
+    TANDEM_ASSIGN_OR_RETURN(int32_t max_window_layers, GetInt(cfg, path, "max_window_layers", 28));
     if (!use) window = 0;
     for (int32_t i = 0; i < num_layers; ++i) {
       slides[static_cast<size_t>(i)] =
@@ -589,24 +590,63 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
     out.rope_context_cap = rope_cap;
   }
 
-  // The activation: Gemma's MLP reads hidden_activation (its hidden_act is
-  // a leftover that transformers ignores); the others read hidden_act.
-  const bool gemma = f->family == ModelFamily::kGemma || f->family == ModelFamily::kGemma2 ||
-                     f->family == ModelFamily::kGemma3;
-  const char* act_key = gemma ? "hidden_activation" : "hidden_act";
-  std::string act = gemma ? "gelu_pytorch_tanh" : "silu";
-  if (const nlohmann::json* a = JsonMember(cfg, act_key); IsSet(a)) {
-    if (!a->is_string()) return Bad(path, absl::StrCat("\"", act_key, "\" is not a string"));
-    act = a->get<std::string>();
-  }
-  if (act == "silu" || act == "swish") {
-    c.activation = Activation::kSilu;
-  } else if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast") {
+  // The activation. Gemma 2 and 3 read hidden_activation. Gemma 1: its
+  // transformers 5 MLP reads hidden_act, 4.39+ read hidden_activation, and
+  // google/gemma-2b and -7b say hidden_act "gelu" (exact GeLU in
+  // transformers 5) though Google trained them with the tanh form, which
+  // vLLM and transformers 4.39+ serve: "gelu" in Gemma 1's hidden_act is
+  // read as that legacy name for tanh (logged), and a hidden_act that
+  // disagrees with hidden_activation otherwise is refused. The others read
+  // hidden_act.
+  const ModelFamily family = f->family;
+  const bool gemma = family == ModelFamily::kGemma || family == ModelFamily::kGemma2 ||
+                     family == ModelFamily::kGemma3;
+  auto read_act = [&](const char* key) -> absl::StatusOr<std::optional<std::string>> {
+    const nlohmann::json* a = JsonMember(cfg, key);
+    if (!IsSet(a)) return std::nullopt;
+    if (!a->is_string()) return Bad(path, absl::StrCat("\"", key, "\" is not a string"));
+    return a->get<std::string>();
+  };
+  auto to_activation = [&](const char* key, const std::string& act) -> absl::StatusOr<Activation> {
+    if (act == "silu" || act == "swish") return Activation::kSilu;
     // gelu_new and gelu_fast are the same tanh formula (fast in another order).
-    c.activation = Activation::kGeluTanh;
-  } else {
-    return Refuse(path, absl::StrCat(act_key, " \"", act,
+    if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast") {
+      return Activation::kGeluTanh;
+    }
+    return Refuse(path, absl::StrCat(key, " \"", act,
                                      "\" is not supported (supported: silu, gelu_pytorch_tanh)"));
+  };
+  TANDEM_ASSIGN_OR_RETURN(const std::optional<std::string> hidden_act, read_act("hidden_act"));
+  TANDEM_ASSIGN_OR_RETURN(const std::optional<std::string> hidden_activation,
+                          read_act("hidden_activation"));
+  if (!gemma) {
+    TANDEM_ASSIGN_OR_RETURN(c.activation, to_activation("hidden_act", hidden_act.value_or("silu")));
+  } else if (family != ModelFamily::kGemma) {
+    TANDEM_ASSIGN_OR_RETURN(
+        c.activation,
+        to_activation("hidden_activation", hidden_activation.value_or("gelu_pytorch_tanh")));
+  } else {
+    std::optional<Activation> from_act;
+    if (hidden_act == "gelu") {
+      TANDEM_LOG(WARNING) << path << ": Gemma's hidden_act \"gelu\" is served as "
+                          << "gelu_pytorch_tanh, the form the model was trained with (as vLLM "
+                          << "serves it; transformers 5 computes exact GeLU)";
+      from_act = Activation::kGeluTanh;
+    } else if (hidden_act) {
+      TANDEM_ASSIGN_OR_RETURN(from_act, to_activation("hidden_act", *hidden_act));
+    }
+    std::optional<Activation> from_activation;
+    if (hidden_activation) {
+      TANDEM_ASSIGN_OR_RETURN(from_activation,
+                              to_activation("hidden_activation", *hidden_activation));
+    }
+    if (from_act && from_activation && *from_act != *from_activation) {
+      return Refuse(path, absl::StrCat("hidden_act \"", *hidden_act,
+                                       "\" disagrees with hidden_activation \"", *hidden_activation,
+                                       "\" (transformers 5 reads hidden_act, 4.x "
+                                       "hidden_activation)"));
+    }
+    c.activation = from_act.value_or(from_activation.value_or(Activation::kGeluTanh));
   }
 
   // Biases, per family as transformers builds the modules.

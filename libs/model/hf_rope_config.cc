@@ -120,13 +120,21 @@ absl::Status ReadRope(const nlohmann::json& cfg, const std::string& path, int32_
     }
     c->rope_theta = static_cast<float>(*theta);
   }
+  // rope_type, or the older "type" (transformers reads rope_type first);
+  // both, disagreeing, are refused.
   std::string type = "default";
+  std::optional<std::string> named;
   for (const char* key : {"rope_type", "type"}) {
     if (const nlohmann::json* t = JsonMember(*rope, key); IsSet(t)) {
       if (!t->is_string()) return Bad(where, absl::StrCat("\"", key, "\" is not a string"));
-      type = t->get<std::string>();
+      if (named && *named != t->get<std::string>()) {
+        return Bad(where, absl::StrCat("rope_type \"", *named, "\" disagrees with type \"",
+                                       t->get<std::string>(), "\""));
+      }
+      named = t->get<std::string>();
     }
   }
+  if (named) type = *named;
   // Phi3Config renames the older "su" to "longrope".
   if (type == "su" && c->family == ModelFamily::kPhi3) type = "longrope";
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "hf_config.h"
 #include "hf_fixture.h"
 
 namespace tandem::model {
@@ -160,6 +161,70 @@ TEST(HfFamiliesTest, RefusesAnUnknownActivation) {
   ExpectEditRefused("gemma", "\"hidden_activation\": \"gelu_pytorch_tanh\"",
                     "\"hidden_activation\": \"gelu\"", absl::StatusCode::kUnimplemented,
                     "hidden_activation \"gelu\"");
+}
+
+// Gemma 1's MLP reads hidden_act in transformers 5 (hidden_activation in
+// 4.39+): a hidden_act that disagrees with hidden_activation is refused,
+// one alone is read; "gelu" there is google/gemma-2b's and -7b's legacy
+// name for the tanh form they were trained with (served as vLLM serves it).
+TEST(HfFamiliesTest, GemmaOneReadsHiddenActWithItsLegacyGelu) {
+  TANDEM_REQUIRE_HF();
+  ExpectEditRefused("gemma", "\"hidden_act\": \"gelu_pytorch_tanh\"", "\"hidden_act\": \"silu\"",
+                    absl::StatusCode::kUnimplemented,
+                    "hidden_act \"silu\" disagrees with hidden_activation \"gelu_pytorch_tanh\"");
+  auto activation = [](const std::string& act, bool with_hidden_activation) {
+    EditedFixture f("gemma", "\"hidden_act\": \"gelu_pytorch_tanh\"",
+                    "\"hidden_act\": \"" + act + "\"");
+    if (!with_hidden_activation) {
+      EditConfig(f, {{"\"hidden_activation\": \"gelu_pytorch_tanh\",", ""}});
+    }
+    auto m = Model::Load(f.path());
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? (*m)->config().activation : Activation::kSilu;
+  };
+  EXPECT_EQ(activation("silu", false), Activation::kSilu) << "hidden_act alone is read";
+  EXPECT_EQ(activation("gelu", false), Activation::kGeluTanh);
+  EXPECT_EQ(activation("gelu", true), Activation::kGeluTanh);
+  EXPECT_EQ(activation("gelu_pytorch_tanh", false), Activation::kGeluTanh);
+  // An unknown one is refused by name.
+  ExpectEditRefused("gemma", "\"hidden_act\": \"gelu_pytorch_tanh\"", "\"hidden_act\": \"relu2\"",
+                    absl::StatusCode::kUnimplemented, "hidden_act \"relu2\"");
+}
+
+// rope_type and the older "type" both set must agree (transformers reads
+// rope_type first; the loop here read type last).
+TEST(HfFamiliesTest, RopeTypeAndTypeMustAgree) {
+  TANDEM_REQUIRE_HF();
+  ExpectEditRefused(
+      "llama3.2", "\"rope_type\": \"llama3\"", "\"rope_type\": \"llama3\", \"type\": \"linear\"",
+      absl::StatusCode::kInvalidArgument, "rope_type \"llama3\" disagrees with type \"linear\"");
+  EditedFixture same("llama3.2", "\"rope_type\": \"llama3\"",
+                     "\"rope_type\": \"llama3\", \"type\": \"llama3\"");
+  auto m = Model::Load(same.path());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().rope_scaling.type, RopeScaling::Type::kLlama3);
+}
+
+// Qwen2Config's and Qwen3Config's max_window_layers is 28 when config.json
+// leaves it out: with use_sliding_window, layers 28 and up slide.
+TEST(HfFamiliesTest, QwenMaxWindowLayersDefaultsTo28) {
+  TANDEM_REQUIRE_HF();
+  for (const char* fixture : {"qwen2.5", "qwen3"}) {
+    SCOPED_TRACE(fixture);
+    EditedFixture f(fixture, nlohmann::json{{"num_hidden_layers", 30},
+                                            {"use_sliding_window", true},
+                                            {"sliding_window", 1024}});
+    auto cfg = ParseJson(Slurp(f.File("config.json")));
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    cfg->erase("max_window_layers");
+    cfg->erase("layer_types");
+    Spit(f.File("config.json"), cfg->dump(1));
+    auto hf = internal::ReadHfConfig(f.path());
+    ASSERT_TRUE(hf.ok()) << hf.status();
+    std::vector<int32_t> expected(30, 0);
+    expected[28] = expected[29] = 1024;
+    EXPECT_EQ(hf->config.layer_window, expected);
+  }
 }
 
 TEST(HfFamiliesTest, RefusesConfigKeysThatMayChangeTheMath) {
