@@ -494,6 +494,24 @@ absl::Status HfTokenizer::Init(const std::string& name, const Json& json,
     if (config->unk_token && lookup(config->unk_token)) special_ids_.unk = lookup(config->unk_token);
     if (config->clean_up_tokenization_spaces) clean_up_ = *config->clean_up_tokenization_spaces;
     chat_template_ = config->chat_template;
+    if (config->names_add_bos_or_eos) {
+      // transformers 5's update_post_processor: the flags replace
+      // tokenizer.json's template (a flag whose token is not set adds none).
+      post_prefix_.clear();
+      post_suffix_.clear();
+      for (const auto& [add, token, target] :
+           {std::tuple{config->add_bos_token, &config->bos_token, &post_prefix_},
+            std::tuple{config->add_eos_token, &config->eos_token, &post_suffix_}}) {
+        if (!add || !*token) continue;
+        const std::optional<int32_t> id = lookup(*token);
+        if (!id) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(name, ": tokenizer_config.json adds \"", **token,
+                           "\" to every sequence, but it is not in the vocabulary"));
+        }
+        target->push_back(*id);
+      }
+    }
   }
   if (!special_ids_.bos && !post_prefix_.empty()) special_ids_.bos = post_prefix_.front();
   if (special_ids_.bos) bos_token_ = tokens_[*special_ids_.bos];

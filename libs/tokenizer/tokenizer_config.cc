@@ -93,6 +93,24 @@ absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& name,
       it != json.end() && it->is_boolean()) {
     config.clean_up_tokenization_spaces = it->get<bool>();
   }
+  for (const auto& [key, target] : {std::pair{"add_bos_token", &config.add_bos_token},
+                                    std::pair{"add_eos_token", &config.add_eos_token}}) {
+    const auto it = json.find(key);
+    if (it == json.end()) continue;
+    config.names_add_bos_or_eos = true;
+    if (it->is_null()) continue;  // transformers reads null as false
+    if (!it->is_boolean()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": \"", key, "\" is not a boolean"));
+    }
+    *target = it->get<bool>();
+  }
+  // transformers' split_special_tokens encodes special tokens' text as
+  // ordinary text; not built.
+  if (const auto it = json.find("split_special_tokens");
+      it != json.end() && !it->is_null() && *it != Json(false)) {
+    return absl::UnimplementedError(
+        absl::StrCat(name, ": split_special_tokens ", it->dump(), " is not supported"));
+  }
   return config;
 }
 

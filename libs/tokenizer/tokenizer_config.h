@@ -19,6 +19,12 @@ struct TokenizerConfig {
   // A string, or from a list of named templates the one named "default".
   std::optional<std::string> chat_template;
   std::optional<bool> clean_up_tokenization_spaces;
+  // transformers 5 (TokenizersBackend): when the file names either, the
+  // post-processor becomes [bos_token if add_bos_token] $A [eos_token if
+  // add_eos_token], the one not named false.
+  bool names_add_bos_or_eos = false;
+  bool add_bos_token = false;
+  bool add_eos_token = false;
 };
 
 // Parses the file's text; `name` names it in errors.

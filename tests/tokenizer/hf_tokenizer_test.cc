@@ -289,6 +289,50 @@ TEST(HfTokenizerConfigTest, TakesBosEosAndTheChatTemplateFromTokenizerConfig) {
   EXPECT_EQ(*(*tok)->Decode(ids, {.clean_up_tokenization_spaces = false}), "x .");
 }
 
+// transformers 5: add_bos_token / add_eos_token in tokenizer_config.json
+// replace tokenizer.json's template ([bos] $A [eos], a flag not named is
+// false), as Phi-3's add_bos_token false drops the <s> its tokenizer.json
+// adds; split_special_tokens true is refused, not ignored.
+TEST(HfTokenizerConfigTest, AddBosAndEosTokenReplaceThePostProcessorsTemplate) {
+  const std::string path = WriteTokenizer("add_bos_eos", ByteLevelJson());
+  const std::string dir = std::filesystem::path(path).parent_path();
+  auto encode = [&](const Json& config) -> absl::StatusOr<std::vector<int32_t>> {
+    std::ofstream(dir + "/tokenizer_config.json") << config.dump();
+    auto tok = LoadTokenizer(dir);
+    if (!tok.ok()) return tok.status();
+    return (*tok)->Encode("x");
+  };
+  const Json tokens = {{"bos_token", "<|bos|>"}, {"eos_token", "<|eot|>"}};
+  const std::vector<int32_t> x = *encode(tokens);
+  ASSERT_EQ(x.size(), 2u);
+  EXPECT_EQ(x.front(), 262) << "tokenizer.json's template: <|bos|> $A";
+  const int32_t text = x.back();
+  Json c = tokens;
+  c["add_bos_token"] = false;
+  c["add_eos_token"] = true;
+  EXPECT_EQ(*encode(c), (std::vector<int32_t>{text, 260}));
+  c = tokens;
+  c["add_eos_token"] = true;  // add_bos_token not named: false, as transformers 5 reads it
+  EXPECT_EQ(*encode(c), (std::vector<int32_t>{text, 260}));
+  c = tokens;
+  c["add_bos_token"] = true;
+  EXPECT_EQ(*encode(c), (std::vector<int32_t>{262, text}));
+  c = tokens;
+  c["add_bos_token"] = false;
+  EXPECT_EQ(*encode(c), (std::vector<int32_t>{text}));
+  c = tokens;
+  c["add_bos_token"] = "yes";
+  EXPECT_THAT(encode(c).status().message(), HasSubstr("\"add_bos_token\" is not a boolean"));
+  c = tokens;
+  c["split_special_tokens"] = true;
+  EXPECT_THAT(encode(c).status().message(),
+              HasSubstr("split_special_tokens true is not supported"));
+  c = tokens;
+  c["bos_token"] = "<|nowhere|>";
+  c["add_bos_token"] = true;
+  EXPECT_THAT(encode(c).status().message(), HasSubstr("not in the vocabulary"));
+}
+
 std::string ReadText(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   EXPECT_TRUE(in.good()) << "cannot open " << path;
