@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <ctime>
 #include <map>
 #include <optional>
 #include <utility>
@@ -68,6 +69,12 @@ class Renderer {
   }
 
  private:
+  // The functions a template may call without defining them.
+  static bool IsGlobalFunction(const std::string& name) {
+    return name == "strftime_now" || name == "raise_exception" || name == "namespace" ||
+           name == "range";
+  }
+
   Value* Lookup(const std::string& name) {
     for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
       auto found = it->find(name);
@@ -151,7 +158,14 @@ class Renderer {
       case Expr::kFilter:
         return Filter(e);
       case Expr::kTest: {
-        const bool result = Test(e.name, Eval(*e.args[0]),
+        // The global functions are defined (a template asks before it calls
+        // strftime_now, as Llama 3.2's does), unless a variable hides them.
+        const Expr& operand = *e.args[0];
+        if ((e.name == "defined" || e.name == "undefined") && operand.kind == Expr::kName &&
+            IsGlobalFunction(operand.name) && Lookup(operand.name) == nullptr) {
+          return Value{(e.name == "defined") != e.negated};
+        }
+        const bool result = Test(e.name, Eval(operand),
                                  e.args.size() > 1 ? Eval(*e.args[1]) : Value::Undefined(), e.line);
         return Value{result != e.negated};
       }
@@ -261,6 +275,22 @@ class Renderer {
     const Expr& callee = *e.args[0];
     std::vector<Value> args = Args(e, 1);
     if (callee.kind == Expr::kName) {
+      if (callee.name == "strftime_now") {
+        // transformers' (and vLLM's): datetime.now().strftime(format), local time.
+        if (args.size() != 1 || !args[0].json.is_string()) {
+          Fail(e.line, "strftime_now() takes one format string");
+        }
+        const std::time_t now = std::time(nullptr);
+        std::tm local{};
+        localtime_r(&now, &local);
+        char buf[256];
+        const size_t n =
+            std::strftime(buf, sizeof(buf), args[0].json.get<std::string>().c_str(), &local);
+        if (n == 0 && !args[0].json.get<std::string>().empty()) {
+          Fail(e.line, "strftime_now(): the format gives no text or more than 255 bytes");
+        }
+        return Value{std::string(buf, n)};
+      }
       if (callee.name == "raise_exception") {
         Fail(e.line, absl::StrCat("raise_exception: ", args.empty() ? "" : ToString(args[0])));
       }

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <fstream>
 
 #include "test_util.h"
@@ -104,6 +105,28 @@ TEST(ChatTemplateTest, RaiseExceptionFailsTheRender) {
           ->Render({.messages = Json::parse(
                         R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])")})
           .ok());
+}
+
+// transformers and vLLM give templates strftime_now (datetime.now()
+// .strftime): Llama 3.2's asks whether it is defined before it dates its
+// system prompt, and fell back to "26 Jul 2024" here.
+TEST(ChatTemplateTest, StrftimeNowIsTheLocalTimeAndDefined) {
+  EXPECT_EQ(*Render("{% if strftime_now is defined %}A{% else %}B{% endif %}"), "A");
+  EXPECT_EQ(*Render("{{ raise_exception is defined }}|{{ strftime_now is undefined }}"),
+            "true|false");
+  EXPECT_EQ(*Render("{% set strftime_now = 1 %}{{ strftime_now + 1 }}"), "2")
+      << "a variable hides it";
+  auto today = [] {
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char buf[64];
+    return std::string(buf, std::strftime(buf, sizeof(buf), "%d %b %Y", &local));
+  };
+  const std::string before = today();
+  const std::string got = *Render("{{ strftime_now('%d %b %Y') }}");
+  EXPECT_TRUE(got == before || got == today()) << got;
+  EXPECT_FALSE(Render("{{ strftime_now() }}").ok());
 }
 
 TEST(ChatTemplateTest, NamesWhatIsNotSupportedAndWhereSyntaxIsWrong) {

@@ -24,7 +24,9 @@
 // title, string, int, join, default/d, replace, reverse, tojson, items,
 // selectattr, rejectattr, map(attribute=...); string methods strip/lstrip/
 // rstrip/startswith/endswith/split/replace/upper/lower/title, dict methods
-// items/keys/values/get; raise_exception(msg) and range(). Anything else
+// items/keys/values/get; raise_exception(msg), range() and strftime_now(fmt)
+// (the local time, as transformers and vLLM give it; these globals are
+// `defined`). Anything else
 // (macros, {% call %}, blocks, unknown filters) makes Parse fail with a
 // message naming it: use a built-in template then.
 //
