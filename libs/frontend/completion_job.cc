@@ -91,7 +91,12 @@ void CompletionJob::Start(const std::optional<ModelInfo>& model,
 // Each choice's request, detokenizer and stop strings; false after failing
 // the request (a prompt plus max_tokens over the context).
 bool CompletionJob::BuildChoices(const ModelInfo& model) {
-  const tokenizer::DecodeOptions decode{.skip_special_tokens = request_.skip_special_tokens};
+  // Never clean_up_tokenization_spaces: vLLM's detokenizer (the Rust
+  // DecodeStream) does not, and it would rewrite what the model wrote
+  // ("Quoi ?", "x .y" in code) where tokenizer_config.json asks for it
+  // (Llama 3's does).
+  const tokenizer::DecodeOptions decode{.skip_special_tokens = request_.skip_special_tokens,
+                                        .clean_up_tokenization_spaces = false};
   const RequestSampling sampling = EffectiveSampling(request_, model.generation);
   const std::optional<int32_t> prompt_logprobs = PromptLogprobsToAsk(request_);
   const int32_t n = request_.n;
