@@ -345,6 +345,10 @@ absl::StatusOr<std::unique_ptr<DecoderSpec>> ParseDecoder(const Json& json,
     if (json.contains("prepend_scheme")) {
       absl::StatusOr<std::string> scheme = JsonString(json, "prepend_scheme", where);
       if (!scheme.ok()) return scheme.status();
+      if (*scheme != "always" && *scheme != "first" && *scheme != "never") {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": prepend_scheme '", *scheme, "' is not supported"));
+      }
       strip_first = *scheme != "never";
     } else {
       absl::StatusOr<bool> add_prefix_space = JsonBool(json, "add_prefix_space", true, where);
