@@ -295,6 +295,7 @@ class Renderer {
         Fail(e.line, absl::StrCat("raise_exception: ", args.empty() ? "" : ToString(args[0])));
       }
       if (callee.name == "namespace") {
+        if (!args.empty()) Unsupported(e.line, "namespace() with a positional argument");
         Json ns = Json::object();
         for (const auto& [k, x] : e.kwargs) ns[k] = Eval(*x).json;
         return Value{std::move(ns)};
@@ -318,44 +319,97 @@ class Renderer {
     if (callee.kind != Expr::kAttr) Fail(e.line, "call of something that is not a function");
     const Value self = Eval(*callee.args[0]);
     const std::string& m = callee.name;
+    // Python's methods take no keyword arguments here; more positional
+    // ones than a method reads are refused, never dropped.
+    auto arity = [&](size_t min, size_t max) {
+      if (!e.kwargs.empty()) {
+        Unsupported(e.line, absl::StrCat("the method '", m, "' with ", e.kwargs[0].first, "="));
+      }
+      if (args.size() < min || args.size() > max) {
+        Unsupported(e.line, absl::StrCat("the method '", m, "' with ", args.size(), " arguments"));
+      }
+    };
     auto str_arg = [&](size_t k) -> std::optional<std::string> {
       if (k >= args.size() || args[k].json.is_null()) return std::nullopt;
       return ToString(args[k]);
     };
+    auto int_arg = [&](size_t k, int64_t otherwise) -> int64_t {
+      if (k >= args.size() || args[k].json.is_null()) return otherwise;
+      if (!IsInt(args[k].json))
+        Fail(e.line, absl::StrCat(m, "() of a count that is not an integer"));
+      return args[k].json.get<int64_t>();
+    };
     if (self.json.is_string()) {
       const std::string& s = self.json.get_ref<const std::string&>();
-      if (m == "strip") return Value{Strip(s, true, true, str_arg(0))};
-      if (m == "lstrip") return Value{Strip(s, true, false, str_arg(0))};
-      if (m == "rstrip") return Value{Strip(s, false, true, str_arg(0))};
-      if (m == "upper") return Value{absl::AsciiStrToUpper(s)};
-      if (m == "lower") return Value{absl::AsciiStrToLower(s)};
-      if (m == "title") return Value{Title(s)};
-      if (m == "startswith" && str_arg(0)) return Value{s.starts_with(*str_arg(0))};
-      if (m == "endswith" && str_arg(0)) return Value{s.ends_with(*str_arg(0))};
-      if (m == "replace" && args.size() == 2) {
-        return Value{absl::StrReplaceAll(s, {{ToString(args[0]), ToString(args[1])}})};
+      if (m == "strip" || m == "lstrip" || m == "rstrip") {
+        arity(0, 1);
+        return Value{Strip(s, m != "rstrip", m != "lstrip", str_arg(0))};
+      }
+      if (m == "upper" || m == "lower" || m == "title") {
+        arity(0, 0);
+        return Value{m == "upper"   ? absl::AsciiStrToUpper(s)
+                     : m == "lower" ? absl::AsciiStrToLower(s)
+                                    : Title(s)};
+      }
+      if (m == "startswith" || m == "endswith") {
+        arity(1, 1);
+        // A tuple (a list here) of prefixes: any of them.
+        std::vector<std::string> affixes;
+        if (args[0].json.is_array()) {
+          for (const Json& x : args[0].json) affixes.push_back(ToString(Value{x}));
+        } else {
+          affixes.push_back(ToString(args[0]));
+        }
+        return Value{std::any_of(affixes.begin(), affixes.end(), [&](const std::string& a) {
+          return m == "startswith" ? s.starts_with(a) : s.ends_with(a);
+        })};
+      }
+      if (m == "replace") {
+        arity(2, 3);
+        const std::string from = ToString(args[0]), to = ToString(args[1]);
+        int64_t count = int_arg(2, -1);
+        // Python inserts `to` between every character for ''.
+        if (from.empty()) Unsupported(e.line, "the method 'replace' of ''");
+        if (count < 0) return Value{absl::StrReplaceAll(s, {{from, to}})};
+        std::string out;
+        size_t at = 0;
+        for (size_t found; count > 0 && (found = s.find(from, at)) != std::string::npos; --count) {
+          out.append(s, at, found - at).append(to);
+          at = found + from.size();
+        }
+        return Value{out.append(s, at, std::string::npos)};
       }
       if (m == "split") {
+        arity(0, 2);
+        const int64_t maxsplit = int_arg(1, -1);
         Json out = Json::array();
-        if (str_arg(0)) {
-          for (auto part : absl::StrSplit(s, *str_arg(0))) out.push_back(std::string(part));
-        } else {
-          for (auto part : absl::StrSplit(s, absl::ByAnyChar(" \t\n\r\f\v"), absl::SkipEmpty())) {
-            out.push_back(std::string(part));
+        if (const std::optional<std::string> sep = str_arg(0)) {
+          if (sep->empty()) Fail(e.line, "split() of an empty separator");
+          size_t at = 0;
+          for (int64_t n = 0; maxsplit < 0 || n < maxsplit; ++n) {
+            const size_t found = s.find(*sep, at);
+            if (found == std::string::npos) break;
+            out.push_back(s.substr(at, found - at));
+            at = found + sep->size();
           }
+          out.push_back(s.substr(at));
+        } else {
+          for (std::string& part : SplitWhitespace(s, maxsplit)) out.push_back(std::move(part));
         }
         return Value{std::move(out)};
       }
     }
     if (self.json.is_object()) {
       if (m == "items" || m == "keys" || m == "values") {
+        arity(0, 0);
         Json out = Json::array();
         for (const auto& [k, x] : self.json.items()) {
           out.push_back(m == "items" ? Json::array({k, x}) : m == "keys" ? Json(k) : x);
         }
         return Value{std::move(out)};
       }
-      if (m == "get" && !args.empty()) {
+      if (m == "get") {
+        arity(1, 2);
         Value v = GetItem(self, args[0].json, e.line);
         return v.undefined ? (args.size() > 1 ? args[1] : Value{nullptr}) : v;
       }
@@ -373,10 +427,33 @@ class Renderer {
       }
       return std::nullopt;
     };
+    // Jinja2's signatures: more positional arguments than a filter takes,
+    // or a keyword it does not read, are refused, never dropped.
+    auto arity = [&](size_t max, std::initializer_list<std::string_view> keywords) {
+      if (args.size() > max) {
+        Unsupported(e.line, absl::StrCat("the filter '", f, "' with ", args.size(), " arguments"));
+      }
+      for (const auto& [k, x] : e.kwargs) {
+        if (std::find(keywords.begin(), keywords.end(), k) == keywords.end()) {
+          Unsupported(e.line, absl::StrCat("the filter '", f, "' with ", k, "="));
+        }
+      }
+    };
     if (f == "default" || f == "d") {
-      const bool boolean = args.size() > 1 && Truthy(args[1]);
-      if (v.undefined || (boolean && !Truthy(v))) return args.empty() ? Value{""} : args[0];
+      arity(2, {"default_value", "boolean"});
+      const std::optional<Value> fallback =
+          args.empty() ? kwarg("default_value") : std::optional<Value>(args[0]);
+      const std::optional<Value> boolean =
+          args.size() > 1 ? std::optional<Value>(args[1]) : kwarg("boolean");
+      if (v.undefined || (boolean && Truthy(*boolean) && !Truthy(v))) {
+        return fallback.value_or(Value{""});
+      }
       return v;
+    }
+    if (f == "length" || f == "count" || f == "string" || f == "lower" || f == "upper" ||
+        f == "title" || f == "capitalize" || f == "items" || f == "list" || f == "first" ||
+        f == "last" || f == "reverse" || f == "int") {
+      arity(0, {});
     }
     if (f == "length" || f == "count") {
       if (v.json.is_string())
@@ -399,7 +476,13 @@ class Renderer {
       return Value{ToJson(v.json, indent && IsInt(indent->json) ? indent->json.get<int>() : -1,
                           sort_keys && Truthy(*sort_keys))};
     }
-    if (f == "trim") return Value{Strip(ToString(v), true, true, std::nullopt)};
+    if (f == "trim") {
+      arity(1, {"chars"});
+      const std::optional<Value> chars = args.empty() ? kwarg("chars") : args[0];
+      return Value{
+          Strip(ToString(v), true, true,
+                chars && !chars->json.is_null() ? std::optional(ToString(*chars)) : std::nullopt)};
+    }
     if (f == "lower") return Value{absl::AsciiStrToLower(ToString(v))};
     if (f == "upper") return Value{absl::AsciiStrToUpper(ToString(v))};
     if (f == "title") return Value{Title(ToString(v))};
@@ -408,7 +491,9 @@ class Renderer {
       if (!s.empty()) s[0] = absl::ascii_toupper(s[0]);
       return Value{s};
     }
-    if (f == "replace" && args.size() == 2) {
+    if (f == "replace") {
+      arity(2, {});
+      if (args.size() != 2) Unsupported(e.line, "the filter 'replace' without old and new");
       return Value{absl::StrReplaceAll(ToString(v), {{ToString(args[0]), ToString(args[1])}})};
     }
     if (f == "int") {
@@ -437,9 +522,15 @@ class Renderer {
       return Value{Json(items)};
     }
     if (f == "join") {
+      arity(1, {"d", "attribute"});
+      const std::optional<Value> d = args.empty() ? kwarg("d") : args[0];
+      const std::optional<Value> attribute = kwarg("attribute");
       std::vector<std::string> parts;
-      for (const Json& x : items) parts.push_back(ToString(Value{x}));
-      return Value{absl::StrJoin(parts, args.empty() ? "" : ToString(args[0]))};
+      for (const Json& x : items) {
+        parts.push_back(
+            ToString(attribute ? GetItem(Value{x}, attribute->json, e.line) : Value{x}));
+      }
+      return Value{absl::StrJoin(parts, d ? ToString(*d) : "")};
     }
     if (f == "selectattr" || f == "rejectattr") {
       if (args.empty()) Fail(e.line, absl::StrCat(f, " needs an attribute"));

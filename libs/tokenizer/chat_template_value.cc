@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -78,19 +79,62 @@ std::vector<std::string> Chars(const std::string& s) {
 
 bool IsInt(const Json& j) { return j.is_number_integer() || j.is_number_unsigned(); }
 
+bool IsPythonSpace(std::string_view c) {
+  if (c.size() == 1) {
+    const unsigned char b = static_cast<unsigned char>(c[0]);
+    return b == ' ' || (b >= '\t' && b <= '\r') || (b >= 0x1c && b <= 0x1f);
+  }
+  static const std::set<std::string_view> kWide = {"\u0085", "\u00a0", "\u1680", "\u2000", "\u2001",
+                                                   "\u2002", "\u2003", "\u2004", "\u2005", "\u2006",
+                                                   "\u2007", "\u2008", "\u2009", "\u200a", "\u2028",
+                                                   "\u2029", "\u202f", "\u205f", "\u3000"};
+  return kWide.contains(c);
+}
+
 std::string Strip(std::string s, bool left, bool right, const std::optional<std::string>& chars) {
-  auto strip_it = [&](char c) {
-    return chars ? chars->find(c) != std::string::npos : absl::ascii_isspace(c);
+  // By character, as Python strips (chars: any of its characters; none:
+  // Unicode whitespace, str.isspace).
+  const std::vector<std::string> set = chars ? Chars(*chars) : std::vector<std::string>{};
+  auto strip_it = [&](const std::string& c) {
+    return chars ? std::find(set.begin(), set.end(), c) != set.end() : IsPythonSpace(c);
   };
-  if (right) {
-    while (!s.empty() && strip_it(s.back())) s.pop_back();
-  }
+  std::vector<std::string> cs = Chars(s);
+  size_t begin = 0, end = cs.size();
   if (left) {
-    size_t k = 0;
-    while (k < s.size() && strip_it(s[k])) ++k;
-    s.erase(0, k);
+    while (begin < end && strip_it(cs[begin])) ++begin;
   }
-  return s;
+  if (right) {
+    while (end > begin && strip_it(cs[end - 1])) --end;
+  }
+  std::string out;
+  for (size_t k = begin; k < end; ++k) out += cs[k];
+  return out;
+}
+
+std::vector<std::string> SplitWhitespace(const std::string& s, int64_t maxsplit) {
+  std::vector<std::string> out;
+  std::string word;
+  bool in_word = false;
+  const std::vector<std::string> cs = Chars(s);
+  for (size_t k = 0; k < cs.size(); ++k) {
+    if (maxsplit >= 0 && std::ssize(out) == maxsplit && in_word == false && !IsPythonSpace(cs[k])) {
+      // The rest as it is, trailing whitespace kept (Python's rule).
+      std::string rest;
+      for (size_t j = k; j < cs.size(); ++j) rest += cs[j];
+      out.push_back(std::move(rest));
+      return out;
+    }
+    if (IsPythonSpace(cs[k])) {
+      if (in_word) out.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+    } else {
+      word += cs[k];
+      in_word = true;
+    }
+  }
+  if (in_word) out.push_back(std::move(word));
+  return out;
 }
 
 std::string Title(const std::string& s) {

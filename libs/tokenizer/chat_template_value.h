@@ -38,6 +38,11 @@ bool IsInt(const Json& j);
 // Python's str.strip (lstrip with `right` false, rstrip with `left` false):
 // whitespace, or the characters in `chars`.
 std::string Strip(std::string s, bool left, bool right, const std::optional<std::string>& chars);
+// Python's str.isspace for one UTF-8 character.
+bool IsPythonSpace(std::string_view c);
+// Python's s.split() (no separator): runs of whitespace split, at most
+// maxsplit times (negative: no limit).
+std::vector<std::string> SplitWhitespace(const std::string& s, int64_t maxsplit);
 
 // Python's str.title on ASCII letters.
 std::string Title(const std::string& s);

@@ -129,6 +129,39 @@ TEST(ChatTemplateTest, StrftimeNowIsTheLocalTimeAndDefined) {
   EXPECT_FALSE(Render("{{ strftime_now() }}").ok());
 }
 
+// Python's (and Jinja2's) signatures: strip/trim remove Unicode whitespace
+// (str.isspace) or the given characters, split takes maxsplit, replace a
+// count, startswith a tuple, join an attribute, default a boolean= keyword.
+// Each expected value is what Python 3 / Jinja2 give. An argument a filter
+// or method does not read is refused, never dropped.
+TEST(ChatTemplateTest, FiltersAndMethodsTakeTheirPythonArguments) {
+  const Json content = Json::array({{{"role", "user"}, {"content", "\u3000 x \u2003"}}});
+  EXPECT_EQ(*Render("[{{ messages[0].content.strip() }}]", content), "[x]");
+  EXPECT_EQ(*Render("[{{ messages[0].content | trim }}]", content), "[x]");
+  EXPECT_EQ(*Render("[{{ messages[0].content.lstrip() }}]", content), "[x \u2003]");
+  EXPECT_EQ(*Render("{{ 'xxhixx' | trim('x') }}|{{ 'xxhixx' | trim(chars='x') }}"), "hi|hi");
+  EXPECT_EQ(*Render("{{ '\u00e9a\u00e9'.strip('\u00e9') }}"), "a");
+  EXPECT_EQ(*Render("{{ 'a,b,c'.split(',', 1) | length }}:{{ 'a,b,c'.split(',', 1)[1] }}"),
+            "2:b,c");
+  EXPECT_EQ(*Render("[{{ '  a b  c  '.split(none, 1)[1] }}]"), "[b  c  ]");
+  EXPECT_EQ(*Render("{{ ' a\u3000b '.split() | length }}"), "2");
+  EXPECT_EQ(*Render("{{ 'abcabc'.replace('a', 'z', 1) }}|{{ 'abcabc'.replace('a', 'z') }}"),
+            "zbcabc|zbczbc");
+  EXPECT_EQ(*Render("{{ 'ab'.startswith(['x', 'a']) }}{{ 'ab'.endswith(['x', 'y']) }}"),
+            "truefalse");
+  EXPECT_EQ(*Render("{{ [{'n': 'a'}, {'n': 'b'}] | join(', ', attribute='n') }}"), "a, b");
+  EXPECT_EQ(*Render("[{{ '' | default('x') }}|{{ '' | default('x', boolean=true) }}|"
+                    "{{ '' | default('x', true) }}|{{ nope | default(default_value='y') }}]"),
+            "[|x|x|y]");
+  for (const char* refused :
+       {"{{ 'a' | lower(1) }}", "{{ 'a'.strip(chars='x') }}", "{{ [1] | join(',', foo=1) }}",
+        "{{ namespace({'a': 1}) }}", "{{ 'ab'.replace('', '-') }}", "{{ 'a'.split(',', 1, 2) }}",
+        "{{ 'a' | trim('x', 'y') }}", "{{ [1] | first(2) }}"}) {
+    const auto r = Render(refused);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << refused << ": " << r.status();
+  }
+}
+
 TEST(ChatTemplateTest, NamesWhatIsNotSupportedAndWhereSyntaxIsWrong) {
   struct Case {
     const char* source;
