@@ -10,8 +10,11 @@
 namespace tandem::frontend {
 
 ServedTokenizer::ServedTokenizer(std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
-                                 std::optional<tokenizer::ChatTemplate> chat_template)
-    : tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {
+                                 std::optional<tokenizer::ChatTemplate> chat_template,
+                                 absl::StatusOr<std::optional<tokenizer::ChatTemplate>> tool_use)
+    : tokenizer_(std::move(tokenizer)),
+      chat_template_(std::move(chat_template)),
+      tool_use_(std::move(tool_use)) {
   // A tokenizer.json whose vocabulary has GPT-2's "Ġ" (a space in its byte
   // alphabet) is byte-level: every byte-level vocabulary has all 256 byte
   // characters, a SentencePiece-style one spells a space "▁".
@@ -105,14 +108,22 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
           "with --chat-template",
           "messages");
     }
-    tokenizer::ChatTemplateInputs inputs{
-        .messages = internal::MessagesForTemplate(request.messages,
-                                                  served.chat_template()->content_format()),
-        .add_generation_prompt = request.add_generation_prompt,
-        .bos_token = tok.bos_token(),
-        .eos_token = tok.eos_token(),
-        .extra_context = TemplateVariables(request)};
-    absl::StatusOr<std::string> rendered = served.chat_template()->Render(inputs);
+    // With tools, the tokenizer's "tool_use" template when it names one, as
+    // transformers (and so vLLM) picks it.
+    const tokenizer::ChatTemplate* chat_template = &*served.chat_template();
+    if (!request.tools.is_null()) {
+      if (!served.tool_use_chat_template().ok()) {
+        return BadRequest(std::string(served.tool_use_chat_template().status().message()), "tools");
+      }
+      if (*served.tool_use_chat_template()) chat_template = &**served.tool_use_chat_template();
+    }
+    tokenizer::ChatTemplateInputs inputs{.messages = internal::MessagesForTemplate(
+                                             request.messages, chat_template->content_format()),
+                                         .add_generation_prompt = request.add_generation_prompt,
+                                         .bos_token = tok.bos_token(),
+                                         .eos_token = tok.eos_token(),
+                                         .extra_context = TemplateVariables(request)};
+    absl::StatusOr<std::string> rendered = chat_template->Render(inputs);
     if (!rendered.ok()) {
       return BadRequest(absl::StrCat("chat template: ", rendered.status().message()), "messages");
     }

@@ -98,6 +98,17 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Select(std::string_view choice,
   return t;
 }
 
+absl::StatusOr<std::optional<ChatTemplate>> ChatTemplate::SelectToolUse(
+    std::string_view choice, const Tokenizer& tokenizer) {
+  if (!choice.empty() || !tokenizer.tool_use_chat_template()) return std::nullopt;
+  absl::StatusOr<ChatTemplate> t = Parse(*tokenizer.tool_use_chat_template());
+  if (!t.ok()) {
+    return absl::Status(t.status().code(), absl::StrCat("the tokenizer's tool_use chat template: ",
+                                                        t.status().message()));
+  }
+  return std::optional<ChatTemplate>(*std::move(t));
+}
+
 absl::StatusOr<std::string> ChatTemplate::Render(const ChatTemplateInputs& inputs) const {
   try {
     return internal::jinja::RenderTemplate(root_->bodies[0], inputs);

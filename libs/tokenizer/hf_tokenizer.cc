@@ -494,6 +494,7 @@ absl::Status HfTokenizer::Init(const std::string& name, const Json& json,
     if (config->unk_token && lookup(config->unk_token)) special_ids_.unk = lookup(config->unk_token);
     if (config->clean_up_tokenization_spaces) clean_up_ = *config->clean_up_tokenization_spaces;
     chat_template_ = config->chat_template;
+    tool_use_chat_template_ = config->tool_use_chat_template;
     if (config->names_add_bos_or_eos) {
       // transformers 5's update_post_processor: the flags replace
       // tokenizer.json's template (a flag whose token is not set adds none).

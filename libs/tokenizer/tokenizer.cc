@@ -70,6 +70,13 @@ absl::StatusOr<std::optional<internal::TokenizerConfig>> ReadConfigIn(const fs::
     if (!config) config.emplace();
     config->chat_template = std::move(text);
   }
+  // transformers >= 4.43 saves the named templates beside it.
+  if (const fs::path path = dir / "additional_chat_templates" / "tool_use.jinja";
+      fs::is_regular_file(path, ec)) {
+    TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+    if (!config) config.emplace();
+    config->tool_use_chat_template = std::move(text);
+  }
   return config;
 }
 
@@ -97,6 +104,7 @@ class WithConfig final : public Tokenizer {
     bos_token_ = config.bos_token.value_or(inner_->bos_token());
     eos_token_ = config.eos_token.value_or(inner_->eos_token());
     chat_template_ = config.chat_template;
+    tool_use_chat_template_ = config.tool_use_chat_template;
   }
   TokenizerKind kind() const override { return inner_->kind(); }
   int32_t vocab_size() const override { return inner_->vocab_size(); }

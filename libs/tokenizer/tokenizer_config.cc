@@ -79,9 +79,13 @@ absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& name,
       config.chat_template = it->get<std::string>();
     } else if (it->is_array()) {
       for (const Json& entry : *it) {
-        if (entry.is_object() && entry.value("name", "") == "default" &&
-            entry.contains("template") && entry["template"].is_string()) {
-          config.chat_template = entry["template"].get<std::string>();
+        if (!entry.is_object() || !entry.contains("template") || !entry["template"].is_string()) {
+          continue;
+        }
+        const std::string named = entry.value("name", "");
+        if (named == "default") config.chat_template = entry["template"].get<std::string>();
+        if (named == "tool_use") {
+          config.tool_use_chat_template = entry["template"].get<std::string>();
         }
       }
     } else {

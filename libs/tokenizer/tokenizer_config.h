@@ -18,6 +18,9 @@ struct TokenizerConfig {
   std::vector<std::string> additional_special_tokens;
   // A string, or from a list of named templates the one named "default".
   std::optional<std::string> chat_template;
+  // From such a list, the one named "tool_use" (transformers renders it for
+  // a request with tools).
+  std::optional<std::string> tool_use_chat_template;
   std::optional<bool> clean_up_tokenization_spaces;
   // transformers 5 (TokenizersBackend): when the file names either, the
   // post-processor becomes [bos_token if add_bos_token] $A [eos_token if

@@ -90,9 +90,10 @@ void FrontendMetrics::ObserveRequestParamsN(const std::string& model_name, int32
 
 Frontend::Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
                    std::optional<tokenizer::ChatTemplate> chat_template, Router* router,
-                   std::shared_ptr<prometheus::Registry> registry)
+                   std::shared_ptr<prometheus::Registry> registry,
+                   absl::StatusOr<std::optional<tokenizer::ChatTemplate>> tool_use_template)
     : options_(std::move(options)),
-      served_(std::move(tokenizer), std::move(chat_template)),
+      served_(std::move(tokenizer), std::move(chat_template), std::move(tool_use_template)),
       router_(router),
       registry_(std::move(registry)),
       metrics_(registry_.get()) {

@@ -83,9 +83,11 @@ struct FrontendMetrics {
 
 class Frontend {
  public:
+  // `tool_use_template`: ServedTokenizer's.
   Frontend(FrontendOptions options, std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
            std::optional<tokenizer::ChatTemplate> chat_template, Router* router,
-           std::shared_ptr<prometheus::Registry> registry);
+           std::shared_ptr<prometheus::Registry> registry,
+           absl::StatusOr<std::optional<tokenizer::ChatTemplate>> tool_use_template = std::nullopt);
 
   // The HttpServer's handler.
   void Handle(std::shared_ptr<HttpExchange> exchange);

@@ -267,11 +267,20 @@ int main(int argc, char** argv) {
                            "/v1/chat/completions answers 400";
   }
 
+  // Requests with tools render the tokenizer's "tool_use" template when it
+  // names one; one that cannot be rendered refuses only those requests.
+  absl::StatusOr<std::optional<tandem::tokenizer::ChatTemplate>> tool_use_chat =
+      tandem::tokenizer::ChatTemplate::SelectToolUse(chat_template, *tok);
+  if (!tool_use_chat.ok()) {
+    TANDEM_LOG(WARNING) << tool_use_chat.status().message() << "; requests with tools answer 400";
+  }
+
   auto registry = std::make_shared<prometheus::Registry>();
   tandem::rpc::RegisterTlsMetrics(registry);  // the --tls-* reloads
   tandem::frontend::Router router(router_options, registry.get());
   if (absl::Status s = router.Start(); !s.ok()) return Fail(std::string(s.message()));
-  tandem::frontend::Frontend frontend(options, tok, std::move(chat), &router, registry);
+  tandem::frontend::Frontend frontend(options, tok, std::move(chat), &router, registry,
+                                      std::move(tool_use_chat));
   auto server = tandem::frontend::HttpServer::Start(
       http, [&frontend](std::shared_ptr<tandem::frontend::HttpExchange> exchange) {
         frontend.Handle(std::move(exchange));

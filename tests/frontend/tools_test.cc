@@ -9,6 +9,7 @@
 // And tool_choice "auto" under --enable-auto-tool-choice --tool-call-parser
 // hermes: the answer's calls as message.tool_calls, read by the npm openai
 // SDK too.
+#include <filesystem>
 #include <fstream>
 
 #include "../integration/harness.h"
@@ -304,6 +305,63 @@ TEST_F(FrontendToolCallsTest, Llama3JsonCallsComeBackWholeAndStreamed) {
   EXPECT_EQ(content, "");
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0]["function"], message["tool_calls"][0]["function"]);
+}
+
+// A tokenizer that names a "tool_use" template beside its default (Hermes
+// 2 Pro ships them so): a request with tools renders it, as transformers'
+// get_chat_template picks it (vLLM passes the tools), one without renders
+// the default; --chat-template overrides both. A tool_use template that
+// cannot be rendered refuses only requests with tools, naming it.
+TEST(FrontendToolUseTemplateTest, ARequestWithToolsRendersTheToolUseTemplate) {
+  const std::string dir = MakeTempDir("frontend-tool-use");
+  const std::string tok_dir = dir + "/tok";
+  std::filesystem::create_directories(tok_dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(kNpm + "qwen2/" + f, tok_dir + "/" + f);
+  }
+  Json config = ReadJson(tok_dir + "/tokenizer_config.json");
+  config["chat_template"] = Json::array(
+      {{{"name", "default"}, {"template", "D:{{ messages[0]['content'] }}"}},
+       {{"name", "tool_use"}, {"template", "T{{ tools | length }}:{{ messages[0]['content'] }}"}}});
+  std::ofstream(tok_dir + "/tokenizer_config.json") << config.dump();
+  auto tok = tokenizer::LoadTokenizer(tok_dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  FakeScheduler scheduler(FakeModelInfo("tool-use", (*tok)->vocab_size(), 4096));
+  const Json tools = Json::array(
+      {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", Json::object()}}}}});
+  auto prompt_for = [&](Service& frontend, const Json& body) -> std::pair<int, std::string> {
+    httplib::Client client("http://" + frontend.address());
+    client.set_read_timeout(30, 0);
+    auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+    if (!res) return {-1, ""};
+    if (res->status != 200) return {res->status, res->body};
+    const v1::GenerateRequest got = scheduler.requests().back();
+    return {200, *(*tok)->Decode(std::vector<int32_t>(got.prompt_token_ids().begin(),
+                                                      got.prompt_token_ids().end()))};
+  };
+  const Json plain = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  Json with_tools = plain;
+  with_tools["tools"] = tools;
+  with_tools["tool_choice"] = "none";
+  {
+    Service frontend =
+        StartFrontend(dir, "frontend", {scheduler.address()}, {"--tokenizer", tok_dir});
+    EXPECT_EQ(prompt_for(frontend, plain), std::make_pair(200, std::string("D:hi")));
+    EXPECT_EQ(prompt_for(frontend, with_tools), std::make_pair(200, std::string("T1:hi")));
+  }
+  {
+    Service frontend = StartFrontend(dir, "frontend-flag", {scheduler.address()},
+                                     {"--tokenizer", tok_dir, "--chat-template", "chatml"});
+    EXPECT_NE(prompt_for(frontend, with_tools).second.find("<|im_start|>user"), std::string::npos);
+  }
+  config["chat_template"][1]["template"] = "{% macro m() %}{% endmacro %}";
+  std::ofstream(tok_dir + "/tokenizer_config.json") << config.dump();
+  Service frontend =
+      StartFrontend(dir, "frontend-bad", {scheduler.address()}, {"--tokenizer", tok_dir});
+  EXPECT_EQ(prompt_for(frontend, plain), std::make_pair(200, std::string("D:hi")));
+  const auto [status, body] = prompt_for(frontend, with_tools);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(body.find("the tokenizer's tool_use chat template"), std::string::npos) << body;
 }
 
 // The frontend's flags: another parser is refused by name; auto without one

@@ -286,6 +286,15 @@ TEST(HfTokenizerConfigTest, TakesBosEosAndTheChatTemplateFromTokenizerConfig) {
   EXPECT_EQ((*tok)->eos_id(), 260);
   EXPECT_EQ((*tok)->eos_token(), "<|eot|>");
   EXPECT_EQ((*tok)->chat_template(), "D");
+  EXPECT_EQ((*tok)->tool_use_chat_template(), "T");
+  // transformers >= 4.43 saves it in additional_chat_templates/, which wins.
+  std::filesystem::create_directories(dir + "/additional_chat_templates");
+  std::ofstream(dir + "/additional_chat_templates/tool_use.jinja") << "F";
+  auto with_file = LoadTokenizer(dir);
+  ASSERT_TRUE(with_file.ok()) << with_file.status();
+  EXPECT_EQ((*with_file)->tool_use_chat_template(), "F");
+  EXPECT_EQ((*with_file)->chat_template(), "D");
+  std::filesystem::remove_all(dir + "/additional_chat_templates");
   // clean_up_tokenization_spaces from the config, unless the caller says.
   const std::vector<int32_t> ids = *(*tok)->Encode("x .", {.add_special_tokens = false});
   EXPECT_EQ(*(*tok)->Decode(ids), "x.");

@@ -20,11 +20,17 @@ namespace tandem::frontend {
 // the longest entry (prompt byte bound). Immutable; any thread.
 class ServedTokenizer {
  public:
+  // `tool_use`: the template for requests with tools
+  // (ChatTemplate::SelectToolUse), or why it cannot be rendered.
   ServedTokenizer(std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
-                  std::optional<tokenizer::ChatTemplate> chat_template);
+                  std::optional<tokenizer::ChatTemplate> chat_template,
+                  absl::StatusOr<std::optional<tokenizer::ChatTemplate>> tool_use = std::nullopt);
 
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
   const std::optional<tokenizer::ChatTemplate>& chat_template() const { return chat_template_; }
+  const absl::StatusOr<std::optional<tokenizer::ChatTemplate>>& tool_use_chat_template() const {
+    return tool_use_;
+  }
   // The bytes token `id` stands for, decoded alone (tokenizer::PieceBytes);
   // "" outside the vocabulary.
   const std::string& TokenBytes(int32_t id) const;
@@ -47,6 +53,7 @@ class ServedTokenizer {
  private:
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::optional<tokenizer::ChatTemplate> chat_template_;
+  absl::StatusOr<std::optional<tokenizer::ChatTemplate>> tool_use_;
   int64_t max_token_bytes_ = 1;
   std::vector<std::string> token_bytes_;  // by id
 };

@@ -89,6 +89,12 @@ class ChatTemplate {
   // suggesting the flag.
   [[nodiscard]] static absl::StatusOr<ChatTemplate> Select(std::string_view choice,
                                                            const Tokenizer& tokenizer);
+  // The template for requests with tools, as transformers' get_chat_template
+  // picks it: with `choice` empty, the tokenizer's "tool_use" one when it
+  // names one (nullopt otherwise: the default serves them too); Parse's
+  // errors naming it.
+  [[nodiscard]] static absl::StatusOr<std::optional<ChatTemplate>> SelectToolUse(
+      std::string_view choice, const Tokenizer& tokenizer);
   // The source of a built-in template (empty for an unknown name).
   static std::string_view BuiltinSource(std::string_view name);
 

@@ -135,6 +135,13 @@ class Tokenizer {
   // tokenizer_config.json's chat_template (the default one when it lists
   // several by name), else nullopt.
   const std::optional<std::string>& chat_template() const { return chat_template_; }
+  // The template transformers renders for a request with tools when the
+  // tokenizer names one "tool_use": additional_chat_templates/tool_use.jinja
+  // (transformers >= 4.43 saves it there), else tokenizer_config.json's
+  // entry of that name; nullopt when it has none.
+  const std::optional<std::string>& tool_use_chat_template() const {
+    return tool_use_chat_template_;
+  }
 
   // A streaming decoder over this tokenizer; IncrementalDetokenizer is the
   // interface to use. The tokenizer must outlive it.
@@ -145,6 +152,7 @@ class Tokenizer {
   std::string bos_token_;
   std::string eos_token_;
   std::optional<std::string> chat_template_;
+  std::optional<std::string> tool_use_chat_template_;
 };
 
 // Decodes ids one at a time. Decode() of every tokenizer is defined as
