@@ -220,7 +220,11 @@ class Renderer {
     if (e.kind != Expr::kAttr && e.kind != Expr::kIndex) return {};
     const Ref base = Resolve(*e.args[0]);
     if (!base.resolved || (base.json && base.json->is_string())) return {};
-    if (!base.json) return {true, nullptr};
+    if (!base.json) {
+      // Jinja2's Undefined raises on any attribute or item (UndefinedError).
+      Fail(e.line, absl::StrCat(e.kind == Expr::kAttr ? Json(e.name).dump() : "an item",
+                                " of an undefined value"));
+    }
     const Json key = e.kind == Expr::kAttr ? Json(e.name) : Eval(*e.args[1]).json;
     if (e.kind == Expr::kIndex && base.json->is_array() && key.is_string()) return {};
     return {true, Item(*base.json, key, e.line)};

@@ -165,7 +165,8 @@ const Json* Item(const Json& j, const Json& key, int line) {
 }
 
 Value GetItem(const Value& v, const Json& key, int line) {
-  if (v.undefined) return Value::Undefined();
+  // Jinja2's Undefined raises on any attribute or item (UndefinedError).
+  if (v.undefined) Fail(line, absl::StrCat(ToJson(key), " of an undefined value"));
   const Json& j = v.json;
   if (j.is_string()) {
     if (!IsInt(key)) return Value::Undefined();

@@ -162,6 +162,21 @@ TEST(ChatTemplateTest, FiltersAndMethodsTakeTheirPythonArguments) {
   }
 }
 
+// Jinja2 (transformers' and vLLM's) raises on an attribute or item of an
+// undefined value; a missing attribute of a defined one is undefined.
+TEST(ChatTemplateTest, AnAttributeOfAnUndefinedValueFailsTheRender) {
+  const Json user = Json::array({{{"role", "user"}, {"content", "x"}}});
+  EXPECT_EQ(*Render("[{{ messages[0].missing }}]", user), "[]");
+  EXPECT_EQ(*Render("{{ messages[0].missing is defined }}", user), "false");
+  for (const char* source : {"{{ foo.bar }}", "{{ foo['bar'] }}", "{{ messages[0].missing.x }}",
+                             "{% if foo.bar is defined %}{% endif %}", "{{ (foo).bar }}"}) {
+    const auto r = Render(source, user);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << source << ": " << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("of an undefined value")) << source;
+  }
+}
+
 TEST(ChatTemplateTest, NamesWhatIsNotSupportedAndWhereSyntaxIsWrong) {
   struct Case {
     const char* source;
