@@ -66,6 +66,12 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
   // The one validation of a request's content (the services only convert);
   // the messages name the GenerateRequest's fields.
   TANDEM_RETURN_IF_ERROR(ValidateRequestId(spec.request_id));
+  // vLLM refuses a priority it would not honour.
+  if (spec.priority != 0 && config.policy != SchedulingPolicy::kPriority) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "priority = ", spec.priority,
+        " but priority scheduling is not enabled (the scheduler runs --scheduling-policy fcfs)"));
+  }
   if (spec.prompt_token_ids.empty()) {
     return absl::InvalidArgumentError(
         "prompt_token_ids is empty; a prompt needs at least one token");

@@ -34,6 +34,13 @@ std::vector<BadCase> BadCases() {
   cases.push_back({"prompt + max_tokens > max_model_len", MakeRequest({1, 2, 3}, 510),
                    grpc::StatusCode::INVALID_ARGUMENT,
                    "prompt (3 tokens) + max_tokens (510) = 513 exceeds max_model_len 512"});
+  {
+    // As vLLM: a priority the fcfs policy (the default) would not honour.
+    auto r = base();
+    r.set_priority(-3);
+    cases.push_back({"priority under fcfs", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "priority = -3 but priority scheduling is not enabled"});
+  }
   cases.push_back({"max_tokens 0", MakeRequest({1, 2}, 0), grpc::StatusCode::INVALID_ARGUMENT,
                    "max_tokens must be >= 1, got 0"});
   cases.push_back({"max_tokens negative", MakeRequest({1, 2}, -3),

@@ -117,7 +117,10 @@ void RunWorkload(uint64_t seed, bool async, Stats* totals) {
     ++steps;
     while (next < specs.size() && uniform(0, 2) != 0) {
       const Spec& s = specs[next++];
-      h.Add(s.id, s.prompt, s.sp, uniform(0, 3), uniform(0, 3) == 0 ? "salt" : "", steps);
+      // A priority only where the policy honours it (fcfs refuses one).
+      const int32_t priority = uniform(0, 3);
+      h.Add(s.id, s.prompt, s.sp, c.policy == SchedulingPolicy::kPriority ? priority : 0,
+            uniform(0, 3) == 0 ? "salt" : "", steps);
       if (::testing::Test::HasFatalFailure()) return;
     }
     // Aborts only early on: an abort must never be what unblocks a stalled
@@ -261,7 +264,8 @@ void RunWarmWorkload(uint64_t seed, bool async, WarmTotals* totals) {
       s.prompt.resize(static_cast<size_t>(capacity / 2));
     }
     s.sp = testing::Greedy(uniform(1, std::max(1, std::min(30, most))), uniform(0, 3) != 0);
-    s.priority = uniform(0, 2);
+    const int32_t priority = uniform(0, 2);
+    s.priority = c.policy == SchedulingPolicy::kPriority ? priority : 0;  // fcfs refuses one
     specs.push_back(std::move(s));
   }
 

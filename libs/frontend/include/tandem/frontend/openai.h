@@ -27,8 +27,9 @@
 //   add_special_tokens, skip_special_tokens, and vLLM's
 //   include_stop_str_in_output, truncate_prompt_tokens (the last N prompt
 //   tokens; -1 = max_model_len; 0, < -1 and > max_model_len refused),
-//   priority (forwarded to the scheduler; lower = more important, it
-//   matters under --scheduling-policy priority) and return_token_ids
+//   priority (forwarded to the scheduler; lower = more important; a
+//   scheduler without --scheduling-policy priority refuses a non-zero one,
+//   as vLLM does) and return_token_ids
 //   (choices carry `token_ids`, the response `prompt_token_ids`: the
 //   documented way to see the ids).
 //   Log-probabilities (the scheduler's, vLLM's raw_logprobs: log-softmax of
