@@ -29,7 +29,11 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
 
 kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
                                  size_t num_banned, size_t num_penalties) {
-  return {.temperature = params.temperature,
+  // vLLM raises a temperature in (0, 0.01) to 0.01 (SamplingParams'
+  // _MAX_TEMP): below it the scaled logits lose their differences, and
+  // past about 1e-37 they overflow to inf.
+  const float t = params.temperature;
+  return {.temperature = t > 0.0f && t < kMinSamplingTemperature ? kMinSamplingTemperature : t,
           .top_k = params.top_k,
           .top_p = params.top_p,
           .min_p = params.min_p,

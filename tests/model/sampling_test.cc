@@ -82,6 +82,28 @@ TEST(SamplingTest, GreedyPicksArgmaxLowestIdOnTies) {
   EXPECT_EQ(SampleToken(logits, SamplingParams{}, 0), 1);
 }
 
+// vLLM raises a temperature in (0, 0.01) to 0.01: a "nearly greedy" 0.001
+// samples exactly as 0.01 does (two top logits 0.02 apart are both drawn),
+// and 1e-40, whose scaled logits overflowed to inf, draws the argmax, not id 0.
+TEST(SamplingTest, ATemperatureBelowOneHundredthSamplesAtOneHundredth) {
+  const std::vector<float> close = {1.0f, 3.00f, 2.98f, 0.0f};
+  std::map<int32_t, int> seen;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    const int32_t at_floor = SampleToken(close, {.temperature = 0.01f, .seed = seed}, 0);
+    EXPECT_EQ(SampleToken(close, {.temperature = 0.001f, .seed = seed}, 0), at_floor) << seed;
+    EXPECT_EQ(SampleToken(close, {.temperature = 1e-30f, .seed = seed}, 0), at_floor) << seed;
+    seen[at_floor]++;
+  }
+  EXPECT_EQ(seen.size(), 2u) << "at 0.01 both close tokens are drawn";
+  const std::vector<float> far = {1.0f, 5.0f, 10.0f, 4.0f};
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    EXPECT_EQ(SampleToken(far, {.temperature = 1e-40f, .seed = seed}, 0), 2) << seed;
+  }
+  EXPECT_EQ(ToSampleArgs({.temperature = 0.005f}, 0).temperature, kMinSamplingTemperature);
+  EXPECT_EQ(ToSampleArgs({.temperature = 0.0f}, 0).temperature, 0.0f) << "0 stays greedy";
+  EXPECT_EQ(ToSampleArgs({.temperature = 0.5f}, 0).temperature, 0.5f);
+}
+
 TEST(SamplingTest, TopKOneIsGreedyAndTopKRestrictsTheSupport) {
   std::vector<float> logits(64);
   for (int32_t i = 0; i < 64; ++i) logits[i] = static_cast<float>((i * 37) % 64) * 0.1f;

@@ -26,8 +26,13 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position, std::span<const int32_t> banned_token_ids = {},
                     std::span<const kernels::SamplePenalty> penalties = {});
 
+// The lowest temperature that is not greedy (vLLM's _MAX_TEMP): one in
+// (0, it) samples at it.
+inline constexpr float kMinSamplingTemperature = 0.01f;
+
 // The kernels' arguments for one draw (kernels/sampling.h), with
-// `num_banned` banned ids and `num_penalties` history entries.
+// `num_banned` banned ids and `num_penalties` history entries; a
+// temperature in (0, kMinSamplingTemperature) raised to it.
 kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
                                  size_t num_banned = 0, size_t num_penalties = 0);
 
