@@ -283,10 +283,12 @@ void StepExecutor::PlanSampling(const sched::SchedulerOutput& step, const Batch&
     }
     row.num_logprobs = s.sampling.logprobs;
     // Below min_tokens no stop condition counts: EOS and stop tokens are
-    // not drawn (the scheduler does not stop on them there either).
+    // not drawn (the scheduler does not stop on them there either). EOS
+    // even with ignore_eos, as vLLM's min-tokens processor bans its
+    // all_stop_token_ids, which hold EOS whatever ignore_eos says.
     if (row.output_position < s.sampling.min_tokens) {
       if (banned->empty()) banned->resize(batch.seqs.size());
-      if (!s.sampling.ignore_eos) (*banned)[i] = options_.eos_token_ids;
+      (*banned)[i] = options_.eos_token_ids;
       (*banned)[i].insert((*banned)[i].end(), s.sampling.stop_token_ids.begin(),
                           s.sampling.stop_token_ids.end());
       row.banned_token_ids = (*banned)[i];

@@ -136,7 +136,19 @@ TEST_P(EngineCoreTest, MinTokensKeepsEosAndStopTokensFromBeingSampled) {
     spec.sampling.logprobs = 1;
     auto stopped = std::make_shared<Recorder>();
     core.AddRequest(spec, stopped, MonotonicNanos());
+    // ignore_eos too: vLLM still bans EOS below min_tokens (its
+    // all_stop_token_ids hold EOS whatever ignore_eos says).
+    sched::RequestSpec ignoring = Greedy("min-ignore-eos-" + std::to_string(i), c);
+    ignoring.sampling.ignore_eos = true;
+    ignoring.sampling.min_tokens = n + 2;
+    ignoring.sampling.max_tokens = n + 4;
+    auto ignored = std::make_shared<Recorder>();
+    core.AddRequest(ignoring, ignored, MonotonicNanos());
     Run(core, worker);
+    ASSERT_EQ(ignored->tokens.size(), static_cast<size_t>(n + 4));
+    for (int32_t k = 0; k < n + 2; ++k) {
+      EXPECT_EQ(std::count(eos.begin(), eos.end(), ignored->tokens[k]), 0) << "EOS at " << k;
+    }
     ASSERT_TRUE(sink->status.ok()) << sink->status;
     ASSERT_EQ(sink->tokens.size(), static_cast<size_t>(n + 4));
     EXPECT_TRUE(std::equal(c.expected.begin(), c.expected.end(), sink->tokens.begin()));

@@ -78,7 +78,7 @@ namespace tandem::worker {
 struct StepExecutorOptions {
   // The model's EOS ids (ModelConfig::EosTokenIds): with a request's stop
   // token ids, never sampled before its min_tokens (vLLM's min-tokens
-  // processor), unless ignore_eos (for the EOS ids).
+  // processor), ignore_eos or not.
   std::vector<int32_t> eos_token_ids;
   // TEST-ONLY: step ids (of each scheduler stream) that fail after their
   // loads and batch diff, before the forward pass.
