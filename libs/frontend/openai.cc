@@ -334,6 +334,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
                       "min_tokens");
   }
   if (auto e = r.Int("seed", INT64_MIN, INT64_MAX, &out->seed)) return e;
+  if (out->seed == -1) out->seed.reset();  // vLLM's "no seed" (SamplingParams)
   v.reset();
   if (auto e = r.Int("n", 1, kMaxN, &v)) return e;
   out->n = static_cast<int32_t>(v.value_or(1));

@@ -156,6 +156,14 @@ TEST(OpenAiParseTest, BadParametersNameTheField) {
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","n":0})"), "n");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","n":17})"), "n");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","seed":1.5})"), "seed");
+  {
+    // vLLM reads seed -1 as no seed (a fresh random draw), not as a seed.
+    CompletionRequest r;
+    ASSERT_FALSE(ParseCompletionRequest(R"({"prompt":"x","seed":-1})", Endpoint::kCompletions, &r));
+    EXPECT_FALSE(r.seed.has_value());
+    ASSERT_FALSE(ParseCompletionRequest(R"({"prompt":"x","seed":-2})", Endpoint::kCompletions, &r));
+    EXPECT_EQ(r.seed, -2);
+  }
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","min_tokens":5,"max_tokens":4})"), "min_tokens");
   // Completions check min_tokens against the default max_tokens (16), as
   // vLLM does; chat's default is the context.
