@@ -94,6 +94,10 @@ absl::Status GenerationDefaults::Validate(int32_t vocab_size) const {
         absl::StrCat("generation default repetition_penalty must be a finite number > 0, got ",
                      *repetition_penalty));
   }
+  if (max_new_tokens && *max_new_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation default max_new_tokens must be >= 1, got ", *max_new_tokens));
+  }
   return absl::OkStatus();
 }
 

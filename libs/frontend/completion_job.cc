@@ -107,6 +107,10 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
     if (request_.endpoint == Endpoint::kCompletions && !request_.max_tokens) {
       max_tokens = std::min(max_tokens, kDefaultCompletionsMaxTokens);
     }
+    // A request without max_tokens: at most the model's generation_config
+    // max_new_tokens, as vLLM's default max_tokens.
+    const std::optional<int32_t> max_new = model.generation.max_new_tokens;
+    if (!request_.max_tokens && max_new) max_tokens = std::min(max_tokens, *max_new);
     if (request_.max_tokens) {
       const int64_t total = static_cast<int64_t>(prompt_len) + *request_.max_tokens;
       if (total > model.max_model_len) {
@@ -121,10 +125,13 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
     } else if (request_.min_tokens > max_tokens) {
       // Parse checked min_tokens against a max_tokens the request gave (or
       // the completions default); this one is what the context leaves.
-      Fail(BadRequest(absl::StrCat("'min_tokens' (", request_.min_tokens, ") must not exceed the ",
-                                   max_tokens, " tokens the context leaves after the ", prompt_len,
-                                   "-token prompt (max_model_len ", model.max_model_len, ")"),
-                      "min_tokens"));
+      Fail(BadRequest(
+          absl::StrCat(
+              "'min_tokens' (", request_.min_tokens, ") must not exceed the default ",
+              "max_tokens ", max_tokens, ": what the context leaves after the ", prompt_len,
+              "-token prompt (max_model_len ", model.max_model_len, ")",
+              max_new ? absl::StrCat(", at most the model's max_new_tokens ", *max_new) : ""),
+          "min_tokens"));
       return false;
     }
     for (int32_t j = 0; j < n; ++j) {

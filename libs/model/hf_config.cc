@@ -476,6 +476,11 @@ absl::Status ReadGenerationConfig(const std::string& dir, ModelConfig* c) {
     TANDEM_ASSIGN_OR_RETURN(int32_t k, GetInt(*gen, path, "top_k", std::nullopt));
     g.top_k = k;
   }
+  // vLLM's default max_tokens (get_diff_sampling_param renames it).
+  if (IsSet(JsonMember(*gen, "max_new_tokens"))) {
+    TANDEM_ASSIGN_OR_RETURN(int32_t n, GetInt(*gen, path, "max_new_tokens", std::nullopt));
+    g.max_new_tokens = n;
+  }
   if (absl::Status s = g.Validate(c->vocab_size); !s.ok()) return Annotate(s, path);
   return absl::OkStatus();
 }

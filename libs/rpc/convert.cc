@@ -110,6 +110,8 @@ void ToProto(const GenerationDefaults& in, v1::GenerationDefaults* out) {
   out->set_has_min_p(in.min_p.has_value());
   out->set_repetition_penalty(in.repetition_penalty.value_or(0.0f));
   out->set_has_repetition_penalty(in.repetition_penalty.has_value());
+  out->set_max_new_tokens(in.max_new_tokens.value_or(0));
+  out->set_has_max_new_tokens(in.max_new_tokens.has_value());
 }
 
 GenerationDefaults FromProto(const v1::GenerationDefaults& in) {
@@ -119,6 +121,7 @@ GenerationDefaults FromProto(const v1::GenerationDefaults& in) {
   if (in.has_top_k()) out.top_k = in.top_k();
   if (in.has_min_p()) out.min_p = in.min_p();
   if (in.has_repetition_penalty()) out.repetition_penalty = in.repetition_penalty();
+  if (in.has_max_new_tokens()) out.max_new_tokens = in.max_new_tokens();
   return out;
 }
 

@@ -167,5 +167,42 @@ TEST(FrontendSamplingDefaultsTest, MaxTokensDefaultsTo16OnCompletionsAndToTheCon
   EXPECT_EQ(chat_max, 256 - chat_prompt);
 }
 
+// generation_config.json's max_new_tokens is the max_tokens of a request
+// that gives none (vLLM's default max_tokens), never more than the context
+// leaves; a request's own max_tokens is its own.
+TEST(FrontendSamplingDefaultsTest, TheModelsMaxNewTokensIsTheDefaultMaxTokens) {
+  const std::string dir = MakeTempDir("frontend-sampling");
+  v1::GetModelInfoResponse info = ModelInfo("max-new-tokens");  // max_model_len 256
+  info.mutable_generation()->set_max_new_tokens(8);
+  info.mutable_generation()->set_has_max_new_tokens(true);
+  FakeScheduler scheduler(info);
+  Service frontend = StartFrontend(dir, "frontend", {scheduler.address()},
+                                   {"--tokenizer", kTokenizer, "--chat-template", "llama-2"});
+  httplib::Client client("http://" + frontend.address());
+  client.set_read_timeout(30, 0);
+  auto max_tokens = [&](const std::string& path, const Json& body) -> int32_t {
+    auto res = client.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << body.dump() << ": " << (res ? res->body : "");
+    const std::vector<v1::GenerateRequest> got = scheduler.requests();
+    return got.empty() ? -1 : static_cast<int32_t>(got.back().sampling().max_tokens());
+  };
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  EXPECT_EQ(max_tokens("/v1/chat/completions", chat), 8);
+  Json asked = chat;
+  asked["max_tokens"] = 100;
+  EXPECT_EQ(max_tokens("/v1/chat/completions", asked), 100);
+  EXPECT_EQ(max_tokens("/v1/completions", {{"prompt", Json::array({1, 450})}}), 8) << "not 16";
+  Json long_prompt = Json::array();
+  for (int i = 0; i < 250; ++i) long_prompt.push_back(450);
+  EXPECT_EQ(max_tokens("/v1/completions", {{"prompt", long_prompt}}), 6) << "256 - 250";
+  // min_tokens above it is refused, naming both limits.
+  Json too_many = chat;
+  too_many["min_tokens"] = 9;
+  auto res = client.Post("/v1/chat/completions", too_many.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_NE(res->body.find("max_new_tokens 8"), std::string::npos) << res->body;
+}
+
 }  // namespace
 }  // namespace tandem::testing

@@ -397,7 +397,8 @@ TEST(HfFamiliesTest, GenerationConfigAddsEosIdsAndSamplingDefaults) {
   EditedFixture f("llama3.2", "\"use_cache\": true", "\"use_cache\": true");
   Spit(f.File("generation_config.json"),
        R"({"bos_token_id": 1, "eos_token_id": [2, 9], "do_sample": true,
-           "temperature": 0.6, "top_p": 0.9, "top_k": 40, "transformers_version": "5.17.0"})");
+           "temperature": 0.6, "top_p": 0.9, "top_k": 40, "max_new_tokens": 300,
+           "transformers_version": "5.17.0"})");
   auto m = Model::Load(f.path());
   ASSERT_TRUE(m.ok()) << m.status();
   const ModelConfig& c = (*m)->config();
@@ -406,6 +407,12 @@ TEST(HfFamiliesTest, GenerationConfigAddsEosIdsAndSamplingDefaults) {
   EXPECT_EQ(c.generation.top_p, 0.9f);
   EXPECT_EQ(c.generation.top_k, 40);
   EXPECT_FALSE(c.generation.min_p.has_value());
+  EXPECT_EQ(c.generation.max_new_tokens, 300);
+  Spit(f.File("generation_config.json"), R"({"max_new_tokens": 0})");
+  auto zero = Model::Load(f.path());
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("max_new_tokens must be >= 1"), std::string::npos)
+      << zero.status();
   Spit(f.File("generation_config.json"), R"({"temperature": -1})");
   auto negative = Model::Load(f.path());
   ASSERT_FALSE(negative.ok());

@@ -259,11 +259,14 @@ TEST(ConvertTest, GenerationDefaultsKeepUnsetFieldsUnsetThroughBytes) {
   EXPECT_FALSE(zeroes.top_p);
   EXPECT_FALSE(zeroes.min_p);
   EXPECT_FALSE(zeroes.repetition_penalty);
+  EXPECT_FALSE(zeroes.max_new_tokens);
   GenerationDefaults all = round_trip({.temperature = 0.6f,
                                        .top_p = 0.9f,
                                        .top_k = 64,
                                        .min_p = 0.05f,
-                                       .repetition_penalty = 1.1f});
+                                       .repetition_penalty = 1.1f,
+                                       .max_new_tokens = 512});
+  EXPECT_EQ(all.max_new_tokens, 512);
   EXPECT_EQ(all.temperature, 0.6f);
   EXPECT_EQ(all.top_p, 0.9f);
   EXPECT_EQ(all.top_k, 64);

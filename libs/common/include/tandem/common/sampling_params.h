@@ -87,9 +87,12 @@ struct GenerationDefaults {
   std::optional<int32_t> top_k;      // <= vocab_size; <= 0 = off
   std::optional<float> min_p;        // [0, 1]; 0 = off
   std::optional<float> repetition_penalty;  // > 0, finite; 1 = off
+  // max_new_tokens (vLLM's max_tokens default): an OpenAI request that gives
+  // no max_tokens gets at most this many (chat; completions' default is 16).
+  std::optional<int32_t> max_new_tokens;  // >= 1
 
   [[nodiscard]] bool empty() const {
-    return !temperature && !top_p && !top_k && !min_p && !repetition_penalty;
+    return !temperature && !top_p && !top_k && !min_p && !repetition_penalty && !max_new_tokens;
   }
   // Checks the ranges above (`vocab_size` bounds top_k); the message names
   // the field and the bad value.
