@@ -330,11 +330,23 @@ void Engine::Connect(std::unique_ptr<WorkerStream> stream) {
   // The core's transport is this class, writing to worker_: set it first.
   std::unique_ptr<WorkerStream> previous = std::exchange(worker_, std::move(stream));
   if (absl::Status s = core_->ConnectWorker(worker, this); !s.ok()) {
-    TANDEM_LOG(ERROR) << "worker " << options_.core.worker_address
-                      << " described a configuration the scheduler cannot use: " << s;
+    const std::string why =
+        absl::StrCat("the worker at ", options_.core.worker_address,
+                     " described a configuration this scheduler cannot use: ", s.message());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (why != refused_worker_) TANDEM_LOG(ERROR) << why << "; retrying every 2 s";
+      refused_worker_ = why;
+    }
     worker_ = std::move(previous);
-    connector_->RequestReconnect();
+    // It would describe the same configuration at once: ask again later (a
+    // restarted worker may describe another).
+    connector_->RequestReconnect(kRefusedWorkerRetry);
     return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refused_worker_.clear();
   }
   previous.reset();
   if (vllm_metrics_ != nullptr) {

@@ -111,6 +111,14 @@ class Engine final : private engine::StepTransport {
 
   // As of the loop's last turn.
   ModelInfo model_info() const;
+  // Why the last worker that connected was refused (its configuration);
+  // empty once one is accepted.
+  std::string refused_worker() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return refused_worker_;
+  }
+  // How long after refusing a worker the scheduler connects again.
+  static constexpr std::chrono::milliseconds kRefusedWorkerRetry{2000};
   ServiceStats stats() const;
   // New calls get UNAVAILABLE; accepted ones finish.
   void SetDraining();
@@ -174,6 +182,7 @@ class Engine final : private engine::StepTransport {
   std::deque<Event> events_;
   bool stopping_ = false;
   ModelInfo model_info_;          // under mu_
+  std::string refused_worker_;    // under mu_
   ServiceStats stats_;            // under mu_
   std::atomic<bool> draining_{false};
   std::atomic<int32_t> num_calls_open_{0};

@@ -101,9 +101,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     }
   }
   if (!engine_->model_info().ready) {
+    const std::string refused = engine_->refused_worker();
     Reject(*call, request->request_id(),
            grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "no worker is connected yet; the scheduler is not serving"));
+                        refused.empty()
+                            ? "no worker is connected yet; the scheduler is not serving"
+                            : absl::StrCat("the scheduler is not serving: ", refused)));
     return reactor;
   }
   // The frontend (its role proven by a client certificate under mutual TLS)

@@ -74,10 +74,11 @@ WorkerConnector::~WorkerConnector() { Stop(); }
 
 void WorkerConnector::Start() { thread_ = std::thread([this] { Loop(); }); }
 
-void WorkerConnector::RequestReconnect() {
+void WorkerConnector::RequestReconnect(std::chrono::milliseconds after) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     want_connection_ = true;
+    not_before_ = std::chrono::steady_clock::now() + after;
   }
   cv_.notify_all();
 }
@@ -113,6 +114,7 @@ void WorkerConnector::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || want_connection_; });
+      cv_.wait_until(lock, not_before_, [&] { return stopping_; });
       if (stopping_) return;
     }
     std::string error;

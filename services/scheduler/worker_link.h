@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -57,7 +58,9 @@ class WorkerConnector {
   ~WorkerConnector();
 
   void Start();
-  void RequestReconnect();
+  // Connects again, after `after` (a worker whose configuration the
+  // scheduler refused: it would be refused again at once).
+  void RequestReconnect(std::chrono::milliseconds after = std::chrono::milliseconds(0));
   void Stop();
 
  private:
@@ -74,6 +77,7 @@ class WorkerConnector {
   std::mutex mu_;
   std::condition_variable cv_;
   bool want_connection_ = true;
+  std::chrono::steady_clock::time_point not_before_{};  // RequestReconnect's `after`
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -297,6 +297,37 @@ TEST(BadInputTest, IdsTheSchedulerGivesNeverCollideWithAClientsOwn) {
   EXPECT_TRUE(named_result.status.ok()) << named_result.status.error_message();
 }
 
+// A worker whose configuration the scheduler cannot use (here a smaller
+// max_model_len than the scheduler's): Generate says why, naming it, and the
+// scheduler asks again every 2 s, logging the reason once, where it
+// reconnected as fast as the RPCs returned.
+TEST(BadInputTest, ARefusedWorkerIsNamedAndRetriedSlowly) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  Service worker = StartWorker(dir, "worker", {"--max-model-len", "200"});
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {"--max-model-len", "300"},
+                                     /*wait_for_worker=*/false);
+  auto stub = GenerationStub(scheduler.address());
+  GenerateResult r;
+  ASSERT_TRUE(WaitFor([&] {
+    r = RunGenerate(stub.get(), MakeRequest({1, 2}, 4));
+    return r.status.error_message().find("cannot use") != std::string::npos;
+  })) << r.status.error_message();
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(r.status.error_message().find("max_model_len"), std::string::npos)
+      << r.status.error_message();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const std::string log = ReadFile(scheduler.log_path);
+  size_t connects = 0;
+  for (size_t at = log.find("connected to worker"); at != std::string::npos;
+       at = log.find("connected to worker", at + 1)) {
+    ++connects;
+  }
+  EXPECT_LE(connects, 4u) << "reconnecting without a pause";
+  EXPECT_EQ(log.find("retrying every 2 s"), log.rfind("retrying every 2 s"))
+      << "the reason logged more than once";
+  EXPECT_EQ(HealthStatus(scheduler.address()), 2);  // NOT_SERVING
+}
+
 TEST(BadInputTest, NoWorkerIsUnavailable) {
   const std::string dir = MakeTempDir("tandem-bad-input");
   // Nothing listens on port 1.
