@@ -147,8 +147,16 @@ void EngineCore::AddRequest(sched::RequestSpec spec, std::shared_ptr<RequestSink
     }
   } else if (worker_lost_at_) {
     // Within the grace after a worker loss: it waits with the others,
-    // checked against the lost worker's model now and the next one's then.
+    // checked against the lost worker's model now and the next one's then,
+    // and against the waiting limit with the others that arrived since.
     status = sched::Scheduler::ValidateRequest(spec, *last_config_, last_num_total_blocks_);
+    const auto arrived = std::count_if(requests_.begin(), requests_.end(),
+                                       [](const auto& e) { return !e.second.started; });
+    if (status.ok() && arrived >= last_config_->max_waiting_requests) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("waiting queue is full (", last_config_->max_waiting_requests,
+                       " requests arrived while the scheduler waits for its worker to come back)"));
+    }
     if (status.ok()) {
       requests_.emplace(
           id, Entry{.sink = std::move(sink), .arrival_ns = arrival_ns, .spec = std::move(spec)});
@@ -340,7 +348,9 @@ void EngineCore::ResumeRequests() {
     spec.resumed_output_token_ids = entry.streamed_token_ids;
     // Its prompt logprobs went out with its first tokens.
     if (!spec.resumed_output_token_ids.empty()) spec.sampling.prompt_logprobs = -1;
-    if (absl::Status s = scheduler_->AddRequest(std::move(spec), arrival_ns); !s.ok()) {
+    // Accepted before: the waiting limit is for new work.
+    if (absl::Status s = scheduler_->AddRequest(std::move(spec), arrival_ns, /*resumed=*/true);
+        !s.ok()) {
       // E.g. the new worker's context is shorter than this request.
       const std::string message =
           entry.started ? absl::StrCat("after the worker was lost, the new worker cannot take it: ",

@@ -125,7 +125,7 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
+absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns, bool resumed) {
   TANDEM_RETURN_IF_ERROR(ValidateRequest(spec, config_, num_total_blocks()));
   const int64_t total =
       static_cast<int64_t>(spec.prompt_token_ids.size()) + spec.sampling.max_tokens;
@@ -140,7 +140,7 @@ absl::Status Scheduler::AddRequest(RequestSpec spec, int64_t arrival_time_ns) {
         "\" is still in use: the worker has not yet reported the KV ",
         it->second->awaiting_recv ? "load" : "store", " of the finished request with that id"));
   }
-  if (num_waiting() >= config_.max_waiting_requests) {
+  if (!resumed && num_waiting() >= config_.max_waiting_requests) {
     return absl::ResourceExhaustedError(
         absl::StrCat("waiting queue is full (", config_.max_waiting_requests, " requests)"));
   }

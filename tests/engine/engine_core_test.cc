@@ -237,6 +237,40 @@ TEST_P(EngineCoreTest, AWorkerLostWithTwoStepsInFlightResumesOnTheNextWithTheSam
   EXPECT_EQ(scored->logprobs.size(), scored->tokens.size());
 }
 
+// --max-waiting is for new work: requests accepted before a worker loss all
+// resume on the next worker (they went back through the waiting limit, and
+// all but one failed RESOURCE_EXHAUSTED), while the requests that arrive
+// during the grace count against it.
+TEST_P(EngineCoreTest, RequestsResumedAfterAWorkerLossAreNotHeldToTheWaitingLimit) {
+  EngineCoreOptions options = Options(/*grace_s=*/60);
+  options.scheduler.max_waiting_requests = 1;
+  EngineCore core(options);
+  auto first = std::make_unique<LoopbackWorker>(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(first->description, first.get()).ok());
+  std::vector<std::shared_ptr<Recorder>> sinks;
+  for (size_t i = 0; i < cases_.size(); ++i) {
+    sinks.push_back(std::make_shared<Recorder>());
+    core.AddRequest(Greedy("case-" + std::to_string(i), cases_[i]), sinks.back(), MonotonicNanos());
+    ASSERT_FALSE(sinks.back()->rejected) << sinks.back()->status;
+    Run(core, *first, 1);  // each one admitted before the next arrives
+  }
+  ASSERT_GE(cases_.size(), 3u);
+  core.DropWorker("stream broke");
+  for (const auto& s : sinks) EXPECT_FALSE(s->ended);
+  auto arrived = std::make_shared<Recorder>();
+  core.AddRequest(Greedy("arrived", cases_[0]), arrived, MonotonicNanos());
+  EXPECT_FALSE(arrived->rejected) << arrived->status;
+  auto over = std::make_shared<Recorder>();
+  core.AddRequest(Greedy("over", cases_[1]), over, MonotonicNanos());
+  EXPECT_TRUE(over->rejected);
+  EXPECT_EQ(over->status.code(), absl::StatusCode::kResourceExhausted) << over->status;
+  LoopbackWorker second(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(second.description, &second).ok());
+  Run(core, second);
+  ExpectReference(sinks);
+  EXPECT_EQ(arrived->tokens, cases_[0].expected);
+}
+
 TEST_P(EngineCoreTest, AFailedSendDropsTheWorker) {
   EngineCore core(Options(/*grace_s=*/0));
   LoopbackWorker worker(model_.get(), 256);

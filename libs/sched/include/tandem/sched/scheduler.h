@@ -207,8 +207,10 @@ class Scheduler {
   // finished one whose blocks are still held for a KV transfer the worker
   // has not reported (its report names the id, so the id cannot be reused
   // before);
-  // RESOURCE_EXHAUSTED when max_waiting_requests wait.
-  absl::Status AddRequest(RequestSpec spec, int64_t arrival_time_ns);
+  // RESOURCE_EXHAUSTED when max_waiting_requests wait, unless `resumed`
+  // (a request accepted before, back after a worker loss: the limit is for
+  // new work).
+  absl::Status AddRequest(RequestSpec spec, int64_t arrival_time_ns, bool resumed = false);
   // AddRequest's content checks (the INVALID_ARGUMENT ones) for a scheduler
   // with `config` and `num_total_blocks` usable KV blocks.
   [[nodiscard]] static absl::Status ValidateRequest(const RequestSpec& spec,
