@@ -183,6 +183,9 @@ int main(int argc, char** argv) {
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer",
                      "enable-auto-tool-choice", "tool-call-parser"});
   flags.ParseOrExit(argc, argv);
+  if (drain_timeout_s < 0) {
+    return Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));
+  }
   const std::optional<tandem::frontend::ToolParser> parser =
       tandem::frontend::ToolParserNamed(tool_call_parser);
   if (!tool_call_parser.empty() && !parser) {

@@ -112,6 +112,9 @@ int main(int argc, char** argv) {
             "TESTS ONLY: flip a byte in the RocksDB copy of every Nth newly stored block (0: off)");
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);
+  if (drain_timeout_s < 0) {
+    return boot.Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));
+  }
   const rpc::TlsOptions& tls = boot.options().tls;
   const std::string& listen = boot.options().listen_address;
   // Under TLS the bulk port speaks TLS with the same files and roles.

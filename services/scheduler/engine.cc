@@ -35,6 +35,7 @@ static std::string FlagNames(absl::string_view message) {
         std::pair{"SchedulerConfig.max_waiting_requests", "--max-waiting"},
         std::pair{"SchedulerConfig.max_step_failures", "--max-step-failures"},
         std::pair{"SchedulerConfig.long_prefill_token_threshold", "--long-prefill-token-threshold"},
+        std::pair{"SchedulerConfig.max_logprobs", "--max-logprobs"},
         std::pair{"enable_chunked_prefill", "--enable-chunked-prefill"},
         std::pair{"max_model_len (", "--max-model-len ("}}) {
     out = absl::StrReplaceAll(out, {{field, flag}});
@@ -43,9 +44,11 @@ static std::string FlagNames(absl::string_view message) {
 }
 
 absl::Status EngineOptions::Validate() const {
-  if (!(core.worker_loss_grace_s >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--worker-loss-grace-s must be >= 0, got ", core.worker_loss_grace_s));
+  // A day at most: the grace becomes int64 nanoseconds (inf overflowed to a
+  // deadline in the past, failing every request at the first loss).
+  if (!(core.worker_loss_grace_s >= 0 && core.worker_loss_grace_s <= 86400)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--worker-loss-grace-s must be in [0, 86400], got ", core.worker_loss_grace_s));
   }
   if (core.worker_address.empty()) return absl::InvalidArgumentError("--worker is empty");
   if (core.max_model_len < 0) {
@@ -74,8 +77,20 @@ absl::Status EngineOptions::Validate() const {
   probe.hash_root.block_size = 16;
   probe.max_model_len =
       core.max_model_len > 0 ? core.max_model_len : core.scheduler.max_num_batched_tokens;
+  if (core.scheduler.max_logprobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-logprobs must be >= 0, got ", core.scheduler.max_logprobs,
+                     " (vLLM's -1, no cap, is not supported: give the vocabulary size)"));
+  }
   if (absl::Status s = probe.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(FlagNames(s.message()));
+  }
+  // vLLM's rule: a budget below max_num_seqs caps the running requests at it.
+  if (core.scheduler.max_num_batched_tokens < core.scheduler.max_num_seqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-num-batched-tokens (", core.scheduler.max_num_batched_tokens,
+                     ") must be >= --max-num-seqs (", core.scheduler.max_num_seqs,
+                     "): every running request needs a token of the step's budget"));
   }
   return absl::OkStatus();
 }

@@ -111,6 +111,9 @@ int main(int argc, char** argv) {
   } else {
     return boot.Fail("--policy must be fcfs or priority, got '" + policy + "'");
   }
+  if (drain_timeout_s < 0) {
+    return boot.Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));
+  }
   if (liveness_stall_s != 0 && !(liveness_stall_s >= 1)) {
     return boot.Fail("--liveness-stall-s must be 0 (off) or >= 1, got " +
                      std::to_string(liveness_stall_s));

@@ -9,6 +9,7 @@
 // prompts).
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -105,6 +106,8 @@ void ExpectIdenticalTokensInEveryConfiguration(const std::string& dir, const Ser
                              {"--async-scheduling=" + std::string(async ? "true" : "false"),
                               "--enable-prefix-caching=" + std::string(caching ? "true" : "false"),
                               "--max-num-batched-tokens=" + std::to_string(budget),
+                              // A budget of 32 runs at most 32 requests.
+                              "--max-num-seqs=" + std::to_string(std::min(budget, 128)),
                               // What 23 usable blocks hold (the scheduler
                               // refuses a max_model_len that does not fit).
                               "--max-model-len=" + std::string(small_cache ? "368" : "0")});

@@ -178,10 +178,10 @@ TEST(SurfaceTest, HelpDocumentsEveryFlagWithItsDefault) {
 // the longest request.
 TEST(SurfaceTest, StartupChecksTheBudgetAgainstTheGivenMaxModelLen) {
   const std::string dir = MakeTempDir("tandem-surface");
-  Service ok = StartScheduler(
-      dir, "budget-ok", "127.0.0.1:1",
-      {"--max-model-len", "64", "--enable-chunked-prefill=false", "--max-num-batched-tokens", "64"},
-      /*wait_for_worker=*/false);
+  Service ok = StartScheduler(dir, "budget-ok", "127.0.0.1:1",
+                              {"--max-model-len", "64", "--enable-chunked-prefill=false",
+                               "--max-num-batched-tokens", "64", "--max-num-seqs", "64"},
+                              /*wait_for_worker=*/false);
   EXPECT_TRUE(ok.process.running());
   std::string out;
   EXPECT_EQ(RunCommand({BinaryPath("services/scheduler/tandem-scheduler"), "--max-model-len", "64",
@@ -193,6 +193,24 @@ TEST(SurfaceTest, StartupChecksTheBudgetAgainstTheGivenMaxModelLen) {
             std::string::npos)
       << out;
   EXPECT_EQ(out.find("512"), std::string::npos) << out;
+  // Other values a scheduler refuses at start, naming the flag.
+  for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--max-num-batched-tokens", "8"},
+            "--max-num-batched-tokens (8) must be >= --max-num-seqs (128)"},
+           {{"--worker-loss-grace-s", "inf"}, "--worker-loss-grace-s must be in [0, 86400]"},
+           {{"--max-logprobs", "-1"}, "--max-logprobs must be >= 0, got -1"},
+           {{"--drain-timeout-s", "-1"}, "--drain-timeout-s must be >= 0, got -1"}}) {
+    std::vector<std::string> argv = {BinaryPath("services/scheduler/tandem-scheduler")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    EXPECT_EQ(RunCommand(argv, &out), 2) << out;
+    EXPECT_NE(out.find(message), std::string::npos) << out;
+  }
+  for (const char* binary :
+       {"services/frontend/tandem-frontend", "services/kvstore/tandem-kvstore"}) {
+    EXPECT_EQ(RunCommand({BinaryPath(binary), "--drain-timeout-s", "-1"}, &out), 2) << out;
+    EXPECT_NE(out.find("--drain-timeout-s must be >= 0, got -1"), std::string::npos)
+        << binary << ": " << out;
+  }
   EXPECT_EQ(
       RunCommand({BinaryPath("services/scheduler/tandem-scheduler"), "--max-step-failures", "0"},
                  &out),
