@@ -117,6 +117,9 @@ void EngineCore::DropWorker(std::string_view reason) {
     FailAll(absl::UnavailableError(
         absl::StrCat("lost the worker (", std::string(reason), "); the request was aborted")));
   }
+  // Its counters go on in the next scheduler's (Prometheus counters never
+  // go down): what it counted is kept.
+  if (scheduler_ != nullptr) AddCounters(scheduler_->stats(), &lost_scheduler_counters_);
   scheduler_.reset();
   kv_connector_.reset();
   transport_ = nullptr;
@@ -365,6 +368,25 @@ void EngineCore::ResumeRequests() {
   TANDEM_LOG(INFO) << "resumed " << resumed << " requests on the new worker";
 }
 
+void EngineCore::AddCounters(const sched::SchedulerStats& from, sched::SchedulerStats* to) {
+  to->num_steps += from.num_steps;
+  to->num_preemptions_total += from.num_preemptions_total;
+  for (int i = 0; i < sched::kNumPreemptionReasons; ++i) {
+    to->num_preemptions_by_reason[i] += from.num_preemptions_by_reason[i];
+  }
+  to->num_recomputed_tokens += from.num_recomputed_tokens;
+  to->prefix_cache_queries_tokens += from.prefix_cache_queries_tokens;
+  to->prefix_cache_hits_tokens += from.prefix_cache_hits_tokens;
+  to->external_cache_queries_tokens += from.external_cache_queries_tokens;
+  to->external_cache_hits_tokens += from.external_cache_hits_tokens;
+  to->external_loaded_tokens += from.external_loaded_tokens;
+  to->num_requests_finished += from.num_requests_finished;
+  to->num_requests_admitted += from.num_requests_admitted;
+  for (int i = 0; i < sched::kNumAdmissionLimits; ++i) {
+    to->num_admission_blocked_steps[i] += from.num_admission_blocked_steps[i];
+  }
+}
+
 EngineStats EngineCore::stats() const {
   EngineStats s = counters_;
   s.worker_connected = transport_ != nullptr;
@@ -377,7 +399,11 @@ EngineStats EngineCore::stats() const {
     s.num_free_blocks = scheduler_->num_free_blocks();
     s.num_total_blocks = scheduler_->num_total_blocks();
     s.scheduler = scheduler_->stats();
+  } else if (worker_lost_at_) {
+    // Within the grace every kept request waits for the next worker.
+    s.num_waiting = static_cast<int32_t>(requests_.size());
   }
+  AddCounters(lost_scheduler_counters_, &s.scheduler);
   if (kv_connector_ != nullptr) {
     s.has_kv_connector = true;
     s.kv_connector = kv_connector_->stats();

@@ -220,10 +220,10 @@ void VllmMetrics::ObserveFinished(FinishReason reason, const RequestTimeline& t,
   if (num_prompt_tokens > 0) time_per_prefill_token_request_.Observe(prefill_s / num_prompt_tokens);
   request_inference_time_.Observe(Seconds(t.scheduled_ns, t.last_token_ns));
   request_decode_time_.Observe(Seconds(t.first_token_ns, t.last_token_ns));
-  if (num_output_tokens > 1) {
-    request_time_per_output_token_.Observe(Seconds(t.first_token_ns, t.last_token_ns) /
-                                           (num_output_tokens - 1));
-  }
+  // vLLM observes 0 for a request of one output token.
+  request_time_per_output_token_.Observe(
+      num_output_tokens > 1 ? Seconds(t.first_token_ns, t.last_token_ns) / (num_output_tokens - 1)
+                            : 0.0);
 }
 
 }  // namespace tandem::scheduler

@@ -255,8 +255,16 @@ TEST_P(EngineCoreTest, RequestsResumedAfterAWorkerLossAreNotHeldToTheWaitingLimi
     Run(core, *first, 1);  // each one admitted before the next arrives
   }
   ASSERT_GE(cases_.size(), 3u);
+  const sched::SchedulerStats before = core.stats().scheduler;
+  ASSERT_GT(before.num_requests_admitted, 0u);
   core.DropWorker("stream broke");
   for (const auto& s : sinks) EXPECT_FALSE(s->ended);
+  // Within the grace the kept requests count as waiting (not 0), and the
+  // lost scheduler's counters stay counted (Prometheus counters never go
+  // down).
+  EXPECT_EQ(core.stats().num_waiting, static_cast<int32_t>(cases_.size()));
+  EXPECT_EQ(core.stats().scheduler.num_requests_admitted, before.num_requests_admitted);
+  EXPECT_EQ(core.stats().scheduler.num_steps, before.num_steps);
   auto arrived = std::make_shared<Recorder>();
   core.AddRequest(Greedy("arrived", cases_[0]), arrived, MonotonicNanos());
   EXPECT_FALSE(arrived->rejected) << arrived->status;
@@ -269,6 +277,9 @@ TEST_P(EngineCoreTest, RequestsResumedAfterAWorkerLossAreNotHeldToTheWaitingLimi
   Run(core, second);
   ExpectReference(sinks);
   EXPECT_EQ(arrived->tokens, cases_[0].expected);
+  EXPECT_GT(core.stats().scheduler.num_requests_admitted,
+            before.num_requests_admitted + cases_.size())
+      << "the first scheduler's admissions plus the second's";
 }
 
 TEST_P(EngineCoreTest, AFailedSendDropsTheWorker) {

@@ -87,6 +87,23 @@ TEST(VllmMetricsTest, PhaseTimesFollowTheRequestsTimeline) {
   EXPECT_DOUBLE_EQ(Success(f, "abort"), 0);
 }
 
+// vLLM observes a request of one output token in the per-request time per
+// output token too, as 0 (mean_time_per_output_token), so its _count is
+// the finished requests'; it was left out.
+TEST(VllmMetricsTest, AOneTokenRequestObservesZeroTimePerOutputToken) {
+  prometheus::Registry registry;
+  VllmMetrics m(registry, "m", 512);
+  RequestTimeline t{.arrival_ns = kSecond,
+                    .scheduled_ns = 2 * kSecond,
+                    .first_token_ns = 3 * kSecond,
+                    .last_token_ns = 3 * kSecond};
+  m.ObserveFirstTokens(t, t.first_token_ns, 4, 1);
+  m.ObserveFinished(FinishReason::kLength, t, 3 * kSecond, 4, 1);
+  const auto f = registry.Collect();
+  EXPECT_EQ(HistogramCount(f, "vllm:request_time_per_output_token_seconds"), 1u);
+  EXPECT_DOUBLE_EQ(HistogramSum(f, "vllm:request_time_per_output_token_seconds"), 0.0);
+}
+
 TEST(VllmMetricsTest, AnAbortWhileWaitingRecordsNoPhaseAndAnErrorNothing) {
   prometheus::Registry registry;
   VllmMetrics m(registry, "m", 512);

@@ -283,6 +283,11 @@ class EngineCore {
   std::string worker_lost_reason_;
   ModelInfo model_info_;
   EngineStats counters_;  // the running totals; stats() adds the gauges
+  // The counters of the schedulers dropped with their workers, added to the
+  // current one's (stats().scheduler's counters never go down).
+  sched::SchedulerStats lost_scheduler_counters_;
+  // Adds the counter fields of `from` (not its gauges) to *to.
+  static void AddCounters(const sched::SchedulerStats& from, sched::SchedulerStats* to);
   std::vector<sched::RequestOutput> outputs_scratch_;
 };
 
