@@ -173,14 +173,14 @@ void EngineCore::AddRequest(sched::RequestSpec spec, std::shared_ptr<RequestSink
 }
 
 bool EngineCore::Abort(const std::string& request_id, const RequestSink* sink,
-                       const absl::Status& status) {
+                       const absl::Status& status, FinishReason reason) {
   auto it = requests_.find(request_id);
   if (it == requests_.end() || (sink != nullptr && it->second.sink.get() != sink)) return false;
   pace_until_ = {};
   schedule_wanted_ = true;
   std::optional<sched::RequestOutput> out;
   if (scheduler_ != nullptr) out = scheduler_->AbortRequest(request_id);
-  Finish(request_id, FinishReason::kAbort, out ? &*out : nullptr, status);
+  Finish(request_id, reason, out ? &*out : nullptr, status);
   return true;
 }
 

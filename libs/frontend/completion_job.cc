@@ -19,10 +19,12 @@ class CompletionJob::Locked {
  public:
   explicit Locked(CompletionJob* job) : job_(job), lock_(job->mu_) {}
   ~Locked() {
-    std::vector<std::shared_ptr<GenerateCall>> cancel;
+    std::vector<std::shared_ptr<GenerateCall>> cancel, stop;
     cancel.swap(job_->to_cancel_);
+    stop.swap(job_->to_stop_);
     lock_.unlock();
     for (const auto& call : cancel) call->Cancel();
+    for (const auto& call : stop) call->StopAtString();
   }
 
  private:
@@ -191,7 +193,7 @@ void CompletionJob::OnCallMessage(CallId id, const GenerateResponse& msg) {
     metrics_->OnFirstToken();
   }
   ChoiceDelta delta = c.Take(msg, request_, served_);
-  if (delta.stopped && c.call) to_cancel_.push_back(c.call);
+  if (delta.stopped && c.call) to_stop_.push_back(c.call);
   metrics_->OnGeneratedTokens(static_cast<int64_t>(delta.ids.size()));
   Emit(c, std::move(delta.text), std::move(delta.ids));
   if (c.done) MaybeComplete();

@@ -1,5 +1,6 @@
 #include "completion_job.h"
 
+#include <atomic>
 #include <chrono>
 
 #include "frontend.h"
@@ -15,11 +16,40 @@ using Clock = std::chrono::steady_clock;
 
 class GrpcCall final : public GenerateCall {
  public:
-  explicit GrpcCall(std::shared_ptr<grpc::ClientContext> context) : context_(std::move(context)) {}
+  GrpcCall(std::shared_ptr<grpc::ClientContext> context, std::shared_ptr<Replica> replica,
+           std::string request_id)
+      : context_(std::move(context)),
+        replica_(std::move(replica)),
+        request_id_(std::move(request_id)) {}
   void Cancel() override { context_->TryCancel(); }
+  // The scheduler's Abort with stop_string: the request finishes as "stop"
+  // and the stream ends by itself. Where the Abort fails or finds nothing
+  // (the request ended meanwhile), the call is cancelled as before.
+  void StopAtString() override {
+    if (stopping_.exchange(true)) return;
+    struct Pending {
+      grpc::ClientContext context;
+      v1::AbortRequest request;
+      v1::AbortResponse response;
+    };
+    auto pending = std::make_shared<Pending>();
+    pending->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pending->request.set_request_id(request_id_);
+    pending->request.set_stop_string(true);
+    std::weak_ptr<grpc::ClientContext> call = context_;
+    replica_->control_stub()->async()->Abort(&pending->context, &pending->request,
+                                             &pending->response,
+                                             [pending, call](const grpc::Status& status) {
+                                               if (status.ok() && pending->response.found()) return;
+                                               if (auto context = call.lock()) context->TryCancel();
+                                             });
+  }
 
  private:
   std::shared_ptr<grpc::ClientContext> context_;
+  std::shared_ptr<Replica> replica_;
+  const std::string request_id_;
+  std::atomic<bool> stopping_{false};
 };
 
 // One Generate call. Its callbacks run on gRPC's threads: a message goes
@@ -86,7 +116,7 @@ class GrpcTransport final : public GenerateTransport {
     if (replica == nullptr) return std::nullopt;
     Started started{.replica = replica->name()};
     auto context = std::make_shared<grpc::ClientContext>();
-    started.call = std::make_shared<GrpcCall>(context);
+    started.call = std::make_shared<GrpcCall>(context, replica, request.request_id);
     (new CallReactor(std::move(job), exchange_, router_, id, std::move(replica), std::move(context),
                      request))
         ->Start();

@@ -196,10 +196,11 @@ void Engine::Cancel(std::shared_ptr<GenerateCall> call, CancelCause cause) {
   Post(std::move(e));
 }
 
-void Engine::Abort(std::string request_id, std::function<void(bool)> done) {
+void Engine::Abort(std::string request_id, std::function<void(bool)> done, bool stop_string) {
   Event e{.kind = Event::kAbort};
   e.request_id = std::move(request_id);
   e.abort_done = std::move(done);
+  e.abort_reason = stop_string ? FinishReason::kStop : FinishReason::kAbort;
   Post(std::move(e));
 }
 
@@ -294,7 +295,7 @@ void Engine::Handle(Event& e) {
                        : absl::CancelledError("cancelled by the client"));
       return;
     case Event::kAbort:
-      e.abort_done(core_->Abort(e.request_id, nullptr, absl::OkStatus()));
+      e.abort_done(core_->Abort(e.request_id, nullptr, absl::OkStatus(), e.abort_reason));
       return;
     case Event::kOutput: {
       if (worker_ == nullptr || e.generation != worker_->generation()) return;

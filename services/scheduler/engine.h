@@ -106,8 +106,9 @@ class Engine final : private engine::StepTransport {
   enum class CancelCause { kClient, kDeadline };
   // The client cancelled or its deadline passed.
   void Cancel(std::shared_ptr<GenerateCall> call, CancelCause cause);
-  // The Abort RPC; `done(found)` runs on the engine thread.
-  void Abort(std::string request_id, std::function<void(bool)> done);
+  // The Abort RPC; `done(found)` runs on the engine thread. `stop_string`:
+  // the frontend matched a stop string, so the request finishes as "stop".
+  void Abort(std::string request_id, std::function<void(bool)> done, bool stop_string = false);
 
   // As of the loop's last turn.
   ModelInfo model_info() const;
@@ -135,6 +136,7 @@ class Engine final : private engine::StepTransport {
     sched::RequestSpec spec;
     std::string request_id;
     std::function<void(bool)> abort_done;
+    FinishReason abort_reason = FinishReason::kAbort;
     uint64_t generation = 0;
     std::unique_ptr<v1::ModelRunnerOutput> output;
     std::unique_ptr<WorkerStream> stream;

@@ -154,10 +154,13 @@ grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* 
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
-  engine_->Abort(request->request_id(), [reactor, response](bool found) {
-    response->set_found(found);
-    reactor->Finish(grpc::Status::OK);
-  });
+  engine_->Abort(
+      request->request_id(),
+      [reactor, response](bool found) {
+        response->set_found(found);
+        reactor->Finish(grpc::Status::OK);
+      },
+      request->stop_string());
   return reactor;
 }
 

@@ -125,6 +125,54 @@ TEST_F(FrontendTest, ClientDisconnectMidStreamFreesTheRequestOnTheScheduler) {
       Metric(Get(frontend.address(), "/metrics"), "tandem_frontend_client_disconnects_total"), 1);
 }
 
+// The value of the scheduler's vllm:request_success_total for a reason.
+double FinishedAs(const std::string& metrics, const std::string& reason) {
+  std::istringstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("vllm:request_success_total{", 0) == 0 &&
+        line.find("finished_reason=\"" + reason + "\"") != std::string::npos) {
+      return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return -1;
+}
+
+// A choice that a stop string ends finishes on the scheduler as "stop", as
+// vLLM counts it (the frontend's Abort with stop_string), not as an abort:
+// it was cancelled like a client that hung up, and vLLM's dashboards showed
+// stop-string chats as aborts. The request still ends at once.
+TEST_F(FrontendTest, AStopStringFinishesTheRequestAsStopOnTheScheduler) {
+  Service worker =
+      StartWorker(dir_, "stop_worker",
+                  {"--model", kModels + "/random32k.bin", "--debug-step-delay-us", "20000"});
+  Service scheduler =
+      StartScheduler(dir_, "stop_scheduler", worker.address(), {"--metrics-listen", "127.0.0.1:0"});
+  Service frontend = StartFrontend(dir_, "stop_frontend", {scheduler.address()},
+                                   {"--tokenizer", kLlama2Tokenizer});
+  const Json body = {
+      {"prompt", "Once upon a time"}, {"max_tokens", 12}, {"ignore_eos", true}, {"temperature", 0}};
+  const HttpResult whole = Post(frontend.address(), "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  const std::string text = whole.body["choices"][0]["text"];
+  ASSERT_GE(text.size(), 8u) << text;
+  Json stopped_body = body;
+  stopped_body["max_tokens"] = 200;
+  stopped_body["stop"] = text.substr(4, 3);  // within the first few tokens
+  const HttpResult stopped = Post(frontend.address(), "/v1/completions", stopped_body);
+  ASSERT_EQ(stopped.status, 200) << stopped.raw;
+  EXPECT_EQ(stopped.body["choices"][0]["finish_reason"], "stop");
+  auto stub = GenerationStub(scheduler.address());
+  EXPECT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_running() == 0; }));
+  std::string metrics;
+  EXPECT_TRUE(WaitFor([&] {
+    metrics = HttpGetBody(MetricsAddress(scheduler), "/metrics");
+    return FinishedAs(metrics, "stop") == 1;
+  })) << metrics;
+  EXPECT_EQ(FinishedAs(metrics, "length"), 1);
+  EXPECT_EQ(FinishedAs(metrics, "abort"), 0);
+  EXPECT_LT(GetStats(stub.get()).num_steps(), 100u) << "the stopped request ran on";
+}
+
 // A client that does not read fills its socket: the frontend's non-blocking
 // sends stop short, the rest goes out asynchronously and later chunks queue
 // behind it. Every chunk still arrives, whole and in order.

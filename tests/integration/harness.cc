@@ -278,15 +278,21 @@ std::string HttpGetBody(const std::string& address, const std::string& path) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-double ScrapeMetric(const Service& service, const std::string& series) {
+std::string MetricsAddress(const Service& service) {
   const std::string log = ReadFile(service.log_path);
   const std::string mark = "metrics on http://";
   const size_t at = log.find(mark);
-  if (at == std::string::npos) return -1;
+  if (at == std::string::npos) return "";
   const size_t start = at + mark.size();
   const size_t slash = log.find('/', start);
-  if (slash == std::string::npos) return -1;
-  const std::string page = HttpGetBody(log.substr(start, slash - start), "/metrics");
+  if (slash == std::string::npos) return "";
+  return log.substr(start, slash - start);
+}
+
+double ScrapeMetric(const Service& service, const std::string& series) {
+  const std::string address = MetricsAddress(service);
+  if (address.empty()) return -1;
+  const std::string page = HttpGetBody(address, "/metrics");
   std::istringstream lines(page);
   for (std::string line; std::getline(lines, line);) {
     if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));

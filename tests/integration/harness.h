@@ -97,6 +97,9 @@ std::string HttpGetBody(const std::string& address, const std::string& path);
 // address its log names: "metrics on http://ADDRESS/metrics"); -1 when the
 // page or the series is missing.
 double ScrapeMetric(const Service& service, const std::string& series);
+// host:port of a service's /metrics (from its log's "metrics on http://"
+// line); empty when it logged none.
+std::string MetricsAddress(const Service& service);
 
 // grpc.health.v1.Health/Check of `service` ("" = the whole server):
 // 1 SERVING, 2 NOT_SERVING, -1 when the call failed (NOT_FOUND included).

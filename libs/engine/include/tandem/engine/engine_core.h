@@ -189,11 +189,13 @@ class EngineCore {
   // --- Requests ---
   // Takes a request; the sink hears of it until OnFinished or OnRejected.
   void AddRequest(sched::RequestSpec spec, std::shared_ptr<RequestSink> sink, int64_t arrival_ns);
-  // Ends a live request with FinishReason::kAbort and `status` (OK for the
-  // Abort API, CANCELLED or DEADLINE_EXCEEDED for the client's cancel).
-  // When `sink` is not null it must be the request's (a late cancel of a
-  // reused id changes nothing). false when no such request is live.
-  bool Abort(const std::string& request_id, const RequestSink* sink, const absl::Status& status);
+  // Ends a live request with `reason` (kAbort; kStop where the caller
+  // matched a stop string) and `status` (OK for the Abort API, CANCELLED or
+  // DEADLINE_EXCEEDED for the client's cancel). When `sink` is not null it
+  // must be the request's (a late cancel of a reused id changes nothing).
+  // false when no such request is live.
+  bool Abort(const std::string& request_id, const RequestSink* sink, const absl::Status& status,
+             FinishReason reason = FinishReason::kAbort);
   // Ends every live request with kError and `status` (shutdown).
   void FailAll(const absl::Status& status);
   [[nodiscard]] size_t num_requests() const { return requests_.size(); }

@@ -68,6 +68,10 @@ class GenerateCall {
   // Any thread, any number of times, also after the call ended; never
   // under the job's lock.
   virtual void Cancel() = 0;
+  // The job matched a stop string: the call should end as "stop" (the
+  // scheduler counts it so, as vLLM does), not as a cancel. By default a
+  // cancel.
+  virtual void StopAtString() { Cancel(); }
 };
 
 class GenerateTransport {
@@ -158,6 +162,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   std::unique_ptr<GenerateTransport> transport_;
   std::mutex mu_;                                         // every member below, once Start runs
   std::vector<std::shared_ptr<GenerateCall>> to_cancel_;  // when the lock goes
+  std::vector<std::shared_ptr<GenerateCall>> to_stop_;    // StopAtString, likewise
   std::unique_ptr<CompletionSink> sink_;
   std::unique_ptr<CompletionJobMetrics> metrics_;
   CompletionRequest request_;
