@@ -126,6 +126,38 @@ std::vector<BadCase> BadCases() {
   return cases;
 }
 
+// A request streamed on a thread of its own: how many tokens have come so
+// far, and its result once joined.
+class BackgroundGenerate {
+ public:
+  BackgroundGenerate(v1::Generation::Stub* stub, v1::GenerateRequest request)
+      : thread_([this, stub, request = std::move(request)] {
+          grpc::ClientContext context;
+          context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+          auto reader = stub->Generate(&context, request);
+          v1::GenerateResponse msg;
+          while (reader->Read(&msg)) {
+            result_.tokens.insert(result_.tokens.end(), msg.token_ids().begin(),
+                                  msg.token_ids().end());
+            streamed_.store(result_.tokens.size());
+          }
+          result_.status = reader->Finish();
+        }) {}
+  ~BackgroundGenerate() {
+    if (thread_.joinable()) thread_.join();
+  }
+  size_t streamed() const { return streamed_.load(); }
+  const GenerateResult& Join() {
+    thread_.join();
+    return result_;
+  }
+
+ private:
+  GenerateResult result_;
+  std::atomic<size_t> streamed_{0};
+  std::thread thread_;
+};
+
 TEST(BadInputTest, EachRuleHasItsCodeAndMessageWhileAValidRequestRuns) {
   const std::string dir = MakeTempDir("tandem-bad-input");
   Service worker = StartWorker(dir, "worker", {});
@@ -139,21 +171,8 @@ TEST(BadInputTest, EachRuleHasItsCodeAndMessageWhileAValidRequestRuns) {
 
   // The valid request is running (has streamed a token) before the first bad
   // request is sent, and is still running after the last one.
-  GenerateResult concurrent;
-  std::atomic<size_t> streamed{0};
-  std::thread runner([&] {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    auto reader = stub->Generate(&context, valid);
-    v1::GenerateResponse msg;
-    while (reader->Read(&msg)) {
-      concurrent.tokens.insert(concurrent.tokens.end(), msg.token_ids().begin(),
-                               msg.token_ids().end());
-      streamed.store(concurrent.tokens.size());
-    }
-    concurrent.status = reader->Finish();
-  });
-  ASSERT_TRUE(WaitFor([&] { return streamed.load() > 0; })) << "the valid request never streamed";
+  BackgroundGenerate runner(stub.get(), valid);
+  ASSERT_TRUE(WaitFor([&] { return runner.streamed() > 0; })) << "the valid request never streamed";
   for (const BadCase& c : BadCases()) {
     SCOPED_TRACE(c.name);
     GenerateResult r = RunGenerate(stub.get(), c.request);
@@ -162,13 +181,13 @@ TEST(BadInputTest, EachRuleHasItsCodeAndMessageWhileAValidRequestRuns) {
         << "message: " << r.status.error_message();
     EXPECT_TRUE(r.tokens.empty());
   }
-  EXPECT_LT(streamed.load(), alone.tokens.size())
+  EXPECT_LT(runner.streamed(), alone.tokens.size())
       << "the valid request finished before the bad ones were answered; the test proves nothing";
   // A deadline that passes mid-stream ends the call and frees the request.
   GenerateResult late = RunGenerate(stub.get(), MakeRequest({1, 7}, 500 - 3, 0.0f, {}, true),
                                     std::chrono::milliseconds(30));
   EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  runner.join();
+  const GenerateResult& concurrent = runner.Join();
   ASSERT_TRUE(concurrent.status.ok()) << concurrent.status.error_message();
   EXPECT_EQ(concurrent.tokens, alone.tokens);
   EXPECT_TRUE(WaitFor([&] {
@@ -273,27 +292,14 @@ TEST(BadInputTest, IdsTheSchedulerGivesNeverCollideWithAClientsOwn) {
   auto stub = GenerationStub(scheduler.address());
   v1::GenerateRequest named = MakeRequest({1, 300, 301}, 400, 0.0f, {}, /*ignore_eos=*/true);
   named.set_request_id("req-1");
-  std::atomic<size_t> streamed{0};
-  GenerateResult named_result;
-  std::thread runner([&] {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    auto reader = stub->Generate(&context, named);
-    v1::GenerateResponse msg;
-    while (reader->Read(&msg)) {
-      named_result.tokens.insert(named_result.tokens.end(), msg.token_ids().begin(),
-                                 msg.token_ids().end());
-      streamed.store(named_result.tokens.size());
-    }
-    named_result.status = reader->Finish();
-  });
-  ASSERT_TRUE(WaitFor([&] { return streamed.load() > 0; })) << "req-1 never streamed";
+  BackgroundGenerate runner(stub.get(), named);
+  ASSERT_TRUE(WaitFor([&] { return runner.streamed() > 0; })) << "req-1 never streamed";
   for (int i = 0; i < 3; ++i) {
     const GenerateResult r = RunGenerate(stub.get(), MakeRequest({1, 7}, 2));
     EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   }
-  EXPECT_LT(streamed.load(), 400u) << "req-1 finished first; the test proves nothing";
-  runner.join();
+  EXPECT_LT(runner.streamed(), 400u) << "req-1 finished first; the test proves nothing";
+  const GenerateResult& named_result = runner.Join();
   EXPECT_TRUE(named_result.status.ok()) << named_result.status.error_message();
 }
 
