@@ -161,33 +161,6 @@ std::optional<ApiError> ParseToolChoice(const Reader& r, Endpoint endpoint,
   return ParseTools(*tools, out);
 }
 
-// stream_options: OpenAI's include_usage and include_obfuscation (false
-// only: no obfuscation field is written), vLLM's continuous_usage_stats.
-// Errors name the field as stream_options.<key>.
-std::optional<ApiError> ParseStreamOptions(const Json& options, CompletionRequest* out) {
-  auto flag = [&](const char* key, std::optional<bool>* value) -> std::optional<ApiError> {
-    auto it = options.find(key);
-    if (it == options.end() || it->is_null()) return std::nullopt;
-    const std::string name = absl::StrCat("stream_options.", key);
-    if (!it->is_boolean()) return BadRequest(absl::StrCat("'", name, "' must be a boolean"), name);
-    *value = it->get<bool>();
-    return std::nullopt;
-  };
-  std::optional<bool> include_usage, continuous, obfuscation;
-  if (auto e = flag("include_usage", &include_usage)) return e;
-  if (auto e = flag("continuous_usage_stats", &continuous)) return e;
-  if (auto e = flag("include_obfuscation", &obfuscation)) return e;
-  if (obfuscation.value_or(false)) {
-    return BadRequest(
-        "'stream_options.include_obfuscation' is not supported: chunks carry no obfuscation "
-        "field (send false)",
-        "stream_options.include_obfuscation");
-  }
-  out->include_usage = include_usage.value_or(continuous.value_or(false));
-  out->continuous_usage = out->include_usage && continuous.value_or(false);
-  return std::nullopt;
-}
-
 // completions' logprobs N; chat's logprobs (bool) and top_logprobs N;
 // prompt_logprobs N. The limit (the scheduler's) is CheckLogprobsLimit's.
 // Needs out->stream.
@@ -359,7 +332,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     if (!options->is_object()) {
       return BadRequest("'stream_options' must be an object", "stream_options");
     }
-    if (auto e = ParseStreamOptions(*options, out)) return e;
+    if (auto e = internal::ParseStreamOptions(*options, out)) return e;
   }
   if (auto e = ParseLogprobs(r, endpoint, out)) return e;
   if (const Json* user = r.Find("user")) {

@@ -107,5 +107,9 @@ class Reader {
 // Every field Tandem does not build: a 400 naming the first one that is not
 // at its neutral value.
 [[nodiscard]] std::optional<ApiError> ParseUnsupported(const Reader& r, Endpoint endpoint);
+// stream_options (an object): include_usage, vLLM's continuous_usage_stats
+// and OpenAI's include_obfuscation (false only) into *out.
+[[nodiscard]] std::optional<ApiError> ParseStreamOptions(const Json& options,
+                                                         CompletionRequest* out);
 
 }  // namespace tandem::frontend::internal
