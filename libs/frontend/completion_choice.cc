@@ -83,10 +83,15 @@ ChoiceDelta ChoiceState::Take(const GenerateResponse& msg, const CompletionReque
                                   .start = detok_bytes});
     }
     const bool last = k + 1 == msg.token_ids.size();
+    // The EOS or stop token that ended the request: counted and returned,
+    // its text left out (vLLM's detokenizer skips it unless
+    // include_stop_str_in_output). A scheduler older than last_token_stops
+    // sends no EOS and marks no stop token.
+    const bool in_stop_ids = std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(),
+                                       t) != request.stop_token_ids.end();
     if (final && last && msg.finish_reason == FinishReason::kStop &&
-        std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), t) !=
-            request.stop_token_ids.end()) {
-      stop_token = t;  // counted and returned, its text left out
+        (msg.last_token_stops || in_stop_ids)) {
+      if (in_stop_ids) stop_token = t;  // stop_reason: the id; null for EOS
       if (!request.include_stop_str_in_output) continue;
     }
     absl::StatusOr<std::string> piece = detok->Push(t);

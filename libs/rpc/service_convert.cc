@@ -70,6 +70,7 @@ GenerateResponse FromProto(const v1::GenerateResponse& in) {
       .logprobs = LenientFromProto(in.logprobs()),
       .prompt_logprobs = LenientFromProto(in.prompt_logprobs()),
       .finish_reason = FromProto(in.finish_reason()),
+      .last_token_stops = in.last_token_stops(),
       .usage = in.has_usage() ? std::optional<GenerateUsage>(GenerateUsage{
                                     .prompt_tokens = in.usage().prompt_tokens(),
                                     .output_tokens = in.usage().output_tokens(),
@@ -94,6 +95,7 @@ void ToProto(const GenerateResponse& in, v1::GenerateResponse* out) {
   ToProto(in.logprobs, out->mutable_logprobs());
   ToProto(in.prompt_logprobs, out->mutable_prompt_logprobs());
   if (in.finish_reason != FinishReason::kNone) out->set_finish_reason(ToProto(in.finish_reason));
+  out->set_last_token_stops(in.last_token_stops);
   if (!in.usage) return;
   v1::Usage* usage = out->mutable_usage();
   usage->set_prompt_tokens(in.usage->prompt_tokens);

@@ -565,6 +565,7 @@ void Scheduler::FillOutput(Request* r, RequestOutput* o) const {
 }
 
 void Scheduler::ClearTokens(RequestOutput* o) {
+  o->stopped_on_token = false;  // outputs are reused from step to step
   o->new_token_ids.clear();
   o->new_logprobs.clear();
   o->prompt_logprobs.clear();
@@ -597,16 +598,16 @@ void Scheduler::AppendTokens(Request* r, std::span<const int32_t> tokens,
     // A token at output index j may stop the request only when j >= min_tokens
     // (the worker does not sample stop tokens before that: see the header).
     const bool may_stop = r->num_output_tokens() >= sp.min_tokens;
-    if (may_stop && !sp.ignore_eos && IsEos(t)) {
-      // EOS is not part of the output.
-      Finish(r, RequestState::kFinishedStopped, num_storable);
-      return;
-    }
+    // Appended before the checks, as vLLM does: EOS and a stop token are
+    // output tokens (counted, with their logprobs); the frontend leaves
+    // their text out.
     r->all_token_ids.push_back(t);
     o->new_token_ids.push_back(t);
     if (i < logprobs.size()) o->new_logprobs.push_back(logprobs[i]);
-    if (may_stop && std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), t) !=
-                        sp.stop_token_ids.end()) {
+    if (may_stop && ((!sp.ignore_eos && IsEos(t)) ||
+                     std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), t) !=
+                         sp.stop_token_ids.end())) {
+      o->stopped_on_token = true;
       Finish(r, RequestState::kFinishedStopped, num_storable);
       return;
     }

@@ -427,6 +427,7 @@ GenerateResponse ResponseOf(const sched::RequestOutput& out) {
       .token_ids = out.new_token_ids,
       .logprobs = out.new_logprobs,
       .prompt_logprobs = out.prompt_logprobs,
+      .last_token_stops = out.stopped_on_token,
       .usage = GenerateUsage{.prompt_tokens = out.num_prompt_tokens,
                              .output_tokens = out.num_output_tokens,
                              .cached_tokens_local = out.num_cached_tokens_local,

@@ -201,7 +201,7 @@ class EngineCoreTest : public ::testing::TestWithParam<bool> {
       SCOPED_TRACE("case " + std::to_string(i));
       EXPECT_TRUE(sinks[i]->ended);
       EXPECT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
-      EXPECT_EQ(sinks[i]->tokens, cases_[i].expected);
+      EXPECT_EQ(sinks[i]->tokens, cases_[i].Streamed());
       EXPECT_EQ(sinks[i]->reason,
                 cases_[i].stopped_on_token_1 ? FinishReason::kStop : FinishReason::kLength);
     }

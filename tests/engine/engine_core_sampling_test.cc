@@ -232,8 +232,9 @@ TEST_P(EngineCoreTest, ExtraEosIdsOfTheWorkerEndRequestsAndReachModelInfoWithThe
   core.AddRequest(Greedy("stops", *ref), stops, MonotonicNanos());
   core.AddRequest(ignoring, ignores, MonotonicNanos());
   Run(core, worker);
+  // The extra EOS id ends the request and is its last output token.
   EXPECT_EQ(stops->tokens,
-            std::vector<int32_t>(ref->expected.begin(), ref->expected.begin() + stop_at));
+            std::vector<int32_t>(ref->expected.begin(), ref->expected.begin() + stop_at + 1));
   EXPECT_EQ(stops->reason, FinishReason::kStop);
   EXPECT_EQ(ignores->tokens,
             std::vector<int32_t>(ref->expected.begin(), ref->expected.begin() + stop_at + 1));

@@ -228,11 +228,11 @@ TEST_P(EngineCoreTest, AWorkerLostWithTwoStepsInFlightResumesOnTheNextWithTheSam
   Run(core, second);
   ExpectReference(sinks);
   EXPECT_TRUE(waiting->ended);
-  EXPECT_EQ(waiting->tokens, cases_[1].expected);
+  EXPECT_EQ(waiting->tokens, cases_[1].Streamed());
   EXPECT_EQ(core.stats().num_worker_lost_preemptions, cases_.size() + 1);
   // The resumed request did not score its prompt again (Recorder checks
   // that prompt logprobs come once) and has a logprob for every token.
-  EXPECT_EQ(scored->tokens, cases_[2].expected);
+  EXPECT_EQ(scored->tokens, cases_[2].Streamed());
   EXPECT_EQ(scored->prompt_logprobs.size(), cases_[2].prompt.size() - 1);
   EXPECT_EQ(scored->logprobs.size(), scored->tokens.size());
 }
@@ -276,7 +276,7 @@ TEST_P(EngineCoreTest, RequestsResumedAfterAWorkerLossAreNotHeldToTheWaitingLimi
   ASSERT_TRUE(core.ConnectWorker(second.description, &second).ok());
   Run(core, second);
   ExpectReference(sinks);
-  EXPECT_EQ(arrived->tokens, cases_[0].expected);
+  EXPECT_EQ(arrived->tokens, cases_[0].Streamed());
   EXPECT_GT(core.stats().scheduler.num_requests_admitted,
             before.num_requests_admitted + cases_.size())
       << "the first scheduler's admissions plus the second's";
@@ -337,12 +337,12 @@ TEST_P(EngineCoreTest, AbortAndCancelEndOnlyTheirRequest) {
   EXPECT_TRUE(dup->rejected);
   EXPECT_EQ(dup->status.code(), absl::StatusCode::kAlreadyExists);
   Run(core, worker);
-  for (size_t i = 2; i < cases_.size(); ++i) EXPECT_EQ(sinks[i]->tokens, cases_[i].expected);
+  for (size_t i = 2; i < cases_.size(); ++i) EXPECT_EQ(sinks[i]->tokens, cases_[i].Streamed());
   // The streamed part of an aborted request is a prefix of its reference.
   for (size_t i = 0; i < 2; ++i) {
-    ASSERT_LE(sinks[i]->tokens.size(), cases_[i].expected.size());
-    EXPECT_TRUE(
-        std::equal(sinks[i]->tokens.begin(), sinks[i]->tokens.end(), cases_[i].expected.begin()));
+    const std::vector<int32_t> want = cases_[i].Streamed();
+    ASSERT_LE(sinks[i]->tokens.size(), want.size());
+    EXPECT_TRUE(std::equal(sinks[i]->tokens.begin(), sinks[i]->tokens.end(), want.begin()));
   }
 }
 
@@ -426,7 +426,7 @@ TEST_P(EngineCoreTest, AnIdleStepCollectsTheStoresThatFinishedAfterTheLastReques
     if (!worker.sent.empty()) core.ProcessOutput(worker.RunOldest());
   }
   ASSERT_TRUE(sink->ended);
-  EXPECT_EQ(sink->tokens, cases_[0].expected);
+  EXPECT_EQ(sink->tokens, cases_[0].Streamed());
   ASSERT_EQ(storing, std::set<std::string>{"only"});
   // Idle: nothing to schedule, so Step() sends nothing...
   EXPECT_FALSE(core.NextDeadline().has_value());
@@ -504,7 +504,7 @@ TEST_P(EngineCoreTest, ALookupAnsweredWhileAnEmptyStepRunsIsScheduledAtOnce) {
   }
   Run(core, worker);
   ASSERT_TRUE(sink->ended);
-  EXPECT_EQ(sink->tokens, cases_[0].expected);
+  EXPECT_EQ(sink->tokens, cases_[0].Streamed());
 }
 
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, EngineCoreTest, ::testing::Bool(),

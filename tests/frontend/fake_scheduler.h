@@ -59,10 +59,13 @@ class FakeScheduler final : public v1::Generation::Service {
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
   // What every later Generate call answers (default: token 100, STOP).
-  void SetOutput(std::vector<int32_t> ids, v1::FinishReason finish) {
+  // `last_token_stops`: the last id is the EOS or stop token that ended the
+  // request, as the scheduler marks it.
+  void SetOutput(std::vector<int32_t> ids, v1::FinishReason finish, bool last_token_stops = false) {
     std::lock_guard<std::mutex> lock(mu_);
     output_ = std::move(ids);
     finish_ = finish;
+    last_token_stops_ = last_token_stops;
   }
 
   // The prefix-cache counts every later call reports (default: none).
@@ -113,12 +116,14 @@ class FakeScheduler final : public v1::Generation::Service {
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override {
     std::vector<int32_t> output;
     v1::FinishReason finish;
+    bool last_token_stops = false;
     v1::Usage usage;
     {
       std::lock_guard<std::mutex> lock(mu_);
       requests_.push_back(*request);
       output = output_;
       finish = finish_;
+      last_token_stops = last_token_stops_;
       usage.set_cached_tokens_local(cached_local_);
       usage.set_cached_tokens_external(cached_external_);
     }
@@ -141,7 +146,10 @@ class FakeScheduler final : public v1::Generation::Service {
       // As the scheduler: the counts so far in every message.
       usage.set_output_tokens(static_cast<int32_t>(i + 1));
       *response.mutable_usage() = usage;
-      if (i + 1 == output.size()) response.set_finish_reason(finish);
+      if (i + 1 == output.size()) {
+        response.set_finish_reason(finish);
+        response.set_last_token_stops(last_token_stops);
+      }
       if (!writer->Write(response)) break;  // the frontend cancelled
     }
     std::unique_lock<std::mutex> lock(mu_);
@@ -159,6 +167,7 @@ class FakeScheduler final : public v1::Generation::Service {
   std::vector<v1::GenerateRequest> requests_;
   std::vector<int32_t> output_ = {100};
   v1::FinishReason finish_ = v1::FINISH_REASON_STOP;
+  bool last_token_stops_ = false;
   int32_t cached_local_ = 0, cached_external_ = 0;
   bool hold_ends_ = false;
   int held_ends_ = 0;

@@ -145,6 +145,62 @@ TEST_F(FrontendRequestFieldsTest, IncludeStopStrInOutputKeepsTheStopStringAndSto
   }
 }
 
+// The EOS that ends a request (the scheduler streams it and marks it
+// last_token_stops) is an output token, as in vLLM: counted in
+// completion_tokens, in token_ids and logprobs, its text left out unless
+// include_stop_str_in_output. The fake's "EOS" is a word, so that text
+// shows where it leaks.
+TEST_F(FrontendRequestFieldsTest, TheEosThatEndsARequestIsCountedButHasNoText) {
+  const std::vector<int32_t> all = Ids("The quick brown fox");
+  ASSERT_GE(all.size(), 4u);
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 2);
+  const std::vector<int32_t> output(all.begin() + 2, all.end());  // ▁quick ▁brown ▁fox
+  const std::string without_eos =
+      Continuation(prompt, std::vector<int32_t>(output.begin(), output.end() - 1));
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "not streamed");
+    scheduler_->SetOutput(output, v1::FINISH_REASON_STOP, /*last_token_stops=*/true);
+    Json body = {{"prompt", prompt},
+                 {"stream", stream},
+                 {"logprobs", 0},
+                 {"return_token_ids", true},
+                 {"stream_options", nullptr}};
+    if (stream)
+      body["stream_options"] = {{"include_usage", true}};
+    else
+      body.erase("stream_options");
+    const std::vector<Json> parts = stream ? Chunks("/v1/completions", body)
+                                           : std::vector<Json>{Post("/v1/completions", body).body};
+    std::string text;
+    std::vector<int32_t> ids;
+    size_t logprobs = 0;
+    Json usage;
+    for (const Json& p : parts) {
+      for (const Json& c : p["choices"]) {
+        text += c.value("text", "");
+        if (c.contains("token_ids") && c["token_ids"].is_array()) {
+          for (const Json& t : c["token_ids"]) ids.push_back(t.get<int32_t>());
+        }
+        if (c["logprobs"].is_object()) logprobs += c["logprobs"]["tokens"].size();
+        if (!c["finish_reason"].is_null()) {
+          EXPECT_EQ(c["finish_reason"], "stop");
+          EXPECT_TRUE(c["stop_reason"].is_null()) << "EOS has no stop_reason";
+        }
+      }
+      if (p["usage"].is_object()) usage = p["usage"];
+    }
+    EXPECT_EQ(text, without_eos);
+    EXPECT_EQ(ids, output);
+    EXPECT_EQ(logprobs, output.size());
+    EXPECT_EQ(usage["completion_tokens"], output.size());
+    body["include_stop_str_in_output"] = true;
+    EXPECT_EQ(Post("/v1/completions", body).text, Continuation(prompt, output));
+  }
+  // Unmarked (a scheduler before last_token_stops), the last token is text.
+  scheduler_->SetOutput(output, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", prompt}}).text, Continuation(prompt, output));
+}
+
 TEST_F(FrontendRequestFieldsTest, TruncatePromptTokensKeepsTheLastTokens) {
   const std::vector<int32_t> output = {Ids("fox").back()};
   scheduler_->SetOutput(output, v1::FINISH_REASON_LENGTH);

@@ -341,6 +341,8 @@ GenerateResult RunGenerate(v1::Generation::Stub* stub, const v1::GenerateRequest
       result.finish_reason = msg.finish_reason();
       result.usage = msg.usage();
     }
+    // Any message's, so that a flag out of place (not the last) shows.
+    result.last_token_stops |= msg.last_token_stops();
   }
   result.status = reader->Finish();
   return result;

@@ -110,6 +110,7 @@ struct GenerateResult {
   std::vector<int32_t> tokens;
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage;  // the last message's
+  bool last_token_stops = false;  // any message's
   // Each message's usage (a default one where it had none) and how many
   // tokens had come with it and those before.
   std::vector<std::pair<v1::Usage, int32_t>> usage_so_far;

@@ -19,6 +19,15 @@ struct ReferenceCase {
   int32_t max_tokens = 0;
   std::vector<int32_t> expected;
   size_t decisive_prefix_len = 0;
+  bool stopped_on_token_1 = false;  // stories260K's cases only
+
+  // What the scheduler streams: the reference's tokens, then the EOS (id 1)
+  // run.c stopped on, an output token as in vLLM.
+  std::vector<int32_t> Streamed() const {
+    std::vector<int32_t> out = expected;
+    if (stopped_on_token_1) out.push_back(1);
+    return out;
+  }
 };
 
 // One greedy request per case, as the reference ran it.
@@ -45,7 +54,8 @@ inline std::vector<ReferenceCase> LoadReferenceCases(
     cases.push_back({.prompt = c.at("prompt_token_ids").get<std::vector<int32_t>>(),
                      .max_tokens = c.at("max_tokens").get<int32_t>(),
                      .expected = c.at("expected_output_token_ids").get<std::vector<int32_t>>(),
-                     .decisive_prefix_len = c.at("decisive_prefix_len").get<size_t>()});
+                     .decisive_prefix_len = c.at("decisive_prefix_len").get<size_t>(),
+                     .stopped_on_token_1 = c.value("stopped_on_token_1", false)});
   }
   return cases;
 }

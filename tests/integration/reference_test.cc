@@ -24,18 +24,19 @@ void RunReferenceCases(bool async) {
     SCOPED_TRACE("case " + std::to_string(i));
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
     const auto& got = results[i].tokens;
-    const auto& want = cases[i].expected;
+    const std::vector<int32_t> want = cases[i].Streamed();
     const size_t decisive = std::min(cases[i].decisive_prefix_len, want.size());
     ASSERT_GE(got.size(), decisive);
     EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + decisive),
               std::vector<int32_t>(want.begin(), want.begin() + decisive))
         << "decisive prefix differs";
     // The CPU backend follows the reference's order of operations: every
-    // token is expected, including the stop on token 1.
+    // token is expected, including the stop on token 1, which is streamed
+    // and marked as the token that stopped the request.
     EXPECT_EQ(got, want);
-    EXPECT_EQ(results[i].finish_reason, want.size() < static_cast<size_t>(cases[i].max_tokens)
-                                            ? v1::FINISH_REASON_STOP
-                                            : v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(results[i].finish_reason,
+              cases[i].stopped_on_token_1 ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(results[i].last_token_stops, cases[i].stopped_on_token_1);
     EXPECT_EQ(results[i].usage.prompt_tokens(), static_cast<int32_t>(cases[i].prompt.size()));
     EXPECT_EQ(results[i].usage.output_tokens(), static_cast<int32_t>(got.size()));
   }

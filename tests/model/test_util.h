@@ -144,6 +144,14 @@ struct ReferenceCase {
   std::vector<int32_t> expected;
   int32_t decisive_prefix_len = 0;
   bool stopped_on_token_1 = false;
+
+  // What a scheduler streams for the case: the reference's tokens, then the
+  // EOS (id 1) run.c stopped on, an output token as in vLLM.
+  std::vector<int32_t> Streamed() const {
+    std::vector<int32_t> out = expected;
+    if (stopped_on_token_1) out.push_back(1);
+    return out;
+  }
 };
 
 inline std::vector<int32_t> Ints(const nlohmann::json& v) { return v.get<std::vector<int32_t>>(); }

@@ -94,13 +94,10 @@ inline Reference RunAlone(const std::vector<int32_t>& prompt, const SamplingPara
     const bool may_stop = static_cast<int32_t>(ref.output.size()) >= sp.min_tokens;
     const bool eos = t == c.eos_token_id ||
                      std::count(c.extra_eos_token_ids.begin(), c.extra_eos_token_ids.end(), t) > 0;
-    if (may_stop && !sp.ignore_eos && eos) {
-      ref.reason = RequestState::kFinishedStopped;
-      return ref;
-    }
-    ref.output.push_back(t);
+    ref.output.push_back(t);  // EOS and a stop token too (vLLM's output)
     tokens.push_back(t);
-    if (may_stop && std::count(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), t) > 0) {
+    if (may_stop && ((!sp.ignore_eos && eos) ||
+                     std::count(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), t) > 0)) {
       ref.reason = RequestState::kFinishedStopped;
       return ref;
     }

@@ -44,11 +44,13 @@ void RunScripted(bool async, const StopCase& sc, int32_t max_model_len = 256,
   size_t next = 0;
   std::vector<int32_t> got;
   std::optional<RequestState> reason;
+  bool stopped_on_token = false;
   auto update = [&] {
     for (const RequestOutput& o :
          sched.UpdateFromOutput(inflight.front().first, inflight.front().second)) {
       got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end());
       if (o.finished) reason = o.finished;
+      stopped_on_token |= o.stopped_on_token;
     }
     inflight.pop_front();
     ASSERT_TRUE(sched.CheckInvariants().ok()) << sched.CheckInvariants();
@@ -69,6 +71,8 @@ void RunScripted(bool async, const StopCase& sc, int32_t max_model_len = 256,
   }
   EXPECT_EQ(got, sc.output) << sc.name << (async ? " async" : " sync");
   EXPECT_EQ(reason, sc.reason) << sc.name << (async ? " async" : " sync");
+  // Every stop here is a token's: the last one streamed.
+  EXPECT_EQ(stopped_on_token, sc.reason == RequestState::kFinishedStopped) << sc.name;
   EXPECT_EQ(sched.num_free_blocks(), sched.num_total_blocks());
 }
 
@@ -83,26 +87,26 @@ TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
   };
   using S = RequestState;
   const std::vector<StopCase> cases = {
-      {"eos stops and is not emitted",
+      {"eos stops and is emitted, as vLLM appends it",
        sp(10, false, 0, {}),
        {5, 6, kEos, 7},
-       {5, 6},
+       {5, 6, kEos},
        S::kFinishedStopped},
-      {"eos first: empty output", sp(10, false, 0, {}), {kEos, 7}, {}, S::kFinishedStopped},
+      {"eos first: eos alone", sp(10, false, 0, {}), {kEos, 7}, {kEos}, S::kFinishedStopped},
       {"ignore_eos keeps eos as a token",
        sp(3, true, 0, {}),
        {5, kEos, 6, 7},
        {5, kEos, 6},
        S::kFinishedLength},
-      {"a second eos id stops and is not emitted",
+      {"a second eos id stops and is emitted",
        sp(10, false, 0, {}),
        {5, kEos2, 7},
-       {5},
+       {5, kEos2},
        S::kFinishedStopped},
-      {"a third eos id stops and is not emitted",
+      {"a third eos id stops and is emitted",
        sp(10, false, 0, {}),
        {5, 6, kEos3, 7},
-       {5, 6},
+       {5, 6, kEos3},
        S::kFinishedStopped},
       {"ignore_eos keeps every eos id as a token",
        sp(4, true, 0, {}),
@@ -113,12 +117,12 @@ TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
       {"min_tokens holds back eos",
        sp(10, false, 2, {}),
        {kEos, 5, kEos, 6},
-       {kEos, 5},
+       {kEos, 5, kEos},
        S::kFinishedStopped},
       {"min_tokens holds back every eos id",
        sp(10, false, 3, {}),
        {kEos2, kEos3, kEos, 5, kEos3, 6},
-       {kEos2, kEos3, kEos, 5},
+       {kEos2, kEos3, kEos, 5, kEos3},
        S::kFinishedStopped},
       {"min_tokens holds back stop tokens",
        sp(10, false, 2, {9}),
@@ -129,7 +133,7 @@ TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
       {"eos on the last allowed token stops",
        sp(2, false, 0, {}),
        {5, kEos},
-       {5},
+       {5, kEos},
        S::kFinishedStopped},
       {"stop token on the last allowed token",
        sp(2, false, 0, {9}),
@@ -143,6 +147,38 @@ TEST_P(ModeTest, EveryStopConditionEndsTheRequestAsSpecified) {
       GetParam(),
       {"max_model_len", sp(4, false, 0, {}), {5, 6, 7, 8, 9}, {5, 6, 7, 8}, S::kFinishedLength},
       /*max_model_len=*/12, /*prompt_len=*/8);
+}
+
+// An engine reuses its outputs from step to step (UpdateOldestStepInto):
+// the mark of a request that stopped on a token is not left in the slot for
+// the request that takes it next.
+TEST(SchedulerTest, TheStopMarkDoesNotOutliveItsOutputWhenOutputsAreReused) {
+  Scheduler sched(TestConfig(64), nullptr);
+  SamplingParams stops = testing::Greedy(8);
+  stops.stop_token_ids = {40};
+  ASSERT_TRUE(
+      sched.AddRequest({.request_id = "a", .prompt_token_ids = Tokens(5, 1), .sampling = stops}, 0)
+          .ok());
+  ASSERT_TRUE(
+      sched
+          .AddRequest(
+              {.request_id = "b", .prompt_token_ids = Tokens(5, 2), .sampling = testing::Greedy(8)},
+              1)
+          .ok());
+  std::vector<RequestOutput> outputs;
+  SchedulerOutput so = sched.Schedule();
+  sched.UpdateOldestStepInto({.step_id = so.step_id, .sampled = {{"a", {40}}, {"b", {7}}}},
+                             &outputs);
+  ASSERT_EQ(outputs.size(), 2u);
+  ASSERT_EQ(outputs[0].request_id, "a");
+  EXPECT_TRUE(outputs[0].stopped_on_token);
+  EXPECT_FALSE(outputs[1].stopped_on_token);
+  so = sched.Schedule();
+  sched.UpdateOldestStepInto({.step_id = so.step_id, .sampled = {{"b", {9}}}}, &outputs);
+  ASSERT_EQ(outputs.size(), 1u);
+  EXPECT_EQ(outputs[0].request_id, "b");
+  EXPECT_EQ(outputs[0].new_token_ids, std::vector<int32_t>{9});
+  EXPECT_FALSE(outputs[0].stopped_on_token);
 }
 
 TEST(SchedulerTest, ConfigRefusesAnExtraEosIdOutsideTheVocabulary) {

@@ -44,6 +44,9 @@ struct GenerateResponse {
   // are none) when the request asked: prompt positions 1 .. P-1.
   std::vector<TokenLogprobs> prompt_logprobs;
   FinishReason finish_reason = FinishReason::kNone;
+  // The last of token_ids is the EOS or stop token that ended the request
+  // (finish_reason kStop): counted in output_tokens, not part of the text.
+  bool last_token_stops = false;
   // The counts so far, in every message the scheduler sends (the cached
   // counts are fixed from the first token on; output_tokens is final in
   // the last message).

@@ -8,15 +8,15 @@
 //                           of step N; at most two steps in flight; outputs
 //                           are processed in step order.
 //
-// Stop checks, per sampled token, in this order: EOS, i.e. eos_token_id or
-// any of extra_eos_token_ids (unless ignore_eos; not appended, not
-// streamed), a stop token (appended and streamed), then
-// max_tokens / max_model_len. EOS and stop tokens count only for a token at
-// output index >= min_tokens; the worker never samples them before then
-// (vLLM's min-tokens processor, StepExecutorOptions::eos_token_ids), and a
-// worker that did would have them taken as ordinary output tokens. EOS on
-// the last allowed token therefore finishes as kFinishedStopped, not
-// kFinishedLength.
+// Stop checks, per sampled token, after it is appended to the output (as
+// vLLM appends, then checks): EOS, i.e. eos_token_id or any of
+// extra_eos_token_ids (unless ignore_eos), or a stop token, then
+// max_tokens / max_model_len. The token that stops a request is streamed
+// and counted like any other; the frontend leaves its text out. EOS and stop tokens count only for
+// a token at output index >= min_tokens; the worker never samples them before then (vLLM's
+// min-tokens processor, StepExecutorOptions::eos_token_ids), and a worker that did would have them
+// taken as ordinary output tokens. EOS on the last allowed token therefore finishes as
+// kFinishedStopped, not kFinishedLength.
 //
 // Preemption and progress (DESIGN §3, plus rules of Tandem's that make every
 // workload that fits the cache drain). A running request R short of blocks
@@ -102,7 +102,7 @@ struct RequestSpec {
 // What UpdateFromOutput / AbortRequest produce for one client.
 struct RequestOutput {
   std::string request_id;
-  // Tokens to stream; never the EOS token that stopped the request.
+  // Tokens to stream, the EOS or stop token that ends the request included.
   std::vector<int32_t> new_token_ids;
   // Parallel to new_token_ids when the request asked for logprobs.
   std::vector<TokenLogprobs> new_logprobs;
@@ -111,6 +111,9 @@ struct RequestOutput {
   std::vector<TokenLogprobs> prompt_logprobs;
   // Set when the request finished in this update.
   std::optional<RequestState> finished;
+  // Finished kFinishedStopped by the last of new_token_ids: EOS or a stop
+  // token (counted and streamed; not part of the text).
+  bool stopped_on_token = false;
   // Why, when finished is kFinishedError.
   std::string error;
   int32_t num_prompt_tokens = 0;
