@@ -21,6 +21,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <shared_mutex>
 #include <span>
@@ -42,6 +43,13 @@
 #include "tandem/kvstore/kv_store.h"
 
 namespace tandem::kvstore {
+
+// A random lease id in [1, 2^52): where this process's ids begin.
+inline uint64_t FirstLeaseId() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) | rd();
+  return 1 + (r & ((uint64_t{1} << 52) - 2));
+}
 
 enum class EntryState { kWriting, kReady, kDeleting };
 
@@ -369,7 +377,11 @@ class KvStoreEngine::Impl {
   std::vector<int64_t> free_slots_;
   std::unordered_map<uint64_t, Lease> leases_;
   std::set<std::pair<int64_t, uint64_t>> lease_expiry_;
-  uint64_t next_lease_ = 1;
+  // Lease ids start at a random point below 2^52 (exact in JSON), not at 1:
+  // a restarted store must not hand out again an id that a client still
+  // holds from before the restart, whose stale Release would unpin someone
+  // else's blocks.
+  uint64_t next_lease_ = FirstLeaseId();
   uint64_t next_seq_ = 1;
   uint64_t next_gen_ = 1;
   uint64_t cold_bytes_ = 0;

@@ -258,6 +258,31 @@ TEST_F(KvStoreTest, LeasedBlockIsNeverEvictedUntilReleased) {
   EXPECT_EQ(Hits({1}), 0);
 }
 
+// A restarted store hands out lease ids the one before it did not: a
+// client's Release of a lease from before the restart unpins nothing of
+// anyone else's. With ids from 1 after each start, the stale Release below
+// unpinned block 1 and the Puts evicted it.
+TEST_F(KvStoreTest, AStaleLeaseFromBeforeARestartReleasesNothing) {
+  KvStoreOptions o = Options();
+  o.cold_capacity_blocks = 2;
+  o.hot_capacity_bytes = kBlock;
+  Open(o);
+  Put(1);
+  std::vector<BlockHash> h{TestHash(1)};
+  auto before = store_->Lookup(kNs, h, {.take_lease = true});
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->num_hits, 1);
+  Open(o);  // the same data directory: block 1 is still there
+  auto after = store_->Lookup(kNs, h, {.take_lease = true});
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->num_hits, 1);
+  EXPECT_NE(after->lease.value(), before->lease.value());
+  EXPECT_FALSE(store_->Release(before->lease));
+  for (int i = 2; i < 6; ++i) Put(i);
+  EXPECT_TRUE(store_->TEST_InCold(kNs, TestHash(1)) || store_->TEST_InHot(kNs, TestHash(1)));
+  EXPECT_EQ(Hits({1}), 1);
+}
+
 TEST_F(KvStoreTest, LeasesExpireOnTheClock) {
   KvStoreOptions o = Options();
   o.cold_capacity_blocks = 1;
