@@ -306,7 +306,7 @@ absl::Status WorkerService::Load() {
                   if (metrics != nullptr) metrics->OnLoad(t);
                 },
             .bulk_load = options_.kvstore_bulk_port},
-        model_->fingerprint(), model::KvLayoutString(config, options_.block_size, dtype_),
+        model_->fingerprint(), KvLayout(config),
         model::KvBlockBytes(config, options_.block_size, dtype_),
         [runner](std::span<const int32_t> blocks, std::span<const std::span<std::byte>> out) {
           return runner->CopyBlocksToHostAsync(blocks, out);
@@ -341,6 +341,11 @@ absl::Status WorkerService::Load() {
   return absl::OkStatus();
 }
 
+std::string WorkerService::KvLayout(const model::ModelConfig& config) const {
+  return absl::StrCat(model::KvLayoutString(config, options_.block_size, dtype_), "/",
+                      options_.backend);
+}
+
 grpc::Status WorkerService::Describe(grpc::ServerContext*, const v1::DescribeRequest*,
                                      v1::DescribeResponse* response) {
   if (!loaded_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "model is still loading");
@@ -363,7 +368,7 @@ grpc::Status WorkerService::Describe(grpc::ServerContext*, const v1::DescribeReq
   rpc::ToProto(config.generation, response->mutable_generation());
   response->set_num_active_requests(num_active_requests_.load());
   response->set_block_bytes(model::KvBlockBytes(config, options_.block_size, dtype_));
-  response->set_kv_layout(model::KvLayoutString(config, options_.block_size, dtype_));
+  response->set_kv_layout(KvLayout(config));
   response->set_num_steps(num_steps_.load());
   return grpc::Status::OK;
 }

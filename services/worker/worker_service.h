@@ -188,6 +188,11 @@ class WorkerService final : public v1::Worker::Service {
   // Returns once every output sent so far is written (or its stream failed).
   void FlushSends();
   void SendLoop();
+  // The KV layout this worker describes and stores under: the cache's
+  // layout, then the backend that computes the values. CPU and CUDA K/V
+  // agree only within rounding, so their blocks must never cross through a
+  // shared KV-store (DESIGN §5: outputs equal a run without the store).
+  std::string KvLayout(const model::ModelConfig& config) const;
 
   const WorkerOptions options_;
   std::unique_ptr<model::Model> model_;

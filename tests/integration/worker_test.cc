@@ -35,7 +35,13 @@ TEST(WorkerTest, NotServingWhileTheModelLoads) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(4000))
       << "too slow to be inside the load delay; the checks above prove nothing";
   ASSERT_TRUE(WaitFor([&] { return HealthStatus(worker.address()) == 1; }));
-  EXPECT_GT(Describe(stub.get()).vocab_size(), 0);
+  const v1::DescribeResponse d = Describe(stub.get());
+  EXPECT_GT(d.vocab_size(), 0);
+  // The KV layout names the backend that makes the values, so that a CPU
+  // and a CUDA worker (whose K/V differ in rounding) never share blocks
+  // through a KV-store: it is in the namespace and every block's hash.
+  EXPECT_EQ(d.backend(), "cpu");
+  EXPECT_TRUE(d.kv_layout().ends_with("/f32/cpu")) << d.kv_layout();
 }
 
 class ExecuteStream {
