@@ -84,6 +84,13 @@ int main(int argc, char** argv) {
             "TESTS ONLY: every step sleeps this long before its forward pass (0: off)");
   flags.Add("debug-send-delay-us", &options.debug_send_delay_us,
             "TESTS ONLY: the writer sleeps this long before each step's output (0: off)");
+  // Longer than the scheduler's own default drain (30 s), which it runs on
+  // this worker's steps before it detaches.
+  int32_t drain_timeout_s = 60;
+  flags.Add("drain-timeout-s", &drain_timeout_s,
+            "on SIGTERM/SIGINT, how long the worker goes on running the steps of the scheduler "
+            "attached to it (a scheduler draining its own requests, as when Kubernetes stops the "
+            "pod both run in) before it stops; it stops as soon as the scheduler detaches");
   int32_t debug_load_delay_ms = 0;
   flags.Add(
       "debug-load-delay-ms", &debug_load_delay_ms,
@@ -93,6 +100,9 @@ int main(int argc, char** argv) {
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);  // its KV-store client too
   if (absl::Status s = options.Validate(); !s.ok()) return boot.Fail(s);
+  if (drain_timeout_s < 0) {
+    return boot.Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));
+  }
 
   auto registry = std::make_shared<prometheus::Registry>();
   tandem::rpc::RegisterTlsMetrics(registry);  // the --tls-* reloads
@@ -116,7 +126,13 @@ int main(int argc, char** argv) {
   boot.SetServing(true);
   TANDEM_LOG(INFO) << "SERVING";
 
-  boot.WaitForShutdown("draining");
+  boot.WaitForShutdown("draining: running the attached scheduler's steps until it detaches");
+  // Kubernetes signals the scheduler and the worker of a pod at once: the
+  // scheduler finishes its requests on this worker's steps, then detaches.
+  // Before this wait the worker left after 5 s and took them with it.
+  tandem::rpc::ServiceMain::Drain([&] { return service.stream_attached() ? 1 : 0; },
+                                  std::chrono::seconds(drain_timeout_s),
+                                  "the scheduler's stream is cut");
   boot.Shutdown(std::chrono::seconds(5));
   service.Stop();
   TANDEM_LOG(INFO) << "stopped";

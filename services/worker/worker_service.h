@@ -149,6 +149,9 @@ class WorkerService final : public v1::Worker::Service {
   // Stops the loop thread (after the current step).
   void Stop();
 
+  // A scheduler's Execute stream is open.
+  bool stream_attached() const { return stream_attached_.load(); }
+
  private:
   using Stream = grpc::ServerReaderWriter<v1::ModelRunnerOutput, v1::SchedulerOutput>;
   struct Work {

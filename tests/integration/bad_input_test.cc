@@ -372,6 +372,30 @@ TEST(BadInputTest, DrainingRejectsNewCallsAndFinishesRunningOnes) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
 }
 
+// Kubernetes stops a pod by signalling all its containers at once: the
+// worker runs the draining scheduler's steps until it detaches, so the
+// requests it had accepted finish. The worker used to leave after 5 s and
+// the request (8 s of steps) failed after the scheduler's drain timeout.
+TEST(BadInputTest, SignallingTheWorkerWithItsSchedulerLetsTheSchedulerDrain) {
+  const std::string dir = MakeTempDir("tandem-bad-input");
+  Service worker = StartWorker(dir, "worker", {"--backend", "sim", "--sim-step-us", "20000"});
+  Service scheduler = StartScheduler(dir, "scheduler", worker.address(), {});
+  auto stub = GenerationStub(scheduler.address());
+  GenerateResult running;
+  std::thread t([&] { running = RunGenerate(stub.get(), MakeRequest({1, 2}, 400, 0, {}, true)); });
+  ASSERT_TRUE(WaitFor([&] { return GetStats(stub.get()).num_running() == 1; }));
+  worker.process.Signal(SIGTERM);
+  scheduler.process.Signal(SIGTERM);
+  t.join();
+  EXPECT_TRUE(running.status.ok()) << running.status.error_message();
+  EXPECT_EQ(running.tokens.size(), 400u);
+  for (Service* s : {&scheduler, &worker}) {
+    auto status = s->process.Wait(std::chrono::seconds(30));
+    ASSERT_TRUE(status.has_value()) << "did not exit after the drain";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  }
+}
+
 // A drain that times out: the stream still running gets the engine's own
 // UNAVAILABLE (its last write goes out after the engine loop has stopped,
 // through the stream writer's final flush), not a cut connection.
