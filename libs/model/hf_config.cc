@@ -559,10 +559,14 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& dir, const LoadOptions&
   TANDEM_ASSIGN_OR_RETURN(c.hidden_dim, GetInt(cfg, path, "intermediate_size", std::nullopt));
   TANDEM_ASSIGN_OR_RETURN(c.num_layers, GetInt(cfg, path, "num_hidden_layers", std::nullopt));
   TANDEM_ASSIGN_OR_RETURN(c.num_heads, GetInt(cfg, path, "num_attention_heads", std::nullopt));
+  // A missing key takes the config class's default; an explicit null means
+  // multi-head attention, as transformers' configs turn None into
+  // num_attention_heads ("for backward compatibility").
+  const nlohmann::json* kv_heads = JsonMember(cfg, "num_key_value_heads");
   TANDEM_ASSIGN_OR_RETURN(
       c.num_kv_heads,
       GetInt(cfg, path, "num_key_value_heads",
-             f->default_kv_heads > 0 ? f->default_kv_heads : c.num_heads));
+             f->default_kv_heads > 0 && kv_heads == nullptr ? f->default_kv_heads : c.num_heads));
   TANDEM_ASSIGN_OR_RETURN(c.vocab_size, GetInt(cfg, path, "vocab_size", std::nullopt));
   TANDEM_ASSIGN_OR_RETURN(c.max_seq_len,
                           GetInt(cfg, path, "max_position_embeddings", std::nullopt));

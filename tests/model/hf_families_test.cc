@@ -227,6 +227,35 @@ TEST(HfFamiliesTest, QwenMaxWindowLayersDefaultsTo28) {
   }
 }
 
+// An explicit "num_key_value_heads": null is multi-head attention, as
+// transformers' configs read it; a missing key is the class's default
+// (MistralConfig 8, Qwen2Config and Qwen3Config 32). null used to take the
+// default too, which refused the checkpoint's weights.
+TEST(HfFamiliesTest, NullKeyValueHeadsMeansOneKvHeadPerQueryHead) {
+  TANDEM_REQUIRE_HF();
+  for (const auto& [fixture, class_default] :
+       {std::pair{"mistral", 8}, std::pair{"qwen2.5", 32}, std::pair{"qwen3", 32}}) {
+    SCOPED_TRACE(fixture);
+    EditedFixture f(fixture, nlohmann::json::object());
+    auto cfg = ParseJson(Slurp(f.File("config.json")));
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    (*cfg)["num_key_value_heads"] = nullptr;
+    Spit(f.File("config.json"), cfg->dump(1));
+    auto hf = internal::ReadHfConfig(f.path());
+    ASSERT_TRUE(hf.ok()) << hf.status();
+    EXPECT_EQ(hf->config.num_kv_heads, hf->config.num_heads);
+    // The class default (the fixtures' 4 heads are not a multiple of 8 or
+    // 32: the check that follows names it).
+    cfg->erase("num_key_value_heads");
+    Spit(f.File("config.json"), cfg->dump(1));
+    hf = internal::ReadHfConfig(f.path());
+    ASSERT_FALSE(hf.ok());
+    EXPECT_NE(hf.status().message().find("num_kv_heads " + std::to_string(class_default)),
+              std::string::npos)
+        << hf.status();
+  }
+}
+
 TEST(HfFamiliesTest, RefusesConfigKeysThatMayChangeTheMath) {
   TANDEM_REQUIRE_HF();
   ExpectEditRefused("mistral", "\"use_cache\": true", "\"use_cache\": true, \"logit_softcap\": 30",
