@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <ctime>
+#include <iterator>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "completion_job.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"
@@ -115,7 +118,17 @@ std::optional<std::vector<std::string>> Frontend::ModelNames() const {
 }
 
 void Frontend::CountResponse(const std::string& endpoint, int http_status) {
-  metrics_.requests.Add({{"endpoint", endpoint}, {"code", std::to_string(http_status)}})
+  // A route's own name, or "other": a label value per path a client makes
+  // up (a 401 or 405 for /v1/<anything>) would grow the registry without
+  // bound.
+  static constexpr std::string_view kRoutes[] = {
+      "/health",    "/metrics",  "/v1/completions", "/v1/chat/completions",
+      "/v1/models", "/tokenize", "/detokenize",     "/ping",
+      "/version"};
+  const bool known =
+      std::find(std::begin(kRoutes), std::end(kRoutes), endpoint) != std::end(kRoutes);
+  metrics_.requests
+      .Add({{"endpoint", known ? endpoint : "other"}, {"code", std::to_string(http_status)}})
       .Increment();
 }
 
@@ -133,11 +146,16 @@ std::optional<std::string> Frontend::TenantOf(const HttpExchange& exchange) cons
 void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
   const HttpRequest& req = exchange->request();
   const std::string& path = req.path;
+  // HEAD is a GET whose body the server leaves out (RFC 9110 9.3.2); a 405
+  // names what the route takes in Allow (RFC 9110 15.5.6).
   auto method_is = [&](const char* method) {
-    if (req.method == method) return true;
+    if (req.method == method || (req.method == "HEAD" && std::string_view(method) == "GET")) {
+      return true;
+    }
     ApiError e{.http_status = 405,
                .message = absl::StrCat(path, " takes ", method, ", not ", req.method)};
-    RespondError(*exchange, e);
+    exchange->Respond(e.http_status, "application/json", e.ToJson(),
+                      {{"Allow", std::string_view(method) == "GET" ? "GET, HEAD" : method}});
     CountResponse(path, 405);
     return false;
   };
@@ -153,6 +171,21 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
   }
   if (path == "/metrics") {
     if (method_is("GET")) Metrics(exchange);
+    return;
+  }
+  // vLLM's liveness route (GET or POST) and version.
+  if (path == "/ping") {
+    if (req.method == "POST" || method_is("GET")) {
+      exchange->Respond(200, "application/json", "{}");
+      CountResponse(path, 200);
+    }
+    return;
+  }
+  if (path == "/version") {
+    if (method_is("GET")) {
+      exchange->Respond(200, "application/json", Dump(OrderedJson{{"version", TANDEM_VERSION}}));
+      CountResponse(path, 200);
+    }
     return;
   }
   // With a key set, every route but /health and /metrics needs it:
@@ -239,7 +272,10 @@ void Frontend::Models(HttpExchange& exchange) {
 }
 
 // vLLM's /tokenize: {"prompt": text} or {"messages": [...]}, plus
-// add_special_tokens; answers {"count", "max_model_len", "tokens"}.
+// add_special_tokens and return_token_strs; answers {"count",
+// "max_model_len", "tokens", "token_strs"}. As vLLM's, it does not check the
+// prompt against the context ("count, then truncate" clients need the count
+// of a prompt too long to serve), and a model it does not serve is a 404.
 void Frontend::Tokenize(HttpExchange& exchange) {
   auto fail = [&](const ApiError& e) {
     RespondError(exchange, e);
@@ -251,20 +287,47 @@ void Frontend::Tokenize(HttpExchange& exchange) {
   if (!chat && !(body.contains("prompt") && body["prompt"].is_string())) {
     return fail(BadRequest("'prompt' (a string) or 'messages' is required", "prompt"));
   }
+  const auto strs = body.find("return_token_strs");
+  if (strs != body.end() && !strs->is_boolean() && !strs->is_null()) {
+    return fail(BadRequest("'return_token_strs' must be a boolean", "return_token_strs"));
+  }
+  const bool token_strs = strs != body.end() && strs->is_boolean() && strs->get<bool>();
+  // The parser takes the rest; return_token_strs is /tokenize's own.
+  nlohmann::json rest = body;
+  rest.erase("return_token_strs");
   CompletionRequest request;
-  if (auto e = ParseCompletionRequest(exchange.request().body,
-                                      chat ? Endpoint::kChat : Endpoint::kCompletions, &request)) {
+  if (auto e = ParseCompletionRequest(rest.dump(), chat ? Endpoint::kChat : Endpoint::kCompletions,
+                                      &request)) {
     return fail(*e);
   }
+  std::optional<std::vector<std::string>> names = ModelNames();
+  if (!request.model.empty() && names &&
+      std::find(names->begin(), names->end(), request.model) == names->end()) {
+    return fail({.http_status = 404,
+                 .message = absl::StrCat("The model '", request.model,
+                                         "' does not exist; this server serves '",
+                                         absl::StrJoin(*names, "', '"), "'"),
+                 .param = "model",
+                 .code = "model_not_found"});
+  }
   std::optional<ModelInfo> model = router_->model();
-  ModelInfo limits = model.value_or(
-      ModelInfo{.vocab_size = served_.tokenizer().vocab_size(), .max_model_len = INT32_MAX});
+  ModelInfo limits = model.value_or(ModelInfo{.vocab_size = served_.tokenizer().vocab_size()});
+  limits.max_model_len = INT32_MAX;  // counted, not checked against the context
   PreparedPrompts prompts;
   if (auto e = PreparePrompts(served_, request, limits, &prompts)) return fail(*e);
   OrderedJson out;
   out["count"] = prompts.ids[0].size();
   out["max_model_len"] = model ? OrderedJson(model->max_model_len) : OrderedJson();
   out["tokens"] = prompts.ids[0];
+  OrderedJson pieces;  // null unless asked, as vLLM's
+  if (token_strs) {
+    pieces = OrderedJson::array();
+    for (int32_t id : prompts.ids[0]) {
+      absl::StatusOr<std::string> piece = served_.tokenizer().IdToPiece(id);
+      pieces.push_back(piece.ok() ? *piece : std::string());
+    }
+  }
+  out["token_strs"] = std::move(pieces);
   exchange.Respond(200, "application/json", Dump(out));
   CountResponse("/tokenize", 200);
 }

@@ -176,7 +176,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     started_ = true;
     AppendHead(status, content_type);
     for (const auto& [name, value] : headers) absl::StrAppend(&outbox_, name, ": ", value, "\r\n");
-    absl::StrAppend(&outbox_, "Content-Length: ", body.size(), "\r\n\r\n", body);
+    absl::StrAppend(&outbox_, "Content-Length: ", body.size(), "\r\n\r\n");
+    if (!head_) outbox_ += body;  // HEAD: the GET's head alone (RFC 9110 9.3.2)
     complete_ = true;
     Kick(lock);
   }
@@ -184,8 +185,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     std::unique_lock<std::mutex> lock(mu_);
     if (seq != seq_ || !active_ || started_) return;
     started_ = true;
+    // HTTP/1.0 has no chunked coding (RFC 9112 6.1): the stream ends with
+    // the connection.
+    if (http10_) keep_alive_ = false;
     AppendHead(status, content_type);
-    outbox_ += "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+    outbox_ += http10_ ? "Cache-Control: no-cache\r\n\r\n"
+                       : "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
     // No send yet: the head goes out with the first chunk (or the end), in
     // one send() and one wake-up of the client.
   }
@@ -193,13 +198,17 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     std::unique_lock<std::mutex> lock(mu_);
     if (seq != seq_ || !active_ || !started_ || complete_ || closed_ || data.empty()) return;
     // Framed straight into the outbox: one copy of the chunk per token.
-    absl::StrAppend(&outbox_, absl::Hex(data.size()), "\r\n", data, "\r\n");
+    if (http10_) {
+      outbox_ += data;
+    } else {
+      absl::StrAppend(&outbox_, absl::Hex(data.size()), "\r\n", data, "\r\n");
+    }
     Kick(lock);
   }
   void End(uint64_t seq) {
     std::unique_lock<std::mutex> lock(mu_);
     if (seq != seq_ || !active_ || !started_ || complete_) return;
-    outbox_ += "0\r\n\r\n";
+    if (!http10_) outbox_ += "0\r\n\r\n";
     complete_ = true;
     Kick(lock);
   }
@@ -359,12 +368,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     }
     request.body = std::move(msg.body());
     transport().expires_never();
-    BeginExchange(std::move(request), msg.keep_alive());
+    BeginExchange(std::move(request), msg.keep_alive(), msg.version() == 10);
   }
 
   // Starts the next exchange and hands it to the handler (not for a request
   // without a method: the caller answers that itself). Returns its seq.
-  uint64_t BeginExchange(HttpRequest request, bool keep_alive) {
+  uint64_t BeginExchange(HttpRequest request, bool keep_alive, bool http10 = false) {
     uint64_t seq;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -372,6 +381,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       active_ = true;
       started_ = complete_ = busy_ = false;
       keep_alive_ = keep_alive;
+      head_ = request.method == "HEAD";
+      http10_ = http10;
       on_gone_ = nullptr;
     }
     Watch();
@@ -496,6 +507,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::mutex mu_;
   uint64_t seq_ = 0;        // of the current (or last) exchange
   bool keep_alive_ = true;  // the current exchange's
+  bool head_ = false;       // it is a HEAD: no body goes out
+  bool http10_ = false;     // an HTTP/1.0 request: no chunked coding
   bool active_ = false;     // an exchange is being answered
   bool started_ = false;    // its status line is queued
   bool complete_ = false;   // its last byte is queued

@@ -106,16 +106,40 @@ std::optional<std::string> MetricsRelay::Fetch(std::string* error) const {
     boost::asio::io_context io;
     boost::asio::ip::tcp::resolver resolver(io);
     beast::tcp_stream stream(io);
-    stream.expires_after(kTimeout);
-    stream.connect(resolver.resolve(url_.host, url_.port));
     http::request<http::empty_body> req{http::verb::get, url_.target, 11};
     req.set(http::field::host, url_.host);
-    stream.expires_after(kTimeout);
-    http::write(stream, req);
     beast::flat_buffer buffer;
     http::response_parser<http::string_body> parser;
     parser.body_limit(64 << 20);
-    http::read(stream, buffer, parser);
+    // Asynchronous calls, run here to the end: Beast's timeout applies to
+    // those only ("Timeouts are not available when performing blocking
+    // calls"), and an upstream that accepts and never answers held the
+    // blocking read, and every later scrape behind it, for good. One
+    // kTimeout covers connect, write and read.
+    beast::error_code failed;
+    stream.expires_after(kTimeout);
+    stream.async_connect(resolver.resolve(url_.host, url_.port),
+                         [&](beast::error_code ec, const auto&) {
+                           if (ec) {
+                             failed = ec;
+                             return;
+                           }
+                           http::async_write(stream, req, [&](beast::error_code ec, size_t) {
+                             if (ec) {
+                               failed = ec;
+                               return;
+                             }
+                             http::async_read(stream, buffer, parser,
+                                              [&](beast::error_code ec, size_t) { failed = ec; });
+                           });
+                         });
+    io.run();
+    if (failed) {
+      *error = failed == beast::error::timeout
+                   ? absl::StrCat("no answer within ", kTimeout.count(), " s")
+                   : failed.message();
+      return std::nullopt;
+    }
     beast::error_code ignored;
     stream.socket().shutdown(boost::asio::ip::tcp::socket::shutdown_both, ignored);
     if (parser.get().result_int() != 200) {

@@ -1,0 +1,223 @@
+// tandem-frontend's HTTP as clients other than the OpenAI SDKs meet it,
+// through the real binary and a fake scheduler:
+//   - HEAD answers a GET's head without its body (RFC 9110 9.3.2), and a
+//     405 names the methods the route takes in Allow (15.5.6);
+//   - an HTTP/1.0 client's stream has no chunked coding (RFC 9112 6.1) and
+//     ends with the connection;
+//   - vLLM's /ping and /version;
+//   - /tokenize as vLLM's: it counts a prompt longer than the context,
+//     gives token_strs when asked, and a model it does not serve is a 404;
+//   - paths a client makes up never become label values of
+//     tandem_frontend_requests_total (a 401 or 405 per invented path grew
+//     the registry without bound);
+//   - --metrics-from whose upstream accepts and never answers: /metrics
+//     still answers, after the relay's timeout.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+
+#include "../integration/harness.h"
+#include "fake_scheduler.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tandem/tokenizer/tokenizer.h"
+
+namespace tandem::testing {
+namespace {
+
+using Json = nlohmann::json;
+
+const std::string kTokenizer = std::string(TANDEM_SHARED_DIR) + "/models/tokenizer.bin";
+
+// Sends `request` on a new connection and reads until the server closes it
+// (or 10 s pass).
+std::string Exchange(const std::string& address, const std::string& request) {
+  const int fd = ConnectTcp(address, [](int fd) {
+    timeval tv{.tv_sec = 10, .tv_usec = 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  });
+  if (fd < 0) return "";
+  for (size_t sent = 0; sent < request.size();) {
+    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string received;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    received.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return received;
+}
+
+std::string HeadOf(const std::string& response) {
+  return response.substr(0, response.find("\r\n\r\n") + 4);
+}
+
+class FrontendHttpRoutesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tok = tokenizer::LoadTokenizer(kTokenizer);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = *std::move(tok);
+    dir_ = MakeTempDir("frontend-routes");
+    scheduler_ = std::make_unique<FakeScheduler>(FakeModelInfo("routes"));  // 256 tokens
+    frontend_ = StartFrontend(dir_, "frontend", {scheduler_->address()},
+                              {"--tokenizer", kTokenizer});
+  }
+
+  Json PostJson(const std::string& address, const std::string& path, const Json& body,
+                int* status) {
+    httplib::Client client("http://" + address);
+    client.set_read_timeout(20, 0);
+    auto res = client.Post(path, body.dump(), "application/json");
+    *status = res ? res->status : -1;
+    return res ? Json::parse(res->body, nullptr, false) : Json();
+  }
+
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  std::string dir_;
+  std::unique_ptr<FakeScheduler> scheduler_;
+  Service frontend_;
+};
+
+TEST_F(FrontendHttpRoutesTest, HeadHasNoBodyAndA405NamesTheAllowedMethods) {
+  // Two requests on one connection: a body after the HEAD's head would be
+  // read as the start of the second answer.
+  const std::string both = Exchange(frontend_.address(),
+                                    "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                                    "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  ASSERT_EQ(both.rfind("HTTP/1.1 200", 0), 0u) << both;
+  const size_t head_end = both.find("\r\n\r\n") + 4;
+  EXPECT_EQ(both.compare(head_end, 12, "HTTP/1.1 200"), 0) << "HEAD sent a body: " << both;
+  EXPECT_NE(HeadOf(both).find("Content-Length: 2\r\n"), std::string::npos) << both;
+
+  const std::string wrong =
+      Exchange(frontend_.address(), "DELETE /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(wrong.rfind("HTTP/1.1 405", 0), 0u) << wrong;
+  EXPECT_NE(HeadOf(wrong).find("Allow: GET, HEAD\r\n"), std::string::npos) << wrong;
+  const std::string get_post = Exchange(
+      frontend_.address(), "GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(HeadOf(get_post).find("Allow: POST\r\n"), std::string::npos) << get_post;
+}
+
+TEST_F(FrontendHttpRoutesTest, AnHttp10StreamIsNotChunkedAndEndsWithTheConnection) {
+  scheduler_->SetOutput({tok_->Encode("fox")->back(), tok_->Encode("jumps")->back()},
+                        v1::FINISH_REASON_LENGTH);
+  const std::string body = Json{{"prompt", "The"}, {"stream", true}}.dump();
+  const std::string r = Exchange(frontend_.address(),
+                                 "POST /v1/completions HTTP/1.0\r\nContent-Type: "
+                                 "application/json\r\nContent-Length: " +
+                                     std::to_string(body.size()) + "\r\n\r\n" + body);
+  ASSERT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  EXPECT_EQ(HeadOf(r).find("Transfer-Encoding"), std::string::npos) << r;
+  EXPECT_NE(HeadOf(r).find("Connection: close\r\n"), std::string::npos) << r;
+  const std::string events = r.substr(HeadOf(r).size());
+  EXPECT_EQ(events.rfind("data: {", 0), 0u) << "a chunk size before the event: " << events;
+  EXPECT_NE(events.find("data: [DONE]\n\n"), std::string::npos) << events;
+}
+
+TEST_F(FrontendHttpRoutesTest, PingAndVersionAnswerAsVllms) {
+  httplib::Client client("http://" + frontend_.address());
+  auto ping = client.Get("/ping");
+  ASSERT_TRUE(ping);
+  EXPECT_EQ(ping->status, 200);
+  auto ping_post = client.Post("/ping", "", "application/json");
+  ASSERT_TRUE(ping_post);
+  EXPECT_EQ(ping_post->status, 200);
+  auto version = client.Get("/version");
+  ASSERT_TRUE(version);
+  EXPECT_EQ(version->status, 200);
+  const Json v = Json::parse(version->body, nullptr, false);
+  ASSERT_TRUE(v.is_object()) << version->body;
+  EXPECT_FALSE(v.value("version", "").empty()) << version->body;
+}
+
+TEST_F(FrontendHttpRoutesTest, TokenizeCountsALongPromptGivesTokenStrsAndChecksTheModel) {
+  std::string text;
+  for (int i = 0; i < 120; ++i) text += "the quick brown fox ";
+  const std::vector<int32_t> ids = *tok_->Encode(text);
+  ASSERT_GT(ids.size(), 256u) << "the prompt must be longer than the context";
+  int status = 0;
+  Json r = PostJson(frontend_.address(), "/tokenize", {{"prompt", text}}, &status);
+  EXPECT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["count"], ids.size());
+  EXPECT_EQ(r["max_model_len"], 256);
+  EXPECT_TRUE(r["token_strs"].is_null()) << r.dump();
+
+  r = PostJson(frontend_.address(), "/tokenize",
+               {{"prompt", "The quick"}, {"return_token_strs", true}}, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  ASSERT_TRUE(r["token_strs"].is_array()) << r.dump();
+  ASSERT_EQ(r["token_strs"].size(), r["tokens"].size());
+  for (size_t i = 0; i < r["tokens"].size(); ++i) {
+    EXPECT_EQ(r["token_strs"][i], *tok_->IdToPiece(r["tokens"][i].get<int32_t>())) << i;
+  }
+  EXPECT_EQ(r["token_strs"].back(), " quick");  // llama2.c's vocabulary keeps the space
+
+  r = PostJson(frontend_.address(), "/tokenize", {{"prompt", "x"}, {"return_token_strs", 3}},
+               &status);
+  EXPECT_EQ(status, 400) << r.dump();
+  r = PostJson(frontend_.address(), "/tokenize", {{"prompt", "x"}, {"model", "nope"}}, &status);
+  EXPECT_EQ(status, 404) << r.dump();
+  EXPECT_EQ(r["error"]["code"], "model_not_found");
+  r = PostJson(frontend_.address(), "/tokenize", {{"prompt", "x"}, {"model", "fake"}}, &status);
+  EXPECT_EQ(status, 200) << r.dump();
+}
+
+TEST_F(FrontendHttpRoutesTest, InventedPathsAreNotLabelValues) {
+  Service keyed = StartFrontend(dir_, "keyed", {scheduler_->address()},
+                                {"--tokenizer", kTokenizer, "--api-key", "sk-1"});
+  httplib::Client client("http://" + keyed.address());
+  for (const char* path : {"/v1/invented-a", "/v1/invented-b"}) {
+    auto r = client.Get(path);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+  }
+  auto wrong_method = client.Get("/v1/completions");  // 401 before 405: no key
+  ASSERT_TRUE(wrong_method);
+  auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->body.find("invented"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("endpoint=\"other\""), std::string::npos) << metrics->body;
+}
+
+// The upstream is a listening socket nobody accepts on: the kernel completes
+// the connection, and the request is never read or answered. The relay's
+// blocking read used to wait for good, and /metrics with it.
+TEST_F(FrontendHttpRoutesTest, AnUpstreamThatNeverAnswersDoesNotHoldMetrics) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 16), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string upstream =
+      "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/metrics";
+  Service relaying = StartFrontend(dir_, "relaying", {scheduler_->address()},
+                                   {"--tokenizer", kTokenizer, "--metrics-from", upstream});
+  httplib::Client client("http://" + relaying.address());
+  client.set_read_timeout(15, 0);
+  for (int i = 0; i < 2; ++i) {  // the second scrape is not held by the first
+    const auto start = std::chrono::steady_clock::now();
+    auto r = client.Get("/metrics");
+    ASSERT_TRUE(r) << "no answer within 15 s";
+    EXPECT_EQ(r->status, 200);
+    EXPECT_NE(r->body.find("tandem_frontend_metrics_from_up 0"), std::string::npos) << r->body;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
+  close(listener);
+}
+
+}  // namespace
+}  // namespace tandem::testing
