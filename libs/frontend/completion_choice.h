@@ -50,7 +50,7 @@ struct ChoiceState {
   std::unique_ptr<ToolCallStream> tool_stream;
   std::vector<int32_t> token_ids;
   std::string text;       // the whole text (non-streaming responses)
-  bool produced = false;  // a token arrived: no retry elsewhere after this
+  bool produced = false;  // a token arrived: a stream retries nowhere after this
   bool done = false;
   bool chunk_sent = false;
   FinishReason finish = FinishReason::kNone;

@@ -93,12 +93,6 @@ void CompletionJob::Start(const std::optional<ModelInfo>& model,
 // Each choice's request, detokenizer and stop strings; false after failing
 // the request (a prompt plus max_tokens over the context).
 bool CompletionJob::BuildChoices(const ModelInfo& model) {
-  // Never clean_up_tokenization_spaces: vLLM's detokenizer (the Rust
-  // DecodeStream) does not, and it would rewrite what the model wrote
-  // ("Quoi ?", "x .y" in code) where tokenizer_config.json asks for it
-  // (Llama 3's does).
-  const tokenizer::DecodeOptions decode{.skip_special_tokens = request_.skip_special_tokens,
-                                        .clean_up_tokenization_spaces = false};
   const RequestSampling sampling = EffectiveSampling(request_, model.generation);
   const std::optional<int32_t> prompt_logprobs = PromptLogprobsToAsk(request_);
   const int32_t n = request_.n;
@@ -162,16 +156,37 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
         c.call_request.sampling.seed =
             static_cast<uint64_t>(*request_.seed) + static_cast<uint64_t>(j);
       }
-      c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(served_.tokenizer(), decode,
-                                                                    prompts_.ids[p]);
-      c.stops = std::make_unique<StopStringMatcher>(request_.stop);
-      if (request_.tool_parser && request_.stream) {
-        c.tool_stream = std::make_unique<ToolCallStream>(*request_.tool_parser);
-      }
-      if (request_.echo) c.text = prompts_.texts[p];
+      StartOutput(c);
     }
   }
   return true;
+}
+
+void CompletionJob::StartOutput(ChoiceState& c) {
+  // Never clean_up_tokenization_spaces: vLLM's detokenizer (the Rust
+  // DecodeStream) does not, and it would rewrite what the model wrote
+  // ("Quoi ?", "x .y" in code) where tokenizer_config.json asks for it
+  // (Llama 3's does).
+  const tokenizer::DecodeOptions decode{.skip_special_tokens = request_.skip_special_tokens,
+                                        .clean_up_tokenization_spaces = false};
+  c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(served_.tokenizer(), decode,
+                                                                prompts_.ids[c.prompt]);
+  c.stops = std::make_unique<StopStringMatcher>(request_.stop);
+  if (request_.tool_parser && request_.stream) {
+    c.tool_stream = std::make_unique<ToolCallStream>(*request_.tool_parser);
+  }
+  if (request_.echo) c.text = prompts_.texts[c.prompt];
+}
+
+void CompletionJob::RestartOutput(ChoiceState& c) {
+  ChoiceState fresh;
+  fresh.index = c.index;
+  fresh.prompt = c.prompt;
+  fresh.call_request = std::move(c.call_request);
+  fresh.tried = std::move(c.tried);
+  fresh.attempt = c.attempt;
+  c = std::move(fresh);
+  StartOutput(c);
 }
 
 bool CompletionJob::StartCall(ChoiceState& c) {
@@ -254,10 +269,16 @@ void CompletionJob::OnCallDone(CallId id, const std::string& replica, const absl
   if (id.attempt != c.attempt) return;
   c.call.reset();
   if (finished_ || c.done) return;
-  if (absl::IsUnavailable(status) && !c.produced) {
+  // Before the client has seen any of the choice, another replica runs it
+  // again: before its first token, or any time for a response not streamed
+  // (whose tokens so far are dropped; a seeded sample comes out the same).
+  if (absl::IsUnavailable(status) && (!c.produced || !request_.stream)) {
     TANDEM_LOG(WARNING) << "request " << c.call_request.request_id << ": replica " << replica
-                        << " is unavailable (" << status.message() << "); trying another";
+                        << " is unavailable (" << status.message() << ")"
+                        << (c.produced ? " after some tokens; running it again" : "")
+                        << "; trying another";
     metrics_->OnRetry();
+    if (c.produced) RestartOutput(c);
     if (StartCall(c)) return;
     Fail(FromStatus(14, absl::StrCat("no scheduler replica is serving (last: ", replica, ": ",
                                      std::string(status.message()), ")")));

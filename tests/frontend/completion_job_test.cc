@@ -293,6 +293,31 @@ TEST_F(CompletionJobTest, UnavailableAfterATokenEndsTheStreamWithAnErrorEvent) {
   EXPECT_EQ(rec_.responses, std::vector<int>{503});
 }
 
+// A response not streamed has shown the client nothing: a replica that dies
+// after some tokens costs a run on another, not the request. What the first
+// call took (text, ids, logprobs, usage) is dropped.
+TEST_F(CompletionJobTest, UnavailableAfterTokensRunsANonStreamedChoiceAgainElsewhere) {
+  Start({{"prompt", "Once upon a time"}, {"logprobs", 1}});
+  const std::vector<int32_t> lost = Ids(" a dragon");
+  Tokens(0, lost);
+  End(0, absl::UnavailableError("replica died"));
+  ASSERT_EQ(transport_->calls.size(), 2u);
+  EXPECT_EQ(transport_->calls[1].replica, "r1");
+  EXPECT_EQ(rec_.retries, 1);
+  EXPECT_FALSE(rec_.body);
+  EXPECT_FALSE(rec_.error);
+  const std::vector<int32_t> ids = Ids(" there was");
+  Finish(1, ids, FinishReason::kLength, static_cast<int32_t>(ids.size()));
+  End(1);
+  ASSERT_TRUE(rec_.body);
+  const Json body = Json::parse(*rec_.body);
+  const std::vector<int32_t>& prompt = transport_->calls[0].request.prompt_token_ids;
+  EXPECT_EQ(body["choices"][0]["text"], TextAfter(prompt, ids));
+  EXPECT_EQ(body["choices"][0]["logprobs"]["tokens"].size(), ids.size());
+  EXPECT_EQ(body["usage"]["completion_tokens"], ids.size());
+  EXPECT_EQ(rec_.responses, std::vector<int>{200});
+}
+
 TEST_F(CompletionJobTest, TriesEveryReplicaOnceThenAnswers503) {
   Start({{"prompt", "Once upon a time"}}, /*num_replicas=*/3);
   for (size_t k = 0; k < 3; ++k) {

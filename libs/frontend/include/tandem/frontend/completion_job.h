@@ -151,6 +151,10 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   class Locked;
 
   [[nodiscard]] bool BuildChoices(const ModelInfo& model);
+  // The choice's detokenizer, stop strings, tool-call stream and echo.
+  void StartOutput(ChoiceState& c);
+  // Drops what the choice took from a call (it is run again elsewhere).
+  void RestartOutput(ChoiceState& c);
   [[nodiscard]] bool StartCall(ChoiceState& c);
   void Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids);
   void StartStream();
