@@ -111,15 +111,20 @@ void KvStoreConnectorWorker::SnapshotStores(const sched::KvConnectorMetadata& me
 void KvStoreConnectorWorker::SnapshotStore(const sched::KvStoreOp& s) {
   StoreJob job;
   job.request_id = s.request_id;
-  const size_t n = std::min(s.block_ids.size(), s.block_hashes.size());
+  size_t n = std::min(s.block_ids.size(), s.block_hashes.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (pending_bytes_ + static_cast<int64_t>(n) * block_bytes_ <=
-        options_.max_pending_store_bytes) {
-      job.blocks = store_staging_->Take(n);
+    // As many of the entry's leading blocks as the queue has room for: a
+    // prefix is what a later lookup can hit. An entry larger than the whole
+    // queue (a long prefill of an 8B-class model: 2 MiB blocks, 128 in the
+    // default 256 MiB) used to be dropped whole, every time.
+    const int64_t room = options_.max_pending_store_bytes - pending_bytes_;
+    const size_t fit = std::min(n, static_cast<size_t>(std::max<int64_t>(0, room / block_bytes_)));
+    if (fit > 0) {
+      job.blocks = store_staging_->Take(fit);
       stats_.store_staging_bytes = store_staging_->allocated_bytes();
     }
-    if (job.blocks.size() != n) {
+    if (fit == 0 || job.blocks.size() != fit) {
       // Queue full (or no memory for it): the entry still finishes (in
       // order, behind the queued ones), and the scheduler learns the blocks
       // are not in the store.
@@ -128,6 +133,13 @@ void KvStoreConnectorWorker::SnapshotStore(const sched::KvStoreOp& s) {
       job.failed = true;
       EnqueueLocked(std::move(job));
       return;
+    }
+    if (fit < n) {
+      // The rest is dropped; failed_sending tells the scheduler to forget
+      // the entry, so a later request may store the tail again.
+      stats_.blocks_store_dropped += n - fit;
+      job.failed = true;
+      n = fit;
     }
   }
   const std::span<const int32_t> ids(s.block_ids.data(), n);
@@ -145,7 +157,7 @@ void KvStoreConnectorWorker::SnapshotStore(const sched::KvStoreOp& s) {
     not_copied = std::move(job.blocks);
     job.blocks.clear();
   }
-  job.failed = !not_copied.empty();
+  job.failed = job.failed || !not_copied.empty();
   std::lock_guard<std::mutex> lock(mu_);
   store_staging_->Give(not_copied);
   stats_.blocks_store_failed += not_copied.size();

@@ -308,14 +308,16 @@ TEST_F(ConnectorTest, AFinalStoreIsReadBeforeTheNextStepsLoadsReuseItsBlocks) {
   EXPECT_EQ(cache_.blocks[6], a_block);
 }
 
-// A store entry dropped because the worker's queue was full still finishes;
-// the scheduler learns the store lacks its blocks and forgets them, so the
-// next request holding them (here as a local prefix hit, which asks the
-// store nothing) stores them again.
-TEST_F(ConnectorTest, DroppedStoreIsForgottenAndStoredAgain) {
+// A store entry larger than the worker's whole queue stores the leading
+// blocks that fit and drops the rest (it used to drop all of them, every
+// time: an 8B-class model's long prefill was never stored). It still
+// finishes, failed: the scheduler forgets its blocks, so the next request
+// holding them (here as a local prefix hit, which asks the store nothing)
+// stores them again.
+TEST_F(ConnectorTest, AStoreLargerThanTheQueueStoresItsPrefixAndIsForgotten) {
   StartStore();
   auto sc = MakeScheduler();
-  auto wk = MakeWorker({.max_pending_store_bytes = kBlockBytes});  // 4 blocks never fit
+  auto wk = MakeWorker({.max_pending_store_bytes = kBlockBytes});  // 1 of 4 blocks fits
   ASSERT_TRUE(sc && wk);
   sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
   const sched::KvConnectorMetadata meta = ComputeStep(sc.get(), &a);
@@ -325,12 +327,42 @@ TEST_F(ConnectorTest, DroppedStoreIsForgottenAndStoredAgain) {
   sched::KvConnectorReport sent;
   wk->TakeFinishedSending(&sent);
   EXPECT_EQ(sent.finished_sending, std::vector<std::string>{"a"});
-  EXPECT_EQ(wk->stats().blocks_store_dropped, 4u);
+  EXPECT_EQ(sent.failed_sending, std::vector<std::string>{"a"});
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 3u);
+  EXPECT_EQ(wk->stats().blocks_stored, 1u);
   EXPECT_EQ(wk->stats().stores_in_flight, 0);
   sc->OnConnectorReport(sent);
   EXPECT_EQ(sc->stats().stores_in_flight, 0);
   EXPECT_EQ(sc->stats().stored_blocks_lost, 4u);
   EXPECT_EQ(StoredOnLocalHit(sc.get(), "b"), (std::vector<int32_t>{1, 2, 3, 4}));
+  // The store holds the first block: another scheduler's lookup hits it.
+  auto other = MakeScheduler();
+  ASSERT_TRUE(other);
+  EXPECT_EQ(PollMatch(other.get(), MakeRequest("probe", Tokens(17), {6, 7, 8, 9, 10}), 0)
+                .num_external_tokens,
+            4);
+}
+
+// With the queue full, an entry is dropped whole and still finishes.
+TEST_F(ConnectorTest, AStoreBehindAFullQueueIsDroppedWhole) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  StartStore(0, [released] { released.wait(); });  // a's store waits, queued
+  auto sc = MakeScheduler();
+  auto wk = MakeWorker({.max_pending_store_bytes = 4 * kBlockBytes});
+  ASSERT_TRUE(sc && wk);
+  sched::Request a = MakeRequest("a", Tokens(17), {1, 2, 3, 4, 5});
+  wk->SnapshotStores(ComputeStep(sc.get(), &a));
+  sched::Request b = MakeRequest("b", Tokens(17, 900), {6, 7, 8, 9, 10});
+  wk->SnapshotStores(ComputeStep(sc.get(), &b));
+  release.set_value();
+  ASSERT_TRUE(wk->WaitForStores(5000));
+  sched::KvConnectorReport sent;
+  wk->TakeFinishedSending(&sent);
+  EXPECT_EQ(sent.finished_sending, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(sent.failed_sending, std::vector<std::string>{"b"});
+  EXPECT_EQ(wk->stats().blocks_store_dropped, 4u);
+  EXPECT_EQ(wk->stats().blocks_stored, 4u);
 }
 
 // A step that fails on the worker after LoadBlocks and before SnapshotStores:

@@ -358,9 +358,10 @@ class KvStoreConnectorWorker final : public sched::KvConnectorWorker {
   void ForgetLoads() override;
   // After the forward pass: copies every block of the other `meta.stores`
   // out of the cache (begins to: see CopyToHost) into store staging memory
-  // and queues it for the store. An entry that does not fit in the
-  // queue (max_pending_store_bytes) is dropped, but still reported
-  // finished.
+  // and queues it for the store. Of an entry that does not fit in the
+  // queue (max_pending_store_bytes), the leading blocks that fit are
+  // stored and the rest dropped (none fit: all dropped); it is still
+  // reported finished, and failed.
   void SnapshotStores(const sched::KvConnectorMetadata& meta) override;
   // Request ids whose store entries completed since the last call (one id
   // per entry, in the order the entries were given to SnapshotStores):
