@@ -89,7 +89,7 @@ nlohmann::ordered_json TemplateVariables(const CompletionRequest& request) {
 
 std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
                                        const CompletionRequest& request, const ModelInfo& model,
-                                       PreparedPrompts* out) {
+                                       PreparedPrompts* out, bool check_context) {
   const tokenizer::Tokenizer& tok = served.tokenizer();
   const char* param = request.endpoint == Endpoint::kChat ? "messages" : "prompt";
   if (request.endpoint == Endpoint::kChat) {
@@ -187,7 +187,7 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
   }
   for (const std::vector<int32_t>& ids : out->ids) {
     if (ids.empty()) return BadRequest("the prompt is empty (it has no tokens)", param);
-    if (static_cast<int64_t>(ids.size()) >= model.max_model_len) {
+    if (check_context && static_cast<int64_t>(ids.size()) >= model.max_model_len) {
       return ContextLengthError(
           absl::StrCat("This model's maximum context length is ", model.max_model_len,
                        " tokens. However, your prompt has ", ids.size(),

@@ -311,10 +311,12 @@ void Frontend::Tokenize(HttpExchange& exchange) {
                  .code = "model_not_found"});
   }
   std::optional<ModelInfo> model = router_->model();
-  ModelInfo limits = model.value_or(ModelInfo{.vocab_size = served_.tokenizer().vocab_size()});
-  limits.max_model_len = INT32_MAX;  // counted, not checked against the context
+  ModelInfo limits = model.value_or(
+      ModelInfo{.vocab_size = served_.tokenizer().vocab_size(), .max_model_len = INT32_MAX});
   PreparedPrompts prompts;
-  if (auto e = PreparePrompts(served_, request, limits, &prompts)) return fail(*e);
+  if (auto e = PreparePrompts(served_, request, limits, &prompts, /*check_context=*/false)) {
+    return fail(*e);
+  }
   OrderedJson out;
   out["count"] = prompts.ids[0].size();
   out["max_model_len"] = model ? OrderedJson(model->max_model_len) : OrderedJson();

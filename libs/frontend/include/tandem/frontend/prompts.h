@@ -65,9 +65,12 @@ struct PreparedPrompts {
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::string> texts;
 };
+// `check_context` false (/tokenize): a prompt with no room for a completion
+// is counted, not refused (as vLLM's /tokenize); the byte bound still holds.
 [[nodiscard]] std::optional<ApiError> PreparePrompts(const ServedTokenizer& tokenizer,
                                                      const CompletionRequest& request,
-                                                     const ModelInfo& model, PreparedPrompts* out);
+                                                     const ModelInfo& model, PreparedPrompts* out,
+                                                     bool check_context = true);
 
 // OpenAI's 400 for a request longer than the context (code
 // "context_length_exceeded").
