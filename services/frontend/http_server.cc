@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -283,6 +284,44 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     parser_->body_limit(server_->options.max_body_bytes);
     parser_->header_limit(static_cast<uint32_t>(server_->options.max_header_bytes));
     transport().expires_after(server_->options.read_timeout);
+    WithStream([&](auto& stream) {
+      http::async_read_header(
+          stream, buffer_, *parser_,
+          [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+    });
+  }
+
+  // With the head read (a body over the limit by its Content-Length is
+  // refused here, before it is sent): answers "Expect: 100-continue" (RFC
+  // 9110 10.1.1; curl sends it with a body over 1 MiB and waits a second
+  // for the answer), then reads the body. No response is going out while a
+  // request is read, so the interim answer may be written here.
+  void OnHeader(beast::error_code ec) {
+    if (ec || parser_->is_done()) {
+      OnRead(ec);
+      return;
+    }
+    const auto& head = parser_->get();
+    const auto expect = head[http::field::expect];
+    if (head.version() < 11 ||
+        !absl::EqualsIgnoreCase(absl::string_view(expect.data(), expect.size()), "100-continue")) {
+      ReadBody();
+      return;
+    }
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    WithStream([&](auto& stream) {
+      net::async_write(stream, net::buffer(kContinue.data(), kContinue.size()),
+                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                         if (ec) {
+                           self->Close();
+                           return;
+                         }
+                         self->ReadBody();
+                       });
+    });
+  }
+
+  void ReadBody() {
     WithStream([&](auto& stream) {
       http::async_read(
           stream, buffer_, *parser_,

