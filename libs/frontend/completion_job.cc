@@ -239,14 +239,16 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
     return;
   }
   StartStream();
-  ChunkDelta chunk{.index = c.index,
-                   .text = std::move(delta),
-                   .first = first && request_.endpoint == Endpoint::kChat,
-                   .finish_reason = c.done ? c.finish : FinishReason::kNone,
-                   .stop_reason = c.done ? c.stop_reason : std::string(),
-                   .stop_token = c.done ? c.stop_token : std::nullopt,
-                   .token_ids = std::move(ids),
-                   .logprobs = c.RenderLogprobs(request_, served_, first)};
+  ChunkDelta chunk{
+      .index = c.index,
+      .text = std::move(delta),
+      .first = first && request_.endpoint == Endpoint::kChat,
+      .finish_reason = c.done ? c.finish : FinishReason::kNone,
+      .stop_reason = c.done ? c.stop_reason : std::string(),
+      .stop_token = c.done ? c.stop_token : std::nullopt,
+      .token_ids = std::move(ids),
+      .prompt_token_ids = first && request_.return_token_ids ? &prompts_.ids[c.prompt] : nullptr,
+      .logprobs = c.RenderLogprobs(request_, served_, first)};
   if (!tools.calls.empty()) chunk.tool_calls = RenderToolCalls(tools.calls, /*with_index=*/true);
   if (request_.continuous_usage) {
     chunk.usage = Usage{.prompt_tokens = std::ssize(prompts_.ids[c.prompt]),

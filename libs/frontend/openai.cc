@@ -482,6 +482,11 @@ Json CompletionResponse(const CompletionRequest& request, const ResponseHead& he
     if (!c.tool_calls.empty()) choice["finish_reason"] = "tool_calls";
     if (request.return_token_ids) choice["token_ids"] = c.token_ids;
     if (!chat && request.prompt_logprobs) choice["prompt_logprobs"] = c.prompt_logprobs;
+    // vLLM: completions carry the prompt's ids in each choice, chat once.
+    const size_t prompt = static_cast<size_t>(c.index / std::max(request.n, 1));
+    if (!chat && request.return_token_ids && prompt < prompt_token_ids.size()) {
+      choice["prompt_token_ids"] = prompt_token_ids[prompt];
+    }
     list.push_back(std::move(choice));
   }
   j["choices"] = std::move(list);
@@ -489,11 +494,8 @@ Json CompletionResponse(const CompletionRequest& request, const ResponseHead& he
     j["prompt_logprobs"] = choices.empty() ? Json() : choices.front().prompt_logprobs;
   }
   j["usage"] = usage.ToJson();
-  if (request.return_token_ids) {
-    // One prompt (chat, or a single completions prompt): a flat list, as
-    // vLLM returns it; several: one list per prompt.
-    j["prompt_token_ids"] = prompt_token_ids.size() == 1 ? Json(prompt_token_ids[0])
-                                                         : Json(prompt_token_ids);
+  if (chat && request.return_token_ids && !prompt_token_ids.empty()) {
+    j["prompt_token_ids"] = prompt_token_ids[0];
   }
   return j;
 }
@@ -504,6 +506,17 @@ Json CompletionResponse(const CompletionRequest& request, const ResponseHead& he
 // streams: nlohmann's tree, its dump and their allocations ~8% of the
 // frontend's CPU). The bytes are what the tree's dump() wrote
 // (openai_test's ChunksAreTheBytesATreeWouldDump checks it).
+namespace {
+void AppendIds(std::string* out, const std::vector<int32_t>& ids) {
+  *out += '[';
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) *out += ',';
+    absl::StrAppend(out, ids[i]);
+  }
+  *out += ']';
+}
+}  // namespace
+
 std::string StreamChunk(const CompletionRequest& request, const ResponseHead& head,
                         const ChunkDelta& delta) {
   std::string out;
@@ -551,19 +564,26 @@ std::string StreamChunk(const CompletionRequest& request, const ResponseHead& he
   } else {
     out += "null";
   }
+  const bool chat = request.endpoint == Endpoint::kChat;
+  // vLLM: a choice's first chunk carries the prompt's ids, in the choice
+  // (completions) or beside the choices (chat).
+  if (!chat && delta.prompt_token_ids != nullptr) {
+    out += ",\"prompt_token_ids\":";
+    AppendIds(&out, *delta.prompt_token_ids);
+  }
   if (request.return_token_ids) {
-    out += ",\"token_ids\":[";
-    for (size_t i = 0; i < delta.token_ids.size(); ++i) {
-      if (i > 0) out += ',';
-      absl::StrAppend(&out, delta.token_ids[i]);
-    }
-    out += ']';
+    out += ",\"token_ids\":";
+    AppendIds(&out, delta.token_ids);
   }
   out += "}]";
   if (delta.usage) {
     absl::StrAppend(&out, ",\"usage\":", delta.usage->ToJson().dump());
   } else if (request.include_usage) {
     out += ",\"usage\":null";
+  }
+  if (chat && delta.prompt_token_ids != nullptr) {
+    out += ",\"prompt_token_ids\":";
+    AppendIds(&out, *delta.prompt_token_ids);
   }
   out += "}\n\n";
   return out;

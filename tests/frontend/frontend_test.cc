@@ -63,6 +63,7 @@ TEST_F(FrontendTest, OpenAiSdkGetsTheReferenceTokensAndTextStreamedOrNot) {
     const std::string text = Continuation(*tok.value(), ref["prompt_token_ids"], expected);
     SCOPED_TRACE("case " + std::to_string(i) + ": " + ref["prompt_text"].get<std::string>());
     EXPECT_EQ(c["nonstream"]["prompt_token_ids"], ref["prompt_token_ids"]);
+    EXPECT_EQ(c["stream"]["prompt_token_ids"], Json::array({ref["prompt_token_ids"]}));
     EXPECT_EQ(c["nonstream"]["token_ids"].get<std::vector<int32_t>>(), expected);
     EXPECT_EQ(c["stream"]["token_ids"].get<std::vector<int32_t>>(), expected);
     EXPECT_EQ(c["nonstream"]["text"], text);
@@ -80,6 +81,8 @@ TEST_F(FrontendTest, OpenAiSdkGetsTheReferenceTokensAndTextStreamedOrNot) {
   EXPECT_EQ(chat["nonstream"]["role"], "assistant");
   EXPECT_EQ(chat["stream"]["roles"], Json::array({"assistant"}));
   EXPECT_EQ(chat["stream"]["token_ids"], chat["nonstream"]["token_ids"]);
+  EXPECT_EQ(chat["stream"]["prompt_token_ids"],
+            Json::array({chat["nonstream"]["prompt_token_ids"]}));
   EXPECT_EQ(chat["stream"]["text"], chat["nonstream"]["text"]);
   const std::vector<int32_t> chat_ids = chat["nonstream"]["token_ids"];
   EXPECT_EQ(chat["nonstream"]["text"],

@@ -366,14 +366,33 @@ TEST(OpenAiRenderTest, ResponsesAndChunksHaveOpenAiShapes) {
   EXPECT_EQ(full["usage"]["total_tokens"], 7);
   EXPECT_EQ(full["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
   EXPECT_EQ(full["prompt_token_ids"], nlohmann::ordered_json({1, 2, 3, 4, 5}));
+  EXPECT_FALSE(full["choices"][0].contains("prompt_token_ids"));
 
-  const std::string first = StreamChunk(chat, head, {.text = "", .first = true});
+  const std::vector<int32_t> prompt{1, 2, 3, 4, 5};
+  const std::string first =
+      StreamChunk(chat, head, {.text = "", .first = true, .prompt_token_ids = &prompt});
   ASSERT_EQ(first.substr(0, 6), "data: ");
   ASSERT_EQ(first.substr(first.size() - 2), "\n\n");
   const Json c = Json::parse(first.substr(6));
   EXPECT_EQ(c["object"], "chat.completion.chunk");
   EXPECT_EQ(c["choices"][0]["delta"]["role"], "assistant");
   EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(c["prompt_token_ids"], Json(prompt));  // chat: beside the choices
+
+  // Completions, as vLLM: the prompt's ids in each choice (of its prompt).
+  CompletionRequest two;
+  two.return_token_ids = true;
+  two.n = 2;
+  const auto both = CompletionResponse(
+      two, head, {Choice{.index = 0}, Choice{.index = 1}, Choice{.index = 2}, Choice{.index = 3}},
+      usage, {{1, 2}, {3}});
+  EXPECT_FALSE(both.contains("prompt_token_ids"));
+  EXPECT_EQ(both["choices"][1]["prompt_token_ids"], nlohmann::ordered_json({1, 2}));
+  EXPECT_EQ(both["choices"][2]["prompt_token_ids"], nlohmann::ordered_json({3}));
+  const Json streamed =
+      Json::parse(StreamChunk(two, head, {.first = true, .prompt_token_ids = &prompt}).substr(6));
+  EXPECT_EQ(streamed["choices"][0]["prompt_token_ids"], Json(prompt));
+  EXPECT_FALSE(streamed.contains("prompt_token_ids"));
 
   CompletionRequest text;
   text.include_usage = true;
@@ -424,9 +443,11 @@ std::string TreeChunk(const CompletionRequest& request, const ResponseHead& head
   } else {
     choice["stop_reason"] = nullptr;
   }
+  if (!chat && delta.prompt_token_ids) choice["prompt_token_ids"] = *delta.prompt_token_ids;
   if (request.return_token_ids) choice["token_ids"] = delta.token_ids;
   j["choices"] = OrderedJson::array({std::move(choice)});
   if (request.include_usage) j["usage"] = nullptr;
+  if (chat && delta.prompt_token_ids) j["prompt_token_ids"] = *delta.prompt_token_ids;
   return "data: " + j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace) + "\n\n";
 }
 
@@ -499,6 +520,11 @@ TEST(OpenAiRenderTest, ChunksAreTheBytesATreeWouldDump) {
     const int ids = std::uniform_int_distribution<int>(0, 3)(rng);
     for (int k = 0; k < ids; ++k) {
       delta.token_ids.push_back(std::uniform_int_distribution<int32_t>(0, 32000)(rng));
+    }
+    std::vector<int32_t> prompt;
+    if (request.return_token_ids && delta.first) {
+      prompt.resize(std::uniform_int_distribution<size_t>(0, 4)(rng), 9);
+      delta.prompt_token_ids = &prompt;
     }
     if (coin()) {
       // Logprobs with texts that need escaping (and a -inf).

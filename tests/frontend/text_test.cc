@@ -165,7 +165,7 @@ TEST_P(FrontendTextTest, EveryPathReturnsThePromptPrimedDecode) {
       const Json body = {{"prompt", prompt}, {"max_tokens", 64}, {"return_token_ids", true}};
       const Json plain = PostJson(frontend_, "/v1/completions", body);
       ASSERT_TRUE(plain.is_object());
-      const std::vector<int32_t> prompt_ids = plain["prompt_token_ids"];
+      const std::vector<int32_t> prompt_ids = plain["choices"][0]["prompt_token_ids"];
       ASSERT_EQ(plain["choices"][0]["token_ids"].get<std::vector<int32_t>>(), output);
       const std::string expected = Expected(prompt_ids, output);
       EXPECT_EQ(Dump(plain["choices"][0]["text"]), Dump(expected)) << "completions";

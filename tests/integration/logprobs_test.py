@@ -95,7 +95,7 @@ def check_prompt_logprobs(base):
     assert status == 200, r
     choice = r["choices"][0]
     pl = choice["prompt_logprobs"]
-    ids = r["prompt_token_ids"]
+    ids = choice["prompt_token_ids"]  # in the choice, as vLLM's completions put it
     assert len(pl) == len(ids) and pl[0] is None, pl
     for pos in range(1, len(ids)):
         d = pl[pos]
@@ -119,11 +119,11 @@ def check_echo(base):
         # lm-evaluation-harness: score prompt + completion (as token ids, so
         # the tokens are the same), one more token generated.
         status, e = post(base + "/v1/completions",
-                         {"prompt": r["prompt_token_ids"] + out_ids, "max_tokens": 1,
+                         {"prompt": completion["prompt_token_ids"] + out_ids, "max_tokens": 1,
                           "temperature": 0, "logprobs": 1, "echo": True})
         assert status == 200, e
         lp = e["choices"][0]["logprobs"]
-        p = len(r["prompt_token_ids"])
+        p = len(completion["prompt_token_ids"])
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None, lp
         got = lp["token_logprobs"][p:p + len(out_ids)]
         assert len(got) == len(want), (got, want)

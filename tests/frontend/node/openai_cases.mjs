@@ -20,10 +20,13 @@ async function streamed(params, kind) {
   const stream = await (kind === "chat"
     ? client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } })
     : client.completions.create({ ...params, stream: true, stream_options: { include_usage: true } }));
-  const out = { text: "", token_ids: [], finish_reason: null, usage: null, chunks: 0, roles: [] };
+  const out = { text: "", token_ids: [], finish_reason: null, usage: null, chunks: 0, roles: [],
+                prompt_token_ids: [] };
   for await (const chunk of stream) {
     out.chunks += 1;
     if (chunk.usage) out.usage = chunk.usage;
+    // vLLM: with a choice's first chunk, beside the choices (chat) or in it.
+    if (chunk.prompt_token_ids) out.prompt_token_ids.push(chunk.prompt_token_ids);
     for (const c of chunk.choices) {
       if (kind === "chat") {
         if (c.delta.role) out.roles.push(c.delta.role);
@@ -32,6 +35,7 @@ async function streamed(params, kind) {
         out.text += c.text;
       }
       out.token_ids.push(...(c.token_ids ?? []));
+      if (c.prompt_token_ids) out.prompt_token_ids.push(c.prompt_token_ids);
       if (c.finish_reason) out.finish_reason = c.finish_reason;
     }
   }
@@ -46,7 +50,7 @@ for (const c of cases) {
   const choice = full.choices[0];
   results.cases.push({
     nonstream: { text: choice.text, token_ids: choice.token_ids, finish_reason: choice.finish_reason,
-                 prompt_token_ids: full.prompt_token_ids, usage: full.usage },
+                 prompt_token_ids: choice.prompt_token_ids, usage: full.usage },
     stream: await streamed(params, "completion"),
   });
 }

@@ -30,8 +30,9 @@
 //   priority (forwarded to the scheduler; lower = more important; a
 //   scheduler without --scheduling-policy priority refuses a non-zero one,
 //   as vLLM does) and return_token_ids
-//   (choices carry `token_ids`, the response `prompt_token_ids`: the
-//   documented way to see the ids).
+//   (choices carry `token_ids`; `prompt_token_ids` is in each completions
+//   choice and beside chat's choices, in a stream with a choice's first
+//   chunk, as vLLM puts them: the documented way to see the ids).
 //   Log-probabilities (the scheduler's, vLLM's raw_logprobs: log-softmax of
 //   the raw logits, before temperature, top-k, top-p and min-p), each count
 //   in [0, the scheduler's --max-logprobs] (400 naming the field and the
@@ -314,6 +315,8 @@ struct ChunkDelta {
   std::string stop_reason;
   std::optional<int32_t> stop_token;
   std::vector<int32_t> token_ids;  // when return_token_ids
+  // The choice's prompt, in its first chunk when return_token_ids.
+  const std::vector<int32_t>* prompt_token_ids = nullptr;
   // The logprobs of the tokens whose text this chunk carries: rendered
   // CompletionLogprobs / ChatLogprobs; null when not asked.
   nlohmann::ordered_json logprobs;
