@@ -74,6 +74,7 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
   if (options_.make_kv_connector) kv_connector_ = options_.make_kv_connector(d);
   scheduler_ = std::make_unique<sched::Scheduler>(config, kv_connector_.get());
   transport_ = transport;
+  owed_since_.reset();
   last_config_ = config;
   last_num_total_blocks_ = scheduler_->num_total_blocks();
   schedule_wanted_ = true;
@@ -123,6 +124,7 @@ void EngineCore::DropWorker(std::string_view reason) {
   scheduler_.reset();
   kv_connector_.reset();
   transport_ = nullptr;
+  owed_since_.reset();
   // While requests wait out the grace they validate against the lost
   // worker's model.
   if (!worker_lost_at_) model_info_.ready = false;
@@ -210,6 +212,11 @@ void EngineCore::ProcessOutput(const sched::ModelRunnerOutput& output) {
     TANDEM_LOG(ERROR) << "worker failed step " << output.step_id << ": " << output.error;
   }
   scheduler_->UpdateOldestStepInto(output, &outputs_scratch_);
+  if (scheduler_->num_steps_in_flight() > 0) {
+    owed_since_ = Clock::now();
+  } else {
+    owed_since_.reset();
+  }
   for (const sched::RequestOutput& out : outputs_scratch_) Deliver(out);
 }
 
@@ -260,10 +267,22 @@ std::optional<EngineCore::Clock::time_point> EngineCore::NextDeadline() const {
   if (CanSchedule()) earliest(pace_until_);  // {} when not paced: at once
   if (const auto deadline = worker_loss_deadline()) earliest(*deadline);
   if (store_collect_at_) earliest(*store_collect_at_);
+  if (const auto deadline = step_deadline()) earliest(*deadline);
   return out;
 }
 
+std::optional<EngineCore::Clock::time_point> EngineCore::step_deadline() const {
+  if (!owed_since_ || transport_ == nullptr || options_.step_timeout_s <= 0) return std::nullopt;
+  return *owed_since_ + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(options_.step_timeout_s));
+}
+
 void EngineCore::Tick(Clock::time_point now) {
+  if (const auto deadline = step_deadline(); deadline && now >= *deadline) {
+    DropWorker(absl::StrCat("step ", scheduler_->oldest_step_in_flight(),
+                            " has not returned and the worker answered nothing for ",
+                            options_.step_timeout_s, " s (--step-timeout-s): it is wedged"));
+  }
   ExpireWorkerLossGrace(now);
   if (!StoresToCollectWhileIdle()) {
     store_collect_at_.reset();
@@ -289,6 +308,7 @@ bool EngineCore::SendStep(sched::SchedulerOutput step) {
     DropWorker("writing to the worker's Execute stream failed");
     return false;
   }
+  if (!owed_since_) owed_since_ = Clock::now();
   counters_.max_steps_in_flight =
       std::max(counters_.max_steps_in_flight, scheduler_->num_steps_in_flight());
   return true;

@@ -50,6 +50,10 @@ absl::Status EngineOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "--worker-loss-grace-s must be in [0, 86400], got ", core.worker_loss_grace_s));
   }
+  if (!(core.step_timeout_s >= 0 && core.step_timeout_s <= 86400)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--step-timeout-s must be in [0, 86400], got ", core.step_timeout_s));
+  }
   if (core.worker_address.empty()) return absl::InvalidArgumentError("--worker is empty");
   if (core.max_model_len < 0) {
     return absl::InvalidArgumentError(

@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
             "when the worker is lost, live requests wait this long for a worker to serve again "
             "and resume where they stopped (same tokens; their KV recomputes); then they end "
             "with UNAVAILABLE. 0: they end at once");
+  flags.Add("step-timeout-s", &engine_options.core.step_timeout_s,
+            "a worker with steps in flight that answers none for this long is wedged: it is "
+            "dropped as if its stream broke (its requests wait out --worker-loss-grace-s). "
+            "0: never");
   flags.Add("max-waiting", &sc.max_waiting_requests,
             "waiting requests at most; beyond it Generate returns RESOURCE_EXHAUSTED");
   flags.Add("allow-request-cache-salt", &generation_options.allow_request_cache_salt,

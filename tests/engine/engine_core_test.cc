@@ -296,6 +296,50 @@ TEST_P(EngineCoreTest, AFailedSendDropsTheWorker) {
   for (const auto& s : sinks) EXPECT_EQ(s->status.code(), absl::StatusCode::kUnavailable);
 }
 
+// A worker whose process and connection live on but whose steps never come
+// back (a hung kernel, a deadlocked loop) is wedged: after step_timeout_s
+// without an answer it is dropped like a broken stream, instead of holding
+// its requests for good. Each answer pushes the deadline on.
+TEST_P(EngineCoreTest, AWorkerThatAnswersNoStepForTheStepTimeoutIsDropped) {
+  EngineCoreOptions o = Options(/*grace_s=*/0);
+  o.step_timeout_s = 300;
+  EngineCore core(o);
+  LoopbackWorker worker(model_.get(), 256);
+  ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+  auto sinks = SubmitAll(core);
+  core.Step();
+  ASSERT_FALSE(worker.sent.empty());
+  const auto first = core.NextDeadline();  // the window is full: the step deadline
+  ASSERT_TRUE(first.has_value());
+  EXPECT_GT(*first, EngineCore::Clock::now() + std::chrono::seconds(290));
+  core.ProcessOutput(worker.RunOldest());
+  core.Step();
+  const auto second = core.NextDeadline();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_GT(*second, *first);  // the answer pushed it on
+  core.Tick(*second - std::chrono::seconds(1));
+  EXPECT_TRUE(core.has_worker());
+  core.Tick(*second);
+  EXPECT_FALSE(core.has_worker());
+  ASSERT_EQ(lost_reasons_.size(), 1u);
+  EXPECT_NE(lost_reasons_[0].find("--step-timeout-s"), std::string::npos) << lost_reasons_[0];
+  for (const auto& s : sinks) {
+    EXPECT_TRUE(s->ended);
+    EXPECT_EQ(s->status.code(), absl::StatusCode::kUnavailable) << s->status;
+  }
+
+  // 0: no step deadline.
+  o.step_timeout_s = 0;
+  EngineCore patient(o);
+  LoopbackWorker other(model_.get(), 256);
+  ASSERT_TRUE(patient.ConnectWorker(other.description, &other).ok());
+  auto more = SubmitAll(patient);
+  patient.Step();
+  EXPECT_FALSE(patient.NextDeadline().has_value());
+  Run(patient, other);
+  ExpectReference(more);
+}
+
 TEST_P(EngineCoreTest, TheGraceRunsOutAndTheKeptRequestsEndUnavailable) {
   EngineCore core(Options(/*grace_s=*/30));
   LoopbackWorker worker(model_.get(), 256);

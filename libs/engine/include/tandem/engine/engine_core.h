@@ -145,6 +145,13 @@ struct EngineCoreOptions {
   // UNAVAILABLE. Requests that arrive meanwhile wait with them (validated
   // when they start). 0: they end at once. See the file comment.
   double worker_loss_grace_s = 30;
+  // A worker with steps in flight that returns none for this long is
+  // wedged (a hung kernel, a deadlocked loop: its process and connection
+  // live on, so nothing else notices) and is dropped as if its stream had
+  // broken; its requests wait out the grace above. vLLM's multiprocess
+  // executor gives a step 300 s (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS).
+  // 0: never.
+  double step_timeout_s = 300;
   // The model's name in ModelInfo and the model_name label of the service's
   // metrics (vLLM's --served-model-name); empty: the worker's.
   std::string served_model_name;
@@ -283,6 +290,11 @@ class EngineCore {
   std::optional<Clock::time_point> store_collect_at_;
   std::optional<Clock::time_point> worker_lost_at_;
   std::string worker_lost_reason_;
+  // Since when the worker owes a step: the send of a step into an empty
+  // window, then each output while steps remain in flight (unset when none
+  // is). Tick() drops the worker step_timeout_s after it.
+  std::optional<Clock::time_point> owed_since_;
+  [[nodiscard]] std::optional<Clock::time_point> step_deadline() const;
   ModelInfo model_info_;
   EngineStats counters_;  // the running totals; stats() adds the gauges
   // The counters of the schedulers dropped with their workers, added to the
