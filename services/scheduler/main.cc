@@ -1,12 +1,11 @@
 // tandem-scheduler: the client API (tandem.v1.Generation) in front of one
 // tandem-worker.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
 #include <iostream>
-#include <thread>
+#include <optional>
 
 #include "engine.h"
 #include "generation_service.h"
@@ -15,6 +14,7 @@
 #include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvconnector/kvstore_connector.h"
+#include "tandem/rpc/liveness_watchdog.h"
 #include "tandem/rpc/service_main.h"
 #include "tandem/rpc/tls_reload.h"
 
@@ -157,27 +157,12 @@ int main(int argc, char** argv) {
                         << engine_options.debug_submit_delay_ms << " is on";
   }
   engine.Start();
-  // The liveness watchdog: the engine loop goes round at least every
-  // Engine::kIdleHeartbeat, so a longer silence is a stall.
-  std::atomic<bool> watchdog_stop{false};
-  std::thread watchdog([&] {
-    bool live = true;
-    while (!watchdog_stop.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (liveness_stall_s <= 0) continue;
-      const double silent_s = (tandem::MonotonicNanos() - engine.last_loop_ns()) * 1e-9;
-      const bool now_live = silent_s < liveness_stall_s;
-      if (now_live == live) continue;
-      live = now_live;
-      if (live) {
-        TANDEM_LOG(WARNING) << "engine loop goes round again: liveness SERVING";
-      } else {
-        TANDEM_LOG(ERROR) << "engine loop silent for " << silent_s
-                          << " s (--liveness-stall-s): liveness NOT_SERVING";
-      }
-      tandem::rpc::SetLive(srv, live);
-    }
-  });
+  // The engine loop goes round at least every Engine::kIdleHeartbeat, so a
+  // longer silence is a stall.
+  std::optional<tandem::rpc::LivenessWatchdog> watchdog;
+  watchdog.emplace(
+      srv, [&] { return (tandem::MonotonicNanos() - engine.last_loop_ns()) * 1e-9; },
+      liveness_stall_s, "engine loop");
   TANDEM_LOG(INFO) << "listening on port " << boot.port() << "; worker "
                    << engine_options.core.worker_address;
 
@@ -190,8 +175,7 @@ int main(int argc, char** argv) {
                                   "calls fail with UNAVAILABLE");
   // Finished calls were given their last message; Shutdown waits for their
   // writes briefly, then cancels.
-  watchdog_stop.store(true);
-  watchdog.join();
+  watchdog.reset();
   engine.Stop();
   boot.Shutdown(std::chrono::milliseconds(500));
   TANDEM_LOG(INFO) << "stopped";

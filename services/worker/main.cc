@@ -1,12 +1,14 @@
 // tandem-worker: loads a model and executes the scheduler's steps.
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "grpcpp/server_builder.h"
 #include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
 #include "tandem/kvconnector/kvstore_connector.h"
+#include "tandem/rpc/liveness_watchdog.h"
 #include "tandem/rpc/service_main.h"
 #include "tandem/rpc/tls_reload.h"
 #include "worker_service.h"
@@ -91,6 +93,13 @@ int main(int argc, char** argv) {
             "on SIGTERM/SIGINT, how long the worker goes on running the steps of the scheduler "
             "attached to it (a scheduler draining its own requests, as when Kubernetes stops the "
             "pod both run in) before it stops; it stops as soon as the scheduler detaches");
+  // Longer than the scheduler's --step-timeout-s (300): the scheduler drops
+  // a wedged worker first, and the orchestrator restarts it after this.
+  double liveness_stall_s = 600;
+  flags.Add("liveness-stall-s", &liveness_stall_s,
+            "tandem.liveness reads NOT_SERVING while the step loop has been at one step (a "
+            "launch, or the wait for its results) this long, e.g. a hung kernel, so that a "
+            "liveness probe restarts the worker; 0: never");
   int32_t debug_load_delay_ms = 0;
   flags.Add(
       "debug-load-delay-ms", &debug_load_delay_ms,
@@ -100,6 +109,10 @@ int main(int argc, char** argv) {
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);  // its KV-store client too
   if (absl::Status s = options.Validate(); !s.ok()) return boot.Fail(s);
+  if (liveness_stall_s != 0 && !(liveness_stall_s >= 1)) {
+    return boot.Fail("--liveness-stall-s must be 0 (off) or >= 1, got " +
+                     std::to_string(liveness_stall_s));
+  }
   if (drain_timeout_s < 0) {
     return boot.Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));
   }
@@ -125,6 +138,9 @@ int main(int argc, char** argv) {
   }
   boot.SetServing(true);
   TANDEM_LOG(INFO) << "SERVING";
+  std::optional<tandem::rpc::LivenessWatchdog> watchdog;
+  watchdog.emplace(
+      boot.server(), [&] { return service.busy_s(); }, liveness_stall_s, "step loop");
 
   boot.WaitForShutdown("draining: running the attached scheduler's steps until it detaches");
   // Kubernetes signals the scheduler and the worker of a pod at once: the
@@ -133,6 +149,7 @@ int main(int argc, char** argv) {
   tandem::rpc::ServiceMain::Drain([&] { return service.stream_attached() ? 1 : 0; },
                                   std::chrono::seconds(drain_timeout_s),
                                   "the scheduler's stream is cut");
+  watchdog.reset();
   boot.Shutdown(std::chrono::seconds(5));
   service.Stop();
   TANDEM_LOG(INFO) << "stopped";

@@ -434,9 +434,13 @@ void WorkerService::Loop() {
     bool have_work = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      // Waiting for work is not being stuck; waiting for a launched step is
+      // (a hung kernel never calls back), since its launch.
+      busy_since_ns_.store(launched_ != nullptr ? launched_start_ns_ : 0);
       cv_.wait(lock, [&] {
         return stopping_ || !queue_.empty() || (launched_ != nullptr && launched_done_);
       });
+      if (busy_since_ns_.load() == 0) busy_since_ns_.store(MonotonicNanos());
       if (!queue_.empty()) {
         work = std::move(queue_.front());
         queue_.pop_front();
@@ -518,6 +522,11 @@ void WorkerService::Loop() {
     if (before.has_value()) SendFinished(*std::move(before));
     if (!ahead) FinishLaunched();
   }
+}
+
+double WorkerService::busy_s() const {
+  const int64_t since = busy_since_ns_.load();
+  return since == 0 ? 0 : (MonotonicNanos() - since) * 1e-9;
 }
 
 std::optional<WorkerService::Finished> WorkerService::FinishLaunchedStep() {

@@ -151,6 +151,9 @@ class WorkerService final : public v1::Worker::Service {
 
   // A scheduler's Execute stream is open.
   bool stream_attached() const { return stream_attached_.load(); }
+  // How long the loop has been at one piece of work (a step: its launch,
+  // or the wait for its results), in seconds; 0 while it waits for work.
+  double busy_s() const;
 
  private:
   using Stream = grpc::ServerReaderWriter<v1::ModelRunnerOutput, v1::SchedulerOutput>;
@@ -203,6 +206,9 @@ class WorkerService final : public v1::Worker::Service {
   std::unique_ptr<StepBackend> backend_;  // runner_'s, or the sim backend
   std::atomic<bool> loaded_{false};
   std::atomic<bool> stream_attached_{false};
+  // When the loop took the work it is at (or launched the step it waits
+  // for); 0 while it waits for work. See busy_s().
+  std::atomic<int64_t> busy_since_ns_{0};
   std::atomic<int32_t> num_active_requests_{0};
   std::atomic<uint64_t> num_steps_{0};
   int32_t num_blocks_ = 0;

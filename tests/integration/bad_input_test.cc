@@ -398,18 +398,24 @@ TEST(BadInputTest, SignallingTheWorkerWithItsSchedulerLetsTheSchedulerDrain) {
 
 // A worker whose step never comes back (here: it sleeps 60 s in each) is
 // wedged; after --step-timeout-s the scheduler drops it and the request ends
-// with UNAVAILABLE naming the flag, instead of waiting for good.
-TEST(BadInputTest, AWedgedWorkerIsDroppedAfterTheStepTimeout) {
+// with UNAVAILABLE naming the flag, instead of waiting for good; after its
+// own --liveness-stall-s the worker's liveness reads NOT_SERVING, so that
+// Kubernetes restarts it.
+TEST(BadInputTest, AWedgedWorkerIsDroppedAndReadsNotLive) {
   const std::string dir = MakeTempDir("tandem-bad-input");
-  Service worker =
-      StartWorker(dir, "worker", {"--backend", "sim", "--debug-step-delay-us", "60000000"});
+  Service worker = StartWorker(dir, "worker",
+                               {"--backend", "sim", "--debug-step-delay-us", "60000000",
+                                "--liveness-stall-s", "2"});
   Service scheduler = StartScheduler(dir, "scheduler", worker.address(),
                                      {"--step-timeout-s", "1", "--worker-loss-grace-s", "0"});
+  EXPECT_EQ(HealthStatus(worker.address(), "tandem.liveness"), 1);
   auto stub = GenerationStub(scheduler.address());
   GenerateResult r = RunGenerate(stub.get(), MakeRequest({1, 2}, 4));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
   EXPECT_NE(r.status.error_message().find("--step-timeout-s"), std::string::npos)
       << r.status.error_message();
+  EXPECT_TRUE(WaitFor([&] { return HealthStatus(worker.address(), "tandem.liveness") == 2; }))
+      << "the worker stuck in a step still reads live";
 }
 
 // A drain that times out: the stream still running gets the engine's own
