@@ -117,7 +117,9 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
             "max_tokens"));
         return false;
       }
-      max_tokens = *request_.max_tokens;
+      // Echo without generation: the engine computes one token, as vLLM's
+      // does, and OnCallMessage hides it.
+      max_tokens = std::max(*request_.max_tokens, 1);
     } else if (request_.min_tokens > max_tokens) {
       // Parse checked min_tokens against a max_tokens the request gave (or
       // the completions default); this one is what the context leaves.
@@ -199,14 +201,25 @@ bool CompletionJob::StartCall(ChoiceState& c) {
   return true;
 }
 
-void CompletionJob::OnCallMessage(CallId id, const GenerateResponse& msg) {
+void CompletionJob::OnCallMessage(CallId id, const GenerateResponse& call_msg) {
   Locked locked(this);
   ChoiceState& c = choices_[id.choice];
   if (finished_ || c.done || id.attempt != c.attempt) return;
-  if (!first_token_ && !msg.token_ids.empty()) {
+  if (!first_token_ && !call_msg.token_ids.empty()) {
     first_token_ = true;
     metrics_->OnFirstToken();
   }
+  // Echo without generation (max_tokens 0): the token computed is neither
+  // shown nor counted; the finish reason stays (vLLM's shows it too).
+  GenerateResponse echo_only;
+  if (request_.max_tokens == 0) {
+    echo_only = call_msg;
+    echo_only.token_ids.clear();
+    echo_only.logprobs.clear();
+    echo_only.last_token_stops = false;
+    if (echo_only.usage) echo_only.usage->output_tokens = 0;
+  }
+  const GenerateResponse& msg = request_.max_tokens == 0 ? echo_only : call_msg;
   ChoiceDelta delta = c.Take(msg, request_, served_);
   if (delta.stopped && c.call) to_stop_.push_back(c.call);
   metrics_->OnGeneratedTokens(static_cast<int64_t>(delta.ids.size()));

@@ -279,7 +279,9 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   std::optional<int64_t> v;
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
     v.reset();
-    if (auto e = r.Int(name, 1, INT32_MAX, &v)) return e;
+    // 0 with echo: the prompt alone, scored (vLLM's echo without
+    // generation; lm-eval's legacy OpenAI loglikelihood asks it).
+    if (auto e = r.Int(name, out->echo ? 0 : 1, INT32_MAX, &v)) return e;
     if (v) out->max_tokens = static_cast<int32_t>(*v);
   }
   if (auto e = r.Number("temperature", 0, 1e6, false, &out->temperature)) return e;

@@ -401,6 +401,50 @@ TEST_F(CompletionJobTest, ClientGoneCancelsEveryCall) {
   EXPECT_EQ(rec_.responses, std::vector<int>{499});
 }
 
+// Echo with max_tokens 0 (vLLM's echo without generation, which lm-eval's
+// legacy loglikelihood asks): the prompt alone, with its logprobs; the one
+// token the engine computes is neither shown nor counted.
+TEST_F(CompletionJobTest, EchoWithMaxTokensZeroAnswersThePromptAlone) {
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "not streamed");
+    rec_ = {};
+    Start({{"prompt", "Once upon a time"},
+           {"echo", true},
+           {"max_tokens", 0},
+           {"logprobs", 1},
+           {"stream", stream},
+           {"return_token_ids", true}});
+    ASSERT_FALSE(rec_.error) << rec_.error->message;
+    ASSERT_EQ(transport_->calls.size(), 1u);
+    EXPECT_EQ(transport_->calls[0].request.sampling.max_tokens, 1);
+    const size_t prompt_len = transport_->calls[0].request.prompt_token_ids.size();
+    Finish(0, Ids(" there"), FinishReason::kLength, 1);
+    End(0);
+    Json choice;
+    if (stream) {
+      const std::vector<Json> events = Events();
+      ASSERT_EQ(events.size(), 1u);
+      choice = events[0]["choices"][0];
+    } else {
+      ASSERT_TRUE(rec_.body);
+      const Json body = Json::parse(*rec_.body);
+      EXPECT_EQ(body["usage"]["completion_tokens"], 0);
+      choice = body["choices"][0];
+    }
+    EXPECT_EQ(choice["text"], "Once upon a time");
+    EXPECT_EQ(choice["finish_reason"], "length");
+    EXPECT_TRUE(choice["token_ids"].empty()) << choice.dump();
+    EXPECT_EQ(choice["logprobs"]["tokens"].size(), prompt_len) << choice.dump();
+  }
+  // Without echo, 0 is no request.
+  rec_ = {};
+  CompletionRequest r;
+  auto e = ParseCompletionRequest(Json{{"prompt", "x"}, {"max_tokens", 0}}.dump(),
+                                  Endpoint::kCompletions, &r);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "max_tokens");
+}
+
 TEST_F(CompletionJobTest, ErrorsBeforeAnyCallNameTheField) {
   Start({{"prompt", "Once upon a time"}, {"model", "gpt-4"}});
   ASSERT_TRUE(rec_.error);

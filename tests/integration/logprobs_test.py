@@ -129,7 +129,21 @@ def check_echo(base):
         assert len(got) == len(want), (got, want)
         for i, (a, b) in enumerate(zip(got, want)):
             assert math.isclose(a, b, abs_tol=TOL), (prompt, i, a, b)
-    print(f"echo: scoring prompt + completion gives the completion's logprobs within {TOL}")
+        # max_tokens 0 (echo without generation): the same prompt scores,
+        # and nothing generated.
+        status, z = post(base + "/v1/completions",
+                         {"prompt": completion["prompt_token_ids"] + out_ids, "max_tokens": 0,
+                          "temperature": 0, "logprobs": 1, "echo": True})
+        assert status == 200, z
+        assert z["usage"]["completion_tokens"] == 0, z["usage"]
+        zl = z["choices"][0]["logprobs"]["token_logprobs"]
+        assert len(zl) == p + len(out_ids), (len(zl), p, len(out_ids))
+        assert zl[0] is None, zl
+        for i, (a, b) in enumerate(zip(zl[1:], lp["token_logprobs"][1:len(zl)])):
+            assert math.isclose(a, b, abs_tol=TOL), (prompt, i, a, b)
+        assert z["choices"][0]["text"] == e["choices"][0]["text"][:len(z["choices"][0]["text"])]
+    print(f"echo: scoring prompt + completion gives the completion's logprobs within {TOL}; "
+          "max_tokens 0 gives the prompt's alone")
 
 
 def main():

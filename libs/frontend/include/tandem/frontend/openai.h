@@ -12,7 +12,8 @@
 // Field by field it follows OpenAI's documented API and vLLM's extensions
 // (https://platform.openai.com/docs/api-reference/completions,
 // vLLM's protocol.py):
-//   /v1/completions       prompt: string | [string] | [int] | [[int]]; echo;
+//   /v1/completions       prompt: string | [string] | [int] | [[int]]; echo
+//                         (with max_tokens 0: the prompt alone, scored);
 //                         max_tokens defaults to 16 (vLLM's and OpenAI's)
 //   /v1/chat/completions  messages (rendered by the model's chat template,
 //                         with chat_template_kwargs as more variables);
