@@ -377,6 +377,11 @@ void CompletionJob::CancelAll() {
   }
 }
 
+void CompletionJob::Cut(const ApiError& error) {
+  Locked locked(this);
+  Fail(error);
+}
+
 void CompletionJob::ClientGone() {
   Locked locked(this);
   if (finished_) return;

@@ -152,11 +152,11 @@ class ExchangeSink final : public CompletionSink {
 class JobMetrics final : public CompletionJobMetrics {
  public:
   JobMetrics(Frontend* frontend, std::string endpoint)
-      : frontend_(frontend), endpoint_(std::move(endpoint)), start_(Clock::now()) {
-    frontend_->JobStarted();
-  }
+      : frontend_(frontend), endpoint_(std::move(endpoint)), start_(Clock::now()) {}
+  // From Start: the job, held weakly by the frontend while it lives.
+  void Track(std::weak_ptr<CompletionJob> job) { key_ = frontend_->JobStarted(std::move(job)); }
   ~JobMetrics() override {
-    frontend_->JobFinished();
+    frontend_->JobFinished(key_);
     metrics().duration.Observe(Seconds());
     // Every prompt whose choices were sent, finished or not (vLLM counts
     // aborted requests among the finished).
@@ -186,6 +186,7 @@ class JobMetrics final : public CompletionJobMetrics {
   Frontend* frontend_;
   std::string endpoint_;
   Clock::time_point start_;
+  uint64_t key_ = 0;
   std::string model_;
   size_t num_prompts_sent_ = 0;
   int32_t n_ = 0;
@@ -195,10 +196,12 @@ class JobMetrics final : public CompletionJobMetrics {
 
 void StartCompletionJob(Frontend* frontend, std::shared_ptr<HttpExchange> exchange,
                         CompletionRequest request, std::string endpoint) {
+  auto metrics = std::make_unique<JobMetrics>(frontend, std::move(endpoint));
+  JobMetrics* tracked = metrics.get();
   auto job = std::make_shared<CompletionJob>(
       frontend->served_tokenizer(), std::make_unique<GrpcTransport>(&frontend->router(), exchange),
-      std::make_unique<ExchangeSink>(exchange),
-      std::make_unique<JobMetrics>(frontend, std::move(endpoint)), std::move(request));
+      std::make_unique<ExchangeSink>(exchange), std::move(metrics), std::move(request));
+  tracked->Track(job);
   job->Start(frontend->router().model(), frontend->ModelNames());
 }
 

@@ -117,6 +117,33 @@ std::optional<std::vector<std::string>> Frontend::ModelNames() const {
   return std::vector<std::string>{model->model_name};
 }
 
+uint64_t Frontend::JobStarted(std::weak_ptr<CompletionJob> job) {
+  in_flight_.fetch_add(1);
+  std::lock_guard<std::mutex> lock(jobs_mu_);
+  const uint64_t key = next_job_++;
+  jobs_.emplace(key, std::move(job));
+  return key;
+}
+
+void Frontend::JobFinished(uint64_t key) {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    jobs_.erase(key);
+  }
+  in_flight_.fetch_sub(1);
+}
+
+void Frontend::CutOff(const ApiError& error) {
+  std::vector<std::shared_ptr<CompletionJob>> open;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    for (const auto& [key, weak] : jobs_) {
+      if (auto job = weak.lock()) open.push_back(std::move(job));
+    }
+  }
+  for (const auto& job : open) job->Cut(error);
+}
+
 void Frontend::CountResponse(const std::string& endpoint, int http_status) {
   // A route's own name, or "other": a label value per path a client makes
   // up (a 401 or 405 for /v1/<anything>) would grow the registry without

@@ -15,10 +15,13 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "http_server.h"
@@ -29,6 +32,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "router.h"
+#include "tandem/frontend/completion_job.h"
 #include "tandem/frontend/openai.h"
 #include "tandem/frontend/prompts.h"
 #include "tandem/tokenizer/chat_template.h"
@@ -109,8 +113,13 @@ class Frontend {
   // until a scheduler has described its model when none were given.
   std::optional<std::vector<std::string>> ModelNames() const;
   void CountResponse(const std::string& endpoint, int http_status);
-  void JobStarted() { in_flight_.fetch_add(1); }
-  void JobFinished() { in_flight_.fetch_sub(1); }
+  // A job's life (JobMetrics): counted in in_flight(), and held (weakly)
+  // for CutOff. JobStarted returns the key JobFinished takes.
+  uint64_t JobStarted(std::weak_ptr<CompletionJob> job);
+  void JobFinished(uint64_t key);
+  // Ends every job still open with `error` (a stream: an error event and
+  // [DONE]): the drain timed out, and the connections close next.
+  void CutOff(const ApiError& error);
 
  private:
   // The caller's tenant ("" for --api-key or no key at all), or nullopt when
@@ -131,6 +140,9 @@ class Frontend {
   std::atomic<const HttpServer*> server_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
+  std::mutex jobs_mu_;
+  uint64_t next_job_ = 0;
+  std::unordered_map<uint64_t, std::weak_ptr<CompletionJob>> jobs_;
   std::unique_ptr<MetricsRelay> metrics_relay_;  // last: it renders the registry
 };
 

@@ -324,6 +324,16 @@ int main(int argc, char** argv) {
   if (frontend.in_flight() > 0) {
     TANDEM_LOG(WARNING) << "drain timeout: " << frontend.in_flight()
                         << " requests still open are cut off";
+    // Each ends as a request that failed (a stream: an error event and
+    // [DONE]), not as a connection cut mid-stream; their last bytes get a
+    // moment to go out.
+    frontend.CutOff(tandem::frontend::FromStatus(
+        14, absl::StrCat("the frontend is shutting down: its drain (--drain-timeout-s ",
+                         drain_timeout_s, ") ran out")));
+    const auto flushed = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (frontend.in_flight() > 0 && std::chrono::steady_clock::now() < flushed) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   (*server)->Stop();
   router.Stop();

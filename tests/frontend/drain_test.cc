@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 
 #include "../integration/harness.h"
 #include "fake_scheduler.h"
@@ -25,8 +26,9 @@ const std::string kTokenizer = std::string(TANDEM_SHARED_DIR) + "/models/tokeniz
 
 // POSTs a completion over a connection the client closes after the answer
 // (Connection: close); returns the whole answer ("" when none came).
-std::string PostAndClose(const std::string& address) {
-  const std::string body = nlohmann::json{{"prompt", "Once"}, {"max_tokens", 2}}.dump();
+std::string PostAndClose(const std::string& address, const nlohmann::json& json = nlohmann::json{
+                                                         {"prompt", "Once"}, {"max_tokens", 2}}) {
+  const std::string body = json.dump();
   const std::string request =
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
       "Content-Type: application/json\r\nContent-Length: " +
@@ -78,6 +80,36 @@ TEST(FrontendDrainTest, ACallThatEndsAfterTheListenerClosedEndsItsRequest) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << *status;
   const std::string log = ReadFile(frontend.log_path);
   EXPECT_EQ(log.find("drain timeout"), std::string::npos) << log;
+}
+
+// A stream still open when the drain runs out ends as a failed request: an
+// error event, then [DONE], then the connection closes. It was cut mid-stream,
+// and a client could not tell a shutdown from an answer that simply ended.
+TEST(FrontendDrainTest, AStreamOpenWhenTheDrainRunsOutEndsWithAnErrorEvent) {
+  const std::string dir = MakeTempDir("frontend-drain");
+  FakeScheduler scheduler(FakeModelInfo("drain"));
+  // Tokens, then the stream stays open without a finish reason.
+  scheduler.SetOutput({100, 101}, v1::FINISH_REASON_UNSPECIFIED);
+  scheduler.HoldStreamEnds();
+  Service frontend = StartFrontend(dir, "frontend", {scheduler.address()},
+                                   {"--tokenizer", kTokenizer, "--drain-timeout-s", "1"});
+  std::string answer;
+  std::thread client([&] {
+    answer =
+        PostAndClose(frontend.address(), {{"prompt", "Once"}, {"max_tokens", 8}, {"stream", true}});
+  });
+  ASSERT_TRUE(WaitFor([&] { return scheduler.held_ends() == 1; }));
+  frontend.process.Signal(SIGTERM);
+  client.join();
+  scheduler.ReleaseStreamEnds();
+  ASSERT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
+  const size_t error = answer.find("\"error\"");
+  ASSERT_NE(error, std::string::npos) << answer;
+  EXPECT_NE(answer.find("shutting down", error), std::string::npos) << answer;
+  EXPECT_NE(answer.find("data: [DONE]", error), std::string::npos) << answer;
+  const std::optional<int> status = frontend.process.Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << *status;
 }
 
 }  // namespace

@@ -146,6 +146,9 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   void OnCallDone(CallId id, const std::string& replica, const absl::Status& status);
   // The client went away: cancels every call.
   void ClientGone();
+  // Ends the request now with `error` (a started stream: an error event and
+  // [DONE]) and cancels its calls; nothing when it is over.
+  void Cut(const ApiError& error);
 
  private:
   class Locked;
