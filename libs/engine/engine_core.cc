@@ -1,6 +1,7 @@
 #include "tandem/engine/engine_core.h"
 
 #include <algorithm>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "tandem/common/clock.h"
@@ -32,6 +33,19 @@ EngineCore::EngineCore(EngineCoreOptions options) : options_(std::move(options))
 EngineCore::~EngineCore() {
   scheduler_.reset();
   kv_connector_.reset();
+  retiring_.clear();  // waits for the retired connectors' ends
+}
+
+void EngineCore::RetireConnector() {
+  if (kv_connector_ == nullptr) return;
+  std::erase_if(retiring_, [](const std::future<void>& f) {
+    return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  });
+  // Off the loop: the KV-store client waits for the store to answer the
+  // calls it has in flight (up to their deadlines, 5 s for a release), and
+  // a store that stalled held the engine loop that long on a worker loss.
+  retiring_.push_back(std::async(
+      std::launch::async, [connector = std::move(kv_connector_)]() mutable { connector.reset(); }));
 }
 
 size_t EngineCore::window() const { return options_.scheduler.async_scheduling ? 2 : 1; }
@@ -70,7 +84,7 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
         " or give the worker more KV cache (--kv-cache-bytes or --num-blocks)"));
   }
   scheduler_.reset();
-  kv_connector_.reset();
+  RetireConnector();
   if (options_.make_kv_connector) kv_connector_ = options_.make_kv_connector(d);
   scheduler_ = std::make_unique<sched::Scheduler>(config, kv_connector_.get());
   transport_ = transport;
@@ -122,7 +136,7 @@ void EngineCore::DropWorker(std::string_view reason) {
   // go down): what it counted is kept.
   if (scheduler_ != nullptr) AddCounters(scheduler_->stats(), &lost_scheduler_counters_);
   scheduler_.reset();
-  kv_connector_.reset();
+  RetireConnector();
   transport_ = nullptr;
   owed_since_.reset();
   // While requests wait out the grace they validate against the lost

@@ -7,6 +7,7 @@
 // tests cannot do cheaply.
 // Sampling, logprobs and EOS ids are in engine_core_sampling_test.cc.
 #include <chrono>
+#include <future>
 #include <memory>
 #include <optional>
 #include <set>
@@ -448,6 +449,52 @@ class CountingStoreConnector final : public sched::KvConnectorScheduler {
   }
   std::set<std::string>* storing = nullptr;
 };
+
+// A connector whose end waits (as the KV-store client's does for the calls
+// a stalled store has not answered) until the test lets it go.
+class SlowToEndConnector final : public sched::KvConnectorScheduler {
+ public:
+  explicit SlowToEndConnector(std::shared_future<void> may_end) : may_end_(std::move(may_end)) {}
+  ~SlowToEndConnector() override { may_end_.wait(); }
+  std::optional<sched::ExternalMatch> GetNumNewMatchedTokens(const sched::Request&,
+                                                             int32_t) override {
+    return sched::ExternalMatch{};
+  }
+  void UpdateStateAfterAlloc(const sched::Request&, std::span<const int32_t>, int32_t) override {}
+  sched::KvConnectorMetadata BuildConnectorMeta(
+      const sched::SchedulerOutput&, std::span<const sched::ScheduledRequestView>) override {
+    return {};
+  }
+  bool RequestFinished(const sched::Request&, std::span<const int32_t>, int32_t) override {
+    return false;
+  }
+
+ private:
+  std::shared_future<void> may_end_;
+};
+
+// The connector of a dropped worker ends off the engine's loop: a KV-store
+// that stalls (its client waits up to 5 s for the calls in flight) used to
+// hold the loop, and every request and cancel behind it, on a worker loss.
+TEST_P(EngineCoreTest, ADroppedWorkersConnectorEndsOffTheLoop) {
+  std::promise<void> end;
+  std::shared_future<void> may_end = end.get_future().share();
+  EngineCoreOptions options = Options();
+  options.make_kv_connector = [may_end](const WorkerDescription&) {
+    return std::make_unique<SlowToEndConnector>(may_end);
+  };
+  {
+    EngineCore core(options);
+    LoopbackWorker worker(model_.get(), 256);
+    ASSERT_TRUE(core.ConnectWorker(worker.description, &worker).ok());
+    std::future<void> dropped =
+        std::async(std::launch::async, [&core] { core.DropWorker("gone"); });
+    const bool returned = dropped.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+    end.set_value();  // before any assertion can leave with `dropped` blocked
+    EXPECT_TRUE(returned) << "DropWorker waited for the connector's end";
+    EXPECT_FALSE(core.has_worker());
+  }  // the engine waits for the connector's end
+}
 
 TEST_P(EngineCoreTest, AnIdleStepCollectsTheStoresThatFinishedAfterTheLastRequest) {
   std::set<std::string> storing;

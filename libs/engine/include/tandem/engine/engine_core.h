@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <span>
@@ -294,6 +295,10 @@ class EngineCore {
   // window, then each output while steps remain in flight (unset when none
   // is). Tick() drops the worker step_timeout_s after it.
   std::optional<Clock::time_point> owed_since_;
+  // Connectors of dropped workers, being destroyed on their own threads
+  // (RetireConnector); the engine's destructor waits for them.
+  std::vector<std::future<void>> retiring_;
+  void RetireConnector();
   [[nodiscard]] std::optional<Clock::time_point> step_deadline() const;
   ModelInfo model_info_;
   EngineStats counters_;  // the running totals; stats() adds the gauges
