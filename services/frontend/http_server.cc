@@ -226,6 +226,43 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     absl::StrAppend(&outbox_, "HTTP/1.1 ", status, " ", std::string(reason.data(), reason.size()),
                     "\r\nServer: tandem-frontend\r\nContent-Type: ", content_type,
                     "\r\nConnection: ", keep_alive_ ? "keep-alive" : "close", "\r\n");
+    if (!cors_origin_.empty()) {
+      absl::StrAppend(&outbox_, "Access-Control-Allow-Origin: ", cors_origin_, "\r\n");
+      if (cors_origin_ != "*") outbox_ += "Vary: Origin\r\n";
+    }
+  }
+
+  // The Access-Control-Allow-Origin value for `request`: "*", its Origin
+  // when that is listed, or "" (no CORS header).
+  std::string CorsOrigin(const HttpRequest& request) const {
+    const std::vector<std::string>& allowed = server_->options.allowed_origins;
+    const auto origin = request.headers.find("origin");
+    if (allowed.empty() || origin == request.headers.end()) return "";
+    for (const std::string& a : allowed) {
+      if (a == "*") return "*";
+      if (a == origin->second) return origin->second;
+    }
+    return "";
+  }
+
+  // A CORS preflight: OPTIONS from an allowed origin naming the method it
+  // means to use. Answered with what it asks, as vLLM's (Starlette's)
+  // middleware with its default "*" methods and headers does.
+  bool AnswerPreflight(uint64_t seq, const HttpRequest& request) {
+    const auto method = request.headers.find("access-control-request-method");
+    if (request.method != "OPTIONS" || method == request.headers.end() ||
+        CorsOrigin(request).empty()) {
+      return false;
+    }
+    std::vector<std::pair<std::string, std::string>> headers = {
+        {"Access-Control-Allow-Methods", "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"},
+        {"Access-Control-Max-Age", "600"}};
+    if (const auto asked = request.headers.find("access-control-request-headers");
+        asked != request.headers.end()) {
+      headers.emplace_back("Access-Control-Allow-Headers", asked->second);
+    }
+    Respond(seq, 200, "text/plain; charset=utf-8", "OK", headers);
+    return true;
   }
 
   // Under mu_ (held by `lock`; may let it go): sends what the outbox holds.
@@ -422,9 +459,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       keep_alive_ = keep_alive;
       head_ = request.method == "HEAD";
       http10_ = http10;
+      cors_origin_ = CorsOrigin(request);
       on_gone_ = nullptr;
     }
     Watch();
+    if (AnswerPreflight(seq, request)) return seq;
     if (!request.method.empty()) {
       server_->handler(std::make_shared<HttpExchange>(shared_from_this(), seq, std::move(request)));
     }
@@ -548,6 +587,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   bool keep_alive_ = true;  // the current exchange's
   bool head_ = false;       // it is a HEAD: no body goes out
   bool http10_ = false;     // an HTTP/1.0 request: no chunked coding
+  std::string cors_origin_;  // Access-Control-Allow-Origin of its answer, if any
   bool active_ = false;     // an exchange is being answered
   bool started_ = false;    // its status line is queued
   bool complete_ = false;   // its last byte is queued

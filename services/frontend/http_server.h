@@ -114,6 +114,13 @@ struct HttpServerOptions {
   std::string tls_key_file;
   std::string tls_ca_file;
   int32_t tls_reload_interval_s = 10;
+  // CORS: the origins whose browsers may read the answers ("*": any, as
+  // vLLM's default --allowed-origins); empty: no CORS headers. A request
+  // with an allowed Origin gets Access-Control-Allow-Origin on its answer;
+  // a preflight (OPTIONS with Access-Control-Request-Method) is answered
+  // here, before any route or key check, with the methods and headers it
+  // asks for.
+  std::vector<std::string> allowed_origins;
 };
 
 class HttpServer {

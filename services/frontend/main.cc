@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "frontend.h"
 #include "http_server.h"
+#include "nlohmann/json.hpp"
 #include "router.h"
 #include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
@@ -58,6 +59,32 @@ absl::Status ReadTenantKeys(const std::string& path, std::map<std::string, std::
   return absl::OkStatus();
 }
 
+// --allowed-origins: a JSON list of strings (vLLM's form) or a
+// comma-separated list.
+absl::StatusOr<std::vector<std::string>> ParseOrigins(const std::string& value) {
+  const std::string trimmed(absl::StripAsciiWhitespace(value));
+  if (trimmed.empty() || trimmed.front() != '[') {
+    std::vector<std::string> out;
+    for (absl::string_view o : absl::StrSplit(trimmed, ',', absl::SkipWhitespace())) {
+      out.emplace_back(absl::StripAsciiWhitespace(o));
+    }
+    return out;
+  }
+  const nlohmann::json list = nlohmann::json::parse(trimmed, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::string> out;
+  if (list.is_array()) {
+    for (const nlohmann::json& o : list) {
+      if (!o.is_string()) break;
+      out.push_back(o.get<std::string>());
+    }
+    if (out.size() == list.size()) return out;
+  }
+  return absl::InvalidArgumentError(
+      "--allowed-origins must be a JSON list of strings (as "
+      "vLLM's, e.g. [\"*\"]) or comma-separated origins, got " +
+      value);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,6 +123,10 @@ int main(int argc, char** argv) {
       "replica over gRPC.");
   flags.Add("listen", &http.listen_address, "host:port of the HTTP server (port 0: any free port)");
   flags.Add("port-file", &port_file, "write the bound port to this file once listening");
+  std::string allowed_origins = R"(["*"])";
+  flags.Add("allowed-origins", &allowed_origins,
+            "[vLLM] CORS: the origins whose browsers may call the API, a JSON list (vLLM's "
+            "form) or comma-separated; [\"*\"] (the default, vLLM's): any; []: no CORS headers");
   flags.Add("scheduler", &router_options.targets,
             "a scheduler replica: host:port, or dns:///name:port for every address the name "
             "resolves to (a headless Service); repeatable");
@@ -181,7 +212,7 @@ int main(int argc, char** argv) {
             "llama4_json ({\"name\": ..., \"parameters\": ...}: Llama 3.1-3.3 with vLLM's JSON "
             "tool template); other parsers are refused");
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer",
-                     "enable-auto-tool-choice", "tool-call-parser"});
+                     "enable-auto-tool-choice", "tool-call-parser", "allowed-origins"});
   flags.ParseOrExit(argc, argv);
   if (drain_timeout_s < 0) {
     return Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));
@@ -211,6 +242,12 @@ int main(int argc, char** argv) {
   auto policy = tandem::frontend::ParseRoutingPolicy(routing);
   if (!policy) return Fail("--routing must be affinity, least-loaded or round-robin, got '" + routing + "'");
   router_options.policy = *policy;
+  if (absl::StatusOr<std::vector<std::string>> origins = ParseOrigins(allowed_origins);
+      origins.ok()) {
+    http.allowed_origins = *std::move(origins);
+  } else {
+    return Fail(std::string(origins.status().message()));
+  }
   if (threads < 1) return Fail("--threads must be >= 1");
   http.threads = threads;
   if (max_url_bytes < 1 || max_header_bytes < 1024 || max_url_bytes >= max_header_bytes ||

@@ -11,6 +11,7 @@
 //     tandem_frontend_requests_total (a 401 or 405 per invented path grew
 //     the registry without bound);
 //   - "Expect: 100-continue" is answered before the body is read;
+//   - CORS as vLLM's default (any origin) and with an allow list;
 //   - --metrics-from whose upstream accepts and never answers: /metrics
 //     still answers, after the relay's timeout.
 #include <netinet/in.h>
@@ -212,6 +213,58 @@ TEST_F(FrontendHttpRoutesTest, ExpectContinueIsAnsweredBeforeTheBody) {
                                    "POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                                    "Content-Length: 1000000000\r\n\r\n");
   EXPECT_EQ(big.rfind("HTTP/1.1 413", 0), 0u) << big;
+}
+
+// CORS as vLLM's default (--allowed-origins ["*"]): a browser's preflight
+// is answered before any route or key check, with what it asks for; an
+// answer to a request with an Origin carries Access-Control-Allow-Origin
+// (errors too, so the page can read them). A list allows its origins only.
+TEST_F(FrontendHttpRoutesTest, CorsAsVllmsDefaultsAndAnAllowList) {
+  Service keyed = StartFrontend(dir_, "cors", {scheduler_->address()},
+                                {"--tokenizer", kTokenizer, "--api-key", "sk-1"});
+  const std::string preflight = Exchange(
+      keyed.address(),
+      "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://ui.example\r\n"
+      "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, "
+      "content-type\r\nConnection: close\r\n\r\n");
+  ASSERT_EQ(preflight.rfind("HTTP/1.1 200", 0), 0u) << preflight;
+  const std::string head = HeadOf(preflight);
+  EXPECT_NE(head.find("Access-Control-Allow-Origin: *\r\n"), std::string::npos) << head;
+  EXPECT_NE(head.find("Access-Control-Allow-Headers: authorization, content-type\r\n"),
+            std::string::npos)
+      << head;
+  EXPECT_NE(head.find("POST"), std::string::npos) << head;
+
+  const std::string refused = Exchange(keyed.address(),
+                                       "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: "
+                                       "http://ui.example\r\nConnection: close\r\n\r\n");
+  ASSERT_EQ(refused.rfind("HTTP/1.1 401", 0), 0u) << refused;
+  EXPECT_NE(HeadOf(refused).find("Access-Control-Allow-Origin: *\r\n"), std::string::npos)
+      << refused;
+  const std::string no_origin =
+      Exchange(keyed.address(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(no_origin.find("Access-Control"), std::string::npos) << no_origin;
+
+  Service listed =
+      StartFrontend(dir_, "cors-listed", {scheduler_->address()},
+                    {"--tokenizer", kTokenizer, "--allowed-origins", R"(["http://a.example"])"});
+  auto get = [&](const std::string& origin) {
+    return Exchange(listed.address(), "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: " + origin +
+                                          "\r\nConnection: close\r\n\r\n");
+  };
+  const std::string a = get("http://a.example");
+  EXPECT_NE(HeadOf(a).find("Access-Control-Allow-Origin: http://a.example\r\n"), std::string::npos)
+      << a;
+  EXPECT_NE(HeadOf(a).find("Vary: Origin\r\n"), std::string::npos) << a;
+  const std::string b = get("http://b.example");
+  EXPECT_EQ(b.rfind("HTTP/1.1 200", 0), 0u) << b;
+  EXPECT_EQ(HeadOf(b).find("Access-Control"), std::string::npos) << b;
+  // Not a preflight it answers: OPTIONS goes to the route, which takes GET.
+  const std::string b_preflight =
+      Exchange(listed.address(),
+               "OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: http://b.example\r\n"
+               "Access-Control-Request-Method: GET\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(b_preflight.rfind("HTTP/1.1 405", 0), 0u) << b_preflight;
 }
 
 TEST_F(FrontendHttpRoutesTest, InventedPathsAreNotLabelValues) {
