@@ -424,9 +424,9 @@ TEST_P(EngineCoreTest, BadRequestsAreRefusedWithThePreciseError) {
   EXPECT_FALSE(core.NextDeadline().has_value()) << "nothing to do until an event";
 }
 
-// A scheduler-role connector that only counts store entries: each finished
-// request leaves one until the worker reports it in finished_sending.
-class CountingStoreConnector final : public sched::KvConnectorScheduler {
+// A scheduler-role connector that answers every lookup with no hit and
+// does nothing else; the connectors below change what their test needs.
+class QuietConnector : public sched::KvConnectorScheduler {
  public:
   std::optional<sched::ExternalMatch> GetNumNewMatchedTokens(const sched::Request&,
                                                              int32_t) override {
@@ -437,6 +437,15 @@ class CountingStoreConnector final : public sched::KvConnectorScheduler {
       const sched::SchedulerOutput&, std::span<const sched::ScheduledRequestView>) override {
     return {};
   }
+  bool RequestFinished(const sched::Request&, std::span<const int32_t>, int32_t) override {
+    return false;
+  }
+};
+
+// A scheduler-role connector that only counts store entries: each finished
+// request leaves one until the worker reports it in finished_sending.
+class CountingStoreConnector final : public QuietConnector {
+ public:
   bool RequestFinished(const sched::Request& r, std::span<const int32_t>, int32_t) override {
     storing->insert(r.request_id);
     return false;
@@ -452,22 +461,10 @@ class CountingStoreConnector final : public sched::KvConnectorScheduler {
 
 // A connector whose end waits (as the KV-store client's does for the calls
 // a stalled store has not answered) until the test lets it go.
-class SlowToEndConnector final : public sched::KvConnectorScheduler {
+class SlowToEndConnector final : public QuietConnector {
  public:
   explicit SlowToEndConnector(std::shared_future<void> may_end) : may_end_(std::move(may_end)) {}
   ~SlowToEndConnector() override { may_end_.wait(); }
-  std::optional<sched::ExternalMatch> GetNumNewMatchedTokens(const sched::Request&,
-                                                             int32_t) override {
-    return sched::ExternalMatch{};
-  }
-  void UpdateStateAfterAlloc(const sched::Request&, std::span<const int32_t>, int32_t) override {}
-  sched::KvConnectorMetadata BuildConnectorMeta(
-      const sched::SchedulerOutput&, std::span<const sched::ScheduledRequestView>) override {
-    return {};
-  }
-  bool RequestFinished(const sched::Request&, std::span<const int32_t>, int32_t) override {
-    return false;
-  }
 
  private:
   std::shared_future<void> may_end_;
@@ -544,20 +541,12 @@ TEST_P(EngineCoreTest, AnIdleStepCollectsTheStoresThatFinishedAfterTheLastReques
 }
 
 // A scheduler-role connector whose lookups are pending until `answered`.
-class PendingLookupConnector final : public sched::KvConnectorScheduler {
+class PendingLookupConnector final : public QuietConnector {
  public:
   std::optional<sched::ExternalMatch> GetNumNewMatchedTokens(const sched::Request&,
                                                              int32_t) override {
     if (!answered) return std::nullopt;
     return sched::ExternalMatch{};
-  }
-  void UpdateStateAfterAlloc(const sched::Request&, std::span<const int32_t>, int32_t) override {}
-  sched::KvConnectorMetadata BuildConnectorMeta(
-      const sched::SchedulerOutput&, std::span<const sched::ScheduledRequestView>) override {
-    return {};
-  }
-  bool RequestFinished(const sched::Request&, std::span<const int32_t>, int32_t) override {
-    return false;
   }
   bool answered = false;
 };
