@@ -17,6 +17,8 @@
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
 #include "boost/beast/ssl.hpp"
+#include "cors.h"
+#include "http_tls.h"
 #include "tandem/common/logging.h"
 
 namespace tandem::frontend {
@@ -25,53 +27,6 @@ namespace beast = boost::beast;
 namespace http = boost::beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
-
-namespace {
-
-// A server context from the PEM files; the error names the file at fault.
-absl::StatusOr<std::shared_ptr<net::ssl::context>> LoadTlsContext(const HttpServerOptions& o) {
-  auto ctx = std::make_shared<net::ssl::context>(net::ssl::context::tls_server);
-  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
-                   net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
-                   net::ssl::context::no_tlsv1_1 | net::ssl::context::single_dh_use);
-  beast::error_code ec;
-  ctx->use_certificate_chain_file(o.tls_cert_file, ec);
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--https-cert ", o.tls_cert_file, ": ", ec.message()));
-  }
-  ctx->use_private_key_file(o.tls_key_file, net::ssl::context::pem, ec);
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--https-key ", o.tls_key_file, ": ", ec.message()));
-  }
-  if (!o.tls_ca_file.empty()) {
-    ctx->load_verify_file(o.tls_ca_file, ec);
-    if (ec) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--https-ca ", o.tls_ca_file, ": ", ec.message()));
-    }
-    ctx->set_verify_mode(net::ssl::verify_peer | net::ssl::verify_fail_if_no_peer_cert);
-  }
-  return ctx;
-}
-
-// The TLS files' modification times, folded into one value that changes
-// when any of them does (0 when one is missing). (libstdc++'s file clock
-// counts from 2174: the times are negative.)
-int64_t TlsFilesStamp(const HttpServerOptions& o) {
-  uint64_t stamp = 1;
-  for (const std::string& f : {o.tls_cert_file, o.tls_key_file, o.tls_ca_file}) {
-    if (f.empty()) continue;
-    std::error_code ec;
-    const auto t = std::filesystem::last_write_time(f, ec);
-    if (ec) return 0;
-    stamp = stamp * 1000003u + static_cast<uint64_t>(t.time_since_epoch().count());
-  }
-  return stamp == 0 ? 1 : static_cast<int64_t>(stamp);
-}
-
-}  // namespace
 
 struct HttpServer::Impl {
   explicit Impl(HttpServerOptions o, Handler h) : options(std::move(o)), handler(std::move(h)) {}
@@ -230,39 +185,6 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       absl::StrAppend(&outbox_, "Access-Control-Allow-Origin: ", cors_origin_, "\r\n");
       if (cors_origin_ != "*") outbox_ += "Vary: Origin\r\n";
     }
-  }
-
-  // The Access-Control-Allow-Origin value for `request`: "*", its Origin
-  // when that is listed, or "" (no CORS header).
-  std::string CorsOrigin(const HttpRequest& request) const {
-    const std::vector<std::string>& allowed = server_->options.allowed_origins;
-    const auto origin = request.headers.find("origin");
-    if (allowed.empty() || origin == request.headers.end()) return "";
-    for (const std::string& a : allowed) {
-      if (a == "*") return "*";
-      if (a == origin->second) return origin->second;
-    }
-    return "";
-  }
-
-  // A CORS preflight: OPTIONS from an allowed origin naming the method it
-  // means to use. Answered with what it asks, as vLLM's (Starlette's)
-  // middleware with its default "*" methods and headers does.
-  bool AnswerPreflight(uint64_t seq, const HttpRequest& request) {
-    const auto method = request.headers.find("access-control-request-method");
-    if (request.method != "OPTIONS" || method == request.headers.end() ||
-        CorsOrigin(request).empty()) {
-      return false;
-    }
-    std::vector<std::pair<std::string, std::string>> headers = {
-        {"Access-Control-Allow-Methods", "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"},
-        {"Access-Control-Max-Age", "600"}};
-    if (const auto asked = request.headers.find("access-control-request-headers");
-        asked != request.headers.end()) {
-      headers.emplace_back("Access-Control-Allow-Headers", asked->second);
-    }
-    Respond(seq, 200, "text/plain; charset=utf-8", "OK", headers);
-    return true;
   }
 
   // Under mu_ (held by `lock`; may let it go): sends what the outbox holds.
@@ -451,6 +373,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   // without a method: the caller answers that itself). Returns its seq.
   uint64_t BeginExchange(HttpRequest request, bool keep_alive, bool http10 = false) {
     uint64_t seq;
+    std::string cors;  // Access-Control-Allow-Origin, if any
     {
       std::lock_guard<std::mutex> lock(mu_);
       seq = ++seq_;
@@ -459,11 +382,15 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       keep_alive_ = keep_alive;
       head_ = request.method == "HEAD";
       http10_ = http10;
-      cors_origin_ = CorsOrigin(request);
+      cors_origin_ = CorsAllowOrigin(server_->options.allowed_origins, request);
+      cors = cors_origin_;
       on_gone_ = nullptr;
     }
     Watch();
-    if (AnswerPreflight(seq, request)) return seq;
+    if (auto preflight = PreflightHeaders(request, cors)) {
+      Respond(seq, 200, "text/plain; charset=utf-8", "OK", *preflight);
+      return seq;
+    }
     if (!request.method.empty()) {
       server_->handler(std::make_shared<HttpExchange>(shared_from_this(), seq, std::move(request)));
     }

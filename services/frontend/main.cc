@@ -14,9 +14,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cors.h"
 #include "frontend.h"
 #include "http_server.h"
-#include "nlohmann/json.hpp"
 #include "router.h"
 #include "tandem/common/flags.h"
 #include "tandem/common/logging.h"
@@ -57,32 +57,6 @@ absl::Status ReadTenantKeys(const std::string& path, std::map<std::string, std::
   }
   if (out->empty()) return absl::InvalidArgumentError("--api-keys-file " + path + " has no keys");
   return absl::OkStatus();
-}
-
-// --allowed-origins: a JSON list of strings (vLLM's form) or a
-// comma-separated list.
-absl::StatusOr<std::vector<std::string>> ParseOrigins(const std::string& value) {
-  const std::string trimmed(absl::StripAsciiWhitespace(value));
-  if (trimmed.empty() || trimmed.front() != '[') {
-    std::vector<std::string> out;
-    for (absl::string_view o : absl::StrSplit(trimmed, ',', absl::SkipWhitespace())) {
-      out.emplace_back(absl::StripAsciiWhitespace(o));
-    }
-    return out;
-  }
-  const nlohmann::json list = nlohmann::json::parse(trimmed, nullptr, /*allow_exceptions=*/false);
-  std::vector<std::string> out;
-  if (list.is_array()) {
-    for (const nlohmann::json& o : list) {
-      if (!o.is_string()) break;
-      out.push_back(o.get<std::string>());
-    }
-    if (out.size() == list.size()) return out;
-  }
-  return absl::InvalidArgumentError(
-      "--allowed-origins must be a JSON list of strings (as "
-      "vLLM's, e.g. [\"*\"]) or comma-separated origins, got " +
-      value);
 }
 
 }  // namespace
@@ -242,7 +216,8 @@ int main(int argc, char** argv) {
   auto policy = tandem::frontend::ParseRoutingPolicy(routing);
   if (!policy) return Fail("--routing must be affinity, least-loaded or round-robin, got '" + routing + "'");
   router_options.policy = *policy;
-  if (absl::StatusOr<std::vector<std::string>> origins = ParseOrigins(allowed_origins);
+  if (absl::StatusOr<std::vector<std::string>> origins =
+          tandem::frontend::ParseAllowedOrigins(allowed_origins);
       origins.ok()) {
     http.allowed_origins = *std::move(origins);
   } else {
