@@ -118,7 +118,6 @@ std::optional<std::vector<std::string>> Frontend::ModelNames() const {
 }
 
 uint64_t Frontend::JobStarted(std::weak_ptr<CompletionJob> job) {
-  in_flight_.fetch_add(1);
   std::lock_guard<std::mutex> lock(jobs_mu_);
   const uint64_t key = next_job_++;
   jobs_.emplace(key, std::move(job));
@@ -126,11 +125,13 @@ uint64_t Frontend::JobStarted(std::weak_ptr<CompletionJob> job) {
 }
 
 void Frontend::JobFinished(uint64_t key) {
-  {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
-    jobs_.erase(key);
-  }
-  in_flight_.fetch_sub(1);
+  std::lock_guard<std::mutex> lock(jobs_mu_);
+  jobs_.erase(key);
+}
+
+int64_t Frontend::in_flight() const {
+  std::lock_guard<std::mutex> lock(jobs_mu_);
+  return static_cast<int64_t>(jobs_.size());
 }
 
 void Frontend::CutOff(const ApiError& error) {
@@ -389,7 +390,7 @@ void Frontend::Detokenize(HttpExchange& exchange) {
 
 void Frontend::Metrics(std::shared_ptr<HttpExchange> exchange) {
   router_->UpdateMetrics();
-  metrics_.in_flight.Set(static_cast<double>(in_flight_.load()));
+  metrics_.in_flight.Set(static_cast<double>(in_flight()));
   if (const HttpServer* server = server_.load(); server != nullptr) {
     metrics_.open_connections.Set(static_cast<double>(server->open_connections()));
   }

@@ -99,7 +99,8 @@ class Frontend {
   // /health answers 503 from now on (Kubernetes stops sending traffic);
   // requests already accepted go on.
   void SetDraining() { draining_.store(true); }
-  int64_t in_flight() const { return in_flight_.load(); }
+  // Requests open: the jobs alive.
+  int64_t in_flight() const;
   // Set once the server runs (its I/O threads may already serve /metrics).
   void set_server(const HttpServer* server) { server_.store(server); }
 
@@ -114,7 +115,7 @@ class Frontend {
   std::optional<std::vector<std::string>> ModelNames() const;
   void CountResponse(const std::string& endpoint, int http_status);
   // A job's life (JobMetrics): counted in in_flight(), and held (weakly)
-  // for CutOff. JobStarted returns the key JobFinished takes.
+  // for CutOff (one map for both). JobStarted returns the key JobFinished takes.
   uint64_t JobStarted(std::weak_ptr<CompletionJob> job);
   void JobFinished(uint64_t key);
   // Ends every job still open with `error` (a stream: an error event and
@@ -139,8 +140,7 @@ class Frontend {
   FrontendMetrics metrics_;
   std::atomic<const HttpServer*> server_{nullptr};
   std::atomic<bool> draining_{false};
-  std::atomic<int64_t> in_flight_{0};
-  std::mutex jobs_mu_;
+  mutable std::mutex jobs_mu_;
   uint64_t next_job_ = 0;
   std::unordered_map<uint64_t, std::weak_ptr<CompletionJob>> jobs_;
   std::unique_ptr<MetricsRelay> metrics_relay_;  // last: it renders the registry
