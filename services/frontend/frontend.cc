@@ -114,7 +114,11 @@ std::optional<std::vector<std::string>> Frontend::ModelNames() const {
   if (!options_.served_model_names.empty()) return options_.served_model_names;
   std::optional<ModelInfo> model = router_->model();
   if (!model) return std::nullopt;
-  return std::vector<std::string>{model->model_name};
+  std::vector<std::string> names = {model->model_name};
+  if (!options_.model_path.empty() && options_.model_path != model->model_name) {
+    names.push_back(options_.model_path);
+  }
+  return names;
 }
 
 uint64_t Frontend::JobStarted(std::weak_ptr<CompletionJob> job) {

@@ -46,6 +46,12 @@ struct FrontendOptions {
   // names the one its request named (the first when it named none); a
   // request naming another gets 404. Empty: the name the schedulers describe.
   std::vector<std::string> served_model_names;
+  // --model as given. vLLM names the model by it when no
+  // --served-model-name is set, so without served_model_names it is
+  // accepted too and listed after the name the schedulers describe: a client
+  // set up for `vllm serve PATH` (`vllm bench serve --model PATH`) finds the
+  // model, and one that names the schedulers' name still does.
+  std::string model_path;
   // With a key, /v1/*, /tokenize and /detokenize demand
   // "Authorization: Bearer <key>" (401 otherwise); /health and /metrics
   // never do.

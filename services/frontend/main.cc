@@ -131,7 +131,8 @@ int main(int argc, char** argv) {
             "chat_template)");
   flags.Add("served-model-name", &options.served_model_names,
             "the model's name in the API; repeatable: each name is served, responses carry "
-            "the one the request named (none: the name the schedulers describe)");
+            "the one the request named (none: the name the schedulers describe, and --model as "
+            "given, vLLM's name for it)");
   flags.Add("api-key", &options.api_key,
             "demand 'Authorization: Bearer <key>' on /v1/*, /tokenize and /detokenize (prefer "
             "--api-key-file: argv is visible to other processes)");
@@ -239,6 +240,7 @@ int main(int argc, char** argv) {
     return Fail("--model " + model_dir + " is not a directory (a Hugging Face model "
                 "directory; for other models give --tokenizer)");
   }
+  options.model_path = model_dir;
   const bool tokenizer_from_model = tokenizer_path.empty() && !model_dir.empty();
   if (tokenizer_from_model) tokenizer_path = model_dir;
   if (tokenizer_path.empty()) {

@@ -345,6 +345,22 @@ TEST_F(FrontendTest, ModelDirectoryGivesTheTokenizerAndTheChatTemplate) {
   EXPECT_EQ(llama2.body["prompt_token_ids"], fixture.body["prompt_token_ids"]);
   EXPECT_NE(llama2.body["prompt_token_ids"], chatml.body["prompt_token_ids"]);
 
+  // vLLM names the model by --model as given: without --served-model-name
+  // that path is served too, after the schedulers' name; with one, only the
+  // names given are.
+  const Json models = Json::parse(Get(from_model.address(), "/v1/models"));
+  ASSERT_EQ(models["data"].size(), 2u) << models.dump();
+  EXPECT_EQ(models["data"][0]["id"], models["data"][0]["root"]);
+  EXPECT_EQ(models["data"][1]["id"], model_dir);
+  Json by_path = {{"prompt", "Once upon a time"}, {"max_tokens", 2}, {"model", model_dir}};
+  const HttpResult served = Post(from_model.address(), "/v1/completions", by_path);
+  ASSERT_EQ(served.status, 200) << served.raw;
+  EXPECT_EQ(served.body["model"], model_dir);
+  Service named = StartFrontend(dir_, "named", {scheduler_.address()},
+                                {"--model", model_dir, "--served-model-name", "tiny"});
+  EXPECT_EQ(Post(named.address(), "/v1/completions", by_path).status, 404);
+  EXPECT_EQ(Json::parse(Get(named.address(), "/v1/models"))["data"].size(), 1u);
+
   // A --model that is no directory, or holds no tokenizer, stops the start
   // with its path; neither flag at all names both.
   const std::string binary = BinaryPath("services/frontend/tandem-frontend");

@@ -41,7 +41,8 @@ SIGINT/SIGTERM, like `vllm serve MODEL`.
                              give --tokenizer)
   --host H                   the API's address (default 0.0.0.0)
   --port P                   the API's port (default 8000)
-  --served-model-name N...   the names the API serves (default: the model's)
+  --served-model-name N...   the names the API serves (default: the model's
+                             directory name, and MODEL as given, as vLLM names it)
   --kv-store                 also start a KV-store (tandem-kvstore) for the replica
   --kv-store-dir DIR         its data directory (default: a new one under /tmp,
                              removed at exit)
