@@ -514,6 +514,30 @@ class KvStoreClient::Impl {
     return resp.created();
   }
 
+  void CreateNamespaceAsync(const kvstore::NamespaceSpec& spec,
+                            std::function<void(absl::StatusOr<bool>)> done) {
+    Sweep();
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::CreateNamespaceRequest req;
+      v1::CreateNamespaceResponse resp;
+      std::function<void(absl::StatusOr<bool>)> done;
+    };
+    auto call = std::make_shared<Call>();
+    call->ctx.set_deadline(DeadlineIn(opts_.rpc_deadline_ms));
+    rpc::ToProto(spec, call->req.mutable_info());
+    call->done = std::move(done);
+    Track(call);
+    Call* raw = call.get();
+    stub_->async()->CreateNamespace(&raw->ctx, &raw->req, &raw->resp, [this, raw](grpc::Status s) {
+      if (raw->done) {
+        raw->done(s.ok() ? absl::StatusOr<bool>(raw->resp.created())
+                         : rpc::FromGrpcStatus(s, "KV-store CreateNamespace"));
+      }
+      Retire(raw);
+    });
+  }
+
   absl::StatusOr<kvstore::KvStoreStats> Stats() {
     TANDEM_ASSIGN_OR_RETURN(v1::StatsResponse resp, StatsRpc(opts_.rpc_deadline_ms));
     return rpc::FromProto(resp);
@@ -605,6 +629,10 @@ absl::StatusOr<std::vector<BlockStoreResult>> KvStoreClient::Store(
 }
 absl::StatusOr<bool> KvStoreClient::CreateNamespace(const kvstore::NamespaceSpec& spec) {
   return impl_->CreateNamespace(spec);
+}
+void KvStoreClient::CreateNamespaceAsync(const kvstore::NamespaceSpec& spec,
+                                         std::function<void(absl::StatusOr<bool>)> done) {
+  impl_->CreateNamespaceAsync(spec, std::move(done));
 }
 absl::StatusOr<kvstore::KvStoreStats> KvStoreClient::Stats() { return impl_->Stats(); }
 uint64_t KvStoreClient::bulk_loads() const { return impl_->bulk_loads(); }

@@ -120,17 +120,21 @@ absl::StatusOr<std::unique_ptr<KvStoreConnectorScheduler>> KvStoreConnectorSched
   const kvstore::NamespaceSpec spec{
       .name = ns, .block_bytes = static_cast<uint64_t>(block_bytes), .layout = kv_layout};
   TANDEM_RETURN_IF_ERROR(spec.Validate());
-  // Best effort: the worker creates it too (and again after a store restart).
-  absl::StatusOr<bool> created = client->CreateNamespace(spec);
-  if (!created.ok()) {
-    TANDEM_LOG(WARNING) << "KV-store " << options.target << ": creating namespace " << ns
-                        << " failed (" << created.status()
-                        << "); lookups miss until the store is up";
-  } else {
-    TANDEM_LOG(INFO) << "KV-store " << options.target << " namespace " << ns
-                     << (*created ? " created" : " exists") << " (block " << block_bytes
-                     << " bytes, " << kv_layout << ")";
-  }
+  // Best effort, and not waited for: the worker creates it too (and again
+  // after a store restart), and lookups miss until it exists.
+  client->CreateNamespaceAsync(spec, [target = options.target, ns, block_bytes, kv_layout,
+                                      on_namespace =
+                                          options.on_namespace](absl::StatusOr<bool> created) {
+    if (!created.ok()) {
+      TANDEM_LOG(WARNING) << "KV-store " << target << ": creating namespace " << ns << " failed ("
+                          << created.status() << "); lookups miss until the store is up";
+    } else {
+      TANDEM_LOG(INFO) << "KV-store " << target << " namespace " << ns
+                       << (*created ? " created" : " exists") << " (block " << block_bytes
+                       << " bytes, " << kv_layout << ")";
+    }
+    if (on_namespace) on_namespace(created.status());
+  });
   return std::unique_ptr<KvStoreConnectorScheduler>(
       new KvStoreConnectorScheduler(options, std::move(client), ns, block_size));
 }

@@ -78,6 +78,7 @@ KvStoreServiceImpl::KvStoreServiceImpl(kvstore::KvStoreEngine* store, KvStoreSer
 grpc::Status KvStoreServiceImpl::CreateNamespace(grpc::ServerContext* ctx,
                                                  const v1::CreateNamespaceRequest* req,
                                                  v1::CreateNamespaceResponse* resp) {
+  if (options_.debug_before_create_namespace) options_.debug_before_create_namespace();
   absl::StatusOr<bool> created = store_->CreateNamespace(rpc::FromProto(req->info()));
   if (!created.ok()) return rpc::ToGrpcStatus(created.status());
   resp->set_created(*created);

@@ -63,6 +63,9 @@ struct KvStoreServiceOptions {
   // Runs at the start of every gRPC Load call, likewise (a load the test
   // holds back); empty = off.
   std::function<void()> debug_before_load;
+  // Runs at the start of every CreateNamespace call, likewise (a store that
+  // hangs on it); empty = off.
+  std::function<void()> debug_before_create_namespace;
   // The host id Stats advertises beside the local socket instead of this
   // host's (a store that looks remote to clients on this host); empty = off.
   std::string debug_host_id;

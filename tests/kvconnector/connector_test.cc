@@ -22,6 +22,24 @@
 namespace tandem::kvconnector {
 namespace {
 
+// The engine loop creates the scheduler role on every worker (re)connect:
+// a store that hangs on CreateNamespace must not hold it. Create returns
+// while the store holds the call, and the namespace is created when the
+// store lets it go (with Create waiting, the call would have timed out
+// first, 1 s after it was sent).
+TEST_F(ConnectorTest, CreatingTheSchedulerRoleDoesNotWaitForCreateNamespace) {
+  Gate gate;
+  StartStore(0, {}, {}, [&gate] { gate.Pass(); });
+  auto sc = MakeScheduler(2000, 100, /*wait_for_namespace=*/false);
+  ASSERT_TRUE(sc);
+  EXPECT_FALSE(namespace_outcome_->Wait(std::chrono::milliseconds(0)).has_value());
+  ASSERT_TRUE(gate.Reached());
+  gate.Open();
+  std::optional<absl::Status> created = namespace_outcome_->Wait();
+  ASSERT_TRUE(created.has_value());
+  EXPECT_TRUE(created->ok()) << *created;
+}
+
 TEST_F(ConnectorTest, StoreThenLoadRoundTripsThroughStaging) {
   StartStore();
   auto sc = MakeScheduler();

@@ -111,7 +111,8 @@ struct WorkerOptions {
 class ConnectorTest : public ::testing::Test {
  protected:
   void StartStore(int64_t lookup_delay_ms = 0, std::function<void()> before_store = {},
-                  std::function<void()> before_load = {}) {
+                  std::function<void()> before_load = {},
+                  std::function<void()> before_create_namespace = {}) {
     auto store = kvstore::KvStoreEngine::Open({.data_dir = dir_.path(),
                                                .hot_capacity_bytes = 1 << 20,
                                                .hot_slot_bytes = 4096,
@@ -119,10 +120,11 @@ class ConnectorTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
-        store_.get(),
-        kvstore_service::KvStoreServiceOptions{.debug_lookup_delay_ms = lookup_delay_ms,
-                                               .debug_before_store = std::move(before_store),
-                                               .debug_before_load = std::move(before_load)});
+        store_.get(), kvstore_service::KvStoreServiceOptions{
+                          .debug_lookup_delay_ms = lookup_delay_ms,
+                          .debug_before_store = std::move(before_store),
+                          .debug_before_load = std::move(before_load),
+                          .debug_before_create_namespace = std::move(before_create_namespace)});
     testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
     ASSERT_NE(s.server, nullptr);
     server_ = std::move(s.server);
@@ -133,15 +135,42 @@ class ConnectorTest : public ::testing::Test {
   }
 
   std::vector<double> lookup_latencies_;  // seconds, from on_lookup_latency
+  // The outcome of the scheduler role's CreateNamespace, once it arrives.
+  struct NamespaceOutcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<absl::Status> status;
+    std::optional<absl::Status> Wait(std::chrono::milliseconds within = std::chrono::seconds(30)) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, within, [&] { return status.has_value(); });
+      return status;
+    }
+  };
+  std::shared_ptr<NamespaceOutcome> namespace_outcome_;
+  // Create sends CreateNamespace without waiting for it; unless told not
+  // to, this waits for its answer, so a test's first lookup finds the
+  // namespace.
   std::unique_ptr<KvStoreConnectorScheduler> MakeScheduler(int64_t deadline_ms = 2000,
-                                                           int64_t refresh_ms = 100) {
+                                                           int64_t refresh_ms = 100,
+                                                           bool wait_for_namespace = true) {
+    auto outcome = std::make_shared<NamespaceOutcome>();
+    namespace_outcome_ = outcome;
     auto c = KvStoreConnectorScheduler::Create(
         {.target = target_,
          .lookup_deadline_ms = deadline_ms,
          .lookup_refresh_ms = refresh_ms,
-         .on_lookup_latency = [this](double s) { lookup_latencies_.push_back(s); }},
+         .on_lookup_latency = [this](double s) { lookup_latencies_.push_back(s); },
+         .on_namespace =
+             [outcome](const absl::Status& s) {
+               std::lock_guard<std::mutex> lock(outcome->mu);
+               outcome->status = s;
+               outcome->cv.notify_all();
+             }},
         "fp", "layout", kBlockBytes, kBlockSize);
     EXPECT_TRUE(c.ok()) << c.status();
+    if (c.ok() && wait_for_namespace) {
+      EXPECT_TRUE(outcome->Wait().has_value());
+    }
     return c.ok() ? std::move(*c) : nullptr;
   }
   std::unique_ptr<KvStoreConnectorWorker> MakeWorker(const WorkerOptions& o = {}) {

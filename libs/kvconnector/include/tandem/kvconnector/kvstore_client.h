@@ -108,6 +108,10 @@ class KvStoreClient {
 
   // True when created, false when it existed with the same spec.
   absl::StatusOr<bool> CreateNamespace(const kvstore::NamespaceSpec& spec);
+  // The same without waiting: `done` runs on a gRPC thread with the answer
+  // (before the client's destructor returns).
+  void CreateNamespaceAsync(const kvstore::NamespaceSpec& spec,
+                            std::function<void(absl::StatusOr<bool>)> done);
   absl::StatusOr<kvstore::KvStoreStats> Stats();
   // Loads served through the bulk load port so far (the rest went over gRPC).
   [[nodiscard]] uint64_t bulk_loads() const;

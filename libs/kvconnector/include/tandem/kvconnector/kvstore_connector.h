@@ -168,6 +168,11 @@ struct KvStoreConnectorOptions {
   // (sent -> answer seen, seconds; late or failed ones too), for a
   // histogram. May be empty.
   std::function<void(double)> on_lookup_latency;
+  // Scheduler: called on a gRPC thread with the outcome of creating the
+  // namespace, which Create sends without waiting for (the engine loop
+  // creates the connector and must not wait for a store that hangs). May be
+  // empty; the outcome is logged either way.
+  std::function<void(const absl::Status&)> on_namespace;
   // Worker: called on the worker's loop thread after each step's loads
   // (only steps that load). May be empty.
   std::function<void(const KvLoadTiming&)> on_load;
