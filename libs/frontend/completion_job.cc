@@ -70,10 +70,16 @@ void CompletionJob::Start(const std::optional<ModelInfo>& model,
     Fail(*e);
     return;
   }
-  head_ = {.id = NewResponseId(request_.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
+  const char* id_prefix = request_.endpoint == Endpoint::kChat        ? "chatcmpl-"
+                          : request_.endpoint == Endpoint::kResponses ? "resp_"
+                                                                      : "cmpl-";
+  head_ = {.id = NewResponseId(id_prefix),
            .created = static_cast<int64_t>(std::time(nullptr)),
            .model = request_.model.empty() ? names->front() : request_.model};
   if (!BuildChoices(*model)) return;
+  if (request_.endpoint == Endpoint::kResponses && request_.stream) {
+    responses_ = std::make_unique<ResponsesEvents>(request_, head_, responses_run_);
+  }
   for (ChoiceState& c : choices_) {
     metrics_->OnPromptTokens(static_cast<int64_t>(c.call_request.prompt_token_ids.size()));
   }
@@ -161,6 +167,12 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
       StartOutput(c);
     }
   }
+  if (request_.endpoint == Endpoint::kResponses) {
+    responses_run_ = {.message_id = NewResponseId("msg_"),
+                      .temperature = sampling.temperature,
+                      .top_p = sampling.top_p,
+                      .max_output_tokens = choices_.front().call_request.sampling.max_tokens};
+  }
   return true;
 }
 
@@ -232,6 +244,10 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
     c.text += delta;
     return;
   }
+  if (responses_) {
+    EmitResponses(c, delta);
+    return;
+  }
   const bool first = !c.chunk_sent;
   // Echo's prompt logprobs come with the first tokens: its first chunk waits.
   if (first && !c.done && request_.echo && request_.logprobs && !c.has_prompt_logprobs &&
@@ -270,6 +286,28 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
   }
   sink_->Write(StreamChunk(request_, head_, chunk));
   c.chunk_sent = true;
+}
+
+void CompletionJob::EmitResponses(ChoiceState& c, const std::string& delta) {
+  StartStream();
+  if (!c.chunk_sent) {
+    sink_->Write(responses_->Start());
+    c.chunk_sent = true;
+  }
+  std::string event = responses_->Delta(delta);
+  if (!event.empty()) sink_->Write(event);
+}
+
+void CompletionJob::CompleteResponses(ChoiceState& c, const Usage& usage) {
+  if (responses_) {
+    EmitResponses(c, "");
+    sink_->Write(responses_->Finish(c.finish, usage));
+    sink_->End();
+    return;
+  }
+  const ResponsesOutput output{.text = std::move(c.text), .finish = c.finish, .usage = usage};
+  sink_->Respond(ResponsesObject(request_, head_, responses_run_, &output)
+                     .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
 }
 
 void CompletionJob::StartStream() {
@@ -323,6 +361,10 @@ void CompletionJob::MaybeComplete() {
   }
   for (const ChoiceState& c : choices_) usage.completion_tokens += c.completion_tokens;
   metrics_->OnResponse(200);
+  if (request_.endpoint == Endpoint::kResponses) {
+    CompleteResponses(choices_.front(), usage);
+    return;
+  }
   if (request_.stream) {
     StartStream();
     if (request_.include_usage) sink_->Write(StreamUsageChunk(request_, head_, usage));
@@ -364,6 +406,11 @@ void CompletionJob::Fail(const ApiError& error) {
   metrics_->OnResponse(error.http_status);
   if (!stream_started_) {
     sink_->RespondError(error);
+    return;
+  }
+  if (responses_) {
+    sink_->Write(responses_->Error(error));
+    sink_->End();
     return;
   }
   sink_->Write(StreamErrorEvent(error));

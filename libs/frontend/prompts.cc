@@ -91,8 +91,11 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
                                        const CompletionRequest& request, const ModelInfo& model,
                                        PreparedPrompts* out, bool check_context) {
   const tokenizer::Tokenizer& tok = served.tokenizer();
-  const char* param = request.endpoint == Endpoint::kChat ? "messages" : "prompt";
-  if (request.endpoint == Endpoint::kChat) {
+  // /v1/responses runs as chat: its messages come from `input`.
+  const char* param = request.endpoint == Endpoint::kChat        ? "messages"
+                      : request.endpoint == Endpoint::kResponses ? "input"
+                                                                 : "prompt";
+  if (request.endpoint != Endpoint::kCompletions) {
     uint64_t content_bytes = 0;
     for (const auto& m : request.messages) {
       auto content = m.find("content");
@@ -101,12 +104,12 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
         content_bytes += part["text"].get_ref<const std::string&>().size();
       }
     }
-    if (auto e = CheckPromptBytes(served, model, content_bytes, "messages")) return e;
+    if (auto e = CheckPromptBytes(served, model, content_bytes, param)) return e;
     if (!served.chat_template()) {
       return BadRequest(
           "this server has no chat template for its model; start tandem-frontend "
           "with --chat-template",
-          "messages");
+          param);
     }
     // With tools, the tokenizer's "tool_use" template when it names one, as
     // transformers (and so vLLM) picks it.
@@ -125,15 +128,15 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
                                          .extra_context = TemplateVariables(request)};
     absl::StatusOr<std::string> rendered = chat_template->Render(inputs);
     if (!rendered.ok()) {
-      return BadRequest(absl::StrCat("chat template: ", rendered.status().message()), "messages");
+      return BadRequest(absl::StrCat("chat template: ", rendered.status().message()), param);
     }
     std::string text = *std::move(rendered);
-    if (auto e = CheckPromptBytes(served, model, text.size(), "messages")) return e;
+    if (auto e = CheckPromptBytes(served, model, text.size(), param)) return e;
     bool add_special = request.add_special_tokens.value_or(false);
     if (StripBosText(tok, &text)) add_special = true;
     absl::StatusOr<std::vector<int32_t>> ids =
         tok.Encode(text, {.add_special_tokens = add_special});
-    if (!ids.ok()) return BadRequest(std::string(ids.status().message()), "messages");
+    if (!ids.ok()) return BadRequest(std::string(ids.status().message()), param);
     out->ids.push_back(*std::move(ids));
     out->texts.push_back(std::move(text));
   } else {

@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"
 #include "tandem/frontend/openai.h"
+#include "tandem/frontend/openai_responses.h"
 
 namespace tandem::frontend {
 namespace {
@@ -154,9 +155,9 @@ void Frontend::CountResponse(const std::string& endpoint, int http_status) {
   // up (a 401 or 405 for /v1/<anything>) would grow the registry without
   // bound.
   static constexpr std::string_view kRoutes[] = {
-      "/health",    "/metrics",  "/v1/completions", "/v1/chat/completions",
-      "/v1/models", "/tokenize", "/detokenize",     "/ping",
-      "/version"};
+      "/health",    "/metrics",     "/v1/completions", "/v1/chat/completions",
+      "/v1/models", "/tokenize",    "/detokenize",     "/ping",
+      "/version",   "/v1/responses"};
   const bool known =
       std::find(std::begin(kRoutes), std::end(kRoutes), endpoint) != std::end(kRoutes);
   metrics_.requests
@@ -234,12 +235,15 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
     CountResponse(path, 401);
     return;
   }
-  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+  if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/responses") {
     if (!method_is("POST")) return;
-    const Endpoint endpoint =
-        path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat;
+    const Endpoint endpoint = path == "/v1/completions"        ? Endpoint::kCompletions
+                              : path == "/v1/chat/completions" ? Endpoint::kChat
+                                                               : Endpoint::kResponses;
     CompletionRequest request;
-    if (auto e = ParseCompletionRequest(req.body, endpoint, &request)) {
+    if (auto e = endpoint == Endpoint::kResponses
+                     ? ParseResponsesRequest(req.body, &request)
+                     : ParseCompletionRequest(req.body, endpoint, &request)) {
       RespondError(*exchange, *e);
       CountResponse(path, e->http_status);
       return;

@@ -10,8 +10,11 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tandem/frontend/openai_responses.h"
+#include "tandem/tokenizer/chat_template.h"
 #include "tandem/tokenizer/tokenizer.h"
 
 namespace tandem::frontend {
@@ -103,15 +106,20 @@ class CompletionJobTest : public ::testing::Test {
   static void SetUpTestSuite() {
     auto tok = tokenizer::LoadTokenizer(kTokenizer);
     ASSERT_TRUE(tok.ok()) << tok.status();
+    auto chat = tokenizer::ChatTemplate::Builtin("llama-2");  // for /v1/responses
+    ASSERT_TRUE(chat.ok()) << chat.status();
     served_ = new ServedTokenizer(std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok)),
-                                  std::nullopt);
+                                  *std::move(chat));
   }
   static void TearDownTestSuite() { delete served_; }
 
-  // Starts a /v1/completions job for `body` with `num_replicas` replicas.
-  void Start(const Json& body, int num_replicas = 3) {
+  // Starts a /v1/completions (or /v1/responses) job for `body` with
+  // `num_replicas` replicas.
+  void Start(const Json& body, int num_replicas = 3, Endpoint endpoint = Endpoint::kCompletions) {
     CompletionRequest request;
-    auto e = ParseCompletionRequest(body.dump(), Endpoint::kCompletions, &request);
+    auto e = endpoint == Endpoint::kResponses
+                 ? ParseResponsesRequest(body.dump(), &request)
+                 : ParseCompletionRequest(body.dump(), endpoint, &request);
     ASSERT_FALSE(e) << e->message;
     auto transport = std::make_unique<FakeTransport>(num_replicas);
     transport_ = transport.get();
@@ -291,6 +299,58 @@ TEST_F(CompletionJobTest, UnavailableAfterATokenEndsTheStreamWithAnErrorEvent) {
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back()["error"]["message"], "replica died");
   EXPECT_EQ(rec_.responses, std::vector<int>{503});
+}
+
+// /v1/responses streams OpenAI's typed events ("event: T" and "data:"
+// lines) and ends with the response object, without [DONE]; a replica lost
+// after text ends the stream with an error event, also without [DONE].
+TEST_F(CompletionJobTest, AResponsesStreamEndsWithTheResponseAndNoDoneMarker) {
+  for (const bool dies : {false, true}) {
+    SCOPED_TRACE(dies ? "the replica dies" : "the answer ends");
+    rec_ = Recording{};
+    Start({{"input", "Once upon a time"}, {"stream", true}}, 1, Endpoint::kResponses);
+    ASSERT_EQ(transport_->calls.size(), 1u);
+    const std::vector<int32_t> prompt = transport_->calls[0].request.prompt_token_ids;
+    const std::vector<int32_t> a = Ids(" there was a dog");
+    Tokens(0, {a[0], a[1]});
+    if (dies) {
+      End(0, absl::UnavailableError("replica died"));
+    } else {
+      Finish(0, {a.begin() + 2, a.end()}, FinishReason::kStop, static_cast<int32_t>(a.size()));
+    }
+    ASSERT_TRUE(rec_.ended);
+    std::string deltas;
+    std::vector<Json> events;
+    for (const std::string& sse : rec_.events) {
+      EXPECT_EQ(sse.find("[DONE]"), std::string::npos) << sse;
+      for (const std::string& event :
+           std::vector<std::string>(absl::StrSplit(sse, "\n\n", absl::SkipEmpty()))) {
+        const size_t data = event.find("\ndata: ");
+        ASSERT_NE(data, std::string::npos) << event;
+        events.push_back(Json::parse(event.substr(data + 7)));
+        EXPECT_EQ(event.substr(0, data), "event: " + events.back()["type"].get<std::string>());
+        if (events.back()["type"] == "response.output_text.delta") {
+          deltas += events.back()["delta"].get<std::string>();
+        }
+      }
+    }
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.front()["type"], "response.created");
+    if (dies) {
+      EXPECT_EQ(deltas, TextAfter(prompt, {a[0], a[1]}));
+      EXPECT_EQ(events.back()["type"], "error");
+      EXPECT_EQ(events.back()["message"], "replica died");
+      EXPECT_EQ(rec_.responses, std::vector<int>{503});
+    } else {
+      EXPECT_EQ(deltas, TextAfter(prompt, a));
+      EXPECT_EQ(events.back()["type"], "response.completed");
+      const Json& response = events.back()["response"];
+      EXPECT_EQ(response["output"][0]["content"][0]["text"], deltas);
+      EXPECT_EQ(response["usage"]["input_tokens"], prompt.size());
+      EXPECT_EQ(response["usage"]["output_tokens"], a.size());
+      EXPECT_EQ(rec_.responses, std::vector<int>{200});
+    }
+  }
 }
 
 // A response not streamed has shown the client nothing: a replica that dies

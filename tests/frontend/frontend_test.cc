@@ -6,6 +6,7 @@
 //     and the same ids as the gRPC path;
 //   - every error case has its status and OpenAI error body, and a stream
 //     running beside them is unaffected;
+//   - /v1/responses, read by the SDK's three ways, answers as chat does;
 //   - --model DIR alone gives the tokenizer and chat template
 //     (chat_template.jinja) of the directory; --chat-template overrides.
 // Client connections (hang-ups, late and slow readers, pipelining, the
@@ -94,6 +95,50 @@ TEST_F(FrontendTest, OpenAiSdkGetsTheReferenceTokensAndTextStreamedOrNot) {
           ->Encode("[INST] " + reference_[0]["prompt_text"].get<std::string>() + " [/INST]")
           .value();
   EXPECT_EQ(prompt, rendered);
+
+  // /v1/responses with the same user message runs the same chat prompt: the
+  // chat answer's text and counts, however the SDK reads it.
+  const Json& responses = got["responses"];
+  const Json& nonstream = responses["nonstream"];
+  const bool cut_at_max = chat["nonstream"]["finish_reason"] == "length";
+  const std::string status = cut_at_max ? "incomplete" : "completed";
+  EXPECT_EQ(nonstream["object"], "response");
+  EXPECT_EQ(nonstream["id"].get<std::string>().rfind("resp_", 0), 0u) << nonstream["id"];
+  EXPECT_EQ(nonstream["status"], status);
+  EXPECT_EQ(nonstream["output_text"], chat["nonstream"]["text"]);
+  EXPECT_EQ(nonstream["item_text"], chat["nonstream"]["text"]);
+  EXPECT_EQ(nonstream["model"], got["model"]);
+  EXPECT_EQ(nonstream["usage"]["input_tokens"], chat["nonstream"]["usage"]["prompt_tokens"]);
+  EXPECT_EQ(nonstream["usage"]["output_tokens"], chat["nonstream"]["usage"]["completion_tokens"]);
+  const Json& streamed = responses["stream"];
+  EXPECT_EQ(streamed["deltas"], chat["nonstream"]["text"]);
+  EXPECT_EQ(streamed["final_text"], chat["nonstream"]["text"]);
+  EXPECT_EQ(streamed["final_status"], status);
+  EXPECT_EQ(streamed["usage"], nonstream["usage"]);
+  const Json& events = streamed["events"];
+  ASSERT_GE(events.size(), 9u);
+  EXPECT_EQ(events[0]["type"], "response.created");
+  EXPECT_EQ(events[events.size() - 1]["type"], "response." + status);
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i]["sequence_number"], i);
+    if (!events[i]["item_id"].is_null()) {
+      EXPECT_EQ(events[i]["item_id"], streamed["message_id"]);
+    }
+  }
+  EXPECT_EQ(responses["helper"]["text"], chat["nonstream"]["text"]);
+  // The SDK's stream helper takes the final object from response.completed
+  // only; after response.incomplete it keeps its in-progress snapshot.
+  EXPECT_EQ(responses["helper"]["status"], cut_at_max ? "in_progress" : "completed");
+  EXPECT_EQ(responses["parts"]["text"], chat["nonstream"]["text"]);
+  // Cut at max_output_tokens: incomplete, as OpenAI says it.
+  EXPECT_EQ(responses["cut"]["status"], "incomplete");
+  EXPECT_EQ(responses["cut"]["incomplete_details"]["reason"], "max_output_tokens");
+  EXPECT_EQ(responses["cut"]["usage"]["output_tokens"], 2);
+  EXPECT_EQ(chat["nonstream"]["text"].get<std::string>().rfind(
+                responses["cut"]["text"].get<std::string>(), 0),
+            0u);
+  EXPECT_EQ(responses["refused"]["status"], 400);
+  EXPECT_EQ(responses["refused"]["param"], "tools");
 }
 
 // `tandem bench --http` (tools/bench_frontend's default HTTP client) reads

@@ -63,5 +63,43 @@ results.chat = {
                finish_reason: chat.choices[0].finish_reason, usage: chat.usage },
   stream: await streamed(chatParams, "chat"),
 };
+// The Responses API (client.responses): the same user message as the chat
+// request above, read the three ways the SDK offers.
+const respParams = { model, input: cases[0].prompt_text, max_output_tokens: 16, temperature: 0 };
+const resp = await client.responses.create(respParams);
+const events = [];
+let deltas = "";
+let last = null;
+for await (const ev of await client.responses.create({ ...respParams, stream: true })) {
+  events.push({ type: ev.type, sequence_number: ev.sequence_number, item_id: ev.item_id ?? null });
+  if (ev.type === "response.output_text.delta") deltas += ev.delta;
+  if (ev.response) last = ev.response;
+}
+const helper = await client.responses.stream(respParams).finalResponse();
+const cut = await client.responses.create({ ...respParams, max_output_tokens: 2 });
+const parts = await client.responses.create({
+  ...respParams,
+  input: [{ role: "user", content: [{ type: "input_text", text: cases[0].prompt_text }] }],
+});
+let refused = null;
+try {
+  await client.responses.create({ ...respParams, tools: [{ type: "function", name: "f" }] });
+} catch (e) {
+  refused = { status: e.status, param: e.param ?? e.error?.param ?? null };
+}
+const itemText = (r) => r.output.flatMap((o) => o.content ?? []).map((c) => c.text).join("");
+results.responses = {
+  nonstream: { object: resp.object, id: resp.id, status: resp.status, output_text: resp.output_text,
+               item_text: itemText(resp), model: resp.model, usage: resp.usage,
+               message_id: resp.output[0]?.id ?? null },
+  stream: { events, deltas, final_text: last ? itemText(last) : null,
+            final_status: last?.status ?? null, usage: last?.usage ?? null,
+            message_id: last?.output[0]?.id ?? null },
+  helper: { text: itemText(helper), status: helper.status },
+  cut: { status: cut.status, incomplete_details: cut.incomplete_details, usage: cut.usage,
+         text: itemText(cut) },
+  parts: { text: itemText(parts) },
+  refused,
+};
 fs.writeFileSync(outPath, JSON.stringify(results, null, 1));
 console.log(`openai_cases: ${cases.length} cases, model ${model}`);

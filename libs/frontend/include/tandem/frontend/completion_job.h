@@ -1,4 +1,5 @@
-// One /v1/completions or /v1/chat/completions request, from parsed body to
+// One /v1/completions, /v1/chat/completions or /v1/responses request, from
+// parsed body to
 // the last byte of the response, behind two narrow interfaces: a
 // GenerateTransport that starts (and cancels) Generate calls on the
 // schedulers' replicas, and a CompletionSink that takes the response. No
@@ -46,6 +47,7 @@
 #include "tandem/common/generate.h"
 #include "tandem/common/model_info.h"
 #include "tandem/frontend/openai.h"
+#include "tandem/frontend/openai_responses.h"
 #include "tandem/frontend/prompts.h"
 
 namespace tandem::frontend {
@@ -161,7 +163,11 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   [[nodiscard]] bool StartCall(ChoiceState& c);
   void Emit(ChoiceState& c, std::string delta, std::vector<int32_t> ids);
   void StartStream();
+  // /v1/responses: the choice's text as the stream's events.
+  void EmitResponses(ChoiceState& c, const std::string& delta);
   void MaybeComplete();
+  // /v1/responses: the response object, or the stream's last events.
+  void CompleteResponses(ChoiceState& c, const Usage& usage);
   void Fail(const ApiError& error);
   void CancelAll();
 
@@ -176,6 +182,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   ResponseHead head_;
   PreparedPrompts prompts_;
   std::vector<ChoiceState> choices_;
+  ResponsesRun responses_run_;                  // /v1/responses
+  std::unique_ptr<ResponsesEvents> responses_;  // its stream
   bool stream_started_ = false;
   bool first_token_ = false;
   bool finished_ = false;  // the response is complete or failed

@@ -105,7 +105,20 @@ struct ApiError {
 
 [[nodiscard]] ApiError BadRequest(std::string message, std::string param = "");
 
-enum class Endpoint { kCompletions, kChat };
+// kResponses: /v1/responses, run as a chat request (openai_responses.h).
+enum class Endpoint { kCompletions, kChat, kResponses };
+
+// /v1/responses: the request's settings its response object repeats.
+struct ResponsesFields {
+  nlohmann::ordered_json instructions;  // a string or null
+  nlohmann::ordered_json metadata;      // an object or null
+  nlohmann::ordered_json user;          // a string or null
+  nlohmann::ordered_json max_tool_calls;
+  std::string tool_choice = "auto";
+  bool parallel_tool_calls = true;
+  int32_t top_logprobs = 0;
+  std::string service_tier = "auto";
+};
 
 // One prompt of a completions request: text, or token ids as given.
 struct PromptInput {
@@ -182,6 +195,8 @@ struct CompletionRequest {
   std::optional<int32_t> logprobs;
   // vLLM's prompt_logprobs: the same for each prompt token after the first.
   std::optional<int32_t> prompt_logprobs;
+  // Set on /v1/responses.
+  std::optional<ResponsesFields> responses;
 };
 
 // max_tokens of a /v1/completions request that sends none, as vLLM's

@@ -1,0 +1,106 @@
+// OpenAI's Responses API (POST /v1/responses) for a text model, as vLLM
+// serves it without its response store: the request runs as a chat request
+// (instructions as the system message, then the input's messages), and the
+// answer is one assistant message in OpenAI's response object, or in its
+// stream of typed events.
+//
+// Request (https://platform.openai.com/docs/api-reference/responses/create):
+//   input: a string (one user message) or a list of messages ({"role",
+//   "content"}, "type": "message" optional; role user, assistant, system or
+//   developer, handed to the chat template as vLLM hands them); content a
+//   string or a list of input_text / output_text parts. instructions,
+//   max_output_tokens (the chat's max_tokens: default the rest of the
+//   context), temperature and top_p (unset: the model's generation_config
+//   defaults, as chat), stream, metadata, user; and vLLM's extras that chat
+//   takes too (top_k, min_p, seed, stop, ignore_eos, min_tokens,
+//   repetition/presence/frequency penalties, logit_bias, priority,
+//   skip_special_tokens, include_stop_str_in_output).
+//   store: accepted, and nothing is stored (vLLM's default: its store is
+//   off unless VLLM_ENABLE_RESPONSES_API_STORE); the response says
+//   "store": false. So previous_response_id is a 404 (no response is ever
+//   found, as in vLLM) and background mode a 400.
+//   Refused by name: tools, tool_choice other than auto/none, text.format
+//   other than text (structured outputs), reasoning settings, include,
+//   truncation "auto", prompt templates, conversation, images, files and
+//   audio in the input, and input items other than messages.
+//   Unknown fields are ignored, as chat does.
+// Response: {"id": "resp_...", "object": "response", "status": "completed"
+// (or "incomplete" with incomplete_details {"reason": "max_output_tokens"}
+// when max_output_tokens ended it), "output": [one message with one
+// output_text part], "usage": {input_tokens, input_tokens_details
+// {cached_tokens}, output_tokens, output_tokens_details {reasoning_tokens},
+// total_tokens}, and the request's settings: temperature, top_p and
+// max_output_tokens as run}. Streams are OpenAI's: "event: TYPE" and
+// "data: {...}" lines; response.created, response.in_progress,
+// response.output_item.added, response.content_part.added, a
+// response.output_text.delta per piece of text, then
+// response.output_text.done, response.content_part.done,
+// response.output_item.done and response.completed (response.incomplete
+// when cut at max_output_tokens, as OpenAI ends it; vLLM sends completed),
+// with one msg_ id throughout and sequence numbers from 0; no [DONE].
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "nlohmann/json.hpp"
+#include "tandem/frontend/openai.h"
+
+namespace tandem::frontend {
+
+// Parses a /v1/responses body into the request it runs as (endpoint
+// kResponses, messages built from instructions and input, `responses` set).
+// On error returns the error naming the Responses field; `out` is then
+// unspecified.
+[[nodiscard]] std::optional<ApiError> ParseResponsesRequest(std::string_view body,
+                                                            CompletionRequest* out);
+
+// How the response ran, for its settings fields.
+struct ResponsesRun {
+  std::string message_id;  // "msg_..."
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t max_output_tokens = 0;  // the max_tokens the choice ran with
+};
+
+// The answer so far: its text, and once it ended its finish and usage.
+struct ResponsesOutput {
+  std::string text;
+  FinishReason finish = FinishReason::kNone;  // kNone: in progress
+  Usage usage;
+};
+
+// The response object; `output` null: in progress (no output, usage null).
+[[nodiscard]] nlohmann::ordered_json ResponsesObject(const CompletionRequest& request,
+                                                     const ResponseHead& head,
+                                                     const ResponsesRun& run,
+                                                     const ResponsesOutput* output);
+
+// A stream's events, in order; keeps the sequence number and the text.
+class ResponsesEvents {
+ public:
+  ResponsesEvents(const CompletionRequest& request, const ResponseHead& head, ResponsesRun run);
+  // response.created, response.in_progress, the message's
+  // output_item.added and content_part.added.
+  [[nodiscard]] std::string Start();
+  // response.output_text.delta; "" for an empty piece.
+  [[nodiscard]] std::string Delta(std::string_view text);
+  // The done events and response.completed (response.incomplete at
+  // max_output_tokens), with `usage`.
+  [[nodiscard]] std::string Finish(FinishReason finish, const Usage& usage);
+  // OpenAI's error event, for a stream that cannot finish.
+  [[nodiscard]] std::string Error(const ApiError& error);
+
+ private:
+  std::string Event(std::string_view type, nlohmann::ordered_json data);
+
+  const CompletionRequest& request_;
+  const ResponseHead& head_;
+  ResponsesRun run_;
+  std::string text_;
+  int64_t sequence_ = 0;
+};
+
+}  // namespace tandem::frontend
