@@ -294,18 +294,31 @@ void CompletionJob::EmitResponses(ChoiceState& c, const std::string& delta) {
     sink_->Write(responses_->Start());
     c.chunk_sent = true;
   }
-  std::string event = responses_->Delta(delta);
+  std::string event = responses_->Delta(c.tool_stream ? c.tool_stream->Push(delta) : delta);
   if (!event.empty()) sink_->Write(event);
 }
 
 void CompletionJob::CompleteResponses(ChoiceState& c, const Usage& usage) {
   if (responses_) {
     EmitResponses(c, "");
-    sink_->Write(responses_->Finish(c.finish, usage));
+    ExtractedToolCalls tools;
+    if (c.tool_stream) {
+      tools = c.tool_stream->Finish();
+      std::string rest = responses_->Delta(tools.content.value_or(""));
+      if (!rest.empty()) sink_->Write(rest);
+    }
+    sink_->Write(responses_->Finish(c.finish, usage, tools.calls));
     sink_->End();
     return;
   }
-  const ResponsesOutput output{.text = std::move(c.text), .finish = c.finish, .usage = usage};
+  ResponsesOutput output{.text = std::move(c.text), .finish = c.finish, .usage = usage};
+  if (request_.tool_parser) {
+    ExtractedToolCalls tools = ExtractToolCalls(*request_.tool_parser, output.text);
+    if (!tools.calls.empty()) {
+      output.text = tools.content.value_or("");
+      output.calls = std::move(tools.calls);
+    }
+  }
   sink_->Respond(ResponsesObject(request_, head_, responses_run_, &output)
                      .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
 }

@@ -59,6 +59,92 @@ std::optional<ApiError> TextPart(const Json& part, const std::string& where, Jso
   return std::nullopt;
 }
 
+// A message item ({"role", "content"}, "type": "message" optional) as a
+// chat message.
+std::optional<ApiError> MessageItem(const Json& item, const std::string& where, Json* out) {
+  auto role = item.find("role");
+  if (role == item.end() || !role->is_string() ||
+      (*role != "user" && *role != "assistant" && *role != "system" && *role != "developer")) {
+    return BadRequest(absl::StrCat("'", where,
+                                   ".role' must be \"user\", \"assistant\", \"system\" or "
+                                   "\"developer\""),
+                      "input");
+  }
+  auto content = item.find("content");
+  *out = Json{{"role", *role}};
+  if (content != item.end() && content->is_string()) {
+    (*out)["content"] = *content;
+  } else if (content != item.end() && content->is_array()) {
+    Json parts = Json::array();
+    for (size_t j = 0; j < content->size(); ++j) {
+      Json part;
+      if (auto e = TextPart((*content)[j], absl::StrCat(where, ".content[", j, "]"), &part)) {
+        return e;
+      }
+      parts.push_back(std::move(part));
+    }
+    (*out)["content"] = std::move(parts);
+  } else {
+    return BadRequest(
+        absl::StrCat("'", where, ".content' must be a string or a list of content parts"), "input");
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> StringField(const Json& item, const char* key, const std::string& where) {
+  auto it = item.find(key);
+  if (it == item.end() || !it->is_string()) {
+    return BadRequest(absl::StrCat("'", where, ".", key, "' must be a string"), "input");
+  }
+  return std::nullopt;
+}
+
+// A function_call item (a call the model made, sent back) as a tool call
+// of chat's assistant turn: the turn before it when that is the
+// assistant's (its text, or calls made beside this one), else a new one.
+std::optional<ApiError> FunctionCallItem(const Json& item, const std::string& where,
+                                         Json* messages) {
+  for (const char* key : {"call_id", "name", "arguments"}) {
+    if (auto e = StringField(item, key, where)) return e;
+  }
+  Json call{{"id", item["call_id"]},
+            {"type", "function"},
+            {"function", Json{{"name", item["name"]}, {"arguments", item["arguments"]}}}};
+  if (messages->empty() || messages->back().value("role", "") != "assistant") {
+    messages->push_back(Json{{"role", "assistant"}, {"content", nullptr}});
+  }
+  Json& turn = messages->back();
+  if (!turn.contains("tool_calls")) turn["tool_calls"] = Json::array();
+  turn["tool_calls"].push_back(std::move(call));
+  return std::nullopt;
+}
+
+// A function_call_output item (a call's result) as chat's tool message.
+std::optional<ApiError> FunctionOutputItem(const Json& item, const std::string& where,
+                                           Json* messages) {
+  if (auto e = StringField(item, "call_id", where)) return e;
+  auto output = item.find("output");
+  Json content;
+  if (output != item.end() && output->is_string()) {
+    content = *output;
+  } else if (output != item.end() && output->is_array()) {
+    content = Json::array();
+    for (size_t j = 0; j < output->size(); ++j) {
+      Json part;
+      if (auto e = TextPart((*output)[j], absl::StrCat(where, ".output[", j, "]"), &part)) {
+        return e;
+      }
+      content.push_back(std::move(part));
+    }
+  } else {
+    return BadRequest(absl::StrCat("'", where, ".output' must be a string or a list of text parts"),
+                      "input");
+  }
+  messages->push_back(
+      Json{{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", std::move(content)}});
+  return std::nullopt;
+}
+
 // `input` (and `instructions` before it) as chat messages.
 std::optional<ApiError> InputMessages(const Reader& r, Json* messages) {
   *messages = Json::array();
@@ -75,48 +161,53 @@ std::optional<ApiError> InputMessages(const Reader& r, Json* messages) {
     return std::nullopt;
   }
   if (!input->is_array() || input->empty()) {
-    return BadRequest("'input' must be a string or a non-empty list of messages", "input");
+    return BadRequest("'input' must be a string or a non-empty list of items", "input");
   }
   for (size_t i = 0; i < input->size(); ++i) {
     const Json& item = (*input)[i];
     const std::string where = absl::StrCat("input[", i, "]");
-    if (!item.is_object())
+    if (!item.is_object()) {
       return BadRequest(absl::StrCat("'", where, "' must be an object"), "input");
-    auto type = item.find("type");
-    if (type != item.end() && *type != "message") {
-      return BadRequest(absl::StrCat("'", where, "' of type ", type->dump(),
-                                     " is not supported: input items are messages only (no "
-                                     "tool calls, tool outputs, reasoning or item references)"),
-                        "input");
     }
-    auto role = item.find("role");
-    if (role == item.end() || !role->is_string() ||
-        (*role != "user" && *role != "assistant" && *role != "system" && *role != "developer")) {
-      return BadRequest(absl::StrCat("'", where,
-                                     ".role' must be \"user\", \"assistant\", \"system\" or "
-                                     "\"developer\""),
-                        "input");
-    }
-    auto content = item.find("content");
-    Json message{{"role", *role}};
-    if (content != item.end() && content->is_string()) {
-      message["content"] = *content;
-    } else if (content != item.end() && content->is_array()) {
-      Json parts = Json::array();
-      for (size_t j = 0; j < content->size(); ++j) {
-        Json part;
-        if (auto e = TextPart((*content)[j], absl::StrCat(where, ".content[", j, "]"), &part)) {
-          return e;
-        }
-        parts.push_back(std::move(part));
-      }
-      message["content"] = std::move(parts);
+    const Json type = item.value("type", Json("message"));
+    if (type == "message") {
+      Json message;
+      if (auto e = MessageItem(item, where, &message)) return e;
+      messages->push_back(std::move(message));
+    } else if (type == "function_call") {
+      if (auto e = FunctionCallItem(item, where, messages)) return e;
+    } else if (type == "function_call_output") {
+      if (auto e = FunctionOutputItem(item, where, messages)) return e;
     } else {
-      return BadRequest(
-          absl::StrCat("'", where, ".content' must be a string or a list of content parts"),
-          "input");
+      return BadRequest(absl::StrCat("'", where, "' of type ", type.dump(),
+                                     " is not supported: input items are messages, "
+                                     "function_call and function_call_output"),
+                        "input");
     }
-    messages->push_back(std::move(message));
+  }
+  return std::nullopt;
+}
+
+// Responses' function tools ({"type": "function", "name", "description",
+// "parameters", "strict"}) as chat's ({"type": "function", "function":
+// {...}}); any other kind (OpenAI's hosted tools) is refused.
+std::optional<ApiError> ChatTools(const Json& tools, Json* out) {
+  if (!tools.is_array()) return BadRequest("'tools' must be a list of tools", "tools");
+  *out = Json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& t = tools[i];
+    const std::string param = absl::StrCat("tools[", i, "]");
+    if (!t.is_object() || t.value("type", Json()) != "function") {
+      return BadRequest(absl::StrCat("'", param, "' of type ",
+                                     t.is_object() ? t.value("type", Json()).dump() : t.dump(),
+                                     " is not supported: only function tools"),
+                        "tools");
+    }
+    Json function = Json::object();
+    for (const auto& [key, value] : t.items()) {
+      if (key != "type") function[key] = value;
+    }
+    out->push_back(Json{{"type", "function"}, {"function", std::move(function)}});
   }
   return std::nullopt;
 }
@@ -138,18 +229,7 @@ std::optional<ApiError> ParseSettings(const Reader& r, ResponsesFields* out) {
                       "background");
   }
   if (auto e = r.Bool("store", &flag)) return e;
-  if (const Json* tools = r.Find("tools");
-      tools != nullptr && !(tools->is_array() && tools->empty())) {
-    return BadRequest("'tools' is not supported on /v1/responses; /v1/chat/completions takes them",
-                      "tools");
-  }
-  if (const Json* choice = r.Find("tool_choice")) {
-    if (*choice != "auto" && *choice != "none") {
-      return BadRequest("'tool_choice' must be \"auto\" or \"none\": /v1/responses takes no tools",
-                        "tool_choice");
-    }
-    out->tool_choice = choice->get<std::string>();
-  }
+  if (const Json* choice = r.Find("tool_choice")) out->tool_choice = *choice;
   if (auto e = r.Bool("parallel_tool_calls", &out->parallel_tool_calls)) return e;
   if (const Json* text = r.Find("text")) {
     if (!text->is_object()) return BadRequest("'text' must be an object", "text");
@@ -230,8 +310,8 @@ Json TextPartOut(const std::string& text) {
               {"text", text}};
 }
 
-// The answer's message item; `done` false: added, still empty.
-Json MessageItem(const std::string& id, const std::string* text, FinishReason finish) {
+// The answer's message item; `text` null: just added, still empty.
+Json OutputMessage(const std::string& id, const std::string* text, FinishReason finish) {
   Json item;
   item["id"] = id;
   item["type"] = "message";
@@ -241,6 +321,30 @@ Json MessageItem(const std::string& id, const std::string* text, FinishReason fi
   item["role"] = "assistant";
   item["content"] = text == nullptr ? Json::array() : Json::array({TextPartOut(*text)});
   return item;
+}
+
+// The item id of the answer's call: "fc_" and the call id's hex digits, so
+// that a stream's events and its final object name it alike.
+std::string FunctionCallId(const ToolCall& call) {
+  const size_t dash = call.id.rfind('-');
+  return "fc_" + (dash == std::string::npos ? call.id : call.id.substr(dash + 1));
+}
+
+// A call the answer made; `done` false: just added, no arguments yet.
+Json OutputFunctionCall(const ToolCall& call, bool done) {
+  Json item;
+  item["id"] = FunctionCallId(call);
+  item["type"] = "function_call";
+  item["status"] = done ? "completed" : "in_progress";
+  item["arguments"] = done ? call.arguments : "";
+  item["call_id"] = call.id;
+  item["name"] = call.name;
+  return item;
+}
+
+// The answer's message: there when it has text, or when it called nothing.
+bool HasMessage(const std::string& text, const std::vector<ToolCall>& calls) {
+  return !text.empty() || calls.empty();
 }
 
 }  // namespace
@@ -257,6 +361,20 @@ std::optional<ApiError> ParseResponsesRequest(std::string_view body, CompletionR
   if (auto e = InputMessages(r, &chat["messages"])) return e;
   for (const char* name : kChatFields) {
     if (const Json* v = r.Find(name)) chat[name] = *v;
+  }
+  // Chat checks tool_choice and parallel_tool_calls against the tools; with
+  // none, Responses' own default ("auto") and "none" change nothing.
+  const Json* tools = r.Find("tools");
+  if (tools != nullptr && !(tools->is_array() && tools->empty())) {
+    if (auto e = ChatTools(*tools, &chat["tools"])) return e;
+    for (const char* name : {"tool_choice", "parallel_tool_calls"}) {
+      if (const Json* v = r.Find(name)) chat[name] = *v;
+    }
+    fields.tools = *tools;
+  } else if (const Json* choice = r.Find("tool_choice");
+             choice != nullptr && *choice != "auto" && *choice != "none") {
+    return BadRequest(absl::StrCat("'tool_choice' ", choice->dump(), " needs 'tools'"),
+                      "tool_choice");
   }
   if (const Json* v = r.Find("max_output_tokens")) chat["max_tokens"] = *v;
   if (const Json* options = r.Find("stream_options")) {
@@ -292,9 +410,15 @@ nlohmann::ordered_json ResponsesObject(const CompletionRequest& request, const R
   r["max_tool_calls"] = f.max_tool_calls;
   r["metadata"] = f.metadata.is_null() ? Json::object() : f.metadata;
   r["model"] = head.model;
-  r["output"] = output == nullptr
-                    ? Json::array()
-                    : Json::array({MessageItem(run.message_id, &output->text, output->finish)});
+  r["output"] = Json::array();
+  if (output != nullptr) {
+    if (HasMessage(output->text, output->calls)) {
+      r["output"].push_back(OutputMessage(run.message_id, &output->text, output->finish));
+    }
+    for (const ToolCall& call : output->calls) {
+      r["output"].push_back(OutputFunctionCall(call, /*done=*/true));
+    }
+  }
   r["parallel_tool_calls"] = f.parallel_tool_calls;
   r["previous_response_id"] = nullptr;
   r["reasoning"] = Json{{"effort", nullptr}, {"summary", nullptr}};
@@ -303,7 +427,7 @@ nlohmann::ordered_json ResponsesObject(const CompletionRequest& request, const R
   r["temperature"] = run.temperature;
   r["text"] = Json{{"format", Json{{"type", "text"}}}};
   r["tool_choice"] = f.tool_choice;
-  r["tools"] = Json::array();
+  r["tools"] = f.tools;
   r["top_logprobs"] = f.top_logprobs;
   r["top_p"] = run.top_p;
   r["truncation"] = "disabled";
@@ -330,38 +454,68 @@ std::string ResponsesEvents::Start() {
   const Json response = ResponsesObject(request_, head_, run_, nullptr);
   std::string out = Event("response.created", Json{{"response", response}});
   out += Event("response.in_progress", Json{{"response", response}});
-  out += Event("response.output_item.added",
-               Json{{"output_index", 0}, {"item", MessageItem(run_.message_id, nullptr, {})}});
-  Json part = TextPartOut("");
-  out += Event(
-      "response.content_part.added",
-      Json{
-          {"item_id", run_.message_id}, {"output_index", 0}, {"content_index", 0}, {"part", part}});
+  return out;
+}
+
+std::string ResponsesEvents::StartMessage() {
+  message_started_ = true;
+  std::string out =
+      Event("response.output_item.added",
+            Json{{"output_index", 0}, {"item", OutputMessage(run_.message_id, nullptr, {})}});
+  out += Event("response.content_part.added", Json{{"item_id", run_.message_id},
+                                                   {"output_index", 0},
+                                                   {"content_index", 0},
+                                                   {"part", TextPartOut("")}});
   return out;
 }
 
 std::string ResponsesEvents::Delta(std::string_view text) {
   if (text.empty()) return "";
+  std::string out = message_started_ ? "" : StartMessage();
   text_ += text;
-  return Event("response.output_text.delta", Json{{"item_id", run_.message_id},
+  out += Event("response.output_text.delta", Json{{"item_id", run_.message_id},
                                                   {"output_index", 0},
                                                   {"content_index", 0},
                                                   {"delta", text},
                                                   {"logprobs", Json::array()}});
+  return out;
 }
 
-std::string ResponsesEvents::Finish(FinishReason finish, const Usage& usage) {
-  const Json at{{"item_id", run_.message_id}, {"output_index", 0}, {"content_index", 0}};
-  Json done = at;
-  done["text"] = text_;
-  done["logprobs"] = Json::array();
-  std::string out = Event("response.output_text.done", done);
-  Json part = at;
-  part["part"] = TextPartOut(text_);
-  out += Event("response.content_part.done", part);
-  out += Event("response.output_item.done",
-               Json{{"output_index", 0}, {"item", MessageItem(run_.message_id, &text_, finish)}});
-  const ResponsesOutput output{.text = text_, .finish = finish, .usage = usage};
+std::string ResponsesEvents::Finish(FinishReason finish, const Usage& usage,
+                                    const std::vector<ToolCall>& calls) {
+  std::string out;
+  if (!message_started_ && HasMessage(text_, calls)) out += StartMessage();
+  int32_t index = 0;
+  if (message_started_) {
+    const Json at{{"item_id", run_.message_id}, {"output_index", 0}, {"content_index", 0}};
+    Json done = at;
+    done["text"] = text_;
+    done["logprobs"] = Json::array();
+    out += Event("response.output_text.done", done);
+    Json part = at;
+    part["part"] = TextPartOut(text_);
+    out += Event("response.content_part.done", part);
+    out +=
+        Event("response.output_item.done",
+              Json{{"output_index", 0}, {"item", OutputMessage(run_.message_id, &text_, finish)}});
+    index = 1;
+  }
+  for (const ToolCall& call : calls) {
+    const Json at{{"item_id", FunctionCallId(call)}, {"output_index", index}};
+    out += Event("response.output_item.added",
+                 Json{{"output_index", index}, {"item", OutputFunctionCall(call, false)}});
+    Json delta = at;
+    delta["delta"] = call.arguments;
+    out += Event("response.function_call_arguments.delta", delta);
+    Json done = at;
+    done["name"] = call.name;
+    done["arguments"] = call.arguments;
+    out += Event("response.function_call_arguments.done", done);
+    out += Event("response.output_item.done",
+                 Json{{"output_index", index}, {"item", OutputFunctionCall(call, true)}});
+    ++index;
+  }
+  const ResponsesOutput output{.text = text_, .calls = calls, .finish = finish, .usage = usage};
   out += Event(Incomplete(finish) ? "response.incomplete" : "response.completed",
                Json{{"response", ResponsesObject(request_, head_, run_, &output)}});
   return out;

@@ -58,6 +58,42 @@ TEST(ResponsesParseTest, InputAndInstructionsBecomeTheChatMessages) {
   EXPECT_FALSE(r.temperature) << "unset: the model's default";
 }
 
+// Function tools as chat's; a call sent back joins the assistant turn
+// before it, its output is a tool message.
+TEST(ResponsesParseTest, ToolsAndFunctionCallItemsBecomeChatsToolsAndMessages) {
+  CompletionRequest r;
+  ASSERT_FALSE(ParseResponsesRequest(
+      R"({"tools":[{"type":"function","name":"f","description":"d","parameters":{},"strict":true}],
+          "input":[{"role":"user","content":"Hi"},
+                   {"role":"assistant","content":"Looking."},
+                   {"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\": 1}"},
+                   {"type":"function_call","call_id":"c2","name":"f","arguments":"{}"},
+                   {"type":"function_call_output","call_id":"c1","output":"one"},
+                   {"type":"function_call_output","call_id":"c2",
+                    "output":[{"type":"input_text","text":"two"}]},
+                   {"type":"function_call","call_id":"c3","name":"f","arguments":"{}"}]})",
+      &r));
+  EXPECT_EQ(r.tool_choice, "auto");
+  EXPECT_EQ(r.tools, Json::parse(R"([{"type":"function","function":{"name":"f","description":"d",
+      "parameters":{},"strict":true}}])"));
+  EXPECT_EQ(r.responses->tools[0]["name"], "f") << "echoed as given";
+  ASSERT_EQ(r.messages.size(), 5u) << r.messages.dump();
+  EXPECT_EQ(r.messages[1]["role"], "assistant");
+  EXPECT_EQ(r.messages[1]["content"][0]["text"], "Looking.");
+  ASSERT_EQ(r.messages[1]["tool_calls"].size(), 2u);
+  EXPECT_EQ(r.messages[1]["tool_calls"][0]["id"], "c1");
+  EXPECT_EQ(r.messages[1]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(r.messages[2], Json::parse(R"({"role":"tool","tool_call_id":"c1",
+      "content":[{"type":"text","text":"one"}]})"));
+  EXPECT_EQ(r.messages[3]["content"][0]["text"], "two");
+  EXPECT_EQ(r.messages[4]["role"], "assistant") << "after a tool message: a turn of its own";
+  EXPECT_EQ(r.messages[4]["tool_calls"][0]["id"], "c3");
+
+  // Without tools, Responses' default tool_choice changes nothing.
+  ASSERT_FALSE(ParseResponsesRequest(R"({"input":"x","tool_choice":"auto","tools":[]})", &r));
+  EXPECT_EQ(r.tool_choice, "");
+}
+
 struct Refused {
   std::string body;
   int status;
@@ -71,14 +107,20 @@ TEST(ResponsesParseTest, WhatItCannotHonourIsRefusedByName) {
       {R"({"input":5})", 400, "input"},
       {R"({"input":"x","instructions":3})", 400, "instructions"},
       {R"({"input":[{"role":"tool","content":"x"}]})", 400, "input"},
-      {R"({"input":[{"type":"function_call_output","call_id":"c","output":"x"}]})", 400, "input"},
       {R"({"input":[{"role":"user","content":[{"type":"input_image","image_url":"u"}]}]})", 400,
        "input"},
       {R"({"input":[{"role":"user","content":[{"type":"input_text"}]}]})", 400, "input"},
       {R"({"input":"x","previous_response_id":"resp_1"})", 404, "previous_response_id"},
       {R"({"input":"x","background":true})", 400, "background"},
-      {R"({"input":"x","tools":[{"type":"function","name":"f"}]})", 400, "tools"},
+      {R"({"input":"x","tools":[{"type":"web_search"}]})", 400, "tools"},
       {R"({"input":"x","tool_choice":"required"})", 400, "tool_choice"},
+      {R"({"input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":"required"})", 400,
+       "tool_choice"},
+      {R"({"input":"x","tools":[{"type":"function","name":"f"}],"parallel_tool_calls":false})", 400,
+       "parallel_tool_calls"},
+      {R"({"input":[{"type":"function_call","call_id":"c","name":"f"}]})", 400, "input"},
+      {R"({"input":[{"type":"function_call_output","call_id":"c"}]})", 400, "input"},
+      {R"({"input":[{"type":"reasoning","summary":[]}]})", 400, "input"},
       {R"({"input":"x","text":{"format":{"type":"json_object"}}})", 400, "text.format"},
       {R"({"input":"x","text":{"verbosity":"low"}})", 400, "text.verbosity"},
       {R"({"input":"x","reasoning":{"effort":"high"}})", 400, "reasoning"},
@@ -151,6 +193,22 @@ TEST(ResponsesRenderTest, TheResponseObjectSaysHowItRanAndWhyItEnded) {
   EXPECT_TRUE(in_progress["usage"].is_null());
 }
 
+TEST(ResponsesRenderTest, CallsFollowTheMessageAsFunctionCallItems) {
+  const CompletionRequest request = Parsed(R"({"input":"x"})");
+  const ResponseHead head{.id = "resp_1", .created = 42, .model = "tiny"};
+  const ResponsesRun run{.message_id = "msg_1"};
+  const ToolCall call{.id = "chatcmpl-tool-abc", .name = "f", .arguments = "{}"};
+  ResponsesOutput out{.text = "Looking.", .calls = {call}, .finish = FinishReason::kStop};
+  Json r = ResponsesObject(request, head, run, &out);
+  ASSERT_EQ(r["output"].size(), 2u);
+  EXPECT_EQ(r["output"][1], Json::parse(R"({"id":"fc_abc","type":"function_call",
+      "status":"completed","arguments":"{}","call_id":"chatcmpl-tool-abc","name":"f"})"));
+  out.text = "";
+  r = ResponsesObject(request, head, run, &out);
+  ASSERT_EQ(r["output"].size(), 1u) << "a call alone: no empty message";
+  EXPECT_EQ(r["output"][0]["type"], "function_call");
+}
+
 // "event: T\ndata: {...}\n\n" events, split into their data objects; each
 // event line names its data's type.
 std::vector<Json> Events(const std::string& sse) {
@@ -205,13 +263,28 @@ TEST(ResponsesRenderTest, AStreamIsOpenAisEventsInOrderWithOneMessageId) {
   EXPECT_EQ(got[9]["response"]["output"][0]["content"][0]["text"], "Hello");
   EXPECT_EQ(got[9]["response"]["usage"]["total_tokens"], 5);
 
+  // An answer that only called a tool: no message item, the call at index 0.
+  ResponsesEvents calling(request, head, {.message_id = "msg_3"});
+  std::string called = calling.Start();
+  called += calling.Finish(FinishReason::kStop, {},
+                           {ToolCall{.id = "chatcmpl-tool-abc", .name = "f", .arguments = "{}"}});
+  types.clear();
+  for (const Json& e : Events(called)) types.push_back(e["type"]);
+  EXPECT_EQ(types,
+            (std::vector<std::string>{
+                "response.created", "response.in_progress", "response.output_item.added",
+                "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                "response.output_item.done", "response.completed"}));
+  EXPECT_EQ(Events(called)[2]["item"]["id"], "fc_abc");
+  EXPECT_EQ(Events(called)[2]["output_index"], 0);
+
   ResponsesEvents failing(request, head, {.message_id = "msg_2"});
   std::string failed = failing.Start();
   failed += failing.Error(ApiError{.http_status = 503, .message = "gone"});
   const std::vector<Json> error = Events(failed);
   EXPECT_EQ(error.back()["type"], "error");
   EXPECT_EQ(error.back()["message"], "gone");
-  EXPECT_EQ(error.back()["sequence_number"], 4);
+  EXPECT_EQ(error.back()["sequence_number"], 2);
 }
 
 }  // namespace

@@ -29,6 +29,16 @@ const std::string kData = std::string(TANDEM_SOURCE_DIR) + "/tests/tokenizer/dat
 
 Json ReadJson(const std::string& path) { return Json::parse(std::ifstream(path)); }
 
+// The prompt `scheduler` was last sent, as text.
+std::string LastPromptOf(FakeScheduler& scheduler, const tokenizer::Tokenizer& tok) {
+  const v1::GenerateRequest got = scheduler.requests().back();
+  auto text =
+      tok.Decode(std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end()),
+                 {.skip_special_tokens = false});
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? *text : "";
+}
+
 class FrontendToolsTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -50,15 +60,7 @@ class FrontendToolsTest : public ::testing::TestWithParam<std::string> {
     return {res->status, Json::parse(res->body, nullptr, false)};
   }
 
-  // The prompt the scheduler was last sent, as text.
-  std::string LastPrompt() {
-    const v1::GenerateRequest got = scheduler_->requests().back();
-    auto text = tok_->Decode(
-        std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end()),
-        {.skip_special_tokens = false});
-    EXPECT_TRUE(text.ok()) << text.status();
-    return text.ok() ? *text : "";
-  }
+  std::string LastPrompt() { return LastPromptOf(*scheduler_, *tok_); }
 
   // The conversation `name` of chat_conversations.json and the reference
   // rendering of it by this model's template, with a generation prompt.
@@ -161,11 +163,12 @@ class FrontendToolCallsTest : public ::testing::Test {
     scheduler_->SetOutput(*ids, v1::FINISH_REASON_STOP);
   }
 
-  // POST; for a stream, its chunks' deltas and finish reasons.
-  std::pair<int, Json> Post(const Json& body, std::vector<Json>* chunks = nullptr) {
+  // POST; for a stream, its chunks' (or events') data.
+  std::pair<int, Json> Post(const Json& body, std::vector<Json>* chunks = nullptr,
+                            const std::string& path = "/v1/chat/completions") {
     httplib::Client client("http://" + frontend_.address());
     client.set_read_timeout(30, 0);
-    auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+    auto res = client.Post(path, body.dump(), "application/json");
     if (!res) return {-1, Json()};
     if (chunks != nullptr) {
       for (size_t at = res->body.find("data: {"); at != std::string::npos;
@@ -176,6 +179,8 @@ class FrontendToolCallsTest : public ::testing::Test {
     }
     return {res->status, Json::parse(res->body, nullptr, false)};
   }
+
+  std::string LastPrompt() { return LastPromptOf(*scheduler_, *tok_); }
 
   Json Request(bool stream) const {
     return {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
@@ -249,6 +254,104 @@ TEST_F(FrontendToolCallsTest, AHermesCallInTheAnswerIsItsToolCallsWholeAndStream
   ASSERT_EQ(sdk["streamed"]["tool_calls"].size(), 1u);
   EXPECT_EQ(sdk["streamed"]["tool_calls"][0]["function"], call["function"]);
   EXPECT_EQ(sdk["streamed"]["tool_calls"][0]["type"], "function");
+  for (const char* way : {"whole", "helper"}) {
+    SCOPED_TRACE(std::string("responses ") + way);
+    const Json& output = sdk["responses"][way]["output"];
+    ASSERT_EQ(output.size(), 2u) << sdk.dump();
+    EXPECT_EQ(output[0]["content"][0]["text"], "Let me look.");
+    EXPECT_EQ(output[1]["type"], "function_call");
+    EXPECT_EQ(output[1]["name"], call["function"]["name"]);
+    EXPECT_EQ(output[1]["arguments"], call["function"]["arguments"]);
+  }
+  EXPECT_EQ(sdk["responses"]["whole"]["output_text"], "Let me look.");
+}
+
+// /v1/responses with function tools: the answer's call is a function_call
+// item after its message, whole, streamed and as the npm SDK reads it; a
+// follow-up that sends the call and its output back as items renders the
+// prompt that the same conversation gets through chat.
+TEST_F(FrontendToolCallsTest, ResponsesCarryTheAnswersCallsAsFunctionCallItems) {
+  Answer(
+      "Let me look.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\":\"Paris\"}}\n</tool_call>");
+  const Json tools = {{{"type", "function"},
+                       {"name", "get_weather"},
+                       {"description", "Weather of a city"},
+                       {"parameters", Json::object()}}};
+  const Json body = {{"input", "Weather in Paris?"}, {"tools", tools}};
+  auto [status, whole] = Post(body, nullptr, "/v1/responses");
+  ASSERT_EQ(status, 200) << whole.dump();
+  EXPECT_EQ(whole["status"], "completed");
+  EXPECT_EQ(whole["tools"], tools);
+  const Json& output = whole["output"];
+  ASSERT_EQ(output.size(), 2u) << whole.dump();
+  EXPECT_EQ(output[0]["type"], "message");
+  EXPECT_EQ(output[0]["content"][0]["text"], "Let me look.");
+  EXPECT_EQ(output[1]["type"], "function_call");
+  EXPECT_EQ(output[1]["name"], "get_weather");
+  EXPECT_EQ(output[1]["arguments"], "{\"city\": \"Paris\"}");
+  EXPECT_EQ(output[1]["call_id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
+  EXPECT_EQ(output[1]["id"].get<std::string>().rfind("fc_", 0), 0u);
+
+  std::vector<Json> events;
+  Json streamed_body = body;
+  streamed_body["stream"] = true;
+  ASSERT_EQ(Post(streamed_body, &events, "/v1/responses").first, 200);
+  ASSERT_FALSE(events.empty());
+  std::string text;
+  Json arguments;
+  for (const Json& e : events) {
+    if (e["type"] == "response.output_text.delta") text += e["delta"].get<std::string>();
+    if (e["type"] == "response.function_call_arguments.done") {
+      arguments = e["arguments"];
+      EXPECT_EQ(e["output_index"], 1);
+      EXPECT_EQ(e["item_id"], events.back()["response"]["output"][1]["id"]);
+    }
+  }
+  EXPECT_EQ(text, "Let me look.");
+  EXPECT_EQ(arguments, output[1]["arguments"]);
+  EXPECT_EQ(events.back()["type"], "response.completed");
+  const Json& final_output = events.back()["response"]["output"];
+  ASSERT_EQ(final_output.size(), 2u);
+  EXPECT_EQ(final_output[0]["content"], output[0]["content"]);
+  for (const char* key : {"type", "name", "arguments", "status"}) {
+    EXPECT_EQ(final_output[1][key], output[1][key]) << key;
+  }
+
+  // The same conversation as Responses items and as chat messages.
+  const Json arguments_text = "{\"city\": \"Paris\"}";
+  const Json follow_up = {
+      {"input",
+       {{{"role", "user"}, {"content", "Weather in Paris?"}},
+        {{"type", "message"}, {"role", "assistant"}, {"content", "Let me look."}},
+        {{"type", "function_call"},
+         {"call_id", "call_1"},
+         {"name", "get_weather"},
+         {"arguments", arguments_text}},
+        {{"type", "function_call_output"}, {"call_id", "call_1"}, {"output", "Sunny"}}}},
+      {"tools", tools}};
+  ASSERT_EQ(Post(follow_up, nullptr, "/v1/responses").first, 200);
+  const std::string responses_prompt = LastPrompt();
+  const Json chat = {
+      {"messages",
+       {{{"role", "user"}, {"content", "Weather in Paris?"}},
+        {{"role", "assistant"},
+         {"content", "Let me look."},
+         {"tool_calls",
+          {{{"id", "call_1"},
+            {"type", "function"},
+            {"function", {{"name", "get_weather"}, {"arguments", arguments_text}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "Sunny"}}}},
+      {"tools",
+       {{{"type", "function"},
+         {"function",
+          {{"name", "get_weather"},
+           {"description", "Weather of a city"},
+           {"parameters", Json::object()}}}}}}};
+  ASSERT_EQ(Post(chat).first, 200);
+  EXPECT_EQ(responses_prompt, LastPrompt());
+  EXPECT_NE(responses_prompt.find("Sunny"), std::string::npos) << responses_prompt;
+  EXPECT_NE(responses_prompt.find("Weather of a city"), std::string::npos) << responses_prompt;
 }
 
 // An answer without a call, or with one that does not parse, is plain

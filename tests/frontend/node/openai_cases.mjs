@@ -83,7 +83,7 @@ const parts = await client.responses.create({
 });
 let refused = null;
 try {
-  await client.responses.create({ ...respParams, tools: [{ type: "function", name: "f" }] });
+  await client.responses.create({ ...respParams, tools: [{ type: "web_search" }] });
 } catch (e) {
   refused = { status: e.status, param: e.param ?? e.error?.param ?? null };
 }

@@ -2,7 +2,8 @@
 // write) on a chat request with tools, for tests/frontend/tools_test.cc:
 // the answer's tool calls as the SDK reads them, whole, streamed chunk by
 // chunk (accumulated as its docs show), and through its own stream helper,
-// which assembles the final message from the deltas.
+// which assembles the final message from the deltas; and the same tool
+// through the Responses API (client.responses), whole and streamed.
 //
 //   node tool_call_cases.mjs BASE_URL OUT_JSON
 import fs from "node:fs";
@@ -37,9 +38,22 @@ for await (const chunk of await client.chat.completions.create({ ...params, stre
 
 const helper = await client.chat.completions.stream(params).finalChatCompletion();
 
+// The Responses API with the same tool: function_call items, whole and
+// assembled by the SDK's stream helper from the events.
+const responsesParams = {
+  model: params.model,
+  input: params.messages[0].content,
+  tools: params.tools.map((t) => ({ type: "function", ...t.function })),
+  max_output_tokens: 64,
+};
+const responsesWhole = await client.responses.create(responsesParams);
+const responsesHelper = await client.responses.stream(responsesParams).finalResponse();
+
 fs.writeFileSync(outPath, JSON.stringify({
   whole: { message: whole.choices[0].message, finish_reason: whole.choices[0].finish_reason },
   streamed,
   helper: { message: helper.choices[0].message, finish_reason: helper.choices[0].finish_reason },
+  responses: { whole: { output: responsesWhole.output, output_text: responsesWhole.output_text },
+               helper: { output: responsesHelper.output } },
 }, null, 1));
 console.log("tool_call_cases: done");

@@ -114,7 +114,8 @@ struct ResponsesFields {
   nlohmann::ordered_json metadata;      // an object or null
   nlohmann::ordered_json user;          // a string or null
   nlohmann::ordered_json max_tool_calls;
-  std::string tool_choice = "auto";
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // as given
+  nlohmann::ordered_json tool_choice = "auto";                     // as given
   bool parallel_tool_calls = true;
   int32_t top_logprobs = 0;
   std::string service_tier = "auto";

@@ -5,29 +5,39 @@
 // stream of typed events.
 //
 // Request (https://platform.openai.com/docs/api-reference/responses/create):
-//   input: a string (one user message) or a list of messages ({"role",
-//   "content"}, "type": "message" optional; role user, assistant, system or
-//   developer, handed to the chat template as vLLM hands them); content a
-//   string or a list of input_text / output_text parts. instructions,
+//   input: a string (one user message) or a list of items: messages
+//   ({"role", "content"}, "type": "message" optional; role user, assistant,
+//   system or developer, handed to the chat template as vLLM hands them;
+//   content a string or a list of input_text / output_text parts),
+//   function_call items (a call the model made: chat's tool_calls on the
+//   assistant turn, joined to the assistant turn before it) and
+//   function_call_output items (chat's tool message). instructions,
 //   max_output_tokens (the chat's max_tokens: default the rest of the
 //   context), temperature and top_p (unset: the model's generation_config
 //   defaults, as chat), stream, metadata, user; and vLLM's extras that chat
 //   takes too (top_k, min_p, seed, stop, ignore_eos, min_tokens,
 //   repetition/presence/frequency penalties, logit_bias, priority,
 //   skip_special_tokens, include_stop_str_in_output).
+//   tools: function tools ({"type": "function", "name", "description",
+//   "parameters"}), as chat's tools with tool_choice "auto" (under
+//   --enable-auto-tool-choice, whose parser reads the calls out of the
+//   answer) or "none" (rendered into the prompt only); other kinds of tools
+//   and forced tool choices are refused as chat refuses them.
 //   store: accepted, and nothing is stored (vLLM's default: its store is
 //   off unless VLLM_ENABLE_RESPONSES_API_STORE); the response says
 //   "store": false. So previous_response_id is a 404 (no response is ever
 //   found, as in vLLM) and background mode a 400.
-//   Refused by name: tools, tool_choice other than auto/none, text.format
-//   other than text (structured outputs), reasoning settings, include,
-//   truncation "auto", prompt templates, conversation, images, files and
-//   audio in the input, and input items other than messages.
-//   Unknown fields are ignored, as chat does.
+//   Refused by name: text.format other than text (structured outputs),
+//   reasoning settings, include, truncation "auto", prompt templates,
+//   conversation, images, files and audio in the input, and other input
+//   items (reasoning, item references). Unknown fields are ignored, as chat
+//   does.
 // Response: {"id": "resp_...", "object": "response", "status": "completed"
 // (or "incomplete" with incomplete_details {"reason": "max_output_tokens"}
-// when max_output_tokens ended it), "output": [one message with one
-// output_text part], "usage": {input_tokens, input_tokens_details
+// when max_output_tokens ended it), "output": [the message with one
+// output_text part (left out when the answer only called tools), then a
+// function_call item per call: {"id": "fc_...", "call_id", "name",
+// "arguments"}], "usage": {input_tokens, input_tokens_details
 // {cached_tokens}, output_tokens, output_tokens_details {reasoning_tokens},
 // total_tokens}, and the request's settings: temperature, top_p and
 // max_output_tokens as run}. Streams are OpenAI's: "event: TYPE" and
@@ -35,18 +45,23 @@
 // response.output_item.added, response.content_part.added, a
 // response.output_text.delta per piece of text, then
 // response.output_text.done, response.content_part.done,
-// response.output_item.done and response.completed (response.incomplete
-// when cut at max_output_tokens, as OpenAI ends it; vLLM sends completed),
-// with one msg_ id throughout and sequence numbers from 0; no [DONE].
+// response.output_item.done, each call's item events, and
+// response.completed (response.incomplete when cut at max_output_tokens, as
+// OpenAI ends it; vLLM sends completed), with one msg_ id throughout and
+// sequence numbers from 0; no [DONE]. A stream holds back text that may be
+// a tool call as chat's does (ToolCallStream), so it carries exactly the
+// answer not streamed.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 #include "tandem/frontend/openai.h"
+#include "tandem/frontend/tool_calls.h"
 
 namespace tandem::frontend {
 
@@ -65,10 +80,12 @@ struct ResponsesRun {
   int32_t max_output_tokens = 0;  // the max_tokens the choice ran with
 };
 
-// The answer so far: its text, and once it ended its finish and usage.
+// The answer: its text and the calls it made (under
+// --enable-auto-tool-choice, the parser's), its finish and usage.
 struct ResponsesOutput {
   std::string text;
-  FinishReason finish = FinishReason::kNone;  // kNone: in progress
+  std::vector<ToolCall> calls;
+  FinishReason finish = FinishReason::kNone;
   Usage usage;
 };
 
@@ -82,24 +99,30 @@ struct ResponsesOutput {
 class ResponsesEvents {
  public:
   ResponsesEvents(const CompletionRequest& request, const ResponseHead& head, ResponsesRun run);
-  // response.created, response.in_progress, the message's
-  // output_item.added and content_part.added.
+  // response.created and response.in_progress.
   [[nodiscard]] std::string Start();
-  // response.output_text.delta; "" for an empty piece.
+  // response.output_text.delta (after the message's output_item.added and
+  // content_part.added, with its first text); "" for an empty piece.
   [[nodiscard]] std::string Delta(std::string_view text);
-  // The done events and response.completed (response.incomplete at
-  // max_output_tokens), with `usage`.
-  [[nodiscard]] std::string Finish(FinishReason finish, const Usage& usage);
+  // The message's done events (its added ones too when it had no text and
+  // nothing was called), each call's item (output_item.added, one
+  // function_call_arguments.delta with all of them, .done,
+  // output_item.done), and response.completed (response.incomplete at
+  // max_output_tokens) with `usage`.
+  [[nodiscard]] std::string Finish(FinishReason finish, const Usage& usage,
+                                   const std::vector<ToolCall>& calls = {});
   // OpenAI's error event, for a stream that cannot finish.
   [[nodiscard]] std::string Error(const ApiError& error);
 
  private:
   std::string Event(std::string_view type, nlohmann::ordered_json data);
+  std::string StartMessage();
 
   const CompletionRequest& request_;
   const ResponseHead& head_;
   ResponsesRun run_;
   std::string text_;
+  bool message_started_ = false;
   int64_t sequence_ = 0;
 };
 
