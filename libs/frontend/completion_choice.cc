@@ -159,6 +159,9 @@ nlohmann::ordered_json ChoiceState::RenderLogprobs(const CompletionRequest& requ
                    std::make_move_iterator(logprobs.end()));
   logprobs.clear();
   if (request.endpoint == Endpoint::kChat) return ChatLogprobs(positions, *request.logprobs);
+  if (request.endpoint == Endpoint::kResponses) {
+    return ChatLogprobs(positions, *request.logprobs)["content"];
+  }
   return CompletionLogprobs(positions, *request.logprobs, &text_offset);
 }
 

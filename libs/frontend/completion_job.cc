@@ -294,7 +294,8 @@ void CompletionJob::EmitResponses(ChoiceState& c, const std::string& delta) {
     sink_->Write(responses_->Start());
     c.chunk_sent = true;
   }
-  std::string event = responses_->Delta(c.tool_stream ? c.tool_stream->Push(delta) : delta);
+  std::string event = responses_->Delta(c.tool_stream ? c.tool_stream->Push(delta) : delta,
+                                        c.RenderLogprobs(request_, served_, /*first=*/false));
   if (!event.empty()) sink_->Write(event);
 }
 
@@ -311,7 +312,10 @@ void CompletionJob::CompleteResponses(ChoiceState& c, const Usage& usage) {
     sink_->End();
     return;
   }
-  ResponsesOutput output{.text = std::move(c.text), .finish = c.finish, .usage = usage};
+  ResponsesOutput output{.text = std::move(c.text),
+                         .finish = c.finish,
+                         .usage = usage,
+                         .logprobs = c.RenderLogprobs(request_, served_, /*first=*/false)};
   if (request_.tool_parser) {
     ExtractedToolCalls tools = ExtractToolCalls(*request_.tool_parser, output.text);
     if (!tools.calls.empty()) {

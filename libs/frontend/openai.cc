@@ -382,7 +382,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
 }
 
 std::optional<ApiError> CheckLogprobsLimit(const CompletionRequest& request, int32_t max_logprobs) {
-  const char* logprobs = request.endpoint == Endpoint::kChat ? "top_logprobs" : "logprobs";
+  const char* logprobs = request.endpoint == Endpoint::kCompletions ? "logprobs" : "top_logprobs";
   for (const auto& [name, value] : {std::pair{logprobs, request.logprobs},
                                     std::pair{"prompt_logprobs", request.prompt_logprobs}}) {
     if (value && *value > max_logprobs) {

@@ -212,6 +212,22 @@ std::optional<ApiError> ChatTools(const Json& tools, Json* out) {
   return std::nullopt;
 }
 
+// What `include` may ask of items this server never produces (reasoning,
+// hosted tools' calls, images): there is nothing to add, so asking changes
+// nothing. Agent frameworks send reasoning.encrypted_content with store
+// false.
+bool IncludesNothingHere(const std::string& what) {
+  static const char* const kNothing[] = {
+      "reasoning.encrypted_content",   "file_search_call.results",
+      "web_search_call.results",       "web_search_call.action.sources",
+      "code_interpreter_call.outputs", "computer_call_output.output.image_url",
+      "message.input_image.image_url"};
+  for (const char* n : kNothing) {
+    if (what == n) return true;
+  }
+  return false;
+}
+
 // The Responses fields Tandem does not build, each refused by name unless
 // it has its neutral value; and those its response repeats.
 std::optional<ApiError> ParseSettings(const Reader& r, ResponsesFields* out) {
@@ -252,9 +268,15 @@ std::optional<ApiError> ParseSettings(const Reader& r, ResponsesFields* out) {
       }
     }
   }
-  if (const Json* include = r.Find("include");
-      include != nullptr && !(include->is_array() && include->empty())) {
-    return BadRequest(absl::StrCat("'include' ", include->dump(), " is not supported"), "include");
+  if (const Json* include = r.Find("include")) {
+    if (!include->is_array()) return BadRequest("'include' must be a list", "include");
+    for (const Json& what : *include) {
+      if (what == "message.output_text.logprobs") {
+        out->include_logprobs = true;
+      } else if (!what.is_string() || !IncludesNothingHere(what.get<std::string>())) {
+        return BadRequest(absl::StrCat("'include' ", what.dump(), " is not supported"), "include");
+      }
+    }
   }
   if (auto e = r.OnlyNeutral("truncation", "disabled",
                              "a prompt longer than the context is refused, not truncated")) {
@@ -303,15 +325,16 @@ Json UsageJson(const Usage& u) {
 
 bool Incomplete(FinishReason finish) { return finish == FinishReason::kLength; }
 
-Json TextPartOut(const std::string& text) {
+Json TextPartOut(const std::string& text, const Json& logprobs = Json::array()) {
   return Json{{"type", "output_text"},
               {"annotations", Json::array()},
-              {"logprobs", Json::array()},
+              {"logprobs", logprobs.is_array() ? logprobs : Json::array()},
               {"text", text}};
 }
 
 // The answer's message item; `text` null: just added, still empty.
-Json OutputMessage(const std::string& id, const std::string* text, FinishReason finish) {
+Json OutputMessage(const std::string& id, const std::string* text, FinishReason finish,
+                   const Json& logprobs = Json::array()) {
   Json item;
   item["id"] = id;
   item["type"] = "message";
@@ -319,7 +342,7 @@ Json OutputMessage(const std::string& id, const std::string* text, FinishReason 
                    : Incomplete(finish) ? "incomplete"
                                         : "completed";
   item["role"] = "assistant";
-  item["content"] = text == nullptr ? Json::array() : Json::array({TextPartOut(*text)});
+  item["content"] = text == nullptr ? Json::array() : Json::array({TextPartOut(*text, logprobs)});
   return item;
 }
 
@@ -389,6 +412,9 @@ std::optional<ApiError> ParseResponsesRequest(std::string_view body, CompletionR
     return AsResponsesError(*e);
   }
   out->endpoint = Endpoint::kResponses;
+  // Logprobs only where include asks for them, as OpenAI and vLLM: then
+  // top_logprobs alternatives beside each token.
+  if (fields.include_logprobs) out->logprobs = fields.top_logprobs;
   out->responses = std::move(fields);
   return std::nullopt;
 }
@@ -413,7 +439,8 @@ nlohmann::ordered_json ResponsesObject(const CompletionRequest& request, const R
   r["output"] = Json::array();
   if (output != nullptr) {
     if (HasMessage(output->text, output->calls)) {
-      r["output"].push_back(OutputMessage(run.message_id, &output->text, output->finish));
+      r["output"].push_back(
+          OutputMessage(run.message_id, &output->text, output->finish, output->logprobs));
     }
     for (const ToolCall& call : output->calls) {
       r["output"].push_back(OutputFunctionCall(call, /*done=*/true));
@@ -469,7 +496,9 @@ std::string ResponsesEvents::StartMessage() {
   return out;
 }
 
-std::string ResponsesEvents::Delta(std::string_view text) {
+std::string ResponsesEvents::Delta(std::string_view text, const nlohmann::ordered_json& logprobs) {
+  const Json pieces = logprobs.is_array() ? logprobs : Json::array();
+  logprobs_.insert(logprobs_.end(), pieces.begin(), pieces.end());
   if (text.empty()) return "";
   std::string out = message_started_ ? "" : StartMessage();
   text_ += text;
@@ -477,7 +506,7 @@ std::string ResponsesEvents::Delta(std::string_view text) {
                                                   {"output_index", 0},
                                                   {"content_index", 0},
                                                   {"delta", text},
-                                                  {"logprobs", Json::array()}});
+                                                  {"logprobs", pieces}});
   return out;
 }
 
@@ -490,14 +519,14 @@ std::string ResponsesEvents::Finish(FinishReason finish, const Usage& usage,
     const Json at{{"item_id", run_.message_id}, {"output_index", 0}, {"content_index", 0}};
     Json done = at;
     done["text"] = text_;
-    done["logprobs"] = Json::array();
+    done["logprobs"] = logprobs_;
     out += Event("response.output_text.done", done);
     Json part = at;
-    part["part"] = TextPartOut(text_);
+    part["part"] = TextPartOut(text_, logprobs_);
     out += Event("response.content_part.done", part);
-    out +=
-        Event("response.output_item.done",
-              Json{{"output_index", 0}, {"item", OutputMessage(run_.message_id, &text_, finish)}});
+    out += Event("response.output_item.done",
+                 Json{{"output_index", 0},
+                      {"item", OutputMessage(run_.message_id, &text_, finish, logprobs_)}});
     index = 1;
   }
   for (const ToolCall& call : calls) {
@@ -515,7 +544,8 @@ std::string ResponsesEvents::Finish(FinishReason finish, const Usage& usage,
                  Json{{"output_index", index}, {"item", OutputFunctionCall(call, true)}});
     ++index;
   }
-  const ResponsesOutput output{.text = text_, .calls = calls, .finish = finish, .usage = usage};
+  const ResponsesOutput output{
+      .text = text_, .calls = calls, .finish = finish, .usage = usage, .logprobs = logprobs_};
   out += Event(Incomplete(finish) ? "response.incomplete" : "response.completed",
                Json{{"response", ResponsesObject(request_, head_, run_, &output)}});
   return out;

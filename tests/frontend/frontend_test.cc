@@ -137,6 +137,13 @@ TEST_F(FrontendTest, OpenAiSdkGetsTheReferenceTokensAndTextStreamedOrNot) {
   EXPECT_EQ(chat["nonstream"]["text"].get<std::string>().rfind(
                 responses["cut"]["text"].get<std::string>(), 0),
             0u);
+  // include message.output_text.logprobs: chat's logprobs for the same
+  // message, whole and over the stream's deltas.
+  const Json& logprobs = responses["logprobs"];
+  ASSERT_EQ(logprobs["chat"].size(), 4u) << logprobs.dump();
+  EXPECT_EQ(logprobs["chat"][0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(logprobs["whole"], logprobs["chat"]);
+  EXPECT_EQ(logprobs["stream"], logprobs["chat"]);
   EXPECT_EQ(responses["refused"]["status"], 400);
   EXPECT_EQ(responses["refused"]["param"], "tools");
 }

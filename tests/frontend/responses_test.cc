@@ -89,6 +89,15 @@ TEST(ResponsesParseTest, ToolsAndFunctionCallItemsBecomeChatsToolsAndMessages) {
   EXPECT_EQ(r.messages[4]["role"], "assistant") << "after a tool message: a turn of its own";
   EXPECT_EQ(r.messages[4]["tool_calls"][0]["id"], "c3");
 
+  // Logprobs only where include asks for them; include entries for items
+  // never produced here add nothing.
+  ASSERT_FALSE(ParseResponsesRequest(
+      R"({"input":"x","top_logprobs":2,"include":["reasoning.encrypted_content"]})", &r));
+  EXPECT_FALSE(r.logprobs);
+  ASSERT_FALSE(ParseResponsesRequest(
+      R"({"input":"x","top_logprobs":2,"include":["message.output_text.logprobs"]})", &r));
+  EXPECT_EQ(r.logprobs, 2);
+
   // Without tools, Responses' default tool_choice changes nothing.
   ASSERT_FALSE(ParseResponsesRequest(R"({"input":"x","tool_choice":"auto","tools":[]})", &r));
   EXPECT_EQ(r.tool_choice, "");
@@ -124,7 +133,8 @@ TEST(ResponsesParseTest, WhatItCannotHonourIsRefusedByName) {
       {R"({"input":"x","text":{"format":{"type":"json_object"}}})", 400, "text.format"},
       {R"({"input":"x","text":{"verbosity":"low"}})", 400, "text.verbosity"},
       {R"({"input":"x","reasoning":{"effort":"high"}})", 400, "reasoning"},
-      {R"({"input":"x","include":["message.output_text.logprobs"]})", 400, "include"},
+      {R"({"input":"x","include":["message.output_text.text"]})", 400, "include"},
+      {R"({"input":"x","include":"reasoning.encrypted_content"})", 400, "include"},
       {R"({"input":"x","truncation":"auto"})", 400, "truncation"},
       {R"({"input":"x","prompt":{"id":"p"}})", 400, "prompt"},
       {R"({"input":"x","conversation":"c"})", 400, "conversation"},

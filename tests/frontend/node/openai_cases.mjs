@@ -87,6 +87,17 @@ try {
 } catch (e) {
   refused = { status: e.status, param: e.param ?? e.error?.param ?? null };
 }
+// Logprobs where include asks for them, beside chat's for the same message.
+const lpParams = { ...respParams, max_output_tokens: 4, include: ["message.output_text.logprobs"],
+                   top_logprobs: 2 };
+const lpChat = await client.chat.completions.create({
+  model, messages: [{ role: "user", content: cases[0].prompt_text }], max_tokens: 4,
+  temperature: 0, logprobs: true, top_logprobs: 2 });
+const lpWhole = await client.responses.create(lpParams);
+const lpStream = [];
+for await (const ev of await client.responses.create({ ...lpParams, stream: true })) {
+  if (ev.type === "response.output_text.delta") lpStream.push(...ev.logprobs);
+}
 const itemText = (r) => r.output.flatMap((o) => o.content ?? []).map((c) => c.text).join("");
 results.responses = {
   nonstream: { object: resp.object, id: resp.id, status: resp.status, output_text: resp.output_text,
@@ -100,6 +111,8 @@ results.responses = {
          text: itemText(cut) },
   parts: { text: itemText(parts) },
   refused,
+  logprobs: { chat: lpChat.choices[0].logprobs.content, whole: lpWhole.output[0].content[0].logprobs,
+              stream: lpStream },
 };
 fs.writeFileSync(outPath, JSON.stringify(results, null, 1));
 console.log(`openai_cases: ${cases.length} cases, model ${model}`);

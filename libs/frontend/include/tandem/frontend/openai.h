@@ -118,6 +118,7 @@ struct ResponsesFields {
   nlohmann::ordered_json tool_choice = "auto";                     // as given
   bool parallel_tool_calls = true;
   int32_t top_logprobs = 0;
+  bool include_logprobs = false;  // include: message.output_text.logprobs
   std::string service_tier = "auto";
 };
 

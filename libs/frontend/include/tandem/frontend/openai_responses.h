@@ -27,8 +27,12 @@
 //   off unless VLLM_ENABLE_RESPONSES_API_STORE); the response says
 //   "store": false. So previous_response_id is a 404 (no response is ever
 //   found, as in vLLM) and background mode a 400.
+//   include: message.output_text.logprobs (then each token's logprob and
+//   top_logprobs alternatives, chat's shape, in the text part and in each
+//   delta), and what asks for items never produced here (reasoning,
+//   hosted tools, images), which adds nothing.
 //   Refused by name: text.format other than text (structured outputs),
-//   reasoning settings, include, truncation "auto", prompt templates,
+//   reasoning settings, other include entries, truncation "auto", prompt templates,
 //   conversation, images, files and audio in the input, and other input
 //   items (reasoning, item references). Unknown fields are ignored, as chat
 //   does.
@@ -87,6 +91,9 @@ struct ResponsesOutput {
   std::vector<ToolCall> calls;
   FinishReason finish = FinishReason::kNone;
   Usage usage;
+  // With include message.output_text.logprobs: chat's logprobs content
+  // list (token, logprob, bytes, top_logprobs), for the text.
+  nlohmann::ordered_json logprobs = nlohmann::ordered_json::array();
 };
 
 // The response object; `output` null: in progress (no output, usage null).
@@ -103,7 +110,10 @@ class ResponsesEvents {
   [[nodiscard]] std::string Start();
   // response.output_text.delta (after the message's output_item.added and
   // content_part.added, with its first text); "" for an empty piece.
-  [[nodiscard]] std::string Delta(std::string_view text);
+  // `logprobs` (a list, or null) are the text's tokens'; kept for the done
+  // events also when the text is held back.
+  [[nodiscard]] std::string Delta(std::string_view text,
+                                  const nlohmann::ordered_json& logprobs = nullptr);
   // The message's done events (its added ones too when it had no text and
   // nothing was called), each call's item (output_item.added, one
   // function_call_arguments.delta with all of them, .done,
@@ -122,6 +132,7 @@ class ResponsesEvents {
   const ResponseHead& head_;
   ResponsesRun run_;
   std::string text_;
+  nlohmann::ordered_json logprobs_ = nlohmann::ordered_json::array();
   bool message_started_ = false;
   int64_t sequence_ = 0;
 };
