@@ -13,6 +13,7 @@
 #include "tandem/frontend/completion_job.h"
 #include "tandem/frontend/openai.h"
 #include "tandem/frontend/prompts.h"
+#include "tandem/frontend/reasoning.h"
 #include "tandem/frontend/stop_strings.h"
 #include "tandem/frontend/tool_calls.h"
 #include "tandem/tokenizer/incremental_detokenizer.h"
@@ -48,6 +49,9 @@ struct ChoiceState {
   // Streams with CompletionRequest::tool_parser: what holds a tool call's
   // text back until the end.
   std::unique_ptr<ToolCallStream> tool_stream;
+  // Streams with CompletionRequest::reasoning_parser: what splits the
+  // thinking out of the text (before the tool-call stream sees it).
+  std::unique_ptr<ReasoningStream> reasoning_stream;
   std::vector<int32_t> token_ids;
   std::string text;       // the whole text (non-streaming responses)
   bool produced = false;  // a token arrived: a stream retries nowhere after this

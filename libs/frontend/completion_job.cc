@@ -169,6 +169,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
   }
   if (request_.endpoint == Endpoint::kResponses) {
     responses_run_ = {.message_id = NewResponseId("msg_"),
+                      .reasoning_id = NewResponseId("rs_"),
                       .temperature = sampling.temperature,
                       .top_p = sampling.top_p,
                       .max_output_tokens = choices_.front().call_request.sampling.max_tokens};
@@ -189,7 +190,27 @@ void CompletionJob::StartOutput(ChoiceState& c) {
   if (request_.tool_parser && request_.stream) {
     c.tool_stream = std::make_unique<ToolCallStream>(*request_.tool_parser);
   }
+  if (request_.reasoning_parser && request_.stream) {
+    c.reasoning_stream = std::make_unique<ReasoningStream>(StartsInReasoning(c));
+  }
   if (request_.echo) c.text = prompts_.texts[c.prompt];
+}
+
+ReasoningSplit CompletionJob::SplitWhole(ChoiceState& c) const {
+  if (!request_.reasoning_parser) return {.content = std::move(c.text)};
+  return SplitReasoning(c.text, StartsInReasoning(c));
+}
+
+bool CompletionJob::StartsInReasoning(const ChoiceState& c) const {
+  return frontend::StartsInReasoning(*request_.reasoning_parser, prompts_.texts[c.prompt],
+                                     request_.chat_template_kwargs);
+}
+
+ReasoningStream::Piece CompletionJob::SplitStreamed(ChoiceState& c, const std::string& delta) {
+  if (!c.reasoning_stream) return {.content = delta};
+  ReasoningStream::Piece piece = c.reasoning_stream->Push(delta);
+  if (c.done) piece.reasoning += c.reasoning_stream->Finish().reasoning;
+  return piece;
 }
 
 void CompletionJob::RestartOutput(ChoiceState& c) {
@@ -255,6 +276,8 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
     return;
   }
   if (first && request_.echo) delta = c.text + delta;  // c.text holds the prompt
+  ReasoningStream::Piece split = SplitStreamed(c, delta);
+  delta = std::move(split.content);
   ExtractedToolCalls tools;
   if (c.tool_stream) {
     delta = c.tool_stream->Push(delta);
@@ -263,8 +286,8 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
       delta += tools.content.value_or("");
     }
   }
-  if (!first && !c.done && delta.empty() && (!request_.return_token_ids || ids.empty()) &&
-      c.logprobs.empty()) {
+  if (!first && !c.done && delta.empty() && split.reasoning.empty() &&
+      (!request_.return_token_ids || ids.empty()) && c.logprobs.empty()) {
     return;
   }
   StartStream();
@@ -276,6 +299,7 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
       .stop_reason = c.done ? c.stop_reason : std::string(),
       .stop_token = c.done ? c.stop_token : std::nullopt,
       .token_ids = std::move(ids),
+      .reasoning = std::move(split.reasoning),
       .prompt_token_ids = first && request_.return_token_ids ? &prompts_.ids[c.prompt] : nullptr,
       .logprobs = c.RenderLogprobs(request_, served_, first)};
   if (!tools.calls.empty()) chunk.tool_calls = RenderToolCalls(tools.calls, /*with_index=*/true);
@@ -294,8 +318,10 @@ void CompletionJob::EmitResponses(ChoiceState& c, const std::string& delta) {
     sink_->Write(responses_->Start());
     c.chunk_sent = true;
   }
-  std::string event = responses_->Delta(c.tool_stream ? c.tool_stream->Push(delta) : delta,
-                                        c.RenderLogprobs(request_, served_, /*first=*/false));
+  ReasoningStream::Piece split = SplitStreamed(c, delta);
+  std::string event = responses_->ReasoningDelta(split.reasoning);
+  event += responses_->Delta(c.tool_stream ? c.tool_stream->Push(split.content) : split.content,
+                             c.RenderLogprobs(request_, served_, /*first=*/false));
   if (!event.empty()) sink_->Write(event);
 }
 
@@ -312,10 +338,12 @@ void CompletionJob::CompleteResponses(ChoiceState& c, const Usage& usage) {
     sink_->End();
     return;
   }
-  ResponsesOutput output{.text = std::move(c.text),
+  ReasoningSplit split = SplitWhole(c);
+  ResponsesOutput output{.text = split.content.value_or(""),
                          .finish = c.finish,
                          .usage = usage,
-                         .logprobs = c.RenderLogprobs(request_, served_, /*first=*/false)};
+                         .logprobs = c.RenderLogprobs(request_, served_, /*first=*/false),
+                         .reasoning = std::move(split.reasoning)};
   if (request_.tool_parser) {
     ExtractedToolCalls tools = ExtractToolCalls(*request_.tool_parser, output.text);
     if (!tools.calls.empty()) {
@@ -396,15 +424,17 @@ void CompletionJob::MaybeComplete() {
       prompt_logprobs = PromptLogprobs(c.PromptPositions(served_), *request_.prompt_logprobs);
     }
     nlohmann::ordered_json logprobs = c.RenderLogprobs(request_, served_, /*first=*/true);
+    ReasoningSplit split = SplitWhole(c);
     ExtractedToolCalls tools;
     if (request_.tool_parser) {
-      tools = ExtractToolCalls(*request_.tool_parser, c.text);
-      if (!tools.calls.empty()) c.text = tools.content.value_or("");
+      tools = ExtractToolCalls(*request_.tool_parser, split.content.value_or(""));
+      if (!tools.calls.empty()) split.content = tools.content;
     }
     choices.push_back({.index = c.index,
-                       .text = std::move(c.text),
-                       .content_null = !tools.calls.empty() && !tools.content,
+                       .text = split.content.value_or(""),
+                       .content_null = !split.content,
                        .tool_calls = std::move(tools.calls),
+                       .reasoning = std::move(split.reasoning),
                        .finish_reason = c.finish,
                        .stop_reason = c.stop_reason,
                        .stop_token = c.stop_token,

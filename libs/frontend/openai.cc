@@ -472,6 +472,10 @@ Json CompletionResponse(const CompletionRequest& request, const ResponseHead& he
     if (chat) {
       choice["message"] = {{"role", "assistant"},
                            {"content", c.content_null ? Json() : Json(c.text)}};
+      if (c.reasoning) {
+        choice["message"]["reasoning"] = *c.reasoning;
+        choice["message"]["reasoning_content"] = *c.reasoning;
+      }
       if (!c.tool_calls.empty()) {
         choice["message"]["tool_calls"] = RenderToolCalls(c.tool_calls, /*with_index=*/false);
       }
@@ -532,15 +536,29 @@ std::string StreamChunk(const CompletionRequest& request, const ResponseHead& he
   absl::StrAppend(&out, ",\"choices\":[{\"index\":", delta.index);
   if (request.endpoint == Endpoint::kChat) {
     out += ",\"delta\":{";
-    if (delta.first) out += "\"role\":\"assistant\"";
+    bool fields = false;
+    auto field = [&](std::string_view name) {
+      absl::StrAppend(&out, fields ? "," : "", "\"", absl::string_view(name.data(), name.size()),
+                      "\":");
+      fields = true;
+    };
+    if (delta.first) {
+      field("role");
+      out += "\"assistant\"";
+    }
     if (delta.first || !delta.text.empty()) {
-      if (delta.first) out += ',';
-      out += "\"content\":";
+      field("content");
       AppendJsonString(&out, delta.text);
     }
+    if (!delta.reasoning.empty()) {
+      // vLLM's field, and the name DeepSeek's API and older vLLM use.
+      for (const char* name : {"reasoning", "reasoning_content"}) {
+        field(name);
+        AppendJsonString(&out, delta.reasoning);
+      }
+    }
     if (!delta.tool_calls.is_null()) {
-      if (delta.first || !delta.text.empty()) out += ',';
-      out += "\"tool_calls\":";
+      field("tool_calls");
       out += delta.tool_calls.dump(-1, ' ', false, Json::error_handler_t::replace);
     }
     out += '}';

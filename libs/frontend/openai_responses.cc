@@ -365,9 +365,29 @@ Json OutputFunctionCall(const ToolCall& call, bool done) {
   return item;
 }
 
-// The answer's message: there when it has text, or when it called nothing.
-bool HasMessage(const std::string& text, const std::vector<ToolCall>& calls) {
-  return !text.empty() || calls.empty();
+// The answer's message: there when it has text, or when it neither called
+// a tool nor thought (an empty answer).
+bool HasMessage(const std::string& text, const std::vector<ToolCall>& calls,
+                const std::optional<std::string>& reasoning) {
+  return !text.empty() || (calls.empty() && !reasoning);
+}
+
+Json ReasoningPart(const std::string& text) {
+  return Json{{"type", "reasoning_text"}, {"text", text}};
+}
+
+// The answer's thinking (under --reasoning-parser), as OpenAI's reasoning
+// item with the text as reasoning_text content (gpt-oss's shape) and no
+// summary; `text` null: just added.
+Json OutputReasoning(const std::string& id, const std::string* text) {
+  Json item;
+  item["id"] = id;
+  item["type"] = "reasoning";
+  item["summary"] = Json::array();
+  item["content"] = text == nullptr ? Json::array() : Json::array({ReasoningPart(*text)});
+  item["encrypted_content"] = nullptr;
+  item["status"] = text == nullptr ? "in_progress" : "completed";
+  return item;
 }
 
 }  // namespace
@@ -438,7 +458,10 @@ nlohmann::ordered_json ResponsesObject(const CompletionRequest& request, const R
   r["model"] = head.model;
   r["output"] = Json::array();
   if (output != nullptr) {
-    if (HasMessage(output->text, output->calls)) {
+    if (output->reasoning) {
+      r["output"].push_back(OutputReasoning(run.reasoning_id, &*output->reasoning));
+    }
+    if (HasMessage(output->text, output->calls, output->reasoning)) {
       r["output"].push_back(
           OutputMessage(run.message_id, &output->text, output->finish, output->logprobs));
     }
@@ -484,13 +507,53 @@ std::string ResponsesEvents::Start() {
   return out;
 }
 
+std::string ResponsesEvents::ReasoningDelta(std::string_view text) {
+  if (text.empty() || message_index_ >= 0) return "";
+  std::string out;
+  if (reasoning_index_ < 0) {
+    reasoning_index_ = next_index_++;
+    reasoning_.emplace();
+    out += Event("response.output_item.added",
+                 Json{{"output_index", reasoning_index_},
+                      {"item", OutputReasoning(run_.reasoning_id, nullptr)}});
+    out += Event("response.content_part.added", Json{{"item_id", run_.reasoning_id},
+                                                     {"output_index", reasoning_index_},
+                                                     {"content_index", 0},
+                                                     {"part", ReasoningPart("")}});
+  }
+  *reasoning_ += text;
+  out += Event("response.reasoning_text.delta", Json{{"item_id", run_.reasoning_id},
+                                                     {"output_index", reasoning_index_},
+                                                     {"content_index", 0},
+                                                     {"delta", text}});
+  return out;
+}
+
+std::string ResponsesEvents::EndReasoning() {
+  if (reasoning_index_ < 0 || reasoning_done_) return "";
+  reasoning_done_ = true;
+  const Json at{
+      {"item_id", run_.reasoning_id}, {"output_index", reasoning_index_}, {"content_index", 0}};
+  Json done = at;
+  done["text"] = *reasoning_;
+  std::string out = Event("response.reasoning_text.done", done);
+  Json part = at;
+  part["part"] = ReasoningPart(*reasoning_);
+  out += Event("response.content_part.done", part);
+  out += Event("response.output_item.done",
+               Json{{"output_index", reasoning_index_},
+                    {"item", OutputReasoning(run_.reasoning_id, &*reasoning_)}});
+  return out;
+}
+
 std::string ResponsesEvents::StartMessage() {
-  message_started_ = true;
-  std::string out =
-      Event("response.output_item.added",
-            Json{{"output_index", 0}, {"item", OutputMessage(run_.message_id, nullptr, {})}});
+  std::string out = EndReasoning();
+  message_index_ = next_index_++;
+  out += Event("response.output_item.added",
+               Json{{"output_index", message_index_},
+                    {"item", OutputMessage(run_.message_id, nullptr, {})}});
   out += Event("response.content_part.added", Json{{"item_id", run_.message_id},
-                                                   {"output_index", 0},
+                                                   {"output_index", message_index_},
                                                    {"content_index", 0},
                                                    {"part", TextPartOut("")}});
   return out;
@@ -500,10 +563,10 @@ std::string ResponsesEvents::Delta(std::string_view text, const nlohmann::ordere
   const Json pieces = logprobs.is_array() ? logprobs : Json::array();
   logprobs_.insert(logprobs_.end(), pieces.begin(), pieces.end());
   if (text.empty()) return "";
-  std::string out = message_started_ ? "" : StartMessage();
+  std::string out = message_index_ >= 0 ? "" : StartMessage();
   text_ += text;
   out += Event("response.output_text.delta", Json{{"item_id", run_.message_id},
-                                                  {"output_index", 0},
+                                                  {"output_index", message_index_},
                                                   {"content_index", 0},
                                                   {"delta", text},
                                                   {"logprobs", pieces}});
@@ -512,11 +575,11 @@ std::string ResponsesEvents::Delta(std::string_view text, const nlohmann::ordere
 
 std::string ResponsesEvents::Finish(FinishReason finish, const Usage& usage,
                                     const std::vector<ToolCall>& calls) {
-  std::string out;
-  if (!message_started_ && HasMessage(text_, calls)) out += StartMessage();
-  int32_t index = 0;
-  if (message_started_) {
-    const Json at{{"item_id", run_.message_id}, {"output_index", 0}, {"content_index", 0}};
+  std::string out = EndReasoning();
+  if (message_index_ < 0 && HasMessage(text_, calls, reasoning_)) out += StartMessage();
+  if (message_index_ >= 0) {
+    const Json at{
+        {"item_id", run_.message_id}, {"output_index", message_index_}, {"content_index", 0}};
     Json done = at;
     done["text"] = text_;
     done["logprobs"] = logprobs_;
@@ -525,11 +588,11 @@ std::string ResponsesEvents::Finish(FinishReason finish, const Usage& usage,
     part["part"] = TextPartOut(text_, logprobs_);
     out += Event("response.content_part.done", part);
     out += Event("response.output_item.done",
-                 Json{{"output_index", 0},
+                 Json{{"output_index", message_index_},
                       {"item", OutputMessage(run_.message_id, &text_, finish, logprobs_)}});
-    index = 1;
   }
   for (const ToolCall& call : calls) {
+    const int32_t index = next_index_++;
     const Json at{{"item_id", FunctionCallId(call)}, {"output_index", index}};
     out += Event("response.output_item.added",
                  Json{{"output_index", index}, {"item", OutputFunctionCall(call, false)}});
@@ -542,10 +605,13 @@ std::string ResponsesEvents::Finish(FinishReason finish, const Usage& usage,
     out += Event("response.function_call_arguments.done", done);
     out += Event("response.output_item.done",
                  Json{{"output_index", index}, {"item", OutputFunctionCall(call, true)}});
-    ++index;
   }
-  const ResponsesOutput output{
-      .text = text_, .calls = calls, .finish = finish, .usage = usage, .logprobs = logprobs_};
+  const ResponsesOutput output{.text = text_,
+                               .calls = calls,
+                               .finish = finish,
+                               .usage = usage,
+                               .logprobs = logprobs_,
+                               .reasoning = reasoning_};
   out += Event(Incomplete(finish) ? "response.incomplete" : "response.completed",
                Json{{"response", ResponsesObject(request_, head_, run_, &output)}});
   return out;

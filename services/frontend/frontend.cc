@@ -249,6 +249,7 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
       return;
     }
     if (!tenant->empty()) request.cache_salt = "tenant:" + *tenant;
+    if (endpoint != Endpoint::kCompletions) request.reasoning_parser = options_.reasoning_parser;
     if (request.tool_choice == "auto") {
       if (!options_.auto_tool_parser) {
         const ApiError e = BadRequest(

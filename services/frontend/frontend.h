@@ -71,6 +71,9 @@ struct FrontendOptions {
   // tools) gets the calls its answer writes as tool_calls. Without it such a
   // request is refused, as vLLM refuses it.
   std::optional<ToolParser> auto_tool_parser;
+  // vLLM's --reasoning-parser (reasoning.h): chat and /v1/responses answers
+  // carry the model's thinking apart from its content.
+  std::optional<ReasoningParser> reasoning_parser;
 };
 
 struct FrontendMetrics {

@@ -186,8 +186,15 @@ int main(int argc, char** argv) {
             "\"arguments\": ...}</tool_call>: Qwen2.5, Qwen3, Hermes), llama3_json or "
             "llama4_json ({\"name\": ..., \"parameters\": ...}: Llama 3.1-3.3 with vLLM's JSON "
             "tool template); other parsers are refused");
+  std::string reasoning_parser;
+  flags.Add("reasoning-parser", &reasoning_parser,
+            "[vLLM] chat and /v1/responses answers give the model's thinking "
+            "(<think>...</think>) apart from the content: as message.reasoning and "
+            "reasoning_content, and as a reasoning item: deepseek_r1 (DeepSeek-R1 and its "
+            "distills) or qwen3; other parsers are refused");
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer",
-                     "enable-auto-tool-choice", "tool-call-parser", "allowed-origins"});
+                     "enable-auto-tool-choice", "tool-call-parser", "allowed-origins",
+                     "reasoning-parser"});
   flags.ParseOrExit(argc, argv);
   if (drain_timeout_s < 0) {
     return Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));
@@ -202,6 +209,11 @@ int main(int argc, char** argv) {
     return Fail("--enable-auto-tool-choice requires --tool-call-parser");
   }
   if (enable_auto_tool_choice) options.auto_tool_parser = parser;
+  options.reasoning_parser = tandem::frontend::ReasoningParserNamed(reasoning_parser);
+  if (!reasoning_parser.empty() && !options.reasoning_parser) {
+    return Fail("--reasoning-parser '" + reasoning_parser + "' is not implemented (implemented: " +
+                std::string(tandem::frontend::kReasoningParserNames) + ")");
+  }
   if (!metrics_from.empty()) {
     absl::StatusOr<tandem::frontend::MetricsUrl> url =
         tandem::frontend::ParseMetricsUrl(metrics_from);

@@ -8,7 +8,7 @@
 // arguments as objects (tests/tokenizer/data/references/chat_templates.json).
 // And tool_choice "auto" under --enable-auto-tool-choice --tool-call-parser
 // hermes: the answer's calls as message.tool_calls, read by the npm openai
-// SDK too.
+// SDK too; and --reasoning-parser's thinking apart from the content.
 #include <filesystem>
 #include <fstream>
 
@@ -486,6 +486,123 @@ TEST(FrontendToolCallFlagsTest, UnknownParsersAndAutoWithoutOneAreRefused) {
       << out;
   EXPECT_NE(out.find("--enable-auto-tool-choice requires --tool-call-parser"), std::string::npos)
       << out;
+  EXPECT_EQ(
+      RunCommand({frontend, "--tokenizer", kNpm + "qwen2", "--reasoning-parser", "granite"}, &out),
+      2)
+      << out;
+  EXPECT_NE(out.find("--reasoning-parser 'granite' is not implemented (implemented: deepseek_r1, "
+                     "qwen3)"),
+            std::string::npos)
+      << out;
+}
+
+// --reasoning-parser qwen3 (with hermes tool calls): the thinking apart from
+// the content in chat (message.reasoning and reasoning_content, whole and
+// streamed) and in /v1/responses (a reasoning item before the message), the
+// calls read from the content alone; /v1/completions keeps the raw text.
+TEST(FrontendReasoningTest, TheThinkingComesApartFromTheContentInChatAndResponses) {
+  auto tok = tokenizer::LoadTokenizer(kNpm + "qwen2");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  FakeScheduler scheduler(FakeModelInfo("qwen2", (*tok)->vocab_size(), /*max_model_len=*/4096));
+  Service frontend =
+      StartFrontend(MakeTempDir("frontend-reasoning"), "frontend", {scheduler.address()},
+                    {"--tokenizer", kNpm + "qwen2", "--reasoning-parser", "qwen3",
+                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes"});
+  auto answer = [&](const std::string& text) {
+    auto ids = (*tok)->Encode(text, {.add_special_tokens = false});
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    scheduler.SetOutput(*ids, v1::FINISH_REASON_STOP);
+  };
+  // The body, or a stream's events' data.
+  auto post = [&](const std::string& path, const Json& body, std::vector<Json>* events = nullptr) {
+    httplib::Client client("http://" + frontend.address());
+    client.set_read_timeout(30, 0);
+    auto res = client.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    if (!res) return Json();
+    if (events != nullptr) {
+      EXPECT_EQ(res->body.find("think>"), std::string::npos) << res->body;
+      for (size_t at = res->body.find("data: {"); at != std::string::npos;
+           at = res->body.find("data: {", at + 1)) {
+        events->push_back(Json::parse(res->body.substr(at + 6, res->body.find('\n', at) - at - 6)));
+      }
+      return Json();
+    }
+    return Json::parse(res->body);
+  };
+  const std::string thinking = "\nParis: look it up.\n";
+  answer("<think>" + thinking + "</think>\n\nIt is sunny.");
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}}};
+  const Json whole = post("/v1/chat/completions", chat);
+  const Json& message = whole["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning"], thinking);
+  EXPECT_EQ(message["reasoning_content"], thinking);
+  EXPECT_EQ(message["content"], "\n\nIt is sunny.");
+
+  std::vector<Json> chunks;
+  Json streamed_chat = chat;
+  streamed_chat["stream"] = true;
+  post("/v1/chat/completions", streamed_chat, &chunks);
+  std::string reasoning, reasoning_content, content;
+  for (const Json& chunk : chunks) {
+    const Json& delta = chunk["choices"][0]["delta"];
+    reasoning += delta.value("reasoning", "");
+    reasoning_content += delta.value("reasoning_content", "");
+    content += delta.value("content", "");
+  }
+  EXPECT_EQ(reasoning, thinking);
+  EXPECT_EQ(reasoning_content, thinking);
+  EXPECT_EQ(content, "\n\nIt is sunny.");
+
+  const Json responses = post("/v1/responses", {{"input", "Weather in Paris?"}});
+  ASSERT_EQ(responses["output"].size(), 2u) << responses.dump();
+  EXPECT_EQ(responses["output"][0]["type"], "reasoning");
+  EXPECT_EQ(responses["output"][0]["content"][0]["text"], thinking);
+  EXPECT_EQ(responses["output"][1]["content"][0]["text"], "\n\nIt is sunny.");
+  std::vector<Json> events;
+  post("/v1/responses", {{"input", "Weather in Paris?"}, {"stream", true}}, &events);
+  reasoning.clear();
+  content.clear();
+  for (const Json& e : events) {
+    if (e["type"] == "response.reasoning_text.delta") reasoning += e["delta"].get<std::string>();
+    if (e["type"] == "response.output_text.delta") {
+      content += e["delta"].get<std::string>();
+      EXPECT_EQ(e["output_index"], 1);
+    }
+  }
+  EXPECT_EQ(reasoning, thinking);
+  EXPECT_EQ(content, "\n\nIt is sunny.");
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["response"]["output"][0]["type"], "reasoning");
+  EXPECT_EQ(events.back()["response"]["output"][1]["type"], "message");
+
+  // Thinking off (Qwen3's enable_thinking): all of it is content.
+  Json off = chat;
+  off["chat_template_kwargs"] = {{"enable_thinking", false}};
+  const Json plain = post("/v1/chat/completions", off);
+  EXPECT_EQ(plain["choices"][0]["message"]["content"],
+            "<think>" + thinking + "</think>\n\nIt is sunny.");
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("reasoning"));
+  // /v1/completions has no message to split.
+  const Json completion = post("/v1/completions", {{"prompt", "Weather?"}, {"max_tokens", 64}});
+  EXPECT_EQ(completion["choices"][0]["text"], "<think>" + thinking + "</think>\n\nIt is sunny.");
+
+  // A call after the thinking: parsed from the content, which is then null.
+  answer(
+      "<think>Call it.</think><tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{}}\n</tool_call>");
+  Json with_tools = chat;
+  with_tools["tools"] = {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}};
+  const Json called = post("/v1/chat/completions", with_tools);
+  EXPECT_EQ(called["choices"][0]["message"]["reasoning"], "Call it.");
+  EXPECT_TRUE(called["choices"][0]["message"]["content"].is_null()) << called.dump();
+  ASSERT_EQ(called["choices"][0]["message"]["tool_calls"].size(), 1u) << called.dump();
+  const Json responses_called =
+      post("/v1/responses", {{"input", "Weather in Paris?"},
+                             {"tools", {{{"type", "function"}, {"name", "get_weather"}}}}});
+  ASSERT_EQ(responses_called["output"].size(), 2u) << responses_called.dump();
+  EXPECT_EQ(responses_called["output"][0]["type"], "reasoning");
+  EXPECT_EQ(responses_called["output"][1]["type"], "function_call");
 }
 
 }  // namespace

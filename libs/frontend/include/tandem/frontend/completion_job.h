@@ -158,6 +158,12 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   [[nodiscard]] bool BuildChoices(const ModelInfo& model);
   // The choice's detokenizer, stop strings, tool-call stream and echo.
   void StartOutput(ChoiceState& c);
+  // With a reasoning parser: whether the choice's output starts as thinking,
+  // the split of a delta (the held-back rest too once the choice is done),
+  // and of the whole text (which it takes).
+  [[nodiscard]] bool StartsInReasoning(const ChoiceState& c) const;
+  [[nodiscard]] ReasoningStream::Piece SplitStreamed(ChoiceState& c, const std::string& delta);
+  [[nodiscard]] ReasoningSplit SplitWhole(ChoiceState& c) const;
   // Drops what the choice took from a call (it is run again elsewhere).
   void RestartOutput(ChoiceState& c);
   [[nodiscard]] bool StartCall(ChoiceState& c);

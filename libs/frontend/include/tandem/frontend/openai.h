@@ -87,6 +87,7 @@
 #include "nlohmann/json.hpp"
 #include "tandem/common/finish_reason.h"
 #include "tandem/common/sampling_params.h"
+#include "tandem/frontend/reasoning.h"
 #include "tandem/frontend/tool_calls.h"
 
 namespace tandem::frontend {
@@ -191,6 +192,10 @@ struct CompletionRequest {
   // --enable-auto-tool-choice; the answer's tool calls are parsed out of its
   // text by this parser (tool_calls.h).
   std::optional<ToolParser> tool_parser;
+  // Set by the server, not the body: chat and /v1/responses under
+  // --reasoning-parser; the answer's thinking is split out of its text
+  // (reasoning.h).
+  std::optional<ReasoningParser> reasoning_parser;
   // Log-probabilities of each output token and of its N most likely
   // alternatives: completions' `logprobs`, chat's `top_logprobs` (0 when
   // absent) when `logprobs` is true. nullopt: none.
@@ -300,6 +305,9 @@ struct Choice {
   std::string text;
   bool content_null = false;         // chat: "content": null (tool calls and no text)
   std::vector<ToolCall> tool_calls;  // chat with a tool_parser: finish "tool_calls"
+  // Chat with a reasoning_parser: the thinking ("reasoning" and
+  // "reasoning_content" beside the content); nullopt: none.
+  std::optional<std::string> reasoning;
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_reason;             // the stop string that ended it, if any
   std::optional<int32_t> stop_token;   // or the stop token id
@@ -333,6 +341,9 @@ struct ChunkDelta {
   std::string stop_reason;
   std::optional<int32_t> stop_token;
   std::vector<int32_t> token_ids;  // when return_token_ids
+  // Chat with a reasoning_parser: thinking this chunk carries ("reasoning"
+  // and "reasoning_content" in the delta); "" for none.
+  std::string reasoning;
   // The choice's prompt, in its first chunk when return_token_ids.
   const std::vector<int32_t>* prompt_token_ids = nullptr;
   // The logprobs of the tokens whose text this chunk carries: rendered

@@ -78,7 +78,8 @@ namespace tandem::frontend {
 
 // How the response ran, for its settings fields.
 struct ResponsesRun {
-  std::string message_id;  // "msg_..."
+  std::string message_id;    // "msg_..."
+  std::string reasoning_id;  // "rs_...": the thinking's item (--reasoning-parser)
   float temperature = 1.0f;
   float top_p = 1.0f;
   int32_t max_output_tokens = 0;  // the max_tokens the choice ran with
@@ -94,6 +95,9 @@ struct ResponsesOutput {
   // With include message.output_text.logprobs: chat's logprobs content
   // list (token, logprob, bytes, top_logprobs), for the text.
   nlohmann::ordered_json logprobs = nlohmann::ordered_json::array();
+  // Under --reasoning-parser: the thinking, a reasoning item before the
+  // message (which is left out when the answer is only thinking).
+  std::optional<std::string> reasoning;
 };
 
 // The response object; `output` null: in progress (no output, usage null).
@@ -108,7 +112,12 @@ class ResponsesEvents {
   ResponsesEvents(const CompletionRequest& request, const ResponseHead& head, ResponsesRun run);
   // response.created and response.in_progress.
   [[nodiscard]] std::string Start();
-  // response.output_text.delta (after the message's output_item.added and
+  // Under --reasoning-parser: response.reasoning_text.delta (after the
+  // reasoning item's output_item.added and content_part.added, with its
+  // first text); "" for an empty piece, or once the message has begun.
+  [[nodiscard]] std::string ReasoningDelta(std::string_view text);
+  // response.output_text.delta (after the reasoning item's done events and
+  // the message's output_item.added and
   // content_part.added, with its first text); "" for an empty piece.
   // `logprobs` (a list, or null) are the text's tokens'; kept for the done
   // events also when the text is held back.
@@ -127,13 +136,18 @@ class ResponsesEvents {
  private:
   std::string Event(std::string_view type, nlohmann::ordered_json data);
   std::string StartMessage();
+  std::string EndReasoning();
 
   const CompletionRequest& request_;
   const ResponseHead& head_;
   ResponsesRun run_;
   std::string text_;
   nlohmann::ordered_json logprobs_ = nlohmann::ordered_json::array();
-  bool message_started_ = false;
+  std::optional<std::string> reasoning_;
+  int32_t next_index_ = 0;  // the next output item's index
+  int32_t reasoning_index_ = -1;
+  int32_t message_index_ = -1;
+  bool reasoning_done_ = false;
   int64_t sequence_ = 0;
 };
 
