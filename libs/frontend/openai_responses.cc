@@ -145,9 +145,37 @@ std::optional<ApiError> FunctionOutputItem(const Json& item, const std::string& 
   return std::nullopt;
 }
 
+// A reasoning item sent back (an answer's thinking, as this server gives it
+// under --reasoning-parser): its reasoning_text content, joined. A summary
+// or encrypted_content (another server's) is not the thinking and is
+// dropped.
+std::optional<ApiError> ReasoningItem(const Json& item, const std::string& where,
+                                      std::optional<std::string>* out) {
+  auto content = item.find("content");
+  if (content == item.end() || content->is_null()) return std::nullopt;
+  if (!content->is_array()) {
+    return BadRequest(absl::StrCat("'", where, ".content' must be a list of reasoning_text parts"),
+                      "input");
+  }
+  std::string text;
+  for (size_t j = 0; j < content->size(); ++j) {
+    const Json& part = (*content)[j];
+    if (!part.is_object() || part.value("type", Json()) != "reasoning_text" ||
+        !part.contains("text") || !part["text"].is_string()) {
+      return BadRequest(absl::StrCat("'", where, ".content[", j,
+                                     "]' must be {\"type\": \"reasoning_text\", \"text\": ...}"),
+                        "input");
+    }
+    text += part["text"].get<std::string>();
+  }
+  *out = std::move(text);
+  return std::nullopt;
+}
+
 // `input` (and `instructions` before it) as chat messages.
 std::optional<ApiError> InputMessages(const Reader& r, Json* messages) {
   *messages = Json::array();
+  std::optional<std::string> reasoning;  // a reasoning item's, for the next turn
   if (const Json* instructions = r.Find("instructions")) {
     if (!instructions->is_string()) {
       return BadRequest("'instructions' must be a string", "instructions");
@@ -170,6 +198,10 @@ std::optional<ApiError> InputMessages(const Reader& r, Json* messages) {
       return BadRequest(absl::StrCat("'", where, "' must be an object"), "input");
     }
     const Json type = item.value("type", Json("message"));
+    if (type == "reasoning") {
+      if (auto e = ReasoningItem(item, where, &reasoning)) return e;
+      continue;
+    }
     if (type == "message") {
       Json message;
       if (auto e = MessageItem(item, where, &message)) return e;
@@ -180,10 +212,18 @@ std::optional<ApiError> InputMessages(const Reader& r, Json* messages) {
       if (auto e = FunctionOutputItem(item, where, messages)) return e;
     } else {
       return BadRequest(absl::StrCat("'", where, "' of type ", type.dump(),
-                                     " is not supported: input items are messages, "
+                                     " is not supported: input items are messages, reasoning, "
                                      "function_call and function_call_output"),
                         "input");
     }
+    // The thinking before an assistant turn goes with it, as the chat
+    // templates that show it read it (reasoning_content); before anything
+    // else it has no turn and is dropped.
+    Json& last = messages->back();
+    if (reasoning && last.value("role", "") == "assistant" && !last.contains("reasoning_content")) {
+      last["reasoning_content"] = *reasoning;
+    }
+    reasoning.reset();
   }
   return std::nullopt;
 }

@@ -89,6 +89,25 @@ TEST(ResponsesParseTest, ToolsAndFunctionCallItemsBecomeChatsToolsAndMessages) {
   EXPECT_EQ(r.messages[4]["role"], "assistant") << "after a tool message: a turn of its own";
   EXPECT_EQ(r.messages[4]["tool_calls"][0]["id"], "c3");
 
+  // A reasoning item sent back goes with the assistant turn after it (as
+  // reasoning_content, which templates read); with no turn after it, it is
+  // dropped; a summary alone adds nothing.
+  ASSERT_FALSE(ParseResponsesRequest(
+      R"({"input":[{"role":"user","content":"Hi"},
+                   {"type":"reasoning","id":"rs_1","summary":[],
+                    "content":[{"type":"reasoning_text","text":"Think."}]},
+                   {"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
+                   {"type":"function_call_output","call_id":"c1","output":"one"},
+                   {"type":"reasoning","summary":[{"type":"summary_text","text":"S"}]},
+                   {"role":"assistant","content":"Done."},
+                   {"type":"reasoning","content":[{"type":"reasoning_text","text":"Lost."}]},
+                   {"role":"user","content":"More?"}]})",
+      &r));
+  ASSERT_EQ(r.messages.size(), 5u) << r.messages.dump();
+  EXPECT_EQ(r.messages[1]["reasoning_content"], "Think.");
+  EXPECT_EQ(r.messages[1]["tool_calls"][0]["id"], "c1");
+  EXPECT_FALSE(r.messages[3].contains("reasoning_content")) << r.messages.dump();
+
   // Logprobs only where include asks for them; include entries for items
   // never produced here add nothing.
   ASSERT_FALSE(ParseResponsesRequest(
@@ -129,7 +148,9 @@ TEST(ResponsesParseTest, WhatItCannotHonourIsRefusedByName) {
        "parallel_tool_calls"},
       {R"({"input":[{"type":"function_call","call_id":"c","name":"f"}]})", 400, "input"},
       {R"({"input":[{"type":"function_call_output","call_id":"c"}]})", 400, "input"},
-      {R"({"input":[{"type":"reasoning","summary":[]}]})", 400, "input"},
+      {R"({"input":[{"type":"reasoning","content":[{"type":"summary_text","text":"x"}]}]})", 400,
+       "input"},
+      {R"({"input":[{"type":"item_reference","id":"msg_1"}]})", 400, "input"},
       {R"({"input":"x","text":{"format":{"type":"json_object"}}})", 400, "text.format"},
       {R"({"input":"x","text":{"verbosity":"low"}})", 400, "text.verbosity"},
       {R"({"input":"x","reasoning":{"effort":"high"}})", 400, "reasoning"},

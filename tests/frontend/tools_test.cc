@@ -603,6 +603,14 @@ TEST(FrontendReasoningTest, TheThinkingComesApartFromTheContentInChatAndResponse
   ASSERT_EQ(responses_called["output"].size(), 2u) << responses_called.dump();
   EXPECT_EQ(responses_called["output"][0]["type"], "reasoning");
   EXPECT_EQ(responses_called["output"][1]["type"], "function_call");
+  // An agent loop sends the output back with the call's result: accepted.
+  Json round_trip = {{"input", Json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}})},
+                     {"tools", {{{"type", "function"}, {"name", "get_weather"}}}}};
+  for (const Json& item : responses_called["output"]) round_trip["input"].push_back(item);
+  round_trip["input"].push_back({{"type", "function_call_output"},
+                                 {"call_id", responses_called["output"][1]["call_id"]},
+                                 {"output", "Sunny"}});
+  EXPECT_EQ(post("/v1/responses", round_trip)["status"], "completed");
 }
 
 }  // namespace

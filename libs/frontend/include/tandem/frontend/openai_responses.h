@@ -11,7 +11,10 @@
 //   content a string or a list of input_text / output_text parts),
 //   function_call items (a call the model made: chat's tool_calls on the
 //   assistant turn, joined to the assistant turn before it) and
-//   function_call_output items (chat's tool message). instructions,
+//   function_call_output items (chat's tool message), and reasoning items
+//   sent back (their reasoning_text goes with the assistant turn after
+//   them as reasoning_content, which chat templates that show thinking
+//   read; a summary or encrypted_content is dropped). instructions,
 //   max_output_tokens (the chat's max_tokens: default the rest of the
 //   context), temperature and top_p (unset: the model's generation_config
 //   defaults, as chat), stream, metadata, user; and vLLM's extras that chat
@@ -34,7 +37,7 @@
 //   Refused by name: text.format other than text (structured outputs),
 //   reasoning settings, other include entries, truncation "auto", prompt templates,
 //   conversation, images, files and audio in the input, and other input
-//   items (reasoning, item references). Unknown fields are ignored, as chat
+//   items (item references, hosted tools' calls). Unknown fields are ignored, as chat
 //   does.
 // Response: {"id": "resp_...", "object": "response", "status": "completed"
 // (or "incomplete" with incomplete_details {"reason": "max_output_tokens"}
