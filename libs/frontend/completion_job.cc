@@ -198,7 +198,9 @@ void CompletionJob::StartOutput(ChoiceState& c) {
 
 ReasoningSplit CompletionJob::SplitWhole(ChoiceState& c) const {
   if (!request_.reasoning_parser) return {.content = std::move(c.text)};
-  return SplitReasoning(c.text, StartsInReasoning(c));
+  ReasoningSplit split = SplitReasoning(c.text, StartsInReasoning(c));
+  if (!request_.include_reasoning) split.reasoning.reset();
+  return split;
 }
 
 bool CompletionJob::StartsInReasoning(const ChoiceState& c) const {
@@ -210,6 +212,7 @@ ReasoningStream::Piece CompletionJob::SplitStreamed(ChoiceState& c, const std::s
   if (!c.reasoning_stream) return {.content = delta};
   ReasoningStream::Piece piece = c.reasoning_stream->Push(delta);
   if (c.done) piece.reasoning += c.reasoning_stream->Finish().reasoning;
+  if (!request_.include_reasoning) piece.reasoning.clear();
   return piece;
 }
 

@@ -377,6 +377,9 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
       }
       out->chat_template_kwargs = *kwargs;
     }
+    // vLLM's: false leaves the thinking out (the server refuses it without
+    // --reasoning-parser, which splits it out).
+    if (auto e = r.Bool("include_reasoning", &out->include_reasoning)) return e;
   }
   return std::nullopt;
 }

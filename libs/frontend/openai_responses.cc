@@ -13,7 +13,9 @@ using internal::Json;
 using internal::Reader;
 
 // Chat's fields that a Responses request takes under the same name
-// (vLLM's ResponsesRequest extras among them); chat's parser checks them.
+// (vLLM's ResponsesRequest extras among them, and chat_template_kwargs, so
+// that Qwen3's enable_thinking reaches the template here too); chat's
+// parser checks them.
 constexpr const char* kChatFields[] = {"model",
                                        "temperature",
                                        "top_p",
@@ -35,7 +37,8 @@ constexpr const char* kChatFields[] = {"model",
                                        "request_id",
                                        "vllm_xargs",
                                        "structured_outputs",
-                                       "mm_processor_kwargs"};
+                                       "mm_processor_kwargs",
+                                       "chat_template_kwargs"};
 
 // A content part of an input message as chat's {"type": "text"} part.
 std::optional<ApiError> TextPart(const Json& part, const std::string& where, Json* out) {

@@ -250,6 +250,15 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
     }
     if (!tenant->empty()) request.cache_salt = "tenant:" + *tenant;
     if (endpoint != Endpoint::kCompletions) request.reasoning_parser = options_.reasoning_parser;
+    if (!request.include_reasoning && !request.reasoning_parser) {
+      const ApiError e = BadRequest(
+          "'include_reasoning' false needs --reasoning-parser: without it the thinking is part "
+          "of the content",
+          "include_reasoning");
+      RespondError(*exchange, e);
+      CountResponse(path, e.http_status);
+      return;
+    }
     if (request.tool_choice == "auto") {
       if (!options_.auto_tool_parser) {
         const ApiError e = BadRequest(

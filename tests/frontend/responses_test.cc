@@ -20,7 +20,8 @@ TEST(ResponsesParseTest, InputAndInstructionsBecomeTheChatMessages) {
           "temperature":0,"top_p":0.5,"top_k":3,"seed":7,"stream":true,"store":true,
           "metadata":{"k":"v"},"user":"u","tool_choice":"none","parallel_tool_calls":false,
           "text":{"format":{"type":"text"}},"reasoning":{"effort":null},"include":[],
-          "truncation":"disabled","top_logprobs":2,"service_tier":"default","n":3})",
+          "truncation":"disabled","top_logprobs":2,"service_tier":"default","n":3,
+          "chat_template_kwargs":{"enable_thinking":false}})",
       &r));
   EXPECT_EQ(r.endpoint, Endpoint::kResponses);
   EXPECT_EQ(r.model, "m");
@@ -34,6 +35,7 @@ TEST(ResponsesParseTest, InputAndInstructionsBecomeTheChatMessages) {
   EXPECT_EQ(r.seed, 7);
   EXPECT_TRUE(r.stream);
   EXPECT_EQ(r.n, 1) << "n is not a Responses field";
+  EXPECT_EQ(r.chat_template_kwargs, Json::parse(R"({"enable_thinking":false})"));
   ASSERT_TRUE(r.responses);
   EXPECT_EQ(r.responses->instructions, "Be brief");
   EXPECT_EQ(r.responses->metadata, Json::parse(R"({"k":"v"})"));

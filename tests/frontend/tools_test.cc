@@ -496,6 +496,19 @@ TEST(FrontendToolCallFlagsTest, UnknownParsersAndAutoWithoutOneAreRefused) {
       << out;
 }
 
+// Without --reasoning-parser the thinking is part of the content:
+// include_reasoning false cannot be honoured and is refused by name.
+TEST_F(FrontendToolCallsTest, IncludeReasoningFalseNeedsAReasoningParser) {
+  Answer("It is sunny.");
+  Json body = Request(false);
+  body["include_reasoning"] = false;
+  auto [status, answer] = Post(body);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(answer["error"]["param"], "include_reasoning") << answer.dump();
+  body["include_reasoning"] = true;
+  EXPECT_EQ(Post(body).first, 200);
+}
+
 // --reasoning-parser qwen3 (with hermes tool calls): the thinking apart from
 // the content in chat (message.reasoning and reasoning_content, whole and
 // streamed) and in /v1/responses (a reasoning item before the message), the
@@ -553,6 +566,21 @@ TEST(FrontendReasoningTest, TheThinkingComesApartFromTheContentInChatAndResponse
   EXPECT_EQ(reasoning, thinking);
   EXPECT_EQ(reasoning_content, thinking);
   EXPECT_EQ(content, "\n\nIt is sunny.");
+  // vLLM's include_reasoning false: the thinking left out.
+  Json without = chat;
+  without["include_reasoning"] = false;
+  const Json dropped = post("/v1/chat/completions", without);
+  EXPECT_FALSE(dropped["choices"][0]["message"].contains("reasoning")) << dropped.dump();
+  EXPECT_EQ(dropped["choices"][0]["message"]["content"], "\n\nIt is sunny.");
+  without["stream"] = true;
+  chunks.clear();
+  post("/v1/chat/completions", without, &chunks);
+  content.clear();
+  for (const Json& chunk : chunks) {
+    EXPECT_FALSE(chunk["choices"][0]["delta"].contains("reasoning")) << chunk.dump();
+    content += chunk["choices"][0]["delta"].value("content", "");
+  }
+  EXPECT_EQ(content, "\n\nIt is sunny.");
 
   const Json responses = post("/v1/responses", {{"input", "Weather in Paris?"}});
   ASSERT_EQ(responses["output"].size(), 2u) << responses.dump();
@@ -583,6 +611,11 @@ TEST(FrontendReasoningTest, TheThinkingComesApartFromTheContentInChatAndResponse
   EXPECT_EQ(plain["choices"][0]["message"]["content"],
             "<think>" + thinking + "</think>\n\nIt is sunny.");
   EXPECT_FALSE(plain["choices"][0]["message"].contains("reasoning"));
+  const Json plain_responses = post(
+      "/v1/responses",
+      {{"input", "Weather in Paris?"}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  ASSERT_EQ(plain_responses["output"].size(), 1u) << plain_responses.dump();
+  EXPECT_EQ(plain_responses["output"][0]["type"], "message");
   // /v1/completions has no message to split.
   const Json completion = post("/v1/completions", {{"prompt", "Weather?"}, {"max_tokens", 64}});
   EXPECT_EQ(completion["choices"][0]["text"], "<think>" + thinking + "</think>\n\nIt is sunny.");

@@ -183,7 +183,8 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"documents", Refused({{"documents", {{{"title", "t"}, {"text", "x"}}}}})},
       {"chat_template", Refused({{"chat_template", "{{ messages }}"}})},
       {"reasoning_effort", Refused({{"reasoning_effort", "low"}})},
-      {"include_reasoning", Refused({{"include_reasoning", false}})},
+      {"include_reasoning",
+       Built({{"include_reasoning", false}}, "FrontendReasoningTest (needs --reasoning-parser)")},
       {"parallel_tool_calls", Refused({{"parallel_tool_calls", false}})},
       // OpenAI's own that change the answer.
       {"functions", Refused({{"functions", {{{"name", "f"}}}}})},

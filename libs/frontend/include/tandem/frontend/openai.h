@@ -196,6 +196,9 @@ struct CompletionRequest {
   // --reasoning-parser; the answer's thinking is split out of its text
   // (reasoning.h).
   std::optional<ReasoningParser> reasoning_parser;
+  // vLLM's include_reasoning (chat): false leaves the thinking out of the
+  // answer; only with a reasoning_parser (the server refuses it otherwise).
+  bool include_reasoning = true;
   // Log-probabilities of each output token and of its N most likely
   // alternatives: completions' `logprobs`, chat's `top_logprobs` (0 when
   // absent) when `logprobs` is true. nullopt: none.

@@ -20,7 +20,8 @@
 //   defaults, as chat), stream, metadata, user; and vLLM's extras that chat
 //   takes too (top_k, min_p, seed, stop, ignore_eos, min_tokens,
 //   repetition/presence/frequency penalties, logit_bias, priority,
-//   skip_special_tokens, include_stop_str_in_output).
+//   skip_special_tokens, include_stop_str_in_output) and chat_template_kwargs
+//   (Qwen3's enable_thinking).
 //   tools: function tools ({"type": "function", "name", "description",
 //   "parameters"}), as chat's tools with tool_choice "auto" (under
 //   --enable-auto-tool-choice, whose parser reads the calls out of the
