@@ -9,6 +9,7 @@
 // And tool_choice "auto" under --enable-auto-tool-choice --tool-call-parser
 // hermes: the answer's calls as message.tool_calls, read by the npm openai
 // SDK too; and --reasoning-parser's thinking apart from the content.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -603,6 +604,31 @@ TEST(FrontendReasoningTest, TheThinkingComesApartFromTheContentInChatAndResponse
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back()["response"]["output"][0]["type"], "reasoning");
   EXPECT_EQ(events.back()["response"]["output"][1]["type"], "message");
+
+  // The npm openai SDK hands the same over, whole and from its stream
+  // helper, which assembles the reasoning item from the events.
+  const std::string npm = std::string(TANDEM_BINARY_DIR) + "/frontend_npm";
+  const std::string out = MakeTempDir("frontend-reasoning-sdk") + "/reasoning_cases.json";
+  std::string log;
+  ASSERT_EQ(RunCommand({"/usr/bin/env", "NODE_PATH=" + npm + "/node_modules", "node",
+                        npm + "/reasoning_cases.mjs", "http://" + frontend.address() + "/v1", out},
+                       &log, std::chrono::seconds(120)),
+            0)
+      << log;
+  const Json sdk = Json::parse(std::ifstream(out));
+  EXPECT_EQ(sdk["chat"]["reasoning"], thinking);
+  EXPECT_EQ(sdk["chat"]["content"], "\n\nIt is sunny.");
+  EXPECT_EQ(sdk["whole"]["output_text"], "\n\nIt is sunny.");
+  for (const char* way : {"whole", "helper"}) {
+    SCOPED_TRACE(way);
+    const Json& output = sdk[way]["output"];
+    ASSERT_EQ(output.size(), 2u) << sdk.dump();
+    EXPECT_EQ(output[0]["type"], "reasoning");
+    EXPECT_EQ(output[0]["content"][0]["text"], thinking);
+    EXPECT_EQ(output[1]["content"][0]["text"], "\n\nIt is sunny.");
+  }
+  EXPECT_NE(std::find(sdk["types"].begin(), sdk["types"].end(), "response.reasoning_text.delta"),
+            sdk["types"].end());
 
   // Thinking off (Qwen3's enable_thinking): all of it is content.
   Json off = chat;
