@@ -160,7 +160,8 @@ nlohmann::ordered_json ChoiceState::RenderLogprobs(const CompletionRequest& requ
   logprobs.clear();
   if (request.endpoint == Endpoint::kChat) return ChatLogprobs(positions, *request.logprobs);
   if (request.endpoint == Endpoint::kResponses) {
-    return ChatLogprobs(positions, *request.logprobs)["content"];
+    nlohmann::ordered_json chat = ChatLogprobs(positions, *request.logprobs);
+    return std::move(chat["content"]);
   }
   return CompletionLogprobs(positions, *request.logprobs, &text_offset);
 }

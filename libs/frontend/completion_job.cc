@@ -203,6 +203,14 @@ ReasoningSplit CompletionJob::SplitWhole(ChoiceState& c) const {
   return split;
 }
 
+ExtractedToolCalls CompletionJob::TakeToolCalls(ReasoningSplit* split) const {
+  ExtractedToolCalls tools;
+  if (!request_.tool_parser) return tools;
+  tools = ExtractToolCalls(*request_.tool_parser, split->content.value_or(""));
+  if (!tools.calls.empty()) split->content = tools.content;
+  return tools;
+}
+
 bool CompletionJob::StartsInReasoning(const ChoiceState& c) const {
   return frontend::StartsInReasoning(*request_.reasoning_parser, prompts_.texts[c.prompt],
                                      request_.chat_template_kwargs);
@@ -342,18 +350,13 @@ void CompletionJob::CompleteResponses(ChoiceState& c, const Usage& usage) {
     return;
   }
   ReasoningSplit split = SplitWhole(c);
-  ResponsesOutput output{.text = split.content.value_or(""),
-                         .finish = c.finish,
-                         .usage = usage,
-                         .logprobs = c.RenderLogprobs(request_, served_, /*first=*/false),
-                         .reasoning = std::move(split.reasoning)};
-  if (request_.tool_parser) {
-    ExtractedToolCalls tools = ExtractToolCalls(*request_.tool_parser, output.text);
-    if (!tools.calls.empty()) {
-      output.text = tools.content.value_or("");
-      output.calls = std::move(tools.calls);
-    }
-  }
+  ExtractedToolCalls tools = TakeToolCalls(&split);
+  const ResponsesOutput output{.text = split.content.value_or(""),
+                               .calls = std::move(tools.calls),
+                               .finish = c.finish,
+                               .usage = usage,
+                               .logprobs = c.RenderLogprobs(request_, served_, /*first=*/false),
+                               .reasoning = std::move(split.reasoning)};
   sink_->Respond(ResponsesObject(request_, head_, responses_run_, &output)
                      .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
 }
@@ -428,11 +431,7 @@ void CompletionJob::MaybeComplete() {
     }
     nlohmann::ordered_json logprobs = c.RenderLogprobs(request_, served_, /*first=*/true);
     ReasoningSplit split = SplitWhole(c);
-    ExtractedToolCalls tools;
-    if (request_.tool_parser) {
-      tools = ExtractToolCalls(*request_.tool_parser, split.content.value_or(""));
-      if (!tools.calls.empty()) split.content = tools.content;
-    }
+    ExtractedToolCalls tools = TakeToolCalls(&split);
     choices.push_back({.index = c.index,
                        .text = split.content.value_or(""),
                        .content_null = !split.content,

@@ -249,27 +249,10 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
       return;
     }
     if (!tenant->empty()) request.cache_salt = "tenant:" + *tenant;
-    if (endpoint != Endpoint::kCompletions) request.reasoning_parser = options_.reasoning_parser;
-    if (!request.include_reasoning && !request.reasoning_parser) {
-      const ApiError e = BadRequest(
-          "'include_reasoning' false needs --reasoning-parser: without it the thinking is part "
-          "of the content",
-          "include_reasoning");
-      RespondError(*exchange, e);
-      CountResponse(path, e.http_status);
+    if (auto e = ApplyServerOptions(&request)) {
+      RespondError(*exchange, *e);
+      CountResponse(path, e->http_status);
       return;
-    }
-    if (request.tool_choice == "auto") {
-      if (!options_.auto_tool_parser) {
-        const ApiError e = BadRequest(
-            "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser "
-            "to be set",
-            "tool_choice");
-        RespondError(*exchange, e);
-        CountResponse(path, e.http_status);
-        return;
-      }
-      request.tool_parser = options_.auto_tool_parser;
     }
     StartCompletionJob(this, std::move(exchange), std::move(request), path);
     return;
@@ -289,6 +272,28 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
   ApiError e{.http_status = 404, .message = absl::StrCat("no route for ", req.method, " ", path)};
   RespondError(*exchange, e);
   CountResponse("other", 404);
+}
+
+std::optional<ApiError> Frontend::ApplyServerOptions(CompletionRequest* request) const {
+  if (request->endpoint != Endpoint::kCompletions) {
+    request->reasoning_parser = options_.reasoning_parser;
+  }
+  if (!request->include_reasoning && !request->reasoning_parser) {
+    return BadRequest(
+        "'include_reasoning' false needs --reasoning-parser: without it the thinking is part "
+        "of the content",
+        "include_reasoning");
+  }
+  if (request->tool_choice == "auto") {
+    if (!options_.auto_tool_parser) {
+      return BadRequest(
+          "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser "
+          "to be set",
+          "tool_choice");
+    }
+    request->tool_parser = options_.auto_tool_parser;
+  }
+  return std::nullopt;
 }
 
 void Frontend::Models(HttpExchange& exchange) {

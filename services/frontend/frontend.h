@@ -135,6 +135,10 @@ class Frontend {
   // The caller's tenant ("" for --api-key or no key at all), or nullopt when
   // a key is needed and the request has no valid one.
   std::optional<std::string> TenantOf(const HttpExchange& exchange) const;
+  // What a parsed chat, completions or Responses request takes from the
+  // server's flags (the reasoning and tool-call parsers), or the error
+  // when those flags cannot honour it.
+  [[nodiscard]] std::optional<ApiError> ApplyServerOptions(CompletionRequest* request) const;
   void Models(HttpExchange& exchange);
   void Tokenize(HttpExchange& exchange);
   void Detokenize(HttpExchange& exchange);

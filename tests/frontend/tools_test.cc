@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "../integration/harness.h"
 #include "fake_scheduler.h"
@@ -29,6 +30,29 @@ const std::string kNpm = std::string(TANDEM_BINARY_DIR) + "/tokenizer_npm/models
 const std::string kData = std::string(TANDEM_SOURCE_DIR) + "/tests/tokenizer/data/";
 
 Json ReadJson(const std::string& path) { return Json::parse(std::ifstream(path)); }
+
+// The data of each event of an SSE body ("data: {...}" lines).
+void AppendEvents(const std::string& body, std::vector<Json>* events) {
+  for (size_t at = body.find("data: {"); at != std::string::npos;
+       at = body.find("data: {", at + 1)) {
+    events->push_back(Json::parse(body.substr(at + 6, body.find('\n', at) - at - 6)));
+  }
+}
+
+// Runs node/`script` (copied to the build by npm_install.sh) with the npm
+// openai SDK against the frontend at `address`; what it wrote, or nullopt
+// (a failure recorded) when it failed.
+std::optional<Json> RunSdkCases(const std::string& script, const std::string& address,
+                                const std::string& out) {
+  const std::string npm = std::string(TANDEM_BINARY_DIR) + "/frontend_npm";
+  std::string log;
+  const int rc = RunCommand({"/usr/bin/env", "NODE_PATH=" + npm + "/node_modules", "node",
+                             npm + "/" + script, "http://" + address + "/v1", out},
+                            &log, std::chrono::seconds(120));
+  EXPECT_EQ(rc, 0) << log;
+  if (rc != 0) return std::nullopt;
+  return Json::parse(std::ifstream(out));
+}
 
 // The prompt `scheduler` was last sent, as text.
 std::string LastPromptOf(FakeScheduler& scheduler, const tokenizer::Tokenizer& tok) {
@@ -172,10 +196,7 @@ class FrontendToolCallsTest : public ::testing::Test {
     auto res = client.Post(path, body.dump(), "application/json");
     if (!res) return {-1, Json()};
     if (chunks != nullptr) {
-      for (size_t at = res->body.find("data: {"); at != std::string::npos;
-           at = res->body.find("data: {", at + 1)) {
-        chunks->push_back(Json::parse(res->body.substr(at + 6, res->body.find('\n', at) - at - 6)));
-      }
+      AppendEvents(res->body, chunks);
       return {res->status, Json()};
     }
     return {res->status, Json::parse(res->body, nullptr, false)};
@@ -234,15 +255,10 @@ TEST_F(FrontendToolCallsTest, AHermesCallInTheAnswerIsItsToolCallsWholeAndStream
 
   // The npm openai SDK reads the same call whole, from raw chunks and
   // through its stream helper.
-  const std::string npm = std::string(TANDEM_BINARY_DIR) + "/frontend_npm";
-  const std::string out = dir_ + "/tool_call_cases.json";
-  std::string log;
-  ASSERT_EQ(RunCommand({"/usr/bin/env", "NODE_PATH=" + npm + "/node_modules", "node",
-                        npm + "/tool_call_cases.mjs", "http://" + frontend_.address() + "/v1", out},
-                       &log, std::chrono::seconds(120)),
-            0)
-      << log;
-  const Json sdk = Json::parse(std::ifstream(out));
+  const std::optional<Json> cases =
+      RunSdkCases("tool_call_cases.mjs", frontend_.address(), dir_ + "/tool_call_cases.json");
+  ASSERT_TRUE(cases);
+  const Json& sdk = *cases;
   for (const char* way : {"whole", "helper"}) {
     SCOPED_TRACE(way);
     EXPECT_EQ(sdk[way]["finish_reason"], "tool_calls");
@@ -536,10 +552,7 @@ TEST(FrontendReasoningTest, TheThinkingComesApartFromTheContentInChatAndResponse
     if (!res) return Json();
     if (events != nullptr) {
       EXPECT_EQ(res->body.find("think>"), std::string::npos) << res->body;
-      for (size_t at = res->body.find("data: {"); at != std::string::npos;
-           at = res->body.find("data: {", at + 1)) {
-        events->push_back(Json::parse(res->body.substr(at + 6, res->body.find('\n', at) - at - 6)));
-      }
+      AppendEvents(res->body, events);
       return Json();
     }
     return Json::parse(res->body);
@@ -607,15 +620,11 @@ TEST(FrontendReasoningTest, TheThinkingComesApartFromTheContentInChatAndResponse
 
   // The npm openai SDK hands the same over, whole and from its stream
   // helper, which assembles the reasoning item from the events.
-  const std::string npm = std::string(TANDEM_BINARY_DIR) + "/frontend_npm";
-  const std::string out = MakeTempDir("frontend-reasoning-sdk") + "/reasoning_cases.json";
-  std::string log;
-  ASSERT_EQ(RunCommand({"/usr/bin/env", "NODE_PATH=" + npm + "/node_modules", "node",
-                        npm + "/reasoning_cases.mjs", "http://" + frontend.address() + "/v1", out},
-                       &log, std::chrono::seconds(120)),
-            0)
-      << log;
-  const Json sdk = Json::parse(std::ifstream(out));
+  const std::optional<Json> cases =
+      RunSdkCases("reasoning_cases.mjs", frontend.address(),
+                  MakeTempDir("frontend-reasoning-sdk") + "/reasoning_cases.json");
+  ASSERT_TRUE(cases);
+  const Json& sdk = *cases;
   EXPECT_EQ(sdk["chat"]["reasoning"], thinking);
   EXPECT_EQ(sdk["chat"]["content"], "\n\nIt is sunny.");
   EXPECT_EQ(sdk["whole"]["output_text"], "\n\nIt is sunny.");

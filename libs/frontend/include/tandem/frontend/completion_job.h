@@ -164,6 +164,9 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   [[nodiscard]] bool StartsInReasoning(const ChoiceState& c) const;
   [[nodiscard]] ReasoningStream::Piece SplitStreamed(ChoiceState& c, const std::string& delta);
   [[nodiscard]] ReasoningSplit SplitWhole(ChoiceState& c) const;
+  // With a tool parser: the calls in a whole answer's content, which then
+  // keeps only its text beside them (null when none).
+  [[nodiscard]] ExtractedToolCalls TakeToolCalls(ReasoningSplit* split) const;
   // Drops what the choice took from a call (it is run again elsewhere).
   void RestartOutput(ChoiceState& c);
   [[nodiscard]] bool StartCall(ChoiceState& c);
