@@ -57,6 +57,12 @@ void BulkConnectionPool::Clear() {
   }
 }
 
+absl::Status Stalled(const absl::Status& io, std::string_view what) {
+  return absl::DeadlineExceededError(
+      absl::StrCat(std::string(what), ": the KV-store took the request and did not answer (",
+                   io.message(), "); not tried again on another connection or path"));
+}
+
 LoadAnswer ReadLoadAnswer(rpc::FramedSocket* sock, const v1::LoadRequest& req,
                           std::span<const std::span<uint8_t>> dst,
                           std::span<const std::byte> shared) {
@@ -253,6 +259,7 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> BulkLoadClient::Load
       return a.results;
     }
     if (sock->bytes_received() == received_before) {
+      if (TimedOut(a.io)) return Stalled(a.io, "KV-store load (bulk load port)");
       // No answer at all. A pooled connection the store closed meanwhile:
       // every pooled one is suspect, try a new one. A new one: the port is
       // not serving (refused over its connection limit, shutting down).

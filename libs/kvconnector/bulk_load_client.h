@@ -54,6 +54,14 @@ struct LoadAnswer {
   // Reporting corrupt blocks broke the connection after the done frame.
   bool reported_broke = false;
 };
+// True when a call on a bulk-port or local-socket connection got no answer
+// because the connection timed out: the store took the request and stalled
+// (a connection the store closed or reset fails at once instead). Trying
+// again on a new connection, or on another path to the same store, would
+// wait out another deadline, so the call fails at once with Stalled's
+// error, and the caller recomputes or drops what it asked for.
+inline bool TimedOut(const absl::Status& io) { return absl::IsDeadlineExceeded(io); }
+absl::Status Stalled(const absl::Status& io, std::string_view what);
 // Sends `req` and reads its answer into dst (one buffer per hash): payload
 // bytes from the socket, or, for a chunk in shared memory, from `shared`
 // (the store's hot tier, mapped). Verifies every block's CRC32C, zeroes and

@@ -119,6 +119,7 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> BulkStoreClient::St
       return BulkStoreResults(answer, n);
     }
     if (sock->bytes_received() == received_before) {
+      if (TimedOut(io)) return Stalled(io, "KV-store store (bulk port)");
       // No answer at all. A pooled connection the store closed meanwhile:
       // every pooled one is suspect, send again on a new one (stores are
       // idempotent). A new one: the port is not serving.

@@ -227,6 +227,7 @@ std::optional<absl::StatusOr<std::vector<BlockLoadResult>>> LocalSocketClient::L
       return a.results;
     }
     if (conn->sock->bytes_received() == received_before) {
+      if (TimedOut(a.io)) return Stalled(a.io, "KV-store load (local socket)");
       // No answer: a pooled connection the store closed (idle timeout,
       // restart) makes every pooled one suspect; a new one: not serving.
       if (pooled) {
@@ -266,6 +267,7 @@ std::optional<absl::StatusOr<std::vector<BlockStoreResult>>> LocalSocketClient::
     absl::Status io = sock->Write(*req);
     if (io.ok()) io = sock->Read(&slots, rpc::kKvBulkLoadMaxRequestBytes);
     if (!io.ok() && sock->bytes_received() == received_before) {
+      if (TimedOut(io)) return Stalled(io, "KV-store store (local socket)");
       // No answer: a pooled connection the store closed (idle timeout,
       // restart) makes every pooled one suspect; a new one: not serving.
       if (pooled) {

@@ -341,6 +341,7 @@ bool BulkLoadServer::ServeLoad(rpc::FramedSocket* sock, const v1::LoadRequest& r
   if (options_.debug_load_delay_ms > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_load_delay_ms));
   }
+  if (options_.debug_before_load) options_.debug_before_load();
   LoadScope scope(store_, request);  // releases the lease however the load ends
   auto send_done = [&](const absl::Status& status) {
     scope.ReleaseLease();  // before the client can see the end

@@ -144,6 +144,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -174,6 +175,13 @@ struct BulkLoadServerOptions {
   // Tests only: each load sleeps this long first (a slow transfer), as
   // KvStoreServiceOptions::debug_load_delay_ms does for gRPC loads.
   int64_t debug_load_delay_ms = 0;
+  // Tests only: runs at the start of each load, on the connection's thread,
+  // over the bulk port and the local socket (a store that stalls until the
+  // test lets it go); empty = off.
+  std::function<void()> debug_before_load;
+  // Tests only: likewise at the start of each store batch, once its request
+  // is read; empty = off.
+  std::function<void()> debug_before_store;
   // TLS on the port when enabled() (the store's --tls-* flags); plain TCP
   // otherwise.
   rpc::TlsOptions tls;

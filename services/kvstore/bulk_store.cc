@@ -77,6 +77,7 @@ void BulkLoadServer::ServeStores(rpc::FramedSocket* sock, const absl::Status& al
       return;
     }
     if (!s.ok()) return;  // closed, reset, or idle past the timeout
+    if (options_.debug_before_store) options_.debug_before_store();
     sock->SetTimeouts(options_.io_timeout_ms, options_.io_timeout_ms);
     ++stores_;
     if (in_place) ++local_stores_;

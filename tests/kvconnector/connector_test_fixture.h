@@ -61,35 +61,7 @@ struct FakeCache {
   }
 };
 
-// A gate threads stop at (Pass) until the test opens it.
-class Gate {
- public:
-  ~Gate() { Open(); }
-  // Waits until the gate is open.
-  void Pass() {
-    std::unique_lock<std::mutex> lock(mu_);
-    ++waiting_;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
-  }
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  // True once `n` threads have reached the gate (counting those that have
-  // passed it since), within `within`.
-  bool Reached(int n = 1, std::chrono::milliseconds within = std::chrono::seconds(30)) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, within, [&] { return waiting_ >= n; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int waiting_ = 0;
-};
+using tandem::testing::Gate;  // ../wait_for.h
 
 inline std::vector<int32_t> Tokens(int n, int base = 100) {
   std::vector<int32_t> t;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -58,8 +59,9 @@ class BulkLoadTest : public ::testing::Test {
 
   // Starts the bulk load port (unless `with_bulk` is false) and the gRPC
   // service advertising it, on `grpc_port` (0: a free one).
+  // `before_grpc_load` runs at the start of each gRPC Load.
   void Start(bool with_bulk = true, kvstore_service::BulkLoadServerOptions bulk_options = {},
-             int grpc_port = 0) {
+             int grpc_port = 0, std::function<void()> before_grpc_load = {}) {
     if (with_bulk) {
       auto bulk = kvstore_service::BulkLoadServer::Start(store_.get(), bulk_options);
       ASSERT_TRUE(bulk.ok()) << bulk.status();
@@ -67,7 +69,8 @@ class BulkLoadTest : public ::testing::Test {
     }
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
         store_.get(),
-        kvstore_service::KvStoreServiceOptions{.bulk_load = bulk_.get()});
+        kvstore_service::KvStoreServiceOptions{.bulk_load = bulk_.get(),
+                                               .debug_before_load = std::move(before_grpc_load)});
     testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get(), grpc_port);
     ASSERT_NE(s.server, nullptr);
     server_ = std::move(s.server);
@@ -354,6 +357,42 @@ TEST_F(BulkLoadTest, AfterTheBulkPortShutsDownLoadsGoOverGrpc) {
   EXPECT_TRUE((*a.results)[0].ok());
   EXPECT_EQ(a.bufs[0], TestPayload(1, kBlock));
   EXPECT_EQ(client->bulk_loads(), 1u);
+}
+
+// A store that takes a load and stalls costs the load one deadline: the
+// load fails (the worker recomputes), and is sent neither again on a new
+// connection nor over gRPC, each of which would wait out another deadline.
+// The port is not written off: once the store answers again, loads use it.
+TEST_F(BulkLoadTest, ALoadTheStoreStallsOnFailsAfterOneDeadlineAndIsNotSentAgain) {
+  std::atomic<bool> stall{false};
+  std::atomic<int> stalled_loads{0};
+  std::atomic<int> grpc_loads{0};
+  tandem::testing::Gate release;  // the stalled loads wait here until the end
+  Start(true,
+        {.debug_before_load =
+             [&] {
+               if (!stall) return;
+               ++stalled_loads;
+               release.Pass();
+             }},
+        0, [&] { ++grpc_loads; });
+  Put("ns", 1, kBlock);
+  KvStoreClient* client = Client({.rpc_deadline_ms = 300, .bulk_lookup = false});
+  ASSERT_TRUE(Load(client, "ns", {1}, kBlock).results.ok());  // pools a connection
+  stall = true;
+  Loaded a = Load(client, "ns", {1}, kBlock);
+  EXPECT_EQ(a.results.status().code(), absl::StatusCode::kDeadlineExceeded) << a.results.status();
+  EXPECT_THAT(a.results.status().message(), HasSubstr("did not answer"));
+  EXPECT_EQ(stalled_loads, 1) << "the load was sent again on a new connection";
+  EXPECT_EQ(grpc_loads, 0) << "the load was sent again over gRPC";
+  stall = false;
+  release.Open();
+  Loaded b = Load(client, "ns", {1}, kBlock);
+  ASSERT_TRUE(b.results.ok()) << b.results.status();
+  EXPECT_TRUE((*b.results)[0].ok());
+  EXPECT_EQ(b.bufs[0], TestPayload(1, kBlock));
+  EXPECT_EQ(client->bulk_loads(), 2u) << "after the stall, loads went over gRPC";
+  EXPECT_EQ(grpc_loads, 0);
 }
 
 TEST_F(BulkLoadTest, ConcurrentLoadsThroughOneClientEachGetTheirBlocks) {

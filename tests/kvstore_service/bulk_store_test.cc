@@ -2,6 +2,8 @@
 // connections"): the KV client's Store over plain TCP against an in-process
 // server, the same per-block results as the gRPC Store, nothing stored from
 // a batch whose connection breaks, and the fallback to gRPC.
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -48,23 +50,30 @@ class BulkStoreTest : public ::testing::Test {
     if (server_) server_->Shutdown();
     if (bulk_) bulk_->Shutdown();
   }
-  void Start(bool with_bulk = true) {
+  // `before_grpc_store` runs at the start of each gRPC Store.
+  void Start(bool with_bulk = true, kvstore_service::BulkLoadServerOptions bulk_options = {},
+             std::function<void()> before_grpc_store = {}) {
     if (with_bulk) {
-      auto bulk = kvstore_service::BulkLoadServer::Start(store_.get(), {});
+      auto bulk = kvstore_service::BulkLoadServer::Start(store_.get(), std::move(bulk_options));
       ASSERT_TRUE(bulk.ok()) << bulk.status();
       bulk_ = std::move(*bulk);
     }
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
-        store_.get(), kvstore_service::KvStoreServiceOptions{.bulk_load = bulk_.get()});
+        store_.get(),
+        kvstore_service::KvStoreServiceOptions{.bulk_load = bulk_.get(),
+                                               .debug_before_store = std::move(before_grpc_store)});
     testutil::LoopbackServer s = testutil::StartOnLoopback(service_.get());
     ASSERT_NE(s.server, nullptr);
     server_ = std::move(s.server);
     target_ = s.target;
   }
   // bulk: stores over the bulk port; otherwise over gRPC only.
-  KvStoreClient* Client(bool bulk) {
-    auto client = KvStoreClient::Create(
-        {.target = target_, .bulk_load = false, .bulk_lookup = false, .bulk_store = bulk});
+  KvStoreClient* Client(bool bulk, int64_t rpc_deadline_ms = 30'000) {
+    auto client = KvStoreClient::Create({.target = target_,
+                                         .rpc_deadline_ms = rpc_deadline_ms,
+                                         .bulk_load = false,
+                                         .bulk_lookup = false,
+                                         .bulk_store = bulk});
     EXPECT_TRUE(client.ok()) << client.status();
     clients_.push_back(std::move(*client));
     return clients_.back().get();
@@ -97,6 +106,42 @@ std::string Describe(const absl::StatusOr<std::vector<BlockStoreResult>>& r) {
                          : absl::StatusCodeToString(b.status.code()) + " ";
   }
   return out;
+}
+
+// A store batch the store takes and stalls on fails after one deadline, sent
+// neither again on a new connection nor over gRPC (BulkLoadTest's rule for
+// loads): the worker's sender thread moves on to the next batch.
+TEST_F(BulkStoreTest, ABatchTheStoreStallsOnFailsAfterOneDeadlineAndIsNotSentAgain) {
+  std::atomic<bool> stall{false};
+  std::atomic<int> stalled{0};
+  std::atomic<int> grpc_stores{0};
+  tandem::testing::Gate release;
+  Start(true,
+        {.debug_before_store =
+             [&] {
+               if (!stall) return;
+               ++stalled;
+               release.Pass();
+             }},
+        [&] { ++grpc_stores; });
+  KvStoreClient* client = Client(true, /*rpc_deadline_ms=*/300);
+  Batch first, second;
+  first.Add(1, TestPayload(1, kBlock));
+  second.Add(2, TestPayload(2, kBlock));
+  ASSERT_EQ(Describe(client->Store("ns", first.hashes, first.src())), "new ");  // pools
+  stall = true;
+  auto stalled_store = client->Store("ns", second.hashes, second.src());
+  EXPECT_EQ(stalled_store.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << Describe(stalled_store);
+  EXPECT_EQ(stalled, 1) << "the batch was sent again on a new connection";
+  EXPECT_EQ(grpc_stores, 0) << "the batch was sent again over gRPC";
+  stall = false;
+  release.Open();
+  Batch third;
+  third.Add(3, TestPayload(3, kBlock));
+  EXPECT_EQ(Describe(client->Store("ns", third.hashes, third.src())), "new ");
+  EXPECT_EQ(client->bulk_stores(), 2u) << "after the stall, stores went over gRPC";
+  EXPECT_EQ(grpc_stores, 0);
 }
 
 TEST_F(BulkStoreTest, BytesStoredOverTheBulkPortLoadByteForByteOverGrpc) {

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -128,6 +129,42 @@ TEST_F(LocalLoadTest, ACorruptBlockInSharedMemoryIsAChecksumMiss) {
 }
 
 // Without the socket (gone, or another host's) loads take the bulk port.
+// As over the bulk port (BulkLoadTest.ALoadTheStoreStallsOn...): a load the
+// store takes on the local socket and stalls on fails after one deadline; it
+// is sent neither again on a new connection, nor over the bulk port, nor
+// over gRPC, each of which would wait out another deadline. The socket is
+// not written off: once the store answers, loads read the hot tier again.
+TEST_F(LocalLoadTest, ALoadTheStoreStallsOnFailsAfterOneDeadlineAndGoesNowhereElse) {
+  auto client = kvconnector::KvStoreClient::Create(
+      {.target = target_, .rpc_deadline_ms = 300, .bulk_lookup = false});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto load = [&] {
+    std::vector<uint8_t> buf(kBlock, 0xEE);
+    std::vector<std::span<uint8_t>> dst = {buf};
+    const BlockHash hash = TestHash(1);
+    auto results = (*client)->Load("ns", {&hash, 1}, dst, LeaseId(0));
+    if (results.ok() && (*results)[0].ok()) {
+      EXPECT_EQ(buf, TestPayload(1, kBlock));
+    }
+    return results;
+  };
+  ASSERT_TRUE(load().ok());  // pools a connection
+  ASSERT_EQ((*client)->local_loads(), 1u);
+  stall_loads_ = true;
+  auto stalled = load();
+  EXPECT_EQ(stalled.status().code(), absl::StatusCode::kDeadlineExceeded) << stalled.status();
+  EXPECT_EQ(stalled_loads_, 1) << "the load was sent again on a new connection or the bulk port";
+  EXPECT_EQ(grpc_loads_, 0) << "the load was sent again over gRPC";
+  stall_loads_ = false;
+  stall_gate_.Open();
+  auto after = load();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)[0].ok());
+  EXPECT_EQ((*client)->local_loads(), 2u) << "after the stall, loads left the local socket";
+  EXPECT_EQ((*client)->bulk_loads(), 0u);
+  EXPECT_EQ(grpc_loads_, 0);
+}
+
 TEST_F(LocalLoadTest, WithoutTheSocketLoadsTakeTheBulkPort) {
   ASSERT_EQ(unlink(socket_.c_str()), 0);
   Loaded l = Load("ns", {1, 2}, kBlock);

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,19 +37,27 @@ class LocalSocketTest : public ::testing::Test {
     }
     ASSERT_TRUE(PutTestBlock(store_.get(), "big", 100, kBulkBigBlock).ok());
     socket_ = dir_.path() + "/kv.sock";
-    auto bulk = kvstore_service::BulkLoadServer::Start(store_.get(), {.local_socket = socket_});
+    auto bulk = kvstore_service::BulkLoadServer::Start(
+        store_.get(), {.debug_before_load = [this] { StallPoint(); },
+                       .debug_before_store = [this] { StallPoint(); },
+                       .local_socket = socket_});
     ASSERT_TRUE(bulk.ok()) << bulk.status();
     bulk_ = std::move(*bulk);
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
-        store_.get(), kvstore_service::KvStoreServiceOptions{.bulk_load = bulk_.get()});
+        store_.get(),
+        kvstore_service::KvStoreServiceOptions{.bulk_load = bulk_.get(),
+                                               .debug_before_store = [this] { ++grpc_stores_; },
+                                               .debug_before_load = [this] { ++grpc_loads_; }});
     LoopbackServer s = StartOnLoopback(service_.get());
     ASSERT_NE(s.server, nullptr);
     server_ = std::move(s.server);
+    target_ = s.target;
     auto client = kvconnector::KvStoreClient::Create({.target = s.target, .bulk_lookup = false});
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
   }
   void TearDown() override {
+    stall_gate_.Open();
     if (map_ != nullptr) munmap(map_, map_size_);
     client_.reset();
     if (server_) server_->Shutdown();
@@ -91,7 +100,22 @@ class LocalSocketTest : public ::testing::Test {
     return std::move(*sock);
   }
 
+  // Where every load and store batch over the local socket and the bulk
+  // port starts: with stall_loads_ set, it counts the call and waits at
+  // stall_gate_ (a store that took the call and stalled).
+  void StallPoint() {
+    if (!stall_loads_) return;
+    ++stalled_loads_;
+    stall_gate_.Pass();
+  }
+  std::atomic<bool> stall_loads_{false};
+  std::atomic<int> stalled_loads_{0};
+  std::atomic<int> grpc_loads_{0};
+  std::atomic<int> grpc_stores_{0};
+  tandem::testing::Gate stall_gate_;
+
   kvstore::testing::TempDir dir_;
+  std::string target_;      // the gRPC service's
   uint8_t* map_ = nullptr;  // of the last DialLocal()
   uint64_t map_size_ = 0;
   std::string socket_;

@@ -255,6 +255,36 @@ TEST_F(LocalStoreTest, TheChecksumsMustFollowTheBlocks) {
 }
 
 // Without the socket stores take the bulk port.
+// As over the bulk port (BulkStoreTest.ABatchTheStoreStallsOn...): a batch
+// the store takes on the local socket and stalls on fails after one
+// deadline, sent neither again on a new connection, nor over the bulk port,
+// nor over gRPC.
+TEST_F(LocalStoreTest, ABatchTheStoreStallsOnFailsAfterOneDeadlineAndGoesNowhereElse) {
+  auto client = kvconnector::KvStoreClient::Create(
+      {.target = target_, .rpc_deadline_ms = 300, .bulk_lookup = false});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto store = [&](uint64_t id) {
+    const BlockHash hash = TestHash(id, 7);
+    const std::vector<uint8_t> payload = TestPayload(id, kBlock, 7);
+    const std::span<const uint8_t> src = payload;
+    return (*client)->Store("ns", {&hash, 1}, {&src, 1}, kvstore::Durability::kMemory);
+  };
+  ASSERT_TRUE(store(1).ok());  // pools a connection
+  ASSERT_EQ((*client)->local_stores(), 1u);
+  stall_loads_ = true;
+  auto stalled = store(2);
+  EXPECT_EQ(stalled.status().code(), absl::StatusCode::kDeadlineExceeded) << stalled.status();
+  EXPECT_EQ(stalled_loads_, 1) << "the batch was sent again on a new connection or the bulk port";
+  EXPECT_EQ(grpc_stores_, 0) << "the batch was sent again over gRPC";
+  stall_loads_ = false;
+  stall_gate_.Open();
+  auto after = store(3);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)[0].status.ok()) << (*after)[0].status;
+  EXPECT_EQ((*client)->local_stores(), 2u) << "after the stall, stores left the local socket";
+  EXPECT_EQ(grpc_stores_, 0);
+}
+
 TEST_F(LocalStoreTest, WithoutTheSocketStoresTakeTheBulkPort) {
   ASSERT_EQ(unlink(socket_.c_str()), 0);
   auto results = Store("ns", {13}, {TestPayload(13, kBlock)}, kvstore::Durability::kMemory);
