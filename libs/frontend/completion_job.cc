@@ -297,6 +297,7 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
       delta += tools.content.value_or("");
     }
   }
+  if (first && request_.chat_echo) delta = *request_.chat_echo + delta;
   if (!first && !c.done && delta.empty() && split.reasoning.empty() &&
       (!request_.return_token_ids || ids.empty()) && c.logprobs.empty()) {
     return;
@@ -432,6 +433,9 @@ void CompletionJob::MaybeComplete() {
     nlohmann::ordered_json logprobs = c.RenderLogprobs(request_, served_, /*first=*/true);
     ReasoningSplit split = SplitWhole(c);
     ExtractedToolCalls tools = TakeToolCalls(&split);
+    // Chat echo goes before the content whatever the parsers took out of
+    // it (vLLM's).
+    if (request_.chat_echo) split.content = *request_.chat_echo + split.content.value_or("");
     choices.push_back({.index = c.index,
                        .text = split.content.value_or(""),
                        .content_null = !split.content,

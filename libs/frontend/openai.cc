@@ -16,6 +16,7 @@ namespace tandem::frontend {
 namespace {
 
 using internal::Json;
+using internal::ParseChatTurn;
 using internal::ParseMessages;
 using internal::ParseTools;
 using internal::ParseUnsupported;
@@ -271,7 +272,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     if (auto e = r.Bool("echo", &out->echo)) return e;
   } else {
     if (auto e = ParseMessages(r.Find("messages"), out)) return e;
-    if (auto e = r.Bool("add_generation_prompt", &out->add_generation_prompt)) return e;
+    if (auto e = ParseChatTurn(r, out)) return e;
   }
   if (auto e = ParseUnsupported(r, endpoint)) return e;
   if (auto e = ParseToolChoice(r, endpoint, out)) return e;
@@ -473,7 +474,7 @@ Json CompletionResponse(const CompletionRequest& request, const ResponseHead& he
     Json choice;
     choice["index"] = c.index;
     if (chat) {
-      choice["message"] = {{"role", "assistant"},
+      choice["message"] = {{"role", request.response_role},
                            {"content", c.content_null ? Json() : Json(c.text)}};
       if (c.reasoning) {
         choice["message"]["reasoning"] = *c.reasoning;
@@ -547,7 +548,7 @@ std::string StreamChunk(const CompletionRequest& request, const ResponseHead& he
     };
     if (delta.first) {
       field("role");
-      out += "\"assistant\"";
+      AppendJsonString(&out, request.response_role);
     }
     if (delta.first || !delta.text.empty()) {
       field("content");

@@ -105,8 +105,54 @@ std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* o
         role == "assistant" && tool_calls != m.end() && tool_calls->is_array()) {
       if (auto e = ParseToolCallArguments(&*tool_calls, i)) return e;
     }
+    // An assistant turn's thinking sent back under vLLM's current name
+    // ("reasoning") or the older one templates read ("reasoning_content"):
+    // the template sees both, as vLLM hands it both.
+    if (role == "assistant") {
+      auto reasoning = m.find("reasoning");
+      auto reasoning_content = m.find("reasoning_content");
+      const bool has = reasoning != m.end() && reasoning->is_string();
+      const bool has_content = reasoning_content != m.end() && reasoning_content->is_string();
+      if (has != has_content) {
+        std::string text = has ? *reasoning : *reasoning_content;
+        m[has ? "reasoning_content" : "reasoning"] = std::move(text);
+      }
+    }
   }
   out->messages = std::move(copy);
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseChatTurn(const Reader& r, CompletionRequest* out) {
+  if (auto e = r.Bool("add_generation_prompt", &out->add_generation_prompt)) return e;
+  if (auto e = r.Bool("continue_final_message", &out->continue_final_message)) return e;
+  if (out->continue_final_message) {
+    if (r.Find("add_generation_prompt") != nullptr && out->add_generation_prompt) {
+      return BadRequest(
+          "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+          "continue_final_message");
+    }
+    out->add_generation_prompt = false;
+  }
+  const Json& last = out->messages.back();
+  if (!out->add_generation_prompt) out->response_role = last["role"].get<std::string>();
+  bool echo = false;
+  if (auto e = r.Bool("echo", &echo)) return e;
+  if (!echo) return std::nullopt;
+  out->chat_echo.emplace();
+  if (last["role"] != out->response_role) return std::nullopt;
+  const Json& content = last["content"];
+  if (content.is_string()) {
+    *out->chat_echo = content.get<std::string>();
+  } else if (content.is_array()) {
+    // Joined as the "string" content format joins them (most templates').
+    for (const Json& part : content) {
+      const std::string& text = part["text"].get_ref<const std::string&>();
+      if (text.empty()) continue;
+      if (!out->chat_echo->empty()) *out->chat_echo += "\n";
+      *out->chat_echo += text;
+    }
+  }
   return std::nullopt;
 }
 

@@ -97,6 +97,9 @@ class Reader {
 // an assistant turn that called tools), tool_calls arguments parsed from
 // their JSON strings.
 [[nodiscard]] std::optional<ApiError> ParseMessages(const Json* messages, CompletionRequest* out);
+// After ParseMessages: add_generation_prompt, continue_final_message, echo,
+// and the answer's role they give (vLLM's rules).
+[[nodiscard]] std::optional<ApiError> ParseChatTurn(const Reader& r, CompletionRequest* out);
 // Those messages shaped for a template that reads content in `format`
 // (ChatTemplate::content_format, vLLM's detection): "string" joins each
 // message's non-empty texts with "\n"; "openai" keeps the parts, except a

@@ -49,8 +49,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
   }();
   static const auto* chat = [] {
     auto* v = new std::vector<Unbuilt>(*common);
-    v->push_back({"echo", Json(false), "chat echo (prepending the last message) is not implemented"});
-    v->push_back({"continue_final_message", Json(false), "not implemented"});
     v->push_back({"documents", Json(nullptr), "not implemented"});
     v->push_back({"chat_template", Json(nullptr),
                   "the server's template is used (tandem-frontend --chat-template)"});

@@ -123,6 +123,7 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
     tokenizer::ChatTemplateInputs inputs{.messages = internal::MessagesForTemplate(
                                              request.messages, chat_template->content_format()),
                                          .add_generation_prompt = request.add_generation_prompt,
+                                         .continue_final_message = request.continue_final_message,
                                          .bos_token = tok.bos_token(),
                                          .eos_token = tok.eos_token(),
                                          .extra_context = TemplateVariables(request)};

@@ -1,6 +1,8 @@
 #include "tandem/tokenizer/chat_template.h"
 
 #include <fstream>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,11 +11,62 @@
 #include "chat_template_eval.h"
 #include "chat_template_lexer.h"
 #include "chat_template_parser.h"
+#include "chat_template_value.h"
+#include "tandem/common/status.h"
 
 namespace tandem::tokenizer {
 namespace {
 
 using internal::jinja::TemplateError;
+
+// The text continue_final_message continues (transformers'
+// apply_chat_template): the final message's content, or the last of its
+// parts that has a "text".
+absl::StatusOr<std::string> FinalMessageText(const ChatTemplateInputs& inputs) {
+  if (inputs.add_generation_prompt) {
+    return absl::InvalidArgumentError(
+        "continue_final_message and add_generation_prompt are not compatible: "
+        "continue_final_message continues the final message, add_generation_prompt starts a "
+        "new assistant message");
+  }
+  const nlohmann::ordered_json* content = nullptr;
+  if (inputs.messages.is_array() && !inputs.messages.empty() &&
+      inputs.messages.back().is_object()) {
+    auto it = inputs.messages.back().find("content");
+    if (it != inputs.messages.back().end()) content = &*it;
+  }
+  if (content != nullptr && content->is_string()) return content->get<std::string>();
+  if (content != nullptr && content->is_array()) {
+    for (auto part = content->rbegin(); part != content->rend(); ++part) {
+      auto text = part->is_object() ? part->find("text") : part->end();
+      if (part->is_object() && text != part->end() && text->is_string()) {
+        return text->get<std::string>();
+      }
+    }
+  }
+  return absl::InvalidArgumentError(
+      "continue_final_message is set but the final message has no text to continue");
+}
+
+// Cuts `rendered` after the final message's text, as transformers does: at
+// the last occurrence of the stripped text, keeping trailing whitespace of
+// the message only where the template kept it.
+absl::Status CutAfterFinalMessage(const std::string& final_message, std::string* rendered) {
+  const std::string stripped = internal::jinja::Strip(final_message, true, true, std::nullopt);
+  const std::string lstripped = internal::jinja::Strip(final_message, true, false, std::nullopt);
+  const size_t at = rendered->rfind(stripped);
+  if (at == std::string::npos) {
+    return absl::InvalidArgumentError(
+        "continue_final_message is set but the final message does not appear in the chat after "
+        "applying the chat template (the template changes part of it)");
+  }
+  if (rendered->compare(at, lstripped.size(), final_message) == 0) {
+    rendered->resize(at + lstripped.size());
+  } else {
+    rendered->resize(at + stripped.size());
+  }
+  return absl::OkStatus();
+}
 
 // Built-in templates: the chat_template strings the models ship.
 constexpr std::string_view kLlama2 =
@@ -111,7 +164,13 @@ absl::StatusOr<std::optional<ChatTemplate>> ChatTemplate::SelectToolUse(
 
 absl::StatusOr<std::string> ChatTemplate::Render(const ChatTemplateInputs& inputs) const {
   try {
-    return internal::jinja::RenderTemplate(root_->bodies[0], inputs);
+    std::optional<std::string> final_message;
+    if (inputs.continue_final_message) {
+      TANDEM_ASSIGN_OR_RETURN(final_message, FinalMessageText(inputs));
+    }
+    std::string rendered = internal::jinja::RenderTemplate(root_->bodies[0], inputs);
+    if (final_message) TANDEM_RETURN_IF_ERROR(CutAfterFinalMessage(*final_message, &rendered));
+    return rendered;
   } catch (const TemplateError& e) {
     return absl::Status(e.code, e.message);
   } catch (const nlohmann::json::exception& e) {

@@ -292,6 +292,17 @@ TEST(OpenAiParseTest, ChatMessages) {
       nlohmann::ordered_json::parse(R"([{"type":"text","text":"a"},{"type":"text","text":"b"}])"));
   EXPECT_EQ(r.max_tokens, 9);
   EXPECT_TRUE(r.add_generation_prompt);
+  // An assistant turn's thinking sent back: the template sees it under both
+  // names (vLLM's "reasoning" and the "reasoning_content" templates read).
+  ASSERT_FALSE(Parse(R"({"messages":[{"role":"user","content":"q"},
+      {"role":"assistant","content":"a","reasoning":"r1"},
+      {"role":"assistant","content":"b","reasoning_content":"r2"},
+      {"role":"user","content":"c","reasoning":"not an assistant's"}]})",
+                     Endpoint::kChat, &r));
+  EXPECT_EQ(r.messages[1]["reasoning_content"], "r1");
+  EXPECT_EQ(r.messages[1]["reasoning"], "r1");
+  EXPECT_EQ(r.messages[2]["reasoning"], "r2");
+  EXPECT_FALSE(r.messages[3].contains("reasoning_content"));
   EXPECT_EQ(ErrorParam(R"({"messages":[]})", Endpoint::kChat), "messages");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"content":"x"}]})", Endpoint::kChat), "messages");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})",

@@ -295,6 +295,80 @@ TEST_F(FrontendRequestFieldsTest, ChatTemplateKwargsAreTheTemplatesVariables) {
   EXPECT_EQ(reserved.body["error"]["param"], "chat_template_kwargs");
 }
 
+// vLLM's continue_final_message: the prompt ends inside the last message
+// (the template's " END" after it is cut), add_generation_prompt left out is
+// false and sent true is a 400; the answer's role is then the last
+// message's (vLLM's get_chat_request_role); chat echo puts that message's
+// content before the answer's, whole or streamed, and nothing when its role
+// is not the answer's.
+TEST_F(FrontendRequestFieldsTest, ContinueFinalMessageEndsThePromptInItAndEchoPutsItFirst) {
+  const Json prefill = {{{"role", "user"}, {"content", "Hello"}},
+                        {{"role", "assistant"}, {"content", "Once upon"}}};
+  auto prompt_of = [&](Json body) {
+    body["messages"] = prefill;
+    body["chat_template_kwargs"] = {{"suffix", " END"}};
+    const Result r = Post("/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body.dump();
+    const v1::GenerateRequest got = scheduler_->requests().back();
+    return std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end());
+  };
+  auto text_of = [&](const std::vector<int32_t>& ids) {
+    return *tok_->Decode(ids, {.skip_special_tokens = true});
+  };
+  // (The decode of a sentencepiece prompt starts with its dummy space.)
+  EXPECT_EQ(text_of(prompt_of(Json::object())), " HelloOnce upon END");
+  const std::vector<int32_t> continued = prompt_of({{"continue_final_message", true}});
+  EXPECT_EQ(text_of(continued), " HelloOnce upon");
+  EXPECT_EQ(prompt_of({{"continue_final_message", true}, {"add_generation_prompt", false}}),
+            continued);
+  const Result both = Post(
+      "/v1/chat/completions",
+      {{"messages", prefill}, {"continue_final_message", true}, {"add_generation_prompt", true}});
+  EXPECT_EQ(both.status, 400);
+  EXPECT_EQ(both.body["error"]["param"], "continue_final_message");
+  EXPECT_EQ(both.body["error"]["message"],
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+
+  const std::vector<int32_t> output = Ids("a time there was");
+  const std::vector<int32_t> answer_ids(output.begin() + 1, output.end());  // no BOS
+  scheduler_->SetOutput(answer_ids, v1::FINISH_REASON_LENGTH);
+  const std::string answer = Continuation(continued, answer_ids);
+  ASSERT_FALSE(answer.empty());
+  const Json body = {{"messages", prefill},
+                     {"chat_template_kwargs", {{"suffix", " END"}}},
+                     {"continue_final_message", true},
+                     {"echo", true}};
+  Result whole = Post("/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body.dump();
+  EXPECT_EQ(whole.body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(whole.text, "Once upon" + answer);
+  Json streamed_body = body;
+  streamed_body["stream"] = true;
+  const std::vector<Json> chunks = Chunks("/v1/chat/completions", streamed_body);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string streamed;
+  for (const Json& chunk : chunks) {
+    for (const Json& c : chunk["choices"]) streamed += c["delta"].value("content", "");
+  }
+  EXPECT_EQ(streamed, "Once upon" + answer);
+  // Without continue_final_message the answer is a new assistant turn: the
+  // user's message is not its own, so echo adds nothing.
+  const Json user_last = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}, {"echo", true}};
+  whole = Post("/v1/chat/completions", user_last);
+  ASSERT_EQ(whole.status, 200) << whole.body.dump();
+  EXPECT_EQ(whole.body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(whole.text.find("Hello"), std::string::npos) << whole.text;
+  // add_generation_prompt false after a user message: the answer continues
+  // the user's turn, and echo repeats it.
+  Json user_turn = user_last;
+  user_turn["add_generation_prompt"] = false;
+  whole = Post("/v1/chat/completions", user_turn);
+  ASSERT_EQ(whole.status, 200) << whole.body.dump();
+  EXPECT_EQ(whole.body["choices"][0]["message"]["role"], "user");
+  EXPECT_EQ(whole.text.rfind("Hello", 0), 0u) << whole.text;
+}
+
 // vLLM's min_tokens holds off stop strings too (its detokenizer checks them
 // only once a request has more than min_tokens tokens), not only EOS and
 // stop tokens, which the worker never samples before it. A min_tokens the

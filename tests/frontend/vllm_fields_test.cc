@@ -84,6 +84,8 @@ std::map<std::string, Treatment> Table(Endpoint e) {
   const std::string parse = "OpenAiParseTest.CompletionFieldsAndDefaults";
   const std::string text = "FrontendTextTest.EveryPathReturnsThePromptPrimedDecode";
   const std::string fields = "FrontendRequestFieldsTest";
+  const std::string kContinue =
+      "FrontendRequestFieldsTest.ContinueFinalMessageEndsThePromptInItAndEchoPutsItFirst";
   const std::string logprobs = "FrontendLogprobsTest";
   const std::string penalties =
       "OpenAiParseTest.PenaltiesParseAndTheModelsRepetitionPenaltyIsTheDefault";
@@ -133,7 +135,7 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"add_special_tokens", Built({{"add_special_tokens", false}}, "FrontendTest (chat BOS)")},
       {"priority", Built({{"priority", -3}}, fields)},
       {"return_token_ids", Built({{"return_token_ids", true}}, text)},
-      {"echo", chat ? Refused({{"echo", true}}) : Built({{"echo", true}}, text)},
+      {"echo", chat ? Built({{"echo", true}}, kContinue) : Built({{"echo", true}}, text)},
       {"add_generation_prompt", Built({{"add_generation_prompt", false}}, parse)},
       {"chat_template_kwargs",
        Built({{"chat_template_kwargs", {{"enable_thinking", true}}}}, fields)},
@@ -179,7 +181,7 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"tool_choice", Built({{"tools", tools}, {"tool_choice", "auto"}},
                             "OpenAiParseTest.ToolChoiceIsReadAsVllmReadsIt, "
                             "FrontendToolCallsTest")},
-      {"continue_final_message", Refused({{"continue_final_message", true}})},
+      {"continue_final_message", Built({{"continue_final_message", true}}, kContinue)},
       {"documents", Refused({{"documents", {{{"title", "t"}, {"text", "x"}}}}})},
       {"chat_template", Refused({{"chat_template", "{{ messages }}"}})},
       {"reasoning_effort", Refused({{"reasoning_effort", "low"}})},

@@ -62,6 +62,55 @@ TEST(ChatTemplateTest, AddsTheGenerationPromptOnlyWhenAsked) {
             "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
 }
 
+// transformers' continue_final_message (apply_chat_template), cases checked
+// by hand against its code: the text ends after the last occurrence of the
+// final message's stripped text, with the message's trailing whitespace only
+// where the template kept it.
+TEST(ChatTemplateTest, ContinueFinalMessageEndsTheTextInTheFinalMessage) {
+  auto continued = [](std::string_view source, const char* messages,
+                      bool add_generation_prompt = false) -> absl::StatusOr<std::string> {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Builtin(source);
+    if (!t.ok()) t = ChatTemplate::Parse(source);
+    if (!t.ok()) return t.status();
+    return t->Render({.messages = Json::parse(messages),
+                      .add_generation_prompt = add_generation_prompt,
+                      .continue_final_message = true,
+                      .bos_token = "<s>",
+                      .eos_token = "</s>"});
+  };
+  // ChatML writes the content as sent: its trailing space stays.
+  EXPECT_EQ(*continued("chatml", R"([{"role": "user", "content": "Once"},
+                                     {"role": "assistant", "content": "Once upon "}])"),
+            "<|im_start|>user\nOnce<|im_end|>\n<|im_start|>assistant\nOnce upon ");
+  // The last occurrence, not the first.
+  EXPECT_EQ(*continued("chatml", R"([{"role": "user", "content": "Yes"},
+                                     {"role": "assistant", "content": "Yes"}])"),
+            "<|im_start|>user\nYes<|im_end|>\n<|im_start|>assistant\nYes");
+  // Llama 2's template strips the content: the newline it dropped is not
+  // given back, and the space it writes before </s> is cut.
+  EXPECT_EQ(*continued("llama-2", R"([{"role": "user", "content": "hi"},
+                                      {"role": "assistant", "content": "Once upon\n"}])"),
+            "<s>[INST] hi [/INST] Once upon");
+  // A list of parts: its last text.
+  EXPECT_EQ(*continued("{% for m in messages %}{% for p in m['content'] %}{{ p['text'] }}|"
+                       "{% endfor %}{% endfor %}",
+                       R"([{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                           {"role": "assistant", "content": [{"type": "text", "text": "a"},
+                                                             {"type": "text", "text": "b c"}]}])"),
+            "hi|a|b c");
+  // Refused as transformers refuses them.
+  const auto both = continued("chatml", R"([{"role": "assistant", "content": "x"}])", true);
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(both.status().message(), HasSubstr("add_generation_prompt"));
+  const auto changed = continued("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}",
+                                 R"([{"role": "assistant", "content": "Once upon"}])");
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(changed.status().message(), HasSubstr("does not appear"));
+  const auto no_text = continued("chatml", R"([{"role": "assistant", "content": null}])");
+  EXPECT_EQ(no_text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_text.status().message(), HasSubstr("no text to continue"));
+}
+
 TEST(ChatTemplateTest, TrimsBlocksAndHonoursWhitespaceControl) {
   // trim_blocks, lstrip_blocks, and one trailing newline of the source dropped.
   EXPECT_EQ(*Render("{% if true %}\n  a\n    {% endif %}\nb\n"), "  a\nb");

@@ -56,7 +56,7 @@
 // prompt_embeds, tools with tool_choice other than "none" (with "none" the
 // tools are rendered into the chat prompt, and an assistant turn's
 // tool_calls arguments parsed into objects, as vLLM does), parallel_tool_calls, reasoning_effort,
-// include_reasoning false, chat echo, continue_final_message, documents,
+// include_reasoning false, documents,
 // a per-request chat_template, spaces_between_special_tokens false,
 // request_id, cache_salt (the server salts per API key), kv_transfer_params,
 // vllm_xargs, mm_processor_kwargs and media_io_kwargs; of OpenAI's chat
@@ -135,6 +135,18 @@ struct CompletionRequest {
   std::vector<PromptInput> prompts;       // completions: one or more
   nlohmann::ordered_json messages;        // chat: the conversation
   bool add_generation_prompt = true;      // chat
+  // chat: vLLM's continue_final_message, the template rendered up to the end
+  // of the last message's text (transformers' rule, ChatTemplateInputs);
+  // add_generation_prompt left out is then false, sent true a 400.
+  bool continue_final_message = false;
+  // chat: the answer's role, as vLLM's get_chat_request_role: "assistant"
+  // with add_generation_prompt, else the last message's role.
+  std::string response_role = "assistant";
+  // chat echo (vLLM's): the last message's content (non-empty parts joined
+  // by "\n")
+  // goes before the answer's content when that message's role is the
+  // answer's, "" otherwise; nullopt without echo.
+  std::optional<std::string> chat_echo;
   // nullopt: kDefaultCompletionsMaxTokens on /v1/completions (vLLM's
   // default), up to max_model_len on chat; either way at most what the
   // context leaves after the prompt.

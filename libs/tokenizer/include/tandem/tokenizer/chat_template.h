@@ -58,6 +58,13 @@ struct ChatTemplateInputs {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   // End with the header of an assistant turn, for the model to continue.
   bool add_generation_prompt = false;
+  // transformers' continue_final_message: the rendered text ends with the
+  // final message's content (its last text part for a list), without what
+  // the template writes after it (an end-of-turn marker), for the model to
+  // continue that message. As transformers: the content must appear in the
+  // rendered text (stripped; the last occurrence is cut after), and
+  // add_generation_prompt must be false; INVALID_ARGUMENT otherwise.
+  bool continue_final_message = false;
   // The tokenizer's bos_token / eos_token texts (Tokenizer::bos_token()).
   std::string bos_token;
   std::string eos_token;
