@@ -155,9 +155,9 @@ void Frontend::CountResponse(const std::string& endpoint, int http_status) {
   // up (a 401 or 405 for /v1/<anything>) would grow the registry without
   // bound.
   static constexpr std::string_view kRoutes[] = {
-      "/health",    "/metrics",     "/v1/completions", "/v1/chat/completions",
-      "/v1/models", "/tokenize",    "/detokenize",     "/ping",
-      "/version",   "/v1/responses"};
+      "/health",    "/metrics",      "/v1/completions",   "/v1/chat/completions",
+      "/v1/models", "/tokenize",     "/detokenize",       "/ping",
+      "/version",   "/v1/responses", "/v1/responses/{id}"};
   const bool known =
       std::find(std::begin(kRoutes), std::end(kRoutes), endpoint) != std::end(kRoutes);
   metrics_.requests
@@ -267,6 +267,20 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
   }
   if (path == "/detokenize") {
     if (method_is("POST")) Detokenize(*exchange);
+    return;
+  }
+  // A stored response's routes (OpenAI's retrieve, delete, cancel and
+  // input_items): no response is stored here, so every id is not found, as
+  // vLLM answers them without its store.
+  if (constexpr std::string_view kStored = "/v1/responses/"; path.rfind(kStored, 0) == 0) {
+    std::string_view id = std::string_view(path).substr(kStored.size());
+    id = id.substr(0, id.find('/'));
+    ApiError e{.http_status = 404,
+               .message = absl::StrCat("Response with id '", std::string(id),
+                                       "' not found: this server stores no responses"),
+               .code = "not_found"};
+    RespondError(*exchange, e);
+    CountResponse("/v1/responses/{id}", 404);
     return;
   }
   ApiError e{.http_status = 404, .message = absl::StrCat("no route for ", req.method, " ", path)};

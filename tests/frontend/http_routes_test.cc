@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "../integration/harness.h"
 #include "fake_scheduler.h"
@@ -140,6 +141,33 @@ TEST_F(FrontendHttpRoutesTest, PingAndVersionAnswerAsVllms) {
   const Json v = Json::parse(version->body, nullptr, false);
   ASSERT_TRUE(v.is_object()) << version->body;
   EXPECT_FALSE(v.value("version", "").empty()) << version->body;
+}
+
+// OpenAI's routes of a stored response (the SDKs' responses.retrieve,
+// delete, cancel, inputItems.list): no response is stored here, so each
+// answers a 404 naming the id, as vLLM answers without its store, and the
+// requests count under one label whatever the id.
+TEST_F(FrontendHttpRoutesTest, AStoredResponsesRoutesAnswerNotFoundNamingTheId) {
+  httplib::Client client("http://" + frontend_.address());
+  std::vector<httplib::Result> answers;
+  answers.push_back(client.Get("/v1/responses/resp_abc"));
+  answers.push_back(client.Delete("/v1/responses/resp_abc"));
+  answers.push_back(client.Post("/v1/responses/resp_abc/cancel", "", "application/json"));
+  answers.push_back(client.Get("/v1/responses/resp_abc/input_items"));
+  for (const httplib::Result& r : answers) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404) << r->body;
+    const Json body = Json::parse(r->body, nullptr, false);
+    EXPECT_EQ(body["error"]["message"],
+              "Response with id 'resp_abc' not found: this server stores no responses")
+        << r->body;
+  }
+  auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find(
+                R"(tandem_frontend_requests_total{code="404",endpoint="/v1/responses/{id}"} 4)"),
+            std::string::npos)
+      << metrics->body;
 }
 
 TEST_F(FrontendHttpRoutesTest, TokenizeCountsALongPromptGivesTokenStrsAndChecksTheModel) {
