@@ -1,5 +1,6 @@
 #include "tandem/common/sampling_params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -63,6 +64,17 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
                        logit_bias[i - 1].first, " comes before ", id));
     }
   }
+  for (size_t i = 0; i < bad_words.size(); ++i) {
+    if (bad_words[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("bad_words sequence ", i, " is empty"));
+    }
+    for (int32_t id : bad_words[i]) {
+      if (id < 0 || id >= vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "bad_words token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+      }
+    }
+  }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -99,6 +111,17 @@ absl::Status GenerationDefaults::Validate(int32_t vocab_size) const {
         absl::StrCat("generation default max_new_tokens must be >= 1, got ", *max_new_tokens));
   }
   return absl::OkStatus();
+}
+
+void BadWordBans(std::span<const std::vector<int32_t>> bad_words, std::span<const int32_t> output,
+                 std::vector<int32_t>* banned) {
+  for (const std::vector<int32_t>& word : bad_words) {
+    if (word.size() > output.size() + 1) continue;
+    const size_t prefix = word.size() - 1;
+    if (std::equal(word.begin(), word.end() - 1, output.end() - static_cast<ptrdiff_t>(prefix))) {
+      banned->push_back(word.back());
+    }
+  }
 }
 
 }  // namespace tandem

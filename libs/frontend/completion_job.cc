@@ -152,6 +152,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                                      .frequency_penalty = sampling.frequency_penalty,
                                      .repetition_penalty = sampling.repetition_penalty,
                                      .logit_bias = request_.logit_bias,
+                                     .bad_words = prompts_.bad_words,
                                      .max_tokens = max_tokens,
                                      .min_tokens = request_.min_tokens,
                                      .ignore_eos = request_.ignore_eos,

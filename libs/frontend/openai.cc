@@ -326,6 +326,13 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
       out->stop_token_ids.push_back(id.get<int32_t>());
     }
   }
+  if (const Json* words = r.Find("bad_words")) {
+    if (!words->is_array()) return BadRequest("'bad_words' must be a list of strings", "bad_words");
+    for (const Json& w : *words) {
+      if (!w.is_string()) return BadRequest("'bad_words' must be a list of strings", "bad_words");
+      out->bad_words.push_back(w.get<std::string>());
+    }
+  }
   if (auto e = r.Bool("ignore_eos", &out->ignore_eos)) return e;
   if (auto e = r.Bool("stream", &out->stream)) return e;
   if (const Json* options = r.Find("stream_options")) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "openai_parse.h"
@@ -85,12 +86,49 @@ nlohmann::ordered_json TemplateVariables(const CompletionRequest& request) {
   return vars;
 }
 
+// vLLM's SamplingParams.update_from_tokenizer (lstrip of ASCII whitespace only).
+std::optional<ApiError> TokenizeBadWords(const tokenizer::Tokenizer& tok,
+                                         const std::vector<std::string>& words, int32_t vocab_size,
+                                         std::vector<std::vector<int32_t>>* out) {
+  for (const std::string& word : words) {
+    const std::string stripped = std::string(absl::StripLeadingAsciiWhitespace(word));
+    for (const bool prefix_space : {false, true}) {
+      absl::StatusOr<std::vector<int32_t>> ids =
+          tok.Encode(prefix_space ? " " + stripped : stripped, {.add_special_tokens = false});
+      if (!ids.ok()) return BadRequest(std::string(ids.status().message()), "bad_words");
+      if (ids->empty()) {
+        if (prefix_space) continue;
+        return BadRequest(
+            absl::StrCat("bad_words entry \"", word, "\" must tokenize to at least one token"),
+            "bad_words");
+      }
+      for (int32_t id : *ids) {
+        if (id >= vocab_size) {
+          return BadRequest(
+              absl::StrCat("bad_words entry \"", word, "\" has token ", id,
+                           ", outside the model's vocabulary (size ", vocab_size, ")"),
+              "bad_words");
+        }
+      }
+      if (prefix_space &&
+          (ids->front() == out->back().front() || ids->size() != out->back().size())) {
+        continue;
+      }
+      out->push_back(*std::move(ids));
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
                                        const CompletionRequest& request, const ModelInfo& model,
                                        PreparedPrompts* out, bool check_context) {
   const tokenizer::Tokenizer& tok = served.tokenizer();
+  if (auto e = TokenizeBadWords(tok, request.bad_words, model.vocab_size, &out->bad_words)) {
+    return e;
+  }
   // /v1/responses runs as chat: its messages come from `input`.
   const char* param = request.endpoint == Endpoint::kChat        ? "messages"
                       : request.endpoint == Endpoint::kResponses ? "input"

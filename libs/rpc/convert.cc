@@ -74,6 +74,9 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
   out->set_frequency_penalty(in.frequency_penalty);
   out->set_repetition_penalty(in.repetition_penalty);
   for (const auto& [id, bias] : in.logit_bias) (*out->mutable_logit_bias())[id] = bias;
+  for (const std::vector<int32_t>& word : in.bad_words) {
+    Assign(word, out->add_bad_words()->mutable_ids());
+  }
 }
 
 SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
@@ -95,6 +98,8 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
   // A proto map has no order: sorted by id, as SamplingParams keeps it.
   out.logit_bias.assign(in.logit_bias().begin(), in.logit_bias().end());
   std::sort(out.logit_bias.begin(), out.logit_bias.end());
+  for (const v1::TokenIdSequence& word : in.bad_words())
+    out.bad_words.push_back(ToVector(word.ids()));
   return out;
 }
 

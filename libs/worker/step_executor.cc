@@ -65,6 +65,7 @@ void StepExecutor::Launch(Step& st, std::function<void()> on_done) {
     std::this_thread::sleep_for(std::chrono::microseconds(options_.debug_step_delay_us));
   }
   if (st.status_.ok() && !st.inputs_.empty()) {
+    BanBadWords(st);
     st.status_ = backend_->Launch(st.inputs_, st.sample_, st.want_logprobs_, on_done);
     if (st.status_.ok()) {
       st.launched_ = true;
@@ -293,6 +294,20 @@ void StepExecutor::PlanSampling(const sched::SchedulerOutput& step, const Batch&
                           s.sampling.stop_token_ids.end());
       row.banned_token_ids = (*banned)[i];
     }
+  }
+}
+
+void StepExecutor::BanBadWords(Step& st) {
+  for (size_t i = 0; i < st.sample_.size(); ++i) {
+    model::SampleRequest& row = st.sample_[i];
+    if (row.params == nullptr || row.params->bad_words.empty()) continue;
+    const SeqState& s = *st.batch_.seqs[i];
+    const std::span<const int32_t> output = std::span<const int32_t>(s.token_ids)
+                                                .subspan(static_cast<size_t>(s.num_prompt_tokens),
+                                                         static_cast<size_t>(row.output_position));
+    if (st.banned_.empty()) st.banned_.resize(st.sample_.size());
+    BadWordBans(row.params->bad_words, output, &st.banned_[i]);
+    row.banned_token_ids = st.banned_[i];
   }
 }
 

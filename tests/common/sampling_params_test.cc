@@ -40,10 +40,32 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.logit_bias = {{5, 1.0f}, {5, 2.0f}}}, "each token id once");
   ExpectInvalid({.logit_bias = {{7, 1.0f}, {5, 2.0f}}}, "each token id once");
   EXPECT_TRUE((SamplingParams{.logit_bias = {{0, -100.0f}, {511, 100.0f}}}).Validate(512).ok());
+  ExpectInvalid({.bad_words = {{3}, {}}}, "bad_words sequence 1 is empty");
+  ExpectInvalid({.bad_words = {{3, 512}}}, "bad_words token id 512");
+  EXPECT_TRUE((SamplingParams{.bad_words = {{0}, {511, 3}}}).Validate(512).ok());
   ExpectInvalid({.max_tokens = 0}, "max_tokens");
   ExpectInvalid({.max_tokens = 4, .min_tokens = 5}, "min_tokens");
   ExpectInvalid({.stop_token_ids = {512}}, "stop token id 512");
   ExpectInvalid({.stop_token_ids = {-1}}, "stop token id -1");
+}
+
+// vLLM's apply_bad_words: a sequence's last token is banned where the
+// output ends with the rest of it; a one-token sequence always; a sequence
+// longer than the output plus one never.
+TEST(SamplingParamsTest, BadWordsBanTheLastTokenAfterTheRest) {
+  const std::vector<std::vector<int32_t>> words = {{7}, {1, 2}, {1, 2, 3}, {4, 2, 5}};
+  auto bans = [&](std::vector<int32_t> output) {
+    std::vector<int32_t> banned = {99};  // appended to, not replaced
+    BadWordBans(words, output, &banned);
+    return banned;
+  };
+  EXPECT_EQ(bans({}), (std::vector<int32_t>{99, 7}));
+  EXPECT_EQ(bans({1}), (std::vector<int32_t>{99, 7, 2}));
+  EXPECT_EQ(bans({5, 1}), (std::vector<int32_t>{99, 7, 2}));
+  EXPECT_EQ(bans({1, 2}), (std::vector<int32_t>{99, 7, 3}));
+  EXPECT_EQ(bans({4, 2}), (std::vector<int32_t>{99, 7, 5}));
+  EXPECT_EQ(bans({2, 1}), (std::vector<int32_t>{99, 7, 2}));
+  EXPECT_EQ(bans({1, 3}), (std::vector<int32_t>{99, 7}));
 }
 
 TEST(GenerationDefaultsTest, NoneAndLlama3sAreValid) {

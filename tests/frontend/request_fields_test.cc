@@ -272,6 +272,41 @@ TEST_F(FrontendRequestFieldsTest, LogitBiasIsForwardedToTheScheduler) {
   EXPECT_TRUE(scheduler_->requests().back().sampling().logit_bias().empty());
 }
 
+// vLLM's bad_words reach the scheduler as token sequences, tokenized as
+// vLLM's update_from_tokenizer does: the word lstripped, without special
+// tokens; then with a space before it, kept only where that gives a new first
+// token in as many tokens. Llama 2's sentencepiece writes " time" as "▁" +
+// "▁time", so here every word keeps one sequence. The worker's ban is
+// integration_differential_test's.
+TEST_F(FrontendRequestFieldsTest, BadWordsAreTokenizedAsVllmTokenizesThem) {
+  const std::vector<int32_t> time = *tok_->Encode("time", {.add_special_tokens = false});
+  const std::vector<int32_t> once_upon = *tok_->Encode("Once upon", {.add_special_tokens = false});
+  ASSERT_EQ(time.size(), 1u);
+  ASSERT_EQ(tok_->Encode(" time", {.add_special_tokens = false})->size(), 2u);
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    Json body = {{"bad_words", {"time", "  Once upon"}}};
+    if (path == "/v1/completions") {
+      body["prompt"] = "Once";
+    } else {
+      body["messages"] = {{{"role", "user"}, {"content", "Once"}}};
+    }
+    ASSERT_EQ(Post(path, body).status, 200);
+    const v1::SamplingParams sampling = scheduler_->requests().back().sampling();
+    ASSERT_EQ(sampling.bad_words_size(), 2) << path << ": " << sampling.DebugString();
+    EXPECT_EQ(std::vector<int32_t>(sampling.bad_words(0).ids().begin(),
+                                   sampling.bad_words(0).ids().end()),
+              time);
+    EXPECT_EQ(std::vector<int32_t>(sampling.bad_words(1).ids().begin(),
+                                   sampling.bad_words(1).ids().end()),
+              once_upon);
+  }
+  for (const Json& bad : {Json("time"), Json({1}), Json({""})}) {
+    const Result r = Post("/v1/completions", {{"prompt", "Once"}, {"bad_words", bad}});
+    EXPECT_EQ(r.status, 400) << bad.dump();
+    EXPECT_EQ(r.body["error"]["param"], "bad_words") << bad.dump();
+  }
+}
+
 TEST_F(FrontendRequestFieldsTest, ChatTemplateKwargsAreTheTemplatesVariables) {
   auto rendered = [&](const Json& kwargs) {
     Json body = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}};

@@ -159,7 +159,9 @@ std::map<std::string, Treatment> Table(Endpoint e) {
                            "FrontendRequestFieldsTest.LogitBiasIsForwardedToTheScheduler, "
                            "SamplingProgramTest.LogitBiasIsAddedBeforeThePenalties")},
       {"allowed_token_ids", Refused({{"allowed_token_ids", {5}}})},
-      {"bad_words", Refused({{"bad_words", {"x"}}})},
+      {"bad_words", Built({{"bad_words", {"x"}}},
+                          "FrontendRequestFieldsTest.BadWordsAreTokenizedAsVllmTokenizesThem, "
+                          "DifferentialTest")},
       {"logits_processors", Refused({{"logits_processors", {"m.P"}}})},
       {"spaces_between_special_tokens", Refused({{"spaces_between_special_tokens", false}})},
       {"guided_json", Refused({{"guided_json", {{"type", "object"}}}})},

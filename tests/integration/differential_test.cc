@@ -25,6 +25,8 @@ namespace {
 
 // The token a request with logit_bias is pushed to (MakeWorkload).
 int32_t BiasedToken(int i) { return 300 + i; }
+// The token of a request with bad_words (MakeWorkload), and the one after it.
+int32_t BadWordsToken(int i) { return 100 + 2 * i; }
 
 std::vector<v1::GenerateRequest> MakeWorkload() {
   std::mt19937 rng(1234);
@@ -61,6 +63,17 @@ std::vector<v1::GenerateRequest> MakeWorkload() {
     if (i % 11 == 5) {  // logit_bias: +100 makes one token every draw, -100 bans another
       (*r.mutable_sampling()->mutable_logit_bias())[BiasedToken(i)] = 100.0f;
       (*r.mutable_sampling()->mutable_logit_bias())[BiasedToken(i) + 1] = -100.0f;
+    }
+    if (i % 13 == 6 && i % 7 != 3) {
+      // bad_words [[X, X]] with X pushed far above Y, and Y above the rest:
+      // X, then Y (X is banned after X), then X again, and so on. The ban
+      // reads the last output token, which async steps write late.
+      const int32_t x = BadWordsToken(i), y = x + 1;
+      (*r.mutable_sampling()->mutable_logit_bias())[x] = 90.0f;
+      (*r.mutable_sampling()->mutable_logit_bias())[y] = 45.0f;
+      v1::TokenIdSequence* word = r.mutable_sampling()->add_bad_words();
+      word->add_ids(x);
+      word->add_ids(x);
     }
     r.set_request_id("r" + std::to_string(i));
     requests.push_back(r);
@@ -189,6 +202,16 @@ void ExpectIdenticalTokensInEveryConfiguration(const std::string& dir, const Ser
       EXPECT_EQ(baseline[i].tokens, std::vector<int32_t>(baseline[i].tokens.size(), id))
           << "request " << i;
       EXPECT_FALSE(baseline[i].tokens.empty());
+    }
+    // bad_words reached it too, with the output's last token.
+    if (requests[i].sampling().bad_words_size() > 0) {
+      const int32_t x = BadWordsToken(static_cast<int>(i));
+      std::vector<int32_t> alternating;
+      for (size_t k = 0; k < baseline[i].tokens.size(); ++k) {
+        alternating.push_back(k % 2 == 0 ? x : x + 1);
+      }
+      EXPECT_EQ(baseline[i].tokens, alternating) << "request " << i;
+      EXPECT_GT(baseline[i].tokens.size(), 2u) << "request " << i;
     }
   }
 }

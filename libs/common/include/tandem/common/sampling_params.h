@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,13 @@ struct SamplingParams {
   // vocabulary, biases finite; the OpenAI layer clamps them to [-100, 100]
   // as vLLM does. Log-probabilities stay those of the model's logits.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // vLLM's bad_words as the token sequences its tokenizer gives them (its
+  // _bad_words_token_ids; the OpenAI layer tokenizes them as vLLM does).
+  // The last token of a sequence is never drawn where the output ends with
+  // the rest of it (BadWordBans); a one-token sequence is never drawn.
+  // Greedy or not; log-probabilities stay the model's. Each sequence
+  // non-empty, ids in the vocabulary.
+  std::vector<std::vector<int32_t>> bad_words;
   // Seed of the counter-based generator: tokens depend only on
   // (seed, output position), never on the batch. nullopt: the client gave
   // none; the scheduler then uses its own (--seed, else random) when it
@@ -73,6 +81,13 @@ struct SamplingParams {
   // that even a greedy draw goes through the sampling program.
   [[nodiscard]] bool AdjustsLogits() const { return HasPenalties() || !logit_bias.empty(); }
 };
+
+// The tokens `bad_words` bans after `output` (the output tokens so far, not
+// the prompt), appended to `banned`: as vLLM's apply_bad_words, the last
+// token of each sequence at most one longer than the output whose other
+// tokens are the output's last ones.
+void BadWordBans(std::span<const std::vector<int32_t>> bad_words, std::span<const int32_t> output,
+                 std::vector<int32_t>* banned);
 
 // A model's sampling defaults (its generation_config.json, which the worker
 // reads with the model and the scheduler reports in GetModelInfo). As with

@@ -50,7 +50,7 @@
 // is refused with a 400 that names it unless it has its neutral value
 // (absent, null, or the value that changes nothing; vllm_fields_test walks
 // vLLM's lists): return_tokens_as_token_ids, presence/frequency/repetition
-// penalties, logit_bias, allowed_token_ids, bad_words, logits_processors,
+// penalties, logit_bias, allowed_token_ids, logits_processors,
 // best_of > 1, use_beam_search, length_penalty, guided_* / structural_tag /
 // structured_outputs and response_format other than text, suffix,
 // prompt_embeds, tools with tool_choice other than "none" (with "none" the
@@ -164,6 +164,8 @@ struct CompletionRequest {
   std::optional<float> repetition_penalty;  // > 0
   // OpenAI's logit_bias, sorted by id, biases clamped to [-100, 100].
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // vLLM's bad_words, as sent; PreparePrompts tokenizes them.
+  std::vector<std::string> bad_words;
   int32_t min_tokens = 0;
   std::optional<int64_t> seed;
   int32_t n = 1;

@@ -64,6 +64,10 @@ class ServedTokenizer {
 struct PreparedPrompts {
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::string> texts;
+  // The request's bad_words as vLLM tokenizes them (update_from_tokenizer):
+  // each word lstripped, encoded without special tokens, then with a space
+  // before it where that gives a new first token in as many tokens.
+  std::vector<std::vector<int32_t>> bad_words;
 };
 // `check_context` false (/tokenize): a prompt with no room for a completion
 // is counted, not refused (as vLLM's /tokenize); the byte bound still holds.

@@ -201,6 +201,10 @@ class StepExecutor {
                     std::vector<model::SequenceInput>* inputs,
                     std::vector<model::SampleRequest>* sample,
                     std::vector<std::vector<int32_t>>* banned) const;
+  // vLLM's bad_words: the tokens each row's output so far bans, added to its
+  // banned ids. At Launch, not Prepare: the previous step's sampled tokens,
+  // which the bans read, are written into token_ids at its Finish.
+  static void BanBadWords(Step& st);
   // A launched step's bookkeeping, before the next step is prepared: its
   // computed tokens, a slot in token_ids for each token it samples, and
   // the output's rows.
