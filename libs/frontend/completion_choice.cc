@@ -158,12 +158,14 @@ nlohmann::ordered_json ChoiceState::RenderLogprobs(const CompletionRequest& requ
   positions.insert(positions.end(), std::make_move_iterator(logprobs.begin()),
                    std::make_move_iterator(logprobs.end()));
   logprobs.clear();
-  if (request.endpoint == Endpoint::kChat) return ChatLogprobs(positions, *request.logprobs);
+  const bool as_ids = request.return_tokens_as_token_ids.value_or(false);
+  if (request.endpoint == Endpoint::kChat)
+    return ChatLogprobs(positions, *request.logprobs, as_ids);
   if (request.endpoint == Endpoint::kResponses) {
-    nlohmann::ordered_json chat = ChatLogprobs(positions, *request.logprobs);
+    nlohmann::ordered_json chat = ChatLogprobs(positions, *request.logprobs, as_ids);
     return std::move(chat["content"]);
   }
-  return CompletionLogprobs(positions, *request.logprobs, &text_offset);
+  return CompletionLogprobs(positions, *request.logprobs, &text_offset, as_ids);
 }
 
 }  // namespace tandem::frontend

@@ -333,6 +333,11 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
       out->bad_words.push_back(w.get<std::string>());
     }
   }
+  if (r.Find("return_tokens_as_token_ids") != nullptr) {
+    bool as_ids = false;
+    if (auto e = r.Bool("return_tokens_as_token_ids", &as_ids)) return e;
+    out->return_tokens_as_token_ids = as_ids;
+  }
   if (auto e = r.Bool("ignore_eos", &out->ignore_eos)) return e;
   if (auto e = r.Bool("stream", &out->stream)) return e;
   if (const Json* options = r.Find("stream_options")) {

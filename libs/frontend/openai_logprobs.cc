@@ -27,6 +27,13 @@ Json BytesList(std::string_view bytes) {
   return list;
 }
 
+// A token's text in the logprobs: its own (invalid UTF-8 replaced), or
+// vLLM's "token_id:<id>".
+std::string TokenText(const LogprobToken& t, bool as_token_ids) {
+  return as_token_ids ? absl::StrCat("token_id:", t.token_id)
+                      : tokenizer::ReplaceInvalidUtf8(t.bytes);
+}
+
 size_t NumTop(const PositionLogprobs& p, int32_t num_top) {
   return std::min(p.top.size(), static_cast<size_t>(std::max(num_top, 0)));
 }
@@ -34,11 +41,11 @@ size_t NumTop(const PositionLogprobs& p, int32_t num_top) {
 }  // namespace
 
 Json CompletionLogprobs(const std::vector<PositionLogprobs>& positions, int32_t num_top,
-                        int64_t* text_offset) {
+                        int64_t* text_offset, bool as_token_ids) {
   Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
        offsets = Json::array();
   for (const PositionLogprobs& p : positions) {
-    const std::string text = tokenizer::ReplaceInvalidUtf8(p.token.bytes);
+    const std::string text = TokenText(p.token, as_token_ids);
     tokens.push_back(text);
     offsets.push_back(*text_offset);
     *text_offset += TextLength(text);
@@ -51,7 +58,7 @@ Json CompletionLogprobs(const std::vector<PositionLogprobs>& positions, int32_t 
     Json top = Json::object();
     top[text] = Clamped(p.token.logprob);
     for (size_t i = 0; i < NumTop(p, num_top); ++i) {
-      top[tokenizer::ReplaceInvalidUtf8(p.top[i].bytes)] = Clamped(p.top[i].logprob);
+      top[TokenText(p.top[i], as_token_ids)] = Clamped(p.top[i].logprob);
     }
     top_logprobs.push_back(std::move(top));
   }
@@ -63,18 +70,27 @@ Json CompletionLogprobs(const std::vector<PositionLogprobs>& positions, int32_t 
   return j;
 }
 
-Json ChatLogprobs(const std::vector<PositionLogprobs>& positions, int32_t num_top) {
+Json ChatLogprobs(const std::vector<PositionLogprobs>& positions, int32_t num_top,
+                  bool as_token_ids) {
+  // The bytes: the token's own, or with as_token_ids those of its text.
+  auto entry = [&](const LogprobToken& t) {
+    std::string text = TokenText(t, as_token_ids);
+    Json bytes = BytesList(as_token_ids ? text : t.bytes);
+    return std::pair(std::move(text), std::move(bytes));
+  };
   Json content = Json::array();
   for (const PositionLogprobs& p : positions) {
     Json top = Json::array();
     for (size_t i = 0; i < NumTop(p, num_top); ++i) {
-      top.push_back({{"token", tokenizer::ReplaceInvalidUtf8(p.top[i].bytes)},
+      auto [text, bytes] = entry(p.top[i]);
+      top.push_back({{"token", std::move(text)},
                      {"logprob", Clamped(p.top[i].logprob)},
-                     {"bytes", BytesList(p.top[i].bytes)}});
+                     {"bytes", std::move(bytes)}});
     }
-    content.push_back({{"token", tokenizer::ReplaceInvalidUtf8(p.token.bytes)},
+    auto [text, bytes] = entry(p.token);
+    content.push_back({{"token", std::move(text)},
                        {"logprob", p.scored ? Json(Clamped(p.token.logprob)) : Json()},
-                       {"bytes", BytesList(p.token.bytes)},
+                       {"bytes", std::move(bytes)},
                        {"top_logprobs", std::move(top)}});
   }
   return {{"content", std::move(content)}};

@@ -16,7 +16,6 @@ struct Unbuilt {
 const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
   static const char* kNoGuided = "structured outputs (guided decoding) are not implemented";
   static const auto* common = new std::vector<Unbuilt>{
-      {"return_tokens_as_token_ids", Json(false), "logprobs show each token's text"},
       {"best_of", Json(1), "use n"},
       {"use_beam_search", Json(false), "beam search is not implemented"},
       {"length_penalty", Json(1), "beam search is not implemented"},

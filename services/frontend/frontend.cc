@@ -289,6 +289,9 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
 }
 
 std::optional<ApiError> Frontend::ApplyServerOptions(CompletionRequest* request) const {
+  if (!request->return_tokens_as_token_ids) {
+    request->return_tokens_as_token_ids = options_.return_tokens_as_token_ids;
+  }
   if (request->endpoint != Endpoint::kCompletions) {
     request->reasoning_parser = options_.reasoning_parser;
   }

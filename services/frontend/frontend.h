@@ -74,6 +74,9 @@ struct FrontendOptions {
   // vLLM's --reasoning-parser (reasoning.h): chat and /v1/responses answers
   // carry the model's thinking apart from its content.
   std::optional<ReasoningParser> reasoning_parser;
+  // vLLM's --return-tokens-as-token-ids: logprobs name tokens "token_id:<id>"
+  // unless a request says otherwise.
+  bool return_tokens_as_token_ids = false;
 };
 
 struct FrontendMetrics {

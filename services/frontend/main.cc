@@ -192,9 +192,12 @@ int main(int argc, char** argv) {
             "(<think>...</think>) apart from the content: as message.reasoning and "
             "reasoning_content, and as a reasoning item: deepseek_r1 (DeepSeek-R1 and its "
             "distills) or qwen3; other parsers are refused");
+  flags.Add("return-tokens-as-token-ids", &options.return_tokens_as_token_ids,
+            "[vLLM] logprobs name each token \"token_id:<id>\" instead of its text (a "
+            "request's return_tokens_as_token_ids overrides it)");
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer",
                      "enable-auto-tool-choice", "tool-call-parser", "allowed-origins",
-                     "reasoning-parser"});
+                     "reasoning-parser", "return-tokens-as-token-ids"});
   flags.ParseOrExit(argc, argv);
   if (drain_timeout_s < 0) {
     return Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));

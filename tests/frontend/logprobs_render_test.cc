@@ -91,6 +91,25 @@ TEST(LogprobsRenderTest, StreamedChunksAddUpToTheWholeChoice) {
   EXPECT_EQ(chat_joined, ChatLogprobs(all, 3)["content"]);
 }
 
+// vLLM's return_tokens_as_token_ids: every token, chosen or top, reads
+// "token_id:<id>" (so 0xE6 and 0xE6 0x88 stay apart), the offsets count
+// those texts, and chat's bytes are the text's (vLLM encodes the string).
+TEST(LogprobsRenderTest, AsTokenIdsEveryTokenReadsItsId) {
+  int64_t offset = 0;
+  const Json j = CompletionLogprobs(Positions(), 2, &offset, /*as_token_ids=*/true);
+  EXPECT_EQ(j["tokens"], Json({"token_id:10", "token_id:20", "token_id:30"}));
+  EXPECT_EQ(j["top_logprobs"][0].dump(), R"({"token_id:10":-0.25,"token_id:11":-1.5})");
+  EXPECT_EQ(j["top_logprobs"][2].dump(), R"({"token_id:30":-0.75,"token_id:31":-0.5})");
+  EXPECT_EQ(j["text_offset"], Json({0, 11, 22}));
+  EXPECT_EQ(offset, 33);
+  const Json chat = ChatLogprobs(Positions(), 2, /*as_token_ids=*/true);
+  const Json& first = chat["content"][0];
+  EXPECT_EQ(first["token"], "token_id:10");
+  EXPECT_EQ(first["bytes"], Json({'t', 'o', 'k', 'e', 'n', '_', 'i', 'd', ':', '1', '0'}));
+  EXPECT_EQ(first["top_logprobs"][1]["token"], "token_id:11");
+  EXPECT_EQ(chat["content"][2]["top_logprobs"][0]["token"], "token_id:31");
+}
+
 TEST(LogprobsRenderTest, ChatListsTheMostLikelyAndTheTokensOwnBytes) {
   const Json j = ChatLogprobs(Positions(), 2);
   ASSERT_EQ(j.size(), 1u);

@@ -262,8 +262,7 @@ TEST(OpenAiParseTest, ToolChoiceIsReadAsVllmReadsIt) {
 }
 
 TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
-  EXPECT_EQ(ErrorParam(R"({"prompt":"x","return_tokens_as_token_ids":true})"),
-            "return_tokens_as_token_ids");
+  EXPECT_EQ(ErrorParam(R"({"prompt":"x","allowed_token_ids":[1]})"), "allowed_token_ids");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","best_of":2})"), "best_of");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","suffix":"y"})"), "suffix");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],

@@ -307,6 +307,63 @@ TEST_F(FrontendRequestFieldsTest, BadWordsAreTokenizedAsVllmTokenizesThem) {
   }
 }
 
+// vLLM's return_tokens_as_token_ids: the logprobs' tokens read
+// "token_id:<id>" (completions and chat), the text stays text; the server's
+// --return-tokens-as-token-ids does it for requests that do not say, and a
+// request's false overrides it.
+TEST_F(FrontendRequestFieldsTest, ReturnTokensAsTokenIdsNamesTheLogprobsTokensByTheirIds) {
+  const std::vector<int32_t> all = Ids("The quick brown");
+  const std::vector<int32_t> output(all.begin() + 1, all.end());  // no BOS
+  scheduler_->SetOutput(output, v1::FINISH_REASON_LENGTH);
+  std::vector<std::string> as_ids;
+  for (int32_t id : output) as_ids.push_back("token_id:" + std::to_string(id));
+  auto tokens = [](const Json& body) {
+    std::vector<std::string> out;
+    const Json& lp = body["choices"][0]["logprobs"];
+    if (lp.contains("tokens")) return lp["tokens"].get<std::vector<std::string>>();
+    for (const Json& c : lp["content"]) out.push_back(c["token"]);
+    return out;
+  };
+  auto post = [&](const std::string& address, const std::string& path, const Json& body) {
+    httplib::Client client("http://" + address);
+    client.set_read_timeout(30, 0);
+    auto res = client.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    return res ? Json::parse(res->body, nullptr, false) : Json();
+  };
+  const Json completion = {{"prompt", "Once"}, {"logprobs", 1}, {"max_tokens", 8}};
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "Once"}}}},
+                     {"logprobs", true},
+                     {"top_logprobs", 1}};
+  for (const auto& [path, plain] :
+       {std::pair{"/v1/completions", completion}, std::pair{"/v1/chat/completions", chat}}) {
+    SCOPED_TRACE(path);
+    Json body = plain;
+    body["return_tokens_as_token_ids"] = true;
+    const Json by_id = post(frontend_.address(), path, body);
+    EXPECT_EQ(tokens(by_id), as_ids);
+    const Json& lp = by_id["choices"][0]["logprobs"];
+    if (lp.contains("top_logprobs")) {
+      EXPECT_TRUE(lp["top_logprobs"][0].contains(as_ids[0])) << lp.dump();
+    } else {
+      EXPECT_EQ(
+          lp["content"][0]["top_logprobs"][0]["token"].get<std::string>().rfind("token_id:", 0),
+          0u);
+    }
+    const Json by_text = post(frontend_.address(), path, plain);
+    EXPECT_NE(tokens(by_text), as_ids);
+    EXPECT_EQ(tokens(by_text).size(), as_ids.size());
+  }
+  // The server's flag.
+  const std::string dir = MakeTempDir("frontend-token-ids");
+  Service flagged = StartFrontend(dir, "frontend-ids", {scheduler_->address()},
+                                  {"--tokenizer", kTokenizer, "--return-tokens-as-token-ids"});
+  EXPECT_EQ(tokens(post(flagged.address(), "/v1/completions", completion)), as_ids);
+  Json off = completion;
+  off["return_tokens_as_token_ids"] = false;
+  EXPECT_NE(tokens(post(flagged.address(), "/v1/completions", off)), as_ids);
+}
+
 TEST_F(FrontendRequestFieldsTest, ChatTemplateKwargsAreTheTemplatesVariables) {
   auto rendered = [&](const Json& kwargs) {
     Json body = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}};

@@ -147,7 +147,10 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"logprobs", Built({{"logprobs", chat ? Json(true) : Json(1)}}, logprobs)},
       {"top_logprobs", Built({{"logprobs", true}, {"top_logprobs", 2}}, logprobs)},
       {"prompt_logprobs", Built({{"prompt_logprobs", 1}}, logprobs)},
-      {"return_tokens_as_token_ids", Refused({{"return_tokens_as_token_ids", true}})},
+      {"return_tokens_as_token_ids",
+       Built({{"return_tokens_as_token_ids", true}},
+             "LogprobsRenderTest.AsTokenIdsEveryTokenReadsItsId, "
+             "FrontendRequestFieldsTest.ReturnTokensAsTokenIdsNamesTheLogprobsTokensByTheirIds")},
       {"best_of", Refused({{"best_of", 2}})},
       {"use_beam_search", Refused({{"use_beam_search", true}})},
       {"length_penalty", Refused({{"length_penalty", 0.5}})},

@@ -49,7 +49,7 @@
 // Every other field of vLLM's CompletionRequest and ChatCompletionRequest
 // is refused with a 400 that names it unless it has its neutral value
 // (absent, null, or the value that changes nothing; vllm_fields_test walks
-// vLLM's lists): return_tokens_as_token_ids, presence/frequency/repetition
+// vLLM's lists): presence/frequency/repetition
 // penalties, logit_bias, allowed_token_ids, logits_processors,
 // best_of > 1, use_beam_search, length_penalty, guided_* / structural_tag /
 // structured_outputs and response_format other than text, suffix,
@@ -183,6 +183,10 @@ struct CompletionRequest {
   std::optional<bool> add_special_tokens; // nullopt: true (completions), false (chat)
   bool skip_special_tokens = true;
   bool return_token_ids = false;
+  // vLLM's return_tokens_as_token_ids: each token of the logprobs
+  // (completions' and chat's) reads "token_id:<id>"; nullopt: the server's
+  // --return-tokens-as-token-ids decides (Frontend::ApplyServerOptions).
+  std::optional<bool> return_tokens_as_token_ids;
   // vLLM's: the stop string (or stop_token_ids token) that ended a choice
   // stays in its text.
   bool include_stop_str_in_output = false;
@@ -301,15 +305,19 @@ struct PositionLogprobs {
 // Python's len); `*text_offset` is left at the next one, so a stream's chunks
 // continue where the last left off and add up to the non-streamed lists
 // (vLLM starts each chunk at the length of the text streamed so far instead).
+// With `as_token_ids` (vLLM's return_tokens_as_token_ids) every token text
+// is "token_id:<id>", in the offsets' lengths too.
 [[nodiscard]] nlohmann::ordered_json CompletionLogprobs(
-    const std::vector<PositionLogprobs>& positions, int32_t num_top, int64_t* text_offset);
+    const std::vector<PositionLogprobs>& positions, int32_t num_top, int64_t* text_offset,
+    bool as_token_ids = false);
 // The logprobs of /v1/chat/completions: {"content": [{"token", "logprob",
 // "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}. As OpenAI:
 // top_logprobs holds the `num_top` most likely, most likely first (vLLM's
 // list starts with the sampled token instead); `bytes` are the token's own
 // bytes, even when they are not UTF-8 alone (vLLM encodes the U+FFFD text).
+// `as_token_ids`: each token "token_id:<id>", its bytes that text's.
 [[nodiscard]] nlohmann::ordered_json ChatLogprobs(const std::vector<PositionLogprobs>& positions,
-                                                  int32_t num_top);
+                                                  int32_t num_top, bool as_token_ids = false);
 // vLLM's prompt_logprobs: per prompt position null (unscored) or
 // {"<token id>": {"logprob", "rank", "decoded_token"}} for the prompt's token
 // and then its `num_top` most likely (ranks 1..num_top).
