@@ -159,8 +159,9 @@ nlohmann::ordered_json ChoiceState::RenderLogprobs(const CompletionRequest& requ
                    std::make_move_iterator(logprobs.end()));
   logprobs.clear();
   const bool as_ids = request.return_tokens_as_token_ids.value_or(false);
-  if (request.endpoint == Endpoint::kChat)
+  if (request.endpoint == Endpoint::kChat) {
     return ChatLogprobs(positions, *request.logprobs, as_ids);
+  }
   if (request.endpoint == Endpoint::kResponses) {
     nlohmann::ordered_json chat = ChatLogprobs(positions, *request.logprobs, as_ids);
     return std::move(chat["content"]);

@@ -333,11 +333,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
       out->bad_words.push_back(w.get<std::string>());
     }
   }
-  if (r.Find("return_tokens_as_token_ids") != nullptr) {
-    bool as_ids = false;
-    if (auto e = r.Bool("return_tokens_as_token_ids", &as_ids)) return e;
-    out->return_tokens_as_token_ids = as_ids;
-  }
+  if (auto e = r.Bool("return_tokens_as_token_ids", &out->return_tokens_as_token_ids)) return e;
   if (auto e = r.Bool("ignore_eos", &out->ignore_eos)) return e;
   if (auto e = r.Bool("stream", &out->stream)) return e;
   if (const Json* options = r.Find("stream_options")) {
@@ -354,11 +350,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     if (!user->is_string()) return BadRequest("'user' must be a string", "user");
     out->user = user->get<std::string>();
   }
-  bool add_special = false;
-  if (r.Find("add_special_tokens") != nullptr) {
-    if (auto e = r.Bool("add_special_tokens", &add_special)) return e;
-    out->add_special_tokens = add_special;
-  }
+  if (auto e = r.Bool("add_special_tokens", &out->add_special_tokens)) return e;
   if (auto e = r.Bool("skip_special_tokens", &out->skip_special_tokens)) return e;
   if (auto e = r.Bool("return_token_ids", &out->return_token_ids)) return e;
   if (auto e = r.Bool("include_stop_str_in_output", &out->include_stop_str_in_output)) return e;

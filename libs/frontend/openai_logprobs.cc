@@ -72,26 +72,23 @@ Json CompletionLogprobs(const std::vector<PositionLogprobs>& positions, int32_t 
 
 Json ChatLogprobs(const std::vector<PositionLogprobs>& positions, int32_t num_top,
                   bool as_token_ids) {
-  // The bytes: the token's own, or with as_token_ids those of its text.
-  auto entry = [&](const LogprobToken& t) {
+  // {"token", "logprob", "bytes"}: the token's own bytes, or with
+  // as_token_ids those of its text.
+  auto entry = [&](const LogprobToken& t, Json logprob) {
     std::string text = TokenText(t, as_token_ids);
     Json bytes = BytesList(as_token_ids ? text : t.bytes);
-    return std::pair(std::move(text), std::move(bytes));
+    return Json{
+        {"token", std::move(text)}, {"logprob", std::move(logprob)}, {"bytes", std::move(bytes)}};
   };
   Json content = Json::array();
   for (const PositionLogprobs& p : positions) {
     Json top = Json::array();
     for (size_t i = 0; i < NumTop(p, num_top); ++i) {
-      auto [text, bytes] = entry(p.top[i]);
-      top.push_back({{"token", std::move(text)},
-                     {"logprob", Clamped(p.top[i].logprob)},
-                     {"bytes", std::move(bytes)}});
+      top.push_back(entry(p.top[i], Clamped(p.top[i].logprob)));
     }
-    auto [text, bytes] = entry(p.token);
-    content.push_back({{"token", std::move(text)},
-                       {"logprob", p.scored ? Json(Clamped(p.token.logprob)) : Json()},
-                       {"bytes", std::move(bytes)},
-                       {"top_logprobs", std::move(top)}});
+    Json e = entry(p.token, p.scored ? Json(Clamped(p.token.logprob)) : Json());
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
   }
   return {{"content", std::move(content)}};
 }

@@ -41,6 +41,15 @@ class Reader {
     return std::nullopt;
   }
 
+  // The same, where absent and null stay nullopt (the request did not say).
+  std::optional<ApiError> Bool(const char* name, std::optional<bool>* out) const {
+    if (Find(name) == nullptr) return std::nullopt;
+    bool value = false;
+    if (auto e = Bool(name, &value)) return e;
+    *out = value;
+    return std::nullopt;
+  }
+
   std::optional<ApiError> Int(const char* name, int64_t min, int64_t max,
                               std::optional<int64_t>* out) const {
     const Json* v = Find(name);

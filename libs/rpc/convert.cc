@@ -98,8 +98,9 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
   // A proto map has no order: sorted by id, as SamplingParams keeps it.
   out.logit_bias.assign(in.logit_bias().begin(), in.logit_bias().end());
   std::sort(out.logit_bias.begin(), out.logit_bias.end());
-  for (const v1::TokenIdSequence& word : in.bad_words())
+  for (const v1::TokenIdSequence& word : in.bad_words()) {
     out.bad_words.push_back(ToVector(word.ids()));
+  }
   return out;
 }
 

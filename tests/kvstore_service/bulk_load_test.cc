@@ -364,29 +364,20 @@ TEST_F(BulkLoadTest, AfterTheBulkPortShutsDownLoadsGoOverGrpc) {
 // connection nor over gRPC, each of which would wait out another deadline.
 // The port is not written off: once the store answers again, loads use it.
 TEST_F(BulkLoadTest, ALoadTheStoreStallsOnFailsAfterOneDeadlineAndIsNotSentAgain) {
-  std::atomic<bool> stall{false};
-  std::atomic<int> stalled_loads{0};
+  testutil::StallSwitch stall;  // the stalled loads wait at its gate until the end
   std::atomic<int> grpc_loads{0};
-  tandem::testing::Gate release;  // the stalled loads wait here until the end
-  Start(true,
-        {.debug_before_load =
-             [&] {
-               if (!stall) return;
-               ++stalled_loads;
-               release.Pass();
-             }},
-        0, [&] { ++grpc_loads; });
+  Start(true, {.debug_before_load = stall.Hook()}, 0, [&] { ++grpc_loads; });
   Put("ns", 1, kBlock);
   KvStoreClient* client = Client({.rpc_deadline_ms = 300, .bulk_lookup = false});
   ASSERT_TRUE(Load(client, "ns", {1}, kBlock).results.ok());  // pools a connection
-  stall = true;
+  stall.on = true;
   Loaded a = Load(client, "ns", {1}, kBlock);
   EXPECT_EQ(a.results.status().code(), absl::StatusCode::kDeadlineExceeded) << a.results.status();
   EXPECT_THAT(a.results.status().message(), HasSubstr("did not answer"));
-  EXPECT_EQ(stalled_loads, 1) << "the load was sent again on a new connection";
+  EXPECT_EQ(stall.stalled, 1) << "the load was sent again on a new connection";
   EXPECT_EQ(grpc_loads, 0) << "the load was sent again over gRPC";
-  stall = false;
-  release.Open();
+  stall.on = false;
+  stall.gate.Open();
   Loaded b = Load(client, "ns", {1}, kBlock);
   ASSERT_TRUE(b.results.ok()) << b.results.status();
   EXPECT_TRUE((*b.results)[0].ok());

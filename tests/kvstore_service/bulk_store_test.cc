@@ -112,31 +112,22 @@ std::string Describe(const absl::StatusOr<std::vector<BlockStoreResult>>& r) {
 // neither again on a new connection nor over gRPC (BulkLoadTest's rule for
 // loads): the worker's sender thread moves on to the next batch.
 TEST_F(BulkStoreTest, ABatchTheStoreStallsOnFailsAfterOneDeadlineAndIsNotSentAgain) {
-  std::atomic<bool> stall{false};
-  std::atomic<int> stalled{0};
+  testutil::StallSwitch stall;
   std::atomic<int> grpc_stores{0};
-  tandem::testing::Gate release;
-  Start(true,
-        {.debug_before_store =
-             [&] {
-               if (!stall) return;
-               ++stalled;
-               release.Pass();
-             }},
-        [&] { ++grpc_stores; });
+  Start(true, {.debug_before_store = stall.Hook()}, [&] { ++grpc_stores; });
   KvStoreClient* client = Client(true, /*rpc_deadline_ms=*/300);
   Batch first, second;
   first.Add(1, TestPayload(1, kBlock));
   second.Add(2, TestPayload(2, kBlock));
   ASSERT_EQ(Describe(client->Store("ns", first.hashes, first.src())), "new ");  // pools
-  stall = true;
+  stall.on = true;
   auto stalled_store = client->Store("ns", second.hashes, second.src());
   EXPECT_EQ(stalled_store.status().code(), absl::StatusCode::kDeadlineExceeded)
       << Describe(stalled_store);
-  EXPECT_EQ(stalled, 1) << "the batch was sent again on a new connection";
+  EXPECT_EQ(stall.stalled, 1) << "the batch was sent again on a new connection";
   EXPECT_EQ(grpc_stores, 0) << "the batch was sent again over gRPC";
-  stall = false;
-  release.Open();
+  stall.on = false;
+  stall.gate.Open();
   Batch third;
   third.Add(3, TestPayload(3, kBlock));
   EXPECT_EQ(Describe(client->Store("ns", third.hashes, third.src())), "new ");

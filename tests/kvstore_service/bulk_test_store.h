@@ -3,7 +3,9 @@
 // namespaces.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -37,6 +39,23 @@ inline absl::StatusOr<std::unique_ptr<kvstore::KvStoreEngine>> OpenBulkTestStore
   }
   return store;
 }
+
+// A store that takes a call and stalls: Hook() goes in
+// BulkLoadServerOptions::debug_before_load / debug_before_store; while `on`,
+// each call it sees is counted in `stalled` and waits at `gate` until the
+// test opens it (as the gate's destructor does).
+struct StallSwitch {
+  std::atomic<bool> on{false};
+  std::atomic<int> stalled{0};
+  tandem::testing::Gate gate;
+  std::function<void()> Hook() {
+    return [this] {
+      if (!on) return;
+      ++stalled;
+      gate.Pass();
+    };
+  }
+};
 
 // Stores test block `id` (kvstore::testing::TestPayload) of `size` bytes.
 inline absl::Status PutTestBlock(kvstore::KvStoreEngine* store, const std::string& ns, uint64_t id,

@@ -150,13 +150,13 @@ TEST_F(LocalLoadTest, ALoadTheStoreStallsOnFailsAfterOneDeadlineAndGoesNowhereEl
   };
   ASSERT_TRUE(load().ok());  // pools a connection
   ASSERT_EQ((*client)->local_loads(), 1u);
-  stall_loads_ = true;
+  stall_.on = true;
   auto stalled = load();
   EXPECT_EQ(stalled.status().code(), absl::StatusCode::kDeadlineExceeded) << stalled.status();
-  EXPECT_EQ(stalled_loads_, 1) << "the load was sent again on a new connection or the bulk port";
+  EXPECT_EQ(stall_.stalled, 1) << "the load was sent again on a new connection or the bulk port";
   EXPECT_EQ(grpc_loads_, 0) << "the load was sent again over gRPC";
-  stall_loads_ = false;
-  stall_gate_.Open();
+  stall_.on = false;
+  stall_.gate.Open();
   auto after = load();
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_TRUE((*after)[0].ok());

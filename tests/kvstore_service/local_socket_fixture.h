@@ -37,10 +37,10 @@ class LocalSocketTest : public ::testing::Test {
     }
     ASSERT_TRUE(PutTestBlock(store_.get(), "big", 100, kBulkBigBlock).ok());
     socket_ = dir_.path() + "/kv.sock";
-    auto bulk = kvstore_service::BulkLoadServer::Start(
-        store_.get(), {.debug_before_load = [this] { StallPoint(); },
-                       .debug_before_store = [this] { StallPoint(); },
-                       .local_socket = socket_});
+    auto bulk =
+        kvstore_service::BulkLoadServer::Start(store_.get(), {.debug_before_load = stall_.Hook(),
+                                                              .debug_before_store = stall_.Hook(),
+                                                              .local_socket = socket_});
     ASSERT_TRUE(bulk.ok()) << bulk.status();
     bulk_ = std::move(*bulk);
     service_ = std::make_unique<kvstore_service::KvStoreServiceImpl>(
@@ -57,7 +57,7 @@ class LocalSocketTest : public ::testing::Test {
     client_ = std::move(*client);
   }
   void TearDown() override {
-    stall_gate_.Open();
+    stall_.gate.Open();
     if (map_ != nullptr) munmap(map_, map_size_);
     client_.reset();
     if (server_) server_->Shutdown();
@@ -100,19 +100,11 @@ class LocalSocketTest : public ::testing::Test {
     return std::move(*sock);
   }
 
-  // Where every load and store batch over the local socket and the bulk
-  // port starts: with stall_loads_ set, it counts the call and waits at
-  // stall_gate_ (a store that took the call and stalled).
-  void StallPoint() {
-    if (!stall_loads_) return;
-    ++stalled_loads_;
-    stall_gate_.Pass();
-  }
-  std::atomic<bool> stall_loads_{false};
-  std::atomic<int> stalled_loads_{0};
+  // Every load and store batch over the local socket and the bulk port
+  // passes it (a store that took the call and stalled).
+  StallSwitch stall_;
   std::atomic<int> grpc_loads_{0};
   std::atomic<int> grpc_stores_{0};
-  tandem::testing::Gate stall_gate_;
 
   kvstore::testing::TempDir dir_;
   std::string target_;      // the gRPC service's

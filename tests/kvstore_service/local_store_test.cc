@@ -271,13 +271,13 @@ TEST_F(LocalStoreTest, ABatchTheStoreStallsOnFailsAfterOneDeadlineAndGoesNowhere
   };
   ASSERT_TRUE(store(1).ok());  // pools a connection
   ASSERT_EQ((*client)->local_stores(), 1u);
-  stall_loads_ = true;
+  stall_.on = true;
   auto stalled = store(2);
   EXPECT_EQ(stalled.status().code(), absl::StatusCode::kDeadlineExceeded) << stalled.status();
-  EXPECT_EQ(stalled_loads_, 1) << "the batch was sent again on a new connection or the bulk port";
+  EXPECT_EQ(stall_.stalled, 1) << "the batch was sent again on a new connection or the bulk port";
   EXPECT_EQ(grpc_stores_, 0) << "the batch was sent again over gRPC";
-  stall_loads_ = false;
-  stall_gate_.Open();
+  stall_.on = false;
+  stall_.gate.Open();
   auto after = store(3);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_TRUE((*after)[0].status.ok()) << (*after)[0].status;

@@ -49,18 +49,14 @@
 // Every other field of vLLM's CompletionRequest and ChatCompletionRequest
 // is refused with a 400 that names it unless it has its neutral value
 // (absent, null, or the value that changes nothing; vllm_fields_test walks
-// vLLM's lists): presence/frequency/repetition
-// penalties, logit_bias, allowed_token_ids, logits_processors,
-// best_of > 1, use_beam_search, length_penalty, guided_* / structural_tag /
-// structured_outputs and response_format other than text, suffix,
-// prompt_embeds, tools with tool_choice other than "none" (with "none" the
-// tools are rendered into the chat prompt, and an assistant turn's
-// tool_calls arguments parsed into objects, as vLLM does), parallel_tool_calls, reasoning_effort,
-// include_reasoning false, documents,
-// a per-request chat_template, spaces_between_special_tokens false,
-// request_id, cache_salt (the server salts per API key), kv_transfer_params,
-// vllm_xargs, mm_processor_kwargs and media_io_kwargs; of OpenAI's chat
-// fields beyond vLLM's, those that change the answer: functions,
+// vLLM's lists): allowed_token_ids, logits_processors, best_of > 1, use_beam_search,
+// length_penalty, guided_* / structural_tag / structured_outputs and response_format other than
+// text, suffix, prompt_embeds, tools with tool_choice other than "none" (with "none" the tools are
+// rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
+// as vLLM does), parallel_tool_calls, reasoning_effort, include_reasoning false, documents, a
+// per-request chat_template, spaces_between_special_tokens false, request_id, cache_salt (the
+// server salts per API key), kv_transfer_params, vllm_xargs, mm_processor_kwargs and
+// media_io_kwargs; of OpenAI's chat fields beyond vLLM's, those that change the answer: functions,
 // function_call, audio, modalities other than ["text"], web_search_options
 // and verbosity; stream_options.include_obfuscation true. OpenAI's fields
 // that do not change the answer (prediction, store, metadata, service_tier,
@@ -143,9 +139,8 @@ struct CompletionRequest {
   // with add_generation_prompt, else the last message's role.
   std::string response_role = "assistant";
   // chat echo (vLLM's): the last message's content (non-empty parts joined
-  // by "\n")
-  // goes before the answer's content when that message's role is the
-  // answer's, "" otherwise; nullopt without echo.
+  // by "\n") goes before the answer's content when that message's role is
+  // the answer's, "" otherwise; nullopt without echo.
   std::optional<std::string> chat_echo;
   // nullopt: kDefaultCompletionsMaxTokens on /v1/completions (vLLM's
   // default), up to max_model_len on chat; either way at most what the
