@@ -5,8 +5,23 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "tandem/common/status.h"
 
 namespace tandem {
+namespace {
+
+// `what` names the list in the message ("stop token id 7 is outside ...").
+absl::Status IdsInVocabulary(std::span<const int32_t> ids, const char* what, int32_t vocab_size) {
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status SamplingParams::Validate(int32_t vocab_size) const {
   if (!std::isfinite(temperature) || temperature < 0.0f) {
@@ -68,20 +83,10 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     if (bad_words[i].empty()) {
       return absl::InvalidArgumentError(absl::StrCat("bad_words sequence ", i, " is empty"));
     }
-    for (int32_t id : bad_words[i]) {
-      if (id < 0 || id >= vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "bad_words token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
-      }
-    }
+    TANDEM_RETURN_IF_ERROR(IdsInVocabulary(bad_words[i], "bad_words token", vocab_size));
   }
-  for (int32_t id : stop_token_ids) {
-    if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stop token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
-    }
-  }
-  return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(IdsInVocabulary(allowed_token_ids, "allowed_token_ids token", vocab_size));
+  return IdsInVocabulary(stop_token_ids, "stop token", vocab_size);
 }
 
 absl::Status GenerationDefaults::Validate(int32_t vocab_size) const {

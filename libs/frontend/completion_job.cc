@@ -153,6 +153,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                                      .repetition_penalty = sampling.repetition_penalty,
                                      .logit_bias = request_.logit_bias,
                                      .bad_words = prompts_.bad_words,
+                                     .allowed_token_ids = request_.allowed_token_ids,
                                      .max_tokens = max_tokens,
                                      .min_tokens = request_.min_tokens,
                                      .ignore_eos = request_.ignore_eos,

@@ -125,6 +125,22 @@ std::optional<ApiError> ParseLogitBias(const Json* bias, CompletionRequest* out)
   return std::nullopt;
 }
 
+// A list of token ids (stop_token_ids, allowed_token_ids); ids outside
+// the vocabulary are the scheduler's to refuse (SamplingParams::Validate).
+std::optional<ApiError> ParseTokenIds(const Json* ids, const char* field,
+                                      std::vector<int32_t>* out) {
+  if (ids == nullptr) return std::nullopt;
+  const std::string message = absl::StrCat("'", field, "' must be a list of token ids");
+  if (!ids->is_array()) return BadRequest(message, field);
+  for (const Json& id : *ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+      return BadRequest(message, field);
+    }
+    out->push_back(id.get<int32_t>());
+  }
+  return std::nullopt;
+}
+
 // tools and tool_choice, as vLLM's check_tool_usage reads them: with tools,
 // tool_choice defaults to "auto"; "none" renders them into the prompt only;
 // "auto" also parses the answer's calls, which the server allows only under
@@ -315,15 +331,15 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   if (auto e = r.Int("n", 1, kMaxN, &v)) return e;
   out->n = static_cast<int32_t>(v.value_or(1));
   if (auto e = ParseStop(r.Find("stop"), out)) return e;
-  if (const Json* ids = r.Find("stop_token_ids")) {
-    if (!ids->is_array()) {
-      return BadRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids");
-    }
-    for (const Json& id : *ids) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-        return BadRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids");
-      }
-      out->stop_token_ids.push_back(id.get<int32_t>());
+  if (auto e = ParseTokenIds(r.Find("stop_token_ids"), "stop_token_ids", &out->stop_token_ids)) {
+    return e;
+  }
+  // vLLM refuses an empty list ("allowed_token_ids is not None and
+  // empty!"): it would allow nothing.
+  if (const Json* allowed = r.Find("allowed_token_ids")) {
+    if (auto e = ParseTokenIds(allowed, "allowed_token_ids", &out->allowed_token_ids)) return e;
+    if (out->allowed_token_ids.empty()) {
+      return BadRequest("'allowed_token_ids' must list at least one token id", "allowed_token_ids");
     }
   }
   if (const Json* words = r.Find("bad_words")) {

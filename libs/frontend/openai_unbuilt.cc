@@ -19,7 +19,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
       {"best_of", Json(1), "use n"},
       {"use_beam_search", Json(false), "beam search is not implemented"},
       {"length_penalty", Json(1), "beam search is not implemented"},
-      {"allowed_token_ids", Json(nullptr), "not implemented"},
       {"logits_processors", Json::array(), "not implemented"},
       {"spaces_between_special_tokens", Json(true),
        "special tokens decode as the tokenizer's decoder writes them"},

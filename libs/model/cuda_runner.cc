@@ -255,6 +255,8 @@ absl::StatusOr<std::vector<int32_t>> CudaRunnerBase::UploadDraws(
     a.banned_begin = static_cast<int32_t>(banned.size());
     a.penalty_begin = static_cast<int32_t>(history_begin);
     banned.insert(banned.end(), r.banned_token_ids.begin(), r.banned_token_ids.end());
+    banned.insert(banned.end(), r.params->allowed_token_ids.begin(),
+                  r.params->allowed_token_ids.end());
     args.push_back(a);
     rows.push_back(a.row);
   }

@@ -18,13 +18,19 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position, std::span<const int32_t> banned_token_ids,
                     std::span<const kernels::SamplePenalty> penalties) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
-  if (params.temperature == 0.0f && banned_token_ids.empty() && penalties.empty()) {
+  if (params.temperature == 0.0f && banned_token_ids.empty() && penalties.empty() &&
+      params.allowed_token_ids.empty()) {
     return kernels::ArgMax(logits.data(), vocab);
   }
-  return kernels::cpu::SampleRow(
-      logits.data(), vocab,
-      ToSampleArgs(params, output_position, banned_token_ids.size(), penalties.size()),
-      banned_token_ids.data(), penalties.data());
+  const kernels::SampleArgs args =
+      ToSampleArgs(params, output_position, banned_token_ids.size(), penalties.size());
+  if (params.allowed_token_ids.empty()) {
+    return kernels::cpu::SampleRow(logits.data(), vocab, args, banned_token_ids.data(),
+                                   penalties.data());
+  }
+  std::vector<int32_t> ids(banned_token_ids.begin(), banned_token_ids.end());  // then the allowed
+  ids.insert(ids.end(), params.allowed_token_ids.begin(), params.allowed_token_ids.end());
+  return kernels::cpu::SampleRow(logits.data(), vocab, args, ids.data(), penalties.data());
 }
 
 kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
@@ -40,6 +46,7 @@ kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_po
           .seed = params.seed.value_or(0),
           .position = output_position,
           .num_banned = static_cast<int32_t>(num_banned),
+          .num_allowed = static_cast<int32_t>(params.allowed_token_ids.size()),
           .presence_penalty = params.presence_penalty,
           .frequency_penalty = params.frequency_penalty,
           .repetition_penalty = params.repetition_penalty,

@@ -77,6 +77,7 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
   for (const std::vector<int32_t>& word : in.bad_words) {
     Assign(word, out->add_bad_words()->mutable_ids());
   }
+  Assign(in.allowed_token_ids, out->mutable_allowed_token_ids());
 }
 
 SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
@@ -101,6 +102,7 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
   for (const v1::TokenIdSequence& word : in.bad_words()) {
     out.bad_words.push_back(ToVector(word.ids()));
   }
+  out.allowed_token_ids = ToVector(in.allowed_token_ids());
   return out;
 }
 

@@ -43,6 +43,9 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.bad_words = {{3}, {}}}, "bad_words sequence 1 is empty");
   ExpectInvalid({.bad_words = {{3, 512}}}, "bad_words token id 512");
   EXPECT_TRUE((SamplingParams{.bad_words = {{0}, {511, 3}}}).Validate(512).ok());
+  ExpectInvalid({.allowed_token_ids = {3, 512}}, "allowed_token_ids token id 512");
+  ExpectInvalid({.allowed_token_ids = {-1}}, "allowed_token_ids token id -1");
+  EXPECT_TRUE((SamplingParams{.allowed_token_ids = {0, 511, 0}}).Validate(512).ok());
   ExpectInvalid({.max_tokens = 0}, "max_tokens");
   ExpectInvalid({.max_tokens = 4, .min_tokens = 5}, "min_tokens");
   ExpectInvalid({.stop_token_ids = {512}}, "stop token id 512");

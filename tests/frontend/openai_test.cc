@@ -231,6 +231,28 @@ TEST(OpenAiParseTest, LogitBiasParsesAsVllmReadsIt) {
   }
 }
 
+// vLLM's allowed_token_ids: a list of ids as sent (null: none); an empty
+// list is refused as vLLM refuses it, and so is anything but ids.
+TEST(OpenAiParseTest, AllowedTokenIdsParseAsVllmReadsThem) {
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(R"({"prompt":"x","allowed_token_ids":[7,3,7]})", Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.allowed_token_ids, (std::vector<int32_t>{7, 3, 7}));
+  CompletionRequest chat;
+  ASSERT_FALSE(Parse(R"({"messages":[{"role":"user","content":"x"}],"allowed_token_ids":[5]})",
+                     Endpoint::kChat, &chat));
+  EXPECT_EQ(chat.allowed_token_ids, (std::vector<int32_t>{5}));
+  CompletionRequest none;
+  ASSERT_FALSE(Parse(R"({"prompt":"x","allowed_token_ids":null})", Endpoint::kCompletions, &none));
+  EXPECT_TRUE(none.allowed_token_ids.empty());
+  for (const char* bad :
+       {R"({"prompt":"x","allowed_token_ids":[]})", R"({"prompt":"x","allowed_token_ids":5})",
+        R"({"prompt":"x","allowed_token_ids":[-1]})", R"({"prompt":"x","allowed_token_ids":[1.5]})",
+        R"({"prompt":"x","allowed_token_ids":["1"]})",
+        R"({"prompt":"x","allowed_token_ids":[99999999999]})"}) {
+    EXPECT_EQ(ErrorParam(bad), "allowed_token_ids") << bad;
+  }
+}
+
 // tool_choice as vLLM's check_tool_usage reads it: "auto" by default with
 // tools (the server then needs --enable-auto-tool-choice), "none" renders
 // them only; forcing a call needs structured outputs: refused by name.
@@ -262,7 +284,6 @@ TEST(OpenAiParseTest, ToolChoiceIsReadAsVllmReadsIt) {
 }
 
 TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
-  EXPECT_EQ(ErrorParam(R"({"prompt":"x","allowed_token_ids":[1]})"), "allowed_token_ids");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","best_of":2})"), "best_of");
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","suffix":"y"})"), "suffix");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],

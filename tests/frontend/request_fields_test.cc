@@ -272,6 +272,33 @@ TEST_F(FrontendRequestFieldsTest, LogitBiasIsForwardedToTheScheduler) {
   EXPECT_TRUE(scheduler_->requests().back().sampling().logit_bias().empty());
 }
 
+// vLLM's allowed_token_ids reach the scheduler as sent, on both endpoints;
+// the sampler's mask is SamplingProgramTest's and DifferentialTest's.
+TEST_F(FrontendRequestFieldsTest, AllowedTokenIdsAreForwardedToTheScheduler) {
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    Json body = {{"allowed_token_ids", {13, 7, 13}}};
+    if (path == "/v1/completions") {
+      body["prompt"] = "Once";
+    } else {
+      body["messages"] = {{{"role", "user"}, {"content", "Once"}}};
+    }
+    ASSERT_EQ(Post(path, body).status, 200);
+    const v1::SamplingParams sampling = scheduler_->requests().back().sampling();
+    EXPECT_EQ(std::vector<int32_t>(sampling.allowed_token_ids().begin(),
+                                   sampling.allowed_token_ids().end()),
+              (std::vector<int32_t>{13, 7, 13}))
+        << path;
+  }
+  ASSERT_EQ(Post("/v1/completions", {{"prompt", "Once"}}).status, 200);
+  EXPECT_EQ(scheduler_->requests().back().sampling().allowed_token_ids_size(), 0);
+  const size_t asked = scheduler_->requests().size();
+  const Result empty =
+      Post("/v1/completions", {{"prompt", "Once"}, {"allowed_token_ids", Json::array()}});
+  EXPECT_EQ(empty.status, 400);
+  EXPECT_EQ(empty.body["error"]["param"], "allowed_token_ids");
+  EXPECT_EQ(scheduler_->requests().size(), asked) << "a refused request reaches no scheduler";
+}
+
 // vLLM's bad_words reach the scheduler as token sequences, tokenized as
 // vLLM's update_from_tokenizer does: the word lstripped, without special
 // tokens; then with a space before it, kept only where that gives a new first

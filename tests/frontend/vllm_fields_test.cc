@@ -161,7 +161,11 @@ std::map<std::string, Treatment> Table(Endpoint e) {
                            "OpenAiParseTest.LogitBiasParsesAsVllmReadsIt, "
                            "FrontendRequestFieldsTest.LogitBiasIsForwardedToTheScheduler, "
                            "SamplingProgramTest.LogitBiasIsAddedBeforeThePenalties")},
-      {"allowed_token_ids", Refused({{"allowed_token_ids", {5}}})},
+      {"allowed_token_ids",
+       Built({{"allowed_token_ids", {5}}},
+             "OpenAiParseTest.AllowedTokenIdsParseAsVllmReadsThem, "
+             "FrontendRequestFieldsTest.AllowedTokenIdsAreForwardedToTheScheduler, "
+             "SamplingProgramTest.AllowedTokenIdsAreTheOnlyOnesDrawn, DifferentialTest")},
       {"bad_words", Built({{"bad_words", {"x"}}},
                           "FrontendRequestFieldsTest.BadWordsAreTokenizedAsVllmTokenizesThem, "
                           "DifferentialTest")},

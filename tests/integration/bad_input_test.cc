@@ -107,6 +107,13 @@ std::vector<BadCase> BadCases() {
   }
   {
     auto r = base();
+    r.mutable_sampling()->add_allowed_token_ids(5);
+    r.mutable_sampling()->add_allowed_token_ids(512);
+    cases.push_back({"allowed token outside vocab", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "allowed_token_ids token id 512 is outside the vocabulary [0, 512)"});
+  }
+  {
+    auto r = base();
     r.set_request_id("a\nforged log line");
     cases.push_back({"request_id with a newline", r, grpc::StatusCode::INVALID_ARGUMENT,
                      "request_id byte 1 is 0x0a"});

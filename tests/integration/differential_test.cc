@@ -27,6 +27,8 @@ namespace {
 int32_t BiasedToken(int i) { return 300 + i; }
 // The token of a request with bad_words (MakeWorkload), and the one after it.
 int32_t BadWordsToken(int i) { return 100 + 2 * i; }
+// The only tokens a request with allowed_token_ids draws (MakeWorkload).
+std::vector<int32_t> AllowedTokens(int i) { return {30 + i, 200 + i, 301 + 2 * i}; }
 
 std::vector<v1::GenerateRequest> MakeWorkload() {
   std::mt19937 rng(1234);
@@ -74,6 +76,9 @@ std::vector<v1::GenerateRequest> MakeWorkload() {
       v1::TokenIdSequence* word = r.mutable_sampling()->add_bad_words();
       word->add_ids(x);
       word->add_ids(x);
+    }
+    if (i % 17 == 8) {  // allowed_token_ids: greedy or sampled, none of them EOS
+      for (int32_t id : AllowedTokens(i)) r.mutable_sampling()->add_allowed_token_ids(id);
     }
     r.set_request_id("r" + std::to_string(i));
     requests.push_back(r);
@@ -212,6 +217,17 @@ void ExpectIdenticalTokensInEveryConfiguration(const std::string& dir, const Ser
       }
       EXPECT_EQ(baseline[i].tokens, alternating) << "request " << i;
       EXPECT_GT(baseline[i].tokens.size(), 2u) << "request " << i;
+    }
+    // allowed_token_ids: every token on the list, and without EOS on it no
+    // request stops before max_tokens.
+    if (requests[i].sampling().allowed_token_ids_size() > 0) {
+      const std::vector<int32_t> allowed = AllowedTokens(static_cast<int>(i));
+      for (int32_t t : baseline[i].tokens) {
+        EXPECT_NE(std::find(allowed.begin(), allowed.end(), t), allowed.end())
+            << "request " << i << " drew " << t;
+      }
+      EXPECT_EQ(std::ssize(baseline[i].tokens), requests[i].sampling().max_tokens())
+          << "request " << i;
     }
   }
 }

@@ -43,7 +43,8 @@ inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& 
 
 // Sampling draws over `rows` rows of a `vocab` vocabulary: every filter
 // (greedy, temperature, top-k, top-p, min-p and their mixes), banned ids,
-// penalties and logit biases, `draws` of them, drawing from rows in turn.
+// allowed lists (an id twice, one banned too), penalties and logit biases,
+// `draws` of them, drawing from rows in turn.
 struct SamplingCase {
   std::vector<int32_t> banned;
   std::vector<SamplePenalty> history;
@@ -70,6 +71,15 @@ inline SamplingCase MakeSamplingCase(int32_t vocab, int32_t rows, int32_t draws)
                       .repetition_penalty = j % 3 == 2 ? 1.3f : 1.0f,
                       .penalty_begin = j % 2,
                       .num_penalties = j % 3 == 2 ? 3 : 0});
+    if (j % 4 == 3 || j % 8 == 0) {  // its own list: banned ids, then allowed ones
+      SampleArgs& a = c.args.back();
+      a.num_banned = j % 8 == 7 ? 2 : 0;
+      a.banned_begin = static_cast<int32_t>(c.banned.size());
+      if (a.num_banned > 0) c.banned.insert(c.banned.end(), {3, vocab - 1});
+      const std::vector<int32_t> allowed = {9 % vocab, vocab - 3, 9 % vocab, 20 % vocab, 3, 5};
+      c.banned.insert(c.banned.end(), allowed.begin(), allowed.end());
+      a.num_allowed = static_cast<int32_t>(allowed.size());
+    }
   }
   return c;
 }

@@ -340,6 +340,57 @@ TEST(SamplingProgramTest, LogitBiasIsAddedBeforeThePenalties) {
   EXPECT_EQ(greedy({{0, 2.45f}, {1, -0.1f}}), 0);
 }
 
+// vLLM's allowed_token_ids (its mask sets every other logit to -inf): a
+// draw with the list is the draw from logits whose other ids are -inf,
+// greedy or not, with every filter, banned ids and penalties; through
+// SampleRows, whose params carry the list.
+TEST(SamplingProgramTest, AllowedTokenIdsAreTheOnlyOnesDrawn) {
+  std::mt19937 rng(11);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  int32_t outside_without_the_list = 0;
+  for (int32_t trial = 0; trial < 300; ++trial) {
+    const auto [vocab, logits, prompt, output] = RandomHistoryRow(rng, trial);
+    SamplingParams p{.temperature = trial % 3 == 0 ? 0.0f : 0.9f,
+                     .top_k = trial % 5 == 1 ? 3 : 0,
+                     .top_p = trial % 5 == 2 ? 0.8f : 1.0f,
+                     .min_p = trial % 5 == 3 ? 0.1f : 0.0f,
+                     .seed = rng()};
+    if (trial % 4 == 1) p.repetition_penalty = 1.4f;
+    for (int32_t j = 0; j < 1 + trial % 7; ++j) {  // ids may repeat
+      p.allowed_token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+    }
+    std::vector<int32_t> banned;
+    if (trial % 6 == 5) banned.push_back(p.allowed_token_ids[0]);
+    std::vector<float> masked(logits.size(), -kInf);
+    for (int32_t id : p.allowed_token_ids) masked[static_cast<size_t>(id)] = logits[id];
+    SamplingParams unlisted = p;
+    unlisted.allowed_token_ids.clear();
+    const int32_t position = static_cast<int32_t>(output.size());
+    const SampleRequest row{.params = &p,
+                            .output_position = position,
+                            .banned_token_ids = banned,
+                            .prompt_token_ids = prompt,
+                            .output_token_ids = output};
+    std::vector<int32_t> got;
+    SampleRows(logits, vocab, {&row, 1}, &got);
+    std::vector<kernels::SamplePenalty> history;
+    SampleAdjustments(unlisted, prompt, output, &history);
+    ASSERT_EQ(got[0], SampleToken(masked, unlisted, position, banned, history))
+        << "trial " << trial;
+    const auto& allowed = p.allowed_token_ids;
+    if (std::any_of(allowed.begin(), allowed.end(), [&](int32_t id) {
+          return std::find(banned.begin(), banned.end(), id) == banned.end();
+        })) {
+      EXPECT_NE(std::find(allowed.begin(), allowed.end(), got[0]), allowed.end())
+          << "trial " << trial;
+    }
+    const int32_t free_draw = SampleToken(logits, unlisted, position, banned, history);
+    outside_without_the_list +=
+        std::find(allowed.begin(), allowed.end(), free_draw) == allowed.end() ? 1 : 0;
+  }
+  EXPECT_GT(outside_without_the_list, 200);  // the lists decide the draws
+}
+
 // The program's list for one request: its history only with penalties,
 // its logit_bias ids always, each id once.
 TEST(SamplingProgramTest, SampleAdjustmentsListEachIdOnceWithItsBias) {

@@ -30,6 +30,7 @@ sched::SchedulerOutput MakeOutput() {
                    .repetition_penalty = 1.1f,
                    .logit_bias = {{2, -100.0f}, {17, 0.5f}, {300, 3.0f}},
                    .bad_words = {{9}, {5, 6, 7}},
+                   .allowed_token_ids = {40, 2, 40},
                    .seed = 1234567890123ull,
                    .max_tokens = 7,
                    .min_tokens = 2,
@@ -64,6 +65,7 @@ void ExpectEqual(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.repetition_penalty, b.repetition_penalty);
   EXPECT_EQ(a.logit_bias, b.logit_bias);  // sorted again after the map
   EXPECT_EQ(a.bad_words, b.bad_words);
+  EXPECT_EQ(a.allowed_token_ids, b.allowed_token_ids);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.max_tokens, b.max_tokens);
   EXPECT_EQ(a.min_tokens, b.min_tokens);

@@ -12,7 +12,8 @@
 // then apply_top_k_top_p; each filter is a threshold on the value, so ties
 // with the last kept token stay, as in vLLM's top-k):
 //  - logit_bias and vLLM's penalties on the logits (Penalize), then s_i = logit_i /
-//    temperature; banned ids count as -inf; m = max s;
+//    temperature; banned ids, and with an allowed list every id not on
+//    it, count as -inf; m = max s;
 //    e_i = exp(s_i - m), so the top token has e = 1.
 //  - min-p keeps e_i >= min_p (its share of the top token's probability);
 //  - top-k keeps e_i >= the k-th largest e of what min-p kept;
@@ -47,6 +48,10 @@ struct SampleArgs {
   int32_t row = 0;
   int32_t banned_begin = 0;
   int32_t num_banned = 0;
+  // vLLM's allowed_token_ids: when num_allowed > 0, the num_allowed ids
+  // that follow the row's banned ids in the list are the only ones drawn
+  // (every other logit counts as -inf).
+  int32_t num_allowed = 0;
   // vLLM's penalties (SamplingParams in tandem/common/sampling_params.h),
   // over the row's history, and its logit_bias: penalties[penalty_begin,
   // + num_penalties) of the launch's list, each token id once.
@@ -273,18 +278,31 @@ TANDEM_HD inline float LargestKept(float lo_value, const Keep& keep) {
 }
 
 // Samples one token from logits[0, vocab) (see the top of this file);
-// banned[0, num_banned) count as -inf, penalties[0, num_penalties) are the
-// row's history. Scratch: e[vocab]. Every lane (GPU thread) calls it and
-// gets the token.
+// banned[0, num_banned) count as -inf, and with num_allowed > 0 so does
+// every id not in banned[num_banned, num_banned + num_allowed);
+// penalties[0, num_penalties) are the row's history. Scratch: e[vocab].
+// Every lane (GPU thread) calls it and gets the token.
 TANDEM_HD inline int32_t SampleRowProgram(SampleShared& sh, const float* logits, int32_t vocab,
                                           const SampleArgs& a, const int32_t* banned,
                                           const SamplePenalty* penalties, float* e) {
   const bool greedy = a.temperature == 0.0f;
+  // An allowed list marks its ids in e (0, every other -inf), and the first
+  // pass below reads the mark before it writes the id's value: no list of
+  // the row's ids is sorted or searched.
+  const bool masked = a.num_allowed > 0;
+  if (masked) {
+    ForSampleElements(vocab, [&](int32_t i) { e[i] = -INFINITY; });
+    ForSampleElements(a.num_allowed, [&](int32_t j) {  // an id twice: two equal writes
+      const int32_t id = banned[a.num_banned + j];
+      if (id >= 0 && id < vocab) e[id] = 0.0f;
+    });
+  }
+  auto logit = [&](int32_t i) { return masked && e[i] != 0.0f ? -INFINITY : logits[i]; };
   if (a.num_penalties == 0) {
     ForSampleElements(
-        vocab, [&](int32_t i) { e[i] = greedy ? logits[i] : DivRn(logits[i], a.temperature); });
+        vocab, [&](int32_t i) { e[i] = greedy ? logit(i) : DivRn(logit(i), a.temperature); });
   } else {
-    ForSampleElements(vocab, [&](int32_t i) { e[i] = logits[i]; });
+    ForSampleElements(vocab, [&](int32_t i) { e[i] = logit(i); });
     ForSampleElements(a.num_penalties, [&](int32_t j) {  // each id once: no two lanes meet
       const SamplePenalty p = penalties[j];
       if (p.id >= 0 && p.id < vocab) e[p.id] = Penalize(e[p.id], p, a);

@@ -44,6 +44,12 @@ struct SamplingParams {
   // Greedy or not; log-probabilities stay the model's. Each sequence
   // non-empty, ids in the vocabulary.
   std::vector<std::vector<int32_t>> bad_words;
+  // vLLM's allowed_token_ids: when not empty, only these ids are ever drawn
+  // (every other logit counts as -inf, as vLLM's mask sets it), greedy or
+  // not; log-probabilities stay the model's. Ids in the vocabulary; an id
+  // may repeat. Empty = every id (the OpenAI layer refuses an empty list,
+  // as vLLM does).
+  std::vector<int32_t> allowed_token_ids;
   // Seed of the counter-based generator: tokens depend only on
   // (seed, output position), never on the batch. nullopt: the client gave
   // none; the scheduler then uses its own (--seed, else random) when it
@@ -77,9 +83,12 @@ struct SamplingParams {
   [[nodiscard]] bool HasPenalties() const {
     return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
   }
-  // Whether the sampler rewrites some logits (penalties or logit_bias), so
-  // that even a greedy draw goes through the sampling program.
-  [[nodiscard]] bool AdjustsLogits() const { return HasPenalties() || !logit_bias.empty(); }
+  // Whether the sampler rewrites some logits (penalties, logit_bias or
+  // allowed_token_ids), so that even a greedy draw goes through the
+  // sampling program.
+  [[nodiscard]] bool AdjustsLogits() const {
+    return HasPenalties() || !logit_bias.empty() || !allowed_token_ids.empty();
+  }
 };
 
 // The tokens `bad_words` bans after `output` (the output tokens so far, not

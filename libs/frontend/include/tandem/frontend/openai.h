@@ -23,33 +23,27 @@
 //   first min_tokens, as in vLLM; more than max_tokens, or than the context
 //   leaves, is a 400), seed, n, stop (string or list, matched on text, left
 //   out of the output unless include_stop_str_in_output), stop_token_ids,
-//   ignore_eos, stream, stream_options.include_usage and vLLM's
-//   stream_options.continuous_usage_stats, user,
-//   add_special_tokens, skip_special_tokens, and vLLM's
-//   include_stop_str_in_output, truncate_prompt_tokens (the last N prompt
-//   tokens; -1 = max_model_len; 0, < -1 and > max_model_len refused),
-//   priority (forwarded to the scheduler; lower = more important; a
-//   scheduler without --scheduling-policy priority refuses a non-zero one,
-//   as vLLM does) and return_token_ids
-//   (choices carry `token_ids`; `prompt_token_ids` is in each completions
-//   choice and beside chat's choices, in a stream with a choice's first
-//   chunk, as vLLM puts them: the documented way to see the ids).
-//   Log-probabilities (the scheduler's, vLLM's raw_logprobs: log-softmax of
-//   the raw logits, before temperature, top-k, top-p and min-p), each count
-//   in [0, the scheduler's --max-logprobs] (400 naming the field and the
-//   limit otherwise): completions' logprobs N (with echo the prompt's tokens
-//   come first, the first one unscored), chat's logprobs + top_logprobs N
-//   (top_logprobs > 0 without logprobs is a 400, as in vLLM), and vLLM's
-//   prompt_logprobs N (refused with stream, as vLLM does; a list per
-//   completions choice, one list on the chat response, as vLLM puts them).
-//   See the rendering functions below for the shapes and where vLLM and
-//   OpenAI differ.
+//   vLLM's allowed_token_ids and bad_words, ignore_eos, stream, stream_options.include_usage and
+//   vLLM's stream_options.continuous_usage_stats, user, add_special_tokens, skip_special_tokens,
+//   and vLLM's include_stop_str_in_output, truncate_prompt_tokens (the last N prompt tokens; -1 =
+//   max_model_len; 0, < -1 and > max_model_len refused), priority (forwarded to the scheduler;
+//   lower = more important; a scheduler without --scheduling-policy priority refuses a non-zero
+//   one, as vLLM does) and return_token_ids (choices carry `token_ids`; `prompt_token_ids` is in
+//   each completions choice and beside chat's choices, in a stream with a choice's first chunk, as
+//   vLLM puts them: the documented way to see the ids). Log-probabilities (the scheduler's, vLLM's
+//   raw_logprobs: log-softmax of the raw logits, before temperature, top-k, top-p and min-p), each
+//   count in [0, the scheduler's --max-logprobs] (400 naming the field and the limit otherwise):
+//   completions' logprobs N (with echo the prompt's tokens come first, the first one unscored),
+//   chat's logprobs + top_logprobs N (top_logprobs > 0 without logprobs is a 400, as in vLLM), and
+//   vLLM's prompt_logprobs N (refused with stream, as vLLM does; a list per completions choice, one
+//   list on the chat response, as vLLM puts them). See the rendering functions below for the shapes
+//   and where vLLM and OpenAI differ.
 // Text is the prompt-primed decode: Decode(prompt + output) minus
 // Decode(prompt), so the first word keeps its leading space as in vLLM.
 // Every other field of vLLM's CompletionRequest and ChatCompletionRequest
 // is refused with a 400 that names it unless it has its neutral value
 // (absent, null, or the value that changes nothing; vllm_fields_test walks
-// vLLM's lists): allowed_token_ids, logits_processors, best_of > 1, use_beam_search,
+// vLLM's lists): logits_processors, best_of > 1, use_beam_search,
 // length_penalty, guided_* / structural_tag / structured_outputs and response_format other than
 // text, suffix, prompt_embeds, tools with tool_choice other than "none" (with "none" the tools are
 // rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
@@ -166,6 +160,8 @@ struct CompletionRequest {
   int32_t n = 1;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
+  // vLLM's allowed_token_ids: not empty when sent (an empty list is a 400).
+  std::vector<int32_t> allowed_token_ids;
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage

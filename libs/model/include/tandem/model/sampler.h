@@ -20,8 +20,9 @@ namespace tandem::model {
 // `output_position`: index of the token being sampled among the request's
 // output tokens (0 for the first). Greedy ties go to the lowest id.
 // `banned_token_ids` are never drawn: their logits count as -inf (vLLM's
-// min-tokens processor: EOS and stop tokens below min_tokens). `penalties`:
-// the logits to rewrite (SampleAdjustments) when params adjusts any.
+// min-tokens processor: EOS and stop tokens below min_tokens), nor any id
+// outside params.allowed_token_ids when it lists some. `penalties`: the
+// logits to rewrite (SampleAdjustments) when params adjusts any.
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position, std::span<const int32_t> banned_token_ids = {},
                     std::span<const kernels::SamplePenalty> penalties = {});
@@ -31,8 +32,9 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
 inline constexpr float kMinSamplingTemperature = 0.01f;
 
 // The kernels' arguments for one draw (kernels/sampling.h), with
-// `num_banned` banned ids and `num_penalties` history entries; a
-// temperature in (0, kMinSamplingTemperature) raised to it.
+// `num_banned` banned ids, params.allowed_token_ids after them in the row's
+// list of ids, and `num_penalties` history entries; a temperature in
+// (0, kMinSamplingTemperature) raised to it.
 kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
                                  size_t num_banned = 0, size_t num_penalties = 0);
 
