@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "pythonic_tool_calls.h"
 
 namespace tandem::frontend {
 namespace {
@@ -39,6 +40,8 @@ void Dumps(const Json& v, std::string* out) {
       Dumps(v[i], out);
     }
     *out += ']';
+  } else if (v.is_number_float()) {
+    *out += internal::PythonFloatRepr(v.get<double>());  // 1e15 as 1000000000000000.0
   } else {
     *out += v.dump(-1, ' ', false, Json::error_handler_t::replace);
   }
@@ -150,11 +153,26 @@ ExtractedToolCalls ExtractLlama3Json(std::string_view text) {
 std::optional<ToolParser> ToolParserNamed(std::string_view name) {
   if (name == "hermes") return ToolParser::kHermes;
   if (name == "llama3_json" || name == "llama4_json") return ToolParser::kLlama3Json;
+  if (name == "pythonic") return ToolParser::kPythonic;
+  if (name == "llama4_pythonic") return ToolParser::kLlama4Pythonic;
   return std::nullopt;
 }
 
 ExtractedToolCalls ExtractToolCalls(ToolParser parser, std::string_view text) {
-  return parser == ToolParser::kHermes ? ExtractHermes(text) : ExtractLlama3Json(text);
+  switch (parser) {
+    case ToolParser::kHermes:
+      return ExtractHermes(text);
+    case ToolParser::kLlama3Json:
+      return ExtractLlama3Json(text);
+    case ToolParser::kPythonic:
+    case ToolParser::kLlama4Pythonic: {
+      ExtractedToolCalls out = internal::ExtractPythonicToolCalls(
+          text, /*llama4=*/parser == ToolParser::kLlama4Pythonic);
+      for (ToolCall& call : out.calls) call.id = ToolCallId();
+      return out;
+    }
+  }
+  return {.content = std::string(text)};
 }
 
 Json RenderToolCalls(const std::vector<ToolCall>& calls, bool with_index) {
@@ -172,13 +190,18 @@ Json RenderToolCalls(const std::vector<ToolCall>& calls, bool with_index) {
 
 std::string ToolCallStream::Push(std::string_view delta) {
   text_ += delta;
-  if (parser_ == ToolParser::kLlama3Json) {
-    // vLLM streams as a call only an answer that starts as one.
+  if (parser_ != ToolParser::kHermes) {
+    // vLLM streams as a call only an answer that starts as one: llama3_json's
+    // with "{" or <|python_tag|>, pythonic's with "[", llama4_pythonic's
+    // with "[" or <|python_start|>.
     if (!decided_) {
-      const bool could_be_tag = kPythonTag.substr(0, std::min(text_.size(), kPythonTag.size())) ==
-                                std::string_view(text_).substr(0, kPythonTag.size());
-      if (text_.empty() || (could_be_tag && text_.size() < kPythonTag.size())) return "";
-      in_call_ = text_[0] == '{' || could_be_tag;
+      const std::string_view tag = parser_ == ToolParser::kLlama3Json       ? kPythonTag
+                                   : parser_ == ToolParser::kLlama4Pythonic ? "<|python_start|>"
+                                                                            : "";
+      const bool could_be_tag = !tag.empty() && tag.substr(0, std::min(text_.size(), tag.size())) ==
+                                                    std::string_view(text_).substr(0, tag.size());
+      if (text_.empty() || (could_be_tag && text_.size() < tag.size())) return "";
+      in_call_ = text_[0] == (parser_ == ToolParser::kLlama3Json ? '{' : '[') || could_be_tag;
       decided_ = true;
     }
     if (in_call_) return "";

@@ -185,7 +185,8 @@ int main(int argc, char** argv) {
             "[vLLM] how answers write tool calls: hermes (<tool_call>{\"name\": ..., "
             "\"arguments\": ...}</tool_call>: Qwen2.5, Qwen3, Hermes), llama3_json or "
             "llama4_json ({\"name\": ..., \"parameters\": ...}: Llama 3.1-3.3 with vLLM's JSON "
-            "tool template); other parsers are refused");
+            "tool template), pythonic or llama4_pythonic ([f(a=1), g()]: Llama 3.2, Llama 4, "
+            "ToolACE); other parsers are refused");
   std::string reasoning_parser;
   flags.Add("reasoning-parser", &reasoning_parser,
             "[vLLM] chat and /v1/responses answers give the model's thinking "

@@ -399,32 +399,40 @@ TEST_F(FrontendToolCallsTest, AnAnswerWithoutAParsableCallIsContent) {
 
 // --tool-call-parser llama3_json: an answer that is the JSON call (Llama 3.1's
 // tool template) gives the call and content null, whole and streamed.
-TEST_F(FrontendToolCallsTest, Llama3JsonCallsComeBackWholeAndStreamed) {
-  frontend_ = StartFrontend(dir_, "frontend-llama", {scheduler_->address()},
-                            {"--tokenizer", kNpm + "qwen2", "--enable-auto-tool-choice",
-                             "--tool-call-parser", "llama3_json"});
-  Answer(R"({"name": "get_weather", "parameters": {"city":"Paris"}})");
-  auto [status, whole] = Post(Request(false));
-  ASSERT_EQ(status, 200) << whole.dump();
-  const Json& message = whole["choices"][0]["message"];
-  EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
-  EXPECT_TRUE(message["content"].is_null()) << whole.dump();
-  ASSERT_EQ(message["tool_calls"].size(), 1u);
-  EXPECT_EQ(message["tool_calls"][0]["function"],
-            Json({{"name", "get_weather"}, {"arguments", R"({"city": "Paris"})"}}));
-  std::vector<Json> chunks;
-  ASSERT_EQ(Post(Request(true), &chunks).first, 200);
-  Json calls = Json::array();
-  std::string content;
-  for (const Json& chunk : chunks) {
-    for (const Json& c : chunk["choices"]) {
-      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
-      for (const Json& t : c["delta"].value("tool_calls", Json::array())) calls.push_back(t);
+// The parsers other than hermes, each on an answer in its model's shape,
+// whole and streamed (held to the end: one delta per call, no content).
+TEST_F(FrontendToolCallsTest, Llama3JsonAndPythonicCallsComeBackWholeAndStreamed) {
+  for (const auto& [parser, answer] : std::vector<std::pair<std::string, std::string>>{
+           {"llama3_json", R"({"name": "get_weather", "parameters": {"city":"Paris"}})"},
+           {"pythonic", R"([get_weather(city="Paris")])"},
+           {"llama4_pythonic", R"([get_weather(city='Paris')])"}}) {
+    SCOPED_TRACE(parser);
+    frontend_ = StartFrontend(
+        dir_, "frontend-" + parser, {scheduler_->address()},
+        {"--tokenizer", kNpm + "qwen2", "--enable-auto-tool-choice", "--tool-call-parser", parser});
+    Answer(answer);
+    auto [status, whole] = Post(Request(false));
+    ASSERT_EQ(status, 200) << whole.dump();
+    const Json& message = whole["choices"][0]["message"];
+    EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
+    EXPECT_TRUE(message["content"].is_null()) << whole.dump();
+    ASSERT_EQ(message["tool_calls"].size(), 1u);
+    EXPECT_EQ(message["tool_calls"][0]["function"],
+              Json({{"name", "get_weather"}, {"arguments", R"({"city": "Paris"})"}}));
+    std::vector<Json> chunks;
+    ASSERT_EQ(Post(Request(true), &chunks).first, 200);
+    Json calls = Json::array();
+    std::string content;
+    for (const Json& chunk : chunks) {
+      for (const Json& c : chunk["choices"]) {
+        if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+        for (const Json& t : c["delta"].value("tool_calls", Json::array())) calls.push_back(t);
+      }
     }
+    EXPECT_EQ(content, "");
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0]["function"], message["tool_calls"][0]["function"]);
   }
-  EXPECT_EQ(content, "");
-  ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0]["function"], message["tool_calls"][0]["function"]);
 }
 
 // A tokenizer that names a "tool_use" template beside its default (Hermes
@@ -495,7 +503,7 @@ TEST(FrontendToolCallFlagsTest, UnknownParsersAndAutoWithoutOneAreRefused) {
             2)
       << out;
   EXPECT_NE(out.find("--tool-call-parser 'mistral' is not implemented (implemented: hermes, "
-                     "llama3_json, llama4_json)"),
+                     "llama3_json, llama4_json, pythonic, llama4_pythonic)"),
             std::string::npos)
       << out;
   EXPECT_EQ(

@@ -26,6 +26,11 @@
 // held to the end and extracted there; any other streams as content, and
 // carries no calls even if a later part would (vLLM's streams do the same;
 // its whole answers search the whole text).
+//
+// pythonic (Llama 3.2, ToolACE) and llama4_pythonic (Llama 4): an answer
+// that is a Python list of calls, [f(a=1), g()]; pythonic_tool_calls.h
+// says how it is read. Streams as llama3_json's, an answer that starts
+// with "[" (or <|python_start|> for llama4_pythonic) held to the end.
 #pragma once
 
 #include <optional>
@@ -37,11 +42,12 @@
 
 namespace tandem::frontend {
 
-enum class ToolParser { kHermes, kLlama3Json };
-// --tool-call-parser's names: hermes, llama3_json, llama4_json; nullopt for
-// any other.
+enum class ToolParser { kHermes, kLlama3Json, kPythonic, kLlama4Pythonic };
+// --tool-call-parser's names: hermes, llama3_json, llama4_json, pythonic,
+// llama4_pythonic; nullopt for any other.
 [[nodiscard]] std::optional<ToolParser> ToolParserNamed(std::string_view name);
-inline constexpr std::string_view kToolParserNames = "hermes, llama3_json, llama4_json";
+inline constexpr std::string_view kToolParserNames =
+    "hermes, llama3_json, llama4_json, pythonic, llama4_pythonic";
 
 struct ToolCall {
   std::string id;         // "chatcmpl-tool-" + 32 hex digits, as vLLM's
@@ -78,8 +84,8 @@ class ToolCallStream {
   ToolParser parser_;
   std::string text_;
   size_t released_ = 0;
-  bool in_call_ = false;  // hermes: past the first tag; llama3_json: starts as a call
-  bool decided_ = false;  // llama3_json: its first characters are in
+  bool in_call_ = false;  // hermes: past the first tag; the others: starts as a call
+  bool decided_ = false;  // not hermes: its first characters are in
 };
 
 }  // namespace tandem::frontend
