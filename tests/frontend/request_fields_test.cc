@@ -45,6 +45,17 @@ class FrontendRequestFieldsTest : public ::testing::Test {
                               {"--tokenizer", kTokenizer, "--chat-template", tmpl});
   }
 
+  // `body` with the prompt "Once": as completions' prompt, or as chat's one
+  // user message.
+  static Json WithOnce(const std::string& path, Json body) {
+    if (path == "/v1/completions") {
+      body["prompt"] = "Once";
+    } else {
+      body["messages"] = {{{"role", "user"}, {"content", "Once"}}};
+    }
+    return body;
+  }
+
   Result Post(const std::string& path, const Json& body) {
     httplib::Client client("http://" + frontend_.address());
     client.set_read_timeout(30, 0);
@@ -240,13 +251,7 @@ TEST_F(FrontendRequestFieldsTest, TruncatePromptTokensKeepsTheLastTokens) {
 TEST_F(FrontendRequestFieldsTest, PriorityIsForwardedToTheScheduler) {
   for (const int priority : {-3, 0, 7}) {
     for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
-      Json body = {{"priority", priority}};
-      if (path == "/v1/completions") {
-        body["prompt"] = "Once";
-      } else {
-        body["messages"] = {{{"role", "user"}, {"content", "Once"}}};
-      }
-      ASSERT_EQ(Post(path, body).status, 200);
+      ASSERT_EQ(Post(path, WithOnce(path, {{"priority", priority}})).status, 200);
       EXPECT_EQ(scheduler_->requests().back().priority(), priority) << path;
     }
   }
@@ -256,13 +261,7 @@ TEST_F(FrontendRequestFieldsTest, PriorityIsForwardedToTheScheduler) {
 
 TEST_F(FrontendRequestFieldsTest, LogitBiasIsForwardedToTheScheduler) {
   for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
-    Json body = {{"logit_bias", {{"13", 5}, {"7", -250}}}};
-    if (path == "/v1/completions") {
-      body["prompt"] = "Once";
-    } else {
-      body["messages"] = {{{"role", "user"}, {"content", "Once"}}};
-    }
-    ASSERT_EQ(Post(path, body).status, 200);
+    ASSERT_EQ(Post(path, WithOnce(path, {{"logit_bias", {{"13", 5}, {"7", -250}}}})).status, 200);
     const auto bias = scheduler_->requests().back().sampling().logit_bias();  // a copy
     EXPECT_EQ(bias.size(), 2u) << path;
     EXPECT_EQ(bias.at(13), 5.0f) << path;
@@ -276,13 +275,7 @@ TEST_F(FrontendRequestFieldsTest, LogitBiasIsForwardedToTheScheduler) {
 // the sampler's mask is SamplingProgramTest's and DifferentialTest's.
 TEST_F(FrontendRequestFieldsTest, AllowedTokenIdsAreForwardedToTheScheduler) {
   for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
-    Json body = {{"allowed_token_ids", {13, 7, 13}}};
-    if (path == "/v1/completions") {
-      body["prompt"] = "Once";
-    } else {
-      body["messages"] = {{{"role", "user"}, {"content", "Once"}}};
-    }
-    ASSERT_EQ(Post(path, body).status, 200);
+    ASSERT_EQ(Post(path, WithOnce(path, {{"allowed_token_ids", {13, 7, 13}}})).status, 200);
     const v1::SamplingParams sampling = scheduler_->requests().back().sampling();
     EXPECT_EQ(std::vector<int32_t>(sampling.allowed_token_ids().begin(),
                                    sampling.allowed_token_ids().end()),
@@ -311,13 +304,7 @@ TEST_F(FrontendRequestFieldsTest, BadWordsAreTokenizedAsVllmTokenizesThem) {
   ASSERT_EQ(time.size(), 1u);
   ASSERT_EQ(tok_->Encode(" time", {.add_special_tokens = false})->size(), 2u);
   for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
-    Json body = {{"bad_words", {"time", "  Once upon"}}};
-    if (path == "/v1/completions") {
-      body["prompt"] = "Once";
-    } else {
-      body["messages"] = {{{"role", "user"}, {"content", "Once"}}};
-    }
-    ASSERT_EQ(Post(path, body).status, 200);
+    ASSERT_EQ(Post(path, WithOnce(path, {{"bad_words", {"time", "  Once upon"}}})).status, 200);
     const v1::SamplingParams sampling = scheduler_->requests().back().sampling();
     ASSERT_EQ(sampling.bad_words_size(), 2) << path << ": " << sampling.DebugString();
     EXPECT_EQ(std::vector<int32_t>(sampling.bad_words(0).ids().begin(),
