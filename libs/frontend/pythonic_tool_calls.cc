@@ -1,7 +1,6 @@
 #include "pythonic_tool_calls.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -12,12 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "python_json.h"
 #include "re2/re2.h"
 
 namespace tandem::frontend::internal {
 namespace {
-
-using Json = nlohmann::ordered_json;
 
 // vLLM's TOOL_CALL_REGEX, matched at the start (re.match). Python's \w and
 // \s on a str are Unicode's; RE2's are ASCII, so they are spelled out.
@@ -37,24 +35,6 @@ const RE2& ToolCallPattern() {
 
 constexpr std::string_view kPythonStart = "<|python_start|>";
 constexpr std::string_view kPythonEnd = "<|python_end|>";
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    *out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    *out += static_cast<char>(0xC0 | (cp >> 6));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    *out += static_cast<char>(0xE0 | (cp >> 12));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    *out += static_cast<char>(0xF0 | (cp >> 18));
-    *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 bool IsIdentifierStart(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
@@ -184,9 +164,7 @@ class PyReader {
     }
   }
 
-  std::string Quoted(std::string_view text) const {
-    return Json(text).dump(-1, ' ', ascii_, Json::error_handler_t::replace);
-  }
+  std::string Quoted(std::string_view text) const { return PyJsonQuote(text, ascii_); }
 
   std::optional<std::string> Name() {
     Space();
@@ -691,40 +669,6 @@ class PyReader {
 };
 
 }  // namespace
-
-std::string PythonFloatRepr(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
-  char buf[64];
-  // The shortest digits that read back, as d.ddde+XX.
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::scientific);
-  std::string_view sci(buf, static_cast<size_t>(end - buf));
-  std::string sign;
-  if (sci.front() == '-') {
-    sign = "-";
-    sci.remove_prefix(1);
-  }
-  const size_t e = sci.find('e');
-  std::string digits;
-  for (char c : sci.substr(0, e)) {
-    if (c != '.') digits += c;
-  }
-  const int exponent = std::atoi(std::string(sci.substr(e + 1)).c_str());
-  const int point = exponent + 1;  // digits d1 d2 ... read as 0.d1d2... * 10^point
-  if (point <= -4 || point > 16) {
-    std::string mantissa = digits.substr(0, 1);
-    if (digits.size() > 1) mantissa += "." + digits.substr(1);
-    return absl::StrCat(sign, mantissa, "e", exponent < 0 ? "-" : "+",
-                        std::abs(exponent) < 10 ? "0" : "", std::abs(exponent));
-  }
-  if (point <= 0) return absl::StrCat(sign, "0.", std::string(static_cast<size_t>(-point), '0'), digits);
-  if (static_cast<size_t>(point) >= digits.size()) {
-    return absl::StrCat(sign, digits, std::string(static_cast<size_t>(point) - digits.size(), '0'),
-                        ".0");
-  }
-  return absl::StrCat(sign, digits.substr(0, static_cast<size_t>(point)), ".",
-                      digits.substr(static_cast<size_t>(point)));
-}
 
 ExtractedToolCalls ExtractPythonicToolCalls(std::string_view text, bool llama4) {
   std::string answer(text);

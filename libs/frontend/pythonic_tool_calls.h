@@ -34,9 +34,4 @@ namespace tandem::frontend::internal {
 
 [[nodiscard]] ExtractedToolCalls ExtractPythonicToolCalls(std::string_view text, bool llama4);
 
-// Python's repr of a float as json.dumps writes it: the shortest digits
-// that read back, exponent form below 1e-4 and from 1e16 on ("1e-05",
-// "1e+16"), ".0" on integral values, Infinity and NaN.
-[[nodiscard]] std::string PythonFloatRepr(double value);
-
 }  // namespace tandem::frontend::internal

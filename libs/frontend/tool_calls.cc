@@ -2,10 +2,9 @@
 
 #include <random>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
+#include "python_json.h"
 #include "pythonic_tool_calls.h"
 
 namespace tandem::frontend {
@@ -21,60 +20,43 @@ std::string ToolCallId() {
   return absl::StrFormat("chatcmpl-tool-%016x%016x", rng(), rng());
 }
 
-void Dumps(const Json& v, std::string* out) {
-  if (v.is_object()) {
-    *out += '{';
-    bool first = true;
-    for (const auto& [key, value] : v.items()) {
-      if (!first) *out += ", ";
-      first = false;
-      *out += Json(key).dump(-1, ' ', false, Json::error_handler_t::replace);
-      *out += ": ";
-      Dumps(value, out);
-    }
-    *out += '}';
-  } else if (v.is_array()) {
-    *out += '[';
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (i > 0) *out += ", ";
-      Dumps(v[i], out);
-    }
-    *out += ']';
-  } else if (v.is_number_float()) {
-    *out += internal::PythonFloatRepr(v.get<double>());  // 1e15 as 1000000000000000.0
-  } else {
-    *out += v.dump(-1, ' ', false, Json::error_handler_t::replace);
-  }
-}
-
 }  // namespace
 
-std::string PythonJsonDumps(const Json& value) {
-  std::string out;
-  Dumps(value, &out);
-  return out;
-}
-
 namespace {
+
+// A call's name and json.dumps of its arguments (ensure_ascii=False), or
+// nullopt where vLLM raises: the name must be a string (pydantic's
+// FunctionCall.name), the arguments present.
+// llama3_json reads "parameters" where "arguments" is missing.
+std::optional<ToolCall> CallOf(const internal::PyJson& call, bool parameters_alias) {
+  if (call.type != internal::PyJson::Type::kObject) return std::nullopt;
+  const internal::PyJson* name = call.Find("name");
+  const internal::PyJson* arguments = call.Find("arguments");
+  if (arguments == nullptr && parameters_alias) arguments = call.Find("parameters");
+  if (name == nullptr || name->type != internal::PyJson::Type::kString || arguments == nullptr) {
+    return std::nullopt;
+  }
+  return ToolCall{.id = ToolCallId(),
+                  .name = name->text,
+                  .arguments = internal::PyJsonDumps(*arguments, /*ensure_ascii=*/false)};
+}
 
 ExtractedToolCalls ExtractHermes(std::string_view text) {
   const size_t first = text.find(kStart);
   if (first == std::string_view::npos) return {.content = std::string(text)};
-  // vLLM's regex <tool_call>(.*?)</tool_call>|<tool_call>(.*), DOTALL.
+  // vLLM's regex <tool_call>(.*?)</tool_call>|<tool_call>(.*), DOTALL, each
+  // match through json.loads.
   ExtractedToolCalls out;
   for (size_t at = first; at != std::string_view::npos; at = text.find(kStart, at)) {
     const size_t body = at + kStart.size();
     const size_t end = text.find(kEnd, body);
     const std::string_view json =
         text.substr(body, end == std::string_view::npos ? std::string_view::npos : end - body);
-    const Json call = Json::parse(json, nullptr, /*allow_exceptions=*/false);
-    if (!call.is_object() || !call.contains("name") || !call["name"].is_string() ||
-        !call.contains("arguments")) {
-      return {.content = std::string(text)};
-    }
-    out.calls.push_back({.id = ToolCallId(),
-                         .name = call["name"].get<std::string>(),
-                         .arguments = PythonJsonDumps(call["arguments"])});
+    std::optional<internal::PyJson> loaded = internal::PyJsonLoads(json);
+    std::optional<ToolCall> call =
+        loaded ? CallOf(*loaded, /*parameters_alias=*/false) : std::nullopt;
+    if (!call) return {.content = std::string(text)};
+    out.calls.push_back(*std::move(call));
     at = end == std::string_view::npos ? end : end + kEnd.size();
   }
   if (first > 0) out.content = std::string(text.substr(0, first));
@@ -83,69 +65,24 @@ ExtractedToolCalls ExtractHermes(std::string_view text) {
 
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 
-// vLLM's {[^{}]*(?:{[^{}]*}[^{}]*)*} at `at`: the end of the match, or npos.
-// The classes exclude braces, so the match is unique: no backtracking.
-size_t MatchLlamaObject(std::string_view t, size_t at) {
-  if (at >= t.size() || t[at] != '{') return std::string_view::npos;
-  size_t i = at + 1;
-  for (;;) {
-    while (i < t.size() && t[i] != '{' && t[i] != '}') ++i;
-    if (i >= t.size()) return std::string_view::npos;
-    if (t[i] == '}') return i + 1;
-    ++i;  // an inner object: no braces until its end
-    while (i < t.size() && t[i] != '{' && t[i] != '}') ++i;
-    if (i >= t.size() || t[i] == '{') return std::string_view::npos;
-    ++i;
-  }
-}
-
-bool IsPythonSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-// The first match of the whole pattern, P(?:\s*;\s*P)*, as re.search finds
-// it: the leftmost start where P matches, then as many "; P" as follow.
-std::optional<std::string_view> SearchLlamaCalls(std::string_view t) {
-  for (size_t at = t.find('{'); at != std::string_view::npos; at = t.find('{', at + 1)) {
-    size_t end = MatchLlamaObject(t, at);
-    if (end == std::string_view::npos) continue;
-    for (;;) {
-      size_t i = end;
-      while (i < t.size() && IsPythonSpace(t[i])) ++i;
-      if (i >= t.size() || t[i] != ';') break;
-      ++i;
-      while (i < t.size() && IsPythonSpace(t[i])) ++i;
-      const size_t next = MatchLlamaObject(t, i);
-      if (next == std::string_view::npos) break;
-      end = next;
-    }
-    return t.substr(at, end - at);
-  }
-  return std::nullopt;
-}
-
+// vLLM's extract_tool_calls: JSONDecoder.raw_decode at every "{" that is
+// not inside (or right after: vLLM's end index is inclusive) an object read
+// before; each must be a call, or the whole text is content.
 ExtractedToolCalls ExtractLlama3Json(std::string_view text) {
   const ExtractedToolCalls none{.content = std::string(text)};
-  if (text.find(kPythonTag) == std::string_view::npos && text.find('{') == std::string_view::npos) {
-    return none;
-  }
-  const std::optional<std::string_view> found = SearchLlamaCalls(text);
-  if (!found) return none;
   ExtractedToolCalls out;  // content null, as vLLM's
-  for (absl::string_view piece :
-       absl::StrSplit(absl::string_view(found->data(), found->size()), ';')) {
-    piece = absl::StripAsciiWhitespace(piece);
-    if (piece.empty()) continue;
-    const Json call = Json::parse(std::string_view(piece.data(), piece.size()), nullptr,
-                                  /*allow_exceptions=*/false);
-    if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return none;
-    const auto args = call.contains("arguments") ? call.find("arguments") : call.find("parameters");
-    if (args == call.end()) return none;
-    out.calls.push_back({.id = ToolCallId(),
-                         .name = call["name"].get<std::string>(),
-                         .arguments = PythonJsonDumps(*args)});
+  size_t next = 0;         // the first "{" vLLM reads
+  for (size_t at = text.find('{'); at != std::string_view::npos; at = text.find('{', at + 1)) {
+    if (at < next) continue;
+    std::optional<std::pair<internal::PyJson, size_t>> decoded =
+        internal::PyJsonRawDecode(text, at);
+    if (!decoded) return none;
+    next = decoded->second + 1;
+    std::optional<ToolCall> call = CallOf(decoded->first, /*parameters_alias=*/true);
+    if (!call) return none;
+    out.calls.push_back(*std::move(call));
   }
-  return out;
+  return out.calls.empty() ? none : out;
 }
 
 }  // namespace

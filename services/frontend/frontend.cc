@@ -309,6 +309,9 @@ std::optional<ApiError> Frontend::ApplyServerOptions(CompletionRequest* request)
           "tool_choice");
     }
     request->tool_parser = options_.auto_tool_parser;
+    // vLLM's Hermes2ProToolParser.adjust_request: some models mark
+    // <tool_call> special, and a skipped tag would hide the call.
+    if (*request->tool_parser == ToolParser::kHermes) request->skip_special_tokens = false;
   }
   return std::nullopt;
 }

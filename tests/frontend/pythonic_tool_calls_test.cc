@@ -1,21 +1,18 @@
 // vLLM's pythonic and llama4_pythonic tool-call parsers
 // (pythonic_tool_calls.h): what they take out of an answer, written cases
 // first, then thousands of generated and mutated answers held to vLLM's
-// own steps run by Python's ast and json (vllm_pythonic_tool_parser.py).
+// own steps run by Python's ast and json (vllm_tool_parsers.py).
 #include "pythonic_tool_calls.h"
 
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "python_json.h"
 #include "tandem/frontend/tool_calls.h"
+#include "vllm_tool_reference.h"
 
 namespace tandem::frontend {
 namespace {
@@ -143,9 +140,6 @@ TEST(PythonicToolCallsTest, FloatsAreWrittenAsPythonsRepr) {
   EXPECT_EQ(PythonFloatRepr(1e300), "1e+300");
   EXPECT_EQ(PythonFloatRepr(5e-324), "5e-324");
   EXPECT_EQ(PythonFloatRepr(123456.789), "123456.789");
-  // hermes' arguments too (json.loads then json.dumps).
-  EXPECT_EQ(PythonJsonDumps(nlohmann::ordered_json::parse("[1e15, 2.0, 1e-7]")),
-            "[1000000000000000.0, 2.0, 1e-07]");
 }
 
 // Random answers in the shapes models write, and broken ones.
@@ -275,58 +269,18 @@ class AnswerGenerator {
 };
 
 TEST(PythonicToolCallsTest, GeneratedAnswersMatchVllmsStepsRunByPython) {
-  const std::string python = "/usr/bin/python3";
-  ASSERT_EQ(access(python.c_str(), X_OK), 0) << python << " (tools/install-deps.sh installs it)";
-  const std::string reference = std::string(TANDEM_TEST_SOURCE_DIR) + "/vllm_pythonic_tool_parser.py";
-  struct Case {
-    std::string text;
-    bool llama4;
-  };
-  std::vector<Case> cases;
+  std::vector<testing::ReferenceCase> cases;
   AnswerGenerator gen(20261202);
   for (int k = 0; k < 4000; ++k) {
     const bool llama4 = k % 4 == 3;
-    cases.push_back({gen.Answer(llama4), llama4});
+    cases.push_back(
+        {llama4 ? ToolParser::kLlama4Pythonic : ToolParser::kPythonic, gen.Answer(llama4)});
   }
-  Json input = Json::array();
-  for (const Case& c : cases) input.push_back({{"text", c.text}, {"llama4", c.llama4}});
-  char dir[] = "/tmp/pythonic-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string in_path = std::string(dir) + "/in.json";
-  std::ofstream(in_path) << input.dump();
-  FILE* pipe = popen((python + " " + reference + " " + in_path).c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buf[65536];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) output.append(buf, n);
-  ASSERT_EQ(pclose(pipe), 0) << output.substr(0, 2000);
-  const Json want = Json::parse(output);
-  ASSERT_EQ(want.size(), cases.size());
-  int with_calls = 0, mismatches = 0;
-  for (size_t k = 0; k < cases.size(); ++k) {
-    const ExtractedToolCalls got = ExtractToolCalls(
-        cases[k].llama4 ? ToolParser::kLlama4Pythonic : ToolParser::kPythonic, cases[k].text);
-    Calls want_calls;
-    if (!want[k]["calls"].is_null()) {
-      for (const Json& c : want[k]["calls"]) want_calls.emplace_back(c[0], c[1]);
-      ++with_calls;
-    }
-    const std::optional<std::string> want_content =
-        want[k]["content"].is_null() ? std::nullopt
-                                     : std::optional<std::string>(want[k]["content"]);
-    if (NamesAndArguments(got) != want_calls || got.content != want_content) {
-      if (++mismatches <= 10) {
-        ADD_FAILURE() << "answer " << k << (cases[k].llama4 ? " (llama4)" : "") << ":\n"
-                      << cases[k].text << "\nPython: " << want[k].dump()
-                      << "\nours: " << NamesAndArguments(got).size() << " calls"
-                      << (got.calls.empty() ? "" : ", first " + got.calls[0].arguments);
-      }
-    }
-  }
-  EXPECT_EQ(mismatches, 0);
+  const testing::ReferenceTally tally = testing::ExpectVllmsCalls(cases);
+  EXPECT_EQ(tally.mismatches, 0);
   // The corpus holds both kinds of answer.
-  EXPECT_GT(with_calls, 500);
-  EXPECT_LT(with_calls, 3500);
+  EXPECT_GT(tally.with_calls, 500);
+  EXPECT_LT(tally.with_calls, 3500);
 }
 
 }  // namespace

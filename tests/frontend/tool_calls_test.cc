@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "python_json.h"
+#include "vllm_tool_reference.h"
 
 namespace tandem::frontend {
 namespace {
@@ -65,11 +67,31 @@ TEST(ToolCallsTest, HermesCallsAreTakenOutAndTheTextBeforeIsTheContent) {
   }
 }
 
+// Python's json.loads then json.dumps, as vLLM rewrites a call's arguments.
 TEST(ToolCallsTest, ArgumentsAreWrittenAsPythonsJsonDumps) {
-  EXPECT_EQ(PythonJsonDumps(Json::parse(R"({"b":{"z":[],"a":{}},"a":[1,[2,3]],"s":"q\"\\é\u0001"})")),
-            R"({"b": {"z": [], "a": {}}, "a": [1, [2, 3]], "s": "q\"\\é\u0001"})");
-  EXPECT_EQ(PythonJsonDumps(Json::parse("[1.0, 1e20, 0.1, -0.5, 12345678901234]")),
-            "[1.0, 1e+20, 0.1, -0.5, 12345678901234]");
+  auto redump = [](std::string_view json, bool ascii = false) {
+    const std::optional<internal::PyJson> v = internal::PyJsonLoads(json);
+    return v ? internal::PyJsonDumps(*v, ascii) : std::string("<refused>");
+  };
+  EXPECT_EQ(redump(R"({"b":{"z":[],"a":{}},"a":[1,[2,3]],"s":"q\"\\é\u0001\/"})"),
+            R"({"b": {"z": [], "a": {}}, "a": [1, [2, 3]], "s": "q\"\\é\u0001/"})");
+  EXPECT_EQ(redump("[1.0, 1e20, 0.1, -0.5, 12345678901234, 1e15, -0, -0.0, 1E400]"),
+            "[1.0, 1e+20, 0.1, -0.5, 12345678901234, 1000000000000000.0, 0, -0.0, Infinity]");
+  // What Python reads and nlohmann would not: NaN, Infinity, big integers.
+  EXPECT_EQ(redump("[NaN, -Infinity, 123456789012345678901234567890]"),
+            "[NaN, -Infinity, 123456789012345678901234567890]");
+  // A repeated key: its first place, its last value.
+  EXPECT_EQ(redump(R"({"a": 1, "b": 2, "a": 3})"), R"({"a": 3, "b": 2})");
+  // Surrogate pairs join; ensure_ascii writes them back as pairs.
+  EXPECT_EQ(redump(R"(["\ud83d\ude00é\u007f"])"), "[\"😀é\x7f\"]");
+  EXPECT_EQ(redump(R"(["\ud83d\ude00é\u007f"])", true), R"(["\ud83d\ude00\u00e9\u007f"])");
+  // What Python refuses: trailing commas, control characters, bad escapes,
+  // extra data; a lone surrogate (Python keeps it; vLLM cannot send it).
+  for (const char* bad : {"[1,]", "{\"a\":1,}", "[\"a\nb\"]", R"(["\x41"])", "[1] 2", "[01]",
+                          R"(["\ud800"])", "[.5]", "[1.]", "{'a': 1}"}) {
+    EXPECT_EQ(redump(bad), "<refused>") << bad;
+  }
+  EXPECT_EQ(redump(" \n[1]\t "), "[1]");
 }
 
 // Pushes `answer` into a stream in random pieces of 1 to `max_piece` bytes:
@@ -120,7 +142,7 @@ TEST(ToolCallsTest, AStreamGivesTheWholeAnswersContentAndCallsForAnyCut) {
 // llama3_json: vLLM's pattern (objects nesting one level, joined by ";"),
 // "parameters" or "arguments", content null with calls, and its quirks:
 // braces inside strings count, a ";" inside a string splits.
-TEST(ToolCallsTest, Llama3JsonCallsFollowVllmsPattern) {
+TEST(ToolCallsTest, Llama3JsonCallsAreEveryObjectVllmDecodes) {
   using Calls = std::vector<std::pair<std::string, std::string>>;
   auto extract = [](std::string_view text) {
     return ExtractToolCalls(ToolParser::kLlama3Json, text);
@@ -134,11 +156,17 @@ TEST(ToolCallsTest, Llama3JsonCallsFollowVllmsPattern) {
   e = extract(R"(Sure! {"name": "a", "parameters": {}} ;  {"name": "b", "arguments": [1,2]} ok)");
   EXPECT_EQ(NamesAndArguments(e), (Calls{{"a", "{}"}, {"b", "[1, 2]"}}));
   EXPECT_FALSE(e.content.has_value()) << "null, whatever surrounds the calls";
+  // Any depth, and strings with braces and semicolons in them.
+  e = extract(R"({"name": "f", "parameters": {"a": {"b": {"c": "x;}{"}}}})");
+  EXPECT_EQ(NamesAndArguments(e), (Calls{{"f", R"({"a": {"b": {"c": "x;}{"}}})"}}));
+  // A "{" right after an object is skipped (vLLM's end index is inclusive),
+  // so the next call's inner object is read, and it is no call.
+  const std::string adjacent =
+      R"({"name": "a", "arguments": {}}{"name": "b", "arguments": {"x": 1}})";
+  EXPECT_EQ(extract(adjacent).content, adjacent);
   for (const std::string bad :
-       {R"({"name": "f", "parameters": {"a": {"b": 1}}})",  // the match is the inner object
-        R"({"name": "f"})", R"({"parameters": {}})", R"(use {x} here)",
-        R"({"name": "f", "parameters": {"s": "a;b"}})",  // split inside the string
-        R"({"name": 7, "parameters": {}})"}) {
+       {R"({"name": "f"})", R"({"parameters": {}})", R"(use {x} here)",
+        R"({"name": "f", "parameters": {}} and {oops})", R"({"name": 7, "parameters": {}})"}) {
     e = extract(bad);
     EXPECT_TRUE(e.calls.empty()) << bad;
     EXPECT_EQ(e.content, bad);
@@ -171,6 +199,122 @@ TEST(ToolCallsTest, Llama3JsonStreamsHoldOnlyAnAnswerThatStartsAsACall) {
       }
     }
   }
+}
+
+// Random hermes and llama3_json answers in the shapes models write, and
+// broken ones: JSON with Python's edge values (NaN, Infinity, big and
+// negative-zero integers, exponents, escapes, surrogate pairs, repeated
+// keys), objects nested deep, text around and between the calls.
+class JsonAnswerGenerator {
+ public:
+  explicit JsonAnswerGenerator(uint32_t seed) : rng_(seed) {}
+
+  std::string Answer(ToolParser parser) {
+    std::string out = Pick({"", "", "", "Sure! ", "Let me check.\n", "{x} ", "<|python_tag|>"});
+    const int n = 1 + Int(3);
+    for (int k = 0; k < n; ++k) {
+      if (parser == ToolParser::kHermes) {
+        if (k > 0) out += Pick({"\n", "", " and "});
+        out += "<tool_call>" + Pick({"\n", "", " "}) + Call(parser) + Pick({"\n", "", " "});
+        if (k + 1 < n || Chance(0.8)) out += "</tool_call>";
+      } else {
+        if (k > 0) out += Pick({"; ", ";", " ", "\n", "", " ; "});
+        out += Call(parser);
+      }
+    }
+    out += Pick({"", "", "", " ok", "\n{oops}", " }", "\n"});
+    if (Chance(0.2)) Mutate(&out);
+    return out;
+  }
+
+ private:
+  bool Chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+  int Int(int n) { return static_cast<int>(rng_() % static_cast<uint32_t>(n)); }
+  std::string Pick(std::initializer_list<const char*> options) {
+    return *(options.begin() + Int(static_cast<int>(options.size())));
+  }
+
+  std::string Call(ToolParser parser) {
+    std::vector<std::string> members;
+    members.push_back("\"name\"" + Pick({": ", ":", " : "}) +
+                      (Chance(0.95) ? Pick({"\"get_weather\"", "\"f\"", "\"search\"", "\"é\""})
+                                    : Pick({"7", "null", "[\"f\"]"})));
+    const char* key = parser == ToolParser::kHermes || Chance(0.5) ? "arguments" : "parameters";
+    if (Chance(0.97)) members.push_back("\"" + std::string(key) + "\": " + Value(0));
+    if (Chance(0.1)) members.push_back("\"name\": \"g\"");  // a repeated key
+    if (Chance(0.5)) std::swap(members.front(), members.back());
+    std::string out = "{";
+    for (size_t k = 0; k < members.size(); ++k) out += (k > 0 ? ", " : "") + members[k];
+    return out + "}";
+  }
+
+  std::string Value(int depth) {
+    switch (depth > 3 ? Int(4) : Int(9)) {
+      case 0:
+        return String();
+      case 1:
+        return Pick({"0", "-0", "7", "-12", "12345678901234567890123", "1.5", "-0.0", "1e15",
+                     "1E16", "1e-5", "2.5e-310", "1E400", "-1e400", "0.1", "100.0", "3.0e2"});
+      case 2:
+        return Pick({"true", "false", "null", "NaN", "Infinity", "-Infinity"});
+      case 3:
+        return Pick({"[]", "{}", "[ ]", "{ }"});
+      case 4:
+      case 5: {
+        std::string out = "[";
+        const int n = Int(4);
+        for (int k = 0; k < n; ++k) out += (k > 0 ? Pick({", ", ","}) : "") + Value(depth + 1);
+        return out + "]";
+      }
+      default: {
+        std::string out = "{";
+        const int n = Int(4);
+        for (int k = 0; k < n; ++k) {
+          out += (k > 0 ? Pick({", ", ","}) : "") + Pick({"\"city\"", "\"a\"", "\"a\"", "\"é\""}) +
+                 Pick({": ", ":"}) + Value(depth + 1);
+        }
+        return out + "}";
+      }
+    }
+  }
+
+  std::string String() {
+    std::string out = "\"";
+    const int n = Int(4);
+    for (int k = 0; k < n; ++k) {
+      out += Pick({"Paris", " ", "é", "😀", "\\n", "\\\"", "\\\\", "\\/", "\\u00e9",
+                   "\\ud83d\\ude00", "\\u0000", "{", "}", ";", "<tool_call>", "\\t"});
+    }
+    return out + "\"";
+  }
+
+  // Deletes a character or inserts one, at a character's start (UTF-8).
+  void Mutate(std::string* s) {
+    size_t at = rng_() % (s->size() + 1);
+    while (at < s->size() && (static_cast<unsigned char>((*s)[at]) & 0xC0) == 0x80) ++at;
+    if (Chance(0.5) && at < s->size()) {
+      size_t end = at + 1;
+      while (end < s->size() && (static_cast<unsigned char>((*s)[end]) & 0xC0) == 0x80) ++end;
+      s->erase(at, end - at);
+    } else {
+      s->insert(at, Pick({"{", "}", "\"", ",", ":", "\\", " ", "[", "]", "\n"}));
+    }
+  }
+
+  std::mt19937 rng_;
+};
+
+TEST(ToolCallsTest, GeneratedJsonAnswersMatchVllmsStepsRunByPython) {
+  std::vector<testing::ReferenceCase> cases;
+  JsonAnswerGenerator gen(20261203);
+  for (int k = 0; k < 3000; ++k) {
+    const ToolParser parser = k % 2 == 0 ? ToolParser::kHermes : ToolParser::kLlama3Json;
+    cases.push_back({parser, gen.Answer(parser)});
+  }
+  const testing::ReferenceTally tally = testing::ExpectVllmsCalls(cases);
+  EXPECT_EQ(tally.mismatches, 0);
+  EXPECT_GT(tally.with_calls, 600);  // both kinds of answer
+  EXPECT_LT(tally.with_calls, 2700);
 }
 
 }  // namespace

@@ -397,6 +397,22 @@ TEST_F(FrontendToolCallsTest, AnAnswerWithoutAParsableCallIsContent) {
   }
 }
 
+// hermes keeps special tokens in the text it parses (vLLM's
+// Hermes2ProToolParser.adjust_request: some models mark <tool_call>
+// special), so a request it parses shows them; one with tool_choice "none"
+// does not.
+TEST_F(FrontendToolCallsTest, HermesKeepsSpecialTokensInTheAnswer) {
+  Answer("Hi<|im_start|>there");
+  auto [status, whole] = Post(Request(false));
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(whole["choices"][0]["message"]["content"], "Hi<|im_start|>there");
+  Json none = Request(false);
+  none["tool_choice"] = "none";
+  auto [none_status, plain] = Post(none);
+  ASSERT_EQ(none_status, 200);
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], "Hithere");
+}
+
 // --tool-call-parser llama3_json: an answer that is the JSON call (Llama 3.1's
 // tool template) gives the call and content null, whole and streamed.
 // The parsers other than hermes, each on an answer in its model's shape,

@@ -15,13 +15,14 @@
 // (its calls in one delta each, which OpenAI clients accumulate).
 //
 // llama3_json (Llama 3.1 to 3.3 with vLLM's JSON tool template; Llama 4's
-// llama4_json is the same parser):
-//  - the first match of vLLM's pattern: an object whose values nest at most
-//    one object deep, braces counted without regard to strings, then more
-//    such objects after ";" separators; each piece between semicolons must
-//    load as JSON with "name" and "arguments" (else "parameters");
+// llama4_json is the same parser), as vLLM's current parser reads an answer:
+//  - Python's JSONDecoder.raw_decode at every "{" not inside (or right
+//    after) an object read before, nested to any depth; each must load as
+//    an object with a string "name" and "arguments" (else "parameters");
 //  - with calls, the content is null, whatever text surrounds them; any
-//    piece that does not load leaves the whole text as content.
+//    "{" that does not load as a call leaves the whole text as content.
+// JSON is read and written as Python's json module (python_json.h):
+// NaN and Infinity, integers of any size, a repeated key's last value.
 // Streams, as vLLM's: an answer that starts with "{" (or <|python_tag|>) is
 // held to the end and extracted there; any other streams as content, and
 // carries no calls even if a later part would (vLLM's streams do the same;
@@ -61,10 +62,6 @@ struct ExtractedToolCalls {
 };
 
 [[nodiscard]] ExtractedToolCalls ExtractToolCalls(ToolParser parser, std::string_view text);
-
-// Python's json.dumps(value, ensure_ascii=False): ", " and ": " separators,
-// keys in their order, non-ASCII as is.
-[[nodiscard]] std::string PythonJsonDumps(const nlohmann::ordered_json& value);
 
 // The OpenAI message's tool_calls list (streams add "index").
 [[nodiscard]] nlohmann::ordered_json RenderToolCalls(const std::vector<ToolCall>& calls,
