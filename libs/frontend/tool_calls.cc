@@ -14,6 +14,23 @@ using Json = nlohmann::ordered_json;
 
 constexpr std::string_view kStart = "<tool_call>";
 constexpr std::string_view kEnd = "</tool_call>";
+constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
+
+// The tag from which hermes and mistral streams hold the answer.
+std::string_view HeldFrom(ToolParser parser) {
+  return parser == ToolParser::kMistral ? kMistralStart : kStart;
+}
+
+// Mistral's ids: 9 letters and digits (mistral_common's validator, which
+// Mistral's chat templates enforce when the call comes back).
+std::string MistralToolCallId() {
+  static constexpr std::string_view kAlphanumeric =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string id;
+  for (int k = 0; k < 9; ++k) id += kAlphanumeric[rng() % kAlphanumeric.size()];
+  return id;
+}
 
 std::string ToolCallId() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -65,6 +82,64 @@ ExtractedToolCalls ExtractHermes(std::string_view text) {
 
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 
+// A list of {"name": str, "arguments": ...} objects as calls; nullopt for
+// anything else. `verbatim_string_arguments`: a string's arguments go out
+// as the string (vLLM's regex fallback passes them unencoded) and others
+// are refused (there vLLM's FunctionCall refuses them).
+std::optional<std::vector<ToolCall>> MistralCalls(const internal::PyJson& list,
+                                                  bool verbatim_string_arguments) {
+  if (list.type != internal::PyJson::Type::kArray) return std::nullopt;
+  std::vector<ToolCall> calls;
+  for (const internal::PyJson& item : list.items) {
+    std::optional<ToolCall> call = CallOf(item, /*parameters_alias=*/false);
+    if (!call) return std::nullopt;
+    if (verbatim_string_arguments) {
+      const internal::PyJson& arguments = *item.Find("arguments");
+      if (arguments.type != internal::PyJson::Type::kString) return std::nullopt;
+      call->arguments = arguments.text;
+    }
+    call->id = MistralToolCallId();
+    calls.push_back(*std::move(call));
+  }
+  return calls;
+}
+
+// Python's str.strip() set, ASCII only.
+bool IsPythonSpace(char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f');
+}
+
+// vLLM's mistral parser with a Hugging Face tokenizer (its "pre-v11"
+// path): content[TOOL_CALLS] [{"name": ..., "arguments": ...}, ...].
+ExtractedToolCalls ExtractMistral(std::string_view text) {
+  const ExtractedToolCalls none{.content = std::string(text)};
+  const size_t first = text.find(kMistralStart);
+  if (first == std::string_view::npos) return none;
+  std::string_view rest = text.substr(first + kMistralStart.size());
+  if (rest.find(kMistralStart) != std::string_view::npos) return none;  // vLLM raises
+  while (!rest.empty() && IsPythonSpace(rest.front())) rest.remove_prefix(1);
+  while (!rest.empty() && IsPythonSpace(rest.back())) rest.remove_suffix(1);
+  std::optional<std::vector<ToolCall>> calls;
+  if (std::optional<internal::PyJson> list = internal::PyJsonLoads(rest)) {
+    calls = MistralCalls(*list, /*verbatim_string_arguments=*/false);
+  } else {
+    // vLLM's fallback, the regex \[{.*}\] (DOTALL): from the first "[{" to
+    // the last "}]" after it.
+    const size_t open = rest.find("[{");
+    const size_t close = rest.rfind("}]");
+    if (open == std::string_view::npos || close == std::string_view::npos || close < open) {
+      return none;
+    }
+    std::optional<internal::PyJson> found =
+        internal::PyJsonLoads(rest.substr(open, close + 2 - open));
+    if (found) calls = MistralCalls(*found, /*verbatim_string_arguments=*/true);
+  }
+  if (!calls) return none;
+  ExtractedToolCalls out{.calls = *std::move(calls)};
+  if (first > 0) out.content = std::string(text.substr(0, first));
+  return out;
+}
+
 // vLLM's extract_tool_calls: JSONDecoder.raw_decode at every "{" that is
 // not inside (or right after: vLLM's end index is inclusive) an object read
 // before; each must be a call, or the whole text is content.
@@ -92,6 +167,7 @@ std::optional<ToolParser> ToolParserNamed(std::string_view name) {
   if (name == "llama3_json" || name == "llama4_json") return ToolParser::kLlama3Json;
   if (name == "pythonic") return ToolParser::kPythonic;
   if (name == "llama4_pythonic") return ToolParser::kLlama4Pythonic;
+  if (name == "mistral") return ToolParser::kMistral;
   return std::nullopt;
 }
 
@@ -101,6 +177,8 @@ ExtractedToolCalls ExtractToolCalls(ToolParser parser, std::string_view text) {
       return ExtractHermes(text);
     case ToolParser::kLlama3Json:
       return ExtractLlama3Json(text);
+    case ToolParser::kMistral:
+      return ExtractMistral(text);
     case ToolParser::kPythonic:
     case ToolParser::kLlama4Pythonic: {
       ExtractedToolCalls out = internal::ExtractPythonicToolCalls(
@@ -127,7 +205,7 @@ Json RenderToolCalls(const std::vector<ToolCall>& calls, bool with_index) {
 
 std::string ToolCallStream::Push(std::string_view delta) {
   text_ += delta;
-  if (parser_ != ToolParser::kHermes) {
+  if (parser_ != ToolParser::kHermes && parser_ != ToolParser::kMistral) {
     // vLLM streams as a call only an answer that starts as one: llama3_json's
     // with "{" or <|python_tag|>, pythonic's with "[", llama4_pythonic's
     // with "[" or <|python_start|>.
@@ -148,14 +226,15 @@ std::string ToolCallStream::Push(std::string_view delta) {
   }
   if (in_call_) return "";
   // Held tails are prefixes of the tag, so a tag starts at released_ or later.
-  size_t until = text_.find(kStart, released_);
+  const std::string_view tag = HeldFrom(parser_);
+  size_t until = text_.find(tag, released_);
   if (until != std::string::npos) {
     in_call_ = true;
   } else {
     // Hold a tail that may be the start of the tag.
     until = text_.size();
-    for (size_t k = std::min(kStart.size() - 1, text_.size()); k > 0; --k) {
-      if (std::string_view(text_).substr(text_.size() - k) == kStart.substr(0, k)) {
+    for (size_t k = std::min(tag.size() - 1, text_.size()); k > 0; --k) {
+      if (std::string_view(text_).substr(text_.size() - k) == tag.substr(0, k)) {
         until = text_.size() - k;
         break;
       }

@@ -309,9 +309,13 @@ std::optional<ApiError> Frontend::ApplyServerOptions(CompletionRequest* request)
           "tool_choice");
     }
     request->tool_parser = options_.auto_tool_parser;
-    // vLLM's Hermes2ProToolParser.adjust_request: some models mark
-    // <tool_call> special, and a skipped tag would hide the call.
-    if (*request->tool_parser == ToolParser::kHermes) request->skip_special_tokens = false;
+    // vLLM's hermes and mistral adjust_request: some models mark
+    // <tool_call> special, Mistral's tokenizer [TOOL_CALLS], and a skipped
+    // tag would hide the call.
+    if (*request->tool_parser == ToolParser::kHermes ||
+        *request->tool_parser == ToolParser::kMistral) {
+      request->skip_special_tokens = false;
+    }
   }
   return std::nullopt;
 }

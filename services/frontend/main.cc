@@ -186,7 +186,8 @@ int main(int argc, char** argv) {
             "\"arguments\": ...}</tool_call>: Qwen2.5, Qwen3, Hermes), llama3_json or "
             "llama4_json ({\"name\": ..., \"parameters\": ...}: Llama 3.1-3.3 with vLLM's JSON "
             "tool template), pythonic or llama4_pythonic ([f(a=1), g()]: Llama 3.2, Llama 4, "
-            "ToolACE); other parsers are refused");
+            "ToolACE), mistral ([TOOL_CALLS] [{\"name\": ..., \"arguments\": ...}]: Mistral 7B "
+            "Instruct v0.3); other parsers are refused");
   std::string reasoning_parser;
   flags.Add("reasoning-parser", &reasoning_parser,
             "[vLLM] chat and /v1/responses answers give the model's thinking "

@@ -12,7 +12,7 @@
      (additionalProperties), and each bad value fails `helm template` with a
      schema error: replicas=-1, worker.backend=tpu, kvstore.durability=never,
      scheduler.maxNumSeqss=4 (a typo), worker.gpus=2,
-     frontend.toolCallParser=mistral (a parser the frontend refuses).
+     frontend.toolCallParser=granite (a parser the frontend refuses).
   4. Flags: every flag the chart passes (defaults and all-on, extraArgs
      included) is one the built binary's --help lists.
   5. Probes: liveness and startup on "tandem.liveness", readiness on the
@@ -176,7 +176,7 @@ BAD_VALUES = {
     "kvstore.durability=never": "/kvstore/durability",
     "scheduler.maxNumSeqss=4": "maxNumSeqss",
     "worker.gpus=2": "/worker/gpus",
-    "frontend.toolCallParser=mistral": "/frontend/toolCallParser",
+    "frontend.toolCallParser=granite": "/frontend/toolCallParser",
 }
 
 

@@ -106,11 +106,52 @@ def llama3_json(text):
     return (calls, None) if calls else (None, text)
 
 
+MISTRAL_REGEX = re.compile(r"\[{.*}\]", re.DOTALL)
+
+
+def mistral(text):
+    """vLLM's MistralToolParser with a Hugging Face tokenizer (its pre-v11
+    path). Where vLLM raises out of extract_tool_calls (and fails the
+    request), and where nothing loads (vLLM's content is then the text after
+    the tag alone), tandem answers the whole text as content; so does this."""
+    bot = "[TOOL_CALLS]"
+    if bot not in text:
+        return None, text
+    try:
+        parts = text.split(bot)
+        content, raw_tool_calls = parts[0], parts[1:]
+        if len(raw_tool_calls) != 1:
+            raise ValueError("Only one BOT token should have been outputted")
+        stringified = raw_tool_calls[0].strip()
+        try:
+            tool_calls = json.loads(stringified)
+        except json.JSONDecodeError:
+            try:
+                tool_calls = json.loads(MISTRAL_REGEX.findall(stringified)[0])
+            except (IndexError, json.JSONDecodeError):
+                return None, text
+        else:
+            tool_calls = [{"name": c["name"], "arguments": json.dumps(c["arguments"],
+                                                                       ensure_ascii=False)}
+                          for c in tool_calls]
+        calls = []
+        for c in tool_calls:  # MistralToolCall(function=FunctionCall(...))
+            if not isinstance(c["name"], str) or not isinstance(c["arguments"], str):
+                raise ValueError("FunctionCall's name and arguments must be str")
+            c["arguments"].encode("utf-8")
+            calls.append([c["name"], c["arguments"]])
+        return calls, content if content else None
+    except Exception:
+        return None, text
+
+
 def extract(text, parser):
     if parser in ("pythonic", "llama4_pythonic"):
         calls, content = pythonic(text, parser == "llama4_pythonic")
     elif parser == "hermes":
         calls, content = hermes(text)
+    elif parser == "mistral":
+        calls, content = mistral(text)
     else:
         calls, content = llama3_json(text)
     return {"calls": calls, "content": content}

@@ -38,6 +38,8 @@ inline const char* ParserName(ToolParser parser) {
       return "pythonic";
     case ToolParser::kLlama4Pythonic:
       return "llama4_pythonic";
+    case ToolParser::kMistral:
+      return "mistral";
   }
   return "";
 }

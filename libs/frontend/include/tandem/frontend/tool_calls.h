@@ -28,6 +28,21 @@
 // carries no calls even if a later part would (vLLM's streams do the same;
 // its whole answers search the whole text).
 //
+// mistral (Mistral 7B Instruct v0.3 and the Mistral models whose Hugging
+// Face tokenizer writes [TOOL_CALLS] before a JSON list of calls), as
+// vLLM's parser reads it with such a tokenizer:
+//  - the text after the one [TOOL_CALLS], stripped, must load as a list of
+//    objects with a string "name" and "arguments" (json.dumps'd); where it
+//    does not load, vLLM's fallback reads from its first "[{" to its last
+//    "}]", whose arguments must then be strings (passed as they are);
+//  - the content is the text before the tag (null when empty); calls get
+//    Mistral's 9-character ids, which its chat templates demand back;
+//  - anything else leaves the whole text as content. vLLM fails the
+//    request outright where a second [TOOL_CALLS] follows, where the JSON
+//    is no list of calls, or where the fallback's arguments are no strings,
+//    and where nothing loads its content drops the text before the tag.
+// Streams as hermes', held from [TOOL_CALLS] on.
+//
 // pythonic (Llama 3.2, ToolACE) and llama4_pythonic (Llama 4): an answer
 // that is a Python list of calls, [f(a=1), g()]; pythonic_tool_calls.h
 // says how it is read. Streams as llama3_json's, an answer that starts
@@ -43,12 +58,12 @@
 
 namespace tandem::frontend {
 
-enum class ToolParser { kHermes, kLlama3Json, kPythonic, kLlama4Pythonic };
+enum class ToolParser { kHermes, kLlama3Json, kPythonic, kLlama4Pythonic, kMistral };
 // --tool-call-parser's names: hermes, llama3_json, llama4_json, pythonic,
-// llama4_pythonic; nullopt for any other.
+// llama4_pythonic, mistral; nullopt for any other.
 [[nodiscard]] std::optional<ToolParser> ToolParserNamed(std::string_view name);
 inline constexpr std::string_view kToolParserNames =
-    "hermes, llama3_json, llama4_json, pythonic, llama4_pythonic";
+    "hermes, llama3_json, llama4_json, pythonic, llama4_pythonic, mistral";
 
 struct ToolCall {
   std::string id;         // "chatcmpl-tool-" + 32 hex digits, as vLLM's
@@ -81,7 +96,7 @@ class ToolCallStream {
   ToolParser parser_;
   std::string text_;
   size_t released_ = 0;
-  bool in_call_ = false;  // hermes: past the first tag; the others: starts as a call
+  bool in_call_ = false;  // hermes, mistral: past the first tag; the others: starts as a call
   bool decided_ = false;  // not hermes: its first characters are in
 };
 
