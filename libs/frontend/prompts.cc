@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <climits>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "openai_parse.h"
@@ -86,12 +85,12 @@ nlohmann::ordered_json TemplateVariables(const CompletionRequest& request) {
   return vars;
 }
 
-// vLLM's SamplingParams.update_from_tokenizer (lstrip of ASCII whitespace only).
+// vLLM's SamplingParams.update_from_tokenizer.
 std::optional<ApiError> TokenizeBadWords(const tokenizer::Tokenizer& tok,
                                          const std::vector<std::string>& words, int32_t vocab_size,
                                          std::vector<std::vector<int32_t>>* out) {
   for (const std::string& word : words) {
-    const std::string stripped = std::string(absl::StripLeadingAsciiWhitespace(word));
+    const std::string stripped = tokenizer::PythonLstrip(word);
     for (const bool prefix_space : {false, true}) {
       absl::StatusOr<std::vector<int32_t>> ids =
           tok.Encode(prefix_space ? " " + stripped : stripped, {.add_special_tokens = false});

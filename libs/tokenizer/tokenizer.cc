@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "byte_level.h"
+#include "chat_template_value.h"
 #include "hf_tokenizer.h"
 #include "llama2c_tokenizer.h"
 #include "sentencepiece_tokenizer.h"
@@ -214,6 +215,10 @@ std::string PieceBytes(std::string_view piece, bool byte_level) {
     }
   }
   return out;
+}
+
+std::string PythonLstrip(std::string_view s) {
+  return internal::jinja::Strip(std::string(s), /*left=*/true, /*right=*/false, std::nullopt);
 }
 
 std::string ReplaceInvalidUtf8(std::string_view bytes) {

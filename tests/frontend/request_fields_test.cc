@@ -293,7 +293,7 @@ TEST_F(FrontendRequestFieldsTest, AllowedTokenIdsAreForwardedToTheScheduler) {
 }
 
 // vLLM's bad_words reach the scheduler as token sequences, tokenized as
-// vLLM's update_from_tokenizer does: the word lstripped, without special
+// vLLM's update_from_tokenizer does: the word lstripped (str.lstrip), without special
 // tokens; then with a space before it, kept only where that gives a new first
 // token in as many tokens. Llama 2's sentencepiece writes " time" as "▁" +
 // "▁time", so here every word keeps one sequence. The worker's ban is
@@ -304,7 +304,11 @@ TEST_F(FrontendRequestFieldsTest, BadWordsAreTokenizedAsVllmTokenizesThem) {
   ASSERT_EQ(time.size(), 1u);
   ASSERT_EQ(tok_->Encode(" time", {.add_special_tokens = false})->size(), 2u);
   for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
-    ASSERT_EQ(Post(path, WithOnce(path, {{"bad_words", {"time", "  Once upon"}}})).status, 200);
+    // Python's lstrip takes Unicode whitespace too: here an ideographic
+    // space and a no-break space.
+    ASSERT_EQ(
+        Post(path, WithOnce(path, {{"bad_words", {"time", "\u3000\u00a0 Once upon"}}})).status,
+        200);
     const v1::SamplingParams sampling = scheduler_->requests().back().sampling();
     ASSERT_EQ(sampling.bad_words_size(), 2) << path << ": " << sampling.DebugString();
     EXPECT_EQ(std::vector<int32_t>(sampling.bad_words(0).ids().begin(),

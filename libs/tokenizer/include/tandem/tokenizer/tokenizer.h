@@ -182,5 +182,8 @@ class DecodeStream {
 // `bytes` with each maximal ill-formed UTF-8 subpart replaced by U+FFFD
 // (Python's errors="replace", TextDecoder).
 [[nodiscard]] std::string ReplaceInvalidUtf8(std::string_view bytes);
+// Python's str.lstrip(): `s` without its leading Unicode whitespace
+// (str.isspace), as vLLM strips the words of bad_words.
+[[nodiscard]] std::string PythonLstrip(std::string_view s);
 
 }  // namespace tandem::tokenizer
