@@ -210,7 +210,18 @@ ExtractedToolCalls CompletionJob::TakeToolCalls(ReasoningSplit* split) const {
   if (!request_.tool_parser) return tools;
   tools = ExtractToolCalls(*request_.tool_parser, split->content.value_or(""));
   if (!tools.calls.empty()) split->content = tools.content;
+  KeepParallelToolCalls(&tools);
   return tools;
+}
+
+ExtractedToolCalls CompletionJob::FinishToolStream(ChoiceState& c) const {
+  ExtractedToolCalls tools = c.tool_stream->Finish();
+  KeepParallelToolCalls(&tools);
+  return tools;
+}
+
+void CompletionJob::KeepParallelToolCalls(ExtractedToolCalls* tools) const {
+  if (!request_.parallel_tool_calls && tools->calls.size() > 1) tools->calls.resize(1);
 }
 
 bool CompletionJob::StartsInReasoning(const ChoiceState& c) const {
@@ -295,7 +306,7 @@ void CompletionJob::Emit(ChoiceState& c, std::string delta, std::vector<int32_t>
   if (c.tool_stream) {
     delta = c.tool_stream->Push(delta);
     if (c.done) {
-      tools = c.tool_stream->Finish();
+      tools = FinishToolStream(c);
       delta += tools.content.value_or("");
     }
   }
@@ -344,7 +355,7 @@ void CompletionJob::CompleteResponses(ChoiceState& c, const Usage& usage) {
     EmitResponses(c, "");
     ExtractedToolCalls tools;
     if (c.tool_stream) {
-      tools = c.tool_stream->Finish();
+      tools = FinishToolStream(c);
       std::string rest = responses_->Delta(tools.content.value_or(""));
       if (!rest.empty()) sink_->Write(rest);
     }

@@ -175,6 +175,7 @@ std::optional<ApiError> ParseToolChoice(const Reader& r, Endpoint endpoint,
     return BadRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or a named tool",
                       "tool_choice");
   }
+  if (auto e = r.Bool("parallel_tool_calls", &out->parallel_tool_calls)) return e;
   return ParseTools(*tools, out);
 }
 

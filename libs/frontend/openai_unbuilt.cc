@@ -50,8 +50,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
     v->push_back({"chat_template", Json(nullptr),
                   "the server's template is used (tandem-frontend --chat-template)"});
     v->push_back({"reasoning_effort", Json(nullptr), "no served model takes a reasoning effort"});
-    v->push_back({"parallel_tool_calls", Json(true),
-                  "every tool call the model writes is returned; fewer cannot be enforced"});
     // OpenAI's chat fields beyond vLLM's that change the answer (vLLM
     // ignores them with a warning; the model would answer without them).
     static const char* kNoFunctions =

@@ -278,7 +278,10 @@ TEST(OpenAiParseTest, ToolChoiceIsReadAsVllmReadsIt) {
         chat + tools + R"(,"tool_choice":"sometimes"})", chat + R"("tool_choice":"auto"})"}) {
     EXPECT_EQ(ErrorParam(bad, Endpoint::kChat), "tool_choice") << bad;
   }
-  EXPECT_EQ(ErrorParam(chat + tools + R"(,"parallel_tool_calls":false})", Endpoint::kChat),
+  EXPECT_TRUE(r.parallel_tool_calls);
+  ASSERT_FALSE(Parse(chat + tools + R"(,"parallel_tool_calls":false})", Endpoint::kChat, &r));
+  EXPECT_FALSE(r.parallel_tool_calls);
+  EXPECT_EQ(ErrorParam(chat + tools + R"(,"parallel_tool_calls":"no"})", Endpoint::kChat),
             "parallel_tool_calls");
   EXPECT_EQ(ErrorParam(std::string(R"({"prompt":"x",)") + tools + "}"), "tools");
 }

@@ -146,7 +146,7 @@ TEST(ResponsesParseTest, WhatItCannotHonourIsRefusedByName) {
       {R"({"input":"x","tool_choice":"required"})", 400, "tool_choice"},
       {R"({"input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":"required"})", 400,
        "tool_choice"},
-      {R"({"input":"x","tools":[{"type":"function","name":"f"}],"parallel_tool_calls":false})", 400,
+      {R"({"input":"x","tools":[{"type":"function","name":"f"}],"parallel_tool_calls":1})", 400,
        "parallel_tool_calls"},
       {R"({"input":[{"type":"function_call","call_id":"c","name":"f"}]})", 400, "input"},
       {R"({"input":[{"type":"function_call_output","call_id":"c"}]})", 400, "input"},

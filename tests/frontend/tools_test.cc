@@ -398,6 +398,34 @@ TEST_F(FrontendToolCallsTest, AnAnswerWithoutAParsableCallIsContent) {
   }
 }
 
+// parallel_tool_calls false keeps an answer's first call (vLLM's
+// maybe_filter_parallel_tool_calls), whole and streamed.
+TEST_F(FrontendToolCallsTest, ParallelToolCallsFalseKeepsTheFirstCall) {
+  Answer(
+      "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>"
+      "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}</tool_call>");
+  for (const bool parallel : {true, false}) {
+    SCOPED_TRACE(parallel ? "parallel" : "one call");
+    Json request = Request(false);
+    request["parallel_tool_calls"] = parallel;
+    auto [status, whole] = Post(request);
+    ASSERT_EQ(status, 200) << whole.dump();
+    const Json& calls = whole["choices"][0]["message"]["tool_calls"];
+    ASSERT_EQ(calls.size(), parallel ? 2u : 1u) << whole.dump();
+    EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city": "Paris"})");
+    request["stream"] = true;
+    std::vector<Json> chunks;
+    ASSERT_EQ(Post(request, &chunks).first, 200);
+    size_t streamed = 0;
+    for (const Json& chunk : chunks) {
+      for (const Json& c : chunk["choices"]) {
+        streamed += c["delta"].value("tool_calls", Json::array()).size();
+      }
+    }
+    EXPECT_EQ(streamed, parallel ? 2u : 1u);
+  }
+}
+
 // hermes keeps special tokens in the text it parses (vLLM's
 // Hermes2ProToolParser.adjust_request: some models mark <tool_call>
 // special), so a request it parses shows them; one with tool_choice "none"

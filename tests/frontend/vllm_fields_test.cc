@@ -196,7 +196,9 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"reasoning_effort", Refused({{"reasoning_effort", "low"}})},
       {"include_reasoning",
        Built({{"include_reasoning", false}}, "FrontendReasoningTest (needs --reasoning-parser)")},
-      {"parallel_tool_calls", Refused({{"parallel_tool_calls", false}})},
+      {"parallel_tool_calls",
+       Built({{"tools", tools}, {"tool_choice", "none"}, {"parallel_tool_calls", false}},
+             "FrontendToolCallsTest.ParallelToolCallsFalseKeepsTheFirstCall")},
       // OpenAI's own that change the answer.
       {"functions", Refused({{"functions", {{{"name", "f"}}}}})},
       {"function_call", Refused({{"function_call", "auto"}})},

@@ -167,6 +167,10 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   // With a tool parser: the calls in a whole answer's content, which then
   // keeps only its text beside them (null when none).
   [[nodiscard]] ExtractedToolCalls TakeToolCalls(ReasoningSplit* split) const;
+  // The end of a streamed choice's tool calls (ToolCallStream::Finish).
+  [[nodiscard]] ExtractedToolCalls FinishToolStream(ChoiceState& c) const;
+  // parallel_tool_calls false: the first call only.
+  void KeepParallelToolCalls(ExtractedToolCalls* tools) const;
   // Drops what the choice took from a call (it is run again elsewhere).
   void RestartOutput(ChoiceState& c);
   [[nodiscard]] bool StartCall(ChoiceState& c);

@@ -47,7 +47,7 @@
 // length_penalty, guided_* / structural_tag / structured_outputs and response_format other than
 // text, suffix, prompt_embeds, tools with tool_choice other than "none" (with "none" the tools are
 // rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
-// as vLLM does), parallel_tool_calls, reasoning_effort, include_reasoning false, documents, a
+// as vLLM does), reasoning_effort, include_reasoning false, documents, a
 // per-request chat_template, spaces_between_special_tokens false, request_id, cache_salt (the
 // server salts per API key), kv_transfer_params, vllm_xargs, mm_processor_kwargs and
 // media_io_kwargs; of OpenAI's chat fields beyond vLLM's, those that change the answer: functions,
@@ -201,6 +201,9 @@ struct CompletionRequest {
   // --enable-auto-tool-choice; the answer's tool calls are parsed out of its
   // text by this parser (tool_calls.h).
   std::optional<ToolParser> tool_parser;
+  // parallel_tool_calls: false keeps an answer's first tool call only
+  // (vLLM's maybe_filter_parallel_tool_calls; the model is not constrained).
+  bool parallel_tool_calls = true;
   // Set by the server, not the body: chat and /v1/responses under
   // --reasoning-parser; the answer's thinking is split out of its text
   // (reasoning.h).
