@@ -272,10 +272,39 @@ ApiError BadRequest(std::string message, std::string param) {
   return ApiError{.http_status = 400, .message = std::move(message), .param = std::move(param)};
 }
 
+bool JsonNestedDeeperThan(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+ApiError TooDeeplyNested(std::string_view what, std::string param) {
+  return BadRequest(absl::StrCat(std::string(what), " nests JSON arrays and objects more than ",
+                                 kMaxJsonNesting, " deep"),
+                    std::move(param));
+}
+
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint endpoint,
                                                CompletionRequest* out) {
   *out = CompletionRequest{};
   out->endpoint = endpoint;
+  if (JsonNestedDeeperThan(body)) return TooDeeplyNested("the request body");
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return BadRequest("the request body is not valid JSON");
   if (!j.is_object()) return BadRequest("the request body must be a JSON object");

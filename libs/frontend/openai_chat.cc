@@ -57,6 +57,9 @@ std::optional<ApiError> ParseToolCallArguments(Json* tool_calls, size_t index) {
         (arguments->is_string() && arguments->get<std::string>().empty())) {
       (*function)["arguments"] = Json::object();
     } else if (arguments->is_string()) {
+      if (JsonNestedDeeperThan(arguments->get<std::string>())) {
+        return TooDeeplyNested(param + ".function.arguments", param + ".function.arguments");
+      }
       Json parsed =
           Json::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
       if (parsed.is_discarded()) {

@@ -437,6 +437,7 @@ Json OutputReasoning(const std::string& id, const std::string* text) {
 
 std::optional<ApiError> ParseResponsesRequest(std::string_view body, CompletionRequest* out) {
   *out = CompletionRequest{};
+  if (JsonNestedDeeperThan(body)) return TooDeeplyNested("the request body");
   const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return BadRequest("the request body is not valid JSON");
   if (!j.is_object()) return BadRequest("the request body must be a JSON object");

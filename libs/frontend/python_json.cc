@@ -19,7 +19,14 @@ class Scanner {
   explicit Scanner(std::string_view s) : s_(s) {}
 
   std::optional<PyJson> Value(size_t* i) {
-    if (*i >= s_.size()) return std::nullopt;
+    // Python's scanner recurses and raises RecursionError about 1,000 deep;
+    // the stack here would overflow first.
+    struct Nest {
+      int& n;
+      explicit Nest(int& n) : n(++n) {}
+      ~Nest() { --n; }
+    } nest(depth_);
+    if (depth_ > kMaxDepth || *i >= s_.size()) return std::nullopt;
     const char c = s_[*i];
     if (c == '"') {
       ++*i;
@@ -225,7 +232,10 @@ class Scanner {
     }
   }
 
+  static constexpr int kMaxDepth = 1000;
+
   std::string_view s_;
+  int depth_ = 0;  // Value() calls on the stack
 };
 
 // The next code point of valid UTF-8 at s[*i] (U+FFFD for a bad byte).

@@ -233,6 +233,16 @@ class PyReader {
   }
 
   std::optional<Expr> Expression() {
+    // Python refuses more than 200 nested brackets (the tokenizer's
+    // MAXLEVEL) and runs out of recursion on long chains of unary
+    // operators; here the stack would: both are the answer's content.
+    if (depth_ > kMaxNesting) return std::nullopt;
+    struct Nest {
+      int& n;
+      explicit Nest(int& n) : n(++n) {}
+      ~Nest() { --n; }
+    } nest(recursion_);
+    if (recursion_ > kMaxRecursion) return std::nullopt;
     Space();
     const char c = Peek();
     if ((c == '-' || c == '+' || c == '~') && Peek(1) != '=') {
@@ -662,10 +672,14 @@ class PyReader {
                 .key_text = decimal};
   }
 
+  static constexpr int kMaxNesting = 200;
+  static constexpr int kMaxRecursion = 1000;
+
   std::string_view s_;
   bool ascii_;
   size_t i_ = 0;
-  int depth_ = 0;  // open brackets: newlines inside them separate nothing
+  int depth_ = 0;      // open brackets: newlines inside them separate nothing
+  int recursion_ = 0;  // Expression() calls on the stack
 };
 
 }  // namespace

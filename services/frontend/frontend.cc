@@ -356,6 +356,8 @@ void Frontend::Tokenize(HttpExchange& exchange) {
     RespondError(exchange, e);
     CountResponse("/tokenize", e.http_status);
   };
+  if (JsonNestedDeeperThan(exchange.request().body))
+    return fail(TooDeeplyNested("the request body"));
   const nlohmann::json body = nlohmann::json::parse(exchange.request().body, nullptr, false);
   if (!body.is_object()) return fail(BadRequest("the request body must be a JSON object"));
   const bool chat = body.contains("messages");
@@ -415,6 +417,8 @@ void Frontend::Detokenize(HttpExchange& exchange) {
     RespondError(exchange, e);
     CountResponse("/detokenize", e.http_status);
   };
+  if (JsonNestedDeeperThan(exchange.request().body))
+    return fail(TooDeeplyNested("the request body"));
   const nlohmann::json body = nlohmann::json::parse(exchange.request().body, nullptr, false);
   auto tokens = body.is_object() ? body.find("tokens") : body.end();
   if (!body.is_object() || tokens == body.end() || !tokens->is_array()) {

@@ -5,7 +5,8 @@
 // gets 414 and huge headers 431 (not 413 naming the body limit); a chat
 // message with content null gets a 400 naming messages[i].content unless it
 // is an assistant turn with tool_calls; connections over --max-connections
-// get 503, and an accept loop out of descriptors waits instead of spinning.
+// get 503, and an accept loop out of descriptors waits instead of spinning;
+// JSON nested too deep is a 400 on every route.
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -155,6 +156,25 @@ int64_t RssKib(pid_t pid) {
 // Large bodies do not stay resident once answered (the frontend fixes
 // glibc's mmap threshold at 1 MiB). Without that four 24 MiB bodies left
 // about 150 MiB behind; the bound is 32 MiB over the idle figure.
+// A body of 100,000 nested brackets (200 KB) ran the frontend out of stack;
+// every JSON route refuses it with a 400 and the server serves on.
+TEST_F(FrontendBoundedInputTest, DeeplyNestedBodiesAreRefusedOnEveryRoute) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string chat = R"({"messages":[{"role":"user","content":"hi"}],)";
+  for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/completions", R"({"prompt":"hi","chat_template_kwargs":{"a":)" + deep + "}}"},
+           {"/v1/chat/completions", chat + R"("chat_template_kwargs":{"a":)" + deep + "}}"},
+           {"/v1/responses", R"({"input":"hi","metadata":{"a":)" + deep + "}}"},
+           {"/tokenize", R"({"prompt":"hi","x":)" + deep + "}"},
+           {"/detokenize", R"({"tokens":[1],"x":)" + deep + "}"}}) {
+    const Result r = Post(frontend_.address(), path, body);
+    EXPECT_EQ(r.status, 400) << path;
+    EXPECT_NE(r.message.find("more than 1000 deep"), std::string::npos)
+        << path << ": " << r.message;
+  }
+  EXPECT_EQ(Post(frontend_.address(), "/tokenize", Json{{"prompt", "hi"}}.dump()).status, 200);
+}
+
 TEST_F(FrontendBoundedInputTest, LargeBodiesGiveTheirMemoryBack) {
   ASSERT_EQ(Post(frontend_.address(), "/tokenize", Json{{"prompt", "hi"}}.dump()).status, 200);
   const int64_t idle = RssKib(frontend_.process.pid());

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "openai_parse.h"
+#include "tandem/frontend/openai_responses.h"
 
 namespace tandem::frontend {
 namespace {
@@ -284,6 +285,42 @@ TEST(OpenAiParseTest, ToolChoiceIsReadAsVllmReadsIt) {
   EXPECT_EQ(ErrorParam(chat + tools + R"(,"parallel_tool_calls":"no"})", Endpoint::kChat),
             "parallel_tool_calls");
   EXPECT_EQ(ErrorParam(std::string(R"({"prompt":"x",)") + tools + "}"), "tools");
+}
+
+// JSON nested deeper than Python's json reads (about 1,000) is a 400: the
+// parsed body's copies and comparisons recurse, and a body of 100,000
+// brackets would run the frontend out of stack.
+TEST(OpenAiParseTest, BodiesNestedTooDeepAreRefused) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const auto& [body, endpoint] : std::vector<std::pair<std::string, Endpoint>>{
+           {R"({"prompt":"x","user":)" + deep + "}", Endpoint::kCompletions},
+           {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"a":)" + deep +
+                "}}",
+            Endpoint::kChat},
+           {R"({"input":"x","metadata":{"a":)" + deep + "}}", Endpoint::kResponses}}) {
+    CompletionRequest r;
+    const std::optional<ApiError> e = endpoint == Endpoint::kResponses
+                                          ? ParseResponsesRequest(body, &r)
+                                          : Parse(body, endpoint, &r);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->http_status, 400);
+    EXPECT_NE(e->message.find("more than 1000 deep"), std::string::npos) << e->message;
+  }
+  // A tool call's arguments are JSON in a string.
+  const std::string args = std::string(2000, '[') + std::string(2000, ']');
+  EXPECT_EQ(
+      ErrorParam(R"({"messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function",)"
+                 R"("function":{"name":"f","arguments":")" +
+                     args + R"("}}]},{"role":"user","content":"x"}]})",
+                 Endpoint::kChat),
+      "messages[0].tool_calls[0].function.arguments");
+  // Deep within the limit, and brackets inside strings, are fine.
+  CompletionRequest r;
+  EXPECT_FALSE(Parse(R"({"prompt":"x","user":")" + deep + R"("})", Endpoint::kCompletions, &r));
+  const std::string fine = std::string(500, '[') + std::string(500, ']');
+  EXPECT_FALSE(Parse(
+      R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"a":)" + fine + "}}",
+      Endpoint::kChat, &r));
 }
 
 TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {

@@ -342,6 +342,29 @@ class JsonAnswerGenerator {
   std::mt19937 rng_;
 };
 
+// A model can write brackets a hundred thousand deep: Python's parsers give
+// up (content), and ours must too, without running out of stack.
+TEST(ToolCallsTest, DeepNestingIsContentNotACrash) {
+  const std::string deep(100000, '[');
+  const std::string deep_braces(100000, '{');
+  for (const auto& [parser, text] : std::vector<std::pair<ToolParser, std::string>>{
+           {ToolParser::kHermes, "<tool_call>{\"name\": \"f\", \"arguments\": " + deep},
+           {ToolParser::kLlama3Json, "{\"name\": \"f\", \"parameters\": " + deep},
+           {ToolParser::kLlama3Json, deep_braces},
+           {ToolParser::kMistral, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": " + deep},
+           {ToolParser::kPythonic, "[f(a=" + deep + "1" + std::string(100000, ']') + ")]"},
+           {ToolParser::kPythonic, "[f(a=" + std::string(100000, '(') + "1)]"},
+           {ToolParser::kPythonic, "[f(a=1), g(" + std::string(100000, '-') + "1)]"}}) {
+    const ExtractedToolCalls e = ExtractToolCalls(parser, text);
+    EXPECT_TRUE(e.calls.empty()) << text.substr(0, 40);
+    EXPECT_EQ(e.content, text);
+  }
+  // Within Python's limits nesting still reads.
+  const ExtractedToolCalls nested = ExtractToolCalls(
+      ToolParser::kPythonic, "[f(a=" + std::string(150, '[') + std::string(150, ']') + ")]");
+  ASSERT_EQ(nested.calls.size(), 1u);
+}
+
 // hermes, llama3_json and mistral.
 TEST(ToolCallsTest, GeneratedJsonAnswersMatchVllmsStepsRunByPython) {
   std::vector<testing::ReferenceCase> cases;

@@ -229,6 +229,16 @@ inline constexpr int32_t kDefaultCompletionsMaxTokens = 16;
 inline constexpr int32_t kMaxN = 16;
 inline constexpr int32_t kMaxPrompts = 64;     // prompts in one completions request
 inline constexpr int32_t kMaxStopStrings = 16;
+// JSON nested deeper than this (a request body, a tool call's arguments) is
+// a 400 before it is parsed: Python's json, which vLLM reads bodies with,
+// gives up about as deep, and nlohmann's copies, comparisons and dumps
+// recurse (100,000 brackets ran the frontend out of stack).
+inline constexpr int kMaxJsonNesting = 1000;
+// Whether `text` opens more than `limit` arrays and objects inside one
+// another (brackets in strings do not count): one pass, no recursion.
+[[nodiscard]] bool JsonNestedDeeperThan(std::string_view text, int limit = kMaxJsonNesting);
+// The 400 for such a body.
+[[nodiscard]] ApiError TooDeeplyNested(std::string_view what, std::string param = "");
 
 // Parses and validates a request body. On error returns the 400 that names
 // the field; `out` is then unspecified.
