@@ -143,9 +143,9 @@ TEST(PythonicToolCallsTest, FloatsAreWrittenAsPythonsRepr) {
 }
 
 // Random answers in the shapes models write, and broken ones.
-class AnswerGenerator {
+class AnswerGenerator : public testing::RandomText {
  public:
-  explicit AnswerGenerator(uint32_t seed) : rng_(seed) {}
+  using RandomText::RandomText;
 
   std::string Answer(bool llama4) {
     std::string out;
@@ -162,17 +162,14 @@ class AnswerGenerator {
     if (llama4 && Chance(0.3)) out += "<|python_end|>";
     out += Pick({"", "", "", "\n", " ", ";", "\n\nDone.", "\n[g(a=2)]", " # ok", "\nprint(1)",
                  "\n  x", "; x = 1", "\n\n"});
-    if (Chance(0.25)) Mutate(&out);
+    if (Chance(0.25)) {
+      Mutate(&out,
+             {"(", ")", "[", "]", "{", "}", ",", "=", "'", "\"", "\\", " ", "\n", "#", ":", "*"});
+    }
     return out;
   }
 
  private:
-  bool Chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
-  int Int(int n) { return static_cast<int>(rng_() % static_cast<uint32_t>(n)); }
-  std::string Pick(std::initializer_list<const char*> options) {
-    return *(options.begin() + Int(static_cast<int>(options.size())));
-  }
-
   std::string Call() {
     std::string out = Chance(0.9) ? Pick({"get_weather", "f", "search_web", "now", "Calc2",
                                           "lookup"})
@@ -250,22 +247,6 @@ class AnswerGenerator {
     if (Chance(0.1)) out += " " + String();  // adjacent literals
     return out;
   }
-
-  // Deletes a character or inserts one, at a character's start (UTF-8).
-  void Mutate(std::string* s) {
-    size_t at = rng_() % (s->size() + 1);
-    while (at < s->size() && (static_cast<unsigned char>((*s)[at]) & 0xC0) == 0x80) ++at;
-    if (Chance(0.5) && at < s->size()) {
-      size_t end = at + 1;
-      while (end < s->size() && (static_cast<unsigned char>((*s)[end]) & 0xC0) == 0x80) ++end;
-      s->erase(at, end - at);
-    } else {
-      s->insert(at, Pick({"(", ")", "[", "]", "{", "}", ",", "=", "'", "\"", "\\", " ", "\n",
-                          "#", ":", "*"}));
-    }
-  }
-
-  std::mt19937 rng_;
 };
 
 TEST(PythonicToolCallsTest, GeneratedAnswersMatchVllmsStepsRunByPython) {

@@ -237,9 +237,9 @@ TEST(ToolCallsTest, Llama3JsonStreamsHoldOnlyAnAnswerThatStartsAsACall) {
 // broken ones: JSON with Python's edge values (NaN, Infinity, big and
 // negative-zero integers, exponents, escapes, surrogate pairs, repeated
 // keys), objects nested deep, text around and between the calls.
-class JsonAnswerGenerator {
+class JsonAnswerGenerator : public testing::RandomText {
  public:
-  explicit JsonAnswerGenerator(uint32_t seed) : rng_(seed) {}
+  using RandomText::RandomText;
 
   std::string Answer(ToolParser parser) {
     std::string out = Pick({"", "", "", "Sure! ", "Let me check.\n", "{x} ", "<|python_tag|>"});
@@ -261,17 +261,11 @@ class JsonAnswerGenerator {
       }
     }
     out += Pick({"", "", "", " ok", "\n{oops}", " }", "\n"});
-    if (Chance(0.2)) Mutate(&out);
+    if (Chance(0.2)) Mutate(&out, {"{", "}", "\"", ",", ":", "\\", " ", "[", "]", "\n"});
     return out;
   }
 
  private:
-  bool Chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
-  int Int(int n) { return static_cast<int>(rng_() % static_cast<uint32_t>(n)); }
-  std::string Pick(std::initializer_list<const char*> options) {
-    return *(options.begin() + Int(static_cast<int>(options.size())));
-  }
-
   std::string Call(ToolParser parser) {
     std::vector<std::string> members;
     members.push_back("\"name\"" + Pick({": ", ":", " : "}) +
@@ -325,21 +319,6 @@ class JsonAnswerGenerator {
     }
     return out + "\"";
   }
-
-  // Deletes a character or inserts one, at a character's start (UTF-8).
-  void Mutate(std::string* s) {
-    size_t at = rng_() % (s->size() + 1);
-    while (at < s->size() && (static_cast<unsigned char>((*s)[at]) & 0xC0) == 0x80) ++at;
-    if (Chance(0.5) && at < s->size()) {
-      size_t end = at + 1;
-      while (end < s->size() && (static_cast<unsigned char>((*s)[end]) & 0xC0) == 0x80) ++end;
-      s->erase(at, end - at);
-    } else {
-      s->insert(at, Pick({"{", "}", "\"", ",", ":", "\\", " ", "[", "]", "\n"}));
-    }
-  }
-
-  std::mt19937 rng_;
 };
 
 // A model can write brackets a hundred thousand deep: Python's parsers give

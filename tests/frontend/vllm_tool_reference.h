@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,37 @@
 #include "tandem/frontend/tool_calls.h"
 
 namespace tandem::frontend::testing {
+
+// What the answer generators share: a seeded generator's draws, and a
+// mutation at a character's start (never inside a UTF-8 sequence).
+class RandomText {
+ public:
+  explicit RandomText(uint32_t seed) : rng_(seed) {}
+
+ protected:
+  bool Chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+  int Int(int n) { return static_cast<int>(rng_() % static_cast<uint32_t>(n)); }
+  std::string Pick(std::initializer_list<const char*> options) {
+    return *(options.begin() + Int(static_cast<int>(options.size())));
+  }
+  // Deletes a character, or inserts one of `insertions`.
+  void Mutate(std::string* s, std::initializer_list<const char*> insertions) {
+    auto continuation = [&](size_t i) {
+      return i < s->size() && (static_cast<unsigned char>((*s)[i]) & 0xC0) == 0x80;
+    };
+    size_t at = rng_() % (s->size() + 1);
+    while (continuation(at)) ++at;
+    if (Chance(0.5) && at < s->size()) {
+      size_t end = at + 1;
+      while (continuation(end)) ++end;
+      s->erase(at, end - at);
+    } else {
+      s->insert(at, Pick(insertions));
+    }
+  }
+
+  std::mt19937 rng_;
+};
 
 struct ReferenceCase {
   ToolParser parser;
