@@ -197,7 +197,7 @@ class Scanner {
           break;
         }
       }
-      if (!seen) out.members.emplace_back(std::move(key), *std::move(value));
+      if (!seen) out.members.push_back({std::move(key), *std::move(value)});
       Space(i);
       if (*i < s_.size() && s_[*i] == '}') {
         ++*i;
@@ -276,9 +276,9 @@ void Dump(const PyJson& v, bool ascii, std::string* out) {
       *out += '{';
       for (size_t k = 0; k < v.members.size(); ++k) {
         if (k > 0) *out += ", ";
-        *out += PyJsonQuote(v.members[k].first, ascii);
+        *out += PyJsonQuote(v.members[k].key, ascii);
         *out += ": ";
-        Dump(v.members[k].second, ascii, out);
+        Dump(v.members[k].value, ascii, out);
       }
       *out += '}';
       return;

@@ -18,6 +18,8 @@
 
 namespace tandem::frontend::internal {
 
+struct PyJsonMember;
+
 struct PyJson {
   enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
   Type type = Type::kNull;
@@ -25,10 +27,15 @@ struct PyJson {
   // kString: the value, UTF-8.
   std::string text;
   std::vector<PyJson> items;                             // kArray
-  std::vector<std::pair<std::string, PyJson>> members;  // kObject, each key once
+  std::vector<PyJsonMember> members;  // kObject, each key once
 
   // kObject's member `key`, or nullptr.
   [[nodiscard]] const PyJson* Find(std::string_view key) const;
+};
+
+struct PyJsonMember {
+  std::string key;
+  PyJson value;
 };
 
 // JSONDecoder.raw_decode(text[pos:]): the value that starts at pos and the
