@@ -141,15 +141,17 @@ class Scanner {
       std::optional<uint32_t> cp = Hex4(*i);
       if (!cp) return false;
       *i += 4;
-      if (*cp >= 0xD800 && *cp <= 0xDBFF) {  // a pair's first half: its second must follow
-        if (*i + 1 >= s_.size() || s_[*i] != '\\' || s_[*i + 1] != 'u') return false;
+      if (*cp >= 0xD800 && *cp <= 0xDBFF && *i + 1 < s_.size() && s_[*i] == '\\' &&
+          s_[*i + 1] == 'u') {  // a pair's halves join
         std::optional<uint32_t> low = Hex4(*i + 2);
-        if (!low || *low < 0xDC00 || *low > 0xDFFF) return false;
-        *i += 6;
-        *cp = 0x10000 + ((*cp - 0xD800) << 10) + (*low - 0xDC00);
-      } else if (*cp >= 0xDC00 && *cp <= 0xDFFF) {
-        return false;  // a lone second half
+        if (low && *low >= 0xDC00 && *low <= 0xDFFF) {
+          *i += 6;
+          *cp = 0x10000 + ((*cp - 0xD800) << 10) + (*low - 0xDC00);
+        }
       }
+      // A lone half stays, as Python keeps it, written as its three bytes
+      // (WTF-8: no UTF-8 text holds them); json.dumps' result would then
+      // not encode, so PyJsonDumps refuses it.
       AppendUtf8(*cp, out);
     }
   }
@@ -252,37 +254,51 @@ uint32_t NextCodePoint(std::string_view s, size_t* i) {
   return cp;
 }
 
-void Dump(const PyJson& v, bool ascii, std::string* out) {
+// Whether `s` holds a lone surrogate (WTF-8's ED A0..BF).
+bool HasLoneSurrogate(std::string_view s) {
+  for (size_t i = 0; i + 1 < s.size(); ++i) {
+    if (static_cast<unsigned char>(s[i]) == 0xED &&
+        (static_cast<unsigned char>(s[i + 1]) & 0xE0) == 0xA0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// false: a string or key holds a lone surrogate.
+bool Dump(const PyJson& v, bool ascii, std::string* out) {
   switch (v.type) {
     case PyJson::Type::kNull:
       *out += "null";
-      return;
+      return true;
     case PyJson::Type::kBool:
     case PyJson::Type::kNumber:
       *out += v.text;
-      return;
+      return true;
     case PyJson::Type::kString:
       *out += PyJsonQuote(v.text, ascii);
-      return;
+      return !HasLoneSurrogate(v.text);
     case PyJson::Type::kArray:
       *out += '[';
       for (size_t k = 0; k < v.items.size(); ++k) {
         if (k > 0) *out += ", ";
-        Dump(v.items[k], ascii, out);
+        if (!Dump(v.items[k], ascii, out)) return false;
       }
       *out += ']';
-      return;
+      return true;
     case PyJson::Type::kObject:
       *out += '{';
       for (size_t k = 0; k < v.members.size(); ++k) {
         if (k > 0) *out += ", ";
+        if (HasLoneSurrogate(v.members[k].key)) return false;
         *out += PyJsonQuote(v.members[k].key, ascii);
         *out += ": ";
-        Dump(v.members[k].value, ascii, out);
+        if (!Dump(v.members[k].value, ascii, out)) return false;
       }
       *out += '}';
-      return;
+      return true;
   }
+  return false;
 }
 
 }  // namespace
@@ -310,11 +326,13 @@ std::optional<PyJson> PyJsonLoads(std::string_view text) {
   return v;
 }
 
-std::string PyJsonDumps(const PyJson& value, bool ensure_ascii) {
+std::optional<std::string> PyJsonDumps(const PyJson& value, bool ensure_ascii) {
   std::string out;
-  Dump(value, ensure_ascii, &out);
+  if (!Dump(value, ensure_ascii, &out)) return std::nullopt;
   return out;
 }
+
+bool PyJsonHasLoneSurrogate(std::string_view utf8) { return HasLoneSurrogate(utf8); }
 
 std::string PyJsonQuote(std::string_view utf8, bool ensure_ascii) {
   std::string out = "\"";

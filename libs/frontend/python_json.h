@@ -5,9 +5,9 @@
 // 64 bits, written back digit for digit), a repeated key keeps its first
 // place and its last value, and floats are written as Python's repr
 // (1e15 as 1000000000000000.0, where nlohmann writes 1e+15).
-// Differences: a lone surrogate escape (\ud800 without its pair), which
-// Python keeps and vLLM then cannot encode into its response, is refused
-// here.
+// A lone surrogate escape (\ud800 without its pair) is kept, as Python
+// keeps it, but cannot be written out: vLLM's response would not encode,
+// and here the call is refused (its answer stays content).
 #pragma once
 
 #include <optional>
@@ -46,8 +46,11 @@ struct PyJsonMember {
 // json.loads(text): one value with JSON's whitespace around it.
 [[nodiscard]] std::optional<PyJson> PyJsonLoads(std::string_view text);
 
-// json.dumps(value, ensure_ascii=...): ", " and ": " separators.
-[[nodiscard]] std::string PyJsonDumps(const PyJson& value, bool ensure_ascii);
+// json.dumps(value, ensure_ascii=...): ", " and ": " separators; nullopt
+// where a string holds a lone surrogate (see the top of this file).
+[[nodiscard]] std::optional<std::string> PyJsonDumps(const PyJson& value, bool ensure_ascii);
+// Whether a string PyJson read holds a lone surrogate.
+[[nodiscard]] bool PyJsonHasLoneSurrogate(std::string_view utf8);
 
 // json.dumps of one string (`utf8`): its quotes and escapes.
 [[nodiscard]] std::string PyJsonQuote(std::string_view utf8, bool ensure_ascii);

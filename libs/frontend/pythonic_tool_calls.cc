@@ -94,6 +94,7 @@ class PyReader {
     if (!first || !first->calls || !EndOfStatement()) return std::nullopt;
     for (;;) {
       SkipBlankLines();
+      if (eof_in_continuation_) return std::nullopt;
       if (AtEnd()) return first->calls;
       if (Peek() == ' ' || Peek() == '\t' || Peek() == '\f') return std::nullopt;  // an indent
       if (!Statement() || !EndOfStatement()) return std::nullopt;
@@ -113,6 +114,7 @@ class PyReader {
         ++i_;
       } else if (c == '\\' && (Peek(1) == '\n' || Peek(1) == '\r')) {
         i_ += Peek(1) == '\r' && Peek(2) == '\n' ? 3 : 2;
+        if (AtEnd()) eof_in_continuation_ = true;  // Python: unexpected EOF
       } else if (c == '#') {
         while (!AtEnd() && Peek() != '\n' && Peek() != '\r') ++i_;
       } else {
@@ -126,17 +128,57 @@ class PyReader {
     ++i_;
     return true;
   }
-  // A statement after the calls: an expression, or assignments to names,
-  // attributes or subscripts (a = b = expression).
+  // A statement after the calls: expressions (a, *b), or assignments to
+  // them (a = b = c, d); the parser takes what only the compiler refuses
+  // (x = *1).
+  // Also an augmented assignment (x += 1) and an annotated one (x: int = 1).
   bool Statement() {
-    for (;;) {
-      std::optional<Expr> e = Expression();
-      if (!e) return false;
+    for (bool first = true;; first = false) {
+      bool assignable = true;
+      int count = 0;
+      for (;; ++count) {  // one expression at least, a trailing comma allowed
+        Space();
+        if (Peek() == '*' && Peek(1) != '*') ++i_;
+        std::optional<Expr> e = Expression();
+        if (!e) return false;
+        assignable = assignable && !e->IsLiteral() && !e->call;
+        if (!Eat(',')) break;
+        Space();
+        if (AtEnd() || Peek() == '\n' || Peek() == '\r' || Peek() == ';' ||
+            (Peek() == '=' && Peek(1) != '=')) {
+          break;
+        }
+      }
       Space();
+      if (first && count == 0 && assignable) {
+        if (const size_t op = AugmentedAssignment(); op > 0) {
+          i_ += op;
+          return Statement();
+        }
+        if (Peek() == ':' && Peek(1) != '=') {  // an annotation, then maybe "= value"
+          ++i_;
+          if (!Expression()) return false;
+          Space();
+          if (Peek() != '=' || Peek(1) == '=') return true;
+          ++i_;
+          return Statement();
+        }
+      }
       if (Peek() != '=' || Peek(1) == '=') return true;
-      if (e->IsLiteral() || e->call) return false;  // Python cannot assign to those
+      if (!assignable) return false;  // Python cannot assign to a literal or a call
       ++i_;
     }
+  }
+
+  // The length of an augmented assignment's operator at i_ (+=, **=, ...),
+  // or 0.
+  size_t AugmentedAssignment() const {
+    static constexpr std::string_view kOps[] = {
+        "**=", "//=", ">>=", "<<=", "+=", "-=", "*=", "/=", "%=", "@=", "&=", "|=", "^="};
+    for (const std::string_view op : kOps) {
+      if (s_.substr(i_).starts_with(op)) return op.size();
+    }
+    return 0;
   }
 
   // After a top-level statement: the end of the text, a newline or a ";"
@@ -184,7 +226,17 @@ class PyReader {
     std::vector<bool> dumpable;
     while (!Eat(')')) {
       Space();
-      if (Peek() == '*') return false;  // *args and **kwargs: not read
+      if (Peek() == '*') {  // *args: dropped; **kwargs: vLLM reads no literal
+        const bool kwargs = Peek(1) == '*';
+        i_ += kwargs ? 2 : 1;
+        if (!Expression()) return false;
+        literal = literal && !kwargs;
+        if (!Eat(',')) {
+          if (!Eat(')')) return false;
+          break;
+        }
+        continue;
+      }
       const size_t start = i_;
       std::optional<std::string> name = Name();
       bool keyword = false;
@@ -212,7 +264,7 @@ class PyReader {
       } else {
         i_ = start;
         if (!names.empty()) return false;  // positional after keyword
-        if (!Expression()) return false;
+        if (!NamedExpression()) return false;
       }
       if (!Eat(',')) {
         if (!Eat(')')) return false;
@@ -232,7 +284,93 @@ class PyReader {
     return true;
   }
 
+  // An operand, then binary operators, comparisons, boolean operators and
+  // conditionals (a if b else c): with any of them, no literal.
   std::optional<Expr> Expression() {
+    std::optional<Expr> e = Operand();
+    bool operators = false, need_else = false;
+    for (;;) {
+      if (!e) return std::nullopt;
+      const size_t op = BinaryOperator(need_else);
+      if (op == 0) break;
+      const std::string_view name = s_.substr(i_, op);
+      need_else = name == "if" || (need_else && name != "else");
+      i_ += op;
+      operators = true;
+      e = Operand(/*allow_not=*/name == "and" || name == "or" || name == "if" || name == "else");
+    }
+    if (need_else) return std::nullopt;  // "a if b" without its else
+    return operators ? Expr{} : e;
+  }
+
+  // An expression, or name := expression where Python's grammar takes one
+  // (positional arguments, displays, subscripts, parentheses).
+  std::optional<Expr> NamedExpression() {
+    std::optional<Expr> e = Expression();
+    if (!e || !e->name) return e;
+    Space();
+    if (Peek() != ':' || Peek(1) != '=') return e;
+    i_ += 2;
+    if (!Expression()) return std::nullopt;
+    return Expr{};
+  }
+
+  // The length of the binary operator at i_ (after the space before it),
+  // or 0. `else` counts only after an `if`.
+  size_t BinaryOperator(bool need_else) {
+    Space();
+    static constexpr std::string_view kSymbols[] = {
+        "**", "//", "<<", ">>", "<=", ">=", "==", "!=", "+", "-",
+        "*",  "/",  "%",  "@",  "&",  "|",  "^",  "<",  ">"};
+    const std::string_view rest = s_.substr(i_);
+    for (const std::string_view op : kSymbols) {
+      if (!rest.starts_with(op)) continue;
+      // An augmented assignment (+=, **=, <<=) is a statement, not an operator.
+      const bool comparison = op == "<=" || op == ">=" || op == "==" || op == "!=";
+      return !comparison && rest.size() > op.size() && rest[op.size()] == '=' ? 0 : op.size();
+    }
+    auto word = [&](std::string_view w) {
+      return rest.starts_with(w) && (rest.size() == w.size() || !IsIdentifierChar(rest[w.size()]));
+    };
+    if (need_else && word("else")) return 4;
+    // "not in" and "is not", the space between them Python's.
+    for (const auto& [first, second] :
+         {std::pair<std::string_view, std::string_view>{"not", "in"}, {"is", "not"}}) {
+      if (!word(first)) continue;
+      size_t k = first.size();
+      while (k < rest.size() && (rest[k] == ' ' || rest[k] == '\t' || rest[k] == '\f')) ++k;
+      if (rest.substr(k).starts_with(second) &&
+          (rest.size() == k + second.size() || !IsIdentifierChar(rest[k + second.size()]))) {
+        return k + second.size();
+      }
+    }
+    for (const std::string_view w : {"and", "or", "in", "is", "if"}) {
+      if (word(w)) return w.size();
+    }
+    return 0;
+  }
+
+  // A subscript after its "[", through the "]": slices (a:b:c, any part
+  // left out) and expressions, separated by commas.
+  bool Subscript() {
+    auto item = [&](int unpack) {
+      if (unpack == 2) return false;
+      Space();
+      if (Peek() != ':' && !NamedExpression()) return false;
+      for (int colons = 0; colons < 2 && Eat(':'); ++colons) {
+        Space();
+        if (Peek() != ':' && Peek() != ',' && Peek() != ']' && !Expression()) return false;
+      }
+      return true;
+    };
+    Space();
+    return Peek() != ']' && Items(']', item);  // a[] is no subscript
+  }
+
+  // A unary operator's operand, or an atom with its postfixes. `not`
+  // starts one only where Python's grammar has an inversion: an
+  // expression's start, after not, and, or, if, else.
+  std::optional<Expr> Operand(bool allow_not = true) {
     // Python refuses more than 200 nested brackets (the tokenizer's
     // MAXLEVEL) and runs out of recursion on long chains of unary
     // operators; here the stack would: both are the answer's content.
@@ -247,12 +385,12 @@ class PyReader {
     const char c = Peek();
     if ((c == '-' || c == '+' || c == '~') && Peek(1) != '=') {
       ++i_;
-      if (!Expression()) return std::nullopt;
+      if (!Operand(/*allow_not=*/false)) return std::nullopt;
       return Expr{};
     }
-    if (c == 'n' && s_.substr(i_, 3) == "not" && !IsIdentifierChar(Peek(3))) {
+    if (allow_not && c == 'n' && s_.substr(i_, 3) == "not" && !IsIdentifierChar(Peek(3))) {
       i_ += 3;
-      if (!Expression()) return std::nullopt;
+      if (!Operand()) return std::nullopt;
       return Expr{};
     }
     std::optional<Expr> e = Atom();
@@ -275,9 +413,7 @@ class PyReader {
         if (!attr || IsKeyword(*attr)) return std::nullopt;
       } else if (Peek() == '[') {
         ++i_;
-        ++depth_;
-        if (!Expression() || !Eat(']')) return std::nullopt;
-        --depth_;
+        if (!Subscript()) return std::nullopt;
       } else {
         return e;
       }
@@ -318,15 +454,20 @@ class PyReader {
     return Expr{.name = std::move(name)};
   }
 
-  // Comma-separated expressions up to `close`, trailing comma allowed;
-  // `pair` reads "key: value" items (a dict's).
+  // Comma-separated items up to `close`, trailing comma allowed:
+  // item(unpack) reads one, unpack being 1 after "*" and 2 after "**"
+  // (which it has consumed).
   template <typename Item>
   bool Items(char close, const Item& item) {
     ++depth_;
     while (!Eat(close)) {
       Space();
-      if (Peek() == '*') return false;  // unpacking: not read
-      if (!item()) return false;
+      int unpack = 0;
+      while (unpack < 2 && Peek() == '*') {
+        ++unpack;
+        ++i_;
+      }
+      if (!item(unpack)) return false;
       if (!Eat(',')) {
         if (!Eat(close)) return false;
         break;
@@ -340,9 +481,10 @@ class PyReader {
     ++i_;
     Expr out{.kind = Expr::Kind::kLiteral, .json = "[", .calls = std::vector<ToolCall>()};
     int count = 0;
-    const bool ok = Items(']', [&] {
-      std::optional<Expr> e = Expression();
-      if (!e) return false;
+    const bool ok = Items(']', [&](int unpack) {
+      std::optional<Expr> e = NamedExpression();
+      if (!e || unpack == 2) return false;
+      if (unpack == 1) e = Expr{};  // *x: no literal, no call
       if (!e->IsLiteral()) out.kind = Expr::Kind::kOther;
       out.dumpable = out.dumpable && e->dumpable;
       absl::StrAppend(&out.json, count++ > 0 ? ", " : "", e->json);
@@ -365,8 +507,6 @@ class PyReader {
   // last value.
   std::optional<Expr> DictDisplay() {
     ++i_;
-    Space();
-    if (Peek() == '*') return std::nullopt;
     if (Eat('}')) return Expr{.kind = Expr::Kind::kLiteral, .json = "{}"};
     struct Entry {
       std::string key, value;
@@ -376,14 +516,21 @@ class PyReader {
     std::map<std::string, size_t> index;                        // identity -> entry
     bool literal = true, is_set = false;
     bool first = true;
-    const bool ok = Items('}', [&] {
-      std::optional<Expr> key = Expression();
+    const bool ok = Items('}', [&](int unpack) {
+      std::optional<Expr> key = NamedExpression();  // a set's x := 1
       if (!key) return false;
-      const bool pair = Eat(':');
-      if (first) is_set = !pair;
+      // **d unpacks into a dict (no literal: vLLM's keys hold a None), *s
+      // into a set.
+      const bool pair = unpack == 0 && Eat(':');
+      const bool dict_item = pair || unpack == 2;
+      if (first) is_set = !dict_item;
       first = false;
-      if (pair == is_set) return false;  // a dict item in a set or the reverse
+      if (dict_item == is_set) return false;  // a dict item in a set or the reverse
       if (is_set) return true;
+      if (unpack == 2) {
+        literal = false;
+        return true;
+      }
       std::optional<Expr> value = Expression();
       if (!value) return false;
       if (key->kind != Expr::Kind::kConstant || !value->IsLiteral()) {
@@ -411,7 +558,7 @@ class PyReader {
     return out;
   }
 
-  // (expression) is the expression; (), (a,) and (a, b) are tuples.
+  // (expression) is the expression; (), (a,), (*a,) and (a, b) are tuples.
   std::optional<Expr> Parenthesized() {
     ++i_;
     ++depth_;
@@ -419,15 +566,19 @@ class PyReader {
       --depth_;
       return Expr{};
     }
-    std::optional<Expr> e = Expression();
+    Space();
+    const bool starred = Peek() == '*' && Peek(1) != '*';
+    if (starred) ++i_;
+    std::optional<Expr> e = NamedExpression();
     if (!e) return std::nullopt;
-    if (Eat(')')) {
+    if (!starred && Eat(')')) {
       --depth_;
       return e;
     }
     if (!Eat(',')) return std::nullopt;
     --depth_;
-    if (!Items(')', [&] { return Expression().has_value(); })) return std::nullopt;
+    auto item = [&](int unpack) { return unpack < 2 && NamedExpression().has_value(); };
+    if (!Items(')', item)) return std::nullopt;
     return Expr{};
   }
 
@@ -680,6 +831,7 @@ class PyReader {
   size_t i_ = 0;
   int depth_ = 0;      // open brackets: newlines inside them separate nothing
   int recursion_ = 0;  // Expression() calls on the stack
+  bool eof_in_continuation_ = false;
 };
 
 }  // namespace

@@ -19,11 +19,14 @@
 //    as content. llama4_pythonic first drops a leading <|python_start|> and
 //    every <|python_end|>.
 // What Python would parse that this does not (the answer stays content
-// where vLLM would find calls): positional arguments or later statements
-// that are not literals, names, attribute chains, calls, subscripts,
-// containers or unary operators; \N{...} escapes; integers past 64 bits;
-// f-strings as positional arguments. Identifiers may hold any non-ASCII
-// letters, read byte for byte (Python would NFKC-normalize them).
+// where vLLM would find calls): lambdas, comprehensions, f-strings,
+// \N{...} escapes, integers past 64 bits, await and yield, and statements
+// other than expressions and assignments (def, if, import, ...) after the
+// calls. Expressions are read as far as Python's grammar decides whether
+// they parse (operators, comparisons, conditionals, named expressions,
+// unpacking, slices), with no precedence: none of them is a literal.
+// Identifiers may hold any non-ASCII letters, read byte for byte (Python
+// would NFKC-normalize them).
 #pragma once
 
 #include <string_view>

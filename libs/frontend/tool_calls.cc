@@ -50,12 +50,13 @@ std::optional<ToolCall> CallOf(const internal::PyJson& call, bool parameters_ali
   const internal::PyJson* name = call.Find("name");
   const internal::PyJson* arguments = call.Find("arguments");
   if (arguments == nullptr && parameters_alias) arguments = call.Find("parameters");
-  if (name == nullptr || name->type != internal::PyJson::Type::kString || arguments == nullptr) {
+  if (name == nullptr || name->type != internal::PyJson::Type::kString || arguments == nullptr ||
+      internal::PyJsonHasLoneSurrogate(name->text)) {
     return std::nullopt;
   }
-  return ToolCall{.id = ToolCallId(),
-                  .name = name->text,
-                  .arguments = internal::PyJsonDumps(*arguments, /*ensure_ascii=*/false)};
+  std::optional<std::string> dumped = internal::PyJsonDumps(*arguments, /*ensure_ascii=*/false);
+  if (!dumped) return std::nullopt;
+  return ToolCall{.id = ToolCallId(), .name = name->text, .arguments = *std::move(dumped)};
 }
 
 ExtractedToolCalls ExtractHermes(std::string_view text) {

@@ -51,6 +51,12 @@ class RandomText {
   std::mt19937 rng_;
 };
 
+// The generators' seed: `fixed`, or TANDEM_TOOL_CALLS_SEED to explore others.
+inline uint32_t GeneratorSeed(uint32_t fixed) {
+  const char* env = std::getenv("TANDEM_TOOL_CALLS_SEED");
+  return env == nullptr ? fixed : static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+}
+
 struct ReferenceCase {
   ToolParser parser;
   std::string text;
