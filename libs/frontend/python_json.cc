@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -171,66 +172,54 @@ class Scanner {
     return v;
   }
 
-  std::optional<PyJson> Object(size_t* i) {
+  // Whether s_[*i] is `c`; if so, steps past it.
+  bool Take(size_t* i, char c) const {
+    if (*i >= s_.size() || s_[*i] != c) return false;
     ++*i;
-    PyJson out{.type = PyJson::Type::kObject};
+    return true;
+  }
+  // Take(i, c) and the whitespace after it.
+  bool TakeThenSpace(size_t* i, char c) const {
+    if (!Take(i, c)) return false;
     Space(i);
-    if (*i < s_.size() && s_[*i] == '}') {
-      ++*i;
-      return out;
-    }
+    return true;
+  }
+
+  std::optional<PyJson> Object(size_t* i) {
+    TakeThenSpace(i, '{');
+    PyJson out{.type = PyJson::Type::kObject};
+    if (Take(i, '}')) return out;
+    // dict(pairs): a repeated key keeps its first place, takes the last value.
+    std::unordered_map<std::string, size_t> index;
     for (;;) {
-      if (*i >= s_.size() || s_[*i] != '"') return std::nullopt;
-      ++*i;
       std::string key;
-      if (!String(i, &key)) return std::nullopt;
+      if (!Take(i, '"') || !String(i, &key)) return std::nullopt;
       Space(i);
-      if (*i >= s_.size() || s_[*i] != ':') return std::nullopt;
-      ++*i;
-      Space(i);
+      if (!TakeThenSpace(i, ':')) return std::nullopt;
       std::optional<PyJson> value = Value(i);
       if (!value) return std::nullopt;
-      // dict(pairs): a repeated key keeps its first place, takes the last value.
-      bool seen = false;
-      for (auto& [k, v] : out.members) {
-        if (k == key) {
-          v = *std::move(value);
-          seen = true;
-          break;
-        }
+      if (auto [it, added] = index.try_emplace(key, out.members.size()); !added) {
+        out.members[it->second].value = *std::move(value);
+      } else {
+        out.members.push_back({std::move(key), *std::move(value)});
       }
-      if (!seen) out.members.push_back({std::move(key), *std::move(value)});
       Space(i);
-      if (*i < s_.size() && s_[*i] == '}') {
-        ++*i;
-        return out;
-      }
-      if (*i >= s_.size() || s_[*i] != ',') return std::nullopt;
-      ++*i;
-      Space(i);
+      if (Take(i, '}')) return out;
+      if (!TakeThenSpace(i, ',')) return std::nullopt;
     }
   }
 
   std::optional<PyJson> Array(size_t* i) {
-    ++*i;
+    TakeThenSpace(i, '[');
     PyJson out{.type = PyJson::Type::kArray};
-    Space(i);
-    if (*i < s_.size() && s_[*i] == ']') {
-      ++*i;
-      return out;
-    }
+    if (Take(i, ']')) return out;
     for (;;) {
       std::optional<PyJson> value = Value(i);
       if (!value) return std::nullopt;
       out.items.push_back(*std::move(value));
       Space(i);
-      if (*i < s_.size() && s_[*i] == ']') {
-        ++*i;
-        return out;
-      }
-      if (*i >= s_.size() || s_[*i] != ',') return std::nullopt;
-      ++*i;
-      Space(i);
+      if (Take(i, ']')) return out;
+      if (!TakeThenSpace(i, ',')) return std::nullopt;
     }
   }
 
