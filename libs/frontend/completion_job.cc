@@ -73,7 +73,10 @@ void CompletionJob::Start(const std::optional<ModelInfo>& model,
   const char* id_prefix = request_.endpoint == Endpoint::kChat        ? "chatcmpl-"
                           : request_.endpoint == Endpoint::kResponses ? "resp_"
                                                                       : "cmpl-";
-  head_ = {.id = NewResponseId(id_prefix),
+  // The scheduler's ids are ours (random, so no client aborts another's
+  // request by guessing it); the response's may be the client's.
+  call_id_ = NewResponseId(id_prefix);
+  head_ = {.id = request_.request_id ? absl::StrCat(id_prefix, *request_.request_id) : call_id_,
            .created = static_cast<int64_t>(std::time(nullptr)),
            .model = request_.model.empty() ? names->front() : request_.model};
   if (!BuildChoices(*model)) return;
@@ -142,7 +145,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
       ChoiceState& c = choices_[p * n + j];
       c.index = static_cast<int32_t>(p) * n + j;
       c.prompt = static_cast<int32_t>(p);
-      c.call_request = {.request_id = absl::StrCat(head_.id, "-", c.index),
+      c.call_request = {.request_id = absl::StrCat(call_id_, "-", c.index),
                         .prompt_token_ids = prompts_.ids[p],
                         .sampling = {.temperature = sampling.temperature,
                                      .top_k = sampling.top_k,

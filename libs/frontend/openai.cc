@@ -396,6 +396,10 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     if (!user->is_string()) return BadRequest("'user' must be a string", "user");
     out->user = user->get<std::string>();
   }
+  if (const Json* id = r.Find("request_id"); id != nullptr && !id->is_null()) {
+    if (!id->is_string()) return BadRequest("'request_id' must be a string", "request_id");
+    out->request_id = id->get<std::string>();
+  }
   if (auto e = r.Bool("add_special_tokens", &out->add_special_tokens)) return e;
   if (auto e = r.Bool("skip_special_tokens", &out->skip_special_tokens)) return e;
   if (auto e = r.Bool("return_token_ids", &out->return_token_ids)) return e;

@@ -34,7 +34,6 @@ constexpr const char* kChatFields[] = {"model",
                                        "include_stop_str_in_output",
                                        "stream",
                                        "cache_salt",
-                                       "request_id",
                                        "vllm_xargs",
                                        "structured_outputs",
                                        "mm_processor_kwargs",
@@ -323,6 +322,11 @@ std::optional<ApiError> ParseSettings(const Reader& r, ResponsesFields* out) {
   }
   if (auto e = r.OnlyNeutral("truncation", "disabled",
                              "a prompt longer than the context is refused, not truncated")) {
+    return e;
+  }
+  if (auto e = r.OnlyNeutral("request_id", Json(),
+                             "a response's id is the server's here (chat and completions take "
+                             "it)")) {
     return e;
   }
   if (auto e = r.OnlyNeutral("prompt", Json(), "prompt templates are not implemented")) return e;

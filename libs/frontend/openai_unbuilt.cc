@@ -30,7 +30,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
       {"guided_whitespace_pattern", Json(nullptr), kNoGuided},
       {"structural_tag", Json(nullptr), kNoGuided},
       {"structured_outputs", Json(nullptr), kNoGuided},
-      {"request_id", Json(nullptr), "the server names each request (the response's id)"},
       {"cache_salt", Json(nullptr),
        "the server salts the prefix cache per API key (--api-keys-file)"},
       {"kv_transfer_params", Json(nullptr), "disaggregated serving is not implemented"},

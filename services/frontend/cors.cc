@@ -1,6 +1,10 @@
 #include "cors.h"
 
+#include <algorithm>
+#include <random>
+
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
@@ -53,6 +57,18 @@ std::optional<std::vector<std::pair<std::string, std::string>>> PreflightHeaders
     headers.emplace_back("Access-Control-Allow-Headers", asked->second);
   }
   return headers;
+}
+
+std::string AnswerRequestId(const HttpRequest& request) {
+  if (auto it = request.headers.find("x-request-id"); it != request.headers.end()) {
+    const std::string& id = it->second;
+    if (std::none_of(id.begin(), id.end(),
+                     [](char c) { return c == '\r' || c == '\n' || c == '\0'; })) {
+      return id;
+    }
+  }
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return absl::StrFormat("%016x%016x", rng(), rng());
 }
 
 }  // namespace tandem::frontend

@@ -1,7 +1,9 @@
-// CORS as vLLM's (Starlette's CORSMiddleware with vLLM's defaults: any
+// The headers an answer takes from its request, as vLLM's middlewares set
+// them. CORS as vLLM's (Starlette's CORSMiddleware with vLLM's defaults: any
 // method, any header, no credentials): which origin an answer names, and
-// the answer to a browser's preflight. The HTTP server applies them to
-// every exchange (HttpServerOptions::allowed_origins).
+// the answer to a browser's preflight; and X-Request-Id. The HTTP server
+// applies them to every exchange (HttpServerOptions::allowed_origins,
+// request_id_headers).
 #pragma once
 
 #include <optional>
@@ -27,5 +29,10 @@ std::string CorsAllowOrigin(const std::vector<std::string>& allowed, const HttpR
 // headers of its answer, allowing what it asks for. Else nullopt.
 std::optional<std::vector<std::pair<std::string, std::string>>> PreflightHeaders(
     const HttpRequest& request, const std::string& allow_origin);
+
+// vLLM's XRequestIdMiddleware (--enable-request-id-headers): the answer's
+// X-Request-Id, the request's own, else (none, or one that could not be
+// written back as a header) 32 random hex digits.
+std::string AnswerRequestId(const HttpRequest& request);
 
 }  // namespace tandem::frontend

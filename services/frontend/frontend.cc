@@ -249,6 +249,12 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
       return;
     }
     if (!tenant->empty()) request.cache_salt = "tenant:" + *tenant;
+    // vLLM's _base_request_id: the X-Request-Id header (gateways such as
+    // Envoy set one on every request) before the body's request_id.
+    if (auto id = req.headers.find("x-request-id");
+        id != req.headers.end() && endpoint != Endpoint::kResponses) {
+      request.request_id = id->second;
+    }
     if (auto e = ApplyServerOptions(&request)) {
       RespondError(*exchange, *e);
       CountResponse(path, e->http_status);

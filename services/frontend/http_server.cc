@@ -185,6 +185,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       absl::StrAppend(&outbox_, "Access-Control-Allow-Origin: ", cors_origin_, "\r\n");
       if (cors_origin_ != "*") outbox_ += "Vary: Origin\r\n";
     }
+    if (!request_id_.empty()) absl::StrAppend(&outbox_, "X-Request-Id: ", request_id_, "\r\n");
   }
 
   // Under mu_ (held by `lock`; may let it go): sends what the outbox holds.
@@ -384,6 +385,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       http10_ = http10;
       cors_origin_ = CorsAllowOrigin(server_->options.allowed_origins, request);
       cors = cors_origin_;
+      request_id_ = server_->options.request_id_headers ? AnswerRequestId(request) : "";
       on_gone_ = nullptr;
     }
     Watch();
@@ -515,6 +517,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   bool head_ = false;       // it is a HEAD: no body goes out
   bool http10_ = false;     // an HTTP/1.0 request: no chunked coding
   std::string cors_origin_;  // Access-Control-Allow-Origin of its answer, if any
+  std::string request_id_;   // X-Request-Id of its answer, if any
   bool active_ = false;     // an exchange is being answered
   bool started_ = false;    // its status line is queued
   bool complete_ = false;   // its last byte is queued

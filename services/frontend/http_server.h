@@ -121,6 +121,9 @@ struct HttpServerOptions {
   // here, before any route or key check, with the methods and headers it
   // asks for.
   std::vector<std::string> allowed_origins;
+  // vLLM's --enable-request-id-headers: every answer carries X-Request-Id,
+  // the request's own (the header it came with) or 32 random hex digits.
+  bool request_id_headers = false;
 };
 
 class HttpServer {

@@ -101,6 +101,9 @@ int main(int argc, char** argv) {
   flags.Add("allowed-origins", &allowed_origins,
             "[vLLM] CORS: the origins whose browsers may call the API, a JSON list (vLLM's "
             "form) or comma-separated; [\"*\"] (the default, vLLM's): any; []: no CORS headers");
+  flags.Add("enable-request-id-headers", &http.request_id_headers,
+            "[vLLM] every answer carries an X-Request-Id header: the request's own, else a "
+            "random one");
   flags.Add("scheduler", &router_options.targets,
             "a scheduler replica: host:port, or dns:///name:port for every address the name "
             "resolves to (a headless Service); repeatable");
@@ -199,7 +202,8 @@ int main(int argc, char** argv) {
             "request's return_tokens_as_token_ids overrides it)");
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer",
                      "enable-auto-tool-choice", "tool-call-parser", "allowed-origins",
-                     "reasoning-parser", "return-tokens-as-token-ids"});
+                     "reasoning-parser", "return-tokens-as-token-ids",
+                     "enable-request-id-headers"});
   flags.ParseOrExit(argc, argv);
   if (drain_timeout_s < 0) {
     return Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));

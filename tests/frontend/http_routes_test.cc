@@ -12,6 +12,8 @@
 //     the registry without bound);
 //   - "Expect: 100-continue" is answered before the body is read;
 //   - CORS as vLLM's default (any origin) and with an allow list;
+//   - vLLM's request ids: X-Request-Id or the body's request_id names the
+//     response, and --enable-request-id-headers echoes it;
 //   - --metrics-from whose upstream accepts and never answers: /metrics
 //     still answers, after the relay's timeout.
 #include <netinet/in.h>
@@ -19,6 +21,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -293,6 +296,111 @@ TEST_F(FrontendHttpRoutesTest, CorsAsVllmsDefaultsAndAnAllowList) {
                "OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: http://b.example\r\n"
                "Access-Control-Request-Method: GET\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(b_preflight.rfind("HTTP/1.1 405", 0), 0u) << b_preflight;
+}
+
+// vLLM's request ids: the response's id is "chatcmpl-" / "cmpl-" and the
+// X-Request-Id header (gateways such as Envoy set one), else the body's
+// request_id; the scheduler's ids stay the frontend's own and unique, so two
+// requests a gateway gave one id both run. /v1/responses names its own.
+TEST_F(FrontendHttpRoutesTest, TheResponseIdIsTheClientsRequestIdAsVllms) {
+  scheduler_->SetOutput({tok_->Encode("fox")->back()}, v1::FINISH_REASON_LENGTH);
+  Service chat_frontend = StartFrontend(dir_, "request-id", {scheduler_->address()},
+                                        {"--tokenizer", kTokenizer, "--chat-template", "llama-2"});
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "The"}}}}};
+  auto post = [&](const std::string& path, Json body, const std::string& header) {
+    httplib::Client client("http://" + chat_frontend.address());
+    client.set_read_timeout(20, 0);
+    httplib::Headers headers;
+    if (!header.empty()) headers.emplace("X-Request-Id", header);
+    auto res = client.Post(path, headers, body.dump(), "application/json");
+    return res ? std::make_pair(res->status, res->body) : std::make_pair(-1, std::string());
+  };
+  auto id_of = [](const std::pair<int, std::string>& r) {
+    EXPECT_EQ(r.first, 200) << r.second;
+    return Json::parse(r.second, nullptr, false).value("id", "");
+  };
+  Json with_id = chat;
+  with_id["request_id"] = "body-1";
+  EXPECT_EQ(id_of(post("/v1/chat/completions", with_id, "")), "chatcmpl-body-1");
+  EXPECT_EQ(id_of(post("/v1/chat/completions", with_id, "gw-7")), "chatcmpl-gw-7");
+  EXPECT_EQ(id_of(post("/v1/completions", {{"prompt", "The"}}, "gw-7")), "cmpl-gw-7");
+  const auto streamed = post("/v1/completions", {{"prompt", "The"}, {"stream", true}}, "gw-7");
+  ASSERT_EQ(streamed.first, 200);
+  int chunks = 0;
+  for (size_t at = streamed.second.find("data: {"); at != std::string::npos;
+       at = streamed.second.find("data: {", at + 1), ++chunks) {
+    const std::string line =
+        streamed.second.substr(at + 6, streamed.second.find('\n', at) - at - 6);
+    EXPECT_EQ(Json::parse(line).value("id", ""), "cmpl-gw-7") << line;
+  }
+  EXPECT_GT(chunks, 0) << streamed.second;
+  const std::string own = id_of(post("/v1/chat/completions", chat, ""));
+  EXPECT_EQ(own.rfind("chatcmpl-", 0), 0u) << own;
+  EXPECT_GT(own.size(), std::string("chatcmpl-").size()) << own;
+
+  // The scheduler saw five requests under five ids of the frontend's own.
+  std::set<std::string> ids;
+  for (const v1::GenerateRequest& r : scheduler_->requests()) {
+    EXPECT_EQ(r.request_id().find("gw-7"), std::string::npos) << r.request_id();
+    EXPECT_EQ(r.request_id().find("body-1"), std::string::npos) << r.request_id();
+    ids.insert(r.request_id());
+  }
+  EXPECT_EQ(ids.size(), 5u);
+
+  with_id["request_id"] = 5;
+  const auto bad = post("/v1/chat/completions", with_id, "");
+  EXPECT_EQ(bad.first, 400) << bad.second;
+  EXPECT_EQ(Json::parse(bad.second, nullptr, false)["error"]["param"], "request_id") << bad.second;
+  const Json responses = {{"input", "The"}, {"request_id", "r-1"}};
+  const auto refused = post("/v1/responses", responses, "");
+  EXPECT_EQ(refused.first, 400) << refused.second;
+  EXPECT_EQ(Json::parse(refused.second, nullptr, false)["error"]["param"], "request_id")
+      << refused.second;
+  const std::string resp = id_of(post("/v1/responses", {{"input", "The"}}, "gw-7"));
+  EXPECT_EQ(resp.rfind("resp_", 0), 0u) << resp;
+  EXPECT_EQ(resp.find("gw-7"), std::string::npos) << resp;
+}
+
+// --enable-request-id-headers (vLLM's): every answer carries X-Request-Id,
+// the request's own or a random one; without the flag, none.
+TEST_F(FrontendHttpRoutesTest, RequestIdHeadersEchoTheRequestsIdOrMakeOne) {
+  const std::string plain = Exchange(frontend_.address(),
+                                     "GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: a-1\r\n"
+                                     "Connection: close\r\n\r\n");
+  EXPECT_EQ(HeadOf(plain).find("X-Request-Id"), std::string::npos) << plain;
+
+  Service ids = StartFrontend(dir_, "request-ids", {scheduler_->address()},
+                              {"--tokenizer", kTokenizer, "--enable-request-id-headers"});
+  auto head_of = [&](const std::string& request) {
+    return HeadOf(Exchange(ids.address(), request));
+  };
+  const std::string echoed =
+      head_of("GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: a-1\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(echoed.find("\r\nX-Request-Id: a-1\r\n"), std::string::npos) << echoed;
+  const std::string not_found =
+      head_of("GET /nowhere HTTP/1.1\r\nHost: x\r\nX-Request-Id: a-2\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(not_found.rfind("HTTP/1.1 404", 0), 0u) << not_found;
+  EXPECT_NE(not_found.find("\r\nX-Request-Id: a-2\r\n"), std::string::npos) << not_found;
+  scheduler_->SetOutput({tok_->Encode("fox")->back()}, v1::FINISH_REASON_LENGTH);
+  const std::string body = Json{{"prompt", "The"}, {"stream", true}}.dump();
+  const std::string stream = head_of(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: a-3\r\nContent-Type: "
+      "application/json\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(stream.rfind("HTTP/1.1 200", 0), 0u) << stream;
+  EXPECT_NE(stream.find("\r\nX-Request-Id: a-3\r\n"), std::string::npos) << stream;
+  // Without one: 32 hex digits, another each time.
+  std::set<std::string> made;
+  for (int i = 0; i < 2; ++i) {
+    const std::string h = head_of("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    const size_t at = h.find("\r\nX-Request-Id: ");
+    ASSERT_NE(at, std::string::npos) << h;
+    const std::string id = h.substr(at + 16, h.find("\r\n", at + 2) - at - 16);
+    EXPECT_EQ(id.size(), 32u) << id;
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+    made.insert(id);
+  }
+  EXPECT_EQ(made.size(), 2u);
 }
 
 TEST_F(FrontendHttpRoutesTest, InventedPathsAreNotLabelValues) {

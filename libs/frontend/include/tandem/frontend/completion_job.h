@@ -193,6 +193,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   std::unique_ptr<CompletionJobMetrics> metrics_;
   CompletionRequest request_;
   ResponseHead head_;
+  std::string call_id_;  // the scheduler's ids: call_id_ + "-" + choice index
   PreparedPrompts prompts_;
   std::vector<ChoiceState> choices_;
   ResponsesRun responses_run_;                  // /v1/responses

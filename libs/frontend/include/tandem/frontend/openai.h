@@ -48,7 +48,7 @@
 // text, suffix, prompt_embeds, tools with tool_choice other than "none" (with "none" the tools are
 // rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
 // as vLLM does), reasoning_effort, include_reasoning false, documents, a
-// per-request chat_template, spaces_between_special_tokens false, request_id, cache_salt (the
+// per-request chat_template, spaces_between_special_tokens false, cache_salt (the
 // server salts per API key), kv_transfer_params, vllm_xargs, mm_processor_kwargs and
 // media_io_kwargs; of OpenAI's chat fields beyond vLLM's, those that change the answer: functions,
 // function_call, audio, modalities other than ["text"], web_search_options
@@ -170,6 +170,11 @@ struct CompletionRequest {
   // include_usage defaults to true in vLLM's stream_options.
   bool continuous_usage = false;
   std::string user;
+  // vLLM's request id (completions and chat): the response's id is the
+  // endpoint's prefix and it ("chatcmpl-<id>"), taken from the X-Request-Id
+  // header, else the body's request_id (Frontend::Handle); nullopt: a random
+  // id. The scheduler's ids stay the frontend's own, random and unique.
+  std::optional<std::string> request_id;
   bool echo = false;                      // completions only
   std::optional<bool> add_special_tokens; // nullopt: true (completions), false (chat)
   bool skip_special_tokens = true;
