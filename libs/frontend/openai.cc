@@ -396,6 +396,12 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     if (!user->is_string()) return BadRequest("'user' must be a string", "user");
     out->user = user->get<std::string>();
   }
+  if (const Json* salt = r.Find("cache_salt"); salt != nullptr && !salt->is_null()) {
+    if (!salt->is_string() || salt->get_ref<const std::string&>().empty()) {
+      return BadRequest("'cache_salt' must be a non-empty string if provided", "cache_salt");
+    }
+    out->client_cache_salt = salt->get<std::string>();
+  }
   if (const Json* id = r.Find("request_id"); id != nullptr && !id->is_null()) {
     if (!id->is_string()) return BadRequest("'request_id' must be a string", "request_id");
     out->request_id = id->get<std::string>();

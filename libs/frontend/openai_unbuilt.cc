@@ -30,8 +30,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
       {"guided_whitespace_pattern", Json(nullptr), kNoGuided},
       {"structural_tag", Json(nullptr), kNoGuided},
       {"structured_outputs", Json(nullptr), kNoGuided},
-      {"cache_salt", Json(nullptr),
-       "the server salts the prefix cache per API key (--api-keys-file)"},
       {"kv_transfer_params", Json(nullptr), "disaggregated serving is not implemented"},
       {"vllm_xargs", Json(nullptr), "no extensions read it"},
       {"mm_processor_kwargs", Json(nullptr), "no multimodal models are served"},

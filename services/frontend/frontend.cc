@@ -28,6 +28,16 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
 
+// The salt of a request's hash root (DESIGN §3): "tenant:<name>" for a
+// tenant, then the body's cache_salt as " salt:<it>" ("salt:<it>" alone
+// without a tenant). Tenant names hold no space, so no body salt reaches
+// another tenant's blocks, a tenant's own, or the unsalted ones.
+std::string CacheSalt(const std::string& tenant, const std::optional<std::string>& client) {
+  std::string salt = tenant.empty() ? "" : "tenant:" + tenant;
+  if (client) absl::StrAppend(&salt, salt.empty() ? "" : " ", "salt:", *client);
+  return salt;
+}
+
 }  // namespace
 
 FrontendMetrics::FrontendMetrics(prometheus::Registry* registry)
@@ -248,7 +258,7 @@ void Frontend::Handle(std::shared_ptr<HttpExchange> exchange) {
       CountResponse(path, e->http_status);
       return;
     }
-    if (!tenant->empty()) request.cache_salt = "tenant:" + *tenant;
+    request.cache_salt = CacheSalt(*tenant, request.client_cache_salt);
     // vLLM's _base_request_id: the X-Request-Id header (gateways such as
     // Envoy set one on every request) before the body's request_id.
     if (auto id = req.headers.find("x-request-id");

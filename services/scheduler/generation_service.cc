@@ -115,8 +115,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   if (!request->cache_salt().empty() && !AcceptsCacheSalt(*context)) {
     Reject(*call, request->request_id(),
            grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "cache_salt is set by the server; this server does not accept it in "
-                        "requests (--allow-request-cache-salt=false)"));
+                        "cache_salt is not accepted here: this scheduler takes it only from a "
+                        "frontend proven by its certificate (mutual TLS) or with "
+                        "--allow-request-cache-salt"));
     return reactor;
   }
   GenerateRequest r = rpc::FromProto(*request, RandomSeed());

@@ -3,8 +3,8 @@
 // and the frontend has no certificate with the frontend role) says so in
 // GetModelInfo, and the frontend routes nothing there and logs the fix at
 // start (issue 29), instead of each tenant request coming back a 400 that
-// blames the client. The real frontend binary against in-process fake
-// schedulers.
+// blames the client. vLLM's cache_salt in a body salts within the tenant.
+// The real frontend binary against in-process fake schedulers.
 #include <fstream>
 #include <string>
 #include <vector>
@@ -37,9 +37,18 @@ TEST(FrontendCacheSaltTest, ReplicasThatWouldRefuseTheSaltGetNoTenantRequests) {
                                 {{"prompt", {1, 450, 4996}}, {"max_tokens", 2}}, auth);
     EXPECT_EQ(res.status, 200) << res.raw;
   }
+  // vLLM's cache_salt in the body salts within the tenant, never as one.
+  for (const char* salt : {"x", "tenant:acme"}) {
+    const HttpResult res =
+        Post(frontend.address(), "/v1/completions",
+             {{"prompt", {1, 450, 4996}}, {"max_tokens", 2}, {"cache_salt", salt}}, auth);
+    EXPECT_EQ(res.status, 200) << res.raw;
+  }
   EXPECT_TRUE(refuses.requests().empty());
-  ASSERT_EQ(accepts.requests().size(), 6u);
+  ASSERT_EQ(accepts.requests().size(), 8u);
   EXPECT_EQ(accepts.requests()[0].cache_salt(), "tenant:acme");
+  EXPECT_EQ(accepts.requests()[6].cache_salt(), "tenant:acme salt:x");
+  EXPECT_EQ(accepts.requests()[7].cache_salt(), "tenant:acme salt:tenant:acme");
   const std::string log = ReadFile(frontend.log_path);
   EXPECT_NE(log.find("does not accept cache_salt from this frontend"), std::string::npos) << log;
   EXPECT_NE(log.find("--allow-request-cache-salt"), std::string::npos) << log;
@@ -66,7 +75,9 @@ TEST(FrontendCacheSaltTest, WithOnlyARefusingReplicaTenantsGet503NotA400) {
   EXPECT_TRUE(refuses.requests().empty());
 }
 
-// Without tenants no salt is sent, so the same replica serves.
+// Without tenants no salt is sent, so the same replica serves; a body's
+// cache_salt goes as "salt:<it>" (FrontendTest.CacheSaltShares... has a
+// real scheduler refuse or take it).
 TEST(FrontendCacheSaltTest, WithoutTenantsTheReplicaServes) {
   const std::string dir = MakeTempDir("frontend-salt");
   FakeScheduler refuses(Info(false));
@@ -75,7 +86,14 @@ TEST(FrontendCacheSaltTest, WithoutTenantsTheReplicaServes) {
   const HttpResult res = Post(frontend.address(), "/v1/completions",
                               {{"prompt", {1, 450, 4996}}, {"max_tokens", 2}});
   EXPECT_EQ(res.status, 200) << res.raw;
-  EXPECT_EQ(refuses.requests().size(), 1u);
+  ASSERT_EQ(refuses.requests().size(), 1u);
+  EXPECT_EQ(refuses.requests()[0].cache_salt(), "");
+  const HttpResult salted =
+      Post(frontend.address(), "/v1/completions",
+           {{"prompt", {1, 450, 4996}}, {"max_tokens", 2}, {"cache_salt", "tenant:acme"}});
+  EXPECT_EQ(salted.status, 200) << salted.raw;
+  ASSERT_EQ(refuses.requests().size(), 2u);
+  EXPECT_EQ(refuses.requests()[1].cache_salt(), "salt:tenant:acme");
 }
 
 }  // namespace

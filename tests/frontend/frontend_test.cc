@@ -8,7 +8,8 @@
 //     running beside them is unaffected;
 //   - /v1/responses, read by the SDK's three ways, answers as chat does;
 //   - --model DIR alone gives the tokenizer and chat template
-//     (chat_template.jinja) of the directory; --chat-template overrides.
+//     (chat_template.jinja) of the directory; --chat-template overrides;
+//   - vLLM's cache_salt keeps cached prefixes within the salt.
 // Client connections (hang-ups, late and slow readers, pipelining, the
 // connections to a replica) are in frontend_connections_test.cc, several
 // replicas in frontend_replicas_test.cc; all three build one frontend_test.
@@ -439,6 +440,52 @@ TEST_F(FrontendTest, ModelDirectoryGivesTheTokenizerAndTheChatTemplate) {
 // success is serve_test's): a URL it cannot use stops the start naming it,
 // and an upstream that does not answer leaves /metrics with the frontend's
 // own series and tandem_frontend_metrics_from_up 0.
+// vLLM's cache_salt: a request shares cached prefix blocks only with
+// requests of the same salt (usage.prompt_tokens_details.cached_tokens
+// counts them), and its tokens are the same. The scheduler takes the salt
+// from the frontend only as it is configured to (here
+// --allow-request-cache-salt); one that would not answers a 400 naming it.
+TEST_F(FrontendTest, CacheSaltSharesCachedPrefixesOnlyWithinTheSalt) {
+  Json body = {
+      {"prompt", Json::array()}, {"max_tokens", 4}, {"temperature", 0}, {"cache_salt", "a"}};
+  for (int32_t id = 100; id < 140; ++id) body["prompt"].push_back(id);  // two full blocks
+  const HttpResult refused = Post(frontend_.address(), "/v1/completions", body);
+  EXPECT_EQ(refused.status, 400) << refused.raw;
+  EXPECT_NE(refused.raw.find("cache_salt is not accepted here"), std::string::npos) << refused.raw;
+
+  Service worker = StartWorker(dir_, "salt-worker", {"--model", kModels + "/random32k.bin"});
+  Service scheduler =
+      StartScheduler(dir_, "salt-scheduler", worker.address(), {"--allow-request-cache-salt"});
+  Service frontend = StartFrontend(dir_, "salt-frontend", {scheduler.address()},
+                                   {"--tokenizer", kLlama2Tokenizer});
+  std::vector<int32_t> first_tokens;
+  auto cached = [&](const Json& salt) {
+    Json b = body;
+    b["cache_salt"] = salt;
+    b["return_token_ids"] = true;
+    const HttpResult r = Post(frontend.address(), "/v1/completions", b);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    if (r.status != 200) return -1;
+    const std::vector<int32_t> tokens = r.body["choices"][0]["token_ids"];
+    if (first_tokens.empty()) first_tokens = tokens;
+    EXPECT_EQ(tokens, first_tokens);
+    return r.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  EXPECT_EQ(cached("a"), 0);
+  EXPECT_EQ(cached("a"), 32);
+  EXPECT_EQ(cached("b"), 0);
+  EXPECT_EQ(cached(nullptr), 0);  // no salt: the shared namespace
+  EXPECT_EQ(cached("b"), 32);
+
+  for (const Json& bad : {Json(""), Json(5)}) {
+    Json b = body;
+    b["cache_salt"] = bad;
+    const HttpResult r = Post(frontend.address(), "/v1/completions", b);
+    EXPECT_EQ(r.status, 400) << r.raw;
+    EXPECT_EQ(r.body["error"]["param"], "cache_salt") << r.raw;
+  }
+}
+
 TEST_F(FrontendTest, MetricsFromRefusesBadUrlsAndSurvivesADeadUpstream) {
   const std::string binary = BinaryPath("services/frontend/tandem-frontend");
   struct Case {

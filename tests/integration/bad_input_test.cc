@@ -128,7 +128,7 @@ std::vector<BadCase> BadCases() {
     auto r = base();
     r.set_cache_salt("tenant-a");
     cases.push_back({"cache_salt not allowed", r, grpc::StatusCode::INVALID_ARGUMENT,
-                     "cache_salt is set by the server"});
+                     "cache_salt is not accepted here"});
   }
   return cases;
 }

@@ -48,8 +48,7 @@
 // text, suffix, prompt_embeds, tools with tool_choice other than "none" (with "none" the tools are
 // rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
 // as vLLM does), reasoning_effort, include_reasoning false, documents, a
-// per-request chat_template, spaces_between_special_tokens false, cache_salt (the
-// server salts per API key), kv_transfer_params, vllm_xargs, mm_processor_kwargs and
+// per-request chat_template, spaces_between_special_tokens false, kv_transfer_params, vllm_xargs, mm_processor_kwargs and
 // media_io_kwargs; of OpenAI's chat fields beyond vLLM's, those that change the answer: functions,
 // function_call, audio, modalities other than ["text"], web_search_options
 // and verbosity; stream_options.include_obfuscation true. OpenAI's fields
@@ -140,9 +139,13 @@ struct CompletionRequest {
   // default), up to max_model_len on chat; either way at most what the
   // context leaves after the prompt.
   std::optional<int32_t> max_tokens;
-  // The prefix-cache salt of the caller's tenant. Set by the frontend from
-  // the API key (FrontendOptions::tenants), never from the body.
+  // The prefix-cache salt the scheduler gets (Frontend::Handle): the
+  // caller's tenant's, from the API key (FrontendOptions::tenants), and the
+  // body's cache_salt within it (never the tenant's from the body).
   std::string cache_salt;
+  // vLLM's cache_salt as the body sent it: requests share cached prefixes
+  // only with requests of the same salt (and tenant). Not empty when sent.
+  std::optional<std::string> client_cache_salt;
   // nullopt: the request left it unset (see EffectiveSampling).
   std::optional<float> temperature;
   std::optional<float> top_p;
