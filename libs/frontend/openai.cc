@@ -438,6 +438,18 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
       }
       out->chat_template_kwargs = *kwargs;
     }
+    // vLLM's list[dict[str, str]], for the template's `documents`.
+    if (const Json* documents = r.Find("documents"); documents != nullptr && !documents->is_null()) {
+      auto strings = [](const Json& d) {
+        return d.is_object() && std::all_of(d.begin(), d.end(),
+                                            [](const Json& v) { return v.is_string(); });
+      };
+      if (!documents->is_array() || !std::all_of(documents->begin(), documents->end(), strings)) {
+        return BadRequest("'documents' must be a list of objects whose values are strings",
+                          "documents");
+      }
+      out->documents = *documents;
+    }
     // vLLM's: false leaves the thinking out (the server refuses it without
     // --reasoning-parser, which splits it out).
     if (auto e = r.Bool("include_reasoning", &out->include_reasoning)) return e;

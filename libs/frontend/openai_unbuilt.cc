@@ -43,7 +43,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
   }();
   static const auto* chat = [] {
     auto* v = new std::vector<Unbuilt>(*common);
-    v->push_back({"documents", Json(nullptr), "not implemented"});
     v->push_back({"chat_template", Json(nullptr),
                   "the server's template is used (tandem-frontend --chat-template)"});
     v->push_back({"reasoning_effort", Json(nullptr), "no served model takes a reasoning effort"});

@@ -75,13 +75,13 @@ std::optional<ApiError> CheckPromptBytes(const ServedTokenizer& served, const Mo
 }
 
 // The chat template's variables beyond messages and tokens: the tools
-// (tool_choice "none"), then chat_template_kwargs over them, as vLLM merges
-// them.
+// (tool_choice "none") and documents, then chat_template_kwargs over them,
+// as vLLM merges them. Both are defined, as none when the request has none:
+// transformers renders with tools=None and documents=None, and a template
+// may test `is not none` or `is defined`.
 nlohmann::ordered_json TemplateVariables(const CompletionRequest& request) {
-  nlohmann::ordered_json vars = request.chat_template_kwargs;
-  if (request.tools.is_null()) return vars;
-  if (vars.is_null()) vars = nlohmann::ordered_json::object();
-  if (!vars.contains("tools")) vars["tools"] = request.tools;
+  nlohmann::ordered_json vars = {{"tools", request.tools}, {"documents", request.documents}};
+  if (request.chat_template_kwargs.is_object()) vars.update(request.chat_template_kwargs);
   return vars;
 }
 

@@ -1,7 +1,7 @@
 // vLLM's request fields tandem-frontend builds (issue 30), each through the
 // real frontend binary and an in-process fake scheduler that answers
 // chosen ids and records what it is asked: include_stop_str_in_output,
-// truncate_prompt_tokens, priority, chat_template_kwargs, min_tokens with
+// truncate_prompt_tokens, priority, chat_template_kwargs, documents, min_tokens with
 // stop strings, the usage of a choice a stop string ends, and
 // stream_options.continuous_usage_stats.
 #include <algorithm>
@@ -36,10 +36,14 @@ class FrontendRequestFieldsTest : public ::testing::Test {
     ASSERT_TRUE(tok.ok()) << tok.status();
     tok_ = *std::move(tok);
     const std::string dir = MakeTempDir("frontend-fields");
-    // A template that shows whether chat_template_kwargs reached it.
+    // A template that shows whether chat_template_kwargs and documents
+    // reached it, and whether tools and documents are none without them.
     const std::string tmpl = dir + "/template.jinja";
     std::ofstream(tmpl) << "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-                           "{% if enable_thinking %} THINK{% endif %}{{ suffix }}";
+                           "{% if enable_thinking %} THINK{% endif %}{{ suffix }}"
+                           "{% if documents is not none %} DOCS{% for d in documents %}"
+                           "[{{ d['title'] }}|{{ d['text'] }}]{% endfor %}{% endif %}"
+                           "{% if tools is not none %} TOOLS{% endif %}";
     scheduler_ = std::make_unique<FakeScheduler>(FakeModelInfo("fields"));  // 256 tokens
     frontend_ = StartFrontend(dir, "frontend", {scheduler_->address()},
                               {"--tokenizer", kTokenizer, "--chat-template", tmpl});
@@ -403,6 +407,39 @@ TEST_F(FrontendRequestFieldsTest, ChatTemplateKwargsAreTheTemplatesVariables) {
                                 {"chat_template_kwargs", {{"add_generation_prompt", false}}}});
   EXPECT_EQ(reserved.status, 400);
   EXPECT_EQ(reserved.body["error"]["param"], "chat_template_kwargs");
+}
+
+// vLLM's documents reach the template as `documents`, and chat_template_kwargs
+// over them, as vLLM merges them; without them (or tools) the template sees
+// none, as transformers renders (tools=None, documents=None), not undefined.
+TEST_F(FrontendRequestFieldsTest, DocumentsAreTheTemplatesDocumentsAndNoneWithout) {
+  auto rendered = [&](const Json& extra) {
+    Json body = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}};
+    body.update(extra);
+    const Result r = Post("/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body.dump();
+    const v1::GenerateRequest got = scheduler_->requests().back();
+    return *tok_->Decode(
+        std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end()),
+        {.skip_special_tokens = true});
+  };
+  const std::string plain = rendered(Json::object());
+  EXPECT_EQ(plain.find("DOCS"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("TOOLS"), std::string::npos) << plain;
+  const Json docs = {{{"title", "A"}, {"text", "x"}}, {{"title", "B"}, {"text", "y"}}};
+  EXPECT_EQ(rendered({{"documents", docs}}), plain + " DOCS[A|x][B|y]");
+  EXPECT_EQ(
+      rendered({{"documents", docs},
+                {"chat_template_kwargs", {{"documents", {{{"title", "C"}, {"text", "z"}}}}}}}),
+      plain + " DOCS[C|z]");
+  EXPECT_EQ(rendered({{"documents", nullptr}}), plain);
+  for (const Json& bad : {Json("x"), Json::array({"x"}), Json::array({{{"title", 5}}})}) {
+    const Result r =
+        Post("/v1/chat/completions",
+             {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}, {"documents", bad}});
+    EXPECT_EQ(r.status, 400) << bad.dump();
+    EXPECT_EQ(r.body["error"]["param"], "documents") << r.body.dump();
+  }
 }
 
 // vLLM's continue_final_message: the prompt ends inside the last message

@@ -193,7 +193,9 @@ std::map<std::string, Treatment> Table(Endpoint e) {
                             "OpenAiParseTest.ToolChoiceIsReadAsVllmReadsIt, "
                             "FrontendToolCallsTest")},
       {"continue_final_message", Built({{"continue_final_message", true}}, kContinue)},
-      {"documents", Refused({{"documents", {{{"title", "t"}, {"text", "x"}}}}})},
+      {"documents",
+       Built({{"documents", {{{"title", "t"}, {"text", "x"}}}}},
+             "FrontendRequestFieldsTest.DocumentsAreTheTemplatesDocumentsAndNoneWithout")},
       {"chat_template", Refused({{"chat_template", "{{ messages }}"}})},
       {"reasoning_effort", Refused({{"reasoning_effort", "low"}})},
       {"include_reasoning",

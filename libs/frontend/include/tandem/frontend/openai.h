@@ -47,7 +47,7 @@
 // length_penalty, guided_* / structural_tag / structured_outputs and response_format other than
 // text, suffix, prompt_embeds, tools with tool_choice other than "none" (with "none" the tools are
 // rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
-// as vLLM does), reasoning_effort, include_reasoning false, documents, a
+// as vLLM does), reasoning_effort, include_reasoning false, a
 // per-request chat_template, spaces_between_special_tokens false, kv_transfer_params, vllm_xargs, mm_processor_kwargs and
 // media_io_kwargs; of OpenAI's chat fields beyond vLLM's, those that change the answer: functions,
 // function_call, audio, modalities other than ["text"], web_search_options
@@ -202,6 +202,9 @@ struct CompletionRequest {
   // template (each {"type": "function", "function": {"name", "description",
   // "parameters"}}); null when the request has none.
   nlohmann::ordered_json tools;
+  // Chat: vLLM's documents (RAG templates such as Granite's and Command R's
+  // read them): a list of objects of strings, as sent; null when none.
+  nlohmann::ordered_json documents;
   // Chat with tools: "none" (rendered into the prompt only) or "auto"
   // (vLLM's default when tools are given); "" without tools.
   std::string tool_choice;
