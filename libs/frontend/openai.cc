@@ -438,6 +438,24 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
       }
       out->chat_template_kwargs = *kwargs;
     }
+    // vLLM's per-request template: the body's, and chat_template_kwargs'
+    // over it (a template is no variable of its own).
+    if (const Json* source = r.Find("chat_template"); source != nullptr && !source->is_null()) {
+      if (!source->is_string()) {
+        return BadRequest("'chat_template' must be a string (a Jinja template)", "chat_template");
+      }
+      out->chat_template = source->get<std::string>();
+    }
+    if (auto it = out->chat_template_kwargs.find("chat_template");
+        out->chat_template_kwargs.is_object() && it != out->chat_template_kwargs.end()) {
+      if (!it->is_null() && !it->is_string()) {
+        return BadRequest(
+            "'chat_template_kwargs.chat_template' must be a string (a Jinja template)",
+            "chat_template_kwargs");
+      }
+      if (it->is_string()) out->chat_template = it->get<std::string>();
+      out->chat_template_kwargs.erase(it);
+    }
     // vLLM's list[dict[str, str]], for the template's `documents`.
     if (const Json* documents = r.Find("documents"); documents != nullptr && !documents->is_null()) {
       auto strings = [](const Json& d) {

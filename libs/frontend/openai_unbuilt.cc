@@ -43,8 +43,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
   }();
   static const auto* chat = [] {
     auto* v = new std::vector<Unbuilt>(*common);
-    v->push_back({"chat_template", Json(nullptr),
-                  "the server's template is used (tandem-frontend --chat-template)"});
     v->push_back({"reasoning_effort", Json(nullptr), "no served model takes a reasoning effort"});
     // OpenAI's chat fields beyond vLLM's that change the answer (vLLM
     // ignores them with a warning; the model would answer without them).

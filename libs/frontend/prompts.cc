@@ -142,7 +142,19 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
       }
     }
     if (auto e = CheckPromptBytes(served, model, content_bytes, param)) return e;
-    if (!served.chat_template()) {
+    // The request's own template comes first, as vLLM's
+    // resolve_hf_chat_template takes it (Frontend::ApplyServerOptions
+    // refused it unless the server trusts requests' templates).
+    std::optional<tokenizer::ChatTemplate> requested;
+    if (request.chat_template) {
+      absl::StatusOr<tokenizer::ChatTemplate> parsed =
+          tokenizer::ChatTemplate::Parse(*request.chat_template);
+      if (!parsed.ok()) {
+        return BadRequest(absl::StrCat("the request's chat_template: ", parsed.status().message()),
+                          "chat_template");
+      }
+      requested = *std::move(parsed);
+    } else if (!served.chat_template()) {
       return BadRequest(
           "this server has no chat template for its model; start tandem-frontend "
           "with --chat-template",
@@ -150,8 +162,9 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
     }
     // With tools, the tokenizer's "tool_use" template when it names one, as
     // transformers (and so vLLM) picks it.
-    const tokenizer::ChatTemplate* chat_template = &*served.chat_template();
-    if (!request.tools.is_null()) {
+    const tokenizer::ChatTemplate* chat_template =
+        requested ? &*requested : &*served.chat_template();
+    if (!request.tools.is_null() && !requested) {
       if (!served.tool_use_chat_template().ok()) {
         return BadRequest(std::string(served.tool_use_chat_template().status().message()), "tools");
       }
@@ -166,7 +179,8 @@ std::optional<ApiError> PreparePrompts(const ServedTokenizer& served,
                                          .extra_context = TemplateVariables(request)};
     absl::StatusOr<std::string> rendered = chat_template->Render(inputs);
     if (!rendered.ok()) {
-      return BadRequest(absl::StrCat("chat template: ", rendered.status().message()), param);
+      return BadRequest(absl::StrCat("chat template: ", rendered.status().message()),
+                        requested ? "chat_template" : param);
     }
     std::string text = *std::move(rendered);
     if (auto e = CheckPromptBytes(served, model, text.size(), param)) return e;

@@ -21,7 +21,7 @@ namespace {
 
 class Renderer {
  public:
-  explicit Renderer(const ChatTemplateInputs& inputs) {
+  explicit Renderer(const ChatTemplateInputs& inputs) : max_steps_(inputs.max_steps) {
     scopes_.emplace_back();
     auto& globals = scopes_.back();
     if (inputs.extra_context.is_object()) {
@@ -35,6 +35,10 @@ class Renderer {
 
   void Render(const NodeList& nodes, std::string& out) {
     for (const auto& n : nodes) {
+      Step(n->line);
+      if (out.size() > kMaxRenderedBytes) {
+        Fail(n->line, absl::StrCat("the rendered prompt passed ", kMaxRenderedBytes, " bytes"));
+      }
       switch (n->kind) {
         case Node::kText:
           out += n->text;
@@ -124,6 +128,7 @@ class Renderer {
     }
     const int64_t length = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < length; ++k) {
+      Step(n.line);
       scopes_.back().clear();
       bind(items[k]);
       Json loop = {{"index", k + 1},         {"index0", k},
@@ -139,7 +144,28 @@ class Renderer {
     if (length == 0 && n.bodies.size() > 1) Render(n.bodies[1], out);
   }
 
+  // One unit of the render's work budget.
+  void Step(int line) {
+    if (++steps_ > max_steps_) {
+      Fail(line, absl::StrCat("the template ran past ", max_steps_, " steps"));
+    }
+  }
+
+  // Every value an expression makes is bounded, so a string or list that
+  // doubles in a loop fails here rather than exhausting memory.
   Value Eval(const Expr& e) {
+    Step(e.line);
+    Value v = EvalUnbounded(e);
+    const Json& j = v.json;
+    if ((j.is_string() && j.get_ref<const std::string&>().size() > kMaxRenderedBytes) ||
+        ((j.is_array() || j.is_object()) && j.size() > kMaxItems)) {
+      Fail(e.line, absl::StrCat("a value passed ", j.is_string() ? kMaxRenderedBytes : kMaxItems,
+                                j.is_string() ? " bytes" : " items"));
+    }
+    return v;
+  }
+
+  Value EvalUnbounded(const Expr& e) {
     switch (e.kind) {
       case Expr::kLiteral:
         return Value{e.value};
@@ -173,7 +199,11 @@ class Renderer {
         return Value{!Truthy(Eval(*e.args[0]))};
       case Expr::kNeg: {
         const Value v = Eval(*e.args[0]);
-        if (IsInt(v.json)) return Value{-v.json.get<int64_t>()};
+        if (IsInt(v.json)) {
+          const int64_t i = v.json.get<int64_t>();
+          if (i == INT64_MIN) Fail(e.line, absl::StrCat("-(", i, ") does not fit in 64 bits"));
+          return Value{-i};
+        }
         if (v.json.is_number()) return Value{-v.json.get<double>()};
         Fail(e.line, "'-' of a value that is not a number");
       }
@@ -314,6 +344,14 @@ class Renderer {
         const int64_t start = b.size() > 1 ? b[0] : 0, stop = b.size() > 1 ? b[1] : b[0];
         const int64_t step = b.size() > 2 ? b[2] : 1;
         if (step == 0) Fail(e.line, "range() step is zero");
+        // Jinja's sandbox (transformers renders in one) refuses ranges
+        // larger than MAX_RANGE.
+        const __int128 span = step > 0 ? __int128{stop} - start : __int128{start} - stop;
+        const __int128 count = span <= 0 ? 0 : (span - 1) / (step > 0 ? step : -__int128{step}) + 1;
+        if (count > kMaxRange) {
+          Fail(e.line, absl::StrCat("range() of more than ", kMaxRange,
+                                    " items (Jinja's sandbox refuses it)"));
+        }
         Json out = Json::array();
         for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(k);
         return Value{std::move(out)};
@@ -588,7 +626,15 @@ class Renderer {
     Unsupported(line, absl::StrCat("the test '", t, "'"));
   }
 
+  // What one render's values may take (ChatTemplateInputs::max_steps says
+  // why).
+  static constexpr size_t kMaxRenderedBytes = 64 << 20;
+  static constexpr size_t kMaxItems = 1 << 20;
+  static constexpr int64_t kMaxRange = 100000;  // jinja2.sandbox.MAX_RANGE
+
   std::vector<std::map<std::string, Value>> scopes_;
+  int64_t steps_ = 0;
+  int64_t max_steps_;
 };
 
 }  // namespace

@@ -19,10 +19,21 @@ const std::set<std::string, std::less<>> kTests = {
     "sequence", "iterable",  "boolean", "true",   "false",  "equalto", "eq",
     "==",       "ne",        "!=",      "odd",    "even",   "in"};
 
+// Bounds on a template's shape, so that parsing and rendering it (both
+// recursive) stay well inside a thread's stack whatever its source: an
+// expression's depth is at most its tag's token count. Real templates'
+// tags hold tens of tokens and nest blocks a few deep.
+constexpr size_t kMaxTagTokens = 1024;
+constexpr int kMaxBlockDepth = 64;
+
 class ExprParser {
  public:
   ExprParser(const std::vector<Token>& tokens, size_t pos, int line)
-      : tokens_(tokens), pos_(pos), line_(line) {}
+      : tokens_(tokens), pos_(pos), line_(line) {
+    if (tokens.size() > kMaxTagTokens) {
+      Fail(line, absl::StrCat("a tag of ", tokens.size(), " tokens; at most ", kMaxTagTokens));
+    }
+  }
 
   ExprPtr Parse() { return Ternary(); }
   bool AtEnd() const { return pos_ >= tokens_.size(); }
@@ -340,6 +351,15 @@ class TemplateParser {
   // Nodes up to a statement whose keyword is in `ends` (returned in *end and
   // consumed); to the end of the template when `ends` is empty.
   NodeList ParseBody(const std::set<std::string>& ends, std::string* end) {
+    struct Depth {
+      int& d;
+      explicit Depth(int& d) : d(++d) {}
+      ~Depth() { --d; }
+    } depth(depth_);
+    if (depth_ > kMaxBlockDepth + 1) {
+      Fail(i_ < pieces_.size() ? pieces_[i_].line : 1,
+           absl::StrCat("blocks nested more than ", kMaxBlockDepth, " deep"));
+    }
     NodeList body;
     while (i_ < pieces_.size()) {
       const Piece& p = pieces_[i_];
@@ -464,6 +484,7 @@ class TemplateParser {
 
   std::vector<Piece> pieces_;
   size_t i_ = 0;
+  int depth_ = 0;  // ParseBody calls on the stack
 };
 
 }  // namespace

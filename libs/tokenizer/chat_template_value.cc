@@ -215,12 +215,19 @@ Value BinaryOp(const std::string& op, const Value& a, const Value& b, int line) 
   }
   if (IsInt(x) && IsInt(y) && op != "/") {
     const int64_t p = x.get<int64_t>(), q = y.get<int64_t>();
-    if (op == "+") return Value{p + q};
-    if (op == "-") return Value{p - q};
-    if (op == "*") return Value{p * q};
+    // Python's integers have no bound; ours refuse what int64 cannot hold.
+    int64_t r = 0;
+    if ((op == "+" && __builtin_add_overflow(p, q, &r)) ||
+        (op == "-" && __builtin_sub_overflow(p, q, &r)) ||
+        (op == "*" && __builtin_mul_overflow(p, q, &r)) ||
+        ((op == "//" || op == "%") && p == INT64_MIN && q == -1)) {
+      Fail(line, absl::StrCat(p, " ", op, " ", q, " does not fit in 64 bits"));
+    }
+    if (op == "+" || op == "-" || op == "*") return Value{r};
     if (q == 0) Fail(line, "division by zero");
     // Python's floor division and modulo.
-    int64_t d = p / q, r = p % q;
+    int64_t d = p / q;
+    r = p % q;
     if (r != 0 && ((r < 0) != (q < 0))) {
       --d;
       r += q;

@@ -311,6 +311,12 @@ std::optional<ApiError> Frontend::ApplyServerOptions(CompletionRequest* request)
   if (request->endpoint != Endpoint::kCompletions) {
     request->reasoning_parser = options_.reasoning_parser;
   }
+  if (request->chat_template && !options_.trust_request_chat_template) {
+    return BadRequest(
+        "Chat template is passed with request, but --trust-request-chat-template is not set. "
+        "Refused request with untrusted chat template.",
+        "chat_template");
+  }
   if (!request->include_reasoning && !request->reasoning_parser) {
     return BadRequest(
         "'include_reasoning' false needs --reasoning-parser: without it the thinking is part "

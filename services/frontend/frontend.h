@@ -77,6 +77,10 @@ struct FrontendOptions {
   // vLLM's --return-tokens-as-token-ids: logprobs name tokens "token_id:<id>"
   // unless a request says otherwise.
   bool return_tokens_as_token_ids = false;
+  // vLLM's --trust-request-chat-template: a chat request's own template
+  // (chat_template, or chat_template_kwargs.chat_template) renders its
+  // prompt; without it such a request is refused, as vLLM refuses it.
+  bool trust_request_chat_template = false;
 };
 
 struct FrontendMetrics {

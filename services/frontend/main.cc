@@ -197,13 +197,17 @@ int main(int argc, char** argv) {
             "(<think>...</think>) apart from the content: as message.reasoning and "
             "reasoning_content, and as a reasoning item: deepseek_r1 (DeepSeek-R1 and its "
             "distills) or qwen3; other parsers are refused");
+  flags.Add("trust-request-chat-template", &options.trust_request_chat_template,
+            "[vLLM] a chat request's own chat_template (or chat_template_kwargs.chat_template) "
+            "renders its prompt instead of the server's; its work and memory are bounded (see "
+            "ChatTemplateInputs::max_steps), but it runs a client's code: trust the clients");
   flags.Add("return-tokens-as-token-ids", &options.return_tokens_as_token_ids,
             "[vLLM] logprobs name each token \"token_id:<id>\" instead of its text (a "
             "request's return_tokens_as_token_ids overrides it)");
   flags.MirrorsVllm({"model", "served-model-name", "api-key", "chat-template", "tokenizer",
                      "enable-auto-tool-choice", "tool-call-parser", "allowed-origins",
-                     "reasoning-parser", "return-tokens-as-token-ids",
-                     "enable-request-id-headers"});
+                     "reasoning-parser", "return-tokens-as-token-ids", "enable-request-id-headers",
+                     "trust-request-chat-template"});
   flags.ParseOrExit(argc, argv);
   if (drain_timeout_s < 0) {
     return Fail("--drain-timeout-s must be >= 0, got " + std::to_string(drain_timeout_s));

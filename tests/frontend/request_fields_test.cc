@@ -442,6 +442,56 @@ TEST_F(FrontendRequestFieldsTest, DocumentsAreTheTemplatesDocumentsAndNoneWithou
   }
 }
 
+// vLLM's per-request chat_template: refused as vLLM refuses it unless the
+// server runs with --trust-request-chat-template; then it renders the
+// prompt (chat_template_kwargs' over the body's), a broken one is a 400
+// naming it, and one that would loop for hours ends at the step budget.
+TEST_F(FrontendRequestFieldsTest, ARequestsChatTemplateNeedsTheServersTrust) {
+  const Json hello = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}};
+  Json own = hello;
+  own["chat_template"] = "T:{% for m in messages %}{{ m['content'] | upper }}{% endfor %}";
+  const Result refused = Post("/v1/chat/completions", own);
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_EQ(refused.body["error"]["param"], "chat_template") << refused.body.dump();
+  EXPECT_NE(
+      refused.body["error"]["message"].get<std::string>().find("--trust-request-chat-template"),
+      std::string::npos);
+
+  Service trusting =
+      StartFrontend(MakeTempDir("frontend-fields-trust"), "trusting", {scheduler_->address()},
+                    {"--tokenizer", kTokenizer, "--trust-request-chat-template"});
+  auto post = [&](const Json& body) {
+    httplib::Client client("http://" + trusting.address());
+    client.set_read_timeout(30, 0);
+    auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+    return res ? std::make_pair(res->status, Json::parse(res->body, nullptr, false))
+               : std::make_pair(-1, Json());
+  };
+  auto prompt = [&] {
+    const v1::GenerateRequest got = scheduler_->requests().back();
+    return *tok_->Decode(
+        std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end()),
+        {.skip_special_tokens = true});
+  };
+  EXPECT_EQ(post(own).first, 200);
+  EXPECT_EQ(prompt(), " T:HELLO");
+  Json both = own;
+  both["chat_template_kwargs"] = {{"chat_template", "K:{{ messages | length }}"}};
+  EXPECT_EQ(post(both).first, 200);
+  EXPECT_EQ(prompt(), " K:1");
+  // Without one the server has none here (no --chat-template): a 400.
+  EXPECT_EQ(post(hello).first, 400);
+  for (const char* broken : {"{% if %}", "{{ messages[0].nothing.deeper }}",
+                             "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor "
+                             "%}{% endfor %}"}) {
+    Json bad = hello;
+    bad["chat_template"] = broken;
+    const auto [status, body] = post(bad);
+    EXPECT_EQ(status, 400) << broken;
+    EXPECT_EQ(body["error"]["param"], "chat_template") << body.dump();
+  }
+}
+
 // vLLM's continue_final_message: the prompt ends inside the last message
 // (the template's " END" after it is cut), add_generation_prompt left out is
 // false and sent true is a 400; the answer's role is then the last

@@ -17,14 +17,16 @@ using ::testing::HasSubstr;
 using Json = nlohmann::ordered_json;
 
 absl::StatusOr<std::string> Render(std::string_view source, Json messages = Json::array(),
-                                   bool add_generation_prompt = false, Json extra = nullptr) {
+                                   bool add_generation_prompt = false, Json extra = nullptr,
+                                   int64_t max_steps = ChatTemplateInputs().max_steps) {
   absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
   if (!t.ok()) return t.status();
   return t->Render({.messages = std::move(messages),
                     .add_generation_prompt = add_generation_prompt,
                     .bos_token = "<s>",
                     .eos_token = "</s>",
-                    .extra_context = std::move(extra)});
+                    .extra_context = std::move(extra),
+                    .max_steps = max_steps});
 }
 
 const Json kChat = Json::parse(R"([{"role": "system", "content": "Be brief."},
@@ -247,6 +249,62 @@ TEST(ChatTemplateTest, NamesWhatIsNotSupportedAndWhereSyntaxIsWrong) {
     EXPECT_EQ(t.status().code(), c.code) << c.source << ": " << t.status();
     EXPECT_THAT(t.status().message(), HasSubstr(c.message)) << c.source;
   }
+}
+
+// A template from a request (--trust-request-chat-template) is untrusted
+// text: its work, memory and nesting are bounded, with errors that say
+// which bound, and a range larger than Jinja's sandbox takes is refused as
+// the sandbox refuses it. Integers past 64 bits fail (Python's grow).
+TEST(ChatTemplateTest, BoundsTheWorkMemoryAndNestingOfARender) {
+  EXPECT_EQ(*Render("{{ range(100000) | length }}"), "100000");
+  EXPECT_EQ(*Render("{{ range(5, -190000, -2) | length }}"), "95003");
+  for (const char* big : {"{{ range(100001) | length }}", "{{ range(0, 300000, 2) | length }}",
+                          "{{ range(-9223372036854775807, 9223372036854775807) | length }}"}) {
+    EXPECT_THAT(Render(big).status().message(), HasSubstr("range() of more than 100000 items"))
+        << big;
+  }
+  // 100,000 x 100,000 iterations: the step budget ends it (a small one
+  // here, so that the test is quick; the default is 1,000,000).
+  const std::string forever =
+      "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}";
+  EXPECT_THAT(Render(forever, Json::array(), false, nullptr, 20000).status().message(),
+              HasSubstr("ran past 20000 steps"));
+  EXPECT_EQ(*Render("{% for a in range(3) %}{% for b in range(3) %}.{% endfor %}{% endfor %}",
+                    Json::array(), false, nullptr, 40),
+            ".........");
+  // A string doubled 40 times would be a terabyte.
+  const auto doubling = Render(
+      "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+      "{% endfor %}{{ ns.s | length }}");
+  EXPECT_THAT(doubling.status().message(), HasSubstr("a value passed")) << doubling.status();
+  const auto lists = Render(
+      "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
+      "{% endfor %}");
+  EXPECT_THAT(lists.status().message(), HasSubstr("items")) << lists.status();
+  // Nesting: parentheses past the tag's token bound, blocks past the depth.
+  const auto parens = Render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}");
+  EXPECT_THAT(parens.status().message(), HasSubstr("tokens; at most")) << parens.status();
+  std::string sum = "{{ 1";
+  for (int i = 0; i < 2000; ++i) sum += " + 1";
+  EXPECT_THAT(Render(sum + " }}").status().message(), HasSubstr("tokens; at most"));
+  std::string blocks;
+  for (int i = 0; i < 10000; ++i) blocks += "{% if true %}";
+  const auto deep = Render(blocks);
+  EXPECT_THAT(deep.status().message(), HasSubstr("blocks nested more than")) << deep.status();
+  std::string nested_ok;
+  for (int i = 0; i < 60; ++i) nested_ok += "{% if true %}";
+  nested_ok += "x";
+  for (int i = 0; i < 60; ++i) nested_ok += "{% endif %}";
+  EXPECT_EQ(*Render(nested_ok), "x");
+  // 64-bit arithmetic that would overflow (undefined in C++).
+  for (const char* overflow :
+       {"{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+        "{{ 4611686018427387904 * 2 }}", "{{ (-9223372036854775807 - 1) // -1 }}",
+        "{{ -(-9223372036854775807 - 1) }}"}) {
+    EXPECT_THAT(Render(overflow).status().message(), HasSubstr("does not fit in 64 bits"))
+        << overflow;
+  }
+  EXPECT_EQ(*Render("{{ 9223372036854775806 + 1 }}"), "9223372036854775807");
 }
 
 TEST(ChatTemplateTest, SelectsABuiltinAFileOrTheTokenizersOwnTemplate) {

@@ -48,7 +48,7 @@
 // text, suffix, prompt_embeds, tools with tool_choice other than "none" (with "none" the tools are
 // rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
 // as vLLM does), reasoning_effort, include_reasoning false, a
-// per-request chat_template, spaces_between_special_tokens false, kv_transfer_params, vllm_xargs, mm_processor_kwargs and
+// spaces_between_special_tokens false, kv_transfer_params, vllm_xargs, mm_processor_kwargs and
 // media_io_kwargs; of OpenAI's chat fields beyond vLLM's, those that change the answer: functions,
 // function_call, audio, modalities other than ["text"], web_search_options
 // and verbosity; stream_options.include_obfuscation true. OpenAI's fields
@@ -198,6 +198,10 @@ struct CompletionRequest {
   // Chat: more variables for the chat template (e.g. enable_thinking); an
   // object, or null.
   nlohmann::ordered_json chat_template_kwargs;
+  // Chat: vLLM's per-request template source (chat_template_kwargs'
+  // chat_template over the body's chat_template, as vLLM merges them); the
+  // server takes it only under --trust-request-chat-template.
+  std::optional<std::string> chat_template;
   // Chat with tool_choice "none": the tools, as vLLM passes them to the
   // template (each {"type": "function", "function": {"name", "description",
   // "parameters"}}); null when the request has none.

@@ -71,6 +71,15 @@ struct ChatTemplateInputs {
   // More variables the template may read (tools, date_string, ...): an
   // object, or null for none.
   nlohmann::ordered_json extra_context;
+  // The render's work budget: each tag, expression and loop iteration is a
+  // step, and past it the render fails (INVALID_ARGUMENT naming it). Far
+  // above a real template's: 2,000 messages take under 100,000 steps with
+  // each model template of the references (about a second's work at most
+  // here, for a template that would otherwise loop for hours); a template
+  // from a request (--trust-request-chat-template) could otherwise loop for
+  // hours. Values are bounded too (64 MiB strings, 2^20 items), and
+  // range() at Jinja's sandbox's 100,000.
+  int64_t max_steps = 1'000'000;
 };
 
 // How a template reads a message's content, as vLLM detects it (its
