@@ -111,6 +111,23 @@ class FrontendRequestFieldsTest : public ::testing::Test {
     return out;
   }
 
+  // The text of the prompt the scheduler was last sent.
+  std::string LastPrompt() {
+    const v1::GenerateRequest got = scheduler_->requests().back();
+    return *tok_->Decode(
+        std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end()),
+        {.skip_special_tokens = true});
+  }
+  // The prompt of a chat request whose one user message says "Hello", with
+  // `extra` merged into its body.
+  std::string RenderedHello(const Json& extra) {
+    Json body = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}};
+    body.update(extra);
+    const Result r = Post("/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body.dump();
+    return LastPrompt();
+  }
+
   std::vector<int32_t> Ids(const std::string& text) { return *tok_->Encode(text); }
   // Decode(prompt + output) minus Decode(prompt): the text of `output`.
   std::string Continuation(const std::vector<int32_t>& prompt, const std::vector<int32_t>& output) {
@@ -388,14 +405,8 @@ TEST_F(FrontendRequestFieldsTest, ReturnTokensAsTokenIdsNamesTheLogprobsTokensBy
 
 TEST_F(FrontendRequestFieldsTest, ChatTemplateKwargsAreTheTemplatesVariables) {
   auto rendered = [&](const Json& kwargs) {
-    Json body = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}};
-    if (!kwargs.is_null()) body["chat_template_kwargs"] = kwargs;
-    const Result r = Post("/v1/chat/completions", body);
-    EXPECT_EQ(r.status, 200) << r.body.dump();
-    const v1::GenerateRequest got = scheduler_->requests().back();
-    return *tok_->Decode(
-        std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end()),
-        {.skip_special_tokens = true});
+    return RenderedHello(kwargs.is_null() ? Json::object()
+                                          : Json{{"chat_template_kwargs", kwargs}});
   };
   const std::string plain = rendered(nullptr);
   EXPECT_EQ(plain.find("THINK"), std::string::npos) << plain;
@@ -413,26 +424,16 @@ TEST_F(FrontendRequestFieldsTest, ChatTemplateKwargsAreTheTemplatesVariables) {
 // over them, as vLLM merges them; without them (or tools) the template sees
 // none, as transformers renders (tools=None, documents=None), not undefined.
 TEST_F(FrontendRequestFieldsTest, DocumentsAreTheTemplatesDocumentsAndNoneWithout) {
-  auto rendered = [&](const Json& extra) {
-    Json body = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}};
-    body.update(extra);
-    const Result r = Post("/v1/chat/completions", body);
-    EXPECT_EQ(r.status, 200) << r.body.dump();
-    const v1::GenerateRequest got = scheduler_->requests().back();
-    return *tok_->Decode(
-        std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end()),
-        {.skip_special_tokens = true});
-  };
-  const std::string plain = rendered(Json::object());
+  const std::string plain = RenderedHello(Json::object());
   EXPECT_EQ(plain.find("DOCS"), std::string::npos) << plain;
   EXPECT_EQ(plain.find("TOOLS"), std::string::npos) << plain;
   const Json docs = {{{"title", "A"}, {"text", "x"}}, {{"title", "B"}, {"text", "y"}}};
-  EXPECT_EQ(rendered({{"documents", docs}}), plain + " DOCS[A|x][B|y]");
+  EXPECT_EQ(RenderedHello({{"documents", docs}}), plain + " DOCS[A|x][B|y]");
   EXPECT_EQ(
-      rendered({{"documents", docs},
-                {"chat_template_kwargs", {{"documents", {{{"title", "C"}, {"text", "z"}}}}}}}),
+      RenderedHello({{"documents", docs},
+                     {"chat_template_kwargs", {{"documents", {{{"title", "C"}, {"text", "z"}}}}}}}),
       plain + " DOCS[C|z]");
-  EXPECT_EQ(rendered({{"documents", nullptr}}), plain);
+  EXPECT_EQ(RenderedHello({{"documents", nullptr}}), plain);
   for (const Json& bad : {Json("x"), Json::array({"x"}), Json::array({{{"title", 5}}})}) {
     const Result r =
         Post("/v1/chat/completions",
@@ -467,18 +468,12 @@ TEST_F(FrontendRequestFieldsTest, ARequestsChatTemplateNeedsTheServersTrust) {
     return res ? std::make_pair(res->status, Json::parse(res->body, nullptr, false))
                : std::make_pair(-1, Json());
   };
-  auto prompt = [&] {
-    const v1::GenerateRequest got = scheduler_->requests().back();
-    return *tok_->Decode(
-        std::vector<int32_t>(got.prompt_token_ids().begin(), got.prompt_token_ids().end()),
-        {.skip_special_tokens = true});
-  };
   EXPECT_EQ(post(own).first, 200);
-  EXPECT_EQ(prompt(), " T:HELLO");
+  EXPECT_EQ(LastPrompt(), " T:HELLO");
   Json both = own;
   both["chat_template_kwargs"] = {{"chat_template", "K:{{ messages | length }}"}};
   EXPECT_EQ(post(both).first, 200);
-  EXPECT_EQ(prompt(), " K:1");
+  EXPECT_EQ(LastPrompt(), " K:1");
   // Without one the server has none here (no --chat-template): a 400.
   EXPECT_EQ(post(hello).first, 400);
   for (const char* broken : {"{% if %}", "{{ messages[0].nothing.deeper }}",
