@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "tandem/common/nesting.h"
 
 namespace tandem::frontend::internal {
 namespace {
@@ -22,11 +23,7 @@ class Scanner {
   std::optional<PyJson> Value(size_t* i) {
     // Python's scanner recurses and raises RecursionError about 1,000 deep;
     // the stack here would overflow first.
-    struct Nest {
-      int& n;
-      explicit Nest(int& n) : n(++n) {}
-      ~Nest() { --n; }
-    } nest(depth_);
+    const Nesting nest(depth_);
     if (depth_ > kMaxDepth || *i >= s_.size()) return std::nullopt;
     const char c = s_[*i];
     if (c == '"') {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "python_lexer.h"
 #include "re2/re2.h"
+#include "tandem/common/nesting.h"
 
 namespace tandem::frontend::internal {
 namespace {
@@ -294,11 +295,7 @@ class PyReader : public PyLexer {
     // MAXLEVEL) and runs out of recursion on long chains of unary
     // operators; here the stack would: both are the answer's content.
     if (depth_ > kMaxNesting) return std::nullopt;
-    struct Nest {
-      int& n;
-      explicit Nest(int& n) : n(++n) {}
-      ~Nest() { --n; }
-    } nest(recursion_);
+    const Nesting nest(recursion_);
     if (recursion_ > kMaxRecursion) return std::nullopt;
     Space();
     const char c = Peek();

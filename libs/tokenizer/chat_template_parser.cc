@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "tandem/common/nesting.h"
 
 namespace tandem::tokenizer::internal::jinja {
 namespace {
@@ -351,11 +352,7 @@ class TemplateParser {
   // Nodes up to a statement whose keyword is in `ends` (returned in *end and
   // consumed); to the end of the template when `ends` is empty.
   NodeList ParseBody(const std::set<std::string>& ends, std::string* end) {
-    struct Depth {
-      int& d;
-      explicit Depth(int& d) : d(++d) {}
-      ~Depth() { --d; }
-    } depth(depth_);
+    const Nesting nesting(depth_);
     if (depth_ > kMaxBlockDepth + 1) {
       Fail(i_ < pieces_.size() ? pieces_[i_].line : 1,
            absl::StrCat("blocks nested more than ", kMaxBlockDepth, " deep"));
