@@ -193,17 +193,28 @@ class SplitPreTokenizer final : public PreTokenizer {
         prev = end;
       }
       if (prev != piece.size()) spans.push_back({prev, piece.size(), invert_});
+      auto emit = [&](const std::vector<Span>& cut) {
+        for (const Span& s : cut) {
+          if (s.end > s.begin) out.emplace_back(piece.substr(s.begin, s.end - s.begin));
+        }
+      };
+      // Isolated (Llama 3's, Qwen's, DeepSeek's) and Removed keep the spans
+      // as they are: no second pass on the encode path.
+      if (behavior_ == SplitBehavior::kIsolated || behavior_ == SplitBehavior::kRemoved) {
+        if (behavior_ == SplitBehavior::kRemoved) {
+          std::erase_if(spans, [](const Span& s) { return s.match; });
+        }
+        emit(spans);
+        continue;
+      }
       kept.clear();
       bool previous_match = false;
       if (behavior_ == SplitBehavior::kMergedWithNext) std::reverse(spans.begin(), spans.end());
       for (const Span& s : spans) {
         switch (behavior_) {
           case SplitBehavior::kRemoved:
-            if (!s.match) kept.push_back(s);
-            break;
           case SplitBehavior::kIsolated:
-            kept.push_back(s);
-            break;
+            break;  // above
           case SplitBehavior::kContiguous:
             if (s.match == previous_match && !kept.empty()) {
               kept.back().end = s.end;
@@ -229,9 +240,7 @@ class SplitPreTokenizer final : public PreTokenizer {
         previous_match = s.match;
       }
       if (behavior_ == SplitBehavior::kMergedWithNext) std::reverse(kept.begin(), kept.end());
-      for (const Span& s : kept) {
-        if (s.end > s.begin) out.emplace_back(piece.substr(s.begin, s.end - s.begin));
-      }
+      emit(kept);
     }
     *pieces = std::move(out);
   }
