@@ -277,6 +277,12 @@ TEST(ChatTemplateTest, BoundsTheWorkMemoryAndNestingOfARender) {
       "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
       "{% endfor %}{{ ns.s | length }}");
   EXPECT_THAT(doubling.status().message(), HasSubstr("a value passed")) << doubling.status();
+  // 1 MiB written 70 times: the rendered text's bound.
+  const auto rendered = Render(
+      "{% set ns = namespace(s='x') %}{% for i in range(20) %}{% set ns.s = ns.s ~ ns.s %}"
+      "{% endfor %}{% for i in range(70) %}{{ ns.s }}{% endfor %}");
+  EXPECT_THAT(rendered.status().message(), HasSubstr("the rendered prompt passed"))
+      << rendered.status();
   const auto lists = Render(
       "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
       "{% endfor %}");
