@@ -1,0 +1,97 @@
+// JSON Schemas compiled for structured outputs: the nodes JsonMatcher
+// (json_matcher.h) walks a byte at a time.
+//
+// The language a schema compiles to is xgrammar's (vLLM's default backend)
+// in its default strict mode, for the keywords below:
+// - properties appear in the order the schema lists them; an optional one may
+//   be left out, a required one may not; `additionalProperties` absent counts
+//   as false (xgrammar's strict mode); true or a schema lets members with any
+//   other key follow the listed ones (keys are not checked against the
+//   listed names, nor for repeats);
+// - `enum` and `const` values are matched as their compact JSON text
+//   (compact, objects' keys in the order given);
+// - `integer` is -?(0|[1-9][0-9]*), `number` adds a fraction and an
+//   exponent (RFC 8259);
+// - strings are RFC 8259's, valid UTF-8; minLength/maxLength count
+//   characters and escapes as one each;
+// - whitespace (space, tab, CR, LF) is allowed between the tokens of
+//   objects and arrays, none before or after the whole document.
+// Every other keyword that constrains a value is refused by name (pattern,
+// format, minimum, oneOf, ...), never ignored; annotations (title,
+// description, default, examples, $schema, $id, $comment, deprecated,
+// readOnly, writeOnly) are ignored. `$ref` resolves "#", "#/$defs/NAME" and
+// "#/definitions/NAME" (recursion allowed).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::grammar {
+
+struct SchemaNode {
+  enum class Kind : uint8_t {
+    kObject,
+    kArray,
+    kString,
+    kNumber,
+    kInteger,
+    kBoolean,
+    kNull,
+    kLiteral,  // enum / const: one of `literals`
+    kUnion,    // anyOf, a list of types, or any value: one of `alternatives`
+  };
+  struct Property {
+    std::string name;
+    std::string key;  // its JSON text with the quotes, as the key is written
+    int32_t node = -1;
+    bool required = false;
+  };
+  Kind kind = Kind::kUnion;
+  // kObject. first_required[j]: the first required property at index >= j
+  // (properties.size() when none); properties.size() + 1 entries.
+  std::vector<Property> properties;
+  std::vector<int32_t> first_required;
+  int32_t additional = -1;  // node of other members' values; -1: none
+  // kArray
+  int32_t items = -1;
+  int64_t min_items = 0;
+  int64_t max_items = -1;  // -1: unbounded
+  // kString
+  int64_t min_length = 0;
+  int64_t max_length = -1;  // -1: unbounded
+  // kLiteral: compact JSON texts, each non-empty.
+  std::vector<std::string> literals;
+  // kUnion
+  std::vector<int32_t> alternatives;
+};
+
+// A compiled schema: nodes by index, the document's at root().
+class Schema {
+ public:
+  const SchemaNode& node(int32_t i) const { return nodes_[static_cast<size_t>(i)]; }
+  int32_t root() const { return root_; }
+  size_t size() const { return nodes_.size(); }
+
+ private:
+  friend class SchemaCompiler;
+  std::vector<SchemaNode> nodes_;
+  int32_t root_ = -1;
+};
+
+// `schema` compiled (an ordered_json: properties keep the order the client
+// wrote them in). INVALID_ARGUMENT naming the keyword and where it is
+// (a JSON pointer) for what is refused: an unsupported keyword, a malformed
+// value, an unresolvable $ref, an empty enum, the schema `false`.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileJsonSchema(
+    const nlohmann::ordered_json& schema);
+
+// OpenAI's JSON mode (response_format {"type": "json_object"}): an object
+// whose members may hold any JSON value.
+std::shared_ptr<const Schema> AnyJsonObject();
+
+}  // namespace tandem::grammar

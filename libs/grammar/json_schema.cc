@@ -1,0 +1,400 @@
+#include "tandem/grammar/json_schema.h"
+
+#include <array>
+#include <string_view>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tandem/common/nesting.h"
+#include "tandem/common/status.h"
+
+namespace tandem::grammar {
+
+using Json = nlohmann::ordered_json;
+using Kind = SchemaNode::Kind;
+
+namespace {
+
+// Deeper schemas are refused: each level is a frame of Compile's recursion.
+constexpr int kMaxDepth = 128;
+
+constexpr std::array<std::string_view, 10> kAnnotations = {
+    "title", "description", "default",    "examples", "$schema",
+    "$id",   "$comment",    "deprecated", "readOnly", "writeOnly"};
+
+bool IsAnnotation(std::string_view key) {
+  for (std::string_view a : kAnnotations) {
+    if (key == a) return true;
+  }
+  return key == "$defs" || key == "definitions";  // read through $ref only
+}
+
+// The type keywords each supported keyword belongs to ("" = any type).
+std::string_view KeywordType(std::string_view key) {
+  if (key == "properties" || key == "required" || key == "additionalProperties") return "object";
+  if (key == "items" || key == "minItems" || key == "maxItems") return "array";
+  if (key == "minLength" || key == "maxLength") return "string";
+  if (key == "type" || key == "enum" || key == "const" || key == "anyOf" || key == "allOf" ||
+      key == "$ref") {
+    return "";
+  }
+  return "unsupported";
+}
+
+std::string Pointer(const std::string& where) { return where.empty() ? "the schema" : where; }
+
+std::string JsonTypeName(const Json& v) {
+  if (v.is_number_integer() || v.is_number_unsigned()) return "integer";
+  if (v.is_number()) return "number";
+  if (v.is_boolean()) return "boolean";
+  return v.type_name();
+}
+
+bool OfType(const Json& v, std::string_view type) {
+  const std::string t = JsonTypeName(v);
+  return t == type || (type == "number" && t == "integer");
+}
+
+}  // namespace
+
+class SchemaCompiler {
+ public:
+  explicit SchemaCompiler(const Json& doc) : doc_(doc), schema_(std::make_shared<Schema>()) {}
+
+  absl::StatusOr<std::shared_ptr<const Schema>> Run() {
+    TANDEM_ASSIGN_OR_RETURN(schema_->root_, Compile(doc_, ""));
+    TANDEM_RETURN_IF_ERROR(NoUnionCycles());
+    return std::shared_ptr<const Schema>(std::move(schema_));
+  }
+
+  // Any JSON value: a union of the six kinds, objects and arrays of any.
+  int32_t Any() {
+    if (any_ >= 0) return any_;
+    any_ = Add({.kind = Kind::kUnion});
+    const int32_t object = Add({.kind = Kind::kObject, .first_required = {0}, .additional = any_});
+    const int32_t array = Add({.kind = Kind::kArray, .items = any_});
+    std::vector<int32_t> alts = {object, array};
+    for (Kind k : {Kind::kString, Kind::kNumber, Kind::kBoolean, Kind::kNull}) {
+      alts.push_back(Add({.kind = k}));
+    }
+    schema_->nodes_[static_cast<size_t>(any_)].alternatives = std::move(alts);
+    return any_;
+  }
+
+  void SetRoot(int32_t root) { schema_->root_ = root; }
+  std::shared_ptr<const Schema> Take() { return std::move(schema_); }
+
+ private:
+  int32_t Add(SchemaNode node) {
+    schema_->nodes_.push_back(std::move(node));
+    return static_cast<int32_t>(schema_->nodes_.size() - 1);
+  }
+
+  // A union that reaches itself through unions alone ({"$ref": "#"}, an
+  // anyOf holding its own $ref) stands for no value: refused, as a document
+  // of it could never begin.
+  absl::Status NoUnionCycles() const {
+    const std::vector<SchemaNode>& nodes = schema_->nodes_;
+    std::vector<uint8_t> state(nodes.size(), 0);  // 0 new, 1 on the path, 2 done
+    std::vector<std::pair<int32_t, size_t>> path;
+    for (size_t start = 0; start < nodes.size(); ++start) {
+      if (nodes[start].kind != Kind::kUnion || state[start] != 0) continue;
+      path.push_back({static_cast<int32_t>(start), 0});
+      state[start] = 1;
+      while (!path.empty()) {
+        auto& [n, next] = path.back();
+        const std::vector<int32_t>& alts = nodes[static_cast<size_t>(n)].alternatives;
+        if (next == alts.size()) {
+          state[static_cast<size_t>(n)] = 2;
+          path.pop_back();
+          continue;
+        }
+        const int32_t alt = alts[next++];
+        if (nodes[static_cast<size_t>(alt)].kind != Kind::kUnion) continue;
+        if (state[static_cast<size_t>(alt)] == 1) {
+          return absl::InvalidArgumentError(
+              "JSON schema: a $ref or anyOf that refers to itself with no value in between");
+        }
+        if (state[static_cast<size_t>(alt)] == 0) {
+          state[static_cast<size_t>(alt)] = 1;
+          path.push_back({alt, 0});
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status Refuse(const std::string& where, std::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JSON schema: ", std::string(what), " at ", Pointer(where)));
+  }
+
+  absl::StatusOr<int64_t> Count(const Json& s, const char* key, const std::string& where) {
+    const Json& v = s.at(key);
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+      return Refuse(where, absl::StrCat("'", key, "' must be a non-negative integer"));
+    }
+    return v.get<int64_t>();
+  }
+
+  absl::StatusOr<int32_t> Compile(const Json& s, const std::string& where) {
+    Nesting nesting(depth_);
+    if (depth_ > kMaxDepth) return Refuse(where, absl::StrCat("nesting deeper than ", kMaxDepth));
+    if (s.is_boolean()) {
+      if (s.get<bool>()) return Any();
+      return Refuse(where, "the schema false (which no value matches)");
+    }
+    if (!s.is_object()) return Refuse(where, "a schema that is not an object or a boolean");
+    // Which keywords constrain the value, and of which types.
+    std::vector<std::string_view> implied;  // types implied by type-specific keywords
+    int constraining = 0;
+    for (const auto& [key, value] : s.items()) {
+      if (IsAnnotation(key)) continue;
+      const std::string_view type = KeywordType(key);
+      if (type == "unsupported") {
+        return Refuse(where, absl::StrCat("keyword '", key, "' is not supported"));
+      }
+      ++constraining;
+      if (!type.empty() && std::find(implied.begin(), implied.end(), type) == implied.end()) {
+        implied.push_back(type);
+      }
+    }
+    for (const char* alone : {"$ref", "anyOf", "allOf"}) {
+      if (s.contains(alone) && constraining > 1) {
+        return Refuse(where,
+                      absl::StrCat("'", alone, "' beside other keywords that constrain the value"));
+      }
+    }
+    if (s.contains("$ref")) return Ref(s.at("$ref"), where + "/$ref");
+    if (s.contains("allOf")) {
+      const Json& all = s.at("allOf");
+      if (!all.is_array() || all.size() != 1) {
+        return Refuse(where, "'allOf' other than a list of one schema");
+      }
+      return Compile(all[0], where + "/allOf/0");
+    }
+    if (s.contains("anyOf")) {
+      const Json& any = s.at("anyOf");
+      if (!any.is_array() || any.empty()) return Refuse(where, "'anyOf' must be a non-empty list");
+      SchemaNode node{.kind = Kind::kUnion};
+      for (size_t i = 0; i < any.size(); ++i) {
+        TANDEM_ASSIGN_OR_RETURN(int32_t alt, Compile(any[i], absl::StrCat(where, "/anyOf/", i)));
+        node.alternatives.push_back(alt);
+      }
+      return Add(std::move(node));
+    }
+    std::vector<std::string> types;
+    if (s.contains("type")) {
+      const Json& t = s.at("type");
+      if (t.is_string()) {
+        types.push_back(t.get<std::string>());
+      } else if (t.is_array() && !t.empty()) {
+        for (const Json& e : t) {
+          if (!e.is_string()) return Refuse(where, "'type' lists a value that is not a string");
+          types.push_back(e.get<std::string>());
+        }
+      } else {
+        return Refuse(where, "'type' must be a string or a non-empty list of strings");
+      }
+      for (const std::string& type : types) {
+        if (type != "object" && type != "array" && type != "string" && type != "number" &&
+            type != "integer" && type != "boolean" && type != "null") {
+          return Refuse(where, absl::StrCat("unknown type '", type, "'"));
+        }
+      }
+    }
+    if (s.contains("enum") || s.contains("const")) return Literals(s, types, where);
+    if (types.empty()) {
+      if (implied.empty()) return Any();
+      for (std::string_view t : implied) types.emplace_back(t);
+    }
+    for (std::string_view t : implied) {
+      if (std::find(types.begin(), types.end(), t) == types.end()) {
+        return Refuse(where, absl::StrCat("keywords of type ", std::string(t),
+                                          " in a schema of type ", absl::StrJoin(types, " or ")));
+      }
+    }
+    SchemaNode node{.kind = Kind::kUnion};
+    for (const std::string& type : types) {
+      TANDEM_ASSIGN_OR_RETURN(int32_t one, OfOneType(s, type, where));
+      node.alternatives.push_back(one);
+    }
+    if (node.alternatives.size() == 1) return node.alternatives[0];
+    return Add(std::move(node));
+  }
+
+  absl::StatusOr<int32_t> OfOneType(const Json& s, const std::string& type,
+                                    const std::string& where) {
+    if (type == "object") return Object(s, where);
+    if (type == "array") {
+      SchemaNode node{.kind = Kind::kArray};
+      if (s.contains("items")) {
+        TANDEM_ASSIGN_OR_RETURN(node.items, Compile(s.at("items"), where + "/items"));
+      } else {
+        node.items = Any();
+      }
+      if (s.contains("minItems")) {
+        TANDEM_ASSIGN_OR_RETURN(node.min_items, Count(s, "minItems", where));
+      }
+      if (s.contains("maxItems")) {
+        TANDEM_ASSIGN_OR_RETURN(node.max_items, Count(s, "maxItems", where));
+      }
+      if (node.max_items >= 0 && node.max_items < node.min_items) {
+        return Refuse(where, "'maxItems' below 'minItems'");
+      }
+      return Add(std::move(node));
+    }
+    if (type == "string") {
+      SchemaNode node{.kind = Kind::kString};
+      if (s.contains("minLength")) {
+        TANDEM_ASSIGN_OR_RETURN(node.min_length, Count(s, "minLength", where));
+      }
+      if (s.contains("maxLength")) {
+        TANDEM_ASSIGN_OR_RETURN(node.max_length, Count(s, "maxLength", where));
+      }
+      if (node.max_length >= 0 && node.max_length < node.min_length) {
+        return Refuse(where, "'maxLength' below 'minLength'");
+      }
+      return Add(std::move(node));
+    }
+    const Kind kind = type == "number"    ? Kind::kNumber
+                      : type == "integer" ? Kind::kInteger
+                      : type == "boolean" ? Kind::kBoolean
+                                          : Kind::kNull;
+    return Add({.kind = kind});
+  }
+
+  absl::StatusOr<int32_t> Object(const Json& s, const std::string& where) {
+    SchemaNode node{.kind = Kind::kObject};
+    absl::flat_hash_map<std::string, size_t> index;
+    if (s.contains("properties")) {
+      const Json& props = s.at("properties");
+      if (!props.is_object()) return Refuse(where, "'properties' must be an object");
+      for (const auto& [name, sub] : props.items()) {
+        index[name] = node.properties.size();
+        node.properties.push_back({.name = name, .key = Json(name).dump()});
+      }
+      // Compiled after the list is complete: node indices of the properties'
+      // schemas may not be known before their names are.
+      size_t i = 0;
+      for (const auto& [name, sub] : props.items()) {
+        TANDEM_ASSIGN_OR_RETURN(node.properties[i].node,
+                                Compile(sub, absl::StrCat(where, "/properties/", name)));
+        ++i;
+      }
+    }
+    if (s.contains("required")) {
+      const Json& required = s.at("required");
+      if (!required.is_array()) return Refuse(where, "'required' must be a list of names");
+      for (const Json& r : required) {
+        if (!r.is_string()) return Refuse(where, "'required' lists a value that is not a string");
+        const auto it = index.find(r.get<std::string>());
+        if (it == index.end()) {
+          // A required member the grammar cannot write is never there.
+          return Refuse(where, absl::StrCat("required property '", r.get<std::string>(),
+                                            "' is not in 'properties'"));
+        }
+        node.properties[it->second].required = true;
+      }
+    }
+    if (s.contains("additionalProperties")) {
+      const Json& extra = s.at("additionalProperties");
+      if (!(extra.is_boolean() && !extra.get<bool>())) {
+        TANDEM_ASSIGN_OR_RETURN(node.additional, Compile(extra, where + "/additionalProperties"));
+      }
+    }
+    node.first_required.assign(node.properties.size() + 1, 0);
+    int32_t next = static_cast<int32_t>(node.properties.size());
+    for (size_t j = node.properties.size() + 1; j-- > 0;) {
+      if (j < node.properties.size() && node.properties[j].required) next = static_cast<int32_t>(j);
+      node.first_required[j] = next;
+    }
+    return Add(std::move(node));
+  }
+
+  absl::StatusOr<int32_t> Literals(const Json& s, const std::vector<std::string>& types,
+                                   const std::string& where) {
+    for (const auto& [key, value] : s.items()) {
+      if (!IsAnnotation(key) && key != "enum" && key != "const" && key != "type") {
+        return Refuse(where, absl::StrCat("'", key, "' beside 'enum' or 'const'"));
+      }
+    }
+    if (s.contains("enum") && s.contains("const")) return Refuse(where, "both 'enum' and 'const'");
+    std::vector<Json> values;
+    if (s.contains("const")) {
+      values.push_back(s.at("const"));
+    } else {
+      const Json& e = s.at("enum");
+      if (!e.is_array() || e.empty()) return Refuse(where, "'enum' must be a non-empty list");
+      values.assign(e.begin(), e.end());
+    }
+    SchemaNode node{.kind = Kind::kLiteral};
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!types.empty() && std::none_of(types.begin(), types.end(), [&](const std::string& t) {
+            return OfType(values[i], t);
+          })) {
+        return Refuse(where, absl::StrCat("value ", i, " of 'enum'/'const' (", values[i].dump(),
+                                          ") is not of type ", absl::StrJoin(types, " or ")));
+      }
+      node.literals.push_back(values[i].dump(-1, ' ', false, Json::error_handler_t::strict));
+    }
+    return Add(std::move(node));
+  }
+
+  absl::StatusOr<int32_t> Ref(const Json& ref, const std::string& where) {
+    if (!ref.is_string()) return Refuse(where, "'$ref' must be a string");
+    const std::string target = ref.get<std::string>();
+    if (const auto it = refs_.find(target); it != refs_.end()) return it->second;
+    const Json* resolved = nullptr;
+    if (target == "#") {
+      resolved = &doc_;
+    } else {
+      for (const char* defs : {"#/$defs/", "#/definitions/"}) {
+        const std::string_view prefix(defs);
+        if (target.rfind(prefix, 0) != 0) continue;
+        const std::string name = target.substr(prefix.size());
+        const std::string section(prefix.substr(2, prefix.size() - 3));
+        if (doc_.is_object() && doc_.contains(section) && doc_.at(section).is_object() &&
+            doc_.at(section).contains(name)) {
+          resolved = &doc_.at(section).at(name);
+        }
+      }
+    }
+    if (resolved == nullptr) {
+      return Refuse(where, absl::StrCat("'$ref' \"", target,
+                                        "\" (only \"#\", \"#/$defs/NAME\" and "
+                                        "\"#/definitions/NAME\" of this schema resolve)"));
+    }
+    // A one-way union stands for the target while it compiles, so that a
+    // recursive reference finds it.
+    const int32_t self = Add({.kind = Kind::kUnion});
+    refs_[target] = self;
+    TANDEM_ASSIGN_OR_RETURN(int32_t node, Compile(*resolved, target));
+    schema_->nodes_[static_cast<size_t>(self)].alternatives = {node};
+    return self;
+  }
+
+  const Json& doc_;
+  std::shared_ptr<Schema> schema_;
+  absl::flat_hash_map<std::string, int32_t> refs_;
+  int32_t any_ = -1;
+  int depth_ = 0;
+};
+
+absl::StatusOr<std::shared_ptr<const Schema>> CompileJsonSchema(const Json& schema) {
+  return SchemaCompiler(schema).Run();
+}
+
+std::shared_ptr<const Schema> AnyJsonObject() {
+  static const Json kNone;
+  SchemaCompiler compiler(kNone);
+  const int32_t any = compiler.Any();
+  // The any-value union's first alternative is its any-member object.
+  compiler.SetRoot(any + 1);
+  return compiler.Take();
+}
+
+}  // namespace tandem::grammar

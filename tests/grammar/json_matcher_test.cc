@@ -1,0 +1,304 @@
+// JSON schemas compiled to byte automata, and the token masks they give.
+// The npm check (grammar_npm_check, README.md here) holds the same automata
+// to ajv and json-schema-faker.
+#include "tandem/grammar/json_matcher.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tandem/grammar/json_schema.h"
+#include "tandem/grammar/token_mask.h"
+
+namespace tandem::grammar {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using ::testing::HasSubstr;
+
+std::shared_ptr<const Schema> Compile(const std::string& text) {
+  auto schema = CompileJsonSchema(Json::parse(text));
+  EXPECT_TRUE(schema.ok()) << schema.status();
+  return schema.ok() ? *schema : nullptr;
+}
+
+// Whether `doc` is a whole document of `schema`.
+bool Matches(const std::shared_ptr<const Schema>& schema, std::string_view doc) {
+  JsonMatcher m(schema);
+  return m.Accept(doc) && m.Complete();
+}
+
+// Whether `doc` can begin a document (it may be one already).
+bool Begins(const std::shared_ptr<const Schema>& schema, std::string_view doc) {
+  JsonMatcher m(schema);
+  return m.Accept(doc);
+}
+
+constexpr const char* kPerson = R"({
+  "type": "object",
+  "title": "Person",
+  "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 4},
+    "age": {"type": "integer"},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", 1, null]}, "maxItems": 2},
+    "score": {"type": ["number", "null"]}
+  },
+  "required": ["name", "score"]
+})";
+
+TEST(JsonSchemaTest, RefusesWhatItCannotHoldByName) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"type": "string", "pattern": "a+"})",
+       "keyword 'pattern' is not supported at the schema"},
+      {R"({"type": "string", "format": "date"})", "keyword 'format'"},
+      {R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}})",
+       "keyword 'minimum' is not supported at /properties/n"},
+      {R"({"oneOf": [{"type": "string"}]})", "keyword 'oneOf'"},
+      {R"({"$ref": "https://example.com/s.json"})", "'$ref' \"https://example.com/s.json\""},
+      {R"({"$ref": "#/$defs/Missing", "$defs": {}})", "'$ref' \"#/$defs/Missing\""},
+      {R"({"enum": []})", "'enum' must be a non-empty list"},
+      {"false", "the schema false"},
+      {R"({"type": "object", "properties": {}, "required": ["x"]})",
+       "required property 'x' is not in 'properties'"},
+      {R"({"allOf": [{"type": "string"}, {"maxLength": 2}]})", "'allOf' other than a list of one"},
+      {R"({"type": "strin"})", "unknown type 'strin'"},
+      {R"({"type": "string", "minItems": 1})", "keywords of type array in a schema of type string"},
+      {R"({"type": "array", "minItems": 3, "maxItems": 2})", "'maxItems' below 'minItems'"},
+      {R"({"type": "string", "enum": ["a", 1]})", "value 1 of 'enum'/'const' (1) is not of type"},
+      {R"({"anyOf": [{"type": "string"}], "type": "string"})", "'anyOf' beside other keywords"},
+      {R"({"type": "string", "maxLength": -1})", "'maxLength' must be a non-negative integer"},
+      {R"({"$ref": "#"})", "refers to itself with no value in between"},
+      {R"({"$defs": {"A": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/A"}]}},
+           "$ref": "#/$defs/A"})",
+       "refers to itself with no value in between"},
+  };
+  for (const auto& [schema, message] : cases) {
+    auto compiled = CompileJsonSchema(Json::parse(schema));
+    ASSERT_FALSE(compiled.ok()) << schema;
+    EXPECT_EQ(compiled.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(compiled.status().message()), HasSubstr(message)) << schema;
+  }
+}
+
+TEST(JsonSchemaTest, RefusesNestingPastItsBound) {
+  std::string deep = R"({"type": "string"})";
+  for (int i = 0; i < 200; ++i) deep = R"({"type": "array", "items": )" + deep + "}";
+  auto compiled = CompileJsonSchema(Json::parse(deep));
+  ASSERT_FALSE(compiled.ok());
+  EXPECT_THAT(std::string(compiled.status().message()), HasSubstr("nesting deeper than 128"));
+}
+
+TEST(JsonMatcherTest, ObjectsHoldTheirPropertiesInOrder) {
+  const auto s = Compile(kPerson);
+  EXPECT_TRUE(Matches(s, R"({"name":"ab","score":1.5})"));
+  EXPECT_TRUE(Matches(s, R"({"name":"ab","age":-30,"tags":["a",null],"score":null})"));
+  EXPECT_TRUE(Matches(s, "{ \"name\" :\t\"ab\" ,\n\"score\": 2e-3\r}"));
+  // A required property cannot be left out, nor properties reordered.
+  EXPECT_FALSE(Matches(s, R"({"name":"ab"})"));
+  EXPECT_FALSE(Matches(s, R"({"score":1,"name":"ab"})"));
+  EXPECT_FALSE(Begins(s, R"({"score")"));
+  // No property the schema does not list (additionalProperties is false).
+  EXPECT_FALSE(Begins(s, R"({"name":"ab","x")"));
+  // Types, lengths and counts.
+  EXPECT_FALSE(Matches(s, R"({"name":"","score":1})"));
+  EXPECT_FALSE(Begins(s, R"({"name":"abcde)"));
+  EXPECT_TRUE(Begins(s, R"({"name":"abcd)"));
+  EXPECT_FALSE(Begins(s, R"({"name":"a","age":1.)"));
+  EXPECT_FALSE(Begins(s, R"({"name":"a","tags":["a","b",)"));
+  EXPECT_FALSE(Begins(s, R"({"name":"a","tags":["c)"));
+  EXPECT_FALSE(Begins(s, R"({"name":"a","tags":[2)"));
+  // No whitespace before or after the document.
+  EXPECT_FALSE(Begins(s, " {"));
+  EXPECT_FALSE(Begins(s, "{\"name\":\"a\",\"score\":1} "));
+  EXPECT_FALSE(Begins(s, R"({"name":"a",})"));
+}
+
+TEST(JsonMatcherTest, AdditionalPropertiesFollowTheListedOnes) {
+  const auto s = Compile(R"({"properties": {"a": {"type": "integer"}},
+                              "additionalProperties": {"type": "boolean"}})");
+  EXPECT_TRUE(Matches(s, R"({})"));
+  EXPECT_TRUE(Matches(s, R"({"a":1,"zz":true,"y":false})"));
+  EXPECT_TRUE(Matches(s, R"({"q":true})"));
+  EXPECT_FALSE(Begins(s, R"({"q":1)"));
+  const auto any = AnyJsonObject();
+  EXPECT_TRUE(Matches(any, R"({"a":[1,{"b":null}],"c":"\u00e9\n","d":-0.5E+7})"));
+  EXPECT_FALSE(Begins(any, "["));
+  EXPECT_FALSE(Begins(any, "\"a\""));
+}
+
+TEST(JsonMatcherTest, StringsAreRfc8259sInValidUtf8) {
+  const auto s = Compile(R"({"type": "string"})");
+  EXPECT_TRUE(Matches(s, R"("a\"\\\/\b\f\n\r\t\u12aF")"));
+  EXPECT_TRUE(Matches(s, "\"\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\""));  // é € 😀
+  EXPECT_FALSE(Begins(s, R"("\x)"));
+  EXPECT_FALSE(Begins(s, R"("\u12g)"));
+  EXPECT_FALSE(Begins(s, "\"\n"));                // a control character
+  EXPECT_FALSE(Begins(s, "\"\xC0\xAF"));          // overlong
+  EXPECT_FALSE(Begins(s, "\"\xED\xA0\x80"));      // a surrogate
+  EXPECT_FALSE(Begins(s, "\"\xF4\x90\x80\x80"));  // past U+10FFFF
+  EXPECT_FALSE(Begins(s, "\"\xE2\x82\""));        // cut short
+  const auto bounded = Compile(R"({"type": "string", "minLength": 2, "maxLength": 2})");
+  EXPECT_TRUE(Matches(bounded, "\"\xC3\xA9\\n\""));  // a character and an escape
+  EXPECT_FALSE(Begins(bounded, "\"ab\xC3"));
+  EXPECT_FALSE(Matches(bounded, "\"a\""));
+}
+
+TEST(JsonMatcherTest, NumbersAreRfc8259s) {
+  const auto number = Compile(R"({"type": "number"})");
+  const auto integer = Compile(R"({"type": "integer"})");
+  for (const char* ok : {"0", "-0", "12", "-1.5", "0.25e10", "3E+2", "7e-01"}) {
+    EXPECT_TRUE(Matches(number, ok)) << ok;
+  }
+  for (const char* bad : {"01", "-", "1.", ".5", "1e", "1e+", "+1", "--1", "1.5.2", "0x1"}) {
+    EXPECT_FALSE(Matches(number, bad)) << bad;
+  }
+  EXPECT_TRUE(Matches(integer, "-120"));
+  EXPECT_FALSE(Begins(integer, "1."));
+  EXPECT_FALSE(Begins(integer, "1e"));
+  // A number may end the document, or go on.
+  JsonMatcher m(number);
+  ASSERT_TRUE(m.Accept("12"));
+  EXPECT_TRUE(m.Complete());
+  EXPECT_TRUE(m.Open());
+}
+
+TEST(JsonMatcherTest, EnumsAnyOfAndRecursiveReferences) {
+  const auto e = Compile(R"({"enum": ["ab", "abc", 10, true, {"k": [1]}]})");
+  EXPECT_TRUE(Matches(e, R"("ab")"));
+  EXPECT_TRUE(Matches(e, R"("abc")"));
+  EXPECT_TRUE(Matches(e, "10"));
+  EXPECT_TRUE(Matches(e, "true"));
+  EXPECT_TRUE(Matches(e, R"({"k":[1]})"));
+  EXPECT_FALSE(Matches(e, "1"));
+  EXPECT_FALSE(Begins(e, "100"));
+  EXPECT_FALSE(Begins(e, R"("abd)"));
+  const auto tree = Compile(R"({
+    "$defs": {"Node": {"type": "object",
+      "properties": {"v": {"type": "integer"},
+                     "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+      "required": ["v"]}},
+    "$ref": "#/$defs/Node"})");
+  EXPECT_TRUE(Matches(tree, R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4,"kids":[]}]}]})"));
+  EXPECT_FALSE(Matches(tree, R"({"v":1,"kids":[{"kids":[]}]})"));
+  const auto either = Compile(R"({"anyOf": [
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "null"}},
+     "required": ["b"]}]})");
+  EXPECT_TRUE(Matches(either, R"({"a":1})"));
+  EXPECT_TRUE(Matches(either, R"({"a":"x","b":null})"));
+  EXPECT_TRUE(Matches(either, R"({"b":null})"));
+  EXPECT_FALSE(Matches(either, R"({"a":1,"b":null})"));
+  EXPECT_FALSE(Matches(either, R"({"a":"x"})"));
+}
+
+TEST(JsonMatcherTest, ARefusedStepChangesNothing) {
+  const auto s = Compile(kPerson);
+  JsonMatcher m(s);
+  ASSERT_TRUE(m.Accept(R"({"name":"a)"));
+  EXPECT_FALSE(m.Accept(R"(b","x)"));
+  EXPECT_TRUE(m.Accept(R"(b","score":1})"));
+  EXPECT_TRUE(m.Complete());
+  EXPECT_FALSE(m.Open());
+  EXPECT_FALSE(m.Accept(" "));
+}
+
+TEST(JsonMatcherTest, AmbiguityPastTheBoundIsRefusedNotCut) {
+  // Nine anyOf levels of two identical branches: 512 ways to read "[[[...".
+  std::string schema = R"({"type": "integer"})";
+  for (int i = 0; i < 9; ++i) {
+    schema = R"({"anyOf": [{"type": "array", "items": )" + schema +
+             R"(}, {"type": "array", "items": )" + schema + "}]}";
+  }
+  const auto s = Compile(schema);
+  JsonMatcher m(s);
+  EXPECT_TRUE(m.Accept("[[[[[[["));
+  EXPECT_FALSE(m.Accept("[["));
+  EXPECT_TRUE(m.overflowed());
+}
+
+// A vocabulary of JSON fragments, single bytes and multi-byte characters.
+TokenVocabulary TestVocabulary() {
+  std::vector<std::string> tokens = {"",      "{",    "}",           "[",
+                                     "]",     ",",    ":",           "\"",
+                                     "{\"",   "\":",  "\",\"",       "\"}",
+                                     " ",     "\n",   "  ",          "name",
+                                     "na",    "me",   "\"name\":\"", "score",
+                                     "age",   "tags", "null",        "nu",
+                                     "ll",    "true", "1",           "12",
+                                     "-",     ".",    "5e",          "e+",
+                                     "0",     "\\",   "\\u",         "00e9",
+                                     "ab",    "a",    "b",           "c",
+                                     "\xC3",  "\xA9", "\xC3\xA9",    "\xE2\x82\xAC",
+                                     "\"a\"", "],",   "\"]",         "1}",
+                                     "x\"y"};
+  for (int c = 32; c < 127; ++c) tokens.emplace_back(1, static_cast<char>(c));
+  return TokenVocabulary(std::move(tokens));
+}
+
+TEST(TokenMaskTest, TheMaskIsWhatAcceptTakesOnRandomWalks) {
+  const TokenVocabulary vocab = TestVocabulary();
+  const std::vector<std::shared_ptr<const Schema>> schemas = {
+      Compile(kPerson), AnyJsonObject(),
+      Compile(R"({"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3})")};
+  std::mt19937 rng(7);
+  int walks = 0, complete = 0;
+  for (const auto& schema : schemas) {
+    for (int walk = 0; walk < 40; ++walk, ++walks) {
+      JsonMatcher m(schema);
+      std::string doc;
+      for (int step = 0; step < 60 && m.Open(); ++step) {
+        TokenMask mask;
+        const int32_t count = AllowedTokens(m, vocab, &mask);
+        std::vector<int32_t> allowed;
+        for (int32_t id = 0; id < vocab.size(); ++id) {
+          JsonMatcher copy = m;
+          const bool takes = !vocab.bytes(id).empty() && copy.Accept(vocab.bytes(id));
+          ASSERT_EQ(MaskAllows(mask, id), takes)
+              << "id " << id << " (" << vocab.bytes(id) << ") after " << doc;
+          if (takes) allowed.push_back(id);
+        }
+        ASSERT_EQ(count, std::ssize(allowed));
+        // A document that is not complete always has a way on.
+        ASSERT_TRUE(m.Complete() || !allowed.empty()) << doc;
+        if (allowed.empty() || (m.Complete() && rng() % 4 == 0)) break;
+        const int32_t id = allowed[rng() % allowed.size()];
+        ASSERT_TRUE(m.Accept(vocab.bytes(id)));
+        doc += vocab.bytes(id);
+      }
+      if (m.Complete()) {
+        ++complete;
+        // nlohmann refuses numbers past a double's range (1e400), which
+        // RFC 8259 leaves to implementations (JSON.parse gives Infinity);
+        // the npm check parses every walk with JSON.parse.
+        try {
+          const Json parsed = Json::parse(doc);
+          EXPECT_FALSE(parsed.is_discarded());
+        } catch (const Json::out_of_range& e) {
+          EXPECT_EQ(e.id, 406) << e.what() << " in " << doc;
+        } catch (const Json::exception& e) {
+          ADD_FAILURE() << e.what() << " in " << doc;
+        }
+      }
+    }
+  }
+  EXPECT_GT(complete, 0);
+  EXPECT_EQ(walks, 120);
+}
+
+TEST(TokenMaskTest, AClosedDocumentAllowsNoToken) {
+  const TokenVocabulary vocab = TestVocabulary();
+  JsonMatcher m(Compile(R"({"type": "boolean"})"));
+  TokenMask mask;
+  EXPECT_GT(AllowedTokens(m, vocab, &mask), 0);
+  EXPECT_TRUE(MaskAllows(mask, 25));  // "true"
+  EXPECT_FALSE(MaskAllows(mask, 1));  // "{"
+  ASSERT_TRUE(m.Accept("true"));
+  EXPECT_EQ(AllowedTokens(m, vocab, &mask), 0);
+  EXPECT_TRUE(m.Complete());
+}
+
+}  // namespace
+}  // namespace tandem::grammar
