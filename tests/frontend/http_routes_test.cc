@@ -165,12 +165,16 @@ TEST_F(FrontendHttpRoutesTest, AStoredResponsesRoutesAnswerNotFoundNamingTheId) 
               "Response with id 'resp_abc' not found: this server stores no responses")
         << r->body;
   }
-  auto metrics = client.Get("/metrics");
-  ASSERT_TRUE(metrics);
-  EXPECT_NE(metrics->body.find(
-                R"(tandem_frontend_requests_total{code="404",endpoint="/v1/responses/{id}"} 4)"),
-            std::string::npos)
-      << metrics->body;
+  // A request is counted once its answer is written, which the client may
+  // see first: the count is read until it arrives.
+  std::string metrics;
+  EXPECT_TRUE(WaitFor([&] {
+    auto m = client.Get("/metrics");
+    metrics = m ? m->body : "";
+    return metrics.find(
+               R"(tandem_frontend_requests_total{code="404",endpoint="/v1/responses/{id}"} 4)") !=
+           std::string::npos;
+  })) << metrics;
 }
 
 TEST_F(FrontendHttpRoutesTest, TokenizeCountsALongPromptGivesTokenStrsAndChecksTheModel) {
