@@ -86,6 +86,18 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     TANDEM_RETURN_IF_ERROR(IdsInVocabulary(bad_words[i], "bad_words token", vocab_size));
   }
   TANDEM_RETURN_IF_ERROR(IdsInVocabulary(allowed_token_ids, "allowed_token_ids token", vocab_size));
+  if (!json_schema.empty()) {
+    // Each of these could leave a document no token to go on with.
+    for (const auto& [name, set] : {std::pair{"ignore_eos", ignore_eos},
+                                    {"min_tokens", min_tokens > 0},
+                                    {"bad_words", !bad_words.empty()},
+                                    {"allowed_token_ids", !allowed_token_ids.empty()}}) {
+      if (set) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " is not supported with structured outputs (json_schema)"));
+      }
+    }
+  }
   return IdsInVocabulary(stop_token_ids, "stop token", vocab_size);
 }
 

@@ -57,6 +57,7 @@ absl::Status EngineCore::ConnectWorker(const WorkerDescription& d, StepTransport
   config.vocab_size = d.vocab_size;
   config.eos_token_id = d.eos_token_id;
   config.extra_eos_token_ids = d.extra_eos_token_ids;
+  config.structured_outputs = d.structured_outputs;
   // A --max-model-len past the model's context is refused, as vLLM refuses
   // one past the derived max_model_len, rather than quietly lowered.
   if (options_.max_model_len > d.max_model_len) {

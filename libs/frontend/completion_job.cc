@@ -157,6 +157,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                                      .logit_bias = request_.logit_bias,
                                      .bad_words = prompts_.bad_words,
                                      .allowed_token_ids = request_.allowed_token_ids,
+                                     .json_schema = request_.json_schema,
                                      .max_tokens = max_tokens,
                                      .min_tokens = request_.min_tokens,
                                      .ignore_eos = request_.ignore_eos,

@@ -16,6 +16,7 @@ namespace {
 using internal::Json;
 using internal::ParseChatTurn;
 using internal::ParseMessages;
+using internal::ParseStructuredOutput;
 using internal::ParseTools;
 using internal::ParseUnsupported;
 using internal::Reader;
@@ -334,6 +335,8 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   }
   if (auto e = r.Bool("return_tokens_as_token_ids", &out->return_tokens_as_token_ids)) return e;
   if (auto e = r.Bool("ignore_eos", &out->ignore_eos)) return e;
+  // After the fields it cannot go with.
+  if (auto e = ParseStructuredOutput(r, out)) return e;
   if (auto e = r.Bool("stream", &out->stream)) return e;
   if (const Json* options = r.Find("stream_options")) {
     if (!out->stream) {

@@ -119,6 +119,12 @@ class Reader {
 // Every field Tandem does not build: a 400 naming the first one that is not
 // at its neutral value.
 [[nodiscard]] std::optional<ApiError> ParseUnsupported(const Reader& r, Endpoint endpoint);
+// Structured outputs: OpenAI's response_format (text, json_object,
+// json_schema) and vLLM's structured_outputs (json, json_object) into
+// out->json_schema, the schema compiled (libs/grammar) so that what it
+// cannot hold is a 400 naming the keyword and where it is.
+[[nodiscard]] std::optional<ApiError> ParseStructuredOutput(const Reader& r,
+                                                            CompletionRequest* out);
 // stream_options (an object): include_usage, vLLM's continuous_usage_stats
 // and OpenAI's include_obfuscation (false only) into *out.
 [[nodiscard]] std::optional<ApiError> ParseStreamOptions(const Json& options,

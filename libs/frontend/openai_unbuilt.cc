@@ -14,7 +14,8 @@ struct Unbuilt {
   const char* why;
 };
 const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
-  static const char* kNoGuided = "structured outputs (guided decoding) are not implemented";
+  static const char* kNoGuided =
+      "vLLM's guided_* fields are not read; use response_format or structured_outputs.json";
   static const auto* common = new std::vector<Unbuilt>{
       {"best_of", Json(1), "use n"},
       {"use_beam_search", Json(false), "beam search is not implemented"},
@@ -29,7 +30,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
       {"guided_decoding_backend", Json(nullptr), kNoGuided},
       {"guided_whitespace_pattern", Json(nullptr), kNoGuided},
       {"structural_tag", Json(nullptr), kNoGuided},
-      {"structured_outputs", Json(nullptr), kNoGuided},
       {"kv_transfer_params", Json(nullptr), "disaggregated serving is not implemented"},
       {"vllm_xargs", Json(nullptr), "no extensions read it"},
       {"mm_processor_kwargs", Json(nullptr), "no multimodal models are served"},
@@ -64,13 +64,6 @@ const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
 std::optional<ApiError> ParseUnsupported(const Reader& r, Endpoint endpoint) {
   for (const Unbuilt& f : UnbuiltFields(endpoint)) {
     if (auto e = r.OnlyNeutral(f.name, f.neutral, f.why)) return e;
-  }
-  if (const Json* format = r.Find("response_format"); format != nullptr) {
-    auto type = format->is_object() ? format->find("type") : format->end();
-    if (!format->is_object() || type == format->end() || *type != "text") {
-      return BadRequest("'response_format' other than {\"type\": \"text\"} is not supported",
-                        "response_format");
-    }
   }
   return std::nullopt;
 }

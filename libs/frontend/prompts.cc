@@ -15,17 +15,10 @@ ServedTokenizer::ServedTokenizer(std::shared_ptr<const tokenizer::Tokenizer> tok
     : tokenizer_(std::move(tokenizer)),
       chat_template_(std::move(chat_template)),
       tool_use_(std::move(tool_use)) {
-  // A tokenizer.json whose vocabulary has GPT-2's "Ġ" (a space in its byte
-  // alphabet) is byte-level: every byte-level vocabulary has all 256 byte
-  // characters, a SentencePiece-style one spells a space "▁".
-  const bool byte_level = tokenizer_->kind() == tokenizer::TokenizerKind::kHuggingFace &&
-                          tokenizer_->PieceToId("\xC4\xA0").has_value();
-  token_bytes_.resize(tokenizer_->vocab_size());
+  token_bytes_ = tokenizer::VocabularyBytes(*tokenizer_);
   for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
     absl::StatusOr<std::string> piece = tokenizer_->IdToPiece(id);
-    if (!piece.ok()) continue;
-    max_token_bytes_ = std::max<int64_t>(max_token_bytes_, piece->size());
-    token_bytes_[id] = tokenizer::PieceBytes(*piece, byte_level);
+    if (piece.ok()) max_token_bytes_ = std::max<int64_t>(max_token_bytes_, piece->size());
   }
 }
 

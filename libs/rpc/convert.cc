@@ -78,6 +78,7 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
     Assign(word, out->add_bad_words()->mutable_ids());
   }
   Assign(in.allowed_token_ids, out->mutable_allowed_token_ids());
+  out->set_json_schema(in.json_schema);
 }
 
 SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
@@ -103,6 +104,7 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
     out.bad_words.push_back(ToVector(word.ids()));
   }
   out.allowed_token_ids = ToVector(in.allowed_token_ids());
+  out.json_schema = in.json_schema();
   return out;
 }
 

@@ -163,6 +163,7 @@ engine::WorkerDescription FromProto(const v1::DescribeResponse& in) {
       .max_model_len = in.max_model_len(),
       .block_bytes = in.block_bytes(),
       .generation = FromProto(in.generation()),
+      .structured_outputs = in.structured_outputs(),
   };
 }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
+#include "tandem/grammar/json_schema.h"
 #include "tandem/sched/preemption.h"
 #include "tandem/sched/request_id.h"
 
@@ -88,6 +89,21 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
           config.vocab_size > 0 ? config.vocab_size : std::numeric_limits<int32_t>::max());
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
+  }
+  if (!spec.sampling.json_schema.empty()) {
+    if (!config.structured_outputs) {
+      return absl::InvalidArgumentError(
+          "sampling: json_schema (structured outputs) needs the model's tokenizer on the worker, "
+          "and this scheduler's worker has none (tandem-worker --tokenizer)");
+    }
+    const auto schema = nlohmann::ordered_json::parse(spec.sampling.json_schema, nullptr,
+                                                      /*allow_exceptions=*/false);
+    if (schema.is_discarded()) {
+      return absl::InvalidArgumentError("sampling: json_schema is not valid JSON");
+    }
+    if (auto compiled = grammar::CompileJsonSchema(schema); !compiled.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling: ", compiled.status().message()));
+    }
   }
   for (auto [name, n] : {std::pair{"logprobs", spec.sampling.logprobs},
                          std::pair{"prompt_logprobs", spec.sampling.prompt_logprobs}}) {

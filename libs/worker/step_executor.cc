@@ -14,7 +14,11 @@ namespace tandem::worker {
 
 StepExecutor::StepExecutor(StepBackend* backend, sched::KvConnectorWorker* kv_connector,
                            StepExecutorOptions options)
-    : backend_(backend), kv_connector_(kv_connector), options_(std::move(options)) {}
+    : backend_(backend), kv_connector_(kv_connector), options_(std::move(options)) {
+  if (options_.vocabulary != nullptr) {
+    structured_ = std::make_unique<StructuredOutputs>(options_.vocabulary, options_.eos_token_ids);
+  }
+}
 
 sched::ModelRunnerOutput StepExecutor::Execute(sched::SchedulerOutput step) {
   std::unique_ptr<Step> st = Prepare(std::move(step));
@@ -66,6 +70,7 @@ void StepExecutor::Launch(Step& st, std::function<void()> on_done) {
   }
   if (st.status_.ok() && !st.inputs_.empty()) {
     BanBadWords(st);
+    BanByGrammar(st);
     st.status_ = backend_->Launch(st.inputs_, st.sample_, st.want_logprobs_, on_done);
     if (st.status_.ok()) {
       st.launched_ = true;
@@ -175,6 +180,12 @@ absl::Status StepExecutor::ApplyDiff(sched::SchedulerOutput& step, Batch* batch)
       Retire(std::exchange(state, std::move(fresh)));
     }
     SeqState& s = *state;
+    if (!r.sampling.json_schema.empty() && structured_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step.step_id, ": request ", r.request_id,
+          " has a json_schema, but this worker has no vocabulary for structured outputs "
+          "(tandem-worker --tokenizer)"));
+    }
     if (s.first_step_ns == 0) s.first_step_ns = now_ns;
     s.unconfirmed_sample_steps.clear();
     s.num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
@@ -307,6 +318,21 @@ void StepExecutor::BanBadWords(Step& st) {
                                                          static_cast<size_t>(row.output_position));
     if (st.banned_.empty()) st.banned_.resize(st.sample_.size());
     BadWordBans(row.params->bad_words, output, &st.banned_[i]);
+    row.banned_token_ids = st.banned_[i];
+  }
+}
+
+void StepExecutor::BanByGrammar(Step& st) {
+  if (structured_ == nullptr) return;
+  for (size_t i = 0; i < st.sample_.size(); ++i) {
+    model::SampleRequest& row = st.sample_[i];
+    if (row.params == nullptr || row.params->json_schema.empty()) continue;
+    SeqState& s = *st.batch_.seqs[i];
+    const std::span<const int32_t> output = std::span<const int32_t>(s.token_ids)
+                                                .subspan(static_cast<size_t>(s.num_prompt_tokens),
+                                                         static_cast<size_t>(row.output_position));
+    if (st.banned_.empty()) st.banned_.resize(st.sample_.size());
+    structured_->Ban(*st.batch_.ids[i], *row.params, output, &s.grammar, &st.banned_[i]);
     row.banned_token_ids = st.banned_[i];
   }
 }

@@ -21,6 +21,10 @@ int main(int argc, char** argv) {
                         "tandem-scheduler streams to it (tandem.v1.Worker).");
   boot.AddServerFlags(&flags);
   flags.Add("model", &options.model_path, "llama2.c .bin checkpoint or Hugging Face directory");
+  flags.Add("tokenizer", &options.tokenizer_path,
+            "the model's tokenizer (tokenizer.bin, tokenizer.model, tokenizer.json or a directory "
+            "holding one), for structured outputs; default: --model's directory when it holds "
+            "one (a llama2.c checkpoint has none: without it, no json_schema is served)");
   flags.Add("backend", &options.backend, "cpu | cuda (error without a device) | sim (no math)");
   flags.Add("block-size", &options.block_size, "tokens per KV block");
   flags.Add("num-blocks", &options.num_blocks, "KV blocks to allocate; 0 = from --kv-cache-bytes");
@@ -104,8 +108,8 @@ int main(int argc, char** argv) {
   flags.Add(
       "debug-load-delay-ms", &debug_load_delay_ms,
       "TESTS ONLY: wait this long (listening, NOT_SERVING) before loading the model (0: off)");
-  flags.MirrorsVllm(
-      {"model", "block-size", "enforce-eager", "disable-sliding-window", "max-model-len"});
+  flags.MirrorsVllm({"model", "tokenizer", "block-size", "enforce-eager", "disable-sliding-window",
+                     "max-model-len"});
   flags.ParseOrExit(argc, argv);
   if (absl::Status s = boot.Validate(); !s.ok()) return boot.Fail(s);  // its KV-store client too
   if (absl::Status s = options.Validate(); !s.ok()) return boot.Fail(s);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <optional>
 #include <span>
 
@@ -323,10 +324,14 @@ absl::Status WorkerService::Load() {
     TANDEM_LOG(INFO) << "KV-store connector to " << options_.kvstore_target;
   }
   debug_reject_steps_ = *options_.DebugRejectSteps();
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<const grammar::TokenVocabulary> vocabulary,
+                          StructuredOutputsVocabulary(config));
+  structured_outputs_ = vocabulary != nullptr;
   executor_ = std::make_unique<StepExecutor>(
       backend_.get(), kv_connector_.get(),
       StepExecutorOptions{
           .eos_token_ids = config.EosTokenIds(),
+          .vocabulary = std::move(vocabulary),
           .debug_fail_steps = *options_.DebugFailSteps(),
           .debug_step_delay_us = options_.debug_step_delay_us,
           .empty_step_load_wait = std::chrono::milliseconds(options_.kvstore_empty_step_wait_ms)});
@@ -339,6 +344,28 @@ absl::Status WorkerService::Load() {
                    << " MiB, " << int64_t{num_blocks_} * options_.block_size << " tokens)";
   loaded_.store(true);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>>
+WorkerService::StructuredOutputsVocabulary(const model::ModelConfig& config) const {
+  const bool named = !options_.tokenizer_path.empty();
+  std::string path = options_.tokenizer_path;
+  if (!named && std::filesystem::is_directory(options_.model_path)) path = options_.model_path;
+  if (path.empty()) {
+    TANDEM_LOG(INFO) << "structured outputs: off (a llama2.c checkpoint has no tokenizer; "
+                     << "--tokenizer names its tokenizer.bin)";
+    return nullptr;
+  }
+  auto vocabulary = LoadVocabulary(path, config.vocab_size);
+  if (!vocabulary.ok()) {
+    if (named) return Annotate(vocabulary.status(), "--tokenizer");
+    TANDEM_LOG(WARNING) << "structured outputs: off (" << vocabulary.status().message()
+                        << "; --tokenizer names the model's tokenizer)";
+    return nullptr;
+  }
+  TANDEM_LOG(INFO) << "structured outputs: on (the vocabulary of " << path << ", "
+                   << (*vocabulary)->order().size() << " ids with text)";
+  return vocabulary;
 }
 
 std::string WorkerService::KvLayout(const model::ModelConfig& config) const {
@@ -370,6 +397,7 @@ grpc::Status WorkerService::Describe(grpc::ServerContext*, const v1::DescribeReq
   response->set_block_bytes(model::KvBlockBytes(config, options_.block_size, dtype_));
   response->set_kv_layout(KvLayout(config));
   response->set_num_steps(num_steps_.load());
+  response->set_structured_outputs(structured_outputs_);
   return grpc::Status::OK;
 }
 

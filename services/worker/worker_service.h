@@ -44,6 +44,11 @@ namespace tandem::worker {
 struct WorkerOptions {
   // llama2.c .bin file or Hugging Face directory.
   std::string model_path;
+  // The model's tokenizer, for structured outputs (the vocabulary's bytes):
+  // a tokenizer.bin, tokenizer.model, tokenizer.json or a directory holding
+  // one. "" = the model's directory when it holds one; a llama2.c checkpoint
+  // (a file) has none, and the worker then serves no json_schema.
+  std::string tokenizer_path;
   // "cpu", "cuda" (error when no device), or "sim" (no math: deterministic
   // tokens after sim_step_us per step; for scheduler scale tests).
   std::string backend = "cpu";
@@ -199,6 +204,11 @@ class WorkerService final : public v1::Worker::Service {
   // agree only within rounding, so their blocks must never cross through a
   // shared KV-store (DESIGN §5: outputs equal a run without the store).
   std::string KvLayout(const model::ModelConfig& config) const;
+  // The vocabulary structured outputs read (--tokenizer, else the model's
+  // directory); null (logged) when there is none; an error only for a
+  // --tokenizer that cannot be read or does not fit the model.
+  absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> StructuredOutputsVocabulary(
+      const model::ModelConfig& config) const;
 
   const WorkerOptions options_;
   std::unique_ptr<model::Model> model_;
@@ -212,6 +222,7 @@ class WorkerService final : public v1::Worker::Service {
   std::atomic<int32_t> num_active_requests_{0};
   std::atomic<uint64_t> num_steps_{0};
   int32_t num_blocks_ = 0;
+  bool structured_outputs_ = false;  // a vocabulary was loaded (Describe)
   model::DType dtype_ = model::DType::kFloat32;
 
   std::mutex mu_;

@@ -331,9 +331,10 @@ TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
                        Endpoint::kChat),
             "tools[0]");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],
-      "response_format":{"type":"json_object"}})",
+      "response_format":{"type":"json_schema","json_schema":{"name":"n",
+      "schema":{"type":"string","format":"date"}}}})",
                        Endpoint::kChat),
-            "response_format");
+            "response_format.json_schema.schema");
   // Neutral values and unknown fields pass.
   EXPECT_EQ(ErrorParam(R"({"prompt":"x","presence_penalty":0,"best_of":1,"logprobs":null,
       "some_future_field":{"a":1}})"),
@@ -612,6 +613,71 @@ TEST(OpenAiRenderTest, ChunksAreTheBytesATreeWouldDump) {
     ASSERT_EQ(chunk, TreeChunk(request, head, delta)) << "case " << i;
     ASSERT_TRUE(Json::accept(chunk.substr(6))) << chunk;
   }
+}
+
+TEST(OpenAiParseTest, StructuredOutputsParseIntoTheSchemasText) {
+  CompletionRequest r;
+  // The schema's text keeps the order the client wrote its properties in.
+  ASSERT_FALSE(Parse(R"({"messages":[{"role":"user","content":"x"}],
+      "response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,
+      "schema":{"type":"object","properties":{"z":{"type":"integer"},"a":{"type":"string"}}}}}})",
+                     Endpoint::kChat, &r));
+  EXPECT_EQ(r.json_schema,
+            R"({"type":"object","properties":{"z":{"type":"integer"},"a":{"type":"string"}}})");
+  r = {};
+  ASSERT_FALSE(Parse(R"({"prompt":"x","response_format":{"type":"json_object"}})",
+                     Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.json_schema, R"({"type":"object","additionalProperties":true})");
+  r = {};
+  ASSERT_FALSE(
+      Parse(R"({"prompt":"x","response_format":{"type":"text"}})", Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.json_schema, "");
+  // vLLM's structured_outputs: json as an object or as its text, json_object.
+  for (const char* body : {R"({"prompt":"x","structured_outputs":{"json":{"enum":[1,2]}}})",
+                           R"({"prompt":"x","structured_outputs":{"json":"{\"enum\":[1,2]}"}})"}) {
+    r = {};
+    ASSERT_FALSE(Parse(body, Endpoint::kCompletions, &r)) << body;
+    EXPECT_EQ(r.json_schema, R"({"enum":[1,2]})");
+  }
+  r = {};
+  ASSERT_FALSE(Parse(R"({"prompt":"x","structured_outputs":{"json_object":true,
+      "disable_any_whitespace":false}})",
+                     Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.json_schema, R"({"type":"object","additionalProperties":true})");
+}
+
+TEST(OpenAiParseTest, StructuredOutputsTheGrammarCannotHoldAreRefusedByName) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"n",
+          "schema":{"type":"object","properties":{"a":{"type":"integer","minimum":0}}}}})",
+       "response_format.json_schema.schema"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"n"}})",
+       "response_format.json_schema.schema"},
+      {R"("response_format":{"type":"yaml"})", "response_format.type"},
+      {R"("response_format":"json")", "response_format"},
+      {R"("structured_outputs":{"regex":"a+"})", "structured_outputs.regex"},
+      {R"("structured_outputs":{"choice":["a","b"]})", "structured_outputs.choice"},
+      {R"("structured_outputs":{"json":"{nope"})", "structured_outputs.json"},
+      {R"("structured_outputs":{"json":{"type":"string"},"json_object":true})",
+       "structured_outputs"},
+      {R"("structured_outputs":{"json":{"type":"string"}},
+          "response_format":{"type":"json_object"})",
+       "structured_outputs"},
+      {R"("response_format":{"type":"json_object"},"ignore_eos":true)", "ignore_eos"},
+      {R"("response_format":{"type":"json_object"},"min_tokens":2)", "min_tokens"},
+      {R"("structured_outputs":{"json":{"type":"string"}},"allowed_token_ids":[3])",
+       "allowed_token_ids"},
+      {R"("guided_json":{"type":"string"})", "guided_json"},
+  };
+  for (const auto& [fields, param] : cases) {
+    EXPECT_EQ(ErrorParam(std::string(R"({"prompt":"x",)") + fields + "}"), param) << fields;
+  }
+  CompletionRequest r;
+  const auto e = Parse(R"({"prompt":"x","structured_outputs":{"json":{"type":"string",
+      "pattern":"a+"}}})",
+                       Endpoint::kCompletions, &r);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("keyword 'pattern' is not supported"), std::string::npos) << e->message;
 }
 
 }  // namespace

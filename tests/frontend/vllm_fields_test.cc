@@ -87,6 +87,8 @@ std::map<std::string, Treatment> Table(Endpoint e) {
   const std::string kContinue =
       "FrontendRequestFieldsTest.ContinueFinalMessageEndsThePromptInItAndEchoPutsItFirst";
   const std::string logprobs = "FrontendLogprobsTest";
+  const std::string kStructured =
+      "OpenAiParseTest.StructuredOutputsParseIntoTheSchemasText, FrontendStructuredOutputsTest";
   const std::string penalties =
       "OpenAiParseTest.PenaltiesParseAndTheModelsRepetitionPenaltyIsTheDefault";
   const Json tools = Json::array({{{"type", "function"},
@@ -139,7 +141,11 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"add_generation_prompt", Built({{"add_generation_prompt", false}}, parse)},
       {"chat_template_kwargs",
        Built({{"chat_template_kwargs", {{"enable_thinking", true}}}}, fields)},
-      {"response_format", Built({{"response_format", {{"type", "text"}}}}, parse)},
+      {"response_format",
+       Built({{"response_format",
+               {{"type", "json_schema"},
+                {"json_schema", {{"name", "n"}, {"schema", {{"type", "integer"}}}}}}}},
+             kStructured)},
       // tools with tool_choice "none" only (rendering them is another part of
       // issue 30); any other tool_choice is refused.
       {"tools", Built({{"tools", tools}, {"tool_choice", "none"}}, parse)},
@@ -178,7 +184,8 @@ std::map<std::string, Treatment> Table(Endpoint e) {
       {"guided_decoding_backend", Refused({{"guided_decoding_backend", "xgrammar"}})},
       {"guided_whitespace_pattern", Refused({{"guided_whitespace_pattern", " "}})},
       {"structural_tag", Refused({{"structural_tag", "{}"}})},
-      {"structured_outputs", Refused({{"structured_outputs", {{"regex", "a+"}}}})},
+      {"structured_outputs",
+       Built({{"structured_outputs", {{"json", {{"type", "integer"}}}}}}, kStructured)},
       {"request_id", Built({{"request_id", "r1"}},
                            "FrontendHttpRoutesTest.TheResponseIdIsTheClientsRequestIdAsVllms")},
       {"cache_salt",

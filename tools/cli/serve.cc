@@ -507,6 +507,8 @@ int Serve(int argc, char** argv) {
   std::vector<std::string> worker_args = {"--model=" + config.model, "--listen=127.0.0.1:0",
                                           "--port-file=" + run_dir + "/worker.port"};
   if (!kvstore.empty()) worker_args.push_back("--kvstore=" + kvstore);
+  // The worker reads the vocabulary's bytes for structured outputs.
+  if (!config.tokenizer.empty()) worker_args.push_back("--tokenizer=" + config.tokenizer);
   supervisor.Start(worker, worker_args);
   const std::optional<std::string> worker_port = supervisor.WaitForPort(run_dir + "/worker.port");
   if (!worker_port) return fail();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,6 +51,17 @@ struct SamplingParams {
   // may repeat. Empty = every id (the OpenAI layer refuses an empty list,
   // as vLLM does).
   std::vector<int32_t> allowed_token_ids;
+  // Structured outputs: when not empty, the JSON text of a JSON schema every
+  // output is a document of (libs/grammar/json_schema.h says which keywords
+  // it holds; OpenAI's JSON mode is {"type": "object",
+  // "additionalProperties": true}). Each token is drawn from those whose
+  // bytes the schema's grammar takes next, the EOS ids (and stop_token_ids)
+  // only once the document is complete, and nothing but them once it is
+  // closed; greedy or not; log-probabilities stay the model's. The
+  // scheduler compiles it at admission (sched::Scheduler::ValidateRequest);
+  // the worker applies it. Not with ignore_eos, min_tokens, bad_words or
+  // allowed_token_ids (each could leave no token to draw).
+  std::string json_schema;
   // Seed of the counter-based generator: tokens depend only on
   // (seed, output position), never on the batch. nullopt: the client gave
   // none; the scheduler then uses its own (--seed, else random) when it

@@ -101,6 +101,8 @@ struct WorkerDescription {
   int64_t block_bytes = 0;  // one block of every layer's K and V
   // The model's sampling defaults; ConnectWorker refuses invalid ones.
   GenerationDefaults generation;
+  // It applies structured outputs (SchedulerConfig::structured_outputs).
+  bool structured_outputs = false;
 };
 
 // The engine's state as plain numbers (the service maps them onto

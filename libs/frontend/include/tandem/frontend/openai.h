@@ -165,6 +165,10 @@ struct CompletionRequest {
   std::vector<int32_t> stop_token_ids;
   // vLLM's allowed_token_ids: not empty when sent (an empty list is a 400).
   std::vector<int32_t> allowed_token_ids;
+  // Structured outputs (SamplingParams::json_schema): the JSON text of the
+  // schema every choice is a document of, from response_format or vLLM's
+  // structured_outputs; "" when the request has none.
+  std::string json_schema;
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage

@@ -31,6 +31,10 @@ struct SchedulerConfig {
   // The most logprobs or prompt_logprobs a request may ask for (vLLM's
   // --max-logprobs, whose default is 20); >= 0.
   int32_t max_logprobs = 20;
+  // Whether the worker applies structured outputs (it holds the model's
+  // vocabulary as bytes: WorkerDescription::structured_outputs); without
+  // it a request with a json_schema is refused.
+  bool structured_outputs = false;
   // Tokens per KV block. > 0; must equal hash_root.block_size.
   int32_t block_size = 16;
   // KV blocks of the worker's cache, including block 0, the null block that is

@@ -72,6 +72,7 @@
 #include "tandem/sched/kv_connector.h"
 #include "tandem/sched/scheduler_output.h"
 #include "tandem/worker/step_backend.h"
+#include "tandem/worker/structured_outputs.h"
 
 namespace tandem::worker {
 
@@ -80,6 +81,10 @@ struct StepExecutorOptions {
   // token ids, never sampled before its min_tokens (vLLM's min-tokens
   // processor), ignore_eos or not.
   std::vector<int32_t> eos_token_ids;
+  // The model's vocabulary as bytes (LoadVocabulary), for structured
+  // outputs; null: this worker has none, and a step that brings a request
+  // with a json_schema fails (the scheduler refuses them for it).
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
   // TEST-ONLY: step ids (of each scheduler stream) that fail after their
   // loads and batch diff, before the forward pass.
   std::vector<uint64_t> debug_fail_steps;
@@ -156,6 +161,8 @@ class StepExecutor {
     int32_t num_steps = 0;
     int32_t num_sampled = 0;
     int32_t num_preemptions = 0;
+    // With a json_schema: its document so far (StructuredOutputs::Ban).
+    GrammarState grammar;
   };
   // By pointer: a launched step's rows point at their states, which must
   // stay where they are while the map changes (and outlive a drop until the
@@ -205,6 +212,9 @@ class StepExecutor {
   // banned ids. At Launch, not Prepare: the previous step's sampled tokens,
   // which the bans read, are written into token_ids at its Finish.
   static void BanBadWords(Step& st);
+  // Structured outputs: the ids each row's json_schema does not allow after
+  // its output so far, added to its banned ids. At Launch, as BanBadWords.
+  void BanByGrammar(Step& st);
   // A launched step's bookkeeping, before the next step is prepared: its
   // computed tokens, a slot in token_ids for each token it samples, and
   // the output's rows.
@@ -224,6 +234,7 @@ class StepExecutor {
   StepBackend* const backend_;
   sched::KvConnectorWorker* const kv_connector_;
   const StepExecutorOptions options_;
+  std::unique_ptr<StructuredOutputs> structured_;  // null without a vocabulary
   SeqMap seqs_;
   // Dropped while a launched step still points at them.
   std::vector<std::unique_ptr<SeqState>> retired_;

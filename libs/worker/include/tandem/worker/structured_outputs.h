@@ -1,0 +1,68 @@
+// Structured outputs on the worker (SamplingParams::json_schema): each
+// request's grammar over the output tokens it has, and the ids it may not
+// draw next, which StepExecutor adds to the row's banned ids at Launch (where
+// the previous step's sampled tokens are known), so both backends apply
+// them as they apply min_tokens' bans.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "tandem/common/sampling_params.h"
+#include "tandem/grammar/json_matcher.h"
+#include "tandem/grammar/token_mask.h"
+
+namespace tandem::worker {
+
+// The model's vocabulary as the grammar reads it: the bytes of each id of the
+// tokenizer at `path` (tokenizer::VocabularyBytes), none for its special
+// tokens, none for the ids past it up to the model's `vocab_size` (padded
+// embeddings). FAILED_PRECONDITION when the tokenizer has more ids than the
+// model; the loader's error when it cannot be read.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> LoadVocabulary(
+    const std::string& path, int32_t vocab_size);
+
+// One request's document so far.
+struct GrammarState {
+  std::optional<grammar::JsonMatcher> matcher;
+  std::vector<int32_t> fed;  // the output tokens it has taken
+  bool broken = false;       // an output token it refused (logged once)
+};
+
+class StructuredOutputs {
+ public:
+  // `eos_token_ids`: the model's, allowed once a document is complete.
+  StructuredOutputs(std::shared_ptr<const grammar::TokenVocabulary> vocabulary,
+                    std::vector<int32_t> eos_token_ids);
+
+  // Appends to `banned` every id request `id` may not draw after `output`
+  // (its output tokens so far): those whose bytes its schema's grammar does
+  // not take next; the EOS ids and params.stop_token_ids unless the
+  // document is complete. `state` follows `output`: tokens it has not taken
+  // are fed, and an output that is not its history any more (the scheduler
+  // replaced it) starts it again. When nothing can follow (an output token
+  // the grammar refused, which the masks never allow, or a document whose
+  // readings passed grammar::kMaxAlternatives) only the EOS ids and stop
+  // tokens are left, so the request ends, and an error is logged.
+  void Ban(const std::string& id, const SamplingParams& params, std::span<const int32_t> output,
+           GrammarState* state, std::vector<int32_t>* banned);
+
+  const grammar::TokenVocabulary& vocabulary() const { return *vocabulary_; }
+
+ private:
+  // The schema of `text`, compiled once (at most kMaxCached kept).
+  std::shared_ptr<const grammar::Schema> Compile(const std::string& text);
+
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;
+  std::vector<int32_t> eos_token_ids_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const grammar::Schema>> schemas_;
+  grammar::TokenMask mask_;
+};
+
+}  // namespace tandem::worker

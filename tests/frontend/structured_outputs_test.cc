@@ -1,0 +1,164 @@
+// Structured outputs through the three services (random32k, the worker given
+// llama2.c's tokenizer.bin of the same vocabulary): every answer that ends
+// with "stop" is a document of its schema, read back with nlohmann's JSON
+// parser and checked field by field; one cut by max_tokens is the beginning
+// of one. What the grammar refuses is a 400 naming the field.
+#include <string>
+#include <vector>
+
+#include "frontend_test_util.h"
+#include "tandem/grammar/json_matcher.h"
+#include "tandem/grammar/json_schema.h"
+
+namespace tandem::testing {
+namespace {
+
+class FrontendStructuredOutputsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("structured");
+    worker_ = StartWorker(
+        dir_, "worker",
+        {"--model", kModels + "/random32k.bin", "--tokenizer", kModels + "/tokenizer.bin"});
+    scheduler_ = StartScheduler(dir_, "scheduler", worker_.address(), {});
+    frontend_ = StartFrontend(dir_, "frontend", {scheduler_.address()},
+                              {"--tokenizer", kLlama2Tokenizer, "--chat-template", "llama-2"});
+  }
+
+  std::string dir_;
+  Service worker_, scheduler_, frontend_;
+};
+
+const Json kPerson = Json::parse(R"({"type": "object",
+  "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"},
+                 "ok": {"type": "boolean"}},
+  "required": ["name", "age", "ok"]})");
+
+// Whether `text` can begin a document of `schema` (the grammar's view).
+bool Begins(const Json& schema, const std::string& text) {
+  auto compiled = grammar::CompileJsonSchema(nlohmann::ordered_json::parse(schema.dump()));
+  if (!compiled.ok()) return false;
+  grammar::JsonMatcher m(*compiled);
+  return m.Accept(text);
+}
+
+void ExpectPerson(const std::string& text) {
+  const Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(doc.is_object()) << text;
+  EXPECT_EQ(doc.size(), 3u) << text;
+  ASSERT_TRUE(doc.contains("name") && doc["name"].is_string()) << text;
+  // maxLength counts characters: at most 8 code points of UTF-8.
+  const std::string name = doc["name"];
+  EXPECT_LE(std::count_if(name.begin(), name.end(), [](char c) { return (c & 0xC0) != 0x80; }), 8)
+      << text;
+  EXPECT_TRUE(doc.contains("age") && doc["age"].is_number_integer()) << text;
+  EXPECT_TRUE(doc.contains("ok") && doc["ok"].is_boolean()) << text;
+}
+
+// The n answers of a chat request constrained by `schema` (text, finish_reason).
+std::vector<std::pair<std::string, std::string>> Answers(const std::string& address,
+                                                         const Json& schema, bool stream) {
+  const Json body = {
+      {"messages", {{{"role", "user"}, {"content", "Who are you? Answer in JSON."}}}},
+      {"response_format",
+       {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}, {"schema", schema}}}}},
+      {"n", 4},
+      {"temperature", 1.0},
+      {"seed", 11},
+      {"max_tokens", 200},
+      {"stream", stream}};
+  const HttpResult r = Post(address, "/v1/chat/completions", body);
+  EXPECT_EQ(r.status, 200) << r.raw;
+  std::vector<std::pair<std::string, std::string>> answers;
+  if (stream) {
+    std::map<int, std::pair<std::string, std::string>> by_index;
+    std::istringstream lines(r.raw);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      const Json chunk = Json::parse(line.substr(6));
+      for (const Json& c : chunk["choices"]) {
+        auto& [text, finish] = by_index[c["index"].get<int>()];
+        if (c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+        if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+      }
+    }
+    for (auto& [index, answer] : by_index) answers.push_back(answer);
+  } else if (r.status == 200) {
+    for (const Json& c : r.body["choices"]) {
+      answers.emplace_back(c["message"]["content"], c["finish_reason"]);
+    }
+  }
+  EXPECT_EQ(answers.size(), 4u);
+  return answers;
+}
+
+TEST_F(FrontendStructuredOutputsTest, EveryChoiceIsADocumentOfItsSchemaOrItsBeginning) {
+  // random32k's random logits favour the many whitespace tokens wherever
+  // JSON allows whitespace, so within its 256-token context an object
+  // rarely closes: each answer must begin a document, and one that stops
+  // must be whole.
+  for (bool stream : {false, true}) {
+    for (const auto& [text, finish] : Answers(frontend_.address(), kPerson, stream)) {
+      SCOPED_TRACE(text);
+      EXPECT_TRUE(Begins(kPerson, text));
+      if (finish == "stop") {
+        ExpectPerson(text);
+      } else {
+        EXPECT_EQ(finish, "length");
+      }
+    }
+  }
+  // A string allows no whitespace around it and ends within its maxLength:
+  // every answer is whole.
+  const Json name = {{"type", "string"}, {"minLength", 2}, {"maxLength", 12}};
+  for (bool stream : {false, true}) {
+    for (const auto& [text, finish] : Answers(frontend_.address(), name, stream)) {
+      SCOPED_TRACE(text);
+      EXPECT_EQ(finish, "stop");
+      const Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+      ASSERT_TRUE(doc.is_string());
+      const std::string value = doc;
+      const auto chars =
+          std::count_if(value.begin(), value.end(), [](char c) { return (c & 0xC0) != 0x80; });
+      EXPECT_GE(chars, 2);
+      EXPECT_LE(chars, 12);
+    }
+  }
+}
+
+TEST_F(FrontendStructuredOutputsTest, AnEnumIsAnsweredWithOneOfItsValues) {
+  const Json schema = {{"enum", {"yes", "no", 42}}};
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    Json body = {
+        {"structured_outputs", {{"json", schema}}}, {"max_tokens", 50}, {"temperature", 0}};
+    if (std::string(path) == "/v1/completions") {
+      body["prompt"] = "Is it so?";
+    } else {
+      body["messages"] = {{{"role", "user"}, {"content", "Is it so?"}}};
+    }
+    const HttpResult r = Post(frontend_.address(), path, body);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const Json& c = r.body["choices"][0];
+    const std::string text = c.contains("text") ? c["text"] : c["message"]["content"];
+    EXPECT_EQ(c["finish_reason"], "stop") << text;
+    EXPECT_TRUE(text == "\"yes\"" || text == "\"no\"" || text == "42") << text;
+  }
+}
+
+TEST_F(FrontendStructuredOutputsTest, WhatTheGrammarCannotHoldIsA400NamingTheField) {
+  const Json body = {
+      {"prompt", "x"},
+      {"response_format",
+       {{"type", "json_schema"},
+        {"json_schema",
+         {{"name", "n"}, {"schema", {{"type", "string"}, {"pattern", "^[a-z]+$"}}}}}}}};
+  const HttpResult r = Post(frontend_.address(), "/v1/completions", body);
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_EQ(r.body["error"]["param"], "response_format.json_schema.schema") << r.raw;
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("keyword 'pattern'"),
+            std::string::npos)
+      << r.raw;
+}
+
+}  // namespace
+}  // namespace tandem::testing

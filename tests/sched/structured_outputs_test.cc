@@ -1,0 +1,51 @@
+// Structured outputs at admission: a json_schema the grammar cannot hold, or
+// one sent to a scheduler whose worker has no vocabulary, is refused with a
+// precise error and changes nothing.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "sched_test_util.h"
+#include "tandem/sched/scheduler.h"
+
+namespace tandem::sched {
+namespace {
+
+absl::Status Add(Scheduler& s, const std::string& schema, bool ignore_eos = false) {
+  SamplingParams sampling = testing::Greedy(2);
+  sampling.json_schema = schema;
+  sampling.ignore_eos = ignore_eos;
+  return s.AddRequest({.request_id = "r", .prompt_token_ids = {1, 2}, .sampling = sampling}, 0);
+}
+
+TEST(StructuredOutputsAdmissionTest, SchemasAreCompiledAndRefusedByName) {
+  SchedulerConfig config = testing::TestConfig(64, /*async=*/false);
+  config.structured_outputs = true;
+  Scheduler s(config, nullptr);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"type":"string","pattern":"a"})", "keyword 'pattern' is not supported"},
+      {R"({"type":)", "json_schema is not valid JSON"},
+      {R"({"$ref":"#/$defs/X"})", "'$ref' \"#/$defs/X\""},
+  };
+  for (const auto& [schema, message] : refused) {
+    const absl::Status st = Add(s, schema);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << schema;
+    EXPECT_NE(st.message().find(message), std::string::npos) << st;
+  }
+  const absl::Status eos = Add(s, R"({"type":"integer"})", /*ignore_eos=*/true);
+  EXPECT_NE(eos.message().find("ignore_eos is not supported with structured outputs"),
+            std::string::npos)
+      << eos;
+  EXPECT_FALSE(s.HasUnfinishedRequests());
+  EXPECT_TRUE(Add(s, R"({"type":"object","properties":{"a":{"type":"integer"}}})").ok());
+}
+
+TEST(StructuredOutputsAdmissionTest, AWorkerWithoutAVocabularyTakesNoSchema) {
+  Scheduler s(testing::TestConfig(64, /*async=*/false), nullptr);
+  const absl::Status st = Add(s, R"({"type":"integer"})");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("tandem-worker --tokenizer"), std::string::npos) << st;
+  EXPECT_FALSE(s.HasUnfinishedRequests());
+}
+
+}  // namespace
+}  // namespace tandem::sched

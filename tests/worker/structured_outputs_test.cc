@@ -1,0 +1,170 @@
+// Structured outputs in StepExecutor: a backend that draws a random token
+// among those not banned (as the sampling program does) writes, step by
+// step, a document of the request's json_schema, and ends it with EOS only
+// once it is complete. The grammar itself is tests/grammar's.
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tandem/grammar/json_matcher.h"
+#include "tandem/worker/step_executor.h"
+
+namespace tandem::worker {
+namespace {
+
+using sched::CachedRequestData;
+using sched::NewRequestData;
+using sched::SchedulerOutput;
+
+constexpr int32_t kEos = 1;
+
+// Draws uniformly among the ids a row does not ban (ids of empty bytes
+// included, as a model may favour them), and records the bans.
+class RandomBackend final : public StepBackend {
+ public:
+  explicit RandomBackend(int32_t vocab, uint32_t seed) : vocab_(vocab), rng_(seed) {}
+  absl::Status ForwardSample(std::span<const model::SequenceInput> batch,
+                             std::span<const model::SampleRequest> sample,
+                             std::vector<int32_t>* tokens,
+                             std::vector<model::SampleLogprobs>* logprobs) override {
+    if (logprobs != nullptr) logprobs->assign(batch.size(), {});
+    tokens->assign(batch.size(), -1);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (sample[i].params == nullptr) continue;
+      std::vector<int32_t> free;
+      for (int32_t t = 0; t < vocab_; ++t) {
+        const auto& b = sample[i].banned_token_ids;
+        if (std::find(b.begin(), b.end(), t) == b.end()) free.push_back(t);
+      }
+      if (free.empty()) return absl::InternalError("every token banned");
+      (*tokens)[i] = free[rng_() % free.size()];
+      eos_allowed.push_back(std::find(free.begin(), free.end(), kEos) != free.end());
+    }
+    return absl::OkStatus();
+  }
+  std::vector<bool> eos_allowed;  // per draw
+
+ private:
+  int32_t vocab_;
+  std::mt19937 rng_;
+};
+
+std::shared_ptr<const grammar::TokenVocabulary> Vocabulary() {
+  // Id 0 has no text (a special token), 1 is EOS.
+  std::vector<std::string> tokens = {"",  "",   "{",      "}",    "\"",    "\":", ",",
+                                     " ", "ok", "n",      "true", "false", "1",   "23",
+                                     "-", "ab", "\"ok\"", "[",    "]",     "\n",  ":"};
+  for (char c = 'a'; c <= 'z'; ++c) tokens.emplace_back(1, c);
+  return std::make_shared<const grammar::TokenVocabulary>(std::move(tokens));
+}
+
+constexpr const char* kSchema =
+    R"({"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer"},)"
+    R"("s":{"type":"string","maxLength":3}},"required":["ok","n"]})";
+
+SchedulerOutput NewStep(uint64_t id, const std::string& req, SamplingParams sampling) {
+  SchedulerOutput s{.step_id = id, .last_processed_step_id = id - 1};
+  s.scheduled_new_reqs.push_back(NewRequestData{.request_id = req,
+                                                .prompt_token_ids = {5, 6},
+                                                .sampling = std::move(sampling),
+                                                .block_ids = {0, 1}});
+  s.num_scheduled_tokens = {2};
+  s.total_num_scheduled_tokens = 2;
+  return s;
+}
+
+SchedulerOutput DecodeStep(uint64_t id, const std::string& req, int32_t num_computed) {
+  SchedulerOutput s{.step_id = id, .last_processed_step_id = id - 1};
+  s.scheduled_cached_reqs.push_back(
+      CachedRequestData{.request_id = req, .num_computed_tokens = num_computed});
+  s.num_scheduled_tokens = {1};
+  s.total_num_scheduled_tokens = 1;
+  return s;
+}
+
+// Runs one request (sync steps) until it draws EOS or 300 tokens.
+std::vector<int32_t> Generate(StepExecutor& executor, const SamplingParams& sampling) {
+  std::vector<int32_t> out;
+  sched::ModelRunnerOutput o = executor.Execute(NewStep(1, "r", sampling));
+  for (uint64_t step = 2; o.error.empty() && out.size() < 300; ++step) {
+    const int32_t t = o.sampled.at(0).token_ids.at(0);
+    out.push_back(t);
+    if (t == kEos) break;
+    o = executor.Execute(DecodeStep(step, "r", 2 + static_cast<int32_t>(out.size()) - 1));
+  }
+  EXPECT_TRUE(o.error.empty()) << o.error;
+  return out;
+}
+
+TEST(StructuredOutputsTest, EveryDrawKeepsTheDocumentAndEosComesOnlyOnceItIsComplete) {
+  const auto vocab = Vocabulary();
+  const auto schema = grammar::CompileJsonSchema(nlohmann::ordered_json::parse(kSchema)).value();
+  int complete = 0;
+  for (uint32_t seed = 1; seed <= 30; ++seed) {
+    RandomBackend backend(vocab->size(), seed);
+    StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}, .vocabulary = vocab});
+    const std::vector<int32_t> out =
+        Generate(executor, {.json_schema = kSchema, .max_tokens = 400});
+    ASSERT_EQ(backend.eos_allowed.size(), out.size());
+    grammar::JsonMatcher m(schema);
+    std::string doc;
+    for (size_t k = 0; k < out.size(); ++k) {
+      // EOS may be drawn exactly where the document is complete.
+      EXPECT_EQ(backend.eos_allowed[k], m.Complete()) << "at " << doc;
+      if (out[k] == kEos) {
+        EXPECT_EQ(k + 1, out.size());
+        EXPECT_TRUE(nlohmann::json::accept(doc)) << doc;
+        ++complete;
+        break;
+      }
+      ASSERT_FALSE(vocab->bytes(out[k]).empty()) << "a token without text drawn after " << doc;
+      ASSERT_TRUE(m.Accept(vocab->bytes(out[k])))
+          << "'" << vocab->bytes(out[k]) << "' after " << doc;
+      doc += vocab->bytes(out[k]);
+    }
+  }
+  EXPECT_GT(complete, 20);
+}
+
+TEST(StructuredOutputsTest, AResumedRequestsGrammarFollowsTheTokensTheSchedulerGives) {
+  const auto vocab = Vocabulary();
+  const SamplingParams sampling{.json_schema = kSchema, .max_tokens = 400};
+  // Two tokens drawn, preempted, then back with an output of its own: `{"ok"` (what this worker
+  // drew is forgotten), recomputed from the start.
+  SchedulerOutput resume{.step_id = 4, .last_processed_step_id = 3};
+  resume.scheduled_cached_reqs.push_back(CachedRequestData{.request_id = "r",
+                                                           .resumed_from_preemption = true,
+                                                           .new_block_ids = {0, 1},
+                                                           .all_token_ids = {5, 6, 2, 16},
+                                                           .num_computed_tokens = 0});
+  resume.num_scheduled_tokens = {4};
+  resume.total_num_scheduled_tokens = 4;
+  for (int i = 0; i < 20; ++i) {
+    RandomBackend again(vocab->size(), 100 + i);
+    StepExecutor e(&again, nullptr, {.eos_token_ids = {kEos}, .vocabulary = vocab});
+    ASSERT_TRUE(e.Execute(NewStep(1, "r", sampling)).error.empty());
+    ASSERT_TRUE(e.Execute(DecodeStep(2, "r", 2)).error.empty());
+    SchedulerOutput p{.step_id = 3, .last_processed_step_id = 2};
+    p.preempted_req_ids = {"r"};
+    ASSERT_TRUE(e.Execute(std::move(p)).error.empty());
+    const sched::ModelRunnerOutput o = e.Execute(resume);
+    ASSERT_TRUE(o.error.empty()) << o.error;
+    const std::string next(vocab->bytes(o.sampled.at(0).token_ids.at(0)));
+    // After a key, only whitespace or the colon.
+    EXPECT_TRUE(next == " " || next == "\n" || next == ":") << "'" << next << "'";
+  }
+}
+
+TEST(StructuredOutputsTest, AWorkerWithoutAVocabularyFailsTheStepNamingTheFlag) {
+  RandomBackend backend(8, 1);
+  StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}});
+  const sched::ModelRunnerOutput o =
+      executor.Execute(NewStep(1, "r", {.json_schema = kSchema, .max_tokens = 4}));
+  EXPECT_NE(o.error.find("no vocabulary for structured outputs (tandem-worker --tokenizer)"),
+            std::string::npos)
+      << o.error;
+}
+
+}  // namespace
+}  // namespace tandem::worker
