@@ -87,15 +87,10 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
   }
   TANDEM_RETURN_IF_ERROR(IdsInVocabulary(allowed_token_ids, "allowed_token_ids token", vocab_size));
   if (!json_schema.empty()) {
-    // Each of these could leave a document no token to go on with.
-    for (const auto& [name, set] : {std::pair{"ignore_eos", ignore_eos},
-                                    {"min_tokens", min_tokens > 0},
-                                    {"bad_words", !bad_words.empty()},
-                                    {"allowed_token_ids", !allowed_token_ids.empty()}}) {
-      if (set) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, " is not supported with structured outputs (json_schema)"));
-      }
+    if (const char* name = JsonSchemaConflict(ignore_eos, min_tokens, !bad_words.empty(),
+                                              !allowed_token_ids.empty())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is not supported with structured outputs (json_schema)"));
     }
   }
   return IdsInVocabulary(stop_token_ids, "stop token", vocab_size);
@@ -128,6 +123,15 @@ absl::Status GenerationDefaults::Validate(int32_t vocab_size) const {
         absl::StrCat("generation default max_new_tokens must be >= 1, got ", *max_new_tokens));
   }
   return absl::OkStatus();
+}
+
+const char* JsonSchemaConflict(bool ignore_eos, int32_t min_tokens, bool has_bad_words,
+                               bool has_allowed_token_ids) {
+  if (ignore_eos) return "ignore_eos";
+  if (min_tokens > 0) return "min_tokens";
+  if (has_bad_words) return "bad_words";
+  if (has_allowed_token_ids) return "allowed_token_ids";
+  return nullptr;
 }
 
 void BadWordBans(std::span<const std::vector<int32_t>> bad_words, std::span<const int32_t> output,

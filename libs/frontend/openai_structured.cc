@@ -5,6 +5,7 @@
 // choice, grammar and structural_tag are refused by name.
 #include "absl/strings/str_cat.h"
 #include "openai_parse.h"
+#include "tandem/common/sampling_params.h"
 #include "tandem/grammar/json_schema.h"
 
 namespace tandem::frontend::internal {
@@ -124,15 +125,11 @@ std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest
   }
   out->json_schema = !from_format.empty() ? from_format : from_params;
   if (!out->json_schema.empty()) {
-    // What SamplingParams::Validate refuses beside a schema, named here.
-    for (const auto& [name, set] : {std::pair{"ignore_eos", out->ignore_eos},
-                                    {"min_tokens", out->min_tokens > 0},
-                                    {"bad_words", !out->bad_words.empty()},
-                                    {"allowed_token_ids", !out->allowed_token_ids.empty()}}) {
-      if (set) {
-        return BadRequest(absl::StrCat("'", name, "' is not supported with structured outputs"),
-                          name);
-      }
+    if (const char* name =
+            JsonSchemaConflict(out->ignore_eos, out->min_tokens, !out->bad_words.empty(),
+                               !out->allowed_token_ids.empty())) {
+      return BadRequest(absl::StrCat("'", name, "' is not supported with structured outputs"),
+                        name);
     }
   }
   return std::nullopt;

@@ -140,6 +140,22 @@ class SchemaCompiler {
     return v.get<int64_t>();
   }
 
+  // A minimum and maximum count (minItems/maxItems, minLength/maxLength)
+  // where the schema gives them; the maximum stays -1 (unbounded) without.
+  absl::Status Bounds(const Json& s, const char* min_key, const char* max_key,
+                      const std::string& where, int64_t* min, int64_t* max) {
+    if (s.contains(min_key)) {
+      TANDEM_ASSIGN_OR_RETURN(*min, Count(s, min_key, where));
+    }
+    if (s.contains(max_key)) {
+      TANDEM_ASSIGN_OR_RETURN(*max, Count(s, max_key, where));
+    }
+    if (*max >= 0 && *max < *min) {
+      return Refuse(where, absl::StrCat("'", max_key, "' below '", min_key, "'"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<int32_t> Compile(const Json& s, const std::string& where) {
     Nesting nesting(depth_);
     if (depth_ > kMaxDepth) return Refuse(where, absl::StrCat("nesting deeper than ", kMaxDepth));
@@ -236,28 +252,14 @@ class SchemaCompiler {
       } else {
         node.items = Any();
       }
-      if (s.contains("minItems")) {
-        TANDEM_ASSIGN_OR_RETURN(node.min_items, Count(s, "minItems", where));
-      }
-      if (s.contains("maxItems")) {
-        TANDEM_ASSIGN_OR_RETURN(node.max_items, Count(s, "maxItems", where));
-      }
-      if (node.max_items >= 0 && node.max_items < node.min_items) {
-        return Refuse(where, "'maxItems' below 'minItems'");
-      }
+      TANDEM_RETURN_IF_ERROR(
+          Bounds(s, "minItems", "maxItems", where, &node.min_items, &node.max_items));
       return Add(std::move(node));
     }
     if (type == "string") {
       SchemaNode node{.kind = Kind::kString};
-      if (s.contains("minLength")) {
-        TANDEM_ASSIGN_OR_RETURN(node.min_length, Count(s, "minLength", where));
-      }
-      if (s.contains("maxLength")) {
-        TANDEM_ASSIGN_OR_RETURN(node.max_length, Count(s, "maxLength", where));
-      }
-      if (node.max_length >= 0 && node.max_length < node.min_length) {
-        return Refuse(where, "'maxLength' below 'minLength'");
-      }
+      TANDEM_RETURN_IF_ERROR(
+          Bounds(s, "minLength", "maxLength", where, &node.min_length, &node.max_length));
       return Add(std::move(node));
     }
     const Kind kind = type == "number"    ? Kind::kNumber

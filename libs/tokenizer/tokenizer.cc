@@ -217,12 +217,9 @@ std::string PieceBytes(std::string_view piece, bool byte_level) {
   return out;
 }
 
-bool IsByteLevel(const Tokenizer& tok) {
-  return tok.kind() == TokenizerKind::kHuggingFace && tok.PieceToId("\xC4\xA0").has_value();
-}
-
 std::vector<std::string> VocabularyBytes(const Tokenizer& tok) {
-  const bool byte_level = IsByteLevel(tok);
+  const bool byte_level =
+      tok.kind() == TokenizerKind::kHuggingFace && tok.PieceToId("\xC4\xA0").has_value();
   std::vector<std::string> bytes(static_cast<size_t>(tok.vocab_size()));
   for (int32_t id = 0; id < tok.vocab_size(); ++id) {
     absl::StatusOr<std::string> piece = tok.IdToPiece(id);

@@ -1,6 +1,7 @@
 #include "tandem/worker/structured_outputs.h"
 
 #include <algorithm>
+#include <bit>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,10 +15,6 @@ namespace {
 // Schemas kept compiled; past it the cache starts again (each request
 // compiles its schema once anyway: its matcher holds it).
 constexpr size_t kMaxCached = 256;
-
-bool Contains(std::span<const int32_t> ids, int32_t id) {
-  return std::find(ids.begin(), ids.end(), id) != ids.end();
-}
 
 }  // namespace
 
@@ -81,10 +78,9 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
     }
     state->fed.push_back(t);
   }
-  int32_t allowed = 0;
   bool complete = false;
   if (!state->broken) {
-    allowed = grammar::AllowedTokens(*state->matcher, vocab, &mask_);
+    const int32_t allowed = grammar::AllowedTokens(*state->matcher, vocab, &mask_);
     complete = state->matcher->Complete();
     if (allowed == 0 && !complete) {
       state->broken = true;
@@ -93,11 +89,21 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
                         << grammar::kMaxAlternatives << " at once); it is ended";
     }
   }
-  const bool may_end = complete || state->broken;
-  for (int32_t t = 0; t < vocab.size(); ++t) {
-    if (!state->broken && allowed > 0 && grammar::MaskAllows(mask_, t)) continue;
-    if (may_end && (Contains(eos_token_ids_, t) || Contains(params.stop_token_ids, t))) continue;
-    banned->push_back(t);
+  // The ids that end the request join the mask where it may end; the rest
+  // of the vocabulary is banned, a word of the mask at a time.
+  if (state->broken) mask_.assign((static_cast<size_t>(vocab.size()) + 31) / 32, 0);
+  if (complete || state->broken) {
+    for (std::span<const int32_t> ends : {std::span<const int32_t>(eos_token_ids_),
+                                          std::span<const int32_t>(params.stop_token_ids)}) {
+      for (int32_t t : ends) mask_[static_cast<size_t>(t) / 32] |= 1u << (t % 32);
+    }
+  }
+  for (size_t w = 0; w < mask_.size(); ++w) {
+    for (uint32_t left = ~mask_[w]; left != 0; left &= left - 1) {
+      const int32_t t = static_cast<int32_t>(w * 32) + std::countr_zero(left);
+      if (t >= vocab.size()) break;
+      banned->push_back(t);
+    }
   }
 }
 

@@ -103,6 +103,13 @@ struct SamplingParams {
   }
 };
 
+// The field that cannot go with a json_schema, or nullptr: ignore_eos,
+// min_tokens > 0, bad_words or allowed_token_ids (each could leave a
+// document no token to go on with). SamplingParams::Validate refuses it;
+// the OpenAI layer names it first.
+const char* JsonSchemaConflict(bool ignore_eos, int32_t min_tokens, bool has_bad_words,
+                               bool has_allowed_token_ids);
+
 // The tokens `bad_words` bans after `output` (the output tokens so far, not
 // the prompt), appended to `banned`: as vLLM's apply_bad_words, the last
 // token of each sequence at most one longer than the output whose other

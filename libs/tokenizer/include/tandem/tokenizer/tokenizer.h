@@ -179,11 +179,10 @@ class DecodeStream {
 // character outside the alphabet, an added token, as it is); otherwise
 // SentencePiece's "▁" is a space.
 [[nodiscard]] std::string PieceBytes(std::string_view piece, bool byte_level);
-// Whether `tok` spells bytes in GPT-2's byte alphabet: a tokenizer.json whose
-// vocabulary has "Ġ" (a space in that alphabet; every byte-level vocabulary
-// has all 256 byte characters, a SentencePiece-style one spells a space "▁").
-[[nodiscard]] bool IsByteLevel(const Tokenizer& tok);
-// PieceBytes of every id of `tok` ("" for an id IdToPiece refuses).
+// PieceBytes of every id of `tok` ("" for an id IdToPiece refuses); a
+// tokenizer.json whose vocabulary has GPT-2's "Ġ" (a space in its byte
+// alphabet) is read byte-level: every byte-level vocabulary has all 256 byte
+// characters, a SentencePiece-style one spells a space "▁".
 [[nodiscard]] std::vector<std::string> VocabularyBytes(const Tokenizer& tok);
 // `bytes` with each maximal ill-formed UTF-8 subpart replaced by U+FFFD
 // (Python's errors="replace", TextDecoder).

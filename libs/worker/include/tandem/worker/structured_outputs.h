@@ -53,8 +53,6 @@ class StructuredOutputs {
   void Ban(const std::string& id, const SamplingParams& params, std::span<const int32_t> output,
            GrammarState* state, std::vector<int32_t>* banned);
 
-  const grammar::TokenVocabulary& vocabulary() const { return *vocabulary_; }
-
  private:
   // The schema of `text`, compiled once (at most kMaxCached kept).
   std::shared_ptr<const grammar::Schema> Compile(const std::string& text);
