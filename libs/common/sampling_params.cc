@@ -93,6 +93,13 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
           absl::StrCat(name, " is not supported with structured outputs (json_schema)"));
     }
   }
+  if (json_schema_after_token) {
+    if (json_schema.empty()) {
+      return absl::InvalidArgumentError("json_schema_after_token needs a json_schema");
+    }
+    TANDEM_RETURN_IF_ERROR(IdsInVocabulary(std::span<const int32_t>(&*json_schema_after_token, 1),
+                                           "json_schema_after_token token", vocab_size));
+  }
   return IdsInVocabulary(stop_token_ids, "stop token", vocab_size);
 }
 

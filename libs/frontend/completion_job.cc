@@ -105,6 +105,20 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
   const RequestSampling sampling = EffectiveSampling(request_, model.generation);
   const std::optional<int32_t> prompt_logprobs = PromptLogprobsToAsk(request_);
   const int32_t n = request_.n;
+  // Structured outputs of a model that thinks start where the thinking ends,
+  // as vLLM's reasoner holds the grammar until then: the worker needs the
+  // end tag as one token (vLLM's parsers refuse a tokenizer without it).
+  std::optional<int32_t> thinking_end;
+  if (request_.reasoning_parser && !request_.json_schema.empty()) {
+    thinking_end = served_.tokenizer().PieceToId(kReasoningEnd);
+    if (!thinking_end) {
+      Fail(BadRequest(absl::StrCat("structured outputs under --reasoning-parser start where the "
+                                   "thinking ends, and this model's tokenizer has no '",
+                                   std::string(kReasoningEnd), "' token to mark it"),
+                      request_.json_schema_field));
+      return false;
+    }
+  }
   choices_.resize(prompts_.ids.size() * n);
   for (size_t p = 0; p < prompts_.ids.size(); ++p) {
     const int32_t prompt_len = static_cast<int32_t>(prompts_.ids[p].size());
@@ -166,6 +180,9 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                                      .prompt_logprobs = prompt_logprobs.value_or(-1)},
                         .priority = request_.priority,
                         .cache_salt = request_.cache_salt};
+      if (thinking_end && StartsInReasoning(c)) {
+        c.call_request.sampling.json_schema_after_token = thinking_end;
+      }
       if (request_.seed) {
         c.call_request.sampling.seed =
             static_cast<uint64_t>(*request_.seed) + static_cast<uint64_t>(j);
@@ -193,7 +210,9 @@ void CompletionJob::StartOutput(ChoiceState& c) {
   c.detok = std::make_unique<tokenizer::IncrementalDetokenizer>(served_.tokenizer(), decode,
                                                                 prompts_.ids[c.prompt]);
   c.stops = std::make_unique<StopStringMatcher>(request_.stop);
-  if (request_.tool_parser && request_.stream) {
+  if (request_.forced_tool && request_.stream) {
+    c.tool_stream = std::make_unique<ToolCallStream>(*request_.forced_tool);
+  } else if (request_.tool_parser && request_.stream) {
     c.tool_stream = std::make_unique<ToolCallStream>(*request_.tool_parser);
   }
   if (request_.reasoning_parser && request_.stream) {
@@ -211,8 +230,13 @@ ReasoningSplit CompletionJob::SplitWhole(ChoiceState& c) const {
 
 ExtractedToolCalls CompletionJob::TakeToolCalls(ReasoningSplit* split) const {
   ExtractedToolCalls tools;
-  if (!request_.tool_parser) return tools;
-  tools = ExtractToolCalls(*request_.tool_parser, split->content.value_or(""));
+  if (request_.forced_tool) {
+    tools = ExtractForcedToolCalls(*request_.forced_tool, split->content.value_or(""));
+  } else if (request_.tool_parser) {
+    tools = ExtractToolCalls(*request_.tool_parser, split->content.value_or(""));
+  } else {
+    return tools;
+  }
   if (!tools.calls.empty()) split->content = tools.content;
   KeepParallelToolCalls(&tools);
   return tools;

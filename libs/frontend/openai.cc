@@ -15,6 +15,7 @@ namespace {
 
 using internal::Json;
 using internal::ParseChatTurn;
+using internal::ParseForcedToolChoice;
 using internal::ParseMessages;
 using internal::ParseStructuredOutput;
 using internal::ParseTools;
@@ -144,8 +145,8 @@ std::optional<ApiError> ParseTokenIds(const Json* ids, const char* field,
 // tool_choice defaults to "auto"; "none" renders them into the prompt only;
 // "auto" also parses the answer's calls, which the server allows only under
 // --enable-auto-tool-choice (CompletionRequest::tool_parser).
-// "required" and a named tool constrain the output (structured outputs,
-// not implemented): refused.
+// "required" and a named tool constrain the output to the calls' JSON
+// (ParseForcedToolChoice), with or without a tool parser.
 std::optional<ApiError> ParseToolChoice(const Reader& r, Endpoint endpoint,
                                         CompletionRequest* out) {
   const Json* tools = r.Find("tools");
@@ -164,18 +165,20 @@ std::optional<ApiError> ParseToolChoice(const Reader& r, Endpoint endpoint,
     out->tool_choice = "auto";
   } else if (*choice == "none") {
     out->tool_choice = "none";
-  } else if (*choice == "required" || choice->is_object()) {
-    return BadRequest(absl::StrCat("tool_choice ", choice->dump(),
-                                   " is not supported: forcing a tool call needs structured "
-                                   "outputs (guided decoding), which are not implemented; use "
-                                   "\"auto\" or \"none\""),
-                      "tool_choice");
+  } else if (*choice == "required") {
+    out->tool_choice = "required";
+  } else if (choice->is_object()) {
+    out->tool_choice = "named";
   } else {
     return BadRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or a named tool",
                       "tool_choice");
   }
   if (auto e = r.Bool("parallel_tool_calls", &out->parallel_tool_calls)) return e;
-  return ParseTools(*tools, out);
+  if (auto e = ParseTools(*tools, out)) return e;
+  if (out->tool_choice == "required" || out->tool_choice == "named") {
+    return ParseForcedToolChoice(*choice, out);
+  }
+  return std::nullopt;
 }
 
 // completions' logprobs N; chat's logprobs (bool) and top_logprobs N;

@@ -33,6 +33,15 @@ void AddFinish(Json* choice, FinishReason reason, const std::string& stop_reason
   }
 }
 
+// Whether a choice's finish_reason is "tool_calls" (vLLM's, after OpenAI's):
+// calls parsed from an "auto" answer; calls of "required" that stopped; never
+// for a named tool (its finish stays "stop" or "length").
+bool FinishesWithToolCalls(const CompletionRequest& request, FinishReason finish, bool has_calls) {
+  if (!has_calls) return false;
+  if (!request.forced_tool) return true;
+  return !request.forced_tool->name && finish == FinishReason::kStop;
+}
+
 // Appends `s` as a JSON string value, escaped exactly as a tree's dump()
 // escapes it (ensure_ascii off, invalid UTF-8 replaced by U+FFFD): printable
 // ASCII is copied, anything else goes through nlohmann's serializer.
@@ -94,8 +103,9 @@ Json CompletionResponse(const CompletionRequest& request, const ResponseHead& he
     }
     choice["logprobs"] = c.logprobs;
     AddFinish(&choice, c.finish_reason, c.stop_reason, c.stop_token);
-    // vLLM: "tool_calls" whenever the answer's calls were parsed out.
-    if (!c.tool_calls.empty()) choice["finish_reason"] = "tool_calls";
+    if (FinishesWithToolCalls(request, c.finish_reason, !c.tool_calls.empty())) {
+      choice["finish_reason"] = "tool_calls";
+    }
     if (request.return_token_ids) choice["token_ids"] = c.token_ids;
     if (!chat && request.prompt_logprobs) choice["prompt_logprobs"] = c.prompt_logprobs;
     // vLLM: completions carry the prompt's ids in each choice, chat once.
@@ -181,7 +191,7 @@ std::string StreamChunk(const CompletionRequest& request, const ResponseHead& he
   out += ",\"finish_reason\":";
   if (delta.finish_reason == FinishReason::kNone) {
     out += "null";
-  } else if (!delta.tool_calls.is_null()) {
+  } else if (FinishesWithToolCalls(request, delta.finish_reason, !delta.tool_calls.is_null())) {
     out += "\"tool_calls\"";
   } else {
     absl::StrAppend(&out, "\"", FinishReasonName(delta.finish_reason), "\"");

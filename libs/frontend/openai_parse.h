@@ -125,6 +125,12 @@ class Reader {
 // cannot hold is a 400 naming the keyword and where it is.
 [[nodiscard]] std::optional<ApiError> ParseStructuredOutput(const Reader& r,
                                                             CompletionRequest* out);
+// Chat's tool_choice "required" or a named tool ({"type": "function",
+// "function": {"name": ...}}), after ParseTools: out->forced_tool, and the
+// calls' schema (vLLM's) in out->json_schema; a named tool that is not in
+// the tools, or parameters the grammar cannot hold, is a 400 naming them.
+[[nodiscard]] std::optional<ApiError> ParseForcedToolChoice(const Json& choice,
+                                                            CompletionRequest* out);
 // stream_options (an object): include_usage, vLLM's continuous_usage_stats
 // and OpenAI's include_obfuscation (false only) into *out.
 [[nodiscard]] std::optional<ApiError> ParseStreamOptions(const Json& options,

@@ -461,6 +461,13 @@ std::optional<ApiError> ParseResponsesRequest(std::string_view body, CompletionR
     for (const char* name : {"tool_choice", "parallel_tool_calls"}) {
       if (const Json* v = r.Find(name)) chat[name] = *v;
     }
+    // Responses names a tool {"type": "function", "name": ...}; chat nests it
+    // under "function".
+    if (auto it = chat.find("tool_choice"); it != chat.end() && it->is_object() &&
+                                            it->value("type", Json()) == "function" &&
+                                            it->contains("name") && !it->contains("function")) {
+      *it = {{"type", "function"}, {"function", {{"name", (*it)["name"]}}}};
+    }
     fields.tools = *tools;
   } else if (const Json* choice = r.Find("tool_choice");
              choice != nullptr && *choice != "auto" && *choice != "none") {

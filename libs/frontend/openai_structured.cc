@@ -2,7 +2,11 @@
 // (OpenAI's, vLLM's ResponseFormat) and structured_outputs (vLLM's
 // StructuredOutputsParams), of which the grammar holds JSON: json_schema,
 // json_object, and structured_outputs' json and json_object. Its regex,
-// choice, grammar and structural_tag are refused by name.
+// choice, grammar and structural_tag are refused by name. tool_choice
+// "required" and a named tool are structured outputs too: the calls' JSON
+// (vLLM's _get_json_schema_from_tool).
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "openai_parse.h"
 #include "tandem/common/sampling_params.h"
@@ -108,7 +112,116 @@ std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out) 
   return Compiled(schema, "structured_outputs.json", out);
 }
 
+// A tool's parameters as the grammar holds them: none (null or {}) is an
+// object without members, as vLLM writes it for "required" (named, vLLM
+// leaves such a tool's output free; here its arguments are "{}" too).
+Json ParametersOf(const Json& tool) {
+  const Json& parameters = tool["function"]["parameters"];
+  if (parameters.is_null() || (parameters.is_object() && parameters.empty())) {
+    return {{"type", "object"}, {"properties", Json::object()}};
+  }
+  return parameters;
+}
+
+// Whether `schema` has a "$ref" to "#": under "required" the document's root
+// is the list of calls, not the tool's parameters.
+bool RefersToRoot(const Json& schema) {
+  if (schema.is_object()) {
+    for (const auto& [key, value] : schema.items()) {
+      if ((key == "$ref" && value == "#") || RefersToRoot(value)) return true;
+    }
+  } else if (schema.is_array()) {
+    for (const Json& e : schema) {
+      if (RefersToRoot(e)) return true;
+    }
+  }
+  return false;
+}
+
+// vLLM's _get_json_schema_from_tool for "required": a non-empty list of
+// {"name": <a tool's name>, "parameters": <its parameters>}, every tool's
+// $defs (and definitions) moved to the root, where their $refs point.
+std::optional<ApiError> RequiredSchema(const Json& tools, Json* out) {
+  Json alternatives = Json::array();
+  Json defs = Json::object();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string param = absl::StrCat("tools[", i, "].function.parameters");
+    Json parameters = ParametersOf(tools[i]);
+    if (!parameters.is_object()) {
+      return BadRequest(absl::StrCat("'", param, "' must be a JSON schema (an object)"), param);
+    }
+    if (auto compiled = grammar::CompileJsonSchema(parameters); !compiled.ok()) {
+      return BadRequest(absl::StrCat("'", param, "': ", compiled.status().message()), param);
+    }
+    if (RefersToRoot(parameters)) {
+      return BadRequest(absl::StrCat("'", param, "' refers to itself with \"$ref\": \"#\", ",
+                                     "which tool_choice \"required\" cannot hold (its document ",
+                                     "is the list of calls); use $defs"),
+                        param);
+    }
+    for (const char* key : {"$defs", "definitions"}) {
+      auto it = parameters.find(key);
+      if (it == parameters.end()) continue;
+      if (!defs.contains(key)) defs[key] = Json::object();
+      for (const auto& [name, def] : it->items()) {
+        if (defs[key].contains(name) && defs[key][name] != def) {
+          return BadRequest(absl::StrCat("'", param, "': the definition '", name,
+                                         "' differs from another tool's of the same name, "
+                                         "which tool_choice \"required\" cannot hold"),
+                            param);
+        }
+        defs[key][name] = def;
+      }
+      parameters.erase(it);
+    }
+    alternatives.push_back(
+        {{"type", "object"},
+         {"properties",
+          {{"name", {{"type", "string"}, {"enum", {tools[i]["function"]["name"]}}}},
+           {"parameters", std::move(parameters)}}},
+         {"required", {"name", "parameters"}}});
+  }
+  *out = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", std::move(alternatives)}}}};
+  out->update(defs);
+  return std::nullopt;
+}
+
 }  // namespace
+
+std::optional<ApiError> ParseForcedToolChoice(const Json& choice, CompletionRequest* out) {
+  Json schema;
+  std::string param = "tool_choice";
+  ForcedToolChoice forced;
+  if (choice == "required") {
+    if (auto e = RequiredSchema(out->tools, &schema)) return e;
+  } else {
+    const auto function = choice.find("function");
+    if (choice.value("type", Json()) != "function" || function == choice.end() ||
+        !function->is_object() || !function->contains("name") || !(*function)["name"].is_string()) {
+      return BadRequest(
+          "a named 'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": "
+          "...}}",
+          "tool_choice");
+    }
+    forced.name = (*function)["name"].get<std::string>();
+    const auto tool = std::find_if(out->tools.begin(), out->tools.end(), [&](const Json& t) {
+      return t["function"]["name"] == *forced.name;
+    });
+    if (tool == out->tools.end()) {
+      return BadRequest(absl::StrCat("Tool '", *forced.name, "' has not been passed in `tools`."),
+                        "tool_choice");
+    }
+    param = absl::StrCat("tools[", tool - out->tools.begin(), "].function.parameters");
+    schema = ParametersOf(*tool);
+    if (!schema.is_object()) {
+      return BadRequest(absl::StrCat("'", param, "' must be a JSON schema (an object)"), param);
+    }
+  }
+  if (auto e = Compiled(schema, param, &out->json_schema)) return e;
+  out->forced_tool = std::move(forced);
+  out->json_schema_field = "tool_choice";
+  return std::nullopt;
+}
 
 std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest* out) {
   std::string from_format, from_params;
@@ -123,7 +236,17 @@ std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest
         "'response_format' and 'structured_outputs' both constrain the output; send one",
         "structured_outputs");
   }
-  out->json_schema = !from_format.empty() ? from_format : from_params;
+  if (!from_format.empty() || !from_params.empty()) {
+    const char* field = !from_format.empty() ? "response_format" : "structured_outputs";
+    if (out->forced_tool) {
+      return BadRequest(absl::StrCat("'", field, "' and 'tool_choice' ",
+                                     out->forced_tool->name ? "(a named tool)" : "\"required\"",
+                                     " both constrain the output; send one"),
+                        field);
+    }
+    out->json_schema = !from_format.empty() ? from_format : from_params;
+    out->json_schema_field = field;
+  }
   if (!out->json_schema.empty()) {
     if (const char* name =
             JsonSchemaConflict(out->ignore_eos, out->min_tokens, !out->bad_words.empty(),

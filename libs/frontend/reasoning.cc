@@ -6,7 +6,7 @@ namespace tandem::frontend {
 namespace {
 
 constexpr std::string_view kStart = "<think>";
-constexpr std::string_view kEnd = "</think>";
+constexpr std::string_view kEnd = kReasoningEnd;
 
 // The length of the longest suffix of `text` that is a proper prefix of
 // `tag` (what may still become the tag).

@@ -191,6 +191,30 @@ ExtractedToolCalls ExtractToolCalls(ToolParser parser, std::string_view text) {
   return {.content = std::string(text)};
 }
 
+ExtractedToolCalls ExtractForcedToolCalls(const ForcedToolChoice& forced, std::string_view text) {
+  const ExtractedToolCalls none{.content = std::string(text)};
+  if (forced.name) {
+    return {.calls = {{.id = ToolCallId(), .name = *forced.name, .arguments = std::string(text)}},
+            .content = ""};
+  }
+  std::optional<internal::PyJson> list = internal::PyJsonLoads(text);
+  if (!list || list->type != internal::PyJson::Type::kArray) return none;
+  ExtractedToolCalls out{.content = ""};
+  for (const internal::PyJson& item : list->items) {
+    const internal::PyJson* name = item.Find("name");
+    const internal::PyJson* parameters = item.Find("parameters");
+    if (name == nullptr || name->type != internal::PyJson::Type::kString || parameters == nullptr) {
+      return none;
+    }
+    std::optional<std::string> arguments =
+        internal::PyJsonDumps(*parameters, /*ensure_ascii=*/false);
+    if (!arguments) return none;
+    out.calls.push_back(
+        {.id = ToolCallId(), .name = name->text, .arguments = *std::move(arguments)});
+  }
+  return out.calls.empty() ? none : out;
+}
+
 Json RenderToolCalls(const std::vector<ToolCall>& calls, bool with_index) {
   Json list = Json::array();
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -206,6 +230,7 @@ Json RenderToolCalls(const std::vector<ToolCall>& calls, bool with_index) {
 
 std::string ToolCallStream::Push(std::string_view delta) {
   text_ += delta;
+  if (forced_) return "";
   if (parser_ != ToolParser::kHermes && parser_ != ToolParser::kMistral) {
     // vLLM streams as a call only an answer that starts as one: llama3_json's
     // with "{" or <|python_tag|>, pythonic's with "[", llama4_pythonic's
@@ -250,6 +275,10 @@ ExtractedToolCalls ToolCallStream::Finish() {
   // Only an answer held as a call is extracted: before hermes' first tag
   // there is none, and a llama3_json answer that did not start as one went
   // out as content.
+  if (forced_) {
+    released_ = text_.size();
+    return ExtractForcedToolCalls(*forced_, text_);
+  }
   ExtractedToolCalls all;
   if (in_call_) all = ExtractToolCalls(parser_, text_);
   if (all.calls.empty()) {

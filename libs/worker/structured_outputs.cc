@@ -53,6 +53,13 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
                             std::span<const int32_t> output, GrammarState* state,
                             std::vector<int32_t>* banned) {
   const grammar::TokenVocabulary& vocab = *vocabulary_;
+  if (params.json_schema_after_token) {
+    // The document starts after the token (the thinking's end); up to it
+    // nothing is banned.
+    const auto after = std::find(output.begin(), output.end(), *params.json_schema_after_token);
+    if (after == output.end()) return;
+    output = output.subspan(static_cast<size_t>(after - output.begin()) + 1);
+  }
   const bool follows = state->matcher && state->fed.size() <= output.size() &&
                        std::equal(state->fed.begin(), state->fed.end(), output.begin());
   if (!follows) {

@@ -46,6 +46,11 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.allowed_token_ids = {3, 512}}, "allowed_token_ids token id 512");
   ExpectInvalid({.allowed_token_ids = {-1}}, "allowed_token_ids token id -1");
   EXPECT_TRUE((SamplingParams{.allowed_token_ids = {0, 511, 0}}).Validate(512).ok());
+  ExpectInvalid({.json_schema_after_token = 3}, "json_schema_after_token needs a json_schema");
+  ExpectInvalid({.json_schema = "{}", .json_schema_after_token = 512},
+                "json_schema_after_token token id 512");
+  EXPECT_TRUE(
+      (SamplingParams{.json_schema = "{}", .json_schema_after_token = 511}).Validate(512).ok());
   ExpectInvalid({.max_tokens = 0}, "max_tokens");
   ExpectInvalid({.max_tokens = 4, .min_tokens = 5}, "min_tokens");
   ExpectInvalid({.stop_token_ids = {512}}, "stop token id 512");

@@ -256,7 +256,7 @@ TEST(OpenAiParseTest, AllowedTokenIdsParseAsVllmReadsThem) {
 
 // tool_choice as vLLM's check_tool_usage reads it: "auto" by default with
 // tools (the server then needs --enable-auto-tool-choice), "none" renders
-// them only; forcing a call needs structured outputs: refused by name.
+// them only; "required" and a named tool force calls (ForcedToolChoice).
 TEST(OpenAiParseTest, ToolChoiceIsReadAsVllmReadsIt) {
   const std::string tools = R"("tools":[{"type":"function","function":{"name":"f"}}])";
   const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
@@ -273,10 +273,13 @@ TEST(OpenAiParseTest, ToolChoiceIsReadAsVllmReadsIt) {
   CompletionRequest none;
   ASSERT_FALSE(Parse(chat + R"("tool_choice":"none"})", Endpoint::kChat, &none));
   EXPECT_EQ(none.tool_choice, "");
+  EXPECT_FALSE(r.forced_tool);
+  EXPECT_TRUE(r.json_schema.empty());
   for (const std::string& bad :
-       {chat + tools + R"(,"tool_choice":"required"})",
-        chat + tools + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})",
-        chat + tools + R"(,"tool_choice":"sometimes"})", chat + R"("tool_choice":"auto"})"}) {
+       {chat + tools + R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})",
+        chat + tools + R"(,"tool_choice":{"type":"function","name":"f"}})",
+        chat + tools + R"(,"tool_choice":"sometimes"})", chat + R"("tool_choice":"auto"})",
+        chat + R"("tool_choice":"required"})"}) {
     EXPECT_EQ(ErrorParam(bad, Endpoint::kChat), "tool_choice") << bad;
   }
   EXPECT_TRUE(r.parallel_tool_calls);
@@ -285,6 +288,80 @@ TEST(OpenAiParseTest, ToolChoiceIsReadAsVllmReadsIt) {
   EXPECT_EQ(ErrorParam(chat + tools + R"(,"parallel_tool_calls":"no"})", Endpoint::kChat),
             "parallel_tool_calls");
   EXPECT_EQ(ErrorParam(std::string(R"({"prompt":"x",)") + tools + "}"), "tools");
+}
+
+// tool_choice "required" and a named tool as vLLM's _get_json_schema_from_tool
+// writes their schemas: the named tool's parameters (none: an object without
+// members); for "required", a non-empty list of {"name", "parameters"} of any
+// tool, their $defs at the root. What the grammar cannot hold, and another
+// constraint beside them, are 400s naming the field.
+TEST(OpenAiParseTest, AForcedToolChoiceConstrainsTheOutputToCalls) {
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"f"}},)"
+                            R"({"type":"function","function":{"name":"g","parameters":)"
+                            R"({"type":"object","properties":{"p":{"$ref":"#/$defs/P"}},)"
+                            R"("required":["p"],"$defs":{"P":{"type":"integer"}}}}}])";
+  CompletionRequest r;
+  ASSERT_FALSE(
+      Parse(chat + tools + R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})",
+            Endpoint::kChat, &r));
+  ASSERT_TRUE(r.forced_tool);
+  EXPECT_EQ(r.forced_tool->name, "g");
+  EXPECT_EQ(r.json_schema_field, "tool_choice");
+  EXPECT_EQ(Json::parse(r.json_schema), Json::parse(R"({"type":"object","properties":)"
+                                                    R"({"p":{"$ref":"#/$defs/P"}},"required":)"
+                                                    R"(["p"],"$defs":{"P":{"type":"integer"}}})"));
+  ASSERT_FALSE(
+      Parse(chat + tools + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})",
+            Endpoint::kChat, &r));
+  EXPECT_EQ(Json::parse(r.json_schema), Json::parse(R"({"type":"object","properties":{}})"));
+  ASSERT_FALSE(Parse(chat + tools + R"(,"tool_choice":"required"})", Endpoint::kChat, &r));
+  ASSERT_TRUE(r.forced_tool);
+  EXPECT_FALSE(r.forced_tool->name);
+  EXPECT_EQ(Json::parse(r.json_schema), Json::parse(R"({"type":"array","minItems":1,"items":)"
+                                                    R"({"anyOf":[{"type":"object","properties":)"
+                                                    R"({"name":{"type":"string","enum":["f"]},)"
+                                                    R"("parameters":{"type":"object",)"
+                                                    R"("properties":{}}},"required":["name",)"
+                                                    R"("parameters"]},{"type":"object",)"
+                                                    R"("properties":{"name":{"type":"string",)"
+                                                    R"("enum":["g"]},"parameters":{"type":)"
+                                                    R"("object","properties":{"p":{"$ref":)"
+                                                    R"("#/$defs/P"}},"required":["p"]}},)"
+                                                    R"("required":["name","parameters"]}]},)"
+                                                    R"("$defs":{"P":{"type":"integer"}}})"));
+  // The grammar's refusals name the tool.
+  const std::string patterned =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":)"
+      R"({"type":"object","properties":{"s":{"type":"string","pattern":"a+"}}}}}])";
+  for (const char* choice : {R"("required")", R"({"type":"function","function":{"name":"f"}})"}) {
+    EXPECT_EQ(ErrorParam(chat + patterned + ",\"tool_choice\":" + choice + "}", Endpoint::kChat),
+              "tools[0].function.parameters")
+        << choice;
+  }
+  // Under "required" the root is the list: a tool's "#" cannot mean itself;
+  // two tools' $defs of one name must agree.
+  const std::string self =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":)"
+      R"({"type":"object","properties":{"next":{"anyOf":[{"$ref":"#"},{"type":"null"}]}}}}}])";
+  EXPECT_EQ(ErrorParam(chat + self + R"(,"tool_choice":"required"})", Endpoint::kChat),
+            "tools[0].function.parameters");
+  ASSERT_FALSE(Parse(chat + self + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})",
+                     Endpoint::kChat, &r));
+  const std::string clash =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object",)"
+      R"("$defs":{"P":{"type":"integer"}}}}},{"type":"function","function":{"name":"g",)"
+      R"("parameters":{"type":"object","$defs":{"P":{"type":"string"}}}}}])";
+  EXPECT_EQ(ErrorParam(chat + clash + R"(,"tool_choice":"required"})", Endpoint::kChat),
+            "tools[1].function.parameters");
+  // One constraint at a time; and none that may leave no token to draw.
+  EXPECT_EQ(ErrorParam(chat + tools +
+                           R"(,"tool_choice":"required","response_format":{"type":"json_object"}})",
+                       Endpoint::kChat),
+            "response_format");
+  EXPECT_EQ(
+      ErrorParam(chat + tools + R"(,"tool_choice":"required","ignore_eos":true})", Endpoint::kChat),
+      "ignore_eos");
 }
 
 // JSON nested deeper than Python's json reads (about 1,000) is a 400: the

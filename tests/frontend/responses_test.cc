@@ -130,6 +130,25 @@ struct Refused {
   std::string param;
 };
 
+// Responses' forced tool choices: "required", and a tool named flat
+// ({"type": "function", "name": ...}) as chat's nested one; the response
+// repeats it as given.
+TEST(ResponsesParseTest, ForcedToolChoicesAreChats) {
+  const std::string tools =
+      R"("tools":[{"type":"function","name":"f"},{"type":"function","name":"g"}])";
+  CompletionRequest r;
+  ASSERT_FALSE(ParseResponsesRequest(
+      R"({"input":"x",)" + tools + R"(,"tool_choice":{"type":"function","name":"g"}})", &r));
+  ASSERT_TRUE(r.forced_tool);
+  EXPECT_EQ(r.forced_tool->name, "g");
+  EXPECT_FALSE(r.json_schema.empty());
+  EXPECT_EQ(r.responses->tool_choice, Json::parse(R"({"type":"function","name":"g"})"));
+  ASSERT_FALSE(
+      ParseResponsesRequest(R"({"input":"x",)" + tools + R"(,"tool_choice":"required"})", &r));
+  ASSERT_TRUE(r.forced_tool);
+  EXPECT_FALSE(r.forced_tool->name);
+}
+
 TEST(ResponsesParseTest, WhatItCannotHonourIsRefusedByName) {
   const std::vector<Refused> cases = {
       {R"({})", 400, "input"},
@@ -144,8 +163,11 @@ TEST(ResponsesParseTest, WhatItCannotHonourIsRefusedByName) {
       {R"({"input":"x","background":true})", 400, "background"},
       {R"({"input":"x","tools":[{"type":"web_search"}]})", 400, "tools"},
       {R"({"input":"x","tool_choice":"required"})", 400, "tool_choice"},
-      {R"({"input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":"required"})", 400,
+      {R"({"input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":"sometimes"})", 400,
        "tool_choice"},
+      {R"({"input":"x","tools":[{"type":"function","name":"f"}],)"
+       R"("tool_choice":{"type":"function","name":"g"}})",
+       400, "tool_choice"},
       {R"({"input":"x","tools":[{"type":"function","name":"f"}],"parallel_tool_calls":1})", 400,
        "parallel_tool_calls"},
       {R"({"input":[{"type":"function_call","call_id":"c","name":"f"}]})", 400, "input"},

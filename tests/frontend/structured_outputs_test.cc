@@ -126,6 +126,72 @@ TEST_F(FrontendStructuredOutputsTest, EveryChoiceIsADocumentOfItsSchemaOrItsBegi
   }
 }
 
+// tool_choice named and "required" on the real model: a named tool's one
+// call has arguments that begin its parameters' document (whole when the
+// choice stops); "required" answers calls of the tools with their
+// parameters, or, cut by max_tokens, the beginning of the list as content.
+TEST_F(FrontendStructuredOutputsTest, AForcedToolChoiceAnswersCallsOfTheTools) {
+  const Json tools = {
+      {{"type", "function"}, {"function", {{"name", "lookup"}, {"parameters", kPerson}}}},
+      {{"type", "function"}, {"function", {{"name", "ping"}}}}};
+  Json body = {{"messages", {{{"role", "user"}, {"content", "Who are you?"}}}},
+               {"tools", tools},
+               {"tool_choice", {{"type", "function"}, {"function", {{"name", "lookup"}}}}},
+               {"n", 4},
+               {"temperature", 1.0},
+               {"seed", 5},
+               {"max_tokens", 200}};
+  HttpResult r = Post(frontend_.address(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  for (const Json& c : r.body["choices"]) {
+    SCOPED_TRACE(c.dump());
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+    const Json& call = c["message"]["tool_calls"][0]["function"];
+    EXPECT_EQ(call["name"], "lookup");
+    EXPECT_TRUE(Begins(kPerson, call["arguments"]));
+    if (c["finish_reason"] == "stop") {
+      ExpectPerson(call["arguments"]);
+    } else {
+      EXPECT_EQ(c["finish_reason"], "length");
+    }
+  }
+  // vLLM's schema for "required" (its _get_json_schema_from_tool).
+  Json alternatives = Json::array();
+  for (const auto& [name, parameters] :
+       {std::pair{"lookup", kPerson},
+        std::pair{"ping", Json{{"type", "object"}, {"properties", Json::object()}}}}) {
+    alternatives.push_back(
+        {{"type", "object"},
+         {"properties",
+          {{"name", {{"type", "string"}, {"enum", {name}}}}, {"parameters", parameters}}},
+         {"required", {"name", "parameters"}}});
+  }
+  const Json required = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", alternatives}}}};
+  body["tool_choice"] = "required";
+  body["max_tokens"] = 100;
+  r = Post(frontend_.address(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  for (const Json& c : r.body["choices"]) {
+    SCOPED_TRACE(c.dump());
+    if (c["finish_reason"] == "length") {
+      EXPECT_TRUE(Begins(required, c["message"]["content"]));
+      EXPECT_FALSE(c["message"].contains("tool_calls"));
+      continue;
+    }
+    EXPECT_EQ(c["finish_reason"], "tool_calls");
+    EXPECT_EQ(c["message"]["content"], "");
+    ASSERT_FALSE(c["message"]["tool_calls"].empty());
+    for (const Json& t : c["message"]["tool_calls"]) {
+      if (t["function"]["name"] == "ping") {
+        EXPECT_EQ(t["function"]["arguments"], "{}");
+      } else {
+        EXPECT_EQ(t["function"]["name"], "lookup");
+        ExpectPerson(t["function"]["arguments"]);
+      }
+    }
+  }
+}
+
 TEST_F(FrontendStructuredOutputsTest, AnEnumIsAnsweredWithOneOfItsValues) {
   const Json schema = {{"enum", {"yes", "no", 42}}};
   for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {

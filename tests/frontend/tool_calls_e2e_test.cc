@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cctype>
 #include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "fake_scheduler.h"
 #include "gtest/gtest.h"
@@ -337,6 +340,105 @@ TEST_F(FrontendToolCallsTest, Llama3JsonAndPythonicCallsComeBackWholeAndStreamed
       EXPECT_EQ(id.size(), 9u) << id;
       EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(c); })) << id;
     }
+  }
+}
+
+// tool_choice "required" and named: the scheduler is sent the calls' schema
+// (the grammar holds the output to it), and the answer is its calls, whole
+// and streamed: content "", finish_reason "tool_calls" for "required" and
+// "stop" for a named tool (vLLM's, after OpenAI's); Responses' function_call
+// items too. A "required" answer cut by max_tokens has no calls: its text
+// is the content, finish "length".
+TEST_F(FrontendToolCallsTest, AForcedToolChoiceAnswersWithItsCalls) {
+  const Json parameters = {
+      {"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}};
+  Json body = Request(false);
+  body["tools"][0]["function"]["parameters"] = parameters;
+  body["tools"].push_back({{"type", "function"}, {"function", {{"name", "get_time"}}}});
+  // Each way: the finish reason, the content and the calls' names and
+  // arguments, whole or streamed.
+  auto run = [&](const Json& request) {
+    std::vector<std::tuple<std::string, Json, Json>> out;
+    auto [status, whole] = Post(request);
+    EXPECT_EQ(status, 200) << whole.dump();
+    const Json& c = whole["choices"][0];
+    Json calls = Json::array();
+    for (const Json& t : c["message"].value("tool_calls", Json::array())) {
+      EXPECT_EQ(t["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
+      calls.push_back(t["function"]);
+    }
+    out.emplace_back(c["finish_reason"], c["message"]["content"], calls);
+    Json streamed = request;
+    streamed["stream"] = true;
+    std::vector<Json> chunks;
+    EXPECT_EQ(Post(streamed, &chunks).first, 200);
+    std::string content, finish;
+    calls = Json::array();
+    for (const Json& chunk : chunks) {
+      for (const Json& d : chunk["choices"]) {
+        content += d["delta"].value("content", "");
+        for (const Json& t : d["delta"].value("tool_calls", Json::array())) {
+          calls.push_back(t["function"]);
+        }
+        if (!d["finish_reason"].is_null()) finish = d["finish_reason"];
+      }
+    }
+    out.emplace_back(finish, content, calls);
+    return out;
+  };
+
+  Answer("{\"city\": \"Paris\"}");
+  Json named = body;
+  named["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  for (const auto& [finish, content, calls] : run(named)) {
+    EXPECT_EQ(finish, "stop");
+    EXPECT_EQ(content, "");
+    EXPECT_EQ(calls,
+              Json::parse(R"([{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}])"));
+  }
+  EXPECT_EQ(Json::parse(scheduler_->sampled().back().json_schema()), parameters);
+
+  Answer(
+      "[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Paris\"}},"
+      "{\"name\":\"get_time\",\"parameters\":{}}]");
+  Json required = body;
+  required["tool_choice"] = "required";
+  for (const auto& [finish, content, calls] : run(required)) {
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(content, "");
+    EXPECT_EQ(calls, Json::parse(R"([{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"},)"
+                                 R"({"name":"get_time","arguments":"{}"}])"));
+  }
+  const Json schema = Json::parse(scheduler_->sampled().back().json_schema());
+  EXPECT_EQ(schema["type"], "array");
+  EXPECT_EQ(schema["items"]["anyOf"][0]["properties"]["parameters"], parameters);
+  required["parallel_tool_calls"] = false;
+  for (const auto& [finish, content, calls] : run(required)) {
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0]["name"], "get_weather");
+  }
+  required.erase("parallel_tool_calls");
+
+  // Responses: the calls as function_call items.
+  const Json responses = Post({{"input", "Weather in Paris?"},
+                               {"tools",
+                                {{{"type", "function"}, {"name", "get_weather"}},
+                                 {{"type", "function"}, {"name", "get_time"}}}},
+                               {"tool_choice", "required"}},
+                              nullptr, "/v1/responses")
+                             .second;
+  ASSERT_EQ(responses["output"].size(), 2u) << responses.dump();
+  EXPECT_EQ(responses["output"][1]["type"], "function_call");
+  EXPECT_EQ(responses["output"][1]["name"], "get_time");
+
+  const std::string cut = "[{\"name\":\"get_weather\",\"parameters\":{\"ci";
+  auto ids = tok_->Encode(cut, {.add_special_tokens = false});
+  ASSERT_TRUE(ids.ok());
+  scheduler_->SetOutput(*ids, v1::FINISH_REASON_LENGTH);
+  for (const auto& [finish, content, calls] : run(required)) {
+    EXPECT_EQ(finish, "length");
+    EXPECT_EQ(content, cut);
+    EXPECT_TRUE(calls.empty()) << calls.dump();
   }
 }
 

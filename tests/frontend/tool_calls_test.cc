@@ -147,6 +147,55 @@ TEST(ToolCallsTest, AStreamGivesTheWholeAnswersContentAndCallsForAnyCut) {
   }
 }
 
+// tool_choice "required" and named (the output held to the calls' JSON), as
+// vLLM's _parse_tool_calls_from_content reads them: a named call's arguments
+// are the text as it is; "required"'s parameters are json.dumps'd; the
+// content is "" with calls; a list cut short has none and is the content.
+// A stream holds everything and ends with the same.
+TEST(ToolCallsTest, AForcedToolChoicesAnswerIsItsCalls) {
+  using Calls = std::vector<std::pair<std::string, std::string>>;
+  const ForcedToolChoice named{.name = "get_weather"};
+  const std::string arguments = "{ \"city\":\"Z\u00fcrich\" ,\"days\": 2}";
+  ExtractedToolCalls e = ExtractForcedToolCalls(named, arguments);
+  EXPECT_EQ(NamesAndArguments(e), (Calls{{"get_weather", arguments}}));
+  EXPECT_EQ(e.content, "");
+  EXPECT_EQ(e.calls[0].id.rfind("chatcmpl-tool-", 0), 0u);
+
+  const ForcedToolChoice required;
+  e = ExtractForcedToolCalls(required,
+                             "[{\"name\": \"f\", \"parameters\": {\"x\":1.50,\"s\":\"\\u00e9\"}},\n"
+                             " {\"name\":\"g\",\"parameters\":{}}]");
+  EXPECT_EQ(NamesAndArguments(e), (Calls{{"f", "{\"x\": 1.5, \"s\": \"\u00e9\"}"}, {"g", "{}"}}));
+  EXPECT_EQ(e.content, "");
+  for (const std::string& cut : {std::string("[{\"name\": \"f\", \"param"), std::string("[]"),
+                                 std::string("[{\"name\": 1, \"parameters\": {}}]")}) {
+    e = ExtractForcedToolCalls(required, cut);
+    EXPECT_TRUE(e.calls.empty()) << cut;
+    EXPECT_EQ(e.content, cut);
+  }
+
+  std::mt19937 rng(9);
+  for (const auto& [forced, text] :
+       {std::pair{named, arguments},
+        std::pair{required, std::string("[{\"name\":\"f\",\"parameters\":{}}]")},
+        std::pair{required, std::string("[{\"name\":\"f\",")}}) {
+    const ExtractedToolCalls whole = ExtractForcedToolCalls(forced, text);
+    ToolCallStream stream(forced);
+    for (size_t at = 0; at < text.size();) {
+      const size_t n = std::min<size_t>(1 + rng() % 5, text.size() - at);
+      EXPECT_EQ(stream.Push(text.substr(at, n)), "") << "nothing goes out before the end";
+      at += n;
+    }
+    const ExtractedToolCalls end = stream.Finish();
+    EXPECT_EQ(end.content.value_or(""), whole.content.value_or("")) << text;
+    ASSERT_EQ(end.calls.size(), whole.calls.size()) << text;
+    for (size_t i = 0; i < end.calls.size(); ++i) {
+      EXPECT_EQ(end.calls[i].name, whole.calls[i].name);
+      EXPECT_EQ(end.calls[i].arguments, whole.calls[i].arguments);
+    }
+  }
+}
+
 // llama3_json: vLLM's pattern (objects nesting one level, joined by ";"),
 // "parameters" or "arguments", content null with calls, and its quirks:
 // braces inside strings count, a ";" inside a string splits.

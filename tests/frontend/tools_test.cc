@@ -363,5 +363,66 @@ TEST(FrontendReasoningTest, TheThinkingComesApartFromTheContentInChatAndResponse
   EXPECT_EQ(post("/v1/responses", round_trip)["status"], "completed");
 }
 
+// Structured outputs under --reasoning-parser start where the thinking ends
+// (vLLM's reasoner holds the grammar until then): the scheduler is asked to
+// hold the schema only after "</think>" (Qwen3's one token), not where the
+// prompt closed the thinking or turned it off; the document is the content.
+// A tokenizer without such a token (Qwen2's) cannot mark it: a 400.
+TEST(FrontendReasoningTest, StructuredOutputsStartWhereTheThinkingEnds) {
+  auto tok = tokenizer::LoadTokenizer(kNpm + "qwen3");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::optional<int32_t> end = (*tok)->PieceToId("</think>");
+  ASSERT_TRUE(end);
+  FakeScheduler scheduler(FakeModelInfo("qwen3", (*tok)->vocab_size(), /*max_model_len=*/4096));
+  Service frontend =
+      StartFrontend(MakeTempDir("frontend-reasoning-json"), "frontend", {scheduler.address()},
+                    {"--tokenizer", kNpm + "qwen3", "--reasoning-parser", "qwen3"});
+  auto ids = (*tok)->Encode("Think.</think>{\"a\": 1}", {.add_special_tokens = false});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_NE(std::find(ids->begin(), ids->end(), *end), ids->end());
+  scheduler.SetOutput(*ids, v1::FINISH_REASON_STOP);
+  const Json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}};
+  Json body = {{"messages", {{{"role", "user"}, {"content", "a?"}}}},
+               {"response_format",
+                {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", schema}}}}}};
+  auto post = [&](const std::string& address, const Json& b) {
+    httplib::Client client("http://" + address);
+    client.set_read_timeout(30, 0);
+    auto res = client.Post("/v1/chat/completions", b.dump(), "application/json");
+    return res ? std::pair{res->status, Json::parse(res->body, nullptr, false)}
+               : std::pair{-1, Json()};
+  };
+  auto [status, whole] = post(frontend.address(), body);
+  ASSERT_EQ(status, 200) << whole.dump();
+  EXPECT_EQ(whole["choices"][0]["message"]["reasoning"], "Think.");
+  EXPECT_EQ(whole["choices"][0]["message"]["content"], "{\"a\": 1}");
+  v1::SamplingParams sent = scheduler.sampled().back();
+  EXPECT_EQ(Json::parse(sent.json_schema()), schema);
+  EXPECT_TRUE(sent.has_json_schema_after_token());
+  EXPECT_EQ(sent.json_schema_after_token(), *end);
+  // Thinking off: the grammar holds from the first token.
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  ASSERT_EQ(post(frontend.address(), body).first, 200);
+  sent = scheduler.sampled().back();
+  EXPECT_FALSE(sent.has_json_schema_after_token());
+  EXPECT_FALSE(sent.json_schema().empty());
+  // No schema, nothing to hold.
+  ASSERT_EQ(post(frontend.address(), {{"messages", body["messages"]}}).first, 200);
+  EXPECT_FALSE(scheduler.sampled().back().has_json_schema_after_token());
+
+  Service qwen2 =
+      StartFrontend(MakeTempDir("frontend-reasoning-json2"), "frontend", {scheduler.address()},
+                    {"--tokenizer", kNpm + "qwen2", "--reasoning-parser", "qwen3"});
+  const size_t sent_before = scheduler.requests().size();
+  body.erase("chat_template_kwargs");
+  body.erase("response_format");
+  body["structured_outputs"] = {{"json", schema}};
+  auto [refused, error] = post(qwen2.address(), body);
+  EXPECT_EQ(refused, 400) << error.dump();
+  EXPECT_EQ(error["error"]["param"], "structured_outputs") << error.dump();
+  EXPECT_NE(error.dump().find("</think>"), std::string::npos) << error.dump();
+  EXPECT_EQ(scheduler.requests().size(), sent_before);
+}
+
 }  // namespace
 }  // namespace tandem::testing

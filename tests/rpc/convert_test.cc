@@ -31,6 +31,8 @@ sched::SchedulerOutput MakeOutput() {
                    .logit_bias = {{2, -100.0f}, {17, 0.5f}, {300, 3.0f}},
                    .bad_words = {{9}, {5, 6, 7}},
                    .allowed_token_ids = {40, 2, 40},
+                   .json_schema = R"({"type":"integer"})",
+                   .json_schema_after_token = 0,
                    .seed = 1234567890123ull,
                    .max_tokens = 7,
                    .min_tokens = 2,
@@ -66,6 +68,8 @@ void ExpectEqual(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.logit_bias, b.logit_bias);  // sorted again after the map
   EXPECT_EQ(a.bad_words, b.bad_words);
   EXPECT_EQ(a.allowed_token_ids, b.allowed_token_ids);
+  EXPECT_EQ(a.json_schema, b.json_schema);
+  EXPECT_EQ(a.json_schema_after_token, b.json_schema_after_token);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.max_tokens, b.max_tokens);
   EXPECT_EQ(a.min_tokens, b.min_tokens);
@@ -198,6 +202,7 @@ TEST(ConvertTest, SamplingDefaultsFromProto3Zeroes) {
   EXPECT_EQ(s.presence_penalty, 0.0f);
   EXPECT_EQ(s.seed, 77u);    // no seed given: the server's
   EXPECT_EQ(s.max_tokens, 3);
+  EXPECT_FALSE(s.json_schema_after_token);  // token 0 only with its has_ flag
   p.set_has_seed(true);
   p.set_seed(5);
   EXPECT_EQ(FromProto(p, 77).seed, 5u);

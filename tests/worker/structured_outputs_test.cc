@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tandem/grammar/json_matcher.h"
 #include "tandem/worker/step_executor.h"
@@ -18,6 +19,7 @@ using sched::NewRequestData;
 using sched::SchedulerOutput;
 
 constexpr int32_t kEos = 1;
+constexpr int32_t kThinkEnd = 47;  // "</think>", Vocabulary()'s last
 
 // Draws uniformly among the ids a row does not ban (ids of empty bytes
 // included, as a model may favour them), and records the bans.
@@ -39,13 +41,24 @@ class RandomBackend final : public StepBackend {
       }
       if (free.empty()) return absl::InternalError("every token banned");
       (*tokens)[i] = free[rng_() % free.size()];
+      if (drawn_ < script.size()) {
+        (*tokens)[i] = script[drawn_];
+        if (std::find(free.begin(), free.end(), script[drawn_]) == free.end()) {
+          return absl::InternalError(absl::StrCat("scripted token ", script[drawn_], " banned"));
+        }
+      }
+      ++drawn_;
       eos_allowed.push_back(std::find(free.begin(), free.end(), kEos) != free.end());
+      banned_counts.push_back(sample[i].banned_token_ids.size());
     }
     return absl::OkStatus();
   }
+  std::vector<int32_t> script;    // the first draws (each must be free)
   std::vector<bool> eos_allowed;  // per draw
+  std::vector<size_t> banned_counts;  // per draw
 
  private:
+  size_t drawn_ = 0;
   int32_t vocab_;
   std::mt19937 rng_;
 };
@@ -56,6 +69,7 @@ std::shared_ptr<const grammar::TokenVocabulary> Vocabulary() {
                                      " ", "ok", "n",      "true", "false", "1",   "23",
                                      "-", "ab", "\"ok\"", "[",    "]",     "\n",  ":"};
   for (char c = 'a'; c <= 'z'; ++c) tokens.emplace_back(1, c);
+  tokens.emplace_back("</think>");  // kThinkEnd
   return std::make_shared<const grammar::TokenVocabulary>(std::move(tokens));
 }
 
@@ -125,6 +139,43 @@ TEST(StructuredOutputsTest, EveryDrawKeepsTheDocumentAndEosComesOnlyOnceItIsComp
     }
   }
   EXPECT_GT(complete, 20);
+}
+
+// json_schema_after_token (a reasoning model's "</think>"): the output up to
+// it is free, EOS included; after it, a document.
+TEST(StructuredOutputsTest, TheDocumentStartsAfterTheThinkingsEnd) {
+  const auto vocab = Vocabulary();
+  ASSERT_EQ(vocab->bytes(kThinkEnd), "</think>");
+  const auto schema = grammar::CompileJsonSchema(nlohmann::ordered_json::parse(kSchema)).value();
+  // "}a" is no document's start and "</think>" is in none: drawn freely.
+  const std::vector<int32_t> thinking = {3, 21, kThinkEnd};
+  int complete = 0;
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    RandomBackend backend(vocab->size(), seed);
+    backend.script = thinking;
+    StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}, .vocabulary = vocab});
+    const std::vector<int32_t> out =
+        Generate(executor,
+                 {.json_schema = kSchema, .json_schema_after_token = kThinkEnd, .max_tokens = 400});
+    ASSERT_GT(out.size(), thinking.size());
+    for (size_t k = 0; k < thinking.size(); ++k) {
+      EXPECT_EQ(backend.banned_counts[k], 0u) << "draw " << k << " is before the document";
+    }
+    grammar::JsonMatcher m(schema);
+    std::string doc;
+    for (size_t k = thinking.size(); k < out.size(); ++k) {
+      EXPECT_EQ(backend.eos_allowed[k], m.Complete()) << "at " << doc;
+      if (out[k] == kEos) {
+        EXPECT_TRUE(nlohmann::json::accept(doc)) << doc;
+        ++complete;
+        break;
+      }
+      ASSERT_TRUE(m.Accept(vocab->bytes(out[k])))
+          << "'" << vocab->bytes(out[k]) << "' after " << doc;
+      doc += vocab->bytes(out[k]);
+    }
+  }
+  EXPECT_GT(complete, 10);
 }
 
 TEST(StructuredOutputsTest, AResumedRequestsGrammarFollowsTheTokensTheSchedulerGives) {

@@ -62,6 +62,12 @@ struct SamplingParams {
   // the worker applies it. Not with ignore_eos, min_tokens, bad_words or
   // allowed_token_ids (each could leave no token to draw).
   std::string json_schema;
+  // When set, json_schema holds only the output after this token's first
+  // occurrence; the output up to it (and the token) is free, EOS included.
+  // The OpenAI layer sets it to "</think>" for a model whose thinking
+  // --reasoning-parser splits out (vLLM starts a request's grammar where
+  // its reasoning ends). An id in the vocabulary; only with json_schema.
+  std::optional<int32_t> json_schema_after_token;
   // Seed of the counter-based generator: tokens depend only on
   // (seed, output position), never on the batch. nullopt: the client gave
   // none; the scheduler then uses its own (--seed, else random) when it

@@ -45,9 +45,10 @@
 // (absent, null, or the value that changes nothing; vllm_fields_test walks
 // vLLM's lists): logits_processors, best_of > 1, use_beam_search,
 // length_penalty, guided_* / structural_tag / structured_outputs and response_format other than
-// text, suffix, prompt_embeds, tools with tool_choice other than "none" (with "none" the tools are
+// JSON, suffix, prompt_embeds, tool_choice "auto" without a tool parser (the tools are
 // rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
-// as vLLM does), reasoning_effort, include_reasoning false, a
+// as vLLM does; "required" and a named tool constrain the output to calls), reasoning_effort,
+// include_reasoning false without a reasoning parser, a
 // spaces_between_special_tokens false, kv_transfer_params, vllm_xargs, mm_processor_kwargs and
 // media_io_kwargs; of OpenAI's chat fields beyond vLLM's, those that change the answer: functions,
 // function_call, audio, modalities other than ["text"], web_search_options
@@ -169,6 +170,7 @@ struct CompletionRequest {
   // schema every choice is a document of, from response_format or vLLM's
   // structured_outputs; "" when the request has none.
   std::string json_schema;
+  std::string json_schema_field;  // the request's field it came from
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage
@@ -213,9 +215,13 @@ struct CompletionRequest {
   // Chat: vLLM's documents (RAG templates such as Granite's and Command R's
   // read them): a list of objects of strings, as sent; null when none.
   nlohmann::ordered_json documents;
-  // Chat with tools: "none" (rendered into the prompt only) or "auto"
-  // (vLLM's default when tools are given); "" without tools.
+  // Chat with tools: "none" (rendered into the prompt only), "auto"
+  // (vLLM's default when tools are given), "required" or "named" (the
+  // output constrained to calls: forced_tool); "" without tools.
   std::string tool_choice;
+  // tool_choice "required" or a named tool: json_schema holds the calls'
+  // JSON, read back by ExtractForcedToolCalls (tool_calls.h).
+  std::optional<ForcedToolChoice> forced_tool;
   // Set by the server, not the body: tool_choice "auto" under
   // --enable-auto-tool-choice; the answer's tool calls are parsed out of its
   // text by this parser (tool_calls.h).

@@ -40,6 +40,8 @@
 namespace tandem::frontend {
 
 enum class ReasoningParser { kDeepSeekR1, kQwen3 };
+// The tag that ends the thinking (both parsers').
+inline constexpr std::string_view kReasoningEnd = "</think>";
 // --reasoning-parser's names; nullopt for any other.
 [[nodiscard]] std::optional<ReasoningParser> ReasoningParserNamed(std::string_view name);
 inline constexpr std::string_view kReasoningParserNames = "deepseek_r1, qwen3";

@@ -78,13 +78,31 @@ struct ExtractedToolCalls {
 
 [[nodiscard]] ExtractedToolCalls ExtractToolCalls(ToolParser parser, std::string_view text);
 
+// tool_choice "required" or a named tool: the output was held to the calls'
+// JSON (the frontend's ParseForcedToolChoice gives vLLM's schema), and is
+// read back as vLLM's _parse_tool_calls_from_content reads it:
+//  - named: one call of that tool whose arguments are the text as it is;
+//  - "required": a JSON list of {"name": ..., "parameters": ...}, each a
+//    call whose arguments are json.dumps(parameters, ensure_ascii=False);
+// with calls, the content is "" (vLLM's). An answer cut before its list
+// closed has no calls and the text as content (vLLM fails the request).
+struct ForcedToolChoice {
+  std::optional<std::string> name;  // nullopt: "required"
+};
+[[nodiscard]] ExtractedToolCalls ExtractForcedToolCalls(const ForcedToolChoice& forced,
+                                                        std::string_view text);
+
 // The OpenAI message's tool_calls list (streams add "index").
 [[nodiscard]] nlohmann::ordered_json RenderToolCalls(const std::vector<ToolCall>& calls,
                                                      bool with_index);
 
+// A forced tool choice's stream holds the whole answer and gives its calls at
+// the end (vLLM streams their arguments as they come; clients accumulate
+// either).
 class ToolCallStream {
  public:
   explicit ToolCallStream(ToolParser parser) : parser_(parser) {}
+  explicit ToolCallStream(ForcedToolChoice forced) : forced_(std::move(forced)) {}
   // Appends a delta of the choice's text; returns the content that may go
   // out now (none of a <tool_call> or of what may become one).
   [[nodiscard]] std::string Push(std::string_view delta);
@@ -93,7 +111,8 @@ class ToolCallStream {
   [[nodiscard]] ExtractedToolCalls Finish();
 
  private:
-  ToolParser parser_;
+  ToolParser parser_ = ToolParser::kHermes;
+  std::optional<ForcedToolChoice> forced_;
   std::string text_;
   size_t released_ = 0;
   bool in_call_ = false;  // hermes, mistral: past the first tag; the others: starts as a call

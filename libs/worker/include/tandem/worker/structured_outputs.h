@@ -50,6 +50,8 @@ class StructuredOutputs {
   // the grammar refused, which the masks never allow, or a document whose
   // readings passed grammar::kMaxAlternatives) only the EOS ids and stop
   // tokens are left, so the request ends, and an error is logged.
+  // With params.json_schema_after_token the document is the output after
+  // that token's first occurrence; until it comes nothing is banned.
   void Ban(const std::string& id, const SamplingParams& params, std::span<const int32_t> output,
            GrammarState* state, std::vector<int32_t>* banned);
 
