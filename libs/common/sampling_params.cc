@@ -86,16 +86,20 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     TANDEM_RETURN_IF_ERROR(IdsInVocabulary(bad_words[i], "bad_words token", vocab_size));
   }
   TANDEM_RETURN_IF_ERROR(IdsInVocabulary(allowed_token_ids, "allowed_token_ids token", vocab_size));
-  if (!json_schema.empty()) {
+  if (!json_schema.empty() && !choice.empty()) {
+    return absl::InvalidArgumentError("json_schema and choice both constrain the output; send one");
+  }
+  if (HasGrammar()) {
     if (const char* name = JsonSchemaConflict(ignore_eos, min_tokens, !bad_words.empty(),
                                               !allowed_token_ids.empty())) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name, " is not supported with structured outputs (json_schema)"));
+          absl::StrCat(name, " is not supported with structured outputs (",
+                       json_schema.empty() ? "choice" : "json_schema", ")"));
     }
   }
   if (json_schema_after_token) {
-    if (json_schema.empty()) {
-      return absl::InvalidArgumentError("json_schema_after_token needs a json_schema");
+    if (!HasGrammar()) {
+      return absl::InvalidArgumentError("json_schema_after_token needs a json_schema or a choice");
     }
     TANDEM_RETURN_IF_ERROR(IdsInVocabulary(std::span<const int32_t>(&*json_schema_after_token, 1),
                                            "json_schema_after_token token", vocab_size));

@@ -109,7 +109,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
   // as vLLM's reasoner holds the grammar until then: the worker needs the
   // end tag as one token (vLLM's parsers refuse a tokenizer without it).
   std::optional<int32_t> thinking_end;
-  if (request_.reasoning_parser && !request_.json_schema.empty()) {
+  if (request_.reasoning_parser && (!request_.json_schema.empty() || !request_.choice.empty())) {
     thinking_end = served_.tokenizer().PieceToId(kReasoningEnd);
     if (!thinking_end) {
       Fail(BadRequest(absl::StrCat("structured outputs under --reasoning-parser start where the "
@@ -172,6 +172,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                                      .bad_words = prompts_.bad_words,
                                      .allowed_token_ids = request_.allowed_token_ids,
                                      .json_schema = request_.json_schema,
+                                     .choice = request_.choice,
                                      .max_tokens = max_tokens,
                                      .min_tokens = request_.min_tokens,
                                      .ignore_eos = request_.ignore_eos,

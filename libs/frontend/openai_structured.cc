@@ -1,8 +1,9 @@
 // Structured outputs in OpenAI's and vLLM's request fields: response_format
 // (OpenAI's, vLLM's ResponseFormat) and structured_outputs (vLLM's
-// StructuredOutputsParams), of which the grammar holds JSON: json_schema,
-// json_object, and structured_outputs' json and json_object. Its regex,
-// choice, grammar and structural_tag are refused by name. tool_choice
+// StructuredOutputsParams), of which the grammar holds JSON (json_schema,
+// json_object, and structured_outputs' json and json_object) and
+// structured_outputs' choice. Its regex, grammar and structural_tag are
+// refused by name. tool_choice
 // "required" and a named tool are structured outputs too: the calls' JSON
 // (vLLM's _get_json_schema_from_tool).
 #include <algorithm>
@@ -60,13 +61,37 @@ std::optional<ApiError> ResponseFormat(const Json& format, std::string* out) {
   return Compiled(*schema, "response_format.json_schema.schema", out);
 }
 
-std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out) {
+// structured_outputs.choice: a non-empty list of non-empty strings, at most
+// grammar::kMaxChoices distinct.
+std::optional<ApiError> Choices(const Json& choice, std::vector<std::string>* out) {
+  const char* param = "structured_outputs.choice";
+  if (!choice.is_array()) {
+    return BadRequest("'structured_outputs.choice' must be a list of strings", param);
+  }
+  for (const Json& c : choice) {
+    if (!c.is_string()) {
+      return BadRequest("'structured_outputs.choice' must be a list of strings", param);
+    }
+    out->push_back(c.get<std::string>());
+  }
+  if (auto compiled = grammar::CompileChoices(*out); !compiled.ok()) {
+    return BadRequest(absl::StrCat("'", param, "': ", compiled.status().message()), param);
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out,
+                                          std::vector<std::string>* choice) {
   if (!params.is_object()) {
     return BadRequest("'structured_outputs' must be an object", "structured_outputs");
   }
+  int kinds = 0;
   for (const auto& [key, value] : params.items()) {
     const std::string param = absl::StrCat("structured_outputs.", key);
-    if (key == "json" || key == "json_object") continue;
+    if (key == "json" || key == "json_object" || key == "choice") {
+      kinds += value.is_null() ? 0 : 1;
+      continue;
+    }
     // The flags that only fine-tune a backend, at their defaults.
     if ((key == "disable_fallback" || key == "disable_any_whitespace" ||
          key == "disable_additional_properties") &&
@@ -76,17 +101,20 @@ std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out) 
     if (value.is_null()) continue;
     return BadRequest(absl::StrCat("'", param,
                                    "' is not supported: structured outputs hold JSON (json, "
-                                   "json_object) only"),
+                                   "json_object) and choice only"),
                       param);
+  }
+  if (kinds > 1) {
+    return BadRequest("'structured_outputs' takes one of json, json_object and choice",
+                      "structured_outputs");
+  }
+  if (const auto c = params.find("choice"); c != params.end() && !c->is_null()) {
+    return Choices(*c, choice);
   }
   const auto json = params.find("json");
   const auto object = params.find("json_object");
   const bool has_json = json != params.end() && !json->is_null();
   const bool has_object = object != params.end() && !object->is_null();
-  if (has_json && has_object) {
-    return BadRequest("'structured_outputs' takes one of json and json_object",
-                      "structured_outputs");
-  }
   if (has_object) {
     if (*object != Json(true)) {
       return BadRequest("'structured_outputs.json_object' must be true",
@@ -225,18 +253,20 @@ std::optional<ApiError> ParseForcedToolChoice(const Json& choice, CompletionRequ
 
 std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest* out) {
   std::string from_format, from_params;
+  std::vector<std::string> choice;
   if (const Json* format = r.Find("response_format")) {
     if (auto e = ResponseFormat(*format, &from_format)) return e;
   }
   if (const Json* params = r.Find("structured_outputs")) {
-    if (auto e = StructuredOutputs(*params, &from_params)) return e;
+    if (auto e = StructuredOutputs(*params, &from_params, &choice)) return e;
   }
-  if (!from_format.empty() && !from_params.empty()) {
+  const bool has_params = !from_params.empty() || !choice.empty();
+  if (!from_format.empty() && has_params) {
     return BadRequest(
         "'response_format' and 'structured_outputs' both constrain the output; send one",
         "structured_outputs");
   }
-  if (!from_format.empty() || !from_params.empty()) {
+  if (!from_format.empty() || has_params) {
     const char* field = !from_format.empty() ? "response_format" : "structured_outputs";
     if (out->forced_tool) {
       return BadRequest(absl::StrCat("'", field, "' and 'tool_choice' ",
@@ -245,9 +275,10 @@ std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest
                         field);
     }
     out->json_schema = !from_format.empty() ? from_format : from_params;
+    out->choice = std::move(choice);
     out->json_schema_field = field;
   }
-  if (!out->json_schema.empty()) {
+  if (!out->json_schema.empty() || !out->choice.empty()) {
     if (const char* name =
             JsonSchemaConflict(out->ignore_eos, out->min_tokens, !out->bad_words.empty(),
                                !out->allowed_token_ids.empty())) {

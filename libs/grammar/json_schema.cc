@@ -1,5 +1,6 @@
 #include "tandem/grammar/json_schema.h"
 
+#include <algorithm>
 #include <array>
 #include <string_view>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "tandem/common/nesting.h"
 #include "tandem/common/status.h"
+#include "tandem/grammar/json_matcher.h"
 
 namespace tandem::grammar {
 
@@ -87,12 +89,12 @@ class SchemaCompiler {
   void SetRoot(int32_t root) { schema_->root_ = root; }
   std::shared_ptr<const Schema> Take() { return std::move(schema_); }
 
- private:
   int32_t Add(SchemaNode node) {
     schema_->nodes_.push_back(std::move(node));
     return static_cast<int32_t>(schema_->nodes_.size() - 1);
   }
 
+ private:
   // A union that reaches itself through unions alone ({"$ref": "#"}, an
   // anyOf holding its own $ref) stands for no value: refused, as a document
   // of it could never begin.
@@ -388,6 +390,30 @@ class SchemaCompiler {
 
 absl::StatusOr<std::shared_ptr<const Schema>> CompileJsonSchema(const Json& schema) {
   return SchemaCompiler(schema).Run();
+}
+
+absl::StatusOr<std::shared_ptr<const Schema>> CompileChoices(
+    const std::vector<std::string>& choices) {
+  static_assert(kMaxChoices <= kMaxAlternatives, "every choice may be read at once");
+  if (choices.empty()) return absl::InvalidArgumentError("the list of choices is empty");
+  SchemaNode node{.kind = Kind::kLiteral};
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (choices[i].empty())
+      return absl::InvalidArgumentError(absl::StrCat("choice ", i, " is empty"));
+    if (std::find(node.literals.begin(), node.literals.end(), choices[i]) != node.literals.end()) {
+      continue;
+    }
+    if (node.literals.size() == kMaxChoices) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("more than ", kMaxChoices, " distinct choices (the grammar reads at most ",
+                       kMaxAlternatives, " at once)"));
+    }
+    node.literals.push_back(choices[i]);
+  }
+  static const Json kNone;
+  SchemaCompiler compiler(kNone);
+  compiler.SetRoot(compiler.Add(std::move(node)));
+  return compiler.Take();
 }
 
 std::shared_ptr<const Schema> AnyJsonObject() {

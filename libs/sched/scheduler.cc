@@ -90,12 +90,18 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
   }
-  if (!spec.sampling.json_schema.empty()) {
-    if (!config.structured_outputs) {
-      return absl::InvalidArgumentError(
-          "sampling: json_schema (structured outputs) needs the model's tokenizer on the worker, "
-          "and this scheduler's worker has none (tandem-worker --tokenizer)");
+  if (spec.sampling.HasGrammar() && !config.structured_outputs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling: ", spec.sampling.json_schema.empty() ? "choice" : "json_schema",
+        " (structured outputs) needs the model's tokenizer on the worker, and this scheduler's "
+        "worker has none (tandem-worker --tokenizer)"));
+  }
+  if (!spec.sampling.choice.empty()) {
+    if (auto compiled = grammar::CompileChoices(spec.sampling.choice); !compiled.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling: ", compiled.status().message()));
     }
+  }
+  if (!spec.sampling.json_schema.empty()) {
     const auto schema = nlohmann::ordered_json::parse(spec.sampling.json_schema, nullptr,
                                                       /*allow_exceptions=*/false);
     if (schema.is_discarded()) {

@@ -180,11 +180,12 @@ absl::Status StepExecutor::ApplyDiff(sched::SchedulerOutput& step, Batch* batch)
       Retire(std::exchange(state, std::move(fresh)));
     }
     SeqState& s = *state;
-    if (!r.sampling.json_schema.empty() && structured_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step.step_id, ": request ", r.request_id,
-          " has a json_schema, but this worker has no vocabulary for structured outputs "
-          "(tandem-worker --tokenizer)"));
+    if (r.sampling.HasGrammar() && structured_ == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step.step_id, ": request ", r.request_id, " has a ",
+                       r.sampling.json_schema.empty() ? "choice" : "json_schema",
+                       ", but this worker has no vocabulary for structured outputs "
+                       "(tandem-worker --tokenizer)"));
     }
     if (s.first_step_ns == 0) s.first_step_ns = now_ns;
     s.unconfirmed_sample_steps.clear();
@@ -326,7 +327,7 @@ void StepExecutor::BanByGrammar(Step& st) {
   if (structured_ == nullptr) return;
   for (size_t i = 0; i < st.sample_.size(); ++i) {
     model::SampleRequest& row = st.sample_[i];
-    if (row.params == nullptr || row.params->json_schema.empty()) continue;
+    if (row.params == nullptr || !row.params->HasGrammar()) continue;
     SeqState& s = *st.batch_.seqs[i];
     const std::span<const int32_t> output = std::span<const int32_t>(s.token_ids)
                                                 .subspan(static_cast<size_t>(s.num_prompt_tokens),

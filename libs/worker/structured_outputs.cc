@@ -16,6 +16,10 @@ namespace {
 // compiles its schema once anyway: its matcher holds it).
 constexpr size_t kMaxCached = 256;
 
+const char* Kind(const SamplingParams& params) {
+  return params.json_schema.empty() ? "choice" : "json_schema";
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> LoadVocabulary(
@@ -39,7 +43,13 @@ StructuredOutputs::StructuredOutputs(std::shared_ptr<const grammar::TokenVocabul
                                      std::vector<int32_t> eos_token_ids)
     : vocabulary_(std::move(vocabulary)), eos_token_ids_(std::move(eos_token_ids)) {}
 
-std::shared_ptr<const grammar::Schema> StructuredOutputs::Compile(const std::string& text) {
+std::shared_ptr<const grammar::Schema> StructuredOutputs::Compile(const SamplingParams& params) {
+  if (!params.choice.empty()) {
+    // A list of strings: cheap to compile again when a request starts over.
+    auto compiled = grammar::CompileChoices(params.choice);
+    return compiled.ok() ? *compiled : nullptr;  // refused at admission
+  }
+  const std::string& text = params.json_schema;
   if (auto it = schemas_.find(text); it != schemas_.end()) return it->second;
   const auto json = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto compiled = grammar::CompileJsonSchema(json);
@@ -66,12 +76,12 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
     state->fed.clear();
     state->broken = false;
     state->matcher.reset();
-    if (std::shared_ptr<const grammar::Schema> schema = Compile(params.json_schema)) {
+    if (std::shared_ptr<const grammar::Schema> schema = Compile(params)) {
       state->matcher.emplace(std::move(schema));
     } else {
       state->broken = true;
-      TANDEM_LOG(ERROR) << "request " << id << ": its json_schema does not compile on the worker; "
-                        << "it is ended";
+      TANDEM_LOG(ERROR) << "request " << id << ": its " << Kind(params)
+                        << " does not compile on the worker; it is ended";
     }
   }
   for (size_t k = state->fed.size(); k < output.size() && !state->broken; ++k) {
@@ -80,7 +90,7 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
     if (!in_vocab || !state->matcher->Accept(vocab.bytes(t))) {
       state->broken = true;
       TANDEM_LOG(ERROR) << "request " << id << ": output token " << k << " (id " << t
-                        << ") is not one its json_schema allows; it is ended";
+                        << ") is not one its " << Kind(params) << " allows; it is ended";
       break;
     }
     state->fed.push_back(t);
@@ -92,7 +102,7 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
     if (allowed == 0 && !complete) {
       state->broken = true;
       TANDEM_LOG(ERROR) << "request " << id << ": no token can go on with its document of "
-                        << output.size() << " tokens (its schema's readings passed "
+                        << output.size() << " tokens (its " << Kind(params) << "'s readings passed "
                         << grammar::kMaxAlternatives << " at once); it is ended";
     }
   }

@@ -46,7 +46,12 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.allowed_token_ids = {3, 512}}, "allowed_token_ids token id 512");
   ExpectInvalid({.allowed_token_ids = {-1}}, "allowed_token_ids token id -1");
   EXPECT_TRUE((SamplingParams{.allowed_token_ids = {0, 511, 0}}).Validate(512).ok());
-  ExpectInvalid({.json_schema_after_token = 3}, "json_schema_after_token needs a json_schema");
+  ExpectInvalid({.json_schema_after_token = 3},
+                "json_schema_after_token needs a json_schema or a choice");
+  ExpectInvalid({.json_schema = "{}", .choice = {"a"}}, "json_schema and choice both");
+  ExpectInvalid({.choice = {"a"}, .min_tokens = 1},
+                "min_tokens is not supported with structured outputs (choice)");
+  EXPECT_TRUE((SamplingParams{.choice = {"a"}, .json_schema_after_token = 511}).Validate(512).ok());
   ExpectInvalid({.json_schema = "{}", .json_schema_after_token = 512},
                 "json_schema_after_token token id 512");
   EXPECT_TRUE(

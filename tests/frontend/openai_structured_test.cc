@@ -3,6 +3,7 @@
 // calls, and the 400s naming what cannot be held.
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "openai_test_util.h"
@@ -118,6 +119,10 @@ TEST(OpenAiParseTest, AForcedToolChoiceConstrainsTheOutputToCalls) {
                            R"(,"tool_choice":"required","response_format":{"type":"json_object"}})",
                        Endpoint::kChat),
             "response_format");
+  EXPECT_EQ(ErrorParam(chat + tools +
+                           R"(,"tool_choice":"required","structured_outputs":{"choice":["a"]}})",
+                       Endpoint::kChat),
+            "structured_outputs");
   EXPECT_EQ(
       ErrorParam(chat + tools + R"(,"tool_choice":"required","ignore_eos":true})", Endpoint::kChat),
       "ignore_eos");
@@ -152,6 +157,14 @@ TEST(OpenAiParseTest, StructuredOutputsParseIntoTheSchemasText) {
       "disable_any_whitespace":false}})",
                      Endpoint::kCompletions, &r));
   EXPECT_EQ(r.json_schema, R"({"type":"object","additionalProperties":true})");
+  // structured_outputs.choice: raw strings, a null json beside it.
+  r = {};
+  ASSERT_FALSE(Parse(R"({"prompt":"x","structured_outputs":{"choice":["yes","no","\"q\""],
+      "json":null}})",
+                     Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.json_schema, "");
+  EXPECT_THAT(r.choice, ::testing::ElementsAre("yes", "no", "\"q\""));
+  EXPECT_EQ(r.json_schema_field, "structured_outputs");
 }
 
 TEST(OpenAiParseTest, StructuredOutputsTheGrammarCannotHoldAreRefusedByName) {
@@ -164,7 +177,16 @@ TEST(OpenAiParseTest, StructuredOutputsTheGrammarCannotHoldAreRefusedByName) {
       {R"("response_format":{"type":"yaml"})", "response_format.type"},
       {R"("response_format":"json")", "response_format"},
       {R"("structured_outputs":{"regex":"a+"})", "structured_outputs.regex"},
-      {R"("structured_outputs":{"choice":["a","b"]})", "structured_outputs.choice"},
+      {R"("structured_outputs":{"choice":[]})", "structured_outputs.choice"},
+      {R"("structured_outputs":{"choice":["a",""]})", "structured_outputs.choice"},
+      {R"("structured_outputs":{"choice":"a"})", "structured_outputs.choice"},
+      {R"("structured_outputs":{"choice":["a",1]})", "structured_outputs.choice"},
+      {R"("structured_outputs":{"choice":["a"],"json_object":true})", "structured_outputs"},
+      {R"("structured_outputs":{"choice":["a"]},"response_format":{"type":"json_object"})",
+       "structured_outputs"},
+      {R"("structured_outputs":{"choice":["a"]},"min_tokens":2)", "min_tokens"},
+      {R"("structured_outputs":{"choice":["a"]},"bad_words":["a"])", "bad_words"},
+      {R"("guided_choice":["a"])", "guided_choice"},
       {R"("structured_outputs":{"json":"{nope"})", "structured_outputs.json"},
       {R"("structured_outputs":{"json":{"type":"string"},"json_object":true})",
        "structured_outputs"},

@@ -3,6 +3,7 @@
 // with "stop" is a document of its schema, read back with nlohmann's JSON
 // parser and checked field by field; one cut by max_tokens is the beginning
 // of one. What the grammar refuses is a 400 naming the field.
+#include <set>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,54 @@ TEST_F(FrontendStructuredOutputsTest, AnEnumIsAnsweredWithOneOfItsValues) {
     EXPECT_EQ(c["finish_reason"], "stop") << text;
     EXPECT_TRUE(text == "\"yes\"" || text == "\"no\"" || text == "42") << text;
   }
+}
+
+// vLLM's structured_outputs.choice: raw text, exactly one of the strings
+// ("pos" begins "positive": it may end there or go on).
+TEST_F(FrontendStructuredOutputsTest, AChoiceIsAnsweredWithOneOfItsStrings) {
+  const std::vector<std::string> choices = {"positive", "negative", "pos", "n/a \"x\""};
+  std::set<std::string> seen;
+  for (bool stream : {false, true}) {
+    const Json body = {{"prompt", "The review was"},
+                       {"structured_outputs", {{"choice", choices}}},
+                       {"n", 6},
+                       {"temperature", 1.0},
+                       {"seed", stream ? 5 : 6},
+                       {"max_tokens", 50},
+                       {"stream", stream}};
+    const HttpResult r = Post(frontend_.address(), "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    std::map<int, std::pair<std::string, std::string>> answers;  // text, finish_reason
+    if (stream) {
+      std::istringstream lines(r.raw);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.rfind("data: {", 0) != 0) continue;
+        const Json chunk = Json::parse(line.substr(6));
+        for (const Json& c : chunk["choices"]) {
+          auto& [text, finish] = answers[c["index"].get<int>()];
+          text += c["text"].get<std::string>();
+          if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+        }
+      }
+    } else {
+      for (const Json& c : r.body["choices"]) {
+        answers[c["index"].get<int>()] = {c["text"], c["finish_reason"]};
+      }
+    }
+    ASSERT_EQ(answers.size(), 6u) << r.raw;
+    for (const auto& [index, answer] : answers) {
+      const auto& [text, finish] = answer;
+      EXPECT_NE(std::find(choices.begin(), choices.end(), text), choices.end()) << text;
+      EXPECT_EQ(finish, "stop") << text;
+      seen.insert(text);
+    }
+  }
+  EXPECT_GE(seen.size(), 2u);
+  // An empty choice is a 400 naming the field.
+  const HttpResult bad = Post(frontend_.address(), "/v1/completions",
+                              {{"prompt", "x"}, {"structured_outputs", {{"choice", {"a", ""}}}}});
+  EXPECT_EQ(bad.status, 400) << bad.raw;
+  EXPECT_EQ(bad.body["error"]["param"], "structured_outputs.choice") << bad.raw;
 }
 
 TEST_F(FrontendStructuredOutputsTest, WhatTheGrammarCannotHoldIsA400NamingTheField) {

@@ -194,6 +194,49 @@ TEST(JsonMatcherTest, EnumsAnyOfAndRecursiveReferences) {
   EXPECT_FALSE(Matches(either, R"({"a":"x"})"));
 }
 
+TEST(ChoicesTest, ADocumentIsExactlyOneChoiceAsRawText) {
+  auto compiled = CompileChoices({"yes", "no", "yes!", "\"quoted\" {x}", "no"});
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  const std::shared_ptr<const Schema> s = *compiled;
+  for (const char* doc : {"yes", "no", "yes!", "\"quoted\" {x}"}) {
+    EXPECT_TRUE(Matches(s, doc)) << doc;
+  }
+  // Raw text: not the choices' JSON, no whitespace around them.
+  for (const char* doc : {"\"yes\"", " yes", "yes ", "ye", "yes!!", "n", "maybe", ""}) {
+    EXPECT_FALSE(Matches(s, doc)) << doc;
+  }
+  // "yes" may end the document or go on to "yes!"; "yes!" and "no" close it.
+  JsonMatcher m(s);
+  ASSERT_TRUE(m.Accept("yes"));
+  EXPECT_TRUE(m.Complete());
+  EXPECT_TRUE(m.Open());
+  ASSERT_TRUE(m.Accept("!"));
+  EXPECT_FALSE(m.Open());
+  JsonMatcher no(s);
+  ASSERT_TRUE(no.Accept("no"));
+  EXPECT_FALSE(no.Open());
+  // A token mask allows the tokens that begin or continue some choice.
+  const TokenVocabulary vocab({"", "y", "ye", "yes", "s", "!", "no", "n", "\"", " ", "yes!", "x"});
+  JsonMatcher begin(s);
+  TokenMask mask;
+  EXPECT_EQ(AllowedTokens(begin, vocab, &mask), 7);  // y ye yes no n " yes!
+  EXPECT_FALSE(MaskAllows(mask, 4));
+  EXPECT_FALSE(MaskAllows(mask, 9));
+  EXPECT_FALSE(MaskAllows(mask, 11));
+  EXPECT_EQ(AllowedTokens(m, vocab, &mask), 0);
+}
+
+TEST(ChoicesTest, RefusesWhatCannotBeADocument) {
+  EXPECT_THAT(CompileChoices({}).status().message(), HasSubstr("empty"));
+  EXPECT_THAT(CompileChoices({"a", ""}).status().message(), HasSubstr("choice 1 is empty"));
+  std::vector<std::string> many;
+  for (size_t i = 0; i < kMaxChoices; ++i) many.push_back("c" + std::to_string(i));
+  many.push_back("c0");  // a repeat counts once
+  EXPECT_TRUE(CompileChoices(many).ok());
+  many.push_back("one more");
+  EXPECT_THAT(CompileChoices(many).status().message(), HasSubstr("more than 256 distinct"));
+}
+
 TEST(JsonMatcherTest, ARefusedStepChangesNothing) {
   const auto s = Compile(kPerson);
   JsonMatcher m(s);

@@ -1,7 +1,8 @@
-// Structured outputs at admission: a json_schema the grammar cannot hold, or
-// one sent to a scheduler whose worker has no vocabulary, is refused with a
-// precise error and changes nothing.
+// Structured outputs at admission: a json_schema or choice the grammar cannot
+// hold, or one sent to a scheduler whose worker has no vocabulary, is refused
+// with a precise error and changes nothing.
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "sched_test_util.h"
@@ -39,11 +40,35 @@ TEST(StructuredOutputsAdmissionTest, SchemasAreCompiledAndRefusedByName) {
   EXPECT_TRUE(Add(s, R"({"type":"object","properties":{"a":{"type":"integer"}}})").ok());
 }
 
+absl::Status AddChoice(Scheduler& s, std::vector<std::string> choice) {
+  SamplingParams sampling = testing::Greedy(2);
+  sampling.choice = std::move(choice);
+  sampling.ignore_eos = false;
+  return s.AddRequest({.request_id = "c", .prompt_token_ids = {1, 2}, .sampling = sampling}, 0);
+}
+
+TEST(StructuredOutputsAdmissionTest, ChoicesAreCompiledAndRefusedByName) {
+  SchedulerConfig config = testing::TestConfig(64, /*async=*/false);
+  config.structured_outputs = true;
+  Scheduler s(config, nullptr);
+  const absl::Status empty = AddChoice(s, {"a", ""});
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.message().find("sampling: choice 1 is empty"), std::string::npos) << empty;
+  std::vector<std::string> many;
+  for (int i = 0; i <= 256; ++i) many.push_back("c" + std::to_string(i));
+  EXPECT_NE(AddChoice(s, many).message().find("more than 256 distinct choices"), std::string::npos);
+  EXPECT_FALSE(s.HasUnfinishedRequests());
+  EXPECT_TRUE(AddChoice(s, {"yes", "no"}).ok());
+}
+
 TEST(StructuredOutputsAdmissionTest, AWorkerWithoutAVocabularyTakesNoSchema) {
   Scheduler s(testing::TestConfig(64, /*async=*/false), nullptr);
   const absl::Status st = Add(s, R"({"type":"integer"})");
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("tandem-worker --tokenizer"), std::string::npos) << st;
+  const absl::Status choice = AddChoice(s, {"yes"});
+  EXPECT_NE(choice.message().find("sampling: choice (structured outputs) needs"), std::string::npos)
+      << choice;
   EXPECT_FALSE(s.HasUnfinishedRequests());
 }
 

@@ -3,6 +3,7 @@
 // step, a document of the request's json_schema, and ends it with EOS only
 // once it is complete. The grammar itself is tests/grammar's.
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,29 @@ TEST(StructuredOutputsTest, EveryDrawKeepsTheDocumentAndEosComesOnlyOnceItIsComp
     }
   }
   EXPECT_GT(complete, 20);
+}
+
+// vLLM's structured_outputs.choice: every output is one of the strings, and
+// "ok" (which begins "okay") may end or go on.
+TEST(StructuredOutputsTest, EachOutputIsOneOfTheChoices) {
+  const auto vocab = Vocabulary();
+  const std::vector<std::string> choices = {"ok", "okay", "nab", "true"};
+  std::set<std::string> seen;
+  for (uint32_t seed = 1; seed <= 40; ++seed) {
+    RandomBackend backend(vocab->size(), seed);
+    StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}, .vocabulary = vocab});
+    const std::vector<int32_t> out = Generate(executor, {.choice = choices, .max_tokens = 50});
+    ASSERT_FALSE(out.empty());
+    ASSERT_EQ(out.back(), kEos) << "seed " << seed;
+    std::string text;
+    for (size_t k = 0; k + 1 < out.size(); ++k) {
+      EXPECT_FALSE(backend.eos_allowed[k] && text != "ok") << "EOS allowed after '" << text << "'";
+      text += vocab->bytes(out[k]);
+    }
+    EXPECT_NE(std::find(choices.begin(), choices.end(), text), choices.end()) << text;
+    seen.insert(text);
+  }
+  EXPECT_GE(seen.size(), 3u);  // the draws are the backend's, among every choice
 }
 
 // json_schema_after_token (a reasoning model's "</think>"): the output up to

@@ -62,11 +62,18 @@ struct SamplingParams {
   // the worker applies it. Not with ignore_eos, min_tokens, bad_words or
   // allowed_token_ids (each could leave no token to draw).
   std::string json_schema;
-  // When set, json_schema holds only the output after this token's first
-  // occurrence; the output up to it (and the token) is free, EOS included.
-  // The OpenAI layer sets it to "</think>" for a model whose thinking
-  // --reasoning-parser splits out (vLLM starts a request's grammar where
-  // its reasoning ends). An id in the vocabulary; only with json_schema.
+  // Structured outputs as vLLM's structured_outputs.choice: when not empty,
+  // every output is exactly one of these strings, as raw text
+  // (grammar::CompileChoices says which lists it holds), drawn as a
+  // json_schema's document is. Not with json_schema, nor with what cannot go
+  // with one (JsonSchemaConflict).
+  std::vector<std::string> choice;
+  // When set, the grammar (json_schema or choice) holds only the output
+  // after this token's first occurrence; the output up to it (and the
+  // token) is free, EOS included. The OpenAI layer sets it to "</think>"
+  // for a model whose thinking --reasoning-parser splits out (vLLM starts a
+  // request's grammar where its reasoning ends). An id in the vocabulary;
+  // only with a grammar.
   std::optional<int32_t> json_schema_after_token;
   // Seed of the counter-based generator: tokens depend only on
   // (seed, output position), never on the batch. nullopt: the client gave
@@ -97,6 +104,8 @@ struct SamplingParams {
   // Checks every field; `vocab_size` bounds top_k and stop tokens. The message
   // names the field and the bad value.
   [[nodiscard]] absl::Status Validate(int32_t vocab_size) const;
+  // Whether a grammar holds the output (json_schema or choice).
+  [[nodiscard]] bool HasGrammar() const { return !json_schema.empty() || !choice.empty(); }
   // Whether any penalty is on (the sampler then needs the token history).
   [[nodiscard]] bool HasPenalties() const {
     return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;

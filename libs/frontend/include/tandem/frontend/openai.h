@@ -170,7 +170,10 @@ struct CompletionRequest {
   // schema every choice is a document of, from response_format or vLLM's
   // structured_outputs; "" when the request has none.
   std::string json_schema;
-  std::string json_schema_field;  // the request's field it came from
+  // vLLM's structured_outputs.choice (SamplingParams::choice): each choice is
+  // exactly one of these strings; empty when the request has none.
+  std::vector<std::string> choice;
+  std::string json_schema_field;  // the request's field either came from
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage

@@ -94,4 +94,14 @@ class Schema {
 // whose members may hold any JSON value.
 std::shared_ptr<const Schema> AnyJsonObject();
 
+// vLLM's structured_outputs.choice: a document that is exactly one of
+// `choices`, as their bytes (raw text, not JSON; xgrammar's
+// choice_as_grammar). A choice may begin another ("yes", "yes!"): the
+// document may end after the shorter or go on. A repeated choice counts once.
+// INVALID_ARGUMENT for an empty list, an empty choice, or more than
+// kMaxChoices distinct ones.
+inline constexpr size_t kMaxChoices = 256;  // json_matcher.h's kMaxAlternatives
+[[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileChoices(
+    const std::vector<std::string>& choices);
+
 }  // namespace tandem::grammar

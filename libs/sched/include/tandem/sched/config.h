@@ -33,7 +33,7 @@ struct SchedulerConfig {
   int32_t max_logprobs = 20;
   // Whether the worker applies structured outputs (it holds the model's
   // vocabulary as bytes: WorkerDescription::structured_outputs); without
-  // it a request with a json_schema is refused.
+  // it a request with a json_schema or a choice is refused.
   bool structured_outputs = false;
   // Tokens per KV block. > 0; must equal hash_root.block_size.
   int32_t block_size = 16;

@@ -83,7 +83,7 @@ struct StepExecutorOptions {
   std::vector<int32_t> eos_token_ids;
   // The model's vocabulary as bytes (LoadVocabulary), for structured
   // outputs; null: this worker has none, and a step that brings a request
-  // with a json_schema fails (the scheduler refuses them for it).
+  // with a json_schema or a choice fails (the scheduler refuses them for it).
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
   // TEST-ONLY: step ids (of each scheduler stream) that fail after their
   // loads and batch diff, before the forward pass.
@@ -161,7 +161,7 @@ class StepExecutor {
     int32_t num_steps = 0;
     int32_t num_sampled = 0;
     int32_t num_preemptions = 0;
-    // With a json_schema: its document so far (StructuredOutputs::Ban).
+    // With a grammar (json_schema or choice): its document so far (StructuredOutputs::Ban).
     GrammarState grammar;
   };
   // By pointer: a launched step's rows point at their states, which must
@@ -212,7 +212,7 @@ class StepExecutor {
   // banned ids. At Launch, not Prepare: the previous step's sampled tokens,
   // which the bans read, are written into token_ids at its Finish.
   static void BanBadWords(Step& st);
-  // Structured outputs: the ids each row's json_schema does not allow after
+  // Structured outputs: the ids each row's grammar does not allow after
   // its output so far, added to its banned ids. At Launch, as BanBadWords.
   void BanByGrammar(Step& st);
   // A launched step's bookkeeping, before the next step is prepared: its

@@ -1,4 +1,5 @@
-// Structured outputs on the worker (SamplingParams::json_schema): each
+// Structured outputs on the worker (SamplingParams::json_schema and
+// SamplingParams::choice): each
 // request's grammar over the output tokens it has, and the ids it may not
 // draw next, which StepExecutor adds to the row's banned ids at Launch (where
 // the previous step's sampled tokens are known), so both backends apply
@@ -42,7 +43,7 @@ class StructuredOutputs {
                     std::vector<int32_t> eos_token_ids);
 
   // Appends to `banned` every id request `id` may not draw after `output`
-  // (its output tokens so far): those whose bytes its schema's grammar does
+  // (its output tokens so far): those whose bytes its grammar does
   // not take next; the EOS ids and params.stop_token_ids unless the
   // document is complete. `state` follows `output`: tokens it has not taken
   // are fed, and an output that is not its history any more (the scheduler
@@ -50,14 +51,16 @@ class StructuredOutputs {
   // the grammar refused, which the masks never allow, or a document whose
   // readings passed grammar::kMaxAlternatives) only the EOS ids and stop
   // tokens are left, so the request ends, and an error is logged.
+  // The grammar is params.choice's when it has one, else params.json_schema's.
   // With params.json_schema_after_token the document is the output after
   // that token's first occurrence; until it comes nothing is banned.
   void Ban(const std::string& id, const SamplingParams& params, std::span<const int32_t> output,
            GrammarState* state, std::vector<int32_t>* banned);
 
  private:
-  // The schema of `text`, compiled once (at most kMaxCached kept).
-  std::shared_ptr<const grammar::Schema> Compile(const std::string& text);
+  // The grammar of `params`' choice or json_schema (a schema's compiled
+  // once, at most kMaxCached kept); nullptr when it does not compile.
+  std::shared_ptr<const grammar::Schema> Compile(const SamplingParams& params);
 
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;
   std::vector<int32_t> eos_token_ids_;
