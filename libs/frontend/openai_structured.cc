@@ -61,8 +61,7 @@ std::optional<ApiError> ResponseFormat(const Json& format, std::string* out) {
   return Compiled(*schema, "response_format.json_schema.schema", out);
 }
 
-// structured_outputs.choice: a non-empty list of non-empty strings, at most
-// grammar::kMaxChoices distinct.
+// structured_outputs.choice: a non-empty list of non-empty strings.
 std::optional<ApiError> Choices(const Json& choice, std::vector<std::string>* out) {
   const char* param = "structured_outputs.choice";
   if (!choice.is_array()) {

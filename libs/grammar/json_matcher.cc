@@ -61,6 +61,11 @@ class Stepper {
       case kNumber:
         return StepNumber(f, c);
       case kLiteral:
+        if (f.node >= 0) {
+          return StepLiterals(f.node, static_cast<int32_t>(f.count >> 32),
+                              static_cast<int32_t>(f.count & 0xFFFFFFFF), f.sub, c, f.parent);
+        }
+        return StepLiteral(f, c);
       case kKey:
         return StepLiteral(f, c);
       default:
@@ -114,26 +119,51 @@ class Stepper {
         if (c == 'n') Emit(Push({.kind = kLiteral, .sub = 1, .parent = parent, .count = 2}));
         return;
       case Kind::kLiteral:
-        for (size_t i = 0; i < s.literals.size(); ++i) {
-          if (static_cast<uint8_t>(s.literals[i][0]) != c) continue;
-          if (s.literals[i].size() == 1) {
-            Emit(parent);
-          } else {
-            Emit(Push({.kind = kLiteral,
-                       .node = n,
-                       .sub = 1,
-                       .parent = parent,
-                       .count = static_cast<int64_t>(i)}));
-          }
-        }
-        return;
+        return StepLiterals(n, 0, static_cast<int32_t>(s.literals.size()), 0, c, parent);
     }
   }
 
   std::string_view LiteralText(const Frame& f) const {
     if (f.kind == kKey) return node(f.node).properties[static_cast<size_t>(f.count)].key;
-    if (f.node < 0) return kBuiltin[f.count];
-    return node(f.node).literals[static_cast<size_t>(f.count)];
+    return kBuiltin[f.count];
+  }
+
+  // A node's literals [lo, hi) that share their first `offset` bytes, each
+  // longer (the node's literals are sorted and distinct, so those that go on
+  // with byte `c` are a range too): one frame for all of them, however many
+  // (an enum of thousands of strings, which all begin with '"', is one
+  // reading), and the parent where one of them ends with `c`.
+  void StepLiterals(int32_t n, int32_t lo, int32_t hi, int32_t offset, uint8_t c, int32_t parent) {
+    const std::vector<std::string>& lits = node(n).literals;
+    const auto byte = [&](int32_t i) {
+      return static_cast<uint8_t>(lits[static_cast<size_t>(i)][static_cast<size_t>(offset)]);
+    };
+    // The first i in [a, b) where pred(i) is false (pred holds on a prefix).
+    const auto partition = [](int32_t a, int32_t b, const auto& pred) {
+      while (a < b) {
+        const int32_t mid = a + (b - a) / 2;
+        if (pred(mid)) {
+          a = mid + 1;
+        } else {
+          b = mid;
+        }
+      }
+      return a;
+    };
+    int32_t first = partition(lo, hi, [&](int32_t i) { return byte(i) < c; });
+    const int32_t last = partition(first, hi, [&](int32_t i) { return byte(i) <= c; });
+    if (first == last) return;
+    // The one that ends here sorts first among those it begins.
+    if (lits[static_cast<size_t>(first)].size() == static_cast<size_t>(offset) + 1) {
+      Emit(parent);
+      ++first;
+    }
+    if (first == last) return;
+    Emit(Push({.kind = kLiteral,
+               .node = n,
+               .sub = offset + 1,
+               .parent = parent,
+               .count = static_cast<int64_t>(first) << 32 | static_cast<uint32_t>(last)}));
   }
 
   void StepLiteral(const Frame& f, uint8_t c) {

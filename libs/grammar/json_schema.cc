@@ -11,7 +11,6 @@
 #include "absl/strings/str_join.h"
 #include "tandem/common/nesting.h"
 #include "tandem/common/status.h"
-#include "tandem/grammar/json_matcher.h"
 
 namespace tandem::grammar {
 
@@ -58,6 +57,14 @@ std::string JsonTypeName(const Json& v) {
 bool OfType(const Json& v, std::string_view type) {
   const std::string t = JsonTypeName(v);
   return t == type || (type == "number" && t == "integer");
+}
+
+// A literal node's texts sorted by their bytes and distinct: those that share
+// a prefix are a range, which the matcher reads as one (json_matcher.cc).
+void SortLiterals(SchemaNode* node) {
+  std::sort(node->literals.begin(), node->literals.end());
+  node->literals.erase(std::unique(node->literals.begin(), node->literals.end()),
+                       node->literals.end());
 }
 
 }  // namespace
@@ -345,6 +352,7 @@ class SchemaCompiler {
       }
       node.literals.push_back(values[i].dump(-1, ' ', false, Json::error_handler_t::strict));
     }
+    SortLiterals(&node);
     return Add(std::move(node));
   }
 
@@ -394,22 +402,14 @@ absl::StatusOr<std::shared_ptr<const Schema>> CompileJsonSchema(const Json& sche
 
 absl::StatusOr<std::shared_ptr<const Schema>> CompileChoices(
     const std::vector<std::string>& choices) {
-  static_assert(kMaxChoices <= kMaxAlternatives, "every choice may be read at once");
   if (choices.empty()) return absl::InvalidArgumentError("the list of choices is empty");
   SchemaNode node{.kind = Kind::kLiteral};
   for (size_t i = 0; i < choices.size(); ++i) {
     if (choices[i].empty())
       return absl::InvalidArgumentError(absl::StrCat("choice ", i, " is empty"));
-    if (std::find(node.literals.begin(), node.literals.end(), choices[i]) != node.literals.end()) {
-      continue;
-    }
-    if (node.literals.size() == kMaxChoices) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("more than ", kMaxChoices, " distinct choices (the grammar reads at most ",
-                       kMaxAlternatives, " at once)"));
-    }
     node.literals.push_back(choices[i]);
   }
+  SortLiterals(&node);
   static const Json kNone;
   SchemaCompiler compiler(kNone);
   compiler.SetRoot(compiler.Add(std::move(node)));

@@ -29,7 +29,9 @@ struct Frame {
   int32_t node = -1;  // the schema node it matches (-1: a free key string)
   int32_t sub = 0;    // a string's escape or UTF-8 state; a literal's offset
   int32_t parent = -1;
-  int64_t count = 0;  // members, items, characters, or which literal
+  // Members, items or characters; which builtin literal or key; a node's
+  // literals' range (first << 32 | end).
+  int64_t count = 0;
 };
 
 class FrameArena {

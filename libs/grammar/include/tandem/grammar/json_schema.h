@@ -64,7 +64,8 @@ struct SchemaNode {
   // kString
   int64_t min_length = 0;
   int64_t max_length = -1;  // -1: unbounded
-  // kLiteral: compact JSON texts, each non-empty.
+  // kLiteral: compact JSON texts (or choices), each non-empty, sorted by
+  // their bytes and distinct.
   std::vector<std::string> literals;
   // kUnion
   std::vector<int32_t> alternatives;
@@ -97,10 +98,9 @@ std::shared_ptr<const Schema> AnyJsonObject();
 // vLLM's structured_outputs.choice: a document that is exactly one of
 // `choices`, as their bytes (raw text, not JSON; xgrammar's
 // choice_as_grammar). A choice may begin another ("yes", "yes!"): the
-// document may end after the shorter or go on. A repeated choice counts once.
-// INVALID_ARGUMENT for an empty list, an empty choice, or more than
-// kMaxChoices distinct ones.
-inline constexpr size_t kMaxChoices = 256;  // json_matcher.h's kMaxAlternatives
+// document may end after the shorter or go on. A repeated choice counts once;
+// however many there are, the matcher reads them as one (a range of them,
+// sorted). INVALID_ARGUMENT for an empty list or an empty choice.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileChoices(
     const std::vector<std::string>& choices);
 
