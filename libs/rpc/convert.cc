@@ -298,6 +298,7 @@ void ToProto(const sched::ModelRunnerOutput& in, v1::ModelRunnerOutput* out) {
     ToProto(s.logprobs, p->mutable_logprobs());
     ToProto(s.prompt_logprobs, p->mutable_prompt_logprobs());
     p->set_prompt_logprobs_start(s.prompt_logprobs_start);
+    p->set_error(s.error);
   }
   const sched::KvConnectorReport& r = in.kv_connector_report;
   if (!r.empty()) {
@@ -321,6 +322,7 @@ absl::Status FromProto(const v1::ModelRunnerOutput& in, sched::ModelRunnerOutput
     s.request_id = p.request_id();
     s.token_ids = ToVector(p.token_ids());
     s.prompt_logprobs_start = p.prompt_logprobs_start();
+    s.error = p.error();
     TANDEM_RETURN_IF_ERROR(FromProto(p.logprobs(), &s.logprobs));
     TANDEM_RETURN_IF_ERROR(FromProto(p.prompt_logprobs(), &s.prompt_logprobs));
     if (!s.logprobs.empty() && s.logprobs.size() != s.token_ids.size()) {

@@ -202,13 +202,18 @@ void Scheduler::UpdateOldestStepInto(const ModelRunnerOutput& output,
     if (k == outputs->size()) outputs->emplace_back();
     RequestOutput& o = (*outputs)[k++];
     ClearTokens(&o);
-    if (st == nullptr || st->token_ids.empty()) {
-      TANDEM_LOG(ERROR) << "step " << rec.step_id << ": no sampled token for request "
-                        << r->request_id;
+    if (st == nullptr || st->token_ids.empty() || !st->error.empty()) {
+      if (st == nullptr || st->error.empty()) {
+        TANDEM_LOG(ERROR) << "step " << rec.step_id << ": no sampled token for request "
+                          << r->request_id;
+      }
       FillOutput(r, &o);
       Finish(r, RequestState::kFinishedError);
       o.finished = RequestState::kFinishedError;
-      o.error = absl::StrCat("the worker sampled no token for the request in step ", rec.step_id);
+      o.error =
+          st != nullptr && !st->error.empty()
+              ? st->error
+              : absl::StrCat("the worker sampled no token for the request in step ", rec.step_id);
       any_finished = true;
       continue;
     }

@@ -335,6 +335,10 @@ void StepExecutor::BanByGrammar(Step& st) {
     if (st.banned_.empty()) st.banned_.resize(st.sample_.size());
     structured_->Ban(*st.batch_.ids[i], *row.params, output, &s.grammar, &st.banned_[i]);
     row.banned_token_ids = st.banned_[i];
+    if (s.grammar.broken()) {
+      if (st.errors_.empty()) st.errors_.resize(st.sample_.size());
+      st.errors_[i] = s.grammar.error;
+    }
   }
 }
 
@@ -351,6 +355,7 @@ void StepExecutor::RecordLaunch(Step& st) {
     sched::SampledTokens& sampled = out.sampled.emplace_back();
     sampled.request_id = *batch.ids[i];
     sampled.prompt_logprobs_start = s.num_computed_tokens - step.num_scheduled_tokens[i] + 1;
+    if (!st.errors_.empty()) sampled.error = st.errors_[i];
     if (st.sample_[i].params == nullptr) continue;
     // The token's value comes with Finish; the next step's inputs may point
     // at its slot before then.

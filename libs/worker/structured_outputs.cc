@@ -20,6 +20,11 @@ const char* Kind(const SamplingParams& params) {
   return params.json_schema.empty() ? "choice" : "json_schema";
 }
 
+void Break(const std::string& id, std::string error, GrammarState* state) {
+  TANDEM_LOG(WARNING) << "request " << id << ": " << error << "; it is ended with an error";
+  state->error = std::move(error);
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> LoadVocabulary(
@@ -74,42 +79,43 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
                        std::equal(state->fed.begin(), state->fed.end(), output.begin());
   if (!follows) {
     state->fed.clear();
-    state->broken = false;
+    state->error.clear();
     state->matcher.reset();
     if (std::shared_ptr<const grammar::Schema> schema = Compile(params)) {
       state->matcher.emplace(std::move(schema));
     } else {
-      state->broken = true;
-      TANDEM_LOG(ERROR) << "request " << id << ": its " << Kind(params)
-                        << " does not compile on the worker; it is ended";
+      Break(id, absl::StrCat("its ", Kind(params), " does not compile on the worker"), state);
     }
   }
-  for (size_t k = state->fed.size(); k < output.size() && !state->broken; ++k) {
+  for (size_t k = state->fed.size(); k < output.size() && !state->broken(); ++k) {
     const int32_t t = output[k];
     const bool in_vocab = t >= 0 && t < vocab.size() && !vocab.bytes(t).empty();
     if (!in_vocab || !state->matcher->Accept(vocab.bytes(t))) {
-      state->broken = true;
-      TANDEM_LOG(ERROR) << "request " << id << ": output token " << k << " (id " << t
-                        << ") is not one its " << Kind(params) << " allows; it is ended";
+      Break(id,
+            absl::StrCat("output token ", k, " (id ", t, ") is not one its ", Kind(params),
+                         " allows"),
+            state);
       break;
     }
     state->fed.push_back(t);
   }
   bool complete = false;
-  if (!state->broken) {
+  if (!state->broken()) {
     const int32_t allowed = grammar::AllowedTokens(*state->matcher, vocab, &mask_);
     complete = state->matcher->Complete();
     if (allowed == 0 && !complete) {
-      state->broken = true;
-      TANDEM_LOG(ERROR) << "request " << id << ": no token can go on with its document of "
-                        << output.size() << " tokens (its " << Kind(params) << "'s readings passed "
-                        << grammar::kMaxAlternatives << " at once); it is ended";
+      Break(id,
+            absl::StrCat("structured outputs: no token can go on with the document after ",
+                         output.size(), " tokens: the ", Kind(params), "'s readings passed ",
+                         grammar::kMaxAlternatives,
+                         " at once (anyOf branches that stay alike for long)"),
+            state);
     }
   }
   // The ids that end the request join the mask where it may end; the rest
   // of the vocabulary is banned, a word of the mask at a time.
-  if (state->broken) mask_.assign((static_cast<size_t>(vocab.size()) + 31) / 32, 0);
-  if (complete || state->broken) {
+  if (state->broken()) mask_.assign((static_cast<size_t>(vocab.size()) + 31) / 32, 0);
+  if (complete || state->broken()) {
     for (std::span<const int32_t> ends : {std::span<const int32_t>(eos_token_ids_),
                                           std::span<const int32_t>(params.stop_token_ids)}) {
       for (int32_t t : ends) mask_[static_cast<size_t>(t) / 32] |= 1u << (t % 32);

@@ -260,6 +260,32 @@ TEST_F(FrontendStructuredOutputsTest, AChoiceIsAnsweredWithOneOfItsStrings) {
   EXPECT_EQ(bad.body["error"]["param"], "structured_outputs.choice") << bad.raw;
 }
 
+// A schema the grammar compiles but cannot go on with (300 alike string
+// branches: more readings at its first byte than the matcher holds) ends its
+// request with an error that says so, never an empty answer that "stopped";
+// the services go on serving.
+TEST_F(FrontendStructuredOutputsTest, ADocumentNoTokenCanContinueIsAnErrorNotAnAnswer) {
+  Json branches = Json::array();
+  for (int i = 0; i < 300; ++i) branches.push_back({{"type", "string"}});
+  for (bool stream : {false, true}) {
+    const HttpResult r = Post(frontend_.address(), "/v1/completions",
+                              {{"prompt", "x"},
+                               {"structured_outputs", {{"json", {{"anyOf", branches}}}}},
+                               {"max_tokens", 8},
+                               {"stream", stream}});
+    EXPECT_NE(r.raw.find("the json_schema's readings passed 256 at once"), std::string::npos)
+        << r.raw;
+    EXPECT_EQ(r.raw.find("\"finish_reason\":\"stop\""), std::string::npos) << r.raw;
+    if (!stream) {
+      EXPECT_EQ(r.status, 500) << r.raw;
+    }
+  }
+  const HttpResult fine =
+      Post(frontend_.address(), "/v1/completions",
+           {{"prompt", "x"}, {"structured_outputs", {{"choice", {"a", "b"}}}}, {"max_tokens", 8}});
+  EXPECT_EQ(fine.status, 200) << fine.raw;
+}
+
 TEST_F(FrontendStructuredOutputsTest, WhatTheGrammarCannotHoldIsA400NamingTheField) {
   const Json body = {
       {"prompt", "x"},

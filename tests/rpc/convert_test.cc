@@ -221,7 +221,8 @@ TEST(ConvertTest, LogprobsRoundTripAndZeroMeansTheTokensOwnNotNone) {
                         .token_ids = {7},
                         .logprobs = {lp},
                         .prompt_logprobs = {lp, lp},
-                        .prompt_logprobs_start = 5});
+                        .prompt_logprobs_start = 5,
+                        .error = "no token can go on"});
   v1::ModelRunnerOutput proto;
   ToProto(in, &proto);
   v1::ModelRunnerOutput parsed;
@@ -232,6 +233,7 @@ TEST(ConvertTest, LogprobsRoundTripAndZeroMeansTheTokensOwnNotNone) {
   EXPECT_EQ(out.sampled[0].logprobs, std::vector<TokenLogprobs>{lp});
   EXPECT_EQ(out.sampled[0].prompt_logprobs, (std::vector<TokenLogprobs>{lp, lp}));
   EXPECT_EQ(out.sampled[0].prompt_logprobs_start, 5);
+  EXPECT_EQ(out.sampled[0].error, "no token can go on");
   // Logprobs not parallel to the tokens, or top lists of two lengths: refused.
   parsed.mutable_sampled(0)->add_logprobs();
   EXPECT_EQ(FromProto(parsed, &out).code(), absl::StatusCode::kInvalidArgument);

@@ -2,7 +2,9 @@
 // ids, stop token ids, min_tokens, max_tokens and max_model_len, in sync and
 // async mode.
 #include <deque>
+#include <map>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -179,6 +181,60 @@ TEST(SchedulerTest, TheStopMarkDoesNotOutliveItsOutputWhenOutputsAreReused) {
   EXPECT_EQ(outputs[0].request_id, "b");
   EXPECT_EQ(outputs[0].new_token_ids, std::vector<int32_t>{9});
   EXPECT_FALSE(outputs[0].stopped_on_token);
+}
+
+// SampledTokens::error (the worker cannot go on with one request): that
+// request ends with kFinishedError and the worker's message, its token of the
+// step unread; the other request in the step goes on, sync and async.
+TEST_P(ModeTest, AWorkersErrorForOneRequestEndsItAlone) {
+  const bool async = GetParam();
+  Scheduler sched(TestConfig(64, async), nullptr);
+  for (const char* id : {"a", "b"}) {
+    ASSERT_TRUE(sched
+                    .AddRequest({.request_id = id,
+                                 .prompt_token_ids = Tokens(5, id[0]),
+                                 .sampling = testing::Greedy(6)},
+                                0)
+                    .ok());
+  }
+  std::deque<std::pair<SchedulerOutput, ModelRunnerOutput>> inflight;
+  std::map<std::string, std::vector<int32_t>> got;
+  std::map<std::string, RequestOutput> ended;
+  int step = 0;
+  auto update = [&] {
+    for (const RequestOutput& o :
+         sched.UpdateFromOutput(inflight.front().first, inflight.front().second)) {
+      auto& tokens = got[o.request_id];
+      tokens.insert(tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished) ended[o.request_id] = o;
+    }
+    inflight.pop_front();
+    ASSERT_TRUE(sched.CheckInvariants().ok()) << sched.CheckInvariants();
+  };
+  while ((sched.HasUnfinishedRequests() || !inflight.empty()) && step < 50) {
+    if (sched.HasUnfinishedRequests()) {
+      SchedulerOutput so = sched.Schedule();
+      ModelRunnerOutput mro{.step_id = so.step_id};
+      ++step;
+      for (const std::string id : {"a", "b"}) {
+        if (sched.FindRequest(id) == nullptr) continue;
+        SampledTokens& t = mro.sampled.emplace_back(SampledTokens{id, {10 + step}});
+        if (id == "a" && step == 2) t.error = "no token can go on";
+      }
+      inflight.push_back({std::move(so), std::move(mro)});
+      if (!async || inflight.size() == 2) update();
+    } else {
+      update();
+    }
+  }
+  ASSERT_EQ(ended.count("a"), 1u);
+  EXPECT_EQ(ended["a"].finished, RequestState::kFinishedError);
+  EXPECT_EQ(ended["a"].error, "no token can go on");
+  EXPECT_EQ(got["a"], std::vector<int32_t>{11});  // step 2's token unread
+  ASSERT_EQ(ended.count("b"), 1u);
+  EXPECT_EQ(ended["b"].finished, RequestState::kFinishedLength);
+  EXPECT_EQ(got["b"].size(), 6u);
+  EXPECT_EQ(sched.num_free_blocks(), sched.num_total_blocks());
 }
 
 TEST(SchedulerTest, ConfigRefusesAnExtraEosIdOutsideTheVocabulary) {

@@ -231,6 +231,38 @@ TEST(StructuredOutputsTest, AResumedRequestsGrammarFollowsTheTokensTheSchedulerG
   }
 }
 
+// A schema whose readings pass grammar::kMaxAlternatives where it begins (300
+// alike string branches) leaves no token to draw: the step reports that
+// request's error, and the other request in the step goes on as before.
+TEST(StructuredOutputsTest, ADocumentNoTokenCanContinueFailsItsRequestAlone) {
+  nlohmann::ordered_json branches = nlohmann::ordered_json::array();
+  for (int i = 0; i < 300; ++i) branches.push_back({{"type", "string"}});
+  const std::string stuck = nlohmann::ordered_json{{"anyOf", branches}}.dump();
+  const auto vocab = Vocabulary();
+  RandomBackend backend(vocab->size(), 3);
+  StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}, .vocabulary = vocab});
+  SchedulerOutput step = NewStep(1, "stuck", {.json_schema = stuck, .max_tokens = 8});
+  step.scheduled_new_reqs.push_back(
+      NewRequestData{.request_id = "fine",
+                     .prompt_token_ids = {5, 6},
+                     .sampling = {.json_schema = kSchema, .max_tokens = 8},
+                     .block_ids = {2, 3}});
+  step.num_scheduled_tokens = {2, 2};
+  step.total_num_scheduled_tokens = 4;
+  const sched::ModelRunnerOutput o = executor.Execute(step);
+  ASSERT_TRUE(o.error.empty()) << o.error;
+  ASSERT_EQ(o.sampled.size(), 2u);
+  EXPECT_EQ(o.sampled[0].request_id, "stuck");
+  EXPECT_NE(o.sampled[0].error.find("no token can go on with the document after 0 tokens: the "
+                                    "json_schema's readings passed 256 at once"),
+            std::string::npos)
+      << o.sampled[0].error;
+  EXPECT_EQ(o.sampled[1].request_id, "fine");
+  EXPECT_EQ(o.sampled[1].error, "");
+  ASSERT_EQ(o.sampled[1].token_ids.size(), 1u);
+  EXPECT_EQ(vocab->bytes(o.sampled[1].token_ids[0]).substr(0, 1), "{");
+}
+
 TEST(StructuredOutputsTest, AWorkerWithoutAVocabularyFailsTheStepNamingTheFlag) {
   RandomBackend backend(8, 1);
   StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}});

@@ -239,7 +239,9 @@ class Scheduler {
   // flight counts as failed too: it was built on the failed one (the worker
   // does not run it either, see SchedulerOutput::last_processed_step_id). A
   // request in config.max_step_failures failed steps ends with
-  // kFinishedError (RequestOutput::error says why).
+  // kFinishedError (RequestOutput::error says why). A request whose
+  // SampledTokens::error is set (the worker cannot go on with it alone) ends
+  // with kFinishedError and that message; the step's other requests go on.
   std::vector<RequestOutput> UpdateFromOutput(const SchedulerOutput& scheduled,
                                               const ModelRunnerOutput& output);
   // Same, overwriting `outputs` (reuses its elements' storage).

@@ -110,6 +110,10 @@ struct SampledTokens {
   // chunk scored (each from the logits after the token before it).
   std::vector<TokenLogprobs> prompt_logprobs;
   int32_t prompt_logprobs_start = 0;
+  // Non-empty: the worker cannot go on with this request (its grammar has
+  // no token left to allow); the scheduler ends it with kFinishedError and
+  // this message, its token_ids unread. The step's other requests go on.
+  std::string error;
 };
 
 struct ModelRunnerOutput {

@@ -189,6 +189,9 @@ class StepExecutor {
     std::vector<model::SequenceInput> inputs_;
     std::vector<model::SampleRequest> sample_;
     std::vector<std::vector<int32_t>> banned_;  // sized only when a request bans tokens
+    // Per row, why its request cannot go on (SampledTokens::error); sized
+    // only when one cannot.
+    std::vector<std::string> errors_;
     bool want_logprobs_ = false;                // model::WantsLogprobs(sample_)
     bool launched_ = false;                     // the backend has it
     // Per row that samples: where its token goes in the row's token_ids

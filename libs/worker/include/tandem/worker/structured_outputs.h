@@ -33,7 +33,9 @@ namespace tandem::worker {
 struct GrammarState {
   std::optional<grammar::JsonMatcher> matcher;
   std::vector<int32_t> fed;  // the output tokens it has taken
-  bool broken = false;       // an output token it refused (logged once)
+  // Why it cannot go on (logged once); empty while it can.
+  std::string error;
+  bool broken() const { return !error.empty(); }
 };
 
 class StructuredOutputs {
@@ -49,8 +51,10 @@ class StructuredOutputs {
   // are fed, and an output that is not its history any more (the scheduler
   // replaced it) starts it again. When nothing can follow (an output token
   // the grammar refused, which the masks never allow, or a document whose
-  // readings passed grammar::kMaxAlternatives) only the EOS ids and stop
-  // tokens are left, so the request ends, and an error is logged.
+  // readings passed grammar::kMaxAlternatives) state->error says why (the
+  // step reports it: SampledTokens::error, and the scheduler ends the
+  // request with it) and only the EOS ids and stop tokens are left, so that
+  // the row still draws a token.
   // The grammar is params.choice's when it has one, else params.json_schema's.
   // With params.json_schema_after_token the document is the output after
   // that token's first occurrence; until it comes nothing is banned.
