@@ -56,6 +56,26 @@ void ExpectPerson(const std::string& text) {
   EXPECT_TRUE(doc.contains("ok") && doc["ok"].is_boolean()) << text;
 }
 
+// A stream's answers by choice index: (text, finish_reason), the text from
+// completions' "text" or chat's "delta.content".
+std::map<int, std::pair<std::string, std::string>> StreamedAnswers(const std::string& raw) {
+  std::map<int, std::pair<std::string, std::string>> by_index;
+  std::istringstream lines(raw);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const Json chunk = Json::parse(line.substr(6));
+    for (const Json& c : chunk["choices"]) {
+      auto& [text, finish] = by_index[c["index"].get<int>()];
+      if (c.contains("text")) text += c["text"].get<std::string>();
+      if (c.contains("delta") && c["delta"].contains("content")) {
+        text += c["delta"]["content"].get<std::string>();
+      }
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+  }
+  return by_index;
+}
+
 // The n answers of a chat request constrained by `schema` (text, finish_reason).
 std::vector<std::pair<std::string, std::string>> Answers(const std::string& address,
                                                          const Json& schema, bool stream) {
@@ -72,18 +92,7 @@ std::vector<std::pair<std::string, std::string>> Answers(const std::string& addr
   EXPECT_EQ(r.status, 200) << r.raw;
   std::vector<std::pair<std::string, std::string>> answers;
   if (stream) {
-    std::map<int, std::pair<std::string, std::string>> by_index;
-    std::istringstream lines(r.raw);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind("data: {", 0) != 0) continue;
-      const Json chunk = Json::parse(line.substr(6));
-      for (const Json& c : chunk["choices"]) {
-        auto& [text, finish] = by_index[c["index"].get<int>()];
-        if (c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
-        if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
-      }
-    }
-    for (auto& [index, answer] : by_index) answers.push_back(answer);
+    for (auto& [index, answer] : StreamedAnswers(r.raw)) answers.push_back(answer);
   } else if (r.status == 200) {
     for (const Json& c : r.body["choices"]) {
       answers.emplace_back(c["message"]["content"], c["finish_reason"]);
@@ -229,16 +238,7 @@ TEST_F(FrontendStructuredOutputsTest, AChoiceIsAnsweredWithOneOfItsStrings) {
     ASSERT_EQ(r.status, 200) << r.raw;
     std::map<int, std::pair<std::string, std::string>> answers;  // text, finish_reason
     if (stream) {
-      std::istringstream lines(r.raw);
-      for (std::string line; std::getline(lines, line);) {
-        if (line.rfind("data: {", 0) != 0) continue;
-        const Json chunk = Json::parse(line.substr(6));
-        for (const Json& c : chunk["choices"]) {
-          auto& [text, finish] = answers[c["index"].get<int>()];
-          text += c["text"].get<std::string>();
-          if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
-        }
-      }
+      answers = StreamedAnswers(r.raw);
     } else {
       for (const Json& c : r.body["choices"]) {
         answers[c["index"].get<int>()] = {c["text"], c["finish_reason"]};

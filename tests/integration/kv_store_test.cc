@@ -85,6 +85,15 @@ TEST(KvStoreTest, DifferentialStoreOnOffSyncAndAsync) {
   }
 }
 
+void PrintBurst(const char* label, const v1::GetStatsResponse& st) {
+  std::printf(
+      "%s: external lookups with hits %lu, late or failed %lu, loaded tokens %lu, max "
+      "running+loading %d\n",
+      label, static_cast<unsigned long>(st.external_lookups_with_hits()),
+      static_cast<unsigned long>(st.external_lookups_failed()),
+      static_cast<unsigned long>(st.external_loaded_tokens()), st.max_running_plus_loading());
+}
+
 TEST(KvStoreTest, CrossReplicaHitAndLoadAdmissionLimitUnderBurst) {
   const std::string dir = MakeTempDir("tandem-kv-burst");
   Service kv = StartKvStore(dir, "kv", {});
@@ -113,12 +122,7 @@ TEST(KvStoreTest, CrossReplicaHitAndLoadAdmissionLimitUnderBurst) {
   })) << "replica A's blocks never reached the store";
   std::vector<GenerateResult> results = RunAll(sched_b.address(), burst);
   const v1::GetStatsResponse st = IdleStats(sched_b.address());
-  std::printf(
-      "burst: external lookups with hits %lu, late or failed %lu, loaded tokens %lu, max "
-      "running+loading %d\n",
-      static_cast<unsigned long>(st.external_lookups_with_hits()),
-      static_cast<unsigned long>(st.external_lookups_failed()),
-      static_cast<unsigned long>(st.external_loaded_tokens()), st.max_running_plus_loading());
+  PrintBurst("burst", st);
   EXPECT_GT(st.external_lookups_with_hits(), 0u) << "no cross-replica hit";
   EXPECT_GT(st.external_loaded_tokens(), 0u);
   // By default the schedulers look up, and the workers load, over the
@@ -140,12 +144,7 @@ TEST(KvStoreTest, CrossReplicaHitAndLoadAdmissionLimitUnderBurst) {
              {"--max-num-seqs", std::to_string(kMaxSeqs), "--limit-async-load-admission=false"}));
   const std::vector<GenerateResult> unlimited_results = RunAll(unlimited.address(), burst);
   const v1::GetStatsResponse ust = IdleStats(unlimited.address());
-  std::printf(
-      "burst without the limit: lookups with hits %lu, late or failed %lu, loaded tokens %lu, "
-      "max running+loading %d\n",
-      static_cast<unsigned long>(ust.external_lookups_with_hits()),
-      static_cast<unsigned long>(ust.external_lookups_failed()),
-      static_cast<unsigned long>(ust.external_loaded_tokens()), ust.max_running_plus_loading());
+  PrintBurst("burst without the limit", ust);
   EXPECT_GT(ust.external_loaded_tokens(), 0u);
   EXPECT_GT(ust.max_running_plus_loading(), kMaxSeqs);
   ExpectSameOutputs(results, unlimited_results);

@@ -11,11 +11,18 @@
 namespace tandem::sched {
 namespace {
 
-absl::Status Add(Scheduler& s, const std::string& schema, bool ignore_eos = false) {
+// Adds a request whose output is held to `schema` or to `choice`.
+absl::Status Add(Scheduler& s, const std::string& schema, bool ignore_eos = false,
+                 std::vector<std::string> choice = {}) {
   SamplingParams sampling = testing::Greedy(2);
   sampling.json_schema = schema;
+  sampling.choice = std::move(choice);
   sampling.ignore_eos = ignore_eos;
   return s.AddRequest({.request_id = "r", .prompt_token_ids = {1, 2}, .sampling = sampling}, 0);
+}
+
+absl::Status AddChoice(Scheduler& s, std::vector<std::string> choice) {
+  return Add(s, "", /*ignore_eos=*/false, std::move(choice));
 }
 
 TEST(StructuredOutputsAdmissionTest, SchemasAreCompiledAndRefusedByName) {
@@ -38,13 +45,6 @@ TEST(StructuredOutputsAdmissionTest, SchemasAreCompiledAndRefusedByName) {
       << eos;
   EXPECT_FALSE(s.HasUnfinishedRequests());
   EXPECT_TRUE(Add(s, R"({"type":"object","properties":{"a":{"type":"integer"}}})").ok());
-}
-
-absl::Status AddChoice(Scheduler& s, std::vector<std::string> choice) {
-  SamplingParams sampling = testing::Greedy(2);
-  sampling.choice = std::move(choice);
-  sampling.ignore_eos = false;
-  return s.AddRequest({.request_id = "c", .prompt_token_ids = {1, 2}, .sampling = sampling}, 0);
 }
 
 TEST(StructuredOutputsAdmissionTest, ChoicesAreCompiledAndRefusedByName) {
