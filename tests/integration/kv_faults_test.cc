@@ -26,8 +26,13 @@ class KvFaultsTest : public ::testing::Test {
   // Runs the workload twice against `kv` through one worker: the first
   // scheduler fills the store, the second (empty local cache) loads from it.
   // Both must match the baseline. Returns the second scheduler's stats.
-  v1::GetStatsResponse RunTwice(const std::string& name, Service& kv,
-                                const std::vector<std::string>& sched_flags = {}) {
+  // The schedulers wait up to 5 s for a lookup unless `sched_flags` say
+  // otherwise: a late lookup is a miss, and on a loaded CI machine a fresh
+  // scheduler's first lookups have passed the 50 ms default
+  // (LookupsAnsweredAfterTheirDeadline is the test of that).
+  v1::GetStatsResponse RunTwice(
+      const std::string& name, Service& kv,
+      const std::vector<std::string>& sched_flags = {"--kvstore-lookup-deadline-ms", "5000"}) {
     Service worker =
         StartWorker(*dir_, name + "-worker", {"--num-blocks", "48", "--kvstore", kv.address()});
     std::vector<std::string> flags = {"--kvstore", kv.address()};
@@ -159,7 +164,8 @@ TEST_F(KvFaultsTest, ASlowLoadHoldsUpNoOtherRequest) {
   Service kv = StartKvStore(*dir_, "kv-slow-load", {"--debug-load-delay-ms", "3000"});
   Service worker =
       StartWorker(*dir_, "slow-load-worker", {"--num-blocks", "48", "--kvstore", kv.address()});
-  const std::vector<std::string> flags = {"--kvstore", kv.address()};
+  const std::vector<std::string> flags = {"--kvstore", kv.address(),
+                                          "--kvstore-lookup-deadline-ms", "5000"};
   const v1::GenerateRequest& loaded = requests_->front();  // 4 tokens, greedy
   {
     Service s = StartScheduler(*dir_, "slow-load-sched-1", worker.address(), flags);
