@@ -93,8 +93,7 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     if (const char* name = JsonSchemaConflict(ignore_eos, min_tokens, !bad_words.empty(),
                                               !allowed_token_ids.empty())) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name, " is not supported with structured outputs (",
-                       json_schema.empty() ? "choice" : "json_schema", ")"));
+          absl::StrCat(name, " is not supported with structured outputs (", GrammarField(), ")"));
     }
   }
   if (json_schema_after_token) {

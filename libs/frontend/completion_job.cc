@@ -109,7 +109,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
   // as vLLM's reasoner holds the grammar until then: the worker needs the
   // end tag as one token (vLLM's parsers refuse a tokenizer without it).
   std::optional<int32_t> thinking_end;
-  if (request_.reasoning_parser && (!request_.json_schema.empty() || !request_.choice.empty())) {
+  if (request_.reasoning_parser && request_.HasGrammar()) {
     thinking_end = served_.tokenizer().PieceToId(kReasoningEnd);
     if (!thinking_end) {
       Fail(BadRequest(absl::StrCat("structured outputs under --reasoning-parser start where the "

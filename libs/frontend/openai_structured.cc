@@ -277,7 +277,7 @@ std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest
     out->choice = std::move(choice);
     out->json_schema_field = field;
   }
-  if (!out->json_schema.empty() || !out->choice.empty()) {
+  if (out->HasGrammar()) {
     if (const char* name =
             JsonSchemaConflict(out->ignore_eos, out->min_tokens, !out->bad_words.empty(),
                                !out->allowed_token_ids.empty())) {

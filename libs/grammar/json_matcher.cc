@@ -65,7 +65,7 @@ class Stepper {
           return StepLiterals(f.node, static_cast<int32_t>(f.count >> 32),
                               static_cast<int32_t>(f.count & 0xFFFFFFFF), f.sub, c, f.parent);
         }
-        return StepLiteral(f, c);
+        [[fallthrough]];  // true, false, null
       case kKey:
         return StepLiteral(f, c);
       default:

@@ -405,8 +405,9 @@ absl::StatusOr<std::shared_ptr<const Schema>> CompileChoices(
   if (choices.empty()) return absl::InvalidArgumentError("the list of choices is empty");
   SchemaNode node{.kind = Kind::kLiteral};
   for (size_t i = 0; i < choices.size(); ++i) {
-    if (choices[i].empty())
+    if (choices[i].empty()) {
       return absl::InvalidArgumentError(absl::StrCat("choice ", i, " is empty"));
+    }
     node.literals.push_back(choices[i]);
   }
   SortLiterals(&node);

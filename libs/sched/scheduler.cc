@@ -92,7 +92,7 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
   }
   if (spec.sampling.HasGrammar() && !config.structured_outputs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "sampling: ", spec.sampling.json_schema.empty() ? "choice" : "json_schema",
+        "sampling: ", spec.sampling.GrammarField(),
         " (structured outputs) needs the model's tokenizer on the worker, and this scheduler's "
         "worker has none (tandem-worker --tokenizer)"));
   }

@@ -202,8 +202,9 @@ void Scheduler::UpdateOldestStepInto(const ModelRunnerOutput& output,
     if (k == outputs->size()) outputs->emplace_back();
     RequestOutput& o = (*outputs)[k++];
     ClearTokens(&o);
-    if (st == nullptr || st->token_ids.empty() || !st->error.empty()) {
-      if (st == nullptr || st->error.empty()) {
+    const bool worker_failed_it = st != nullptr && !st->error.empty();
+    if (st == nullptr || st->token_ids.empty() || worker_failed_it) {
+      if (!worker_failed_it) {
         TANDEM_LOG(ERROR) << "step " << rec.step_id << ": no sampled token for request "
                           << r->request_id;
       }
@@ -211,7 +212,7 @@ void Scheduler::UpdateOldestStepInto(const ModelRunnerOutput& output,
       Finish(r, RequestState::kFinishedError);
       o.finished = RequestState::kFinishedError;
       o.error =
-          st != nullptr && !st->error.empty()
+          worker_failed_it
               ? st->error
               : absl::StrCat("the worker sampled no token for the request in step ", rec.step_id);
       any_finished = true;

@@ -181,11 +181,10 @@ absl::Status StepExecutor::ApplyDiff(sched::SchedulerOutput& step, Batch* batch)
     }
     SeqState& s = *state;
     if (r.sampling.HasGrammar() && structured_ == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("step ", step.step_id, ": request ", r.request_id, " has a ",
-                       r.sampling.json_schema.empty() ? "choice" : "json_schema",
-                       ", but this worker has no vocabulary for structured outputs "
-                       "(tandem-worker --tokenizer)"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step.step_id, ": request ", r.request_id, " has a ", r.sampling.GrammarField(),
+          ", but this worker has no vocabulary for structured outputs "
+          "(tandem-worker --tokenizer)"));
     }
     if (s.first_step_ns == 0) s.first_step_ns = now_ns;
     s.unconfirmed_sample_steps.clear();

@@ -16,10 +16,6 @@ namespace {
 // compiles its schema once anyway: its matcher holds it).
 constexpr size_t kMaxCached = 256;
 
-const char* Kind(const SamplingParams& params) {
-  return params.json_schema.empty() ? "choice" : "json_schema";
-}
-
 void Break(const std::string& id, std::string error, GrammarState* state) {
   TANDEM_LOG(WARNING) << "request " << id << ": " << error << "; it is ended with an error";
   state->error = std::move(error);
@@ -84,7 +80,8 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
     if (std::shared_ptr<const grammar::Schema> schema = Compile(params)) {
       state->matcher.emplace(std::move(schema));
     } else {
-      Break(id, absl::StrCat("its ", Kind(params), " does not compile on the worker"), state);
+      Break(id, absl::StrCat("its ", params.GrammarField(), " does not compile on the worker"),
+            state);
     }
   }
   for (size_t k = state->fed.size(); k < output.size() && !state->broken(); ++k) {
@@ -92,7 +89,7 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
     const bool in_vocab = t >= 0 && t < vocab.size() && !vocab.bytes(t).empty();
     if (!in_vocab || !state->matcher->Accept(vocab.bytes(t))) {
       Break(id,
-            absl::StrCat("output token ", k, " (id ", t, ") is not one its ", Kind(params),
+            absl::StrCat("output token ", k, " (id ", t, ") is not one its ", params.GrammarField(),
                          " allows"),
             state);
       break;
@@ -106,8 +103,8 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
     if (allowed == 0 && !complete) {
       Break(id,
             absl::StrCat("structured outputs: no token can go on with the document after ",
-                         output.size(), " tokens: the ", Kind(params), "'s readings passed ",
-                         grammar::kMaxAlternatives,
+                         output.size(), " tokens: the ", params.GrammarField(),
+                         "'s readings passed ", grammar::kMaxAlternatives,
                          " at once (anyOf branches that stay alike for long)"),
             state);
     }

@@ -106,6 +106,10 @@ struct SamplingParams {
   [[nodiscard]] absl::Status Validate(int32_t vocab_size) const;
   // Whether a grammar holds the output (json_schema or choice).
   [[nodiscard]] bool HasGrammar() const { return !json_schema.empty() || !choice.empty(); }
+  // The field the grammar comes from, for messages: "json_schema" or "choice".
+  [[nodiscard]] const char* GrammarField() const {
+    return json_schema.empty() ? "choice" : "json_schema";
+  }
   // Whether any penalty is on (the sampler then needs the token history).
   [[nodiscard]] bool HasPenalties() const {
     return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;

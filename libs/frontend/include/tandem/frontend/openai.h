@@ -174,6 +174,7 @@ struct CompletionRequest {
   // exactly one of these strings; empty when the request has none.
   std::vector<std::string> choice;
   std::string json_schema_field;  // the request's field either came from
+  bool HasGrammar() const { return !json_schema.empty() || !choice.empty(); }
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage
