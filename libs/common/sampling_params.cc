@@ -86,8 +86,9 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     TANDEM_RETURN_IF_ERROR(IdsInVocabulary(bad_words[i], "bad_words token", vocab_size));
   }
   TANDEM_RETURN_IF_ERROR(IdsInVocabulary(allowed_token_ids, "allowed_token_ids token", vocab_size));
-  if (!json_schema.empty() && !choice.empty()) {
-    return absl::InvalidArgumentError("json_schema and choice both constrain the output; send one");
+  if (int grammars = !json_schema.empty() + !choice.empty() + !regex.empty(); grammars > 1) {
+    return absl::InvalidArgumentError(
+        "more than one of json_schema, choice and regex constrains the output; send one");
   }
   if (HasGrammar()) {
     if (const char* name = JsonSchemaConflict(ignore_eos, min_tokens, !bad_words.empty(),
@@ -98,7 +99,8 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
   }
   if (json_schema_after_token) {
     if (!HasGrammar()) {
-      return absl::InvalidArgumentError("json_schema_after_token needs a json_schema or a choice");
+      return absl::InvalidArgumentError(
+          "json_schema_after_token needs a json_schema, a choice or a regex");
     }
     TANDEM_RETURN_IF_ERROR(IdsInVocabulary(std::span<const int32_t>(&*json_schema_after_token, 1),
                                            "json_schema_after_token token", vocab_size));

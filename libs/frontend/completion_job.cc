@@ -173,6 +173,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                                      .allowed_token_ids = request_.allowed_token_ids,
                                      .json_schema = request_.json_schema,
                                      .choice = request_.choice,
+                                     .regex = request_.regex,
                                      .max_tokens = max_tokens,
                                      .min_tokens = request_.min_tokens,
                                      .ignore_eos = request_.ignore_eos,

@@ -1,9 +1,9 @@
 // Structured outputs in OpenAI's and vLLM's request fields: response_format
 // (OpenAI's, vLLM's ResponseFormat) and structured_outputs (vLLM's
 // StructuredOutputsParams), of which the grammar holds JSON (json_schema,
-// json_object, and structured_outputs' json and json_object) and
-// structured_outputs' choice. Its regex, grammar and structural_tag are
-// refused by name. tool_choice
+// json_object, and structured_outputs' json and json_object),
+// structured_outputs' choice and its regex. Its grammar and structural_tag
+// are refused by name. tool_choice
 // "required" and a named tool are structured outputs too: the calls' JSON
 // (vLLM's _get_json_schema_from_tool).
 #include <algorithm>
@@ -79,15 +79,28 @@ std::optional<ApiError> Choices(const Json& choice, std::vector<std::string>* ou
   return std::nullopt;
 }
 
+// structured_outputs.regex: a pattern the grammar holds (grammar/regex.h).
+std::optional<ApiError> Regex(const Json& regex, std::string* out) {
+  const char* param = "structured_outputs.regex";
+  if (!regex.is_string() || regex.get<std::string>().empty()) {
+    return BadRequest("'structured_outputs.regex' must be a non-empty string", param);
+  }
+  if (auto compiled = grammar::CompileRegex(regex.get<std::string>()); !compiled.ok()) {
+    return BadRequest(absl::StrCat("'", param, "': ", compiled.status().message()), param);
+  }
+  *out = regex.get<std::string>();
+  return std::nullopt;
+}
+
 std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out,
-                                          std::vector<std::string>* choice) {
+                                          std::vector<std::string>* choice, std::string* regex) {
   if (!params.is_object()) {
     return BadRequest("'structured_outputs' must be an object", "structured_outputs");
   }
   int kinds = 0;
   for (const auto& [key, value] : params.items()) {
     const std::string param = absl::StrCat("structured_outputs.", key);
-    if (key == "json" || key == "json_object" || key == "choice") {
+    if (key == "json" || key == "json_object" || key == "choice" || key == "regex") {
       kinds += value.is_null() ? 0 : 1;
       continue;
     }
@@ -100,15 +113,18 @@ std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out,
     if (value.is_null()) continue;
     return BadRequest(absl::StrCat("'", param,
                                    "' is not supported: structured outputs hold JSON (json, "
-                                   "json_object) and choice only"),
+                                   "json_object), choice and regex only"),
                       param);
   }
   if (kinds > 1) {
-    return BadRequest("'structured_outputs' takes one of json, json_object and choice",
+    return BadRequest("'structured_outputs' takes one of json, json_object, choice and regex",
                       "structured_outputs");
   }
   if (const auto c = params.find("choice"); c != params.end() && !c->is_null()) {
     return Choices(*c, choice);
+  }
+  if (const auto re = params.find("regex"); re != params.end() && !re->is_null()) {
+    return Regex(*re, regex);
   }
   const auto json = params.find("json");
   const auto object = params.find("json_object");
@@ -253,13 +269,14 @@ std::optional<ApiError> ParseForcedToolChoice(const Json& choice, CompletionRequ
 std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest* out) {
   std::string from_format, from_params;
   std::vector<std::string> choice;
+  std::string regex;
   if (const Json* format = r.Find("response_format")) {
     if (auto e = ResponseFormat(*format, &from_format)) return e;
   }
   if (const Json* params = r.Find("structured_outputs")) {
-    if (auto e = StructuredOutputs(*params, &from_params, &choice)) return e;
+    if (auto e = StructuredOutputs(*params, &from_params, &choice, &regex)) return e;
   }
-  const bool has_params = !from_params.empty() || !choice.empty();
+  const bool has_params = !from_params.empty() || !choice.empty() || !regex.empty();
   if (!from_format.empty() && has_params) {
     return BadRequest(
         "'response_format' and 'structured_outputs' both constrain the output; send one",
@@ -275,6 +292,7 @@ std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest
     }
     out->json_schema = !from_format.empty() ? from_format : from_params;
     out->choice = std::move(choice);
+    out->regex = std::move(regex);
     out->json_schema_field = field;
   }
   if (out->HasGrammar()) {

@@ -10,7 +10,7 @@ using Kind = SchemaNode::Kind;
 
 namespace {
 
-enum FrameKind : uint8_t { kRoot, kObject, kArray, kString, kNumber, kLiteral, kKey };
+enum FrameKind : uint8_t { kRoot, kObject, kArray, kString, kNumber, kLiteral, kKey, kRegex };
 
 // Phases. Root: before its value, after it.
 enum : uint8_t { kRootStart, kRootDone };
@@ -68,6 +68,8 @@ class Stepper {
         [[fallthrough]];  // true, false, null
       case kKey:
         return StepLiteral(f, c);
+      case kRegex:
+        return StepRegex(f.node, f.sub, c, f.parent);
       default:
         return;
     }
@@ -120,7 +122,20 @@ class Stepper {
         return;
       case Kind::kLiteral:
         return StepLiterals(n, 0, static_cast<int32_t>(s.literals.size()), 0, c, parent);
+      case Kind::kRegex:
+        return StepRegex(n, s.regex->start(), c, parent);
     }
+  }
+
+  // The regex of node `n` in automaton state `state`, then `c`: a frame in
+  // the next state, and, where the text so far is a whole match, `c` as what
+  // follows the value.
+  void StepRegex(int32_t n, int32_t state, uint8_t c, int32_t parent) {
+    const RegexDfa& re = *node(n).regex;
+    if (const int32_t next = re.Next(state, c); next != RegexDfa::kDead) {
+      Emit(Push({.kind = kRegex, .node = n, .sub = next, .parent = parent}));
+    }
+    if (re.Accepting(state)) Step(parent, c);
   }
 
   std::string_view LiteralText(const Frame& f) const {
@@ -371,16 +386,41 @@ bool StepBytes(const Schema& schema, FrameArena& arena, std::span<const int32_t>
   return kept - first <= kMaxAlternatives;
 }
 
-bool StackComplete(const FrameArena& arena, int32_t top) {
+namespace {
+
+// The root's regex, when the document is one (else null).
+const RegexDfa* RootRegex(const Schema& schema) {
+  const SchemaNode& root = schema.node(schema.root());
+  return root.kind == Kind::kRegex ? root.regex.get() : nullptr;
+}
+
+}  // namespace
+
+bool StackComplete(const Schema& schema, const FrameArena& arena, int32_t top) {
   const Frame& f = arena[top];
-  if (f.kind == kRoot) return f.phase == kRootDone;
-  if (f.kind == kNumber && NumberAccepts(f.phase)) return StackComplete(arena, f.parent);
+  if (f.kind == kRoot) {
+    // A pattern that matches the empty string is a document before any byte.
+    const RegexDfa* re = RootRegex(schema);
+    return f.phase == kRootDone || (re != nullptr && re->Accepting(re->start()));
+  }
+  if (f.kind == kNumber && NumberAccepts(f.phase)) return StackComplete(schema, arena, f.parent);
+  if (f.kind == kRegex && schema.node(f.node).regex->Accepting(f.sub)) {
+    return StackComplete(schema, arena, f.parent);
+  }
   return false;
 }
 
-bool StackOpen(const FrameArena& arena, int32_t top) {
+bool StackOpen(const Schema& schema, const FrameArena& arena, int32_t top) {
   const Frame& f = arena[top];
-  return !(f.kind == kRoot && f.phase == kRootDone);
+  if (f.kind == kRoot) {
+    const RegexDfa* re = RootRegex(schema);
+    return f.phase == kRootStart && (re == nullptr || re->Open(re->start()));
+  }
+  if (f.kind == kRegex) {
+    const RegexDfa& re = *schema.node(f.node).regex;
+    return re.Open(f.sub) || (re.Accepting(f.sub) && StackOpen(schema, arena, f.parent));
+  }
+  return true;
 }
 
 JsonMatcher::JsonMatcher(std::shared_ptr<const Schema> schema) : schema_(std::move(schema)) {
@@ -406,11 +446,12 @@ bool JsonMatcher::Accept(std::string_view bytes) {
 
 bool JsonMatcher::Complete() const {
   return std::any_of(tops_.begin(), tops_.end(),
-                     [&](int32_t t) { return StackComplete(arena_, t); });
+                     [&](int32_t t) { return StackComplete(*schema_, arena_, t); });
 }
 
 bool JsonMatcher::Open() const {
-  return std::any_of(tops_.begin(), tops_.end(), [&](int32_t t) { return StackOpen(arena_, t); });
+  return std::any_of(tops_.begin(), tops_.end(),
+                     [&](int32_t t) { return StackOpen(*schema_, arena_, t); });
 }
 
 void JsonMatcher::Compact() {

@@ -417,6 +417,24 @@ absl::StatusOr<std::shared_ptr<const Schema>> CompileChoices(
   return compiler.Take();
 }
 
+absl::StatusOr<std::shared_ptr<const Schema>> CompileRegexDocument(std::string_view pattern) {
+  auto dfa = CompileRegex(pattern);
+  if (!dfa.ok()) return dfa.status();
+  static const Json kNone;
+  SchemaCompiler compiler(kNone);
+  compiler.SetRoot(compiler.Add({.kind = Kind::kRegex, .regex = *std::move(dfa)}));
+  return compiler.Take();
+}
+
+absl::StatusOr<std::shared_ptr<const Schema>> CompileGrammar(const SamplingParams& params) {
+  if (!params.choice.empty()) return CompileChoices(params.choice);
+  if (!params.regex.empty()) return CompileRegexDocument(params.regex);
+  const auto schema =
+      nlohmann::ordered_json::parse(params.json_schema, nullptr, /*allow_exceptions=*/false);
+  if (schema.is_discarded()) return absl::InvalidArgumentError("json_schema is not valid JSON");
+  return CompileJsonSchema(schema);
+}
+
 std::shared_ptr<const Schema> AnyJsonObject() {
   static const Json kNone;
   SchemaCompiler compiler(kNone);

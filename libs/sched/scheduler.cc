@@ -96,18 +96,8 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
         " (structured outputs) needs the model's tokenizer on the worker, and this scheduler's "
         "worker has none (tandem-worker --tokenizer)"));
   }
-  if (!spec.sampling.choice.empty()) {
-    if (auto compiled = grammar::CompileChoices(spec.sampling.choice); !compiled.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("sampling: ", compiled.status().message()));
-    }
-  }
-  if (!spec.sampling.json_schema.empty()) {
-    const auto schema = nlohmann::ordered_json::parse(spec.sampling.json_schema, nullptr,
-                                                      /*allow_exceptions=*/false);
-    if (schema.is_discarded()) {
-      return absl::InvalidArgumentError("sampling: json_schema is not valid JSON");
-    }
-    if (auto compiled = grammar::CompileJsonSchema(schema); !compiled.ok()) {
+  if (spec.sampling.HasGrammar()) {
+    if (auto compiled = grammar::CompileGrammar(spec.sampling); !compiled.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("sampling: ", compiled.status().message()));
     }
   }

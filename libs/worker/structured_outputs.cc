@@ -50,10 +50,11 @@ std::shared_ptr<const grammar::Schema> StructuredOutputs::Compile(const Sampling
     auto compiled = grammar::CompileChoices(params.choice);
     return compiled.ok() ? *compiled : nullptr;  // refused at admission
   }
-  const std::string& text = params.json_schema;
+  // Schemas and patterns are kept by their field and text.
+  const std::string text = absl::StrCat(params.GrammarField(), ":",
+                                        params.regex.empty() ? params.json_schema : params.regex);
   if (auto it = schemas_.find(text); it != schemas_.end()) return it->second;
-  const auto json = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  auto compiled = grammar::CompileJsonSchema(json);
+  auto compiled = grammar::CompileGrammar(params);
   if (!compiled.ok()) return nullptr;  // the scheduler refuses these at admission
   if (schemas_.size() >= kMaxCached) schemas_.clear();
   schemas_.emplace(text, *compiled);

@@ -47,8 +47,13 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.allowed_token_ids = {-1}}, "allowed_token_ids token id -1");
   EXPECT_TRUE((SamplingParams{.allowed_token_ids = {0, 511, 0}}).Validate(512).ok());
   ExpectInvalid({.json_schema_after_token = 3},
-                "json_schema_after_token needs a json_schema or a choice");
-  ExpectInvalid({.json_schema = "{}", .choice = {"a"}}, "json_schema and choice both");
+                "json_schema_after_token needs a json_schema, a choice or a regex");
+  ExpectInvalid({.json_schema = "{}", .choice = {"a"}}, "more than one of json_schema, choice");
+  ExpectInvalid({.choice = {"a"}, .regex = "a"}, "more than one of json_schema, choice");
+  ExpectInvalid({.json_schema = "{}", .regex = "a"}, "more than one of json_schema, choice");
+  ExpectInvalid({.regex = "a+", .ignore_eos = true},
+                "ignore_eos is not supported with structured outputs (regex)");
+  EXPECT_TRUE((SamplingParams{.regex = "a+", .json_schema_after_token = 511}).Validate(512).ok());
   ExpectInvalid({.choice = {"a"}, .min_tokens = 1},
                 "min_tokens is not supported with structured outputs (choice)");
   EXPECT_TRUE((SamplingParams{.choice = {"a"}, .json_schema_after_token = 511}).Validate(512).ok());

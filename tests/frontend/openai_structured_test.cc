@@ -165,6 +165,15 @@ TEST(OpenAiParseTest, StructuredOutputsParseIntoTheSchemasText) {
   EXPECT_EQ(r.json_schema, "");
   EXPECT_THAT(r.choice, ::testing::ElementsAre("yes", "no", "\"q\""));
   EXPECT_EQ(r.json_schema_field, "structured_outputs");
+  // structured_outputs.regex: the pattern as sent.
+  r = {};
+  ASSERT_FALSE(
+      Parse(R"({"prompt":"x","structured_outputs":{"regex":"\\d{3}-[a-z]+","choice":null}})",
+            Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.regex, R"(\d{3}-[a-z]+)");
+  EXPECT_TRUE(r.choice.empty());
+  EXPECT_TRUE(r.HasGrammar());
+  EXPECT_EQ(r.json_schema_field, "structured_outputs");
 }
 
 TEST(OpenAiParseTest, StructuredOutputsTheGrammarCannotHoldAreRefusedByName) {
@@ -176,7 +185,15 @@ TEST(OpenAiParseTest, StructuredOutputsTheGrammarCannotHoldAreRefusedByName) {
        "response_format.json_schema.schema"},
       {R"("response_format":{"type":"yaml"})", "response_format.type"},
       {R"("response_format":"json")", "response_format"},
-      {R"("structured_outputs":{"regex":"a+"})", "structured_outputs.regex"},
+      {R"x("structured_outputs":{"regex":"a(?=b)"})x", "structured_outputs.regex"},
+      {R"("structured_outputs":{"regex":""})", "structured_outputs.regex"},
+      {R"("structured_outputs":{"regex":["a"]})", "structured_outputs.regex"},
+      {R"("structured_outputs":{"regex":"a","choice":["a"]})", "structured_outputs"},
+      {R"("structured_outputs":{"regex":"a"},"response_format":{"type":"json_object"})",
+       "structured_outputs"},
+      {R"("structured_outputs":{"regex":"a"},"ignore_eos":true)", "ignore_eos"},
+      {R"("structured_outputs":{"grammar":"root ::= \"a\""})", "structured_outputs.grammar"},
+      {R"("guided_regex":"a+")", "guided_regex"},
       {R"("structured_outputs":{"choice":[]})", "structured_outputs.choice"},
       {R"("structured_outputs":{"choice":["a",""]})", "structured_outputs.choice"},
       {R"("structured_outputs":{"choice":"a"})", "structured_outputs.choice"},

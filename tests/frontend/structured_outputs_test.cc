@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "frontend_test_util.h"
+#include "re2/re2.h"
 #include "tandem/grammar/json_matcher.h"
 #include "tandem/grammar/json_schema.h"
 
@@ -258,6 +259,47 @@ TEST_F(FrontendStructuredOutputsTest, AChoiceIsAnsweredWithOneOfItsStrings) {
                               {{"prompt", "x"}, {"structured_outputs", {{"choice", {"a", ""}}}}});
   EXPECT_EQ(bad.status, 400) << bad.raw;
   EXPECT_EQ(bad.body["error"]["param"], "structured_outputs.choice") << bad.raw;
+}
+
+// structured_outputs.regex: every answer, whole or streamed, is text RE2
+// matches whole, ended by the grammar ("stop") well before max_tokens.
+TEST_F(FrontendStructuredOutputsTest, ARegexAnswerIsTextThePatternMatches) {
+  const std::string pattern = R"((Yes|No), [a-z]{2,8}( [a-z]{2,8}){0,3}\.)";
+  const RE2 re(pattern);
+  ASSERT_TRUE(re.ok());
+  std::set<std::string> seen;
+  for (bool stream : {false, true}) {
+    const Json body = {{"prompt", "Answer:"},
+                       {"structured_outputs", {{"regex", pattern}}},
+                       {"n", 4},
+                       {"temperature", 1.0},
+                       {"seed", stream ? 7 : 8},
+                       {"max_tokens", 60},
+                       {"stream", stream}};
+    const HttpResult r = Post(frontend_.address(), "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    std::map<int, std::pair<std::string, std::string>> answers;  // text, finish_reason
+    if (stream) {
+      answers = StreamedAnswers(r.raw);
+    } else {
+      for (const Json& c : r.body["choices"]) {
+        answers[c["index"].get<int>()] = {c["text"], c["finish_reason"]};
+      }
+    }
+    ASSERT_EQ(answers.size(), 4u) << r.raw;
+    for (const auto& [index, answer] : answers) {
+      const auto& [text, finish] = answer;
+      EXPECT_TRUE(RE2::FullMatch(text, re)) << "'" << text << "'";
+      EXPECT_EQ(finish, "stop") << text;
+      seen.insert(text);
+    }
+  }
+  EXPECT_GE(seen.size(), 4u);
+  const HttpResult bad = Post(frontend_.address(), "/v1/completions",
+                              {{"prompt", "x"}, {"structured_outputs", {{"regex", "(\\w+) \\1"}}}});
+  EXPECT_EQ(bad.status, 400) << bad.raw;
+  EXPECT_EQ(bad.body["error"]["param"], "structured_outputs.regex") << bad.raw;
+  EXPECT_NE(bad.raw.find("back-reference"), std::string::npos) << bad.raw;
 }
 
 // A schema the grammar compiles but cannot go on with (300 alike string

@@ -33,6 +33,7 @@ sched::SchedulerOutput MakeOutput() {
                    .allowed_token_ids = {40, 2, 40},
                    .json_schema = R"({"type":"integer"})",
                    .choice = {"yes", "no \u00e9"},
+                   .regex = "[a-z]+\\d",
                    .json_schema_after_token = 0,
                    .seed = 1234567890123ull,
                    .max_tokens = 7,
@@ -71,6 +72,7 @@ void ExpectEqual(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.allowed_token_ids, b.allowed_token_ids);
   EXPECT_EQ(a.json_schema, b.json_schema);
   EXPECT_EQ(a.choice, b.choice);
+  EXPECT_EQ(a.regex, b.regex);
   EXPECT_EQ(a.json_schema_after_token, b.json_schema_after_token);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.max_tokens, b.max_tokens);

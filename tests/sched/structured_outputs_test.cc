@@ -1,4 +1,4 @@
-// Structured outputs at admission: a json_schema or choice the grammar cannot
+// Structured outputs at admission: a json_schema, choice or regex the grammar cannot
 // hold, or one sent to a scheduler whose worker has no vocabulary, is refused
 // with a precise error and changes nothing.
 #include <string>
@@ -11,12 +11,13 @@
 namespace tandem::sched {
 namespace {
 
-// Adds a request whose output is held to `schema` or to `choice`.
+// Adds a request whose output is held to `schema`, to `choice` or to `regex`.
 absl::Status Add(Scheduler& s, const std::string& schema, bool ignore_eos = false,
-                 std::vector<std::string> choice = {}) {
+                 std::vector<std::string> choice = {}, const std::string& regex = "") {
   SamplingParams sampling = testing::Greedy(2);
   sampling.json_schema = schema;
   sampling.choice = std::move(choice);
+  sampling.regex = regex;
   sampling.ignore_eos = ignore_eos;
   return s.AddRequest({.request_id = "r", .prompt_token_ids = {1, 2}, .sampling = sampling}, 0);
 }
@@ -56,6 +57,22 @@ TEST(StructuredOutputsAdmissionTest, ChoicesAreCompiledAndRefusedByName) {
   EXPECT_NE(empty.message().find("sampling: choice 1 is empty"), std::string::npos) << empty;
   EXPECT_FALSE(s.HasUnfinishedRequests());
   EXPECT_TRUE(AddChoice(s, {"yes", "no"}).ok());
+}
+
+TEST(StructuredOutputsAdmissionTest, RegexesAreCompiledAndRefusedByName) {
+  SchedulerConfig config = testing::TestConfig(64, /*async=*/false);
+  config.structured_outputs = true;
+  Scheduler s(config, nullptr);
+  const absl::Status lookahead = Add(s, "", false, {}, "a(?=b)");
+  EXPECT_EQ(lookahead.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(lookahead.message().find("sampling: regex: lookaround"), std::string::npos)
+      << lookahead;
+  const absl::Status both = Add(s, "", false, {"a"}, "a");
+  EXPECT_NE(both.message().find("more than one of json_schema, choice and regex"),
+            std::string::npos)
+      << both;
+  EXPECT_FALSE(s.HasUnfinishedRequests());
+  EXPECT_TRUE(Add(s, "", false, {}, R"(\d{3}-\d{4})").ok());
 }
 
 TEST(StructuredOutputsAdmissionTest, AWorkerWithoutAVocabularyTakesNoSchema) {

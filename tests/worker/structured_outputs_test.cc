@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "re2/re2.h"
 #include "tandem/grammar/json_matcher.h"
 #include "tandem/worker/step_executor.h"
 
@@ -163,6 +164,31 @@ TEST(StructuredOutputsTest, EachOutputIsOneOfTheChoices) {
     seen.insert(text);
   }
   EXPECT_GE(seen.size(), 3u);  // the draws are the backend's, among every choice
+}
+
+// vLLM's structured_outputs.regex: every output matches the pattern whole, as
+// RE2 reads it, and EOS may be drawn exactly where the text so far does.
+TEST(StructuredOutputsTest, EachOutputMatchesTheRegex) {
+  const auto vocab = Vocabulary();
+  const std::string pattern = R"([a-e]{1,4}(-(1|23)|ok)\n?)";
+  const RE2 re(pattern);
+  ASSERT_TRUE(re.ok());
+  std::set<std::string> seen;
+  for (uint32_t seed = 1; seed <= 40; ++seed) {
+    RandomBackend backend(vocab->size(), seed);
+    StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}, .vocabulary = vocab});
+    const std::vector<int32_t> out = Generate(executor, {.regex = pattern, .max_tokens = 50});
+    ASSERT_FALSE(out.empty());
+    ASSERT_EQ(out.back(), kEos) << "seed " << seed;
+    std::string text;
+    for (size_t k = 0; k + 1 < out.size(); ++k) {
+      EXPECT_EQ(backend.eos_allowed[k], RE2::FullMatch(text, re)) << "at '" << text << "'";
+      text += vocab->bytes(out[k]);
+    }
+    EXPECT_TRUE(RE2::FullMatch(text, re)) << text;
+    seen.insert(text);
+  }
+  EXPECT_GE(seen.size(), 10u);
 }
 
 // json_schema_after_token (a reasoning model's "</think>"): the output up to

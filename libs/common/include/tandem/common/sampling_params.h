@@ -68,7 +68,13 @@ struct SamplingParams {
   // json_schema's document is. Not with json_schema, nor with what cannot go
   // with one (JsonSchemaConflict).
   std::vector<std::string> choice;
-  // When set, the grammar (json_schema or choice) holds only the output
+  // Structured outputs as vLLM's structured_outputs.regex: when not empty,
+  // every output is raw text the pattern matches whole
+  // (libs/grammar/include/tandem/grammar/regex.h says which patterns are
+  // held), drawn as a json_schema's document is. Not with json_schema or
+  // choice, nor with what cannot go with one (JsonSchemaConflict).
+  std::string regex;
+  // When set, the grammar (json_schema, choice or regex) holds only the output
   // after this token's first occurrence; the output up to it (and the
   // token) is free, EOS included. The OpenAI layer sets it to "</think>"
   // for a model whose thinking --reasoning-parser splits out (vLLM starts a
@@ -104,11 +110,14 @@ struct SamplingParams {
   // Checks every field; `vocab_size` bounds top_k and stop tokens. The message
   // names the field and the bad value.
   [[nodiscard]] absl::Status Validate(int32_t vocab_size) const;
-  // Whether a grammar holds the output (json_schema or choice).
-  [[nodiscard]] bool HasGrammar() const { return !json_schema.empty() || !choice.empty(); }
-  // The field the grammar comes from, for messages: "json_schema" or "choice".
+  // Whether a grammar holds the output (json_schema, choice or regex).
+  [[nodiscard]] bool HasGrammar() const {
+    return !json_schema.empty() || !choice.empty() || !regex.empty();
+  }
+  // The field the grammar comes from, for messages: "json_schema", "choice"
+  // or "regex".
   [[nodiscard]] const char* GrammarField() const {
-    return json_schema.empty() ? "choice" : "json_schema";
+    return !json_schema.empty() ? "json_schema" : !choice.empty() ? "choice" : "regex";
   }
   // Whether any penalty is on (the sampler then needs the token history).
   [[nodiscard]] bool HasPenalties() const {

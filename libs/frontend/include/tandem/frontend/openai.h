@@ -45,7 +45,7 @@
 // (absent, null, or the value that changes nothing; vllm_fields_test walks
 // vLLM's lists): logits_processors, best_of > 1, use_beam_search,
 // length_penalty, guided_* / structural_tag / structured_outputs and response_format other than
-// JSON, suffix, prompt_embeds, tool_choice "auto" without a tool parser (the tools are
+// JSON, a choice or a regex, suffix, prompt_embeds, tool_choice "auto" without a tool parser (the tools are
 // rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
 // as vLLM does; "required" and a named tool constrain the output to calls), reasoning_effort,
 // include_reasoning false without a reasoning parser, a
@@ -173,8 +173,11 @@ struct CompletionRequest {
   // vLLM's structured_outputs.choice (SamplingParams::choice): each choice is
   // exactly one of these strings; empty when the request has none.
   std::vector<std::string> choice;
-  std::string json_schema_field;  // the request's field either came from
-  bool HasGrammar() const { return !json_schema.empty() || !choice.empty(); }
+  // vLLM's structured_outputs.regex (SamplingParams::regex): each choice is
+  // text the pattern matches whole; "" when the request has none.
+  std::string regex;
+  std::string json_schema_field;  // the request's field any of them came from
+  bool HasGrammar() const { return !json_schema.empty() || !choice.empty() || !regex.empty(); }
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage

@@ -27,7 +27,7 @@ struct Frame {
   uint8_t kind = 0;   // FrameKind (json_matcher.cc)
   uint8_t phase = 0;  // where in its value the frame is
   int32_t node = -1;  // the schema node it matches (-1: a free key string)
-  int32_t sub = 0;    // a string's escape or UTF-8 state; a literal's offset
+  int32_t sub = 0;    // a string's escape or UTF-8 state; a literal's offset; a regex's state
   int32_t parent = -1;
   // Members, items or characters; which builtin literal or key; a node's
   // literals' range (first << 32 | end).
@@ -59,10 +59,10 @@ inline constexpr size_t kMaxAlternatives = 256;
 bool StepBytes(const Schema& schema, FrameArena& arena, std::span<const int32_t> tops, uint8_t byte,
                std::vector<int32_t>* out);
 // Whether the document may end with the stack `top`.
-bool StackComplete(const FrameArena& arena, int32_t top);
+bool StackComplete(const Schema& schema, const FrameArena& arena, int32_t top);
 // Whether some byte could follow on the stack `top` (false once the
 // document's value is closed).
-bool StackOpen(const FrameArena& arena, int32_t top);
+bool StackOpen(const Schema& schema, const FrameArena& arena, int32_t top);
 
 // One request's document so far.
 class JsonMatcher {

@@ -30,6 +30,8 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tandem/common/sampling_params.h"
+#include "tandem/grammar/regex.h"
 
 namespace tandem::grammar {
 
@@ -44,6 +46,7 @@ struct SchemaNode {
     kNull,
     kLiteral,  // enum / const: one of `literals`
     kUnion,    // anyOf, a list of types, or any value: one of `alternatives`
+    kRegex,    // raw text matching `regex` (structured_outputs.regex)
   };
   struct Property {
     std::string name;
@@ -69,6 +72,8 @@ struct SchemaNode {
   std::vector<std::string> literals;
   // kUnion
   std::vector<int32_t> alternatives;
+  // kRegex
+  std::shared_ptr<const RegexDfa> regex;
 };
 
 // A compiled schema: nodes by index, the document's at root().
@@ -103,5 +108,17 @@ std::shared_ptr<const Schema> AnyJsonObject();
 // sorted). INVALID_ARGUMENT for an empty list or an empty choice.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileChoices(
     const std::vector<std::string>& choices);
+
+// vLLM's structured_outputs.regex: a document that is raw text matching
+// `pattern` whole (regex.h says which patterns are held and how they read).
+// INVALID_ARGUMENT for a pattern that is refused.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileRegexDocument(
+    std::string_view pattern);
+
+// The grammar of a request's structured outputs (its json_schema, choice or
+// regex: SamplingParams::HasGrammar), compiled; INVALID_ARGUMENT saying what
+// is refused.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileGrammar(
+    const SamplingParams& params);
 
 }  // namespace tandem::grammar
