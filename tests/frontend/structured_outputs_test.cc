@@ -77,6 +77,20 @@ std::map<int, std::pair<std::string, std::string>> StreamedAnswers(const std::st
   return by_index;
 }
 
+// The answers of a /v1/completions request by choice index (text,
+// finish_reason), whole or streamed as `body` says; the status must be 200.
+std::map<int, std::pair<std::string, std::string>> CompletionAnswers(const std::string& address,
+                                                                     const Json& body) {
+  const HttpResult r = Post(address, "/v1/completions", body);
+  EXPECT_EQ(r.status, 200) << r.raw;
+  if (body.value("stream", false)) return StreamedAnswers(r.raw);
+  std::map<int, std::pair<std::string, std::string>> answers;
+  for (const Json& c : r.body["choices"]) {
+    answers[c["index"].get<int>()] = {c["text"], c["finish_reason"]};
+  }
+  return answers;
+}
+
 // The n answers of a chat request constrained by `schema` (text, finish_reason).
 std::vector<std::pair<std::string, std::string>> Answers(const std::string& address,
                                                          const Json& schema, bool stream) {
@@ -235,17 +249,8 @@ TEST_F(FrontendStructuredOutputsTest, AChoiceIsAnsweredWithOneOfItsStrings) {
                        {"seed", stream ? 5 : 6},
                        {"max_tokens", 50},
                        {"stream", stream}};
-    const HttpResult r = Post(frontend_.address(), "/v1/completions", body);
-    ASSERT_EQ(r.status, 200) << r.raw;
-    std::map<int, std::pair<std::string, std::string>> answers;  // text, finish_reason
-    if (stream) {
-      answers = StreamedAnswers(r.raw);
-    } else {
-      for (const Json& c : r.body["choices"]) {
-        answers[c["index"].get<int>()] = {c["text"], c["finish_reason"]};
-      }
-    }
-    ASSERT_EQ(answers.size(), 6u) << r.raw;
+    const auto answers = CompletionAnswers(frontend_.address(), body);
+    ASSERT_EQ(answers.size(), 6u) << body;
     for (const auto& [index, answer] : answers) {
       const auto& [text, finish] = answer;
       EXPECT_NE(std::find(choices.begin(), choices.end(), text), choices.end()) << text;
@@ -276,17 +281,8 @@ TEST_F(FrontendStructuredOutputsTest, ARegexAnswerIsTextThePatternMatches) {
                        {"seed", stream ? 7 : 8},
                        {"max_tokens", 60},
                        {"stream", stream}};
-    const HttpResult r = Post(frontend_.address(), "/v1/completions", body);
-    ASSERT_EQ(r.status, 200) << r.raw;
-    std::map<int, std::pair<std::string, std::string>> answers;  // text, finish_reason
-    if (stream) {
-      answers = StreamedAnswers(r.raw);
-    } else {
-      for (const Json& c : r.body["choices"]) {
-        answers[c["index"].get<int>()] = {c["text"], c["finish_reason"]};
-      }
-    }
-    ASSERT_EQ(answers.size(), 4u) << r.raw;
+    const auto answers = CompletionAnswers(frontend_.address(), body);
+    ASSERT_EQ(answers.size(), 4u) << body;
     for (const auto& [index, answer] : answers) {
       const auto& [text, finish] = answer;
       EXPECT_TRUE(RE2::FullMatch(text, re)) << "'" << text << "'";
