@@ -37,7 +37,7 @@ bool IsAnnotation(std::string_view key) {
 std::string_view KeywordType(std::string_view key) {
   if (key == "properties" || key == "required" || key == "additionalProperties") return "object";
   if (key == "items" || key == "minItems" || key == "maxItems") return "array";
-  if (key == "minLength" || key == "maxLength") return "string";
+  if (key == "minLength" || key == "maxLength" || key == "pattern") return "string";
   if (key == "type" || key == "enum" || key == "const" || key == "anyOf" || key == "allOf" ||
       key == "$ref") {
     return "";
@@ -265,6 +265,7 @@ class SchemaCompiler {
           Bounds(s, "minItems", "maxItems", where, &node.min_items, &node.max_items));
       return Add(std::move(node));
     }
+    if (type == "string" && s.contains("pattern")) return Pattern(s, where);
     if (type == "string") {
       SchemaNode node{.kind = Kind::kString};
       TANDEM_RETURN_IF_ERROR(
@@ -276,6 +277,23 @@ class SchemaCompiler {
                       : type == "boolean" ? Kind::kBoolean
                                           : Kind::kNull;
     return Add({.kind = kind});
+  }
+
+  // A string whose value matches `pattern` whole, read as xgrammar reads
+  // it (regex.h's RegexDialect::kJsonStringPattern).
+  absl::StatusOr<int32_t> Pattern(const Json& s, const std::string& where) {
+    const Json& pattern = s.at("pattern");
+    if (!pattern.is_string()) return Refuse(where, "'pattern' must be a string");
+    for (const char* key : {"minLength", "maxLength"}) {
+      // xgrammar holds the pattern alone; both would need an automaton of
+      // their own.
+      if (s.contains(key)) {
+        return Refuse(where, absl::StrCat("'pattern' beside '", key, "'"));
+      }
+    }
+    auto dfa = CompileRegex(pattern.get<std::string>(), RegexDialect::kJsonStringPattern);
+    if (!dfa.ok()) return Refuse(where, absl::StrCat("'pattern': ", dfa.status().message()));
+    return Add({.kind = Kind::kRegex, .regex = *std::move(dfa)});
   }
 
   absl::StatusOr<int32_t> Object(const Json& s, const std::string& where) {

@@ -189,6 +189,24 @@ class Nfa {
   bool overflowed_ = false;
 };
 
+// Every character `ast` matches, less those JSON escapes in strings.
+void WithoutJsonEscapes(Ast* ast) {
+  if (ast->op == Ast::kSet) {
+    Ranges kept;
+    for (const Range& r : ast->set) {
+      for (Range piece :
+           {Range{r.first, std::min<uint32_t>(r.second, '"' - 1)},
+            Range{std::max<uint32_t>(r.first, '"' + 1), std::min<uint32_t>(r.second, '\\' - 1)},
+            Range{std::max<uint32_t>(r.first, '\\' + 1), r.second}}) {
+        piece.first = std::max<uint32_t>(piece.first, 0x20);
+        if (piece.first <= piece.second) kept.push_back(piece);
+      }
+    }
+    ast->set = std::move(kept);
+  }
+  for (Ast& kid : ast->kids) WithoutJsonEscapes(&kid);
+}
+
 }  // namespace
 
 // Subset construction, then the states that cannot reach a match removed.
@@ -314,9 +332,19 @@ class RegexDfaBuilder {
   }
 };
 
-absl::StatusOr<std::shared_ptr<const RegexDfa>> CompileRegex(std::string_view pattern) {
-  auto ast = internal::ParseRegex(pattern);
+absl::StatusOr<std::shared_ptr<const RegexDfa>> CompileRegex(std::string_view pattern,
+                                                             RegexDialect dialect) {
+  auto ast = internal::ParseRegex(pattern, dialect);
   if (!ast.ok()) return ast.status();
+  if (dialect == RegexDialect::kJsonStringPattern) {
+    // `"` body `"`.
+    WithoutJsonEscapes(&*ast);
+    Ast quoted{.op = Ast::kConcat};
+    quoted.kids.push_back(Ast{.op = Ast::kSet, .set = {{'"', '"'}}});
+    quoted.kids.push_back(*std::move(ast));
+    quoted.kids.push_back(Ast{.op = Ast::kSet, .set = {{'"', '"'}}});
+    *ast = std::move(quoted);
+  }
   Nfa nfa;
   const int32_t start = nfa.New();
   const int32_t final_state = nfa.Build(*ast, start);

@@ -47,6 +47,7 @@ Ranges Complement(const Ranges& r) {
 const Ranges kDigits = {{'0', '9'}};
 const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
 const Ranges kSpace = {{'\t', '\r'}, {' ', ' '}, {0xA0, 0xA0}};  // \t \n \v \f \r
+const Ranges kJsonPatternSpace = {{'\t', '\r'}, {' ', ' '}};
 
 bool IsHex(uint32_t c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
@@ -58,7 +59,8 @@ bool IsAsciiAlnum(uint32_t c) {
 
 class Parser {
  public:
-  explicit Parser(std::vector<uint32_t> cps) : cps_(std::move(cps)) {}
+  Parser(std::vector<uint32_t> cps, RegexDialect dialect)
+      : cps_(std::move(cps)), json_(dialect == RegexDialect::kJsonStringPattern) {}
 
   absl::StatusOr<Ast> Parse() {
     size_t end = cps_.size();
@@ -200,6 +202,15 @@ class Parser {
         if (!Escape(/*in_class=*/false, &r)) return {};
         return Set(std::move(r));
       }
+      case ']':
+      case '}':
+        if (json_) {
+          Fail(absl::StrCat("a '", std::string(1, static_cast<char>(c)),
+                            "' without its opening bracket (escape it)"));
+          return {};
+        }
+        ++pos_;
+        return Set({{c, c}});
       default:
         ++pos_;
         return Set({{c, c}});
@@ -329,9 +340,9 @@ class Parser {
       case 'W':
         return add(Complement(kWord));
       case 's':
-        return add(kSpace);
+        return add(json_ ? kJsonPatternSpace : kSpace);
       case 'S':
-        return add(Complement(kSpace));
+        return add(Complement(json_ ? kJsonPatternSpace : kSpace));
       case 'n':
         return one('\n');
       case 'r':
@@ -365,6 +376,10 @@ class Parser {
         return one(HexValue(cps_[pos_ - 2]) * 16 + HexValue(cps_[pos_ - 1]));
       case 'u':
       case 'U': {
+        if (c == 'U' && json_) {
+          pos_ = at;
+          return Fail("\\U in a JSON schema's pattern (write \\u{...})");
+        }
         uint32_t cp = 0;
         if (c == 'u' && Peek() == '{') {
           ++pos_;
@@ -427,6 +442,7 @@ class Parser {
 
   std::vector<uint32_t> cps_;
   size_t pos_ = 0;
+  bool json_ = false;
   size_t end_ = 0;
   int depth_ = 0;
   absl::Status error_;
@@ -462,10 +478,10 @@ absl::StatusOr<std::vector<uint32_t>> Codepoints(std::string_view s) {
 
 }  // namespace
 
-absl::StatusOr<RegexAst> ParseRegex(std::string_view pattern) {
+absl::StatusOr<RegexAst> ParseRegex(std::string_view pattern, RegexDialect dialect) {
   auto cps = Codepoints(pattern);
   if (!cps.ok()) return cps.status();
-  return Parser(std::move(*cps)).Parse();
+  return Parser(std::move(*cps), dialect).Parse();
 }
 
 }  // namespace tandem::grammar::internal

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tandem/grammar/regex.h"
 
 namespace tandem::grammar::internal {
 
@@ -26,6 +27,6 @@ struct RegexAst {
 };
 
 // `pattern` parsed; INVALID_ARGUMENT naming what is refused and where.
-[[nodiscard]] absl::StatusOr<RegexAst> ParseRegex(std::string_view pattern);
+[[nodiscard]] absl::StatusOr<RegexAst> ParseRegex(std::string_view pattern, RegexDialect dialect);
 
 }  // namespace tandem::grammar::internal

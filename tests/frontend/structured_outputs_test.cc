@@ -329,12 +329,11 @@ TEST_F(FrontendStructuredOutputsTest, WhatTheGrammarCannotHoldIsA400NamingTheFie
       {"prompt", "x"},
       {"response_format",
        {{"type", "json_schema"},
-        {"json_schema",
-         {{"name", "n"}, {"schema", {{"type", "string"}, {"pattern", "^[a-z]+$"}}}}}}}};
+        {"json_schema", {{"name", "n"}, {"schema", {{"type", "string"}, {"format", "email"}}}}}}}};
   const HttpResult r = Post(frontend_.address(), "/v1/completions", body);
   EXPECT_EQ(r.status, 400) << r.raw;
   EXPECT_EQ(r.body["error"]["param"], "response_format.json_schema.schema") << r.raw;
-  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("keyword 'pattern'"),
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("keyword 'format'"),
             std::string::npos)
       << r.raw;
 }

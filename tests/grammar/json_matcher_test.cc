@@ -51,8 +51,12 @@ constexpr const char* kPerson = R"({
 
 TEST(JsonSchemaTest, RefusesWhatItCannotHoldByName) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"type": "string", "pattern": "a+"})",
-       "keyword 'pattern' is not supported at the schema"},
+      {R"x({"type": "string", "pattern": "a(?=b)"})x", "'pattern': regex: lookaround"},
+      {R"({"type": "string", "pattern": "a+", "maxLength": 3})", "'pattern' beside 'maxLength'"},
+      {R"({"type": "string", "pattern": ["a"]})", "'pattern' must be a string"},
+      {R"({"type": "string", "pattern": "a]"})", "a ']' without its opening bracket"},
+      {R"({"type": "string", "pattern": "\\U0001F600"})", "\\U in a JSON schema's pattern"},
+      {R"({"type": "string", "pattern": "[\"\\\\]"})", "no string matches"},
       {R"({"type": "string", "format": "date"})", "keyword 'format'"},
       {R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}})",
        "keyword 'minimum' is not supported at /properties/n"},
@@ -194,6 +198,36 @@ TEST(JsonMatcherTest, EnumsAnyOfAndRecursiveReferences) {
   EXPECT_FALSE(Matches(either, R"({"a":"x"})"));
 }
 
+// A string's pattern holds its value whole, as xgrammar reads it: no escape
+// in the value, \s a space there, and the JSON around it unchanged.
+TEST(JsonMatcherTest, APatternHoldsTheStringsValueWhole) {
+  const auto s = Compile(R"({"type": "object", "properties": {
+      "code": {"type": "string", "pattern": "^[A-Z]{2}\\s\\d+$"},
+      "any": {"type": "string", "pattern": ".+"},
+      "either": {"anyOf": [{"type": "string", "pattern": "a+"}, {"type": "string", "maxLength": 1}]}},
+      "required": ["code"]})");
+  for (const char* doc : {R"({"code":"AB 12"})", R"({"code": "XY 0" , "any":"a"})",
+                          R"({"code":"AB 1","either":"aaa"})", R"({"code":"AB 1","either":"b"})",
+                          "{\"code\":\"AB 1\",\"any\":\"\xC3\xA9\"}"}) {
+    EXPECT_TRUE(Matches(s, doc)) << doc;
+  }
+  for (const char* doc :
+       {R"({"code":"AB12"})", R"({"code":"ab 12"})", R"({"code":"AB\t12"})",
+        "{\"code\":\"AB\t12\"}", R"({"code":"AB 12","any":""})", R"({"code":"AB 1","any":"a\"b"})",
+        R"({"code":"AB 1","any":"a\u00e9"})", R"({"code":"AB 1","any":"a\\b"})",
+        R"({"code":"AB 1","either":"bb"})", R"({"code":"AB 1 "})"}) {
+    EXPECT_FALSE(Matches(s, doc)) << doc;
+  }
+  EXPECT_TRUE(Begins(s, R"({"code":"A)"));
+  EXPECT_FALSE(Begins(s, R"({"code":"A1)"));
+  // The value's closing quote hands on to the object.
+  JsonMatcher m(s);
+  ASSERT_TRUE(m.Accept(R"({"code":"AB 7)"));
+  EXPECT_FALSE(m.Complete());
+  ASSERT_TRUE(m.Accept(R"(" })"));
+  EXPECT_TRUE(m.Complete());
+}
+
 TEST(ChoicesTest, ADocumentIsExactlyOneChoiceAsRawText) {
   auto compiled = CompileChoices({"yes", "no", "yes!", "\"quoted\" {x}", "no"});
   ASSERT_TRUE(compiled.ok()) << compiled.status();
@@ -316,7 +350,8 @@ TEST(TokenMaskTest, TheMaskIsWhatAcceptTakesOnRandomWalks) {
   const TokenVocabulary vocab = TestVocabulary();
   const std::vector<std::shared_ptr<const Schema>> schemas = {
       Compile(kPerson), AnyJsonObject(),
-      Compile(R"({"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3})")};
+      Compile(R"({"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3})"),
+      Compile(R"({"type": "array", "items": {"type": "string", "pattern": "[a-z]{1,3}[0-9]?"}})")};
   std::mt19937 rng(7);
   int walks = 0, complete = 0;
   for (const auto& schema : schemas) {
@@ -359,7 +394,7 @@ TEST(TokenMaskTest, TheMaskIsWhatAcceptTakesOnRandomWalks) {
     }
   }
   EXPECT_GT(complete, 0);
-  EXPECT_EQ(walks, 120);
+  EXPECT_EQ(walks, 160);
 }
 
 TEST(TokenMaskTest, AClosedDocumentAllowsNoToken) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <re2/re2.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -137,7 +138,8 @@ TEST(RegexTest, RefusesWhatItCannotHoldByName) {
 // of one to four UTF-8 bytes.
 class PatternGen {
  public:
-  explicit PatternGen(uint32_t seed) : rng_(seed) {}
+  PatternGen(uint32_t seed, RegexDialect dialect)
+      : rng_(seed), json_(dialect == RegexDialect::kJsonStringPattern) {}
 
   void Next(std::string* ours, std::string* re2) {
     ours->clear();
@@ -161,7 +163,8 @@ class PatternGen {
                                                    "\xC4\x81",
                                                    "\xE0\xA4\x85",
                                                    "\xE4\xB8\xAD",
-                                                   "\xF0\x9F\x98\x80"};
+                                                   "\xF0\x9F\x98\x80",
+                                                   "\""};
     return chars;
   }
 
@@ -209,7 +212,7 @@ class PatternGen {
       case 2:
         return Both(".", "(?s:.)", ours, re2);
       case 3: {
-        // \s is [\t-\r \u00a0] in xgrammar's dialect, [\t\n\f\r ] in RE2's.
+        // \s is [\t-\r \u00a0] in xgrammar's text dialect, [\t\n\f\r ] in RE2's.
         static const std::pair<const char*, const char*> kClasses[] = {
             {"\\d", "\\d"},
             {"\\D", "\\D"},
@@ -218,6 +221,9 @@ class PatternGen {
             {"\\s", "[\\t-\\r \\x{a0}]"},
             {"\\S", "[^\\t-\\r \\x{a0}]"}};
         const auto& [a, b] = kClasses[Pick(std::size(kClasses))];
+        // xgrammar's JSON-pattern reader has no U+00A0 in \s.
+        if (json_ && a[1] == 's') return Both(a, "[\\t-\\r ]", ours, re2);
+        if (json_ && a[1] == 'S') return Both(a, "[^\\t-\\r ]", ours, re2);
         return Both(a, b, ours, re2);
       }
       case 4:
@@ -237,7 +243,7 @@ class PatternGen {
               {"\xF0\x9F\x98\x80", "\xF0\x9F\x98\x80"},
               {"\\s", "\\t-\\r \\x{a0}"}};
           const auto& [a, b] = kItems[Pick(std::size(kItems))];
-          Both(a, b, ours, re2);
+          Both(a, json_ && a[1] == 's' ? "\\t-\\r " : b, ours, re2);
         }
         return Both("]", ours, re2);
       }
@@ -249,24 +255,43 @@ class PatternGen {
   }
 
   std::mt19937 rng_;
+  bool json_;
 };
 
 // Random texts, and texts our automaton walks to, agree with RE2's full match;
 // a text RE2 matches never passes through a dead state of ours, and a live
 // state always has a way to a match (the walk ends in one).
-TEST(RegexTest, MatchesWhatRe2MatchesOnRandomPatterns) {
-  PatternGen gen(11);
+// Whether `text` has a character a JSON string must escape.
+bool HasJsonEscape(std::string_view text) {
+  return std::any_of(text.begin(), text.end(), [](char c) {
+    return static_cast<uint8_t>(c) < 0x20 || c == '"' || c == '\\';
+  });
+}
+
+// In the JSON-pattern dialect the automaton reads `"` text `"`, and takes
+// exactly the texts RE2 matches that need no escape.
+class RegexDialectTest : public ::testing::TestWithParam<RegexDialect> {};
+
+TEST_P(RegexDialectTest, MatchesWhatRe2MatchesOnRandomPatterns) {
+  const bool json = GetParam() == RegexDialect::kJsonStringPattern;
+  PatternGen gen(11, GetParam());
   std::mt19937 rng(5);
   const std::vector<std::string>& alphabet = PatternGen::Alphabet();
-  int matched = 0, walked = 0, too_large = 0;
+  const std::string quote = json ? "\"" : "";
+  int matched = 0, walked = 0, too_large = 0, unmatchable = 0;
   for (int round = 0; round < 400; ++round) {
     std::string ours, theirs;
     gen.Next(&ours, &theirs);
     const RE2 re(theirs);
     ASSERT_TRUE(re.ok()) << theirs << ": " << re.error();
-    auto compiled = CompileRegex(ours);
+    auto compiled = CompileRegex(ours, GetParam());
     if (!compiled.ok() && absl::StrContains(compiled.status().message(), "automaton states")) {
       ++too_large;  // a documented bound (nested counted repeats), not a reading
+      continue;
+    }
+    if (!compiled.ok() && json &&
+        absl::StrContains(compiled.status().message(), "no string matches")) {
+      ++unmatchable;  // every match needs an escape (a newline, a '"')
       continue;
     }
     ASSERT_TRUE(compiled.ok()) << ours << ": " << compiled.status();
@@ -275,9 +300,9 @@ TEST(RegexTest, MatchesWhatRe2MatchesOnRandomPatterns) {
       std::string text;
       const size_t len = rng() % 7;
       for (size_t i = 0; i < len; ++i) text += alphabet[rng() % alphabet.size()];
-      const int32_t s = RunText(*dfa, text);
+      const int32_t s = RunText(*dfa, quote + text + quote);
       const bool ours_match = s != RegexDfa::kDead && dfa->Accepting(s);
-      ASSERT_EQ(ours_match, RE2::FullMatch(text, re))
+      ASSERT_EQ(ours_match, RE2::FullMatch(text, re) && !(json && HasJsonEscape(text)))
           << "pattern " << ours << " (RE2: " << theirs << ") text '" << text << "'";
       matched += ours_match;
     }
@@ -299,13 +324,22 @@ TEST(RegexTest, MatchesWhatRe2MatchesOnRandomPatterns) {
       }
       if (!dfa->Accepting(s)) continue;  // cut at 40 bytes
       ++walked;
+      if (json) {
+        ASSERT_TRUE(text.size() >= 2 && text.front() == '"' && text.back() == '"') << text;
+        text = text.substr(1, text.size() - 2);
+        ASSERT_FALSE(HasJsonEscape(text)) << "pattern " << ours << " walked to '" << text << "'";
+      }
       ASSERT_TRUE(RE2::FullMatch(text, re)) << "pattern " << ours << " walked to '" << text << "'";
     }
   }
   EXPECT_GT(matched, 1000);
   EXPECT_GT(walked, 1000);
   EXPECT_LE(too_large, 8);
+  EXPECT_LE(unmatchable, 40);
 }
+
+INSTANTIATE_TEST_SUITE_P(BothReaders, RegexDialectTest,
+                         ::testing::Values(RegexDialect::kText, RegexDialect::kJsonStringPattern));
 
 TEST(RegexDocumentTest, TheMatcherAndTheMaskFollowThePattern) {
   auto compiled = CompileRegexDocument(R"(\d{1,3}(,\d{3})*(\.\d+)?)");

@@ -13,11 +13,14 @@
 // - `integer` is -?(0|[1-9][0-9]*), `number` adds a fraction and an
 //   exponent (RFC 8259);
 // - strings are RFC 8259's, valid UTF-8; minLength/maxLength count
-//   characters and escapes as one each;
+//   characters and escapes as one each; a string with `pattern` is one
+//   whose value the pattern matches whole, with no escape in it
+//   (xgrammar's reading: regex.h's RegexDialect::kJsonStringPattern), and
+//   not with minLength or maxLength;
 // - whitespace (space, tab, CR, LF) is allowed between the tokens of
 //   objects and arrays, none before or after the whole document.
-// Every other keyword that constrains a value is refused by name (pattern,
-// format, minimum, oneOf, ...), never ignored; annotations (title,
+// Every other keyword that constrains a value is refused by name (format,
+// minimum, oneOf, ...), never ignored; annotations (title,
 // description, default, examples, $schema, $id, $comment, deprecated,
 // readOnly, writeOnly) are ignored. `$ref` resolves "#", "#/$defs/NAME" and
 // "#/definitions/NAME" (recursion allowed).
@@ -46,7 +49,7 @@ struct SchemaNode {
     kNull,
     kLiteral,  // enum / const: one of `literals`
     kUnion,    // anyOf, a list of types, or any value: one of `alternatives`
-    kRegex,    // raw text matching `regex` (structured_outputs.regex)
+    kRegex,    // text `regex` reads (structured_outputs.regex; a string's pattern)
   };
   struct Property {
     std::string name;

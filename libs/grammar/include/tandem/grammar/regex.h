@@ -65,9 +65,23 @@ class RegexDfa {
   std::vector<uint8_t> open_;
 };
 
+// Which of xgrammar's two readers a pattern is read as.
+enum class RegexDialect : uint8_t {
+  // structured_outputs.regex (xgrammar's RegexToEBNF): as above.
+  kText,
+  // A JSON schema's `pattern` (xgrammar's RegexFSMBuilder with the JSON
+  // string's forbidden characters): the automaton reads a JSON string, `"`,
+  // a body the pattern matches whole, `"`, where no character of the body
+  // is one JSON escapes (control characters, '"', '\\'), so the body is the
+  // string's value with no escape in it. \s is [\t-\r ] (no U+00A0) and,
+  // those removed, a space; a stray ']' or '}' and \U are refused (that
+  // reader refuses the first and reads \U as the letter).
+  kJsonStringPattern,
+};
+
 // `pattern` compiled. INVALID_ARGUMENT naming what is refused and where (the
 // character's position, from 1).
 [[nodiscard]] absl::StatusOr<std::shared_ptr<const RegexDfa>> CompileRegex(
-    std::string_view pattern);
+    std::string_view pattern, RegexDialect dialect = RegexDialect::kText);
 
 }  // namespace tandem::grammar
