@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "json_formats.h"
 #include "tandem/common/nesting.h"
 #include "tandem/common/status.h"
 
@@ -37,7 +39,9 @@ bool IsAnnotation(std::string_view key) {
 std::string_view KeywordType(std::string_view key) {
   if (key == "properties" || key == "required" || key == "additionalProperties") return "object";
   if (key == "items" || key == "minItems" || key == "maxItems") return "array";
-  if (key == "minLength" || key == "maxLength" || key == "pattern") return "string";
+  if (key == "minLength" || key == "maxLength" || key == "pattern" || key == "format") {
+    return "string";
+  }
   if (key == "type" || key == "enum" || key == "const" || key == "anyOf" || key == "allOf" ||
       key == "$ref") {
     return "";
@@ -265,6 +269,10 @@ class SchemaCompiler {
           Bounds(s, "minItems", "maxItems", where, &node.min_items, &node.max_items));
       return Add(std::move(node));
     }
+    if (type == "string" && s.contains("format")) {
+      TANDEM_ASSIGN_OR_RETURN(std::optional<int32_t> held, Format(s, where));
+      if (held) return *held;
+    }
     if (type == "string" && s.contains("pattern")) return Pattern(s, where);
     if (type == "string") {
       SchemaNode node{.kind = Kind::kString};
@@ -277,6 +285,26 @@ class SchemaCompiler {
                       : type == "boolean" ? Kind::kBoolean
                                           : Kind::kNull;
     return Add({.kind = kind});
+  }
+
+  // A string of a `format` xgrammar holds (json_formats.cc), whose value
+  // matches the format's regex whole; nullopt for a format xgrammar does not
+  // know, which is an annotation (the string's other keywords apply).
+  absl::StatusOr<std::optional<int32_t>> Format(const Json& s, const std::string& where) {
+    const Json& format = s.at("format");
+    if (!format.is_string()) return Refuse(where, "'format' must be a string");
+    const internal::FormatRule rule = internal::JsonFormat(format.get<std::string>());
+    if (rule.kind == internal::FormatRule::kAnnotation) return std::nullopt;
+    if (rule.kind == internal::FormatRule::kRefused) {
+      return Refuse(where, absl::StrCat("'format' ", format.dump(), ": ", rule.why));
+    }
+    for (const char* key : {"pattern", "minLength", "maxLength"}) {
+      // xgrammar holds the format alone.
+      if (s.contains(key)) return Refuse(where, absl::StrCat("'format' beside '", key, "'"));
+    }
+    auto dfa = CompileRegex(rule.regex, RegexDialect::kJsonStringPattern);
+    if (!dfa.ok()) return dfa.status();  // the table's regexes all compile (a test says so)
+    return Add({.kind = Kind::kRegex, .regex = *std::move(dfa)});
   }
 
   // A string whose value matches `pattern` whole, read as xgrammar reads

@@ -481,6 +481,17 @@ absl::StatusOr<std::vector<uint32_t>> Codepoints(std::string_view s) {
 absl::StatusOr<RegexAst> ParseRegex(std::string_view pattern, RegexDialect dialect) {
   auto cps = Codepoints(pattern);
   if (!cps.ok()) return cps.status();
+  if (dialect == RegexDialect::kJsonStringPattern) {
+    // xgrammar reads any other pattern with its text reader, which keeps
+    // '"', '\' and control characters in the value (not JSON).
+    for (size_t i = 0; i < cps->size(); ++i) {
+      if ((*cps)[i] < 0x20 || (*cps)[i] > 0x7E) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("regex: a character other than printable ASCII at character ", i + 1,
+                         " (in a JSON schema's pattern, write it as \\u escape)"));
+      }
+    }
+  }
   return Parser(std::move(*cps), dialect).Parse();
 }
 

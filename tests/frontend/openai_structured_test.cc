@@ -93,7 +93,7 @@ TEST(OpenAiParseTest, AForcedToolChoiceConstrainsTheOutputToCalls) {
   // The grammar's refusals name the tool.
   const std::string patterned =
       R"("tools":[{"type":"function","function":{"name":"f","parameters":)"
-      R"({"type":"object","properties":{"s":{"type":"string","format":"uuid"}}}}}])";
+      R"({"type":"object","properties":{"s":{"type":"string","format":"email"}}}}}])";
   for (const char* choice : {R"("required")", R"({"type":"function","function":{"name":"f"}})"}) {
     EXPECT_EQ(ErrorParam(chat + patterned + ",\"tool_choice\":" + choice + "}", Endpoint::kChat),
               "tools[0].function.parameters")

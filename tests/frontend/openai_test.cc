@@ -286,7 +286,7 @@ TEST(OpenAiParseTest, UnsupportedFeaturesAreRefusedNotIgnored) {
             "tools[0]");
   EXPECT_EQ(ErrorParam(R"({"messages":[{"role":"user","content":"x"}],
       "response_format":{"type":"json_schema","json_schema":{"name":"n",
-      "schema":{"type":"string","format":"date"}}}})",
+      "schema":{"type":"string","format":"email"}}}})",
                        Endpoint::kChat),
             "response_format.json_schema.schema");
   // Neutral values and unknown fields pass.

@@ -8,8 +8,10 @@
 
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tandem/grammar/json_schema.h"
 #include "tandem/grammar/token_mask.h"
 
@@ -54,10 +56,10 @@ TEST(JsonSchemaTest, RefusesWhatItCannotHoldByName) {
       {R"x({"type": "string", "pattern": "a(?=b)"})x", "'pattern': regex: lookaround"},
       {R"({"type": "string", "pattern": "a+", "maxLength": 3})", "'pattern' beside 'maxLength'"},
       {R"({"type": "string", "pattern": ["a"]})", "'pattern' must be a string"},
+      {"{\"type\": \"string\", \"pattern\": \"\xC3\xA9+\"}", "other than printable ASCII"},
       {R"({"type": "string", "pattern": "a]"})", "a ']' without its opening bracket"},
       {R"({"type": "string", "pattern": "\\U0001F600"})", "\\U in a JSON schema's pattern"},
       {R"({"type": "string", "pattern": "[\"\\\\]"})", "no string matches"},
-      {R"({"type": "string", "format": "date"})", "keyword 'format'"},
       {R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}})",
        "keyword 'minimum' is not supported at /properties/n"},
       {R"({"oneOf": [{"type": "string"}]})", "keyword 'oneOf'"},
@@ -226,6 +228,55 @@ TEST(JsonMatcherTest, APatternHoldsTheStringsValueWhole) {
   EXPECT_FALSE(m.Complete());
   ASSERT_TRUE(m.Accept(R"(" })"));
   EXPECT_TRUE(m.Complete());
+}
+
+// A `format` xgrammar knows holds the value as its regex does; one it does
+// not know is an annotation; the ones whose regex admits text that is not
+// JSON are refused by name.
+TEST(JsonMatcherTest, FormatsAreHeldAsXgrammarHoldsThem) {
+  const auto string_of = [](const char* format) {
+    return Compile(absl::StrCat(R"({"type": "string", "format": ")", format, R"("})"));
+  };
+  const std::vector<std::tuple<const char*, std::vector<const char*>, std::vector<const char*>>>
+      cases = {
+          {"date", {"2026-12-03", "0000-01-31"}, {"2026-13-01", "2026-1-01", "2026-12-32"}},
+          {"time", {"23:59:60Z", "00:00:00.125+05:30"}, {"24:00:00Z", "12:00:00"}},
+          {"date-time",
+           {"2026-12-03T10:20:30Z", "2026-12-03T10:20:30.5-01:00"},
+           {"2026-12-03 10:20:30Z", "2026-12-03T10:20Z"}},
+          {"duration", {"P3DT4H", "PT5M", "P2W"}, {"P", "3D", "PT"}},
+          {"ipv4", {"192.168.0.1", "0.0.0.0"}, {"256.1.1.1", "1.2.3"}},
+          {"ipv6", {"::1", "2001:db8::8a2e:370:7334", "::ffff:10.0.0.1"}, {"1:2", "g::1"}},
+          {"hostname", {"a-b.example", "x"}, {"-a.example", "A.example", "a..b"}},
+          {"uuid", {"123e4567-e89b-12d3-a456-426614174000"}, {"123e4567e89b12d3a456426614174000"}},
+          {"uri", {"https://example.com/a?b=c#d", "urn:isbn:0451450523"}, {"//x", "a b:c"}},
+          {"uri-reference", {"../a/b?c", "//host/p", ""}, {"a b"}},
+          {"uri-template", {"/users/{id}", "{+path}/x{?q,lang}"}, {"{id", "/a b"}},
+          {"password", {"", "any \u00e9 text \\\" \\n"}, {}},
+      };
+  for (const auto& [format, good, bad] : cases) {
+    const auto s = string_of(format);
+    ASSERT_NE(s, nullptr) << format;
+    for (const char* v : good) {
+      EXPECT_TRUE(Matches(s, absl::StrCat("\"", v, "\""))) << format << ": " << v;
+    }
+    for (const char* v : bad) {
+      EXPECT_FALSE(Matches(s, absl::StrCat("\"", v, "\""))) << format << ": " << v;
+    }
+  }
+  for (const auto& [schema, message] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"type": "string", "format": "email"})", "'format' \"email\": xgrammar's email"},
+           {R"({"type": "string", "format": "json-pointer"})", "'format' \"json-pointer\""},
+           {R"({"type": "string", "format": "date", "pattern": "x"})", "'format' beside 'pattern'"},
+           {R"({"type": "string", "format": 3})", "'format' must be a string"}}) {
+    auto compiled = CompileJsonSchema(Json::parse(schema));
+    ASSERT_FALSE(compiled.ok()) << schema;
+    EXPECT_THAT(std::string(compiled.status().message()), HasSubstr(message)) << schema;
+  }
+  // An annotation leaves the string's other keywords in force.
+  const auto word = Compile(R"({"type": "string", "format": "binary", "pattern": "[a-z]+"})");
+  EXPECT_TRUE(Matches(word, R"("abc")"));
+  EXPECT_FALSE(Matches(word, R"("ab1")"));
 }
 
 TEST(ChoicesTest, ADocumentIsExactlyOneChoiceAsRawText) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "tandem/grammar/json_matcher.h"
 #include "tandem/grammar/json_schema.h"
 #include "tandem/grammar/token_mask.h"
@@ -171,7 +172,23 @@ class PatternGen {
  private:
   size_t Pick(size_t n) { return rng_() % n; }
   void Both(std::string_view a, std::string_view b, std::string* ours, std::string* re2) {
-    ours->append(a);
+    if (!json_) {
+      ours->append(a);
+    } else {
+      // A JSON schema's pattern is printable ASCII: other characters as \u{...}.
+      for (size_t i = 0; i < a.size();) {
+        const auto c = static_cast<uint8_t>(a[i]);
+        if (c < 0x80) {
+          ours->push_back(a[i++]);
+          continue;
+        }
+        const size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+        uint32_t cp = c & (0xFF >> (n + 1));
+        for (size_t k = 1; k < n; ++k) cp = cp << 6 | (static_cast<uint8_t>(a[i + k]) & 0x3F);
+        absl::StrAppend(ours, "\\u{", absl::Hex(cp), "}");
+        i += n;
+      }
+    }
     re2->append(b);
   }
   void Both(std::string_view a, std::string* ours, std::string* re2) { Both(a, a, ours, re2); }

@@ -16,11 +16,16 @@
 //   characters and escapes as one each; a string with `pattern` is one
 //   whose value the pattern matches whole, with no escape in it
 //   (xgrammar's reading: regex.h's RegexDialect::kJsonStringPattern), and
-//   not with minLength or maxLength;
+//   not with minLength or maxLength; a `format` xgrammar knows holds the
+//   value to xgrammar's regex for it (date, time, date-time, duration,
+//   ipv4, ipv6, hostname, uuid, uri, uri-reference, uri-template; not with
+//   pattern, minLength or maxLength), email and the JSON pointers are
+//   refused (xgrammar's regexes admit text that is not JSON), and any other
+//   format is an annotation, as in xgrammar and JSON Schema's default;
 // - whitespace (space, tab, CR, LF) is allowed between the tokens of
 //   objects and arrays, none before or after the whole document.
-// Every other keyword that constrains a value is refused by name (format,
-// minimum, oneOf, ...), never ignored; annotations (title,
+// Every other keyword that constrains a value is refused by name (minimum,
+// oneOf, ...), never ignored; annotations (title,
 // description, default, examples, $schema, $id, $comment, deprecated,
 // readOnly, writeOnly) are ignored. `$ref` resolves "#", "#/$defs/NAME" and
 // "#/definitions/NAME" (recursion allowed).
