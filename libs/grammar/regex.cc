@@ -21,11 +21,12 @@ using Ast = internal::RegexAst;
 // Bound on what a pattern expands to before the DFA: the NFA's states
 // (`(a{1000}){1000}` is refused, not built).
 constexpr size_t kMaxNfaStates = 200000;
-// Bounds on the subset construction's work (NFA states visited; 20M took
-// 0.4 s here), so that a pattern is refused instead of stalling admission,
-// and on the table it makes (1M entries, 4 MB: the worker keeps up to 256
-// compiled grammars).
-constexpr size_t kMaxWork = 20'000'000;
+// Bounds on the subset construction's work (NFA states visited; 5M take
+// about 0.1 s here): the scheduler compiles a request's grammar at admission
+// on its engine loop, and the worker at the request's first step, so a
+// pattern past it is refused instead of stalling them; and on the table it
+// makes (1M entries, 4 MB: the worker keeps up to 256 compiled grammars).
+constexpr size_t kMaxWork = 5'000'000;
 constexpr size_t kMaxTable = size_t{1} << 20;
 
 // A codepoint's UTF-8 bytes.
