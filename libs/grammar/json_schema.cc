@@ -298,13 +298,7 @@ class SchemaCompiler {
     if (rule.kind == internal::FormatRule::kRefused) {
       return Refuse(where, absl::StrCat("'format' ", format.dump(), ": ", rule.why));
     }
-    for (const char* key : {"pattern", "minLength", "maxLength"}) {
-      // xgrammar holds the format alone.
-      if (s.contains(key)) return Refuse(where, absl::StrCat("'format' beside '", key, "'"));
-    }
-    auto dfa = CompileRegex(rule.regex, RegexDialect::kJsonStringPattern);
-    if (!dfa.ok()) return dfa.status();  // the table's regexes all compile (a test says so)
-    return Add({.kind = Kind::kRegex, .regex = *std::move(dfa)});
+    return RegexString(s, "format", rule.regex, {"pattern", "minLength", "maxLength"}, where);
   }
 
   // A string whose value matches `pattern` whole, read as xgrammar reads
@@ -312,15 +306,22 @@ class SchemaCompiler {
   absl::StatusOr<int32_t> Pattern(const Json& s, const std::string& where) {
     const Json& pattern = s.at("pattern");
     if (!pattern.is_string()) return Refuse(where, "'pattern' must be a string");
-    for (const char* key : {"minLength", "maxLength"}) {
-      // xgrammar holds the pattern alone; both would need an automaton of
-      // their own.
+    return RegexString(s, "pattern", pattern.get<std::string>(), {"minLength", "maxLength"}, where);
+  }
+
+  // A string whose value `regex` (from `keyword`) matches whole, read as
+  // RegexDialect::kJsonStringPattern; refused beside `others`: xgrammar holds
+  // the regex alone, and both would need an automaton of their own.
+  absl::StatusOr<int32_t> RegexString(const Json& s, const char* keyword, const std::string& regex,
+                                      std::initializer_list<const char*> others,
+                                      const std::string& where) {
+    for (const char* key : others) {
       if (s.contains(key)) {
-        return Refuse(where, absl::StrCat("'pattern' beside '", key, "'"));
+        return Refuse(where, absl::StrCat("'", keyword, "' beside '", key, "'"));
       }
     }
-    auto dfa = CompileRegex(pattern.get<std::string>(), RegexDialect::kJsonStringPattern);
-    if (!dfa.ok()) return Refuse(where, absl::StrCat("'pattern': ", dfa.status().message()));
+    auto dfa = CompileRegex(regex, RegexDialect::kJsonStringPattern);
+    if (!dfa.ok()) return Refuse(where, absl::StrCat("'", keyword, "': ", dfa.status().message()));
     return Add({.kind = Kind::kRegex, .regex = *std::move(dfa)});
   }
 
@@ -446,6 +447,18 @@ absl::StatusOr<std::shared_ptr<const Schema>> CompileJsonSchema(const Json& sche
   return SchemaCompiler(schema).Run();
 }
 
+namespace {
+
+// A schema of one node, its root (choices, a regex document).
+std::shared_ptr<const Schema> OneNode(SchemaNode node) {
+  static const Json kNone;
+  SchemaCompiler compiler(kNone);
+  compiler.SetRoot(compiler.Add(std::move(node)));
+  return compiler.Take();
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const Schema>> CompileChoices(
     const std::vector<std::string>& choices) {
   if (choices.empty()) return absl::InvalidArgumentError("the list of choices is empty");
@@ -457,19 +470,13 @@ absl::StatusOr<std::shared_ptr<const Schema>> CompileChoices(
     node.literals.push_back(choices[i]);
   }
   SortLiterals(&node);
-  static const Json kNone;
-  SchemaCompiler compiler(kNone);
-  compiler.SetRoot(compiler.Add(std::move(node)));
-  return compiler.Take();
+  return OneNode(std::move(node));
 }
 
 absl::StatusOr<std::shared_ptr<const Schema>> CompileRegexDocument(std::string_view pattern) {
   auto dfa = CompileRegex(pattern);
   if (!dfa.ok()) return dfa.status();
-  static const Json kNone;
-  SchemaCompiler compiler(kNone);
-  compiler.SetRoot(compiler.Add({.kind = Kind::kRegex, .regex = *std::move(dfa)}));
-  return compiler.Take();
+  return OneNode({.kind = Kind::kRegex, .regex = *std::move(dfa)});
 }
 
 absl::StatusOr<std::shared_ptr<const Schema>> CompileGrammar(const SamplingParams& params) {
