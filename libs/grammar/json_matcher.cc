@@ -454,6 +454,36 @@ bool JsonMatcher::Open() const {
                      [&](int32_t t) { return StackOpen(*schema_, arena_, t); });
 }
 
+void JsonMatcher::AppendStateKey(std::string* key) const {
+  const auto append = [key](const auto& v) {
+    key->append(reinterpret_cast<const char*>(&v), sizeof(v));
+  };
+  for (int32_t top : tops_) {
+    for (int32_t i = top; i >= 0; i = arena_[i].parent) {
+      const Frame& f = arena_[i];
+      int64_t count = f.count;
+      if (f.kind == kString) {
+        // Only a bounded string reads its count (StepString).
+        const SchemaNode* n = f.node >= 0 ? &schema_->node(f.node) : nullptr;
+        if (n == nullptr) {
+          count = 0;
+        } else if (n->max_length < 0) {
+          count = std::min(count, n->min_length);
+        }
+      } else if (f.kind == kArray) {
+        const SchemaNode& n = schema_->node(f.node);
+        if (n.max_items < 0) count = std::min(count, n.min_items);
+      }
+      append(f.kind);
+      append(f.phase);
+      append(f.node);
+      append(f.sub);
+      append(count);
+    }
+    key->push_back(static_cast<char>(0xFF));  // no frame kind: the stack's end
+  }
+}
+
 void JsonMatcher::Compact() {
   FrameArena fresh;
   // Each stack copied bottom up; frames shared by several stacks are copied

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -18,6 +19,11 @@ namespace tandem::grammar {
 
 using Json = nlohmann::ordered_json;
 using Kind = SchemaNode::Kind;
+
+uint64_t Schema::NextId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 namespace {
 

@@ -64,4 +64,49 @@ int32_t AllowedTokens(const JsonMatcher& matcher, const TokenVocabulary& vocab, 
   return allowed;
 }
 
+TokenMaskCache::TokenMaskCache(std::shared_ptr<const TokenVocabulary> vocab, size_t max_bytes)
+    : vocab_(std::move(vocab)), max_bytes_(max_bytes) {}
+
+int32_t TokenMaskCache::Allowed(const JsonMatcher& matcher, TokenMask* mask) {
+  std::string key;
+  const uint64_t schema = matcher.schema().id();
+  key.append(reinterpret_cast<const char*>(&schema), sizeof(schema));
+  matcher.AppendStateKey(&key);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(key); it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      *mask = it->second->mask;
+      ++stats_.hits;
+      return it->second->allowed;
+    }
+    ++stats_.misses;
+  }
+  Entry e{.key = std::move(key)};
+  e.allowed = AllowedTokens(matcher, *vocab_, &e.mask);
+  *mask = e.mask;
+  const int32_t allowed = e.allowed;
+  const size_t bytes = EntryBytes(e);
+  if (bytes > max_bytes_) return allowed;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index_.contains(e.key)) return allowed;  // another thread kept it meanwhile
+  lru_.push_front(std::move(e));
+  index_.emplace(lru_.front().key, lru_.begin());
+  stats_.bytes += bytes;
+  ++stats_.masks;
+  while (stats_.bytes > max_bytes_) {
+    const Entry& last = lru_.back();
+    stats_.bytes -= EntryBytes(last);
+    --stats_.masks;
+    index_.erase(last.key);
+    lru_.pop_back();
+  }
+  return allowed;
+}
+
+TokenMaskCache::Stats TokenMaskCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
 }  // namespace tandem::grammar

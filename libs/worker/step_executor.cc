@@ -16,7 +16,8 @@ StepExecutor::StepExecutor(StepBackend* backend, sched::KvConnectorWorker* kv_co
                            StepExecutorOptions options)
     : backend_(backend), kv_connector_(kv_connector), options_(std::move(options)) {
   if (options_.vocabulary != nullptr) {
-    structured_ = std::make_unique<StructuredOutputs>(options_.vocabulary, options_.eos_token_ids);
+    structured_ = std::make_unique<StructuredOutputs>(options_.vocabulary, options_.eos_token_ids,
+                                                      options_.grammar_mask_cache_bytes);
   }
 }
 

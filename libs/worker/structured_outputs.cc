@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
 #include "tandem/tokenizer/tokenizer.h"
@@ -41,24 +42,34 @@ absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> LoadVocabulary(
 }
 
 StructuredOutputs::StructuredOutputs(std::shared_ptr<const grammar::TokenVocabulary> vocabulary,
-                                     std::vector<int32_t> eos_token_ids)
-    : vocabulary_(std::move(vocabulary)), eos_token_ids_(std::move(eos_token_ids)) {}
+                                     std::vector<int32_t> eos_token_ids, size_t mask_cache_bytes)
+    : vocabulary_(vocabulary),
+      eos_token_ids_(std::move(eos_token_ids)),
+      masks_(std::move(vocabulary), mask_cache_bytes) {}
 
 std::shared_ptr<const grammar::Schema> StructuredOutputs::Compile(const SamplingParams& params) {
+  // Kept by field and text; a choice's strings each with its length, so
+  // that no two lists share a text.
+  std::string text = absl::StrCat(params.GrammarField(), ":");
   if (!params.choice.empty()) {
-    // A list of strings: cheap to compile again when a request starts over.
-    auto compiled = grammar::CompileChoices(params.choice);
-    return compiled.ok() ? *compiled : nullptr;  // refused at admission
+    for (const std::string& c : params.choice) absl::StrAppend(&text, c.size(), ":", c);
+  } else {
+    text += params.regex.empty() ? params.json_schema : params.regex;
   }
-  // Schemas and patterns are kept by their field and text.
-  const std::string text = absl::StrCat(params.GrammarField(), ":",
-                                        params.regex.empty() ? params.json_schema : params.regex);
   if (auto it = schemas_.find(text); it != schemas_.end()) return it->second;
   auto compiled = grammar::CompileGrammar(params);
   if (!compiled.ok()) return nullptr;  // the scheduler refuses these at admission
   if (schemas_.size() >= kMaxCached) schemas_.clear();
   schemas_.emplace(text, *compiled);
   return *compiled;
+}
+
+StructuredOutputs::Stats StructuredOutputs::stats() const {
+  const grammar::TokenMaskCache::Stats cache = masks_.stats();
+  return {.masks_kept = cache.hits,
+          .masks_walked = cache.misses,
+          .mask_seconds = mask_seconds_,
+          .cache_bytes = cache.bytes};
 }
 
 void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
@@ -99,7 +110,9 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
   }
   bool complete = false;
   if (!state->broken()) {
-    const int32_t allowed = grammar::AllowedTokens(*state->matcher, vocab, &mask_);
+    const int64_t start = MonotonicNanos();
+    const int32_t allowed = masks_.Allowed(*state->matcher, &mask_);
+    mask_seconds_ += static_cast<double>(MonotonicNanos() - start) * 1e-9;
     complete = state->matcher->Complete();
     if (allowed == 0 && !complete) {
       Break(id,

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
             "the model's tokenizer (tokenizer.bin, tokenizer.model, tokenizer.json or a directory "
             "holding one), for structured outputs; default: --model's directory when it holds "
             "one (a llama2.c checkpoint has none: without it, no json_schema is served)");
+  flags.Add("grammar-mask-cache-mib", &options.grammar_mask_cache_mib,
+            "structured outputs: MiB of token masks kept by grammar state and reused by every "
+            "request that reaches the state again (a mask is the vocabulary's size / 8 bytes; "
+            "0: none kept)");
   flags.Add("backend", &options.backend, "cpu | cuda (error without a device) | sim (no math)");
   flags.Add("block-size", &options.block_size, "tokens per KV block");
   flags.Add("num-blocks", &options.num_blocks, "KV blocks to allocate; 0 = from --kv-cache-bytes");

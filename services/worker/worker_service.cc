@@ -47,6 +47,9 @@ absl::Status WorkerOptions::Validate() const {
         "give one");
   }
   if (num_threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
+  if (grammar_mask_cache_mib < 0) {
+    return absl::InvalidArgumentError("--grammar-mask-cache-mib must be >= 0 (0: none kept)");
+  }
   if (dtype != "auto") {
     const absl::StatusOr<model::DType> kv_dtype = model::ResolveDType(dtype, "", backend == "cuda");
     if (!kv_dtype.ok()) {
@@ -130,6 +133,13 @@ WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* regist
     : options_(std::move(options)) {
   if (registry != nullptr) {
     prometheus::Registry& r = *registry;
+    auto& grammar_masks = prometheus::BuildCounter()
+                              .Name("tandem_worker_grammar_masks_total")
+                              .Help(
+                                  "Structured outputs' token masks by source: cache (kept "
+                                  "from a request that reached the same grammar state), walk "
+                                  "(the vocabulary stepped through the grammar)")
+                              .Register(r);
     metrics_.reset(new Metrics{
         metrics::AddCounter(r, "tandem_worker_steps_total", "Steps executed."),
         metrics::AddCounter(r, "tandem_worker_step_errors_total", "Steps that failed."),
@@ -152,6 +162,15 @@ WorkerService::WorkerService(WorkerOptions options, prometheus::Registry* regist
         metrics::AddCounter(r, "tandem_worker_steps_overlapped_total",
                             "Steps whose batch diff and inputs were prepared while the step "
                             "before still ran on the device (async scheduling)."),
+        grammar_masks,
+        metrics::MirroredCounter(&grammar_masks.Add({{"source", "cache"}})),
+        metrics::MirroredCounter(&grammar_masks.Add({{"source", "walk"}})),
+        metrics::AddCounter(r, "tandem_worker_grammar_mask_seconds_total",
+                            "Host time making structured outputs' token masks, on the step's "
+                            "path before its launch."),
+        metrics::AddGauge(r, "tandem_worker_grammar_mask_cache_bytes",
+                          "Memory the token masks kept by grammar state take "
+                          "(--grammar-mask-cache-mib bounds it)."),
     });
     kv_metrics_ = std::make_unique<WorkerKvMetrics>(r);
   }
@@ -332,6 +351,7 @@ absl::Status WorkerService::Load() {
       StepExecutorOptions{
           .eos_token_ids = config.EosTokenIds(),
           .vocabulary = std::move(vocabulary),
+          .grammar_mask_cache_bytes = static_cast<size_t>(options_.grammar_mask_cache_mib) << 20,
           .debug_fail_steps = *options_.DebugFailSteps(),
           .debug_step_delay_us = options_.debug_step_delay_us,
           .empty_step_load_wait = std::chrono::milliseconds(options_.kvstore_empty_step_wait_ms)});
@@ -595,6 +615,12 @@ void WorkerService::CountStep(const Work& work, const sched::ModelRunnerOutput& 
     metrics_->device_idle.Increment(device.idle_between_s - device_seen_.idle_between_s);
     device_seen_ = device;
     if (kv_connector_ != nullptr) kv_metrics_->Mirror(kv_connector_->stats());
+    const StructuredOutputs::Stats masks = executor_->structured_stats();
+    metrics_->masks_kept.Set(static_cast<uint64_t>(masks.masks_kept));
+    metrics_->masks_walked.Set(static_cast<uint64_t>(masks.masks_walked));
+    metrics_->mask_seconds.Increment(masks.mask_seconds - mask_seconds_seen_);
+    mask_seconds_seen_ = masks.mask_seconds;
+    metrics_->mask_cache_bytes.Set(static_cast<double>(masks.cache_bytes));
   }
   num_active_requests_.store(executor_->num_requests());
   num_steps_.fetch_add(1);

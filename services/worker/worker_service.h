@@ -49,6 +49,9 @@ struct WorkerOptions {
   // one. "" = the model's directory when it holds one; a llama2.c checkpoint
   // (a file) has none, and the worker then serves no json_schema.
   std::string tokenizer_path;
+  // Structured outputs' token masks kept by grammar state, in MiB (0: none
+  // kept, each mask walks the vocabulary).
+  int32_t grammar_mask_cache_mib = 256;
   // "cpu", "cuda" (error when no device), or "sim" (no math: deterministic
   // tokens after sim_step_us per step; for scheduler scale tests).
   std::string backend = "cpu";
@@ -258,9 +261,15 @@ class WorkerService final : public v1::Worker::Service {
     prometheus::Counter& device_busy;
     prometheus::Counter& device_idle;
     prometheus::Counter& steps_overlapped;
+    prometheus::Family<prometheus::Counter>& grammar_masks;
+    metrics::MirroredCounter masks_kept;
+    metrics::MirroredCounter masks_walked;
+    prometheus::Counter& mask_seconds;
+    prometheus::Gauge& mask_cache_bytes;
   };
   std::unique_ptr<Metrics> metrics_;
   model::DeviceTime device_seen_;                // what metrics_ has of backend_->device_time()
+  double mask_seconds_seen_ = 0;                 // what metrics_ has of the masks' time
   std::unique_ptr<WorkerKvMetrics> kv_metrics_;  // with metrics_
   // The KV connector's worker role (null without --kvstore). Its loads are
   // read on a thread of its own and copied into the cache on the loop

@@ -149,6 +149,16 @@ TEST_F(FrontendStructuredOutputsTest, EveryChoiceIsADocumentOfItsSchemaOrItsBegi
       EXPECT_LE(chars, 12);
     }
   }
+  // The masks of a state met again (the whitespace between members, the
+  // inside of a string) came from the worker's cache; each mask is counted
+  // once and took host time.
+  const double kept = ScrapeMetric(worker_, R"(tandem_worker_grammar_masks_total{source="cache"})");
+  const double walked =
+      ScrapeMetric(worker_, R"(tandem_worker_grammar_masks_total{source="walk"})");
+  EXPECT_GT(walked, 0);
+  EXPECT_GT(kept, walked);
+  EXPECT_GT(ScrapeMetric(worker_, "tandem_worker_grammar_mask_seconds_total"), 0);
+  EXPECT_GT(ScrapeMetric(worker_, "tandem_worker_grammar_mask_cache_bytes"), 0);
 }
 
 // tool_choice named and "required" on the real model: a named tool's one

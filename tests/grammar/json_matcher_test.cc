@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "grammar_test_util.h"
 #include "tandem/grammar/json_schema.h"
 #include "tandem/grammar/token_mask.h"
 
@@ -20,12 +21,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 using ::testing::HasSubstr;
-
-std::shared_ptr<const Schema> Compile(const std::string& text) {
-  auto schema = CompileJsonSchema(Json::parse(text));
-  EXPECT_TRUE(schema.ok()) << schema.status();
-  return schema.ok() ? *schema : nullptr;
-}
 
 // Whether `doc` is a whole document of `schema`.
 bool Matches(const std::shared_ptr<const Schema>& schema, std::string_view doc) {
@@ -376,25 +371,6 @@ TEST(JsonMatcherTest, AmbiguityPastTheBoundIsRefusedNotCut) {
   EXPECT_TRUE(m.Accept("[[[[[[["));
   EXPECT_FALSE(m.Accept("[["));
   EXPECT_TRUE(m.overflowed());
-}
-
-// A vocabulary of JSON fragments, single bytes and multi-byte characters.
-TokenVocabulary TestVocabulary() {
-  std::vector<std::string> tokens = {"",      "{",    "}",           "[",
-                                     "]",     ",",    ":",           "\"",
-                                     "{\"",   "\":",  "\",\"",       "\"}",
-                                     " ",     "\n",   "  ",          "name",
-                                     "na",    "me",   "\"name\":\"", "score",
-                                     "age",   "tags", "null",        "nu",
-                                     "ll",    "true", "1",           "12",
-                                     "-",     ".",    "5e",          "e+",
-                                     "0",     "\\",   "\\u",         "00e9",
-                                     "ab",    "a",    "b",           "c",
-                                     "\xC3",  "\xA9", "\xC3\xA9",    "\xE2\x82\xAC",
-                                     "\"a\"", "],",   "\"]",         "1}",
-                                     "x\"y"};
-  for (int c = 32; c < 127; ++c) tokens.emplace_back(1, static_cast<char>(c));
-  return TokenVocabulary(std::move(tokens));
 }
 
 TEST(TokenMaskTest, TheMaskIsWhatAcceptTakesOnRandomWalks) {

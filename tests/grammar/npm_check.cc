@@ -5,12 +5,15 @@
 // 2. random walks over TOKENIZER's vocabulary, each token drawn from the
 //    mask, are written to WALKS_OUT for ajv (check.mjs validate). At every
 //    step the mask must hold a token or the document be complete, and every
-//    drawn token must be taken by Accept.
+//    drawn token must be taken by Accept, and the mask a TokenMaskCache
+//    gives must be the walked one (both times are printed: the cache's
+//    figure against the walk of the whole vocabulary it saves).
 // Exits 1 on the first failure, naming it.
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,11 +68,13 @@ int main(int argc, char** argv) {
     bytes[static_cast<size_t>(id)] =
         tandem::tokenizer::PieceBytes(*(*tokenizer)->IdToPiece(id), /*byte_level=*/false);
   }
-  const TokenVocabulary vocab(std::move(bytes));
+  const auto shared_vocab = std::make_shared<const TokenVocabulary>(std::move(bytes));
+  const TokenVocabulary& vocab = *shared_vocab;
+  TokenMaskCache cache(shared_vocab, size_t{256} << 20);
   std::ofstream out(argv[4]);
   std::mt19937 rng(1234);
   int walks = 0, complete = 0, tokens = 0, masks = 0;
-  std::chrono::steady_clock::duration mask_time{};
+  std::chrono::steady_clock::duration mask_time{}, cached_time{};
   for (size_t i = 0; i < schemas.size(); ++i) {
     for (int w = 0; w < 12; ++w, ++walks) {
       JsonMatcher m(schemas[i]);
@@ -78,7 +83,14 @@ int main(int argc, char** argv) {
         TokenMask mask;
         const auto start = std::chrono::steady_clock::now();
         const int32_t count = AllowedTokens(m, vocab, &mask);
-        mask_time += std::chrono::steady_clock::now() - start;
+        const auto walked = std::chrono::steady_clock::now();
+        mask_time += walked - start;
+        TokenMask kept;
+        const int32_t kept_count = cache.Allowed(m, &kept);
+        cached_time += std::chrono::steady_clock::now() - walked;
+        if (kept != mask || kept_count != count) {
+          return Fail("the cache's mask is not the walked one after " + doc);
+        }
         ++masks;
         if (count == 0) {
           if (!m.Complete()) return Fail("no token allowed in an incomplete " + doc);
@@ -108,7 +120,9 @@ int main(int argc, char** argv) {
             << complete << " of " << walks << " walks complete (" << tokens << " tokens of "
             << vocab.size() << "); a mask took "
             << std::chrono::duration<double, std::milli>(mask_time).count() / std::max(masks, 1)
-            << " ms on average\n";
+            << " ms on average, from the TokenMaskCache "
+            << std::chrono::duration<double, std::milli>(cached_time).count() / std::max(masks, 1)
+            << " ms (" << cache.stats().hits << " hits, " << cache.stats().misses << " misses)\n";
   if (complete < walks / 2) return Fail("fewer than half of the walks completed");
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -78,6 +79,13 @@ class JsonMatcher {
   bool Open() const;
   // The last refused Accept was refused for kMaxAlternatives.
   bool overflowed() const { return overflowed_; }
+  // Appends what the matcher's future depends on: each stack's frames top
+  // to bottom, without their places in the arena, and with the counts no
+  // bound reads clamped (a string's characters past its minLength when it
+  // has no maxLength; an array's items likewise). Two matchers of one
+  // schema with the same key accept the same bytes from here on, so their
+  // token masks are one (TokenMaskCache's key).
+  void AppendStateKey(std::string* key) const;
 
   const Schema& schema() const { return *schema_; }
   const FrameArena& arena() const { return arena_; }

@@ -90,9 +90,15 @@ class Schema {
   const SchemaNode& node(int32_t i) const { return nodes_[static_cast<size_t>(i)]; }
   int32_t root() const { return root_; }
   size_t size() const { return nodes_.size(); }
+  // This schema's number, unique within the process (TokenMaskCache keeps
+  // masks by it, so a schema freed and another allocated in its place never
+  // share one).
+  uint64_t id() const { return id_; }
 
  private:
   friend class SchemaCompiler;
+  static uint64_t NextId();
+  uint64_t id_ = NextId();
   std::vector<SchemaNode> nodes_;
   int32_t root_ = -1;
 };

@@ -85,6 +85,8 @@ struct StepExecutorOptions {
   // outputs; null: this worker has none, and a step that brings a request
   // with a json_schema or a choice fails (the scheduler refuses them for it).
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
+  // Bytes of token masks kept by grammar state (grammar::TokenMaskCache).
+  size_t grammar_mask_cache_bytes = size_t{256} << 20;
   // TEST-ONLY: step ids (of each scheduler stream) that fail after their
   // loads and batch diff, before the forward pass.
   std::vector<uint64_t> debug_fail_steps;
@@ -145,6 +147,10 @@ class StepExecutor {
   void Reset(const char* why);
 
   [[nodiscard]] int32_t num_requests() const { return static_cast<int32_t>(seqs_.size()); }
+  // Structured outputs' masks so far (zeros without a vocabulary).
+  [[nodiscard]] StructuredOutputs::Stats structured_stats() const {
+    return structured_ != nullptr ? structured_->stats() : StructuredOutputs::Stats{};
+  }
 
  private:
   struct SeqState {

@@ -41,8 +41,20 @@ struct GrammarState {
 class StructuredOutputs {
  public:
   // `eos_token_ids`: the model's, allowed once a document is complete.
+  // `mask_cache_bytes`: the token masks kept by grammar state
+  // (grammar::TokenMaskCache), shared by every request.
   StructuredOutputs(std::shared_ptr<const grammar::TokenVocabulary> vocabulary,
-                    std::vector<int32_t> eos_token_ids);
+                    std::vector<int32_t> eos_token_ids, size_t mask_cache_bytes);
+
+  // The masks made so far: kept ones reused, walks of the vocabulary, and
+  // the host time both took (on the step's path, before its launch).
+  struct Stats {
+    int64_t masks_kept = 0;
+    int64_t masks_walked = 0;
+    double mask_seconds = 0;
+    size_t cache_bytes = 0;
+  };
+  Stats stats() const;
 
   // Appends to `banned` every id request `id` may not draw after `output`
   // (its output tokens so far): those whose bytes its grammar does
@@ -62,12 +74,15 @@ class StructuredOutputs {
            GrammarState* state, std::vector<int32_t>* banned);
 
  private:
-  // The grammar of `params`' choice or json_schema (a schema's compiled
-  // once, at most kMaxCached kept); nullptr when it does not compile.
+  // The grammar of `params`' json_schema, choice or regex (each text
+  // compiled once, at most kMaxCached kept, so that the requests of one
+  // grammar share its masks); nullptr when it does not compile.
   std::shared_ptr<const grammar::Schema> Compile(const SamplingParams& params);
 
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;
   std::vector<int32_t> eos_token_ids_;
+  grammar::TokenMaskCache masks_;
+  double mask_seconds_ = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<const grammar::Schema>> schemas_;
   grammar::TokenMask mask_;
 };
