@@ -312,7 +312,7 @@ class Stepper {
     switch (f.phase) {
       case kMinus:
         phase = c == '0' ? kZero : kInt;
-        more = IsDigit(c);
+        more = IsDigit(c) && !(integer && c == '0');  // xgrammar's integers have no "-0"
         break;
       case kZero:
       case kInt:

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -12,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "json_formats.h"
+#include "json_numbers.h"
 #include "tandem/common/nesting.h"
 #include "tandem/common/status.h"
 
@@ -41,6 +44,13 @@ bool IsAnnotation(std::string_view key) {
   return key == "$defs" || key == "definitions";  // read through $ref only
 }
 
+constexpr std::array<const char*, 4> kNumericBounds = {"minimum", "maximum", "exclusiveMinimum",
+                                                       "exclusiveMaximum"};
+
+bool IsNumericBound(std::string_view key) {
+  return std::find(kNumericBounds.begin(), kNumericBounds.end(), key) != kNumericBounds.end();
+}
+
 // The type keywords each supported keyword belongs to ("" = any type).
 std::string_view KeywordType(std::string_view key) {
   if (key == "properties" || key == "required" || key == "additionalProperties") return "object";
@@ -48,6 +58,7 @@ std::string_view KeywordType(std::string_view key) {
   if (key == "minLength" || key == "maxLength" || key == "pattern" || key == "format") {
     return "string";
   }
+  if (IsNumericBound(key)) return "number";  // an integer's too
   if (key == "type" || key == "enum" || key == "const" || key == "anyOf" || key == "allOf" ||
       key == "$ref") {
     return "";
@@ -247,7 +258,10 @@ class SchemaCompiler {
       for (std::string_view t : implied) types.emplace_back(t);
     }
     for (std::string_view t : implied) {
-      if (std::find(types.begin(), types.end(), t) == types.end()) {
+      const auto listed = [&](std::string_view type) {
+        return std::find(types.begin(), types.end(), type) != types.end();
+      };
+      if (!listed(t) && !(t == "number" && listed("integer"))) {
         return Refuse(where, absl::StrCat("keywords of type ", std::string(t),
                                           " in a schema of type ", absl::StrJoin(types, " or ")));
       }
@@ -286,11 +300,76 @@ class SchemaCompiler {
           Bounds(s, "minLength", "maxLength", where, &node.min_length, &node.max_length));
       return Add(std::move(node));
     }
+    if (type == "integer" || type == "number") {
+      for (const char* key : kNumericBounds) {
+        if (s.contains(key)) return Numeric(s, type, where);
+      }
+    }
     const Kind kind = type == "number"    ? Kind::kNumber
                       : type == "integer" ? Kind::kInteger
                       : type == "boolean" ? Kind::kBoolean
                                           : Kind::kNull;
     return Add({.kind = kind});
+  }
+
+  // An integer within the schema's bounds (minimum, maximum and the
+  // exclusive ones, the strictest of each side), as xgrammar holds it: the
+  // integers in the range as json_numbers.h writes them.
+  absl::StatusOr<int32_t> Numeric(const Json& s, const std::string& type,
+                                  const std::string& where) {
+    if (type == "number") {
+      return Refuse(where,
+                    "bounds (minimum, maximum, exclusiveMinimum, exclusiveMaximum) on type "
+                    "number: only an integer's are held");
+    }
+    std::optional<int64_t> lo, hi;
+    for (const char* key : kNumericBounds) {
+      if (!s.contains(key)) continue;
+      const Json& v = s.at(key);
+      const std::string name = absl::StrCat("'", key, "'");
+      if (!v.is_number()) return Refuse(where, absl::StrCat(name, " must be a number"));
+      int64_t bound = 0;
+      if (v.is_number_float()) {
+        // A whole number written with a fraction or an exponent (1.0, 1e3).
+        const double d = v.get<double>();
+        if (d != std::floor(d)) {
+          return Refuse(where, absl::StrCat(name, " of an integer must be a whole number"));
+        }
+        if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
+          return Refuse(where, absl::StrCat(name, " is beyond 64-bit integers"));
+        }
+        bound = static_cast<int64_t>(d);
+      } else if (v.is_number_unsigned() &&
+                 v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return Refuse(where, absl::StrCat(name, " is beyond 64-bit integers"));
+      } else {
+        bound = v.get<int64_t>();
+      }
+      const std::string_view k = key;
+      if (k == "exclusiveMinimum") {
+        if (bound == std::numeric_limits<int64_t>::max()) {
+          return Refuse(where, "'exclusiveMinimum' leaves no 64-bit integer above it");
+        }
+        ++bound;
+      } else if (k == "exclusiveMaximum") {
+        if (bound == std::numeric_limits<int64_t>::min()) {
+          return Refuse(where, "'exclusiveMaximum' leaves no 64-bit integer below it");
+        }
+        --bound;
+      }
+      if (k == "minimum" || k == "exclusiveMinimum") {
+        lo = lo ? std::max(*lo, bound) : bound;
+      } else {
+        hi = hi ? std::min(*hi, bound) : bound;
+      }
+    }
+    if (lo && hi && *lo > *hi) {
+      return Refuse(where, absl::StrCat("bounds that no integer meets (at least ", *lo,
+                                        ", at most ", *hi, ")"));
+    }
+    auto dfa = CompileRegex(internal::IntegerRangeRegex(lo, hi), RegexDialect::kText);
+    if (!dfa.ok()) return dfa.status();  // never for these patterns
+    return Add({.kind = Kind::kRegex, .regex = *std::move(dfa)});
   }
 
   // A string of a `format` xgrammar holds (json_formats.cc), whose value

@@ -32,7 +32,7 @@ class FrontendStructuredOutputsTest : public ::testing::Test {
 };
 
 const Json kPerson = Json::parse(R"({"type": "object",
-  "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"},
+  "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
                  "ok": {"type": "boolean"}},
   "required": ["name", "age", "ok"]})");
 
@@ -53,7 +53,9 @@ void ExpectPerson(const std::string& text) {
   const std::string name = doc["name"];
   EXPECT_LE(std::count_if(name.begin(), name.end(), [](char c) { return (c & 0xC0) != 0x80; }), 8)
       << text;
-  EXPECT_TRUE(doc.contains("age") && doc["age"].is_number_integer()) << text;
+  ASSERT_TRUE(doc.contains("age") && doc["age"].is_number_integer()) << text;
+  EXPECT_GE(doc["age"].get<int64_t>(), 0) << text;
+  EXPECT_LE(doc["age"].get<int64_t>(), 120) << text;
   EXPECT_TRUE(doc.contains("ok") && doc["ok"].is_boolean()) << text;
 }
 

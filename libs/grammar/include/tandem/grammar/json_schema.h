@@ -10,8 +10,11 @@
 //   listed names, nor for repeats);
 // - `enum` and `const` values are matched as their compact JSON text
 //   (compact, objects' keys in the order given);
-// - `integer` is -?(0|[1-9][0-9]*), `number` adds a fraction and an
-//   exponent (RFC 8259);
+// - `integer` is 0|-?[1-9][0-9]* (xgrammar's: no "-0"), `number` is
+//   RFC 8259's, -?(0|[1-9][0-9]*) with a fraction and an exponent; an
+//   integer's minimum, maximum, exclusiveMinimum and exclusiveMaximum
+//   (whole numbers within 64 bits) hold it to the integers between them
+//   (xgrammar's range regex), and a number's bounds are refused;
 // - strings are RFC 8259's, valid UTF-8; minLength/maxLength count
 //   characters and escapes as one each; a string with `pattern` is one
 //   whose value the pattern matches whole, with no escape in it
