@@ -1,5 +1,7 @@
 #include "json_numbers.h"
 
+#include <charconv>
+#include <cstdlib>
 #include <string_view>
 #include <vector>
 
@@ -21,8 +23,8 @@ bool All(std::string_view s, char c) { return s.find_first_not_of(c) == std::str
 std::string Digits(size_t n) { return n == 0 ? "" : absl::StrCat("[0-9]{", n, "}"); }
 
 std::string Class(char lo, char hi) {
-  return lo == hi ? std::string(1, lo) : absl::StrCat("[", std::string(1, lo), "-",
-                                                      std::string(1, hi), "]");
+  return lo == hi ? std::string(1, lo)
+                  : absl::StrCat("[", std::string(1, lo), "-", std::string(1, hi), "]");
 }
 
 // The digit strings of a's length from a to b (a <= b, same length), as
@@ -87,6 +89,137 @@ std::string IntegerRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> 
       for (std::string& p : Magnitudes(from, to)) parts.push_back(std::move(p));
     }
   }
+  return absl::StrCat("(", absl::StrJoin(parts, "|"), ")");
+}
+
+namespace {
+
+constexpr int64_t kGrid = 1000000;  // 10^6: six fraction digits
+
+// `v` * 10^6 on the grid, moved inward (up for a lower bound, down for an
+// upper one) where v is not on it, and past it where it is but exclusive.
+__int128 OnGrid(const NumberBound& b, bool lower) {
+  char buf[400];
+  // The shortest decimal that reads back as the double.
+  const auto shortest = std::to_chars(buf, buf + sizeof(buf), b.value, std::chars_format::fixed);
+  const std::string_view text(buf, static_cast<size_t>(shortest.ptr - buf));
+  const size_t dot = text.find('.');
+  const size_t fraction = dot == std::string_view::npos ? 0 : text.size() - dot - 1;
+  const bool negative = text[0] == '-';
+  const auto scaled = [&](std::string_view t) {  // a fixed decimal of <= 6 digits, times 10^6
+    const size_t d = t.find('.');
+    __int128 v = 0;
+    for (char c : t.substr(negative ? 1 : 0,
+                           d == std::string_view::npos ? t.npos : d - (negative ? 1 : 0))) {
+      v = v * 10 + (c - '0');
+    }
+    std::string frac(d == std::string_view::npos ? "" : t.substr(d + 1));
+    frac.resize(6, '0');
+    for (char c : frac) v = v * 10 + (c - '0');
+    return negative ? -v : v;
+  };
+  if (fraction <= 6) {
+    const __int128 v = scaled(text);
+    return b.exclusive ? (lower ? v + 1 : v - 1) : v;
+  }
+  // Off the grid: the nearest grid point, then inward.
+  const auto rounded = std::to_chars(buf, buf + sizeof(buf), b.value, std::chars_format::fixed, 6);
+  const std::string_view r(buf, static_cast<size_t>(rounded.ptr - buf));
+  const __int128 v = scaled(r);
+  const double back = std::strtod(std::string(r).c_str(), nullptr);
+  if (lower && back < b.value) return v + 1;
+  if (!lower && back > b.value) return v - 1;
+  return v;
+}
+
+std::string Integer(__int128 v) {
+  std::string s;
+  do {
+    s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  } while (v > 0);
+  return s;
+}
+
+// Fractions of 1 to 6 digits (and none, where lo is 0) whose value times
+// 10^6 is in [lo, hi], 0 <= lo <= hi < 10^6.
+std::vector<std::string> Fractions(int64_t lo, int64_t hi) {
+  std::vector<std::string> out;
+  if (lo == 0) out.push_back("");
+  int64_t unit = kGrid;
+  for (int k = 1; k <= 6; ++k) {
+    unit /= 10;  // what the k-th digit is worth
+    const int64_t first = (lo + unit - 1) / unit, last = hi / unit;
+    if (first > last) continue;
+    std::string a = std::to_string(first), b = std::to_string(last);
+    a.insert(0, static_cast<size_t>(k) - a.size(), '0');
+    b.insert(0, static_cast<size_t>(k) - b.size(), '0');
+    std::vector<std::string> digits;
+    SameLength(a, b, "", &digits);
+    out.push_back(absl::StrCat("\\.(", absl::StrJoin(digits, "|"), ")"));
+  }
+  return out;
+}
+
+void WithFractions(const std::string& integer, int64_t lo, int64_t hi,
+                   std::vector<std::string>* out) {
+  for (const std::string& f : Fractions(lo, hi)) out->push_back(integer + f);
+}
+
+// A side of a range on the grid of 10^-6, times 10^6 (GCC cannot see
+// through std::optional<__int128>).
+struct Scaled {
+  bool bounded = false;
+  __int128 v = 0;
+};
+
+// Magnitudes from lo to hi (10^6 times, lo >= 1).
+std::vector<std::string> DecimalMagnitudes(__int128 lo, Scaled hi) {
+  std::vector<std::string> out;
+  const __int128 int_lo = lo / kGrid;
+  const int64_t frac_lo = static_cast<int64_t>(lo % kGrid);
+  if (hi.bounded && hi.v / kGrid == int_lo) {
+    WithFractions(Integer(int_lo), frac_lo, static_cast<int64_t>(hi.v % kGrid), &out);
+    return out;
+  }
+  WithFractions(Integer(int_lo), frac_lo, kGrid - 1, &out);
+  if (!hi.bounded || hi.v / kGrid - 1 >= int_lo + 1) {
+    const std::optional<std::string> last =
+        hi.bounded ? std::optional<std::string>(Integer(hi.v / kGrid - 1)) : std::nullopt;
+    const std::string any = "(\\.[0-9]{1,6})?";
+    for (const std::string& m : Magnitudes(Integer(int_lo + 1), last)) {
+      out.push_back(absl::StrCat("(", m, ")", any));
+    }
+  }
+  if (hi.bounded) WithFractions(Integer(hi.v / kGrid), 0, static_cast<int64_t>(hi.v % kGrid), &out);
+  return out;
+}
+
+}  // namespace
+
+std::string NumberRangeRegex(std::optional<NumberBound> lo, std::optional<NumberBound> hi) {
+  const Scaled low{lo.has_value(), lo ? OnGrid(*lo, /*lower=*/true) : 0};
+  const Scaled high{hi.has_value(), hi ? OnGrid(*hi, /*lower=*/false) : 0};
+  if (low.bounded && high.bounded && low.v > high.v) return "";
+  std::vector<std::string> parts;
+  // Negatives: the magnitudes from max(-high, 1) to -low.
+  if (!low.bounded || low.v < 0) {
+    const __int128 from = high.bounded && high.v < 0 ? -high.v : 1;
+    for (const std::string& m : DecimalMagnitudes(from, {low.bounded, -low.v})) {
+      parts.push_back("-" + m);
+    }
+  }
+  if ((!low.bounded || low.v <= 0) && (!high.bounded || high.v >= 0)) {
+    parts.push_back("0(\\.0{1,6})?");
+    // xgrammar's -0.0 ... -0.000000, where the range's bound is below zero
+    // before it is moved to the grid.
+    if (!lo || lo->value < 0) parts.push_back("-0\\.0{1,6}");
+  }
+  if (!high.bounded || high.v > 0) {
+    const __int128 from = low.bounded && low.v > 1 ? low.v : 1;
+    for (const std::string& m : DecimalMagnitudes(from, high)) parts.push_back(m);
+  }
+  if (parts.empty()) return "";
   return absl::StrCat("(", absl::StrJoin(parts, "|"), ")");
 }
 

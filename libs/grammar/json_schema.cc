@@ -312,16 +312,12 @@ class SchemaCompiler {
     return Add({.kind = kind});
   }
 
-  // An integer within the schema's bounds (minimum, maximum and the
-  // exclusive ones, the strictest of each side), as xgrammar holds it: the
-  // integers in the range as json_numbers.h writes them.
+  // A number or an integer within the schema's bounds (minimum, maximum and
+  // the exclusive ones, the strictest of each side), as xgrammar holds it:
+  // the values in the range as json_numbers.h writes them.
   absl::StatusOr<int32_t> Numeric(const Json& s, const std::string& type,
                                   const std::string& where) {
-    if (type == "number") {
-      return Refuse(where,
-                    "bounds (minimum, maximum, exclusiveMinimum, exclusiveMaximum) on type "
-                    "number: only an integer's are held");
-    }
+    if (type == "number") return NumberRange(s, where);
     std::optional<int64_t> lo, hi;
     for (const char* key : kNumericBounds) {
       if (!s.contains(key)) continue;
@@ -367,8 +363,42 @@ class SchemaCompiler {
       return Refuse(where, absl::StrCat("bounds that no integer meets (at least ", *lo,
                                         ", at most ", *hi, ")"));
     }
-    auto dfa = CompileRegex(internal::IntegerRangeRegex(lo, hi), RegexDialect::kText);
-    if (!dfa.ok()) return dfa.status();  // never for these patterns
+    return RangeNode(internal::IntegerRangeRegex(lo, hi), where);
+  }
+
+  absl::StatusOr<int32_t> NumberRange(const Json& s, const std::string& where) {
+    std::optional<internal::NumberBound> lo, hi;
+    for (const char* key : kNumericBounds) {
+      if (!s.contains(key)) continue;
+      const Json& v = s.at(key);
+      if (!v.is_number()) return Refuse(where, absl::StrCat("'", key, "' must be a number"));
+      const double d = v.get<double>();
+      if (!(std::fabs(d) < 9223372036854775808.0)) {
+        return Refuse(where, absl::StrCat("'", key, "' is beyond 2^63 in magnitude"));
+      }
+      const std::string_view k = key;
+      const internal::NumberBound bound{.value = d, .exclusive = k.starts_with("exclusive")};
+      // The stricter of two bounds on a side; on a tie the exclusive one.
+      if (k == "minimum" || k == "exclusiveMinimum") {
+        if (!lo || d > lo->value || (d == lo->value && bound.exclusive)) lo = bound;
+      } else if (!hi || d < hi->value || (d == hi->value && bound.exclusive)) {
+        hi = bound;
+      }
+    }
+    const std::string regex = internal::NumberRangeRegex(lo, hi);
+    if (regex.empty()) {
+      return Refuse(where,
+                    "bounds that no number of at most six fraction digits meets (xgrammar's)");
+    }
+    return RangeNode(regex, where);
+  }
+
+  // A value that the range regex `regex` matches whole.
+  absl::StatusOr<int32_t> RangeNode(const std::string& regex, const std::string& where) {
+    auto dfa = CompileRegex(regex, RegexDialect::kText);
+    if (!dfa.ok()) {
+      return Refuse(where, absl::StrCat("the range's automaton: ", dfa.status().message()));
+    }
     return Add({.kind = Kind::kRegex, .regex = *std::move(dfa)});
   }
 

@@ -179,7 +179,7 @@ TEST(OpenAiParseTest, StructuredOutputsParseIntoTheSchemasText) {
 TEST(OpenAiParseTest, StructuredOutputsTheGrammarCannotHoldAreRefusedByName) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"("response_format":{"type":"json_schema","json_schema":{"name":"n",
-          "schema":{"type":"object","properties":{"a":{"type":"number","minimum":0}}}}})",
+          "schema":{"type":"object","properties":{"a":{"type":"number","multipleOf":2}}}}})",
        "response_format.json_schema.schema"},
       {R"("response_format":{"type":"json_schema","json_schema":{"name":"n"}})",
        "response_format.json_schema.schema"},

@@ -1,17 +1,31 @@
-// What the grammar's tests share: a schema compiled from its text, and a
-// small vocabulary to make masks over.
+// What the grammar's tests share: a schema compiled from its text, whether
+// it takes a document, and a small vocabulary to make masks over.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "tandem/grammar/json_matcher.h"
 #include "tandem/grammar/json_schema.h"
 #include "tandem/grammar/token_mask.h"
 
 namespace tandem::grammar {
+
+// Whether `doc` is a whole document of `schema`.
+inline bool Matches(const std::shared_ptr<const Schema>& schema, std::string_view doc) {
+  JsonMatcher m(schema);
+  return m.Accept(doc) && m.Complete();
+}
+
+// Whether `doc` can begin a document (it may be one already).
+inline bool Begins(const std::shared_ptr<const Schema>& schema, std::string_view doc) {
+  JsonMatcher m(schema);
+  return m.Accept(doc);
+}
 
 inline std::shared_ptr<const Schema> Compile(const std::string& text) {
   auto schema = CompileJsonSchema(nlohmann::ordered_json::parse(text));

@@ -13,8 +13,10 @@
 // - `integer` is 0|-?[1-9][0-9]* (xgrammar's: no "-0"), `number` is
 //   RFC 8259's, -?(0|[1-9][0-9]*) with a fraction and an exponent; an
 //   integer's minimum, maximum, exclusiveMinimum and exclusiveMaximum
-//   (whole numbers within 64 bits) hold it to the integers between them
-//   (xgrammar's range regex), and a number's bounds are refused;
+//   (whole numbers within 64 bits) hold it to the integers between them,
+//   and a number's (below 2^63 in magnitude) to the decimals of at most six
+//   fraction digits and no exponent between them, as xgrammar's range
+//   regexes do (json_numbers.h); multipleOf is refused;
 // - strings are RFC 8259's, valid UTF-8; minLength/maxLength count
 //   characters and escapes as one each; a string with `pattern` is one
 //   whose value the pattern matches whole, with no escape in it
