@@ -97,7 +97,9 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec, const Scheduler
         "worker has none (tandem-worker --tokenizer)"));
   }
   if (spec.sampling.HasGrammar()) {
-    if (auto compiled = grammar::CompileGrammar(spec.sampling); !compiled.ok()) {
+    // Kept: the gRPC handler compiled it as the request arrived
+    // (Engine::Submit), so the engine loop does not.
+    if (auto compiled = grammar::CompileGrammarKept(spec.sampling); !compiled.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("sampling: ", compiled.status().message()));
     }
   }

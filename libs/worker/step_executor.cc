@@ -187,6 +187,9 @@ absl::Status StepExecutor::ApplyDiff(sched::SchedulerOutput& step, Batch* batch)
           ", but this worker has no vocabulary for structured outputs "
           "(tandem-worker --tokenizer)"));
     }
+    // Its grammar compiled and its first mask made now, while the step
+    // before runs, rather than at its first launch.
+    if (r.sampling.HasGrammar() && r.output_token_ids.empty()) structured_->Warm(r.sampling);
     if (s.first_step_ns == 0) s.first_step_ns = now_ns;
     s.unconfirmed_sample_steps.clear();
     s.num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());

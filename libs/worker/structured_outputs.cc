@@ -13,10 +13,6 @@
 namespace tandem::worker {
 namespace {
 
-// Schemas kept compiled; past it the cache starts again (each request
-// compiles its schema once anyway: its matcher holds it).
-constexpr size_t kMaxCached = 256;
-
 void Break(const std::string& id, std::string error, GrammarState* state) {
   TANDEM_LOG(WARNING) << "request " << id << ": " << error << "; it is ended with an error";
   state->error = std::move(error);
@@ -48,20 +44,8 @@ StructuredOutputs::StructuredOutputs(std::shared_ptr<const grammar::TokenVocabul
       masks_(std::move(vocabulary), mask_cache_bytes) {}
 
 std::shared_ptr<const grammar::Schema> StructuredOutputs::Compile(const SamplingParams& params) {
-  // Kept by field and text; a choice's strings each with its length, so
-  // that no two lists share a text.
-  std::string text = absl::StrCat(params.GrammarField(), ":");
-  if (!params.choice.empty()) {
-    for (const std::string& c : params.choice) absl::StrAppend(&text, c.size(), ":", c);
-  } else {
-    text += params.regex.empty() ? params.json_schema : params.regex;
-  }
-  if (auto it = schemas_.find(text); it != schemas_.end()) return it->second;
-  auto compiled = grammar::CompileGrammar(params);
-  if (!compiled.ok()) return nullptr;  // the scheduler refuses these at admission
-  if (schemas_.size() >= kMaxCached) schemas_.clear();
-  schemas_.emplace(text, *compiled);
-  return *compiled;
+  auto compiled = grammar::CompileGrammarKept(params);
+  return compiled.ok() ? *compiled : nullptr;  // the scheduler refuses these at admission
 }
 
 StructuredOutputs::Stats StructuredOutputs::stats() const {
@@ -70,6 +54,14 @@ StructuredOutputs::Stats StructuredOutputs::stats() const {
           .masks_walked = cache.misses,
           .mask_seconds = mask_seconds_,
           .cache_bytes = cache.bytes};
+}
+
+void StructuredOutputs::Warm(const SamplingParams& params) {
+  std::shared_ptr<const grammar::Schema> schema = Compile(params);
+  if (schema == nullptr) return;  // Ban reports it
+  const int64_t start = MonotonicNanos();
+  masks_.Allowed(grammar::JsonMatcher(std::move(schema)), &mask_);
+  mask_seconds_ += static_cast<double>(MonotonicNanos() - start) * 1e-9;
 }
 
 void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,

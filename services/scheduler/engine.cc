@@ -11,6 +11,7 @@
 #include "tandem/common/clock.h"
 #include "tandem/common/logging.h"
 #include "tandem/common/status.h"
+#include "tandem/grammar/json_schema.h"
 #include "tandem/kvconnector/kvstore_connector.h"
 #include "tandem/rpc/convert.h"
 #include "tandem/rpc/service_convert.h"
@@ -175,6 +176,10 @@ void Engine::Post(Event event) {
 }
 
 void Engine::Submit(std::shared_ptr<GenerateCall> call, sched::RequestSpec spec) {
+  // A grammar compiled here, on the caller's gRPC thread, and kept: the
+  // engine loop's admission then finds it (a pattern at the bounds takes
+  // about 0.1 s, which every running request's next step would wait).
+  if (spec.sampling.HasGrammar()) (void)grammar::CompileGrammarKept(spec.sampling);
   Event e{.kind = Event::kSubmit};
   e.call = std::move(call);
   e.spec = std::move(spec);

@@ -1,5 +1,6 @@
 // Token masks kept by grammar state (TokenMaskCache): a kept mask is the one
-// a walk of the vocabulary gives, for every state the walks reach.
+// a walk of the vocabulary gives, for every state the walks reach. And
+// grammars kept compiled by their text (CompileGrammarKept).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -130,6 +131,46 @@ TEST(TokenMaskCacheTest, KeepsAtMostItsBytesTheLatestUsedFirst) {
   none.Allowed(states[0], &mask);
   EXPECT_EQ(none.stats().hits, 0);
   EXPECT_EQ(none.stats().masks, 0u);
+}
+
+TEST(KeptGrammarsTest, AGrammarIsCompiledOnceAndKeptByItsFieldAndText) {
+  SamplingParams schema;
+  schema.json_schema = R"({"type": "string", "title": "kept once"})";
+  const auto first = CompileGrammarKept(schema);
+  ASSERT_TRUE(first.ok());
+  const KeptGrammarStats before = KeptGrammars();
+  const auto again = CompileGrammarKept(schema);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), first->get());  // one Schema: one id for the masks
+  EXPECT_EQ(KeptGrammars().hits, before.hits + 1);
+  // Refusals are kept too, with their message.
+  SamplingParams refused;
+  refused.regex = "(a)\\1";
+  EXPECT_FALSE(CompileGrammarKept(refused).ok());
+  const auto kept_refusal = CompileGrammarKept(refused);
+  ASSERT_FALSE(kept_refusal.ok());
+  EXPECT_NE(kept_refusal.status().message().find("back-reference"), std::string::npos);
+  // Choice lists that join to one text are two grammars; so are a regex and
+  // a schema of one text.
+  SamplingParams ab_c, a_bc, json_true, regex_true;
+  ab_c.choice = {"ab", "c"};
+  a_bc.choice = {"a", "bc"};
+  json_true.json_schema = "true";
+  regex_true.regex = "true";
+  EXPECT_NE(CompileGrammarKept(ab_c)->get(), CompileGrammarKept(a_bc)->get());
+  const auto as_schema = CompileGrammarKept(json_true);
+  const auto as_regex = CompileGrammarKept(regex_true);
+  ASSERT_TRUE(as_schema.ok() && as_regex.ok());
+  EXPECT_NE(as_regex->get(), as_schema->get());
+  // Past kKeptGrammars others, the first is compiled again.
+  for (size_t i = 0; i < kKeptGrammars; ++i) {
+    SamplingParams other;
+    other.regex = "x{" + std::to_string(i + 1) + "}";
+    ASSERT_TRUE(CompileGrammarKept(other).ok());
+  }
+  const KeptGrammarStats full = KeptGrammars();
+  EXPECT_NE(CompileGrammarKept(schema)->get(), first->get());
+  EXPECT_EQ(KeptGrammars().misses, full.misses + 1);
 }
 
 }  // namespace

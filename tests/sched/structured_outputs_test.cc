@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "sched_test_util.h"
+#include "tandem/grammar/json_schema.h"
 #include "tandem/sched/scheduler.h"
 
 namespace tandem::sched {
@@ -47,6 +48,28 @@ TEST(StructuredOutputsAdmissionTest, SchemasAreCompiledAndRefusedByName) {
       << eos;
   EXPECT_FALSE(s.HasUnfinishedRequests());
   EXPECT_TRUE(Add(s, R"({"type":"object","properties":{"a":{"type":"integer"}}})").ok());
+}
+
+// A grammar compiled before the request reaches the engine loop (as the
+// scheduler's gRPC handler compiles it) is found kept at admission, refusals
+// too: the loop compiles nothing.
+TEST(StructuredOutputsAdmissionTest, AdmissionTakesTheGrammarTheHandlerCompiled) {
+  SchedulerConfig config = testing::TestConfig(64, /*async=*/false);
+  config.structured_outputs = true;
+  Scheduler s(config, nullptr);
+  const std::string schema = R"({"type":"object","properties":{"kept":{"type":"string"}}})";
+  const std::string refused = R"({"type":"object","properties":{"x":{"oneOf":[]}}})";
+  for (const std::string& text : {schema, refused}) {
+    SamplingParams sampling;
+    sampling.json_schema = text;
+    (void)grammar::CompileGrammarKept(sampling);  // what Engine::Submit does
+  }
+  const grammar::KeptGrammarStats before = grammar::KeptGrammars();
+  EXPECT_TRUE(Add(s, schema).ok());
+  EXPECT_EQ(Add(s, refused).code(), absl::StatusCode::kInvalidArgument);
+  const grammar::KeptGrammarStats after = grammar::KeptGrammars();
+  EXPECT_EQ(after.hits - before.hits, 2);
+  EXPECT_EQ(after.misses, before.misses);
 }
 
 TEST(StructuredOutputsAdmissionTest, ChoicesAreCompiledAndRefusedByName) {

@@ -143,6 +143,25 @@ TEST(StructuredOutputsTest, EveryDrawKeepsTheDocumentAndEosComesOnlyOnceItIsComp
   EXPECT_GT(complete, 20);
 }
 
+// A new request's grammar is compiled and its first mask made as its step
+// is prepared (while the step before runs), so the launch finds it kept.
+TEST(StructuredOutputsTest, ANewRequestsFirstMaskIsMadeAsItsStepIsPrepared) {
+  const auto vocab = Vocabulary();
+  RandomBackend backend(vocab->size(), 1);
+  StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}, .vocabulary = vocab});
+  std::unique_ptr<StepExecutor::Step> st =
+      executor.Prepare(NewStep(1, "r", {.json_schema = kSchema, .max_tokens = 10}));
+  EXPECT_EQ(executor.structured_stats().masks_walked, 1);
+  EXPECT_EQ(executor.structured_stats().masks_kept, 0);
+  executor.Launch(*st, [] {});
+  const sched::ModelRunnerOutput out = executor.Finish(std::move(st));
+  ASSERT_TRUE(out.error.empty()) << out.error;
+  EXPECT_EQ(executor.structured_stats().masks_walked, 1);
+  EXPECT_EQ(executor.structured_stats().masks_kept, 1);
+  // The draw was from that mask: the document's first byte.
+  EXPECT_EQ(vocab->bytes(out.sampled.at(0).token_ids.at(0)).substr(0, 1), "{");
+}
+
 // vLLM's structured_outputs.choice: every output is one of the strings, and
 // "ok" (which begins "okay") may end or go on.
 TEST(StructuredOutputsTest, EachOutputIsOneOfTheChoices) {

@@ -140,4 +140,18 @@ std::shared_ptr<const Schema> AnyJsonObject();
 [[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileGrammar(
     const SamplingParams& params);
 
+// CompileGrammar's results, refusals included, kept for the process by the
+// grammar's field and text (the last kKeptGrammars used): the scheduler
+// compiles a request's grammar on its gRPC thread as the request arrives,
+// so that its engine loop's admission finds it compiled, and the worker's
+// requests of one grammar share one Schema (and so its token masks).
+inline constexpr size_t kKeptGrammars = 256;
+[[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileGrammarKept(
+    const SamplingParams& params);
+struct KeptGrammarStats {
+  int64_t hits = 0;
+  int64_t misses = 0;
+};
+KeptGrammarStats KeptGrammars();
+
 }  // namespace tandem::grammar

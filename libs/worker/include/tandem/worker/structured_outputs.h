@@ -73,17 +73,22 @@ class StructuredOutputs {
   void Ban(const std::string& id, const SamplingParams& params, std::span<const int32_t> output,
            GrammarState* state, std::vector<int32_t>* banned);
 
+  // Compiles a new request's grammar and makes the mask of its first state,
+  // so that its first Ban finds both kept. StepExecutor calls it as it
+  // prepares a step, while the step before runs on the device; Ban at the
+  // launch is then off that path.
+  void Warm(const SamplingParams& params);
+
  private:
-  // The grammar of `params`' json_schema, choice or regex (each text
-  // compiled once, at most kMaxCached kept, so that the requests of one
-  // grammar share its masks); nullptr when it does not compile.
+  // The grammar of `params`' json_schema, choice or regex
+  // (grammar::CompileGrammarKept: the requests of one grammar share its
+  // Schema, and so its masks); nullptr when it does not compile.
   std::shared_ptr<const grammar::Schema> Compile(const SamplingParams& params);
 
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;
   std::vector<int32_t> eos_token_ids_;
   grammar::TokenMaskCache masks_;
   double mask_seconds_ = 0;
-  absl::flat_hash_map<std::string, std::shared_ptr<const grammar::Schema>> schemas_;
   grammar::TokenMask mask_;
 };
 
