@@ -335,6 +335,11 @@ class RegexDfaBuilder {
 
 absl::StatusOr<std::shared_ptr<const RegexDfa>> CompileRegex(std::string_view pattern,
                                                              RegexDialect dialect) {
+  // vLLM refuses it before xgrammar's native reader sees it.
+  if (const size_t nul = pattern.find('\0'); nul != std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("regex: a NUL character at ", nul + 1, " (vLLM refuses one)"));
+  }
   auto ast = internal::ParseRegex(pattern, dialect);
   if (!ast.ok()) return ast.status();
   if (dialect == RegexDialect::kJsonStringPattern) {

@@ -88,6 +88,7 @@ TEST(RegexTest, ReadsPatternsAsXgrammarDoes) {
 TEST(RegexTest, RefusesWhatItCannotHoldByName) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"(a", "'(' without its ')'"},
+      {std::string("ab\0c", 4), "a NUL character at 3"},
       {"a)", "')' without a '('"},
       {"[ab", "'[' without its ']'"},
       {"[]", "empty class"},
