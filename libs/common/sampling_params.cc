@@ -90,6 +90,9 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     return absl::InvalidArgumentError(
         "more than one of json_schema, choice and regex constrains the output; send one");
   }
+  if (disable_any_whitespace && json_schema.empty()) {
+    return absl::InvalidArgumentError("disable_any_whitespace needs a json_schema");
+  }
   if (HasGrammar()) {
     if (const char* name = JsonSchemaConflict(ignore_eos, min_tokens, !bad_words.empty(),
                                               !allowed_token_ids.empty())) {

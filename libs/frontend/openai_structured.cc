@@ -2,8 +2,8 @@
 // (OpenAI's, vLLM's ResponseFormat) and structured_outputs (vLLM's
 // StructuredOutputsParams), of which the grammar holds JSON (json_schema,
 // json_object, and structured_outputs' json and json_object),
-// structured_outputs' choice and its regex. Its grammar and structural_tag
-// are refused by name. tool_choice
+// structured_outputs' choice and its regex, and its disable_any_whitespace
+// for JSON. Its grammar and structural_tag are refused by name. tool_choice
 // "required" and a named tool are structured outputs too: the calls' JSON
 // (vLLM's _get_json_schema_from_tool).
 #include <algorithm>
@@ -93,7 +93,8 @@ std::optional<ApiError> Regex(const Json& regex, std::string* out) {
 }
 
 std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out,
-                                          std::vector<std::string>* choice, std::string* regex) {
+                                          std::vector<std::string>* choice, std::string* regex,
+                                          bool* compact) {
   if (!params.is_object()) {
     return BadRequest("'structured_outputs' must be an object", "structured_outputs");
   }
@@ -104,9 +105,18 @@ std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out,
       kinds += value.is_null() ? 0 : 1;
       continue;
     }
+    // xgrammar's any_whitespace=False: held for a JSON document (a regex's or
+    // a choice's text has no JSON whitespace, so the flag changes nothing
+    // there, as in vLLM).
+    if (key == "disable_any_whitespace") {
+      if (!value.is_boolean()) {
+        return BadRequest(absl::StrCat("'", param, "' must be a boolean"), param);
+      }
+      *compact = value.get<bool>();
+      continue;
+    }
     // The flags that only fine-tune a backend, at their defaults.
-    if ((key == "disable_fallback" || key == "disable_any_whitespace" ||
-         key == "disable_additional_properties") &&
+    if ((key == "disable_fallback" || key == "disable_additional_properties") &&
         value == Json(false)) {
       continue;
     }
@@ -270,11 +280,12 @@ std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest
   std::string from_format, from_params;
   std::vector<std::string> choice;
   std::string regex;
+  bool compact = false;
   if (const Json* format = r.Find("response_format")) {
     if (auto e = ResponseFormat(*format, &from_format)) return e;
   }
   if (const Json* params = r.Find("structured_outputs")) {
-    if (auto e = StructuredOutputs(*params, &from_params, &choice, &regex)) return e;
+    if (auto e = StructuredOutputs(*params, &from_params, &choice, &regex, &compact)) return e;
   }
   const bool has_params = !from_params.empty() || !choice.empty() || !regex.empty();
   if (!from_format.empty() && has_params) {
@@ -291,6 +302,9 @@ std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest
                         field);
     }
     out->json_schema = !from_format.empty() ? from_format : from_params;
+    // With response_format's schema too: vLLM sets that schema on the
+    // request's structured_outputs, flags and all.
+    out->disable_any_whitespace = compact && !out->json_schema.empty();
     out->choice = std::move(choice);
     out->regex = std::move(regex);
     out->json_schema_field = field;

@@ -14,8 +14,18 @@ enum FrameKind : uint8_t { kRoot, kObject, kArray, kString, kNumber, kLiteral, k
 
 // Phases. Root: before its value, after it.
 enum : uint8_t { kRootStart, kRootDone };
-// Object and array: after the opening bracket, a key, a colon, a value, a comma.
-enum : uint8_t { kOpen, kAfterKey, kAfterColon, kAfterValue, kAfterComma };
+// Object and array: after the opening bracket, a key, a colon, a value, a
+// comma; and, without any whitespace (Schema::any_whitespace), after a colon
+// or a comma that the space of ": " or ", " must follow.
+enum : uint8_t {
+  kOpen,
+  kAfterKey,
+  kAfterColon,
+  kAfterValue,
+  kAfterComma,
+  kColonSpace,
+  kCommaSpace
+};
 // Number (RFC 8259): after '-', a leading 0, integer digits, '.', fraction
 // digits, 'e', the exponent's sign, exponent digits.
 enum : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpDigits };
@@ -34,7 +44,8 @@ constexpr std::string_view kBuiltin[] = {"true", "false", "null"};
 // chains of a few: $ref, anyOf, type lists).
 constexpr int kMaxUnionDepth = 64;
 
-bool IsWs(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+// xgrammar's whitespace, [ \n\t] (no CR, which RFC 8259 has).
+bool IsWs(uint8_t c) { return c == ' ' || c == '\t' || c == '\n'; }
 bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
 bool IsHex(uint8_t c) { return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 bool NumberAccepts(uint8_t phase) {
@@ -205,6 +216,14 @@ class Stepper {
     }
   }
 
+  // Whitespace that may come anywhere between an object's or an array's
+  // tokens.
+  bool FreeWs(uint8_t c) const { return schema_.any_whitespace() && IsWs(c); }
+  // The phase after a ',' or a ':': straight on with free whitespace, else
+  // the space of ", " or ": " first.
+  uint8_t AfterComma() const { return schema_.any_whitespace() ? kAfterComma : kCommaSpace; }
+  uint8_t AfterColon() const { return schema_.any_whitespace() ? kAfterColon : kColonSpace; }
+
   void StepObject(int32_t top, const Frame& f, uint8_t c) {
     const SchemaNode& o = node(f.node);
     const int64_t n = std::ssize(o.properties);
@@ -212,24 +231,30 @@ class Stepper {
     switch (f.phase) {
       case kOpen:
       case kAfterComma:
-        if (IsWs(c)) return Emit(top);
+        if (FreeWs(c)) return Emit(top);
         if (c == '"') return StartKey(f);
         if (c == '}' && f.phase == kOpen && may_close) return Emit(f.parent);
         return;
       case kAfterKey:
-        if (IsWs(c)) return Emit(top);
-        if (c == ':') Emit(With(f, kAfterColon));
+        if (FreeWs(c)) return Emit(top);
+        if (c == ':') Emit(With(f, AfterColon()));
+        return;
+      case kColonSpace:
+        if (c == ' ') Emit(With(f, kAfterColon));
+        return;
+      case kCommaSpace:
+        if (c == ' ') Emit(With(f, kAfterComma));
         return;
       case kAfterColon: {
-        if (IsWs(c)) return Emit(top);
+        if (FreeWs(c)) return Emit(top);
         const bool declared = f.count < n;
         const int32_t value =
             declared ? o.properties[static_cast<size_t>(f.count)].node : o.additional;
         return StartValue(value, c, With(f, kAfterValue, declared ? f.count + 1 : n), 0);
       }
       case kAfterValue:
-        if (IsWs(c)) return Emit(top);
-        if (c == ',' && (f.count < n || o.additional >= 0)) return Emit(With(f, kAfterComma));
+        if (FreeWs(c)) return Emit(top);
+        if (c == ',' && (f.count < n || o.additional >= 0)) return Emit(With(f, AfterComma()));
         if (c == '}' && may_close) Emit(f.parent);
         return;
       default:
@@ -239,7 +264,11 @@ class Stepper {
 
   void StepArray(int32_t top, const Frame& f, uint8_t c) {
     const SchemaNode& a = node(f.node);
-    if (IsWs(c)) return Emit(top);
+    if (f.phase == kCommaSpace) {
+      if (c == ' ') Emit(With(f, kAfterComma));
+      return;
+    }
+    if (FreeWs(c)) return Emit(top);
     switch (f.phase) {
       case kOpen:
         if (c == ']') {
@@ -250,7 +279,7 @@ class Stepper {
         return;
       case kAfterValue:
         if (c == ',' && (a.max_items < 0 || f.count < a.max_items))
-          return Emit(With(f, kAfterComma));
+          return Emit(With(f, AfterComma()));
         if (c == ']' && f.count >= a.min_items) Emit(f.parent);
         return;
       case kAfterComma:

@@ -92,7 +92,10 @@ void SortLiterals(SchemaNode* node) {
 
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const Json& doc) : doc_(doc), schema_(std::make_shared<Schema>()) {}
+  explicit SchemaCompiler(const Json& doc, bool any_whitespace = true)
+      : doc_(doc), schema_(std::make_shared<Schema>()) {
+    schema_->any_whitespace_ = any_whitespace;
+  }
 
   absl::StatusOr<std::shared_ptr<const Schema>> Run() {
     TANDEM_ASSIGN_OR_RETURN(schema_->root_, Compile(doc_, ""));
@@ -558,8 +561,9 @@ class SchemaCompiler {
   int depth_ = 0;
 };
 
-absl::StatusOr<std::shared_ptr<const Schema>> CompileJsonSchema(const Json& schema) {
-  return SchemaCompiler(schema).Run();
+absl::StatusOr<std::shared_ptr<const Schema>> CompileJsonSchema(const Json& schema,
+                                                                bool any_whitespace) {
+  return SchemaCompiler(schema, any_whitespace).Run();
 }
 
 namespace {
@@ -600,7 +604,7 @@ absl::StatusOr<std::shared_ptr<const Schema>> CompileGrammar(const SamplingParam
   const auto schema =
       nlohmann::ordered_json::parse(params.json_schema, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return absl::InvalidArgumentError("json_schema is not valid JSON");
-  return CompileJsonSchema(schema);
+  return CompileJsonSchema(schema, !params.disable_any_whitespace);
 }
 
 std::shared_ptr<const Schema> AnyJsonObject() {

@@ -12,10 +12,11 @@ namespace {
 
 using Compiled = absl::StatusOr<std::shared_ptr<const Schema>>;
 
-// The grammar's field and text; a choice's strings each with its length,
-// so that no two lists share a key.
+// The grammar's field, its whitespace and its text; a choice's strings each
+// with its length, so that no two lists share a key.
 std::string Key(const SamplingParams& params) {
-  std::string key = absl::StrCat(params.GrammarField(), ":");
+  std::string key =
+      absl::StrCat(params.GrammarField(), params.disable_any_whitespace ? " compact:" : ":");
   if (!params.choice.empty()) {
     for (const std::string& c : params.choice) absl::StrAppend(&key, c.size(), ":", c);
   } else {

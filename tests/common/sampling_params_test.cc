@@ -51,6 +51,12 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.json_schema = "{}", .choice = {"a"}}, "more than one of json_schema, choice");
   ExpectInvalid({.choice = {"a"}, .regex = "a"}, "more than one of json_schema, choice");
   ExpectInvalid({.json_schema = "{}", .regex = "a"}, "more than one of json_schema, choice");
+  ExpectInvalid({.regex = "a", .disable_any_whitespace = true},
+                "disable_any_whitespace needs a json_schema");
+  ExpectInvalid({.choice = {"a"}, .disable_any_whitespace = true},
+                "disable_any_whitespace needs a json_schema");
+  EXPECT_TRUE(
+      (SamplingParams{.json_schema = "{}", .disable_any_whitespace = true}).Validate(512).ok());
   ExpectInvalid({.regex = "a+", .ignore_eos = true},
                 "ignore_eos is not supported with structured outputs (regex)");
   EXPECT_TRUE((SamplingParams{.regex = "a+", .json_schema_after_token = 511}).Validate(512).ok());

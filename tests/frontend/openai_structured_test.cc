@@ -157,6 +157,26 @@ TEST(OpenAiParseTest, StructuredOutputsParseIntoTheSchemasText) {
       "disable_any_whitespace":false}})",
                      Endpoint::kCompletions, &r));
   EXPECT_EQ(r.json_schema, R"({"type":"object","additionalProperties":true})");
+  EXPECT_FALSE(r.disable_any_whitespace);
+  // disable_any_whitespace: with json, json_object, and response_format's
+  // schema (vLLM sets it on the same structured_outputs); a regex or a
+  // choice has no JSON whitespace to take it.
+  for (
+      const char* body :
+      {R"({"prompt":"x","structured_outputs":{"json_object":true,"disable_any_whitespace":true}})",
+       R"({"prompt":"x","structured_outputs":{"disable_any_whitespace":true,"json":{"type":"string"}}})",
+       R"({"prompt":"x","structured_outputs":{"disable_any_whitespace":true},
+            "response_format":{"type":"json_object"}})"}) {
+    r = {};
+    ASSERT_FALSE(Parse(body, Endpoint::kCompletions, &r)) << body;
+    EXPECT_TRUE(r.disable_any_whitespace) << body;
+  }
+  r = {};
+  ASSERT_FALSE(
+      Parse(R"({"prompt":"x","structured_outputs":{"regex":"a","disable_any_whitespace":true}})",
+            Endpoint::kCompletions, &r));
+  EXPECT_FALSE(r.disable_any_whitespace);
+  EXPECT_EQ(r.regex, "a");
   // structured_outputs.choice: raw strings, a null json beside it.
   r = {};
   ASSERT_FALSE(Parse(R"({"prompt":"x","structured_outputs":{"choice":["yes","no","\"q\""],
@@ -215,6 +235,10 @@ TEST(OpenAiParseTest, StructuredOutputsTheGrammarCannotHoldAreRefusedByName) {
       {R"("structured_outputs":{"json":{"type":"string"}},"allowed_token_ids":[3])",
        "allowed_token_ids"},
       {R"("guided_json":{"type":"string"})", "guided_json"},
+      {R"("structured_outputs":{"json_object":true,"disable_any_whitespace":"yes"})",
+       "structured_outputs.disable_any_whitespace"},
+      {R"("structured_outputs":{"json_object":true,"disable_fallback":true})",
+       "structured_outputs.disable_fallback"},
   };
   for (const auto& [fields, param] : cases) {
     EXPECT_EQ(ErrorParam(std::string(R"({"prompt":"x",)") + fields + "}"), param) << fields;

@@ -163,6 +163,49 @@ TEST_F(FrontendStructuredOutputsTest, EveryChoiceIsADocumentOfItsSchemaOrItsBegi
   EXPECT_GT(ScrapeMetric(worker_, "tandem_worker_grammar_mask_cache_bytes"), 0);
 }
 
+// vLLM's structured_outputs.disable_any_whitespace: the answer is written
+// as Python's json.dumps writes it. Without the whitespace random32k favours,
+// every Person closes well within max_tokens.
+TEST_F(FrontendStructuredOutputsTest, WithoutAnyWhitespaceAnAnswerIsWrittenAsJsonDumpsWritesIt) {
+  // The text with every string literal emptied: what is left is the
+  // separators and the other values.
+  const RE2 string_literal(R"re("(?:[^"\\]|\\.)*")re");
+  for (bool stream : {false, true}) {
+    const Json body = {
+        {"messages", {{{"role", "user"}, {"content", "Who are you? Answer in JSON."}}}},
+        {"structured_outputs", {{"json", kPerson}, {"disable_any_whitespace", true}}},
+        {"n", 4},
+        {"temperature", 1.0},
+        {"seed", 5},
+        {"max_tokens", 200},
+        {"stream", stream}};
+    const HttpResult r = Post(frontend_.address(), "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    std::vector<std::pair<std::string, std::string>> answers;
+    if (stream) {
+      for (auto& [index, answer] : StreamedAnswers(r.raw)) answers.push_back(answer);
+    } else {
+      for (const Json& c : r.body["choices"]) {
+        answers.emplace_back(c["message"]["content"], c["finish_reason"]);
+      }
+    }
+    ASSERT_EQ(answers.size(), 4u);
+    for (const auto& [text, finish] : answers) {
+      SCOPED_TRACE(text);
+      EXPECT_EQ(finish, "stop");
+      ExpectPerson(text);
+      std::string skeleton = text;
+      RE2::GlobalReplace(&skeleton, string_literal, "\"\"");
+      // {"": N, "": "", "": true} (kPerson is a Json: its properties go out
+      // in key order, age first): each separator with its one space, no
+      // other whitespace.
+      EXPECT_TRUE(
+          RE2::FullMatch(skeleton, R"re(\{"": (0|[1-9][0-9]*), "": "", "": (true|false)\})re"))
+          << skeleton;
+    }
+  }
+}
+
 // tool_choice named and "required" on the real model: a named tool's one
 // call has arguments that begin its parameters' document (whole when the
 // choice stops); "required" answers calls of the tools with their

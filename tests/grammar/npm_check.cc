@@ -1,13 +1,19 @@
 // The grammar against references we did not write (tests/grammar/README.md):
-//   grammar_npm_check SCHEMAS INSTANCES TOKENIZER WALKS_OUT
+//   grammar_npm_check SCHEMAS INSTANCES DUMPS TOKENIZER WALKS_OUT
 // 1. every document json-schema-faker made (INSTANCES, JSON lines of
 //    {"schema": i, "doc": text}) must be a whole document of schema i;
-// 2. random walks over TOKENIZER's vocabulary, each token drawn from the
+// 2. each of them as Python's json.dumps writes it (DUMPS, JSON lines of
+//    {"schema": i, "dumps": text, "tight": text}) must be a whole document of
+//    schema i compiled without any whitespace (vLLM's disable_any_whitespace)
+//    and with it; written with (",", ":") separators ("tight"), the first
+//    must refuse it where it differs;
+// 3. random walks over TOKENIZER's vocabulary, each token drawn from the
 //    mask, are written to WALKS_OUT for ajv (check.mjs validate). At every
 //    step the mask must hold a token or the document be complete, and every
 //    drawn token must be taken by Accept, and the mask a TokenMaskCache
 //    gives must be the walked one (both times are printed: the cache's
-//    figure against the walk of the whole vocabulary it saves).
+//    figure against the walk of the whole vocabulary it saves); the
+//    schemas without any whitespace are walked too.
 // Exits 1 on the first failure, naming it.
 #include <algorithm>
 #include <chrono>
@@ -41,13 +47,23 @@ bool Structural(std::string_view bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) return Fail("usage: grammar_npm_check SCHEMAS INSTANCES TOKENIZER WALKS_OUT");
-  std::vector<std::shared_ptr<const Schema>> schemas;
-  for (const Json& s : Json::parse(std::ifstream(argv[1]))) {
-    auto compiled = CompileJsonSchema(s);
-    if (!compiled.ok()) return Fail(std::string(compiled.status().message()));
-    schemas.push_back(*compiled);
+  if (argc != 6) {
+    return Fail("usage: grammar_npm_check SCHEMAS INSTANCES DUMPS TOKENIZER WALKS_OUT");
   }
+  // Each schema with any whitespace, then each without.
+  std::vector<std::shared_ptr<const Schema>> schemas;
+  const Json listed = Json::parse(std::ifstream(argv[1]));
+  for (bool any_whitespace : {true, false}) {
+    for (const Json& s : listed) {
+      auto compiled = CompileJsonSchema(s, any_whitespace);
+      if (!compiled.ok()) return Fail(std::string(compiled.status().message()));
+      schemas.push_back(*compiled);
+    }
+  }
+  const auto whole = [](const std::shared_ptr<const Schema>& schema, const std::string& doc) {
+    JsonMatcher m(schema);
+    return m.Accept(doc) && m.Complete();
+  };
   int instances = 0;
   std::ifstream in(argv[2]);
   for (std::string line; std::getline(in, line);) {
@@ -60,7 +76,26 @@ int main(int argc, char** argv) {
     }
     ++instances;
   }
-  auto tokenizer = tandem::tokenizer::LoadTokenizer(argv[3]);
+  int dumps = 0, tight = 0;
+  std::ifstream dumped(argv[3]);
+  for (std::string line; std::getline(dumped, line);) {
+    const Json j = Json::parse(line);
+    const size_t i = j.at("schema").get<size_t>();
+    const std::string doc = j.at("dumps").get<std::string>();
+    const std::string& compact_doc = j.at("tight").get_ref<const std::string&>();
+    if (!whole(schemas.at(listed.size() + i), doc) || !whole(schemas.at(i), doc)) {
+      return Fail("schema " + std::to_string(i) + " refuses json.dumps' " + doc);
+    }
+    if (compact_doc != doc) {
+      if (whole(schemas.at(listed.size() + i), compact_doc)) {
+        return Fail("schema " + std::to_string(i) + " without whitespace takes " + compact_doc);
+      }
+      ++tight;
+    }
+    ++dumps;
+  }
+  if (dumps != instances) return Fail("DUMPS does not hold every instance");
+  auto tokenizer = tandem::tokenizer::LoadTokenizer(argv[4]);
   if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
   std::vector<std::string> bytes((*tokenizer)->vocab_size());
   for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id) {
@@ -71,12 +106,13 @@ int main(int argc, char** argv) {
   const auto shared_vocab = std::make_shared<const TokenVocabulary>(std::move(bytes));
   const TokenVocabulary& vocab = *shared_vocab;
   TokenMaskCache cache(shared_vocab, size_t{256} << 20);
-  std::ofstream out(argv[4]);
+  std::ofstream out(argv[5]);
   std::mt19937 rng(1234);
   int walks = 0, complete = 0, tokens = 0, masks = 0;
   std::chrono::steady_clock::duration mask_time{}, cached_time{};
   for (size_t i = 0; i < schemas.size(); ++i) {
-    for (int w = 0; w < 12; ++w, ++walks) {
+    const bool compact = i >= listed.size();
+    for (int w = 0; w < (compact ? 6 : 12); ++w, ++walks) {
       JsonMatcher m(schemas[i]);
       std::string doc;
       for (int step = 0; step < 600 && m.Open(); ++step) {
@@ -112,13 +148,15 @@ int main(int argc, char** argv) {
       }
       if (!m.Complete()) continue;
       ++complete;
-      out << Json({{"schema", i}, {"doc", doc}}).dump(-1, ' ', false, Json::error_handler_t::strict)
+      out << Json({{"schema", i % listed.size()}, {"doc", doc}})
+                 .dump(-1, ' ', false, Json::error_handler_t::strict)
           << "\n";
     }
   }
-  std::cout << "grammar_npm_check: " << instances << " json-schema-faker documents accepted; "
-            << complete << " of " << walks << " walks complete (" << tokens << " tokens of "
-            << vocab.size() << "); a mask took "
+  std::cout << "grammar_npm_check: " << instances << " json-schema-faker documents accepted, "
+            << dumps << " as json.dumps writes them with and without any whitespace, " << tight
+            << " with tight separators refused without; " << complete << " of " << walks
+            << " walks complete (" << tokens << " tokens of " << vocab.size() << "); a mask took "
             << std::chrono::duration<double, std::milli>(mask_time).count() / std::max(masks, 1)
             << " ms on average, from the TokenMaskCache "
             << std::chrono::duration<double, std::milli>(cached_time).count() / std::max(masks, 1)

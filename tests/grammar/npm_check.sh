@@ -4,6 +4,8 @@
 # has json-schema-faker write documents the grammar must accept, and ajv
 # check the documents the grammar's token masks write. Fails (never skips)
 # without node or the registry: CI has both.
+# Needs /usr/bin/python3 (Debian's; its json module is the reference for
+# disable_any_whitespace).
 # Usage: npm_check.sh BUILD_DIR SOURCE_DIR SHARED_DIR CHECK_BINARY
 set -euo pipefail
 build="$1"
@@ -18,5 +20,24 @@ if ! cmp -s "$src/node/package-lock.json" "$work/package-lock.json" || [ ! -d "$
 fi
 cp "$src/node/check.mjs" "$work/"
 node "$work/check.mjs" instances "$src/data/schemas.json" "$work/instances.jsonl"
-"$check" "$src/data/schemas.json" "$work/instances.jsonl" "$shared/models/tokenizer.bin" "$work/walks.jsonl"
+# The same documents as Python's json.dumps writes them, which is what
+# xgrammar's any_whitespace=False (vLLM's disable_any_whitespace) holds: ", "
+# and ": " (dumps), and with (",", ":") separators (tight), which it refuses.
+# A number keeps the text JSON.stringify gave it (Python's repr of a float
+# writes 1e-05 where JavaScript writes 0.00001, and a bounded number may
+# have no exponent): it goes through dumps as a marked string.
+/usr/bin/python3 - "$work/instances.jsonl" "$work/dumps.jsonl" <<'PY'
+import json, re, sys
+mark = re.compile(r'"\\u0000(.*?)\\u0000"')
+def dumps(doc, **kw):
+    return mark.sub(lambda m: m.group(1), json.dumps(doc, ensure_ascii=False, **kw))
+with open(sys.argv[1]) as src, open(sys.argv[2], "w") as out:
+    for line in src:
+        j = json.loads(line)
+        doc = json.loads(j["doc"], parse_float=lambda s: "\0" + s + "\0")
+        out.write(json.dumps({"schema": j["schema"], "dumps": dumps(doc),
+                              "tight": dumps(doc, separators=(",", ":"))}) + "\n")
+PY
+"$check" "$src/data/schemas.json" "$work/instances.jsonl" "$work/dumps.jsonl" \
+  "$shared/models/tokenizer.bin" "$work/walks.jsonl"
 node "$work/check.mjs" validate "$src/data/schemas.json" "$work/walks.jsonl"

@@ -133,7 +133,7 @@ TEST(TokenMaskCacheTest, KeepsAtMostItsBytesTheLatestUsedFirst) {
   EXPECT_EQ(none.stats().masks, 0u);
 }
 
-TEST(KeptGrammarsTest, AGrammarIsCompiledOnceAndKeptByItsFieldAndText) {
+TEST(KeptGrammarsTest, AGrammarIsCompiledOnceAndKeptByItsFieldTextAndWhitespace) {
   SamplingParams schema;
   schema.json_schema = R"({"type": "string", "title": "kept once"})";
   const auto first = CompileGrammarKept(schema);
@@ -162,6 +162,14 @@ TEST(KeptGrammarsTest, AGrammarIsCompiledOnceAndKeptByItsFieldAndText) {
   const auto as_regex = CompileGrammarKept(regex_true);
   ASSERT_TRUE(as_schema.ok() && as_regex.ok());
   EXPECT_NE(as_regex->get(), as_schema->get());
+  // A schema without any whitespace is its own grammar.
+  SamplingParams compact = schema;
+  compact.disable_any_whitespace = true;
+  const auto as_compact = CompileGrammarKept(compact);
+  ASSERT_TRUE(as_compact.ok());
+  EXPECT_NE(as_compact->get(), first->get());
+  EXPECT_FALSE((*as_compact)->any_whitespace());
+  EXPECT_TRUE((*first)->any_whitespace());
   // Past kKeptGrammars others, the first is compiled again.
   for (size_t i = 0; i < kKeptGrammars; ++i) {
     SamplingParams other;

@@ -34,6 +34,7 @@ sched::SchedulerOutput MakeOutput() {
                    .json_schema = R"({"type":"integer"})",
                    .choice = {"yes", "no \u00e9"},
                    .regex = "[a-z]+\\d",
+                   .disable_any_whitespace = true,
                    .json_schema_after_token = 0,
                    .seed = 1234567890123ull,
                    .max_tokens = 7,
@@ -73,6 +74,7 @@ void ExpectEqual(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.json_schema, b.json_schema);
   EXPECT_EQ(a.choice, b.choice);
   EXPECT_EQ(a.regex, b.regex);
+  EXPECT_EQ(a.disable_any_whitespace, b.disable_any_whitespace);
   EXPECT_EQ(a.json_schema_after_token, b.json_schema_after_token);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.max_tokens, b.max_tokens);

@@ -74,6 +74,11 @@ struct SamplingParams {
   // held), drawn as a json_schema's document is. Not with json_schema or
   // choice, nor with what cannot go with one (JsonSchemaConflict).
   std::string regex;
+  // vLLM's structured_outputs.disable_any_whitespace (xgrammar's
+  // any_whitespace=False): json_schema's document is written as Python's
+  // json.dumps writes it, ", " between members and items, ": " after a key,
+  // no other whitespace outside strings. Only with json_schema.
+  bool disable_any_whitespace = false;
   // When set, the grammar (json_schema, choice or regex) holds only the output
   // after this token's first occurrence; the output up to it (and the
   // token) is free, EOS included. The OpenAI layer sets it to "</think>"

@@ -176,6 +176,9 @@ struct CompletionRequest {
   // vLLM's structured_outputs.regex (SamplingParams::regex): each choice is
   // text the pattern matches whole; "" when the request has none.
   std::string regex;
+  // vLLM's structured_outputs.disable_any_whitespace, with json_schema only
+  // (SamplingParams::disable_any_whitespace).
+  bool disable_any_whitespace = false;
   std::string json_schema_field;  // the request's field any of them came from
   bool HasGrammar() const { return !json_schema.empty() || !choice.empty() || !regex.empty(); }
   bool ignore_eos = false;

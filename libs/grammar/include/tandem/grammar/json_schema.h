@@ -27,8 +27,12 @@
 //   pattern, minLength or maxLength), email and the JSON pointers are
 //   refused (xgrammar's regexes admit text that is not JSON), and any other
 //   format is an annotation, as in xgrammar and JSON Schema's default;
-// - whitespace (space, tab, CR, LF) is allowed between the tokens of
-//   objects and arrays, none before or after the whole document.
+// - whitespace (space, tab, LF: xgrammar's [ \n\t], no CR) is allowed
+//   between the tokens of objects and arrays, none before or after the whole
+//   document; with any_whitespace false (xgrammar's any_whitespace=False,
+//   vLLM's disable_any_whitespace) there is none at all outside strings but
+//   the space of ", " between members and items and of ": " after a key, as
+//   Python's json.dumps writes them.
 // Every other keyword that constrains a value is refused by name (minimum,
 // oneOf, ...), never ignored; annotations (title,
 // description, default, examples, $schema, $id, $comment, deprecated,
@@ -99,11 +103,15 @@ class Schema {
   // masks by it, so a schema freed and another allocated in its place never
   // share one).
   uint64_t id() const { return id_; }
+  // Whitespace between an object's or an array's tokens is free (true) or
+  // only the space of ", " and ": " (false).
+  bool any_whitespace() const { return any_whitespace_; }
 
  private:
   friend class SchemaCompiler;
   static uint64_t NextId();
   uint64_t id_ = NextId();
+  bool any_whitespace_ = true;
   std::vector<SchemaNode> nodes_;
   int32_t root_ = -1;
 };
@@ -113,7 +121,7 @@ class Schema {
 // (a JSON pointer) for what is refused: an unsupported keyword, a malformed
 // value, an unresolvable $ref, an empty enum, the schema `false`.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileJsonSchema(
-    const nlohmann::ordered_json& schema);
+    const nlohmann::ordered_json& schema, bool any_whitespace = true);
 
 // OpenAI's JSON mode (response_format {"type": "json_object"}): an object
 // whose members may hold any JSON value.
@@ -135,13 +143,14 @@ std::shared_ptr<const Schema> AnyJsonObject();
     std::string_view pattern);
 
 // The grammar of a request's structured outputs (its json_schema, choice or
-// regex: SamplingParams::HasGrammar), compiled; INVALID_ARGUMENT saying what
-// is refused.
+// regex: SamplingParams::HasGrammar; a json_schema's whitespace as its
+// disable_any_whitespace says), compiled; INVALID_ARGUMENT saying what is
+// refused.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileGrammar(
     const SamplingParams& params);
 
 // CompileGrammar's results, refusals included, kept for the process by the
-// grammar's field and text (the last kKeptGrammars used): the scheduler
+// grammar's field, text and whitespace (the last kKeptGrammars used): the scheduler
 // compiles a request's grammar on its gRPC thread as the request arrives,
 // so that its engine loop's admission finds it compiled, and the worker's
 // requests of one grammar share one Schema (and so its token masks).
