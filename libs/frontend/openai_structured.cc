@@ -2,8 +2,10 @@
 // (OpenAI's, vLLM's ResponseFormat) and structured_outputs (vLLM's
 // StructuredOutputsParams), of which the grammar holds JSON (json_schema,
 // json_object, and structured_outputs' json and json_object),
-// structured_outputs' choice and its regex, and its disable_any_whitespace
-// for JSON. Its grammar and structural_tag are refused by name. tool_choice
+// structured_outputs' choice and its regex, its disable_any_whitespace for
+// JSON, and its disable_additional_properties and disable_fallback (what
+// the schema compiler and the one matcher do anyway). Its grammar and
+// structural_tag are refused by name. tool_choice
 // "required" and a named tool are structured outputs too: the calls' JSON
 // (vLLM's _get_json_schema_from_tool).
 #include <algorithm>
@@ -115,9 +117,15 @@ std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out,
       *compact = value.get<bool>();
       continue;
     }
-    // The flags that only fine-tune a backend, at their defaults.
-    if ((key == "disable_fallback" || key == "disable_additional_properties") &&
-        value == Json(false)) {
+    // Either value is exact. disable_additional_properties writes
+    // additionalProperties false into each object that lists properties and
+    // leaves it out (vLLM's guidance backend), which the schema compiler
+    // holds already (xgrammar's strict mode). disable_fallback: there is no
+    // second backend; what the one cannot hold is refused, as true asks.
+    if (key == "disable_additional_properties" || key == "disable_fallback") {
+      if (!value.is_boolean()) {
+        return BadRequest(absl::StrCat("'", param, "' must be a boolean"), param);
+      }
       continue;
     }
     if (value.is_null()) continue;

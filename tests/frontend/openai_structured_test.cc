@@ -177,6 +177,22 @@ TEST(OpenAiParseTest, StructuredOutputsParseIntoTheSchemasText) {
             Endpoint::kCompletions, &r));
   EXPECT_FALSE(r.disable_any_whitespace);
   EXPECT_EQ(r.regex, "a");
+  // disable_additional_properties: additionalProperties false where an
+  // object lists properties and leaves it out, as the schema compiler holds
+  // it anyway (grammar_test ObjectsHoldTheirPropertiesInOrder): the schema
+  // goes on as written. disable_fallback: there is no other backend, what
+  // the one cannot hold is refused by name (below).
+  for (const char* flags :
+       {R"("disable_additional_properties":true)", R"("disable_additional_properties":false)",
+        R"("disable_fallback":true,"disable_additional_properties":true)"}) {
+    r = {};
+    ASSERT_FALSE(Parse(std::string(R"({"prompt":"x","structured_outputs":{"json":)"
+                                   R"({"properties":{"a":{}}},)") +
+                           flags + "}}",
+                       Endpoint::kCompletions, &r))
+        << flags;
+    EXPECT_EQ(r.json_schema, R"({"properties":{"a":{}}})");
+  }
   // structured_outputs.choice: raw strings, a null json beside it.
   r = {};
   ASSERT_FALSE(Parse(R"({"prompt":"x","structured_outputs":{"choice":["yes","no","\"q\""],
@@ -237,8 +253,10 @@ TEST(OpenAiParseTest, StructuredOutputsTheGrammarCannotHoldAreRefusedByName) {
       {R"("guided_json":{"type":"string"})", "guided_json"},
       {R"("structured_outputs":{"json_object":true,"disable_any_whitespace":"yes"})",
        "structured_outputs.disable_any_whitespace"},
-      {R"("structured_outputs":{"json_object":true,"disable_fallback":true})",
+      {R"("structured_outputs":{"json_object":true,"disable_fallback":"no"})",
        "structured_outputs.disable_fallback"},
+      {R"("structured_outputs":{"json_object":true,"disable_additional_properties":1})",
+       "structured_outputs.disable_additional_properties"},
   };
   for (const auto& [fields, param] : cases) {
     EXPECT_EQ(ErrorParam(std::string(R"({"prompt":"x",)") + fields + "}"), param) << fields;
