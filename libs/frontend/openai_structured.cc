@@ -107,25 +107,21 @@ std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out,
       kinds += value.is_null() ? 0 : 1;
       continue;
     }
-    // xgrammar's any_whitespace=False: held for a JSON document (a regex's or
-    // a choice's text has no JSON whitespace, so the flag changes nothing
-    // there, as in vLLM).
-    if (key == "disable_any_whitespace") {
+    // The boolean flags. disable_any_whitespace is xgrammar's
+    // any_whitespace=False, held for a JSON document (a regex's or a
+    // choice's text has no JSON whitespace, so it changes nothing there, as
+    // in vLLM). For the other two either value is exact:
+    // disable_additional_properties writes additionalProperties false into
+    // each object that lists properties and leaves it out (vLLM's guidance
+    // backend), which the schema compiler holds already (xgrammar's strict
+    // mode); disable_fallback: there is no second backend, and what the one
+    // cannot hold is refused, as true asks.
+    if (key == "disable_any_whitespace" || key == "disable_additional_properties" ||
+        key == "disable_fallback") {
       if (!value.is_boolean()) {
         return BadRequest(absl::StrCat("'", param, "' must be a boolean"), param);
       }
-      *compact = value.get<bool>();
-      continue;
-    }
-    // Either value is exact. disable_additional_properties writes
-    // additionalProperties false into each object that lists properties and
-    // leaves it out (vLLM's guidance backend), which the schema compiler
-    // holds already (xgrammar's strict mode). disable_fallback: there is no
-    // second backend; what the one cannot hold is refused, as true asks.
-    if (key == "disable_additional_properties" || key == "disable_fallback") {
-      if (!value.is_boolean()) {
-        return BadRequest(absl::StrCat("'", param, "' must be a boolean"), param);
-      }
+      if (key == "disable_any_whitespace") *compact = value.get<bool>();
       continue;
     }
     if (value.is_null()) continue;
