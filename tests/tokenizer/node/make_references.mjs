@@ -119,16 +119,20 @@ function hfReference(name) {
   // of tokenizer.json's post-processor. tokenizers.js reads tokenizer.json
   // alone, so the reference applies it here (DeepSeek V3's ByteLevel
   // post-processor adds no BOS; transformers, and vLLM with it, add one).
+  // get_vocab builds a Map of the whole vocabulary on each call (Gemma's
+  // 256k took 200 ms a text), so the vocabulary and the flags' ids are
+  // looked up once per tokenizer.
+  const vocab = tok.get_vocab(true);
   const namesFlags = "add_bos_token" in config || "add_eos_token" in config;
   const flagged = (flag, token) => {
     if (config[flag] !== true || token == null) return [];
-    const id = tok.get_vocab(true).get(typeof token === "string" ? token : token.content);
+    const id = vocab.get(typeof token === "string" ? token : token.content);
     if (id === undefined) throw new Error(`${name}: ${flag} names a token not in the vocabulary`);
     return [id];
   };
-  const encode = (text) => (namesFlags ? [...flagged("add_bos_token", config.bos_token),
-                                          ...tok.encode(text, { add_special_tokens: false }).ids,
-                                          ...flagged("add_eos_token", config.eos_token)]
+  const bos = flagged("add_bos_token", config.bos_token);
+  const eos = flagged("add_eos_token", config.eos_token);
+  const encode = (text) => (namesFlags ? [...bos, ...tok.encode(text, { add_special_tokens: false }).ids, ...eos]
                                        : tok.encode(text).ids);
   const cases = corpus.texts.map((text) => {
     const ids = encode(text);
@@ -136,7 +140,6 @@ function hfReference(name) {
   });
   // Decoding ids no text encodes to: ill-formed UTF-8 as byte tokens, and
   // random ids.
-  const vocab = tok.get_vocab(true);
   const byteId = (b) => vocab.get(`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`) ??
                         vocab.get(byteLevelChar(b));
   const idCases = [];
