@@ -60,7 +60,4 @@ struct PyJsonMember {
 // "1e+16"), ".0" on integral values, Infinity and NaN.
 [[nodiscard]] std::string PythonFloatRepr(double value);
 
-// Appends code point `cp` as UTF-8.
-void AppendUtf8(uint32_t cp, std::string* out);
-
 }  // namespace tandem::frontend::internal

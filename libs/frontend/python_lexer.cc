@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "python_json.h"
+#include "tandem/common/utf8.h"
 
 namespace tandem::frontend::internal {
 

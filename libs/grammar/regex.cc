@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "regex_parse.h"
+#include "tandem/common/utf8.h"
 
 namespace tandem::grammar {
 namespace {
@@ -31,15 +32,9 @@ constexpr size_t kMaxTable = size_t{1} << 20;
 
 // A codepoint's UTF-8 bytes.
 std::vector<uint8_t> Utf8(uint32_t cp) {
-  if (cp < 0x80) return {static_cast<uint8_t>(cp)};
-  if (cp < 0x800)
-    return {static_cast<uint8_t>(0xC0 | cp >> 6), static_cast<uint8_t>(0x80 | (cp & 0x3F))};
-  if (cp < 0x10000) {
-    return {static_cast<uint8_t>(0xE0 | cp >> 12), static_cast<uint8_t>(0x80 | (cp >> 6 & 0x3F)),
-            static_cast<uint8_t>(0x80 | (cp & 0x3F))};
-  }
-  return {static_cast<uint8_t>(0xF0 | cp >> 18), static_cast<uint8_t>(0x80 | (cp >> 12 & 0x3F)),
-          static_cast<uint8_t>(0x80 | (cp >> 6 & 0x3F)), static_cast<uint8_t>(0x80 | (cp & 0x3F))};
+  std::string bytes;
+  AppendUtf8(cp, &bytes);
+  return {bytes.begin(), bytes.end()};
 }
 
 using ByteRanges = std::vector<std::pair<uint8_t, uint8_t>>;

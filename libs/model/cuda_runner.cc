@@ -244,19 +244,17 @@ absl::StatusOr<std::vector<int32_t>> CudaRunnerBase::UploadDraws(
   for (size_t i = 0; i < sample.size(); ++i) {
     const SampleRequest& r = sample[i];
     if (r.params == nullptr || (r.params->temperature == 0.0f && r.banned_token_ids.empty() &&
-                                !r.params->AdjustsLogits())) {
+                                r.allowed_mask.empty() && !r.params->AdjustsLogits())) {
       continue;
     }
     const size_t history_begin = history.size();
     SampleAdjustments(*r.params, r.prompt_token_ids, r.output_token_ids, &history);
     kernels::SampleArgs a = ToSampleArgs(*r.params, r.output_position, r.banned_token_ids.size(),
-                                         history.size() - history_begin);
+                                         history.size() - history_begin, r.allowed_mask.size());
     a.row = static_cast<int32_t>(i);
     a.banned_begin = static_cast<int32_t>(banned.size());
     a.penalty_begin = static_cast<int32_t>(history_begin);
-    banned.insert(banned.end(), r.banned_token_ids.begin(), r.banned_token_ids.end());
-    banned.insert(banned.end(), r.params->allowed_token_ids.begin(),
-                  r.params->allowed_token_ids.end());
+    AppendSampleIds(*r.params, r.banned_token_ids, r.allowed_mask, &banned);
     args.push_back(a);
     rows.push_back(a.row);
   }

@@ -1,6 +1,7 @@
 #include "tandem/model/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -16,25 +17,34 @@ namespace tandem::model {
 
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position, std::span<const int32_t> banned_token_ids,
-                    std::span<const kernels::SamplePenalty> penalties) {
+                    std::span<const kernels::SamplePenalty> penalties,
+                    std::span<const uint32_t> allowed_mask) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   if (params.temperature == 0.0f && banned_token_ids.empty() && penalties.empty() &&
-      params.allowed_token_ids.empty()) {
+      params.allowed_token_ids.empty() && allowed_mask.empty()) {
     return kernels::ArgMax(logits.data(), vocab);
   }
-  const kernels::SampleArgs args =
-      ToSampleArgs(params, output_position, banned_token_ids.size(), penalties.size());
-  if (params.allowed_token_ids.empty()) {
+  const kernels::SampleArgs args = ToSampleArgs(params, output_position, banned_token_ids.size(),
+                                                penalties.size(), allowed_mask.size());
+  if (params.allowed_token_ids.empty() && allowed_mask.empty()) {
     return kernels::cpu::SampleRow(logits.data(), vocab, args, banned_token_ids.data(),
                                    penalties.data());
   }
-  std::vector<int32_t> ids(banned_token_ids.begin(), banned_token_ids.end());  // then the allowed
-  ids.insert(ids.end(), params.allowed_token_ids.begin(), params.allowed_token_ids.end());
+  thread_local std::vector<int32_t> ids;
+  ids.clear();
+  AppendSampleIds(params, banned_token_ids, allowed_mask, &ids);
   return kernels::cpu::SampleRow(logits.data(), vocab, args, ids.data(), penalties.data());
 }
 
+void AppendSampleIds(const SamplingParams& params, std::span<const int32_t> banned_token_ids,
+                     std::span<const uint32_t> allowed_mask, std::vector<int32_t>* out) {
+  out->insert(out->end(), banned_token_ids.begin(), banned_token_ids.end());
+  out->insert(out->end(), params.allowed_token_ids.begin(), params.allowed_token_ids.end());
+  for (uint32_t word : allowed_mask) out->push_back(std::bit_cast<int32_t>(word));
+}
+
 kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
-                                 size_t num_banned, size_t num_penalties) {
+                                 size_t num_banned, size_t num_penalties, size_t num_mask_words) {
   // vLLM raises a temperature in (0, 0.01) to 0.01 (SamplingParams'
   // _MAX_TEMP): below it the scaled logits lose their differences, and
   // past about 1e-37 they overflow to inf.
@@ -47,6 +57,7 @@ kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_po
           .position = output_position,
           .num_banned = static_cast<int32_t>(num_banned),
           .num_allowed = static_cast<int32_t>(params.allowed_token_ids.size()),
+          .num_mask_words = static_cast<int32_t>(num_mask_words),
           .presence_penalty = params.presence_penalty,
           .frequency_penalty = params.frequency_penalty,
           .repetition_penalty = params.repetition_penalty,
@@ -131,8 +142,9 @@ void SampleRows(std::span<const float> logits, int32_t vocab,
     std::vector<kernels::SamplePenalty> history;
     SampleAdjustments(*sample[i].params, sample[i].prompt_token_ids, sample[i].output_token_ids,
                       &history);
-    (*tokens)[i] = SampleToken(logits.subspan(i * v, v), *sample[i].params,
-                               sample[i].output_position, sample[i].banned_token_ids, history);
+    (*tokens)[i] =
+        SampleToken(logits.subspan(i * v, v), *sample[i].params, sample[i].output_position,
+                    sample[i].banned_token_ids, history, sample[i].allowed_mask);
   }
 }
 

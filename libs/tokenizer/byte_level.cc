@@ -1,5 +1,6 @@
 #include "byte_level.h"
 
+#include "tandem/common/utf8.h"
 #include "utf8.h"
 
 namespace tandem::tokenizer::internal {
@@ -17,7 +18,7 @@ ByteLevelAlphabet::ByteLevelAlphabet() {
   for (int b = 0; b < 256; ++b) {
     const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
     const char32_t cp = printable ? static_cast<char32_t>(b) : next++;
-    AppendCodepoint(cp, &chars_[b]);
+    AppendUtf8(cp, &chars_[b]);
     byte_of_[cp] = static_cast<int16_t>(b);
   }
 }

@@ -17,9 +17,6 @@ inline absl::string_view AV(std::string_view s) { return absl::string_view(s.dat
 
 inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
 
-// Appends the UTF-8 encoding of `cp` (which must be a scalar value).
-void AppendCodepoint(char32_t cp, std::string* out);
-
 // Decodes one well-formed UTF-8 character at the start of `s`: its code point
 // and length, or nullopt when `s` does not start with one (empty, a stray
 // continuation byte, an overlong form, a surrogate, > U+10FFFF, truncated).

@@ -335,9 +335,9 @@ void StepExecutor::BanByGrammar(Step& st) {
     const std::span<const int32_t> output = std::span<const int32_t>(s.token_ids)
                                                 .subspan(static_cast<size_t>(s.num_prompt_tokens),
                                                          static_cast<size_t>(row.output_position));
-    if (st.banned_.empty()) st.banned_.resize(st.sample_.size());
-    structured_->Ban(*st.batch_.ids[i], *row.params, output, &s.grammar, &st.banned_[i]);
-    row.banned_token_ids = st.banned_[i];
+    if (st.masks_.empty()) st.masks_.resize(st.sample_.size());
+    structured_->Mask(*st.batch_.ids[i], *row.params, output, &s.grammar, &st.masks_[i]);
+    row.allowed_mask = st.masks_[i];
     if (s.grammar.broken()) {
       if (st.errors_.empty()) st.errors_.resize(st.sample_.size());
       st.errors_[i] = s.grammar.error;

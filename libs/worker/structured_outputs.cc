@@ -58,15 +58,17 @@ StructuredOutputs::Stats StructuredOutputs::stats() const {
 
 void StructuredOutputs::Warm(const SamplingParams& params) {
   std::shared_ptr<const grammar::Schema> schema = Compile(params);
-  if (schema == nullptr) return;  // Ban reports it
+  if (schema == nullptr) return;  // Mask reports it
   const int64_t start = MonotonicNanos();
-  masks_.Allowed(grammar::JsonMatcher(std::move(schema)), &mask_);
+  grammar::TokenMask mask;
+  masks_.Allowed(grammar::JsonMatcher(std::move(schema)), &mask);
   mask_seconds_ += static_cast<double>(MonotonicNanos() - start) * 1e-9;
 }
 
-void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
-                            std::span<const int32_t> output, GrammarState* state,
-                            std::vector<int32_t>* banned) {
+void StructuredOutputs::Mask(const std::string& id, const SamplingParams& params,
+                             std::span<const int32_t> output, GrammarState* state,
+                             grammar::TokenMask* allowed) {
+  allowed->clear();
   const grammar::TokenVocabulary& vocab = *vocabulary_;
   if (params.json_schema_after_token) {
     // The document starts after the token (the thinking's end); up to it
@@ -103,10 +105,10 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
   bool complete = false;
   if (!state->broken()) {
     const int64_t start = MonotonicNanos();
-    const int32_t allowed = masks_.Allowed(*state->matcher, &mask_);
+    const int32_t count = masks_.Allowed(*state->matcher, allowed);
     mask_seconds_ += static_cast<double>(MonotonicNanos() - start) * 1e-9;
     complete = state->matcher->Complete();
-    if (allowed == 0 && !complete) {
+    if (count == 0 && !complete) {
       Break(id,
             absl::StrCat("structured outputs: no token can go on with the document after ",
                          output.size(), " tokens: the ", params.GrammarField(),
@@ -115,20 +117,17 @@ void StructuredOutputs::Ban(const std::string& id, const SamplingParams& params,
             state);
     }
   }
-  // The ids that end the request join the mask where it may end; the rest
-  // of the vocabulary is banned, a word of the mask at a time.
-  if (state->broken()) mask_.assign((static_cast<size_t>(vocab.size()) + 31) / 32, 0);
+  // The ids that end the request join the mask where it may end.
+  if (state->broken()) allowed->assign((static_cast<size_t>(vocab.size()) + 31) / 32, 0);
   if (complete || state->broken()) {
     for (std::span<const int32_t> ends : {std::span<const int32_t>(eos_token_ids_),
                                           std::span<const int32_t>(params.stop_token_ids)}) {
-      for (int32_t t : ends) mask_[static_cast<size_t>(t) / 32] |= 1u << (t % 32);
-    }
-  }
-  for (size_t w = 0; w < mask_.size(); ++w) {
-    for (uint32_t left = ~mask_[w]; left != 0; left &= left - 1) {
-      const int32_t t = static_cast<int32_t>(w * 32) + std::countr_zero(left);
-      if (t >= vocab.size()) break;
-      banned->push_back(t);
+      for (int32_t t : ends) {
+        if (t < 0) continue;
+        const size_t word = static_cast<size_t>(t) / 32;  // an id past the vocabulary too
+        if (word >= allowed->size()) allowed->resize(word + 1, 0);
+        (*allowed)[word] |= 1u << (t % 32);
+      }
     }
   }
 }

@@ -43,7 +43,8 @@ inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& 
 
 // Sampling draws over `rows` rows of a `vocab` vocabulary: every filter
 // (greedy, temperature, top-k, top-p, min-p and their mixes), banned ids,
-// allowed lists (an id twice, one banned too), penalties and logit biases,
+// allowed lists (an id twice, one banned too), token masks (one with fewer
+// words than the vocabulary, one after an allowed list), penalties and logit biases,
 // `draws` of them, drawing from rows in turn.
 struct SamplingCase {
   std::vector<int32_t> banned;
@@ -79,6 +80,22 @@ inline SamplingCase MakeSamplingCase(int32_t vocab, int32_t rows, int32_t draws)
       const std::vector<int32_t> allowed = {9 % vocab, vocab - 3, 9 % vocab, 20 % vocab, 3, 5};
       c.banned.insert(c.banned.end(), allowed.begin(), allowed.end());
       a.num_allowed = static_cast<int32_t>(allowed.size());
+    }
+    if (j % 8 == 3 || j % 8 == 6) {  // a token mask after its list (a list of its own for 6)
+      SampleArgs& a = c.args.back();
+      if (j % 8 == 6) {
+        a.banned_begin = static_cast<int32_t>(c.banned.size());
+        a.num_banned = 0;
+      }
+      // Every id for 6; the first half of the vocabulary for 3, whose ids
+      // past it are masked by their missing words.
+      const int32_t words = (j % 8 == 6 ? vocab + 31 : vocab / 2) / 32;
+      std::vector<uint32_t> mask(static_cast<size_t>(words), 0);
+      for (int32_t id = 0; id < words * 32; ++id) {
+        if (id % 13 == 4 || id == 9 % vocab || id == 5) mask[id / 32] |= 1u << (id % 32);
+      }
+      for (uint32_t w : mask) c.banned.push_back(static_cast<int32_t>(w));
+      a.num_mask_words = words;
     }
   }
   return c;

@@ -391,6 +391,63 @@ TEST(SamplingProgramTest, AllowedTokenIdsAreTheOnlyOnesDrawn) {
   EXPECT_GT(outside_without_the_list, 200);  // the lists decide the draws
 }
 
+// A structured-outputs token mask (vLLM applies xgrammar's bitmask as -inf
+// on every id whose bit is clear): a draw with the mask is the draw from
+// logits whose masked ids are -inf, greedy or not, with every filter,
+// banned ids, an allowed list and penalties; ids past the mask's words are
+// masked too (a model vocabulary wider than the mask); through SampleRows.
+TEST(SamplingProgramTest, ATokenMaskBansEveryIdItDoesNotAllow) {
+  std::mt19937 rng(23);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  int32_t masked_without_it = 0;
+  for (int32_t trial = 0; trial < 300; ++trial) {
+    const auto [vocab, logits, prompt, output] = RandomHistoryRow(rng, trial);
+    SamplingParams p{.temperature = trial % 3 == 0 ? 0.0f : 0.9f,
+                     .top_k = trial % 5 == 1 ? 3 : 0,
+                     .top_p = trial % 5 == 2 ? 0.8f : 1.0f,
+                     .min_p = trial % 5 == 3 ? 0.1f : 0.0f,
+                     .seed = rng()};
+    if (trial % 4 == 1) p.repetition_penalty = 1.4f;
+    if (trial % 7 == 3) {
+      for (int32_t j = 0; j < 12; ++j) {
+        p.allowed_token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+      }
+    }
+    // Words for the whole vocabulary, or (every fourth trial) fewer.
+    size_t words = (static_cast<size_t>(vocab) + 31) / 32;
+    if (trial % 4 == 2 && words > 1) words -= 1;
+    std::vector<uint32_t> mask(words, 0);
+    const int32_t allowed_count = 1 + static_cast<int32_t>(rng() % 40);
+    for (int32_t j = 0; j < allowed_count; ++j) {
+      const uint32_t id = rng() % (static_cast<uint32_t>(words) * 32);
+      mask[id / 32] |= 1u << (id % 32);
+    }
+    std::vector<int32_t> banned;
+    if (trial % 6 == 5) banned.push_back(static_cast<int32_t>(rng() % vocab));
+    std::vector<float> masked(logits.size(), -kInf);
+    for (size_t id = 0; id < logits.size() && id / 32 < words; ++id) {
+      if ((mask[id / 32] >> (id % 32) & 1u) != 0) masked[id] = logits[id];
+    }
+    const int32_t position = static_cast<int32_t>(output.size());
+    const SampleRequest row{.params = &p,
+                            .output_position = position,
+                            .banned_token_ids = banned,
+                            .allowed_mask = mask,
+                            .prompt_token_ids = prompt,
+                            .output_token_ids = output};
+    std::vector<int32_t> got;
+    SampleRows(logits, vocab, {&row, 1}, &got);
+    std::vector<kernels::SamplePenalty> history;
+    SampleAdjustments(p, prompt, output, &history);
+    ASSERT_EQ(got[0], SampleToken(masked, p, position, banned, history)) << "trial " << trial;
+    const auto allows = [&](int32_t id) {
+      return static_cast<size_t>(id) / 32 < words && (mask[id / 32] >> (id % 32) & 1u) != 0;
+    };
+    masked_without_it += allows(SampleToken(logits, p, position, banned, history)) ? 0 : 1;
+  }
+  EXPECT_GT(masked_without_it, 200);  // the masks decide the draws
+}
+
 // The program's list for one request: its history only with penalties,
 // its logit_bias ids always, each id once.
 TEST(SamplingProgramTest, SampleAdjustmentsListEachIdOnceWithItsBias) {

@@ -1,5 +1,5 @@
 // Structured outputs in StepExecutor: a backend that draws a random token
-// among those not banned (as the sampling program does) writes, step by
+// among those neither banned nor masked (as the sampling program does) writes, step by
 // step, a document of the request's json_schema, and ends it with EOS only
 // once it is complete. The grammar itself is tests/grammar's.
 #include <random>
@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "re2/re2.h"
 #include "tandem/grammar/json_matcher.h"
+#include "tandem/grammar/token_mask.h"
 #include "tandem/worker/step_executor.h"
 
 namespace tandem::worker {
@@ -23,8 +24,8 @@ using sched::SchedulerOutput;
 constexpr int32_t kEos = 1;
 constexpr int32_t kThinkEnd = 47;  // "</think>", Vocabulary()'s last
 
-// Draws uniformly among the ids a row does not ban (ids of empty bytes
-// included, as a model may favour them), and records the bans.
+// Draws uniformly among the ids a row neither bans nor masks (ids of empty
+// bytes included, as a model may favour them), and records which rows had either.
 class RandomBackend final : public StepBackend {
  public:
   explicit RandomBackend(int32_t vocab, uint32_t seed) : vocab_(vocab), rng_(seed) {}
@@ -37,9 +38,13 @@ class RandomBackend final : public StepBackend {
     for (size_t i = 0; i < batch.size(); ++i) {
       if (sample[i].params == nullptr) continue;
       std::vector<int32_t> free;
+      const auto& b = sample[i].banned_token_ids;
+      const std::span<const uint32_t> mask = sample[i].allowed_mask;
       for (int32_t t = 0; t < vocab_; ++t) {
-        const auto& b = sample[i].banned_token_ids;
-        if (std::find(b.begin(), b.end(), t) == b.end()) free.push_back(t);
+        // A mask bans what it does not allow, ids past its words too.
+        const bool masked = !mask.empty() && (static_cast<size_t>(t) / 32 >= mask.size() ||
+                                              !grammar::MaskAllows(mask, t));
+        if (!masked && std::find(b.begin(), b.end(), t) == b.end()) free.push_back(t);
       }
       if (free.empty()) return absl::InternalError("every token banned");
       (*tokens)[i] = free[rng_() % free.size()];
@@ -51,13 +56,13 @@ class RandomBackend final : public StepBackend {
       }
       ++drawn_;
       eos_allowed.push_back(std::find(free.begin(), free.end(), kEos) != free.end());
-      banned_counts.push_back(sample[i].banned_token_ids.size());
+      restricted.push_back(!b.empty() || !mask.empty());
     }
     return absl::OkStatus();
   }
   std::vector<int32_t> script;    // the first draws (each must be free)
   std::vector<bool> eos_allowed;  // per draw
-  std::vector<size_t> banned_counts;  // per draw
+  std::vector<bool> restricted;   // per draw: it had banned ids or a mask
 
  private:
   size_t drawn_ = 0;
@@ -228,7 +233,7 @@ TEST(StructuredOutputsTest, TheDocumentStartsAfterTheThinkingsEnd) {
                  {.json_schema = kSchema, .json_schema_after_token = kThinkEnd, .max_tokens = 400});
     ASSERT_GT(out.size(), thinking.size());
     for (size_t k = 0; k < thinking.size(); ++k) {
-      EXPECT_EQ(backend.banned_counts[k], 0u) << "draw " << k << " is before the document";
+      EXPECT_FALSE(backend.restricted[k]) << "draw " << k << " is before the document";
     }
     grammar::JsonMatcher m(schema);
     std::string doc;

@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -141,6 +142,48 @@ void BM_SampleOurs(benchmark::State& state) { Sample(state, true); }
 void BM_SampleSortingTheVocabulary(benchmark::State& state) { Sample(state, false); }
 BENCHMARK(BM_SampleOurs)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SampleSortingTheVocabulary)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// One structured-outputs row over Llama 3's vocabulary whose grammar allows
+// every 997th id (129 of 128,256): the row's int32 list built from the
+// grammar's bitmask and one greedy draw, as the list the device gets holds
+// it now (the mask's 4,008 words) beside how it did before (every id the
+// mask leaves out, ~128k, as banned ids). `list_bytes` is what the row adds
+// to the step's upload.
+//   bench_kernels --benchmark_filter=GrammarRow
+void GrammarRow(benchmark::State& state, bool as_mask) {
+  constexpr int32_t kVocab = 128256;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0, 4);
+  std::vector<float> logits(kVocab);
+  for (float& x : logits) x = d(rng);
+  std::vector<uint32_t> mask((kVocab + 31) / 32, 0);
+  for (int32_t t = 0; t < kVocab; t += 997) mask[t / 32] |= 1u << (t % 32);
+  std::vector<int32_t> ids;
+  ids.reserve(kVocab);
+  tandem::kernels::SampleArgs a{};  // greedy
+  for (auto _ : state) {
+    ids.clear();
+    if (as_mask) {
+      for (uint32_t w : mask) ids.push_back(static_cast<int32_t>(w));
+      a.num_mask_words = static_cast<int32_t>(ids.size());
+    } else {
+      for (size_t w = 0; w < mask.size(); ++w) {
+        for (uint32_t left = ~mask[w]; left != 0; left &= left - 1) {
+          const int32_t t = static_cast<int32_t>(w * 32) + std::countr_zero(left);
+          if (t >= kVocab) break;
+          ids.push_back(t);
+        }
+      }
+      a.num_banned = static_cast<int32_t>(ids.size());
+    }
+    benchmark::DoNotOptimize(kc::SampleRow(logits.data(), kVocab, a, ids.data()));
+  }
+  state.counters["list_bytes"] = static_cast<double>(ids.size() * sizeof(int32_t));
+}
+void BM_GrammarRowAsMask(benchmark::State& state) { GrammarRow(state, true); }
+void BM_GrammarRowAsBannedIds(benchmark::State& state) { GrammarRow(state, false); }
+BENCHMARK(BM_GrammarRowAsMask)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GrammarRowAsBannedIds)->Unit(benchmark::kMicrosecond);
 
 // log Z of one row of Llama 3's vocabulary (logits ~ N(0, 4)), what every
 // logprob needs: ours (kernels/logprobs.h, the device's program, in float

@@ -87,13 +87,14 @@ void ResidualAdd(float* x, const float* y, int64_t n);
 
 // One token from logits[0, vocab) (sampling.h's SampleRowProgram);
 // banned[0, args.num_banned) count as -inf, and so does every id not in
-// banned[num_banned, num_banned + args.num_allowed) when num_allowed > 0;
+// banned[num_banned, num_banned + args.num_allowed) when num_allowed > 0,
+// and every id the mask words after them do not allow (num_mask_words);
 // penalties[0, args.num_penalties) are the row's history.
 int32_t SampleRow(const float* logits, int32_t vocab, const SampleArgs& args,
                   const int32_t* banned = nullptr, const SamplePenalty* penalties = nullptr);
 
 // out_tokens[r] = a token from row args[r].row of logits[][vocab], with the
-// banned and allowed ids and penalties args[r] names in `banned` and `penalties`
+// banned and allowed ids, mask and penalties args[r] names in `banned` and `penalties`
 // (nullptr when no row has any).
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SampleArgs* args,
             const int32_t* banned, const SamplePenalty* penalties, int32_t* out_tokens);

@@ -12,8 +12,9 @@
 // then apply_top_k_top_p; each filter is a threshold on the value, so ties
 // with the last kept token stay, as in vLLM's top-k):
 //  - logit_bias and vLLM's penalties on the logits (Penalize), then s_i = logit_i /
-//    temperature; banned ids, and with an allowed list every id not on
-//    it, count as -inf; m = max s;
+//    temperature; banned ids, with an allowed list every id not on it,
+//    and with a token mask every id it does not allow, count as -inf;
+//    m = max s;
 //    e_i = exp(s_i - m), so the top token has e = 1.
 //  - min-p keeps e_i >= min_p (its share of the top token's probability);
 //  - top-k keeps e_i >= the k-th largest e of what min-p kept;
@@ -52,6 +53,13 @@ struct SampleArgs {
   // that follow the row's banned ids in the list are the only ones drawn
   // (every other logit counts as -inf).
   int32_t num_allowed = 0;
+  // A token mask (structured outputs; vLLM's bitmask): when
+  // num_mask_words > 0, the words that follow the allowed ids in the list
+  // hold one bit per id (bit id % 32 of word id / 32, as uint32_t), and an
+  // id whose bit is clear, or past the words, counts as -inf. A grammar
+  // that allows a few ids of a 128k vocabulary bans the rest in 4,008
+  // words instead of a list of 128k ids.
+  int32_t num_mask_words = 0;
   // vLLM's penalties (SamplingParams in tandem/common/sampling_params.h),
   // over the row's history, and its logit_bias: penalties[penalty_begin,
   // + num_penalties) of the launch's list, each token id once.
@@ -279,7 +287,8 @@ TANDEM_HD inline float LargestKept(float lo_value, const Keep& keep) {
 
 // Samples one token from logits[0, vocab) (see the top of this file);
 // banned[0, num_banned) count as -inf, and with num_allowed > 0 so does
-// every id not in banned[num_banned, num_banned + num_allowed);
+// every id not in banned[num_banned, num_banned + num_allowed), and with
+// num_mask_words > 0 every id the mask after them does not allow;
 // penalties[0, num_penalties) are the row's history. Scratch: e[vocab].
 // Every lane (GPU thread) calls it and gets the token.
 TANDEM_HD inline int32_t SampleRowProgram(SampleShared& sh, const float* logits, int32_t vocab,
@@ -297,7 +306,16 @@ TANDEM_HD inline int32_t SampleRowProgram(SampleShared& sh, const float* logits,
       if (id >= 0 && id < vocab) e[id] = 0.0f;
     });
   }
-  auto logit = [&](int32_t i) { return masked && e[i] != 0.0f ? -INFINITY : logits[i]; };
+  const int32_t* mask = a.num_mask_words > 0 ? banned + a.num_banned + a.num_allowed : nullptr;
+  const auto mask_allows = [&](int32_t i) {
+    const int32_t w = i >> 5;
+    return w < a.num_mask_words && (static_cast<uint32_t>(mask[w]) >> (i & 31) & 1u) != 0;
+  };
+  auto logit = [&](int32_t i) {
+    if (masked && e[i] != 0.0f) return -INFINITY;
+    if (a.num_mask_words > 0 && !mask_allows(i)) return -INFINITY;
+    return logits[i];
+  };
   if (a.num_penalties == 0) {
     ForSampleElements(
         vocab, [&](int32_t i) { e[i] = greedy ? logit(i) : DivRn(logit(i), a.temperature); });

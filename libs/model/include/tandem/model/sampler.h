@@ -21,11 +21,14 @@ namespace tandem::model {
 // output tokens (0 for the first). Greedy ties go to the lowest id.
 // `banned_token_ids` are never drawn: their logits count as -inf (vLLM's
 // min-tokens processor: EOS and stop tokens below min_tokens), nor any id
-// outside params.allowed_token_ids when it lists some. `penalties`: the
-// logits to rewrite (SampleAdjustments) when params adjusts any.
+// outside params.allowed_token_ids when it lists some, nor, with a non-empty
+// `allowed_mask` (one bit per id, grammar::TokenMask's layout), any id
+// whose bit is clear or that lies past its words. `penalties`: the logits
+// to rewrite (SampleAdjustments) when params adjusts any.
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int32_t output_position, std::span<const int32_t> banned_token_ids = {},
-                    std::span<const kernels::SamplePenalty> penalties = {});
+                    std::span<const kernels::SamplePenalty> penalties = {},
+                    std::span<const uint32_t> allowed_mask = {});
 
 // The lowest temperature that is not greedy (vLLM's _MAX_TEMP): one in
 // (0, it) samples at it.
@@ -33,10 +36,17 @@ inline constexpr float kMinSamplingTemperature = 0.01f;
 
 // The kernels' arguments for one draw (kernels/sampling.h), with
 // `num_banned` banned ids, params.allowed_token_ids after them in the row's
-// list of ids, and `num_penalties` history entries; a temperature in
+// list of ids, then `num_mask_words` words of a token mask, and
+// `num_penalties` history entries; a temperature in
 // (0, kMinSamplingTemperature) raised to it.
 kernels::SampleArgs ToSampleArgs(const SamplingParams& params, int32_t output_position,
-                                 size_t num_banned = 0, size_t num_penalties = 0);
+                                 size_t num_banned = 0, size_t num_penalties = 0,
+                                 size_t num_mask_words = 0);
+
+// Appends a row's list of ids as the kernels read it (SampleArgs): its
+// banned ids, params.allowed_token_ids, then the mask's words.
+void AppendSampleIds(const SamplingParams& params, std::span<const int32_t> banned_token_ids,
+                     std::span<const uint32_t> allowed_mask, std::vector<int32_t>* out);
 
 // Appends every token of `prompt` and `output` to *out once, with its count
 // in `output` (what the penalties read), outputs first. O(n) in the history's length.
@@ -62,6 +72,7 @@ struct SampleRequest {
   int32_t output_position = 0;             // see SampleToken
   // See SampleToken; logprobs stay those of the raw logits.
   std::span<const int32_t> banned_token_ids;
+  std::span<const uint32_t> allowed_mask;
   // With params that have penalties: the sequence's prompt and the output
   // tokens before this one.
   std::span<const int32_t> prompt_token_ids;

@@ -195,6 +195,8 @@ class StepExecutor {
     std::vector<model::SequenceInput> inputs_;
     std::vector<model::SampleRequest> sample_;
     std::vector<std::vector<int32_t>> banned_;  // sized only when a request bans tokens
+    // Structured outputs' token masks; sized only when a request has a grammar.
+    std::vector<grammar::TokenMask> masks_;
     // Per row, why its request cannot go on (SampledTokens::error); sized
     // only when one cannot.
     std::vector<std::string> errors_;
