@@ -258,6 +258,17 @@ HistoryRow RandomHistoryRow(std::mt19937& rng, int32_t trial) {
   return r;
 }
 
+// Greedy or not, with each filter in turn and now and then a penalty.
+SamplingParams RandomFilters(std::mt19937& rng, int32_t trial) {
+  SamplingParams p{.temperature = trial % 3 == 0 ? 0.0f : 0.9f,
+                   .top_k = trial % 5 == 1 ? 3 : 0,
+                   .top_p = trial % 5 == 2 ? 0.8f : 1.0f,
+                   .min_p = trial % 5 == 3 ? 0.1f : 0.0f,
+                   .seed = rng()};
+  if (trial % 4 == 1) p.repetition_penalty = 1.4f;
+  return p;
+}
+
 TEST(SamplingProgramTest, PenaltiesAreVllmsApplyPenaltiesBeforeEverythingElse) {
   std::mt19937 rng(3);
   for (int32_t trial = 0; trial < 200; ++trial) {
@@ -350,12 +361,7 @@ TEST(SamplingProgramTest, AllowedTokenIdsAreTheOnlyOnesDrawn) {
   int32_t outside_without_the_list = 0;
   for (int32_t trial = 0; trial < 300; ++trial) {
     const auto [vocab, logits, prompt, output] = RandomHistoryRow(rng, trial);
-    SamplingParams p{.temperature = trial % 3 == 0 ? 0.0f : 0.9f,
-                     .top_k = trial % 5 == 1 ? 3 : 0,
-                     .top_p = trial % 5 == 2 ? 0.8f : 1.0f,
-                     .min_p = trial % 5 == 3 ? 0.1f : 0.0f,
-                     .seed = rng()};
-    if (trial % 4 == 1) p.repetition_penalty = 1.4f;
+    SamplingParams p = RandomFilters(rng, trial);
     for (int32_t j = 0; j < 1 + trial % 7; ++j) {  // ids may repeat
       p.allowed_token_ids.push_back(static_cast<int32_t>(rng() % vocab));
     }
@@ -402,12 +408,7 @@ TEST(SamplingProgramTest, ATokenMaskBansEveryIdItDoesNotAllow) {
   int32_t masked_without_it = 0;
   for (int32_t trial = 0; trial < 300; ++trial) {
     const auto [vocab, logits, prompt, output] = RandomHistoryRow(rng, trial);
-    SamplingParams p{.temperature = trial % 3 == 0 ? 0.0f : 0.9f,
-                     .top_k = trial % 5 == 1 ? 3 : 0,
-                     .top_p = trial % 5 == 2 ? 0.8f : 1.0f,
-                     .min_p = trial % 5 == 3 ? 0.1f : 0.0f,
-                     .seed = rng()};
-    if (trial % 4 == 1) p.repetition_penalty = 1.4f;
+    SamplingParams p = RandomFilters(rng, trial);
     if (trial % 7 == 3) {
       for (int32_t j = 0; j < 12; ++j) {
         p.allowed_token_ids.push_back(static_cast<int32_t>(rng() % vocab));
