@@ -425,9 +425,12 @@ TEST(SamplingProgramTest, ATokenMaskBansEveryIdItDoesNotAllow) {
     }
     std::vector<int32_t> banned;
     if (trial % 6 == 5) banned.push_back(static_cast<int32_t>(rng() % vocab));
+    const auto allows = [&](int32_t id) {
+      return static_cast<size_t>(id) / 32 < words && (mask[id / 32] >> (id % 32) & 1u) != 0;
+    };
     std::vector<float> masked(logits.size(), -kInf);
-    for (size_t id = 0; id < logits.size() && id / 32 < words; ++id) {
-      if ((mask[id / 32] >> (id % 32) & 1u) != 0) masked[id] = logits[id];
+    for (int32_t id = 0; id < vocab; ++id) {
+      if (allows(id)) masked[static_cast<size_t>(id)] = logits[static_cast<size_t>(id)];
     }
     const int32_t position = static_cast<int32_t>(output.size());
     const SampleRequest row{.params = &p,
@@ -441,9 +444,6 @@ TEST(SamplingProgramTest, ATokenMaskBansEveryIdItDoesNotAllow) {
     std::vector<kernels::SamplePenalty> history;
     SampleAdjustments(p, prompt, output, &history);
     ASSERT_EQ(got[0], SampleToken(masked, p, position, banned, history)) << "trial " << trial;
-    const auto allows = [&](int32_t id) {
-      return static_cast<size_t>(id) / 32 < words && (mask[id / 32] >> (id % 32) & 1u) != 0;
-    };
     masked_without_it += allows(SampleToken(logits, p, position, banned, history)) ? 0 : 1;
   }
   EXPECT_GT(masked_without_it, 200);  // the masks decide the draws

@@ -313,6 +313,31 @@ TEST(StructuredOutputsTest, ADocumentNoTokenCanContinueFailsItsRequestAlone) {
   EXPECT_EQ(vocab->bytes(o.sampled[1].token_ids[0]).substr(0, 1), "{");
 }
 
+// The ids that end a request join the mask where the document is complete,
+// also one past the vocabulary's words (the mask grows to hold it rather
+// than being written past its end).
+TEST(StructuredOutputsTest, AnEndIdPastTheVocabularyJoinsTheMaskWhereTheDocumentIsComplete) {
+  const auto vocab = Vocabulary();  // 48 ids: two words of mask
+  constexpr int32_t kFarEos = 100, kFarStop = 70;
+  StructuredOutputs structured(vocab, {kEos, kFarEos}, size_t{1} << 20);
+  SamplingParams params;
+  params.choice = {"ok"};
+  params.stop_token_ids = {kFarStop};
+  GrammarState state;
+  grammar::TokenMask allowed;
+  structured.Mask("r", params, {}, &state, &allowed);
+  ASSERT_TRUE(state.error.empty()) << state.error;
+  EXPECT_EQ(allowed.size(), 2u);  // nothing ends the request yet
+  EXPECT_FALSE(grammar::MaskAllows(allowed, kEos));
+  const std::vector<int32_t> ok = {8};  // "ok": the document is complete
+  structured.Mask("r", params, ok, &state, &allowed);
+  ASSERT_EQ(allowed.size(), static_cast<size_t>(kFarEos / 32 + 1));
+  for (int32_t end : {kEos, kFarEos, kFarStop}) {
+    EXPECT_TRUE(grammar::MaskAllows(allowed, end)) << end;
+  }
+  EXPECT_FALSE(grammar::MaskAllows(allowed, 2));  // "{" after the choice
+}
+
 TEST(StructuredOutputsTest, AWorkerWithoutAVocabularyFailsTheStepNamingTheFlag) {
   RandomBackend backend(8, 1);
   StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}});

@@ -306,15 +306,15 @@ TANDEM_HD inline int32_t SampleRowProgram(SampleShared& sh, const float* logits,
       if (id >= 0 && id < vocab) e[id] = 0.0f;
     });
   }
+  // The token mask's words (num_mask_words > 0) follow the allowed ids;
+  // an id past them is not allowed.
   const int32_t* mask = a.num_mask_words > 0 ? banned + a.num_banned + a.num_allowed : nullptr;
-  const auto mask_allows = [&](int32_t i) {
-    const int32_t w = i >> 5;
-    return w < a.num_mask_words && (static_cast<uint32_t>(mask[w]) >> (i & 31) & 1u) != 0;
+  const auto mask_bans = [&](int32_t i) {
+    return mask != nullptr && ((i >> 5) >= a.num_mask_words ||
+                               (static_cast<uint32_t>(mask[i >> 5]) >> (i & 31) & 1u) == 0);
   };
   auto logit = [&](int32_t i) {
-    if (masked && e[i] != 0.0f) return -INFINITY;
-    if (a.num_mask_words > 0 && !mask_allows(i)) return -INFINITY;
-    return logits[i];
+    return (masked && e[i] != 0.0f) || mask_bans(i) ? -INFINITY : logits[i];
   };
   if (a.num_penalties == 0) {
     ForSampleElements(

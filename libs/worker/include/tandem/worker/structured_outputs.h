@@ -57,19 +57,22 @@ class StructuredOutputs {
   Stats stats() const;
 
   // Sets `allowed` to the mask (one bit per id of the vocabulary,
-  // grammar::TokenMask) of the ids request `id` may draw after `output` (its
-  // output tokens so far): those whose bytes its grammar takes next, and the
-  // EOS ids and params.stop_token_ids once the document is complete. The
-  // sampler draws no id whose bit is clear (model::SampleRequest's
-  // allowed_mask), as vLLM applies xgrammar's bitmask. `state` follows `output`: tokens it has not
-  // taken are fed, and an output that is not its history any more (the scheduler replaced it)
-  // starts it again. When nothing can follow (an output token the grammar refused, which the masks
-  // never allow, or a document whose readings passed grammar::kMaxAlternatives) state->error says
-  // why (the step reports it: SampledTokens::error, and the scheduler ends the request with it) and
-  // only the EOS ids and stop tokens are allowed, so that the row still draws a token. The grammar
-  // is params.choice's when it has one, else params.json_schema's. With
-  // params.json_schema_after_token the document is the output after that token's first occurrence;
-  // until it comes `allowed` is left empty (no mask: every id may be drawn).
+  // grammar::TokenMask) of the ids request `id` may draw after `output`
+  // (its output tokens so far): those whose bytes its grammar takes next,
+  // and the EOS ids and params.stop_token_ids once the document is
+  // complete. The sampler draws no id whose bit is clear
+  // (model::SampleRequest's allowed_mask), as vLLM applies xgrammar's
+  // bitmask. `state` follows `output`: tokens it has not taken are fed, and
+  // an output that is not its history any more (the scheduler replaced it)
+  // starts it again. When nothing can follow (an output token the grammar
+  // refused, which the masks never allow, or a document whose readings
+  // passed grammar::kMaxAlternatives) state->error says why (the step
+  // reports it: SampledTokens::error, and the scheduler ends the request
+  // with it) and only the EOS ids and stop tokens are allowed, so that the
+  // row still draws a token. The grammar is params.choice's when it has
+  // one, else params.json_schema's. With params.json_schema_after_token the
+  // document is the output after that token's first occurrence; until it
+  // comes `allowed` is left empty (no mask: every id may be drawn).
   void Mask(const std::string& id, const SamplingParams& params, std::span<const int32_t> output,
             GrammarState* state, grammar::TokenMask* allowed);
 
