@@ -86,9 +86,11 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     TANDEM_RETURN_IF_ERROR(IdsInVocabulary(bad_words[i], "bad_words token", vocab_size));
   }
   TANDEM_RETURN_IF_ERROR(IdsInVocabulary(allowed_token_ids, "allowed_token_ids token", vocab_size));
-  if (int grammars = !json_schema.empty() + !choice.empty() + !regex.empty(); grammars > 1) {
+  if (int grammars = !json_schema.empty() + !choice.empty() + !regex.empty() + !grammar.empty();
+      grammars > 1) {
     return absl::InvalidArgumentError(
-        "more than one of json_schema, choice and regex constrains the output; send one");
+        "more than one of json_schema, choice, regex and grammar constrains the output; send "
+        "one");
   }
   if (disable_any_whitespace && json_schema.empty()) {
     return absl::InvalidArgumentError("disable_any_whitespace needs a json_schema");
@@ -103,7 +105,7 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
   if (json_schema_after_token) {
     if (!HasGrammar()) {
       return absl::InvalidArgumentError(
-          "json_schema_after_token needs a json_schema, a choice or a regex");
+          "json_schema_after_token needs a json_schema, a choice, a regex or a grammar");
     }
     TANDEM_RETURN_IF_ERROR(IdsInVocabulary(std::span<const int32_t>(&*json_schema_after_token, 1),
                                            "json_schema_after_token token", vocab_size));

@@ -174,6 +174,7 @@ bool CompletionJob::BuildChoices(const ModelInfo& model) {
                                      .json_schema = request_.json_schema,
                                      .choice = request_.choice,
                                      .regex = request_.regex,
+                                     .grammar = request_.grammar,
                                      .disable_any_whitespace = request_.disable_any_whitespace,
                                      .max_tokens = max_tokens,
                                      .min_tokens = request_.min_tokens,

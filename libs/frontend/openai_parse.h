@@ -123,7 +123,8 @@ class Reader {
 // json_schema) and vLLM's structured_outputs (json, json_object) into
 // out->json_schema, the schema compiled (libs/grammar) so that what it
 // cannot hold is a 400 naming the keyword and where it is; and
-// structured_outputs' choice and regex into out->choice and out->regex.
+// structured_outputs' choice, regex and grammar into out->choice,
+// out->regex and out->grammar.
 [[nodiscard]] std::optional<ApiError> ParseStructuredOutput(const Reader& r,
                                                             CompletionRequest* out);
 // Chat's tool_choice "required" or a named tool ({"type": "function",

@@ -2,10 +2,10 @@
 // (OpenAI's, vLLM's ResponseFormat) and structured_outputs (vLLM's
 // StructuredOutputsParams), of which the grammar holds JSON (json_schema,
 // json_object, and structured_outputs' json and json_object),
-// structured_outputs' choice and its regex, its disable_any_whitespace for
-// JSON, and its disable_additional_properties and disable_fallback (what
-// the schema compiler and the one matcher do anyway). Its grammar and
-// structural_tag are refused by name. tool_choice
+// structured_outputs' choice, its regex and its grammar (xgrammar's EBNF),
+// its disable_any_whitespace for JSON, and its disable_additional_properties
+// and disable_fallback (what the schema compiler and the one matcher do
+// anyway). Its structural_tag is refused by name. tool_choice
 // "required" and a named tool are structured outputs too: the calls' JSON
 // (vLLM's _get_json_schema_from_tool).
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "openai_parse.h"
 #include "tandem/common/sampling_params.h"
+#include "tandem/grammar/ebnf.h"
 #include "tandem/grammar/json_schema.h"
 
 namespace tandem::frontend::internal {
@@ -81,35 +82,42 @@ std::optional<ApiError> Choices(const Json& choice, std::vector<std::string>* ou
   return std::nullopt;
 }
 
-// structured_outputs.regex: a pattern the grammar holds (grammar/regex.h).
-std::optional<ApiError> Regex(const Json& regex, std::string* out) {
-  const char* param = "structured_outputs.regex";
-  if (!regex.is_string() || regex.get<std::string>().empty()) {
-    return BadRequest("'structured_outputs.regex' must be a non-empty string", param);
+// structured_outputs.regex (a pattern grammar/regex.h holds) or
+// structured_outputs.grammar (a grammar grammar/ebnf.h holds): `key`'s text,
+// compiled so that what is refused is a 400 naming the field.
+std::optional<ApiError> Text(const Json& text, const char* key, std::string* out) {
+  const std::string param = absl::StrCat("structured_outputs.", key);
+  if (!text.is_string() || text.get<std::string>().empty()) {
+    return BadRequest(absl::StrCat("'", param, "' must be a non-empty string"), param);
   }
-  if (auto compiled = grammar::CompileRegex(regex.get<std::string>()); !compiled.ok()) {
-    return BadRequest(absl::StrCat("'", param, "': ", compiled.status().message()), param);
+  const std::string& value = text.get_ref<const std::string&>();
+  const absl::Status compiled = std::string_view(key) == "regex"
+                                    ? grammar::CompileRegex(value).status()
+                                    : grammar::CompileEbnfDocument(value).status();
+  if (!compiled.ok()) {
+    return BadRequest(absl::StrCat("'", param, "': ", compiled.message()), param);
   }
-  *out = regex.get<std::string>();
+  *out = value;
   return std::nullopt;
 }
 
 std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out,
                                           std::vector<std::string>* choice, std::string* regex,
-                                          bool* compact) {
+                                          std::string* ebnf, bool* compact) {
   if (!params.is_object()) {
     return BadRequest("'structured_outputs' must be an object", "structured_outputs");
   }
   int kinds = 0;
   for (const auto& [key, value] : params.items()) {
     const std::string param = absl::StrCat("structured_outputs.", key);
-    if (key == "json" || key == "json_object" || key == "choice" || key == "regex") {
+    if (key == "json" || key == "json_object" || key == "choice" || key == "regex" ||
+        key == "grammar") {
       kinds += value.is_null() ? 0 : 1;
       continue;
     }
     // The boolean flags. disable_any_whitespace is xgrammar's
-    // any_whitespace=False, held for a JSON document (a regex's or a
-    // choice's text has no JSON whitespace, so it changes nothing there, as
+    // any_whitespace=False, held for a JSON document (a regex's, a
+    // grammar's or a choice's text has no JSON whitespace, so it changes nothing there, as
     // in vLLM). For the other two either value is exact:
     // disable_additional_properties writes additionalProperties false into
     // each object that lists properties and leaves it out (vLLM's guidance
@@ -127,18 +135,22 @@ std::optional<ApiError> StructuredOutputs(const Json& params, std::string* out,
     if (value.is_null()) continue;
     return BadRequest(absl::StrCat("'", param,
                                    "' is not supported: structured outputs hold JSON (json, "
-                                   "json_object), choice and regex only"),
+                                   "json_object), choice, regex and grammar only"),
                       param);
   }
   if (kinds > 1) {
-    return BadRequest("'structured_outputs' takes one of json, json_object, choice and regex",
-                      "structured_outputs");
+    return BadRequest(
+        "'structured_outputs' takes one of json, json_object, choice, regex and grammar",
+        "structured_outputs");
   }
   if (const auto c = params.find("choice"); c != params.end() && !c->is_null()) {
     return Choices(*c, choice);
   }
   if (const auto re = params.find("regex"); re != params.end() && !re->is_null()) {
-    return Regex(*re, regex);
+    return Text(*re, "regex", regex);
+  }
+  if (const auto g = params.find("grammar"); g != params.end() && !g->is_null()) {
+    return Text(*g, "grammar", ebnf);
   }
   const auto json = params.find("json");
   const auto object = params.find("json_object");
@@ -283,15 +295,18 @@ std::optional<ApiError> ParseForcedToolChoice(const Json& choice, CompletionRequ
 std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest* out) {
   std::string from_format, from_params;
   std::vector<std::string> choice;
-  std::string regex;
+  std::string regex, ebnf;
   bool compact = false;
   if (const Json* format = r.Find("response_format")) {
     if (auto e = ResponseFormat(*format, &from_format)) return e;
   }
   if (const Json* params = r.Find("structured_outputs")) {
-    if (auto e = StructuredOutputs(*params, &from_params, &choice, &regex, &compact)) return e;
+    if (auto e = StructuredOutputs(*params, &from_params, &choice, &regex, &ebnf, &compact)) {
+      return e;
+    }
   }
-  const bool has_params = !from_params.empty() || !choice.empty() || !regex.empty();
+  const bool has_params =
+      !from_params.empty() || !choice.empty() || !regex.empty() || !ebnf.empty();
   if (!from_format.empty() && has_params) {
     return BadRequest(
         "'response_format' and 'structured_outputs' both constrain the output; send one",
@@ -311,6 +326,7 @@ std::optional<ApiError> ParseStructuredOutput(const Reader& r, CompletionRequest
     out->disable_any_whitespace = compact && !out->json_schema.empty();
     out->choice = std::move(choice);
     out->regex = std::move(regex);
+    out->grammar = std::move(ebnf);
     out->json_schema_field = field;
   }
   if (out->HasGrammar()) {

@@ -16,7 +16,7 @@ struct Unbuilt {
 const std::vector<Unbuilt>& UnbuiltFields(Endpoint endpoint) {
   static const char* kNoGuided =
       "vLLM's guided_* fields are not read; use response_format or structured_outputs (json, "
-      "json_object, choice, regex)";
+      "json_object, choice, regex, grammar)";
   static const auto* common = new std::vector<Unbuilt>{
       {"best_of", Json(1), "use n"},
       {"use_beam_search", Json(false), "beam search is not implemented"},

@@ -10,7 +10,21 @@ using Kind = SchemaNode::Kind;
 
 namespace {
 
-enum FrameKind : uint8_t { kRoot, kObject, kArray, kString, kNumber, kLiteral, kKey, kRegex };
+// kSeq: a grammar's sequence, `count` the element to come next; kRep: its
+// repetition, `count` the items read. Both keep their depth (the grammar
+// frames under them, themselves included) in `sub`.
+enum FrameKind : uint8_t {
+  kRoot,
+  kObject,
+  kArray,
+  kString,
+  kNumber,
+  kLiteral,
+  kKey,
+  kRegex,
+  kSeq,
+  kRep
+};
 
 // Phases. Root: before its value, after it.
 enum : uint8_t { kRootStart, kRootDone };
@@ -39,10 +53,6 @@ constexpr std::pair<uint8_t, uint8_t> kContinuation[] = {
 
 // Literals of booleans and null (a kLiteral frame with node -1).
 constexpr std::string_view kBuiltin[] = {"true", "false", "null"};
-
-// The deepest chain of unions StartValue follows (a schema compiles to
-// chains of a few: $ref, anyOf, type lists).
-constexpr int kMaxUnionDepth = 64;
 
 // xgrammar's whitespace, [ \n\t] (no CR, which RFC 8259 has).
 bool IsWs(uint8_t c) { return c == ' ' || c == '\t' || c == '\n'; }
@@ -81,6 +91,10 @@ class Stepper {
         return StepLiteral(f, c);
       case kRegex:
         return StepRegex(f.node, f.sub, c, f.parent);
+      case kSeq:
+        return StartElement(f.node, static_cast<size_t>(f.count), c, f.parent, 0);
+      case kRep:
+        return StepRepeat(f, c);
       default:
         return;
     }
@@ -104,8 +118,22 @@ class Stepper {
     const SchemaNode& s = node(n);
     switch (s.kind) {
       case Kind::kUnion:
-        if (depth >= kMaxUnionDepth) return;
+        if (depth >= kMaxGrammarNesting) return;
         for (int32_t alt : s.alternatives) StartValue(alt, c, parent, depth + 1);
+        return;
+      case Kind::kSequence:
+        if (depth >= kMaxGrammarNesting) return;
+        return StartElement(n, 0, c, parent, depth + 1);
+      case Kind::kRepeat:
+        if (depth >= kMaxGrammarNesting) return;
+        if (s.max_items == 1) {
+          StartValue(s.items, c, parent, depth + 1);  // nothing to count
+        } else if (s.max_items != 0) {
+          const int32_t counter =
+              PushGrammar({.kind = kRep, .node = n, .parent = parent, .count = 1});
+          if (counter >= 0) StartValue(s.items, c, counter, depth + 1);
+        }
+        if (s.min_items == 0) Step(parent, c);
         return;
       case Kind::kObject:
         if (c == '{') Emit(Push({.kind = kObject, .phase = kOpen, .node = n, .parent = parent}));
@@ -138,6 +166,42 @@ class Stepper {
     }
   }
 
+  // Element `i` of sequence `n` starting with `c`. The last one goes on
+  // straight to `parent`, so that a rule that ends by naming itself (a
+  // list's tail) reads on without growing the stack.
+  void StartElement(int32_t n, size_t i, uint8_t c, int32_t parent, int depth) {
+    const std::vector<int32_t>& elements = node(n).elements;
+    if (i >= elements.size()) return Step(parent, c);
+    if (i + 1 == elements.size()) return StartValue(elements[i], c, parent, depth);
+    const int32_t next = PushGrammar(
+        {.kind = kSeq, .node = n, .parent = parent, .count = static_cast<int64_t>(i) + 1});
+    if (next >= 0) StartValue(elements[i], c, next, depth);
+  }
+
+  // Item `f.count` of a repetition read: another, or what follows.
+  void StepRepeat(const Frame& f, uint8_t c) {
+    const SchemaNode& s = node(f.node);
+    if (s.max_items < 0 || f.count < s.max_items)
+      StartValue(s.items, c, With(f, 0, f.count + 1), 0);
+    if (f.count >= s.min_items) Step(f.parent, c);
+  }
+
+  // A grammar frame pushed with its depth, or -1 (and too_deep) past
+  // kMaxGrammarDepth.
+  int32_t PushGrammar(Frame f) {
+    const Frame& parent = arena_[f.parent];
+    f.sub = (parent.kind == kSeq || parent.kind == kRep ? parent.sub : 0) + 1;
+    if (f.sub > kMaxGrammarDepth) {
+      too_deep_ = true;
+      return -1;
+    }
+    return Push(f);
+  }
+
+ public:
+  bool too_deep() const { return too_deep_; }
+
+ private:
   // The regex of node `n` in automaton state `state`, then `c`: a frame in
   // the next state, and, where the text so far is a whole match, `c` as what
   // follows the value.
@@ -386,6 +450,7 @@ class Stepper {
   const Schema& schema_;
   FrameArena& arena_;
   std::vector<int32_t>* out_;
+  bool too_deep_ = false;
 };
 
 bool SameFrame(const Frame& a, const Frame& b) {
@@ -400,6 +465,7 @@ bool StepBytes(const Schema& schema, FrameArena& arena, std::span<const int32_t>
   const size_t first = out->size();
   Stepper stepper(schema, arena, out);
   for (int32_t top : tops) stepper.Step(top, byte);
+  if (stepper.too_deep()) return false;
   if (out->size() - first <= 1) return true;
   // Two ways that reached the same frame over the same stack are one.
   size_t kept = first;
@@ -415,22 +481,18 @@ bool StepBytes(const Schema& schema, FrameArena& arena, std::span<const int32_t>
   return kept - first <= kMaxAlternatives;
 }
 
-namespace {
-
-// The root's regex, when the document is one (else null).
-const RegexDfa* RootRegex(const Schema& schema) {
-  const SchemaNode& root = schema.node(schema.root());
-  return root.kind == Kind::kRegex ? root.regex.get() : nullptr;
-}
-
-}  // namespace
-
 bool StackComplete(const Schema& schema, const FrameArena& arena, int32_t top) {
   const Frame& f = arena[top];
   if (f.kind == kRoot) {
-    // A pattern that matches the empty string is a document before any byte.
-    const RegexDfa* re = RootRegex(schema);
-    return f.phase == kRootDone || (re != nullptr && re->Accepting(re->start()));
+    // A pattern or a grammar that matches the empty text is a document
+    // before any byte.
+    return f.phase == kRootDone || NodeNullable(schema.node(schema.root()));
+  }
+  if (f.kind == kSeq) {
+    return f.count >= schema.node(f.node).nullable_from && StackComplete(schema, arena, f.parent);
+  }
+  if (f.kind == kRep) {
+    return f.count >= schema.node(f.node).min_items && StackComplete(schema, arena, f.parent);
   }
   if (f.kind == kNumber && NumberAccepts(f.phase)) return StackComplete(schema, arena, f.parent);
   if (f.kind == kRegex && schema.node(f.node).regex->Accepting(f.sub)) {
@@ -441,9 +503,19 @@ bool StackComplete(const Schema& schema, const FrameArena& arena, int32_t top) {
 
 bool StackOpen(const Schema& schema, const FrameArena& arena, int32_t top) {
   const Frame& f = arena[top];
-  if (f.kind == kRoot) {
-    const RegexDfa* re = RootRegex(schema);
-    return f.phase == kRootStart && (re == nullptr || re->Open(re->start()));
+  if (f.kind == kRoot) return f.phase == kRootStart && NodeOpens(schema.node(schema.root()));
+  if (f.kind == kSeq) {
+    const std::vector<int32_t>& elements = schema.node(f.node).elements;
+    for (size_t i = static_cast<size_t>(f.count); i < elements.size(); ++i) {
+      if (NodeOpens(schema.node(elements[i]))) return true;
+      if (!NodeNullable(schema.node(elements[i]))) return false;
+    }
+    return StackOpen(schema, arena, f.parent);
+  }
+  if (f.kind == kRep) {
+    const SchemaNode& s = schema.node(f.node);
+    if ((s.max_items < 0 || f.count < s.max_items) && NodeOpens(schema.node(s.items))) return true;
+    return f.count >= s.min_items && StackOpen(schema, arena, f.parent);
   }
   if (f.kind == kRegex) {
     const RegexDfa& re = *schema.node(f.node).regex;
@@ -461,8 +533,9 @@ bool JsonMatcher::Accept(std::string_view bytes) {
   std::vector<int32_t> from = tops_;
   for (char ch : bytes) {
     next_.clear();
-    if (!StepBytes(*schema_, arena_, from, static_cast<uint8_t>(ch), &next_) || next_.empty()) {
-      overflowed_ = !next_.empty();
+    const bool bounded = StepBytes(*schema_, arena_, from, static_cast<uint8_t>(ch), &next_);
+    if (!bounded || next_.empty()) {
+      overflowed_ = !bounded;
       arena_.Truncate(mark);
       return false;
     }
@@ -499,7 +572,7 @@ void JsonMatcher::AppendStateKey(std::string* key) const {
         } else if (n->max_length < 0) {
           count = std::min(count, n->min_length);
         }
-      } else if (f.kind == kArray) {
+      } else if (f.kind == kArray || f.kind == kRep) {
         const SchemaNode& n = schema_->node(f.node);
         if (n.max_items < 0) count = std::min(count, n.min_items);
       }

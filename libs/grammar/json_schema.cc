@@ -17,6 +17,7 @@
 #include "json_numbers.h"
 #include "tandem/common/nesting.h"
 #include "tandem/common/status.h"
+#include "tandem/grammar/ebnf.h"
 
 namespace tandem::grammar {
 
@@ -601,6 +602,13 @@ absl::StatusOr<std::shared_ptr<const Schema>> CompileRegexDocument(std::string_v
 absl::StatusOr<std::shared_ptr<const Schema>> CompileGrammar(const SamplingParams& params) {
   if (!params.choice.empty()) return CompileChoices(params.choice);
   if (!params.regex.empty()) return CompileRegexDocument(params.regex);
+  if (!params.grammar.empty()) {
+    auto compiled = CompileEbnfDocument(params.grammar);
+    if (!compiled.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("grammar: ", compiled.status().message()));
+    }
+    return compiled;
+  }
   const auto schema =
       nlohmann::ordered_json::parse(params.json_schema, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return absl::InvalidArgumentError("json_schema is not valid JSON");

@@ -20,7 +20,9 @@ std::string Key(const SamplingParams& params) {
   if (!params.choice.empty()) {
     for (const std::string& c : params.choice) absl::StrAppend(&key, c.size(), ":", c);
   } else {
-    key += params.regex.empty() ? params.json_schema : params.regex;
+    key += !params.regex.empty()     ? params.regex
+           : !params.grammar.empty() ? params.grammar
+                                     : params.json_schema;
   }
   return key;
 }

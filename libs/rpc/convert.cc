@@ -81,6 +81,7 @@ void ToProto(const SamplingParams& in, v1::SamplingParams* out) {
   out->set_json_schema(in.json_schema);
   out->mutable_choice()->Assign(in.choice.begin(), in.choice.end());
   out->set_regex(in.regex);
+  out->set_grammar(in.grammar);
   out->set_disable_any_whitespace(in.disable_any_whitespace);
   out->set_json_schema_after_token(in.json_schema_after_token.value_or(0));
   out->set_has_json_schema_after_token(in.json_schema_after_token.has_value());
@@ -112,6 +113,7 @@ SamplingParams FromProto(const v1::SamplingParams& in, uint64_t default_seed) {
   out.json_schema = in.json_schema();
   out.choice.assign(in.choice().begin(), in.choice().end());
   out.regex = in.regex();
+  out.grammar = in.grammar();
   out.disable_any_whitespace = in.disable_any_whitespace();
   if (in.has_json_schema_after_token()) out.json_schema_after_token = in.json_schema_after_token();
   return out;

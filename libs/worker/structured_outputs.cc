@@ -110,10 +110,13 @@ void StructuredOutputs::Mask(const std::string& id, const SamplingParams& params
     complete = state->matcher->Complete();
     if (count == 0 && !complete) {
       Break(id,
-            absl::StrCat("structured outputs: no token can go on with the document after ",
-                         output.size(), " tokens: the ", params.GrammarField(),
-                         "'s readings passed ", grammar::kMaxAlternatives,
-                         " at once (anyOf branches that stay alike for long)"),
+            absl::StrCat(
+                "structured outputs: no token can go on with the document after ", output.size(),
+                " tokens: the ", params.GrammarField(), "'s readings passed ",
+                grammar::kMaxAlternatives, " at once (anyOf branches that stay alike for long)",
+                params.grammar.empty()
+                    ? ""
+                    : absl::StrCat(" or its rules nested deeper than ", grammar::kMaxGrammarDepth)),
             state);
     }
   }

@@ -47,7 +47,7 @@ TEST(SamplingParamsTest, EachBadFieldIsNamed) {
   ExpectInvalid({.allowed_token_ids = {-1}}, "allowed_token_ids token id -1");
   EXPECT_TRUE((SamplingParams{.allowed_token_ids = {0, 511, 0}}).Validate(512).ok());
   ExpectInvalid({.json_schema_after_token = 3},
-                "json_schema_after_token needs a json_schema, a choice or a regex");
+                "json_schema_after_token needs a json_schema, a choice, a regex or a grammar");
   ExpectInvalid({.json_schema = "{}", .choice = {"a"}}, "more than one of json_schema, choice");
   ExpectInvalid({.choice = {"a"}, .regex = "a"}, "more than one of json_schema, choice");
   ExpectInvalid({.json_schema = "{}", .regex = "a"}, "more than one of json_schema, choice");

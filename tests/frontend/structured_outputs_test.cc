@@ -353,6 +353,45 @@ TEST_F(FrontendStructuredOutputsTest, ARegexAnswerIsTextThePatternMatches) {
   EXPECT_NE(bad.raw.find("back-reference"), std::string::npos) << bad.raw;
 }
 
+// structured_outputs.grammar (xgrammar's EBNF): every answer, whole or
+// streamed, is text of the grammar (RE2 checks the same language written as
+// one pattern), ended by the grammar; a grammar that is refused is a 400
+// naming the field and why.
+TEST_F(FrontendStructuredOutputsTest, AGrammarAnswerIsTextOfTheGrammar) {
+  const std::string grammar =
+      "root ::= answer \", \" words \".\"\n"
+      "answer ::= \"Yes\" | \"No\"\n"
+      "words ::= word (\" \" word){0,3}\n"
+      "word ::= [a-z]{2,8}\n";
+  const RE2 re(R"((Yes|No), [a-z]{2,8}( [a-z]{2,8}){0,3}\.)");
+  ASSERT_TRUE(re.ok());
+  std::set<std::string> seen;
+  for (bool stream : {false, true}) {
+    const Json body = {{"prompt", "Answer:"},
+                       {"structured_outputs", {{"grammar", grammar}}},
+                       {"n", 4},
+                       {"temperature", 1.0},
+                       {"seed", stream ? 7 : 8},
+                       {"max_tokens", 60},
+                       {"stream", stream}};
+    const auto answers = CompletionAnswers(frontend_.address(), body);
+    ASSERT_EQ(answers.size(), 4u) << body;
+    for (const auto& [index, answer] : answers) {
+      const auto& [text, finish] = answer;
+      EXPECT_TRUE(RE2::FullMatch(text, re)) << "'" << text << "'";
+      EXPECT_EQ(finish, "stop") << text;
+      seen.insert(text);
+    }
+  }
+  EXPECT_GE(seen.size(), 4u);
+  const HttpResult bad =
+      Post(frontend_.address(), "/v1/completions",
+           {{"prompt", "x"}, {"structured_outputs", {{"grammar", "root ::= root \"a\" | \"b\""}}}});
+  EXPECT_EQ(bad.status, 400) << bad.raw;
+  EXPECT_EQ(bad.body["error"]["param"], "structured_outputs.grammar") << bad.raw;
+  EXPECT_NE(bad.raw.find("left recursion"), std::string::npos) << bad.raw;
+}
+
 // A schema the grammar compiles but cannot go on with (300 alike string
 // branches: more readings at its first byte than the matcher holds) ends its
 // request with an error that says so, never an empty answer that "stopped";

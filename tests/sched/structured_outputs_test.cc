@@ -1,4 +1,4 @@
-// Structured outputs at admission: a json_schema, choice or regex the grammar cannot
+// Structured outputs at admission: a json_schema, choice, regex or grammar the grammar cannot
 // hold, or one sent to a scheduler whose worker has no vocabulary, is refused
 // with a precise error and changes nothing.
 #include <string>
@@ -92,11 +92,29 @@ TEST(StructuredOutputsAdmissionTest, RegexesAreCompiledAndRefusedByName) {
   EXPECT_NE(lookahead.message().find("sampling: regex: lookaround"), std::string::npos)
       << lookahead;
   const absl::Status both = Add(s, "", false, {"a"}, "a");
-  EXPECT_NE(both.message().find("more than one of json_schema, choice and regex"),
+  EXPECT_NE(both.message().find("more than one of json_schema, choice, regex and grammar"),
             std::string::npos)
       << both;
   EXPECT_FALSE(s.HasUnfinishedRequests());
   EXPECT_TRUE(Add(s, "", false, {}, R"(\d{3}-\d{4})").ok());
+}
+
+TEST(StructuredOutputsAdmissionTest, GrammarsAreCompiledAndRefusedByName) {
+  SchedulerConfig config = testing::TestConfig(64, /*async=*/false);
+  config.structured_outputs = true;
+  Scheduler s(config, nullptr);
+  SamplingParams sampling = testing::Greedy(2);
+  sampling.ignore_eos = false;
+  sampling.grammar = "root ::= root \"a\" | \"b\"";
+  const absl::Status left =
+      s.AddRequest({.request_id = "r", .prompt_token_ids = {1, 2}, .sampling = sampling}, 0);
+  EXPECT_EQ(left.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(left.message().find("sampling: grammar: rule 'root' reaches itself"), std::string::npos)
+      << left;
+  EXPECT_FALSE(s.HasUnfinishedRequests());
+  sampling.grammar = "root ::= \"a\" root | \"b\"";
+  EXPECT_TRUE(
+      s.AddRequest({.request_id = "r", .prompt_token_ids = {1, 2}, .sampling = sampling}, 0).ok());
 }
 
 TEST(StructuredOutputsAdmissionTest, AWorkerWithoutAVocabularyTakesNoSchema) {

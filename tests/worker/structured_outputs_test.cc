@@ -215,6 +215,37 @@ TEST(StructuredOutputsTest, EachOutputMatchesTheRegex) {
   EXPECT_GE(seen.size(), 10u);
 }
 
+// vLLM's structured_outputs.grammar (xgrammar's EBNF): every output is text
+// of the grammar, checked by RE2 against the same language written as one
+// pattern, and EOS may be drawn exactly where the text so far is whole.
+TEST(StructuredOutputsTest, EachOutputIsTextOfTheGrammar) {
+  const auto vocab = Vocabulary();
+  const std::string grammar =
+      "root ::= item (sep item){0,3} end\n"
+      "item ::= word | \"[\" word \"]\"\n"
+      "word ::= [a-e]{1,4}\n"
+      "sep ::= \"-\" | \", \"\n"
+      "end ::= \"ok\" | \"\\n\"\n";
+  const RE2 re(R"(([a-e]{1,4}|\[[a-e]{1,4}\])((-|, )([a-e]{1,4}|\[[a-e]{1,4}\])){0,3}(ok|\n))");
+  ASSERT_TRUE(re.ok());
+  std::set<std::string> seen;
+  for (uint32_t seed = 1; seed <= 40; ++seed) {
+    RandomBackend backend(vocab->size(), seed);
+    StepExecutor executor(&backend, nullptr, {.eos_token_ids = {kEos}, .vocabulary = vocab});
+    const std::vector<int32_t> out = Generate(executor, {.grammar = grammar, .max_tokens = 80});
+    ASSERT_FALSE(out.empty());
+    ASSERT_EQ(out.back(), kEos) << "seed " << seed;
+    std::string text;
+    for (size_t k = 0; k + 1 < out.size(); ++k) {
+      EXPECT_EQ(backend.eos_allowed[k], RE2::FullMatch(text, re)) << "at '" << text << "'";
+      text += vocab->bytes(out[k]);
+    }
+    EXPECT_TRUE(RE2::FullMatch(text, re)) << text;
+    seen.insert(text);
+  }
+  EXPECT_GE(seen.size(), 10u);
+}
+
 // json_schema_after_token (a reasoning model's "</think>"): the output up to
 // it is free, EOS included; after it, a document.
 TEST(StructuredOutputsTest, TheDocumentStartsAfterTheThinkingsEnd) {

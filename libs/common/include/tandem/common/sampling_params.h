@@ -74,6 +74,13 @@ struct SamplingParams {
   // held), drawn as a json_schema's document is. Not with json_schema or
   // choice, nor with what cannot go with one (JsonSchemaConflict).
   std::string regex;
+  // Structured outputs as vLLM's structured_outputs.grammar: when not
+  // empty, every output is raw text of this grammar, in xgrammar's EBNF
+  // with the root rule "root" (libs/grammar/include/tandem/grammar/ebnf.h
+  // says which grammars are held), drawn as a json_schema's document is.
+  // Not with json_schema, choice or regex, nor with what cannot go with one
+  // (JsonSchemaConflict).
+  std::string grammar;
   // vLLM's structured_outputs.disable_any_whitespace (xgrammar's
   // any_whitespace=False): json_schema's document is written as Python's
   // json.dumps writes it, ", " between members and items, ": " after a key,
@@ -115,14 +122,18 @@ struct SamplingParams {
   // Checks every field; `vocab_size` bounds top_k and stop tokens. The message
   // names the field and the bad value.
   [[nodiscard]] absl::Status Validate(int32_t vocab_size) const;
-  // Whether a grammar holds the output (json_schema, choice or regex).
+  // Whether a grammar holds the output (json_schema, choice, regex or
+  // grammar).
   [[nodiscard]] bool HasGrammar() const {
-    return !json_schema.empty() || !choice.empty() || !regex.empty();
+    return !json_schema.empty() || !choice.empty() || !regex.empty() || !grammar.empty();
   }
-  // The field the grammar comes from, for messages: "json_schema", "choice"
-  // or "regex".
+  // The field the grammar comes from, for messages: "json_schema", "choice",
+  // "regex" or "grammar".
   [[nodiscard]] const char* GrammarField() const {
-    return !json_schema.empty() ? "json_schema" : !choice.empty() ? "choice" : "regex";
+    return !json_schema.empty() ? "json_schema"
+           : !choice.empty()    ? "choice"
+           : !regex.empty()     ? "regex"
+                                : "grammar";
   }
   // Whether any penalty is on (the sampler then needs the token history).
   [[nodiscard]] bool HasPenalties() const {

@@ -45,10 +45,10 @@
 // (absent, null, or the value that changes nothing; vllm_fields_test walks
 // vLLM's lists): logits_processors, best_of > 1, use_beam_search,
 // length_penalty, guided_* / structural_tag / structured_outputs and response_format other than
-// JSON, a choice or a regex, suffix, prompt_embeds, tool_choice "auto" without a tool parser (the tools are
-// rendered into the chat prompt, and an assistant turn's tool_calls arguments parsed into objects,
-// as vLLM does; "required" and a named tool constrain the output to calls), reasoning_effort,
-// include_reasoning false without a reasoning parser, a
+// JSON, a choice, a regex or a grammar, suffix, prompt_embeds, tool_choice "auto" without a tool
+// parser (the tools are rendered into the chat prompt, and an assistant turn's tool_calls arguments
+// parsed into objects, as vLLM does; "required" and a named tool constrain the output to calls),
+// reasoning_effort, include_reasoning false without a reasoning parser, a
 // spaces_between_special_tokens false, kv_transfer_params, vllm_xargs, mm_processor_kwargs and
 // media_io_kwargs; of OpenAI's chat fields beyond vLLM's, those that change the answer: functions,
 // function_call, audio, modalities other than ["text"], web_search_options
@@ -176,11 +176,16 @@ struct CompletionRequest {
   // vLLM's structured_outputs.regex (SamplingParams::regex): each choice is
   // text the pattern matches whole; "" when the request has none.
   std::string regex;
+  // vLLM's structured_outputs.grammar (SamplingParams::grammar): each choice
+  // is text of this grammar (xgrammar's EBNF); "" when the request has none.
+  std::string grammar;
   // vLLM's structured_outputs.disable_any_whitespace, with json_schema only
   // (SamplingParams::disable_any_whitespace).
   bool disable_any_whitespace = false;
   std::string json_schema_field;  // the request's field any of them came from
-  bool HasGrammar() const { return !json_schema.empty() || !choice.empty() || !regex.empty(); }
+  bool HasGrammar() const {
+    return !json_schema.empty() || !choice.empty() || !regex.empty() || !grammar.empty();
+  }
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage

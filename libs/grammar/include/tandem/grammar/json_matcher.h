@@ -56,7 +56,8 @@ class FrameArena {
 inline constexpr size_t kMaxAlternatives = 256;
 
 // The stacks `tops` reach after `byte`, appended to `out` (empty: the byte is
-// refused). False when they would be more than kMaxAlternatives.
+// refused). False when they would be more than kMaxAlternatives, or a
+// grammar's frames deeper than kMaxGrammarDepth (json_schema.h).
 bool StepBytes(const Schema& schema, FrameArena& arena, std::span<const int32_t> tops, uint8_t byte,
                std::vector<int32_t>* out);
 // Whether the document may end with the stack `top`.
@@ -77,7 +78,8 @@ class JsonMatcher {
   bool Complete() const;
   // Some byte may still follow.
   bool Open() const;
-  // The last refused Accept was refused for kMaxAlternatives.
+  // The last refused Accept was refused for kMaxAlternatives (or
+  // kMaxGrammarDepth).
   bool overflowed() const { return overflowed_; }
   // Appends what the matcher's future depends on: each stack's frames top
   // to bottom, without their places in the arena, and with the counts no

@@ -64,6 +64,10 @@ struct SchemaNode {
     kLiteral,  // enum / const: one of `literals`
     kUnion,    // anyOf, a list of types, or any value: one of `alternatives`
     kRegex,    // text `regex` reads (structured_outputs.regex; a string's pattern)
+    // A grammar's (ebnf.h): `elements` one after the other.
+    kSequence,
+    // A grammar's: `items` between min_items and max_items times.
+    kRepeat,
   };
   struct Property {
     std::string name;
@@ -77,7 +81,7 @@ struct SchemaNode {
   std::vector<Property> properties;
   std::vector<int32_t> first_required;
   int32_t additional = -1;  // node of other members' values; -1: none
-  // kArray
+  // kArray (and kRepeat)
   int32_t items = -1;
   int64_t min_items = 0;
   int64_t max_items = -1;  // -1: unbounded
@@ -91,7 +95,36 @@ struct SchemaNode {
   std::vector<int32_t> alternatives;
   // kRegex
   std::shared_ptr<const RegexDfa> regex;
+  // kSequence
+  std::vector<int32_t> elements;
+  // Set by the grammar compiler (ebnf.h) on its kSequence, kUnion and
+  // kRepeat nodes, and true of every other node but a regex (whose
+  // automaton says): whether the node matches the empty text, whether some
+  // text of it begins with a byte, and (kSequence) the first element from
+  // which every element matches the empty text.
+  bool nullable = false;
+  bool opens = true;
+  int32_t nullable_from = 0;
 };
+
+// Whether `n` matches the empty text, and whether some text of it begins
+// with a byte.
+inline bool NodeNullable(const SchemaNode& n) {
+  return n.kind == SchemaNode::Kind::kRegex ? n.regex->Accepting(n.regex->start()) : n.nullable;
+}
+inline bool NodeOpens(const SchemaNode& n) {
+  return n.kind == SchemaNode::Kind::kRegex ? n.regex->Open(n.regex->start()) : n.opens;
+}
+
+// A grammar's kSequence, kUnion and kRepeat nodes nested at one position
+// before a byte is read (the grammar compiler refuses deeper ones; a JSON
+// schema's unions nest a few deep).
+inline constexpr int kMaxGrammarNesting = 64;
+// A grammar's kSequence and kRepeat frames open at once in one reading of a
+// document: past this, its bytes are refused as too ambiguous ones are
+// (JsonMatcher::overflowed), so a recursive grammar cannot exhaust the
+// stack.
+inline constexpr int kMaxGrammarDepth = 1000;
 
 // A compiled schema: nodes by index, the document's at root().
 class Schema {
@@ -109,6 +142,7 @@ class Schema {
 
  private:
   friend class SchemaCompiler;
+  friend class EbnfCompiler;
   static uint64_t NextId();
   uint64_t id_ = NextId();
   bool any_whitespace_ = true;
@@ -142,8 +176,8 @@ std::shared_ptr<const Schema> AnyJsonObject();
 [[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileRegexDocument(
     std::string_view pattern);
 
-// The grammar of a request's structured outputs (its json_schema, choice or
-// regex: SamplingParams::HasGrammar; a json_schema's whitespace as its
+// The grammar of a request's structured outputs (its json_schema, choice,
+// regex or grammar: SamplingParams::HasGrammar; a json_schema's whitespace as its
 // disable_any_whitespace says), compiled; INVALID_ARGUMENT saying what is
 // refused.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<const Schema>> CompileGrammar(
