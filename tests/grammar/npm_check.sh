@@ -2,23 +2,25 @@
 # CTest grammar_npm_check (README.md here): installs ajv and json-schema-faker
 # pinned in node/package-lock.json with `npm ci` into BUILD/grammar_npm, then
 # has json-schema-faker write documents the grammar must accept, and ajv
-# check the documents the grammar's token masks write. Fails (never skips)
+# check the documents the grammar's token masks write, and gbnf (llama.cpp's
+# GBNF) give its verdict on texts of EBNF grammars as ours does. Fails (never skips)
 # without node or the registry: CI has both.
 # Needs /usr/bin/python3 (Debian's; its json module is the reference for
 # disable_any_whitespace).
-# Usage: npm_check.sh BUILD_DIR SOURCE_DIR SHARED_DIR CHECK_BINARY
+# Usage: npm_check.sh BUILD_DIR SOURCE_DIR SHARED_DIR CHECK_BINARY GBNF_CHECK_BINARY
 set -euo pipefail
 build="$1"
 src="$2/tests/grammar"
 shared="$3"
 check="$4"
+gbnf_check="$5"
 work="$build/grammar_npm"
 mkdir -p "$work"
-if ! cmp -s "$src/node/package-lock.json" "$work/package-lock.json" || [ ! -d "$work/node_modules/ajv" ]; then
+if ! cmp -s "$src/node/package-lock.json" "$work/package-lock.json" || [ ! -d "$work/node_modules/gbnf" ]; then
   cp "$src/node/package.json" "$src/node/package-lock.json" "$work/"
   (cd "$work" && npm ci --silent --no-audit --no-fund)
 fi
-cp "$src/node/check.mjs" "$work/"
+cp "$src/node/check.mjs" "$src/node/gbnf.mjs" "$work/"
 node "$work/check.mjs" instances "$src/data/schemas.json" "$work/instances.jsonl"
 # The same documents as Python's json.dumps writes them, which is what
 # xgrammar's any_whitespace=False (vLLM's disable_any_whitespace) holds: ", "
@@ -41,3 +43,5 @@ PY
 "$check" "$src/data/schemas.json" "$work/instances.jsonl" "$work/dumps.jsonl" \
   "$shared/models/tokenizer.bin" "$work/walks.jsonl"
 node "$work/check.mjs" validate "$src/data/schemas.json" "$work/walks.jsonl"
+"$gbnf_check" "$src/data/grammars.json" "$shared/models/tokenizer.bin" "$work/verdicts.jsonl"
+node "$work/gbnf.mjs" "$src/data/grammars.json" "$work/verdicts.jsonl"
