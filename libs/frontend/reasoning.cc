@@ -5,8 +5,8 @@
 namespace tandem::frontend {
 namespace {
 
-constexpr std::string_view kStart = "<think>";
-constexpr std::string_view kEnd = kReasoningEnd;
+constexpr std::string_view kThinkStart = "<think>";
+constexpr std::string_view kThinkEnd = kReasoningEnd;
 
 // The length of the longest suffix of `text` that is a proper prefix of
 // `tag` (what may still become the tag).
@@ -31,18 +31,19 @@ bool StartsInReasoning(ReasoningParser parser, std::string_view prompt_text,
     auto it = chat_template_kwargs.find("enable_thinking");
     if (it != chat_template_kwargs.end() && it->is_boolean() && !it->get<bool>()) return false;
   }
-  const size_t start = prompt_text.rfind(kStart);
-  const size_t end = prompt_text.rfind(kEnd);
+  const size_t start = prompt_text.rfind(kThinkStart);
+  const size_t end = prompt_text.rfind(kThinkEnd);
   return end == std::string_view::npos || (start != std::string_view::npos && start > end);
 }
 
 ReasoningSplit SplitReasoning(std::string_view text, bool starts_in_reasoning) {
   if (!starts_in_reasoning) return {.content = std::string(text)};
-  if (text.substr(0, kStart.size()) == kStart) text.remove_prefix(kStart.size());
-  const size_t end = text.find(kEnd);
+  if (text.substr(0, kThinkStart.size()) == kThinkStart) text.remove_prefix(kThinkStart.size());
+  const size_t end = text.find(kThinkEnd);
   if (end == std::string_view::npos) return {.reasoning = std::string(text)};
   ReasoningSplit split{.reasoning = std::string(text.substr(0, end))};
-  if (end + kEnd.size() < text.size()) split.content = std::string(text.substr(end + kEnd.size()));
+  if (end + kThinkEnd.size() < text.size())
+    split.content = std::string(text.substr(end + kThinkEnd.size()));
   return split;
 }
 
@@ -54,19 +55,21 @@ ReasoningStream::Piece ReasoningStream::Push(std::string_view delta) {
   }
   held_ += delta;
   if (at_start_) {
-    if (held_.size() < kStart.size() && kStart.substr(0, held_.size()) == held_) return out;
-    if (std::string_view(held_).substr(0, kStart.size()) == kStart) held_.erase(0, kStart.size());
+    if (held_.size() < kThinkStart.size() && kThinkStart.substr(0, held_.size()) == held_)
+      return out;
+    if (std::string_view(held_).substr(0, kThinkStart.size()) == kThinkStart)
+      held_.erase(0, kThinkStart.size());
     at_start_ = false;
   }
-  const size_t end = held_.find(kEnd);
+  const size_t end = held_.find(kThinkEnd);
   if (end != std::string::npos) {
     out.reasoning = held_.substr(0, end);
-    out.content = held_.substr(end + kEnd.size());
+    out.content = held_.substr(end + kThinkEnd.size());
     held_.clear();
     in_reasoning_ = false;
     return out;
   }
-  const size_t keep = PartialTagSuffix(held_, kEnd);
+  const size_t keep = PartialTagSuffix(held_, kThinkEnd);
   out.reasoning = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return out;

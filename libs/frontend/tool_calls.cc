@@ -12,13 +12,13 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-constexpr std::string_view kStart = "<tool_call>";
-constexpr std::string_view kEnd = "</tool_call>";
+constexpr std::string_view kToolCallStart = "<tool_call>";
+constexpr std::string_view kToolCallEnd = "</tool_call>";
 constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
 
 // The tag from which hermes and mistral streams hold the answer.
 std::string_view HeldFrom(ToolParser parser) {
-  return parser == ToolParser::kMistral ? kMistralStart : kStart;
+  return parser == ToolParser::kMistral ? kMistralStart : kToolCallStart;
 }
 
 // Mistral's ids: 9 letters and digits (mistral_common's validator, which
@@ -60,14 +60,14 @@ std::optional<ToolCall> CallOf(const internal::PyJson& call, bool parameters_ali
 }
 
 ExtractedToolCalls ExtractHermes(std::string_view text) {
-  const size_t first = text.find(kStart);
+  const size_t first = text.find(kToolCallStart);
   if (first == std::string_view::npos) return {.content = std::string(text)};
   // vLLM's regex <tool_call>(.*?)</tool_call>|<tool_call>(.*), DOTALL, each
   // match through json.loads.
   ExtractedToolCalls out;
-  for (size_t at = first; at != std::string_view::npos; at = text.find(kStart, at)) {
-    const size_t body = at + kStart.size();
-    const size_t end = text.find(kEnd, body);
+  for (size_t at = first; at != std::string_view::npos; at = text.find(kToolCallStart, at)) {
+    const size_t body = at + kToolCallStart.size();
+    const size_t end = text.find(kToolCallEnd, body);
     const std::string_view json =
         text.substr(body, end == std::string_view::npos ? std::string_view::npos : end - body);
     std::optional<internal::PyJson> loaded = internal::PyJsonLoads(json);
@@ -75,7 +75,7 @@ ExtractedToolCalls ExtractHermes(std::string_view text) {
         loaded ? CallOf(*loaded, /*parameters_alias=*/false) : std::nullopt;
     if (!call) return {.content = std::string(text)};
     out.calls.push_back(*std::move(call));
-    at = end == std::string_view::npos ? end : end + kEnd.size();
+    at = end == std::string_view::npos ? end : end + kToolCallEnd.size();
   }
   if (first > 0) out.content = std::string(text.substr(0, first));
   return out;

@@ -14,7 +14,10 @@
 #include "tandem/grammar/regex.h"
 
 namespace tandem::grammar {
-namespace {
+// A named namespace, not an anonymous one: EbnfCompiler, a friend of Schema,
+// keeps these types in its fields (GCC's -Wsubobject-linkage where the file
+// is part of a unity build).
+namespace ebnf {
 
 using Kind = SchemaNode::Kind;
 
@@ -530,8 +533,6 @@ void AppendPattern(const Expr& e, std::string* out) {
   }
 }
 
-}  // namespace
-
 class EbnfCompiler {
  public:
   absl::StatusOr<std::shared_ptr<const Schema>> Run(std::vector<Rule> rules) {
@@ -805,6 +806,8 @@ class EbnfCompiler {
   int32_t rule_ = 0;             // the rule being compiled
 };
 
+}  // namespace ebnf
+
 namespace {
 
 // vLLM's grammar_is_likely_lark: no line holds "::=" outside a comment
@@ -830,9 +833,9 @@ absl::StatusOr<std::shared_ptr<const Schema>> CompileEbnfDocument(std::string_vi
         "the grammar has no rule (name ::= body); a Lark grammar is not served, only "
         "xgrammar's EBNF");
   }
-  TANDEM_ASSIGN_OR_RETURN(std::vector<Token> tokens, Lexer(text).Run());
-  TANDEM_ASSIGN_OR_RETURN(std::vector<Rule> rules, Parser(std::move(tokens)).Run());
-  return EbnfCompiler().Run(std::move(rules));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<ebnf::Token> tokens, ebnf::Lexer(text).Run());
+  TANDEM_ASSIGN_OR_RETURN(std::vector<ebnf::Rule> rules, ebnf::Parser(std::move(tokens)).Run());
+  return ebnf::EbnfCompiler().Run(std::move(rules));
 }
 
 }  // namespace tandem::grammar

@@ -14,7 +14,7 @@
 namespace tandem::kvconnector {
 namespace {
 
-constexpr auto kLookupAgainAfter = std::chrono::seconds(10);
+constexpr auto kLookupPortAgainAfter = std::chrono::seconds(10);
 constexpr uint32_t kMaxFrameBytes = 1 << 20;  // answer frames carry no payload
 
 }  // namespace
@@ -171,7 +171,7 @@ std::optional<BulkLoadClient::Address> BulkLoadClient::FindAddress() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   address_ = addr;
-  if (!addr) next_lookup_ = std::chrono::steady_clock::now() + kLookupAgainAfter;
+  if (!addr) next_lookup_ = std::chrono::steady_clock::now() + kLookupPortAgainAfter;
   return addr;
 }
 
@@ -189,7 +189,7 @@ void BulkLoadClient::MarkUnreachable() {
   }
   address_.reset();
   pool_.Clear();
-  next_lookup_ = std::chrono::steady_clock::now() + kLookupAgainAfter;
+  next_lookup_ = std::chrono::steady_clock::now() + kLookupPortAgainAfter;
 }
 
 std::unique_ptr<rpc::FramedSocket> BulkLoadClient::Dial(const Address& addr,

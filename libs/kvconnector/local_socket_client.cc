@@ -23,7 +23,7 @@
 namespace tandem::kvconnector {
 namespace {
 
-constexpr auto kLookupAgainAfter = std::chrono::seconds(10);
+constexpr auto kLookupPathAgainAfter = std::chrono::seconds(10);
 constexpr size_t kMaxIdle = 16;
 #ifdef MADV_POPULATE_WRITE
 constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
@@ -101,7 +101,7 @@ std::optional<std::string> LocalSocketClient::FindPath() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   path_ = path;
-  if (!path) next_lookup_ = std::chrono::steady_clock::now() + kLookupAgainAfter;
+  if (!path) next_lookup_ = std::chrono::steady_clock::now() + kLookupPathAgainAfter;
   return path;
 }
 
@@ -115,7 +115,7 @@ void LocalSocketClient::MarkUnusable(const std::string& why) {
   path_.reset();
   idle[kLoads].swap(idle_[kLoads]);
   idle[kStores].swap(idle_[kStores]);
-  next_lookup_ = std::chrono::steady_clock::now() + kLookupAgainAfter;
+  next_lookup_ = std::chrono::steady_clock::now() + kLookupPathAgainAfter;
 }
 
 std::unique_ptr<LocalSocketClient::Connection> LocalSocketClient::Take(const std::string& path,

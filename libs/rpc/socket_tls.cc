@@ -8,14 +8,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "openssl_ptr.h"
 
 namespace tandem::rpc {
 namespace {
 
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-using BioPtr = std::unique_ptr<BIO, BioFree>;
+using internal::BioPtr;
 
 BioPtr MemoryBio(const std::string& pem) {
   return BioPtr(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));

@@ -1,10 +1,10 @@
 #include "tandem/rpc/tls_reload.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "openssl_ptr.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
 #include "tandem/common/logging.h"
@@ -31,18 +32,9 @@
 namespace tandem::rpc {
 namespace {
 
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct PkeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-using BioPtr = std::unique_ptr<BIO, BioFree>;
-using X509Ptr = std::unique_ptr<X509, X509Free>;
-using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
+using internal::BioPtr;
+using internal::PkeyPtr;
+using internal::X509Ptr;
 
 // OpenSSL's last error, then its queue cleared.
 std::string OpenSslError() {

@@ -7,11 +7,6 @@
 #include "tandem/common/status.h"
 
 namespace tandem::sched {
-namespace {
-
-int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
-}  // namespace
 
 absl::Status Scheduler::CheckInvariants() const {
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };

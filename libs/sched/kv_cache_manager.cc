@@ -5,10 +5,6 @@
 #include "tandem/common/logging.h"
 
 namespace tandem::sched {
-namespace {
-int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
-}  // namespace
-
 KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size, bool enable_caching)
     : block_size_(block_size), enable_caching_(enable_caching), pool_(num_blocks, enable_caching) {}
 

@@ -14,8 +14,6 @@
 namespace tandem::sched {
 namespace {
 
-int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
 const SchedulerConfig& Checked(const SchedulerConfig& config) {
   absl::Status s = config.Validate();
   TANDEM_CHECK(s.ok()) << std::string(s.message());

@@ -126,6 +126,10 @@ inline constexpr int kMaxGrammarNesting = 64;
 // stack.
 inline constexpr int kMaxGrammarDepth = 1000;
 
+namespace ebnf {
+class EbnfCompiler;
+}  // namespace ebnf
+
 // A compiled schema: nodes by index, the document's at root().
 class Schema {
  public:
@@ -142,7 +146,7 @@ class Schema {
 
  private:
   friend class SchemaCompiler;
-  friend class EbnfCompiler;
+  friend class ebnf::EbnfCompiler;
   static uint64_t NextId();
   uint64_t id_ = NextId();
   bool any_whitespace_ = true;

@@ -10,6 +10,9 @@
 
 namespace tandem::sched {
 
+// ceil(a / b) for a >= 0, b > 0: the blocks that a tokens take.
+inline constexpr int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
 // A prefix-cache hit: leading blocks of a request found in the cache.
 struct PrefixHit {
   std::vector<int32_t> block_ids;
