@@ -1,5 +1,6 @@
 # tandem_unity_build(target): with TANDEM_UNITY_BUILD, the target's C++
-# sources compile as one translation unit. Measured with GCC at -O2 -g1 on
+# sources compile as one translation unit (libraries, service binaries and
+# tests alike; frontend_unit_test opts out). Measured with GCC at -O2 -g1 on
 # the 2-core VM: tandem_tokenizer's 19 files took 122 CPU-s one by one and
 # 26 s as one unit, tandem_frontend's 17 (all but tool_calls.cc) 102 s
 # against 19 s: each file spent most of its time on the same headers and the
@@ -57,6 +58,7 @@ function(tandem_cc_test)
   add_executable(${T_NAME} ${T_SRCS})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
   target_compile_options(${T_NAME} PRIVATE ${TANDEM_CXX_WARNINGS})
+  tandem_unity_build(${T_NAME})
   # A test's own code (assertions, fixtures, small references) at -O1 in the
   # optimized builds: the code it tests is the libraries', built at -O2.
   # -O2 made test files the slowest compiles of the tree (frontend_test.cc

@@ -18,8 +18,8 @@ using ::tandem::kvstore::testing::TempDir;
 using ::tandem::kvstore::testing::TestHash;
 using ::tandem::kvstore::testing::TestPayload;
 
-constexpr uint64_t kBlock = 4096;
-constexpr char kNs[] = "ns";
+constexpr uint64_t kDurabilityBlock = 4096;
+constexpr char kDurabilityNs[] = "ns";
 
 int Rank(Durability d) { return d == Durability::kFsync ? 2 : d == Durability::kWal ? 1 : 0; }
 
@@ -28,25 +28,26 @@ class DurabilityTest : public ::testing::Test {
   void Open() {
     store_.reset();
     auto s = KvStoreEngine::Open({.data_dir = dir_.path(),
-                                  .hot_capacity_bytes = 4 * kBlock,
-                                  .hot_slot_bytes = kBlock,
+                                  .hot_capacity_bytes = 4 * kDurabilityBlock,
+                                  .hot_slot_bytes = kDurabilityBlock,
                                   .lock_hot_memory = false});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
-    ASSERT_TRUE(store_->CreateNamespace({.name = kNs, .block_bytes = kBlock}).ok());
+    ASSERT_TRUE(
+        store_->CreateNamespace({.name = kDurabilityNs, .block_bytes = kDurabilityBlock}).ok());
   }
   StoreResult Put(uint64_t i, Durability d, uint8_t tag = 0) {
-    const std::vector<uint8_t> p = TestPayload(i, kBlock, tag);
-    auto r = store_->Store(kNs, TestHash(i), p, Crc(p), d);
+    const std::vector<uint8_t> p = TestPayload(i, kDurabilityBlock, tag);
+    auto r = store_->Store(kDurabilityNs, TestHash(i), p, Crc(p), d);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : StoreResult{};
   }
   void ExpectIntact(uint64_t i) {
-    std::vector<uint8_t> out(kBlock);
-    auto r = store_->ReadInto(kNs, TestHash(i), out);
+    std::vector<uint8_t> out(kDurabilityBlock);
+    auto r = store_->ReadInto(kDurabilityNs, TestHash(i), out);
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_TRUE(r->ok()) << "block " << i << ": " << MissReasonName(r->miss);
-    EXPECT_EQ(out, TestPayload(i, kBlock)) << "block " << i;
+    EXPECT_EQ(out, TestPayload(i, kDurabilityBlock)) << "block " << i;
   }
 
   TempDir dir_;
@@ -71,7 +72,7 @@ TEST_F(DurabilityTest, AStoreAskingForMoreThanThePresentBlockHasWritesItAgain) {
       EXPECT_EQ(st.stores_made_durable, rewrites);
       EXPECT_EQ(st.stores, id);  // a rewrite is not a new block
       EXPECT_EQ(st.cold_blocks, id);
-      EXPECT_EQ(st.cold_bytes, id * kBlock);
+      EXPECT_EQ(st.cold_bytes, id * kDurabilityBlock);
       // Now it has `want` (or more): the same store again writes nothing.
       EXPECT_TRUE(Put(id, want).already_present);
       EXPECT_EQ(store_->GetStats().stores_made_durable, rewrites);
@@ -92,14 +93,15 @@ TEST_F(DurabilityTest, ABatchWritesItsWeakerPresentBlocksAgainButNotOnesWithOthe
   Put(2, Durability::kNone);
   Put(3, Durability::kWal);
   std::vector<std::vector<uint8_t>> payloads = {
-      TestPayload(1, kBlock), TestPayload(2, kBlock, 7), TestPayload(3, kBlock),
-      TestPayload(4, kBlock), TestPayload(1, kBlock)};
+      TestPayload(1, kDurabilityBlock), TestPayload(2, kDurabilityBlock, 7),
+      TestPayload(3, kDurabilityBlock), TestPayload(4, kDurabilityBlock),
+      TestPayload(1, kDurabilityBlock)};
   const uint64_t ids[] = {1, 2, 3, 4, 1};
   std::vector<StoreBlock> batch;
   for (size_t k = 0; k < payloads.size(); ++k) {
     batch.push_back({.hash = TestHash(ids[k]), .payload = payloads[k], .checksum = Crc(payloads[k])});
   }
-  auto rs = store_->StoreBatch(kNs, batch, Durability::kWal);
+  auto rs = store_->StoreBatch(kDurabilityNs, batch, Durability::kWal);
   ASSERT_EQ(rs.size(), 5u);
   for (const auto& r : rs) ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(rs[0]->already_present);   // none -> wal: written again
@@ -111,10 +113,10 @@ TEST_F(DurabilityTest, ABatchWritesItsWeakerPresentBlocksAgainButNotOnesWithOthe
   ExpectIntact(1);
   ExpectIntact(3);
   ExpectIntact(4);
-  std::vector<uint8_t> out(kBlock);
-  auto kept = store_->ReadInto(kNs, TestHash(2), out);
+  std::vector<uint8_t> out(kDurabilityBlock);
+  auto kept = store_->ReadInto(kDurabilityNs, TestHash(2), out);
   ASSERT_TRUE(kept.ok() && kept->ok());
-  EXPECT_EQ(out, TestPayload(2, kBlock));
+  EXPECT_EQ(out, TestPayload(2, kDurabilityBlock));
   EXPECT_TRUE(store_->TEST_CheckColdTier().ok());
 }
 

@@ -21,7 +21,7 @@ using ::tandem::kvstore::testing::TempDir;
 using ::tandem::kvstore::testing::TestHash;
 using ::tandem::kvstore::testing::TestPayload;
 
-constexpr char kNs[] = "repair";
+constexpr char kRepairNs[] = "repair";
 
 std::vector<std::string> FilesEndingWith(const std::string& dir, const std::string& suffix) {
   std::vector<std::string> out;
@@ -63,17 +63,17 @@ class KvStoreRepairTest : public ::testing::Test {
     store_ = std::move(*s);
     // As a connector does after NOT_FOUND: the namespace may have been lost.
     ASSERT_TRUE(
-        store_->CreateNamespace({.name = kNs, .block_bytes = block_, .layout = "t"}).ok());
+        store_->CreateNamespace({.name = kRepairNs, .block_bytes = block_, .layout = "t"}).ok());
   }
   void StoreBlocks(int n) {
     for (int i = 0; i < n; ++i) {
       const auto p = TestPayload(i, block_);
-      auto r = store_->Store(kNs, TestHash(i), p, Crc(p));
+      auto r = store_->Store(kRepairNs, TestHash(i), p, Crc(p));
       ASSERT_TRUE(r.ok()) << r.status();
     }
   }
   bool Hits(int i) {
-    auto r = store_->Lookup(kNs, std::vector<BlockHash>{TestHash(i)}, {.take_lease = false});
+    auto r = store_->Lookup(kRepairNs, std::vector<BlockHash>{TestHash(i)}, {.take_lease = false});
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() && r->num_hits == 1;
   }
@@ -87,7 +87,7 @@ class KvStoreRepairTest : public ::testing::Test {
         continue;
       }
       std::vector<uint8_t> got(block_);
-      auto r = store_->ReadInto(kNs, TestHash(i), got);
+      auto r = store_->ReadInto(kRepairNs, TestHash(i), got);
       EXPECT_TRUE(r.ok() && r->ok()) << "block " << i << " is indexed but does not load: "
                                      << (r.ok() ? MissReasonName(r->miss) : r.status().ToString());
       EXPECT_EQ(got, TestPayload(i, block_)) << "block " << i;
@@ -99,11 +99,11 @@ class KvStoreRepairTest : public ::testing::Test {
   void RestoreAndCheck(const std::vector<int>& missing) {
     for (int i : missing) {
       const auto p = TestPayload(i, block_);
-      auto r = store_->Store(kNs, TestHash(i), p, Crc(p));
+      auto r = store_->Store(kRepairNs, TestHash(i), p, Crc(p));
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_FALSE(r->already_present) << "block " << i;
       std::vector<uint8_t> got(block_);
-      auto read = store_->ReadInto(kNs, TestHash(i), got);
+      auto read = store_->ReadInto(kRepairNs, TestHash(i), got);
       ASSERT_TRUE(read.ok() && read->ok()) << "block " << i;
       EXPECT_EQ(got, p) << "block " << i;
     }
@@ -313,19 +313,19 @@ TEST_P(KvStoreLoadFailureTest, AnEntryWhoseLoadFailsIsDroppedAndCanBeStoredAgain
     switch (GetParam()) {
       case FailedBy::kLoad: {
         std::vector<uint8_t> got(block_);
-        auto r = store_->ReadInto(kNs, TestHash(i), got);
+        auto r = store_->ReadInto(kRepairNs, TestHash(i), got);
         ASSERT_TRUE(r.ok()) << "block " << i << ": " << r.status();
         EXPECT_FALSE(r->ok()) << "block " << i;
         break;
       }
       case FailedBy::kReport: {
-        auto dropped = store_->ReportCorrupt(kNs, TestHash(i));
+        auto dropped = store_->ReportCorrupt(kRepairNs, TestHash(i));
         ASSERT_TRUE(dropped.ok()) << dropped.status();
         EXPECT_TRUE(*dropped) << "block " << i;
         break;
       }
       case FailedBy::kStagedLookup: {
-        auto r = store_->Lookup(kNs, std::vector<BlockHash>{TestHash(i)},
+        auto r = store_->Lookup(kRepairNs, std::vector<BlockHash>{TestHash(i)},
                                 {.take_lease = false, .stage_to_hot = true});
         ASSERT_TRUE(r.ok()) << r.status();
         EXPECT_EQ(r->num_hits, 0) << "block " << i;

@@ -16,17 +16,17 @@ using ::tandem::kvstore::testing::TempDir;
 using ::tandem::kvstore::testing::TestHash;
 using ::tandem::kvstore::testing::TestPayload;
 
-constexpr uint64_t kBlock = 4096;
-constexpr char kNs[] = "ns";
+constexpr uint64_t kBatchBlock = 4096;
+constexpr char kBatchNs[] = "ns";
 
 std::unique_ptr<KvStoreEngine> OpenStore(const TempDir& dir) {
   auto s = KvStoreEngine::Open({.data_dir = dir.path(),
-                                .hot_capacity_bytes = 4 * kBlock,
-                                .hot_slot_bytes = kBlock,
+                                .hot_capacity_bytes = 4 * kBatchBlock,
+                                .hot_slot_bytes = kBatchBlock,
                                 .lock_hot_memory = false});
   EXPECT_TRUE(s.ok()) << s.status();
   if (!s.ok()) return nullptr;
-  EXPECT_TRUE((*s)->CreateNamespace({.name = kNs, .block_bytes = kBlock}).ok());
+  EXPECT_TRUE((*s)->CreateNamespace({.name = kBatchNs, .block_bytes = kBatchBlock}).ok());
   return std::move(*s);
 }
 
@@ -43,24 +43,24 @@ struct Mixed {
       blocks.push_back(
           {.hash = TestHash(id), .checksum = Crc(payloads.back()) ^ (bad_crc ? 1 : 0)});
     };
-    add(10, TestPayload(10, kBlock));        // new
-    add(1, TestPayload(1, kBlock));          // present
-    add(2, TestPayload(2, kBlock, 7));       // present, other bytes
-    add(11, TestPayload(11, kBlock), true);  // bad checksum
-    add(12, TestPayload(12, kBlock / 2));    // wrong size
-    add(13, TestPayload(13, kBlock));        // new
-    add(13, TestPayload(13, kBlock));        // again: already present
-    add(14, TestPayload(14, kBlock));        // new
-    add(14, TestPayload(14, kBlock, 9));     // again, other bytes: mismatched
-    add(15, TestPayload(15, kBlock));        // new
+    add(10, TestPayload(10, kBatchBlock));        // new
+    add(1, TestPayload(1, kBatchBlock));          // present
+    add(2, TestPayload(2, kBatchBlock, 7));       // present, other bytes
+    add(11, TestPayload(11, kBatchBlock), true);  // bad checksum
+    add(12, TestPayload(12, kBatchBlock / 2));    // wrong size
+    add(13, TestPayload(13, kBatchBlock));        // new
+    add(13, TestPayload(13, kBatchBlock));        // again: already present
+    add(14, TestPayload(14, kBatchBlock));        // new
+    add(14, TestPayload(14, kBatchBlock, 9));     // again, other bytes: mismatched
+    add(15, TestPayload(15, kBatchBlock));        // new
     for (size_t i = 0; i < blocks.size(); ++i) blocks[i].payload = payloads[i];
   }
 };
 
 void Preload(KvStoreEngine* store) {
   for (uint64_t id : {1, 2}) {
-    auto p = TestPayload(id, kBlock);
-    ASSERT_TRUE(store->Store(kNs, TestHash(id), p, Crc(p)).ok());
+    auto p = TestPayload(id, kBatchBlock);
+    ASSERT_TRUE(store->Store(kBatchNs, TestHash(id), p, Crc(p)).ok());
   }
 }
 
@@ -79,10 +79,10 @@ TEST(StoreBatchTest, SameResultsCountersAndColdTierAsOneStoreEach) {
   const Mixed m;
   std::vector<std::string> want;
   for (const StoreBlock& b : m.blocks) {
-    want.push_back(Describe(one->Store(kNs, b.hash, b.payload, b.checksum)));
+    want.push_back(Describe(one->Store(kBatchNs, b.hash, b.payload, b.checksum)));
   }
   std::vector<std::string> got;
-  for (const auto& r : batch->StoreBatch(kNs, m.blocks)) got.push_back(Describe(r));
+  for (const auto& r : batch->StoreBatch(kBatchNs, m.blocks)) got.push_back(Describe(r));
   EXPECT_EQ(got, want);
   EXPECT_EQ(want, (std::vector<std::string>{"new", "present", "present+mismatched", "DATA_LOSS",
                                             "INVALID_ARGUMENT", "new", "present", "new",
@@ -99,20 +99,20 @@ TEST(StoreBatchTest, SameResultsCountersAndColdTierAsOneStoreEach) {
   // Every stored block reads back the first write's bytes, from both.
   for (uint64_t id : {1, 2, 10, 13, 14, 15}) {
     for (KvStoreEngine* s : {one.get(), batch.get()}) {
-      std::vector<uint8_t> out(kBlock);
-      auto r = s->ReadInto(kNs, TestHash(id), out);
+      std::vector<uint8_t> out(kBatchBlock);
+      auto r = s->ReadInto(kBatchNs, TestHash(id), out);
       ASSERT_TRUE(r.ok() && r->ok()) << id;
-      EXPECT_EQ(out, TestPayload(id, kBlock)) << id;
+      EXPECT_EQ(out, TestPayload(id, kBatchBlock)) << id;
     }
   }
-  for (uint64_t id : {11, 12}) EXPECT_FALSE(batch->TEST_InCold(kNs, TestHash(id))) << id;
+  for (uint64_t id : {11, 12}) EXPECT_FALSE(batch->TEST_InCold(kBatchNs, TestHash(id))) << id;
 }
 
 TEST(StoreBatchTest, NewBlocksGoToTheHotTierAndSurviveAReopen) {
   TempDir dir;
   std::vector<std::vector<uint8_t>> payloads;
   std::vector<StoreBlock> blocks;
-  for (uint64_t id = 0; id < 3; ++id) payloads.push_back(TestPayload(id, kBlock));
+  for (uint64_t id = 0; id < 3; ++id) payloads.push_back(TestPayload(id, kBatchBlock));
   for (uint64_t id = 0; id < 3; ++id) {
     blocks.push_back(
         {.hash = TestHash(id), .payload = payloads[id], .checksum = Crc(payloads[id])});
@@ -120,13 +120,16 @@ TEST(StoreBatchTest, NewBlocksGoToTheHotTierAndSurviveAReopen) {
   {
     std::unique_ptr<KvStoreEngine> store = OpenStore(dir);
     ASSERT_TRUE(store);
-    for (const auto& r : store->StoreBatch(kNs, blocks)) ASSERT_TRUE(r.ok() && !r->already_present);
-    for (uint64_t id = 0; id < 3; ++id) EXPECT_TRUE(store->TEST_InHot(kNs, TestHash(id))) << id;
+    for (const auto& r : store->StoreBatch(kBatchNs, blocks))
+      ASSERT_TRUE(r.ok() && !r->already_present);
+    for (uint64_t id = 0; id < 3; ++id)
+      EXPECT_TRUE(store->TEST_InHot(kBatchNs, TestHash(id))) << id;
   }
   std::unique_ptr<KvStoreEngine> store = OpenStore(dir);
   ASSERT_TRUE(store);
   EXPECT_TRUE(store->TEST_CheckColdTier().ok());
-  for (const auto& r : store->StoreBatch(kNs, blocks)) ASSERT_TRUE(r.ok() && r->already_present);
+  for (const auto& r : store->StoreBatch(kBatchNs, blocks))
+    ASSERT_TRUE(r.ok() && r->already_present);
 }
 
 // A batch received into reserved hot slots (the bulk port's stores): a block
@@ -143,24 +146,24 @@ TEST(StoreBatchTest, BlocksReceivedIntoReservedSlotsKeepThemAndTheOthersGoBack) 
     SCOPED_TRACE(DurabilityName(d));
     const uint64_t fresh = d == Durability::kWal ? 20 : 30;
     const uint64_t ids[] = {fresh, 1, fresh + 1, fresh + 2};
-    const std::vector<uint64_t> sizes = {kBlock, kBlock, kBlock, kBlock};
+    const std::vector<uint64_t> sizes = {kBatchBlock, kBatchBlock, kBatchBlock, kBatchBlock};
     std::vector<BlockHash> hashes;
     for (uint64_t id : ids) hashes.push_back(TestHash(id));
-    ASSERT_TRUE(store->TEST_InHot(kNs, TestHash(1)));
-    HotSlots slots = store->ReserveHotSlots(kNs, hashes, sizes, d);
+    ASSERT_TRUE(store->TEST_InHot(kBatchNs, TestHash(1)));
+    HotSlots slots = store->ReserveHotSlots(kBatchNs, hashes, sizes, d);
     // Three new blocks: the free slots, then the least recently used other
     // than block 1, which the batch has.
     ASSERT_EQ(slots.num_reserved(), 3u);
     EXPECT_TRUE(slots.slot(1).empty());
-    EXPECT_TRUE(store->TEST_InHot(kNs, TestHash(1)));
+    EXPECT_TRUE(store->TEST_InHot(kBatchNs, TestHash(1)));
     std::vector<StoreBlock> blocks;
     std::vector<std::vector<uint8_t>> payloads;
     for (size_t k = 0; k < 4; ++k) {
-      payloads.push_back(TestPayload(ids[k], kBlock));
+      payloads.push_back(TestPayload(ids[k], kBatchBlock));
       const std::vector<uint8_t>& p = payloads.back();
       std::span<const uint8_t> payload = p;
       if (k != 1) {
-        ASSERT_EQ(slots.slot(k).size(), kBlock);
+        ASSERT_EQ(slots.slot(k).size(), kBatchBlock);
         std::copy(p.begin(), p.end(), slots.slot(k).begin());  // "received"
         payload = slots.slot(k);
       }
@@ -170,7 +173,7 @@ TEST(StoreBatchTest, BlocksReceivedIntoReservedSlotsKeepThemAndTheOthersGoBack) 
                         .reserved_slot = k != 1 ? static_cast<int32_t>(k) : -1});
     }
     std::vector<std::string> got;
-    for (const auto& r : store->StoreBatch(kNs, blocks, d, &slots)) got.push_back(Describe(r));
+    for (const auto& r : store->StoreBatch(kBatchNs, blocks, d, &slots)) got.push_back(Describe(r));
     if (d == Durability::kWal) {
       EXPECT_EQ(got, (std::vector<std::string>{"new", "present", "DATA_LOSS", "new"}));
     } else {  // block 1 is on disk: more than a memory store asks
@@ -179,23 +182,23 @@ TEST(StoreBatchTest, BlocksReceivedIntoReservedSlotsKeepThemAndTheOthersGoBack) 
     EXPECT_EQ(slots.num_reserved(), 1u);  // the bad block's
     slots = HotSlots();                   // ... go back
     for (uint64_t id : {fresh, fresh + 2}) {
-      std::vector<uint8_t> out(kBlock);
-      auto r = store->ReadInto(kNs, TestHash(id), out);
+      std::vector<uint8_t> out(kBatchBlock);
+      auto r = store->ReadInto(kBatchNs, TestHash(id), out);
       ASSERT_TRUE(r.ok() && r->ok()) << id;
       EXPECT_TRUE(r->from_hot) << id;
-      EXPECT_EQ(out, TestPayload(id, kBlock)) << id;
+      EXPECT_EQ(out, TestPayload(id, kBatchBlock)) << id;
     }
-    EXPECT_FALSE(store->TEST_InCold(kNs, TestHash(fresh + 1)));
+    EXPECT_FALSE(store->TEST_InCold(kBatchNs, TestHash(fresh + 1)));
   }
   // Nothing leaked: four memory blocks (which need a slot each) fit, with
   // every slot's block evictable.
   std::vector<std::vector<uint8_t>> payloads;
   std::vector<StoreBlock> blocks;
-  for (uint64_t id = 40; id < 44; ++id) payloads.push_back(TestPayload(id, kBlock));
+  for (uint64_t id = 40; id < 44; ++id) payloads.push_back(TestPayload(id, kBatchBlock));
   for (uint64_t k = 0; k < 4; ++k) {
     blocks.push_back({.hash = TestHash(40 + k), .payload = payloads[k], .checksum = Crc(payloads[k])});
   }
-  for (const auto& r : store->StoreBatch(kNs, blocks, Durability::kMemory)) {
+  for (const auto& r : store->StoreBatch(kBatchNs, blocks, Durability::kMemory)) {
     EXPECT_EQ(Describe(r), "new");
   }
   EXPECT_EQ(store->GetStats().hot_blocks, 4u);
@@ -205,24 +208,25 @@ TEST(StoreBatchTest, BlocksReceivedIntoReservedSlotsKeepThemAndTheOthersGoBack) 
 TEST(StoreBatchTest, SlotsAreReservedOnlyWhereAStoreWouldUseTheHotTier) {
   TempDir dir;
   auto s = KvStoreEngine::Open({.data_dir = dir.path(),
-                                .hot_capacity_bytes = 4 * kBlock,
-                                .hot_slot_bytes = kBlock,
+                                .hot_capacity_bytes = 4 * kBatchBlock,
+                                .hot_slot_bytes = kBatchBlock,
                                 .store_to_hot = false,
                                 .lock_hot_memory = false});
   ASSERT_TRUE(s.ok()) << s.status();
   KvStoreEngine& store = **s;
-  ASSERT_TRUE(store.CreateNamespace({.name = kNs, .block_bytes = kBlock}).ok());
-  const std::vector<uint64_t> sizes = {kBlock, 0, kBlock + 1, kBlock / 2};
+  ASSERT_TRUE(store.CreateNamespace({.name = kBatchNs, .block_bytes = kBatchBlock}).ok());
+  const std::vector<uint64_t> sizes = {kBatchBlock, 0, kBatchBlock + 1, kBatchBlock / 2};
   const std::vector<BlockHash> hashes = {TestHash(1), TestHash(2), TestHash(3), TestHash(4)};
-  EXPECT_EQ(store.ReserveHotSlots(kNs, hashes, sizes, Durability::kWal).num_reserved(), 0u);
-  EXPECT_EQ(store.ReserveHotSlots(kNs, hashes, sizes, std::nullopt).num_reserved(), 0u);  // wal
+  EXPECT_EQ(store.ReserveHotSlots(kBatchNs, hashes, sizes, Durability::kWal).num_reserved(), 0u);
+  EXPECT_EQ(store.ReserveHotSlots(kBatchNs, hashes, sizes, std::nullopt).num_reserved(),
+            0u);  // wal
   EXPECT_EQ(store.ReserveHotSlots("nope", hashes, sizes, Durability::kMemory).num_reserved(), 0u);
-  HotSlots memory = store.ReserveHotSlots(kNs, hashes, sizes, Durability::kMemory);
+  HotSlots memory = store.ReserveHotSlots(kBatchNs, hashes, sizes, Durability::kMemory);
   EXPECT_EQ(memory.num_reserved(), 2u);  // not the empty nor the oversized block
-  EXPECT_EQ(memory.slot(0).size(), kBlock);
+  EXPECT_EQ(memory.slot(0).size(), kBatchBlock);
   EXPECT_TRUE(memory.slot(1).empty());
   EXPECT_TRUE(memory.slot(2).empty());
-  EXPECT_EQ(memory.slot(3).size(), kBlock / 2);
+  EXPECT_EQ(memory.slot(3).size(), kBatchBlock / 2);
   EXPECT_TRUE(memory.slot(4).empty());  // past the batch
 }
 

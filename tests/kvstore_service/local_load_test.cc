@@ -34,26 +34,26 @@ using kvstore::testing::TempDir;
 using kvstore::testing::TestHash;
 using kvstore::testing::TestPayload;
 
-constexpr uint64_t kBlock = testutil::kBulkBlock;
-constexpr uint64_t kBigBlock = testutil::kBulkBigBlock;
+constexpr uint64_t kLoadBlock = testutil::kBulkBlock;
+constexpr uint64_t kBigLoadBlock = testutil::kBulkBigBlock;
 
 using LocalLoadTest = testutil::LocalSocketTest;
 
 TEST_F(LocalLoadTest, LoadsReadTheHotTierInPlace) {
-  Loaded l = Load("ns", {1, 2, 99, 3}, kBlock);  // 99 is not stored
+  Loaded l = Load("ns", {1, 2, 99, 3}, kLoadBlock);  // 99 is not stored
   ASSERT_TRUE(l.results.ok()) << l.results.status();
   ASSERT_EQ(l.results->size(), 4u);
   for (size_t i : {0u, 1u, 3u}) {
     EXPECT_EQ((*l.results)[i].miss, LoadMiss::kNone) << i;
   }
   EXPECT_EQ((*l.results)[2].miss, LoadMiss::kNotFound);
-  EXPECT_EQ(l.bufs[0], TestPayload(1, kBlock));
-  EXPECT_EQ(l.bufs[1], TestPayload(2, kBlock));
-  EXPECT_EQ(l.bufs[3], TestPayload(3, kBlock));
-  Loaded big = Load("big", {100}, kBigBlock);
+  EXPECT_EQ(l.bufs[0], TestPayload(1, kLoadBlock));
+  EXPECT_EQ(l.bufs[1], TestPayload(2, kLoadBlock));
+  EXPECT_EQ(l.bufs[3], TestPayload(3, kLoadBlock));
+  Loaded big = Load("big", {100}, kBigLoadBlock);
   ASSERT_TRUE(big.results.ok()) << big.results.status();
   EXPECT_EQ((*big.results)[0].miss, LoadMiss::kNone);
-  EXPECT_EQ(big.bufs[0], TestPayload(100, kBigBlock));
+  EXPECT_EQ(big.bufs[0], TestPayload(100, kBigLoadBlock));
   EXPECT_EQ(client_->local_loads(), 2u);
   EXPECT_EQ(client_->bulk_loads(), 0u);
   // The blocks before the miss came by their place in shared memory (the
@@ -89,7 +89,7 @@ TEST_F(LocalLoadTest, PinsHoldUntilTheClientsNextFrame) {
     ASSERT_TRUE(c.ok() && c.in_shared_memory()) << c.DebugString();
     ASSERT_LE(c.shared_offset() + c.total_size(), map_size_);
     const auto* bytes = map_ + c.shared_offset();
-    const std::vector<uint8_t> want = TestPayload(4 + c.block_index(), kBlock);
+    const std::vector<uint8_t> want = TestPayload(4 + c.block_index(), kLoadBlock);
     EXPECT_TRUE(std::equal(want.begin(), want.end(), bytes)) << c.block_index();
     EXPECT_EQ(c.checksum(), kvstore::Crc32c(want));
     ++shared;
@@ -119,11 +119,11 @@ TEST_F(LocalLoadTest, PinsHoldUntilTheClientsNextFrame) {
 // told, drops it.
 TEST_F(LocalLoadTest, ACorruptBlockInSharedMemoryIsAChecksumMiss) {
   ASSERT_TRUE(store_->TEST_CorruptHot("ns", TestHash(2), 100).ok());
-  Loaded l = Load("ns", {1, 2}, kBlock);
+  Loaded l = Load("ns", {1, 2}, kLoadBlock);
   ASSERT_TRUE(l.results.ok()) << l.results.status();
   EXPECT_EQ((*l.results)[0].miss, LoadMiss::kNone);
   EXPECT_EQ((*l.results)[1].miss, LoadMiss::kChecksum);
-  EXPECT_NE(l.bufs[1], TestPayload(2, kBlock));
+  EXPECT_NE(l.bufs[1], TestPayload(2, kLoadBlock));
   EXPECT_EQ(client_->local_loads(), 1u);
   EXPECT_FALSE(store_->TEST_InHot("ns", TestHash(2)));
 }
@@ -139,12 +139,12 @@ TEST_F(LocalLoadTest, ALoadTheStoreStallsOnFailsAfterOneDeadlineAndGoesNowhereEl
       {.target = target_, .rpc_deadline_ms = 300, .bulk_lookup = false});
   ASSERT_TRUE(client.ok()) << client.status();
   auto load = [&] {
-    std::vector<uint8_t> buf(kBlock, 0xEE);
+    std::vector<uint8_t> buf(kLoadBlock, 0xEE);
     std::vector<std::span<uint8_t>> dst = {buf};
     const BlockHash hash = TestHash(1);
     auto results = (*client)->Load("ns", {&hash, 1}, dst, LeaseId(0));
     if (results.ok() && (*results)[0].ok()) {
-      EXPECT_EQ(buf, TestPayload(1, kBlock));
+      EXPECT_EQ(buf, TestPayload(1, kLoadBlock));
     }
     return results;
   };
@@ -167,10 +167,10 @@ TEST_F(LocalLoadTest, ALoadTheStoreStallsOnFailsAfterOneDeadlineAndGoesNowhereEl
 
 TEST_F(LocalLoadTest, WithoutTheSocketLoadsTakeTheBulkPort) {
   ASSERT_EQ(unlink(socket_.c_str()), 0);
-  Loaded l = Load("ns", {1, 2}, kBlock);
+  Loaded l = Load("ns", {1, 2}, kLoadBlock);
   ASSERT_TRUE(l.results.ok()) << l.results.status();
   EXPECT_EQ((*l.results)[0].miss, LoadMiss::kNone);
-  EXPECT_EQ(l.bufs[1], TestPayload(2, kBlock));
+  EXPECT_EQ(l.bufs[1], TestPayload(2, kLoadBlock));
   EXPECT_EQ(client_->local_loads(), 0u);
   EXPECT_EQ(client_->bulk_loads(), 1u);
 }
@@ -186,13 +186,13 @@ TEST_F(LocalLoadTest, AStoreThatAdvertisesAnotherHostIsLoadedOverTheBulkPort) {
   ASSERT_NE(s.server, nullptr);
   auto client = KvStoreClient::Create({.target = s.target, .bulk_lookup = false});
   ASSERT_TRUE(client.ok()) << client.status();
-  std::vector<uint8_t> buf(kBlock, 0xEE);
+  std::vector<uint8_t> buf(kLoadBlock, 0xEE);
   const std::span<uint8_t> dst[] = {buf};
   const BlockHash hash[] = {TestHash(3)};
   auto results = (*client)->Load("ns", hash, dst, LeaseId(0));
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_EQ((*results)[0].miss, LoadMiss::kNone);
-  EXPECT_EQ(buf, TestPayload(3, kBlock));
+  EXPECT_EQ(buf, TestPayload(3, kLoadBlock));
   EXPECT_EQ((*client)->local_loads(), 0u);
   EXPECT_EQ((*client)->bulk_loads(), 1u);
   EXPECT_EQ(bulk_->GetStats().local_loads, 0u);
@@ -202,7 +202,7 @@ TEST_F(LocalLoadTest, AStoreThatAdvertisesAnotherHostIsLoadedOverTheBulkPort) {
 
 TEST_F(LocalLoadTest, TheSocketNeedsASharedHotTierAndAPathNoOneServes) {
   TempDir other;
-  auto unshared = testutil::OpenBulkTestStore(other.path(), {{"ns", kBlock}});
+  auto unshared = testutil::OpenBulkTestStore(other.path(), {{"ns", kLoadBlock}});
   ASSERT_TRUE(unshared.ok());
   auto refused = kvstore_service::BulkLoadServer::Start(
       unshared->get(), {.local_socket = other.path() + "/kv.sock"});

@@ -26,8 +26,8 @@ using kvconnector::LoadMiss;
 using kvstore::testing::TestHash;
 using kvstore::testing::TestPayload;
 
-constexpr uint64_t kBlock = testutil::kBulkBlock;
-constexpr uint64_t kBigBlock = testutil::kBulkBigBlock;
+constexpr uint64_t kStoreBlock = testutil::kBulkBlock;
+constexpr uint64_t kBigStoreBlock = testutil::kBulkBigBlock;
 
 class LocalStoreTest : public testutil::LocalSocketTest {
  protected:
@@ -55,7 +55,7 @@ class LocalStoreTest : public testutil::LocalSocketTest {
     for (uint64_t id : ids) {
       v1::BulkStoreBlock* b = req.add_blocks();
       b->set_block_hash(TestHash(id).ToBytes());
-      b->set_size(kBlock);
+      b->set_size(kStoreBlock);
     }
     return req;
   }
@@ -64,8 +64,8 @@ class LocalStoreTest : public testutil::LocalSocketTest {
 TEST_F(LocalStoreTest, StoresWriteTheHotTierInPlace) {
   // New blocks 7 and 8, block 1 already stored, and one of the wrong size.
   const std::vector<std::vector<uint8_t>> payloads = {
-      TestPayload(7, kBlock), TestPayload(1, kBlock), TestPayload(8, kBlock),
-      TestPayload(9, kBlock / 2)};
+      TestPayload(7, kStoreBlock), TestPayload(1, kStoreBlock), TestPayload(8, kStoreBlock),
+      TestPayload(9, kStoreBlock / 2)};
   auto results = Store("ns", {7, 1, 8, 9}, payloads, kvstore::Durability::kMemory);
   ASSERT_TRUE(results.ok()) << results.status();
   ASSERT_EQ(results->size(), 4u);
@@ -85,27 +85,28 @@ TEST_F(LocalStoreTest, StoresWriteTheHotTierInPlace) {
   EXPECT_TRUE(store_->TEST_InHot("ns", TestHash(7)));
   EXPECT_FALSE(store_->TEST_InCold("ns", TestHash(7))) << "durability memory";
   EXPECT_FALSE(store_->TEST_InHot("ns", TestHash(9)));
-  Loaded l = Load("ns", {7, 8}, kBlock);
+  Loaded l = Load("ns", {7, 8}, kStoreBlock);
   ASSERT_TRUE(l.results.ok()) << l.results.status();
   EXPECT_EQ((*l.results)[0].miss, LoadMiss::kNone);
   EXPECT_EQ((*l.results)[1].miss, LoadMiss::kNone);
-  EXPECT_EQ(l.bufs[0], TestPayload(7, kBlock));
-  EXPECT_EQ(l.bufs[1], TestPayload(8, kBlock));
+  EXPECT_EQ(l.bufs[0], TestPayload(7, kStoreBlock));
+  EXPECT_EQ(l.bufs[1], TestPayload(8, kStoreBlock));
 
   // The store's default durability (the WAL, and the hot tier too) and
   // blocks of many 256 KiB pieces, each followed by its own frame of
   // checksums: written in place, and on disk.
-  auto big = Store("big", {101, 102}, {TestPayload(101, kBigBlock), TestPayload(102, kBigBlock)},
-                   std::nullopt);
+  auto big =
+      Store("big", {101, 102}, {TestPayload(101, kBigStoreBlock), TestPayload(102, kBigStoreBlock)},
+            std::nullopt);
   ASSERT_TRUE(big.ok()) << big.status();
   for (const BlockStoreResult& b : *big) EXPECT_TRUE(b.status.ok()) << b.status;
   EXPECT_EQ(bulk_->GetStats().blocks_written_in_place, 4u);
   EXPECT_TRUE(store_->TEST_InHot("big", TestHash(101)));
   EXPECT_TRUE(store_->TEST_InCold("big", TestHash(101)));
-  std::vector<uint8_t> read(kBigBlock);
+  std::vector<uint8_t> read(kBigStoreBlock);
   auto r = store_->ReadInto("big", TestHash(101), read);
   ASSERT_TRUE(r.ok() && r->ok()) << r.status();
-  EXPECT_EQ(read, TestPayload(101, kBigBlock));
+  EXPECT_EQ(read, TestPayload(101, kBigStoreBlock));
   EXPECT_EQ(client_->local_stores(), 2u);
 }
 
@@ -128,20 +129,20 @@ TEST_F(LocalStoreTest, ABlockWrittenWrongIsDataLossAndNotKept) {
     v1::BulkStoreChecksums checksums;
     for (int i = 0; i < 2; ++i) {
       const int64_t offset = slots.shared_offsets(i);
-      const std::vector<uint8_t> p = TestPayload(9 + i, kBlock);
+      const std::vector<uint8_t> p = TestPayload(9 + i, kStoreBlock);
       if (round == 1 && i == 0) {
         ASSERT_EQ(offset, -1) << "a stored block gets no slot";
         ASSERT_TRUE(sock->WriteRaw(p).ok());
       } else {
         ASSERT_GE(offset, 0);
-        ASSERT_LE(offset + kBlock, map_size_);
+        ASSERT_LE(offset + kStoreBlock, map_size_);
         std::memcpy(map_ + offset, p.data(), p.size());
         if (round == 0 && i == 1) map_[offset + 1000] ^= 0x40;  // written wrong
       }
       checksums.add_checksums(kvstore::Crc32c(p));
     }
     // 128 KiB of blocks: their checksums follow the last one, in one frame.
-    ASSERT_FALSE(rpc::KvLocalStoreChecksumsDue(kBlock, false));
+    ASSERT_FALSE(rpc::KvLocalStoreChecksumsDue(kStoreBlock, false));
     ASSERT_TRUE(sock->Write(checksums).ok());
     v1::BulkStoreAnswer answer;
     ASSERT_TRUE(sock->Read(&answer, 1 << 20).ok());
@@ -162,10 +163,10 @@ TEST_F(LocalStoreTest, ABlockWrittenWrongIsDataLossAndNotKept) {
     }
   }
   EXPECT_EQ(bulk_->GetStats().blocks_written_in_place, 3u);
-  Loaded l = Load("ns", {10}, kBlock);
+  Loaded l = Load("ns", {10}, kStoreBlock);
   ASSERT_TRUE(l.results.ok()) << l.results.status();
   EXPECT_EQ((*l.results)[0].miss, LoadMiss::kNone);
-  EXPECT_EQ(l.bufs[0], TestPayload(10, kBlock));
+  EXPECT_EQ(l.bufs[0], TestPayload(10, kStoreBlock));
 }
 
 // A connection that ends after its blocks were written but before the
@@ -180,14 +181,14 @@ TEST_F(LocalStoreTest, ABatchCutOffBeforeItsChecksumsStoresNothing) {
   ASSERT_TRUE(sock->Read(&slots, 1 << 20).ok());
   ASSERT_EQ(slots.shared_offsets_size(), 2);
   for (int i = 0; i < 2; ++i) {
-    const std::vector<uint8_t> p = TestPayload(11 + i, kBlock);
+    const std::vector<uint8_t> p = TestPayload(11 + i, kStoreBlock);
     std::memcpy(map_ + slots.shared_offsets(i), p.data(), p.size());
   }
   sock.reset();
   EXPECT_TRUE(kvstore::testing::WaitFor([&] { return bulk_->GetStats().connections_open == 0; }));
   EXPECT_FALSE(store_->TEST_InHot("ns", TestHash(11)));
   EXPECT_FALSE(store_->TEST_InHot("ns", TestHash(12)));
-  auto results = Store("ns", {11, 12}, {TestPayload(11, kBlock), TestPayload(12, kBlock)},
+  auto results = Store("ns", {11, 12}, {TestPayload(11, kStoreBlock), TestPayload(12, kStoreBlock)},
                        kvstore::Durability::kMemory);
   ASSERT_TRUE(results.ok()) << results.status();
   for (const BlockStoreResult& r : *results) {
@@ -201,11 +202,11 @@ TEST_F(LocalStoreTest, AnOversizedBatchIsRefusedBeforeAnyPayload) {
   std::unique_ptr<rpc::FramedSocket> sock = DialStores();
   ASSERT_NE(sock, nullptr);
   v1::BulkStoreRequest req = Request({});
-  const uint64_t blocks = rpc::kKvBulkStoreMaxBatchBytes / kBlock + 1;
+  const uint64_t blocks = rpc::kKvBulkStoreMaxBatchBytes / kStoreBlock + 1;
   for (uint64_t id = 1000; id < 1000 + blocks; ++id) {
     v1::BulkStoreBlock* b = req.add_blocks();
     b->set_block_hash(TestHash(id).ToBytes());
-    b->set_size(kBlock);
+    b->set_size(kStoreBlock);
   }
   ASSERT_TRUE(sock->Write(req).ok());
   v1::BulkStoreSlots slots;
@@ -225,7 +226,7 @@ TEST_F(LocalStoreTest, TheChecksumsMustFollowTheBlocks) {
   ASSERT_NE(sock, nullptr);
   v1::BulkStoreRequest req = Request({14});
   req.set_checksums_follow(false);
-  req.mutable_blocks(0)->set_checksum(kvstore::Crc32c(TestPayload(14, kBlock)));
+  req.mutable_blocks(0)->set_checksum(kvstore::Crc32c(TestPayload(14, kStoreBlock)));
   ASSERT_TRUE(sock->Write(req).ok());
   v1::BulkStoreSlots slots;
   ASSERT_TRUE(sock->Read(&slots, 1 << 20).ok());
@@ -240,10 +241,10 @@ TEST_F(LocalStoreTest, TheChecksumsMustFollowTheBlocks) {
   ASSERT_EQ(slots.shared_offsets_size(), 2);
   v1::BulkStoreChecksums one;  // after both blocks, but only the first's
   for (int i = 0; i < 2; ++i) {
-    const std::vector<uint8_t> p = TestPayload(14 + i, kBlock);
+    const std::vector<uint8_t> p = TestPayload(14 + i, kStoreBlock);
     std::memcpy(map_ + slots.shared_offsets(i), p.data(), p.size());
   }
-  one.add_checksums(kvstore::Crc32c(TestPayload(14, kBlock)));
+  one.add_checksums(kvstore::Crc32c(TestPayload(14, kStoreBlock)));
   ASSERT_TRUE(sock->Write(one).ok());
   v1::BulkStoreAnswer answer;
   ASSERT_TRUE(sock->Read(&answer, 1 << 20).ok());
@@ -265,7 +266,7 @@ TEST_F(LocalStoreTest, ABatchTheStoreStallsOnFailsAfterOneDeadlineAndGoesNowhere
   ASSERT_TRUE(client.ok()) << client.status();
   auto store = [&](uint64_t id) {
     const BlockHash hash = TestHash(id, 7);
-    const std::vector<uint8_t> payload = TestPayload(id, kBlock, 7);
+    const std::vector<uint8_t> payload = TestPayload(id, kStoreBlock, 7);
     const std::span<const uint8_t> src = payload;
     return (*client)->Store("ns", {&hash, 1}, {&src, 1}, kvstore::Durability::kMemory);
   };
@@ -287,7 +288,7 @@ TEST_F(LocalStoreTest, ABatchTheStoreStallsOnFailsAfterOneDeadlineAndGoesNowhere
 
 TEST_F(LocalStoreTest, WithoutTheSocketStoresTakeTheBulkPort) {
   ASSERT_EQ(unlink(socket_.c_str()), 0);
-  auto results = Store("ns", {13}, {TestPayload(13, kBlock)}, kvstore::Durability::kMemory);
+  auto results = Store("ns", {13}, {TestPayload(13, kStoreBlock)}, kvstore::Durability::kMemory);
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_TRUE((*results)[0].status.ok()) << (*results)[0].status;
   EXPECT_EQ(client_->local_stores(), 0u);

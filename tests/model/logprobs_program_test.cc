@@ -121,7 +121,7 @@ TEST(LogprobsProgramTest, TheProgramGivesComputeLogprobsExactly) {
     kernels::cpu::Logprobs(logits.data(), vocab, jobs.data(), static_cast<int32_t>(jobs.size()),
                            results.data(), top_ids.data(), top_values.data());
     for (size_t j = 0; j < jobs.size(); ++j) {
-      SCOPED_TRACE(testing::Message() << "vocab " << vocab << " job " << j);
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " job " << j);
       const LogprobJob& job = jobs[j];
       const TokenLogprobs want = ComputeLogprobs(
           std::span<const float>(logits).subspan(static_cast<size_t>(job.row) * vocab, vocab),

@@ -21,7 +21,7 @@ namespace {
 
 using namespace testing;  // NOLINT: the fixture helpers
 
-std::string Gemma3Dir() {
+std::string Gemma3CheckpointDir() {
   return std::string(TANDEM_SOURCE_DIR) + "/tests/model/hf_generated/gemma3";
 }
 
@@ -130,17 +130,18 @@ void ExpectSameModel(const Model& wrapped, const Model& causal, const std::vecto
 }
 
 TEST(MultimodalTest, Gemma3ForConditionalGenerationServesItsGemma3ForCausalLM) {
-  auto causal = Model::Load(Gemma3Dir());
+  auto causal = Model::Load(Gemma3CheckpointDir());
   ASSERT_TRUE(causal.ok()) << causal.status();
-  const std::vector<HfCase> cases = LoadHfCasesFrom(Gemma3Dir() + "/float64.reference.json");
+  const std::vector<HfCase> cases =
+      LoadHfCasesFrom(Gemma3CheckpointDir() + "/float64.reference.json");
   ASSERT_FALSE(cases.empty());
   const nlohmann::json cfg =
-      Nest(Gemma3Dir(), "Gemma3ForConditionalGeneration", "gemma3", Gemma3Top());
+      Nest(Gemma3CheckpointDir(), "Gemma3ForConditionalGeneration", "gemma3", Gemma3Top());
   for (const auto& [rename, vision, layout] :
        {std::tuple{kHubLayout, kHubVision, "the Hub's layout"},
         std::tuple{kTransformers5Layout, kTransformers5Vision, "transformers 5's layout"}}) {
     SCOPED_TRACE(layout);
-    WrappedFixture wrapped(Gemma3Dir(), cfg, rename, vision);
+    WrappedFixture wrapped(Gemma3CheckpointDir(), cfg, rename, vision);
     auto m = Model::Load(wrapped.path());
     ASSERT_TRUE(m.ok()) << m.status();
     const ModelConfig& c = (*m)->config();
@@ -189,9 +190,10 @@ TEST(MultimodalTest, Mistral3ForConditionalGenerationMatchesTransformersMistral)
 // A text_config naming only what differs from Gemma3TextConfig (as
 // gemma-3-4b-it's does) takes the class's defaults for the rest.
 TEST(MultimodalTest, TextConfigKeysLeftOutTakeGemma3TextConfigsDefaults) {
-  auto causal = Model::Load(Gemma3Dir());
+  auto causal = Model::Load(Gemma3CheckpointDir());
   ASSERT_TRUE(causal.ok()) << causal.status();
-  nlohmann::json cfg = Nest(Gemma3Dir(), "Gemma3ForConditionalGeneration", "gemma3", Gemma3Top());
+  nlohmann::json cfg =
+      Nest(Gemma3CheckpointDir(), "Gemma3ForConditionalGeneration", "gemma3", Gemma3Top());
   // The fixture's values of these are the defaults but for the context.
   for (const char* key : {"max_position_embeddings", "rope_theta", "rms_norm_eps", "bos_token_id",
                           "eos_token_id", "hidden_activation", "model_type", "rope_local_base_freq",
@@ -200,7 +202,7 @@ TEST(MultimodalTest, TextConfigKeysLeftOutTakeGemma3TextConfigsDefaults) {
     cfg["text_config"].erase(key);
   }
   cfg["eos_token_id"] = {1, 106};  // the top level's, as the Hub's has them
-  WrappedFixture sparse(Gemma3Dir(), cfg, kHubLayout, kHubVision);
+  WrappedFixture sparse(Gemma3CheckpointDir(), cfg, kHubLayout, kHubVision);
   auto m = Model::Load(sparse.path());
   ASSERT_TRUE(m.ok()) << m.status();
   const ModelConfig& c = (*m)->config();
@@ -210,12 +212,13 @@ TEST(MultimodalTest, TextConfigKeysLeftOutTakeGemma3TextConfigsDefaults) {
   EXPECT_EQ(c.extra_eos_token_ids, (std::vector<int32_t>{106}));
   EXPECT_EQ(c.rope_theta, 1e6f);
   EXPECT_EQ(c.local_rope_theta, 1e4f);
-  const std::vector<HfCase> cases = LoadHfCasesFrom(Gemma3Dir() + "/float64.reference.json");
+  const std::vector<HfCase> cases =
+      LoadHfCasesFrom(Gemma3CheckpointDir() + "/float64.reference.json");
   ExpectSameModel(**m, **causal, cases);
 
   // vocab_size left out is 262208, which these weights are not.
   cfg["text_config"].erase("vocab_size");
-  WrappedFixture no_vocab(Gemma3Dir(), cfg, kHubLayout, kHubVision);
+  WrappedFixture no_vocab(Gemma3CheckpointDir(), cfg, kHubLayout, kHubVision);
   auto refused = Model::Load(no_vocab.path());
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("262208"), std::string::npos) << refused.status();
@@ -225,10 +228,10 @@ TEST(MultimodalTest, TextConfigKeysLeftOutTakeGemma3TextConfigsDefaults) {
 // or its weights, is refused by name.
 TEST(MultimodalTest, WhatDoesNotFitIsRefusedByName) {
   const nlohmann::json good =
-      Nest(Gemma3Dir(), "Gemma3ForConditionalGeneration", "gemma3", Gemma3Top());
+      Nest(Gemma3CheckpointDir(), "Gemma3ForConditionalGeneration", "gemma3", Gemma3Top());
   auto refused = [&](const nlohmann::json& cfg, const std::vector<std::string>& extra,
                      absl::StatusCode code, const std::string& needle) {
-    WrappedFixture f(Gemma3Dir(), cfg, kHubLayout, extra);
+    WrappedFixture f(Gemma3CheckpointDir(), cfg, kHubLayout, extra);
     auto m = Model::Load(f.path());
     ASSERT_FALSE(m.ok()) << "loaded; wanted a refusal naming " << needle;
     EXPECT_EQ(m.status().code(), code) << m.status();

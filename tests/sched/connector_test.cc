@@ -7,11 +7,13 @@
 
 #include "gtest/gtest.h"
 #include "sched_test_util.h"
+#include "scheduler_test_common.h"
 #include "tandem/sched/scheduler.h"
 
 namespace tandem::sched {
 namespace {
 
+using testing::ExpectMatchesReference;
 using testing::FakeStore;
 using testing::Greedy;
 using testing::Harness;
@@ -32,14 +34,6 @@ void FillStore(FakeStore* store, SchedulerConfig c, const std::vector<int32_t>& 
 std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
-}
-
-void ExpectMatchesReference(const Harness& h, const std::string& id,
-                            const std::vector<int32_t>& prompt, const SamplingParams& sp) {
-  const testing::Reference ref = RunAlone(prompt, sp, h.config);
-  ASSERT_TRUE(h.outputs.count(id)) << id;
-  EXPECT_EQ(h.outputs.at(id), ref.output) << id;
-  EXPECT_EQ(h.reasons.at(id), ref.reason) << id;
 }
 
 // The request's entry in a step: (num_computed_tokens sent, tokens
